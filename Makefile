@@ -1,0 +1,26 @@
+# The two commands a newcomer needs are `make run` and `make test` (see README.md).
+# Both set the machine up first; scripts/setup.sh is idempotent and cheap once done.
+PY := .venv/bin/python
+DATA_DIR ?= ./data
+
+.PHONY: setup run test lint bench clean
+
+setup:
+	@bash scripts/setup.sh
+
+run: setup
+	$(PY) -m broker.cli demo --data-dir $(DATA_DIR)
+
+test: setup
+	$(PY) -m ruff check .
+	$(PY) -m pytest -q
+
+lint: setup
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+bench: setup
+	$(PY) bench/storage.py
+
+clean:
+	rm -rf .venv build *.egg-info .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,1 @@
+"""ringlog's broker: storage engine, request handling, the per-core workers and their I/O loops."""

@@ -1,0 +1,36 @@
+"""Storage errors: operating errors the broker reports to clients, never crashes on.
+
+Each maps to one wire error code at the request boundary (a later issue's `ErrorCode`).
+"""
+
+from __future__ import annotations
+
+
+class StorageError(Exception):
+    """Base of every error the storage engine raises on purpose."""
+
+
+class InvalidBatchError(StorageError):
+    """The batch offered to `append` is malformed (bad crc, lengths or counts); nothing was written."""
+
+
+class BatchTooLargeError(StorageError):
+    """The batch exceeds `max_batch_bytes`; nothing was written."""
+
+
+class OffsetOutOfRangeError(StorageError):
+    """An offset outside [start_offset, end_offset] was asked for."""
+
+
+class CorruptBatchError(StorageError):
+    """Bytes on disk failed validation on read. Names the file and position so an operator can look."""
+
+    def __init__(self, path: str, position: int, reason: str) -> None:
+        super().__init__(f"corrupt batch in {path} at byte {position}: {reason}")
+        self.path = path
+        self.position = position
+        self.reason = reason
+
+
+class LogClosedError(StorageError):
+    """The log was closed, or a failed write left it unusable until it is reopened."""

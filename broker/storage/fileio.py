@@ -1,0 +1,154 @@
+"""File I/O as a parameter of the storage engine.
+
+Rules this module keeps:
+- The storage engine never calls `os` for file I/O itself. Its cold paths (open, recovery, roll,
+  truncate, retention) call a `FileIO`; its hot paths (append, flush, read) return *operations*
+  (`Write`, `Sync`, `SyncDir`) for the caller to execute. The synchronous `SyncFileIO` runs them at once, for
+  tools and tests; the io_uring loop turns them into SQEs without blocking; tests swap in a
+  `FileIO` that injects short writes and errors.
+- A short write is not an error: `run_ops` continues it. An `OSError` from the file system is an
+  operating error (full disk, EIO): it propagates to the log, which undoes the append.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+Buffer = bytes | bytearray | memoryview
+
+
+@dataclass(slots=True)
+class Write:
+    """Write `buffers` back to back at `offset` of `fd` (a pwritev)."""
+
+    fd: int
+    buffers: tuple[Buffer, ...]
+    offset: int
+
+    @property
+    def length(self) -> int:
+        return sum(len(b) for b in self.buffers)
+
+
+@dataclass(slots=True)
+class Sync:
+    """fdatasync(fd): data and the metadata needed to read it back (the file size) reach the disk."""
+
+    fd: int
+
+
+@dataclass(frozen=True, slots=True)
+class SyncDir:
+    """fsync a directory, so that segment files created or deleted in it stay so after a crash."""
+
+    path: str
+
+
+Op = Write | Sync | SyncDir
+
+
+class FileIO(Protocol):
+    """The file operations the storage engine needs; see `SyncFileIO` for their meaning."""
+
+    def open(self, path: str, create: bool) -> int: ...
+    def close(self, fd: int) -> None: ...
+    def size(self, fd: int) -> int: ...
+    def mtime_ms(self, fd: int) -> int: ...
+    def pread(self, fd: int, length: int, offset: int) -> bytes: ...
+    def pwritev(self, fd: int, buffers: Sequence[Buffer], offset: int) -> int: ...
+    def fdatasync(self, fd: int) -> None: ...
+    def ftruncate(self, fd: int, length: int) -> None: ...
+    def unlink(self, path: str) -> None: ...
+    def listdir(self, path: str) -> list[str]: ...
+    def makedirs(self, path: str) -> None: ...
+    def fsync_dir(self, path: str) -> None: ...
+
+
+class SyncFileIO:
+    """Plain blocking system calls. What tools, tests and the uvloop backend use."""
+
+    def open(self, path: str, create: bool) -> int:
+        flags = os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0)
+        return os.open(path, flags, 0o644)
+
+    def close(self, fd: int) -> None:
+        os.close(fd)
+
+    def size(self, fd: int) -> int:
+        return os.fstat(fd).st_size
+
+    def mtime_ms(self, fd: int) -> int:
+        return os.fstat(fd).st_mtime_ns // 1_000_000
+
+    def pread(self, fd: int, length: int, offset: int) -> bytes:
+        # A regular file returns short only at EOF, so one call is the whole answer.
+        return os.pread(fd, length, offset)
+
+    def pwritev(self, fd: int, buffers: Sequence[Buffer], offset: int) -> int:
+        return os.pwritev(fd, buffers, offset)
+
+    def fdatasync(self, fd: int) -> None:
+        os.fdatasync(fd)
+
+    def ftruncate(self, fd: int, length: int) -> None:
+        os.ftruncate(fd, length)
+
+    def unlink(self, path: str) -> None:
+        os.unlink(path)
+
+    def listdir(self, path: str) -> list[str]:
+        return os.listdir(path)
+
+    def makedirs(self, path: str) -> None:
+        os.makedirs(path, exist_ok=True)
+
+    def fsync_dir(self, path: str) -> None:
+        """Make creations and deletions of names in `path` durable."""
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            if stat.S_ISDIR(os.fstat(fd).st_mode):
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _advance(buffers: tuple[Buffer, ...], written: int) -> tuple[Buffer, ...]:
+    """The part of `buffers` not yet written after a short write of `written` bytes."""
+    rest: list[Buffer] = []
+    for buf in buffers:
+        if written >= len(buf):
+            written -= len(buf)
+            continue
+        rest.append(memoryview(buf)[written:] if written else buf)
+        written = 0
+    return tuple(rest)
+
+
+def run_write(io: FileIO, op: Write) -> None:
+    """Execute one `Write` completely, continuing after short writes."""
+    buffers = op.buffers
+    offset = op.offset
+    remaining = op.length
+    while remaining > 0:
+        n = io.pwritev(op.fd, buffers, offset)
+        if n <= 0:
+            raise OSError(f"pwritev wrote {n} bytes at offset {offset} of fd {op.fd}")
+        remaining -= n
+        offset += n
+        if remaining:
+            buffers = _advance(buffers, n)
+
+
+def run_ops(io: FileIO, ops: Sequence[Op]) -> None:
+    """Execute operations in order, synchronously. The first failure raises and stops the rest."""
+    for op in ops:
+        if isinstance(op, Write):
+            run_write(io, op)
+        elif isinstance(op, Sync):
+            io.fdatasync(op.fd)
+        else:
+            io.fsync_dir(op.path)

@@ -1,0 +1,188 @@
+"""The segment index: one entry per batch, mapping offsets and timestamps to store positions.
+
+Rules this module keeps:
+- The store file is the truth; the index is a cache of it that recovery rebuilds rather than trusts.
+  That is what lets the index be written lazily (in groups, at flush, roll and close): a crash loses
+  at most index entries, and recovery re-derives them from the store.
+- Lookups are binary searches over the packed entries; no Python object per entry.
+
+Fileformat (`NNNNNNNNNNNNNNNNNNNN.index`, version 1, integers big-endian):
+
+    header, 16 bytes:
+    offset size field
+    0      4    magic          b"RLIX"
+    4      1    version        u8, 1
+    5      3    reserved       zero
+    8      8    base_offset    i64, equal to the segment's base offset (its file name)
+
+    then one 24-byte entry per batch, in offset order:
+    0      4    relative_offset u32  batch base offset minus the segment base offset
+    4      4    position        u32  byte position of the batch in the store file
+    8      8    max_timestamp   i64  largest record timestamp of this batch and every earlier batch of
+                                     the segment (a running maximum, so it is sorted and searchable)
+    16     8    append_time_ms  i64  broker wall clock when the batch was appended; retention by age
+                                     reads it, so a restart does not make old data young again
+
+The index is dense (every batch) rather than sparse: batch boundaries are then known without
+reading the store, which makes reads return whole batches, truncation exact and recovery simple.
+It costs 24 bytes per batch: 0.15% of a 16 KiB batch.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+INDEX_MAGIC = b"RLIX"
+INDEX_VERSION = 1
+INDEX_HEADER_SIZE = 16
+ENTRY_SIZE = 24
+RELATIVE_OFFSET_MAX = (1 << 32) - 1
+POSITION_MAX = (1 << 32) - 1
+
+_HEADER = struct.Struct(">4sB3xq")
+_ENTRY = struct.Struct(">IIqq")
+_REL = struct.Struct(">I")
+_TS = struct.Struct(">q")
+
+assert _HEADER.size == INDEX_HEADER_SIZE
+assert _ENTRY.size == ENTRY_SIZE
+
+
+@dataclass(frozen=True, slots=True)
+class IndexEntry:
+    relative_offset: int
+    position: int
+    max_timestamp: int
+    append_time_ms: int
+
+
+def decode_entry(raw: bytes) -> IndexEntry:
+    return IndexEntry(*_ENTRY.unpack_from(raw, 0))
+
+
+def encode_header(base_offset: int) -> bytes:
+    return _HEADER.pack(INDEX_MAGIC, INDEX_VERSION, base_offset)
+
+
+def invalid_header(data: bytes, base_offset: int) -> str | None:
+    """Why `data` does not start with this segment's index header, or None."""
+    if len(data) < INDEX_HEADER_SIZE:
+        return f"index header truncated ({len(data)} bytes)"
+    magic, version, base = _HEADER.unpack_from(data, 0)
+    if magic != INDEX_MAGIC:
+        return f"bad index magic {magic!r}"
+    if version != INDEX_VERSION:
+        return f"unknown index version {version}"
+    if base != base_offset:
+        return f"index base offset {base} does not match segment {base_offset}"
+    return None
+
+
+class SegmentIndex:
+    """The entries of one segment, in memory, with a count of how many are already on disk.
+
+    Owned by the core that owns the partition; not thread-safe.
+    """
+
+    __slots__ = ("_data", "persisted_count")
+
+    def __init__(self, entries: bytes | bytearray = b"", persisted_count: int = 0) -> None:
+        assert len(entries) % ENTRY_SIZE == 0
+        self._data = bytearray(entries)
+        self.persisted_count = persisted_count
+        assert 0 <= persisted_count <= len(self)
+
+    def __len__(self) -> int:
+        return len(self._data) // ENTRY_SIZE
+
+    def entry(self, i: int) -> IndexEntry:
+        return IndexEntry(*_ENTRY.unpack_from(self._data, i * ENTRY_SIZE))
+
+    def last(self) -> IndexEntry | None:
+        n = len(self)
+        return self.entry(n - 1) if n else None
+
+    def relative_offset(self, i: int) -> int:
+        return _REL.unpack_from(self._data, i * ENTRY_SIZE)[0]
+
+    def position(self, i: int) -> int:
+        return _REL.unpack_from(self._data, i * ENTRY_SIZE + 4)[0]
+
+    def max_timestamp(self, i: int) -> int:
+        return _TS.unpack_from(self._data, i * ENTRY_SIZE + 8)[0]
+
+    def append(self, relative_offset: int, position: int, max_timestamp: int, append_time_ms: int) -> None:
+        n = len(self)
+        if n:
+            prev = self.entry(n - 1)
+            assert relative_offset > prev.relative_offset and position > prev.position
+            max_timestamp = max(max_timestamp, prev.max_timestamp)
+        assert 0 <= relative_offset <= RELATIVE_OFFSET_MAX and 0 <= position <= POSITION_MAX
+        self._data += _ENTRY.pack(relative_offset, position, max_timestamp, append_time_ms)
+
+    def truncate(self, count: int) -> None:
+        """Keep the first `count` entries."""
+        assert 0 <= count <= len(self)
+        del self._data[count * ENTRY_SIZE :]
+        self.persisted_count = min(self.persisted_count, count)
+
+    def find_offset(self, relative_offset: int) -> int:
+        """Index of the last entry whose relative offset is <= `relative_offset`, or -1.
+
+        Binary search over the packed entries.
+        """
+        lo, hi = 0, len(self)
+        unpack = _REL.unpack_from
+        data = self._data
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if unpack(data, mid * ENTRY_SIZE)[0] <= relative_offset:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo - 1
+
+    def find_timestamp(self, timestamp: int) -> int:
+        """Index of the first entry whose running max timestamp is >= `timestamp`, or len(self).
+
+        Because the stored value is a running maximum, that entry's batch is the first batch of
+        the segment holding a record at or after `timestamp`.
+        """
+        lo, hi = 0, len(self)
+        unpack = _TS.unpack_from
+        data = self._data
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if unpack(data, mid * ENTRY_SIZE + 8)[0] < timestamp:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def unpersisted(self) -> tuple[bytes, int]:
+        """The entries not yet on disk and the index-file position they belong at."""
+        start = self.persisted_count * ENTRY_SIZE
+        return bytes(self._data[start:]), INDEX_HEADER_SIZE + start
+
+    def encode_file(self, base_offset: int) -> bytes:
+        """Header plus every entry: the whole index file, for a rewrite after recovery."""
+        return encode_header(base_offset) + bytes(self._data)
+
+
+def parse_entries(data: bytes) -> tuple[bytes, str | None]:
+    """Split the bytes after the header into whole entries that are plausibly ordered.
+
+    Returns the longest valid prefix and why the rest was dropped (None if nothing was). Plausible
+    means relative offsets and positions strictly increase: zeros or garbage left by a crash break
+    that order, and a partial trailing entry is a torn write.
+    """
+    whole = len(data) - len(data) % ENTRY_SIZE
+    reason = f"partial entry of {len(data) - whole} bytes at the end" if whole != len(data) else None
+    prev_rel = prev_pos = -1
+    for i in range(whole // ENTRY_SIZE):
+        rel, pos, _ts, _at = _ENTRY.unpack_from(data, i * ENTRY_SIZE)
+        if rel <= prev_rel or pos <= prev_pos or (i == 0 and pos != 0):
+            return data[: i * ENTRY_SIZE], f"entry {i} out of order (offset {rel}, position {pos})"
+        prev_rel, prev_pos = rel, pos
+    return data[:whole], reason

@@ -1,0 +1,548 @@
+"""The segmented log of one partition: appends, reads, truncation, retention, recovery, flush.
+
+Rules this module keeps:
+- Offsets are assigned here and only grow. A new segment is based at the log's next offset, so a
+  segment name is never reused: not after retention, not after truncation (which deletes later
+  segments before any new one can be created at their offsets).
+- Hot paths come in two halves so that an event loop can run the I/O itself without blocking:
+  `prepare_append` / `complete_append` (or `abort_append`), `prepare_flush` / `complete_flush`,
+  `prepare_read` / `complete_read`. The `prepare_*` half validates and returns operations
+  (`Write`, `Sync`, `SyncDir`) or an extent to read; the caller executes them; the `complete_*`
+  half makes the result visible. `append`, `flush` and `read` do both halves with the log's
+  `FileIO`, for tools, tests and the uvloop backend.
+- Offsets move in one direction through three marks, asserted on every change:
+  durable_offset (fsynced) <= end_offset (written, visible to readers) <= next offset assigned.
+- Cold paths (open, recovery, roll, truncate, retention) use the `FileIO` directly.
+- One core owns a log; nothing here is thread-safe.
+
+Durability (what each mark promises):
+- After `append` returns (or `complete_append` runs), the batch is in the kernel's page cache: it
+  survives the broker process crashing or being killed (SIGKILL), not a power loss or kernel crash.
+- After `flush` returns (or `complete_flush` runs), every batch that was visible when the flush
+  began is on stable storage (store fdatasync'd, then the index, and the directory when segments
+  were created or deleted): it survives a power loss. Many appends and one flush is group commit.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import logging
+import os
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from broker.storage.errors import (
+    BatchTooLargeError,
+    CorruptBatchError,
+    InvalidBatchError,
+    LogClosedError,
+    OffsetOutOfRangeError,
+    StorageError,
+)
+from broker.storage.fileio import FileIO, Op, Sync, SyncDir, SyncFileIO, Write, run_ops
+from broker.storage.index import RELATIVE_OFFSET_MAX
+from broker.storage.segment import (
+    INDEX_SUFFIX,
+    STORE_SUFFIX,
+    Extent,
+    Segment,
+    parse_segment_name,
+)
+from ringlog_proto.batch import (
+    HEADER_SIZE,
+    BatchError,
+    BatchHeader,
+    decode_records,
+    invalid_batch,
+    now_ms,
+    read_header,
+)
+
+log = logging.getLogger(__name__)
+
+SEGMENT_BYTES_MAX = 1 << 31  # index positions are u32; 2 GiB keeps every position far from overflow
+INDEX_PENDING_ENTRIES_MAX = 256  # index entries held in memory before they are written: 6 KiB
+
+
+@dataclass(frozen=True, slots=True)
+class LogConfig:
+    """Per-log settings. Sizes in bytes, times in milliseconds; None disables a limit."""
+
+    segment_bytes: int = 128 * 1024 * 1024
+    max_batch_bytes: int = 1024 * 1024
+    retention_ms: int | None = 7 * 24 * 3600 * 1000
+    retention_bytes: int | None = None
+    segment_ms: int | None = None  # roll the active segment once its first batch is this old
+
+    def invalid(self) -> str | None:
+        if not 0 < self.segment_bytes <= SEGMENT_BYTES_MAX:
+            return f"segment_bytes {self.segment_bytes} must be in 1..{SEGMENT_BYTES_MAX}"
+        if not 0 < self.max_batch_bytes <= self.segment_bytes:
+            return (
+                f"max_batch_bytes {self.max_batch_bytes} must be in 1..segment_bytes ({self.segment_bytes})"
+            )
+        for name in ("retention_ms", "retention_bytes", "segment_ms"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                return f"{name} must be >= 0 or None, not {value}"
+        return None
+
+
+@dataclass(slots=True)
+class PendingAppend:
+    """An append whose offsets are assigned and whose write has not completed yet."""
+
+    segment: Segment
+    position: int
+    header: BatchHeader  # with the assigned base offset
+    append_ms: int
+    ops: list[Op]
+    index_persisted: int = -1  # index entries the ops also write, or -1
+
+    @property
+    def base_offset(self) -> int:
+        return self.header.base_offset
+
+
+@dataclass(slots=True)
+class FlushPlan:
+    ops: list[Op]
+    marks: list[tuple[Segment, int, int]]  # (segment, store size, index entries) the ops make durable
+    durable_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReadResult:
+    """Whole batches as stored, back to back; `next_offset` is where the next read starts."""
+
+    data: bytes
+    first_offset: int
+    next_offset: int
+    error: CorruptBatchError | None = field(default=None)  # damage right after `data`, if any
+
+
+class Log:
+    """A partition's log in one directory. Open with `Log.open`."""
+
+    def __init__(self, directory: str, config: LogConfig, io: FileIO, clock: Callable[[], int]) -> None:
+        self.directory = directory
+        self.config = config
+        self.io = io
+        self.clock = clock
+        self.segments: list[Segment] = []
+        self._bases: list[int] = []
+        self._pending: deque[PendingAppend] = deque()
+        self._next_offset = 0  # next offset to assign (includes pending appends)
+        self._reserved_size = 0  # store size of the active segment including pending appends
+        self.durable_offset = 0
+        self._unsynced: list[Segment] = []
+        self._dir_unsynced = False
+        self._closed = False
+        self._broken: str | None = None
+
+    # ------------------------------------------------------------------------- open / close
+
+    @classmethod
+    def open(
+        cls,
+        directory: str,
+        config: LogConfig | None = None,
+        io: FileIO | None = None,
+        clock: Callable[[], int] = now_ms,
+    ) -> Log:
+        """Open or create the log in `directory`, recovering from whatever a crash left there."""
+        config = config or LogConfig()
+        reason = config.invalid()
+        if reason is not None:
+            raise ValueError(f"invalid log config: {reason}")
+        io = io or SyncFileIO()
+        self = cls(directory, config, io, clock)
+        io.makedirs(directory)
+        stores: set[int] = set()
+        indexes: set[int] = set()
+        for name in io.listdir(directory):
+            parsed = parse_segment_name(name)
+            if parsed is not None:
+                (stores if parsed[1] == STORE_SUFFIX else indexes).add(parsed[0])
+        for base in sorted(indexes - stores):
+            orphan = os.path.join(directory, f"{base:020d}{INDEX_SUFFIX}")
+            log.warning("%s: index without a store file; removing it", orphan)
+            io.unlink(orphan)
+        bases = sorted(stores)
+        now = clock()
+        for i, base in enumerate(bases):
+            seg = Segment.open(directory, base, io, full_recovery=i == len(bases) - 1, now_ms=now)
+            if self.segments and self.segments[-1].next_offset > base:
+                prev = self.segments[-1]
+                raise StorageError(
+                    f"{seg.store_path}: segment starts at {base} but {prev.store_path} runs to "
+                    f"{prev.next_offset}: overlapping segments, refusing to guess which is right"
+                )
+            if self.segments and self.segments[-1].next_offset < base:
+                log.warning(
+                    "%s: offsets %d..%d are missing before it",
+                    seg.store_path,
+                    self.segments[-1].next_offset,
+                    base - 1,
+                )
+            self._add_segment(seg)
+        if not self.segments:
+            self._add_segment(Segment.create(directory, 0, io))
+        active = self.segments[-1]
+        # What recovery kept may still be only in the page cache (the process died, not the
+        # machine): sync it, so that durable_offset starts out true.
+        io.fdatasync(active.store_fd)
+        io.fdatasync(active.index_fd)
+        io.fsync_dir(directory)
+        self._next_offset = active.next_offset
+        self._reserved_size = active.size
+        self.durable_offset = active.next_offset
+        return self
+
+    def close(self) -> None:
+        """Flush (data and index reach the disk), then close every file. Idempotent."""
+        if self._closed:
+            return
+        if self._pending:
+            raise StorageError(f"close with {len(self._pending)} appends in flight")
+        if self._broken is None:
+            self.flush()
+        for seg in self.segments:
+            if self._broken is None:
+                seg.close()
+            else:
+                self.io.close(seg.store_fd)
+                self.io.close(seg.index_fd)
+        self._closed = True
+
+    def _add_segment(self, seg: Segment) -> None:
+        self.segments.append(seg)
+        self._bases.append(seg.base_offset)
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise LogClosedError(f"log {self.directory} is closed")
+        if self._broken is not None:
+            raise LogClosedError(f"log {self.directory} is unusable until reopened: {self._broken}")
+
+    # ------------------------------------------------------------------------- offsets
+
+    @property
+    def start_offset(self) -> int:
+        """The first offset still held (retention moves it forward)."""
+        return self.segments[0].base_offset
+
+    @property
+    def end_offset(self) -> int:
+        """One past the last visible offset: where a consumer that is caught up waits."""
+        return self.segments[-1].next_offset if not self._pending else self._pending[0].base_offset
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(seg.size for seg in self.segments)
+
+    def _assert_marks(self) -> None:
+        assert self.start_offset <= self.durable_offset <= self.end_offset <= self._next_offset, (
+            self.start_offset,
+            self.durable_offset,
+            self.end_offset,
+            self._next_offset,
+        )
+
+    # ------------------------------------------------------------------------- append
+
+    def prepare_append(self, batch: bytes | bytearray | memoryview) -> PendingAppend:
+        """Validate `batch` (exactly one), assign its offsets, and return the write to execute.
+
+        Nothing is changed when validation fails. The batch's bytes are not copied: the base
+        offset goes out as its own 8-byte buffer beside a view of the rest.
+        """
+        self._check_usable()
+        size = len(batch)
+        if size > self.config.max_batch_bytes:
+            raise BatchTooLargeError(
+                f"batch of {size} bytes exceeds max_batch_bytes {self.config.max_batch_bytes}"
+            )
+        reason = invalid_batch(batch)
+        if reason is None and read_header(batch).size != size:
+            reason = f"{size - read_header(batch).size} bytes after the batch; append one batch per call"
+        if reason is not None:
+            raise InvalidBatchError(reason)
+        h = read_header(batch)
+        now = self.clock()
+        self._maybe_roll(h, now)
+        seg = self.segments[-1]
+        base = self._next_offset
+        header = dataclasses.replace(h, base_offset=base)
+        ops: list[Op] = [
+            Write(
+                seg.store_fd,
+                (base.to_bytes(8, "big", signed=True), memoryview(batch)[8:]),
+                self._reserved_size,
+            )
+        ]
+        pending = PendingAppend(seg, self._reserved_size, header, now, ops)
+        index = seg.index
+        if len(index) - index.persisted_count >= INDEX_PENDING_ENTRIES_MAX:
+            data, position = index.unpersisted()
+            ops.append(Write(seg.index_fd, (data,), position))
+            pending.index_persisted = len(index)
+        self._pending.append(pending)
+        self._next_offset = header.next_offset
+        self._reserved_size += size
+        return pending
+
+    def _maybe_roll(self, h: BatchHeader, now: int) -> None:
+        seg = self.segments[-1]
+        if self._next_offset == seg.base_offset:
+            return  # empty segments are never rolled: every segment holds at least one batch
+        reason = None
+        if self._reserved_size + h.size > self.config.segment_bytes:
+            reason = "size"
+        elif self._next_offset + h.record_count - seg.base_offset > RELATIVE_OFFSET_MAX:
+            reason = "offsets"
+        elif self.config.segment_ms is not None:
+            first = seg.first_append_ms()
+            if first is not None and now - first >= self.config.segment_ms:
+                reason = "age"
+        if reason is None:
+            return
+        new = Segment.create(self.directory, self._next_offset, self.io)
+        log.debug("%s: rolled (%s)", new.store_path, reason)
+        self._add_segment(new)
+        if seg not in self._unsynced:
+            self._unsynced.append(seg)
+        self._reserved_size = 0
+        self._dir_unsynced = True
+
+    def complete_append(self, pending: PendingAppend) -> None:
+        """The pending append's writes all succeeded: make the batch visible."""
+        assert self._pending and self._pending[0] is pending, "appends complete in the order prepared"
+        self._pending.popleft()
+        seg = pending.segment
+        seg.add_batch(pending.position, pending.header, pending.append_ms)
+        if pending.index_persisted >= 0:
+            seg.index.persisted_count = max(seg.index.persisted_count, pending.index_persisted)
+        if seg not in self._unsynced:
+            self._unsynced.append(seg)
+        self._assert_marks()
+
+    def abort_append(self, pending: PendingAppend) -> list[PendingAppend]:
+        """A write of `pending` failed: undo it and every append prepared after it.
+
+        The caller must have stopped (or seen fail) the I/O of the later appends. Returns them,
+        so that their producers get an error too. If undoing fails, the log refuses further
+        appends until reopened, where recovery repairs the files.
+        """
+        assert self._pending and self._pending[0] is pending, "the oldest pending append fails first"
+        aborted = list(self._pending)
+        self._pending.clear()
+        try:
+            while self.segments[-1] is not pending.segment:
+                seg = self.segments.pop()
+                self._bases.pop()
+                if seg in self._unsynced:
+                    self._unsynced.remove(seg)
+                seg.delete()
+                self._dir_unsynced = True
+            pending.segment.truncate_to_size(pending.position)
+        except OSError as exc:
+            self._broken = f"could not undo a failed write: {exc}"
+            log.error("%s: %s", self.directory, self._broken)
+        self._next_offset = pending.base_offset
+        self._reserved_size = pending.position
+        return aborted
+
+    def append(self, batch: bytes | bytearray | memoryview) -> int:
+        """Append one batch and return its base offset. Durability: see the module docstring."""
+        pending = self.prepare_append(batch)
+        try:
+            run_ops(self.io, pending.ops)
+        except OSError as exc:
+            self.abort_append(pending)
+            raise StorageError(
+                f"append to {pending.segment.store_path} failed, nothing written: {exc}"
+            ) from exc
+        self.complete_append(pending)
+        return pending.base_offset
+
+    # ------------------------------------------------------------------------- flush
+
+    def prepare_flush(self) -> FlushPlan:
+        """The operations that make everything visible now durable (group commit: one per turn)."""
+        self._check_usable()
+        ops: list[Op] = []
+        marks = []
+        for seg in self._unsynced:
+            index = seg.index
+            data, position = index.unpersisted()
+            if seg.synced_size < seg.size:
+                ops.append(Sync(seg.store_fd))
+            if data:
+                ops.append(Write(seg.index_fd, (data,), position))
+            if data or seg.index_synced_count < len(index):
+                ops.append(Sync(seg.index_fd))
+            marks.append((seg, seg.size, len(index)))
+        if self._dir_unsynced:
+            ops.append(SyncDir(self.directory))
+        return FlushPlan(ops, marks, self.end_offset)
+
+    def complete_flush(self, plan: FlushPlan) -> None:
+        for seg, size, entries in plan.marks:
+            seg.synced_size = max(seg.synced_size, min(size, seg.size))
+            kept = min(entries, len(seg.index))  # a truncate may have run in between
+            seg.index.persisted_count = max(seg.index.persisted_count, kept)
+            seg.index_synced_count = max(seg.index_synced_count, kept)
+        if any(isinstance(op, SyncDir) for op in plan.ops):
+            self._dir_unsynced = False
+        active = self.segments[-1]
+        self._unsynced = [
+            s
+            for s in self._unsynced
+            if s is active or s.synced_size < s.size or s.index_synced_count < len(s.index)
+        ]
+        self.durable_offset = max(self.durable_offset, min(plan.durable_offset, self.end_offset))
+        self._assert_marks()
+
+    def flush(self) -> None:
+        """fdatasync everything appended so far. See the module docstring for the guarantee."""
+        plan = self.prepare_flush()
+        try:
+            run_ops(self.io, plan.ops)
+        except OSError as exc:
+            raise StorageError(f"flush of {self.directory} failed: {exc}") from exc
+        self.complete_flush(plan)
+
+    # ------------------------------------------------------------------------- read
+
+    def prepare_read(self, offset: int, max_bytes: int) -> Extent | None:
+        """Where the batches from `offset` are: one segment, whole batches, at least one batch.
+
+        None when `offset` is the end of the log (nothing to read yet: a consumer waits there).
+        """
+        self._check_usable()
+        if max_bytes <= 0:
+            raise ValueError(f"max_bytes must be positive, not {max_bytes}")
+        end = self.end_offset
+        if not self.start_offset <= offset <= end:
+            raise OffsetOutOfRangeError(f"offset {offset} is outside the log [{self.start_offset}, {end}]")
+        i = bisect.bisect_right(self._bases, offset) - 1
+        for seg in self.segments[max(i, 0) :]:
+            extent = seg.locate(max(offset, seg.base_offset), max_bytes)
+            if extent is not None:
+                return extent
+        return None
+
+    def complete_read(self, extent: Extent, data: bytes) -> ReadResult:
+        """Check the bytes read for `extent`; return the intact batches before any damage."""
+        seg = extent.segment
+        valid, next_offset, error = seg.check_batches(data, extent)
+        if error is None and len(data) < extent.length:
+            error = CorruptBatchError(
+                seg.store_path, extent.position + len(data), "store shorter than its index"
+            )
+        if valid == 0:
+            assert error is not None
+            raise error
+        return ReadResult(data[:valid], extent.first_offset, next_offset, error)
+
+    def read(self, offset: int, max_bytes: int) -> ReadResult:
+        """Batches from the one holding `offset`, as stored, up to `max_bytes` (at least one batch)."""
+        extent = self.prepare_read(offset, max_bytes)
+        if extent is None:
+            return ReadResult(b"", offset, offset)
+        data = self.io.pread(extent.segment.store_fd, extent.length, extent.position)
+        return self.complete_read(extent, data)
+
+    def offset_for_timestamp(self, timestamp: int) -> int | None:
+        """The first offset whose record timestamp is >= `timestamp`, or None if there is none.
+
+        The index finds the batch; its records are decoded (a cold path) to find the record.
+        """
+        self._check_usable()
+        for seg in self.segments:
+            position = seg.find_timestamp(timestamp)
+            if position is None:
+                continue
+            h = read_header(self.io.pread(seg.store_fd, HEADER_SIZE, position))
+            data = self.io.pread(seg.store_fd, h.size, position)
+            try:
+                records = decode_records(data)
+            except BatchError as exc:
+                raise CorruptBatchError(seg.store_path, position, str(exc)) from None
+            for rec in records:
+                assert rec.timestamp is not None
+                if rec.timestamp >= timestamp:
+                    return rec.offset
+            raise CorruptBatchError(seg.store_path, position, "index timestamp not found in the batch")
+        return None
+
+    # ------------------------------------------------------------------------- truncate / retention
+
+    def truncate(self, offset: int) -> int:
+        """Remove every batch holding an offset >= `offset`; returns the new end offset.
+
+        Batches are atomic, so the end lands on the batch boundary at or below `offset`. Later
+        appends reuse the removed offsets: that is what truncation is for (a follower dropping a
+        divergent tail). Durable on return.
+        """
+        self._check_usable()
+        if self._pending:
+            raise StorageError("truncate with appends in flight")
+        if not self.start_offset <= offset <= self.end_offset:
+            raise OffsetOutOfRangeError(
+                f"truncate to {offset}: outside [{self.start_offset}, {self.end_offset}]"
+            )
+        keep = max(bisect.bisect_right(self._bases, offset) - 1, 0)
+        while len(self.segments) > keep + 1:
+            seg = self.segments.pop()
+            self._bases.pop()
+            if seg in self._unsynced:
+                self._unsynced.remove(seg)
+            seg.delete()
+        seg = self.segments[-1]
+        new_end = seg.truncate_before_offset(offset)
+        self._next_offset = new_end
+        self._reserved_size = seg.size
+        self.io.fdatasync(seg.store_fd)
+        self.io.fdatasync(seg.index_fd)
+        self.io.fsync_dir(self.directory)
+        seg.synced_size = seg.size
+        self.durable_offset = min(self.durable_offset, new_end)
+        self._assert_marks()
+        return new_end
+
+    def apply_retention(self, now: int | None = None) -> int:
+        """Delete whole closed segments past `retention_ms` or beyond `retention_bytes`.
+
+        Age is the broker's append time of a segment's last batch, read from its index on disk,
+        so a restart does not make old data young. Oldest first; the active segment is never
+        deleted. Returns how many segments were deleted.
+        """
+        self._check_usable()
+        now = self.clock() if now is None else now
+        cfg = self.config
+        total = self.size_bytes
+        pinned = self._pending[0].segment if self._pending else self.segments[-1]
+        deleted = 0
+        while len(self.segments) > 1 and self.segments[0] is not pinned:
+            seg = self.segments[0]
+            last = seg.last_append_ms
+            too_old = cfg.retention_ms is not None and (last is None or now - last > cfg.retention_ms)
+            too_big = cfg.retention_bytes is not None and total > cfg.retention_bytes
+            if not (too_old or too_big):
+                break
+            log.info("%s: deleting segment (%s)", seg.store_path, "age" if too_old else "size")
+            self.segments.pop(0)
+            self._bases.pop(0)
+            if seg in self._unsynced:
+                self._unsynced.remove(seg)
+            total -= seg.size
+            seg.delete()
+            deleted += 1
+        if deleted:
+            self.io.fsync_dir(self.directory)
+            self.durable_offset = max(self.durable_offset, self.start_offset)
+        return deleted

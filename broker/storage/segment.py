@@ -1,0 +1,426 @@
+"""A segment: a store file of batches, as clients sent them, and its index.
+
+Rules this module keeps:
+- A segment is named by its base offset, 20 digits zero-padded (`00000000000000000042.log` and
+  `.index`), so `ls` sorts segments in offset order.
+- The store file holds whole, validated batches back to back and nothing else (Fileformat in
+  `ringlog_proto.batch`). Every byte below `size` has been written and belongs to a batch that
+  passed validation; bytes above it are a torn tail that `recover` cuts.
+- Offsets only grow inside a segment: each batch's base offset is the previous batch's next offset.
+- A segment is owned by one core (the one owning its partition); nothing here is thread-safe.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+from broker.storage.errors import CorruptBatchError
+from broker.storage.fileio import FileIO
+from broker.storage.index import (
+    ENTRY_SIZE,
+    INDEX_HEADER_SIZE,
+    SegmentIndex,
+    decode_entry,
+    encode_header,
+    invalid_header,
+    parse_entries,
+)
+from ringlog_proto.batch import (
+    HEADER_SIZE,
+    BatchHeader,
+    batch_crc,
+    read_header,
+)
+from ringlog_proto.batch import (
+    invalid_header as invalid_batch_header,
+)
+
+log = logging.getLogger(__name__)
+
+STORE_SUFFIX = ".log"
+INDEX_SUFFIX = ".index"
+SCAN_CHUNK_BYTES = 4 * 1024 * 1024  # recovery reads the store in chunks this big; bounds its memory
+
+
+def segment_name(base_offset: int) -> str:
+    return f"{base_offset:020d}"
+
+
+def parse_segment_name(filename: str) -> tuple[int, str] | None:
+    """(base offset, suffix) of a segment file name, or None for anything else in the directory."""
+    stem, dot, suffix = filename.partition(".")
+    if not dot or len(stem) != 20 or not stem.isdigit():
+        return None
+    if "." + suffix not in (STORE_SUFFIX, INDEX_SUFFIX):
+        return None
+    return int(stem), "." + suffix
+
+
+@dataclass(frozen=True, slots=True)
+class Extent:
+    """A run of whole batches in one segment's store: what a read returns."""
+
+    segment: Segment
+    position: int
+    length: int
+    first_offset: int  # base offset of the first batch in the run
+
+
+class Segment:
+    """One store file plus its index, and what is known about them in memory."""
+
+    def __init__(self, directory: str, base_offset: int, io: FileIO, store_fd: int, index_fd: int) -> None:
+        self.directory = directory
+        self.base_offset = base_offset
+        self.io = io
+        self.store_fd = store_fd
+        self.index_fd = index_fd
+        name = segment_name(base_offset)
+        self.store_path = os.path.join(directory, name + STORE_SUFFIX)
+        self.index_path = os.path.join(directory, name + INDEX_SUFFIX)
+        self.size = 0  # bytes of whole batches written
+        self.next_offset = base_offset
+        self.max_timestamp: int | None = None
+        self.last_append_ms: int | None = None
+        self._index: SegmentIndex | None = None
+        self.synced_size = 0  # store bytes known to be on disk (fdatasync done)
+        self.index_synced_count = 0  # index entries known to be on disk
+
+    # ----------------------------------------------------------------------------- lifecycle
+
+    @classmethod
+    def create(cls, directory: str, base_offset: int, io: FileIO) -> Segment:
+        """Create an empty segment. The caller fsyncs the directory when durability asks for it."""
+        name = segment_name(base_offset)
+        store_fd = io.open(os.path.join(directory, name + STORE_SUFFIX), create=True)
+        index_fd = io.open(os.path.join(directory, name + INDEX_SUFFIX), create=True)
+        seg = cls(directory, base_offset, io, store_fd, index_fd)
+        if io.size(store_fd) != 0:
+            raise FileExistsError(f"{seg.store_path} exists and is not empty: refusing to reuse offsets")
+        io.ftruncate(index_fd, 0)
+        io.pwritev(index_fd, [encode_header(base_offset)], 0)
+        seg._index = SegmentIndex()
+        return seg
+
+    @classmethod
+    def open(
+        cls, directory: str, base_offset: int, io: FileIO, *, full_recovery: bool, now_ms: int
+    ) -> Segment:
+        """Open an existing segment and make store and index agree.
+
+        `full_recovery` (the active segment) scans and validates the store tail batch by batch.
+        Otherwise a cheap check compares the index's last entry with the store; a mismatch falls
+        back to the same recovery, so a torn closed segment is repaired too.
+        """
+        name = segment_name(base_offset)
+        store_fd = io.open(os.path.join(directory, name + STORE_SUFFIX), create=False)
+        index_fd = io.open(os.path.join(directory, name + INDEX_SUFFIX), create=True)
+        seg = cls(directory, base_offset, io, store_fd, index_fd)
+        if full_recovery or not seg._tail_consistent():
+            seg.recover(now_ms)
+        seg.synced_size = seg.size
+        seg.index_synced_count = seg.entry_count
+        return seg
+
+    def close(self) -> None:
+        """Write unpersisted index entries and close both files. No fsync: see `Log.flush`."""
+        self.write_index()
+        self.io.close(self.store_fd)
+        self.io.close(self.index_fd)
+
+    def delete(self) -> None:
+        """Close and remove both files (store first: an orphan index is cleaned up at open)."""
+        self.io.close(self.store_fd)
+        self.io.close(self.index_fd)
+        self.io.unlink(self.store_path)
+        self.io.unlink(self.index_path)
+
+    # ----------------------------------------------------------------------------- index
+
+    @property
+    def index(self) -> SegmentIndex:
+        """The index, loaded on first use: closed segments keep theirs on disk until read."""
+        if self._index is None:
+            self._index = self._load_index()
+        return self._index
+
+    @property
+    def entry_count(self) -> int:
+        return len(self.index)
+
+    def _read_index_file(self) -> tuple[SegmentIndex, str | None]:
+        """Entries from the index file, and why some or all of it was unusable (None if fine)."""
+        data = self.io.pread(self.index_fd, self.io.size(self.index_fd), 0)
+        reason = invalid_header(data, self.base_offset)
+        if reason is not None:
+            return SegmentIndex(), reason
+        entries, reason = parse_entries(data[INDEX_HEADER_SIZE:])
+        return SegmentIndex(entries, len(entries) // ENTRY_SIZE), reason
+
+    def _load_index(self) -> SegmentIndex:
+        index, reason = self._read_index_file()
+        last = index.last()
+        end = 0 if last is None else last.position + self._batch_size_at(last.position)
+        if reason is not None or end != self.size:
+            log.warning(
+                "%s: index inconsistent with store (%s); rebuilding", self.index_path, reason or "size"
+            )
+            self._index = index
+            self.recover(self.io.mtime_ms(self.store_fd))
+            return self._index
+        return index
+
+    def _batch_size_at(self, position: int) -> int:
+        data = self.io.pread(self.store_fd, HEADER_SIZE, position)
+        return read_header(data).size if len(data) == HEADER_SIZE else -1
+
+    def _tail_consistent(self) -> bool:
+        """Cheap open-time check: does the last index entry end exactly where the store ends?
+
+        Sets size, next offset and timestamps from it when it does. Reads one entry and one
+        batch header, not the whole index, so opening a log with many segments stays fast.
+        """
+        index_size = self.io.size(self.index_fd)
+        store_size = self.io.size(self.store_fd)
+        if index_size < INDEX_HEADER_SIZE or (index_size - INDEX_HEADER_SIZE) % ENTRY_SIZE:
+            return False
+        if index_size == INDEX_HEADER_SIZE:
+            return (
+                store_size == 0
+                and invalid_header(self.io.pread(self.index_fd, INDEX_HEADER_SIZE, 0), self.base_offset)
+                is None
+            )
+        header = self.io.pread(self.index_fd, INDEX_HEADER_SIZE, 0)
+        if invalid_header(header, self.base_offset) is not None:
+            return False
+        last = decode_entry(self.io.pread(self.index_fd, ENTRY_SIZE, index_size - ENTRY_SIZE))
+        data = self.io.pread(self.store_fd, HEADER_SIZE, last.position)
+        if len(data) < HEADER_SIZE:
+            return False
+        h = read_header(data)
+        if (
+            invalid_batch_header(h) is not None
+            or h.base_offset != self.base_offset + last.relative_offset
+            or last.position + h.size != store_size
+        ):
+            return False
+        self.size = store_size
+        self.next_offset = h.next_offset
+        self.max_timestamp = last.max_timestamp
+        self.last_append_ms = last.append_time_ms
+        return True
+
+    def write_index(self) -> None:
+        """Write index entries not yet in the file (index writes are lazy; see index.py)."""
+        if self._index is None:
+            return
+        data, position = self._index.unpersisted()
+        if data:
+            self.io.pwritev(self.index_fd, [data], position)
+            self._index.persisted_count = len(self._index)
+
+    # ----------------------------------------------------------------------------- recovery
+
+    def recover(self, now_ms: int) -> int:
+        """Validate the store from the last index entry that checks out; cut what does not.
+
+        Walks back over index entries until one points at a batch with the right base offset and
+        crc, then scans forward from there batch by batch (header, lengths, crc32c, offset
+        continuity), re-adding index entries. The first invalid batch and everything after it is
+        cut: it is a torn or garbage tail. Returns the number of store bytes cut.
+        """
+        index = self._index
+        if index is None:
+            index, reason = self._read_index_file()
+            if reason:
+                log.warning("%s: %s; rebuilding from the store", self.index_path, reason)
+        store_size = self.io.size(self.store_fd)
+        # Walk back to the last trustworthy entry.
+        while len(index):
+            e = index.entry(len(index) - 1)
+            h = self._verified_header(e.position, self.base_offset + e.relative_offset, store_size)
+            if h is not None:
+                break
+            index.truncate(len(index) - 1)
+        if len(index):
+            e = index.last()
+            assert e is not None
+            h = self._verified_header(e.position, self.base_offset + e.relative_offset, store_size)
+            assert h is not None
+            position, next_offset = e.position + h.size, h.next_offset
+        else:
+            position, next_offset = 0, self.base_offset
+        rebuilt_time = min(now_ms, self.io.mtime_ms(self.store_fd))
+        position, next_offset, reason = self._scan(index, position, next_offset, store_size, rebuilt_time)
+        cut = store_size - position
+        if cut:
+            log.warning("%s: cut %d bytes at position %d: %s", self.store_path, cut, position, reason)
+            self.io.ftruncate(self.store_fd, position)
+        # Rewrite the index whole: it may have lost entries, garbage, or a partial entry.
+        self.io.ftruncate(self.index_fd, 0)
+        self.io.pwritev(self.index_fd, [index.encode_file(self.base_offset)], 0)
+        index.persisted_count = len(index)
+        self._index = index
+        self.size = position
+        self.next_offset = next_offset
+        last = index.last()
+        self.max_timestamp = None if last is None else last.max_timestamp
+        self.last_append_ms = None if last is None else last.append_time_ms
+        return cut
+
+    def _verified_header(self, position: int, expected_offset: int, store_size: int) -> BatchHeader | None:
+        """The header of the batch at `position` if the whole batch is there and its crc matches."""
+        data = self.io.pread(self.store_fd, HEADER_SIZE, position)
+        if len(data) < HEADER_SIZE:
+            return None
+        h = read_header(data)
+        if invalid_batch_header(h, store_size - position) is not None or h.base_offset != expected_offset:
+            return None
+        body = self.io.pread(self.store_fd, h.size, position)
+        if len(body) != h.size or batch_crc(body, 0, h.size) != h.crc:
+            return None
+        return h
+
+    def _scan(
+        self, index: SegmentIndex, position: int, next_offset: int, store_size: int, append_ms: int
+    ) -> tuple[int, int, str]:
+        """Validate batches from `position`, adding index entries; stop at the first bad one."""
+        chunk = b""
+        chunk_pos = position
+        while position < store_size:
+            rel = position - chunk_pos
+            if len(chunk) - rel < HEADER_SIZE:
+                chunk = self.io.pread(self.store_fd, SCAN_CHUNK_BYTES, position)
+                chunk_pos, rel = position, 0
+                if len(chunk) < HEADER_SIZE:
+                    return position, next_offset, f"{len(chunk)} trailing bytes, less than a header"
+            h = read_header(chunk, rel)
+            reason = invalid_batch_header(h, store_size - position)
+            if reason is None and h.base_offset != next_offset:
+                reason = f"base offset {h.base_offset}, expected {next_offset}"
+            if reason is None and position + h.size - self.base_offset > (1 << 32):
+                reason = "batch beyond the 4 GiB a segment can index"
+            if reason is not None:
+                return position, next_offset, reason
+            if len(chunk) - rel < h.size:
+                chunk = self.io.pread(self.store_fd, max(SCAN_CHUNK_BYTES, h.size), position)
+                chunk_pos, rel = position, 0
+            if batch_crc(chunk, rel, h.size) != h.crc:
+                return position, next_offset, "crc32c mismatch"
+            index.append(h.base_offset - self.base_offset, position, h.max_timestamp, append_ms)
+            position += h.size
+            next_offset = h.next_offset
+        return position, next_offset, "end of store"
+
+    # ----------------------------------------------------------------------------- appends
+
+    def add_batch(self, position: int, header: BatchHeader, append_ms: int) -> None:
+        """Record a batch whose bytes are now written at `position` (end of the store)."""
+        assert position == self.size, (position, self.size)
+        assert header.base_offset == self.next_offset
+        self.index.append(header.base_offset - self.base_offset, position, header.max_timestamp, append_ms)
+        self.size = position + header.size
+        self.next_offset = header.next_offset
+        self.max_timestamp = (
+            header.max_timestamp
+            if self.max_timestamp is None
+            else max(self.max_timestamp, header.max_timestamp)
+        )
+        self.last_append_ms = append_ms
+
+    def first_append_ms(self) -> int | None:
+        """When the first batch was appended: `segment_ms` rolls the active segment by it."""
+        return self.index.entry(0).append_time_ms if self.entry_count else None
+
+    def truncate_to_size(self, size: int) -> None:
+        """Cut the store at `size` (a batch boundary or the current end). Cold path, synchronous."""
+        self.io.ftruncate(self.store_fd, size)
+        self.synced_size = min(self.synced_size, size)
+
+    def truncate_before_offset(self, offset: int) -> int:
+        """Drop every batch whose last offset is >= `offset`. Returns the new next offset."""
+        index = self.index
+        i = index.find_offset(offset - self.base_offset)
+        if i < 0:
+            keep = 0
+        else:
+            e = index.entry(i)
+            h = read_header(self.io.pread(self.store_fd, HEADER_SIZE, e.position))
+            keep = i + 1 if h.last_offset < offset else i
+        position = index.position(keep) if keep < len(index) else self.size
+        if keep == len(index):
+            return self.next_offset
+        new_next = self.base_offset + index.relative_offset(keep)
+        index.truncate(keep)
+        self.truncate_to_size(position)
+        self.io.ftruncate(self.index_fd, INDEX_HEADER_SIZE + keep * ENTRY_SIZE)
+        self.index_synced_count = min(self.index_synced_count, keep)
+        self.size = position
+        self.next_offset = new_next
+        last = index.last()
+        self.max_timestamp = None if last is None else last.max_timestamp
+        self.last_append_ms = None if last is None else last.append_time_ms
+        return new_next
+
+    # ----------------------------------------------------------------------------- reads
+
+    def locate(self, offset: int, max_bytes: int) -> Extent | None:
+        """Whole batches from the one holding `offset`, up to `max_bytes` (at least one batch).
+
+        None when no batch of this segment holds `offset` or a later offset.
+        """
+        index = self.index
+        n = len(index)
+        if n == 0 or offset >= self.next_offset:
+            return None
+        i = max(index.find_offset(offset - self.base_offset), 0)
+        start = index.position(i)
+
+        def boundary(j: int) -> int:  # end of batch j - 1: start of batch j, or the store's end
+            return index.position(j) if j < n else self.size
+
+        # The furthest batch boundary within max_bytes, by binary search; at least one batch.
+        lo, hi = i + 1, n
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if boundary(mid) - start <= max_bytes:
+                lo = mid
+            else:
+                hi = mid - 1
+        end = boundary(lo)
+        first = self.base_offset + index.relative_offset(i)
+        return Extent(self, start, end - start, first)
+
+    def check_batches(self, data: bytes, extent: Extent) -> tuple[int, int, CorruptBatchError | None]:
+        """Validate each batch of a read against its crc and the index.
+
+        Returns (bytes of intact batches from the start, the offset after them, the error that
+        stopped the check or None). Data read back is checked before it leaves the broker: a bit
+        flip on disk becomes an error naming the file and position, never records a client trusts.
+        """
+        pos = 0
+        expected = extent.first_offset
+        while pos < len(data):
+            if len(data) - pos < HEADER_SIZE:
+                reason: str | None = "truncated batch header"
+            else:
+                h = read_header(data, pos)
+                reason = invalid_batch_header(h, len(data) - pos)
+                if reason is None and h.base_offset != expected:
+                    reason = f"base offset {h.base_offset}, index expects {expected}"
+                if reason is None and batch_crc(data, pos, h.size) != h.crc:
+                    reason = "crc32c mismatch"
+            if reason is not None:
+                return pos, expected, CorruptBatchError(self.store_path, extent.position + pos, reason)
+            pos += h.size
+            expected = h.next_offset
+        return pos, expected, None
+
+    def find_timestamp(self, timestamp: int) -> int | None:
+        """Store position of the first batch holding a record at or after `timestamp`, or None."""
+        if self.max_timestamp is None or self.max_timestamp < timestamp:
+            return None
+        i = self.index.find_timestamp(timestamp)
+        return None if i >= len(self.index) else self.index.position(i)

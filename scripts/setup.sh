@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Set up a machine of this project's kind (Debian 12, Linux 5.8+) for ringlog, from nothing.
+#
+# Idempotent: every step checks before it acts, so `make test` and `make run` can call it each time
+# and it costs a second once the machine is ready. Every action is printed before it happens.
+#
+# Steps: Debian packages -> kernel-header links for bcc -> .venv (with Debian's bcc linked in) ->
+# pip install -e .[dev].
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+VENV="$ROOT/.venv"
+PYTHON=${PYTHON:-python3}
+
+say() { printf '[setup] %s\n' "$*"; }
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+    if command -v sudo >/dev/null 2>&1; then SUDO="sudo"; else
+        say "not root and no sudo: system packages and kernel-header links will be skipped"
+        SUDO="skip"
+    fi
+fi
+
+# --- 1. Debian packages ---------------------------------------------------------------------------
+# liburing-dev: our cffi bindings (native/). python3-bpfcc: bcc for bpf/. linux-headers-amd64: bcc
+# compiles BPF C against kernel headers, and this kernel ships none. iproute2: netns/veth tests.
+# A JRE only if no java is on the machine (PySpark needs one).
+PKGS=(liburing-dev python3-bpfcc linux-headers-amd64 iproute2 gcc)
+command -v java >/dev/null 2>&1 || PKGS+=(default-jre-headless)
+missing=()
+for p in "${PKGS[@]}"; do
+    dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    if [ "$SUDO" = "skip" ]; then
+        say "missing packages (cannot install without root): ${missing[*]}"
+    else
+        say "apt-get install ${missing[*]}"
+        export DEBIAN_FRONTEND=noninteractive
+        $SUDO apt-get update -qq
+        $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    fi
+else
+    say "Debian packages present: ${PKGS[*]}"
+fi
+
+# --- 2. Kernel-header links for bcc ---------------------------------------------------------------
+# bcc looks for /lib/modules/$(uname -r)/{build,source}. Debian's 6.1 headers serve XDP and socket
+# programs on a newer kernel because those use only UAPI structs (see docs/KERNEL.md).
+KDIR="/lib/modules/$(uname -r)"
+hdr_arch=$(ls -d /usr/src/linux-headers-*-amd64 2>/dev/null | sort -V | tail -n 1 || true)
+hdr_common=$(ls -d /usr/src/linux-headers-*-common 2>/dev/null | sort -V | tail -n 1 || true)
+if [ -e "$KDIR/build" ] && [ -e "$KDIR/source" ]; then
+    say "kernel headers linked in $KDIR"
+elif [ "$SUDO" = "skip" ] || [ -z "$hdr_arch" ] || [ -z "$hdr_common" ]; then
+    say "kernel headers not linked (no root or no linux-headers package): eBPF will be unavailable"
+else
+    say "linking $KDIR/build -> $hdr_arch and $KDIR/source -> $hdr_common"
+    $SUDO mkdir -p "$KDIR"
+    [ -e "$KDIR/build" ] || $SUDO ln -sfn "$hdr_arch" "$KDIR/build"
+    [ -e "$KDIR/source" ] || $SUDO ln -sfn "$hdr_common" "$KDIR/source"
+fi
+
+# --- 3. The venv, with Debian's bcc visible -------------------------------------------------------
+if [ ! -x "$VENV/bin/python" ]; then
+    say "creating $VENV with $($PYTHON --version 2>&1)"
+    "$PYTHON" -m venv "$VENV"
+fi
+site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+# Link only the bcc package, not all of dist-packages: Debian's other modules would clash with pip's.
+if [ -d /usr/lib/python3/dist-packages/bcc ] && [ ! -e "$site/bcc" ]; then
+    say "linking Debian's bcc into the venv"
+    ln -sfn /usr/lib/python3/dist-packages/bcc "$site/bcc"
+fi
+
+# --- 4. The project ---------------------------------------------------------------------------------
+stamp="$VENV/.ringlog-installed"
+want=$( { cat pyproject.toml; cat native/*.py 2>/dev/null || true; } | sha256sum | cut -d" " -f1)
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+    say "pip install -e .[dev]"
+    "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
+    "$VENV/bin/python" -m pip install -q -e ".[dev]"
+    echo "$want" > "$stamp"
+else
+    say "project installed in $VENV (pyproject unchanged)"
+fi
+say "ready: $("$VENV/bin/python" --version), bcc: $("$VENV/bin/python" -c 'import bcc; print("yes")' 2>/dev/null || echo no)"
