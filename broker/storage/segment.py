@@ -355,7 +355,8 @@ class Segment:
         new_next = self.base_offset + index.relative_offset(keep)
         index.truncate(keep)
         self.truncate_to_size(position)
-        self.io.ftruncate(self.index_fd, INDEX_HEADER_SIZE + keep * ENTRY_SIZE)
+        # Cut the file to the entries it really holds: never extend it over entries not written yet.
+        self.io.ftruncate(self.index_fd, INDEX_HEADER_SIZE + index.persisted_count * ENTRY_SIZE)
         self.index_synced_count = min(self.index_synced_count, keep)
         self.size = position
         self.next_offset = new_next
