@@ -115,6 +115,24 @@ class BatchHeader:
     def next_offset(self) -> int:
         return self.base_offset + self.record_count
 
+    def with_base_offset(self, base_offset: int) -> BatchHeader:
+        """This header as stored at `base_offset` (what the broker's append assigns)."""
+        return BatchHeader(
+            base_offset,
+            self.batch_length,
+            self.magic,
+            self.crc,
+            self.attributes,
+            self.last_offset_delta,
+            self.first_timestamp,
+            self.max_timestamp,
+            self.producer_id,
+            self.producer_epoch,
+            self.base_sequence,
+            self.record_count,
+            self.records_length,
+        )
+
 
 class Record:
     """One record as a client sees it. Plain slots class: cheaper to build than a dataclass."""

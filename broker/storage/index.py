@@ -113,13 +113,14 @@ class SegmentIndex:
         return _TS.unpack_from(self._data, i * ENTRY_SIZE + 8)[0]
 
     def append(self, relative_offset: int, position: int, max_timestamp: int, append_time_ms: int) -> None:
-        n = len(self)
-        if n:
-            prev = self.entry(n - 1)
-            assert relative_offset > prev.relative_offset and position > prev.position
-            max_timestamp = max(max_timestamp, prev.max_timestamp)
+        data = self._data
+        if data:
+            prev_rel, prev_pos, prev_ts, _ = _ENTRY.unpack_from(data, len(data) - ENTRY_SIZE)
+            assert relative_offset > prev_rel and position > prev_pos
+            if prev_ts > max_timestamp:
+                max_timestamp = prev_ts
         assert 0 <= relative_offset <= RELATIVE_OFFSET_MAX and 0 <= position <= POSITION_MAX
-        self._data += _ENTRY.pack(relative_offset, position, max_timestamp, append_time_ms)
+        data += _ENTRY.pack(relative_offset, position, max_timestamp, append_time_ms)
 
     def truncate(self, count: int) -> None:
         """Keep the first `count` entries."""

@@ -26,7 +26,6 @@ Durability (what each mark promises):
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import logging
 import os
 from collections import deque
@@ -54,8 +53,9 @@ from ringlog_proto.batch import (
     HEADER_SIZE,
     BatchError,
     BatchHeader,
+    batch_crc,
     decode_records,
-    invalid_batch,
+    invalid_header,
     now_ms,
     read_header,
 )
@@ -265,17 +265,22 @@ class Log:
             raise BatchTooLargeError(
                 f"batch of {size} bytes exceeds max_batch_bytes {self.config.max_batch_bytes}"
             )
-        reason = invalid_batch(batch)
-        if reason is None and read_header(batch).size != size:
-            reason = f"{size - read_header(batch).size} bytes after the batch; append one batch per call"
+        try:
+            h = read_header(batch)
+        except BatchError as exc:
+            raise InvalidBatchError(str(exc)) from None
+        reason = invalid_header(h, size)
+        if reason is None and h.size != size:
+            reason = f"{size - h.size} bytes after the batch; append one batch per call"
+        if reason is None and batch_crc(batch, 0, size) != h.crc:
+            reason = "crc32c mismatch"
         if reason is not None:
             raise InvalidBatchError(reason)
-        h = read_header(batch)
         now = self.clock()
         self._maybe_roll(h, now)
         seg = self.segments[-1]
         base = self._next_offset
-        header = dataclasses.replace(h, base_offset=base)
+        header = h.with_base_offset(base)
         ops: list[Op] = [
             Write(
                 seg.store_fd,
