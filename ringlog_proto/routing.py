@@ -1,0 +1,60 @@
+"""Partition ownership: the reference rendezvous hash.
+
+Rules this module keeps:
+- This is *the* ownership function. The client, the server and the BPF C (bpf/) compute exactly
+  this, bit for bit; tests compare them over many (partition, core set) pairs.
+- Only 64-bit additions, xors, shifts and multiplications modulo 2**64, so that the C version is a
+  transcription (BPF has all of them) and no language's hashing library is involved.
+
+The hash. A partition is identified by its numeric identity, the broker-assigned topic id and the
+partition index, packed as `key = topic_id << 32 | partition` (both u32). Each core `c` scores
+`mix64(key ^ mix64(c + 1))`, where `mix64` is the splitmix64 finalizer; the core with the highest
+score owns the partition, ties going to the lower core id. Rendezvous hashing with equal weights:
+removing a core moves only the partitions it owned, adding one moves about 1/N of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+MASK64 = (1 << 64) - 1
+GOLDEN_GAMMA = 0x9E3779B97F4A7C15
+MIX_MUL_1 = 0xBF58476D1CE4E5B9
+MIX_MUL_2 = 0x94D049BB133111EB
+
+
+def mix64(x: int) -> int:
+    """splitmix64's output function: a bijection on u64 with good avalanche."""
+    z = (x + GOLDEN_GAMMA) & MASK64
+    z = ((z ^ (z >> 30)) * MIX_MUL_1) & MASK64
+    z = ((z ^ (z >> 27)) * MIX_MUL_2) & MASK64
+    return z ^ (z >> 31)
+
+
+def partition_key(topic_id: int, partition: int) -> int:
+    """The u64 numeric identity of a partition, as it sits in every partition request frame."""
+    assert 0 <= topic_id <= 0xFFFFFFFF and 0 <= partition <= 0xFFFFFFFF
+    return topic_id << 32 | partition
+
+
+def score(key: int, core: int) -> int:
+    return mix64(key ^ mix64(core + 1))
+
+
+def owner(topic_id: int, partition: int, cores: Iterable[int]) -> int:
+    """The core that owns the partition among the live `cores` (rendezvous hashing)."""
+    key = partition_key(topic_id, partition)
+    best_core = -1
+    best_score = -1
+    for core in cores:
+        s = score(key, core)
+        if s > best_score or (s == best_score and core < best_core):
+            best_core, best_score = core, s
+    if best_core < 0:
+        raise ValueError("no live cores to own a partition")
+    return best_core
+
+
+def shard_for(topic_id: int, partition: int, core_count: int) -> int:
+    """Owner among cores 0..core_count-1, the common case of a full worker set."""
+    return owner(topic_id, partition, range(core_count))
