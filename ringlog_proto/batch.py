@@ -49,7 +49,7 @@ from __future__ import annotations
 import struct
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from crc32c import crc32c
 
@@ -66,6 +66,7 @@ RECORD_HEADER_SIZE = 18
 RECORD_COUNT_MAX = 1 << 20  # a batch of 1 MiB empty records; more is a malformed count, not data
 
 _HEADER = struct.Struct(">qiBIhiqqqhiii")
+unpack_header = _HEADER.unpack_from  # the raw 13-tuple, for loops that cannot afford a BatchHeader
 _LENGTHS = struct.Struct(">qi")
 _BASE_OFFSET = struct.Struct(">q")
 _CRC = struct.Struct(">I")
@@ -84,9 +85,12 @@ class BatchError(ValueError):
     """A batch that cannot be decoded; the message says which field and why."""
 
 
-@dataclass(frozen=True, slots=True)
-class BatchHeader:
-    """The fixed 61-byte header, which is all the broker ever reads of a batch."""
+class BatchHeader(NamedTuple):
+    """The fixed 61-byte header, which is all the broker ever reads of a batch.
+
+    A NamedTuple, not a dataclass: the broker builds one per batch on its hot path, and a tuple is
+    several times cheaper to construct.
+    """
 
     base_offset: int
     batch_length: int
@@ -117,21 +121,7 @@ class BatchHeader:
 
     def with_base_offset(self, base_offset: int) -> BatchHeader:
         """This header as stored at `base_offset` (what the broker's append assigns)."""
-        return BatchHeader(
-            base_offset,
-            self.batch_length,
-            self.magic,
-            self.crc,
-            self.attributes,
-            self.last_offset_delta,
-            self.first_timestamp,
-            self.max_timestamp,
-            self.producer_id,
-            self.producer_epoch,
-            self.base_sequence,
-            self.record_count,
-            self.records_length,
-        )
+        return BatchHeader._make((base_offset, *self[1:]))  # _replace is several times slower
 
 
 class Record:
@@ -275,7 +265,7 @@ def read_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeade
     """Parse the fixed header at `pos`. Checks only that 61 bytes are there; see `invalid_batch`."""
     if len(buf) - pos < HEADER_SIZE:
         raise BatchError(f"batch header needs {HEADER_SIZE} bytes, {len(buf) - pos} available")
-    return BatchHeader(*_HEADER.unpack_from(buf, pos))
+    return BatchHeader._make(_HEADER.unpack_from(buf, pos))
 
 
 def peek_size(buf: bytes | bytearray | memoryview, pos: int = 0) -> int | None:
@@ -313,8 +303,8 @@ def invalid_header(h: BatchHeader, available: int | None = None) -> str | None:
 
 
 def batch_crc(buf: bytes | bytearray | memoryview, pos: int, size: int) -> int:
-    with memoryview(buf) as mv:
-        return crc32c(mv[pos + CRC_START : pos + size])
+    """crc32c of the checked range of the batch at `pos` (no copy: crc32c reads a memoryview)."""
+    return crc32c(memoryview(buf)[pos + CRC_START : pos + size])
 
 
 def invalid_batch(buf: bytes | bytearray | memoryview, pos: int = 0) -> str | None:
@@ -325,7 +315,7 @@ def invalid_batch(buf: bytes | bytearray | memoryview, pos: int = 0) -> str | No
     """
     if len(buf) - pos < HEADER_SIZE:
         return f"truncated batch: {len(buf) - pos} bytes, header needs {HEADER_SIZE}"
-    h = BatchHeader(*_HEADER.unpack_from(buf, pos))
+    h = BatchHeader._make(_HEADER.unpack_from(buf, pos))
     reason = invalid_header(h, len(buf) - pos)
     if reason is not None:
         return reason
@@ -349,7 +339,7 @@ def iter_batches(buf: bytes | bytearray | memoryview) -> Iterator[tuple[int, Bat
     pos = 0
     end = len(buf)
     while end - pos >= HEADER_SIZE:
-        h = BatchHeader(*_HEADER.unpack_from(buf, pos))
+        h = BatchHeader._make(_HEADER.unpack_from(buf, pos))
         reason = invalid_header(h)
         if reason is not None:
             raise BatchError(f"at byte {pos}: {reason}")

@@ -28,10 +28,7 @@ class Write:
     fd: int
     buffers: tuple[Buffer, ...]
     offset: int
-
-    @property
-    def length(self) -> int:
-        return sum(len(b) for b in self.buffers)
+    length: int  # total bytes of the buffers, known to whoever built them
 
 
 @dataclass(slots=True)
@@ -129,18 +126,18 @@ def _advance(buffers: tuple[Buffer, ...], written: int) -> tuple[Buffer, ...]:
 
 
 def run_write(io: FileIO, op: Write) -> None:
-    """Execute one `Write` completely, continuing after short writes."""
-    buffers = op.buffers
-    offset = op.offset
-    remaining = op.length
-    while remaining > 0:
+    """Execute one `Write` completely, continuing after short writes (usually one call)."""
+    assert op.length > 0
+    buffers, offset, remaining = op.buffers, op.offset, op.length
+    while True:
         n = io.pwritev(op.fd, buffers, offset)
+        if n == remaining:
+            return
         if n <= 0:
             raise OSError(f"pwritev wrote {n} bytes at offset {offset} of fd {op.fd}")
         remaining -= n
         offset += n
-        if remaining:
-            buffers = _advance(buffers, n)
+        buffers = _advance(buffers, n)
 
 
 def run_ops(io: FileIO, ops: Sequence[Op]) -> None:

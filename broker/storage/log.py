@@ -58,6 +58,7 @@ from ringlog_proto.batch import (
     invalid_header,
     now_ms,
     read_header,
+    unpack_header,
 )
 
 log = logging.getLogger(__name__)
@@ -96,20 +97,26 @@ class PendingAppend:
 
     segment: Segment
     position: int
-    header: BatchHeader  # with the assigned base offset
+    headers: list[BatchHeader]  # with the assigned base offsets
+    size: int
     append_ms: int
     ops: list[Op]
     index_persisted: int = -1  # index entries the ops also write, or -1
 
     @property
     def base_offset(self) -> int:
-        return self.header.base_offset
+        return self.headers[0].base_offset
+
+    @property
+    def next_offset(self) -> int:
+        return self.headers[-1].next_offset
 
 
 @dataclass(slots=True)
 class FlushPlan:
     ops: list[Op]
-    marks: list[tuple[Segment, int, int]]  # (segment, store size, index entries) the ops make durable
+    # (segment, store size, index entries, whether the index is synced too) the ops make durable
+    marks: list[tuple[Segment, int, int, bool]]
     durable_offset: int
 
 
@@ -209,6 +216,7 @@ class Log:
             raise StorageError(f"close with {len(self._pending)} appends in flight")
         if self._broken is None:
             self.flush()
+            self.io.fdatasync(self.segments[-1].index_fd)  # flush leaves the active index unsynced
         for seg in self.segments:
             if self._broken is None:
                 seg.close()
@@ -237,7 +245,7 @@ class Log:
     @property
     def end_offset(self) -> int:
         """One past the last visible offset: where a consumer that is caught up waits."""
-        return self.segments[-1].next_offset if not self._pending else self._pending[0].base_offset
+        return self._pending[0].base_offset if self._pending else self.segments[-1].next_offset
 
     @property
     def size_bytes(self) -> int:
@@ -253,60 +261,76 @@ class Log:
 
     # ------------------------------------------------------------------------- append
 
-    def prepare_append(self, batch: bytes | bytearray | memoryview) -> PendingAppend:
-        """Validate `batch` (exactly one), assign its offsets, and return the write to execute.
+    def _validate(self, records: bytes | bytearray | memoryview) -> list[BatchHeader]:
+        """Headers of the whole batches in `records` (one or more), or an error; changes nothing."""
+        size = len(records)
+        max_batch = self.config.max_batch_bytes
+        headers = []
+        pos = 0
+        while pos < size:
+            if size - pos < HEADER_SIZE:
+                raise InvalidBatchError(f"{size - pos} bytes at {pos}: less than a batch header")
+            h = BatchHeader._make(unpack_header(records, pos))
+            if h.size > max_batch:
+                raise BatchTooLargeError(f"batch of {h.size} bytes exceeds max_batch_bytes {max_batch}")
+            reason = invalid_header(h, size - pos)
+            if reason is None and batch_crc(records, pos, h.size) != h.crc:
+                reason = "crc32c mismatch"
+            if reason is not None:
+                where = f"batch at byte {pos}: " if pos else ""
+                raise InvalidBatchError(where + reason)
+            headers.append(h)
+            pos += h.size
+        if not headers:
+            raise InvalidBatchError("no batch to append")
+        return headers
 
-        Nothing is changed when validation fails. The batch's bytes are not copied: the base
-        offset goes out as its own 8-byte buffer beside a view of the rest.
+    def prepare_append(self, records: bytes | bytearray | memoryview) -> PendingAppend:
+        """Validate `records` (one or more whole batches), assign offsets, return the write to do.
+
+        Nothing is changed when validation fails: one bad batch refuses them all. The bytes are
+        not copied: each base offset goes out as its own 8-byte buffer beside views of the rest,
+        all in one vectored write.
         """
         self._check_usable()
-        size = len(batch)
-        if size > self.config.max_batch_bytes:
-            raise BatchTooLargeError(
-                f"batch of {size} bytes exceeds max_batch_bytes {self.config.max_batch_bytes}"
-            )
-        try:
-            h = read_header(batch)
-        except BatchError as exc:
-            raise InvalidBatchError(str(exc)) from None
-        reason = invalid_header(h, size)
-        if reason is None and h.size != size:
-            reason = f"{size - h.size} bytes after the batch; append one batch per call"
-        if reason is None and batch_crc(batch, 0, size) != h.crc:
-            reason = "crc32c mismatch"
-        if reason is not None:
-            raise InvalidBatchError(reason)
+        headers = self._validate(records)
+        size = len(records)
         now = self.clock()
-        self._maybe_roll(h, now)
+        try:
+            self._maybe_roll(size, sum(h.record_count for h in headers), now)
+        except OSError as exc:
+            raise StorageError(f"could not roll a new segment in {self.directory}: {exc}") from exc
         seg = self.segments[-1]
+        view = memoryview(records)
         base = self._next_offset
-        header = h.with_base_offset(base)
-        ops: list[Op] = [
-            Write(
-                seg.store_fd,
-                (base.to_bytes(8, "big", signed=True), memoryview(batch)[8:]),
-                self._reserved_size,
-            )
-        ]
-        pending = PendingAppend(seg, self._reserved_size, header, now, ops)
+        buffers: list[memoryview | bytes] = []
+        pos = 0
+        for i, h in enumerate(headers):
+            buffers.append(base.to_bytes(8, "big", signed=True))
+            buffers.append(view[pos + 8 : pos + h.size])
+            headers[i] = BatchHeader._make((base, *h[1:]))
+            base += h.record_count
+            pos += h.size
+        ops: list[Op] = [Write(seg.store_fd, tuple(buffers), self._reserved_size, size)]
+        pending = PendingAppend(seg, self._reserved_size, headers, size, now, ops)
         index = seg.index
         if len(index) - index.persisted_count >= INDEX_PENDING_ENTRIES_MAX:
             data, position = index.unpersisted()
-            ops.append(Write(seg.index_fd, (data,), position))
+            ops.append(Write(seg.index_fd, (data,), position, len(data)))
             pending.index_persisted = len(index)
         self._pending.append(pending)
-        self._next_offset = header.next_offset
+        self._next_offset = base
         self._reserved_size += size
         return pending
 
-    def _maybe_roll(self, h: BatchHeader, now: int) -> None:
+    def _maybe_roll(self, size: int, record_count: int, now: int) -> None:
         seg = self.segments[-1]
         if self._next_offset == seg.base_offset:
             return  # empty segments are never rolled: every segment holds at least one batch
         reason = None
-        if self._reserved_size + h.size > self.config.segment_bytes:
+        if self._reserved_size + size > self.config.segment_bytes:
             reason = "size"
-        elif self._next_offset + h.record_count - seg.base_offset > RELATIVE_OFFSET_MAX:
+        elif self._next_offset + record_count - seg.base_offset > RELATIVE_OFFSET_MAX:
             reason = "offsets"
         elif self.config.segment_ms is not None:
             first = seg.first_append_ms()
@@ -323,11 +347,14 @@ class Log:
         self._dir_unsynced = True
 
     def complete_append(self, pending: PendingAppend) -> None:
-        """The pending append's writes all succeeded: make the batch visible."""
+        """The pending append's writes all succeeded: make its batches visible."""
         assert self._pending and self._pending[0] is pending, "appends complete in the order prepared"
         self._pending.popleft()
         seg = pending.segment
-        seg.add_batch(pending.position, pending.header, pending.append_ms)
+        position = pending.position
+        for h in pending.headers:
+            seg.add_batch(position, h, pending.append_ms)
+            position += h.size
         if pending.index_persisted >= 0:
             seg.index.persisted_count = max(seg.index.persisted_count, pending.index_persisted)
         if seg not in self._unsynced:
@@ -360,9 +387,9 @@ class Log:
         self._reserved_size = pending.position
         return aborted
 
-    def append(self, batch: bytes | bytearray | memoryview) -> int:
-        """Append one batch and return its base offset. Durability: see the module docstring."""
-        pending = self.prepare_append(batch)
+    def append(self, records: bytes | bytearray | memoryview) -> int:
+        """Append one or more whole batches; return the first base offset. Durability: module doc."""
+        pending = self.prepare_append(records)
         try:
             run_ops(self.io, pending.ops)
         except OSError as exc:
@@ -380,26 +407,31 @@ class Log:
         self._check_usable()
         ops: list[Op] = []
         marks = []
+        active = self.segments[-1]
         for seg in self._unsynced:
             index = seg.index
             data, position = index.unpersisted()
             if seg.synced_size < seg.size:
                 ops.append(Sync(seg.store_fd))
             if data:
-                ops.append(Write(seg.index_fd, (data,), position))
-            if data or seg.index_synced_count < len(index):
+                ops.append(Write(seg.index_fd, (data,), position, len(data)))
+            # The active segment's index is written but not synced: it is a cache that recovery
+            # rebuilds from the (synced) store, and syncing it would double the cost of a flush.
+            sync_index = seg is not active and seg.index_synced_count < len(index)
+            if sync_index:
                 ops.append(Sync(seg.index_fd))
-            marks.append((seg, seg.size, len(index)))
+            marks.append((seg, seg.size, len(index), sync_index))
         if self._dir_unsynced:
             ops.append(SyncDir(self.directory))
         return FlushPlan(ops, marks, self.end_offset)
 
     def complete_flush(self, plan: FlushPlan) -> None:
-        for seg, size, entries in plan.marks:
+        for seg, size, entries, index_synced in plan.marks:
             seg.synced_size = max(seg.synced_size, min(size, seg.size))
             kept = min(entries, len(seg.index))  # a truncate may have run in between
             seg.index.persisted_count = max(seg.index.persisted_count, kept)
-            seg.index_synced_count = max(seg.index_synced_count, kept)
+            if index_synced:
+                seg.index_synced_count = max(seg.index_synced_count, kept)
         if any(isinstance(op, SyncDir) for op in plan.ops):
             self._dir_unsynced = False
         active = self.segments[-1]
@@ -417,8 +449,17 @@ class Log:
         try:
             run_ops(self.io, plan.ops)
         except OSError as exc:
+            self.fail_flush(exc)
             raise StorageError(f"flush of {self.directory} failed: {exc}") from exc
         self.complete_flush(plan)
+
+    def fail_flush(self, exc: OSError) -> None:
+        """A sync failed. The kernel may have dropped the dirty pages it could not write and
+        will report success on a retry (PostgreSQL's "fsyncgate"), so no later flush can be
+        trusted: the log refuses further work until reopened, where recovery reads back what
+        really is on disk."""
+        self._broken = f"fdatasync failed ({exc}); data since offset {self.durable_offset} may be lost"
+        log.error("%s: %s", self.directory, self._broken)
 
     # ------------------------------------------------------------------------- read
 

@@ -1,0 +1,176 @@
+"""Frames: how requests and responses are delimited on a TCP stream. Sans-I/O.
+
+Rules this module keeps:
+- No sockets. `FrameDecoder.feed(bytes)` only buffers; `next_frame()` returns a `Frame` or
+  `NEED_DATA`; `encode_frame(...)` returns bytes. Every I/O loop (uvloop, io_uring, the clients)
+  drives this one codec (the h11 pattern).
+- Any byte string either yields frames or raises `ProtocolError`; never another exception. A
+  `ProtocolError` means the stream cannot be resynchronised: the connection is closed.
+- The partition identity (topic id, partition index) sits at a fixed offset of *every* frame, so a
+  BPF program can read it from the first bytes of a connection without parsing anything.
+
+Fileformat (frame version 1, integers big-endian, 24-byte header):
+
+    offset size field
+    0      4    length          u32  bytes after this field (20 + body length)
+    4      1    magic           u8   0x52 ("R")
+    5      1    frame_version   u8   1
+    6      2    api_key         u16  which API (see messages.ApiKey)
+    8      2    api_version     u16  version of that API's body layout
+    10     2    flags           u16  bit 0: this is a response; other bits zero
+    12     4    correlation_id  u32  chosen by the client, echoed in the response
+    16     4    topic_id        u32  partition identity: broker-assigned topic id (0 if none)
+    20     4    partition       u32  partition index within the topic (0 if none)
+    24     ...  body            layout per API and version (messages.py)
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Final
+
+MAGIC: Final = 0x52
+FRAME_VERSION: Final = 1
+HEADER_SIZE: Final = 24
+LENGTH_SIZE: Final = 4
+FLAG_RESPONSE: Final = 0x0001
+FLAGS_KNOWN: Final = FLAG_RESPONSE
+TOPIC_ID_OFFSET: Final = 16  # where BPF finds the partition identity in the first frame
+PARTITION_OFFSET: Final = 20
+
+# A produce request carries batches of up to max_batch_bytes (1 MiB by default) and a fetch
+# response up to the client's max_bytes (1 MiB by default, plus one batch): 8 MiB leaves room for
+# both with their headers while bounding what one connection can make the broker buffer.
+FRAME_BYTES_MAX_DEFAULT: Final = 8 * 1024 * 1024
+
+_HEADER = struct.Struct(">IBBHHHIII")
+assert _HEADER.size == HEADER_SIZE
+
+
+class ProtocolError(Exception):
+    """Bytes that cannot be framed. The stream is lost: close the connection."""
+
+
+class _NeedData:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "NEED_DATA"
+
+
+NEED_DATA: Final = _NeedData()
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    api_key: int
+    api_version: int
+    flags: int
+    correlation_id: int
+    topic_id: int
+    partition: int
+    body: bytes
+
+    @property
+    def is_response(self) -> bool:
+        return bool(self.flags & FLAG_RESPONSE)
+
+
+def encode_header(
+    body_length: int,
+    api_key: int,
+    api_version: int,
+    correlation_id: int,
+    topic_id: int = 0,
+    partition: int = 0,
+    flags: int = 0,
+) -> bytes:
+    """The 24-byte header of a frame whose body is `body_length` bytes (send the body after it)."""
+    return _HEADER.pack(
+        HEADER_SIZE - LENGTH_SIZE + body_length,
+        MAGIC,
+        FRAME_VERSION,
+        api_key,
+        api_version,
+        flags,
+        correlation_id,
+        topic_id,
+        partition,
+    )
+
+
+def encode_frame(
+    api_key: int,
+    api_version: int,
+    correlation_id: int,
+    body: bytes = b"",
+    topic_id: int = 0,
+    partition: int = 0,
+    flags: int = 0,
+) -> bytes:
+    return encode_header(len(body), api_key, api_version, correlation_id, topic_id, partition, flags) + body
+
+
+class FrameDecoder:
+    """Incremental frame decoder: feed bytes in any pieces, take whole frames out.
+
+    Holds at most one frame plus what arrived after it; a declared length above `max_frame_bytes`
+    is refused as soon as the header is seen, before any of the body is buffered.
+    """
+
+    __slots__ = ("_buf", "_pos", "max_frame_bytes")
+
+    def __init__(self, max_frame_bytes: int = FRAME_BYTES_MAX_DEFAULT) -> None:
+        assert max_frame_bytes >= HEADER_SIZE
+        self.max_frame_bytes = max_frame_bytes
+        self._buf = bytearray()
+        self._pos = 0
+
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
+        if self._pos and self._pos >= len(self._buf) // 2:
+            del self._buf[: self._pos]  # compact: amortised O(1) per byte
+            self._pos = 0
+        self._buf += data
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not yet returned as frames (a client vanishing mid-frame leaves some)."""
+        return len(self._buf) - self._pos
+
+    def next_frame(self) -> Frame | _NeedData:
+        buf = self._buf
+        pos = self._pos
+        if len(buf) - pos < HEADER_SIZE:
+            if len(buf) - pos >= 6:
+                self._check_prefix(buf, pos)
+            return NEED_DATA
+        length, _magic, _version, api_key, api_version, flags, corr, topic_id, partition = (
+            _HEADER.unpack_from(buf, pos)
+        )
+        self._check_prefix(buf, pos)
+        if length < HEADER_SIZE - LENGTH_SIZE:
+            raise ProtocolError(f"frame length {length} is shorter than the {HEADER_SIZE}-byte header")
+        if length + LENGTH_SIZE > self.max_frame_bytes:
+            raise ProtocolError(
+                f"frame of {length + LENGTH_SIZE} bytes exceeds the maximum {self.max_frame_bytes}"
+            )
+        if flags & ~FLAGS_KNOWN:
+            raise ProtocolError(f"unknown frame flags {flags:#06x}")
+        end = pos + LENGTH_SIZE + length
+        if len(buf) < end:
+            return NEED_DATA
+        body = bytes(buf[pos + HEADER_SIZE : end])
+        self._pos = end
+        return Frame(api_key, api_version, flags, corr, topic_id, partition, body)
+
+    def _check_prefix(self, buf: bytearray, pos: int) -> None:
+        """Reject a wrong magic or version as soon as those bytes are here, not after a whole header."""
+        if buf[pos + 4] != MAGIC:
+            raise ProtocolError(
+                f"bad frame magic {buf[pos + 4]:#04x} (expected {MAGIC:#04x}): not a ringlog client?"
+            )
+        if buf[pos + 5] != FRAME_VERSION:
+            raise ProtocolError(
+                f"unsupported frame version {buf[pos + 5]} (this broker speaks {FRAME_VERSION})"
+            )

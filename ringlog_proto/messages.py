@@ -1,0 +1,681 @@
+"""Requests and responses of every API, and the one table of wire error codes. Sans-I/O.
+
+Rules this module keeps:
+- One request type and one response type per API, frozen slotted dataclasses. `encode_*` returns
+  buffers (a list, so that record bytes are never copied into a frame: send them with writev);
+  `decode_*` takes a `Frame` from frames.py.
+- A body that does not parse is a `MalformedBody`: the frame was delimited correctly, so the
+  broker *answers* it (INVALID_REQUEST) and keeps the connection; see frames.ProtocolError for the
+  case where it cannot.
+- Every response body starts with `error_code i16, error_message str`. When the error code is not
+  NONE the body ends there; clients read the rest only on success.
+
+Body primitives (big-endian): i8 i16 i32 i64 u16 u32 as usual; `str` = u16 length + UTF-8;
+`bytes` = u32 length + raw bytes; `array<T>` = u32 count + T repeated. The layouts per API are in
+docs/PROTOCOL.md and in each class's `_FIELDS` comment.
+"""
+
+from __future__ import annotations
+
+import functools
+import struct
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import ClassVar
+
+from ringlog_proto.frames import FLAG_RESPONSE, Frame, encode_header
+
+API_VERSION = 1
+
+
+class ApiKey(IntEnum):
+    API_VERSIONS = 0
+    METADATA = 1
+    CREATE_TOPIC = 2
+    DELETE_TOPIC = 3
+    PRODUCE = 4
+    FETCH = 5
+    LIST_OFFSETS = 6
+    OFFSET_COMMIT = 7
+    OFFSET_FETCH = 8
+
+
+class ErrorCode(IntEnum):
+    """Wire error codes. The broker maps every exception to one of these at one place."""
+
+    NONE = 0
+    UNKNOWN_SERVER_ERROR = 1
+    INVALID_REQUEST = 2  # the body did not parse, or a field is out of range
+    UNSUPPORTED_VERSION = 3  # unknown api key or api version
+    UNKNOWN_TOPIC_OR_PARTITION = 4
+    TOPIC_ALREADY_EXISTS = 5
+    INVALID_TOPIC = 6  # bad name or partition count
+    INVALID_CONFIG = 7
+    CORRUPT_MESSAGE = 8  # a produced batch failed validation (crc, lengths, counts)
+    MESSAGE_TOO_LARGE = 9  # a produced batch exceeds max_batch_bytes
+    OFFSET_OUT_OF_RANGE = 10
+    STORAGE_ERROR = 11  # disk I/O failed, or stored data is damaged (corrupt on read)
+    REQUEST_TIMED_OUT = 12
+    OUT_OF_ORDER_SEQUENCE = 13  # idempotent producer: a gap in sequence numbers
+    INVALID_GROUP = 14
+    NOT_OWNER = 15  # the partition is owned by another core and could not be forwarded
+    BROKER_SHUTTING_DOWN = 16
+
+    @property
+    def retriable(self) -> bool:
+        return self in _RETRIABLE
+
+
+_RETRIABLE = frozenset(
+    {
+        ErrorCode.REQUEST_TIMED_OUT,
+        ErrorCode.NOT_OWNER,
+        ErrorCode.BROKER_SHUTTING_DOWN,
+        ErrorCode.STORAGE_ERROR,
+    }
+)
+
+
+class Acks(IntEnum):
+    """When a produce is acknowledged. What each promises is stated in README.md."""
+
+    NONE = 0  # no response at all
+    WRITTEN = 1  # after the write reached the page cache: survives a broker crash
+    DURABLE = 2  # after fdatasync (group commit): survives a power loss
+
+
+class OffsetSpec(IntEnum):
+    LATEST = -1
+    EARLIEST = -2
+
+
+class MalformedBody(Exception):
+    """A frame whose body does not parse; answerable with INVALID_REQUEST."""
+
+
+# ------------------------------------------------------------------------------------ primitives
+
+
+class Writer:
+    __slots__ = ("parts",)
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+
+    def pack(self, fmt: str, *values: int) -> Writer:
+        self.parts.append(_struct(fmt).pack(*values))
+        return self
+
+    def str(self, s: str) -> Writer:
+        b = s.encode()
+        if len(b) > 0xFFFF:
+            raise ValueError(f"string of {len(b)} bytes does not fit a u16 length")
+        self.parts.append(struct.pack(">H", len(b)))
+        self.parts.append(b)
+        return self
+
+    def bytes(self, b: bytes | bytearray | memoryview) -> Writer:
+        self.parts.append(struct.pack(">I", len(b)))
+        self.parts.append(b)  # type: ignore[arg-type]  # kept as is: no copy of record data
+        return self
+
+    def array(self, n: int) -> Writer:
+        return self.pack("I", n)
+
+
+@functools.cache
+def _struct(fmt: str) -> struct.Struct:
+    return struct.Struct(">" + fmt)
+
+
+class Reader:
+    __slots__ = ("buf", "pos")
+
+    def __init__(self, buf: bytes) -> None:
+        self.buf = buf
+        self.pos = 0
+
+    def unpack(self, fmt: str) -> tuple[int, ...]:
+        s = _struct(fmt)
+        if len(self.buf) - self.pos < s.size:
+            raise MalformedBody(
+                f"body ends at byte {len(self.buf)}, field needs {s.size} more from {self.pos}"
+            )
+        values = s.unpack_from(self.buf, self.pos)
+        self.pos += s.size
+        return values
+
+    def int(self, fmt: str) -> int:
+        return self.unpack(fmt)[0]
+
+    def str(self) -> str:
+        n = self.int("H")
+        raw = self._take(n)
+        try:
+            return raw.decode()
+        except UnicodeDecodeError as exc:
+            raise MalformedBody(f"string at byte {self.pos - n} is not UTF-8") from exc
+
+    def bytes(self) -> bytes:
+        return self._take(self.int("I"))
+
+    def array(self, item_min_bytes: int = 1) -> int:
+        n = self.int("I")
+        if n * item_min_bytes > len(self.buf) - self.pos:
+            raise MalformedBody(f"array of {n} items cannot fit in the {len(self.buf) - self.pos} bytes left")
+        return n
+
+    def _take(self, n: int) -> bytes:
+        if len(self.buf) - self.pos < n:
+            raise MalformedBody(f"field of {n} bytes at byte {self.pos} runs past the body")
+        b = self.buf[self.pos : self.pos + n]
+        self.pos += n
+        return b
+
+    def done(self) -> None:
+        if self.pos != len(self.buf):
+            raise MalformedBody(f"{len(self.buf) - self.pos} unexpected bytes after the body")
+
+
+# ------------------------------------------------------------------------------------ requests
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    API_KEY: ClassVar[ApiKey]
+    PARTITIONED: ClassVar[bool] = False
+
+    def write(self, w: Writer) -> None:
+        raise NotImplementedError
+
+    @classmethod
+    def read(cls, r: Reader, frame: Frame) -> Request:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionRequest(Request):
+    """A request about one partition; its identity travels in the frame header, not the body."""
+
+    PARTITIONED: ClassVar[bool] = True
+    topic_id: int = 0
+    partition: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ApiVersionsRequest(Request):
+    # client_name str
+    API_KEY: ClassVar[ApiKey] = ApiKey.API_VERSIONS
+    client_name: str = ""
+
+    def write(self, w: Writer) -> None:
+        w.str(self.client_name)
+
+    @classmethod
+    def read(cls, r: Reader, frame: Frame) -> ApiVersionsRequest:
+        return cls(r.str())
+
+
+@dataclass(frozen=True, slots=True)
+class MetadataRequest(Request):
+    # topics array<str>: empty means all topics
+    API_KEY: ClassVar[ApiKey] = ApiKey.METADATA
+    topics: tuple[str, ...] = ()
+
+    def write(self, w: Writer) -> None:
+        w.array(len(self.topics))
+        for t in self.topics:
+            w.str(t)
+
+    @classmethod
+    def read(cls, r: Reader, frame: Frame) -> MetadataRequest:
+        return cls(tuple(r.str() for _ in range(r.array(2))))
+
+
+@dataclass(frozen=True, slots=True)
+class CreateTopicRequest(Request):
+    # name str, partitions u32, retention_ms i64, retention_bytes i64, segment_bytes i64
+    # (-1 = the broker's default; retention -2 = keep forever)
+    API_KEY: ClassVar[ApiKey] = ApiKey.CREATE_TOPIC
+    name: str = ""
+    partitions: int = 1
+    retention_ms: int = -1
+    retention_bytes: int = -1
+    segment_bytes: int = -1
+
+    def write(self, w: Writer) -> None:
+        w.str(self.name).pack(
+            "Iqqq", self.partitions, self.retention_ms, self.retention_bytes, self.segment_bytes
+        )
+
+    @classmethod
+    def read(cls, r: Reader, frame: Frame) -> CreateTopicRequest:
+        return cls(r.str(), *r.unpack("Iqqq"))
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteTopicRequest(Request):
+    # name str
+    API_KEY: ClassVar[ApiKey] = ApiKey.DELETE_TOPIC
+    name: str = ""
+
+    def write(self, w: Writer) -> None:
+        w.str(self.name)
+
+    @classmethod
+    def read(cls, r: Reader, frame: Frame) -> DeleteTopicRequest:
+        return cls(r.str())
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceRequest(PartitionRequest):
+    # acks i8, timeout_ms i32, records bytes (one or more whole batches)
+    API_KEY: ClassVar[ApiKey] = ApiKey.PRODUCE
+    acks: int = Acks.WRITTEN
+    timeout_ms: int = 30_000
+    records: bytes = b""
+
+    def write(self, w: Writer) -> None:
+        w.pack("bi", self.acks, self.timeout_ms).bytes(self.records)
+
+    @classmethod
+    def read(cls, r: Reader, frame: Frame) -> ProduceRequest:
+        acks, timeout_ms = r.unpack("bi")
+        return cls(frame.topic_id, frame.partition, acks, timeout_ms, r.bytes())
+
+
+@dataclass(frozen=True, slots=True)
+class FetchRequest(PartitionRequest):
+    # offset i64, max_bytes i32, max_wait_ms i32, min_bytes i32
+    API_KEY: ClassVar[ApiKey] = ApiKey.FETCH
+    offset: int = 0
+    max_bytes: int = 1024 * 1024
+    max_wait_ms: int = 0
+    min_bytes: int = 1
+
+    def write(self, w: Writer) -> None:
+        w.pack("qiii", self.offset, self.max_bytes, self.max_wait_ms, self.min_bytes)
+
+    @classmethod
+    def read(cls, r: Reader, frame: Frame) -> FetchRequest:
+        return cls(frame.topic_id, frame.partition, *r.unpack("qiii"))
+
+
+@dataclass(frozen=True, slots=True)
+class ListOffsetsRequest(PartitionRequest):
+    # spec i64: -1 latest, -2 earliest, >= 0 a timestamp in ms
+    API_KEY: ClassVar[ApiKey] = ApiKey.LIST_OFFSETS
+    spec: int = OffsetSpec.LATEST
+
+    def write(self, w: Writer) -> None:
+        w.pack("q", self.spec)
+
+    @classmethod
+    def read(cls, r: Reader, frame: Frame) -> ListOffsetsRequest:
+        return cls(frame.topic_id, frame.partition, r.int("q"))
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetCommitRequest(PartitionRequest):
+    # group str, offset i64, metadata str
+    API_KEY: ClassVar[ApiKey] = ApiKey.OFFSET_COMMIT
+    group: str = ""
+    offset: int = 0
+    metadata: str = ""
+
+    def write(self, w: Writer) -> None:
+        w.str(self.group).pack("q", self.offset).str(self.metadata)
+
+    @classmethod
+    def read(cls, r: Reader, frame: Frame) -> OffsetCommitRequest:
+        return cls(frame.topic_id, frame.partition, r.str(), r.int("q"), r.str())
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetFetchRequest(PartitionRequest):
+    # group str
+    API_KEY: ClassVar[ApiKey] = ApiKey.OFFSET_FETCH
+    group: str = ""
+
+    def write(self, w: Writer) -> None:
+        w.str(self.group)
+
+    @classmethod
+    def read(cls, r: Reader, frame: Frame) -> OffsetFetchRequest:
+        return cls(frame.topic_id, frame.partition, r.str())
+
+
+REQUEST_TYPES: dict[int, type[Request]] = {
+    cls.API_KEY: cls
+    for cls in (
+        ApiVersionsRequest,
+        MetadataRequest,
+        CreateTopicRequest,
+        DeleteTopicRequest,
+        ProduceRequest,
+        FetchRequest,
+        ListOffsetsRequest,
+        OffsetCommitRequest,
+        OffsetFetchRequest,
+    )
+}
+SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {key: (API_VERSION, API_VERSION) for key in REQUEST_TYPES}
+
+
+# ------------------------------------------------------------------------------------ responses
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    API_KEY: ClassVar[ApiKey]
+    error: ErrorCode = ErrorCode.NONE
+    message: str = ""
+
+    def write(self, w: Writer) -> None:
+        """The fields after error and message (written only when error is NONE)."""
+
+    @classmethod
+    def read(cls, r: Reader) -> dict[str, object]:
+        return {}
+
+
+@dataclass(frozen=True, slots=True)
+class ApiVersion:
+    api_key: int
+    min_version: int
+    max_version: int
+
+
+@dataclass(frozen=True, slots=True)
+class ApiVersionsResponse(Response):
+    # broker_version str, node_id i32, cores u16, apis array<api_key u16, min u16, max u16>
+    API_KEY: ClassVar[ApiKey] = ApiKey.API_VERSIONS
+    broker_version: str = ""
+    node_id: int = 0
+    cores: int = 1
+    apis: tuple[ApiVersion, ...] = ()
+
+    def write(self, w: Writer) -> None:
+        w.str(self.broker_version).pack("iH", self.node_id, self.cores).array(len(self.apis))
+        for a in self.apis:
+            w.pack("HHH", a.api_key, a.min_version, a.max_version)
+
+    @classmethod
+    def read(cls, r: Reader) -> dict[str, object]:
+        version = r.str()
+        node_id, cores = r.unpack("iH")
+        apis = tuple(ApiVersion(*r.unpack("HHH")) for _ in range(r.array(6)))
+        return {"broker_version": version, "node_id": node_id, "cores": cores, "apis": apis}
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionMetadata:
+    # index u32, owner_core u16, start_offset i64, end_offset i64
+    index: int
+    owner_core: int
+    start_offset: int
+    end_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class TopicMetadata:
+    # error i16, name str, topic_id u32, retention_ms i64, retention_bytes i64, segment_bytes i64,
+    # partitions array<PartitionMetadata>
+    error: ErrorCode
+    name: str
+    topic_id: int
+    retention_ms: int = -1
+    retention_bytes: int = -1
+    segment_bytes: int = -1
+    partitions: tuple[PartitionMetadata, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class MetadataResponse(Response):
+    # host str, port u16, cores u16, steering u8 (1 = eBPF steers connections to owning cores),
+    # topics array<TopicMetadata>
+    API_KEY: ClassVar[ApiKey] = ApiKey.METADATA
+    host: str = ""
+    port: int = 0
+    cores: int = 1
+    steering: bool = False
+    topics: tuple[TopicMetadata, ...] = ()
+
+    def write(self, w: Writer) -> None:
+        w.str(self.host).pack("HHB", self.port, self.cores, int(self.steering)).array(len(self.topics))
+        for t in self.topics:
+            w.pack("h", t.error).str(t.name).pack(
+                "Iqqq", t.topic_id, t.retention_ms, t.retention_bytes, t.segment_bytes
+            )
+            w.array(len(t.partitions))
+            for p in t.partitions:
+                w.pack("IHqq", p.index, p.owner_core, p.start_offset, p.end_offset)
+
+    @classmethod
+    def read(cls, r: Reader) -> dict[str, object]:
+        host = r.str()
+        port, cores, steering = r.unpack("HHB")
+        topics = []
+        for _ in range(r.array(32)):
+            error = _error(r.int("h"))
+            name = r.str()
+            topic_id, ret_ms, ret_bytes, seg_bytes = r.unpack("Iqqq")
+            parts = tuple(PartitionMetadata(*r.unpack("IHqq")) for _ in range(r.array(22)))
+            topics.append(TopicMetadata(error, name, topic_id, ret_ms, ret_bytes, seg_bytes, parts))
+        return {
+            "host": host,
+            "port": port,
+            "cores": cores,
+            "steering": bool(steering),
+            "topics": tuple(topics),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class CreateTopicResponse(Response):
+    # topic_id u32
+    API_KEY: ClassVar[ApiKey] = ApiKey.CREATE_TOPIC
+    topic_id: int = 0
+
+    def write(self, w: Writer) -> None:
+        w.pack("I", self.topic_id)
+
+    @classmethod
+    def read(cls, r: Reader) -> dict[str, object]:
+        return {"topic_id": r.int("I")}
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteTopicResponse(Response):
+    API_KEY: ClassVar[ApiKey] = ApiKey.DELETE_TOPIC
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceResponse(Response):
+    # base_offset i64 (of the first batch), end_offset i64 (after the last), log_start i64
+    API_KEY: ClassVar[ApiKey] = ApiKey.PRODUCE
+    base_offset: int = -1
+    end_offset: int = -1
+    log_start_offset: int = -1
+
+    def write(self, w: Writer) -> None:
+        w.pack("qqq", self.base_offset, self.end_offset, self.log_start_offset)
+
+    @classmethod
+    def read(cls, r: Reader) -> dict[str, object]:
+        base, end, start = r.unpack("qqq")
+        return {"base_offset": base, "end_offset": end, "log_start_offset": start}
+
+
+@dataclass(frozen=True, slots=True)
+class FetchResponse(Response):
+    # high_watermark i64 (end of the log), log_start i64, records bytes (whole batches)
+    API_KEY: ClassVar[ApiKey] = ApiKey.FETCH
+    high_watermark: int = -1
+    log_start_offset: int = -1
+    records: bytes = b""
+
+    def write(self, w: Writer) -> None:
+        w.pack("qq", self.high_watermark, self.log_start_offset).bytes(self.records)
+
+    @classmethod
+    def read(cls, r: Reader) -> dict[str, object]:
+        hw, start = r.unpack("qq")
+        return {"high_watermark": hw, "log_start_offset": start, "records": r.bytes()}
+
+
+@dataclass(frozen=True, slots=True)
+class ListOffsetsResponse(Response):
+    # offset i64 (-1 when no record is at or after the timestamp)
+    API_KEY: ClassVar[ApiKey] = ApiKey.LIST_OFFSETS
+    offset: int = -1
+
+    def write(self, w: Writer) -> None:
+        w.pack("q", self.offset)
+
+    @classmethod
+    def read(cls, r: Reader) -> dict[str, object]:
+        return {"offset": r.int("q")}
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetCommitResponse(Response):
+    API_KEY: ClassVar[ApiKey] = ApiKey.OFFSET_COMMIT
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetFetchResponse(Response):
+    # offset i64 (-1 when the group has committed nothing), metadata str
+    API_KEY: ClassVar[ApiKey] = ApiKey.OFFSET_FETCH
+    offset: int = -1
+    metadata: str = ""
+
+    def write(self, w: Writer) -> None:
+        w.pack("q", self.offset).str(self.metadata)
+
+    @classmethod
+    def read(cls, r: Reader) -> dict[str, object]:
+        return {"offset": r.int("q"), "metadata": r.str()}
+
+
+RESPONSE_TYPES: dict[int, type[Response]] = {
+    cls.API_KEY: cls
+    for cls in (
+        ApiVersionsResponse,
+        MetadataResponse,
+        CreateTopicResponse,
+        DeleteTopicResponse,
+        ProduceResponse,
+        FetchResponse,
+        ListOffsetsResponse,
+        OffsetCommitResponse,
+        OffsetFetchResponse,
+    )
+}
+
+
+def _error(code: int) -> ErrorCode:
+    try:
+        return ErrorCode(code)
+    except ValueError:
+        return ErrorCode.UNKNOWN_SERVER_ERROR
+
+
+# ------------------------------------------------------------------------------------ framing
+
+
+def _frame(
+    w: Writer, api_key: int, correlation_id: int, topic_id: int, partition: int, flags: int
+) -> list[bytes]:
+    length = sum(len(p) for p in w.parts)
+    return [encode_header(length, api_key, API_VERSION, correlation_id, topic_id, partition, flags), *w.parts]
+
+
+def encode_request(req: Request, correlation_id: int) -> list[bytes]:
+    """The frame of `req` as buffers (header first); join them or hand them to writev."""
+    w = Writer()
+    req.write(w)
+    topic_id = partition = 0
+    if isinstance(req, PartitionRequest):
+        topic_id, partition = req.topic_id, req.partition
+    return _frame(w, req.API_KEY, correlation_id, topic_id, partition, 0)
+
+
+def decode_request(frame: Frame) -> Request:
+    """The request in `frame`. Raises MalformedBody (answer INVALID_REQUEST) or KeyError/ValueError
+    for an unknown api or version (answer UNSUPPORTED_VERSION): see `unsupported()`."""
+    cls = REQUEST_TYPES[frame.api_key]
+    r = Reader(frame.body)
+    req = cls.read(r, frame)
+    r.done()
+    return req
+
+
+def unsupported(frame: Frame) -> str | None:
+    """Why the broker cannot read this frame's api key and version, or None."""
+    if frame.is_response:
+        return "a response frame sent to the broker"
+    versions = SUPPORTED_VERSIONS.get(frame.api_key)
+    if versions is None:
+        return f"unknown api key {frame.api_key}"
+    if not versions[0] <= frame.api_version <= versions[1]:
+        name = ApiKey(frame.api_key).name
+        return f"api {name} version {frame.api_version} not in {versions[0]}..{versions[1]}"
+    return None
+
+
+def encode_response(
+    resp: Response, correlation_id: int, api_key: int | None = None, topic_id: int = 0, partition: int = 0
+) -> list[bytes]:
+    """The frame of `resp`. `api_key` overrides the type's own (an error answer to an unknown api)."""
+    w = Writer()
+    w.pack("h", resp.error).str(resp.message)
+    if resp.error == ErrorCode.NONE:
+        resp.write(w)
+    key = resp.API_KEY if api_key is None else api_key
+    return _frame(w, key, correlation_id, topic_id, partition, FLAG_RESPONSE)
+
+
+def error_response(api_key: int, error: ErrorCode, message: str) -> Response:
+    """A response of the right type for `api_key` (a generic one for an unknown api) carrying an error."""
+    cls = RESPONSE_TYPES.get(api_key, Response)
+    if cls is Response:
+        return _GenericErrorResponse(error, message)
+    return cls(error, message)
+
+
+@dataclass(frozen=True, slots=True)
+class _GenericErrorResponse(Response):
+    API_KEY: ClassVar[ApiKey] = ApiKey.API_VERSIONS  # overridden by encode_response(api_key=...)
+
+
+def decode_response(frame: Frame) -> Response:
+    cls = RESPONSE_TYPES.get(frame.api_key)
+    r = Reader(frame.body)
+    error = _error(r.int("h"))
+    message = r.str()
+    if cls is None:
+        return _GenericErrorResponse(error, message)
+    if error != ErrorCode.NONE:
+        return cls(error, message)
+    fields = cls.read(r)
+    r.done()
+    return cls(error, message, **fields)  # type: ignore[arg-type]
+
+
+__all__ = [
+    "API_VERSION",
+    "Acks",
+    "ApiKey",
+    "ErrorCode",
+    "MalformedBody",
+    "OffsetSpec",
+    "Request",
+    "Response",
+    "decode_request",
+    "decode_response",
+    "encode_request",
+    "encode_response",
+    "error_response",
+    "unsupported",
+]

@@ -1,0 +1,181 @@
+"""Frame codec and messages: whole, byte-at-a-time and trailing feeds; every bad input is a clean error."""
+
+from __future__ import annotations
+
+import contextlib
+import struct
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ringlog_proto import messages as m
+from ringlog_proto.frames import (
+    HEADER_SIZE,
+    NEED_DATA,
+    PARTITION_OFFSET,
+    TOPIC_ID_OFFSET,
+    Frame,
+    FrameDecoder,
+    ProtocolError,
+    encode_frame,
+)
+
+REQUESTS = [
+    m.ApiVersionsRequest("test-client"),
+    m.MetadataRequest(("orders", "ünïcode")),
+    m.CreateTopicRequest("orders", 12, 3_600_000, -1, 1 << 20),
+    m.DeleteTopicRequest("orders"),
+    m.ProduceRequest(7, 3, m.Acks.DURABLE, 5000, b"\x00batch-bytes"),
+    m.FetchRequest(7, 3, 42, 1 << 20, 500, 1),
+    m.ListOffsetsRequest(7, 3, m.OffsetSpec.EARLIEST),
+    m.OffsetCommitRequest(7, 3, "group-a", 99, "meta"),
+    m.OffsetFetchRequest(7, 3, "group-a"),
+]
+
+RESPONSES = [
+    m.ApiVersionsResponse(broker_version="0.1", node_id=1, cores=2, apis=(m.ApiVersion(4, 1, 1),)),
+    m.MetadataResponse(
+        host="127.0.0.1",
+        port=9092,
+        cores=2,
+        steering=True,
+        topics=(m.TopicMetadata(m.ErrorCode.NONE, "t", 5, 1, 2, 3, (m.PartitionMetadata(0, 1, 0, 10),)),),
+    ),
+    m.CreateTopicResponse(topic_id=5),
+    m.DeleteTopicResponse(),
+    m.ProduceResponse(base_offset=10, end_offset=20, log_start_offset=0),
+    m.FetchResponse(high_watermark=20, log_start_offset=0, records=b"abc"),
+    m.ListOffsetsResponse(offset=3),
+    m.OffsetCommitResponse(),
+    m.OffsetFetchResponse(offset=4, metadata="x"),
+    m.FetchResponse(m.ErrorCode.OFFSET_OUT_OF_RANGE, "offset 99 is past the end"),
+]
+
+
+def frames_of(data: bytes, pieces: list[int] | None = None) -> list[Frame]:
+    d = FrameDecoder()
+    out: list[Frame] = []
+    chunks = [data] if pieces is None else [data[i : i + 1] for i in range(len(data))]
+    for chunk in chunks:
+        d.feed(chunk)
+        while (f := d.next_frame()) is not NEED_DATA:
+            assert isinstance(f, Frame)
+            out.append(f)
+    return out
+
+
+def test_requests_round_trip_whole_and_byte_by_byte() -> None:
+    stream = b"".join(b"".join(m.encode_request(r, i)) for i, r in enumerate(REQUESTS))
+    for pieces in (None, [1]):
+        frames = frames_of(stream, pieces)
+        assert [f.correlation_id for f in frames] == list(range(len(REQUESTS)))
+        assert [m.decode_request(f) for f in frames] == REQUESTS
+
+
+def test_responses_round_trip() -> None:
+    stream = b"".join(b"".join(m.encode_response(r, 7)) for r in RESPONSES)
+    frames = frames_of(stream)
+    assert all(f.is_response for f in frames)
+    assert [m.decode_response(f) for f in frames] == RESPONSES
+
+
+def test_partition_identity_sits_at_a_fixed_offset() -> None:
+    raw = b"".join(m.encode_request(m.FetchRequest(0xA1B2C3D4, 17, 0), 1))
+    assert struct.unpack_from(">I", raw, TOPIC_ID_OFFSET)[0] == 0xA1B2C3D4
+    assert struct.unpack_from(">I", raw, PARTITION_OFFSET)[0] == 17
+
+
+def test_trailing_partial_frame_waits() -> None:
+    one = encode_frame(1, 1, 1, b"x" * 10)
+    d = FrameDecoder()
+    d.feed(one + one[:5])
+    assert isinstance(d.next_frame(), Frame)
+    assert d.next_frame() is NEED_DATA
+    assert d.buffered == 5
+
+
+@pytest.mark.parametrize(
+    ("raw", "match"),
+    [
+        (b"\x00\x00\x00\x14GET / HTTP/1.1\r\n\r\n", "bad frame magic"),
+        (b"\x00\x00\x00\x14R\x09" + bytes(18), "unsupported frame version"),
+        (struct.pack(">IBB", 4, 0x52, 1) + bytes(18), "shorter than"),
+        (struct.pack(">IBB", 1 << 30, 0x52, 1) + bytes(18), "exceeds the maximum"),
+        (struct.pack(">IBBHHH", 20, 0x52, 1, 0, 1, 0x80) + bytes(12), "unknown frame flags"),
+    ],
+)
+def test_bad_frames_are_protocol_errors(raw: bytes, match: str) -> None:
+    d = FrameDecoder()
+    d.feed(raw)
+    with pytest.raises(ProtocolError, match=match):
+        d.next_frame()
+
+
+def test_oversized_length_is_refused_before_the_body_arrives() -> None:
+    d = FrameDecoder(max_frame_bytes=1024)
+    d.feed(struct.pack(">IBBHHHIII", 5000, 0x52, 1, 4, 1, 0, 1, 0, 0))
+    with pytest.raises(ProtocolError, match="exceeds"):
+        d.next_frame()
+
+
+def test_unknown_api_and_version_are_reported_not_raised() -> None:
+    frames = frames_of(encode_frame(99, 1, 5) + encode_frame(m.ApiKey.FETCH, 7, 6))
+    assert "unknown api key 99" in (m.unsupported(frames[0]) or "")
+    assert "version 7" in (m.unsupported(frames[1]) or "")
+    reply = frames_of(
+        b"".join(m.encode_response(m.error_response(99, m.ErrorCode.UNSUPPORTED_VERSION, "no"), 5, 99))
+    )
+    got = m.decode_response(reply[0])
+    assert got.error == m.ErrorCode.UNSUPPORTED_VERSION
+    assert reply[0].api_key == 99
+
+
+@pytest.mark.parametrize("req", REQUESTS, ids=lambda r: type(r).__name__)
+def test_every_truncated_body_is_malformed(req: m.Request) -> None:
+    (frame,) = frames_of(b"".join(m.encode_request(req, 1)))
+    for cut in range(len(frame.body)):
+        short = Frame(
+            frame.api_key,
+            frame.api_version,
+            frame.flags,
+            1,
+            frame.topic_id,
+            frame.partition,
+            frame.body[:cut],
+        )
+        with pytest.raises(m.MalformedBody):
+            m.decode_request(short)
+    extra = Frame(
+        frame.api_key, frame.api_version, frame.flags, 1, frame.topic_id, frame.partition, frame.body + b"!"
+    )
+    with pytest.raises(m.MalformedBody, match="unexpected bytes"):
+        m.decode_request(extra)
+
+
+@settings(max_examples=500)
+@given(st.binary(max_size=300))
+def test_any_bytes_yield_frames_or_protocol_error(data: bytes) -> None:
+    d = FrameDecoder(max_frame_bytes=4096)
+    d.feed(data)
+    with contextlib.suppress(ProtocolError):
+        while (f := d.next_frame()) is not NEED_DATA:
+            assert isinstance(f, Frame)
+            if m.unsupported(f) is None:
+                with contextlib.suppress(m.MalformedBody):
+                    m.decode_request(f)
+
+
+@settings(max_examples=500)
+@given(st.sampled_from(sorted(m.REQUEST_TYPES)), st.binary(max_size=200))
+def test_any_body_decodes_or_is_malformed(api_key: int, body: bytes) -> None:
+    frame = Frame(api_key, m.API_VERSION, 0, 1, 1, 1, body)
+    with contextlib.suppress(m.MalformedBody):
+        m.decode_request(frame)
+    rframe = Frame(api_key, m.API_VERSION, 1, 1, 1, 1, body)
+    with contextlib.suppress(m.MalformedBody):
+        m.decode_response(rframe)
+
+
+def test_header_size_is_24() -> None:
+    assert HEADER_SIZE == 24
