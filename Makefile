@@ -9,7 +9,7 @@ setup:
 	@bash scripts/setup.sh
 
 run: setup
-	$(PY) -m broker.cli demo --data-dir $(DATA_DIR)
+	$(PY) -m broker.cli serve --data-dir $(DATA_DIR)
 
 test: setup
 	$(PY) -m ruff check .

@@ -1,8 +1,8 @@
-"""The `broker` command.
+"""The `broker` command: run a broker (`serve`), and inspect storage (`dump`, `demo`).
 
-Until the network server exists (the wire-protocol issue), the commands work on the storage engine
-directly: `demo` writes, syncs, reopens and reads back a partition log, and `dump` shows what is in a
-partition directory, batch by batch, with anything damaged named by file and position.
+`serve` starts a broker; `dump` shows what is in a partition directory batch by batch, with anything
+damaged named by file and position, without opening (or repairing) it; `demo` exercises the storage
+engine alone.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Sequence
 
+from broker.handlers import BROKER_VERSION
 from broker.storage.errors import StorageError
 from broker.storage.log import Log, LogConfig
 from broker.storage.segment import STORE_SUFFIX
@@ -83,10 +84,63 @@ def cmd_dump(args: argparse.Namespace) -> int:
     return 1 if damaged else 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from broker.handlers import BrokerConfig  # noqa: PLC0415 - keep client commands light
+    from broker.server import run  # noqa: PLC0415
+
+    available = len(os.sched_getaffinity(0))
+    cores = available if args.cores is None else args.cores
+    if cores != 1:
+        # One process per core arrives with the thread-per-core issue; until then say so plainly.
+        logging.getLogger("broker").warning(
+            "--cores %d requested (%d CPUs available): this build serves with one process; "
+            "the per-core workers are not built yet",
+            cores,
+            available,
+        )
+    if args.backend != "uvloop":
+        print(
+            f"broker: backend {args.backend!r} is not available in this build (use uvloop)", file=sys.stderr
+        )
+        return 2
+    defaults = LogConfig(
+        segment_bytes=args.segment_bytes,
+        max_batch_bytes=min(args.max_batch_bytes, args.segment_bytes),
+        retention_ms=None if args.retention_ms < 0 else args.retention_ms,
+        retention_bytes=None if args.retention_bytes < 0 else args.retention_bytes,
+    )
+    reason = defaults.invalid()
+    if reason is not None:
+        print(f"broker: {reason}", file=sys.stderr)
+        return 2
+    config = BrokerConfig(
+        data_dir=args.data_dir, host=args.host, port=args.port, cores=1, log_defaults=defaults
+    )
+    try:
+        run(config)
+    except OSError as exc:
+        print(f"broker: cannot serve on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="broker", description=__doc__.split("\n")[0])
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
+    parser.add_argument("--version", action="version", version=f"ringlog broker {BROKER_VERSION}")
     sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run a broker")
+    serve.add_argument("--data-dir", default="./data", help="where topics live (default ./data)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=9092, help="TCP port (default 9092)")
+    serve.add_argument("--cores", type=int, default=None, help="worker processes (default: all CPUs)")
+    serve.add_argument("--backend", default="uvloop", choices=["uvloop", "io_uring"])
+    defaults = LogConfig()
+    serve.add_argument("--segment-bytes", type=int, default=defaults.segment_bytes)
+    serve.add_argument("--max-batch-bytes", type=int, default=defaults.max_batch_bytes)
+    serve.add_argument("--retention-ms", type=int, default=defaults.retention_ms, help="-1: keep forever")
+    serve.add_argument("--retention-bytes", type=int, default=-1, help="-1: no size limit")
+    serve.set_defaults(func=cmd_serve)
     demo = sub.add_parser("demo", help="write, sync, reopen and read back a partition log")
     demo.add_argument("--data-dir", default="./data", help="where partitions live (default ./data)")
     demo.add_argument("--batches", type=int, default=2000)

@@ -29,7 +29,7 @@ import bisect
 import logging
 import os
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from broker.storage.errors import (
@@ -261,7 +261,7 @@ class Log:
 
     # ------------------------------------------------------------------------- append
 
-    def _validate(self, records: bytes | bytearray | memoryview) -> list[BatchHeader]:
+    def validate(self, records: bytes | bytearray | memoryview) -> list[BatchHeader]:
         """Headers of the whole batches in `records` (one or more), or an error; changes nothing."""
         size = len(records)
         max_batch = self.config.max_batch_bytes
@@ -271,6 +271,8 @@ class Log:
             if size - pos < HEADER_SIZE:
                 raise InvalidBatchError(f"{size - pos} bytes at {pos}: less than a batch header")
             h = BatchHeader._make(unpack_header(records, pos))
+            if h.magic != MAGIC:  # before the size check: garbage is corrupt, not "too large"
+                raise InvalidBatchError(f"batch at byte {pos}: unknown batch magic {h.magic}")
             if h.size > max_batch:
                 raise BatchTooLargeError(f"batch of {h.size} bytes exceeds max_batch_bytes {max_batch}")
             reason = invalid_header(h, size - pos)
@@ -285,15 +287,18 @@ class Log:
             raise InvalidBatchError("no batch to append")
         return headers
 
-    def prepare_append(self, records: bytes | bytearray | memoryview) -> PendingAppend:
+    def prepare_append(
+        self, records: bytes | bytearray | memoryview, headers: list[BatchHeader] | None = None
+    ) -> PendingAppend:
         """Validate `records` (one or more whole batches), assign offsets, return the write to do.
 
         Nothing is changed when validation fails: one bad batch refuses them all. The bytes are
         not copied: each base offset goes out as its own 8-byte buffer beside views of the rest,
-        all in one vectored write.
+        all in one vectored write. `headers` are what `validate(records)` returned, when the
+        caller needed them first (to check producer sequences): validation is not repeated.
         """
         self._check_usable()
-        headers = self._validate(records)
+        headers = self.validate(records) if headers is None else list(headers)
         size = len(records)
         now = self.clock()
         try:
@@ -524,6 +529,22 @@ class Log:
                     return rec.offset
             raise CorruptBatchError(seg.store_path, position, "index timestamp not found in the batch")
         return None
+
+    def batch_headers(self, from_offset: int = 0) -> Iterator[BatchHeader]:
+        """Headers of the stored batches from the one holding `from_offset`, read via the index.
+
+        A cold path (one small pread per batch): for rebuilding state derived from headers, such
+        as the idempotent producers' last sequences, when a partition opens.
+        """
+        self._check_usable()
+        for seg in self.segments:
+            if seg.next_offset <= from_offset:
+                continue
+            index = seg.index
+            start = max(index.find_offset(from_offset - seg.base_offset), 0)
+            for i in range(start, len(index)):
+                data = self.io.pread(seg.store_fd, HEADER_SIZE, index.position(i))
+                yield read_header(data)
 
     # ------------------------------------------------------------------------- truncate / retention
 

@@ -1,0 +1,33 @@
+"""Small files replaced atomically and durably: the topic registry, group offsets.
+
+Write a temporary file, fsync it, rename it over the old one, fsync the directory. A crash
+leaves either the old or the new version, never a torn one, and a return means the new version
+survives a power loss.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+
+def replace_json(path: str, doc: object) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(doc, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def load_json(path: str) -> object | None:
+    """The document at `path`, or None if there is none yet."""
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)

@@ -1,0 +1,176 @@
+"""The topic registry: names, numeric topic ids, partition counts and per-topic log settings.
+
+Rules this module keeps:
+- Topic ids are assigned here, only grow, and are never reused, even after a delete: a client
+  holding a stale id then gets UNKNOWN_TOPIC_OR_PARTITION rather than another topic's data.
+- The registry is one small JSON file replaced atomically (write a temporary file, fsync it,
+  rename it over the old one, fsync the directory). A crash leaves the old or the new version,
+  never a torn one. Topic changes are rare; this cost is paid per create or delete only.
+- Partition data lives in `<data_dir>/topics/<topic_id>/<partition>/`: named by id, so a topic
+  deleted and created again with the same name never meets the old files.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+from dataclasses import asdict, dataclass
+
+from broker.durable_file import load_json, replace_json
+from broker.storage.log import LogConfig
+
+log = logging.getLogger(__name__)
+
+REGISTRY_FILE = "topics.json"
+REGISTRY_VERSION = 1
+TOPIC_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+PARTITIONS_MAX = 10_000  # per topic; each partition holds at least two open files on its core
+
+
+class TopicError(Exception):
+    """A topic operation that cannot be done; `kind` names the wire error it becomes."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind  # "exists", "unknown", "invalid", "config"
+
+
+@dataclass(frozen=True, slots=True)
+class Topic:
+    name: str
+    topic_id: int
+    partitions: int
+    retention_ms: int | None
+    retention_bytes: int | None
+    segment_bytes: int
+    max_batch_bytes: int
+
+    def log_config(self) -> LogConfig:
+        return LogConfig(
+            segment_bytes=self.segment_bytes,
+            max_batch_bytes=self.max_batch_bytes,
+            retention_ms=self.retention_ms,
+            retention_bytes=self.retention_bytes,
+        )
+
+
+def invalid_topic_name(name: str) -> str | None:
+    if not TOPIC_NAME_RE.match(name):
+        return f"topic name {name!r} must be 1-249 characters of A-Z a-z 0-9 . _ -"
+    if name in (".", ".."):
+        return f"topic name {name!r} is reserved"
+    return None
+
+
+class TopicRegistry:
+    """All topics of one broker, persisted in `<data_dir>/topics.json`."""
+
+    def __init__(self, data_dir: str, defaults: LogConfig) -> None:
+        self.data_dir = data_dir
+        self.defaults = defaults
+        self.path = os.path.join(data_dir, REGISTRY_FILE)
+        self.by_name: dict[str, Topic] = {}
+        self.by_id: dict[int, Topic] = {}
+        self.next_topic_id = 1  # 0 means "no topic" in frame headers
+        os.makedirs(os.path.join(data_dir, "topics"), exist_ok=True)
+        self.load()
+
+    def load(self) -> None:
+        """Read the registry, then remove partition directories of topics it does not hold.
+
+        Such directories are what a crash between "delete from the registry" and "delete the
+        files" leaves behind; deleting them finishes that delete.
+        """
+        self.by_name.clear()
+        self.by_id.clear()
+        doc = load_json(self.path)
+        if isinstance(doc, dict):
+            if doc.get("version") != REGISTRY_VERSION:
+                raise ValueError(f"{self.path}: unknown registry version {doc.get('version')}")
+            self.next_topic_id = doc["next_topic_id"]
+            for entry in doc["topics"]:
+                topic = Topic(**entry)
+                self.by_name[topic.name] = topic
+                self.by_id[topic.topic_id] = topic
+        topics_dir = os.path.join(self.data_dir, "topics")
+        for name in os.listdir(topics_dir):
+            if not name.isdigit() or int(name) not in self.by_id:
+                log.warning("removing %s: no topic in the registry owns it", os.path.join(topics_dir, name))
+                shutil.rmtree(os.path.join(topics_dir, name), ignore_errors=True)
+
+    def _save(self) -> None:
+        doc = {
+            "version": REGISTRY_VERSION,
+            "next_topic_id": self.next_topic_id,
+            "topics": [asdict(t) for t in sorted(self.by_id.values(), key=lambda t: t.topic_id)],
+        }
+        replace_json(self.path, doc)
+
+    def partition_dir(self, topic_id: int, partition: int) -> str:
+        return os.path.join(self.data_dir, "topics", str(topic_id), str(partition))
+
+    def create(
+        self,
+        name: str,
+        partitions: int,
+        retention_ms: int = -1,
+        retention_bytes: int = -1,
+        segment_bytes: int = -1,
+    ) -> Topic:
+        """Create a topic. -1 takes the broker default; retention -2 means keep forever."""
+        reason = invalid_topic_name(name)
+        if reason is not None:
+            raise TopicError("invalid", reason)
+        if name in self.by_name:
+            raise TopicError("exists", f"topic {name!r} already exists")
+        if not 1 <= partitions <= PARTITIONS_MAX:
+            raise TopicError("invalid", f"partitions must be in 1..{PARTITIONS_MAX}, not {partitions}")
+        d = self.defaults
+        topic = Topic(
+            name=name,
+            topic_id=self.next_topic_id,
+            partitions=partitions,
+            retention_ms=_setting("retention_ms", retention_ms, d.retention_ms),
+            retention_bytes=_setting("retention_bytes", retention_bytes, d.retention_bytes),
+            segment_bytes=d.segment_bytes if segment_bytes == -1 else segment_bytes,
+            max_batch_bytes=d.max_batch_bytes,
+        )
+        if topic.segment_bytes < topic.max_batch_bytes:
+            topic = Topic(**{**asdict(topic), "max_batch_bytes": topic.segment_bytes})
+        reason = topic.log_config().invalid()
+        if reason is not None:
+            raise TopicError("config", reason)
+        self.next_topic_id += 1
+        self.by_name[name] = topic
+        self.by_id[topic.topic_id] = topic
+        self._save()
+        return topic
+
+    def delete(self, name: str) -> Topic:
+        """Forget the topic durably; the caller closes its partitions, then `remove_files`."""
+        topic = self.get(name)
+        del self.by_name[name]
+        del self.by_id[topic.topic_id]
+        self._save()
+        return topic
+
+    def remove_files(self, topic: Topic) -> None:
+        shutil.rmtree(os.path.join(self.data_dir, "topics", str(topic.topic_id)), ignore_errors=True)
+
+    def get(self, name: str) -> Topic:
+        topic = self.by_name.get(name)
+        if topic is None:
+            raise TopicError("unknown", f"unknown topic {name!r}")
+        return topic
+
+
+def _setting(name: str, value: int, default: int | None) -> int | None:
+    if value == -1:
+        return default
+    if value == -2:
+        return None
+    if value < 0:
+        raise TopicError("config", f"{name} must be >= 0, -1 (broker default) or -2 (unlimited), not {value}")
+    return value
