@@ -51,6 +51,7 @@ from broker.storage.segment import (
 )
 from ringlog_proto.batch import (
     HEADER_SIZE,
+    MAGIC,
     BatchError,
     BatchHeader,
     batch_crc,
