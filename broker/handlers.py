@@ -108,6 +108,8 @@ def error_of(exc: BaseException) -> tuple[m.ErrorCode, str]:
             return E.INVALID_TOPIC, str(exc)
         case TopicError():
             return E.INVALID_CONFIG, str(exc)
+        case GroupError():
+            return E.INVALID_GROUP, str(exc)
         case ValueError():
             return E.INVALID_REQUEST, str(exc)
     return E.UNKNOWN_SERVER_ERROR, f"{type(exc).__name__}: {exc}"
@@ -394,6 +396,10 @@ def _wire_limit(value: int | None) -> int:
     return -2 if value is None else value
 
 
+class GroupError(ValueError):
+    """A consumer-group id the broker will not store."""
+
+
 def _check_group(group: str) -> None:
     if not group or len(group) > 255:
-        raise ValueError("a group id must be 1-255 characters")
+        raise GroupError(f"a group id must be 1-255 characters, not {len(group)}")
