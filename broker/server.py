@@ -21,6 +21,7 @@ import logging
 import os
 import signal
 from collections.abc import Callable
+from typing import cast
 
 from broker.handlers import Append, BrokerConfig, Handlers, Outcome, Read, Reply, Silent, Wait
 from broker.partition import Partition
@@ -60,10 +61,10 @@ class Connection(asyncio.Protocol):
         self._aborted = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports implement asyncio.Transport without subclassing it.
+        self.transport = cast(asyncio.Transport, transport)
         self.peer = str(transport.get_extra_info("peername"))
-        transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH_BYTES)
+        self.transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH_BYTES)
         self.server.connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -267,11 +268,11 @@ class Server:
         )
         port = server.sockets[0].getsockname()[1]
         log.info(
-            "serving on %s:%d (data dir %s, backend asyncio/%s)",
+            "serving on %s:%d (data dir %s, backend %s)",
             self.config.host,
             port,
             os.path.abspath(self.config.data_dir),
-            type(loop).__module__.split(".")[0],
+            "uvloop" if type(loop).__module__.startswith("uvloop") else "asyncio (uvloop not installed)",
         )
         if ready is not None:
             ready(port)

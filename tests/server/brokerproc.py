@@ -1,0 +1,126 @@
+"""A real `broker serve` subprocess, and a minimal blocking wire client to talk to it."""
+
+from __future__ import annotations
+
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ringlog_proto import messages as m
+from ringlog_proto.frames import NEED_DATA, Frame, FrameDecoder
+
+READY_RE = re.compile(r"serving on [\d.]+:(\d+)")
+
+
+class BrokerProcess:
+    def __init__(self, data_dir: Path, log_path: Path, extra: tuple[str, ...] = ()) -> None:
+        self.data_dir = data_dir
+        self.log_path = log_path
+        self.extra = extra
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.port = 0
+
+    def start(self) -> BrokerProcess:
+        args = [sys.executable, "-m", "broker.cli", "serve", "--data-dir", str(self.data_dir), "--port", "0"]
+        offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen([*args, *self.extra], stdout=log, stderr=log)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            text = self.log_path.read_text()[offset:]  # this start's lines only
+            found = READY_RE.findall(text)
+            if found:
+                self.port = int(found[-1])
+                if self._accepts():
+                    return self
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"broker exited with {self.proc.returncode}:\n{text}")
+            time.sleep(0.05)
+        raise RuntimeError(f"broker did not start:\n{self.log_path.read_text()}")
+
+    def _accepts(self) -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+        except OSError:
+            return False
+        return True
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(20)
+        return self.proc.returncode
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def wait_for_log(self, text: str, timeout: float = 5) -> bool:
+        """Whether `text` appears in the broker's log within `timeout` (events on other
+        connections are logged asynchronously)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if text in self.log():
+                return True
+            time.sleep(0.02)
+        return False
+
+
+class Wire:
+    """A blocking connection speaking frames: enough to test the server without the client library."""
+
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        self.decoder = FrameDecoder()
+        self.next_id = 1
+
+    def send(self, req: m.Request) -> int:
+        cid = self.next_id
+        self.next_id += 1
+        self.sock.sendall(b"".join(m.encode_request(req, cid)))
+        return cid
+
+    def recv_frame(self) -> Frame:
+        while True:
+            f = self.decoder.next_frame()
+            if f is not NEED_DATA:
+                assert isinstance(f, Frame)
+                return f
+            data = self.sock.recv(1 << 20)
+            if not data:
+                raise ConnectionError("broker closed the connection")
+            self.decoder.feed(data)
+
+    def recv(self) -> m.Response:
+        return m.decode_response(self.recv_frame())
+
+    def rpc(self, req: m.Request) -> m.Response:
+        cid = self.send(req)
+        frame = self.recv_frame()
+        assert frame.correlation_id == cid
+        return m.decode_response(frame)
+
+    def closed_by_peer(self, timeout: float = 5) -> bool:
+        self.sock.settimeout(timeout)
+        try:
+            return self.sock.recv(1) == b""
+        except ConnectionResetError:
+            return True
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def create_topic(self, name: str, partitions: int = 1) -> int:
+        resp = self.rpc(m.CreateTopicRequest(name, partitions))
+        assert resp.error == m.ErrorCode.NONE, resp
+        assert isinstance(resp, m.CreateTopicResponse)
+        return resp.topic_id

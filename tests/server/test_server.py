@@ -1,0 +1,261 @@
+"""The broker as a process: round trips, long polls, crashes, bad clients, many clients, shutdown."""
+
+from __future__ import annotations
+
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from brokerproc import BrokerProcess, Wire
+
+from ringlog_proto import messages as m
+from ringlog_proto.batch import Record, decode_batches, encode_batch
+from ringlog_proto.frames import encode_frame
+
+
+def fetch_all(w: Wire, topic_id: int, partition: int, start: int = 0) -> list[Record]:
+    out: list[Record] = []
+    offset = start
+    while True:
+        resp = w.rpc(m.FetchRequest(topic_id, partition, offset, 1 << 20, 0))
+        assert resp.error == m.ErrorCode.NONE, resp
+        assert isinstance(resp, m.FetchResponse)
+        recs = [r for r in decode_batches(resp.records) if r.offset >= offset]
+        if not recs:
+            return out
+        out.extend(recs)
+        offset = recs[-1].offset + 1
+
+
+def test_round_trip_across_partitions_with_keys_headers_timestamps(wire: Wire) -> None:
+    tid = wire.create_topic("orders", 4)
+    sent: dict[int, list[Record]] = {p: [] for p in range(4)}
+    for i in range(40):
+        p = i % 4
+        rec = Record(
+            f"v{i}".encode(), key=f"k{i}".encode(), headers=[("h", b"x")], timestamp=1_700_000_000_000 + i
+        )
+        resp = wire.rpc(m.ProduceRequest(tid, p, m.Acks.WRITTEN, 1000, encode_batch([rec])))
+        assert isinstance(resp, m.ProduceResponse) and resp.error == m.ErrorCode.NONE
+        assert resp.base_offset == len(sent[p])
+        sent[p].append(rec)
+    for p in range(4):
+        got = fetch_all(wire, tid, p)
+        assert [(r.key, r.value, r.headers, r.timestamp) for r in got] == [
+            (r.key, r.value, r.headers, r.timestamp) for r in sent[p]
+        ]
+        assert [r.offset for r in got] == list(range(10))
+
+
+def test_long_poll_wakes_on_new_data_not_the_deadline(broker: BrokerProcess, wire: Wire) -> None:
+    tid = wire.create_topic("events")
+    result: dict[str, object] = {}
+
+    def poll() -> None:
+        w = Wire(broker.port)
+        t0 = time.monotonic()
+        result["resp"] = w.rpc(m.FetchRequest(tid, 0, 0, 1 << 20, max_wait_ms=10_000))
+        result["elapsed"] = time.monotonic() - t0
+        w.close()
+
+    t = threading.Thread(target=poll)
+    t.start()
+    time.sleep(0.3)
+    wire.rpc(m.ProduceRequest(tid, 0, m.Acks.WRITTEN, 1000, encode_batch([b"wake"])))
+    t.join(15)
+    resp = result["resp"]
+    assert isinstance(resp, m.FetchResponse)
+    assert [r.value for r in decode_batches(resp.records)] == [b"wake"]
+    assert 0.25 < result["elapsed"] < 2.0  # type: ignore[operator]
+
+
+def test_long_poll_answers_empty_at_its_deadline(wire: Wire) -> None:
+    tid = wire.create_topic("quiet")
+    t0 = time.monotonic()
+    resp = wire.rpc(m.FetchRequest(tid, 0, 0, 1 << 20, max_wait_ms=400))
+    assert isinstance(resp, m.FetchResponse) and resp.records == b"" and resp.error == m.ErrorCode.NONE
+    assert 0.35 < time.monotonic() - t0 < 2.0
+
+
+def test_replies_keep_request_order_behind_a_long_poll(wire: Wire) -> None:
+    tid = wire.create_topic("ordered")
+    first = wire.send(m.FetchRequest(tid, 0, 0, 1 << 20, max_wait_ms=300))
+    second = wire.send(m.MetadataRequest())
+    third = wire.send(m.ApiVersionsRequest("t"))
+    ids = [wire.recv_frame().correlation_id for _ in range(3)]
+    assert ids == [first, second, third]
+
+
+@pytest.mark.parametrize("acks", [m.Acks.WRITTEN, m.Acks.DURABLE])
+def test_kill_9_during_a_produce_stream_loses_no_acknowledged_record(
+    broker: BrokerProcess, acks: int
+) -> None:
+    w = Wire(broker.port)
+    tid = w.create_topic("stream", 2)
+    acked: list[tuple[int, int, bytes]] = []  # (partition, offset, value)
+    stop = threading.Event()
+
+    def produce() -> None:
+        i = 0
+        try:
+            while not stop.is_set():
+                p = i % 2
+                value = f"record-{i}".encode()
+                resp = w.rpc(m.ProduceRequest(tid, p, acks, 5000, encode_batch([value] * 3)))
+                assert isinstance(resp, m.ProduceResponse) and resp.error == m.ErrorCode.NONE
+                acked.extend((p, resp.base_offset + k, value) for k in range(3))
+                i += 1
+        except (ConnectionError, OSError):
+            pass
+
+    t = threading.Thread(target=produce)
+    t.start()
+    time.sleep(0.7)
+    broker.kill()
+    stop.set()
+    t.join(10)
+    w.close()
+    assert len(acked) > 30, "the stream was running when the broker died"
+    broker.start()
+    w = Wire(broker.port)
+    stored = {p: {r.offset: r.value for r in fetch_all(w, tid, p)} for p in range(2)}
+    for p, offset, value in acked:
+        assert stored[p].get(offset) == value, f"acknowledged record {p}/{offset} lost"
+    w.close()
+
+
+def test_topics_and_group_offsets_survive_a_restart(broker: BrokerProcess) -> None:
+    w = Wire(broker.port)
+    tid = w.create_topic("kept", 3)
+    assert w.rpc(m.OffsetCommitRequest(tid, 2, "g1", 17, "m")).error == m.ErrorCode.NONE
+    w.close()
+    assert broker.stop() == 0
+    broker.start()
+    w = Wire(broker.port)
+    meta = w.rpc(m.MetadataRequest(("kept",)))
+    assert isinstance(meta, m.MetadataResponse)
+    assert meta.topics[0].topic_id == tid and len(meta.topics[0].partitions) == 3
+    got = w.rpc(m.OffsetFetchRequest(tid, 2, "g1"))
+    assert isinstance(got, m.OffsetFetchResponse) and (got.offset, got.metadata) == (17, "m")
+    w.close()
+
+
+def test_bad_input_gets_clear_errors_and_the_broker_keeps_serving(broker: BrokerProcess, wire: Wire) -> None:
+    tid = wire.create_topic("t")
+    # Answerable: the connection stays open after each.
+    assert (
+        wire.rpc(m.ProduceRequest(tid, 5, 1, 1000, encode_batch([b"x"]))).error
+        == m.ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    )
+    assert wire.rpc(m.FetchRequest(999, 0, 0)).error == m.ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    bad_crc = bytearray(encode_batch([b"payload"]))
+    bad_crc[-1] ^= 0xFF
+    resp = wire.rpc(m.ProduceRequest(tid, 0, 1, 1000, bytes(bad_crc)))
+    assert resp.error == m.ErrorCode.CORRUPT_MESSAGE and "crc" in resp.message
+    huge = encode_batch([b"x" * (2 * 1024 * 1024)])
+    assert wire.rpc(m.ProduceRequest(tid, 0, 1, 1000, huge)).error == m.ErrorCode.MESSAGE_TOO_LARGE
+    assert wire.rpc(m.FetchRequest(tid, 0, 5)).error == m.ErrorCode.OFFSET_OUT_OF_RANGE
+    assert wire.rpc(m.CreateTopicRequest("bad/name", 1)).error == m.ErrorCode.INVALID_TOPIC
+    assert wire.rpc(m.CreateTopicRequest("t", 1)).error == m.ErrorCode.TOPIC_ALREADY_EXISTS
+    wire.sock.sendall(encode_frame(m.ApiKey.METADATA, 1, 77, b"\x00\x00\x00\x05ab"))  # array too long
+    resp = wire.recv()
+    assert resp.error == m.ErrorCode.INVALID_REQUEST
+    wire.sock.sendall(encode_frame(42, 1, 78))
+    frame = wire.recv_frame()
+    assert (frame.api_key, frame.correlation_id) == (42, 78)
+    assert m.decode_response(frame).error == m.ErrorCode.UNSUPPORTED_VERSION
+    # Not answerable: only that connection closes.
+    for garbage in (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", struct.pack(">IBB", 1 << 31, 0x52, 1) + bytes(18)):
+        g = Wire(broker.port)
+        g.sock.sendall(garbage)
+        assert g.closed_by_peer()
+        g.close()
+    # A client that vanishes mid-frame.
+    half = b"".join(m.encode_request(m.ProduceRequest(tid, 0, 1, 1000, encode_batch([b"y" * 1000])), 1))
+    v = Wire(broker.port)
+    v.sock.sendall(half[: len(half) // 2])
+    v.close()
+    # Everyone else is still served, and nothing half-sent was stored.
+    assert wire.rpc(m.ProduceRequest(tid, 0, 1, 1000, encode_batch([b"ok"]))).error == m.ErrorCode.NONE
+    assert [r.value for r in fetch_all(wire, tid, 0)] == [b"ok"]
+    assert broker.wait_for_log("went away mid-frame")
+
+
+def test_two_hundred_concurrent_connections(broker: BrokerProcess, wire: Wire) -> None:
+    tid = wire.create_topic("many", 8)
+    conns = [Wire(broker.port) for _ in range(200)]
+    for i, c in enumerate(conns):
+        c.send(m.ProduceRequest(tid, i % 8, m.Acks.WRITTEN, 5000, encode_batch([f"c{i}".encode()])))
+    for c in conns:
+        resp = c.recv()
+        assert resp.error == m.ErrorCode.NONE
+    for c in conns:
+        c.close()
+    values = sorted(r.value for p in range(8) for r in fetch_all(wire, tid, p))
+    assert values == sorted(f"c{i}".encode() for i in range(200))
+
+
+def test_sigterm_answers_parked_long_polls_and_exits_zero(broker: BrokerProcess) -> None:
+    w = Wire(broker.port)
+    tid = w.create_topic("bye")
+    w.send(m.FetchRequest(tid, 0, 0, 1 << 20, max_wait_ms=30_000))
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    assert broker.stop() == 0
+    resp = w.recv()
+    assert isinstance(resp, m.FetchResponse) and resp.records == b""
+    assert time.monotonic() - t0 < 5
+    assert "stopped cleanly" in broker.log()
+    w.close()
+
+
+def test_idempotent_retry_is_stored_once_even_across_a_restart(broker: BrokerProcess) -> None:
+    w = Wire(broker.port)
+    tid = w.create_topic("idem")
+    batch = encode_batch([b"a", b"b"], producer_id=42, producer_epoch=0, base_sequence=0)
+    first = w.rpc(m.ProduceRequest(tid, 0, 1, 1000, batch))
+    assert isinstance(first, m.ProduceResponse) and first.base_offset == 0
+    w.close()
+    assert broker.stop() == 0
+    broker.start()
+    w = Wire(broker.port)
+    again = w.rpc(m.ProduceRequest(tid, 0, 1, 1000, batch))
+    assert isinstance(again, m.ProduceResponse) and again.base_offset == 0
+    gap = w.rpc(
+        m.ProduceRequest(
+            tid, 0, 1, 1000, encode_batch([b"c"], producer_id=42, producer_epoch=0, base_sequence=5)
+        )
+    )
+    assert gap.error == m.ErrorCode.OUT_OF_ORDER_SEQUENCE
+    nxt = w.rpc(
+        m.ProduceRequest(
+            tid, 0, 1, 1000, encode_batch([b"c"], producer_id=42, producer_epoch=0, base_sequence=2)
+        )
+    )
+    assert isinstance(nxt, m.ProduceResponse) and nxt.base_offset == 2
+    assert [r.value for r in fetch_all(w, tid, 0)] == [b"a", b"b", b"c"]
+    w.close()
+
+
+def test_port_in_use_is_a_clear_error(broker: BrokerProcess, tmp_path) -> None:
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "broker.cli",
+            "serve",
+            "--data-dir",
+            str(tmp_path / "d2"),
+            "--port",
+            str(broker.port),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert out.returncode == 1
+    assert "cannot serve" in out.stderr and "Traceback" not in out.stderr
