@@ -15,17 +15,19 @@ Fileformat (`NNNNNNNNNNNNNNNNNNNN.index`, version 1, integers big-endian):
     5      3    reserved       zero
     8      8    base_offset    i64, equal to the segment's base offset (its file name)
 
-    then one 24-byte entry per batch, in offset order:
+    then one 28-byte entry per batch, in offset order:
     0      4    relative_offset u32  batch base offset minus the segment base offset
     4      4    position        u32  byte position of the batch in the store file
     8      8    max_timestamp   i64  largest record timestamp of this batch and every earlier batch of
                                      the segment (a running maximum, so it is sorted and searchable)
     16     8    append_time_ms  i64  broker wall clock when the batch was appended; retention by age
                                      reads it, so a restart does not make old data young again
+    24     4    crc             u32  crc32c of bytes 0..23 of this entry: zeros or garbage left by a
+                                     crash, or a flipped bit, are found before they are believed
 
 The index is dense (every batch) rather than sparse: batch boundaries are then known without
 reading the store, which makes reads return whole batches, truncation exact and recovery simple.
-It costs 24 bytes per batch: 0.15% of a 16 KiB batch.
+It costs 28 bytes per batch: 0.17% of a 16 KiB batch.
 """
 
 from __future__ import annotations
@@ -33,20 +35,24 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
+from crc32c import crc32c
+
 INDEX_MAGIC = b"RLIX"
 INDEX_VERSION = 1
 INDEX_HEADER_SIZE = 16
-ENTRY_SIZE = 24
+ENTRY_SIZE = 28
 RELATIVE_OFFSET_MAX = (1 << 32) - 1
 POSITION_MAX = (1 << 32) - 1
 
 _HEADER = struct.Struct(">4sB3xq")
-_ENTRY = struct.Struct(">IIqq")
+_ENTRY = struct.Struct(">IIqq")  # the fields the crc covers; the crc follows them
+_ENTRY_FIELDS_SIZE = 24
+_CRC = struct.Struct(">I")
 _REL = struct.Struct(">I")
 _TS = struct.Struct(">q")
 
 assert _HEADER.size == INDEX_HEADER_SIZE
-assert _ENTRY.size == ENTRY_SIZE
+assert _ENTRY.size == _ENTRY_FIELDS_SIZE and _ENTRY_FIELDS_SIZE + _CRC.size == ENTRY_SIZE
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,8 +63,19 @@ class IndexEntry:
     append_time_ms: int
 
 
-def decode_entry(raw: bytes) -> IndexEntry:
+def decode_entry(raw: bytes) -> IndexEntry | None:
+    """The entry in `raw`, or None when its crc shows it is not one."""
+    if (
+        len(raw) < ENTRY_SIZE
+        or crc32c(raw[:_ENTRY_FIELDS_SIZE]) != _CRC.unpack_from(raw, _ENTRY_FIELDS_SIZE)[0]
+    ):
+        return None
     return IndexEntry(*_ENTRY.unpack_from(raw, 0))
+
+
+def encode_entry(relative_offset: int, position: int, max_timestamp: int, append_time_ms: int) -> bytes:
+    fields = _ENTRY.pack(relative_offset, position, max_timestamp, append_time_ms)
+    return fields + _CRC.pack(crc32c(fields))
 
 
 def encode_header(base_offset: int) -> bytes:
@@ -120,7 +137,7 @@ class SegmentIndex:
             if prev_ts > max_timestamp:
                 max_timestamp = prev_ts
         assert 0 <= relative_offset <= RELATIVE_OFFSET_MAX and 0 <= position <= POSITION_MAX
-        data += _ENTRY.pack(relative_offset, position, max_timestamp, append_time_ms)
+        data += encode_entry(relative_offset, position, max_timestamp, append_time_ms)
 
     def truncate(self, count: int) -> None:
         """Keep the first `count` entries."""
@@ -174,15 +191,18 @@ class SegmentIndex:
 def parse_entries(data: bytes) -> tuple[bytes, str | None]:
     """Split the bytes after the header into whole entries that are plausibly ordered.
 
-    Returns the longest valid prefix and why the rest was dropped (None if nothing was). Plausible
-    means relative offsets and positions strictly increase: zeros or garbage left by a crash break
-    that order, and a partial trailing entry is a torn write.
+    Returns the longest valid prefix and why the rest was dropped (None if nothing was). Valid
+    means each entry's crc matches and relative offsets and positions strictly increase; a partial
+    trailing entry is a torn write.
     """
     whole = len(data) - len(data) % ENTRY_SIZE
     reason = f"partial entry of {len(data) - whole} bytes at the end" if whole != len(data) else None
     prev_rel = prev_pos = -1
     for i in range(whole // ENTRY_SIZE):
-        rel, pos, _ts, _at = _ENTRY.unpack_from(data, i * ENTRY_SIZE)
+        raw = data[i * ENTRY_SIZE : (i + 1) * ENTRY_SIZE]
+        if decode_entry(raw) is None:
+            return data[: i * ENTRY_SIZE], f"entry {i} fails its crc"
+        rel, pos, _ts, _at = _ENTRY.unpack_from(raw, 0)
         if rel <= prev_rel or pos <= prev_pos or (i == 0 and pos != 0):
             return data[: i * ENTRY_SIZE], f"entry {i} out of order (offset {rel}, position {pos})"
         prev_rel, prev_pos = rel, pos

@@ -210,21 +210,30 @@ class Log:
         return self
 
     def close(self) -> None:
-        """Flush (data and index reach the disk), then close every file. Idempotent."""
+        """Flush (data and index reach the disk), then close every file. Idempotent.
+
+        Files are closed even when the final sync fails; the failure is raised after.
+        """
         if self._closed:
             return
         if self._pending:
             raise StorageError(f"close with {len(self._pending)} appends in flight")
-        if self._broken is None:
-            self.flush()
-            self.io.fdatasync(self.segments[-1].index_fd)  # flush leaves the active index unsynced
-        for seg in self.segments:
+        try:
             if self._broken is None:
-                seg.close()
-            else:
-                self.io.close(seg.store_fd)
-                self.io.close(seg.index_fd)
-        self._closed = True
+                self.flush()
+                try:
+                    self.io.fdatasync(self.segments[-1].index_fd)  # flush leaves it unsynced
+                except OSError as exc:
+                    self.fail_flush(exc)
+                    raise StorageError(f"close of {self.directory}: index sync failed: {exc}") from exc
+        finally:
+            for seg in self.segments:
+                if self._broken is None:
+                    seg.close()
+                else:
+                    self.io.close(seg.store_fd)
+                    self.io.close(seg.index_fd)
+            self._closed = True
 
     def _add_segment(self, seg: Segment) -> None:
         self.segments.append(seg)
@@ -344,6 +353,8 @@ class Log:
                 reason = "age"
         if reason is None:
             return
+        if not self._pending:
+            seg.write_index()  # complete now; with appends in flight, the next flush writes it
         new = Segment.create(self.directory, self._next_offset, self.io)
         log.debug("%s: rolled (%s)", new.store_path, reason)
         self._add_segment(new)

@@ -24,6 +24,8 @@ from broker.storage.fileio import FileIO, Write, run_write
 from broker.storage.index import (
     ENTRY_SIZE,
     INDEX_HEADER_SIZE,
+    POSITION_MAX,
+    RELATIVE_OFFSET_MAX,
     SegmentIndex,
     decode_entry,
     encode_header,
@@ -92,6 +94,7 @@ class Segment:
         self.max_timestamp: int | None = None
         self.last_append_ms: int | None = None
         self._index: SegmentIndex | None = None
+        self._entries_on_disk = 0  # from the index file's size, when the index is not loaded
         self.synced_size = 0  # store bytes known to be on disk (fdatasync done)
         self.index_synced_count = 0  # index entries known to be on disk
 
@@ -143,7 +146,8 @@ class Segment:
         if full_recovery or not seg._tail_consistent():
             seg.recover(now_ms)
         seg.synced_size = seg.size
-        seg.index_synced_count = seg.entry_count
+        # Not `entry_count`: that would load the whole index of every closed segment at open.
+        seg.index_synced_count = len(seg._index) if seg._index is not None else seg._entries_on_disk
         return seg
 
     def close(self) -> None:
@@ -218,6 +222,8 @@ class Segment:
         if invalid_header(header, self.base_offset) is not None:
             return False
         last = decode_entry(self.io.pread(self.index_fd, ENTRY_SIZE, index_size - ENTRY_SIZE))
+        if last is None:
+            return False
         data = self.io.pread(self.store_fd, HEADER_SIZE, last.position)
         if len(data) < HEADER_SIZE:
             return False
@@ -232,6 +238,7 @@ class Segment:
         self.next_offset = h.next_offset
         self.max_timestamp = last.max_timestamp
         self.last_append_ms = last.append_time_ms
+        self._entries_on_disk = (index_size - INDEX_HEADER_SIZE) // ENTRY_SIZE
         return True
 
     def write_index(self) -> None:
@@ -323,8 +330,10 @@ class Segment:
             reason = invalid_batch_header(h, store_size - position)
             if reason is None and h.base_offset != next_offset:
                 reason = f"base offset {h.base_offset}, expected {next_offset}"
-            if reason is None and position + h.size - self.base_offset > (1 << 32):
-                reason = "batch beyond the 4 GiB a segment can index"
+            if reason is None and (
+                h.last_offset - self.base_offset > RELATIVE_OFFSET_MAX or position + h.size > POSITION_MAX + 1
+            ):
+                reason = "batch beyond the offsets or bytes a segment can index"
             if reason is not None:
                 return position, next_offset, reason
             if len(chunk) - rel < h.size:
