@@ -311,22 +311,37 @@ class Log:
         headers = self.validate(records) if headers is None else list(headers)
         size = len(records)
         now = self.clock()
-        try:
-            self._maybe_roll(size, sum(h.record_count for h in headers), now)
-        except OSError as exc:
-            raise StorageError(f"could not roll a new segment in {self.directory}: {exc}") from exc
-        seg = self.segments[-1]
-        view = memoryview(records)
         base = self._next_offset
-        buffers: list[memoryview | bytes] = []
-        pos = 0
-        for i, h in enumerate(headers):
-            buffers.append(base.to_bytes(8, "big", signed=True))
-            buffers.append(view[pos + 8 : pos + h.size])
-            headers[i] = BatchHeader._make((base, *h[1:]))
+        seg = self.segments[-1]
+        count = headers[0].record_count if len(headers) == 1 else sum(h.record_count for h in headers)
+        cfg = self.config
+        if (
+            self._reserved_size + size > cfg.segment_bytes
+            or base + count - seg.base_offset > RELATIVE_OFFSET_MAX
+            or cfg.segment_ms is not None
+        ):
+            try:
+                self._maybe_roll(size, count, now)
+            except OSError as exc:
+                raise StorageError(f"could not roll a new segment in {self.directory}: {exc}") from exc
+            seg = self.segments[-1]
+        view = memoryview(records)
+        if len(headers) == 1:  # the common case, without the loop
+            h = headers[0]
+            buffers: tuple[memoryview | bytes, ...] = (base.to_bytes(8, "big", signed=True), view[8:])
+            headers[0] = BatchHeader._make((base, *h[1:]))
             base += h.record_count
-            pos += h.size
-        ops: list[Op] = [Write(seg.store_fd, tuple(buffers), self._reserved_size, size)]
+        else:
+            parts: list[memoryview | bytes] = []
+            pos = 0
+            for i, h in enumerate(headers):
+                parts.append(base.to_bytes(8, "big", signed=True))
+                parts.append(view[pos + 8 : pos + h.size])
+                headers[i] = BatchHeader._make((base, *h[1:]))
+                base += h.record_count
+                pos += h.size
+            buffers = tuple(parts)
+        ops: list[Op] = [Write(seg.store_fd, buffers, self._reserved_size, size)]
         pending = PendingAppend(seg, self._reserved_size, headers, size, now, ops)
         index = seg.index
         if len(index) - index.persisted_count >= INDEX_PENDING_ENTRIES_MAX:

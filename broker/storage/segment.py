@@ -355,11 +355,8 @@ class Segment:
         self.index.append(header.base_offset - self.base_offset, position, header.max_timestamp, append_ms)
         self.size = position + header.size
         self.next_offset = header.next_offset
-        self.max_timestamp = (
-            header.max_timestamp
-            if self.max_timestamp is None
-            else max(self.max_timestamp, header.max_timestamp)
-        )
+        if self.max_timestamp is None or header.max_timestamp > self.max_timestamp:
+            self.max_timestamp = header.max_timestamp
         self.last_append_ms = append_ms
 
     def first_append_ms(self) -> int | None:
