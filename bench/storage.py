@@ -465,65 +465,43 @@ def table(header: list[str], rows: list[list[str]], labels: int = 2) -> None:
         print("  " + "  ".join(fmt[i](c, widths[i]) for i, c in enumerate(r)))
 
 
+def io_row(r: IOResult, seconds: float, records: int, raw_seconds: float) -> list[str]:
+    """The columns the append and the read tables share."""
+    w = r.workload
+    return [
+        size_label(w.batch_target),
+        size_label(w.record_size),
+        f"{w.batch_size} B x {w.records_per_batch}",
+        rate(w.total_bytes, seconds),
+        count_rate(records, seconds),
+        count_rate(len(w.batches), seconds),
+        rate(w.total_bytes, raw_seconds),
+        f"{raw_seconds / seconds:.2f}x",
+    ]
+
+
+IO_HEADER = ["batch", "record", "batch bytes x recs", "MB/s", "records/s", "batches/s", "raw MB/s", "log/raw"]
+
+
 def print_io(results: list[IOResult]) -> None:
     print(
         f"\n1+3. Log.append vs os.write of the same batches, one call per batch"
         f" (best of {ROUNDS} rounds, raw and log alternating)"
     )
-    rows = []
-    for r in results:
-        w = r.workload
-        rows.append(
-            [
-                size_label(w.batch_target),
-                size_label(w.record_size),
-                f"{w.batch_size} B x {w.records_per_batch}",
-                rate(w.total_bytes, r.append_s),
-                count_rate(w.total_records, r.append_s),
-                count_rate(len(w.batches), r.append_s),
-                rate(w.total_bytes, r.raw_write_s),
-                f"{r.raw_write_s / r.append_s:.2f}x",
-                f"{r.raw_write_s / r.crc_write_s:.2f}x",
-            ]
-        )
-    table(
+    rows = [
         [
-            "batch",
-            "record",
-            "batch bytes x recs",
-            "MB/s",
-            "records/s",
-            "batches/s",
-            "raw MB/s",
-            "log/raw",
-            "crc+write/raw",
-        ],
-        rows,
-    )
+            *io_row(r, r.append_s, r.workload.total_records, r.raw_write_s),
+            f"{r.raw_write_s / r.crc_write_s:.2f}x",
+        ]
+        for r in results
+    ]
+    table([*IO_HEADER, "crc+write/raw"], rows)
     print("  crc+write/raw: crc32c check then os.write, the floor of any validating append")
     print(
         f"\n2+3. Log.read(offset, max_bytes=1 MiB) vs os.read of the raw file in 1 MiB chunks"
         f" (best of {ROUNDS}; records counted from batch headers)"
     )
-    rows = []
-    for r in results:
-        w = r.workload
-        rows.append(
-            [
-                size_label(w.batch_target),
-                size_label(w.record_size),
-                f"{w.batch_size} B x {w.records_per_batch}",
-                rate(w.total_bytes, r.read_s),
-                count_rate(r.records_read, r.read_s),
-                count_rate(len(w.batches), r.read_s),
-                rate(w.total_bytes, r.raw_read_s),
-                f"{r.raw_read_s / r.read_s:.2f}x",
-            ]
-        )
-    table(
-        ["batch", "record", "batch bytes x recs", "MB/s", "records/s", "batches/s", "raw MB/s", "log/raw"],
-        rows,
-    )
+    table(IO_HEADER, [io_row(r, r.read_s, r.records_read, r.raw_read_s) for r in results])
     print("\n  Summary (both sides in the page cache, see above):")
     for r in results:
         w = r.workload
