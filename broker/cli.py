@@ -1,4 +1,5 @@
-"""The `broker` command: run a broker (`serve`), and inspect storage (`dump`, `demo`).
+"""The `broker` command: run a broker (`serve`), use one (`topics`, `produce`, `consume`; see
+cli_client.py), and inspect storage (`dump`, `demo`).
 
 `serve` starts a broker; `dump` shows what is in a partition directory batch by batch, with anything
 damaged named by file and position, without opening (or repairing) it; `demo` exercises the storage
@@ -14,7 +15,8 @@ import sys
 import time
 from collections.abc import Sequence
 
-from broker.handlers import BROKER_VERSION
+from broker import __version__
+from broker.cli_client import add_client_commands, run_client_command
 from broker.storage.errors import StorageError
 from broker.storage.log import Log, LogConfig
 from broker.storage.segment import STORE_SUFFIX
@@ -124,10 +126,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+CLIENT_COMMANDS = ("topics", "produce", "consume")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="broker", description=__doc__.split("\n")[0])
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
-    parser.add_argument("--version", action="version", version=f"ringlog broker {BROKER_VERSION}")
+    parser.add_argument("--version", action="version", version=f"ringlog broker {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run a broker")
     serve.add_argument("--data-dir", default="./data", help="where topics live (default ./data)")
@@ -147,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--record-bytes", type=int, default=100)
     demo.add_argument("--segment-bytes", type=int, default=8 * 1024 * 1024)
     demo.set_defaults(func=cmd_demo)
+    add_client_commands(sub)
     dump = sub.add_parser("dump", help="list the batches of a partition directory, checking crcs")
     dump.add_argument("partition_dir")
     dump.set_defaults(func=cmd_dump)
@@ -160,6 +166,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if args.command in CLIENT_COMMANDS:
+        return run_client_command(args)
     try:
         return args.func(args)
     except StorageError as exc:

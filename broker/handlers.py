@@ -18,6 +18,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from broker import __version__
 from broker.partition import Partition, SequenceError
 from broker.storage.errors import (
     BatchTooLargeError,
@@ -37,7 +38,7 @@ from ringlog_proto.routing import shard_for
 
 log = logging.getLogger(__name__)
 
-BROKER_VERSION = "0.1.0"
+BROKER_VERSION = __version__
 FETCH_MAX_BYTES_MAX = 4 * 1024 * 1024  # one fetch answer; below the 8 MiB frame limit with room
 FETCH_WAIT_MS_MAX = 60_000  # a long poll longer than a minute is a client bug, not a wish
 
@@ -72,6 +73,16 @@ class Read:
 
 
 @dataclass(slots=True)
+class Durable:
+    """Send `reply` once `partition` has been flushed (a retried acks=durable produce whose
+    batches are stored but not yet known durable); `fail(exc)` if that flush fails."""
+
+    partition: Partition
+    reply: Reply
+    fail: Callable[[BaseException], Reply]
+
+
+@dataclass(slots=True)
 class Wait:
     """Nothing to fetch yet: re-handle `frame` when `partition` grows, or answer empty at the deadline."""
 
@@ -81,7 +92,7 @@ class Wait:
     on_timeout: Callable[[], Reply]
 
 
-Outcome = Reply | Silent | Append | Read | Wait
+Outcome = Reply | Silent | Append | Read | Durable | Wait
 
 
 def error_of(exc: BaseException) -> tuple[m.ErrorCode, str]:
@@ -287,15 +298,22 @@ class Handlers:
         headers = log_.validate(req.records)
         duplicate_of = p.check_sequences(headers)
         if duplicate_of is not None:
+            # A retry of batches already stored: answer with their offsets, but only what the
+            # log can stand behind. A log refusing work (a failed fsync) confirms nothing, and a
+            # durable retry waits for a flush covering the original.
+            log_.check_usable()
             end = duplicate_of + sum(h.record_count for h in headers)
             if req.acks == m.Acks.NONE:
                 return Silent()
-            return self._reply(
+            reply = self._reply(
                 frame,
                 m.ProduceResponse(
                     base_offset=duplicate_of, end_offset=end, log_start_offset=log_.start_offset
                 ),
             )
+            if req.acks == m.Acks.DURABLE and log_.durable_offset < end:
+                return Durable(p, reply, lambda exc: self.error_reply(frame, exc))
+            return reply
         pending = log_.prepare_append(req.records, headers)
 
         def complete() -> Reply | Silent:

@@ -26,7 +26,6 @@ log = logging.getLogger(__name__)
 
 OFFSETS_FILE = "group-offsets.json"
 PRODUCER_BATCHES_KEPT = 5  # recent batches remembered per producer: what a client may retry
-SEQUENCE_MAX = (1 << 31) - 1
 
 
 class SequenceError(Exception):
@@ -72,28 +71,30 @@ class Partition:
         A request is all duplicates or all new: a mixture is refused as out of order.
         """
         dup_offsets: list[int] = []
-        expected: dict[int, int] = {}
+        expected: dict[int, int] = {}  # next sequence per producer within this request
         for h in headers:
             pid = h.producer_id
             if pid == NO_PRODUCER_ID:
                 continue
             state = self.producers.get(pid)
-            if state is None or h.producer_epoch > state.epoch:
-                expected[pid] = h.base_sequence + h.record_count
-                continue
-            if h.producer_epoch < state.epoch:
-                raise SequenceError(
-                    f"producer {pid} epoch {h.producer_epoch} is fenced by epoch {state.epoch}"
-                )
+            fresh = state is None or h.producer_epoch > state.epoch
             last = h.base_sequence + h.record_count - 1
-            cached = next((b for f, l_, b in state.batches if f == h.base_sequence and l_ == last), None)
-            if cached is not None:
-                dup_offsets.append(cached)
-                continue
-            want = expected.get(pid, state.last_sequence + 1)
+            if state is not None and not fresh:
+                if h.producer_epoch < state.epoch:
+                    raise SequenceError(
+                        f"producer {pid} epoch {h.producer_epoch} is fenced by epoch {state.epoch}"
+                    )
+                cached = next((b for f, l_, b in state.batches if f == h.base_sequence and l_ == last), None)
+                if cached is not None:
+                    dup_offsets.append(cached)
+                    continue
+            # A producer (or epoch) this partition has not seen starts at sequence 0, as in
+            # Kafka: otherwise a retried first batch could land after its successor.
+            want = expected.get(pid, 0 if fresh else state.last_sequence + 1)  # type: ignore[union-attr]
             if h.base_sequence != want:
                 raise SequenceError(
-                    f"producer {pid}: sequence {h.base_sequence} where {want} was expected (records lost?)"
+                    f"producer {pid} epoch {h.producer_epoch}: sequence {h.base_sequence} where {want} "
+                    "was expected (records lost, or producer state expired with the segments holding it)"
                 )
             expected[pid] = last + 1
         if dup_offsets and len(dup_offsets) != len(headers):

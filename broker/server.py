@@ -23,7 +23,7 @@ import signal
 from collections.abc import Callable
 from typing import cast
 
-from broker.handlers import Append, BrokerConfig, Handlers, Outcome, Read, Reply, Silent, Wait
+from broker.handlers import Append, BrokerConfig, Durable, Handlers, Outcome, Read, Reply, Silent, Wait
 from broker.partition import Partition
 from broker.storage.fileio import SyncFileIO, run_ops
 from ringlog_proto.batch import now_ms
@@ -157,6 +157,12 @@ class Server:
             conn.fill(slot, outcome)
         elif isinstance(outcome, Append):
             self._append(outcome, frame, conn, slot)
+        elif isinstance(outcome, Durable):
+            self._after_flush(
+                outcome.partition,
+                lambda: conn.fill(slot, outcome.reply),
+                lambda exc: conn.fill(slot, outcome.fail(exc)),
+            )
         elif isinstance(outcome, Read):
             try:
                 data = os.pread(

@@ -239,7 +239,7 @@ class Log:
         self.segments.append(seg)
         self._bases.append(seg.base_offset)
 
-    def _check_usable(self) -> None:
+    def check_usable(self) -> None:
         if self._closed:
             raise LogClosedError(f"log {self.directory} is closed")
         if self._broken is not None:
@@ -307,7 +307,7 @@ class Log:
         all in one vectored write. `headers` are what `validate(records)` returned, when the
         caller needed them first (to check producer sequences): validation is not repeated.
         """
-        self._check_usable()
+        self.check_usable()
         headers = self.validate(records) if headers is None else list(headers)
         size = len(records)
         now = self.clock()
@@ -436,7 +436,7 @@ class Log:
 
     def prepare_flush(self) -> FlushPlan:
         """The operations that make everything visible now durable (group commit: one per turn)."""
-        self._check_usable()
+        self.check_usable()
         ops: list[Op] = []
         marks = []
         active = self.segments[-1]
@@ -500,7 +500,7 @@ class Log:
 
         None when `offset` is the end of the log (nothing to read yet: a consumer waits there).
         """
-        self._check_usable()
+        self.check_usable()
         if max_bytes <= 0:
             raise ValueError(f"max_bytes must be positive, not {max_bytes}")
         end = self.end_offset
@@ -539,7 +539,7 @@ class Log:
 
         The index finds the batch; its records are decoded (a cold path) to find the record.
         """
-        self._check_usable()
+        self.check_usable()
         for seg in self.segments:
             position = seg.find_timestamp(timestamp)
             if position is None:
@@ -563,7 +563,7 @@ class Log:
         A cold path (one small pread per batch): for rebuilding state derived from headers, such
         as the idempotent producers' last sequences, when a partition opens.
         """
-        self._check_usable()
+        self.check_usable()
         for seg in self.segments:
             if seg.next_offset <= from_offset:
                 continue
@@ -582,7 +582,7 @@ class Log:
         appends reuse the removed offsets: that is what truncation is for (a follower dropping a
         divergent tail). Durable on return.
         """
-        self._check_usable()
+        self.check_usable()
         if self._pending:
             raise StorageError("truncate with appends in flight")
         if not self.start_offset <= offset <= self.end_offset:
@@ -615,7 +615,7 @@ class Log:
         so a restart does not make old data young. Oldest first; the active segment is never
         deleted. Returns how many segments were deleted.
         """
-        self._check_usable()
+        self.check_usable()
         now = self.clock() if now is None else now
         cfg = self.config
         total = self.size_bytes

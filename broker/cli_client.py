@@ -1,0 +1,251 @@
+"""The client side of the `broker` command: topics, produce, consume.
+
+Rules this module keeps:
+- Every command takes `--bootstrap/-b HOST:PORT` (default 127.0.0.1:9092) and uses only the
+  client library (`broker.client`), exactly as an application would.
+- A failure is one line on stderr and a non-zero exit status, never a traceback: 1 for an error
+  the broker or the network reported, 2 for bad arguments or input, 130 for Ctrl-C.
+- Binary-safe output: `--format json` prints keys and values as UTF-8 strings when they are valid
+  UTF-8, and as {"base64": "..."} when they are not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import sys
+import time
+from collections.abc import Iterator
+from typing import IO, Any
+
+from broker.client import DEFAULT_BOOTSTRAP, Admin, Consumer, Producer, RingLogError
+from broker.client.errors import ClientError
+
+PROGRESS_EVERY_S = 0.5
+
+
+class UsageError(Exception):
+    """Bad input from the user (exit 2), as opposed to an error from the broker (exit 1)."""
+
+
+def add_client_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    def client_parser(name: str, **kw: Any) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, **kw)
+        p.add_argument(
+            "-b", "--bootstrap", default=DEFAULT_BOOTSTRAP, help=f"HOST:PORT (default {DEFAULT_BOOTSTRAP})"
+        )
+        return p
+
+    topics = sub.add_parser("topics", help="create, delete, list and describe topics")
+    tsub = topics.add_subparsers(dest="topics_command", required=True)
+    tsub_parser = tsub.add_parser
+    create = tsub_parser("create", help="create a topic")
+    create.add_argument("name")
+    create.add_argument("--partitions", type=int, default=1)
+    create.add_argument("--retention-ms", type=int, default=-1, help="-1: broker default, -2: forever")
+    create.add_argument("--retention-bytes", type=int, default=-1, help="-1: broker default, -2: unlimited")
+    create.add_argument("--segment-bytes", type=int, default=-1, help="-1: broker default")
+    delete = tsub_parser("delete", help="delete a topic and all its data")
+    delete.add_argument("name")
+    tsub_parser("list", help="list topic names")
+    describe = tsub_parser("describe", help="partitions, offsets, owning cores and settings")
+    describe.add_argument("name")
+    for p in (create, delete, tsub.choices["list"], describe):
+        p.add_argument(
+            "-b", "--bootstrap", default=DEFAULT_BOOTSTRAP, help=f"HOST:PORT (default {DEFAULT_BOOTSTRAP})"
+        )
+    topics.set_defaults(func=cmd_topics)
+
+    produce = client_parser("produce", help="send lines or JSON lines from stdin or a file")
+    produce.add_argument("topic")
+    produce.add_argument("--file", help="read from this file instead of stdin")
+    produce.add_argument(
+        "--format", choices=["text", "json"], default="text", help="text: one record per line"
+    )
+    produce.add_argument("--key-field", help="json: the field whose value becomes the record key")
+    produce.add_argument("--partition", type=int, help="send every record to this partition")
+    produce.add_argument(
+        "--acks", type=int, choices=[0, 1, 2], default=1, help="0 none, 1 written, 2 durable"
+    )
+    produce.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
+    produce.set_defaults(func=cmd_produce)
+
+    consume = client_parser("consume", help="print records of a topic")
+    consume.add_argument("topic")
+    consume.add_argument("--from-beginning", action="store_true", help="start at the earliest offset")
+    consume.add_argument("--partition", type=int, action="append", help="only these partitions (repeatable)")
+    consume.add_argument("--offset", type=int, help="start at this offset (needs --partition)")
+    consume.add_argument("--group", help="consumer group: resume from and commit its offsets")
+    consume.add_argument("--max-records", type=int, help="exit after this many records")
+    consume.add_argument("--idle-timeout-ms", type=int, help="exit after this long without a record")
+    consume.add_argument("--format", choices=["text", "json"], default="text")
+    consume.set_defaults(func=cmd_consume)
+
+
+def run_client_command(args: argparse.Namespace) -> int:
+    """Run a client command, turning every expected failure into one line and an exit status."""
+    try:
+        return args.func(args)
+    except UsageError as exc:
+        print(f"broker: {exc}", file=sys.stderr)
+        return 2
+    except (RingLogError, ClientError, OSError) as exc:
+        print(f"broker: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+# ----------------------------------------------------------------------------------------- topics
+
+
+def cmd_topics(args: argparse.Namespace) -> int:
+    with Admin(args.bootstrap) as admin:
+        if args.topics_command == "create":
+            topic_id = admin.create_topic(
+                args.name,
+                args.partitions,
+                retention_ms=None if args.retention_ms == -1 else args.retention_ms,
+                retention_bytes=None if args.retention_bytes == -1 else args.retention_bytes,
+                segment_bytes=None if args.segment_bytes == -1 else args.segment_bytes,
+            )
+            print(f"created topic {args.name} (id {topic_id}, {args.partitions} partitions)")
+        elif args.topics_command == "delete":
+            admin.delete_topic(args.name)
+            print(f"deleted topic {args.name}")
+        elif args.topics_command == "list":
+            for name in admin.list_topics():
+                print(name)
+        else:
+            d = admin.describe_topic(args.name)
+            print(f"topic {d.name}  id {d.topic_id}  partitions {len(d.partitions)}  broker cores {d.cores}")
+            print(
+                f"  retention_ms {_limit(d.retention_ms)}  retention_bytes {_limit(d.retention_bytes)}"
+                f"  segment_bytes {d.segment_bytes}"
+            )
+            print("  partition  core  start_offset  end_offset  records")
+            for p in d.partitions:
+                print(
+                    f"  {p.partition:>9}  {p.owner_core:>4}  {p.start_offset:>12}  {p.end_offset:>10}"
+                    f"  {p.end_offset - p.start_offset:>7}"
+                )
+    return 0
+
+
+def _limit(value: int) -> str:
+    return "unlimited" if value == -2 else str(value)
+
+
+# ----------------------------------------------------------------------------------------- produce
+
+
+def _records(stream: IO[str], fmt: str, key_field: str | None) -> Iterator[tuple[bytes | None, bytes]]:
+    for lineno, raw_line in enumerate(stream, 1):
+        line = raw_line.rstrip("\n")
+        if not line:
+            continue
+        if fmt == "text":
+            yield None, line.encode()
+            continue
+        try:
+            doc = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise UsageError(f"line {lineno} is not JSON: {exc.msg}") from None
+        key = None
+        if key_field is not None:
+            if not isinstance(doc, dict) or key_field not in doc:
+                raise UsageError(f"line {lineno} has no field {key_field!r}")
+            raw = doc[key_field]
+            key = (raw if isinstance(raw, str) else json.dumps(raw)).encode()
+        yield key, line.encode()
+
+
+def cmd_produce(args: argparse.Namespace) -> int:
+    if args.key_field and args.format != "json":
+        raise UsageError("--key-field needs --format json")
+    progress = sys.stdout.isatty() if args.progress is None else args.progress
+    stream: IO[str] = open(args.file, encoding="utf-8") if args.file else sys.stdin  # noqa: SIM115
+    sent = 0
+    started = last = time.monotonic()
+    try:
+        with Producer(args.bootstrap, acks=args.acks) as producer:
+            futures = []
+            for key, value in _records(stream, args.format, args.key_field):
+                futures.append(producer.send(args.topic, value, key=key, partition=args.partition))
+                sent += 1
+                if len(futures) >= 10_000:  # bound memory; surface errors early
+                    for f in futures:
+                        f.result()
+                    futures.clear()
+                now = time.monotonic()
+                if progress and now - last >= PROGRESS_EVERY_S:
+                    last = now
+                    print(f"\r{sent:,} records, {sent / (now - started):,.0f}/s", end="", file=sys.stderr)
+            producer.flush()
+            for f in futures:
+                f.result()
+    finally:
+        if stream is not sys.stdin:
+            stream.close()
+    if progress:
+        print(f"\r{sent:,} records sent in {time.monotonic() - started:.1f} s", file=sys.stderr)
+    return 0
+
+
+# ----------------------------------------------------------------------------------------- consume
+
+
+def _text(b: bytes | None) -> Any:
+    if b is None:
+        return None
+    try:
+        return b.decode()
+    except UnicodeDecodeError:
+        return {"base64": base64.b64encode(b).decode()}
+
+
+def cmd_consume(args: argparse.Namespace) -> int:
+    if args.offset is not None and not args.partition:
+        raise UsageError("--offset needs --partition")
+    reset = "earliest" if args.from_beginning else "latest"
+    count = 0
+    with Consumer(args.bootstrap, group=args.group, auto_offset_reset=reset) as consumer:
+        if args.partition:
+            consumer.assign([(args.topic, p) for p in args.partition])
+        else:
+            consumer.subscribe(args.topic)
+        if args.offset is not None:
+            for p in args.partition:
+                consumer.seek((args.topic, p), args.offset)
+        idle_since = time.monotonic()
+        while args.max_records is None or count < args.max_records:
+            limit = None if args.max_records is None else args.max_records - count
+            records = consumer.poll(timeout_ms=200, max_records=limit)
+            if not records:
+                if (
+                    args.idle_timeout_ms is not None
+                    and (time.monotonic() - idle_since) * 1000 >= args.idle_timeout_ms
+                ):
+                    break
+                continue
+            idle_since = time.monotonic()
+            for r in records:
+                if args.format == "text":
+                    sys.stdout.write((r.value or b"").decode(errors="backslashreplace") + "\n")
+                else:
+                    doc = {
+                        "topic": r.topic,
+                        "partition": r.partition,
+                        "offset": r.offset,
+                        "timestamp": r.timestamp,
+                        "key": _text(r.key),
+                        "value": _text(r.value),
+                        "headers": [[k, _text(v)] for k, v in r.headers],
+                    }
+                    sys.stdout.write(json.dumps(doc) + "\n")
+            sys.stdout.flush()
+            count += len(records)
+            if args.group is not None:
+                consumer.commit()
+    return 0

@@ -1,0 +1,93 @@
+"""The ringlog Python client: producer, consumer and admin, asyncio and blocking.
+
+    from broker.client import Admin, Consumer, Producer
+
+    Admin().create_topic("orders", partitions=4)
+    with Producer() as p:                              # bootstrap defaults to 127.0.0.1:9092
+        p.send("orders", b"hello", key=b"customer-7")
+    with Consumer(group="billing", auto_offset_reset="earliest") as c:
+        c.subscribe("orders")
+        for record in c.poll(timeout_ms=1000):
+            ...
+
+The asyncio classes (`AsyncProducer`, `AsyncConsumer`, `AsyncAdmin`) are the implementation; the
+blocking ones run them on an event loop in a daemon thread. This package imports nothing of the
+broker's (only `ringlog_proto`), so applications install and import it without the server.
+"""
+
+from broker.client.admin import Admin, AsyncAdmin, PartitionDescription, TopicDescription
+from broker.client.client import DEFAULT_BOOTSTRAP, AsyncClient, TopicInfo, TopicPartition
+from broker.client.connection import AsyncConnection
+from broker.client.consumer import AsyncConsumer, Consumer
+from broker.client.errors import (
+    BrokerShuttingDownError,
+    BrokerStorageError,
+    BrokerUnavailable,
+    ClientClosedError,
+    ClientError,
+    CorruptMessageError,
+    DeliveryTimeoutError,
+    InvalidConfigError,
+    InvalidGroupError,
+    InvalidRequestError,
+    InvalidTopicError,
+    MessageTooLargeError,
+    NotOwnerError,
+    OffsetOutOfRangeError,
+    OutOfOrderSequenceError,
+    ProtocolViolation,
+    RequestTimedOutError,
+    RingLogError,
+    TopicExistsError,
+    UnknownServerError,
+    UnknownTopicError,
+    UnsupportedVersionError,
+    error_for,
+)
+from broker.client.partitioner import key_partition
+from broker.client.producer import AsyncProducer, Producer
+from broker.client.records import ConsumerRecord, RecordMetadata
+from ringlog_proto.messages import Acks
+
+__all__ = [
+    "DEFAULT_BOOTSTRAP",
+    "Acks",
+    "Admin",
+    "AsyncAdmin",
+    "AsyncClient",
+    "AsyncConnection",
+    "AsyncConsumer",
+    "AsyncProducer",
+    "BrokerShuttingDownError",
+    "BrokerStorageError",
+    "BrokerUnavailable",
+    "ClientClosedError",
+    "ClientError",
+    "Consumer",
+    "ConsumerRecord",
+    "CorruptMessageError",
+    "DeliveryTimeoutError",
+    "InvalidConfigError",
+    "InvalidGroupError",
+    "InvalidRequestError",
+    "InvalidTopicError",
+    "MessageTooLargeError",
+    "NotOwnerError",
+    "OffsetOutOfRangeError",
+    "OutOfOrderSequenceError",
+    "PartitionDescription",
+    "Producer",
+    "ProtocolViolation",
+    "RecordMetadata",
+    "RequestTimedOutError",
+    "RingLogError",
+    "TopicDescription",
+    "TopicExistsError",
+    "TopicInfo",
+    "TopicPartition",
+    "UnknownServerError",
+    "UnknownTopicError",
+    "UnsupportedVersionError",
+    "error_for",
+    "key_partition",
+]

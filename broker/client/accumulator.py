@@ -1,0 +1,169 @@
+"""Producer batches: records accumulated for one partition, encoded once, sent (and resent) as bytes.
+
+Rules this module keeps:
+- No I/O and no event loop: the producer decides when to seal and send; this only holds records
+  and knows their exact encoded size.
+- A record is kept as the cheapest thing `encode_batch` accepts: the value `bytes` itself when it
+  has no key, headers or timestamp (the common case), else one `Record`.
+- A batch is encoded once, when first sent, with its producer id, epoch and base sequence; a retry
+  resends the same bytes, so the broker recognises a duplicate. Only when the producer knows the
+  broker never appended the batch may it drop the bytes and encode again (`reset_encoding`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any, Final
+
+from broker.client.records import Header, RecordMetadata
+from ringlog_proto.batch import HEADER_SIZE, RECORD_HEADER_SIZE, Record, encode_batch
+
+BATCH_OVERHEAD: Final = HEADER_SIZE  # 61 bytes of batch header
+MAX_BATCH_BYTES: Final = 1024 * 1024  # the broker's default max_batch_bytes (whole batch)
+
+log = logging.getLogger(__name__)
+
+_INVALID_STATE = (asyncio.InvalidStateError, concurrent.futures.InvalidStateError)
+
+Callback = Callable[[RecordMetadata | None, BaseException | None], Any]
+
+
+def headers_size(headers: Sequence[Header]) -> int:
+    n = 0
+    for hkey, hval in headers:
+        n += 6 + len(hkey.encode()) + (0 if hval is None else len(hval))
+    return n
+
+
+def record_size(value: bytes | None, key: bytes | None, headers: Sequence[Header] = ()) -> int:
+    """Exact encoded size of one record in a batch (its 18-byte header included)."""
+    return (
+        RECORD_HEADER_SIZE
+        + (0 if value is None else len(value))
+        + (0 if key is None else len(key))
+        + (headers_size(headers) if headers else 0)
+    )
+
+
+class ProducerBatch:
+    """The records of one partition that travel in one record batch."""
+
+    __slots__ = (
+        "attempts",
+        "callbacks",
+        "created",
+        "data",
+        "deadline",
+        "done",
+        "futures",
+        "last_error",
+        "order",
+        "ready",
+        "records",
+        "seq",
+        "size",
+        "timestamp",
+    )
+
+    def __init__(self, timestamp: int, created: float, deadline: float) -> None:
+        self.records: list[bytes | Record] = []
+        self.futures: list[Any] = []  # asyncio or concurrent futures: both have set_result
+        self.callbacks: list[Callback | None] | None = None  # allocated by the first callback
+        self.size = BATCH_OVERHEAD  # exact encoded size of the batch so far
+        self.timestamp = timestamp  # ms; records sent without a timestamp take this one
+        self.created = created  # time.monotonic()
+        self.deadline = deadline  # time.monotonic() after which delivery has failed
+        self.ready = False  # linger passed or flush asked: send as soon as allowed
+        self.order = -1  # seal order within the partition (= send order of first attempts)
+        self.data: bytes | None = None  # the encoded batch, once sent
+        self.seq = -1  # unbounded sequence of the first record (wire value: seq % 2**31)
+        self.attempts = 0  # sends that failed retriably
+        self.last_error: BaseException | None = None
+        self.done: Any = None  # a future made by whoever waits for the whole batch (flush)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def fits(self, size: int, batch_bytes: int) -> bool:
+        """Whether a record of encoded `size` may join: always when the batch is empty (a record
+        larger than `batch_bytes` travels alone; the caller checks the hard limit)."""
+        return not self.records or self.size + size <= batch_bytes
+
+    def add(self, item: bytes | Record, size: int, future: Any, callback: Callback | None) -> None:
+        self.records.append(item)
+        self.futures.append(future)
+        self.size += size
+        if callback is not None:
+            if self.callbacks is None:
+                self.callbacks = [None] * (len(self.records) - 1)
+            self.callbacks.append(callback)
+        elif self.callbacks is not None:
+            self.callbacks.append(None)
+
+    def encode(self, producer_id: int, producer_epoch: int, base_sequence: int) -> bytes:
+        self.data = encode_batch(
+            self.records,
+            timestamp=self.timestamp,
+            producer_id=producer_id,
+            producer_epoch=producer_epoch,
+            base_sequence=base_sequence,
+        )
+        return self.data
+
+    def reset_encoding(self) -> None:
+        """Forget the bytes and sequence: only for a batch the broker certainly did not append."""
+        self.data = None
+        self.seq = -1
+
+    def complete(self, topic: str, partition: int, base_offset: int) -> None:
+        """Resolve every record's future with its `RecordMetadata` (offset -1 if unknown).
+
+        The producer's per-record cost after encoding: the tuple is built with `tuple.__new__`
+        (a NamedTuple's own constructor is a Python function), and `set_result` is tried rather
+        than guarded by `done()` (a future is done here only if the caller cancelled it).
+        """
+        ts = self.timestamp
+        new = tuple.__new__
+        offset = base_offset
+        step = 1 if base_offset >= 0 else 0
+        callbacks = self.callbacks
+        for i, (item, fut) in enumerate(zip(self.records, self.futures, strict=True)):
+            t = ts if type(item) is bytes or item.timestamp is None else item.timestamp  # type: ignore[union-attr]
+            md = new(RecordMetadata, (topic, partition, offset, t))
+            try:  # noqa: SIM105 - contextlib.suppress costs a context manager per record
+                fut.set_result(md)
+            except _INVALID_STATE:
+                pass
+            if callbacks is not None and callbacks[i] is not None:
+                call_callback(callbacks[i], md, None)  # type: ignore[arg-type]
+            offset += step
+        self._finished()
+
+    def fail(self, exc: BaseException) -> None:
+        callbacks = self.callbacks
+        for i, fut in enumerate(self.futures):
+            if not fut.done():
+                fut.set_exception(exc)
+                if callbacks is not None and callbacks[i] is not None and hasattr(fut, "get_loop"):
+                    fut.exception()  # the callback reports it: no "never retrieved" warning
+            if callbacks is not None and callbacks[i] is not None:
+                call_callback(callbacks[i], None, exc)
+        self._finished()
+
+    def _finished(self) -> None:
+        if self.done is not None and not self.done.done():
+            self.done.set_result(None)
+        self.records = []  # the futures hold the results; let the record bytes go
+        self.futures = []
+        self.callbacks = None
+        self.data = None
+
+
+def call_callback(callback: Callback, md: RecordMetadata | None, exc: BaseException | None) -> None:
+    try:
+        callback(md, exc)
+    except Exception:  # a broken callback must not break delivery of the other records
+        log.exception("producer callback raised")

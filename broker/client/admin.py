@@ -1,0 +1,206 @@
+"""Topic administration: create, delete, list, describe; and what the broker supports.
+
+`describe_topic` is Metadata for one topic, returned fresh (never from the cache): per-partition
+start and end offsets and owner cores are facts of the moment, not routing data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from broker.client.client import DEFAULT_BOOTSTRAP, AsyncClient
+from broker.client.errors import ClientClosedError, error_for
+from broker.client.loop_thread import LoopThread
+from ringlog_proto.messages import (
+    ApiVersionsRequest,
+    ApiVersionsResponse,
+    CreateTopicRequest,
+    CreateTopicResponse,
+    DeleteTopicRequest,
+    ErrorCode,
+    MetadataResponse,
+)
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionDescription:
+    partition: int
+    owner_core: int
+    start_offset: int  # first offset still stored
+    end_offset: int  # next offset to be assigned (the high watermark)
+
+
+@dataclass(frozen=True, slots=True)
+class TopicDescription:
+    name: str
+    topic_id: int
+    retention_ms: int  # -2: forever
+    retention_bytes: int  # -2: unlimited
+    segment_bytes: int
+    partitions: tuple[PartitionDescription, ...]
+    cores: int  # the broker's worker cores (owner_core is one of 0..cores-1)
+
+
+def _limit(value: int | None) -> int:
+    """None (the broker's default) is -1 on the wire."""
+    return -1 if value is None else value
+
+
+class AsyncAdmin:
+    """Topic administration over an `AsyncClient` (its own unless one is given)."""
+
+    def __init__(
+        self,
+        bootstrap: str = DEFAULT_BOOTSTRAP,
+        *,
+        request_timeout_ms: int = 30_000,
+        client: AsyncClient | None = None,
+        client_name: str = "ringlog-python-admin",
+    ) -> None:
+        self._own_client = client is None
+        self._client = client or AsyncClient(
+            bootstrap, client_name=client_name, request_timeout_ms=request_timeout_ms
+        )
+
+    async def start(self) -> None:
+        await self._client.start()
+
+    async def close(self) -> None:
+        if self._own_client:
+            await self._client.close()
+
+    async def __aenter__(self) -> AsyncAdmin:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def client(self) -> AsyncClient:
+        return self._client
+
+    async def create_topic(
+        self,
+        name: str,
+        partitions: int = 1,
+        retention_ms: int | None = None,
+        retention_bytes: int | None = None,
+        segment_bytes: int | None = None,
+    ) -> int:
+        """Create a topic; returns its id. None means the broker's default; -2 for retention
+        means keep forever / unlimited. Raises `TopicExistsError`, `InvalidTopicError`,
+        `InvalidConfigError`."""
+        resp = await self._client.request(
+            CreateTopicRequest(
+                name, partitions, _limit(retention_ms), _limit(retention_bytes), _limit(segment_bytes)
+            )
+        )
+        assert isinstance(resp, CreateTopicResponse)
+        self._client.invalidate(name)
+        return resp.topic_id
+
+    async def delete_topic(self, name: str) -> None:
+        """Delete a topic and its data. Raises `UnknownTopicError` if there is none."""
+        await self._client.request(DeleteTopicRequest(name))
+        self._client.invalidate(name)
+
+    async def list_topics(self) -> list[str]:
+        """Names of all topics, sorted."""
+        resp = await self._client.refresh_metadata(())
+        return sorted(t.name for t in resp.topics if t.error == ErrorCode.NONE)
+
+    async def describe_topic(self, name: str) -> TopicDescription:
+        """A topic's settings and, per partition, owner core and start/end offsets (fresh)."""
+        resp: MetadataResponse = await self._client.refresh_metadata((name,))
+        for t in resp.topics:
+            if t.name != name:
+                continue
+            if t.error != ErrorCode.NONE:
+                raise error_for(t.error, f"topic {name!r}")
+            parts = tuple(
+                PartitionDescription(p.index, p.owner_core, p.start_offset, p.end_offset)
+                for p in sorted(t.partitions, key=lambda p: p.index)
+            )
+            return TopicDescription(
+                t.name, t.topic_id, t.retention_ms, t.retention_bytes, t.segment_bytes, parts, resp.cores
+            )
+        raise error_for(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r}")
+
+    async def api_versions(self) -> ApiVersionsResponse:
+        """The broker's version, node id, core count and supported API version ranges."""
+        resp = await self._client.request(ApiVersionsRequest(self._client.client_name))
+        assert isinstance(resp, ApiVersionsResponse)
+        return resp
+
+
+class Admin:
+    """The blocking admin: an `AsyncAdmin` on an event loop in a daemon thread."""
+
+    def __init__(self, bootstrap: str = DEFAULT_BOOTSTRAP, **config: Any) -> None:
+        self._thread = LoopThread("ringlog-admin")
+        self._closed = False
+        try:
+            self._async: AsyncAdmin = self._thread.run(self._make(bootstrap, config))
+        except BaseException:
+            self._thread.stop()
+            raise
+
+    @staticmethod
+    async def _make(bootstrap: str, config: dict[str, Any]) -> AsyncAdmin:
+        admin = AsyncAdmin(bootstrap, **config)
+        try:
+            await admin.start()
+        except BaseException:
+            await admin.close()
+            raise
+        return admin
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        if self._closed:
+            coro.close()
+            raise ClientClosedError("the admin client is closed")
+        return self._thread.run(coro)
+
+    def __enter__(self) -> Admin:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def create_topic(
+        self,
+        name: str,
+        partitions: int = 1,
+        retention_ms: int | None = None,
+        retention_bytes: int | None = None,
+        segment_bytes: int | None = None,
+    ) -> int:
+        return self._run(
+            self._async.create_topic(name, partitions, retention_ms, retention_bytes, segment_bytes)
+        )
+
+    def delete_topic(self, name: str) -> None:
+        self._run(self._async.delete_topic(name))
+
+    def list_topics(self) -> list[str]:
+        return self._run(self._async.list_topics())
+
+    def describe_topic(self, name: str) -> TopicDescription:
+        return self._run(self._async.describe_topic(name))
+
+    def api_versions(self) -> ApiVersionsResponse:
+        return self._run(self._async.api_versions())
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._thread.run(self._async.close())
+        finally:
+            self._thread.stop()

@@ -1,0 +1,291 @@
+"""One TCP connection to the broker, with pipelining.
+
+Rules this module keeps:
+- Requests are written as soon as they are made, each with a fresh correlation id, and many may be
+  in flight; one reader task feeds the sans-I/O `FrameDecoder` and resolves the future waiting for
+  each response by its correlation id. (The broker answers in request order, but matching by id
+  costs a dict lookup and catches a broker that does not.)
+- A connection that fails fails *everything* in flight on it with `BrokerUnavailable`, and stays
+  failed: callers (the `AsyncClient`) open a new one. Whether the broker acted on those requests is
+  unknown; that is what idempotent produce is for.
+- A request that gets no answer within its timeout closes the connection: responses come back in
+  order, so everything behind a stuck request is stuck too, and a late answer must not be matched
+  to a request that has already been given up on.
+- Frames are written with `writelines` (the record bytes of a produce are never joined into a
+  frame here; uvloop hands the buffers to writev).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Final, TypeVar
+
+from broker.client.errors import BrokerUnavailable, ProtocolViolation, error_for
+from ringlog_proto.frames import FRAME_BYTES_MAX_DEFAULT, NEED_DATA, Frame, FrameDecoder, ProtocolError
+from ringlog_proto.messages import (
+    Acks,
+    ErrorCode,
+    MalformedBody,
+    ProduceRequest,
+    Request,
+    Response,
+    decode_response,
+    encode_request,
+)
+
+log = logging.getLogger(__name__)
+
+R = TypeVar("R", bound=Response)
+
+READ_CHUNK: Final = 1024 * 1024  # one read per fetch response of the default size
+STREAM_LIMIT: Final = 4 * 1024 * 1024  # StreamReader buffer before it pauses the socket
+CORRELATION_MASK: Final = 0xFFFFFFFF
+
+
+class AsyncConnection:
+    """A pipelined request/response connection. Create with `await AsyncConnection.connect(...)`.
+
+    Not thread-safe: use it from the event loop that created it.
+    """
+
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        address: str,
+        *,
+        request_timeout: float | None = 30.0,
+        max_frame_bytes: int = FRAME_BYTES_MAX_DEFAULT,
+    ) -> None:
+        self.address = address
+        self.request_timeout = request_timeout
+        self._reader = reader
+        self._writer = writer
+        self._decoder = FrameDecoder(max_frame_bytes)
+        self._loop = asyncio.get_running_loop()
+        # correlation id -> (future, api key of the request, timeout handle or None)
+        self._pending: dict[int, tuple[asyncio.Future[Response], int, asyncio.TimerHandle | None]] = {}
+        self._next_id = 1
+        self._error: BrokerUnavailable | None = None
+        self._read_task = self._loop.create_task(self._read_loop(), name=f"ringlog-conn-{address}")
+
+    @classmethod
+    async def connect(
+        cls,
+        host: str,
+        port: int,
+        *,
+        connect_timeout: float | None = 10.0,
+        request_timeout: float | None = 30.0,
+        max_frame_bytes: int = FRAME_BYTES_MAX_DEFAULT,
+    ) -> AsyncConnection:
+        """Open a connection; raises `BrokerUnavailable` if the broker cannot be reached."""
+        address = f"{host}:{port}"
+        try:
+            async with asyncio.timeout(connect_timeout):
+                reader, writer = await asyncio.open_connection(host, port, limit=STREAM_LIMIT)
+        except (OSError, TimeoutError) as exc:
+            raise BrokerUnavailable(
+                f"cannot connect to the broker at {address}: {exc or 'timed out'}"
+            ) from exc
+        return cls(reader, writer, address, request_timeout=request_timeout, max_frame_bytes=max_frame_bytes)
+
+    # ----------------------------------------------------------------------------------- state
+
+    @property
+    def closed(self) -> bool:
+        return self._error is not None
+
+    @property
+    def in_flight(self) -> int:
+        """Requests sent and not yet answered."""
+        return len(self._pending)
+
+    def __repr__(self) -> str:
+        state = f"closed: {self._error}" if self._error else f"{len(self._pending)} in flight"
+        return f"<AsyncConnection {self.address} {state}>"
+
+    # ----------------------------------------------------------------------------------- requests
+
+    async def request(self, req: Request, *, timeout: float | None = None, check: bool = True) -> Response:
+        """Send `req` and wait for its response.
+
+        `check` (default) raises the `RingLogError` subclass for an error response; with
+        `check=False` the error response is returned as is. `timeout` (seconds) defaults to the
+        connection's `request_timeout`; when it passes the connection is closed (see the module
+        docstring) and `BrokerUnavailable` is raised. A produce with acks=0 must use
+        `send_no_response`, since no response will ever come.
+        """
+        if isinstance(req, ProduceRequest) and req.acks == Acks.NONE:
+            raise ValueError("a produce with acks=0 gets no response: use send_no_response()")
+        fut = self._send(req, True, timeout)
+        assert fut is not None
+        await self._drain()
+        resp = await fut
+        if check and resp.error != ErrorCode.NONE:
+            raise error_for(resp.error, resp.message)
+        return resp
+
+    def request_nowait(self, req: Request, *, timeout: float | None = None) -> asyncio.Future[Response]:
+        """Write `req` now and return the future of its (unchecked) response without awaiting.
+
+        For callers that pipeline many requests from one task; they should `await drain()` now and
+        then so a slow broker applies backpressure.
+        """
+        fut = self._send(req, True, timeout)
+        assert fut is not None
+        return fut
+
+    async def send_no_response(self, req: Request) -> None:
+        """Send a request the broker does not answer (produce with acks=0)."""
+        self._send(req, False, None)
+        await self._drain()
+
+    def send_no_response_nowait(self, req: Request) -> None:
+        """Write a request the broker does not answer, without waiting (see `write_buffer_size`)."""
+        self._send(req, False, None)
+
+    def write_buffer_size(self) -> int:
+        """Bytes written and not yet handed to the kernel: callers that do not drain watch this."""
+        transport = self._writer.transport
+        return 0 if transport.is_closing() else transport.get_write_buffer_size()
+
+    async def drain(self) -> None:
+        """Wait until the socket's send buffer is below its high-water mark."""
+        await self._drain()
+
+    def _send(
+        self, req: Request, expect_response: bool, timeout: float | None
+    ) -> asyncio.Future[Response] | None:
+        if self._error is not None:
+            raise BrokerUnavailable(str(self._error))
+        corr = self._next_id
+        self._next_id = (corr + 1) & CORRELATION_MASK
+        fut: asyncio.Future[Response] | None = None
+        if expect_response:
+            while corr in self._pending:  # 2**32 requests later, one may still be waiting
+                corr = self._next_id
+                self._next_id = (corr + 1) & CORRELATION_MASK
+            fut = self._loop.create_future()
+            timeout = self.request_timeout if timeout is None else timeout
+            handle = None
+            if timeout is not None and timeout > 0:
+                handle = self._loop.call_later(timeout, self._timed_out, corr, req.API_KEY, timeout)
+            self._pending[corr] = (fut, req.API_KEY, handle)
+        try:
+            self._writer.writelines(encode_request(req, corr))
+        except (OSError, RuntimeError) as exc:  # RuntimeError: transport closed under us
+            self._fail(BrokerUnavailable(f"{self.address}: write failed: {exc}"))
+            raise BrokerUnavailable(f"{self.address}: write failed: {exc}") from exc
+        return fut
+
+    async def _drain(self) -> None:
+        try:
+            await self._writer.drain()
+        except (OSError, RuntimeError) as exc:
+            err = BrokerUnavailable(f"{self.address}: connection lost while writing: {exc}")
+            self._fail(err)
+            raise err from exc
+
+    def _timed_out(self, corr: int, api_key: int, timeout: float) -> None:
+        if corr in self._pending:
+            self._fail(
+                BrokerUnavailable(
+                    f"{self.address}: no response to request {corr} (api {api_key}) within {timeout:g} s; "
+                    "connection closed"
+                )
+            )
+
+    # ----------------------------------------------------------------------------------- reading
+
+    async def _read_loop(self) -> None:
+        decoder = self._decoder
+        read = self._reader.read
+        err: BrokerUnavailable
+        try:
+            while True:
+                data = await read(READ_CHUNK)
+                if not data:
+                    err = BrokerUnavailable(f"{self.address}: connection closed by the broker")
+                    break
+                decoder.feed(data)
+                while True:
+                    frame = decoder.next_frame()
+                    if frame is NEED_DATA:
+                        break
+                    self._dispatch(frame)  # type: ignore[arg-type]
+        except ProtocolError as exc:
+            err = BrokerUnavailable(f"{self.address}: unreadable stream from the broker ({exc}); closed")
+            err.__cause__ = exc
+        except OSError as exc:
+            err = BrokerUnavailable(f"{self.address}: connection lost: {exc}")
+            err.__cause__ = exc
+        except asyncio.CancelledError:
+            if self._error is None:
+                self._fail(BrokerUnavailable(f"{self.address}: connection closed by the client"))
+            raise
+        self._fail(err)
+
+    def _dispatch(self, frame: Frame) -> None:
+        entry = self._pending.pop(frame.correlation_id, None)
+        if entry is None:
+            # Only possible for a broker bug: a timed-out request closes the connection.
+            log.warning(
+                "%s: response to unknown correlation id %d ignored", self.address, frame.correlation_id
+            )
+            return
+        fut, api_key, handle = entry
+        if handle is not None:
+            handle.cancel()
+        if fut.done():  # the caller was cancelled
+            return
+        if not frame.is_response or frame.api_key != api_key:
+            fut.set_exception(
+                ProtocolViolation(
+                    f"{self.address}: correlation id {frame.correlation_id} answered with api "
+                    f"{frame.api_key} (request was api {api_key})"
+                )
+            )
+            return
+        try:
+            resp = decode_response(frame)
+        except MalformedBody as exc:
+            fut.set_exception(ProtocolViolation(f"{self.address}: unparseable response: {exc}"))
+            return
+        fut.set_result(resp)
+
+    # ----------------------------------------------------------------------------------- closing
+
+    def _fail(self, err: BrokerUnavailable) -> None:
+        """Close the connection and fail everything in flight with `err` (first error wins)."""
+        if self._error is None:
+            self._error = err
+        pending, self._pending = self._pending, {}
+        for fut, _api, handle in pending.values():
+            if handle is not None:
+                handle.cancel()
+            if not fut.done():
+                each = BrokerUnavailable(str(err))  # one instance per waiter: tracebacks stay apart
+                each.__cause__ = err.__cause__
+                fut.set_exception(each)
+                fut.exception()  # mark retrieved: a caller that was cancelled will never look
+        self._writer.close()
+        if not self._read_task.done() and asyncio.current_task() is not self._read_task:
+            self._read_task.cancel()
+
+    async def close(self) -> None:
+        """Close the connection; requests still in flight fail with `BrokerUnavailable`."""
+        self._fail(BrokerUnavailable(f"{self.address}: connection closed by the client"))
+        with contextlib.suppress(asyncio.CancelledError, OSError):
+            await self._read_task
+        with contextlib.suppress(OSError, RuntimeError):
+            await self._writer.wait_closed()
+
+
+def check(resp: R) -> R:
+    """`resp` itself, or raise its error (for responses fetched with `check=False`)."""
+    if resp.error != ErrorCode.NONE:
+        raise error_for(resp.error, resp.message)
+    return resp

@@ -1,0 +1,822 @@
+"""The consumer: fetch records from assigned partitions, track positions, commit them for a group.
+
+How records arrive:
+- Every assigned partition has at most one Fetch in flight, sent without waiting for the others
+  (pipelined), starting at the partition's *fetch offset*. Responses are decoded (crc checked)
+  into a per-partition buffer of at most two responses: one being handed out by `poll`, one
+  prefetched.
+- `poll` hands out buffered records, round-robin over partitions, and advances each partition's
+  *position* (the offset of the next record `poll` returns) past them. When nothing is buffered it
+  waits, up to its timeout, for the first fetch that brings something.
+- Long polling: a fetch for a partition with nothing new waits on the broker up to
+  `fetch_max_wait_ms` and is answered as soon as data arrives, so an idle consumer costs nothing
+  and a new record is delivered at once. Because the broker answers the requests of one
+  connection strictly in order, a waiting fetch delays every response behind it on its
+  connection; so fetches use connections of their own, apart from commits and metadata, one per
+  partition up to `max_fetch_connections` per core. Partitions that must share a fetch connection
+  never long-poll there: when idle they re-fetch every `fetch_idle_ms` instead, so a busy
+  partition's fetches never queue behind an idle one's wait.
+
+Positions and groups:
+- With a `group`, a newly assigned partition starts at the group's committed offset (OffsetFetch),
+  else at `auto_offset_reset` ("earliest" or "latest", through ListOffsets). A fetch answered
+  OFFSET_OUT_OF_RANGE (the position fell off the log's start, say) resets the same way.
+- `commit()` stores the current positions (the next offset to consume, by convention). With
+  `enable_auto_commit` (the default with a group), `poll` commits every `auto_commit_interval_ms`:
+  positions then cover only records returned by earlier polls (at-least-once).
+- There is no group membership protocol: `subscribe` assigns every partition of the topics to
+  this consumer. Consumers sharing a group share committed offsets, not partitions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from typing import Final
+
+from broker.client.backoff import backoff_delay
+from broker.client.client import DEFAULT_BOOTSTRAP, AsyncClient, TopicPartition
+from broker.client.errors import (
+    BrokerUnavailable,
+    ClientClosedError,
+    ClientError,
+    CorruptMessageError,
+    NotOwnerError,
+    OffsetOutOfRangeError,
+    RingLogError,
+    UnknownTopicError,
+    error_for,
+)
+from broker.client.loop_thread import LoopThread
+from broker.client.records import ConsumerRecord
+from ringlog_proto.batch import BatchError, decode_records, iter_batches
+from ringlog_proto.messages import (
+    ErrorCode,
+    FetchRequest,
+    FetchResponse,
+    ListOffsetsRequest,
+    ListOffsetsResponse,
+    OffsetCommitRequest,
+    OffsetFetchRequest,
+    OffsetFetchResponse,
+    OffsetSpec,
+    Response,
+)
+
+log = logging.getLogger(__name__)
+
+RESETS: Final = {"earliest": OffsetSpec.EARLIEST, "latest": OffsetSpec.LATEST}
+TPLike = TopicPartition | tuple[str, int]
+
+
+def _tp(tp: TPLike) -> TopicPartition:
+    topic, partition = tp
+    if not isinstance(topic, str) or not isinstance(partition, int) or partition < 0:
+        raise TypeError(f"{tp!r} is not a (topic, partition) pair")
+    return TopicPartition(topic, partition)
+
+
+class _Assigned:
+    """One assigned partition: its position, its buffered records, its fetch."""
+
+    __slots__ = (
+        "busy",
+        "chunk_pos",
+        "chunks",
+        "errors",
+        "fetch_offset",
+        "high_watermark",
+        "lane",
+        "position",
+        "solo",
+        "timer",
+        "tp",
+    )
+
+    def __init__(self, tp: TopicPartition) -> None:
+        self.tp = tp
+        self.position: int | None = None  # next offset poll returns; None: to be reset
+        self.fetch_offset = 0  # next offset to fetch (ahead of position by what is buffered)
+        self.chunks: deque[list[ConsumerRecord]] = deque()  # decoded fetch responses
+        self.chunk_pos = 0  # records of chunks[0] already handed out
+        # What is under way for the next fetch: the fetch's future, or a token for a metadata
+        # lookup or connect. Its completion carries on only if it is still the one here: a seek
+        # resets this, so answers to older fetches are dropped.
+        self.busy: object | None = None
+        self.high_watermark = -1
+        self.timer: asyncio.TimerHandle | None = None  # a delayed re-fetch
+        self.errors = 0  # consecutive failed fetches (for backoff)
+        self.lane = ""
+        self.solo = True  # alone on its fetch connection: may long-poll
+
+    def seek(self, offset: int) -> None:
+        self.position = offset
+        self.fetch_offset = offset
+        self.chunks.clear()
+        self.chunk_pos = 0
+        self.busy = None  # what is in flight (if anything) is now stale; a new fetch may go
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+
+class AsyncConsumer:
+    """An asyncio consumer. `await start()` (or `async with`), `await assign(...)` or
+    `await subscribe(...)`, then `await poll()` or `async for record in consumer`.
+
+    Parameters (times in milliseconds, sizes in bytes):
+      group: consumer group for committed offsets (None: no commits).
+      auto_offset_reset: where to start without a committed offset, or after OFFSET_OUT_OF_RANGE:
+        "earliest" or "latest" (default).
+      enable_auto_commit: commit positions every `auto_commit_interval_ms` from `poll` and on
+        `close` (default: True when there is a group).
+      fetch_max_bytes: per partition and fetch (the broker returns at least one whole batch).
+      fetch_max_wait_ms: how long a fetch may wait on the broker for new data (long poll).
+      fetch_min_bytes: new data that ends a long poll early.
+      fetch_idle_ms: re-fetch interval of idle partitions sharing a fetch connection.
+      max_poll_records: default `max_records` of `poll`.
+      max_fetch_connections: fetch connections per core (see the module docstring).
+      iter_timeout_ms: iteration stops after this long without a record (None: never).
+      check_crcs: verify every batch's crc32c before decoding (the protocol requires it).
+    """
+
+    def __init__(
+        self,
+        bootstrap: str = DEFAULT_BOOTSTRAP,
+        *,
+        group: str | None = None,
+        auto_offset_reset: str = "latest",
+        enable_auto_commit: bool | None = None,
+        auto_commit_interval_ms: int = 5000,
+        fetch_max_bytes: int = 1024 * 1024,
+        fetch_max_wait_ms: int = 500,
+        fetch_min_bytes: int = 1,
+        fetch_idle_ms: int = 100,
+        max_poll_records: int = 500,
+        max_fetch_connections: int = 16,
+        request_timeout_ms: int = 30_000,
+        retry_backoff_ms: int = 100,
+        retry_backoff_max_ms: int = 1000,
+        iter_timeout_ms: int | None = None,
+        check_crcs: bool = True,
+        client: AsyncClient | None = None,
+        client_name: str = "ringlog-python-consumer",
+    ) -> None:
+        if auto_offset_reset not in RESETS:
+            raise ValueError(f"auto_offset_reset must be 'earliest' or 'latest', not {auto_offset_reset!r}")
+        if group is not None and not 1 <= len(group) <= 255:
+            raise ValueError("a group id must be 1-255 characters")
+        if enable_auto_commit and group is None:
+            raise ValueError("enable_auto_commit needs a group")
+        if (
+            fetch_max_bytes <= 0
+            or fetch_max_wait_ms < 0
+            or max_poll_records <= 0
+            or max_fetch_connections <= 0
+        ):
+            raise ValueError("fetch_max_bytes, max_poll_records, max_fetch_connections must be > 0")
+        self.group = group
+        self.auto_offset_reset = auto_offset_reset
+        self.enable_auto_commit = group is not None if enable_auto_commit is None else enable_auto_commit
+        self.auto_commit_interval = auto_commit_interval_ms / 1000
+        self.fetch_max_bytes = fetch_max_bytes
+        self.fetch_max_wait_ms = fetch_max_wait_ms
+        self.fetch_min_bytes = fetch_min_bytes
+        self.fetch_idle = fetch_idle_ms / 1000
+        self.max_poll_records = max_poll_records
+        self.max_fetch_connections = max_fetch_connections
+        self.request_timeout = request_timeout_ms / 1000
+        self.retry_backoff = retry_backoff_ms / 1000
+        self.retry_backoff_max = max(retry_backoff_ms, retry_backoff_max_ms) / 1000
+        self.iter_timeout_ms = iter_timeout_ms
+        self.check_crcs = check_crcs
+        self._own_client = client is None
+        self._client = client or AsyncClient(
+            bootstrap, client_name=client_name, request_timeout_ms=request_timeout_ms
+        )
+        self._assigned: dict[TopicPartition, _Assigned] = {}
+        self._order: list[_Assigned] = []  # poll's round-robin order
+        self._rr = 0
+        self._errors: list[BaseException] = []  # raised by the next poll
+        self._wakeup: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._next_commit = 0.0
+        self._commit_task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    # ----------------------------------------------------------------------------------- lifecycle
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._wakeup = asyncio.Event()
+        await self._client.start()
+        self._next_commit = time.monotonic() + self.auto_commit_interval
+
+    async def __aenter__(self) -> AsyncConsumer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def client(self) -> AsyncClient:
+        return self._client
+
+    async def close(self, *, commit: bool | None = None) -> None:
+        """Stop fetching; commit positions first when auto-commit is on (or `commit=True`)."""
+        if self._closed:
+            return
+        try:
+            if commit if commit is not None else self.enable_auto_commit:
+                with contextlib.suppress(ClientError):
+                    await self.commit()
+        finally:
+            self._closed = True
+            for st in self._order:
+                st.seek(st.position or 0)
+            for task in list(self._tasks):
+                task.cancel()
+            if self._commit_task is not None:
+                self._commit_task.cancel()
+            if self._wakeup is not None:
+                self._wakeup.set()
+            if self._own_client:
+                await self._client.close()
+
+    def _loop_or_fail(self) -> asyncio.AbstractEventLoop:
+        if self._closed:
+            raise ClientClosedError("the consumer is closed")
+        if self._loop is None:
+            raise RuntimeError("call `await consumer.start()` first (or use `async with`)")
+        return self._loop
+
+    # ----------------------------------------------------------------------------------- assignment
+
+    async def assign(self, partitions: Iterable[TPLike]) -> None:
+        """Consume exactly these partitions (replacing any previous assignment). Each starts at the
+        group's committed offset if there is one, else per `auto_offset_reset`; partitions kept
+        from the previous assignment keep their positions."""
+        self._loop_or_fail()
+        tps = list(dict.fromkeys(_tp(tp) for tp in partitions))
+        for tp in tps:
+            await self._client.route(tp.topic, tp.partition)  # unknown topic/partition raises here
+        old = self._assigned
+        self._assigned = {tp: old.get(tp) or _Assigned(tp) for tp in tps}
+        for tp, st in old.items():
+            if tp not in self._assigned:
+                st.seek(0)  # drop its buffer; its fetch in flight is ignored
+        self._order = list(self._assigned.values())
+        self._assign_lanes()
+        fresh = [st for st in self._order if st.position is None]
+        if fresh:
+            await self._initial_positions(fresh)
+        for st in self._order:
+            self._start_fetch(st)
+
+    async def subscribe(self, *topics: str) -> None:
+        """Assign every partition of `topics` (no group rebalancing: see the module docstring)."""
+        tps: list[TopicPartition] = []
+        for topic in topics:
+            info = await self._client.topic(topic, refresh=True)
+            tps.extend(TopicPartition(topic, p) for p in range(info.partitions))
+        await self.assign(tps)
+
+    def assignment(self) -> list[TopicPartition]:
+        return list(self._assigned)
+
+    def _assign_lanes(self) -> None:
+        by_core: dict[int, list[_Assigned]] = {}
+        for st in self._order:
+            info = self._client.cached_topic(st.tp.topic)
+            core = info.owners[st.tp.partition] if info is not None else 0
+            by_core.setdefault(core, []).append(st)
+        for sts in by_core.values():
+            lanes = min(len(sts), self.max_fetch_connections)
+            sharing: dict[str, int] = {}
+            for i, st in enumerate(sts):
+                st.lane = f"fetch-{i % lanes}"
+                sharing[st.lane] = sharing.get(st.lane, 0) + 1
+            for st in sts:
+                st.solo = sharing[st.lane] == 1
+
+    async def _initial_positions(self, sts: list[_Assigned]) -> None:
+        committed: list[int | None] = [None] * len(sts)
+        if self.group is not None:
+            committed = list(await asyncio.gather(*(self.committed(st.tp) for st in sts)))
+        reset = [st for st, c in zip(sts, committed, strict=True) if c is None]
+        for st, c in zip(sts, committed, strict=True):
+            if c is not None:
+                st.seek(c)
+        if reset:
+            await self._reset(reset, RESETS[self.auto_offset_reset])
+
+    async def _reset(self, sts: list[_Assigned], spec: int) -> list[int]:
+        offsets = await asyncio.gather(*(self._list_offset(st.tp, spec) for st in sts))
+        for st, off in zip(sts, offsets, strict=True):
+            st.seek(off)
+            self._start_fetch(st)
+        return list(offsets)
+
+    async def _list_offset(self, tp: TopicPartition, spec: int) -> int:
+        resp = await self._client.partition_request(
+            tp.topic, tp.partition, lambda tid: ListOffsetsRequest(tid, tp.partition, spec)
+        )
+        assert isinstance(resp, ListOffsetsResponse)
+        return resp.offset
+
+    # ----------------------------------------------------------------------------------- positions
+
+    def _state(self, tp: TPLike) -> _Assigned:
+        st = self._assigned.get(_tp(tp))
+        if st is None:
+            raise ValueError(f"{tuple(tp)} is not assigned to this consumer")
+        return st
+
+    def position(self, tp: TPLike) -> int | None:
+        """The offset of the next record `poll` returns for `tp`."""
+        return self._state(tp).position
+
+    def highwater(self, tp: TPLike) -> int:
+        """The partition's end offset as of the last fetch answer (-1 before any)."""
+        return self._state(tp).high_watermark
+
+    def seek(self, tp: TPLike, offset: int) -> None:
+        """Continue `tp` from `offset` (buffered records and the fetch in flight are dropped)."""
+        if offset < 0:
+            raise ValueError(f"offset {offset} is negative")
+        st = self._state(tp)
+        st.seek(offset)
+        if self._loop is not None and not self._closed:
+            self._start_fetch(st)
+
+    def _targets(self, tps: tuple[TPLike, ...]) -> list[_Assigned]:
+        return [self._state(tp) for tp in tps] if tps else list(self._order)
+
+    async def seek_to_beginning(self, *tps: TPLike) -> dict[TopicPartition, int]:
+        """Move `tps` (default: all assigned) to their log start; returns the new positions."""
+        sts = self._targets(tps)
+        return dict(zip([st.tp for st in sts], await self._reset(sts, OffsetSpec.EARLIEST), strict=True))
+
+    async def seek_to_end(self, *tps: TPLike) -> dict[TopicPartition, int]:
+        """Move `tps` (default: all assigned) to their log end: only new records follow."""
+        sts = self._targets(tps)
+        return dict(zip([st.tp for st in sts], await self._reset(sts, OffsetSpec.LATEST), strict=True))
+
+    async def seek_to_timestamp(self, timestamp: int, *tps: TPLike) -> dict[TopicPartition, int]:
+        """Move `tps` (default: all assigned) to the first record with a timestamp >= `timestamp`
+        (ms since the epoch), or to the end where there is none. Returns the new positions."""
+        if timestamp < 0:
+            raise ValueError("timestamp must be >= 0 (ms since the epoch)")
+        sts = self._targets(tps)
+        found = await asyncio.gather(*(self._list_offset(st.tp, timestamp) for st in sts))
+        at_end = [st for st, off in zip(sts, found, strict=True) if off < 0]
+        ends = dict(
+            zip(
+                at_end,
+                await asyncio.gather(*(self._list_offset(st.tp, OffsetSpec.LATEST) for st in at_end)),
+                strict=True,
+            )
+        )
+        out: dict[TopicPartition, int] = {}
+        for st, off in zip(sts, found, strict=True):
+            target = ends[st] if off < 0 else off
+            st.seek(target)
+            self._start_fetch(st)
+            out[st.tp] = target
+        return out
+
+    # ----------------------------------------------------------------------------------- groups
+
+    def _group(self) -> str:
+        if self.group is None:
+            raise ValueError("this consumer has no group")
+        return self.group
+
+    async def commit(self, offsets: Mapping[TPLike, int] | None = None, metadata: str = "") -> None:
+        """Commit `offsets` (default: the current position of every assigned partition, i.e. the
+        next offset to consume) for the group. All partitions are committed concurrently."""
+        group = self._group()
+        if offsets is None:
+            todo = {st.tp: st.position for st in self._order if st.position is not None}
+        else:
+            todo = {_tp(tp): off for tp, off in offsets.items()}
+        results = await asyncio.gather(
+            *(
+                self._client.partition_request(
+                    tp.topic,
+                    tp.partition,
+                    functools.partial(
+                        _commit_request, group=group, partition=tp.partition, offset=off, metadata=metadata
+                    ),
+                )
+                for tp, off in todo.items()
+            ),
+            return_exceptions=True,
+        )
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+
+    async def committed(self, tp: TPLike) -> int | None:
+        """The group's committed offset for `tp`, or None if it has committed nothing."""
+        group = self._group()
+        t = _tp(tp)
+        resp = await self._client.partition_request(
+            t.topic, t.partition, lambda tid: OffsetFetchRequest(tid, t.partition, group)
+        )
+        assert isinstance(resp, OffsetFetchResponse)
+        return None if resp.offset < 0 else resp.offset
+
+    def _maybe_auto_commit(self) -> None:
+        if not self.enable_auto_commit or self._commit_task is not None:
+            return
+        now = time.monotonic()
+        if now < self._next_commit:
+            return
+        self._next_commit = now + self.auto_commit_interval
+        # The positions now, before this poll hands out more: only records already returned.
+        offsets = {st.tp: st.position for st in self._order if st.position is not None}
+        if offsets:
+            loop = self._loop_or_fail()
+            self._commit_task = loop.create_task(self._auto_commit(offsets))
+
+    async def _auto_commit(self, offsets: dict[TopicPartition, int]) -> None:
+        try:
+            await self.commit(offsets)  # type: ignore[arg-type]
+        except ClientError as exc:
+            log.warning("auto-commit failed (will retry at the next interval): %s", exc)
+        finally:
+            self._commit_task = None
+
+    # ----------------------------------------------------------------------------------- polling
+
+    async def poll(self, timeout_ms: float = 1000, max_records: int | None = None) -> list[ConsumerRecord]:
+        """Records from the assigned partitions: at once if some are buffered, else as soon as a
+        fetch brings some, else `[]` after `timeout_ms`. At most `max_records` (default
+        `max_poll_records`). Raises errors fetches met that need the caller (a corrupt batch, a
+        deleted topic) once each."""
+        self._loop_or_fail()
+        assert self._wakeup is not None
+        limit = self.max_poll_records if max_records is None else max_records
+        deadline = time.monotonic() + max(0.0, timeout_ms) / 1000
+        while True:
+            self._maybe_auto_commit()
+            if self._errors:
+                raise self._errors.pop(0)
+            pending = [st for st in self._order if st.position is None]
+            if pending:
+                await self._reset(pending, RESETS[self.auto_offset_reset])
+            records = self._drain(limit)
+            if records:
+                return records
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self._closed:
+                return []
+            self._wakeup.clear()
+            try:
+                async with asyncio.timeout(remaining):
+                    await self._wakeup.wait()
+            except TimeoutError:
+                return []
+
+    def _drain(self, limit: int) -> list[ConsumerRecord]:
+        """Take up to `limit` buffered records, round-robin over partitions, advancing positions."""
+        out: list[ConsumerRecord] = []
+        order = self._order
+        n = len(order)
+        if not n:
+            return out
+        start = self._rr % n
+        self._rr = start + 1
+        for i in range(n):
+            st = order[(start + i) % n]
+            while st.chunks and len(out) < limit:
+                chunk = st.chunks[0]
+                take = chunk[st.chunk_pos : st.chunk_pos + limit - len(out)]
+                out.extend(take)
+                st.chunk_pos += len(take)
+                st.position = take[-1].offset + 1
+                if st.chunk_pos >= len(chunk):
+                    st.chunks.popleft()
+                    st.chunk_pos = 0
+                    self._start_fetch(st)  # room for another prefetched response
+            if len(out) >= limit:
+                break
+        return out
+
+    def __aiter__(self) -> AsyncIterator[ConsumerRecord]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[ConsumerRecord]:
+        """One record at a time; positions advance per record, so a commit covers exactly what
+        the loop has seen. Ends when the consumer closes or after `iter_timeout_ms` idle."""
+        idle_ms = self.iter_timeout_ms
+        while not self._closed:
+            self._maybe_auto_commit()  # before taking the next record: it is not processed yet
+            got = self._drain(1)
+            if not got:
+                got = await self.poll(1000 if idle_ms is None else idle_ms, max_records=1)
+                if not got:
+                    if idle_ms is not None:
+                        return
+                    continue
+            yield got[0]
+
+    # ----------------------------------------------------------------------------------- fetching
+
+    def _start_fetch(self, st: _Assigned, *, from_timer: bool = False) -> None:
+        """Send the next fetch for `st` if it may have one now."""
+        if from_timer:
+            st.timer = None
+        if (
+            self._closed
+            or st.busy is not None
+            or st.timer is not None
+            or st.position is None
+            or len(st.chunks) > 1
+            or self._assigned.get(st.tp) is not st
+        ):
+            return
+        info = self._client.cached_topic(st.tp.topic)
+        if info is None:
+            token = st.busy = object()
+            self._spawn(self._refresh_then_fetch(st, token))
+            return
+        core = info.owners[st.tp.partition]
+        conn = self._client.connection_nowait(core, st.lane)
+        if conn is None:
+            token = st.busy = object()
+            self._spawn(self._connect_then_fetch(st, core, token))
+            return
+        wait = self.fetch_max_wait_ms if st.solo else 0
+        req = FetchRequest(
+            info.topic_id, st.tp.partition, st.fetch_offset, self.fetch_max_bytes, wait, self.fetch_min_bytes
+        )
+        try:
+            fut = conn.request_nowait(req, timeout=self.request_timeout + wait / 1000)
+        except BrokerUnavailable as exc:
+            self._fetch_failed(st, exc)
+            return
+        st.busy = fut
+        fut.add_done_callback(functools.partial(self._fetched, st, st.fetch_offset))
+
+    def _spawn(self, coro: object) -> None:
+        loop = self._loop_or_fail()
+        task = loop.create_task(coro)  # type: ignore[arg-type]
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _refresh_then_fetch(self, st: _Assigned, token: object) -> None:
+        try:
+            await self._client.topic(st.tp.topic)
+        except (RingLogError, BrokerUnavailable) as exc:
+            if st.busy is token:
+                self._fetch_failed(st, exc)
+            return
+        if st.busy is token:
+            st.busy = None
+            self._start_fetch(st)
+
+    async def _connect_then_fetch(self, st: _Assigned, core: int, token: object) -> None:
+        try:
+            await self._client.connection(core, st.lane)
+        except BrokerUnavailable as exc:
+            if st.busy is token:
+                self._fetch_failed(st, exc)
+            return
+        except ClientClosedError:
+            return
+        if st.busy is token:
+            st.busy = None
+            self._start_fetch(st)
+
+    def _fetched(self, st: _Assigned, offset: int, fut: asyncio.Future[Response]) -> None:
+        if st.busy is not fut or self._closed:
+            return  # a seek (or close) made this answer stale; the seek started a new fetch
+        st.busy = None
+        if fut.cancelled():
+            self._fetch_failed(st, BrokerUnavailable("fetch cancelled"))
+            return
+        exc = fut.exception()
+        if exc is not None:
+            self._fetch_failed(st, exc)
+            return
+        resp = fut.result()
+        if resp.error != ErrorCode.NONE:
+            self._fetch_failed(st, error_for(resp.error, resp.message))
+            return
+        assert isinstance(resp, FetchResponse)
+        st.errors = 0
+        st.high_watermark = resp.high_watermark
+        data = resp.records
+        if not data:
+            if st.solo:
+                self._start_fetch(st)  # long-poll again
+            else:
+                self._later(st, self.fetch_idle)
+            return
+        try:
+            records, next_offset = self._decode(st.tp, data, offset)
+        except BatchError as exc:
+            self._errors.append(
+                CorruptMessageError(
+                    ErrorCode.CORRUPT_MESSAGE, f"{st.tp.topic}/{st.tp.partition} near offset {offset}: {exc}"
+                )
+            )
+            self._later(st, self.retry_backoff_max)
+            self._wake()
+            return
+        if next_offset <= offset:  # only a partial batch: cannot happen with a conforming broker
+            self._errors.append(
+                CorruptMessageError(
+                    ErrorCode.CORRUPT_MESSAGE,
+                    f"{st.tp.topic}/{st.tp.partition}: no whole batch at offset {offset}",
+                )
+            )
+            self._later(st, self.retry_backoff_max)
+            self._wake()
+            return
+        st.fetch_offset = next_offset
+        if records:
+            st.chunks.append(records)
+            self._wake()
+        self._start_fetch(st)
+
+    def _decode(self, tp: TopicPartition, data: bytes, offset: int) -> tuple[list[ConsumerRecord], int]:
+        """Records at or after `offset` in `data` (the first batch may start before it), and the
+        offset after the last whole batch."""
+        topic, partition = tp
+        out: list[ConsumerRecord] = []
+        append = out.append
+        next_offset = offset
+        verify = self.check_crcs
+        for pos, h in iter_batches(data):
+            next_offset = h.base_offset + h.record_count
+            if next_offset <= offset:
+                continue
+            for r in decode_records(data, pos, verify):
+                if r.offset >= offset:
+                    append(ConsumerRecord(topic, partition, r.offset, r.timestamp, r.key, r.value, r.headers))  # type: ignore[arg-type]
+        return out, next_offset
+
+    def _fetch_failed(self, st: _Assigned, exc: BaseException) -> None:
+        st.busy = None
+        if self._closed:
+            return
+        if isinstance(exc, OffsetOutOfRangeError):
+            log.info(
+                "%s/%d: offset %d out of range; resetting to %s",
+                *st.tp,
+                st.fetch_offset,
+                self.auto_offset_reset,
+            )
+            st.seek(0)
+            st.position = None  # poll resets it
+            self._wake()
+            return
+        if isinstance(exc, UnknownTopicError | NotOwnerError):
+            self._client.invalidate(st.tp.topic)
+        st.errors += 1
+        retriable = isinstance(exc, BrokerUnavailable | NotOwnerError) or (
+            isinstance(exc, ClientError) and exc.retriable
+        )
+        if not retriable:
+            self._errors.append(exc)
+            self._wake()
+        log.debug("%s/%d: fetch failed: %s", *st.tp, exc)
+        self._later(st, backoff_delay(st.errors - 1, self.retry_backoff, self.retry_backoff_max))
+
+    def _later(self, st: _Assigned, delay: float) -> None:
+        loop = self._loop_or_fail()
+        if st.timer is not None:
+            st.timer.cancel()
+        st.timer = loop.call_later(delay, functools.partial(self._start_fetch, st, from_timer=True))
+
+    def _wake(self) -> None:
+        if self._wakeup is not None:
+            self._wakeup.set()
+
+
+def _commit_request(
+    topic_id: int, *, group: str, partition: int, offset: int, metadata: str
+) -> OffsetCommitRequest:
+    return OffsetCommitRequest(topic_id, partition, group, offset, metadata)
+
+
+class Consumer:
+    """The blocking consumer: an `AsyncConsumer` on an event loop in a daemon thread.
+
+    Same parameters as `AsyncConsumer`. Iterating (`for record in consumer`) polls and yields
+    records one by one until `close()` or, with `iter_timeout_ms`, until that long passes idle.
+    """
+
+    def __init__(self, bootstrap: str = DEFAULT_BOOTSTRAP, **config: object) -> None:
+        self._thread = LoopThread("ringlog-consumer")
+        try:
+            self._async: AsyncConsumer = self._thread.run(self._make(bootstrap, config))
+        except BaseException:
+            self._thread.stop()
+            raise
+        self._buffer: deque[ConsumerRecord] = deque()
+        self._closed = False
+
+    @staticmethod
+    async def _make(bootstrap: str, config: dict[str, object]) -> AsyncConsumer:
+        consumer = AsyncConsumer(bootstrap, **config)  # type: ignore[arg-type]
+        try:
+            await consumer.start()
+        except BaseException:
+            await consumer.close(commit=False)
+            raise
+        return consumer
+
+    def __enter__(self) -> Consumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _run(self, coro: object, timeout: float | None = None) -> object:
+        if self._closed:
+            raise ClientClosedError("the consumer is closed")
+        return self._thread.run(coro, timeout)  # type: ignore[arg-type]
+
+    @property
+    def group(self) -> str | None:
+        return self._async.group
+
+    def assign(self, partitions: Iterable[TPLike]) -> None:
+        self._run(self._async.assign(list(partitions)))
+
+    def subscribe(self, *topics: str) -> None:
+        self._run(self._async.subscribe(*topics))
+
+    def assignment(self) -> list[TopicPartition]:
+        return self._async.assignment()
+
+    def position(self, tp: TPLike) -> int | None:
+        return self._async.position(tp)
+
+    def highwater(self, tp: TPLike) -> int:
+        return self._async.highwater(tp)
+
+    def seek(self, tp: TPLike, offset: int) -> None:
+        self._buffer.clear()
+        self._thread.run(_call(self._async.seek, tp, offset))
+
+    def seek_to_beginning(self, *tps: TPLike) -> dict[TopicPartition, int]:
+        self._buffer.clear()
+        return self._run(self._async.seek_to_beginning(*tps))  # type: ignore[return-value]
+
+    def seek_to_end(self, *tps: TPLike) -> dict[TopicPartition, int]:
+        self._buffer.clear()
+        return self._run(self._async.seek_to_end(*tps))  # type: ignore[return-value]
+
+    def seek_to_timestamp(self, timestamp: int, *tps: TPLike) -> dict[TopicPartition, int]:
+        self._buffer.clear()
+        return self._run(self._async.seek_to_timestamp(timestamp, *tps))  # type: ignore[return-value]
+
+    def poll(self, timeout_ms: float = 1000, max_records: int | None = None) -> list[ConsumerRecord]:
+        return self._run(self._async.poll(timeout_ms, max_records))  # type: ignore[return-value]
+
+    def commit(self, offsets: Mapping[TPLike, int] | None = None, metadata: str = "") -> None:
+        self._run(self._async.commit(offsets, metadata))
+
+    def committed(self, tp: TPLike) -> int | None:
+        return self._run(self._async.committed(tp))  # type: ignore[return-value]
+
+    def __iter__(self) -> Iterator[ConsumerRecord]:
+        """Records one by one, polled `max_poll_records` at a time (one thread round trip per
+        poll, not per record). Positions advance per poll, so an explicit `commit()` in the middle
+        of a polled batch covers the rest of the batch too; auto-commit runs inside the next poll,
+        after the whole batch was iterated, and stays at-least-once."""
+        idle_ms = self._async.iter_timeout_ms
+        while not self._closed:
+            if not self._buffer:
+                got = self.poll(1000 if idle_ms is None else idle_ms)
+                if not got:
+                    if idle_ms is not None:
+                        return
+                    continue
+                self._buffer.extend(got)
+            yield self._buffer.popleft()
+
+    def close(self, *, commit: bool | None = None, timeout: float | None = 30.0) -> None:
+        if self._closed:
+            return
+        try:
+            self._thread.run(self._async.close(commit=commit), timeout)
+        finally:
+            self._closed = True
+            self._thread.stop()
+
+
+async def _call(fn: object, *args: object) -> object:
+    return fn(*args)  # type: ignore[operator]

@@ -1,0 +1,191 @@
+"""The exceptions the client raises.
+
+Two families, because they call for different reactions:
+
+- `RingLogError(code, message)`: the broker *answered* with an error code. One subclass per common
+  `ErrorCode` so callers can write `except UnknownTopicError`; `.code` keeps the wire code and
+  `.retriable` says whether the same request may succeed later unchanged (`ErrorCode.retriable`).
+- `BrokerUnavailable`: no answer at all (refused, reset, closed, timed out). A `ConnectionError`, so
+  code that already handles socket trouble handles it, and retriable: it says nothing about the
+  request, only about the path to the broker.
+
+Everything derives from `ClientError`, so `except ClientError` catches whatever this package raises.
+"""
+
+from __future__ import annotations
+
+from ringlog_proto.messages import ErrorCode
+
+
+class ClientError(Exception):
+    """Base of every exception raised by `broker.client`."""
+
+    retriable: bool = False
+
+
+class RingLogError(ClientError):
+    """An error response from the broker: `code` is the wire `ErrorCode`, `message` its detail."""
+
+    def __init__(self, code: ErrorCode | int, message: str = "") -> None:
+        try:
+            self.code = ErrorCode(code)
+        except ValueError:  # a code newer than this client: the protocol says treat it as unknown
+            self.code = ErrorCode.UNKNOWN_SERVER_ERROR
+        self.message = message
+        text = f"{self.code.name} ({int(self.code)})"
+        super().__init__(f"{text}: {message}" if message else text)
+
+    @property
+    def retriable(self) -> bool:  # type: ignore[override]  # a property over the class default
+        return self.code.retriable
+
+    def __reduce__(self) -> tuple[type, tuple[ErrorCode, str]]:
+        return (type(self), (self.code, self.message))
+
+
+class UnknownServerError(RingLogError):
+    pass
+
+
+class InvalidRequestError(RingLogError):
+    pass
+
+
+class UnsupportedVersionError(RingLogError):
+    pass
+
+
+class UnknownTopicError(RingLogError):
+    """UNKNOWN_TOPIC_OR_PARTITION: no such topic name or id, or no such partition index."""
+
+
+class TopicExistsError(RingLogError):
+    pass
+
+
+class InvalidTopicError(RingLogError):
+    pass
+
+
+class InvalidConfigError(RingLogError):
+    pass
+
+
+class CorruptMessageError(RingLogError):
+    pass
+
+
+class MessageTooLargeError(RingLogError):
+    pass
+
+
+class OffsetOutOfRangeError(RingLogError):
+    pass
+
+
+class BrokerStorageError(RingLogError):
+    """STORAGE_ERROR: the broker's disk failed, or stored data is damaged. Retriable."""
+
+
+class RequestTimedOutError(RingLogError):
+    pass
+
+
+class OutOfOrderSequenceError(RingLogError):
+    pass
+
+
+class InvalidGroupError(RingLogError):
+    pass
+
+
+class NotOwnerError(RingLogError):
+    pass
+
+
+class BrokerShuttingDownError(RingLogError):
+    pass
+
+
+ERROR_CLASSES: dict[ErrorCode, type[RingLogError]] = {
+    ErrorCode.UNKNOWN_SERVER_ERROR: UnknownServerError,
+    ErrorCode.INVALID_REQUEST: InvalidRequestError,
+    ErrorCode.UNSUPPORTED_VERSION: UnsupportedVersionError,
+    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION: UnknownTopicError,
+    ErrorCode.TOPIC_ALREADY_EXISTS: TopicExistsError,
+    ErrorCode.INVALID_TOPIC: InvalidTopicError,
+    ErrorCode.INVALID_CONFIG: InvalidConfigError,
+    ErrorCode.CORRUPT_MESSAGE: CorruptMessageError,
+    ErrorCode.MESSAGE_TOO_LARGE: MessageTooLargeError,
+    ErrorCode.OFFSET_OUT_OF_RANGE: OffsetOutOfRangeError,
+    ErrorCode.STORAGE_ERROR: BrokerStorageError,
+    ErrorCode.REQUEST_TIMED_OUT: RequestTimedOutError,
+    ErrorCode.OUT_OF_ORDER_SEQUENCE: OutOfOrderSequenceError,
+    ErrorCode.INVALID_GROUP: InvalidGroupError,
+    ErrorCode.NOT_OWNER: NotOwnerError,
+    ErrorCode.BROKER_SHUTTING_DOWN: BrokerShuttingDownError,
+}
+
+
+def error_for(code: ErrorCode | int, message: str = "") -> RingLogError:
+    """The exception for an error response: the code's own class, or `RingLogError` for a code
+    this table does not name (so a new broker error never goes unraised)."""
+    try:
+        key = ErrorCode(code)
+    except ValueError:
+        key = ErrorCode.UNKNOWN_SERVER_ERROR
+    return ERROR_CLASSES.get(key, RingLogError)(key, message)
+
+
+class BrokerUnavailable(ClientError, ConnectionError):
+    """No response: the connection could not be made, was lost, or the request timed out on it.
+
+    Raised for every request that was in flight on a connection when it failed: whether the broker
+    acted on such a request is unknown (an idempotent producer retries it safely).
+    """
+
+    retriable = True
+
+
+class ClientClosedError(ClientError):
+    """The client (producer, consumer, admin) was closed; it accepts no more work."""
+
+
+class DeliveryTimeoutError(ClientError, TimeoutError):
+    """A record was not acknowledged within `delivery_timeout_ms` (retries included).
+
+    `__cause__` is the last error seen while retrying, when there was one.
+    """
+
+
+class ProtocolViolation(ClientError):
+    """The broker sent something this client cannot make sense of (a response to no request, a
+    body that does not parse). The connection is closed: its state cannot be trusted."""
+
+
+__all__ = [
+    "ERROR_CLASSES",
+    "BrokerShuttingDownError",
+    "BrokerStorageError",
+    "BrokerUnavailable",
+    "ClientClosedError",
+    "ClientError",
+    "CorruptMessageError",
+    "DeliveryTimeoutError",
+    "InvalidConfigError",
+    "InvalidGroupError",
+    "InvalidRequestError",
+    "InvalidTopicError",
+    "MessageTooLargeError",
+    "NotOwnerError",
+    "OffsetOutOfRangeError",
+    "OutOfOrderSequenceError",
+    "ProtocolViolation",
+    "RequestTimedOutError",
+    "RingLogError",
+    "TopicExistsError",
+    "UnknownServerError",
+    "UnknownTopicError",
+    "UnsupportedVersionError",
+    "error_for",
+]

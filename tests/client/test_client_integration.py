@@ -1,0 +1,372 @@
+"""The client against a real `broker serve` process (see conftest.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import pytest
+from clientbroker import Broker
+
+from broker.client import (
+    Admin,
+    AsyncAdmin,
+    AsyncConnection,
+    AsyncConsumer,
+    AsyncProducer,
+    Consumer,
+    ConsumerRecord,
+    InvalidTopicError,
+    Producer,
+    TopicExistsError,
+    UnknownTopicError,
+)
+from ringlog_proto import messages as m
+from ringlog_proto.batch import decode_batches, encode_batch
+
+T = TypeVar("T")
+TS0 = 1_700_000_000_000
+
+
+def arun(coro_fn: Callable[[], Awaitable[T]], timeout: float = 60) -> T:
+    async def main() -> T:
+        return await asyncio.wait_for(coro_fn(), timeout)
+
+    return asyncio.run(main())
+
+
+def create(broker: Broker, name: str, partitions: int = 1) -> int:
+    with Admin(broker.bootstrap) as admin:
+        return admin.create_topic(name, partitions)
+
+
+def consume_all(broker: Broker, topic: str, expected: int, **config: object) -> list[ConsumerRecord]:
+    out: list[ConsumerRecord] = []
+    with Consumer(broker.bootstrap, auto_offset_reset="earliest", **config) as c:  # type: ignore[arg-type]
+        c.subscribe(topic)
+        deadline = time.monotonic() + 20
+        while len(out) < expected and time.monotonic() < deadline:
+            out.extend(c.poll(500))
+    return out
+
+
+# ----------------------------------------------------------------------------------- round trips
+
+
+def test_round_trip_in_order_with_keys_headers_timestamps(broker: Broker) -> None:
+    create(broker, "orders", 4)
+    sent = []
+    with Producer(broker.bootstrap, linger_ms=2) as p:
+        futs = []
+        for i in range(400):
+            key = f"customer-{i % 13}".encode()
+            headers = [("trace", f"t{i}".encode()), ("empty", None)]
+            futs.append(p.send("orders", f"order-{i}".encode(), key=key, headers=headers, timestamp=TS0 + i))
+            sent.append((key, f"order-{i}".encode(), TS0 + i))
+        p.flush()
+        mds = [f.result(10) for f in futs]
+    assert len({md.partition for md in mds}) > 1
+    for part in range(4):
+        offsets = [md.offset for md in mds if md.partition == part]
+        assert offsets == list(range(len(offsets)))  # dense and in send order
+    assert all(md.timestamp == TS0 + i for i, md in enumerate(mds))
+
+    got = consume_all(broker, "orders", 400)
+    assert len(got) == 400
+    by_key: dict[bytes, list[ConsumerRecord]] = {}
+    for r in got:
+        assert r.key is not None
+        by_key.setdefault(r.key, []).append(r)
+    for key, recs in by_key.items():
+        expect = [(k, v, ts) for k, v, ts in sent if k == key]
+        assert [(r.key, r.value, r.timestamp) for r in recs] == expect  # per-key order
+        assert len({r.partition for r in recs}) == 1
+    first = next(r for r in got if r.value == b"order-0")
+    assert list(first.headers) == [("trace", b"t0"), ("empty", None)]
+
+
+def test_async_round_trip_and_async_iteration(broker: Broker) -> None:
+    async def body() -> None:
+        async with AsyncAdmin(broker.bootstrap) as admin:
+            await admin.create_topic("events", 3)
+        async with AsyncProducer(broker.bootstrap) as p:
+            futs = [await p.send("events", f"{i}".encode(), partition=i % 3) for i in range(300)]
+            await p.flush()
+            assert all(f.done() and not f.exception() for f in futs)
+        seen: dict[int, list[int]] = {0: [], 1: [], 2: []}
+        async with AsyncConsumer(broker.bootstrap, auto_offset_reset="earliest", iter_timeout_ms=1000) as c:
+            await c.subscribe("events")
+            async for rec in c:
+                assert rec.value is not None
+                seen[rec.partition].append(int(rec.value))
+        for part, values in seen.items():
+            assert values == list(range(part, 300, 3))
+
+    arun(body)
+
+
+@pytest.mark.parametrize("acks", [0, 1, 2])
+def test_acks(broker: Broker, acks: int) -> None:
+    create(broker, "acks")
+    with Producer(broker.bootstrap, acks=acks) as p:
+        futs = [p.send("acks", f"{i}".encode()) for i in range(50)]
+        p.flush()
+        mds = [f.result(10) for f in futs]
+    if acks == 0:
+        assert all(md.offset == -1 for md in mds)  # the broker says nothing
+    else:
+        assert [md.offset for md in mds] == list(range(50))
+    got = consume_all(broker, "acks", 50)
+    assert [r.value for r in got] == [f"{i}".encode() for i in range(50)]
+
+
+# ----------------------------------------------------------------------------------- seeking
+
+
+def test_seek_to_beginning_end_and_timestamp(broker: Broker) -> None:
+    create(broker, "seek")
+    with Producer(broker.bootstrap, linger_ms=0) as p:
+        for i in range(10):
+            p.send("seek", f"{i}".encode(), timestamp=TS0 + i * 1000).result(10)
+    tp = ("seek", 0)
+    with Consumer(broker.bootstrap, auto_offset_reset="latest") as c:
+        c.assign([tp])
+        assert c.position(tp) == 10  # latest
+        assert c.poll(200) == []
+        assert c.seek_to_beginning() == {tp: 0}
+        assert [r.offset for r in c.poll(2000, max_records=3)] == [0, 1, 2]
+        assert c.position(tp) == 3
+        assert c.seek_to_timestamp(TS0 + 6500) == {tp: 7}  # first record at or after it
+        assert [r.value for r in c.poll(2000)] == [b"7", b"8", b"9"]
+        assert c.seek_to_timestamp(TS0) == {tp: 0}
+        assert c.seek_to_timestamp(TS0 + 10**9) == {tp: 10}  # none that late: the end
+        c.seek(tp, 4)
+        assert [r.offset for r in c.poll(2000, max_records=2)] == [4, 5]
+        assert c.seek_to_end() == {tp: 10}
+        assert c.poll(200) == []
+
+
+def test_offset_out_of_range_resets_per_policy(broker: Broker) -> None:
+    create(broker, "oor")
+    with Producer(broker.bootstrap) as p:
+        for i in range(5):
+            p.send("oor", f"{i}".encode())
+    with Consumer(broker.bootstrap, auto_offset_reset="earliest") as c:
+        c.assign([("oor", 0)])
+        c.seek(("oor", 0), 1000)  # past the end: the broker answers OFFSET_OUT_OF_RANGE
+        got = []
+        deadline = time.monotonic() + 10
+        while len(got) < 5 and time.monotonic() < deadline:
+            got.extend(c.poll(500))
+        assert [r.offset for r in got] == [0, 1, 2, 3, 4]
+
+
+# ----------------------------------------------------------------------------------- groups
+
+
+def test_group_commit_then_a_new_consumer_resumes(broker: Broker) -> None:
+    create(broker, "jobs", 2)
+    with Producer(broker.bootstrap) as p:
+        for i in range(20):
+            p.send("jobs", f"{i}".encode(), partition=i % 2)
+    config = {"group": "workers", "auto_offset_reset": "earliest", "enable_auto_commit": False}
+    with Consumer(broker.bootstrap, **config) as c:
+        c.subscribe("jobs")
+        assert c.committed(("jobs", 0)) is None
+        first = []
+        while len(first) < 6:
+            first.extend(c.poll(2000, max_records=6 - len(first)))
+        c.commit()
+        positions = {tp: c.position(tp) for tp in c.assignment()}
+        assert sum(positions.values()) == 6  # type: ignore[arg-type]
+        assert {tp: c.committed(tp) for tp in c.assignment()} == positions
+    with Consumer(broker.bootstrap, group="workers", auto_offset_reset="earliest") as c2:
+        c2.subscribe("jobs")
+        assert {tp: c2.position(tp) for tp in c2.assignment()} == positions  # resumed
+        rest = []
+        while len(rest) < 14:
+            got = c2.poll(2000)
+            assert got, "no records"
+            rest.extend(got)
+    seen = {(r.partition, r.offset) for r in first} | {(r.partition, r.offset) for r in rest}
+    assert len(seen) == 20 and len(first) + len(rest) == 20  # nothing twice, nothing lost
+    with Consumer(broker.bootstrap, group="workers") as c3:  # c2 auto-committed on close
+        c3.subscribe("jobs")
+        assert {tp: c3.committed(tp) for tp in c3.assignment()} == {("jobs", 0): 10, ("jobs", 1): 10}
+
+
+def test_new_group_without_commit_starts_per_reset_policy(broker: Broker) -> None:
+    create(broker, "fresh")
+    with Producer(broker.bootstrap) as p:
+        p.send("fresh", b"old").result(10)
+    with Consumer(broker.bootstrap, group="late", auto_offset_reset="latest") as c:
+        c.assign([("fresh", 0)])
+        assert c.position(("fresh", 0)) == 1
+    with Consumer(broker.bootstrap, group="early", auto_offset_reset="earliest") as c:
+        c.assign([("fresh", 0)])
+        assert [r.value for r in c.poll(2000)] == [b"old"]
+
+
+# ----------------------------------------------------------------------------------- long poll
+
+
+def test_long_poll_wakes_on_data_not_the_deadline(broker: Broker) -> None:
+    create(broker, "quiet")
+    consumer = Consumer(broker.bootstrap, fetch_max_wait_ms=5000)
+    with consumer as c, Producer(broker.bootstrap, linger_ms=0) as p:
+        c.assign([("quiet", 0)])
+        assert c.poll(300) == []  # nothing there: a fetch is now parked on the broker
+        sent_at: list[float] = []
+
+        def send_later() -> None:
+            time.sleep(0.3)
+            sent_at.append(time.monotonic())
+            p.send("quiet", b"wake up").result(5)
+
+        t = threading.Thread(target=send_later)
+        t.start()
+        t0 = time.monotonic()
+        got = c.poll(2000)
+        returned = time.monotonic()
+        t.join()
+    assert [r.value for r in got] == [b"wake up"]
+    assert returned - t0 < 1.5
+    assert returned - sent_at[0] < 0.5, "the poll slept instead of waking on the new record"
+
+
+def test_idle_partition_does_not_delay_a_busy_one(broker: Broker) -> None:
+    """The broker answers a connection's requests in order, so a long-polling fetch for an idle
+    partition would hold back a busy partition's answer on the same connection: the consumer
+    fetches each partition on a connection of its own."""
+    create(broker, "mixed", 2)
+    consumer = Consumer(broker.bootstrap, fetch_max_wait_ms=5000)
+    with consumer as c, Producer(broker.bootstrap, linger_ms=0) as p:
+        c.assign([("mixed", 0), ("mixed", 1)])
+        assert c.poll(300) == []  # both fetches parked
+        p.send("mixed", b"busy", partition=1).result(5)
+        t0 = time.monotonic()
+        got = c.poll(3000)
+        assert [r.value for r in got] == [b"busy"]
+        assert time.monotonic() - t0 < 1.0
+
+
+def test_partitions_sharing_a_fetch_connection_do_not_long_poll(broker: Broker) -> None:
+    """With fewer fetch connections than partitions, the partitions sharing one poll it every
+    fetch_idle_ms instead of parking a long poll there; new data still arrives promptly."""
+    create(broker, "shared", 3)
+    consumer = Consumer(broker.bootstrap, fetch_max_wait_ms=5000, fetch_idle_ms=50, max_fetch_connections=1)
+    with consumer as c, Producer(broker.bootstrap, linger_ms=0) as p:
+        c.assign([("shared", 0), ("shared", 1), ("shared", 2)])
+        assert c.poll(300) == []
+        for part in (2, 0):
+            p.send("shared", f"to {part}".encode(), partition=part).result(5)
+            t0 = time.monotonic()
+            got = c.poll(3000)
+            assert [r.value for r in got] == [f"to {part}".encode()]
+            assert time.monotonic() - t0 < 1.0
+
+
+# ----------------------------------------------------------------------------------- idempotence
+
+
+def test_same_batch_sent_twice_is_stored_once(broker: Broker) -> None:
+    topic_id = create(broker, "idem")
+
+    async def body() -> None:
+        conn = await AsyncConnection.connect("127.0.0.1", broker.port)
+        batch = encode_batch([b"a", b"b"], producer_id=4242, producer_epoch=0, base_sequence=0)
+        req = m.ProduceRequest(topic_id, 0, m.Acks.WRITTEN, 5000, batch)
+        first = await conn.request(req)
+        again = await conn.request(req)  # a retry: same producer id, epoch and sequence
+        assert isinstance(first, m.ProduceResponse) and isinstance(again, m.ProduceResponse)
+        assert (first.base_offset, first.end_offset) == (0, 2)
+        assert (again.base_offset, again.end_offset) == (0, 2)  # the original offsets
+        nxt = encode_batch([b"c"], producer_id=4242, producer_epoch=0, base_sequence=2)
+        third = await conn.request(m.ProduceRequest(topic_id, 0, m.Acks.WRITTEN, 5000, nxt))
+        assert isinstance(third, m.ProduceResponse) and third.base_offset == 2
+        fetched = await conn.request(m.FetchRequest(topic_id, 0, 0, 1 << 20, 0))
+        assert isinstance(fetched, m.FetchResponse)
+        assert [r.value for r in decode_batches(fetched.records)] == [b"a", b"b", b"c"]
+        assert fetched.high_watermark == 3
+        await conn.close()
+
+    arun(body)
+
+
+def test_producer_survives_a_broker_restart_without_duplicates(broker: Broker) -> None:
+    """Kill -9 the broker under a producer that is sending (acks=1: what was acknowledged is in
+    the page cache), restart it: the producer retries the batches that were in flight with the
+    same bytes, and the log holds every record exactly once, in order per key."""
+    create(broker, "restart", 2)
+    n = 6000
+    futs = []
+    with Producer(broker.bootstrap, retry_backoff_ms=50, linger_ms=1, batch_bytes=2048) as p:
+
+        def send_all() -> None:
+            for i in range(n):
+                futs.append(p.send("restart", f"{i}".encode(), key=f"k{i % 5}".encode()))
+                if i % 20 == 0:
+                    time.sleep(0.001)  # a steady stream, so that batches are in flight at the kill
+
+        sender = threading.Thread(target=send_all)
+        sender.start()
+        while len(futs) < n // 3:
+            time.sleep(0.001)
+        futs[n // 4].result(10)
+        broker.kill()
+        in_flight_at_kill = sum(not f.done() for f in futs)
+        time.sleep(0.2)
+        broker.start()
+        sender.join()
+        p.flush(60)
+        mds = [f.result(1) for f in futs]
+    assert in_flight_at_kill > 0
+    got = consume_all(broker, "restart", n)
+    assert sorted(int(r.value or b"-1") for r in got) == list(range(n))  # each record exactly once
+    by_key: dict[bytes | None, list[int]] = {}
+    for r in sorted(got, key=lambda r: (r.partition, r.offset)):
+        by_key.setdefault(r.key, []).append(int(r.value or b"-1"))
+    assert all(v == sorted(v) for v in by_key.values())  # per-key order kept across the restart
+    assert len({(md.partition, md.offset) for md in mds}) == n
+
+
+# ----------------------------------------------------------------------------------- admin
+
+
+def test_admin(broker: Broker) -> None:
+    with Admin(broker.bootstrap) as admin:
+        versions = admin.api_versions()
+        assert versions.cores >= 1
+        assert {a.api_key for a in versions.apis} >= {int(k) for k in m.ApiKey}
+        tid = admin.create_topic("a-topic", 3, retention_ms=3_600_000, retention_bytes=-2)
+        assert tid > 0
+        with pytest.raises(TopicExistsError):
+            admin.create_topic("a-topic", 1)
+        with pytest.raises(InvalidTopicError):
+            admin.create_topic("bad name!", 1)
+        assert "a-topic" in admin.list_topics()
+    with Producer(broker.bootstrap) as p:
+        for i in range(7):
+            p.send("a-topic", b"x", partition=i % 2)
+    with Admin(broker.bootstrap) as admin:
+        d = admin.describe_topic("a-topic")
+        assert (d.name, d.topic_id, d.retention_ms, d.retention_bytes) == ("a-topic", tid, 3_600_000, -2)
+        offsets = [(p.partition, p.start_offset, p.end_offset) for p in d.partitions]
+        assert offsets == [(0, 0, 4), (1, 0, 3), (2, 0, 0)]
+        assert all(0 <= p.owner_core < d.cores for p in d.partitions)
+        admin.delete_topic("a-topic")
+        assert "a-topic" not in admin.list_topics()
+        with pytest.raises(UnknownTopicError):
+            admin.describe_topic("a-topic")
+        with pytest.raises(UnknownTopicError):
+            admin.delete_topic("a-topic")
+
+
+def test_send_to_unknown_topic_fails_the_future(broker: Broker) -> None:
+    with Producer(broker.bootstrap) as p:
+        fut = p.send("nope", b"x")
+        with pytest.raises(UnknownTopicError):
+            fut.result(10)
