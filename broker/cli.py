@@ -9,6 +9,7 @@ engine alone.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -26,7 +27,7 @@ from ringlog_proto.batch import BatchError, Record, decode_batches, encode_batch
 def cmd_demo(args: argparse.Namespace) -> int:
     path = os.path.join(args.data_dir, "demo-0")
     config = LogConfig(segment_bytes=args.segment_bytes)
-    print(f"ringlog storage demo (the network broker is not built yet): partition log in {path}")
+    print(f"ringlog storage demo (the storage engine alone, no server): partition log in {path}")
     log = Log.open(path, config)
     print(f"opened: offsets [{log.start_offset}, {log.end_offset}), {len(log.segments)} segment(s)")
     value = b"v" * args.record_bytes
@@ -127,14 +128,30 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 CLIENT_COMMANDS = ("topics", "produce", "consume")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+class LogfmtFormatter(logging.Formatter):
+    """One `key=value` line per event (logfmt), so that logs can be filtered and parsed."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+        msg = record.getMessage()
+        if record.exc_info:
+            msg += "\n" + self.formatException(record.exc_info)
+        return (
+            f"ts={ts}.{int(record.msecs):03d}Z level={record.levelname.lower()} pid={record.process}"
+            f" logger={record.name} msg={json.dumps(msg)}"
+        )
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="broker", description=__doc__.split("\n")[0])
-    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
+    parser.add_argument("--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS)
     parser.add_argument("--version", action="version", version=f"ringlog broker {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run a broker")
+    serve.add_argument("--log-level", default=argparse.SUPPRESS, type=str.upper, choices=LOG_LEVELS)
     serve.add_argument("--data-dir", default="./data", help="where topics live (default ./data)")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=9092, help="TCP port (default 9092)")
@@ -161,11 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(LogfmtFormatter())
+    logging.basicConfig(level=args.log_level, handlers=[handler])
     if args.command in CLIENT_COMMANDS:
         return run_client_command(args)
     try:

@@ -259,3 +259,33 @@ def test_port_in_use_is_a_clear_error(broker: BrokerProcess, tmp_path) -> None:
     )
     assert out.returncode == 1
     assert "cannot serve" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_live_fuzz_random_bodies_and_bytes_leave_the_broker_serving(
+    broker: BrokerProcess, wire: Wire
+) -> None:
+    """Valid headers with random bodies for every api, then raw random bytes: each answered with
+    an error or closed, and the broker serves correctly afterwards."""
+    import random
+
+    rng = random.Random(1234)
+    tid = wire.create_topic("fuzz", 2)
+    fuzz = Wire(broker.port)
+    for i in range(300):
+        api = rng.choice(sorted(m.REQUEST_TYPES))
+        body = bytes(rng.getrandbits(8) for _ in range(rng.randrange(0, 80)))
+        fuzz.sock.sendall(encode_frame(api, 1, i, body, topic_id=tid, partition=rng.randrange(3)))
+        frame = fuzz.recv_frame()
+        assert frame.correlation_id == i and frame.is_response
+        m.decode_response(frame)  # whatever it says, it is a well-formed answer
+    fuzz.close()
+    for _ in range(20):
+        g = Wire(broker.port)
+        g.sock.sendall(bytes(rng.getrandbits(8) for _ in range(rng.randrange(1, 200))))
+        g.sock.shutdown(1)
+        g.closed_by_peer()
+        g.close()
+    resp = wire.rpc(m.ProduceRequest(tid, 0, m.Acks.WRITTEN, 1000, encode_batch([b"still here"])))
+    assert resp.error == m.ErrorCode.NONE
+    assert b"still here" in [r.value for r in fetch_all(wire, tid, 0)]
+    assert "Traceback" not in broker.log()
