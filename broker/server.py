@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
 import os
 import signal
@@ -311,8 +312,40 @@ class Server:
                 log.info("retention deleted %d segment(s)", deleted)
 
 
+# glibc malloc: request bodies of up to a frame (8 MiB) come and go with every produce. By default
+# glibc serves blocks over 128 KiB with mmap and trims the heap top past 128 KiB, so each large
+# request costs page faults and brk calls (measured: a fresh broker ingests 1 KiB records at about
+# a third of the rate it reaches once glibc has raised its thresholds by itself). Fixing them from
+# the start keeps those pages in the heap for reuse.
+M_TRIM_THRESHOLD = -1
+M_TOP_PAD = -2
+M_MMAP_THRESHOLD = -3
+MALLOC_MMAP_THRESHOLD_BYTES = 16 * 1024 * 1024  # above the largest frame: frames stay on the heap
+MALLOC_TRIM_THRESHOLD_BYTES = 64 * 1024 * 1024  # free memory kept before returning it to the OS
+MALLOC_TOP_PAD_BYTES = 16 * 1024 * 1024
+
+
+def tune_malloc() -> bool:
+    """Set glibc's malloc thresholds (see above). False where there is no glibc (musl, macOS)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        ok = all(
+            libc.mallopt(param, value) == 1
+            for param, value in (
+                (M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD_BYTES),
+                (M_TRIM_THRESHOLD, MALLOC_TRIM_THRESHOLD_BYTES),
+                (M_TOP_PAD, MALLOC_TOP_PAD_BYTES),
+            )
+        )
+    except (OSError, AttributeError):
+        return False
+    return ok
+
+
 def run(config: BrokerConfig, ready: Callable[[int], None] | None = None) -> None:
     """Run a broker until a signal stops it, on uvloop when it is installed."""
+    if not tune_malloc():
+        log.info("glibc malloc tuning unavailable; large requests will cost more page faults")
     try:
         import uvloop  # noqa: PLC0415 - optional: the portable fallback is plain asyncio
 

@@ -518,9 +518,25 @@ class AsyncConsumer:
         """One record at a time; positions advance per record, so a commit covers exactly what
         the loop has seen. Ends when the consumer closes or after `iter_timeout_ms` idle."""
         idle_ms = self.iter_timeout_ms
+        current: _Assigned | None = None  # stay on one fetched chunk while it lasts
         while not self._closed:
             self._maybe_auto_commit()  # before taking the next record: it is not processed yet
+            if current is not None and current.chunks:
+                # The per-record fast path: no round robin, no list, one position update.
+                chunk = current.chunks[0]
+                rec = chunk[current.chunk_pos]
+                current.chunk_pos += 1
+                current.position = rec.offset + 1
+                if current.chunk_pos >= len(chunk):
+                    current.chunks.popleft()
+                    current.chunk_pos = 0
+                    self._start_fetch(current)  # room for another prefetched response
+                    current = None  # next chunk: give the other partitions their turn
+                yield rec
+                continue
             got = self._drain(1)
+            if got:
+                current = self._assigned.get(TopicPartition(got[0].topic, got[0].partition))
             if not got:
                 got = await self.poll(1000 if idle_ms is None else idle_ms, max_records=1)
                 if not got:
