@@ -439,8 +439,17 @@ class AsyncProducer:
         partition: int | None = None,
         timestamp: int | None = None,
     ) -> RecordMetadata:
-        """Send one record and wait for its acknowledgement (slow: no batching across calls)."""
+        """Send one record and wait for its acknowledgement (slow: no batching across calls).
+
+        The caller waits for this one record, so its batch goes out now rather than at the end
+        of the linger (or, with linger_ms=0, one loop turn later): that turn is latency.
+        """
         fut = await self.send(topic, value, key, headers, partition, timestamp)
+        for ps in self._parts.values():
+            if ps.open is not None and not ps.open.ready and ps.open.futures and ps.open.futures[-1] is fut:
+                ps.open.ready = True
+                self._pump(ps)
+                break
         return await fut
 
     async def wait_for_space(self) -> None:
