@@ -51,13 +51,13 @@ import os
 import platform
 import pstats
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchlib import REPO, code_version, fs_of, size_label, table
 from crc32c import crc32c
 
 from broker.storage.fileio import SyncFileIO
@@ -86,8 +86,6 @@ POOL_BYTES = 64 * MIB
 ROUNDS = 3
 TIMESTAMP = 1_700_000_000_000
 TARGET_RATIO = 0.80  # the issue's goal: 256 KiB appends at >= 80% of the raw write rate
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 def log_config() -> LogConfig:
@@ -138,14 +136,6 @@ class Workload:
     @property
     def label(self) -> str:
         return f"{size_label(self.batch_target)} / {size_label(self.record_size)} records"
-
-
-def size_label(n: int) -> str:
-    if n >= MIB and n % MIB == 0:
-        return f"{n // MIB} MiB"
-    if n >= KIB and n % KIB == 0:
-        return f"{n // KIB} KiB"
-    return f"{n} B"
 
 
 def records_fitting(batch_bytes: int, per_record: int) -> int:
@@ -416,53 +406,6 @@ def rate(nbytes: float, seconds: float) -> str:
 
 def count_rate(n: float, seconds: float) -> str:
     return f"{n / seconds:,.0f}"
-
-
-def code_version() -> str:
-    """The commit measured, and whether the engine's files differ from it."""
-    try:
-        head = subprocess.run(
-            ["git", "-C", str(REPO), "log", "-1", "--format=%h %s"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(REPO), "status", "--porcelain", "--", "broker", "ringlog_proto"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown (not a git checkout)"
-    return head + (" + uncommitted changes in broker/ or ringlog_proto/" if dirty else "")
-
-
-def fs_of(path: str) -> str:
-    """'type (device)' of the file system holding `path`, from /proc/self/mounts."""
-    real = os.path.realpath(path)
-    best = ("", "unknown", "?")
-    try:
-        with open("/proc/self/mounts") as f:
-            for line in f:
-                dev, mnt, fstype = line.split()[:3]
-                mnt = mnt.replace("\\040", " ")
-                inside = real == mnt or real.startswith(mnt.rstrip("/") + "/")
-                if inside and len(mnt) >= len(best[0]):
-                    best = (mnt, fstype, dev)
-    except OSError:
-        pass
-    return f"{best[1]} ({best[2]} on {best[0] or '?'})"
-
-
-def table(header: list[str], rows: list[list[str]], labels: int = 2) -> None:
-    """Print rows under a header; the first `labels` columns left-aligned, numbers right-aligned."""
-    widths = [max(len(header[i]), *(len(r[i]) for r in rows)) for i in range(len(header))]
-    fmt = [(str.ljust if i < labels else str.rjust) for i in range(len(header))]
-    print("  " + "  ".join(fmt[i](h, widths[i]) for i, h in enumerate(header)))
-    print("  " + "  ".join("-" * w for w in widths))
-    for r in rows:
-        print("  " + "  ".join(fmt[i](c, widths[i]) for i, c in enumerate(r)))
 
 
 def io_row(r: IOResult, seconds: float, records: int, raw_seconds: float) -> list[str]:

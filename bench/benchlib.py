@@ -1,0 +1,70 @@
+"""What the benchmarks share: table printing and the facts every run prints about itself.
+
+Imported by bench/storage.py and bench/e2e.py, which run as scripts from the repository root
+(`python bench/x.py` puts bench/ on sys.path).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+KIB = 1024
+MIB = 1024 * KIB
+REPO = Path(__file__).resolve().parent.parent
+
+
+def size_label(n: int) -> str:
+    if n >= MIB and n % MIB == 0:
+        return f"{n // MIB} MiB"
+    if n >= KIB and n % KIB == 0:
+        return f"{n // KIB} KiB"
+    return f"{n} B"
+
+
+def table(header: list[str], rows: list[list[str]], labels: int = 2) -> None:
+    """Print rows under a header; the first `labels` columns left-aligned, numbers right-aligned."""
+    widths = [max(len(header[i]), *(len(r[i]) for r in rows)) for i in range(len(header))]
+    fmt = [(str.ljust if i < labels else str.rjust) for i in range(len(header))]
+    print("  " + "  ".join(fmt[i](h, widths[i]) for i, h in enumerate(header)))
+    print("  " + "  ".join("-" * w for w in widths))
+    for r in rows:
+        print("  " + "  ".join(fmt[i](c, widths[i]) for i, c in enumerate(r)))
+
+
+def code_version() -> str:
+    """The commit measured, and whether the broker's or client's files differ from it."""
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(REPO), "log", "-1", "--format=%h %s"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(REPO), "status", "--porcelain", "--", "broker", "ringlog_proto"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (not a git checkout)"
+    return head + (" + uncommitted changes in broker/ or ringlog_proto/" if dirty else "")
+
+
+def fs_of(path: str) -> str:
+    """'type (device on mount point)' of the file system holding `path`, from /proc/self/mounts."""
+    real = os.path.realpath(path)
+    best = ("", "unknown", "?")
+    try:
+        with open("/proc/self/mounts") as f:
+            for line in f:
+                dev, mnt, fstype = line.split()[:3]
+                mnt = mnt.replace("\\040", " ")
+                inside = real == mnt or real.startswith(mnt.rstrip("/") + "/")
+                if inside and len(mnt) >= len(best[0]):
+                    best = (mnt, fstype, dev)
+    except OSError:
+        pass
+    return f"{best[1]} ({best[2]} on {best[0] or '?'})"
