@@ -2,23 +2,29 @@
 
 Rules this module keeps:
 - Requests are written as soon as they are made, each with a fresh correlation id, and many may be
-  in flight; one reader task feeds the sans-I/O `FrameDecoder` and resolves the future waiting for
-  each response by its correlation id. (The broker answers in request order, but matching by id
-  costs a dict lookup and catches a broker that does not.)
+  in flight. The connection is an `asyncio.Protocol` (`_ConnProtocol`): its `data_received` feeds
+  the sans-I/O `FrameDecoder` and resolves the future waiting for each response by its correlation
+  id, right there in the event loop's read callback; there is no reader task and no stream buffer
+  in between. (The broker answers in request order, but matching by id costs a dict lookup and
+  catches a broker that does not.)
 - A connection that fails fails *everything* in flight on it with `BrokerUnavailable`, and stays
   failed: callers (the `AsyncClient`) open a new one. Whether the broker acted on those requests is
-  unknown; that is what idempotent produce is for.
+  unknown; that is what idempotent produce is for. The transport's `connection_lost` (EOF, a socket
+  error, or our own close) is where that happens at the latest.
 - A request that gets no answer within its timeout closes the connection: responses come back in
   order, so everything behind a stuck request is stuck too, and a late answer must not be matched
   to a request that has already been given up on.
-- Frames are written with `writelines` (the record bytes of a produce are never joined into a
-  frame here; uvloop hands the buffers to writev).
+- Frames are written with `transport.writelines` (the record bytes of a produce are never joined
+  into a frame here; uvloop hands the buffers to writev).
+- Flow control: the transport calls `pause_writing` when its write buffer passes the high-water
+  mark and `resume_writing` when it drains below the low one; `drain()` (and `request`,
+  `send_no_response`) wait only while it is paused, and return at once, without yielding to the
+  loop, otherwise.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from typing import Final, TypeVar
 
@@ -39,9 +45,36 @@ log = logging.getLogger(__name__)
 
 R = TypeVar("R", bound=Response)
 
-READ_CHUNK: Final = 1024 * 1024  # one read per fetch response of the default size
-STREAM_LIMIT: Final = 4 * 1024 * 1024  # StreamReader buffer before it pauses the socket
 CORRELATION_MASK: Final = 0xFFFFFFFF
+
+
+class _ConnProtocol(asyncio.Protocol):
+    """The transport's callbacks for one `AsyncConnection`; all state lives on the connection."""
+
+    __slots__ = ("_conn",)
+
+    def __init__(self, conn: AsyncConnection) -> None:
+        self._conn = conn
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._conn._transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self._conn._data_received(data)
+
+    def eof_received(self) -> bool:
+        return False  # close the transport: connection_lost follows
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._conn._connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self._conn._paused = True
+
+    def resume_writing(self) -> None:
+        conn = self._conn
+        conn._paused = False
+        conn._wake_drainers()
 
 
 class AsyncConnection:
@@ -52,8 +85,6 @@ class AsyncConnection:
 
     def __init__(
         self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
         address: str,
         *,
         request_timeout: float | None = 30.0,
@@ -61,15 +92,17 @@ class AsyncConnection:
     ) -> None:
         self.address = address
         self.request_timeout = request_timeout
-        self._reader = reader
-        self._writer = writer
         self._decoder = FrameDecoder(max_frame_bytes)
         self._loop = asyncio.get_running_loop()
         # correlation id -> (future, api key of the request, timeout handle or None)
         self._pending: dict[int, tuple[asyncio.Future[Response], int, asyncio.TimerHandle | None]] = {}
         self._next_id = 1
         self._error: BrokerUnavailable | None = None
-        self._read_task = self._loop.create_task(self._read_loop(), name=f"ringlog-conn-{address}")
+        self._protocol = _ConnProtocol(self)
+        self._transport: asyncio.Transport | None = None  # set by connection_made
+        self._paused = False  # the transport's write buffer is above its high-water mark
+        self._drainers: list[asyncio.Future[None]] = []
+        self._lost = self._loop.create_future()  # done once the transport has called connection_lost
 
     @classmethod
     async def connect(
@@ -83,14 +116,18 @@ class AsyncConnection:
     ) -> AsyncConnection:
         """Open a connection; raises `BrokerUnavailable` if the broker cannot be reached."""
         address = f"{host}:{port}"
+        conn = cls(address, request_timeout=request_timeout, max_frame_bytes=max_frame_bytes)
+        protocol = conn._protocol
         try:
             async with asyncio.timeout(connect_timeout):
-                reader, writer = await asyncio.open_connection(host, port, limit=STREAM_LIMIT)
+                await conn._loop.create_connection(lambda: protocol, host, port)
         except (OSError, TimeoutError) as exc:
+            if conn._transport is not None:
+                conn._transport.abort()
             raise BrokerUnavailable(
                 f"cannot connect to the broker at {address}: {exc or 'timed out'}"
             ) from exc
-        return cls(reader, writer, address, request_timeout=request_timeout, max_frame_bytes=max_frame_bytes)
+        return conn
 
     # ----------------------------------------------------------------------------------- state
 
@@ -122,7 +159,8 @@ class AsyncConnection:
             raise ValueError("a produce with acks=0 gets no response: use send_no_response()")
         fut = self._send(req, True, timeout)
         assert fut is not None
-        await self._drain()
+        if self._paused:
+            await self._drain()
         resp = await fut
         if check and resp.error != ErrorCode.NONE:
             raise error_for(resp.error, resp.message)
@@ -149,8 +187,10 @@ class AsyncConnection:
 
     def write_buffer_size(self) -> int:
         """Bytes written and not yet handed to the kernel: callers that do not drain watch this."""
-        transport = self._writer.transport
-        return 0 if transport.is_closing() else transport.get_write_buffer_size()
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return 0
+        return transport.get_write_buffer_size()
 
     async def drain(self) -> None:
         """Wait until the socket's send buffer is below its high-water mark."""
@@ -175,19 +215,33 @@ class AsyncConnection:
                 handle = self._loop.call_later(timeout, self._timed_out, corr, req.API_KEY, timeout)
             self._pending[corr] = (fut, req.API_KEY, handle)
         try:
-            self._writer.writelines(encode_request(req, corr))
+            self._transport.writelines(encode_request(req, corr))  # type: ignore[union-attr]
         except (OSError, RuntimeError) as exc:  # RuntimeError: transport closed under us
             self._fail(BrokerUnavailable(f"{self.address}: write failed: {exc}"))
             raise BrokerUnavailable(f"{self.address}: write failed: {exc}") from exc
         return fut
 
     async def _drain(self) -> None:
-        try:
-            await self._writer.drain()
-        except (OSError, RuntimeError) as exc:
-            err = BrokerUnavailable(f"{self.address}: connection lost while writing: {exc}")
-            self._fail(err)
-            raise err from exc
+        """Return at once unless the transport has paused writing; then wait for it to resume."""
+        if self._paused and self._error is None:
+            waiter: asyncio.Future[None] = self._loop.create_future()
+            self._drainers.append(waiter)
+            try:
+                await waiter
+            except asyncio.CancelledError:
+                if waiter in self._drainers:
+                    self._drainers.remove(waiter)
+                raise
+        if self._error is not None:
+            err = BrokerUnavailable(str(self._error))
+            err.__cause__ = self._error.__cause__
+            raise err
+
+    def _wake_drainers(self) -> None:
+        drainers, self._drainers = self._drainers, []
+        for waiter in drainers:
+            if not waiter.done():
+                waiter.set_result(None)
 
     def _timed_out(self, corr: int, api_key: int, timeout: float) -> None:
         if corr in self._pending:
@@ -200,33 +254,34 @@ class AsyncConnection:
 
     # ----------------------------------------------------------------------------------- reading
 
-    async def _read_loop(self) -> None:
+    def _data_received(self, data: bytes) -> None:
+        if self._error is not None:
+            return  # closing: nobody is waiting any more
         decoder = self._decoder
-        read = self._reader.read
-        err: BrokerUnavailable
         try:
+            decoder.feed(data)
             while True:
-                data = await read(READ_CHUNK)
-                if not data:
-                    err = BrokerUnavailable(f"{self.address}: connection closed by the broker")
+                frame = decoder.next_frame()
+                if frame is NEED_DATA:
                     break
-                decoder.feed(data)
-                while True:
-                    frame = decoder.next_frame()
-                    if frame is NEED_DATA:
-                        break
-                    self._dispatch(frame)  # type: ignore[arg-type]
+                self._dispatch(frame)  # type: ignore[arg-type]
         except ProtocolError as exc:
             err = BrokerUnavailable(f"{self.address}: unreadable stream from the broker ({exc}); closed")
             err.__cause__ = exc
-        except OSError as exc:
-            err = BrokerUnavailable(f"{self.address}: connection lost: {exc}")
-            err.__cause__ = exc
-        except asyncio.CancelledError:
-            if self._error is None:
-                self._fail(BrokerUnavailable(f"{self.address}: connection closed by the client"))
-            raise
-        self._fail(err)
+            self._fail(err)
+
+    def _connection_lost(self, exc: Exception | None) -> None:
+        if self._error is None:
+            if exc is None:
+                err = BrokerUnavailable(f"{self.address}: connection closed by the broker")
+            else:
+                err = BrokerUnavailable(f"{self.address}: connection lost: {exc}")
+                err.__cause__ = exc
+            self._fail(err)
+        self._paused = False
+        self._wake_drainers()
+        if not self._lost.done():
+            self._lost.set_result(None)
 
     def _dispatch(self, frame: Frame) -> None:
         entry = self._pending.pop(frame.correlation_id, None)
@@ -271,17 +326,15 @@ class AsyncConnection:
                 each.__cause__ = err.__cause__
                 fut.set_exception(each)
                 fut.exception()  # mark retrieved: a caller that was cancelled will never look
-        self._writer.close()
-        if not self._read_task.done() and asyncio.current_task() is not self._read_task:
-            self._read_task.cancel()
+        self._wake_drainers()  # they raise: the connection is closed
+        if self._transport is not None:
+            self._transport.close()
 
     async def close(self) -> None:
         """Close the connection; requests still in flight fail with `BrokerUnavailable`."""
         self._fail(BrokerUnavailable(f"{self.address}: connection closed by the client"))
-        with contextlib.suppress(asyncio.CancelledError, OSError):
-            await self._read_task
-        with contextlib.suppress(OSError, RuntimeError):
-            await self._writer.wait_closed()
+        if self._transport is not None:
+            await asyncio.shield(self._lost)
 
 
 def check(resp: R) -> R:
