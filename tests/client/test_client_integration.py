@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import pytest
-from clientbroker import Broker
+from brokerproc import BrokerProcess
 
 from broker.client import (
     Admin,
@@ -38,12 +38,12 @@ def arun(coro_fn: Callable[[], Awaitable[T]], timeout: float = 60) -> T:
     return asyncio.run(main())
 
 
-def create(broker: Broker, name: str, partitions: int = 1) -> int:
+def create(broker: BrokerProcess, name: str, partitions: int = 1) -> int:
     with Admin(broker.bootstrap) as admin:
         return admin.create_topic(name, partitions)
 
 
-def consume_all(broker: Broker, topic: str, expected: int, **config: object) -> list[ConsumerRecord]:
+def consume_all(broker: BrokerProcess, topic: str, expected: int, **config: object) -> list[ConsumerRecord]:
     out: list[ConsumerRecord] = []
     with Consumer(broker.bootstrap, auto_offset_reset="earliest", **config) as c:  # type: ignore[arg-type]
         c.subscribe(topic)
@@ -56,7 +56,7 @@ def consume_all(broker: Broker, topic: str, expected: int, **config: object) -> 
 # ----------------------------------------------------------------------------------- round trips
 
 
-def test_round_trip_in_order_with_keys_headers_timestamps(broker: Broker) -> None:
+def test_round_trip_in_order_with_keys_headers_timestamps(broker: BrokerProcess) -> None:
     create(broker, "orders", 4)
     sent = []
     with Producer(broker.bootstrap, linger_ms=2) as p:
@@ -88,7 +88,7 @@ def test_round_trip_in_order_with_keys_headers_timestamps(broker: Broker) -> Non
     assert list(first.headers) == [("trace", b"t0"), ("empty", None)]
 
 
-def test_async_round_trip_and_async_iteration(broker: Broker) -> None:
+def test_async_round_trip_and_async_iteration(broker: BrokerProcess) -> None:
     async def body() -> None:
         async with AsyncAdmin(broker.bootstrap) as admin:
             await admin.create_topic("events", 3)
@@ -109,7 +109,7 @@ def test_async_round_trip_and_async_iteration(broker: Broker) -> None:
 
 
 @pytest.mark.parametrize("acks", [0, 1, 2])
-def test_acks(broker: Broker, acks: int) -> None:
+def test_acks(broker: BrokerProcess, acks: int) -> None:
     create(broker, "acks")
     with Producer(broker.bootstrap, acks=acks) as p:
         futs = [p.send("acks", f"{i}".encode()) for i in range(50)]
@@ -126,7 +126,7 @@ def test_acks(broker: Broker, acks: int) -> None:
 # ----------------------------------------------------------------------------------- seeking
 
 
-def test_seek_to_beginning_end_and_timestamp(broker: Broker) -> None:
+def test_seek_to_beginning_end_and_timestamp(broker: BrokerProcess) -> None:
     create(broker, "seek")
     with Producer(broker.bootstrap, linger_ms=0) as p:
         for i in range(10):
@@ -149,7 +149,7 @@ def test_seek_to_beginning_end_and_timestamp(broker: Broker) -> None:
         assert c.poll(200) == []
 
 
-def test_offset_out_of_range_resets_per_policy(broker: Broker) -> None:
+def test_offset_out_of_range_resets_per_policy(broker: BrokerProcess) -> None:
     create(broker, "oor")
     with Producer(broker.bootstrap) as p:
         for i in range(5):
@@ -167,7 +167,7 @@ def test_offset_out_of_range_resets_per_policy(broker: Broker) -> None:
 # ----------------------------------------------------------------------------------- groups
 
 
-def test_group_commit_then_a_new_consumer_resumes(broker: Broker) -> None:
+def test_group_commit_then_a_new_consumer_resumes(broker: BrokerProcess) -> None:
     create(broker, "jobs", 2)
     with Producer(broker.bootstrap) as p:
         for i in range(20):
@@ -198,7 +198,7 @@ def test_group_commit_then_a_new_consumer_resumes(broker: Broker) -> None:
         assert {tp: c3.committed(tp) for tp in c3.assignment()} == {("jobs", 0): 10, ("jobs", 1): 10}
 
 
-def test_new_group_without_commit_starts_per_reset_policy(broker: Broker) -> None:
+def test_new_group_without_commit_starts_per_reset_policy(broker: BrokerProcess) -> None:
     create(broker, "fresh")
     with Producer(broker.bootstrap) as p:
         p.send("fresh", b"old").result(10)
@@ -213,7 +213,7 @@ def test_new_group_without_commit_starts_per_reset_policy(broker: Broker) -> Non
 # ----------------------------------------------------------------------------------- long poll
 
 
-def test_long_poll_wakes_on_data_not_the_deadline(broker: Broker) -> None:
+def test_long_poll_wakes_on_data_not_the_deadline(broker: BrokerProcess) -> None:
     create(broker, "quiet")
     consumer = Consumer(broker.bootstrap, fetch_max_wait_ms=5000)
     with consumer as c, Producer(broker.bootstrap, linger_ms=0) as p:
@@ -237,7 +237,7 @@ def test_long_poll_wakes_on_data_not_the_deadline(broker: Broker) -> None:
     assert returned - sent_at[0] < 0.5, "the poll slept instead of waking on the new record"
 
 
-def test_idle_partition_does_not_delay_a_busy_one(broker: Broker) -> None:
+def test_idle_partition_does_not_delay_a_busy_one(broker: BrokerProcess) -> None:
     """The broker answers a connection's requests in order, so a long-polling fetch for an idle
     partition would hold back a busy partition's answer on the same connection: the consumer
     fetches each partition on a connection of its own."""
@@ -253,7 +253,7 @@ def test_idle_partition_does_not_delay_a_busy_one(broker: Broker) -> None:
         assert time.monotonic() - t0 < 1.0
 
 
-def test_partitions_sharing_a_fetch_connection_do_not_long_poll(broker: Broker) -> None:
+def test_partitions_sharing_a_fetch_connection_do_not_long_poll(broker: BrokerProcess) -> None:
     """With fewer fetch connections than partitions, the partitions sharing one poll it every
     fetch_idle_ms instead of parking a long poll there; new data still arrives promptly."""
     create(broker, "shared", 3)
@@ -272,7 +272,7 @@ def test_partitions_sharing_a_fetch_connection_do_not_long_poll(broker: Broker) 
 # ----------------------------------------------------------------------------------- idempotence
 
 
-def test_same_batch_sent_twice_is_stored_once(broker: Broker) -> None:
+def test_same_batch_sent_twice_is_stored_once(broker: BrokerProcess) -> None:
     topic_id = create(broker, "idem")
 
     async def body() -> None:
@@ -296,7 +296,7 @@ def test_same_batch_sent_twice_is_stored_once(broker: Broker) -> None:
     arun(body)
 
 
-def test_producer_survives_a_broker_restart_without_duplicates(broker: Broker) -> None:
+def test_producer_survives_a_broker_restart_without_duplicates(broker: BrokerProcess) -> None:
     """Kill -9 the broker under a producer that is sending (acks=1: what was acknowledged is in
     the page cache), restart it: the producer retries the batches that were in flight with the
     same bytes, and the log holds every record exactly once, in order per key."""
@@ -336,7 +336,7 @@ def test_producer_survives_a_broker_restart_without_duplicates(broker: Broker) -
 # ----------------------------------------------------------------------------------- admin
 
 
-def test_admin(broker: Broker) -> None:
+def test_admin(broker: BrokerProcess) -> None:
     with Admin(broker.bootstrap) as admin:
         versions = admin.api_versions()
         assert versions.cores >= 1
@@ -365,7 +365,7 @@ def test_admin(broker: Broker) -> None:
             admin.delete_topic("a-topic")
 
 
-def test_send_to_unknown_topic_fails_the_future(broker: Broker) -> None:
+def test_send_to_unknown_topic_fails_the_future(broker: BrokerProcess) -> None:
     with Producer(broker.bootstrap) as p:
         fut = p.send("nope", b"x")
         with pytest.raises(UnknownTopicError):

@@ -1,4 +1,4 @@
-"""Fixtures: a real `broker serve` subprocess per test, and a wire connection to it."""
+"""Fixtures shared by the integration tests: a real `broker serve` subprocess per test."""
 
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ from brokerproc import BrokerProcess, Wire
 
 @pytest.fixture
 def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
+    """Started on a free port; stopped with SIGTERM at teardown, which must exit 0."""
     proc = BrokerProcess(tmp_path / "data", tmp_path / "broker.log").start()
     yield proc
-    if proc.proc is not None and proc.proc.poll() is None:
-        assert proc.stop() == 0, proc.log()
+    if proc.running():
+        assert proc.stop() == 0, f"broker did not exit cleanly on SIGTERM:\n{proc.log()}"
 
 
 @pytest.fixture

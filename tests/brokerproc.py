@@ -1,4 +1,7 @@
-"""A real `broker serve` subprocess, and a minimal blocking wire client to talk to it."""
+"""A real `broker serve` subprocess for integration tests, and a minimal blocking wire client.
+
+Shared by tests/server and tests/client (pytest puts tests/ on the path: see pyproject.toml).
+"""
 
 from __future__ import annotations
 
@@ -24,8 +27,15 @@ class BrokerProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
 
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
     def start(self) -> BrokerProcess:
-        args = [sys.executable, "-m", "broker.cli", "serve", "--data-dir", str(self.data_dir), "--port", "0"]
+        """Start (or restart) the broker. The first start takes a free port (--port 0); a restart
+        keeps it, so clients holding the bootstrap address find the broker again."""
+        args = [sys.executable, "-m", "broker.cli", "serve", "--data-dir", str(self.data_dir)]
+        args += ["--port", str(self.port)]
         offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen([*args, *self.extra], stdout=log, stderr=log)
@@ -54,15 +64,22 @@ class BrokerProcess:
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(10)
 
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
     def stop(self) -> int:
         assert self.proc is not None
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-            self.proc.wait(20)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
         return self.proc.returncode
 
     def log(self) -> str:
-        return self.log_path.read_text()
+        return self.log_path.read_text() if self.log_path.exists() else ""
 
     def wait_for_log(self, text: str, timeout: float = 5) -> bool:
         """Whether `text` appears in the broker's log within `timeout` (events on other
