@@ -166,9 +166,8 @@ class Server:
             )
         elif isinstance(outcome, Read):
             try:
-                data = os.pread(
-                    outcome.extent.segment.store_fd, outcome.extent.length, outcome.extent.position
-                )
+                extent = outcome.extent
+                data = self.io.pread(extent.segment.store_fd, extent.length, extent.position)
                 reply = outcome.finish(data)
             except Exception as exc:  # becomes an error reply
                 reply = self.handlers.error_reply(frame, exc)

@@ -371,16 +371,17 @@ class Segment:
     def truncate_before_offset(self, offset: int) -> int:
         """Drop every batch whose last offset is >= `offset`. Returns the new next offset."""
         index = self.index
+        n = len(index)
         i = index.find_offset(offset - self.base_offset)
         if i < 0:
             keep = 0
         else:
-            e = index.entry(i)
-            h = read_header(self.io.pread(self.store_fd, HEADER_SIZE, e.position))
-            keep = i + 1 if h.last_offset < offset else i
-        position = index.position(keep) if keep < len(index) else self.size
-        if keep == len(index):
+            # The index is dense: batch i ends where batch i + 1 begins (or at the segment's end).
+            next_start = self.base_offset + index.relative_offset(i + 1) if i + 1 < n else self.next_offset
+            keep = i + 1 if next_start - 1 < offset else i
+        if keep == n:
             return self.next_offset
+        position = index.position(keep)
         new_next = self.base_offset + index.relative_offset(keep)
         index.truncate(keep)
         self.truncate_to_size(position)
