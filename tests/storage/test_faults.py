@@ -200,16 +200,22 @@ def test_full_disk_fails_every_append_until_space_returns(tmp_path, kit, small_c
     reopen_plain(kit, d, small_config, [*written, (end, 2)])
 
 
+def fill_until_roll(kit, log: Log, config: LogConfig) -> list:
+    """Append until the next 3-record, 600-byte-wide batch no longer fits: that batch rolls."""
+    written = kit.append_batches(log, 5)
+    big = kit.batch(0, 3, width=600)
+    while log.segments[-1].size + len(big) <= config.segment_bytes:
+        written += kit.append_batches(log, 1, counts=[1])
+    return written
+
+
 def test_enospc_on_first_append_into_a_rolled_segment(tmp_path, kit, small_config):
     """The failing append rolled a new segment first: the new segment stays, empty, and the next
     append goes into it at the same offset."""
     io = FaultyIO()
     d = tmp_path / "log"
     log = Log.open(str(d), small_config, io=io)
-    written = kit.append_batches(log, 5)
-    big = kit.batch(0, 3, width=600)
-    while log.segments[-1].size + len(big) <= small_config.segment_bytes:
-        written += kit.append_batches(log, 1, counts=[1])
+    written = fill_until_roll(kit, log, small_config)
     end = log.end_offset
     old_store = active_store(log)
     old_size = old_store.stat().st_size
@@ -250,10 +256,7 @@ def test_enospc_while_rolling_is_a_storage_error(tmp_path, kit, small_config):
     io = FaultyIO()
     d = tmp_path / "log"
     log = Log.open(str(d), small_config, io=io)
-    written = kit.append_batches(log, 5)
-    big = kit.batch(0, 3, width=600)
-    while log.segments[-1].size + len(big) <= small_config.segment_bytes:
-        written += kit.append_batches(log, 1, counts=[1])
+    written = fill_until_roll(kit, log, small_config)
     end = log.end_offset
     fds = open_fds()
     io.write_fault = Fault("", errno.ENOSPC, sticky=True)  # the disk is full: every write fails

@@ -80,6 +80,18 @@ def reopen_and_check(
     return log
 
 
+def check_cut_at(kit, work: Path, config: LogConfig, closed: list, stored: list, active: int, p: int) -> None:
+    """After damage at byte `p` of the active store: the closed segments' batches and every
+    batch wholly before `p` read back, and nothing else does (see `reopen_and_check`)."""
+    intact = [b for b in stored if b.end <= p]
+    expected = closed + [(b.base_offset, b.record_count) for b in intact]
+    try:
+        log = reopen_and_check(kit, work, config, expected, active, intact[-1].end if intact else 0)
+    except AssertionError as exc:
+        raise AssertionError(f"store cut at byte {p}: {exc}") from exc
+    log.close()
+
+
 def cut(path: Path, size: int) -> None:
     os.truncate(path, size)
 
@@ -126,13 +138,7 @@ def test_torn_active_store_at_every_position(tmp_path, kit, small_config, shutdo
     for p in sorted(positions):
         work = kit.fresh_copy(snap, tmp_path / "work")
         cut(kit.store_path(work, active), p)
-        intact = [b for b in stored if b.end <= p]
-        expected = closed + [(b.base_offset, b.record_count) for b in intact]
-        try:
-            log = reopen_and_check(kit, work, small_config, expected, active, intact[-1].end if intact else 0)
-        except AssertionError as exc:
-            raise AssertionError(f"store cut at byte {p}: {exc}") from exc
-        log.close()
+        check_cut_at(kit, work, small_config, closed, stored, active, p)
 
 
 @pytest.mark.parametrize("shutdown", ["close", "crash"])
@@ -163,13 +169,7 @@ def test_junk_after_torn_active_store(tmp_path, kit, small_config, shutdown, tai
             junk = original[b.position : b.end]
         work = kit.fresh_copy(snap, tmp_path / "work")
         kit.store_path(work, active).write_bytes(original[:p] + junk)
-        intact = [b for b in stored if b.end <= p]
-        expected = closed + [(b.base_offset, b.record_count) for b in intact]
-        try:
-            log = reopen_and_check(kit, work, small_config, expected, active, intact[-1].end if intact else 0)
-        except AssertionError as exc:
-            raise AssertionError(f"store cut at byte {p}: {exc}") from exc
-        log.close()
+        check_cut_at(kit, work, small_config, closed, stored, active, p)
 
 
 def test_crash_with_unflushed_index_then_power_loss_zeros(tmp_path, kit, small_config):
