@@ -1,0 +1,432 @@
+"""cffi API-mode builder for `native._uring`, our bindings to liburing (Debian's liburing-dev 2.3).
+
+Rules this module keeps:
+- Built only by `pip install -e .` (setup.py names `ffibuilder` in `cffi_modules`; `make setup` runs
+  it). Never by hand: a stale hand-built .so would shadow the installed one.
+- API mode, not ABI mode: most of liburing's prep helpers are `static inline` in the header, so
+  only a compiled module can call them. The cdef declares structs as partial (`...;`): the C
+  compiler supplies their layout, so nothing here depends on liburing's struct sizes.
+- The hot path lives in the small `rl_*` helpers below, one C call per SQE and one per CQE batch:
+  from Python each call costs about a microsecond, so a prep is one get-SQE + prep + flags +
+  user_data call, and reaping copies a whole batch of CQEs into three flat arrays.
+- Every helper returns 0 or a negative errno (as liburing does) and accepts a NULL ring (a closed
+  `Ring`) by returning -EBADF instead of crashing.
+- liburing 2.3 has `io_uring_register_buf_ring` but not `io_uring_setup_buf_ring` (2.4): the
+  provided-buffer ring and its buffers are mmapped here, page aligned as the kernel requires.
+"""
+
+from __future__ import annotations
+
+from cffi import FFI
+
+CDEF = """
+struct io_uring { ...; };
+struct __kernel_timespec { long long tv_sec; long long tv_nsec; ...; };
+
+#define IORING_CQE_F_BUFFER ...
+#define IORING_CQE_F_MORE ...
+#define IORING_CQE_F_SOCK_NONEMPTY ...
+#define IORING_CQE_BUFFER_SHIFT ...
+#define IORING_SETUP_SUBMIT_ALL ...
+#define IORING_SETUP_COOP_TASKRUN ...
+#define IORING_SETUP_TASKRUN_FLAG ...
+#define IORING_SETUP_SINGLE_ISSUER ...
+#define IORING_SETUP_DEFER_TASKRUN ...
+#define IORING_SETUP_CQSIZE ...
+#define SPLICE_F_MOVE ...
+#define SPLICE_F_NONBLOCK ...
+#define SPLICE_F_MORE ...
+
+/* A provided-buffer ring and its buffers, both in one mmap owned by this struct. */
+struct rl_bufring {
+    char *base;          /* buffer `bid` starts at base + bid * size */
+    unsigned size;
+    unsigned count;
+    unsigned mask;
+    unsigned bgid;
+    ...;
+};
+
+/* Size of the memory `rl_prep_sendmsg` needs for n buffers (a msghdr followed by n iovecs). */
+size_t rl_msg_bytes(unsigned n);
+size_t rl_iov_bytes(unsigned n);
+
+int rl_queue_init(unsigned entries, unsigned cq_entries, unsigned flags, struct io_uring *ring);
+void rl_queue_exit(struct io_uring *ring);
+unsigned rl_setup_flags(struct io_uring *ring);
+unsigned rl_sq_space_left(struct io_uring *ring);
+unsigned rl_sq_ready(struct io_uring *ring);
+unsigned rl_cq_ready(struct io_uring *ring);
+
+int rl_submit(struct io_uring *ring);
+int rl_submit_and_wait(struct io_uring *ring, unsigned wait_nr);
+int rl_submit_and_wait_timeout(struct io_uring *ring, unsigned wait_nr, long long sec, long long nsec);
+unsigned rl_reap(struct io_uring *ring, uint64_t *user_data, int32_t *res, uint32_t *flags,
+                 unsigned max);
+
+int rl_prep_nop(struct io_uring *ring, uint64_t ud, int link);
+int rl_prep_accept(struct io_uring *ring, int fd, int multishot, int sock_flags, uint64_t ud, int link);
+int rl_prep_recv(struct io_uring *ring, int fd, void *buf, size_t len, uint64_t ud, int link);
+int rl_prep_recv_multishot(struct io_uring *ring, int fd, unsigned bgid, uint64_t ud, int link);
+int rl_prep_send(struct io_uring *ring, int fd, void *buf, size_t len, uint64_t ud, int link);
+int rl_prep_sendmsg(struct io_uring *ring, int fd, void *mem, void *bases[], size_t lens[],
+                    unsigned n, uint64_t ud, int link);
+int rl_prep_writev(struct io_uring *ring, int fd, void *mem, void *bases[], size_t lens[],
+                   unsigned n, int64_t offset, uint64_t ud, int link);
+int rl_prep_read(struct io_uring *ring, int fd, void *buf, size_t len, int64_t offset, uint64_t ud,
+                 int link);
+int rl_prep_fsync(struct io_uring *ring, int fd, int datasync, uint64_t ud, int link);
+int rl_prep_splice(struct io_uring *ring, int fd_in, int64_t off_in, int fd_out, int64_t off_out,
+                   unsigned nbytes, unsigned splice_flags, uint64_t ud, int link);
+int rl_prep_timeout(struct io_uring *ring, struct __kernel_timespec *ts, long long sec,
+                    long long nsec, uint64_t ud, int link);
+int rl_prep_link_timeout(struct io_uring *ring, struct __kernel_timespec *ts, long long sec,
+                         long long nsec, uint64_t ud);
+int rl_prep_cancel(struct io_uring *ring, uint64_t target, uint64_t ud, int link);
+int rl_prep_cancel_all(struct io_uring *ring, uint64_t ud);
+int rl_prep_close(struct io_uring *ring, int fd, uint64_t ud, int link);
+
+struct rl_bufring *rl_bufring_new(struct io_uring *ring, unsigned bgid, unsigned count,
+                                  unsigned size, int *err);
+void rl_bufring_give(struct rl_bufring *b, unsigned bid);
+int rl_bufring_free(struct io_uring *ring, struct rl_bufring *b);
+"""
+
+SOURCE = r"""
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+#include <liburing.h>
+
+struct rl_bufring {
+    char *base;
+    unsigned size;
+    unsigned count;
+    unsigned mask;
+    unsigned bgid;
+    struct io_uring_buf_ring *br;
+    size_t ring_bytes;   /* page-rounded size of the ring entries; the buffers follow them */
+    size_t map_bytes;
+};
+
+size_t rl_msg_bytes(unsigned n) { return sizeof(struct msghdr) + (size_t)n * sizeof(struct iovec); }
+size_t rl_iov_bytes(unsigned n) { return (size_t)n * sizeof(struct iovec); }
+
+int rl_queue_init(unsigned entries, unsigned cq_entries, unsigned flags, struct io_uring *ring)
+{
+    struct io_uring_params p;
+    memset(&p, 0, sizeof(p));
+    p.flags = flags;
+    if (cq_entries) {
+        p.flags |= IORING_SETUP_CQSIZE;
+        p.cq_entries = cq_entries;
+    }
+    return io_uring_queue_init_params(entries, ring, &p);
+}
+
+void rl_queue_exit(struct io_uring *ring) { io_uring_queue_exit(ring); }
+unsigned rl_setup_flags(struct io_uring *ring) { return ring->flags; }
+unsigned rl_sq_space_left(struct io_uring *ring) { return io_uring_sq_space_left(ring); }
+unsigned rl_sq_ready(struct io_uring *ring) { return io_uring_sq_ready(ring); }
+unsigned rl_cq_ready(struct io_uring *ring) { return io_uring_cq_ready(ring); }
+
+int rl_submit(struct io_uring *ring)
+{
+    if (!ring) return -EBADF;
+    return io_uring_submit(ring);
+}
+
+int rl_submit_and_wait(struct io_uring *ring, unsigned wait_nr)
+{
+    if (!ring) return -EBADF;
+    return io_uring_submit_and_wait(ring, wait_nr);
+}
+
+int rl_submit_and_wait_timeout(struct io_uring *ring, unsigned wait_nr, long long sec, long long nsec)
+{
+    struct __kernel_timespec ts;
+    struct io_uring_cqe *cqe = NULL;
+    if (!ring) return -EBADF;
+    ts.tv_sec = sec;
+    ts.tv_nsec = nsec;
+    return io_uring_submit_and_wait_timeout(ring, &cqe, wait_nr, &ts, NULL);
+}
+
+/* Copy up to `max` CQEs into the three arrays and mark them seen, in one pass. */
+unsigned rl_reap(struct io_uring *ring, uint64_t *user_data, int32_t *res, uint32_t *flags,
+                 unsigned max)
+{
+    struct io_uring_cqe *cqes[64];
+    unsigned total = 0;
+    if (!ring) return 0;
+    while (total < max) {
+        unsigned want = max - total;
+        if (want > 64) want = 64;
+        unsigned n = io_uring_peek_batch_cqe(ring, cqes, want);
+        for (unsigned i = 0; i < n; i++) {
+            user_data[total + i] = cqes[i]->user_data;
+            res[total + i] = cqes[i]->res;
+            flags[total + i] = cqes[i]->flags;
+        }
+        io_uring_cq_advance(ring, n);
+        total += n;
+        if (n < want) break;
+    }
+    return total;
+}
+
+/* An SQE, submitting first when the SQ is full so callers never see "no SQE". A linked SQE needs
+   room for itself and the SQE it links to (usually a link timeout): submitting between the two
+   would end the chain early, so it submits first when fewer than two slots are free. */
+static inline struct io_uring_sqe *rl_sqe(struct io_uring *ring, int link, int *err)
+{
+    struct io_uring_sqe *sqe;
+    *err = 0;
+    if (!ring) { *err = -EBADF; return NULL; }
+    if (link && io_uring_sq_space_left(ring) < 2) {
+        int r = io_uring_submit(ring);
+        if (r < 0) { *err = r; return NULL; }
+    }
+    sqe = io_uring_get_sqe(ring);
+    if (!sqe) {
+        int r = io_uring_submit(ring);
+        if (r < 0) { *err = r; return NULL; }
+        sqe = io_uring_get_sqe(ring);
+        if (!sqe) { *err = -EBUSY; return NULL; }
+    }
+    return sqe;
+}
+
+#define RL_FINISH(sqe, ud, link) do { \
+    io_uring_sqe_set_data64((sqe), (ud)); \
+    if (link) (sqe)->flags |= IOSQE_IO_LINK; \
+} while (0)
+
+#define RL_GET(ring, link) \
+    int err; \
+    struct io_uring_sqe *sqe = rl_sqe((ring), (link), &err); \
+    if (!sqe) return err;
+
+int rl_prep_nop(struct io_uring *ring, uint64_t ud, int link)
+{
+    RL_GET(ring, link);
+    io_uring_prep_nop(sqe);
+    RL_FINISH(sqe, ud, link);
+    return 0;
+}
+
+int rl_prep_accept(struct io_uring *ring, int fd, int multishot, int sock_flags, uint64_t ud, int link)
+{
+    RL_GET(ring, link);
+    if (multishot)
+        io_uring_prep_multishot_accept(sqe, fd, NULL, NULL, sock_flags);
+    else
+        io_uring_prep_accept(sqe, fd, NULL, NULL, sock_flags);
+    RL_FINISH(sqe, ud, link);
+    return 0;
+}
+
+int rl_prep_recv(struct io_uring *ring, int fd, void *buf, size_t len, uint64_t ud, int link)
+{
+    RL_GET(ring, link);
+    io_uring_prep_recv(sqe, fd, buf, len, 0);
+    RL_FINISH(sqe, ud, link);
+    return 0;
+}
+
+int rl_prep_recv_multishot(struct io_uring *ring, int fd, unsigned bgid, uint64_t ud, int link)
+{
+    RL_GET(ring, link);
+    io_uring_prep_recv_multishot(sqe, fd, NULL, 0, 0);
+    sqe->flags |= IOSQE_BUFFER_SELECT;
+    sqe->buf_group = (__u16)bgid;
+    RL_FINISH(sqe, ud, link);
+    return 0;
+}
+
+int rl_prep_send(struct io_uring *ring, int fd, void *buf, size_t len, uint64_t ud, int link)
+{
+    RL_GET(ring, link);
+    io_uring_prep_send(sqe, fd, buf, len, MSG_NOSIGNAL);
+    RL_FINISH(sqe, ud, link);
+    return 0;
+}
+
+static void rl_fill_iov(struct iovec *iov, void *bases[], size_t lens[], unsigned n)
+{
+    for (unsigned i = 0; i < n; i++) {
+        iov[i].iov_base = bases[i];
+        iov[i].iov_len = lens[i];
+    }
+}
+
+int rl_prep_sendmsg(struct io_uring *ring, int fd, void *mem, void *bases[], size_t lens[],
+                    unsigned n, uint64_t ud, int link)
+{
+    RL_GET(ring, link);
+    struct msghdr *msg = (struct msghdr *)mem;
+    struct iovec *iov = (struct iovec *)((char *)mem + sizeof(struct msghdr));
+    memset(msg, 0, sizeof(*msg));
+    rl_fill_iov(iov, bases, lens, n);
+    msg->msg_iov = iov;
+    msg->msg_iovlen = n;
+    io_uring_prep_sendmsg(sqe, fd, msg, MSG_NOSIGNAL);
+    RL_FINISH(sqe, ud, link);
+    return 0;
+}
+
+int rl_prep_writev(struct io_uring *ring, int fd, void *mem, void *bases[], size_t lens[],
+                   unsigned n, int64_t offset, uint64_t ud, int link)
+{
+    RL_GET(ring, link);
+    struct iovec *iov = (struct iovec *)mem;
+    rl_fill_iov(iov, bases, lens, n);
+    io_uring_prep_writev(sqe, fd, iov, n, (__u64)offset);
+    RL_FINISH(sqe, ud, link);
+    return 0;
+}
+
+int rl_prep_read(struct io_uring *ring, int fd, void *buf, size_t len, int64_t offset, uint64_t ud,
+                 int link)
+{
+    RL_GET(ring, link);
+    io_uring_prep_read(sqe, fd, buf, (unsigned)len, (__u64)offset);
+    RL_FINISH(sqe, ud, link);
+    return 0;
+}
+
+int rl_prep_fsync(struct io_uring *ring, int fd, int datasync, uint64_t ud, int link)
+{
+    RL_GET(ring, link);
+    io_uring_prep_fsync(sqe, fd, datasync ? IORING_FSYNC_DATASYNC : 0);
+    RL_FINISH(sqe, ud, link);
+    return 0;
+}
+
+int rl_prep_splice(struct io_uring *ring, int fd_in, int64_t off_in, int fd_out, int64_t off_out,
+                   unsigned nbytes, unsigned splice_flags, uint64_t ud, int link)
+{
+    RL_GET(ring, link);
+    io_uring_prep_splice(sqe, fd_in, off_in, fd_out, off_out, nbytes, splice_flags);
+    RL_FINISH(sqe, ud, link);
+    return 0;
+}
+
+int rl_prep_timeout(struct io_uring *ring, struct __kernel_timespec *ts, long long sec,
+                    long long nsec, uint64_t ud, int link)
+{
+    RL_GET(ring, link);
+    ts->tv_sec = sec;
+    ts->tv_nsec = nsec;
+    io_uring_prep_timeout(sqe, ts, 0, 0);
+    RL_FINISH(sqe, ud, link);
+    return 0;
+}
+
+int rl_prep_link_timeout(struct io_uring *ring, struct __kernel_timespec *ts, long long sec,
+                         long long nsec, uint64_t ud)
+{
+    RL_GET(ring, 0);
+    ts->tv_sec = sec;
+    ts->tv_nsec = nsec;
+    io_uring_prep_link_timeout(sqe, ts, 0);
+    RL_FINISH(sqe, ud, 0);
+    return 0;
+}
+
+int rl_prep_cancel(struct io_uring *ring, uint64_t target, uint64_t ud, int link)
+{
+    RL_GET(ring, link);
+    io_uring_prep_cancel64(sqe, target, 0);
+    RL_FINISH(sqe, ud, link);
+    return 0;
+}
+
+int rl_prep_cancel_all(struct io_uring *ring, uint64_t ud)
+{
+    RL_GET(ring, 0);
+    io_uring_prep_cancel64(sqe, 0, IORING_ASYNC_CANCEL_ALL | IORING_ASYNC_CANCEL_ANY);
+    RL_FINISH(sqe, ud, 0);
+    return 0;
+}
+
+int rl_prep_close(struct io_uring *ring, int fd, uint64_t ud, int link)
+{
+    RL_GET(ring, link);
+    io_uring_prep_close(sqe, fd);
+    RL_FINISH(sqe, ud, link);
+    return 0;
+}
+
+struct rl_bufring *rl_bufring_new(struct io_uring *ring, unsigned bgid, unsigned count,
+                                  unsigned size, int *err)
+{
+    struct rl_bufring *b;
+    struct io_uring_buf_reg reg;
+    long page = sysconf(_SC_PAGESIZE);
+    size_t ring_bytes, map_bytes;
+    void *mem;
+    int r;
+
+    *err = 0;
+    if (!ring) { *err = -EBADF; return NULL; }
+    if (count == 0 || (count & (count - 1)) || count > 32768 || size == 0) { *err = -EINVAL; return NULL; }
+    ring_bytes = ((size_t)count * sizeof(struct io_uring_buf) + page - 1) & ~((size_t)page - 1);
+    map_bytes = ring_bytes + (size_t)count * size;
+    b = calloc(1, sizeof(*b));
+    if (!b) { *err = -ENOMEM; return NULL; }
+    mem = mmap(NULL, map_bytes, PROT_READ | PROT_WRITE, MAP_ANONYMOUS | MAP_PRIVATE, -1, 0);
+    if (mem == MAP_FAILED) { *err = -errno; free(b); return NULL; }
+    b->br = (struct io_uring_buf_ring *)mem;
+    b->base = (char *)mem + ring_bytes;
+    b->size = size;
+    b->count = count;
+    b->mask = (unsigned)io_uring_buf_ring_mask(count);
+    b->bgid = bgid;
+    b->ring_bytes = ring_bytes;
+    b->map_bytes = map_bytes;
+    io_uring_buf_ring_init(b->br);
+    memset(&reg, 0, sizeof(reg));
+    reg.ring_addr = (unsigned long)(uintptr_t)b->br;
+    reg.ring_entries = count;
+    reg.bgid = (__u16)bgid;
+    r = io_uring_register_buf_ring(ring, &reg, 0);
+    if (r) { *err = r; munmap(mem, map_bytes); free(b); return NULL; }
+    for (unsigned i = 0; i < count; i++)
+        io_uring_buf_ring_add(b->br, b->base + (size_t)i * size, size, (unsigned short)i,
+                              (int)b->mask, (int)i);
+    io_uring_buf_ring_advance(b->br, (int)count);
+    return b;
+}
+
+void rl_bufring_give(struct rl_bufring *b, unsigned bid)
+{
+    io_uring_buf_ring_add(b->br, b->base + (size_t)bid * b->size, b->size, (unsigned short)bid,
+                          (int)b->mask, 0);
+    io_uring_buf_ring_advance(b->br, 1);
+}
+
+int rl_bufring_free(struct io_uring *ring, struct rl_bufring *b)
+{
+    int r = 0;
+    if (ring) r = io_uring_unregister_buf_ring(ring, (int)b->bgid);
+    munmap(b->br, b->map_bytes);
+    free(b);
+    return r;
+}
+"""
+
+ffibuilder = FFI()
+ffibuilder.cdef(CDEF)
+ffibuilder.set_source(
+    "native._uring",
+    SOURCE,
+    libraries=["uring"],
+    extra_compile_args=["-O2", "-Wall", "-Wno-unused-function"],
+)
