@@ -88,24 +88,28 @@ def cmd_dump(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from broker.handlers import BrokerConfig  # noqa: PLC0415 - keep client commands light
-    from broker.server import run  # noqa: PLC0415
+    """Run the supervisor, which runs one worker process per core (broker/supervisor.py)."""
+    from broker.supervisor import SupervisorConfig, run_supervisor  # noqa: PLC0415 - keep client commands light
+    from broker.worker import BackendUnavailable, choose_backend  # noqa: PLC0415
 
     available = len(os.sched_getaffinity(0))
     cores = available if args.cores is None else args.cores
-    if cores != 1:
-        # One process per core arrives with the thread-per-core issue; until then say so plainly.
-        logging.getLogger("broker").warning(
-            "--cores %d requested (%d CPUs available): this build serves with one process; "
-            "the per-core workers are not built yet",
-            cores,
-            available,
-        )
-    if args.backend != "uvloop":
+    if cores < 1:
+        print(f"broker: --cores must be at least 1, not {cores}", file=sys.stderr)
+        return 2
+    if cores > available and not args.oversubscribe:
         print(
-            f"broker: backend {args.backend!r} is not available in this build (use uvloop)", file=sys.stderr
+            f"broker: --cores {cores} is more than the {available} CPU(s) this process may run on; "
+            "use --oversubscribe to run several workers per CPU",
+            file=sys.stderr,
         )
         return 2
+    if args.backend == "io_uring":
+        try:
+            choose_backend("io_uring")
+        except BackendUnavailable as exc:
+            print(f"broker: --backend io_uring: {exc}", file=sys.stderr)
+            return 2
     defaults = LogConfig(
         segment_bytes=args.segment_bytes,
         max_batch_bytes=min(args.max_batch_bytes, args.segment_bytes),
@@ -116,15 +120,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if reason is not None:
         print(f"broker: {reason}", file=sys.stderr)
         return 2
-    config = BrokerConfig(
-        data_dir=args.data_dir, host=args.host, port=args.port, cores=1, log_defaults=defaults
+    config = SupervisorConfig(
+        data_dir=args.data_dir,
+        host=args.host,
+        port=args.port,
+        cores=cores,
+        core_ports_base=args.core_ports,
+        backend=args.backend,
+        log_level=args.log_level,
+        metrics_port=args.metrics_port,
+        log_defaults=defaults,
     )
-    try:
-        run(config)
-    except OSError as exc:
-        print(f"broker: cannot serve on {args.host}:{args.port}: {exc}", file=sys.stderr)
-        return 1
-    return 0
+    return run_supervisor(config)
 
 
 CLIENT_COMMANDS = ("topics", "produce", "consume")
@@ -132,7 +139,14 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 class LogfmtFormatter(logging.Formatter):
-    """One `key=value` line per event (logfmt), so that logs can be filtered and parsed."""
+    """One `key=value` line per event (logfmt), so that logs can be filtered and parsed.
+
+    `fields` (e.g. {"core": 3}) are added to every line: a worker's lines carry its core.
+    """
+
+    def __init__(self, fields: dict[str, object] | None = None) -> None:
+        super().__init__()
+        self._extra = "".join(f" {k}={v}" for k, v in (fields or {}).items())
 
     def format(self, record: logging.LogRecord) -> str:
         ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
@@ -141,7 +155,7 @@ class LogfmtFormatter(logging.Formatter):
             msg += "\n" + self.formatException(record.exc_info)
         return (
             f"ts={ts}.{int(record.msecs):03d}Z level={record.levelname.lower()} pid={record.process}"
-            f" logger={record.name} msg={json.dumps(msg)}"
+            f"{self._extra} logger={record.name} msg={json.dumps(msg)}"
         )
 
 
@@ -155,8 +169,22 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--data-dir", default="./data", help="where topics live (default ./data)")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=9092, help="TCP port (default 9092)")
-    serve.add_argument("--cores", type=int, default=None, help="worker processes (default: all CPUs)")
-    serve.add_argument("--backend", default="uvloop", choices=["uvloop", "io_uring"])
+    serve.add_argument(
+        "--cores", type=int, default=None, help="worker processes, one pinned per CPU (default: all CPUs)"
+    )
+    serve.add_argument("--oversubscribe", action="store_true", help="allow --cores above the CPUs available")
+    serve.add_argument(
+        "--core-ports", type=int, default=0, metavar="BASE", help="core k listens directly on BASE+k (0: any)"
+    )
+    serve.add_argument(
+        "--backend",
+        default="auto",
+        choices=["auto", "io_uring", "uvloop"],
+        help="auto: io_uring when it works here, else uvloop",
+    )
+    serve.add_argument(
+        "--metrics-port", type=int, default=None, help="serve Prometheus metrics over HTTP on this port"
+    )
     defaults = LogConfig()
     serve.add_argument("--segment-bytes", type=int, default=defaults.segment_bytes)
     serve.add_argument("--max-batch-bytes", type=int, default=defaults.max_batch_bytes)

@@ -4,9 +4,22 @@ Rules this module keeps:
 - `Handlers.handle(frame)` returns an `Outcome` saying what to do, not doing the I/O itself:
   `Reply` (send these buffers), `Silent` (send nothing: acks=0), `Append` (run the log writes, then
   call `complete` or `fail`), `Read` (read this extent, then call `finish`), `Wait` (nothing to
-  fetch yet: re-handle the frame when the partition grows or the deadline passes). The uvloop
-  backend runs these with blocking file calls; the io_uring backend will run the very same
-  outcomes as SQEs. The handlers are therefore testable with no server at all.
+  fetch yet: re-handle the frame when the partition grows or the deadline passes), `Forward` (the
+  partition belongs to another core: send the frame there and relay its answer), `Notify` (tell
+  other cores about a topic change, then answer). The uvloop backend runs these with blocking
+  file calls; the io_uring backend will run the very same outcomes as SQEs. The handlers are
+  therefore testable with no server at all.
+- A core serves only the partitions it owns (`shard_for(topic_id, partition, cores)`); a partition
+  request for another core's partition becomes `Forward` before its body is even decoded, except
+  when it came from another core (`handle(frame, from_peer=True)`): then it is NOT_OWNER, so a
+  forward can never loop.
+- Topic metadata is shared by all cores through topics.json (broker/topics.py). A core learns of
+  another core's change on a miss (a partition it should own but has not opened, an unknown topic:
+  reload once, then answer), from Metadata and `refresh_topics()` (a stat of the file, run by the
+  backend about once a second), and from a DeleteTopic frame sent by the deleting core over the
+  inter-core channel (`from_peer=True`): that core answers the client only after every peer closed
+  the topic's partitions (or the notice timed out), so once DeleteTopic is answered no live core
+  accepts produce for it. The deleting core removes the files last.
 - One place maps exceptions to wire error codes (`error_of`). A request that fails gets an error
   response; only a frame that cannot be delimited closes its connection (the server's business).
 - Responses leave in request order per connection; the backend guarantees it, not this module.
@@ -14,11 +27,14 @@ Rules this module keeps:
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from broker import __version__
+from broker.metrics import CoreMetrics, read_snapshots
 from broker.partition import Partition, SequenceError
 from broker.storage.errors import (
     BatchTooLargeError,
@@ -41,6 +57,16 @@ log = logging.getLogger(__name__)
 BROKER_VERSION = __version__
 FETCH_MAX_BYTES_MAX = 4 * 1024 * 1024  # one fetch answer; below the 8 MiB frame limit with room
 FETCH_WAIT_MS_MAX = 60_000  # a long poll longer than a minute is a client bug, not a wish
+OWNER_CACHE_MAX = 100_000  # (topic id, partition) -> core entries kept; cleared when full
+PARTITION_APIS = frozenset(
+    {
+        m.ApiKey.PRODUCE,
+        m.ApiKey.FETCH,
+        m.ApiKey.LIST_OFFSETS,
+        m.ApiKey.OFFSET_COMMIT,
+        m.ApiKey.OFFSET_FETCH,
+    }
+)
 
 
 @dataclass(slots=True)
@@ -92,7 +118,32 @@ class Wait:
     on_timeout: Callable[[], Reply]
 
 
-Outcome = Reply | Silent | Append | Read | Durable | Wait
+@dataclass(slots=True)
+class Forward:
+    """The partition of `frame` belongs to `core`: send the frame there over the inter-core channel
+    and relay the answer (broker/forwarding.py does it; the backend only moves the bytes).
+
+    `long_poll`: a fetch that may wait at the owner (send it where it holds nothing back);
+    `expects_reply`: False for a produce with acks=0 (the owner sends nothing; answer Silent now).
+    """
+
+    core: int
+    frame: Frame
+    long_poll: bool
+    expects_reply: bool
+
+
+@dataclass(slots=True)
+class Notify:
+    """Send `frame` to each of `cores` over the inter-core channel, wait for every answer (or the
+    notice timeout), then send `finish()`. Used by DeleteTopic (see the module rules)."""
+
+    frame: Frame
+    cores: tuple[int, ...]
+    finish: Callable[[], Reply]
+
+
+Outcome = Reply | Silent | Append | Read | Durable | Wait | Forward | Notify
 
 
 def error_of(exc: BaseException) -> tuple[m.ErrorCode, str]:
@@ -135,15 +186,30 @@ class BrokerConfig:
     cores: int = 1
     core_id: int = 0
     log_defaults: LogConfig = field(default_factory=LogConfig)
+    core_ports: tuple[int, ...] = ()  # each core's direct port, for Metadata (empty: unknown)
+    peer_addresses: tuple[str, ...] = ()  # each core's inter-core unix socket (abstract: "\0...")
+    backend: str = "uvloop"
 
 
 class Handlers:
-    """The request-handling state of one core: its topics view and the partitions it owns."""
+    """The request-handling state of one core: its topics view and the partitions it owns.
 
-    def __init__(self, config: BrokerConfig) -> None:
+    Owned by the core's event-loop thread. `metrics` are this core's counters (the backend bumps
+    the per-request ones; Handlers counts errors); `gauges` are set by the backend (queue depths,
+    read when a snapshot is taken: STATS and the published files).
+    """
+
+    def __init__(self, config: BrokerConfig, metrics: CoreMetrics | None = None) -> None:
         self.config = config
-        self.registry = TopicRegistry(config.data_dir, config.log_defaults)
+        self.metrics = metrics if metrics is not None else CoreMetrics(config.core_id, config.backend)
+        self.gauges: dict[str, Callable[[], int]] = {}
+        os.makedirs(os.path.join(config.data_dir, "topics"), exist_ok=True)
+        self.registry = TopicRegistry(config.data_dir, config.log_defaults, remove_orphans=False)
+        with self.registry.locked():  # orphans are removed only here: at start, under the lock
+            self.registry.load()
+            self.registry.remove_orphans()
         self.partitions: dict[tuple[int, int], Partition] = {}
+        self._owners: dict[tuple[int, int], int] = {}
         for topic in self.registry.by_id.values():
             self._open_topic(topic)
         self._dispatch: dict[int, Callable[[m.Request, Frame], Outcome]] = {
@@ -156,9 +222,11 @@ class Handlers:
             m.ApiKey.LIST_OFFSETS: self._list_offsets,
             m.ApiKey.OFFSET_COMMIT: self._offset_commit,
             m.ApiKey.OFFSET_FETCH: self._offset_fetch,
+            m.ApiKey.STATS: self._stats,
         }
 
     def close(self) -> None:
+        """Close every partition (flushing them). Call once, at shutdown."""
         for p in self.partitions.values():
             try:
                 p.close()
@@ -167,20 +235,68 @@ class Handlers:
         self.partitions.clear()
 
     def owner(self, topic_id: int, partition: int) -> int:
-        return shard_for(topic_id, partition, self.config.cores)
+        key = (topic_id, partition)
+        core = self._owners.get(key)
+        if core is None:
+            if len(self._owners) >= OWNER_CACHE_MAX:
+                self._owners.clear()
+            core = self._owners[key] = shard_for(topic_id, partition, self.config.cores)
+        return core
 
     def _open_topic(self, topic: Topic) -> None:
         for i in range(topic.partitions):
-            if self.owner(topic.topic_id, i) == self.config.core_id:
+            if (
+                self.owner(topic.topic_id, i) == self.config.core_id
+                and (topic.topic_id, i) not in self.partitions
+            ):
                 path = self.registry.partition_dir(topic.topic_id, i)
                 self.partitions[(topic.topic_id, i)] = Partition(topic.topic_id, i, path, topic.log_config())
 
+    # ------------------------------------------------------------------------- topics shared by cores
+
+    def refresh_topics(self, force: bool = False) -> None:
+        """Catch up with topic changes made by other cores: reread topics.json when it was replaced
+        (or always, with `force`), open the partitions of new topics this core owns and close those
+        of topics that are gone. Never removes files (see broker/topics.py)."""
+        if force:
+            self.registry.load()
+        elif not self.registry.refresh():
+            return
+        self._sync_partitions()
+
+    def _sync_partitions(self) -> None:
+        live = self.registry.by_id
+        for key in [k for k in self.partitions if k[0] not in live]:
+            p = self.partitions.pop(key)
+            log.info("topic id %d is gone: closing partition %d", key[0], key[1])
+            try:
+                p.close()
+            except StorageError as exc:
+                log.error("closing partition %d/%d: %s", p.topic_id, p.index, exc)
+        for topic in list(live.values()):
+            try:
+                self._open_topic(topic)
+            except (StorageError, OSError) as exc:
+                log.error("opening partitions of topic %s: %s", topic.name, exc)
+
     # ------------------------------------------------------------------------- entry point
 
-    def handle(self, frame: Frame) -> Outcome:
+    def handle(self, frame: Frame, from_peer: bool = False) -> Outcome:
+        """The outcome of one request frame. `from_peer`: it arrived over the inter-core channel
+        (forwarded by, or a notice from, another core of this broker)."""
         reason = m.unsupported(frame)
         if reason is not None:
             return self._error(frame, m.ErrorCode.UNSUPPORTED_VERSION, reason)
+        if frame.api_key in PARTITION_APIS and self.config.cores > 1:
+            core = self.owner(frame.topic_id, frame.partition)
+            if core != self.config.core_id:
+                if from_peer:
+                    return self._error(
+                        frame, m.ErrorCode.NOT_OWNER, f"core {self.config.core_id} does not own it"
+                    )
+                return Forward(core, frame, _is_long_poll(frame), not _is_silent_produce(frame))
+        if from_peer and frame.api_key == m.ApiKey.DELETE_TOPIC:
+            return self._topic_deleted_elsewhere(frame)
         try:
             req = m.decode_request(frame)
             return self._dispatch[frame.api_key](req, frame)
@@ -199,12 +315,17 @@ class Handlers:
         return self._error(frame, code, message)
 
     def _error(self, frame: Frame, code: m.ErrorCode, message: str) -> Reply:
+        self.metrics.error()
         resp = m.error_response(frame.api_key, code, message)
         return Reply(
             m.encode_response(resp, frame.correlation_id, frame.api_key, frame.topic_id, frame.partition)
         )
 
     def _partition(self, frame: Frame) -> Partition:
+        p = self.partitions.get((frame.topic_id, frame.partition))
+        if p is not None:
+            return p
+        self.refresh_topics(force=True)  # a miss: another core may have created the topic
         p = self.partitions.get((frame.topic_id, frame.partition))
         if p is not None:
             return p
@@ -226,6 +347,9 @@ class Handlers:
 
     def _metadata(self, req: m.Request, frame: Frame) -> Outcome:
         assert isinstance(req, m.MetadataRequest)
+        self.refresh_topics()
+        if any(name not in self.registry.by_name for name in req.topics):
+            self.refresh_topics(force=True)
         names = req.topics or tuple(sorted(self.registry.by_name))
         topics = []
         for name in names:
@@ -255,37 +379,57 @@ class Handlers:
             cores=self.config.cores,
             steering=False,
             topics=tuple(topics),
+            core_ports=self.config.core_ports,
         )
         return self._reply(frame, resp)
 
     def _create_topic(self, req: m.Request, frame: Frame) -> Outcome:
         assert isinstance(req, m.CreateTopicRequest)
-        topic = self.registry.create(
-            req.name, req.partitions, req.retention_ms, req.retention_bytes, req.segment_bytes
-        )
+        with self.registry.locked():  # reload, change, save: other cores change it too
+            self.registry.load()
+            topic = self.registry.create(
+                req.name, req.partitions, req.retention_ms, req.retention_bytes, req.segment_bytes
+            )
+        self._sync_partitions()
         try:
             self._open_topic(topic)
         except Exception:
-            self._drop_topic(topic)
+            self._close_topic(topic)
+            with self.registry.locked():
+                self.registry.load()
+                self.registry.delete(topic.name)
+            self.registry.remove_files(topic)
             raise
         log.info("created topic %s (id %d, %d partitions)", topic.name, topic.topic_id, topic.partitions)
         return self._reply(frame, m.CreateTopicResponse(topic_id=topic.topic_id))
 
     def _delete_topic(self, req: m.Request, frame: Frame) -> Outcome:
         assert isinstance(req, m.DeleteTopicRequest)
-        topic = self.registry.delete(req.name)
-        self._drop_topic(topic)
-        log.info("deleted topic %s (id %d)", topic.name, topic.topic_id)
+        with self.registry.locked():
+            self.registry.load()
+            topic = self.registry.delete(req.name)
+        self._sync_partitions()  # closes this core's partitions of it, and catches up on the rest
+
+        def finish() -> Reply:
+            self.registry.remove_files(topic)
+            log.info("deleted topic %s (id %d)", topic.name, topic.topic_id)
+            return self._reply(frame, m.DeleteTopicResponse())
+
+        peers = tuple(c for c in range(self.config.cores) if c != self.config.core_id)
+        if not peers:
+            return finish()
+        return Notify(frame, peers, finish)
+
+    def _topic_deleted_elsewhere(self, frame: Frame) -> Outcome:
+        """Another core deleted a topic: close our partitions of it before it answers its client."""
+        self.refresh_topics(force=True)
         return self._reply(frame, m.DeleteTopicResponse())
 
-    def _drop_topic(self, topic: Topic) -> None:
-        self.registry.by_id.pop(topic.topic_id, None)
-        self.registry.by_name.pop(topic.name, None)
+    def _close_topic(self, topic: Topic) -> None:
         for i in range(topic.partitions):
             p = self.partitions.pop((topic.topic_id, i), None)
             if p is not None:
                 p.close()
-        self.registry.remove_files(topic)
 
     # ------------------------------------------------------------------------- produce
 
@@ -398,6 +542,19 @@ class Handlers:
         offset, metadata = self._partition(frame).group_offsets.get(req.group, (-1, ""))
         return self._reply(frame, m.OffsetFetchResponse(offset=offset, metadata=metadata))
 
+    # ------------------------------------------------------------------------- stats
+
+    def _stats(self, req: m.Request, frame: Frame) -> Outcome:
+        """Every core's published snapshot; this core's own taken now."""
+        own = self.metrics.snapshot(self.gauges)
+        snaps = [
+            s for s in read_snapshots(self.config.data_dir, self.config.cores) if s.get("core") != own["core"]
+        ]
+        snaps.append(own)
+        snaps.sort(key=lambda s: int(s.get("core", 0)))  # type: ignore[call-overload]
+        doc = {"answered_by": self.config.core_id, "cores": self.config.cores, "snapshots": snaps}
+        return self._reply(frame, m.StatsResponse(core=self.config.core_id, stats_json=json.dumps(doc)))
+
     # ------------------------------------------------------------------------- housekeeping
 
     def apply_retention(self) -> int:
@@ -408,6 +565,18 @@ class Handlers:
             except StorageError as exc:
                 log.error("retention on partition %d/%d: %s", p.topic_id, p.index, exc)
         return deleted
+
+
+def _is_long_poll(frame: Frame) -> bool:
+    """A fetch with max_wait_ms > 0 (body: offset i64, max_bytes i32, max_wait_ms i32, ...)."""
+    if frame.api_key != m.ApiKey.FETCH or len(frame.body) < 16:
+        return False
+    return int.from_bytes(frame.body[12:16], "big", signed=True) > 0
+
+
+def _is_silent_produce(frame: Frame) -> bool:
+    """A produce with acks=0 (body: acks i8, ...): the owner will send no answer."""
+    return frame.api_key == m.ApiKey.PRODUCE and len(frame.body) >= 1 and frame.body[0] == m.Acks.NONE
 
 
 def _wire_limit(value: int | None) -> int:

@@ -11,6 +11,16 @@ Rules this module keeps:
 - Limits: a connection that has `CONNECTION_INFLIGHT_MAX` requests unanswered, or whose transport
   buffers more than the high-water mark, stops being read until it drains.
 - A frame that cannot be delimited (`ProtocolError`) closes that connection, and only it.
+- Listeners are made by the caller (the supervisor: they outlive a worker restart) and served
+  alike; the one difference is that frames arriving on an AF_UNIX listener come from another core
+  (`Handlers.handle(frame, from_peer=True)`: forwarded requests and topic notices).
+- Forwarding: this module only moves bytes for broker/forwarding.py (`send_to_core`): one
+  connection per peer core for ordinary forwards, and one per forwarded long poll (kept idle for
+  reuse, at most `PEER_IDLE_LINKS_MAX` per peer) so that a parked fetch holds nothing back.
+
+The backend contract (broker/uring_server.py keeps it too):
+    Server(config, listeners)                  # pre-made listening sockets, inherited from the supervisor
+    run(config, listeners, ready) -> None      # serve until SIGTERM/SIGINT; ready() once all listen
 """
 
 from __future__ import annotations
@@ -21,14 +31,29 @@ import ctypes
 import logging
 import os
 import signal
-from collections.abc import Callable
+import socket
+from collections.abc import Callable, Sequence
 from typing import cast
 
-from broker.handlers import Append, BrokerConfig, Durable, Handlers, Outcome, Read, Reply, Silent, Wait
+from broker.forwarding import Done, Forwarder, PeerLink
+from broker.handlers import (
+    Append,
+    BrokerConfig,
+    Durable,
+    Forward,
+    Handlers,
+    Notify,
+    Outcome,
+    Read,
+    Reply,
+    Silent,
+    Wait,
+)
+from broker.metrics import publish
 from broker.partition import Partition
 from broker.storage.fileio import SyncFileIO, run_ops
 from ringlog_proto.batch import now_ms
-from ringlog_proto.frames import NEED_DATA, Frame, FrameDecoder, ProtocolError
+from ringlog_proto.frames import HEADER_SIZE, NEED_DATA, Frame, FrameDecoder, ProtocolError
 from ringlog_proto.messages import Acks
 
 log = logging.getLogger(__name__)
@@ -37,21 +62,25 @@ CONNECTION_INFLIGHT_MAX = 1024  # unanswered requests per connection before we s
 WRITE_BUFFER_HIGH_BYTES = 16 * 1024 * 1024  # unsent reply bytes per connection before pausing reads
 RETENTION_CHECK_S = 30.0
 SHUTDOWN_GRACE_S = 10.0
+HOUSEKEEPING_S = 1.0  # metrics snapshot published, topics.json checked for other cores' changes
+PEER_IDLE_LINKS_MAX = 8  # idle long-poll connections kept per peer core for reuse
 
 
 class _Slot:
-    __slots__ = ("buffers", "done")
+    __slots__ = ("buffers", "done", "started_ns")
 
-    def __init__(self) -> None:
+    def __init__(self, started_ns: int) -> None:
         self.buffers: list[bytes] = []
         self.done = False
+        self.started_ns = started_ns
 
 
 class Connection(asyncio.Protocol):
-    """One client connection. Owned by the event loop's thread."""
+    """One client connection (or, `from_peer`, one from another core). Owned by the event loop's thread."""
 
-    def __init__(self, server: Server) -> None:
+    def __init__(self, server: Server, from_peer: bool = False) -> None:
         self.server = server
+        self.from_peer = from_peer
         self.decoder = FrameDecoder()
         self.transport: asyncio.Transport | None = None
         self.slots: list[_Slot] = []
@@ -60,11 +89,12 @@ class Connection(asyncio.Protocol):
         self._reading_paused = False
         self._writing_paused = False
         self._aborted = False
+        self._forward_blocked = 0  # peers whose forward limit this connection waits on
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it.
         self.transport = cast(asyncio.Transport, transport)
-        self.peer = str(transport.get_extra_info("peername"))
+        self.peer = "core peer" if self.from_peer else str(transport.get_extra_info("peername"))
         self.transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH_BYTES)
         self.server.connections.add(self)
 
@@ -76,15 +106,19 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.decoder.feed(data)
+        server = self.server
+        metrics = server.handlers.metrics
         try:
             while not self.closed:
                 frame = self.decoder.next_frame()
                 if frame is NEED_DATA:
                     break
                 assert isinstance(frame, Frame)
-                slot = _Slot()
+                slot = _Slot(metrics.request(frame.api_key, len(frame.body) + HEADER_SIZE))
+                if self.from_peer:
+                    metrics.forwarded_in()
                 self.slots.append(slot)
-                self.server.carry_out(self.server.handlers.handle(frame), frame, self, slot)
+                server.carry_out(server.handlers.handle(frame, self.from_peer), frame, self, slot)
         except ProtocolError as exc:
             log.warning("closing %s: %s", self.peer, exc)
             self.abort()
@@ -96,6 +130,7 @@ class Connection(asyncio.Protocol):
         slot.done = True
         if isinstance(outcome, Reply):
             slot.buffers = outcome.buffers
+            self.server.handlers.metrics.reply(sum(len(b) for b in outcome.buffers), slot.started_ns)
         if self.closed or self.transport is None:
             return
         ready = 0
@@ -128,21 +163,86 @@ class Connection(asyncio.Protocol):
     def _update_reading(self) -> None:
         if self.transport is None or self.closed:
             return
-        pause = self._writing_paused or len(self.slots) >= CONNECTION_INFLIGHT_MAX
+        pause = (
+            self._writing_paused or self._forward_blocked > 0 or len(self.slots) >= CONNECTION_INFLIGHT_MAX
+        )
         if pause and not self._reading_paused:
             self.transport.pause_reading()
         elif not pause and self._reading_paused:
             self.transport.resume_reading()
         self._reading_paused = pause
 
+    def wait_for_forward_room(self, forwarder: Forwarder, core: int) -> None:
+        """Stop reading until forwards to `core` are below their limit again."""
+        self._forward_blocked += 1
+        self._update_reading()
+
+        def resume() -> None:
+            self._forward_blocked -= 1
+            self._update_reading()
+
+        forwarder.when_room(core, resume)
+
+
+class PeerConnection(asyncio.Protocol):
+    """This core's end of one inter-core connection: moves bytes for a `PeerLink`."""
+
+    def __init__(self, server: Server, core: int, long_poll: bool) -> None:
+        self.server = server
+        self.core = core
+        self.long_poll = long_poll
+        self.link = PeerLink(core)
+        self.transport: asyncio.Transport | None = None
+        self._unsent: list[bytes] = []  # written before the connection is made
+
+    def send(self, frame: Frame, done: Done | None) -> None:
+        buffers = self.link.request(frame, done)
+        if self.transport is None:
+            self._unsent.extend(buffers)
+        else:
+            self.transport.writelines(buffers)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        if self._unsent:
+            self.transport.writelines(self._unsent)
+            self._unsent = []
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.link.receive(data)
+        except ProtocolError as exc:
+            log.error("core %d sent bytes that are not frames (%s): dropping the connection", self.core, exc)
+            self.close(exc)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.close(exc)
+
+    def close(self, exc: BaseException | None) -> None:
+        self.server.peer_gone(self)
+        if self.transport is not None:
+            self.transport.abort()
+        self.link.lost(exc)
+
 
 class Server:
-    """One broker process on the asyncio backend."""
+    """One worker process (one core) on the asyncio backend, serving pre-made listeners."""
 
-    def __init__(self, config: BrokerConfig) -> None:
+    def __init__(self, config: BrokerConfig, listeners: Sequence[socket.socket]) -> None:
         self.config = config
+        self.listeners = list(listeners)
         self.io = SyncFileIO()
         self.handlers = Handlers(config)
+        self.forwarder = Forwarder(self.handlers, self.send_to_core, self._call_later)
+        self._peers: dict[int, PeerConnection] = {}  # the ordinary connection to each peer core
+        self._peer_idle: dict[int, list[PeerConnection]] = {}  # idle long-poll connections
+        self._peer_all: set[PeerConnection] = set()
+        self.handlers.gauges = {
+            "inflight_requests": lambda: sum(len(c.slots) for c in self.connections if not c.from_peer),
+            "pending_forwards": lambda: self.forwarder.pending,
+            "parked_long_polls": lambda: len(self._waits),
+            "commit_waiters": lambda: sum(len(w) for w in self._flush_waiting.values()),
+        }
         self.connections: set[Connection] = set()
         self._flush_waiting: dict[
             Partition, list[tuple[Callable[[], None], Callable[[BaseException], None]]]
@@ -150,6 +250,7 @@ class Server:
         self._flush_scheduled = False
         self._waits: set[asyncio.TimerHandle] = set()
         self._stopping: asyncio.Event | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------------------- outcomes
 
@@ -172,8 +273,74 @@ class Server:
             except Exception as exc:  # becomes an error reply
                 reply = self.handlers.error_reply(frame, exc)
             conn.fill(slot, reply)
+        elif isinstance(outcome, Forward):
+            self.forwarder.forward(outcome, lambda reply: conn.fill(slot, reply))
+            if self.forwarder.blocked(outcome.core):
+                conn.wait_for_forward_room(self.forwarder, outcome.core)
+        elif isinstance(outcome, Notify):
+            self.forwarder.notify(outcome, lambda reply: conn.fill(slot, reply))
         else:
             self._wait(outcome, conn, slot, outcome.deadline_ms)
+
+    # ------------------------------------------------------------------------- inter-core I/O
+
+    def send_to_core(self, core: int, frame: Frame, long_poll: bool, done: Done | None) -> None:
+        """The forwarding primitive (broker/forwarding.py): `frame` to `core`, `done` gets the answer."""
+        if long_poll:
+            idle = self._peer_idle.get(core)
+            pc = idle.pop() if idle else self._open_peer(core, long_poll=True)
+            assert done is not None
+
+            def done_then_park(result: Frame | BaseException) -> None:
+                if not pc.link.closed and pc.link.pending == 0:
+                    parked = self._peer_idle.setdefault(core, [])
+                    if len(parked) < PEER_IDLE_LINKS_MAX and not self._stopping_now():
+                        parked.append(pc)
+                    else:
+                        pc.close(None)
+                done(result)
+
+            pc.send(frame, done_then_park)
+            return
+        pc = self._peers.get(core)
+        if pc is None or pc.link.closed:
+            pc = self._peers[core] = self._open_peer(core, long_poll=False)
+        pc.send(frame, done)
+
+    def _open_peer(self, core: int, long_poll: bool) -> PeerConnection:
+        loop = asyncio.get_running_loop()
+        pc = PeerConnection(self, core, long_poll)
+        self._peer_all.add(pc)
+        address = self.config.peer_addresses[core]
+
+        async def connect() -> None:
+            # The socket is made here, not by create_unix_connection: libuv takes a path as a C
+            # string, which cannot hold an abstract address (it starts with a NUL byte).
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.setblocking(False)
+                await loop.sock_connect(sock, address)
+                await loop.create_unix_connection(lambda: pc, sock=sock)
+            except OSError as exc:
+                sock.close()
+                log.warning("cannot reach core %d: %s", core, exc)
+                pc.close(exc)
+
+        task = loop.create_task(connect())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return pc
+
+    def peer_gone(self, pc: PeerConnection) -> None:
+        self._peer_all.discard(pc)
+        if self._peers.get(pc.core) is pc:
+            del self._peers[pc.core]
+        idle = self._peer_idle.get(pc.core)
+        if idle and pc in idle:
+            idle.remove(pc)
+
+    def _call_later(self, delay: float, fn: Callable[[], None]) -> object:
+        return asyncio.get_running_loop().call_later(delay, fn)
 
     def _append(self, outcome: Append, frame: Frame, conn: Connection, slot: _Slot) -> None:
         log_ = outcome.partition.log
@@ -234,7 +401,7 @@ class Server:
                 self._waits.discard(timer)
             if conn.closed:
                 return
-            again = self.handlers.handle(outcome.frame)
+            again = self.handlers.handle(outcome.frame, conn.from_peer)
             if isinstance(again, Wait) and not self._stopping_now():
                 self._wait(again, conn, slot, deadline_ms)  # spurious: keep the first deadline
             elif isinstance(again, Wait):
@@ -259,44 +426,69 @@ class Server:
 
     # ------------------------------------------------------------------------- lifecycle
 
-    async def serve(self, ready: Callable[[int], None] | None = None) -> None:
+    async def serve(self, ready: Callable[[], None] | None = None) -> None:
         """Serve until SIGINT/SIGTERM; then stop accepting, answer in-flight requests, flush, close."""
         loop = asyncio.get_running_loop()
         self._stopping = asyncio.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self._stopping.set)
-        server = await loop.create_server(
-            lambda: Connection(self),
-            self.config.host,
-            self.config.port,
-            reuse_address=True,
-            backlog=1024,
-        )
-        port = server.sockets[0].getsockname()[1]
+        servers: list[asyncio.AbstractServer] = []
+        for sock in self.listeners:
+            if sock.family == socket.AF_UNIX:
+                servers.append(
+                    await loop.create_unix_server(lambda: Connection(self, from_peer=True), sock=sock)
+                )
+            else:
+                servers.append(await loop.create_server(lambda: Connection(self), sock=sock))
+        backend = "uvloop" if type(loop).__module__.startswith("uvloop") else "asyncio (uvloop not installed)"
+        self.handlers.metrics.backend = backend.split(maxsplit=1)[0]
         log.info(
-            "serving on %s:%d (data dir %s, backend %s)",
-            self.config.host,
-            port,
+            "core %d serving %d listener(s) (data dir %s, backend %s)",
+            self.config.core_id,
+            len(servers),
             os.path.abspath(self.config.data_dir),
-            "uvloop" if type(loop).__module__.startswith("uvloop") else "asyncio (uvloop not installed)",
+            backend,
         )
+        self._publish_metrics()
         if ready is not None:
-            ready(port)
+            ready()
         retention = loop.create_task(self._retention_loop())
+        housekeeping = loop.create_task(self._housekeeping_loop())
         await self._stopping.wait()
         log.info("shutting down: no new connections, answering in-flight requests")
-        server.close()
+        for server in servers:
+            server.close()
         retention.cancel()
+        housekeeping.cancel()
         for p in self.handlers.partitions.values():
             p.wake_waiters()  # parked fetches answer now (their re-handle sees _stopping)
         await self._drain()
         if self._flush_scheduled:
             self._group_commit()
+        self.forwarder.fail_all()
         for conn in list(self.connections):
             if conn.transport is not None:
                 conn.transport.close()
+        for pc in list(self._peer_all):
+            pc.close(None)
         self.handlers.close()
+        self._publish_metrics()
         log.info("stopped cleanly")
+
+    def _publish_metrics(self) -> None:
+        try:
+            publish(self.config.data_dir, self.handlers.metrics.snapshot(self.handlers.gauges))
+        except OSError as exc:
+            log.warning("cannot publish metrics: %s", exc)
+
+    async def _housekeeping_loop(self) -> None:
+        while True:
+            await asyncio.sleep(HOUSEKEEPING_S)
+            self._publish_metrics()
+            try:
+                self.handlers.refresh_topics()
+            except (OSError, ValueError) as exc:
+                log.error("cannot read the topic registry: %s", exc)
 
     async def _drain(self) -> None:
         deadline = asyncio.get_running_loop().time() + SHUTDOWN_GRACE_S
@@ -341,8 +533,11 @@ def tune_malloc() -> bool:
     return ok
 
 
-def run(config: BrokerConfig, ready: Callable[[int], None] | None = None) -> None:
-    """Run a broker until a signal stops it, on uvloop when it is installed."""
+def run(
+    config: BrokerConfig, listeners: Sequence[socket.socket], ready: Callable[[], None] | None = None
+) -> None:
+    """Serve `listeners` as core `config.core_id` until SIGTERM/SIGINT, on uvloop when installed;
+    `ready()` once every listener is served."""
     if not tune_malloc():
         log.info("glibc malloc tuning unavailable; large requests will cost more page faults")
     try:
@@ -352,4 +547,4 @@ def run(config: BrokerConfig, ready: Callable[[int], None] | None = None) -> Non
     except ImportError:
         factory = None
     with asyncio.Runner(loop_factory=factory) as runner:
-        runner.run(Server(config).serve(ready))
+        runner.run(Server(config, listeners).serve(ready))

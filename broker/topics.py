@@ -8,14 +8,24 @@ Rules this module keeps:
   never a torn one. Topic changes are rare; this cost is paid per create or delete only.
 - Partition data lives in `<data_dir>/topics/<topic_id>/<partition>/`: named by id, so a topic
   deleted and created again with the same name never meets the old files.
+- Several worker processes share the registry. A change (create, delete) happens under an
+  exclusive `flock` of `<data_dir>/topics.lock` (`locked()`): reload, change, save, unlock, so two
+  cores never hand out one id or lose each other's topics. Readers need no lock: the file is only
+  ever replaced whole. `refresh()` rereads it when it was replaced (a stat, no read otherwise).
+- Orphan directories (a topic's files without a registry entry) are removed only by
+  `remove_orphans()`, which a worker calls once at start while holding the lock, never on a later
+  reload: another core may be between "save the registry" and "create the directories".
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
 import os
 import re
 import shutil
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
 from broker.durable_file import load_json, replace_json
@@ -24,6 +34,7 @@ from broker.storage.log import LogConfig
 log = logging.getLogger(__name__)
 
 REGISTRY_FILE = "topics.json"
+LOCK_FILE = "topics.lock"
 REGISTRY_VERSION = 1
 TOPIC_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 PARTITIONS_MAX = 10_000  # per topic; each partition holds at least two open files on its core
@@ -67,33 +78,69 @@ def invalid_topic_name(name: str) -> str | None:
 class TopicRegistry:
     """All topics of one broker, persisted in `<data_dir>/topics.json`."""
 
-    def __init__(self, data_dir: str, defaults: LogConfig) -> None:
+    def __init__(self, data_dir: str, defaults: LogConfig, remove_orphans: bool = True) -> None:
         self.data_dir = data_dir
         self.defaults = defaults
         self.path = os.path.join(data_dir, REGISTRY_FILE)
+        self.lock_path = os.path.join(data_dir, LOCK_FILE)
         self.by_name: dict[str, Topic] = {}
         self.by_id: dict[int, Topic] = {}
         self.next_topic_id = 1  # 0 means "no topic" in frame headers
+        self._file_identity: tuple[int, int, int] | None = None
         os.makedirs(os.path.join(data_dir, "topics"), exist_ok=True)
         self.load()
+        if remove_orphans:
+            self.remove_orphans()
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the registry's exclusive lock (shared by every worker of this data dir)."""
+        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing drops the lock
+
+    def _identity(self) -> tuple[int, int, int] | None:
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return None
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
 
     def load(self) -> None:
-        """Read the registry, then remove partition directories of topics it does not hold.
-
-        Such directories are what a crash between "delete from the registry" and "delete the
-        files" leaves behind; deleting them finishes that delete.
-        """
-        self.by_name.clear()
-        self.by_id.clear()
+        """Read the registry file (no files are touched)."""
+        identity = self._identity()
+        by_name: dict[str, Topic] = {}
+        by_id: dict[int, Topic] = {}
+        next_topic_id = 1
         doc = load_json(self.path)
         if isinstance(doc, dict):
             if doc.get("version") != REGISTRY_VERSION:
                 raise ValueError(f"{self.path}: unknown registry version {doc.get('version')}")
-            self.next_topic_id = doc["next_topic_id"]
+            next_topic_id = doc["next_topic_id"]
             for entry in doc["topics"]:
                 topic = Topic(**entry)
-                self.by_name[topic.name] = topic
-                self.by_id[topic.topic_id] = topic
+                by_name[topic.name] = topic
+                by_id[topic.topic_id] = topic
+        self.by_name, self.by_id, self.next_topic_id = by_name, by_id, next_topic_id
+        self._file_identity = identity
+
+    def refresh(self) -> bool:
+        """Reload if another process replaced the file since the last load; True if it did."""
+        if self._identity() == self._file_identity:
+            return False
+        self.load()
+        return True
+
+    def remove_orphans(self) -> None:
+        """Remove partition directories of topics the registry does not hold.
+
+        Such directories are what a crash between "delete from the registry" and "delete the
+        files" leaves behind (or a core that was dead when another deleted a topic); deleting them
+        finishes that delete. Call only at start, holding `locked()`.
+        """
         topics_dir = os.path.join(self.data_dir, "topics")
         for name in os.listdir(topics_dir):
             if not name.isdigit() or int(name) not in self.by_id:
@@ -107,6 +154,7 @@ class TopicRegistry:
             "topics": [asdict(t) for t in sorted(self.by_id.values(), key=lambda t: t.topic_id)],
         }
         replace_json(self.path, doc)
+        self._file_identity = self._identity()
 
     def partition_dir(self, topic_id: int, partition: int) -> str:
         return os.path.join(self.data_dir, "topics", str(topic_id), str(partition))

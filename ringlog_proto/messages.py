@@ -25,7 +25,7 @@ from typing import ClassVar
 
 from ringlog_proto.frames import FLAG_RESPONSE, Frame, encode_header
 
-API_VERSION = 1
+API_VERSION = 1  # the version of every API that has never changed its layout
 
 
 class ApiKey(IntEnum):
@@ -38,6 +38,15 @@ class ApiKey(IntEnum):
     LIST_OFFSETS = 6
     OFFSET_COMMIT = 7
     OFFSET_FETCH = 8
+    STATS = 9
+
+
+# The current layout version of each API (requests and responses of one API share it). A change of
+# an API's body layout bumps its version here and in docs/PROTOCOL.md; the broker speaks only the
+# current version (clients and broker ship together) and answers others UNSUPPORTED_VERSION, so a
+# stale peer fails clearly instead of misreading bytes.
+CURRENT_VERSIONS: dict[int, int] = {key: API_VERSION for key in ApiKey}
+CURRENT_VERSIONS[ApiKey.METADATA] = 2  # v2: MetadataResponse carries each core's direct port
 
 
 class ErrorCode(IntEnum):
@@ -345,6 +354,19 @@ class OffsetFetchRequest(PartitionRequest):
         return cls(frame.topic_id, frame.partition, r.str())
 
 
+@dataclass(frozen=True, slots=True)
+class StatsRequest(Request):
+    # (empty body)
+    API_KEY: ClassVar[ApiKey] = ApiKey.STATS
+
+    def write(self, w: Writer) -> None:
+        pass
+
+    @classmethod
+    def read(cls, r: Reader, frame: Frame) -> StatsRequest:
+        return cls()
+
+
 REQUEST_TYPES: dict[int, type[Request]] = {
     cls.API_KEY: cls
     for cls in (
@@ -357,9 +379,12 @@ REQUEST_TYPES: dict[int, type[Request]] = {
         ListOffsetsRequest,
         OffsetCommitRequest,
         OffsetFetchRequest,
+        StatsRequest,
     )
 }
-SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {key: (API_VERSION, API_VERSION) for key in REQUEST_TYPES}
+SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
+    key: (CURRENT_VERSIONS[key], CURRENT_VERSIONS[key]) for key in REQUEST_TYPES
+}
 
 
 # ------------------------------------------------------------------------------------ responses
@@ -432,7 +457,8 @@ class TopicMetadata:
 
 @dataclass(frozen=True, slots=True)
 class MetadataResponse(Response):
-    # host str, port u16, cores u16, steering u8 (1 = eBPF steers connections to owning cores),
+    # (version 2) host str, port u16, cores u16, steering u8 (1 = eBPF steers connections to
+    # owning cores), core_ports array<u16> (core k's direct port, 0 = not reachable directly),
     # topics array<TopicMetadata>
     API_KEY: ClassVar[ApiKey] = ApiKey.METADATA
     host: str = ""
@@ -440,9 +466,13 @@ class MetadataResponse(Response):
     cores: int = 1
     steering: bool = False
     topics: tuple[TopicMetadata, ...] = ()
+    core_ports: tuple[int, ...] = ()
 
     def write(self, w: Writer) -> None:
-        w.str(self.host).pack("HHB", self.port, self.cores, int(self.steering)).array(len(self.topics))
+        w.str(self.host).pack("HHB", self.port, self.cores, int(self.steering)).array(len(self.core_ports))
+        for port in self.core_ports:
+            w.pack("H", port)
+        w.array(len(self.topics))
         for t in self.topics:
             w.pack("h", t.error).str(t.name).pack(
                 "Iqqq", t.topic_id, t.retention_ms, t.retention_bytes, t.segment_bytes
@@ -455,6 +485,7 @@ class MetadataResponse(Response):
     def read(cls, r: Reader) -> dict[str, object]:
         host = r.str()
         port, cores, steering = r.unpack("HHB")
+        core_ports = tuple(r.int("H") for _ in range(r.array(2)))
         topics = []
         for _ in range(r.array(32)):
             error = _error(r.int("h"))
@@ -468,6 +499,7 @@ class MetadataResponse(Response):
             "cores": cores,
             "steering": bool(steering),
             "topics": tuple(topics),
+            "core_ports": core_ports,
         }
 
 
@@ -558,6 +590,28 @@ class OffsetFetchResponse(Response):
         return {"offset": r.int("q"), "metadata": r.str()}
 
 
+@dataclass(frozen=True, slots=True)
+class StatsResponse(Response):
+    # core u16 (the core that answered), stats bytes: UTF-8 JSON, one snapshot per core
+    # (broker/metrics.py says what a snapshot holds)
+    API_KEY: ClassVar[ApiKey] = ApiKey.STATS
+    core: int = 0
+    stats_json: str = "{}"
+
+    def write(self, w: Writer) -> None:
+        w.pack("H", self.core).bytes(self.stats_json.encode())
+
+    @classmethod
+    def read(cls, r: Reader) -> dict[str, object]:
+        core = r.int("H")
+        raw = r.bytes()
+        try:
+            text = raw.decode()
+        except UnicodeDecodeError as exc:
+            raise MalformedBody("stats are not UTF-8") from exc
+        return {"core": core, "stats_json": text}
+
+
 RESPONSE_TYPES: dict[int, type[Response]] = {
     cls.API_KEY: cls
     for cls in (
@@ -570,6 +624,7 @@ RESPONSE_TYPES: dict[int, type[Response]] = {
         ListOffsetsResponse,
         OffsetCommitResponse,
         OffsetFetchResponse,
+        StatsResponse,
     )
 }
 
@@ -588,7 +643,8 @@ def _frame(
     w: Writer, api_key: int, correlation_id: int, topic_id: int, partition: int, flags: int
 ) -> list[bytes]:
     length = sum(len(p) for p in w.parts)
-    return [encode_header(length, api_key, API_VERSION, correlation_id, topic_id, partition, flags), *w.parts]
+    version = CURRENT_VERSIONS.get(api_key, API_VERSION)
+    return [encode_header(length, api_key, version, correlation_id, topic_id, partition, flags), *w.parts]
 
 
 def encode_request(req: Request, correlation_id: int) -> list[bytes]:
@@ -665,6 +721,7 @@ def decode_response(frame: Frame) -> Response:
 
 __all__ = [
     "API_VERSION",
+    "CURRENT_VERSIONS",
     "Acks",
     "ApiKey",
     "ErrorCode",

@@ -17,15 +17,30 @@ from ringlog_proto import messages as m
 from ringlog_proto.frames import NEED_DATA, Frame, FrameDecoder
 
 READY_RE = re.compile(r"serving on [\d.]+:(\d+)")
+CORE_RE = re.compile(r"core (\d+): pid (\d+), cpu (\d+), direct port (\d+)")
 
 
 class BrokerProcess:
-    def __init__(self, data_dir: Path, log_path: Path, extra: tuple[str, ...] = ()) -> None:
+    """`broker serve` with `cores` workers on `backend` (the existing suite runs one uvloop core;
+    tests of several cores parametrize the `broker` fixture, see conftest.py)."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        log_path: Path,
+        extra: tuple[str, ...] = (),
+        cores: int = 1,
+        backend: str = "uvloop",
+    ) -> None:
         self.data_dir = data_dir
         self.log_path = log_path
         self.extra = extra
+        self.cores = cores
+        self.backend = backend
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
+        self.core_ports: dict[int, int] = {}  # core -> direct port, from the supervisor's log
+        self.worker_pids: dict[int, int] = {}  # core -> pid at the last start
 
     @property
     def bootstrap(self) -> str:
@@ -35,7 +50,9 @@ class BrokerProcess:
         """Start (or restart) the broker. The first start takes a free port (--port 0); a restart
         keeps it, so clients holding the bootstrap address find the broker again."""
         args = [sys.executable, "-m", "broker.cli", "serve", "--data-dir", str(self.data_dir)]
-        args += ["--port", str(self.port)]
+        args += ["--port", str(self.port), "--cores", str(self.cores), "--backend", self.backend]
+        if self.cores > 1:
+            args.append("--oversubscribe")  # the multi-core tests must run on 1-CPU CI machines too
         offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen([*args, *self.extra], stdout=log, stderr=log)
@@ -45,6 +62,9 @@ class BrokerProcess:
             found = READY_RE.findall(text)
             if found:
                 self.port = int(found[-1])
+                for core, pid, _cpu, port in CORE_RE.findall(text):
+                    self.core_ports[int(core)] = int(port)
+                    self.worker_pids[int(core)] = int(pid)
                 if self._accepts():
                     return self
             if self.proc.poll() is not None:

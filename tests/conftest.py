@@ -10,9 +10,19 @@ from brokerproc import BrokerProcess, Wire
 
 
 @pytest.fixture
-def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
-    """Started on a free port; stopped with SIGTERM at teardown, which must exit 0."""
-    proc = BrokerProcess(tmp_path / "data", tmp_path / "broker.log").start()
+def broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BrokerProcess]:
+    """Started on a free port; stopped with SIGTERM at teardown, which must exit 0.
+
+    One uvloop core unless parametrized indirectly, e.g.
+    `@pytest.mark.parametrize("broker", [{"cores": 2, "backend": "uvloop"}], indirect=True)`.
+    """
+    options = getattr(request, "param", {})
+    proc = BrokerProcess(
+        tmp_path / "data",
+        tmp_path / "broker.log",
+        cores=options.get("cores", 1),
+        backend=options.get("backend", "uvloop"),
+    ).start()
     yield proc
     if proc.running():
         assert proc.stop() == 0, f"broker did not exit cleanly on SIGTERM:\n{proc.log()}"

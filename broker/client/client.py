@@ -3,9 +3,12 @@
 Rules this module keeps:
 - **Routing-aware.** A partition request goes over the connection of the core that owns the
   partition (`PartitionMetadata.owner_core` from Metadata), one connection per core, kept in a map
-  keyed by core id. Today every core is reached through the bootstrap address (the broker has one
-  core, so this is one connection); when cores become separately reachable only
-  `_address_for_core` changes.
+  keyed by core id. Core k is reached at the bootstrap host and its direct port
+  (`MetadataResponse.core_ports`), so a request never needs forwarding between cores; before the
+  ports are known, or if a core's port does not answer, the bootstrap address (any core, which
+  forwards) is used. Requests about no partition go over any open connection, first the bootstrap
+  one (kept under its own key: through the public port it reaches whichever core the kernel
+  picked, so it is never treated as a particular core's).
 - **Metadata is a cache**, refreshed when the broker says it is stale: UNKNOWN_TOPIC_OR_PARTITION
   (the topic was deleted and perhaps re-created under a new id) or NOT_OWNER (ownership moved).
   Concurrent lookups of one topic share one Metadata request.
@@ -33,7 +36,7 @@ from broker.client.errors import (
     error_for,
 )
 from ringlog_proto.messages import (
-    API_VERSION,
+    CURRENT_VERSIONS,
     ApiKey,
     ApiVersionsRequest,
     ApiVersionsResponse,
@@ -51,6 +54,7 @@ log = logging.getLogger(__name__)
 DEFAULT_BOOTSTRAP: Final = "127.0.0.1:9092"
 DEFAULT_PORT: Final = 9092
 CLIENT_NAME: Final = "ringlog-python"
+BOOTSTRAP_KEY: Final = -1  # the connection to the bootstrap address, in the map of connections
 
 
 class TopicPartition(NamedTuple):
@@ -114,6 +118,7 @@ class AsyncClient:
         self.metadata_max_age = metadata_max_age_ms / 1000
         self.retry_backoff = retry_backoff_ms / 1000
         self.cores = 1  # from ApiVersions / Metadata
+        self.core_ports: tuple[int, ...] = ()  # direct port of each core, from Metadata
         self.api_versions: ApiVersionsResponse | None = None
         # Connections by core id; a "lane" (a second connection to the same core, see
         # `connection`) by (core id, lane name).
@@ -133,15 +138,14 @@ class AsyncClient:
         assert isinstance(resp, ApiVersionsResponse)
         supported = {a.api_key: (a.min_version, a.max_version) for a in resp.apis}
         missing = [
-            key.name
+            f"{key.name} v{CURRENT_VERSIONS[key]}"
             for key in ApiKey
-            if not supported.get(key, (1, 0))[0] <= API_VERSION <= supported.get(key, (1, 0))[1]
+            if not supported.get(key, (1, 0))[0] <= CURRENT_VERSIONS[key] <= supported.get(key, (1, 0))[1]
         ]
         if missing:
             raise UnsupportedVersionError(
                 ErrorCode.UNSUPPORTED_VERSION,
-                f"broker {resp.broker_version} at {self.bootstrap} lacks version {API_VERSION} of "
-                + ", ".join(missing),
+                f"broker {resp.broker_version} at {self.bootstrap} lacks " + ", ".join(missing),
             )
         self.api_versions = resp
         self.cores = max(1, resp.cores)
@@ -169,8 +173,10 @@ class AsyncClient:
     # ----------------------------------------------------------------------------------- connections
 
     def _address_for_core(self, core: int) -> tuple[str, int]:
-        """Where to reach `core`. Today: the bootstrap address for every core (the broker has one
-        core, or steers connections itself); a later issue makes each core reachable."""
+        """Where to reach `core`: the bootstrap host at the core's direct port (from Metadata),
+        or the bootstrap address when that is unknown (then the broker forwards)."""
+        if 0 <= core < len(self.core_ports) and self.core_ports[core]:
+            return self.host, self.core_ports[core]
         return self.host, self.port
 
     async def connection(self, core: int = 0, lane: str = "") -> AsyncConnection:
@@ -200,10 +206,24 @@ class AsyncClient:
 
     async def _connect(self, key: int | tuple[int, str], core: int) -> AsyncConnection:
         try:
-            host, port = self._address_for_core(core)
-            conn = await AsyncConnection.connect(
-                host, port, connect_timeout=self.connect_timeout, request_timeout=self.request_timeout
-            )
+            host, port = self._address_for_core(core) if core != BOOTSTRAP_KEY else (self.host, self.port)
+            try:
+                conn = await AsyncConnection.connect(
+                    host, port, connect_timeout=self.connect_timeout, request_timeout=self.request_timeout
+                )
+            except BrokerUnavailable:
+                if (host, port) == (self.host, self.port):
+                    raise
+                # The core's direct port is stale (the broker restarted on other ports): forget
+                # the ports and go through the bootstrap address; the next Metadata brings new ones.
+                log.debug("core %d at %s:%d unreachable; using the bootstrap address", core, host, port)
+                self.core_ports = ()
+                conn = await AsyncConnection.connect(
+                    self.host,
+                    self.port,
+                    connect_timeout=self.connect_timeout,
+                    request_timeout=self.request_timeout,
+                )
             if self._closed:
                 await conn.close()
                 raise ClientClosedError("the client is closed")
@@ -213,11 +233,12 @@ class AsyncClient:
             self._connecting.pop(key, None)
 
     def _control_core(self) -> int:
-        """The core for requests about no partition: any open connection will do."""
+        """The connection for requests about no partition: any open one will do (the bootstrap
+        connection if there is none)."""
         for key, conn in self._conns.items():
             if isinstance(key, int) and not conn.closed:
                 return key
-        return 0
+        return BOOTSTRAP_KEY
 
     async def request(
         self, req: Request, *, core: int | None = None, timeout: float | None = None, check: bool = True
@@ -233,6 +254,7 @@ class AsyncClient:
         resp = await self.request(MetadataRequest(tuple(topics)))
         assert isinstance(resp, MetadataResponse)
         self.cores = max(1, resp.cores)
+        self.core_ports = resp.core_ports
         now = time.monotonic()
         for t in resp.topics:
             if t.error == ErrorCode.NONE:

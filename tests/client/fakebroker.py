@@ -111,7 +111,7 @@ class FakeBroker:
         req = m.decode_request(frame)
         self.requests.append(req)
         if isinstance(req, m.ApiVersionsRequest):
-            apis = tuple(m.ApiVersion(k, 1, 1) for k in m.ApiKey)
+            apis = tuple(m.ApiVersion(k, m.CURRENT_VERSIONS[k], m.CURRENT_VERSIONS[k]) for k in m.ApiKey)
             self._reply(
                 writer, frame, m.ApiVersionsResponse(broker_version="fake", cores=self.cores, apis=apis)
             )

@@ -160,7 +160,8 @@ def test_bad_input_gets_clear_errors_and_the_broker_keeps_serving(broker: Broker
     assert wire.rpc(m.FetchRequest(tid, 0, 5)).error == m.ErrorCode.OFFSET_OUT_OF_RANGE
     assert wire.rpc(m.CreateTopicRequest("bad/name", 1)).error == m.ErrorCode.INVALID_TOPIC
     assert wire.rpc(m.CreateTopicRequest("t", 1)).error == m.ErrorCode.TOPIC_ALREADY_EXISTS
-    wire.sock.sendall(encode_frame(m.ApiKey.METADATA, 1, 77, b"\x00\x00\x00\x05ab"))  # array too long
+    metadata_v = m.CURRENT_VERSIONS[m.ApiKey.METADATA]  # a body whose array is too long:
+    wire.sock.sendall(encode_frame(m.ApiKey.METADATA, metadata_v, 77, b"\x00\x00\x00\x05ab"))
     resp = wire.recv()
     assert resp.error == m.ErrorCode.INVALID_REQUEST
     wire.sock.sendall(encode_frame(42, 1, 78))

@@ -1,0 +1,292 @@
+"""Forwarding between cores, without I/O: correlation ids, limits, failures, topic notices.
+
+Rules this module keeps:
+- No sockets, no clock. A backend implements ONE primitive and hands it in:
+
+      send_to_core(core: int, frame: Frame, long_poll: bool,
+                   done: Callable[[Frame | BaseException], None] | None) -> None
+
+  "Write this frame to core `core` over the inter-core unix socket, and call `done` with the
+  response frame, or with an exception if the connection to that core failed." The backend
+  keeps one `PeerLink` (below) per inter-core connection, which does the correlation mapping:
+  `PeerLink.request` gives the bytes to write, `receive` takes the bytes read and calls the right
+  `done`, `lost` fails everything pending. `done=None` means no answer will come (acks=0).
+- Connections per peer core: requests that answer within a loop turn share one connection per
+  peer (the owner answers each connection in request order, and these never wait). A long-poll
+  fetch (`long_poll=True`) may be held by the owner for up to a minute, and would hold back every
+  answer behind it, so it travels on a connection of its own (the backend keeps idle ones for
+  reuse). The owner serves the inter-core listener exactly like a client listener.
+- The forwarded frame is the client's frame with a correlation id chosen by the link (bytes 12..16
+  of the header); the answer gets the client's id back before it is relayed, and leaves the client
+  connection in request order like any other answer (the backend's slot queue).
+- A peer that fails (its worker died: the supervisor restarts it) fails every request pending on
+  that connection with NOT_OWNER, which clients retry after refreshing metadata; the next
+  request reconnects (while the worker restarts, connections wait in the listener's backlog,
+  which the supervisor holds).
+- Limits: at most `FORWARD_INFLIGHT_MAX` forwards in flight per peer; more are queued here, and
+  `blocked(core)` tells the backend to stop reading the client connections that sent them until
+  `when_room(core, resume)` calls back.
+- Topic notices (`Notify`, for DeleteTopic): the frame goes to every listed core; the answer is
+  sent when all have answered or failed, or after `TOPIC_NOTICE_TIMEOUT_S` (the backend provides
+  `call_later(seconds, fn)`); a core that missed it removes the topic's files when it restarts.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable
+from typing import Final
+
+from broker.handlers import Forward, Handlers, Notify, Reply, Silent
+from ringlog_proto.frames import NEED_DATA, Frame, FrameDecoder, encode_header
+from ringlog_proto.messages import ErrorCode
+
+log = logging.getLogger(__name__)
+
+# Forwards waiting for an answer from one peer core. The owner answers a peer connection in order
+# and reads it as fast as any client's, so this bounds the memory a slow peer can make us hold
+# (up to this many requests, each at most a frame) without limiting a healthy one: at 100 µs per
+# request, 256 in flight already covers 25 ms of work.
+FORWARD_INFLIGHT_MAX: Final = 256
+TOPIC_NOTICE_TIMEOUT_S: Final = 5.0  # a peer that cannot close a topic's partitions in 5 s is stuck
+CORRELATION_MASK: Final = 0xFFFFFFFF
+
+Done = Callable[[Frame | BaseException], None]
+SendToCore = Callable[[int, Frame, bool, Done | None], None]
+CallLater = Callable[[float, Callable[[], None]], object]
+
+
+class PeerLinkError(Exception):
+    """The connection to a peer core failed or spoke nonsense; its requests did not complete."""
+
+
+class PeerLink:
+    """One connection to a peer core, sans-I/O: assigns correlation ids, matches answers.
+
+    Owned by the forwarding core's event-loop thread; the backend owns the socket.
+    """
+
+    __slots__ = ("_decoder", "_next_id", "_pending", "closed", "core")
+
+    def __init__(self, core: int) -> None:
+        self.core = core
+        self._decoder = FrameDecoder()
+        self._pending: dict[int, Done] = {}
+        self._next_id = 1
+        self.closed = False
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    def request(self, frame: Frame, done: Done | None) -> list[bytes]:
+        """The bytes to write for `frame` (a fresh correlation id); `done` gets the answer."""
+        if self.closed:
+            raise PeerLinkError(f"the connection to core {self.core} is closed")
+        cid = self._next_id
+        self._next_id = (cid + 1) & CORRELATION_MASK or 1
+        if done is not None:
+            self._pending[cid] = done
+        header = encode_header(
+            len(frame.body),
+            frame.api_key,
+            frame.api_version,
+            cid,
+            frame.topic_id,
+            frame.partition,
+            frame.flags,
+        )
+        return [header, frame.body]
+
+    def receive(self, data: bytes) -> None:
+        """Bytes read from the connection: call `done` of every request answered by them.
+
+        Raises `ProtocolError` when the bytes are not frames: close the connection and call `lost`.
+        """
+        self._decoder.feed(data)
+        while True:
+            frame = self._decoder.next_frame()
+            if frame is NEED_DATA:
+                return
+            assert isinstance(frame, Frame)
+            done = self._pending.pop(frame.correlation_id, None)
+            if done is None:
+                # An answer to a request sent with done=None: an acks=0 produce the owner refused.
+                log.debug("core %d answered request %d nobody waits for", self.core, frame.correlation_id)
+                continue
+            done(frame)
+
+    def lost(self, exc: BaseException | None) -> None:
+        """The connection is gone: fail everything still pending on it."""
+        self.closed = True
+        pending, self._pending = self._pending, {}
+        reason = PeerLinkError(f"connection to core {self.core} lost: {exc or 'closed by the peer'}")
+        for done in pending.values():
+            done(reason)
+
+
+class Forwarder:
+    """Carries out `Forward` and `Notify` outcomes for one core. Owned by its event-loop thread."""
+
+    def __init__(
+        self,
+        handlers: Handlers,
+        send_to_core: SendToCore,
+        call_later: CallLater,
+        inflight_max: int = FORWARD_INFLIGHT_MAX,
+    ) -> None:
+        assert inflight_max >= 1
+        self.handlers = handlers
+        self.metrics = handlers.metrics
+        self.send_to_core = send_to_core
+        self.call_later = call_later
+        self.inflight_max = inflight_max
+        cores = handlers.config.cores
+        self._inflight = [0] * cores
+        self._queued: list[deque[tuple[Forward, Callable[[Reply | Silent], None]]]] = [
+            deque() for _ in range(cores)
+        ]
+        self._room_waiters: list[list[Callable[[], None]]] = [[] for _ in range(cores)]
+
+    # ------------------------------------------------------------------------- gauges
+
+    @property
+    def pending(self) -> int:
+        """Forwards sent and not answered, plus those queued behind the per-peer limit."""
+        return sum(self._inflight) + sum(len(q) for q in self._queued)
+
+    def blocked(self, core: int) -> bool:
+        """Whether forwards to `core` are over the limit (stop reading the connection that sent one)."""
+        return self._inflight[core] >= self.inflight_max
+
+    def when_room(self, core: int, resume: Callable[[], None]) -> None:
+        """Call `resume` once forwards to `core` are below the limit again."""
+        if not self.blocked(core):
+            resume()
+        else:
+            self._room_waiters[core].append(resume)
+
+    # ------------------------------------------------------------------------- forward
+
+    def forward(self, outcome: Forward, reply: Callable[[Reply | Silent], None]) -> None:
+        """Send `outcome.frame` to its owner; `reply` gets the relayed answer (or an error)."""
+        self.metrics.forwarded()
+        if not outcome.expects_reply:
+            self._send(outcome, None)
+            reply(Silent())
+            return
+        core = outcome.core
+        if self._inflight[core] >= self.inflight_max:
+            self._queued[core].append((outcome, reply))
+            return
+        self._start(outcome, reply)
+
+    def _start(self, outcome: Forward, reply: Callable[[Reply | Silent], None]) -> None:
+        core = outcome.core
+        cid = outcome.frame.correlation_id
+        self._inflight[core] += 1
+        finished = False
+
+        def done(result: Frame | BaseException) -> None:
+            nonlocal finished
+            if finished:  # a backend calling back twice would be a bug; never answer twice
+                return
+            finished = True
+            self._inflight[core] -= 1
+            if isinstance(result, BaseException):
+                reply(self._failure(outcome, result))
+            else:
+                reply(_relayed(result, cid))
+            self._after_answer(core)
+
+        self._send(outcome, done)
+
+    def _send(self, outcome: Forward, done: Done | None) -> None:
+        try:
+            self.send_to_core(outcome.core, outcome.frame, outcome.long_poll, done)
+        except Exception as exc:  # a backend refusing at once is a failed peer too
+            if done is not None:
+                done(exc)
+
+    def _after_answer(self, core: int) -> None:
+        queue = self._queued[core]
+        while queue and self._inflight[core] < self.inflight_max:
+            outcome, reply = queue.popleft()
+            self._start(outcome, reply)
+        if not self.blocked(core) and self._room_waiters[core]:
+            waiters, self._room_waiters[core] = self._room_waiters[core], []
+            for resume in waiters:
+                resume()
+
+    def _failure(self, outcome: Forward, exc: BaseException) -> Reply:
+        frame = outcome.frame
+        log.warning("forward to core %d failed: %s", outcome.core, exc)
+        return self.handlers._error(
+            frame,
+            ErrorCode.NOT_OWNER,
+            f"core {outcome.core} owns partition {frame.partition} of topic id {frame.topic_id} "
+            f"and could not be reached ({exc}); retry",
+        )
+
+    def fail_all(self) -> None:
+        """Shutdown: answer every queued forward with NOT_OWNER (the in-flight ones finish or fail
+        with their connections)."""
+        for core, queue in enumerate(self._queued):
+            while queue:
+                outcome, reply = queue.popleft()
+                reply(self._failure(outcome, PeerLinkError(f"core {core}: shutting down")))
+
+    # ------------------------------------------------------------------------- notices
+
+    def notify(self, outcome: Notify, reply: Callable[[Reply | Silent], None]) -> None:
+        """Send the notice to every core of `outcome.cores`; answer with `finish()` when all
+        answered or failed, or at the timeout."""
+        waiting = set(outcome.cores)
+        answered = False
+
+        def finish() -> None:
+            nonlocal answered
+            if answered:
+                return
+            answered = True
+            if waiting:
+                log.warning(
+                    "topic notice: no answer from core(s) %s within %.0f s; they catch up at restart "
+                    "or at their next registry refresh",
+                    sorted(waiting),
+                    TOPIC_NOTICE_TIMEOUT_S,
+                )
+            reply(outcome.finish())
+
+        def done_for(core: int) -> Done:
+            def done(result: Frame | BaseException) -> None:
+                if isinstance(result, BaseException):
+                    log.warning("topic notice to core %d failed: %s", core, result)
+                waiting.discard(core)
+                if not waiting:
+                    finish()
+
+            return done
+
+        self.call_later(TOPIC_NOTICE_TIMEOUT_S, finish)
+        for core in outcome.cores:
+            done = done_for(core)
+            try:
+                self.send_to_core(core, outcome.frame, False, done)
+            except Exception as exc:
+                done(exc)
+
+
+def _relayed(answer: Frame, correlation_id: int) -> Reply:
+    """The owner's answer with the client's correlation id put back (header bytes 12..16)."""
+    header = encode_header(
+        len(answer.body),
+        answer.api_key,
+        answer.api_version,
+        correlation_id,
+        answer.topic_id,
+        answer.partition,
+        answer.flags,
+    )
+    return Reply([header, answer.body])

@@ -1,0 +1,242 @@
+"""Per-core metrics: counters a backend bumps per request, snapshots written once a second.
+
+Rules this module keeps:
+- Cheap on the hot path: a request costs two method calls that add to ints in lists and slots
+  (no dicts keyed by strings, no locks, no clock beyond the `time.monotonic_ns()` the backend
+  already takes). Everything costly (percentiles, JSON, files) happens in `snapshot()` and
+  `publish()`, about once a second.
+- One `CoreMetrics` per worker process, owned by its event loop's thread. Cores never share one:
+  each publishes `<data_dir>/run/metrics-core-<k>.json` (atomic replace, no fsync: it is a view,
+  not data), and readers (the STATS API, `broker stats`, the supervisor's Prometheus endpoint)
+  merge the files.
+- Gauges (queue depths) are not counted here: the backend knows them, so `snapshot` takes
+  callables and reads them only when a snapshot is taken.
+
+The backend contract (uvloop in broker/server.py, io_uring in broker/uring_server.py):
+    started_ns = metrics.request(api_key, nbytes_in)   # a frame arrived
+    metrics.reply(nbytes_out, started_ns)              # its answer was queued (not for acks=0)
+    metrics.forwarded()                                # sent to the owning core instead
+    metrics.forwarded_in()                             # a request that came from another core
+    metrics.error()                                    # done by Handlers for every error answer
+    publish(data_dir, metrics.snapshot(gauges))        # ~1/s and at shutdown
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping
+
+from ringlog_proto.messages import ApiKey
+
+LATENCY_BUCKETS = 32  # bucket i holds latencies of bit_length(i) microseconds: up to ~35 min
+API_SLOTS = 32  # api keys counted by index; larger keys (unknown apis) land in the last slot
+RUN_DIR = "run"
+SNAPSHOT_PREFIX = "metrics-core-"
+GAUGES = ("inflight_requests", "pending_forwards", "parked_long_polls", "commit_waiters")
+
+
+class CoreMetrics:
+    """Counters of one core. Owned by that core's event-loop thread."""
+
+    __slots__ = (
+        "backend",
+        "bytes_in",
+        "bytes_out",
+        "core",
+        "errors",
+        "forwarded_in_count",
+        "forwarded_out",
+        "latency_us",
+        "replies",
+        "requests_by_api",
+        "started_at",
+    )
+
+    def __init__(self, core: int, backend: str = "") -> None:
+        self.core = core
+        self.backend = backend
+        self.requests_by_api = [0] * API_SLOTS
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self.replies = 0
+        self.errors = 0
+        self.forwarded_out = 0
+        self.forwarded_in_count = 0
+        self.latency_us = [0] * LATENCY_BUCKETS
+        self.started_at = time.time()
+
+    # ------------------------------------------------------------------------- hot path
+
+    def request(self, api_key: int, nbytes: int) -> int:
+        """A request frame of `nbytes` arrived; returns the monotonic ns to pass to `reply`."""
+        self.requests_by_api[api_key if api_key < API_SLOTS else API_SLOTS - 1] += 1
+        self.bytes_in += nbytes
+        return time.monotonic_ns()
+
+    def reply(self, nbytes: int, started_ns: int) -> None:
+        """The answer to a request that arrived at `started_ns` is queued for sending."""
+        self.bytes_out += nbytes
+        self.replies += 1
+        us = (time.monotonic_ns() - started_ns) // 1000
+        self.latency_us[min(us.bit_length(), LATENCY_BUCKETS - 1)] += 1
+
+    def forwarded(self) -> None:
+        """A request was sent to its owning core over the inter-core channel."""
+        self.forwarded_out += 1
+
+    def forwarded_in(self) -> None:
+        """A request arrived from another core (on the inter-core listener)."""
+        self.forwarded_in_count += 1
+
+    def error(self) -> None:
+        self.errors += 1
+
+    # ------------------------------------------------------------------------- snapshots
+
+    def snapshot(self, gauges: Mapping[str, Callable[[], int]] | None = None) -> dict[str, object]:
+        """Everything as a JSON-able dict; `gauges` are read now."""
+        requests = {_api_name(k): n for k, n in enumerate(self.requests_by_api) if n}
+        return {
+            "core": self.core,
+            "pid": os.getpid(),
+            "backend": self.backend,
+            "time": time.time(),
+            "started_at": self.started_at,
+            "requests": requests,
+            "requests_total": sum(self.requests_by_api),
+            "bytes_in": self.bytes_in,
+            "bytes_out": self.bytes_out,
+            "replies": self.replies,
+            "errors": self.errors,
+            "forwarded": self.forwarded_out,
+            "forwarded_in": self.forwarded_in_count,
+            "gauges": {name: int(read()) for name, read in (gauges or {}).items()},
+            "latency_us_log2": list(self.latency_us),
+        }
+
+
+def _api_name(key: int) -> str:
+    try:
+        return ApiKey(key).name
+    except ValueError:
+        return f"api_{key}" if key < API_SLOTS - 1 else "other"
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def run_dir(data_dir: str) -> str:
+    return os.path.join(data_dir, RUN_DIR)
+
+
+def snapshot_path(data_dir: str, core: int) -> str:
+    return os.path.join(run_dir(data_dir), f"{SNAPSHOT_PREFIX}{core}.json")
+
+
+def publish(data_dir: str, snap: Mapping[str, object]) -> None:
+    """Replace this core's snapshot file atomically (readers see the old or the new one)."""
+    path = snapshot_path(data_dir, int(snap["core"]))  # type: ignore[call-overload]
+    tmp = f"{path}.{os.getpid()}.tmp"
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(snap, f)
+    os.replace(tmp, path)
+
+
+def read_snapshots(data_dir: str, cores: int) -> list[dict[str, object]]:
+    """The published snapshot of each core 0..cores-1 that has one (unreadable files skipped)."""
+    out = []
+    for core in range(cores):
+        try:
+            with open(snapshot_path(data_dir, core), encoding="utf-8") as f:
+                out.append(json.load(f))
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+# ----------------------------------------------------------------------------- derived figures
+
+
+def percentile_us(buckets: Iterable[int], q: float) -> int:
+    """The upper bound (in µs) of the log2 bucket holding quantile `q` (0 when empty).
+
+    Bucket i holds latencies whose bit length is i, i.e. [2**(i-1), 2**i) µs; its upper bound
+    2**i - 1 overstates by at most 2x, which is what a log2 histogram can say.
+    """
+    counts = list(buckets)
+    total = sum(counts)
+    if total == 0:
+        return 0
+    rank = q * total
+    seen = 0
+    for i, n in enumerate(counts):
+        seen += n
+        if seen >= rank and n:
+            return (1 << i) - 1 if i else 0
+    return (1 << (len(counts) - 1)) - 1
+
+
+def prometheus_text(snapshots: Iterable[Mapping[str, object]]) -> str:
+    """The Prometheus text exposition of per-core snapshots, every series labelled by core."""
+    lines: list[str] = []
+    snaps = list(snapshots)
+
+    def family(name: str, kind: str, help_: str, rows: Iterable[tuple[str, object]]) -> None:
+        lines.append(f"# HELP {name} {help_}")
+        lines.append(f"# TYPE {name} {kind}")
+        lines.extend(f"{name}{{{labels}}} {value}" for labels, value in rows)
+
+    def per_core(key: str) -> list[tuple[str, object]]:
+        return [(f'core="{s["core"]}"', s.get(key, 0)) for s in snaps]
+
+    family(
+        "ringlog_requests_total",
+        "counter",
+        "Requests received, by api.",
+        [
+            (f'core="{s["core"]}",api="{api}"', n)
+            for s in snaps
+            for api, n in sorted(dict(s.get("requests", {})).items())  # type: ignore[call-overload]
+        ],
+    )
+    family("ringlog_bytes_in_total", "counter", "Request bytes received.", per_core("bytes_in"))
+    family("ringlog_bytes_out_total", "counter", "Response bytes sent.", per_core("bytes_out"))
+    family("ringlog_errors_total", "counter", "Error responses.", per_core("errors"))
+    family(
+        "ringlog_forwarded_total",
+        "counter",
+        "Requests forwarded to their owning core.",
+        per_core("forwarded"),
+    )
+    family(
+        "ringlog_forwarded_in_total",
+        "counter",
+        "Requests served for another core.",
+        per_core("forwarded_in"),
+    )
+    for gauge in GAUGES:
+        family(
+            f"ringlog_{gauge}",
+            "gauge",
+            f"Current {gauge.replace('_', ' ')}.",
+            [(f'core="{s["core"]}"', dict(s.get("gauges", {})).get(gauge, 0)) for s in snaps],  # type: ignore[call-overload]
+        )
+    rows: list[tuple[str, object]] = []
+    for s in snaps:
+        buckets = list(s.get("latency_us_log2", []))  # type: ignore[call-overload]
+        seen = 0
+        for i, n in enumerate(buckets):
+            seen += n
+            rows.append((f'core="{s["core"]}",le="{(1 << i) - 1 if i else 0}"', seen))
+        rows.append((f'core="{s["core"]}",le="+Inf"', seen))
+    lines.append("# HELP ringlog_request_latency_us Request latency in microseconds (log2 buckets).")
+    lines.append("# TYPE ringlog_request_latency_us histogram")
+    lines.extend(f"ringlog_request_latency_us_bucket{{{labels}}} {value}" for labels, value in rows)
+    lines.extend(
+        f'ringlog_request_latency_us_count{{core="{s["core"]}"}} {sum(list(s.get("latency_us_log2", [])))}'  # type: ignore[call-overload]
+        for s in snaps
+    )
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,455 @@
+"""The supervisor: makes every socket, starts one pinned worker per core, restarts the ones that die.
+
+Rules this module keeps:
+- The supervisor holds every listening socket for the broker's lifetime and hands copies to the
+  workers (inherited fds). A worker that dies loses nothing but its accepted connections: new ones
+  queue in the backlog of the sockets the supervisor still holds until the restarted worker takes
+  them. Per core k: (a) its member of the public SO_REUSEPORT group on HOST:PORT, (b) its direct
+  TCP listener (`--core-ports BASE`: BASE+k; 0: ephemeral), (c) its inter-core unix listener in the
+  abstract namespace, `\\0ringlog-<supervisor pid>-<port>-core-<k>`.
+- Worker k is pinned to one CPU of the supervisor's affinity set (k modulo that set when
+  oversubscribed). Workers die with the supervisor (PR_SET_PDEATHSIG, broker/worker.py).
+- "serving on HOST:PORT" is logged once, when every worker has reported ready; a worker that
+  exits before it is first ready fails the whole start (exit 1, with the reason).
+- A worker that dies later is restarted at once; one that dies again within
+  `RESTART_FAST_S` of its start is restarted after a doubling backoff (up to `RESTART_BACKOFF_MAX_S`).
+- SIGTERM/SIGINT are forwarded to the workers (graceful: they answer in-flight requests and
+  flush); the supervisor exits 0 when all of them exited 0, 1 otherwise.
+- The supervisor does no request work: it reads only the workers' published metrics files, for
+  the optional Prometheus endpoint (`--metrics-port`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import http.server
+import json
+import logging
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+
+from broker.metrics import prometheus_text, read_snapshots, run_dir
+from broker.storage.log import LogConfig
+
+log = logging.getLogger("broker.supervisor")
+
+LISTEN_BACKLOG = 1024  # connections queued per listener (also what waits while a worker restarts)
+START_TIMEOUT_S = 60.0  # every worker must be ready within this (recovery of big logs takes time)
+STOP_TIMEOUT_S = 30.0  # after SIGTERM, workers still running after this are killed
+RESTART_FAST_S = 5.0  # a worker dying sooner than this after its start is "failing at start"
+RESTART_BACKOFF_FIRST_S = 0.5
+RESTART_BACKOFF_MAX_S = 30.0
+BIND_RETRY_S = 1.0  # a port held by the dying workers of a killed broker frees within this
+TICK_S = 0.2
+
+
+class StartError(Exception):
+    """The broker cannot start; the message says why (printed as one line, exit status 1)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SupervisorConfig:
+    data_dir: str = "./data"
+    host: str = "127.0.0.1"
+    port: int = 9092
+    cores: int = 1
+    core_ports_base: int = 0
+    backend: str = "auto"
+    log_level: str = "INFO"
+    metrics_port: int | None = None
+    log_defaults: LogConfig = field(default_factory=LogConfig)
+
+
+@dataclass(slots=True)
+class Worker:
+    """What the supervisor knows of core `core`'s worker process."""
+
+    core: int
+    cpu: int
+    fds: tuple[int, int, int]  # public listener, direct listener, inter-core listener
+    proc: subprocess.Popen[bytes] | None = None
+    ready_r: int = -1
+    ready: bool = False
+    started_at: float = 0.0
+    fast_failures: int = 0
+    restart_at: float | None = None
+    pid_buffer: bytes = b""
+    stopped_rc: int | None = None  # exit status when it stopped during shutdown
+
+
+@dataclass(slots=True)
+class Sockets:
+    public: list[socket.socket]
+    direct: list[socket.socket]
+    peer: list[socket.socket]
+    port: int
+    direct_ports: list[int]
+    peer_addresses: list[str]
+
+
+def make_sockets(host: str, port: int, cores: int, core_ports_base: int) -> Sockets:
+    """Every listener of the broker. Raises OSError (e.g. EADDRINUSE) with nothing left open."""
+    made: list[socket.socket] = []
+    try:
+        family = socket.getaddrinfo(host, port or None, type=socket.SOCK_STREAM)[0][0]
+        if port:
+            _check_port_free(family, host, port)
+        public: list[socket.socket] = []
+        for _ in range(cores):
+            s = socket.socket(family, socket.SOCK_STREAM)
+            made.append(s)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            s.bind((host, port))
+            port = s.getsockname()[1]  # --port 0: the first bind picks it, the others join it
+            s.listen(LISTEN_BACKLOG)
+            public.append(s)
+        direct: list[socket.socket] = []
+        for k in range(cores):
+            s = socket.socket(family, socket.SOCK_STREAM)
+            made.append(s)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((host, core_ports_base + k if core_ports_base else 0))
+            s.listen(LISTEN_BACKLOG)
+            direct.append(s)
+        peer: list[socket.socket] = []
+        addresses = [f"\0ringlog-{os.getpid()}-{port}-core-{k}" for k in range(cores)]
+        for address in addresses:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            made.append(s)
+            s.bind(address)
+            s.listen(LISTEN_BACKLOG)
+            peer.append(s)
+    except BaseException:
+        for s in made:
+            s.close()
+        raise
+    return Sockets(public, direct, peer, port, [s.getsockname()[1] for s in direct], addresses)
+
+
+def _check_port_free(family: int, host: str, port: int) -> None:
+    """Refuse a port another process listens on. SO_REUSEPORT would let us join its group (same
+    user) and silently share its traffic, so bind once without it first. The workers of a broker
+    killed a moment ago may still hold it for a few milliseconds: retry briefly."""
+    deadline = time.monotonic() + BIND_RETRY_S
+    while True:
+        probe = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+            return
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE or time.monotonic() >= deadline:
+                raise
+        finally:
+            probe.close()
+        time.sleep(0.05)
+
+
+def describe_exit(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exit code {returncode}"
+
+
+class Supervisor:
+    """Runs the workers of one broker. Single-threaded apart from the optional metrics server."""
+
+    def __init__(self, config: SupervisorConfig) -> None:
+        self.config = config
+        self.cpus = sorted(os.sched_getaffinity(0))
+        self.workers: list[Worker] = []
+        self.sockets: Sockets | None = None
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = os.pipe()
+        self._stopping = False
+        self._announced = False
+        self._worker_backend = "?"
+
+    # ------------------------------------------------------------------------- entry point
+
+    def run(self) -> int:
+        """Start, supervise and stop the workers; the process exit status."""
+        try:
+            self._prepare_data_dir()
+            self.sockets = make_sockets(
+                self.config.host, self.config.port, self.config.cores, self.config.core_ports_base
+            )
+        except StartError as exc:
+            print(f"broker: {exc}", file=sys.stderr)
+            return 1
+        except OSError as exc:
+            print(f"broker: cannot serve on {self.config.host}:{self.config.port}: {exc}", file=sys.stderr)
+            return 1
+        s = self.sockets
+        for k in range(self.config.cores):
+            fds = (s.public[k].fileno(), s.direct[k].fileno(), s.peer[k].fileno())
+            self.workers.append(Worker(k, self.cpus[k % len(self.cpus)], fds))
+        try:
+            metrics_server = self._start_metrics_server() if self.config.metrics_port is not None else None
+        except OSError as exc:
+            print(f"broker: cannot serve metrics on port {self.config.metrics_port}: {exc}", file=sys.stderr)
+            for sock in (*s.public, *s.direct, *s.peer):
+                sock.close()
+            return 1
+        self._install_signals()
+        try:
+            for w in self.workers:
+                self._spawn(w)
+            status = self._loop()
+        finally:
+            if metrics_server is not None:
+                metrics_server.shutdown()
+            for sock in (*s.public, *s.direct, *s.peer):
+                sock.close()
+        return status
+
+    def _prepare_data_dir(self) -> None:
+        d = self.config.data_dir
+        try:
+            os.makedirs(os.path.join(d, "topics"), exist_ok=True)
+            os.makedirs(run_dir(d), exist_ok=True)
+            probe = os.path.join(run_dir(d), f".probe-{os.getpid()}")
+            with open(probe, "w") as f:
+                f.write("ok")
+            os.unlink(probe)
+            for name in os.listdir(run_dir(d)):  # snapshots of an earlier run (or core count)
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(run_dir(d), name))
+        except OSError as exc:
+            raise StartError(f"data dir {os.path.abspath(d)} is unusable: {exc}") from exc
+
+    # ------------------------------------------------------------------------- workers
+
+    def _spawn(self, w: Worker) -> None:
+        assert self.sockets is not None
+        ready_r, ready_w = os.pipe()
+        spec = {
+            "core": w.core,
+            "cores": self.config.cores,
+            "supervisor_pid": os.getpid(),
+            "data_dir": self.config.data_dir,
+            "host": self.config.host,
+            "port": self.sockets.port,
+            "core_ports": self.sockets.direct_ports,
+            "peer_addresses": self.sockets.peer_addresses,
+            "backend": self.config.backend,
+            "log_level": self.config.log_level,
+            "log_defaults": asdict(self.config.log_defaults),
+            "fds": list(w.fds),
+            "ready_fd": ready_w,
+        }
+        try:
+            w.proc = subprocess.Popen(
+                [sys.executable, "-m", "broker.worker", "--spec", json.dumps(spec)],
+                pass_fds=(*w.fds, ready_w),
+            )
+        finally:
+            os.close(ready_w)
+        try:
+            os.sched_setaffinity(w.proc.pid, {w.cpu})
+        except OSError as exc:  # it exited already; the loop will see it
+            log.warning("cannot pin core %d (pid %d) to cpu %d: %s", w.core, w.proc.pid, w.cpu, exc)
+        w.ready_r = ready_r
+        w.ready = False
+        w.started_at = time.monotonic()
+        w.restart_at = None
+        self._selector.register(ready_r, selectors.EVENT_READ, w)
+
+    def _on_ready_pipe(self, w: Worker) -> None:
+        try:
+            data = os.read(w.ready_r, 256)
+        except OSError:
+            data = b""
+        if data:
+            w.pid_buffer += data
+            if b"\n" in w.pid_buffer and not w.ready:
+                w.ready = True
+                backend = w.pid_buffer.split()[2].decode() if len(w.pid_buffer.split()) > 2 else "?"
+                if self._announced:
+                    log.info("worker core %d restarted: pid %d ready", w.core, w.proc.pid if w.proc else -1)
+                self._worker_backend = backend
+            return
+        self._selector.unregister(w.ready_r)
+        os.close(w.ready_r)
+        w.ready_r = -1
+        w.pid_buffer = b""
+
+    def _reap(self) -> StartError | None:
+        """Handle every worker that exited: restart it, or fail the start if it never was ready."""
+        now = time.monotonic()
+        for w in self.workers:
+            if w.proc is None or w.proc.poll() is None:
+                continue
+            rc = w.proc.returncode
+            pid = w.proc.pid
+            w.proc = None
+            if w.ready_r >= 0:
+                self._selector.unregister(w.ready_r)
+                os.close(w.ready_r)
+                w.ready_r = -1
+            was_ready, w.ready = w.ready, False
+            if self._stopping:
+                w.stopped_rc = rc
+                log.info("worker core %d (pid %d) stopped: %s", w.core, pid, describe_exit(rc))
+                continue
+            if not self._announced:
+                return StartError(
+                    f"worker for core {w.core} (pid {pid}) exited before it was ready ({describe_exit(rc)}); "
+                    "its log lines above say why"
+                )
+            if now - w.started_at < RESTART_FAST_S or not was_ready:
+                w.fast_failures += 1
+            else:
+                w.fast_failures = 0
+            delay = 0.0
+            if w.fast_failures > 1:
+                delay = min(RESTART_BACKOFF_FIRST_S * 2 ** (w.fast_failures - 2), RESTART_BACKOFF_MAX_S)
+            log.warning(
+                "worker core %d (pid %d) died: %s; restarting%s",
+                w.core,
+                pid,
+                describe_exit(rc),
+                f" in {delay:.1f} s (it keeps dying at start)" if delay else "",
+            )
+            w.restart_at = now + delay
+        return None
+
+    def _announce(self) -> None:
+        assert self.sockets is not None
+        self._announced = True
+        for w in self.workers:
+            assert w.proc is not None
+            log.info(
+                "core %d: pid %d, cpu %d, direct port %d",
+                w.core,
+                w.proc.pid,
+                w.cpu,
+                self.sockets.direct_ports[w.core],
+            )
+        log.info(
+            "serving on %s:%d (%d cores, backend %s, data dir %s)",
+            self.config.host,
+            self.sockets.port,
+            self.config.cores,
+            self._worker_backend,
+            os.path.abspath(self.config.data_dir),
+        )
+
+    # ------------------------------------------------------------------------- the loop
+
+    def _install_signals(self) -> None:
+        os.set_blocking(self._wake_w, False)
+        os.set_blocking(self._wake_r, False)
+        signal.set_wakeup_fd(self._wake_w)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+
+        def stop(signum: int, _frame: object) -> None:
+            self._stopping = True
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        signal.signal(signal.SIGCHLD, lambda *_: None)  # only to wake the selector
+
+    def _loop(self) -> int:
+        start_deadline = time.monotonic() + START_TIMEOUT_S
+        signalled = False
+        stop_deadline = 0.0
+        while True:
+            for key, _ in self._selector.select(TICK_S):
+                if key.data is None:
+                    with contextlib.suppress(OSError):
+                        os.read(self._wake_r, 512)
+                else:
+                    self._on_ready_pipe(key.data)
+            failure = self._reap()
+            now = time.monotonic()
+            if failure is None and not self._announced and now > start_deadline:
+                failure = StartError(f"the workers were not all ready within {START_TIMEOUT_S:.0f} s")
+            if failure is not None:
+                print(f"broker: {failure}", file=sys.stderr)
+                self._stop_workers(signal.SIGTERM)
+                self._wait_all(STOP_TIMEOUT_S)
+                return 1
+            if self._stopping:
+                if not signalled:
+                    log.info("stopping: SIGTERM to every worker")
+                    self._stop_workers(signal.SIGTERM)
+                    signalled = True
+                    stop_deadline = now + STOP_TIMEOUT_S
+                if all(w.proc is None for w in self.workers):
+                    failed = [w.core for w in self.workers if w.stopped_rc not in (0, None)]
+                    if failed:
+                        log.error("worker(s) of core(s) %s did not stop cleanly", failed)
+                        return 1
+                    log.info("stopped cleanly")
+                    return 0
+                if now > stop_deadline:
+                    log.error("workers still running %.0f s after SIGTERM: killing them", STOP_TIMEOUT_S)
+                    self._stop_workers(signal.SIGKILL)
+                continue
+            if not self._announced and all(w.ready for w in self.workers):
+                self._announce()
+            for w in self.workers:
+                if w.proc is None and w.restart_at is not None and now >= w.restart_at:
+                    self._spawn(w)
+
+    def _stop_workers(self, sig: int) -> None:
+        for w in self.workers:
+            if w.proc is not None and w.proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    w.proc.send_signal(sig)
+            w.restart_at = None
+
+    def _wait_all(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for w in self.workers:
+            if w.proc is None:
+                continue
+            try:
+                w.proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                w.proc.kill()
+                w.proc.wait()
+
+    # ------------------------------------------------------------------------- metrics endpoint
+
+    def _start_metrics_server(self) -> http.server.ThreadingHTTPServer:
+        data_dir, cores = self.config.data_dir, self.config.cores
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                if self.path.split("?")[0] not in ("/metrics", "/"):
+                    self.send_error(404)
+                    return
+                body = prometheus_text(read_snapshots(data_dir, cores)).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        server = http.server.ThreadingHTTPServer((self.config.host, self.config.metrics_port or 0), Handler)
+        server.daemon_threads = True
+        thread = threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True)
+        thread.start()
+        log.info("metrics on http://%s:%d/metrics", self.config.host, server.server_address[1])
+        return server
+
+
+def run_supervisor(config: SupervisorConfig) -> int:
+    return Supervisor(config).run()

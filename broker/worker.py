@@ -1,0 +1,164 @@
+"""One worker process: one core of the broker, started by the supervisor (broker/supervisor.py).
+
+Rules this module keeps:
+- A worker makes no sockets of its own: it serves the listeners it inherits (its share of the
+  public SO_REUSEPORT group, its direct port, its inter-core unix socket), so that a restarted
+  worker finds them, with the connections that queued meanwhile, exactly where they were.
+- It dies with its supervisor: PR_SET_PDEATHSIG(SIGKILL) is set first thing, and a worker whose
+  supervisor is already gone exits at once. A SIGKILLed supervisor therefore leaves no worker
+  holding ports or files for the next broker on the same data dir.
+- It reports readiness once, by writing to the pipe the supervisor gave it, only after every
+  listener is served; a worker that exits before that failed to start.
+- The backend is chosen here (`choose_backend`) and both backends keep one contract:
+  `run(config: BrokerConfig, listeners: Sequence[socket.socket], ready: Callable[..., None])`
+  serves until SIGTERM/SIGINT and returns after a clean shutdown, calling `ready()` once every
+  listener is served (an argument, such as a port, is accepted and ignored).
+
+Invoked as `python -m broker.worker --spec JSON` (the supervisor writes the JSON; see `main`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import importlib.util
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+from collections.abc import Callable, Sequence
+
+from broker.handlers import BrokerConfig
+from broker.storage.errors import StorageError
+from broker.storage.log import LogConfig
+
+log = logging.getLogger("broker.worker")
+
+PR_SET_PDEATHSIG = 1
+EXIT_START_FAILED = 3  # the worker could not start (data dir, backend, ...): restarting will not help soon
+BACKENDS = ("auto", "io_uring", "uvloop")
+
+
+class BackendUnavailable(Exception):
+    """`--backend io_uring` was asked for and cannot be had."""
+
+
+def io_uring_unavailable() -> str | None:
+    """Why the io_uring backend cannot run here, or None if it can.
+
+    `native.probe()` (the liburing bindings, native/) returns None or True when io_uring works, a
+    string saying why not (or False) when it does not, and may raise; either module may not be
+    built yet.
+    """
+    try:
+        import native  # noqa: PLC0415 - optional, built separately
+
+        probe = native.probe()
+    except ImportError as exc:
+        return f"the native bindings are not built ({exc})"
+    except Exception as exc:  # a probe that fails says io_uring cannot be used
+        return f"native.probe() failed: {exc}"
+    if isinstance(probe, str):
+        return probe
+    if probe is False:
+        return "native.probe() says io_uring is not usable"
+    if importlib.util.find_spec("broker.uring_server") is None:
+        return "broker/uring_server.py is not built yet"
+    return None
+
+
+def choose_backend(requested: str) -> str:
+    """The backend to serve with: "io_uring" or "uvloop". `requested` is auto, io_uring or uvloop;
+    auto takes io_uring when it works and says why not otherwise. Raises `BackendUnavailable` when
+    io_uring is requested explicitly and cannot run."""
+    if requested not in BACKENDS:
+        raise ValueError(f"backend {requested!r}: choose one of {', '.join(BACKENDS)}")
+    if requested == "uvloop":
+        return "uvloop"
+    reason = io_uring_unavailable()
+    if reason is None:
+        return "io_uring"
+    if requested == "io_uring":
+        raise BackendUnavailable(f"io_uring unavailable: {reason}")
+    log.info("io_uring unavailable: %s; serving with uvloop", reason)
+    return "uvloop"
+
+
+def backend_runner(
+    backend: str,
+) -> Callable[[BrokerConfig, Sequence[socket.socket], Callable[[], None]], None]:
+    """The `run` function of a backend, imported only when chosen."""
+    if backend == "io_uring":
+        from broker import uring_server  # noqa: PLC0415 - lazy: may not exist, needs native/
+
+        return uring_server.run  # type: ignore[no-any-return]
+    from broker import server  # noqa: PLC0415
+
+    return server.run
+
+
+def die_with_parent(supervisor_pid: int) -> None:
+    """Ask the kernel for SIGKILL when the supervisor dies; exit now if it already has."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            log.warning("prctl(PR_SET_PDEATHSIG) failed: errno %d", ctypes.get_errno())
+    except OSError as exc:
+        log.warning("prctl unavailable (%s): this worker will outlive a killed supervisor", exc)
+    if os.getppid() != supervisor_pid:  # the supervisor died before prctl took effect
+        os._exit(EXIT_START_FAILED)
+
+
+def config_from_spec(spec: dict[str, object]) -> BrokerConfig:
+    """The BrokerConfig of one worker from the supervisor's JSON spec."""
+    d = dict(spec["log_defaults"])  # type: ignore[call-overload]
+    return BrokerConfig(
+        data_dir=str(spec["data_dir"]),
+        host=str(spec["host"]),
+        port=int(spec["port"]),  # type: ignore[call-overload]
+        cores=int(spec["cores"]),  # type: ignore[call-overload]
+        core_id=int(spec["core"]),  # type: ignore[call-overload]
+        log_defaults=LogConfig(**d),
+        core_ports=tuple(spec["core_ports"]),  # type: ignore[call-overload]
+        peer_addresses=tuple(spec["peer_addresses"]),  # type: ignore[call-overload]
+        backend=str(spec.get("backend", "uvloop")),
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="broker.worker", description="one core of a broker (internal)")
+    parser.add_argument("--spec", required=True, help="JSON written by the supervisor")
+    args = parser.parse_args(argv)
+    spec = json.loads(args.spec)
+    from broker.cli import LogfmtFormatter  # noqa: PLC0415 - the one log format
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(LogfmtFormatter({"core": spec["core"]}))
+    logging.basicConfig(level=spec.get("log_level", "INFO"), handlers=[handler])
+    die_with_parent(int(spec["supervisor_pid"]))
+    ready_fd = int(spec["ready_fd"])
+    listeners = [socket.socket(fileno=fd) for fd in spec["fds"]]
+    try:
+        backend = choose_backend(str(spec["backend"]))
+        config = config_from_spec({**spec, "backend": backend})
+        run = backend_runner(backend)
+    except (BackendUnavailable, ImportError, ValueError) as exc:
+        log.error("cannot start: %s", exc)
+        return EXIT_START_FAILED
+
+    def ready(*_port: object) -> None:  # a backend may pass its first port: not needed here
+        os.write(ready_fd, f"ready {os.getpid()} {backend}\n".encode())
+        os.close(ready_fd)
+
+    try:
+        run(config, listeners, ready)
+    except (StorageError, OSError, ValueError) as exc:
+        log.error("cannot serve: %s", exc)
+        return EXIT_START_FAILED
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
