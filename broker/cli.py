@@ -134,7 +134,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return run_supervisor(config)
 
 
-CLIENT_COMMANDS = ("topics", "produce", "consume")
+CLIENT_COMMANDS = ("topics", "produce", "consume", "stats")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 

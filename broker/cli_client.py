@@ -1,4 +1,4 @@
-"""The client side of the `broker` command: topics, produce, consume.
+"""The client side of the `broker` command: topics, produce, consume, stats.
 
 Rules this module keeps:
 - Every command takes `--bootstrap/-b HOST:PORT` (default 127.0.0.1:9092) and uses only the
@@ -21,6 +21,7 @@ from typing import IO, Any
 
 from broker.client import DEFAULT_BOOTSTRAP, Admin, Consumer, Producer, RingLogError
 from broker.client.errors import ClientError
+from broker.metrics import percentile_us
 
 PROGRESS_EVERY_S = 0.5
 
@@ -81,6 +82,10 @@ def add_client_commands(sub: argparse._SubParsersAction) -> None:  # type: ignor
     consume.add_argument("--idle-timeout-ms", type=int, help="exit after this long without a record")
     consume.add_argument("--format", choices=["text", "json"], default="text")
     consume.set_defaults(func=cmd_consume)
+
+    stats = client_parser("stats", help="per-core requests, bytes, forwards, queues and latency")
+    stats.add_argument("--format", choices=["text", "json"], default="text")
+    stats.set_defaults(func=cmd_stats)
 
 
 def run_client_command(args: argparse.Namespace) -> int:
@@ -248,4 +253,58 @@ def cmd_consume(args: argparse.Namespace) -> int:
             count += len(records)
             if args.group is not None:
                 consumer.commit()
+    return 0
+
+
+# ----------------------------------------------------------------------------------------- stats
+
+STATS_COLUMNS = (
+    ("core", 4),
+    ("pid", 7),
+    ("requests", 10),
+    ("bytes_in", 12),
+    ("bytes_out", 12),
+    ("fwd_out", 8),
+    ("fwd_in", 8),
+    ("errors", 7),
+    ("inflight", 8),
+    ("fwd_pending", 11),
+    ("long_polls", 10),
+    ("commit_wait", 11),
+    ("p50_us", 7),
+    ("p99_us", 7),
+    ("age_s", 6),
+)
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    with Admin(args.bootstrap) as admin:
+        doc = admin.stats()
+    if args.format == "json":
+        print(json.dumps(doc, indent=1))
+        return 0
+    print(f"broker stats: {doc.get('cores')} cores, answered by core {doc.get('answered_by')}")
+    print("  ".join(name.rjust(width) for name, width in STATS_COLUMNS))
+    now = time.time()
+    for s in doc.get("snapshots", []):
+        gauges = s.get("gauges", {})
+        hist = s.get("latency_us_log2", [])
+        row = (
+            s.get("core"),
+            s.get("pid"),
+            s.get("requests_total", 0),
+            s.get("bytes_in", 0),
+            s.get("bytes_out", 0),
+            s.get("forwarded", 0),
+            s.get("forwarded_in", 0),
+            s.get("errors", 0),
+            gauges.get("inflight_requests", 0),
+            gauges.get("pending_forwards", 0),
+            gauges.get("parked_long_polls", 0),
+            gauges.get("commit_waiters", 0),
+            percentile_us(hist, 0.5),
+            percentile_us(hist, 0.99),
+            f"{max(0.0, now - float(s.get('time', now))):.1f}",
+        )
+        print("  ".join(str(v).rjust(width) for v, (_, width) in zip(row, STATS_COLUMNS, strict=True)))
     return 0

@@ -6,6 +6,7 @@ start and end offsets and owner cores are facts of the moment, not routing data.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -21,6 +22,8 @@ from ringlog_proto.messages import (
     DeleteTopicRequest,
     ErrorCode,
     MetadataResponse,
+    StatsRequest,
+    StatsResponse,
 )
 
 T = TypeVar("T")
@@ -131,6 +134,14 @@ class AsyncAdmin:
             )
         raise error_for(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r}")
 
+    async def stats(self) -> dict[str, Any]:
+        """Every core's counters (the STATS api; docs/PROTOCOL.md §4.12): a dict with
+        `answered_by`, `cores` and `snapshots` (one per core)."""
+        resp = await self._client.request(StatsRequest())
+        assert isinstance(resp, StatsResponse)
+        doc: dict[str, Any] = json.loads(resp.stats_json)
+        return doc
+
     async def api_versions(self) -> ApiVersionsResponse:
         """The broker's version, node id, core count and supported API version ranges."""
         resp = await self._client.request(ApiVersionsRequest(self._client.client_name))
@@ -195,6 +206,9 @@ class Admin:
 
     def api_versions(self) -> ApiVersionsResponse:
         return self._run(self._async.api_versions())
+
+    def stats(self) -> dict[str, Any]:
+        return self._run(self._async.stats())
 
     def close(self) -> None:
         if self._closed:

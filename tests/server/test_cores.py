@@ -1,0 +1,308 @@
+"""Several cores: one worker process per core behind a supervisor, forwarding, shared topics,
+restarts, graceful stop, stats. Parametrized by backend (`BACKENDS`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from brokerproc import BrokerProcess, Wire
+
+from broker.client import Admin, Consumer, Producer
+from ringlog_proto import messages as m
+from ringlog_proto.batch import decode_batches, encode_batch
+from ringlog_proto.routing import shard_for
+
+BACKENDS = ["uvloop"]  # the io_uring backend joins here
+CORES = 2
+multicore = pytest.mark.parametrize(
+    "broker",
+    [pytest.param({"cores": CORES, "backend": b}, id=f"{CORES}cores-{b}") for b in BACKENDS],
+    indirect=True,
+)
+
+
+def owned_by(core: int, topic_id: int, partitions: int) -> list[int]:
+    return [p for p in range(partitions) if shard_for(topic_id, p, CORES) == core]
+
+
+def own_snapshot(port: int) -> dict:
+    """The answering core's own (fresh) snapshot, asking it on its direct port."""
+    w = Wire(port)
+    try:
+        resp = w.rpc(m.StatsRequest())
+    finally:
+        w.close()
+    assert isinstance(resp, m.StatsResponse) and resp.error == m.ErrorCode.NONE, resp
+    doc = json.loads(resp.stats_json)
+    assert doc["answered_by"] == resp.core
+    return next(s for s in doc["snapshots"] if s["core"] == resp.core)
+
+
+def fetch_values(w: Wire, topic_id: int, partition: int) -> dict[int, bytes]:
+    out: dict[int, bytes] = {}
+    offset = 0
+    while True:
+        resp = w.rpc(m.FetchRequest(topic_id, partition, offset, 1 << 20, 0))
+        assert isinstance(resp, m.FetchResponse) and resp.error == m.ErrorCode.NONE, resp
+        recs = [r for r in decode_batches(resp.records) if r.offset >= offset]
+        if not recs:
+            return out
+        out.update((r.offset, r.value) for r in recs)
+        offset = recs[-1].offset + 1
+
+
+@multicore
+def test_a_request_to_the_wrong_core_is_forwarded_answered_and_counted(broker: BrokerProcess) -> None:
+    assert sorted(broker.core_ports) == [0, 1]
+    w0 = Wire(broker.core_ports[0])
+    tid = w0.create_topic("fwd", 8)
+    theirs = owned_by(1, tid, 8)
+    assert theirs, "some partition is core 1's"
+    before0, before1 = own_snapshot(broker.core_ports[0]), own_snapshot(broker.core_ports[1])
+    p = theirs[0]
+    resp = w0.rpc(m.ProduceRequest(tid, p, m.Acks.WRITTEN, 1000, encode_batch([b"a", b"b"])))
+    assert isinstance(resp, m.ProduceResponse) and (resp.error, resp.base_offset) == (m.ErrorCode.NONE, 0)
+    assert fetch_values(w0, tid, p) == {0: b"a", 1: b"b"}
+    latest = w0.rpc(m.ListOffsetsRequest(tid, p, m.OffsetSpec.LATEST))
+    assert isinstance(latest, m.ListOffsetsResponse) and latest.offset == 2
+    assert w0.rpc(m.OffsetCommitRequest(tid, p, "g", 2, "meta")).error == m.ErrorCode.NONE
+    got = w0.rpc(m.OffsetFetchRequest(tid, p, "g"))
+    assert isinstance(got, m.OffsetFetchResponse) and (got.offset, got.metadata) == (2, "meta")
+    # Pipelined forwards keep request order on the client's connection.
+    ids = [w0.send(m.ListOffsetsRequest(tid, q, m.OffsetSpec.LATEST)) for q in range(8)]
+    assert [w0.recv_frame().correlation_id for _ in ids] == ids
+    # The owner sees the same data on its own port.
+    w1 = Wire(broker.core_ports[1])
+    assert fetch_values(w1, tid, p) == {0: b"a", 1: b"b"}
+    after0, after1 = own_snapshot(broker.core_ports[0]), own_snapshot(broker.core_ports[1])
+    sent = 5 + len(theirs)  # produce, fetch x2, list, commit, fetch offsets; the pipelined lists
+    assert after0["forwarded"] - before0["forwarded"] >= sent
+    assert after1["forwarded_in"] - before1["forwarded_in"] >= sent
+    assert after1["forwarded"] == before1["forwarded"]  # core 1 served its own partition directly
+    w0.close()
+    w1.close()
+
+
+@multicore
+def test_a_routing_aware_client_causes_no_forwards(broker: BrokerProcess) -> None:
+    with Admin(broker.bootstrap) as admin:
+        admin.create_topic("routed", 8)
+    with Producer(broker.bootstrap, linger_ms=1) as producer:
+        futures = [producer.send("routed", f"v{i}".encode(), partition=i % 8) for i in range(800)]
+        offsets = [f.result(timeout=30).offset for f in futures]
+    assert all(o >= 0 for o in offsets)
+    got = []
+    with Consumer(broker.bootstrap, group="g", auto_offset_reset="earliest") as consumer:
+        consumer.subscribe("routed")
+        deadline = time.monotonic() + 20
+        while len(got) < 800 and time.monotonic() < deadline:
+            got.extend(consumer.poll(timeout_ms=300))
+        consumer.commit()
+    assert sorted(r.value for r in got) == sorted(f"v{i}".encode() for i in range(800))
+    snaps = [own_snapshot(broker.core_ports[c]) for c in range(CORES)]
+    assert all(s["requests"].get("PRODUCE", 0) > 0 for s in snaps), "both cores own partitions"
+    assert [s["forwarded"] for s in snaps] == [0, 0]
+    assert [s["forwarded_in"] for s in snaps] == [0, 0]
+
+
+@multicore
+def test_sigkill_of_one_worker_it_restarts_the_other_serves_and_no_acked_record_is_lost(
+    broker: BrokerProcess,
+) -> None:
+    w = Wire(broker.core_ports[0])
+    tid = w.create_topic("survive", 8)
+    w.close()
+    victim = 1
+    victim_pid = broker.worker_pids[victim]
+    acked: dict[int, list[tuple[int, int, bytes]]] = {0: [], 1: []}  # core -> (partition, offset, value)
+    errors: dict[int, int] = {0: 0, 1: 0}
+    stop = threading.Event()
+
+    def produce(core: int) -> None:
+        parts = owned_by(core, tid, 8)
+        conn: Wire | None = None
+        i = 0
+        while not stop.is_set():
+            try:
+                if conn is None:
+                    conn = Wire(broker.core_ports[core])
+                p = parts[i % len(parts)]
+                value = f"c{core}-{i}".encode()
+                resp = conn.rpc(m.ProduceRequest(tid, p, m.Acks.WRITTEN, 5000, encode_batch([value])))
+                assert isinstance(resp, m.ProduceResponse) and resp.error == m.ErrorCode.NONE, resp
+                acked[core].append((p, resp.base_offset, value))
+                i += 1
+            except OSError:
+                errors[core] += 1
+                if conn is not None:
+                    conn.close()
+                conn = None
+                time.sleep(0.02)
+        if conn is not None:
+            conn.close()
+
+    threads = [threading.Thread(target=produce, args=(c,)) for c in range(CORES)]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)
+    n0_at_kill = len(acked[0])
+    n1_at_kill = len(acked[1])
+    os.kill(victim_pid, signal.SIGKILL)
+    assert broker.wait_for_log(f"worker core {victim} (pid {victim_pid}) died: killed by SIGKILL", 10)
+    assert broker.wait_for_log(f"worker core {victim} restarted", 15)
+    time.sleep(0.5)  # the producer of core 1 reconnects and goes on
+    stop.set()
+    for t in threads:
+        t.join(15)
+    assert errors[0] == 0, "the surviving core kept serving without an error"
+    assert len(acked[0]) > n0_at_kill + 10
+    assert len(acked[1]) > n1_at_kill, "the restarted core serves again"
+    r = Wire(broker.port)  # any core: reads of core 1's partitions through core 0 are forwarded
+    stored = {p: fetch_values(r, tid, p) for p in range(8)}
+    r.close()
+    for core in (0, 1):
+        for p, offset, value in acked[core]:
+            assert stored[p].get(offset) == value, f"acknowledged record {p}/{offset} lost"
+    assert "Traceback" not in broker.log()
+
+
+@multicore
+def test_sigterm_answers_long_polls_on_every_core_and_exits_zero(broker: BrokerProcess) -> None:
+    w = Wire(broker.core_ports[0])
+    tid = w.create_topic("bye", 8)
+    w.close()
+    polls = []
+    for core in range(CORES):
+        for p in (owned_by(core, tid, 8)[0], owned_by(1 - core, tid, 8)[0]):  # own, and forwarded
+            c = Wire(broker.core_ports[core])
+            c.send(m.FetchRequest(tid, p, 0, 1 << 20, max_wait_ms=30_000))
+            polls.append(c)
+    time.sleep(0.3)
+    snaps = [own_snapshot(broker.core_ports[c]) for c in range(CORES)]
+    assert sum(s["gauges"]["parked_long_polls"] for s in snaps) == len(polls)
+    assert all(s["gauges"]["pending_forwards"] == 1 for s in snaps)
+    t0 = time.monotonic()
+    assert broker.stop() == 0
+    for c in polls:
+        resp = c.recv()
+        assert isinstance(resp, m.FetchResponse) and resp.error == m.ErrorCode.NONE and resp.records == b""
+        c.close()
+    assert time.monotonic() - t0 < 5
+    assert broker.log().count("stopped cleanly") == CORES + 1  # every worker, then the supervisor
+
+
+@multicore
+def test_a_topic_created_on_one_core_is_usable_on_the_other_and_a_deleted_one_on_neither(
+    broker: BrokerProcess,
+) -> None:
+    w0, w1 = Wire(broker.core_ports[0]), Wire(broker.core_ports[1])
+    tid = w0.create_topic("shared", 6)
+    for p in range(6):  # through core 1: its own partitions (learned on the miss) and forwarded ones
+        resp = w1.rpc(m.ProduceRequest(tid, p, m.Acks.WRITTEN, 1000, encode_batch([b"x"])))
+        assert resp.error == m.ErrorCode.NONE, resp
+    meta = w1.rpc(m.MetadataRequest(("shared",)))
+    assert isinstance(meta, m.MetadataResponse) and meta.topics[0].topic_id == tid
+    assert meta.core_ports == (broker.core_ports[0], broker.core_ports[1])
+    assert w1.rpc(m.CreateTopicRequest("shared", 1)).error == m.ErrorCode.TOPIC_ALREADY_EXISTS
+    assert w1.rpc(m.DeleteTopicRequest("shared")).error == m.ErrorCode.NONE
+    for w in (w0, w1):
+        for p in range(6):
+            resp = w.rpc(m.ProduceRequest(tid, p, m.Acks.WRITTEN, 1000, encode_batch([b"y"])))
+            assert resp.error == m.ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, (p, resp)
+    assert not (broker.data_dir / "topics" / str(tid)).exists()
+    again = w0.create_topic("shared", 2)
+    assert again > tid  # ids are never reused, whichever core creates
+    assert w1.rpc(m.MetadataRequest()).topics[0].topic_id == again  # type: ignore[union-attr]
+    w0.close()
+    w1.close()
+
+
+def serve(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "broker.cli", "serve", "--port", "0", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def test_more_cores_than_cpus_is_a_clear_error_without_oversubscribe(tmp_path: Path) -> None:
+    cpus = len(os.sched_getaffinity(0))
+    out = serve("--data-dir", str(tmp_path / "d"), "--cores", str(cpus + 1), "--backend", "uvloop")
+    assert out.returncode == 2
+    assert f"--cores {cpus + 1}" in out.stderr and "--oversubscribe" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_an_unusable_data_dir_or_a_worker_failing_at_start_is_a_clear_error(tmp_path: Path) -> None:
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    out = serve("--data-dir", str(not_a_dir), "--cores", "1", "--backend", "uvloop")
+    assert out.returncode == 1 and "is unusable" in out.stderr and "Traceback" not in out.stderr
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "topics.json").write_text(json.dumps({"version": 99}))
+    out = serve("--data-dir", str(bad), "--cores", "2", "--oversubscribe", "--backend", "uvloop")
+    assert out.returncode == 1
+    assert "exited before it was ready" in out.stderr and "unknown registry version" in out.stderr
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_broker_stats_and_the_prometheus_endpoint_show_every_core(tmp_path: Path, backend: str) -> None:
+    metrics_port = free_port()
+    broker = BrokerProcess(
+        tmp_path / "data", tmp_path / "broker.log", ("--metrics-port", str(metrics_port)), CORES, backend
+    ).start()
+    try:
+        w = Wire(broker.port)
+        tid = w.create_topic("seen", 4)
+        for p in range(4):
+            w.rpc(m.ProduceRequest(tid, p, m.Acks.WRITTEN, 1000, encode_batch([b"z"])))
+        w.close()
+        time.sleep(1.2)  # every core publishes its snapshot about once a second
+        out = subprocess.run(
+            [sys.executable, "-m", "broker.cli", "stats", "-b", broker.bootstrap],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        assert out.returncode == 0, out.stderr
+        lines = out.stdout.splitlines()
+        assert "2 cores" in lines[0] and "p99_us" in lines[1]
+        assert [line.split()[0] for line in lines[2:]] == ["0", "1"]
+        as_json = subprocess.run(
+            [sys.executable, "-m", "broker.cli", "stats", "-b", broker.bootstrap, "--format", "json"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        doc = json.loads(as_json.stdout)
+        assert [s["core"] for s in doc["snapshots"]] == [0, 1]
+        assert sum(s["requests"].get("PRODUCE", 0) for s in doc["snapshots"]) >= 4
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        for core in range(CORES):
+            assert f'ringlog_bytes_in_total{{core="{core}"}}' in text
+            assert f'ringlog_request_latency_us_bucket{{core="{core}",le="+Inf"}}' in text
+        assert 'ringlog_requests_total{core="' in text and 'api="PRODUCE"' in text
+    finally:
+        assert broker.stop() == 0
