@@ -1,0 +1,245 @@
+"""Forwarding without I/O: PeerLink's correlation ids, the Forwarder's limits and failures, and
+Handlers of two cores sharing one data dir (ownership, misses, delete notices)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from broker.forwarding import Forwarder, PeerLink, PeerLinkError
+from broker.handlers import BrokerConfig, Forward, Handlers, Notify, Reply, Silent
+from ringlog_proto import messages as m
+from ringlog_proto.batch import encode_batch
+from ringlog_proto.frames import Frame, FrameDecoder
+from ringlog_proto.routing import shard_for
+
+
+def frame_of(req: m.Request, cid: int = 1) -> Frame:
+    d = FrameDecoder()
+    d.feed(b"".join(m.encode_request(req, cid)))
+    f = d.next_frame()
+    assert isinstance(f, Frame)
+    return f
+
+
+def frames_in(data: bytes) -> list[Frame]:
+    d = FrameDecoder()
+    d.feed(data)
+    out = []
+    while isinstance(f := d.next_frame(), Frame):
+        out.append(f)
+    return out
+
+
+def answer_bytes(request_bytes: bytes, resp: m.Response) -> bytes:
+    """What the owner would send back for the frame in `request_bytes`."""
+    (req,) = frames_in(request_bytes)
+    return b"".join(m.encode_response(resp, req.correlation_id, None, req.topic_id, req.partition))
+
+
+# ----------------------------------------------------------------------------------- PeerLink
+
+
+def test_peer_link_assigns_its_own_ids_and_matches_answers_in_any_order_and_any_pieces() -> None:
+    link = PeerLink(core=1)
+    got: dict[str, object] = {}
+    sent = [
+        b"".join(
+            link.request(frame_of(m.ListOffsetsRequest(7, p), cid=500), lambda r, p=p: got.__setitem__(p, r))
+        )
+        for p in range(3)
+    ]
+    ids = [frames_in(s)[0].correlation_id for s in sent]
+    assert len(set(ids)) == 3 and 500 not in ids
+    assert link.pending == 3
+    answers = [answer_bytes(sent[i], m.ListOffsetsResponse(offset=10 + i)) for i in (2, 0, 1)]
+    for byte in b"".join(answers):  # one byte at a time
+        link.receive(bytes([byte]))
+    assert link.pending == 0
+    for p in range(3):
+        frame = got[p]
+        assert isinstance(frame, Frame)
+        resp = m.decode_response(frame)
+        assert isinstance(resp, m.ListOffsetsResponse) and resp.offset == 10 + p
+
+
+def test_peer_link_ignores_answers_nobody_waits_for_and_fails_everything_when_lost() -> None:
+    link = PeerLink(core=0)
+    silent = b"".join(link.request(frame_of(m.ProduceRequest(1, 0, 0, 1000, encode_batch([b"x"]))), None))
+    link.receive(answer_bytes(silent, m.ProduceResponse(m.ErrorCode.STORAGE_ERROR, "no")))  # ignored
+    results: list[object] = []
+    link.request(frame_of(m.FetchRequest(1, 0)), results.append)
+    link.request(frame_of(m.FetchRequest(1, 1)), results.append)
+    link.lost(ConnectionResetError("gone"))
+    assert len(results) == 2 and all(isinstance(r, PeerLinkError) for r in results)
+    assert "core 0" in str(results[0])
+    with pytest.raises(PeerLinkError):
+        link.request(frame_of(m.FetchRequest(1, 0)), results.append)
+
+
+# ----------------------------------------------------------------------------------- Forwarder
+
+
+class FakeBackend:
+    """send_to_core and call_later recorded; the test plays the owner core."""
+
+    def __init__(self) -> None:
+        self.links: dict[int, PeerLink] = {}
+        self.wire: dict[int, list[bytes]] = {}
+        self.long_polls: list[bool] = []
+        self.timers: list[object] = []
+        self.refuse = False
+
+    def send_to_core(self, core, frame, long_poll, done) -> None:
+        if self.refuse:
+            raise ConnectionRefusedError("no such core")
+        link = self.links.setdefault(core, PeerLink(core))
+        self.wire.setdefault(core, []).append(b"".join(link.request(frame, done)))
+        self.long_polls.append(long_poll)
+
+    def call_later(self, delay, fn) -> None:
+        self.timers.append(fn)
+
+    def answer_all(self, core: int, make=lambda: m.ListOffsetsResponse(offset=3)) -> None:
+        sent, self.wire[core] = self.wire.get(core, []), []
+        for s in sent:
+            self.links[core].receive(answer_bytes(s, make()))
+
+
+@pytest.fixture
+def h0(tmp_path: Path):
+    h = Handlers(BrokerConfig(data_dir=str(tmp_path), cores=2, core_id=0))
+    yield h
+    h.close()
+
+
+@pytest.fixture
+def h1(tmp_path: Path):
+    h = Handlers(BrokerConfig(data_dir=str(tmp_path), cores=2, core_id=1))
+    yield h
+    h.close()
+
+
+def partition_of(core: int, topic_id: int = 1) -> int:
+    return next(p for p in range(64) if shard_for(topic_id, p, 2) == core)
+
+
+def decoded(outcome: object) -> tuple[int, m.Response]:
+    assert isinstance(outcome, Reply), outcome
+    (frame,) = frames_in(b"".join(outcome.buffers))
+    return frame.correlation_id, m.decode_response(frame)
+
+
+def test_handlers_forward_another_cores_partition_before_decoding_and_never_reforward(h0: Handlers) -> None:
+    p1 = partition_of(1)
+    out = h0.handle(frame_of(m.FetchRequest(1, p1, 0, 1024, max_wait_ms=500)))
+    assert isinstance(out, Forward) and (out.core, out.long_poll, out.expects_reply) == (1, True, True)
+    out = h0.handle(frame_of(m.ProduceRequest(1, p1, m.Acks.NONE, 1000, b"not even a batch")))
+    assert isinstance(out, Forward) and not out.expects_reply and not out.long_poll
+    _, resp = decoded(h0.handle(frame_of(m.FetchRequest(1, p1)), from_peer=True))
+    assert resp.error == m.ErrorCode.NOT_OWNER
+    # Its own partition, and requests about no partition, are served here.
+    _, resp = decoded(h0.handle(frame_of(m.FetchRequest(1, partition_of(0)))))
+    assert resp.error == m.ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    assert isinstance(h0.handle(frame_of(m.MetadataRequest())), Reply)
+
+
+def test_forwarder_relays_the_answer_under_the_clients_correlation_id(h0: Handlers) -> None:
+    backend = FakeBackend()
+    fw = Forwarder(h0, backend.send_to_core, backend.call_later)
+    replies: list[object] = []
+    fw.forward(h0.handle(frame_of(m.ListOffsetsRequest(1, partition_of(1)), cid=4242)), replies.append)
+    assert fw.pending == 1 and h0.metrics.forwarded_out == 1
+    backend.answer_all(1)
+    cid, resp = decoded(replies[0])
+    assert cid == 4242 and isinstance(resp, m.ListOffsetsResponse) and resp.offset == 3
+    assert fw.pending == 0
+
+
+def test_forwarder_answers_acks_zero_at_once_and_fails_retriably_when_the_peer_is_gone(h0: Handlers) -> None:
+    backend = FakeBackend()
+    fw = Forwarder(h0, backend.send_to_core, backend.call_later)
+    replies: list[object] = []
+    fw.forward(h0.handle(frame_of(m.ProduceRequest(1, partition_of(1), 0, 1000, b"x"))), replies.append)
+    assert isinstance(replies[0], Silent) and fw.pending == 0
+    fw.forward(h0.handle(frame_of(m.FetchRequest(1, partition_of(1)), cid=9)), replies.append)
+    backend.links[1].lost(None)
+    cid, resp = decoded(replies[1])
+    assert cid == 9 and resp.error == m.ErrorCode.NOT_OWNER and resp.error.retriable
+    backend.refuse = True
+    fw.forward(h0.handle(frame_of(m.FetchRequest(1, partition_of(1)), cid=10)), replies.append)
+    assert decoded(replies[2])[1].error == m.ErrorCode.NOT_OWNER
+    assert fw.pending == 0
+
+
+def test_forwarder_bounds_what_is_in_flight_per_peer_and_says_when_there_is_room(h0: Handlers) -> None:
+    backend = FakeBackend()
+    fw = Forwarder(h0, backend.send_to_core, backend.call_later, inflight_max=2)
+    replies: list[object] = []
+    for cid in range(5):
+        fw.forward(h0.handle(frame_of(m.ListOffsetsRequest(1, partition_of(1)), cid=cid)), replies.append)
+    assert len(backend.wire[1]) == 2 and fw.pending == 5 and fw.blocked(1) and not fw.blocked(0)
+    resumed: list[bool] = []
+    fw.when_room(1, lambda: resumed.append(True))
+    backend.answer_all(1)  # two answered: the next two go out, still at the limit
+    assert len(backend.wire[1]) == 2 and not resumed
+    backend.answer_all(1)
+    backend.answer_all(1)
+    assert resumed == [True] and fw.pending == 0
+    assert [decoded(r)[0] for r in replies] == [0, 1, 2, 3, 4]
+
+
+# ----------------------------------------------------------------------------------- shared topics
+
+
+def test_two_cores_share_topics_a_miss_reloads_and_a_delete_waits_for_the_peer(
+    h0: Handlers, h1: Handlers, tmp_path: Path
+) -> None:
+    _, created = decoded(h0.handle(frame_of(m.CreateTopicRequest("t", 8))))
+    assert isinstance(created, m.CreateTopicResponse)
+    tid = created.topic_id
+    mine = [p for p in range(8) if shard_for(tid, p, 2) == 1]
+    # Core 1 learns of the topic on its first request for one of its partitions.
+    out = h1.handle(frame_of(m.ListOffsetsRequest(tid, mine[0])))
+    assert decoded(out)[1].error == m.ErrorCode.NONE
+    assert {p for (t, p) in h1.partitions if t == tid} == set(mine)
+    # A second create of the name by the other core is refused; ids never collide.
+    assert (
+        decoded(h1.handle(frame_of(m.CreateTopicRequest("t", 1))))[1].error
+        == m.ErrorCode.TOPIC_ALREADY_EXISTS
+    )
+    _, other = decoded(h1.handle(frame_of(m.CreateTopicRequest("u", 1))))
+    assert isinstance(other, m.CreateTopicResponse) and other.topic_id == tid + 1
+    # Delete on core 0: a notice for core 1, files removed only when finishing.
+    delete = frame_of(m.DeleteTopicRequest("t"))
+    notice = h0.handle(delete)
+    assert isinstance(notice, Notify) and notice.cores == (1,)
+    assert (tmp_path / "topics" / str(tid)).exists()
+    ack = h1.handle(notice.frame, from_peer=True)
+    assert decoded(ack)[1].error == m.ErrorCode.NONE
+    assert not any(t == tid for (t, _) in h1.partitions)
+    produce = frame_of(m.ProduceRequest(tid, mine[0], 1, 1000, encode_batch([b"late"])))
+    assert decoded(h1.handle(produce))[1].error == m.ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    assert decoded(notice.finish())[1].error == m.ErrorCode.NONE
+    assert not (tmp_path / "topics" / str(tid)).exists()
+
+
+def test_a_notice_answers_when_every_peer_answered_or_at_the_timeout(h0: Handlers) -> None:
+    backend = FakeBackend()
+    fw = Forwarder(h0, backend.send_to_core, backend.call_later)
+    h0.handle(frame_of(m.CreateTopicRequest("t", 1)))
+    replies: list[object] = []
+    notice = h0.handle(frame_of(m.DeleteTopicRequest("t"), cid=77))
+    assert isinstance(notice, Notify)
+    fw.notify(notice, replies.append)
+    assert not replies and len(backend.timers) == 1
+    backend.answer_all(1, m.DeleteTopicResponse)
+    assert decoded(replies[0])[0] == 77
+    backend.timers[0]()  # the timeout fires later: nothing is answered twice
+    assert len(replies) == 1
+    # A peer that never answers: the timeout answers.
+    h0.handle(frame_of(m.CreateTopicRequest("v", 1)))
+    fw.notify(h0.handle(frame_of(m.DeleteTopicRequest("v"))), replies.append)  # type: ignore[arg-type]
+    backend.timers[-1]()
+    assert len(replies) == 2 and decoded(replies[1])[1].error == m.ErrorCode.NONE
