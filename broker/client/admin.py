@@ -1,11 +1,14 @@
 """Topic administration: create, delete, list, describe; and what the broker supports.
 
 `describe_topic` is Metadata for one topic, returned fresh (never from the cache): per-partition
-start and end offsets and owner cores are facts of the moment, not routing data.
+start and end offsets and owner cores are facts of the moment, not routing data. A core knows the
+offsets of its own partitions only (Metadata says -1 for the others), so those are asked of their
+owners with ListOffsets.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Coroutine
 from dataclasses import dataclass
@@ -21,7 +24,11 @@ from ringlog_proto.messages import (
     CreateTopicResponse,
     DeleteTopicRequest,
     ErrorCode,
+    ListOffsetsRequest,
+    ListOffsetsResponse,
     MetadataResponse,
+    OffsetSpec,
+    PartitionMetadata,
     StatsRequest,
     StatsResponse,
 )
@@ -126,13 +133,26 @@ class AsyncAdmin:
             if t.error != ErrorCode.NONE:
                 raise error_for(t.error, f"topic {name!r}")
             parts = tuple(
-                PartitionDescription(p.index, p.owner_core, p.start_offset, p.end_offset)
-                for p in sorted(t.partitions, key=lambda p: p.index)
+                await asyncio.gather(
+                    *(self._describe_partition(name, p) for p in sorted(t.partitions, key=lambda p: p.index))
+                )
             )
             return TopicDescription(
                 t.name, t.topic_id, t.retention_ms, t.retention_bytes, t.segment_bytes, parts, resp.cores
             )
         raise error_for(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r}")
+
+    async def _describe_partition(self, topic: str, p: PartitionMetadata) -> PartitionDescription:
+        if p.start_offset >= 0 and p.end_offset >= 0:
+            return PartitionDescription(p.index, p.owner_core, p.start_offset, p.end_offset)
+        offsets = []
+        for spec in (OffsetSpec.EARLIEST, OffsetSpec.LATEST):
+            resp = await self._client.partition_request(
+                topic, p.index, lambda tid, spec=spec: ListOffsetsRequest(tid, p.index, spec)
+            )
+            assert isinstance(resp, ListOffsetsResponse)
+            offsets.append(resp.offset)
+        return PartitionDescription(p.index, p.owner_core, offsets[0], offsets[1])
 
     async def stats(self) -> dict[str, Any]:
         """Every core's counters (the STATS api; docs/PROTOCOL.md §4.12): a dict with

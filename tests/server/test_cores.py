@@ -109,6 +109,9 @@ def test_a_routing_aware_client_causes_no_forwards(broker: BrokerProcess) -> Non
             got.extend(consumer.poll(timeout_ms=300))
         consumer.commit()
     assert sorted(r.value for r in got) == sorted(f"v{i}".encode() for i in range(800))
+    with Admin(broker.bootstrap) as admin:  # offsets of every core's partitions, not just one's
+        described = admin.describe_topic("routed")
+    assert [p.end_offset - p.start_offset for p in described.partitions] == [100] * 8
     snaps = [own_snapshot(broker.core_ports[c]) for c in range(CORES)]
     assert all(s["requests"].get("PRODUCE", 0) > 0 for s in snaps), "both cores own partitions"
     assert [s["forwarded"] for s in snaps] == [0, 0]
