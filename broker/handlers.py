@@ -258,9 +258,19 @@ class Handlers:
         """Catch up with topic changes made by other cores: reread topics.json when it was replaced
         (or always, with `force`), open the partitions of new topics this core owns and close those
         of topics that are gone. Never removes files (see broker/topics.py)."""
-        if force:
-            self.registry.load()
-        elif not self.registry.refresh():
+        try:
+            if force:
+                self.registry.load()
+            elif not self.registry.refresh():
+                return
+        except (ValueError, KeyError, TypeError, OSError) as exc:
+            # A registry this core cannot read (damaged by hand, a disk error): keep serving the
+            # topics it knows; creates and deletes, which must read it, fail with the reason.
+            log.error(
+                "cannot read the topic registry (%s); keeping the %d topics known",
+                exc,
+                len(self.registry.by_id),
+            )
             return
         self._sync_partitions()
 

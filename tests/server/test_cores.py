@@ -180,6 +180,28 @@ def test_sigkill_of_one_worker_it_restarts_the_other_serves_and_no_acked_record_
 
 
 @multicore
+def test_a_worker_that_keeps_dying_at_start_is_restarted_with_backoff_and_comes_back(
+    broker: BrokerProcess,
+) -> None:
+    registry = broker.data_dir / "topics.json"
+    w = Wire(broker.core_ports[0])
+    w.create_topic("kept", 2)
+    good = registry.read_text()
+    registry.write_text(json.dumps({"version": 99}))  # the next worker to start cannot read it
+    os.kill(broker.worker_pids[1], signal.SIGKILL)
+    assert broker.wait_for_log("it keeps dying at start", 10)
+    assert broker.wait_for_log("unknown registry version")
+    assert w.rpc(m.MetadataRequest()).error == m.ErrorCode.NONE  # core 0 serves on
+    registry.write_text(good)
+    assert broker.wait_for_log("worker core 1 restarted", 15)
+    w1 = Wire(broker.core_ports[1])  # connections queued while it was down are served now
+    meta = w1.rpc(m.MetadataRequest(("kept",)))
+    assert isinstance(meta, m.MetadataResponse) and meta.topics[0].error == m.ErrorCode.NONE
+    w1.close()
+    w.close()
+
+
+@multicore
 def test_sigterm_answers_long_polls_on_every_core_and_exits_zero(broker: BrokerProcess) -> None:
     w = Wire(broker.core_ports[0])
     tid = w.create_topic("bye", 8)

@@ -1,0 +1,52 @@
+"""The worker's choices that need no process: the backend, and how the supervisor names an exit."""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+import pytest
+
+from broker import worker
+from broker.supervisor import describe_exit
+
+
+def test_auto_falls_back_to_uvloop_and_says_why_when_native_is_missing(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setitem(sys.modules, "native", None)  # import native -> ImportError
+    caplog.set_level("INFO", logger="broker.worker")
+    assert worker.choose_backend("auto") == "uvloop"
+    assert "io_uring unavailable: the native bindings are not built" in caplog.text
+    assert "serving with uvloop" in caplog.text
+    assert worker.choose_backend("uvloop") == "uvloop"
+    with pytest.raises(worker.BackendUnavailable, match="io_uring unavailable"):
+        worker.choose_backend("io_uring")
+
+
+def test_a_probe_that_names_a_reason_or_fails_makes_io_uring_unavailable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    class FakeNative:
+        @staticmethod
+        def probe() -> str:
+            return "io_uring_setup: EPERM (io_uring_disabled=2)"
+
+    monkeypatch.setitem(sys.modules, "native", FakeNative)
+    assert worker.io_uring_unavailable() == "io_uring_setup: EPERM (io_uring_disabled=2)"
+
+    class Broken:
+        @staticmethod
+        def probe() -> None:
+            raise RuntimeError("boom")
+
+    monkeypatch.setitem(sys.modules, "native", Broken)
+    assert "native.probe() failed: boom" in str(worker.io_uring_unavailable())
+    with pytest.raises(ValueError, match="choose one of"):
+        worker.choose_backend("epoll")
+
+
+def test_exits_are_named_by_code_or_signal() -> None:
+    assert describe_exit(3) == "exit code 3"
+    assert describe_exit(-signal.SIGKILL) == "killed by SIGKILL"
+    assert describe_exit(-signal.SIGSEGV) == "killed by SIGSEGV"
