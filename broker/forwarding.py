@@ -222,7 +222,7 @@ class Forwarder:
     def _failure(self, outcome: Forward, exc: BaseException) -> Reply:
         frame = outcome.frame
         log.warning("forward to core %d failed: %s", outcome.core, exc)
-        return self.handlers._error(
+        return self.handlers.error_answer(
             frame,
             ErrorCode.NOT_OWNER,
             f"core {outcome.core} owns partition {frame.partition} of topic id {frame.topic_id} "

@@ -324,6 +324,10 @@ class Handlers:
         code, message = error_of(exc)
         return self._error(frame, code, message)
 
+    def error_answer(self, frame: Frame, code: m.ErrorCode, message: str) -> Reply:
+        """The error response with `code` to `frame` (counted in this core's metrics)."""
+        return self._error(frame, code, message)
+
     def _error(self, frame: Frame, code: m.ErrorCode, message: str) -> Reply:
         self.metrics.error()
         resp = m.error_response(frame.api_key, code, message)

@@ -68,6 +68,11 @@ def test_a_request_to_the_wrong_core_is_forwarded_answered_and_counted(broker: B
     tid = w0.create_topic("fwd", 8)
     theirs = owned_by(1, tid, 8)
     assert theirs, "some partition is core 1's"
+    assert len(theirs) >= 2
+    # A forwarded long poll parks at the owner without holding back the forwards behind it.
+    poller = Wire(broker.core_ports[0])
+    poller.send(m.FetchRequest(tid, theirs[-1], 0, 1 << 20, max_wait_ms=20_000))
+    time.sleep(0.1)
     before0, before1 = own_snapshot(broker.core_ports[0]), own_snapshot(broker.core_ports[1])
     p = theirs[0]
     resp = w0.rpc(m.ProduceRequest(tid, p, m.Acks.WRITTEN, 1000, encode_batch([b"a", b"b"])))
@@ -85,6 +90,13 @@ def test_a_request_to_the_wrong_core_is_forwarded_answered_and_counted(broker: B
     w1 = Wire(broker.core_ports[1])
     assert fetch_values(w1, tid, p) == {0: b"a", 1: b"b"}
     after0, after1 = own_snapshot(broker.core_ports[0]), own_snapshot(broker.core_ports[1])
+    assert after1["gauges"]["parked_long_polls"] == 1 and after0["gauges"]["pending_forwards"] == 1
+    w0.rpc(m.ProduceRequest(tid, theirs[-1], m.Acks.WRITTEN, 1000, encode_batch([b"wake"])))
+    woken = poller.recv()
+    assert isinstance(woken, m.FetchResponse) and [r.value for r in decode_batches(woken.records)] == [
+        b"wake"
+    ]
+    poller.close()
     sent = 5 + len(theirs)  # produce, fetch x2, list, commit, fetch offsets; the pipelined lists
     assert after0["forwarded"] - before0["forwarded"] >= sent
     assert after1["forwarded_in"] - before1["forwarded_in"] >= sent
