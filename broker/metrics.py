@@ -23,6 +23,7 @@ The backend contract (uvloop in broker/server.py, io_uring in broker/uring_serve
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -140,9 +141,14 @@ def publish(data_dir: str, snap: Mapping[str, object]) -> None:
     path = snapshot_path(data_dir, int(snap["core"]))  # type: ignore[call-overload]
     tmp = f"{path}.{os.getpid()}.tmp"
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(snap, f)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(snap, f)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):  # a full disk must not collect half-written snapshots
+            os.unlink(tmp)
+        raise
 
 
 def read_snapshots(data_dir: str, cores: int) -> list[dict[str, object]]:
