@@ -23,7 +23,8 @@ Rules this module keeps:
   that connection with NOT_OWNER, which clients retry after refreshing metadata; the next
   request reconnects (while the worker restarts, connections wait in the listener's backlog,
   which the supervisor holds).
-- Limits: at most `FORWARD_INFLIGHT_MAX` forwards in flight per peer; more are queued here, and
+- Limits: at most `FORWARD_INFLIGHT_MAX` forwards (and `FORWARD_INFLIGHT_BYTES_MAX` request bytes)
+  in flight per peer; more are queued here, and
   `blocked(core)` tells the backend to stop reading the client connections that sent them until
   `when_room(core, resume)` calls back.
 - Topic notices (`Notify`, for DeleteTopic): the frame goes to every listed core; the answer is
@@ -49,6 +50,9 @@ log = logging.getLogger(__name__)
 # (up to this many requests, each at most a frame) without limiting a healthy one: at 100 µs per
 # request, 256 in flight already covers 25 ms of work.
 FORWARD_INFLIGHT_MAX: Final = 256
+# ...and at most this many request bytes: 256 produce requests of 1 MiB batches would otherwise be
+# 256 MiB held for one peer. One request above it still goes (alone), so any frame can be forwarded.
+FORWARD_INFLIGHT_BYTES_MAX: Final = 32 * 1024 * 1024
 TOPIC_NOTICE_TIMEOUT_S: Final = 5.0  # a peer that cannot close a topic's partitions in 5 s is stuck
 CORRELATION_MASK: Final = 0xFFFFFFFF
 
@@ -135,15 +139,18 @@ class Forwarder:
         send_to_core: SendToCore,
         call_later: CallLater,
         inflight_max: int = FORWARD_INFLIGHT_MAX,
+        inflight_bytes_max: int = FORWARD_INFLIGHT_BYTES_MAX,
     ) -> None:
-        assert inflight_max >= 1
+        assert inflight_max >= 1 and inflight_bytes_max >= 1
         self.handlers = handlers
         self.metrics = handlers.metrics
         self.send_to_core = send_to_core
         self.call_later = call_later
         self.inflight_max = inflight_max
+        self.inflight_bytes_max = inflight_bytes_max
         cores = handlers.config.cores
         self._inflight = [0] * cores
+        self._inflight_bytes = [0] * cores
         self._queued: list[deque[tuple[Forward, Callable[[Reply | Silent], None]]]] = [
             deque() for _ in range(cores)
         ]
@@ -158,7 +165,9 @@ class Forwarder:
 
     def blocked(self, core: int) -> bool:
         """Whether forwards to `core` are over the limit (stop reading the connection that sent one)."""
-        return self._inflight[core] >= self.inflight_max
+        return (
+            self._inflight[core] >= self.inflight_max or self._inflight_bytes[core] >= self.inflight_bytes_max
+        )
 
     def when_room(self, core: int, resume: Callable[[], None]) -> None:
         """Call `resume` once forwards to `core` are below the limit again."""
@@ -177,15 +186,17 @@ class Forwarder:
             reply(Silent())
             return
         core = outcome.core
-        if self._inflight[core] >= self.inflight_max:
-            self._queued[core].append((outcome, reply))
+        if self._queued[core] or (self.blocked(core) and self._inflight[core]):
+            self._queued[core].append((outcome, reply))  # in order, behind what already waits
             return
         self._start(outcome, reply)
 
     def _start(self, outcome: Forward, reply: Callable[[Reply | Silent], None]) -> None:
         core = outcome.core
         cid = outcome.frame.correlation_id
+        nbytes = len(outcome.frame.body)
         self._inflight[core] += 1
+        self._inflight_bytes[core] += nbytes
         finished = False
 
         def done(result: Frame | BaseException) -> None:
@@ -194,6 +205,7 @@ class Forwarder:
                 return
             finished = True
             self._inflight[core] -= 1
+            self._inflight_bytes[core] -= nbytes
             if isinstance(result, BaseException):
                 reply(self._failure(outcome, result))
             else:
@@ -211,7 +223,7 @@ class Forwarder:
 
     def _after_answer(self, core: int) -> None:
         queue = self._queued[core]
-        while queue and self._inflight[core] < self.inflight_max:
+        while queue and not (self.blocked(core) and self._inflight[core]):
             outcome, reply = queue.popleft()
             self._start(outcome, reply)
         if not self.blocked(core) and self._room_waiters[core]:

@@ -243,3 +243,18 @@ def test_a_notice_answers_when_every_peer_answered_or_at_the_timeout(h0: Handler
     fw.notify(h0.handle(frame_of(m.DeleteTopicRequest("v"))), replies.append)  # type: ignore[arg-type]
     backend.timers[-1]()
     assert len(replies) == 2 and decoded(replies[1])[1].error == m.ErrorCode.NONE
+
+
+def test_forwarder_bounds_bytes_in_flight_but_always_lets_one_request_through(h0: Handlers) -> None:
+    backend = FakeBackend()
+    fw = Forwarder(h0, backend.send_to_core, backend.call_later, inflight_bytes_max=1000)
+    replies: list[object] = []
+    big = encode_batch([b"x" * 3000])  # one request over the byte limit still goes
+    for cid in range(3):
+        produce = frame_of(m.ProduceRequest(1, partition_of(1), 1, 1000, big), cid=cid)
+        fw.forward(h0.handle(produce), replies.append)
+    assert len(backend.wire[1]) == 1 and fw.blocked(1) and fw.pending == 3
+    for _ in range(3):
+        backend.answer_all(1, lambda: m.ProduceResponse(base_offset=0, end_offset=1, log_start_offset=0))
+    assert fw.pending == 0 and not fw.blocked(1)
+    assert [decoded(r)[0] for r in replies] == [0, 1, 2]
