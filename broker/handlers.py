@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 from broker import __version__
 from broker.metrics import CoreMetrics, read_snapshots
-from broker.partition import Partition, SequenceError
+from broker.partition import Partition, RetryInFlightError, SequenceError
 from broker.storage.errors import (
     BatchTooLargeError,
     CorruptBatchError,
@@ -160,6 +160,8 @@ def error_of(exc: BaseException) -> tuple[m.ErrorCode, str]:
             return E.OFFSET_OUT_OF_RANGE, str(exc)
         case SequenceError():
             return E.OUT_OF_ORDER_SEQUENCE, str(exc)
+        case RetryInFlightError():
+            return E.REQUEST_TIMED_OUT, str(exc)
         case CorruptBatchError() | LogClosedError() | StorageError() | OSError():
             return E.STORAGE_ERROR, str(exc)
         case TopicError(kind="exists"):
@@ -473,6 +475,7 @@ class Handlers:
                 return Durable(p, reply, lambda exc: self.error_reply(frame, exc))
             return reply
         pending = log_.prepare_append(req.records, headers)
+        p.reserve(pending.headers)
 
         def complete() -> Reply | Silent:
             log_.complete_append(pending)
@@ -487,6 +490,7 @@ class Handlers:
             return self._reply(frame, resp)
 
         def fail(exc: BaseException) -> Reply | Silent:
+            p.unreserve(pending.headers)
             if req.acks == m.Acks.NONE:
                 return Silent()
             return self.error_reply(frame, exc)

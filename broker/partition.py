@@ -12,6 +12,7 @@ Rules this module keeps:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections import deque
@@ -30,6 +31,11 @@ PRODUCER_BATCHES_KEPT = 5  # recent batches remembered per producer: what a clie
 
 class SequenceError(Exception):
     """An idempotent producer skipped sequence numbers or used a stale epoch."""
+
+
+class RetryInFlightError(Exception):
+    """A retried batch whose original is still being written: its outcome is not known yet, so
+    the retry can be neither stored again nor answered with the original's offsets. Retriable."""
 
 
 @dataclass(slots=True)
@@ -52,6 +58,10 @@ class Partition:
         self.directory = directory
         self.log = Log.open(directory, config)
         self.producers: dict[int, ProducerState] = {}
+        # Batches prepared but not yet written, per producer, in prepare order: (epoch, first
+        # sequence, last sequence). A backend that writes asynchronously (io_uring) checks the
+        # next pipelined batch of a producer while the one before is still in flight.
+        self.in_flight: dict[int, list[tuple[int, int, int]]] = {}
         self.waiters: list[Callable[[], None]] = []
         self._offsets_path = os.path.join(directory, OFFSETS_FILE)
         self.group_offsets: dict[str, tuple[int, str]] = self._load_offsets()
@@ -77,20 +87,38 @@ class Partition:
             if pid == NO_PRODUCER_ID:
                 continue
             state = self.producers.get(pid)
-            fresh = state is None or h.producer_epoch > state.epoch
             last = h.base_sequence + h.record_count - 1
-            if state is not None and not fresh:
-                if h.producer_epoch < state.epoch:
-                    raise SequenceError(
-                        f"producer {pid} epoch {h.producer_epoch} is fenced by epoch {state.epoch}"
+            flying = self.in_flight.get(pid)
+            if flying:
+                epoch, _, flying_last = flying[-1]
+                if (h.producer_epoch, h.base_sequence, last) in flying:
+                    raise RetryInFlightError(
+                        f"producer {pid}: the batch of sequences {h.base_sequence}-{last} is still "
+                        "being written; retry"
                     )
-                cached = next((b for f, l_, b in state.batches if f == h.base_sequence and l_ == last), None)
-                if cached is not None:
-                    dup_offsets.append(cached)
-                    continue
+            else:
+                epoch = state.epoch if state is not None else -1
+                flying_last = -1
+            fresh = (state is None and not flying) or h.producer_epoch > epoch
+            if not fresh:
+                if h.producer_epoch < epoch:
+                    raise SequenceError(f"producer {pid} epoch {h.producer_epoch} is fenced by epoch {epoch}")
+                if state is not None and state.epoch == h.producer_epoch:
+                    cached = next(
+                        (b for f, l_, b in state.batches if f == h.base_sequence and l_ == last), None
+                    )
+                    if cached is not None:
+                        dup_offsets.append(cached)
+                        continue
             # A producer (or epoch) this partition has not seen starts at sequence 0, as in
             # Kafka: otherwise a retried first batch could land after its successor.
-            want = expected.get(pid, 0 if fresh else state.last_sequence + 1)  # type: ignore[union-attr]
+            if fresh:
+                default = 0
+            elif flying:
+                default = flying_last + 1
+            else:
+                default = state.last_sequence + 1  # type: ignore[union-attr]
+            want = expected.get(pid, default)
             if h.base_sequence != want:
                 raise SequenceError(
                     f"producer {pid} epoch {h.producer_epoch}: sequence {h.base_sequence} where {want} "
@@ -109,8 +137,28 @@ class Partition:
             state = self.producers[h.producer_id] = ProducerState(h.producer_epoch)
         state.batches.append((h.base_sequence, h.base_sequence + h.record_count - 1, h.base_offset))
 
+    def reserve(self, headers: list[BatchHeader]) -> None:
+        """An append of these batches was prepared: later batches of their producers follow them."""
+        for h in headers:
+            if h.producer_id != NO_PRODUCER_ID:
+                entry = (h.producer_epoch, h.base_sequence, h.base_sequence + h.record_count - 1)
+                self.in_flight.setdefault(h.producer_id, []).append(entry)
+
+    def unreserve(self, headers: list[BatchHeader]) -> None:
+        """The prepared append of these batches completed or was undone."""
+        for h in headers:
+            flying = self.in_flight.get(h.producer_id)
+            if flying:
+                entry = (h.producer_epoch, h.base_sequence, h.base_sequence + h.record_count - 1)
+                with contextlib.suppress(ValueError):
+                    flying.remove(entry)
+                if not flying:
+                    del self.in_flight[h.producer_id]
+
     def appended(self, headers: list[BatchHeader]) -> None:
         """After an append completed: remember sequences, wake long-polling fetches."""
+        if self.in_flight:
+            self.unreserve(headers)
         for h in headers:
             self._remember(h)
         self.wake_waiters()

@@ -39,11 +39,25 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from broker.handlers import Append, BrokerConfig, Durable, Handlers, Outcome, Read, Reply, Silent, Wait
+from broker.forwarding import Done, Forwarder, PeerLink, PeerLinkError
+from broker.handlers import (
+    Append,
+    BrokerConfig,
+    Durable,
+    Forward,
+    Handlers,
+    Notify,
+    Outcome,
+    Read,
+    Reply,
+    Silent,
+    Wait,
+)
+from broker.metrics import publish
 from broker.partition import Partition
-from broker.storage.fileio import Op, Sync, Write, _advance
+from broker.storage.fileio import Op, Sync, SyncFileIO, Write, _advance, run_ops
 from ringlog_proto.batch import now_ms
-from ringlog_proto.frames import NEED_DATA, Frame, FrameDecoder, ProtocolError
+from ringlog_proto.frames import HEADER_SIZE, NEED_DATA, Frame, FrameDecoder, ProtocolError
 from ringlog_proto.messages import Acks
 
 log = logging.getLogger(__name__)
@@ -55,7 +69,10 @@ SEND_IOVECS_MAX = 512  # below IOV_MAX (1024): buffers per sendmsg
 CONNECTION_INFLIGHT_MAX = 1024  # unanswered requests per connection before we stop reading it
 CONNECTION_UNSENT_BYTES_MAX = 16 * 1024 * 1024  # reply bytes queued per connection before pausing
 ACCEPT_RETRY_S = 0.1  # after EMFILE/ENFILE: try again later instead of spinning
+BUSY_POLL_US_DEFAULT = 0
 RETENTION_CHECK_S = 30.0
+HOUSEKEEPING_S = 1.0  # metrics snapshot published, topics.json checked for other cores' changes
+PEER_IDLE_LINKS_MAX = 8  # idle long-poll connections kept per peer core for reuse
 SHUTDOWN_GRACE_S = 10.0
 
 Callback = Callable[[int, int], None]  # (res, flags) of a completion
@@ -82,13 +99,15 @@ class Loop:
     in the pass after its completion is reaped. Timers and `call_soon` callbacks cover the rest.
     """
 
-    def __init__(self, ring: object) -> None:
+    def __init__(self, ring: object, busy_poll_us: int = 0) -> None:
         self.ring = ring
         self._ops: dict[int, Callback] = {}
         self._ids = itertools.count(1)
         self._timers: list[tuple[float, int, Timer]] = []
         self._soon: deque[Callable[[], None]] = deque()
         self.end_of_pass: list[Callable[[], None]] = []  # run after each pass's continuations
+        self.busy_poll_s = busy_poll_us / 1e6
+        self._busy_until = 0.0
 
     def op(self, callback: Callback) -> int:
         """A user_data for one operation; `callback(res, flags)` runs on each of its completions."""
@@ -112,7 +131,7 @@ class Loop:
         """One pass: submit and wait, reap a batch, run continuations, timers, soon-callbacks."""
         ring = self.ring
         timeout: float | None
-        if self._soon:
+        if self._soon or (self.busy_poll_s and time.monotonic() < self._busy_until):
             timeout = 0.0
         elif self._timers:
             timeout = max(0.0, self._timers[0][0] - time.monotonic())
@@ -120,6 +139,8 @@ class Loop:
             timeout = None
         ring.submit_and_wait(1, timeout)  # type: ignore[attr-defined]
         completions = ring.completions(COMPLETIONS_PER_PASS_MAX)  # type: ignore[attr-defined]
+        if completions and self.busy_poll_s:
+            self._busy_until = time.monotonic() + self.busy_poll_s
         ops = self._ops
         more = CQE_F_MORE
         for ud, res, flags in completions:
@@ -144,22 +165,22 @@ CQE_F_MORE = 1 << 1  # replaced by native's constant at import time in `run` (sa
 
 
 class _Slot:
-    __slots__ = ("buffers", "done")
+    __slots__ = ("buffers", "done", "started_ns")
 
-    def __init__(self) -> None:
+    def __init__(self, started_ns: int) -> None:
         self.buffers: list[bytes] = []
         self.done = False
+        self.started_ns = started_ns
 
 
-class Connection:
-    """One client connection on the ring: a recv at a time, a sendmsg at a time, replies in order."""
+class _Stream:
+    """A stream socket on the ring: one recv at a time, one sendmsg at a time, a close that waits
+    for both. Subclasses say what received bytes mean (`received`) and when to stop reading."""
 
     def __init__(self, server: UringServer, fd: int, peer: str) -> None:
         self.server = server
         self.fd = fd
         self.peer = peer
-        self.decoder = FrameDecoder()
-        self.slots: deque[_Slot] = deque()
         self.closed = False
         self.buf = bytearray(RECV_BUFFER_BYTES)
         self.recv_ud = 0  # user_data of the recv in flight, 0 if none
@@ -168,69 +189,47 @@ class Connection:
         self.unsent_bytes = 0
         self._fd_closed = False
 
+    def paused(self) -> bool:
+        return self.unsent_bytes > CONNECTION_UNSENT_BYTES_MAX
+
+    def received(self, data: memoryview) -> None:
+        raise NotImplementedError
+
+    def lost(self, res: int) -> None:
+        """The peer closed (res 0) or the connection failed (-errno); `close()` follows."""
+
     # ------------------------------------------------------------------------- receive
 
     def arm_recv(self) -> None:
-        if self.closed or self.recv_ud or self._paused():
+        if self.closed or self.recv_ud or self.paused():
             return
-        self.recv_ud = ud = self.server.loop.op(self._received)
-        self.server.ring.prep_recv(self.fd, self.buf, ud)
+        self.recv_ud = ud = self.server.loop.op(self._recv_done)
+        self.server.ring.prep_recv(self.fd, self.buf, ud)  # type: ignore[attr-defined]
 
-    def _paused(self) -> bool:
-        return len(self.slots) >= CONNECTION_INFLIGHT_MAX or self.unsent_bytes > CONNECTION_UNSENT_BYTES_MAX
-
-    def _received(self, res: int, flags: int) -> None:
+    def _recv_done(self, res: int, flags: int) -> None:
         self.recv_ud = 0
         if res <= 0:
             if res < 0 and res not in (-errno.ECONNRESET, -errno.ECANCELED, -errno.EPIPE):
                 log.info("recv from %s failed: %s", self.peer, os.strerror(-res))
-            if self.decoder.buffered and not self.closed:
-                log.info("client %s went away mid-frame (%d bytes unread)", self.peer, self.decoder.buffered)
+            if not self.closed:
+                self.lost(res)
             self.close()
             return
         if self.closed:
             self._maybe_release()
             return
-        self.server.bytes_in += res
-        self.decoder.feed(memoryview(self.buf)[:res])
-        server = self.server
-        handle = server.handlers.handle
-        try:
-            while not self.closed:
-                frame = self.decoder.next_frame()
-                if frame is NEED_DATA:
-                    break
-                assert isinstance(frame, Frame)
-                slot = _Slot()
-                self.slots.append(slot)
-                server.requests += 1
-                server.carry_out(handle(frame), frame, self, slot)
-        except ProtocolError as exc:
-            log.warning("closing %s: %s", self.peer, exc)
-            self.close()
-            return
+        self.received(memoryview(self.buf)[:res])
         self.arm_recv()
 
     # ------------------------------------------------------------------------- send
 
-    def fill(self, slot: _Slot, outcome: Reply | Silent) -> None:
-        """A reply is ready: queue every reply at the head that is ready too, in request order."""
-        slot.done = True
-        if isinstance(outcome, Reply):
-            slot.buffers = outcome.buffers
-        if self.closed:
+    def write(self, buffers: Sequence[bytes | memoryview]) -> None:
+        if self.closed or not buffers:
             return
-        slots = self.slots
-        queued = False
-        while slots and slots[0].done:
-            buffers = slots.popleft().buffers
-            if buffers:
-                self.send_queue.extend(buffers)
-                self.unsent_bytes += sum(map(len, buffers))
-                queued = True
-        if queued and not self.sending:
+        self.send_queue.extend(buffers)
+        self.unsent_bytes += sum(map(len, buffers))
+        if not self.sending:
             self._send()
-        self.arm_recv()  # a paused connection resumes once it has drained
 
     def _send(self) -> None:
         queue = self.send_queue
@@ -241,13 +240,15 @@ class Connection:
         self.sending = True
         length = sum(map(len, batch))
         ud = self.server.loop.op(lambda res, flags: self._sent(res, batch, length))
-        self.server.ring.prep_sendmsg(self.fd, batch, ud)
+        self.server.ring.prep_sendmsg(self.fd, batch, ud)  # type: ignore[attr-defined]
 
     def _sent(self, res: int, batch: list[bytes | memoryview], length: int) -> None:
         self.sending = False
         if res < 0:
             if res not in (-errno.ECONNRESET, -errno.EPIPE, -errno.ECANCELED):
                 log.info("send to %s failed: %s", self.peer, os.strerror(-res))
+            if not self.closed:
+                self.lost(res)
             self.close()
             return
         self.server.bytes_out += res
@@ -260,7 +261,7 @@ class Connection:
         if self.send_queue:
             self._send()
         else:
-            self.arm_recv()
+            self.arm_recv()  # a connection paused on unsent bytes reads again
 
     # ------------------------------------------------------------------------- close
 
@@ -268,21 +269,117 @@ class Connection:
         """Stop serving this connection; its fd is closed once no operation on it is in flight."""
         if not self.closed:
             self.closed = True
-            self.server.connections.discard(self)
+            self.closing()
             if self.recv_ud:
-                self.server.ring.prep_cancel(self.recv_ud, self.server.loop.op(_ignore))
+                self.server.ring.prep_cancel(self.recv_ud, self.server.loop.op(_ignore))  # type: ignore[attr-defined]
         self._maybe_release()
+
+    def closing(self) -> None:
+        """Called once, when the connection is closed for whatever reason."""
 
     def _maybe_release(self) -> None:
         if self._fd_closed or self.recv_ud or self.sending:
             return
         self._fd_closed = True
-        self.server.ring.prep_close(self.fd, self.server.loop.op(_ignore))
+        self.server.ring.prep_close(self.fd, self.server.loop.op(_ignore))  # type: ignore[attr-defined]
 
-    def close_when_sent(self) -> None:
-        """Shutdown: close once every queued reply has left."""
-        if not self.sending and not self.send_queue:
+
+class Connection(_Stream):
+    """A client connection (or, `from_peer`, one from another core): frames in, replies in order."""
+
+    def __init__(self, server: UringServer, fd: int, peer: str, from_peer: bool = False) -> None:
+        super().__init__(server, fd, peer)
+        self.from_peer = from_peer
+        self.decoder = FrameDecoder()
+        self.slots: deque[_Slot] = deque()
+        self.forward_blocked = 0  # peer cores whose forward limit this connection waits on
+
+    def paused(self) -> bool:
+        return (
+            len(self.slots) >= CONNECTION_INFLIGHT_MAX
+            or self.unsent_bytes > CONNECTION_UNSENT_BYTES_MAX
+            or self.forward_blocked > 0
+        )
+
+    def received(self, data: memoryview) -> None:
+        self.server.bytes_in += len(data)
+        self.decoder.feed(data)
+        server = self.server
+        handlers = server.handlers
+        handle = handlers.handle
+        metrics = handlers.metrics
+        from_peer = self.from_peer
+        try:
+            while not self.closed:
+                frame = self.decoder.next_frame()
+                if frame is NEED_DATA:
+                    break
+                assert isinstance(frame, Frame)
+                slot = _Slot(metrics.request(frame.api_key, len(frame.body) + HEADER_SIZE))
+                if from_peer:
+                    metrics.forwarded_in()
+                self.slots.append(slot)
+                server.carry_out(handle(frame, from_peer), frame, self, slot)
+        except ProtocolError as exc:
+            log.warning("closing %s: %s", self.peer, exc)
             self.close()
+
+    def lost(self, res: int) -> None:
+        if self.decoder.buffered:
+            log.info("client %s went away mid-frame (%d bytes unread)", self.peer, self.decoder.buffered)
+
+    def closing(self) -> None:
+        self.server.connections.discard(self)
+
+    def fill(self, slot: _Slot, outcome: Reply | Silent) -> None:
+        """A reply is ready: queue every reply at the head that is ready too, in request order."""
+        slot.done = True
+        if isinstance(outcome, Reply):
+            slot.buffers = outcome.buffers
+            self.server.handlers.metrics.reply(sum(map(len, outcome.buffers)), slot.started_ns)
+        if self.closed:
+            return
+        slots = self.slots
+        out: list[bytes] = []
+        while slots and slots[0].done:
+            out.extend(slots.popleft().buffers)
+        if out:
+            self.write(out)
+        self.arm_recv()  # a connection paused on unanswered requests reads again
+
+    def wait_for_forward_room(self, forwarder: Forwarder, core: int) -> None:
+        """Stop reading until forwards to `core` are below their limit again."""
+        self.forward_blocked += 1
+
+        def resume() -> None:
+            self.forward_blocked -= 1
+            self.arm_recv()
+
+        forwarder.when_room(core, resume)
+
+
+class PeerConnection(_Stream):
+    """This core's end of one inter-core connection: moves bytes for a `PeerLink`."""
+
+    def __init__(self, server: UringServer, fd: int, core: int, long_poll: bool) -> None:
+        super().__init__(server, fd, f"core {core}")
+        self.core = core
+        self.long_poll = long_poll
+        self.link = PeerLink(core)
+
+    def send(self, frame: Frame, done: Done | None) -> None:
+        self.write(self.link.request(frame, done))
+
+    def received(self, data: memoryview) -> None:
+        try:
+            self.link.receive(data)  # type: ignore[arg-type]
+        except ProtocolError as exc:
+            log.error("core %d sent bytes that are not frames (%s): dropping the connection", self.core, exc)
+            self.close()
+
+    def closing(self) -> None:
+        self.server.peer_gone(self)
+        self.link.lost(None)
 
 
 def _ignore(res: int, flags: int) -> None:
@@ -309,25 +406,61 @@ class _PartitionIO:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class UringOptions:
+    """Settings of the io_uring backend only (`broker serve --busy-poll-us`, `--append-writes`)."""
+
+    # After a pass that completed something, keep polling the ring without sleeping for this
+    # long. An idle vCPU takes tens of microseconds to wake (measured here: a Python TCP
+    # ping-pong across two CPUs has a p50 of 77 us, 19 us on one CPU), so a short spin buys
+    # latency for the next request of a busy client at the price of that much CPU per burst.
+    busy_poll_us: int = BUSY_POLL_US_DEFAULT
+    # "ring": appends are writev SQEs, like every other disk operation. "inline": appends are a
+    # pwritev on the loop itself; fsyncs and reads stay on the ring. ext4 (5.x-6.18) cannot do a
+    # buffered write without blocking, so the ring hands every append to an io-wq kernel thread:
+    # a context switch and a wake-up per write (see bench/cores.py for what each costs).
+    append_writes: str = "ring"
+
+
 class UringServer:
     """One worker process on the io_uring backend."""
 
-    def __init__(self, config: BrokerConfig, ring: object, listeners: Sequence[socket.socket]) -> None:
+    def __init__(
+        self,
+        config: BrokerConfig,
+        ring: object,
+        listeners: Sequence[socket.socket],
+        options: UringOptions | None = None,
+    ) -> None:
         self.config = config
+        self.options = options = options or UringOptions()
         self.ring = ring
-        self.loop = Loop(ring)
+        self.loop = Loop(ring, options.busy_poll_us)
         self.listeners = list(listeners)
         self.handlers = Handlers(config)
         self.connections: set[Connection] = set()
         self._partitions: dict[Partition, _PartitionIO] = {}
         self._flush_due: set[Partition] = set()
         self._reads_in_flight = 0
+        self.inline_appends = options.append_writes == "inline"
+        self._sync_io = SyncFileIO()
         self._stopping = False
         self._accepting = True
         self._standing: dict[int, str] = {}  # user_data of multishot accepts and the signal read
-        self.requests = 0
+        self._waits = 0  # parked long polls
         self.bytes_in = 0
         self.bytes_out = 0
+        self.forwarder = Forwarder(self.handlers, self.send_to_core, self.loop.call_later)
+        self._peers: dict[int, PeerConnection] = {}  # the ordinary connection to each peer core
+        self._peer_idle: dict[int, list[PeerConnection]] = {}  # idle long-poll connections
+        self._peer_all: set[PeerConnection] = set()
+        self.handlers.metrics.backend = "io_uring"
+        self.handlers.gauges = {
+            "inflight_requests": lambda: sum(len(c.slots) for c in self.connections if not c.from_peer),
+            "pending_forwards": lambda: self.forwarder.pending,
+            "parked_long_polls": lambda: self._waits,
+            "commit_waiters": lambda: sum(len(p.flush_waiters) for p in self._partitions.values()),
+        }
         self.loop.end_of_pass.append(self._group_commit)
 
     # ------------------------------------------------------------------------- outcomes
@@ -345,8 +478,78 @@ class UringServer:
             )
         elif isinstance(outcome, Read):
             self._read(outcome, frame, conn, slot)
+        elif isinstance(outcome, Forward):
+            self.forwarder.forward(outcome, lambda reply: conn.fill(slot, reply))
+            if self.forwarder.blocked(outcome.core):
+                conn.wait_for_forward_room(self.forwarder, outcome.core)
+        elif isinstance(outcome, Notify):
+            self.forwarder.notify(outcome, lambda reply: conn.fill(slot, reply))
         else:
             self._wait(outcome, conn, slot, outcome.deadline_ms)
+
+    # ------------------------------------------------------------------------- inter-core I/O
+
+    def send_to_core(self, core: int, frame: Frame, long_poll: bool, done: Done | None) -> None:
+        """The forwarding primitive (broker/forwarding.py): `frame` to `core`, `done` gets the answer.
+
+        One connection per peer for ordinary forwards; a forwarded long poll gets a connection of
+        its own (kept idle afterwards for the next one), since the owner answers each connection
+        in request order and a parked fetch would hold back everything behind it.
+        """
+        if long_poll:
+            idle = self._peer_idle.get(core)
+            pc = idle.pop() if idle else self._open_peer(core, long_poll=True)
+            if pc is None:
+                if done is not None:
+                    done(PeerLinkError(f"cannot reach core {core}"))
+                return
+            assert done is not None
+            parked_pc = pc
+
+            def done_then_park(result: Frame | BaseException) -> None:
+                if not parked_pc.closed and parked_pc.link.pending == 0:
+                    parked = self._peer_idle.setdefault(core, [])
+                    if len(parked) < PEER_IDLE_LINKS_MAX and not self._stopping:
+                        parked.append(parked_pc)
+                    else:
+                        parked_pc.close()
+                done(result)
+
+            pc.send(frame, done_then_park)
+            return
+        pc = self._peers.get(core)
+        if pc is None or pc.closed:
+            pc = self._open_peer(core, long_poll=False)
+            if pc is None:
+                if done is not None:
+                    done(PeerLinkError(f"cannot reach core {core}"))
+                return
+            self._peers[core] = pc
+        pc.send(frame, done)
+
+    def _open_peer(self, core: int, long_poll: bool) -> PeerConnection | None:
+        """Connect to a peer core's unix listener. Non-blocking: a peer whose backlog is full (or
+        that is restarting and not yet listening... its socket is the supervisor's, so that
+        cannot happen) fails this forward retriably instead of stalling the loop."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_NONBLOCK)
+        try:
+            sock.connect(self.config.peer_addresses[core])
+        except OSError as exc:
+            sock.close()
+            log.warning("cannot reach core %d: %s", core, exc)
+            return None
+        pc = PeerConnection(self, sock.detach(), core, long_poll)
+        self._peer_all.add(pc)
+        pc.arm_recv()
+        return pc
+
+    def peer_gone(self, pc: PeerConnection) -> None:
+        self._peer_all.discard(pc)
+        if self._peers.get(pc.core) is pc:
+            del self._peers[pc.core]
+        idle = self._peer_idle.get(pc.core)
+        if idle and pc in idle:
+            idle.remove(pc)
 
     # appends ------------------------------------------------------------------------------------
 
@@ -377,6 +580,14 @@ class UringServer:
             entry.error = exc
             self._advance_appends(partition, pio)
 
+        if self.inline_appends:
+            try:
+                run_ops(self._sync_io, outcome.pending.ops)
+            except OSError as exc:
+                ops_done(exc)
+                return
+            ops_done(None)
+            return
         self._run_ops(list(outcome.pending.ops), ops_done)
 
     def _advance_appends(self, partition: Partition, pio: _PartitionIO) -> None:
@@ -526,9 +737,10 @@ class UringServer:
         def wake() -> None:
             if timer is not None:
                 timer.cancel()
+            self._waits -= 1
             if conn.closed:
                 return
-            again = self.handlers.handle(outcome.frame)
+            again = self.handlers.handle(outcome.frame, conn.from_peer)
             if isinstance(again, Wait) and not self._stopping:
                 self._wait(again, conn, slot, deadline_ms)  # spurious: keep the first deadline
             elif isinstance(again, Wait):
@@ -537,24 +749,27 @@ class UringServer:
                 self.carry_out(again, outcome.frame, conn, slot)
 
         def timeout() -> None:
+            self._waits -= 1
             with contextlib.suppress(ValueError):
                 partition.waiters.remove(wake)
             if not conn.closed:
                 conn.fill(slot, outcome.on_timeout())
 
         timer = self.loop.call_later((deadline_ms - now_ms()) / 1000, timeout)
+        self._waits += 1
         partition.waiters.append(wake)
 
     # ------------------------------------------------------------------------- accept
 
     def _accept(self, listener: socket.socket) -> None:
         fd = listener.fileno()
+        from_peer = listener.family == socket.AF_UNIX  # frames from another core (forwards, notices)
 
         def accepted(res: int, flags: int) -> None:
             if not flags & CQE_F_MORE:
                 self._standing.pop(ud, None)
             if res >= 0:
-                self._new_connection(res)
+                self._new_connection(res, from_peer)
             elif res in (-errno.EMFILE, -errno.ENFILE, -errno.ENOBUFS, -errno.ENOMEM):
                 log.error("accept failed: %s; retrying in %.1fs", os.strerror(-res), ACCEPT_RETRY_S)
                 self.loop.call_later(ACCEPT_RETRY_S, lambda: self._accept(listener))
@@ -568,26 +783,27 @@ class UringServer:
         self._standing[ud] = "accept"
         self.ring.prep_accept(fd, ud, multishot=True)  # type: ignore[attr-defined]
 
-    def _new_connection(self, fd: int) -> None:
+    def _new_connection(self, fd: int, from_peer: bool) -> None:
         if not self._accepting:
             os.close(fd)
             return
-        sock = socket.socket(fileno=fd)
-        try:
-            if sock.family in (socket.AF_INET, socket.AF_INET6):
+        peer = "core peer"
+        if not from_peer:
+            sock = socket.socket(fileno=fd)
+            try:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            peer = str(sock.getpeername())
-        except OSError:
-            peer = "?"
-        finally:
-            sock.detach()
-        conn = Connection(self, fd, peer)
+                peer = str(sock.getpeername())
+            except OSError:
+                peer = "?"
+            finally:
+                sock.detach()
+        conn = Connection(self, fd, peer, from_peer)
         self.connections.add(conn)
         conn.arm_recv()
 
     # ------------------------------------------------------------------------- lifecycle
 
-    def serve(self, ready: Callable[[int], None] | None = None) -> None:
+    def serve(self, ready: Callable[[], None] | None = None) -> None:
         """Serve until SIGINT/SIGTERM; then stop accepting, answer in-flight requests, flush, close."""
         wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         old_wakeup = signal.set_wakeup_fd(wake_w)
@@ -611,16 +827,17 @@ class UringServer:
             for listener in self.listeners:
                 self._accept(listener)
             arm_signal_read()
-            port = self.listeners[0].getsockname()[1] if self.listeners else 0
             log.info(
-                "serving on %s:%d (data dir %s, backend io_uring)",
-                self.config.host,
-                port,
+                "core %d serving %d listener(s) (data dir %s, backend io_uring)",
+                self.config.core_id,
+                len(self.listeners),
                 os.path.abspath(self.config.data_dir),
             )
+            self._publish_metrics()
             if ready is not None:
-                ready(port)
+                ready()
             self._schedule_retention()
+            self._schedule_housekeeping()
             loop = self.loop
             while not self._stopping:
                 loop.run_once()
@@ -646,19 +863,44 @@ class UringServer:
             or self._reads_in_flight
         ):
             self._pass(0.05)
+        self.forwarder.fail_all()
         for conn in list(self.connections):
             conn.close()
+        for pc in list(self._peer_all):
+            pc.close()
         for _ in range(100):  # let the cancels and closes complete
             if self.loop.pending_ops <= 0:
                 break
             self._pass(0.01)
         self.handlers.close()
+        self._publish_metrics()
         log.info("stopped cleanly")
 
     def _pass(self, wait_s: float) -> None:
         """One loop pass that waits at most `wait_s` (shutdown must not block on a quiet ring)."""
         self.loop.call_later(wait_s, _nothing)
         self.loop.run_once()
+
+    def _publish_metrics(self) -> None:
+        snap = self.handlers.metrics.snapshot(self.handlers.gauges)
+        try:
+            publish(self.config.data_dir, snap)
+        except OSError as exc:
+            log.warning("cannot publish metrics: %s", exc)
+
+    def _schedule_housekeeping(self) -> None:
+        """About once a second: publish this core's metrics, notice other cores' topic changes."""
+
+        def tick() -> None:
+            self._publish_metrics()
+            try:
+                self.handlers.refresh_topics()
+            except (OSError, ValueError) as exc:
+                log.error("cannot read the topic registry: %s", exc)
+            if not self._stopping:
+                self.loop.call_later(HOUSEKEEPING_S, tick)
+
+        self.loop.call_later(HOUSEKEEPING_S, tick)
 
     def _schedule_retention(self) -> None:
         def check() -> None:
@@ -678,7 +920,10 @@ def _nothing() -> None:
 
 
 def run(
-    config: BrokerConfig, listeners: Sequence[socket.socket], ready: Callable[[int], None] | None = None
+    config: BrokerConfig,
+    listeners: Sequence[socket.socket],
+    ready: Callable[[], None] | None = None,
+    options: UringOptions | None = None,
 ) -> None:
     """Run one worker on io_uring until a signal stops it. Raises `native.RingUnavailable` when
     the kernel refuses a ring; the caller then falls back to the uvloop backend."""
@@ -690,6 +935,6 @@ def run(
     tune_malloc()
     ring = native_ring.Ring(RING_ENTRIES)
     try:
-        UringServer(config, ring, listeners).serve(ready)
+        UringServer(config, ring, listeners, options).serve(ready)
     finally:
         ring.close()

@@ -96,3 +96,34 @@ def test_unknown_api_is_answered_not_raised(handlers: Handlers) -> None:
     d.feed(encode_frame(77, 1, 3))
     resp = response(handlers.handle(d.next_frame()))
     assert resp.error == m.ErrorCode.UNSUPPORTED_VERSION
+
+
+def test_pipelined_batches_of_a_producer_are_checked_against_those_still_in_flight(
+    handlers: Handlers,
+) -> None:
+    """An asynchronous backend (io_uring) prepares the next batch of a producer while the write of
+    the one before is in flight: its sequence follows the in-flight one, a retry of the in-flight
+    one is refused retriably (its outcome is unknown yet), and an undone write is forgotten."""
+    tid = create(handlers)
+    io = SyncFileIO()
+    b0 = encode_batch([b"a", b"b"], producer_id=7, producer_epoch=0, base_sequence=0)
+    b1 = encode_batch([b"c"], producer_id=7, producer_epoch=0, base_sequence=2)
+    b2 = encode_batch([b"d"], producer_id=7, producer_epoch=0, base_sequence=3)
+    first = produce(handlers, tid, b0)
+    second = produce(handlers, tid, b1)  # before the first write ran
+    assert isinstance(first, Append) and isinstance(second, Append)
+    retry = response(produce(handlers, tid, b0))
+    assert retry.error == m.ErrorCode.REQUEST_TIMED_OUT and retry.error.retriable, retry
+    for outcome in (first, second):
+        run_ops(io, outcome.pending.ops)
+        assert response(outcome.complete()).error == m.ErrorCode.NONE
+    # Now the retry is an ordinary duplicate, answered with the original offsets.
+    dup = response(produce(handlers, tid, b0))
+    assert isinstance(dup, m.ProduceResponse) and dup.base_offset == 0
+    # A write that fails is undone, and the producer's next expected sequence goes back with it.
+    third = produce(handlers, tid, b2)
+    assert isinstance(third, Append)
+    handlers.partitions[(tid, 0)].log.abort_append(third.pending)
+    assert response(third.fail(OSError(errno.EIO, "injected"))).error == m.ErrorCode.STORAGE_ERROR
+    again = produce(handlers, tid, b2)
+    assert isinstance(again, Append), "sequence 3 is expected again after the undone write"
