@@ -15,6 +15,12 @@ Rules this module keeps:
   `RESTART_FAST_S` of its start is restarted after a doubling backoff (up to `RESTART_BACKOFF_MAX_S`).
 - SIGTERM/SIGINT are forwarded to the workers (graceful: they answer in-flight requests and
   flush); the supervisor exits 0 when all of them exited 0, 1 otherwise.
+- One broker per data directory: the supervisor holds an exclusive flock on `<data_dir>/broker.lock`
+  and every worker inherits that same open file, so the lock is free only once the supervisor and
+  all its workers have exited, io_uring writes still in flight in a dying worker included (the
+  kernel completes or cancels a task's ring requests before it closes its files). A broker started
+  right after a kill -9 waits up to `DATA_DIR_LOCK_WAIT_S` for that, instead of opening partitions
+  that a dying worker may still write to; a second broker on a data dir in use is a clear error.
 - The supervisor does no request work: it reads only the workers' published metrics files, for
   the optional Prometheus endpoint (`--metrics-port`).
 """
@@ -23,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import http.server
 import json
 import logging
@@ -49,6 +56,8 @@ RESTART_BACKOFF_FIRST_S = 0.5
 RESTART_BACKOFF_MAX_S = 30.0
 BIND_RETRY_S = 1.0  # a port held by the dying workers of a killed broker frees within this
 TICK_S = 0.2
+DATA_DIR_LOCK_FILE = "broker.lock"
+DATA_DIR_LOCK_WAIT_S = 10.0  # a killed broker's workers release it within this (PDEATHSIG, ring drain)
 
 
 class StartError(Exception):
@@ -176,6 +185,7 @@ class Supervisor:
         self._stopping = False
         self._announced = False
         self._worker_backend = "?"
+        self._lock_fd = -1
 
     # ------------------------------------------------------------------------- entry point
 
@@ -215,8 +225,40 @@ class Supervisor:
                 sock.close()
         return status
 
+    def _lock_data_dir(self) -> None:
+        """Take the data dir's lock (module rules), waiting for a killed broker's workers to go."""
+        d = self.config.data_dir
+        path = os.path.join(d, DATA_DIR_LOCK_FILE)
+        try:
+            os.makedirs(d, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise StartError(f"data dir {os.path.abspath(d)} is unusable: {exc}") from exc
+        deadline = time.monotonic() + DATA_DIR_LOCK_WAIT_S
+        said = False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+                    os.close(fd)
+                    raise StartError(
+                        f"data dir {os.path.abspath(d)} is in use by another broker (pid {holder}); "
+                        f"waited {DATA_DIR_LOCK_WAIT_S:.0f}s for it to exit"
+                    ) from None
+                if not said:
+                    log.info("waiting for the previous broker's processes to leave %s", os.path.abspath(d))
+                    said = True
+                time.sleep(0.05)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock_fd = fd
+
     def _prepare_data_dir(self) -> None:
         d = self.config.data_dir
+        self._lock_data_dir()
         try:
             os.makedirs(os.path.join(d, "topics"), exist_ok=True)
             os.makedirs(run_dir(d), exist_ok=True)
@@ -253,7 +295,7 @@ class Supervisor:
         try:
             w.proc = subprocess.Popen(
                 [sys.executable, "-m", "broker.worker", "--spec", json.dumps(spec)],
-                pass_fds=(*w.fds, ready_w),
+                pass_fds=(*w.fds, ready_w, self._lock_fd),  # the lock: see the module rules
             )
         finally:
             os.close(ready_w)
