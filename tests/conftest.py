@@ -8,13 +8,23 @@ from pathlib import Path
 import pytest
 from brokerproc import BrokerProcess, Wire
 
+# Every integration test runs against each backend with one core and with two: the backends must
+# pass the same suite, and two cores put forwarding and the shared topic registry under all of it.
+# (With two cores a raw `Wire` to the public port lands on either core: the kernel's reuseport
+# hash picks, and the broker forwards what the other core owns.)
+CONFIGURATIONS = [
+    pytest.param({"cores": cores, "backend": backend}, id=f"{backend}-{cores}core")
+    for backend in ("uvloop", "io_uring")
+    for cores in (1, 2)
+]
 
-@pytest.fixture
+
+@pytest.fixture(params=CONFIGURATIONS)
 def broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BrokerProcess]:
     """Started on a free port; stopped with SIGTERM at teardown, which must exit 0.
 
-    One uvloop core unless parametrized indirectly, e.g.
-    `@pytest.mark.parametrize("broker", [{"cores": 2, "backend": "uvloop"}], indirect=True)`.
+    Runs each test once per entry of CONFIGURATIONS, unless the test parametrizes it indirectly,
+    e.g. `@pytest.mark.parametrize("broker", [{"cores": 2, "backend": "uvloop"}], indirect=True)`.
     """
     options = getattr(request, "param", {})
     proc = BrokerProcess(

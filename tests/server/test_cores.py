@@ -22,7 +22,7 @@ from ringlog_proto import messages as m
 from ringlog_proto.batch import decode_batches, encode_batch
 from ringlog_proto.routing import shard_for
 
-BACKENDS = ["uvloop"]  # the io_uring backend joins here
+BACKENDS = ["uvloop", "io_uring"]
 CORES = 2
 multicore = pytest.mark.parametrize(
     "broker",
