@@ -21,6 +21,7 @@ from broker.cli_client import add_client_commands, run_client_command
 from broker.storage.errors import StorageError
 from broker.storage.log import Log, LogConfig
 from broker.storage.segment import STORE_SUFFIX
+from broker.uring_options import UringOptions
 from ringlog_proto.batch import BatchError, Record, decode_batches, encode_batch, invalid_batch, iter_batches
 
 
@@ -130,6 +131,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         log_level=args.log_level,
         metrics_port=args.metrics_port,
         log_defaults=defaults,
+        busy_poll_us=args.busy_poll_us,
+        append_writes=args.append_writes,
     )
     return run_supervisor(config)
 
@@ -184,6 +187,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--metrics-port", type=int, default=None, help="serve Prometheus metrics over HTTP on this port"
+    )
+    uring = UringOptions()
+    serve.add_argument(
+        "--busy-poll-us",
+        type=int,
+        default=uring.busy_poll_us,
+        metavar="US",
+        help=f"io_uring: poll this long after activity before sleeping (default {uring.busy_poll_us})",
+    )
+    serve.add_argument(
+        "--append-writes",
+        default=uring.append_writes,
+        choices=["ring", "inline"],
+        help=f"io_uring: appends as ring writes or as a pwritev on the loop (default {uring.append_writes})",
     )
     defaults = LogConfig()
     serve.add_argument("--segment-bytes", type=int, default=defaults.segment_bytes)

@@ -45,6 +45,7 @@ from dataclasses import asdict, dataclass, field
 
 from broker.metrics import prometheus_text, read_snapshots, run_dir
 from broker.storage.log import LogConfig
+from broker.uring_options import APPEND_WRITES_DEFAULT, BUSY_POLL_US_DEFAULT
 
 log = logging.getLogger("broker.supervisor")
 
@@ -57,7 +58,7 @@ RESTART_BACKOFF_MAX_S = 30.0
 BIND_RETRY_S = 1.0  # a port held by the dying workers of a killed broker frees within this
 TICK_S = 0.2
 DATA_DIR_LOCK_FILE = "broker.lock"
-DATA_DIR_LOCK_WAIT_S = 10.0  # a killed broker's workers release it within this (PDEATHSIG, ring drain)
+DATA_DIR_LOCK_WAIT_S = 5.0  # a killed broker's workers release it well within this (PDEATHSIG, ring drain)
 
 
 class StartError(Exception):
@@ -73,6 +74,8 @@ class SupervisorConfig:
     core_ports_base: int = 0
     backend: str = "auto"
     log_level: str = "INFO"
+    busy_poll_us: int = BUSY_POLL_US_DEFAULT  # io_uring backend options (broker/uring_options.py)
+    append_writes: str = APPEND_WRITES_DEFAULT
     metrics_port: int | None = None
     log_defaults: LogConfig = field(default_factory=LogConfig)
 
@@ -287,6 +290,7 @@ class Supervisor:
             "core_ports": self.sockets.direct_ports,
             "peer_addresses": self.sockets.peer_addresses,
             "backend": self.config.backend,
+            "uring": {"busy_poll_us": self.config.busy_poll_us, "append_writes": self.config.append_writes},
             "log_level": self.config.log_level,
             "log_defaults": asdict(self.config.log_defaults),
             "fds": list(w.fds),

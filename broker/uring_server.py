@@ -56,6 +56,7 @@ from broker.handlers import (
 from broker.metrics import publish
 from broker.partition import Partition
 from broker.storage.fileio import Op, Sync, SyncFileIO, Write, _advance, run_ops
+from broker.uring_options import UringOptions
 from ringlog_proto.batch import now_ms
 from ringlog_proto.frames import HEADER_SIZE, NEED_DATA, Frame, FrameDecoder, ProtocolError
 from ringlog_proto.messages import Acks
@@ -69,7 +70,6 @@ SEND_IOVECS_MAX = 512  # below IOV_MAX (1024): buffers per sendmsg
 CONNECTION_INFLIGHT_MAX = 1024  # unanswered requests per connection before we stop reading it
 CONNECTION_UNSENT_BYTES_MAX = 16 * 1024 * 1024  # reply bytes queued per connection before pausing
 ACCEPT_RETRY_S = 0.1  # after EMFILE/ENFILE: try again later instead of spinning
-BUSY_POLL_US_DEFAULT = 0
 RETENTION_CHECK_S = 30.0
 HOUSEKEEPING_S = 1.0  # metrics snapshot published, topics.json checked for other cores' changes
 PEER_IDLE_LINKS_MAX = 8  # idle long-poll connections kept per peer core for reuse
@@ -404,22 +404,6 @@ class _PartitionIO:
     flush_waiters: list[tuple[Callable[[], None], Callable[[BaseException], None]]] = field(
         default_factory=list
     )
-
-
-@dataclass(frozen=True, slots=True)
-class UringOptions:
-    """Settings of the io_uring backend only (`broker serve --busy-poll-us`, `--append-writes`)."""
-
-    # After a pass that completed something, keep polling the ring without sleeping for this
-    # long. An idle vCPU takes tens of microseconds to wake (measured here: a Python TCP
-    # ping-pong across two CPUs has a p50 of 77 us, 19 us on one CPU), so a short spin buys
-    # latency for the next request of a busy client at the price of that much CPU per burst.
-    busy_poll_us: int = BUSY_POLL_US_DEFAULT
-    # "ring": appends are writev SQEs, like every other disk operation. "inline": appends are a
-    # pwritev on the loop itself; fsyncs and reads stay on the ring. ext4 (5.x-6.18) cannot do a
-    # buffered write without blocking, so the ring hands every append to an io-wq kernel thread:
-    # a context switch and a wake-up per write (see bench/cores.py for what each costs).
-    append_writes: str = "ring"
 
 
 class UringServer:

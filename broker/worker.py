@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import importlib.util
 import json
 import logging
@@ -33,6 +34,7 @@ from collections.abc import Callable, Sequence
 from broker.handlers import BrokerConfig
 from broker.storage.errors import StorageError
 from broker.storage.log import LogConfig
+from broker.uring_options import UringOptions
 
 log = logging.getLogger("broker.worker")
 
@@ -144,6 +146,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         backend = choose_backend(str(spec["backend"]))
         config = config_from_spec({**spec, "backend": backend})
         run = backend_runner(backend)
+        if backend == "io_uring":
+            run = functools.partial(run, options=UringOptions(**spec.get("uring", {})))
     except (BackendUnavailable, ImportError, ValueError) as exc:
         log.error("cannot start: %s", exc)
         return EXIT_START_FAILED

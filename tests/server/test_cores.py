@@ -295,6 +295,22 @@ def test_an_unusable_data_dir_or_a_worker_failing_at_start_is_a_clear_error(tmp_
     assert "exited before it was ready" in out.stderr and "unknown registry version" in out.stderr
 
 
+def test_a_second_broker_on_a_data_dir_in_use_is_a_clear_error(tmp_path: Path) -> None:
+    """Two brokers writing one data dir would corrupt it: the second waits for the lock (a killed
+    broker's dying workers release it within moments), then refuses, naming the holder."""
+    first = BrokerProcess(tmp_path / "data", tmp_path / "broker.log", cores=1, backend="uvloop").start()
+    try:
+        out = serve("--data-dir", str(tmp_path / "data"), "--cores", "1", "--backend", "uvloop")
+        assert out.returncode == 1, out.stderr
+        assert "in use by another broker" in out.stderr and str(first.proc.pid) in out.stderr, out.stderr
+        assert "Traceback" not in out.stderr
+        w = Wire(first.port)  # the first broker never noticed
+        assert w.rpc(m.ApiVersionsRequest("t")).error == m.ErrorCode.NONE
+        w.close()
+    finally:
+        assert first.stop() == 0
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

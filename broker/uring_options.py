@@ -1,0 +1,35 @@
+"""Settings of the io_uring backend only (`broker serve --busy-poll-us`, `--append-writes`).
+
+Apart from broker/uring_server.py so that the command line, the supervisor and the worker can
+name them without importing the backend (which needs the native bindings).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# After a pass that completed something, the loop keeps polling the ring without sleeping for this
+# long. An idle vCPU takes tens of microseconds to wake (measured here: a Python TCP ping-pong
+# across two CPUs has a p50 of 77 us, 19 us on one CPU), so a short spin buys latency for the
+# next request of a busy client, at the price of at most this much CPU per burst of requests.
+BUSY_POLL_US_DEFAULT = 0
+
+# "ring": appends are writev SQEs, like every other disk operation. "inline": appends are a
+# pwritev on the loop itself; fsyncs and reads stay on the ring. ext4 (up to 6.18 at least) cannot
+# do a buffered write without blocking, so the ring hands every append to an io-wq kernel thread:
+# a context switch and a wake-up per write (bench/cores.py measures what each costs).
+APPEND_WRITES_DEFAULT = "ring"
+APPEND_WRITES = ("ring", "inline")
+
+
+@dataclass(frozen=True, slots=True)
+class UringOptions:
+    busy_poll_us: int = BUSY_POLL_US_DEFAULT
+    append_writes: str = APPEND_WRITES_DEFAULT
+
+    def __post_init__(self) -> None:
+        if self.busy_poll_us < 0:
+            raise ValueError(f"busy_poll_us must be >= 0, not {self.busy_poll_us}")
+        if self.append_writes not in APPEND_WRITES:
+            choices = ", ".join(APPEND_WRITES)
+            raise ValueError(f"append_writes must be one of {choices}, not {self.append_writes!r}")
