@@ -67,6 +67,7 @@ RING_ENTRIES = 4096  # SQEs per submit: enough for a pass over hundreds of busy 
 COMPLETIONS_PER_PASS_MAX = 4096  # continuations run per pass before we submit again
 RECV_BUFFER_BYTES = 256 * 1024  # per connection; a produce frame larger than this takes several recvs
 SEND_IOVECS_MAX = 512  # below IOV_MAX (1024): buffers per sendmsg
+WRITEV_IOVECS_MAX = 512  # below IOV_MAX (1024): buffers per gathered store writev (2 per batch)
 CONNECTION_INFLIGHT_MAX = 1024  # unanswered requests per connection before we stop reading it
 CONNECTION_UNSENT_BYTES_MAX = 16 * 1024 * 1024  # reply bytes queued per connection before pausing
 ACCEPT_RETRY_S = 0.1  # after EMFILE/ENFILE: try again later instead of spinning
@@ -425,6 +426,7 @@ class UringServer:
         self.connections: set[Connection] = set()
         self._partitions: dict[Partition, _PartitionIO] = {}
         self._flush_due: set[Partition] = set()
+        self._store_writes: dict[Partition, list[tuple[Write, _AppendInFlight]]] = {}
         self._reads_in_flight = 0
         self.inline_appends = options.append_writes == "inline"
         self._sync_io = SyncFileIO()
@@ -445,6 +447,7 @@ class UringServer:
             "parked_long_polls": lambda: self._waits,
             "commit_waiters": lambda: sum(len(p.flush_waiters) for p in self._partitions.values()),
         }
+        self.loop.end_of_pass.append(self._submit_store_writes)
         self.loop.end_of_pass.append(self._group_commit)
 
     # ------------------------------------------------------------------------- outcomes
@@ -557,22 +560,70 @@ class UringServer:
         entry = _AppendInFlight(outcome, done, 1)
         pio.appends.append(entry)
         pio.writes_in_flight += 1
+        ops = outcome.pending.ops
+        if self.inline_appends:
+            try:
+                run_ops(self._sync_io, ops)
+            except OSError as exc:
+                self._append_written(partition, pio, (entry,), exc)
+                return
+            self._append_written(partition, pio, (entry,), None)
+        elif len(ops) == 1 and isinstance(ops[0], Write):
+            # The common case, one store write: gathered with the others of this pass (below).
+            self._store_writes.setdefault(partition, []).append((ops[0], entry))
+        else:
+            self._run_ops(list(ops), lambda exc: self._append_written(partition, pio, (entry,), exc))
 
-        def ops_done(exc: OSError | None) -> None:
+    def _append_written(
+        self,
+        partition: Partition,
+        pio: _PartitionIO,
+        entries: Sequence[_AppendInFlight],
+        exc: OSError | None,
+    ) -> None:
+        for entry in entries:
             pio.writes_in_flight -= 1
             entry.ops_left = 0
             entry.error = exc
-            self._advance_appends(partition, pio)
+        self._advance_appends(partition, pio)
 
-        if self.inline_appends:
-            try:
-                run_ops(self._sync_io, outcome.pending.ops)
-            except OSError as exc:
-                ops_done(exc)
-                return
-            ops_done(None)
+    def _submit_store_writes(self) -> None:
+        """End of a pass: the store writes of every append prepared in it, as few writevs as can be.
+
+        A pipelining producer's batches arrive several per recv and land back to back in the
+        store, so one writev (and, on a file system that punts buffered writes to io-wq, one
+        kernel-thread hand-off instead of several) carries them all, up to `WRITEV_IOVECS_MAX`
+        buffers. Each append still completes, and becomes visible, on its own terms.
+        """
+        if not self._store_writes:
             return
-        self._run_ops(list(outcome.pending.ops), ops_done)
+        batches, self._store_writes = self._store_writes, {}
+        for partition, items in batches.items():
+            pio = self._partitions[partition]
+            run: list[tuple[Write, _AppendInFlight]] = []
+            iovecs = 0
+            for op, entry in items:
+                if run:
+                    last = run[-1][0]
+                    contiguous = op.fd == last.fd and op.offset == last.offset + last.length
+                    if not contiguous or iovecs + len(op.buffers) > WRITEV_IOVECS_MAX:
+                        self._submit_write_run(partition, pio, run)
+                        run, iovecs = [], 0
+                run.append((op, entry))
+                iovecs += len(op.buffers)
+            self._submit_write_run(partition, pio, run)
+
+    def _submit_write_run(
+        self, partition: Partition, pio: _PartitionIO, run: list[tuple[Write, _AppendInFlight]]
+    ) -> None:
+        entries = tuple(entry for _, entry in run)
+        if len(run) == 1:
+            op = run[0][0]
+        else:
+            first = run[0][0]
+            buffers = tuple(b for op, _ in run for b in op.buffers)
+            op = Write(first.fd, buffers, first.offset, sum(op.length for op, _ in run))
+        self._run_ops([op], lambda exc: self._append_written(partition, pio, entries, exc))
 
     def _advance_appends(self, partition: Partition, pio: _PartitionIO) -> None:
         """Make finished appends visible in prepare order; undo from the first failed one."""

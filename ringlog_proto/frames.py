@@ -160,7 +160,8 @@ class FrameDecoder:
         end = pos + LENGTH_SIZE + length
         if len(buf) < end:
             return NEED_DATA
-        body = bytes(buf[pos + HEADER_SIZE : end])
+        with memoryview(buf) as view:  # one copy of the body, not two (a bytearray slice copies)
+            body = bytes(view[pos + HEADER_SIZE : end])
         self._pos = end
         return Frame(api_key, api_version, flags, corr, topic_id, partition, body)
 
