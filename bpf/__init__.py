@@ -1,0 +1,11 @@
+"""eBPF for ringlog: connection steering to the owning core (sk_reuseport + SOCKMAP) and the XDP
+classifier, loaded with bcc (Debian's python3-bpfcc), attached with pyroute2 and setsockopt.
+
+Rules this package keeps:
+- Importing it never imports bcc or pyroute2: `kernel.ebpf_unavailable()` says why eBPF cannot be
+  used here, and only the loaders (`steering.Steering`, `xdp.XdpClassifier`) import bcc, so a
+  broker without bcc still starts (`--ebpf auto`) and clients never need it.
+- The C lives in `*.c`/`*.h` beside the Python that loads it; `rendezvous.h` is the one C copy of
+  `ringlog_proto.routing`, checked against it bit for bit by tests/bpf/test_hash.py.
+- Whoever loads a program detaches it and releases its maps (`close()`, idempotent).
+"""
