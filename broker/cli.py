@@ -105,6 +105,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.ebpf == "off" and (args.xdp_iface or args.tcp_fastopen_sysctl):
+        print("broker: --xdp-iface and --tcp-fastopen-sysctl need --ebpf auto or on", file=sys.stderr)
+        return 2
     if args.backend == "io_uring":
         try:
             choose_backend("io_uring")
@@ -133,6 +136,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         log_defaults=defaults,
         busy_poll_us=args.busy_poll_us,
         append_writes=args.append_writes,
+        ebpf=args.ebpf,
+        xdp_iface=args.xdp_iface,
+        xdp_mode=args.xdp_mode,
+        tcp_fastopen_sysctl=args.tcp_fastopen_sysctl,
+        membership_port=args.membership_port,
     )
     return run_supervisor(config)
 
@@ -201,6 +209,38 @@ def build_parser() -> argparse.ArgumentParser:
         default=uring.append_writes,
         choices=["ring", "inline"],
         help=f"io_uring: appends as ring writes or as a pwritev on the loop (default {uring.append_writes})",
+    )
+    serve.add_argument(
+        "--ebpf",
+        default="auto",
+        choices=["auto", "on", "off"],
+        help="steer connections to the owning core in the kernel: auto loads the programs when root and "
+        "bcc allow (else logs why and forwards in user space), on fails without them (default auto)",
+    )
+    serve.add_argument(
+        "--xdp-iface",
+        default=None,
+        metavar="IFACE",
+        help="attach the XDP classifier (membership/partition/other counters) to this interface",
+    )
+    serve.add_argument(
+        "--xdp-mode",
+        default="auto",
+        choices=["auto", "native", "generic"],
+        help="XDP attach mode (default auto)",
+    )
+    serve.add_argument(
+        "--tcp-fastopen-sysctl",
+        action="store_true",
+        help="set net.ipv4.tcp_fastopen's server bit (0x2) in this netns so SYNs carry the first frame "
+        "for steering; the old value is restored at exit (default: leave the sysctl alone)",
+    )
+    serve.add_argument(
+        "--membership-port",
+        type=int,
+        default=None,
+        metavar="UDP_PORT",
+        help="UDP membership ping/ack endpoint (default: the TCP port's number; -1: none)",
     )
     defaults = LogConfig()
     serve.add_argument("--segment-bytes", type=int, default=defaults.segment_bytes)

@@ -363,6 +363,8 @@ class Handlers:
 
     def _metadata(self, req: m.Request, frame: Frame) -> Outcome:
         assert isinstance(req, m.MetadataRequest)
+        from bpf import state as bpf_state  # noqa: PLC0415 - keeps this change local to Metadata
+
         self.refresh_topics()
         if any(name not in self.registry.by_name for name in req.topics):
             self.refresh_topics(force=True)
@@ -393,7 +395,7 @@ class Handlers:
             host=self.config.host,
             port=self.config.port,
             cores=self.config.cores,
-            steering=False,
+            steering=bpf_state.steering_on(self.config.data_dir),  # the supervisor's bpf.json
             topics=tuple(topics),
             core_ports=self.config.core_ports,
         )

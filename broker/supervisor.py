@@ -23,6 +23,18 @@ Rules this module keeps:
   that a dying worker may still write to; a second broker on a data dir in use is a clear error.
 - The supervisor does no request work: it reads only the workers' published metrics files, for
   the optional Prometheus endpoint (`--metrics-port`).
+- eBPF (bpf/plane.py, `--ebpf auto|on|off`): the supervisor loads the steering program before any
+  worker starts, puts core k's public listener at index k of the sockmap, keeps the live-cores map,
+  publishes the counters to `<data_dir>/run/bpf.json` each second, and detaches everything (and
+  restores the TFO sysctl if it set it) when it exits, whatever the exit path.
+- Live cores: a core is live while its worker runs or is being restarted at once: its listener
+  still queues connections and no other core can serve its partitions, so sending its connections
+  elsewhere would only add a forward to a dead peer. A worker that keeps dying at start (restart
+  delayed by the backoff) leaves the live set until it reports ready again, so new connections are
+  not parked for seconds in a backlog nobody accepts from; they land on a live core, which answers
+  everything but that core's partitions (those get NOT_OWNER, retriable).
+- The membership endpoint (broker/membership.py) is a UDP socket on the same host, port
+  `--membership-port` (default: the broker's TCP port number), answered from the supervisor's loop.
 """
 
 from __future__ import annotations
@@ -43,6 +55,10 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 
+from bpf import state as bpf_state
+from bpf.kernel import BpfError
+from bpf.plane import EbpfPlane
+from broker.membership import MembershipEndpoint
 from broker.metrics import prometheus_text, read_snapshots, run_dir
 from broker.storage.log import LogConfig
 from broker.uring_options import APPEND_WRITES_DEFAULT, BUSY_POLL_US_DEFAULT
@@ -59,6 +75,8 @@ BIND_RETRY_S = 1.0  # a port held by the dying workers of a killed broker frees 
 TICK_S = 0.2
 DATA_DIR_LOCK_FILE = "broker.lock"
 DATA_DIR_LOCK_WAIT_S = 5.0  # a killed broker's workers release it well within this (PDEATHSIG, ring drain)
+BPF_PUBLISH_S = 1.0  # bpf.json (counters for `broker stats`) is rewritten this often
+NODE_ID = 0  # single-node brokers: the membership ack's node id until the cluster issue assigns ids
 
 
 class StartError(Exception):
@@ -78,6 +96,11 @@ class SupervisorConfig:
     append_writes: str = APPEND_WRITES_DEFAULT
     metrics_port: int | None = None
     log_defaults: LogConfig = field(default_factory=LogConfig)
+    ebpf: str = "auto"  # bpf/plane.py: auto | on | off
+    xdp_iface: str | None = None
+    xdp_mode: str = "auto"
+    tcp_fastopen_sysctl: bool = False  # set net.ipv4.tcp_fastopen's server bit (restored at exit)
+    membership_port: int | None = None  # None: the broker's TCP port number; -1: no endpoint
 
 
 @dataclass(slots=True)
@@ -189,6 +212,10 @@ class Supervisor:
         self._announced = False
         self._worker_backend = "?"
         self._lock_fd = -1
+        self.ebpf = EbpfPlane(config.data_dir, config.ebpf)
+        self.membership: MembershipEndpoint | None = None
+        self._live: frozenset[int] = frozenset()
+        self._bpf_published_at = 0.0
 
     # ------------------------------------------------------------------------- entry point
 
@@ -209,24 +236,87 @@ class Supervisor:
         for k in range(self.config.cores):
             fds = (s.public[k].fileno(), s.direct[k].fileno(), s.peer[k].fileno())
             self.workers.append(Worker(k, self.cpus[k % len(self.cpus)], fds))
+        metrics_server = None
         try:
-            metrics_server = self._start_metrics_server() if self.config.metrics_port is not None else None
-        except OSError as exc:
-            print(f"broker: cannot serve metrics on port {self.config.metrics_port}: {exc}", file=sys.stderr)
-            for sock in (*s.public, *s.direct, *s.peer):
-                sock.close()
-            return 1
-        self._install_signals()
-        try:
+            try:
+                self._start_membership()
+                self._load_ebpf()
+                metrics_server = (
+                    self._start_metrics_server() if self.config.metrics_port is not None else None
+                )
+            except StartError as exc:
+                print(f"broker: {exc}", file=sys.stderr)
+                return 1
+            except OSError as exc:
+                print(
+                    f"broker: cannot serve metrics on port {self.config.metrics_port}: {exc}", file=sys.stderr
+                )
+                return 1
+            self._install_signals()
             for w in self.workers:
                 self._spawn(w)
-            status = self._loop()
+            return self._loop()
         finally:
             if metrics_server is not None:
                 metrics_server.shutdown()
+            self.ebpf.close()  # before the listeners close: the kernel's hash takes over, then they go
+            if self.membership is not None:
+                self.membership.sock.close()
             for sock in (*s.public, *s.direct, *s.peer):
                 sock.close()
-        return status
+
+    def _start_membership(self) -> None:
+        assert self.sockets is not None
+        port = self.config.membership_port
+        if port is not None and port < 0:
+            return
+        port = self.sockets.port if port is None else port
+        family = socket.getaddrinfo(self.config.host, port, type=socket.SOCK_DGRAM)[0][0]
+        sock = socket.socket(family, socket.SOCK_DGRAM)
+        try:
+            sock.bind((self.config.host, port))
+        except OSError as exc:
+            sock.close()
+            raise StartError(f"cannot serve membership on udp {self.config.host}:{port}: {exc}") from exc
+        self.membership = MembershipEndpoint(sock, NODE_ID, self.config.cores, self.sockets.port)
+        self._selector.register(sock, selectors.EVENT_READ, self.membership)
+        log.info("membership endpoint on udp %s:%d", self.config.host, sock.getsockname()[1])
+
+    def _load_ebpf(self) -> None:
+        """Load the eBPF plane (bpf/plane.py decides per --ebpf); every core starts live."""
+        assert self.sockets is not None
+        s = self.sockets
+        try:
+            self.ebpf.load(
+                s.public,
+                xdp_iface=self.config.xdp_iface,
+                xdp_mode=self.config.xdp_mode,
+                membership_port=self.membership.sock.getsockname()[1] if self.membership else 0,
+                partition_ports=(s.port, *s.direct_ports),
+                set_tfo_sysctl=self.config.tcp_fastopen_sysctl,
+            )
+        except BpfError as exc:
+            raise StartError(str(exc)) from exc
+        self._set_live(frozenset(range(self.config.cores)))
+
+    def _set_live(self, live: frozenset[int]) -> None:
+        if live != self._live:
+            if self._live:
+                log.info("live cores for steering: %s", sorted(live))
+            self._live = live
+            self.ebpf.set_live(live)
+
+    def _update_live(self) -> None:
+        """The live set by the module rules: all but the workers waiting out a restart backoff."""
+        self._set_live(frozenset(w.core for w in self.workers if w.fast_failures <= 1 or w.ready))
+
+    def _publish_bpf(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if force or now - self._bpf_published_at >= BPF_PUBLISH_S:
+            self._bpf_published_at = now
+            if self.membership is not None:
+                self.ebpf.membership = self.membership.counters()
+            self.ebpf.publish()
 
     def _lock_data_dir(self) -> None:
         """Take the data dir's lock (module rules), waiting for a killed broker's workers to go."""
@@ -417,9 +507,14 @@ class Supervisor:
                 if key.data is None:
                     with contextlib.suppress(OSError):
                         os.read(self._wake_r, 512)
+                elif isinstance(key.data, MembershipEndpoint):
+                    key.data.on_readable()
                 else:
                     self._on_ready_pipe(key.data)
             failure = self._reap()
+            if not self._stopping:
+                self._update_live()
+            self._publish_bpf()
             now = time.monotonic()
             if failure is None and not self._announced and now > start_deadline:
                 failure = StartError(f"the workers were not all ready within {START_TIMEOUT_S:.0f} s")
@@ -479,7 +574,8 @@ class Supervisor:
                 if self.path.split("?")[0] not in ("/metrics", "/"):
                     self.send_error(404)
                     return
-                body = prometheus_text(read_snapshots(data_dir, cores)).encode()
+                text = prometheus_text(read_snapshots(data_dir, cores))
+                body = (text + bpf_prometheus_text(bpf_state.read(data_dir))).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
                 self.send_header("Content-Length", str(len(body)))
@@ -495,6 +591,35 @@ class Supervisor:
         thread.start()
         log.info("metrics on http://%s:%d/metrics", self.config.host, server.server_address[1])
         return server
+
+
+def bpf_prometheus_text(doc: dict[str, object] | None) -> str:
+    """The eBPF counters (bpf.json) in Prometheus text format; empty without a snapshot."""
+    if not doc:
+        return ""
+    lines = [
+        "# HELP ringlog_bpf_steering Whether the reuseport program steers the public port.",
+        "# TYPE ringlog_bpf_steering gauge",
+        f"ringlog_bpf_steering {int(bool(doc.get('steering')))}",
+    ]
+    steer = doc.get("steer")
+    if isinstance(steer, dict):
+        lines += [
+            "# HELP ringlog_bpf_steered_total New connections by steering rule.",
+            "# TYPE ringlog_bpf_steered_total counter",
+        ]
+        lines += [f'ringlog_bpf_steered_total{{rule="{k}"}} {v}' for k, v in steer.items()]
+    xdp = doc.get("xdp")
+    if isinstance(xdp, dict) and isinstance(xdp.get("classes"), dict):
+        lines += [
+            "# HELP ringlog_xdp_packets_total Ingress packets by XDP class.",
+            "# TYPE ringlog_xdp_packets_total counter",
+        ]
+        lines += [
+            f'ringlog_xdp_packets_total{{iface="{xdp.get("iface")}",class="{k}"}} {v}'
+            for k, v in xdp["classes"].items()
+        ]
+    return "\n".join(lines) + "\n"
 
 
 def run_supervisor(config: SupervisorConfig) -> int:

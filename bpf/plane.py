@@ -1,0 +1,185 @@
+"""The eBPF control plane of one broker: load, keep, publish and release steering and XDP.
+
+Rules this module keeps:
+- `--ebpf off`: nothing is loaded. `auto`: loaded when `kernel.ebpf_unavailable()` says it can be,
+  otherwise one log line names the reason and user-space forwarding serves (Metadata says
+  `steering: false`); a program that fails to load in auto mode is reported the same way. `on`:
+  any reason it cannot load is a start error (`kernel.BpfError`). An XDP interface that was asked
+  for (`--xdp-iface`) and cannot be attached is a start error in both modes: it was named explicitly.
+- The TFO sysctl (bpf/tfo.py) is changed only with `set_tfo_sysctl`, and restored by `close()`.
+- `close()` detaches XDP and steering, releases maps, restores the sysctl and publishes a final
+  snapshot with `steering: false`; idempotent, never raises.
+- The live set is the caller's decision (`set_live`); this module only writes it to the map.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any, Final
+
+from bpf import kernel, state, tfo
+
+log = logging.getLogger("broker.ebpf")
+
+EBPF_MODES: Final = ("auto", "on", "off")
+
+
+class EbpfPlane:
+    """What a broker loaded into the kernel (either part may be absent)."""
+
+    def __init__(self, data_dir: str, mode: str) -> None:
+        self.data_dir = data_dir
+        self.mode = mode
+        self.reason = ""  # why steering is off, when it is
+        self.steering: Any = None  # bpf.steering.Steering
+        self.xdp: Any = None  # bpf.xdp.XdpClassifier
+        self._tfo_old: int | None = None
+        self._tfo_set = False
+        self._closed = False
+        self.membership: dict[str, int] = {}
+
+    # ------------------------------------------------------------------------- loading
+
+    def load(
+        self,
+        public: Sequence[socket.socket],
+        *,
+        xdp_iface: str | None = None,
+        xdp_mode: str = "auto",
+        membership_port: int = 0,
+        partition_ports: Iterable[int] = (),
+        set_tfo_sysctl: bool = False,
+    ) -> None:
+        """Load per the mode (module rules). Raises kernel.BpfError when the broker must not start."""
+        try:
+            self._load(public, xdp_iface, xdp_mode, membership_port, tuple(partition_ports), set_tfo_sysctl)
+        except BaseException:
+            self.close()
+            raise
+        self.publish()
+
+    def _load(
+        self,
+        public: Sequence[socket.socket],
+        xdp_iface: str | None,
+        xdp_mode: str,
+        membership_port: int,
+        partition_ports: tuple[int, ...],
+        set_tfo_sysctl: bool,
+    ) -> None:
+        if self.mode == "off":
+            self.reason = "--ebpf off"
+            log.info("eBPF off (--ebpf off): connections to the public port are forwarded in user space")
+            return
+        why = kernel.ebpf_unavailable()
+        if why is not None:
+            if self.mode == "on":
+                raise kernel.BpfError(f"--ebpf on: {why}")
+            self.reason = why
+            log.info("eBPF not loaded: %s; connections to the public port are forwarded in user space", why)
+            return
+        from bpf.steering import Steering  # noqa: PLC0415 - imports bcc
+
+        try:
+            self.steering = Steering(len(public))
+            self.steering.attach(public)
+        except Exception as exc:
+            if self.steering is not None:
+                self.steering.close()
+                self.steering = None
+            if self.mode == "on":
+                raise kernel.BpfError(f"--ebpf on: cannot load the steering program: {exc}") from exc
+            self.reason = f"steering program failed to load: {exc}"
+            log.warning("eBPF not loaded: %s; connections are forwarded in user space", self.reason)
+            return
+        if set_tfo_sysctl:
+            self._tfo_old = tfo.enable_server()
+            self._tfo_set = True
+            if self._tfo_old is not None:
+                log.info(
+                    "set %s to %d (was %d; restored at exit): SYNs carry the first frame",
+                    tfo.SYSCTL_PATH,
+                    tfo.read(),
+                    self._tfo_old,
+                )
+        if not tfo.server_enabled():
+            log.info(
+                "TCP Fast Open server side is off in this netns (%s lacks 0x2): connections are steered "
+                "by source port, not by their first frame (--tcp-fastopen-sysctl sets it)",
+                tfo.SYSCTL_PATH,
+            )
+        log.info("eBPF steering: listeners of %d cores in a sockmap, reuseport program attached", len(public))
+        if xdp_iface:
+            from bpf.xdp import XdpClassifier  # noqa: PLC0415 - imports bcc and pyroute2
+
+            try:
+                self.xdp = XdpClassifier(xdp_iface, membership_port, partition_ports)
+                mode = self.xdp.attach(xdp_mode)
+            except (OSError, kernel.BpfError, ImportError) as exc:
+                raise kernel.BpfError(f"--xdp-iface {xdp_iface}: {exc}") from exc
+            log.info("XDP classifier on %s (%s mode)", xdp_iface, mode)
+
+    # ------------------------------------------------------------------------- running
+
+    @property
+    def steering_on(self) -> bool:
+        return self.steering is not None and not self._closed
+
+    def set_live(self, cores: Iterable[int]) -> None:
+        if self.steering is not None and not self._closed:
+            try:
+                self.steering.set_live(cores)
+            except kernel.BpfError as exc:
+                log.error("updating the live cores map: %s", exc)
+
+    def snapshot(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {
+            "time": time.time(),
+            "pid": os.getpid(),
+            "mode": self.mode,
+            "steering": self.steering_on,
+            "reason": self.reason,
+            "payload_steering": self.steering_on and tfo.server_enabled(),
+            "tfo_sysctl_set_by_broker": self._tfo_set and self._tfo_old is not None,
+            "membership": dict(self.membership),
+        }
+        if self.steering_on:
+            with contextlib.suppress(Exception):
+                doc["live_cores"] = self.steering.live()
+                doc["steer"] = self.steering.counters()
+        if self.xdp is not None and not self._closed:
+            with contextlib.suppress(Exception):
+                doc["xdp"] = {"iface": self.xdp.iface, "mode": self.xdp.mode, "classes": self.xdp.counters()}
+        return doc
+
+    def publish(self) -> None:
+        try:
+            state.publish(self.data_dir, self.snapshot())
+        except OSError as exc:
+            log.debug("publishing %s: %s", state.FILE_NAME, exc)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        final = self.snapshot() if self.steering is not None or self.xdp is not None else None
+        self._closed = True
+        if self.xdp is not None:
+            self.xdp.close()
+        if self.steering is not None:
+            self.steering.close()
+        if self._tfo_set:
+            try:
+                tfo.restore(self._tfo_old)
+                if self._tfo_old is not None:
+                    log.info("restored %s to %d", tfo.SYSCTL_PATH, self._tfo_old)
+            except OSError as exc:
+                log.error("restoring %s: %s", tfo.SYSCTL_PATH, exc)
+        if final is not None:
+            final.update(steering=False, payload_steering=False, reason="stopped")
+            with contextlib.suppress(OSError):
+                state.publish(self.data_dir, final)
