@@ -27,6 +27,9 @@ What it measures (1 KiB record values, no keys; MB = 10^6 bytes of values):
    different cores under `--cores 2` (the same partitions under `--cores 1`, where one core owns
    both): total records/s and the forwards the routing-aware producers caused (from STATS: zero
    expected).
+6. Forwarding: with `--cores 2`, pre-encoded produce and single-record latency sent to the
+   partition owner's direct port and to the other core's, which forwards each request over the
+   inter-core unix socket: what a forward costs in throughput, CPU and latency.
 
 The issue's targets are printed beside the figures: io_uring at least 1.5x uvloop's throughput at
 equal or lower CPU per GB; acked single-record p50 <= 100 us; 1 KiB produce with one routing-aware
@@ -362,6 +365,59 @@ def measure_cores(broker: Broker, sizes: Sizes, tag: str) -> dict[str, Any]:
     return {"rps": 2 * count / wall, "mbs": gb * 1000 / wall, "cpu_per_gb": cpu / gb, "forwards": forwards}
 
 
+CORE_RE = re.compile(r"core (\d+): pid \d+, cpu \d+, direct port (\d+)")
+
+
+def measure_forwarding(broker: Broker, sizes: Sizes, tag: str) -> list[list[str]]:
+    """The price of the inter-core channel: the same requests to a partition's owner and to the
+    other core (which forwards them over its unix socket and relays the answers)."""
+    ports = {int(c): int(p) for c, p in CORE_RE.findall(broker.log_path.read_text())}
+    ctx = multiprocessing.get_context("spawn")
+    rows = []
+    with ProcessPoolExecutor(1, mp_context=ctx) as pool:
+        topic_id = pool.submit(create_topic, broker.bootstrap, f"f-{tag}", 1).result()
+        owner = shard_for(topic_id, 0, 2)
+        for label, core in (("to the owner", owner), ("to the other core (forwarded)", 1 - owner)):
+            direct = f"127.0.0.1:{ports[core]}"
+            before = pool.submit(job_forwards, broker.bootstrap).result()
+            c0 = broker.cpu()
+            r = pool.submit(job_raw_produce, direct, topic_id, sizes.raw_batches // 2).result()
+            cpu = broker.cpu() - c0
+            samples = pool.submit(job_latency_socket, direct, topic_id, 2000, 200).result()
+            us = sorted(s / 1000 for s in samples)
+            forwards = pool.submit(job_forwards, broker.bootstrap).result() - before
+            requests = sizes.raw_batches // 2 + 2200
+            gb = r["records"] * RECORD_BYTES / GB
+            rows.append(
+                [
+                    label,
+                    fmt(r["records"] / r["wall"]),
+                    fmt(cpu / gb, 2),
+                    fmt(pct(us, 0.5), 1),
+                    fmt(pct(us, 0.99), 1),
+                    f"{forwards / requests:.2f}",
+                ]
+            )
+    return rows
+
+
+def warm_page_cache(workdir: Path, nbytes: int) -> float:
+    """Write and delete `nbytes` once, so that no variant is the first to make the page cache grow
+    into memory this VM has not touched yet: that costs the first broker several times the CPU
+    per GB of the others (seen here: 4.9 s/GB for whichever variant ran first, 2-3 otherwise)."""
+    path = workdir / "warm-up"
+    chunk = os.urandom(1 << 20)
+    t = time.perf_counter()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        for _ in range(nbytes >> 20):
+            os.write(fd, chunk)
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    return time.perf_counter() - t
+
+
 def fmt(x: float, digits: int = 0) -> str:
     return f"{x:,.{digits}f}"
 
@@ -383,6 +439,8 @@ def main(argv: list[str] | None = None) -> int:
         f"  {len(cpus)} CPUs; data on {fs_of(str(workdir))}; 1 KiB values; "
         f"{'quick' if args.quick else 'full'} sizes"
     )
+    warm = warm_page_cache(workdir, (768 if args.quick else 1536) << 20)  # more than one variant writes
+    print(f"  page cache warmed: {warm:.1f} s")
     backends = args.variants.split(",")
     unknown = [v for v in [*backends, *args.cores_variants.split(",")] if v not in VARIANTS]
     if unknown:
@@ -452,6 +510,13 @@ def main(argv: list[str] | None = None) -> int:
                 ]
             )
     table(["backend", "cores", "records/s", "MB/s", "broker CPU s/GB", "forwards"], rows)
+    print("\n6. Forwarding: pre-encoded acks=1 produce and single-record latency, --cores 2 io_uring")
+    broker = Broker(workdir, "io_uring", 2).start()
+    try:
+        rows = measure_forwarding(broker, sizes, "fwd")
+    finally:
+        broker.stop()
+    table(["requests sent", "records/s", "broker CPU s/GB", "p50 us", "p99 us", "forwards/request"], rows, 1)
     return 0
 
 
