@@ -12,6 +12,11 @@ Rules this module keeps:
 - **Metadata is a cache**, refreshed when the broker says it is stale: UNKNOWN_TOPIC_OR_PARTITION
   (the topic was deleted and perhaps re-created under a new id) or NOT_OWNER (ownership moved).
   Concurrent lookups of one topic share one Metadata request.
+- **Steering.** When Metadata says `steering` (the broker's eBPF program picks the listener of each
+  new connection to the public port), a core's connection is opened to the public port instead of
+  the core's direct port, steered to the core by its first frame (`AsyncConnection.connect_steered`:
+  a partition that core owns, sent in the SYN with TCP Fast Open) and by its source port. One
+  port serves every core, which is what a firewall or a load balancer in front of it wants.
 - Connections that fail are dropped from the map and reopened by the next request to that core.
 """
 
@@ -119,6 +124,7 @@ class AsyncClient:
         self.retry_backoff = retry_backoff_ms / 1000
         self.cores = 1  # from ApiVersions / Metadata
         self.core_ports: tuple[int, ...] = ()  # direct port of each core, from Metadata
+        self.steering = False  # from Metadata: connect to the public port, steered by the kernel
         self.api_versions: ApiVersionsResponse | None = None
         # Connections by core id; a "lane" (a second connection to the same core, see
         # `connection`) by (core id, lane name).
@@ -206,6 +212,22 @@ class AsyncClient:
 
     async def _connect(self, key: int | tuple[int, str], core: int) -> AsyncConnection:
         try:
+            if self.steering and core != BOOTSTRAP_KEY and self.cores > 1:
+                conn = await AsyncConnection.connect_steered(
+                    self.host,
+                    self.port,
+                    self._identity_owned_by(core),
+                    core,
+                    self.cores,
+                    client_name=self.client_name,
+                    connect_timeout=self.connect_timeout,
+                    request_timeout=self.request_timeout,
+                )
+                if self._closed:
+                    await conn.close()
+                    raise ClientClosedError("the client is closed")
+                self._conns[key] = conn
+                return conn
             host, port = self._address_for_core(core) if core != BOOTSTRAP_KEY else (self.host, self.port)
             try:
                 conn = await AsyncConnection.connect(
@@ -232,6 +254,15 @@ class AsyncClient:
         finally:
             self._connecting.pop(key, None)
 
+    def _identity_owned_by(self, core: int) -> tuple[int, int] | None:
+        """A (topic id, partition) of a cached topic that `core` owns: the steering program reads it
+        from the first frame of a steered connection. None when no cached partition is `core`'s."""
+        for info in self._topics.values():
+            for index, owner in enumerate(info.owners):
+                if owner == core:
+                    return info.topic_id, index
+        return None
+
     def _control_core(self) -> int:
         """The connection for requests about no partition: any open one will do (the bootstrap
         connection if there is none)."""
@@ -255,6 +286,7 @@ class AsyncClient:
         assert isinstance(resp, MetadataResponse)
         self.cores = max(1, resp.cores)
         self.core_ports = resp.core_ports
+        self.steering = resp.steering
         now = time.monotonic()
         for t in resp.topics:
             if t.error == ErrorCode.NONE:

@@ -16,6 +16,12 @@ Rules this module keeps:
   to a request that has already been given up on.
 - Frames are written with `transport.writelines` (the record bytes of a produce are never joined
   into a frame here; uvloop hands the buffers to writev).
+- A steered connection (`connect_steered`, used when Metadata says `steering`) is opened to the
+  public port with its first frame in the SYN (TCP Fast Open, `MSG_FASTOPEN`, no cookie): an
+  ApiVersions request whose frame header carries the partition identity the connection is for, so
+  the broker's reuseport program hands it to the partition's owner. Its source port is chosen so
+  that `port % cores` is that core too (the program's fallback rule when the SYN carries no data).
+  Without TFO on this host the same frame is sent after the handshake and the port rule decides.
 - Flow control: the transport calls `pause_writing` when its write buffer passes the high-water
   mark and `resume_writing` when it drains below the low one; `drain()` (and `request`,
   `send_no_response`) wait only while it is paused, and return at once, without yielding to the
@@ -25,13 +31,27 @@ Rules this module keeps:
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import logging
+import random
+import socket
+import struct
 from typing import Final, TypeVar
 
 from broker.client.errors import BrokerUnavailable, ProtocolViolation, error_for
-from ringlog_proto.frames import FRAME_BYTES_MAX_DEFAULT, NEED_DATA, Frame, FrameDecoder, ProtocolError
+from ringlog_proto.frames import (
+    FRAME_BYTES_MAX_DEFAULT,
+    NEED_DATA,
+    PARTITION_OFFSET,
+    TOPIC_ID_OFFSET,
+    Frame,
+    FrameDecoder,
+    ProtocolError,
+)
 from ringlog_proto.messages import (
     Acks,
+    ApiVersionsRequest,
     ErrorCode,
     MalformedBody,
     ProduceRequest,
@@ -46,6 +66,42 @@ log = logging.getLogger(__name__)
 R = TypeVar("R", bound=Response)
 
 CORRELATION_MASK: Final = 0xFFFFFFFF
+MSG_FASTOPEN: Final = 0x20000000
+TCP_FASTOPEN_NO_COOKIE: Final = 34  # per-socket: send data in the SYN without a cookie
+# Random source ports tried for the port rule before letting the kernel pick one: a busy range
+# makes a few collide; past this many the connection is simply not steered by port.
+SOURCE_PORT_TRIES: Final = 16
+EPHEMERAL_DEFAULT: Final = (32768, 60999)
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            lo, hi = (int(x) for x in f.read().split())
+            return lo, hi
+    except (OSError, ValueError):
+        return EPHEMERAL_DEFAULT
+
+
+def bind_source_port_for(sock: socket.socket, family: int, core: int, cores: int) -> int:
+    """Bind `sock` to a free source port p with p % cores == core (the steering program's port
+    rule); 0 when none was found in `SOURCE_PORT_TRIES` tries (the kernel picks one at connect)."""
+    if cores <= 1:
+        return 0
+    lo, hi = _ephemeral_range()
+    first = lo + (core - lo) % cores  # the smallest port >= lo with the right residue
+    if first > hi:
+        return 0
+    local = "::" if family == socket.AF_INET6 else "0.0.0.0"
+    for _ in range(SOURCE_PORT_TRIES):
+        port = first + cores * random.randrange((hi - first) // cores + 1)
+        try:
+            sock.bind((local, port))
+            return port
+        except OSError as exc:
+            if exc.errno not in (errno.EADDRINUSE, errno.EACCES):
+                raise
+    return 0
 
 
 class _ConnProtocol(asyncio.Protocol):
@@ -128,6 +184,93 @@ class AsyncConnection:
                 f"cannot connect to the broker at {address}: {exc or 'timed out'}"
             ) from exc
         return conn
+
+    @classmethod
+    async def connect_steered(
+        cls,
+        host: str,
+        port: int,
+        identity: tuple[int, int] | None,
+        core: int,
+        cores: int,
+        *,
+        client_name: str = "ringlog-python",
+        connect_timeout: float | None = 10.0,
+        request_timeout: float | None = 30.0,
+        max_frame_bytes: int = FRAME_BYTES_MAX_DEFAULT,
+    ) -> AsyncConnection:
+        """Open a connection to the public port that the broker steers to `core` (module rules):
+        `identity` is a (topic id, partition) owned by `core`, carried by the first frame."""
+        address = f"{host}:{port}"
+        conn = cls(address, request_timeout=request_timeout, max_frame_bytes=max_frame_bytes)
+        loop = conn._loop
+        try:
+            family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        except OSError as exc:
+            raise BrokerUnavailable(f"cannot connect to the broker at {address}: {exc}") from exc
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            with contextlib.suppress(OSError):  # an old kernel: no data in the SYN, the port rule steers
+                sock.setsockopt(socket.IPPROTO_TCP, TCP_FASTOPEN_NO_COOKIE, 1)
+            bind_source_port_for(sock, family, core, cores)
+            hello = b"".join(encode_request(ApiVersionsRequest(client_name), 0))
+            corr, fut = conn._expect(ApiVersionsRequest.API_KEY, None)
+            frame = bytearray(hello)
+            struct.pack_into(">I", frame, 12, corr)
+            if identity is not None:
+                struct.pack_into(">I", frame, TOPIC_ID_OFFSET, identity[0])
+                struct.pack_into(">I", frame, PARTITION_OFFSET, identity[1])
+            fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # nobody awaits the hello
+            async with asyncio.timeout(connect_timeout):
+                try:
+                    sent = sock.sendto(frame, MSG_FASTOPEN, addr)
+                except BlockingIOError:  # connecting; the SYN carried no data (no TFO here)
+                    sent = 0
+                except OSError as exc:
+                    if exc.errno not in (errno.EOPNOTSUPP, errno.ENOPROTOOPT):
+                        raise
+                    sent = 0  # TFO disabled for clients on this host: a plain connect
+                    with contextlib.suppress(BlockingIOError):
+                        sock.connect(addr)
+                writable = loop.create_future()
+                loop.add_writer(sock.fileno(), lambda: writable.done() or writable.set_result(None))
+                try:
+                    await writable
+                finally:
+                    loop.remove_writer(sock.fileno())
+                err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+                if err:
+                    raise OSError(err, f"connect: {errno.errorcode.get(err, err)}")
+                await loop.create_connection(lambda: conn._protocol, sock=sock)
+        except (OSError, TimeoutError) as exc:
+            if conn._transport is not None:
+                conn._transport.abort()
+            else:
+                sock.close()
+            conn._fail(BrokerUnavailable(f"cannot connect to the broker at {address}: {exc or 'timed out'}"))
+            raise BrokerUnavailable(
+                f"cannot connect to the broker at {address}: {exc or 'timed out'}"
+            ) from exc
+        except BaseException:
+            sock.close()
+            raise
+        if sent < len(frame):
+            conn._transport.write(bytes(frame[sent:]))  # type: ignore[union-attr]
+        return conn
+
+    def _expect(self, api_key: int, timeout: float | None) -> tuple[int, asyncio.Future[Response]]:
+        """A correlation id and the future its response will resolve (for frames built here)."""
+        corr = self._next_id
+        self._next_id = (corr + 1) & CORRELATION_MASK
+        fut: asyncio.Future[Response] = self._loop.create_future()
+        timeout = self.request_timeout if timeout is None else timeout
+        handle = None
+        if timeout is not None and timeout > 0:
+            handle = self._loop.call_later(timeout, self._timed_out, corr, api_key, timeout)
+        self._pending[corr] = (fut, api_key, handle)
+        return corr, fut
 
     # ----------------------------------------------------------------------------------- state
 

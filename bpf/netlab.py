@@ -1,0 +1,160 @@
+"""Throwaway networks for tests and benchmarks: a network namespace joined to the host by a veth pair.
+
+Rules this module keeps:
+- Everything made here is removed by `close()` (also on `__exit__`, so a failing test cleans up):
+  processes started in the namespace are killed by pid, the veth pair is deleted, the namespace
+  is removed. Names carry this process's pid, so concurrent runs and leftovers never collide.
+- IPv6 is disabled on both ends before they come up: its neighbour discovery would put packets
+  of its own on the link, and tests count packets.
+- Uses pyroute2 for links and addresses and `ip netns exec` (iproute2) to run commands inside,
+  which also gives the command the namespace's own /sys and sysctls.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import signal
+import socket
+import struct
+import subprocess
+import time
+from collections.abc import Sequence
+from typing import Any, Final
+
+PREFIX_LEN: Final = 24
+_counter = itertools.count()
+
+
+class Netns:
+    """A namespace `name` with `ns_if` (address `ns_ip`) whose veth peer `host_if` has `host_ip`."""
+
+    def __init__(self) -> None:
+        from pyroute2 import IPRoute, NetNS, netns  # noqa: PLC0415 - optional dependency
+
+        n = next(_counter)
+        pid = os.getpid()
+        self.name = f"ringlog-{pid}-{n}"
+        self.host_if = f"rlh{pid % 100000}x{n}"[:15]
+        self.ns_if = f"rln{pid % 100000}x{n}"[:15]
+        net = (pid * 7 + n) % 250 + 1
+        self.host_ip = f"10.213.{net}.1"
+        self.ns_ip = f"10.213.{net}.2"
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self._closed = False
+        netns.create(self.name)
+        try:
+            self.run(
+                ["sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1"]
+            )
+            with IPRoute() as ipr:
+                ipr.link("add", ifname=self.host_if, kind="veth", peer=self.ns_if)
+                host_idx = ipr.link_lookup(ifname=self.host_if)[0]
+                with (
+                    contextlib.suppress(OSError),
+                    open(f"/proc/sys/net/ipv6/conf/{self.host_if}/disable_ipv6", "w") as f,
+                ):
+                    f.write("1")
+                ns_idx = ipr.link_lookup(ifname=self.ns_if)[0]
+                ipr.link("set", index=ns_idx, net_ns_fd=self.name)
+                ipr.addr("add", index=host_idx, address=self.host_ip, prefixlen=PREFIX_LEN)
+                ipr.link("set", index=host_idx, state="up")
+            with NetNS(self.name) as ns:
+                idx = ns.link_lookup(ifname=self.ns_if)[0]
+                ns.addr("add", index=idx, address=self.ns_ip, prefixlen=PREFIX_LEN)
+                ns.link("set", index=idx, state="up")
+                ns.link("set", index=ns.link_lookup(ifname="lo")[0], state="up")
+        except BaseException:
+            self.close()
+            raise
+
+    def command(self, args: Sequence[str]) -> list[str]:
+        return ["ip", "netns", "exec", self.name, *args]
+
+    def run(self, args: Sequence[str]) -> str:
+        return subprocess.run(self.command(args), check=True, capture_output=True, text=True).stdout
+
+    def popen(self, args: Sequence[str], **kw: Any) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(self.command(args), **kw)
+        self.procs.append(proc)
+        return proc
+
+    def sysctl(self, key: str) -> str:
+        return self.run(["sysctl", "-n", key]).strip()
+
+    def xdp_prog_id(self) -> int:
+        """The id of the XDP program on `ns_if` (0: none)."""
+        from pyroute2 import NetNS  # noqa: PLC0415
+
+        with NetNS(self.name) as ns:
+            (link,) = ns.get_links(ns.link_lookup(ifname=self.ns_if)[0])
+            xdp = link.get_attr("IFLA_XDP")
+            return int(xdp.get_attr("IFLA_XDP_PROG_ID") or 0) if xdp is not None else 0
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for proc in self.procs:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signal.SIGKILL)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(10)
+        from pyroute2 import IPRoute, netns  # noqa: PLC0415
+
+        with IPRoute() as ipr, contextlib.suppress(Exception):
+            for idx in ipr.link_lookup(ifname=self.host_if):
+                ipr.link("del", index=idx)
+        with contextlib.suppress(Exception):
+            netns.remove(self.name)
+
+    def __enter__(self) -> Netns:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def exists(name: str) -> bool:
+    return os.path.exists(os.path.join("/var/run/netns", name))
+
+
+# ----------------------------------------------------------------------------- a client that does not route
+
+MSG_FASTOPEN: Final = 0x20000000
+TCP_FASTOPEN_NO_COOKIE: Final = 34
+
+
+def fastopen_connect(host: str, port: int, first: bytes, timeout: float = 5.0) -> socket.socket:
+    """A blocking connection to host:port whose SYN carries `first` (TCP Fast Open, no cookie);
+    what a client that does not route itself does to let the broker steer it."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.setsockopt(socket.IPPROTO_TCP, TCP_FASTOPEN_NO_COOKIE, 1)
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        s.settimeout(timeout)
+        sent = s.sendto(first, MSG_FASTOPEN, (host, port))
+        if sent < len(first):
+            s.sendall(first[sent:])
+    except BaseException:
+        s.close()
+        raise
+    return s
+
+
+def wait_fresh(read: Any, after: float, timeout: float = 5.0) -> dict[str, Any]:
+    """Poll `read()` (a bpf.json reader) until it returns a snapshot taken after `after` (time.time())."""
+    deadline = time.monotonic() + timeout
+    while True:
+        doc = read()
+        if doc and float(doc.get("time", 0)) > after:
+            return doc
+        if time.monotonic() > deadline:
+            raise TimeoutError("no fresh bpf.json snapshot")
+        time.sleep(0.05)
+
+
+def be32(value: int) -> bytes:
+    return struct.pack(">I", value)
