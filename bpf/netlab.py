@@ -15,15 +15,22 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import re
 import signal
 import socket
 import struct
 import subprocess
+import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Final
 
+from bpf import state
+
 PREFIX_LEN: Final = 24
+READY_RE: Final = re.compile(r"serving on [\d.]+:(\d+)")
+BROKER_START_S: Final = 30.0  # bcc compiles the programs at start (about a second) and workers boot
 _counter = itertools.count()
 
 
@@ -115,6 +122,64 @@ class Netns:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class NsBroker:
+    """`broker serve` inside a namespace, listening on its veth address."""
+
+    def __init__(
+        self, lab: Netns, data_dir: Path, log_path: Path, extra: tuple[str, ...], cores: int = 2
+    ) -> None:
+        self.lab = lab
+        self.data_dir = data_dir
+        self.log_path = log_path
+        self.extra = extra
+        self.cores = cores
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.port = 0
+
+    @property
+    def host(self) -> str:
+        return self.lab.ns_ip
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.lab.ns_ip}:{self.port}"
+
+    def start(self) -> NsBroker:
+        args = [sys.executable, "-m", "broker.cli", "serve", "--data-dir", str(self.data_dir)]
+        args += ["--host", self.lab.ns_ip, "--port", "0", "--cores", str(self.cores), "--oversubscribe"]
+        args += ["--backend", "uvloop", *self.extra]
+        with open(self.log_path, "ab") as log:
+            self.proc = self.lab.popen(args, stdout=log, stderr=log)
+        deadline = time.monotonic() + BROKER_START_S
+        while time.monotonic() < deadline:
+            found = READY_RE.findall(self.log())
+            if found:
+                self.port = int(found[-1])
+                with socket.create_connection((self.host, self.port), timeout=2):
+                    return self
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"broker exited with {self.proc.returncode}:\n{self.log()}")
+            time.sleep(0.05)
+        raise RuntimeError(f"broker did not start:\n{self.log()}")
+
+    def stop(self) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def log(self) -> str:
+        return self.log_path.read_text() if self.log_path.exists() else ""
+
+    def bpf(self) -> dict[str, Any] | None:
+        return state.read(str(self.data_dir))
 
 
 def exists(name: str) -> bool:
