@@ -35,6 +35,7 @@ class EbpfPlane:
     def __init__(self, data_dir: str, mode: str) -> None:
         self.data_dir = data_dir
         self.mode = mode
+        self.port = 0  # the broker's public port: `broker stats -b` matches the snapshot by it
         self.reason = ""  # why steering is off, when it is
         self.steering: Any = None  # bpf.steering.Steering
         self.xdp: Any = None  # bpf.xdp.XdpClassifier
@@ -142,6 +143,7 @@ class EbpfPlane:
             "time": time.time(),
             "pid": os.getpid(),
             "mode": self.mode,
+            "port": self.port,
             "steering": self.steering_on,
             "reason": self.reason,
             "payload_steering": self.steering_on and tfo.server_enabled(),

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from typing import IO, Any
 
 from broker.client import DEFAULT_BOOTSTRAP, Admin, Consumer, Producer, RingLogError
+from broker.client.client import parse_bootstrap
 from broker.client.errors import ClientError
 from broker.metrics import percentile_us
 
@@ -85,6 +86,12 @@ def add_client_commands(sub: argparse._SubParsersAction) -> None:  # type: ignor
 
     stats = client_parser("stats", help="per-core requests, bytes, forwards, queues and latency")
     stats.add_argument("--format", choices=["text", "json"], default="text")
+    stats.add_argument(
+        "--data-dir",
+        default="./data",
+        help="the broker's data dir, for its eBPF counters in run/bpf.json (default ./data; shown when "
+        "that broker is the one at -b)",
+    )
     stats.set_defaults(func=cmd_stats)
 
 
@@ -277,11 +284,23 @@ STATS_COLUMNS = (
 )
 
 
+def _bpf_snapshot(data_dir: str, port: int) -> dict[str, Any] | None:
+    """The eBPF snapshot the supervisor of the broker at `port` published in `data_dir`, if any:
+    the STATS api carries the workers' counters, the programs belong to the supervisor."""
+    from bpf import state  # noqa: PLC0415 - only for this command
+
+    doc = state.read(data_dir)
+    if doc is None or (doc.get("port") not in (None, port)):
+        return None
+    return doc
+
+
 def cmd_stats(args: argparse.Namespace) -> int:
     with Admin(args.bootstrap) as admin:
         doc = admin.stats()
+    bpf = _bpf_snapshot(args.data_dir, parse_bootstrap(args.bootstrap)[1])
     if args.format == "json":
-        print(json.dumps(doc, indent=1))
+        print(json.dumps({**doc, "bpf": bpf}, indent=1))
         return 0
     print(f"broker stats: {doc.get('cores')} cores, answered by core {doc.get('answered_by')}")
     print("  ".join(name.rjust(width) for name, width in STATS_COLUMNS))
@@ -307,4 +326,21 @@ def cmd_stats(args: argparse.Namespace) -> int:
             f"{max(0.0, now - float(s.get('time', now))):.1f}",
         )
         print("  ".join(str(v).rjust(width) for v, (_, width) in zip(row, STATS_COLUMNS, strict=True)))
+    if bpf is not None:
+        steer = bpf.get("steer") or {}
+        if bpf.get("steering"):
+            rules = "by payload (TFO)" if bpf.get("payload_steering") else "by source port (no server TFO)"
+            print(
+                f"ebpf steering: on, {rules}; live cores {bpf.get('live_cores')}; new connections: "
+                + ", ".join(f"{k} {v}" for k, v in steer.items())
+            )
+        else:
+            print(f"ebpf steering: off ({bpf.get('reason') or 'not loaded'})")
+        xdp = bpf.get("xdp")
+        if xdp:
+            classes = ", ".join(f"{k} {v}" for k, v in (xdp.get("classes") or {}).items())
+            print(f"xdp on {xdp.get('iface')} ({xdp.get('mode')}): packets {classes}")
+        ms = bpf.get("membership")
+        if ms:
+            print("membership: " + ", ".join(f"{k} {v}" for k, v in ms.items()))
     return 0

@@ -286,6 +286,7 @@ class Supervisor:
         """Load the eBPF plane (bpf/plane.py decides per --ebpf); every core starts live."""
         assert self.sockets is not None
         s = self.sockets
+        self.ebpf.port = s.port
         try:
             self.ebpf.load(
                 s.public,
