@@ -190,3 +190,26 @@ def test_without_ebpf_the_same_traffic_is_forwarded_in_user_space(lab, ns_broker
     assert membership.ping(b.host, b.port, timeout=2).kind == membership.ACK
     assert b.stop() == 0
     assert lab.sysctl("net.ipv4.tcp_fastopen") == ns_tfo
+
+
+def test_a_restarting_worker_stays_live_and_its_connections_wait_for_it(lab, ns_broker) -> None:
+    """A killed worker is restarted at once and stays in the live set: a connection for its
+    partition queues in its listener's backlog and is served by it, not forwarded to a dead peer."""
+    import os
+    import re
+    import signal
+
+    b = ns_broker("--ebpf", "on", "--tcp-fastopen-sysctl")
+    with Admin(b.bootstrap) as admin:
+        topic_id = admin.create_topic("orders", partitions=PARTITIONS)
+    pids = {int(c): int(p) for c, p in re.findall(r"core (\d+): pid (\d+)", b.log())}
+    victim = 1
+    p = next(i for i in range(PARTITIONS) if shard_for(topic_id, i, 2) == victim)
+    os.kill(pids[victim], signal.SIGKILL)
+    core, answer = partition_connection(b.host, b.port, topic_id, p, fastopen=True)
+    assert (core, answer.error) == (victim, m.ErrorCode.NONE)
+    assert f"worker core {victim} (pid {pids[victim]}) died" in b.log()
+    doc = wait_fresh(b.bpf, time.time())
+    assert doc["live_cores"] == [0, 1]
+    assert "live cores for steering" not in b.log()  # never left the set
+    assert forwards(b.bootstrap) == 0
