@@ -270,6 +270,7 @@ class Supervisor:
         port = self.config.membership_port
         if port is not None and port < 0:
             return
+        explicit = port is not None
         port = self.sockets.port if port is None else port
         family = socket.getaddrinfo(self.config.host, port, type=socket.SOCK_DGRAM)[0][0]
         sock = socket.socket(family, socket.SOCK_DGRAM)
@@ -277,7 +278,17 @@ class Supervisor:
             sock.bind((self.config.host, port))
         except OSError as exc:
             sock.close()
-            raise StartError(f"cannot serve membership on udp {self.config.host}:{port}: {exc}") from exc
+            if explicit:
+                raise StartError(f"cannot serve membership on udp {self.config.host}:{port}: {exc}") from exc
+            # The default follows the TCP port, which may be one the kernel picked (--port 0): a UDP
+            # socket elsewhere may hold that number. Serve without the endpoint and say so.
+            log.warning(
+                "no membership endpoint: udp %s:%d: %s (--membership-port names one)",
+                self.config.host,
+                port,
+                exc,
+            )
+            return
         self.membership = MembershipEndpoint(sock, NODE_ID, self.config.cores, self.sockets.port)
         self._selector.register(sock, selectors.EVENT_READ, self.membership)
         log.info("membership endpoint on udp %s:%d", self.config.host, sock.getsockname()[1])
