@@ -46,6 +46,37 @@ class EbpfPlane:
 
     # ------------------------------------------------------------------------- loading
 
+    def prepare(self, cores: int) -> None:
+        """Decide per the mode and compile and load the steering program, before the listeners
+        exist: attaching right after they are made leaves no window in which the kernel's hash
+        alone places connections. Raises kernel.BpfError when the broker must not start."""
+        if self.mode == "off":
+            self.reason = "--ebpf off"
+            log.info("eBPF off (--ebpf off): connections to the public port are forwarded in user space")
+            return
+        why = kernel.ebpf_unavailable()
+        if why is not None:
+            if self.mode == "on":
+                raise kernel.BpfError(f"--ebpf on: {why}")
+            self.reason = why
+            log.info("eBPF not loaded: %s; connections to the public port are forwarded in user space", why)
+            return
+        from bpf.steering import Steering  # noqa: PLC0415 - imports bcc
+
+        try:
+            self.steering = Steering(cores)
+        except Exception as exc:
+            self._steering_failed(exc)
+
+    def _steering_failed(self, exc: Exception) -> None:
+        if self.steering is not None:
+            self.steering.close()
+            self.steering = None
+        if self.mode == "on":
+            raise kernel.BpfError(f"--ebpf on: cannot load the steering program: {exc}") from exc
+        self.reason = f"steering program failed to load: {exc}"
+        log.warning("eBPF not loaded: %s; connections are forwarded in user space", self.reason)
+
     def load(
         self,
         public: Sequence[socket.socket],
@@ -56,7 +87,8 @@ class EbpfPlane:
         partition_ports: Iterable[int] = (),
         set_tfo_sysctl: bool = False,
     ) -> None:
-        """Load per the mode (module rules). Raises kernel.BpfError when the broker must not start."""
+        """Attach what `prepare` loaded to the listeners, set the sysctl if asked, attach XDP.
+        Raises kernel.BpfError when the broker must not start (module rules)."""
         try:
             self._load(public, xdp_iface, xdp_mode, membership_port, tuple(partition_ports), set_tfo_sysctl)
         except BaseException:
@@ -73,30 +105,12 @@ class EbpfPlane:
         partition_ports: tuple[int, ...],
         set_tfo_sysctl: bool,
     ) -> None:
-        if self.mode == "off":
-            self.reason = "--ebpf off"
-            log.info("eBPF off (--ebpf off): connections to the public port are forwarded in user space")
+        if self.steering is None:
             return
-        why = kernel.ebpf_unavailable()
-        if why is not None:
-            if self.mode == "on":
-                raise kernel.BpfError(f"--ebpf on: {why}")
-            self.reason = why
-            log.info("eBPF not loaded: %s; connections to the public port are forwarded in user space", why)
-            return
-        from bpf.steering import Steering  # noqa: PLC0415 - imports bcc
-
         try:
-            self.steering = Steering(len(public))
             self.steering.attach(public)
         except Exception as exc:
-            if self.steering is not None:
-                self.steering.close()
-                self.steering = None
-            if self.mode == "on":
-                raise kernel.BpfError(f"--ebpf on: cannot load the steering program: {exc}") from exc
-            self.reason = f"steering program failed to load: {exc}"
-            log.warning("eBPF not loaded: %s; connections are forwarded in user space", self.reason)
+            self._steering_failed(exc)
             return
         if set_tfo_sysctl:
             self._tfo_old = tfo.enable_server()

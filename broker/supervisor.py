@@ -223,14 +223,20 @@ class Supervisor:
         """Start, supervise and stop the workers; the process exit status."""
         try:
             self._prepare_data_dir()
+            try:
+                self.ebpf.prepare(self.config.cores)  # compiled before the listeners exist
+            except BpfError as exc:
+                raise StartError(str(exc)) from exc
             self.sockets = make_sockets(
                 self.config.host, self.config.port, self.config.cores, self.config.core_ports_base
             )
         except StartError as exc:
             print(f"broker: {exc}", file=sys.stderr)
+            self.ebpf.close()
             return 1
         except OSError as exc:
             print(f"broker: cannot serve on {self.config.host}:{self.config.port}: {exc}", file=sys.stderr)
+            self.ebpf.close()
             return 1
         s = self.sockets
         for k in range(self.config.cores):
@@ -240,7 +246,7 @@ class Supervisor:
         try:
             try:
                 self._start_membership()
-                self._load_ebpf()
+                self._load_ebpf()  # right after the listeners: steered from their first connection
                 metrics_server = (
                     self._start_metrics_server() if self.config.metrics_port is not None else None
                 )
