@@ -4,6 +4,7 @@ left alone unless asked, programs released at exit, and `broker stats` showing t
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -103,3 +104,35 @@ def test_tfo_sysctl_flag_sets_and_restores_in_a_namespace(lab, ns_broker) -> Non
     assert "restored at exit" in b.log()
     assert b.stop() == 0
     assert lab.sysctl("net.ipv4.tcp_fastopen") == "1"
+
+
+def test_xdp_generic_on_lo_counts_drops_and_detaches() -> None:
+    from bpf.xdp import XdpClassifier, attached_prog_id
+    from broker import membership
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as server:
+        server.bind(("127.0.0.1", 0))
+        port = server.getsockname()[1]
+        x = XdpClassifier("lo", port, [])
+        try:
+            assert x.attach("auto") == "generic"  # lo has no driver XDP
+            assert attached_prog_id("lo") != 0
+            second = XdpClassifier("lo", port, [])
+            try:
+                with pytest.raises(kernel.BpfError, match="cannot attach XDP to lo"):
+                    second.attach("generic")  # never replaces the program already there
+            finally:
+                second.close()
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as c:
+                c.sendto(membership.encode(membership.Packet(membership.PING, 1)), ("127.0.0.1", port))
+                c.sendto(b"RLMB\x01short", ("127.0.0.1", port))
+            server.settimeout(2)
+            assert membership.decode(server.recv(100)).kind == membership.PING
+            server.settimeout(0.2)
+            with pytest.raises(TimeoutError):
+                server.recv(100)  # the malformed one never reached the socket
+            counts = x.counters()
+            assert counts["membership"] == 1 and counts["malformed_dropped"] == 1
+        finally:
+            x.close()
+        assert attached_prog_id("lo") == 0
