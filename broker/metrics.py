@@ -47,6 +47,8 @@ class CoreMetrics:
         "bytes_out",
         "core",
         "errors",
+        "flush_waiters",
+        "flushes",
         "forwarded_in_count",
         "forwarded_out",
         "latency_us",
@@ -66,6 +68,8 @@ class CoreMetrics:
         self.forwarded_out = 0
         self.forwarded_in_count = 0
         self.latency_us = [0] * LATENCY_BUCKETS
+        self.flushes = 0
+        self.flush_waiters = 0
         self.started_at = time.time()
 
     # ------------------------------------------------------------------------- hot path
@@ -94,6 +98,12 @@ class CoreMetrics:
     def error(self) -> None:
         self.errors += 1
 
+    def flushed(self, waiters: int) -> None:
+        """One group-commit flush of a partition ran for `waiters` durable produces: their ratio
+        says how well group commit batches."""
+        self.flushes += 1
+        self.flush_waiters += waiters
+
     # ------------------------------------------------------------------------- snapshots
 
     def snapshot(self, gauges: Mapping[str, Callable[[], int]] | None = None) -> dict[str, object]:
@@ -113,6 +123,8 @@ class CoreMetrics:
             "errors": self.errors,
             "forwarded": self.forwarded_out,
             "forwarded_in": self.forwarded_in_count,
+            "flushes": self.flushes,
+            "flush_waiters": self.flush_waiters,
             "gauges": {name: int(read()) for name, read in (gauges or {}).items()},
             "latency_us_log2": list(self.latency_us),
         }
@@ -222,6 +234,13 @@ def prometheus_text(snapshots: Iterable[Mapping[str, object]]) -> str:
         "counter",
         "Requests served for another core.",
         per_core("forwarded_in"),
+    )
+    family("ringlog_flushes_total", "counter", "Group-commit flushes of a partition.", per_core("flushes"))
+    family(
+        "ringlog_flush_waiters_total",
+        "counter",
+        "Durable produces answered by those flushes.",
+        per_core("flush_waiters"),
     )
     for gauge in GAUGES:
         family(

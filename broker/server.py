@@ -386,6 +386,7 @@ class Server:
                 for _, failed in callbacks:
                     failed(exc)
                 continue
+            self.handlers.metrics.flushed(len(callbacks))
             for done, _ in callbacks:
                 done()
 

@@ -745,6 +745,7 @@ class UringServer:
                     failed(exc)
             else:
                 log_.complete_flush(plan)
+                self.handlers.metrics.flushed(len(waiters))
                 for done, _ in waiters:
                     done()
             if pio.flush_waiters:  # arrived while this flush ran: the next one covers them

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import struct
 import subprocess
 import sys
@@ -125,6 +126,44 @@ def test_kill_9_during_a_produce_stream_loses_no_acknowledged_record(
     for p, offset, value in acked:
         assert stored[p].get(offset) == value, f"acknowledged record {p}/{offset} lost"
     w.close()
+
+
+def flush_counters(w: Wire) -> tuple[int, int]:
+    """(flushes, durable produces they answered), summed over the cores, from STATS."""
+    resp = w.rpc(m.StatsRequest())
+    assert isinstance(resp, m.StatsResponse) and resp.error == m.ErrorCode.NONE, resp
+    snaps = json.loads(resp.stats_json)["snapshots"]
+    return sum(s["flushes"] for s in snaps), sum(s["flush_waiters"] for s in snaps)
+
+
+def test_group_commit_one_flush_answers_many_pipelined_durable_produces(wire: Wire) -> None:
+    """64 acks=durable produces sent back to back: every answer comes after an fdatasync covering
+    it, in order, and far fewer flushes than produces ran (one per partition per loop turn)."""
+    tid = wire.create_topic("durable")
+    n = 64
+    frames = [
+        b"".join(
+            m.encode_request(
+                m.ProduceRequest(tid, 0, m.Acks.DURABLE, 5000, encode_batch([b"v%d" % i])), i + 1
+            )
+        )
+        for i in range(n)
+    ]
+    wire.sock.sendall(b"".join(frames))
+    offsets = []
+    for i in range(n):
+        frame = wire.recv_frame()
+        assert frame.correlation_id == i + 1
+        resp = m.decode_response(frame)
+        assert isinstance(resp, m.ProduceResponse) and resp.error == m.ErrorCode.NONE, resp
+        offsets.append(resp.base_offset)
+    assert offsets == list(range(n))
+    deadline = time.monotonic() + 5  # other cores' counters are published about once a second
+    while (counters := flush_counters(wire))[1] < n and time.monotonic() < deadline:
+        time.sleep(0.2)
+    flushes, answered = counters
+    assert answered == n, counters
+    assert 1 <= flushes <= n // 4, f"{flushes} flushes for {n} pipelined durable produces"
 
 
 def test_topics_and_group_offsets_survive_a_restart(broker: BrokerProcess) -> None:
