@@ -38,6 +38,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from broker.forwarding import Done, Forwarder, PeerLink, PeerLinkError
 from broker.handlers import (
@@ -55,11 +56,14 @@ from broker.handlers import (
 )
 from broker.metrics import publish
 from broker.partition import Partition
-from broker.storage.fileio import Op, Sync, SyncFileIO, Write, _advance, run_ops
+from broker.storage.fileio import Op, Sync, SyncFileIO, Write, remaining_buffers, run_ops
 from broker.uring_options import UringOptions
 from ringlog_proto.batch import now_ms
 from ringlog_proto.frames import HEADER_SIZE, NEED_DATA, Frame, FrameDecoder, ProtocolError
 from ringlog_proto.messages import Acks
+
+if TYPE_CHECKING:  # the uvloop backend and tools must import without the native bindings
+    from native.ring import Ring
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +108,7 @@ class Loop:
     in the pass after its completion is reaped. Timers and `call_soon` callbacks cover the rest.
     """
 
-    def __init__(self, ring: object, busy_poll_us: int = 0) -> None:
+    def __init__(self, ring: Ring, busy_poll_us: int = 0) -> None:
         self.ring = ring
         self._ops: dict[int, Callback] = {}
         self._ids = itertools.count(1)
@@ -142,8 +146,8 @@ class Loop:
             timeout = max(0.0, self._timers[0][0] - time.monotonic())
         else:
             timeout = None
-        ring.submit_and_wait(1, timeout)  # type: ignore[attr-defined]
-        completions = ring.completions(COMPLETIONS_PER_PASS_MAX)  # type: ignore[attr-defined]
+        ring.submit_and_wait(1, timeout)
+        completions = ring.completions(COMPLETIONS_PER_PASS_MAX)
         if completions and self.busy_poll_s:
             self._busy_until = time.monotonic() + self.busy_poll_s
         ops = self._ops
@@ -209,7 +213,7 @@ class _Stream:
         if self.closed or self.recv_ud or self.paused():
             return
         self.recv_ud = ud = self.server.loop.op(self._recv_done)
-        self.server.ring.prep_recv(self.fd, self.buf, ud)  # type: ignore[attr-defined]
+        self.server.ring.prep_recv(self.fd, self.buf, ud)
 
     def _recv_done(self, res: int, flags: int) -> None:
         self.recv_ud = 0
@@ -248,7 +252,7 @@ class _Stream:
         self.sending = True
         length = sum(map(len, batch))
         ud = self.server.loop.op(lambda res, flags: self._sent(res, batch, length))
-        self.server.ring.prep_sendmsg(self.fd, batch, ud)  # type: ignore[attr-defined]
+        self.server.ring.prep_sendmsg(self.fd, batch, ud)
 
     def _sent(self, res: int, batch: list[bytes | memoryview], length: int) -> None:
         self.sending = False
@@ -262,7 +266,7 @@ class _Stream:
         self.server.bytes_out += res
         self.unsent_bytes -= res
         if res < length:  # a short send: the rest goes first next time
-            self.send_queue[:0] = _advance(tuple(batch), res)
+            self.send_queue[:0] = remaining_buffers(tuple(batch), res)
         if self.closed:
             self._maybe_release()
             return
@@ -279,7 +283,7 @@ class _Stream:
             self.closed = True
             self.closing()
             if self.recv_ud:
-                self.server.ring.prep_cancel(self.recv_ud, self.server.loop.op(_ignore))  # type: ignore[attr-defined]
+                self.server.ring.prep_cancel(self.recv_ud, self.server.loop.op(_ignore))
         self._maybe_release()
 
     def closing(self) -> None:
@@ -289,7 +293,7 @@ class _Stream:
         if self._fd_closed or self.recv_ud or self.sending:
             return
         self._fd_closed = True
-        self.server.ring.prep_close(self.fd, self.server.loop.op(_ignore))  # type: ignore[attr-defined]
+        self.server.ring.prep_close(self.fd, self.server.loop.op(_ignore))
 
 
 class Connection(_Stream):
@@ -420,7 +424,7 @@ class UringServer:
     def __init__(
         self,
         config: BrokerConfig,
-        ring: object,
+        ring: Ring,
         listeners: Sequence[socket.socket],
         options: UringOptions | None = None,
     ) -> None:
@@ -673,12 +677,14 @@ class UringServer:
                 elif res == 0:
                     done(OSError(errno.EIO, f"pwritev wrote 0 bytes at offset {op.offset}"))
                 elif res < op.length:
-                    ops[0] = Write(op.fd, _advance(op.buffers, res), op.offset + res, op.length - res)
+                    ops[0] = Write(
+                        op.fd, remaining_buffers(op.buffers, res), op.offset + res, op.length - res
+                    )
                     self._run_ops(ops, done)
                 else:
                     self._run_ops(ops[1:], done)
 
-            ring.prep_writev(op.fd, op.buffers, op.offset, self.loop.op(written))  # type: ignore[attr-defined]
+            ring.prep_writev(op.fd, op.buffers, op.offset, self.loop.op(written))
         elif isinstance(op, Sync):
 
             def synced(res: int, flags: int) -> None:
@@ -687,7 +693,7 @@ class UringServer:
                 else:
                     self._run_ops(ops[1:], done)
 
-            ring.prep_fsync(op.fd, self.loop.op(synced), datasync=True)  # type: ignore[attr-defined]
+            ring.prep_fsync(op.fd, self.loop.op(synced), datasync=True)
         else:
             try:  # open(2) of a directory is not worth a ring round trip; its fsync is
                 dir_fd = os.open(op.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -702,7 +708,7 @@ class UringServer:
                 else:
                     self._run_ops(ops[1:], done)
 
-            ring.prep_fsync(dir_fd, self.loop.op(dir_synced), datasync=False)  # type: ignore[attr-defined]
+            ring.prep_fsync(dir_fd, self.loop.op(dir_synced), datasync=False)
 
     # group commit -------------------------------------------------------------------------------
 
@@ -770,7 +776,7 @@ class UringServer:
                 reply = self.handlers.error_reply(frame, exc)
             conn.fill(slot, reply)
 
-        self.ring.prep_read(extent.segment.store_fd, buf, extent.position, self.loop.op(read))  # type: ignore[attr-defined]
+        self.ring.prep_read(extent.segment.store_fd, buf, extent.position, self.loop.op(read))
 
     def _wait(self, outcome: Wait, conn: Connection, slot: _Slot, deadline_ms: int) -> None:
         """Park a fetch until its partition grows or its deadline passes."""
@@ -824,7 +830,7 @@ class UringServer:
 
         ud = self.loop.op(accepted)
         self._standing[ud] = "accept"
-        self.ring.prep_accept(fd, ud, multishot=True)  # type: ignore[attr-defined]
+        self.ring.prep_accept(fd, ud, multishot=True)
 
     def _new_connection(self, fd: int, from_peer: bool) -> None:
         if not self._accepting:
@@ -858,7 +864,7 @@ class UringServer:
         def arm_signal_read() -> None:
             ud = self.loop.op(signalled)
             self._standing[ud] = "signal"
-            self.ring.prep_read(wake_r, wake_buf, 0, ud)  # type: ignore[attr-defined]
+            self.ring.prep_read(wake_r, wake_buf, 0, ud)
 
         def signalled(res: int, flags: int) -> None:
             self._standing = {k: v for k, v in self._standing.items() if v != "signal"}
@@ -896,7 +902,7 @@ class UringServer:
         log.info("shutting down: no new connections, answering in-flight requests")
         self._accepting = False
         for ud in list(self._standing):  # closing a listener would not end an accept in flight
-            self.ring.prep_cancel(ud, self.loop.op(_ignore))  # type: ignore[attr-defined]
+            self.ring.prep_cancel(ud, self.loop.op(_ignore))
         for p in self.handlers.partitions.values():
             p.wake_waiters()  # parked fetches answer now (their re-handle sees _stopping)
         deadline = time.monotonic() + SHUTDOWN_GRACE_S

@@ -113,7 +113,7 @@ class SyncFileIO:
             os.close(fd)
 
 
-def _advance(buffers: tuple[Buffer, ...], written: int) -> tuple[Buffer, ...]:
+def remaining_buffers(buffers: tuple[Buffer, ...], written: int) -> tuple[Buffer, ...]:
     """The part of `buffers` not yet written after a short write of `written` bytes."""
     rest: list[Buffer] = []
     for buf in buffers:
@@ -137,7 +137,7 @@ def run_write(io: FileIO, op: Write) -> None:
             raise OSError(f"pwritev wrote {n} bytes at offset {offset} of fd {op.fd}")
         remaining -= n
         offset += n
-        buffers = _advance(buffers, n)
+        buffers = remaining_buffers(buffers, n)
 
 
 def run_ops(io: FileIO, ops: Sequence[Op]) -> None:
