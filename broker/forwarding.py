@@ -37,7 +37,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable
-from typing import Final
+from typing import Final, Protocol
 
 from broker.handlers import Forward, Handlers, Notify, Reply, Silent
 from ringlog_proto.frames import NEED_DATA, Frame, FrameDecoder, encode_header
@@ -53,6 +53,7 @@ FORWARD_INFLIGHT_MAX: Final = 256
 # ...and at most this many request bytes: 256 produce requests of 1 MiB batches would otherwise be
 # 256 MiB held for one peer. One request above it still goes (alone), so any frame can be forwarded.
 FORWARD_INFLIGHT_BYTES_MAX: Final = 32 * 1024 * 1024
+PEER_IDLE_LINKS_MAX: Final = 8  # idle long-poll connections kept per peer core for reuse
 TOPIC_NOTICE_TIMEOUT_S: Final = 5.0  # a peer that cannot close a topic's partitions in 5 s is stuck
 CORRELATION_MASK: Final = 0xFFFFFFFF
 
@@ -302,3 +303,83 @@ def _relayed(answer: Frame, correlation_id: int) -> Reply:
         answer.flags,
     )
     return Reply([header, answer.body])
+
+
+class PeerChannel(Protocol):
+    """What a backend's end of one inter-core connection offers `PeerPool`."""
+
+    link: PeerLink
+
+    def send(self, frame: Frame, done: Done | None) -> None: ...
+    def close(self) -> None: ...
+
+
+class PeerPool:
+    """Which inter-core connection carries each forward: the `send_to_core` primitive, given a
+    backend's way of opening a connection. Owned by the forwarding core's event-loop thread.
+
+    One connection per peer core for ordinary forwards (the owner answers each connection in
+    request order, and these never wait). A forwarded long poll may be parked at the owner for up
+    to a minute and would hold back every answer behind it, so it gets a connection of its own,
+    kept idle afterwards for the next one (at most `PEER_IDLE_LINKS_MAX` per peer).
+    """
+
+    def __init__(
+        self, open_peer: Callable[[int, bool], PeerChannel | None], stopping: Callable[[], bool]
+    ) -> None:
+        self._open_peer = open_peer  # (core, long_poll) -> a connecting channel, or None
+        self._stopping = stopping
+        self._ordinary: dict[int, PeerChannel] = {}
+        self._idle: dict[int, list[PeerChannel]] = {}
+        self.channels: set[PeerChannel] = set()
+
+    def send_to_core(self, core: int, frame: Frame, long_poll: bool, done: Done | None) -> None:
+        if long_poll:
+            assert done is not None
+            idle = self._idle.get(core)
+            pc = idle.pop() if idle else self._open(core, long_poll=True)
+            if pc is None:
+                done(PeerLinkError(f"cannot reach core {core}"))
+                return
+            parked = pc
+
+            def done_then_park(result: Frame | BaseException) -> None:
+                if not parked.link.closed and parked.link.pending == 0:
+                    idle = self._idle.setdefault(core, [])
+                    if len(idle) < PEER_IDLE_LINKS_MAX and not self._stopping():
+                        idle.append(parked)
+                    else:
+                        parked.close()
+                done(result)
+
+            pc.send(frame, done_then_park)
+            return
+        pc = self._ordinary.get(core)
+        if pc is None or pc.link.closed:
+            pc = self._open(core, long_poll=False)
+            if pc is None:
+                if done is not None:
+                    done(PeerLinkError(f"cannot reach core {core}"))
+                return
+            self._ordinary[core] = pc
+        pc.send(frame, done)
+
+    def _open(self, core: int, long_poll: bool) -> PeerChannel | None:
+        pc = self._open_peer(core, long_poll)
+        if pc is not None:
+            self.channels.add(pc)
+        return pc
+
+    def gone(self, pc: PeerChannel) -> None:
+        """`pc` closed (the backend calls this once): forget it."""
+        self.channels.discard(pc)
+        core = pc.link.core
+        if self._ordinary.get(core) is pc:
+            del self._ordinary[core]
+        idle = self._idle.get(core)
+        if idle and pc in idle:
+            idle.remove(pc)
+
+    def close_all(self) -> None:
+        for pc in list(self.channels):
+            pc.close()

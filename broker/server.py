@@ -14,9 +14,9 @@ Rules this module keeps:
 - Listeners are made by the caller (the supervisor: they outlive a worker restart) and served
   alike; the one difference is that frames arriving on an AF_UNIX listener come from another core
   (`Handlers.handle(frame, from_peer=True)`: forwarded requests and topic notices).
-- Forwarding: this module only moves bytes for broker/forwarding.py (`send_to_core`): one
-  connection per peer core for ordinary forwards, and one per forwarded long poll (kept idle for
-  reuse, at most `PEER_IDLE_LINKS_MAX` per peer) so that a parked fetch holds nothing back.
+- Forwarding: this module only opens inter-core connections and moves their bytes; which
+  connection carries a forward (one per peer core, one per forwarded long poll) is
+  broker/forwarding.py's `PeerPool`, shared with the io_uring backend.
 
 The backend contract (broker/uring_server.py keeps it too):
     Server(config, listeners)                  # pre-made listening sockets, inherited from the supervisor
@@ -35,7 +35,7 @@ import socket
 from collections.abc import Callable, Sequence
 from typing import cast
 
-from broker.forwarding import Done, Forwarder, PeerLink
+from broker.forwarding import Done, Forwarder, PeerLink, PeerPool
 from broker.handlers import (
     Append,
     BrokerConfig,
@@ -63,7 +63,6 @@ WRITE_BUFFER_HIGH_BYTES = 16 * 1024 * 1024  # unsent reply bytes per connection 
 RETENTION_CHECK_S = 30.0
 SHUTDOWN_GRACE_S = 10.0
 HOUSEKEEPING_S = 1.0  # metrics snapshot published, topics.json checked for other cores' changes
-PEER_IDLE_LINKS_MAX = 8  # idle long-poll connections kept per peer core for reuse
 
 
 class _Slot:
@@ -218,7 +217,7 @@ class PeerConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.close(exc)
 
-    def close(self, exc: BaseException | None) -> None:
+    def close(self, exc: BaseException | None = None) -> None:
         self.server.peer_gone(self)
         if self.transport is not None:
             self.transport.abort()
@@ -233,10 +232,8 @@ class Server:
         self.listeners = list(listeners)
         self.io = SyncFileIO()
         self.handlers = Handlers(config)
-        self.forwarder = Forwarder(self.handlers, self.send_to_core, self._call_later)
-        self._peers: dict[int, PeerConnection] = {}  # the ordinary connection to each peer core
-        self._peer_idle: dict[int, list[PeerConnection]] = {}  # idle long-poll connections
-        self._peer_all: set[PeerConnection] = set()
+        self.peers = PeerPool(self._open_peer, self._stopping_now)
+        self.forwarder = Forwarder(self.handlers, self.peers.send_to_core, self._call_later)
         self.handlers.gauges = {
             "inflight_requests": lambda: sum(len(c.slots) for c in self.connections if not c.from_peer),
             "pending_forwards": lambda: self.forwarder.pending,
@@ -284,33 +281,9 @@ class Server:
 
     # ------------------------------------------------------------------------- inter-core I/O
 
-    def send_to_core(self, core: int, frame: Frame, long_poll: bool, done: Done | None) -> None:
-        """The forwarding primitive (broker/forwarding.py): `frame` to `core`, `done` gets the answer."""
-        if long_poll:
-            idle = self._peer_idle.get(core)
-            pc = idle.pop() if idle else self._open_peer(core, long_poll=True)
-            assert done is not None
-
-            def done_then_park(result: Frame | BaseException) -> None:
-                if not pc.link.closed and pc.link.pending == 0:
-                    parked = self._peer_idle.setdefault(core, [])
-                    if len(parked) < PEER_IDLE_LINKS_MAX and not self._stopping_now():
-                        parked.append(pc)
-                    else:
-                        pc.close(None)
-                done(result)
-
-            pc.send(frame, done_then_park)
-            return
-        pc = self._peers.get(core)
-        if pc is None or pc.link.closed:
-            pc = self._peers[core] = self._open_peer(core, long_poll=False)
-        pc.send(frame, done)
-
     def _open_peer(self, core: int, long_poll: bool) -> PeerConnection:
         loop = asyncio.get_running_loop()
         pc = PeerConnection(self, core, long_poll)
-        self._peer_all.add(pc)
         address = self.config.peer_addresses[core]
 
         async def connect() -> None:
@@ -332,12 +305,7 @@ class Server:
         return pc
 
     def peer_gone(self, pc: PeerConnection) -> None:
-        self._peer_all.discard(pc)
-        if self._peers.get(pc.core) is pc:
-            del self._peers[pc.core]
-        idle = self._peer_idle.get(pc.core)
-        if idle and pc in idle:
-            idle.remove(pc)
+        self.peers.gone(pc)
 
     def _call_later(self, delay: float, fn: Callable[[], None]) -> object:
         return asyncio.get_running_loop().call_later(delay, fn)
@@ -470,8 +438,7 @@ class Server:
         for conn in list(self.connections):
             if conn.transport is not None:
                 conn.transport.close()
-        for pc in list(self._peer_all):
-            pc.close(None)
+        self.peers.close_all()
         self.handlers.close()
         self._publish_metrics()
         log.info("stopped cleanly")

@@ -40,7 +40,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from broker.forwarding import Done, Forwarder, PeerLink, PeerLinkError
+from broker.forwarding import Done, Forwarder, PeerLink, PeerPool
 from broker.handlers import (
     Append,
     BrokerConfig,
@@ -81,7 +81,6 @@ CONNECTION_UNSENT_BYTES_MAX = 16 * 1024 * 1024  # reply bytes queued per connect
 ACCEPT_RETRY_S = 0.1  # after EMFILE/ENFILE: try again later instead of spinning
 RETENTION_CHECK_S = 30.0
 HOUSEKEEPING_S = 1.0  # metrics snapshot published, topics.json checked for other cores' changes
-PEER_IDLE_LINKS_MAX = 8  # idle long-poll connections kept per peer core for reuse
 SHUTDOWN_GRACE_S = 10.0
 
 Callback = Callable[[int, int], None]  # (res, flags) of a completion
@@ -447,10 +446,8 @@ class UringServer:
         self._waits = 0  # parked long polls
         self.bytes_in = 0
         self.bytes_out = 0
-        self.forwarder = Forwarder(self.handlers, self.send_to_core, self.loop.call_later)
-        self._peers: dict[int, PeerConnection] = {}  # the ordinary connection to each peer core
-        self._peer_idle: dict[int, list[PeerConnection]] = {}  # idle long-poll connections
-        self._peer_all: set[PeerConnection] = set()
+        self.peers = PeerPool(self._open_peer, lambda: self._stopping)
+        self.forwarder = Forwarder(self.handlers, self.peers.send_to_core, self.loop.call_later)
         self.handlers.metrics.backend = "io_uring"
         self.handlers.gauges = {
             "inflight_requests": lambda: sum(len(c.slots) for c in self.connections if not c.from_peer),
@@ -487,48 +484,10 @@ class UringServer:
 
     # ------------------------------------------------------------------------- inter-core I/O
 
-    def send_to_core(self, core: int, frame: Frame, long_poll: bool, done: Done | None) -> None:
-        """The forwarding primitive (broker/forwarding.py): `frame` to `core`, `done` gets the answer.
-
-        One connection per peer for ordinary forwards; a forwarded long poll gets a connection of
-        its own (kept idle afterwards for the next one), since the owner answers each connection
-        in request order and a parked fetch would hold back everything behind it.
-        """
-        if long_poll:
-            idle = self._peer_idle.get(core)
-            pc = idle.pop() if idle else self._open_peer(core, long_poll=True)
-            if pc is None:
-                if done is not None:
-                    done(PeerLinkError(f"cannot reach core {core}"))
-                return
-            assert done is not None
-            parked_pc = pc
-
-            def done_then_park(result: Frame | BaseException) -> None:
-                if not parked_pc.closed and parked_pc.link.pending == 0:
-                    parked = self._peer_idle.setdefault(core, [])
-                    if len(parked) < PEER_IDLE_LINKS_MAX and not self._stopping:
-                        parked.append(parked_pc)
-                    else:
-                        parked_pc.close()
-                done(result)
-
-            pc.send(frame, done_then_park)
-            return
-        pc = self._peers.get(core)
-        if pc is None or pc.closed:
-            pc = self._open_peer(core, long_poll=False)
-            if pc is None:
-                if done is not None:
-                    done(PeerLinkError(f"cannot reach core {core}"))
-                return
-            self._peers[core] = pc
-        pc.send(frame, done)
-
     def _open_peer(self, core: int, long_poll: bool) -> PeerConnection | None:
-        """Connect to a peer core's unix listener. Non-blocking: a peer whose backlog is full (or
-        that is restarting and not yet listening... its socket is the supervisor's, so that
-        cannot happen) fails this forward retriably instead of stalling the loop."""
+        """Connect to a peer core's unix listener without blocking the loop: the listener is the
+        supervisor's and always exists, so a failure means its backlog is full, and the forward
+        fails retriably rather than waiting."""
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_NONBLOCK)
         try:
             sock.connect(self.config.peer_addresses[core])
@@ -537,17 +496,11 @@ class UringServer:
             log.warning("cannot reach core %d: %s", core, exc)
             return None
         pc = PeerConnection(self, sock.detach(), core, long_poll)
-        self._peer_all.add(pc)
         pc.arm_recv()
         return pc
 
     def peer_gone(self, pc: PeerConnection) -> None:
-        self._peer_all.discard(pc)
-        if self._peers.get(pc.core) is pc:
-            del self._peers[pc.core]
-        idle = self._peer_idle.get(pc.core)
-        if idle and pc in idle:
-            idle.remove(pc)
+        self.peers.gone(pc)
 
     # appends ------------------------------------------------------------------------------------
 
@@ -915,8 +868,7 @@ class UringServer:
         self.forwarder.fail_all()
         for conn in list(self.connections):
             conn.close()
-        for pc in list(self._peer_all):
-            pc.close()
+        self.peers.close_all()
         for _ in range(100):  # let the cancels and closes complete
             if self.loop.pending_ops <= 0:
                 break
