@@ -5,7 +5,7 @@
 # and it costs a second once the machine is ready. Every action is printed before it happens.
 #
 # Steps: Debian packages -> kernel-header links for bcc -> .venv (with Debian's bcc linked in) ->
-# pip install -e .[dev,bpf].
+# pip install -e .[dev,bpf,spark] (spark: PySpark, pyarrow for the Spark data source and its tests).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -79,9 +79,9 @@ fi
 stamp="$VENV/.ringlog-installed"
 want=$( { cat pyproject.toml; cat native/*.py 2>/dev/null || true; } | sha256sum | cut -d" " -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-    say "pip install -e .[dev,bpf]"
+    say "pip install -e .[dev,bpf,spark]"
     "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
-    "$VENV/bin/python" -m pip install -q -e ".[dev,bpf]"
+    "$VENV/bin/python" -m pip install -q -e ".[dev,bpf,spark]"
     echo "$want" > "$stamp"
 else
     say "project installed in $VENV (pyproject unchanged)"
