@@ -26,7 +26,6 @@ The backend contract (broker/uring_server.py keeps it too):
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ctypes
 import logging
 import os
@@ -35,24 +34,19 @@ import socket
 from collections.abc import Callable, Sequence
 from typing import cast
 
+from broker.backend import BackendCore, ReplyTarget, Slot
 from broker.forwarding import Done, Forwarder, PeerLink, PeerPool
 from broker.handlers import (
     Append,
     BrokerConfig,
-    Durable,
-    Forward,
     Handlers,
-    Notify,
-    Outcome,
     Read,
     Reply,
     Silent,
-    Wait,
 )
 from broker.metrics import publish
 from broker.partition import Partition
 from broker.storage.fileio import SyncFileIO, run_ops
-from ringlog_proto.batch import now_ms
 from ringlog_proto.frames import HEADER_SIZE, NEED_DATA, Frame, FrameDecoder, ProtocolError
 from ringlog_proto.messages import Acks
 
@@ -65,15 +59,6 @@ SHUTDOWN_GRACE_S = 10.0
 HOUSEKEEPING_S = 1.0  # metrics snapshot published, topics.json checked for other cores' changes
 
 
-class _Slot:
-    __slots__ = ("buffers", "done", "started_ns")
-
-    def __init__(self, started_ns: int) -> None:
-        self.buffers: list[bytes] = []
-        self.done = False
-        self.started_ns = started_ns
-
-
 class Connection(asyncio.Protocol):
     """One client connection (or, `from_peer`, one from another core). Owned by the event loop's thread."""
 
@@ -82,7 +67,7 @@ class Connection(asyncio.Protocol):
         self.from_peer = from_peer
         self.decoder = FrameDecoder()
         self.transport: asyncio.Transport | None = None
-        self.slots: list[_Slot] = []
+        self.slots: list[Slot] = []
         self.closed = False
         self.peer = "?"
         self._reading_paused = False
@@ -113,7 +98,7 @@ class Connection(asyncio.Protocol):
                 if frame is NEED_DATA:
                     break
                 assert isinstance(frame, Frame)
-                slot = _Slot(metrics.request(frame.api_key, len(frame.body) + HEADER_SIZE))
+                slot = Slot(metrics.request(frame.api_key, len(frame.body) + HEADER_SIZE))
                 if self.from_peer:
                     metrics.forwarded_in()
                 self.slots.append(slot)
@@ -124,7 +109,7 @@ class Connection(asyncio.Protocol):
             return
         self._update_reading()
 
-    def fill(self, slot: _Slot, outcome: Reply | Silent) -> None:
+    def fill(self, slot: Slot, outcome: Reply | Silent) -> None:
         """A reply is ready: send every reply at the head of the queue that is ready too."""
         slot.done = True
         if isinstance(outcome, Reply):
@@ -224,20 +209,21 @@ class PeerConnection(asyncio.Protocol):
         self.link.lost(exc)
 
 
-class Server:
+class Server(BackendCore):
     """One worker process (one core) on the asyncio backend, serving pre-made listeners."""
 
     def __init__(self, config: BrokerConfig, listeners: Sequence[socket.socket]) -> None:
+        super().__init__()
         self.config = config
         self.listeners = list(listeners)
         self.io = SyncFileIO()
         self.handlers = Handlers(config)
-        self.peers = PeerPool(self._open_peer, self._stopping_now)
-        self.forwarder = Forwarder(self.handlers, self.peers.send_to_core, self._call_later)
+        self.peers = PeerPool(self._open_peer, self.stopping)
+        self.forwarder = Forwarder(self.handlers, self.peers.send_to_core, self.call_later)
         self.handlers.gauges = {
             "inflight_requests": lambda: sum(len(c.slots) for c in self.connections if not c.from_peer),
             "pending_forwards": lambda: self.forwarder.pending,
-            "parked_long_polls": lambda: len(self._waits),
+            "parked_long_polls": lambda: self.parked_long_polls,
             "commit_waiters": lambda: sum(len(w) for w in self._flush_waiting.values()),
         }
         self.connections: set[Connection] = set()
@@ -245,39 +231,19 @@ class Server:
             Partition, list[tuple[Callable[[], None], Callable[[BaseException], None]]]
         ] = {}
         self._flush_scheduled = False
-        self._waits: set[asyncio.TimerHandle] = set()
         self._stopping: asyncio.Event | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------------------- outcomes
 
-    def carry_out(self, outcome: Outcome, frame: Frame, conn: Connection, slot: _Slot) -> None:
-        if isinstance(outcome, Reply | Silent):
-            conn.fill(slot, outcome)
-        elif isinstance(outcome, Append):
-            self._append(outcome, frame, conn, slot)
-        elif isinstance(outcome, Durable):
-            self._after_flush(
-                outcome.partition,
-                lambda: conn.fill(slot, outcome.reply),
-                lambda exc: conn.fill(slot, outcome.fail(exc)),
-            )
-        elif isinstance(outcome, Read):
-            try:
-                extent = outcome.extent
-                data = self.io.pread(extent.segment.store_fd, extent.length, extent.position)
-                reply = outcome.finish(data)
-            except Exception as exc:  # becomes an error reply
-                reply = self.handlers.error_reply(frame, exc)
-            conn.fill(slot, reply)
-        elif isinstance(outcome, Forward):
-            self.forwarder.forward(outcome, lambda reply: conn.fill(slot, reply))
-            if self.forwarder.blocked(outcome.core):
-                conn.wait_for_forward_room(self.forwarder, outcome.core)
-        elif isinstance(outcome, Notify):
-            self.forwarder.notify(outcome, lambda reply: conn.fill(slot, reply))
-        else:
-            self._wait(outcome, conn, slot, outcome.deadline_ms)
+    def _read(self, outcome: Read, frame: Frame, conn: ReplyTarget, slot: Slot) -> None:
+        try:
+            extent = outcome.extent
+            data = self.io.pread(extent.segment.store_fd, extent.length, extent.position)
+            reply = outcome.finish(data)
+        except Exception as exc:  # becomes an error reply
+            reply = self.handlers.error_reply(frame, exc)
+        conn.fill(slot, reply)
 
     # ------------------------------------------------------------------------- inter-core I/O
 
@@ -307,10 +273,7 @@ class Server:
     def peer_gone(self, pc: PeerConnection) -> None:
         self.peers.gone(pc)
 
-    def _call_later(self, delay: float, fn: Callable[[], None]) -> object:
-        return asyncio.get_running_loop().call_later(delay, fn)
-
-    def _append(self, outcome: Append, frame: Frame, conn: Connection, slot: _Slot) -> None:
+    def _append(self, outcome: Append, frame: Frame, conn: ReplyTarget, slot: Slot) -> None:
         log_ = outcome.partition.log
         try:
             run_ops(self.io, outcome.pending.ops)
@@ -358,40 +321,11 @@ class Server:
             for done, _ in callbacks:
                 done()
 
-    def _wait(self, outcome: Wait, conn: Connection, slot: _Slot, deadline_ms: int) -> None:
-        """Park a fetch until its partition grows or its deadline passes."""
-        loop = asyncio.get_running_loop()
-        partition = outcome.partition
-        timer: asyncio.TimerHandle | None = None
-
-        def wake() -> None:
-            if timer is not None:
-                timer.cancel()
-                self._waits.discard(timer)
-            if conn.closed:
-                return
-            again = self.handlers.handle(outcome.frame, conn.from_peer)
-            if isinstance(again, Wait) and not self._stopping_now():
-                self._wait(again, conn, slot, deadline_ms)  # spurious: keep the first deadline
-            elif isinstance(again, Wait):
-                conn.fill(slot, again.on_timeout())
-            else:
-                self.carry_out(again, outcome.frame, conn, slot)
-
-        def timeout() -> None:
-            self._waits.discard(timer)  # type: ignore[arg-type]
-            with contextlib.suppress(ValueError):
-                partition.waiters.remove(wake)
-            if not conn.closed:
-                conn.fill(slot, outcome.on_timeout())
-
-        delay = max(0.0, (deadline_ms - now_ms()) / 1000)
-        timer = loop.call_later(delay, timeout)
-        self._waits.add(timer)
-        partition.waiters.append(wake)
-
-    def _stopping_now(self) -> bool:
+    def stopping(self) -> bool:
         return self._stopping is not None and self._stopping.is_set()
+
+    def call_later(self, delay_s: float, callback: Callable[[], None]) -> asyncio.TimerHandle:
+        return asyncio.get_running_loop().call_later(delay_s, callback)
 
     # ------------------------------------------------------------------------- lifecycle
 

@@ -26,7 +26,6 @@ Rules this module keeps:
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import heapq
 import itertools
@@ -40,25 +39,20 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from broker.backend import BackendCore, ReplyTarget, Slot
 from broker.forwarding import Done, Forwarder, PeerLink, PeerPool
 from broker.handlers import (
     Append,
     BrokerConfig,
-    Durable,
-    Forward,
     Handlers,
-    Notify,
-    Outcome,
     Read,
     Reply,
     Silent,
-    Wait,
 )
 from broker.metrics import publish
 from broker.partition import Partition
 from broker.storage.fileio import Op, Sync, SyncFileIO, Write, remaining_buffers, run_ops
 from broker.uring_options import UringOptions
-from ringlog_proto.batch import now_ms
 from ringlog_proto.frames import HEADER_SIZE, NEED_DATA, Frame, FrameDecoder, ProtocolError
 from ringlog_proto.messages import Acks
 
@@ -170,15 +164,6 @@ class Loop:
 
 
 CQE_F_MORE = 1 << 1  # replaced by native's constant at import time in `run` (same value in the UAPI)
-
-
-class _Slot:
-    __slots__ = ("buffers", "done", "started_ns")
-
-    def __init__(self, started_ns: int) -> None:
-        self.buffers: list[bytes] = []
-        self.done = False
-        self.started_ns = started_ns
 
 
 class _Stream:
@@ -302,7 +287,7 @@ class Connection(_Stream):
         super().__init__(server, fd, peer)
         self.from_peer = from_peer
         self.decoder = FrameDecoder()
-        self.slots: deque[_Slot] = deque()
+        self.slots: deque[Slot] = deque()
         self.forward_blocked = 0  # peer cores whose forward limit this connection waits on
 
     def paused(self) -> bool:
@@ -326,7 +311,7 @@ class Connection(_Stream):
                 if frame is NEED_DATA:
                     break
                 assert isinstance(frame, Frame)
-                slot = _Slot(metrics.request(frame.api_key, len(frame.body) + HEADER_SIZE))
+                slot = Slot(metrics.request(frame.api_key, len(frame.body) + HEADER_SIZE))
                 if from_peer:
                     metrics.forwarded_in()
                 self.slots.append(slot)
@@ -342,7 +327,7 @@ class Connection(_Stream):
     def closing(self) -> None:
         self.server.connections.discard(self)
 
-    def fill(self, slot: _Slot, outcome: Reply | Silent) -> None:
+    def fill(self, slot: Slot, outcome: Reply | Silent) -> None:
         """A reply is ready: queue every reply at the head that is ready too, in request order."""
         slot.done = True
         if isinstance(outcome, Reply):
@@ -417,7 +402,7 @@ class _PartitionIO:
     )
 
 
-class UringServer:
+class UringServer(BackendCore):
     """One worker process on the io_uring backend."""
 
     def __init__(
@@ -427,6 +412,7 @@ class UringServer:
         listeners: Sequence[socket.socket],
         options: UringOptions | None = None,
     ) -> None:
+        super().__init__()
         self.config = config
         self.options = options = options or UringOptions()
         self.ring = ring
@@ -443,7 +429,6 @@ class UringServer:
         self._stopping = False
         self._accepting = True
         self._standing: dict[int, str] = {}  # user_data of multishot accepts and the signal read
-        self._waits = 0  # parked long polls
         self.bytes_in = 0
         self.bytes_out = 0
         self.peers = PeerPool(self._open_peer, lambda: self._stopping)
@@ -452,7 +437,7 @@ class UringServer:
         self.handlers.gauges = {
             "inflight_requests": lambda: sum(len(c.slots) for c in self.connections if not c.from_peer),
             "pending_forwards": lambda: self.forwarder.pending,
-            "parked_long_polls": lambda: self._waits,
+            "parked_long_polls": lambda: self.parked_long_polls,
             "commit_waiters": lambda: sum(len(p.flush_waiters) for p in self._partitions.values()),
         }
         self.loop.end_of_pass.append(self._submit_store_writes)
@@ -460,27 +445,11 @@ class UringServer:
 
     # ------------------------------------------------------------------------- outcomes
 
-    def carry_out(self, outcome: Outcome, frame: Frame, conn: Connection, slot: _Slot) -> None:
-        if isinstance(outcome, Reply | Silent):
-            conn.fill(slot, outcome)
-        elif isinstance(outcome, Append):
-            self._append(outcome, conn, slot)
-        elif isinstance(outcome, Durable):
-            self._after_flush(
-                outcome.partition,
-                lambda: conn.fill(slot, outcome.reply),
-                lambda exc: conn.fill(slot, outcome.fail(exc)),
-            )
-        elif isinstance(outcome, Read):
-            self._read(outcome, frame, conn, slot)
-        elif isinstance(outcome, Forward):
-            self.forwarder.forward(outcome, lambda reply: conn.fill(slot, reply))
-            if self.forwarder.blocked(outcome.core):
-                conn.wait_for_forward_room(self.forwarder, outcome.core)
-        elif isinstance(outcome, Notify):
-            self.forwarder.notify(outcome, lambda reply: conn.fill(slot, reply))
-        else:
-            self._wait(outcome, conn, slot, outcome.deadline_ms)
+    def call_later(self, delay_s: float, callback: Callable[[], None]) -> Timer:
+        return self.loop.call_later(delay_s, callback)
+
+    def stopping(self) -> bool:
+        return self._stopping
 
     # ------------------------------------------------------------------------- inter-core I/O
 
@@ -504,7 +473,7 @@ class UringServer:
 
     # appends ------------------------------------------------------------------------------------
 
-    def _append(self, outcome: Append, conn: Connection, slot: _Slot) -> None:
+    def _append(self, outcome: Append, frame: Frame, conn: ReplyTarget, slot: Slot) -> None:
         partition = outcome.partition
         pio = self._partitions.get(partition)
         if pio is None:
@@ -714,7 +683,7 @@ class UringServer:
 
     # reads and long polls -----------------------------------------------------------------------
 
-    def _read(self, outcome: Read, frame: Frame, conn: Connection, slot: _Slot) -> None:
+    def _read(self, outcome: Read, frame: Frame, conn: ReplyTarget, slot: Slot) -> None:
         extent = outcome.extent
         buf = bytearray(extent.length)
         self._reads_in_flight += 1
@@ -730,36 +699,6 @@ class UringServer:
             conn.fill(slot, reply)
 
         self.ring.prep_read(extent.segment.store_fd, buf, extent.position, self.loop.op(read))
-
-    def _wait(self, outcome: Wait, conn: Connection, slot: _Slot, deadline_ms: int) -> None:
-        """Park a fetch until its partition grows or its deadline passes."""
-        partition = outcome.partition
-        timer: Timer | None = None
-
-        def wake() -> None:
-            if timer is not None:
-                timer.cancel()
-            self._waits -= 1
-            if conn.closed:
-                return
-            again = self.handlers.handle(outcome.frame, conn.from_peer)
-            if isinstance(again, Wait) and not self._stopping:
-                self._wait(again, conn, slot, deadline_ms)  # spurious: keep the first deadline
-            elif isinstance(again, Wait):
-                conn.fill(slot, again.on_timeout())
-            else:
-                self.carry_out(again, outcome.frame, conn, slot)
-
-        def timeout() -> None:
-            self._waits -= 1
-            with contextlib.suppress(ValueError):
-                partition.waiters.remove(wake)
-            if not conn.closed:
-                conn.fill(slot, outcome.on_timeout())
-
-        timer = self.loop.call_later((deadline_ms - now_ms()) / 1000, timeout)
-        self._waits += 1
-        partition.waiters.append(wake)
 
     # ------------------------------------------------------------------------- accept
 
