@@ -3,7 +3,7 @@
 PY := .venv/bin/python
 DATA_DIR ?= ./data
 
-.PHONY: setup run test lint bench clean
+.PHONY: setup run test lint bench clean spark-demo bench-spark
 
 setup:
 	@bash scripts/setup.sh
@@ -21,6 +21,14 @@ lint: setup
 
 bench: setup
 	$(PY) bench/storage.py
+
+# Spark (docs/SPARK.md): generate ~DEMO_MB MB of CSV, ingest it into a fresh broker's topic with
+# Spark, export the topic to Parquet; both print their throughput.
+spark-demo: setup
+	bash scripts/spark_demo.sh
+
+bench-spark: setup
+	$(PY) bench/spark.py
 
 clean:
 	rm -rf .venv build *.egg-info .pytest_cache .ruff_cache .hypothesis
