@@ -24,9 +24,9 @@ for _ in $(seq 100); do
 done
 [ -n "${PORT:-}" ] || { cat "$DEMO_DIR/broker.log"; exit 1; }
 echo "[spark-demo] broker on 127.0.0.1:$PORT, data in $DEMO_DIR"
-"$SUBMIT" --master "local[*]" --conf spark.ui.showConsoleProgress=false scripts/spark_ingest.py \
+"$SUBMIT" --master "local[*]" --conf spark.ui.showConsoleProgress=false --conf spark.log.level=WARN scripts/spark_ingest.py \
     --bootstrap "127.0.0.1:$PORT" --topic events --partitions "$PARTITIONS" \
     --input "$DEMO_DIR/events.$FORMAT" --generate-mb "$DEMO_MB" --key-column user_id 2>&1 | grep -v ' WARN \|log4j'
-"$SUBMIT" --master "local[*]" --conf spark.ui.showConsoleProgress=false scripts/spark_export.py \
+"$SUBMIT" --master "local[*]" --conf spark.ui.showConsoleProgress=false --conf spark.log.level=WARN scripts/spark_export.py \
     --bootstrap "127.0.0.1:$PORT" --topic events --output "$DEMO_DIR/events-out.parquet" \
     --value-as-string 2>&1 | grep -v ' WARN \|log4j'
