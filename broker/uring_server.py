@@ -175,7 +175,9 @@ class _Stream:
         self.fd = fd
         self.peer = peer
         self.closed = False
-        self.buf = bytearray(RECV_BUFFER_BYTES_MIN)
+        self.buf = bytearray(RECV_BUFFER_BYTES_MIN)  # what the next recv reads into
+        self.recv_buf = self.buf  # what the recv in flight reads into
+        self.receiving = False  # inside `received`: arm the next recv after it, not during
         self.recv_ud = 0  # user_data of the recv in flight, 0 if none
         self.sending = False
         self.send_queue: list[bytes | memoryview] = []
@@ -194,10 +196,11 @@ class _Stream:
     # ------------------------------------------------------------------------- receive
 
     def arm_recv(self) -> None:
-        if self.closed or self.recv_ud or self.paused():
+        if self.closed or self.recv_ud or self.receiving or self.paused():
             return
         self.recv_ud = ud = self.server.loop.op(self._recv_done)
-        self.server.ring.prep_recv(self.fd, self.buf, ud)
+        self.recv_buf = buf = self.buf
+        self.server.ring.prep_recv(self.fd, buf, ud)
 
     def _recv_done(self, res: int, flags: int) -> None:
         self.recv_ud = 0
@@ -211,10 +214,16 @@ class _Stream:
         if self.closed:
             self._maybe_release()
             return
-        buf = self.buf
-        self.received(memoryview(buf)[:res])
+        # The bytes are in the buffer this recv was armed with, whatever `self.buf` is now; and
+        # no recv is armed while they are being read (replies queued meanwhile call arm_recv).
+        buf = self.recv_buf
         if res == len(buf) < RECV_BUFFER_BYTES_MAX:
             self.buf = bytearray(min(4 * res, RECV_BUFFER_BYTES_MAX))
+        self.receiving = True
+        try:
+            self.received(memoryview(buf)[:res])
+        finally:
+            self.receiving = False
         self.arm_recv()
 
     # ------------------------------------------------------------------------- send

@@ -166,6 +166,35 @@ def test_group_commit_one_flush_answers_many_pipelined_durable_produces(wire: Wi
     assert 1 <= flushes <= n // 4, f"{flushes} flushes for {n} pipelined durable produces"
 
 
+def test_a_thousand_pipelined_requests_in_large_chunks_are_stored_intact(wire: Wire) -> None:
+    """Frames arriving faster than they are answered, many per read and split across reads, some
+    answered at once (ApiVersions) and some after a write (Produce): every batch is stored byte
+    for byte. The backends answer while still reading and grow their read buffers as traffic
+    grows: neither may lose, or read from the wrong place, bytes already received."""
+    tid = wire.create_topic("pipelined")
+    n = 1000
+    values = [bytes([i % 251]) * (50 + i % 300) for i in range(n)]
+
+    def request(i: int) -> m.Request:
+        if i % 3 == 0:
+            return m.ApiVersionsRequest("pipelining-test")
+        return m.ProduceRequest(tid, 0, m.Acks.WRITTEN, 5000, encode_batch([values[i]]))
+
+    stream = b"".join(b"".join(m.encode_request(request(i), i + 1)) for i in range(n))
+    sender = threading.Thread(target=wire.sock.sendall, args=(stream,))
+    sender.start()
+    stored = []
+    for i in range(n):
+        frame = wire.recv_frame()
+        assert frame.correlation_id == i + 1
+        resp = m.decode_response(frame)
+        assert resp.error == m.ErrorCode.NONE, (i, resp)
+        if i % 3:
+            stored.append(values[i])
+    sender.join()
+    assert [r.value for r in fetch_all(wire, tid, 0)] == stored
+
+
 def test_topics_and_group_offsets_survive_a_restart(broker: BrokerProcess) -> None:
     w = Wire(broker.port)
     tid = w.create_topic("kept", 3)
