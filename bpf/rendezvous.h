@@ -4,7 +4,7 @@
  * code through BPF_PROG_TEST_RUN over thousands of (partition, live core set) pairs and compares).
  * Only u64 adds, xors, shifts and multiplies; one bounded loop over RL_MAX_CORES.
  */
-#define RL_MAX_CORES 64 /* the live set is one u64 bitmask; bpf/maps.py names the same limit */
+#define RL_MAX_CORES 64 /* the live set is one u64 bitmask; bpf/kernel.py MAX_CORES is the same limit */
 
 static __always_inline u64 rl_mix64(u64 x)
 {
