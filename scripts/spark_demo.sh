@@ -2,9 +2,8 @@
 # `make spark-demo`: generate a dataset, ingest it into a fresh broker with Spark, export it back to
 # Parquet, print both throughputs. Everything lives under $DEMO_DIR (default .spark-demo/) and the
 # broker is stopped at the end. DEMO_MB (default 300) sizes the dataset, PARTITIONS (default 4) the
-# topic, FORMAT (csv|json|parquet, default csv) the input, BACKEND (default uvloop: under this
-# load the io_uring backend answered some produces CORRUPT_MESSAGE "crc32c mismatch", see
-# docs/SPARK.md) the broker.
+# topic, FORMAT (csv|json|parquet, default csv) the input, BACKEND (default auto: io_uring where it
+# works) the broker's backend.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DEMO_DIR=${DEMO_DIR:-.spark-demo}
@@ -16,7 +15,7 @@ SUBMIT=.venv/bin/spark-submit
 export PYSPARK_PYTHON="$PWD/$PY"
 
 rm -rf "$DEMO_DIR" && mkdir -p "$DEMO_DIR"
-"$PY" -m broker.cli serve --data-dir "$DEMO_DIR/data" --port 0 --backend "${BACKEND:-uvloop}" > "$DEMO_DIR/broker.log" 2>&1 &
+"$PY" -m broker.cli serve --data-dir "$DEMO_DIR/data" --port 0 --backend "${BACKEND:-auto}" > "$DEMO_DIR/broker.log" 2>&1 &
 BROKER=$!
 trap 'kill -TERM $BROKER 2>/dev/null; wait $BROKER 2>/dev/null || true' EXIT
 for _ in $(seq 100); do
