@@ -59,9 +59,10 @@ def load_bcc() -> Any:
     return bcc
 
 
-def source(*names: str) -> str:
-    """The concatenated text of C files in this package (headers first), for bcc's `text=`."""
-    return "\n".join((HERE / name).read_text() for name in names)
+def source(*names: str) -> bytes:
+    """The concatenated text of C files in this package (headers first), for bcc's `text=` (bytes:
+    bcc warns about str)."""
+    return "\n".join((HERE / name).read_text() for name in names).encode()
 
 
 def _lib() -> Any:
@@ -108,7 +109,7 @@ def table_fd(bpf: Any, name: str) -> int:
 
 def percpu_sums(bpf: Any, name: str, slots: int) -> list[int]:
     """Each slot of a BPF_PERCPU_ARRAY summed over the CPUs."""
-    table = bpf[name]
+    table = bpf[name.encode()]
     return [int(table.sum(table.Key(i)).value) for i in range(slots)]
 
 

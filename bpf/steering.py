@@ -93,7 +93,7 @@ class Steering:
 
     def live(self) -> list[int]:
         """The live set as the program sees it."""
-        table = self._bpf["rl_live_cores"]
+        table = self._bpf[b"rl_live_cores"]
         mask = int(table[table.Key(0)].mask)
         return [c for c in range(self.cores) if mask >> c & 1]
 
