@@ -475,7 +475,10 @@ class AsyncProducer:
             raise ClientClosedError("the producer is closed")
         info = self._client.cached_topic(topic)
         self._buffered += size
-        if info is None:
+        if info is None or self._parked.get(topic):
+            # Records parked for this topic's metadata go first: the metadata can reach the cache
+            # a loop turn before the lookup task resumes and appends them (seen: a record sent
+            # in that turn overtook the topic's first records, breaking per-key order).
             deadline = time.monotonic() + self.delivery_timeout
             self._parked.setdefault(topic, []).append(
                 _Parked(item, key, size, partition, fut, callback, deadline)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -329,8 +330,19 @@ def test_producer_survives_a_broker_restart_without_duplicates(broker: BrokerPro
     by_key: dict[bytes | None, list[int]] = {}
     for r in sorted(got, key=lambda r: (r.partition, r.offset)):
         by_key.setdefault(r.key, []).append(int(r.value or b"-1"))
-    assert all(v == sorted(v) for v in by_key.values())  # per-key order kept across the restart
+    disorder = {k: v for k, v in by_key.items() if v != sorted(v)}
+    assert not disorder, f"per-key order broken across the restart: {_first_disorder(got, disorder)}"
     assert len({(md.partition, md.offset) for md in mds}) == n
+
+
+def _first_disorder(got, disorder) -> str:
+    """Where the first out-of-order record of a key sits, with its neighbours (for diagnosis)."""
+    key = next(iter(disorder))
+    recs = sorted((r for r in got if r.key == key), key=lambda r: (r.partition, r.offset))
+    for a, b in itertools.pairwise(recs):
+        if int(b.value or b"-1") < int(a.value or b"-1"):
+            return f"key {key!r}: {int(a.value or b'-1')} at offset {a.offset}, then {int(b.value or b'-1')}"
+    return f"key {key!r}"
 
 
 # ----------------------------------------------------------------------------------- admin
