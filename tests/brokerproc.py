@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from ringlog_proto import messages as m
+from ringlog_proto.batch import Record, decode_batches
 from ringlog_proto.frames import NEED_DATA, Frame, FrameDecoder
 
 READY_RE = re.compile(r"serving on [\d.]+:(\d+)")
@@ -155,6 +156,19 @@ class Wire:
 
     def close(self) -> None:
         self.sock.close()
+
+    def fetch_all(self, topic_id: int, partition: int, start: int = 0) -> list[Record]:
+        """Every record of the partition from `start` to its end, fetch by fetch."""
+        out: list[Record] = []
+        offset = start
+        while True:
+            resp = self.rpc(m.FetchRequest(topic_id, partition, offset, 1 << 20, 0))
+            assert isinstance(resp, m.FetchResponse) and resp.error == m.ErrorCode.NONE, resp
+            recs = [r for r in decode_batches(resp.records) if r.offset >= offset]
+            if not recs:
+                return out
+            out.extend(recs)
+            offset = recs[-1].offset + 1
 
     def create_topic(self, name: str, partitions: int = 1) -> int:
         resp = self.rpc(m.CreateTopicRequest(name, partitions))

@@ -18,7 +18,7 @@ import pytest
 from brokerproc import BrokerProcess, Wire
 
 from ringlog_proto import messages as m
-from ringlog_proto.batch import Record, decode_batches, encode_batch
+from ringlog_proto.batch import Record, encode_batch
 
 IO_URING_DISABLED = Path("/proc/sys/kernel/io_uring_disabled")
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (a sysctl or a tmpfs mount)")
@@ -35,19 +35,6 @@ def io_uring_disabled() -> Iterator[None]:
         yield
     finally:
         IO_URING_DISABLED.write_text(old)
-
-
-def read_all(w: Wire, topic_id: int, partition: int = 0) -> list[bytes]:
-    out: list[bytes] = []
-    offset = 0
-    while True:
-        resp = w.rpc(m.FetchRequest(topic_id, partition, offset, 1 << 20, 0))
-        assert isinstance(resp, m.FetchResponse) and resp.error == m.ErrorCode.NONE, resp
-        recs = [r for r in decode_batches(resp.records) if r.offset >= offset]
-        if not recs:
-            return out
-        out.extend(r.value for r in recs)
-        offset = recs[-1].offset + 1
 
 
 @needs_root
@@ -123,7 +110,8 @@ def test_full_disk_refuses_the_produce_keeps_acknowledged_data_and_recovers(
             assert refused is not None, "the 2 MiB file system never filled"
             assert refused.error == m.ErrorCode.STORAGE_ERROR, refused
             assert acked, "nothing was stored before the disk filled"
-            assert read_all(w, tid) == acked  # the failed write left no partial batch behind
+            stored = [r.value for r in w.fetch_all(tid, 0)]
+            assert stored == acked  # the failed write left no partial batch behind
             grow(fs, "8m")  # the operator adds space; the broker was not restarted
             more = b"after" * 1000
             resp = w.rpc(m.ProduceRequest(tid, 0, m.Acks.DURABLE, 1000, encode_batch([more])))
@@ -135,7 +123,7 @@ def test_full_disk_refuses_the_produce_keeps_acknowledged_data_and_recovers(
         broker.start()  # recovery after the full-disk episode finds exactly what was acknowledged
         try:
             w = Wire(broker.port)
-            assert read_all(w, tid) == [*acked, more]
+            assert [r.value for r in w.fetch_all(tid, 0)] == [*acked, more]
             w.close()
         finally:
             assert broker.stop() == 0

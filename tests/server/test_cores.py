@@ -48,19 +48,6 @@ def own_snapshot(port: int) -> dict:
     return next(s for s in doc["snapshots"] if s["core"] == resp.core)
 
 
-def fetch_values(w: Wire, topic_id: int, partition: int) -> dict[int, bytes]:
-    out: dict[int, bytes] = {}
-    offset = 0
-    while True:
-        resp = w.rpc(m.FetchRequest(topic_id, partition, offset, 1 << 20, 0))
-        assert isinstance(resp, m.FetchResponse) and resp.error == m.ErrorCode.NONE, resp
-        recs = [r for r in decode_batches(resp.records) if r.offset >= offset]
-        if not recs:
-            return out
-        out.update((r.offset, r.value) for r in recs)
-        offset = recs[-1].offset + 1
-
-
 @multicore
 def test_a_request_to_the_wrong_core_is_forwarded_answered_and_counted(broker: BrokerProcess) -> None:
     assert sorted(broker.core_ports) == [0, 1]
@@ -77,7 +64,7 @@ def test_a_request_to_the_wrong_core_is_forwarded_answered_and_counted(broker: B
     p = theirs[0]
     resp = w0.rpc(m.ProduceRequest(tid, p, m.Acks.WRITTEN, 1000, encode_batch([b"a", b"b"])))
     assert isinstance(resp, m.ProduceResponse) and (resp.error, resp.base_offset) == (m.ErrorCode.NONE, 0)
-    assert fetch_values(w0, tid, p) == {0: b"a", 1: b"b"}
+    assert {r.offset: r.value for r in w0.fetch_all(tid, p)} == {0: b"a", 1: b"b"}
     latest = w0.rpc(m.ListOffsetsRequest(tid, p, m.OffsetSpec.LATEST))
     assert isinstance(latest, m.ListOffsetsResponse) and latest.offset == 2
     assert w0.rpc(m.OffsetCommitRequest(tid, p, "g", 2, "meta")).error == m.ErrorCode.NONE
@@ -88,7 +75,7 @@ def test_a_request_to_the_wrong_core_is_forwarded_answered_and_counted(broker: B
     assert [w0.recv_frame().correlation_id for _ in ids] == ids
     # The owner sees the same data on its own port.
     w1 = Wire(broker.core_ports[1])
-    assert fetch_values(w1, tid, p) == {0: b"a", 1: b"b"}
+    assert {r.offset: r.value for r in w1.fetch_all(tid, p)} == {0: b"a", 1: b"b"}
     after0, after1 = own_snapshot(broker.core_ports[0]), own_snapshot(broker.core_ports[1])
     assert after1["gauges"]["parked_long_polls"] == 1 and after0["gauges"]["pending_forwards"] == 1
     w0.rpc(m.ProduceRequest(tid, theirs[-1], m.Acks.WRITTEN, 1000, encode_batch([b"wake"])))
@@ -183,7 +170,7 @@ def test_sigkill_of_one_worker_it_restarts_the_other_serves_and_no_acked_record_
     assert len(acked[0]) > n0_at_kill + 10
     assert len(acked[1]) > n1_at_kill, "the restarted core serves again"
     r = Wire(broker.port)  # any core: reads of core 1's partitions through core 0 are forwarded
-    stored = {p: fetch_values(r, tid, p) for p in range(8)}
+    stored = {p: {rec.offset: rec.value for rec in r.fetch_all(tid, p)} for p in range(8)}
     r.close()
     for core in (0, 1):
         for p, offset, value in acked[core]:

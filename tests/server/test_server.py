@@ -17,20 +17,6 @@ from ringlog_proto.batch import Record, decode_batches, encode_batch
 from ringlog_proto.frames import encode_frame
 
 
-def fetch_all(w: Wire, topic_id: int, partition: int, start: int = 0) -> list[Record]:
-    out: list[Record] = []
-    offset = start
-    while True:
-        resp = w.rpc(m.FetchRequest(topic_id, partition, offset, 1 << 20, 0))
-        assert resp.error == m.ErrorCode.NONE, resp
-        assert isinstance(resp, m.FetchResponse)
-        recs = [r for r in decode_batches(resp.records) if r.offset >= offset]
-        if not recs:
-            return out
-        out.extend(recs)
-        offset = recs[-1].offset + 1
-
-
 def test_round_trip_across_partitions_with_keys_headers_timestamps(wire: Wire) -> None:
     tid = wire.create_topic("orders", 4)
     sent: dict[int, list[Record]] = {p: [] for p in range(4)}
@@ -44,7 +30,7 @@ def test_round_trip_across_partitions_with_keys_headers_timestamps(wire: Wire) -
         assert resp.base_offset == len(sent[p])
         sent[p].append(rec)
     for p in range(4):
-        got = fetch_all(wire, tid, p)
+        got = wire.fetch_all(tid, p)
         assert [(r.key, r.value, r.headers, r.timestamp) for r in got] == [
             (r.key, r.value, r.headers, r.timestamp) for r in sent[p]
         ]
@@ -122,7 +108,7 @@ def test_kill_9_during_a_produce_stream_loses_no_acknowledged_record(
     assert len(acked) > 30, "the stream was running when the broker died"
     broker.start()
     w = Wire(broker.port)
-    stored = {p: {r.offset: r.value for r in fetch_all(w, tid, p)} for p in range(2)}
+    stored = {p: {r.offset: r.value for r in w.fetch_all(tid, p)} for p in range(2)}
     for p, offset, value in acked:
         assert stored[p].get(offset) == value, f"acknowledged record {p}/{offset} lost"
     w.close()
@@ -192,7 +178,7 @@ def test_a_thousand_pipelined_requests_in_large_chunks_are_stored_intact(wire: W
         if i % 3:
             stored.append(values[i])
     sender.join()
-    assert [r.value for r in fetch_all(wire, tid, 0)] == stored
+    assert [r.value for r in wire.fetch_all(tid, 0)] == stored
 
 
 def test_topics_and_group_offsets_survive_a_restart(broker: BrokerProcess) -> None:
@@ -249,7 +235,7 @@ def test_bad_input_gets_clear_errors_and_the_broker_keeps_serving(broker: Broker
     v.close()
     # Everyone else is still served, and nothing half-sent was stored.
     assert wire.rpc(m.ProduceRequest(tid, 0, 1, 1000, encode_batch([b"ok"]))).error == m.ErrorCode.NONE
-    assert [r.value for r in fetch_all(wire, tid, 0)] == [b"ok"]
+    assert [r.value for r in wire.fetch_all(tid, 0)] == [b"ok"]
     assert broker.wait_for_log("went away mid-frame")
 
 
@@ -263,7 +249,7 @@ def test_two_hundred_concurrent_connections(broker: BrokerProcess, wire: Wire) -
         assert resp.error == m.ErrorCode.NONE
     for c in conns:
         c.close()
-    values = sorted(r.value for p in range(8) for r in fetch_all(wire, tid, p))
+    values = sorted(r.value for p in range(8) for r in wire.fetch_all(tid, p))
     assert values == sorted(f"c{i}".encode() for i in range(200))
 
 
@@ -305,7 +291,7 @@ def test_idempotent_retry_is_stored_once_even_across_a_restart(broker: BrokerPro
         )
     )
     assert isinstance(nxt, m.ProduceResponse) and nxt.base_offset == 2
-    assert [r.value for r in fetch_all(w, tid, 0)] == [b"a", b"b", b"c"]
+    assert [r.value for r in w.fetch_all(tid, 0)] == [b"a", b"b", b"c"]
     w.close()
 
 
@@ -356,5 +342,5 @@ def test_live_fuzz_random_bodies_and_bytes_leave_the_broker_serving(
         g.close()
     resp = wire.rpc(m.ProduceRequest(tid, 0, m.Acks.WRITTEN, 1000, encode_batch([b"still here"])))
     assert resp.error == m.ErrorCode.NONE
-    assert b"still here" in [r.value for r in fetch_all(wire, tid, 0)]
+    assert b"still here" in [r.value for r in wire.fetch_all(tid, 0)]
     assert "Traceback" not in broker.log()
