@@ -14,7 +14,7 @@ Rules this module keeps:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, MutableSequence
 from typing import Protocol
 
 from broker.forwarding import Forwarder
@@ -32,7 +32,7 @@ from broker.handlers import (
 )
 from broker.partition import Partition
 from ringlog_proto.batch import now_ms
-from ringlog_proto.frames import Frame
+from ringlog_proto.frames import HEADER_SIZE, NEED_DATA, Frame, FrameDecoder
 
 
 class Slot:
@@ -51,10 +51,12 @@ class Cancellable(Protocol):
 
 
 class ReplyTarget(Protocol):
-    """A backend's client connection, as far as outcomes are concerned."""
+    """A backend's client connection, as far as requests and outcomes are concerned."""
 
     closed: bool
     from_peer: bool
+    decoder: FrameDecoder  # the bytes received and not yet taken as frames
+    slots: MutableSequence[Slot]  # the requests not yet answered, in arrival order
 
     def fill(self, slot: Slot, outcome: Reply | Silent) -> None: ...
     def wait_for_forward_room(self, forwarder: Forwarder, core: int) -> None: ...
@@ -89,6 +91,28 @@ class BackendCore:
         raise NotImplementedError
 
     # ------------------------------------------------------------------------- shared
+
+    def take_requests(self, conn: ReplyTarget) -> None:
+        """Handle every whole frame `conn`'s decoder holds, in order, each with its reply slot.
+
+        Raises `ProtocolError` when the bytes cannot be framed: the backend closes `conn`.
+        """
+        handlers = self.handlers
+        handle = handlers.handle
+        metrics = handlers.metrics
+        from_peer = conn.from_peer
+        decoder = conn.decoder
+        slots = conn.slots
+        while not conn.closed:
+            frame = decoder.next_frame()
+            if frame is NEED_DATA:
+                return
+            assert isinstance(frame, Frame)
+            slot = Slot(metrics.request(frame.api_key, len(frame.body) + HEADER_SIZE))
+            if from_peer:
+                metrics.forwarded_in()
+            slots.append(slot)
+            self.carry_out(handle(frame, from_peer), frame, conn, slot)
 
     def carry_out(self, outcome: Outcome, frame: Frame, conn: ReplyTarget, slot: Slot) -> None:
         if isinstance(outcome, Reply | Silent):

@@ -47,7 +47,7 @@ from broker.handlers import (
 from broker.metrics import publish
 from broker.partition import Partition
 from broker.storage.fileio import SyncFileIO, run_ops
-from ringlog_proto.frames import HEADER_SIZE, NEED_DATA, Frame, FrameDecoder, ProtocolError
+from ringlog_proto.frames import Frame, FrameDecoder, ProtocolError
 from ringlog_proto.messages import Acks
 
 log = logging.getLogger(__name__)
@@ -90,19 +90,8 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.decoder.feed(data)
-        server = self.server
-        metrics = server.handlers.metrics
         try:
-            while not self.closed:
-                frame = self.decoder.next_frame()
-                if frame is NEED_DATA:
-                    break
-                assert isinstance(frame, Frame)
-                slot = Slot(metrics.request(frame.api_key, len(frame.body) + HEADER_SIZE))
-                if self.from_peer:
-                    metrics.forwarded_in()
-                self.slots.append(slot)
-                server.carry_out(server.handlers.handle(frame, self.from_peer), frame, self, slot)
+            self.server.take_requests(self)
         except ProtocolError as exc:
             log.warning("closing %s: %s", self.peer, exc)
             self.abort()

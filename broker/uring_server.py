@@ -53,7 +53,7 @@ from broker.metrics import publish
 from broker.partition import Partition
 from broker.storage.fileio import Op, Sync, SyncFileIO, Write, remaining_buffers, run_ops
 from broker.uring_options import UringOptions
-from ringlog_proto.frames import HEADER_SIZE, NEED_DATA, Frame, FrameDecoder, ProtocolError
+from ringlog_proto.frames import Frame, FrameDecoder, ProtocolError
 from ringlog_proto.messages import Acks
 
 if TYPE_CHECKING:  # the uvloop backend and tools must import without the native bindings
@@ -309,22 +309,8 @@ class Connection(_Stream):
     def received(self, data: memoryview) -> None:
         self.server.bytes_in += len(data)
         self.decoder.feed(data)
-        server = self.server
-        handlers = server.handlers
-        handle = handlers.handle
-        metrics = handlers.metrics
-        from_peer = self.from_peer
         try:
-            while not self.closed:
-                frame = self.decoder.next_frame()
-                if frame is NEED_DATA:
-                    break
-                assert isinstance(frame, Frame)
-                slot = Slot(metrics.request(frame.api_key, len(frame.body) + HEADER_SIZE))
-                if from_peer:
-                    metrics.forwarded_in()
-                self.slots.append(slot)
-                server.carry_out(handle(frame, from_peer), frame, self, slot)
+            self.server.take_requests(self)
         except ProtocolError as exc:
             log.warning("closing %s: %s", self.peer, exc)
             self.close()
