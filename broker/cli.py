@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 from broker import __version__
 from broker.cli_client import add_client_commands, run_client_command
+from broker.limits import add_limit_arguments, limits_from_args
 from broker.storage.errors import StorageError
 from broker.storage.log import Log, LogConfig
 from broker.storage.segment import STORE_SUFFIX
@@ -124,6 +125,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if reason is not None:
         print(f"broker: {reason}", file=sys.stderr)
         return 2
+    try:
+        limits = limits_from_args(args)
+    except ValueError as exc:
+        print(f"broker: {exc}", file=sys.stderr)
+        return 2
     config = SupervisorConfig(
         data_dir=args.data_dir,
         host=args.host,
@@ -141,6 +147,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         xdp_mode=args.xdp_mode,
         tcp_fastopen_sysctl=args.tcp_fastopen_sysctl,
         membership_port=args.membership_port,
+        limits=limits,
     )
     return run_supervisor(config)
 
@@ -247,6 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-batch-bytes", type=int, default=defaults.max_batch_bytes)
     serve.add_argument("--retention-ms", type=int, default=defaults.retention_ms, help="-1: keep forever")
     serve.add_argument("--retention-bytes", type=int, default=-1, help="-1: no size limit")
+    add_limit_arguments(serve)
     serve.set_defaults(func=cmd_serve)
     demo = sub.add_parser("demo", help="write, sync, reopen and read back a partition log")
     demo.add_argument("--data-dir", default="./data", help="where partitions live (default ./data)")

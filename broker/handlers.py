@@ -34,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from broker import __version__
+from broker.limits import Limits
 from broker.metrics import CoreMetrics, read_snapshots
 from broker.partition import Partition, RetryInFlightError, SequenceError
 from broker.storage.errors import (
@@ -191,6 +192,7 @@ class BrokerConfig:
     core_ports: tuple[int, ...] = ()  # each core's direct port, for Metadata (empty: unknown)
     peer_addresses: tuple[str, ...] = ()  # each core's inter-core unix socket (abstract: "\0...")
     backend: str = "uvloop"
+    limits: Limits = field(default_factory=Limits)
 
 
 class Handlers:

@@ -65,7 +65,7 @@ class Connection(asyncio.Protocol):
     def __init__(self, server: Server, from_peer: bool = False) -> None:
         self.server = server
         self.from_peer = from_peer
-        self.decoder = FrameDecoder()
+        self.decoder = FrameDecoder(server.config.limits.max_request_bytes)
         self.transport: asyncio.Transport | None = None
         self.slots: list[Slot] = []
         self.closed = False

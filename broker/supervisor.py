@@ -58,6 +58,7 @@ from dataclasses import asdict, dataclass, field
 from bpf import state as bpf_state
 from bpf.kernel import BpfError
 from bpf.plane import EbpfPlane
+from broker.limits import Limits
 from broker.membership import MembershipEndpoint
 from broker.metrics import prometheus_text, read_snapshots, run_dir
 from broker.storage.log import LogConfig
@@ -101,6 +102,7 @@ class SupervisorConfig:
     xdp_mode: str = "auto"
     tcp_fastopen_sysctl: bool = False  # set net.ipv4.tcp_fastopen's server bit (restored at exit)
     membership_port: int | None = None  # None: the broker's TCP port number; -1: no endpoint
+    limits: Limits = field(default_factory=Limits)  # broker/limits.py, docs/LIMITS.md
 
 
 @dataclass(slots=True)
@@ -401,6 +403,7 @@ class Supervisor:
             "uring": {"busy_poll_us": self.config.busy_poll_us, "append_writes": self.config.append_writes},
             "log_level": self.config.log_level,
             "log_defaults": asdict(self.config.log_defaults),
+            "limits": self.config.limits.to_spec(),
             "fds": list(w.fds),
             "ready_fd": ready_w,
         }

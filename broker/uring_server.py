@@ -295,7 +295,7 @@ class Connection(_Stream):
     def __init__(self, server: UringServer, fd: int, peer: str, from_peer: bool = False) -> None:
         super().__init__(server, fd, peer)
         self.from_peer = from_peer
-        self.decoder = FrameDecoder()
+        self.decoder = FrameDecoder(server.config.limits.max_request_bytes)
         self.slots: deque[Slot] = deque()
         self.forward_blocked = 0  # peer cores whose forward limit this connection waits on
 

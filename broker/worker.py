@@ -32,6 +32,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from broker.handlers import BrokerConfig
+from broker.limits import Limits
 from broker.storage.errors import StorageError
 from broker.storage.log import LogConfig
 from broker.uring_options import UringOptions
@@ -126,6 +127,7 @@ def config_from_spec(spec: dict[str, object]) -> BrokerConfig:
         core_ports=tuple(spec["core_ports"]),  # type: ignore[call-overload]
         peer_addresses=tuple(spec["peer_addresses"]),  # type: ignore[call-overload]
         backend=str(spec.get("backend", "uvloop")),
+        limits=Limits.from_spec(spec.get("limits")),  # type: ignore[arg-type]
     )
 
 

@@ -1,0 +1,67 @@
+"""Every bound the broker puts on what clients can make it hold: one place, one flag each.
+
+A limit is a field of `Limits` whose metadata names its `broker serve` flag and what it bounds;
+the command line, the supervisor (which hands the limits to every worker as JSON) and the workers
+all read this dataclass, so a new limit is one field here and its use where it is enforced.
+docs/LIMITS.md lists every limit with its default and what a client sees when it is hit: keep
+the two in step.
+
+Apart from broker/handlers.py for the same reason as broker/uring_options.py: the command line
+names them without importing the server.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from typing import Any
+
+MiB = 1024 * 1024
+
+
+def limit(default: int, flag: str, help: str) -> Any:
+    """A `Limits` field: its default, its `broker serve` flag and the one line `--help` shows."""
+    return field(default=default, metadata={"flag": flag, "help": help})
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What one broker (and each of its cores) accepts before it refuses or pushes back."""
+
+    max_request_bytes: int = limit(
+        8 * MiB, "--max-request-bytes", "largest request frame a client may send (larger: connection closed)"
+    )
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"{f.metadata['flag']} must be a non-negative integer, not {value!r}")
+
+    def to_spec(self) -> dict[str, int]:
+        """The JSON-able form the supervisor passes to its workers."""
+        return asdict(self)
+
+    @classmethod
+    def from_spec(cls, spec: dict[str, int] | None) -> Limits:
+        return cls(**(spec or {}))
+
+
+def add_limit_arguments(parser: argparse.ArgumentParser) -> None:
+    """One `--flag N` per limit, defaulting to the field's default."""
+    group = parser.add_argument_group("limits (docs/LIMITS.md)")
+    for f in fields(Limits):
+        assert f.default is not MISSING
+        group.add_argument(
+            f.metadata["flag"],
+            dest=f"limit_{f.name}",
+            type=int,
+            default=f.default,
+            metavar="N",
+            help=f"{f.metadata['help']} (default {f.default})",
+        )
+
+
+def limits_from_args(args: argparse.Namespace) -> Limits:
+    """The `Limits` a parsed `broker serve` command line asks for (ValueError names a bad flag)."""
+    return Limits(**{f.name: getattr(args, f"limit_{f.name}") for f in fields(Limits)})
