@@ -69,6 +69,9 @@ class ErrorCode(IntEnum):
     INVALID_GROUP = 14
     NOT_OWNER = 15  # the partition is owned by another core and could not be forwarded
     BROKER_SHUTTING_DOWN = 16
+    INVALID_BATCH = 17  # crc checks out but the record framing inside does not (lengths, counts)
+    LIMIT_EXCEEDED = 18  # the request would pass a documented broker limit (docs/LIMITS.md)
+    OUT_OF_SPACE = 19  # the disk is full: writes are refused until space is freed, reads still work
 
     @property
     def retriable(self) -> bool:

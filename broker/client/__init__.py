@@ -21,6 +21,9 @@ from broker.client.connection import AsyncConnection
 from broker.client.consumer import AsyncConsumer, Consumer
 from broker.client.errors import (
     BrokerShuttingDownError,
+    InvalidBatchError,
+    LimitExceededError,
+    OutOfSpaceError,
     BrokerStorageError,
     BrokerUnavailable,
     ClientClosedError,
@@ -59,6 +62,9 @@ __all__ = [
     "AsyncConsumer",
     "AsyncProducer",
     "BrokerShuttingDownError",
+    "InvalidBatchError",
+    "LimitExceededError",
+    "OutOfSpaceError",
     "BrokerStorageError",
     "BrokerUnavailable",
     "ClientClosedError",

@@ -107,6 +107,18 @@ class BrokerShuttingDownError(RingLogError):
     pass
 
 
+class InvalidBatchError(RingLogError):
+    pass
+
+
+class LimitExceededError(RingLogError):
+    pass
+
+
+class OutOfSpaceError(RingLogError):
+    pass
+
+
 ERROR_CLASSES: dict[ErrorCode, type[RingLogError]] = {
     ErrorCode.UNKNOWN_SERVER_ERROR: UnknownServerError,
     ErrorCode.INVALID_REQUEST: InvalidRequestError,
@@ -124,6 +136,9 @@ ERROR_CLASSES: dict[ErrorCode, type[RingLogError]] = {
     ErrorCode.INVALID_GROUP: InvalidGroupError,
     ErrorCode.NOT_OWNER: NotOwnerError,
     ErrorCode.BROKER_SHUTTING_DOWN: BrokerShuttingDownError,
+    ErrorCode.INVALID_BATCH: InvalidBatchError,
+    ErrorCode.LIMIT_EXCEEDED: LimitExceededError,
+    ErrorCode.OUT_OF_SPACE: OutOfSpaceError,
 }
 
 
