@@ -154,7 +154,7 @@ def _detach_stale(ipr: Any, index: int, prog_id: int, mode: str, what: str) -> b
     """Detach `prog_id` (described by `what`) by netlink unless a live process holds it."""
     holders = [pid for pid in kernel.prog_holders(prog_id) if pid != os.getpid()]
     if holders:
-        log.warning("%s belongs to running process(es) %s: left attached", what, holders)
+        log.info("%s belongs to running process(es) %s: not stale, left attached", what, holders)
         return False
     flags = XDP_FLAGS_SKB_MODE if mode == "generic" else XDP_FLAGS_DRV_MODE
     try:
