@@ -204,14 +204,23 @@ def xdp_link_create(prog_fd: int, ifindex: int, flags: int) -> int:
     return fd
 
 
-def prog_ids() -> list[int]:
-    """Every BPF program loaded on the machine (BPF_PROG_GET_NEXT_ID), as `bpftool prog show` lists."""
+_GET_NEXT_ID: Final = {"prog": _BPF_PROG_GET_NEXT_ID, "map": 12, "link": 31}  # BPF_{MAP,LINK}_GET_NEXT_ID
+
+
+def object_ids(kind: str = "prog") -> list[int]:
+    """The ids of every BPF `kind` ("prog", "map", "link") on the machine, as `bpftool KIND show`
+    lists them."""
     ids: list[int] = []
     attr = _IdAttr()
-    while _sys_bpf(_BPF_PROG_GET_NEXT_ID, attr) == 0:
+    while _sys_bpf(_GET_NEXT_ID[kind], attr) == 0:
         ids.append(attr.next_id)
         attr.id = attr.next_id
     return ids
+
+
+def prog_ids() -> list[int]:
+    """Every BPF program loaded on the machine."""
+    return object_ids("prog")
 
 
 def prog_name(prog_id: int) -> str | None:

@@ -60,12 +60,10 @@ def bpftool_knows(kind: str, obj_id: int) -> bool:
 
 def leftovers(ids: dict[str, set[int]]) -> dict[str, list[int]]:
     """Which of the BPF objects in `ids` (bpf_fd_ids' kinds) still exist, by kernel and bpftool."""
-    progs = set(kernel.prog_ids())
-    out = {
-        "prog": sorted(i for i in ids["prog_id"] if i in progs or bpftool_knows("prog", i)),
-        "map": sorted(i for i in ids["map_id"] if bpftool_knows("map", i)),
-        "link": sorted(i for i in ids["link_id"] if bpftool_knows("link", i)),
-    }
+    out = {}
+    for kind in ("prog", "map", "link"):
+        alive = set(kernel.object_ids(kind))
+        out[kind] = sorted(i for i in ids[f"{kind}_id"] if i in alive or bpftool_knows(kind, i))
     return {k: v for k, v in out.items() if v}
 
 
