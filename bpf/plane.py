@@ -139,7 +139,10 @@ class EbpfPlane:
             self._steering_failed(exc)
             return
         if set_tfo_sysctl:
-            self._tfo_old = tfo.enable_server(self.data_dir)
+            try:
+                self._tfo_old = tfo.enable_server(self.data_dir)
+            except OSError as exc:  # not allowed, or the record cannot be written (full disk)
+                raise kernel.BpfError(f"--tcp-fastopen-sysctl: {exc}") from exc
             self._tfo_set = True
             if self._tfo_old is not None:
                 log.info(
