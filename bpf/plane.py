@@ -160,7 +160,7 @@ class EbpfPlane:
             )
         log.info("eBPF steering: listeners of %d cores in a sockmap, reuseport program attached", len(public))
         if xdp_iface:
-            from bpf.xdp import XdpClassifier  # noqa: PLC0415 - imports bcc and pyroute2
+            from bpf.xdp import XdpClassifier  # noqa: PLC0415 - imports bcc
 
             try:
                 self.xdp = XdpClassifier(xdp_iface, membership_port, partition_ports)
