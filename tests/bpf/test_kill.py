@@ -178,3 +178,26 @@ def test_stats_over_the_wire_show_steering_and_xdp_without_the_data_dir(
     assert doc["bpf"]["steering"] is True and doc["bpf"]["port"] == b.port
     assert doc["bpf"]["xdp"]["classes"]["membership"] >= pings
     assert len(doc["snapshots"]) == 2
+
+
+RESTORE = """
+import sys
+from bpf import tfo
+print(tfo.restore_recorded(sys.argv[1]))
+"""
+
+
+def test_the_next_start_leaves_a_sysctl_changed_since_or_of_another_namespace(lab, tmp_path: Path) -> None:
+    """The record's two guards, on the real sysctl of the lab's namespace (bpf/tfo.py rules)."""
+    data = str(tmp_path / "data")
+    lab.run(["sysctl", "-qw", "net.ipv4.tcp_fastopen=5"])  # someone changed it after the broker set 3
+    lab.run([sys.executable, "-c", f"from bpf import tfo; tfo.record({data!r}, 1, 3)"])
+    out = lab.run([sys.executable, "-c", RESTORE, data])
+    assert "it is 5 now, changed since: left as it is" in out, out
+    assert lab.sysctl("net.ipv4.tcp_fastopen") == "5"
+    assert not os.path.exists(tfo.record_path(data))
+
+    tfo.record(data, 1, 5)  # written in the host's namespace: only the file, no sysctl touched
+    out = lab.run([sys.executable, "-c", RESTORE, data])
+    assert "in another network namespace: not restored here" in out, out
+    assert lab.sysctl("net.ipv4.tcp_fastopen") == "5"
