@@ -1,5 +1,6 @@
 """eBPF for ringlog: connection steering to the owning core (sk_reuseport + SOCKMAP) and the XDP
-classifier, loaded with bcc (Debian's python3-bpfcc), attached with pyroute2 and setsockopt.
+classifier, loaded with bcc (Debian's python3-bpfcc), attached with setsockopt (steering) and a BPF
+link (XDP); pyroute2 only reads and cleans interfaces.
 
 Rules this package keeps:
 - Importing it never imports bcc or pyroute2: `kernel.ebpf_unavailable()` says why eBPF cannot be
@@ -7,5 +8,7 @@ Rules this package keeps:
   broker without bcc still starts (`--ebpf auto`) and clients never need it.
 - The C lives in `*.c`/`*.h` beside the Python that loads it; `rendezvous.h` is the one C copy of
   `ringlog_proto.routing`, checked against it bit for bit by tests/bpf/test_hash.py.
-- Whoever loads a program detaches it and releases its maps (`close()`, idempotent).
+- Whoever loads a program detaches it and releases its maps (`close()`, idempotent), and nothing is
+  attached in a way that outlives its loader: a SIGKILL leaves no program, map or link behind
+  (plane.py says how, and what the next start undoes).
 """

@@ -9,6 +9,14 @@ Rules this module keeps:
 - The TFO sysctl (bpf/tfo.py) is changed only with `set_tfo_sysctl`, and restored by `close()`.
 - `close()` detaches XDP and steering, releases maps, restores the sysctl and publishes a final
   snapshot with `steering: false`; idempotent, never raises.
+- A SIGKILL skips `close()`, and nothing is left behind in the kernel anyway: XDP hangs on a BPF
+  link whose only fd the supervisor holds; the reuseport program hangs on the listeners' reuseport
+  group, which dies with the last listener (the supervisor's and the workers', who die with it:
+  PR_SET_PDEATHSIG); maps and programs are fds, released with their last holder; nothing is
+  pinned. What a SIGKILL does leave, the next start undoes (`prepare()`, under the data dir's
+  lock, whatever the --ebpf mode): the TFO sysctl (restored from the record bpf/tfo.py keeps in
+  run/restore/), and XDP programs of ours that older brokers attached by netlink and left on an
+  interface of this namespace (`xdp.detach_stale`, each named in a log line).
 - The live set is the caller's decision (`set_live`); this module only writes it to the map.
 """
 
@@ -49,7 +57,9 @@ class EbpfPlane:
     def prepare(self, cores: int) -> None:
         """Decide per the mode and compile and load the steering program, before the listeners
         exist: attaching right after they are made leaves no window in which the kernel's hash
-        alone places connections. Raises kernel.BpfError when the broker must not start."""
+        alone places connections. First undoes what a killed broker left (module rules). Raises
+        kernel.BpfError when the broker must not start."""
+        self.recover()
         if self.mode == "off":
             self.reason = "--ebpf off"
             log.info("eBPF off (--ebpf off): connections to the public port are forwarded in user space")
@@ -67,6 +77,22 @@ class EbpfPlane:
             self.steering = Steering(cores)
         except Exception as exc:
             self._steering_failed(exc)
+
+    def recover(self) -> None:
+        """Undo what a broker killed without its `close()` left in this namespace (module rules).
+        Never raises: a start is not refused for someone else's leftovers."""
+        msg = tfo.restore_recorded(self.data_dir)
+        if msg is not None:
+            log.warning("%s", msg)
+        if os.geteuid() != 0:
+            return
+        try:
+            from bpf.xdp import detach_stale  # noqa: PLC0415 - imports pyroute2, not bcc
+
+            for what in detach_stale():
+                log.warning("detached stale ringlog %s, left by a broker that did not exit cleanly", what)
+        except Exception as exc:  # pyroute2 missing, netlink refused, ...
+            log.warning("cannot look for stale ringlog XDP programs: %s", exc)
 
     def _steering_failed(self, exc: Exception) -> None:
         if self.steering is not None:
@@ -113,11 +139,15 @@ class EbpfPlane:
             self._steering_failed(exc)
             return
         if set_tfo_sysctl:
-            self._tfo_old = tfo.enable_server()
+            try:
+                self._tfo_old = tfo.enable_server(self.data_dir)
+            except OSError as exc:  # not allowed, or the record cannot be written (full disk)
+                raise kernel.BpfError(f"--tcp-fastopen-sysctl: {exc}") from exc
             self._tfo_set = True
             if self._tfo_old is not None:
                 log.info(
-                    "set %s to %d (was %d; restored at exit): SYNs carry the first frame",
+                    "set %s to %d (was %d; restored at exit, or by the next start after a kill): SYNs carry "
+                    "the first frame",
                     tfo.SYSCTL_PATH,
                     tfo.read(),
                     self._tfo_old,
@@ -130,7 +160,7 @@ class EbpfPlane:
             )
         log.info("eBPF steering: listeners of %d cores in a sockmap, reuseport program attached", len(public))
         if xdp_iface:
-            from bpf.xdp import XdpClassifier  # noqa: PLC0415 - imports bcc and pyroute2
+            from bpf.xdp import XdpClassifier  # noqa: PLC0415 - imports bcc
 
             try:
                 self.xdp = XdpClassifier(xdp_iface, membership_port, partition_ports)
@@ -190,7 +220,7 @@ class EbpfPlane:
             self.steering.close()
         if self._tfo_set:
             try:
-                tfo.restore(self._tfo_old)
+                tfo.restore(self.data_dir, self._tfo_old)
                 if self._tfo_old is not None:
                     log.info("restored %s to %d", tfo.SYSCTL_PATH, self._tfo_old)
             except OSError as exc:

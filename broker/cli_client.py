@@ -88,9 +88,9 @@ def add_client_commands(sub: argparse._SubParsersAction) -> None:  # type: ignor
     stats.add_argument("--format", choices=["text", "json"], default="text")
     stats.add_argument(
         "--data-dir",
-        default="./data",
-        help="the broker's data dir, for its eBPF counters in run/bpf.json (default ./data; shown when "
-        "that broker is the one at -b)",
+        default=None,
+        help="only for brokers older than the eBPF counters in STATS: read them from this data dir's "
+        "run/bpf.json (shown when that broker is the one at -b; default ./data)",
     )
     stats.set_defaults(func=cmd_stats)
 
@@ -284,21 +284,25 @@ STATS_COLUMNS = (
 )
 
 
-def _bpf_snapshot(data_dir: str, port: int) -> dict[str, Any] | None:
-    """The eBPF snapshot the supervisor of the broker at `port` published in `data_dir`, if any:
-    the STATS api carries the workers' counters, the programs belong to the supervisor."""
+def _bpf_snapshot(doc: dict[str, Any], data_dir: str | None, port: int) -> dict[str, Any] | None:
+    """The eBPF snapshot of the broker at `port`: from its STATS answer (key "bpf", null when its
+    supervisor published none), or for a broker too old to send one, from the run/bpf.json its
+    supervisor published in `data_dir` on this machine."""
+    if "bpf" in doc:
+        bpf = doc["bpf"]
+        return bpf if isinstance(bpf, dict) else None
     from bpf import state  # noqa: PLC0415 - only for this command
 
-    doc = state.read(data_dir)
-    if doc is None or (doc.get("port") not in (None, port)):
+    local = state.read(data_dir or "./data")
+    if local is None or (local.get("port") not in (None, port)):
         return None
-    return doc
+    return local
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
     with Admin(args.bootstrap) as admin:
         doc = admin.stats()
-    bpf = _bpf_snapshot(args.data_dir, parse_bootstrap(args.bootstrap)[1])
+    bpf = _bpf_snapshot(doc, args.data_dir, parse_bootstrap(args.bootstrap)[1])
     if args.format == "json":
         print(json.dumps({**doc, "bpf": bpf}, indent=1))
         return 0

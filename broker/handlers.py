@@ -567,14 +567,23 @@ class Handlers:
     # ------------------------------------------------------------------------- stats
 
     def _stats(self, req: m.Request, frame: Frame) -> Outcome:
-        """Every core's published snapshot; this core's own taken now."""
+        """Every core's published snapshot, this core's own taken now, and the supervisor's eBPF
+        snapshot (steering and XDP counters, bpf/state.py): only the supervisor holds the
+        programs, so a client without access to the data dir gets them here (PROTOCOL.md §4.12)."""
+        from bpf import state as bpf_state  # noqa: PLC0415 - as in Metadata: cached by mtime, no bcc
+
         own = self.metrics.snapshot(self.gauges)
         snaps = [
             s for s in read_snapshots(self.config.data_dir, self.config.cores) if s.get("core") != own["core"]
         ]
         snaps.append(own)
         snaps.sort(key=lambda s: int(s.get("core", 0)))  # type: ignore[call-overload]
-        doc = {"answered_by": self.config.core_id, "cores": self.config.cores, "snapshots": snaps}
+        doc = {
+            "answered_by": self.config.core_id,
+            "cores": self.config.cores,
+            "snapshots": snaps,
+            "bpf": bpf_state.read(self.config.data_dir),
+        }
         return self._reply(frame, m.StatsResponse(core=self.config.core_id, stats_json=json.dumps(doc)))
 
     # ------------------------------------------------------------------------- housekeeping

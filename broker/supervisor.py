@@ -26,7 +26,9 @@ Rules this module keeps:
 - eBPF (bpf/plane.py, `--ebpf auto|on|off`): the supervisor loads the steering program before any
   worker starts, puts core k's public listener at index k of the sockmap, keeps the live-cores map,
   publishes the counters to `<data_dir>/run/bpf.json` each second, and detaches everything (and
-  restores the TFO sysctl if it set it) when it exits, whatever the exit path.
+  restores the TFO sysctl if it set it) when it exits, whatever the exit path. Killed with SIGKILL,
+  the kernel detaches all of it (XDP hangs on a BPF link only the supervisor holds), and the next
+  start restores the sysctl and removes stale XDP programs of older brokers (bpf/plane.py).
 - Live cores: a core is live while its worker runs or is being restarted at once: its listener
   still queues connections and no other core can serve its partitions, so sending its connections
   elsewhere would only add a forward to a dead peer. A worker that keeps dying at start (restart

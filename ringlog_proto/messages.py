@@ -595,7 +595,8 @@ class OffsetFetchResponse(Response):
 
 @dataclass(frozen=True, slots=True)
 class StatsResponse(Response):
-    # core u16 (the core that answered), stats bytes: UTF-8 JSON, one snapshot per core
+    # core u16 (the core that answered), stats bytes: UTF-8 JSON, one snapshot per core and the
+    # supervisor's eBPF snapshot ("bpf"; new keys in the JSON keep the binary format unchanged)
     # (broker/metrics.py says what a snapshot holds)
     API_KEY: ClassVar[ApiKey] = ApiKey.STATS
     core: int = 0

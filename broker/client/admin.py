@@ -156,7 +156,8 @@ class AsyncAdmin:
 
     async def stats(self) -> dict[str, Any]:
         """Every core's counters (the STATS api; docs/PROTOCOL.md §4.12): a dict with
-        `answered_by`, `cores` and `snapshots` (one per core)."""
+        `answered_by`, `cores`, `snapshots` (one per core) and `bpf` (the eBPF steering and XDP
+        counters, or None; absent from older brokers)."""
         resp = await self._client.request(StatsRequest())
         assert isinstance(resp, StatsResponse)
         doc: dict[str, Any] = json.loads(resp.stats_json)

@@ -327,7 +327,10 @@ def test_broker_stats_and_the_prometheus_endpoint_show_every_core(tmp_path: Path
         assert out.returncode == 0, out.stderr
         lines = out.stdout.splitlines()
         assert "2 cores" in lines[0] and "p99_us" in lines[1]
-        assert [line.split()[0] for line in lines[2:]] == ["0", "1"]
+        assert [line.split()[0] for line in lines[2:4]] == ["0", "1"]
+        # Then the eBPF lines, from the STATS reply: steering on or off with the reason, whatever the
+        # machine (as root with bcc, --ebpf auto loads it), then the membership endpoint's counters.
+        assert lines[4].startswith("ebpf steering: "), out.stdout
         as_json = subprocess.run(
             [sys.executable, "-m", "broker.cli", "stats", "-b", broker.bootstrap, "--format", "json"],
             capture_output=True,
