@@ -294,6 +294,14 @@ class Broker:
         return self.proc.pid
 
     @property
+    def worker_pid(self) -> int:
+        """The pid of the one worker (--cores 1), where requests are served: the supervisor
+        (`pid`) only starts and watches it."""
+        kids = children_of(self.pid)
+        assert len(kids) == 1, kids
+        return kids[0]
+
+    @property
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
 
@@ -1460,7 +1468,7 @@ def run_profile(args: argparse.Namespace, workdir: Path, pool: ProcessPoolExecut
         5.0,
         profile=client_cprof,
     )
-    target_pid = broker.pid if side == "broker" else worker_pid
+    target_pid = broker.worker_pid if side == "broker" else worker_pid
     with spy_on(target_pid, "produce"):
         r = pool.submit(job_produce, spec).result()
     print(
@@ -1493,7 +1501,7 @@ def run_profile(args: argparse.Namespace, workdir: Path, pool: ProcessPoolExecut
     cspec = ConsumeSpec(
         broker.bootstrap, broker.pid, topic, r["topic_id"], r["records_in_log"], "iter", MIB, client_cprof
     )
-    target_pid = broker.pid if side == "broker" else worker_pid
+    target_pid = broker.worker_pid if side == "broker" else worker_pid
     with spy_on(target_pid, "consume"):
         c = pool.submit(job_consume, cspec).result()
     print(
@@ -1516,7 +1524,7 @@ def run_profile(args: argparse.Namespace, workdir: Path, pool: ProcessPoolExecut
         ("producer",),
         client_cprof,
     )
-    target_pid = broker.pid if side == "broker" else worker_pid
+    target_pid = broker.worker_pid if side == "broker" else worker_pid
     with spy_on(target_pid, "latency"):
         lr = pool.submit(job_latency, lspec).result()["producer"]
     print(
@@ -1577,8 +1585,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  data dir {workdir / 'data'} on {fs_of(str(workdir))}")
         print(f"  broker: {' '.join(Path(a).name if i == 0 else a for i, a in enumerate(broker.argv))}")
         print(
-            "  processes: this script orchestrates only; the broker is one process; the client (producer,"
-            " then consumer, then latency) is ONE other process, one client at a time, asyncio on uvloop"
+            "  processes: this script orchestrates only; the broker is a supervisor and one worker process"
+            " (broker CPU: both); the client (producer, then consumer, then latency) is ONE other process,"
+            " one client at a time, asyncio on uvloop"
         )
         print(
             "  pinning: "
