@@ -25,8 +25,7 @@ class LivenessTable:
 
     def __init__(self, cores: int) -> None:
         self.cores = cores
-        self.fd = os.memfd_create("ringlog-liveness", 0)  # no MFD_CLOEXEC flag: workers inherit a copy
-        os.set_inheritable(self.fd, True)
+        self.fd = os.memfd_create("ringlog-liveness")  # close-on-exec: only pass_fds hands it on
         size = max(cores, 1)
         os.ftruncate(self.fd, size)
         self._map = mmap.mmap(self.fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)

@@ -18,6 +18,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 
 import pytest
 from brokerproc import BrokerProcess, Wire
@@ -233,3 +234,51 @@ def test_a_worker_killed_again_and_again_stalls_nothing_and_comes_back_soon(brok
     delays = [float(d) for d in re.findall(r"restarting in ([\d.]+) s", log)]
     assert delays and max(delays) <= 2.0, delays  # capped at a few seconds (main reached 4, then 30)
     assert "Traceback" not in log
+
+
+@pytest.mark.parametrize("backend", ["uvloop", "io_uring"])
+def test_a_peer_that_is_up_but_silent_is_bounded_by_the_forward_timeout(tmp_path: Path, backend: str) -> None:
+    """Core 1's worker is stopped (SIGSTOP: alive for the supervisor, answering nothing): a
+    forward is answered REQUEST_TIMED_OUT (retriable) after --forward-timeout-ms, a forwarded long
+    poll only after its max_wait plus that, and forwards are served again once it continues."""
+    broker = BrokerProcess(
+        tmp_path / "data", tmp_path / "broker.log", ("--forward-timeout-ms", "500"), CORES, backend
+    ).start()
+    stopped = False
+    try:
+        w0 = Wire(broker.core_ports[0])
+        tid = w0.create_topic("silent", 8)
+        theirs = next(p for p in range(8) if shard_for(tid, p, CORES) == 1)
+        mine = next(p for p in range(8) if shard_for(tid, p, CORES) == 0)
+        assert w0.rpc(m.ListOffsetsRequest(tid, theirs, m.OffsetSpec.LATEST)).error == m.ErrorCode.NONE
+        os.kill(broker.worker_pids[1], signal.SIGSTOP)
+        stopped = True
+        poller = Wire(broker.core_ports[0])
+        t0 = time.monotonic()
+        poller.send(m.FetchRequest(tid, theirs, 0, 1 << 20, max_wait_ms=1500))
+        w0.send(m.ListOffsetsRequest(tid, theirs, m.OffsetSpec.LATEST))
+        w0.send(m.ListOffsetsRequest(tid, mine, m.OffsetSpec.LATEST))
+        forwarded = w0.recv()
+        forwarded_s = time.monotonic() - t0
+        own = w0.recv()
+        own_s = time.monotonic() - t0
+        long_poll = poller.recv()
+        long_poll_s = time.monotonic() - t0
+        print(
+            f"\nforward timeout 500 ms: answered in {forwarded_s * 1000:.0f} ms ({forwarded.error.name}); "
+            f"long poll (max_wait 1.5 s) in {long_poll_s * 1000:.0f} ms ({long_poll.error.name})"
+        )
+        assert forwarded.error == m.ErrorCode.REQUEST_TIMED_OUT and forwarded.error.retriable, forwarded
+        assert 0.45 <= forwarded_s < 0.5 + ANSWER_WITHIN_S
+        assert own.error == m.ErrorCode.NONE and own_s < 0.5 + ANSWER_WITHIN_S
+        assert long_poll.error == m.ErrorCode.REQUEST_TIMED_OUT, long_poll
+        assert 1.95 <= long_poll_s < 2.0 + ANSWER_WITHIN_S  # not before its max_wait (+ the timeout)
+        os.kill(broker.worker_pids[1], signal.SIGCONT)
+        stopped = False
+        assert w0.rpc(m.ListOffsetsRequest(tid, theirs, m.OffsetSpec.LATEST)).error == m.ErrorCode.NONE
+        poller.close()
+        w0.close()
+    finally:
+        if stopped:
+            os.kill(broker.worker_pids[1], signal.SIGCONT)
+        assert broker.stop() == 0
