@@ -44,7 +44,8 @@ What it measures, for 100 B and 1 KiB record values (no key, no headers), in thi
    (linger_ms=0), the blocking Producer's send().result(), a raw AsyncConnection.request(
    ProduceRequest) of a pre-encoded one-record batch, and the same frame on a blocking socket
    (sendall, then read the response frame): p50/p99/p999 in microseconds after a warm-up.
-4. Broker CPU: utime+stime of the broker process from /proc/<pid>/stat, read by the client
+4. Broker CPU: utime+stime of the broker's processes (the supervisor and its workers, found
+   through /proc/<pid>/task/<tid>/children) from /proc/<pid>/stat, read by the client
    right before and after each timed section; shown as CPU seconds per GB of record values, as a
    share of one CPU (broker CPU %; client CPU % is the worker's own process time), and per
    single-record produce.
@@ -154,30 +155,74 @@ TUNE_LINGER_OTHER = 50.0
 # --------------------------------------------------------------------------------------- helpers
 
 
-def proc_cpu(pid: int) -> float:
-    """utime + stime of process `pid` in seconds, from /proc/<pid>/stat (all its threads)."""
+def proc_cpu(pid: int, reaped_children: bool = False) -> float:
+    """utime + stime of process `pid` in seconds, from /proc/<pid>/stat (all its threads); with
+    `reaped_children`, plus cutime + cstime: the time of its children that exited and were waited
+    for (a worker the supervisor restarted)."""
     with open(f"/proc/{pid}/stat", "rb") as f:
         data = f.read()
     fields = data[data.rindex(b")") + 2 :].split()  # fields from 3 (state) on
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # fields 14 and 15
+    ticks = int(fields[11]) + int(fields[12])  # fields 14 and 15
+    if reaped_children:
+        ticks += int(fields[13]) + int(fields[14])  # fields 16 and 17
+    return ticks / CLK_TCK
+
+
+def children_of(pid: int) -> list[int]:
+    """The live child processes of `pid`: /proc/<pid>/task/<tid>/children of each of its threads,
+    or, on a kernel without that file, every /proc/<n>/stat whose parent is `pid`."""
+    kids: list[int] = []
+    if os.path.exists(f"/proc/{pid}/task/{pid}/children"):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/children") as f:
+                    kids.extend(int(k) for k in f.read().split())
+            except FileNotFoundError:  # a thread that just exited
+                pass
+        return kids
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat", "rb") as f:
+                    data = f.read()
+            except OSError:
+                continue
+            if int(data[data.rindex(b")") + 2 :].split()[1]) == pid:  # field 4: ppid
+                kids.append(int(name))
+    return kids
+
+
+def broker_cpu(pid: int) -> float:
+    """CPU seconds of the broker whose supervisor is `pid`: the supervisor, every worker (its
+    children, where the requests are served) and their descendants, and the children already
+    reaped. A process that exits between the listing and the read is left out."""
+    total = proc_cpu(pid, reaped_children=True)
+    todo = children_of(pid)
+    while todo:
+        child = todo.pop()
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            total += proc_cpu(child)
+            todo.extend(children_of(child))
+    return total
 
 
 class Clock:
-    """Wall time, this process's CPU time and the broker's CPU time of one timed section."""
+    """Wall time, this process's CPU time and the broker's CPU time (supervisor and workers: see
+    `broker_cpu`) of one timed section."""
 
     def __init__(self, broker_pid: int) -> None:
         self.broker_pid = broker_pid
         self.wall = self.cpu = self.broker_cpu = 0.0
 
     def start(self) -> None:
-        self._b0 = proc_cpu(self.broker_pid)
+        self._b0 = broker_cpu(self.broker_pid)
         self._c0 = time.process_time()
         self.t0 = time.perf_counter()
 
     def stop(self) -> None:
         self.wall = time.perf_counter() - self.t0
         self.cpu = time.process_time() - self._c0
-        self.broker_cpu = proc_cpu(self.broker_pid) - self._b0
+        self.broker_cpu = broker_cpu(self.broker_pid) - self._b0
 
     def result(self) -> dict[str, float]:
         return {"wall": self.wall, "client_cpu": self.cpu, "broker_cpu": self.broker_cpu}
@@ -247,6 +292,14 @@ class Broker:
     def pid(self) -> int:
         assert self.proc is not None
         return self.proc.pid
+
+    @property
+    def worker_pid(self) -> int:
+        """The pid of the one worker (--cores 1), where requests are served: the supervisor
+        (`pid`) only starts and watches it."""
+        kids = children_of(self.pid)
+        assert len(kids) == 1, kids
+        return kids[0]
 
     @property
     def bootstrap(self) -> str:
@@ -1415,7 +1468,7 @@ def run_profile(args: argparse.Namespace, workdir: Path, pool: ProcessPoolExecut
         5.0,
         profile=client_cprof,
     )
-    target_pid = broker.pid if side == "broker" else worker_pid
+    target_pid = broker.worker_pid if side == "broker" else worker_pid
     with spy_on(target_pid, "produce"):
         r = pool.submit(job_produce, spec).result()
     print(
@@ -1448,7 +1501,7 @@ def run_profile(args: argparse.Namespace, workdir: Path, pool: ProcessPoolExecut
     cspec = ConsumeSpec(
         broker.bootstrap, broker.pid, topic, r["topic_id"], r["records_in_log"], "iter", MIB, client_cprof
     )
-    target_pid = broker.pid if side == "broker" else worker_pid
+    target_pid = broker.worker_pid if side == "broker" else worker_pid
     with spy_on(target_pid, "consume"):
         c = pool.submit(job_consume, cspec).result()
     print(
@@ -1471,7 +1524,7 @@ def run_profile(args: argparse.Namespace, workdir: Path, pool: ProcessPoolExecut
         ("producer",),
         client_cprof,
     )
-    target_pid = broker.pid if side == "broker" else worker_pid
+    target_pid = broker.worker_pid if side == "broker" else worker_pid
     with spy_on(target_pid, "latency"):
         lr = pool.submit(job_latency, lspec).result()["producer"]
     print(
@@ -1532,8 +1585,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  data dir {workdir / 'data'} on {fs_of(str(workdir))}")
         print(f"  broker: {' '.join(Path(a).name if i == 0 else a for i, a in enumerate(broker.argv))}")
         print(
-            "  processes: this script orchestrates only; the broker is one process; the client (producer,"
-            " then consumer, then latency) is ONE other process, one client at a time, asyncio on uvloop"
+            "  processes: this script orchestrates only; the broker is a supervisor and one worker process"
+            " (broker CPU: both); the client (producer, then consumer, then latency) is ONE other process,"
+            " one client at a time, asyncio on uvloop"
         )
         print(
             "  pinning: "

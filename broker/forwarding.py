@@ -20,9 +20,16 @@ Rules this module keeps:
   of the header); the answer gets the client's id back before it is relayed, and leaves the client
   connection in request order like any other answer (the backend's slot queue).
 - A peer that fails (its worker died: the supervisor restarts it) fails every request pending on
-  that connection with NOT_OWNER, which clients retry after refreshing metadata; the next
-  request reconnects (while the worker restarts, connections wait in the listener's backlog,
-  which the supervisor holds).
+  that connection with NOT_OWNER, which clients retry after refreshing metadata. The supervisor
+  holds the inter-core listeners, so a connect to a dead worker's core succeeds and would wait in
+  the backlog until the restart; instead `PeerPool` asks the supervisor's liveness table
+  (broker/liveness.py) before each forward and every `PEER_WATCH_S` while forwards are pending:
+  a forward to a core that is down is answered NOT_OWNER at once, and the connections to a core
+  that went down are closed, failing everything on them at once (the kernel already breaks the
+  ones the dead worker had accepted; this catches those still in the backlog). Backstop for a
+  peer that is up but does not answer: every forward has a deadline, `--forward-timeout-ms`
+  after it was sent (a forwarded long poll: after its max_wait plus that), past which its
+  connection is closed and what was on it answered REQUEST_TIMED_OUT (retriable).
 - Limits: at most `FORWARD_INFLIGHT_MAX` forwards (and `FORWARD_INFLIGHT_BYTES_MAX` request bytes)
   in flight per peer; more are queued here, and
   `blocked(core)` tells the backend to stop reading the client connections that sent them until
@@ -35,11 +42,14 @@ Rules this module keeps:
 from __future__ import annotations
 
 import logging
+import math
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Final, Protocol
 
-from broker.handlers import Forward, Handlers, Notify, Reply, Silent
+from broker.handlers import FETCH_WAIT_MS_MAX, BrokerConfig, Forward, Handlers, Notify, Reply, Silent
+from broker.liveness import always_alive, peer_liveness
 from ringlog_proto.frames import NEED_DATA, Frame, FrameDecoder, encode_header
 from ringlog_proto.messages import ErrorCode
 
@@ -56,6 +66,13 @@ FORWARD_INFLIGHT_BYTES_MAX: Final = 32 * 1024 * 1024
 PEER_IDLE_LINKS_MAX: Final = 8  # idle long-poll connections kept per peer core for reuse
 TOPIC_NOTICE_TIMEOUT_S: Final = 5.0  # a peer that cannot close a topic's partitions in 5 s is stuck
 CORRELATION_MASK: Final = 0xFFFFFFFF
+# How often the pool looks at the liveness table and the forward deadlines while forwards are
+# pending: the bound on how long a forward waits for a peer whose worker just died (plus the
+# supervisor noticing, which SIGCHLD makes immediate).
+PEER_WATCH_S: Final = 0.1
+FORWARD_TIMEOUT_S_DEFAULT: Final = 10.0  # `--forward-timeout-ms` (broker/limits.py) in the workers
+NO_DEADLINE: Final = math.inf
+FAILURE_LOG_EVERY_S: Final = 1.0  # at most one "forward failed" warning per peer per second
 
 Done = Callable[[Frame | BaseException], None]
 SendToCore = Callable[[int, Frame, bool, Done | None], None]
@@ -64,6 +81,10 @@ CallLater = Callable[[float, Callable[[], None]], object]
 
 class PeerLinkError(Exception):
     """The connection to a peer core failed or spoke nonsense; its requests did not complete."""
+
+
+class PeerTimeout(PeerLinkError):
+    """A peer that counts as up did not answer a forward by its deadline (answered REQUEST_TIMED_OUT)."""
 
 
 class PeerLink:
@@ -77,7 +98,7 @@ class PeerLink:
     def __init__(self, core: int) -> None:
         self.core = core
         self._decoder = FrameDecoder()
-        self._pending: dict[int, Done] = {}
+        self._pending: dict[int, tuple[Done, float]] = {}  # correlation id -> (done, deadline)
         self._next_id = 1
         self.closed = False
 
@@ -85,14 +106,19 @@ class PeerLink:
     def pending(self) -> int:
         return len(self._pending)
 
-    def request(self, frame: Frame, done: Done | None) -> list[bytes]:
-        """The bytes to write for `frame` (a fresh correlation id); `done` gets the answer."""
+    def overdue(self, now: float) -> bool:
+        """Whether a request still pending was due before `now` (its deadline passed)."""
+        return any(deadline < now for _, deadline in self._pending.values())
+
+    def request(self, frame: Frame, done: Done | None, deadline: float = NO_DEADLINE) -> list[bytes]:
+        """The bytes to write for `frame` (a fresh correlation id); `done` gets the answer, which
+        is due by `deadline` (a `PeerPool` clock reading; see `overdue`)."""
         if self.closed:
             raise PeerLinkError(f"the connection to core {self.core} is closed")
         cid = self._next_id
         self._next_id = (cid + 1) & CORRELATION_MASK or 1
         if done is not None:
-            self._pending[cid] = done
+            self._pending[cid] = (done, deadline)
         header = encode_header(
             len(frame.body),
             frame.api_key,
@@ -115,19 +141,25 @@ class PeerLink:
             if frame is NEED_DATA:
                 return
             assert isinstance(frame, Frame)
-            done = self._pending.pop(frame.correlation_id, None)
-            if done is None:
+            entry = self._pending.pop(frame.correlation_id, None)
+            if entry is None:
                 # An answer to a request sent with done=None: an acks=0 produce the owner refused.
                 log.debug("core %d answered request %d nobody waits for", self.core, frame.correlation_id)
                 continue
-            done(frame)
+            entry[0](frame)
 
     def lost(self, exc: BaseException | None) -> None:
-        """The connection is gone: fail everything still pending on it."""
+        """The connection is gone: fail everything still pending on it (with `exc` itself when it
+        is a `PeerLinkError`: the pool's reason for closing it)."""
         self.closed = True
         pending, self._pending = self._pending, {}
-        reason = PeerLinkError(f"connection to core {self.core} lost: {exc or 'closed by the peer'}")
-        for done in pending.values():
+        if not pending:
+            return
+        if isinstance(exc, PeerLinkError):
+            reason = exc
+        else:
+            reason = PeerLinkError(f"connection to core {self.core} lost: {exc or 'closed by the peer'}")
+        for done, _ in pending.values():
             done(reason)
 
 
@@ -156,6 +188,9 @@ class Forwarder:
             deque() for _ in range(cores)
         ]
         self._room_waiters: list[list[Callable[[], None]]] = [[] for _ in range(cores)]
+        self._draining = [False] * cores  # inside `_after_answer` for that core (see there)
+        self._failures_unlogged = [0] * cores
+        self._failure_logged_at = [-math.inf] * cores
 
     # ------------------------------------------------------------------------- gauges
 
@@ -223,10 +258,18 @@ class Forwarder:
                 done(exc)
 
     def _after_answer(self, core: int) -> None:
-        queue = self._queued[core]
-        while queue and not (self.blocked(core) and self._inflight[core]):
-            outcome, reply = queue.popleft()
-            self._start(outcome, reply)
+        # A forward to a peer that is down fails inside `_start` (synchronously), which calls back
+        # here: the outer call goes on draining the queue instead of recursing once per request.
+        if self._draining[core]:
+            return
+        self._draining[core] = True
+        try:
+            queue = self._queued[core]
+            while queue and not (self.blocked(core) and self._inflight[core]):
+                outcome, reply = queue.popleft()
+                self._start(outcome, reply)
+        finally:
+            self._draining[core] = False
         if not self.blocked(core) and self._room_waiters[core]:
             waiters, self._room_waiters[core] = self._room_waiters[core], []
             for resume in waiters:
@@ -234,13 +277,32 @@ class Forwarder:
 
     def _failure(self, outcome: Forward, exc: BaseException) -> Reply:
         frame = outcome.frame
-        log.warning("forward to core %d failed: %s", outcome.core, exc)
+        self._log_failure(outcome.core, exc)
+        if isinstance(exc, PeerTimeout):
+            return self.handlers.error_answer(
+                frame,
+                ErrorCode.REQUEST_TIMED_OUT,
+                f"core {outcome.core} owns partition {frame.partition} of topic id {frame.topic_id} "
+                f"and did not answer in time ({exc}); retry",
+            )
         return self.handlers.error_answer(
             frame,
             ErrorCode.NOT_OWNER,
             f"core {outcome.core} owns partition {frame.partition} of topic id {frame.topic_id} "
             f"and could not be reached ({exc}); retry",
         )
+
+    def _log_failure(self, core: int, exc: BaseException) -> None:
+        """One warning per peer per `FAILURE_LOG_EVERY_S`, with the count it stands for: while a
+        worker restarts, every forward to it fails, and one line each would flood the log."""
+        now = time.monotonic()
+        self._failures_unlogged[core] += 1
+        if now - self._failure_logged_at[core] < FAILURE_LOG_EVERY_S:
+            return
+        count, self._failures_unlogged[core] = self._failures_unlogged[core], 0
+        self._failure_logged_at[core] = now
+        more = f" ({count} forwards failed since the last such line)" if count > 1 else ""
+        log.warning("forward to core %d failed: %s%s", core, exc, more)
 
     def fail_all(self) -> None:
         """Shutdown: answer every queued forward with NOT_OWNER (the in-flight ones finish or fail
@@ -310,7 +372,7 @@ class PeerChannel(Protocol):
 
     link: PeerLink
 
-    def send(self, frame: Frame, done: Done | None) -> None: ...
+    def send(self, frame: Frame, done: Done | None, deadline: float = NO_DEADLINE) -> None: ...
     def close(self) -> None: ...
 
 
@@ -322,20 +384,63 @@ class PeerPool:
     request order, and these never wait). A forwarded long poll may be parked at the owner for up
     to a minute and would hold back every answer behind it, so it gets a connection of its own,
     kept idle afterwards for the next one (at most `PEER_IDLE_LINKS_MAX` per peer).
+
+    Dead peers (module rules): `alive(core)` is the supervisor's liveness table; a forward to a
+    core that is down fails at once, and while forwards are pending a watch every `PEER_WATCH_S`
+    (through `call_later`) closes the connections to cores that went down and those holding a
+    forward past its deadline (`timeout_s` after it was sent, plus max_wait for a long poll).
     """
 
     def __init__(
-        self, open_peer: Callable[[int, bool], PeerChannel | None], stopping: Callable[[], bool]
+        self,
+        open_peer: Callable[[int, bool], PeerChannel | None],
+        stopping: Callable[[], bool],
+        call_later: CallLater | None = None,
+        alive: Callable[[int], bool] = always_alive,
+        timeout_s: float = FORWARD_TIMEOUT_S_DEFAULT,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._open_peer = open_peer  # (core, long_poll) -> a connecting channel, or None
         self._stopping = stopping
+        self._call_later = call_later
+        self._alive = alive
+        self._timeout_s = timeout_s if timeout_s > 0 else math.inf  # 0: no deadline
+        self._clock = clock
+        self._watching = False
         self._ordinary: dict[int, PeerChannel] = {}
         self._idle: dict[int, list[PeerChannel]] = {}
         self.channels: set[PeerChannel] = set()
 
+    @classmethod
+    def for_config(
+        cls,
+        config: BrokerConfig,
+        open_peer: Callable[[int, bool], PeerChannel | None],
+        stopping: Callable[[], bool],
+        call_later: CallLater,
+    ) -> PeerPool:
+        """The pool of a worker: the supervisor's liveness table if it gave one, the forward
+        deadline from the limits."""
+        view = peer_liveness(config.peer_liveness_fd, config.cores)
+        return cls(
+            open_peer,
+            stopping,
+            call_later,
+            alive=view.alive if view is not None else always_alive,
+            timeout_s=config.limits.forward_timeout_ms / 1000,
+        )
+
     def send_to_core(self, core: int, frame: Frame, long_poll: bool, done: Done | None) -> None:
+        if not self._alive(core):
+            # Its worker is dead or restarting: a connection would wait in the backlog for it.
+            self.close_core(core, None)
+            if done is not None:
+                done(PeerLinkError(f"core {core} is down (its worker is restarting)"))
+            return
+        deadline = self._clock() + self._timeout_s
         if long_poll:
             assert done is not None
+            deadline += _max_wait_s(frame)
             idle = self._idle.get(core)
             pc = idle.pop() if idle else self._open(core, long_poll=True)
             if pc is None:
@@ -352,7 +457,8 @@ class PeerPool:
                         parked.close()
                 done(result)
 
-            pc.send(frame, done_then_park)
+            pc.send(frame, done_then_park, deadline)
+            self._watch_soon()
             return
         pc = self._ordinary.get(core)
         if pc is None or pc.link.closed:
@@ -362,7 +468,9 @@ class PeerPool:
                     done(PeerLinkError(f"cannot reach core {core}"))
                 return
             self._ordinary[core] = pc
-        pc.send(frame, done)
+        pc.send(frame, done, deadline)
+        if done is not None:
+            self._watch_soon()
 
     def _open(self, core: int, long_poll: bool) -> PeerChannel | None:
         pc = self._open_peer(core, long_poll)
@@ -383,3 +491,43 @@ class PeerPool:
     def close_all(self) -> None:
         for pc in list(self.channels):
             pc.close()
+
+    # ------------------------------------------------------------------------- the watch
+
+    def close_core(self, core: int, reason: PeerLinkError | None) -> None:
+        """Close every connection to `core`, failing what is pending on them with `reason`."""
+        for pc in [pc for pc in self.channels if pc.link.core == core]:
+            self._close(pc, reason or PeerLinkError(f"core {core} went down (its worker is restarting)"))
+
+    def _close(self, pc: PeerChannel, reason: PeerLinkError) -> None:
+        self.gone(pc)  # first: the requests failed below may be re-sent, on a new connection
+        pc.link.lost(reason)
+        pc.close()
+
+    def _watch_soon(self) -> None:
+        if not self._watching and self._call_later is not None:
+            self._watching = True
+            self._call_later(PEER_WATCH_S, self._watch)
+
+    def _watch(self) -> None:
+        self._watching = False
+        now = self._clock()
+        for pc in list(self.channels):
+            link = pc.link
+            if pc not in self.channels or link.closed:
+                continue
+            if not self._alive(link.core):
+                self.close_core(link.core, None)
+            elif link.overdue(now):
+                self._close(pc, PeerTimeout(f"core {link.core} did not answer a forward by its deadline"))
+        if any(pc.link.pending for pc in self.channels):
+            self._watch_soon()
+
+
+def _max_wait_s(frame: Frame) -> float:
+    """How long the owner may hold a forwarded fetch (body: offset i64, max_bytes i32,
+    max_wait_ms i32, ...), capped as the owner caps it."""
+    if len(frame.body) < 16:
+        return 0.0
+    wait_ms = int.from_bytes(frame.body[12:16], "big", signed=True)
+    return max(0, min(wait_ms, FETCH_WAIT_MS_MAX)) / 1000

@@ -191,6 +191,7 @@ class BrokerConfig:
     log_defaults: LogConfig = field(default_factory=LogConfig)
     core_ports: tuple[int, ...] = ()  # each core's direct port, for Metadata (empty: unknown)
     peer_addresses: tuple[str, ...] = ()  # each core's inter-core unix socket (abstract: "\0...")
+    peer_liveness_fd: int = -1  # the supervisor's liveness table (broker/liveness.py); -1: none
     backend: str = "uvloop"
     limits: Limits = field(default_factory=Limits)
 

@@ -31,6 +31,13 @@ class Limits:
     max_request_bytes: int = limit(
         8 * MiB, "--max-request-bytes", "largest request frame a client may send (larger: connection closed)"
     )
+    # Workers and forwarding (issue 10, defect 6)
+    forward_timeout_ms: int = limit(
+        10_000,
+        "--forward-timeout-ms",
+        "a request forwarded to the owning core and not answered within this (plus max_wait for a "
+        "long poll) is answered REQUEST_TIMED_OUT; 0: no deadline",
+    )
 
     def __post_init__(self) -> None:
         for f in fields(self):

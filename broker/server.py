@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 from typing import cast
 
 from broker.backend import BackendCore, ReplyTarget, Slot
-from broker.forwarding import Done, Forwarder, PeerLink, PeerPool
+from broker.forwarding import NO_DEADLINE, Done, Forwarder, PeerLink, PeerPool
 from broker.handlers import (
     Append,
     BrokerConfig,
@@ -168,8 +168,8 @@ class PeerConnection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self._unsent: list[bytes] = []  # written before the connection is made
 
-    def send(self, frame: Frame, done: Done | None) -> None:
-        buffers = self.link.request(frame, done)
+    def send(self, frame: Frame, done: Done | None, deadline: float = NO_DEADLINE) -> None:
+        buffers = self.link.request(frame, done, deadline)
         if self.transport is None:
             self._unsent.extend(buffers)
         else:
@@ -177,6 +177,9 @@ class PeerConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
+        if self.link.closed:  # the pool gave up on it while it connected (its core went down)
+            self.transport.abort()
+            return
         if self._unsent:
             self.transport.writelines(self._unsent)
             self._unsent = []
@@ -207,7 +210,7 @@ class Server(BackendCore):
         self.listeners = list(listeners)
         self.io = SyncFileIO()
         self.handlers = Handlers(config)
-        self.peers = PeerPool(self._open_peer, self.stopping)
+        self.peers = PeerPool.for_config(config, self._open_peer, self.stopping, self.call_later)
         self.forwarder = Forwarder(self.handlers, self.peers.send_to_core, self.call_later)
         self.handlers.gauges = {
             "inflight_requests": lambda: sum(len(c.slots) for c in self.connections if not c.from_peer),

@@ -11,8 +11,15 @@ Rules this module keeps:
   oversubscribed). Workers die with the supervisor (PR_SET_PDEATHSIG, broker/worker.py).
 - "serving on HOST:PORT" is logged once, when every worker has reported ready; a worker that
   exits before it is first ready fails the whole start (exit 1, with the reason).
-- A worker that dies later is restarted at once; one that dies again within
-  `RESTART_FAST_S` of its start is restarted after a doubling backoff (up to `RESTART_BACKOFF_MAX_S`).
+- A worker that dies later is restarted at once. One that dies again before it has been up
+  (ready) for `RESTART_FAST_S` is in a crash loop: each such death in a row doubles the delay
+  before the next start, from `RESTART_BACKOFF_FIRST_S` up to `RESTART_BACKOFF_MAX_S` (a few
+  seconds: a worker killed by an operator or the OOM killer again soon after a restart must not
+  stay away for long). A worker that stays up `RESTART_FAST_S` starts the count afresh.
+- Liveness (broker/liveness.py): the supervisor keeps one byte per core in a memfd every worker
+  maps: up from the worker's ready report until it is reaped. Forwarding cores read it so that a
+  forward to a dead worker's core is answered NOT_OWNER at once instead of waiting in the backlog
+  of the inter-core listener, which the supervisor holds, for the restart.
 - SIGTERM/SIGINT are forwarded to the workers (graceful: they answer in-flight requests and
   flush); the supervisor exits 0 when all of them exited 0, 1 otherwise.
 - One broker per data directory: the supervisor holds an exclusive flock on `<data_dir>/broker.lock`
@@ -61,6 +68,7 @@ from bpf import state as bpf_state
 from bpf.kernel import BpfError
 from bpf.plane import EbpfPlane
 from broker.limits import Limits
+from broker.liveness import LivenessTable
 from broker.membership import MembershipEndpoint
 from broker.metrics import prometheus_text, read_snapshots, run_dir
 from broker.storage.log import LogConfig
@@ -71,9 +79,9 @@ log = logging.getLogger("broker.supervisor")
 LISTEN_BACKLOG = 1024  # connections queued per listener (also what waits while a worker restarts)
 START_TIMEOUT_S = 60.0  # every worker must be ready within this (recovery of big logs takes time)
 STOP_TIMEOUT_S = 30.0  # after SIGTERM, workers still running after this are killed
-RESTART_FAST_S = 5.0  # a worker dying sooner than this after its start is "failing at start"
-RESTART_BACKOFF_FIRST_S = 0.5
-RESTART_BACKOFF_MAX_S = 30.0
+RESTART_FAST_S = 10.0  # a worker dying sooner than this after it was ready is in a crash loop
+RESTART_BACKOFF_FIRST_S = 0.25  # the delay after the second death in a row; it doubles from there
+RESTART_BACKOFF_MAX_S = 2.0
 BIND_RETRY_S = 1.0  # a port held by the dying workers of a killed broker frees within this
 TICK_S = 0.2
 DATA_DIR_LOCK_FILE = "broker.lock"
@@ -118,6 +126,7 @@ class Worker:
     ready_r: int = -1
     ready: bool = False
     started_at: float = 0.0
+    ready_at: float | None = None  # when it last reported ready
     fast_failures: int = 0
     restart_at: float | None = None
     pid_buffer: bytes = b""
@@ -193,6 +202,17 @@ def _check_port_free(family: int, host: str, port: int) -> None:
         time.sleep(0.05)
 
 
+def restart_delay(w: Worker, was_ready: bool, now: float) -> float:
+    """How long to wait before starting `w` again after it died at `now` (module rules): at once
+    after a death in a stable run, a doubling delay up to `RESTART_BACKOFF_MAX_S` in a crash loop."""
+    if was_ready and w.ready_at is not None and now - w.ready_at >= RESTART_FAST_S:
+        w.fast_failures = 0
+    w.fast_failures += 1  # deaths in a row without a stable run, this one included
+    if w.fast_failures <= 1:
+        return 0.0
+    return float(min(RESTART_BACKOFF_FIRST_S * 2 ** (w.fast_failures - 2), RESTART_BACKOFF_MAX_S))
+
+
 def describe_exit(returncode: int) -> str:
     if returncode < 0:
         try:
@@ -220,6 +240,7 @@ class Supervisor:
         self.membership: MembershipEndpoint | None = None
         self._live: frozenset[int] = frozenset()
         self._bpf_published_at = 0.0
+        self.liveness: LivenessTable | None = None
 
     # ------------------------------------------------------------------------- entry point
 
@@ -243,6 +264,7 @@ class Supervisor:
             self.ebpf.close()
             return 1
         s = self.sockets
+        self.liveness = LivenessTable(self.config.cores)
         for k in range(self.config.cores):
             fds = (s.public[k].fileno(), s.direct[k].fileno(), s.peer[k].fileno())
             self.workers.append(Worker(k, self.cpus[k % len(self.cpus)], fds))
@@ -274,6 +296,8 @@ class Supervisor:
                 self.membership.sock.close()
             for sock in (*s.public, *s.direct, *s.peer):
                 sock.close()
+            if self.liveness is not None:
+                self.liveness.close()
 
     def _start_membership(self) -> None:
         assert self.sockets is not None
@@ -401,6 +425,7 @@ class Supervisor:
             "port": self.sockets.port,
             "core_ports": self.sockets.direct_ports,
             "peer_addresses": self.sockets.peer_addresses,
+            "liveness_fd": self.liveness.fd if self.liveness is not None else -1,
             "backend": self.config.backend,
             "uring": {"busy_poll_us": self.config.busy_poll_us, "append_writes": self.config.append_writes},
             "log_level": self.config.log_level,
@@ -412,7 +437,8 @@ class Supervisor:
         try:
             w.proc = subprocess.Popen(
                 [sys.executable, "-m", "broker.worker", "--spec", json.dumps(spec)],
-                pass_fds=(*w.fds, ready_w, self._lock_fd),  # the lock: see the module rules
+                # the lock: see the module rules; the liveness table: broker/liveness.py
+                pass_fds=(*w.fds, ready_w, self._lock_fd, *self._liveness_fds()),
             )
         finally:
             os.close(ready_w)
@@ -426,6 +452,13 @@ class Supervisor:
         w.restart_at = None
         self._selector.register(ready_r, selectors.EVENT_READ, w)
 
+    def _liveness_fds(self) -> tuple[int, ...]:
+        return (self.liveness.fd,) if self.liveness is not None else ()
+
+    def _set_up(self, w: Worker, up: bool) -> None:
+        if self.liveness is not None:
+            self.liveness.set(w.core, up)
+
     def _on_ready_pipe(self, w: Worker) -> None:
         try:
             data = os.read(w.ready_r, 256)
@@ -435,6 +468,8 @@ class Supervisor:
             w.pid_buffer += data
             if b"\n" in w.pid_buffer and not w.ready:
                 w.ready = True
+                w.ready_at = time.monotonic()
+                self._set_up(w, True)
                 backend = w.pid_buffer.split()[2].decode() if len(w.pid_buffer.split()) > 2 else "?"
                 if self._announced:
                     log.info("worker core %d restarted: pid %d ready", w.core, w.proc.pid if w.proc else -1)
@@ -459,6 +494,7 @@ class Supervisor:
                 os.close(w.ready_r)
                 w.ready_r = -1
             was_ready, w.ready = w.ready, False
+            self._set_up(w, False)
             if self._stopping:
                 w.stopped_rc = rc
                 log.info("worker core %d (pid %d) stopped: %s", w.core, pid, describe_exit(rc))
@@ -468,19 +504,13 @@ class Supervisor:
                     f"worker for core {w.core} (pid {pid}) exited before it was ready ({describe_exit(rc)}); "
                     "its log lines above say why"
                 )
-            if now - w.started_at < RESTART_FAST_S or not was_ready:
-                w.fast_failures += 1
-            else:
-                w.fast_failures = 0
-            delay = 0.0
-            if w.fast_failures > 1:
-                delay = min(RESTART_BACKOFF_FIRST_S * 2 ** (w.fast_failures - 2), RESTART_BACKOFF_MAX_S)
+            delay = restart_delay(w, was_ready, now)
             log.warning(
                 "worker core %d (pid %d) died: %s; restarting%s",
                 w.core,
                 pid,
                 describe_exit(rc),
-                f" in {delay:.1f} s (it keeps dying at start)" if delay else "",
+                f" in {delay:.2f} s (it keeps dying at start)" if delay else "",
             )
             w.restart_at = now + delay
         return None

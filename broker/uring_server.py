@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from broker.backend import BackendCore, ReplyTarget, Slot
-from broker.forwarding import Done, Forwarder, PeerLink, PeerPool
+from broker.forwarding import NO_DEADLINE, Done, Forwarder, PeerLink, PeerPool
 from broker.handlers import (
     Append,
     BrokerConfig,
@@ -358,8 +358,8 @@ class PeerConnection(_Stream):
         self.long_poll = long_poll
         self.link = PeerLink(core)
 
-    def send(self, frame: Frame, done: Done | None) -> None:
-        self.write(self.link.request(frame, done))
+    def send(self, frame: Frame, done: Done | None, deadline: float = NO_DEADLINE) -> None:
+        self.write(self.link.request(frame, done, deadline))
 
     def received(self, data: memoryview) -> None:
         try:
@@ -426,7 +426,7 @@ class UringServer(BackendCore):
         self._standing: dict[int, str] = {}  # user_data of multishot accepts and the signal read
         self.bytes_in = 0
         self.bytes_out = 0
-        self.peers = PeerPool(self._open_peer, lambda: self._stopping)
+        self.peers = PeerPool.for_config(config, self._open_peer, self.stopping, self.call_later)
         self.forwarder = Forwarder(self.handlers, self.peers.send_to_core, self.loop.call_later)
         self.handlers.metrics.backend = "io_uring"
         self.handlers.gauges = {

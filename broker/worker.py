@@ -126,6 +126,7 @@ def config_from_spec(spec: dict[str, object]) -> BrokerConfig:
         log_defaults=LogConfig(**d),
         core_ports=tuple(spec["core_ports"]),  # type: ignore[call-overload]
         peer_addresses=tuple(spec["peer_addresses"]),  # type: ignore[call-overload]
+        peer_liveness_fd=int(spec.get("liveness_fd", -1)),  # type: ignore[call-overload]
         backend=str(spec.get("backend", "uvloop")),
         limits=Limits.from_spec(spec.get("limits")),  # type: ignore[arg-type]
     )

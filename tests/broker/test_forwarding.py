@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.forwarding import Forwarder, PeerLink, PeerLinkError
+from broker.forwarding import NO_DEADLINE, PEER_WATCH_S, Forwarder, PeerLink, PeerLinkError, PeerPool
 from broker.handlers import BrokerConfig, Forward, Handlers, Notify, Reply, Silent
 from ringlog_proto import messages as m
 from ringlog_proto.batch import encode_batch
@@ -258,3 +258,132 @@ def test_forwarder_bounds_bytes_in_flight_but_always_lets_one_request_through(h0
         backend.answer_all(1, lambda: m.ProduceResponse(base_offset=0, end_offset=1, log_start_offset=0))
     assert fw.pending == 0 and not fw.blocked(1)
     assert [decoded(r)[0] for r in replies] == [0, 1, 2]
+
+
+# ----------------------------------------------------------------------------------- PeerPool
+
+
+class FakeChannel:
+    """A backend's end of an inter-core connection: records what was sent, closes like one."""
+
+    def __init__(self, pool_ref: list[PeerPool], core: int) -> None:
+        self.pool_ref = pool_ref
+        self.link = PeerLink(core)
+        self.sent: list[bytes] = []
+        self.closed = False
+
+    def send(self, frame: Frame, done, deadline: float = NO_DEADLINE) -> None:
+        self.sent.append(b"".join(self.link.request(frame, done, deadline)))
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.pool_ref[0].gone(self)
+            self.link.lost(None)
+
+
+class PoolRig:
+    """A PeerPool with a hand-driven clock, liveness and timers."""
+
+    def __init__(self, timeout_s: float = 10.0) -> None:
+        self.now = 100.0
+        self.up = {0: True, 1: True}
+        self.timers: list[tuple[float, object]] = []
+        self.opened: list[FakeChannel] = []
+        ref: list[PeerPool] = []
+
+        def open_peer(core: int, long_poll: bool) -> FakeChannel:
+            ch = FakeChannel(ref, core)
+            self.opened.append(ch)
+            return ch
+
+        self.pool = PeerPool(
+            open_peer,
+            lambda: False,
+            lambda delay, fn: self.timers.append((self.now + delay, fn)),
+            alive=lambda core: self.up[core],
+            timeout_s=timeout_s,
+            clock=lambda: self.now,
+        )
+        ref.append(self.pool)
+
+    def advance(self, seconds: float) -> None:
+        """Move the clock, firing the timers that come due (and those they set, if due)."""
+        self.now += seconds
+        while due := [t for t in self.timers if t[0] <= self.now]:
+            for t in due:
+                self.timers.remove(t)
+                t[1]()  # type: ignore[operator]
+
+
+def test_peer_pool_answers_forwards_to_a_down_core_at_once_and_fails_its_pending_when_it_goes_down(
+    h0: Handlers,
+) -> None:
+    rig = PoolRig()
+    fw = Forwarder(h0, rig.pool.send_to_core, lambda d, fn: None)
+    replies: list[object] = []
+    fw.forward(h0.handle(frame_of(m.ListOffsetsRequest(1, partition_of(1)), cid=1)), replies.append)
+    fw.forward(h0.handle(frame_of(m.FetchRequest(1, partition_of(1), 0, 1024, 5000), cid=2)), replies.append)
+    assert len(rig.opened) == 2 and not replies  # connected (into the backlog): nobody answers
+    # Core 1's worker dies: its connections still sit in the listener's backlog (the supervisor
+    # holds it), so the watch must notice the liveness table, not a closed socket.
+    rig.up[1] = False
+    rig.advance(PEER_WATCH_S)
+    assert sorted(decoded(r)[0] for r in replies) == [1, 2]
+    assert all(decoded(r)[1].error == m.ErrorCode.NOT_OWNER for r in replies)
+    assert all(ch.closed for ch in rig.opened) and not rig.pool.channels
+    # While it is down, a forward is answered at once, without a connection.
+    fw.forward(h0.handle(frame_of(m.ListOffsetsRequest(1, partition_of(1)), cid=3)), replies.append)
+    assert decoded(replies[-1])[0] == 3 and len(rig.opened) == 2
+    assert decoded(replies[-1])[1].error == m.ErrorCode.NOT_OWNER and fw.pending == 0
+    rig.up[1] = True  # back: forwards go out again
+    fw.forward(h0.handle(frame_of(m.ListOffsetsRequest(1, partition_of(1)), cid=4)), replies.append)
+    assert len(rig.opened) == 3 and len(replies) == 3
+
+
+def test_forwards_queued_behind_the_limit_all_fail_at_once_when_the_peer_goes_down(h0: Handlers) -> None:
+    """Each queued forward then fails inside the one before it's answer: no recursion per request."""
+    rig = PoolRig()
+    fw = Forwarder(h0, rig.pool.send_to_core, lambda d, fn: None, inflight_max=1)
+    replies: list[object] = []
+    for cid in range(5000):
+        fw.forward(h0.handle(frame_of(m.ListOffsetsRequest(1, partition_of(1)), cid=cid)), replies.append)
+    assert fw.pending == 5000 and not replies
+    rig.up[1] = False
+    rig.advance(PEER_WATCH_S)
+    assert [decoded(r)[0] for r in replies] == list(range(5000)) and fw.pending == 0
+    assert {decoded(r)[1].error for r in replies} == {m.ErrorCode.NOT_OWNER}
+
+
+def test_peer_pool_deadline_answers_request_timed_out_and_a_long_poll_gets_its_max_wait_first(
+    h0: Handlers,
+) -> None:
+    rig = PoolRig(timeout_s=1.0)
+    fw = Forwarder(h0, rig.pool.send_to_core, lambda d, fn: None)
+    replies: list[object] = []
+    fw.forward(h0.handle(frame_of(m.FetchRequest(1, partition_of(1), 0, 1024, 5000), cid=1)), replies.append)
+    fw.forward(h0.handle(frame_of(m.ListOffsetsRequest(1, partition_of(1)), cid=2)), replies.append)
+    rig.advance(0.5)
+    assert not replies
+    rig.advance(0.6)  # the ordinary forward is 1.1 s old: its connection is given up
+    assert [decoded(r)[0] for r in replies] == [2]
+    assert decoded(replies[0])[1].error == m.ErrorCode.REQUEST_TIMED_OUT
+    assert decoded(replies[0])[1].error.retriable
+    rig.advance(4.0)  # the long poll may be held for its 5 s max_wait, and then some
+    assert len(replies) == 1
+    rig.advance(1.0)
+    assert [decoded(r)[0] for r in replies] == [2, 1]
+    assert decoded(replies[1])[1].error == m.ErrorCode.REQUEST_TIMED_OUT
+    assert not rig.timers  # nothing pending: the watch stops
+
+
+def test_peer_pool_watch_leaves_answered_forwards_alone(h0: Handlers) -> None:
+    rig = PoolRig(timeout_s=1.0)
+    fw = Forwarder(h0, rig.pool.send_to_core, lambda d, fn: None)
+    replies: list[object] = []
+    fw.forward(h0.handle(frame_of(m.ListOffsetsRequest(1, partition_of(1)), cid=7)), replies.append)
+    (ch,) = rig.opened
+    ch.link.receive(answer_bytes(ch.sent[0], m.ListOffsetsResponse(offset=3)))
+    rig.advance(5.0)
+    assert [decoded(r) for r in replies] == [(7, m.ListOffsetsResponse(offset=3))]
+    assert not ch.closed and rig.pool.channels == {ch}
