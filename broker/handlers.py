@@ -23,6 +23,10 @@ Rules this module keeps:
 - One place maps exceptions to wire error codes (`error_of`). A request that fails gets an error
   response; only a frame that cannot be delimited closes its connection (the server's business).
 - Responses leave in request order per connection; the backend guarantees it, not this module.
+- A full disk refuses writes, never reads (broker/diskspace.py): Produce, CreateTopic and
+  OffsetCommit ask `space.check_writable()` first and get OUT_OF_SPACE (retriable); a write that
+  fails with ENOSPC anyway answers the same and tells `space`. Fetch, ListOffsets, Metadata,
+  OffsetFetch, DeleteTopic and retention never ask.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from broker import __version__
+from broker.diskspace import DiskSpace, is_out_of_space
 from broker.limits import Limits
 from broker.metrics import CoreMetrics, read_snapshots
 from broker.partition import Partition, RetryInFlightError, SequenceError
@@ -43,6 +48,7 @@ from broker.storage.errors import (
     InvalidBatchError,
     LogClosedError,
     OffsetOutOfRangeError,
+    OutOfSpaceError,
     StorageError,
 )
 from broker.storage.log import LogConfig, PendingAppend
@@ -163,6 +169,10 @@ def error_of(exc: BaseException) -> tuple[m.ErrorCode, str]:
             return E.OUT_OF_ORDER_SEQUENCE, str(exc)
         case RetryInFlightError():
             return E.REQUEST_TIMED_OUT, str(exc)
+        case OutOfSpaceError():
+            return E.OUT_OF_SPACE, str(exc)
+        case StorageError() | OSError() if is_out_of_space(exc):
+            return E.OUT_OF_SPACE, f"the disk holding the data dir is full, nothing was stored: {exc}"
         case CorruptBatchError() | LogClosedError() | StorageError() | OSError():
             return E.STORAGE_ERROR, str(exc)
         case TopicError(kind="exists"):
@@ -207,6 +217,7 @@ class Handlers:
         self.config = config
         self.metrics = metrics if metrics is not None else CoreMetrics(config.core_id, config.backend)
         self.gauges: dict[str, Callable[[], int]] = {}
+        self.space = DiskSpace(config.data_dir, config.limits.min_free_bytes)  # broker/diskspace.py
         os.makedirs(os.path.join(config.data_dir, "topics"), exist_ok=True)
         self.registry = TopicRegistry(config.data_dir, config.log_defaults, remove_orphans=False)
         with self.registry.locked():  # orphans are removed only here: at start, under the lock
@@ -405,6 +416,7 @@ class Handlers:
 
     def _create_topic(self, req: m.Request, frame: Frame) -> Outcome:
         assert isinstance(req, m.CreateTopicRequest)
+        self.space.check_writable()
         with self.registry.locked():  # reload, change, save: other cores change it too
             self.registry.load()
             topic = self.registry.create(
@@ -478,7 +490,18 @@ class Handlers:
             if req.acks == m.Acks.DURABLE and log_.durable_offset < end:
                 return Durable(p, reply, lambda exc: self.error_reply(frame, exc))
             return reply
-        pending = log_.prepare_append(req.records, headers)
+        try:
+            self.space.check_writable()
+        except OutOfSpaceError:
+            if req.acks == m.Acks.NONE:
+                return Silent()  # acks=0 gets no answer, not even this one (docs/PROTOCOL.md)
+            raise
+        try:
+            pending = log_.prepare_append(req.records, headers)
+        except StorageError as exc:  # a segment roll found the disk full
+            if is_out_of_space(exc):
+                self.space.saw_full(exc)
+            raise
         p.reserve(pending.headers)
 
         def complete() -> Reply | Silent:
@@ -495,6 +518,8 @@ class Handlers:
 
         def fail(exc: BaseException) -> Reply | Silent:
             p.unreserve(pending.headers)
+            if is_out_of_space(exc):
+                self.space.saw_full(exc)
             if req.acks == m.Acks.NONE:
                 return Silent()
             return self.error_reply(frame, exc)
@@ -555,7 +580,13 @@ class Handlers:
         p = self._partition(frame)
         if req.offset < 0:
             raise ValueError(f"cannot commit negative offset {req.offset}")
-        p.commit_offset(req.group, req.offset, req.metadata)
+        self.space.check_writable()
+        try:
+            p.commit_offset(req.group, req.offset, req.metadata)
+        except OSError as exc:
+            if is_out_of_space(exc):
+                self.space.saw_full(exc)
+            raise
         return self._reply(frame, m.OffsetCommitResponse())
 
     def _offset_fetch(self, req: m.Request, frame: Frame) -> Outcome:

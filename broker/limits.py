@@ -31,6 +31,12 @@ class Limits:
     max_request_bytes: int = limit(
         8 * MiB, "--max-request-bytes", "largest request frame a client may send (larger: connection closed)"
     )
+    # Disk (issue 10, defect 7): broker/diskspace.py
+    min_free_bytes: int = limit(
+        64 * MiB,
+        "--min-free-bytes",
+        "free bytes the data dir's file system must keep: below it writes get OUT_OF_SPACE (retriable)",
+    )
 
     def __post_init__(self) -> None:
         for f in fields(self):

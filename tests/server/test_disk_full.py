@@ -1,0 +1,250 @@
+"""A full disk (issue 10, defect 7): the broker starts, serves reads, DeleteTopic and retention,
+refuses writes with OUT_OF_SPACE (retriable) and takes writes again once space is back.
+
+Against a real `broker serve` on a real full file system: a 16 MiB ext4 image loop-mounted under
+the test's tmp dir (ext4's delayed allocation, short writes and ENOSPC, not a mock), filled by a
+filler file. Needs root (mount); CI runs as root.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from brokerproc import BrokerProcess, Wire
+
+from ringlog_proto import messages as m
+from ringlog_proto.batch import encode_batch
+
+E = m.ErrorCode
+BACKENDS = [pytest.param("uvloop", id="uvloop"), pytest.param("io_uring", id="io_uring")]
+DISK_MIB = 16
+
+
+def _why_no_disk() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root to loop-mount a small ext4 file system"
+    for tool in ("mkfs.ext4", "mount", "umount"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed"
+    return None
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 16 MiB ext4 file system mounted at tmp_path/disk; unmounted at teardown, whatever happened."""
+    reason = _why_no_disk()
+    if reason is not None:
+        pytest.skip(reason)
+    image = tmp_path / "disk.img"
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    with open(image, "wb") as f:
+        f.truncate(DISK_MIB * 1024 * 1024)
+    # -m 0: no blocks reserved for root (the broker runs as root here: it would write into them).
+    subprocess.run(["mkfs.ext4", "-q", "-F", "-m", "0", str(image)], check=True, capture_output=True)
+    subprocess.run(["mount", "-o", "loop", str(image), str(mnt)], check=True, capture_output=True)
+    try:
+        yield mnt
+    finally:
+        for _ in range(50):  # a broker killed a moment ago may still hold files open
+            if subprocess.run(["umount", str(mnt)], check=False, capture_output=True).returncode == 0:
+                break
+            time.sleep(0.1)
+        else:
+            subprocess.run(["umount", "-l", str(mnt)], check=False, capture_output=True)
+
+
+def fill(path: Path) -> int:
+    """Grow `path` until the file system refuses another byte; its size. Most of it is allocated
+    at once (fallocate: no data written), the last bytes by writes until ENOSPC."""
+    written = 0
+    with open(path, "wb", buffering=0) as f:
+        bulk = free_bytes(path.parent) - (1 << 20)
+        if bulk > 0:
+            os.posix_fallocate(f.fileno(), 0, bulk)
+            f.seek(bulk)
+            written = bulk
+        chunk = 256 * 1024
+        while chunk >= 512:
+            try:
+                written += f.write(b"\xa5" * chunk)
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
+                chunk //= 2
+        with contextlib.suppress(OSError):
+            os.fsync(f.fileno())
+    return written
+
+
+def free_bytes(path: Path) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def start(data: Path, log: Path, backend: str, *extra: str) -> BrokerProcess:
+    return BrokerProcess(data, log, extra=("--ebpf", "off", *extra), backend=backend).start()
+
+
+def produce(w: Wire, tid: int, values: list[bytes], acks: int = m.Acks.WRITTEN) -> m.ProduceResponse:
+    resp = w.rpc(m.ProduceRequest(tid, 0, acks, 5000, encode_batch(values)))
+    assert isinstance(resp, m.ProduceResponse)
+    return resp
+
+
+def values_of(w: Wire, tid: int) -> list[bytes]:
+    return [r.value for r in w.fetch_all(tid, 0) if r.value is not None]
+
+
+def produce_until_accepted(w: Wire, tid: int, value: bytes, timeout: float = 10) -> m.ProduceResponse:
+    """Space is seen again within the broker's check interval: retry OUT_OF_SPACE until then."""
+    deadline = time.monotonic() + timeout
+    while True:
+        resp = produce(w, tid, [value])
+        if resp.error != E.OUT_OF_SPACE or time.monotonic() > deadline:
+            return resp
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_starts_on_a_full_disk_serves_reads_and_deletes_refuses_writes(
+    small_disk: Path, tmp_path: Path, backend: str
+) -> None:
+    data, log = small_disk / "data", tmp_path / "broker.log"
+    broker = start(data, log, backend, "--min-free-bytes", str(1 << 20))
+    w = Wire(broker.port)
+    keep = w.create_topic("keep")
+    drop = w.create_topic("drop")
+    kept = [b"kept-%03d" % i + b"." * 2000 for i in range(50)]
+    for i in range(0, len(kept), 10):
+        assert produce(w, keep, kept[i : i + 10]).error == E.NONE
+    for _ in range(5):
+        assert produce(w, drop, [b"d" * 100_000] * 4).error == E.NONE
+    assert w.rpc(m.OffsetCommitRequest(keep, 0, "g", 7, "meta")).error == E.NONE
+    w.close()
+    assert broker.stop() == 0
+
+    filler = small_disk / "filler"
+    fill(filler)
+    assert free_bytes(small_disk) < 64 * 1024
+    broker = start(data, log, backend, "--min-free-bytes", str(1 << 20))  # main: "No space left"
+    try:
+        w = Wire(broker.port)
+        # Writes: refused with the retriable OUT_OF_SPACE and a message, and nothing stored.
+        resp = produce(w, keep, [b"refused"])
+        assert resp.error == E.OUT_OF_SPACE, resp
+        assert "space" in resp.message
+        assert produce(w, keep, [b"refused"], acks=m.Acks.DURABLE).error == E.OUT_OF_SPACE
+        assert w.rpc(m.CreateTopicRequest("new", 1)).error == E.OUT_OF_SPACE
+        assert w.rpc(m.OffsetCommitRequest(keep, 0, "g", 9, "")).error == E.OUT_OF_SPACE
+        # Reads: everything stored is served.
+        assert values_of(w, keep) == kept
+        assert w.rpc(m.ListOffsetsRequest(keep, 0, m.OffsetSpec.LATEST)).offset == len(kept)
+        meta = w.rpc(m.MetadataRequest(()))
+        assert isinstance(meta, m.MetadataResponse)
+        assert sorted(t.name for t in meta.topics) == ["drop", "keep"]
+        got = w.rpc(m.OffsetFetchRequest(keep, 0, "g"))
+        assert isinstance(got, m.OffsetFetchResponse) and (got.offset, got.metadata) == (7, "meta")
+        # DeleteTopic frees space even now.
+        before = free_bytes(small_disk)
+        assert w.rpc(m.DeleteTopicRequest("drop")).error == E.NONE
+        assert free_bytes(small_disk) > before + 1_000_000
+        meta = w.rpc(m.MetadataRequest(()))
+        assert [t.name for t in meta.topics] == ["keep"]  # type: ignore[attr-defined]
+
+        # Space back (the filler goes): writes are taken again, without a restart.
+        filler.unlink()
+        resp = produce_until_accepted(w, keep, b"after")
+        assert resp.error == E.NONE, resp
+        assert resp.base_offset == len(kept)
+        assert w.rpc(m.CreateTopicRequest("new", 1)).error == E.NONE
+        assert w.rpc(m.OffsetCommitRequest(keep, 0, "g", 9, "")).error == E.NONE
+        assert values_of(w, keep) == [*kept, b"after"]
+        w.close()
+        assert broker.stop() == 0, broker.log()
+    finally:
+        if broker.running():
+            broker.kill()
+    assert "Traceback" not in broker.log(), broker.log()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_disk_filling_under_a_live_broker(small_disk: Path, tmp_path: Path, backend: str) -> None:
+    """The disk fills while a producer runs: produce fails cleanly with OUT_OF_SPACE (real ENOSPC
+    from the write: --min-free-bytes 0), every acknowledged record stays readable, and produce
+    works again once space is freed."""
+    data, log = small_disk / "data", tmp_path / "broker.log"
+    broker = start(data, log, backend, "--min-free-bytes", "0")
+    try:
+        w = Wire(broker.port)
+        tid = w.create_topic("live")
+        acked: dict[int, bytes] = {}
+        errors: list[m.ProduceResponse] = []
+        stop = threading.Event()
+
+        def producer() -> None:
+            pw = Wire(broker.port)
+            i = 0
+            while not stop.is_set():
+                value = b"%06d:" % i + b"x" * 4000
+                acks = m.Acks.DURABLE if i % 5 == 0 else m.Acks.WRITTEN
+                resp = produce(pw, tid, [value] * 4, acks)
+                if resp.error == E.NONE:
+                    for k in range(4):
+                        acked[resp.base_offset + k] = value
+                else:
+                    errors.append(resp)
+                i += 1
+            pw.close()
+
+        thread = threading.Thread(target=producer, daemon=True)
+        thread.start()
+        time.sleep(0.3)
+        fill(small_disk / "filler")
+        deadline = time.monotonic() + 10
+        while len(errors) < 5 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        stop.set()
+        thread.join(10)
+        assert errors, "the disk filled but no produce failed"
+        assert {r.error for r in errors} == {E.OUT_OF_SPACE}, errors[:3]
+        assert acked, "nothing was acknowledged before the disk filled"
+
+        # Every acknowledged record is there, at its offset, with its value.
+        records = {r.offset: r.value for r in w.fetch_all(tid, 0)}
+        assert {o: records.get(o) for o in acked} == acked
+        assert sorted(records) == list(range(len(records)))  # no hole left by a failed write
+        end = len(records)
+
+        (small_disk / "filler").unlink()
+        resp = produce_until_accepted(w, tid, b"after")
+        assert resp.error == E.NONE, resp
+        assert resp.base_offset == end
+        assert produce(w, tid, [b"durable"], m.Acks.DURABLE).error == E.NONE
+        assert values_of(w, tid)[-2:] == [b"after", b"durable"]
+        w.close()
+        assert broker.stop() == 0, broker.log()
+    finally:
+        if broker.running():
+            broker.kill()
+    # The data written is intact after a restart too (recovery on what the failed writes left).
+    broker = start(data, log, backend)
+    try:
+        w = Wire(broker.port)
+        records = {r.offset: r.value for r in w.fetch_all(tid, 0)}
+        assert {o: records.get(o) for o in acked} == acked
+        assert len(records) == end + 2
+        w.close()
+        assert broker.stop() == 0
+    finally:
+        if broker.running():
+            broker.kill()
