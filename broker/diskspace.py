@@ -8,8 +8,9 @@ Rules this module keeps (docs/LIMITS.md, "Disk"):
   free is room for the broker's own small writes (index entries, a segment roll, the registry),
   as Redpanda's `storage_min_free_bytes` does. Reads, Metadata, DeleteTopic and retention never ask.
 - Cheap: one statvfs per `CHECK_S` per core, not one per request. A real ENOSPC/EDQUOT from a write
-  (`saw_full`) refuses at once until the next statvfs, so a full disk costs one failed write per
-  check interval, not one per request. Once space is back, writes are taken again, no restart.
+  (`saw_full`) refuses at once, until a statvfs finds `--min-free-bytes` and at least
+  `ROOM_AFTER_ENOSPC_BYTES` free (with --min-free-bytes 0, a full disk then costs no write per
+  request and no flapping). Once space is back, writes are taken again, no restart.
 - The reserve file: `<data_dir>/reserve.space`, `RESERVE_BYTES` allocated while there is room
   (the supervisor at start, then each core's check). Something else may fill the disk to the last
   byte (another program, a log file): the broker then gives up the reserve, once, to rewrite its
@@ -32,6 +33,7 @@ from broker.storage.errors import OutOfSpaceError
 log = logging.getLogger(__name__)
 
 CHECK_S = 1.0  # statvfs at most this often per core; also how soon freed space is noticed
+ROOM_AFTER_ENOSPC_BYTES = 1024 * 1024  # after a write failed for space, this much free (at least) clears it
 RESERVE_FILE = "reserve.space"
 RESERVE_BYTES = 4 * 1024 * 1024  # a few rewrites of a registry of thousands of topics
 NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
@@ -104,6 +106,7 @@ class DiskSpace:
         self.free_bytes: int | None = None  # at the last statvfs
         self._checked_at = float("-inf")
         self._refusal: str | None = None  # why writes are refused now, or None
+        self._saw_enospc = False  # since writes were last taken
 
     def check_writable(self) -> None:
         """Raise `OutOfSpaceError` if a write must be refused now."""
@@ -123,6 +126,7 @@ class DiskSpace:
     def saw_full(self, exc: BaseException) -> None:
         """A write failed with ENOSPC/EDQUOT: refuse writes until the next statvfs says otherwise."""
         self._checked_at = self.clock()
+        self._saw_enospc = True
         self._set(
             f"the disk holding the data dir is full ({_reason(exc)}); writes are refused until space is freed"
         )
@@ -141,9 +145,12 @@ class DiskSpace:
                 f"{free} bytes free on the data dir's file system, below --min-free-bytes "
                 f"{self.min_free_bytes}: writes are refused until space is freed"
             )
+        elif self._saw_enospc and free < ROOM_AFTER_ENOSPC_BYTES:
+            pass  # a write failed for space and the disk has not really changed: stay refused
         elif st.f_files and st.f_favail == 0:
             self._set("no free inode on the data dir's file system: writes are refused until some are freed")
         else:
+            self._saw_enospc = False
             self._set(None)
             if free >= self.min_free_bytes + RESERVE_BYTES:
                 ensure_reserve(self.data_dir)

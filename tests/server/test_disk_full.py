@@ -131,7 +131,7 @@ def test_starts_on_a_full_disk_serves_reads_and_deletes_refuses_writes(
         assert produce(w, drop, [b"d" * 100_000] * 4).error == E.NONE
     assert w.rpc(m.OffsetCommitRequest(keep, 0, "g", 7, "meta")).error == E.NONE
     w.close()
-    assert broker.stop() == 0
+    broker.kill()  # SIGKILL: the index entries still in memory are lost; recovery must add them
 
     filler = small_disk / "filler"
     fill(filler)
