@@ -327,6 +327,8 @@ class Handlers:
             return self._dispatch[frame.api_key](req, frame)
         except Exception as exc:  # every failure becomes an error response
             code, message = error_of(exc)
+            if code == m.ErrorCode.OUT_OF_SPACE and not isinstance(exc, OutOfSpaceError):
+                self.space.saw_full(exc)  # a write failed with ENOSPC (a roll, a commit, a create)
             if code == m.ErrorCode.UNKNOWN_SERVER_ERROR:
                 log.exception("unexpected error handling api %d", frame.api_key)
             return self._error(frame, code, message)
@@ -496,12 +498,7 @@ class Handlers:
             if req.acks == m.Acks.NONE:
                 return Silent()  # acks=0 gets no answer, not even this one (docs/PROTOCOL.md)
             raise
-        try:
-            pending = log_.prepare_append(req.records, headers)
-        except StorageError as exc:  # a segment roll found the disk full
-            if is_out_of_space(exc):
-                self.space.saw_full(exc)
-            raise
+        pending = log_.prepare_append(req.records, headers)
         p.reserve(pending.headers)
 
         def complete() -> Reply | Silent:
@@ -581,12 +578,7 @@ class Handlers:
         if req.offset < 0:
             raise ValueError(f"cannot commit negative offset {req.offset}")
         self.space.check_writable()
-        try:
-            p.commit_offset(req.group, req.offset, req.metadata)
-        except OSError as exc:
-            if is_out_of_space(exc):
-                self.space.saw_full(exc)
-            raise
+        p.commit_offset(req.group, req.offset, req.metadata)
         return self._reply(frame, m.OffsetCommitResponse())
 
     def _offset_fetch(self, req: m.Request, frame: Frame) -> Outcome:
