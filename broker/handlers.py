@@ -225,8 +225,17 @@ class Handlers:
             self.registry.remove_orphans()
         self.partitions: dict[tuple[int, int], Partition] = {}
         self._owners: dict[tuple[int, int], int] = {}
+        self._open_errors: dict[int, BaseException] = {}  # topic id -> why a partition did not open
         for topic in self.registry.by_id.values():
-            self._open_topic(topic)
+            try:
+                self._open_topic(topic)
+            except (StorageError, OSError) as exc:
+                # A partition that needs a new segment file (none survived) on a full disk: serve
+                # the rest; it opens on its first request once there is room (see _partition).
+                if not is_out_of_space(exc):
+                    raise
+                self._open_errors[topic.topic_id] = exc
+                log.error("opening partitions of topic %s: %s (retried on the next request)", topic.name, exc)
         self._dispatch: dict[int, Callable[[m.Request, Frame], Outcome]] = {
             m.ApiKey.API_VERSIONS: self._api_versions,
             m.ApiKey.METADATA: self._metadata,
@@ -302,7 +311,11 @@ class Handlers:
             try:
                 self._open_topic(topic)
             except (StorageError, OSError) as exc:
-                log.error("opening partitions of topic %s: %s", topic.name, exc)
+                if topic.topic_id not in self._open_errors:  # once, not on every retry
+                    log.error("opening partitions of topic %s: %s", topic.name, exc)
+                self._open_errors[topic.topic_id] = exc
+            else:
+                self._open_errors.pop(topic.topic_id, None)
 
     # ------------------------------------------------------------------------- entry point
 
@@ -363,6 +376,11 @@ class Handlers:
         topic = self.registry.by_id.get(frame.topic_id)
         if topic is None or not 0 <= frame.partition < topic.partitions:
             raise TopicError("unknown", f"no partition {frame.partition} of topic id {frame.topic_id}")
+        failed = self._open_errors.get(frame.topic_id)
+        if failed is not None and self.owner(frame.topic_id, frame.partition) == self.config.core_id:
+            raise StorageError(
+                f"partition {frame.partition} of topic {topic.name} cannot be opened: {failed}"
+            ) from failed
         raise TopicError(
             "unknown", f"partition {frame.partition} of topic id {frame.topic_id} is not on this core"
         )

@@ -105,14 +105,21 @@ def values_of(w: Wire, tid: int) -> list[bytes]:
     return [r.value for r in w.fetch_all(tid, 0) if r.value is not None]
 
 
-def produce_until_accepted(w: Wire, tid: int, value: bytes, timeout: float = 10) -> m.ProduceResponse:
-    """Space is seen again within the broker's check interval: retry OUT_OF_SPACE until then."""
+def until_accepted(w: Wire, req: m.Request, timeout: float = 10) -> m.Response:
+    """Each core sees space again within its check interval (a second): until then it answers
+    OUT_OF_SPACE, which a client retries."""
     deadline = time.monotonic() + timeout
     while True:
-        resp = produce(w, tid, [value])
+        resp = w.rpc(req)
         if resp.error != E.OUT_OF_SPACE or time.monotonic() > deadline:
             return resp
         time.sleep(0.1)
+
+
+def produce_until_accepted(w: Wire, tid: int, value: bytes) -> m.ProduceResponse:
+    resp = until_accepted(w, m.ProduceRequest(tid, 0, m.Acks.WRITTEN, 5000, encode_batch([value])))
+    assert isinstance(resp, m.ProduceResponse)
+    return resp
 
 
 @pytest.mark.parametrize(
@@ -133,6 +140,7 @@ def test_starts_on_a_full_disk_serves_reads_and_deletes_refuses_writes(
     w = Wire(broker.port)
     keep = w.create_topic("keep")
     drop = w.create_topic("drop")
+    bare = w.create_topic("bare")
     kept = [b"kept-%03d" % i + b"." * 2000 for i in range(50)]
     for i in range(0, len(kept), 10):
         assert produce(w, keep, kept[i : i + 10]).error == E.NONE
@@ -141,6 +149,10 @@ def test_starts_on_a_full_disk_serves_reads_and_deletes_refuses_writes(
     assert w.rpc(m.OffsetCommitRequest(keep, 0, "g", 7, "meta")).error == E.NONE
     w.close()
     broker.kill()  # SIGKILL: the index entries still in memory are lost; recovery must add them
+    for f in (data / "topics" / str(bare) / "0").iterdir():  # as if killed before its first segment
+        f.unlink()
+    for f in (data / "run").iterdir():  # a start frees these: full to the last byte all the same
+        f.unlink()
 
     filler = small_disk / "filler"
     fill(filler)
@@ -160,7 +172,10 @@ def test_starts_on_a_full_disk_serves_reads_and_deletes_refuses_writes(
         assert w.rpc(m.ListOffsetsRequest(keep, 0, m.OffsetSpec.LATEST)).offset == len(kept)
         meta = w.rpc(m.MetadataRequest(()))
         assert isinstance(meta, m.MetadataResponse)
-        assert sorted(t.name for t in meta.topics) == ["drop", "keep"]
+        assert sorted(t.name for t in meta.topics) == ["bare", "drop", "keep"]
+        # A partition that needs a new segment file to open: the broker started all the same.
+        resp = w.rpc(m.FetchRequest(bare, 0, 0, 1 << 20, 0))
+        assert resp.error == E.OUT_OF_SPACE, resp
         got = w.rpc(m.OffsetFetchRequest(keep, 0, "g"))
         assert isinstance(got, m.OffsetFetchResponse) and (got.offset, got.metadata) == (7, "meta")
         # DeleteTopic frees space even now.
@@ -168,16 +183,17 @@ def test_starts_on_a_full_disk_serves_reads_and_deletes_refuses_writes(
         assert w.rpc(m.DeleteTopicRequest("drop")).error == E.NONE
         assert free_bytes(small_disk) > before + 1_000_000
         meta = w.rpc(m.MetadataRequest(()))
-        assert [t.name for t in meta.topics] == ["keep"]  # type: ignore[attr-defined]
+        assert [t.name for t in meta.topics] == ["bare", "keep"]  # type: ignore[attr-defined]
 
         # Space back (the filler goes): writes are taken again, without a restart.
         filler.unlink()
         resp = produce_until_accepted(w, keep, b"after")
         assert resp.error == E.NONE, resp
         assert resp.base_offset == len(kept)
-        assert w.rpc(m.CreateTopicRequest("new", 1)).error == E.NONE
-        assert w.rpc(m.OffsetCommitRequest(keep, 0, "g", 9, "")).error == E.NONE
+        assert until_accepted(w, m.CreateTopicRequest("new", 1)).error == E.NONE  # maybe another core
+        assert until_accepted(w, m.OffsetCommitRequest(keep, 0, "g", 9, "")).error == E.NONE
         assert values_of(w, keep) == [*kept, b"after"]
+        assert produce(w, bare, [b"bare"]).error == E.NONE
         w.close()
         assert broker.stop() == 0, broker.log()
     finally:
