@@ -158,7 +158,7 @@ class DiskSpace:
     def _set(self, refusal: str | None) -> None:
         if (refusal is None) != (self._refusal is None):
             if refusal is None:
-                log.warning("disk space is back (%s bytes free): taking writes again", self.free_bytes)
+                log.info("disk space is back (%s bytes free): taking writes again", self.free_bytes)
             else:
                 log.warning("refusing writes: %s", refusal)
         self._refusal = refusal
