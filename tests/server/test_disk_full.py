@@ -217,18 +217,25 @@ def test_disk_filling_under_a_live_broker(small_disk: Path, tmp_path: Path, back
         stop = threading.Event()
 
         def producer() -> None:
+            """Pipelines 4 produces at a time: a failed write undoes those written after it."""
             pw = Wire(broker.port)
             i = 0
             while not stop.is_set():
-                value = b"%06d:" % i + b"x" * 4000
-                acks = m.Acks.DURABLE if i % 5 == 0 else m.Acks.WRITTEN
-                resp = produce(pw, tid, [value] * 4, acks)
-                if resp.error == E.NONE:
-                    for k in range(4):
-                        acked[resp.base_offset + k] = value
-                else:
-                    errors.append(resp)
-                i += 1
+                sent = []
+                for _ in range(4):
+                    value = b"%06d:" % i + b"x" * 4000
+                    acks = m.Acks.DURABLE if i % 5 == 0 else m.Acks.WRITTEN
+                    pw.send(m.ProduceRequest(tid, 0, acks, 5000, encode_batch([value] * 4)))
+                    sent.append(value)
+                    i += 1
+                for value in sent:
+                    resp = pw.recv()
+                    assert isinstance(resp, m.ProduceResponse)
+                    if resp.error == E.NONE:
+                        for k in range(4):
+                            acked[resp.base_offset + k] = value
+                    else:
+                        errors.append(resp)
             pw.close()
 
         thread = threading.Thread(target=producer, daemon=True)
