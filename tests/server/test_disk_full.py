@@ -27,6 +27,7 @@ from ringlog_proto.batch import encode_batch
 E = m.ErrorCode
 BACKENDS = [pytest.param("uvloop", id="uvloop"), pytest.param("io_uring", id="io_uring")]
 DISK_MIB = 16
+STARTED: list[BrokerProcess] = []
 
 
 def _why_no_disk() -> str | None:
@@ -52,9 +53,14 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
     # -m 0: no blocks reserved for root (the broker runs as root here: it would write into them).
     subprocess.run(["mkfs.ext4", "-q", "-F", "-m", "0", str(image)], check=True, capture_output=True)
     subprocess.run(["mount", "-o", "loop", str(image), str(mnt)], check=True, capture_output=True)
+    STARTED.clear()
     try:
         yield mnt
     finally:
+        for broker in STARTED:
+            if broker.running():
+                broker.kill()
+        STARTED.clear()
         for _ in range(50):  # a broker killed a moment ago may still hold files open
             if subprocess.run(["umount", str(mnt)], check=False, capture_output=True).returncode == 0:
                 break
@@ -63,12 +69,16 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
             subprocess.run(["umount", "-l", str(mnt)], check=False, capture_output=True)
 
 
-def fill(path: Path) -> int:
-    """Grow `path` until the file system refuses another byte; its size. Most of it is allocated
-    at once (fallocate: no data written), the last bytes by writes until ENOSPC."""
+def fill(path: Path, leave: int = 0) -> int:
+    """Grow `path` until the file system refuses another byte (or only `leave` bytes are free);
+    its size. Most of it is allocated at once (fallocate: no data written), the rest by writes."""
     written = 0
     with open(path, "wb", buffering=0) as f:
-        bulk = free_bytes(path.parent) - (1 << 20)
+        bulk = free_bytes(path.parent) - max(leave, 1 << 20)
+        if leave:
+            if bulk > 0:
+                os.posix_fallocate(f.fileno(), 0, bulk)
+            return max(bulk, 0)
         if bulk > 0:
             os.posix_fallocate(f.fileno(), 0, bulk)
             f.seek(bulk)
@@ -92,7 +102,9 @@ def free_bytes(path: Path) -> int:
 
 
 def start(data: Path, log: Path, backend: str, *extra: str, cores: int = 1) -> BrokerProcess:
-    return BrokerProcess(data, log, extra=("--ebpf", "off", *extra), backend=backend, cores=cores).start()
+    broker = BrokerProcess(data, log, extra=("--ebpf", "off", *extra), backend=backend, cores=cores)
+    STARTED.append(broker)  # killed by small_disk's teardown, whatever the test did
+    return broker.start()
 
 
 def produce(w: Wire, tid: int, values: list[bytes], acks: int = m.Acks.WRITTEN) -> m.ProduceResponse:
@@ -238,9 +250,12 @@ def test_disk_filling_under_a_live_broker(small_disk: Path, tmp_path: Path, back
                         errors.append(resp)
             pw.close()
 
+        # Most of the disk is taken first, so that the producer cannot fill it all by itself
+        # before the filler grows (then freeing the filler would free nothing).
+        fill(small_disk / "filler-1", leave=2 << 20)
         thread = threading.Thread(target=producer, daemon=True)
         thread.start()
-        time.sleep(0.3)
+        time.sleep(0.1)
         fill(small_disk / "filler")
         deadline = time.monotonic() + 10
         while len(errors) < 5 and time.monotonic() < deadline:
@@ -258,6 +273,7 @@ def test_disk_filling_under_a_live_broker(small_disk: Path, tmp_path: Path, back
         end = len(records)
 
         (small_disk / "filler").unlink()
+        (small_disk / "filler-1").unlink()
         resp = produce_until_accepted(w, tid, b"after")
         assert resp.error == E.NONE, resp
         assert resp.base_offset == end
