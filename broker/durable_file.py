@@ -7,17 +7,25 @@ survives a power loss.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 
 
 def replace_json(path: str, doc: object) -> None:
+    """Replace `path` with `doc` (see the module docstring). On failure (a full disk) the old
+    version stays and no temporary file is left to hold space."""
     tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(doc, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(doc, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)

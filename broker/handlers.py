@@ -23,6 +23,10 @@ Rules this module keeps:
 - One place maps exceptions to wire error codes (`error_of`). A request that fails gets an error
   response; only a frame that cannot be delimited closes its connection (the server's business).
 - Responses leave in request order per connection; the backend guarantees it, not this module.
+- A full disk refuses writes, never reads (broker/diskspace.py): Produce, CreateTopic and
+  OffsetCommit ask `space.check_writable()` first and get OUT_OF_SPACE (retriable); a write that
+  fails with ENOSPC anyway answers the same and tells `space`. Fetch, ListOffsets, Metadata,
+  OffsetFetch, DeleteTopic and retention never ask.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from broker import __version__
+from broker.diskspace import DiskSpace, is_out_of_space
 from broker.limits import Limits
 from broker.metrics import CoreMetrics, read_snapshots
 from broker.partition import Partition, RetryInFlightError, SequenceError
@@ -43,6 +48,7 @@ from broker.storage.errors import (
     InvalidBatchError,
     LogClosedError,
     OffsetOutOfRangeError,
+    OutOfSpaceError,
     StorageError,
 )
 from broker.storage.log import LogConfig, PendingAppend
@@ -163,6 +169,10 @@ def error_of(exc: BaseException) -> tuple[m.ErrorCode, str]:
             return E.OUT_OF_ORDER_SEQUENCE, str(exc)
         case RetryInFlightError():
             return E.REQUEST_TIMED_OUT, str(exc)
+        case OutOfSpaceError():
+            return E.OUT_OF_SPACE, str(exc)
+        case StorageError() | OSError() if is_out_of_space(exc):
+            return E.OUT_OF_SPACE, f"the disk holding the data dir is full, nothing was stored: {exc}"
         case CorruptBatchError() | LogClosedError() | StorageError() | OSError():
             return E.STORAGE_ERROR, str(exc)
         case TopicError(kind="exists"):
@@ -208,6 +218,7 @@ class Handlers:
         self.config = config
         self.metrics = metrics if metrics is not None else CoreMetrics(config.core_id, config.backend)
         self.gauges: dict[str, Callable[[], int]] = {}
+        self.space = DiskSpace(config.data_dir, config.limits.min_free_bytes)  # broker/diskspace.py
         os.makedirs(os.path.join(config.data_dir, "topics"), exist_ok=True)
         self.registry = TopicRegistry(config.data_dir, config.log_defaults, remove_orphans=False)
         with self.registry.locked():  # orphans are removed only here: at start, under the lock
@@ -215,8 +226,17 @@ class Handlers:
             self.registry.remove_orphans()
         self.partitions: dict[tuple[int, int], Partition] = {}
         self._owners: dict[tuple[int, int], int] = {}
+        self._open_errors: dict[int, BaseException] = {}  # topic id -> why a partition did not open
         for topic in self.registry.by_id.values():
-            self._open_topic(topic)
+            try:
+                self._open_topic(topic)
+            except (StorageError, OSError) as exc:
+                # A partition that needs a new segment file (none survived) on a full disk: serve
+                # the rest; it opens on its first request once there is room (see _partition).
+                if not is_out_of_space(exc):
+                    raise
+                self._open_errors[topic.topic_id] = exc
+                log.error("opening partitions of topic %s: %s (retried on the next request)", topic.name, exc)
         self._dispatch: dict[int, Callable[[m.Request, Frame], Outcome]] = {
             m.ApiKey.API_VERSIONS: self._api_versions,
             m.ApiKey.METADATA: self._metadata,
@@ -292,7 +312,11 @@ class Handlers:
             try:
                 self._open_topic(topic)
             except (StorageError, OSError) as exc:
-                log.error("opening partitions of topic %s: %s", topic.name, exc)
+                if topic.topic_id not in self._open_errors:  # once, not on every retry
+                    log.error("opening partitions of topic %s: %s", topic.name, exc)
+                self._open_errors[topic.topic_id] = exc
+            else:
+                self._open_errors.pop(topic.topic_id, None)
 
     # ------------------------------------------------------------------------- entry point
 
@@ -317,6 +341,8 @@ class Handlers:
             return self._dispatch[frame.api_key](req, frame)
         except Exception as exc:  # every failure becomes an error response
             code, message = error_of(exc)
+            if code == m.ErrorCode.OUT_OF_SPACE and not isinstance(exc, OutOfSpaceError):
+                self.space.saw_full(exc)  # a write failed with ENOSPC (a roll, a commit, a create)
             if code == m.ErrorCode.UNKNOWN_SERVER_ERROR:
                 log.exception("unexpected error handling api %d", frame.api_key)
             return self._error(frame, code, message)
@@ -351,6 +377,11 @@ class Handlers:
         topic = self.registry.by_id.get(frame.topic_id)
         if topic is None or not 0 <= frame.partition < topic.partitions:
             raise TopicError("unknown", f"no partition {frame.partition} of topic id {frame.topic_id}")
+        failed = self._open_errors.get(frame.topic_id)
+        if failed is not None and self.owner(frame.topic_id, frame.partition) == self.config.core_id:
+            raise StorageError(
+                f"partition {frame.partition} of topic {topic.name} cannot be opened: {failed}"
+            ) from failed
         raise TopicError(
             "unknown", f"partition {frame.partition} of topic id {frame.topic_id} is not on this core"
         )
@@ -406,6 +437,7 @@ class Handlers:
 
     def _create_topic(self, req: m.Request, frame: Frame) -> Outcome:
         assert isinstance(req, m.CreateTopicRequest)
+        self.space.check_writable()
         with self.registry.locked():  # reload, change, save: other cores change it too
             self.registry.load()
             topic = self.registry.create(
@@ -479,6 +511,12 @@ class Handlers:
             if req.acks == m.Acks.DURABLE and log_.durable_offset < end:
                 return Durable(p, reply, lambda exc: self.error_reply(frame, exc))
             return reply
+        try:
+            self.space.check_writable()
+        except OutOfSpaceError:
+            if req.acks == m.Acks.NONE:
+                return Silent()  # acks=0 gets no answer, not even this one (docs/PROTOCOL.md)
+            raise
         pending = log_.prepare_append(req.records, headers)
         p.reserve(pending.headers)
 
@@ -496,6 +534,8 @@ class Handlers:
 
         def fail(exc: BaseException) -> Reply | Silent:
             p.unreserve(pending.headers)
+            if is_out_of_space(exc):
+                self.space.saw_full(exc)
             if req.acks == m.Acks.NONE:
                 return Silent()
             return self.error_reply(frame, exc)
@@ -556,6 +596,7 @@ class Handlers:
         p = self._partition(frame)
         if req.offset < 0:
             raise ValueError(f"cannot commit negative offset {req.offset}")
+        self.space.check_writable()
         p.commit_offset(req.group, req.offset, req.metadata)
         return self._reply(frame, m.OffsetCommitResponse())
 

@@ -38,6 +38,12 @@ class Limits:
         "a request forwarded to the owning core and not answered within this (plus max_wait for a "
         "long poll) is answered REQUEST_TIMED_OUT; 0: no deadline",
     )
+    # Disk (issue 10, defect 7): broker/diskspace.py
+    min_free_bytes: int = limit(
+        64 * MiB,
+        "--min-free-bytes",
+        "free bytes the data dir's file system must keep: below it writes get OUT_OF_SPACE (retriable)",
+    )
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -24,17 +24,22 @@ The backend contract (uvloop in broker/server.py, io_uring in broker/uring_serve
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
+import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 
 from ringlog_proto.messages import ApiKey
 
+log = logging.getLogger(__name__)
+
 LATENCY_BUCKETS = 32  # bucket i holds latencies of bit_length(i) microseconds: up to ~35 min
 API_SLOTS = 32  # api keys counted by index; larger keys (unknown apis) land in the last slot
 RUN_DIR = "run"
 SNAPSHOT_PREFIX = "metrics-core-"
+PUBLISH_SKIP_LOG_S = 60.0  # at most one warning this often about snapshots a full disk refused
 GAUGES = ("inflight_requests", "pending_forwards", "parked_long_polls", "commit_waiters")
 
 
@@ -149,18 +154,40 @@ def snapshot_path(data_dir: str, core: int) -> str:
 
 
 def publish(data_dir: str, snap: Mapping[str, object]) -> None:
-    """Replace this core's snapshot file atomically (readers see the old or the new one)."""
+    """Replace this core's snapshot file atomically (readers see the old or the new one).
+
+    On a full disk the snapshot is skipped (the previous one stays), with one warning per
+    `PUBLISH_SKIP_LOG_S` saying how many were skipped: a broker on a full disk keeps serving
+    and must not log a line per second per core about it. Other errors raise."""
     path = snapshot_path(data_dir, int(snap["core"]))  # type: ignore[call-overload]
     tmp = f"{path}.{os.getpid()}.tmp"
-    os.makedirs(os.path.dirname(path), exist_ok=True)
     try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump(snap, f)
         os.replace(tmp, path)
-    except OSError:
+    except OSError as exc:
         with contextlib.suppress(OSError):  # a full disk must not collect half-written snapshots
             os.unlink(tmp)
-        raise
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        _skipped_publish(exc)
+
+
+_skips = {"count": 0, "logged_at": float("-inf")}
+
+
+def _skipped_publish(exc: OSError) -> None:
+    _skips["count"] += 1
+    now = time.monotonic()
+    if now - _skips["logged_at"] >= PUBLISH_SKIP_LOG_S:
+        log.warning(
+            "metrics snapshot not published: %s (%d skipped; the last one published stays)",
+            exc.strerror or exc,
+            _skips["count"],
+        )
+        _skips["logged_at"] = now
+        _skips["count"] = 0
 
 
 def read_snapshots(data_dir: str, cores: int) -> list[dict[str, object]]:

@@ -67,6 +67,7 @@ from dataclasses import asdict, dataclass, field
 from bpf import state as bpf_state
 from bpf.kernel import BpfError
 from bpf.plane import EbpfPlane
+from broker.diskspace import RESERVE_BYTES, ensure_reserve
 from broker.limits import Limits
 from broker.liveness import LivenessTable
 from broker.membership import MembershipEndpoint
@@ -391,25 +392,41 @@ class Supervisor:
                     log.info("waiting for the previous broker's processes to leave %s", os.path.abspath(d))
                     said = True
                 time.sleep(0.05)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._lock_fd = fd
+        # The holder's pid, for the "in use" message only. Written over the old one in place
+        # (blocks already allocated) and then cut, so that it needs no free space; a full disk
+        # that refuses it anyway costs only that message's pid.
+        pid = f"{os.getpid()}\n".encode()
+        try:
+            os.pwrite(fd, pid, 0)
+            os.ftruncate(fd, len(pid))
+        except OSError as exc:
+            log.warning("cannot write the pid into %s: %s", path, exc)
 
     def _prepare_data_dir(self) -> None:
+        """Lock and check the data dir. Needs no free space: a broker must start on a full disk
+        (it serves reads and deletes and refuses writes until space is back: broker/diskspace.py),
+        so nothing here writes file data, and a directory that is missing and cannot be made
+        (the only writes) fails the start only because the broker cannot work without it."""
         d = self.config.data_dir
         self._lock_data_dir()
         try:
             os.makedirs(os.path.join(d, "topics"), exist_ok=True)
             os.makedirs(run_dir(d), exist_ok=True)
-            probe = os.path.join(run_dir(d), f".probe-{os.getpid()}")
-            with open(probe, "w") as f:
-                f.write("ok")
-            os.unlink(probe)
             for name in os.listdir(run_dir(d)):  # snapshots of an earlier run (or core count)
                 with contextlib.suppress(OSError):
                     os.unlink(os.path.join(run_dir(d), name))
+            if not os.access(d, os.R_OK | os.W_OK | os.X_OK):
+                raise PermissionError(errno.EACCES, "not writable (permissions, or a read-only file system)")
         except OSError as exc:
             raise StartError(f"data dir {os.path.abspath(d)} is unusable: {exc}") from exc
+        if not ensure_reserve(d):
+            log.warning(
+                "no room for the %d-byte reserve file in %s: a DeleteTopic on a disk filled to "
+                "the last byte may fail until space is freed",
+                RESERVE_BYTES,
+                os.path.abspath(d),
+            )
 
     # ------------------------------------------------------------------------- workers
 

@@ -28,6 +28,7 @@ import shutil
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
+from broker.diskspace import is_out_of_space, release_reserve
 from broker.durable_file import load_json, replace_json
 from broker.storage.log import LogConfig
 
@@ -153,7 +154,15 @@ class TopicRegistry:
             "next_topic_id": self.next_topic_id,
             "topics": [asdict(t) for t in sorted(self.by_id.values(), key=lambda t: t.topic_id)],
         }
-        replace_json(self.path, doc)
+        try:
+            replace_json(self.path, doc)
+        except OSError as exc:
+            # A disk filled to the last byte by something else: give up the reserve file, once,
+            # so that a DeleteTopic (which frees space) can still be recorded. A create never
+            # gets here on a full disk: it is refused before (broker/diskspace.py).
+            if not is_out_of_space(exc) or not release_reserve(self.data_dir):
+                raise
+            replace_json(self.path, doc)
         self._file_identity = self._identity()
 
     def partition_dir(self, topic_id: int, partition: int) -> str:

@@ -51,7 +51,7 @@ from broker.handlers import (
 )
 from broker.metrics import publish
 from broker.partition import Partition
-from broker.storage.fileio import Op, Sync, SyncFileIO, Write, remaining_buffers, run_ops
+from broker.storage.fileio import Op, Sync, SyncFileIO, Write, WriteError, remaining_buffers, run_ops
 from broker.uring_options import UringOptions
 from ringlog_proto.frames import Frame, FrameDecoder, ProtocolError
 from ringlog_proto.messages import Acks
@@ -590,9 +590,9 @@ class UringServer(BackendCore):
 
             def written(res: int, flags: int) -> None:
                 if res < 0:
-                    done(OSError(-res, f"pwritev at offset {op.offset}: {os.strerror(-res)}"))
+                    done(WriteError(-res, f"pwritev at offset {op.offset}: {os.strerror(-res)}"))
                 elif res == 0:
-                    done(OSError(errno.EIO, f"pwritev wrote 0 bytes at offset {op.offset}"))
+                    done(WriteError(errno.EIO, f"pwritev wrote 0 bytes at offset {op.offset}"))
                 elif res < op.length:
                     ops[0] = Write(
                         op.fd, remaining_buffers(op.buffers, res), op.offset + res, op.length - res

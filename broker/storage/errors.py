@@ -34,3 +34,8 @@ class CorruptBatchError(StorageError):
 
 class LogClosedError(StorageError):
     """The log was closed, or a failed write left it unusable until it is reopened."""
+
+
+class OutOfSpaceError(StorageError):
+    """The disk holding the data dir is full (or below the broker's free-space floor): a write
+    was refused or failed with ENOSPC, and nothing was stored. Reads still work; retriable."""

@@ -8,10 +8,14 @@ Rules this module keeps:
   `FileIO` that injects short writes and errors.
 - A short write is not an error: `run_ops` continues it. An `OSError` from the file system is an
   operating error (full disk, EIO): it propagates to the log, which undoes the append.
+- A failed write raises `WriteError` (an `OSError`), a failed sync a plain `OSError`: the log
+  must tell them apart. A write that fails (ENOSPC) put nothing in doubt; a sync that fails may
+  have lost data already written (see `Log.fail_flush`).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from collections.abc import Sequence
@@ -46,6 +50,11 @@ class SyncDir:
 
 
 Op = Write | Sync | SyncDir
+
+
+class WriteError(OSError):
+    """A `Write` failed (ENOSPC, EIO, ...): the bytes it carried may be partly in the file, the
+    data before them is as it was. Not a failed sync. Keeps the errno of the system call."""
 
 
 class FileIO(Protocol):
@@ -130,11 +139,16 @@ def run_write(io: FileIO, op: Write) -> None:
     assert op.length > 0
     buffers, offset, remaining = op.buffers, op.offset, op.length
     while True:
-        n = io.pwritev(op.fd, buffers, offset)
+        try:
+            n = io.pwritev(op.fd, buffers, offset)
+        except WriteError:
+            raise
+        except OSError as exc:
+            raise WriteError(exc.errno, exc.strerror or str(exc)) from exc
         if n == remaining:
             return
         if n <= 0:
-            raise OSError(f"pwritev wrote {n} bytes at offset {offset} of fd {op.fd}")
+            raise WriteError(errno.EIO, f"pwritev wrote {n} bytes at offset {offset} of fd {op.fd}")
         remaining -= n
         offset += n
         buffers = remaining_buffers(buffers, n)

@@ -40,7 +40,7 @@ from broker.storage.errors import (
     OffsetOutOfRangeError,
     StorageError,
 )
-from broker.storage.fileio import FileIO, Op, Sync, SyncDir, SyncFileIO, Write, run_ops
+from broker.storage.fileio import FileIO, Op, Sync, SyncDir, SyncFileIO, Write, WriteError, run_ops
 from broker.storage.index import RELATIVE_OFFSET_MAX
 from broker.storage.segment import (
     INDEX_SUFFIX,
@@ -486,10 +486,22 @@ class Log:
         self.complete_flush(plan)
 
     def fail_flush(self, exc: OSError) -> None:
-        """A sync failed. The kernel may have dropped the dirty pages it could not write and
+        """A flush failed.
+
+        A sync failed: the kernel may have dropped the dirty pages it could not write and
         will report success on a retry (PostgreSQL's "fsyncgate"), so no later flush can be
         trusted: the log refuses further work until reopened, where recovery reads back what
-        really is on disk."""
+        really is on disk. That holds for ENOSPC from fdatasync too (ext4 drops delayed-allocation
+        pages it finds no block for).
+
+        A write failed (`WriteError`: the index entries a flush writes, on a full disk): nothing
+        already written is in doubt, so the log stays usable; durable_offset did not move, and
+        the next flush writes and syncs the same again."""
+        if isinstance(exc, WriteError):
+            log.warning(
+                "%s: flush could not write the index (%s); the next flush retries", self.directory, exc
+            )
+            return
         self._broken = f"fdatasync failed ({exc}); data since offset {self.durable_offset} may be lost"
         log.error("%s: %s", self.directory, self._broken)
 

@@ -13,6 +13,7 @@ Rules this module keeps:
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 from dataclasses import dataclass
@@ -51,6 +52,19 @@ log = logging.getLogger(__name__)
 STORE_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
 SCAN_CHUNK_BYTES = 4 * 1024 * 1024  # recovery reads the store in chunks this big; bounds its memory
+
+
+def _common_prefix(a: bytes, b: bytes) -> int:
+    """Length of the longest common prefix of `a` and `b`."""
+    n = min(len(a), len(b))
+    lo, hi = 0, n  # binary search over slices: C-speed compares, not a Python loop per byte
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def segment_name(base_offset: int) -> str:
@@ -151,8 +165,18 @@ class Segment:
         return seg
 
     def close(self) -> None:
-        """Write unpersisted index entries and close both files. No fsync: see `Log.flush`."""
-        self.write_index()
+        """Write unpersisted index entries and close both files. No fsync: see `Log.flush`.
+
+        An index write the disk refuses (full) is skipped with a warning: the index is a cache
+        that the next open rebuilds from the store. The files are closed whatever happens."""
+        try:
+            self.write_index()
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                self.io.close(self.store_fd)
+                self.io.close(self.index_fd)
+                raise
+            log.warning("%s: index entries not written (%s); rebuilt at the next open", self.index_path, exc)
         self.io.close(self.store_fd)
         self.io.close(self.index_fd)
 
@@ -287,11 +311,7 @@ class Segment:
         if cut:
             log.warning("%s: cut %d bytes at position %d: %s", self.store_path, cut, position, reason)
             self.io.ftruncate(self.store_fd, position)
-        # Rewrite the index whole: it may have lost entries, garbage, or a partial entry.
-        self.io.ftruncate(self.index_fd, 0)
-        whole = index.encode_file(self.base_offset)
-        run_write(self.io, Write(self.index_fd, (whole,), 0, len(whole)))
-        index.persisted_count = len(index)
+        self._rewrite_index(index)
         self._index = index
         self.size = position
         self.next_offset = next_offset
@@ -299,6 +319,41 @@ class Segment:
         self.max_timestamp = None if last is None else last.max_timestamp
         self.last_append_ms = None if last is None else last.append_time_ms
         return cut
+
+    def _rewrite_index(self, index: SegmentIndex) -> None:
+        """Make the index file hold exactly `index` (it may have lost entries, or hold garbage or a
+        partial entry), writing only what differs: a clean restart writes nothing, so recovery
+        works on a full disk. Where the disk refuses the write (ENOSPC), the file is cut to what
+        is right in it, or emptied, and the entries stay unpersisted in memory: the index is a
+        cache of the store, rebuilt at the next open if need be. Other errors raise."""
+        whole = index.encode_file(self.base_offset)
+        on_disk = self.io.pread(self.index_fd, self.io.size(self.index_fd), 0)
+        if on_disk == whole:
+            index.persisted_count = len(index)
+            return
+        keep = 0  # bytes at the start of the file that are already right (whole entries)
+        if len(on_disk) >= INDEX_HEADER_SIZE and on_disk[:INDEX_HEADER_SIZE] == whole[:INDEX_HEADER_SIZE]:
+            common = len(whole) if on_disk.startswith(whole) else _common_prefix(on_disk, whole)
+            keep = INDEX_HEADER_SIZE + (common - INDEX_HEADER_SIZE) // ENTRY_SIZE * ENTRY_SIZE
+        try:
+            if keep < len(on_disk):
+                self.io.ftruncate(self.index_fd, keep)  # frees space; never needs any
+            if keep < len(whole):
+                run_write(self.io, Write(self.index_fd, (whole[keep:],), keep, len(whole) - keep))
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            with contextlib.suppress(OSError):
+                self.io.ftruncate(self.index_fd, keep)
+            log.warning(
+                "%s: no space to rewrite the index (%s); the rest stays in memory until there "
+                "is room (the store is the truth: the next open rebuilds it if need be)",
+                self.index_path,
+                exc.strerror or exc,
+            )
+            index.persisted_count = max(0, (keep - INDEX_HEADER_SIZE) // ENTRY_SIZE)
+            return
+        index.persisted_count = len(index)
 
     def _verified_header(self, position: int, expected_offset: int, store_size: int) -> BatchHeader | None:
         """The header of the batch at `position` if the whole batch is there and its crc matches."""
