@@ -43,6 +43,7 @@ from broker.storage.errors import (
     InvalidBatchError,
     LogClosedError,
     OffsetOutOfRangeError,
+    RecordFramingError,
     StorageError,
 )
 from broker.storage.log import LogConfig, PendingAppend
@@ -155,6 +156,8 @@ def error_of(exc: BaseException) -> tuple[m.ErrorCode, str]:
             return E.INVALID_REQUEST, f"malformed request: {exc}"
         case BatchTooLargeError():
             return E.MESSAGE_TOO_LARGE, str(exc)
+        case RecordFramingError():
+            return E.INVALID_BATCH, str(exc)
         case InvalidBatchError():
             return E.CORRUPT_MESSAGE, str(exc)
         case OffsetOutOfRangeError():
