@@ -321,6 +321,12 @@ class Handlers:
             code, message = error_of(exc)
             if code == m.ErrorCode.UNKNOWN_SERVER_ERROR:
                 log.exception("unexpected error handling api %d", frame.api_key)
+            if _is_silent_produce(frame):
+                # acks=0 promises no response at all (docs/PROTOCOL.md §1): an error answer would
+                # be taken for the reply to the client's next request. Counted, not sent.
+                self.metrics.error()
+                log.debug("acks=0 produce refused: %s: %s", code.name, message)
+                return Silent()
             return self._error(frame, code, message)
 
     def _reply(self, frame: Frame, resp: m.Response) -> Reply:
