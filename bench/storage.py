@@ -28,7 +28,17 @@ What it measures, and why each number is compared with the ceiling it is:
 5. Group commit. 16 KiB batches of 1 KiB records with `flush()` (fdatasync) after every batch,
    after every 64 batches, and never: what durability costs in appends/s. This one does hit the
    disk, so it is a property of the machine as much as of the code.
-6. `--profile` (instead of the tables): the 256 KiB / 1 KiB append under cProfile, top 15
+6. Record-framing validation. What the broker's walk of every appended batch's records costs
+   (`LogConfig.check_records`, always on in the broker; ringlog_proto.batch.invalid_records, in
+   C via native._records when built): `Log.append` of the same batches with the walk on and off,
+   in the same run, alternating which goes first, `--validation-rounds` rounds (default 7) for
+   16 KiB batches of 100 B and of 1 KiB records, and one-record batches of 100 B (the per-batch
+   cost at its most visible). Prints the best and median of each side, the spread (worst/best - 1)
+   and the ratio on/off of the medians and of the bests: the throughput kept. The broker's
+   produce path runs the very same `Log.validate`, with more work around it (frames, the
+   handler, the socket), so its relative cost is at most this one. `--validation-only` runs just
+   this section.
+7. `--profile` (instead of the tables): the 256 KiB / 1 KiB append under cProfile, top 15
    functions by cumulative and by own time. cProfile's per-call overhead inflates Python-heavy
    paths; read it for where time goes, not for how fast.
 
@@ -71,6 +81,7 @@ from ringlog_proto.batch import (
     encode_batch,
     iter_batches,
     read_header,
+    walk_implementation,
 )
 
 KIB = 1024
@@ -315,6 +326,86 @@ def bench_io(w: Workload, workdir: str, tag: str) -> IOResult:
             if os.path.exists(raw_path):
                 os.unlink(raw_path)
     return IOResult(w, times, records_read)
+
+
+def append_only(directory: str, batches: list[bytes], check_records: bool) -> float:
+    """Seconds to append `batches` into a fresh log, with or without the record-framing walk."""
+    config = LogConfig(
+        segment_bytes=SEGMENT_BYTES, max_batch_bytes=MAX_BATCH_BYTES, check_records=check_records
+    )
+    log = Log.open(directory, config, io=BenchIO())
+    try:
+        append = log.append
+        t0 = time.perf_counter()
+        for b in batches:
+            append(b)
+        return time.perf_counter() - t0
+    finally:
+        close_unsynced(log)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+VALIDATION_WORKLOADS = ((16 * KIB, 100), (16 * KIB, KIB), (0, 100))  # batch target 0: one record
+
+
+def bench_validation(
+    workdir: str, total: int, rounds: int
+) -> list[tuple[Workload, list[float], list[float]]]:
+    """(workload, seconds with the walk, seconds without) per round, variants alternating."""
+    out = []
+    for batch_target, record_size in VALIDATION_WORKLOADS:
+        if batch_target:
+            w = make_workload(record_size, batch_target, total)
+        else:  # one record per batch: fewer bytes, or the run would take minutes
+            n = max(1, total // 16 // (HEADER_SIZE + RECORD_HEADER_SIZE + record_size))
+            pool = [
+                encode_batch([os.urandom(record_size)], timestamp=TIMESTAMP) for _ in range(min(n, 50_000))
+            ]
+            w = Workload(record_size, 0, 1, len(pool[0]), [pool[i % len(pool)] for i in range(n)])
+        on: list[float] = []
+        off: list[float] = []
+        for rnd in range(rounds):
+            for check in (True, False) if rnd % 2 == 0 else (False, True):
+                dt = append_only(os.path.join(workdir, f"validation-{rnd}-{check}"), w.batches, check)
+                (on if check else off).append(dt)
+        out.append((w, on, off))
+    return out
+
+
+def print_validation(rows: list[tuple[Workload, list[float], list[float]]], rounds: int) -> None:
+    print(
+        f"\nRecord-framing validation (Log.append with LogConfig.check_records on vs off, same run, "
+        f"{rounds} rounds alternating; walk in {walk_implementation()}):"
+    )
+    header = [
+        "batch",
+        "record",
+        "batches",
+        "on MB/s med",
+        "off MB/s med",
+        "on spread",
+        "off spread",
+        "on/off med",
+        "on/off best",
+    ]
+    table_rows = []
+    for w, on, off in rows:
+        med_on, med_off = sorted(on)[len(on) // 2], sorted(off)[len(off) // 2]
+        table_rows.append(
+            [
+                size_label(w.batch_target) if w.batch_target else "1 record",
+                size_label(w.record_size),
+                f"{len(w.batches)} x {w.batch_size} B",
+                rate(w.total_bytes, med_on),
+                rate(w.total_bytes, med_off),
+                f"{max(on) / min(on) - 1:.1%}",
+                f"{max(off) / min(off) - 1:.1%}",
+                f"{med_off / med_on:.3f}",
+                f"{min(off) / min(on):.3f}",
+            ]
+        )
+    table(header, table_rows)
+    print("  on/off = throughput with the walk / without (1.000: free; the issue allows >= 0.95)")
 
 
 def warm_up(workdir: str, nbytes: int) -> None:
@@ -565,6 +656,10 @@ def main(argv: list[str] | None = None) -> int:
         "--total-mb", type=int, help="MiB written per configuration (default 512, 64 with --quick)"
     )
     p.add_argument(
+        "--validation-only", action="store_true", help="only the record-framing validation comparison"
+    )
+    p.add_argument("--validation-rounds", type=int, default=7, help="rounds of each variant (default 7)")
+    p.add_argument(
         "--profile",
         action="store_true",
         help="profile the 256 KiB / 1 KiB append instead of printing the tables",
@@ -601,6 +696,9 @@ def main(argv: list[str] | None = None) -> int:
             " reads are served from it, for log and raw alike"
         )
         warm_up(workdir, 2 * total)
+        if args.validation_only:
+            print_validation(bench_validation(workdir, total, args.validation_rounds), args.validation_rounds)
+            return 0
         results = []
         for batch_target in BATCH_SIZES:
             for record_size in RECORD_SIZES:
@@ -616,6 +714,7 @@ def main(argv: list[str] | None = None) -> int:
         print_codec(codec)
         rows, w = bench_group_commit(workdir, group_batches)
         print_group_commit(rows, w)
+        print_validation(bench_validation(workdir, total, args.validation_rounds), args.validation_rounds)
         return 0
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

@@ -440,9 +440,13 @@ def _native_walk() -> Callable[[bytes | bytearray | memoryview, int, int, int], 
     c_walk = lib.rr_walk_records
 
     def walk_records_native(buf: bytes | bytearray | memoryview, start: int, end: int, count: int) -> int:
-        if not 0 <= count < 1 << 32:
+        try:
+            if type(buf) is bytes:  # passed as a pointer to its bytes: no from_buffer needed
+                return c_walk(buf, len(buf), start, end, count)
+            view = from_buffer(buf)
+            return c_walk(view, len(view), start, end, count)
+        except OverflowError:  # a negative start, end or count: outside the buffer by definition
             return _WALK_BOUNDS
-        return c_walk(from_buffer(buf), len(buf), start, end, count)
 
     return walk_records_native
 
@@ -450,18 +454,23 @@ def _native_walk() -> Callable[[bytes | bytearray | memoryview, int, int, int], 
 _walk: Callable[[bytes | bytearray | memoryview, int, int, int], int] | None = None
 
 
-def walk_records(buf: bytes | bytearray | memoryview, start: int, end: int, count: int) -> int:
-    """`walk_records_python`'s result, computed in C when the extension is built."""
-    global _walk  # noqa: PLW0603 - resolved once, on first use: clients never pay for the import
+def records_walker() -> Callable[[bytes | bytearray | memoryview, int, int, int], int]:
+    """The fastest walk here: C when native._records is built, else `walk_records_python`. The
+    broker binds it once (broker/storage/log.py); importing native is left to the first caller."""
+    global _walk  # noqa: PLW0603 - resolved once: clients that never walk never import native
     if _walk is None:
         _walk = _native_walk() or walk_records_python
-    return _walk(buf, start, end, count)
+    return _walk
+
+
+def walk_records(buf: bytes | bytearray | memoryview, start: int, end: int, count: int) -> int:
+    """`walk_records_python`'s result, computed in C when the extension is built."""
+    return records_walker()(buf, start, end, count)
 
 
 def walk_implementation() -> str:
     """ "native" or "python": which walk `walk_records` uses here."""
-    walk_records(b"", 0, 0, 0)
-    return "python" if _walk is walk_records_python else "native"
+    return "python" if records_walker() is walk_records_python else "native"
 
 
 def describe_walk(result: int) -> str:

@@ -61,12 +61,13 @@ from ringlog_proto.batch import (
     invalid_records,
     now_ms,
     read_header,
+    records_walker,
     unpack_header,
-    walk_records,
 )
 
 log = logging.getLogger(__name__)
 
+_walk_records = records_walker()  # C when native._records is built (see ringlog_proto/batch.py)
 SEGMENT_BYTES_MAX = 1 << 31  # index positions are u32; 2 GiB keeps every position far from overflow
 INDEX_PENDING_ENTRIES_MAX = 256  # index entries held in memory before they are written: 6 KiB
 
@@ -288,7 +289,7 @@ class Log:
         size = len(records)
         max_batch = self.config.max_batch_bytes
         check = self.config.check_records
-        walk = walk_records
+        walk = _walk_records
         headers = []
         pos = 0
         while pos < size:
