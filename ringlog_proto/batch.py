@@ -448,6 +448,7 @@ def _native_walk() -> Callable[[bytes | bytearray | memoryview, int, int, int], 
         except OverflowError:  # a negative start, end or count: outside the buffer by definition
             return _WALK_BOUNDS
 
+    walk_records_native.for_bytes = c_walk  # type: ignore[attr-defined]  # see `bytes_walker`
     return walk_records_native
 
 
@@ -461,6 +462,13 @@ def records_walker() -> Callable[[bytes | bytearray | memoryview, int, int, int]
     if _walk is None:
         _walk = _native_walk() or walk_records_python
     return _walk
+
+
+def bytes_walker() -> Callable[[bytes, int, int, int, int], int] | None:
+    """The C walk itself, for a caller that can afford no Python frame around it: call it as
+    `f(buf, len(buf), start, end, count)` with `buf` a `bytes` (cffi passes a pointer to its
+    contents) and start, end, count non-negative. None when the walk is Python."""
+    return getattr(records_walker(), "for_bytes", None)
 
 
 def walk_records(buf: bytes | bytearray | memoryview, start: int, end: int, count: int) -> int:

@@ -56,6 +56,7 @@ from ringlog_proto.batch import (
     BatchError,
     BatchHeader,
     batch_crc,
+    bytes_walker,
     decode_records,
     invalid_header,
     invalid_records,
@@ -68,6 +69,7 @@ from ringlog_proto.batch import (
 log = logging.getLogger(__name__)
 
 _walk_records = records_walker()  # C when native._records is built (see ringlog_proto/batch.py)
+_walk_bytes = bytes_walker()  # the same C function without the wrapper: requests are bytes
 SEGMENT_BYTES_MAX = 1 << 31  # index positions are u32; 2 GiB keeps every position far from overflow
 INDEX_PENDING_ENTRIES_MAX = 256  # index entries held in memory before they are written: 6 KiB
 
@@ -290,6 +292,9 @@ class Log:
         max_batch = self.config.max_batch_bytes
         check = self.config.check_records
         walk = _walk_records
+        # The C function itself when `records` is bytes (what both backends hand over): a
+        # Python frame less per batch is a third of the walk's cost for small batches.
+        c_walk = _walk_bytes if check and type(records) is bytes else None
         headers = []
         pos = 0
         while pos < size:
@@ -298,19 +303,24 @@ class Log:
             h = BatchHeader._make(unpack_header(records, pos))
             if h.magic != MAGIC:  # before the size check: garbage is corrupt, not "too large"
                 raise InvalidBatchError(f"batch at byte {pos}: unknown batch magic {h.magic}")
-            if h.size > max_batch:
-                raise BatchTooLargeError(f"batch of {h.size} bytes exceeds max_batch_bytes {max_batch}")
+            batch_size = h.size
+            if batch_size > max_batch:
+                raise BatchTooLargeError(f"batch of {batch_size} bytes exceeds max_batch_bytes {max_batch}")
             reason = invalid_header(h, size - pos)
-            if reason is None and batch_crc(records, pos, h.size) != h.crc:
+            if reason is None and batch_crc(records, pos, batch_size) != h.crc:
                 reason = "crc32c mismatch"
             if reason is not None:
                 where = f"batch at byte {pos}: " if pos else ""
                 raise InvalidBatchError(where + reason)
-            if check and walk(records, pos + HEADER_SIZE, pos + h.size, h.record_count):
+            if check and (
+                c_walk(records, size, pos + HEADER_SIZE, pos + batch_size, h.record_count)
+                if c_walk is not None
+                else walk(records, pos + HEADER_SIZE, pos + batch_size, h.record_count)
+            ):
                 where = f"batch at byte {pos}: " if pos else ""
                 raise RecordFramingError(where + (invalid_records(records, pos, h) or "bad records"))
             headers.append(h)
-            pos += h.size
+            pos += batch_size
         if not headers:
             raise InvalidBatchError("no batch to append")
         return headers
