@@ -30,19 +30,20 @@ What it measures, and why each number is compared with the ceiling it is:
    disk, so it is a property of the machine as much as of the code.
 6. Record-framing validation. What the broker's walk of every appended batch's records costs
    (`LogConfig.check_records`, always on in the broker; ringlog_proto.batch.invalid_records, in
-   C via native._records when built): `Log.append` of the same batches with the walk on and off,
-   in the same run, for 16 KiB batches of 100 B and of 1 KiB records, and one-record batches of
-   100 B (the per-batch cost at its most visible), 32 MiB each. Both logs are open side by side
-   and fed the workload in 128 blocks, alternating which variant goes first at every block, for
+   C via native._records when built), with the walk on and off in the same run, at two levels:
+   `Log.append` alone (the walk's share at its largest), and the produce path a uvloop worker
+   runs once a request's bytes are read (frame decode, `Handlers.handle`, `Log.validate` and the
+   write, the response encoded; no sockets, so no network noise): the issue's "produce
+   throughput". Workloads: 16 KiB batches of 100 B and of 1 KiB records, and one-record batches
+   of 100 B (the per-batch cost at its most visible), 32 MiB each. Both variants are open side
+   by side and fed the workload in 128 blocks, alternating which goes first at every block, for
    `--validation-rounds` rounds (default 7). The headline ratio sums each block's fastest round
    (what the code costs with a shared machine's interference filtered out block by block); the
    per-round ratios (median, min..max) and each side's round-to-round spread are printed too.
-   Times are the appending thread's CPU time (`time.thread_time`, user + system, the write's
-   copy into the page cache included), not wall time: on a shared machine the wall clock also
-   counts whatever other processes ran meanwhile, which swamped a 5% difference. The broker's
-   produce path runs the very same `Log.validate`, with more work around it (frames, the
-   handler, the socket), so its relative cost is at most this one. `--validation-only` runs just
-   this section.
+   Times are the running thread's CPU time (`time.thread_time`, user + system, the write's copy
+   into the page cache included), not wall time: on a shared machine the wall clock also counts
+   whatever other processes ran meanwhile, which swamped a 5% difference. `--validation-only`
+   runs just this section.
 7. `--profile` (instead of the tables): the 256 KiB / 1 KiB append under cProfile, top 15
    functions by cumulative and by own time. cProfile's per-call overhead inflates Python-heavy
    paths; read it for where time goes, not for how fast.
@@ -478,9 +479,10 @@ def bench_validation(workdir: str, rounds: int) -> list[ValidationResult]:
 
 def print_validation(results: list[ValidationResult], rounds: int) -> None:
     print(
-        f"\nRecord-framing validation: Log.append with LogConfig.check_records on vs off, same run, "
-        f"{size_label(VALIDATION_BYTES)} x {rounds} rounds per variant in {VALIDATION_BLOCKS} blocks "
-        f"alternating; CPU time of the appending thread; walk in {walk_implementation()}:"
+        f"\nRecord-framing validation: LogConfig.check_records on vs off, same run, at Log.append and"
+        f" through the produce path; {size_label(VALIDATION_BYTES)} x {rounds} rounds per variant in"
+        f" {VALIDATION_BLOCKS} blocks alternating; CPU time of the running thread; walk in"
+        f" {walk_implementation()}:"
     )
     header = [
         "level",
@@ -814,10 +816,11 @@ def main(argv: list[str] | None = None) -> int:
             "  No fsync in the timed loops and no page-cache drop: writes land in the page cache and"
             " reads are served from it, for log and raw alike"
         )
-        warm_up(workdir, 2 * total)
         if args.validation_only:
+            warm_up(workdir, 4 * VALIDATION_BYTES)
             print_validation(bench_validation(workdir, args.validation_rounds), args.validation_rounds)
             return 0
+        warm_up(workdir, 2 * total)
         results = []
         for batch_target in BATCH_SIZES:
             for record_size in RECORD_SIZES:

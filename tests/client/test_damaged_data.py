@@ -119,6 +119,7 @@ def test_a_stored_poison_batch_is_delivered_up_to_then_raised(broker: BrokerProc
     assert out.returncode == 1, out
     assert out.stdout.split() == ["r0", "r1", "r2"]
     assert "damaged/0" in out.stderr and "offset 3" in out.stderr, out.stderr
+    assert "--partition 0 --offset 5" in out.stderr, out.stderr
 
 
 @pytest.mark.parametrize("broker", BACKENDS, indirect=True)
