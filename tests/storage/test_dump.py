@@ -23,10 +23,10 @@ SEG1 = "00000000000000000008"  # 4 batches of 2 records per segment (segment_byt
 
 def make_log(path: Path, *, poison: bool = False) -> None:
     batch = encode_batch([b"x" * 40, b"y" * 40], timestamp=1000)
-    log = Log.open(
-        str(path),
-        LogConfig(segment_bytes=4 * len(batch), max_batch_bytes=len(batch), check_records=not poison),
-    )
+    config = LogConfig(segment_bytes=4 * len(batch), max_batch_bytes=len(batch))
+    if poison:  # the only way to plant one through the engine: switch the walk off
+        config = LogConfig(segment_bytes=4 * len(batch), max_batch_bytes=len(batch), check_records=False)
+    log = Log.open(str(path), config)
     try:
         for i in range(8):
             if poison and i == 2:
