@@ -28,7 +28,23 @@ What it measures, and why each number is compared with the ceiling it is:
 5. Group commit. 16 KiB batches of 1 KiB records with `flush()` (fdatasync) after every batch,
    after every 64 batches, and never: what durability costs in appends/s. This one does hit the
    disk, so it is a property of the machine as much as of the code.
-6. `--profile` (instead of the tables): the 256 KiB / 1 KiB append under cProfile, top 15
+6. Record-framing validation. What the broker's walk of every appended batch's records costs
+   (`LogConfig.check_records`, always on in the broker; ringlog_proto.batch.invalid_records, in
+   C via native._records when built), with the walk on and off in the same run, at two levels:
+   `Log.append` alone (the walk's share at its largest), and the produce path a uvloop worker
+   runs once a request's bytes are read (frame decode, `Handlers.handle`, `Log.validate` and the
+   write, the response encoded; no sockets, so no network noise): the issue's "produce
+   throughput". Workloads: 16 KiB batches of 100 B and of 1 KiB records, and one-record batches
+   of 100 B (the per-batch cost at its most visible), 32 MiB each. Both variants are open side
+   by side and fed the workload in 128 blocks, alternating which goes first at every block, for
+   `--validation-rounds` rounds (default 7). The headline ratio sums each block's fastest round
+   (what the code costs with a shared machine's interference filtered out block by block); the
+   per-round ratios (median, min..max) and each side's round-to-round spread are printed too.
+   Times are the running thread's CPU time (`time.thread_time`, user + system, the write's copy
+   into the page cache included), not wall time: on a shared machine the wall clock also counts
+   whatever other processes ran meanwhile, which swamped a 5% difference. `--validation-only`
+   runs just this section.
+7. `--profile` (instead of the tables): the 256 KiB / 1 KiB append under cProfile, top 15
    functions by cumulative and by own time. cProfile's per-call overhead inflates Python-heavy
    paths; read it for where time goes, not for how fast.
 
@@ -60,8 +76,10 @@ from pathlib import Path
 from benchlib import REPO, code_version, fs_of, size_label, table
 from crc32c import crc32c
 
-from broker.storage.fileio import SyncFileIO
+from broker.handlers import Append, BrokerConfig, Handlers, Reply
+from broker.storage.fileio import SyncFileIO, run_ops
 from broker.storage.log import Log, LogConfig
+from ringlog_proto import messages as m
 from ringlog_proto.batch import (
     CRC_START,
     HEADER_SIZE,
@@ -71,7 +89,9 @@ from ringlog_proto.batch import (
     encode_batch,
     iter_batches,
     read_header,
+    walk_implementation,
 )
+from ringlog_proto.frames import Frame, FrameDecoder
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -315,6 +335,203 @@ def bench_io(w: Workload, workdir: str, tag: str) -> IOResult:
             if os.path.exists(raw_path):
                 os.unlink(raw_path)
     return IOResult(w, times, records_read)
+
+
+VALIDATION_WORKLOADS = ((16 * KIB, 100), (16 * KIB, KIB), (0, 100))  # batch target 0: one record
+VALIDATION_BLOCKS = 128  # the workload is appended in this many blocks, each timed on its own
+VALIDATION_BYTES = 32 * MIB  # per workload and round: rounds x 2 logs of it sit in the page cache
+
+
+@dataclass
+class ValidationResult:
+    level: str  # "Log.append" or "produce path"
+    workload: Workload
+    # seconds[variant][round][block], variant True = with the walk
+    seconds: dict[bool, list[list[float]]]
+
+    def round_totals(self, check: bool) -> list[float]:
+        return [sum(r) for r in self.seconds[check]]
+
+    def best_blocks(self, check: bool) -> float:
+        """Sum over blocks of each block's fastest round: the cost with the noise of a shared
+        machine (preemption, a neighbour's cache traffic) filtered out block by block."""
+        rounds = self.seconds[check]
+        return sum(min(r[i] for r in rounds) for i in range(len(rounds[0])))
+
+
+class _LogSide:
+    """One variant of the Log.append comparison."""
+
+    def __init__(self, directory: str, check: bool) -> None:
+        config = LogConfig(segment_bytes=SEGMENT_BYTES, max_batch_bytes=MAX_BATCH_BYTES, check_records=check)
+        self.directory = directory
+        self.log = Log.open(directory, config, io=BenchIO())
+        self.run = self.log.append
+
+    def close(self) -> None:
+        close_unsynced(self.log)
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+class _ProduceSide:
+    """One variant of the produce-path comparison: what a uvloop worker does with a produce
+    request once its bytes are read (frame decode, Handlers.handle, the log's validate and
+    write, the response encoded), in this process, without sockets."""
+
+    def __init__(self, directory: str, check: bool) -> None:
+        config = BrokerConfig(
+            data_dir=directory,
+            log_defaults=LogConfig(
+                segment_bytes=SEGMENT_BYTES, max_batch_bytes=MAX_BATCH_BYTES, check_records=check
+            ),
+        )
+        self.directory = directory
+        self.handlers = Handlers(config)
+        self.decoder = FrameDecoder()
+        self.io = SyncFileIO()
+        self.frames: dict[bytes, bytes] = {}
+        reply = self._handle(b"".join(m.encode_request(m.CreateTopicRequest("bench", 1), 1)))
+        resp = m.decode_response(next(iter(frames_of(reply))))
+        assert isinstance(resp, m.CreateTopicResponse) and resp.error == m.ErrorCode.NONE, resp
+        self.topic_id = resp.topic_id
+
+    def request(self, batch: bytes) -> bytes:
+        """The request bytes for `batch`, encoded once, untimed (the client's work)."""
+        raw = self.frames.get(batch)
+        if raw is None:
+            req = m.ProduceRequest(self.topic_id, 0, acks=m.Acks.WRITTEN, records=batch)
+            raw = self.frames[batch] = b"".join(m.encode_request(req, 1))
+        return raw
+
+    def _handle(self, raw: bytes) -> bytes:
+        self.decoder.feed(raw)
+        frame = self.decoder.next_frame()
+        assert isinstance(frame, Frame)
+        out = self.handlers.handle(frame)
+        if isinstance(out, Append):
+            run_ops(self.io, out.pending.ops)
+            out = out.complete()
+        assert isinstance(out, Reply), out
+        return b"".join(out.buffers)
+
+    def run(self, raw: bytes) -> None:
+        self._handle(raw)
+
+    def close(self) -> None:
+        for p in self.handlers.partitions.values():
+            p.log.io = BenchIO()  # its syncs off for the close, as close_unsynced does
+            close_unsynced(p.log)
+        self.handlers.partitions.clear()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def frames_of(raw: bytes) -> list[Frame]:
+    dec = FrameDecoder()
+    dec.feed(raw)
+    out = []
+    while isinstance(f := dec.next_frame(), Frame):
+        out.append(f)
+    return out
+
+
+def bench_validation(workdir: str, rounds: int) -> list[ValidationResult]:
+    """For each workload and each level (Log.append, the produce path), two sides open at once,
+    one with the record walk and one without, fed block by block, alternating which goes first
+    at every block and every round: load that drifts on a shared machine lands on both alike."""
+    out = []
+    for level in ("Log.append", "produce path"):
+        for batch_target, record_size in VALIDATION_WORKLOADS:
+            if batch_target:
+                w = make_workload(record_size, batch_target, VALIDATION_BYTES)
+            else:  # one record per batch: fewer bytes, or the run would take minutes
+                n = VALIDATION_BYTES // 16 // (HEADER_SIZE + RECORD_HEADER_SIZE + record_size)
+                pool = [encode_batch([os.urandom(record_size)], timestamp=TIMESTAMP) for _ in range(n)]
+                w = Workload(record_size, 0, 1, len(pool[0]), pool)
+            clock = time.thread_time  # CPU time: what other processes took of the CPU is not counted
+            seconds: dict[bool, list[list[float]]] = {True: [], False: []}
+            sides: dict[bool, _LogSide | _ProduceSide] = {}
+            try:
+                for check in (True, False):
+                    d = os.path.join(workdir, f"validation-{level[0]}-{batch_target}-{record_size}-{check}")
+                    sides[check] = _LogSide(d, check) if level == "Log.append" else _ProduceSide(d, check)
+                # The very same objects for both sides (both topics got the same id in their
+                # fresh data dirs): separately allocated copies made one side systematically
+                # slower by a few percent, whichever it was (memory placement, not the walk).
+                on_side = sides[True]
+                shared = (
+                    w.batches if isinstance(on_side, _LogSide) else [on_side.request(b) for b in w.batches]
+                )
+                assert isinstance(on_side, _LogSide) or on_side.topic_id == sides[False].topic_id  # type: ignore[union-attr]
+                inputs = dict.fromkeys((True, False), shared)
+                step = max(1, len(w.batches) // VALIDATION_BLOCKS)
+                for rnd in range(rounds):
+                    for check in (True, False):
+                        seconds[check].append([])
+                    for i, start in enumerate(range(0, len(w.batches), step)):
+                        for check in (True, False) if (rnd + i) % 2 == 0 else (False, True):
+                            run = sides[check].run
+                            block = inputs[check][start : start + step]
+                            t0 = clock()
+                            for item in block:
+                                run(item)
+                            seconds[check][-1].append(clock() - t0)
+            finally:
+                for side in sides.values():
+                    side.close()
+            out.append(ValidationResult(level, w, seconds))
+    return out
+
+
+def print_validation(results: list[ValidationResult], rounds: int) -> None:
+    print(
+        f"\nRecord-framing validation: LogConfig.check_records on vs off, same run, at Log.append and"
+        f" through the produce path; {size_label(VALIDATION_BYTES)} x {rounds} rounds per variant in"
+        f" {VALIDATION_BLOCKS} blocks alternating; CPU time of the running thread; walk in"
+        f" {walk_implementation()}:"
+    )
+    header = [
+        "level",
+        "batch",
+        "record",
+        "batches",
+        "on MB/s",
+        "off MB/s",
+        "on/off",
+        "walk us/batch",
+        "rounds on/off median",
+        "min..max",
+        "spread on",
+        "spread off",
+    ]
+    table_rows = []
+    for r in results:
+        w = r.workload
+        on, off = r.best_blocks(True), r.best_blocks(False)
+        t_on, t_off = r.round_totals(True), r.round_totals(False)
+        ratios = sorted(b / a for a, b in zip(t_on, t_off, strict=True))
+        table_rows.append(
+            [
+                r.level,
+                size_label(w.batch_target) if w.batch_target else "1 record",
+                size_label(w.record_size),
+                f"{len(w.batches)} x {w.batch_size} B",
+                rate(w.total_bytes, on),
+                rate(w.total_bytes, off),
+                f"{off / on:.3f}",
+                f"{(on - off) / len(w.batches) * 1e6:.2f}",
+                f"{ratios[len(ratios) // 2]:.3f}",
+                f"{ratios[0]:.3f}..{ratios[-1]:.3f}",
+                f"{max(t_on) / min(t_on) - 1:.0%}",
+                f"{max(t_off) / min(t_off) - 1:.0%}",
+            ]
+        )
+    table(header, table_rows, labels=3)
+    print(
+        "  on/off: throughput kept with the walk (1.000: free; the issue allows >= 0.95), from the sum"
+        " over blocks of each block's fastest round; walk us/batch: the difference per batch. 'rounds':"
+        " the same ratio per whole round (median, min..max) and each variant's round-to-round spread"
+        " (worst / best - 1), to show how noisy the machine was"
+    )
 
 
 def warm_up(workdir: str, nbytes: int) -> None:
@@ -565,6 +782,10 @@ def main(argv: list[str] | None = None) -> int:
         "--total-mb", type=int, help="MiB written per configuration (default 512, 64 with --quick)"
     )
     p.add_argument(
+        "--validation-only", action="store_true", help="only the record-framing validation comparison"
+    )
+    p.add_argument("--validation-rounds", type=int, default=7, help="rounds of each variant (default 7)")
+    p.add_argument(
         "--profile",
         action="store_true",
         help="profile the 256 KiB / 1 KiB append instead of printing the tables",
@@ -600,6 +821,10 @@ def main(argv: list[str] | None = None) -> int:
             "  No fsync in the timed loops and no page-cache drop: writes land in the page cache and"
             " reads are served from it, for log and raw alike"
         )
+        if args.validation_only:
+            warm_up(workdir, 4 * VALIDATION_BYTES)
+            print_validation(bench_validation(workdir, args.validation_rounds), args.validation_rounds)
+            return 0
         warm_up(workdir, 2 * total)
         results = []
         for batch_target in BATCH_SIZES:
@@ -616,6 +841,7 @@ def main(argv: list[str] | None = None) -> int:
         print_codec(codec)
         rows, w = bench_group_commit(workdir, group_batches)
         print_group_commit(rows, w)
+        print_validation(bench_validation(workdir, args.validation_rounds), args.validation_rounds)
         return 0
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

@@ -20,10 +20,21 @@ from broker import __version__
 from broker.cli_client import add_client_commands, run_client_command
 from broker.limits import add_limit_arguments, limits_from_args
 from broker.storage.errors import StorageError
+from broker.storage.index import ENTRY_SIZE, INDEX_HEADER_SIZE, decode_entry, parse_entries
+from broker.storage.index import invalid_header as invalid_index_header
 from broker.storage.log import Log, LogConfig
-from broker.storage.segment import STORE_SUFFIX
+from broker.storage.segment import INDEX_SUFFIX, STORE_SUFFIX, parse_segment_name, segment_name
 from broker.uring_options import UringOptions
-from ringlog_proto.batch import BatchError, Record, decode_batches, encode_batch, invalid_batch, iter_batches
+from ringlog_proto.batch import (
+    BatchError,
+    BatchHeader,
+    Record,
+    decode_batches,
+    encode_batch,
+    invalid_batch,
+    invalid_records,
+    iter_batches,
+)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -61,32 +72,138 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_dump(args: argparse.Namespace) -> int:
-    """Print every batch of every segment, verifying crcs, without opening (or repairing) the log."""
-    names = sorted(n for n in os.listdir(args.partition_dir) if n.endswith(STORE_SUFFIX))
-    damaged = False
+    """Print every batch of every segment and check what the broker relies on, without opening
+    (or repairing) the log: batch headers and crcs, record framing, base offsets (from the
+    segment's name on, each batch following the one before, segments following each other), and
+    each index against its store (header, entry crcs, order, every entry naming the batch at its
+    position, no partial or missing entries). Exit status 1 when anything is damaged."""
+    directory = args.partition_dir
+    stores: list[int] = []
+    indexes: set[int] = set()
+    try:
+        names = os.listdir(directory)
+    except OSError as exc:
+        print(f"broker: {exc}", file=sys.stderr)
+        return 1
     for name in names:
-        with open(os.path.join(args.partition_dir, name), "rb") as f:
+        parsed = parse_segment_name(name)
+        if parsed is not None:
+            if parsed[1] == STORE_SUFFIX:
+                stores.append(parsed[0])
+            else:
+                indexes.add(parsed[0])
+    stores.sort()
+    damaged = False
+    prev_end: int | None = None  # the offset after the previous segment's last batch
+    for base in stores:
+        name = segment_name(base)
+        with open(os.path.join(directory, name + STORE_SUFFIX), "rb") as f:
             data = f.read()
-        print(f"{name}: {len(data)} bytes")
-        end = 0
-        try:
-            for pos, h in iter_batches(data):
-                reason = invalid_batch(data, pos)
-                if reason is not None:
-                    raise BatchError(reason)
-                print(
-                    f"  @{pos}: offsets {h.base_offset}..{h.last_offset} ({h.record_count} records, "
-                    f"{h.size} B, max_timestamp {h.max_timestamp})"
-                )
-                end = pos + h.size
-        except BatchError as exc:
-            print(f"  DAMAGED at byte {end}: {exc}")
-            damaged = True
-            continue
-        if end < len(data):
-            print(f"  DAMAGED at byte {end}: {len(data) - end} trailing bytes are not a whole batch")
-            damaged = True
+        print(f"{name}{STORE_SUFFIX}: {len(data)} bytes")
+        problems: list[str] = []
+        if prev_end is not None and base != prev_end:
+            how = "overlapping it" if base < prev_end else f"offsets {prev_end}..{base - 1} missing"
+            problems.append(
+                f"segment starts at offset {base}, the previous one ends at {prev_end - 1} ({how})"
+            )
+        batches, expected, store_problems = _dump_store(data, base)
+        problems += store_problems
+        prev_end = expected
+        problems += _dump_index(os.path.join(directory, name + INDEX_SUFFIX), base, batches)
+        for problem in problems:
+            print(f"  DAMAGED {problem}")
+        damaged = damaged or bool(problems)
+    for base in sorted(indexes - set(stores)):
+        print(
+            f"{segment_name(base)}{INDEX_SUFFIX}: index without a store file (the broker removes it at open)"
+        )
     return 1 if damaged else 0
+
+
+def _dump_store(data: bytes, base: int) -> tuple[list[tuple[int, BatchHeader]], int, list[str]]:
+    """List the batches of a store file: (position, header) of each whole valid batch, the offset
+    after them (counted from the segment's name), and what is damaged."""
+    problems: list[str] = []
+    batches: list[tuple[int, BatchHeader]] = []
+    expected = base
+    end = 0
+    try:
+        for pos, h in iter_batches(data):
+            reason = invalid_batch(data, pos)
+            if reason is not None:
+                raise BatchError(reason)
+            print(
+                f"  @{pos}: offsets {h.base_offset}..{h.last_offset} ({h.record_count} records, "
+                f"{h.size} B, max_timestamp {h.max_timestamp})"
+            )
+            if h.base_offset != expected:
+                after = (
+                    "the segment's name"
+                    if pos == 0
+                    else f"the previous batch's last offset {expected - 1} + 1"
+                )
+                problems.append(
+                    f"at byte {pos}: base offset {h.base_offset}, expected {expected} from {after}"
+                )
+            reason = invalid_records(data, pos, h)
+            if reason is not None:
+                problems.append(
+                    f"at byte {pos}: the records do not frame ({reason}): no client can decode it"
+                )
+            batches.append((pos, h))
+            expected += h.record_count  # offsets are implicit: one bad base offset flags one batch
+            end = pos + h.size
+    except BatchError as exc:
+        problems.append(f"at byte {end}: {exc}")
+        return batches, expected, problems
+    if end < len(data):
+        problems.append(f"at byte {end}: {len(data) - end} trailing bytes are not a whole batch")
+    return batches, expected, problems
+
+
+def _dump_index(path: str, base: int, batches: list[tuple[int, BatchHeader]]) -> list[str]:
+    """What is wrong with the index at `path` against the store's `batches` (the store is the
+    truth; the broker rebuilds a damaged index at open, but until then it serves reads from it)."""
+    name = os.path.basename(path)
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return [f"{name}: missing"]
+    reason = invalid_index_header(data, base)
+    if reason is not None:
+        return [f"{name}: {reason}"]
+    problems = []
+    entries, reason = parse_entries(data[INDEX_HEADER_SIZE:])
+    count = len(entries) // ENTRY_SIZE
+    if reason is not None:
+        problems.append(f"{name}: {reason} (valid entries end at entry {count})")
+    max_ts = None
+    for i in range(min(count, len(batches))):
+        entry = decode_entry(entries[i * ENTRY_SIZE : (i + 1) * ENTRY_SIZE])
+        assert entry is not None  # parse_entries kept only entries whose crc matches
+        pos, h = batches[i]
+        max_ts = h.max_timestamp if max_ts is None else max(max_ts, h.max_timestamp)
+        if entry.relative_offset != h.base_offset - base or entry.position != pos:
+            problems.append(
+                f"{name}: entry {i} says offset {base + entry.relative_offset} at byte {entry.position}, "
+                f"the store has offset {h.base_offset} at byte {pos}"
+            )
+            break  # the rest is shifted too: one line says it
+        if entry.max_timestamp != max_ts:
+            problems.append(
+                f"{name}: entry {i} has max_timestamp {entry.max_timestamp}, the store's batches {max_ts}"
+            )
+    if reason is None and count < len(batches):
+        problems.append(
+            f"{name}: {count} entries for {len(batches)} batches (truncated, or not written before a "
+            "crash; the broker rebuilds it at open)"
+        )
+    elif count > len(batches):
+        problems.append(f"{name}: {count} entries for {len(batches)} batches (entries past the store's end)")
+    if not problems:
+        print(f"  {name}: {count} entries, consistent with the store")
+    return problems
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -263,7 +380,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--segment-bytes", type=int, default=8 * 1024 * 1024)
     demo.set_defaults(func=cmd_demo)
     add_client_commands(sub)
-    dump = sub.add_parser("dump", help="list the batches of a partition directory, checking crcs")
+    dump = sub.add_parser(
+        "dump",
+        help="list the batches of a partition directory, checking crcs, record framing, offsets and "
+        "indexes (exit 1 when anything is damaged)",
+    )
     dump.add_argument("partition_dir")
     dump.set_defaults(func=cmd_dump)
     return parser

@@ -21,7 +21,7 @@ from typing import IO, Any
 
 from broker.client import DEFAULT_BOOTSTRAP, Admin, Consumer, Producer, RingLogError
 from broker.client.client import parse_bootstrap
-from broker.client.errors import ClientError
+from broker.client.errors import ClientError, UndecodableBatchError
 from broker.metrics import percentile_us
 
 PROGRESS_EVERY_S = 0.5
@@ -218,6 +218,27 @@ def _text(b: bytes | None) -> Any:
 
 
 def cmd_consume(args: argparse.Namespace) -> int:
+    """Print records until --max-records or --idle-timeout-ms. Damage stops it with exit 1 after
+    every record before it was printed: an undecodable batch (named, with the command that skips
+    it) or a partition the broker cannot read (STORAGE_ERROR, after the consumer's retries)."""
+    try:
+        return _consume(args)
+    except UndecodableBatchError as exc:
+        skip = ""
+        if exc.next_offset is not None:
+            skip = (
+                f"; to skip it: broker consume {exc.topic} --partition {exc.partition} "
+                f"--offset {exc.next_offset}"
+            )
+        print(
+            f"broker: {exc.topic}/{exc.partition}: cannot decode the batch at offset {exc.offset}: "
+            f"{exc.reason}{skip}",
+            file=sys.stderr,
+        )
+        return 1
+
+
+def _consume(args: argparse.Namespace) -> int:
     if args.offset is not None and not args.partition:
         raise UsageError("--offset needs --partition")
     reset = "earliest" if args.from_beginning else "latest"

@@ -49,6 +49,7 @@ from broker.storage.errors import (
     LogClosedError,
     OffsetOutOfRangeError,
     OutOfSpaceError,
+    RecordFramingError,
     StorageError,
 )
 from broker.storage.log import LogConfig, PendingAppend
@@ -161,6 +162,8 @@ def error_of(exc: BaseException) -> tuple[m.ErrorCode, str]:
             return E.INVALID_REQUEST, f"malformed request: {exc}"
         case BatchTooLargeError():
             return E.MESSAGE_TOO_LARGE, str(exc)
+        case RecordFramingError():
+            return E.INVALID_BATCH, str(exc)
         case InvalidBatchError():
             return E.CORRUPT_MESSAGE, str(exc)
         case OffsetOutOfRangeError():
@@ -345,6 +348,12 @@ class Handlers:
                 self.space.saw_full(exc)  # a write failed with ENOSPC (a roll, a commit, a create)
             if code == m.ErrorCode.UNKNOWN_SERVER_ERROR:
                 log.exception("unexpected error handling api %d", frame.api_key)
+            if _is_silent_produce(frame):
+                # acks=0 promises no response at all (docs/PROTOCOL.md §1): an error answer would
+                # be taken for the reply to the client's next request. Counted, not sent.
+                self.metrics.error()
+                log.debug("acks=0 produce refused: %s: %s", code.name, message)
+                return Silent()
             return self._error(frame, code, message)
 
     def _reply(self, frame: Frame, resp: m.Response) -> Reply:

@@ -2,10 +2,15 @@
 
 Rules this module keeps:
 - No I/O. Bytes in, bytes out; the broker, the clients and the Spark source all use this one codec.
-- The broker never parses records. It reads the fixed header, checks length, crc32c and counts with
-  `invalid_batch()`, writes the base offset into the header with `set_base_offset()`, and stores the
-  bytes as they came. The crc does not cover the base offset, so assigning it costs 8 bytes, not a
-  checksum over the batch.
+- The broker never decodes records. It reads the fixed header, checks length, crc32c and counts with
+  `invalid_batch()`, walks the record framing with `invalid_records()` (lengths, counts, header
+  counts; never the payload), writes the base offset into the header with `set_base_offset()`, and
+  stores the bytes as they came. The crc does not cover the base offset, so assigning it costs 8
+  bytes, not a checksum over the batch. The walk is what keeps a batch no client can decode (a
+  "poison" batch with a valid crc) out of the log.
+- The walk runs in C (`native._records`, a small cffi extension) when it is built, and in Python
+  (`walk_records_python`, its exact twin) when it is not: ringlog_proto needs nothing of native/,
+  and clients never walk (they decode, which checks the same things).
 - Records are encoded and decoded only by clients, so that code is the client's hot path: fixed-width
   lengths (one `struct` call per record) rather than varints, which cost a Python loop per byte.
 
@@ -40,6 +45,10 @@ Each record (offset deltas are implicit: the i-th record has offset base_offset 
       2  header_key_length   u16, then the key as UTF-8
       4  header_value_length i32 (-1 for null), then the value bytes
 
+Every record's fields end exactly at its record_length, exactly record_count records fill
+records_length, lengths are >= -1, header keys are UTF-8: a batch that breaks any of these is
+refused at produce (INVALID_BATCH) and fails `decode_records`.
+
 `records_length` is redundant with `batch_length`; keeping both lets `invalid_batch` catch a header
 whose length field was damaged in a way the crc range would otherwise follow.
 """
@@ -48,7 +57,7 @@ from __future__ import annotations
 
 import struct
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import NamedTuple
 
 from crc32c import crc32c
@@ -325,6 +334,177 @@ def invalid_batch(buf: bytes | bytearray | memoryview, pos: int = 0) -> str | No
     return None
 
 
+# What `walk_records_*` found, by code (the C twin in native/_records_build.py uses the same codes).
+RECORD_ERRORS: dict[int, str] = {
+    1: "the record section ends before record_count records",
+    2: "the record section ends inside a record header",
+    3: "record_length runs past the end of the record section",
+    4: "record_length is shorter than the record header",
+    5: "key_length is negative but not -1 (null)",
+    6: "the key runs past record_length",
+    7: "value_length is negative but not -1 (null)",
+    8: "the value runs past record_length",
+    9: "a header length field runs past record_length",
+    10: "a header key runs past record_length",
+    11: "a header key is not UTF-8",
+    12: "a header value length is negative but not -1 (null)",
+    13: "a header value runs past record_length",
+    14: "the record's fields end before record_length",
+    15: "bytes left after record_count records",
+    16: "the record section lies outside the buffer",
+}
+_WALK_BOUNDS = 16
+_RECORD_SECTION_MAX = 1 << 31
+
+
+def _utf8_ok(raw: bytes | bytearray | memoryview) -> bool:
+    try:
+        bytes(raw).decode()
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def walk_records_python(buf: bytes | bytearray | memoryview, start: int, end: int, count: int) -> int:
+    """Walk the framing of `count` records in `buf[start:end]`: 0 when it holds exactly those, else
+    `code | record_index << 8 | byte_offset << 32` (offset from `start`; codes in RECORD_ERRORS).
+
+    The twin of the C walk (`native._records.lib.rr_walk_records`), check for check, so the two
+    can be tested against each other; this one serves when the extension is not built.
+    """
+    if not 0 <= start <= end <= len(buf) or end - start > _RECORD_SECTION_MAX:
+        return _WALK_BOUNDS
+    unpack = _RECORD.unpack_from
+    length = end - start
+    p = 0
+    i = 0
+    while i < count:
+        if p == length:
+            return 1 | i << 8 | p << 32
+        if length - p < RECORD_HEADER_SIZE:
+            return 2 | i << 8 | p << 32
+        rlen, _ts, klen, vlen, hcount = unpack(buf, start + p)
+        if rlen > length - p - 4:
+            return 3 | i << 8 | p << 32
+        if rlen < RECORD_HEADER_SIZE - 4:
+            return 4 | i << 8 | p << 32
+        rend = p + 4 + rlen
+        q = p + RECORD_HEADER_SIZE
+        if klen < -1:
+            return 5 | i << 8 | (p + 8) << 32
+        if klen > 0:
+            if klen > rend - q:
+                return 6 | i << 8 | (p + 8) << 32
+            q += klen
+        if vlen < -1:
+            return 7 | i << 8 | (p + 12) << 32
+        if vlen > 0:
+            if vlen > rend - q:
+                return 8 | i << 8 | (p + 12) << 32
+            q += vlen
+        for _ in range(hcount):
+            if rend - q < 2:
+                return 9 | i << 8 | q << 32
+            (hk,) = _HKEY.unpack_from(buf, start + q)
+            if hk > rend - q - 2:
+                return 10 | i << 8 | q << 32
+            if hk and not _utf8_ok(buf[start + q + 2 : start + q + 2 + hk]):
+                return 11 | i << 8 | q << 32
+            q += 2 + hk
+            if rend - q < 4:
+                return 9 | i << 8 | q << 32
+            (hv,) = _HVAL.unpack_from(buf, start + q)
+            if hv < -1:
+                return 12 | i << 8 | q << 32
+            q += 4
+            if hv > 0:
+                if hv > rend - q:
+                    return 13 | i << 8 | (q - 4) << 32
+                q += hv
+        if q != rend:
+            return 14 | i << 8 | p << 32
+        p = rend
+        i += 1
+    if p != length:
+        return 15 | i << 8 | p << 32
+    return 0
+
+
+def _native_walk() -> Callable[[bytes | bytearray | memoryview, int, int, int], int] | None:
+    """The C walk, or None when `native._records` is not built (or native/ is absent)."""
+    try:
+        from native._records import ffi, lib  # noqa: PLC0415 - optional, and loaded on first use
+    except ImportError:
+        return None
+    from_buffer = ffi.from_buffer
+    c_walk = lib.rr_walk_records
+
+    def walk_records_native(buf: bytes | bytearray | memoryview, start: int, end: int, count: int) -> int:
+        try:
+            if type(buf) is bytes:  # passed as a pointer to its bytes: no from_buffer needed
+                return c_walk(buf, len(buf), start, end, count)
+            view = from_buffer(buf)
+            return c_walk(view, len(view), start, end, count)
+        except OverflowError:  # a negative start, end or count: outside the buffer by definition
+            return _WALK_BOUNDS
+
+    walk_records_native.for_bytes = c_walk  # type: ignore[attr-defined]  # see `bytes_walker`
+    return walk_records_native
+
+
+_walk: Callable[[bytes | bytearray | memoryview, int, int, int], int] | None = None
+
+
+def records_walker() -> Callable[[bytes | bytearray | memoryview, int, int, int], int]:
+    """The fastest walk here: C when native._records is built, else `walk_records_python`. The
+    broker binds it once (broker/storage/log.py); importing native is left to the first caller."""
+    global _walk  # noqa: PLW0603 - resolved once: clients that never walk never import native
+    if _walk is None:
+        _walk = _native_walk() or walk_records_python
+    return _walk
+
+
+def bytes_walker() -> Callable[[bytes, int, int, int, int], int] | None:
+    """The C walk itself, for a caller that can afford no Python frame around it: call it as
+    `f(buf, len(buf), start, end, count)` with `buf` a `bytes` (cffi passes a pointer to its
+    contents) and start, end, count non-negative. None when the walk is Python."""
+    return getattr(records_walker(), "for_bytes", None)
+
+
+def walk_records(buf: bytes | bytearray | memoryview, start: int, end: int, count: int) -> int:
+    """`walk_records_python`'s result, computed in C when the extension is built."""
+    return records_walker()(buf, start, end, count)
+
+
+def walk_implementation() -> str:
+    """ "native" or "python": which walk `walk_records` uses here."""
+    return "python" if records_walker() is walk_records_python else "native"
+
+
+def describe_walk(result: int) -> str:
+    """A message for a non-zero walk result: what is wrong, in which record, at which byte."""
+    code = result & 0xFF
+    index = (result >> 8) & 0xFFFFFF
+    at = result >> 32
+    what = RECORD_ERRORS.get(code, f"record framing error {code}")
+    if code in (1, 15):  # about the section, not one record
+        return f"{what} (after {index} records, byte {at} of the record section)"
+    return f"record {index} (byte {at} of the record section): {what}"
+
+
+def invalid_records(
+    buf: bytes | bytearray | memoryview, pos: int = 0, header: BatchHeader | None = None
+) -> str | None:
+    """Why the records of the batch at `pos` do not frame (lengths, counts, header counts,
+    header-key UTF-8), or None. The header must already be valid (`invalid_header`).
+
+    Not the payload: keys, values and header values are skipped by their lengths.
+    """
+    h = read_header(buf, pos) if header is None else header
+    result = walk_records(buf, pos + HEADER_SIZE, pos + h.size, h.record_count)
+    return None if result == 0 else describe_walk(result)
+
+
 def set_base_offset(buf: bytearray | memoryview, base_offset: int, pos: int = 0) -> None:
     """Write the broker-assigned base offset. Outside the crc range, so the crc stays valid."""
     _BASE_OFFSET.pack_into(buf, pos, base_offset)
@@ -377,6 +557,8 @@ def decode_records(buf: bytes | bytearray | memoryview, pos: int = 0, verify: bo
             rend = p + 4 + rlen
             if rend > end:
                 raise BatchError(f"record at byte {p - pos} runs past the end of the batch")
+            if klen < -1 or vlen < -1:
+                raise BatchError(f"record {offset - h.base_offset}: negative length {min(klen, vlen)}")
             p += RECORD_HEADER_SIZE
             if klen >= 0:
                 key = data[p : p + klen]
@@ -397,6 +579,8 @@ def decode_records(buf: bytes | bytearray | memoryview, pos: int = 0, verify: bo
                     p += hk
                     (hv,) = _HVAL.unpack_from(data, p)
                     p += 4
+                    if hv < -1:
+                        raise BatchError(f"record {offset - h.base_offset}: header value length {hv}")
                     if hv >= 0:
                         hval: bytes | None = data[p : p + hv]
                         p += hv

@@ -26,6 +26,17 @@ Positions and groups:
   positions then cover only records returned by earlier polls (at-least-once).
 - There is no group membership protocol: `subscribe` assigns every partition of the topics to
   this consumer. Consumers sharing a group share committed offsets, not partitions.
+
+Damaged data is the application's to see, never hidden:
+- A stored batch that does not decode (a poison batch from before the broker walked record
+  framing, or damage its crc missed): `poll` delivers every record of the partition before it,
+  then raises `UndecodableBatchError` (topic, partition, offset, and `next_offset` to seek to) on
+  every call until the application seeks past it, as Kafka's consumer does.
+- STORAGE_ERROR (the broker cannot read the partition: disk damage, I/O errors) is retried with
+  the usual backoff (`retry_backoff_ms` doubling to `retry_backoff_max_ms`), and after
+  `storage_error_retries` failures in a row the next `poll` raises `BrokerStorageError` naming
+  topic, partition and offset. The partition keeps retrying behind it and raises again after as
+  many more failures, so a broker that recovers is picked up without a seek.
 """
 
 from __future__ import annotations
@@ -42,6 +53,7 @@ from typing import Final
 from broker.client.backoff import backoff_delay
 from broker.client.client import DEFAULT_BOOTSTRAP, AsyncClient, TopicPartition
 from broker.client.errors import (
+    BrokerStorageError,
     BrokerUnavailable,
     ClientClosedError,
     ClientError,
@@ -49,6 +61,7 @@ from broker.client.errors import (
     NotOwnerError,
     OffsetOutOfRangeError,
     RingLogError,
+    UndecodableBatchError,
     UnknownTopicError,
     error_for,
 )
@@ -92,8 +105,10 @@ class _Assigned:
         "fetch_offset",
         "high_watermark",
         "lane",
+        "poison",
         "position",
         "solo",
+        "storage_errors",
         "timer",
         "tp",
     )
@@ -113,12 +128,18 @@ class _Assigned:
         self.errors = 0  # consecutive failed fetches (for backoff)
         self.lane = ""
         self.solo = True  # alone on its fetch connection: may long-poll
+        # An undecodable batch met at fetch_offset: raised by poll once the records before it are
+        # handed out, until a seek. Fetching stops meanwhile.
+        self.poison: UndecodableBatchError | None = None
+        self.storage_errors = 0  # consecutive STORAGE_ERROR answers since the last raise
 
     def seek(self, offset: int) -> None:
         self.position = offset
         self.fetch_offset = offset
         self.chunks.clear()
         self.chunk_pos = 0
+        self.poison = None
+        self.storage_errors = 0
         self.busy = None  # what is in flight (if anything) is now stale; a new fetch may go
         if self.timer is not None:
             self.timer.cancel()
@@ -143,6 +164,9 @@ class AsyncConsumer:
       max_fetch_connections: fetch connections per core (see the module docstring).
       iter_timeout_ms: iteration stops after this long without a record (None: never).
       check_crcs: verify every batch's crc32c before decoding (the protocol requires it).
+      storage_error_retries: STORAGE_ERROR answers in a row for one partition before `poll`
+        raises `BrokerStorageError` (default 5: with the default backoff of 100 ms doubling to
+        1 s, about 2.5 s after the first). See "Damaged data" in the module docstring.
     """
 
     def __init__(
@@ -164,6 +188,7 @@ class AsyncConsumer:
         retry_backoff_max_ms: int = 1000,
         iter_timeout_ms: int | None = None,
         check_crcs: bool = True,
+        storage_error_retries: int = 5,
         client: AsyncClient | None = None,
         client_name: str = "ringlog-python-consumer",
     ) -> None:
@@ -180,6 +205,8 @@ class AsyncConsumer:
             or max_fetch_connections <= 0
         ):
             raise ValueError("fetch_max_bytes, max_poll_records, max_fetch_connections must be > 0")
+        if storage_error_retries < 0:
+            raise ValueError("storage_error_retries must be >= 0")
         self.group = group
         self.auto_offset_reset = auto_offset_reset
         self.enable_auto_commit = group is not None if enable_auto_commit is None else enable_auto_commit
@@ -195,6 +222,7 @@ class AsyncConsumer:
         self.retry_backoff_max = max(retry_backoff_ms, retry_backoff_max_ms) / 1000
         self.iter_timeout_ms = iter_timeout_ms
         self.check_crcs = check_crcs
+        self.storage_error_retries = storage_error_retries
         self._own_client = client is None
         self._client = client or AsyncClient(
             bootstrap, client_name=client_name, request_timeout_ms=request_timeout_ms
@@ -460,8 +488,9 @@ class AsyncConsumer:
     async def poll(self, timeout_ms: float = 1000, max_records: int | None = None) -> list[ConsumerRecord]:
         """Records from the assigned partitions: at once if some are buffered, else as soon as a
         fetch brings some, else `[]` after `timeout_ms`. At most `max_records` (default
-        `max_poll_records`). Raises errors fetches met that need the caller (a corrupt batch, a
-        deleted topic) once each."""
+        `max_poll_records`). Raises errors fetches met that need the caller (a deleted topic,
+        repeated STORAGE_ERROR) once each, and `UndecodableBatchError` for a partition whose
+        records before the bad batch are all handed out, until a seek moves it."""
         self._loop_or_fail()
         assert self._wakeup is not None
         limit = self.max_poll_records if max_records is None else max_records
@@ -470,6 +499,9 @@ class AsyncConsumer:
             self._maybe_auto_commit()
             if self._errors:
                 raise self._errors.pop(0)
+            for st in self._order:
+                if st.poison is not None and not st.chunks:
+                    raise st.poison
             pending = [st for st in self._order if st.position is None]
             if pending:
                 await self._reset(pending, RESETS[self.auto_offset_reset])
@@ -556,6 +588,7 @@ class AsyncConsumer:
             or st.busy is not None
             or st.timer is not None
             or st.position is None
+            or st.poison is not None
             or len(st.chunks) > 1
             or self._assigned.get(st.tp) is not st
         ):
@@ -630,6 +663,7 @@ class AsyncConsumer:
             return
         assert isinstance(resp, FetchResponse)
         st.errors = 0
+        st.storage_errors = 0
         st.high_watermark = resp.high_watermark
         data = resp.records
         if not data:
@@ -638,15 +672,14 @@ class AsyncConsumer:
             else:
                 self._later(st, self.fetch_idle)
             return
-        try:
-            records, next_offset = self._decode(st.tp, data, offset)
-        except BatchError as exc:
-            self._errors.append(
-                CorruptMessageError(
-                    ErrorCode.CORRUPT_MESSAGE, f"{st.tp.topic}/{st.tp.partition} near offset {offset}: {exc}"
-                )
-            )
-            self._later(st, self.retry_backoff_max)
+        records, next_offset, poison = self._decode(st.tp, data, offset)
+        if poison is not None:
+            # Hand out what decoded; poll raises once those are gone (see the module docstring).
+            st.fetch_offset = next_offset
+            st.poison = poison
+            if records:
+                st.chunks.append(records)
+            log.warning("%s", poison)
             self._wake()
             return
         if next_offset <= offset:  # only a partial batch: cannot happen with a conforming broker
@@ -665,22 +698,38 @@ class AsyncConsumer:
             self._wake()
         self._start_fetch(st)
 
-    def _decode(self, tp: TopicPartition, data: bytes, offset: int) -> tuple[list[ConsumerRecord], int]:
-        """Records at or after `offset` in `data` (the first batch may start before it), and the
-        offset after the last whole batch."""
+    def _decode(
+        self, tp: TopicPartition, data: bytes, offset: int
+    ) -> tuple[list[ConsumerRecord], int, UndecodableBatchError | None]:
+        """Records at or after `offset` in `data` (the first batch may start before it), the
+        offset after the last whole batch decoded, and the batch that did not decode, if any
+        (the records are then those before it, and the offset is where it starts)."""
         topic, partition = tp
         out: list[ConsumerRecord] = []
         append = out.append
         next_offset = offset
         verify = self.check_crcs
-        for pos, h in iter_batches(data):
-            next_offset = h.base_offset + h.record_count
-            if next_offset <= offset:
+        batches = iter_batches(data)
+        while True:
+            try:
+                item = next(batches, None)
+            except BatchError as exc:  # a header that does not frame: where the batch ends is unknown
+                return out, next_offset, UndecodableBatchError(topic, partition, next_offset, None, str(exc))
+            if item is None:
+                return out, next_offset, None
+            pos, h = item
+            end = h.base_offset + h.record_count
+            if end <= offset:
                 continue
-            for r in decode_records(data, pos, verify):
+            try:
+                decoded = decode_records(data, pos, verify)
+            except BatchError as exc:
+                at = max(h.base_offset, offset)
+                return out, at, UndecodableBatchError(topic, partition, at, end, str(exc))
+            for r in decoded:
                 if r.offset >= offset:
                     append(ConsumerRecord(topic, partition, r.offset, r.timestamp, r.key, r.value, r.headers))  # type: ignore[arg-type]
-        return out, next_offset
+            next_offset = end
 
     def _fetch_failed(self, st: _Assigned, exc: BaseException) -> None:
         st.busy = None
@@ -700,6 +749,19 @@ class AsyncConsumer:
         if isinstance(exc, UnknownTopicError | NotOwnerError):
             self._client.invalidate(st.tp.topic)
         st.errors += 1
+        if isinstance(exc, BrokerStorageError):
+            st.storage_errors += 1
+            if st.storage_errors > self.storage_error_retries:
+                st.storage_errors = 0
+                self._errors.append(
+                    BrokerStorageError(
+                        exc.code,
+                        f"{st.tp.topic}/{st.tp.partition} at offset {st.fetch_offset}: "
+                        f"{self.storage_error_retries + 1} fetches in a row failed: {exc.message}",
+                    )
+                )
+                self._wake()
+                log.warning("%s/%d: fetch at offset %d keeps failing: %s", *st.tp, st.fetch_offset, exc)
         retriable = isinstance(exc, BrokerUnavailable | NotOwnerError) or (
             isinstance(exc, ClientError) and exc.retriable
         )

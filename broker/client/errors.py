@@ -75,6 +75,29 @@ class CorruptMessageError(RingLogError):
     pass
 
 
+class UndecodableBatchError(CorruptMessageError):
+    """A stored batch the consumer cannot decode: a poison batch stored before the broker walked
+    record framing, or damage its crc did not catch. Every record of the partition before it was
+    delivered first; `poll` then raises this (naming topic, partition and offset) on every call
+    until the application seeks past it: to `next_offset` when the batch's header could be read
+    (None when even that is damaged). As in Kafka, skipping data is the application's decision."""
+
+    def __init__(self, topic: str, partition: int, offset: int, next_offset: int | None, reason: str) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+        self.next_offset = next_offset
+        self.reason = reason
+        skip = f"seek to {next_offset} to skip it" if next_offset is not None else "seek past it to skip it"
+        super().__init__(
+            ErrorCode.CORRUPT_MESSAGE,
+            f"{topic}/{partition}: cannot decode the batch at offset {offset} ({reason}); {skip}",
+        )
+
+    def __reduce__(self) -> tuple[type, tuple[str, int, int, int | None, str]]:  # type: ignore[override]
+        return (type(self), (self.topic, self.partition, self.offset, self.next_offset, self.reason))
+
+
 class MessageTooLargeError(RingLogError):
     pass
 
@@ -199,6 +222,7 @@ __all__ = [
     "RequestTimedOutError",
     "RingLogError",
     "TopicExistsError",
+    "UndecodableBatchError",
     "UnknownServerError",
     "UnknownTopicError",
     "UnsupportedVersionError",

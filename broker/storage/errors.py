@@ -14,6 +14,12 @@ class InvalidBatchError(StorageError):
     """The batch offered to `append` is malformed (bad crc, lengths or counts); nothing was written."""
 
 
+class RecordFramingError(InvalidBatchError):
+    """The batch's header and crc check out but its records do not frame (a record length past the
+    batch, a count that disagrees, ...): a "poison" batch no client could decode. Nothing was
+    written. INVALID_BATCH on the wire, apart from CORRUPT_MESSAGE (a crc or header failure)."""
+
+
 class BatchTooLargeError(StorageError):
     """The batch exceeds `max_batch_bytes`; nothing was written."""
 
