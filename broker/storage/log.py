@@ -16,9 +16,9 @@ Rules this module keeps:
 - Descriptors: only the active segment keeps its files open for good; closed segments open theirs
   through a descriptor cache (broker/storage/fdcache.py, one per process) when used, so a log
   holds 2 descriptors however many segments it has. Whatever an operation returned to the caller
-  references stays open until it is completed: a pending append pins its segment, a flush plan
-  the active segment (closed ones it syncs by path, `SyncFile`), and `Segment.borrow_store_fd` is
-  how a reader pins one.
+  references stays open until it is completed: the log's pin on its active segment lasts, after
+  a roll, until the appends in flight to it complete; a flush plan pins the active segment (it
+  syncs closed ones by path, `SyncFile`); `Segment.borrow_store_fd` is how a reader pins one.
 - One core owns a log; nothing here is thread-safe.
 
 Durability (what each mark promises):
@@ -158,6 +158,7 @@ class Log:
         self.clock = clock
         self.cache = cache
         self._active: Segment | None = None  # the segment the log pins (the last one)
+        self._draining: list[Segment] = []  # rolled with appends in flight: pinned until they end
         self.segments: list[Segment] = []
         self._bases: list[int] = []
         self._pending: deque[PendingAppend] = deque()
@@ -297,6 +298,12 @@ class Log:
         active, self._active = self._active, None
         if active is not None:
             active.unpin()
+        self._undrain_all()
+
+    def _undrain_all(self) -> None:
+        draining, self._draining = self._draining, []
+        for seg in draining:
+            seg.unpin()
 
     def _add_segment(self, seg: Segment) -> None:
         self.segments.append(seg)
@@ -420,7 +427,6 @@ class Log:
             data, position = index.unpersisted()
             ops.append(Write(seg.index_fd, (data,), position, len(data)))
             pending.index_persisted = len(index)
-        seg.pin()  # the writes reference its files: open until complete_append / abort_append
         self._pending.append(pending)
         self._next_offset = base
         self._reserved_size += size
@@ -446,8 +452,12 @@ class Log:
         new = Segment.create(self.directory, self._next_offset, self.io, self.cache)
         log.debug("%s: rolled (%s)", new.store_path, reason)
         self._add_segment(new)
-        self._release_active()  # the old one's files now close when the cache needs the room
-        self._active = new  # created pinned
+        old, self._active = self._active, new  # created pinned
+        assert old is seg
+        if self._pending:  # writes to it are in flight: it keeps the pin until they complete
+            self._draining.append(seg)
+        else:  # its files now close when the cache needs the room
+            seg.unpin()
         self._unsynced[seg] = None
         self._reserved_size = 0
         self._dir_unsynced = True
@@ -464,7 +474,10 @@ class Log:
         if pending.index_persisted >= 0:
             seg.index.persisted_count = max(seg.index.persisted_count, pending.index_persisted)
         self._unsynced[seg] = None
-        seg.unpin()
+        draining = self._draining
+        if draining and draining[0] is seg and (not self._pending or self._pending[0].segment is not seg):
+            del draining[0]  # a rolled segment's last append in flight completed
+            seg.unpin()
         self._assert_marks()
 
     def abort_append(self, pending: PendingAppend) -> list[PendingAppend]:
@@ -490,8 +503,7 @@ class Log:
             self._broken = f"could not undo a failed write: {exc}"
             log.error("%s: %s", self.directory, self._broken)
         finally:
-            for p in aborted:
-                p.segment.unpin()
+            self._undrain_all()
         self._next_offset = pending.base_offset
         self._reserved_size = pending.position
         return aborted

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from broker.storage.fdcache import FdCache
+from broker.storage.fileio import SyncFileIO, run_ops
 from broker.storage.log import Log, LogConfig
 from ringlog_proto.batch import decode_batches, encode_batch
 
@@ -85,4 +86,30 @@ def test_a_cache_of_zero_still_serves_reads(tmp_path: Path) -> None:
     for offset in range(10):
         assert value_at(log, offset).startswith(b"%06d" % offset)
     assert cache.segments <= 1
+    log.close()
+
+
+def test_a_segment_rolled_with_appends_in_flight_keeps_its_files_until_they_complete(
+    tmp_path: Path,
+) -> None:
+    """The io_uring backend prepares several appends before their writes run; each roll leaves the
+    previous segment with writes in flight, whose descriptors must stay open until they ran."""
+    cache = FdCache(0)  # evicts whatever it may
+    log = Log.open(str(tmp_path / "log"), CONFIG, cache=cache)
+    pendings = [log.prepare_append(encode_batch([b"%06d" % i + b"x" * 60])) for i in range(5)]
+    assert len(log.segments) == 5
+    for p in pendings:  # every write still names an open descriptor of its own segment
+        for op in p.ops:
+            assert os.fstat(op.fd).st_ino == os.stat(p.segment.store_path).st_ino
+    for i, p in enumerate(pendings):
+        run_ops(SyncFileIO(), p.ops)
+        log.complete_append(p)
+        closed = [s for s in log.segments[: i + 1] if s is not log.segments[-1]]
+        assert sum(s.open_files for s in closed) == cache.open_fds <= 2, "completed: the cache's"
+    assert [value_at(log, i)[:6] for i in range(5)] == [b"%06d" % i for i in range(5)]
+    # An undone append (a failed write) releases the segments it rolled too.
+    more = [log.prepare_append(encode_batch([b"%06d" % i + b"x" * 60])) for i in range(5, 8)]
+    log.abort_append(more[0])
+    assert len(log.segments) == 6 and log.end_offset == 5
+    assert sum(s.open_files for s in log.segments) == 2 + cache.open_fds
     log.close()
