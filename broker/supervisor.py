@@ -655,6 +655,7 @@ def raise_nofile_limit(limits: Limits) -> tuple[int, int]:
     segments (2 files each, all partitions on one core at worst), the descriptor cache and a margin,
     before any client connection. Returns (soft, hard)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    was = soft
     if soft != hard:
         try:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
@@ -663,7 +664,12 @@ def raise_nofile_limit(limits: Limits) -> tuple[int, int]:
             log.warning("cannot raise the open-file limit from %d to %d: %s", soft, hard, exc)
     shown = "unlimited" if soft == resource.RLIM_INFINITY else str(soft)
     need = 2 * limits.max_partitions + limits.segment_fd_cache + FIXED_FDS_PER_WORKER
-    log.info("open-file limit (RLIMIT_NOFILE) %s; partitions and the fd cache need up to %d", shown, need)
+    log.info(
+        "open-file limit (RLIMIT_NOFILE) %s%s; partitions and the fd cache need up to %d",
+        shown,
+        f" (raised from {was})" if was != soft else "",
+        need,
+    )
     if soft != resource.RLIM_INFINITY and need >= soft:
         log.warning(
             "--max-partitions %d and --segment-fd-cache %d may need %d descriptors in one worker, "

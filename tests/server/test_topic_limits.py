@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import subprocess
 import sys
 import threading
@@ -36,6 +37,14 @@ FIXED_FDS_MARGIN = 40  # listeners, ring, pipes, sockets of the test's connectio
 
 def open_fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def nofile_limit(pid: int) -> int:
+    """The soft RLIMIT_NOFILE of process `pid`."""
+    with open(f"/proc/{pid}/limits") as f:
+        line = next(line for line in f if line.startswith("Max open files"))
+    value = line.split()[3]
+    return resource.RLIM_INFINITY if value == "unlimited" else int(value)
 
 
 def start(tmp_path: Path, backend: str, *flags: str, cores: int = 1) -> BrokerProcess:
@@ -70,9 +79,17 @@ def test_the_segment_attack_leaves_descriptors_bounded_and_the_broker_restarts(
     # segments under 1 MiB); the descriptor cache is small so that the bound is tight.
     flags = ("--min-segment-bytes", "100", "--segment-fd-cache", str(FD_CACHE))
     flags += ("--max-partitions-per-topic", str(PARTITIONS))
-    broker = start(tmp_path, backend, *flags)
+    # A soft open-file limit as low as many systems' default (1024): the supervisor raises it to
+    # the hard limit for itself and its workers (and without the cache 512 would be exhausted).
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(512, hard), hard))
+    try:
+        broker = start(tmp_path, backend, *flags)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     try:
         pid = broker.worker_pids[0]
+        assert nofile_limit(pid) == hard and f"raised from {min(512, hard)}" in broker.log()
         wire = Wire(broker.port)
         baseline = open_fds(pid)
         resp = wire.rpc(m.CreateTopicRequest("tiny", 1, -1, -1, 200))
