@@ -61,6 +61,14 @@ class FdCache:
             del self._lru[seg]
             self.open_fds -= seg.open_files
 
+    def evict_all(self) -> None:
+        """Close every cached file (the process ran out of descriptors)."""
+        lru, self._lru = self._lru, OrderedDict()
+        self.open_fds = 0
+        self.evictions += len(lru)
+        for victim in lru:
+            victim.close_files()
+
     def release(self, seg: CachedFiles) -> None:
         """Put `seg` (unpinned, with files open) in the cache as the most recently used, then
         close the least recently used others beyond the capacity."""

@@ -18,6 +18,7 @@ Rules this module keeps:
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 from dataclasses import dataclass
@@ -141,13 +142,27 @@ class Segment:
         if not pinned:
             self.cache.hold(self)  # out while its count of open files changes
         try:
-            if index:
-                fd = self._index_fd = self.io.open(self.index_path, create=True)
-            else:
-                fd = self._store_fd = self.io.open(self.store_path, create=False)
+            try:
+                fd = self._open_path(index)
+            except OSError as exc:
+                # Out of descriptors (connections took them): the cache gives its own back, once.
+                if exc.errno not in (errno.EMFILE, errno.ENFILE) or not self.cache.open_fds:
+                    raise
+                log.warning(
+                    "%s: %s; closing the %d cached segment files", self.store_path, exc, self.cache.open_fds
+                )
+                self.cache.evict_all()
+                fd = self._open_path(index)
         finally:
             if not pinned:
                 self.cache.release(self)  # the most recently used: not evicted by this
+        return fd
+
+    def _open_path(self, index: bool) -> int:
+        if index:
+            fd = self._index_fd = self.io.open(self.index_path, create=True)
+        else:
+            fd = self._store_fd = self.io.open(self.store_path, create=False)
         return fd
 
     def pin(self) -> None:

@@ -3,6 +3,7 @@ them, a pinned segment's files are never closed under it, and deleting a segment
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -112,4 +113,28 @@ def test_a_segment_rolled_with_appends_in_flight_keeps_its_files_until_they_comp
     log.abort_append(more[0])
     assert len(log.segments) == 6 and log.end_offset == 5
     assert sum(s.open_files for s in log.segments) == 2 + cache.open_fds
+    log.close()
+
+
+def test_out_of_descriptors_the_cache_gives_its_own_back(tmp_path: Path) -> None:
+    class OneEmfile(SyncFileIO):
+        armed = False
+
+        def open(self, path: str, create: bool) -> int:
+            if self.armed:
+                self.armed = False
+                raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+            return super().open(path, create)
+
+    io = OneEmfile()
+    cache = FdCache(8)
+    log = Log.open(str(tmp_path / "log"), CONFIG, io=io, cache=cache)
+    for i in range(20):
+        log.append(encode_batch([b"%06d" % i + b"x" * 60]))
+    for offset in range(10, 14):
+        value_at(log, offset)
+    assert cache.open_fds > 0
+    io.armed = True
+    assert value_at(log, 0).startswith(b"000000"), "the read succeeds after the cache closed its files"
+    assert cache.segments == 1
     log.close()
