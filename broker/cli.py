@@ -209,6 +209,7 @@ def _dump_index(path: str, base: int, batches: list[tuple[int, BatchHeader]]) ->
 def cmd_serve(args: argparse.Namespace) -> int:
     """Run the supervisor, which runs one worker process per core (broker/supervisor.py)."""
     from broker.supervisor import SupervisorConfig, run_supervisor  # noqa: PLC0415 - keep client commands light
+    from broker.topics import segment_floor_violation  # noqa: PLC0415
     from broker.worker import BackendUnavailable, choose_backend  # noqa: PLC0415
 
     available = len(os.sched_getaffinity(0))
@@ -237,15 +238,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_batch_bytes=min(args.max_batch_bytes, args.segment_bytes),
         retention_ms=None if args.retention_ms < 0 else args.retention_ms,
         retention_bytes=None if args.retention_bytes < 0 else args.retention_bytes,
+        segment_ms=None if args.segment_ms < 0 else args.segment_ms,
     )
-    reason = defaults.invalid()
-    if reason is not None:
-        print(f"broker: {reason}", file=sys.stderr)
-        return 2
     try:
         limits = limits_from_args(args)
     except ValueError as exc:
         print(f"broker: {exc}", file=sys.stderr)
+        return 2
+    reason = defaults.invalid() or segment_floor_violation(
+        defaults.segment_bytes, defaults.segment_ms, limits
+    )
+    if reason is not None:
+        print(f"broker: {reason}", file=sys.stderr)
         return 2
     config = SupervisorConfig(
         data_dir=args.data_dir,
@@ -368,6 +372,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     defaults = LogConfig()
     serve.add_argument("--segment-bytes", type=int, default=defaults.segment_bytes)
+    serve.add_argument(
+        "--segment-ms", type=int, default=-1, help="roll a segment at this age, in ms (-1: never)"
+    )
     serve.add_argument("--max-batch-bytes", type=int, default=defaults.max_batch_bytes)
     serve.add_argument("--retention-ms", type=int, default=defaults.retention_ms, help="-1: keep forever")
     serve.add_argument("--retention-bytes", type=int, default=-1, help="-1: no size limit")

@@ -13,6 +13,11 @@ Rules this module keeps:
   request for another core's partition becomes `Forward` before its body is even decoded, except
   when it came from another core (`handle(frame, from_peer=True)`): then it is NOT_OWNER, so a
   forward can never loop.
+- Partitions open on first use: a core opens, at start, the partitions it owns that have files,
+  and any other only when a request for it arrives (creating its directory and first segment
+  then, in that one request). CreateTopic therefore only writes the registry, whatever the
+  partition count: no request ever waits behind thousands of partition creations, and no
+  request sees a half-made partition (one is made whole within the request that needs it).
 - Topic metadata is shared by all cores through topics.json (broker/topics.py). A core learns of
   another core's change on a miss (a partition it should own but has not opened, an unknown topic:
   reload once, then answer), from Metadata and `refresh_topics()` (a stat of the file, run by the
@@ -52,6 +57,7 @@ from broker.storage.errors import (
     RecordFramingError,
     StorageError,
 )
+from broker.storage.fdcache import FdCache
 from broker.storage.log import LogConfig, PendingAppend
 from broker.storage.segment import Extent
 from broker.topics import Topic, TopicError, TopicRegistry
@@ -184,6 +190,8 @@ def error_of(exc: BaseException) -> tuple[m.ErrorCode, str]:
             return E.UNKNOWN_TOPIC_OR_PARTITION, str(exc)
         case TopicError(kind="invalid"):
             return E.INVALID_TOPIC, str(exc)
+        case TopicError(kind="limit"):
+            return E.LIMIT_EXCEEDED, str(exc)
         case TopicError():
             return E.INVALID_CONFIG, str(exc)
         case GroupError():
@@ -223,23 +231,18 @@ class Handlers:
         self.gauges: dict[str, Callable[[], int]] = {}
         self.space = DiskSpace(config.data_dir, config.limits.min_free_bytes)  # broker/diskspace.py
         os.makedirs(os.path.join(config.data_dir, "topics"), exist_ok=True)
-        self.registry = TopicRegistry(config.data_dir, config.log_defaults, remove_orphans=False)
+        self.registry = TopicRegistry(
+            config.data_dir, config.log_defaults, remove_orphans=False, limits=config.limits
+        )
         with self.registry.locked():  # orphans are removed only here: at start, under the lock
             self.registry.load()
             self.registry.remove_orphans()
+        # Files of closed segments this core keeps open (broker/storage/fdcache.py).
+        self.fd_cache = FdCache(config.limits.segment_fd_cache)
         self.partitions: dict[tuple[int, int], Partition] = {}
         self._owners: dict[tuple[int, int], int] = {}
-        self._open_errors: dict[int, BaseException] = {}  # topic id -> why a partition did not open
         for topic in self.registry.by_id.values():
-            try:
-                self._open_topic(topic)
-            except (StorageError, OSError) as exc:
-                # A partition that needs a new segment file (none survived) on a full disk: serve
-                # the rest; it opens on its first request once there is room (see _partition).
-                if not is_out_of_space(exc):
-                    raise
-                self._open_errors[topic.topic_id] = exc
-                log.error("opening partitions of topic %s: %s (retried on the next request)", topic.name, exc)
+            self._open_stored(topic)
         self._dispatch: dict[int, Callable[[m.Request, Frame], Outcome]] = {
             m.ApiKey.API_VERSIONS: self._api_versions,
             m.ApiKey.METADATA: self._metadata,
@@ -271,14 +274,35 @@ class Handlers:
             core = self._owners[key] = shard_for(topic_id, partition, self.config.cores)
         return core
 
-    def _open_topic(self, topic: Topic) -> None:
-        for i in range(topic.partitions):
-            if (
-                self.owner(topic.topic_id, i) == self.config.core_id
-                and (topic.topic_id, i) not in self.partitions
-            ):
-                path = self.registry.partition_dir(topic.topic_id, i)
-                self.partitions[(topic.topic_id, i)] = Partition(topic.topic_id, i, path, topic.log_config())
+    def _open_stored(self, topic: Topic) -> None:
+        """At start: open the partitions of `topic` this core owns that have files (the others
+        open on first use). Retention and recovery thus reach every partition holding data."""
+        try:
+            names = os.listdir(os.path.join(self.config.data_dir, "topics", str(topic.topic_id)))
+        except FileNotFoundError:
+            return
+        for name in sorted(names, key=lambda n: (len(n), n)):
+            if name.isdigit() and int(name) < topic.partitions:
+                i = int(name)
+                if self.owner(topic.topic_id, i) == self.config.core_id:
+                    try:
+                        self._open_partition(topic, i)
+                    except (StorageError, OSError) as exc:
+                        # It needs a new segment file (none survived) on a full disk: serve the
+                        # rest; it opens on its first request once there is room (_partition).
+                        if not is_out_of_space(exc):
+                            raise
+                        log.error("opening partition %d of topic %s: %s (retried on use)", i, topic.name, exc)
+
+    def _open_partition(self, topic: Topic, index: int) -> Partition:
+        """Open (creating it if new) partition `index` of `topic`, which this core owns."""
+        key = (topic.topic_id, index)
+        p = self.partitions.get(key)
+        if p is None:
+            path = self.registry.partition_dir(topic.topic_id, index)
+            p = Partition(topic.topic_id, index, path, topic.log_config(), self.fd_cache)
+            self.partitions[key] = p
+        return p
 
     # ------------------------------------------------------------------------- topics shared by cores
 
@@ -303,6 +327,7 @@ class Handlers:
         self._sync_partitions()
 
     def _sync_partitions(self) -> None:
+        """Close the partitions of topics that are gone (new topics' partitions open on first use)."""
         live = self.registry.by_id
         for key in [k for k in self.partitions if k[0] not in live]:
             p = self.partitions.pop(key)
@@ -311,15 +336,6 @@ class Handlers:
                 p.close()
             except StorageError as exc:
                 log.error("closing partition %d/%d: %s", p.topic_id, p.index, exc)
-        for topic in list(live.values()):
-            try:
-                self._open_topic(topic)
-            except (StorageError, OSError) as exc:
-                if topic.topic_id not in self._open_errors:  # once, not on every retry
-                    log.error("opening partitions of topic %s: %s", topic.name, exc)
-                self._open_errors[topic.topic_id] = exc
-            else:
-                self._open_errors.pop(topic.topic_id, None)
 
     # ------------------------------------------------------------------------- entry point
 
@@ -376,24 +392,23 @@ class Handlers:
         )
 
     def _partition(self, frame: Frame) -> Partition:
-        p = self.partitions.get((frame.topic_id, frame.partition))
-        if p is not None:
-            return p
-        self.refresh_topics(force=True)  # a miss: another core may have created the topic
+        """The partition a request names, opened (made, if new) on its first use."""
         p = self.partitions.get((frame.topic_id, frame.partition))
         if p is not None:
             return p
         topic = self.registry.by_id.get(frame.topic_id)
         if topic is None or not 0 <= frame.partition < topic.partitions:
+            self.refresh_topics(force=True)  # a miss: another core may have created the topic
+        else:
+            self.refresh_topics()  # a stat: a topic deleted meanwhile is not made again
+        topic = self.registry.by_id.get(frame.topic_id)
+        if topic is None or not 0 <= frame.partition < topic.partitions:
             raise TopicError("unknown", f"no partition {frame.partition} of topic id {frame.topic_id}")
-        failed = self._open_errors.get(frame.topic_id)
-        if failed is not None and self.owner(frame.topic_id, frame.partition) == self.config.core_id:
-            raise StorageError(
-                f"partition {frame.partition} of topic {topic.name} cannot be opened: {failed}"
-            ) from failed
-        raise TopicError(
-            "unknown", f"partition {frame.partition} of topic id {frame.topic_id} is not on this core"
-        )
+        if self.owner(topic.topic_id, frame.partition) != self.config.core_id:
+            raise TopicError(
+                "unknown", f"partition {frame.partition} of topic id {frame.topic_id} is not on this core"
+            )
+        return self._open_partition(topic, frame.partition)
 
     # ------------------------------------------------------------------------- admin
 
@@ -453,15 +468,8 @@ class Handlers:
                 req.name, req.partitions, req.retention_ms, req.retention_bytes, req.segment_bytes
             )
         self._sync_partitions()
-        try:
-            self._open_topic(topic)
-        except Exception:
-            self._close_topic(topic)
-            with self.registry.locked():
-                self.registry.load()
-                self.registry.delete(topic.name)
-            self.registry.remove_files(topic)
-            raise
+        # No partition is made here: each is made on its first use (module rules), so this
+        # answer costs one registry write whatever the partition count.
         log.info("created topic %s (id %d, %d partitions)", topic.name, topic.topic_id, topic.partitions)
         return self._reply(frame, m.CreateTopicResponse(topic_id=topic.topic_id))
 
@@ -486,12 +494,6 @@ class Handlers:
         """Another core deleted a topic: close our partitions of it before it answers its client."""
         self.refresh_topics(force=True)
         return self._reply(frame, m.DeleteTopicResponse())
-
-    def _close_topic(self, topic: Topic) -> None:
-        for i in range(topic.partitions):
-            p = self.partitions.pop((topic.topic_id, i), None)
-            if p is not None:
-                p.close()
 
     # ------------------------------------------------------------------------- produce
 

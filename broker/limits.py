@@ -45,6 +45,23 @@ class Limits:
         "free bytes the data dir's file system must keep: below it writes get OUT_OF_SPACE (retriable)",
     )
 
+    # Topics, partitions and descriptors (issue 10, defect 3; docs/LIMITS.md explains the defaults)
+    min_segment_bytes: int = limit(
+        1 * MiB, "--min-segment-bytes", "smallest segment_bytes of a topic (below: INVALID_CONFIG)"
+    )
+    min_segment_ms: int = limit(
+        10 * 60 * 1000, "--min-segment-ms", "shortest segment_ms (time-based roll) of a topic, in ms"
+    )
+    max_partitions: int = limit(
+        4000, "--max-partitions", "partitions of all topics of the broker (more: LIMIT_EXCEEDED)"
+    )
+    max_partitions_per_topic: int = limit(
+        1000, "--max-partitions-per-topic", "partitions of one topic (more: LIMIT_EXCEEDED)"
+    )
+    segment_fd_cache: int = limit(
+        1000, "--segment-fd-cache", "descriptors of closed segments each core keeps open (LRU)"
+    )
+
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from broker.durable_file import load_json, replace_json
+from broker.storage.fdcache import FdCache
 from broker.storage.log import Log, LogConfig
 from ringlog_proto.batch import NO_PRODUCER_ID, BatchHeader
 
@@ -52,11 +53,13 @@ class ProducerState:
 class Partition:
     """One partition's state on its owning core."""
 
-    def __init__(self, topic_id: int, index: int, directory: str, config: LogConfig) -> None:
+    def __init__(
+        self, topic_id: int, index: int, directory: str, config: LogConfig, cache: FdCache | None = None
+    ) -> None:
         self.topic_id = topic_id
         self.index = index
         self.directory = directory
-        self.log = Log.open(directory, config)
+        self.log = Log.open(directory, config, cache=cache)
         self.producers: dict[int, ProducerState] = {}
         # Batches prepared but not yet written, per producer, in prepare order: (epoch, first
         # sequence, last sequence). A backend that writes asynchronously (io_uring) checks the

@@ -298,13 +298,14 @@ class Server(BackendCore):
         waiting, self._flush_waiting = self._flush_waiting, {}
         for partition, callbacks in waiting.items():
             log_ = partition.log
+            plan = None
             try:
                 plan = log_.prepare_flush()
                 run_ops(self.io, plan.ops)
                 log_.complete_flush(plan)
             except Exception as exc:  # every waiter learns of it
                 if isinstance(exc, OSError):
-                    log_.fail_flush(exc)
+                    log_.fail_flush(exc, plan)
                 log.error("flush of %s failed: %s", log_.directory, exc)
                 for _, failed in callbacks:
                     failed(exc)

@@ -55,6 +55,7 @@ import http.server
 import json
 import logging
 import os
+import resource
 import selectors
 import signal
 import socket
@@ -247,6 +248,7 @@ class Supervisor:
 
     def run(self) -> int:
         """Start, supervise and stop the workers; the process exit status."""
+        raise_nofile_limit(self.config.limits)  # before any worker: they inherit it
         try:
             self._prepare_data_dir()
             try:
@@ -690,6 +692,43 @@ def bpf_prometheus_text(doc: dict[str, object] | None) -> str:
             for k, v in xdp["classes"].items()
         ]
     return "\n".join(lines) + "\n"
+
+
+FIXED_FDS_PER_WORKER = 64  # listeners, ring, pipes, logs, registry lock, directory syncs, ...
+
+
+def raise_nofile_limit(limits: Limits) -> tuple[int, int]:
+    """Raise RLIMIT_NOFILE's soft limit to its hard limit, as Kafka's and Redpanda's packaging do
+    (the default soft limit, often 1024, is far below what a broker holds); workers inherit it.
+    Logs the result, and warns when one worker could need more than that: its partitions' active
+    segments (2 files each, all partitions on one core at worst), the descriptor cache and a margin,
+    before any client connection. Returns (soft, hard)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    was = soft
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (OSError, ValueError) as exc:
+            log.warning("cannot raise the open-file limit from %d to %d: %s", soft, hard, exc)
+    shown = "unlimited" if soft == resource.RLIM_INFINITY else str(soft)
+    need = 2 * limits.max_partitions + limits.segment_fd_cache + FIXED_FDS_PER_WORKER
+    log.info(
+        "open-file limit (RLIMIT_NOFILE) %s%s; partitions and the fd cache need up to %d",
+        shown,
+        f" (raised from {was})" if was != soft else "",
+        need,
+    )
+    if soft != resource.RLIM_INFINITY and need >= soft:
+        log.warning(
+            "--max-partitions %d and --segment-fd-cache %d may need %d descriptors in one worker, "
+            "the open-file limit is %d: raise the hard limit (ulimit -Hn, LimitNOFILE=) or lower them",
+            limits.max_partitions,
+            limits.segment_fd_cache,
+            need,
+            soft,
+        )
+    return soft, hard
 
 
 def run_supervisor(config: SupervisorConfig) -> int:

@@ -15,6 +15,13 @@ Rules this module keeps:
 - Orphan directories (a topic's files without a registry entry) are removed only by
   `remove_orphans()`, which a worker calls once at start while holding the lock, never on a later
   reload: another core may be between "save the registry" and "create the directories".
+- Creating a topic writes the registry and nothing else: each partition's directory and first
+  segment are made by its owning core when the partition is first used (broker/handlers.py), so
+  CreateTopic costs the same for 1 or 10 000 partitions, and a crash at any point leaves either
+  no topic or a topic whose partitions open (empty) on first use.
+- Limits (broker/limits.py) are checked here, under the lock, so they hold across cores: partitions
+  per topic and per broker (the sum over the registry), and floors on segment_bytes and segment_ms.
+  They bind new topics only: a topic created under older limits keeps working.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from dataclasses import asdict, dataclass
 
 from broker.diskspace import is_out_of_space, release_reserve
 from broker.durable_file import load_json, replace_json
+from broker.limits import Limits
 from broker.storage.log import LogConfig
 
 log = logging.getLogger(__name__)
@@ -38,7 +46,6 @@ REGISTRY_FILE = "topics.json"
 LOCK_FILE = "topics.lock"
 REGISTRY_VERSION = 1
 TOPIC_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
-PARTITIONS_MAX = 10_000  # per topic; each partition holds at least two open files on its core
 
 
 class TopicError(Exception):
@@ -46,7 +53,7 @@ class TopicError(Exception):
 
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
-        self.kind = kind  # "exists", "unknown", "invalid", "config"
+        self.kind = kind  # "exists", "unknown", "invalid", "config", "limit"
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +65,7 @@ class Topic:
     retention_bytes: int | None
     segment_bytes: int
     max_batch_bytes: int
+    segment_ms: int | None = None  # absent from registries written before it existed
 
     def log_config(self) -> LogConfig:
         return LogConfig(
@@ -65,6 +73,7 @@ class Topic:
             max_batch_bytes=self.max_batch_bytes,
             retention_ms=self.retention_ms,
             retention_bytes=self.retention_bytes,
+            segment_ms=self.segment_ms,
         )
 
 
@@ -79,9 +88,16 @@ def invalid_topic_name(name: str) -> str | None:
 class TopicRegistry:
     """All topics of one broker, persisted in `<data_dir>/topics.json`."""
 
-    def __init__(self, data_dir: str, defaults: LogConfig, remove_orphans: bool = True) -> None:
+    def __init__(
+        self,
+        data_dir: str,
+        defaults: LogConfig,
+        remove_orphans: bool = True,
+        limits: Limits | None = None,
+    ) -> None:
         self.data_dir = data_dir
         self.defaults = defaults
+        self.limits = limits or Limits()
         self.path = os.path.join(data_dir, REGISTRY_FILE)
         self.lock_path = os.path.join(data_dir, LOCK_FILE)
         self.by_name: dict[str, Topic] = {}
@@ -182,8 +198,22 @@ class TopicRegistry:
             raise TopicError("invalid", reason)
         if name in self.by_name:
             raise TopicError("exists", f"topic {name!r} already exists")
-        if not 1 <= partitions <= PARTITIONS_MAX:
-            raise TopicError("invalid", f"partitions must be in 1..{PARTITIONS_MAX}, not {partitions}")
+        if partitions < 1:
+            raise TopicError("invalid", f"a topic needs at least 1 partition, not {partitions}")
+        lim = self.limits
+        if partitions > lim.max_partitions_per_topic:
+            raise TopicError(
+                "limit",
+                f"{partitions} partitions exceed the limit of {lim.max_partitions_per_topic} per topic "
+                "(--max-partitions-per-topic)",
+            )
+        held = self.partition_count()
+        if held + partitions > lim.max_partitions:
+            raise TopicError(
+                "limit",
+                f"{partitions} more partitions would make {held + partitions}: the broker's limit is "
+                f"{lim.max_partitions} (--max-partitions)",
+            )
         d = self.defaults
         topic = Topic(
             name=name,
@@ -193,7 +223,11 @@ class TopicRegistry:
             retention_bytes=_setting("retention_bytes", retention_bytes, d.retention_bytes),
             segment_bytes=d.segment_bytes if segment_bytes == -1 else segment_bytes,
             max_batch_bytes=d.max_batch_bytes,
+            segment_ms=d.segment_ms,
         )
+        reason = segment_floor_violation(topic.segment_bytes, topic.segment_ms, lim)
+        if reason is not None:
+            raise TopicError("config", reason)
         if topic.segment_bytes < topic.max_batch_bytes:
             topic = Topic(**{**asdict(topic), "max_batch_bytes": topic.segment_bytes})
         reason = topic.log_config().invalid()
@@ -204,6 +238,10 @@ class TopicRegistry:
         self.by_id[topic.topic_id] = topic
         self._save()
         return topic
+
+    def partition_count(self) -> int:
+        """Partitions of every topic in the registry (as last loaded)."""
+        return sum(t.partitions for t in self.by_id.values())
 
     def delete(self, name: str) -> Topic:
         """Forget the topic durably; the caller closes its partitions, then `remove_files`."""
@@ -221,6 +259,26 @@ class TopicRegistry:
         if topic is None:
             raise TopicError("unknown", f"unknown topic {name!r}")
         return topic
+
+
+def segment_floor_violation(segment_bytes: int, segment_ms: int | None, limits: Limits) -> str | None:
+    """Why a topic's segment settings are below the broker's floors, or None.
+
+    Each segment holds descriptors while in use and costs a roll (files created, directory synced):
+    tiny or short-lived segments let one client multiply both. The storage engine accepts them;
+    the broker does not, for topics.
+    """
+    if segment_bytes < limits.min_segment_bytes:
+        return (
+            f"segment_bytes {segment_bytes} is below the broker's floor of {limits.min_segment_bytes} "
+            "(--min-segment-bytes)"
+        )
+    if segment_ms is not None and segment_ms < limits.min_segment_ms:
+        return (
+            f"segment_ms {segment_ms} is below the broker's floor of {limits.min_segment_ms} "
+            "(--min-segment-ms)"
+        )
+    return None
 
 
 def _setting(name: str, value: int, default: int | None) -> int | None:

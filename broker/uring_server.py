@@ -51,7 +51,16 @@ from broker.handlers import (
 )
 from broker.metrics import publish
 from broker.partition import Partition
-from broker.storage.fileio import Op, Sync, SyncFileIO, Write, WriteError, remaining_buffers, run_ops
+from broker.storage.fileio import (
+    Op,
+    Sync,
+    SyncFile,
+    SyncFileIO,
+    Write,
+    WriteError,
+    remaining_buffers,
+    run_ops,
+)
 from broker.uring_options import UringOptions
 from ringlog_proto.frames import Frame, FrameDecoder, ProtocolError
 from ringlog_proto.messages import Acks
@@ -611,6 +620,24 @@ class UringServer(BackendCore):
                     self._run_ops(ops[1:], done)
 
             ring.prep_fsync(op.fd, self.loop.op(synced), datasync=True)
+        elif isinstance(op, SyncFile):
+            try:  # a closed segment's file: a descriptor of its own, held while the sync runs
+                file_fd = os.open(op.path, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:  # deleted meanwhile (retention): nothing to sync
+                self._run_ops(ops[1:], done)
+                return
+            except OSError as exc:
+                done(exc)
+                return
+
+            def file_synced(res: int, flags: int) -> None:
+                os.close(file_fd)
+                if res < 0:
+                    done(OSError(-res, f"fdatasync of {op.path}: {os.strerror(-res)}"))
+                else:
+                    self._run_ops(ops[1:], done)
+
+            ring.prep_fsync(file_fd, self.loop.op(file_synced), datasync=True)
         else:
             try:  # open(2) of a directory is not worth a ring round trip; its fsync is
                 dir_fd = os.open(op.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -662,7 +689,7 @@ class UringServer(BackendCore):
         def flushed(exc: OSError | None) -> None:
             pio.flushing = False
             if exc is not None:
-                log_.fail_flush(exc)
+                log_.fail_flush(exc, plan)
                 log.error("flush of %s failed: %s", log_.directory, exc)
                 for _, failed in waiters:
                     failed(exc)
@@ -680,11 +707,21 @@ class UringServer(BackendCore):
 
     def _read(self, outcome: Read, frame: Frame, conn: ReplyTarget, slot: Slot) -> None:
         extent = outcome.extent
+        segment = extent.segment
+        try:
+            # Pinned while the SQE is in flight: the descriptor cache must not close (and the
+            # kernel hand out again) the number the read names. Retention and DeleteTopic may
+            # delete the segment meanwhile; its files then close when the read completes.
+            fd = segment.borrow_store_fd()
+        except Exception as exc:  # cannot open a closed segment's file: an error reply
+            conn.fill(slot, self.handlers.error_reply(frame, exc))
+            return
         buf = bytearray(extent.length)
         self._reads_in_flight += 1
 
         def read(res: int, flags: int) -> None:
             self._reads_in_flight -= 1
+            segment.unpin()
             try:
                 if res < 0:
                     raise OSError(-res, f"read of {extent.segment.store_path}: {os.strerror(-res)}")
@@ -693,7 +730,7 @@ class UringServer(BackendCore):
                 reply = self.handlers.error_reply(frame, exc)
             conn.fill(slot, reply)
 
-        self.ring.prep_read(extent.segment.store_fd, buf, extent.position, self.loop.op(read))
+        self.ring.prep_read(fd, buf, extent.position, self.loop.op(read))
 
     # ------------------------------------------------------------------------- accept
 
@@ -839,9 +876,7 @@ class UringServer(BackendCore):
 
     def _schedule_retention(self) -> None:
         def check() -> None:
-            if self._reads_in_flight:  # a read may hold a segment's fd: try again soon
-                self.loop.call_later(1.0, check)
-                return
+            # A read in flight pins its segment (Segment.borrow_store_fd): deleting it is safe.
             deleted = self.handlers.apply_retention()
             if deleted:
                 log.info("retention deleted %d segment(s)", deleted)

@@ -3,9 +3,9 @@
 Rules this module keeps:
 - The storage engine never calls `os` for file I/O itself. Its cold paths (open, recovery, roll,
   truncate, retention) call a `FileIO`; its hot paths (append, flush, read) return *operations*
-  (`Write`, `Sync`, `SyncDir`) for the caller to execute. The synchronous `SyncFileIO` runs them at once, for
-  tools and tests; the io_uring loop turns them into SQEs without blocking; tests swap in a
-  `FileIO` that injects short writes and errors.
+  (`Write`, `Sync`, `SyncFile`, `SyncDir`) for the caller to execute. The synchronous `SyncFileIO`
+  runs them at once, for tools and tests; the io_uring loop turns them into SQEs without blocking;
+  tests swap in a `FileIO` that injects short writes and errors.
 - A short write is not an error: `run_ops` continues it. An `OSError` from the file system is an
   operating error (full disk, EIO): it propagates to the log, which undoes the append.
 - A failed write raises `WriteError` (an `OSError`), a failed sync a plain `OSError`: the log
@@ -43,13 +43,24 @@ class Sync:
 
 
 @dataclass(frozen=True, slots=True)
+class SyncFile:
+    """fdatasync the file at `path` through a descriptor opened for this operation and closed after
+    it: for closed segments, whose descriptors belong to the descriptor cache (fdcache.py) and
+    may be closed before the operation runs. Linux syncs the file, whichever descriptor asks, and
+    reports a writeback error not yet seen to a descriptor opened after it. A file gone meanwhile
+    (retention deleted the segment) needs no sync: that is not an error."""
+
+    path: str
+
+
+@dataclass(frozen=True, slots=True)
 class SyncDir:
     """fsync a directory, so that segment files created or deleted in it stay so after a crash."""
 
     path: str
 
 
-Op = Write | Sync | SyncDir
+Op = Write | Sync | SyncFile | SyncDir
 
 
 class WriteError(OSError):
@@ -154,6 +165,18 @@ def run_write(io: FileIO, op: Write) -> None:
         buffers = remaining_buffers(buffers, n)
 
 
+def sync_file(io: FileIO, path: str) -> None:
+    """Execute a `SyncFile`."""
+    try:
+        fd = io.open(path, create=False)
+    except FileNotFoundError:
+        return
+    try:
+        io.fdatasync(fd)
+    finally:
+        io.close(fd)
+
+
 def run_ops(io: FileIO, ops: Sequence[Op]) -> None:
     """Execute operations in order, synchronously. The first failure raises and stops the rest."""
     for op in ops:
@@ -161,5 +184,7 @@ def run_ops(io: FileIO, ops: Sequence[Op]) -> None:
             run_write(io, op)
         elif isinstance(op, Sync):
             io.fdatasync(op.fd)
+        elif isinstance(op, SyncFile):
+            sync_file(io, op.path)
         else:
             io.fsync_dir(op.path)

@@ -13,6 +13,12 @@ Rules this module keeps:
 - Offsets move in one direction through three marks, asserted on every change:
   durable_offset (fsynced) <= end_offset (written, visible to readers) <= next offset assigned.
 - Cold paths (open, recovery, roll, truncate, retention) use the `FileIO` directly.
+- Descriptors: only the active segment keeps its files open for good; closed segments open theirs
+  through a descriptor cache (broker/storage/fdcache.py, one per process) when used, so a log
+  holds 2 descriptors however many segments it has. Whatever an operation returned to the caller
+  references stays open until it is completed: the log's pin on its active segment lasts, after
+  a roll, until the appends in flight to it complete; a flush plan pins the active segment (it
+  syncs closed ones by path, `SyncFile`); `Segment.borrow_store_fd` is how a reader pins one.
 - One core owns a log; nothing here is thread-safe.
 
 Durability (what each mark promises):
@@ -41,7 +47,18 @@ from broker.storage.errors import (
     RecordFramingError,
     StorageError,
 )
-from broker.storage.fileio import FileIO, Op, Sync, SyncDir, SyncFileIO, Write, WriteError, run_ops
+from broker.storage.fdcache import DEFAULT_CACHE, FdCache
+from broker.storage.fileio import (
+    FileIO,
+    Op,
+    Sync,
+    SyncDir,
+    SyncFile,
+    SyncFileIO,
+    Write,
+    WriteError,
+    run_ops,
+)
 from broker.storage.index import RELATIVE_OFFSET_MAX
 from broker.storage.segment import (
     INDEX_SUFFIX,
@@ -92,6 +109,8 @@ class LogConfig:
     # in the broker; off only to measure what it costs (bench/storage.py) or to plant a poison
     # batch in a test.
     check_records: bool = True
+    # (The broker puts floors on segment_bytes and segment_ms, broker/limits.py; the storage
+    # engine itself accepts small segments, which its tests use.)
 
     def invalid(self) -> str | None:
         if not 0 < self.segment_bytes <= SEGMENT_BYTES_MAX:
@@ -134,6 +153,7 @@ class FlushPlan:
     # (segment, store size, index entries, whether the index is synced too) the ops make durable
     marks: list[tuple[Segment, int, int, bool]]
     durable_offset: int
+    pinned: list[Segment] = field(default_factory=list)  # unpinned by complete_ / fail_flush
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,18 +169,30 @@ class ReadResult:
 class Log:
     """A partition's log in one directory. Open with `Log.open`."""
 
-    def __init__(self, directory: str, config: LogConfig, io: FileIO, clock: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        directory: str,
+        config: LogConfig,
+        io: FileIO,
+        clock: Callable[[], int],
+        cache: FdCache = DEFAULT_CACHE,
+    ) -> None:
         self.directory = directory
         self.config = config
         self.io = io
         self.clock = clock
+        self.cache = cache
+        self._active: Segment | None = None  # the segment the log pins (the last one)
+        self._draining: list[Segment] = []  # rolled with appends in flight: pinned until they end
         self.segments: list[Segment] = []
         self._bases: list[int] = []
         self._pending: deque[PendingAppend] = deque()
         self._next_offset = 0  # next offset to assign (includes pending appends)
         self._reserved_size = 0  # store size of the active segment including pending appends
         self.durable_offset = 0
-        self._unsynced: list[Segment] = []
+        # Segments with data or index entries not yet synced, in order (a dict: a set that keeps
+        # order, so that an append's membership check does not scan every segment rolled since).
+        self._unsynced: dict[Segment, None] = {}
         self._dir_unsynced = False
         self._closed = False
         self._broken: str | None = None
@@ -174,14 +206,30 @@ class Log:
         config: LogConfig | None = None,
         io: FileIO | None = None,
         clock: Callable[[], int] = now_ms,
+        cache: FdCache | None = None,
     ) -> Log:
-        """Open or create the log in `directory`, recovering from whatever a crash left there."""
+        """Open or create the log in `directory`, recovering from whatever a crash left there.
+
+        `cache`: the process's descriptor cache for closed segments (a worker passes its own,
+        sized by `--segment-fd-cache`); tools and tests share a default one.
+        """
         config = config or LogConfig()
         reason = config.invalid()
         if reason is not None:
             raise ValueError(f"invalid log config: {reason}")
         io = io or SyncFileIO()
-        self = cls(directory, config, io, clock)
+        self = cls(directory, config, io, clock, DEFAULT_CACHE if cache is None else cache)
+        try:
+            self._open(io)
+        except BaseException:
+            self.abandon()
+            raise
+        return self
+
+    def _open(self, io: FileIO) -> None:
+        directory = self.directory
+        clock = self.clock
+        cache = self.cache
         io.makedirs(directory)
         stores: set[int] = set()
         indexes: set[int] = set()
@@ -196,7 +244,10 @@ class Log:
         bases = sorted(stores)
         now = clock()
         for i, base in enumerate(bases):
-            seg = Segment.open(directory, base, io, full_recovery=i == len(bases) - 1, now_ms=now)
+            active = i == len(bases) - 1
+            seg = Segment.open(directory, base, io, cache, active=active, now_ms=now)
+            if active:
+                self._active = seg  # opened pinned
             if self.segments and self.segments[-1].next_offset > base:
                 prev = self.segments[-1]
                 raise StorageError(
@@ -212,17 +263,23 @@ class Log:
                 )
             self._add_segment(seg)
         if not self.segments:
-            self._add_segment(Segment.create(directory, 0, io))
+            self._active = Segment.create(directory, 0, io, cache)  # created pinned
+            self._add_segment(self._active)
+            # Nothing to make durable yet (durable_offset 0 is true of an empty log): the first
+            # flush syncs the directory with the data. A partition is made on its first use, in
+            # the request that needs it: three syncs fewer keep that request short.
+            self._dir_unsynced = True
+        else:
+            # What recovery kept may still be only in the page cache (the process died, not the
+            # machine): sync it, so that durable_offset starts out true.
+            active = self.segments[-1]
+            io.fdatasync(active.store_fd)
+            io.fdatasync(active.index_fd)
+            io.fsync_dir(directory)
         active = self.segments[-1]
-        # What recovery kept may still be only in the page cache (the process died, not the
-        # machine): sync it, so that durable_offset starts out true.
-        io.fdatasync(active.store_fd)
-        io.fdatasync(active.index_fd)
-        io.fsync_dir(directory)
         self._next_offset = active.next_offset
         self._reserved_size = active.size
         self.durable_offset = active.next_offset
-        return self
 
     def close(self) -> None:
         """Flush (data and index reach the disk), then close every file. Idempotent.
@@ -242,17 +299,49 @@ class Log:
                     self.fail_flush(exc)
                     raise StorageError(f"close of {self.directory}: index sync failed: {exc}") from exc
         finally:
-            for seg in self.segments:
-                if self._broken is None:
-                    seg.close()
-                else:
-                    self.io.close(seg.store_fd)
-                    self.io.close(seg.index_fd)
-            self._closed = True
+            try:
+                for seg in self.segments:
+                    if self._broken is None:
+                        seg.close()
+                    else:
+                        seg.abandon()
+            finally:
+                self._release_active()
+                self._closed = True
+
+    def abandon(self) -> None:
+        """Close every file writing and syncing nothing (files pinned by a read in flight close
+        when it completes): what a killed process leaves behind, for tests and a failed open."""
+        for seg in self.segments:
+            seg.abandon()
+        if self._active is not None:
+            self._active.abandon()  # an open that failed may not have listed it yet
+        self._release_active()
+        self._closed = True
+
+    def _release_active(self) -> None:
+        active, self._active = self._active, None
+        if active is not None:
+            active.unpin()
+        self._undrain_all()
+
+    def _undrain_all(self) -> None:
+        draining, self._draining = self._draining, []
+        for seg in draining:
+            seg.unpin()
 
     def _add_segment(self, seg: Segment) -> None:
         self.segments.append(seg)
         self._bases.append(seg.base_offset)
+
+    def _track_active(self) -> None:
+        """Move the log's pin to the last segment if that changed (truncation, an undone roll)."""
+        seg = self.segments[-1]
+        if seg is self._active:
+            return
+        seg.pin()
+        self._release_active()
+        self._active = seg
 
     def check_usable(self) -> None:
         if self._closed:
@@ -403,11 +492,16 @@ class Log:
             return
         if not self._pending:
             seg.write_index()  # complete now; with appends in flight, the next flush writes it
-        new = Segment.create(self.directory, self._next_offset, self.io)
+        new = Segment.create(self.directory, self._next_offset, self.io, self.cache)
         log.debug("%s: rolled (%s)", new.store_path, reason)
         self._add_segment(new)
-        if seg not in self._unsynced:
-            self._unsynced.append(seg)
+        old, self._active = self._active, new  # created pinned
+        assert old is seg
+        if self._pending:  # writes to it are in flight: it keeps the pin until they complete
+            self._draining.append(seg)
+        else:  # its files now close when the cache needs the room
+            seg.unpin()
+        self._unsynced[seg] = None
         self._reserved_size = 0
         self._dir_unsynced = True
 
@@ -422,8 +516,11 @@ class Log:
             position += h.size
         if pending.index_persisted >= 0:
             seg.index.persisted_count = max(seg.index.persisted_count, pending.index_persisted)
-        if seg not in self._unsynced:
-            self._unsynced.append(seg)
+        self._unsynced[seg] = None
+        draining = self._draining
+        if draining and draining[0] is seg and (not self._pending or self._pending[0].segment is not seg):
+            del draining[0]  # a rolled segment's last append in flight completed
+            seg.unpin()
         self._assert_marks()
 
     def abort_append(self, pending: PendingAppend) -> list[PendingAppend]:
@@ -440,14 +537,16 @@ class Log:
             while self.segments[-1] is not pending.segment:
                 seg = self.segments.pop()
                 self._bases.pop()
-                if seg in self._unsynced:
-                    self._unsynced.remove(seg)
+                self._unsynced.pop(seg, None)
                 seg.delete()
                 self._dir_unsynced = True
+            self._track_active()
             pending.segment.truncate_to_size(pending.position)
         except OSError as exc:
             self._broken = f"could not undo a failed write: {exc}"
             log.error("%s: %s", self.directory, self._broken)
+        finally:
+            self._undrain_all()
         self._next_offset = pending.base_offset
         self._reserved_size = pending.position
         return aborted
@@ -473,24 +572,50 @@ class Log:
         ops: list[Op] = []
         marks = []
         active = self.segments[-1]
-        for seg in self._unsynced:
-            index = seg.index
-            data, position = index.unpersisted()
-            if seg.synced_size < seg.size:
-                ops.append(Sync(seg.store_fd))
-            if data:
-                ops.append(Write(seg.index_fd, (data,), position, len(data)))
-            # The active segment's index is written but not synced: it is a cache that recovery
-            # rebuilds from the (synced) store, and syncing it would double the cost of a flush.
-            sync_index = seg is not active and seg.index_synced_count < len(index)
-            if sync_index:
-                ops.append(Sync(seg.index_fd))
-            marks.append((seg, seg.size, len(index), sync_index))
+        pinned: list[Segment] = []
+        try:
+            for seg in self._unsynced:
+                index = seg.index
+                if seg is active:
+                    # Its descriptors stay open until the plan completes, even if it rolls meanwhile.
+                    seg.pin()
+                    pinned.append(seg)
+                    data, position = index.unpersisted()
+                    if seg.synced_size < seg.size:
+                        ops.append(Sync(seg.store_fd))
+                    if data:
+                        ops.append(Write(seg.index_fd, (data,), position, len(data)))
+                    # Its index is written but not synced: a cache that recovery rebuilds from the
+                    # (synced) store, and syncing it would double the cost of a flush.
+                    marks.append((seg, seg.size, len(index), False))
+                    continue
+                # A closed segment: ops name it by path, holding no descriptor of the cache's (a
+                # flush may cover many segments rolled since the last one). Its index entries not
+                # yet written (appends that were in flight when it rolled) are written now: a
+                # small write to the page cache.
+                seg.write_index()
+                if seg.synced_size < seg.size:
+                    ops.append(SyncFile(seg.store_path))
+                sync_index = seg.index_synced_count < len(index)
+                if sync_index:
+                    ops.append(SyncFile(seg.index_path))
+                marks.append((seg, seg.size, len(index), sync_index))
+        except BaseException:
+            for seg in pinned:
+                seg.unpin()
+            raise
         if self._dir_unsynced:
             ops.append(SyncDir(self.directory))
-        return FlushPlan(ops, marks, self.end_offset)
+        return FlushPlan(ops, marks, self.end_offset, pinned)
+
+    @staticmethod
+    def _unpin_plan(plan: FlushPlan) -> None:
+        pinned, plan.pinned = plan.pinned, []
+        for seg in pinned:
+            seg.unpin()
 
     def complete_flush(self, plan: FlushPlan) -> None:
+        self._unpin_plan(plan)
         for seg, size, entries, index_synced in plan.marks:
             seg.synced_size = max(seg.synced_size, min(size, seg.size))
             kept = min(entries, len(seg.index))  # a truncate may have run in between
@@ -500,11 +625,11 @@ class Log:
         if any(isinstance(op, SyncDir) for op in plan.ops):
             self._dir_unsynced = False
         active = self.segments[-1]
-        self._unsynced = [
-            s
+        self._unsynced = {
+            s: None
             for s in self._unsynced
             if s is active or s.synced_size < s.size or s.index_synced_count < len(s.index)
-        ]
+        }
         self.durable_offset = max(self.durable_offset, min(plan.durable_offset, self.end_offset))
         self._assert_marks()
 
@@ -514,12 +639,12 @@ class Log:
         try:
             run_ops(self.io, plan.ops)
         except OSError as exc:
-            self.fail_flush(exc)
+            self.fail_flush(exc, plan)
             raise StorageError(f"flush of {self.directory} failed: {exc}") from exc
         self.complete_flush(plan)
 
-    def fail_flush(self, exc: OSError) -> None:
-        """A flush failed.
+    def fail_flush(self, exc: OSError, plan: FlushPlan | None = None) -> None:
+        """A flush failed. `plan`: the flush that failed (its segments are unpinned).
 
         A sync failed: the kernel may have dropped the dirty pages it could not write and
         will report success on a retry (PostgreSQL's "fsyncgate"), so no later flush can be
@@ -530,6 +655,8 @@ class Log:
         A write failed (`WriteError`: the index entries a flush writes, on a full disk): nothing
         already written is in doubt, so the log stays usable; durable_offset did not move, and
         the next flush writes and syncs the same again."""
+        if plan is not None:
+            self._unpin_plan(plan)
         if isinstance(exc, WriteError):
             log.warning(
                 "%s: flush could not write the index (%s); the next flush retries", self.directory, exc
@@ -638,9 +765,9 @@ class Log:
         while len(self.segments) > keep + 1:
             seg = self.segments.pop()
             self._bases.pop()
-            if seg in self._unsynced:
-                self._unsynced.remove(seg)
+            self._unsynced.pop(seg, None)
             seg.delete()
+        self._track_active()
         seg = self.segments[-1]
         new_end = seg.truncate_before_offset(offset)
         self._next_offset = new_end
@@ -676,8 +803,7 @@ class Log:
             log.info("%s: deleting segment (%s)", seg.store_path, "age" if too_old else "size")
             self.segments.pop(0)
             self._bases.pop(0)
-            if seg in self._unsynced:
-                self._unsynced.remove(seg)
+            self._unsynced.pop(seg, None)
             total -= seg.size
             seg.delete()
             deleted += 1

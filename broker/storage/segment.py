@@ -8,6 +8,11 @@ Rules this module keeps:
   passed validation; bytes above it are a torn tail that `recover` cuts.
 - Offsets only grow inside a segment: each batch's base offset is the previous batch's next offset.
 - A segment is owned by one core (the one owning its partition); nothing here is thread-safe.
+- Descriptors: the active segment keeps both files open (the log pins it). A closed segment opens
+  a file when it is used and leaves it to the process's descriptor cache (broker/storage/fdcache.py),
+  which closes the least recently used; `pin` keeps a segment's files open across an asynchronous
+  operation (an io_uring read in flight, a pending append, a flush plan). A closed or deleted
+  segment (`close`, `delete`) never reopens; its files close when its last pin goes.
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ from dataclasses import dataclass
 
 from crc32c import crc32c
 
-from broker.storage.errors import CorruptBatchError
+from broker.storage.errors import CorruptBatchError, LogClosedError
+from broker.storage.fdcache import FdCache
 from broker.storage.fileio import FileIO, Write, run_write
 from broker.storage.index import (
     ENTRY_SIZE,
@@ -94,12 +100,15 @@ class Extent:
 class Segment:
     """One store file plus its index, and what is known about them in memory."""
 
-    def __init__(self, directory: str, base_offset: int, io: FileIO, store_fd: int, index_fd: int) -> None:
+    def __init__(self, directory: str, base_offset: int, io: FileIO, cache: FdCache) -> None:
         self.directory = directory
         self.base_offset = base_offset
         self.io = io
-        self.store_fd = store_fd
-        self.index_fd = index_fd
+        self.cache = cache
+        self._store_fd: int | None = None
+        self._index_fd: int | None = None
+        self._pins = 0
+        self._gone = False  # closed or deleted: files close with the last pin and never reopen
         name = segment_name(base_offset)
         self.store_path = os.path.join(directory, name + STORE_SUFFIX)
         self.index_path = os.path.join(directory, name + INDEX_SUFFIX)
@@ -112,11 +121,112 @@ class Segment:
         self.synced_size = 0  # store bytes known to be on disk (fdatasync done)
         self.index_synced_count = 0  # index entries known to be on disk
 
+    # ----------------------------------------------------------------------------- descriptors
+
+    @property
+    def open_files(self) -> int:
+        return (self._store_fd is not None) + (self._index_fd is not None)
+
+    @property
+    def store_fd(self) -> int:
+        """The store's descriptor, opened if need be. Unpinned, it is valid until the next use of
+        another segment (the cache may close it then): use it at once, or `pin` first."""
+        fd = self._store_fd
+        if fd is None:
+            return self._open_file(index=False)
+        if not self._pins:
+            self.cache.touch(self)
+        return fd
+
+    @property
+    def index_fd(self) -> int:
+        """The index file's descriptor, opened if need be; valid as `store_fd` says."""
+        fd = self._index_fd
+        if fd is None:
+            return self._open_file(index=True)
+        if not self._pins:
+            self.cache.touch(self)
+        return fd
+
+    def _open_file(self, index: bool) -> int:
+        if self._gone:
+            raise LogClosedError(f"{self.store_path}: segment closed")
+        pinned = self._pins > 0
+        if not pinned:
+            self.cache.hold(self)  # out while its count of open files changes
+        try:
+            try:
+                fd = self._open_path(index)
+            except OSError as exc:
+                # Out of descriptors (connections took them): the cache gives its own back, once.
+                if exc.errno not in (errno.EMFILE, errno.ENFILE) or not self.cache.open_fds:
+                    raise
+                log.warning(
+                    "%s: %s; closing the %d cached segment files", self.store_path, exc, self.cache.open_fds
+                )
+                self.cache.evict_all()
+                fd = self._open_path(index)
+        finally:
+            if not pinned:
+                self.cache.release(self)  # the most recently used: not evicted by this
+        return fd
+
+    def _open_path(self, index: bool) -> int:
+        if index:
+            fd = self._index_fd = self.io.open(self.index_path, create=True)
+        else:
+            fd = self._store_fd = self.io.open(self.store_path, create=False)
+        return fd
+
+    def pin(self) -> None:
+        """Keep this segment's open files open until `unpin` (an operation on them is in flight)."""
+        if not self._pins:
+            self.cache.hold(self)
+        self._pins += 1
+
+    def unpin(self) -> None:
+        assert self._pins > 0, "unpin without pin"
+        self._pins -= 1
+        if self._pins:
+            return
+        if self._gone:
+            self.close_files()
+        else:
+            self.cache.release(self)
+
+    def borrow_store_fd(self) -> int:
+        """Pin the segment and return its store descriptor, for a read that completes later
+        (an io_uring SQE); `unpin` when it has completed."""
+        self.pin()
+        try:
+            return self.store_fd
+        except BaseException:
+            self.unpin()
+            raise
+
+    def close_files(self) -> None:
+        """Close whatever files are open (the cache evicting, or the last pin of a closed segment)."""
+        fds = (self._store_fd, self._index_fd)
+        self._store_fd = self._index_fd = None
+        for fd in fds:
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    self.io.close(fd)
+
+    def _retire(self) -> None:
+        """No more use: close the files now, or when the last pin goes."""
+        self._gone = True
+        if not self._pins:
+            self.cache.hold(self)
+            self.close_files()
+
     # ----------------------------------------------------------------------------- lifecycle
 
     @classmethod
-    def create(cls, directory: str, base_offset: int, io: FileIO) -> Segment:
-        """Create an empty segment. The caller fsyncs the directory when durability asks for it."""
+    def create(cls, directory: str, base_offset: int, io: FileIO, cache: FdCache) -> Segment:
+        """Create an empty segment, returned pinned with its files open (the caller holds that
+        pin: it is the log's new active segment). The caller fsyncs the directory when durability
+        asks for it."""
         name = segment_name(base_offset)
         store_path = os.path.join(directory, name + STORE_SUFFIX)
         index_path = os.path.join(directory, name + INDEX_SUFFIX)
@@ -139,51 +249,72 @@ class Segment:
                     io.unlink(store_path)
                     io.unlink(index_path)
             raise
-        seg = cls(directory, base_offset, io, fds[0], fds[1])
+        seg = cls(directory, base_offset, io, cache)
+        seg._store_fd, seg._index_fd = fds
+        seg._pins = 1
         seg._index = SegmentIndex()
         return seg
 
     @classmethod
     def open(
-        cls, directory: str, base_offset: int, io: FileIO, *, full_recovery: bool, now_ms: int
+        cls, directory: str, base_offset: int, io: FileIO, cache: FdCache, *, active: bool, now_ms: int
     ) -> Segment:
         """Open an existing segment and make store and index agree.
 
-        `full_recovery` (the active segment) scans and validates the store tail batch by batch.
-        Otherwise a cheap check compares the index's last entry with the store; a mismatch falls
-        back to the same recovery, so a torn closed segment is repaired too.
+        The active segment (`active`) is scanned and validated batch by batch from its last index
+        entry that checks out, and returned pinned with its files open, as `create` does. A closed
+        segment gets a cheap check of the index's last entry against the store (a mismatch falls
+        back to the same recovery, so a torn closed segment is repaired too), and its files are
+        closed again: a log may hold any number of closed segments, which open through the
+        descriptor cache when they are used.
         """
-        name = segment_name(base_offset)
-        store_fd = io.open(os.path.join(directory, name + STORE_SUFFIX), create=False)
-        index_fd = io.open(os.path.join(directory, name + INDEX_SUFFIX), create=True)
-        seg = cls(directory, base_offset, io, store_fd, index_fd)
-        if full_recovery or not seg._tail_consistent():
-            seg.recover(now_ms)
+        seg = cls(directory, base_offset, io, cache)
+        seg._pins = 1  # the files opened here are ours until the end
+        try:
+            seg._store_fd = io.open(seg.store_path, create=False)
+            seg._index_fd = io.open(seg.index_path, create=True)
+            if active or not seg._tail_consistent():
+                seg.recover(now_ms)
+        except BaseException:
+            seg._pins = 0
+            seg.close_files()
+            raise
         seg.synced_size = seg.size
         # Not `entry_count`: that would load the whole index of every closed segment at open.
         seg.index_synced_count = len(seg._index) if seg._index is not None else seg._entries_on_disk
+        if not active:
+            seg._pins = 0
+            seg.close_files()
         return seg
 
     def close(self) -> None:
-        """Write unpersisted index entries and close both files. No fsync: see `Log.flush`.
+        """Write unpersisted index entries and close both files (once no pin holds them). No
+        fsync: see `Log.flush`.
 
         An index write the disk refuses (full) is skipped with a warning: the index is a cache
         that the next open rebuilds from the store. The files are closed whatever happens."""
         try:
-            self.write_index()
-        except OSError as exc:
-            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
-                self.io.close(self.store_fd)
-                self.io.close(self.index_fd)
-                raise
-            log.warning("%s: index entries not written (%s); rebuilt at the next open", self.index_path, exc)
-        self.io.close(self.store_fd)
-        self.io.close(self.index_fd)
+            if not self._gone:
+                try:
+                    self.write_index()
+                except OSError as exc:
+                    if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                        raise
+                    log.warning(
+                        "%s: index entries not written (%s); rebuilt at the next open", self.index_path, exc
+                    )
+        finally:
+            self._retire()
+
+    def abandon(self) -> None:
+        """Close both files (once no pin holds them) writing nothing: a log refusing work, or a
+        test playing a killed process."""
+        self._retire()
 
     def delete(self) -> None:
-        """Close and remove both files (store first: an orphan index is cleaned up at open)."""
-        self.io.close(self.store_fd)
-        self.io.close(self.index_fd)
+        """Close and remove both files (store first: an orphan index is cleaned up at open). A read
+        in flight keeps its descriptor of the unlinked file until it completes (its pin)."""
+        self._retire()
         self.io.unlink(self.store_path)
         self.io.unlink(self.index_path)
 
@@ -194,6 +325,13 @@ class Segment:
         """The index, loaded on first use: closed segments keep theirs on disk until read."""
         if self._index is None:
             self._index = self._load_index()
+            if not self._pins and self._index_fd is not None and not self._gone:
+                # A closed segment read: its index is in memory now, only the store is needed.
+                self.cache.hold(self)
+                fd, self._index_fd = self._index_fd, None
+                with contextlib.suppress(OSError):
+                    self.io.close(fd)
+                self.cache.release(self)
         return self._index
 
     @property

@@ -202,9 +202,7 @@ class Kit:
 
         What is on disk is what the kernel has: every completed write, and no lazy index entries.
         """
-        for seg in log.segments:
-            os.close(seg.store_fd)
-            os.close(seg.index_fd)
+        log.abandon()
         log.segments = []
 
     @staticmethod
