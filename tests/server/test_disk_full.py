@@ -162,6 +162,7 @@ def test_starts_on_a_full_disk_serves_reads_and_deletes_refuses_writes(
     for _ in range(5):
         assert produce(w, drop, [b"d" * 100_000] * 4).error == E.NONE
     assert w.rpc(m.OffsetCommitRequest(keep, 0, "g", 7, "meta")).error == E.NONE
+    assert w.rpc(m.FetchRequest(bare, 0, 0, 1 << 20, 0)).error == E.NONE  # made on first use
     w.close()
     broker.kill()  # SIGKILL: the index entries still in memory are lost; recovery must add them
     for f in (data / "topics" / str(bare) / "0").iterdir():  # as if killed before its first segment
