@@ -194,6 +194,10 @@ class Log:
         # order, so that an append's membership check does not scan every segment rolled since).
         self._unsynced: dict[Segment, None] = {}
         self._dir_unsynced = False
+        # Directories whose new entries (the log's own directory, the topic directory above it)
+        # the first flush must sync too: a partition made on first use creates both, and without
+        # these syncs a power loss could drop the directory, and the durable data in it, whole.
+        self._parents_unsynced: list[str] = []
         self._closed = False
         self._broken: str | None = None
 
@@ -230,7 +234,13 @@ class Log:
         directory = self.directory
         clock = self.clock
         cache = self.cache
+        created = []  # the directories makedirs is about to create, deepest first
+        path = os.path.abspath(directory)
+        while not os.path.isdir(path) and os.path.dirname(path) != path:
+            created.append(path)
+            path = os.path.dirname(path)
         io.makedirs(directory)
+        self._parents_unsynced = [os.path.dirname(d) for d in created]
         stores: set[int] = set()
         indexes: set[int] = set()
         for name in io.listdir(directory):
@@ -606,6 +616,7 @@ class Log:
             raise
         if self._dir_unsynced:
             ops.append(SyncDir(self.directory))
+            ops.extend(SyncDir(parent) for parent in self._parents_unsynced)
         return FlushPlan(ops, marks, self.end_offset, pinned)
 
     @staticmethod
@@ -624,6 +635,7 @@ class Log:
                 seg.index_synced_count = max(seg.index_synced_count, kept)
         if any(isinstance(op, SyncDir) for op in plan.ops):
             self._dir_unsynced = False
+            self._parents_unsynced = []
         active = self.segments[-1]
         self._unsynced = {
             s: None

@@ -723,3 +723,24 @@ def test_closed_log_refuses_everything(tmp_path, kit, small_config):
         log.flush()
     with pytest.raises(LogClosedError):
         log.truncate(0)
+
+
+def test_a_new_logs_first_flush_syncs_the_directories_made_for_it(tmp_path) -> None:
+    """A partition made on first use creates its directory and the topic's: the first flush must
+    make their names durable too, or a power loss could drop the acks=2 data with the directory."""
+    from broker.storage.fileio import SyncDir
+    from broker.storage.log import Log, LogConfig
+    from ringlog_proto.batch import Record, encode_batch
+
+    (tmp_path / "topics").mkdir()
+    directory = tmp_path / "topics" / "7" / "0"
+    log = Log.open(str(directory), LogConfig())
+    log.append(encode_batch([Record(b"x")]))
+    plan = log.prepare_flush()
+    synced = [op.path for op in plan.ops if isinstance(op, SyncDir)]
+    assert synced == [str(directory), str(tmp_path / "topics" / "7"), str(tmp_path / "topics")]
+    log.abandon()
+    log = Log.open(str(directory), LogConfig())  # existing directory: nothing more to sync above it
+    log.append(encode_batch([Record(b"y")]))
+    assert not [op for op in log.prepare_flush().ops if isinstance(op, SyncDir)]
+    log.abandon()
