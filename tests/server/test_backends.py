@@ -11,6 +11,7 @@ import contextlib
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -91,10 +92,13 @@ def test_full_disk_refuses_the_produce_keeps_acknowledged_data_and_recovers(
     tmp_path: Path, backend: str
 ) -> None:
     """ENOSPC from the real file system, through the backend's own write path (the ring's writev
-    or a pwritev): the failed produce gets STORAGE_ERROR and leaves no trace, every acknowledged
-    record reads back, and once there is space again the same partition takes writes."""
+    or a pwritev): the failed produce gets OUT_OF_SPACE and leaves no trace, every acknowledged
+    record reads back, and once there is space again the same partition takes writes.
+    (`--min-free-bytes 0`: no free-space floor, so the write itself meets ENOSPC.)"""
     with small_tmpfs(tmp_path / "fs", "2m") as fs:
-        broker = BrokerProcess(fs / "data", tmp_path / "broker.log", backend=backend).start()
+        broker = BrokerProcess(
+            fs / "data", tmp_path / "broker.log", backend=backend, extra=("--min-free-bytes", "0")
+        ).start()
         try:
             w = Wire(broker.port)
             tid = w.create_topic("t")
@@ -108,13 +112,18 @@ def test_full_disk_refuses_the_produce_keeps_acknowledged_data_and_recovers(
                     break
                 acked.append(value)
             assert refused is not None, "the 2 MiB file system never filled"
-            assert refused.error == m.ErrorCode.STORAGE_ERROR, refused
+            assert refused.error == m.ErrorCode.OUT_OF_SPACE, refused
             assert acked, "nothing was stored before the disk filled"
             stored = [r.value for r in w.fetch_all(tid, 0)]
             assert stored == acked  # the failed write left no partial batch behind
             grow(fs, "8m")  # the operator adds space; the broker was not restarted
             more = b"after" * 1000
-            resp = w.rpc(m.ProduceRequest(tid, 0, m.Acks.DURABLE, 1000, encode_batch([more])))
+            deadline = time.monotonic() + 10  # the broker looks at the free space once a second
+            while True:
+                resp = w.rpc(m.ProduceRequest(tid, 0, m.Acks.DURABLE, 1000, encode_batch([more])))
+                if resp.error != m.ErrorCode.OUT_OF_SPACE or time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
             assert resp.error == m.ErrorCode.NONE, resp
             assert isinstance(resp, m.ProduceResponse) and resp.base_offset == len(acked)
             w.close()
