@@ -63,10 +63,13 @@ log = logging.getLogger(__name__)
 REQUEST_OVERHEAD_BYTES = 1024
 SWEEP_S = 1.0  # how often idle and stalled connections are looked for (shorter for short timeouts)
 SWEEP_S_MIN = 0.05
-# After the core's bytes in flight fell this far below their peak, glibc is asked to give free
-# heap pages back (malloc_trim): replies of several MiB are allocated on the heap (see
-# broker/server.py's tune_malloc), and its top is returned only past the trim threshold.
-TRIM_AFTER_RELEASE_BYTES = 16 * 1024 * 1024
+# Once the core's memory in flight has fallen this far, and to half or less, from its peak since the
+# last time (or buffers this large were let go otherwise), the sweep asks glibc to give free heap
+# pages back (malloc_trim): requests and replies of up to several MiB are allocated on the heap
+# (broker/server.py's tune_malloc keeps them off mmap for speed), where glibc returns only a free
+# top of the heap past its trim threshold, never the free pages below a live block. Steady traffic
+# does not trigger it (its memory in flight does not fall by half); the end of a burst does.
+TRIM_AFTER_RELEASE_BYTES = 4 * 1024 * 1024
 
 
 def request_charge(frame: Frame) -> int:
@@ -128,12 +131,13 @@ class RateLimitedLog:
 class CoreMemory:
     """The bytes in flight over all client connections of one core, against its budget."""
 
-    __slots__ = ("limit", "peak", "used", "waiting")
+    __slots__ = ("freed", "limit", "peak", "used", "waiting")
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.used = 0
-        self.peak = 0  # highest `used` since the last malloc_trim
+        self.peak = 0  # the highest `used` since the last malloc_trim
+        self.freed = 0  # other buffers let go since then (the io_uring backend's recv buffers)
         self.waiting: dict[ReplyTarget, None] = {}  # connections not read for the core's sake, FIFO
 
 
@@ -509,6 +513,10 @@ class BackendCore:
                 conn.drop()
         self.limit_log.flush()
         memory = self.memory
-        if memory.peak - memory.used >= TRIM_AFTER_RELEASE_BYTES:
+        fallen = memory.peak - memory.used
+        if (fallen >= TRIM_AFTER_RELEASE_BYTES and memory.used <= fallen) or (
+            memory.freed >= TRIM_AFTER_RELEASE_BYTES
+        ):
             memory.peak = memory.used
+            memory.freed = 0
             malloc_trim()

@@ -910,6 +910,7 @@ class UringServer(BackendCore):
             quiet = time.monotonic() - self.sweep_s
             for conn in self.connections:
                 if len(conn.recv_buf) > RECV_BUFFER_BYTES_MIN and conn.budget.last_active < quiet:
+                    self.memory.freed += len(conn.recv_buf)  # malloc_trim when enough is given back
                     conn.shrink_recv_buffer()
             self.loop.call_later(self.sweep_s, tick)
 
