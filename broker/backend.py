@@ -486,8 +486,10 @@ class BackendCore:
             if conn.from_peer or conn.closed:
                 continue
             budget = conn.budget
-            if conn in waiting or conn.waits_for_forward():
-                # Not read for others' sake: neither idle nor stalled by its client.
+            if (conn in waiting and not budget.queued) or conn.waits_for_forward():
+                # Not read for others' sake: neither idle nor stalled by its client. (One whose
+                # replies wait for its client to read them is idle all the same: the core's memory
+                # it holds is released when the idle timeout closes it.)
                 budget.last_active = now
                 if budget.frame_started:
                     budget.frame_started = now
