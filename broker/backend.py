@@ -226,7 +226,7 @@ class BackendCore:
         self.idle_s = limits.connection_idle_ms / 1000
         self.frame_timeout_s = limits.frame_timeout_ms / 1000
         self.sweep_s = max(
-            SWEEP_S_MIN, min(SWEEP_S, *(t / 4 for t in (self.idle_s, self.frame_timeout_s) if t > 0))
+            SWEEP_S_MIN, min([SWEEP_S, *(t / 4 for t in (self.idle_s, self.frame_timeout_s) if t > 0)])
         )
         self.limit_log = RateLimitedLog(log)
         self._kicks: dict[ReplyTarget, None] = {}  # connections to resume after a release

@@ -8,6 +8,7 @@ small limit flags so that the attack is quick, and asserts the bound from the wo
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 import socket
 import threading
@@ -18,6 +19,9 @@ from pathlib import Path
 import pytest
 from brokerproc import BrokerProcess, Wire
 
+from broker.backend import BackendCore, RateLimitedLog
+from broker.handlers import BrokerConfig
+from broker.limits import Limits
 from ringlog_proto import messages as m
 from ringlog_proto.batch import encode_batch
 from ringlog_proto.frames import FRAME_VERSION, MAGIC
@@ -280,3 +284,32 @@ def test_stalled_connections_hold_what_they_sent_not_their_buffers(tmp_path: Pat
         for s in socks:
             s.close()
         assert rss < bound, f"{per_connection / 1024:.0f} KiB per stalled connection"
+
+
+# ------------------------------------------------------------------------------------- units
+
+
+def test_rate_limited_log_gives_one_line_per_reason_and_interval_with_the_count(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    limited = RateLimitedLog(logging.getLogger("test.limits"), interval_s=0.2)
+    with caplog.at_level(logging.WARNING, "test.limits"):
+        for i in range(100):
+            limited.warning("idle timeout", "closing %d", i)
+        limited.warning("connection refused", "refusing %d", 0)
+        limited.flush()  # too early: nothing more
+        time.sleep(0.25)
+        limited.flush()
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [
+        "idle timeout: closing 0",
+        "connection refused: refusing 0",
+        lines[2],
+    ]
+    assert lines[2].startswith("idle timeout: 99 more suppressed in the last 0.")
+
+
+def test_timeouts_of_zero_disable_them_and_the_sweep_still_runs_each_second() -> None:
+    core = BackendCore(BrokerConfig(limits=Limits(connection_idle_ms=0, frame_timeout_ms=0)))
+    assert core.sweep_s == 1.0 and core.idle_s == 0 and core.frame_timeout_s == 0
+    assert BackendCore(BrokerConfig(limits=Limits(frame_timeout_ms=800))).sweep_s == 0.2
