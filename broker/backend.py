@@ -372,18 +372,21 @@ class BackendCore:
         elif held + buffered < 0:
             self._released(conn)
 
-    def replied(self, conn: ReplyTarget, slot: Slot, reply_bytes: int) -> None:
-        """`slot`'s reply is made: it is counted by its size from now on, not by its estimate."""
-        if not conn.from_peer:
-            charge = REQUEST_OVERHEAD_BYTES + reply_bytes
-            self._count(conn, charge - slot.charge, 0)
-            slot.charge = charge
+    @staticmethod
+    def replied(slot: Slot, reply_bytes: int) -> int:
+        """`slot`'s reply is made: it is counted by its size from now on, not by its estimate.
+        Returns the change, for the backend to pass to `queued` (one count per reply, not two)."""
+        charge = REQUEST_OVERHEAD_BYTES + reply_bytes
+        change = charge - slot.charge
+        slot.charge = charge
+        return change
 
-    def queued(self, conn: ReplyTarget, released: int, unsent: int) -> None:
+    def queued(self, conn: ReplyTarget, released: int, unsent: int, replied: int = 0) -> None:
         """Replies whose slots counted `released` bytes went to the transport, which now holds
-        `unsent` bytes of this connection not yet sent (the backend knows; 0 once drained)."""
+        `unsent` bytes of this connection not yet sent (the backend knows; 0 once drained);
+        `replied` is what `replied` returned for the reply that made them ready, if any."""
         budget = conn.budget
-        self._count(conn, unsent - budget.queued - released, 0)
+        self._count(conn, unsent - budget.queued - released + replied, 0)
         budget.queued = unsent
 
     def may_read(self, conn: ReplyTarget) -> bool:

@@ -121,9 +121,9 @@ class Connection(asyncio.Protocol):
             slot.buffers = outcome.buffers
             size = sum(len(b) for b in outcome.buffers)
             server.handlers.metrics.reply(size, slot.started_ns)
-            server.replied(self, slot, size)
+            change = server.replied(slot, size)
         else:
-            server.replied(self, slot, 0)
+            change = server.replied(slot, 0)
         if self.closed or self.transport is None:
             return
         ready = 0
@@ -139,8 +139,10 @@ class Connection(asyncio.Protocol):
             del self.slots[:ready]
             if out:
                 self.transport.writelines(out)
-            server.queued(self, released, self.transport.get_write_buffer_size())
+            server.queued(self, released, self.transport.get_write_buffer_size(), change)
             self._update_reading()
+        elif change:
+            server.queued(self, 0, self.budget.queued, change)
 
     def abort(self) -> None:
         self.closed = True

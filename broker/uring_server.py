@@ -374,9 +374,9 @@ class Connection(_Stream):
             slot.buffers = outcome.buffers
             size = sum(map(len, outcome.buffers))
             server.handlers.metrics.reply(size, slot.started_ns)
-            server.replied(self, slot, size)
+            change = server.replied(slot, size)
         else:
-            server.replied(self, slot, 0)
+            change = server.replied(slot, 0)
         if self.closed:
             return
         slots = self.slots
@@ -388,7 +388,7 @@ class Connection(_Stream):
             released += done.charge
         if out:
             self.write(out)
-        server.queued(self, released, self.unsent_bytes)
+        server.queued(self, released, self.unsent_bytes, change)
         self.arm_recv()  # a connection paused on its budget may read again
 
     def wait_for_forward_room(self, forwarder: Forwarder, core: int) -> None:
