@@ -25,6 +25,7 @@ from broker.limits import Limits
 from ringlog_proto import messages as m
 from ringlog_proto.batch import encode_batch
 from ringlog_proto.frames import FRAME_VERSION, MAGIC
+from ringlog_proto.routing import shard_for
 
 MiB = 1024 * 1024
 BACKENDS = ["uvloop", "io_uring"]
@@ -284,6 +285,37 @@ def test_stalled_connections_hold_what_they_sent_not_their_buffers(tmp_path: Pat
         for s in socks:
             s.close()
         assert rss < bound, f"{per_connection / 1024:.0f} KiB per stalled connection"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_connections_between_cores_are_exempt_from_the_idle_timeout(tmp_path: Path, backend: str) -> None:
+    """With an idle timeout of 0.6 s on two cores, a client that forwards once in a while keeps
+    its own connection (it is never idle that long) and the cores' connection is never closed."""
+    proc = BrokerProcess(
+        tmp_path / "data",
+        tmp_path / "broker.log",
+        extra=("--connection-idle-ms", "600", "--oversubscribe"),
+        cores=2,
+        backend=backend,
+    ).start()
+    try:
+        w = Wire(proc.core_ports[0])
+        tid = w.create_topic("fwd", 8)
+        theirs = [p for p in range(8) if shard_for(tid, p, 2) == 1]
+        for i in range(5):
+            resp = w.rpc(m.ProduceRequest(tid, theirs[0], m.Acks.WRITTEN, 1000, encode_batch([b"%d" % i])))
+            assert resp.error == m.ErrorCode.NONE, resp
+            time.sleep(0.4)  # the forwarding connection is quiet for longer than the idle timeout
+        assert len(w.fetch_all(tid, theirs[0])) == 5
+        w.close()
+        idle = socket.create_connection(("127.0.0.1", proc.core_ports[0]))
+        assert closed_within(idle, 3)  # the timeout works for clients
+        idle.close()
+        closes = [line for line in proc.log().splitlines() if "idle timeout" in line]
+        assert closes and not any("core peer" in line for line in closes), "\n".join(closes)
+    finally:
+        if proc.running():
+            assert proc.stop() == 0, proc.log()
 
 
 # ------------------------------------------------------------------------------------- units
