@@ -62,6 +62,32 @@ class Limits:
         1000, "--segment-fd-cache", "descriptors of closed segments each core keeps open (LRU)"
     )
 
+    # Requests, connections and memory (issue 10, defects 4 and 5: broker/backend.py enforces them).
+    connection_memory_bytes: int = limit(
+        32 * MiB,
+        "--connection-memory-bytes",
+        "bytes in flight per connection (requests read and unanswered, a fetch counted by its max_bytes, "
+        "plus replies unsent) before that connection is no longer read",
+    )
+    core_memory_bytes: int = limit(
+        256 * MiB,
+        "--core-memory-bytes",
+        "bytes in flight over all client connections of one core before none of them is read",
+    )
+    connection_idle_ms: int = limit(
+        600_000, "--connection-idle-ms", "close a client connection with no traffic for this long (0: never)"
+    )
+    frame_timeout_ms: int = limit(
+        30_000,
+        "--frame-timeout-ms",
+        "close a client connection that started a frame and did not finish it within this time (0: never)",
+    )
+    max_connections_per_core: int = limit(
+        10_000,
+        "--max-connections-per-core",
+        "client connections per core; beyond it a new one is closed at once (0: no cap)",
+    )
+
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)

@@ -8,8 +8,10 @@ Rules this module keeps:
   fetch holds back the replies pipelined behind it.
 - Group commit: every acks=durable produce of one loop turn waits for one flush per partition,
   run at the end of that turn (`loop.call_soon` runs after all the I/O callbacks already due).
-- Limits: a connection that has `CONNECTION_INFLIGHT_MAX` requests unanswered, or whose transport
-  buffers more than the high-water mark, stops being read until it drains.
+- Limits (broker/backend.py keeps the accounting): a client connection over its budget of bytes in
+  flight, or on a core over its budget, is not read (`pause_reading`) until memory is released;
+  the transport's write buffer counts in that budget (its high-water mark is 0, so that
+  `resume_writing` says when it has drained). Idle and stalled connections are closed by the sweep.
 - A frame that cannot be delimited (`ProtocolError`) closes that connection, and only it.
 - Listeners are made by the caller (the supervisor: they outlive a worker restart) and served
   alike; the one difference is that frames arriving on an AF_UNIX listener come from another core
@@ -26,15 +28,18 @@ The backend contract (broker/uring_server.py keeps it too):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import logging
 import os
 import signal
 import socket
+import struct
+import time
 from collections.abc import Callable, Sequence
 from typing import cast
 
-from broker.backend import BackendCore, ReplyTarget, Slot
+from broker.backend import BackendCore, ConnectionBudget, ReplyTarget, Slot
 from broker.forwarding import NO_DEADLINE, Done, Forwarder, PeerLink, PeerPool
 from broker.handlers import (
     Append,
@@ -52,11 +57,10 @@ from ringlog_proto.messages import Acks
 
 log = logging.getLogger(__name__)
 
-CONNECTION_INFLIGHT_MAX = 1024  # unanswered requests per connection before we stop reading it
-WRITE_BUFFER_HIGH_BYTES = 16 * 1024 * 1024  # unsent reply bytes per connection before pausing reads
 RETENTION_CHECK_S = 30.0
 SHUTDOWN_GRACE_S = 10.0
 HOUSEKEEPING_S = 1.0  # metrics snapshot published, topics.json checked for other cores' changes
+LINGER_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() resets the connection
 
 
 class Connection(asyncio.Protocol):
@@ -70,8 +74,8 @@ class Connection(asyncio.Protocol):
         self.slots: list[Slot] = []
         self.closed = False
         self.peer = "?"
+        self.budget = ConnectionBudget(time.monotonic())
         self._reading_paused = False
-        self._writing_paused = False
         self._aborted = False
         self._forward_blocked = 0  # peers whose forward limit this connection waits on
 
@@ -79,21 +83,32 @@ class Connection(asyncio.Protocol):
         # uvloop's transports implement asyncio.Transport without subclassing it.
         self.transport = cast(asyncio.Transport, transport)
         self.peer = "core peer" if self.from_peer else str(transport.get_extra_info("peername"))
-        self.transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH_BYTES)
+        if not self.server.admit_connection(self):
+            self.drop()
+            return
+        # High-water mark 0: `pause_writing` as soon as a reply waits in the transport (after a
+        # write the socket did not take whole), `resume_writing` once it has all gone; the
+        # memory budget counts what waits (see fill) until then.
+        self.transport.set_write_buffer_limits(high=0)
         self.server.connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.server.connections.discard(self)
+        self.server.forget(self)
         if self.decoder.buffered and not self._aborted:
             log.info("client %s went away mid-frame (%d bytes unread)", self.peer, self.decoder.buffered)
 
     def data_received(self, data: bytes) -> None:
+        self.budget.last_active = time.monotonic()
         self.decoder.feed(data)
+        self.resume()
+
+    def resume(self) -> None:
         try:
             self.server.take_requests(self)
         except ProtocolError as exc:
-            log.warning("closing %s: %s", self.peer, exc)
+            self.server.limit_log.warning("protocol error", "closing %s: %s", self.peer, exc)
             self.abort()
             return
         self._update_reading()
@@ -101,23 +116,33 @@ class Connection(asyncio.Protocol):
     def fill(self, slot: Slot, outcome: Reply | Silent) -> None:
         """A reply is ready: send every reply at the head of the queue that is ready too."""
         slot.done = True
+        server = self.server
         if isinstance(outcome, Reply):
             slot.buffers = outcome.buffers
-            self.server.handlers.metrics.reply(sum(len(b) for b in outcome.buffers), slot.started_ns)
+            size = sum(len(b) for b in outcome.buffers)
+            server.handlers.metrics.reply(size, slot.started_ns)
+            change = server.replied(slot, size)
+        else:
+            change = server.replied(slot, 0)
         if self.closed or self.transport is None:
             return
         ready = 0
+        released = 0
         out: list[bytes] = []
         for s in self.slots:
             if not s.done:
                 break
             out.extend(s.buffers)
+            released += s.charge
             ready += 1
         if ready:
             del self.slots[:ready]
             if out:
                 self.transport.writelines(out)
+            server.queued(self, released, self.transport.get_write_buffer_size(), change)
             self._update_reading()
+        elif change:
+            server.queued(self, 0, self.budget.queued, change)
 
     def abort(self) -> None:
         self.closed = True
@@ -125,20 +150,30 @@ class Connection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.abort()
 
+    def drop(self) -> None:
+        """Close at once for a limit: reset the connection (no TIME_WAIT left for a flood of them)."""
+        if self.transport is not None:
+            sock = self.transport.get_extra_info("socket")
+            if sock is not None and not self.from_peer:
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, LINGER_RESET)
+        self.abort()
+
+    def waits_for_forward(self) -> bool:
+        return self._forward_blocked > 0
+
     def pause_writing(self) -> None:
-        self._writing_paused = True
-        self._update_reading()
+        pass  # the memory budget counts the replies waiting (see fill)
 
     def resume_writing(self) -> None:
-        self._writing_paused = False
+        self.budget.last_active = time.monotonic()
+        self.server.queued(self, 0, 0)
         self._update_reading()
 
     def _update_reading(self) -> None:
         if self.transport is None or self.closed:
             return
-        pause = (
-            self._writing_paused or self._forward_blocked > 0 or len(self.slots) >= CONNECTION_INFLIGHT_MAX
-        )
+        pause = self._forward_blocked > 0 or not self.server.may_read(self)
         if pause and not self._reading_paused:
             self.transport.pause_reading()
         elif not pause and self._reading_paused:
@@ -205,7 +240,7 @@ class Server(BackendCore):
     """One worker process (one core) on the asyncio backend, serving pre-made listeners."""
 
     def __init__(self, config: BrokerConfig, listeners: Sequence[socket.socket]) -> None:
-        super().__init__()
+        super().__init__(config)
         self.config = config
         self.listeners = list(listeners)
         self.io = SyncFileIO()
@@ -217,6 +252,8 @@ class Server(BackendCore):
             "pending_forwards": lambda: self.forwarder.pending,
             "parked_long_polls": lambda: self.parked_long_polls,
             "commit_waiters": lambda: sum(len(w) for w in self._flush_waiting.values()),
+            "client_connections": lambda: self.client_connections,
+            "bytes_in_flight": lambda: self.memory.used,
         }
         self.connections: set[Connection] = set()
         self._flush_waiting: dict[
@@ -320,6 +357,9 @@ class Server(BackendCore):
     def call_later(self, delay_s: float, callback: Callable[[], None]) -> asyncio.TimerHandle:
         return asyncio.get_running_loop().call_later(delay_s, callback)
 
+    def call_soon(self, callback: Callable[[], None]) -> None:
+        asyncio.get_running_loop().call_soon(callback)
+
     # ------------------------------------------------------------------------- lifecycle
 
     async def serve(self, ready: Callable[[], None] | None = None) -> None:
@@ -350,12 +390,14 @@ class Server(BackendCore):
             ready()
         retention = loop.create_task(self._retention_loop())
         housekeeping = loop.create_task(self._housekeeping_loop())
+        sweeping = loop.create_task(self._sweep_loop())
         await self._stopping.wait()
         log.info("shutting down: no new connections, answering in-flight requests")
         for server in servers:
             server.close()
         retention.cancel()
         housekeeping.cancel()
+        sweeping.cancel()
         for p in self.handlers.partitions.values():
             p.wake_waiters()  # parked fetches answer now (their re-handle sees _stopping)
         await self._drain()
@@ -384,6 +426,11 @@ class Server(BackendCore):
                 self.handlers.refresh_topics()
             except (OSError, ValueError) as exc:
                 log.error("cannot read the topic registry: %s", exc)
+
+    async def _sweep_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.sweep_s)
+            self.sweep(self.connections)
 
     async def _drain(self) -> None:
         deadline = asyncio.get_running_loop().time() + SHUTDOWN_GRACE_S

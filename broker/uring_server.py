@@ -16,9 +16,11 @@ Rules this module keeps:
 - Appends of one partition may be in flight together (their writes go to disjoint byte ranges),
   but they become visible strictly in the order they were prepared, as the log requires. A failed
   write undoes that append and every later one (`Log.abort_append`), once none of them is in flight.
-- Replies leave each connection in request order. A connection with `CONNECTION_INFLIGHT_MAX`
-  requests unanswered, or more than `CONNECTION_UNSENT_BYTES_MAX` reply bytes unsent, is not read
-  until it drains (single-shot recvs make this pause exact: we simply do not re-arm).
+- Replies leave each connection in request order. A client connection over its budget of bytes in
+  flight, or on a core over its budget (broker/backend.py keeps the accounting; reply bytes
+  queued for sendmsg count until sent), is not read until memory is released (single-shot recvs
+  make this pause exact: we simply do not re-arm). Idle and stalled connections are closed by the
+  sweep, which also gives an idle connection's grown recv buffer back.
 - Ring and buffer lifetimes: `native.Ring` keeps every buffer an SQE references alive until its
   final completion; this module keeps each connection's fd open until none of its operations is
   in flight, then closes it through the ring.
@@ -33,13 +35,14 @@ import logging
 import os
 import signal
 import socket
+import struct
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from broker.backend import BackendCore, ReplyTarget, Slot
+from broker.backend import BackendCore, ConnectionBudget, ReplyTarget, Slot
 from broker.forwarding import NO_DEADLINE, Done, Forwarder, PeerLink, PeerPool
 from broker.handlers import (
     Append,
@@ -74,17 +77,17 @@ RING_ENTRIES = 4096  # SQEs per submit: enough for a pass over hundreds of busy 
 COMPLETIONS_PER_PASS_MAX = 4096  # continuations run per pass before we submit again
 # Each connection owns its recv buffer (single-shot recvs; see the module rules). It starts small,
 # so that thousands of idle connections cost little, and quadruples whenever a recv fills it, up to
-# the size where a stream of 1 MiB produce batches needs only a few recvs per frame.
-RECV_BUFFER_BYTES_MIN = 16 * 1024
+# the size where a stream of 1 MiB produce batches needs only a few recvs per frame; a connection
+# quiet for a sweep gets a small one back (the sweep cancels its recv and arms one with it).
+RECV_BUFFER_BYTES_MIN = 4 * 1024
 RECV_BUFFER_BYTES_MAX = 256 * 1024
 SEND_IOVECS_MAX = 512  # below IOV_MAX (1024): buffers per sendmsg
 WRITEV_IOVECS_MAX = 512  # below IOV_MAX (1024): buffers per gathered store writev (2 per batch)
-CONNECTION_INFLIGHT_MAX = 1024  # unanswered requests per connection before we stop reading it
-CONNECTION_UNSENT_BYTES_MAX = 16 * 1024 * 1024  # reply bytes queued per connection before pausing
 ACCEPT_RETRY_S = 0.1  # after EMFILE/ENFILE: try again later instead of spinning
 RETENTION_CHECK_S = 30.0
 HOUSEKEEPING_S = 1.0  # metrics snapshot published, topics.json checked for other cores' changes
 SHUTDOWN_GRACE_S = 10.0
+LINGER_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() resets the connection
 
 Callback = Callable[[int, int], None]  # (res, flags) of a completion
 
@@ -192,9 +195,10 @@ class _Stream:
         self.send_queue: list[bytes | memoryview] = []
         self.unsent_bytes = 0
         self._fd_closed = False
+        self._shrinking = False  # the recv in flight is being cancelled to re-arm with a small buffer
 
     def paused(self) -> bool:
-        return self.unsent_bytes > CONNECTION_UNSENT_BYTES_MAX
+        return False
 
     def received(self, data: memoryview) -> None:
         raise NotImplementedError
@@ -211,8 +215,21 @@ class _Stream:
         self.recv_buf = buf = self.buf
         self.server.ring.prep_recv(self.fd, buf, ud)
 
+    def shrink_recv_buffer(self) -> None:
+        """Quiet connection: arm its recv with a `RECV_BUFFER_BYTES_MIN` buffer instead of the
+        grown one (cancel the recv in flight; `_recv_done` re-arms on its -ECANCELED)."""
+        self.buf = bytearray(RECV_BUFFER_BYTES_MIN)
+        if self.recv_ud and not self._shrinking and len(self.recv_buf) > RECV_BUFFER_BYTES_MIN:
+            self._shrinking = True
+            self.server.ring.prep_cancel(self.recv_ud, self.server.loop.op(_ignore))
+
     def _recv_done(self, res: int, flags: int) -> None:
         self.recv_ud = 0
+        shrinking, self._shrinking = self._shrinking, False
+        if res == -errno.ECANCELED and shrinking and not self.closed:
+            self.recv_buf = self.buf
+            self.arm_recv()
+            return
         if res <= 0:
             if res < 0 and res not in (-errno.ECONNRESET, -errno.ECANCELED, -errno.EPIPE):
                 log.info("recv from %s failed: %s", self.peer, os.strerror(-res))
@@ -269,6 +286,7 @@ class _Stream:
         self.unsent_bytes -= res
         if res < length:  # a short send: the rest goes first next time
             self.send_queue[:0] = remaining_buffers(tuple(batch), res)
+        self.sent_some()
         if self.closed:
             self._maybe_release()
             return
@@ -291,6 +309,9 @@ class _Stream:
     def closing(self) -> None:
         """Called once, when the connection is closed for whatever reason."""
 
+    def sent_some(self) -> None:
+        """A sendmsg completed (`unsent_bytes` is less)."""
+
     def _maybe_release(self) -> None:
         if self._fd_closed or self.recv_ud or self.sending:
             return
@@ -307,22 +328,40 @@ class Connection(_Stream):
         self.decoder = FrameDecoder(server.config.limits.max_request_bytes)
         self.slots: deque[Slot] = deque()
         self.forward_blocked = 0  # peer cores whose forward limit this connection waits on
+        self.budget = ConnectionBudget(time.monotonic())
 
     def paused(self) -> bool:
-        return (
-            len(self.slots) >= CONNECTION_INFLIGHT_MAX
-            or self.unsent_bytes > CONNECTION_UNSENT_BYTES_MAX
-            or self.forward_blocked > 0
-        )
+        return self.forward_blocked > 0 or not self.server.may_read(self)
+
+    def waits_for_forward(self) -> bool:
+        return self.forward_blocked > 0
 
     def received(self, data: memoryview) -> None:
         self.server.bytes_in += len(data)
+        self.budget.last_active = time.monotonic()
         self.decoder.feed(data)
+        self.resume()
+
+    def resume(self) -> None:
         try:
             self.server.take_requests(self)
         except ProtocolError as exc:
-            log.warning("closing %s: %s", self.peer, exc)
+            self.server.limit_log.warning("protocol error", "closing %s: %s", self.peer, exc)
             self.close()
+            return
+        self.arm_recv()  # no-op inside `received`: `_recv_done` arms after it
+
+    def drop(self) -> None:
+        """Close at once for a limit: reset the connection (no TIME_WAIT left for a flood of them)."""
+        if not self.closed and not self.from_peer:
+            sock = socket.socket(fileno=self.fd)
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, LINGER_RESET)
+            except OSError:
+                pass
+            finally:
+                sock.detach()
+        self.close()
 
     def lost(self, res: int) -> None:
         if self.decoder.buffered:
@@ -330,22 +369,36 @@ class Connection(_Stream):
 
     def closing(self) -> None:
         self.server.connections.discard(self)
+        self.server.forget(self)
+
+    def sent_some(self) -> None:
+        self.budget.last_active = time.monotonic()
+        self.server.queued(self, 0, self.unsent_bytes)
 
     def fill(self, slot: Slot, outcome: Reply | Silent) -> None:
         """A reply is ready: queue every reply at the head that is ready too, in request order."""
         slot.done = True
+        server = self.server
         if isinstance(outcome, Reply):
             slot.buffers = outcome.buffers
-            self.server.handlers.metrics.reply(sum(map(len, outcome.buffers)), slot.started_ns)
+            size = sum(map(len, outcome.buffers))
+            server.handlers.metrics.reply(size, slot.started_ns)
+            change = server.replied(slot, size)
+        else:
+            change = server.replied(slot, 0)
         if self.closed:
             return
         slots = self.slots
         out: list[bytes] = []
+        released = 0
         while slots and slots[0].done:
-            out.extend(slots.popleft().buffers)
+            done = slots.popleft()
+            out.extend(done.buffers)
+            released += done.charge
         if out:
             self.write(out)
-        self.arm_recv()  # a connection paused on unanswered requests reads again
+        server.queued(self, released, self.unsent_bytes, change)
+        self.arm_recv()  # a connection paused on its budget may read again
 
     def wait_for_forward_room(self, forwarder: Forwarder, core: int) -> None:
         """Stop reading until forwards to `core` are below their limit again."""
@@ -416,7 +469,7 @@ class UringServer(BackendCore):
         listeners: Sequence[socket.socket],
         options: UringOptions | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(config)
         self.config = config
         self.options = options = options or UringOptions()
         self.ring = ring
@@ -443,6 +496,8 @@ class UringServer(BackendCore):
             "pending_forwards": lambda: self.forwarder.pending,
             "parked_long_polls": lambda: self.parked_long_polls,
             "commit_waiters": lambda: sum(len(p.flush_waiters) for p in self._partitions.values()),
+            "client_connections": lambda: self.client_connections,
+            "bytes_in_flight": lambda: self.memory.used,
         }
         self.loop.end_of_pass.append(self._submit_store_writes)
         self.loop.end_of_pass.append(self._group_commit)
@@ -454,6 +509,9 @@ class UringServer(BackendCore):
 
     def stopping(self) -> bool:
         return self._stopping
+
+    def call_soon(self, callback: Callable[[], None]) -> None:
+        self.loop.call_soon(callback)
 
     # ------------------------------------------------------------------------- inter-core I/O
 
@@ -771,6 +829,9 @@ class UringServer(BackendCore):
             finally:
                 sock.detach()
         conn = Connection(self, fd, peer, from_peer)
+        if not self.admit_connection(conn):
+            conn.drop()
+            return
         self.connections.add(conn)
         conn.arm_recv()
 
@@ -811,6 +872,7 @@ class UringServer(BackendCore):
                 ready()
             self._schedule_retention()
             self._schedule_housekeeping()
+            self._schedule_sweep()
             loop = self.loop
             while not self._stopping:
                 loop.run_once()
@@ -873,6 +935,23 @@ class UringServer(BackendCore):
                 self.loop.call_later(HOUSEKEEPING_S, tick)
 
         self.loop.call_later(HOUSEKEEPING_S, tick)
+
+    def _schedule_sweep(self) -> None:
+        """Every `sweep_s`: the shared sweep (idle and stalled connections), then a small recv
+        buffer for each connection that grew one and has been quiet since the last sweep."""
+
+        def tick() -> None:
+            if self._stopping:
+                return
+            self.sweep(self.connections)
+            quiet = time.monotonic() - self.sweep_s
+            for conn in self.connections:
+                if len(conn.recv_buf) > RECV_BUFFER_BYTES_MIN and conn.budget.last_active < quiet:
+                    self.memory.freed += len(conn.recv_buf)  # malloc_trim when enough is given back
+                    conn.shrink_recv_buffer()
+            self.loop.call_later(self.sweep_s, tick)
+
+        self.loop.call_later(self.sweep_s, tick)
 
     def _schedule_retention(self) -> None:
         def check() -> None:

@@ -116,7 +116,10 @@ class FrameDecoder:
     """Incremental frame decoder: feed bytes in any pieces, take whole frames out.
 
     Holds at most one frame plus what arrived after it; a declared length above `max_frame_bytes`
-    is refused as soon as the header is seen, before any of the body is buffered.
+    is refused as soon as the header is seen, before any of the body is buffered. The buffer
+    grows only as bytes arrive (never to a declared length), and the bytes of frames already
+    taken are let go as soon as `next_frame` runs out of whole frames: a connection that goes
+    quiet after a large frame, or stalls in the middle of one, holds only what is unread.
     """
 
     __slots__ = ("_buf", "_pos", "max_frame_bytes")
@@ -144,7 +147,7 @@ class FrameDecoder:
         if len(buf) - pos < HEADER_SIZE:
             if len(buf) - pos >= 6:
                 self._check_prefix(buf, pos)
-            return NEED_DATA
+            return self._need_data()
         length, _magic, _version, api_key, api_version, flags, corr, topic_id, partition = (
             _HEADER.unpack_from(buf, pos)
         )
@@ -159,11 +162,22 @@ class FrameDecoder:
             raise ProtocolError(f"unknown frame flags {flags:#06x}")
         end = pos + LENGTH_SIZE + length
         if len(buf) < end:
-            return NEED_DATA
+            return self._need_data()
         with memoryview(buf) as view:  # one copy of the body, not two (a bytearray slice copies)
             body = bytes(view[pos + HEADER_SIZE : end])
         self._pos = end
         return Frame(api_key, api_version, flags, corr, topic_id, partition, body)
+
+    def _need_data(self) -> _NeedData:
+        """Let go of the frames already taken (a memmove of at most the partial frame that followed
+        them in the same read, once per read that completed a frame: amortised O(1) per byte)."""
+        if self._pos:
+            if self._pos == len(self._buf):
+                self._buf = bytearray()
+            else:
+                del self._buf[: self._pos]
+            self._pos = 0
+        return NEED_DATA
 
     def _check_prefix(self, buf: bytearray, pos: int) -> None:
         """Reject a wrong magic or version as soon as those bytes are here, not after a whole header."""
