@@ -251,8 +251,34 @@ def encode_batch(
         raise BatchError("a batch needs at least one record")
     if count > RECORD_COUNT_MAX:
         raise BatchError(f"{count} records in one batch; at most {RECORD_COUNT_MAX}")
-    body = b"".join(parts)
     assert first_ts is not None
+    return seal_batch(
+        b"".join(parts),
+        count,
+        first_ts,
+        max_ts,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        base_sequence=base_sequence,
+        base_offset=base_offset,
+    )
+
+
+def seal_batch(
+    section: bytes,
+    count: int,
+    first_ts: int,
+    max_ts: int,
+    *,
+    producer_id: int = NO_PRODUCER_ID,
+    producer_epoch: int = -1,
+    base_sequence: int = NO_SEQUENCE,
+    base_offset: int = 0,
+) -> bytes:
+    """The batch header (lengths, crc32c) around an encoded records `section` of `count` records.
+
+    Trusts `section`: `encode_batch` is the way to make a valid batch; tests use this alone to
+    wrap record framing that does not parse in a header whose lengths and crc are right."""
     tail = struct.pack(
         ">hiqqqhiii",
         0,
@@ -263,11 +289,13 @@ def encode_batch(
         producer_epoch,
         base_sequence,
         count,
-        len(body),
+        len(section),
     )
-    crc = crc32c(body, crc32c(tail))
-    batch_length = 1 + 4 + len(tail) + len(body)
-    return b"".join((_LENGTHS.pack(base_offset, batch_length), bytes((MAGIC,)), _CRC.pack(crc), tail, body))
+    crc = crc32c(section, crc32c(tail))
+    batch_length = 1 + 4 + len(tail) + len(section)
+    return b"".join(
+        (_LENGTHS.pack(base_offset, batch_length), bytes((MAGIC,)), _CRC.pack(crc), tail, section)
+    )
 
 
 def read_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import struct
 
-from crc32c import crc32c
-
-from ringlog_proto.batch import MAGIC
+from ringlog_proto.batch import seal_batch
 
 RECORD = struct.Struct(">IiiiH")
 
@@ -27,21 +25,16 @@ def frame_batch(
     base_sequence: int = -1,
 ) -> bytes:
     """A batch holding `section` as its records, with `count` as record_count and a valid crc."""
-    tail = struct.pack(
-        ">hiqqqhiii",
-        0,
-        count - 1,
-        timestamp,
-        timestamp,
-        producer_id,
-        producer_epoch,
-        base_sequence,
+    return seal_batch(
+        section,
         count,
-        len(section),
+        timestamp,
+        timestamp,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        base_sequence=base_sequence,
+        base_offset=base_offset,
     )
-    crc = crc32c(section, crc32c(tail))
-    batch_length = 1 + 4 + len(tail) + len(section)
-    return struct.pack(">qiBI", base_offset, batch_length, MAGIC, crc) + tail + section
 
 
 def record(value: bytes | None, key: bytes | None = None, headers: bytes = b"", hcount: int = 0) -> bytes:
