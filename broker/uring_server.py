@@ -57,7 +57,7 @@ from broker.partition import Partition
 from broker.storage.fileio import (
     Op,
     Sync,
-    SyncFile,
+    SyncDir,
     SyncFileIO,
     Write,
     WriteError,
@@ -678,39 +678,26 @@ class UringServer(BackendCore):
                     self._run_ops(ops[1:], done)
 
             ring.prep_fsync(op.fd, self.loop.op(synced), datasync=True)
-        elif isinstance(op, SyncFile):
-            try:  # a closed segment's file: a descriptor of its own, held while the sync runs
-                file_fd = os.open(op.path, os.O_RDONLY | os.O_CLOEXEC)
-            except FileNotFoundError:  # deleted meanwhile (retention): nothing to sync
-                self._run_ops(ops[1:], done)
-                return
+        else:  # SyncFile (a closed segment's file) or SyncDir: a descriptor of its own for the sync
+            is_dir = isinstance(op, SyncDir)
+            try:  # open(2) is not worth a ring round trip; the fsync is
+                path_fd = os.open(op.path, os.O_RDONLY | os.O_CLOEXEC | (os.O_DIRECTORY if is_dir else 0))
             except OSError as exc:
-                done(exc)
+                if not is_dir and exc.errno == errno.ENOENT:  # deleted meanwhile (retention): no sync
+                    self._run_ops(ops[1:], done)
+                else:
+                    done(exc)
                 return
+            what = "fsync of directory" if is_dir else "fdatasync of"
 
-            def file_synced(res: int, flags: int) -> None:
-                os.close(file_fd)
+            def path_synced(res: int, flags: int) -> None:
+                os.close(path_fd)
                 if res < 0:
-                    done(OSError(-res, f"fdatasync of {op.path}: {os.strerror(-res)}"))
+                    done(OSError(-res, f"{what} {op.path}: {os.strerror(-res)}"))
                 else:
                     self._run_ops(ops[1:], done)
 
-            ring.prep_fsync(file_fd, self.loop.op(file_synced), datasync=True)
-        else:
-            try:  # open(2) of a directory is not worth a ring round trip; its fsync is
-                dir_fd = os.open(op.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            except OSError as exc:
-                done(exc)
-                return
-
-            def dir_synced(res: int, flags: int) -> None:
-                os.close(dir_fd)
-                if res < 0:
-                    done(OSError(-res, f"fsync of directory {op.path}: {os.strerror(-res)}"))
-                else:
-                    self._run_ops(ops[1:], done)
-
-            ring.prep_fsync(dir_fd, self.loop.op(dir_synced), datasync=False)
+            ring.prep_fsync(path_fd, self.loop.op(path_synced), datasync=not is_dir)
 
     # group commit -------------------------------------------------------------------------------
 
