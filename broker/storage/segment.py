@@ -131,19 +131,16 @@ class Segment:
     def store_fd(self) -> int:
         """The store's descriptor, opened if need be. Unpinned, it is valid until the next use of
         another segment (the cache may close it then): use it at once, or `pin` first."""
-        fd = self._store_fd
-        if fd is None:
-            return self._open_file(index=False)
-        if not self._pins:
-            self.cache.touch(self)
-        return fd
+        return self._fd(self._store_fd, index=False)
 
     @property
     def index_fd(self) -> int:
         """The index file's descriptor, opened if need be; valid as `store_fd` says."""
-        fd = self._index_fd
+        return self._fd(self._index_fd, index=True)
+
+    def _fd(self, fd: int | None, index: bool) -> int:
         if fd is None:
-            return self._open_file(index=True)
+            return self._open_file(index=index)
         if not self._pins:
             self.cache.touch(self)
         return fd
