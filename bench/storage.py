@@ -76,7 +76,9 @@ from pathlib import Path
 from benchlib import REPO, code_version, fs_of, size_label, table
 from crc32c import crc32c
 
-from broker.handlers import Append, BrokerConfig, Handlers, Reply
+from broker.core.config import BrokerConfig
+from broker.core.handlers import Handlers
+from broker.core.outcomes import Append, Reply
 from broker.storage.fileio import SyncFileIO, run_ops
 from broker.storage.log import Log, LogConfig
 from ringlog_proto import messages as m

@@ -16,7 +16,7 @@ import os
 from typing import Any, Final
 
 FILE_NAME: Final = "bpf.json"
-RUN_DIR: Final = "run"  # broker/metrics.py: RUN_DIR (not imported: this package does not import broker)
+RUN_DIR: Final = "run"  # broker/core/metrics.py: RUN_DIR (not imported: this package does not import broker)
 
 _cache: dict[str, tuple[int, dict[str, Any]]] = {}
 

@@ -6,7 +6,7 @@ Rules this module keeps:
   group with SO_ATTACH_REUSEPORT_EBPF, picks the listener of every SYN (payload rule, then source
   port rule, then the kernel's hash: the rules are in reuseport.c's header).
 - The live set (`set_live`) is the program's only view of the workers: a core not in it is never
-  chosen by a rule. The supervisor decides who is live (broker/supervisor.py says how).
+  chosen by a rule. The supervisor decides who is live (broker/node/supervisor.py says how).
 - The listeners get TCP_FASTOPEN (a queue of `TFO_QUEUE`) and TCP_FASTOPEN_NO_COOKIE, so that a SYN
   with data is accepted with its data once the netns allows server TFO (bpf/tfo.py): that data is
   what the payload rule reads.

@@ -25,7 +25,7 @@
 
 #define RL_MEMBERSHIP_MAGIC 0x524C4D42 /* "RLMB", big-endian on the wire */
 #define RL_MEMBERSHIP_VERSION 1
-#define RL_MEMBERSHIP_HEADER 24 /* broker/membership.py: HEADER_SIZE */
+#define RL_MEMBERSHIP_HEADER 24 /* broker/node/membership.py: HEADER_SIZE */
 
 BPF_HASH(rl_xdp_ports, u32, u32, 64);
 BPF_PERCPU_ARRAY(rl_xdp_stats, u64, RL_CLASS_SLOTS);

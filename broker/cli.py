@@ -9,7 +9,6 @@ engine alone.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
@@ -17,14 +16,15 @@ import time
 from collections.abc import Sequence
 
 from broker import __version__
+from broker.backends.uring_options import UringOptions
 from broker.cli_client import add_client_commands, run_client_command
-from broker.limits import add_limit_arguments, limits_from_args
+from broker.core.limits import add_limit_arguments, limits_from_args
+from broker.node.logfmt import LogfmtFormatter
 from broker.storage.errors import StorageError
 from broker.storage.index import ENTRY_SIZE, INDEX_HEADER_SIZE, decode_entry, parse_entries
 from broker.storage.index import invalid_header as invalid_index_header
 from broker.storage.log import Log, LogConfig
 from broker.storage.segment import INDEX_SUFFIX, STORE_SUFFIX, parse_segment_name, segment_name
-from broker.uring_options import UringOptions
 from ringlog_proto.batch import (
     BatchError,
     BatchHeader,
@@ -207,10 +207,10 @@ def _dump_index(path: str, base: int, batches: list[tuple[int, BatchHeader]]) ->
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    """Run the supervisor, which runs one worker process per core (broker/supervisor.py)."""
-    from broker.supervisor import SupervisorConfig, run_supervisor  # noqa: PLC0415 - keep client commands light
-    from broker.topics import segment_floor_violation  # noqa: PLC0415
-    from broker.worker import BackendUnavailable, choose_backend  # noqa: PLC0415
+    """Run the supervisor, which runs one worker process per core (broker/node/supervisor.py)."""
+    from broker.core.topics import segment_floor_violation  # noqa: PLC0415
+    from broker.node.supervisor import SupervisorConfig, run_supervisor  # noqa: PLC0415 - keep client commands light
+    from broker.node.worker import BackendUnavailable, choose_backend  # noqa: PLC0415
 
     available = len(os.sched_getaffinity(0))
     cores = available if args.cores is None else args.cores
@@ -275,27 +275,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 CLIENT_COMMANDS = ("topics", "produce", "consume", "stats")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
-
-
-class LogfmtFormatter(logging.Formatter):
-    """One `key=value` line per event (logfmt), so that logs can be filtered and parsed.
-
-    `fields` (e.g. {"core": 3}) are added to every line: a worker's lines carry its core.
-    """
-
-    def __init__(self, fields: dict[str, object] | None = None) -> None:
-        super().__init__()
-        self._extra = "".join(f" {k}={v}" for k, v in (fields or {}).items())
-
-    def format(self, record: logging.LogRecord) -> str:
-        ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-        msg = record.getMessage()
-        if record.exc_info:
-            msg += "\n" + self.formatException(record.exc_info)
-        return (
-            f"ts={ts}.{int(record.msecs):03d}Z level={record.levelname.lower()} pid={record.process}"
-            f"{self._extra} logger={record.name} msg={json.dumps(msg)}"
-        )
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -22,7 +22,7 @@ from typing import IO, Any
 from broker.client import DEFAULT_BOOTSTRAP, Admin, Consumer, Producer, RingLogError
 from broker.client.client import parse_bootstrap
 from broker.client.errors import ClientError, UndecodableBatchError
-from broker.metrics import percentile_us
+from broker.core.metrics import percentile_us
 
 PROGRESS_EVERY_S = 0.5
 

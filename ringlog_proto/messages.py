@@ -597,7 +597,7 @@ class OffsetFetchResponse(Response):
 class StatsResponse(Response):
     # core u16 (the core that answered), stats bytes: UTF-8 JSON, one snapshot per core and the
     # supervisor's eBPF snapshot ("bpf"; new keys in the JSON keep the binary format unchanged)
-    # (broker/metrics.py says what a snapshot holds)
+    # (broker/core/metrics.py says what a snapshot holds)
     API_KEY: ClassVar[ApiKey] = ApiKey.STATS
     core: int = 0
     stats_json: str = "{}"

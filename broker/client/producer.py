@@ -14,7 +14,7 @@ Retries and idempotence. A batch that fails retriably (a retriable error code, a
 no answer in time) is retried with bounded exponential backoff until `retries` or
 `delivery_timeout_ms` runs out, *with the same bytes*: same producer id, epoch and sequence, so a
 broker that had already appended it answers with the original offsets and appends nothing
-(`broker/partition.py` keeps the last 5 batches per producer; hence `max_in_flight <= 5`).
+(`broker/core/partition.py` keeps the last 5 batches per producer; hence `max_in_flight <= 5`).
 Failures are handled per partition in *rounds*: after the first failure nothing new is sent until
 every batch in flight has answered, then the failed ones are resent in sequence order. A batch
 refused with OUT_OF_ORDER_SEQUENCE behind a failed one is collateral damage and retried too.

@@ -109,7 +109,7 @@ class LogConfig:
     # in the broker; off only to measure what it costs (bench/storage.py) or to plant a poison
     # batch in a test.
     check_records: bool = True
-    # (The broker puts floors on segment_bytes and segment_ms, broker/limits.py; the storage
+    # (The broker puts floors on segment_bytes and segment_ms, broker/core/limits.py; the storage
     # engine itself accepts small segments, which its tests use.)
 
     def invalid(self) -> str | None:

@@ -110,7 +110,7 @@ import socket, sys
 import pytest
 from bpf import kernel
 from bpf.xdp import XdpClassifier, attached_prog_id
-from broker import membership
+from broker.node import membership
 
 with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as server:
     server.bind(("127.0.0.1", 0))

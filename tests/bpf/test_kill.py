@@ -23,7 +23,7 @@ import pytest
 
 from bpf import kernel, tfo, xdp
 from bpf.netlab import Netns, NsBroker, wait_fresh
-from broker import membership
+from broker.node import membership
 
 REASON = kernel.ebpf_unavailable()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"eBPF tests need root and bcc: {REASON}")

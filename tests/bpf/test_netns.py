@@ -15,9 +15,9 @@ import pytest
 
 from bpf import kernel, tfo
 from bpf.netlab import fastopen_connect, wait_fresh
-from broker import membership
 from broker.client import Admin
 from broker.client.client import AsyncClient
+from broker.node import membership
 from ringlog_proto import messages as m
 from ringlog_proto.frames import NEED_DATA, FrameDecoder
 from ringlog_proto.routing import shard_for

@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from broker.forwarding import NO_DEADLINE, PEER_WATCH_S, Forwarder, PeerLink, PeerLinkError, PeerPool
-from broker.handlers import BrokerConfig, Forward, Handlers, Notify, Reply, Silent
+from broker.core.config import BrokerConfig
+from broker.core.forwarding import NO_DEADLINE, PEER_WATCH_S, Forwarder, PeerLink, PeerLinkError, PeerPool
+from broker.core.handlers import Handlers
+from broker.core.outcomes import Forward, Notify, Reply, Silent
 from ringlog_proto import messages as m
 from ringlog_proto.batch import encode_batch
 from ringlog_proto.frames import Frame, FrameDecoder

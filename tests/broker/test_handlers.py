@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from broker.handlers import Append, BrokerConfig, Durable, Handlers, Reply
+from broker.core.config import BrokerConfig
+from broker.core.handlers import Handlers
+from broker.core.outcomes import Append, Durable, Reply
 from broker.storage.fileio import SyncFileIO, run_ops
 from ringlog_proto import messages as m
 from ringlog_proto.batch import encode_batch

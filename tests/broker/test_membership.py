@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from broker import membership as mb
+from broker.node import membership as mb
 
 
 def test_header_is_24_bytes_with_the_magic_first() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from broker.metrics import (
+from broker.core.metrics import (
     LATENCY_BUCKETS,
     CoreMetrics,
     percentile_us,

@@ -7,15 +7,15 @@ import sys
 
 import pytest
 
-from broker import worker
-from broker.supervisor import describe_exit
+from broker.node import worker
+from broker.node.supervisor import describe_exit
 
 
 def test_auto_falls_back_to_uvloop_and_says_why_when_native_is_missing(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setitem(sys.modules, "native", None)  # import native -> ImportError
-    caplog.set_level("INFO", logger="broker.worker")
+    caplog.set_level("INFO", logger="broker.node.worker")
     assert worker.choose_backend("auto") == "uvloop"
     assert "io_uring unavailable: the native bindings are not built" in caplog.text
     assert "serving with uvloop" in caplog.text

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 from brokerproc import BrokerProcess, Wire
 
-from broker.backend import BackendCore, RateLimitedLog
-from broker.handlers import BrokerConfig
-from broker.limits import Limits
+from broker.backends.shared import BackendCore, RateLimitedLog
+from broker.core.config import BrokerConfig
+from broker.core.limits import Limits
 from ringlog_proto import messages as m
 from ringlog_proto.batch import encode_batch
 from ringlog_proto.frames import FRAME_VERSION, MAGIC
@@ -29,8 +29,8 @@ from ringlog_proto.routing import shard_for
 
 MiB = 1024 * 1024
 BACKENDS = ["uvloop", "io_uring"]
-FETCH_REPLY_MAX = 4 * MiB  # broker/handlers.py FETCH_MAX_BYTES_MAX: what one fetch may return
-SUPPRESSED = re.compile(r"(\d+) more suppressed")  # broker/backend.py RateLimitedLog
+FETCH_REPLY_MAX = 4 * MiB  # broker/core/handlers.py FETCH_MAX_BYTES_MAX: what one fetch may return
+SUPPRESSED = re.compile(r"(\d+) more suppressed")  # broker/backends/shared.py RateLimitedLog
 SUMMARY = re.compile(r": \d+ more suppressed")  # a line that only counts, not an event of its own
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from storage.test_faults import Fault, FaultyIO, active_store, reopen_plain
 
-from broker.diskspace import DiskSpace, is_out_of_space
+from broker.storage.diskspace import DiskSpace, is_out_of_space
 from broker.storage.errors import LogClosedError, OutOfSpaceError, StorageError
 from broker.storage.fileio import WriteError
 from broker.storage.log import Log

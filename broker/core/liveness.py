@@ -4,7 +4,7 @@ Why: the supervisor holds every inter-core listener, so a core forwarding to a p
 died connects fine (the connection waits in the backlog) and would wait for the restart to be
 answered. The supervisor learns of a death at once (SIGCHLD) and of a restarted worker's readiness
 from its ready pipe; it writes one byte per core into a shared memfd, and a forwarding core reads
-that byte before each forward and while forwards are pending (broker/forwarding.py `PeerPool`),
+that byte before each forward and while forwards are pending (broker/core/forwarding.py `PeerPool`),
 answering NOT_OWNER (retriable) instead of waiting for a worker that is not there.
 
 Layout: byte k is 1 while core k's worker is up (reported ready, not yet reaped), 0 otherwise.

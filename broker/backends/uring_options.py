@@ -1,6 +1,6 @@
 """Settings of the io_uring backend only (`broker serve --busy-poll-us`, `--append-writes`).
 
-Apart from broker/uring_server.py so that the command line, the supervisor and the worker can
+Apart from broker/backends/uring.py so that the command line, the supervisor and the worker can
 name them without importing the backend (which needs the native bindings).
 """
 

@@ -1,4 +1,4 @@
-"""One worker process: one core of the broker, started by the supervisor (broker/supervisor.py).
+"""One worker process: one core of the broker, started by the supervisor (broker/node/supervisor.py).
 
 Rules this module keeps:
 - A worker makes no sockets of its own: it serves the listeners it inherits (its share of the
@@ -14,7 +14,7 @@ Rules this module keeps:
   serves until SIGTERM/SIGINT and returns after a clean shutdown, calling `ready()` once every
   listener is served (an argument, such as a port, is accepted and ignored).
 
-Invoked as `python -m broker.worker --spec JSON` (the supervisor writes the JSON; see `main`).
+Invoked as `python -m broker.node.worker --spec JSON` (the supervisor writes the JSON; see `main`).
 """
 
 from __future__ import annotations
@@ -31,13 +31,15 @@ import socket
 import sys
 from collections.abc import Callable, Sequence
 
-from broker.handlers import BrokerConfig
-from broker.limits import Limits
+from bpf import state as bpf_state
+from broker.backends.uring_options import UringOptions
+from broker.core.config import BrokerConfig
+from broker.core.limits import Limits
+from broker.node.logfmt import LogfmtFormatter
 from broker.storage.errors import StorageError
 from broker.storage.log import LogConfig
-from broker.uring_options import UringOptions
 
-log = logging.getLogger("broker.worker")
+log = logging.getLogger("broker.node.worker")
 
 PR_SET_PDEATHSIG = 1
 EXIT_START_FAILED = 3  # the worker could not start (data dir, backend, ...): restarting will not help soon
@@ -67,8 +69,8 @@ def io_uring_unavailable() -> str | None:
         return probe
     if probe is False:
         return "native.probe() says io_uring is not usable"
-    if importlib.util.find_spec("broker.uring_server") is None:
-        return "broker/uring_server.py is not built yet"
+    if importlib.util.find_spec("broker.backends.uring") is None:
+        return "broker/backends/uring.py is not built yet"
     return None
 
 
@@ -94,10 +96,10 @@ def backend_runner(
 ) -> Callable[[BrokerConfig, Sequence[socket.socket], Callable[[], None]], None]:
     """The `run` function of a backend, imported only when chosen."""
     if backend == "io_uring":
-        from broker import uring_server  # noqa: PLC0415 - lazy: may not exist, needs native/
+        from broker.backends import uring as uring_server  # noqa: PLC0415 - lazy: may not exist, needs native/
 
         return uring_server.run  # type: ignore[no-any-return]
-    from broker import server  # noqa: PLC0415
+    from broker.backends import aio as server  # noqa: PLC0415
 
     return server.run
 
@@ -129,15 +131,15 @@ def config_from_spec(spec: dict[str, object]) -> BrokerConfig:
         peer_liveness_fd=int(spec.get("liveness_fd", -1)),  # type: ignore[call-overload]
         backend=str(spec.get("backend", "uvloop")),
         limits=Limits.from_spec(spec.get("limits")),  # type: ignore[arg-type]
+        bpf_snapshot=functools.partial(bpf_state.read, str(spec["data_dir"])),  # cached by mtime, no bcc
     )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="broker.worker", description="one core of a broker (internal)")
+    parser = argparse.ArgumentParser(prog="broker.node.worker", description="one core of a broker (internal)")
     parser.add_argument("--spec", required=True, help="JSON written by the supervisor")
     args = parser.parse_args(argv)
     spec = json.loads(args.spec)
-    from broker.cli import LogfmtFormatter  # noqa: PLC0415 - the one log format
 
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(LogfmtFormatter({"core": spec["core"]}))

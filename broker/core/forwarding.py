@@ -23,7 +23,7 @@ Rules this module keeps:
   that connection with NOT_OWNER, which clients retry after refreshing metadata. The supervisor
   holds the inter-core listeners, so a connect to a dead worker's core succeeds and would wait in
   the backlog until the restart; instead `PeerPool` asks the supervisor's liveness table
-  (broker/liveness.py) before each forward and every `PEER_WATCH_S` while forwards are pending:
+  (broker/core/liveness.py) before each forward and every `PEER_WATCH_S` while forwards are pending:
   a forward to a core that is down is answered NOT_OWNER at once, and the connections to a core
   that went down are closed, failing everything on them at once (the kernel already breaks the
   ones the dead worker had accepted; this catches those still in the backlog). Backstop for a
@@ -48,12 +48,27 @@ from collections import deque
 from collections.abc import Callable
 from typing import Final, Protocol
 
-from broker.handlers import FETCH_WAIT_MS_MAX, BrokerConfig, Forward, Handlers, Notify, Reply, Silent
-from broker.liveness import always_alive, peer_liveness
+from broker.core.config import BrokerConfig
+from broker.core.limits import FETCH_WAIT_MS_MAX
+from broker.core.liveness import always_alive, peer_liveness
+from broker.core.metrics import CoreMetrics
+from broker.core.outcomes import Forward, Notify, Reply, Silent
 from ringlog_proto.frames import NEED_DATA, Frame, FrameDecoder, encode_header
 from ringlog_proto.messages import ErrorCode
 
 log = logging.getLogger(__name__)
+
+
+class AnswersErrors(Protocol):
+    """What forwarding needs of the request core (`Handlers`): its config and metrics, and the
+    error response to a frame it could not get answered. A protocol, so forwarding does not import
+    the handlers (which hand it `Forward` and `Notify` outcomes in the first place)."""
+
+    config: BrokerConfig
+    metrics: CoreMetrics
+
+    def error_answer(self, frame: Frame, code: ErrorCode, message: str) -> Reply: ...
+
 
 # Forwards waiting for an answer from one peer core. The owner answers a peer connection in order
 # and reads it as fast as any client's, so this bounds the memory a slow peer can make us hold
@@ -70,7 +85,7 @@ CORRELATION_MASK: Final = 0xFFFFFFFF
 # pending: the bound on how long a forward waits for a peer whose worker just died (plus the
 # supervisor noticing, which SIGCHLD makes immediate).
 PEER_WATCH_S: Final = 0.1
-FORWARD_TIMEOUT_S_DEFAULT: Final = 10.0  # `--forward-timeout-ms` (broker/limits.py) in the workers
+FORWARD_TIMEOUT_S_DEFAULT: Final = 10.0  # `--forward-timeout-ms` (broker/core/limits.py) in the workers
 NO_DEADLINE: Final = math.inf
 FAILURE_LOG_EVERY_S: Final = 1.0  # at most one "forward failed" warning per peer per second
 
@@ -168,7 +183,7 @@ class Forwarder:
 
     def __init__(
         self,
-        handlers: Handlers,
+        handlers: AnswersErrors,
         send_to_core: SendToCore,
         call_later: CallLater,
         inflight_max: int = FORWARD_INFLIGHT_MAX,

@@ -18,7 +18,7 @@ Rules this module keeps:
   then, in that one request). CreateTopic therefore only writes the registry, whatever the
   partition count: no request ever waits behind thousands of partition creations, and no
   request sees a half-made partition (one is made whole within the request that needs it).
-- Topic metadata is shared by all cores through topics.json (broker/topics.py). A core learns of
+- Topic metadata is shared by all cores through topics.json (broker/core/topics.py). A core learns of
   another core's change on a miss (a partition it should own but has not opened, an unknown topic:
   reload once, then answer), from Metadata and `refresh_topics()` (a stat of the file, run by the
   backend about once a second), and from a DeleteTopic frame sent by the deleting core over the
@@ -28,7 +28,7 @@ Rules this module keeps:
 - One place maps exceptions to wire error codes (`error_of`). A request that fails gets an error
   response; only a frame that cannot be delimited closes its connection (the server's business).
 - Responses leave in request order per connection; the backend guarantees it, not this module.
-- A full disk refuses writes, never reads (broker/diskspace.py): Produce, CreateTopic and
+- A full disk refuses writes, never reads (broker/storage/diskspace.py): Produce, CreateTopic and
   OffsetCommit ask `space.check_writable()` first and get OUT_OF_SPACE (retriable); a write that
   fails with ENOSPC anyway answers the same and tells `space`. Fetch, ListOffsets, Metadata,
   OffsetFetch, DeleteTopic and retention never ask.
@@ -40,13 +40,15 @@ import json
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from broker import __version__
-from broker.diskspace import DiskSpace, is_out_of_space
-from broker.limits import Limits
-from broker.metrics import CoreMetrics, read_snapshots
-from broker.partition import Partition, RetryInFlightError, SequenceError
+from broker.core.config import BrokerConfig
+from broker.core.limits import FETCH_MAX_BYTES_MAX, FETCH_WAIT_MS_MAX
+from broker.core.metrics import CoreMetrics, read_snapshots
+from broker.core.outcomes import Append, Durable, Forward, Notify, Outcome, Read, Reply, Silent, Wait
+from broker.core.partition import Partition, RetryInFlightError, SequenceError
+from broker.core.topics import Topic, TopicError, TopicRegistry
+from broker.storage.diskspace import DiskSpace, is_out_of_space
 from broker.storage.errors import (
     BatchTooLargeError,
     CorruptBatchError,
@@ -58,9 +60,6 @@ from broker.storage.errors import (
     StorageError,
 )
 from broker.storage.fdcache import FdCache
-from broker.storage.log import LogConfig, PendingAppend
-from broker.storage.segment import Extent
-from broker.topics import Topic, TopicError, TopicRegistry
 from ringlog_proto import messages as m
 from ringlog_proto.batch import now_ms
 from ringlog_proto.frames import Frame
@@ -69,8 +68,6 @@ from ringlog_proto.routing import shard_for
 log = logging.getLogger(__name__)
 
 BROKER_VERSION = __version__
-FETCH_MAX_BYTES_MAX = 4 * 1024 * 1024  # one fetch answer; below the 8 MiB frame limit with room
-FETCH_WAIT_MS_MAX = 60_000  # a long poll longer than a minute is a client bug, not a wish
 OWNER_CACHE_MAX = 100_000  # (topic id, partition) -> core entries kept; cleared when full
 PARTITION_APIS = frozenset(
     {
@@ -81,83 +78,6 @@ PARTITION_APIS = frozenset(
         m.ApiKey.OFFSET_FETCH,
     }
 )
-
-
-@dataclass(slots=True)
-class Reply:
-    buffers: list[bytes]
-
-
-@dataclass(slots=True)
-class Silent:
-    pass
-
-
-@dataclass(slots=True)
-class Append:
-    """Run `pending.ops`; then `complete()` (and, for acks=durable, flush first) or `fail(exc)`."""
-
-    partition: Partition
-    pending: PendingAppend
-    acks: int
-    complete: Callable[[], Reply | Silent]
-    fail: Callable[[BaseException], Reply | Silent]
-
-
-@dataclass(slots=True)
-class Read:
-    """Read `extent` (pread of its position and length); then `finish(data)`."""
-
-    extent: Extent
-    finish: Callable[[bytes], Reply]
-
-
-@dataclass(slots=True)
-class Durable:
-    """Send `reply` once `partition` has been flushed (a retried acks=durable produce whose
-    batches are stored but not yet known durable); `fail(exc)` if that flush fails."""
-
-    partition: Partition
-    reply: Reply
-    fail: Callable[[BaseException], Reply]
-
-
-@dataclass(slots=True)
-class Wait:
-    """Nothing to fetch yet: re-handle `frame` when `partition` grows, or answer empty at the deadline."""
-
-    partition: Partition
-    frame: Frame
-    deadline_ms: int
-    on_timeout: Callable[[], Reply]
-
-
-@dataclass(slots=True)
-class Forward:
-    """The partition of `frame` belongs to `core`: send the frame there over the inter-core channel
-    and relay the answer (broker/forwarding.py does it; the backend only moves the bytes).
-
-    `long_poll`: a fetch that may wait at the owner (send it where it holds nothing back);
-    `expects_reply`: False for a produce with acks=0 (the owner sends nothing; answer Silent now).
-    """
-
-    core: int
-    frame: Frame
-    long_poll: bool
-    expects_reply: bool
-
-
-@dataclass(slots=True)
-class Notify:
-    """Send `frame` to each of `cores` over the inter-core channel, wait for every answer (or the
-    notice timeout), then send `finish()`. Used by DeleteTopic (see the module rules)."""
-
-    frame: Frame
-    cores: tuple[int, ...]
-    finish: Callable[[], Reply]
-
-
-Outcome = Reply | Silent | Append | Read | Durable | Wait | Forward | Notify
 
 
 def error_of(exc: BaseException) -> tuple[m.ErrorCode, str]:
@@ -201,22 +121,6 @@ def error_of(exc: BaseException) -> tuple[m.ErrorCode, str]:
     return E.UNKNOWN_SERVER_ERROR, f"{type(exc).__name__}: {exc}"
 
 
-@dataclass(frozen=True, slots=True)
-class BrokerConfig:
-    data_dir: str = "./data"
-    host: str = "127.0.0.1"
-    port: int = 9092
-    node_id: int = 0
-    cores: int = 1
-    core_id: int = 0
-    log_defaults: LogConfig = field(default_factory=LogConfig)
-    core_ports: tuple[int, ...] = ()  # each core's direct port, for Metadata (empty: unknown)
-    peer_addresses: tuple[str, ...] = ()  # each core's inter-core unix socket (abstract: "\0...")
-    peer_liveness_fd: int = -1  # the supervisor's liveness table (broker/liveness.py); -1: none
-    backend: str = "uvloop"
-    limits: Limits = field(default_factory=Limits)
-
-
 class Handlers:
     """The request-handling state of one core: its topics view and the partitions it owns.
 
@@ -229,7 +133,7 @@ class Handlers:
         self.config = config
         self.metrics = metrics if metrics is not None else CoreMetrics(config.core_id, config.backend)
         self.gauges: dict[str, Callable[[], int]] = {}
-        self.space = DiskSpace(config.data_dir, config.limits.min_free_bytes)  # broker/diskspace.py
+        self.space = DiskSpace(config.data_dir, config.limits.min_free_bytes)  # broker/storage/diskspace.py
         os.makedirs(os.path.join(config.data_dir, "topics"), exist_ok=True)
         self.registry = TopicRegistry(
             config.data_dir, config.log_defaults, remove_orphans=False, limits=config.limits
@@ -309,7 +213,7 @@ class Handlers:
     def refresh_topics(self, force: bool = False) -> None:
         """Catch up with topic changes made by other cores: reread topics.json when it was replaced
         (or always, with `force`), open the partitions of new topics this core owns and close those
-        of topics that are gone. Never removes files (see broker/topics.py)."""
+        of topics that are gone. Never removes files (see broker/core/topics.py)."""
         try:
             if force:
                 self.registry.load()
@@ -421,8 +325,6 @@ class Handlers:
 
     def _metadata(self, req: m.Request, frame: Frame) -> Outcome:
         assert isinstance(req, m.MetadataRequest)
-        from bpf import state as bpf_state  # noqa: PLC0415 - keeps this change local to Metadata
-
         self.refresh_topics()
         if any(name not in self.registry.by_name for name in req.topics):
             self.refresh_topics(force=True)
@@ -453,7 +355,7 @@ class Handlers:
             host=self.config.host,
             port=self.config.port,
             cores=self.config.cores,
-            steering=bpf_state.steering_on(self.config.data_dir),  # the supervisor's bpf.json
+            steering=bool((self.config.bpf_snapshot() or {}).get("steering")),  # the supervisor's bpf.json
             topics=tuple(topics),
             core_ports=self.config.core_ports,
         )
@@ -623,8 +525,6 @@ class Handlers:
         """Every core's published snapshot, this core's own taken now, and the supervisor's eBPF
         snapshot (steering and XDP counters, bpf/state.py): only the supervisor holds the
         programs, so a client without access to the data dir gets them here (PROTOCOL.md §4.12)."""
-        from bpf import state as bpf_state  # noqa: PLC0415 - as in Metadata: cached by mtime, no bcc
-
         own = self.metrics.snapshot(self.gauges)
         snaps = [
             s for s in read_snapshots(self.config.data_dir, self.config.cores) if s.get("core") != own["core"]
@@ -635,7 +535,7 @@ class Handlers:
             "answered_by": self.config.core_id,
             "cores": self.config.cores,
             "snapshots": snaps,
-            "bpf": bpf_state.read(self.config.data_dir),
+            "bpf": self.config.bpf_snapshot(),
         }
         return self._reply(frame, m.StatsResponse(core=self.config.core_id, stats_json=json.dumps(doc)))
 

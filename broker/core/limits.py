@@ -6,7 +6,7 @@ all read this dataclass, so a new limit is one field here and its use where it i
 docs/LIMITS.md lists every limit with its default and what a client sees when it is hit: keep
 the two in step.
 
-Apart from broker/handlers.py for the same reason as broker/uring_options.py: the command line
+Apart from broker/core/handlers.py for the same reason as broker/backends/uring_options.py: the command line
 names them without importing the server.
 """
 
@@ -15,6 +15,11 @@ from __future__ import annotations
 import argparse
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
+
+# Fixed bounds of a single request, not flags: the frame limit (max_request_bytes, 8 MiB at the
+# least) must hold a whole fetch answer, and a long poll is bounded so a lost client frees its slot.
+FETCH_MAX_BYTES_MAX = 4 * 1024 * 1024  # one fetch answer; below the 8 MiB frame limit with room
+FETCH_WAIT_MS_MAX = 60_000  # a long poll longer than a minute is a client bug, not a wish
 
 MiB = 1024 * 1024
 
@@ -38,7 +43,7 @@ class Limits:
         "a request forwarded to the owning core and not answered within this (plus max_wait for a "
         "long poll) is answered REQUEST_TIMED_OUT; 0: no deadline",
     )
-    # Disk (issue 10, defect 7): broker/diskspace.py
+    # Disk (issue 10, defect 7): broker/storage/diskspace.py
     min_free_bytes: int = limit(
         64 * MiB,
         "--min-free-bytes",
@@ -62,7 +67,7 @@ class Limits:
         1000, "--segment-fd-cache", "descriptors of closed segments each core keeps open (LRU)"
     )
 
-    # Requests, connections and memory (issue 10, defects 4 and 5: broker/backend.py enforces them).
+    # Requests, connections and memory (issue 10, defects 4 and 5: broker/backends/shared.py enforces them).
     connection_memory_bytes: int = limit(
         32 * MiB,
         "--connection-memory-bytes",

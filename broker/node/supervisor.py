@@ -8,7 +8,7 @@ Rules this module keeps:
   TCP listener (`--core-ports BASE`: BASE+k; 0: ephemeral), (c) its inter-core unix listener in the
   abstract namespace, `\\0ringlog-<supervisor pid>-<port>-core-<k>`.
 - Worker k is pinned to one CPU of the supervisor's affinity set (k modulo that set when
-  oversubscribed). Workers die with the supervisor (PR_SET_PDEATHSIG, broker/worker.py).
+  oversubscribed). Workers die with the supervisor (PR_SET_PDEATHSIG, broker/node/worker.py).
 - "serving on HOST:PORT" is logged once, when every worker has reported ready; a worker that
   exits before it is first ready fails the whole start (exit 1, with the reason).
 - A worker that dies later is restarted at once. One that dies again before it has been up
@@ -16,7 +16,7 @@ Rules this module keeps:
   before the next start, from `RESTART_BACKOFF_FIRST_S` up to `RESTART_BACKOFF_MAX_S` (a few
   seconds: a worker killed by an operator or the OOM killer again soon after a restart must not
   stay away for long). A worker that stays up `RESTART_FAST_S` starts the count afresh.
-- Liveness (broker/liveness.py): the supervisor keeps one byte per core in a memfd every worker
+- Liveness (broker/core/liveness.py): the supervisor keeps one byte per core in a memfd every worker
   maps: up from the worker's ready report until it is reaped. Forwarding cores read it so that a
   forward to a dead worker's core is answered NOT_OWNER at once instead of waiting in the backlog
   of the inter-core listener, which the supervisor holds, for the restart.
@@ -42,7 +42,7 @@ Rules this module keeps:
   delayed by the backoff) leaves the live set until it reports ready again, so new connections are
   not parked for seconds in a backlog nobody accepts from; they land on a live core, which answers
   everything but that core's partitions (those get NOT_OWNER, retriable).
-- The membership endpoint (broker/membership.py) is a UDP socket on the same host, port
+- The membership endpoint (broker/node/membership.py) is a UDP socket on the same host, port
   `--membership-port` (default: the broker's TCP port number), answered from the supervisor's loop.
 """
 
@@ -68,15 +68,15 @@ from dataclasses import asdict, dataclass, field
 from bpf import state as bpf_state
 from bpf.kernel import BpfError
 from bpf.plane import EbpfPlane
-from broker.diskspace import RESERVE_BYTES, ensure_reserve
-from broker.limits import Limits
-from broker.liveness import LivenessTable
-from broker.membership import MembershipEndpoint
-from broker.metrics import prometheus_text, read_snapshots, run_dir
+from broker.backends.uring_options import APPEND_WRITES_DEFAULT, BUSY_POLL_US_DEFAULT
+from broker.core.limits import Limits
+from broker.core.liveness import LivenessTable
+from broker.core.metrics import prometheus_text, read_snapshots, run_dir
+from broker.node.membership import MembershipEndpoint
+from broker.storage.diskspace import RESERVE_BYTES, ensure_reserve
 from broker.storage.log import LogConfig
-from broker.uring_options import APPEND_WRITES_DEFAULT, BUSY_POLL_US_DEFAULT
 
-log = logging.getLogger("broker.supervisor")
+log = logging.getLogger("broker.node.supervisor")
 
 LISTEN_BACKLOG = 1024  # connections queued per listener (also what waits while a worker restarts)
 START_TIMEOUT_S = 60.0  # every worker must be ready within this (recovery of big logs takes time)
@@ -105,7 +105,7 @@ class SupervisorConfig:
     core_ports_base: int = 0
     backend: str = "auto"
     log_level: str = "INFO"
-    busy_poll_us: int = BUSY_POLL_US_DEFAULT  # io_uring backend options (broker/uring_options.py)
+    busy_poll_us: int = BUSY_POLL_US_DEFAULT  # io_uring backend options (broker/backends/uring_options.py)
     append_writes: str = APPEND_WRITES_DEFAULT
     metrics_port: int | None = None
     log_defaults: LogConfig = field(default_factory=LogConfig)
@@ -114,7 +114,7 @@ class SupervisorConfig:
     xdp_mode: str = "auto"
     tcp_fastopen_sysctl: bool = False  # set net.ipv4.tcp_fastopen's server bit (restored at exit)
     membership_port: int | None = None  # None: the broker's TCP port number; -1: no endpoint
-    limits: Limits = field(default_factory=Limits)  # broker/limits.py, docs/LIMITS.md
+    limits: Limits = field(default_factory=Limits)  # broker/core/limits.py, docs/LIMITS.md
 
 
 @dataclass(slots=True)
@@ -407,7 +407,7 @@ class Supervisor:
 
     def _prepare_data_dir(self) -> None:
         """Lock and check the data dir. Needs no free space: a broker must start on a full disk
-        (it serves reads and deletes and refuses writes until space is back: broker/diskspace.py),
+        (it serves reads and deletes and refuses writes until space is back: broker/storage/diskspace.py),
         so nothing here writes file data, and a directory that is missing and cannot be made
         (the only writes) fails the start only because the broker cannot work without it."""
         d = self.config.data_dir
@@ -455,8 +455,8 @@ class Supervisor:
         }
         try:
             w.proc = subprocess.Popen(
-                [sys.executable, "-m", "broker.worker", "--spec", json.dumps(spec)],
-                # the lock: see the module rules; the liveness table: broker/liveness.py
+                [sys.executable, "-m", "broker.node.worker", "--spec", json.dumps(spec)],
+                # the lock: see the module rules; the liveness table: broker/core/liveness.py
                 pass_fds=(*w.fds, ready_w, self._lock_fd, *self._liveness_fds()),
             )
         finally:

@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from broker.durable_file import load_json, replace_json
+from broker.storage.durable_file import load_json, replace_json
 from broker.storage.fdcache import FdCache
 from broker.storage.log import Log, LogConfig
 from ringlog_proto.batch import NO_PRODUCER_ID, BatchHeader

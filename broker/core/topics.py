@@ -16,10 +16,10 @@ Rules this module keeps:
   `remove_orphans()`, which a worker calls once at start while holding the lock, never on a later
   reload: another core may be between "save the registry" and "create the directories".
 - Creating a topic writes the registry and nothing else: each partition's directory and first
-  segment are made by its owning core when the partition is first used (broker/handlers.py), so
+  segment are made by its owning core when the partition is first used (broker/core/handlers.py), so
   CreateTopic costs the same for 1 or 10 000 partitions, and a crash at any point leaves either
   no topic or a topic whose partitions open (empty) on first use.
-- Limits (broker/limits.py) are checked here, under the lock, so they hold across cores: partitions
+- Limits (broker/core/limits.py) are checked here, under the lock, so they hold across cores: partitions
   per topic and per broker (the sum over the registry), and floors on segment_bytes and segment_ms.
   They bind new topics only: a topic created under older limits keeps working.
 """
@@ -35,9 +35,9 @@ import shutil
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
-from broker.diskspace import is_out_of_space, release_reserve
-from broker.durable_file import load_json, replace_json
-from broker.limits import Limits
+from broker.core.limits import Limits
+from broker.storage.diskspace import is_out_of_space, release_reserve
+from broker.storage.durable_file import load_json, replace_json
 from broker.storage.log import LogConfig
 
 log = logging.getLogger(__name__)
@@ -175,7 +175,7 @@ class TopicRegistry:
         except OSError as exc:
             # A disk filled to the last byte by something else: give up the reserve file, once,
             # so that a DeleteTopic (which frees space) can still be recorded. A create never
-            # gets here on a full disk: it is refused before (broker/diskspace.py).
+            # gets here on a full disk: it is refused before (broker/storage/diskspace.py).
             if not is_out_of_space(exc) or not release_reserve(self.data_dir):
                 raise
             replace_json(self.path, doc)

@@ -8,7 +8,7 @@ Rules this module keeps:
   fetch holds back the replies pipelined behind it.
 - Group commit: every acks=durable produce of one loop turn waits for one flush per partition,
   run at the end of that turn (`loop.call_soon` runs after all the I/O callbacks already due).
-- Limits (broker/backend.py keeps the accounting): a client connection over its budget of bytes in
+- Limits (broker/backends/shared.py keeps the accounting): a client connection over its budget of bytes in
   flight, or on a core over its budget, is not read (`pause_reading`) until memory is released;
   the transport's write buffer counts in that budget (its high-water mark is 0, so that
   `resume_writing` says when it has drained). Idle and stalled connections are closed by the sweep.
@@ -18,9 +18,9 @@ Rules this module keeps:
   (`Handlers.handle(frame, from_peer=True)`: forwarded requests and topic notices).
 - Forwarding: this module only opens inter-core connections and moves their bytes; which
   connection carries a forward (one per peer core, one per forwarded long poll) is
-  broker/forwarding.py's `PeerPool`, shared with the io_uring backend.
+  broker/core/forwarding.py's `PeerPool`, shared with the io_uring backend.
 
-The backend contract (broker/uring_server.py keeps it too):
+The backend contract (broker/backends/uring.py keeps it too):
     Server(config, listeners)                  # pre-made listening sockets, inherited from the supervisor
     run(config, listeners, ready) -> None      # serve until SIGTERM/SIGINT; ready() once all listen
 """
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import logging
 import os
 import signal
@@ -39,18 +38,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import cast
 
-from broker.backend import BackendCore, ConnectionBudget, ReplyTarget, Slot
-from broker.forwarding import NO_DEADLINE, Done, Forwarder, PeerLink, PeerPool
-from broker.handlers import (
-    Append,
-    BrokerConfig,
-    Handlers,
-    Read,
-    Reply,
-    Silent,
-)
-from broker.metrics import publish
-from broker.partition import Partition
+from broker.backends.shared import BackendCore, ConnectionBudget, ReplyTarget, Slot, tune_malloc
+from broker.core.config import BrokerConfig
+from broker.core.forwarding import NO_DEADLINE, Done, Forwarder, PeerLink, PeerPool
+from broker.core.handlers import Handlers
+from broker.core.metrics import publish
+from broker.core.outcomes import Append, Read, Reply, Silent
+from broker.core.partition import Partition
 from broker.storage.fileio import SyncFileIO, run_ops
 from ringlog_proto.frames import Frame, FrameDecoder, ProtocolError
 from ringlog_proto.messages import Acks
@@ -443,36 +437,6 @@ class Server(BackendCore):
             deleted = self.handlers.apply_retention()
             if deleted:
                 log.info("retention deleted %d segment(s)", deleted)
-
-
-# glibc malloc: request bodies of up to a frame (8 MiB) come and go with every produce. By default
-# glibc serves blocks over 128 KiB with mmap and trims the heap top past 128 KiB, so each large
-# request costs page faults and brk calls (measured: a fresh broker ingests 1 KiB records at about
-# a third of the rate it reaches once glibc has raised its thresholds by itself). Fixing them from
-# the start keeps those pages in the heap for reuse.
-M_TRIM_THRESHOLD = -1
-M_TOP_PAD = -2
-M_MMAP_THRESHOLD = -3
-MALLOC_MMAP_THRESHOLD_BYTES = 16 * 1024 * 1024  # above the largest frame: frames stay on the heap
-MALLOC_TRIM_THRESHOLD_BYTES = 64 * 1024 * 1024  # free memory kept before returning it to the OS
-MALLOC_TOP_PAD_BYTES = 16 * 1024 * 1024
-
-
-def tune_malloc() -> bool:
-    """Set glibc's malloc thresholds (see above). False where there is no glibc (musl, macOS)."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        ok = all(
-            libc.mallopt(param, value) == 1
-            for param, value in (
-                (M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD_BYTES),
-                (M_TRIM_THRESHOLD, MALLOC_TRIM_THRESHOLD_BYTES),
-                (M_TOP_PAD, MALLOC_TOP_PAD_BYTES),
-            )
-        )
-    except (OSError, AttributeError):
-        return False
-    return ok
 
 
 def run(

@@ -1,7 +1,7 @@
 """The io_uring backend: one ring per worker process carries out the handlers' outcomes as SQEs.
 
 Rules this module keeps:
-- The same `Handlers` as the uvloop backend (broker/server.py) decide everything; this module only
+- The same `Handlers` as the uvloop backend (broker/backends/aio.py) decide everything; this module only
   turns outcomes into ring operations: accept (multishot), recv, sendmsg (vectored), writev at an
   offset, fdatasync, read at an offset, close. No blocking system call runs on the loop's hot path:
   cold paths (opening a partition, recovery, creating a topic, retention) stay synchronous, as in
@@ -17,7 +17,7 @@ Rules this module keeps:
   but they become visible strictly in the order they were prepared, as the log requires. A failed
   write undoes that append and every later one (`Log.abort_append`), once none of them is in flight.
 - Replies leave each connection in request order. A client connection over its budget of bytes in
-  flight, or on a core over its budget (broker/backend.py keeps the accounting; reply bytes
+  flight, or on a core over its budget (broker/backends/shared.py keeps the accounting; reply bytes
   queued for sendmsg count until sent), is not read until memory is released (single-shot recvs
   make this pause exact: we simply do not re-arm). Idle and stalled connections are closed by the
   sweep, which also gives an idle connection's grown recv buffer back.
@@ -42,18 +42,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from broker.backend import BackendCore, ConnectionBudget, ReplyTarget, Slot
-from broker.forwarding import NO_DEADLINE, Done, Forwarder, PeerLink, PeerPool
-from broker.handlers import (
-    Append,
-    BrokerConfig,
-    Handlers,
-    Read,
-    Reply,
-    Silent,
-)
-from broker.metrics import publish
-from broker.partition import Partition
+from broker.backends.shared import BackendCore, ConnectionBudget, ReplyTarget, Slot, tune_malloc
+from broker.backends.uring_options import UringOptions
+from broker.core.config import BrokerConfig
+from broker.core.forwarding import NO_DEADLINE, Done, Forwarder, PeerLink, PeerPool
+from broker.core.handlers import Handlers
+from broker.core.metrics import publish
+from broker.core.outcomes import Append, Read, Reply, Silent
+from broker.core.partition import Partition
 from broker.storage.fileio import (
     Op,
     Sync,
@@ -64,7 +60,6 @@ from broker.storage.fileio import (
     remaining_buffers,
     run_ops,
 )
-from broker.uring_options import UringOptions
 from ringlog_proto.frames import Frame, FrameDecoder, ProtocolError
 from ringlog_proto.messages import Acks
 
@@ -964,7 +959,6 @@ def run(
     """Run one worker on io_uring until a signal stops it. Raises `native.RingUnavailable` when
     the kernel refuses a ring; the caller then falls back to the uvloop backend."""
     global CQE_F_MORE  # noqa: PLW0603 - one value, known only once native is importable
-    from broker.server import tune_malloc  # noqa: PLC0415
     from native import ring as native_ring  # noqa: PLC0415 - the uvloop backend must not need it
 
     CQE_F_MORE = native_ring.CQE_F_MORE

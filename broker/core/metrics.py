@@ -12,7 +12,7 @@ Rules this module keeps:
 - Gauges (queue depths) are not counted here: the backend knows them, so `snapshot` takes
   callables and reads them only when a snapshot is taken.
 
-The backend contract (uvloop in broker/server.py, io_uring in broker/uring_server.py):
+The backend contract (uvloop in broker/backends/aio.py, io_uring in broker/backends/uring.py):
     started_ns = metrics.request(api_key, nbytes_in)   # a frame arrived
     metrics.reply(nbytes_out, started_ns)              # its answer was queued (not for acks=0)
     metrics.forwarded()                                # sent to the owning core instead

@@ -1,0 +1,38 @@
+"""One core's settings, as the worker builds them from the supervisor's spec.
+
+Apart from the handlers so that the node (which builds it), the forwarding logic and the backends
+(which read it) need not import request handling. `bpf_snapshot` is how the core learns what the
+eBPF plane is doing without importing `bpf/`: the worker hands it `bpf.state.read` bound to the data
+dir; the default says "no plane", as in unit tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from broker.core.limits import Limits
+from broker.storage.log import LogConfig
+
+
+def no_bpf_snapshot() -> dict[str, Any] | None:
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerConfig:
+    data_dir: str = "./data"
+    host: str = "127.0.0.1"
+    port: int = 9092
+    node_id: int = 0
+    cores: int = 1
+    core_id: int = 0
+    log_defaults: LogConfig = field(default_factory=LogConfig)
+    core_ports: tuple[int, ...] = ()  # each core's direct port, for Metadata (empty: unknown)
+    peer_addresses: tuple[str, ...] = ()  # each core's inter-core unix socket (abstract: "\0...")
+    peer_liveness_fd: int = -1  # the supervisor's liveness table (broker/core/liveness.py); -1: none
+    backend: str = "uvloop"
+    limits: Limits = field(default_factory=Limits)
+    # the supervisor's eBPF snapshot (bpf/state.py: `steering`, counters), or None without a plane
+    bpf_snapshot: Callable[[], dict[str, Any] | None] = no_bpf_snapshot

@@ -1,0 +1,103 @@
+"""What the I/O loop is told to do: the outcomes `Handlers.handle` returns.
+
+Rules this module keeps:
+- It sits at the bottom of the core: the backends, forwarding and the handlers all import it, and it
+  imports none of them (the partition, pending append, extent and frame types are named only for
+  type checkers), so a loop never has to import the request handlers to know what to carry out.
+- An outcome is data plus continuations, never I/O: `Reply` (send these buffers), `Silent` (send
+  nothing: acks=0), `Append` (run the log writes, then `complete` or `fail`), `Read` (read this
+  extent, then `finish`), `Durable` (send after the partition's next flush), `Wait` (long poll:
+  re-handle the frame when the partition grows or the deadline passes), `Forward` (another core's
+  partition: send the frame there and relay its answer), `Notify` (tell other cores, then answer).
+- `Outcome` is the closed union: a backend's dispatch matches every member and treats anything
+  else as a bug (`broker/backends/shared.py`), so adding an outcome means adding its case there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from broker.core.partition import Partition
+    from broker.storage.log import PendingAppend
+    from broker.storage.segment import Extent
+    from ringlog_proto.frames import Frame
+
+
+@dataclass(slots=True)
+class Reply:
+    buffers: list[bytes]
+
+
+@dataclass(slots=True)
+class Silent:
+    pass
+
+
+@dataclass(slots=True)
+class Append:
+    """Run `pending.ops`; then `complete()` (and, for acks=durable, flush first) or `fail(exc)`."""
+
+    partition: Partition
+    pending: PendingAppend
+    acks: int
+    complete: Callable[[], Reply | Silent]
+    fail: Callable[[BaseException], Reply | Silent]
+
+
+@dataclass(slots=True)
+class Read:
+    """Read `extent` (pread of its position and length); then `finish(data)`."""
+
+    extent: Extent
+    finish: Callable[[bytes], Reply]
+
+
+@dataclass(slots=True)
+class Durable:
+    """Send `reply` once `partition` has been flushed (a retried acks=durable produce whose
+    batches are stored but not yet known durable); `fail(exc)` if that flush fails."""
+
+    partition: Partition
+    reply: Reply
+    fail: Callable[[BaseException], Reply]
+
+
+@dataclass(slots=True)
+class Wait:
+    """Nothing to fetch yet: re-handle `frame` when `partition` grows, or answer empty at the deadline."""
+
+    partition: Partition
+    frame: Frame
+    deadline_ms: int
+    on_timeout: Callable[[], Reply]
+
+
+@dataclass(slots=True)
+class Forward:
+    """The partition of `frame` belongs to `core`: send the frame there over the inter-core channel
+    and relay the answer (broker/core/forwarding.py does it; the backend only moves the bytes).
+
+    `long_poll`: a fetch that may wait at the owner (send it where it holds nothing back);
+    `expects_reply`: False for a produce with acks=0 (the owner sends nothing; answer Silent now).
+    """
+
+    core: int
+    frame: Frame
+    long_poll: bool
+    expects_reply: bool
+
+
+@dataclass(slots=True)
+class Notify:
+    """Send `frame` to each of `cores` over the inter-core channel, wait for every answer (or the
+    notice timeout), then send `finish()`. Used by DeleteTopic (see the module rules)."""
+
+    frame: Frame
+    cores: tuple[int, ...]
+    finish: Callable[[], Reply]
+
+
+Outcome = Reply | Silent | Append | Read | Durable | Wait | Forward | Notify
