@@ -1,6 +1,8 @@
 # The two commands a newcomer needs are `make run` and `make test` (see README.md).
 # Both set the machine up first; scripts/setup.sh is idempotent and cheap once done.
 PY := .venv/bin/python
+# The layers of docs/ARCHITECTURE.md ("Rooms and layers"), as import-linter contracts in pyproject.toml.
+LINT_IMPORTS := .venv/bin/lint-imports --no-cache --no-logo
 DATA_DIR ?= ./data
 
 .PHONY: setup run test lint bench clean spark-demo bench-spark
@@ -13,10 +15,12 @@ run: setup
 
 test: setup
 	$(PY) -m ruff check .
+	$(LINT_IMPORTS)
 	$(PY) -m pytest -q
 
 lint: setup
 	$(PY) -m ruff check .
+	$(LINT_IMPORTS)
 	$(PY) -m ruff format --check .
 
 bench: setup

@@ -28,8 +28,9 @@ Rules this module keeps:
   kernel completes or cancels a task's ring requests before it closes its files). A broker started
   right after a kill -9 waits up to `DATA_DIR_LOCK_WAIT_S` for that, instead of opening partitions
   that a dying worker may still write to; a second broker on a data dir in use is a clear error.
-- The supervisor does no request work: it reads only the workers' published metrics files, for
-  the optional Prometheus endpoint (`--metrics-port`).
+- The supervisor does no request work: the optional Prometheus endpoint (`--metrics-port`,
+  broker/node/metrics_http.py) runs on threads of its own and reads only the workers' published
+  metrics files.
 - eBPF (bpf/plane.py, `--ebpf auto|on|off`): the supervisor loads the steering program before any
   worker starts, puts core k's public listener at index k of the sockmap, keeps the live-cores map,
   publishes the counters to `<data_dir>/run/bpf.json` each second, and detaches everything (and
@@ -51,7 +52,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import http.server
 import json
 import logging
 import os
@@ -61,18 +61,17 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import asdict, dataclass, field
 
-from bpf import state as bpf_state
 from bpf.kernel import BpfError
 from bpf.plane import EbpfPlane
 from broker.backends.uring_options import APPEND_WRITES_DEFAULT, BUSY_POLL_US_DEFAULT
 from broker.core.limits import Limits
 from broker.core.liveness import LivenessTable
-from broker.core.metrics import prometheus_text, read_snapshots, run_dir
+from broker.core.metrics import run_dir
 from broker.node.membership import MembershipEndpoint
+from broker.node.metrics_http import serve_metrics
 from broker.storage.diskspace import RESERVE_BYTES, ensure_reserve
 from broker.storage.log import LogConfig
 
@@ -276,9 +275,10 @@ class Supervisor:
             try:
                 self._start_membership()
                 self._load_ebpf()  # right after the listeners: steered from their first connection
-                metrics_server = (
-                    self._start_metrics_server() if self.config.metrics_port is not None else None
-                )
+                if self.config.metrics_port is not None:
+                    metrics_server = serve_metrics(
+                        self.config.host, self.config.metrics_port, self.config.data_dir, self.config.cores
+                    )
             except StartError as exc:
                 print(f"broker: {exc}", file=sys.stderr)
                 return 1
@@ -635,63 +635,6 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 w.proc.kill()
                 w.proc.wait()
-
-    # ------------------------------------------------------------------------- metrics endpoint
-
-    def _start_metrics_server(self) -> http.server.ThreadingHTTPServer:
-        data_dir, cores = self.config.data_dir, self.config.cores
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                if self.path.split("?")[0] not in ("/metrics", "/"):
-                    self.send_error(404)
-                    return
-                text = prometheus_text(read_snapshots(data_dir, cores))
-                body = (text + bpf_prometheus_text(bpf_state.read(data_dir))).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: object) -> None:
-                pass
-
-        server = http.server.ThreadingHTTPServer((self.config.host, self.config.metrics_port or 0), Handler)
-        server.daemon_threads = True
-        thread = threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True)
-        thread.start()
-        log.info("metrics on http://%s:%d/metrics", self.config.host, server.server_address[1])
-        return server
-
-
-def bpf_prometheus_text(doc: dict[str, object] | None) -> str:
-    """The eBPF counters (bpf.json) in Prometheus text format; empty without a snapshot."""
-    if not doc:
-        return ""
-    lines = [
-        "# HELP ringlog_bpf_steering Whether the reuseport program steers the public port.",
-        "# TYPE ringlog_bpf_steering gauge",
-        f"ringlog_bpf_steering {int(bool(doc.get('steering')))}",
-    ]
-    steer = doc.get("steer")
-    if isinstance(steer, dict):
-        lines += [
-            "# HELP ringlog_bpf_steered_total New connections by steering rule.",
-            "# TYPE ringlog_bpf_steered_total counter",
-        ]
-        lines += [f'ringlog_bpf_steered_total{{rule="{k}"}} {v}' for k, v in steer.items()]
-    xdp = doc.get("xdp")
-    if isinstance(xdp, dict) and isinstance(xdp.get("classes"), dict):
-        lines += [
-            "# HELP ringlog_xdp_packets_total Ingress packets by XDP class.",
-            "# TYPE ringlog_xdp_packets_total counter",
-        ]
-        lines += [
-            f'ringlog_xdp_packets_total{{iface="{xdp.get("iface")}",class="{k}"}} {v}'
-            for k, v in xdp["classes"].items()
-        ]
-    return "\n".join(lines) + "\n"
 
 
 FIXED_FDS_PER_WORKER = 64  # listeners, ring, pipes, logs, registry lock, directory syncs, ...

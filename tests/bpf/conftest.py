@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 import pytest
+from netlab import NsBroker
 
 from bpf import kernel
-from bpf.netlab import NsBroker
 
 REASON = kernel.ebpf_unavailable()
 
@@ -15,7 +15,7 @@ REASON = kernel.ebpf_unavailable()
 def lab():
     if REASON is not None:
         pytest.skip(f"eBPF tests need root and bcc: {REASON}")
-    from bpf.netlab import Netns
+    from netlab import Netns
 
     ns = Netns()
     try:

@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 
 import pytest
+from netlab import Netns, NsBroker, wait_fresh
 
 from bpf import kernel, tfo, xdp
-from bpf.netlab import Netns, NsBroker, wait_fresh
 from broker.node import membership
 
 REASON = kernel.ebpf_unavailable()

@@ -12,9 +12,9 @@ import socket
 import time
 
 import pytest
+from netlab import fastopen_connect, wait_fresh
 
 from bpf import kernel, tfo
-from bpf.netlab import fastopen_connect, wait_fresh
 from broker.client import Admin
 from broker.client.client import AsyncClient
 from broker.node import membership

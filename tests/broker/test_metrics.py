@@ -1,9 +1,15 @@
-"""Per-core metrics: counters, the log2 latency histogram, snapshot files, Prometheus text."""
+"""Per-core metrics: counters, the log2 latency histogram, snapshot files, Prometheus text, and the
+supervisor's HTTP endpoint that serves them (broker/node/metrics_http.py)."""
 
 from __future__ import annotations
 
+import json
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
+
+import pytest
 
 from broker.core.metrics import (
     LATENCY_BUCKETS,
@@ -13,6 +19,7 @@ from broker.core.metrics import (
     publish,
     read_snapshots,
 )
+from broker.node.metrics_http import bpf_prometheus_text, serve_metrics
 from ringlog_proto.messages import ApiKey
 
 
@@ -71,3 +78,32 @@ def test_a_request_costs_about_a_microsecond() -> None:
         mt.reply(100, mt.request(4, 100))
     per_request_us = (time.perf_counter() - t0) / n * 1e6
     assert per_request_us < 10, f"{per_request_us:.2f} us per request for metrics"  # ~1 us measured
+
+
+def test_the_http_endpoint_serves_every_core_and_the_ebpf_counters(tmp_path: Path) -> None:
+    mt = CoreMetrics(1)
+    mt.reply(10, mt.request(ApiKey.FETCH, 20))
+    publish(str(tmp_path), mt.snapshot({}))
+    doc = {"steering": True, "steer": {"payload": 3}, "xdp": {"iface": "lo", "classes": {"pass": 9}}}
+    (tmp_path / "run" / "bpf.json").write_text(json.dumps(doc))
+    server = serve_metrics("127.0.0.1", 0, str(tmp_path), 2)
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
+            assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+            text = r.read().decode()
+        assert 'ringlog_requests_total{core="1",api="FETCH"} 1' in text
+        assert "ringlog_bpf_steering 1" in text
+        assert 'ringlog_bpf_steered_total{rule="payload"} 3' in text
+        assert 'ringlog_xdp_packets_total{iface="lo",class="pass"} 9' in text
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(f"{url}/other", timeout=10)
+        assert err.value.code == 404
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_no_ebpf_snapshot_adds_no_series() -> None:
+    assert bpf_prometheus_text(None) == ""
+    assert bpf_prometheus_text({"steering": False}).splitlines()[-1] == "ringlog_bpf_steering 0"

@@ -1,4 +1,9 @@
-"""Throwaway networks for tests and benchmarks: a network namespace joined to the host by a veth pair.
+"""Throwaway networks for tests and benchmarks: a network namespace joined to the host by a veth pair,
+and `broker serve` started inside it.
+
+Test and bench harness, not broker code: tests/bpf imports it as `netlab` (pytest puts tests/ on
+the path, see pyproject.toml) and bench/steering.py puts tests/ on sys.path, as bench/spark.py does
+for tests/brokerproc.py. bpf/ keeps only what the broker loads.
 
 Rules this module keeps:
 - Everything made here is removed by `close()` (also on `__exit__`, so a failing test cleans up):
@@ -38,7 +43,7 @@ class Netns:
     """A namespace `name` with `ns_if` (address `ns_ip`) whose veth peer `host_if` has `host_ip`."""
 
     def __init__(self) -> None:
-        from pyroute2 import IPRoute, NetNS, netns  # noqa: PLC0415 - optional dependency
+        from pyroute2 import IPRoute, NetNS, netns
 
         n = next(_counter)
         pid = os.getpid()
@@ -92,7 +97,7 @@ class Netns:
 
     def xdp_prog_id(self) -> int:
         """The id of the XDP program on `ns_if` (0: none)."""
-        from pyroute2 import NetNS  # noqa: PLC0415
+        from pyroute2 import NetNS
 
         with NetNS(self.name) as ns:
             (link,) = ns.get_links(ns.link_lookup(ifname=self.ns_if)[0])
@@ -109,7 +114,7 @@ class Netns:
                     proc.send_signal(signal.SIGKILL)
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(10)
-        from pyroute2 import IPRoute, netns  # noqa: PLC0415
+        from pyroute2 import IPRoute, netns
 
         with IPRoute() as ipr, contextlib.suppress(Exception):
             for idx in ipr.link_lookup(ifname=self.host_if):
