@@ -36,18 +36,17 @@ import errno
 import logging
 import random
 import socket
-import struct
 from typing import Final, TypeVar
 
 from broker.client.errors import BrokerUnavailable, ProtocolViolation, error_for
 from ringlog_proto.frames import (
     FRAME_BYTES_MAX_DEFAULT,
     NEED_DATA,
-    PARTITION_OFFSET,
-    TOPIC_ID_OFFSET,
     Frame,
     FrameDecoder,
     ProtocolError,
+    set_correlation_id,
+    set_identity,
 )
 from ringlog_proto.messages import (
     Acks,
@@ -218,10 +217,9 @@ class AsyncConnection:
             hello = b"".join(encode_request(ApiVersionsRequest(client_name), 0))
             corr, fut = conn._expect(ApiVersionsRequest.API_KEY, None)
             frame = bytearray(hello)
-            struct.pack_into(">I", frame, 12, corr)
+            set_correlation_id(frame, corr)
             if identity is not None:
-                struct.pack_into(">I", frame, TOPIC_ID_OFFSET, identity[0])
-                struct.pack_into(">I", frame, PARTITION_OFFSET, identity[1])
+                set_identity(frame, *identity)
             fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # nobody awaits the hello
             async with asyncio.timeout(connect_timeout):
                 try:

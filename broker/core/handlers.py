@@ -552,15 +552,14 @@ class Handlers:
 
 
 def _is_long_poll(frame: Frame) -> bool:
-    """A fetch with max_wait_ms > 0 (body: offset i64, max_bytes i32, max_wait_ms i32, ...)."""
-    if frame.api_key != m.ApiKey.FETCH or len(frame.body) < 16:
-        return False
-    return int.from_bytes(frame.body[12:16], "big", signed=True) > 0
+    """A fetch with max_wait_ms > 0: the owner may hold it (read before the frame is decoded)."""
+    wait_ms = m.peek_fetch_max_wait_ms(frame)
+    return wait_ms is not None and wait_ms > 0
 
 
 def _is_silent_produce(frame: Frame) -> bool:
-    """A produce with acks=0 (body: acks i8, ...): the owner will send no answer."""
-    return frame.api_key == m.ApiKey.PRODUCE and len(frame.body) >= 1 and frame.body[0] == m.Acks.NONE
+    """A produce with acks=0: the owner will send no answer."""
+    return m.peek_produce_acks(frame) == m.Acks.NONE
 
 
 def _wire_limit(value: int | None) -> int:

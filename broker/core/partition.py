@@ -90,7 +90,7 @@ class Partition:
             if pid == NO_PRODUCER_ID:
                 continue
             state = self.producers.get(pid)
-            last = h.base_sequence + h.record_count - 1
+            last = h.last_sequence
             flying = self.in_flight.get(pid)
             if flying:
                 epoch, _, flying_last = flying[-1]
@@ -138,13 +138,13 @@ class Partition:
         state = self.producers.get(h.producer_id)
         if state is None or h.producer_epoch > state.epoch:
             state = self.producers[h.producer_id] = ProducerState(h.producer_epoch)
-        state.batches.append((h.base_sequence, h.base_sequence + h.record_count - 1, h.base_offset))
+        state.batches.append((h.base_sequence, h.last_sequence, h.base_offset))
 
     def reserve(self, headers: list[BatchHeader]) -> None:
         """An append of these batches was prepared: later batches of their producers follow them."""
         for h in headers:
             if h.producer_id != NO_PRODUCER_ID:
-                entry = (h.producer_epoch, h.base_sequence, h.base_sequence + h.record_count - 1)
+                entry = (h.producer_epoch, h.base_sequence, h.last_sequence)
                 self.in_flight.setdefault(h.producer_id, []).append(entry)
 
     def unreserve(self, headers: list[BatchHeader]) -> None:
@@ -152,7 +152,7 @@ class Partition:
         for h in headers:
             flying = self.in_flight.get(h.producer_id)
             if flying:
-                entry = (h.producer_epoch, h.base_sequence, h.base_sequence + h.record_count - 1)
+                entry = (h.producer_epoch, h.base_sequence, h.last_sequence)
                 with contextlib.suppress(ValueError):
                     flying.remove(entry)
                 if not flying:

@@ -79,8 +79,8 @@ from ringlog_proto.batch import (
     invalid_records,
     now_ms,
     read_header,
+    rebased,
     records_walker,
-    unpack_header,
 )
 
 log = logging.getLogger(__name__)
@@ -404,7 +404,7 @@ class Log:
         while pos < size:
             if size - pos < HEADER_SIZE:
                 raise InvalidBatchError(f"{size - pos} bytes at {pos}: less than a batch header")
-            h = BatchHeader._make(unpack_header(records, pos))
+            h = read_header(records, pos)
             if h.magic != MAGIC:  # before the size check: garbage is corrupt, not "too large"
                 raise InvalidBatchError(f"batch at byte {pos}: unknown batch magic {h.magic}")
             batch_size = h.size
@@ -460,16 +460,15 @@ class Log:
         view = memoryview(records)
         if len(headers) == 1:  # the common case, without the loop
             h = headers[0]
-            buffers: tuple[memoryview | bytes, ...] = (base.to_bytes(8, "big", signed=True), view[8:])
-            headers[0] = BatchHeader._make((base, *h[1:]))
+            buffers: tuple[memoryview | bytes, ...] = rebased(view, base)
+            headers[0] = h.with_base_offset(base)
             base += h.record_count
         else:
             parts: list[memoryview | bytes] = []
             pos = 0
             for i, h in enumerate(headers):
-                parts.append(base.to_bytes(8, "big", signed=True))
-                parts.append(view[pos + 8 : pos + h.size])
-                headers[i] = BatchHeader._make((base, *h[1:]))
+                parts += rebased(view, base, pos, h.size)
+                headers[i] = h.with_base_offset(base)
                 base += h.record_count
                 pos += h.size
             buffers = tuple(parts)

@@ -23,8 +23,6 @@ import logging
 import os
 from dataclasses import dataclass
 
-from crc32c import crc32c
-
 from broker.storage.errors import CorruptBatchError, LogClosedError
 from broker.storage.fdcache import FdCache
 from broker.storage.fileio import FileIO, Write, run_write
@@ -40,14 +38,11 @@ from broker.storage.index import (
     parse_entries,
 )
 from ringlog_proto.batch import (
-    CRC_START,
     HEADER_SIZE,
-    LENGTH_PREFIX_SIZE,
-    MAGIC,
     BatchHeader,
     batch_crc,
     read_header,
-    unpack_header,
+    stored_damage,
 )
 from ringlog_proto.batch import (
     invalid_header as invalid_batch_header,
@@ -621,31 +616,17 @@ class Segment:
         stopped the check or None). Data read back is checked before it leaves the broker: a bit
         flip on disk becomes an error naming the file and position, never records a client trusts.
         """
-        # What was stored passed full validation at append time. Here only damage is looked for:
-        # the fields before the crc (base offset, length, magic) are checked against what must
-        # be there, and the crc covers the rest. A raw tuple, not a BatchHeader: this loop runs
-        # once per batch served.
-        view = memoryview(data)
+        # What was stored passed full validation at append time: `stored_damage` looks only for
+        # damage (ringlog_proto/batch.py).
         end = len(data)
         pos = 0
         expected = extent.first_offset
         while pos < end:
-            reason = None
-            if end - pos < HEADER_SIZE:
-                reason = "truncated batch header"
-            else:
-                fields = unpack_header(data, pos)
-                size = LENGTH_PREFIX_SIZE + fields[1]
-                if fields[0] != expected:
-                    reason = f"base offset {fields[0]}, index expects {expected}"
-                elif fields[2] != MAGIC or size < HEADER_SIZE or size > end - pos:
-                    reason = f"bad magic {fields[2]} or length {fields[1]}"
-                elif crc32c(view[pos + CRC_START : pos + size]) != fields[3]:
-                    reason = "crc32c mismatch"
+            size, count, reason = stored_damage(data, pos, end, expected)
             if reason is not None:
                 return pos, expected, CorruptBatchError(self.store_path, extent.position + pos, reason)
             pos += size
-            expected += fields[11]  # record_count
+            expected += count
         return pos, expected, None
 
     def find_timestamp(self, timestamp: int) -> int | None:
