@@ -101,6 +101,7 @@ import uvloop
 from benchlib import REPO, code_version, fs_of, size_label, table
 
 from broker.client import Acks, Admin, AsyncAdmin, AsyncConnection, AsyncConsumer, AsyncProducer, Producer
+from broker.storage import layout
 from ringlog_proto.batch import HEADER_SIZE, RECORD_HEADER_SIZE, encode_batch, iter_batches
 from ringlog_proto.frames import LENGTH_SIZE, Frame, FrameDecoder, peek_frame_size
 from ringlog_proto.messages import ErrorCode, FetchRequest, ProduceRequest, decode_response, encode_request
@@ -347,8 +348,8 @@ class Broker:
 
     def stored_bytes(self, topic_id: int) -> int:
         """Bytes of the topic's store files: its record batches exactly as stored."""
-        root = self.data_dir / "topics" / str(topic_id)
-        return sum(p.stat().st_size for p in root.glob("*/*.log"))
+        root = Path(layout.topic_dir(str(self.data_dir), topic_id))
+        return sum(p.stat().st_size for p in root.glob(f"*/*{layout.STORE_SUFFIX}"))
 
 
 # --------------------------------------------------------------------------------------- client jobs

@@ -14,19 +14,18 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from broker.storage.durable_file import load_json, replace_json
 from broker.storage.fdcache import FdCache
+from broker.storage.layout import group_offsets_path
 from broker.storage.log import Log, LogConfig
 from ringlog_proto.batch import NO_PRODUCER_ID, BatchHeader
 
 log = logging.getLogger(__name__)
 
-OFFSETS_FILE = "group-offsets.json"
 PRODUCER_BATCHES_KEPT = 5  # recent batches remembered per producer: what a client may retry
 
 
@@ -66,7 +65,7 @@ class Partition:
         # next pipelined batch of a producer while the one before is still in flight.
         self.in_flight: dict[int, list[tuple[int, int, int]]] = {}
         self.waiters: list[Callable[[], None]] = []
-        self._offsets_path = os.path.join(directory, OFFSETS_FILE)
+        self._offsets_path = group_offsets_path(directory)
         self.group_offsets: dict[str, tuple[int, str]] = self._load_offsets()
         for h in self.log.batch_headers(self.log.start_offset):
             self._remember(h)

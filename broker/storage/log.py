@@ -60,13 +60,8 @@ from broker.storage.fileio import (
     run_ops,
 )
 from broker.storage.index import RELATIVE_OFFSET_MAX
-from broker.storage.segment import (
-    INDEX_SUFFIX,
-    STORE_SUFFIX,
-    Extent,
-    Segment,
-    parse_segment_name,
-)
+from broker.storage.layout import STORE_SUFFIX, index_file_name, parse_segment_name
+from broker.storage.segment import Extent, Segment
 from ringlog_proto.batch import (
     HEADER_SIZE,
     MAGIC,
@@ -248,7 +243,7 @@ class Log:
             if parsed is not None:
                 (stores if parsed[1] == STORE_SUFFIX else indexes).add(parsed[0])
         for base in sorted(indexes - stores):
-            orphan = os.path.join(directory, f"{base:020d}{INDEX_SUFFIX}")
+            orphan = os.path.join(directory, index_file_name(base))
             log.warning("%s: index without a store file; removing it", orphan)
             io.unlink(orphan)
         bases = sorted(stores)
