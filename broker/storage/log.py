@@ -76,6 +76,7 @@ from ringlog_proto.batch import (
     read_header,
     rebased,
     records_walker,
+    unpack_header,
 )
 
 log = logging.getLogger(__name__)
@@ -399,7 +400,7 @@ class Log:
         while pos < size:
             if size - pos < HEADER_SIZE:
                 raise InvalidBatchError(f"{size - pos} bytes at {pos}: less than a batch header")
-            h = read_header(records, pos)
+            h = BatchHeader._make(unpack_header(records, pos))
             if h.magic != MAGIC:  # before the size check: garbage is corrupt, not "too large"
                 raise InvalidBatchError(f"batch at byte {pos}: unknown batch magic {h.magic}")
             batch_size = h.size
@@ -455,15 +456,15 @@ class Log:
         view = memoryview(records)
         if len(headers) == 1:  # the common case, without the loop
             h = headers[0]
-            buffers: tuple[memoryview | bytes, ...] = rebased(view, base)
-            headers[0] = h.with_base_offset(base)
+            offset_bytes, rest, headers[0] = rebased(view, h, base)
+            buffers: tuple[memoryview | bytes, ...] = (offset_bytes, rest)
             base += h.record_count
         else:
             parts: list[memoryview | bytes] = []
             pos = 0
             for i, h in enumerate(headers):
-                parts += rebased(view, base, pos, h.size)
-                headers[i] = h.with_base_offset(base)
+                offset_bytes, rest, headers[i] = rebased(view, h, base, pos)
+                parts += (offset_bytes, rest)
                 base += h.record_count
                 pos += h.size
             buffers = tuple(parts)
