@@ -7,7 +7,11 @@ Rules this module keeps:
 - Any byte string either yields frames or raises `ProtocolError`; never another exception. A
   `ProtocolError` means the stream cannot be resynchronised: the connection is closed.
 - The partition identity (topic id, partition index) sits at a fixed offset of *every* frame, so a
-  BPF program can read it from the first bytes of a connection without parsing anything.
+  BPF program can read it from the first bytes of a connection without parsing anything (its C
+  copy of the offsets, bpf/steer_rules.h, is checked against the constants here).
+- No module outside ringlog_proto reads or writes frame bytes at an offset: re-stamping a frame
+  (`set_correlation_id`, `set_identity`, `reframe`) and sizing one (`peek_frame_size`) are here,
+  and reading a request's field before decoding it is in messages.py (`peek_*`).
 
 Fileformat (frame version 1, integers big-endian, 24-byte header):
 
