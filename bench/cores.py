@@ -61,6 +61,7 @@ from benchlib import REPO, code_version, fs_of, table
 
 from broker.client import Acks, Admin, AsyncConnection, AsyncProducer
 from ringlog_proto.batch import encode_batch
+from ringlog_proto.frames import LENGTH_SIZE, peek_frame_size
 from ringlog_proto.messages import ErrorCode, ProduceRequest, encode_request
 from ringlog_proto.routing import shard_for
 
@@ -268,8 +269,8 @@ def job_latency_socket(bootstrap: str, topic_id: int, count: int, warmup: int) -
                 if not k:
                     raise ConnectionError("broker closed the connection")
                 got += k
-                if got >= 4:
-                    need = 4 + int.from_bytes(buf[:4], "big")
+                if got >= LENGTH_SIZE:
+                    need = peek_frame_size(buf) or need
             if i >= warmup:
                 samples.append(ns() - t)
     return samples

@@ -101,8 +101,9 @@ import uvloop
 from benchlib import REPO, code_version, fs_of, size_label, table
 
 from broker.client import Acks, Admin, AsyncAdmin, AsyncConnection, AsyncConsumer, AsyncProducer, Producer
+from broker.storage import layout
 from ringlog_proto.batch import HEADER_SIZE, RECORD_HEADER_SIZE, encode_batch, iter_batches
-from ringlog_proto.frames import Frame, FrameDecoder
+from ringlog_proto.frames import LENGTH_SIZE, Frame, FrameDecoder, peek_frame_size
 from ringlog_proto.messages import ErrorCode, FetchRequest, ProduceRequest, decode_response, encode_request
 
 KIB = 1024
@@ -347,8 +348,8 @@ class Broker:
 
     def stored_bytes(self, topic_id: int) -> int:
         """Bytes of the topic's store files: its record batches exactly as stored."""
-        root = self.data_dir / "topics" / str(topic_id)
-        return sum(p.stat().st_size for p in root.glob("*/*.log"))
+        root = Path(layout.topic_dir(str(self.data_dir), topic_id))
+        return sum(p.stat().st_size for p in root.glob(f"*/*{layout.STORE_SUFFIX}"))
 
 
 # --------------------------------------------------------------------------------------- client jobs
@@ -721,8 +722,8 @@ def latency_socket(spec: LatencySpec, topic_id: int, value: bytes) -> dict[str, 
                 if not k:
                     raise ConnectionError("broker closed the connection")
                 got += k
-                if got >= 4:
-                    need = 4 + int.from_bytes(buf[:4], "big")
+                if got >= LENGTH_SIZE:
+                    need = peek_frame_size(buf) or need
             if got != need:
                 raise RuntimeError("more than one response frame")
             return got

@@ -27,7 +27,6 @@ import argparse
 import asyncio
 import contextlib
 import os
-import struct
 import sys
 import tempfile
 import time
@@ -42,7 +41,7 @@ from bpf import kernel
 from broker.client import Admin
 from ringlog_proto import messages as m
 from ringlog_proto.batch import Record, encode_batch
-from ringlog_proto.frames import NEED_DATA, FrameDecoder
+from ringlog_proto.frames import NEED_DATA, FrameDecoder, peek_frame_size, set_correlation_id
 
 PARTITIONS = 8
 
@@ -75,8 +74,7 @@ async def one_connection(
     try:
         while True:
             head = await reader.readexactly(4)
-            (length,) = struct.unpack(">I", head)
-            body = await reader.readexactly(length)
+            body = await reader.readexactly(peek_frame_size(head) - len(head))
             if done == 0:  # the first answer of each connection is checked; the rest are alike
                 resp = m.decode_response(next(iter(_frames(head + body))))
                 if resp.error != m.ErrorCode.NONE:
@@ -87,7 +85,7 @@ async def one_connection(
             if time.perf_counter() >= stop_at:
                 break
             corr += 1
-            struct.pack_into(">I", frame, 12, corr)
+            set_correlation_id(frame, corr)
             t0 = time.perf_counter()
             writer.write(frame)
     finally:

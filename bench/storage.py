@@ -74,7 +74,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchlib import REPO, code_version, fs_of, size_label, table
-from crc32c import crc32c
 
 from broker.core.config import BrokerConfig
 from broker.core.handlers import Handlers
@@ -83,14 +82,15 @@ from broker.storage.fileio import SyncFileIO, run_ops
 from broker.storage.log import Log, LogConfig
 from ringlog_proto import messages as m
 from ringlog_proto.batch import (
-    CRC_START,
     HEADER_SIZE,
     RECORD_HEADER_SIZE,
     Record,
+    batch_crc,
     decode_records,
     encode_batch,
     iter_batches,
     read_header,
+    set_base_offset,
     walk_implementation,
 )
 from ringlog_proto.frames import Frame, FrameDecoder
@@ -193,7 +193,7 @@ def raw_write(path: str, batches: list[bytes], check_crc: bool = False) -> float
         write = os.write
         t0 = time.perf_counter()
         for b in batches:
-            if check_crc and crc32c(memoryview(b)[CRC_START:]) != read_header(b).crc:
+            if check_crc and batch_crc(b, 0, len(b)) != read_header(b).crc:
                 raise RuntimeError("benchmark batch with a bad crc")
             if write(fd, b) != len(b):
                 raise OSError(f"short write to {path}")
@@ -258,8 +258,9 @@ def count_records(log: Log, w: Workload) -> int:
         for pos, h in iter_batches(r.data):
             if h.base_offset != records:
                 raise RuntimeError(f"batch {i} has base offset {h.base_offset}, expected {records}")
-            stored = r.data[pos + 8 : pos + h.size]
-            if stored != w.batches[i][8:]:
+            appended = bytearray(w.batches[i])
+            set_base_offset(appended, h.base_offset)
+            if r.data[pos : pos + h.size] != appended:
                 raise RuntimeError(f"batch {i} came back different from what was appended")
             records += h.record_count
             i += 1

@@ -3,9 +3,11 @@
  * Rules this program keeps (bpf/steering.py loads it; docs/ARCHITECTURE.md has the decisions):
  * - Payload rule: a SYN carrying data (TCP Fast Open) that starts with a ringlog frame (magic 0x52,
  *   frame version 1) naming a partition (topic id != 0 at offset 16, partition at offset 20, both
- *   big-endian u32) goes to the partition's owner: rendezvous.h over the live cores.
- * - Port rule: otherwise, core = TCP source port % configured cores, when that core is live. A client
- *   can pick its source port on purpose to reach a core.
+ *   big-endian u32: steer_rules.h rl_frame_key) goes to the partition's owner: rendezvous.h over
+ *   the live cores.
+ * - Port rule: otherwise, core = TCP source port % configured cores, when that core is live
+ *   (steer_rules.h rl_port_owner, which is ringlog_proto/routing.py port_owner). A client can pick
+ *   its source port on purpose to reach a core.
  * - Otherwise (no live core chosen, or the choice failed) SK_PASS without a choice: the kernel's own
  *   reuseport hash picks. Every decision is counted in rl_steer_stats (per CPU).
  * - Never drops a connection: every path returns SK_PASS.
@@ -19,10 +21,6 @@
 #define RL_STEER_DEFAULT 2
 #define RL_STEER_ERROR 3
 #define RL_STEER_SLOTS 4
-
-#define RL_FRAME_MAGIC 0x52
-#define RL_FRAME_VERSION 1
-#define RL_FRAME_PREFIX 24 /* the frame header: length .. partition (ringlog_proto/frames.py) */
 
 struct rl_live {
     u64 mask;  /* bit c set: core c is live (its listener is in the sockmap and served) */
@@ -66,21 +64,18 @@ int rl_reuseport_select(struct sk_reuseport_md *md)
     u32 doff = (u32)(tcp[12] >> 4) * 4;
     if (doff >= 20 && doff <= 60 && md->len >= doff + RL_FRAME_PREFIX) {
         u8 f[RL_FRAME_PREFIX];
-        if (bpf_skb_load_bytes(md, doff, f, sizeof(f)) == 0 && f[4] == RL_FRAME_MAGIC &&
-            f[5] == RL_FRAME_VERSION) {
-            u32 topic = (u32)f[16] << 24 | (u32)f[17] << 16 | (u32)f[18] << 8 | f[19];
-            u32 part = (u32)f[20] << 24 | (u32)f[21] << 16 | (u32)f[22] << 8 | f[23];
-            if (topic != 0) {
-                int owner = rl_owner((u64)topic << 32 | part, mask);
+        if (bpf_skb_load_bytes(md, doff, f, sizeof(f)) == 0) {
+            u64 key = rl_frame_key(f);
+            if (key != 0) {
+                int owner = rl_owner(key, mask);
                 if (owner >= 0)
                     return rl_select(md, (u32)owner, RL_STEER_PAYLOAD);
             }
         }
     }
-    u32 sport = (u32)tcp[0] << 8 | tcp[1];
-    u32 core = sport % cores;
-    if (core < RL_MAX_CORES && ((mask >> core) & 1))
-        return rl_select(md, core, RL_STEER_PORT);
+    int core = rl_port_owner((u32)tcp[0] << 8 | tcp[1], cores, mask);
+    if (core >= 0)
+        return rl_select(md, (u32)core, RL_STEER_PORT);
     rl_count(RL_STEER_DEFAULT);
     return SK_PASS;
 }

@@ -16,7 +16,8 @@ import os
 from typing import Any, Final
 
 FILE_NAME: Final = "bpf.json"
-RUN_DIR: Final = "run"  # broker/core/metrics.py: RUN_DIR (not imported: this package does not import broker)
+# broker/storage/layout.py: RUN_DIR, not imported (bpf/ does not import broker/); tests/storage/test_layout.py
+RUN_DIR: Final = "run"
 
 _cache: dict[str, tuple[int, dict[str, Any]]] = {}
 

@@ -49,7 +49,7 @@ class Steering:
         try:
             bcc = kernel.load_bcc()
             self._bpf: Any = bcc.BPF(
-                text=kernel.source("rendezvous.h", "reuseport.c"),
+                text=kernel.source("rendezvous.h", "steer_rules.h", "reuseport.c"),
                 cflags=[f"-DRL_SOCKMAP_FD={self.sockmap_fd}"],
             )
             self._fn = self._bpf.load_func(b"rl_reuseport_select", kernel.BPF_PROG_TYPE_SK_REUSEPORT)

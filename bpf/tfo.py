@@ -25,7 +25,9 @@ from typing import Final
 SYSCTL_PATH: Final = "/proc/sys/net/ipv4/tcp_fastopen"
 TFO_CLIENT_ENABLE: Final = 0x1
 TFO_SERVER_ENABLE: Final = 0x2
-RECORD_DIR: Final = os.path.join("run", "restore")
+RECORD_DIR: Final = os.path.join(
+    "run", "restore"
+)  # broker/storage/layout.py: restore_dir (tests/storage/test_layout.py)
 RECORD_FILE: Final = "tcp_fastopen.json"
 
 

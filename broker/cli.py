@@ -23,8 +23,8 @@ from broker.node.logfmt import LogfmtFormatter
 from broker.storage.errors import StorageError
 from broker.storage.index import ENTRY_SIZE, INDEX_HEADER_SIZE, decode_entry, parse_entries
 from broker.storage.index import invalid_header as invalid_index_header
+from broker.storage.layout import STORE_SUFFIX, index_file_name, parse_segment_name, store_file_name
 from broker.storage.log import Log, LogConfig
-from broker.storage.segment import INDEX_SUFFIX, STORE_SUFFIX, parse_segment_name, segment_name
 from ringlog_proto.batch import (
     BatchError,
     BatchHeader,
@@ -96,10 +96,9 @@ def cmd_dump(args: argparse.Namespace) -> int:
     damaged = False
     prev_end: int | None = None  # the offset after the previous segment's last batch
     for base in stores:
-        name = segment_name(base)
-        with open(os.path.join(directory, name + STORE_SUFFIX), "rb") as f:
+        with open(os.path.join(directory, store_file_name(base)), "rb") as f:
             data = f.read()
-        print(f"{name}{STORE_SUFFIX}: {len(data)} bytes")
+        print(f"{store_file_name(base)}: {len(data)} bytes")
         problems: list[str] = []
         if prev_end is not None and base != prev_end:
             how = "overlapping it" if base < prev_end else f"offsets {prev_end}..{base - 1} missing"
@@ -109,14 +108,12 @@ def cmd_dump(args: argparse.Namespace) -> int:
         batches, expected, store_problems = _dump_store(data, base)
         problems += store_problems
         prev_end = expected
-        problems += _dump_index(os.path.join(directory, name + INDEX_SUFFIX), base, batches)
+        problems += _dump_index(os.path.join(directory, index_file_name(base)), base, batches)
         for problem in problems:
             print(f"  DAMAGED {problem}")
         damaged = damaged or bool(problems)
     for base in sorted(indexes - set(stores)):
-        print(
-            f"{segment_name(base)}{INDEX_SUFFIX}: index without a store file (the broker removes it at open)"
-        )
+        print(f"{index_file_name(base)}: index without a store file (the broker removes it at open)")
     return 1 if damaged else 0
 
 

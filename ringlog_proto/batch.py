@@ -4,10 +4,14 @@ Rules this module keeps:
 - No I/O. Bytes in, bytes out; the broker, the clients and the Spark source all use this one codec.
 - The broker never decodes records. It reads the fixed header, checks length, crc32c and counts with
   `invalid_batch()`, walks the record framing with `invalid_records()` (lengths, counts, header
-  counts; never the payload), writes the base offset into the header with `set_base_offset()`, and
-  stores the bytes as they came. The crc does not cover the base offset, so assigning it costs 8
-  bytes, not a checksum over the batch. The walk is what keeps a batch no client can decode (a
-  "poison" batch with a valid crc) out of the log.
+  counts; never the payload), writes the base offset into the header with `set_base_offset()` (or
+  beside it, `rebased()`), and stores the bytes as they came; reading them back, it checks them
+  with `stored_damage()`. The crc does not cover the base offset, so assigning it costs 8 bytes,
+  not a checksum over the batch. The walk is what keeps a batch no client can decode (a "poison"
+  batch with a valid crc) out of the log.
+- No module outside ringlog_proto reads or writes batch bytes at an offset: they use the named
+  fields of `BatchHeader` and the helpers here, so a format change is made in this file (and in
+  the C twin of the records walk, native/_records_build.py).
 - The walk runs in C (`native._records`, a small cffi extension) when it is built, and in Python
   (`walk_records_python`, its exact twin) when it is not: ringlog_proto needs nothing of native/,
   and clients never walk (they decode, which checks the same things).
@@ -128,9 +132,21 @@ class BatchHeader(NamedTuple):
     def next_offset(self) -> int:
         return self.base_offset + self.record_count
 
+    @property
+    def last_sequence(self) -> int:
+        """Sequence of the last record (an idempotent producer numbers records, not batches)."""
+        return self.base_sequence + self.record_count - 1
+
     def with_base_offset(self, base_offset: int) -> BatchHeader:
         """This header as stored at `base_offset` (what the broker's append assigns)."""
         return BatchHeader._make((base_offset, *self[1:]))  # _replace is several times slower
+
+
+# Positions in the raw tuple of `unpack_header`, for the loops here that cannot afford a BatchHeader.
+_BASE_OFFSET_FIELD, _BATCH_LENGTH, _MAGIC, _CRC_FIELD, _RECORD_COUNT = (
+    BatchHeader._fields.index(name)
+    for name in ("base_offset", "batch_length", "magic", "crc", "record_count")
+)
 
 
 class Record:
@@ -536,6 +552,44 @@ def invalid_records(
 def set_base_offset(buf: bytearray | memoryview, base_offset: int, pos: int = 0) -> None:
     """Write the broker-assigned base offset. Outside the crc range, so the crc stays valid."""
     _BASE_OFFSET.pack_into(buf, pos, base_offset)
+
+
+def rebased(
+    view: memoryview, header: BatchHeader, base_offset: int, pos: int = 0
+) -> tuple[bytes, memoryview, BatchHeader]:
+    """The batch at `pos` of `view` (its header: `header`) as it is stored at `base_offset`: two
+    buffers for one vectored write, the base offset and a view of the rest of the batch, and the
+    header as stored. The caller's bytes are neither copied nor changed (`set_base_offset`
+    changes them in place). One call for all three: the broker runs it once per batch produced."""
+    return (
+        _BASE_OFFSET.pack(base_offset),
+        view[pos + _BASE_OFFSET.size : pos + LENGTH_PREFIX_SIZE + header.batch_length],
+        BatchHeader._make((base_offset, *header[1:])),
+    )
+
+
+def stored_damage(
+    buf: bytes | bytearray | memoryview, pos: int, end: int, base_offset: int
+) -> tuple[int, int, str | None]:
+    """Check a batch read back from storage, which must start at `base_offset`: (its size, its
+    record count, None) when intact, else (0, 0, why).
+
+    What was stored passed full validation at append time, so only damage is looked for: the
+    fields outside the crc range (base offset, length, magic, the crc itself) against what must
+    be there, and the crc for the rest. A raw tuple, not a BatchHeader: a read runs this once per
+    batch served."""
+    if end - pos < HEADER_SIZE:
+        return 0, 0, "truncated batch header"
+    fields = _HEADER.unpack_from(buf, pos)
+    length = fields[_BATCH_LENGTH]
+    size = LENGTH_PREFIX_SIZE + length
+    if fields[_BASE_OFFSET_FIELD] != base_offset:
+        return 0, 0, f"base offset {fields[_BASE_OFFSET_FIELD]}, index expects {base_offset}"
+    if fields[_MAGIC] != MAGIC or size < HEADER_SIZE or size > end - pos:
+        return 0, 0, f"bad magic {fields[_MAGIC]} or length {length}"
+    if crc32c(memoryview(buf)[pos + CRC_START : pos + size]) != fields[_CRC_FIELD]:
+        return 0, 0, "crc32c mismatch"
+    return size, fields[_RECORD_COUNT], None
 
 
 def iter_batches(buf: bytes | bytearray | memoryview) -> Iterator[tuple[int, BatchHeader]]:

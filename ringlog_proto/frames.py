@@ -7,7 +7,11 @@ Rules this module keeps:
 - Any byte string either yields frames or raises `ProtocolError`; never another exception. A
   `ProtocolError` means the stream cannot be resynchronised: the connection is closed.
 - The partition identity (topic id, partition index) sits at a fixed offset of *every* frame, so a
-  BPF program can read it from the first bytes of a connection without parsing anything.
+  BPF program can read it from the first bytes of a connection without parsing anything (its C
+  copy of the offsets, bpf/steer_rules.h, is checked against the constants here).
+- No module outside ringlog_proto reads or writes frame bytes at an offset: re-stamping a frame
+  (`set_correlation_id`, `set_identity`, `reframe`) and sizing one (`peek_frame_size`) are here,
+  and reading a request's field before decoding it is in messages.py (`peek_*`).
 
 Fileformat (frame version 1, integers big-endian, 24-byte header):
 
@@ -36,6 +40,7 @@ HEADER_SIZE: Final = 24
 LENGTH_SIZE: Final = 4
 FLAG_RESPONSE: Final = 0x0001
 FLAGS_KNOWN: Final = FLAG_RESPONSE
+CORRELATION_ID_OFFSET: Final = 12
 TOPIC_ID_OFFSET: Final = 16  # where BPF finds the partition identity in the first frame
 PARTITION_OFFSET: Final = 20
 
@@ -45,7 +50,11 @@ PARTITION_OFFSET: Final = 20
 FRAME_BYTES_MAX_DEFAULT: Final = 8 * 1024 * 1024
 
 _HEADER = struct.Struct(">IBBHHHIII")
+_U32 = struct.Struct(">I")
 assert _HEADER.size == HEADER_SIZE
+assert struct.calcsize(">IBBHHH") == CORRELATION_ID_OFFSET
+assert struct.calcsize(">IBBHHHI") == TOPIC_ID_OFFSET
+assert struct.calcsize(">IBBHHHII") == PARTITION_OFFSET
 
 
 class ProtocolError(Exception):
@@ -110,6 +119,43 @@ def encode_frame(
     flags: int = 0,
 ) -> bytes:
     return encode_header(len(body), api_key, api_version, correlation_id, topic_id, partition, flags) + body
+
+
+def reframe(frame: Frame, correlation_id: int) -> list[bytes]:
+    """`frame` as buffers to write (header, body) under another correlation id: how a frame is
+    forwarded between cores and its answer relayed back, without copying the body."""
+    header = encode_header(
+        len(frame.body),
+        frame.api_key,
+        frame.api_version,
+        correlation_id,
+        frame.topic_id,
+        frame.partition,
+        frame.flags,
+    )
+    return [header, frame.body]
+
+
+def set_correlation_id(buf: bytearray | memoryview, correlation_id: int, pos: int = 0) -> None:
+    """Re-stamp the correlation id of the encoded frame at `pos` in place (a frame built once and
+    sent many times, or built before its id was known)."""
+    _U32.pack_into(buf, pos + CORRELATION_ID_OFFSET, correlation_id)
+
+
+def set_identity(buf: bytearray | memoryview, topic_id: int, partition: int, pos: int = 0) -> None:
+    """Stamp a partition identity into the encoded frame at `pos` in place: a request that is not
+    about a partition (an ApiVersions hello) still names one for the steering program."""
+    _U32.pack_into(buf, pos + TOPIC_ID_OFFSET, topic_id)
+    _U32.pack_into(buf, pos + PARTITION_OFFSET, partition)
+
+
+def peek_frame_size(buf: bytes | bytearray | memoryview, pos: int = 0) -> int | None:
+    """Whole size of the frame at `pos` from its length field, or None if fewer than 4 bytes are
+    there. Unchecked (magic, version, limits): for a reader that only wants to know how much to
+    read before handing the bytes to `FrameDecoder`."""
+    if len(buf) - pos < LENGTH_SIZE:
+        return None
+    return LENGTH_SIZE + _U32.unpack_from(buf, pos)[0]
 
 
 class FrameDecoder:

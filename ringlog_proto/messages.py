@@ -283,16 +283,17 @@ class DeleteTopicRequest(Request):
 class ProduceRequest(PartitionRequest):
     # acks i8, timeout_ms i32, records bytes (one or more whole batches)
     API_KEY: ClassVar[ApiKey] = ApiKey.PRODUCE
+    FIXED: ClassVar[str] = "bi"  # the fixed fields before records (the peeks below read them)
     acks: int = Acks.WRITTEN
     timeout_ms: int = 30_000
     records: bytes = b""
 
     def write(self, w: Writer) -> None:
-        w.pack("bi", self.acks, self.timeout_ms).bytes(self.records)
+        w.pack(self.FIXED, self.acks, self.timeout_ms).bytes(self.records)
 
     @classmethod
     def read(cls, r: Reader, frame: Frame) -> ProduceRequest:
-        acks, timeout_ms = r.unpack("bi")
+        acks, timeout_ms = r.unpack(cls.FIXED)
         return cls(frame.topic_id, frame.partition, acks, timeout_ms, r.bytes())
 
 
@@ -300,17 +301,18 @@ class ProduceRequest(PartitionRequest):
 class FetchRequest(PartitionRequest):
     # offset i64, max_bytes i32, max_wait_ms i32, min_bytes i32
     API_KEY: ClassVar[ApiKey] = ApiKey.FETCH
+    FIXED: ClassVar[str] = "qiii"  # the whole body (the peeks below read parts of it)
     offset: int = 0
     max_bytes: int = 1024 * 1024
     max_wait_ms: int = 0
     min_bytes: int = 1
 
     def write(self, w: Writer) -> None:
-        w.pack("qiii", self.offset, self.max_bytes, self.max_wait_ms, self.min_bytes)
+        w.pack(self.FIXED, self.offset, self.max_bytes, self.max_wait_ms, self.min_bytes)
 
     @classmethod
     def read(cls, r: Reader, frame: Frame) -> FetchRequest:
-        return cls(frame.topic_id, frame.partition, *r.unpack("qiii"))
+        return cls(frame.topic_id, frame.partition, *r.unpack(cls.FIXED))
 
 
 @dataclass(frozen=True, slots=True)
@@ -368,6 +370,45 @@ class StatsRequest(Request):
     @classmethod
     def read(cls, r: Reader, frame: Frame) -> StatsRequest:
         return cls()
+
+
+# ------------------------------------------------------------------------------------ peeks
+# What the broker must know of a request before it decodes it, or without decoding it (a frame
+# forwarded to its owner is not decoded by the core that forwards it): one field each, read where
+# the request's own layout puts it. Each is None when the frame is not that request or its body
+# is too short to hold the field (decoding it then fails and is answered INVALID_REQUEST).
+
+
+def _field(fmt: str, index: int) -> tuple[int, struct.Struct]:
+    """Where field `index` of a body laid out as `fmt` starts, and its own struct."""
+    return struct.calcsize(">" + fmt[:index]), _struct(fmt[index])
+
+
+_PRODUCE_ACKS = _field(ProduceRequest.FIXED, 0)
+_FETCH_MAX_BYTES = _field(FetchRequest.FIXED, 1)
+_FETCH_MAX_WAIT_MS = _field(FetchRequest.FIXED, 2)
+
+
+def _peek(frame: Frame, api_key: ApiKey, field: tuple[int, struct.Struct]) -> int | None:
+    at, s = field
+    if frame.api_key != api_key or len(frame.body) < at + s.size:
+        return None
+    return s.unpack_from(frame.body, at)[0]
+
+
+def peek_produce_acks(frame: Frame) -> int | None:
+    """A produce's acks (Acks.NONE: nobody waits for its answer)."""
+    return _peek(frame, ApiKey.PRODUCE, _PRODUCE_ACKS)
+
+
+def peek_fetch_max_bytes(frame: Frame) -> int | None:
+    """A fetch's max_bytes: the most its reply may carry (before the broker's cap)."""
+    return _peek(frame, ApiKey.FETCH, _FETCH_MAX_BYTES)
+
+
+def peek_fetch_max_wait_ms(frame: Frame) -> int | None:
+    """A fetch's max_wait_ms: > 0 is a long poll, which the owner may hold that long (capped)."""
+    return _peek(frame, ApiKey.FETCH, _FETCH_MAX_WAIT_MS)
 
 
 REQUEST_TYPES: dict[int, type[Request]] = {
@@ -738,5 +779,8 @@ __all__ = [
     "encode_request",
     "encode_response",
     "error_response",
+    "peek_fetch_max_bytes",
+    "peek_fetch_max_wait_ms",
+    "peek_produce_acks",
     "unsupported",
 ]

@@ -1,8 +1,12 @@
-"""Partition ownership: the reference rendezvous hash.
+"""Partition ownership: the reference rendezvous hash, and the source-port steering rule.
 
 Rules this module keeps:
 - This is *the* ownership function. The client, the server and the BPF C (bpf/) compute exactly
   this, bit for bit; tests compare them over many (partition, core set) pairs.
+- The port rule (`port_owner`) is the steering program's fallback for a connection whose first
+  frame does not name a partition: core = source port mod the configured core count, if that core
+  is live. The BPF C (bpf/steer_rules.h) transcribes it and tests/bpf compares them bit for bit;
+  the client picks its source port from `source_ports` to reach a core.
 - Only 64-bit additions, xors, shifts and multiplications modulo 2**64, so that the C version is a
   transcription (BPF has all of them) and no language's hashing library is involved.
 
@@ -58,3 +62,23 @@ def owner(topic_id: int, partition: int, cores: Iterable[int]) -> int:
 def shard_for(topic_id: int, partition: int, core_count: int) -> int:
     """Owner among cores 0..core_count-1, the common case of a full worker set."""
     return owner(topic_id, partition, range(core_count))
+
+
+def port_core(source_port: int, cores: int) -> int:
+    """The core the port rule names for a connection from `source_port` (`cores` configured)."""
+    return source_port % cores
+
+
+def port_owner(source_port: int, cores: int, live: int) -> int:
+    """The port rule as the steering program applies it: `port_core` when its bit is set in the
+    `live` mask (a u64, bit c for core c), else -1 (the kernel's own reuseport hash picks)."""
+    assert 0 <= source_port <= 0xFFFF and 0 <= live < 1 << 64
+    if cores <= 0:
+        return -1
+    core = port_core(source_port, cores)
+    return core if live >> core & 1 else -1
+
+
+def source_ports(core: int, cores: int, lo: int, hi: int) -> range:
+    """The source ports in [lo, hi] that the port rule sends to `core` (empty when none is)."""
+    return range(lo + (core - lo) % cores, hi + 1, cores)

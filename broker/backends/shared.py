@@ -44,7 +44,7 @@ from broker.core.outcomes import Append, Durable, Forward, Notify, Outcome, Read
 from broker.core.partition import Partition
 from ringlog_proto.batch import now_ms
 from ringlog_proto.frames import HEADER_SIZE, NEED_DATA, Frame, FrameDecoder
-from ringlog_proto.messages import ApiKey
+from ringlog_proto.messages import peek_fetch_max_bytes
 
 log = logging.getLogger(__name__)
 
@@ -71,13 +71,11 @@ TRIM_INTERVAL_S = 5.0
 
 def request_charge(frame: Frame) -> int:
     """Bytes a request is counted for until its reply is filled: its frame, its overhead and, for a
-    fetch, the most its reply may carry (min(max_bytes, the broker's cap); body: offset i64,
-    max_bytes i32, ...)."""
+    fetch, the most its reply may carry (min(max_bytes, the broker's cap))."""
     charge = HEADER_SIZE + len(frame.body) + REQUEST_OVERHEAD_BYTES
-    if frame.api_key == ApiKey.FETCH and len(frame.body) >= 12:
-        max_bytes = int.from_bytes(frame.body[8:12], "big", signed=True)
-        if max_bytes > 0:
-            charge += min(max_bytes, FETCH_MAX_BYTES_MAX)
+    max_bytes = peek_fetch_max_bytes(frame)
+    if max_bytes is not None and max_bytes > 0:
+        charge += min(max_bytes, FETCH_MAX_BYTES_MAX)
     return charge
 
 

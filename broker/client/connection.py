@@ -20,7 +20,8 @@ Rules this module keeps:
   public port with its first frame in the SYN (TCP Fast Open, `MSG_FASTOPEN`, no cookie): an
   ApiVersions request whose frame header carries the partition identity the connection is for, so
   the broker's reuseport program hands it to the partition's owner. Its source port is chosen so
-  that `port % cores` is that core too (the program's fallback rule when the SYN carries no data).
+  that the port rule (`routing.port_owner`) names that core too (the program's fallback rule when
+  the SYN carries no data).
   Without TFO on this host the same frame is sent after the handshake and the port rule decides.
 - Flow control: the transport calls `pause_writing` when its write buffer passes the high-water
   mark and `resume_writing` when it drains below the low one; `drain()` (and `request`,
@@ -36,18 +37,17 @@ import errno
 import logging
 import random
 import socket
-import struct
 from typing import Final, TypeVar
 
 from broker.client.errors import BrokerUnavailable, ProtocolViolation, error_for
 from ringlog_proto.frames import (
     FRAME_BYTES_MAX_DEFAULT,
     NEED_DATA,
-    PARTITION_OFFSET,
-    TOPIC_ID_OFFSET,
     Frame,
     FrameDecoder,
     ProtocolError,
+    set_correlation_id,
+    set_identity,
 )
 from ringlog_proto.messages import (
     Acks,
@@ -60,6 +60,7 @@ from ringlog_proto.messages import (
     decode_response,
     encode_request,
 )
+from ringlog_proto.routing import source_ports
 
 log = logging.getLogger(__name__)
 
@@ -84,17 +85,17 @@ def _ephemeral_range() -> tuple[int, int]:
 
 
 def bind_source_port_for(sock: socket.socket, family: int, core: int, cores: int) -> int:
-    """Bind `sock` to a free source port p with p % cores == core (the steering program's port
-    rule); 0 when none was found in `SOURCE_PORT_TRIES` tries (the kernel picks one at connect)."""
+    """Bind `sock` to a free source port that the steering program's port rule sends to `core`
+    (`routing.source_ports`); 0 when none was found in `SOURCE_PORT_TRIES` tries (the kernel picks
+    one at connect)."""
     if cores <= 1:
         return 0
-    lo, hi = _ephemeral_range()
-    first = lo + (core - lo) % cores  # the smallest port >= lo with the right residue
-    if first > hi:
+    ports = source_ports(core, cores, *_ephemeral_range())
+    if not ports:
         return 0
     local = "::" if family == socket.AF_INET6 else "0.0.0.0"
     for _ in range(SOURCE_PORT_TRIES):
-        port = first + cores * random.randrange((hi - first) // cores + 1)
+        port = random.choice(ports)
         try:
             sock.bind((local, port))
             return port
@@ -218,10 +219,9 @@ class AsyncConnection:
             hello = b"".join(encode_request(ApiVersionsRequest(client_name), 0))
             corr, fut = conn._expect(ApiVersionsRequest.API_KEY, None)
             frame = bytearray(hello)
-            struct.pack_into(">I", frame, 12, corr)
+            set_correlation_id(frame, corr)
             if identity is not None:
-                struct.pack_into(">I", frame, TOPIC_ID_OFFSET, identity[0])
-                struct.pack_into(">I", frame, PARTITION_OFFSET, identity[1])
+                set_identity(frame, *identity)
             fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # nobody awaits the hello
             async with asyncio.timeout(connect_timeout):
                 try:

@@ -16,8 +16,8 @@ Rules this module keeps:
   fetch (`long_poll=True`) may be held by the owner for up to a minute, and would hold back every
   answer behind it, so it travels on a connection of its own (the backend keeps idle ones for
   reuse). The owner serves the inter-core listener exactly like a client listener.
-- The forwarded frame is the client's frame with a correlation id chosen by the link (bytes 12..16
-  of the header); the answer gets the client's id back before it is relayed, and leaves the client
+- The forwarded frame is the client's frame with a correlation id chosen by the link
+  (`frames.reframe`); the answer gets the client's id back before it is relayed, and leaves the client
   connection in request order like any other answer (the backend's slot queue).
 - A peer that fails (its worker died: the supervisor restarts it) fails every request pending on
   that connection with NOT_OWNER, which clients retry after refreshing metadata. The supervisor
@@ -53,8 +53,8 @@ from broker.core.limits import FETCH_WAIT_MS_MAX
 from broker.core.liveness import always_alive, peer_liveness
 from broker.core.metrics import CoreMetrics
 from broker.core.outcomes import Forward, Notify, Reply, Silent
-from ringlog_proto.frames import NEED_DATA, Frame, FrameDecoder, encode_header
-from ringlog_proto.messages import ErrorCode
+from ringlog_proto.frames import NEED_DATA, Frame, FrameDecoder, reframe
+from ringlog_proto.messages import ErrorCode, peek_fetch_max_wait_ms
 
 log = logging.getLogger(__name__)
 
@@ -134,16 +134,7 @@ class PeerLink:
         self._next_id = (cid + 1) & CORRELATION_MASK or 1
         if done is not None:
             self._pending[cid] = (done, deadline)
-        header = encode_header(
-            len(frame.body),
-            frame.api_key,
-            frame.api_version,
-            cid,
-            frame.topic_id,
-            frame.partition,
-            frame.flags,
-        )
-        return [header, frame.body]
+        return reframe(frame, cid)
 
     def receive(self, data: bytes) -> None:
         """Bytes read from the connection: call `done` of every request answered by them.
@@ -369,17 +360,8 @@ class Forwarder:
 
 
 def _relayed(answer: Frame, correlation_id: int) -> Reply:
-    """The owner's answer with the client's correlation id put back (header bytes 12..16)."""
-    header = encode_header(
-        len(answer.body),
-        answer.api_key,
-        answer.api_version,
-        correlation_id,
-        answer.topic_id,
-        answer.partition,
-        answer.flags,
-    )
-    return Reply([header, answer.body])
+    """The owner's answer with the client's correlation id put back."""
+    return Reply(reframe(answer, correlation_id))
 
 
 class PeerChannel(Protocol):
@@ -540,9 +522,8 @@ class PeerPool:
 
 
 def _max_wait_s(frame: Frame) -> float:
-    """How long the owner may hold a forwarded fetch (body: offset i64, max_bytes i32,
-    max_wait_ms i32, ...), capped as the owner caps it."""
-    if len(frame.body) < 16:
+    """How long the owner may hold a forwarded fetch: its max_wait_ms, capped as the owner caps it."""
+    wait_ms = peek_fetch_max_wait_ms(frame)
+    if wait_ms is None:
         return 0.0
-    wait_ms = int.from_bytes(frame.body[12:16], "big", signed=True)
     return max(0, min(wait_ms, FETCH_WAIT_MS_MAX)) / 1000

@@ -48,6 +48,7 @@ from broker.core.metrics import CoreMetrics, read_snapshots
 from broker.core.outcomes import Append, Durable, Forward, Notify, Outcome, Read, Reply, Silent, Wait
 from broker.core.partition import Partition, RetryInFlightError, SequenceError
 from broker.core.topics import Topic, TopicError, TopicRegistry
+from broker.storage import layout
 from broker.storage.diskspace import DiskSpace, is_out_of_space
 from broker.storage.errors import (
     BatchTooLargeError,
@@ -134,7 +135,7 @@ class Handlers:
         self.metrics = metrics if metrics is not None else CoreMetrics(config.core_id, config.backend)
         self.gauges: dict[str, Callable[[], int]] = {}
         self.space = DiskSpace(config.data_dir, config.limits.min_free_bytes)  # broker/storage/diskspace.py
-        os.makedirs(os.path.join(config.data_dir, "topics"), exist_ok=True)
+        os.makedirs(layout.topics_dir(config.data_dir), exist_ok=True)
         self.registry = TopicRegistry(
             config.data_dir, config.log_defaults, remove_orphans=False, limits=config.limits
         )
@@ -182,21 +183,19 @@ class Handlers:
         """At start: open the partitions of `topic` this core owns that have files (the others
         open on first use). Retention and recovery thus reach every partition holding data."""
         try:
-            names = os.listdir(os.path.join(self.config.data_dir, "topics", str(topic.topic_id)))
+            names = os.listdir(layout.topic_dir(self.config.data_dir, topic.topic_id))
         except FileNotFoundError:
             return
-        for name in sorted(names, key=lambda n: (len(n), n)):
-            if name.isdigit() and int(name) < topic.partitions:
-                i = int(name)
-                if self.owner(topic.topic_id, i) == self.config.core_id:
-                    try:
-                        self._open_partition(topic, i)
-                    except (StorageError, OSError) as exc:
-                        # It needs a new segment file (none survived) on a full disk: serve the
-                        # rest; it opens on its first request once there is room (_partition).
-                        if not is_out_of_space(exc):
-                            raise
-                        log.error("opening partition %d of topic %s: %s (retried on use)", i, topic.name, exc)
+        for i in sorted(n for n in map(layout.parse_number_name, names) if n is not None):
+            if i < topic.partitions and self.owner(topic.topic_id, i) == self.config.core_id:
+                try:
+                    self._open_partition(topic, i)
+                except (StorageError, OSError) as exc:
+                    # It needs a new segment file (none survived) on a full disk: serve the
+                    # rest; it opens on its first request once there is room (_partition).
+                    if not is_out_of_space(exc):
+                        raise
+                    log.error("opening partition %d of topic %s: %s (retried on use)", i, topic.name, exc)
 
     def _open_partition(self, topic: Topic, index: int) -> Partition:
         """Open (creating it if new) partition `index` of `topic`, which this core owns."""
@@ -552,15 +551,14 @@ class Handlers:
 
 
 def _is_long_poll(frame: Frame) -> bool:
-    """A fetch with max_wait_ms > 0 (body: offset i64, max_bytes i32, max_wait_ms i32, ...)."""
-    if frame.api_key != m.ApiKey.FETCH or len(frame.body) < 16:
-        return False
-    return int.from_bytes(frame.body[12:16], "big", signed=True) > 0
+    """A fetch with max_wait_ms > 0: the owner may hold it (read before the frame is decoded)."""
+    wait_ms = m.peek_fetch_max_wait_ms(frame)
+    return wait_ms is not None and wait_ms > 0
 
 
 def _is_silent_produce(frame: Frame) -> bool:
-    """A produce with acks=0 (body: acks i8, ...): the owner will send no answer."""
-    return frame.api_key == m.ApiKey.PRODUCE and len(frame.body) >= 1 and frame.body[0] == m.Acks.NONE
+    """A produce with acks=0: the owner will send no answer."""
+    return m.peek_produce_acks(frame) == m.Acks.NONE
 
 
 def _wire_limit(value: int | None) -> int:

@@ -31,14 +31,13 @@ import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 
+from broker.storage import layout
 from ringlog_proto.messages import ApiKey
 
 log = logging.getLogger(__name__)
 
 LATENCY_BUCKETS = 32  # bucket i holds latencies of bit_length(i) microseconds: up to ~35 min
 API_SLOTS = 32  # api keys counted by index; larger keys (unknown apis) land in the last slot
-RUN_DIR = "run"
-SNAPSHOT_PREFIX = "metrics-core-"
 PUBLISH_SKIP_LOG_S = 60.0  # at most one warning this often about snapshots a full disk refused
 GAUGES = ("inflight_requests", "pending_forwards", "parked_long_polls", "commit_waiters")
 
@@ -145,12 +144,8 @@ def _api_name(key: int) -> str:
 # ----------------------------------------------------------------------------- files
 
 
-def run_dir(data_dir: str) -> str:
-    return os.path.join(data_dir, RUN_DIR)
-
-
 def snapshot_path(data_dir: str, core: int) -> str:
-    return os.path.join(run_dir(data_dir), f"{SNAPSHOT_PREFIX}{core}.json")
+    return layout.metrics_snapshot_path(data_dir, core)
 
 
 def publish(data_dir: str, snap: Mapping[str, object]) -> None:

@@ -14,19 +14,18 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from broker.storage.durable_file import load_json, replace_json
 from broker.storage.fdcache import FdCache
+from broker.storage.layout import group_offsets_path
 from broker.storage.log import Log, LogConfig
 from ringlog_proto.batch import NO_PRODUCER_ID, BatchHeader
 
 log = logging.getLogger(__name__)
 
-OFFSETS_FILE = "group-offsets.json"
 PRODUCER_BATCHES_KEPT = 5  # recent batches remembered per producer: what a client may retry
 
 
@@ -66,7 +65,7 @@ class Partition:
         # next pipelined batch of a producer while the one before is still in flight.
         self.in_flight: dict[int, list[tuple[int, int, int]]] = {}
         self.waiters: list[Callable[[], None]] = []
-        self._offsets_path = os.path.join(directory, OFFSETS_FILE)
+        self._offsets_path = group_offsets_path(directory)
         self.group_offsets: dict[str, tuple[int, str]] = self._load_offsets()
         for h in self.log.batch_headers(self.log.start_offset):
             self._remember(h)
@@ -90,7 +89,7 @@ class Partition:
             if pid == NO_PRODUCER_ID:
                 continue
             state = self.producers.get(pid)
-            last = h.base_sequence + h.record_count - 1
+            last = h.last_sequence
             flying = self.in_flight.get(pid)
             if flying:
                 epoch, _, flying_last = flying[-1]
@@ -138,13 +137,13 @@ class Partition:
         state = self.producers.get(h.producer_id)
         if state is None or h.producer_epoch > state.epoch:
             state = self.producers[h.producer_id] = ProducerState(h.producer_epoch)
-        state.batches.append((h.base_sequence, h.base_sequence + h.record_count - 1, h.base_offset))
+        state.batches.append((h.base_sequence, h.last_sequence, h.base_offset))
 
     def reserve(self, headers: list[BatchHeader]) -> None:
         """An append of these batches was prepared: later batches of their producers follow them."""
         for h in headers:
             if h.producer_id != NO_PRODUCER_ID:
-                entry = (h.producer_epoch, h.base_sequence, h.base_sequence + h.record_count - 1)
+                entry = (h.producer_epoch, h.base_sequence, h.last_sequence)
                 self.in_flight.setdefault(h.producer_id, []).append(entry)
 
     def unreserve(self, headers: list[BatchHeader]) -> None:
@@ -152,7 +151,7 @@ class Partition:
         for h in headers:
             flying = self.in_flight.get(h.producer_id)
             if flying:
-                entry = (h.producer_epoch, h.base_sequence, h.base_sequence + h.record_count - 1)
+                entry = (h.producer_epoch, h.base_sequence, h.last_sequence)
                 with contextlib.suppress(ValueError):
                     flying.remove(entry)
                 if not flying:

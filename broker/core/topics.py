@@ -36,14 +36,13 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
 from broker.core.limits import Limits
+from broker.storage import layout
 from broker.storage.diskspace import is_out_of_space, release_reserve
 from broker.storage.durable_file import load_json, replace_json
 from broker.storage.log import LogConfig
 
 log = logging.getLogger(__name__)
 
-REGISTRY_FILE = "topics.json"
-LOCK_FILE = "topics.lock"
 REGISTRY_VERSION = 1
 TOPIC_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
@@ -98,13 +97,13 @@ class TopicRegistry:
         self.data_dir = data_dir
         self.defaults = defaults
         self.limits = limits or Limits()
-        self.path = os.path.join(data_dir, REGISTRY_FILE)
-        self.lock_path = os.path.join(data_dir, LOCK_FILE)
+        self.path = layout.topics_file_path(data_dir)
+        self.lock_path = layout.topics_lock_path(data_dir)
         self.by_name: dict[str, Topic] = {}
         self.by_id: dict[int, Topic] = {}
         self.next_topic_id = 1  # 0 means "no topic" in frame headers
         self._file_identity: tuple[int, int, int] | None = None
-        os.makedirs(os.path.join(data_dir, "topics"), exist_ok=True)
+        os.makedirs(layout.topics_dir(data_dir), exist_ok=True)
         self.load()
         if remove_orphans:
             self.remove_orphans()
@@ -158,9 +157,9 @@ class TopicRegistry:
         files" leaves behind (or a core that was dead when another deleted a topic); deleting them
         finishes that delete. Call only at start, holding `locked()`.
         """
-        topics_dir = os.path.join(self.data_dir, "topics")
+        topics_dir = layout.topics_dir(self.data_dir)
         for name in os.listdir(topics_dir):
-            if not name.isdigit() or int(name) not in self.by_id:
+            if layout.parse_number_name(name) not in self.by_id:
                 log.warning("removing %s: no topic in the registry owns it", os.path.join(topics_dir, name))
                 shutil.rmtree(os.path.join(topics_dir, name), ignore_errors=True)
 
@@ -182,7 +181,7 @@ class TopicRegistry:
         self._file_identity = self._identity()
 
     def partition_dir(self, topic_id: int, partition: int) -> str:
-        return os.path.join(self.data_dir, "topics", str(topic_id), str(partition))
+        return layout.partition_dir(self.data_dir, topic_id, partition)
 
     def create(
         self,
@@ -252,7 +251,7 @@ class TopicRegistry:
         return topic
 
     def remove_files(self, topic: Topic) -> None:
-        shutil.rmtree(os.path.join(self.data_dir, "topics", str(topic.topic_id)), ignore_errors=True)
+        shutil.rmtree(layout.topic_dir(self.data_dir, topic.topic_id), ignore_errors=True)
 
     def get(self, name: str) -> Topic:
         topic = self.by_name.get(name)

@@ -69,9 +69,9 @@ from bpf.plane import EbpfPlane
 from broker.backends.uring_options import APPEND_WRITES_DEFAULT, BUSY_POLL_US_DEFAULT
 from broker.core.limits import Limits
 from broker.core.liveness import LivenessTable
-from broker.core.metrics import run_dir
 from broker.node.membership import MembershipEndpoint
 from broker.node.metrics_http import serve_metrics
+from broker.storage import layout
 from broker.storage.diskspace import RESERVE_BYTES, ensure_reserve
 from broker.storage.log import LogConfig
 
@@ -85,7 +85,6 @@ RESTART_BACKOFF_FIRST_S = 0.25  # the delay after the second death in a row; it 
 RESTART_BACKOFF_MAX_S = 2.0
 BIND_RETRY_S = 1.0  # a port held by the dying workers of a killed broker frees within this
 TICK_S = 0.2
-DATA_DIR_LOCK_FILE = "broker.lock"
 DATA_DIR_LOCK_WAIT_S = 5.0  # a killed broker's workers release it well within this (PDEATHSIG, ring drain)
 BPF_PUBLISH_S = 1.0  # bpf.json (counters for `broker stats`) is rewritten this often
 NODE_ID = 0  # single-node brokers: the membership ack's node id until the cluster issue assigns ids
@@ -370,7 +369,7 @@ class Supervisor:
     def _lock_data_dir(self) -> None:
         """Take the data dir's lock (module rules), waiting for a killed broker's workers to go."""
         d = self.config.data_dir
-        path = os.path.join(d, DATA_DIR_LOCK_FILE)
+        path = layout.broker_lock_path(d)
         try:
             os.makedirs(d, exist_ok=True)
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -413,11 +412,12 @@ class Supervisor:
         d = self.config.data_dir
         self._lock_data_dir()
         try:
-            os.makedirs(os.path.join(d, "topics"), exist_ok=True)
-            os.makedirs(run_dir(d), exist_ok=True)
-            for name in os.listdir(run_dir(d)):  # snapshots of an earlier run (or core count)
+            os.makedirs(layout.topics_dir(d), exist_ok=True)
+            run = layout.run_dir(d)
+            os.makedirs(run, exist_ok=True)
+            for name in os.listdir(run):  # snapshots of an earlier run (or core count)
                 with contextlib.suppress(OSError):
-                    os.unlink(os.path.join(run_dir(d), name))
+                    os.unlink(os.path.join(run, name))
             if not os.access(d, os.R_OK | os.W_OK | os.X_OK):
                 raise PermissionError(errno.EACCES, "not writable (permissions, or a read-only file system)")
         except OSError as exc:

@@ -29,12 +29,12 @@ import time
 from collections.abc import Callable
 
 from broker.storage.errors import OutOfSpaceError
+from broker.storage.layout import reserve_path
 
 log = logging.getLogger(__name__)
 
 CHECK_S = 1.0  # statvfs at most this often per core; also how soon freed space is noticed
 ROOM_AFTER_ENOSPC_BYTES = 1024 * 1024  # after a write failed for space, this much free (at least) clears it
-RESERVE_FILE = "reserve.space"
 RESERVE_BYTES = 4 * 1024 * 1024  # a few rewrites of a registry of thousands of topics
 NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
@@ -50,10 +50,6 @@ def is_out_of_space(exc: BaseException | None) -> bool:
         exc = exc.__cause__ or exc.__context__
         seen += 1
     return False
-
-
-def reserve_path(data_dir: str) -> str:
-    return os.path.join(data_dir, RESERVE_FILE)
 
 
 def ensure_reserve(data_dir: str) -> bool:

@@ -60,13 +60,8 @@ from broker.storage.fileio import (
     run_ops,
 )
 from broker.storage.index import RELATIVE_OFFSET_MAX
-from broker.storage.segment import (
-    INDEX_SUFFIX,
-    STORE_SUFFIX,
-    Extent,
-    Segment,
-    parse_segment_name,
-)
+from broker.storage.layout import STORE_SUFFIX, index_file_name, parse_segment_name
+from broker.storage.segment import Extent, Segment
 from ringlog_proto.batch import (
     HEADER_SIZE,
     MAGIC,
@@ -79,6 +74,7 @@ from ringlog_proto.batch import (
     invalid_records,
     now_ms,
     read_header,
+    rebased,
     records_walker,
     unpack_header,
 )
@@ -248,7 +244,7 @@ class Log:
             if parsed is not None:
                 (stores if parsed[1] == STORE_SUFFIX else indexes).add(parsed[0])
         for base in sorted(indexes - stores):
-            orphan = os.path.join(directory, f"{base:020d}{INDEX_SUFFIX}")
+            orphan = os.path.join(directory, index_file_name(base))
             log.warning("%s: index without a store file; removing it", orphan)
             io.unlink(orphan)
         bases = sorted(stores)
@@ -460,16 +456,15 @@ class Log:
         view = memoryview(records)
         if len(headers) == 1:  # the common case, without the loop
             h = headers[0]
-            buffers: tuple[memoryview | bytes, ...] = (base.to_bytes(8, "big", signed=True), view[8:])
-            headers[0] = BatchHeader._make((base, *h[1:]))
+            offset_bytes, rest, headers[0] = rebased(view, h, base)
+            buffers: tuple[memoryview | bytes, ...] = (offset_bytes, rest)
             base += h.record_count
         else:
             parts: list[memoryview | bytes] = []
             pos = 0
             for i, h in enumerate(headers):
-                parts.append(base.to_bytes(8, "big", signed=True))
-                parts.append(view[pos + 8 : pos + h.size])
-                headers[i] = BatchHeader._make((base, *h[1:]))
+                offset_bytes, rest, headers[i] = rebased(view, h, base, pos)
+                parts += (offset_bytes, rest)
                 base += h.record_count
                 pos += h.size
             buffers = tuple(parts)

@@ -2,7 +2,7 @@
 
 Rules this module keeps:
 - A segment is named by its base offset, 20 digits zero-padded (`00000000000000000042.log` and
-  `.index`), so `ls` sorts segments in offset order.
+  `.index`), so `ls` sorts segments in offset order: broker/storage/layout.py spells the names.
 - The store file holds whole, validated batches back to back and nothing else (Fileformat in
   `ringlog_proto.batch`). Every byte below `size` has been written and belongs to a batch that
   passed validation; bytes above it are a torn tail that `recover` cuts.
@@ -23,8 +23,6 @@ import logging
 import os
 from dataclasses import dataclass
 
-from crc32c import crc32c
-
 from broker.storage.errors import CorruptBatchError, LogClosedError
 from broker.storage.fdcache import FdCache
 from broker.storage.fileio import FileIO, Write, run_write
@@ -39,15 +37,13 @@ from broker.storage.index import (
     invalid_header,
     parse_entries,
 )
+from broker.storage.layout import index_file_name, store_file_name
 from ringlog_proto.batch import (
-    CRC_START,
     HEADER_SIZE,
-    LENGTH_PREFIX_SIZE,
-    MAGIC,
     BatchHeader,
     batch_crc,
     read_header,
-    unpack_header,
+    stored_damage,
 )
 from ringlog_proto.batch import (
     invalid_header as invalid_batch_header,
@@ -55,8 +51,6 @@ from ringlog_proto.batch import (
 
 log = logging.getLogger(__name__)
 
-STORE_SUFFIX = ".log"
-INDEX_SUFFIX = ".index"
 SCAN_CHUNK_BYTES = 4 * 1024 * 1024  # recovery reads the store in chunks this big; bounds its memory
 
 
@@ -71,20 +65,6 @@ def _common_prefix(a: bytes, b: bytes) -> int:
         else:
             hi = mid - 1
     return lo
-
-
-def segment_name(base_offset: int) -> str:
-    return f"{base_offset:020d}"
-
-
-def parse_segment_name(filename: str) -> tuple[int, str] | None:
-    """(base offset, suffix) of a segment file name, or None for anything else in the directory."""
-    stem, dot, suffix = filename.partition(".")
-    if not dot or len(stem) != 20 or not stem.isdigit():
-        return None
-    if "." + suffix not in (STORE_SUFFIX, INDEX_SUFFIX):
-        return None
-    return int(stem), "." + suffix
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,9 +89,8 @@ class Segment:
         self._index_fd: int | None = None
         self._pins = 0
         self._gone = False  # closed or deleted: files close with the last pin and never reopen
-        name = segment_name(base_offset)
-        self.store_path = os.path.join(directory, name + STORE_SUFFIX)
-        self.index_path = os.path.join(directory, name + INDEX_SUFFIX)
+        self.store_path = os.path.join(directory, store_file_name(base_offset))
+        self.index_path = os.path.join(directory, index_file_name(base_offset))
         self.size = 0  # bytes of whole batches written
         self.next_offset = base_offset
         self.max_timestamp: int | None = None
@@ -224,9 +203,8 @@ class Segment:
         """Create an empty segment, returned pinned with its files open (the caller holds that
         pin: it is the log's new active segment). The caller fsyncs the directory when durability
         asks for it."""
-        name = segment_name(base_offset)
-        store_path = os.path.join(directory, name + STORE_SUFFIX)
-        index_path = os.path.join(directory, name + INDEX_SUFFIX)
+        store_path = os.path.join(directory, store_file_name(base_offset))
+        index_path = os.path.join(directory, index_file_name(base_offset))
         fds: list[int] = []
         ours = False  # whether the files are new and empty, so ours to remove on failure
         try:
@@ -621,31 +599,17 @@ class Segment:
         stopped the check or None). Data read back is checked before it leaves the broker: a bit
         flip on disk becomes an error naming the file and position, never records a client trusts.
         """
-        # What was stored passed full validation at append time. Here only damage is looked for:
-        # the fields before the crc (base offset, length, magic) are checked against what must
-        # be there, and the crc covers the rest. A raw tuple, not a BatchHeader: this loop runs
-        # once per batch served.
-        view = memoryview(data)
+        # What was stored passed full validation at append time: `stored_damage` looks only for
+        # damage (ringlog_proto/batch.py).
         end = len(data)
         pos = 0
         expected = extent.first_offset
         while pos < end:
-            reason = None
-            if end - pos < HEADER_SIZE:
-                reason = "truncated batch header"
-            else:
-                fields = unpack_header(data, pos)
-                size = LENGTH_PREFIX_SIZE + fields[1]
-                if fields[0] != expected:
-                    reason = f"base offset {fields[0]}, index expects {expected}"
-                elif fields[2] != MAGIC or size < HEADER_SIZE or size > end - pos:
-                    reason = f"bad magic {fields[2]} or length {fields[1]}"
-                elif crc32c(view[pos + CRC_START : pos + size]) != fields[3]:
-                    reason = "crc32c mismatch"
+            size, count, reason = stored_damage(data, pos, end, expected)
             if reason is not None:
                 return pos, expected, CorruptBatchError(self.store_path, extent.position + pos, reason)
             pos += size
-            expected += fields[11]  # record_count
+            expected += count
         return pos, expected, None
 
     def find_timestamp(self, timestamp: int) -> int | None:

@@ -6,7 +6,15 @@ from collections import Counter
 
 import pytest
 
-from ringlog_proto.routing import mix64, owner, partition_key, shard_for
+from ringlog_proto.routing import (
+    mix64,
+    owner,
+    partition_key,
+    port_core,
+    port_owner,
+    shard_for,
+    source_ports,
+)
 
 
 def test_mix64_is_splitmix64() -> None:
@@ -51,3 +59,23 @@ def test_adding_a_core_moves_about_one_in_n() -> None:
 def test_no_cores_is_an_error() -> None:
     with pytest.raises(ValueError, match="no live cores"):
         owner(1, 1, [])
+
+
+def test_port_rule_names_port_mod_cores_when_live() -> None:
+    assert port_core(40001, 4) == 1
+    assert port_owner(40001, 4, 0b1111) == 1
+    assert port_owner(40001, 4, 0b1101) == -1, "core 1 is not live: the kernel picks"
+    assert port_owner(40001, 0, 0b1111) == -1, "no configured cores"
+    assert port_owner(63, 64, 1 << 63) == 63
+    assert port_owner(65535, 64, (1 << 64) - 1) == 65535 % 64
+
+
+@pytest.mark.parametrize(("lo", "hi"), [(32768, 60999), (1024, 65535), (5, 5), (100, 102)])
+def test_source_ports_are_exactly_the_ports_the_rule_sends_to_a_core(lo: int, hi: int) -> None:
+    for cores in (1, 2, 3, 7, 64):
+        seen: set[int] = set()
+        for core in range(cores):
+            ports = source_ports(core, cores, lo, hi)
+            assert all(lo <= p <= hi and port_core(p, cores) == core for p in ports)
+            seen.update(ports)
+        assert seen == set(range(lo, hi + 1))

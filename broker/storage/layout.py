@@ -1,0 +1,135 @@
+"""The data directory's layout: every file and directory name the broker keeps there.
+
+Rules this module keeps:
+- The one place a name in the data directory is spelled. Everyone who makes, opens, lists or
+  removes something there (storage, the core, the node, the CLI) asks this module for its path or
+  its name; no other module of broker/ writes one of these names as a literal.
+- Names only: nothing here touches the file system.
+- bpf/ cannot import broker/, so bpf/state.py (`run/bpf.json`) and bpf/tfo.py
+  (`run/restore/`) spell their own copies; tests/storage/test_layout.py asserts they agree.
+
+The layout:
+
+    <data_dir>/
+      broker.lock                 flock held by the supervisor: one broker per data dir
+      topics.json                 the topic registry (broker/core/topics.py)
+      topics.lock                 flock around reload, change, save of topics.json
+      reserve.space               space kept back for a full disk (broker/storage/diskspace.py)
+      run/                        views of a running broker, not data; emptied at each start
+        metrics-core-<k>.json     core k's metrics snapshot (broker/core/metrics.py)
+        bpf.json                  the supervisor's eBPF snapshot (bpf/state.py)
+        restore/                  what a killed broker must undo (bpf/tfo.py); a directory, so the
+                                  start-up sweep of run/ keeps it
+      topics/
+        <topic id>/               decimal, no padding
+          <partition>/            decimal, no padding: one partition's log
+            00000000000000000042.log    a segment's store, named by its base offset (20 digits)
+            00000000000000000042.index  its index
+            group-offsets.json          consumer-group offsets (broker/core/partition.py)
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Final
+
+BROKER_LOCK: Final = "broker.lock"
+TOPICS_FILE: Final = "topics.json"
+TOPICS_LOCK: Final = "topics.lock"
+RESERVE_FILE: Final = "reserve.space"
+RUN_DIR: Final = "run"
+RESTORE_DIR: Final = "restore"
+BPF_SNAPSHOT_FILE: Final = "bpf.json"
+METRICS_SNAPSHOT_PREFIX: Final = "metrics-core-"
+METRICS_SNAPSHOT_SUFFIX: Final = ".json"
+TOPICS_DIR: Final = "topics"
+GROUP_OFFSETS_FILE: Final = "group-offsets.json"
+STORE_SUFFIX: Final = ".log"
+INDEX_SUFFIX: Final = ".index"
+SEGMENT_NAME_DIGITS: Final = 20  # zero-padded, so that `ls` sorts segments in offset order
+
+
+# ----------------------------------------------------------------------------- the data dir
+
+
+def broker_lock_path(data_dir: str) -> str:
+    return os.path.join(data_dir, BROKER_LOCK)
+
+
+def topics_file_path(data_dir: str) -> str:
+    return os.path.join(data_dir, TOPICS_FILE)
+
+
+def topics_lock_path(data_dir: str) -> str:
+    return os.path.join(data_dir, TOPICS_LOCK)
+
+
+def reserve_path(data_dir: str) -> str:
+    return os.path.join(data_dir, RESERVE_FILE)
+
+
+def run_dir(data_dir: str) -> str:
+    return os.path.join(data_dir, RUN_DIR)
+
+
+def restore_dir(data_dir: str) -> str:
+    return os.path.join(data_dir, RUN_DIR, RESTORE_DIR)
+
+
+def bpf_snapshot_path(data_dir: str) -> str:
+    return os.path.join(data_dir, RUN_DIR, BPF_SNAPSHOT_FILE)
+
+
+def metrics_snapshot_path(data_dir: str, core: int) -> str:
+    return os.path.join(data_dir, RUN_DIR, f"{METRICS_SNAPSHOT_PREFIX}{core}{METRICS_SNAPSHOT_SUFFIX}")
+
+
+# ----------------------------------------------------------------------------- topics and partitions
+
+
+def topics_dir(data_dir: str) -> str:
+    return os.path.join(data_dir, TOPICS_DIR)
+
+
+def topic_dir(data_dir: str, topic_id: int) -> str:
+    return os.path.join(data_dir, TOPICS_DIR, str(topic_id))
+
+
+def partition_dir(data_dir: str, topic_id: int, partition: int) -> str:
+    return os.path.join(data_dir, TOPICS_DIR, str(topic_id), str(partition))
+
+
+def parse_number_name(name: str) -> int | None:
+    """The topic id or partition index a directory under topics/ is named by, or None for a name
+    that is not one (anything else found there)."""
+    return int(name) if name.isascii() and name.isdigit() else None
+
+
+def group_offsets_path(partition_directory: str) -> str:
+    return os.path.join(partition_directory, GROUP_OFFSETS_FILE)
+
+
+# ----------------------------------------------------------------------------- segments
+
+
+def segment_name(base_offset: int) -> str:
+    """A segment's file name without its suffix."""
+    return f"{base_offset:0{SEGMENT_NAME_DIGITS}d}"
+
+
+def store_file_name(base_offset: int) -> str:
+    return segment_name(base_offset) + STORE_SUFFIX
+
+
+def index_file_name(base_offset: int) -> str:
+    return segment_name(base_offset) + INDEX_SUFFIX
+
+
+def parse_segment_name(filename: str) -> tuple[int, str] | None:
+    """(base offset, suffix) of a segment file name, or None for anything else in the directory."""
+    stem, dot, suffix = filename.partition(".")
+    if not dot or len(stem) != SEGMENT_NAME_DIGITS or not stem.isdigit():
+        return None
+    if "." + suffix not in (STORE_SUFFIX, INDEX_SUFFIX):
+        return None
+    return int(stem), "." + suffix
