@@ -28,7 +28,11 @@ Rules this module keeps:
 - One place maps exceptions to wire error codes (`error_of`). A request that fails gets an error
   response; only a frame that cannot be delimited closes its connection (the server's business).
 - Responses leave in request order per connection; the backend guarantees it, not this module.
-- A full disk refuses writes, never reads (broker/storage/diskspace.py): Produce, CreateTopic and
+- A produce is one question to its partition (`Partition.produce`, which drives the log and the
+  producer state); the handler decodes the request and turns the answer, or the exception, into
+  an outcome. It never calls the log or the producer state of a produce itself.
+- A full disk refuses writes, never reads (broker/storage/diskspace.py): Produce (through the
+  partition, after its retry check: a retry of stored batches is still answered), CreateTopic and
   OffsetCommit ask `space.check_writable()` first and get OUT_OF_SPACE (retriable); a write that
   fails with ENOSPC anyway answers the same and tells `space`. Fetch, ListOffsets, Metadata,
   OffsetFetch, DeleteTopic and retention never ask.
