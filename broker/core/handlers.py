@@ -28,7 +28,11 @@ Rules this module keeps:
 - One place maps exceptions to wire error codes (`error_of`). A request that fails gets an error
   response; only a frame that cannot be delimited closes its connection (the server's business).
 - Responses leave in request order per connection; the backend guarantees it, not this module.
-- A full disk refuses writes, never reads (broker/storage/diskspace.py): Produce, CreateTopic and
+- A produce is one question to its partition (`Partition.produce`, which drives the log and the
+  producer state); the handler decodes the request and turns the answer, or the exception, into
+  an outcome. It never calls the log or the producer state of a produce itself.
+- A full disk refuses writes, never reads (broker/storage/diskspace.py): Produce (through the
+  partition, after its retry check: a retry of stored batches is still answered), CreateTopic and
   OffsetCommit ask `space.check_writable()` first and get OUT_OF_SPACE (retriable); a write that
   fails with ENOSPC anyway answers the same and tells `space`. Fetch, ListOffsets, Metadata,
   OffsetFetch, DeleteTopic and retention never ask.
@@ -43,10 +47,12 @@ from collections.abc import Callable
 
 from broker import __version__
 from broker.core.config import BrokerConfig
+from broker.core.groups import GroupError, check_group
 from broker.core.limits import FETCH_MAX_BYTES_MAX, FETCH_WAIT_MS_MAX
 from broker.core.metrics import CoreMetrics, read_snapshots
 from broker.core.outcomes import Append, Durable, Forward, Notify, Outcome, Read, Reply, Silent, Wait
-from broker.core.partition import Partition, RetryInFlightError, SequenceError
+from broker.core.partition import Partition, Stored
+from broker.core.producer_state import RetryInFlightError, SequenceError
 from broker.core.topics import Topic, TopicError, TopicRegistry
 from broker.storage import layout
 from broker.storage.diskspace import DiskSpace, is_out_of_space
@@ -403,56 +409,45 @@ class Handlers:
         if req.acks not in (m.Acks.NONE, m.Acks.WRITTEN, m.Acks.DURABLE):
             raise ValueError(f"acks must be 0, 1 or 2, not {req.acks}")
         p = self._partition(frame)
-        log_ = p.log
-        headers = log_.validate(req.records)
-        duplicate_of = p.check_sequences(headers)
-        if duplicate_of is not None:
-            # A retry of batches already stored: answer with their offsets, but only what the
-            # log can stand behind. A log refusing work (a failed fsync) confirms nothing, and a
-            # durable retry waits for a flush covering the original.
-            log_.check_usable()
-            end = duplicate_of + sum(h.record_count for h in headers)
-            if req.acks == m.Acks.NONE:
-                return Silent()
-            reply = self._reply(
-                frame,
-                m.ProduceResponse(
-                    base_offset=duplicate_of, end_offset=end, log_start_offset=log_.start_offset
-                ),
-            )
-            if req.acks == m.Acks.DURABLE and log_.durable_offset < end:
-                return Durable(p, reply, lambda exc: self.error_reply(frame, exc))
-            return reply
         try:
-            self.space.check_writable()
+            produced = p.produce(req.records, self.space)
         except OutOfSpaceError:
             if req.acks == m.Acks.NONE:
                 return Silent()  # acks=0 gets no answer, not even this one (docs/PROTOCOL.md)
             raise
-        pending = log_.prepare_append(req.records, headers)
-        p.reserve(pending.headers)
-
-        def complete() -> Reply | Silent:
-            log_.complete_append(pending)
-            p.appended(pending.headers)
+        if isinstance(produced, Stored):
+            # A retry of batches already stored, which the log stands behind: answer with their
+            # offsets; a durable retry waits for a flush covering the original.
             if req.acks == m.Acks.NONE:
                 return Silent()
-            resp = m.ProduceResponse(
-                base_offset=pending.base_offset,
-                end_offset=pending.next_offset,
-                log_start_offset=log_.start_offset,
-            )
-            return self._reply(frame, resp)
+            reply = self._produced(frame, produced)
+            if req.acks == m.Acks.DURABLE and not produced.durable:
+                return Durable(p, reply, lambda exc: self.error_reply(frame, exc))
+            return reply
+
+        def complete() -> Reply | Silent:
+            stored = produced.complete()
+            if req.acks == m.Acks.NONE:
+                return Silent()
+            return self._produced(frame, stored)
 
         def fail(exc: BaseException) -> Reply | Silent:
-            p.unreserve(pending.headers)
+            produced.fail()
             if is_out_of_space(exc):
                 self.space.saw_full(exc)
             if req.acks == m.Acks.NONE:
                 return Silent()
             return self.error_reply(frame, exc)
 
-        return Append(p, pending, req.acks, complete, fail)
+        return Append(p, produced.pending, req.acks, complete, fail)
+
+    def _produced(self, frame: Frame, stored: Stored) -> Reply:
+        resp = m.ProduceResponse(
+            base_offset=stored.base_offset,
+            end_offset=stored.end_offset,
+            log_start_offset=stored.log_start_offset,
+        )
+        return self._reply(frame, resp)
 
     # ------------------------------------------------------------------------- fetch
 
@@ -504,18 +499,18 @@ class Handlers:
 
     def _offset_commit(self, req: m.Request, frame: Frame) -> Outcome:
         assert isinstance(req, m.OffsetCommitRequest)
-        _check_group(req.group)
+        check_group(req.group)
         p = self._partition(frame)
         if req.offset < 0:
             raise ValueError(f"cannot commit negative offset {req.offset}")
         self.space.check_writable()
-        p.commit_offset(req.group, req.offset, req.metadata)
+        p.groups.commit(req.group, req.offset, req.metadata)
         return self._reply(frame, m.OffsetCommitResponse())
 
     def _offset_fetch(self, req: m.Request, frame: Frame) -> Outcome:
         assert isinstance(req, m.OffsetFetchRequest)
-        _check_group(req.group)
-        offset, metadata = self._partition(frame).group_offsets.get(req.group, (-1, ""))
+        check_group(req.group)
+        offset, metadata = self._partition(frame).groups.get(req.group)
         return self._reply(frame, m.OffsetFetchResponse(offset=offset, metadata=metadata))
 
     # ------------------------------------------------------------------------- stats
@@ -563,12 +558,3 @@ def _is_silent_produce(frame: Frame) -> bool:
 
 def _wire_limit(value: int | None) -> int:
     return -2 if value is None else value
-
-
-class GroupError(ValueError):
-    """A consumer-group id the broker will not store."""
-
-
-def _check_group(group: str) -> None:
-    if not group or len(group) > 255:
-        raise GroupError(f"a group id must be 1-255 characters, not {len(group)}")

@@ -3,50 +3,65 @@ offsets, and the consumers long-polling at its end.
 
 Rules this module keeps:
 - Owned by one core (the one `routing.owner` names); no locks, no threads.
+- A produce has one door: `produce(records, space)`. The partition validates the batches (the
+  log's `validate`), asks its producer state (broker/core/producer_state.py) whether they are new,
+  a retry or out of order, asks `space` whether a write is allowed, prepares the append and
+  reserves the batches' sequences; the caller runs the returned writes and calls `complete()`
+  (the log makes them visible, then the producer state remembers them, then long polls wake) or
+  `fail()` (their sequences are released; undoing the write is the log's `abort_append`, which the
+  backend calls once for the oldest failed append). The handler never drives the log or the
+  producer state of a produce itself.
 - Duplicate detection is by (producer id, epoch, sequence range): a producer retrying a batch it
   already sent gets the original offsets back and nothing is appended twice. The state is rebuilt
   from the batch headers in the log when the partition opens, so it survives a broker restart.
-- Group offsets are one small JSON file replaced atomically per commit (write, fsync, rename,
-  fsync the directory): a commit acknowledged is a commit kept.
+- Group offsets live in broker/core/groups.py (one JSON file per partition, replaced atomically).
 """
 
 from __future__ import annotations
 
-import contextlib
-import logging
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from typing import NamedTuple
 
-from broker.storage.durable_file import load_json, replace_json
+from broker.core.groups import GroupOffsets
+from broker.core.producer_state import ProducerState
+from broker.storage.diskspace import DiskSpace
 from broker.storage.fdcache import FdCache
-from broker.storage.layout import group_offsets_path
-from broker.storage.log import Log, LogConfig
-from ringlog_proto.batch import NO_PRODUCER_ID, BatchHeader
-
-log = logging.getLogger(__name__)
-
-PRODUCER_BATCHES_KEPT = 5  # recent batches remembered per producer: what a client may retry
+from broker.storage.log import Log, LogConfig, PendingAppend
 
 
-class SequenceError(Exception):
-    """An idempotent producer skipped sequence numbers or used a stale epoch."""
+class Stored(NamedTuple):
+    """Where a produce's batches are in the log (a NamedTuple: one is built per produce)."""
+
+    base_offset: int
+    end_offset: int  # one past the last record: the next offset to be assigned after them
+    log_start_offset: int
+    durable: bool  # fsynced already (end_offset <= the log's durable offset)
 
 
-class RetryInFlightError(Exception):
-    """A retried batch whose original is still being written: its outcome is not known yet, so
-    the retry can be neither stored again nor answered with the original's offsets. Retriable."""
+class PendingProduce:
+    """A produce whose append is prepared: run `pending.ops`, then `complete()` or `fail()`."""
 
+    __slots__ = ("_partition", "pending")
 
-@dataclass(slots=True)
-class ProducerState:
-    epoch: int
-    # (first sequence, last sequence, base offset) of the most recent batches, oldest first
-    batches: deque[tuple[int, int, int]] = field(default_factory=lambda: deque(maxlen=PRODUCER_BATCHES_KEPT))
+    def __init__(self, partition: Partition, pending: PendingAppend) -> None:
+        self._partition = partition
+        self.pending = pending
 
-    @property
-    def last_sequence(self) -> int:
-        return self.batches[-1][1] if self.batches else -1
+    def complete(self) -> Stored:
+        """The writes all succeeded: make the batches visible, remember their sequences, wake
+        the long polls. Appends complete in the order prepared (the log asserts it)."""
+        p = self._partition
+        pending = self.pending
+        log_ = p.log
+        log_.complete_append(pending)
+        p.producers.stored(pending.headers)
+        p.wake_waiters()
+        end = pending.next_offset
+        return Stored(pending.base_offset, end, log_.start_offset, log_.durable_offset >= end)
+
+    def fail(self) -> None:
+        """The append failed or was undone (`Log.abort_append`): its sequences are free again."""
+        self._partition.producers.released(self.pending.headers)
 
 
 class Partition:
@@ -59,111 +74,37 @@ class Partition:
         self.index = index
         self.directory = directory
         self.log = Log.open(directory, config, cache=cache)
-        self.producers: dict[int, ProducerState] = {}
-        # Batches prepared but not yet written, per producer, in prepare order: (epoch, first
-        # sequence, last sequence). A backend that writes asynchronously (io_uring) checks the
-        # next pipelined batch of a producer while the one before is still in flight.
-        self.in_flight: dict[int, list[tuple[int, int, int]]] = {}
+        self.producers = ProducerState.rebuild(self.log.batch_headers(self.log.start_offset))
         self.waiters: list[Callable[[], None]] = []
-        self._offsets_path = group_offsets_path(directory)
-        self.group_offsets: dict[str, tuple[int, str]] = self._load_offsets()
-        for h in self.log.batch_headers(self.log.start_offset):
-            self._remember(h)
+        self.groups = GroupOffsets(directory)
 
     def close(self) -> None:
         self.wake_waiters()
         self.log.close()
 
-    # ------------------------------------------------------------------------- idempotence
+    # ------------------------------------------------------------------------- produce
 
-    def check_sequences(self, headers: list[BatchHeader]) -> int | None:
-        """Before appending: the base offset already given to these batches if they are a retry,
-        else None (append them). Raises SequenceError on a gap or a fenced epoch.
+    def produce(self, records: bytes, space: DiskSpace) -> Stored | PendingProduce:
+        """Store `records` (one or more whole batches), in two phases: `Stored` when they are a
+        producer's retry of batches already stored (nothing to write), else the prepared append.
 
-        A request is all duplicates or all new: a mixture is refused as out of order.
+        Raises what refuses the produce, with nothing changed: the log's validation errors,
+        `SequenceError` / `RetryInFlightError` (broker/core/producer_state.py), `LogClosedError`
+        (a retry is confirmed only by a log that stands behind it, not one that failed an fsync),
+        `OutOfSpaceError` from `space` (asked after the retry check: a retry of stored batches
+        is answered even on a full disk), and storage errors of a segment roll.
         """
-        dup_offsets: list[int] = []
-        expected: dict[int, int] = {}  # next sequence per producer within this request
-        for h in headers:
-            pid = h.producer_id
-            if pid == NO_PRODUCER_ID:
-                continue
-            state = self.producers.get(pid)
-            last = h.last_sequence
-            flying = self.in_flight.get(pid)
-            if flying:
-                epoch, _, flying_last = flying[-1]
-                if (h.producer_epoch, h.base_sequence, last) in flying:
-                    raise RetryInFlightError(
-                        f"producer {pid}: the batch of sequences {h.base_sequence}-{last} is still "
-                        "being written; retry"
-                    )
-            else:
-                epoch = state.epoch if state is not None else -1
-                flying_last = -1
-            fresh = (state is None and not flying) or h.producer_epoch > epoch
-            if not fresh:
-                if h.producer_epoch < epoch:
-                    raise SequenceError(f"producer {pid} epoch {h.producer_epoch} is fenced by epoch {epoch}")
-                if state is not None and state.epoch == h.producer_epoch:
-                    cached = next(
-                        (b for f, l_, b in state.batches if f == h.base_sequence and l_ == last), None
-                    )
-                    if cached is not None:
-                        dup_offsets.append(cached)
-                        continue
-            # A producer (or epoch) this partition has not seen starts at sequence 0, as in
-            # Kafka: otherwise a retried first batch could land after its successor.
-            if fresh:
-                default = 0
-            elif flying:
-                default = flying_last + 1
-            else:
-                default = state.last_sequence + 1  # type: ignore[union-attr]
-            want = expected.get(pid, default)
-            if h.base_sequence != want:
-                raise SequenceError(
-                    f"producer {pid} epoch {h.producer_epoch}: sequence {h.base_sequence} where {want} "
-                    "was expected (records lost, or producer state expired with the segments holding it)"
-                )
-            expected[pid] = last + 1
-        if dup_offsets and len(dup_offsets) != len(headers):
-            raise SequenceError("a request mixing retried and new batches")
-        return dup_offsets[0] if dup_offsets else None
-
-    def _remember(self, h: BatchHeader) -> None:
-        if h.producer_id == NO_PRODUCER_ID:
-            return
-        state = self.producers.get(h.producer_id)
-        if state is None or h.producer_epoch > state.epoch:
-            state = self.producers[h.producer_id] = ProducerState(h.producer_epoch)
-        state.batches.append((h.base_sequence, h.last_sequence, h.base_offset))
-
-    def reserve(self, headers: list[BatchHeader]) -> None:
-        """An append of these batches was prepared: later batches of their producers follow them."""
-        for h in headers:
-            if h.producer_id != NO_PRODUCER_ID:
-                entry = (h.producer_epoch, h.base_sequence, h.last_sequence)
-                self.in_flight.setdefault(h.producer_id, []).append(entry)
-
-    def unreserve(self, headers: list[BatchHeader]) -> None:
-        """The prepared append of these batches completed or was undone."""
-        for h in headers:
-            flying = self.in_flight.get(h.producer_id)
-            if flying:
-                entry = (h.producer_epoch, h.base_sequence, h.last_sequence)
-                with contextlib.suppress(ValueError):
-                    flying.remove(entry)
-                if not flying:
-                    del self.in_flight[h.producer_id]
-
-    def appended(self, headers: list[BatchHeader]) -> None:
-        """After an append completed: remember sequences, wake long-polling fetches."""
-        if self.in_flight:
-            self.unreserve(headers)
-        for h in headers:
-            self._remember(h)
-        self.wake_waiters()
+        log_ = self.log
+        headers = log_.validate(records)
+        duplicate_of = self.producers.check(headers)
+        if duplicate_of is not None:
+            log_.check_usable()
+            end = duplicate_of + sum(h.record_count for h in headers)
+            return Stored(duplicate_of, end, log_.start_offset, log_.durable_offset >= end)
+        space.check_writable()
+        pending = log_.prepare_append(records, headers)
+        self.producers.reserve(pending.headers)
+        return PendingProduce(self, pending)
 
     # ------------------------------------------------------------------------- long polls
 
@@ -171,17 +112,3 @@ class Partition:
         waiters, self.waiters = self.waiters, []
         for wake in waiters:
             wake()
-
-    # ------------------------------------------------------------------------- group offsets
-
-    def _load_offsets(self) -> dict[str, tuple[int, str]]:
-        doc = load_json(self._offsets_path)
-        if not isinstance(doc, dict):
-            return {}
-        return {g: (int(v[0]), str(v[1])) for g, v in doc.items()}
-
-    def commit_offset(self, group: str, offset: int, metadata: str) -> None:
-        offsets = dict(self.group_offsets)
-        offsets[group] = (offset, metadata)
-        replace_json(self._offsets_path, {g: list(v) for g, v in offsets.items()})
-        self.group_offsets = offsets

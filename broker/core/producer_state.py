@@ -1,0 +1,180 @@
+"""The idempotent producers of one partition: their sequence and epoch state, as a pure machine.
+
+Rules this module keeps:
+- No I/O, no log, no clock: it is fed batch headers (producer id, epoch, base sequence, record
+  count and, once stored, base offset) and answers. `check` answers a request's batches without
+  changing anything: new (None: append them), a retry of stored batches (the base offset they were
+  given), or an error: `SequenceError` (a gap, or a mix of retried and new batches),
+  `FencedEpochError` (an epoch older than the producer's), `RetryInFlightError` (a retry of a
+  batch still being written, whose outcome is not known yet).
+- Three calls change it, each batch going through them in this order: `reserve` (its append was
+  prepared), then `stored` (the append completed) or `released` (it failed or was undone). A
+  batch reserved counts for what the producer's next batch must be (a backend writing
+  asynchronously checks a producer's next pipelined batch while the one before is in flight),
+  but only a batch stored is answered as a retry.
+- Per producer it remembers the last `PRODUCER_BATCHES_KEPT` batches of its current epoch: what a
+  client may retry (it keeps at most that many in flight). A higher epoch starts over at
+  sequence 0, as does a producer not seen before (as in Kafka: otherwise a retried first batch
+  could land after its successor).
+- `rebuild` makes it from the headers of the batches a log holds, in log order, so the state
+  survives a restart, and lives only as long as the batches carrying it (docs/PROTOCOL.md §4.7).
+- Batches without a producer id (`NO_PRODUCER_ID`) pass through untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from ringlog_proto.batch import NO_PRODUCER_ID, BatchHeader
+
+PRODUCER_BATCHES_KEPT = 5  # recent batches remembered per producer: what a client may retry
+
+
+class SequenceError(Exception):
+    """An idempotent producer skipped sequence numbers, or mixed retried and new batches."""
+
+
+class FencedEpochError(SequenceError):
+    """An idempotent producer used an epoch older than one this partition has seen from it."""
+
+
+class RetryInFlightError(Exception):
+    """A retried batch whose original is still being written: its outcome is not known yet, so
+    the retry can be neither stored again nor answered with the original's offsets. Retriable."""
+
+
+@dataclass(slots=True)
+class _Producer:
+    """What is remembered of one producer's stored batches (its latest epoch only)."""
+
+    epoch: int
+    # (first sequence, last sequence, base offset) of the most recent batches, oldest first
+    batches: deque[tuple[int, int, int]] = field(default_factory=lambda: deque(maxlen=PRODUCER_BATCHES_KEPT))
+
+    @property
+    def last_sequence(self) -> int:
+        return self.batches[-1][1] if self.batches else -1
+
+
+class ProducerState:
+    """The sequence and epoch state of every idempotent producer of one partition."""
+
+    __slots__ = ("_in_flight", "_producers")
+
+    def __init__(self) -> None:
+        self._producers: dict[int, _Producer] = {}
+        # Batches reserved but not yet stored or released, per producer, in reserve order:
+        # (epoch, first sequence, last sequence).
+        self._in_flight: dict[int, list[tuple[int, int, int]]] = {}
+
+    @classmethod
+    def rebuild(cls, stored: Iterable[BatchHeader]) -> ProducerState:
+        """The state after `stored`, the headers (base offsets assigned) of a log's batches in order."""
+        state = cls()
+        for h in stored:
+            state._remember(h)
+        return state
+
+    # ------------------------------------------------------------------------- questions
+
+    def check(self, headers: Sequence[BatchHeader]) -> int | None:
+        """Before appending the batches of one request: the base offset already given to them if
+        they are a retry, else None (append them). Raises on a gap, a fenced epoch, a retry of a
+        batch in flight, or a request mixing retried and new batches. Changes nothing."""
+        dup_offsets: list[int] = []
+        expected: dict[int, int] = {}  # next sequence per producer within this request
+        for h in headers:
+            pid = h.producer_id
+            if pid == NO_PRODUCER_ID:
+                continue
+            state = self._producers.get(pid)
+            last = h.last_sequence
+            flying = self._in_flight.get(pid)
+            if flying:
+                epoch, _, flying_last = flying[-1]
+                if (h.producer_epoch, h.base_sequence, last) in flying:
+                    raise RetryInFlightError(
+                        f"producer {pid}: the batch of sequences {h.base_sequence}-{last} is still "
+                        "being written; retry"
+                    )
+            else:
+                epoch = state.epoch if state is not None else -1
+                flying_last = -1
+            fresh = (state is None and not flying) or h.producer_epoch > epoch
+            if not fresh:
+                if h.producer_epoch < epoch:
+                    raise FencedEpochError(
+                        f"producer {pid} epoch {h.producer_epoch} is fenced by epoch {epoch}"
+                    )
+                if state is not None and state.epoch == h.producer_epoch:
+                    cached = next(
+                        (b for f, l_, b in state.batches if f == h.base_sequence and l_ == last), None
+                    )
+                    if cached is not None:
+                        dup_offsets.append(cached)
+                        continue
+            if fresh:
+                default = 0
+            elif flying:
+                default = flying_last + 1
+            else:
+                default = state.last_sequence + 1  # type: ignore[union-attr]
+            want = expected.get(pid, default)
+            if h.base_sequence != want:
+                raise SequenceError(
+                    f"producer {pid} epoch {h.producer_epoch}: sequence {h.base_sequence} where {want} "
+                    "was expected (records lost, or producer state expired with the segments holding it)"
+                )
+            expected[pid] = last + 1
+        if dup_offsets and len(dup_offsets) != len(headers):
+            raise SequenceError("a request mixing retried and new batches")
+        return dup_offsets[0] if dup_offsets else None
+
+    def producer(self, producer_id: int) -> tuple[int, int] | None:
+        """(epoch, last sequence) of what is stored of `producer_id`, or None if it is unknown."""
+        state = self._producers.get(producer_id)
+        return None if state is None else (state.epoch, state.last_sequence)
+
+    @property
+    def in_flight(self) -> int:
+        """Batches reserved and neither stored nor released yet."""
+        return sum(len(v) for v in self._in_flight.values())
+
+    # ------------------------------------------------------------------------- events
+
+    def reserve(self, headers: Sequence[BatchHeader]) -> None:
+        """An append of these batches was prepared: later batches of their producers follow them."""
+        for h in headers:
+            if h.producer_id != NO_PRODUCER_ID:
+                entry = (h.producer_epoch, h.base_sequence, h.last_sequence)
+                self._in_flight.setdefault(h.producer_id, []).append(entry)
+
+    def released(self, headers: Sequence[BatchHeader]) -> None:
+        """The prepared append of these batches failed or was undone: forget them."""
+        if not self._in_flight:
+            return
+        for h in headers:
+            flying = self._in_flight.get(h.producer_id)
+            if flying:
+                entry = (h.producer_epoch, h.base_sequence, h.last_sequence)
+                with contextlib.suppress(ValueError):
+                    flying.remove(entry)
+                if not flying:
+                    del self._in_flight[h.producer_id]
+
+    def stored(self, headers: Sequence[BatchHeader]) -> None:
+        """The append of these batches (headers with their assigned base offsets) completed."""
+        self.released(headers)
+        for h in headers:
+            self._remember(h)
+
+    def _remember(self, h: BatchHeader) -> None:
+        if h.producer_id == NO_PRODUCER_ID:
+            return
+        state = self._producers.get(h.producer_id)
+        if state is None or h.producer_epoch > state.epoch:
+            state = self._producers[h.producer_id] = _Producer(h.producer_epoch)
+        state.batches.append((h.base_sequence, h.last_sequence, h.base_offset))

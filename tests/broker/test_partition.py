@@ -1,0 +1,104 @@
+"""Partition.produce, the one door to a partition's log and producer state, with I/O run by the test."""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+
+import pytest
+
+from broker.core.partition import Partition, PendingProduce, Stored
+from broker.core.producer_state import RetryInFlightError, SequenceError
+from broker.storage.diskspace import DiskSpace
+from broker.storage.errors import OutOfSpaceError
+from broker.storage.fileio import SyncFileIO, run_ops
+from broker.storage.log import LogConfig
+from ringlog_proto.batch import encode_batch
+
+IO = SyncFileIO()
+
+
+def batch(seq: int, n: int = 1, pid: int = 4, epoch: int = 0) -> bytes:
+    return encode_batch([b"v"] * n, producer_id=pid, producer_epoch=epoch, base_sequence=seq)
+
+
+def written(p: Partition, records: bytes, space: DiskSpace) -> Stored:
+    produced = p.produce(records, space)
+    assert isinstance(produced, PendingProduce)
+    run_ops(IO, produced.pending.ops)
+    return produced.complete()
+
+
+@pytest.fixture
+def space(tmp_path: Path) -> DiskSpace:
+    return DiskSpace(str(tmp_path), 0)
+
+
+@pytest.fixture
+def partition(tmp_path: Path):
+    p = Partition(1, 0, str(tmp_path / "p"), LogConfig())
+    yield p
+    p.close()
+
+
+def test_a_produce_is_visible_and_remembered_only_once_complete(
+    partition: Partition, space: DiskSpace
+) -> None:
+    woken = []
+    partition.waiters.append(lambda: woken.append(1))
+    produced = partition.produce(batch(0, 2), space)
+    assert isinstance(produced, PendingProduce)
+    assert partition.log.end_offset == 0 and not woken
+    with pytest.raises(RetryInFlightError):
+        partition.produce(batch(0, 2), space)
+    run_ops(IO, produced.pending.ops)
+    assert produced.complete() == Stored(0, 2, 0, False)
+    assert woken == [1]
+    assert partition.produce(batch(0, 2), space) == Stored(0, 2, 0, False), "a retry: nothing written"
+    partition.log.flush()
+    assert partition.produce(batch(0, 2), space) == Stored(0, 2, 0, True)
+
+
+def test_a_failed_append_frees_its_sequences(partition: Partition, space: DiskSpace) -> None:
+    written(partition, batch(0), space)
+    produced = partition.produce(batch(1), space)
+    assert isinstance(produced, PendingProduce)
+    partition.log.abort_append(produced.pending)
+    produced.fail()
+    with pytest.raises(SequenceError):
+        partition.produce(batch(2), space)
+    assert written(partition, batch(1), space).base_offset == 1
+
+
+def test_a_full_disk_refuses_new_batches_but_answers_retries(partition: Partition, space: DiskSpace) -> None:
+    written(partition, batch(0), space)
+    space.saw_full(OSError(errno.ENOSPC, "No space left on device"))
+    assert partition.produce(batch(0), space) == Stored(0, 1, 0, False)
+    with pytest.raises(OutOfSpaceError):
+        partition.produce(batch(1), space)
+    assert partition.log.end_offset == 1
+
+
+def test_producer_state_survives_a_reopen(tmp_path: Path, space: DiskSpace) -> None:
+    p = Partition(1, 0, str(tmp_path / "p"), LogConfig())
+    written(p, batch(0, 3), space)
+    written(p, batch(3), space)
+    p.close()
+    p = Partition(1, 0, str(tmp_path / "p"), LogConfig())
+    try:
+        assert p.produce(batch(0, 3), space) == Stored(0, 3, 0, True)
+        assert written(p, batch(4), space).base_offset == 4
+    finally:
+        p.close()
+
+
+def test_group_offsets_survive_a_reopen(tmp_path: Path) -> None:
+    p = Partition(1, 0, str(tmp_path / "p"), LogConfig())
+    assert p.groups.get("g") == (-1, "")
+    p.groups.commit("g", 7, "meta")
+    p.close()
+    p = Partition(1, 0, str(tmp_path / "p"), LogConfig())
+    try:
+        assert p.groups.get("g") == (7, "meta")
+    finally:
+        p.close()
