@@ -85,7 +85,7 @@ class ProducerState:
         they are a retry, else None (append them). Raises on a gap, a fenced epoch, a retry of a
         batch in flight, or a request mixing retried and new batches. Changes nothing."""
         dup_offsets: list[int] = []
-        expected: dict[int, int] = {}  # next sequence per producer within this request
+        expected: dict[int, tuple[int, int]] = {}  # (epoch, next sequence) per producer, this request
         for h in headers:
             pid = h.producer_id
             if pid == NO_PRODUCER_ID:
@@ -103,6 +103,23 @@ class ProducerState:
             else:
                 epoch = state.epoch if state is not None else -1
                 flying_last = -1
+            seen = expected.get(pid)
+            if seen is not None:  # a later batch of a producer this request already carries
+                request_epoch, want = seen
+                if h.producer_epoch < request_epoch:
+                    raise FencedEpochError(
+                        f"producer {pid} epoch {h.producer_epoch} is fenced by epoch {request_epoch} "
+                        "earlier in the same request"
+                    )
+                if h.producer_epoch > request_epoch:
+                    want = 0  # an epoch bump starts at sequence 0, as between requests
+                if h.base_sequence != want:
+                    raise SequenceError(
+                        f"producer {pid} epoch {h.producer_epoch}: sequence {h.base_sequence} where "
+                        f"{want} was expected (the batch before it in this request ends at {want - 1})"
+                    )
+                expected[pid] = (h.producer_epoch, last + 1)
+                continue
             fresh = (state is None and not flying) or h.producer_epoch > epoch
             if not fresh:
                 if h.producer_epoch < epoch:
@@ -122,13 +139,13 @@ class ProducerState:
                 default = flying_last + 1
             else:
                 default = state.last_sequence + 1  # type: ignore[union-attr]
-            want = expected.get(pid, default)
+            want = default
             if h.base_sequence != want:
                 raise SequenceError(
                     f"producer {pid} epoch {h.producer_epoch}: sequence {h.base_sequence} where {want} "
                     "was expected (records lost, or producer state expired with the segments holding it)"
                 )
-            expected[pid] = last + 1
+            expected[pid] = (h.producer_epoch, last + 1)
         if dup_offsets and len(dup_offsets) != len(headers):
             raise SequenceError("a request mixing retried and new batches")
         return dup_offsets[0] if dup_offsets else None

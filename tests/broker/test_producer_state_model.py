@@ -257,15 +257,11 @@ def test_only_the_last_five_batches_are_answered_as_retries() -> None:
     assert state.check(headers([stored[1]])) == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="within one request a producer's later batches are judged by sequence alone, not epoch "
-    "(kept as it was when this state moved out of the partition; clients send one epoch per request)",
-)
-def test_a_request_changing_a_producers_epoch_is_judged_by_sequence_alone() -> None:
-    """What docs/PROTOCOL.md §4.7 implies for a request carrying two epochs of one producer."""
+def test_a_request_changing_a_producers_epoch_is_judged_batch_by_batch() -> None:
+    """docs/PROTOCOL.md §4.7 for a request carrying two epochs of one producer: each batch is
+    judged by its own epoch, as if it came in a request of its own."""
     state = ProducerState.rebuild(headers([Batch(1, 0, 0, 1, base_offset=0)]))
-    with pytest.raises(FencedEpochError):  # accepted today: e1 seq 0, then e0 seq 1
+    with pytest.raises(FencedEpochError):  # e1 seq 0, then e0 seq 1: the older epoch is fenced
         state.check(headers([Batch(1, 1, 0, 1), Batch(1, 0, 1, 1)]))
-    # refused today (OUT_OF_ORDER): e1 seq 1, then an epoch bump to e2 at seq 0
+    # e1 seq 1, then an epoch bump to e2 at seq 0: accepted
     assert state.check(headers([Batch(1, 0, 1, 1), Batch(1, 2, 0, 1)])) is None
