@@ -75,7 +75,9 @@ class Connection(ServedConnection, asyncio.Protocol):
         self.transport.writelines(buffers)
 
     def unsent(self) -> int:
-        return self.transport.get_write_buffer_size() if self.transport is not None else 0
+        if self.transport is None or self.closed:
+            return 0
+        return self.transport.get_write_buffer_size()
 
     def reading_changed(self) -> None:
         if self.transport is None or self.closed:
