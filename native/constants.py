@@ -1,16 +1,35 @@
-"""The sizes and limits of the io_uring bindings, each with the reason for its value.
+"""The sizes and limits of the io_uring bindings and of the broker's ring loop, each with the
+reason for its value, and the relations between them checked at import.
 
 Rules this module keeps:
-- Every number the bindings choose (rather than the kernel) lives here and nowhere else.
-- Pure Python, importable without the compiled `native._uring` (the setup stamp hashes this file).
+- Every number the bindings or the io_uring backend choose (rather than the kernel) lives here
+  and nowhere else: the bindings' defaults (`Ring`, `BufferRing`, `probe`) and the backend's ring,
+  loop and buffer limits (broker/backends/uring.py, broker/backends/uring_loop.py).
+- The kernel's own values that the loop needs without the compiled module (`CQE_F_MORE`, ...) are
+  written here once; native/ring.py checks them against the compiled UAPI header at import.
+- Pure Python, importable without the compiled `native._uring` (`native/__init__.py` loads the
+  bindings only when a name of theirs is used; the setup stamp hashes this file).
+- The relations between the numbers (an iovec count below IOV_MAX, powers of two where the kernel
+  wants them, a minimum below its maximum) are asserted below: a change that breaks one fails at
+  import, not in production.
 """
 
 from __future__ import annotations
 
-# SQ entries of a Ring. One broker core keeps a multishot recv per connection plus the writes,
-# sends and fsyncs of one loop turn in flight; 256 SQEs cover a turn of that size in one
-# io_uring_enter, and a fuller SQ is submitted by the prep call itself, so this bounds batch size,
-# not concurrency. Also the CQ below scales with it.
+# --- the kernel's values (include/uapi/linux/io_uring.h, uio.h) ------------------------------------
+
+CQE_F_BUFFER = 1 << 0  # IORING_CQE_F_BUFFER: the upper 16 bits of flags name a provided buffer
+CQE_F_MORE = 1 << 1  # IORING_CQE_F_MORE: not the final CQE of its SQE (multishot accept, recv)
+CQE_F_SOCK_NONEMPTY = 1 << 2  # IORING_CQE_F_SOCK_NONEMPTY: more data waits in the socket
+CQE_BUFFER_SHIFT = 16  # IORING_CQE_BUFFER_SHIFT: where the buffer id sits in a CQE's flags
+IOV_MAX = 1024  # UIO_MAXIOV: most iovecs one readv/writev/sendmsg takes (else EINVAL)
+RING_ENTRIES_KERNEL_MAX = 32768  # IORING_MAX_ENTRIES: most SQ entries io_uring_setup accepts
+
+# --- the bindings (native/ring.py) -----------------------------------------------------------------
+
+# SQ entries of a Ring made without saying. 256 SQEs cover a loop turn of a few hundred operations
+# in one io_uring_enter, and a fuller SQ is submitted by the prep call itself, so this bounds batch
+# size, not concurrency. Also the CQ below scales with it. (The broker's ring: `RING_ENTRIES`.)
 RING_ENTRIES_DEFAULT = 256
 
 # CQ entries = this times SQ entries. Multishot accept and recv post many CQEs per SQE, so the
@@ -18,8 +37,9 @@ RING_ENTRIES_DEFAULT = 256
 # but costs the kernel an allocation per CQE and an extra enter to flush.
 CQ_ENTRIES_FACTOR = 4
 
-# Most CQEs `Ring.completions()` returns per call, and the size of its preallocated arrays. One
-# batch per loop turn amortises the Python call; 256 matches a full SQ's worth of completions.
+# Most CQEs `Ring.completions()` returns per call without growing its preallocated arrays. One
+# batch per loop turn amortises the Python call; 256 matches a full default SQ's worth of
+# completions. (The broker's loop asks for `COMPLETIONS_PER_PASS_MAX`: the arrays grow once.)
 CQE_BATCH_MAX = 256
 
 # Entries of the tiny ring `probe()` creates: the smallest the kernel accepts, so the probe
@@ -37,5 +57,58 @@ CLOSE_CANCEL_USER_DATA = (1 << 64) - 1
 CLOSE_DRAIN_SECONDS = 1.0
 
 # Largest `count` of a BufferRing: buffer ids are 16 bits and the kernel caps a provided-buffer
-# ring at 32768 entries.
+# ring at 32768 entries (and wants a power of two).
 BUFFER_RING_ENTRIES_MAX = 32768
+
+# --- the broker's ring loop (broker/backends/uring.py, uring_loop.py) -------------------------------
+
+# SQ entries of a worker's ring: enough for a pass over hundreds of busy connections (a recv, a
+# sendmsg, a writev and an fsync each) in one submit.
+RING_ENTRIES = 4096
+# Completions reaped, and continuations run, per pass before the loop submits again.
+COMPLETIONS_PER_PASS_MAX = 4096
+# Each connection owns its recv buffer (single-shot recvs: not re-arming is the exact pause of a
+# connection over its budget; docs/ARCHITECTURE.md). It starts small, so that thousands of idle
+# connections cost little, and grows by `RECV_BUFFER_GROWTH` whenever a recv fills it, up to the
+# size where a stream of 1 MiB produce batches needs only a few recvs per frame; a connection
+# quiet for a sweep gets a small one back. The one count of recv buffers is one per connection:
+# the backend uses no provided-buffer ring (`BufferRing` is the bindings', tested, unused).
+RECV_BUFFER_BYTES_MIN = 4 * 1024
+RECV_BUFFER_BYTES_MAX = 256 * 1024
+RECV_BUFFER_GROWTH = 4
+SEND_IOVECS_MAX = 512  # buffers per sendmsg (a reply is 1-3 buffers; more replies go next time)
+WRITEV_IOVECS_MAX = 512  # buffers per gathered store writev (2 per batch appended)
+ACCEPT_RETRY_S = 0.1  # after EMFILE/ENFILE/ENOBUFS/ENOMEM: accept again later instead of spinning
+
+
+def _power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+# The relations the values above must keep. Plain `if`s, not asserts: they hold under -O too.
+_CHECKS = (
+    (
+        all(map(_power_of_two, (CQE_F_BUFFER, CQE_F_MORE, CQE_F_SOCK_NONEMPTY)))
+        and len({CQE_F_BUFFER, CQE_F_MORE, CQE_F_SOCK_NONEMPTY}) == 3
+        and CQE_F_SOCK_NONEMPTY < 1 << CQE_BUFFER_SHIFT,
+        "each CQE flag is its own bit, below the buffer id",
+    ),
+    (_power_of_two(RING_ENTRIES) and RING_ENTRIES <= RING_ENTRIES_KERNEL_MAX, "RING_ENTRIES"),
+    (
+        _power_of_two(RING_ENTRIES_DEFAULT) and RING_ENTRIES_DEFAULT <= RING_ENTRIES_KERNEL_MAX,
+        "default entries",
+    ),
+    (_power_of_two(PROBE_ENTRIES), "PROBE_ENTRIES"),
+    (_power_of_two(CQ_ENTRIES_FACTOR), "the CQ is a power of two times the SQ"),
+    (0 < CQE_BATCH_MAX <= RING_ENTRIES_DEFAULT * CQ_ENTRIES_FACTOR, "a batch fits the default CQ"),
+    (0 < COMPLETIONS_PER_PASS_MAX <= RING_ENTRIES * CQ_ENTRIES_FACTOR, "a pass reaps at most a CQ"),
+    (_power_of_two(BUFFER_RING_ENTRIES_MAX) and BUFFER_RING_ENTRIES_MAX <= 1 << 16, "buffer ids are 16 bits"),
+    (0 < SEND_IOVECS_MAX < IOV_MAX, "SEND_IOVECS_MAX below IOV_MAX"),
+    (0 < WRITEV_IOVECS_MAX < IOV_MAX, "WRITEV_IOVECS_MAX below IOV_MAX"),
+    (0 < RECV_BUFFER_BYTES_MIN <= RECV_BUFFER_BYTES_MAX, "recv buffer min <= max"),
+    (RECV_BUFFER_GROWTH > 1, "a full recv buffer grows"),
+    (ACCEPT_RETRY_S > 0, "ACCEPT_RETRY_S"),
+)
+for _ok, _what in _CHECKS:
+    if not _ok:
+        raise AssertionError(f"native/constants.py: {_what} does not hold")

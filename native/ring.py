@@ -34,14 +34,24 @@ from native.constants import (
     CLOSE_DRAIN_SECONDS,
     CQ_ENTRIES_FACTOR,
     CQE_BATCH_MAX,
+    CQE_BUFFER_SHIFT,
+    CQE_F_BUFFER,
+    CQE_F_MORE,
+    CQE_F_SOCK_NONEMPTY,
     PROBE_ENTRIES,
     RING_ENTRIES_DEFAULT,
 )
 
-CQE_F_BUFFER: int = lib.IORING_CQE_F_BUFFER
-CQE_F_MORE: int = lib.IORING_CQE_F_MORE
-CQE_F_SOCK_NONEMPTY: int = lib.IORING_CQE_F_SOCK_NONEMPTY
-CQE_BUFFER_SHIFT: int = lib.IORING_CQE_BUFFER_SHIFT
+# The UAPI values native/constants.py writes down (for code that runs without the build) must be
+# the ones this build's header has.
+for _name, _ours, _header in (
+    ("IORING_CQE_F_BUFFER", CQE_F_BUFFER, lib.IORING_CQE_F_BUFFER),
+    ("IORING_CQE_F_MORE", CQE_F_MORE, lib.IORING_CQE_F_MORE),
+    ("IORING_CQE_F_SOCK_NONEMPTY", CQE_F_SOCK_NONEMPTY, lib.IORING_CQE_F_SOCK_NONEMPTY),
+    ("IORING_CQE_BUFFER_SHIFT", CQE_BUFFER_SHIFT, lib.IORING_CQE_BUFFER_SHIFT),
+):
+    if _ours != _header:
+        raise ImportError(f"native/constants.py has {_name} = {_ours}, the header {_header}")
 SPLICE_F_MOVE: int = lib.SPLICE_F_MOVE
 SPLICE_F_NONBLOCK: int = lib.SPLICE_F_NONBLOCK
 SPLICE_F_MORE: int = lib.SPLICE_F_MORE
@@ -399,8 +409,9 @@ class Ring:
         uds = _unpack(self._ud, n)
         fls = _unpack(self._fl, n)
         refs = self._refs
+        more = CQE_F_MORE
         for ud, fl in zip(uds, fls, strict=True):
-            if not fl & 2:  # CQE_F_MORE
+            if not fl & more:
                 refs.pop(ud, None)
         return list(zip(uds, _unpack(self._res, n), fls, strict=True))
 
@@ -508,11 +519,11 @@ class BufferRing:
     @staticmethod
     def buffer_id(cqe_flags: int) -> int:
         """The buffer id a CQE names (valid when cqe_flags has CQE_F_BUFFER)."""
-        return cqe_flags >> 16
+        return cqe_flags >> CQE_BUFFER_SHIFT
 
     def take(self, cqe_flags: int, length: int) -> bytes:
         """Copy `length` bytes out of the CQE's buffer and give the buffer back to the kernel."""
-        bid = cqe_flags >> 16
+        bid = cqe_flags >> CQE_BUFFER_SHIFT
         start = bid * self.size
         data = self._mem[start : start + length]
         _bufring_give(self._b, bid)
@@ -520,12 +531,12 @@ class BufferRing:
 
     def view(self, cqe_flags: int, length: int) -> memoryview:
         """The CQE's bytes without a copy; valid only until `give_back(cqe_flags)`."""
-        start = (cqe_flags >> 16) * self.size
+        start = (cqe_flags >> CQE_BUFFER_SHIFT) * self.size
         return memoryview(self._mem)[start : start + length]
 
     def give_back(self, cqe_flags: int) -> None:
         """Return the CQE's buffer to the kernel (after `view`); do not use its view afterwards."""
-        _bufring_give(self._b, cqe_flags >> 16)
+        _bufring_give(self._b, cqe_flags >> CQE_BUFFER_SHIFT)
 
     def close(self) -> None:
         """Unregister the group and unmap its memory. No recv may still be armed on it. Idempotent."""

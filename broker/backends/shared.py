@@ -1,14 +1,38 @@
-"""What both I/O backends do alike: dispatch an outcome, park a long poll, keep a reply's slot.
+"""The shared core of the two I/O backends: everything about serving but how bytes move.
 
 Rules this module keeps:
-- The two backends (broker/backends/aio.py on uvloop, broker/backends/uring.py on io_uring) differ in how
-  they move bytes and run file operations, not in what an outcome means. That meaning lives here
-  once: `BackendCore.carry_out` sends each outcome to the backend's own `_append`, `_read` and
-  `_after_flush`, or handles it without I/O of its own (replies, forwards, long polls).
+- The two backends (broker/backends/aio.py on uvloop, broker/backends/uring.py on io_uring) differ
+  in how they move bytes and run storage operations, not in what anything means. The meaning
+  lives here once, in `BackendCore`: the limits and budgets, the gauges, the dispatch of outcomes,
+  ordered replies and back-pressure, parked long polls, appends completed in prepare order, group
+  commit, the periodic work (retention, housekeeping, the sweep) and the shutdown sequence.
+  `ServedConnection` is the request side of a connection, `PeerStream` this core's end of an
+  inter-core link; a backend subclasses them and supplies only primitives.
+- The backend contract. A backend's core subclass calls `open_core()` once its loop works, and
+  provides `call_later`, `call_soon`, `end_of_turn`, `run_ops` (storage operations, fileio.py's
+  meaning; `run_append` too if it gathers appends), `read` (an extent), `open_peer`,
+  `stop_accepting` and, if it has any, `io_pending` and `after_sweep`. It serves its listeners,
+  calls `accepted(conn)` for each new connection, `started(...)` once all listen,
+  `request_stop()` on SIGTERM/SIGINT, then runs the steps of `shutdown()`. Its connection class
+  (a `ServedConnection`) provides `write`, `unsent`, `reading_changed`, `abort`, `close` and
+  `fileno`, and calls `received`, `sent_some`, `lost` and `closing`; its peer class (a
+  `PeerStream`) provides `write` and `close`, and calls `received` and `gone`.
+- Dispatch is an exhaustive `match` over `Outcome` (broker/core/outcomes.py): an outcome without a
+  case is a bug and raises, it is never taken for a parked fetch.
 - A connection answers in request order: every request gets a `Slot` when it arrives, and a
-  connection sends the replies at the head of its slots that are done (`ReplyTarget.fill`).
+  connection sends the replies at the head of its slots that are done (`ServedConnection.fill`).
 - A parked fetch re-runs its handler when its partition grows, keeping its first deadline; at
   shutdown (`stopping()`) it answers with what there is instead of parking again.
+- Appends of one partition may run together (their writes go to disjoint byte ranges), but they
+  become visible strictly in the order they were prepared, as the log requires. A failed write
+  undoes that append and every later one (`Log.abort_append`), once none of them is still writing.
+- Group commit: every acks=durable reply of one loop turn waits for one flush per partition,
+  started at the end of the turn (`end_of_turn`); a flush already in flight for that partition is
+  followed by exactly one more, which covers everything that arrived meanwhile.
+- Shutdown, the same for both backends: stop accepting; answer parked fetches at once; wait (at
+  most `SHUTDOWN_GRACE_S`) until no request is unanswered, no reply unsent and no append, flush or
+  read in flight; flush what is due; fail pending forwards; close connections and peer links; let
+  the backend's last operations complete; close the partitions; publish the final metrics.
 - Memory in flight is bounded per client connection and per core (docs/LIMITS.md, "Memory"). A
   connection's bytes in flight are what it sent that is not yet taken as a frame, plus for each
   request taken and unanswered its frame and what its reply may be (a fetch: its max_bytes, or
@@ -32,19 +56,28 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
+import os
+import socket
+import struct
 import time
-from collections.abc import Callable, Iterable, MutableSequence
-from typing import Protocol
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Protocol, assert_never
 
 from broker.core.config import BrokerConfig
-from broker.core.forwarding import Forwarder
+from broker.core.forwarding import NO_DEADLINE, Done, Forwarder, PeerLink, PeerPool
 from broker.core.handlers import Handlers
 from broker.core.limits import FETCH_MAX_BYTES_MAX
+from broker.core.metrics import publish
 from broker.core.outcomes import Append, Durable, Forward, Notify, Outcome, Read, Reply, Silent, Wait
 from broker.core.partition import Partition
 from ringlog_proto.batch import now_ms
-from ringlog_proto.frames import HEADER_SIZE, NEED_DATA, Frame, FrameDecoder
-from ringlog_proto.messages import peek_fetch_max_bytes
+from ringlog_proto.frames import HEADER_SIZE, NEED_DATA, Frame, FrameDecoder, ProtocolError
+from ringlog_proto.messages import Acks, peek_fetch_max_bytes
+
+if TYPE_CHECKING:
+    from broker.storage.fileio import Op
+    from broker.storage.segment import Extent
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +100,12 @@ SWEEP_S_MIN = 0.05
 # most once per TRIM_INTERVAL_S (a trim after a burst of 30k requests took 28 ms of the loop).
 TRIM_AFTER_RELEASE_BYTES = 4 * 1024 * 1024
 TRIM_INTERVAL_S = 5.0
+RETENTION_CHECK_S = 30.0  # how often segments past their topic's retention are looked for
+HOUSEKEEPING_S = 1.0  # metrics snapshot published, topics.json checked for other cores' changes
+SHUTDOWN_GRACE_S = 10.0  # longest wait for in-flight requests and operations at shutdown
+SHUTDOWN_POLL_S = 0.01  # the loop runs at most this long between looks at what is still in flight
+SHUTDOWN_SETTLE_POLLS = 100  # after closing: waits for the backend's last operations (cancels, closes)
+LINGER_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() resets the connection
 
 
 def request_charge(frame: Frame) -> int:
@@ -134,7 +173,7 @@ class CoreMemory:
         self.peak = 0  # the highest `used` since the last malloc_trim
         self.freed = 0  # other buffers let go since then (the io_uring backend's recv buffers)
         self.trimmed_at = 0.0  # time.monotonic() of the last malloc_trim
-        self.waiting: dict[ReplyTarget, None] = {}  # connections not read for the core's sake, FIFO
+        self.waiting: dict[ServedConnection, None] = {}  # connections not read for the core's sake, FIFO
 
 
 _libc: ctypes.CDLL | None = None
@@ -197,27 +236,6 @@ class Cancellable(Protocol):
     def cancel(self) -> None: ...
 
 
-class ReplyTarget(Protocol):
-    """A backend's client connection, as far as requests and outcomes are concerned."""
-
-    closed: bool
-    from_peer: bool
-    peer: str
-    decoder: FrameDecoder  # the bytes received and not yet taken as frames
-    slots: MutableSequence[Slot]  # the requests not yet answered, in arrival order
-    budget: ConnectionBudget
-
-    def fill(self, slot: Slot, outcome: Reply | Silent) -> None: ...
-    def wait_for_forward_room(self, forwarder: Forwarder, core: int) -> None: ...
-    def resume(self) -> None:
-        """Take the frames buffered (`take_requests`) and read again if the budgets allow."""
-
-    def drop(self) -> None:
-        """Close at once (a limit was hit): nothing more is read or sent."""
-
-    def waits_for_forward(self) -> bool: ...
-
-
 class ConnectionBudget:
     """What the shared code keeps per connection: its bytes in flight and its activity times."""
 
@@ -233,13 +251,209 @@ class ConnectionBudget:
         self.frame_started = 0.0  # when the partial frame in the decoder began, 0.0 if none
 
 
+def reset_on_close(fd: int) -> None:
+    """SO_LINGER 0 on `fd`: its close resets the connection (no TIME_WAIT left for a flood of them)."""
+    sock = socket.socket(fileno=fd)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, LINGER_RESET)
+    except OSError:
+        pass
+    finally:
+        sock.detach()
+
+
+class ServedConnection:
+    """A connection this core serves (a client's or, `from_peer`, another core's): frames in,
+    replies out in request order, read only while the budgets allow.
+
+    The request side lives here; a backend's subclass moves the bytes. It calls `received(data)`
+    with what it read, `sent_some()` when queued bytes went out, `lost()` when the peer went away
+    and `closing()` once when the connection closes, and provides the primitives below.
+    """
+
+    if TYPE_CHECKING:  # the backend's primitives (declared, not defined: its stream class has them)
+
+        def write(self, buffers: list[bytes]) -> None:
+            """Queue `buffers` to be sent in order."""
+
+        def unsent(self) -> int:
+            """Bytes queued and not yet sent."""
+
+        def reading_changed(self) -> None:
+            """Read, or stop reading, as `paused()` now says."""
+
+        def abort(self) -> None:
+            """Close now: nothing more is read or sent."""
+
+        def close(self) -> None:
+            """Close at shutdown (replies already queued may still go)."""
+
+        def fileno(self) -> int | None: ...
+
+    def __init__(self, server: BackendCore, from_peer: bool, peer: str) -> None:
+        self.server = server
+        self.from_peer = from_peer
+        self.peer = peer
+        self.closed = False
+        self.decoder = FrameDecoder(server.config.limits.max_request_bytes)  # received, not yet taken
+        self.slots: deque[Slot] = deque()  # the requests not yet answered, in arrival order
+        self.budget = ConnectionBudget(time.monotonic())
+        self.forward_blocked = 0  # peer cores whose forward limit this connection waits on
+
+    def received(self, data: bytes | memoryview) -> None:
+        self.budget.last_active = time.monotonic()
+        self.decoder.feed(data)
+        self.resume()
+
+    def resume(self) -> None:
+        """Take the frames buffered (`take_requests`) and read again if the budgets allow."""
+        try:
+            self.server.take_requests(self)
+        except ProtocolError as exc:
+            self.server.limit_log.warning("protocol error", "closing %s: %s", self.peer, exc)
+            self.abort()
+            return
+        self.reading_changed()
+
+    def paused(self) -> bool:
+        return self.forward_blocked > 0 or not self.server.may_read(self)
+
+    def fill(self, slot: Slot, outcome: Reply | Silent) -> None:
+        """A reply is ready: send every reply at the head of the queue that is ready too."""
+        slot.done = True
+        server = self.server
+        if isinstance(outcome, Reply):
+            slot.buffers = outcome.buffers
+            size = sum(map(len, outcome.buffers))
+            server.handlers.metrics.reply(size, slot.started_ns)
+            change = server.replied(slot, size)
+        else:
+            change = server.replied(slot, 0)
+        if self.closed:
+            return
+        slots = self.slots
+        out: list[bytes] = []
+        released = 0
+        while slots and slots[0].done:
+            done = slots.popleft()
+            out.extend(done.buffers)
+            released += done.charge
+        if out:
+            self.write(out)
+        server.queued(self, released, self.unsent(), change)
+        self.reading_changed()  # a connection paused on its budget may read again
+
+    def sent_some(self) -> None:
+        """Queued bytes went out (`unsent()` is less)."""
+        self.budget.last_active = time.monotonic()
+        self.server.queued(self, 0, self.unsent())
+
+    def drop(self) -> None:
+        """Close at once (a limit was hit): nothing more is read or sent, and the close resets."""
+        if not self.closed and not self.from_peer:
+            fd = self.fileno()
+            if fd is not None and fd >= 0:
+                reset_on_close(fd)
+        self.abort()
+
+    def lost(self) -> None:
+        """The peer closed or the connection failed (not our own close)."""
+        if self.decoder.buffered:
+            log.info("client %s went away mid-frame (%d bytes unread)", self.peer, self.decoder.buffered)
+
+    def closing(self) -> None:
+        self.server.connections.discard(self)
+        self.server.forget(self)
+
+    def waits_for_forward(self) -> bool:
+        return self.forward_blocked > 0
+
+    def wait_for_forward_room(self, forwarder: Forwarder, core: int) -> None:
+        """Stop reading until forwards to `core` are below their limit again."""
+        self.forward_blocked += 1
+        self.reading_changed()
+
+        def resume() -> None:
+            self.forward_blocked -= 1
+            self.reading_changed()
+
+        forwarder.when_room(core, resume)
+
+
+class PeerStream:
+    """This core's end of one inter-core connection: moves bytes for a `PeerLink` (a `PeerChannel`
+    of broker/core/forwarding.py). The backend's subclass writes, reads into `received` and calls
+    `gone` once when the connection closes."""
+
+    if TYPE_CHECKING:
+
+        def write(self, buffers: list[bytes]) -> None: ...
+        def close(self) -> None: ...
+
+    def __init__(self, server: BackendCore, core: int, long_poll: bool) -> None:
+        self.server = server
+        self.core = core
+        self.long_poll = long_poll
+        self.link = PeerLink(core)
+
+    def send(self, frame: Frame, done: Done | None, deadline: float = NO_DEADLINE) -> None:
+        self.write(self.link.request(frame, done, deadline))
+
+    def received(self, data: bytes | memoryview) -> None:
+        try:
+            self.link.receive(data)  # type: ignore[arg-type]
+        except ProtocolError as exc:
+            log.error("core %d sent bytes that are not frames (%s): dropping the connection", self.core, exc)
+            self.close()
+
+    def gone(self, exc: BaseException | None = None) -> None:
+        self.server.peers.gone(self)
+        self.link.lost(exc)
+
+
+Flushed = tuple[Callable[[], None], Callable[[BaseException], None]]  # (done, failed) of a waiter
+
+
+class AppendInFlight:
+    """One append whose operations run: it completes (becomes visible) in prepare order."""
+
+    __slots__ = ("done", "error", "outcome", "running")
+
+    def __init__(
+        self, outcome: Append, done: Callable[[Reply | Silent | None, BaseException | None], None]
+    ) -> None:
+        self.outcome = outcome
+        self.done = done
+        self.running = True  # its operations have not finished
+        self.error: OSError | None = None
+
+
+class PartitionWork:
+    """What the core tracks per partition with storage work: appends in flight (in prepare
+    order), the flush in flight and who waits for the next one."""
+
+    __slots__ = ("appends", "flush_waiters", "flushing", "writes_in_flight")
+
+    def __init__(self) -> None:
+        self.appends: deque[AppendInFlight] = deque()
+        self.writes_in_flight = 0
+        self.flushing = False
+        self.flush_waiters: list[Flushed] = []  # for the next flush (not the one in flight)
+
+    def idle(self) -> bool:
+        return not (self.appends or self.writes_in_flight or self.flushing or self.flush_waiters)
+
+
 class BackendCore:
-    """The outcome-handling half of a backend. Subclasses provide the I/O."""
+    """One core's serving, whatever moves its bytes. A backend subclasses it, calls `open_core`
+    once its loop primitives work, and provides the primitives below."""
 
     handlers: Handlers
     forwarder: Forwarder
+    peers: PeerPool
 
     def __init__(self, config: BrokerConfig) -> None:
+        self.config = config
         self.parked_long_polls = 0
         limits = config.limits
         self.connection_budget = limits.connection_memory_bytes
@@ -252,34 +466,73 @@ class BackendCore:
             SWEEP_S_MIN, min([SWEEP_S, *(t / 4 for t in (self.idle_s, self.frame_timeout_s) if t > 0)])
         )
         self.limit_log = RateLimitedLog(log)
-        self._kicks: dict[ReplyTarget, None] = {}  # connections to resume after a release
+        self.connections: set[ServedConnection] = set()
+        self._kicks: dict[ServedConnection, None] = {}  # connections to resume after a release
         self._kick_scheduled = False
+        self._work: dict[Partition, PartitionWork] = {}
+        self._flush_due: set[Partition] = set()  # partitions with waiters for a flush this turn
+        self._commit_scheduled = False
+        self.reads_in_flight = 0
+        self._stop_requested = False
+
+    def open_core(self) -> None:
+        """Open this core's partitions (`Handlers`) and its forwarding; publish its gauges."""
+        config = self.config
+        self.handlers = Handlers(config)
+        self.peers = PeerPool.for_config(config, self.open_peer, self.stopping, self.call_later)
+        self.forwarder = Forwarder(self.handlers, self.peers.send_to_core, self.call_later)
+        self.handlers.gauges = {
+            "inflight_requests": lambda: sum(len(c.slots) for c in self.connections if not c.from_peer),
+            "pending_forwards": lambda: self.forwarder.pending,
+            "parked_long_polls": lambda: self.parked_long_polls,
+            "commit_waiters": lambda: sum(len(w.flush_waiters) for w in self._work.values()),
+            "client_connections": lambda: self.client_connections,
+            "bytes_in_flight": lambda: self.memory.used,
+        }
 
     # ------------------------------------------------------------------------- the backend's part
 
-    def _append(self, outcome: Append, frame: Frame, conn: ReplyTarget, slot: Slot) -> None:
-        raise NotImplementedError
-
-    def _read(self, outcome: Read, frame: Frame, conn: ReplyTarget, slot: Slot) -> None:
-        raise NotImplementedError
-
-    def _after_flush(
-        self, partition: Partition, done: Callable[[], None], failed: Callable[[BaseException], None]
-    ) -> None:
-        raise NotImplementedError
-
     def call_later(self, delay_s: float, callback: Callable[[], None]) -> Cancellable:
-        raise NotImplementedError
-
-    def stopping(self) -> bool:
         raise NotImplementedError
 
     def call_soon(self, callback: Callable[[], None]) -> None:
         raise NotImplementedError
 
-    # ------------------------------------------------------------------------- shared
+    def end_of_turn(self, callback: Callable[[], None]) -> None:
+        """Run `callback` once after the completions of this loop turn (the group commit)."""
+        raise NotImplementedError
 
-    def take_requests(self, conn: ReplyTarget) -> None:
+    def run_ops(self, ops: Sequence[Op], done: Callable[[OSError | None], None]) -> None:
+        """Execute storage operations in order (fileio.py's meaning); `done(None)` or `done(error)`."""
+        raise NotImplementedError
+
+    def run_append(
+        self, partition: Partition, ops: Sequence[Op], done: Callable[[OSError | None], None]
+    ) -> None:
+        """An append's operations: `run_ops` unless the backend gathers them (io_uring)."""
+        self.run_ops(ops, done)
+
+    def read(self, extent: Extent, done: Callable[[bytes | BaseException], None]) -> None:
+        """Read `extent`; `done(data)` or `done(error)`."""
+        raise NotImplementedError
+
+    def open_peer(self, core: int, long_poll: bool) -> PeerStream | None:
+        """Start connecting to peer core `core` (None: cannot, the forward fails retriably)."""
+        raise NotImplementedError
+
+    def stop_accepting(self) -> None:
+        raise NotImplementedError
+
+    def io_pending(self) -> int:
+        """Operations the backend still waits for after closing everything (shutdown waits a little)."""
+        return 0
+
+    def after_sweep(self) -> None:
+        """The backend's own part of the sweep (the io_uring backend shrinks quiet recv buffers)."""
+
+    # ------------------------------------------------------------------------- requests and outcomes
+
+    def take_requests(self, conn: ServedConnection) -> None:
         """Handle the whole frames `conn`'s decoder holds, in order, each with its reply slot, as
         long as the memory budgets allow (see the module rules); the rest wait in the decoder.
 
@@ -321,35 +574,40 @@ class BackendCore:
                 elif took or not budget.frame_started:
                     budget.frame_started = time.monotonic()
 
-    def carry_out(self, outcome: Outcome, frame: Frame, conn: ReplyTarget, slot: Slot) -> None:
-        if isinstance(outcome, Reply | Silent):
-            conn.fill(slot, outcome)
-        elif isinstance(outcome, Append):
-            self._append(outcome, frame, conn, slot)
-        elif isinstance(outcome, Read):
-            # The extent is at least one whole batch, which may be more than the fetch's max_bytes:
-            # counted before the buffer for it is allocated.
-            more = outcome.extent.length + REQUEST_OVERHEAD_BYTES - slot.charge
-            if more > 0 and not conn.from_peer:
-                slot.charge += more
-                self._count(conn, more, 0)
-            self._read(outcome, frame, conn, slot)
-        elif isinstance(outcome, Durable):
-            self._after_flush(
-                outcome.partition,
-                lambda: conn.fill(slot, outcome.reply),
-                lambda exc: conn.fill(slot, outcome.fail(exc)),
-            )
-        elif isinstance(outcome, Forward):
-            self.forwarder.forward(outcome, lambda reply: conn.fill(slot, reply))
-            if self.forwarder.blocked(outcome.core):
-                conn.wait_for_forward_room(self.forwarder, outcome.core)
-        elif isinstance(outcome, Notify):
-            self.forwarder.notify(outcome, lambda reply: conn.fill(slot, reply))
-        else:
-            self._park(outcome, conn, slot, outcome.deadline_ms)
+    def carry_out(self, outcome: Outcome, frame: Frame, conn: ServedConnection, slot: Slot) -> None:
+        """Do what `outcome` says for the request in `slot`. Every member of `Outcome` has its case;
+        anything else is a bug and raises."""
+        match outcome:
+            case Reply() | Silent():
+                conn.fill(slot, outcome)
+            case Append():
+                self._append(outcome, conn, slot)
+            case Read():
+                # The extent is at least one whole batch, which may be more than the fetch's
+                # max_bytes: counted before the buffer for it is allocated.
+                more = outcome.extent.length + REQUEST_OVERHEAD_BYTES - slot.charge
+                if more > 0 and not conn.from_peer:
+                    slot.charge += more
+                    self._count(conn, more, 0)
+                self._read(outcome, frame, conn, slot)
+            case Durable():
+                self.after_flush(
+                    outcome.partition,
+                    lambda: conn.fill(slot, outcome.reply),
+                    lambda exc: conn.fill(slot, outcome.fail(exc)),
+                )
+            case Wait():
+                self._park(outcome, conn, slot, outcome.deadline_ms)
+            case Forward():
+                self.forwarder.forward(outcome, lambda reply: conn.fill(slot, reply))
+                if self.forwarder.blocked(outcome.core):
+                    conn.wait_for_forward_room(self.forwarder, outcome.core)
+            case Notify():
+                self.forwarder.notify(outcome, lambda reply: conn.fill(slot, reply))
+            case _:
+                assert_never(outcome)
 
-    def _park(self, outcome: Wait, conn: ReplyTarget, slot: Slot, deadline_ms: int) -> None:
+    def _park(self, outcome: Wait, conn: ServedConnection, slot: Slot, deadline_ms: int) -> None:
         """Park a fetch until its partition grows or its deadline passes."""
         partition = outcome.partition
         timer: Cancellable | None = None
@@ -379,9 +637,242 @@ class BackendCore:
         self.parked_long_polls += 1
         partition.waiters.append(wake)
 
+    def _read(self, outcome: Read, frame: Frame, conn: ServedConnection, slot: Slot) -> None:
+        self.reads_in_flight += 1
+
+        def finished(data: bytes | BaseException) -> None:
+            self.reads_in_flight -= 1
+            try:
+                if isinstance(data, BaseException):
+                    raise data
+                reply = outcome.finish(data)
+            except Exception as exc:  # becomes an error reply
+                reply = self.handlers.error_reply(frame, exc)
+            conn.fill(slot, reply)
+
+        self.read(outcome.extent, finished)
+
+    # ------------------------------------------------------------------------- appends
+
+    def _work_of(self, partition: Partition) -> PartitionWork:
+        work = self._work.get(partition)
+        if work is None:
+            work = self._work[partition] = PartitionWork()
+        return work
+
+    def _settle(self, partition: Partition, work: PartitionWork) -> None:
+        if work.idle() and self._work.get(partition) is work:
+            del self._work[partition]
+
+    def _append(self, outcome: Append, conn: ServedConnection, slot: Slot) -> None:
+        """Run the append's operations; once it is visible, reply (acks=durable: after a flush)."""
+        partition = outcome.partition
+
+        def done(reply: Reply | Silent | None, exc: BaseException | None) -> None:
+            if exc is not None:
+                conn.fill(slot, outcome.fail(exc))
+            elif outcome.acks != Acks.DURABLE:
+                assert reply is not None
+                conn.fill(slot, reply)
+            else:
+                self.after_flush(
+                    partition, lambda: conn.fill(slot, reply), lambda e: conn.fill(slot, outcome.fail(e))
+                )
+
+        work = self._work_of(partition)
+        entry = AppendInFlight(outcome, done)
+        work.appends.append(entry)
+        work.writes_in_flight += 1
+
+        def written(exc: OSError | None) -> None:
+            work.writes_in_flight -= 1
+            entry.running = False
+            entry.error = exc
+            self._advance_appends(partition, work)
+
+        self.run_append(partition, outcome.pending.ops, written)
+
+    def _advance_appends(self, partition: Partition, work: PartitionWork) -> None:
+        """Make finished appends visible in prepare order; undo from the first failed one, once
+        none of the appends after it is still writing (`Log.abort_append`)."""
+        appends = work.appends
+        while appends and not appends[0].running and appends[0].error is None:
+            entry = appends.popleft()
+            try:
+                reply = entry.outcome.complete()
+            except Exception as exc:  # the log refused to complete: an error reply
+                entry.done(None, exc)
+                continue
+            entry.done(reply, None)
+        if appends and appends[0].error is not None and not work.writes_in_flight:
+            failed = appends[0]
+            exc = failed.error
+            assert exc is not None
+            log.error("append to %s failed: %s", failed.outcome.pending.segment.store_path, exc)
+            partition.log.abort_append(failed.outcome.pending)
+            aborted, work.appends = list(appends), deque()
+            for entry in aborted:
+                entry.done(None, entry.error or exc)
+        self._settle(partition, work)
+
+    # ------------------------------------------------------------------------- group commit
+
+    def after_flush(
+        self, partition: Partition, done: Callable[[], None], failed: Callable[[BaseException], None]
+    ) -> None:
+        """`done()` once `partition`'s next flush has completed, `failed(exc)` if it fails. Every
+        waiter of a loop turn shares one flush per partition, started at the end of the turn."""
+        self._work_of(partition).flush_waiters.append((done, failed))
+        self._flush_due.add(partition)
+        if not self._commit_scheduled:
+            self._commit_scheduled = True
+            self.end_of_turn(self.group_commit)
+
+    def group_commit(self) -> None:
+        """One flush per partition for every waiter of this turn; a partition whose flush is in
+        flight gets exactly one more after it, which covers everything that arrived meanwhile."""
+        self._commit_scheduled = False
+        due, self._flush_due = self._flush_due, set()
+        for partition in due:
+            work = self._work.get(partition)
+            if work is not None and not work.flushing and work.flush_waiters:
+                self._flush(partition, work)
+
+    def _flush(self, partition: Partition, work: PartitionWork) -> None:
+        waiters, work.flush_waiters = work.flush_waiters, []
+        log_ = partition.log
+        try:
+            plan = log_.prepare_flush()
+        except Exception as exc:  # a broken or closed log: every waiter learns of it
+            log.error("flush of %s failed: %s", log_.directory, exc)
+            for _, failed in waiters:
+                failed(exc)
+            self._settle(partition, work)
+            return
+        work.flushing = True
+
+        def flushed(exc: OSError | None) -> None:
+            work.flushing = False
+            error: BaseException | None = exc
+            if exc is not None:
+                log_.fail_flush(exc, plan)
+            else:
+                try:
+                    log_.complete_flush(plan)
+                except Exception as complete_exc:  # every waiter learns of it
+                    error = complete_exc
+            if error is not None:
+                log.error("flush of %s failed: %s", log_.directory, error)
+                for _, failed in waiters:
+                    failed(error)
+            else:
+                self.handlers.metrics.flushed(len(waiters))
+                for done, _ in waiters:
+                    done()
+            if work.flush_waiters:  # arrived while this flush ran: the next one covers them
+                self._flush(partition, work)
+            else:
+                self._settle(partition, work)
+
+        self.run_ops(plan.ops, flushed)
+
+    # ------------------------------------------------------------------------- lifecycle
+
+    def stopping(self) -> bool:
+        return self._stop_requested
+
+    def request_stop(self) -> None:
+        """SIGTERM or SIGINT: the backend's serve loop ends and runs `shutdown`."""
+        self._stop_requested = True
+
+    def started(self, ready: Callable[[], None] | None, listeners: int, backend: str) -> None:
+        """The listeners are served: say so, publish the first metrics, start the periodic work."""
+        self.handlers.metrics.backend = backend.split(maxsplit=1)[0]
+        log.info(
+            "core %d serving %d listener(s) (data dir %s, backend %s)",
+            self.config.core_id,
+            listeners,
+            os.path.abspath(self.config.data_dir),
+            backend,
+        )
+        self.publish_metrics()
+        if ready is not None:
+            ready()
+        self._every(RETENTION_CHECK_S, self._retention)
+        self._every(HOUSEKEEPING_S, self._housekeeping)
+        self._every(self.sweep_s, self._sweep)
+
+    def _every(self, interval_s: float, work: Callable[[], None]) -> None:
+        """Run `work` every `interval_s` until the core stops."""
+
+        def tick() -> None:
+            if self._stop_requested:
+                return
+            work()
+            self.call_later(interval_s, tick)
+
+        self.call_later(interval_s, tick)
+
+    def publish_metrics(self) -> None:
+        try:
+            publish(self.config.data_dir, self.handlers.metrics.snapshot(self.handlers.gauges))
+        except OSError as exc:
+            log.warning("cannot publish metrics: %s", exc)
+
+    def _housekeeping(self) -> None:
+        """About once a second: publish this core's metrics, notice other cores' topic changes."""
+        self.publish_metrics()
+        try:
+            self.handlers.refresh_topics()
+        except (OSError, ValueError) as exc:
+            log.error("cannot read the topic registry: %s", exc)
+
+    def _retention(self) -> None:
+        # A read in flight pins its segment (Segment.borrow_store_fd): deleting it is safe.
+        deleted = self.handlers.apply_retention()
+        if deleted:
+            log.info("retention deleted %d segment(s)", deleted)
+
+    def _sweep(self) -> None:
+        self.sweep(self.connections)
+        self.after_sweep()
+
+    def busy(self) -> bool:
+        """Whether requests are unanswered, replies unsent or storage operations in flight."""
+        return (
+            any(c.slots or c.unsent() for c in self.connections)
+            or any(not w.idle() for w in self._work.values())
+            or self.reads_in_flight > 0
+        )
+
+    def shutdown(self) -> Iterator[float]:
+        """The one shutdown sequence of every backend: stop accepting, answer what is in flight
+        (parked fetches at once, with what there is), flush, close. A generator: each value is how
+        long the backend runs its loop (at most) before the sequence goes on."""
+        log.info("shutting down: no new connections, answering in-flight requests")
+        self.stop_accepting()
+        for p in self.handlers.partitions.values():
+            p.wake_waiters()  # parked fetches answer now (their re-handle sees `stopping()`)
+        deadline = time.monotonic() + SHUTDOWN_GRACE_S
+        while self.busy() and time.monotonic() < deadline:
+            yield SHUTDOWN_POLL_S
+        if self._flush_due:
+            self.group_commit()
+        self.forwarder.fail_all()
+        for conn in list(self.connections):
+            conn.close()
+        self.peers.close_all()
+        for _ in range(SHUTDOWN_SETTLE_POLLS):  # let the cancels and closes complete
+            if self.io_pending() <= 0:
+                break
+            yield SHUTDOWN_POLL_S
+        self.handlers.close()
+        self.publish_metrics()
+        log.info("stopped cleanly")
+
     # ------------------------------------------------------------------------- memory in flight
 
-    def _count(self, conn: ReplyTarget, held: int, buffered: int) -> None:
+    def _count(self, conn: ServedConnection, held: int, buffered: int) -> None:
         """Add to (or, negative, release from) `conn`'s bytes in flight and its core's."""
         if conn.closed or conn.from_peer:
             return
@@ -404,7 +895,7 @@ class BackendCore:
         slot.charge = charge
         return change
 
-    def queued(self, conn: ReplyTarget, released: int, unsent: int, replied: int = 0) -> None:
+    def queued(self, conn: ServedConnection, released: int, unsent: int, replied: int = 0) -> None:
         """Replies whose slots counted `released` bytes went to the transport, which now holds
         `unsent` bytes of this connection not yet sent (the backend knows; 0 once drained);
         `replied` is what `replied` returned for the reply that made them ready, if any."""
@@ -412,7 +903,7 @@ class BackendCore:
         self._count(conn, unsent - budget.queued - released + replied, 0)
         budget.queued = unsent
 
-    def may_read(self, conn: ReplyTarget) -> bool:
+    def may_read(self, conn: ServedConnection) -> bool:
         """Whether `conn` may be read now. A connection with nothing in flight of its own reads
         on (a frame larger than its budget must arrive whole); one that alone holds the core's
         memory too. False for a budget marks it to be resumed when memory is released (at
@@ -428,14 +919,14 @@ class BackendCore:
             return False
         return self._core_admits(conn, mine)
 
-    def _may_take(self, conn: ReplyTarget) -> bool:
+    def _may_take(self, conn: ServedConnection) -> bool:
         budget = conn.budget
         if budget.held and budget.held >= self.connection_budget:
             budget.gated = True
             return False
         return self._core_admits(conn, budget.held + budget.buffered)
 
-    def _core_admits(self, conn: ReplyTarget, mine: int) -> bool:
+    def _core_admits(self, conn: ServedConnection, mine: int) -> bool:
         memory = self.memory
         if memory.used < memory.limit or memory.used <= mine:
             return True
@@ -443,7 +934,7 @@ class BackendCore:
         memory.waiting[conn] = None
         return False
 
-    def _released(self, conn: ReplyTarget) -> None:
+    def _released(self, conn: ServedConnection) -> None:
         """Memory went back: resume `conn` if a budget stopped it, and the connections waiting for
         the core's budget if it is below again (after this turn's callbacks: never re-entrant)."""
         kick = conn.budget.gated
@@ -473,7 +964,7 @@ class BackendCore:
 
     # ------------------------------------------------------------------------- connections
 
-    def admit_connection(self, conn: ReplyTarget) -> bool:
+    def admit_connection(self, conn: ServedConnection) -> bool:
         """Count a new connection against the per-core cap; False: close it at once (logged)."""
         if conn.from_peer:
             return True
@@ -490,7 +981,15 @@ class BackendCore:
         conn.budget.counted = True
         return True
 
-    def forget(self, conn: ReplyTarget) -> None:
+    def accepted(self, conn: ServedConnection) -> bool:
+        """A new connection: served from now on if the cap admits it, else dropped (False)."""
+        if not self.admit_connection(conn):
+            conn.drop()
+            return False
+        self.connections.add(conn)
+        return True
+
+    def forget(self, conn: ServedConnection) -> None:
         """`conn` is closed: its memory in flight is released and it no longer counts."""
         budget = conn.budget
         if budget.counted:
@@ -507,7 +1006,7 @@ class BackendCore:
                 self._kick_scheduled = True
                 self.call_soon(self._resume_gated)
 
-    def sweep(self, connections: Iterable[ReplyTarget]) -> None:
+    def sweep(self, connections: Iterable[ServedConnection]) -> None:
         """Once a `sweep_s`: close idle and stalled client connections, log the suppressed
         counts, give freed memory back to the OS."""
         now = time.monotonic()

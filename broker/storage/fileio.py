@@ -4,8 +4,9 @@ Rules this module keeps:
 - The storage engine never calls `os` for file I/O itself. Its cold paths (open, recovery, roll,
   truncate, retention) call a `FileIO`; its hot paths (append, flush, read) return *operations*
   (`Write`, `Sync`, `SyncFile`, `SyncDir`) for the caller to execute. The synchronous `SyncFileIO`
-  runs them at once, for tools and tests; the io_uring loop turns them into SQEs without blocking;
-  tests swap in a `FileIO` that injects short writes and errors.
+  runs them at once (`run_ops`), for tools, tests and the uvloop backend; its asynchronous twin
+  `RingOps` (ring_ops.py) submits them to an io_uring ring as SQEs without blocking; tests swap
+  in a `FileIO` that injects short writes and errors.
 - A short write is not an error: `run_ops` continues it. An `OSError` from the file system is an
   operating error (full disk, EIO): it propagates to the log, which undoes the append.
 - A failed write raises `WriteError` (an `OSError`), a failed sync a plain `OSError`: the log

@@ -1,0 +1,116 @@
+"""The io_uring backend's small loop: completions, timers and callbacks over one `native.Ring`.
+
+Rules this module keeps:
+- One pass: submit everything prepared and wait for at least one completion (or the next timer,
+  or not at all when callbacks are due or the busy poll is on), reap up to
+  `COMPLETIONS_PER_PASS_MAX` completions in one batch, *then* run their continuations (never while
+  reaping), then the timers that are due, then the `call_soon` callbacks queued before this
+  phase, then the end-of-pass callbacks (the group commit, the gathered store writes). Every
+  queue has a bound: what a callback queues runs in the next pass.
+- A continuation is registered under a fresh user_data (`op`) and runs on each completion of it;
+  it is forgotten with the final one (no `CQE_F_MORE`), and the ring releases the buffers then.
+- It knows nothing of connections, storage or the broker: broker/backends/uring.py drives it.
+  Importable without the compiled bindings (it only names `Ring` for type checkers).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from native.constants import COMPLETIONS_PER_PASS_MAX, CQE_F_MORE
+
+if TYPE_CHECKING:
+    from native.ring import Ring
+
+Callback = Callable[[int, int], None]  # (res, flags) of a completion
+
+
+class Timer:
+    """A callback due at `deadline` (time.monotonic()); `cancel()` makes it a no-op."""
+
+    __slots__ = ("callback", "cancelled", "deadline")
+
+    def __init__(self, deadline: float, callback: Callable[[], None]) -> None:
+        self.deadline = deadline
+        self.callback = callback
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class Loop:
+    """A completion-driven loop over one `native.Ring`. Owned by its worker's only thread."""
+
+    def __init__(self, ring: Ring, busy_poll_us: int = 0) -> None:
+        self.ring = ring
+        self._ops: dict[int, Callback] = {}
+        self._ids = itertools.count(1)
+        self._timers: list[tuple[float, int, Timer]] = []
+        self._soon: deque[Callable[[], None]] = deque()
+        self._end_of_pass: list[Callable[[], None]] = []
+        self.busy_poll_s = busy_poll_us / 1e6
+        self._busy_until = 0.0
+
+    def op(self, callback: Callback) -> int:
+        """A user_data for one operation; `callback(res, flags)` runs on each of its completions."""
+        ud = next(self._ids)
+        self._ops[ud] = callback
+        return ud
+
+    def call_soon(self, callback: Callable[[], None]) -> None:
+        self._soon.append(callback)
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> Timer:
+        timer = Timer(time.monotonic() + max(0.0, delay), callback)
+        heapq.heappush(self._timers, (timer.deadline, next(self._ids), timer))
+        return timer
+
+    def at_end_of_pass(self, callback: Callable[[], None]) -> None:
+        """Run `callback` once, after this pass's continuations, timers and soon-callbacks."""
+        self._end_of_pass.append(callback)
+
+    @property
+    def pending_ops(self) -> int:
+        return len(self._ops)
+
+    def run_once(self) -> None:
+        """One pass: submit and wait, reap a batch, run continuations, timers, soon-callbacks,
+        end-of-pass callbacks."""
+        ring = self.ring
+        timeout: float | None
+        if self._soon or self._end_of_pass or (self.busy_poll_s and time.monotonic() < self._busy_until):
+            timeout = 0.0
+        elif self._timers:
+            timeout = max(0.0, self._timers[0][0] - time.monotonic())
+        else:
+            timeout = None
+        ring.submit_and_wait(1, timeout)
+        completions = ring.completions(COMPLETIONS_PER_PASS_MAX)
+        if completions and self.busy_poll_s:
+            self._busy_until = time.monotonic() + self.busy_poll_s
+        ops = self._ops
+        more = CQE_F_MORE
+        for ud, res, flags in completions:
+            cb = ops.get(ud) if flags & more else ops.pop(ud, None)
+            if cb is not None:
+                cb(res, flags)
+        if self._timers:
+            now = time.monotonic()
+            timers = self._timers
+            while timers and timers[0][0] <= now:
+                _, _, timer = heapq.heappop(timers)
+                if not timer.cancelled:
+                    timer.callback()
+        soon = self._soon
+        for _ in range(len(soon)):
+            soon.popleft()()
+        if self._end_of_pass:
+            end, self._end_of_pass = self._end_of_pass, []
+            for callback in end:
+                callback()

@@ -1,0 +1,90 @@
+"""The shared backend core without a backend: the exhaustive dispatch of outcomes, and the group
+commit's bookkeeping (one flush per partition per turn, exactly one more after a flush in flight)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from broker.backends.shared import BackendCore, Slot
+from broker.core.config import BrokerConfig
+from ringlog_proto.frames import Frame
+
+
+class FakeLog:
+    directory = "fake"
+
+    def __init__(self) -> None:
+        self.prepared = 0
+        self.completed = 0
+        self.failed: list[OSError] = []
+
+    def prepare_flush(self) -> object:
+        self.prepared += 1
+        return SimpleNamespace(ops=[f"sync {self.prepared}"])
+
+    def complete_flush(self, plan: object) -> None:
+        self.completed += 1
+
+    def fail_flush(self, exc: OSError, plan: object = None) -> None:
+        self.failed.append(exc)
+
+
+class FakePartition:
+    def __init__(self) -> None:
+        self.log = FakeLog()
+
+
+class FakeCore(BackendCore):
+    """A backend whose storage operations complete when the test says, and whose turn ends when
+    the test says."""
+
+    def __init__(self) -> None:
+        super().__init__(BrokerConfig())
+        self.running: list[tuple[Sequence[Any], Callable[[OSError | None], None]]] = []
+        self.turn_end: list[Callable[[], None]] = []
+        self.flushed_counts: list[int] = []
+        self.handlers = SimpleNamespace(metrics=SimpleNamespace(flushed=self.flushed_counts.append))  # type: ignore[assignment]
+
+    def end_of_turn(self, callback: Callable[[], None]) -> None:
+        self.turn_end.append(callback)
+
+    def run_ops(self, ops: Sequence[Any], done: Callable[[OSError | None], None]) -> None:
+        self.running.append((ops, done))
+
+    def end_turn(self) -> None:
+        callbacks, self.turn_end = self.turn_end, []
+        for callback in callbacks:
+            callback()
+
+
+def test_an_unknown_outcome_is_a_bug_not_a_parked_fetch() -> None:
+    core = BackendCore(BrokerConfig())
+    frame = Frame(api_key=0, api_version=0, flags=0, correlation_id=1, topic_id=0, partition=0, body=b"")
+    with pytest.raises(AssertionError, match="unreachable"):
+        core.carry_out(object(), frame, None, Slot(0))  # type: ignore[arg-type]
+
+
+def test_durable_waiters_of_one_turn_share_one_flush_and_later_ones_get_exactly_one_more() -> None:
+    core = FakeCore()
+    partition = FakePartition()
+    answered: list[str] = []
+    for name in ("a", "b"):
+        core.after_flush(partition, lambda n=name: answered.append(n), lambda exc: answered.append("fail"))  # type: ignore[arg-type,misc]
+    assert len(core.turn_end) == 1  # one group commit scheduled for the turn, not one per waiter
+    core.end_turn()
+    assert len(core.running) == 1 and partition.log.prepared == 1
+    # While that flush runs, two turns add waiters: one more flush covers both, after the first.
+    for name in ("c", "d"):
+        core.after_flush(partition, lambda n=name: answered.append(n), lambda exc: answered.append("fail"))  # type: ignore[arg-type,misc]
+        core.end_turn()
+    assert len(core.running) == 1
+    core.running.pop()[1](None)
+    assert answered == ["a", "b"] and core.flushed_counts == [2]
+    assert len(core.running) == 1 and partition.log.prepared == 2
+    core.running.pop()[1](OSError(5, "EIO"))
+    assert answered == ["a", "b", "fail", "fail"] and len(partition.log.failed) == 1
+    assert not core.running and core.busy() is False  # nothing left for shutdown to wait on
