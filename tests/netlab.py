@@ -31,6 +31,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
+from brokerproc import BrokerProcess
+
 from bpf import state
 
 PREFIX_LEN: Final = 24
@@ -129,19 +131,15 @@ class Netns:
         self.close()
 
 
-class NsBroker:
-    """`broker serve` inside a namespace, listening on its veth address."""
+class NsBroker(BrokerProcess):
+    """`broker serve` inside a namespace, listening on its veth address (stopping, killing and the
+    log as `BrokerProcess` does them; only where it runs differs)."""
 
     def __init__(
         self, lab: Netns, data_dir: Path, log_path: Path, extra: tuple[str, ...], cores: int = 2
     ) -> None:
+        super().__init__(data_dir, log_path, extra, cores)
         self.lab = lab
-        self.data_dir = data_dir
-        self.log_path = log_path
-        self.extra = extra
-        self.cores = cores
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.port = 0
 
     @property
     def host(self) -> str:
@@ -168,20 +166,6 @@ class NsBroker:
                 raise RuntimeError(f"broker exited with {self.proc.returncode}:\n{self.log()}")
             time.sleep(0.05)
         raise RuntimeError(f"broker did not start:\n{self.log()}")
-
-    def stop(self) -> int:
-        assert self.proc is not None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
-
-    def log(self) -> str:
-        return self.log_path.read_text() if self.log_path.exists() else ""
 
     def bpf(self) -> dict[str, Any] | None:
         return state.read(str(self.data_dir))
