@@ -539,7 +539,7 @@ class Handlers:
         deleted = 0
         for p in self.partitions.values():
             try:
-                deleted += p.log.apply_retention()
+                deleted += p.apply_retention()
             except StorageError as exc:
                 log.error("retention on partition %d/%d: %s", p.topic_id, p.index, exc)
         return deleted

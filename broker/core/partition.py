@@ -13,7 +13,8 @@ Rules this module keeps:
   producer state of a produce itself.
 - Duplicate detection is by (producer id, epoch, sequence range): a producer retrying a batch it
   already sent gets the original offsets back and nothing is appended twice. The state is rebuilt
-  from the batch headers in the log when the partition opens, so it survives a broker restart.
+  from the batch headers in the log when the partition opens, so it survives a broker restart,
+  and loses what retention deletes (`apply_retention`), so it lives as long as its batches.
 - Group offsets live in broker/core/groups.py (one JSON file per partition, replaced atomically).
 """
 
@@ -105,6 +106,14 @@ class Partition:
         pending = log_.prepare_append(records, headers)
         self.producers.reserve(pending.headers)
         return PendingProduce(self, pending)
+
+    def apply_retention(self) -> int:
+        """Delete the segments past the topic's retention (the log decides which); the producer
+        state forgets the batches they held. Returns the segments deleted."""
+        deleted = self.log.apply_retention()
+        if deleted:
+            self.producers.expire(self.log.start_offset)
+        return deleted
 
     # ------------------------------------------------------------------------- long polls
 

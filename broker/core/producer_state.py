@@ -188,6 +188,19 @@ class ProducerState:
         for h in headers:
             self._remember(h)
 
+    def expire(self, start_offset: int) -> None:
+        """Retention deleted the log below `start_offset`: forget the batches it took, and a
+        producer with none left, so the state is what `rebuild` would make of the log now (state
+        lives as long as the batches carrying it, whether or not the broker restarted)."""
+        for pid in [
+            pid for pid, p in self._producers.items() if p.batches and p.batches[0][2] < start_offset
+        ]:
+            batches = self._producers[pid].batches
+            while batches and batches[0][2] < start_offset:
+                batches.popleft()
+            if not batches:
+                del self._producers[pid]
+
     def _remember(self, h: BatchHeader) -> None:
         if h.producer_id == NO_PRODUCER_ID:
             return

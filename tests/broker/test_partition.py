@@ -102,3 +102,25 @@ def test_group_offsets_survive_a_reopen(tmp_path: Path) -> None:
         assert p.groups.get("g") == (7, "meta")
     finally:
         p.close()
+
+
+def test_retention_takes_the_producer_state_its_segments_held(tmp_path: Path, space: DiskSpace) -> None:
+    """PROTOCOL §4.7: producer state lives as long as the batches carrying it, without a restart."""
+    p = Partition(
+        1, 0, str(tmp_path / "p"), LogConfig(segment_bytes=4096, max_batch_bytes=1024, retention_bytes=1)
+    )
+    try:
+        written(p, batch(0, 2, pid=4), space)  # producer 4 only in the first segment
+        for seq in range(200):  # producer 5 fills more segments
+            written(p, batch(seq, 1, pid=5), space)
+        assert len(p.log.segments) > 2
+        assert p.producers.producer(4) == (0, 1)
+        assert isinstance(p.produce(batch(0, 2, pid=4), space), Stored), "a retry while it is stored"
+        assert p.apply_retention() > 0
+        assert p.log.start_offset > 1  # producer 4's batch is gone
+        assert p.producers.producer(4) is None
+        assert p.producers.producer(5) == (0, 199), "the active segment keeps producer 5's latest"
+        stored = written(p, batch(0, 2, pid=4), space)  # new again: appended, not a retry
+        assert stored.base_offset == p.log.end_offset - 2
+    finally:
+        p.close()

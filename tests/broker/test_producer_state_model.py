@@ -160,10 +160,6 @@ class ProducerStateMachine(RuleBasedStateMachine):
         for pid in pids:
             earlier = next((b for b in reversed(request) if b.pid == pid), None)
             b = self.draw_batch(data, pid, earlier or self.projected(pid))
-            if earlier is not None and b.epoch != earlier.epoch:
-                # One epoch per producer within a request, as clients send: see
-                # test_a_request_changing_a_producers_epoch_is_judged_by_sequence_alone.
-                b = Batch(pid, earlier.epoch, b.first, b.count)
             request.append(b)
         expected = model_answer(self.stored, self.flying, request)
         got = implementation_answer(self.state, request)
@@ -191,6 +187,19 @@ class ProducerStateMachine(RuleBasedStateMachine):
         self.next_offset = failed[0][0].base_offset
         for placed in failed:
             self.state.released(headers(placed))
+
+    @precondition(lambda self: self.stored)
+    @rule(data=st.data())
+    def retention(self, data: st.DataObject) -> None:
+        """Retention deletes a prefix of the log (whole segments: here any prefix of batches)."""
+        drop = data.draw(st.integers(1, len(self.stored)))
+        start = (
+            self.stored[drop].base_offset
+            if drop < len(self.stored)
+            else self.stored[-1].base_offset + self.stored[-1].count
+        )
+        self.stored = self.stored[drop:]
+        self.state.expire(start)
 
     @rule(data=st.data())
     def restart(self, data: st.DataObject) -> None:
