@@ -35,24 +35,10 @@ if TYPE_CHECKING:
         probe,
     )
 
-_FROM_RING = frozenset(
-    {
-        "SETUP_FLAGS_DEFAULT",
-        "SETUP_FLAGS_SINGLE_THREAD",
-        "SPLICE_F_MORE",
-        "SPLICE_F_MOVE",
-        "SPLICE_F_NONBLOCK",
-        "BufferRing",
-        "Ring",
-        "RingUnavailable",
-        "probe",
-    }
-)
-
 
 def __getattr__(name: str) -> object:
     """The bindings' names, loaded on first use (ImportError when `native._uring` is not built)."""
-    if name in _FROM_RING:
+    if name in __all__:  # not found among the constants above: one of the bindings' names
         from native import ring  # noqa: PLC0415 - the compiled module, only when asked for
 
         return getattr(ring, name)
