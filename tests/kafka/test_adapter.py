@@ -9,28 +9,25 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kio.schema.errors import ErrorCode
+from kio.serial import entity_reader, entity_writer
+from kio.static.primitive import i16, i32
 
-pytest.importorskip("kio")
-
-from kio.schema.errors import ErrorCode  # noqa: E402
-from kio.serial import entity_reader, entity_writer  # noqa: E402
-from kio.static.primitive import i16, i32  # noqa: E402
-
-from broker.backends.shared import FirstBytes  # noqa: E402
-from broker.core.config import BrokerConfig  # noqa: E402
-from broker.core.handlers import Handlers  # noqa: E402
-from broker.core.outcomes import Reply  # noqa: E402
-from broker.kafka.adapter import SUPPORTED_VERSIONS, KafkaAdapter, cluster_id_for  # noqa: E402
-from broker.kafka.codec import (  # noqa: E402
+from broker.backends.shared import FirstBytes
+from broker.core.config import BrokerConfig
+from broker.core.handlers import Handlers
+from broker.core.outcomes import Reply
+from broker.kafka.adapter import SUPPORTED_VERSIONS, KafkaAdapter, cluster_id_for
+from broker.kafka.codec import (
     KafkaFrameDecoder,
     KafkaRequest,
     make,
     request_schema,
     response_schema,
 )
-from ringlog_proto import messages as m  # noqa: E402
-from ringlog_proto.frames import NEED_DATA, FrameDecoder, ProtocolError  # noqa: E402
-from ringlog_proto.routing import shard_for  # noqa: E402
+from ringlog_proto import messages as m
+from ringlog_proto.frames import NEED_DATA, FrameDecoder, ProtocolError
+from ringlog_proto.routing import shard_for
 
 
 def frame_of(
