@@ -17,6 +17,11 @@ Rules this module keeps:
   (a `ServedConnection`) provides `write`, `unsent`, `reading_changed`, `abort`, `close` and
   `fileno`, and calls `received`, `sent_some`, `lost` and `closing`; its peer class (a
   `PeerStream`) provides `write` and `close`, and calls `received` and `gone`.
+- One port, two protocols: a client connection's first bytes choose its decoder (`FirstBytes`):
+  ours (0x52 at byte 4, `ringlog_proto.frames.starts_like_frame`) or Kafka's (its api key's zero
+  high byte there, `broker.kafka.codec.starts_like_kafka`); anything else is a protocol error and
+  closes the connection. Kafka requests go to the core's `KafkaAdapter`, ours to `Handlers`; both
+  give outcomes carried out here alike, in the same reply slots. Inter-core links speak ours only.
 - Dispatch is an exhaustive `match` over `Outcome` (broker/core/outcomes.py): an outcome without a
   case is a bug and raises, it is never taken for a parked fetch.
 - A connection answers in request order: every request gets a `Slot` when it arrives, and a
