@@ -18,6 +18,7 @@ Rules this module keeps:
 
 from __future__ import annotations
 
+import functools
 import io
 import struct
 from dataclasses import MISSING, dataclass, fields
@@ -169,8 +170,13 @@ def encode_response(correlation_id: int, response: Any) -> list[bytes]:
 def make(schema: type[Any], **values: Any) -> Any:
     """An entity of `schema` from `values`, leaving out those its version does not have: one
     place builds the answer of every version, each schema keeps its own fields."""
-    names = {f.name for f in fields(schema)}
+    names = _field_names(schema)
     return schema(**{k: v for k, v in values.items() if k in names})
+
+
+@functools.cache
+def _field_names(schema: type[Any]) -> frozenset[str]:
+    return frozenset(f.name for f in fields(schema))
 
 
 def required_fields(schema: type[Any]) -> list[str]:
