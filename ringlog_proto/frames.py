@@ -40,6 +40,7 @@ HEADER_SIZE: Final = 24
 LENGTH_SIZE: Final = 4
 FLAG_RESPONSE: Final = 0x0001
 FLAGS_KNOWN: Final = FLAG_RESPONSE
+MAGIC_OFFSET: Final = 4  # what tells our frames from another protocol's on a shared port
 CORRELATION_ID_OFFSET: Final = 12
 TOPIC_ID_OFFSET: Final = 16  # where BPF finds the partition identity in the first frame
 PARTITION_OFFSET: Final = 20
@@ -158,6 +159,15 @@ def peek_frame_size(buf: bytes | bytearray | memoryview, pos: int = 0) -> int | 
     return LENGTH_SIZE + _U32.unpack_from(buf, pos)[0]
 
 
+def starts_like_frame(buf: bytes | bytearray | memoryview, pos: int = 0) -> bool | None:
+    """Whether the bytes at `pos` begin one of our frames (the magic after the length), or None
+    while fewer than `MAGIC_OFFSET + 1` bytes are there: how a listener serving two protocols on
+    one port tells ours from the other by a connection's first bytes."""
+    if len(buf) - pos <= MAGIC_OFFSET:
+        return None
+    return buf[pos + MAGIC_OFFSET] == MAGIC
+
+
 class FrameDecoder:
     """Incremental frame decoder: feed bytes in any pieces, take whole frames out.
 
@@ -227,9 +237,10 @@ class FrameDecoder:
 
     def _check_prefix(self, buf: bytearray, pos: int) -> None:
         """Reject a wrong magic or version as soon as those bytes are here, not after a whole header."""
-        if buf[pos + 4] != MAGIC:
+        if buf[pos + MAGIC_OFFSET] != MAGIC:
             raise ProtocolError(
-                f"bad frame magic {buf[pos + 4]:#04x} (expected {MAGIC:#04x}): not a ringlog client?"
+                f"bad frame magic {buf[pos + MAGIC_OFFSET]:#04x} (expected {MAGIC:#04x}): "
+                "not a ringlog client?"
             )
         if buf[pos + 5] != FRAME_VERSION:
             raise ProtocolError(

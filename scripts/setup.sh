@@ -27,8 +27,9 @@ fi
 # liburing-dev: our cffi bindings (native/). python3-bpfcc: bcc for bpf/. linux-headers-amd64: bcc
 # compiles BPF C against kernel headers, and this kernel ships none. iproute2: netns/veth tests.
 # bpftool: tests/bpf checks with it that nothing of ours stays in the kernel after a kill -9.
+# kcat: tests/kafka lists the broker with it, as a Kafka user would (librdkafka, Debian's build).
 # A JRE only if no java is on the machine (PySpark needs one).
-PKGS=(liburing-dev python3-bpfcc linux-headers-amd64 iproute2 bpftool gcc)
+PKGS=(liburing-dev python3-bpfcc linux-headers-amd64 iproute2 bpftool gcc kcat)
 command -v java >/dev/null 2>&1 || PKGS+=(default-jre-headless)
 missing=()
 for p in "${PKGS[@]}"; do

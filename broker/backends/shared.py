@@ -17,6 +17,11 @@ Rules this module keeps:
   (a `ServedConnection`) provides `write`, `unsent`, `reading_changed`, `abort`, `close` and
   `fileno`, and calls `received`, `sent_some`, `lost` and `closing`; its peer class (a
   `PeerStream`) provides `write` and `close`, and calls `received` and `gone`.
+- One port, two protocols: a client connection's first bytes choose its decoder (`FirstBytes`):
+  ours (0x52 at byte 4, `ringlog_proto.frames.starts_like_frame`) or Kafka's (its api key's zero
+  high byte there, `broker.kafka.codec.starts_like_kafka`); anything else is a protocol error and
+  closes the connection. Kafka requests go to the core's `KafkaAdapter`, ours to `Handlers`; both
+  give outcomes carried out here alike, in the same reply slots. Inter-core links speak ours only.
 - Dispatch is an exhaustive `match` over `Outcome` (broker/core/outcomes.py): an outcome without a
   case is a bug and raises, it is never taken for a parked fetch.
 - A connection answers in request order: every request gets a `Slot` when it arrives, and a
@@ -71,8 +76,18 @@ from broker.core.limits import FETCH_MAX_BYTES_MAX
 from broker.core.metrics import publish
 from broker.core.outcomes import Append, Durable, Forward, Notify, Outcome, Read, Reply, Silent, Wait
 from broker.core.partition import Partition
+from broker.kafka.adapter import KafkaAdapter
+from broker.kafka.codec import KafkaFrameDecoder, KafkaRequest, starts_like_kafka
 from ringlog_proto.batch import now_ms
-from ringlog_proto.frames import HEADER_SIZE, NEED_DATA, Frame, FrameDecoder, ProtocolError
+from ringlog_proto.frames import (
+    HEADER_SIZE,
+    NEED_DATA,
+    Frame,
+    FrameDecoder,
+    ProtocolError,
+    _NeedData,
+    starts_like_frame,
+)
 from ringlog_proto.messages import Acks, peek_fetch_max_bytes
 
 if TYPE_CHECKING:
@@ -220,6 +235,47 @@ def tune_malloc() -> bool:
     return ok
 
 
+class FirstBytes:
+    """A client connection's bytes before they say which protocol it speaks: one port serves
+    ours and Kafka's, and the first frame tells them apart (our magic 0x52 after the length; a
+    Kafka request's api key, whose high byte is 0, there instead). `decide` returns the decoder
+    of that protocol, holding the bytes so far, or itself while too few have arrived."""
+
+    __slots__ = ("_buf", "max_frame_bytes")
+
+    def __init__(self, max_frame_bytes: int) -> None:
+        self.max_frame_bytes = max_frame_bytes
+        self._buf = bytearray()
+
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
+        self._buf += data
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buf)
+
+    def next_frame(self) -> _NeedData:
+        return NEED_DATA
+
+    def decide(self) -> FirstBytes | FrameDecoder | KafkaFrameDecoder:
+        """Raises `ProtocolError` for bytes that begin neither protocol's frame."""
+        buf = self._buf
+        ours = starts_like_frame(buf)
+        if ours is None:
+            return self
+        decoder: FrameDecoder | KafkaFrameDecoder
+        if ours:
+            decoder = FrameDecoder(self.max_frame_bytes)
+        elif starts_like_kafka(buf):
+            decoder = KafkaFrameDecoder(self.max_frame_bytes)
+        else:
+            raise ProtocolError(
+                f"first bytes {bytes(buf[:8]).hex()} begin neither a ringlog frame nor a Kafka request"
+            )
+        decoder.feed(buf)
+        return decoder
+
+
 class Slot:
     """A request's place in its connection's reply order."""
 
@@ -295,7 +351,11 @@ class ServedConnection:
         self.from_peer = from_peer
         self.peer = peer
         self.closed = False
-        self.decoder = FrameDecoder(server.config.limits.max_request_bytes)  # received, not yet taken
+        # received, not yet taken; a client's first bytes choose the protocol (`FirstBytes`)
+        max_bytes = server.config.limits.max_request_bytes
+        self.decoder: FirstBytes | FrameDecoder | KafkaFrameDecoder = (
+            FrameDecoder(max_bytes) if from_peer else FirstBytes(max_bytes)
+        )
         self.slots: deque[Slot] = deque()  # the requests not yet answered, in arrival order
         self.budget = ConnectionBudget(time.monotonic())
         self.forward_blocked = 0  # peer cores whose forward limit this connection waits on
@@ -449,6 +509,7 @@ class BackendCore:
     once its loop primitives work, and provides the primitives below."""
 
     handlers: Handlers
+    kafka: KafkaAdapter
     forwarder: Forwarder
     peers: PeerPool
 
@@ -476,9 +537,11 @@ class BackendCore:
         self._stop_requested = False
 
     def open_core(self) -> None:
-        """Open this core's partitions (`Handlers`) and its forwarding; publish its gauges."""
+        """Open this core's partitions (`Handlers`), its Kafka adapter and its forwarding; publish
+        its gauges."""
         config = self.config
         self.handlers = Handlers(config)
+        self.kafka = KafkaAdapter(self.handlers, config)
         self.peers = PeerPool.for_config(config, self.open_peer, self.stopping, self.call_later)
         self.forwarder = Forwarder(self.handlers, self.peers.send_to_core, self.call_later)
         self.handlers.gauges = {
@@ -543,6 +606,8 @@ class BackendCore:
         metrics = handlers.metrics
         from_peer = conn.from_peer
         decoder = conn.decoder
+        if isinstance(decoder, FirstBytes):
+            decoder = conn.decoder = decoder.decide()
         slots = conn.slots
         budget = conn.budget
         took = False
@@ -555,8 +620,11 @@ class BackendCore:
                 frame = decoder.next_frame()
                 if frame is NEED_DATA:
                     break
-                assert isinstance(frame, Frame)
                 took = True
+                if isinstance(frame, KafkaRequest):
+                    self._take_kafka(frame, conn)
+                    continue
+                assert isinstance(frame, Frame)
                 size = len(frame.body) + HEADER_SIZE
                 if from_peer:
                     slot = Slot(metrics.request(frame.api_key, size))
@@ -574,7 +642,20 @@ class BackendCore:
                 elif took or not budget.frame_started:
                     budget.frame_started = time.monotonic()
 
-    def carry_out(self, outcome: Outcome, frame: Frame, conn: ServedConnection, slot: Slot) -> None:
+    def _take_kafka(self, request: KafkaRequest, conn: ServedConnection) -> None:
+        """A Kafka request: the adapter's outcome, carried out in the connection's next slot.
+        (The adapter raises `ProtocolError` for a request it closes the connection on.)"""
+        size = request.size
+        started_ns = self.handlers.metrics.kafka_request(request.api_key, size)
+        outcome = self.kafka.handle(request)
+        slot = Slot(started_ns, size + REQUEST_OVERHEAD_BYTES)
+        self._count(conn, slot.charge, -size)
+        conn.slots.append(slot)
+        self.carry_out(outcome, request, conn, slot)
+
+    def carry_out(
+        self, outcome: Outcome, frame: Frame | KafkaRequest, conn: ServedConnection, slot: Slot
+    ) -> None:
         """Do what `outcome` says for the request in `slot`. Every member of `Outcome` has its case;
         anything else is a bug and raises."""
         match outcome:
@@ -589,6 +670,7 @@ class BackendCore:
                 if more > 0 and not conn.from_peer:
                     slot.charge += more
                     self._count(conn, more, 0)
+                assert isinstance(frame, Frame), "the Kafka adapter does not read yet"
                 self._read(outcome, frame, conn, slot)
             case Durable():
                 self.after_flush(

@@ -43,7 +43,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from broker import __version__
 from broker.core.config import BrokerConfig
@@ -54,6 +54,7 @@ from broker.core.outcomes import Append, Durable, Forward, Notify, Outcome, Read
 from broker.core.partition import Partition, Stored
 from broker.core.producer_state import RetryInFlightError, SequenceError
 from broker.core.topics import Topic, TopicError, TopicRegistry
+from broker.core.views import MetadataView, PartitionView, TopicView
 from broker.storage import layout
 from broker.storage.diskspace import DiskSpace, is_out_of_space
 from broker.storage.errors import (
@@ -328,41 +329,70 @@ class Handlers:
         )
         return self._reply(frame, resp)
 
-    def _metadata(self, req: m.Request, frame: Frame) -> Outcome:
-        assert isinstance(req, m.MetadataRequest)
+    def metadata_view(self, names: Sequence[str] | None = None) -> MetadataView:
+        """Topics (`names`, or every one when None), their partitions with owning cores, and
+        where each core is reached: the one answer both protocols encode (broker/core/views.py)."""
         self.refresh_topics()
-        if any(name not in self.registry.by_name for name in req.topics):
+        if names and any(name not in self.registry.by_name for name in names):
             self.refresh_topics(force=True)
-        names = req.topics or tuple(sorted(self.registry.by_name))
+        if names is None:
+            names = sorted(self.registry.by_name)
         topics = []
         for name in names:
             topic = self.registry.by_name.get(name)
             if topic is None:
-                topics.append(m.TopicMetadata(m.ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, name, 0))
+                topics.append(TopicView(name, 0, known=False))
                 continue
             parts = []
             for i in range(topic.partitions):
                 p = self.partitions.get((topic.topic_id, i))
                 start, end = (p.log.start_offset, p.log.end_offset) if p is not None else (-1, -1)
-                parts.append(m.PartitionMetadata(i, self.owner(topic.topic_id, i), start, end))
+                parts.append(PartitionView(i, self.owner(topic.topic_id, i), start, end))
             topics.append(
-                m.TopicMetadata(
-                    m.ErrorCode.NONE,
+                TopicView(
                     topic.name,
                     topic.topic_id,
-                    _wire_limit(topic.retention_ms),
-                    _wire_limit(topic.retention_bytes),
-                    topic.segment_bytes,
-                    tuple(parts),
+                    known=True,
+                    retention_ms=_wire_limit(topic.retention_ms),
+                    retention_bytes=_wire_limit(topic.retention_bytes),
+                    segment_bytes=topic.segment_bytes,
+                    partitions=tuple(parts),
                 )
             )
-        resp = m.MetadataResponse(
+        return MetadataView(
             host=self.config.host,
             port=self.config.port,
             cores=self.config.cores,
+            core_ports=self.config.core_ports,
             steering=bool((self.config.bpf_snapshot() or {}).get("steering")),  # the supervisor's bpf.json
             topics=tuple(topics),
-            core_ports=self.config.core_ports,
+        )
+
+    def _metadata(self, req: m.Request, frame: Frame) -> Outcome:
+        assert isinstance(req, m.MetadataRequest)
+        view = self.metadata_view(req.topics or None)
+        topics = tuple(
+            m.TopicMetadata(
+                m.ErrorCode.NONE if t.known else m.ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                t.name,
+                t.topic_id,
+                t.retention_ms,
+                t.retention_bytes,
+                t.segment_bytes,
+                tuple(
+                    m.PartitionMetadata(p.index, p.owner_core, p.start_offset, p.end_offset)
+                    for p in t.partitions
+                ),
+            )
+            for t in view.topics
+        )
+        resp = m.MetadataResponse(
+            host=view.host,
+            port=view.port,
+            cores=view.cores,
+            steering=view.steering,
+            topics=topics,
+            core_ports=view.core_ports,
         )
         return self._reply(frame, resp)
 

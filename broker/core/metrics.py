@@ -14,6 +14,7 @@ Rules this module keeps:
 
 The backend contract (uvloop in broker/backends/aio.py, io_uring in broker/backends/uring.py):
     started_ns = metrics.request(api_key, nbytes_in)   # a frame arrived
+    started_ns = metrics.kafka_request(api_key, nbytes_in)  # a Kafka request arrived
     metrics.reply(nbytes_out, started_ns)              # its answer was queued (not for acks=0)
     metrics.forwarded()                                # sent to the owning core instead
     metrics.forwarded_in()                             # a request that came from another core
@@ -38,6 +39,7 @@ log = logging.getLogger(__name__)
 
 LATENCY_BUCKETS = 32  # bucket i holds latencies of bit_length(i) microseconds: up to ~35 min
 API_SLOTS = 32  # api keys counted by index; larger keys (unknown apis) land in the last slot
+KAFKA_API_SLOTS = 128  # Kafka's api keys, counted apart (named kafka_<key>); larger ones in the last
 PUBLISH_SKIP_LOG_S = 60.0  # at most one warning this often about snapshots a full disk refused
 GAUGES = ("inflight_requests", "pending_forwards", "parked_long_polls", "commit_waiters")
 
@@ -55,6 +57,7 @@ class CoreMetrics:
         "flushes",
         "forwarded_in_count",
         "forwarded_out",
+        "kafka_requests_by_api",
         "latency_us",
         "replies",
         "requests_by_api",
@@ -65,6 +68,7 @@ class CoreMetrics:
         self.core = core
         self.backend = backend
         self.requests_by_api = [0] * API_SLOTS
+        self.kafka_requests_by_api = [0] * KAFKA_API_SLOTS
         self.bytes_in = 0
         self.bytes_out = 0
         self.replies = 0
@@ -81,6 +85,12 @@ class CoreMetrics:
     def request(self, api_key: int, nbytes: int) -> int:
         """A request frame of `nbytes` arrived; returns the monotonic ns to pass to `reply`."""
         self.requests_by_api[api_key if api_key < API_SLOTS else API_SLOTS - 1] += 1
+        self.bytes_in += nbytes
+        return time.monotonic_ns()
+
+    def kafka_request(self, api_key: int, nbytes: int) -> int:
+        """A Kafka request of `nbytes` arrived (its api keys are not ours); as `request`."""
+        self.kafka_requests_by_api[min(api_key, KAFKA_API_SLOTS - 1)] += 1
         self.bytes_in += nbytes
         return time.monotonic_ns()
 
@@ -113,6 +123,7 @@ class CoreMetrics:
     def snapshot(self, gauges: Mapping[str, Callable[[], int]] | None = None) -> dict[str, object]:
         """Everything as a JSON-able dict; `gauges` are read now."""
         requests = {_api_name(k): n for k, n in enumerate(self.requests_by_api) if n}
+        requests.update((f"kafka_{k}", n) for k, n in enumerate(self.kafka_requests_by_api) if n)
         return {
             "core": self.core,
             "pid": os.getpid(),
@@ -120,7 +131,7 @@ class CoreMetrics:
             "time": time.time(),
             "started_at": self.started_at,
             "requests": requests,
-            "requests_total": sum(self.requests_by_api),
+            "requests_total": sum(self.requests_by_api) + sum(self.kafka_requests_by_api),
             "bytes_in": self.bytes_in,
             "bytes_out": self.bytes_out,
             "replies": self.replies,

@@ -1,0 +1,184 @@
+"""Kafka's wire: size-prefixed frames, request and response headers, bodies through `kio`. Sans-I/O.
+
+Rules this module keeps:
+- No sockets, like ringlog_proto: `KafkaFrameDecoder.feed(bytes)` buffers, `next_request()` returns
+  a `KafkaRequest` or `NEED_DATA`, `encode_response(...)` returns buffers. The backends drive it
+  exactly as they drive our `FrameDecoder`.
+- Any byte string either yields requests or raises `ProtocolError` (a stream that cannot be
+  resynchronised: the connection is closed). A request whose frame is sound but whose body is
+  not is a `KafkaDecodeError`, for the adapter to answer or to close on.
+- Kafka's byte facts live here and in `kio` (Aiven's schemas generated from Kafka's JSON message
+  definitions, every version): every request starts with i32 size, i16 api_key, i16 api_version,
+  i32 correlation_id; then the header's client_id and, for flexible versions, tagged fields. The
+  header version of a request and of a response is the one its `kio` schema names (ApiVersions
+  answers with header v0 even at v3, as Kafka does; the schemas know it).
+- Tagged fields are written only when not default (kio's writer skips defaults): librdkafka before
+  2.2, Debian's kcat among them, misreads some.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import struct
+from dataclasses import MISSING, dataclass, fields
+from typing import Any, Final
+
+from kio.index import KioIndexError, load_request_schema, load_response_schema
+from kio.serial import entity_reader, entity_writer
+from kio.static.primitive import i32
+
+from ringlog_proto.frames import NEED_DATA, ProtocolError, _NeedData
+
+SIZE_BYTES: Final = 4
+# size, api_key, api_version, correlation_id: the part every request header version shares
+_FIXED = struct.Struct(">ihhi")
+REQUEST_MIN_BYTES: Final = _FIXED.size - SIZE_BYTES  # after the size field
+API_KEY_HIGH_OFFSET: Final = 4  # a Kafka api key is below 0x100: this byte is 0
+_SIZE = struct.Struct(">i")
+
+
+class KafkaDecodeError(Exception):
+    """A request body (or header) that does not parse as its api and version say."""
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaRequest:
+    """One request as framed: the fixed header fields and the bytes after the size field
+    (header included), decoded further only by the adapter that answers it."""
+
+    api_key: int
+    api_version: int
+    correlation_id: int
+    data: bytes
+
+    @property
+    def size(self) -> int:
+        return SIZE_BYTES + len(self.data)
+
+
+def starts_like_kafka(buf: bytes | bytearray | memoryview, pos: int = 0) -> bool | None:
+    """Whether the bytes at `pos` may begin a Kafka request (its api key's high byte is zero),
+    or None while too few bytes are there. Our own frames have 0x52 at that byte."""
+    if len(buf) - pos <= API_KEY_HIGH_OFFSET:
+        return None
+    return buf[pos + API_KEY_HIGH_OFFSET] == 0
+
+
+class KafkaFrameDecoder:
+    """Incremental Kafka request decoder: feed bytes in any pieces, take whole requests out.
+
+    The same bounds as our `FrameDecoder`: a declared size above `max_frame_bytes` is refused as
+    soon as the size is seen, the buffer grows only as bytes arrive, and what was taken is let go
+    once the whole requests are out."""
+
+    __slots__ = ("_buf", "_pos", "max_frame_bytes")
+
+    def __init__(self, max_frame_bytes: int) -> None:
+        self.max_frame_bytes = max_frame_bytes
+        self._buf = bytearray()
+        self._pos = 0
+
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
+        if self._pos and self._pos >= len(self._buf) // 2:
+            del self._buf[: self._pos]
+            self._pos = 0
+        self._buf += data
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buf) - self._pos
+
+    def next_frame(self) -> KafkaRequest | _NeedData:
+        buf = self._buf
+        pos = self._pos
+        if len(buf) - pos < SIZE_BYTES:
+            return self._need_data()
+        (size,) = _SIZE.unpack_from(buf, pos)
+        if size < REQUEST_MIN_BYTES:
+            raise ProtocolError(f"kafka request size {size} is shorter than a request header")
+        if size + SIZE_BYTES > self.max_frame_bytes:
+            raise ProtocolError(
+                f"kafka request of {size + SIZE_BYTES} bytes exceeds the maximum {self.max_frame_bytes}"
+            )
+        end = pos + SIZE_BYTES + size
+        if len(buf) < end:
+            return self._need_data()
+        _, api_key, api_version, correlation_id = _FIXED.unpack_from(buf, pos)
+        if api_key < 0 or api_version < 0:
+            raise ProtocolError(f"kafka request with api key {api_key} version {api_version}")
+        with memoryview(buf) as view:
+            data = bytes(view[pos + SIZE_BYTES : end])
+        self._pos = end
+        return KafkaRequest(api_key, api_version, correlation_id, data)
+
+    def _need_data(self) -> _NeedData:
+        if self._pos:
+            if self._pos == len(self._buf):
+                self._buf = bytearray()
+            else:
+                del self._buf[: self._pos]
+            self._pos = 0
+        return NEED_DATA
+
+
+def request_schema(api_key: int, api_version: int) -> type[Any] | None:
+    """kio's request class for this api and version, or None if kio knows neither."""
+    try:
+        return load_request_schema(api_key, api_version)
+    except KioIndexError:
+        return None
+
+
+def response_schema(api_key: int, api_version: int) -> type[Any] | None:
+    """kio's response class for this api and version, or None if kio knows neither."""
+    try:
+        return load_response_schema(api_key, api_version)
+    except KioIndexError:
+        return None
+
+
+def decode_request(request: KafkaRequest, schema: type[Any]) -> tuple[Any, str | None]:
+    """The body of `request` as `schema` (a kio request class) and its header's client_id.
+    Raises `KafkaDecodeError` if the bytes do not parse or are not all used."""
+    try:
+        header, used = entity_reader(schema.__header_schema__)(request.data, 0)
+        body, more = entity_reader(schema)(request.data, used)
+    except Exception as exc:  # kio raises its own errors and plain ones on short input
+        raise KafkaDecodeError(f"{schema.__name__} v{request.api_version}: {exc}") from exc
+    if used + more != len(request.data):
+        raise KafkaDecodeError(
+            f"{schema.__name__} v{request.api_version}: {len(request.data) - used - more} bytes left over"
+        )
+    return body, getattr(header, "client_id", None)
+
+
+def encode_response(correlation_id: int, response: Any) -> list[bytes]:
+    """`response` (a kio response entity) framed for the wire: size, its header (v0 or v1, as
+    its schema says), its body."""
+    out = io.BytesIO()
+    out.write(b"\0\0\0\0")
+    header_schema = response.__header_schema__
+    entity_writer(header_schema)(out, header_schema(correlation_id=i32(correlation_id)))
+    entity_writer(type(response))(out, response)
+    data = out.getbuffer()
+    _SIZE.pack_into(data, 0, len(data) - SIZE_BYTES)
+    del data
+    return [out.getvalue()]
+
+
+def make(schema: type[Any], **values: Any) -> Any:
+    """An entity of `schema` from `values`, leaving out those its version does not have: one
+    place builds the answer of every version, each schema keeps its own fields."""
+    names = _field_names(schema)
+    return schema(**{k: v for k, v in values.items() if k in names})
+
+
+@functools.cache
+def _field_names(schema: type[Any]) -> frozenset[str]:
+    return frozenset(f.name for f in fields(schema))
+
+
+def required_fields(schema: type[Any]) -> list[str]:
+    """The fields of `schema` without a default (what `make` must be given)."""
+    return [f.name for f in fields(schema) if f.default is MISSING and f.default_factory is MISSING]

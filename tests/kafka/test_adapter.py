@@ -1,0 +1,288 @@
+"""The Kafka codec and adapter without a server: frames, the protocol sniff, every version of
+ApiVersions and Metadata decoded back with kio's own readers, and what is not answered."""
+
+from __future__ import annotations
+
+import io
+import struct
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kio.schema.errors import ErrorCode
+from kio.serial import entity_reader, entity_writer
+from kio.static.primitive import i16, i32
+
+from broker.backends.shared import FirstBytes
+from broker.core.config import BrokerConfig
+from broker.core.handlers import Handlers
+from broker.core.outcomes import Reply
+from broker.kafka.adapter import SUPPORTED_VERSIONS, KafkaAdapter, cluster_id_for
+from broker.kafka.codec import (
+    KafkaFrameDecoder,
+    KafkaRequest,
+    make,
+    request_schema,
+    response_schema,
+)
+from ringlog_proto import messages as m
+from ringlog_proto.frames import NEED_DATA, FrameDecoder, ProtocolError
+from ringlog_proto.routing import shard_for
+
+
+def frame_of(
+    api_key: int, version: int, correlation_id: int, body: Any, client_id: str | None = "t"
+) -> bytes:
+    """A request as a client sends it: size, header (the version its kio schema names), body."""
+    schema = request_schema(api_key, version)
+    assert schema is not None
+    out = io.BytesIO()
+    header_schema = schema.__header_schema__
+    entity_writer(header_schema)(
+        out,
+        make(
+            header_schema,
+            request_api_key=i16(api_key),
+            request_api_version=i16(version),
+            correlation_id=i32(correlation_id),
+            client_id=client_id,
+        ),
+    )
+    if body is not None:
+        entity_writer(schema)(out, body)
+    data = out.getvalue()
+    return struct.pack(">i", len(data)) + data
+
+
+def request_of(raw: bytes) -> KafkaRequest:
+    decoder = KafkaFrameDecoder(1 << 20)
+    decoder.feed(raw)
+    req = decoder.next_frame()
+    assert isinstance(req, KafkaRequest)
+    return req
+
+
+def answer(adapter: KafkaAdapter, raw: bytes, api_key: int, version: int) -> tuple[int, Any]:
+    """(correlation id, decoded response) of the adapter's reply to `raw`."""
+    outcome = adapter.handle(request_of(raw))
+    assert isinstance(outcome, Reply)
+    data = b"".join(outcome.buffers)
+    (size,) = struct.unpack_from(">i", data)
+    assert size == len(data) - 4
+    schema = response_schema(api_key, version)
+    assert schema is not None
+    header, used = entity_reader(schema.__header_schema__)(data, 4)
+    body, more = entity_reader(schema)(data, 4 + used)
+    assert 4 + used + more == len(data)
+    return header.correlation_id, body
+
+
+@pytest.fixture
+def adapter(tmp_path: Path) -> KafkaAdapter:
+    config = BrokerConfig(data_dir=str(tmp_path), port=9092, cores=2, core_ports=(9100, 9101))
+    return KafkaAdapter(Handlers(config), config)
+
+
+def create_topic(adapter: KafkaAdapter, name: str, partitions: int) -> int:
+    decoder = FrameDecoder()
+    decoder.feed(b"".join(m.encode_request(m.CreateTopicRequest(name, partitions), 1)))
+    frame = decoder.next_frame()
+    outcome = adapter.handlers.handle(frame)  # type: ignore[arg-type]
+    assert isinstance(outcome, Reply)
+    decoder = FrameDecoder()
+    decoder.feed(b"".join(outcome.buffers))
+    resp = m.decode_response(decoder.next_frame())  # type: ignore[arg-type]
+    assert isinstance(resp, m.CreateTopicResponse) and resp.error == m.ErrorCode.NONE
+    return resp.topic_id
+
+
+# ----------------------------------------------------------------------------- frames and the sniff
+
+
+def test_decoder_takes_requests_fed_in_pieces() -> None:
+    raw = frame_of(18, 0, 7, None) + frame_of(18, 1, 8, None)
+    decoder = KafkaFrameDecoder(1 << 20)
+    got = []
+    for i in range(len(raw)):
+        decoder.feed(raw[i : i + 1])
+        req = decoder.next_frame()
+        if req is not NEED_DATA:
+            assert isinstance(req, KafkaRequest)
+            got.append((req.api_key, req.api_version, req.correlation_id))
+    assert got == [(18, 0, 7), (18, 1, 8)]
+    assert decoder.buffered == 0
+
+
+def test_decoder_refuses_oversized_and_short_sizes() -> None:
+    decoder = KafkaFrameDecoder(64)
+    decoder.feed(struct.pack(">i", 61))
+    with pytest.raises(ProtocolError, match="exceeds the maximum 64"):
+        decoder.next_frame()
+    decoder = KafkaFrameDecoder(64)
+    decoder.feed(struct.pack(">i", 3) + b"abc")
+    with pytest.raises(ProtocolError, match="shorter than a request header"):
+        decoder.next_frame()
+    decoder = KafkaFrameDecoder(64)
+    decoder.feed(struct.pack(">i", -5))
+    with pytest.raises(ProtocolError):
+        decoder.next_frame()
+
+
+def test_first_bytes_choose_the_protocol() -> None:
+    ours = b"".join(m.encode_request(m.ApiVersionsRequest(), 1))
+    theirs = frame_of(
+        18, 3, 1, make(request_schema(18, 3), client_software_name="x", client_software_version="1")
+    )  # type: ignore[arg-type]
+    for raw, kind in ((ours, FrameDecoder), (theirs, KafkaFrameDecoder)):
+        first = FirstBytes(1 << 20)
+        first.feed(raw[:4])
+        assert first.decide() is first  # four bytes say nothing yet
+        first.feed(raw[4:])
+        decoder = first.decide()
+        assert isinstance(decoder, kind)
+        assert decoder.buffered == len(raw)
+        assert decoder.next_frame() is not NEED_DATA
+    garbage = FirstBytes(1 << 20)
+    garbage.feed(b"GET / HTTP/1.1\r\n")
+    with pytest.raises(ProtocolError, match="neither a ringlog frame nor a Kafka request"):
+        garbage.decide()
+
+
+# ----------------------------------------------------------------------------- ApiVersions
+
+
+@pytest.mark.parametrize("version", [0, 1, 2, 3])
+def test_api_versions_lists_only_what_is_answered(adapter: KafkaAdapter, version: int) -> None:
+    schema = request_schema(18, version)
+    assert schema is not None
+    body = make(schema, client_software_name="librdkafka", client_software_version="2.0.2")
+    corr, resp = answer(adapter, frame_of(18, version, 42, body), 18, version)
+    assert corr == 42
+    assert resp.error_code == ErrorCode.none
+    assert {a.api_key: (a.min_version, a.max_version) for a in resp.api_keys} == SUPPORTED_VERSIONS
+    assert SUPPORTED_VERSIONS == {3: (0, 8), 18: (0, 3)}
+
+
+def test_api_versions_v3_answers_with_header_v0_and_no_tagged_fields(adapter: KafkaAdapter) -> None:
+    schema = request_schema(18, 3)
+    assert schema is not None
+    body = make(schema, client_software_name="x", client_software_version="1")
+    outcome = adapter.handle(request_of(frame_of(18, 3, 5, body)))
+    assert isinstance(outcome, Reply)
+    data = b"".join(outcome.buffers)
+    # size, correlation id, then the body at once (no header tag buffer), whose error code is 0;
+    # the body ends with an empty tag buffer: no tagged field is sent at its default.
+    assert struct.unpack_from(">ih", data, 4) == (5, 0)
+    assert data[-1] == 0
+    assert len(data) == 4 + 4 + 2 + 1 + 2 * 7 + 4 + 1
+
+
+def test_api_versions_above_ours_gets_unsupported_version_in_v0(adapter: KafkaAdapter) -> None:
+    # A v4 body is v3's; the answer is a v0 response whatever the version asked.
+    schema = request_schema(18, 4)
+    assert schema is not None
+    body = make(schema, client_software_name="x", client_software_version="1")
+    corr, resp = answer(adapter, frame_of(18, 4, 9, body), 18, 0)
+    assert corr == 9
+    assert resp.error_code == ErrorCode.unsupported_version
+    assert {a.api_key: (a.min_version, a.max_version) for a in resp.api_keys} == SUPPORTED_VERSIONS
+
+
+# ----------------------------------------------------------------------------- Metadata
+
+
+def metadata_request(version: int, topics: list[str] | None) -> Any:
+    schema = request_schema(3, version)
+    assert schema is not None
+    module = __import__(schema.__module__, fromlist=["MetadataRequestTopic"])
+    wanted = None if topics is None else tuple(make(module.MetadataRequestTopic, name=t) for t in topics)
+    return make(
+        schema,
+        topics=wanted,
+        allow_auto_topic_creation=False,
+        include_cluster_authorized_operations=False,
+        include_topic_authorized_operations=False,
+    )
+
+
+@pytest.mark.parametrize("version", range(0, 9))
+def test_metadata_every_version(adapter: KafkaAdapter, version: int) -> None:
+    topic_id = create_topic(adapter, "orders", 4)
+    all_topics = [] if version == 0 else None  # v0: an empty list means all
+    corr, resp = answer(adapter, frame_of(3, version, 11, metadata_request(version, all_topics)), 3, version)
+    assert corr == 11
+    assert {(b.node_id, b.host, b.port) for b in resp.brokers} == {
+        (0, "127.0.0.1", 9100),
+        (1, "127.0.0.1", 9101),
+    }
+    if version >= 1:
+        assert resp.controller_id == 0
+    if version >= 2:
+        assert resp.cluster_id == cluster_id_for(adapter.config.data_dir)
+    [topic] = resp.topics
+    assert (topic.name, topic.error_code) == ("orders", ErrorCode.none)
+    for p in topic.partitions:
+        owner = shard_for(topic_id, p.partition_index, 2)
+        assert (p.leader_id, p.replica_nodes, p.isr_nodes) == (owner, (owner,), (owner,))
+    assert sorted(p.partition_index for p in topic.partitions) == [0, 1, 2, 3]
+
+
+def test_metadata_unknown_topic_and_empty_list(adapter: KafkaAdapter) -> None:
+    create_topic(adapter, "orders", 1)
+    _, resp = answer(adapter, frame_of(3, 4, 1, metadata_request(4, ["orders", "nope"])), 3, 4)
+    assert [(t.name, t.error_code) for t in resp.topics] == [
+        ("orders", ErrorCode.none),
+        ("nope", ErrorCode.unknown_topic_or_partition),
+    ]
+    assert "nope" not in adapter.handlers.registry.by_name  # never auto-created
+    _, resp = answer(adapter, frame_of(3, 4, 2, metadata_request(4, [])), 3, 4)
+    assert resp.topics == ()  # v1+: an empty list asks for no topic
+
+
+def test_metadata_without_core_ports_lists_the_public_port(tmp_path: Path) -> None:
+    config = BrokerConfig(data_dir=str(tmp_path), port=9092, cores=2, core_ports=())
+    adapter = KafkaAdapter(Handlers(config), config)
+    _, resp = answer(adapter, frame_of(3, 1, 1, metadata_request(1, None)), 3, 1)
+    assert {(b.node_id, b.port) for b in resp.brokers} == {(0, 9092), (1, 9092)}
+
+
+def test_ours_and_kafkas_metadata_agree(adapter: KafkaAdapter) -> None:
+    create_topic(adapter, "orders", 4)
+    view = adapter.handlers.metadata_view(None)
+    _, resp = answer(adapter, frame_of(3, 8, 1, metadata_request(8, None)), 3, 8)
+    [topic] = view.topics
+    assert {p.index: p.owner_core for p in topic.partitions} == {
+        p.partition_index: p.leader_id for p in resp.topics[0].partitions
+    }
+
+
+# ----------------------------------------------------------------------------- the rest
+
+
+def test_unadvertised_api_with_top_level_error_code_gets_unsupported_version(adapter: KafkaAdapter) -> None:
+    schema = request_schema(12, 0)  # Heartbeat v0
+    assert schema is not None
+    body = make(schema, group_id="g", generation_id=i32(1), member_id="m")
+    corr, resp = answer(adapter, frame_of(12, 0, 3, body), 12, 0)
+    assert (corr, resp.error_code) == (3, ErrorCode.unsupported_version)
+
+
+def test_unadvertised_api_without_top_level_error_code_closes(adapter: KafkaAdapter) -> None:
+    raw = frame_of(3, 9, 1, None)  # Metadata v9 (flexible): not ours; its response has no error
+    with pytest.raises(ProtocolError, match="api 3 v9 is not supported"):
+        adapter.handle(request_of(raw))
+    with pytest.raises(ProtocolError, match="api 999 v0 is not supported"):
+        adapter.handle(KafkaRequest(999, 0, 1, struct.pack(">hhih", 999, 0, 1, -1)))
+
+
+def test_malformed_body_closes(adapter: KafkaAdapter) -> None:
+    raw = frame_of(3, 1, 1, None) + b"\x00"  # an array length cut short
+    raw = struct.pack(">i", len(raw) - 4) + raw[4:]
+    with pytest.raises(ProtocolError, match="malformed kafka request"):
+        adapter.handle(request_of(raw))
+
+
+def test_cluster_id_is_stable_and_kafka_shaped(tmp_path: Path) -> None:
+    first = cluster_id_for(str(tmp_path))
+    assert first == cluster_id_for(str(tmp_path)) and len(first) == 22
+    assert first != cluster_id_for(str(tmp_path / "other"))
