@@ -485,7 +485,7 @@ def native_codec() -> Codec | None:
 
     def decode_native(buf: bytes, start: int, end: int, count: int) -> tuple[int, array]:
         try:
-            if count * RECORD_SIZE_MIN > end - start:  # cannot fit: find why without an array
+            if count < 0 or count * RECORD_SIZE_MIN > end - start:  # cannot fit: find why, no array
                 return c_decode(buf, len(buf), start, end, count, null, 0), _NO_FIELDS
             fields = array("q", bytes(8 * FIELDS * count))
             result = c_decode(buf, len(buf), start, end, count, from_buffer("int64_t[]", fields), len(fields))
