@@ -133,7 +133,7 @@ class Gathered(NamedTuple):
     kblob: bytes
     klens: array | None
     vblob: bytes
-    vlens: array
+    vlens: array | None
     timestamps: array | None
     base_timestamp: int
     hcounts: array | None
@@ -153,12 +153,16 @@ class Gathered(NamedTuple):
         )
 
 
-def _lengths(items: list) -> tuple[array, bytes]:
-    """Lengths (-1 for None) and the join of the non-null items, at C speed when none is null."""
+def _lengths(items: list) -> tuple[array | None, bytes]:
+    """Lengths (-1 for None; None when all are None) and the join of the non-null items, at C
+    speed when none or all are null."""
     try:
         return array("q", map(len, items)), b"".join(items)
-    except TypeError:  # some are None: the slower way
-        return array("q", [-1 if x is None else len(x) for x in items]), b"".join(filter(None, items))
+    except TypeError:  # some are None
+        pass
+    if items.count(None) == len(items):
+        return None, b""
+    return array("q", [-1 if x is None else len(x) for x in items]), b"".join(filter(None, items))
 
 
 def gather(records: Iterable[Record | bytes], base_timestamp: int) -> Gathered:
@@ -186,24 +190,24 @@ def gather(records: Iterable[Record | bytes], base_timestamp: int) -> Gathered:
             None,
             base_timestamp,
         )
-    recs = [r if isinstance(r, Record) else Record(r) for r in recs]
-    vlens, vblob = _lengths([r.value for r in recs])
-    keys = [r.key for r in recs]
-    if keys.count(None) == n:
-        klens, kblob = None, b""
-    else:
-        klens, kblob = _lengths(keys)
+    try:
+        values = [r.value for r in recs]
+    except AttributeError:  # plain values among Records
+        recs = [r if isinstance(r, Record) else Record(r) for r in recs]
+        values = [r.value for r in recs]
+    vlens, vblob = _lengths(values)
+    klens, kblob = _lengths([r.key for r in recs])
     stamps = [r.timestamp for r in recs]
-    if stamps.count(None) == n:
-        timestamps, max_ts = None, base_timestamp
-    else:
-        filled = [base_timestamp if t is None else t for t in stamps]
-        max_ts = max(filled)
-        try:
-            timestamps = array("q", filled)
-        except OverflowError:
-            index = next(i for i, t in enumerate(filled) if not _INT64_MIN <= t <= _INT64_MAX)
-            raise SectionError(True, _ENC_TIMESTAMP_RANGE, index) from None
+    try:
+        timestamps: array | None = array("q", stamps)
+    except TypeError:  # some are None: they take the base timestamp
+        if stamps.count(None) == n:
+            timestamps = None
+        else:
+            timestamps = _timestamps([base_timestamp if t is None else t for t in stamps])
+    except OverflowError:  # some do not fit (their index is what the error names)
+        timestamps = _timestamps([base_timestamp if t is None else t for t in stamps])
+    max_ts = base_timestamp if timestamps is None else max(timestamps, default=base_timestamp)
     headers = [r.headers for r in recs]
     if not any(headers):
         return Gathered(n, kblob, klens, vblob, vlens, timestamps, base_timestamp, None, b"", None, max_ts)
@@ -223,6 +227,15 @@ def gather(records: Iterable[Record | bytes], base_timestamp: int) -> Gathered:
     return Gathered(
         n, kblob, klens, vblob, vlens, timestamps, base_timestamp, hcounts, b"".join(hparts), hlens, max_ts
     )
+
+
+def _timestamps(stamps: list[int]) -> array:
+    """`stamps` as int64s, or the error naming the first that does not fit."""
+    try:
+        return array("q", stamps)
+    except OverflowError:
+        index = next(i for i, t in enumerate(stamps) if not _INT64_MIN <= t <= _INT64_MAX)
+        raise SectionError(True, _ENC_TIMESTAMP_RANGE, index) from None
 
 
 # ---- the Python codec ----
@@ -253,7 +266,7 @@ def encode_python(g: Gathered, prefix: int = 0) -> bytearray:
     kp = vp = hp = hi = 0
     for i in range(g.count):
         klen = -1 if klens is None else klens[i]
-        vlen = vlens[i]
+        vlen = -1 if vlens is None else vlens[i]
         if not -1 <= klen <= _INT32_MAX or not -1 <= vlen <= _INT32_MAX:
             raise SectionError(True, _ENC_LENGTH_INVALID, i)
         kbytes = klen if klen > 0 else 0

@@ -327,3 +327,14 @@ def test_the_python_codec_runs_and_works_when_native_codec_cannot_be_imported(
     assert rc.decode_section(data, 0, len(data), 3, 10, TS) == expected(recs, TS, 10)
     with pytest.raises(SectionError):
         rc.decode_section(data[:-1], 0, len(data) - 1, 3, 10, TS)
+
+
+@pytest.mark.parametrize("codec", CODECS, ids=lambda c: c.name)
+def test_the_first_timestamp_out_of_range_is_named_whatever_precedes_it(codec: rc.Codec) -> None:
+    recs = [Record(b"a", timestamp=1 << 70), Record(b"b"), Record(b"c", timestamp=-(1 << 70))]
+    with pytest.raises(SectionError) as err:
+        rc.encode_section(recs, 0, codec=codec)
+    assert (err.value.code, err.value.index) == (4, 0)
+    with pytest.raises(SectionError) as err:
+        rc.encode_section(recs[1:], 0, codec=codec)
+    assert (err.value.code, err.value.index) == (4, 1)
