@@ -33,6 +33,7 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
+# The checkout this script is in, not whichever one the venv installed (a worktree measures itself).
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchlib import KIB, code_version, size_label, table
