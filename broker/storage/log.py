@@ -63,6 +63,7 @@ from broker.storage.index import RELATIVE_OFFSET_MAX
 from broker.storage.layout import STORE_SUFFIX, index_file_name, parse_segment_name
 from broker.storage.segment import Extent, Segment
 from ringlog_proto.batch import (
+    COMPRESSION_MASK,
     HEADER_SIZE,
     MAGIC,
     BatchError,
@@ -412,10 +413,14 @@ class Log:
             if reason is not None:
                 where = f"batch at byte {pos}: " if pos else ""
                 raise InvalidBatchError(where + reason)
-            if check and (
-                c_walk(records, size, pos + HEADER_SIZE, pos + batch_size, h.record_count)
-                if c_walk is not None
-                else walk(records, pos + HEADER_SIZE, pos + batch_size, h.record_count)
+            if (
+                check
+                and not h.attributes & COMPRESSION_MASK  # stored as it came: ringlog_proto/batch.py
+                and (
+                    c_walk(records, size, pos + HEADER_SIZE, pos + batch_size, h.record_count)
+                    if c_walk is not None
+                    else walk(records, pos + HEADER_SIZE, pos + batch_size, h.record_count)
+                )
             ):
                 where = f"batch at byte {pos}: " if pos else ""
                 raise RecordFramingError(where + (invalid_records(records, pos, h) or "bad records"))
