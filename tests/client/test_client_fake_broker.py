@@ -22,7 +22,7 @@ from broker.client import (
     OutOfOrderSequenceError,
     UnknownTopicError,
 )
-from broker.client.accumulator import BATCH_OVERHEAD
+from broker.client.accumulator import BATCH_OVERHEAD, RECORD_SLACK
 from ringlog_proto import messages as m
 from ringlog_proto.batch import decode_batches
 
@@ -122,7 +122,7 @@ def test_connect_refused_is_broker_unavailable() -> None:
 
 
 def test_batches_fill_to_batch_bytes_and_no_further() -> None:
-    record = 18 + 100
+    record = 9 + 100 + RECORD_SLACK  # 2-byte length varints: 9 bytes of framing
     batch_bytes = BATCH_OVERHEAD + 10 * record  # exactly ten 100-byte values
 
     async def body(broker: FakeBroker) -> None:
