@@ -896,18 +896,55 @@ def iter_batches(buf: bytes | bytearray | memoryview) -> Iterator[tuple[int, Bat
 def _decode_section(data: bytes, p: int, end: int, h: BatchHeader) -> list[Record]:
     """The records of `data[p:end]`, an uncompressed record section of the batch with header `h`.
 
-    The hot loop of every consumer: one-byte varints are a table lookup, two-byte ones a branch,
-    longer ones a call. Every field is bounded by its record's length afterwards (the position must
-    land exactly on the record's end), so a lying length raises rather than misreads."""
+    The hot loop of every consumer. Producers write runs of records of one shape (the same
+    lengths and timestamp delta, no headers), so a record is first tried against the previous
+    one's bytes: its length, attributes and timestamp delta, then its own offset delta, key and
+    value length varints, each a `startswith` in C. Only a record of a new shape is parsed field
+    by field (one-byte varints a table lookup, two-byte ones a branch, longer ones a call). Either
+    way every record must end exactly where its length says, so a lying length raises."""
     unzz = _UNZZ
+    zz = _ZZ
+    table = _ZZ_TABLE_SIZE
     slow = read_varint
+    startswith = data.startswith
     base_offset = h.base_offset
     base_ts = h.base_timestamp
     log_append = h.attributes & TIMESTAMP_TYPE_BIT
     out: list[Record] = []
     append = out.append
+    # The previous record's shape: its bytes up to the offset delta, its key and value length
+    # varints, its key and value lengths, its timestamp, its whole size. Empty: no shape yet.
+    shape = b""
+    shape_len = key_tpl_len = value_tpl_len = 0
+    key_tpl = value_tpl = b""
+    klen = vlen = 0
+    size = 0
+    ts = 0
     i = 0
     for i in range(h.record_count):
+        if shape and startswith(shape, p):
+            od = zz[i] if i < table else zigzag_varint(i)
+            q = p + shape_len + len(od)
+            if startswith(od, q - len(od)) and startswith(key_tpl, q):
+                q += key_tpl_len
+                if klen >= 0:
+                    key: bytes | None = data[q : q + klen]
+                    q += klen
+                else:
+                    key = None
+                if startswith(value_tpl, q):
+                    q += value_tpl_len
+                    rend = p + size
+                    if vlen >= 0:
+                        value: bytes | None = data[q : q + vlen]
+                        q += vlen
+                    else:
+                        value = None
+                    if q + 1 == rend <= end and data[q] == 0:
+                        append(Record(value, key, [], ts, base_offset + i))
+                        p = rend
+                        continue
+        start = p
         b = data[p]
         if b < 0x80:
             rlen = unzz[b]
@@ -929,6 +966,7 @@ def _decode_section(data: bytes, p: int, end: int, h: BatchHeader) -> list[Recor
             p += 2
         else:
             ts_delta, p = slow(data, p + 1, True)
+        before_delta = p
         b = data[p]
         if b < 0x80:
             delta = unzz[b]
@@ -937,19 +975,22 @@ def _decode_section(data: bytes, p: int, end: int, h: BatchHeader) -> list[Recor
             delta, p = slow(data, p)
         if delta != i:  # what the broker's walk checks: offsets are dense in a batch
             raise BatchError(f"record {i}: offset delta {delta}")
+        key_at = p
         b = data[p]
         if b < 0x80:
             klen = unzz[b]
             p += 1
         else:
             klen, p = slow(data, p)
+        key_tpl = data[key_at:p]
         if klen >= 0:
-            key: bytes | None = data[p : p + klen]
+            key = data[p : p + klen]
             p += klen
         elif klen == -1:
             key = None
         else:
             raise BatchError(f"record {i}: key length {klen}")
+        value_at = p
         b = data[p]
         if b < 0x80:
             vlen = unzz[b]
@@ -962,21 +1003,28 @@ def _decode_section(data: bytes, p: int, end: int, h: BatchHeader) -> list[Recor
                 p += 2
             else:
                 vlen, p = slow(data, p)
+        value_tpl = data[value_at:p]
         if vlen >= 0:
-            value: bytes | None = data[p : p + vlen]
+            value = data[p : p + vlen]
             p += vlen
         elif vlen == -1:
             value = None
         else:
             raise BatchError(f"record {i}: value length {vlen}")
-        if data[p] == 0:  # no headers: the common case
+        if data[p] == 0:  # no headers: the common case, and a shape the next record may share
             headers: list[Header] = []
             p += 1
+            shape = data[start:before_delta] if p == rend else b""
         else:
             headers, p = _decode_headers(data, p, i)
+            shape = b""
         if p != rend:
             raise BatchError(f"record {i}: its fields end at byte {p}, its length says {rend}")
         ts = h.max_timestamp if log_append else base_ts + ts_delta
+        shape_len = len(shape)
+        key_tpl_len = len(key_tpl)
+        value_tpl_len = len(value_tpl)
+        size = rend - start
         append(Record(value, key, headers, ts, base_offset + i))
     if p != end:
         raise BatchError(f"{end - p} bytes left after {h.record_count} records")

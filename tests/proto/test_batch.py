@@ -273,3 +273,28 @@ def test_damaged_batches_yield_records_or_batch_error(data: st.DataObject) -> No
         batch[pos] = data.draw(st.integers(0, 255))
     with contextlib.suppress(BatchError):
         decode_records(batch, verify=False)
+
+
+@settings(max_examples=50)
+@given(
+    st.lists(st.sampled_from([b"", b"a" * 5, b"b" * 70, b"c" * 9000]), min_size=60, max_size=300), st.data()
+)
+def test_runs_of_one_shape_decode_like_any_other(values: list[bytes], data: st.DataObject) -> None:
+    """The decoder's same-shape fast path: runs of equal records, across the offset delta's growth
+    from one byte to two (record 64), and a damaged byte anywhere is still refused or decoded as
+    the walk says."""
+    values = sorted(values, key=len)  # long runs of one shape
+    batch = encode_batch(values, timestamp=5)
+    assert [(r.offset, r.value) for r in decode_records(batch)] == list(enumerate(values))
+    damaged = bytearray(batch)
+    at = data.draw(st.integers(HEADER_SIZE, len(batch) - 1))
+    damaged[at] ^= data.draw(st.integers(1, 255))
+    struct.pack_into(">I", damaged, 17, crc32c(bytes(damaged[CRC_START:])))
+    walk_ok = invalid_records(damaged) is None
+    try:
+        got = decode_records(damaged)
+    except BatchError:
+        assert not walk_ok
+    else:
+        assert walk_ok
+        assert len(got) == len(values)
