@@ -61,19 +61,22 @@ Each record (varint = zigzag base-128 varint, at most 5 bytes; varlong: at most 
       varint header_key_length, then the key as UTF-8 (never null)
       varint header_value_length (-1 for null), then the value bytes
 
-What a produced batch must satisfy (else INVALID_BATCH, or CORRUPT_MESSAGE-like "crc32c mismatch"
-in the same error code), as Kafka's broker checks it: magic 2; batch_length covers the header and
-fits the bytes sent and `max_batch_bytes`; the crc; 1 <= record_count <= RECORD_COUNT_MAX and
-last_offset_delta == record_count - 1; max_timestamp >= base_timestamp; no transactional or
-control bit (transactions are not supported yet: refused as INVALID_BATCH, with that reason); a
-known codec. In an uncompressed batch the walk also checks, record by record: every varint ends
-inside its record and within its width, record lengths, each offset_delta equal to the record's
-index, key and value lengths >= -1 and inside the record, header counts, header key lengths >= 0
-and keys UTF-8, header value lengths >= -1, each record's fields ending exactly at its length, and
-exactly record_count records filling the batch. A compressed batch is stored as it came after the
-header and crc checks: its records are not decompressed by the broker (that would cost more CPU
-than the rest of the produce path together); a client that cannot decompress or frame it gets a
-`BatchError` naming the reason. The same rules make `decode_records` fail.
+What a produced batch must satisfy, as Kafka's broker checks it; a header failure or a wrong crc
+is CORRUPT_MESSAGE, a framing failure or a batch of a kind not taken yet is INVALID_BATCH:
+- magic 2; batch_length covers the header and fits the bytes sent and `max_batch_bytes`; the crc;
+- 1 <= record_count <= RECORD_COUNT_MAX, last_offset_delta == record_count - 1, and
+  max_timestamp >= base_timestamp;
+- a known codec and no unknown attribute bit; no transactional or control bit (transactions are not
+  supported yet: INVALID_BATCH, with that reason, see `unsupported_batch`);
+- in an uncompressed batch, the walk, record by record: every varint ends inside its record and
+  within its width, record lengths fit, each offset_delta equals the record's index, key and value
+  lengths are >= -1 and inside the record, header counts >= 0, header key lengths >= 0 and keys
+  UTF-8, header value lengths >= -1, each record's fields end exactly at its length, and exactly
+  record_count records fill the batch.
+A compressed batch is stored as it came after the header and crc checks: the broker does not
+decompress it (that would cost more CPU than the rest of the produce path together), so its
+records are not walked; a client that cannot decompress or frame it gets a `BatchError` naming
+the reason. The same rules make `decode_records` fail.
 
 Clients' base offsets are overwritten, never checked: Kafka clients send 0, our encoder 0 by default.
 """
@@ -536,10 +539,9 @@ def invalid_header(h: BatchHeader, available: int | None = None) -> str | None:
     attributes = h.attributes
     if attributes & ~_KNOWN_ATTRIBUTES:
         return f"unknown attribute bits {attributes & 0xFFFF:#x}"
-    if attributes & TRANSACTIONAL_BIT:
-        return "transactional batches are not supported (no transactions yet)"
-    if attributes & CONTROL_BIT:
-        return "control batches are written by brokers, not accepted from clients"
+    reason = unsupported_batch(h)
+    if reason is not None:
+        return reason
     codec = attributes & COMPRESSION_MASK
     if codec > COMPRESSION_ZSTD:
         return f"unknown compression codec {codec}"
@@ -547,6 +549,16 @@ def invalid_header(h: BatchHeader, available: int | None = None) -> str | None:
         return f"{h.record_count} records cannot fit in {h.records_length} bytes"
     if h.max_timestamp < h.base_timestamp:
         return f"max_timestamp {h.max_timestamp} before base_timestamp {h.base_timestamp}"
+    return None
+
+
+def unsupported_batch(h: BatchHeader) -> str | None:
+    """Why a well-formed batch is refused anyway (INVALID_BATCH, not CORRUPT_MESSAGE): a
+    transactional or control batch, until transactions exist. None for any other batch."""
+    if h.attributes & TRANSACTIONAL_BIT:
+        return "transactional batches are not supported (no transactions yet)"
+    if h.attributes & CONTROL_BIT:
+        return "control batches are written by brokers, not accepted from clients"
     return None
 
 

@@ -20,6 +20,11 @@ class RecordFramingError(InvalidBatchError):
     written. INVALID_BATCH on the wire, apart from CORRUPT_MESSAGE (a crc or header failure)."""
 
 
+class UnsupportedBatchError(InvalidBatchError):
+    """A well-formed batch of a kind the broker does not take yet (transactional or control):
+    INVALID_BATCH on the wire, with the reason. Nothing was written."""
+
+
 class BatchTooLargeError(StorageError):
     """The batch exceeds `max_batch_bytes`; nothing was written."""
 

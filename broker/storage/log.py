@@ -46,6 +46,7 @@ from broker.storage.errors import (
     OffsetOutOfRangeError,
     RecordFramingError,
     StorageError,
+    UnsupportedBatchError,
 )
 from broker.storage.fdcache import DEFAULT_CACHE, FdCache
 from broker.storage.fileio import (
@@ -78,6 +79,7 @@ from ringlog_proto.batch import (
     rebased,
     records_walker,
     unpack_header,
+    unsupported_batch,
 )
 
 log = logging.getLogger(__name__)
@@ -412,6 +414,8 @@ class Log:
                 reason = "crc32c mismatch"
             if reason is not None:
                 where = f"batch at byte {pos}: " if pos else ""
+                if unsupported_batch(h) == reason:  # well formed, but transactional or control
+                    raise UnsupportedBatchError(where + reason)
                 raise InvalidBatchError(where + reason)
             if (
                 check
