@@ -8,11 +8,12 @@ import os
 from pathlib import Path
 
 import pytest
+from crc32c import crc32c
 from poison_batches import POISON, poison_batch
 
-from broker.storage.errors import InvalidBatchError, RecordFramingError
+from broker.storage.errors import InvalidBatchError, RecordFramingError, UnsupportedBatchError
 from broker.storage.log import Log, LogConfig
-from ringlog_proto.batch import decode_batches, encode_batch
+from ringlog_proto.batch import COMPRESSION_GZIP, decode_batches, encode_batch
 
 
 @pytest.mark.parametrize("name", sorted(POISON))
@@ -56,10 +57,6 @@ def test_check_records_off_stores_a_poison_batch_as_is(tmp_path: Path) -> None:
 
 
 def test_transactional_and_control_batches_are_refused_as_unsupported(tmp_path: Path) -> None:
-    from crc32c import crc32c  # noqa: PLC0415
-
-    from broker.storage.errors import UnsupportedBatchError  # noqa: PLC0415
-
     log = Log.open(str(tmp_path / "p"))
     try:
         for bit, what in ((0x10, "transactional"), (0x20, "control")):
@@ -75,8 +72,6 @@ def test_transactional_and_control_batches_are_refused_as_unsupported(tmp_path: 
 
 def test_a_compressed_batch_is_stored_as_it_came(tmp_path: Path) -> None:
     """gzip (and any codec): header and crc checked, records not walked, bytes kept."""
-    from ringlog_proto.batch import COMPRESSION_GZIP  # noqa: PLC0415
-
     log = Log.open(str(tmp_path / "p"))
     try:
         batch = encode_batch([b"v" * 100] * 10, compression=COMPRESSION_GZIP)
