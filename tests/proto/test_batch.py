@@ -298,3 +298,29 @@ def test_runs_of_one_shape_decode_like_any_other(values: list[bytes], data: st.D
     else:
         assert walk_ok
         assert len(got) == len(values)
+
+
+def test_the_worked_example_in_protocol_md_is_what_the_codec_makes() -> None:
+    """docs/PROTOCOL.md §9's hex dump of a Produce frame, checked against the real codec."""
+    import re
+    from pathlib import Path
+
+    from ringlog_proto.messages import ProduceRequest, encode_request
+
+    doc = (Path(__file__).parents[2] / "docs" / "PROTOCOL.md").read_text()
+    section = doc[doc.index("## 9. Worked example") :]
+    dump = section[section.index("```\n0000") + 4 : section.index("```", section.index("```\n0000") + 4)]
+    documented = bytes.fromhex("".join(re.sub(r"^[0-9a-f]{4}  ", "", line) for line in dump.splitlines()))
+    frame = b"".join(
+        encode_request(
+            ProduceRequest(
+                topic_id=1,
+                partition=0,
+                acks=1,
+                timeout_ms=30000,
+                records=encode_batch([b"hello"], timestamp=1700000000000),
+            ),
+            correlation_id=1,
+        )
+    )
+    assert documented == frame
