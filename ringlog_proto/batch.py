@@ -396,22 +396,29 @@ def encode_batch(
                 first_ts = ts
             if ts > max_ts:
                 max_ts = ts
+            d = ts - first_ts
+            tsb = zz[d] if 0 <= d < table else zigzag_varint(d)
             key = rec.key
+            if key is None:
+                kb = _NULL
+                key = b""
+            else:
+                n = len(key)
+                kb = zz[n] if n < table else zigzag_varint(n)
             value = rec.value
+            if value is None:
+                vb = _NULL
+                value = b""
+            else:
+                n = len(value)
+                vb = zz[n] if n < table else zigzag_varint(n)
             hdrs = rec.headers
-            fields = b"".join(
-                (
-                    b"\x00",
-                    _zz(ts - first_ts),
-                    od,
-                    _NULL if key is None else _zz(len(key)),
-                    key or b"",
-                    _NULL if value is None else _zz(len(value)),
-                    value or b"",
-                    _encode_headers(hdrs) if hdrs else b"\x00",
-                )
+            hb = _encode_headers(hdrs) if hdrs else b"\x00"
+            # No join per record: the key and value are copied once, into the section.
+            body = 1 + len(tsb) + len(od) + len(kb) + len(key) + len(vb) + len(value) + len(hb)
+            extend(
+                (zz[body] if body < table else zigzag_varint(body), b"\x00", tsb, od, kb, key, vb, value, hb)
             )
-            extend((_zz(len(fields)), fields))
             count += 1
     except (TypeError, AttributeError) as exc:
         raise BatchError(f"record {count} cannot be encoded: {exc}") from None
@@ -420,7 +427,10 @@ def encode_batch(
     if count > RECORD_COUNT_MAX:
         raise BatchError(f"{count} records in one batch; at most {RECORD_COUNT_MAX}")
     assert first_ts is not None
-    section = b"".join(parts)
+    try:
+        section = b"".join(parts)
+    except TypeError as exc:  # a key, value or header value that is not bytes-like
+        raise BatchError(f"a record cannot be encoded: {exc}") from None
     attributes = 0
     if compression:
         section = compress(section, compression)
