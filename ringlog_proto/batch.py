@@ -19,8 +19,9 @@ Rules this module keeps:
   (`walk_records_python`, its exact twin) when it is not: ringlog_proto needs nothing of native/,
   and clients never walk (they decode, which checks the same things).
 - The record encode and decode here are the pure-Python codec: the client's hot path until a C
-  codec serves it, and its fallback after. Varints cost a Python branch per field, so the common
-  one-byte and two-byte cases are table lookups and inline branches, not calls.
+  codec serves it, and its fallback after. Varints cost a Python branch per field, so encoding
+  takes precomputed varints from a table, and decoding first matches a record against the
+  previous record's shape (`startswith` in C) and parses field by field only when it differs.
 
 Fileformat (Kafka RecordBatch v2, all fixed-width integers big-endian, 61-byte header):
 
