@@ -82,6 +82,12 @@ static inline int rr_varint(const unsigned char *s, uint64_t *q, uint64_t lim, u
 {
     uint64_t p = *q, z = 0;
     unsigned shift = 0;
+    if (p < lim && s[p] < 0x80) { /* one byte: most lengths and deltas */
+        z = s[p];
+        *out = (int64_t)(z >> 1) ^ -(int64_t)(z & 1);
+        *q = p + 1;
+        return 1;
+    }
     while (p < lim) {
         unsigned char b = s[p++];
         z |= (uint64_t)(b & 0x7F) << shift;
