@@ -102,7 +102,7 @@ from benchlib import REPO, code_version, fs_of, size_label, table
 
 from broker.client import Acks, Admin, AsyncAdmin, AsyncConnection, AsyncConsumer, AsyncProducer, Producer
 from broker.storage import layout
-from ringlog_proto.batch import HEADER_SIZE, RECORD_HEADER_SIZE, encode_batch, iter_batches
+from ringlog_proto.batch import HEADER_SIZE, RECORD_COUNT_MAX, encode_batch, iter_batches, record_size
 from ringlog_proto.frames import LENGTH_SIZE, Frame, FrameDecoder, peek_frame_size
 from ringlog_proto.messages import ErrorCode, FetchRequest, ProduceRequest, decode_response, encode_request
 
@@ -489,7 +489,8 @@ class RawProduceSpec:
 
 def job_raw_produce(spec: RawProduceSpec) -> dict[str, Any]:
     """Pre-encoded batches (no producer id) written with `request_nowait`, RAW_IN_FLIGHT at a time."""
-    per = max(1, (spec.batch_bytes - HEADER_SIZE) // (RECORD_HEADER_SIZE + spec.record_size))
+    per_record = record_size(bytes(spec.record_size), offset_delta=RECORD_COUNT_MAX)  # at any index
+    per = max(1, (spec.batch_bytes - HEADER_SIZE) // per_record)
     nbatches = max(1, spec.count // per)
     distinct = min(nbatches, max(1, 64 * MIB // spec.batch_bytes))
     pool = []

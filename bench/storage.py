@@ -83,7 +83,7 @@ from broker.storage.log import Log, LogConfig
 from ringlog_proto import messages as m
 from ringlog_proto.batch import (
     HEADER_SIZE,
-    RECORD_HEADER_SIZE,
+    RECORD_COUNT_MAX,
     Record,
     batch_crc,
     decode_records,
@@ -93,6 +93,7 @@ from ringlog_proto.batch import (
     set_base_offset,
     walk_implementation,
 )
+from ringlog_proto.batch import record_size as encoded_record_size
 from ringlog_proto.frames import Frame, FrameDecoder
 
 KIB = 1024
@@ -160,13 +161,19 @@ class Workload:
         return f"{size_label(self.batch_target)} / {size_label(self.record_size)} records"
 
 
+def record_size_bound(value_size: int) -> int:
+    """Encoded bytes of a plain record of `value_size` bytes at any index of a batch."""
+    return encoded_record_size(bytes(value_size), offset_delta=RECORD_COUNT_MAX)
+
+
 def records_fitting(batch_bytes: int, per_record: int) -> int:
     """How many records of `per_record` encoded bytes fit in a batch of at most `batch_bytes`."""
     return max(1, (batch_bytes - HEADER_SIZE) // per_record)
 
 
 def make_workload(record_size: int, batch_target: int, total_bytes: int) -> Workload:
-    n = records_fitting(batch_target, RECORD_HEADER_SIZE + record_size)
+    # the largest a record of this size encodes to (an offset delta of 3 bytes): never over target
+    n = records_fitting(batch_target, record_size_bound(record_size))
     pool: list[bytes] = []
     pool_bytes = min(total_bytes, POOL_BYTES)
     while not pool or len(pool) * len(pool[0]) < pool_bytes:
@@ -447,7 +454,7 @@ def bench_validation(workdir: str, rounds: int) -> list[ValidationResult]:
             if batch_target:
                 w = make_workload(record_size, batch_target, VALIDATION_BYTES)
             else:  # one record per batch: fewer bytes, or the run would take minutes
-                n = VALIDATION_BYTES // 16 // (HEADER_SIZE + RECORD_HEADER_SIZE + record_size)
+                n = VALIDATION_BYTES // 16 // (HEADER_SIZE + record_size_bound(record_size))
                 pool = [encode_batch([os.urandom(record_size)], timestamp=TIMESTAMP) for _ in range(n)]
                 w = Workload(record_size, 0, 1, len(pool[0]), pool)
             clock = time.thread_time  # CPU time: what other processes took of the CPU is not counted

@@ -26,6 +26,7 @@ from broker.storage.index import invalid_header as invalid_index_header
 from broker.storage.layout import STORE_SUFFIX, index_file_name, parse_segment_name, store_file_name
 from broker.storage.log import Log, LogConfig
 from ringlog_proto.batch import (
+    CODEC_NAMES,
     BatchError,
     BatchHeader,
     Record,
@@ -34,6 +35,7 @@ from ringlog_proto.batch import (
     invalid_batch,
     invalid_records,
     iter_batches,
+    legacy_format,
 )
 
 
@@ -124,14 +126,22 @@ def _dump_store(data: bytes, base: int) -> tuple[list[tuple[int, BatchHeader]], 
     batches: list[tuple[int, BatchHeader]] = []
     expected = base
     end = 0
+    if legacy_format(data) is not None:
+        problems.append(
+            "written by ringlog's record batch format 1 (magic 1), not damaged: this version reads "
+            "Kafka's RecordBatch v2 only and refuses to serve this data dir"
+        )
+        return batches, expected, problems
     try:
         for pos, h in iter_batches(data):
             reason = invalid_batch(data, pos)
             if reason is not None:
                 raise BatchError(reason)
+            codec = f", {CODEC_NAMES[h.compression]}" if h.compression else ""
             print(
                 f"  @{pos}: offsets {h.base_offset}..{h.last_offset} ({h.record_count} records, "
-                f"{h.size} B, max_timestamp {h.max_timestamp})"
+                f"{h.size} B{codec}, max_timestamp {h.max_timestamp}, "
+                f"leader epoch {h.partition_leader_epoch})"
             )
             if h.base_offset != expected:
                 after = (

@@ -1,95 +1,137 @@
-"""Record batches: the unit of storage and of the wire.
+"""Record batches: the unit of storage and of the wire. Kafka's RecordBatch v2 (magic 2), byte for byte.
 
 Rules this module keeps:
 - No I/O. Bytes in, bytes out; the broker, the clients and the Spark source all use this one codec.
+- One format: Kafka's RecordBatch v2, on disk and in both protocols, so a Kafka Fetch is a plain
+  extent read. A data dir written by the old format 1 is refused at open (`legacy_format`), not
+  converted and never mistaken for damage.
 - The broker never decodes records. It reads the fixed header, checks length, crc32c and counts with
-  `invalid_batch()`, walks the record framing with `invalid_records()` (lengths, counts, header
-  counts; never the payload), writes the base offset into the header with `set_base_offset()` (or
-  beside it, `rebased()`), and stores the bytes as they came; reading them back, it checks them
-  with `stored_damage()`. The crc does not cover the base offset, so assigning it costs 8 bytes,
-  not a checksum over the batch. The walk is what keeps a batch no client can decode (a "poison"
-  batch with a valid crc) out of the log.
+  `invalid_batch()`, walks the record framing of uncompressed batches with `invalid_records()`
+  (varint lengths, offset deltas, counts, header keys; never the payload), writes the base offset
+  and partition leader epoch with `set_base_offset()` (or beside it, `rebased()`), and stores the
+  bytes as they came; reading them back, it checks them with `stored_damage()`. The crc does not
+  cover those two fields, so assigning them costs 16 bytes, not a checksum over the batch. The walk
+  is what keeps a batch no client can decode (a "poison" batch with a valid crc) out of the log.
 - No module outside ringlog_proto reads or writes batch bytes at an offset: they use the named
   fields of `BatchHeader` and the helpers here, so a format change is made in this file (and in
   the C twin of the records walk, native/_records_build.py).
 - The walk runs in C (`native._records`, a small cffi extension) when it is built, and in Python
   (`walk_records_python`, its exact twin) when it is not: ringlog_proto needs nothing of native/,
   and clients never walk (they decode, which checks the same things).
-- Records are encoded and decoded only by clients, so that code is the client's hot path: fixed-width
-  lengths (one `struct` call per record) rather than varints, which cost a Python loop per byte.
+- The record encode and decode here are the pure-Python codec: the client's hot path until a C
+  codec serves it, and its fallback after. Varints cost a Python branch per field, so encoding
+  takes precomputed varints from a table, and decoding first matches a record against the
+  previous record's shape (`startswith` in C) and parses field by field only when it differs.
 
-Fileformat (version 1, all integers big-endian, 61-byte header):
+Fileformat (Kafka RecordBatch v2, all fixed-width integers big-endian, 61-byte header):
 
-    offset size field               meaning
-    0      8    base_offset   i64   offset of the first record; written by the broker, 0 from clients
-    8      4    batch_length  i32   bytes after this field (the whole batch is 12 + batch_length)
-    12     1    magic         u8    format version, 1
-    13     4    crc           u32   crc32c (Castagnoli) of bytes [17, 12 + batch_length)
-    17     2    attributes    i16   bit 0-2 compression (0 = none; others rejected for now), rest zero
-    19     4    last_offset_delta i32  record_count - 1
-    23     8    first_timestamp i64  ms since the epoch, of the first record
-    31     8    max_timestamp   i64  ms since the epoch, largest record timestamp in the batch
-    39     8    producer_id     i64  -1 when the producer is not idempotent
-    47     2    producer_epoch  i16  -1 when not idempotent
-    49     4    base_sequence   i32  sequence of the first record, -1 when not idempotent
-    53     4    record_count    i32  number of records, >= 1
-    57     4    records_length  i32  bytes of the record section that follows (= batch_length - 49)
-    61     ...  records
+    offset size field                      meaning
+    0      8    base_offset            i64  offset of the first record; the broker overwrites it
+                                            (a client's value is ignored, Kafka clients send 0)
+    8      4    batch_length           i32  bytes after this field (the whole batch is 12 + batch_length)
+    12     4    partition_leader_epoch i32  written by the broker (0 until replication has epochs);
+                                            clients send -1 (Java) or 0 (librdkafka, kafka-python)
+    16     1    magic                  i8   2
+    17     4    crc                    u32  crc32c (Castagnoli) of bytes [21, 12 + batch_length)
+    21     2    attributes             i16  bits 0-2 compression (0 none, 1 gzip, 2 snappy, 3 lz4,
+                                            4 zstd), bit 3 timestamp type (0 create, 1 log append),
+                                            bit 4 transactional, bit 5 control; the rest zero
+    23     4    last_offset_delta      i32  record_count - 1
+    27     8    base_timestamp         i64  ms since the epoch, of the first record
+    35     8    max_timestamp          i64  ms since the epoch, largest record timestamp in the batch
+    43     8    producer_id            i64  -1 when the producer is not idempotent
+    51     2    producer_epoch         i16  -1 when not idempotent
+    53     4    base_sequence          i32  sequence of the first record, -1 when not idempotent
+    57     4    record_count           i32  number of records, >= 1
+    61     ...  records: record_count records back to back, or, when compressed, one stream of the
+                codec's framing (gzip; snappy as Kafka's xerial framing; lz4 frame; zstd frame)
+                holding them
 
-Each record (offset deltas are implicit: the i-th record has offset base_offset + i):
+Each record (varint = zigzag base-128 varint, at most 5 bytes; varlong: at most 10 bytes):
 
-    size field
-    4    record_length   u32  bytes after this field
-    4    timestamp_delta i32  ms relative to first_timestamp
-    4    key_length      i32  -1 for a null key
-    4    value_length    i32  -1 for a null value
-    2    header_count    u16
-    ...  key bytes, then value bytes
+    varint   length           bytes of the record after this field
+    i8       attributes       unused (0)
+    varlong  timestamp_delta  ms relative to base_timestamp
+    varint   offset_delta     the record's index in the batch: offset = base_offset + offset_delta
+    varint   key_length       -1 for a null key
+    ...      key
+    varint   value_length     -1 for a null value
+    ...      value
+    varint   header_count
     then header_count times:
-      2  header_key_length   u16, then the key as UTF-8
-      4  header_value_length i32 (-1 for null), then the value bytes
+      varint header_key_length, then the key as UTF-8 (never null)
+      varint header_value_length (-1 for null), then the value bytes
 
-Every record's fields end exactly at its record_length, exactly record_count records fill
-records_length, lengths are >= -1, header keys are UTF-8: a batch that breaks any of these is
-refused at produce (INVALID_BATCH) and fails `decode_records`.
+What a produced batch must satisfy, as Kafka's broker checks it; a header failure or a wrong crc
+is CORRUPT_MESSAGE, a framing failure or a batch of a kind not taken yet is INVALID_BATCH:
+- magic 2; batch_length covers the header and fits the bytes sent and `max_batch_bytes`; the crc;
+- 1 <= record_count <= RECORD_COUNT_MAX, last_offset_delta == record_count - 1, and
+  max_timestamp >= base_timestamp;
+- a known codec and no unknown attribute bit; no transactional or control bit (transactions are not
+  supported yet: INVALID_BATCH, with that reason, see `unsupported_batch`);
+- in an uncompressed batch, the walk, record by record: every varint ends inside its record and
+  within its width, record lengths fit, each offset_delta equals the record's index, key and value
+  lengths are >= -1 and inside the record, header counts >= 0, header key lengths >= 0 and keys
+  UTF-8, header value lengths >= -1, each record's fields end exactly at its length, and exactly
+  record_count records fill the batch.
+A compressed batch is stored as it came after the header and crc checks: the broker does not
+decompress it (that would cost more CPU than the rest of the produce path together), so its
+records are not walked; a client that cannot decompress or frame it gets a `BatchError` naming
+the reason. The same rules make `decode_records` fail.
 
-`records_length` is redundant with `batch_length`; keeping both lets `invalid_batch` catch a header
-whose length field was damaged in a way the crc range would otherwise follow.
+Clients' base offsets are overwritten, never checked: Kafka clients send 0, our encoder 0 by default.
 """
 
 from __future__ import annotations
 
 import struct
 import time
+import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import NamedTuple
 
 from crc32c import crc32c
 
-MAGIC = 1
+MAGIC = 2
+LEGACY_MAGIC = 1  # ringlog's own format before this one: refused, see `legacy_format`
 HEADER_SIZE = 61
 LENGTH_PREFIX_SIZE = 12  # base_offset + batch_length: the part of the header outside batch_length
-CRC_START = 17  # the crc covers everything from here to the end of the batch
+CRC_START = 21  # the crc covers everything from here (attributes) to the end of the batch
+_STAMP_SIZE = 16  # base_offset, batch_length, partition_leader_epoch: what `rebased` writes
 NO_PRODUCER_ID = -1
 NO_SEQUENCE = -1
-COMPRESSION_MASK = 0x07
+NO_PARTITION_LEADER_EPOCH = -1
+STORED_LEADER_EPOCH = 0  # what the broker writes until replication brings leader epochs
 
-# The smallest possible record: the 18-byte record header with null key and value, no headers.
-RECORD_HEADER_SIZE = 18
+COMPRESSION_MASK = 0x07
+TIMESTAMP_TYPE_BIT = 0x08
+TRANSACTIONAL_BIT = 0x10
+CONTROL_BIT = 0x20
+_KNOWN_ATTRIBUTES = COMPRESSION_MASK | TIMESTAMP_TYPE_BIT | TRANSACTIONAL_BIT | CONTROL_BIT
+COMPRESSION_NONE = 0
+COMPRESSION_GZIP = 1
+COMPRESSION_SNAPPY = 2
+COMPRESSION_LZ4 = 3
+COMPRESSION_ZSTD = 4
+CODEC_NAMES: dict[int, str] = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
+
+# The smallest possible record: length, attributes, timestamp delta, offset delta, null key, null
+# value and no headers, one byte each.
+RECORD_HEADER_SIZE = 7
 RECORD_COUNT_MAX = 1 << 20  # a batch of 1 MiB empty records; more is a malformed count, not data
 
-_HEADER = struct.Struct(">qiBIhiqqqhiii")
+_HEADER = struct.Struct(">qiibIhiqqqhii")
 unpack_header = _HEADER.unpack_from  # the raw 13-tuple, for loops that cannot afford a BatchHeader
+_STAMP = struct.Struct(">qii")
 _LENGTHS = struct.Struct(">qi")
-_BASE_OFFSET = struct.Struct(">q")
 _CRC = struct.Struct(">I")
-_RECORD = struct.Struct(">IiiiH")
-_HKEY = struct.Struct(">H")
-_HVAL = struct.Struct(">i")
-_ABSENT = -1
+_TAIL = struct.Struct(">hiqqqhii")  # attributes .. record_count: the crc's part of the header
+_HEAD = struct.Struct(">qiib")  # base_offset, batch_length, partition_leader_epoch, magic
 
 assert _HEADER.size == HEADER_SIZE
-assert _RECORD.size == RECORD_HEADER_SIZE
+assert _STAMP.size == _STAMP_SIZE
+assert _HEAD.size + _CRC.size == CRC_START
+assert CRC_START + _TAIL.size == HEADER_SIZE
 
 Header = tuple[str, bytes | None]
 
@@ -107,22 +149,32 @@ class BatchHeader(NamedTuple):
 
     base_offset: int
     batch_length: int
+    partition_leader_epoch: int
     magic: int
     crc: int
     attributes: int
     last_offset_delta: int
-    first_timestamp: int
+    base_timestamp: int
     max_timestamp: int
     producer_id: int
     producer_epoch: int
     base_sequence: int
     record_count: int
-    records_length: int
 
     @property
     def size(self) -> int:
         """Bytes of the whole batch on disk and on the wire."""
         return LENGTH_PREFIX_SIZE + self.batch_length
+
+    @property
+    def records_length(self) -> int:
+        """Bytes of the record section (compressed, if the batch is)."""
+        return self.batch_length - (HEADER_SIZE - LENGTH_PREFIX_SIZE)
+
+    @property
+    def compression(self) -> int:
+        """The codec of the record section: 0 none, else a key of CODEC_NAMES."""
+        return self.attributes & COMPRESSION_MASK
 
     @property
     def last_offset(self) -> int:
@@ -137,9 +189,9 @@ class BatchHeader(NamedTuple):
         """Sequence of the last record (an idempotent producer numbers records, not batches)."""
         return self.base_sequence + self.record_count - 1
 
-    def with_base_offset(self, base_offset: int) -> BatchHeader:
+    def with_base_offset(self, base_offset: int, leader_epoch: int = STORED_LEADER_EPOCH) -> BatchHeader:
         """This header as stored at `base_offset` (what the broker's append assigns)."""
-        return BatchHeader._make((base_offset, *self[1:]))  # _replace is several times slower
+        return BatchHeader._make((base_offset, self[1], leader_epoch, *self[3:]))
 
 
 # Positions in the raw tuple of `unpack_header`, for the loops here that cannot afford a BatchHeader.
@@ -192,18 +244,94 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+# ----------------------------------------------------------------------------- varints
+
+_MASK32 = 0xFFFF_FFFF
+_MASK64 = 0xFFFF_FFFF_FFFF_FFFF
+_VARINT_BITS = 35  # 5 bytes of 7 bits: a sixth byte makes a varint too long (as Kafka reads them)
+_VARLONG_BITS = 70  # 10 bytes
+
+
+def zigzag_varint(value: int) -> bytes:
+    """Kafka's varint (and varlong) encoding of a signed integer: zigzag, then base 128."""
+    z = ((value << 1) ^ (value >> 63)) & _MASK64
+    out = bytearray()
+    while z >= 0x80:
+        out.append((z & 0x7F) | 0x80)
+        z >>= 7
+    out.append(z)
+    return bytes(out)
+
+
+_ZZ_TABLE_SIZE = 1 << 14  # non-negative values with a precomputed encoding (lengths up to 16 KiB)
+_ZZ: list[bytes] = [zigzag_varint(v) for v in range(_ZZ_TABLE_SIZE)]
+_NULL = zigzag_varint(-1)  # b"\x01": a null key, value or header value
+_UNZZ: tuple[int, ...] = tuple((b >> 1) ^ -(b & 1) for b in range(0x80))  # one-byte varints
+
+
+def varint_size(value: int) -> int:
+    """Bytes of `zigzag_varint(value)`."""
+    z = ((value << 1) ^ (value >> 63)) & _MASK64
+    return (z.bit_length() + 6) // 7 or 1
+
+
+def _zz(value: int) -> bytes:
+    return _ZZ[value] if 0 <= value < _ZZ_TABLE_SIZE else zigzag_varint(value)
+
+
+def read_varint(buf: bytes | bytearray | memoryview, p: int, wide: bool = False) -> tuple[int, int]:
+    """(value, next position) of the zigzag varint (`wide`: varlong) at `p`, read as Kafka reads it
+    (bits past 32 or 64 dropped). BatchError when it is longer than 5 (10) bytes; IndexError past
+    the end of `buf`."""
+    limit = _VARLONG_BITS if wide else _VARINT_BITS
+    shift = 0
+    z = 0
+    while True:
+        b = buf[p]
+        p += 1
+        z |= (b & 0x7F) << shift
+        if b < 0x80:
+            z &= _MASK64 if wide else _MASK32
+            return (z >> 1) ^ -(z & 1), p
+        shift += 7
+        if shift >= limit:
+            raise BatchError(f"a {'varlong' if wide else 'varint'} longer than {limit // 7} bytes")
+
+
+# ----------------------------------------------------------------------------- encode
+
+
 def _encode_headers(headers: Sequence[Header]) -> bytes:
-    parts = []
+    parts = [_zz(len(headers))]
     for hkey, hval in headers:
         kb = hkey.encode()
-        parts.append(_HKEY.pack(len(kb)))
+        parts.append(_zz(len(kb)))
         parts.append(kb)
         if hval is None:
-            parts.append(_HVAL.pack(_ABSENT))
+            parts.append(_NULL)
         else:
-            parts.append(_HVAL.pack(len(hval)))
+            parts.append(_zz(len(hval)))
             parts.append(hval)
     return b"".join(parts)
+
+
+def record_size(
+    value: bytes | None,
+    key: bytes | None = None,
+    headers: Sequence[Header] = (),
+    offset_delta: int = 0,
+    timestamp_delta: int = 0,
+) -> int:
+    """Exact encoded size of one record (its length varint included) at these deltas."""
+    body = (
+        1
+        + varint_size(timestamp_delta)
+        + varint_size(offset_delta)
+        + (1 if key is None else varint_size(len(key)) + len(key))
+        + (1 if value is None else varint_size(len(value)) + len(value))
+        + (len(_encode_headers(headers)) if headers else 1)
+    )
+    return varint_size(body) + body
 
 
 def encode_batch(
@@ -214,31 +342,54 @@ def encode_batch(
     producer_epoch: int = -1,
     base_sequence: int = NO_SEQUENCE,
     base_offset: int = 0,
+    partition_leader_epoch: int = NO_PARTITION_LEADER_EPOCH,
+    compression: int = COMPRESSION_NONE,
 ) -> bytes:
-    """Encode records into one batch.
+    """Encode records into one batch, as Kafka's producers do (byte for byte: tests compare).
 
-    A plain `bytes` item is a value with no key, headers or timestamp: the common producer case
-    gets a fast path with one `struct.pack` per record. Records without a timestamp take
-    `timestamp` (default: now), so a batch built in one call shares one clock reading.
+    A plain `bytes` item is a value with no key, headers or timestamp: the common producer case,
+    whose record framing is a few table lookups. Records without a timestamp take `timestamp`
+    (default: now), so a batch built in one call shares one clock reading; the batch's
+    base_timestamp is its first record's. `compression`: COMPRESSION_NONE or COMPRESSION_GZIP.
     """
-    pack = _RECORD.pack
+    zz = _ZZ
+    table = _ZZ_TABLE_SIZE
     default_ts = now_ms() if timestamp is None else timestamp
     first_ts: int | None = None
     max_ts = -(1 << 63)
     parts: list[bytes] = []
-    append = parts.append
+    extend = parts.extend
     count = 0
+    plain_prefix = b""  # attributes and timestamp delta of a plain bytes record, once first_ts is set
+    last_n = -1
+    value_len = b""
+    fixed = 0
     try:
         for rec in records:
+            od = zz[count] if count < table else zigzag_varint(count)
             if type(rec) is bytes:
                 if first_ts is None:
                     first_ts = default_ts
-                if default_ts > max_ts:
-                    max_ts = default_ts
-                ts_delta = default_ts - first_ts
+                if not plain_prefix:
+                    plain_prefix = b"\x00" + _zz(default_ts - first_ts)
+                    if default_ts > max_ts:
+                        max_ts = default_ts
                 n = len(rec)
-                append(pack(14 + n, ts_delta, _ABSENT, n, 0))
-                append(rec)
+                if n != last_n:  # producers send runs of one size: encode the length once a run
+                    last_n = n
+                    value_len = _NULL + (zz[n] if n < table else zigzag_varint(n))  # null key, length
+                    fixed = len(plain_prefix) + len(value_len) + n + 1
+                body = fixed + len(od)
+                extend(
+                    (
+                        zz[body] if body < table else zigzag_varint(body),
+                        plain_prefix,
+                        od,
+                        value_len,
+                        rec,
+                        b"\x00",
+                    )
+                )
                 count += 1
                 continue
             ts = default_ts if rec.timestamp is None else rec.timestamp
@@ -246,30 +397,47 @@ def encode_batch(
                 first_ts = ts
             if ts > max_ts:
                 max_ts = ts
+            d = ts - first_ts
+            tsb = zz[d] if 0 <= d < table else zigzag_varint(d)
             key = rec.key
+            if key is None:
+                kb = _NULL
+                key = b""
+            else:
+                n = len(key)
+                kb = zz[n] if n < table else zigzag_varint(n)
             value = rec.value
-            klen = _ABSENT if key is None else len(key)
-            vlen = _ABSENT if value is None else len(value)
+            if value is None:
+                vb = _NULL
+                value = b""
+            else:
+                n = len(value)
+                vb = zz[n] if n < table else zigzag_varint(n)
             hdrs = rec.headers
-            hbytes = _encode_headers(hdrs) if hdrs else b""
-            body = 14 + (klen if klen > 0 else 0) + (vlen if vlen > 0 else 0) + len(hbytes)
-            append(pack(body, ts - first_ts, klen, vlen, len(hdrs)))
-            if key:
-                append(key)
-            if value:
-                append(value)
-            if hbytes:
-                append(hbytes)
+            hb = _encode_headers(hdrs) if hdrs else b"\x00"
+            # No join per record: the key and value are copied once, into the section.
+            body = 1 + len(tsb) + len(od) + len(kb) + len(key) + len(vb) + len(value) + len(hb)
+            extend(
+                (zz[body] if body < table else zigzag_varint(body), b"\x00", tsb, od, kb, key, vb, value, hb)
+            )
             count += 1
-    except struct.error as exc:
+    except (TypeError, AttributeError) as exc:
         raise BatchError(f"record {count} cannot be encoded: {exc}") from None
     if count == 0:
         raise BatchError("a batch needs at least one record")
     if count > RECORD_COUNT_MAX:
         raise BatchError(f"{count} records in one batch; at most {RECORD_COUNT_MAX}")
     assert first_ts is not None
+    try:
+        section = b"".join(parts)
+    except TypeError as exc:  # a key, value or header value that is not bytes-like
+        raise BatchError(f"a record cannot be encoded: {exc}") from None
+    attributes = 0
+    if compression:
+        section = compress(section, compression)
+        attributes = compression
     return seal_batch(
-        b"".join(parts),
+        section,
         count,
         first_ts,
         max_ts,
@@ -277,6 +445,8 @@ def encode_batch(
         producer_epoch=producer_epoch,
         base_sequence=base_sequence,
         base_offset=base_offset,
+        partition_leader_epoch=partition_leader_epoch,
+        attributes=attributes,
     )
 
 
@@ -290,28 +460,65 @@ def seal_batch(
     producer_epoch: int = -1,
     base_sequence: int = NO_SEQUENCE,
     base_offset: int = 0,
+    partition_leader_epoch: int = NO_PARTITION_LEADER_EPOCH,
+    attributes: int = 0,
 ) -> bytes:
     """The batch header (lengths, crc32c) around an encoded records `section` of `count` records.
 
     Trusts `section`: `encode_batch` is the way to make a valid batch; tests use this alone to
     wrap record framing that does not parse in a header whose lengths and crc are right."""
-    tail = struct.pack(
-        ">hiqqqhiii",
-        0,
-        count - 1,
-        first_ts,
-        max_ts,
-        producer_id,
-        producer_epoch,
-        base_sequence,
-        count,
-        len(section),
-    )
+    try:
+        tail = _TAIL.pack(
+            attributes, count - 1, first_ts, max_ts, producer_id, producer_epoch, base_sequence, count
+        )
+    except struct.error as exc:
+        raise BatchError(f"batch header field out of range: {exc}") from None
     crc = crc32c(section, crc32c(tail))
-    batch_length = 1 + 4 + len(tail) + len(section)
+    batch_length = HEADER_SIZE - LENGTH_PREFIX_SIZE + len(section)
     return b"".join(
-        (_LENGTHS.pack(base_offset, batch_length), bytes((MAGIC,)), _CRC.pack(crc), tail, section)
+        (_HEAD.pack(base_offset, batch_length, partition_leader_epoch, MAGIC), _CRC.pack(crc), tail, section)
     )
+
+
+# ----------------------------------------------------------------------------- compression
+
+
+def compress(section: bytes, codec: int) -> bytes:
+    """The record section compressed with `codec` (gzip only here: the stdlib has it)."""
+    if codec == COMPRESSION_GZIP:
+        c = zlib.compressobj(6, zlib.DEFLATED, 31)  # wbits 31: a gzip stream, mtime 0
+        return c.compress(section) + c.flush()
+    raise BatchError(
+        f"cannot compress with {CODEC_NAMES.get(codec, f'codec {codec}')}: only gzip is built in"
+    )
+
+
+def decompress(data: bytes | bytearray | memoryview, codec: int) -> bytes:
+    """The record section of a compressed batch, uncompressed. gzip always (stdlib zlib); the
+    others raise a BatchError naming the codec, since their libraries are not dependencies."""
+    if codec == COMPRESSION_GZIP:
+        try:
+            d = zlib.decompressobj(47)  # 32 + 15: gzip or zlib header, as producers write
+            out = d.decompress(data)
+            while d.eof and d.unused_data:  # a multi-member gzip stream
+                rest = d.unused_data
+                d = zlib.decompressobj(47)
+                out += d.decompress(rest)
+            if not d.eof:
+                raise BatchError("gzip record section is truncated")
+            return out
+        except zlib.error as exc:
+            raise BatchError(f"gzip record section does not decompress: {exc}") from None
+    name = CODEC_NAMES.get(codec)
+    if name is None:
+        raise BatchError(f"unknown compression codec {codec}")
+    raise BatchError(
+        f"the batch is {name}-compressed, and this client decodes only uncompressed and gzip batches "
+        f"(no {name} library)"
+    )
+
+
+# ----------------------------------------------------------------------------- headers and checks
 
 
 def read_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
@@ -334,24 +541,35 @@ def invalid_header(h: BatchHeader, available: int | None = None) -> str | None:
         return f"unknown batch magic {h.magic} (expected {MAGIC})"
     if h.batch_length < HEADER_SIZE - LENGTH_PREFIX_SIZE:
         return f"batch_length {h.batch_length} shorter than the header"
-    if h.records_length != h.batch_length - (HEADER_SIZE - LENGTH_PREFIX_SIZE):
-        return f"records_length {h.records_length} disagrees with batch_length {h.batch_length}"
     if available is not None and h.size > available:
         return f"batch of {h.size} bytes but only {available} bytes present"
     if not 1 <= h.record_count <= RECORD_COUNT_MAX:
         return f"record_count {h.record_count} out of range 1..{RECORD_COUNT_MAX}"
     if h.last_offset_delta != h.record_count - 1:
         return f"last_offset_delta {h.last_offset_delta} != record_count - 1 ({h.record_count - 1})"
-    if h.records_length < h.record_count * RECORD_HEADER_SIZE:
+    attributes = h.attributes
+    if attributes & ~_KNOWN_ATTRIBUTES:
+        return f"unknown attribute bits {attributes & 0xFFFF:#x}"
+    reason = unsupported_batch(h)
+    if reason is not None:
+        return reason
+    codec = attributes & COMPRESSION_MASK
+    if codec > COMPRESSION_ZSTD:
+        return f"unknown compression codec {codec}"
+    if not codec and h.records_length < h.record_count * RECORD_HEADER_SIZE:
         return f"{h.record_count} records cannot fit in {h.records_length} bytes"
-    if h.attributes & ~COMPRESSION_MASK:
-        return f"unknown attribute bits {h.attributes:#x}"
-    if h.attributes & COMPRESSION_MASK:
-        return f"compression codec {h.attributes & COMPRESSION_MASK} is not supported"
-    if h.base_offset < 0:
-        return f"negative base_offset {h.base_offset}"
-    if h.max_timestamp < h.first_timestamp:
-        return f"max_timestamp {h.max_timestamp} before first_timestamp {h.first_timestamp}"
+    if h.max_timestamp < h.base_timestamp:
+        return f"max_timestamp {h.max_timestamp} before base_timestamp {h.base_timestamp}"
+    return None
+
+
+def unsupported_batch(h: BatchHeader) -> str | None:
+    """Why a well-formed batch is refused anyway (INVALID_BATCH, not CORRUPT_MESSAGE): a
+    transactional or control batch, until transactions exist. None for any other batch."""
+    if h.attributes & TRANSACTIONAL_BIT:
+        return "transactional batches are not supported (no transactions yet)"
+    if h.attributes & CONTROL_BIT:
+        return "control batches are written by brokers, not accepted from clients"
     return None
 
 
@@ -363,8 +581,8 @@ def batch_crc(buf: bytes | bytearray | memoryview, pos: int, size: int) -> int:
 def invalid_batch(buf: bytes | bytearray | memoryview, pos: int = 0) -> str | None:
     """Why the batch at `pos` is not valid (header, lengths, counts, crc32c), or None.
 
-    This is the broker's whole validation: records are not parsed. Returns a reason rather than
-    raising so callers choose between an error response (produce) and a cut (recovery).
+    Records are not parsed (`invalid_records` walks them). Returns a reason rather than raising so
+    callers choose between an error response (produce) and a cut (recovery).
     """
     if len(buf) - pos < HEADER_SIZE:
         return f"truncated batch: {len(buf) - pos} bytes, header needs {HEADER_SIZE}"
@@ -378,27 +596,54 @@ def invalid_batch(buf: bytes | bytearray | memoryview, pos: int = 0) -> str | No
     return None
 
 
+_LEGACY_HEADER = struct.Struct(">qiBIhiqqqhiii")  # format 1's header, only to recognise it
+
+
+def legacy_format(buf: bytes | bytearray | memoryview, pos: int = 0) -> int | None:
+    """LEGACY_MAGIC when the bytes at `pos` start a batch of ringlog's format 1 (magic 1 at byte
+    12, its lengths and counts consistent), else None. A batch the broker stored in this format
+    has its leader epoch at byte 12, 0 for now, so the two never look alike."""
+    if len(buf) - pos < HEADER_SIZE:
+        return None
+    (_b, length, magic, _c, _a, last_delta, _t, _m, _p, _e, _s, count, records_length) = (
+        _LEGACY_HEADER.unpack_from(buf, pos)
+    )
+    if (
+        magic == LEGACY_MAGIC
+        and count >= 1
+        and last_delta == count - 1
+        and records_length == length - (HEADER_SIZE - LENGTH_PREFIX_SIZE)
+    ):
+        return LEGACY_MAGIC
+    return None
+
+
+# ----------------------------------------------------------------------------- the records walk
+
 # What `walk_records_*` found, by code (the C twin in native/_records_build.py uses the same codes).
 RECORD_ERRORS: dict[int, str] = {
     1: "the record section ends before record_count records",
-    2: "the record section ends inside a record header",
-    3: "record_length runs past the end of the record section",
-    4: "record_length is shorter than the record header",
-    5: "key_length is negative but not -1 (null)",
-    6: "the key runs past record_length",
-    7: "value_length is negative but not -1 (null)",
-    8: "the value runs past record_length",
-    9: "a header length field runs past record_length",
-    10: "a header key runs past record_length",
+    2: "a record's length varint runs past the record section or is longer than 5 bytes",
+    3: "record length runs past the end of the record section",
+    4: "record length is negative or shorter than the smallest record (6 bytes)",
+    5: "key length is negative but not -1 (null)",
+    6: "the key runs past the record's length",
+    7: "value length is negative but not -1 (null)",
+    8: "the value runs past the record's length",
+    9: "a varint runs past the record's length or is longer than its type allows",
+    10: "a header key length is negative or runs past the record's length",
     11: "a header key is not UTF-8",
     12: "a header value length is negative but not -1 (null)",
-    13: "a header value runs past record_length",
-    14: "the record's fields end before record_length",
+    13: "a header value runs past the record's length",
+    14: "the record's fields end before its length",
     15: "bytes left after record_count records",
     16: "the record section lies outside the buffer",
+    17: "a record's offset delta is not its index in the batch",
+    18: "a record's header count is negative",
 }
 _WALK_BOUNDS = 16
 _RECORD_SECTION_MAX = 1 << 31
+_RECORD_BODY_MIN = RECORD_HEADER_SIZE - 1  # attributes .. header count, without the length varint
 
 
 def _utf8_ok(raw: bytes | bytearray | memoryview) -> bool:
@@ -409,6 +654,23 @@ def _utf8_ok(raw: bytes | bytearray | memoryview) -> bool:
     return True
 
 
+def _walk_varint(buf: bytes | bytearray | memoryview, p: int, end: int, bits: int) -> tuple[int, int]:
+    """(value, next position) of the varint at `p` ending before `end`, else (0, -1)."""
+    shift = 0
+    z = 0
+    while p < end:
+        b = buf[p]
+        p += 1
+        z |= (b & 0x7F) << shift
+        if b < 0x80:
+            z &= _MASK64 if bits == _VARLONG_BITS else _MASK32
+            return (z >> 1) ^ -(z & 1), p
+        shift += 7
+        if shift >= bits:
+            return 0, -1
+    return 0, -1
+
+
 def walk_records_python(buf: bytes | bytearray | memoryview, start: int, end: int, count: int) -> int:
     """Walk the framing of `count` records in `buf[start:end]`: 0 when it holds exactly those, else
     `code | record_index << 8 | byte_offset << 32` (offset from `start`; codes in RECORD_ERRORS).
@@ -416,61 +678,85 @@ def walk_records_python(buf: bytes | bytearray | memoryview, start: int, end: in
     The twin of the C walk (`native._records.lib.rr_walk_records`), check for check, so the two
     can be tested against each other; this one serves when the extension is not built.
     """
-    if not 0 <= start <= end <= len(buf) or end - start > _RECORD_SECTION_MAX:
+    if not 0 <= start <= end <= len(buf) or end - start > _RECORD_SECTION_MAX or count < 0:
         return _WALK_BOUNDS
-    unpack = _RECORD.unpack_from
-    length = end - start
-    p = 0
+    v32 = _VARINT_BITS
+    v64 = _VARLONG_BITS
+    p = start
     i = 0
     while i < count:
-        if p == length:
-            return 1 | i << 8 | p << 32
-        if length - p < RECORD_HEADER_SIZE:
-            return 2 | i << 8 | p << 32
-        rlen, _ts, klen, vlen, hcount = unpack(buf, start + p)
-        if rlen > length - p - 4:
-            return 3 | i << 8 | p << 32
-        if rlen < RECORD_HEADER_SIZE - 4:
-            return 4 | i << 8 | p << 32
-        rend = p + 4 + rlen
-        q = p + RECORD_HEADER_SIZE
+        at = p - start
+        if p == end:
+            return 1 | i << 8 | at << 32
+        rlen, q = _walk_varint(buf, p, end, v32)
+        if q < 0:
+            return 2 | i << 8 | at << 32
+        if rlen < _RECORD_BODY_MIN:
+            return 4 | i << 8 | at << 32
+        if rlen > end - q:
+            return 3 | i << 8 | at << 32
+        rend = q + rlen
+        q += 1  # attributes
+        _ts, n = _walk_varint(buf, q, rend, v64)
+        if n < 0:
+            return 9 | i << 8 | (q - start) << 32
+        delta, q2 = _walk_varint(buf, n, rend, v32)
+        if q2 < 0:
+            return 9 | i << 8 | (n - start) << 32
+        if delta != i:
+            return 17 | i << 8 | (n - start) << 32
+        q = q2
+        klen, n = _walk_varint(buf, q, rend, v32)
+        if n < 0:
+            return 9 | i << 8 | (q - start) << 32
         if klen < -1:
-            return 5 | i << 8 | (p + 8) << 32
+            return 5 | i << 8 | (q - start) << 32
         if klen > 0:
-            if klen > rend - q:
-                return 6 | i << 8 | (p + 8) << 32
-            q += klen
+            if klen > rend - n:
+                return 6 | i << 8 | (q - start) << 32
+            n += klen
+        q = n
+        vlen, n = _walk_varint(buf, q, rend, v32)
+        if n < 0:
+            return 9 | i << 8 | (q - start) << 32
         if vlen < -1:
-            return 7 | i << 8 | (p + 12) << 32
+            return 7 | i << 8 | (q - start) << 32
         if vlen > 0:
-            if vlen > rend - q:
-                return 8 | i << 8 | (p + 12) << 32
-            q += vlen
+            if vlen > rend - n:
+                return 8 | i << 8 | (q - start) << 32
+            n += vlen
+        q = n
+        hcount, n = _walk_varint(buf, q, rend, v32)
+        if n < 0:
+            return 9 | i << 8 | (q - start) << 32
+        if hcount < 0:
+            return 18 | i << 8 | (q - start) << 32
+        q = n
         for _ in range(hcount):
-            if rend - q < 2:
-                return 9 | i << 8 | q << 32
-            (hk,) = _HKEY.unpack_from(buf, start + q)
-            if hk > rend - q - 2:
-                return 10 | i << 8 | q << 32
-            if hk and not _utf8_ok(buf[start + q + 2 : start + q + 2 + hk]):
-                return 11 | i << 8 | q << 32
-            q += 2 + hk
-            if rend - q < 4:
-                return 9 | i << 8 | q << 32
-            (hv,) = _HVAL.unpack_from(buf, start + q)
+            hk, n = _walk_varint(buf, q, rend, v32)
+            if n < 0:
+                return 9 | i << 8 | (q - start) << 32
+            if hk < 0 or hk > rend - n:
+                return 10 | i << 8 | (q - start) << 32
+            if hk and not _utf8_ok(buf[n : n + hk]):
+                return 11 | i << 8 | (q - start) << 32
+            q = n + hk
+            hv, n = _walk_varint(buf, q, rend, v32)
+            if n < 0:
+                return 9 | i << 8 | (q - start) << 32
             if hv < -1:
-                return 12 | i << 8 | q << 32
-            q += 4
+                return 12 | i << 8 | (q - start) << 32
             if hv > 0:
-                if hv > rend - q:
-                    return 13 | i << 8 | (q - 4) << 32
-                q += hv
+                if hv > rend - n:
+                    return 13 | i << 8 | (q - start) << 32
+                n += hv
+            q = n
         if q != rend:
-            return 14 | i << 8 | p << 32
+            return 14 | i << 8 | at << 32
         p = rend
         i += 1
-    if p != length:
-        return 15 | i << 8 | p << 32
+    if p != end:
+        return 15 | i << 8 | (p - start) << 32
     return 0
 
 
@@ -539,32 +825,48 @@ def describe_walk(result: int) -> str:
 def invalid_records(
     buf: bytes | bytearray | memoryview, pos: int = 0, header: BatchHeader | None = None
 ) -> str | None:
-    """Why the records of the batch at `pos` do not frame (lengths, counts, header counts,
-    header-key UTF-8), or None. The header must already be valid (`invalid_header`).
+    """Why the records of the batch at `pos` do not frame (lengths, offset deltas, counts, header
+    counts, header-key UTF-8), or None. The header must already be valid (`invalid_header`).
 
-    Not the payload: keys, values and header values are skipped by their lengths.
+    Not the payload: keys, values and header values are skipped by their lengths. A compressed
+    batch is not walked (None): the broker stores it as it came (module docstring).
     """
     h = read_header(buf, pos) if header is None else header
+    if h.attributes & COMPRESSION_MASK:
+        return None
     result = walk_records(buf, pos + HEADER_SIZE, pos + h.size, h.record_count)
     return None if result == 0 else describe_walk(result)
 
 
-def set_base_offset(buf: bytearray | memoryview, base_offset: int, pos: int = 0) -> None:
-    """Write the broker-assigned base offset. Outside the crc range, so the crc stays valid."""
-    _BASE_OFFSET.pack_into(buf, pos, base_offset)
+# ----------------------------------------------------------------------------- what the broker writes
+
+
+def set_base_offset(
+    buf: bytearray | memoryview, base_offset: int, pos: int = 0, leader_epoch: int = STORED_LEADER_EPOCH
+) -> None:
+    """Write the broker-assigned base offset and partition leader epoch. Both are outside the crc
+    range, so the crc stays valid."""
+    length = _LENGTHS.unpack_from(buf, pos)[1]
+    _STAMP.pack_into(buf, pos, base_offset, length, leader_epoch)
 
 
 def rebased(
-    view: memoryview, header: BatchHeader, base_offset: int, pos: int = 0
+    view: memoryview,
+    header: BatchHeader,
+    base_offset: int,
+    pos: int = 0,
+    leader_epoch: int = STORED_LEADER_EPOCH,
 ) -> tuple[bytes, memoryview, BatchHeader]:
     """The batch at `pos` of `view` (its header: `header`) as it is stored at `base_offset`: two
-    buffers for one vectored write, the base offset and a view of the rest of the batch, and the
-    header as stored. The caller's bytes are neither copied nor changed (`set_base_offset`
-    changes them in place). One call for all three: the broker runs it once per batch produced."""
+    buffers for one vectored write, the first 16 bytes (base offset, length, leader epoch) and a
+    view of the rest of the batch, and the header as stored. The caller's bytes are neither copied
+    nor changed (`set_base_offset` changes them in place). One call for all three: the broker runs
+    it once per batch produced."""
+    length = header.batch_length
     return (
-        _BASE_OFFSET.pack(base_offset),
-        view[pos + _BASE_OFFSET.size : pos + LENGTH_PREFIX_SIZE + header.batch_length],
-        BatchHeader._make((base_offset, *header[1:])),
+        _STAMP.pack(base_offset, length, leader_epoch),
+        view[pos + _STAMP_SIZE : pos + LENGTH_PREFIX_SIZE + length],
+        BatchHeader._make((base_offset, length, leader_epoch, *header[3:])),
     )
 
 
@@ -592,6 +894,9 @@ def stored_damage(
     return size, fields[_RECORD_COUNT], None
 
 
+# ----------------------------------------------------------------------------- client decode
+
+
 def iter_batches(buf: bytes | bytearray | memoryview) -> Iterator[tuple[int, BatchHeader]]:
     """Yield (position, header) of each whole batch in `buf`; stop silently at a partial tail.
 
@@ -611,75 +916,194 @@ def iter_batches(buf: bytes | bytearray | memoryview) -> Iterator[tuple[int, Bat
         pos += h.size
 
 
+def _decode_section(data: bytes, p: int, end: int, h: BatchHeader) -> list[Record]:
+    """The records of `data[p:end]`, an uncompressed record section of the batch with header `h`.
+
+    The hot loop of every consumer. Producers write runs of records of one shape (the same
+    lengths and timestamp delta, no headers), so a record is first tried against the previous
+    one's bytes: its length, attributes and timestamp delta, then its own offset delta, key and
+    value length varints, each a `startswith` in C. Only a record of a new shape is parsed field
+    by field (one-byte varints a table lookup, two-byte ones a branch, longer ones a call). Either
+    way every record must end exactly where its length says, so a lying length raises."""
+    unzz = _UNZZ
+    zz = _ZZ
+    table = _ZZ_TABLE_SIZE
+    slow = read_varint
+    startswith = data.startswith
+    base_offset = h.base_offset
+    base_ts = h.base_timestamp
+    log_append = h.attributes & TIMESTAMP_TYPE_BIT
+    out: list[Record] = []
+    append = out.append
+    # The previous record's shape: its bytes up to the offset delta, its key and value length
+    # varints, its key and value lengths, its timestamp, its whole size. Empty: no shape yet.
+    shape = b""
+    shape_len = key_tpl_len = value_tpl_len = 0
+    key_tpl = value_tpl = b""
+    klen = vlen = 0
+    size = 0
+    ts = 0
+    i = 0
+    for i in range(h.record_count):
+        if shape and startswith(shape, p):
+            od = zz[i] if i < table else zigzag_varint(i)
+            q = p + shape_len + len(od)
+            if startswith(od, q - len(od)) and startswith(key_tpl, q):
+                q += key_tpl_len
+                if klen >= 0:
+                    key: bytes | None = data[q : q + klen]
+                    q += klen
+                else:
+                    key = None
+                if startswith(value_tpl, q):
+                    q += value_tpl_len
+                    rend = p + size
+                    if vlen >= 0:
+                        value: bytes | None = data[q : q + vlen]
+                        q += vlen
+                    else:
+                        value = None
+                    if q + 1 == rend <= end and data[q] == 0:
+                        append(Record(value, key, [], ts, base_offset + i))
+                        p = rend
+                        continue
+        start = p
+        b = data[p]
+        if b < 0x80:
+            rlen = unzz[b]
+            p += 1
+        else:
+            c = data[p + 1]
+            if c < 0x80:
+                z = (b & 0x7F) | c << 7
+                rlen = (z >> 1) ^ -(z & 1)
+                p += 2
+            else:
+                rlen, p = slow(data, p)
+        rend = p + rlen
+        if rlen < _RECORD_BODY_MIN or rend > end:
+            raise BatchError(f"record {i}: length {rlen} does not fit the batch")
+        b = data[p + 1]  # after the attributes byte
+        if b < 0x80:
+            ts_delta = unzz[b]
+            p += 2
+        else:
+            ts_delta, p = slow(data, p + 1, True)
+        before_delta = p
+        b = data[p]
+        if b < 0x80:
+            delta = unzz[b]
+            p += 1
+        else:
+            delta, p = slow(data, p)
+        if delta != i:  # what the broker's walk checks: offsets are dense in a batch
+            raise BatchError(f"record {i}: offset delta {delta}")
+        key_at = p
+        b = data[p]
+        if b < 0x80:
+            klen = unzz[b]
+            p += 1
+        else:
+            klen, p = slow(data, p)
+        key_tpl = data[key_at:p]
+        if klen >= 0:
+            key = data[p : p + klen]
+            p += klen
+        elif klen == -1:
+            key = None
+        else:
+            raise BatchError(f"record {i}: key length {klen}")
+        value_at = p
+        b = data[p]
+        if b < 0x80:
+            vlen = unzz[b]
+            p += 1
+        else:
+            c = data[p + 1]
+            if c < 0x80:
+                z = (b & 0x7F) | c << 7
+                vlen = (z >> 1) ^ -(z & 1)
+                p += 2
+            else:
+                vlen, p = slow(data, p)
+        value_tpl = data[value_at:p]
+        if vlen >= 0:
+            value = data[p : p + vlen]
+            p += vlen
+        elif vlen == -1:
+            value = None
+        else:
+            raise BatchError(f"record {i}: value length {vlen}")
+        if data[p] == 0:  # no headers: the common case, and a shape the next record may share
+            headers: list[Header] = []
+            p += 1
+            shape = data[start:before_delta] if p == rend else b""
+        else:
+            headers, p = _decode_headers(data, p, i)
+            shape = b""
+        if p != rend:
+            raise BatchError(f"record {i}: its fields end at byte {p}, its length says {rend}")
+        ts = h.max_timestamp if log_append else base_ts + ts_delta
+        shape_len = len(shape)
+        key_tpl_len = len(key_tpl)
+        value_tpl_len = len(value_tpl)
+        size = rend - start
+        append(Record(value, key, headers, ts, base_offset + i))
+    if p != end:
+        raise BatchError(f"{end - p} bytes left after {h.record_count} records")
+    return out
+
+
+def _decode_headers(data: bytes, p: int, i: int) -> tuple[list[Header], int]:
+    count, p = read_varint(data, p)
+    if count < 0:
+        raise BatchError(f"record {i}: header count {count}")
+    headers: list[Header] = []
+    for _ in range(count):
+        hk, p = read_varint(data, p)
+        if hk < 0 or p + hk > len(data):
+            raise BatchError(f"record {i}: header key length {hk}")
+        hkey = data[p : p + hk].decode()
+        p += hk
+        hv, p = read_varint(data, p)
+        if hv < -1:
+            raise BatchError(f"record {i}: header value length {hv}")
+        if hv >= 0:
+            hval: bytes | None = data[p : p + hv]
+            p += hv
+        else:
+            hval = None
+        headers.append((hkey, hval))
+    return headers, p
+
+
 def decode_records(buf: bytes | bytearray | memoryview, pos: int = 0, verify: bool = True) -> list[Record]:
     """Decode every record of the batch at `pos`, with absolute offsets and timestamps.
 
     `verify` checks the crc first: a client must never hand corrupted bytes to an application.
+    A compressed batch is decompressed first (gzip; other codecs raise a BatchError naming them).
     """
     if verify:
         reason = invalid_batch(buf, pos)
         if reason is not None:
             raise BatchError(reason)
     h = read_header(buf, pos)
-    if isinstance(buf, bytes):
+    codec = h.attributes & COMPRESSION_MASK
+    if codec:
+        data = decompress(memoryview(buf)[pos + HEADER_SIZE : pos + h.size], codec)
+        p, end = 0, len(data)
+    elif isinstance(buf, bytes):
         data = buf
+        p, end = pos + HEADER_SIZE, pos + h.size
     else:  # slices of bytes are what records hold, so copy this batch once
-        data = bytes(buf[pos : pos + h.size])
-        pos = 0
-    end = pos + h.size
-    p = pos + HEADER_SIZE
-    unpack = _RECORD.unpack_from
-    out: list[Record] = []
-    append = out.append
-    offset = h.base_offset
-    first_ts = h.first_timestamp
+        data = bytes(buf[pos + HEADER_SIZE : pos + h.size])
+        p, end = 0, len(data)
     try:
-        for _ in range(h.record_count):
-            rlen, ts_delta, klen, vlen, hcount = unpack(data, p)
-            rend = p + 4 + rlen
-            if rend > end:
-                raise BatchError(f"record at byte {p - pos} runs past the end of the batch")
-            if klen < -1 or vlen < -1:
-                raise BatchError(f"record {offset - h.base_offset}: negative length {min(klen, vlen)}")
-            p += RECORD_HEADER_SIZE
-            if klen >= 0:
-                key = data[p : p + klen]
-                p += klen
-            else:
-                key = None
-            if vlen >= 0:
-                value = data[p : p + vlen]
-                p += vlen
-            else:
-                value = None
-            headers: list[Header] = []
-            if hcount:
-                for _ in range(hcount):
-                    (hk,) = _HKEY.unpack_from(data, p)
-                    p += 2
-                    hkey = data[p : p + hk].decode()
-                    p += hk
-                    (hv,) = _HVAL.unpack_from(data, p)
-                    p += 4
-                    if hv < -1:
-                        raise BatchError(f"record {offset - h.base_offset}: header value length {hv}")
-                    if hv >= 0:
-                        hval: bytes | None = data[p : p + hv]
-                        p += hv
-                    else:
-                        hval = None
-                    headers.append((hkey, hval))
-            if p != rend:
-                raise BatchError(f"record {offset - h.base_offset}: length field says {rlen}")
-            append(Record(value, key, headers, first_ts + ts_delta, offset))
-            offset += 1
-    except struct.error as exc:
-        raise BatchError(f"record section truncated: {exc}") from None
+        return _decode_section(data, p, end, h)
+    except IndexError:
+        raise BatchError("record section truncated") from None
     except UnicodeDecodeError as exc:
         raise BatchError(f"header key is not UTF-8: {exc}") from None
-    if p != end:
-        raise BatchError(f"{end - p} bytes left after {h.record_count} records")
-    return out
 
 
 def decode_batches(buf: bytes | bytearray | memoryview, verify: bool = True) -> list[Record]:

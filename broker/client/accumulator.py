@@ -2,7 +2,8 @@
 
 Rules this module keeps:
 - No I/O and no event loop: the producer decides when to seal and send; this only holds records
-  and knows their exact encoded size.
+  and knows an upper bound of their encoded size, a few bytes a record above the exact one
+  (`record_size`): a batch never exceeds what it was sized for.
 - A record is kept as the cheapest thing `encode_batch` accepts: the value `bytes` itself when it
   has no key, headers or timestamp (the common case), else one `Record`.
 - A batch is encoded once, when first sent, with its producer id, epoch and base sequence; a retry
@@ -19,7 +20,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from broker.client.records import Header, RecordMetadata
-from ringlog_proto.batch import HEADER_SIZE, RECORD_HEADER_SIZE, Record, encode_batch
+from ringlog_proto.batch import HEADER_SIZE, Record, encode_batch, varint_size
+from ringlog_proto.batch import record_size as exact_record_size
 
 BATCH_OVERHEAD: Final = HEADER_SIZE  # 61 bytes of batch header
 MAX_BATCH_BYTES: Final = 1024 * 1024  # the broker's default max_batch_bytes (whole batch)
@@ -31,21 +33,25 @@ _INVALID_STATE = (asyncio.InvalidStateError, concurrent.futures.InvalidStateErro
 Callback = Callable[[RecordMetadata | None, BaseException | None], Any]
 
 
-def headers_size(headers: Sequence[Header]) -> int:
-    n = 0
-    for hkey, hval in headers:
-        n += 6 + len(hkey.encode()) + (0 if hval is None else len(hval))
-    return n
+# What `record_size` adds to a record's size at offset and timestamp deltas of 0: its offset delta
+# may take 3 bytes (RECORD_COUNT_MAX records), 2 more than at index 0, and the record's length
+# varint may grow by one with it. A record with a timestamp of its own may have a 10-byte delta.
+RECORD_SLACK: Final = 3
+TIMESTAMP_SLACK: Final = 9
 
 
-def record_size(value: bytes | None, key: bytes | None, headers: Sequence[Header] = ()) -> int:
-    """Exact encoded size of one record in a batch (its 18-byte header included)."""
-    return (
-        RECORD_HEADER_SIZE
-        + (0 if value is None else len(value))
-        + (0 if key is None else len(key))
-        + (headers_size(headers) if headers else 0)
-    )
+def record_size(
+    value: bytes | None, key: bytes | None, headers: Sequence[Header] = (), timestamp: int | None = None
+) -> int:
+    """An upper bound, within a few bytes, of one record's encoded size in a batch (varints make
+    the exact size depend on its index and timestamp delta, known only when the batch is built)."""
+    if key is None and not headers and value is not None:  # the common case: no call per varint
+        n = len(value)
+        body = n + (6 if n < 64 else 7 if n < 8192 else 5 + varint_size(n))
+        size = body + (1 if body < 64 else 2 if body < 8192 else varint_size(body)) + RECORD_SLACK
+    else:
+        size = exact_record_size(value, key, headers) + RECORD_SLACK
+    return size if timestamp is None else size + TIMESTAMP_SLACK
 
 
 class ProducerBatch:
@@ -61,6 +67,7 @@ class ProducerBatch:
         "futures",
         "last_error",
         "order",
+        "own_first_ts",
         "ready",
         "records",
         "seq",
@@ -72,7 +79,8 @@ class ProducerBatch:
         self.records: list[bytes | Record] = []
         self.futures: list[Any] = []  # asyncio or concurrent futures: both have set_result
         self.callbacks: list[Callback | None] | None = None  # allocated by the first callback
-        self.size = BATCH_OVERHEAD  # exact encoded size of the batch so far
+        self.size = BATCH_OVERHEAD  # upper bound of the encoded size of the batch so far
+        self.own_first_ts = False  # the first record has its own timestamp: see `add`
         self.timestamp = timestamp  # ms; records sent without a timestamp take this one
         self.created = created  # time.monotonic()
         self.deadline = deadline  # time.monotonic() after which delivery has failed
@@ -90,9 +98,17 @@ class ProducerBatch:
     def fits(self, size: int, batch_bytes: int) -> bool:
         """Whether a record of encoded `size` may join: always when the batch is empty (a record
         larger than `batch_bytes` travels alone; the caller checks the hard limit)."""
+        if self.own_first_ts:
+            size += TIMESTAMP_SLACK
         return not self.records or self.size + size <= batch_bytes
 
     def add(self, item: bytes | Record, size: int, future: Any, callback: Callback | None) -> None:
+        """`size` from `record_size`. Timestamp deltas are relative to the first record's: when it
+        has its own timestamp, a later record taking the batch's may have a long delta too."""
+        if not self.records:
+            self.own_first_ts = type(item) is not bytes and item.timestamp is not None  # type: ignore[union-attr]
+        elif self.own_first_ts:
+            size += TIMESTAMP_SLACK
         self.records.append(item)
         self.futures.append(future)
         self.size += size

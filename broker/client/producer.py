@@ -117,7 +117,7 @@ def prepare_record(
         for h in headers:
             if not (len(h) == 2 and isinstance(h[0], str) and (h[1] is None or isinstance(h[1], bytes))):
                 raise TypeError(f"header {h!r} is not a (str, bytes | None) pair")
-    size = record_size(value, key, headers)
+    size = record_size(value, key, headers, timestamp)
     if size + BATCH_OVERHEAD > max_batch_bytes:
         raise MessageTooLargeError(
             ErrorCode.MESSAGE_TOO_LARGE,

@@ -66,6 +66,7 @@ from broker.storage.errors import (
     OutOfSpaceError,
     RecordFramingError,
     StorageError,
+    UnsupportedBatchError,
 )
 from broker.storage.fdcache import FdCache
 from ringlog_proto import messages as m
@@ -96,7 +97,7 @@ def error_of(exc: BaseException) -> tuple[m.ErrorCode, str]:
             return E.INVALID_REQUEST, f"malformed request: {exc}"
         case BatchTooLargeError():
             return E.MESSAGE_TOO_LARGE, str(exc)
-        case RecordFramingError():
+        case RecordFramingError() | UnsupportedBatchError():
             return E.INVALID_BATCH, str(exc)
         case InvalidBatchError():
             return E.CORRUPT_MESSAGE, str(exc)

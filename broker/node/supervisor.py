@@ -72,7 +72,9 @@ from broker.core.liveness import LivenessTable
 from broker.node.membership import MembershipEndpoint
 from broker.node.metrics_http import serve_metrics
 from broker.storage import layout
+from broker.storage.dataformat import check_data_format
 from broker.storage.diskspace import RESERVE_BYTES, ensure_reserve
+from broker.storage.errors import LegacyFormatError
 from broker.storage.log import LogConfig
 
 log = logging.getLogger("broker.node.supervisor")
@@ -422,6 +424,10 @@ class Supervisor:
                 raise PermissionError(errno.EACCES, "not writable (permissions, or a read-only file system)")
         except OSError as exc:
             raise StartError(f"data dir {os.path.abspath(d)} is unusable: {exc}") from exc
+        try:
+            check_data_format(d)  # before any worker opens (and would try to recover) a segment
+        except LegacyFormatError as exc:
+            raise StartError(f"data dir {os.path.abspath(d)}: {exc}") from exc
         if not ensure_reserve(d):
             log.warning(
                 "no room for the %d-byte reserve file in %s: a DeleteTopic on a disk filled to "

@@ -20,6 +20,11 @@ class RecordFramingError(InvalidBatchError):
     written. INVALID_BATCH on the wire, apart from CORRUPT_MESSAGE (a crc or header failure)."""
 
 
+class UnsupportedBatchError(InvalidBatchError):
+    """A well-formed batch of a kind the broker does not take yet (transactional or control):
+    INVALID_BATCH on the wire, with the reason. Nothing was written."""
+
+
 class BatchTooLargeError(StorageError):
     """The batch exceeds `max_batch_bytes`; nothing was written."""
 
@@ -45,3 +50,17 @@ class LogClosedError(StorageError):
 class OutOfSpaceError(StorageError):
     """The disk holding the data dir is full (or below the broker's free-space floor): a write
     was refused or failed with ENOSPC, and nothing was stored. Reads still work; retriable."""
+
+
+class LegacyFormatError(StorageError):
+    """A segment written by ringlog's record batch format 1, before Kafka's RecordBatch v2 became
+    the one format: not damage (nothing is cut or repaired), and not readable by this version.
+    The broker refuses the whole data dir at start (broker/storage/dataformat.py)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(
+            f"{path} was written by ringlog's record batch format 1; this version stores Kafka's "
+            "RecordBatch v2 (magic 2) and does not convert old data dirs: run the older ringlog on "
+            "it, or move it away and start with an empty data dir"
+        )
+        self.path = path

@@ -46,6 +46,7 @@ from broker.storage.errors import (
     OffsetOutOfRangeError,
     RecordFramingError,
     StorageError,
+    UnsupportedBatchError,
 )
 from broker.storage.fdcache import DEFAULT_CACHE, FdCache
 from broker.storage.fileio import (
@@ -63,6 +64,7 @@ from broker.storage.index import RELATIVE_OFFSET_MAX
 from broker.storage.layout import STORE_SUFFIX, index_file_name, parse_segment_name
 from broker.storage.segment import Extent, Segment
 from ringlog_proto.batch import (
+    COMPRESSION_MASK,
     HEADER_SIZE,
     MAGIC,
     BatchError,
@@ -77,6 +79,7 @@ from ringlog_proto.batch import (
     rebased,
     records_walker,
     unpack_header,
+    unsupported_batch,
 )
 
 log = logging.getLogger(__name__)
@@ -411,11 +414,17 @@ class Log:
                 reason = "crc32c mismatch"
             if reason is not None:
                 where = f"batch at byte {pos}: " if pos else ""
+                if unsupported_batch(h) == reason:  # well formed, but transactional or control
+                    raise UnsupportedBatchError(where + reason)
                 raise InvalidBatchError(where + reason)
-            if check and (
-                c_walk(records, size, pos + HEADER_SIZE, pos + batch_size, h.record_count)
-                if c_walk is not None
-                else walk(records, pos + HEADER_SIZE, pos + batch_size, h.record_count)
+            if (
+                check
+                and not h.attributes & COMPRESSION_MASK  # stored as it came: ringlog_proto/batch.py
+                and (
+                    c_walk(records, size, pos + HEADER_SIZE, pos + batch_size, h.record_count)
+                    if c_walk is not None
+                    else walk(records, pos + HEADER_SIZE, pos + batch_size, h.record_count)
+                )
             ):
                 where = f"batch at byte {pos}: " if pos else ""
                 raise RecordFramingError(where + (invalid_records(records, pos, h) or "bad records"))

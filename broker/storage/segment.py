@@ -23,7 +23,7 @@ import logging
 import os
 from dataclasses import dataclass
 
-from broker.storage.errors import CorruptBatchError, LogClosedError
+from broker.storage.errors import CorruptBatchError, LegacyFormatError, LogClosedError
 from broker.storage.fdcache import FdCache
 from broker.storage.fileio import FileIO, Write, run_write
 from broker.storage.index import (
@@ -42,6 +42,7 @@ from ringlog_proto.batch import (
     HEADER_SIZE,
     BatchHeader,
     batch_crc,
+    legacy_format,
     read_header,
     stored_damage,
 )
@@ -395,8 +396,11 @@ class Segment:
         Walks back over index entries until one points at a batch with the right base offset and
         crc, then scans forward from there batch by batch (header, lengths, crc32c, offset
         continuity), re-adding index entries. The first invalid batch and everything after it is
-        cut: it is a torn or garbage tail. Returns the number of store bytes cut.
+        cut: it is a torn or garbage tail. Returns the number of store bytes cut. A store written
+        by the old format 1 raises LegacyFormatError before anything is read further or cut.
         """
+        if legacy_format(self.io.pread(self.store_fd, HEADER_SIZE, 0)) is not None:
+            raise LegacyFormatError(self.store_path)  # an older version's data: not ours to cut
         index = self._index
         if index is None:
             index, reason = self._read_index_file()

@@ -51,6 +51,7 @@ class Batch:
         return BatchHeader(
             self.base_offset,
             0,
+            0,
             MAGIC,
             0,
             0,
@@ -61,7 +62,6 @@ class Batch:
             self.epoch,
             self.first,
             self.count,
-            0,
         )
 
 

@@ -22,7 +22,7 @@ from broker.client import (
     OutOfOrderSequenceError,
     UnknownTopicError,
 )
-from broker.client.accumulator import BATCH_OVERHEAD
+from broker.client.accumulator import BATCH_OVERHEAD, RECORD_SLACK
 from ringlog_proto import messages as m
 from ringlog_proto.batch import decode_batches
 
@@ -122,7 +122,7 @@ def test_connect_refused_is_broker_unavailable() -> None:
 
 
 def test_batches_fill_to_batch_bytes_and_no_further() -> None:
-    record = 18 + 100
+    record = 9 + 100 + RECORD_SLACK  # 2-byte length varints: 9 bytes of framing
     batch_bytes = BATCH_OVERHEAD + 10 * record  # exactly ten 100-byte values
 
     async def body(broker: FakeBroker) -> None:
@@ -134,7 +134,7 @@ def test_batches_fill_to_batch_bytes_and_no_further() -> None:
         sizes = [len(r.records) for r in broker.received]
         counts = [r.record_count for r in broker.received]
         assert counts == [10, 10, 10, 5]  # sealed when full, the rest sent by flush
-        assert sizes[:3] == [batch_bytes] * 3
+        assert sizes[:3] == [batch_bytes - 10 * RECORD_SLACK] * 3  # the slack is not sent
         assert all(s <= batch_bytes for s in sizes)
 
     run(body)

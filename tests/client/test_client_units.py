@@ -22,7 +22,7 @@ from broker.client import (
     error_for,
     key_partition,
 )
-from broker.client.accumulator import BATCH_OVERHEAD, ProducerBatch, record_size
+from broker.client.accumulator import BATCH_OVERHEAD, RECORD_SLACK, ProducerBatch, record_size
 from broker.client.backoff import backoff_delay
 from broker.client.client import parse_bootstrap
 from broker.client.errors import ERROR_CLASSES, BrokerStorageError, DeliveryTimeoutError, NotOwnerError
@@ -102,24 +102,34 @@ def test_partitioner_sticky_start_is_random() -> None:
         max_size=20,
     )
 )
-def test_record_size_is_exact(records: list[tuple[bytes | None, bytes | None, list]]) -> None:
+def test_record_size_is_a_tight_upper_bound(records: list[tuple[bytes | None, bytes | None, list]]) -> None:
     batch = ProducerBatch(1_700_000_000_000, 0.0, 1.0)
     for value, key, headers in records:
         item, size = prepare_record(value, key, headers)
         assert size == record_size(value, key, headers)
         batch.add(item, size, None, None)
     data = batch.encode(7, 0, 0)
-    assert len(data) == batch.size
+    assert batch.size - RECORD_SLACK * len(records) <= len(data) <= batch.size
     decoded = decode_records(data)
     assert [(r.value, r.key, list(r.headers)) for r in decoded] == [
         (v, k, [tuple(h) for h in hs]) for v, k, hs in records
     ]
 
 
+def test_records_with_their_own_timestamps_stay_within_the_bound() -> None:
+    """The first record's timestamp is the batch's base: far from it, deltas take 10 bytes."""
+    batch = ProducerBatch(1_700_000_000_000, 0.0, 1.0)
+    for i in range(300):
+        ts = 0 if i == 0 else None if i % 2 else 2**50 + i
+        item, size = prepare_record(b"v" * 70, timestamp=ts)
+        batch.add(item, size, None, None)
+    assert len(batch.encode(-1, -1, -1)) <= batch.size
+
+
 def test_value_only_records_are_stored_as_plain_bytes() -> None:
     item, size = prepare_record(b"hello")
     assert item == b"hello" and type(item) is bytes
-    assert size == 18 + 5
+    assert size == 7 + 5 + RECORD_SLACK
     item, _ = prepare_record(b"hello", key=b"k")
     assert isinstance(item, Record)
     item, _ = prepare_record(bytearray(b"buf"))
@@ -127,16 +137,17 @@ def test_value_only_records_are_stored_as_plain_bytes() -> None:
 
 
 def test_batch_fits_up_to_batch_bytes_exactly() -> None:
-    batch_bytes = BATCH_OVERHEAD + 3 * 28  # room for exactly three 10-byte values
+    record = 7 + 10 + RECORD_SLACK  # a 10-byte value: 7 bytes of framing, and the slack
+    batch_bytes = BATCH_OVERHEAD + 3 * record  # room for exactly three 10-byte values
     b = ProducerBatch(0, 0.0, 1.0)
     for _ in range(3):
         item, size = prepare_record(b"x" * 10)
-        assert size == 28
+        assert size == record
         assert b.fits(size, batch_bytes)
         b.add(item, size, None, None)
     assert b.size == batch_bytes
-    assert not b.fits(1 + 18, batch_bytes)  # one more byte does not fit
-    assert len(b.encode(-1, -1, -1)) == batch_bytes
+    assert not b.fits(1 + 7 + RECORD_SLACK, batch_bytes)  # one more byte does not fit
+    assert len(b.encode(-1, -1, -1)) == batch_bytes - 3 * RECORD_SLACK
 
 
 def test_oversized_record_travels_alone() -> None:
@@ -146,9 +157,10 @@ def test_oversized_record_travels_alone() -> None:
 
 def test_prepare_record_limits_and_types() -> None:
     limit = 1024
-    prepare_record(b"x" * (limit - BATCH_OVERHEAD - 18), max_batch_bytes=limit)
+    framing = 9 + RECORD_SLACK  # a ~950-byte value: 2-byte length varints
+    prepare_record(b"x" * (limit - BATCH_OVERHEAD - framing), max_batch_bytes=limit)
     with pytest.raises(MessageTooLargeError) as info:
-        prepare_record(b"x" * (limit - BATCH_OVERHEAD - 17), max_batch_bytes=limit)
+        prepare_record(b"x" * (limit - BATCH_OVERHEAD - framing + 1), max_batch_bytes=limit)
     assert info.value.code == ErrorCode.MESSAGE_TOO_LARGE
     with pytest.raises(TypeError):
         prepare_record("text")  # type: ignore[arg-type]

@@ -16,8 +16,10 @@ from pathlib import Path
 
 import pytest
 from brokerproc import BrokerProcess, Wire
+from legacy_format import legacy_store
 
 from broker.client import Admin, Consumer, Producer
+from broker.storage import layout
 from ringlog_proto import messages as m
 from ringlog_proto.batch import decode_batches, encode_batch
 from ringlog_proto.routing import shard_for
@@ -349,3 +351,24 @@ def test_broker_stats_and_the_prometheus_endpoint_show_every_core(tmp_path: Path
         assert 'ringlog_requests_total{core="' in text and 'api="PRODUCE"' in text
     finally:
         assert broker.stop() == 0
+
+
+def test_a_data_dir_of_the_old_batch_format_is_refused_and_left_as_it_was(tmp_path: Path) -> None:
+    """A data dir written before RecordBatch v2 (format 1): the broker exits 1 naming the segment
+    and the format, and every byte stays: an older ringlog still opens it."""
+    data = tmp_path / "data"
+    broker = BrokerProcess(data, tmp_path / "broker.log", cores=1, backend="uvloop").start()
+    try:
+        w = Wire(broker.port)
+        tid = w.create_topic("old")
+        assert w.rpc(m.ProduceRequest(tid, 0, m.Acks.WRITTEN, 5000, encode_batch([b"x"]))).error == 0
+        w.close()
+    finally:
+        broker.stop()
+    store = Path(layout.partition_dir(str(data), tid, 0)) / layout.store_file_name(0)
+    store.write_bytes(legacy_store([[b"a", b"bb"], [b"ccc"]]))
+    before = {p: p.read_bytes() for p in store.parent.iterdir()}
+    out = serve("--data-dir", str(data), "--cores", "1", "--backend", "uvloop")
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert "format 1" in out.stderr and "RecordBatch v2" in out.stderr and str(store) in out.stderr
+    assert {p: p.read_bytes() for p in store.parent.iterdir()} == before

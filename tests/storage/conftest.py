@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -40,6 +40,7 @@ class StoredBatch:
     size: int
     base_offset: int
     record_count: int
+    raw: bytes = field(default=b"", compare=False, repr=False)  # the batch's bytes
 
     @property
     def end(self) -> int:
@@ -86,7 +87,7 @@ class Kit:
         n: int,
         *,
         counts: Iterable[int] = (1, 2, 3, 4),
-        width: int = 12,
+        width: int = 23,  # 30-byte records, 23 + 7 bytes of framing: sizes the tests were tuned for
         clock: FakeClock | None = None,
     ) -> list[tuple[int, int]]:
         """Append `n` self-checking batches; returns [(base offset, record count)]."""
@@ -169,7 +170,7 @@ class Kit:
             if invalid_batch(data[pos : pos + size]) is not None:
                 break
             h = read_header(data, pos)
-            out.append(StoredBatch(pos, size, h.base_offset, h.record_count))
+            out.append(StoredBatch(pos, size, h.base_offset, h.record_count, data[pos : pos + size]))
             pos += size
         return out
 

@@ -19,6 +19,7 @@ from ringlog_proto.batch import encode_batch, read_header
 
 SEG0 = "00000000000000000000"
 SEG1 = "00000000000000000008"  # 4 batches of 2 records per segment (segment_bytes below)
+BATCH_SIZE = len(encode_batch([b"x" * 40, b"y" * 40], timestamp=1000))  # every batch of make_log
 
 
 def make_log(path: Path, *, poison: bool = False) -> None:
@@ -91,7 +92,7 @@ def index_missing_last_entry(d: Path) -> None:
 
 def index_entry_wrong_position(d: Path) -> None:  # a valid crc over a wrong position
     index = d / f"{SEG0}.index"
-    patch(index, INDEX_HEADER_SIZE + 2 * ENTRY_SIZE, encode_entry(4, 360, 1002, 0))
+    patch(index, INDEX_HEADER_SIZE + 2 * ENTRY_SIZE, encode_entry(4, 2 * BATCH_SIZE + 6, 1002, 0))
 
 
 def index_header_wrong_base(d: Path) -> None:
@@ -111,7 +112,8 @@ DAMAGE: dict[str, tuple[Callable[[Path], None], str]] = {
     "index_missing_last_entry": (index_missing_last_entry, "3 entries for 4 batches"),
     "index_entry_wrong_position": (
         index_entry_wrong_position,
-        "entry 2 says offset 4 at byte 360, the store has offset 4 at byte 354",
+        f"entry 2 says offset 4 at byte {2 * BATCH_SIZE + 6}, "
+        f"the store has offset 4 at byte {2 * BATCH_SIZE}",
     ),
     "index_header_wrong_base": (index_header_wrong_base, "index base offset 3 does not match segment 8"),
     "index_deleted": (index_deleted, f"{SEG0}.index: missing"),

@@ -509,12 +509,14 @@ def test_batch_larger_than_max_batch_bytes(tmp_path, kit):
     log = Log.open(str(tmp_path / "log"), config)
     kit.append_batches(log, 3)
     end, size, on_disk = log.end_offset, log.size_bytes, active_store(log).stat().st_size
-    big = kit.batch(end, 1, width=1000 - HEADER_SIZE - 18 + 1)
+    # a record of a ~930-byte value: 2-byte length varints (record and value), attributes,
+    # timestamp and offset deltas, null key, header count: 9 bytes of framing
+    big = kit.batch(end, 1, width=1000 - HEADER_SIZE - 9 + 1)
     assert len(big) == 1001
     with pytest.raises(BatchTooLargeError):
         log.append(big)
     assert (log.end_offset, log.size_bytes, active_store(log).stat().st_size) == (end, size, on_disk)
-    exact = kit.batch(end, 1, width=1000 - HEADER_SIZE - 18)
+    exact = kit.batch(end, 1, width=1000 - HEADER_SIZE - 9)
     assert len(exact) == 1000
     assert log.append(exact) == end
     log.close()
@@ -526,9 +528,9 @@ def flip(b: bytes, at: int) -> bytes:
 
 BAD_BATCHES = {
     "crc_record_section": lambda b: flip(b, HEADER_SIZE + 5),
-    "crc_header_field": lambda b: flip(b, 40),  # producer_id: covered by the crc
-    "crc_field": lambda b: flip(b, 14),
-    "magic": lambda b: b[:12] + b"\x02" + b[13:],
+    "crc_header_field": lambda b: flip(b, 45),  # producer_id: covered by the crc
+    "crc_field": lambda b: flip(b, 19),
+    "magic": lambda b: b[:16] + b"\x01" + b[17:],
     "second_batch_truncated": lambda b: b + b[:-1],
     "second_batch_bad_crc": lambda b: b + flip(b, HEADER_SIZE + 5),
     "batch_plus_a_byte": lambda b: b + b"\x00",
@@ -537,7 +539,7 @@ BAD_BATCHES = {
     "header_only": lambda b: b[:HEADER_SIZE],
     "one_byte_short": lambda b: b[:-1],
     "half": lambda b: b[: len(b) // 2],
-    "record_count_zero": lambda b: b[:53] + bytes(4) + b[57:],
+    "record_count_zero": lambda b: b[:57] + bytes(4) + b[61:],
 }
 
 
@@ -619,18 +621,19 @@ def patch_with_crc(batch: bytes, at: int, value: bytes) -> bytes:
     """`batch` with `value` written at `at` and the crc recomputed: only the header is wrong."""
     raw = bytearray(batch)
     raw[at : at + len(value)] = value
-    raw[13:17] = crc32c(bytes(raw[17:])).to_bytes(4, "big")
+    raw[17:21] = crc32c(bytes(raw[21:])).to_bytes(4, "big")
     return bytes(raw)
 
 
-BAD_HEADERS = {  # (byte position, new bytes); the crc is made right again
-    "compression_codec": (17, (1).to_bytes(2, "big")),
-    "unknown_attribute_bit": (17, (8).to_bytes(2, "big")),
-    "last_offset_delta": (19, (5).to_bytes(4, "big")),
-    "max_before_first_timestamp": (31, (0).to_bytes(8, "big")),
-    "record_count_zero": (53, (0).to_bytes(4, "big")),
-    "record_count_too_big": (53, (4).to_bytes(4, "big")),
-    "records_length": (57, (7).to_bytes(4, "big")),
+BAD_HEADERS = {  # (byte position, new bytes) in RecordBatch v2; the crc is made right again
+    "compression_codec": (21, (5).to_bytes(2, "big")),
+    "transactional": (21, (0x10).to_bytes(2, "big")),
+    "control": (21, (0x20).to_bytes(2, "big")),
+    "unknown_attribute_bit": (21, (0x40).to_bytes(2, "big")),
+    "last_offset_delta": (23, (5).to_bytes(4, "big")),
+    "max_before_first_timestamp": (35, (0).to_bytes(8, "big")),
+    "record_count_zero": (57, (0).to_bytes(4, "big")),
+    "record_count_too_big": (57, (4).to_bytes(4, "big")),
 }
 
 

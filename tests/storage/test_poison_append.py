@@ -8,11 +8,12 @@ import os
 from pathlib import Path
 
 import pytest
+from crc32c import crc32c
 from poison_batches import POISON, poison_batch
 
-from broker.storage.errors import InvalidBatchError, RecordFramingError
+from broker.storage.errors import InvalidBatchError, RecordFramingError, UnsupportedBatchError
 from broker.storage.log import Log, LogConfig
-from ringlog_proto.batch import decode_batches, encode_batch
+from ringlog_proto.batch import COMPRESSION_GZIP, decode_batches, encode_batch
 
 
 @pytest.mark.parametrize("name", sorted(POISON))
@@ -51,5 +52,32 @@ def test_check_records_off_stores_a_poison_batch_as_is(tmp_path: Path) -> None:
         assert log.append(poison_batch("count_below_records")) == 1
         data = log.read(0, 1 << 20).data
         assert len(decode_batches(data[: len(encode_batch([b"a"]))])) == 1
+    finally:
+        log.close()
+
+
+def test_transactional_and_control_batches_are_refused_as_unsupported(tmp_path: Path) -> None:
+    log = Log.open(str(tmp_path / "p"))
+    try:
+        for bit, what in ((0x10, "transactional"), (0x20, "control")):
+            batch = bytearray(encode_batch([b"x"], producer_id=1, producer_epoch=0, base_sequence=0))
+            batch[21:23] = bit.to_bytes(2, "big")
+            batch[17:21] = crc32c(bytes(batch[21:])).to_bytes(4, "big")
+            with pytest.raises(UnsupportedBatchError, match=what):
+                log.append(bytes(batch))
+        assert log.end_offset == 0
+    finally:
+        log.close()
+
+
+def test_a_compressed_batch_is_stored_as_it_came(tmp_path: Path) -> None:
+    """gzip (and any codec): header and crc checked, records not walked, bytes kept."""
+    log = Log.open(str(tmp_path / "p"))
+    try:
+        batch = encode_batch([b"v" * 100] * 10, compression=COMPRESSION_GZIP)
+        assert log.append(batch) == 0
+        stored = log.read(0, 1 << 20).data
+        assert stored[16:] == batch[16:]  # all but base offset, length and leader epoch: as sent
+        assert [r.value for r in decode_batches(stored)] == [b"v" * 100] * 10
     finally:
         log.close()
