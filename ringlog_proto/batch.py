@@ -18,10 +18,15 @@ Rules this module keeps:
 - The walk runs in C (`native._records`, a small cffi extension) when it is built, and in Python
   (`walk_records_python`, its exact twin) when it is not: ringlog_proto needs nothing of native/,
   and clients never walk (they decode, which checks the same things).
-- The record encode and decode here are the pure-Python codec: the client's hot path until a C
-  codec serves it, and its fallback after. Varints cost a Python branch per field, so encoding
-  takes precomputed varints from a table, and decoding first matches a record against the
-  previous record's shape (`startswith` in C) and parses field by field only when it differs.
+- Clients encode and decode the records section in C (`native._codec` through
+  ringlog_proto/records_codec.py, one call per batch) when it is built; the encode and decode
+  here are the pure-Python codec, used when it is not (and for the rare shapes the C path leaves
+  to it: a first record with a timestamp of its own, LogAppendTime batches). Both give the same
+  bytes and the same records and fail on the same batches (tests/proto/test_batch_codecs.py runs
+  each). Varints cost a Python branch per field, so the Python encode takes precomputed varints
+  from a table, and its decode first matches a record against the previous record's shape
+  (`startswith` in C) and parses field by field only when it differs. Records without headers
+  share one empty tuple as `headers`, in both codecs.
 
 Fileformat (Kafka RecordBatch v2, all fixed-width integers big-endian, 61-byte header):
 
@@ -92,6 +97,9 @@ from typing import NamedTuple
 
 from crc32c import crc32c
 
+from ringlog_proto import records_codec
+from ringlog_proto.record import BatchError, Header, Record
+
 MAGIC = 2
 LEGACY_MAGIC = 1  # ringlog's own format before this one: refused, see `legacy_format`
 HEADER_SIZE = 61
@@ -132,12 +140,6 @@ assert _HEADER.size == HEADER_SIZE
 assert _STAMP.size == _STAMP_SIZE
 assert _HEAD.size + _CRC.size == CRC_START
 assert CRC_START + _TAIL.size == HEADER_SIZE
-
-Header = tuple[str, bytes | None]
-
-
-class BatchError(ValueError):
-    """A batch that cannot be decoded; the message says which field and why."""
 
 
 class BatchHeader(NamedTuple):
@@ -199,45 +201,6 @@ _BASE_OFFSET_FIELD, _BATCH_LENGTH, _MAGIC, _CRC_FIELD, _RECORD_COUNT = (
     BatchHeader._fields.index(name)
     for name in ("base_offset", "batch_length", "magic", "crc", "record_count")
 )
-
-
-class Record:
-    """One record as a client sees it. Plain slots class: cheaper to build than a dataclass."""
-
-    __slots__ = ("headers", "key", "offset", "timestamp", "value")
-
-    def __init__(
-        self,
-        value: bytes | None,
-        key: bytes | None = None,
-        headers: Sequence[Header] = (),
-        timestamp: int | None = None,
-        offset: int = -1,
-    ) -> None:
-        self.value = value
-        self.key = key
-        self.headers = headers
-        self.timestamp = timestamp
-        self.offset = offset
-
-    def __repr__(self) -> str:
-        return (
-            f"Record(offset={self.offset}, timestamp={self.timestamp}, key={self.key!r}, "
-            f"value={self.value!r}, headers={self.headers!r})"
-        )
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Record):
-            return NotImplemented
-        return (self.offset, self.timestamp, self.key, self.value, tuple(self.headers)) == (
-            other.offset,
-            other.timestamp,
-            other.key,
-            other.value,
-            tuple(other.headers),
-        )
-
-    __hash__ = None  # type: ignore[assignment]  # mutable, compared by value
 
 
 def now_ms() -> int:
@@ -352,9 +315,38 @@ def encode_batch(
     (default: now), so a batch built in one call shares one clock reading; the batch's
     base_timestamp is its first record's. `compression`: COMPRESSION_NONE or COMPRESSION_GZIP.
     """
+    default_ts = now_ms() if timestamp is None else timestamp
+    codec = records_codec.current_codec()
+    if codec is not records_codec.PYTHON:
+        # The C codec (native._codec) encodes the section whole. It takes deltas from one base
+        # timestamp, which is this function's (the first record's) whenever the first record has
+        # no timestamp of its own, the producer's case; otherwise the Python path below.
+        recs = records if isinstance(records, (list, tuple)) else list(records)
+        first = recs[0] if recs else None
+        if first is not None and (type(first) is bytes or first.timestamp is None):  # type: ignore[union-attr]
+            if len(recs) > RECORD_COUNT_MAX:
+                raise BatchError(f"{len(recs)} records in one batch; at most {RECORD_COUNT_MAX}")
+            header = {
+                "producer_id": producer_id,
+                "producer_epoch": producer_epoch,
+                "base_sequence": base_sequence,
+                "base_offset": base_offset,
+                "partition_leader_epoch": partition_leader_epoch,
+            }
+            if compression:
+                section, count, max_ts = records_codec.encode_section(recs, default_ts, codec=codec)
+                return seal_batch(
+                    compress(bytes(section), compression), count, default_ts, max_ts,
+                    attributes=compression, **header,
+                )  # fmt: skip
+            out, count, max_ts = records_codec.encode_section(
+                recs, default_ts, prefix=HEADER_SIZE, codec=codec
+            )
+            _seal_into(out, count, default_ts, max_ts, **header)
+            return bytes(out)
+        records = recs
     zz = _ZZ
     table = _ZZ_TABLE_SIZE
-    default_ts = now_ms() if timestamp is None else timestamp
     first_ts: int | None = None
     max_ts = -(1 << 63)
     parts: list[bytes] = []
@@ -478,6 +470,32 @@ def seal_batch(
     return b"".join(
         (_HEAD.pack(base_offset, batch_length, partition_leader_epoch, MAGIC), _CRC.pack(crc), tail, section)
     )
+
+
+def _seal_into(
+    out: bytearray,
+    count: int,
+    first_ts: int,
+    max_ts: int,
+    *,
+    producer_id: int,
+    producer_epoch: int,
+    base_sequence: int,
+    base_offset: int,
+    partition_leader_epoch: int,
+    attributes: int = 0,
+) -> None:
+    """`seal_batch` in place: the header written into the first HEADER_SIZE bytes of `out`, whose
+    rest is the records section, so the batch is not copied to put its header in front."""
+    try:
+        _TAIL.pack_into(
+            out, CRC_START, attributes, count - 1, first_ts, max_ts, producer_id, producer_epoch,
+            base_sequence, count,
+        )  # fmt: skip
+        _HEAD.pack_into(out, 0, base_offset, len(out) - LENGTH_PREFIX_SIZE, partition_leader_epoch, MAGIC)
+    except struct.error as exc:
+        raise BatchError(f"batch header field out of range: {exc}") from None
+    _CRC.pack_into(out, CRC_START - _CRC.size, crc32c(memoryview(out)[CRC_START:]))
 
 
 # ----------------------------------------------------------------------------- compression
@@ -964,7 +982,7 @@ def _decode_section(data: bytes, p: int, end: int, h: BatchHeader) -> list[Recor
                     else:
                         value = None
                     if q + 1 == rend <= end and data[q] == 0:
-                        append(Record(value, key, [], ts, base_offset + i))
+                        append(Record(value, key, (), ts, base_offset + i))
                         p = rend
                         continue
         start = p
@@ -1035,7 +1053,7 @@ def _decode_section(data: bytes, p: int, end: int, h: BatchHeader) -> list[Recor
         else:
             raise BatchError(f"record {i}: value length {vlen}")
         if data[p] == 0:  # no headers: the common case, and a shape the next record may share
-            headers: list[Header] = []
+            headers: Sequence[Header] = ()  # one shared empty tuple, as the C codec's records have
             p += 1
             shape = data[start:before_delta] if p == rend else b""
         else:
@@ -1098,6 +1116,15 @@ def decode_records(buf: bytes | bytearray | memoryview, pos: int = 0, verify: bo
     else:  # slices of bytes are what records hold, so copy this batch once
         data = bytes(buf[pos + HEADER_SIZE : pos + h.size])
         p, end = 0, len(data)
+    if records_codec.current_codec() is not records_codec.PYTHON and not h.attributes & TIMESTAMP_TYPE_BIT:
+        # the C codec, whole section (LogAppendTime batches, whose records all take the batch's
+        # max timestamp, are rare enough for the Python path). It keeps offset gaps, as Kafka's
+        # decoders do for compacted logs; ours fails exactly where the broker's walk refuses, so
+        # the walk (C too, ~15 ns a record) says no first.
+        result = walk_records(data, p, end, h.record_count)
+        if result:
+            raise BatchError(describe_walk(result))
+        return records_codec.decode_section(data, p, end, h.record_count, h.base_offset, h.base_timestamp)
     try:
         return _decode_section(data, p, end, h)
     except IndexError:

@@ -31,7 +31,7 @@ from array import array
 from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
-from ringlog_proto.batch import Record
+from ringlog_proto.record import BatchError, Record
 
 # One record's fixed overhead at most: 5 (length) + 1 (attributes) + 10 (timestamp delta)
 # + 5 (offset delta) + 5 (key length) + 5 (value length) + 5 (header count); a header's: 5 + 5.
@@ -101,7 +101,7 @@ DECODE_ERRORS: dict[int, str] = {
 ) = range(1, 20)
 
 
-class SectionError(ValueError):
+class SectionError(BatchError):
     """A records section that cannot be encoded or decoded; `code` is a key of ENCODE_ERRORS or
     DECODE_ERRORS (by `encoding`), `index` the record, `at` the byte offset in the section (decode)."""
 

@@ -66,9 +66,9 @@ def test_plain_bytes_take_the_given_timestamp_and_no_key() -> None:
     batch = encode_batch([b"a", b"", b"ccc"], timestamp=42)
     got = decode_records(batch)
     assert [(r.offset, r.key, r.value, r.timestamp, r.headers) for r in got] == [
-        (0, None, b"a", 42, []),
-        (1, None, b"", 42, []),
-        (2, None, b"ccc", 42, []),
+        (0, None, b"a", 42, ()),
+        (1, None, b"", 42, ()),
+        (2, None, b"ccc", 42, ()),
     ]
 
 
