@@ -34,6 +34,8 @@ header count), header count.
 
 from __future__ import annotations
 
+import os
+
 from cffi import FFI
 
 CDEF = """
@@ -50,6 +52,7 @@ int64_t rc_decode(const unsigned char *buf, size_t buf_len, size_t start, size_t
 SOURCE = r"""
 #include <stddef.h>
 #include <stdint.h>
+#include "rl_utf8.h"
 #include <string.h>
 
 /* As in native/_records_build.py: a call lasts microseconds and touches neither Python objects
@@ -214,31 +217,6 @@ static inline int rc_get(const unsigned char *s, uint64_t *p, uint64_t lim, int 
     return RC_VARINT_TOO_LONG;
 }
 
-/* Strict UTF-8 as Python's bytes.decode() accepts it: no overlongs, no surrogates, <= U+10FFFF. */
-static int rc_utf8_ok(const unsigned char *s, uint64_t n)
-{
-    uint64_t i = 0;
-    while (i < n) {
-        unsigned char c = s[i];
-        if (c < 0x80) { i++; continue; }
-        uint64_t need;
-        unsigned char lo = 0x80, hi = 0xBF;
-        if (c >= 0xC2 && c <= 0xDF) need = 1;
-        else if (c == 0xE0) { need = 2; lo = 0xA0; }
-        else if ((c >= 0xE1 && c <= 0xEC) || c == 0xEE || c == 0xEF) need = 2;
-        else if (c == 0xED) { need = 2; hi = 0x9F; }
-        else if (c == 0xF0) { need = 3; lo = 0x90; }
-        else if (c >= 0xF1 && c <= 0xF3) need = 3;
-        else if (c == 0xF4) { need = 3; hi = 0x8F; }
-        else return 0;
-        if (n - i - 1 < need) return 0;
-        if (s[i + 1] < lo || s[i + 1] > hi) return 0;
-        for (uint64_t k = 2; k <= need; k++)
-            if (s[i + k] < 0x80 || s[i + k] > 0xBF) return 0;
-        i += need + 1;
-    }
-    return 1;
-}
 
 int64_t rc_decode(const unsigned char *buf, size_t buf_len, size_t start, size_t end,
                   uint32_t count, int64_t *out, size_t out_len)
@@ -293,7 +271,7 @@ int64_t rc_decode(const unsigned char *buf, size_t buf_len, size_t start, size_t
             if ((rc = rc_get(s, &q, rend, 5, &hk))) RC_FAIL(rc, i, at);
             if (hk < 0) RC_FAIL(RC_HEADER_KEY_LENGTH_INVALID, i, at);
             if ((uint64_t)hk > rend - q) RC_FAIL(RC_HEADER_KEY_PAST_RECORD, i, at);
-            if (!rc_utf8_ok(s + q, (uint64_t)hk)) RC_FAIL(RC_HEADER_KEY_NOT_UTF8, i, at);
+            if (!rl_utf8_ok(s + q, (size_t)hk)) RC_FAIL(RC_HEADER_KEY_NOT_UTF8, i, at);
             q += (uint64_t)hk;
             at = q;
             if ((rc = rc_get(s, &q, rend, 5, &hv))) RC_FAIL(rc, i, at);
@@ -327,6 +305,7 @@ ffibuilder.cdef(CDEF)
 ffibuilder.set_source(
     "native._codec",
     SOURCE,
+    include_dirs=[os.path.dirname(os.path.abspath(__file__))],  # rl_utf8.h
     extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"],
 )
 

@@ -23,6 +23,8 @@ Result (an i64): 0 when the section frames exactly `count` records, else
 
 from __future__ import annotations
 
+import os
+
 from cffi import FFI
 
 CDEF = """
@@ -33,6 +35,7 @@ int64_t rr_walk_records(const unsigned char *buf, size_t buf_len, size_t start, 
 SOURCE = r"""
 #include <stddef.h>
 #include <stdint.h>
+#include "rl_utf8.h"
 
 /* The walk takes a microsecond or two and touches neither Python objects nor errno. cffi wraps
    every call in a GIL release/reacquire and an errno save/restore, which for a small batch cost
@@ -103,32 +106,6 @@ static inline int rr_varint(const unsigned char *s, uint64_t *q, uint64_t lim, u
     return 0;
 }
 
-/* Strict UTF-8 as Python's bytes.decode() accepts it: no overlongs, no surrogates, <= U+10FFFF. */
-static int rr_utf8_ok(const unsigned char *s, size_t n)
-{
-    size_t i = 0;
-    while (i < n) {
-        unsigned char c = s[i];
-        if (c < 0x80) { i++; continue; }
-        size_t need;
-        unsigned char lo = 0x80, hi = 0xBF;
-        if (c >= 0xC2 && c <= 0xDF) need = 1;
-        else if (c == 0xE0) { need = 2; lo = 0xA0; }
-        else if (c >= 0xE1 && c <= 0xEC) need = 2;
-        else if (c == 0xED) { need = 2; hi = 0x9F; }
-        else if (c >= 0xEE && c <= 0xEF) need = 2;
-        else if (c == 0xF0) { need = 3; lo = 0x90; }
-        else if (c >= 0xF1 && c <= 0xF3) need = 3;
-        else if (c == 0xF4) { need = 3; hi = 0x8F; }
-        else return 0;
-        if (n - i - 1 < need) return 0;
-        if (s[i + 1] < lo || s[i + 1] > hi) return 0;
-        for (size_t k = 2; k <= need; k++)
-            if (s[i + k] < 0x80 || s[i + k] > 0xBF) return 0;
-        i += need + 1;
-    }
-    return 1;
-}
 
 int64_t rr_walk_records(const unsigned char *buf, size_t buf_len, size_t start, size_t end,
                         uint32_t count)
@@ -175,7 +152,7 @@ int64_t rr_walk_records(const unsigned char *buf, size_t buf_len, size_t start, 
         for (int64_t k = 0; k < hcount; k++) {
             if (!rr_varint(s, &n, rend, RR_VARINT_BITS, &v)) RR_FAIL(RR_VARINT_PAST_RECORD, i, q);
             if (v < 0 || (uint64_t)v > rend - n) RR_FAIL(RR_HEADER_KEY_PAST_RECORD, i, q);
-            if (!rr_utf8_ok(s + n, (size_t)v)) RR_FAIL(RR_HEADER_KEY_NOT_UTF8, i, q);
+            if (!rl_utf8_ok(s + n, (size_t)v)) RR_FAIL(RR_HEADER_KEY_NOT_UTF8, i, q);
             q = n + (uint64_t)v;
             n = q;
             if (!rr_varint(s, &n, rend, RR_VARINT_BITS, &v)) RR_FAIL(RR_VARINT_PAST_RECORD, i, q);
@@ -199,6 +176,7 @@ ffibuilder.cdef(CDEF)
 ffibuilder.set_source(
     "native._records",
     SOURCE,
+    include_dirs=[os.path.dirname(os.path.abspath(__file__))],  # rl_utf8.h
     extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"],
 )
 
@@ -206,7 +184,6 @@ if __name__ == "__main__":
     # Builds native/_records*.so next to this file (a worktree's own), compiling in a temporary
     # directory: cffi's compile runs setuptools, which must not read the project's pyproject.toml.
     import glob
-    import os
     import shutil
     import tempfile
 
