@@ -168,20 +168,20 @@ def starts_like_frame(buf: bytes | bytearray | memoryview, pos: int = 0) -> bool
     return buf[pos + MAGIC_OFFSET] == MAGIC
 
 
-class FrameDecoder:
-    """Incremental frame decoder: feed bytes in any pieces, take whole frames out.
+class StreamDecoder:
+    """What every incremental decoder of a byte stream keeps (ours here, Kafka's in
+    broker/kafka/codec.py): feed bytes in any pieces, take whole frames out with `next_frame`.
 
-    Holds at most one frame plus what arrived after it; a declared length above `max_frame_bytes`
-    is refused as soon as the header is seen, before any of the body is buffered. The buffer
-    grows only as bytes arrive (never to a declared length), and the bytes of frames already
-    taken are let go as soon as `next_frame` runs out of whole frames: a connection that goes
+    Holds at most one frame plus what arrived after it; a subclass refuses a declared length above
+    `max_frame_bytes` as soon as it sees it, before any of the body is buffered. The buffer grows
+    only as bytes arrive (never to a declared length), and the bytes of frames already taken are
+    let go as soon as `next_frame` runs out of whole frames (`_need_data`): a connection that goes
     quiet after a large frame, or stalls in the middle of one, holds only what is unread.
     """
 
     __slots__ = ("_buf", "_pos", "max_frame_bytes")
 
-    def __init__(self, max_frame_bytes: int = FRAME_BYTES_MAX_DEFAULT) -> None:
-        assert max_frame_bytes >= HEADER_SIZE
+    def __init__(self, max_frame_bytes: int) -> None:
         self.max_frame_bytes = max_frame_bytes
         self._buf = bytearray()
         self._pos = 0
@@ -196,6 +196,27 @@ class FrameDecoder:
     def buffered(self) -> int:
         """Bytes received and not yet returned as frames (a client vanishing mid-frame leaves some)."""
         return len(self._buf) - self._pos
+
+    def _need_data(self) -> _NeedData:
+        """Let go of the frames already taken (a memmove of at most the partial frame that followed
+        them in the same read, once per read that completed a frame: amortised O(1) per byte)."""
+        if self._pos:
+            if self._pos == len(self._buf):
+                self._buf = bytearray()
+            else:
+                del self._buf[: self._pos]
+            self._pos = 0
+        return NEED_DATA
+
+
+class FrameDecoder(StreamDecoder):
+    """Incremental decoder of our frames (the bounds and buffering of `StreamDecoder`)."""
+
+    __slots__ = ()
+
+    def __init__(self, max_frame_bytes: int = FRAME_BYTES_MAX_DEFAULT) -> None:
+        assert max_frame_bytes >= HEADER_SIZE
+        super().__init__(max_frame_bytes)
 
     def next_frame(self) -> Frame | _NeedData:
         buf = self._buf
@@ -223,17 +244,6 @@ class FrameDecoder:
             body = bytes(view[pos + HEADER_SIZE : end])
         self._pos = end
         return Frame(api_key, api_version, flags, corr, topic_id, partition, body)
-
-    def _need_data(self) -> _NeedData:
-        """Let go of the frames already taken (a memmove of at most the partial frame that followed
-        them in the same read, once per read that completed a frame: amortised O(1) per byte)."""
-        if self._pos:
-            if self._pos == len(self._buf):
-                self._buf = bytearray()
-            else:
-                del self._buf[: self._pos]
-            self._pos = 0
-        return NEED_DATA
 
     def _check_prefix(self, buf: bytearray, pos: int) -> None:
         """Reject a wrong magic or version as soon as those bytes are here, not after a whole header."""

@@ -28,7 +28,7 @@ from kio.index import KioIndexError, load_request_schema, load_response_schema
 from kio.serial import entity_reader, entity_writer
 from kio.static.primitive import i32
 
-from ringlog_proto.frames import NEED_DATA, ProtocolError, _NeedData
+from ringlog_proto.frames import ProtocolError, StreamDecoder, _NeedData
 
 SIZE_BYTES: Final = 4
 # size, api_key, api_version, correlation_id: the part every request header version shares
@@ -65,29 +65,12 @@ def starts_like_kafka(buf: bytes | bytearray | memoryview, pos: int = 0) -> bool
     return buf[pos + API_KEY_HIGH_OFFSET] == 0
 
 
-class KafkaFrameDecoder:
-    """Incremental Kafka request decoder: feed bytes in any pieces, take whole requests out.
+class KafkaFrameDecoder(StreamDecoder):
+    """Incremental Kafka request decoder, with our `FrameDecoder`'s bounds and buffering
+    (`StreamDecoder`): a declared size above `max_frame_bytes` is refused as soon as the size is
+    seen."""
 
-    The same bounds as our `FrameDecoder`: a declared size above `max_frame_bytes` is refused as
-    soon as the size is seen, the buffer grows only as bytes arrive, and what was taken is let go
-    once the whole requests are out."""
-
-    __slots__ = ("_buf", "_pos", "max_frame_bytes")
-
-    def __init__(self, max_frame_bytes: int) -> None:
-        self.max_frame_bytes = max_frame_bytes
-        self._buf = bytearray()
-        self._pos = 0
-
-    def feed(self, data: bytes | bytearray | memoryview) -> None:
-        if self._pos and self._pos >= len(self._buf) // 2:
-            del self._buf[: self._pos]
-            self._pos = 0
-        self._buf += data
-
-    @property
-    def buffered(self) -> int:
-        return len(self._buf) - self._pos
+    __slots__ = ()
 
     def next_frame(self) -> KafkaRequest | _NeedData:
         buf = self._buf
@@ -111,15 +94,6 @@ class KafkaFrameDecoder:
             data = bytes(view[pos + SIZE_BYTES : end])
         self._pos = end
         return KafkaRequest(api_key, api_version, correlation_id, data)
-
-    def _need_data(self) -> _NeedData:
-        if self._pos:
-            if self._pos == len(self._buf):
-                self._buf = bytearray()
-            else:
-                del self._buf[: self._pos]
-            self._pos = 0
-        return NEED_DATA
 
 
 def request_schema(api_key: int, api_version: int) -> type[Any] | None:
