@@ -321,6 +321,28 @@ class Handlers:
             )
         return self._open_partition(topic, frame.partition)
 
+    def partition_named(self, topic: str, index: int) -> Partition | int:
+        """Partition `index` of the topic named `topic` when this core owns it (opened, made if
+        new), else the core that owns it: the protocol-neutral lookup of a multi-partition
+        request (Kafka's), which answers a partition of another core rather than forward it.
+        Raises `TopicError` for an unknown topic or partition."""
+        t = self.registry.by_name.get(topic)
+        if t is None or not 0 <= index < t.partitions:
+            self.refresh_topics(force=True)
+            t = self.registry.by_name.get(topic)
+        if t is None or not 0 <= index < t.partitions:
+            raise TopicError("unknown", f"no partition {index} of topic {topic!r}")
+        core = self.owner(t.topic_id, index)
+        if core != self.config.core_id:
+            return core
+        p = self.partitions.get((t.topic_id, index))
+        if p is not None:
+            return p
+        self.refresh_topics()  # a stat: a topic deleted meanwhile is not made again
+        if self.registry.by_name.get(topic) is not t:
+            raise TopicError("unknown", f"no partition {index} of topic {topic!r}")
+        return self._open_partition(t, index)
+
     # ------------------------------------------------------------------------- admin
 
     def _api_versions(self, req: m.Request, frame: Frame) -> Outcome:
