@@ -518,6 +518,66 @@ class KafkaAdapter:
         resp = make(schema, throttle_time=datetime.timedelta(0), topics=tuple(topics))
         return Reply(encode_response(request.correlation_id, resp))
 
+    # ------------------------------------------------------------------------- Create/DeleteTopics
+
+    def _create_topics(self, request: KafkaRequest, body: Any) -> Outcome:
+        """Each topic through the core's `create_topic`. num_partitions -1 is one partition;
+        replication_factor must be -1 or 1 (one copy: no replication yet); manual assignments
+        are refused; retention.ms, retention.bytes and segment.bytes are read (-1: forever),
+        other configs are accepted and ignored."""
+        schema = response_schema(CREATE_TOPICS, request.api_version)
+        assert schema is not None
+        module = sys.modules[schema.__module__]
+        results = []
+        for t in body.topics:
+            code, message = ErrorCode.none, None
+            try:
+                if int(t.replication_factor) not in (-1, 1):
+                    code, message = (
+                        ErrorCode.invalid_replication_factor,
+                        "ringlog keeps one copy: replication factor -1 or 1",
+                    )
+                elif t.assignments:
+                    code, message = ErrorCode.invalid_request, "manual replica assignment is not supported"
+                else:
+                    limits = _topic_limits(t.configs)
+                    partitions = 1 if int(t.num_partitions) == -1 else int(t.num_partitions)
+                    if body.validate_only:
+                        if t.name in self.handlers.registry.by_name:
+                            code, message = ErrorCode.topic_already_exists, f"topic {t.name!r} already exists"
+                    else:
+                        self.handlers.create_topic(t.name, partitions, *limits)
+            except Exception as exc:
+                code, message = _kafka_error(exc)
+            results.append(
+                make(module.CreatableTopicResult, name=t.name, error_code=code, error_message=message)
+            )
+        resp = make(schema, throttle_time=datetime.timedelta(0), topics=tuple(results))
+        return Reply(encode_response(request.correlation_id, resp))
+
+    def _delete_topics(self, request: KafkaRequest, body: Any) -> Outcome:
+        """Each topic through the core's `delete_topic` (which tells the other cores first); one
+        answer once every deletion is done."""
+        schema = response_schema(DELETE_TOPICS, request.api_version)
+        assert schema is not None
+        module = sys.modules[schema.__module__]
+        codes: dict[str, ErrorCode] = {}
+        parts: list[Outcome] = []
+        names = list(body.topic_names or ())
+        for name in names:
+            codes[name] = ErrorCode.none
+            try:
+                parts.append(self.handlers.delete_topic(name, lambda: _DONE))
+            except Exception as exc:
+                codes[name] = _kafka_error(exc)[0]
+
+        def finish() -> Reply:
+            results = tuple(make(module.DeletableTopicResult, name=n, error_code=codes[n]) for n in names)
+            resp = make(schema, throttle_time=datetime.timedelta(0), responses=results)
+            return Reply(encode_response(request.correlation_id, resp))
+
+        return Gather(parts, finish)
+
     # ------------------------------------------------------------------------- anything else
 
     def _unsupported(self, request: KafkaRequest) -> Outcome:
@@ -574,6 +634,24 @@ def _kafka_error(exc: BaseException) -> tuple[ErrorCode, str]:
     if code == Ours.UNKNOWN_SERVER_ERROR:
         log.error("kafka request failed: %r", exc)
     return _KAFKA_CODES.get(code, ErrorCode.unknown_server_error), message
+
+
+def _topic_limits(configs: Any) -> tuple[int, int, int]:
+    """retention_ms, retention_bytes, segment_bytes from CreateTopics configs, as the registry
+    reads them: -1 the broker's default, -2 keep forever (Kafka's -1)."""
+    values = {c.name: c.value for c in configs or ()}
+    out = []
+    for key in ("retention.ms", "retention.bytes", "segment.bytes"):
+        raw = values.get(key)
+        if raw is None:
+            out.append(-1)
+            continue
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ValueError(f"config {key}={raw!r} is not a number") from None
+        out.append(-2 if value == -1 and key != "segment.bytes" else value)
+    return out[0], out[1], out[2]
 
 
 def _produce_v0_topics(data: bytes) -> list[tuple[str, list[int]]] | None:

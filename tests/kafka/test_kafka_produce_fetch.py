@@ -201,3 +201,49 @@ def test_kafka_python_producer(broker: BrokerProcess) -> None:
         producer.close(10)
     got = consume_all(broker, "kp", 2, 20)
     assert sorted(m.value() for m in got) == sorted(f"v{i}".encode() for i in range(20))
+
+
+def test_confluent_admin_create_and_delete_topics(broker: BrokerProcess) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    futures = admin.create_topics(
+        [
+            NewTopic("made", num_partitions=3, replication_factor=1, config={"retention.ms": "-1"}),
+            NewTopic("copies", num_partitions=1, replication_factor=3),
+        ],
+        operation_timeout=10,
+    )
+    futures["made"].result(10)
+    with pytest.raises(confluent_kafka.KafkaException, match="REPLICATION_FACTOR"):
+        futures["copies"].result(10)
+    again = admin.create_topics([NewTopic("made", num_partitions=1)])["made"]
+    with pytest.raises(confluent_kafka.KafkaException, match="TOPIC_ALREADY_EXISTS"):
+        again.result(10)
+    md = admin.list_topics(timeout=10)
+    assert len(md.topics["made"].partitions) == 3
+    producer = confluent_kafka.Producer({"bootstrap.servers": broker.bootstrap})
+    for p in range(3):
+        producer.produce("made", value=b"x", partition=p)
+    assert producer.flush(30) == 0
+    admin.delete_topics(["made"], operation_timeout=10)["made"].result(10)
+    gone = admin.delete_topics(["made"])["made"]
+    with pytest.raises(confluent_kafka.KafkaException, match="UNKNOWN_TOPIC"):
+        gone.result(10)
+    assert "made" not in {t for t, m in admin.list_topics(timeout=10).topics.items() if not m.error}
+
+
+def test_kafka_python_admin_create_delete_and_offsets(broker: BrokerProcess) -> None:
+    admin = kafka.KafkaAdminClient(bootstrap_servers=broker.bootstrap)
+    try:
+        admin.create_topics([kafka.admin.NewTopic("kpa", num_partitions=2, replication_factor=1)])
+        consumer = kafka.KafkaConsumer(bootstrap_servers=broker.bootstrap, enable_auto_commit=False)
+        try:
+            tps = [kafka.TopicPartition("kpa", p) for p in range(2)]
+            assert consumer.end_offsets(tps) == dict.fromkeys(tps, 0)
+            assert consumer.beginning_offsets(tps) == dict.fromkeys(tps, 0)
+        finally:
+            consumer.close()
+        admin.delete_topics(["kpa"])
+    finally:
+        admin.close()
