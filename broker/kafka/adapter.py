@@ -4,7 +4,18 @@ Rules this module keeps:
 - One `KafkaAdapter` per core, beside that core's `Handlers`; `handle(request)` returns an
   `Outcome` (broker/core/outcomes.py) that the backend carries out as it does ours, in the same
   reply slots, so replies keep request order. The core never learns which protocol asked: what
-  both protocols need is a protocol-neutral method of `Handlers` (`metadata_view`), encoded here.
+  both protocols need is a protocol-neutral method of `Handlers` (`metadata_view`,
+  `partition_named`, `create_topic`, `delete_topic`) or of `Partition` (`produce`, the one door
+  of a produce), encoded here.
+- A Kafka Produce or Fetch names many partitions; ours names one. Each partition becomes its own
+  outcome (an `Append` from `Partition.produce`, a `Read` of an extent: stored batches are sent
+  as they are) and the request one `Gather` of them, whose `finish` writes the one response once
+  every part is done. A Fetch with nothing to read anywhere waits (`Wait`) on the first partition
+  of ours it names, until that grows or the deadline passes (the others' data waits with it).
+- A partition of another core is answered NOT_LEADER_OR_FOLLOWER, never forwarded: Metadata names
+  its owning core the leader at that core's own port, so a stock client refreshes Metadata and
+  goes there (librdkafka, kafka-python and Java all do), and one request is never split between
+  cores. acks: 0 answers nothing, 1 after the write, -1 after the fsync (our acks=2).
 - Only what `SUPPORTED_VERSIONS` lists is advertised in ApiVersions, and only that is answered.
   An ApiVersions above our highest version gets UNSUPPORTED_VERSION in a v0 response listing our
   versions (as Kafka brokers answer, so the client retries at a version we have). Any other api
