@@ -7,6 +7,7 @@ every other reads, our own Consumer included."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import time
@@ -15,6 +16,8 @@ import pytest
 from brokerproc import BrokerProcess, Wire
 
 from broker.client import Consumer
+from ringlog_proto import messages as m
+from ringlog_proto.routing import shard_for
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
 kafka = pytest.importorskip("kafka")
@@ -29,6 +32,18 @@ def create(broker: BrokerProcess, name: str, partitions: int = 1) -> int:
         return wire.create_topic(name, partitions)
     finally:
         wire.close()
+
+
+def own_snapshot(port: int) -> dict:
+    """The stats snapshot of the core at `port` (asked on its direct port, with our protocol)."""
+    w = Wire(port)
+    try:
+        resp = w.rpc(m.StatsRequest())
+    finally:
+        w.close()
+    assert isinstance(resp, m.StatsResponse) and resp.error == m.ErrorCode.NONE, resp
+    doc = json.loads(resp.stats_json)
+    return next(s for s in doc["snapshots"] if s["core"] == resp.core)
 
 
 def kcat(broker: BrokerProcess, *args: str, stdin: str | None = None) -> str:
@@ -250,3 +265,26 @@ def test_kafka_python_admin_create_delete_and_offsets(broker: BrokerProcess) -> 
         admin.delete_topics(["kpa"])
     finally:
         admin.close()
+
+
+@pytest.mark.parametrize(
+    "broker",
+    [pytest.param({"cores": 2, "backend": b}, id=f"{b}-2core") for b in ("uvloop", "io_uring")],
+    indirect=True,
+)
+def test_two_cores_librdkafka_goes_to_each_owner_with_no_forward(broker: BrokerProcess) -> None:
+    """Forwards per request with librdkafka and two cores: none. Each core gets the Produce and
+    Fetch requests of the partitions it owns, at its own port."""
+    tid = create(broker, "spread", 8)
+    owners = {shard_for(tid, p, 2) for p in range(8)}
+    assert owners == {0, 1}
+    producer = confluent_kafka.Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 5})
+    for i in range(400):
+        producer.produce("spread", value=f"v{i}".encode(), partition=i % 8)
+    assert producer.flush(30) == 0
+    assert len(consume_all(broker, "spread", 8, 400)) == 400
+    snaps = [own_snapshot(broker.core_ports[c]) for c in (0, 1)]
+    for snap in snaps:
+        assert snap["forwarded"] == 0 and snap["forwarded_in"] == 0, snap
+        assert snap["requests"].get("kafka_0", 0) >= 1, snap  # Produce
+        assert snap["requests"].get("kafka_1", 0) >= 1, snap  # Fetch
