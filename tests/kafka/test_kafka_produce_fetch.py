@@ -188,7 +188,9 @@ def test_confluent_offsets_for_times(broker: BrokerProcess) -> None:
     for i in range(10):
         producer.produce("ts", value=f"v{i}".encode(), timestamp=base + i * 1000)
         producer.flush(10)
-    consumer = confluent_kafka.Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "unused"})
+    consumer = confluent_kafka.Consumer(
+        {"bootstrap.servers": broker.bootstrap, "group.id": "unused", "enable.auto.commit": False}
+    )
     try:
         TP = confluent_kafka.TopicPartition
         (found,) = consumer.offsets_for_times([TP("ts", 0, base + 4500)], timeout=10)
