@@ -339,9 +339,10 @@ class Handlers:
         if p is not None:
             return p
         self.refresh_topics()  # a stat: a topic deleted meanwhile is not made again
-        if self.registry.by_name.get(topic) is not t:
+        current = self.registry.by_id.get(t.topic_id)
+        if current is None:
             raise TopicError("unknown", f"no partition {index} of topic {topic!r}")
-        return self._open_partition(t, index)
+        return self._open_partition(current, index)
 
     # ------------------------------------------------------------------------- admin
 
