@@ -24,7 +24,8 @@ def broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BrokerPro
     """Started on a free port; stopped with SIGTERM at teardown, which must exit 0.
 
     Runs each test once per entry of CONFIGURATIONS, unless the test parametrizes it indirectly,
-    e.g. `@pytest.mark.parametrize("broker", [{"cores": 2, "backend": "uvloop"}], indirect=True)`.
+    e.g. `@pytest.mark.parametrize("broker", [{"cores": 2, "backend": "uvloop"}], indirect=True)`
+    (an "extra" entry adds `broker serve` arguments).
     """
     options = getattr(request, "param", {})
     proc = BrokerProcess(
@@ -32,6 +33,7 @@ def broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BrokerPro
         tmp_path / "broker.log",
         cores=options.get("cores", 1),
         backend=options.get("backend", "uvloop"),
+        extra=tuple(options.get("extra", ())),
     ).start()
     yield proc
     if proc.running():

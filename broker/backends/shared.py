@@ -74,7 +74,18 @@ from broker.core.forwarding import NO_DEADLINE, Done, Forwarder, PeerLink, PeerP
 from broker.core.handlers import Handlers
 from broker.core.limits import FETCH_MAX_BYTES_MAX
 from broker.core.metrics import publish
-from broker.core.outcomes import Append, Durable, Forward, Notify, Outcome, Read, Reply, Silent, Wait
+from broker.core.outcomes import (
+    Append,
+    Durable,
+    Forward,
+    Gather,
+    Notify,
+    Outcome,
+    Read,
+    Reply,
+    Silent,
+    Wait,
+)
 from broker.core.partition import Partition
 from broker.kafka.adapter import KafkaAdapter
 from broker.kafka.codec import KafkaFrameDecoder, KafkaRequest, starts_like_kafka
@@ -286,6 +297,32 @@ class Slot:
         self.done = False
         self.started_ns = started_ns  # for the latency histogram (metrics.reply)
         self.charge = charge  # bytes counted in flight for this request (see `request_charge`)
+
+
+class GatherPart:
+    """What one part of a `Gather` is carried out on: its connection's state, and a `fill` that
+    tells the gather the part is done instead of sending anything."""
+
+    __slots__ = ("_conn", "_done")
+
+    def __init__(self, conn: ServedConnection, done: Callable[[Slot], None]) -> None:
+        self._conn = conn
+        self._done = done
+
+    @property
+    def closed(self) -> bool:
+        return self._conn.closed
+
+    @property
+    def from_peer(self) -> bool:
+        return self._conn.from_peer
+
+    @property
+    def budget(self) -> ConnectionBudget:
+        return self._conn.budget
+
+    def fill(self, slot: Slot, outcome: Reply | Silent) -> None:
+        self._done(slot)
 
 
 class Cancellable(Protocol):
@@ -670,7 +707,6 @@ class BackendCore:
                 if more > 0 and not conn.from_peer:
                     slot.charge += more
                     self._count(conn, more, 0)
-                assert isinstance(frame, Frame), "the Kafka adapter does not read yet"
                 self._read(outcome, frame, conn, slot)
             case Durable():
                 self.after_flush(
@@ -679,19 +715,31 @@ class BackendCore:
                     lambda exc: conn.fill(slot, outcome.fail(exc)),
                 )
             case Wait():
-                self._park(outcome, conn, slot, outcome.deadline_ms)
+                self._park(outcome, conn, slot, outcome.deadline_ms, frame)
             case Forward():
                 self.forwarder.forward(outcome, lambda reply: conn.fill(slot, reply))
                 if self.forwarder.blocked(outcome.core):
                     conn.wait_for_forward_room(self.forwarder, outcome.core)
             case Notify():
                 self.forwarder.notify(outcome, lambda reply: conn.fill(slot, reply))
+            case Gather():
+                self._gather(outcome, frame, conn, slot)
             case _:
                 assert_never(outcome)
 
-    def _park(self, outcome: Wait, conn: ServedConnection, slot: Slot, deadline_ms: int) -> None:
+    def _park(
+        self,
+        outcome: Wait,
+        conn: ServedConnection | GatherPart,
+        slot: Slot,
+        deadline_ms: int,
+        frame: Frame | KafkaRequest | None = None,
+    ) -> None:
         """Park a fetch until its partition grows or its deadline passes."""
         partition = outcome.partition
+        if frame is None:
+            frame = outcome.frame
+        assert frame is not None
         timer: Cancellable | None = None
 
         def wake() -> None:
@@ -700,13 +748,17 @@ class BackendCore:
             self.parked_long_polls -= 1
             if conn.closed:
                 return
-            again = self.handlers.handle(outcome.frame, conn.from_peer)
+            if outcome.again is not None:
+                again = outcome.again()
+            else:
+                assert outcome.frame is not None
+                again = self.handlers.handle(outcome.frame, conn.from_peer)
             if isinstance(again, Wait) and not self.stopping():
                 self._park(again, conn, slot, deadline_ms)  # spurious: keep the first deadline
             elif isinstance(again, Wait):
                 conn.fill(slot, again.on_timeout())
             else:
-                self.carry_out(again, outcome.frame, conn, slot)
+                self.carry_out(again, frame, conn, slot)
 
         def timeout() -> None:
             self.parked_long_polls -= 1
@@ -719,7 +771,28 @@ class BackendCore:
         self.parked_long_polls += 1
         partition.waiters.append(wake)
 
-    def _read(self, outcome: Read, frame: Frame, conn: ServedConnection, slot: Slot) -> None:
+    def _gather(
+        self, outcome: Gather, frame: Frame | KafkaRequest, conn: ServedConnection, slot: Slot
+    ) -> None:
+        """Carry out each part in a slot of its own; once every part is done, fill the request's
+        slot with `finish()`. What the parts counted against the connection is released with it."""
+        left = len(outcome.parts)
+        if not left:
+            conn.fill(slot, outcome.finish())
+            return
+
+        def part_done(part_slot: Slot) -> None:
+            nonlocal left
+            left -= 1
+            slot.charge += part_slot.charge
+            if not left and not conn.closed:
+                conn.fill(slot, outcome.finish())
+
+        for part in outcome.parts:
+            part_slot = Slot(slot.started_ns)
+            self.carry_out(part, frame, GatherPart(conn, part_done), part_slot)  # type: ignore[arg-type]
+
+    def _read(self, outcome: Read, frame: Frame | KafkaRequest, conn: ServedConnection, slot: Slot) -> None:
         self.reads_in_flight += 1
 
         def finished(data: bytes | BaseException) -> None:
@@ -729,7 +802,11 @@ class BackendCore:
                     raise data
                 reply = outcome.finish(data)
             except Exception as exc:  # becomes an error reply
-                reply = self.handlers.error_reply(frame, exc)
+                if outcome.fail is not None:
+                    reply = outcome.fail(exc)
+                else:
+                    assert isinstance(frame, Frame)
+                    reply = self.handlers.error_reply(frame, exc)
             conn.fill(slot, reply)
 
         self.read(outcome.extent, finished)

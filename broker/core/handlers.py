@@ -321,6 +321,29 @@ class Handlers:
             )
         return self._open_partition(topic, frame.partition)
 
+    def partition_named(self, topic: str, index: int) -> Partition | int:
+        """Partition `index` of the topic named `topic` when this core owns it (opened, made if
+        new), else the core that owns it: the protocol-neutral lookup of a multi-partition
+        request (Kafka's), which answers a partition of another core rather than forward it.
+        Raises `TopicError` for an unknown topic or partition."""
+        t = self.registry.by_name.get(topic)
+        if t is None or not 0 <= index < t.partitions:
+            self.refresh_topics(force=True)
+            t = self.registry.by_name.get(topic)
+        if t is None or not 0 <= index < t.partitions:
+            raise TopicError("unknown", f"no partition {index} of topic {topic!r}")
+        core = self.owner(t.topic_id, index)
+        if core != self.config.core_id:
+            return core
+        p = self.partitions.get((t.topic_id, index))
+        if p is not None:
+            return p
+        self.refresh_topics()  # a stat: a topic deleted meanwhile is not made again
+        current = self.registry.by_id.get(t.topic_id)
+        if current is None:
+            raise TopicError("unknown", f"no partition {index} of topic {topic!r}")
+        return self._open_partition(current, index)
+
     # ------------------------------------------------------------------------- admin
 
     def _api_versions(self, req: m.Request, frame: Frame) -> Outcome:
@@ -399,34 +422,52 @@ class Handlers:
 
     def _create_topic(self, req: m.Request, frame: Frame) -> Outcome:
         assert isinstance(req, m.CreateTopicRequest)
+        topic = self.create_topic(
+            req.name, req.partitions, req.retention_ms, req.retention_bytes, req.segment_bytes
+        )
+        return self._reply(frame, m.CreateTopicResponse(topic_id=topic.topic_id))
+
+    def create_topic(
+        self, name: str, partitions: int, retention_ms: int, retention_bytes: int, segment_bytes: int
+    ) -> Topic:
+        """Create a topic (both protocols' CreateTopic(s)); raises `TopicError` or what refuses it
+        (a full disk). The limits are as the registry reads them (-2: the broker's default)."""
         self.space.check_writable()
         with self.registry.locked():  # reload, change, save: other cores change it too
             self.registry.load()
-            topic = self.registry.create(
-                req.name, req.partitions, req.retention_ms, req.retention_bytes, req.segment_bytes
-            )
+            topic = self.registry.create(name, partitions, retention_ms, retention_bytes, segment_bytes)
         self._sync_partitions()
         # No partition is made here: each is made on its first use (module rules), so this
         # answer costs one registry write whatever the partition count.
         log.info("created topic %s (id %d, %d partitions)", topic.name, topic.topic_id, topic.partitions)
-        return self._reply(frame, m.CreateTopicResponse(topic_id=topic.topic_id))
+        return topic
 
     def _delete_topic(self, req: m.Request, frame: Frame) -> Outcome:
         assert isinstance(req, m.DeleteTopicRequest)
+        return self.delete_topic(req.name, lambda: self._reply(frame, m.DeleteTopicResponse()), frame)
+
+    def delete_topic(self, name: str, answer: Callable[[], Reply], notice: Frame | None = None) -> Outcome:
+        """Delete a topic (both protocols' DeleteTopic(s)): out of the registry now; every other
+        core is told (a DeleteTopic frame of ours, `notice`, made here if not given) and closes
+        its partitions of it; then the files go and `answer()` is sent. Raises `TopicError`."""
         with self.registry.locked():
             self.registry.load()
-            topic = self.registry.delete(req.name)
+            topic = self.registry.delete(name)
         self._sync_partitions()  # closes this core's partitions of it, and catches up on the rest
 
         def finish() -> Reply:
             self.registry.remove_files(topic)
             log.info("deleted topic %s (id %d)", topic.name, topic.topic_id)
-            return self._reply(frame, m.DeleteTopicResponse())
+            return answer()
 
         peers = tuple(c for c in range(self.config.cores) if c != self.config.core_id)
         if not peers:
             return finish()
-        return Notify(frame, peers, finish)
+        if notice is None:
+            body = b"".join(m.encode_request(m.DeleteTopicRequest(name=name), 0)[1:])
+            version = m.CURRENT_VERSIONS.get(m.ApiKey.DELETE_TOPIC, m.API_VERSION)
+            notice = Frame(m.ApiKey.DELETE_TOPIC, version, 0, 0, 0, 0, body)
+        return Notify(notice, peers, finish)
 
     def _topic_deleted_elsewhere(self, frame: Frame) -> Outcome:
         """Another core deleted a topic: close our partitions of it before it answers its client."""

@@ -8,7 +8,8 @@ Rules this module keeps:
   nothing: acks=0), `Append` (run the log writes, then `complete` or `fail`), `Read` (read this
   extent, then `finish`), `Durable` (send after the partition's next flush), `Wait` (long poll:
   re-handle the frame when the partition grows or the deadline passes), `Forward` (another core's
-  partition: send the frame there and relay its answer), `Notify` (tell other cores, then answer).
+  partition: send the frame there and relay its answer), `Notify` (tell other cores, then answer),
+  `Gather` (several of these for one request, one answer).
 - `Outcome` is the closed union: a backend's dispatch matches every member and treats anything
   else as a bug (`broker/backends/shared.py`), so adding an outcome means adding its case there.
 """
@@ -53,6 +54,7 @@ class Read:
 
     extent: Extent
     finish: Callable[[bytes], Reply]
+    fail: Callable[[BaseException], Reply] | None = None  # default: the handlers' error reply
 
 
 @dataclass(slots=True)
@@ -70,9 +72,10 @@ class Wait:
     """Nothing to fetch yet: re-handle `frame` when `partition` grows, or answer empty at the deadline."""
 
     partition: Partition
-    frame: Frame
+    frame: Frame | None
     deadline_ms: int
     on_timeout: Callable[[], Reply]
+    again: Callable[[], Outcome] | None = None  # re-handles instead of `frame` (the Kafka adapter)
 
 
 @dataclass(slots=True)
@@ -100,4 +103,14 @@ class Notify:
     finish: Callable[[], Reply]
 
 
-Outcome = Reply | Silent | Append | Read | Durable | Wait | Forward | Notify
+@dataclass(slots=True)
+class Gather:
+    """One request made of several partitions' work (a Kafka Produce or Fetch): carry out each
+    of `parts` (Reply, Silent, Append, Read, Durable, Wait), then send `finish()` in the request's
+    one reply slot. The parts' own replies are ignored: their callbacks record what `finish` needs."""
+
+    parts: list[Outcome]
+    finish: Callable[[], Reply | Silent]
+
+
+Outcome = Reply | Silent | Append | Read | Durable | Wait | Forward | Notify | Gather

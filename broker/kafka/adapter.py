@@ -4,7 +4,18 @@ Rules this module keeps:
 - One `KafkaAdapter` per core, beside that core's `Handlers`; `handle(request)` returns an
   `Outcome` (broker/core/outcomes.py) that the backend carries out as it does ours, in the same
   reply slots, so replies keep request order. The core never learns which protocol asked: what
-  both protocols need is a protocol-neutral method of `Handlers` (`metadata_view`), encoded here.
+  both protocols need is a protocol-neutral method of `Handlers` (`metadata_view`,
+  `partition_named`, `create_topic`, `delete_topic`) or of `Partition` (`produce`, the one door
+  of a produce), encoded here.
+- A Kafka Produce or Fetch names many partitions; ours names one. Each partition becomes its own
+  outcome (an `Append` from `Partition.produce`, a `Read` of an extent: stored batches are sent
+  as they are) and the request one `Gather` of them, whose `finish` writes the one response once
+  every part is done. A Fetch with nothing to read anywhere waits (`Wait`) on the first partition
+  of ours it names, until that grows or the deadline passes (the others' data waits with it).
+- A partition of another core is answered NOT_LEADER_OR_FOLLOWER, never forwarded: Metadata names
+  its owning core the leader at that core's own port, so a stock client refreshes Metadata and
+  goes there (librdkafka, kafka-python and Java all do), and one request is never split between
+  cores. acks: 0 answers nothing, 1 after the write, -1 after the fsync (our acks=2).
 - Only what `SUPPORTED_VERSIONS` lists is advertised in ApiVersions, and only that is answered.
   An ApiVersions above our highest version gets UNSUPPORTED_VERSION in a v0 response listing our
   versions (as Kafka brokers answer, so the client retries at a version we have). Any other api
@@ -26,6 +37,7 @@ import datetime
 import hashlib
 import logging
 import os
+import struct
 import sys
 from dataclasses import MISSING, fields
 from typing import Any, Final
@@ -33,8 +45,9 @@ from typing import Any, Final
 from kio.schema.errors import ErrorCode
 
 from broker.core.config import BrokerConfig
-from broker.core.handlers import Handlers
-from broker.core.outcomes import Outcome, Reply
+from broker.core.handlers import Handlers, error_of
+from broker.core.outcomes import Append, Durable, Gather, Outcome, Read, Reply, Silent, Wait
+from broker.core.partition import Partition, Stored
 from broker.core.views import MetadataView
 from broker.kafka.codec import (
     KafkaDecodeError,
@@ -45,17 +58,36 @@ from broker.kafka.codec import (
     request_schema,
     response_schema,
 )
+from broker.storage.diskspace import is_out_of_space
+from ringlog_proto.batch import now_ms
 from ringlog_proto.frames import ProtocolError
+from ringlog_proto.messages import Acks
+from ringlog_proto.messages import ErrorCode as Ours
 
 log = logging.getLogger(__name__)
 
-API_VERSIONS: Final = 18
+PRODUCE: Final = 0
+FETCH: Final = 1
+LIST_OFFSETS: Final = 2
 METADATA: Final = 3
+API_VERSIONS: Final = 18
+CREATE_TOPICS: Final = 19
+DELETE_TOPICS: Final = 20
 # api key -> (lowest, highest) version answered: what ApiVersions advertises, nothing more.
 SUPPORTED_VERSIONS: Final[dict[int, tuple[int, int]]] = {
+    PRODUCE: (0, 8),  # advertised from 0, but v0-2 are refused (see `_produce_refused`); v9+ flexible
+    FETCH: (4, 11),  # v12+ are flexible
+    LIST_OFFSETS: (1, 5),  # v6+ are flexible
     METADATA: (0, 8),  # v9+ are flexible
     API_VERSIONS: (0, 3),  # v3 is flexible in its request header only; its response header is v0
+    CREATE_TOPICS: (2, 4),  # v0-1: kio has no schema for them; v5+ are flexible
+    DELETE_TOPICS: (1, 3),  # v0: kio has no schema for it; v4+ are flexible
 }
+PRODUCE_REFUSED_BELOW: Final = 3  # librdkafka < 2.11 stops compressing unless Produce v0 is listed
+# Kafka acks -> ours: -1 (all in-sync replicas: here, the one copy, fsynced) is our acks=2.
+_ACKS: Final[dict[int, Acks]] = {0: Acks.NONE, 1: Acks.WRITTEN, -1: Acks.DURABLE}
+FETCH_PARTITION_MAX: Final = 64 << 20  # a partition's share of one fetch, whatever it asks
+FETCH_WAIT_MAX_MS: Final = 30_000
 CONTROLLER_ID: Final = 0
 
 
@@ -80,6 +112,8 @@ class KafkaAdapter:
         key, version = request.api_key, request.api_version
         if key == API_VERSIONS and version > SUPPORTED_VERSIONS[API_VERSIONS][1]:
             return self._api_versions_unsupported(request)
+        if key == PRODUCE and version < PRODUCE_REFUSED_BELOW:
+            return self._produce_refused(request)
         supported = SUPPORTED_VERSIONS.get(key)
         if supported is None or not supported[0] <= version <= supported[1]:
             return self._unsupported(request)
@@ -94,6 +128,19 @@ class KafkaAdapter:
         try:
             if key == API_VERSIONS:
                 return self._api_versions(request)
+            if key == PRODUCE:
+                return self._produce(request, body)
+            if key == FETCH:
+                deadline = now_ms() + min(
+                    max(0, int(body.max_wait.total_seconds() * 1000)), FETCH_WAIT_MAX_MS
+                )
+                return self._fetch(request, body, deadline)
+            if key == LIST_OFFSETS:
+                return self._list_offsets(request, body)
+            if key == CREATE_TOPICS:
+                return self._create_topics(request, body)
+            if key == DELETE_TOPICS:
+                return self._delete_topics(request, body)
             return self._metadata(request, body)
         except Exception as exc:  # a bug here must close one connection, not stop the core's loop
             log.exception("kafka api %d v%d failed", key, version)
@@ -201,6 +248,347 @@ class KafkaAdapter:
             topics=tuple(topics),
         )
 
+    # ------------------------------------------------------------------------- Produce
+
+    def _produce(self, request: KafkaRequest, body: Any) -> Outcome:
+        """Each partition through `Partition.produce`, the one door of a produce, as its own part
+        of one `Gather`; the answers are combined into one response once every part is done.
+        A partition of another core answers NOT_LEADER_OR_FOLLOWER (module rules)."""
+        schema = response_schema(PRODUCE, request.api_version)
+        assert schema is not None
+        module = sys.modules[schema.__module__]
+        acks = _ACKS.get(int(body.acks))
+        handlers = self.handlers
+        # (topic, index) -> (error, base offset, log start offset, message), filled by the parts
+        results: dict[tuple[str, int], tuple[ErrorCode, int, int, str | None]] = {}
+        order: list[tuple[str, list[int]]] = []
+        parts: list[Outcome] = []
+
+        def refused(key: tuple[str, int], exc: BaseException) -> Reply:
+            code, message = _kafka_error(exc)
+            results[key] = (code, -1, -1, message)
+            return _DONE
+
+        def stored(key: tuple[str, int], at: Stored) -> Reply:
+            results[key] = (ErrorCode.none, at.base_offset, at.log_start_offset, None)
+            return _DONE
+
+        for topic in body.topic_data:
+            indexes: list[int] = []
+            order.append((topic.name, indexes))
+            for data in topic.partition_data:
+                key = (topic.name, int(data.index))
+                indexes.append(key[1])
+                if acks is None:
+                    results[key] = (ErrorCode.invalid_required_acks, -1, -1, f"acks {body.acks}")
+                    continue
+                try:
+                    part = self._produce_partition(key, data.records, acks, refused, stored)
+                except Exception as exc:  # refused before anything was written
+                    code, message = _kafka_error(exc)
+                    if is_out_of_space(exc):
+                        handlers.space.saw_full(exc)
+                    results[key] = (code, -1, -1, message)
+                    continue
+                if part is not None:
+                    parts.append(part)
+
+        def finish() -> Reply | Silent:
+            if acks == Acks.NONE:
+                return Silent()
+            topics = tuple(
+                make(
+                    module.TopicProduceResponse,
+                    name=name,
+                    partition_responses=tuple(
+                        make(
+                            module.PartitionProduceResponse,
+                            index=i,
+                            error_code=results[(name, i)][0],
+                            base_offset=results[(name, i)][1],
+                            log_start_offset=results[(name, i)][2],
+                            record_errors=(),
+                            error_message=results[(name, i)][3],
+                        )
+                        for i in indexes
+                    ),
+                )
+                for name, indexes in order
+            )
+            resp = make(schema, responses=topics, throttle_time=datetime.timedelta(0))
+            return Reply(encode_response(request.correlation_id, resp))
+
+        return Gather(parts, finish)
+
+    def _produce_partition(
+        self,
+        key: tuple[str, int],
+        records: bytes | None,
+        acks: Acks,
+        refused: Any,
+        stored: Any,
+    ) -> Outcome | None:
+        """One partition's part of a Produce: None when it is answered already (`refused` or
+        `stored` called), else the outcome that stores it. Raises what refuses it at once."""
+        target = self.handlers.partition_named(*key)
+        if not isinstance(target, Partition):
+            refused(key, NotLeaderError(f"partition {key[1]} of {key[0]!r} is led by core {target}"))
+            return None
+        if not records:
+            raise ValueError("a produce without records")
+        produced = target.produce(bytes(records), self.handlers.space)
+        if isinstance(produced, Stored):  # a retry of batches already stored
+            reply = stored(key, produced)
+            if acks == Acks.DURABLE and not produced.durable:
+                return Durable(target, reply, lambda exc: refused(key, exc))
+            return None
+
+        def complete() -> Reply:
+            return stored(key, produced.complete())
+
+        def fail(exc: BaseException) -> Reply:
+            produced.fail()
+            if is_out_of_space(exc):
+                self.handlers.space.saw_full(exc)
+            return refused(key, exc)
+
+        return Append(target, produced.pending, acks, complete, fail)
+
+    def _produce_refused(self, request: KafkaRequest) -> Outcome:
+        """Produce v0-2 (advertised, never answered with data): UNSUPPORTED_VERSION for every
+        partition, in the v0-2 response written by hand (kio has no schemas for them)."""
+        self.handlers.metrics.error()
+        try:
+            topics = _produce_v0_topics(request.data)
+        except (struct.error, ValueError, UnicodeDecodeError) as exc:
+            raise ProtocolError(f"malformed kafka produce v{request.api_version}: {exc}") from exc
+        if topics is None:  # acks=0: no answer at all
+            return Silent()
+        out = [struct.pack(">ii", request.correlation_id, len(topics))]
+        for name, indexes in topics:
+            raw = name.encode()
+            out.append(struct.pack(">h", len(raw)) + raw + struct.pack(">i", len(indexes)))
+            for i in indexes:
+                out.append(struct.pack(">ihq", i, int(ErrorCode.unsupported_version), -1))
+                if request.api_version >= 2:
+                    out.append(struct.pack(">q", -1))
+        if request.api_version >= 1:
+            out.append(struct.pack(">i", 0))
+        body = b"".join(out)
+        return Reply([struct.pack(">i", len(body)) + body])
+
+    # ------------------------------------------------------------------------- Fetch
+
+    def _fetch(self, request: KafkaRequest, body: Any, deadline_ms: int) -> Outcome:
+        """Each partition's batches as a plain extent read (one `Read` part each, stored bytes
+        sent as they are); nothing anywhere: wait for the first partition of ours to grow, until
+        the deadline (as `Wait` does for our fetch)."""
+        schema = response_schema(FETCH, request.api_version)
+        assert schema is not None
+        module = sys.modules[schema.__module__]
+        # (topic, index) -> (error, high watermark, log start, records)
+        results: dict[tuple[str, int], tuple[ErrorCode, int, int, bytes]] = {}
+        order: list[tuple[str, list[int]]] = []
+        parts: list[Outcome] = []
+        first: Partition | None = None
+        for topic in body.topics:
+            indexes: list[int] = []
+            order.append((topic.topic, indexes))
+            for fp in topic.partitions:
+                key = (topic.topic, int(fp.partition))
+                indexes.append(key[1])
+                try:
+                    target = self.handlers.partition_named(*key)
+                    if not isinstance(target, Partition):
+                        raise NotLeaderError(f"led by core {target}")
+                    log_ = target.log
+                    limit = min(max(int(fp.partition_max_bytes), 1), FETCH_PARTITION_MAX)
+                    extent = log_.prepare_read(int(fp.fetch_offset), limit)
+                except Exception as exc:
+                    code, _ = _kafka_error(exc)
+                    results[key] = (code, -1, -1, b"")
+                    continue
+                results[key] = (ErrorCode.none, log_.end_offset, log_.start_offset, b"")
+                if first is None:
+                    first = target
+                if extent is not None:
+                    parts.append(self._read_part(key, target, extent, results))
+        if not parts and first is not None and deadline_ms > now_ms() and body.min_bytes > 0:
+
+            def again() -> Outcome:
+                return self._fetch(request, body, deadline_ms)
+
+            return Wait(
+                first,
+                None,
+                deadline_ms,
+                lambda: self._fetch_reply(request, schema, module, order, results),
+                again,
+            )
+
+        return Gather(parts, lambda: self._fetch_reply(request, schema, module, order, results))
+
+    def _read_part(
+        self, key: tuple[str, int], partition: Partition, extent: Any, results: dict[Any, Any]
+    ) -> Read:
+        log_ = partition.log
+
+        def finish(data: bytes) -> Reply:
+            result = log_.complete_read(extent, data)
+            if result.error is not None:
+                log.error("%s", result.error)
+            results[key] = (ErrorCode.none, log_.end_offset, log_.start_offset, result.data)
+            return _DONE
+
+        def fail(exc: BaseException) -> Reply:
+            results[key] = (_kafka_error(exc)[0], -1, -1, b"")
+            return _DONE
+
+        return Read(extent, finish, fail)
+
+    def _fetch_reply(
+        self,
+        request: KafkaRequest,
+        schema: type[Any],
+        module: Any,
+        order: list[tuple[str, list[int]]],
+        results: dict[Any, Any],
+    ) -> Reply:
+        topics = tuple(
+            make(
+                module.FetchableTopicResponse,
+                topic=name,
+                partitions=tuple(
+                    make(
+                        module.PartitionData,
+                        partition_index=i,
+                        error_code=results[(name, i)][0],
+                        high_watermark=results[(name, i)][1],
+                        last_stable_offset=results[(name, i)][1],
+                        log_start_offset=results[(name, i)][2],
+                        aborted_transactions=None,
+                        records=results[(name, i)][3],
+                    )
+                    for i in indexes
+                ),
+            )
+            for name, indexes in order
+        )
+        resp = make(
+            schema,
+            throttle_time=datetime.timedelta(0),
+            error_code=ErrorCode.none,
+            session_id=0,
+            responses=topics,
+        )
+        return Reply(encode_response(request.correlation_id, resp))
+
+    # ------------------------------------------------------------------------- ListOffsets
+
+    def _list_offsets(self, request: KafkaRequest, body: Any) -> Outcome:
+        """-1: the end of the log, -2: its start, a timestamp: the first offset at or after it
+        (-1 when none is), each partition answered on its own."""
+        schema = response_schema(LIST_OFFSETS, request.api_version)
+        assert schema is not None
+        module = sys.modules[schema.__module__]
+        topics = []
+        for topic in body.topics:
+            partitions = []
+            for lp in topic.partitions:
+                index, spec = int(lp.partition_index), int(lp.timestamp)
+                code, offset = ErrorCode.none, -1
+                try:
+                    target = self.handlers.partition_named(topic.name, index)
+                    if not isinstance(target, Partition):
+                        raise NotLeaderError(f"led by core {target}")
+                    log_ = target.log
+                    if spec == -1:
+                        offset = log_.end_offset
+                    elif spec == -2:
+                        offset = log_.start_offset
+                    elif spec >= 0:
+                        found = log_.offset_for_timestamp(spec)
+                        offset = -1 if found is None else found
+                    else:
+                        raise ValueError(f"timestamp {spec}: use -1, -2 or a timestamp")
+                except Exception as exc:
+                    code = _kafka_error(exc)[0]
+                partitions.append(
+                    make(
+                        module.ListOffsetsPartitionResponse,
+                        partition_index=index,
+                        error_code=code,
+                        timestamp=-1,
+                        offset=offset,
+                        leader_epoch=0 if code == ErrorCode.none else -1,
+                    )
+                )
+            topics.append(
+                make(module.ListOffsetsTopicResponse, name=topic.name, partitions=tuple(partitions))
+            )
+        resp = make(schema, throttle_time=datetime.timedelta(0), topics=tuple(topics))
+        return Reply(encode_response(request.correlation_id, resp))
+
+    # ------------------------------------------------------------------------- Create/DeleteTopics
+
+    def _create_topics(self, request: KafkaRequest, body: Any) -> Outcome:
+        """Each topic through the core's `create_topic`. num_partitions -1 is one partition;
+        replication_factor must be -1 or 1 (one copy: no replication yet); manual assignments
+        are refused; retention.ms, retention.bytes and segment.bytes are read (-1: forever),
+        other configs are accepted and ignored."""
+        schema = response_schema(CREATE_TOPICS, request.api_version)
+        assert schema is not None
+        module = sys.modules[schema.__module__]
+        results = []
+        for t in body.topics:
+            code, message = ErrorCode.none, None
+            try:
+                if int(t.replication_factor) not in (-1, 1):
+                    code, message = (
+                        ErrorCode.invalid_replication_factor,
+                        "ringlog keeps one copy: replication factor -1 or 1",
+                    )
+                elif t.assignments:
+                    code, message = ErrorCode.invalid_request, "manual replica assignment is not supported"
+                else:
+                    limits = _topic_limits(t.configs)
+                    partitions = 1 if int(t.num_partitions) == -1 else int(t.num_partitions)
+                    if body.validate_only:
+                        if t.name in self.handlers.registry.by_name:
+                            code, message = ErrorCode.topic_already_exists, f"topic {t.name!r} already exists"
+                    else:
+                        self.handlers.create_topic(t.name, partitions, *limits)
+            except Exception as exc:
+                code, message = _kafka_error(exc)
+            results.append(
+                make(module.CreatableTopicResult, name=t.name, error_code=code, error_message=message)
+            )
+        resp = make(schema, throttle_time=datetime.timedelta(0), topics=tuple(results))
+        return Reply(encode_response(request.correlation_id, resp))
+
+    def _delete_topics(self, request: KafkaRequest, body: Any) -> Outcome:
+        """Each topic through the core's `delete_topic` (which tells the other cores first); one
+        answer once every deletion is done."""
+        schema = response_schema(DELETE_TOPICS, request.api_version)
+        assert schema is not None
+        module = sys.modules[schema.__module__]
+        codes: dict[str, ErrorCode] = {}
+        parts: list[Outcome] = []
+        names = list(body.topic_names or ())
+        for name in names:
+            codes[name] = ErrorCode.none
+            try:
+                parts.append(self.handlers.delete_topic(name, lambda: _DONE))
+            except Exception as exc:
+                codes[name] = _kafka_error(exc)[0]
+
+        def finish() -> Reply:
+            results = tuple(make(module.DeletableTopicResult, name=n, error_code=codes[n]) for n in names)
+            resp = make(schema, throttle_time=datetime.timedelta(0), responses=results)
+            return Reply(encode_response(request.correlation_id, resp))
+
+        return Gather(parts, finish)
+
     # ------------------------------------------------------------------------- anything else
 
     def _unsupported(self, request: KafkaRequest) -> Outcome:
@@ -217,6 +605,87 @@ class KafkaAdapter:
             )
         self.handlers.metrics.error()
         return Reply(encode_response(request.correlation_id, resp))
+
+
+class NotLeaderError(Exception):
+    """A partition another core owns (answered NOT_LEADER_OR_FOLLOWER: the client refreshes
+    Metadata and goes to the owning core's port)."""
+
+
+_DONE: Final = Reply([])  # what a Gather part's callbacks return: the gather sends the answer
+
+# our error codes -> Kafka's (anything not here is UNKNOWN_SERVER_ERROR)
+_KAFKA_CODES: Final[dict[Ours, ErrorCode]] = {
+    Ours.NONE: ErrorCode.none,
+    Ours.INVALID_REQUEST: ErrorCode.invalid_request,
+    Ours.UNSUPPORTED_VERSION: ErrorCode.unsupported_version,
+    Ours.UNKNOWN_TOPIC_OR_PARTITION: ErrorCode.unknown_topic_or_partition,
+    Ours.TOPIC_ALREADY_EXISTS: ErrorCode.topic_already_exists,
+    Ours.INVALID_TOPIC: ErrorCode.invalid_topic_exception,
+    Ours.INVALID_CONFIG: ErrorCode.invalid_config,
+    Ours.CORRUPT_MESSAGE: ErrorCode.corrupt_message,
+    Ours.MESSAGE_TOO_LARGE: ErrorCode.message_too_large,
+    Ours.OFFSET_OUT_OF_RANGE: ErrorCode.offset_out_of_range,
+    Ours.STORAGE_ERROR: ErrorCode.kafka_storage_error,
+    Ours.REQUEST_TIMED_OUT: ErrorCode.request_timed_out,
+    Ours.OUT_OF_ORDER_SEQUENCE: ErrorCode.out_of_order_sequence_number,
+    Ours.NOT_OWNER: ErrorCode.not_leader_or_follower,
+    Ours.BROKER_SHUTTING_DOWN: ErrorCode.broker_not_available,
+    Ours.INVALID_BATCH: ErrorCode.corrupt_message,
+    Ours.LIMIT_EXCEEDED: ErrorCode.policy_violation,
+    Ours.OUT_OF_SPACE: ErrorCode.kafka_storage_error,
+}
+
+
+def _kafka_error(exc: BaseException) -> tuple[ErrorCode, str]:
+    """The Kafka error code and message for `exc`, through the core's one mapping (`error_of`)."""
+    if isinstance(exc, NotLeaderError):
+        return ErrorCode.not_leader_or_follower, str(exc)
+    code, message = error_of(exc)
+    if code == Ours.UNKNOWN_SERVER_ERROR:
+        log.error("kafka request failed: %r", exc)
+    return _KAFKA_CODES.get(code, ErrorCode.unknown_server_error), message
+
+
+def _topic_limits(configs: Any) -> tuple[int, int, int]:
+    """retention_ms, retention_bytes, segment_bytes from CreateTopics configs, as the registry
+    reads them: -1 the broker's default, -2 keep forever (Kafka's -1)."""
+    values = {c.name: c.value for c in configs or ()}
+    out = []
+    for key in ("retention.ms", "retention.bytes", "segment.bytes"):
+        raw = values.get(key)
+        if raw is None:
+            out.append(-1)
+            continue
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ValueError(f"config {key}={raw!r} is not a number") from None
+        out.append(-2 if value == -1 and key != "segment.bytes" else value)
+    return out[0], out[1], out[2]
+
+
+def _produce_v0_topics(data: bytes) -> list[tuple[str, list[int]]] | None:
+    """The topics and partitions of a Produce v0-2 request (header v1), None when acks=0."""
+    pos = 8  # api key, version, correlation id
+    (n,) = struct.unpack_from(">h", data, pos)
+    pos += 2 + max(n, 0)
+    acks, _timeout, count = struct.unpack_from(">hii", data, pos)
+    pos += 10
+    topics = []
+    for _ in range(count):
+        (n,) = struct.unpack_from(">h", data, pos)
+        name = data[pos + 2 : pos + 2 + n].decode()
+        pos += 2 + n
+        (parts,) = struct.unpack_from(">i", data, pos)
+        pos += 4
+        indexes = []
+        for _ in range(parts):
+            index, size = struct.unpack_from(">ii", data, pos)
+            pos += 8 + max(size, 0)
+            indexes.append(index)
+        topics.append((name, indexes))
+    return None if acks == 0 else topics
 
 
 _EMPTY_BY_KAFKA_TYPE: Final[dict[str, Any]] = {

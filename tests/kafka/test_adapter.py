@@ -160,7 +160,15 @@ def test_api_versions_lists_only_what_is_answered(adapter: KafkaAdapter, version
     assert corr == 42
     assert resp.error_code == ErrorCode.none
     assert {a.api_key: (a.min_version, a.max_version) for a in resp.api_keys} == SUPPORTED_VERSIONS
-    assert SUPPORTED_VERSIONS == {3: (0, 8), 18: (0, 3)}
+    assert SUPPORTED_VERSIONS == {
+        0: (0, 8),
+        1: (4, 11),
+        2: (1, 5),
+        3: (0, 8),
+        18: (0, 3),
+        19: (2, 4),
+        20: (1, 3),
+    }
 
 
 def test_api_versions_v3_answers_with_header_v0_and_no_tagged_fields(adapter: KafkaAdapter) -> None:
@@ -174,7 +182,8 @@ def test_api_versions_v3_answers_with_header_v0_and_no_tagged_fields(adapter: Ka
     # the body ends with an empty tag buffer: no tagged field is sent at its default.
     assert struct.unpack_from(">ih", data, 4) == (5, 0)
     assert data[-1] == 0
-    assert len(data) == 4 + 4 + 2 + 1 + 2 * 7 + 4 + 1
+    # size, correlation id, error code, the compact array's length, 7 bytes per api, throttle, tags
+    assert len(data) == 4 + 4 + 2 + 1 + 7 * len(SUPPORTED_VERSIONS) + 4 + 1
 
 
 def test_api_versions_above_ours_gets_unsupported_version_in_v0(adapter: KafkaAdapter) -> None:

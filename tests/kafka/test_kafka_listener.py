@@ -183,13 +183,48 @@ def test_garbage_first_frame_closes_only_that_connection(broker: BrokerProcess) 
 
 
 def test_unsupported_kafka_api_closes_with_one_line(broker: BrokerProcess) -> None:
-    """Produce is not advertised yet and its response has no top-level error code: closed."""
+    """ListOffsets v0 is not advertised and its response has no top-level error code: closed."""
     sock = socket.create_connection(("127.0.0.1", broker.port), timeout=10)
     try:
         assert kafka_api_versions_v0(sock, 1) == 0
-        body = struct.pack(">hhih", 0, 3, 2, 1) + b"t" + struct.pack(">hhii", -1, 1, 1000, 0)
+        body = struct.pack(">hhih", 2, 0, 2, 1) + b"t" + struct.pack(">ii", -1, 0)
         sock.sendall(struct.pack(">i", len(body)) + body)
         assert closed_by_peer(sock)
-        assert broker.wait_for_log("kafka api 0 v3 is not supported")
+        assert broker.wait_for_log("kafka api 2 v0 is not supported")
     finally:
         sock.close()
+
+
+@pytest.mark.parametrize("version", [0, 1, 2])
+def test_produce_below_v3_is_refused_per_partition(broker: BrokerProcess, version: int) -> None:
+    """Produce v0-2 is advertised (librdkafka < 2.11 stops compressing otherwise) and refused with
+    UNSUPPORTED_VERSION for each partition, in the response shape of the version asked."""
+    sock = socket.create_connection(("127.0.0.1", broker.port), timeout=10)
+    try:
+        body = (
+            struct.pack(">hhih", 0, version, 7, 1)
+            + b"t"
+            + struct.pack(">hii", 1, 1000, 1)
+            + struct.pack(">h", 1)
+            + b"x"
+            + struct.pack(">iii", 1, 3, 0)
+        )
+        sock.sendall(struct.pack(">i", len(body)) + body)
+        (size,) = struct.unpack(">i", recv_exactly(sock, 4))
+        data = recv_exactly(sock, size)
+        corr, topics, n = struct.unpack_from(">iih", data)
+        assert (corr, topics, n, data[10:11]) == (7, 1, 1, b"x")
+        parts, index, code, offset = struct.unpack_from(">iihq", data, 11)
+        assert (parts, index, code, offset) == (1, 3, 35, -1)
+        assert size == 4 + 4 + 2 + 1 + 4 + 4 + 2 + 8 + (8 if version >= 2 else 0) + (4 if version >= 1 else 0)
+    finally:
+        sock.close()
+
+
+def recv_exactly(sock: socket.socket, n: int) -> bytes:
+    out = b""
+    while len(out) < n:
+        chunk = sock.recv(n - len(out))
+        assert chunk, "closed"
+        out += chunk
+    return out
