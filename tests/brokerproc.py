@@ -6,6 +6,7 @@ bench/spark.py (which puts tests/ on sys.path). Its netns twin for eBPF is tests
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import socket
@@ -176,3 +177,17 @@ class Wire:
         assert resp.error == m.ErrorCode.NONE, resp
         assert isinstance(resp, m.CreateTopicResponse)
         return resp.topic_id
+
+
+def own_snapshot(port: int) -> dict:
+    """The stats snapshot of the core listening on `port` (its direct port), taken by that core
+    as it answers: the way to read one core's counters (forwards, requests by API)."""
+    w = Wire(port)
+    try:
+        resp = w.rpc(m.StatsRequest())
+    finally:
+        w.close()
+    assert isinstance(resp, m.StatsResponse) and resp.error == m.ErrorCode.NONE, resp
+    doc = json.loads(resp.stats_json)
+    assert doc["answered_by"] == resp.core
+    return next(s for s in doc["snapshots"] if s["core"] == resp.core)

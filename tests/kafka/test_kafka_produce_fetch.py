@@ -7,16 +7,14 @@ every other reads, our own Consumer included."""
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import time
 
 import pytest
-from brokerproc import BrokerProcess, Wire
+from brokerproc import BrokerProcess, Wire, own_snapshot
 
 from broker.client import Consumer
-from ringlog_proto import messages as m
 from ringlog_proto.routing import shard_for
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
@@ -32,18 +30,6 @@ def create(broker: BrokerProcess, name: str, partitions: int = 1) -> int:
         return wire.create_topic(name, partitions)
     finally:
         wire.close()
-
-
-def own_snapshot(port: int) -> dict:
-    """The stats snapshot of the core at `port` (asked on its direct port, with our protocol)."""
-    w = Wire(port)
-    try:
-        resp = w.rpc(m.StatsRequest())
-    finally:
-        w.close()
-    assert isinstance(resp, m.StatsResponse) and resp.error == m.ErrorCode.NONE, resp
-    doc = json.loads(resp.stats_json)
-    return next(s for s in doc["snapshots"] if s["core"] == resp.core)
 
 
 def kcat(broker: BrokerProcess, *args: str, stdin: str | None = None) -> str:

@@ -15,7 +15,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from brokerproc import BrokerProcess, Wire
+from brokerproc import BrokerProcess, Wire, own_snapshot
 from legacy_format import legacy_store
 
 from broker.client import Admin, Consumer, Producer
@@ -35,19 +35,6 @@ multicore = pytest.mark.parametrize(
 
 def owned_by(core: int, topic_id: int, partitions: int) -> list[int]:
     return [p for p in range(partitions) if shard_for(topic_id, p, CORES) == core]
-
-
-def own_snapshot(port: int) -> dict:
-    """The answering core's own (fresh) snapshot, asking it on its direct port."""
-    w = Wire(port)
-    try:
-        resp = w.rpc(m.StatsRequest())
-    finally:
-        w.close()
-    assert isinstance(resp, m.StatsResponse) and resp.error == m.ErrorCode.NONE, resp
-    doc = json.loads(resp.stats_json)
-    assert doc["answered_by"] == resp.core
-    return next(s for s in doc["snapshots"] if s["core"] == resp.core)
 
 
 @multicore
