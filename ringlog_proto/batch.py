@@ -99,6 +99,7 @@ from crc32c import crc32c
 
 from ringlog_proto import records_codec
 from ringlog_proto.record import BatchError, Header, Record
+from ringlog_proto.varint import zigzag_varint
 
 MAGIC = 2
 LEGACY_MAGIC = 1  # ringlog's own format before this one: refused, see `legacy_format`
@@ -213,17 +214,6 @@ _MASK32 = 0xFFFF_FFFF
 _MASK64 = 0xFFFF_FFFF_FFFF_FFFF
 _VARINT_BITS = 35  # 5 bytes of 7 bits: a sixth byte makes a varint too long (as Kafka reads them)
 _VARLONG_BITS = 70  # 10 bytes
-
-
-def zigzag_varint(value: int) -> bytes:
-    """Kafka's varint (and varlong) encoding of a signed integer: zigzag, then base 128."""
-    z = ((value << 1) ^ (value >> 63)) & _MASK64
-    out = bytearray()
-    while z >= 0x80:
-        out.append((z & 0x7F) | 0x80)
-        z >>= 7
-    out.append(z)
-    return bytes(out)
 
 
 _ZZ_TABLE_SIZE = 1 << 14  # non-negative values with a precomputed encoding (lengths up to 16 KiB)

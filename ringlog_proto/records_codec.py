@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 from ringlog_proto.record import BatchError, Record
+from ringlog_proto.varint import zigzag_varint
 
 # One record's fixed overhead at most: 5 (length) + 1 (attributes) + 10 (timestamp delta)
 # + 5 (offset delta) + 5 (key length) + 5 (value length) + 5 (header count); a header's: 5 + 5.
@@ -244,16 +245,9 @@ _SMALL = [bytes((i,)) for i in range(0x80)]
 
 
 def _varint(v: int) -> bytes:
-    """Zigzag varint of `v` (an int64)."""
+    """Zigzag varint of `v` (an int64): one byte from a table, else `zigzag_varint`."""
     u = (v << 1) ^ (v >> 63)
-    if u < 0x80:
-        return _SMALL[u]
-    out = bytearray()
-    while u >= 0x80:
-        out.append((u & 0x7F) | 0x80)
-        u >>= 7
-    out.append(u)
-    return bytes(out)
+    return _SMALL[u] if 0 <= u < 0x80 else zigzag_varint(v)
 
 
 def encode_python(g: Gathered, prefix: int = 0) -> bytearray:
