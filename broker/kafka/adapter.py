@@ -39,13 +39,14 @@ import logging
 import os
 import struct
 import sys
+from collections.abc import Callable
 from dataclasses import MISSING, fields
 from typing import Any, Final
 
 from kio.schema.errors import ErrorCode
 
 from broker.core.config import BrokerConfig
-from broker.core.handlers import Handlers, error_of
+from broker.core.handlers import Handlers
 from broker.core.outcomes import Append, Durable, Gather, Outcome, Read, Reply, Silent, Wait
 from broker.core.partition import Partition, Stored
 from broker.core.views import MetadataView
@@ -58,11 +59,11 @@ from broker.kafka.codec import (
     request_schema,
     response_schema,
 )
+from broker.kafka.errors import DONE, NotLeaderError, kafka_error
 from broker.storage.diskspace import is_out_of_space
 from ringlog_proto.batch import now_ms
 from ringlog_proto.frames import ProtocolError
 from ringlog_proto.messages import Acks
-from ringlog_proto.messages import ErrorCode as Ours
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +106,17 @@ class KafkaAdapter:
         self.handlers = handlers
         self.config = config
         self.cluster_id = cluster_id_for(config.data_dir)
+        # api key -> its handler; SUPPORTED_VERSIONS says which versions reach it
+        self._apis: dict[int, Callable[[KafkaRequest, Any], Outcome]] = {
+            API_VERSIONS: lambda request, _body: self._api_versions(request),
+            PRODUCE: self._produce,
+            FETCH: self._fetch_request,
+            LIST_OFFSETS: self._list_offsets,
+            METADATA: self._metadata,
+            CREATE_TOPICS: self._create_topics,
+            DELETE_TOPICS: self._delete_topics,
+        }
+        assert set(self._apis) == set(SUPPORTED_VERSIONS), "an api advertised without a handler"
 
     def handle(self, request: KafkaRequest) -> Outcome:
         """The outcome of one Kafka request. Raises `ProtocolError` when the connection must
@@ -126,22 +138,7 @@ class KafkaAdapter:
             # declared, and no response shape would be read right.
             raise ProtocolError(f"malformed kafka request: {exc}") from exc
         try:
-            if key == API_VERSIONS:
-                return self._api_versions(request)
-            if key == PRODUCE:
-                return self._produce(request, body)
-            if key == FETCH:
-                deadline = now_ms() + min(
-                    max(0, int(body.max_wait.total_seconds() * 1000)), FETCH_WAIT_MAX_MS
-                )
-                return self._fetch(request, body, deadline)
-            if key == LIST_OFFSETS:
-                return self._list_offsets(request, body)
-            if key == CREATE_TOPICS:
-                return self._create_topics(request, body)
-            if key == DELETE_TOPICS:
-                return self._delete_topics(request, body)
-            return self._metadata(request, body)
+            return self._apis[key](request, body)
         except Exception as exc:  # a bug here must close one connection, not stop the core's loop
             log.exception("kafka api %d v%d failed", key, version)
             raise ProtocolError(f"internal error answering kafka api {key} v{version}: {exc}") from exc
@@ -265,13 +262,13 @@ class KafkaAdapter:
         parts: list[Outcome] = []
 
         def refused(key: tuple[str, int], exc: BaseException) -> Reply:
-            code, message = _kafka_error(exc)
+            code, message = kafka_error(exc)
             results[key] = (code, -1, -1, message)
-            return _DONE
+            return DONE
 
         def stored(key: tuple[str, int], at: Stored) -> Reply:
             results[key] = (ErrorCode.none, at.base_offset, at.log_start_offset, None)
-            return _DONE
+            return DONE
 
         for topic in body.topic_data:
             indexes: list[int] = []
@@ -285,7 +282,7 @@ class KafkaAdapter:
                 try:
                     part = self._produce_partition(key, data.records, acks, refused, stored)
                 except Exception as exc:  # refused before anything was written
-                    code, message = _kafka_error(exc)
+                    code, message = kafka_error(exc)
                     if is_out_of_space(exc):
                         handlers.space.saw_full(exc)
                     results[key] = (code, -1, -1, message)
@@ -379,6 +376,10 @@ class KafkaAdapter:
 
     # ------------------------------------------------------------------------- Fetch
 
+    def _fetch_request(self, request: KafkaRequest, body: Any) -> Outcome:
+        deadline = now_ms() + min(max(0, int(body.max_wait.total_seconds() * 1000)), FETCH_WAIT_MAX_MS)
+        return self._fetch(request, body, deadline)
+
     def _fetch(self, request: KafkaRequest, body: Any, deadline_ms: int) -> Outcome:
         """Each partition's batches as a plain extent read (one `Read` part each, stored bytes
         sent as they are); nothing anywhere: wait for the first partition of ours to grow, until
@@ -405,7 +406,7 @@ class KafkaAdapter:
                     limit = min(max(int(fp.partition_max_bytes), 1), FETCH_PARTITION_MAX)
                     extent = log_.prepare_read(int(fp.fetch_offset), limit)
                 except Exception as exc:
-                    code, _ = _kafka_error(exc)
+                    code, _ = kafka_error(exc)
                     results[key] = (code, -1, -1, b"")
                     continue
                 results[key] = (ErrorCode.none, log_.end_offset, log_.start_offset, b"")
@@ -438,11 +439,11 @@ class KafkaAdapter:
             if result.error is not None:
                 log.error("%s", result.error)
             results[key] = (ErrorCode.none, log_.end_offset, log_.start_offset, result.data)
-            return _DONE
+            return DONE
 
         def fail(exc: BaseException) -> Reply:
-            results[key] = (_kafka_error(exc)[0], -1, -1, b"")
-            return _DONE
+            results[key] = (kafka_error(exc)[0], -1, -1, b"")
+            return DONE
 
         return Read(extent, finish, fail)
 
@@ -512,7 +513,7 @@ class KafkaAdapter:
                     else:
                         raise ValueError(f"timestamp {spec}: use -1, -2 or a timestamp")
                 except Exception as exc:
-                    code = _kafka_error(exc)[0]
+                    code = kafka_error(exc)[0]
                 partitions.append(
                     make(
                         module.ListOffsetsPartitionResponse,
@@ -559,7 +560,7 @@ class KafkaAdapter:
                     else:
                         self.handlers.create_topic(t.name, partitions, *limits)
             except Exception as exc:
-                code, message = _kafka_error(exc)
+                code, message = kafka_error(exc)
             results.append(
                 make(module.CreatableTopicResult, name=t.name, error_code=code, error_message=message)
             )
@@ -578,9 +579,9 @@ class KafkaAdapter:
         for name in names:
             codes[name] = ErrorCode.none
             try:
-                parts.append(self.handlers.delete_topic(name, lambda: _DONE))
+                parts.append(self.handlers.delete_topic(name, lambda: DONE))
             except Exception as exc:
-                codes[name] = _kafka_error(exc)[0]
+                codes[name] = kafka_error(exc)[0]
 
         def finish() -> Reply:
             results = tuple(make(module.DeletableTopicResult, name=n, error_code=codes[n]) for n in names)
@@ -605,46 +606,6 @@ class KafkaAdapter:
             )
         self.handlers.metrics.error()
         return Reply(encode_response(request.correlation_id, resp))
-
-
-class NotLeaderError(Exception):
-    """A partition another core owns (answered NOT_LEADER_OR_FOLLOWER: the client refreshes
-    Metadata and goes to the owning core's port)."""
-
-
-_DONE: Final = Reply([])  # what a Gather part's callbacks return: the gather sends the answer
-
-# our error codes -> Kafka's (anything not here is UNKNOWN_SERVER_ERROR)
-_KAFKA_CODES: Final[dict[Ours, ErrorCode]] = {
-    Ours.NONE: ErrorCode.none,
-    Ours.INVALID_REQUEST: ErrorCode.invalid_request,
-    Ours.UNSUPPORTED_VERSION: ErrorCode.unsupported_version,
-    Ours.UNKNOWN_TOPIC_OR_PARTITION: ErrorCode.unknown_topic_or_partition,
-    Ours.TOPIC_ALREADY_EXISTS: ErrorCode.topic_already_exists,
-    Ours.INVALID_TOPIC: ErrorCode.invalid_topic_exception,
-    Ours.INVALID_CONFIG: ErrorCode.invalid_config,
-    Ours.CORRUPT_MESSAGE: ErrorCode.corrupt_message,
-    Ours.MESSAGE_TOO_LARGE: ErrorCode.message_too_large,
-    Ours.OFFSET_OUT_OF_RANGE: ErrorCode.offset_out_of_range,
-    Ours.STORAGE_ERROR: ErrorCode.kafka_storage_error,
-    Ours.REQUEST_TIMED_OUT: ErrorCode.request_timed_out,
-    Ours.OUT_OF_ORDER_SEQUENCE: ErrorCode.out_of_order_sequence_number,
-    Ours.NOT_OWNER: ErrorCode.not_leader_or_follower,
-    Ours.BROKER_SHUTTING_DOWN: ErrorCode.broker_not_available,
-    Ours.INVALID_BATCH: ErrorCode.corrupt_message,
-    Ours.LIMIT_EXCEEDED: ErrorCode.policy_violation,
-    Ours.OUT_OF_SPACE: ErrorCode.kafka_storage_error,
-}
-
-
-def _kafka_error(exc: BaseException) -> tuple[ErrorCode, str]:
-    """The Kafka error code and message for `exc`, through the core's one mapping (`error_of`)."""
-    if isinstance(exc, NotLeaderError):
-        return ErrorCode.not_leader_or_follower, str(exc)
-    code, message = error_of(exc)
-    if code == Ours.UNKNOWN_SERVER_ERROR:
-        log.error("kafka request failed: %r", exc)
-    return _KAFKA_CODES.get(code, ErrorCode.unknown_server_error), message
 
 
 def _topic_limits(configs: Any) -> tuple[int, int, int]:

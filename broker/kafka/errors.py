@@ -1,0 +1,60 @@
+"""What the Kafka adapter's APIs share: the error mapping and the done-marker of a Gather part.
+
+Rules this module keeps:
+- One mapping from the core's errors to Kafka's error codes (`kafka_error`), through the core's
+  own `error_of`: every Kafka API answers the same failure with the same code.
+- It imports only the core and kio, so each API module of this package can import it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Final
+
+from kio.schema.errors import ErrorCode
+
+from broker.core.handlers import error_of
+from broker.core.outcomes import Reply
+from ringlog_proto.messages import ErrorCode as Ours
+
+log = logging.getLogger("broker.kafka.adapter")
+
+
+class NotLeaderError(Exception):
+    """A partition another core owns (answered NOT_LEADER_OR_FOLLOWER: the client refreshes
+    Metadata and goes to the owning core's port)."""
+
+
+DONE: Final = Reply([])  # what a Gather part's callbacks return: the gather sends the answer
+
+# our error codes -> Kafka's (anything not here is UNKNOWN_SERVER_ERROR)
+_KAFKA_CODES: Final[dict[Ours, ErrorCode]] = {
+    Ours.NONE: ErrorCode.none,
+    Ours.INVALID_REQUEST: ErrorCode.invalid_request,
+    Ours.UNSUPPORTED_VERSION: ErrorCode.unsupported_version,
+    Ours.UNKNOWN_TOPIC_OR_PARTITION: ErrorCode.unknown_topic_or_partition,
+    Ours.TOPIC_ALREADY_EXISTS: ErrorCode.topic_already_exists,
+    Ours.INVALID_TOPIC: ErrorCode.invalid_topic_exception,
+    Ours.INVALID_CONFIG: ErrorCode.invalid_config,
+    Ours.CORRUPT_MESSAGE: ErrorCode.corrupt_message,
+    Ours.MESSAGE_TOO_LARGE: ErrorCode.message_too_large,
+    Ours.OFFSET_OUT_OF_RANGE: ErrorCode.offset_out_of_range,
+    Ours.STORAGE_ERROR: ErrorCode.kafka_storage_error,
+    Ours.REQUEST_TIMED_OUT: ErrorCode.request_timed_out,
+    Ours.OUT_OF_ORDER_SEQUENCE: ErrorCode.out_of_order_sequence_number,
+    Ours.NOT_OWNER: ErrorCode.not_leader_or_follower,
+    Ours.BROKER_SHUTTING_DOWN: ErrorCode.broker_not_available,
+    Ours.INVALID_BATCH: ErrorCode.corrupt_message,
+    Ours.LIMIT_EXCEEDED: ErrorCode.policy_violation,
+    Ours.OUT_OF_SPACE: ErrorCode.kafka_storage_error,
+}
+
+
+def kafka_error(exc: BaseException) -> tuple[ErrorCode, str]:
+    """The Kafka error code and message for `exc`, through the core's one mapping (`error_of`)."""
+    if isinstance(exc, NotLeaderError):
+        return ErrorCode.not_leader_or_follower, str(exc)
+    code, message = error_of(exc)
+    if code == Ours.UNKNOWN_SERVER_ERROR:
+        log.error("kafka request failed: %r", exc)
+    return _KAFKA_CODES.get(code, ErrorCode.unknown_server_error), message
