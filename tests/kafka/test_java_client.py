@@ -1,8 +1,8 @@
 """The Java Kafka client (kafka-clients: what Spark's format("kafka"), Kafka Connect and most JVM
 applications run on) against a real `broker serve`, making the calls Spark's Kafka source and sink
 make with the settings Spark gives them (tests/kafka/java/SparkKafkaCalls.java): Admin
-describeTopics and listOffsets (earliest, latest, by timestamp) as the driver plans, a
-KafkaConsumer that assign()s, seek()s and poll()s one partition at a time as a read task does,
+listTopics, describeTopics and listOffsets (earliest, latest, by timestamp) as the driver plans,
+a KafkaConsumer that assign()s, seek()s and poll()s one partition at a time as a read task does,
 and a KafkaProducer sending keys, values, headers and explicit partitions as a write task does.
 
 Spark's own connector jar (spark-sql-kafka-0-10) comes only from Maven Central, which the project's
@@ -39,8 +39,10 @@ pytestmark = pytest.mark.skipif(
 )
 
 BASE_TS = 1714564800000  # SparkKafkaCalls.BASE_TS: record i has timestamp BASE_TS + i
-COUNT = 200
+COUNT = 400
 PARTITIONS = 4
+PAD = 1000  # bytes after "v<i>" in each value: ~100 KB per partition, ~16 records per batch
+FETCH_BYTES = 32768  # max.partition.fetch.bytes: several fetches per partition, cut inside batches
 
 Java = Callable[..., list[dict]]
 
@@ -77,7 +79,7 @@ def expected(i: int, topic: str) -> dict:
         "timestamp": BASE_TS + i,
         "timestamp_type": "CreateTime",
         "key": None if i % 5 == 0 else f"k{i}".encode().hex(),
-        "value": None if i % 7 == 3 else f"v{i}".encode().hex(),
+        "value": None if i % 7 == 3 else (f"v{i}" + "." * PAD).encode().hex(),
         "headers": [["i", str(i).encode().hex()], ["none", None]] if i % 2 else [],
     }
 
@@ -102,7 +104,7 @@ def test_spark_write_then_read_calls(broker: BrokerProcess, java: Java) -> None:
     # TODO(InitProducerId): Spark's writer leaves the Java default enable.idempotence=true; until
     # the broker answers InitProducerId, users must pass kafka.enable.idempotence=false (here
     # "false"); test_idempotent_producer below flips to XPASS when it lands.
-    out = java("produce", broker.bootstrap, "sparked", COUNT, "false")
+    out = java("produce", broker.bootstrap, "sparked", COUNT, "false", PAD)
     assert [r for r in out if "describe" in r] == described
     sent = [r for r in out if "sent" in r]
     assert sent == [
@@ -111,11 +113,15 @@ def test_spark_write_then_read_calls(broker: BrokerProcess, java: Java) -> None:
     ]
 
     # The read: the driver's offsets, then every record as a read task sees it.
-    out = java("read", broker.bootstrap, "sparked", BASE_TS + 100)
+    out = java("read", broker.bootstrap, "sparked", BASE_TS + 100, FETCH_BYTES)
     assert [r for r in out if "describe" in r] == described
     per_partition = COUNT // PARTITIONS
+    assert [r for r in out if "listed" in r] == [{"listed": True}]
+    assert [r for r in out if "available" in r] == [
+        {"available": p, "from": 0, "to": per_partition} for p in range(PARTITIONS)
+    ]
     assert [r for r in out if "offsets" in r] == [
-        # the first record at or after BASE_TS + 100 is record 100 in every partition: offset 25
+        # the first records at or after BASE_TS + 100 are records 100..103: offset 25 everywhere
         {"offsets": p, "earliest": 0, "latest": per_partition, "by_timestamp": 100 // PARTITIONS}
         for p in range(PARTITIONS)
     ]
@@ -141,13 +147,14 @@ def test_spark_write_then_read_calls(broker: BrokerProcess, java: Java) -> None:
         assert (rec.value.hex() if rec.value is not None else None) == want["value"]
         assert [[k, v.hex() if v is not None else None] for k, v in rec.headers] == want["headers"]
 
-    if broker.cores > 1:
-        # Metadata sent every partition's requests to its owning core: nothing forwarded.
-        for core in range(broker.cores):
-            snap = own_snapshot(broker.core_ports[core])
-            assert snap["forwarded"] == 0 and snap["forwarded_in"] == 0, snap
-            assert snap["requests"].get("kafka_0", 0) >= 1, snap  # Produce
-            assert snap["requests"].get("kafka_1", 0) >= 1, snap  # Fetch
+    # Metadata sent every partition's requests to its owning core: nothing forwarded. The values
+    # (~400 KB) took several fetches of at most FETCH_BYTES per partition.
+    snaps = [own_snapshot(broker.core_ports[core]) for core in range(broker.cores)]
+    for snap in snaps:
+        assert snap["forwarded"] == 0 and snap["forwarded_in"] == 0, snap
+        assert snap["requests"].get("kafka_0", 0) >= 1, snap  # Produce
+    fetches = sum(snap["requests"].get("kafka_1", 0) for snap in snaps)
+    assert fetches >= COUNT * PAD // FETCH_BYTES, snaps
 
 
 @pytest.mark.xfail(
@@ -164,7 +171,7 @@ def test_idempotent_producer(broker: BrokerProcess, java: Java) -> None:
         wire.create_topic("idem", PARTITIONS)
     finally:
         wire.close()
-    sent = [r for r in java("produce", broker.bootstrap, "idem", 20, "true") if "sent" in r]
+    sent = [r for r in java("produce", broker.bootstrap, "idem", 20, "true", 0) if "sent" in r]
     assert [(r["partition"], r["offset"]) for r in sent] == [
         (i % PARTITIONS, i // PARTITIONS) for i in range(20)
     ]

@@ -8,15 +8,16 @@
 // This program makes those calls against a broker so tests can check the protocol the Java client
 // speaks without Spark's connector jars. It prints one JSON object per line; bytes are hex.
 //
-// Usage: SparkKafkaCalls produce BOOTSTRAP TOPIC COUNT IDEMPOTENCE
-//        SparkKafkaCalls read BOOTSTRAP TOPIC TIMESTAMP
+// Usage: SparkKafkaCalls produce BOOTSTRAP TOPIC COUNT IDEMPOTENCE PAD
+//        SparkKafkaCalls read BOOTSTRAP TOPIC TIMESTAMP FETCH_BYTES (max.partition.fetch.bytes)
 // Record i (produce): partition i % partitions, key "k<i>" (null when i % 5 == 0), value "v<i>"
-// (null when i % 7 == 3), headers [("i", "<i>"), ("none", null)] when i is odd, else none,
-// timestamp 1714564800000 + i.
+// followed by PAD dots (null when i % 7 == 3), headers [("i", "<i>"), ("none", null)] when i is
+// odd, else none, timestamp 1714564800000 + i.
 
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.HashMap;
+import java.util.HexFormat;
 import java.util.List;
 import java.util.Map;
 import java.util.Properties;
@@ -44,9 +45,9 @@ public class SparkKafkaCalls {
         String bootstrap = args[1];
         String topic = args[2];
         if (args[0].equals("produce")) {
-            produce(bootstrap, topic, Integer.parseInt(args[3]), args[4]);
+            produce(bootstrap, topic, Integer.parseInt(args[3]), args[4], Integer.parseInt(args[5]));
         } else {
-            read(bootstrap, topic, Long.parseLong(args[3]));
+            read(bootstrap, topic, Long.parseLong(args[3]), args[4]);
         }
     }
 
@@ -82,7 +83,8 @@ public class SparkKafkaCalls {
         return out;
     }
 
-    static void produce(String bootstrap, String topic, int count, String idempotence) throws Exception {
+    static void produce(String bootstrap, String topic, int count, String idempotence, int pad)
+            throws Exception {
         int partitions;
         try (Admin admin = admin(bootstrap)) {
             partitions = describe(admin, topic).size();
@@ -101,7 +103,7 @@ public class SparkKafkaCalls {
         try (KafkaProducer<byte[], byte[]> producer = new KafkaProducer<>(p)) {
             for (int i = 0; i < count; i++) {
                 byte[] key = i % 5 == 0 ? null : ("k" + i).getBytes();
-                byte[] value = i % 7 == 3 ? null : ("v" + i).getBytes();
+                byte[] value = i % 7 == 3 ? null : ("v" + i + ".".repeat(pad)).getBytes();
                 List<Header> headers = new ArrayList<>();
                 if (i % 2 == 1) {
                     headers.add(new RecordHeader("i", Integer.toString(i).getBytes()));
@@ -119,11 +121,13 @@ public class SparkKafkaCalls {
         }
     }
 
-    static void read(String bootstrap, String topic, long timestamp) throws Exception {
+    static void read(String bootstrap, String topic, long timestamp, String fetchBytes) throws Exception {
         List<TopicPartition> parts;
         Map<TopicPartition, Long> earliest;
         Map<TopicPartition, Long> latest;
         try (Admin admin = admin(bootstrap)) {
+            // subscribePattern lists every topic first.
+            System.out.println("{\"listed\": " + admin.listTopics().names().get().contains(topic) + "}");
             parts = describe(admin, topic);
             earliest = offsets(admin, parts, OffsetSpec.earliest());
             latest = offsets(admin, parts, OffsetSpec.latest());
@@ -142,9 +146,17 @@ public class SparkKafkaCalls {
         p.put("enable.auto.commit", "false");
         p.put("auto.offset.reset", "none");
         p.put("receive.buffer.bytes", "65536");
+        p.put("max.partition.fetch.bytes", fetchBytes);
         p.put("request.timeout.ms", "10000");
         p.put("default.api.timeout.ms", "20000");
         try (KafkaConsumer<byte[], byte[]> consumer = new KafkaConsumer<>(p)) {
+            // A task checks the range still available when an offset is missing (failOnDataLoss).
+            Map<TopicPartition, Long> first = consumer.beginningOffsets(parts);
+            Map<TopicPartition, Long> last = consumer.endOffsets(parts);
+            for (TopicPartition tp : parts) {
+                System.out.println("{\"available\": " + tp.partition() + ", \"from\": " + first.get(tp)
+                        + ", \"to\": " + last.get(tp) + "}");
+            }
             // One partition per task, as Spark reads: assign, seek to the planned start, poll to the end.
             for (TopicPartition tp : parts) {
                 consumer.assign(List.of(tp));
@@ -176,9 +188,6 @@ public class SparkKafkaCalls {
     }
 
     static String hex(byte[] b) {
-        if (b == null) return "null";
-        StringBuilder s = new StringBuilder("\"");
-        for (byte x : b) s.append(String.format("%02x", x));
-        return s.append("\"").toString();
+        return b == null ? "null" : "\"" + HexFormat.of().formatHex(b) + "\"";
     }
 }
