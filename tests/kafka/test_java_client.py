@@ -54,10 +54,11 @@ def java(tmp_path_factory: pytest.TempPathFactory) -> Java:
     jar = str(KAFKA_CLIENTS[-1])
     subprocess.run([JAVAC, "-d", str(out), "-cp", jar, str(SOURCE)], check=True, timeout=120)
     classpath = f"{out}:{jar}:{PYSPARK_JARS}/*"
+    java_bin = str(Path(JAVAC).resolve().parent / "java")  # the JDK javac belongs to
 
     def run(*args: object) -> list[dict]:
         proc = subprocess.run(
-            ["java", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-cp", classpath, "SparkKafkaCalls"]
+            [java_bin, "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-cp", classpath, "SparkKafkaCalls"]
             + [str(a) for a in args],
             capture_output=True,
             text=True,
