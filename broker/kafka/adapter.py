@@ -165,8 +165,8 @@ class KafkaAdapter:
 
     def _api_versions_unsupported(self, request: KafkaRequest) -> Outcome:
         """A version above ours: the error and our versions, in a v0 response the client can read
-        whatever version it asked (Kafka's own answer to a newer client)."""
-        self.handlers.metrics.error()
+        whatever version it asked (Kafka's own answer to a newer client). Not counted as an
+        error: every newer client (Java 4.x sends v4 first) negotiates this way."""
         schema = response_schema(API_VERSIONS, 0)
         assert schema is not None
         module = sys.modules[schema.__module__]
