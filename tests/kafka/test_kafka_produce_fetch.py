@@ -198,7 +198,7 @@ def test_confluent_offsets_for_times(broker: BrokerProcess) -> None:
 
 def test_kafka_python_producer(broker: BrokerProcess) -> None:
     create(broker, "kp", 2)
-    producer = kafka.KafkaProducer(bootstrap_servers=broker.bootstrap, enable_idempotence=False, acks=1)
+    producer = kafka.KafkaProducer(bootstrap_servers=broker.bootstrap, acks=1)
     try:
         for i in range(20):
             producer.send("kp", key=f"k{i}".encode(), value=f"v{i}".encode(), partition=i % 2)
