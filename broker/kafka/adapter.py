@@ -5,8 +5,9 @@ Rules this module keeps:
   `Outcome` (broker/core/outcomes.py) that the backend carries out as it does ours, in the same
   reply slots, so replies keep request order. The core never learns which protocol asked: what
   both protocols need is a protocol-neutral method of `Handlers` (`metadata_view`,
-  `partition_named`, `create_topic`, `delete_topic`) or of `Partition` (`produce`, the one door
-  of a produce), encoded here.
+  `partition_named`, `create_topic`, `delete_topic`, `producer_ids`) or of `Partition`
+  (`produce`, the one door of a produce), encoded here. An API group of its own lives in its
+  own module (InitProducerId: init_producer_id.py), registered in `_apis`.
 - A Kafka Produce or Fetch names many partitions; ours names one. Each partition becomes its own
   outcome (an `Append` from `Partition.produce`, a `Read` of an extent: stored batches are sent
   as they are) and the request one `Gather` of them, whose `finish` writes the one response once
