@@ -5,8 +5,9 @@ Rules this module keeps:
   `Outcome` (broker/core/outcomes.py) that the backend carries out as it does ours, in the same
   reply slots, so replies keep request order. The core never learns which protocol asked: what
   both protocols need is a protocol-neutral method of `Handlers` (`metadata_view`,
-  `partition_named`, `create_topic`, `delete_topic`) or of `Partition` (`produce`, the one door
-  of a produce), encoded here.
+  `partition_named`, `create_topic`, `delete_topic`, `producer_ids`) or of `Partition`
+  (`produce`, the one door of a produce), encoded here. An API group of its own lives in its
+  own module (InitProducerId: init_producer_id.py), registered in `_apis`.
 - A Kafka Produce or Fetch names many partitions; ours names one. Each partition becomes its own
   outcome (an `Append` from `Partition.produce`, a `Read` of an extent: stored batches are sent
   as they are) and the request one `Gather` of them, whose `finish` writes the one response once
@@ -50,6 +51,7 @@ from broker.core.handlers import Handlers
 from broker.core.outcomes import Append, Durable, Gather, Outcome, Read, Reply, Silent, Wait
 from broker.core.partition import Partition, Stored
 from broker.core.views import MetadataView
+from broker.kafka import init_producer_id
 from broker.kafka.codec import (
     KafkaDecodeError,
     KafkaRequest,
@@ -74,6 +76,7 @@ METADATA: Final = 3
 API_VERSIONS: Final = 18
 CREATE_TOPICS: Final = 19
 DELETE_TOPICS: Final = 20
+INIT_PRODUCER_ID: Final = init_producer_id.INIT_PRODUCER_ID
 # api key -> (lowest, highest) version answered: what ApiVersions advertises, nothing more.
 SUPPORTED_VERSIONS: Final[dict[int, tuple[int, int]]] = {
     PRODUCE: (0, 8),  # advertised from 0, but v0-2 are refused (see `_produce_refused`); v9+ flexible
@@ -83,6 +86,7 @@ SUPPORTED_VERSIONS: Final[dict[int, tuple[int, int]]] = {
     API_VERSIONS: (0, 3),  # v3 is flexible in its request header only; its response header is v0
     CREATE_TOPICS: (2, 4),  # v0-1: kio has no schema for them; v5+ are flexible
     DELETE_TOPICS: (1, 3),  # v0: kio has no schema for it; v4+ are flexible
+    INIT_PRODUCER_ID: init_producer_id.VERSIONS,  # v2+ flexible (kio writes their headers)
 }
 PRODUCE_REFUSED_BELOW: Final = 3  # librdkafka < 2.11 stops compressing unless Produce v0 is listed
 # Kafka acks -> ours: -1 (all in-sync replicas: here, the one copy, fsynced) is our acks=2.
@@ -115,6 +119,9 @@ class KafkaAdapter:
             METADATA: self._metadata,
             CREATE_TOPICS: self._create_topics,
             DELETE_TOPICS: self._delete_topics,
+            INIT_PRODUCER_ID: lambda request, body: init_producer_id.init_producer_id(
+                handlers, request, body
+            ),
         }
         assert set(self._apis) == set(SUPPORTED_VERSIONS), "an api advertised without a handler"
 

@@ -102,10 +102,8 @@ def test_spark_write_then_read_calls(broker: BrokerProcess, java: Java) -> None:
     described = [{"describe": p, "leader": c, "port": ports[c]} for p, c in leaders.items()]
 
     # The write: every record acknowledged at the offset and timestamp it was sent with.
-    # TODO(InitProducerId): Spark's writer leaves the Java default enable.idempotence=true; until
-    # the broker answers InitProducerId, users must pass kafka.enable.idempotence=false (here
-    # "false"); test_idempotent_producer below flips to XPASS when it lands.
-    out = java("produce", broker.bootstrap, "sparked", COUNT, "false", PAD)
+    # Spark's writer leaves the Java default enable.idempotence=true: InitProducerId, sequences.
+    out = java("produce", broker.bootstrap, "sparked", COUNT, "true", PAD)
     assert [r for r in out if "describe" in r] == described
     sent = [r for r in out if "sent" in r]
     assert sent == [
@@ -156,23 +154,3 @@ def test_spark_write_then_read_calls(broker: BrokerProcess, java: Java) -> None:
         assert snap["requests"].get("kafka_0", 0) >= 1, snap  # Produce
     fetches = sum(snap["requests"].get("kafka_1", 0) for snap in snaps)
     assert fetches >= COUNT * PAD // FETCH_BYTES, snaps
-
-
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="InitProducerId is not answered yet: the Java default enable.idempotence=true fails with "
-    "UnsupportedVersionException: The node does not support INIT_PRODUCER_ID",
-)
-@pytest.mark.parametrize("broker", [{"cores": 1, "backend": "uvloop"}], indirect=True, ids=["uvloop-1core"])
-def test_idempotent_producer(broker: BrokerProcess, java: Java) -> None:
-    """Spark's writer as a user runs it: no kafka.enable.idempotence, so the Java default (true)."""
-    wire = Wire(broker.port)
-    try:
-        wire.create_topic("idem", PARTITIONS)
-    finally:
-        wire.close()
-    sent = [r for r in java("produce", broker.bootstrap, "idem", 20, "true", 0) if "sent" in r]
-    assert [(r["partition"], r["offset"]) for r in sent] == [
-        (i % PARTITIONS, i // PARTITIONS) for i in range(20)
-    ]

@@ -198,8 +198,9 @@ def test_confluent_offsets_for_times(broker: BrokerProcess) -> None:
 
 def test_kafka_python_producer(broker: BrokerProcess) -> None:
     create(broker, "kp", 2)
-    producer = kafka.KafkaProducer(bootstrap_servers=broker.bootstrap, enable_idempotence=False, acks=1)
+    producer = kafka.KafkaProducer(bootstrap_servers=broker.bootstrap)  # idempotent: its default
     try:
+        assert producer.config["enable_idempotence"]
         for i in range(20):
             producer.send("kp", key=f"k{i}".encode(), value=f"v{i}".encode(), partition=i % 2)
         producer.flush(30)
