@@ -5,7 +5,8 @@
 # and it costs a second once the machine is ready. Every action is printed before it happens.
 #
 # Steps: Debian packages -> kernel-header links for bcc -> .venv (with Debian's bcc linked in) ->
-# pip install -e .[dev,bpf,spark] (spark: PySpark, pyarrow for the Spark data source and its tests).
+# pip install -e .[dev,bpf,spark] (spark: PySpark, pyarrow for the Spark data source and its tests)
+# -> kafka-python 2 in a directory of its own (the tests run it beside the venv's kafka-python 3).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -87,5 +88,17 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     echo "$want" > "$stamp"
 else
     say "project installed in $VENV (pyproject unchanged)"
+fi
+
+# --- 5. kafka-python 2, apart from the venv's kafka-python 3 --------------------------------------
+# One venv cannot hold both majors: tests/kafka/test_client_matrix.py runs kafka-python 2 in a
+# subprocess with this directory first on PYTHONPATH (tests/kafka/kafka_python_driver.py).
+KP2_VERSION=2.3.3
+KP2="$VENV/compat/kafka-python-2"
+if [ ! -d "$KP2/kafka_python-$KP2_VERSION.dist-info" ]; then
+    say "pip install --target $KP2 kafka-python==$KP2_VERSION"
+    "$VENV/bin/python" -m pip install -q --upgrade --no-deps --target "$KP2" "kafka-python==$KP2_VERSION"
+else
+    say "kafka-python $KP2_VERSION present in $KP2"
 fi
 say "ready: $("$VENV/bin/python" --version), bcc: $("$VENV/bin/python" -c 'import bcc; print("yes")' 2>/dev/null || echo no)"

@@ -34,7 +34,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from brokerproc import BrokerProcess, Wire, own_snapshot
@@ -60,8 +60,6 @@ MiB = 1 << 20
 BIG = 2 * MiB  # broker --max-batch-bytes and every client's request/fetch size: room for 1 MiB records
 BASE_TS = 1_700_000_000_000
 CODECS = ("gzip", "snappy", "lz4", "zstd")
-# Which library each Python client needs for a codec (what to install when one is missing).
-PY_CODEC_LIBS = {"gzip": "zlib", "snappy": "python-snappy", "lz4": "lz4", "zstd": "zstandard"}
 
 MATRIX = [
     pytest.param({"cores": 1, "backend": "uvloop"}, id="uvloop-1core"),
@@ -86,6 +84,9 @@ class Client:
     empty = True  # can send an empty key or value that is not null
     any_bytes = True  # values may hold any byte (kcat: not its delimiters)
     null_header = True  # can send a header whose value is null (kafka-python's send() refuses one)
+    codec_libs: ClassVar[
+        dict[str, str]
+    ] = {}  # codec -> the PyPI package it needs (what to install if missing)
 
     def available(self) -> str | None:
         """Why this client cannot run here, or None."""
@@ -214,9 +215,13 @@ class Confluent(Client):
         return out
 
 
+KAFKA_PYTHON_CODEC_LIBS = {"snappy": "python-snappy", "lz4": "lz4", "zstd": "zstandard"}
+
+
 class KafkaPython3(Client):
     name = "kafka-python-3"
     null_header = False
+    codec_libs = KAFKA_PYTHON_CODEC_LIBS
 
     def codecs(self) -> list[str]:
         return kafka_python_driver.codecs()
@@ -236,6 +241,7 @@ class KafkaPython2(Client):
 
     name = "kafka-python-2"
     null_header = False
+    codec_libs = KAFKA_PYTHON_CODEC_LIBS  # found in the venv's site-packages, after kafka-python 2
 
     def available(self) -> str | None:
         if not (KAFKA_PYTHON_2 / "kafka").is_dir():
@@ -271,6 +277,7 @@ class KafkaPython2(Client):
 
 class AioKafka(Client):
     name = "aiokafka"
+    codec_libs = dict.fromkeys(("snappy", "lz4", "zstd"), "cramjam")
 
     def codecs(self) -> list[str]:
         from aiokafka import codec
@@ -764,10 +771,11 @@ def test_consume(produced: Produced, reader: str) -> None:
 @pytest.mark.parametrize("name", [c for c in CLIENTS if c != "ringlog"])
 def test_client_has_every_codec(name: str) -> None:
     """Skipped, naming what to install, while a client lacks a codec's library on this machine."""
-    missing = [c for c in CODECS if c not in client(name).codecs()]
+    c = client(name)
+    missing = [codec for codec in CODECS if codec not in c.codecs()]
     if missing:
-        libs = ", ".join(f"{c} ({PY_CODEC_LIBS[c]})" for c in missing)
-        pytest.skip(f"{name} cannot compress with {libs} here: not installed")
+        libs = ", ".join(f"{codec} (needs {c.codec_libs.get(codec, '?')})" for codec in missing)
+        pytest.skip(f"{name} cannot compress with {libs}: not installed")
 
 
 def test_kafka_python_2_is_2() -> None:
