@@ -915,3 +915,18 @@ def test_two_cores_librdkafka_goes_to_each_owner_with_no_forward(mbroker: Broker
         assert new["forwarded_in"] - old["forwarded_in"] == 0, new
         for api in ("kafka_0", "kafka_1"):  # Produce, Fetch
             assert new["requests"].get(api, 0) > old["requests"].get(api, 0), (api, new)
+
+
+def test_a_batch_over_max_batch_bytes_is_message_too_large(mbroker: BrokerProcess) -> None:
+    """Above --max-batch-bytes (Kafka's message.max.bytes) the producer gets MESSAGE_TOO_LARGE,
+    and nothing is stored."""
+    with Admin(mbroker.bootstrap) as admin:
+        admin.create_topic("too-large", partitions=1)
+    producer = confluent_kafka.Producer(
+        {"bootstrap.servers": mbroker.bootstrap, "message.max.bytes": 2 * BIG, "retries": 0}
+    )
+    errors: list = []
+    producer.produce("too-large", value=b"x" * (BIG + 1), on_delivery=lambda err, msg: errors.append(err))
+    assert producer.flush(30) == 0
+    assert [e.code() for e in errors] == [confluent_kafka.KafkaError.MSG_SIZE_TOO_LARGE], errors
+    assert stored_batches(mbroker, "too-large", 0) == []
