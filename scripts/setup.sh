@@ -6,7 +6,8 @@
 #
 # Steps: Debian packages -> kernel-header links for bcc -> .venv (with Debian's bcc linked in) ->
 # pip install -e .[dev,bpf,spark] (spark: PySpark, pyarrow for the Spark data source and its tests) ->
-# the Java Kafka client's jars in .venv/spark-jars (tests/kafka/test_java_client.py, docs/KAFKA.md).
+# the Java Kafka client's jars in .venv/spark-jars (tests/kafka/test_java_client.py, docs/KAFKA.md)
+# -> kafka-python 2 in a directory of its own (the tests run it beside the venv's kafka-python 3).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -129,4 +130,15 @@ PY
     rm -rf "$tmp"
 fi
 
+# --- 6. kafka-python 2, apart from the venv's kafka-python 3 --------------------------------------
+# One venv cannot hold both majors: tests/kafka/test_client_matrix.py runs kafka-python 2 in a
+# subprocess with this directory first on PYTHONPATH (tests/kafka/kafka_python_driver.py).
+KP2_VERSION=2.3.3
+KP2="$VENV/compat/kafka-python-2"
+if [ ! -d "$KP2/kafka_python-$KP2_VERSION.dist-info" ]; then
+    say "pip install --target $KP2 kafka-python==$KP2_VERSION"
+    "$VENV/bin/python" -m pip install -q --upgrade --no-deps --target "$KP2" "kafka-python==$KP2_VERSION"
+else
+    say "kafka-python $KP2_VERSION present in $KP2"
+fi
 say "ready: $("$VENV/bin/python" --version), bcc: $("$VENV/bin/python" -c 'import bcc; print("yes")' 2>/dev/null || echo no)"
