@@ -168,6 +168,7 @@ def test_api_versions_lists_only_what_is_answered(adapter: KafkaAdapter, version
         18: (0, 3),
         19: (2, 4),
         20: (1, 3),
+        23: (0, 3),
     }
 
 
@@ -276,12 +277,11 @@ def test_unadvertised_api_with_top_level_error_code_gets_unsupported_version(ada
     assert (corr, resp.error_code) == (3, ErrorCode.unsupported_version)
 
 
-def test_unadvertised_api_without_top_level_error_code_closes(adapter: KafkaAdapter) -> None:
-    raw = frame_of(3, 9, 1, None)  # Metadata v9 (flexible): not ours; its response has no error
-    with pytest.raises(ProtocolError, match="api 3 v9 is not supported"):
-        adapter.handle(request_of(raw))
+def test_unknown_api_or_version_without_a_schema_closes(adapter: KafkaAdapter) -> None:
     with pytest.raises(ProtocolError, match="api 999 v0 is not supported"):
         adapter.handle(KafkaRequest(999, 0, 1, struct.pack(">hhih", 999, 0, 1, -1)))
+    with pytest.raises(ProtocolError, match="api 1 v3 is not supported"):  # Fetch v3: kio has none
+        adapter.handle(KafkaRequest(1, 3, 1, struct.pack(">hhih", 1, 3, 1, -1)))
 
 
 def test_malformed_body_closes(adapter: KafkaAdapter) -> None:
