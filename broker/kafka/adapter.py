@@ -10,19 +10,22 @@ Rules this module keeps:
 - A Kafka Produce or Fetch names many partitions; ours names one. Each partition becomes its own
   outcome (an `Append` from `Partition.produce`, a `Read` of an extent: stored batches are sent
   as they are) and the request one `Gather` of them, whose `finish` writes the one response once
-  every part is done. A Fetch with nothing to read anywhere waits (`Wait`) on the first partition
-  of ours it names, until that grows or the deadline passes (the others' data waits with it).
+  every part is done. A Fetch answers at once when what it can read reaches min_bytes (at least
+  one byte), when a partition has an error, or at its deadline; otherwise it waits (`Wait`) on
+  every partition of ours it names, and looks again when any of them grows. No fetch sessions:
+  session id 0 (full fetches); an incremental one is FETCH_SESSION_ID_NOT_FOUND, as Kafka
+  answers a session it does not know. No transactions: last stable offset = high watermark.
 - A partition of another core is answered NOT_LEADER_OR_FOLLOWER, never forwarded: Metadata names
   its owning core the leader at that core's own port, so a stock client refreshes Metadata and
   goes there (librdkafka, kafka-python and Java all do), and one request is never split between
   cores. acks: 0 answers nothing, 1 after the write, -1 after the fsync (our acks=2).
-- Only what `SUPPORTED_VERSIONS` lists is advertised in ApiVersions, and only that is answered.
-  An ApiVersions above our highest version gets UNSUPPORTED_VERSION in a v0 response listing our
-  versions (as Kafka brokers answer, so the client retries at a version we have). Any other api
-  or version we do not answer gets UNSUPPORTED_VERSION when its response schema has a top-level
-  error_code whose other fields can all be left empty; otherwise the connection is closed with
-  one log line (`ProtocolError`): a client that sends what we never advertised cannot be
-  answered in a shape it will read correctly.
+- Only what `SUPPORTED_VERSIONS` lists is advertised in ApiVersions, and only that is answered
+  by a handler. An ApiVersions above our highest version gets UNSUPPORTED_VERSION in a v0
+  response listing our versions (as Kafka brokers answer, so the client retries at a version we
+  have). Any other api or version kio knows gets a Kafka error in a response of its own shape,
+  the request's items answered one for one (broker/kafka/unsupported.py); only a request kio has
+  no schema for, or whose bytes do not parse, closes the connection with one log line
+  (`ProtocolError`).
 - Metadata lists every core as a broker: node id = core id, the broker's host, the core's direct
   port (the public port when unknown); each partition's leader is its owning core, replicas and
   isr are just the leader, the controller is core 0. Stock clients thus connect straight to the
