@@ -554,7 +554,7 @@ class Handlers:
         if req.max_wait_ms == 0:
             return answer(b"")
         deadline = now_ms() + min(req.max_wait_ms, FETCH_WAIT_MS_MAX)
-        return Wait(p, frame, deadline, lambda: answer(b""))
+        return Wait((p,), frame, deadline, lambda: answer(b""))
 
     def _list_offsets(self, req: m.Request, frame: Frame) -> Outcome:
         assert isinstance(req, m.ListOffsetsRequest)

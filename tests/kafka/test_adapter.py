@@ -172,6 +172,7 @@ def test_api_versions_lists_only_what_is_answered(adapter: KafkaAdapter, version
         19: (2, 4),
         20: (1, 3),
         22: (0, 4),
+        23: (0, 3),
     }
 
 
@@ -349,12 +350,11 @@ def test_unadvertised_api_with_top_level_error_code_gets_unsupported_version(ada
     assert (corr, resp.error_code) == (3, ErrorCode.unsupported_version)
 
 
-def test_unadvertised_api_without_top_level_error_code_closes(adapter: KafkaAdapter) -> None:
-    raw = frame_of(3, 9, 1, None)  # Metadata v9 (flexible): not ours; its response has no error
-    with pytest.raises(ProtocolError, match="api 3 v9 is not supported"):
-        adapter.handle(request_of(raw))
+def test_unknown_api_or_version_without_a_schema_closes(adapter: KafkaAdapter) -> None:
     with pytest.raises(ProtocolError, match="api 999 v0 is not supported"):
         adapter.handle(KafkaRequest(999, 0, 1, struct.pack(">hhih", 999, 0, 1, -1)))
+    with pytest.raises(ProtocolError, match="api 1 v3 is not supported"):  # Fetch v3: kio has none
+        adapter.handle(KafkaRequest(1, 3, 1, struct.pack(">hhih", 1, 3, 1, -1)))
 
 
 def test_malformed_body_closes(adapter: KafkaAdapter) -> None:
@@ -368,3 +368,37 @@ def test_cluster_id_is_stable_and_kafka_shaped(tmp_path: Path) -> None:
     first = cluster_id_for(str(tmp_path))
     assert first == cluster_id_for(str(tmp_path)) and len(first) == 22
     assert first != cluster_id_for(str(tmp_path / "other"))
+
+
+# ----------------------------------------------------------------------------- OffsetForLeaderEpoch
+
+
+@pytest.mark.parametrize("version", [2, 3])
+def test_offset_for_leader_epoch_answers_owned_partitions_only(adapter: KafkaAdapter, version: int) -> None:
+    topic_id = create_topic(adapter, "orders", 4)
+    schema = request_schema(23, version)
+    assert schema is not None
+    module = __import__(schema.__module__, fromlist=["OffsetForLeaderTopic"])
+    partitions = tuple(
+        make(
+            module.OffsetForLeaderPartition,
+            partition=i32(p),
+            current_leader_epoch=i32(-1),
+            leader_epoch=i32(0),
+        )
+        for p in range(4)
+    )
+    body = make(
+        schema,
+        replica_id=i32(-2),
+        topics=(make(module.OffsetForLeaderTopic, topic="orders", partitions=partitions),),
+    )
+    corr, resp = answer(adapter, frame_of(23, version, 4, body), 23, version)
+    assert corr == 4
+    got = {p.partition: (p.error_code, p.leader_epoch, p.end_offset) for p in resp.topics[0].partitions}
+    for p in range(4):
+        if shard_for(topic_id, p, 2) == adapter.config.core_id:
+            assert got[p] == (ErrorCode.none, 0, 0)
+        else:
+            assert got[p] == (ErrorCode.not_leader_or_follower, -1, -1)
+    assert {shard_for(topic_id, p, 2) for p in range(4)} == {0, 1}  # both cases were seen
