@@ -79,6 +79,7 @@ from broker.core.outcomes import (
     Durable,
     Forward,
     Gather,
+    Later,
     Notify,
     Outcome,
     Read,
@@ -577,7 +578,7 @@ class BackendCore:
         """Open this core's partitions (`Handlers`), its Kafka adapter and its forwarding; publish
         its gauges."""
         config = self.config
-        self.handlers = Handlers(config)
+        self.handlers = Handlers(config, call_later=self.call_later)
         self.kafka = KafkaAdapter(self.handlers, config)
         self.peers = PeerPool.for_config(config, self.open_peer, self.stopping, self.call_later)
         self.forwarder = Forwarder(self.handlers, self.peers.send_to_core, self.call_later)
@@ -724,8 +725,25 @@ class BackendCore:
                 self.forwarder.notify(outcome, lambda reply: conn.fill(slot, reply))
             case Gather():
                 self._gather(outcome, frame, conn, slot)
+            case Later():
+                self._later(outcome, conn, slot)
             case _:
                 assert_never(outcome)
+
+    @staticmethod
+    def _later(outcome: Later, conn: ServedConnection, slot: Slot) -> None:
+        """Hand the deciding code its one answer callback (a second call is ignored; a closed
+        connection's answer only releases its slot)."""
+        answered = False
+
+        def answer(reply: Reply | Silent) -> None:
+            nonlocal answered
+            if answered:
+                return
+            answered = True
+            conn.fill(slot, reply)
+
+        outcome.start(answer)
 
     def _park(
         self,
@@ -1012,6 +1030,7 @@ class BackendCore:
         self.stop_accepting()
         for p in self.handlers.partitions.values():
             p.wake_waiters()  # parked fetches answer now (their re-handle sees `stopping()`)
+        self.handlers.coordinator.close()  # waiting JoinGroups and SyncGroups answer now
         deadline = time.monotonic() + SHUTDOWN_GRACE_S
         while self.busy() and time.monotonic() < deadline:
             yield SHUTDOWN_POLL_S

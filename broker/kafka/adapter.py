@@ -60,6 +60,7 @@ from broker.kafka.codec import (
     response_schema,
 )
 from broker.kafka.errors import DONE, NotLeaderError, kafka_error
+from broker.kafka.groups import GROUP_VERSIONS, KafkaGroups
 from broker.storage.diskspace import is_out_of_space
 from ringlog_proto.batch import now_ms
 from ringlog_proto.frames import ProtocolError
@@ -83,6 +84,7 @@ SUPPORTED_VERSIONS: Final[dict[int, tuple[int, int]]] = {
     API_VERSIONS: (0, 3),  # v3 is flexible in its request header only; its response header is v0
     CREATE_TOPICS: (2, 4),  # v0-1: kio has no schema for them; v5+ are flexible
     DELETE_TOPICS: (1, 3),  # v0: kio has no schema for it; v4+ are flexible
+    **GROUP_VERSIONS,  # FindCoordinator, Join/Sync/Heartbeat/LeaveGroup, offsets: broker/kafka/groups.py
 }
 PRODUCE_REFUSED_BELOW: Final = 3  # librdkafka < 2.11 stops compressing unless Produce v0 is listed
 # Kafka acks -> ours: -1 (all in-sync replicas: here, the one copy, fsynced) is our acks=2.
@@ -106,6 +108,7 @@ class KafkaAdapter:
         self.handlers = handlers
         self.config = config
         self.cluster_id = cluster_id_for(config.data_dir)
+        self.groups = KafkaGroups(handlers)
         # api key -> its handler; SUPPORTED_VERSIONS says which versions reach it
         self._apis: dict[int, Callable[[KafkaRequest, Any], Outcome]] = {
             API_VERSIONS: lambda request, _body: self._api_versions(request),
@@ -115,6 +118,7 @@ class KafkaAdapter:
             METADATA: self._metadata,
             CREATE_TOPICS: self._create_topics,
             DELETE_TOPICS: self._delete_topics,
+            **self.groups.apis(),
         }
         assert set(self._apis) == set(SUPPORTED_VERSIONS), "an api advertised without a handler"
 
@@ -132,11 +136,12 @@ class KafkaAdapter:
         schema = request_schema(key, version)
         assert schema is not None, f"kio lacks api {key} v{version}"
         try:
-            body, _client_id = decode_request(request, schema)
+            body, client_id = decode_request(request, schema)
         except KafkaDecodeError as exc:
             # Kafka closes on a request it cannot parse: the client's bytes are not what it
             # declared, and no response shape would be read right.
             raise ProtocolError(f"malformed kafka request: {exc}") from exc
+        self.groups.client_id = client_id or ""  # member ids are made from it
         try:
             return self._apis[key](request, body)
         except Exception as exc:  # a bug here must close one connection, not stop the core's loop

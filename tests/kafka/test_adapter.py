@@ -168,6 +168,15 @@ def test_api_versions_lists_only_what_is_answered(adapter: KafkaAdapter, version
         18: (0, 3),
         19: (2, 4),
         20: (1, 3),
+        8: (2, 7),
+        9: (1, 5),
+        10: (0, 2),
+        11: (0, 5),
+        12: (0, 3),
+        13: (0, 3),
+        14: (0, 3),
+        15: (0, 4),
+        16: (0, 2),
     }
 
 
@@ -269,10 +278,10 @@ def test_ours_and_kafkas_metadata_agree(adapter: KafkaAdapter) -> None:
 
 
 def test_unadvertised_api_with_top_level_error_code_gets_unsupported_version(adapter: KafkaAdapter) -> None:
-    schema = request_schema(12, 0)  # Heartbeat v0
+    schema = request_schema(12, 4)  # Heartbeat v4 (flexible): not ours
     assert schema is not None
-    body = make(schema, group_id="g", generation_id=i32(1), member_id="m")
-    corr, resp = answer(adapter, frame_of(12, 0, 3, body), 12, 0)
+    body = make(schema, group_id="g", generation_id=i32(1), member_id="m", group_instance_id=None)
+    corr, resp = answer(adapter, frame_of(12, 4, 3, body), 12, 4)
     assert (corr, resp.error_code) == (3, ErrorCode.unsupported_version)
 
 
