@@ -336,6 +336,20 @@ def test_kafka_python_group_splits_commits_and_resumes(gbroker: BrokerProcess) -
         wait_until(lambda: c1.partitions() and c2.partitions(), what="a split")
         parts1, parts2 = c1.partitions(), c2.partitions()
         assert not parts1 & parts2 and len(parts1 | parts2) == PARTITIONS
+        admin = kafka.KafkaAdminClient(bootstrap_servers=gbroker.bootstrap)
+        try:  # ListGroups asks every core (broker); DescribeGroups the coordinator
+            assert {"group_id": group, "protocol_type": "consumer"} in admin.list_groups()
+            described = admin.describe_groups([group])[group]
+            assert (described["group_state"], described["protocol_data"]) == ("Stable", "range")
+            assigned = {
+                p
+                for m in described["members"]
+                for a in m["member_assignment"]["assigned_partitions"]
+                for p in a["partitions"]
+            }
+            assert len(described["members"]) == 2 and assigned == set(range(PARTITIONS))
+        finally:
+            admin.close()
         produce(gbroker, topic, 0, 200)
         wait_until(lambda: len(seen) == 200, what="both reading")
     finally:
