@@ -167,6 +167,7 @@ class ConfluentMember:
     def _revoked(self, consumer: object, partitions: list) -> None:
         if not self.crash:
             self._commit()
+        self.pending = {}  # what was not committed is no longer ours to commit
         self.assigned = set()
         self.fresh = set()
 
