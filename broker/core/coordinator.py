@@ -524,11 +524,13 @@ class GroupCoordinator:
         offsets: Mapping[PartitionId, Committed],
         generation: int = -1,
         member_id: str = "",
+        live: Callable[[int], bool] | None = None,
     ) -> GroupCode:
-        """Store `offsets` if `commit_check` allows (raises what the file write raises)."""
+        """Store `offsets` if `commit_check` allows (raises what the file write raises); `live`
+        says which topic ids still exist (the others' offsets are dropped)."""
         code = self.commit_check(group_id, generation, member_id)
         if code == GroupCode.NONE and offsets:
-            self.offsets.commit(group_id, offsets)
+            self.offsets.commit(group_id, offsets, live)
         return code
 
     # ------------------------------------------------------------------------- views, shutdown

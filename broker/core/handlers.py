@@ -611,7 +611,7 @@ class Handlers:
             raise ValueError(f"cannot commit negative offset {req.offset}")
         self.space.check_writable()
         offsets = {(frame.topic_id, frame.partition): Committed(req.offset, req.metadata)}
-        code = self.coordinator.commit(req.group, offsets)
+        code = self.coordinator.commit(req.group, offsets, live=self.registry.by_id.__contains__)
         if code != GroupCode.NONE:
             raise GroupError(f"group {req.group!r} has members of its own ({code.value}): not committed")
         return self._reply(frame, m.OffsetCommitResponse())
