@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import threading
 import time
 from collections import defaultdict
@@ -256,6 +258,42 @@ def test_confluent_group_rebalances_commits_and_resumes(gbroker: BrokerProcess) 
     with Consumer(gbroker.bootstrap, group=group) as ours:
         assert {p: ours.committed((topic, p)) for p in range(PARTITIONS)} == ledger.committed
         assert sum(ledger.committed.values()) == 800
+
+
+KILLED_MEMBER = """
+import sys, confluent_kafka
+c = confluent_kafka.Consumer({"bootstrap.servers": sys.argv[1], "group.id": sys.argv[2],
+                              "session.timeout.ms": 6000, "heartbeat.interval.ms": 300})
+c.subscribe([sys.argv[3]])
+while True:
+    c.poll(0.1)
+"""
+
+
+def test_a_killed_member_expires_and_the_other_takes_its_partitions(gbroker: BrokerProcess) -> None:
+    """No LeaveGroup from a member killed with SIGKILL: its session timeout (6 s) removes it."""
+    if gbroker.backend != "io_uring":
+        pytest.skip("one configuration is enough: the test waits out a session timeout")
+    topic = "expiring"
+    topic_id = create(gbroker, topic)
+    group = group_off_some_owner(topic_id, gbroker.cores, "expiring")
+    child = subprocess.Popen(
+        [sys.executable, "-c", KILLED_MEMBER, gbroker.bootstrap, group, topic],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        time.sleep(1)  # the child joins first
+        survivor = ConfluentMember(gbroker, topic, group, Ledger())
+        wait_until(lambda: 0 < len(survivor.assigned) < PARTITIONS, what="a split with the child")
+    finally:
+        child.kill()
+        child.wait(10)
+    killed_at = time.monotonic()
+    wait_until(lambda: len(survivor.assigned) == PARTITIONS, what="the survivor taking every partition")
+    waited = time.monotonic() - killed_at
+    survivor.close()
+    assert 4 < waited < 15, f"took {waited:.1f}s: not the 6 s session timeout"
 
 
 def test_confluent_offsets_of_a_recreated_topic_start_over(gbroker: BrokerProcess) -> None:
