@@ -443,6 +443,7 @@ class AsyncConsumer:
                     functools.partial(
                         _commit_request, group=group, partition=tp.partition, offset=off, metadata=metadata
                     ),
+                    group=group,
                 )
                 for tp, off in todo.items()
             ),
@@ -457,7 +458,7 @@ class AsyncConsumer:
         group = self._group()
         t = _tp(tp)
         resp = await self._client.partition_request(
-            t.topic, t.partition, lambda tid: OffsetFetchRequest(tid, t.partition, group)
+            t.topic, t.partition, lambda tid: OffsetFetchRequest(tid, t.partition, group), group=group
         )
         assert isinstance(resp, OffsetFetchResponse)
         return None if resp.offset < 0 else resp.offset
