@@ -67,6 +67,7 @@ from broker.kafka.codec import (
     response_schema,
 )
 from broker.kafka.errors import DONE, NotLeaderError, kafka_error
+from broker.kafka.groups import GROUP_VERSIONS, KafkaGroups
 from broker.kafka.leader_epoch import (
     KIO_FROM,
     OFFSET_FOR_LEADER_EPOCH,
@@ -74,7 +75,6 @@ from broker.kafka.leader_epoch import (
     offset_for_leader_epoch_v0,
 )
 from broker.kafka.unsupported import api_name, error_for, error_response
-from broker.kafka.groups import GROUP_VERSIONS, KafkaGroups
 from broker.storage.diskspace import is_out_of_space
 from ringlog_proto.batch import now_ms
 from ringlog_proto.frames import ProtocolError
