@@ -34,7 +34,10 @@ Rules this module keeps:
 - Group commit: every acks=durable reply of one loop turn waits for one flush per partition,
   started at the end of the turn (`end_of_turn`); a flush already in flight for that partition is
   followed by exactly one more, which covers everything that arrived meanwhile.
-- Shutdown, the same for both backends: stop accepting; answer parked fetches at once; wait (at
+- A `Later` outcome hands the core a callback that fills the request's slot once (a JoinGroup
+  answered when its group's join phase ends); an answer for a closed connection only frees it.
+- Shutdown, the same for both backends: stop accepting; answer parked fetches and waiting group
+  joins and syncs at once; wait (at
   most `SHUTDOWN_GRACE_S`) until no request is unanswered, no reply unsent and no append, flush or
   read in flight; flush what is due; fail pending forwards; close connections and peer links; let
   the backend's last operations complete; close the partitions; publish the final metrics.

@@ -503,6 +503,7 @@ class AsyncConsumer:
                         generation=generation,
                         member_id=member_id,
                     ),
+                    group=group,
                 )
                 for tp, off in todo.items()
             ),
@@ -517,7 +518,7 @@ class AsyncConsumer:
         group = self._group()
         t = _tp(tp)
         resp = await self._client.partition_request(
-            t.topic, t.partition, lambda tid: OffsetFetchRequest(tid, t.partition, group)
+            t.topic, t.partition, lambda tid: OffsetFetchRequest(tid, t.partition, group), group=group
         )
         assert isinstance(resp, OffsetFetchResponse)
         return None if resp.offset < 0 else resp.offset

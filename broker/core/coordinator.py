@@ -24,7 +24,8 @@ Rules this module keeps:
   and re-armed at its deadline when heartbeats moved it, not re-created per heartbeat. A member
   waiting for its JoinGroup or SyncGroup answer does not expire.
 - Membership is in memory, lost with the core (clients rejoin, as after a Kafka coordinator
-  failover); committed offsets are durable (broker/core/groups.py).
+  failover); committed offsets are durable (broker/core/groups.py). A group that becomes Empty is
+  forgotten (its next member starts at generation 1 again, as after a restart).
 - Static membership (group.instance.id) is recorded and reported, not used: such members are
   treated as dynamic ones.
 """
@@ -274,6 +275,7 @@ class GroupCoordinator:
             if g.pending.pop(member_id, None) is not None:
                 log.info("group %s: member id %s was never used", g.group_id, member_id)
                 self._maybe_complete_join(g)
+                self._forget_if_empty(g)
 
         self.call_later(max(0.0, deadline - self.clock()), expired)
 
@@ -323,6 +325,17 @@ class GroupCoordinator:
         g.join_timer = self.call_later(rebalance_s, lambda: self._complete_join(g))
         self._maybe_complete_join(g)
 
+    def _forget_if_empty(self, g: Group) -> None:
+        """An Empty group with no member ids handed out is dropped from memory (its offsets stay
+        on disk): ids of groups used once must not pile up."""
+        if (
+            g.state == GroupState.EMPTY
+            and not g.members
+            and not g.pending
+            and self.groups.get(g.group_id) is g
+        ):
+            del self.groups[g.group_id]
+
     def _maybe_complete_join(self, g: Group) -> None:
         if g.state != GroupState.PREPARING_REBALANCE or g.delaying or g.pending:
             return
@@ -343,9 +356,8 @@ class GroupCoordinator:
         g.generation += 1
         if not g.members:
             g.state, g.protocol, g.leader = GroupState.EMPTY, None, None
-            if not g.pending:
-                g.protocol_type = None
             log.info("group %s: empty (generation %d)", g.group_id, g.generation)
+            self._forget_if_empty(g)
             return
         g.protocol = self._choose_protocol(g)
         if g.leader not in g.members:
@@ -512,11 +524,13 @@ class GroupCoordinator:
         offsets: Mapping[PartitionId, Committed],
         generation: int = -1,
         member_id: str = "",
+        live: Callable[[int], bool] | None = None,
     ) -> GroupCode:
-        """Store `offsets` if `commit_check` allows (raises what the file write raises)."""
+        """Store `offsets` if `commit_check` allows (raises what the file write raises); `live`
+        says which topic ids still exist (the others' offsets are dropped)."""
         code = self.commit_check(group_id, generation, member_id)
         if code == GroupCode.NONE and offsets:
-            self.offsets.commit(group_id, offsets)
+            self.offsets.commit(group_id, offsets, live)
         return code
 
     # ------------------------------------------------------------------------- views, shutdown

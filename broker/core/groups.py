@@ -9,7 +9,8 @@ Rules this module keeps:
   broker/storage/durable_file.py): a commit acknowledged is a commit kept. A commit of many
   partitions is one replace. The in-memory map changes only after the file did.
 - Each offset is kept under its topic's id, never its name: topic ids are never reused, so a topic
-  deleted and created again under the same name starts with no committed offsets.
+  deleted and created again under the same name starts with no committed offsets. A group's
+  offsets of deleted topics are dropped at its next commit.
 - A group id is 1-255 characters (`check_group`; `GroupError` is INVALID_GROUP on our wire).
 - The offsets of the old layout (one file per partition, `layout.group_offsets_path`) are moved
   into this store once, before any core serves (`migrate_partition_offsets`, run by the
@@ -22,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import NamedTuple
 
 from broker.storage import layout
@@ -68,9 +69,16 @@ class GroupOffsetStore:
     def committed(self, group: str, topic_id: int, partition: int) -> Committed:
         return self.offsets(group).get((topic_id, partition), NOTHING_COMMITTED)
 
-    def commit(self, group: str, offsets: Mapping[PartitionId, Committed]) -> None:
-        """Store `offsets` for `group` durably (one file replace), then remember them."""
-        merged = dict(self.offsets(group))
+    def commit(
+        self,
+        group: str,
+        offsets: Mapping[PartitionId, Committed],
+        live: Callable[[int], bool] | None = None,
+    ) -> None:
+        """Store `offsets` for `group` durably (one file replace), then remember them. The
+        group's offsets of topics `live` says are gone (deleted: ids are never reused) are
+        dropped in the same write."""
+        merged = {k: v for k, v in self.offsets(group).items() if live is None or live(k[0])}
         merged.update(offsets)
         write_group_file(self.data_dir, group, merged)
         self._groups[group] = merged

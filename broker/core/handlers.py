@@ -638,7 +638,9 @@ class Handlers:
             raise ValueError(f"cannot commit negative offset {req.offset}")
         self.space.check_writable()
         offsets = {(frame.topic_id, frame.partition): Committed(req.offset, req.metadata)}
-        code = self.coordinator.commit(req.group, offsets, req.generation, req.member_id)
+        code = self.coordinator.commit(
+            req.group, offsets, req.generation, req.member_id, live=self.registry.by_id.__contains__
+        )
         if code != GroupCode.NONE:
             return self._group_error(frame, req.group, code)
         return self._reply(frame, m.OffsetCommitResponse())

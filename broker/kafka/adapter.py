@@ -16,6 +16,9 @@ Rules this module keeps:
   its owning core the leader at that core's own port, so a stock client refreshes Metadata and
   goes there (librdkafka, kafka-python and Java all do), and one request is never split between
   cores. acks: 0 answers nothing, 1 after the write, -1 after the fsync (our acks=2).
+- The consumer-group APIs (FindCoordinator, Join/Sync/Heartbeat/LeaveGroup, OffsetCommit,
+  OffsetFetch, DescribeGroups, ListGroups) are broker/kafka/groups.py's, entered in the same
+  table; they answer for the groups this core coordinates and NOT_COORDINATOR for the others.
 - Only what `SUPPORTED_VERSIONS` lists is advertised in ApiVersions, and only that is answered.
   An ApiVersions above our highest version gets UNSUPPORTED_VERSION in a v0 response listing our
   versions (as Kafka brokers answer, so the client retries at a version we have). Any other api

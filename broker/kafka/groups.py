@@ -285,7 +285,11 @@ class KafkaGroups:
                 if offsets:
                     self.handlers.space.check_writable()
                 code = self.coordinator.commit(
-                    group, offsets, int(body.generation_id_or_member_epoch), body.member_id
+                    group,
+                    offsets,
+                    int(body.generation_id_or_member_epoch),
+                    body.member_id,
+                    live=self.handlers.registry.by_id.__contains__,
                 )
                 if code != GroupCode.NONE:
                     common = _code(code)

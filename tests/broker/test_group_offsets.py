@@ -43,3 +43,10 @@ def test_old_partition_files_move_into_the_group_store_once(tmp_path: Path) -> N
         for t, i in ((1, 0), (1, 1), (2, 0))
     )
     assert migrate_partition_offsets(data) == 0  # nothing left to move
+
+
+def test_offsets_of_deleted_topics_go_at_the_next_commit(tmp_path: Path) -> None:
+    store = GroupOffsetStore(str(tmp_path))
+    store.commit("g", {(1, 0): Committed(4, ""), (2, 0): Committed(5, "")})
+    store.commit("g", {(3, 0): Committed(6, "")}, live=lambda topic_id: topic_id != 1)
+    assert GroupOffsetStore(str(tmp_path)).offsets("g") == {(2, 0): (5, ""), (3, 0): (6, "")}
