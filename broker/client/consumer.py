@@ -24,8 +24,12 @@ Positions and groups:
 - `commit()` stores the current positions (the next offset to consume, by convention). With
   `enable_auto_commit` (the default with a group), `poll` commits every `auto_commit_interval_ms`:
   positions then cover only records returned by earlier polls (at-least-once).
-- There is no group membership protocol: `subscribe` assigns every partition of the topics to
-  this consumer. Consumers sharing a group share committed offsets, not partitions.
+- `subscribe` with a group joins it (broker/client/group.py): the group's members share the
+  topics' partitions (Kafka's range assignor, rebalanced when members join, leave or stop
+  heartbeating), and Kafka consumers of the same group id share them too. On a rebalance the
+  consumer commits its positions (with auto-commit) and gives up every partition before taking
+  its new share, so delivery is at-least-once across members. `subscribe` returns once the first
+  share is assigned. Without a group, `subscribe` assigns every partition of the topics.
 
 Damaged data is the application's to see, never hidden:
 - A stored batch that does not decode (a poison batch from before the broker walked record
@@ -65,6 +69,7 @@ from broker.client.errors import (
     UnknownTopicError,
     error_for,
 )
+from broker.client.group import GroupMembership
 from broker.client.loop_thread import LoopThread
 from broker.client.records import ConsumerRecord
 from ringlog_proto.batch import BatchError, decode_records, iter_batches
@@ -164,6 +169,9 @@ class AsyncConsumer:
       max_fetch_connections: fetch connections per core (see the module docstring).
       iter_timeout_ms: iteration stops after this long without a record (None: never).
       check_crcs: verify every batch's crc32c before decoding (the protocol requires it).
+      session_timeout_ms, heartbeat_interval_ms, rebalance_timeout_ms: group membership (with a
+        group and `subscribe`): a member silent for `session_timeout_ms` is removed; a rebalance
+        waits up to `rebalance_timeout_ms` for every member to rejoin.
       storage_error_retries: STORAGE_ERROR answers in a row for one partition before `poll`
         raises `BrokerStorageError` (default 5: with the default backoff of 100 ms doubling to
         1 s, about 2.5 s after the first). See "Damaged data" in the module docstring.
@@ -189,6 +197,9 @@ class AsyncConsumer:
         iter_timeout_ms: int | None = None,
         check_crcs: bool = True,
         storage_error_retries: int = 5,
+        session_timeout_ms: int = 45_000,
+        heartbeat_interval_ms: int = 3_000,
+        rebalance_timeout_ms: int = 300_000,
         client: AsyncClient | None = None,
         client_name: str = "ringlog-python-consumer",
     ) -> None:
@@ -223,6 +234,11 @@ class AsyncConsumer:
         self.iter_timeout_ms = iter_timeout_ms
         self.check_crcs = check_crcs
         self.storage_error_retries = storage_error_retries
+        self.session_timeout_ms = session_timeout_ms
+        self.heartbeat_interval_ms = heartbeat_interval_ms
+        self.rebalance_timeout_ms = rebalance_timeout_ms
+        self._membership: GroupMembership | None = None
+        self._commit_on_revoke = self.enable_auto_commit
         self._own_client = client is None
         self._client = client or AsyncClient(
             bootstrap, client_name=client_name, request_timeout_ms=request_timeout_ms
@@ -261,6 +277,10 @@ class AsyncConsumer:
         """Stop fetching; commit positions first when auto-commit is on (or `commit=True`)."""
         if self._closed:
             return
+        if self._membership is not None:  # commits (auto-commit) as it gives the partitions up
+            self._commit_on_revoke = commit if commit is not None else self.enable_auto_commit
+            await self._membership.close()
+            self._membership = None
         try:
             if commit if commit is not None else self.enable_auto_commit:
                 with contextlib.suppress(ClientError):
@@ -309,7 +329,27 @@ class AsyncConsumer:
             self._start_fetch(st)
 
     async def subscribe(self, *topics: str) -> None:
-        """Assign every partition of `topics` (no group rebalancing: see the module docstring)."""
+        """With a group: join it and consume this member's share of `topics` (module docstring),
+        returning once the first share is assigned. Without one: assign every partition."""
+        if self.group is not None:
+            self._loop_or_fail()
+            for topic in topics:
+                await self._client.topic(topic, refresh=True)  # an unknown topic raises here
+            if self._membership is not None:
+                await self._membership.close()
+            self._membership = GroupMembership(
+                self._client,
+                self.group,
+                topics,
+                assigned=self.assign,
+                revoked=self._revoked,
+                session_timeout_ms=self.session_timeout_ms,
+                rebalance_timeout_ms=self.rebalance_timeout_ms,
+                heartbeat_interval_ms=self.heartbeat_interval_ms,
+            )
+            self._membership.start()
+            await asyncio.wait_for(self._membership.joined.wait(), self.rebalance_timeout_ms / 1000 + 5)
+            return
         tps: list[TopicPartition] = []
         for topic in topics:
             info = await self._client.topic(topic, refresh=True)
@@ -318,6 +358,18 @@ class AsyncConsumer:
 
     def assignment(self) -> list[TopicPartition]:
         return list(self._assigned)
+
+    async def _revoked(self) -> None:
+        """A rebalance (or close) takes this member's partitions: stop fetching them, then commit
+        the positions reached (auto-commit), so their next owner resumes there."""
+        offsets = {st.tp: st.position for st in self._order if st.position is not None}
+        if not self._closed:
+            await self.assign([])
+        if offsets and self._commit_on_revoke:
+            try:
+                await self.commit(offsets)  # type: ignore[arg-type]
+            except ClientError as exc:
+                log.warning("commit on rebalance failed (the next owner may repeat records): %s", exc)
 
     def _assign_lanes(self) -> None:
         by_core: dict[int, list[_Assigned]] = {}
@@ -431,6 +483,8 @@ class AsyncConsumer:
         """Commit `offsets` (default: the current position of every assigned partition, i.e. the
         next offset to consume) for the group. All partitions are committed concurrently."""
         group = self._group()
+        membership = self._membership
+        generation, member_id = (-1, "") if membership is None else membership.identity
         if offsets is None:
             todo = {st.tp: st.position for st in self._order if st.position is not None}
         else:
@@ -441,7 +495,13 @@ class AsyncConsumer:
                     tp.topic,
                     tp.partition,
                     functools.partial(
-                        _commit_request, group=group, partition=tp.partition, offset=off, metadata=metadata
+                        _commit_request,
+                        group=group,
+                        partition=tp.partition,
+                        offset=off,
+                        metadata=metadata,
+                        generation=generation,
+                        member_id=member_id,
                     ),
                     group=group,
                 )
@@ -784,9 +844,9 @@ class AsyncConsumer:
 
 
 def _commit_request(
-    topic_id: int, *, group: str, partition: int, offset: int, metadata: str
+    topic_id: int, *, group: str, partition: int, offset: int, metadata: str, generation: int, member_id: str
 ) -> OffsetCommitRequest:
-    return OffsetCommitRequest(topic_id, partition, group, offset, metadata)
+    return OffsetCommitRequest(topic_id, partition, group, offset, metadata, generation, member_id)
 
 
 class Consumer:

@@ -49,11 +49,11 @@ from collections.abc import Callable, Sequence
 
 from broker import __version__
 from broker.core.config import BrokerConfig
-from broker.core.coordinator import CallLater, GroupCode, GroupCoordinator
+from broker.core.coordinator import CallLater, GroupCode, GroupCoordinator, JoinResult, SyncResult
 from broker.core.groups import Committed, GroupError, GroupOffsetStore, check_group
 from broker.core.limits import FETCH_MAX_BYTES_MAX, FETCH_WAIT_MS_MAX
 from broker.core.metrics import CoreMetrics, read_snapshots
-from broker.core.outcomes import Append, Durable, Forward, Notify, Outcome, Read, Reply, Silent, Wait
+from broker.core.outcomes import Append, Durable, Forward, Later, Notify, Outcome, Read, Reply, Silent, Wait
 from broker.core.partition import Partition, Stored
 from broker.core.producer_ids import FileBlockSource, ProducerIds
 from broker.core.producer_state import RetryInFlightError, SequenceError
@@ -83,7 +83,30 @@ log = logging.getLogger(__name__)
 BROKER_VERSION = __version__
 OWNER_CACHE_MAX = 100_000  # (topic id, partition) -> core entries kept; cleared when full
 PARTITION_APIS = frozenset({m.ApiKey.PRODUCE, m.ApiKey.FETCH, m.ApiKey.LIST_OFFSETS})
-GROUP_APIS = frozenset({m.ApiKey.OFFSET_COMMIT, m.ApiKey.OFFSET_FETCH})  # to the group's coordinator
+# to the group's coordinator core
+GROUP_APIS = frozenset(
+    {
+        m.ApiKey.OFFSET_COMMIT,
+        m.ApiKey.OFFSET_FETCH,
+        m.ApiKey.JOIN_GROUP,
+        m.ApiKey.SYNC_GROUP,
+        m.ApiKey.HEARTBEAT,
+        m.ApiKey.LEAVE_GROUP,
+    }
+)
+# answers that wait at the coordinator for the rest of the group: forwarded as long polls
+_WAITING_GROUP_APIS = frozenset({m.ApiKey.JOIN_GROUP, m.ApiKey.SYNC_GROUP})
+# the coordinator's answers in our error codes (MEMBER_ID_REQUIRED never: we join in one step)
+_GROUP_CODES: dict[GroupCode, m.ErrorCode] = {
+    GroupCode.NONE: m.ErrorCode.NONE,
+    GroupCode.UNKNOWN_MEMBER_ID: m.ErrorCode.UNKNOWN_MEMBER_ID,
+    GroupCode.ILLEGAL_GENERATION: m.ErrorCode.ILLEGAL_GENERATION,
+    GroupCode.REBALANCE_IN_PROGRESS: m.ErrorCode.REBALANCE_IN_PROGRESS,
+    GroupCode.INCONSISTENT_GROUP_PROTOCOL: m.ErrorCode.INCONSISTENT_GROUP_PROTOCOL,
+    GroupCode.MEMBER_ID_REQUIRED: m.ErrorCode.UNKNOWN_MEMBER_ID,
+    GroupCode.INVALID_SESSION_TIMEOUT: m.ErrorCode.INVALID_REQUEST,
+    GroupCode.NOT_COORDINATOR: m.ErrorCode.NOT_OWNER,
+}
 
 
 def _no_timers(delay_s: float, callback: Callable[[], None]) -> object:
@@ -178,6 +201,10 @@ class Handlers:
             m.ApiKey.OFFSET_COMMIT: self._offset_commit,
             m.ApiKey.OFFSET_FETCH: self._offset_fetch,
             m.ApiKey.STATS: self._stats,
+            m.ApiKey.JOIN_GROUP: self._join_group,
+            m.ApiKey.SYNC_GROUP: self._sync_group,
+            m.ApiKey.HEARTBEAT: self._heartbeat,
+            m.ApiKey.LEAVE_GROUP: self._leave_group,
         }
 
     def close(self) -> None:
@@ -288,7 +315,7 @@ class Handlers:
                         return self._error(
                             frame, m.ErrorCode.NOT_OWNER, f"core {self.config.core_id} does not coordinate it"
                         )
-                    return Forward(core, frame, False, True)
+                    return Forward(core, frame, frame.api_key in _WAITING_GROUP_APIS, True)
         if from_peer and frame.api_key == m.ApiKey.DELETE_TOPIC:
             return self._topic_deleted_elsewhere(frame)
         try:
@@ -605,8 +632,8 @@ class Handlers:
         return topic
 
     def _offset_commit(self, req: m.Request, frame: Frame) -> Outcome:
-        """A simple commit (no generation, no member) into the coordinator's store: refused
-        while Kafka members hold the group (they commit with their generation)."""
+        """A commit into the coordinator's store: a member's with its generation, or one outside
+        membership (generation -1), which is refused while the group has members."""
         assert isinstance(req, m.OffsetCommitRequest)
         check_group(req.group)
         self.topic_of(frame.topic_id, frame.partition)
@@ -614,9 +641,11 @@ class Handlers:
             raise ValueError(f"cannot commit negative offset {req.offset}")
         self.space.check_writable()
         offsets = {(frame.topic_id, frame.partition): Committed(req.offset, req.metadata)}
-        code = self.coordinator.commit(req.group, offsets, live=self.registry.by_id.__contains__)
+        code = self.coordinator.commit(
+            req.group, offsets, req.generation, req.member_id, live=self.registry.by_id.__contains__
+        )
         if code != GroupCode.NONE:
-            raise GroupError(f"group {req.group!r} has members of its own ({code.value}): not committed")
+            return self._group_error(frame, req.group, code)
         return self._reply(frame, m.OffsetCommitResponse())
 
     def _offset_fetch(self, req: m.Request, frame: Frame) -> Outcome:
@@ -625,6 +654,76 @@ class Handlers:
         self.topic_of(frame.topic_id, frame.partition)
         offset, metadata = self.coordinator.offsets.committed(req.group, frame.topic_id, frame.partition)
         return self._reply(frame, m.OffsetFetchResponse(offset=offset, metadata=metadata))
+
+    def _group_error(self, frame: Frame, group: str, code: GroupCode) -> Reply:
+        return self._error(frame, _GROUP_CODES[code], f"group {group!r}: {code.value}")
+
+    def _join_group(self, req: m.Request, frame: Frame) -> Outcome:
+        """Answered when the group's join phase ends (`Later`): members assigned by the broker
+        in one step (our clients need no MEMBER_ID_REQUIRED round trip)."""
+        assert isinstance(req, m.JoinGroupRequest)
+        check_group(req.group)
+
+        def start(answer: Callable[[Reply | Silent], None]) -> None:
+            def done(result: JoinResult) -> None:
+                if result.code != GroupCode.NONE:
+                    answer(self._group_error(frame, req.group, result.code))
+                    return
+                members = tuple(m.GroupMember(member, meta) for member, _instance, meta in result.members)
+                resp = m.JoinGroupResponse(
+                    generation=result.generation,
+                    protocol=result.protocol_name or "",
+                    leader=result.leader,
+                    member_id=result.member_id,
+                    members=members,
+                )
+                answer(self._reply(frame, resp))
+
+            self.coordinator.join(
+                req.group,
+                req.member_id,
+                req.protocol_type,
+                [(p.name, p.metadata) for p in req.protocols],
+                req.session_timeout_ms,
+                req.rebalance_timeout_ms,
+                done,
+                client_id="ringlog",
+            )
+
+        return Later(start)
+
+    def _sync_group(self, req: m.Request, frame: Frame) -> Outcome:
+        """Answered when the leader's assignment arrives (`Later`)."""
+        assert isinstance(req, m.SyncGroupRequest)
+        check_group(req.group)
+
+        def start(answer: Callable[[Reply | Silent], None]) -> None:
+            def done(result: SyncResult) -> None:
+                if result.code != GroupCode.NONE:
+                    answer(self._group_error(frame, req.group, result.code))
+                else:
+                    answer(self._reply(frame, m.SyncGroupResponse(assignment=result.assignment)))
+
+            assignments = {a.member_id: a.assignment for a in req.assignments}
+            self.coordinator.sync(req.group, req.generation, req.member_id, assignments, done)
+
+        return Later(start)
+
+    def _heartbeat(self, req: m.Request, frame: Frame) -> Outcome:
+        assert isinstance(req, m.HeartbeatRequest)
+        check_group(req.group)
+        code = self.coordinator.heartbeat(req.group, req.generation, req.member_id)
+        if code != GroupCode.NONE:
+            return self._group_error(frame, req.group, code)
+        return self._reply(frame, m.HeartbeatResponse())
+
+    def _leave_group(self, req: m.Request, frame: Frame) -> Outcome:
+        assert isinstance(req, m.LeaveGroupRequest)
+        check_group(req.group)
+        (code,) = self.coordinator.leave(req.group, [(req.member_id, None)])
+        if code != GroupCode.NONE:
+            return self._group_error(frame, req.group, code)
+        return self._reply(frame, m.LeaveGroupResponse())
 
     # ------------------------------------------------------------------------- stats
 
