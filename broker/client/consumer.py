@@ -67,18 +67,18 @@ from broker.client.errors import (
 )
 from broker.client.loop_thread import LoopThread
 from broker.client.records import ConsumerRecord
-from ringlog_proto.batch import BatchError, decode_records, iter_batches
+from ringlog_proto.batch import BatchError, decode_rows, iter_batches
 from ringlog_proto.messages import (
     ErrorCode,
+    FetchRecords,
     FetchRequest,
-    FetchResponse,
     ListOffsetsRequest,
     ListOffsetsResponse,
     OffsetCommitRequest,
     OffsetFetchRequest,
     OffsetFetchResponse,
     OffsetSpec,
-    Response,
+    read_fetch_response,
 )
 
 log = logging.getLogger(__name__)
@@ -609,7 +609,9 @@ class AsyncConsumer:
             info.topic_id, st.tp.partition, st.fetch_offset, self.fetch_max_bytes, wait, self.fetch_min_bytes
         )
         try:
-            fut = conn.request_nowait(req, timeout=self.request_timeout + wait / 1000)
+            fut = conn.request_nowait(
+                req, timeout=self.request_timeout + wait / 1000, decode=read_fetch_response
+            )
         except BrokerUnavailable as exc:
             self._fetch_failed(st, exc)
             return
@@ -646,7 +648,7 @@ class AsyncConsumer:
             st.busy = None
             self._start_fetch(st)
 
-    def _fetched(self, st: _Assigned, offset: int, fut: asyncio.Future[Response]) -> None:
+    def _fetched(self, st: _Assigned, offset: int, fut: asyncio.Future[FetchRecords]) -> None:
         if st.busy is not fut or self._closed:
             return  # a seek (or close) made this answer stale; the seek started a new fetch
         st.busy = None
@@ -661,18 +663,16 @@ class AsyncConsumer:
         if resp.error != ErrorCode.NONE:
             self._fetch_failed(st, error_for(resp.error, resp.message))
             return
-        assert isinstance(resp, FetchResponse)
         st.errors = 0
         st.storage_errors = 0
         st.high_watermark = resp.high_watermark
-        data = resp.records
-        if not data:
+        if resp.start == resp.end:
             if st.solo:
                 self._start_fetch(st)  # long-poll again
             else:
                 self._later(st, self.fetch_idle)
             return
-        records, next_offset, poison = self._decode(st.tp, data, offset)
+        records, next_offset, poison = self._decode(st.tp, resp.body, resp.start, resp.end, offset)
         if poison is not None:
             # Hand out what decoded; poll raises once those are gone (see the module docstring).
             st.fetch_offset = next_offset
@@ -699,37 +699,37 @@ class AsyncConsumer:
         self._start_fetch(st)
 
     def _decode(
-        self, tp: TopicPartition, data: bytes, offset: int
+        self, tp: TopicPartition, data: bytes, start: int, end: int, offset: int
     ) -> tuple[list[ConsumerRecord], int, UndecodableBatchError | None]:
-        """Records at or after `offset` in `data` (the first batch may start before it), the
+        """Records at or after `offset` in `data[start:end]` (the first batch may start before it), the
         offset after the last whole batch decoded, and the batch that did not decode, if any
         (the records are then those before it, and the offset is where it starts)."""
-        topic, partition = tp
         out: list[ConsumerRecord] = []
-        append = out.append
+        extend = out.extend
         next_offset = offset
         verify = self.check_crcs
-        batches = iter_batches(data)
+        prefix = (tp.topic, tp.partition)
+        batches = iter_batches(data, start, end)
         while True:
             try:
                 item = next(batches, None)
             except BatchError as exc:  # a header that does not frame: where the batch ends is unknown
-                return out, next_offset, UndecodableBatchError(topic, partition, next_offset, None, str(exc))
+                return out, next_offset, UndecodableBatchError(*tp, next_offset, None, str(exc))
             if item is None:
                 return out, next_offset, None
             pos, h = item
-            end = h.base_offset + h.record_count
-            if end <= offset:
+            after = h.base_offset + h.record_count
+            if after <= offset:
                 continue
             try:
-                decoded = decode_records(data, pos, verify)
+                rows = decode_rows(data, pos, verify, prefix, ConsumerRecord)
             except BatchError as exc:
                 at = max(h.base_offset, offset)
-                return out, at, UndecodableBatchError(topic, partition, at, end, str(exc))
-            for r in decoded:
-                if r.offset >= offset:
-                    append(ConsumerRecord(topic, partition, r.offset, r.timestamp, r.key, r.value, r.headers))  # type: ignore[arg-type]
-            next_offset = end
+                return out, at, UndecodableBatchError(*tp, at, after, str(exc))
+            if h.base_offset < offset:  # the fetch started inside this batch
+                rows = [r for r in rows if r.offset >= offset]
+            extend(rows)  # type: ignore[arg-type]
+            next_offset = after
 
     def _fetch_failed(self, st: _Assigned, exc: BaseException) -> None:
         st.busy = None
