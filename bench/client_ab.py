@@ -13,7 +13,10 @@ measures, against a fresh `broker serve` (uvloop) in a temporary directory:
   records/s from the first send to `flush()` returning. "spread" = the P=4 rate / the P=1 rate.
 - consume: N records of 1 KiB values written by the same Producer into one partition, then read
   from the start by one blocking `Consumer` (max_poll_records 10 000), three ways: `poll()` lists,
-  `for record in consumer`, and `poll_batches()` where the tree has it. MB/s of record values.
+  `for record in consumer`, and `poll_batches()` where the tree has it. MB/s of record values, and
+  the client process's CPU time per GB (both its threads: less sensitive to a busy machine).
+With one broker core and at least two CPUs, the broker is pinned to the first CPU and the client
+to the second, as bench/e2e.py does; with more cores nothing is pinned.
 The table gives per tree the median over rounds and the spread (max/min - 1) of each row, and the
 ratio of the medians (second tree / first). The machine's noise shows in the spread: a ratio
 within it is not a difference.
@@ -49,6 +52,13 @@ def one(args: argparse.Namespace) -> dict[str, float]:
         for cores in [int(c) for c in args.cores.split(",")]:
             broker = BrokerProcess(tmp / f"data{cores}", tmp / f"broker{cores}.log", cores=cores)
             broker.start()
+            pinned = cores == 1 and (os.cpu_count() or 1) >= 2
+            if pinned:  # as bench/e2e.py: the broker on the first CPU, this client on the second
+                for pid in (broker.proc.pid, *broker.worker_pids.values()):
+                    os.sched_setaffinity(pid, {0})
+                os.sched_setaffinity(0, {1})
+            else:
+                os.sched_setaffinity(0, set(range(os.cpu_count() or 1)))
             try:
                 bs = broker.bootstrap
                 with Admin(bs) as admin:
@@ -82,6 +92,7 @@ def one(args: argparse.Namespace) -> dict[str, float]:
                         c.assign([("c", 0)])
                         got = nbytes = 0
                         t0 = time.perf_counter()
+                        c0 = time.process_time()
                         if mode == "poll":
                             while got < n:
                                 recs = c.poll(timeout_ms=5000)
@@ -103,9 +114,11 @@ def one(args: argparse.Namespace) -> dict[str, float]:
                                     for r in batch:
                                         nbytes += len(r.value)
                         secs = time.perf_counter() - t0
+                        cpu = time.process_time() - c0
                         if got != n or nbytes != n * 1024:
                             raise RuntimeError(f"{mode}: consumed {got} records, {nbytes} B")
                         out[f"consume 1 KiB, Consumer {mode} (MB/s)"] = nbytes / secs / 1e6
+                        out[f"consume 1 KiB, Consumer {mode} (client CPU ms/GB)"] = cpu / nbytes * 1e12
             finally:
                 broker.stop()
     finally:

@@ -312,7 +312,8 @@ def encode_python(g: Gathered, prefix: int = 0) -> bytearray:
 
 
 def _get(buf: bytes, q: int, lim: int, maxb: int) -> tuple[int, int, int]:
-    """(error code or 0, value, position after) of the zigzag varint at `q`, before `lim`."""
+    """(error code or 0, value, position after) of the zigzag varint at `q`, before `lim`; bits
+    beyond its type (32 bits when `maxb` is 5, else 64) dropped, as `rc_get` and Kafka drop them."""
     u = 0
     for k in range(maxb):
         if q == lim:
@@ -321,8 +322,7 @@ def _get(buf: bytes, q: int, lim: int, maxb: int) -> tuple[int, int, int]:
         q += 1
         u |= (b & 0x7F) << (7 * k)
         if not b & 0x80:
-            if k == maxb - 1 and b >> (4 if maxb == 5 else 1):
-                return _VARINT_TOO_LONG, 0, q
+            u &= 0xFFFF_FFFF if maxb == 5 else 0xFFFF_FFFF_FFFF_FFFF
             return 0, (u >> 1) ^ -(u & 1), q
     return _VARINT_TOO_LONG, 0, q
 
