@@ -66,7 +66,7 @@ def one(args: argparse.Namespace) -> dict[str, float]:
                         admin.create_topic(f"p{parts}", partitions=parts)
                     admin.create_topic("c", partitions=1)
                 small = [os.urandom(args.produce_bytes) for _ in range(256)]
-                for parts in (1, 4):
+                for parts in () if args.consume_only else (1, 4):
                     n = args.produce_records
                     with Producer(bs, linger_ms=5) as p:
                         p.send(f"p{parts}", b"warm", partition=0).result()
@@ -135,6 +135,7 @@ def main() -> int:
     ap.add_argument("--produce-records", type=int, default=200_000)
     ap.add_argument("--consume-records", type=int, default=200_000)
     ap.add_argument("--quick", action="store_true", help="a quarter of the records")
+    ap.add_argument("--consume-only", action="store_true", help="skip the produce rows")
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.quick:
@@ -150,6 +151,7 @@ def main() -> int:
         f"--produce-bytes={args.produce_bytes}",
         f"--produce-records={args.produce_records}",
         f"--consume-records={args.consume_records}",
+        *(["--consume-only"] if args.consume_only else []),
     ]
     for r in range(args.rounds):
         order = trees[r % len(trees) :] + trees[: r % len(trees)]

@@ -387,3 +387,40 @@ def test_send_to_unknown_topic_fails_the_future(broker: BrokerProcess) -> None:
         fut = p.send("nope", b"x")
         with pytest.raises(UnknownTopicError):
             fut.result(10)
+
+
+def test_prefetch_hands_out_every_record_once_in_order(broker: BrokerProcess) -> None:
+    """Small fetches of several batches each, the next one sent before the last is decoded (see
+    AsyncConsumer._fetched), from a position inside a batch: every record once, in order, by
+    poll lists, by iteration and by the async consumer."""
+    create(broker, "prefetch")
+    n = 3000
+    with Producer(broker.bootstrap, batch_bytes=2048, linger_ms=50) as p:
+        for i in range(n):
+            p.send("prefetch", f"value-{i:05d}".encode() * 7, partition=0)
+        p.flush()
+    tp = ("prefetch", 0)
+    start = 1234  # inside a batch: 2 KiB batches hold ~25 of these records
+    want = [f"value-{i:05d}".encode() * 7 for i in range(start, n)]
+    config = {"fetch_max_bytes": 5000, "max_poll_records": 97, "fetch_max_wait_ms": 100}
+    with Consumer(broker.bootstrap, **config) as c:  # type: ignore[arg-type]
+        c.assign([tp])
+        c.seek(tp, start)
+        got: list[ConsumerRecord] = []
+        deadline = time.monotonic() + 30
+        while len(got) < len(want) and time.monotonic() < deadline:
+            got.extend(c.poll(1000))
+        assert [r.offset for r in got] == list(range(start, n))
+        assert [r.value for r in got] == want
+        assert c.position(tp) == n
+        c.seek(tp, start)
+        it = iter(c)
+        assert [next(it).value for _ in range(len(want))] == want
+
+    async def async_side() -> list[bytes | None]:
+        async with AsyncConsumer(broker.bootstrap, iter_timeout_ms=2000, **config) as ac:  # type: ignore[arg-type]
+            await ac.assign([tp])
+            ac.seek(tp, start)
+            return [r.value async for r in ac]
+
+    assert arun(async_side) == want
