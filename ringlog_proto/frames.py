@@ -3,7 +3,8 @@
 Rules this module keeps:
 - No sockets. `FrameDecoder.feed(bytes)` only buffers; `next_frame()` returns a `Frame` or
   `NEED_DATA`; `encode_frame(...)` returns bytes. Every I/O loop (uvloop, io_uring, the clients)
-  drives this one codec (the h11 pattern).
+  drives this one codec (the h11 pattern); `FrameReader` is the same decoder for a reader that
+  receives into the decoder's own buffer (the client's `BufferedProtocol`).
 - Any byte string either yields frames or raises `ProtocolError`; never another exception. A
   `ProtocolError` means the stream cannot be resynchronised: the connection is closed.
 - The partition identity (topic id, partition index) sits at a fixed offset of *every* frame, so a

@@ -51,6 +51,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
@@ -111,6 +112,7 @@ class _Assigned:
         "fetch_offset",
         "high_watermark",
         "lane",
+        "lock",
         "poison",
         "position",
         "solo",
@@ -119,8 +121,9 @@ class _Assigned:
         "tp",
     )
 
-    def __init__(self, tp: TopicPartition) -> None:
+    def __init__(self, tp: TopicPartition, lock: threading.Lock) -> None:
         self.tp = tp
+        self.lock = lock  # the consumer's `_take`: guards chunks, chunk_pos and position
         self.position: int | None = None  # next offset poll returns; None: to be reset
         self.fetch_offset = 0  # next offset to fetch (ahead of position by what is buffered)
         self.chunks: deque[list[ConsumerRecord]] = deque()  # decoded fetch responses
@@ -140,10 +143,11 @@ class _Assigned:
         self.storage_errors = 0  # consecutive STORAGE_ERROR answers since the last raise
 
     def seek(self, offset: int) -> None:
-        self.position = offset
+        with self.lock:
+            self.position = offset
+            self.chunks.clear()
+            self.chunk_pos = 0
         self.fetch_offset = offset
-        self.chunks.clear()
-        self.chunk_pos = 0
         self.poison = None
         self.storage_errors = 0
         self.busy = None  # what is in flight (if anything) is now stale; a new fetch may go
@@ -234,6 +238,9 @@ class AsyncConsumer:
             bootstrap, client_name=client_name, request_timeout_ms=request_timeout_ms
         )
         self._assigned: dict[TopicPartition, _Assigned] = {}
+        # Held while buffered records change hands: the blocking Consumer takes them from its
+        # caller's thread (`poll_buffered`) while this loop appends fetched ones.
+        self._take = threading.Lock()
         self._order: list[_Assigned] = []  # poll's round-robin order
         self._rr = 0
         self._errors: list[BaseException] = []  # raised by the next poll
@@ -302,7 +309,7 @@ class AsyncConsumer:
         for tp in tps:
             await self._client.route(tp.topic, tp.partition)  # unknown topic/partition raises here
         old = self._assigned
-        self._assigned = {tp: old.get(tp) or _Assigned(tp) for tp in tps}
+        self._assigned = {tp: old.get(tp) or _Assigned(tp, self._take) for tp in tps}
         for tp, st in old.items():
             if tp not in self._assigned:
                 st.seek(0)  # drop its buffer; its fetch in flight is ignored
@@ -526,28 +533,61 @@ class AsyncConsumer:
 
     def _drain(self, limit: int) -> list[ConsumerRecord]:
         """Take up to `limit` buffered records, round-robin over partitions, advancing positions."""
+        out, emptied = self._take_buffered(limit)
+        for st in emptied:
+            self._start_fetch(st)  # room for another prefetched response
+        return out
+
+    def _take_buffered(self, limit: int) -> tuple[list[ConsumerRecord], list[_Assigned]]:
+        """`_drain`'s records, and the partitions that handed out a whole response (each may
+        fetch again), from any thread."""
         out: list[ConsumerRecord] = []
+        emptied: list[_Assigned] = []
         order = self._order
         n = len(order)
         if not n:
-            return out
-        start = self._rr % n
-        self._rr = start + 1
-        for i in range(n):
-            st = order[(start + i) % n]
-            while st.chunks and len(out) < limit:
-                chunk = st.chunks[0]
-                take = chunk[st.chunk_pos : st.chunk_pos + limit - len(out)]
-                out.extend(take)
-                st.chunk_pos += len(take)
-                st.position = take[-1].offset + 1
-                if st.chunk_pos >= len(chunk):
-                    st.chunks.popleft()
-                    st.chunk_pos = 0
-                    self._start_fetch(st)  # room for another prefetched response
-            if len(out) >= limit:
-                break
-        return out
+            return out, emptied
+        with self._take:
+            start = self._rr % n
+            self._rr = start + 1
+            for i in range(n):
+                st = order[(start + i) % n]
+                while st.chunks and len(out) < limit:
+                    chunk = st.chunks[0]
+                    take = chunk[st.chunk_pos : st.chunk_pos + limit - len(out)]
+                    out.extend(take)
+                    st.chunk_pos += len(take)
+                    st.position = take[-1].offset + 1
+                    if st.chunk_pos >= len(chunk):
+                        st.chunks.popleft()
+                        st.chunk_pos = 0
+                        emptied.append(st)
+                if len(out) >= limit:
+                    break
+        return out, emptied
+
+    def poll_buffered(self, max_records: int | None = None) -> list[ConsumerRecord] | None:
+        """`poll`'s answer when records are buffered and nothing else needs doing, taken from the
+        calling thread without a trip through the event loop (the blocking Consumer's fast path);
+        None when `poll` itself must run: nothing buffered, an error or a damaged batch to raise,
+        a position to reset, or an auto-commit due. Fetches freed by what was taken are sent
+        from the loop."""
+        loop = self._loop
+        if self._closed or loop is None or self._errors:
+            return None
+        if self.enable_auto_commit and self._commit_task is None and time.monotonic() >= self._next_commit:
+            return None
+        for st in self._order:
+            if st.position is None or (st.poison is not None and not st.chunks):
+                return None
+        out, emptied = self._take_buffered(self.max_poll_records if max_records is None else max_records)
+        if emptied:
+            loop.call_soon_threadsafe(self._refill, emptied)
+        return out or None
+
+    def _refill(self, sts: list[_Assigned]) -> None:
+        for st in sts:
+            self._start_fetch(st)
 
     def __aiter__(self) -> AsyncIterator[ConsumerRecord]:
         return self._iterate()
@@ -691,7 +731,8 @@ class AsyncConsumer:
             st.fetch_offset = next_offset
             st.poison = poison
             if records:
-                st.chunks.append(records)
+                with self._take:
+                    st.chunks.append(records)
             log.warning("%s", poison)
             self._wake()
             return
@@ -707,7 +748,8 @@ class AsyncConsumer:
             return
         st.fetch_offset = next_offset
         if records:
-            st.chunks.append(records)
+            with self._take:
+                st.chunks.append(records)
             self._wake()
         self._start_fetch(st)
 
@@ -887,6 +929,13 @@ class Consumer:
         return self._run(self._async.seek_to_timestamp(timestamp, *tps))  # type: ignore[return-value]
 
     def poll(self, timeout_ms: float = 1000, max_records: int | None = None) -> list[ConsumerRecord]:
+        """See `AsyncConsumer.poll`. Records already buffered are taken from this thread
+        (`AsyncConsumer.poll_buffered`); only waiting and the rest go through the loop thread."""
+        if self._closed:
+            raise ClientClosedError("the consumer is closed")
+        got = self._async.poll_buffered(max_records)
+        if got is not None:
+            return got
         return self._run(self._async.poll(timeout_ms, max_records))  # type: ignore[return-value]
 
     def commit(self, offsets: Mapping[TPLike, int] | None = None, metadata: str = "") -> None:

@@ -424,3 +424,28 @@ def test_prefetch_hands_out_every_record_once_in_order(broker: BrokerProcess) ->
             return [r.value async for r in ac]
 
     assert arun(async_side) == want
+
+
+def test_auto_commit_runs_while_polls_find_records_buffered(broker: BrokerProcess) -> None:
+    """The blocking Consumer takes buffered records without the loop (`poll_buffered`), but a due
+    auto-commit still runs, committing only what earlier polls returned."""
+    create(broker, "autocommit")
+    with Producer(broker.bootstrap, linger_ms=20) as p:
+        for i in range(500):
+            p.send("autocommit", f"{i}".encode(), partition=0)
+        p.flush()
+    tp = ("autocommit", 0)
+    config = {"group": "ac", "auto_offset_reset": "earliest", "auto_commit_interval_ms": 100}
+    with Consumer(broker.bootstrap, max_poll_records=1, **config) as c:  # type: ignore[arg-type]
+        c.assign([tp])
+        got: list[int] = []
+        committed = None
+        deadline = time.monotonic() + 20
+        while committed is None and len(got) < 500 and time.monotonic() < deadline:
+            got.extend(r.offset for r in c.poll(1000))
+            time.sleep(0.01)
+            committed = c.committed(tp)
+        # 500 records of a few bytes come in a fetch or two: polls found them buffered.
+        assert committed is not None and len(got) < 400, "no auto-commit while records were buffered"
+        assert 0 < committed <= len(got) == c.position(tp)
+        assert got == list(range(len(got)))

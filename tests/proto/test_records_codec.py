@@ -9,6 +9,7 @@ import struct
 import sys
 from array import array
 from collections.abc import Callable
+from typing import NamedTuple
 
 import pytest
 from crc32c import crc32c
@@ -103,6 +104,22 @@ def test_prefix_leaves_room_and_decode_reads_any_buffer_at_any_start(recs: list,
         want = expected(recs, TS)
         for buf in (bytes(section), section, memoryview(section)):
             assert rc.decode_section(buf, prefix, len(section), count, 0, TS, codec=c) == want
+            # the consumer's rows: the same fields, prefixed, as tuples of the class asked for
+            rows = rc.decode_rows(buf, prefix, len(section), count, 0, TS, ("t", 1), Row, codec=c)
+            assert all(type(r) is Row for r in rows)
+            assert [(*r[:6], list(r[6])) for r in rows] == [
+                ("t", 1, w.offset, w.timestamp, w.key, w.value, list(w.headers)) for w in want
+            ]
+
+
+class Row(NamedTuple):
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int
+    key: bytes | None
+    value: bytes | None
+    headers: object
 
 
 def damaged(data: bytes, how: int, at: int, byte: int) -> bytes:
