@@ -10,7 +10,9 @@ measures, against a fresh `broker serve` (uvloop) in a temporary directory:
 - produce: `Producer` (acks=1, linger_ms 5, defaults otherwise) writing N keyless records of
   `--produce-bytes` (200 B, as bench/spark.py) with `partition=i % P` for P = 1 and P = 4 to a
   topic of P partitions, on a broker of `--cores` cores (default 1, and 2 with `--cores 1,2`):
-  records/s from the first send to `flush()` returning. "spread" = the P=4 rate / the P=1 rate.
+  records/s from the first send to `flush()` returning, and the client's CPU per record; the
+  1- and 4-partition runs alternate `--produce-reps` times (median each), and "spread" is the
+  median over those pairs of the 4-partition rate over its 1-partition twin's (x100).
 - consume: N records of 1 KiB values written by the same Producer into one partition, then read
   from the start by one blocking `Consumer` (max_poll_records 10 000), three ways: `poll()` lists,
   `for record in consumer`, and `poll_batches()` where the tree has it. MB/s of record values, and
@@ -66,17 +68,29 @@ def one(args: argparse.Namespace) -> dict[str, float]:
                         admin.create_topic(f"p{parts}", partitions=parts)
                     admin.create_topic("c", partitions=1)
                 small = [os.urandom(args.produce_bytes) for _ in range(256)]
-                for parts in () if args.consume_only else (1, 4):
-                    n = args.produce_records
-                    with Producer(bs, linger_ms=5) as p:
-                        p.send(f"p{parts}", b"warm", partition=0).result()
-                        t0 = time.perf_counter()
-                        for i in range(n):
-                            p.send(f"p{parts}", small[i & 255], partition=i % parts)
-                        p.flush()
-                        out[
-                            f"produce {args.produce_bytes} B, {parts} partition(s), cores {cores} (rec/s)"
-                        ] = n / (time.perf_counter() - t0)
+                rates: dict[int, list[float]] = {1: [], 4: []}
+                cpus: dict[int, list[float]] = {1: [], 4: []}
+                n = args.produce_records
+                for _rep in range(0 if args.consume_only else args.produce_reps):
+                    for parts in (1, 4):  # alternating, so each 4-partition run has a 1-partition twin
+                        with Producer(bs, linger_ms=5) as p:
+                            p.send(f"p{parts}", b"warm", partition=0).result()
+                            t0 = time.perf_counter()
+                            c0 = time.process_time()
+                            for i in range(n):
+                                p.send(f"p{parts}", small[i & 255], partition=i % parts)
+                            p.flush()
+                            rates[parts].append(n / (time.perf_counter() - t0))
+                            cpus[parts].append((time.process_time() - c0) / n * 1e6)
+                for parts in (1, 4) if rates[1] else ():
+                    label = f"produce {args.produce_bytes} B, {parts} partition(s), cores {cores}"
+                    out[f"{label} (rec/s)"] = statistics.median(rates[parts])
+                    out[f"{label} (client CPU us/rec)"] = statistics.median(cpus[parts])
+                if rates[1]:
+                    ratios = [b / a for a, b in zip(rates[1], rates[4], strict=True)]
+                    out[f"produce spread: 4 partitions / 1, cores {cores} (x100)"] = 100 * statistics.median(
+                        ratios
+                    )
                 if cores != 1:
                     continue
                 big = [os.urandom(1024) for _ in range(256)]
@@ -136,6 +150,9 @@ def main() -> int:
     ap.add_argument("--consume-records", type=int, default=200_000)
     ap.add_argument("--quick", action="store_true", help="a quarter of the records")
     ap.add_argument("--consume-only", action="store_true", help="skip the produce rows")
+    ap.add_argument(
+        "--produce-reps", type=int, default=3, help="alternating 1- and 4-partition runs per tree run"
+    )
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.quick:
@@ -152,6 +169,7 @@ def main() -> int:
         f"--produce-records={args.produce_records}",
         f"--consume-records={args.consume_records}",
         *(["--consume-only"] if args.consume_only else []),
+        f"--produce-reps={args.produce_reps}",
     ]
     for r in range(args.rounds):
         order = trees[r % len(trees) :] + trees[: r % len(trees)]

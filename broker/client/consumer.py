@@ -860,6 +860,11 @@ class Consumer:
 
     Same parameters as `AsyncConsumer`. Iterating (`for record in consumer`) polls and yields
     records one by one until `close()` or, with `iter_timeout_ms`, until that long passes idle.
+
+    The loop thread fetches and decodes ahead while the caller works; `poll` takes what is
+    buffered straight from the caller's thread (a lock, no round trip through the loop: that
+    cost ~5% of the CPU at the default 500 records a poll) and goes through the loop only to wait
+    for records, raise what a fetch met, reset positions or auto-commit.
     """
 
     def __init__(self, bootstrap: str = DEFAULT_BOOTSTRAP, **config: object) -> None:
