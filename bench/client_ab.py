@@ -13,6 +13,7 @@ measures, against a fresh `broker serve` (uvloop) in a temporary directory:
   records/s from the first send to `flush()` returning, and the client's CPU per record; the
   1- and 4-partition runs alternate `--produce-reps` times (median each), and "spread" is the
   median over those pairs of the 4-partition rate over its 1-partition twin's (x100).
+- produce 1 KiB: `AsyncProducer` (acks=1, linger_ms 5) writing N records of 1 KiB to one partition.
 - consume: N records of 1 KiB values written by the same Producer into one partition, then read
   from the start by one blocking `Consumer` (max_poll_records 10 000), three ways: `poll()` lists,
   `for record in consumer`, and `poll_batches()` where the tree has it. MB/s of record values, and
@@ -27,6 +28,7 @@ within it is not a difference.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import shutil
@@ -67,6 +69,7 @@ def one(args: argparse.Namespace) -> dict[str, float]:
                     for parts in (1, 4):
                         admin.create_topic(f"p{parts}", partitions=parts)
                     admin.create_topic("c", partitions=1)
+                    admin.create_topic("a", partitions=1)
                 small = [os.urandom(args.produce_bytes) for _ in range(256)]
                 rates: dict[int, list[float]] = {1: [], 4: []}
                 cpus: dict[int, list[float]] = {1: [], 4: []}
@@ -94,6 +97,10 @@ def one(args: argparse.Namespace) -> dict[str, float]:
                 if cores != 1:
                     continue
                 big = [os.urandom(1024) for _ in range(256)]
+                if not args.consume_only:
+                    out["produce 1 KiB, AsyncProducer, 1 partition (MB/s)"] = asyncio.run(
+                        produce_async(bs, big, args.consume_records)
+                    )
                 n = args.consume_records
                 with Producer(bs) as p:
                     for i in range(n):
@@ -138,6 +145,18 @@ def one(args: argparse.Namespace) -> dict[str, float]:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+async def produce_async(bs: str, values: list[bytes], n: int) -> float:
+    from broker.client import AsyncProducer
+
+    async with AsyncProducer(bs, linger_ms=5) as p:
+        await (await p.send("a", values[0], partition=0))
+        t0 = time.perf_counter()
+        for i in range(n):
+            await p.send("a", values[i & 255], partition=0)
+        await p.flush()
+        return n * len(values[0]) / (time.perf_counter() - t0) / 1e6
 
 
 def main() -> int:
