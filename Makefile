@@ -5,7 +5,7 @@ PY := .venv/bin/python
 LINT_IMPORTS := .venv/bin/lint-imports --no-cache --no-logo
 DATA_DIR ?= ./data
 
-.PHONY: setup run test lint bench clean spark-demo bench-spark
+.PHONY: setup run test lint bench clean spark-demo bench-spark bench-kafka
 
 setup:
 	@bash scripts/setup.sh
@@ -33,6 +33,10 @@ spark-demo: setup
 
 bench-spark: setup
 	$(PY) bench/spark.py
+
+# librdkafka against ringlog and Tansu (docs/KAFKA.md, "Side by side"); QUICK=1 for small sizes.
+bench-kafka: setup
+	$(PY) bench/kafka_clients.py $(if $(QUICK),--quick)
 
 clean:
 	rm -rf .venv build *.egg-info .pytest_cache .ruff_cache .hypothesis

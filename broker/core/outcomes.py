@@ -7,9 +7,9 @@ Rules this module keeps:
 - An outcome is data plus continuations, never I/O: `Reply` (send these buffers), `Silent` (send
   nothing: acks=0), `Append` (run the log writes, then `complete` or `fail`), `Read` (read this
   extent, then `finish`), `Durable` (send after the partition's next flush), `Wait` (long poll:
-  re-handle the frame when the partition grows or the deadline passes), `Forward` (another core's
-  partition: send the frame there and relay its answer), `Notify` (tell other cores, then answer),
-  `Gather` (several of these for one request, one answer).
+  re-handle the frame when one of its partitions grows or the deadline passes), `Forward`
+  (another core's partition: send the frame there and relay its answer), `Notify` (tell other
+  cores, then answer), `Gather` (several of these for one request, one answer).
 - `Outcome` is the closed union: a backend's dispatch matches every member and treats anything
   else as a bug (`broker/backends/shared.py`), so adding an outcome means adding its case there.
 """
@@ -69,12 +69,16 @@ class Durable:
 
 @dataclass(slots=True)
 class Wait:
-    """Nothing to fetch yet: re-handle `frame` when `partition` grows, or answer empty at the deadline."""
+    """Nothing to fetch yet (or less than the fetch asks): re-handle `frame` (or call `again`)
+    when any of `partitions` grows, or carry out `on_timeout()` at the deadline.
 
-    partition: Partition
+    Several partitions: a Kafka Fetch names many, and a record in any of them must wake it. The
+    backend parks it on each and, once woken or timed out, takes it off all of them."""
+
+    partitions: tuple[Partition, ...]
     frame: Frame | None
     deadline_ms: int
-    on_timeout: Callable[[], Reply]
+    on_timeout: Callable[[], Outcome]
     again: Callable[[], Outcome] | None = None  # re-handles instead of `frame` (the Kafka adapter)
 
 

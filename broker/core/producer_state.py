@@ -5,7 +5,9 @@ Rules this module keeps:
   count and, once stored, base offset) and answers. `check` answers a request's batches without
   changing anything: new (None: append them), a retry of stored batches (the base offset they were
   given), or an error: `SequenceError` (a gap, or a mix of retried and new batches),
-  `FencedEpochError` (an epoch older than the producer's), `RetryInFlightError` (a retry of a
+  `FencedEpochError` (an epoch older than the producer's), `UnknownProducerError` (a producer this
+  partition holds nothing of, new or expired, not starting at sequence 0: a gap too, but one a
+  client may resolve by starting over), `RetryInFlightError` (a retry of a
   batch still being written, whose outcome is not known yet).
 - Three calls change it, each batch going through them in this order: `reserve` (its append was
   prepared), then `stored` (the append completed) or `released` (it failed or was undone). A
@@ -39,6 +41,12 @@ class SequenceError(Exception):
 
 class FencedEpochError(SequenceError):
     """An idempotent producer used an epoch older than one this partition has seen from it."""
+
+
+class UnknownProducerError(SequenceError):
+    """A producer this partition remembers nothing of (never seen, or its batches were deleted by
+    retention) sent a first sequence other than 0. A `SequenceError` (our protocol answers it as
+    any gap); Kafka answers UNKNOWN_PRODUCER_ID, on which its clients start the partition over."""
 
 
 class RetryInFlightError(Exception):
@@ -140,6 +148,12 @@ class ProducerState:
             else:
                 default = state.last_sequence + 1  # type: ignore[union-attr]
             want = default
+            if h.base_sequence != want and state is None and not flying:
+                raise UnknownProducerError(
+                    f"producer {pid} epoch {h.producer_epoch}: sequence {h.base_sequence} from a producer "
+                    "this partition holds no batch of (new, or its batches were deleted by retention): "
+                    "start at sequence 0"
+                )
             if h.base_sequence != want:
                 raise SequenceError(
                     f"producer {pid} epoch {h.producer_epoch}: sequence {h.base_sequence} where {want} "

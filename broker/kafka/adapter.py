@@ -5,24 +5,28 @@ Rules this module keeps:
   `Outcome` (broker/core/outcomes.py) that the backend carries out as it does ours, in the same
   reply slots, so replies keep request order. The core never learns which protocol asked: what
   both protocols need is a protocol-neutral method of `Handlers` (`metadata_view`,
-  `partition_named`, `create_topic`, `delete_topic`) or of `Partition` (`produce`, the one door
-  of a produce), encoded here.
+  `partition_named`, `create_topic`, `delete_topic`, `producer_ids`) or of `Partition`
+  (`produce`, the one door of a produce), encoded here. An API group of its own lives in its
+  own module (InitProducerId: init_producer_id.py), registered in `_apis`.
 - A Kafka Produce or Fetch names many partitions; ours names one. Each partition becomes its own
   outcome (an `Append` from `Partition.produce`, a `Read` of an extent: stored batches are sent
   as they are) and the request one `Gather` of them, whose `finish` writes the one response once
-  every part is done. A Fetch with nothing to read anywhere waits (`Wait`) on the first partition
-  of ours it names, until that grows or the deadline passes (the others' data waits with it).
+  every part is done. A Fetch answers at once when what it can read reaches min_bytes (at least
+  one byte), when a partition has an error, or at its deadline; otherwise it waits (`Wait`) on
+  every partition of ours it names, and looks again when any of them grows. No fetch sessions:
+  session id 0 (full fetches); an incremental one is FETCH_SESSION_ID_NOT_FOUND, as Kafka
+  answers a session it does not know. No transactions: last stable offset = high watermark.
 - A partition of another core is answered NOT_LEADER_OR_FOLLOWER, never forwarded: Metadata names
   its owning core the leader at that core's own port, so a stock client refreshes Metadata and
   goes there (librdkafka, kafka-python and Java all do), and one request is never split between
   cores. acks: 0 answers nothing, 1 after the write, -1 after the fsync (our acks=2).
-- Only what `SUPPORTED_VERSIONS` lists is advertised in ApiVersions, and only that is answered.
-  An ApiVersions above our highest version gets UNSUPPORTED_VERSION in a v0 response listing our
-  versions (as Kafka brokers answer, so the client retries at a version we have). Any other api
-  or version we do not answer gets UNSUPPORTED_VERSION when its response schema has a top-level
-  error_code whose other fields can all be left empty; otherwise the connection is closed with
-  one log line (`ProtocolError`): a client that sends what we never advertised cannot be
-  answered in a shape it will read correctly.
+- Only what `SUPPORTED_VERSIONS` lists is advertised in ApiVersions, and only that is answered
+  by a handler. An ApiVersions above our highest version gets UNSUPPORTED_VERSION in a v0
+  response listing our versions (as Kafka brokers answer, so the client retries at a version we
+  have). Any other api or version kio knows gets a Kafka error in a response of its own shape,
+  the request's items answered one for one (broker/kafka/unsupported.py); only a request kio has
+  no schema for, or whose bytes do not parse, closes the connection with one log line
+  (`ProtocolError`).
 - Metadata lists every core as a broker: node id = core id, the broker's host, the core's direct
   port (the public port when unknown); each partition's leader is its owning core, replicas and
   isr are just the leader, the controller is core 0. Stock clients thus connect straight to the
@@ -40,7 +44,6 @@ import os
 import struct
 import sys
 from collections.abc import Callable
-from dataclasses import MISSING, fields
 from typing import Any, Final
 
 from kio.schema.errors import ErrorCode
@@ -50,6 +53,7 @@ from broker.core.handlers import Handlers
 from broker.core.outcomes import Append, Durable, Gather, Outcome, Read, Reply, Silent, Wait
 from broker.core.partition import Partition, Stored
 from broker.core.views import MetadataView
+from broker.kafka import init_producer_id
 from broker.kafka.codec import (
     KafkaDecodeError,
     KafkaRequest,
@@ -60,6 +64,13 @@ from broker.kafka.codec import (
     response_schema,
 )
 from broker.kafka.errors import DONE, NotLeaderError, kafka_error
+from broker.kafka.leader_epoch import (
+    KIO_FROM,
+    OFFSET_FOR_LEADER_EPOCH,
+    offset_for_leader_epoch,
+    offset_for_leader_epoch_v0,
+)
+from broker.kafka.unsupported import api_name, error_for, error_response
 from broker.storage.diskspace import is_out_of_space
 from ringlog_proto.batch import now_ms
 from ringlog_proto.frames import ProtocolError
@@ -74,6 +85,7 @@ METADATA: Final = 3
 API_VERSIONS: Final = 18
 CREATE_TOPICS: Final = 19
 DELETE_TOPICS: Final = 20
+INIT_PRODUCER_ID: Final = init_producer_id.INIT_PRODUCER_ID
 # api key -> (lowest, highest) version answered: what ApiVersions advertises, nothing more.
 SUPPORTED_VERSIONS: Final[dict[int, tuple[int, int]]] = {
     PRODUCE: (0, 8),  # advertised from 0, but v0-2 are refused (see `_produce_refused`); v9+ flexible
@@ -83,12 +95,18 @@ SUPPORTED_VERSIONS: Final[dict[int, tuple[int, int]]] = {
     API_VERSIONS: (0, 3),  # v3 is flexible in its request header only; its response header is v0
     CREATE_TOPICS: (2, 4),  # v0-1: kio has no schema for them; v5+ are flexible
     DELETE_TOPICS: (1, 3),  # v0: kio has no schema for it; v4+ are flexible
+    INIT_PRODUCER_ID: init_producer_id.VERSIONS,  # v2+ flexible (kio writes their headers)
+    OFFSET_FOR_LEADER_EPOCH: (0, 3),  # v0-1 read here (kio has v2+); v4+ are flexible
 }
 PRODUCE_REFUSED_BELOW: Final = 3  # librdkafka < 2.11 stops compressing unless Produce v0 is listed
 # Kafka acks -> ours: -1 (all in-sync replicas: here, the one copy, fsynced) is our acks=2.
 _ACKS: Final[dict[int, Acks]] = {0: Acks.NONE, 1: Acks.WRITTEN, -1: Acks.DURABLE}
 FETCH_PARTITION_MAX: Final = 64 << 20  # a partition's share of one fetch, whatever it asks
 FETCH_WAIT_MAX_MS: Final = 30_000
+# Fetch sessions (v7+): the epochs of a full fetch; any other asks for a session we never create
+FETCH_SESSION_INITIAL: Final = 0
+FETCH_SESSION_FINAL: Final = -1
+READ_COMMITTED: Final = 1  # Fetch isolation_level
 CONTROLLER_ID: Final = 0
 
 
@@ -115,6 +133,12 @@ class KafkaAdapter:
             METADATA: self._metadata,
             CREATE_TOPICS: self._create_topics,
             DELETE_TOPICS: self._delete_topics,
+            INIT_PRODUCER_ID: lambda request, body: init_producer_id.init_producer_id(
+                handlers, request, body
+            ),
+            OFFSET_FOR_LEADER_EPOCH: lambda request, body: offset_for_leader_epoch(
+                self.handlers, request, body
+            ),
         }
         assert set(self._apis) == set(SUPPORTED_VERSIONS), "an api advertised without a handler"
 
@@ -126,6 +150,8 @@ class KafkaAdapter:
             return self._api_versions_unsupported(request)
         if key == PRODUCE and version < PRODUCE_REFUSED_BELOW:
             return self._produce_refused(request)
+        if key == OFFSET_FOR_LEADER_EPOCH and version < KIO_FROM:
+            return offset_for_leader_epoch_v0(self.handlers, request)
         supported = SUPPORTED_VERSIONS.get(key)
         if supported is None or not supported[0] <= version <= supported[1]:
             return self._unsupported(request)
@@ -165,8 +191,8 @@ class KafkaAdapter:
 
     def _api_versions_unsupported(self, request: KafkaRequest) -> Outcome:
         """A version above ours: the error and our versions, in a v0 response the client can read
-        whatever version it asked (Kafka's own answer to a newer client)."""
-        self.handlers.metrics.error()
+        whatever version it asked (Kafka's own answer to a newer client). Not counted as an
+        error: every newer client (Java 4.x sends v4 first) negotiates this way."""
         schema = response_schema(API_VERSIONS, 0)
         assert schema is not None
         module = sys.modules[schema.__module__]
@@ -378,12 +404,18 @@ class KafkaAdapter:
 
     def _fetch_request(self, request: KafkaRequest, body: Any) -> Outcome:
         deadline = now_ms() + min(max(0, int(body.max_wait.total_seconds() * 1000)), FETCH_WAIT_MAX_MS)
+        if int(getattr(body, "session_epoch", -1)) not in (FETCH_SESSION_INITIAL, FETCH_SESSION_FINAL):
+            # An incremental fetch of a session we never created (we answer session id 0): what
+            # Kafka answers for an unknown session; the client starts over with a full fetch.
+            return self._fetch_session_unknown(request)
         return self._fetch(request, body, deadline)
 
-    def _fetch(self, request: KafkaRequest, body: Any, deadline_ms: int) -> Outcome:
+    def _fetch(self, request: KafkaRequest, body: Any, deadline_ms: int, final: bool = False) -> Outcome:
         """Each partition's batches as a plain extent read (one `Read` part each, stored bytes
-        sent as they are); nothing anywhere: wait for the first partition of ours to grow, until
-        the deadline (as `Wait` does for our fetch)."""
+        sent as they are). Answered at once when a partition has an error, when what can be read
+        reaches min_bytes (at least one byte: min_bytes 0 never waits) or at the deadline (`final`);
+        otherwise it waits on every partition of ours it names, until one grows (then it looks
+        again) or the deadline passes (then it answers with what there is)."""
         schema = response_schema(FETCH, request.api_version)
         assert schema is not None
         module = sys.modules[schema.__module__]
@@ -391,7 +423,9 @@ class KafkaAdapter:
         results: dict[tuple[str, int], tuple[ErrorCode, int, int, bytes]] = {}
         order: list[tuple[str, list[int]]] = []
         parts: list[Outcome] = []
-        first: Partition | None = None
+        ours: dict[Partition, None] = {}  # the partitions of this core it names, once each
+        readable = 0
+        failed = False
         for topic in body.topics:
             indexes: list[int] = []
             order.append((topic.topic, indexes))
@@ -408,26 +442,42 @@ class KafkaAdapter:
                 except Exception as exc:
                     code, _ = kafka_error(exc)
                     results[key] = (code, -1, -1, b"")
+                    failed = True
                     continue
                 results[key] = (ErrorCode.none, log_.end_offset, log_.start_offset, b"")
-                if first is None:
-                    first = target
+                ours[target] = None
                 if extent is not None:
+                    readable += extent.length
                     parts.append(self._read_part(key, target, extent, results))
-        if not parts and first is not None and deadline_ms > now_ms() and body.min_bytes > 0:
+        read_committed = int(getattr(body, "isolation_level", 0)) == READ_COMMITTED
+
+        def reply() -> Reply:
+            return self._fetch_reply(request, schema, module, order, results, read_committed)
+
+        enough = readable >= max(1, int(body.min_bytes)) or int(body.min_bytes) <= 0
+        if not (final or failed or enough or not ours) and deadline_ms > now_ms():
 
             def again() -> Outcome:
                 return self._fetch(request, body, deadline_ms)
 
-            return Wait(
-                first,
-                None,
-                deadline_ms,
-                lambda: self._fetch_reply(request, schema, module, order, results),
-                again,
-            )
+            def at_deadline() -> Outcome:
+                return self._fetch(request, body, deadline_ms, final=True)
 
-        return Gather(parts, lambda: self._fetch_reply(request, schema, module, order, results))
+            return Wait(tuple(ours), None, deadline_ms, at_deadline, again)
+
+        return Gather(parts, reply)
+
+    def _fetch_session_unknown(self, request: KafkaRequest) -> Outcome:
+        schema = response_schema(FETCH, request.api_version)
+        assert schema is not None
+        resp = make(
+            schema,
+            throttle_time=datetime.timedelta(0),
+            error_code=ErrorCode.fetch_session_id_not_found,
+            session_id=0,
+            responses=(),
+        )
+        return Reply(encode_response(request.correlation_id, resp))
 
     def _read_part(
         self, key: tuple[str, int], partition: Partition, extent: Any, results: dict[Any, Any]
@@ -454,7 +504,11 @@ class KafkaAdapter:
         module: Any,
         order: list[tuple[str, list[int]]],
         results: dict[Any, Any],
+        read_committed: bool,
     ) -> Reply:
+        """The Fetch response. No transactions: the last stable offset is the high watermark,
+        and read_committed gets an empty aborted-transactions list (read_uncommitted: null)."""
+        aborted = () if read_committed else None
         topics = tuple(
             make(
                 module.FetchableTopicResponse,
@@ -467,7 +521,7 @@ class KafkaAdapter:
                         high_watermark=results[(name, i)][1],
                         last_stable_offset=results[(name, i)][1],
                         log_start_offset=results[(name, i)][2],
-                        aborted_transactions=None,
+                        aborted_transactions=aborted,
                         records=results[(name, i)][3],
                     )
                     for i in indexes
@@ -593,18 +647,33 @@ class KafkaAdapter:
     # ------------------------------------------------------------------------- anything else
 
     def _unsupported(self, request: KafkaRequest) -> Outcome:
-        """An api or version we do not answer: UNSUPPORTED_VERSION where the response has a
-        top-level error_code and nothing else that must be filled, else close (logged once by
-        the backend's rate-limited log)."""
+        """An api or version we do not answer: a response of its own shape with a Kafka error
+        in every error code (broker/kafka/unsupported.py says which), the request's items
+        answered one for one. Closes only when the request cannot be read: kio has no schema for
+        that api and version, or its bytes do not parse."""
         key, version = request.api_key, request.api_version
-        schema = response_schema(key, version)
-        resp = _error_only_response(schema, ErrorCode.unsupported_version) if schema else None
-        if resp is None:
+        schema = request_schema(key, version)
+        answer = response_schema(key, version)
+        if schema is None or answer is None:
             raise ProtocolError(
-                f"kafka api {key} v{version} is not supported and its response has no top-level "
-                "error code: closing the connection"
+                f"kafka api {key} v{version} is not supported and has no known schema: closing the connection"
             )
+        try:
+            body, _client_id = decode_request(request, schema)
+        except KafkaDecodeError as exc:
+            raise ProtocolError(f"malformed kafka request: {exc}") from exc
         self.handlers.metrics.error()
+        if key == PRODUCE and int(body.acks) == 0:
+            return Silent()  # acks=0: the client reads no answer, not even an error
+        supported = key in SUPPORTED_VERSIONS
+        code = error_for(key, supported)
+        name = api_name(key)
+        if supported:
+            lo, hi = SUPPORTED_VERSIONS[key]
+            message = f"{name} v{version} is not supported: ringlog answers v{lo}-{hi}"
+        else:
+            message = f"ringlog does not implement {name}"
+        resp = error_response(key, answer, body, code, message)
         return Reply(encode_response(request.correlation_id, resp))
 
 
@@ -647,47 +716,3 @@ def _produce_v0_topics(data: bytes) -> list[tuple[str, list[int]]] | None:
             indexes.append(index)
         topics.append((name, indexes))
     return None if acks == 0 else topics
-
-
-_EMPTY_BY_KAFKA_TYPE: Final[dict[str, Any]] = {
-    "int8": 0,
-    "int16": 0,
-    "int32": 0,
-    "int64": 0,
-    "uint16": 0,
-    "float64": 0.0,
-    "bool": False,
-    "string": "",
-    "bytes": b"",
-    "timedelta_i32": datetime.timedelta(0),
-    "timedelta_i64": datetime.timedelta(0),
-}
-
-
-def _error_only_response(schema: type[Any], code: ErrorCode) -> Any | None:
-    """A response of `schema` carrying `code` in its top-level error_code, every other required
-    field empty (zero, "", an empty array, null); None if it has no such field or needs a value
-    that cannot be empty (a nested struct)."""
-    names = {f.name for f in fields(schema)}
-    if "error_code" not in names:
-        return None
-    values: dict[str, Any] = {}
-    for f in fields(schema):
-        if f.name == "error_code":
-            values[f.name] = code
-            continue
-        if f.default is not MISSING or f.default_factory is not MISSING:
-            continue
-        hint = str(f.type)
-        if hint.startswith("tuple["):
-            values[f.name] = ()
-        elif hint.endswith("| None"):
-            values[f.name] = None
-        elif f.metadata.get("kafka_type") in _EMPTY_BY_KAFKA_TYPE:
-            values[f.name] = _EMPTY_BY_KAFKA_TYPE[f.metadata["kafka_type"]]
-        else:
-            return None
-    try:
-        return schema(**values)
-    except (TypeError, ValueError):
-        return None

@@ -2,7 +2,9 @@
 
 Rules this module keeps:
 - One mapping from the core's errors to Kafka's error codes (`kafka_error`), through the core's
-  own `error_of`: every Kafka API answers the same failure with the same code.
+  own `error_of`: every Kafka API answers the same failure with the same code. Where Kafka tells
+  apart what our protocol does not (a fenced epoch, an unknown producer: both a sequence error of
+  ours), the core's exception decides.
 - It imports only the core and kio, so each API module of this package can import it.
 """
 
@@ -15,6 +17,7 @@ from kio.schema.errors import ErrorCode
 
 from broker.core.handlers import error_of
 from broker.core.outcomes import Reply
+from broker.core.producer_state import FencedEpochError, UnknownProducerError
 from ringlog_proto.messages import ErrorCode as Ours
 
 log = logging.getLogger("broker.kafka.adapter")
@@ -54,6 +57,10 @@ def kafka_error(exc: BaseException) -> tuple[ErrorCode, str]:
     """The Kafka error code and message for `exc`, through the core's one mapping (`error_of`)."""
     if isinstance(exc, NotLeaderError):
         return ErrorCode.not_leader_or_follower, str(exc)
+    if isinstance(exc, FencedEpochError):
+        return ErrorCode.invalid_producer_epoch, str(exc)
+    if isinstance(exc, UnknownProducerError):
+        return ErrorCode.unknown_producer_id, str(exc)
     code, message = error_of(exc)
     if code == Ours.UNKNOWN_SERVER_ERROR:
         log.error("kafka request failed: %r", exc)

@@ -26,7 +26,7 @@ from broker.client import (
     RingLogError,
     UnknownTopicError,
 )
-from ringlog_proto.batch import decode_records, iter_batches
+from ringlog_proto.batch import BROKER_PRODUCER_ID_LIMIT, decode_records, iter_batches
 from ringlog_proto.messages import (
     FetchRequest,
     FetchResponse,
@@ -293,7 +293,9 @@ def records_by_producer(
 
 
 def producer_id_for(*parts: object) -> int:
-    """A 63-bit producer id that is a pure function of `parts` (run id, task partition, ...): the
-    same on every attempt of a task, different between tasks and runs."""
+    """A producer id that is a pure function of `parts` (run id, task partition, ...): the same on
+    every attempt of a task, different between tasks and runs, in the clients' id space (at or
+    above `BROKER_PRODUCER_ID_LIMIT`: never an id the broker assigns to a Kafka client)."""
     digest = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
-    return int.from_bytes(digest[:8], "big") & ((1 << 63) - 1)
+    span = (1 << 63) - BROKER_PRODUCER_ID_LIMIT
+    return BROKER_PRODUCER_ID_LIMIT + int.from_bytes(digest[:8], "big") % span

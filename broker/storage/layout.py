@@ -14,6 +14,8 @@ The layout:
       broker.lock                 flock held by the supervisor: one broker per data dir
       topics.json                 the topic registry (broker/core/topics.py)
       topics.lock                 flock around reload, change, save of topics.json
+      producer-ids.json           the next producer id not yet claimed (broker/core/producer_ids.py)
+      producer-ids.lock           flock around claiming a block of producer ids
       reserve.space               space kept back for a full disk (broker/storage/diskspace.py)
       run/                        views of a running broker, not data; emptied at each start
         metrics-core-<k>.json     core k's metrics snapshot (broker/core/metrics.py)
@@ -36,6 +38,8 @@ from typing import Final
 BROKER_LOCK: Final = "broker.lock"
 TOPICS_FILE: Final = "topics.json"
 TOPICS_LOCK: Final = "topics.lock"
+PRODUCER_IDS_FILE: Final = "producer-ids.json"
+PRODUCER_IDS_LOCK: Final = "producer-ids.lock"
 RESERVE_FILE: Final = "reserve.space"
 RUN_DIR: Final = "run"
 RESTORE_DIR: Final = "restore"
@@ -62,6 +66,14 @@ def topics_file_path(data_dir: str) -> str:
 
 def topics_lock_path(data_dir: str) -> str:
     return os.path.join(data_dir, TOPICS_LOCK)
+
+
+def producer_ids_path(data_dir: str) -> str:
+    return os.path.join(data_dir, PRODUCER_IDS_FILE)
+
+
+def producer_ids_lock_path(data_dir: str) -> str:
+    return os.path.join(data_dir, PRODUCER_IDS_LOCK)
 
 
 def reserve_path(data_dir: str) -> str:

@@ -64,7 +64,9 @@ from broker.storage.index import RELATIVE_OFFSET_MAX
 from broker.storage.layout import STORE_SUFFIX, index_file_name, parse_segment_name
 from broker.storage.segment import Extent, Segment
 from ringlog_proto.batch import (
+    COMPRESSION_GZIP,
     COMPRESSION_MASK,
+    COMPRESSION_NONE,
     HEADER_SIZE,
     MAGIC,
     BatchError,
@@ -93,6 +95,7 @@ if _walk_bytes is None:
     )
 SEGMENT_BYTES_MAX = 1 << 31  # index positions are u32; 2 GiB keeps every position far from overflow
 INDEX_PENDING_ENTRIES_MAX = 256  # index entries held in memory before they are written: 6 KiB
+DECODED_CODECS = frozenset({COMPRESSION_NONE, COMPRESSION_GZIP})  # what `decode_records` can read
 
 
 @dataclass(frozen=True, slots=True)
@@ -725,7 +728,10 @@ class Log:
     def offset_for_timestamp(self, timestamp: int) -> int | None:
         """The first offset whose record timestamp is >= `timestamp`, or None if there is none.
 
-        The index finds the batch; its records are decoded (a cold path) to find the record.
+        The index finds the batch; its records are decoded (a cold path) to find the record. A
+        batch compressed with a codec we cannot decompress (snappy, lz4, zstd: their libraries are
+        not dependencies) answers its first offset: a client asking for a time inside it gets the
+        batch's earlier records too (at least once, never fewer), not an error.
         """
         self.check_usable()
         for seg in self.segments:
@@ -733,6 +739,8 @@ class Log:
             if position is None:
                 continue
             h = read_header(self.io.pread(seg.store_fd, HEADER_SIZE, position))
+            if h.compression not in DECODED_CODECS:
+                return h.base_offset
             data = self.io.pread(seg.store_fd, h.size, position)
             try:
                 records = decode_records(data)

@@ -8,7 +8,12 @@ from pathlib import Path
 import pytest
 
 from broker.core.partition import Partition, PendingProduce, Stored
-from broker.core.producer_state import RetryInFlightError, SequenceError
+from broker.core.producer_state import (
+    FencedEpochError,
+    RetryInFlightError,
+    SequenceError,
+    UnknownProducerError,
+)
 from broker.storage.diskspace import DiskSpace
 from broker.storage.errors import OutOfSpaceError
 from broker.storage.fileio import SyncFileIO, run_ops
@@ -120,7 +125,24 @@ def test_retention_takes_the_producer_state_its_segments_held(tmp_path: Path, sp
         assert p.log.start_offset > 1  # producer 4's batch is gone
         assert p.producers.producer(4) is None
         assert p.producers.producer(5) == (0, 199), "the active segment keeps producer 5's latest"
+        with pytest.raises(UnknownProducerError):  # Kafka: UNKNOWN_PRODUCER_ID, the client starts over
+            p.produce(batch(2, 1, pid=4), space)
         stored = written(p, batch(0, 2, pid=4), space)  # new again: appended, not a retry
         assert stored.base_offset == p.log.end_offset - 2
     finally:
         p.close()
+
+
+def test_a_bumped_epoch_starts_at_sequence_zero_and_fences_the_old(
+    partition: Partition, space: DiskSpace
+) -> None:
+    """What an InitProducerId epoch bump relies on: the partition needs no word from the bump."""
+    written(partition, batch(0, 2, epoch=0), space)
+    with pytest.raises(SequenceError) as gap:
+        partition.produce(batch(1, epoch=1), space)  # a new epoch starts at 0
+    assert not isinstance(gap.value, UnknownProducerError), "the producer is known: a plain gap"
+    assert written(partition, batch(0, epoch=1), space).base_offset == 2
+    with pytest.raises(FencedEpochError):
+        partition.produce(batch(2, epoch=0), space)
+    with pytest.raises(UnknownProducerError):
+        partition.produce(batch(3, pid=99), space)  # never seen here, not at sequence 0

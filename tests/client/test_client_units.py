@@ -32,7 +32,7 @@ from broker.client.client import parse_bootstrap
 from broker.client.errors import ERROR_CLASSES, BrokerStorageError, DeliveryTimeoutError, NotOwnerError
 from broker.client.partitioner import Partitioner
 from broker.client.producer import AsyncProducer, _SendFuture, prepare_record
-from ringlog_proto.batch import Record, decode_records, encode_batch
+from ringlog_proto.batch import BROKER_PRODUCER_ID_LIMIT, Record, decode_records, encode_batch
 from ringlog_proto.messages import ErrorCode
 
 # ----------------------------------------------------------------------------------- partitioner
@@ -192,8 +192,10 @@ def test_producer_config_validation() -> None:
         AsyncProducer(max_in_flight=6)  # the broker remembers 5 batches per producer
     AsyncProducer(max_in_flight=6, enable_idempotence=False)
     p = AsyncProducer()
-    assert 0 <= p.producer_id < 1 << 63 and p.producer_epoch == 0
-    assert AsyncProducer(producer_id=42, producer_epoch=3).producer_id == 42
+    assert BROKER_PRODUCER_ID_LIMIT <= p.producer_id < 1 << 63 and p.producer_epoch == 0
+    assert AsyncProducer(producer_id=(1 << 40) + 42, producer_epoch=3).producer_id == (1 << 40) + 42
+    with pytest.raises(ValueError, match="broker's to assign"):
+        AsyncProducer(producer_id=42)  # Kafka clients' ids, InitProducerId's space
     assert AsyncProducer(enable_idempotence=False).producer_id == -1
 
 

@@ -3,6 +3,7 @@ ApiVersions and Metadata decoded back with kio's own readers, and what is not an
 
 from __future__ import annotations
 
+import datetime
 import io
 import struct
 from pathlib import Path
@@ -11,12 +12,13 @@ from typing import Any
 import pytest
 from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader, entity_writer
-from kio.static.primitive import i16, i32
+from kio.static.primitive import i16, i32, i64
 
 from broker.backends.shared import FirstBytes
 from broker.core.config import BrokerConfig
 from broker.core.handlers import Handlers
 from broker.core.outcomes import Reply
+from broker.core.producer_ids import EPOCH_LAST
 from broker.kafka.adapter import SUPPORTED_VERSIONS, KafkaAdapter, cluster_id_for
 from broker.kafka.codec import (
     KafkaFrameDecoder,
@@ -26,6 +28,7 @@ from broker.kafka.codec import (
     response_schema,
 )
 from ringlog_proto import messages as m
+from ringlog_proto.batch import BROKER_PRODUCER_ID_LIMIT
 from ringlog_proto.frames import NEED_DATA, FrameDecoder, ProtocolError
 from ringlog_proto.routing import shard_for
 
@@ -168,6 +171,8 @@ def test_api_versions_lists_only_what_is_answered(adapter: KafkaAdapter, version
         18: (0, 3),
         19: (2, 4),
         20: (1, 3),
+        22: (0, 4),
+        23: (0, 3),
     }
 
 
@@ -265,6 +270,75 @@ def test_ours_and_kafkas_metadata_agree(adapter: KafkaAdapter) -> None:
     }
 
 
+# ----------------------------------------------------------------------------- InitProducerId
+
+
+def init_producer_id(adapter: KafkaAdapter, version: int, **values: Any) -> Any:
+    schema = request_schema(22, version)
+    assert schema is not None
+    body = make(schema, transactional_id=None, transaction_timeout=datetime.timedelta(seconds=60), **values)
+    corr, resp = answer(adapter, frame_of(22, version, 11, body), 22, version)
+    assert corr == 11
+    return resp
+
+
+@pytest.mark.parametrize("version", [0, 1, 2, 3, 4])
+def test_init_producer_id_every_version_gives_new_ids(adapter: KafkaAdapter, version: int) -> None:
+    first = init_producer_id(adapter, version, producer_id=i64(-1), producer_epoch=i16(-1))
+    second = init_producer_id(adapter, version, producer_id=i64(-1), producer_epoch=i16(-1))
+    assert (first.error_code, first.producer_epoch) == (ErrorCode.none, 0)
+    assert 0 <= first.producer_id < BROKER_PRODUCER_ID_LIMIT
+    assert second.producer_id == first.producer_id + 1  # the rest of the block this core claimed
+
+
+@pytest.mark.parametrize("version", [2, 3, 4])
+def test_init_producer_id_flexible_versions_send_no_tagged_fields(
+    adapter: KafkaAdapter, version: int
+) -> None:
+    schema = request_schema(22, version)
+    assert schema is not None
+    body = make(
+        schema,
+        transactional_id=None,
+        transaction_timeout=datetime.timedelta(seconds=1),
+        producer_id=i64(-1),
+        producer_epoch=i16(-1),
+    )
+    outcome = adapter.handle(request_of(frame_of(22, version, 5, body)))
+    assert isinstance(outcome, Reply)
+    data = b"".join(outcome.buffers)
+    # size, correlation id, the response header v1's empty tag buffer, throttle, error, id, epoch,
+    # the body's empty tag buffer: no tagged field at its default is written.
+    assert len(data) == 4 + 4 + 1 + 4 + 2 + 8 + 2 + 1
+    assert data[8] == 0 and data[-1] == 0
+
+
+@pytest.mark.parametrize("version", [3, 4])
+def test_init_producer_id_bumps_the_epoch_of_a_known_producer(adapter: KafkaAdapter, version: int) -> None:
+    new = init_producer_id(adapter, version, producer_id=i64(-1), producer_epoch=i16(-1))
+    bumped = init_producer_id(adapter, version, producer_id=new.producer_id, producer_epoch=i16(0))
+    assert (bumped.error_code, bumped.producer_id, bumped.producer_epoch) == (
+        ErrorCode.none,
+        new.producer_id,
+        1,
+    )
+    # an exhausted epoch, or an id this broker never gives, starts a new id at epoch 0
+    worn = init_producer_id(adapter, version, producer_id=new.producer_id, producer_epoch=i16(EPOCH_LAST))
+    assert worn.producer_id not in (new.producer_id, -1) and worn.producer_epoch == 0
+    foreign = init_producer_id(
+        adapter, version, producer_id=i64(BROKER_PRODUCER_ID_LIMIT), producer_epoch=i16(3)
+    )
+    assert foreign.producer_id < BROKER_PRODUCER_ID_LIMIT and foreign.producer_epoch == 0
+
+
+def test_init_producer_id_refuses_transactions(adapter: KafkaAdapter) -> None:
+    schema = request_schema(22, 1)
+    assert schema is not None
+    body = make(schema, transactional_id="txn", transaction_timeout=datetime.timedelta(seconds=60))
+    _, resp = answer(adapter, frame_of(22, 1, 1, body), 22, 1)
+    assert (resp.error_code, resp.producer_id, resp.producer_epoch) == (ErrorCode.invalid_request, -1, -1)
+
+
 # ----------------------------------------------------------------------------- the rest
 
 
@@ -276,12 +350,11 @@ def test_unadvertised_api_with_top_level_error_code_gets_unsupported_version(ada
     assert (corr, resp.error_code) == (3, ErrorCode.unsupported_version)
 
 
-def test_unadvertised_api_without_top_level_error_code_closes(adapter: KafkaAdapter) -> None:
-    raw = frame_of(3, 9, 1, None)  # Metadata v9 (flexible): not ours; its response has no error
-    with pytest.raises(ProtocolError, match="api 3 v9 is not supported"):
-        adapter.handle(request_of(raw))
+def test_unknown_api_or_version_without_a_schema_closes(adapter: KafkaAdapter) -> None:
     with pytest.raises(ProtocolError, match="api 999 v0 is not supported"):
         adapter.handle(KafkaRequest(999, 0, 1, struct.pack(">hhih", 999, 0, 1, -1)))
+    with pytest.raises(ProtocolError, match="api 1 v3 is not supported"):  # Fetch v3: kio has none
+        adapter.handle(KafkaRequest(1, 3, 1, struct.pack(">hhih", 1, 3, 1, -1)))
 
 
 def test_malformed_body_closes(adapter: KafkaAdapter) -> None:
@@ -295,3 +368,37 @@ def test_cluster_id_is_stable_and_kafka_shaped(tmp_path: Path) -> None:
     first = cluster_id_for(str(tmp_path))
     assert first == cluster_id_for(str(tmp_path)) and len(first) == 22
     assert first != cluster_id_for(str(tmp_path / "other"))
+
+
+# ----------------------------------------------------------------------------- OffsetForLeaderEpoch
+
+
+@pytest.mark.parametrize("version", [2, 3])
+def test_offset_for_leader_epoch_answers_owned_partitions_only(adapter: KafkaAdapter, version: int) -> None:
+    topic_id = create_topic(adapter, "orders", 4)
+    schema = request_schema(23, version)
+    assert schema is not None
+    module = __import__(schema.__module__, fromlist=["OffsetForLeaderTopic"])
+    partitions = tuple(
+        make(
+            module.OffsetForLeaderPartition,
+            partition=i32(p),
+            current_leader_epoch=i32(-1),
+            leader_epoch=i32(0),
+        )
+        for p in range(4)
+    )
+    body = make(
+        schema,
+        replica_id=i32(-2),
+        topics=(make(module.OffsetForLeaderTopic, topic="orders", partitions=partitions),),
+    )
+    corr, resp = answer(adapter, frame_of(23, version, 4, body), 23, version)
+    assert corr == 4
+    got = {p.partition: (p.error_code, p.leader_epoch, p.end_offset) for p in resp.topics[0].partitions}
+    for p in range(4):
+        if shard_for(topic_id, p, 2) == adapter.config.core_id:
+            assert got[p] == (ErrorCode.none, 0, 0)
+        else:
+            assert got[p] == (ErrorCode.not_leader_or_follower, -1, -1)
+    assert {shard_for(topic_id, p, 2) for p in range(4)} == {0, 1}  # both cases were seen

@@ -1,0 +1,55 @@
+"""InitProducerId (api 22, v0-4): the producer id and epoch of an idempotent Kafka producer.
+
+Rules this module keeps:
+- Ids and epochs come from the core (`Handlers.producer_ids`, broker/core/producer_ids.py): a new
+  id at epoch 0, or, when a v3+ request names its current id and epoch (KIP-360, librdkafka and
+  Java ask after some errors), the same id at the next epoch. Any core answers: no coordinator
+  (FindCoordinator is not needed by an idempotent producer, only by a transactional one).
+- Transactions are not supported: a non-null transactional_id is INVALID_REQUEST, which clients
+  report at once as a fatal error ("Broker: Invalid request"); a retriable answer
+  (COORDINATOR_NOT_AVAILABLE) would have them retry until their timeout, and
+  TRANSACTIONAL_ID_AUTHORIZATION_FAILED would tell them to fix an ACL that does not exist.
+- v2+ are flexible versions: kio reads and writes their headers (request header v2, response
+  header v1) and tagged fields, and writes a tagged field only when it is not the default (this
+  response has none but the empty tag buffer).
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any, Final
+
+from kio.schema.errors import ErrorCode
+
+from broker.core.handlers import Handlers
+from broker.core.outcomes import Outcome, Reply
+from broker.kafka.codec import KafkaRequest, encode_response, make, response_schema
+from broker.kafka.errors import kafka_error
+
+INIT_PRODUCER_ID: Final = 22
+VERSIONS: Final = (0, 4)  # v2+ flexible
+
+
+def init_producer_id(handlers: Handlers, request: KafkaRequest, body: Any) -> Outcome:
+    """A new producer id at epoch 0, or the bumped epoch of the one named (v3+)."""
+    schema = response_schema(INIT_PRODUCER_ID, request.api_version)
+    assert schema is not None
+    code, producer_id, epoch = ErrorCode.none, -1, -1
+    if body.transactional_id is not None:
+        handlers.metrics.error()
+        code = ErrorCode.invalid_request  # transactions are not supported (module rules)
+    else:
+        current = int(getattr(body, "producer_id", -1)), int(getattr(body, "producer_epoch", -1))
+        try:
+            producer_id, epoch = handlers.producer_ids.init(*current)
+        except Exception as exc:  # the counter's file: a full disk (retriable), an unreadable counter
+            handlers.metrics.error()
+            code = kafka_error(exc)[0]
+    resp = make(
+        schema,
+        throttle_time=datetime.timedelta(0),
+        error_code=code,
+        producer_id=producer_id,
+        producer_epoch=epoch,
+    )
+    return Reply(encode_response(request.correlation_id, resp))

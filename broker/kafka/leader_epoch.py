@@ -1,0 +1,129 @@
+"""OffsetForLeaderEpoch (api 23, v0-3): where a leader epoch ends, for clients validating positions.
+
+Rules this module keeps:
+- Every partition has had one leader epoch, 0, since it was created (no replication yet: the one
+  copy never changes leader), and Metadata, ListOffsets and stored batches all say 0. So epoch 0
+  ends at the log end offset; an epoch above ours is UNDEFINED (-1 epoch, -1 offset, no error),
+  as Kafka answers an epoch above its latest; -1 asked is UNDEFINED too.
+- current_leader_epoch (v2+) is checked as Kafka checks it: above ours is UNKNOWN_LEADER_EPOCH,
+  below is FENCED_LEADER_EPOCH, -1 is not checked. replica_id (v3) is read and ignored (a
+  consumer sends -2, a follower its id: there are no followers).
+- A partition of another core is NOT_LEADER_OR_FOLLOWER, like every per-partition request of
+  the Kafka adapter (Metadata sends the client to the owning core).
+- v2-3 go through kio; v0-1, which kio has no schema for, are read and written here (the same
+  fields without current_leader_epoch; v0's answer has no leader epoch).
+"""
+
+from __future__ import annotations
+
+import datetime
+import struct
+import sys
+from typing import Any, Final
+
+from kio.schema.errors import ErrorCode
+
+from broker.core.handlers import Handlers
+from broker.core.outcomes import Outcome, Reply
+from broker.core.partition import Partition
+from broker.kafka.codec import KafkaRequest, encode_response, make, response_schema
+from broker.kafka.errors import NotLeaderError, kafka_error
+from ringlog_proto.frames import ProtocolError
+
+OFFSET_FOR_LEADER_EPOCH: Final = 23
+LEADER_EPOCH: Final = 0  # every partition's one epoch (module rules)
+UNDEFINED: Final = -1  # Kafka's UNDEFINED_EPOCH and UNDEFINED_EPOCH_OFFSET
+KIO_FROM: Final = 2  # kio has v2 and up
+
+
+def epoch_end(
+    handlers: Handlers, topic: str, index: int, current: int, epoch: int
+) -> tuple[ErrorCode, int, int]:
+    """(error, leader epoch, end offset) of `epoch` in partition `index` of `topic`."""
+    try:
+        target = handlers.partition_named(topic, index)
+        if not isinstance(target, Partition):
+            raise NotLeaderError(f"led by core {target}")
+        end = target.log.end_offset
+    except Exception as exc:
+        return kafka_error(exc)[0], UNDEFINED, UNDEFINED
+    if current != UNDEFINED and current > LEADER_EPOCH:
+        return ErrorCode.unknown_leader_epoch, UNDEFINED, UNDEFINED
+    if current != UNDEFINED and current < LEADER_EPOCH:
+        return ErrorCode.fenced_leader_epoch, UNDEFINED, UNDEFINED
+    if epoch == LEADER_EPOCH:
+        return ErrorCode.none, LEADER_EPOCH, end
+    return ErrorCode.none, UNDEFINED, UNDEFINED
+
+
+def offset_for_leader_epoch(handlers: Handlers, request: KafkaRequest, body: Any) -> Outcome:
+    """v2-3, decoded by kio."""
+    schema = response_schema(OFFSET_FOR_LEADER_EPOCH, request.api_version)
+    assert schema is not None
+    module = sys.modules[schema.__module__]
+    topics = []
+    for t in body.topics:
+        partitions = []
+        for p in t.partitions:
+            code, epoch, end = epoch_end(
+                handlers, t.topic, int(p.partition), int(p.current_leader_epoch), int(p.leader_epoch)
+            )
+            partitions.append(
+                make(
+                    module.EpochEndOffset,
+                    error_code=code,
+                    partition=int(p.partition),
+                    leader_epoch=epoch,
+                    end_offset=end,
+                )
+            )
+        topics.append(make(module.OffsetForLeaderTopicResult, topic=t.topic, partitions=tuple(partitions)))
+    resp = make(schema, throttle_time=datetime.timedelta(0), topics=tuple(topics))
+    return Reply(encode_response(request.correlation_id, resp))
+
+
+def offset_for_leader_epoch_v0(handlers: Handlers, request: KafkaRequest) -> Outcome:
+    """v0-1, read and written here: request header v1; topics [name, partitions [partition,
+    leader_epoch]]; answer header v0; topics [name, partitions [error, partition, (v1) leader
+    epoch, end offset]]."""
+    try:
+        asked = _read_v0(request.data)
+    except (struct.error, ValueError, UnicodeDecodeError) as exc:
+        raise ProtocolError(f"malformed kafka OffsetForLeaderEpoch v{request.api_version}: {exc}") from exc
+    out = [struct.pack(">ii", request.correlation_id, len(asked))]
+    for name, partitions in asked:
+        raw = name.encode()
+        out.append(struct.pack(">h", len(raw)) + raw + struct.pack(">i", len(partitions)))
+        for index, epoch in partitions:
+            code, got, end = epoch_end(handlers, name, index, UNDEFINED, epoch)
+            if request.api_version >= 1:
+                out.append(struct.pack(">hiiq", int(code), index, got, end))
+            else:
+                out.append(struct.pack(">hiq", int(code), index, end))
+    body = b"".join(out)
+    return Reply([struct.pack(">i", len(body)) + body])
+
+
+def _read_v0(data: bytes) -> list[tuple[str, list[tuple[int, int]]]]:
+    pos = 8  # api key, version, correlation id
+    (n,) = struct.unpack_from(">h", data, pos)
+    pos += 2 + max(n, 0)
+    (count,) = struct.unpack_from(">i", data, pos)
+    pos += 4
+    topics = []
+    for _ in range(max(count, 0)):
+        (n,) = struct.unpack_from(">h", data, pos)
+        if n < 0 or pos + 2 + n > len(data):
+            raise ValueError(f"topic name of length {n}")
+        name = data[pos + 2 : pos + 2 + n].decode()
+        pos += 2 + n
+        (parts,) = struct.unpack_from(">i", data, pos)
+        pos += 4
+        partitions = []
+        for _ in range(max(parts, 0)):
+            partitions.append(struct.unpack_from(">ii", data, pos))
+            pos += 8
+        topics.append((name, partitions))
+    if pos != len(data):
+        raise ValueError(f"{len(data) - pos} bytes left over")
+    return topics

@@ -1,0 +1,144 @@
+"""Kafka requests of any api and version built from kio's request schemas, for tests: empty (every
+field its default or empty) or filled (two items in every array, distinct keys), and the frames a
+client sends for them."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import io
+import struct
+import typing
+import uuid
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+from kio.serial import entity_reader, entity_writer
+from kio.static.primitive import i16, i32
+
+from broker.kafka.codec import KafkaFrameDecoder, KafkaRequest, make, request_schema, response_schema
+
+
+def _nullable(hint: Any) -> bool:
+    return type(None) in typing.get_args(hint)
+
+
+def _array(hint: Any) -> bool:
+    return any(typing.get_origin(h) is tuple for h in (hint, *typing.get_args(hint)))
+
+
+def _entity(hint: Any) -> type[Any] | None:
+    todo = [hint]
+    while todo:
+        h = todo.pop()
+        if isinstance(h, type) and dataclasses.is_dataclass(h):
+            return h
+        todo.extend(typing.get_args(h))
+    return None
+
+
+def _scalar(kind: str | None, name: str, n: int, filled: bool) -> Any:
+    match kind:
+        case "int8" | "int16" | "int32" | "int64" | "uint16":
+            return n % 100 if filled else 0
+        case "float64":
+            return 0.0
+        case "bool":
+            return False
+        case "string":
+            return f"{name}-{n}" if filled else ""
+        case "bytes":
+            return b""
+        case "records":
+            return None
+        case "uuid":
+            return uuid.UUID(int=n) if filled else None
+        case "timedelta_i32" | "timedelta_i64":
+            return datetime.timedelta(0)
+        case "datetime_i64":
+            return datetime.datetime.fromtimestamp(0, datetime.UTC)
+        case "error_code":
+            return ErrorCode.none
+    raise TypeError(kind)
+
+
+def build(cls: type[Any], filled: bool = False, n: int = 1, **given: Any) -> Any:
+    """An entity of `cls`: empty, or `filled` with two items per array (keys numbered from `n`)."""
+    hints = typing.get_type_hints(cls)
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.name in given:
+            values[f.name] = given[f.name]
+            continue
+        hint = hints[f.name]
+        kind = f.metadata.get("kafka_type")
+        inner = _entity(hint)
+        if _array(hint):
+            if not filled:
+                values[f.name] = ()
+            elif inner is not None:
+                values[f.name] = tuple(build(inner, True, n * 10 + i) for i in (1, 2))
+            else:
+                values[f.name] = tuple(_scalar(kind, f.name, n * 10 + i, True) for i in (1, 2))
+        elif inner is not None:
+            values[f.name] = None if _nullable(hint) else build(inner, filled, n)
+        elif f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING:
+            continue
+        else:
+            values[f.name] = _scalar(kind, f.name, n, filled)
+    return cls(**values)
+
+
+def frame(api_key: int, version: int, correlation_id: int, body: Any) -> bytes:
+    """`body` as a client sends it: size, header (the version its kio schema names), body."""
+    schema = request_schema(api_key, version)
+    assert schema is not None
+    out = io.BytesIO()
+    header_schema = schema.__header_schema__
+    entity_writer(header_schema)(
+        out,
+        make(
+            header_schema,
+            request_api_key=i16(api_key),
+            request_api_version=i16(version),
+            correlation_id=i32(correlation_id),
+            client_id="t",
+        ),
+    )
+    entity_writer(schema)(out, body)
+    data = out.getvalue()
+    return struct.pack(">i", len(data)) + data
+
+
+def read_response(api_key: int, version: int, data: bytes) -> tuple[int, Any]:
+    """(correlation id, body) of a response frame (size included), every byte used."""
+    (size,) = struct.unpack_from(">i", data)
+    assert size == len(data) - 4
+    schema = response_schema(api_key, version)
+    assert schema is not None
+    header, used = entity_reader(schema.__header_schema__)(data, 4)
+    body, more = entity_reader(schema)(data, 4 + used)
+    assert 4 + used + more == len(data), f"{len(data) - 4 - used - more} bytes left over"
+    return int(header.correlation_id), body
+
+
+def error_codes(entity: Any) -> list[tuple[str, ErrorCode]]:
+    """Every (field name, error code) in `entity`, depth first."""
+    out: list[tuple[str, ErrorCode]] = []
+    for f in dataclasses.fields(entity):
+        value = getattr(entity, f.name)
+        if f.metadata.get("kafka_type") == "error_code":
+            out.append((f.name, value))
+        for item in value if isinstance(value, tuple) else (value,):
+            if dataclasses.is_dataclass(item):
+                out.extend(error_codes(item))
+    return out
+
+
+def request_of(raw: bytes) -> KafkaRequest:
+    """`raw` (one whole request frame) as the broker's decoder takes it."""
+    decoder = KafkaFrameDecoder(1 << 20)
+    decoder.feed(raw)
+    req = decoder.next_frame()
+    assert isinstance(req, KafkaRequest)
+    return req

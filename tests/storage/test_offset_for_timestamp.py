@@ -1,0 +1,51 @@
+"""Log.offset_for_timestamp (Kafka's ListOffsets by timestamp, our seek_to_timestamp): the first
+offset whose record timestamp is at or after the one asked, found in the batch's records when the
+broker can decode them (uncompressed, gzip), else that batch's first offset (snappy, lz4, zstd:
+their libraries are not dependencies), never an error."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from broker.storage.log import Log
+from ringlog_proto.batch import (
+    COMPRESSION_GZIP,
+    COMPRESSION_LZ4,
+    COMPRESSION_NONE,
+    COMPRESSION_SNAPPY,
+    COMPRESSION_ZSTD,
+    encode_batch,
+    seal_batch,
+)
+from ringlog_proto.record import Record
+
+
+def timed(first_ts: int, compression: int = COMPRESSION_NONE) -> bytes:
+    """Three records one second apart from `first_ts`."""
+    return encode_batch(
+        [Record(b"v%d" % i, timestamp=first_ts + i * 1000) for i in range(3)], compression=compression
+    )
+
+
+@pytest.mark.parametrize("codec", [COMPRESSION_SNAPPY, COMPRESSION_LZ4, COMPRESSION_ZSTD])
+def test_inside_a_batch_we_cannot_decompress_its_first_offset(tmp_path: Path, codec: int) -> None:
+    log = Log.open(str(tmp_path / "p"))
+    try:
+        log.append(timed(1000, COMPRESSION_GZIP))  # offsets 0-2 at 1000, 2000, 3000
+        # Offsets 3-5 at 10000..12000, in a codec the broker stores but cannot decompress: the
+        # section is opaque bytes to it (appends check the header and crc, not what is inside).
+        log.append(seal_batch(b"\x00" * 40, 3, 10_000, 12_000, attributes=codec))
+        log.append(timed(20_000))  # offsets 6-8
+        assert log.offset_for_timestamp(2000) == 1  # gzip: decoded, exact
+        assert log.offset_for_timestamp(2500) == 2
+        assert log.offset_for_timestamp(9000) == 3
+        assert log.offset_for_timestamp(10_000) == 3
+        assert log.offset_for_timestamp(11_000) == 3  # inside: the batch's first offset
+        assert log.offset_for_timestamp(12_000) == 3
+        assert log.offset_for_timestamp(12_001) == 6
+        assert log.offset_for_timestamp(21_000) == 7  # uncompressed: exact
+        assert log.offset_for_timestamp(22_001) is None
+    finally:
+        log.close()
