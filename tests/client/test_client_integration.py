@@ -394,13 +394,13 @@ def test_prefetch_hands_out_every_record_once_in_order(broker: BrokerProcess) ->
     AsyncConsumer._fetched), from a position inside a batch: every record once, in order, by
     poll lists, by iteration and by the async consumer."""
     create(broker, "prefetch")
-    n = 3000
+    n = 1200
     with Producer(broker.bootstrap, batch_bytes=2048, linger_ms=50) as p:
         for i in range(n):
             p.send("prefetch", f"value-{i:05d}".encode() * 7, partition=0)
         p.flush()
     tp = ("prefetch", 0)
-    start = 1234  # inside a batch: 2 KiB batches hold ~25 of these records
+    start = 534  # inside a batch: 2 KiB batches hold ~25 of these records
     want = [f"value-{i:05d}".encode() * 7 for i in range(start, n)]
     config = {"fetch_max_bytes": 5000, "max_poll_records": 97, "fetch_max_wait_ms": 100}
     with Consumer(broker.bootstrap, **config) as c:  # type: ignore[arg-type]
@@ -418,7 +418,7 @@ def test_prefetch_hands_out_every_record_once_in_order(broker: BrokerProcess) ->
         assert [next(it).value for _ in range(len(want))] == want
 
     async def async_side() -> list[bytes | None]:
-        async with AsyncConsumer(broker.bootstrap, iter_timeout_ms=2000, **config) as ac:  # type: ignore[arg-type]
+        async with AsyncConsumer(broker.bootstrap, iter_timeout_ms=300, **config) as ac:  # type: ignore[arg-type]
             await ac.assign([tp])
             ac.seek(tp, start)
             return [r.value async for r in ac]
