@@ -21,7 +21,7 @@ import functools
 import struct
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 from ringlog_proto.frames import FLAG_RESPONSE, Frame, encode_header
 
@@ -942,12 +942,42 @@ def decode_response(frame: Frame) -> Response:
     return cls(error, message, **fields)  # type: ignore[arg-type]
 
 
+class FetchRecords(NamedTuple):
+    """A FetchResponse read without copying its records: they stay in the frame's `body`, at
+    `body[start:end]` (what a consumer decodes, slicing record values straight out of `body`)."""
+
+    error: ErrorCode
+    message: str
+    high_watermark: int
+    log_start_offset: int
+    body: bytes
+    start: int
+    end: int
+
+
+def read_fetch_response(frame: Frame) -> FetchRecords:
+    """`decode_response` of a FetchResponse frame, as `FetchRecords` (same checks)."""
+    if frame.api_key != ApiKey.FETCH:
+        raise MalformedBody(f"not a FetchResponse: api {frame.api_key}")
+    r = Reader(frame.body)
+    error = _error(r.int("h"))
+    message = r.str()
+    if error != ErrorCode.NONE:
+        return FetchRecords(error, message, -1, -1, b"", 0, 0)
+    hw, log_start, n = r.unpack("qqI")
+    start = r.pos
+    if len(frame.body) - start != n:
+        raise MalformedBody(f"records of {n} bytes at byte {start}, the body has {len(frame.body) - start}")
+    return FetchRecords(error, message, hw, log_start, frame.body, start, start + n)
+
+
 __all__ = [
     "API_VERSION",
     "CURRENT_VERSIONS",
     "Acks",
     "ApiKey",
     "ErrorCode",
+    "FetchRecords",
     "MalformedBody",
     "OffsetSpec",
     "Request",
@@ -960,5 +990,6 @@ __all__ = [
     "peek_fetch_max_bytes",
     "peek_fetch_max_wait_ms",
     "peek_produce_acks",
+    "read_fetch_response",
     "unsupported",
 ]
