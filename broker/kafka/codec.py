@@ -18,9 +18,11 @@ Rules this module keeps:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import io
 import struct
+import typing
 from dataclasses import MISSING, dataclass, fields
 from typing import Any, Final
 
@@ -156,3 +158,33 @@ def _field_names(schema: type[Any]) -> frozenset[str]:
 def required_fields(schema: type[Any]) -> list[str]:
     """The fields of `schema` without a default (what `make` must be given)."""
     return [f.name for f in fields(schema) if f.default is MISSING and f.default_factory is MISSING]
+
+
+# ----------------------------------------------------------------------------- walking kio schemas
+# (what broker/kafka/unsupported.py builds error answers with, and the tests build requests with)
+
+
+@functools.cache
+def schema_fields(cls: type[Any]) -> tuple[tuple[Any, Any], ...]:
+    """(dataclass field, resolved type hint) of each field of a kio entity, in wire order."""
+    hints = typing.get_type_hints(cls)
+    return tuple((f, hints[f.name]) for f in fields(cls))
+
+
+def is_nullable(hint: Any) -> bool:
+    return type(None) in typing.get_args(hint)
+
+
+def is_array(hint: Any) -> bool:
+    return any(typing.get_origin(h) is tuple for h in (hint, *typing.get_args(hint)))
+
+
+def entity_type(hint: Any) -> type[Any] | None:
+    """The entity class of a field (itself, in an array, or nullable), or None for a primitive."""
+    todo = [hint]
+    while todo:
+        h = todo.pop()
+        if isinstance(h, type) and dataclasses.is_dataclass(h):
+            return h
+        todo.extend(typing.get_args(h))
+    return None

@@ -25,12 +25,11 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import functools
-import typing
 from typing import Any, Final
 
 from kio.schema.errors import ErrorCode
 
-from broker.kafka.codec import response_schema
+from broker.kafka.codec import entity_type, is_array, is_nullable, response_schema, schema_fields
 
 # api key -> the error an api we do not implement answers (anything else: UNSUPPORTED_VERSION)
 DISABLED_FEATURE_ERRORS: Final[dict[int, ErrorCode]] = {
@@ -146,21 +145,21 @@ class _Builder:
         array (a partition index), or None."""
         values: dict[str, Any] = {}
         scalar_taken = not _is_scalar(source)
-        for f, hint in _fields(cls):
+        for f, hint in schema_fields(cls):
             kind = f.metadata.get("kafka_type")
-            inner = _entity_type(hint)
+            inner = entity_type(hint)
             if kind == "error_code":
                 values[f.name] = self.code
             elif kind == "timedelta_i32" and f.name.startswith("throttle"):
                 values[f.name] = datetime.timedelta(0)
-            elif kind == "string" and f.name.endswith("error_message") and _nullable(hint):
+            elif kind == "string" and f.name.endswith("error_message") and is_nullable(hint):
                 values[f.name] = self.message
-            elif inner is not None and _is_array(hint):
+            elif inner is not None and is_array(hint):
                 values[f.name] = self.items(f.name, inner, source, hint)
             elif inner is not None:
                 if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                    values[f.name] = None if _nullable(hint) else self.entity(inner, None)
-            elif not scalar_taken and kind is not None and _kind_of(source) == kind and not _is_array(hint):
+                    values[f.name] = None if is_nullable(hint) else self.entity(inner, None)
+            elif not scalar_taken and kind is not None and _kind_of(source) == kind and not is_array(hint):
                 values[f.name] = source
                 scalar_taken = True
             else:
@@ -189,15 +188,15 @@ class _Builder:
         of the same Kafka type that fits."""
         if not _is_entity(source) or kind is None:
             return _NOTHING
-        by_name = {g.name: g for g, _ in _fields(type(source))}
+        by_name = {g.name: g for g, _ in schema_fields(type(source))}
         for candidate in (f.name, *_KEY_ALIASES.get(f.name, ())):
             g = by_name.get(candidate)
             if g is None or g.metadata.get("kafka_type") != kind:
                 continue
             value = getattr(source, candidate)
-            if _is_array(hint) != isinstance(value, tuple):
+            if is_array(hint) != isinstance(value, tuple):
                 continue
-            if value is None and not _nullable(hint):
+            if value is None and not is_nullable(hint):
                 continue
             return value
         return _NOTHING
@@ -217,31 +216,6 @@ def _path(source: Any, path: str) -> list[Any]:
                 out.extend(given)
         items = out
     return items
-
-
-@functools.cache
-def _fields(cls: type[Any]) -> tuple[tuple[dataclasses.Field[Any], Any], ...]:
-    hints = typing.get_type_hints(cls)
-    return tuple((f, hints[f.name]) for f in dataclasses.fields(cls))
-
-
-def _nullable(hint: Any) -> bool:
-    return type(None) in typing.get_args(hint)
-
-
-def _is_array(hint: Any) -> bool:
-    return any(typing.get_origin(h) is tuple for h in (hint, *typing.get_args(hint)))
-
-
-def _entity_type(hint: Any) -> type[Any] | None:
-    """The entity class of a field (itself, in an array, or nullable), or None for a primitive."""
-    todo = [hint]
-    while todo:
-        h = todo.pop()
-        if isinstance(h, type) and dataclasses.is_dataclass(h):
-            return h
-        todo.extend(typing.get_args(h))
-    return None
 
 
 def _is_entity(value: Any) -> bool:
@@ -265,10 +239,10 @@ def _kind_of(value: Any) -> str | None:
 @functools.cache
 def _carries_error(cls: type[Any]) -> bool:
     """Whether entities of `cls` (or entities within them) have an error code."""
-    for f, hint in _fields(cls):
+    for f, hint in schema_fields(cls):
         if f.metadata.get("kafka_type") == "error_code":
             return True
-        inner = _entity_type(hint)
+        inner = entity_type(hint)
         if inner is not None and inner is not cls and _carries_error(inner):
             return True
     return False
@@ -276,9 +250,9 @@ def _carries_error(cls: type[Any]) -> bool:
 
 def _empty(kind: str | None, hint: Any) -> Any:
     """The value of a field nothing says anything about."""
-    if _is_array(hint):
+    if is_array(hint):
         return ()
-    if _nullable(hint):
+    if is_nullable(hint):
         return None
     match kind:
         case "int8" | "uint16":

@@ -16,25 +16,16 @@ from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader, entity_writer
 from kio.static.primitive import i16, i32
 
-from broker.kafka.codec import KafkaFrameDecoder, KafkaRequest, make, request_schema, response_schema
-
-
-def _nullable(hint: Any) -> bool:
-    return type(None) in typing.get_args(hint)
-
-
-def _array(hint: Any) -> bool:
-    return any(typing.get_origin(h) is tuple for h in (hint, *typing.get_args(hint)))
-
-
-def _entity(hint: Any) -> type[Any] | None:
-    todo = [hint]
-    while todo:
-        h = todo.pop()
-        if isinstance(h, type) and dataclasses.is_dataclass(h):
-            return h
-        todo.extend(typing.get_args(h))
-    return None
+from broker.kafka.codec import (
+    KafkaFrameDecoder,
+    KafkaRequest,
+    entity_type,
+    is_array,
+    is_nullable,
+    make,
+    request_schema,
+    response_schema,
+)
 
 
 def _scalar(kind: str | None, name: str, n: int, filled: bool) -> Any:
@@ -72,8 +63,8 @@ def build(cls: type[Any], filled: bool = False, n: int = 1, **given: Any) -> Any
             continue
         hint = hints[f.name]
         kind = f.metadata.get("kafka_type")
-        inner = _entity(hint)
-        if _array(hint):
+        inner = entity_type(hint)
+        if is_array(hint):
             if not filled:
                 values[f.name] = ()
             elif inner is not None:
@@ -81,7 +72,7 @@ def build(cls: type[Any], filled: bool = False, n: int = 1, **given: Any) -> Any
             else:
                 values[f.name] = tuple(_scalar(kind, f.name, n * 10 + i, True) for i in (1, 2))
         elif inner is not None:
-            values[f.name] = None if _nullable(hint) else build(inner, filled, n)
+            values[f.name] = None if is_nullable(hint) else build(inner, filled, n)
         elif f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING:
             continue
         else:
@@ -89,8 +80,9 @@ def build(cls: type[Any], filled: bool = False, n: int = 1, **given: Any) -> Any
     return cls(**values)
 
 
-def frame(api_key: int, version: int, correlation_id: int, body: Any) -> bytes:
-    """`body` as a client sends it: size, header (the version its kio schema names), body."""
+def frame(api_key: int, version: int, correlation_id: int, body: Any, client_id: str | None = "t") -> bytes:
+    """`body` as a client sends it: size, header (the version its kio schema names), body (None:
+    a header alone, e.g. an ApiVersions v0)."""
     schema = request_schema(api_key, version)
     assert schema is not None
     out = io.BytesIO()
@@ -102,10 +94,11 @@ def frame(api_key: int, version: int, correlation_id: int, body: Any) -> bytes:
             request_api_key=i16(api_key),
             request_api_version=i16(version),
             correlation_id=i32(correlation_id),
-            client_id="t",
+            client_id=client_id,
         ),
     )
-    entity_writer(schema)(out, body)
+    if body is not None:
+        entity_writer(schema)(out, body)
     data = out.getvalue()
     return struct.pack(">i", len(data)) + data
 

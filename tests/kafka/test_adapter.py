@@ -5,14 +5,14 @@ NOT_COORDINATOR, OffsetCommit and OffsetFetch at every version), and what is not
 from __future__ import annotations
 
 import datetime
-import io
 import struct
 from pathlib import Path
 from typing import Any
 
 import pytest
+from kafka_requests import frame as frame_of
 from kio.schema.errors import ErrorCode
-from kio.serial import entity_reader, entity_writer
+from kio.serial import entity_reader
 from kio.static.primitive import i16, i32, i64
 
 from broker.backends.shared import FirstBytes
@@ -32,30 +32,6 @@ from ringlog_proto import messages as m
 from ringlog_proto.batch import BROKER_PRODUCER_ID_LIMIT
 from ringlog_proto.frames import NEED_DATA, FrameDecoder, ProtocolError
 from ringlog_proto.routing import coordinator_for, shard_for
-
-
-def frame_of(
-    api_key: int, version: int, correlation_id: int, body: Any, client_id: str | None = "t"
-) -> bytes:
-    """A request as a client sends it: size, header (the version its kio schema names), body."""
-    schema = request_schema(api_key, version)
-    assert schema is not None
-    out = io.BytesIO()
-    header_schema = schema.__header_schema__
-    entity_writer(header_schema)(
-        out,
-        make(
-            header_schema,
-            request_api_key=i16(api_key),
-            request_api_version=i16(version),
-            correlation_id=i32(correlation_id),
-            client_id=client_id,
-        ),
-    )
-    if body is not None:
-        entity_writer(schema)(out, body)
-    data = out.getvalue()
-    return struct.pack(">i", len(data)) + data
 
 
 def request_of(raw: bytes) -> KafkaRequest:

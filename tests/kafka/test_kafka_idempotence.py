@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-import io
 import socket
 import struct
 import threading
@@ -23,8 +22,9 @@ from typing import Any
 
 import pytest
 from brokerproc import BrokerProcess, Wire
+from kafka_requests import frame
 from kio.schema.errors import ErrorCode
-from kio.serial import entity_reader, entity_writer
+from kio.serial import entity_reader
 from kio.static.primitive import i16, i32, i64
 
 from broker.kafka.codec import make, request_schema, response_schema
@@ -64,21 +64,8 @@ class KafkaWire:
         schema = request_schema(api_key, version)
         assert schema is not None
         self.correlation += 1
-        out = io.BytesIO()
-        header = schema.__header_schema__
-        entity_writer(header)(
-            out,
-            make(
-                header,
-                request_api_key=i16(api_key),
-                request_api_version=i16(version),
-                correlation_id=i32(self.correlation),
-                client_id="idempotence-test",
-            ),
-        )
-        entity_writer(schema)(out, make(schema, **values))
-        data = out.getvalue()
-        self.sock.sendall(struct.pack(">i", len(data)) + data)
+        body = make(schema, **values)
+        self.sock.sendall(frame(api_key, version, self.correlation, body, client_id="idempotence-test"))
         (size,) = struct.unpack(">i", self._exactly(4))
         raw = self._exactly(size)
         rschema = response_schema(api_key, version)
