@@ -11,7 +11,9 @@ Rules this module keeps:
 - A Kafka Produce or Fetch names many partitions; ours names one. Each partition becomes its own
   outcome (an `Append` from `Partition.produce`, a `Read` of an extent: stored batches are sent
   as they are) and the request one `Gather` of them, whose `finish` writes the one response once
-  every part is done. A Fetch answers at once when what it can read reaches min_bytes (at least
+  every part is done (a Produce of one partition: its `Append` answers the request itself).
+  Produce and Fetch responses are written by broker/kafka/fast_encode.py (the hot path), every
+  other response by kio. A Fetch answers at once when what it can read reaches min_bytes (at least
   one byte), when a partition has an error, or at its deadline; otherwise it waits (`Wait`) on
   every partition of ours it names, and looks again when any of them grows. No fetch sessions:
   session id 0 (full fetches); an incremental one is FETCH_SESSION_ID_NOT_FOUND, as Kafka
@@ -321,6 +323,20 @@ class KafkaAdapter:
             topics = [(name, [(i, *results[(name, i)]) for i in indexes]) for name, indexes in order]
             return Reply(produce_response(version, request.correlation_id, topics))
 
+        if len(parts) == 1 and len(results) == 0 and isinstance(parts[0], Append):
+            # The common request, one partition: its append answers the request itself, without
+            # the gather's bookkeeping (the same calls, in the same order, as its part would make).
+            one = parts[0]
+
+            def complete() -> Reply | Silent:
+                one.complete()
+                return finish()
+
+            def fail(exc: BaseException) -> Reply | Silent:
+                one.fail(exc)
+                return finish()
+
+            return Append(one.partition, one.pending, one.acks, complete, fail)
         return Gather(parts, finish)
 
     def _produce_partition(
