@@ -25,9 +25,11 @@ What it measures, for 100 B and 1 KiB record values (no key, no headers), in thi
    (batches as stored: values plus 18 B per record and 61 B per batch) against the stream, latency
    p50 against the ping-pong p50, broker CPU against the receiving and echoing processes' CPU.
 1. Produce throughput for acks=0 (none), 1 (written), 2 (durable), one topic of 1 partition per
-   run (and acks=1 on 4 partitions). A small tuning grid at acks=1 picks, per record size, the
-   fastest producer: AsyncProducer or the blocking Producer, batch_bytes and linger_ms; those
-   settings are then used for every acks. Timed from the first `send` to `flush()` returning
+   run, and acks=1 on 4 partitions twice: keyless records (the sticky partitioner fills one batch
+   at a time) and "4 rr", `partition=i % 4` on every send (four batches filling at once: the
+   partition spread, which must cost the producer nothing). A small tuning grid at acks=1 picks,
+   per record size, the fastest producer: AsyncProducer or the blocking Producer, batch_bytes and
+   linger_ms; those settings are then used for every acks. Timed from the first `send` to `flush()` returning
    (every record acknowledged); for acks=0 (no answers) until the broker reports every record
    appended, so the broker's backlog is inside the clock. Each run is checked against the
    partition end offsets. Also "pre-encoded": batches encoded before the clock, written with
@@ -37,7 +39,9 @@ What it measures, for 100 B and 1 KiB record values (no key, no headers), in thi
    than the batches at hand (glibc malloc's dynamic mmap and trim thresholds), and the tuning
    grid's 1 MiB batches change that for every later row.
 2. Consume from the start of the acks=1 topic: `AsyncConsumer` iterated record by record
-   (`async for`; fetch_max_bytes 1 MiB, the default, and 4 MiB), `poll()` lists, and raw
+   (`async for`; fetch_max_bytes 1 MiB, the default, and 4 MiB), `poll()` lists, the blocking
+   `Consumer` iterated (`for`, max_poll_records 500, the default) and its `poll()` lists (of up to
+   10 000), and raw
    `FetchRequest`s on an `AsyncConnection` that only walk batch headers (the broker's serving rate
    with a free client; repeated passes for at least 0.5 s).
 3. Acked single-record latency, acks=1, one record at a time: AsyncProducer.send_and_wait
@@ -100,7 +104,16 @@ from typing import Any
 import uvloop
 from benchlib import REPO, code_version, fs_of, size_label, table
 
-from broker.client import Acks, Admin, AsyncAdmin, AsyncConnection, AsyncConsumer, AsyncProducer, Producer
+from broker.client import (
+    Acks,
+    Admin,
+    AsyncAdmin,
+    AsyncConnection,
+    AsyncConsumer,
+    AsyncProducer,
+    Consumer,
+    Producer,
+)
 from broker.storage import layout
 from ringlog_proto.batch import HEADER_SIZE, RECORD_COUNT_MAX, encode_batch, iter_batches, record_size
 from ringlog_proto.frames import LENGTH_SIZE, Frame, FrameDecoder, peek_frame_size
@@ -410,6 +423,7 @@ class ProduceSpec:
     linger_ms: float
     client: str = "async"  # "async": AsyncProducer; "sync": the blocking Producer
     partitions: int = 1
+    spread: bool = False  # partition=i % partitions on every send (else keyless: sticky)
     profile: bool = False
 
 
@@ -435,11 +449,16 @@ async def produce_async(spec: ProduceSpec, values: list[bytes]) -> dict[str, Any
         await (await p.send(topic, values[0]))  # metadata and connection, untimed
         admin = AsyncAdmin(client=p.client)
         send = p.send
+        parts = spec.partitions if spec.spread else 0
         clock.start()
         if prof is not None:
             prof.enable()
-        for i in range(spec.count):
-            await send(topic, values[i & mask])
+        if parts:
+            for i in range(spec.count):
+                await send(topic, values[i & mask], partition=i % parts)
+        else:
+            for i in range(spec.count):
+                await send(topic, values[i & mask])
         await p.flush()
         if spec.acks == Acks.NONE:
             await wait_appended(admin, topic, spec.count + 1)
@@ -459,11 +478,16 @@ def produce_sync(spec: ProduceSpec, values: list[bytes]) -> dict[str, Any]:
     ) as p:
         p.send(topic, values[0]).result()
         send = p.send
+        parts = spec.partitions if spec.spread else 0
         clock.start()
         if prof is not None:
             prof.enable()
-        for i in range(spec.count):
-            send(topic, values[i & mask])
+        if parts:
+            for i in range(spec.count):
+                send(topic, values[i & mask], partition=i % parts)
+        else:
+            for i in range(spec.count):
+                send(topic, values[i & mask])
         p.flush()
         if spec.acks == Acks.NONE:
             deadline = time.monotonic() + 60
@@ -538,13 +562,49 @@ class ConsumeSpec:
     topic: str
     topic_id: int
     expected: int
-    mode: str  # "iter", "poll", "raw"
+    mode: str  # "iter", "poll", "raw" (AsyncConsumer or a bare connection), "sync-iter", "sync-poll"
     fetch_max_bytes: int = MIB
     profile: bool = False
 
 
 def job_consume(spec: ConsumeSpec) -> dict[str, Any]:
+    if spec.mode.startswith("sync-"):
+        return _consume_sync(spec)
     return uvloop.run(_consume(spec))
+
+
+def _consume_sync(spec: ConsumeSpec) -> dict[str, Any]:
+    """The blocking `Consumer`: iterated record by record, or `poll()` lists of up to 10 000."""
+    clock = Clock(spec.broker_pid)
+    n = nbytes = 0
+    expected = spec.expected
+    with Consumer(
+        spec.bootstrap,
+        auto_offset_reset="earliest",
+        fetch_max_bytes=spec.fetch_max_bytes,
+        iter_timeout_ms=20_000,
+        max_poll_records=10_000 if spec.mode == "sync-poll" else 500,
+    ) as c:
+        c.assign([(spec.topic, 0)])  # metadata and the start position, untimed
+        clock.start()
+        if spec.mode == "sync-iter":
+            for r in c:
+                n += 1
+                nbytes += len(r.value)  # type: ignore[arg-type]
+                if n >= expected:
+                    break
+        else:
+            while n < expected:
+                got = c.poll(timeout_ms=20_000)
+                if not got:
+                    break
+                n += len(got)
+                for r in got:
+                    nbytes += len(r.value)  # type: ignore[arg-type]
+        clock.stop()
+    if n != expected:
+        raise RuntimeError(f"{spec.topic}: consumed {n} records, expected {expected}")
+    return {**clock.result(), "records": n, "value_bytes": nbytes, "profile": ""}
 
 
 async def _consume(spec: ConsumeSpec) -> dict[str, Any]:
@@ -1034,11 +1094,21 @@ def run_tables(run: Run, args: argparse.Namespace) -> None:
     raw_v: dict[int, dict[str, float]] = {}
     produced: dict[tuple[int, int, int], tuple[ProduceSpec, dict[str, Any], dict[str, float]]] = {}
     for rs in RECORD_SIZES:
-        for acks, parts in ((Acks.NONE, 1), (Acks.WRITTEN, 1), (Acks.DURABLE, 1), (Acks.WRITTEN, 4)):
+        for acks, parts, spread in (
+            (Acks.NONE, 1, False),
+            (Acks.WRITTEN, 1, False),
+            (Acks.DURABLE, 1, False),
+            (Acks.WRITTEN, 4, False),
+            (Acks.WRITTEN, 4, True),
+        ):
             tries = []
             for _ in range(sizes.rounds):  # a fresh topic each round
                 spec = replace(
-                    best[rs], acks=acks, partitions=parts, topic=run.topic(f"p{rs}-a{acks}-x{parts}")
+                    best[rs],
+                    acks=acks,
+                    partitions=parts,
+                    spread=spread,
+                    topic=run.topic(f"p{rs}-a{acks}-x{parts}{'rr' if spread else ''}"),
                 )
                 r = run.call(job_produce, spec)
                 tries.append((spec, r, produce_row_values(spec, r, b.stored_bytes(r["topic_id"]))))
@@ -1052,7 +1122,7 @@ def run_tables(run: Run, args: argparse.Namespace) -> None:
                 [
                     size_label(rs),
                     f"{int(acks)} ({Acks(acks).name.lower()})",
-                    str(parts),
+                    f"{parts} rr" if spread else str(parts),
                     fmt_rate(v["rps"]),
                     fmt_rate(v["mbs"]),
                     fmt_rate(v["wire_mbs"]),
@@ -1123,6 +1193,8 @@ def run_tables(run: Run, args: argparse.Namespace) -> None:
             ("iter", MIB, "AsyncConsumer async for, fetch 1 MiB"),
             ("iter", 4 * MIB, "AsyncConsumer async for, fetch 4 MiB"),
             ("poll", MIB, "AsyncConsumer poll() lists, fetch 1 MiB"),
+            ("sync-iter", MIB, "Consumer for-loop, fetch 1 MiB"),
+            ("sync-poll", MIB, "Consumer poll() lists, fetch 1 MiB"),
             ("raw", MIB, "raw FetchRequest, headers only, 1 MiB"),
         ):
             cspec = ConsumeSpec(b.bootstrap, b.pid, spec_p.topic, r_p["topic_id"], expected, mode, fmb)

@@ -247,6 +247,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         retention_bytes=None if args.retention_bytes < 0 else args.retention_bytes,
         segment_ms=None if args.segment_ms < 0 else args.segment_ms,
     )
+    if args.group_initial_rebalance_delay_ms < 0:
+        print("broker: --group-initial-rebalance-delay-ms must be >= 0", file=sys.stderr)
+        return 2
     try:
         limits = limits_from_args(args)
     except ValueError as exc:
@@ -275,6 +278,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         xdp_mode=args.xdp_mode,
         tcp_fastopen_sysctl=args.tcp_fastopen_sysctl,
         membership_port=args.membership_port,
+        group_initial_rebalance_delay_ms=args.group_initial_rebalance_delay_ms,
         limits=limits,
     )
     return run_supervisor(config)
@@ -356,6 +360,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="UDP_PORT",
         help="UDP membership ping/ack endpoint (default: the TCP port's number; -1: none)",
+    )
+    serve.add_argument(
+        "--group-initial-rebalance-delay-ms",
+        type=int,
+        default=3000,
+        metavar="MS",
+        help="how long a consumer group that was empty waits for more members before its first "
+        "generation (Kafka's group.initial.rebalance.delay.ms; default 3000)",
     )
     defaults = LogConfig()
     serve.add_argument("--segment-bytes", type=int, default=defaults.segment_bytes)

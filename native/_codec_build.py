@@ -14,8 +14,9 @@ Rules this module keeps:
   int64 array with each record's field positions, and Python slices the payload itself. Headers
   are rare: NULL arrays mean "no headers" and cost nothing.
 - The section is the bytes after the 61-byte batch header. Every Kafka "varint" in it is a zigzag
-  varint (int32, at most 5 bytes) or varlong (int64, at most 10 bytes); a varint whose value does
-  not fit its type is refused, not truncated.
+  varint (int32, at most 5 bytes) or varlong (int64, at most 10 bytes), read as Kafka reads them:
+  a longer one is refused, and the bits of its last byte beyond its type are dropped (the broker's
+  walk, native/_records_build.py, reads them the same way, so a batch it stored decodes).
 - Decode trusts nothing in the buffer: every varint is read against the bytes left in its record
   (or section), every length is checked against the bytes left in its record before it is used,
   in 64-bit arithmetic, so no field value can make it read out of bounds.
@@ -197,7 +198,9 @@ int64_t rc_encode(unsigned char *out, size_t out_cap, uint32_t n,
     return (int64_t)(code) | ((int64_t)(index) << 8) | ((int64_t)(at) << 32)
 
 /* Read a zigzag varint of at most `maxb` bytes (5: int32, 10: int64) from s[*p] before `lim`.
-   0 on success, else RC_FIELD_PAST_RECORD (runs past lim) or RC_VARINT_TOO_LONG (does not fit). */
+   0 on success, else RC_FIELD_PAST_RECORD (runs past lim) or RC_VARINT_TOO_LONG (a byte past
+   `maxb`). Bits of the last byte beyond the type are dropped, as Kafka's reader (and the walk,
+   native/_records_build.py) drops them. */
 static inline int rc_get(const unsigned char *s, uint64_t *p, uint64_t lim, int maxb, int64_t *v)
 {
     uint64_t u = 0;
@@ -205,10 +208,9 @@ static inline int rc_get(const unsigned char *s, uint64_t *p, uint64_t lim, int 
     for (int k = 0; k < maxb; k++) {
         if (q == lim) return RC_FIELD_PAST_RECORD;
         unsigned char b = s[q++];
-        u |= (uint64_t)(b & 0x7f) << (7 * k);
+        u |= (uint64_t)(b & 0x7f) << (7 * k); /* past bit 63 (a varlong's 10th byte): dropped */
         if (!(b & 0x80)) {
-            /* the last byte may carry only the bits left in the type */
-            if (k == maxb - 1 && (b >> (maxb == 5 ? 4 : 1)) != 0) return RC_VARINT_TOO_LONG;
+            if (maxb == 5) u &= 0xFFFFFFFFu; /* an int32's bits 32-34: dropped */
             *v = (int64_t)(u >> 1) ^ -(int64_t)(u & 1);
             *p = q;
             return 0;

@@ -908,19 +908,22 @@ def stored_damage(
 # ----------------------------------------------------------------------------- client decode
 
 
-def iter_batches(buf: bytes | bytearray | memoryview) -> Iterator[tuple[int, BatchHeader]]:
-    """Yield (position, header) of each whole batch in `buf`; stop silently at a partial tail.
+def iter_batches(
+    buf: bytes | bytearray | memoryview, start: int = 0, end: int | None = None
+) -> Iterator[tuple[int, BatchHeader]]:
+    """Yield (position in `buf`, header) of each whole batch in `buf[start:end]`; stop silently at
+    a partial tail.
 
     A fetch response may end in a partial batch (max_bytes cut it): that is normal, not an error.
     Headers are checked (not crcs); a bad header raises, because what follows it cannot be framed.
     """
-    pos = 0
-    end = len(buf)
+    pos = start
+    end = len(buf) if end is None else end
     while end - pos >= HEADER_SIZE:
         h = BatchHeader._make(_HEADER.unpack_from(buf, pos))
         reason = invalid_header(h)
         if reason is not None:
-            raise BatchError(f"at byte {pos}: {reason}")
+            raise BatchError(f"at byte {pos - start}: {reason}")
         if h.size > end - pos:
             return
         yield pos, h
@@ -1088,12 +1091,11 @@ def _decode_headers(data: bytes, p: int, i: int) -> tuple[list[Header], int]:
     return headers, p
 
 
-def decode_records(buf: bytes | bytearray | memoryview, pos: int = 0, verify: bool = True) -> list[Record]:
-    """Decode every record of the batch at `pos`, with absolute offsets and timestamps.
-
-    `verify` checks the crc first: a client must never hand corrupted bytes to an application.
-    A compressed batch is decompressed first (gzip; other codecs raise a BatchError naming them).
-    """
+def _section(
+    buf: bytes | bytearray | memoryview, pos: int, verify: bool
+) -> tuple[BatchHeader, bytes, int, int]:
+    """(header, bytes holding the records section, its start, its end) of the batch at `pos`,
+    crc checked when `verify`, decompressed when compressed, copied when `buf` is not bytes."""
     if verify:
         reason = invalid_batch(buf, pos)
         if reason is not None:
@@ -1102,28 +1104,67 @@ def decode_records(buf: bytes | bytearray | memoryview, pos: int = 0, verify: bo
     codec = h.attributes & COMPRESSION_MASK
     if codec:
         data = decompress(memoryview(buf)[pos + HEADER_SIZE : pos + h.size], codec)
-        p, end = 0, len(data)
-    elif isinstance(buf, bytes):
-        data = buf
-        p, end = pos + HEADER_SIZE, pos + h.size
-    else:  # slices of bytes are what records hold, so copy this batch once
-        data = bytes(buf[pos + HEADER_SIZE : pos + h.size])
-        p, end = 0, len(data)
-    if records_codec.current_codec() is not records_codec.PYTHON and not h.attributes & TIMESTAMP_TYPE_BIT:
-        # the C codec, whole section (LogAppendTime batches, whose records all take the batch's
-        # max timestamp, are rare enough for the Python path). It keeps offset gaps, as Kafka's
-        # decoders do for compacted logs; ours fails exactly where the broker's walk refuses, so
-        # the walk (C too, ~15 ns a record) says no first.
-        result = walk_records(data, p, end, h.record_count)
-        if result:
-            raise BatchError(describe_walk(result))
-        return records_codec.decode_section(data, p, end, h.record_count, h.base_offset, h.base_timestamp)
+        return h, data, 0, len(data)
+    if isinstance(buf, bytes):
+        return h, buf, pos + HEADER_SIZE, pos + h.size
+    data = bytes(buf[pos + HEADER_SIZE : pos + h.size])  # slices of bytes are what records hold
+    return h, data, 0, len(data)
+
+
+def _native_section(h: BatchHeader, data: bytes, p: int, end: int) -> bool:
+    """Whether the C codec decodes this section (after the C walk said yes). LogAppendTime
+    batches, whose records all take the batch's max timestamp, are rare enough for the Python
+    path. The C decode keeps offset gaps, as Kafka's decoders do for compacted logs; ours fails
+    exactly where the broker's walk refuses, so the walk (C too, ~15 ns a record) says no first."""
+    if records_codec.current_codec() is records_codec.PYTHON or h.attributes & TIMESTAMP_TYPE_BIT:
+        return False
+    result = walk_records(data, p, end, h.record_count)
+    if result:
+        raise BatchError(describe_walk(result))
+    return True
+
+
+def _decode_python(data: bytes, p: int, end: int, h: BatchHeader) -> list[Record]:
     try:
         return _decode_section(data, p, end, h)
     except IndexError:
         raise BatchError("record section truncated") from None
     except UnicodeDecodeError as exc:
         raise BatchError(f"header key is not UTF-8: {exc}") from None
+
+
+def decode_records(buf: bytes | bytearray | memoryview, pos: int = 0, verify: bool = True) -> list[Record]:
+    """Decode every record of the batch at `pos`, with absolute offsets and timestamps.
+
+    `verify` checks the crc first: a client must never hand corrupted bytes to an application.
+    A compressed batch is decompressed first (gzip; other codecs raise a BatchError naming them).
+    """
+    h, data, p, end = _section(buf, pos, verify)
+    if _native_section(h, data, p, end):
+        return records_codec.decode_section(data, p, end, h.record_count, h.base_offset, h.base_timestamp)
+    return _decode_python(data, p, end, h)
+
+
+def decode_rows(
+    buf: bytes | bytearray | memoryview,
+    pos: int = 0,
+    verify: bool = True,
+    prefix: tuple = (),
+    cls: type[tuple] = tuple,
+) -> list[tuple]:
+    """`decode_records`, each record a `cls` tuple `prefix + (offset, timestamp, key, value,
+    headers)`: what a consumer hands out, built with no `Record` and, on the C path, no Python
+    code per record (see `records_codec.rows`). Same checks, same errors."""
+    h, data, p, end = _section(buf, pos, verify)
+    if _native_section(h, data, p, end):
+        return records_codec.decode_rows(
+            data, p, end, h.record_count, h.base_offset, h.base_timestamp, prefix, cls
+        )
+    new = tuple.__new__
+    return [
+        new(cls, (*prefix, r.offset, r.timestamp, r.key, r.value, r.headers))
+        for r in _decode_python(data, p, end, h)
+    ]
 
 
 def decode_batches(buf: bytes | bytearray | memoryview, verify: bool = True) -> list[Record]:

@@ -21,7 +21,7 @@ import functools
 import struct
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 from ringlog_proto.frames import FLAG_RESPONSE, Frame, encode_header
 
@@ -39,6 +39,10 @@ class ApiKey(IntEnum):
     OFFSET_COMMIT = 7
     OFFSET_FETCH = 8
     STATS = 9
+    JOIN_GROUP = 10
+    SYNC_GROUP = 11
+    HEARTBEAT = 12
+    LEAVE_GROUP = 13
 
 
 # The current layout version of each API (requests and responses of one API share it). A change of
@@ -47,6 +51,7 @@ class ApiKey(IntEnum):
 # stale peer fails clearly instead of misreading bytes.
 CURRENT_VERSIONS: dict[int, int] = {key: API_VERSION for key in ApiKey}
 CURRENT_VERSIONS[ApiKey.METADATA] = 2  # v2: MetadataResponse carries each core's direct port
+CURRENT_VERSIONS[ApiKey.OFFSET_COMMIT] = 2  # v2: generation and member id (group membership)
 
 
 class ErrorCode(IntEnum):
@@ -72,6 +77,10 @@ class ErrorCode(IntEnum):
     INVALID_BATCH = 17  # crc checks out but the record framing inside does not (lengths, counts)
     LIMIT_EXCEEDED = 18  # the request would pass a documented broker limit (docs/LIMITS.md)
     OUT_OF_SPACE = 19  # the disk is full: writes are refused until space is freed, reads still work
+    REBALANCE_IN_PROGRESS = 20  # the group is rebalancing: rejoin (JoinGroup) to get an assignment
+    ILLEGAL_GENERATION = 21  # a generation the group has moved past: rejoin
+    UNKNOWN_MEMBER_ID = 22  # the coordinator does not know this member (expired, left): rejoin as new
+    INCONSISTENT_GROUP_PROTOCOL = 23  # no assignor, or not the group's protocol type, shared by all
 
     @property
     def retriable(self) -> bool:
@@ -331,18 +340,24 @@ class ListOffsetsRequest(PartitionRequest):
 
 @dataclass(frozen=True, slots=True)
 class OffsetCommitRequest(PartitionRequest):
-    # group str, offset i64, metadata str
+    # group str, offset i64, metadata str, generation i32, member_id str
+    # (generation -1 and member "": a commit outside group membership, refused while the group
+    # has members; a member commits with the generation it joined)
     API_KEY: ClassVar[ApiKey] = ApiKey.OFFSET_COMMIT
     group: str = ""
     offset: int = 0
     metadata: str = ""
+    generation: int = -1
+    member_id: str = ""
 
     def write(self, w: Writer) -> None:
-        w.str(self.group).pack("q", self.offset).str(self.metadata)
+        w.str(self.group).pack("q", self.offset).str(self.metadata).pack("i", self.generation)
+        w.str(self.member_id)
 
     @classmethod
     def read(cls, r: Reader, frame: Frame) -> OffsetCommitRequest:
-        return cls(frame.topic_id, frame.partition, r.str(), r.int("q"), r.str())
+        group, offset, metadata = r.str(), r.int("q"), r.str()
+        return cls(frame.topic_id, frame.partition, group, offset, metadata, r.int("i"), r.str())
 
 
 @dataclass(frozen=True, slots=True)
@@ -357,6 +372,101 @@ class OffsetFetchRequest(PartitionRequest):
     @classmethod
     def read(cls, r: Reader, frame: Frame) -> OffsetFetchRequest:
         return cls(frame.topic_id, frame.partition, r.str())
+
+
+@dataclass(frozen=True, slots=True)
+class GroupProtocol:
+    """One assignor a member can use (Kafka's "range", "roundrobin"...) and what it says about
+    the member under it (Kafka's consumer protocol: its subscription)."""
+
+    name: str
+    metadata: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class JoinGroupRequest(Request):
+    # group str, member_id str ("" on a first join), session_timeout_ms i32, rebalance_timeout_ms i32,
+    # protocol_type str, protocols array<name str, metadata bytes>
+    API_KEY: ClassVar[ApiKey] = ApiKey.JOIN_GROUP
+    group: str = ""
+    member_id: str = ""
+    session_timeout_ms: int = 45_000
+    rebalance_timeout_ms: int = 300_000
+    protocol_type: str = "consumer"
+    protocols: tuple[GroupProtocol, ...] = ()
+
+    def write(self, w: Writer) -> None:
+        w.str(self.group).str(self.member_id).pack("ii", self.session_timeout_ms, self.rebalance_timeout_ms)
+        w.str(self.protocol_type).array(len(self.protocols))
+        for p in self.protocols:
+            w.str(p.name).bytes(p.metadata)
+
+    @classmethod
+    def read(cls, r: Reader, frame: Frame) -> JoinGroupRequest:
+        group, member = r.str(), r.str()
+        session, rebalance = r.unpack("ii")
+        kind = r.str()
+        protocols = tuple(GroupProtocol(r.str(), r.bytes()) for _ in range(r.array(6)))
+        return cls(group, member, session, rebalance, kind, protocols)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupAssignment:
+    member_id: str
+    assignment: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class SyncGroupRequest(Request):
+    # group str, generation i32, member_id str, assignments array<member_id str, assignment bytes>
+    # (only the leader sends assignments; the others send none)
+    API_KEY: ClassVar[ApiKey] = ApiKey.SYNC_GROUP
+    group: str = ""
+    generation: int = -1
+    member_id: str = ""
+    assignments: tuple[GroupAssignment, ...] = ()
+
+    def write(self, w: Writer) -> None:
+        w.str(self.group).pack("i", self.generation).str(self.member_id).array(len(self.assignments))
+        for a in self.assignments:
+            w.str(a.member_id).bytes(a.assignment)
+
+    @classmethod
+    def read(cls, r: Reader, frame: Frame) -> SyncGroupRequest:
+        group, generation, member = r.str(), r.int("i"), r.str()
+        assignments = tuple(GroupAssignment(r.str(), r.bytes()) for _ in range(r.array(6)))
+        return cls(group, generation, member, assignments)
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatRequest(Request):
+    # group str, generation i32, member_id str
+    API_KEY: ClassVar[ApiKey] = ApiKey.HEARTBEAT
+    group: str = ""
+    generation: int = -1
+    member_id: str = ""
+
+    def write(self, w: Writer) -> None:
+        w.str(self.group).pack("i", self.generation).str(self.member_id)
+
+    @classmethod
+    def read(cls, r: Reader, frame: Frame) -> HeartbeatRequest:
+        return cls(r.str(), r.int("i"), r.str())
+
+
+@dataclass(frozen=True, slots=True)
+class LeaveGroupRequest(Request):
+    # group str, member_id str
+    API_KEY: ClassVar[ApiKey] = ApiKey.LEAVE_GROUP
+    group: str = ""
+    member_id: str = ""
+
+    def write(self, w: Writer) -> None:
+        w.str(self.group).str(self.member_id)
+
+    @classmethod
+    def read(cls, r: Reader, frame: Frame) -> LeaveGroupRequest:
+        return cls(r.str(), r.str())
 
 
 @dataclass(frozen=True, slots=True)
@@ -424,6 +534,10 @@ REQUEST_TYPES: dict[int, type[Request]] = {
         OffsetCommitRequest,
         OffsetFetchRequest,
         StatsRequest,
+        JoinGroupRequest,
+        SyncGroupRequest,
+        HeartbeatRequest,
+        LeaveGroupRequest,
     )
 }
 SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
@@ -635,6 +749,66 @@ class OffsetFetchResponse(Response):
 
 
 @dataclass(frozen=True, slots=True)
+class GroupMember:
+    member_id: str
+    metadata: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class JoinGroupResponse(Response):
+    # generation i32, protocol str (the assignor chosen), leader str, member_id str (yours),
+    # members array<member_id str, metadata bytes> (every member's, to the leader only; else empty)
+    API_KEY: ClassVar[ApiKey] = ApiKey.JOIN_GROUP
+    generation: int = -1
+    protocol: str = ""
+    leader: str = ""
+    member_id: str = ""
+    members: tuple[GroupMember, ...] = ()
+
+    def write(self, w: Writer) -> None:
+        w.pack("i", self.generation).str(self.protocol).str(self.leader).str(self.member_id)
+        w.array(len(self.members))
+        for m in self.members:
+            w.str(m.member_id).bytes(m.metadata)
+
+    @classmethod
+    def read(cls, r: Reader) -> dict[str, object]:
+        generation, protocol, leader, member = r.int("i"), r.str(), r.str(), r.str()
+        members = tuple(GroupMember(r.str(), r.bytes()) for _ in range(r.array(6)))
+        return {
+            "generation": generation,
+            "protocol": protocol,
+            "leader": leader,
+            "member_id": member,
+            "members": members,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class SyncGroupResponse(Response):
+    # assignment bytes (this member's, as the leader wrote it)
+    API_KEY: ClassVar[ApiKey] = ApiKey.SYNC_GROUP
+    assignment: bytes = b""
+
+    def write(self, w: Writer) -> None:
+        w.bytes(self.assignment)
+
+    @classmethod
+    def read(cls, r: Reader) -> dict[str, object]:
+        return {"assignment": r.bytes()}
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatResponse(Response):
+    API_KEY: ClassVar[ApiKey] = ApiKey.HEARTBEAT
+
+
+@dataclass(frozen=True, slots=True)
+class LeaveGroupResponse(Response):
+    API_KEY: ClassVar[ApiKey] = ApiKey.LEAVE_GROUP
+
+
+@dataclass(frozen=True, slots=True)
 class StatsResponse(Response):
     # core u16 (the core that answered), stats bytes: UTF-8 JSON, one snapshot per core and the
     # supervisor's eBPF snapshot ("bpf"; new keys in the JSON keep the binary format unchanged)
@@ -670,6 +844,10 @@ RESPONSE_TYPES: dict[int, type[Response]] = {
         OffsetCommitResponse,
         OffsetFetchResponse,
         StatsResponse,
+        JoinGroupResponse,
+        SyncGroupResponse,
+        HeartbeatResponse,
+        LeaveGroupResponse,
     )
 }
 
@@ -764,12 +942,42 @@ def decode_response(frame: Frame) -> Response:
     return cls(error, message, **fields)  # type: ignore[arg-type]
 
 
+class FetchRecords(NamedTuple):
+    """A FetchResponse read without copying its records: they stay in the frame's `body`, at
+    `body[start:end]` (what a consumer decodes, slicing record values straight out of `body`)."""
+
+    error: ErrorCode
+    message: str
+    high_watermark: int
+    log_start_offset: int
+    body: bytes
+    start: int
+    end: int
+
+
+def read_fetch_response(frame: Frame) -> FetchRecords:
+    """`decode_response` of a FetchResponse frame, as `FetchRecords` (same checks)."""
+    if frame.api_key != ApiKey.FETCH:
+        raise MalformedBody(f"not a FetchResponse: api {frame.api_key}")
+    r = Reader(frame.body)
+    error = _error(r.int("h"))
+    message = r.str()
+    if error != ErrorCode.NONE:
+        return FetchRecords(error, message, -1, -1, b"", 0, 0)
+    hw, log_start, n = r.unpack("qqI")
+    start = r.pos
+    if len(frame.body) - start != n:
+        raise MalformedBody(f"records of {n} bytes at byte {start}, the body has {len(frame.body) - start}")
+    return FetchRecords(error, message, hw, log_start, frame.body, start, start + n)
+
+
 __all__ = [
     "API_VERSION",
     "CURRENT_VERSIONS",
     "Acks",
     "ApiKey",
     "ErrorCode",
+    "FetchRecords",
     "MalformedBody",
     "OffsetSpec",
     "Request",
@@ -782,5 +990,6 @@ __all__ = [
     "peek_fetch_max_bytes",
     "peek_fetch_max_wait_ms",
     "peek_produce_acks",
+    "read_fetch_response",
     "unsupported",
 ]

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable, Iterable
+from itertools import repeat
+from operator import add
 from typing import NamedTuple
 
 from ringlog_proto.record import BatchError, Record
@@ -310,7 +312,8 @@ def encode_python(g: Gathered, prefix: int = 0) -> bytearray:
 
 
 def _get(buf: bytes, q: int, lim: int, maxb: int) -> tuple[int, int, int]:
-    """(error code or 0, value, position after) of the zigzag varint at `q`, before `lim`."""
+    """(error code or 0, value, position after) of the zigzag varint at `q`, before `lim`; bits
+    beyond its type (32 bits when `maxb` is 5, else 64) dropped, as `rc_get` and Kafka drop them."""
     u = 0
     for k in range(maxb):
         if q == lim:
@@ -319,8 +322,7 @@ def _get(buf: bytes, q: int, lim: int, maxb: int) -> tuple[int, int, int]:
         q += 1
         u |= (b & 0x7F) << (7 * k)
         if not b & 0x80:
-            if k == maxb - 1 and b >> (4 if maxb == 5 else 1):
-                return _VARINT_TOO_LONG, 0, q
+            u &= 0xFFFF_FFFF if maxb == 5 else 0xFFFF_FFFF_FFFF_FFFF
             return 0, (u >> 1) ^ -(u & 1), q
     return _VARINT_TOO_LONG, 0, q
 
@@ -625,6 +627,89 @@ def _build(buf: bytes, fields: array, count: int, base_offset: int, base_timesta
     ]
 
 
+def decode_rows(
+    buf: bytes | bytearray | memoryview,
+    start: int,
+    end: int,
+    count: int,
+    base_offset: int,
+    base_timestamp: int,
+    prefix: tuple = (),
+    cls: type[tuple] = tuple,
+    *,
+    codec: Codec | None = None,
+) -> list[tuple]:
+    """`decode_section`'s records as tuples of type `cls` (a tuple subclass, a NamedTuple say):
+    `prefix + (offset, timestamp, key, value, headers)` each. Checks and errors as
+    `decode_section`."""
+    if type(buf) is not bytes:  # values are slices of bytes: copy the section once
+        if not 0 <= start <= end <= len(buf):
+            raise SectionError(False, _BOUNDS, 0)
+        buf = bytes(memoryview(buf)[start:end])
+        end -= start
+        start = 0
+    result, fields = (codec or current_codec()).decode(buf, start, end, count)
+    if result:
+        raise SectionError.from_decode(result)
+    return rows(buf, fields, count, base_offset, base_timestamp, prefix, cls)
+
+
+def rows(
+    buf: bytes,
+    fields: array,
+    count: int,
+    base_offset: int,
+    base_timestamp: int,
+    prefix: tuple = (),
+    cls: type[tuple] = tuple,
+) -> list[tuple]:
+    """Tuples from a decode's field array, built column by column with no Python code per record:
+    every column is a C iterator (`repeat` for a constant, `map` over the field array's strided
+    slices for the rest, `buf.__getitem__` of `slice`s for keys and values) and `zip` plus
+    `tuple.__new__` assemble the rows. At 1 KiB values this is about a third of `_build` followed
+    by a tuple per record (no `Record` and no Python frame per record). Columns holding nulls or
+    headers take a list comprehension."""
+    vlens = fields[3::FIELDS]
+    klens = fields[1::FIELDS]
+    hcounts = fields[7::FIELDS]
+    deltas = fields[4::FIELDS]
+    get = buf.__getitem__
+    offsets = map(add, repeat(base_offset, count), fields[5::FIELDS])
+    stamps = (
+        repeat(base_timestamp, count)
+        if deltas.count(0) == count
+        else map(add, repeat(base_timestamp), deltas)
+    )
+    voffs = fields[2::FIELDS]
+    if vlens.count(-1) == 0:
+        values: Iterable[bytes | None] = map(get, map(slice, voffs, map(add, voffs, vlens)))
+    else:
+        values = [None if n < 0 else buf[o : o + n] for o, n in zip(voffs, vlens, strict=True)]
+    nulls = klens.count(-1)
+    if nulls == count:
+        keys: Iterable[bytes | None] = repeat(None, count)
+    else:
+        koffs = fields[0::FIELDS]
+        if nulls == 0:
+            keys = map(get, map(slice, koffs, map(add, koffs, klens)))
+        else:
+            keys = [None if n < 0 else buf[o : o + n] for o, n in zip(koffs, klens, strict=True)]
+    if hcounts.count(0) == count:
+        headers: Iterable[object] = repeat((), count)
+    else:
+        headers = [
+            _headers(buf, ho, hc) if hc else () for ho, hc in zip(fields[6::FIELDS], hcounts, strict=True)
+        ]
+    columns = [repeat(x, count) for x in prefix]
+    return list(
+        map(
+            tuple.__new__,
+            repeat(cls, count),
+            zip(*columns, offsets, stamps, keys, values, headers, strict=False),
+        )
+    )
+
+
 __all__ = [
     "DECODE_ERRORS",
     "ENCODE_ERRORS",
@@ -634,10 +719,12 @@ __all__ = [
     "SectionError",
     "current_codec",
     "decode_fields_python",
+    "decode_rows",
     "decode_section",
     "encode_python",
     "encode_section",
     "gather",
     "implementation",
     "native_codec",
+    "rows",
 ]

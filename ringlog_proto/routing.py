@@ -15,6 +15,12 @@ partition index, packed as `key = topic_id << 32 | partition` (both u32). Each c
 `mix64(key ^ mix64(c + 1))`, where `mix64` is the splitmix64 finalizer; the core with the highest
 score owns the partition, ties going to the lower core id. Rendezvous hashing with equal weights:
 removing a core moves only the partitions it owned, adding one moves about 1/N of them.
+
+The group coordinator. A consumer group is coordinated by one core (its membership, generations
+and committed offsets live there): `coordinator_for(group, cores)`, the same rendezvous over
+`group_key(group)`, the 64-bit FNV-1a hash of the group id's UTF-8 bytes (offset basis
+0xCBF29CE484222325, prime 0x100000001B3). Clients may compute it to reach the coordinator at
+once; the broker forwards (our protocol) or answers NOT_COORDINATOR (Kafka's) when they do not.
 """
 
 from __future__ import annotations
@@ -62,6 +68,32 @@ def owner(topic_id: int, partition: int, cores: Iterable[int]) -> int:
 def shard_for(topic_id: int, partition: int, core_count: int) -> int:
     """Owner among cores 0..core_count-1, the common case of a full worker set."""
     return owner(topic_id, partition, range(core_count))
+
+
+FNV64_OFFSET = 0xCBF29CE484222325
+FNV64_PRIME = 0x100000001B3
+
+
+def group_key(group: str) -> int:
+    """The u64 identity of a consumer group: FNV-1a over its id's UTF-8 bytes."""
+    h = FNV64_OFFSET
+    for byte in group.encode():
+        h = ((h ^ byte) * FNV64_PRIME) & MASK64
+    return h
+
+
+def coordinator_for(group: str, core_count: int) -> int:
+    """The core among 0..core_count-1 that coordinates `group` (rendezvous on `group_key`)."""
+    key = group_key(group)
+    best_core = -1
+    best_score = -1
+    for core in range(core_count):
+        s = score(key, core)
+        if s > best_score:
+            best_core, best_score = core, s
+    if best_core < 0:
+        raise ValueError("no cores to coordinate a group")
+    return best_core
 
 
 def port_core(source_port: int, cores: int) -> int:

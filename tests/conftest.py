@@ -33,7 +33,8 @@ def broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BrokerPro
         tmp_path / "broker.log",
         cores=options.get("cores", 1),
         backend=options.get("backend", "uvloop"),
-        extra=tuple(options.get("extra", ())),
+        # a group's first join waits this long for more members (Kafka's default is 3 s)
+        extra=("--group-initial-rebalance-delay-ms", "100", *options.get("extra", ())),
     ).start()
     yield proc
     if proc.running():

@@ -35,7 +35,10 @@ Rules this module keeps:
 - Group commit: every acks=durable reply of one loop turn waits for one flush per partition,
   started at the end of the turn (`end_of_turn`); a flush already in flight for that partition is
   followed by exactly one more, which covers everything that arrived meanwhile.
-- Shutdown, the same for both backends: stop accepting; answer parked fetches at once; wait (at
+- A `Later` outcome hands the core a callback that fills the request's slot once (a JoinGroup
+  answered when its group's join phase ends); an answer for a closed connection only frees it.
+- Shutdown, the same for both backends: stop accepting; answer parked fetches and waiting group
+  joins and syncs at once; wait (at
   most `SHUTDOWN_GRACE_S`) until no request is unanswered, no reply unsent and no append, flush or
   read in flight; flush what is due; fail pending forwards; close connections and peer links; let
   the backend's last operations complete; close the partitions; publish the final metrics.
@@ -80,6 +83,7 @@ from broker.core.outcomes import (
     Durable,
     Forward,
     Gather,
+    Later,
     Notify,
     Outcome,
     Read,
@@ -578,7 +582,7 @@ class BackendCore:
         """Open this core's partitions (`Handlers`), its Kafka adapter and its forwarding; publish
         its gauges."""
         config = self.config
-        self.handlers = Handlers(config)
+        self.handlers = Handlers(config, call_later=self.call_later)
         self.kafka = KafkaAdapter(self.handlers, config)
         self.peers = PeerPool.for_config(config, self.open_peer, self.stopping, self.call_later)
         self.forwarder = Forwarder(self.handlers, self.peers.send_to_core, self.call_later)
@@ -730,8 +734,25 @@ class BackendCore:
                 self.forwarder.notify(outcome, lambda reply: conn.fill(slot, reply))
             case Gather():
                 self._gather(outcome, frame, conn, slot)
+            case Later():
+                self._later(outcome, conn, slot)
             case _:
                 assert_never(outcome)
+
+    @staticmethod
+    def _later(outcome: Later, conn: ServedConnection, slot: Slot) -> None:
+        """Hand the deciding code its one answer callback (a second call is ignored; a closed
+        connection's answer only releases its slot)."""
+        answered = False
+
+        def answer(reply: Reply | Silent) -> None:
+            nonlocal answered
+            if answered:
+                return
+            answered = True
+            conn.fill(slot, reply)
+
+        outcome.start(answer)
 
     def _park(
         self,
@@ -1031,6 +1052,7 @@ class BackendCore:
         self.stop_accepting()
         for p in self.handlers.partitions.values():
             p.wake_waiters()  # parked fetches answer now (their re-handle sees `stopping()`)
+        self.handlers.coordinator.close()  # waiting JoinGroups and SyncGroups answer now
         deadline = time.monotonic() + SHUTDOWN_GRACE_S
         while self.busy() and time.monotonic() < deadline:
             yield SHUTDOWN_POLL_S

@@ -53,6 +53,7 @@ from ringlog_proto.messages import (
     Response,
     TopicMetadata,
 )
+from ringlog_proto.routing import coordinator_for
 
 log = logging.getLogger(__name__)
 
@@ -360,9 +361,11 @@ class AsyncClient:
         *,
         timeout: float | None = None,
         retries: int = 3,
+        group: str | None = None,
     ) -> Response:
-        """Send the request `build(topic_id)` to the core owning the partition and return the
-        response, refreshing metadata on UNKNOWN_TOPIC_OR_PARTITION / NOT_OWNER and retrying
+        """Send the request `build(topic_id)` to the core owning the partition (with `group`: to
+        the group's coordinator core, where OffsetCommit and OffsetFetch are served) and return
+        the response, refreshing metadata on UNKNOWN_TOPIC_OR_PARTITION / NOT_OWNER and retrying
         retriable errors and lost connections up to `retries` times with a short backoff.
 
         Only for requests that are safe to repeat (everything but produce, which has its own
@@ -372,6 +375,8 @@ class AsyncClient:
         refresh = False
         while True:
             info, core = await self.route(topic, partition, refresh=refresh)
+            if group is not None:
+                core = coordinator_for(group, self.cores)
             refresh = False
             try:
                 return await self.request(build(info.topic_id), core=core, timeout=timeout)

@@ -2,11 +2,16 @@
 
 Rules this module keeps:
 - Requests are written as soon as they are made, each with a fresh correlation id, and many may be
-  in flight. The connection is an `asyncio.Protocol` (`_ConnProtocol`): its `data_received` feeds
-  the sans-I/O `FrameDecoder` and resolves the future waiting for each response by its correlation
-  id, right there in the event loop's read callback; there is no reader task and no stream buffer
-  in between. (The broker answers in request order, but matching by id costs a dict lookup and
-  catches a broker that does not.)
+  in flight. The connection is an `asyncio.BufferedProtocol` (`_ConnProtocol`): the transport
+  receives straight into the sans-I/O `FrameReader`'s buffer, kept for the connection's life, and
+  `buffer_updated` resolves the future waiting for each response by its correlation id, right
+  there in the event loop's read callback; there is no reader task, no stream buffer and no
+  `bytes` per read in between (see `FrameReader` for what that saves on large fetches). (The
+  broker answers in request order, but matching by id costs a dict lookup and catches a broker
+  that does not.)
+- A response is decoded by `decode_response` unless its request named another decoder
+  (`request_nowait(decode=...)`: the consumer's fetches keep their records in the frame's body,
+  `read_fetch_response`).
 - A connection that fails fails *everything* in flight on it with `BrokerUnavailable`, and stays
   failed: callers (the `AsyncClient`) open a new one. Whether the broker acted on those requests is
   unknown; that is what idempotent produce is for. The transport's `connection_lost` (EOF, a socket
@@ -37,14 +42,15 @@ import errno
 import logging
 import random
 import socket
-from typing import Final, TypeVar
+from collections.abc import Callable
+from typing import Any, Final, TypeVar
 
 from broker.client.errors import BrokerUnavailable, ProtocolViolation, error_for
 from ringlog_proto.frames import (
     FRAME_BYTES_MAX_DEFAULT,
     NEED_DATA,
     Frame,
-    FrameDecoder,
+    FrameReader,
     ProtocolError,
     set_correlation_id,
     set_identity,
@@ -105,7 +111,7 @@ def bind_source_port_for(sock: socket.socket, family: int, core: int, cores: int
     return 0
 
 
-class _ConnProtocol(asyncio.Protocol):
+class _ConnProtocol(asyncio.BufferedProtocol):
     """The transport's callbacks for one `AsyncConnection`; all state lives on the connection."""
 
     __slots__ = ("_conn",)
@@ -116,8 +122,11 @@ class _ConnProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._conn._transport = transport  # type: ignore[assignment]
 
-    def data_received(self, data: bytes) -> None:
-        self._conn._data_received(data)
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._conn._decoder.buffer()
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self._conn._buffer_updated(nbytes)
 
     def eof_received(self) -> bool:
         return False  # close the transport: connection_lost follows
@@ -149,10 +158,12 @@ class AsyncConnection:
     ) -> None:
         self.address = address
         self.request_timeout = request_timeout
-        self._decoder = FrameDecoder(max_frame_bytes)
+        self._decoder = FrameReader(max_frame_bytes)
         self._loop = asyncio.get_running_loop()
-        # correlation id -> (future, api key of the request, timeout handle or None)
-        self._pending: dict[int, tuple[asyncio.Future[Response], int, asyncio.TimerHandle | None]] = {}
+        # correlation id -> (future, api key of the request, timeout handle or None, decoder)
+        self._pending: dict[
+            int, tuple[asyncio.Future[Any], int, asyncio.TimerHandle | None, Callable[[Frame], Any]]
+        ] = {}
         self._next_id = 1
         self._error: BrokerUnavailable | None = None
         self._protocol = _ConnProtocol(self)
@@ -269,7 +280,7 @@ class AsyncConnection:
         handle = None
         if timeout is not None and timeout > 0:
             handle = self._loop.call_later(timeout, self._timed_out, corr, api_key, timeout)
-        self._pending[corr] = (fut, api_key, handle)
+        self._pending[corr] = (fut, api_key, handle, decode_response)
         return corr, fut
 
     # ----------------------------------------------------------------------------------- state
@@ -309,13 +320,20 @@ class AsyncConnection:
             raise error_for(resp.error, resp.message)
         return resp
 
-    def request_nowait(self, req: Request, *, timeout: float | None = None) -> asyncio.Future[Response]:
+    def request_nowait(
+        self,
+        req: Request,
+        *,
+        timeout: float | None = None,
+        decode: Callable[[Frame], Any] = decode_response,
+    ) -> asyncio.Future[Any]:
         """Write `req` now and return the future of its (unchecked) response without awaiting.
 
         For callers that pipeline many requests from one task; they should `await drain()` now and
-        then so a slow broker applies backpressure.
+        then so a slow broker applies backpressure. `decode` turns the response frame into the
+        future's result (raising `MalformedBody` for a body it cannot read).
         """
-        fut = self._send(req, True, timeout)
+        fut = self._send(req, True, timeout, decode)
         assert fut is not None
         return fut
 
@@ -340,8 +358,12 @@ class AsyncConnection:
         await self._drain()
 
     def _send(
-        self, req: Request, expect_response: bool, timeout: float | None
-    ) -> asyncio.Future[Response] | None:
+        self,
+        req: Request,
+        expect_response: bool,
+        timeout: float | None,
+        decode: Callable[[Frame], Any] = decode_response,
+    ) -> asyncio.Future[Any] | None:
         if self._error is not None:
             raise BrokerUnavailable(str(self._error))
         corr = self._next_id
@@ -356,7 +378,7 @@ class AsyncConnection:
             handle = None
             if timeout is not None and timeout > 0:
                 handle = self._loop.call_later(timeout, self._timed_out, corr, req.API_KEY, timeout)
-            self._pending[corr] = (fut, req.API_KEY, handle)
+            self._pending[corr] = (fut, req.API_KEY, handle, decode)
         try:
             self._transport.writelines(encode_request(req, corr))  # type: ignore[union-attr]
         except (OSError, RuntimeError) as exc:  # RuntimeError: transport closed under us
@@ -397,12 +419,12 @@ class AsyncConnection:
 
     # ----------------------------------------------------------------------------------- reading
 
-    def _data_received(self, data: bytes) -> None:
+    def _buffer_updated(self, nbytes: int) -> None:
+        decoder = self._decoder
+        decoder.received(nbytes)
         if self._error is not None:
             return  # closing: nobody is waiting any more
-        decoder = self._decoder
         try:
-            decoder.feed(data)
             while True:
                 frame = decoder.next_frame()
                 if frame is NEED_DATA:
@@ -434,7 +456,7 @@ class AsyncConnection:
                 "%s: response to unknown correlation id %d ignored", self.address, frame.correlation_id
             )
             return
-        fut, api_key, handle = entry
+        fut, api_key, handle, decode = entry
         if handle is not None:
             handle.cancel()
         if fut.done():  # the caller was cancelled
@@ -448,7 +470,7 @@ class AsyncConnection:
             )
             return
         try:
-            resp = decode_response(frame)
+            resp = decode(frame)
         except MalformedBody as exc:
             fut.set_exception(ProtocolViolation(f"{self.address}: unparseable response: {exc}"))
             return
@@ -461,7 +483,7 @@ class AsyncConnection:
         if self._error is None:
             self._error = err
         pending, self._pending = self._pending, {}
-        for fut, _api, handle in pending.values():
+        for fut, _api, handle, _decode in pending.values():
             if handle is not None:
                 handle.cancel()
             if not fut.done():

@@ -142,6 +142,22 @@ class OutOfSpaceError(RingLogError):
     pass
 
 
+class RebalanceInProgressError(RingLogError):
+    """The consumer group is rebalancing: the member rejoins (broker/client/group.py does)."""
+
+
+class IllegalGenerationError(RingLogError):
+    pass
+
+
+class UnknownMemberError(RingLogError):
+    pass
+
+
+class InconsistentGroupProtocolError(RingLogError):
+    """No assignor, or not the protocol type, that every member of the group shares."""
+
+
 ERROR_CLASSES: dict[ErrorCode, type[RingLogError]] = {
     ErrorCode.UNKNOWN_SERVER_ERROR: UnknownServerError,
     ErrorCode.INVALID_REQUEST: InvalidRequestError,
@@ -162,6 +178,10 @@ ERROR_CLASSES: dict[ErrorCode, type[RingLogError]] = {
     ErrorCode.INVALID_BATCH: InvalidBatchError,
     ErrorCode.LIMIT_EXCEEDED: LimitExceededError,
     ErrorCode.OUT_OF_SPACE: OutOfSpaceError,
+    ErrorCode.REBALANCE_IN_PROGRESS: RebalanceInProgressError,
+    ErrorCode.ILLEGAL_GENERATION: IllegalGenerationError,
+    ErrorCode.UNKNOWN_MEMBER_ID: UnknownMemberError,
+    ErrorCode.INCONSISTENT_GROUP_PROTOCOL: InconsistentGroupProtocolError,
 }
 
 

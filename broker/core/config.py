@@ -34,5 +34,8 @@ class BrokerConfig:
     peer_liveness_fd: int = -1  # the supervisor's liveness table (broker/core/liveness.py); -1: none
     backend: str = "uvloop"
     limits: Limits = field(default_factory=Limits)
+    # how long a group that was empty waits for more members before its first generation (Kafka's
+    # group.initial.rebalance.delay.ms): broker/core/coordinator.py
+    group_initial_rebalance_delay_ms: int = 3000
     # the supervisor's eBPF snapshot (bpf/state.py: `steering`, counters), or None without a plane
     bpf_snapshot: Callable[[], dict[str, Any] | None] = no_bpf_snapshot

@@ -12,7 +12,9 @@ Rules this module keeps:
 - A core serves only the partitions it owns (`shard_for(topic_id, partition, cores)`); a partition
   request for another core's partition becomes `Forward` before its body is even decoded, except
   when it came from another core (`handle(frame, from_peer=True)`): then it is NOT_OWNER, so a
-  forward can never loop.
+  forward can never loop. OffsetCommit and OffsetFetch go to the group's coordinator core instead
+  (`coordinator_for(group, cores)`, the group read from the body), whose store both protocols
+  share (broker/core/groups.py, broker/core/coordinator.py).
 - Partitions open on first use: a core opens, at start, the partitions it owns that have files,
   and any other only when a request for it arrives (creating its directory and first segment
   then, in that one request). CreateTopic therefore only writes the registry, whatever the
@@ -47,10 +49,11 @@ from collections.abc import Callable, Sequence
 
 from broker import __version__
 from broker.core.config import BrokerConfig
-from broker.core.groups import GroupError, check_group
+from broker.core.coordinator import CallLater, GroupCode, GroupCoordinator, JoinResult, SyncResult
+from broker.core.groups import Committed, GroupError, GroupOffsetStore, check_group
 from broker.core.limits import FETCH_MAX_BYTES_MAX, FETCH_WAIT_MS_MAX
 from broker.core.metrics import CoreMetrics, read_snapshots
-from broker.core.outcomes import Append, Durable, Forward, Notify, Outcome, Read, Reply, Silent, Wait
+from broker.core.outcomes import Append, Durable, Forward, Later, Notify, Outcome, Read, Reply, Silent, Wait
 from broker.core.partition import Partition, Stored
 from broker.core.producer_ids import FileBlockSource, ProducerIds
 from broker.core.producer_state import RetryInFlightError, SequenceError
@@ -73,21 +76,41 @@ from broker.storage.fdcache import FdCache
 from ringlog_proto import messages as m
 from ringlog_proto.batch import now_ms
 from ringlog_proto.frames import Frame
-from ringlog_proto.routing import shard_for
+from ringlog_proto.routing import coordinator_for, shard_for
 
 log = logging.getLogger(__name__)
 
 BROKER_VERSION = __version__
 OWNER_CACHE_MAX = 100_000  # (topic id, partition) -> core entries kept; cleared when full
-PARTITION_APIS = frozenset(
+PARTITION_APIS = frozenset({m.ApiKey.PRODUCE, m.ApiKey.FETCH, m.ApiKey.LIST_OFFSETS})
+# to the group's coordinator core
+GROUP_APIS = frozenset(
     {
-        m.ApiKey.PRODUCE,
-        m.ApiKey.FETCH,
-        m.ApiKey.LIST_OFFSETS,
         m.ApiKey.OFFSET_COMMIT,
         m.ApiKey.OFFSET_FETCH,
+        m.ApiKey.JOIN_GROUP,
+        m.ApiKey.SYNC_GROUP,
+        m.ApiKey.HEARTBEAT,
+        m.ApiKey.LEAVE_GROUP,
     }
 )
+# answers that wait at the coordinator for the rest of the group: forwarded as long polls
+_WAITING_GROUP_APIS = frozenset({m.ApiKey.JOIN_GROUP, m.ApiKey.SYNC_GROUP})
+# the coordinator's answers in our error codes (MEMBER_ID_REQUIRED never: we join in one step)
+_GROUP_CODES: dict[GroupCode, m.ErrorCode] = {
+    GroupCode.NONE: m.ErrorCode.NONE,
+    GroupCode.UNKNOWN_MEMBER_ID: m.ErrorCode.UNKNOWN_MEMBER_ID,
+    GroupCode.ILLEGAL_GENERATION: m.ErrorCode.ILLEGAL_GENERATION,
+    GroupCode.REBALANCE_IN_PROGRESS: m.ErrorCode.REBALANCE_IN_PROGRESS,
+    GroupCode.INCONSISTENT_GROUP_PROTOCOL: m.ErrorCode.INCONSISTENT_GROUP_PROTOCOL,
+    GroupCode.MEMBER_ID_REQUIRED: m.ErrorCode.UNKNOWN_MEMBER_ID,
+    GroupCode.INVALID_SESSION_TIMEOUT: m.ErrorCode.INVALID_REQUEST,
+    GroupCode.NOT_COORDINATOR: m.ErrorCode.NOT_OWNER,
+}
+
+
+def _no_timers(delay_s: float, callback: Callable[[], None]) -> object:
+    raise RuntimeError("these handlers have no event loop: group membership needs one")
 
 
 def error_of(exc: BaseException) -> tuple[m.ErrorCode, str]:
@@ -139,7 +162,9 @@ class Handlers:
     read when a snapshot is taken: STATS and the published files).
     """
 
-    def __init__(self, config: BrokerConfig, metrics: CoreMetrics | None = None) -> None:
+    def __init__(
+        self, config: BrokerConfig, metrics: CoreMetrics | None = None, call_later: CallLater | None = None
+    ) -> None:
         self.config = config
         self.metrics = metrics if metrics is not None else CoreMetrics(config.core_id, config.backend)
         self.gauges: dict[str, Callable[[], int]] = {}
@@ -159,6 +184,12 @@ class Handlers:
         self._owners: dict[tuple[int, int], int] = {}
         for topic in self.registry.by_id.values():
             self._open_stored(topic)
+        # the groups this core coordinates: membership (timers on the backend's loop) and offsets
+        self.coordinator = GroupCoordinator(
+            GroupOffsetStore(config.data_dir),
+            call_later or _no_timers,
+            initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms,
+        )
         self._dispatch: dict[int, Callable[[m.Request, Frame], Outcome]] = {
             m.ApiKey.API_VERSIONS: self._api_versions,
             m.ApiKey.METADATA: self._metadata,
@@ -170,6 +201,10 @@ class Handlers:
             m.ApiKey.OFFSET_COMMIT: self._offset_commit,
             m.ApiKey.OFFSET_FETCH: self._offset_fetch,
             m.ApiKey.STATS: self._stats,
+            m.ApiKey.JOIN_GROUP: self._join_group,
+            m.ApiKey.SYNC_GROUP: self._sync_group,
+            m.ApiKey.HEARTBEAT: self._heartbeat,
+            m.ApiKey.LEAVE_GROUP: self._leave_group,
         }
 
     def close(self) -> None:
@@ -267,6 +302,20 @@ class Handlers:
                         frame, m.ErrorCode.NOT_OWNER, f"core {self.config.core_id} does not own it"
                     )
                 return Forward(core, frame, _is_long_poll(frame), not _is_silent_produce(frame))
+        if frame.api_key in GROUP_APIS and self.config.cores > 1:
+            try:
+                group = m.decode_request(frame).group  # type: ignore[attr-defined]
+            except Exception as exc:  # a body that does not parse: answered by the dispatch below
+                group = None
+                log.debug("group request that does not decode: %s", exc)
+            if group:
+                core = coordinator_for(group, self.config.cores)
+                if core != self.config.core_id:
+                    if from_peer:
+                        return self._error(
+                            frame, m.ErrorCode.NOT_OWNER, f"core {self.config.core_id} does not coordinate it"
+                        )
+                    return Forward(core, frame, frame.api_key in _WAITING_GROUP_APIS, True)
         if from_peer and frame.api_key == m.ApiKey.DELETE_TOPIC:
             return self._topic_deleted_elsewhere(frame)
         try:
@@ -572,21 +621,109 @@ class Handlers:
 
     # ------------------------------------------------------------------------- groups
 
+    def topic_of(self, topic_id: int, partition: int) -> Topic:
+        """The topic of a partition this broker has (any core's), else `TopicError` "unknown"."""
+        topic = self.registry.by_id.get(topic_id)
+        if topic is None or not 0 <= partition < topic.partitions:
+            self.refresh_topics(force=True)
+            topic = self.registry.by_id.get(topic_id)
+        if topic is None or not 0 <= partition < topic.partitions:
+            raise TopicError("unknown", f"no partition {partition} of topic id {topic_id}")
+        return topic
+
     def _offset_commit(self, req: m.Request, frame: Frame) -> Outcome:
+        """A commit into the coordinator's store: a member's with its generation, or one outside
+        membership (generation -1), which is refused while the group has members."""
         assert isinstance(req, m.OffsetCommitRequest)
         check_group(req.group)
-        p = self._partition(frame)
+        self.topic_of(frame.topic_id, frame.partition)
         if req.offset < 0:
             raise ValueError(f"cannot commit negative offset {req.offset}")
         self.space.check_writable()
-        p.groups.commit(req.group, req.offset, req.metadata)
+        offsets = {(frame.topic_id, frame.partition): Committed(req.offset, req.metadata)}
+        code = self.coordinator.commit(
+            req.group, offsets, req.generation, req.member_id, live=self.registry.by_id.__contains__
+        )
+        if code != GroupCode.NONE:
+            return self._group_error(frame, req.group, code)
         return self._reply(frame, m.OffsetCommitResponse())
 
     def _offset_fetch(self, req: m.Request, frame: Frame) -> Outcome:
         assert isinstance(req, m.OffsetFetchRequest)
         check_group(req.group)
-        offset, metadata = self._partition(frame).groups.get(req.group)
+        self.topic_of(frame.topic_id, frame.partition)
+        offset, metadata = self.coordinator.offsets.committed(req.group, frame.topic_id, frame.partition)
         return self._reply(frame, m.OffsetFetchResponse(offset=offset, metadata=metadata))
+
+    def _group_error(self, frame: Frame, group: str, code: GroupCode) -> Reply:
+        return self._error(frame, _GROUP_CODES[code], f"group {group!r}: {code.value}")
+
+    def _join_group(self, req: m.Request, frame: Frame) -> Outcome:
+        """Answered when the group's join phase ends (`Later`): members assigned by the broker
+        in one step (our clients need no MEMBER_ID_REQUIRED round trip)."""
+        assert isinstance(req, m.JoinGroupRequest)
+        check_group(req.group)
+
+        def start(answer: Callable[[Reply | Silent], None]) -> None:
+            def done(result: JoinResult) -> None:
+                if result.code != GroupCode.NONE:
+                    answer(self._group_error(frame, req.group, result.code))
+                    return
+                members = tuple(m.GroupMember(member, meta) for member, _instance, meta in result.members)
+                resp = m.JoinGroupResponse(
+                    generation=result.generation,
+                    protocol=result.protocol_name or "",
+                    leader=result.leader,
+                    member_id=result.member_id,
+                    members=members,
+                )
+                answer(self._reply(frame, resp))
+
+            self.coordinator.join(
+                req.group,
+                req.member_id,
+                req.protocol_type,
+                [(p.name, p.metadata) for p in req.protocols],
+                req.session_timeout_ms,
+                req.rebalance_timeout_ms,
+                done,
+                client_id="ringlog",
+            )
+
+        return Later(start)
+
+    def _sync_group(self, req: m.Request, frame: Frame) -> Outcome:
+        """Answered when the leader's assignment arrives (`Later`)."""
+        assert isinstance(req, m.SyncGroupRequest)
+        check_group(req.group)
+
+        def start(answer: Callable[[Reply | Silent], None]) -> None:
+            def done(result: SyncResult) -> None:
+                if result.code != GroupCode.NONE:
+                    answer(self._group_error(frame, req.group, result.code))
+                else:
+                    answer(self._reply(frame, m.SyncGroupResponse(assignment=result.assignment)))
+
+            assignments = {a.member_id: a.assignment for a in req.assignments}
+            self.coordinator.sync(req.group, req.generation, req.member_id, assignments, done)
+
+        return Later(start)
+
+    def _heartbeat(self, req: m.Request, frame: Frame) -> Outcome:
+        assert isinstance(req, m.HeartbeatRequest)
+        check_group(req.group)
+        code = self.coordinator.heartbeat(req.group, req.generation, req.member_id)
+        if code != GroupCode.NONE:
+            return self._group_error(frame, req.group, code)
+        return self._reply(frame, m.HeartbeatResponse())
+
+    def _leave_group(self, req: m.Request, frame: Frame) -> Outcome:
+        assert isinstance(req, m.LeaveGroupRequest)
+        check_group(req.group)
+        (code,) = self.coordinator.leave(req.group, [(req.member_id, None)])
+        if code != GroupCode.NONE:
+            return self._group_error(frame, req.group, code)
+        return self._reply(frame, m.LeaveGroupResponse())
 
     # ------------------------------------------------------------------------- stats
 

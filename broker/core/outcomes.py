@@ -9,7 +9,8 @@ Rules this module keeps:
   extent, then `finish`), `Durable` (send after the partition's next flush), `Wait` (long poll:
   re-handle the frame when one of its partitions grows or the deadline passes), `Forward`
   (another core's partition: send the frame there and relay its answer), `Notify` (tell other
-  cores, then answer), `Gather` (several of these for one request, one answer).
+  cores, then answer), `Gather` (several of these for one request, one answer), `Later` (the answer depends
+  on other requests yet to come: a JoinGroup waits for its group).
 - `Outcome` is the closed union: a backend's dispatch matches every member and treats anything
   else as a bug (`broker/backends/shared.py`), so adding an outcome means adding its case there.
 """
@@ -117,4 +118,14 @@ class Gather:
     finish: Callable[[], Reply | Silent]
 
 
-Outcome = Reply | Silent | Append | Read | Durable | Wait | Forward | Notify | Gather
+@dataclass(slots=True)
+class Later:
+    """The answer is decided by requests still to come (a JoinGroup waits for the rest of its
+    group): the backend calls `start(answer)` once, and whoever decides calls `answer(reply)`
+    once, on this core's loop (later calls are ignored). An answer for a connection closed
+    meanwhile is dropped."""
+
+    start: Callable[[Callable[[Reply | Silent], None]], None]
+
+
+Outcome = Reply | Silent | Append | Read | Durable | Wait | Forward | Notify | Gather | Later

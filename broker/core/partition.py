@@ -1,5 +1,5 @@
-"""A partition as the request handlers see it: its log, idempotent-producer state, consumer-group
-offsets, and the consumers long-polling at its end.
+"""A partition as the request handlers see it: its log, idempotent-producer state and the
+consumers long-polling at its end.
 
 Rules this module keeps:
 - Owned by one core (the one `routing.owner` names); no locks, no threads.
@@ -15,7 +15,8 @@ Rules this module keeps:
   already sent gets the original offsets back and nothing is appended twice. The state is rebuilt
   from the batch headers in the log when the partition opens, so it survives a broker restart,
   and loses what retention deletes (`apply_retention`), so it lives as long as its batches.
-- Group offsets live in broker/core/groups.py (one JSON file per partition, replaced atomically).
+- Consumer-group offsets are not the partition's: they live with the group's coordinator core
+  (broker/core/groups.py).
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
-from broker.core.groups import GroupOffsets
 from broker.core.producer_state import ProducerState
 from broker.storage.diskspace import DiskSpace
 from broker.storage.fdcache import FdCache
@@ -77,7 +77,6 @@ class Partition:
         self.log = Log.open(directory, config, cache=cache)
         self.producers = ProducerState.rebuild(self.log.batch_headers(self.log.start_offset))
         self.waiters: list[Callable[[], None]] = []
-        self.groups = GroupOffsets(directory)
 
     def close(self) -> None:
         self.wake_waiters()

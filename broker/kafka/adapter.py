@@ -22,6 +22,9 @@ Rules this module keeps:
   its owning core the leader at that core's own port, so a stock client refreshes Metadata and
   goes there (librdkafka, kafka-python and Java all do), and one request is never split between
   cores. acks: 0 answers nothing, 1 after the write, -1 after the fsync (our acks=2).
+- The consumer-group APIs (FindCoordinator, Join/Sync/Heartbeat/LeaveGroup, OffsetCommit,
+  OffsetFetch, DescribeGroups, ListGroups) are broker/kafka/groups.py's, entered in the same
+  table; they answer for the groups this core coordinates and NOT_COORDINATOR for the others.
 - Only what `SUPPORTED_VERSIONS` lists is advertised in ApiVersions, and only that is answered
   by a handler. An ApiVersions above our highest version gets UNSUPPORTED_VERSION in a v0
   response listing our versions (as Kafka brokers answer, so the client retries at a version we
@@ -67,6 +70,7 @@ from broker.kafka.codec import (
 )
 from broker.kafka.errors import DONE, NotLeaderError, kafka_error
 from broker.kafka.fast_encode import fetch_response, produce_response
+from broker.kafka.groups import GROUP_VERSIONS, KafkaGroups
 from broker.kafka.leader_epoch import (
     KIO_FROM,
     OFFSET_FOR_LEADER_EPOCH,
@@ -100,6 +104,7 @@ SUPPORTED_VERSIONS: Final[dict[int, tuple[int, int]]] = {
     DELETE_TOPICS: (1, 3),  # v0: kio has no schema for it; v4+ are flexible
     INIT_PRODUCER_ID: init_producer_id.VERSIONS,  # v2+ flexible (kio writes their headers)
     OFFSET_FOR_LEADER_EPOCH: (0, 3),  # v0-1 read here (kio has v2+); v4+ are flexible
+    **GROUP_VERSIONS,  # FindCoordinator, Join/Sync/Heartbeat/LeaveGroup, offsets: broker/kafka/groups.py
 }
 PRODUCE_REFUSED_BELOW: Final = 3  # librdkafka < 2.11 stops compressing unless Produce v0 is listed
 # Kafka acks -> ours: -1 (all in-sync replicas: here, the one copy, fsynced) is our acks=2.
@@ -127,6 +132,7 @@ class KafkaAdapter:
         self.handlers = handlers
         self.config = config
         self.cluster_id = cluster_id_for(config.data_dir)
+        self.groups = KafkaGroups(handlers)
         # api key -> its handler; SUPPORTED_VERSIONS says which versions reach it
         self._apis: dict[int, Callable[[KafkaRequest, Any], Outcome]] = {
             API_VERSIONS: lambda request, _body: self._api_versions(request),
@@ -142,6 +148,7 @@ class KafkaAdapter:
             OFFSET_FOR_LEADER_EPOCH: lambda request, body: offset_for_leader_epoch(
                 self.handlers, request, body
             ),
+            **self.groups.apis(),
         }
         assert set(self._apis) == set(SUPPORTED_VERSIONS), "an api advertised without a handler"
 
@@ -161,11 +168,12 @@ class KafkaAdapter:
         schema = request_schema(key, version)
         assert schema is not None, f"kio lacks api {key} v{version}"
         try:
-            body, _client_id = decode_request(request, schema)
+            body, client_id = decode_request(request, schema)
         except KafkaDecodeError as exc:
             # Kafka closes on a request it cannot parse: the client's bytes are not what it
             # declared, and no response shape would be read right.
             raise ProtocolError(f"malformed kafka request: {exc}") from exc
+        self.groups.client_id = client_id or ""  # member ids are made from it
         try:
             return self._apis[key](request, body)
         except Exception as exc:  # a bug here must close one connection, not stop the core's loop

@@ -50,6 +50,7 @@ _KAFKA_CODES: Final[dict[Ours, ErrorCode]] = {
     Ours.INVALID_BATCH: ErrorCode.corrupt_message,
     Ours.LIMIT_EXCEEDED: ErrorCode.policy_violation,
     Ours.OUT_OF_SPACE: ErrorCode.kafka_storage_error,
+    Ours.INVALID_GROUP: ErrorCode.invalid_group_id,
 }
 
 

@@ -67,6 +67,7 @@ from dataclasses import asdict, dataclass, field
 from bpf.kernel import BpfError
 from bpf.plane import EbpfPlane
 from broker.backends.uring_options import APPEND_WRITES_DEFAULT, BUSY_POLL_US_DEFAULT
+from broker.core.groups import migrate_partition_offsets
 from broker.core.limits import Limits
 from broker.core.liveness import LivenessTable
 from broker.node.membership import MembershipEndpoint
@@ -115,6 +116,7 @@ class SupervisorConfig:
     tcp_fastopen_sysctl: bool = False  # set net.ipv4.tcp_fastopen's server bit (restored at exit)
     membership_port: int | None = None  # None: the broker's TCP port number; -1: no endpoint
     limits: Limits = field(default_factory=Limits)  # broker/core/limits.py, docs/LIMITS.md
+    group_initial_rebalance_delay_ms: int = 3000  # broker/core/coordinator.py
 
 
 @dataclass(slots=True)
@@ -428,6 +430,10 @@ class Supervisor:
             check_data_format(d)  # before any worker opens (and would try to recover) a segment
         except LegacyFormatError as exc:
             raise StartError(f"data dir {os.path.abspath(d)}: {exc}") from exc
+        try:  # the old per-partition group offsets, into the coordinators' per-group store
+            migrate_partition_offsets(d)
+        except (OSError, ValueError) as exc:  # a full disk: the old files stay, tried again next start
+            log.error("cannot move group offsets into %s yet: %s", layout.groups_dir(d), exc)
         if not ensure_reserve(d):
             log.warning(
                 "no room for the %d-byte reserve file in %s: a DeleteTopic on a disk filled to "
@@ -456,6 +462,7 @@ class Supervisor:
             "log_level": self.config.log_level,
             "log_defaults": asdict(self.config.log_defaults),
             "limits": self.config.limits.to_spec(),
+            "group_initial_rebalance_delay_ms": self.config.group_initial_rebalance_delay_ms,
             "fds": list(w.fds),
             "ready_fd": ready_w,
         }

@@ -131,6 +131,7 @@ def config_from_spec(spec: dict[str, object]) -> BrokerConfig:
         peer_liveness_fd=int(spec.get("liveness_fd", -1)),  # type: ignore[call-overload]
         backend=str(spec.get("backend", "uvloop")),
         limits=Limits.from_spec(spec.get("limits")),  # type: ignore[arg-type]
+        group_initial_rebalance_delay_ms=int(spec.get("group_initial_rebalance_delay_ms", 3000)),  # type: ignore[call-overload]
         bpf_snapshot=functools.partial(bpf_state.read, str(spec["data_dir"])),  # cached by mtime, no bcc
     )
 

@@ -113,7 +113,10 @@ def commit_group_offsets(bootstrap: str, topic: str, group: str, offsets: dict[i
             await asyncio.gather(
                 *(
                     client.partition_request(
-                        topic, p, lambda tid, p=p, o=o: OffsetCommitRequest(tid, p, group, o, "spark")
+                        topic,
+                        p,
+                        lambda tid, p=p, o=o: OffsetCommitRequest(tid, p, group, o, "spark"),
+                        group=group,
                     )
                     for p, o in offsets.items()
                 )
@@ -136,7 +139,7 @@ def group_lag(bootstrap: str, topic: str, group: str) -> dict[int, int | None]:
             for p in range(n):
                 end = await _list_offset(client, topic, p, OffsetSpec.LATEST)
                 resp = await client.partition_request(
-                    topic, p, lambda tid, p=p: OffsetFetchRequest(tid, p, group)
+                    topic, p, lambda tid, p=p: OffsetFetchRequest(tid, p, group), group=group
                 )
                 assert isinstance(resp, OffsetFetchResponse)
                 out[p] = None if resp.offset < 0 else end - resp.offset

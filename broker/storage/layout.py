@@ -27,11 +27,16 @@ The layout:
           <partition>/            decimal, no padding: one partition's log
             00000000000000000042.log    a segment's store, named by its base offset (20 digits)
             00000000000000000042.index  its index
-            group-offsets.json          consumer-group offsets (broker/core/partition.py)
+            group-offsets.json          old per-partition group offsets: moved into groups/ at
+                                        start, then removed (broker/core/offsets.py)
+      groups/
+        <sha256 of group id, 32 hex>.json   one consumer group's committed offsets, the group id
+                                            inside (broker/core/offsets.py)
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from typing import Final
 
@@ -48,6 +53,9 @@ METRICS_SNAPSHOT_PREFIX: Final = "metrics-core-"
 METRICS_SNAPSHOT_SUFFIX: Final = ".json"
 TOPICS_DIR: Final = "topics"
 GROUP_OFFSETS_FILE: Final = "group-offsets.json"
+GROUPS_DIR: Final = "groups"
+GROUP_FILE_SUFFIX: Final = ".json"
+GROUP_NAME_HEX: Final = 32  # hex digits of the group id's sha256 in its file name
 STORE_SUFFIX: Final = ".log"
 INDEX_SUFFIX: Final = ".index"
 SEGMENT_NAME_DIGITS: Final = 20  # zero-padded, so that `ls` sorts segments in offset order
@@ -118,7 +126,22 @@ def parse_number_name(name: str) -> int | None:
 
 
 def group_offsets_path(partition_directory: str) -> str:
+    """The old per-partition group offsets file (only read, to be migrated, then removed)."""
     return os.path.join(partition_directory, GROUP_OFFSETS_FILE)
+
+
+# ----------------------------------------------------------------------------- consumer groups
+
+
+def groups_dir(data_dir: str) -> str:
+    return os.path.join(data_dir, GROUPS_DIR)
+
+
+def group_file_path(data_dir: str, group: str) -> str:
+    """One group's offsets file: named by a hash (any group id is a safe, bounded file name),
+    the id itself kept inside the file."""
+    digest = hashlib.sha256(group.encode()).hexdigest()[:GROUP_NAME_HEX]
+    return os.path.join(data_dir, GROUPS_DIR, digest + GROUP_FILE_SUFFIX)
 
 
 # ----------------------------------------------------------------------------- segments

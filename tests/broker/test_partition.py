@@ -97,18 +97,6 @@ def test_producer_state_survives_a_reopen(tmp_path: Path, space: DiskSpace) -> N
         p.close()
 
 
-def test_group_offsets_survive_a_reopen(tmp_path: Path) -> None:
-    p = Partition(1, 0, str(tmp_path / "p"), LogConfig())
-    assert p.groups.get("g") == (-1, "")
-    p.groups.commit("g", 7, "meta")
-    p.close()
-    p = Partition(1, 0, str(tmp_path / "p"), LogConfig())
-    try:
-        assert p.groups.get("g") == (7, "meta")
-    finally:
-        p.close()
-
-
 def test_retention_takes_the_producer_state_its_segments_held(tmp_path: Path, space: DiskSpace) -> None:
     """PROTOCOL §4.7: producer state lives as long as the batches carrying it, without a restart."""
     p = Partition(

@@ -88,7 +88,10 @@ def model_answer(stored: list[Batch], flying: list[list[Batch]], request: list[B
         epoch = before[-1].epoch if before else None
         if epoch is not None and b.epoch < epoch:
             return FENCED
-        if epoch == b.epoch and hist:
+        # a later batch of a producer this request already carries must follow that batch: it
+        # can be no retry (a request is all retries or all new)
+        carried = any(x.pid == b.pid for x in earlier)
+        if epoch == b.epoch and hist and not carried:
             current = [x for x in hist if x.epoch == hist[-1].epoch][-PRODUCER_BATCHES_KEPT:]
             same = [x for x in current if x.epoch == b.epoch and (x.first, x.last) == (b.first, b.last)]
             if same:

@@ -387,3 +387,65 @@ def test_send_to_unknown_topic_fails_the_future(broker: BrokerProcess) -> None:
         fut = p.send("nope", b"x")
         with pytest.raises(UnknownTopicError):
             fut.result(10)
+
+
+def test_prefetch_hands_out_every_record_once_in_order(broker: BrokerProcess) -> None:
+    """Small fetches of several batches each, the next one sent before the last is decoded (see
+    AsyncConsumer._fetched), from a position inside a batch: every record once, in order, by
+    poll lists, by iteration and by the async consumer."""
+    create(broker, "prefetch")
+    n = 1200
+    with Producer(broker.bootstrap, batch_bytes=2048, linger_ms=50) as p:
+        for i in range(n):
+            p.send("prefetch", f"value-{i:05d}".encode() * 7, partition=0)
+        p.flush()
+    tp = ("prefetch", 0)
+    start = 534  # inside a batch: 2 KiB batches hold ~25 of these records
+    want = [f"value-{i:05d}".encode() * 7 for i in range(start, n)]
+    config = {"fetch_max_bytes": 5000, "max_poll_records": 97, "fetch_max_wait_ms": 100}
+    with Consumer(broker.bootstrap, **config) as c:  # type: ignore[arg-type]
+        c.assign([tp])
+        c.seek(tp, start)
+        got: list[ConsumerRecord] = []
+        deadline = time.monotonic() + 30
+        while len(got) < len(want) and time.monotonic() < deadline:
+            got.extend(c.poll(1000))
+        assert [r.offset for r in got] == list(range(start, n))
+        assert [r.value for r in got] == want
+        assert c.position(tp) == n
+        c.seek(tp, start)
+        it = iter(c)
+        assert [next(it).value for _ in range(len(want))] == want
+
+    async def async_side() -> list[bytes | None]:
+        async with AsyncConsumer(broker.bootstrap, iter_timeout_ms=300, **config) as ac:  # type: ignore[arg-type]
+            await ac.assign([tp])
+            ac.seek(tp, start)
+            return [r.value async for r in ac]
+
+    assert arun(async_side) == want
+
+
+def test_auto_commit_runs_while_polls_find_records_buffered(broker: BrokerProcess) -> None:
+    """The blocking Consumer takes buffered records without the loop (`poll_buffered`), but a due
+    auto-commit still runs, committing only what earlier polls returned."""
+    create(broker, "autocommit")
+    with Producer(broker.bootstrap, linger_ms=20) as p:
+        for i in range(500):
+            p.send("autocommit", f"{i}".encode(), partition=0)
+        p.flush()
+    tp = ("autocommit", 0)
+    config = {"group": "ac", "auto_offset_reset": "earliest", "auto_commit_interval_ms": 100}
+    with Consumer(broker.bootstrap, max_poll_records=1, **config) as c:  # type: ignore[arg-type]
+        c.assign([tp])
+        got: list[int] = []
+        committed = None
+        deadline = time.monotonic() + 20
+        while committed is None and len(got) < 500 and time.monotonic() < deadline:
+            got.extend(r.offset for r in c.poll(1000))
+            time.sleep(0.01)
+            committed = c.committed(tp)
+        # 500 records of a few bytes come in a fetch or two: polls found them buffered.
+        assert committed is not None and len(got) < 400, "no auto-commit while records were buffered"
+        assert 0 < committed <= len(got) == c.position(tp)
+        assert got == list(range(len(got)))

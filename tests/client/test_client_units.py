@@ -1,11 +1,15 @@
-"""Client pieces that need no broker: partitioner, batch sizes, backoff, errors, arguments."""
+"""Client pieces that need no broker: partitioner, batch sizes, backoff, errors, arguments, the
+blocking producer's futures."""
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import pickle
 import random
 import subprocess
 import sys
+import threading
 
 import pytest
 from crc32c import crc32c
@@ -27,7 +31,7 @@ from broker.client.backoff import backoff_delay
 from broker.client.client import parse_bootstrap
 from broker.client.errors import ERROR_CLASSES, BrokerStorageError, DeliveryTimeoutError, NotOwnerError
 from broker.client.partitioner import Partitioner
-from broker.client.producer import AsyncProducer, prepare_record
+from broker.client.producer import AsyncProducer, _SendFuture, prepare_record
 from ringlog_proto.batch import BROKER_PRODUCER_ID_LIMIT, Record, decode_records, encode_batch
 from ringlog_proto.messages import ErrorCode
 
@@ -280,3 +284,71 @@ def test_client_package_imports_no_server_module() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+# ----------------------------------------------------------------------------------- send futures
+
+
+def test_send_future_is_a_concurrent_future_that_waits_and_calls_back() -> None:
+    done = _SendFuture()
+    done.set_result("md")
+    assert done.done() and done.result() == "md" and done.exception() is None
+    assert not done.cancel() and not done.cancelled()
+    with pytest.raises(concurrent.futures.InvalidStateError):
+        done.set_result("again")
+    calls: list[object] = []
+    done.add_done_callback(lambda f: calls.append(f.result()))  # already done: called at once
+    assert calls == ["md"]
+
+    failed = _SendFuture()
+    failed.add_done_callback(lambda f: calls.append(f.exception()))
+    err = ValueError("refused")
+    failed.set_exception(err)
+    assert calls == ["md", err]
+    with pytest.raises(ValueError, match="refused"):
+        failed.result(0)
+
+    pending = [_SendFuture() for _ in range(3)]
+    assert not pending[0].cancel()
+    with pytest.raises(concurrent.futures.TimeoutError):
+        pending[0].result(0.01)
+    threading.Timer(0.05, pending[1].set_result, ("late",)).start()
+    finished, waiting = concurrent.futures.wait(
+        pending, timeout=5, return_when=concurrent.futures.FIRST_COMPLETED
+    )
+    assert finished == {pending[1]} and len(waiting) == 2
+    pending[0].set_result(0)
+    pending[2].set_exception(KeyError("k"))
+    assert set(concurrent.futures.as_completed(pending, timeout=5)) == set(pending)
+
+    async def wrapped() -> object:
+        f = _SendFuture()
+        asyncio.get_running_loop().call_later(0.01, f.set_result, "via asyncio")
+        return await asyncio.wrap_future(f)
+
+    assert asyncio.run(wrapped()) == "via asyncio"
+
+
+def test_send_future_waiters_racing_completion_are_never_lost() -> None:
+    """A waiter that makes the lazy Condition while another thread completes the future must wake."""
+    for _ in range(300):
+        futs = [_SendFuture() for _ in range(20)]
+        got: list[object] = []
+        calls: list[int] = []
+
+        def wait_all(
+            futs: list[_SendFuture] = futs, got: list[object] = got, calls: list[int] = calls
+        ) -> None:
+            for i, f in enumerate(futs):
+                if i % 2:
+                    f.add_done_callback(lambda _f: calls.append(1))
+                got.append(f.result(5))
+
+        t = threading.Thread(target=wait_all)
+        t.start()
+        for i, f in enumerate(futs):
+            f.set_result(i)
+        t.join(10)
+        assert not t.is_alive()
+        assert got == list(range(20))
+        assert len(calls) == 10

@@ -1,5 +1,6 @@
 """The Kafka codec and adapter without a server: frames, the protocol sniff, every version of
-ApiVersions and Metadata decoded back with kio's own readers, and what is not answered."""
+ApiVersions and Metadata decoded back with kio's own readers, the group APIs (FindCoordinator,
+NOT_COORDINATOR, OffsetCommit and OffsetFetch at every version), and what is not answered."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from broker.kafka.codec import (
 from ringlog_proto import messages as m
 from ringlog_proto.batch import BROKER_PRODUCER_ID_LIMIT
 from ringlog_proto.frames import NEED_DATA, FrameDecoder, ProtocolError
-from ringlog_proto.routing import shard_for
+from ringlog_proto.routing import coordinator_for, shard_for
 
 
 def frame_of(
@@ -173,6 +174,15 @@ def test_api_versions_lists_only_what_is_answered(adapter: KafkaAdapter, version
         20: (1, 3),
         22: (0, 4),
         23: (0, 3),
+        8: (2, 7),
+        9: (1, 5),
+        10: (0, 2),
+        11: (0, 5),
+        12: (0, 3),
+        13: (0, 3),
+        14: (0, 3),
+        15: (0, 4),
+        16: (0, 2),
     }
 
 
@@ -343,10 +353,10 @@ def test_init_producer_id_refuses_transactions(adapter: KafkaAdapter) -> None:
 
 
 def test_unadvertised_api_with_top_level_error_code_gets_unsupported_version(adapter: KafkaAdapter) -> None:
-    schema = request_schema(12, 0)  # Heartbeat v0
+    schema = request_schema(12, 4)  # Heartbeat v4 (flexible): not ours
     assert schema is not None
-    body = make(schema, group_id="g", generation_id=i32(1), member_id="m")
-    corr, resp = answer(adapter, frame_of(12, 0, 3, body), 12, 0)
+    body = make(schema, group_id="g", generation_id=i32(1), member_id="m", group_instance_id=None)
+    corr, resp = answer(adapter, frame_of(12, 4, 3, body), 12, 4)
     assert (corr, resp.error_code) == (3, ErrorCode.unsupported_version)
 
 
@@ -402,3 +412,93 @@ def test_offset_for_leader_epoch_answers_owned_partitions_only(adapter: KafkaAda
         else:
             assert got[p] == (ErrorCode.not_leader_or_follower, -1, -1)
     assert {shard_for(topic_id, p, 2) for p in range(4)} == {0, 1}  # both cases were seen
+
+
+# ----------------------------------------------------------------------------- groups
+
+
+@pytest.mark.parametrize("version", [0, 1, 2])
+def test_find_coordinator_names_the_group_core_at_its_port(adapter: KafkaAdapter, version: int) -> None:
+    schema = request_schema(10, version)
+    assert schema is not None
+    for group in ("orders", "billing", "x"):
+        body = make(schema, key=group, key_type=i32(0))
+        _, resp = answer(adapter, frame_of(10, version, 5, body), 10, version)
+        core = coordinator_for(group, 2)
+        assert (resp.error_code, resp.node_id, resp.host, resp.port) == (
+            ErrorCode.none,
+            core,
+            "127.0.0.1",
+            9100 + core,
+        )
+    if version >= 1:
+        body = make(schema, key="tx", key_type=1)
+        _, resp = answer(adapter, frame_of(10, version, 6, body), 10, version)
+        assert resp.error_code == ErrorCode.coordinator_not_available and "transaction" in resp.error_message
+
+
+def _group_on(core: int) -> str:
+    return next(g for g in (f"g{i}" for i in range(100)) if coordinator_for(g, 2) == core)
+
+
+@pytest.mark.parametrize("version", [0, 1, 2, 3])
+def test_group_requests_of_another_core_are_not_coordinator(adapter: KafkaAdapter, version: int) -> None:
+    other = _group_on(1)  # the adapter is core 0's
+    schema = request_schema(12, version)
+    assert schema is not None
+    body = make(schema, group_id=other, generation_id=i32(1), member_id="m", group_instance_id=None)
+    _, resp = answer(adapter, frame_of(12, version, 3, body), 12, version)
+    assert resp.error_code == ErrorCode.not_coordinator
+    mine = _group_on(0)
+    body = make(schema, group_id=mine, generation_id=i32(1), member_id="m", group_instance_id=None)
+    _, resp = answer(adapter, frame_of(12, version, 4, body), 12, version)
+    assert resp.error_code == ErrorCode.unknown_member_id
+
+
+@pytest.mark.parametrize("version", [2, 3, 4, 5, 6, 7])
+def test_offset_commit_then_fetch_every_version(adapter: KafkaAdapter, version: int) -> None:
+    create_topic(adapter, "t", 2)
+    group = _group_on(0)
+    schema = request_schema(8, version)
+    assert schema is not None
+    module = __import__(schema.__module__, fromlist=["x"])
+    parts = tuple(
+        make(
+            module.OffsetCommitRequestPartition,
+            partition_index=i32(p),
+            committed_offset=10 + p,
+            committed_leader_epoch=i32(-1),
+            committed_metadata=f"m{p}",
+            commit_timestamp=-1,
+        )
+        for p in range(3)  # partition 2 does not exist
+    )
+    body = make(
+        schema,
+        group_id=group,
+        generation_id_or_member_epoch=i32(-1),
+        member_id="",
+        group_instance_id=None,
+        retention_time_ms=-1,
+        topics=(make(module.OffsetCommitRequestTopic, name="t", partitions=parts),),
+    )
+    _, resp = answer(adapter, frame_of(8, version, 1, body), 8, version)
+    codes = [p.error_code for p in resp.topics[0].partitions]
+    assert codes == [ErrorCode.none, ErrorCode.none, ErrorCode.unknown_topic_or_partition]
+    for fetch_version in (1, 5):
+        fschema = request_schema(9, fetch_version)
+        assert fschema is not None
+        fmodule = __import__(fschema.__module__, fromlist=["x"])
+        topics = (make(fmodule.OffsetFetchRequestTopic, name="t", partition_indexes=(i32(0), i32(1))),)
+        _, fresp = answer(
+            adapter,
+            frame_of(9, fetch_version, 2, make(fschema, group_id=group, topics=topics)),
+            9,
+            fetch_version,
+        )
+        got = [(p.committed_offset, p.metadata) for p in fresp.topics[0].partitions]
+        assert got == [(10, "m0"), (11, "m1")]
+    _, every = answer(
+        adapter, frame_of(9, 5, 3, make(request_schema(9, 5), group_id=group, topics=None)), 9, 5
+    )
+    assert [(t.name, [p.partition_index for p in t.partitions]) for t in every.topics] == [("t", [0, 1])]

@@ -5,6 +5,7 @@ records, and fail on the same batches. Each test runs once per codec."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import pytest
 from hypothesis import given, settings
@@ -17,6 +18,7 @@ from ringlog_proto.batch import (
     BatchError,
     Record,
     decode_records,
+    decode_rows,
     encode_batch,
     set_base_offset,
 )
@@ -83,9 +85,30 @@ def test_both_codecs_encode_the_same_bytes_and_decode_the_same_records(
             assert (got.key, got.value, tuple(got.headers)) == (None, sent, ())
         else:
             assert (got.key, got.value, tuple(got.headers)) == (sent.key, sent.value, tuple(sent.headers))
+    # The consumer's rows: the same records as tuples, from both codecs, at any position in a buffer.
+    expect = [("t", 3, r.offset, r.timestamp, r.key, r.value, list(r.headers)) for r in first]
+    padded = b"pad" + data + b"tail"
+    for c in _codec_ids():
+        for buf, pos in ((data, 0), (padded, 3), (memoryview(padded), 3)):
+            rows = _with(c, lambda buf=buf, pos=pos: decode_rows(buf, pos, True, ("t", 3), Row))
+            assert all(type(r) is Row for r in rows)
+            assert [(*r[:6], list(r[6])) for r in rows] == expect
+            assert all(type(r.value) in (bytes, type(None)) for r in rows)
+
+
+class Row(NamedTuple):
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int
+    key: bytes | None
+    value: bytes | None
+    headers: object
 
 
 @pytest.mark.parametrize("name", sorted(POISON))
 def test_each_codec_refuses_every_poison_batch(codec: str, name: str) -> None:
     with pytest.raises(BatchError):
         decode_records(poison_batch(name))
+    with pytest.raises(BatchError):
+        decode_rows(poison_batch(name))

@@ -17,6 +17,7 @@ from ringlog_proto.frames import (
     TOPIC_ID_OFFSET,
     Frame,
     FrameDecoder,
+    FrameReader,
     ProtocolError,
     encode_frame,
 )
@@ -105,8 +106,9 @@ def test_trailing_partial_frame_waits() -> None:
         (struct.pack(">IBBHHH", 20, 0x52, 1, 0, 1, 0x80) + bytes(12), "unknown frame flags"),
     ],
 )
-def test_bad_frames_are_protocol_errors(raw: bytes, match: str) -> None:
-    d = FrameDecoder()
+@pytest.mark.parametrize("decoder", [FrameDecoder, FrameReader])
+def test_bad_frames_are_protocol_errors(raw: bytes, match: str, decoder: type[FrameDecoder]) -> None:
+    d = decoder()
     d.feed(raw)
     with pytest.raises(ProtocolError, match=match):
         d.next_frame()
@@ -179,3 +181,76 @@ def test_any_body_decodes_or_is_malformed(api_key: int, body: bytes) -> None:
 
 def test_header_size_is_24() -> None:
     assert HEADER_SIZE == 24
+
+
+def read_frames(reader: FrameReader, data: bytes, cuts: list[int]) -> list[Frame]:
+    """`data` received into `reader` the way a BufferedProtocol does, in reads ending at `cuts`
+    (and never more than the buffer offered)."""
+    out: list[Frame] = []
+    pos = 0
+    for cut in [*sorted(cuts), len(data)]:
+        while pos < cut:
+            view = reader.buffer()
+            n = min(len(view), cut - pos)
+            view[:n] = data[pos : pos + n]
+            view.release()
+            reader.received(n)
+            pos += n
+            while (f := reader.next_frame()) is not NEED_DATA:
+                assert isinstance(f, Frame)
+                out.append(f)
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.integers(0, 300_000), min_size=1, max_size=6),
+    st.lists(st.integers(0, 2_000_000), max_size=12),
+)
+def test_frame_reader_yields_what_the_decoder_yields_whatever_the_reads(
+    sizes: list[int], cuts: list[int]
+) -> None:
+    data = b"".join(encode_frame(1, 1, i, bytes([i]) * n) for i, n in enumerate(sizes))
+    reader = FrameReader(max_frame_bytes=1 << 20)
+    got = read_frames(reader, data, [c for c in cuts if c < len(data)])
+    assert got == frames_of(data)
+    assert reader.buffered == 0
+
+
+def test_frame_reader_keeps_and_reuses_its_buffer() -> None:
+    big = encode_frame(1, 1, 1, bytes(700_000))
+    reader = FrameReader()
+    assert len(read_frames(reader, big + big[:1000], [70_000])) == 1
+    buf = reader._buf
+    assert len(buf) >= len(big)  # grown to the whole frame once its header was in
+    assert reader.buffered == 1000
+    assert len(read_frames(reader, big[1000:] + big, [5000, 400_000])) == 2
+    assert reader._buf is buf  # the same buffer: no allocation per frame
+    assert reader.buffered == 0
+
+
+def test_frame_reader_refuses_oversized_frames_before_their_body() -> None:
+    reader = FrameReader(max_frame_bytes=1024)
+    with pytest.raises(ProtocolError, match="exceeds"):
+        read_frames(reader, struct.pack(">IBBHHHIII", 5000, 0x52, 1, 4, 1, 0, 1, 0, 0), [])
+    assert len(reader._buf) <= 1024 + FrameReader.READ_MIN
+
+
+def test_read_fetch_response_is_decode_response_without_copying_records() -> None:
+    for resp in [r for r in RESPONSES if isinstance(r, m.FetchResponse)]:
+        (frame,) = frames_of(b"".join(m.encode_response(resp, 7)))
+        got = m.read_fetch_response(frame)
+        assert (got.error, got.message) == (resp.error, resp.message)
+        assert got.body[got.start : got.end] == resp.records
+        if resp.error == m.ErrorCode.NONE:
+            assert (got.high_watermark, got.log_start_offset) == (resp.high_watermark, resp.log_start_offset)
+            assert got.body is frame.body
+    (frame,) = frames_of(b"".join(m.encode_response(m.FetchResponse(records=b"abc"), 7)))
+    short = Frame(frame.api_key, frame.api_version, frame.flags, 7, 0, 0, frame.body[:-1])
+    with pytest.raises(m.MalformedBody):
+        m.read_fetch_response(short)
+    with pytest.raises(m.MalformedBody):
+        m.read_fetch_response(Frame(frame.api_key, 0, frame.flags, 7, 0, 0, frame.body + b"!"))
+    (other,) = frames_of(b"".join(m.encode_response(m.ListOffsetsResponse(offset=3), 7)))
+    with pytest.raises(m.MalformedBody):
+        m.read_fetch_response(other)

@@ -9,6 +9,7 @@ import struct
 import sys
 from array import array
 from collections.abc import Callable
+from typing import NamedTuple
 
 import pytest
 from crc32c import crc32c
@@ -17,7 +18,7 @@ from hypothesis import strategies as st
 from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 
 from ringlog_proto import records_codec as rc
-from ringlog_proto.batch import Record
+from ringlog_proto.batch import Record, walk_records, walk_records_python
 from ringlog_proto.records_codec import DECODE_ERRORS, PYTHON, Gathered, SectionError
 
 NATIVE = rc.native_codec()
@@ -103,6 +104,22 @@ def test_prefix_leaves_room_and_decode_reads_any_buffer_at_any_start(recs: list,
         want = expected(recs, TS)
         for buf in (bytes(section), section, memoryview(section)):
             assert rc.decode_section(buf, prefix, len(section), count, 0, TS, codec=c) == want
+            # the consumer's rows: the same fields, prefixed, as tuples of the class asked for
+            rows = rc.decode_rows(buf, prefix, len(section), count, 0, TS, ("t", 1), Row, codec=c)
+            assert all(type(r) is Row for r in rows)
+            assert [(*r[:6], list(r[6])) for r in rows] == [
+                ("t", 1, w.offset, w.timestamp, w.key, w.value, list(w.headers)) for w in want
+            ]
+
+
+class Row(NamedTuple):
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int
+    key: bytes | None
+    value: bytes | None
+    headers: object
 
 
 def damaged(data: bytes, how: int, at: int, byte: int) -> bytes:
@@ -149,12 +166,12 @@ ERROR_CASES = {
     "too few records": (b"", 1, 1, 0),
     "length truncated": (b"\x80", 1, 2, 0),
     "length varint too long": (b"\x80\x80\x80\x80\x80\x00", 1, 3, 0),
-    "length beyond 32 bits": (b"\xff\xff\xff\xff\x1f", 1, 3, 0),
+    "length beyond 32 bits, read as Kafka does": (b"\xff\xff\xff\xff\x1f", 1, 4, 0),  # -2**31
     "negative length": (b"\x01", 1, 4, 0),
     "record past end": (zz(8) + b"\x00\x00", 1, 5, 0),
     "no attributes": (rec(b""), 1, 6, 1),
     "timestamp truncated": (rec(b"\x00\x80"), 1, 6, 2),
-    "timestamp beyond 64 bits": (rec(b"\x00" + b"\xff" * 9 + b"\x02" + MINIMAL[2:]), 1, 3, 2),
+    "timestamp varlong of 11 bytes": (rec(b"\x00" + b"\xff" * 10 + b"\x00" + MINIMAL[2:]), 1, 3, 2),
     "key length invalid": (rec(b"\x00\x00\x00" + zz(-2) + b"\x01\x00"), 1, 7, 4),
     "key past record": (rec(b"\x00\x00\x00" + zz(5) + b"ab"), 1, 8, 4),
     "value length invalid": (rec(b"\x00\x00\x00\x01" + zz(-2) + b"\x00"), 1, 9, 5),
@@ -183,6 +200,46 @@ def test_each_damage_is_named_by_both_codecs(case: str, codec: rc.Codec) -> None
         rc.decode_section(section, 0, len(section), count, 0, TS, codec=codec)
     assert (err.value.code, err.value.at) == (code, at)
     assert DECODE_ERRORS[code] in str(err.value)
+
+
+def kafka_varint(raw: bytes, long: bool) -> int:
+    """Kafka's ByteUtils.readVarint / readVarlong, transcribed: bits past the type are dropped."""
+    bits = 64 if long else 32
+    value = 0
+    for i, b in enumerate(raw):
+        value |= (b & 0x7F) << (7 * i)
+    value &= (1 << bits) - 1
+    return (value >> 1) ^ -(value & 1)
+
+
+def wide(v: int, extra: int, nbytes: int) -> bytes:
+    """`v`'s zigzag varint padded to `nbytes` bytes, with `extra` set in the last byte's bits past
+    the type (what Kafka's reader ignores)."""
+    u = ((v << 1) ^ (v >> 63)) & ((1 << 64) - 1)
+    out = bytearray((u >> (7 * i)) & 0x7F | 0x80 for i in range(nbytes))
+    out[-1] = (out[-1] & 0x7F) | extra
+    out[-1] &= 0x7F
+    return bytes(out)
+
+
+@pytest.mark.parametrize("extra", [0x10, 0x40, 0x70])
+def test_varints_with_bits_beyond_their_type_read_as_kafka_and_the_walk_read_them(extra: int) -> None:
+    """A 5-byte varint's bits 32-34 and a 10-byte varlong's bits 64-69 are dropped, by both codecs
+    as by the broker's walk (native/_records_build.py) and Kafka: what the broker stored decodes."""
+    ts_delta = wide(-5, extra & 0x7E, 10)  # bit 0 of a 10th byte is bit 63: keep it zero
+    delta = wide(0, extra, 5)
+    key = wide(3, extra, 5)
+    assert (
+        kafka_varint(ts_delta, True) == -5
+        and kafka_varint(delta, False) == 0
+        and kafka_varint(key, False) == 3
+    )
+    section = rec(b"\x00" + ts_delta + delta + key + b"abc" + zz(-1) + zz(0))
+    for codec in CODECS:
+        got = rc.decode_section(section, 0, len(section), 1, 100, TS, codec=codec)
+        assert [(r.offset, r.timestamp, r.key, r.value) for r in got] == [(100, TS - 5, b"abc", None)]
+    assert walk_records_python(section, 0, len(section), 1) == 0
+    assert walk_records(section, 0, len(section), 1) == 0
 
 
 @pytest.mark.parametrize("codec", CODECS, ids=lambda c: c.name)

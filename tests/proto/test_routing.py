@@ -1,4 +1,5 @@
-"""The reference rendezvous hash: known vectors, balance, and minimal movement when cores change."""
+"""The reference rendezvous hash: known vectors, balance, and minimal movement when cores change;
+the group coordinator's hash (FNV-1a vectors, balance)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from collections import Counter
 import pytest
 
 from ringlog_proto.routing import (
+    coordinator_for,
+    group_key,
     mix64,
     owner,
     partition_key,
@@ -79,3 +82,20 @@ def test_source_ports_are_exactly_the_ports_the_rule_sends_to_a_core(lo: int, hi
             assert all(lo <= p <= hi and port_core(p, cores) == core for p in ports)
             seen.update(ports)
         assert seen == set(range(lo, hi + 1))
+
+
+def test_group_key_is_fnv1a_64() -> None:
+    # the published FNV-1a 64-bit test vectors
+    assert group_key("") == 0xCBF29CE484222325
+    assert group_key("a") == 0xAF63DC4C8601EC8C
+    assert group_key("foobar") == 0x85944171F73967E8
+
+
+def test_coordinator_for_is_stable_and_spread() -> None:
+    groups = [f"group-{i}" for i in range(4000)]
+    counts = Counter(coordinator_for(g, 4) for g in groups)
+    assert set(counts) == {0, 1, 2, 3} and min(counts.values()) > 800
+    assert all(coordinator_for(g, 1) == 0 for g in groups[:50])
+    # a rendezvous: adding a fifth core moves only the groups it takes
+    moved = [g for g in groups if coordinator_for(g, 5) != coordinator_for(g, 4)]
+    assert all(coordinator_for(g, 5) == 4 for g in moved) and len(moved) < 1100

@@ -1,0 +1,427 @@
+"""Kafka's consumer-group APIs over the core's protocol-neutral coordinator.
+
+Rules this module keeps:
+- FindCoordinator, JoinGroup, SyncGroup, Heartbeat, LeaveGroup, OffsetCommit, OffsetFetch,
+  DescribeGroups and ListGroups, encoded here; what they mean is broker/core/coordinator.py
+  (membership) and broker/core/groups.py (the offsets, shared with our own protocol).
+- A group is coordinated by one core, `coordinator_for(group, cores)`. FindCoordinator names that
+  core as Metadata names a partition's leader: node id = core id, the broker's host, the core's
+  direct port. A group request on any other core is answered NOT_COORDINATOR (the client finds
+  the coordinator again), never forwarded. Transaction coordinators (key type 1) do not exist
+  here: COORDINATOR_NOT_AVAILABLE, with a message saying so.
+- JoinGroup and SyncGroup wait for the rest of the group: they are `Later` outcomes, answered by
+  the coordinator's callback in the connection's request order like any other reply.
+- Offsets are kept under topic ids: a topic named in an OffsetCommit that does not exist (or a
+  partition beyond its count) is UNKNOWN_TOPIC_OR_PARTITION; OffsetFetch answers -1 for what
+  was never committed, and a null topic list (v2+) is every offset of the group whose topic
+  still exists.
+- ListGroups lists the groups of the core asked (each core is a broker, as admin clients expect:
+  they ask every broker); DescribeGroups answers for the groups this core coordinates.
+"""
+
+from __future__ import annotations
+
+import datetime
+import sys
+from collections.abc import Callable
+from typing import Any, Final
+
+from kio.schema.errors import ErrorCode
+
+from broker.core.coordinator import GroupCode, JoinResult, SyncResult
+from broker.core.groups import Committed, check_group
+from broker.core.handlers import Handlers
+from broker.core.outcomes import Later, Outcome, Reply, Silent
+from broker.kafka.codec import KafkaRequest, encode_response, make, response_schema
+from broker.kafka.errors import kafka_error
+from ringlog_proto.routing import coordinator_for
+
+OFFSET_COMMIT: Final = 8
+OFFSET_FETCH: Final = 9
+FIND_COORDINATOR: Final = 10
+JOIN_GROUP: Final = 11
+HEARTBEAT: Final = 12
+LEAVE_GROUP: Final = 13
+SYNC_GROUP: Final = 14
+DESCRIBE_GROUPS: Final = 15
+LIST_GROUPS: Final = 16
+# api key -> (lowest, highest) version answered; every higher version is flexible
+GROUP_VERSIONS: Final[dict[int, tuple[int, int]]] = {
+    OFFSET_COMMIT: (2, 7),  # v0-1 (ZooKeeper-era commits, per-partition timestamps): not answered
+    OFFSET_FETCH: (1, 5),  # v0: ZooKeeper-stored offsets
+    FIND_COORDINATOR: (0, 2),
+    JOIN_GROUP: (0, 5),
+    HEARTBEAT: (0, 3),
+    LEAVE_GROUP: (0, 3),
+    SYNC_GROUP: (0, 3),
+    DESCRIBE_GROUPS: (0, 4),
+    LIST_GROUPS: (0, 2),
+}
+KEY_TYPE_GROUP: Final = 0
+AUTHORIZED_OPERATIONS_OMITTED: Final = -(2**31)  # Kafka's "not asked for"
+NO_THROTTLE: Final = datetime.timedelta(0)
+
+
+def _code(code: GroupCode) -> ErrorCode:
+    return ErrorCode[code.value]
+
+
+class KafkaGroups:
+    """The group APIs of one core's Kafka adapter."""
+
+    def __init__(self, handlers: Handlers) -> None:
+        self.handlers = handlers
+        self.coordinator = handlers.coordinator
+        self.client_id = ""  # of the request being handled (set by the adapter)
+
+    def apis(self) -> dict[int, Callable[[KafkaRequest, Any], Outcome]]:
+        return {
+            FIND_COORDINATOR: self._find_coordinator,
+            JOIN_GROUP: self._join_group,
+            SYNC_GROUP: self._sync_group,
+            HEARTBEAT: self._heartbeat,
+            LEAVE_GROUP: self._leave_group,
+            OFFSET_COMMIT: self._offset_commit,
+            OFFSET_FETCH: self._offset_fetch,
+            DESCRIBE_GROUPS: self._describe_groups,
+            LIST_GROUPS: self._list_groups,
+        }
+
+    def _mine(self, group: str) -> bool:
+        config = self.handlers.config
+        return coordinator_for(group, config.cores) == config.core_id
+
+    @staticmethod
+    def _reply(request: KafkaRequest, resp: Any) -> Reply:
+        return Reply(encode_response(request.correlation_id, resp))
+
+    @staticmethod
+    def _schema(request: KafkaRequest) -> tuple[type[Any], Any]:
+        schema = response_schema(request.api_key, request.api_version)
+        assert schema is not None
+        return schema, sys.modules[schema.__module__]
+
+    # ------------------------------------------------------------------------- FindCoordinator
+
+    def _find_coordinator(self, request: KafkaRequest, body: Any) -> Outcome:
+        schema, _ = self._schema(request)
+        key_type = int(getattr(body, "key_type", KEY_TYPE_GROUP))
+        if key_type != KEY_TYPE_GROUP:
+            self.handlers.metrics.error()
+            resp = make(
+                schema,
+                throttle_time=NO_THROTTLE,
+                error_code=ErrorCode.coordinator_not_available,
+                error_message="ringlog has no transactions: no transaction coordinator",
+                node_id=-1,
+                host="",
+                port=-1,
+            )
+            return self._reply(request, resp)
+        view = self.handlers.metadata_view([])
+        core = coordinator_for(body.key, view.cores)
+        resp = make(
+            schema,
+            throttle_time=NO_THROTTLE,
+            error_code=ErrorCode.none,
+            error_message=None,
+            node_id=core,
+            host=view.host,
+            port=view.core_port(core),
+        )
+        return self._reply(request, resp)
+
+    # ------------------------------------------------------------------------- JoinGroup, SyncGroup
+
+    def _join_group(self, request: KafkaRequest, body: Any) -> Outcome:
+        schema, module = self._schema(request)
+
+        def reply(r: JoinResult) -> Reply:
+            if r.code != GroupCode.NONE:
+                self.handlers.metrics.error()
+            members = tuple(
+                make(module.JoinGroupResponseMember, member_id=mid, group_instance_id=iid, metadata=meta)
+                for mid, iid, meta in r.members
+            )
+            resp = make(
+                schema,
+                throttle_time=NO_THROTTLE,
+                error_code=_code(r.code),
+                generation_id=r.generation,
+                protocol_name=r.protocol_name or "",
+                leader=r.leader,
+                member_id=r.member_id,
+                members=members,
+            )
+            return self._reply(request, resp)
+
+        group = str(body.group_id)
+        if not self._mine(group):
+            return reply(JoinResult(GroupCode.NOT_COORDINATOR, body.member_id))
+        if not group:
+            self.handlers.metrics.error()
+            return self._reply(request, make(schema, error_code=ErrorCode.invalid_group_id, **_EMPTY_JOIN))
+        session_ms = int(body.session_timeout.total_seconds() * 1000)
+        rebalance = getattr(body, "rebalance_timeout", None)
+        rebalance_ms = session_ms if rebalance is None else int(rebalance.total_seconds() * 1000)
+        protocols = [(p.name, bytes(p.metadata)) for p in body.protocols]
+        client_id = self.client_id
+
+        def start(answer: Callable[[Reply | Silent], None]) -> None:
+            self.coordinator.join(
+                group,
+                body.member_id,
+                body.protocol_type,
+                protocols,
+                session_ms,
+                rebalance_ms,
+                lambda r: answer(reply(r)),
+                instance_id=getattr(body, "group_instance_id", None),
+                client_id=client_id,
+                require_known_member_id=request.api_version >= 4,
+            )
+
+        return Later(start)
+
+    def _sync_group(self, request: KafkaRequest, body: Any) -> Outcome:
+        schema, _ = self._schema(request)
+
+        def reply(r: SyncResult) -> Reply:
+            if r.code != GroupCode.NONE:
+                self.handlers.metrics.error()
+            resp = make(schema, throttle_time=NO_THROTTLE, error_code=_code(r.code), assignment=r.assignment)
+            return self._reply(request, resp)
+
+        group = str(body.group_id)
+        if not self._mine(group):
+            return reply(SyncResult(GroupCode.NOT_COORDINATOR))
+        assignments = {a.member_id: bytes(a.assignment) for a in body.assignments}
+
+        def start(answer: Callable[[Reply | Silent], None]) -> None:
+            self.coordinator.sync(
+                group, int(body.generation_id), body.member_id, assignments, lambda r: answer(reply(r))
+            )
+
+        return Later(start)
+
+    # ------------------------------------------------------------------------- Heartbeat, LeaveGroup
+
+    def _heartbeat(self, request: KafkaRequest, body: Any) -> Outcome:
+        schema, _ = self._schema(request)
+        group = str(body.group_id)
+        if self._mine(group):
+            code = self.coordinator.heartbeat(group, int(body.generation_id), body.member_id)
+        else:
+            code = GroupCode.NOT_COORDINATOR
+        if code != GroupCode.NONE:
+            self.handlers.metrics.error()
+        return self._reply(request, make(schema, throttle_time=NO_THROTTLE, error_code=_code(code)))
+
+    def _leave_group(self, request: KafkaRequest, body: Any) -> Outcome:
+        schema, module = self._schema(request)
+        group = str(body.group_id)
+        if request.api_version < 3:
+            leaving = [(body.member_id, None)]
+        else:
+            leaving = [(m.member_id, m.group_instance_id) for m in body.members]
+        if not self._mine(group):
+            codes = [GroupCode.NOT_COORDINATOR] * len(leaving)
+            top = GroupCode.NOT_COORDINATOR
+        else:
+            codes = self.coordinator.leave(group, leaving)
+            top = codes[0] if request.api_version < 3 and codes else GroupCode.NONE
+        if any(c != GroupCode.NONE for c in codes):
+            self.handlers.metrics.error()
+        members = (
+            tuple(
+                make(module.MemberResponse, member_id=mid, group_instance_id=iid, error_code=_code(c))
+                for (mid, iid), c in zip(leaving, codes, strict=True)
+            )
+            if request.api_version >= 3
+            else ()
+        )
+        resp = make(schema, throttle_time=NO_THROTTLE, error_code=_code(top), members=members)
+        return self._reply(request, resp)
+
+    # ------------------------------------------------------------------------- offsets
+
+    def _topic_id(self, name: str, index: int) -> int | None:
+        """The id of topic `name` when it has partition `index`, else None."""
+        handlers = self.handlers
+        topic = handlers.registry.by_name.get(name)
+        if topic is None or not 0 <= index < topic.partitions:
+            handlers.refresh_topics(force=True)
+            topic = handlers.registry.by_name.get(name)
+        if topic is None or not 0 <= index < topic.partitions:
+            return None
+        return topic.topic_id
+
+    def _offset_commit(self, request: KafkaRequest, body: Any) -> Outcome:
+        """Every known partition's offset in one durable write, if the group allows the commit
+        (its generation and member, or generation -1 while it has no members)."""
+        schema, module = self._schema(request)
+        group = str(body.group_id)
+        codes: dict[tuple[str, int], ErrorCode] = {}
+        offsets: dict[tuple[int, int], Committed] = {}
+        keys: dict[tuple[int, int], tuple[str, int]] = {}
+        for t in body.topics:
+            for p in t.partitions:
+                key = (t.name, int(p.partition_index))
+                topic_id = self._topic_id(*key)
+                if topic_id is None:
+                    codes[key] = ErrorCode.unknown_topic_or_partition
+                    continue
+                codes[key] = ErrorCode.none
+                offsets[(topic_id, key[1])] = Committed(int(p.committed_offset), p.committed_metadata or "")
+                keys[(topic_id, key[1])] = key
+        common: ErrorCode | None = None
+        if not self._mine(group):
+            common = ErrorCode.not_coordinator
+        elif not group:
+            common = ErrorCode.invalid_group_id
+        else:
+            try:
+                check_group(group)
+                if offsets:
+                    self.handlers.space.check_writable()
+                code = self.coordinator.commit(
+                    group,
+                    offsets,
+                    int(body.generation_id_or_member_epoch),
+                    body.member_id,
+                    live=self.handlers.registry.by_id.__contains__,
+                )
+                if code != GroupCode.NONE:
+                    common = _code(code)
+            except Exception as exc:
+                common = kafka_error(exc)[0]
+        if common is not None:
+            for key, code in list(codes.items()):
+                if code == ErrorCode.none:
+                    codes[key] = common
+        if any(c != ErrorCode.none for c in codes.values()):
+            self.handlers.metrics.error()
+        topics = tuple(
+            make(
+                module.OffsetCommitResponseTopic,
+                name=t.name,
+                partitions=tuple(
+                    make(
+                        module.OffsetCommitResponsePartition,
+                        partition_index=p.partition_index,
+                        error_code=codes[(t.name, int(p.partition_index))],
+                    )
+                    for p in t.partitions
+                ),
+            )
+            for t in body.topics
+        )
+        return self._reply(request, make(schema, throttle_time=NO_THROTTLE, topics=topics))
+
+    def _offset_fetch(self, request: KafkaRequest, body: Any) -> Outcome:
+        schema, module = self._schema(request)
+        group = str(body.group_id)
+        mine = self._mine(group)
+        wanted: list[tuple[str, list[int]]]
+        committed: dict[tuple[str, int], Committed] = {}
+        if mine and group:
+            store = self.coordinator.offsets
+            if body.topics is None:  # v2+: every offset of the group whose topic still exists
+                by_id = self.handlers.registry.by_id
+                if any(tid not in by_id for tid, _ in store.offsets(group)):
+                    self.handlers.refresh_topics(force=True)
+                grouped: dict[str, list[int]] = {}
+                for (tid, index), c in sorted(store.offsets(group).items()):
+                    topic = by_id.get(tid)
+                    if topic is not None and index < topic.partitions:
+                        grouped.setdefault(topic.name, []).append(index)
+                        committed[(topic.name, index)] = c
+                wanted = list(grouped.items())
+            else:
+                wanted = [(t.name, [int(i) for i in t.partition_indexes]) for t in body.topics]
+                for name, indexes in wanted:
+                    for index in indexes:
+                        topic_id = self._topic_id(name, index)
+                        if topic_id is not None:
+                            committed[(name, index)] = store.committed(group, topic_id, index)
+        else:
+            wanted = [(t.name, [int(i) for i in t.partition_indexes]) for t in body.topics or ()]
+        top = ErrorCode.none if mine else ErrorCode.not_coordinator
+        # v1 has no top-level error: each partition carries it
+        part_error = top if request.api_version < 2 else ErrorCode.none
+        if top != ErrorCode.none:
+            self.handlers.metrics.error()
+        topics = tuple(
+            make(
+                module.OffsetFetchResponseTopic,
+                name=name,
+                partitions=tuple(
+                    make(
+                        module.OffsetFetchResponsePartition,
+                        partition_index=i,
+                        committed_offset=committed.get((name, i), Committed(-1, "")).offset,
+                        committed_leader_epoch=-1,
+                        metadata=committed.get((name, i), Committed(-1, "")).metadata,
+                        error_code=part_error,
+                    )
+                    for i in indexes
+                ),
+            )
+            for name, indexes in wanted
+        )
+        return self._reply(request, make(schema, throttle_time=NO_THROTTLE, topics=topics, error_code=top))
+
+    # ------------------------------------------------------------------------- DescribeGroups, ListGroups
+
+    def _describe_groups(self, request: KafkaRequest, body: Any) -> Outcome:
+        schema, module = self._schema(request)
+        described = []
+        for group in body.groups:
+            view = self.coordinator.view(group) if self._mine(group) else None
+            code = ErrorCode.none if self._mine(group) else ErrorCode.not_coordinator
+            members = ()
+            if view is not None:
+                members = tuple(
+                    make(
+                        module.DescribedGroupMember,
+                        member_id=m.member_id,
+                        group_instance_id=m.instance_id,
+                        client_id=m.client_id,
+                        client_host=m.client_host,
+                        member_metadata=m.metadata,
+                        member_assignment=m.assignment,
+                    )
+                    for m in view.members
+                )
+            described.append(
+                make(
+                    module.DescribedGroup,
+                    error_code=code,
+                    group_id=group,
+                    group_state=view.state if view is not None else "Dead",
+                    protocol_type=view.protocol_type if view is not None else "",
+                    protocol_data=view.protocol if view is not None else "",
+                    members=members,
+                    authorized_operations=AUTHORIZED_OPERATIONS_OMITTED,
+                )
+            )
+        return self._reply(request, make(schema, throttle_time=NO_THROTTLE, groups=tuple(described)))
+
+    def _list_groups(self, request: KafkaRequest, body: Any) -> Outcome:
+        schema, module = self._schema(request)
+        groups = tuple(
+            make(module.ListedGroup, group_id=g.group_id, protocol_type=g.protocol_type or "")
+            for g in self.coordinator.groups.values()
+        )
+        resp = make(schema, throttle_time=NO_THROTTLE, error_code=ErrorCode.none, groups=groups)
+        return self._reply(request, resp)
+
+
+_EMPTY_JOIN: Final[dict[str, Any]] = {
+    "throttle_time": NO_THROTTLE,
+    "generation_id": -1,
+    "protocol_name": "",
+    "leader": "",
+    "member_id": "",
+    "members": (),
+}
