@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 
 from broker import __version__
-from broker.backends.uring_options import UringOptions
+from broker.backends.uring_options import APPEND_WRITES, UringOptions
 from broker.cli_client import add_client_commands, run_client_command
 from broker.core.limits import add_limit_arguments, limits_from_args
 from broker.node.logfmt import LogfmtFormatter
@@ -325,8 +325,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--append-writes",
         default=uring.append_writes,
-        choices=["ring", "inline"],
-        help=f"io_uring: appends as ring writes or as a pwritev on the loop (default {uring.append_writes})",
+        choices=list(APPEND_WRITES),
+        help="io_uring: appends as ring writes, as a pwritev on the loop, or inline when small "
+        f"(default {uring.append_writes})",
     )
     serve.add_argument(
         "--ebpf",

@@ -78,6 +78,9 @@ RECV_BUFFER_BYTES_MAX = 256 * 1024
 RECV_BUFFER_GROWTH = 4
 SEND_IOVECS_MAX = 512  # buffers per sendmsg (a reply is 1-3 buffers; more replies go next time)
 WRITEV_IOVECS_MAX = 512  # buffers per gathered store writev (2 per batch appended)
+# `--append-writes auto`: a gathered store write up to this size is a pwritev on the loop (a copy
+# into the page cache of a few us), above it a writev SQE (an io-wq hand-off on ext4, tens of us)
+APPEND_INLINE_BYTES_MAX = 64 * 1024
 ACCEPT_RETRY_S = 0.1  # after EMFILE/ENFILE/ENOBUFS/ENOMEM: accept again later instead of spinning
 
 

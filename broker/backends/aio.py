@@ -4,8 +4,12 @@ Rules this module keeps:
 - Byte moving only. What requests, outcomes, budgets, group commit and shutdown mean is
   broker/backends/shared.py's `BackendCore`; this module supplies its primitives: asyncio
   protocols for the connections, blocking file calls for storage operations (appends and reads
-  hit the page cache; fsyncs are grouped by the shared core, run once per loop turn through
-  `loop.call_soon`, which runs after all the I/O callbacks already due).
+  hit the page cache; fsyncs are grouped by the shared core, started once per loop turn through
+  `loop.call_soon`, which runs after all the I/O callbacks already due). A group commit's
+  operations run on a small thread pool (`FLUSH_THREADS`), as the io_uring backend runs them on
+  the ring: an fsync takes milliseconds, during which the loop keeps taking and writing requests
+  (the log's flush plans are made for that: they name what they cover and pin what they use).
+  Their completions come back to the loop; while stopping they run on the loop itself.
 - A client connection is paused (`pause_reading`) while the shared core says it may not be read;
   the transport's write buffer counts in its budget (its high-water mark is 0, so that
   `resume_writing` says when it has drained).
@@ -27,6 +31,7 @@ import logging
 import signal
 import socket
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import cast
 
 from broker.backends.shared import BackendCore, PeerStream, ServedConnection, tune_malloc
@@ -35,6 +40,8 @@ from broker.storage.fileio import Op, SyncFileIO, run_ops
 from broker.storage.segment import Extent
 
 log = logging.getLogger(__name__)
+
+FLUSH_THREADS = 4  # group commits of as many partitions at once (one fsync each, mostly waiting)
 
 
 class Connection(ServedConnection, asyncio.Protocol):
@@ -147,6 +154,8 @@ class Server(BackendCore):
         super().__init__(config)
         self.listeners = list(listeners)
         self.io = SyncFileIO()
+        self._flusher = ThreadPoolExecutor(FLUSH_THREADS, thread_name_prefix="flush")
+        self._flushes = 0  # group commits running on `_flusher`
         self.open_core()
         self._servers: list[asyncio.AbstractServer] = []
         self._stop = asyncio.Event()
@@ -167,6 +176,30 @@ class Server(BackendCore):
             done(exc)
             return
         done(None)
+
+    def run_flush(self, ops: Sequence[Op], done: Callable[[OSError | None], None]) -> None:
+        if self.stopping():  # the shutdown sequence flushes, then closes: on the loop
+            self.run_ops(ops, done)
+            return
+        self._flushes += 1
+
+        def finished(future: asyncio.Future[None]) -> None:
+            self._flushes -= 1
+            exc = future.exception()
+            if exc is not None and not isinstance(exc, OSError):  # a bug: still a failed flush
+                log.error("flush failed: %r", exc)
+                exc = OSError(f"flush failed: {exc!r}")
+            done(exc)
+
+        future = asyncio.get_running_loop().run_in_executor(self._flusher, run_ops, self.io, ops)
+        future.add_done_callback(finished)
+
+    def io_pending(self) -> int:
+        return self._flushes
+
+    def close_threads(self) -> None:
+        """After serving: wait for a flush still running (one that outlived the shutdown grace)."""
+        self._flusher.shutdown(wait=True)
 
     def read(self, extent: Extent, done: Callable[[bytes | BaseException], None]) -> None:
         try:
@@ -239,4 +272,8 @@ def run(
     except ImportError:
         factory = None
     with asyncio.Runner(loop_factory=factory) as runner:
-        runner.run(Server(config, listeners).serve(ready))
+        server = Server(config, listeners)
+        try:
+            runner.run(server.serve(ready))
+        finally:
+            server.close_threads()

@@ -617,6 +617,11 @@ class BackendCore:
         """An append's operations: `run_ops` unless the backend gathers them (io_uring)."""
         self.run_ops(ops, done)
 
+    def run_flush(self, ops: Sequence[Op], done: Callable[[OSError | None], None]) -> None:
+        """A group commit's operations (a `FlushPlan`'s): `run_ops` unless the backend runs them
+        beside its loop (uvloop: a thread)."""
+        self.run_ops(ops, done)
+
     def read(self, extent: Extent, done: Callable[[bytes | BaseException], None]) -> None:
         """Read `extent`; `done(data)` or `done(error)`."""
         raise NotImplementedError
@@ -968,7 +973,7 @@ class BackendCore:
             else:
                 self._settle(partition, work)
 
-        self.run_ops(plan.ops, flushed)
+        self.run_flush(plan.ops, flushed)
 
     # ------------------------------------------------------------------------- lifecycle
 

@@ -5,12 +5,16 @@ Rules this module keeps:
   broker/backends/shared.py's `BackendCore`; this module supplies its primitives as ring
   operations: accept (multishot), recv, sendmsg (vectored), close on the sockets, and the storage
   operations through broker/storage/ring_ops.py (writev at an offset, fdatasync, read at an
-  offset). No blocking system call runs on the loop's hot path: cold paths (opening a partition,
-  recovery, creating a topic, retention) stay synchronous, as in the uvloop backend, because they
-  are rare and must finish before the request they serve.
+  offset). No blocking system call runs on the loop's hot path but small appends (below): cold
+  paths (opening a partition, recovery, creating a topic, retention) stay synchronous, as in the
+  uvloop backend, because they are rare and must finish before the request they serve.
 - The loop (broker/backends/uring_loop.py) runs continuations only after reaping a batch, then
   timers, then callbacks; the end of a pass submits the store writes gathered in it (one writev
-  for the back-to-back appends of a partition) and starts the shared group commit.
+  for the back-to-back appends of a partition) and starts the shared group commit. With
+  `--append-writes auto` (the default) a gathered write up to `APPEND_INLINE_BYTES_MAX` is a
+  pwritev on the loop instead: the one blocking call on the hot path, a page-cache copy of a few
+  microseconds, where the ring would hand it to an io-wq thread (ext4 cannot write buffered
+  without blocking) at tens of microseconds (uring_options.py).
 - Each connection has one recv and one sendmsg in flight at most. A connection the shared core
   says may not be read is simply not re-armed (single-shot recvs make the pause exact). Its recv
   buffer grows when a recv fills it; the sweep gives a quiet connection's grown buffer back.
@@ -42,6 +46,7 @@ from broker.storage.ring_ops import RingOps
 from broker.storage.segment import Extent
 from native.constants import (
     ACCEPT_RETRY_S,
+    APPEND_INLINE_BYTES_MAX,
     CQE_F_MORE,
     RECV_BUFFER_BYTES_MAX,
     RECV_BUFFER_BYTES_MIN,
@@ -264,6 +269,8 @@ class UringServer(BackendCore):
         self.ring_ops = RingOps(ring, self.loop.op)
         self.listeners = list(listeners)
         self.inline_appends = options.append_writes == "inline"
+        # "auto": a gathered store write up to this many bytes is a pwritev on the loop
+        self.inline_write_max = APPEND_INLINE_BYTES_MAX if options.append_writes == "auto" else -1
         self._sync_io = SyncFileIO()
         self._store_writes: dict[Partition, list[tuple[Write, Written]]] = {}
         self._accepting = True
@@ -342,6 +349,14 @@ class UringServer(BackendCore):
             for done in waiting:
                 done(exc)
 
+        if op.length <= self.inline_write_max:  # small: the copy costs less than an io-wq hand-off
+            try:
+                run_ops(self._sync_io, [op])
+            except OSError as exc:
+                written(exc)
+                return
+            written(None)
+            return
         self.run_ops([op], written)
 
     def after_sweep(self) -> None:

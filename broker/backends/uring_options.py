@@ -18,9 +18,13 @@ BUSY_POLL_US_DEFAULT = 200
 # "ring": appends are writev SQEs, like every other disk operation. "inline": appends are a
 # pwritev on the loop itself; fsyncs and reads stay on the ring. ext4 (up to 6.18 at least) cannot
 # do a buffered write without blocking, so the ring hands every append to an io-wq kernel thread:
-# a context switch and a wake-up per write (bench/cores.py measures what each costs).
-APPEND_WRITES_DEFAULT = "ring"
-APPEND_WRITES = ("ring", "inline")
+# a context switch and a wake-up per write (bench/cores.py measures what each costs). "auto": the
+# store writes gathered in a pass (as with "ring") go inline up to APPEND_INLINE_BYTES_MAX
+# (native/constants.py), on the ring above it: a small write's hand-off costs far more than its
+# copy (one-record Kafka produce p50 through librdkafka, 2 CPUs: ring 160-200 us, inline 93 us),
+# while a large one would hold the loop for the length of its copy.
+APPEND_WRITES_DEFAULT = "auto"
+APPEND_WRITES = ("auto", "ring", "inline")
 
 
 @dataclass(frozen=True, slots=True)

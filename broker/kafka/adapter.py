@@ -11,7 +11,9 @@ Rules this module keeps:
 - A Kafka Produce or Fetch names many partitions; ours names one. Each partition becomes its own
   outcome (an `Append` from `Partition.produce`, a `Read` of an extent: stored batches are sent
   as they are) and the request one `Gather` of them, whose `finish` writes the one response once
-  every part is done. A Fetch answers at once when what it can read reaches min_bytes (at least
+  every part is done (a Produce of one partition: its `Append` answers the request itself).
+  Produce and Fetch responses are written by broker/kafka/fast_encode.py (the hot path), every
+  other response by kio. A Fetch answers at once when what it can read reaches min_bytes (at least
   one byte), when a partition has an error, or at its deadline; otherwise it waits (`Wait`) on
   every partition of ours it names, and looks again when any of them grows. No fetch sessions:
   session id 0 (full fetches); an incremental one is FETCH_SESSION_ID_NOT_FOUND, as Kafka
@@ -67,6 +69,7 @@ from broker.kafka.codec import (
     response_schema,
 )
 from broker.kafka.errors import DONE, NotLeaderError, kafka_error
+from broker.kafka.fast_encode import fetch_response, produce_response
 from broker.kafka.groups import GROUP_VERSIONS, KafkaGroups
 from broker.kafka.leader_epoch import (
     KIO_FROM,
@@ -285,9 +288,7 @@ class KafkaAdapter:
         """Each partition through `Partition.produce`, the one door of a produce, as its own part
         of one `Gather`; the answers are combined into one response once every part is done.
         A partition of another core answers NOT_LEADER_OR_FOLLOWER (module rules)."""
-        schema = response_schema(PRODUCE, request.api_version)
-        assert schema is not None
-        module = sys.modules[schema.__module__]
+        version = request.api_version
         acks = _ACKS.get(int(body.acks))
         handlers = self.handlers
         # (topic, index) -> (error, base offset, log start offset, message), filled by the parts
@@ -327,28 +328,23 @@ class KafkaAdapter:
         def finish() -> Reply | Silent:
             if acks == Acks.NONE:
                 return Silent()
-            topics = tuple(
-                make(
-                    module.TopicProduceResponse,
-                    name=name,
-                    partition_responses=tuple(
-                        make(
-                            module.PartitionProduceResponse,
-                            index=i,
-                            error_code=results[(name, i)][0],
-                            base_offset=results[(name, i)][1],
-                            log_start_offset=results[(name, i)][2],
-                            record_errors=(),
-                            error_message=results[(name, i)][3],
-                        )
-                        for i in indexes
-                    ),
-                )
-                for name, indexes in order
-            )
-            resp = make(schema, responses=topics, throttle_time=datetime.timedelta(0))
-            return Reply(encode_response(request.correlation_id, resp))
+            topics = [(name, [(i, *results[(name, i)]) for i in indexes]) for name, indexes in order]
+            return Reply(produce_response(version, request.correlation_id, topics))
 
+        if len(parts) == 1 and len(results) == 0 and isinstance(parts[0], Append):
+            # The common request, one partition: its append answers the request itself, without
+            # the gather's bookkeeping (the same calls, in the same order, as its part would make).
+            one = parts[0]
+
+            def complete() -> Reply | Silent:
+                one.complete()
+                return finish()
+
+            def fail(exc: BaseException) -> Reply | Silent:
+                one.fail(exc)
+                return finish()
+
+            return Append(one.partition, one.pending, one.acks, complete, fail)
         return Gather(parts, finish)
 
     def _produce_partition(
@@ -424,9 +420,6 @@ class KafkaAdapter:
         reaches min_bytes (at least one byte: min_bytes 0 never waits) or at the deadline (`final`);
         otherwise it waits on every partition of ours it names, until one grows (then it looks
         again) or the deadline passes (then it answers with what there is)."""
-        schema = response_schema(FETCH, request.api_version)
-        assert schema is not None
-        module = sys.modules[schema.__module__]
         # (topic, index) -> (error, high watermark, log start, records)
         results: dict[tuple[str, int], tuple[ErrorCode, int, int, bytes]] = {}
         order: list[tuple[str, list[int]]] = []
@@ -460,7 +453,7 @@ class KafkaAdapter:
         read_committed = int(getattr(body, "isolation_level", 0)) == READ_COMMITTED
 
         def reply() -> Reply:
-            return self._fetch_reply(request, schema, module, order, results, read_committed)
+            return _fetch_reply(request, order, results, read_committed)
 
         enough = readable >= max(1, int(body.min_bytes)) or int(body.min_bytes) <= 0
         if not (final or failed or enough or not ours) and deadline_ms > now_ms():
@@ -504,47 +497,6 @@ class KafkaAdapter:
             return DONE
 
         return Read(extent, finish, fail)
-
-    def _fetch_reply(
-        self,
-        request: KafkaRequest,
-        schema: type[Any],
-        module: Any,
-        order: list[tuple[str, list[int]]],
-        results: dict[Any, Any],
-        read_committed: bool,
-    ) -> Reply:
-        """The Fetch response. No transactions: the last stable offset is the high watermark,
-        and read_committed gets an empty aborted-transactions list (read_uncommitted: null)."""
-        aborted = () if read_committed else None
-        topics = tuple(
-            make(
-                module.FetchableTopicResponse,
-                topic=name,
-                partitions=tuple(
-                    make(
-                        module.PartitionData,
-                        partition_index=i,
-                        error_code=results[(name, i)][0],
-                        high_watermark=results[(name, i)][1],
-                        last_stable_offset=results[(name, i)][1],
-                        log_start_offset=results[(name, i)][2],
-                        aborted_transactions=aborted,
-                        records=results[(name, i)][3],
-                    )
-                    for i in indexes
-                ),
-            )
-            for name, indexes in order
-        )
-        resp = make(
-            schema,
-            throttle_time=datetime.timedelta(0),
-            error_code=ErrorCode.none,
-            session_id=0,
-            responses=topics,
-        )
-        return Reply(encode_response(request.correlation_id, resp))
 
     # ------------------------------------------------------------------------- ListOffsets
 
@@ -683,6 +635,26 @@ class KafkaAdapter:
             message = f"ringlog does not implement {name}"
         resp = error_response(key, answer, body, code, message)
         return Reply(encode_response(request.correlation_id, resp))
+
+
+def _fetch_reply(
+    request: KafkaRequest,
+    order: list[tuple[str, list[int]]],
+    results: dict[tuple[str, int], tuple[ErrorCode, int, int, bytes]],
+    read_committed: bool,
+) -> Reply:
+    """The Fetch response (written by fast_encode.py). No transactions: the last stable offset
+    is the high watermark, and read_committed gets an empty aborted-transactions list
+    (read_uncommitted: null)."""
+    aborted = () if read_committed else None
+    topics = []
+    for name, indexes in order:
+        partitions = []
+        for i in indexes:
+            code, high, start, records = results[(name, i)]
+            partitions.append((i, int(code), high, high, start, aborted, records))
+        topics.append((name, partitions))
+    return Reply(fetch_response(request.api_version, request.correlation_id, 0, 0, topics))  # type: ignore[arg-type]
 
 
 def _topic_limits(configs: Any) -> tuple[int, int, int]:

@@ -98,6 +98,7 @@ class KafkaFrameDecoder(StreamDecoder):
         return KafkaRequest(api_key, api_version, correlation_id, data)
 
 
+@functools.lru_cache(maxsize=1024)  # kio looks its module up on every call: a few us per request
 def request_schema(api_key: int, api_version: int) -> type[Any] | None:
     """kio's request class for this api and version, or None if kio knows neither."""
     try:
@@ -106,6 +107,7 @@ def request_schema(api_key: int, api_version: int) -> type[Any] | None:
         return None
 
 
+@functools.lru_cache(maxsize=1024)  # bounded: a client may name any api and version
 def response_schema(api_key: int, api_version: int) -> type[Any] | None:
     """kio's response class for this api and version, or None if kio knows neither."""
     try:
