@@ -376,6 +376,11 @@ def job_consume(bootstrap: str, topic: str, partitions: int, expected: int, pids
             "group.id": "kbench-assign-only",  # librdkafka wants one; assign() never joins it
             "enable.auto.commit": False,
             "enable.partition.eof": False,
+            # librdkafka pauses a partition's fetching for fetch.queue.backoff.ms (default 1000)
+            # once its consumer queue holds queued.max.messages.kbytes (64 MiB): a broker that
+            # fills it faster than this one thread drains it (ringlog with --cores 2, two fetcher
+            # threads) then measures that pause, not the broker. Same setting for every broker.
+            "fetch.queue.backoff.ms": 10,
         }
     )
     try:
