@@ -5,7 +5,9 @@ Rules this module keeps:
   workers (inherited fds). A worker that dies loses nothing but its accepted connections: new ones
   queue in the backlog of the sockets the supervisor still holds until the restarted worker takes
   them. Per core k: (a) its member of the public SO_REUSEPORT group on HOST:PORT, (b) its direct
-  TCP listener (`--core-ports BASE`: BASE+k; 0: ephemeral), (c) its inter-core unix listener in the
+  TCP listener (`--core-ports BASE`: BASE+k; 0: the port it had at the last start on this data
+  dir, `core-ports.json`, if still free, else ephemeral: Kafka clients hold on to the ports
+  Metadata named), (c) its inter-core unix listener in the
   abstract namespace, `\\0ringlog-<supervisor pid>-<port>-core-<k>`.
 - Worker k is pinned to one CPU of the supervisor's affinity set (k modulo that set when
   oversubscribed). Workers die with the supervisor (PR_SET_PDEATHSIG, broker/node/worker.py).
@@ -62,6 +64,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 from bpf.kernel import BpfError
@@ -75,6 +78,7 @@ from broker.node.metrics_http import serve_metrics
 from broker.storage import layout
 from broker.storage.dataformat import check_data_format
 from broker.storage.diskspace import RESERVE_BYTES, ensure_reserve
+from broker.storage.durable_file import load_json, replace_json
 from broker.storage.errors import LegacyFormatError
 from broker.storage.log import LogConfig
 
@@ -147,8 +151,14 @@ class Sockets:
     peer_addresses: list[str]
 
 
-def make_sockets(host: str, port: int, cores: int, core_ports_base: int) -> Sockets:
-    """Every listener of the broker. Raises OSError (e.g. EADDRINUSE) with nothing left open."""
+def make_sockets(
+    host: str, port: int, cores: int, core_ports_base: int, remembered: Sequence[int] = ()
+) -> Sockets:
+    """Every listener of the broker. Raises OSError (e.g. EADDRINUSE) with nothing left open.
+
+    Without `core_ports_base`, core k first tries `remembered[k]` (its port before a restart:
+    stock Kafka clients keep reconnecting to the ports Metadata named and never ask the bootstrap
+    address again) and takes any free port if that one is taken."""
     made: list[socket.socket] = []
     try:
         family = socket.getaddrinfo(host, port or None, type=socket.SOCK_STREAM)[0][0]
@@ -169,7 +179,10 @@ def make_sockets(host: str, port: int, cores: int, core_ports_base: int) -> Sock
             s = socket.socket(family, socket.SOCK_STREAM)
             made.append(s)
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            s.bind((host, core_ports_base + k if core_ports_base else 0))
+            if core_ports_base:
+                s.bind((host, core_ports_base + k))
+            else:
+                _bind_preferring(s, host, remembered[k] if k < len(remembered) else 0)
             s.listen(LISTEN_BACKLOG)
             direct.append(s)
         peer: list[socket.socket] = []
@@ -185,6 +198,35 @@ def make_sockets(host: str, port: int, cores: int, core_ports_base: int) -> Sock
             s.close()
         raise
     return Sockets(public, direct, peer, port, [s.getsockname()[1] for s in direct], addresses)
+
+
+def _bind_preferring(s: socket.socket, host: str, port: int) -> None:
+    """Bind `s` to `port` if it is free, else to any port."""
+    if 0 < port < 65536:
+        try:
+            s.bind((host, port))
+            return
+        except OSError:
+            log.info("direct port %d is taken: a core listens on another one", port)
+    s.bind((host, 0))
+
+
+def remembered_core_ports(data_dir: str, host: str) -> list[int]:
+    """The direct ports the cores had when this data dir was last served on `host` ([] if none)."""
+    try:
+        doc = load_json(layout.core_ports_path(data_dir))
+    except (OSError, ValueError):
+        return []
+    if not isinstance(doc, dict) or doc.get("host") != host or not isinstance(doc.get("ports"), list):
+        return []
+    return [p if isinstance(p, int) else 0 for p in doc["ports"]]
+
+
+def remember_core_ports(data_dir: str, host: str, ports: Sequence[int]) -> None:
+    try:
+        replace_json(layout.core_ports_path(data_dir), {"host": host, "ports": list(ports)})
+    except OSError as exc:  # a full disk: the next start takes new ports, nothing worse
+        log.warning("cannot remember the core ports: %s", exc)
 
 
 def _check_port_free(family: int, host: str, port: int) -> None:
@@ -257,9 +299,16 @@ class Supervisor:
                 self.ebpf.prepare(self.config.cores)  # compiled before the listeners exist
             except BpfError as exc:
                 raise StartError(str(exc)) from exc
+            remembered = remembered_core_ports(self.config.data_dir, self.config.host)
             self.sockets = make_sockets(
-                self.config.host, self.config.port, self.config.cores, self.config.core_ports_base
+                self.config.host,
+                self.config.port,
+                self.config.cores,
+                self.config.core_ports_base,
+                remembered,
             )
+            if self.sockets.direct_ports != remembered:
+                remember_core_ports(self.config.data_dir, self.config.host, self.sockets.direct_ports)
         except StartError as exc:
             print(f"broker: {exc}", file=sys.stderr)
             self.ebpf.close()

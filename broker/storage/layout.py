@@ -16,6 +16,7 @@ The layout:
       topics.lock                 flock around reload, change, save of topics.json
       producer-ids.json           the next producer id not yet claimed (broker/core/producer_ids.py)
       producer-ids.lock           flock around claiming a block of producer ids
+      core-ports.json             the direct port each core last listened on (broker/node/supervisor.py)
       reserve.space               space kept back for a full disk (broker/storage/diskspace.py)
       run/                        views of a running broker, not data; emptied at each start
         metrics-core-<k>.json     core k's metrics snapshot (broker/core/metrics.py)
@@ -44,6 +45,7 @@ BROKER_LOCK: Final = "broker.lock"
 TOPICS_FILE: Final = "topics.json"
 TOPICS_LOCK: Final = "topics.lock"
 PRODUCER_IDS_FILE: Final = "producer-ids.json"
+CORE_PORTS_FILE: Final = "core-ports.json"
 PRODUCER_IDS_LOCK: Final = "producer-ids.lock"
 RESERVE_FILE: Final = "reserve.space"
 RUN_DIR: Final = "run"
@@ -82,6 +84,10 @@ def producer_ids_path(data_dir: str) -> str:
 
 def producer_ids_lock_path(data_dir: str) -> str:
     return os.path.join(data_dir, PRODUCER_IDS_LOCK)
+
+
+def core_ports_path(data_dir: str) -> str:
+    return os.path.join(data_dir, CORE_PORTS_FILE)
 
 
 def reserve_path(data_dir: str) -> str:

@@ -359,3 +359,18 @@ def test_a_data_dir_of_the_old_batch_format_is_refused_and_left_as_it_was(tmp_pa
     assert out.returncode == 1 and "Traceback" not in out.stderr
     assert "format 1" in out.stderr and "RecordBatch v2" in out.stderr and str(store) in out.stderr
     assert {p: p.read_bytes() for p in store.parent.iterdir()} == before
+
+
+def test_a_restart_keeps_each_cores_direct_port(tmp_path: Path) -> None:
+    """Stock Kafka clients (kafka-python, aiokafka) reconnect to the ports Metadata named, never
+    to the bootstrap address: a restart on the same data dir must listen on them again."""
+    broker = BrokerProcess(tmp_path / "data", tmp_path / "broker.log", cores=2).start()
+    try:
+        before = dict(broker.core_ports)
+        assert len(before) == 2
+        broker.kill()
+        broker.start()
+        assert broker.core_ports == before
+    finally:
+        if broker.running():
+            broker.stop()
