@@ -5,9 +5,10 @@ OUT_OF_ORDER_SEQUENCE_NUMBER, an older epoch INVALID_PRODUCER_EPOCH, a producer 
 nothing of UNKNOWN_PRODUCER_ID.
 
 The stock clients with idempotence on (confluent-kafka, kafka-python 3 by default, aiokafka) each
-produce to several partitions and every record is read back exactly once; an idempotent
-confluent-kafka producer keeps sending while the broker is killed with SIGKILL and restarted on the
-same data dir and port, and every record it reported delivered is there exactly once."""
+produce to several partitions and every record is read back exactly once; an idempotent producer
+of each client (confluent-kafka, aiokafka, kafka-python 3 and 2) keeps sending while the broker is
+killed with SIGKILL and restarted on the same data dir and port, and every record it reported
+delivered is there exactly once, none twice."""
 
 from __future__ import annotations
 
