@@ -9,6 +9,10 @@ writes the pickled result (or the exception's text) on stdout.
 Only kafka-python is imported here (and the standard library): the script must not pull the
 project's modules, which would need the project's venv.
 
+`stream` (the broker-kill case of tests/kafka/test_kafka_idempotence.py) is the exception: run as
+`driver.py stream BOOTSTRAP TOPIC`, it produces until its stdin closes and prints each acknowledged
+value on its own line as the acknowledgement arrives, so the test can kill the broker mid-stream.
+
 Records cross as plain tuples, so both sides compare them without this module's types:
 produce takes `(partition, key, value, headers, timestamp_ms)` groups; reads answer
 `(partition, offset, timestamp_ms, key, value, headers)`, headers a tuple of (str, bytes | None).
@@ -18,7 +22,9 @@ from __future__ import annotations
 
 import pickle
 import sys
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import kafka
@@ -138,7 +144,61 @@ def _drain(consumer: Any, want: dict[tuple[str, int], int]) -> dict[tuple[str, i
     return out
 
 
+def stream(bootstrap: str, topic: str, stop: threading.Event, emit: Callable[[str, str], None]) -> int:
+    """Numbered values (`%07d`, keys cycling over 7) to `topic`, idempotent and acks=all, until
+    `stop` is set, then flushed; `emit("ack", value)` for each acknowledged record, `emit("fail",
+    error)` for each failed one, from the producer's I/O thread. Retries without end through a
+    broker restart: short backoffs and metadata age, requests timing out after 5 s. The number sent."""
+    producer = kafka.KafkaProducer(
+        bootstrap_servers=bootstrap,
+        acks="all",
+        enable_idempotence=True,
+        linger_ms=2,
+        retry_backoff_ms=50,
+        reconnect_backoff_ms=50,
+        reconnect_backoff_max_ms=200,
+        metadata_max_age_ms=1000,
+        request_timeout_ms=5000,
+        delivery_timeout_ms=60_000,
+    )
+    i = 0
+    try:
+        while not stop.is_set():
+            value = f"{i:07d}".encode()
+            future = producer.send(topic, key=f"k{i % 7}".encode(), value=value)
+            future.add_callback(lambda _md, v=value: emit("ack", v.decode()))
+            future.add_errback(lambda e: emit("fail", f"{type(e).__name__}: {e}"))
+            i += 1
+            if i % 20 == 0:
+                time.sleep(0.002)
+        producer.flush(60)
+    finally:
+        producer.close(10)
+    return i
+
+
+def _stream_main(bootstrap: str, topic: str) -> None:
+    lock = threading.Lock()
+
+    def emit(kind: str, text: str) -> None:
+        with lock:
+            sys.stdout.write(f"{kind} {text}\n")
+            sys.stdout.flush()
+
+    stop = threading.Event()
+
+    def watch() -> None:
+        sys.stdin.buffer.read()  # EOF: the test is done killing
+        stop.set()
+
+    threading.Thread(target=watch, daemon=True).start()
+    emit("sent", str(stream(bootstrap, topic, stop, emit)))
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["stream"]:
+        _stream_main(*sys.argv[2:4])
+        return
     name, kwargs = pickle.load(sys.stdin.buffer)
     try:
         result: Any = ("ok", globals()[name](**kwargs))

@@ -5,19 +5,24 @@ OUT_OF_ORDER_SEQUENCE_NUMBER, an older epoch INVALID_PRODUCER_EPOCH, a producer 
 nothing of UNKNOWN_PRODUCER_ID.
 
 The stock clients with idempotence on (confluent-kafka, kafka-python 3 by default, aiokafka) each
-produce to several partitions and every record is read back exactly once; an idempotent
-confluent-kafka producer keeps sending while the broker is killed with SIGKILL and restarted on the
-same data dir and port, and every record it reported delivered is there exactly once."""
+produce to several partitions and every record is read back exactly once; an idempotent producer
+of each client (confluent-kafka, aiokafka, kafka-python 3 and 2) keeps sending while the broker is
+killed with SIGKILL and restarted on the same data dir and port, and every record it reported
+delivered is there exactly once, none twice."""
 
 from __future__ import annotations
 
 import asyncio
 import datetime
+import random
 import socket
 import struct
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -34,6 +39,10 @@ from ringlog_proto.batch import BROKER_PRODUCER_ID_LIMIT, encode_batch, iter_bat
 confluent_kafka = pytest.importorskip("confluent_kafka")
 kafka = pytest.importorskip("kafka")
 aiokafka = pytest.importorskip("aiokafka")
+import kafka_python_driver  # noqa: E402  (tests/kafka: kafka-python 3 in process, 2 as a script)
+
+# kafka-python 2 lives apart from the venv's kafka-python 3 (scripts/setup.sh installs it there).
+KAFKA_PYTHON_2 = Path(sys.prefix) / "compat" / "kafka-python-2"
 
 ONE_CORE = [
     pytest.param({"cores": 1, "backend": backend}, id=f"{backend}-1core")
@@ -333,3 +342,182 @@ def test_idempotent_producer_across_a_broker_kill(broker: BrokerProcess) -> None
     assert not missing, f"{len(missing)} delivered records lost, e.g. {sorted(missing)[:5]}"
     assert not failed, f"deliveries failed: {failed[:3]}"
     assert len(got) == len(delivered) == sent[0]
+
+
+class Stream:
+    """A producer of one Python client sending numbered values (`%07d`) from a thread until told to
+    stop: `delivered` (acknowledged values, as they come) and `failed` (error texts) grow live."""
+
+    def __init__(self) -> None:
+        self.delivered: list[bytes] = []
+        self.failed: list[str] = []
+        self.sent = 0
+        self.stop_event = threading.Event()
+        self.thread = threading.Thread(target=self.run)
+
+    def run(self) -> None:
+        raise NotImplementedError
+
+    def emit(self, kind: str, text: str) -> None:
+        if kind == "ack":
+            self.delivered.append(text.encode())
+        elif kind == "fail":
+            self.failed.append(text)
+
+    def stop(self) -> None:
+        """Stop sending, flush, and wait for the producer to close."""
+        self.stop_event.set()
+        self.thread.join(90)
+        assert not self.thread.is_alive(), "the producer did not close"
+
+
+class KafkaPython3Stream(Stream):
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        super().__init__()
+        self.args = bootstrap, topic
+
+    def run(self) -> None:
+        self.sent = kafka_python_driver.stream(*self.args, self.stop_event, self.emit)
+
+
+class KafkaPython2Stream(Stream):
+    """The driver's `stream` as a script with kafka-python 2 first on its path: one line per ack."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        super().__init__()
+        self.proc = subprocess.Popen(
+            [sys.executable, str(kafka_python_driver.__file__), "stream", bootstrap, topic],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={"PYTHONPATH": str(KAFKA_PYTHON_2), "PATH": "/usr/bin:/bin"},
+        )
+
+    def run(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            kind, _, text = line.decode().rstrip("\n").partition(" ")
+            if kind == "sent":
+                self.sent = int(text)
+            self.emit(kind, text)
+
+    def stop(self) -> None:
+        assert self.proc.stdin is not None and self.proc.stderr is not None
+        self.proc.stdin.close()  # EOF: the driver stops sending and flushes
+        self.thread.join(90)
+        assert self.proc.wait(10) == 0, self.proc.stderr.read().decode(errors="replace")
+        self.proc.stderr.close()
+
+
+class AIOKafkaStream(Stream):
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        super().__init__()
+        self.args = bootstrap, topic
+
+    def run(self) -> None:
+        asyncio.run(self.produce(*self.args))
+
+    async def produce(self, bootstrap: str, topic: str) -> None:
+        # aiokafka retries a batch until request_timeout_ms after it was made ready: 10 s covers
+        # the restart; metadata is refreshed every second and on errors, backoffs are short
+        ap = aiokafka.AIOKafkaProducer(
+            bootstrap_servers=bootstrap,
+            enable_idempotence=True,
+            acks="all",
+            linger_ms=2,
+            request_timeout_ms=10_000,
+            retry_backoff_ms=50,
+            metadata_max_age_ms=1000,
+        )
+        await ap.start()
+
+        def done(value: bytes, fut: asyncio.Future) -> None:
+            if fut.exception() is None:
+                self.emit("ack", value.decode())
+            else:
+                self.emit("fail", f"{type(fut.exception()).__name__}: {fut.exception()}")
+
+        try:
+            i = 0
+            while not self.stop_event.is_set():
+                value = f"{i:07d}".encode()
+                fut = await ap.send(topic, value=value, key=f"k{i % 7}".encode())
+                fut.add_done_callback(lambda f, v=value: done(v, f))
+                i += 1
+                self.sent = i
+                if i % 20 == 0:
+                    await asyncio.sleep(0.002)
+            await ap.flush()
+        finally:
+            await ap.stop()
+
+
+STREAMS = {
+    "kafka-python-3": KafkaPython3Stream,
+    "kafka-python-2": KafkaPython2Stream,
+    "aiokafka": AIOKafkaStream,
+}
+
+
+def free_core_ports(cores: int) -> str:
+    """A base for `--core-ports` with `cores` free ports from it, below the ephemeral range."""
+    rng = random.Random()
+    while True:
+        base = rng.randrange(20_000, 30_000)
+        try:
+            for k in range(cores):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", base + k))
+        except OSError:
+            continue
+        return str(base)
+
+
+# Metadata names each core by its direct port. Left to the kernel (the default), a restarted broker
+# takes new ones, and kafka-python and aiokafka, which after the first Metadata talk only to the
+# brokers it names, retry the dead port until their records expire (librdkafka re-asks its
+# bootstrap address and recovers). Fixed ports (`--core-ports`), as a deployment would set them,
+# survive the restart.
+KILL_CONFIGURATIONS = [
+    pytest.param(
+        {"cores": cores, "backend": backend, "extra": ("--core-ports", free_core_ports(cores))},
+        id=f"{backend}-{cores}core",
+    )
+    for backend, cores in (("uvloop", 1), ("io_uring", 2))
+]
+
+
+@pytest.mark.parametrize("client", list(STREAMS))
+@pytest.mark.parametrize("broker", KILL_CONFIGURATIONS, indirect=True)
+def test_python_idempotent_producers_across_a_broker_kill(broker: BrokerProcess, client: str) -> None:
+    """The librdkafka case above for each Python client: idempotent, acks=all, retrying through
+    the restart. Every acknowledged record is stored exactly once, no record twice, and every
+    record sent is acknowledged (each client survives ~0.3 s of downtime plus the restart)."""
+    if client == "kafka-python-2" and not (KAFKA_PYTHON_2 / "kafka").is_dir():
+        pytest.skip(f"kafka-python 2 is not installed at {KAFKA_PYTHON_2} (scripts/setup.sh installs it)")
+    partitions = 3
+    create(broker, "kill", partitions)
+    stream = STREAMS[client](broker.bootstrap, "kill")
+    stream.thread.start()
+    try:
+        deadline = time.monotonic() + 20
+        while len(stream.delivered) < 300 and time.monotonic() < deadline and stream.thread.is_alive():
+            time.sleep(0.01)
+        assert len(stream.delivered) >= 300, f"nothing delivered before the kill: {stream.failed[:3]}"
+        broker.kill()
+        acked_at_kill = len(stream.delivered)
+        time.sleep(0.3)
+        broker.start()
+        deadline = time.monotonic() + 30
+        while len(stream.delivered) < acked_at_kill + 300 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        stream.stop()
+    assert len(stream.delivered) > acked_at_kill + 300, f"no acks after the restart: {stream.failed[:3]}"
+    got = consume_exactly(broker, "kill", partitions, len(stream.delivered))
+    twice = {v: c for v, c in got.items() if c > 1}
+    assert not twice, f"{len(twice)} records stored twice, e.g. {sorted(twice)[:5]}"
+    missing = set(stream.delivered) - set(got)
+    assert not missing, f"{len(missing)} delivered records lost, e.g. {sorted(missing)[:5]}"
+    assert not stream.failed, f"deliveries failed: {stream.failed[:3]}"
+    assert len(got) == len(stream.delivered) == stream.sent
