@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-import random
 import socket
 import struct
 import subprocess
@@ -459,28 +458,13 @@ STREAMS = {
 }
 
 
-def free_core_ports(cores: int) -> str:
-    """A base for `--core-ports` with `cores` free ports from it, below the ephemeral range."""
-    rng = random.Random()
-    while True:
-        base = rng.randrange(20_000, 30_000)
-        try:
-            for k in range(cores):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", base + k))
-        except OSError:
-            continue
-        return str(base)
-
-
-# Metadata names each core by its direct port. Left to the kernel (the default), a restarted broker
-# takes new ones, and kafka-python and aiokafka, which after the first Metadata talk only to the
-# brokers it names, retry the dead port until their records expire (librdkafka re-asks its
-# bootstrap address and recovers). Fixed ports (`--core-ports`), as a deployment would set them,
-# survive the restart.
+# Metadata names each core by its direct port, and kafka-python and aiokafka, after the first
+# Metadata, talk only to the brokers it names (librdkafka re-asks its bootstrap address): the
+# restarted broker must listen on the same direct ports (it remembers them in the data dir,
+# `core-ports.json`), which these cases check with the kernel choosing the first ports.
 KILL_CONFIGURATIONS = [
     pytest.param(
-        {"cores": cores, "backend": backend, "extra": ("--core-ports", free_core_ports(cores))},
+        {"cores": cores, "backend": backend},
         id=f"{backend}-{cores}core",
     )
     for backend, cores in (("uvloop", 1), ("io_uring", 2))
