@@ -1,7 +1,10 @@
 """Consumer groups with stock Kafka clients against a real `broker serve`: confluent-kafka
-(librdkafka), kafka-python 3 and aiokafka subscribe, rebalance (a member joins, a member leaves),
-commit, and resume after their restart and the broker's, on both backends and with two cores
-(the group's coordinator core is not every partition's owner).
+(librdkafka), kafka-python 3 and 2, aiokafka and kcat -G subscribe, rebalance while a producer
+runs (a member joins, a member leaves), commit, and resume after their restart (confluent-kafka:
+and the broker's), on both backends and with two cores (the group's coordinator core is not every
+partition's owner). The Python clients other than confluent-kafka run a member per process
+(group_member.py): kafka-python members polled from one thread in turn keep rebalancing, and
+kafka-python 2 cannot share the venv.
 
 At-least-once is asserted exactly: every produced message is seen, and whenever a consumer is
 given a partition it starts at the offset last committed for it (or 0), so the only messages
