@@ -86,7 +86,7 @@ def read(
     assign() (no group: groups come with the coordinator). Then, for each
     `lookups[(topic, partition)] = k`, offsets_for_times at the timestamp of record k as read, and
     the records from the offset found to the end. Also beginning and end offsets.
-    GROUPS-TODO(groups): a subscribe()/commit/resume case plugs in beside this."""
+    Groups (subscribe, commit, resume) are tests/kafka/group_member.py's, for both majors."""
     consumer = kafka.KafkaConsumer(
         bootstrap_servers=bootstrap,
         group_id=None,

@@ -1,7 +1,10 @@
 """Consumer groups with stock Kafka clients against a real `broker serve`: confluent-kafka
-(librdkafka), kafka-python 3 and aiokafka subscribe, rebalance (a member joins, a member leaves),
-commit, and resume after their restart and the broker's, on both backends and with two cores
-(the group's coordinator core is not every partition's owner).
+(librdkafka), kafka-python 3 and 2, aiokafka and kcat -G subscribe, rebalance while a producer
+runs (a member joins, a member leaves), commit, and resume after their restart (confluent-kafka:
+and the broker's), on both backends and with two cores (the group's coordinator core is not every
+partition's owner). The Python clients other than confluent-kafka run a member per process
+(group_member.py): kafka-python members polled from one thread in turn keep rebalancing, and
+kafka-python 2 cannot share the venv.
 
 At-least-once is asserted exactly: every produced message is seen, and whenever a consumer is
 given a partition it starts at the offset last committed for it (or 0), so the only messages
@@ -11,8 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import defaultdict
@@ -512,3 +518,325 @@ def test_old_offsets_are_migrated_and_both_protocols_share_the_store(tmp_path: P
     finally:
         if broker.running():
             assert broker.stop() == 0, broker.log()
+
+
+# ----------------------------------------------------------------------------- one process per member
+
+MEMBER = Path(__file__).with_name("group_member.py")
+KAFKA_PYTHON_2 = Path(sys.prefix) / "compat" / "kafka-python-2"
+KCAT = shutil.which("kcat")
+
+
+def skip_uvloop_2cores(broker: BrokerProcess) -> None:
+    """The process-per-member cases run on uvloop 1 core and io_uring 2 cores (enough: each path)."""
+    if broker.backend == "uvloop" and broker.cores > 1:
+        pytest.skip("uvloop 1 core and io_uring 2 cores cover it")
+
+
+class Events:
+    """The JSON lines of every member process, in arrival order, and what the test waits on."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.lines: list[tuple[int, list]] = []  # (member, event)
+        self.values: set[str] = set()
+
+    def add(self, member: int, event: list) -> None:
+        with self.lock:
+            self.lines.append((member, event))
+            if event[0] == "read":
+                self.values.add(event[4])
+
+    def ledger(self) -> Ledger:
+        """The events replayed in the order their members stamped them (the pipes of two members
+                are read by two threads: their arrival order is not the order things happened in), and
+                Ledger's check of where each assignment started made here: a commit counts from the time
+                it was sent, as the broker may store it before it answers (kafka-python 3 retries a commit
+                refused during a rebalance and it lands in the next generation), but a start that took
+                the commit before still passes while the next commit was in flight. A member given back a
+        partition it had (kafka-python 3 keeps its position then) goes on where it was."""
+        ledger = Ledger()
+        fresh: dict[int, set[int]] = defaultdict(set)
+        commits: dict[int, list[tuple[float, float, int]]] = defaultdict(list)  # (sent, done, offset)
+        for _, event in self.lines:
+            if event[0] == "commit":
+                for p, o in event[2].items():
+                    commits[int(p)].append((event[3], event[1], o))
+        starts = []
+        last: dict[int, tuple[int, int]] = {}  # partition: (member, offset) of its last read
+        for member, event in sorted(
+            self.lines, key=lambda line: line[1][3] if line[1][0] == "commit" else line[1][1]
+        ):
+            kind = event[0]
+            if kind == "assign":
+                fresh[member] = set(event[2])
+            elif kind == "revoke":
+                fresh[member] = set()
+            elif kind == "read":
+                p, offset = event[2], event[3]
+                if p in fresh[member] and last.get(p) != (member, offset - 1):
+                    starts.append((p, offset, event[1]))  # not a member going on where it was
+                last[p] = (member, offset)
+                ledger.read(fresh[member], p, offset, event[4])
+            elif kind == "commit":
+                ledger.commit({int(p): o for p, o in event[2].items()})
+        for p, offset, t in starts:
+            done = [c for c in commits[p] if c[1] < t]
+            allowed = {max(done)[2] if done else 0} | {o for sent, end, o in commits[p] if sent < t <= end}
+            assert offset in allowed, f"partition {p} started at {offset}, committed {allowed}"
+        ledger.starts = [(p, offset, offset) for p, offset, _ in starts]  # checked above
+        return ledger
+
+
+class ProcessMember:
+    """group_member.py in a process of its own, its events fed to `events`."""
+
+    count = 0
+
+    def __init__(self, client: str, broker: BrokerProcess, topic: str, group: str, events: Events) -> None:
+        ProcessMember.count += 1
+        self.id = ProcessMember.count
+        self.events = events
+        self.assigned: set[int] = set()
+        self.reads = 0
+        self.stderr = tempfile.TemporaryFile("w+")  # noqa: SIM115  (a pipe nobody reads fills and blocks it)
+        env = None
+        if client == "kafka-python-2":
+            env = {"PYTHONPATH": str(KAFKA_PYTHON_2), "PATH": "/usr/bin:/bin"}
+        self.proc = subprocess.Popen(
+            [sys.executable, str(MEMBER), client.removesuffix("-2"), broker.bootstrap, group, topic, "25"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.stderr,
+            env=env,
+            text=True,
+        )
+        self.closed = False
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            event = json.loads(line)
+            if event[0] == "assign":
+                self.assigned = set(event[2])
+            elif event[0] == "revoke":
+                self.assigned = set()
+            elif event[0] == "closed":
+                self.closed = True
+            elif event[0] == "read":
+                self.reads += 1
+            self.events.add(self.id, event)
+
+    def log(self) -> str:
+        self.stderr.seek(0)
+        return self.stderr.read()
+
+    def close(self, order: str = "stop") -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(order + "\n")
+        self.proc.stdin.flush()
+        try:
+            self.proc.wait(30)
+        finally:
+            self.proc.kill()
+        self.thread.join(10)
+        assert self.closed, f"member {self.id} failed:\n{self.log()}"
+
+
+class Pacer:
+    """A producer that runs until stopped (~200 messages/s, message i to partition i % 4), so the
+    members rebalance while it runs however fast they start."""
+
+    def __init__(self, broker: BrokerProcess, topic: str, start: int = 0) -> None:
+        self.producer = confluent_kafka.Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 1})
+        self.topic = topic
+        self.count = start
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stopping.is_set():
+            for i in range(self.count, self.count + 4):
+                self.producer.produce(self.topic, f"{i}".encode(), partition=i % PARTITIONS)
+            self.count += 4
+            self.producer.flush(10)
+            time.sleep(0.02)
+
+    def stop(self) -> int:
+        self.stopping.set()
+        self.thread.join(30)
+        assert self.producer.flush(30) == 0
+        return self.count
+
+
+@pytest.mark.parametrize("client", ["kafka-python", "kafka-python-2", "aiokafka"])
+def test_a_group_of_processes_rebalances_commits_and_resumes(gbroker: BrokerProcess, client: str) -> None:
+    """The confluent-kafka case's run for kafka-python 3 and 2 and aiokafka, a member per process:
+    two members share the topic while a producer runs, the first leaves (committing), the second
+    stops without its last commit, a third resumes; the exact at-least-once check."""
+    skip_uvloop_2cores(gbroker)
+    if client == "kafka-python-2" and not KAFKA_PYTHON_2.is_dir():
+        pytest.skip("kafka-python 2 is not installed in .venv/compat (scripts/setup.sh)")
+    topic = f"proc-{client}"
+    topic_id = create(gbroker, topic)
+    group = group_off_some_owner(topic_id, gbroker.cores, topic)
+    events = Events()
+    a = ProcessMember(client, gbroker, topic, group, events)
+    members = [a]
+    try:
+        wait_until(lambda: len(a.assigned) == PARTITIONS, what="a's first assignment")
+        pacer = Pacer(gbroker, topic)
+        wait_until(lambda: a.reads >= 40, what="a reading")
+        b = ProcessMember(client, gbroker, topic, group, events)
+        members.append(b)
+        wait_until(
+            lambda: a.assigned and b.assigned and len(a.assigned | b.assigned) == PARTITIONS, what="a split"
+        )
+        assert not a.assigned & b.assigned
+        wait_until(lambda: b.reads >= 40, what="b reading its share")
+        a.close()  # leaves: b takes every partition
+        wait_until(lambda: len(b.assigned) == PARTITIONS, what="b taking over")
+        taken = b.reads
+        wait_until(lambda: b.reads >= taken + 60, what="b reading every partition")
+        total = pacer.stop()
+        wait_until(lambda: len(events.values) == total, what="every message of the first run")
+        b.close("crash")  # its last messages are read but not committed: read again below
+        produce(gbroker, topic, total, 100)
+        c = ProcessMember(client, gbroker, topic, group, events)
+        members.append(c)
+        wait_until(lambda: len(events.values) == total + 100, what="the rest")
+        c.close()
+    finally:
+        for m in members:
+            m.proc.kill()
+    ledger = events.ledger()
+    twice = ledger.check(total + 100)  # every assignment started at the last commit
+    assert 0 <= twice < 100
+    # started on a new owner: a's 4 at 0, b's share, b's takeover of a's, c's 4 after the crash
+    assert len(ledger.starts) >= 2 * PARTITIONS + 2, ledger.starts
+    with Consumer(gbroker.bootstrap, group=group) as ours:
+        assert {p: ours.committed((topic, p)) for p in range(PARTITIONS)} == ledger.committed
+        assert sum(ledger.committed.values()) == total + 100
+
+
+class KcatMember:
+    """`kcat -G` (librdkafka's balanced consumer, auto-commit every 100 ms and on revoke and close):
+    what it prints on stdout as (partition, offset, value), its assignments from its stderr."""
+
+    def __init__(self, broker: BrokerProcess, topic: str, group: str, *extra: str) -> None:
+        assert KCAT is not None
+        self.reads: list[tuple[int, int, str]] = []
+        self.assigned: set[int] = set()
+        self.stderr: list[str] = []
+        self.proc = subprocess.Popen(
+            [
+                *(KCAT, "-b", broker.bootstrap, "-G", group, "-u", "-f", "%p %o %s\\n"),
+                *("-X", "auto.offset.reset=earliest"),  # not -o: kcat -G seeks every assignment to it
+                *("-X", "session.timeout.ms=6000", "-X", "heartbeat.interval.ms=300"),
+                *("-X", "auto.commit.interval.ms=100", *extra, topic),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.threads = [
+            threading.Thread(target=self._out, daemon=True),
+            threading.Thread(target=self._err, daemon=True),
+        ]
+        for t in self.threads:
+            t.start()
+
+    def _out(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            p, o, v = line.split()
+            self.reads.append((int(p), int(o), v))
+
+    def _err(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.stderr.append(line)
+            if "rebalanced" in line and "assigned:" in line:
+                self.assigned = {int(p) for p in re.findall(r"\[(\d+)\]", line.split("assigned:")[1])}
+            elif "rebalanced" in line and "revoked:" in line:
+                self.assigned = set()
+
+    def first(self, since: int = 0) -> dict[int, int]:
+        """The first offset read of each partition among reads[since:]."""
+        out: dict[int, int] = {}
+        for p, o, _ in self.reads[since:]:
+            out.setdefault(p, o)
+        return out
+
+    def stop(self) -> None:
+        """SIGTERM: kcat closes its consumer, which commits what it printed and leaves the group."""
+        self.proc.terminate()
+        try:
+            assert self.proc.wait(30) == 0, "".join(self.stderr)
+        finally:
+            self.proc.kill()
+        for t in self.threads:
+            t.join(10)
+
+
+@pytest.mark.skipif(KCAT is None, reason="kcat is not installed (scripts/setup.sh installs it)")
+def test_kcat_group_rebalances_commits_and_resumes(gbroker: BrokerProcess) -> None:
+    """Two `kcat -G` in one group while a producer runs: they split the partitions, the first
+    stops and the second takes its partitions where the first stopped; after both stopped a
+    `kcat -G -e` resumes at the committed offsets and exits at the end."""
+    skip_uvloop_2cores(gbroker)
+    topic = "kcat-jobs"
+    topic_id = create(gbroker, topic)
+    group = group_off_some_owner(topic_id, gbroker.cores, "kcat")
+    a = KcatMember(gbroker, topic, group)
+    members = [a]
+    try:
+        wait_until(lambda: len(a.assigned) == PARTITIONS, what="a's first assignment")
+        pacer = Pacer(gbroker, topic)
+        wait_until(lambda: len(a.reads) >= 40, what="a reading")
+        b = KcatMember(gbroker, topic, group)
+        members.append(b)
+        wait_until(
+            lambda: a.assigned and b.assigned and len(a.assigned | b.assigned) == PARTITIONS, what="a split"
+        )
+        assert not a.assigned & b.assigned
+        wait_until(lambda: len(b.reads) >= 40, what="b reading its share")
+        share, theirs = set(b.assigned), set(a.assigned)
+        # a stops with nothing in flight: kcat stopped (SIGTERM) just as librdkafka hands it a
+        # message commits that message without printing it (seen: one message missing)
+        paused = pacer.stop()
+        wait_until(lambda: len({v for m in members for _, _, v in m.reads}) == paused, what="a pause")
+        a.stop()
+        pacer = Pacer(gbroker, topic, paused)
+        wait_until(lambda: len(b.assigned) == PARTITIONS, what="b taking over")
+        taken = len(b.reads)
+        wait_until(lambda: len(b.reads) >= taken + 60, what="b reading every partition")
+        total = pacer.stop()
+        wait_until(lambda: len({v for m in members for _, _, v in m.reads}) == total, what="every message")
+        b.stop()
+        # a's revoke committed what it had read, and so did its close: b went on from there
+        a_last = {p: o for p, o, _ in a.reads}
+        b_first = b.first()
+        assert all(b_first[p] <= a_last[p] + 1 for p in share), (b_first, a_last)
+        assert {p: b_first[p] for p in theirs} == {p: a_last[p] + 1 for p in theirs}  # b had none
+        with Consumer(gbroker.bootstrap, group=group) as ours:  # b's close committed the end
+            assert {p: ours.committed((topic, p)) for p in range(PARTITIONS)} == {
+                p: total // PARTITIONS for p in range(PARTITIONS)
+            }
+        produce(gbroker, topic, total, 100)
+        c = KcatMember(gbroker, topic, group, "-e")  # -e: exits once at the end of every partition
+        members.append(c)
+        assert c.proc.wait(30) == 0, "".join(c.stderr)
+        for t in c.threads:
+            t.join(10)
+    finally:
+        for m in members:
+            m.proc.kill()
+    assert c.first() == {p: total // PARTITIONS for p in range(PARTITIONS)}  # resumed where committed
+    assert sorted(int(v) for _, _, v in c.reads) == list(range(total, total + 100))
+    seen = [(p, o, v) for m in members for p, o, v in m.reads]
+    assert {int(v) for _, _, v in seen} == set(range(total + 100))
+    assert len({(p, o) for p, o, _ in seen}) == len({v for _, _, v in seen})  # one offset each
