@@ -68,3 +68,17 @@ def fs_of(path: str) -> str:
     except OSError:
         pass
     return f"{best[1]} ({best[2]} on {best[0] or '?'})"
+
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def proc_cpu(pid: int) -> float:
+    """utime + stime of `pid` (all its threads) in seconds; 0 if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return 0.0
+    fields = data[data.rindex(b")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK

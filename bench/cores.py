@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Any
 
 import uvloop
-from benchlib import REPO, code_version, fs_of, table
+from benchlib import REPO, code_version, fs_of, proc_cpu, table
 
 from broker.client import Acks, Admin, AsyncConnection, AsyncProducer
 from ringlog_proto.batch import encode_batch
@@ -74,7 +74,6 @@ LINGER_MS = 5.0
 RAW_BATCH_RECORDS = 63  # 63 x (1 KiB + 18 B) + 61 B header: one 64 KiB batch
 RAW_IN_FLIGHT = 8
 READY_RE = re.compile(r"serving on [\d.]+:(\d+)")
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 # Broker configurations by name (`--variants`): the two backends at their defaults, and the io_uring
 # backend with each of its two options.
@@ -103,17 +102,6 @@ QUICK = Sizes(120_000, 2000, 2000, 300)
 
 
 # --------------------------------------------------------------------------------------- the broker
-
-
-def proc_cpu(pid: int) -> float:
-    """utime + stime of `pid` (all threads) in seconds; 0 if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return 0.0
-    fields = data[data.rindex(b")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
 def children(pid: int) -> list[int]:

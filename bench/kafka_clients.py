@@ -71,14 +71,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from benchlib import KIB, REPO, code_version, fs_of, table
+from benchlib import CLK_TCK, KIB, REPO, code_version, fs_of, proc_cpu, table
 from brokerproc import BrokerProcess, own_snapshot
 
 MB = 1_000_000
 RECORD_BYTES = KIB
 VALUE_POOL = 1024
 LINGER_MS = 5
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 TANSU_START_S = 20.0
 
 RINGLOG = {
@@ -103,17 +102,6 @@ QUICK = Sizes(20_000, 400, 100)
 
 
 # --------------------------------------------------------------------------------------- /proc
-
-
-def proc_cpu(pid: int) -> float:
-    """utime + stime of `pid` (all its threads) in seconds; 0 if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return 0.0
-    fields = data[data.rindex(b")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
 def cpu_of(pids: list[int]) -> float:

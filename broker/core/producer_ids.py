@@ -27,13 +27,10 @@ Rules this module keeps:
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import os
-from collections.abc import Iterator
 from typing import Final, Protocol
 
 from broker.storage import layout
-from broker.storage.durable_file import load_json, replace_json
+from broker.storage.durable_file import exclusive_lock, load_json, replace_json
 from ringlog_proto.batch import BROKER_PRODUCER_ID_LIMIT
 
 BLOCK_SIZE: Final = 1000
@@ -60,14 +57,8 @@ class FileBlockSource:
         self.path = layout.producer_ids_path(data_dir)
         self.lock_path = layout.producer_ids_lock_path(data_dir)
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)  # closing drops the lock
+    def _locked(self) -> contextlib.AbstractContextManager[None]:
+        return exclusive_lock(self.lock_path)
 
     def next_unclaimed(self) -> int:
         """The first id no block holds yet (0 on a new data dir)."""

@@ -27,18 +27,16 @@ Rules this module keeps:
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
 import re
 import shutil
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
 from broker.core.limits import Limits
 from broker.storage import layout
 from broker.storage.diskspace import is_out_of_space, release_reserve
-from broker.storage.durable_file import load_json, replace_json
+from broker.storage.durable_file import exclusive_lock, load_json, replace_json
 from broker.storage.log import LogConfig
 
 log = logging.getLogger(__name__)
@@ -108,15 +106,9 @@ class TopicRegistry:
         if remove_orphans:
             self.remove_orphans()
 
-    @contextlib.contextmanager
-    def locked(self) -> Iterator[None]:
+    def locked(self) -> contextlib.AbstractContextManager[None]:
         """Hold the registry's exclusive lock (shared by every worker of this data dir)."""
-        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)  # closing drops the lock
+        return exclusive_lock(self.lock_path)
 
     def _identity(self) -> tuple[int, int, int] | None:
         try:

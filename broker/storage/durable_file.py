@@ -1,4 +1,4 @@
-"""Small files replaced atomically and durably: the topic registry, group offsets.
+"""Small files replaced atomically and durably: the topic registry, group offsets, producer ids.
 
 Write a temporary file, fsync it, rename it over the old one, fsync the directory. A crash
 leaves either the old or the new version, never a torn one, and a return means the new version
@@ -8,8 +8,10 @@ survives a power loss.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
+from collections.abc import Iterator
 
 
 def replace_json(path: str, doc: object) -> None:
@@ -39,3 +41,15 @@ def load_json(path: str) -> object | None:
         return None
     with open(path, encoding="utf-8") as f:
         return json.load(f)
+
+
+@contextlib.contextmanager
+def exclusive_lock(lock_path: str) -> Iterator[None]:
+    """Hold an flock on `lock_path` (made if missing): the cores are separate processes that
+    read, change and replace the same small file."""
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing drops the lock

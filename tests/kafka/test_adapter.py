@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from kafka_requests import frame as frame_of
+from kafka_requests import request_of
 from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader
 from kio.static.primitive import i16, i32, i64
@@ -32,14 +33,6 @@ from ringlog_proto import messages as m
 from ringlog_proto.batch import BROKER_PRODUCER_ID_LIMIT
 from ringlog_proto.frames import NEED_DATA, FrameDecoder, ProtocolError
 from ringlog_proto.routing import coordinator_for, shard_for
-
-
-def request_of(raw: bytes) -> KafkaRequest:
-    decoder = KafkaFrameDecoder(1 << 20)
-    decoder.feed(raw)
-    req = decoder.next_frame()
-    assert isinstance(req, KafkaRequest)
-    return req
 
 
 def answer(adapter: KafkaAdapter, raw: bytes, api_key: int, version: int) -> tuple[int, Any]:
