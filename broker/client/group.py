@@ -134,13 +134,10 @@ class GroupMembership:
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
 
-    async def _coordinator(self) -> int:
-        if self.client.cores <= 1:
-            await self.client.refresh_metadata(self.topics)
-        return coordinator_for(self.group, max(1, self.client.cores))
-
     async def _request(self, req: object, timeout: float | None = None) -> object:
-        conn = await self.client.connection(await self._coordinator(), lane=LANE)
+        # the client learnt the core count from ApiVersions when it started
+        coordinator = coordinator_for(self.group, self.client.cores)
+        conn = await self.client.connection(coordinator, lane=LANE)
         return await conn.request(req, timeout=timeout, check=False)  # type: ignore[arg-type]
 
     async def _run(self) -> None:

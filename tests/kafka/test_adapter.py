@@ -11,9 +11,8 @@ from typing import Any
 
 import pytest
 from kafka_requests import frame as frame_of
-from kafka_requests import request_of
+from kafka_requests import read_response, request_of
 from kio.schema.errors import ErrorCode
-from kio.serial import entity_reader
 from kio.static.primitive import i16, i32, i64
 
 from broker.backends.shared import FirstBytes
@@ -27,7 +26,6 @@ from broker.kafka.codec import (
     KafkaRequest,
     make,
     request_schema,
-    response_schema,
 )
 from ringlog_proto import messages as m
 from ringlog_proto.batch import BROKER_PRODUCER_ID_LIMIT
@@ -39,15 +37,7 @@ def answer(adapter: KafkaAdapter, raw: bytes, api_key: int, version: int) -> tup
     """(correlation id, decoded response) of the adapter's reply to `raw`."""
     outcome = adapter.handle(request_of(raw))
     assert isinstance(outcome, Reply)
-    data = b"".join(outcome.buffers)
-    (size,) = struct.unpack_from(">i", data)
-    assert size == len(data) - 4
-    schema = response_schema(api_key, version)
-    assert schema is not None
-    header, used = entity_reader(schema.__header_schema__)(data, 4)
-    body, more = entity_reader(schema)(data, 4 + used)
-    assert 4 + used + more == len(data)
-    return header.correlation_id, body
+    return read_response(api_key, version, b"".join(outcome.buffers))
 
 
 @pytest.fixture
