@@ -1,0 +1,77 @@
+"""Where a partition's replicas live: weighted rendezvous hashing over the nodes.
+
+Rules this module keeps:
+- Pure functions of their arguments: every node computes the same answer from the same inputs,
+  so a placement can be checked (and recomputed by a new controller) without asking anyone.
+- The scheme is the seeds' (laminarmq's "partition distribution"): rank the nodes by
+  f(weight, H(partition, node)) and take the top k. With u = H mapped into (0, 1), the score
+  `-weight / ln(u)` is the weighted form of rendezvous hashing: a node of twice the weight wins
+  twice as often, and adding or removing a node moves only the replicas it gains or held
+  (no global reshuffle, unlike modulo placement). H is `ringlog_proto.routing`'s splitmix64
+  mix over the partition's identity and the node id, so no language's hash library is involved.
+- Racks: among the ranked nodes, the first replica of each rack is taken before a second replica
+  of any rack (Kafka's rack-aware placement), so k replicas span min(k, racks) racks.
+- Within a node, a replica's core is today's rendezvous over the node's cores
+  (`routing.owner`): placement over nodes and over cores is the same idea twice.
+- The preferred leader is the first replica of the list: leaders spread as evenly as the hash does.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ringlog_proto.routing import MASK64, mix64, partition_key
+
+_TWO_53 = float(1 << 53)
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A node that may hold replicas: its id, relative weight (> 0) and rack ("" for none)."""
+
+    node_id: int
+    weight: int = 100
+    rack: str = ""
+
+
+def node_score(topic_id: int, partition: int, node_id: int, weight: int) -> float:
+    """The node's weighted rendezvous score for one partition (higher wins)."""
+    h = mix64(partition_key(topic_id, partition) ^ mix64((node_id + 0x5EED) & MASK64))
+    u = ((h >> 11) + 0.5) / _TWO_53  # the top 53 bits, centred: strictly inside (0, 1)
+    return -float(weight) / math.log(u)
+
+
+def rank(topic_id: int, partition: int, nodes: Sequence[Candidate]) -> list[Candidate]:
+    """Every eligible node (weight > 0), best first; ties go to the lower node id."""
+    eligible = [n for n in nodes if n.weight > 0]
+    return sorted(eligible, key=lambda n: (-node_score(topic_id, partition, n.node_id, n.weight), n.node_id))
+
+
+def place(topic_id: int, partition: int, nodes: Sequence[Candidate], replicas: int) -> tuple[int, ...]:
+    """The node ids of the partition's `replicas` replicas, preferred leader first.
+
+    Raises ValueError when fewer eligible nodes than `replicas` exist: a topic asking for more
+    copies than there are nodes is refused at creation (Kafka's INVALID_REPLICATION_FACTOR), not
+    silently under-replicated."""
+    if replicas < 1:
+        raise ValueError(f"replication factor must be at least 1, got {replicas}")
+    ranked = rank(topic_id, partition, nodes)
+    if len(ranked) < replicas:
+        raise ValueError(f"replication factor {replicas} is larger than the {len(ranked)} available nodes")
+    chosen: list[Candidate] = []
+    racks_used: set[str] = set()
+    for candidate in ranked:  # first pass: one replica per rack
+        if candidate.rack not in racks_used or not candidate.rack:
+            if candidate.rack:
+                racks_used.add(candidate.rack)
+            chosen.append(candidate)
+            if len(chosen) == replicas:
+                break
+    if len(chosen) < replicas:  # fewer racks than replicas: fill in rank order
+        taken = {c.node_id for c in chosen}
+        chosen.extend(c for c in ranked if c.node_id not in taken)
+        chosen = chosen[:replicas]
+        chosen.sort(key=ranked.index)
+    return tuple(c.node_id for c in chosen)

@@ -1,0 +1,161 @@
+"""What a core knows of the cluster: the nodes and, per partition, its replicas, leader, leader
+epoch and in-sync set, as the node's supervisor last published them.
+
+Rules this module keeps:
+- Data only. The record of the cluster is the metadata store (etcd, broker/cluster/); the node's
+  cluster agent (in the supervisor) watches it and publishes this view to its workers as one JSON
+  file, `<data_dir>/run/cluster.json`, replaced atomically, with a generation that only grows.
+  A core reloads it when the file changes (`ViewFile.poll`, a stat per call), so a worker never
+  talks to etcd and never blocks on it.
+- A core acts on a partition's state only when its leader epoch is at least the one it acts on
+  already: views arrive in order from one writer, but a restarted worker must not step back.
+- Single node (no cluster): there is no file and `ClusterView.single()` says every partition is
+  this node's, led at epoch 0 with itself in sync: the request path then does what it did before
+  clustering, with no extra work per request.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from broker.storage.durable_file import replace_json
+
+FILE_NAME = "cluster.json"
+NO_LEADER = -1
+
+
+@dataclass(frozen=True, slots=True)
+class NodeAddress:
+    """Where a node's cores are reached: its advertised host, public port and per-core ports."""
+
+    node_id: int
+    host: str
+    port: int
+    core_ports: tuple[int, ...]
+    rack: str = ""
+
+    @property
+    def cores(self) -> int:
+        return len(self.core_ports)
+
+    def core_port(self, core: int) -> int:
+        return self.core_ports[core] if core < len(self.core_ports) and self.core_ports[core] else self.port
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionState:
+    """One partition's replication state, as the controller last wrote it (fenced by epoch)."""
+
+    replicas: tuple[int, ...]  # node ids, preferred leader first
+    leader: int  # node id, NO_LEADER when none is in sync (offline)
+    leader_epoch: int
+    isr: tuple[int, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "replicas": list(self.replicas),
+            "leader": self.leader,
+            "epoch": self.leader_epoch,
+            "isr": list(self.isr),
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> PartitionState:
+        return cls(tuple(d["replicas"]), int(d["leader"]), int(d["epoch"]), tuple(d["isr"]))
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterView:
+    """The nodes and partition states a core acts on. `clustered` False: a single node."""
+
+    node_id: int
+    generation: int
+    clustered: bool
+    nodes: Mapping[int, NodeAddress] = field(default_factory=dict)
+    partitions: Mapping[tuple[int, int], PartitionState] = field(default_factory=dict)
+    controller: int = NO_LEADER
+
+    @classmethod
+    def single(cls, node_id: int = 0) -> ClusterView:
+        return cls(node_id=node_id, generation=0, clustered=False)
+
+    def state_of(self, topic_id: int, partition: int) -> PartitionState | None:
+        return self.partitions.get((topic_id, partition))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "node_id": self.node_id,
+            "generation": self.generation,
+            "controller": self.controller,
+            "nodes": [
+                {
+                    "id": n.node_id,
+                    "host": n.host,
+                    "port": n.port,
+                    "core_ports": list(n.core_ports),
+                    "rack": n.rack,
+                }
+                for n in sorted(self.nodes.values(), key=lambda n: n.node_id)
+            ],
+            "partitions": [
+                {"topic_id": tid, "partition": p, **s.to_json()}
+                for (tid, p), s in sorted(self.partitions.items())
+            ],
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> ClusterView:
+        nodes = {
+            int(n["id"]): NodeAddress(
+                int(n["id"]), n["host"], int(n["port"]), tuple(n["core_ports"]), n.get("rack", "")
+            )
+            for n in d["nodes"]
+        }
+        parts = {
+            (int(p["topic_id"]), int(p["partition"])): PartitionState.from_json(p) for p in d["partitions"]
+        }
+        return cls(
+            node_id=int(d["node_id"]),
+            generation=int(d["generation"]),
+            clustered=True,
+            nodes=nodes,
+            partitions=parts,
+            controller=int(d.get("controller", NO_LEADER)),
+        )
+
+
+def publish(run_dir: str, view: ClusterView) -> None:
+    """Replace the published view (the agent's side): atomically, so a reader sees old or new."""
+    replace_json(os.path.join(run_dir, FILE_NAME), view.to_json())
+
+
+class ViewFile:
+    """A core's side: `poll()` returns a newer view when the file changed since the last call."""
+
+    def __init__(self, run_dir: str) -> None:
+        self.path = os.path.join(run_dir, FILE_NAME)
+        self._stamp: tuple[int, int] | None = None
+        self.generation = -1
+
+    def poll(self) -> ClusterView | None:
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return None
+        stamp = (st.st_mtime_ns, st.st_ino)
+        if stamp == self._stamp:
+            return None
+        try:
+            with open(self.path, "rb") as f:
+                view = ClusterView.from_json(json.loads(f.read()))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None  # being replaced: the next poll reads the new file
+        self._stamp = stamp
+        if view.generation <= self.generation:
+            return None
+        self.generation = view.generation
+        return view
