@@ -78,6 +78,7 @@ class ClusterView:
     nodes: Mapping[int, NodeAddress] = field(default_factory=dict)
     partitions: Mapping[tuple[int, int], PartitionState] = field(default_factory=dict)
     controller: int = NO_LEADER
+    live: frozenset[int] = frozenset()  # nodes registered in the store now (`nodes` also has past ones)
 
     @classmethod
     def single(cls, node_id: int = 0) -> ClusterView:
@@ -91,6 +92,7 @@ class ClusterView:
             "node_id": self.node_id,
             "generation": self.generation,
             "controller": self.controller,
+            "live": sorted(self.live),
             "nodes": [
                 {
                     "id": n.node_id,
@@ -125,6 +127,7 @@ class ClusterView:
             nodes=nodes,
             partitions=parts,
             controller=int(d.get("controller", NO_LEADER)),
+            live=frozenset(int(n) for n in d.get("live", ())),
         )
 
 

@@ -48,6 +48,7 @@ import os
 from collections.abc import Callable, Sequence
 
 from broker import __version__
+from broker.core.cluster_view import ClusterView
 from broker.core.config import BrokerConfig
 from broker.core.coordinator import CallLater, GroupCode, GroupCoordinator, JoinResult, SyncResult
 from broker.core.groups import Committed, GroupError, GroupOffsetStore, check_group
@@ -58,7 +59,7 @@ from broker.core.partition import Partition, Stored
 from broker.core.producer_ids import FileBlockSource, ProducerIds
 from broker.core.producer_state import RetryInFlightError, SequenceError
 from broker.core.topics import Topic, TopicError, TopicRegistry
-from broker.core.views import MetadataView, PartitionView, TopicView
+from broker.core.views import MetadataView, NodeView, PartitionView, TopicView
 from broker.storage import layout
 from broker.storage.diskspace import DiskSpace, is_out_of_space
 from broker.storage.errors import (
@@ -76,7 +77,7 @@ from broker.storage.fdcache import FdCache
 from ringlog_proto import messages as m
 from ringlog_proto.batch import now_ms
 from ringlog_proto.frames import Frame
-from ringlog_proto.routing import coordinator_for, shard_for
+from ringlog_proto.routing import coordinator_for, owner, shard_for
 
 log = logging.getLogger(__name__)
 
@@ -179,6 +180,8 @@ class Handlers:
         # Files of closed segments this core keeps open (broker/storage/fdcache.py).
         self.fd_cache = FdCache(config.limits.segment_fd_cache)
         self.partitions: dict[tuple[int, int], Partition] = {}
+        # The cluster as the node's supervisor last published it (one node: none, and no cost).
+        self.cluster = ClusterView.single(config.node_id)
         # Broker-assigned producer ids (Kafka's InitProducerId); the first use claims a block.
         self.producer_ids = ProducerIds(FileBlockSource(config.data_dir))
         self._owners: dict[tuple[int, int], int] = {}
@@ -413,6 +416,17 @@ class Handlers:
             self.refresh_topics(force=True)
         if names is None:
             names = sorted(self.registry.by_name)
+        cluster = self.cluster
+        node_id = self.config.node_id
+        nodes = {
+            n.node_id: NodeView(
+                n.node_id, n.host, n.port, n.cores, n.core_ports, n.rack, n.node_id in cluster.live
+            )
+            for n in cluster.nodes.values()
+        }
+        if node_id not in nodes:
+            config = self.config
+            nodes[node_id] = NodeView(node_id, config.host, config.port, config.cores, config.core_ports)
         topics = []
         for name in names:
             topic = self.registry.by_name.get(name)
@@ -423,7 +437,28 @@ class Handlers:
             for i in range(topic.partitions):
                 p = self.partitions.get((topic.topic_id, i))
                 start, end = (p.log.start_offset, p.log.end_offset) if p is not None else (-1, -1)
-                parts.append(PartitionView(i, self.owner(topic.topic_id, i), start, end))
+                state = cluster.state_of(topic.topic_id, i) if cluster.clustered else None
+                if state is None:
+                    core = self.owner(topic.topic_id, i)
+                    me = ((node_id, core),)
+                    parts.append(PartitionView(i, core, start, end, node_id, 0, me, me))
+                    continue
+                placed = {r: (r, _core_on(nodes.get(r), topic.topic_id, i)) for r in state.replicas}
+                leader = nodes.get(state.leader)
+                if leader is not None and not leader.live:
+                    leader = None
+                parts.append(
+                    PartitionView(
+                        i,
+                        _core_on(leader, topic.topic_id, i) if leader is not None else -1,
+                        start,
+                        end,
+                        state.leader if leader is not None else -1,
+                        state.leader_epoch,
+                        tuple(placed[r] for r in state.replicas),
+                        tuple(placed[r] for r in state.isr if r in placed),
+                    )
+                )
             topics.append(
                 TopicView(
                     topic.name,
@@ -442,6 +477,9 @@ class Handlers:
             core_ports=self.config.core_ports,
             steering=bool((self.config.bpf_snapshot() or {}).get("steering")),  # the supervisor's bpf.json
             topics=tuple(topics),
+            node_id=node_id,
+            nodes=tuple(sorted(nodes.values(), key=lambda n: n.node_id)),
+            clustered=cluster.clustered,
         )
 
     def _metadata(self, req: m.Request, frame: Frame) -> Outcome:
@@ -755,6 +793,13 @@ class Handlers:
             except StorageError as exc:
                 log.error("retention on partition %d/%d: %s", p.topic_id, p.index, exc)
         return deleted
+
+
+def _core_on(node: NodeView | None, topic_id: int, partition: int) -> int:
+    """The core of `node` that holds the partition's replica there (-1: the node is not live)."""
+    if node is None or not node.cores:
+        return -1
+    return owner(topic_id, partition, range(node.cores))
 
 
 def _is_long_poll(frame: Frame) -> bool:

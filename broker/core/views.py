@@ -10,13 +10,43 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+KAFKA_IDS_PER_NODE = 1000  # Kafka broker id of core k of node n: n * 1000 + k (one node: k)
+
+
+def kafka_broker_id(node_id: int, core: int) -> int:
+    """Kafka clients see each core of each node as a broker of its own (its direct port), so a
+    partition's leader is the one core that serves it: no forward between cores."""
+    return node_id * KAFKA_IDS_PER_NODE + core
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """A node of the cluster as clients reach it (one node: this broker)."""
+
+    node_id: int
+    host: str
+    port: int  # its public port
+    cores: int
+    core_ports: tuple[int, ...]  # core k's direct port (0 or missing: not reachable directly)
+    rack: str = ""
+    live: bool = True  # False: a replica's node that is down (listed by replicas, not as a broker)
+
+    def core_port(self, core: int) -> int:
+        if core < len(self.core_ports) and self.core_ports[core]:
+            return self.core_ports[core]
+        return self.port
+
 
 @dataclass(frozen=True, slots=True)
 class PartitionView:
     index: int
-    owner_core: int  # the core that serves it (routing.shard_for)
+    owner_core: int  # the core that serves it on its leader node (routing.owner over its cores)
     start_offset: int  # -1, -1: not open on this core (another core's, or never written)
     end_offset: int
+    leader_node: int = 0  # -1: offline (no in-sync replica is live)
+    leader_epoch: int = 0
+    replicas: tuple[tuple[int, int], ...] = ()  # (node id, core) of each replica, preferred first
+    isr: tuple[tuple[int, int], ...] = ()  # the in-sync ones, as (node id, core)
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +68,15 @@ class MetadataView:
     core_ports: tuple[int, ...]  # core k's direct port (0 or missing: not reachable directly)
     steering: bool  # eBPF steers connections to owning cores
     topics: tuple[TopicView, ...]
+    node_id: int = 0  # the node answering
+    nodes: tuple[NodeView, ...] = ()  # every known node, this one included (one node: itself)
+    clustered: bool = False
+
+    def node(self, node_id: int) -> NodeView | None:
+        for n in self.nodes:
+            if n.node_id == node_id:
+                return n
+        return None
 
     def core_port(self, core: int) -> int:
         """Where a client reaches `core` directly: its own port, else the public one."""

@@ -57,7 +57,7 @@ from broker.core.config import BrokerConfig
 from broker.core.handlers import Handlers
 from broker.core.outcomes import Append, Durable, Gather, Outcome, Read, Reply, Silent, Wait
 from broker.core.partition import Partition, Stored
-from broker.core.views import MetadataView
+from broker.core.views import MetadataView, NodeView, kafka_broker_id
 from broker.kafka import init_producer_id
 from broker.kafka.codec import (
     KafkaDecodeError,
@@ -123,6 +123,9 @@ def cluster_id_for(data_dir: str) -> str:
     data dir's real path: the same broker always says the same, two data dirs differ."""
     digest = hashlib.sha256(os.path.realpath(data_dir).encode()).digest()[:16]
     return base64.urlsafe_b64encode(digest).decode().rstrip("=")
+
+
+_GONE = NodeView(-1, "", 0, 0, (), live=False)  # a replica's node the view does not know
 
 
 class KafkaAdapter:
@@ -225,18 +228,20 @@ class KafkaAdapter:
         return Reply(encode_response(request.correlation_id, resp))
 
     def metadata_response(self, schema: type[Any], view: MetadataView) -> Any:
-        """`view` as the Metadata response of `schema`'s version: every core a broker, each
-        partition led by its owning core."""
+        """`view` as the Metadata response of `schema`'s version: every core of every node a
+        broker (`kafka_broker_id`), each partition led by the core serving it on its leader node."""
         module = sys.modules[schema.__module__]
         brokers = tuple(
             make(
                 module.MetadataResponseBroker,
-                node_id=core,
-                host=view.host,
-                port=view.core_port(core),
-                rack=None,
+                node_id=kafka_broker_id(node.node_id, core),
+                host=node.host,
+                port=node.core_port(core),
+                rack=node.rack or None,
             )
-            for core in range(view.cores)
+            for node in view.nodes
+            if node.live
+            for core in range(node.cores)
         )
         topics = []
         for t in view.topics:
@@ -254,13 +259,15 @@ class KafkaAdapter:
             partitions = tuple(
                 make(
                     module.MetadataResponsePartition,
-                    error_code=ErrorCode.none,
+                    error_code=ErrorCode.none if p.leader_node >= 0 else ErrorCode.leader_not_available,
                     partition_index=p.index,
-                    leader_id=p.owner_core,
-                    leader_epoch=0,
-                    replica_nodes=(p.owner_core,),
-                    isr_nodes=(p.owner_core,),
-                    offline_replicas=(),
+                    leader_id=kafka_broker_id(p.leader_node, p.owner_core) if p.leader_node >= 0 else -1,
+                    leader_epoch=p.leader_epoch,
+                    replica_nodes=tuple(kafka_broker_id(n, c) for n, c in p.replicas),
+                    isr_nodes=tuple(kafka_broker_id(n, c) for n, c in p.isr),
+                    offline_replicas=tuple(
+                        kafka_broker_id(n, c) for n, c in p.replicas if not (view.node(n) or _GONE).live
+                    ),
                 )
                 for p in t.partitions
             )
