@@ -50,7 +50,10 @@ class ApiKey(IntEnum):
 # current version (clients and broker ship together) and answers others UNSUPPORTED_VERSION, so a
 # stale peer fails clearly instead of misreading bytes.
 CURRENT_VERSIONS: dict[int, int] = {key: API_VERSION for key in ApiKey}
-CURRENT_VERSIONS[ApiKey.METADATA] = 2  # v2: MetadataResponse carries each core's direct port
+CURRENT_VERSIONS[ApiKey.METADATA] = (
+    3  # v2: each core's direct port; v3: the cluster's nodes, leaders, replicas
+)
+CURRENT_VERSIONS[ApiKey.CREATE_TOPIC] = 2  # v2: replication factor
 CURRENT_VERSIONS[ApiKey.OFFSET_COMMIT] = 2  # v2: generation and member id (group membership)
 
 
@@ -255,23 +258,29 @@ class MetadataRequest(Request):
 
 @dataclass(frozen=True, slots=True)
 class CreateTopicRequest(Request):
-    # name str, partitions u32, retention_ms i64, retention_bytes i64, segment_bytes i64
-    # (-1 = the broker's default; retention -2 = keep forever)
+    # name str, partitions u32, retention_ms i64, retention_bytes i64, segment_bytes i64,
+    # replication i16 (-1 = the broker's default; retention -2 = keep forever)
     API_KEY: ClassVar[ApiKey] = ApiKey.CREATE_TOPIC
     name: str = ""
     partitions: int = 1
     retention_ms: int = -1
     retention_bytes: int = -1
     segment_bytes: int = -1
+    replication: int = -1  # (v2) replicas per partition; -1 = the broker's default (one node: 1)
 
     def write(self, w: Writer) -> None:
         w.str(self.name).pack(
-            "Iqqq", self.partitions, self.retention_ms, self.retention_bytes, self.segment_bytes
+            "Iqqqh",
+            self.partitions,
+            self.retention_ms,
+            self.retention_bytes,
+            self.segment_bytes,
+            self.replication,
         )
 
     @classmethod
     def read(cls, r: Reader, frame: Frame) -> CreateTopicRequest:
-        return cls(r.str(), *r.unpack("Iqqq"))
+        return cls(r.str(), *r.unpack("Iqqqh"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -593,11 +602,34 @@ class ApiVersionsResponse(Response):
 
 @dataclass(frozen=True, slots=True)
 class PartitionMetadata:
-    # index u32, owner_core u16, start_offset i64, end_offset i64
+    # index u32, owner_core i16, start_offset i64, end_offset i64, leader_node i32, leader_epoch i32,
+    # replicas array<node i32, core i16>, isr array<node i32, core i16>
     index: int
-    owner_core: int
+    owner_core: int  # the core serving it on its leader node; -1: no leader (offline)
     start_offset: int
     end_offset: int
+    leader_node: int = 0  # -1: offline
+    leader_epoch: int = 0
+    replicas: tuple[tuple[int, int], ...] = ()  # (node id, core), the preferred leader first
+    isr: tuple[tuple[int, int], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class NodeMetadata:
+    # node_id i32, host str, port u16, cores u16, core_ports array<u16>, rack str, live u8
+    node_id: int
+    host: str
+    port: int
+    cores: int
+    core_ports: tuple[int, ...] = ()
+    rack: str = ""
+    live: bool = True
+
+    def core_port(self, core: int) -> int:
+        """Where `core` of this node is reached: its direct port, else the node's public port."""
+        if core < len(self.core_ports) and self.core_ports[core]:
+            return self.core_ports[core]
+        return self.port
 
 
 @dataclass(frozen=True, slots=True)
@@ -617,7 +649,8 @@ class TopicMetadata:
 class MetadataResponse(Response):
     # (version 2) host str, port u16, cores u16, steering u8 (1 = eBPF steers connections to
     # owning cores), core_ports array<u16> (core k's direct port, 0 = not reachable directly),
-    # topics array<TopicMetadata>
+    # topics array<TopicMetadata>, (version 3) node_id i32 (the node answering), clustered u8,
+    # nodes array<NodeMetadata> (every node the cluster knows, live or not; one node: itself)
     API_KEY: ClassVar[ApiKey] = ApiKey.METADATA
     host: str = ""
     port: int = 0
@@ -625,6 +658,15 @@ class MetadataResponse(Response):
     steering: bool = False
     topics: tuple[TopicMetadata, ...] = ()
     core_ports: tuple[int, ...] = ()
+    node_id: int = 0
+    clustered: bool = False
+    nodes: tuple[NodeMetadata, ...] = ()
+
+    def node(self, node_id: int) -> NodeMetadata | None:
+        for n in self.nodes:
+            if n.node_id == node_id:
+                return n
+        return None
 
     def write(self, w: Writer) -> None:
         w.str(self.host).pack("HHB", self.port, self.cores, int(self.steering)).array(len(self.core_ports))
@@ -637,7 +679,25 @@ class MetadataResponse(Response):
             )
             w.array(len(t.partitions))
             for p in t.partitions:
-                w.pack("IHqq", p.index, p.owner_core, p.start_offset, p.end_offset)
+                w.pack(
+                    "Ihqqii",
+                    p.index,
+                    p.owner_core,
+                    p.start_offset,
+                    p.end_offset,
+                    p.leader_node,
+                    p.leader_epoch,
+                )
+                for replicas in (p.replicas, p.isr):
+                    w.array(len(replicas))
+                    for node, core in replicas:
+                        w.pack("ih", node, core)
+        w.pack("iB", self.node_id, int(self.clustered)).array(len(self.nodes))
+        for n in self.nodes:
+            w.pack("i", n.node_id).str(n.host).pack("HH", n.port, n.cores).array(len(n.core_ports))
+            for port in n.core_ports:
+                w.pack("H", port)
+            w.str(n.rack).pack("B", int(n.live))
 
     @classmethod
     def read(cls, r: Reader) -> dict[str, object]:
@@ -649,8 +709,21 @@ class MetadataResponse(Response):
             error = _error(r.int("h"))
             name = r.str()
             topic_id, ret_ms, ret_bytes, seg_bytes = r.unpack("Iqqq")
-            parts = tuple(PartitionMetadata(*r.unpack("IHqq")) for _ in range(r.array(22)))
-            topics.append(TopicMetadata(error, name, topic_id, ret_ms, ret_bytes, seg_bytes, parts))
+            parts = []
+            for _ in range(r.array(38)):
+                fixed = r.unpack("Ihqqii")
+                replicas = tuple(r.unpack("ih") for _ in range(r.array(6)))
+                isr = tuple(r.unpack("ih") for _ in range(r.array(6)))
+                parts.append(PartitionMetadata(*fixed, replicas, isr))  # type: ignore[arg-type]
+            topics.append(TopicMetadata(error, name, topic_id, ret_ms, ret_bytes, seg_bytes, tuple(parts)))
+        node_id, clustered = r.unpack("iB")
+        nodes = []
+        for _ in range(r.array(14)):
+            nid = r.int("i")
+            nhost = r.str()
+            nport, ncores = r.unpack("HH")
+            nports = tuple(r.int("H") for _ in range(r.array(2)))
+            nodes.append(NodeMetadata(nid, nhost, nport, ncores, nports, r.str(), bool(r.int("B"))))
         return {
             "host": host,
             "port": port,
@@ -658,6 +731,9 @@ class MetadataResponse(Response):
             "steering": bool(steering),
             "topics": tuple(topics),
             "core_ports": core_ports,
+            "node_id": node_id,
+            "clustered": bool(clustered),
+            "nodes": tuple(nodes),
         }
 
 

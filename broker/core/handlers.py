@@ -494,7 +494,16 @@ class Handlers:
                 t.retention_bytes,
                 t.segment_bytes,
                 tuple(
-                    m.PartitionMetadata(p.index, p.owner_core, p.start_offset, p.end_offset)
+                    m.PartitionMetadata(
+                        p.index,
+                        p.owner_core,
+                        p.start_offset,
+                        p.end_offset,
+                        p.leader_node,
+                        p.leader_epoch,
+                        p.replicas,
+                        p.isr,
+                    )
                     for p in t.partitions
                 ),
             )
@@ -507,11 +516,23 @@ class Handlers:
             steering=view.steering,
             topics=topics,
             core_ports=view.core_ports,
+            node_id=view.node_id,
+            clustered=view.clustered,
+            nodes=tuple(
+                m.NodeMetadata(n.node_id, n.host, n.port, n.cores, n.core_ports, n.rack, n.live)
+                for n in view.nodes
+            ),
         )
         return self._reply(frame, resp)
 
     def _create_topic(self, req: m.Request, frame: Frame) -> Outcome:
         assert isinstance(req, m.CreateTopicRequest)
+        if req.replication not in (-1, 1) and not self.cluster.clustered:
+            return self._error(
+                frame,
+                m.ErrorCode.INVALID_CONFIG,
+                f"one node keeps one copy: replication {req.replication} needs a cluster",
+            )
         topic = self.create_topic(
             req.name, req.partitions, req.retention_ms, req.retention_bytes, req.segment_bytes
         )

@@ -184,6 +184,24 @@ class TopicRegistry:
         segment_bytes: int = -1,
     ) -> Topic:
         """Create a topic. -1 takes the broker default; retention -2 means keep forever."""
+        topic = self.make(name, partitions, self.next_topic_id, retention_ms, retention_bytes, segment_bytes)
+        self.next_topic_id += 1
+        self.by_name[name] = topic
+        self.by_id[topic.topic_id] = topic
+        self._save()
+        return topic
+
+    def make(
+        self,
+        name: str,
+        partitions: int,
+        topic_id: int,
+        retention_ms: int = -1,
+        retention_bytes: int = -1,
+        segment_bytes: int = -1,
+    ) -> Topic:
+        """The topic `create` would add, checked against the name rules, the limits and the log
+        settings, without adding it: a cluster allocates the id elsewhere (its metadata store)."""
         reason = invalid_topic_name(name)
         if reason is not None:
             raise TopicError("invalid", reason)
@@ -208,7 +226,7 @@ class TopicRegistry:
         d = self.defaults
         topic = Topic(
             name=name,
-            topic_id=self.next_topic_id,
+            topic_id=topic_id,
             partitions=partitions,
             retention_ms=_setting("retention_ms", retention_ms, d.retention_ms),
             retention_bytes=_setting("retention_bytes", retention_bytes, d.retention_bytes),
@@ -224,11 +242,21 @@ class TopicRegistry:
         reason = topic.log_config().invalid()
         if reason is not None:
             raise TopicError("config", reason)
-        self.next_topic_id += 1
-        self.by_name[name] = topic
-        self.by_id[topic.topic_id] = topic
-        self._save()
         return topic
+
+    def mirror(self, topics: list[Topic]) -> bool:
+        """Make the registry hold exactly `topics` (a cluster node copying its metadata store's
+        topics for its workers, which read this file as they always do). Call holding `locked()`.
+        Returns whether anything changed; ids keep growing past every id seen."""
+        self.load()
+        by_id = {t.topic_id: t for t in topics}
+        if by_id == self.by_id:
+            return False
+        self.by_id = by_id
+        self.by_name = {t.name: t for t in topics}
+        self.next_topic_id = max([self.next_topic_id, *(t.topic_id + 1 for t in topics)])
+        self._save()
+        return True
 
     def partition_count(self) -> int:
         """Partitions of every topic in the registry (as last loaded)."""

@@ -1,0 +1,112 @@
+"""The cluster's records in the metadata store: where each one lives and how it is spelled.
+
+Rules this module keeps:
+- Every key of a cluster sits under `/ringlog/<cluster name>/`, so several clusters can share
+  one etcd and a prefix watch sees everything of one cluster in revision order.
+- Values are JSON objects; a reader ignores fields it does not know (a newer node may add some).
+- `nodes/<id>` is a node's lasting description (addresses, cores, weight, rack): it outlives the
+  node's session, so a replica on a node that is down still has a name and a core. `live/<id>`
+  is the node's presence: written with the node's lease, it disappears when the lease lapses,
+  which is the one definition of a node's death the controller acts on.
+- `partitions/<topic id>/<p>` is a partition's replicas, leader, leader epoch and in-sync set;
+  it is only ever written in a transaction that compares its mod revision with the one the
+  writer read (fencing: of two controllers, or a controller and a leader, one loses).
+- `topics/<name>` holds the topic's id and settings; `topic-id` is the last id handed out (ids
+  only grow, never reused, as on one node).
+- Fixed-width numbers in keys, so that a range read returns partitions in order.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from broker.core.cluster_view import NodeAddress
+from broker.core.topics import Topic
+
+
+class Keys:
+    """The keys of one cluster's records."""
+
+    def __init__(self, cluster: str) -> None:
+        self.prefix = f"/ringlog/{cluster}/"
+        self.nodes = self.prefix + "nodes/"
+        self.live = self.prefix + "live/"
+        self.topics = self.prefix + "topics/"
+        self.partitions = self.prefix + "partitions/"
+        self.controller = self.prefix + "controller"
+        self.topic_id = self.prefix + "topic-id"
+        self.producer_ids = self.prefix + "producer-ids"
+
+    def node(self, node_id: int) -> str:
+        return f"{self.nodes}{node_id:010d}"
+
+    def live_node(self, node_id: int) -> str:
+        return f"{self.live}{node_id:010d}"
+
+    def topic(self, name: str) -> str:
+        return self.topics + name
+
+    def partition(self, topic_id: int, partition: int) -> str:
+        return f"{self.partitions}{topic_id:010d}/{partition:06d}"
+
+    def topic_partitions(self, topic_id: int) -> str:
+        return f"{self.partitions}{topic_id:010d}/"
+
+    @staticmethod
+    def parse_partition(rest: str) -> tuple[int, int]:
+        """(topic id, partition) from what follows the partitions prefix."""
+        tid, p = rest.split("/")
+        return int(tid), int(p)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRecord:
+    """A node as the cluster knows it (its `nodes/<id>` record)."""
+
+    node_id: int
+    host: str
+    port: int
+    core_ports: tuple[int, ...]
+    membership_port: int = 0
+    weight: int = 100
+    rack: str = ""
+
+    def address(self) -> NodeAddress:
+        return NodeAddress(self.node_id, self.host, self.port, self.core_ports, self.rack)
+
+    def encode(self) -> str:
+        return json.dumps({**asdict(self), "core_ports": list(self.core_ports)}, separators=(",", ":"))
+
+    @classmethod
+    def decode(cls, value: str | bytes) -> NodeRecord:
+        d = json.loads(value)
+        return cls(
+            node_id=int(d["node_id"]),
+            host=d["host"],
+            port=int(d["port"]),
+            core_ports=tuple(int(x) for x in d["core_ports"]),
+            membership_port=int(d.get("membership_port", 0)),
+            weight=int(d.get("weight", 100)),
+            rack=d.get("rack", ""),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class TopicRecord:
+    """A topic as the cluster knows it: the settings every node's registry copies, and how many
+    replicas each partition has."""
+
+    topic: Topic
+    replication: int
+
+    def encode(self) -> str:
+        return json.dumps({**asdict(self.topic), "replication": self.replication}, separators=(",", ":"))
+
+    @classmethod
+    def decode(cls, value: str | bytes) -> TopicRecord:
+        d: dict[str, Any] = json.loads(value)
+        replication = int(d.pop("replication", 1))
+        known = set(Topic.__dataclass_fields__)
+        return cls(Topic(**{k: v for k, v in d.items() if k in known}), replication)
