@@ -1,0 +1,68 @@
+"""How the store's records become the view a node's workers act on (no etcd: the rules only)."""
+
+from __future__ import annotations
+
+import json
+
+from broker.cluster.mirror import Mirror
+from broker.cluster.records import Keys, NodeRecord, TopicRecord
+from broker.core.cluster_view import ClusterView, PartitionState, ViewFile, publish
+from broker.core.topics import Topic
+
+K = Keys("lab")
+
+
+def node(i: int) -> NodeRecord:
+    return NodeRecord(i, f"10.0.0.{i}", 9092, (9100, 9101), membership_port=9092, rack="r1")
+
+
+def test_records_become_the_view(tmp_path) -> None:
+    mirror = Mirror(K, node_id=2)
+    topic = Topic("t", 7, 2, None, None, 1 << 20, 1 << 20)
+    state = PartitionState((1, 2, 3), 1, 4, (1, 2))
+    mirror.load(
+        [
+            (K.node(1), node(1).encode().encode(), 3, 0),
+            (K.node(2), node(2).encode().encode(), 4, 0),
+            (K.live_node(1), b"{}", 5, 0x1234),
+            (K.topic("t"), TopicRecord(topic, 3).encode().encode(), 6, 0),
+            (K.partition(7, 0), json.dumps(state.to_json()).encode(), 7, 0),
+            (K.controller, b'{"node_id": 1}', 8, 0x1234),
+        ],
+        revision=9,
+    )
+    view = mirror.view()
+    assert view.generation == 9 and view.clustered and view.node_id == 2
+    assert view.live == {1}  # node 2 is known but has no presence key
+    assert view.nodes[1].core_port(1) == 9101 and view.nodes[2].host == "10.0.0.2"
+    assert view.state_of(7, 0) == state and view.state_of(7, 1) is None
+    assert view.controller == 1
+    assert mirror.topic_list() == [topic]
+    assert mirror.live[1] == 0x1234  # the lease the controller would revoke
+
+    # a watch event: the leader moves; a delete: node 1's presence lapses
+    moved = PartitionState((1, 2, 3), 2, 5, (2,))
+    assert mirror.apply(K.partition(7, 0), json.dumps(moved.to_json()).encode(), 12)
+    assert mirror.apply(K.live_node(1), None, 13)
+    assert not mirror.apply("/ringlog/lab/unknown", b"x", 14)
+    assert not mirror.apply(K.partition(7, 1), b"not json", 15)  # skipped, not fatal
+    view2 = mirror.view()
+    assert view2.generation == 15 and view2.live == frozenset() and view2.state_of(7, 0) == moved
+    assert mirror.partitions[(7, 0)].mod_revision == 12
+
+    # published to the workers, read back once, and only when newer
+    publish(str(tmp_path), view)
+    reader = ViewFile(str(tmp_path))
+    got = reader.poll()
+    assert got == view
+    assert reader.poll() is None
+    publish(str(tmp_path), view2)
+    assert reader.poll() == view2
+    publish(str(tmp_path), view)  # an older generation is never acted on
+    assert reader.poll() is None
+
+
+def test_single_node_view_is_not_clustered(tmp_path) -> None:
+    assert ViewFile(str(tmp_path)).poll() is None
+    single = ClusterView.single(0)
+    assert not single.clustered and single.state_of(1, 0) is None
