@@ -62,7 +62,11 @@ Target = Literal["value", "mod_revision", "create_revision", "version"]
 CompareOp = Literal["==", "!=", "<", ">"]
 
 CONNECT_TIMEOUT: Final = 0.5  # s: a live member on the LAN accepts in ms; a dead host never does
-REQUEST_TIMEOUT: Final = 2.0  # s: one attempt; covers an etcd leader election (1 s by default)
+# s: one attempt. A healthy member answers in milliseconds (a write is one fsync on a quorum); one
+# that does not answer in a second is most likely holding a request its raft leader lost (a dead
+# leader not yet noticed, an election under way) and answers only at its own timeout (5 s + two
+# election timeouts), so the next member is the better bet.
+REQUEST_TIMEOUT: Final = 1.0
 CALL_DEADLINE: Final = 5.0  # s: all attempts of one call, over every endpoint
 WATCH_IDLE_TIMEOUT: Final = 2.0  # s: a watch stream silent this long is reopened, on the next member
 RETRY_PAUSE: Final = (0.05, 0.5)  # s: pause after a round of failed endpoints, doubling, with jitter
@@ -213,6 +217,11 @@ class MetadataStore(Protocol):
     def get(self, key: Key) -> KeyValue | None: ...
 
     def get_prefix(self, prefix: Key) -> Range: ...
+
+    def read(self, key: Key, prefix: bool = False) -> Range:
+        """The key (or every key under the prefix) and the revision read at: watch from the
+        revision + 1 and no change is missed or seen twice."""
+        ...
 
     def put(self, key: Key, value: Value, lease: int = 0) -> int:
         """The revision of the write."""
@@ -438,13 +447,16 @@ class EtcdStore:
         raise AssertionError("unreachable")
 
     # ------------------------------------------------------------------------------------ kv
+    def read(self, key: Key, prefix: bool = False) -> Range:
+        resp = self._call("kv/range", _range_body(key, prefix))
+        return Range([_kv(kv) for kv in resp.get("kvs", [])], int(resp["header"]["revision"]))
+
     def get(self, key: Key) -> KeyValue | None:
-        kvs = self._call("kv/range", _range_body(key, False)).get("kvs", [])
-        return _kv(kvs[0]) if kvs else None
+        kvs = self.read(key).kvs
+        return kvs[0] if kvs else None
 
     def get_prefix(self, prefix: Key) -> Range:
-        resp = self._call("kv/range", _range_body(prefix, True))
-        return Range([_kv(kv) for kv in resp.get("kvs", [])], int(resp["header"]["revision"]))
+        return self.read(prefix, prefix=True)
 
     def put(self, key: Key, value: Value, lease: int = 0) -> int:
         body: dict[str, Any] = {"key": _b64(key), "value": _b64(value)}
