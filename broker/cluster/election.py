@@ -15,7 +15,7 @@ Rules this module keeps:
   lease cannot expire on etcd before `sent + TTL` (etcd's leader restarts the TTL when it
   processes the keepalive, which is after `sent`; a change of etcd leader only extends leases), and
   no one can create the key before it expired. The leader counts itself leader only until
-  `sent + STEP_DOWN_AT * TTL` (3/4 of the TTL): `is_leader()` reads the clock, so it turns false at
+  `sent + STEP_DOWN_AT * TTL` (3/4 of the TTL): `leading()` reads the clock, so it turns false at
   that instant even if no thread ran, and `on_lost` is called as soon as the keepalive thread sees
   it. The quarter TTL left covers clock rate differences and the leader's last act in flight; what
   a paused process might still send after it is refused by the fence.
@@ -107,7 +107,7 @@ class Election:
         self._closed = False
 
     # ----------------------------------------------------------------------------- leadership
-    def is_leader(self) -> bool:
+    def leading(self) -> bool:
         """Whether this node may act as leader now (false from the local deadline on, by the clock)."""
         return self._token is not None and time.monotonic() < self._valid_until
 
@@ -115,7 +115,7 @@ class Election:
     def token(self) -> int:
         """The fencing token of this node's term (raises NotLeader when it does not lead)."""
         token = self._token
-        if token is None or not self.is_leader():
+        if token is None or not self.leading():
             raise NotLeader(f"{self.node_id} does not lead {self.key}")
         return token
 
@@ -128,15 +128,18 @@ class Election:
         return _leader(self.store.get(self.key))
 
     # ----------------------------------------------------------------------------- campaign
-    def campaign(self, timeout: float | None = None) -> int:
-        """Block until this node leads; its fencing token. TimeoutError after `timeout` seconds
-        (the lease stays, kept alive, for the next call; resign() or close() drop it)."""
+    def campaign(self, timeout: float | None = None, stop: threading.Event | None = None) -> int | None:
+        """Block until this node leads: its fencing token; None once `stop` is set. TimeoutError
+        after `timeout` seconds (the lease stays, kept alive, for the next call; resign() or
+        close() drop it)."""
         end = None if timeout is None else time.monotonic() + timeout
         self._ensure_watch()
         while True:
             if self._closed:
                 raise NotLeader("election closed")
-            if self.is_leader():
+            if stop is not None and stop.is_set():
+                return None
+            if self.leading():
                 return self.token
             self._changed.clear()
             lease: Lease | None = None
@@ -162,7 +165,13 @@ class Election:
                 if left <= 0:
                     raise TimeoutError(f"{self.node_id} did not win {self.key} in {timeout} s")
                 wait = min(wait, left)
-            self._changed.wait(wait)
+            if stop is None:
+                self._changed.wait(wait)
+            else:  # woken by the key's watch, or within 0.1 s of `stop`
+                wake = time.monotonic() + wait
+                while not self._changed.wait(min(0.1, wake - time.monotonic())) and not stop.is_set():
+                    if time.monotonic() >= wake:
+                        break
 
     def _try(self, lease: Lease) -> int | None:
         """One campaign txn: our token if the key is (now) ours, else None."""

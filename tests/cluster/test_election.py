@@ -59,23 +59,28 @@ def test_two_contenders_one_wins_and_resign_hands_over_at_once(stores: list[Etcd
     seen: list[Leader | None] = []
     watch = b.observe(seen.append)
     token = a.campaign(timeout=5)
-    assert a.is_leader() and a.token == token
+    assert a.leading() and a.token == token
     with pytest.raises(TimeoutError):
         b.campaign(timeout=0.3)
-    assert not b.is_leader()
+    stop = threading.Event()
+    threading.Timer(0.2, stop.set).start()
+    t_stop = time.monotonic()
+    assert b.campaign(stop=stop) is None  # the agent's way out of a campaign: its stop event
+    assert time.monotonic() - t_stop < 0.2 + 0.15
+    assert not b.leading()
     with pytest.raises(NotLeader):
         b.fence()
     assert b.leader() == Leader("node-a", token, a._lease.id)
     time.sleep(1.5)  # past the TTL: keepalives hold the lead
-    assert a.is_leader() and a.leader().token == token
+    assert a.leading() and a.leader().token == token
 
     waiting = Campaigner(b)
     time.sleep(0.2)
     t0 = time.monotonic()
     a.resign()
-    assert not a.is_leader()
+    assert not a.leading()
     handover = waiting.join(3) - t0
-    assert b.is_leader() and b.token > token
+    assert b.leading() and b.token > token
     assert handover < 0.3, handover  # the watch wakes it: no TTL, no poll interval
     print(f"resign: handed over in {handover * 1000:.1f} ms")
     deadline = time.monotonic() + 3
@@ -97,7 +102,7 @@ def test_fencing_token_refuses_a_deposed_leaders_write(stores: list[EtcdStore]) 
     assert stores[0].txn([fence_a], [Put("/ringlog/t2/topics/x", "by a")]).succeeded
     stores[1].delete(key)  # an operator removes the key: a loses at once, b takes over
     b.campaign(timeout=3)
-    assert not a.is_leader()
+    assert not a.leading()
     assert not stores[0].txn([fence_a], [Put("/ringlog/t2/topics/x", "late write by a")]).succeeded
     assert stores[1].txn([b.fence()], [Put("/ringlog/t2/topics/x", "by b")]).succeeded
     assert stores[1].get("/ringlog/t2/topics/x").value == b"by b"
@@ -127,7 +132,7 @@ def test_cut_off_leader_steps_down_before_the_other_wins(etcd_cluster) -> None:
     assert lost_at[0] < won_at, (lost_at[0] - t0, won_at - t0)
     assert lost_at[0] - t0 <= 0.75 + 0.1  # STEP_DOWN_AT of the 1 s TTL after the last keepalive sent
     assert won_at - t0 <= 1 + 0.5 + 0.5  # TTL + etcd's 500 ms expiry sweep + margin
-    assert not a.is_leader() and b.is_leader() and b.token > token_a
+    assert not a.leading() and b.leading() and b.token > token_a
     assert not store_b.txn([fence_a], [Put("/ringlog/t3/x", "a, deposed")]).succeeded
     assert store_b.txn([b.fence()], [Put("/ringlog/t3/x", "b")]).succeeded
     print(f"cut off: a stepped down {lost_at[0] - t0:.3f} s, b won {won_at - t0:.3f} s after the freeze")
