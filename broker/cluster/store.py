@@ -389,6 +389,7 @@ class EtcdStore:
         self._current = 0  # the endpoint calls go to first; moved on by failures (races are benign)
         self._local = threading.local()  # one client (session) per thread and endpoint
         self._watches: set[_EtcdWatch] = set()
+        self._sessions: list[requests.Session] = []  # every thread's, closed by close()
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------------------------ calls
@@ -398,6 +399,8 @@ class EtcdStore:
             clients = self._local.clients = {}
         if i not in clients:
             clients[i] = _endpoint_client(self.endpoints[i], self.request_timeout)
+            with self._lock:
+                self._sessions.append(clients[i].session)
         return clients[i]
 
     def _attempt(self, i: int, path: str, body: dict[str, Any], read_timeout: float) -> dict[str, Any]:
@@ -551,10 +554,15 @@ class EtcdStore:
             self._watches.discard(w)
 
     def close(self) -> None:
+        """Cancel the watches and close the connections (calls made after this open new ones)."""
         with self._lock:
             watches = list(self._watches)
         for w in watches:
             w.cancel()
+        with self._lock:
+            sessions, self._sessions = self._sessions, []
+        for session in sessions:
+            session.close()
 
 
 class _EtcdWatch:

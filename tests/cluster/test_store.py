@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
-from etcdproc import EtcdCluster
+from etcdproc import EtcdCluster, free_port
 
 from broker.cluster.store import (
     Delete,
@@ -263,3 +263,7 @@ def test_a_txn_with_no_answer_is_uncertain_never_retried(etcd_cluster) -> None:
     assert store.get("/u/y").value == b"y"
     cluster.thaw(follower)
     store.close()
+    # a txn whose connection was refused never reached etcd: it goes to the next member
+    dead_first = EtcdStore([f"http://127.0.0.1:{free_port()}", *others])
+    assert dead_first.txn([absent("/u/z")], [Put("/u/z", "z")]).succeeded
+    dead_first.close()
