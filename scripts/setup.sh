@@ -30,8 +30,12 @@ fi
 # compiles BPF C against kernel headers, and this kernel ships none. iproute2: netns/veth tests.
 # bpftool: tests/bpf checks with it that nothing of ours stays in the kernel after a kill -9.
 # kcat: tests/kafka lists the broker with it, as a Kafka user would (librdkafka, Debian's build).
+# etcd-server, etcd-client: the cluster's metadata store (docs/CLUSTER.md); tests/cluster starts
+# real etcd members (/usr/bin/etcd) on free ports, etcdctl is for looking at a cluster by hand. On a
+# machine with systemd the package also enables etcd.service (one member on 127.0.0.1:2379); the
+# tests neither need nor disturb it.
 # A JRE only if no java is on the machine (PySpark needs one).
-PKGS=(liburing-dev python3-bpfcc linux-headers-amd64 iproute2 bpftool gcc kcat)
+PKGS=(liburing-dev python3-bpfcc linux-headers-amd64 iproute2 bpftool gcc kcat etcd-server etcd-client)
 command -v java >/dev/null 2>&1 || PKGS+=(default-jre-headless)
 missing=()
 for p in "${PKGS[@]}"; do
