@@ -1,0 +1,173 @@
+"""The cluster's writes made outside the controller: topics, and a leader's in-sync-set changes.
+
+Rules this module keeps:
+- Blocking calls on the store: a worker runs them on its `run_blocking` threads (its loop never
+  waits on etcd), the CLI and the agent call them directly.
+- Each write is one transaction that states what it read: a topic is created only if its name is
+  absent and the topic-id counter is where it was read (two creators never share an id); an
+  in-sync-set change only if the partition's record is at the revision it was read and the
+  proposer is its leader at the current epoch (`controller.change_isr`), so a deposed leader's
+  late proposal, or one racing the controller, changes nothing. A lost race is read again and
+  retried a few times; an uncertain outcome (`StoreUncertain`) is read back, not repeated blindly.
+- A topic is created in two steps: its record (with its id) in one transaction, then its
+  partitions' first states (placed over the live nodes) in transactions of at most `TXN_OPS`
+  keys (etcd's default cap is 128 operations per transaction). A creator that dies between the
+  steps leaves partitions without state; the controller writes them (`complete_topics`), so a
+  topic never stays half made.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from typing import Final
+
+from broker.cluster.controller import IsrRefused, assign, change_isr
+from broker.cluster.placement import Candidate
+from broker.cluster.records import Keys, NodeRecord, TopicRecord
+from broker.cluster.store import (
+    Delete,
+    MetadataStore,
+    Put,
+    StoreUncertain,
+    absent,
+    mod_revision_is,
+)
+from broker.core.cluster_view import PartitionState
+from broker.core.topics import Topic, TopicError, TopicRegistry
+
+log = logging.getLogger(__name__)
+
+TXN_OPS: Final = 100
+RACE_RETRIES: Final = 5
+
+
+class ClusterAdmin:
+    def __init__(self, store: MetadataStore, keys: Keys, default_replication: int = 3) -> None:
+        self.store = store
+        self.keys = keys
+        self.default_replication = default_replication
+
+    # ------------------------------------------------------------------------------- nodes
+
+    def live_candidates(self) -> list[Candidate]:
+        """The live nodes as placement sees them (weight and rack from their records)."""
+        live = {
+            int(kv.key.decode()[len(self.keys.live) :]) for kv in self.store.get_prefix(self.keys.live).kvs
+        }
+        candidates = []
+        for kv in self.store.get_prefix(self.keys.nodes).kvs:
+            rec = NodeRecord.decode(kv.value)
+            if rec.node_id in live:
+                candidates.append(Candidate(rec.node_id, rec.weight, rec.rack))
+        return candidates
+
+    # ------------------------------------------------------------------------------- topics
+
+    def create_topic(
+        self,
+        registry: TopicRegistry,
+        name: str,
+        partitions: int,
+        retention_ms: int = -1,
+        retention_bytes: int = -1,
+        segment_bytes: int = -1,
+        replication: int = -1,
+    ) -> Topic:
+        """Create the topic in the cluster; `registry` checks the name, limits and settings (as
+        on one node) and is not changed: the node's agent copies the new topic into it."""
+        replication = self.default_replication if replication == -1 else replication
+        nodes = self.live_candidates()
+        if replication < 1 or replication > len(nodes):
+            raise TopicError(
+                "config", f"replication factor {replication} needs as many live nodes; {len(nodes)} are live"
+            )
+        k = self.keys
+        for _ in range(RACE_RETRIES):
+            counter = self.store.get(k.topic_id)
+            last = int(counter.value) if counter is not None else 0
+            topic = registry.make(name, partitions, last + 1, retention_ms, retention_bytes, segment_bytes)
+            fence = mod_revision_is(k.topic_id, counter.mod_revision) if counter else absent(k.topic_id)
+            record = TopicRecord(topic, replication)
+            try:
+                result = self.store.txn(
+                    [absent(k.topic(name)), fence],
+                    [Put(k.topic_id, str(topic.topic_id)), Put(k.topic(name), record.encode())],
+                )
+            except StoreUncertain:
+                existing = self.store.get(k.topic(name))
+                if existing is None or TopicRecord.decode(existing.value).topic.topic_id != topic.topic_id:
+                    continue  # not ours (or not applied): try again
+                result = None
+            if result is not None and not result.succeeded:
+                if self.store.get(k.topic(name)) is not None:
+                    raise TopicError("exists", f"topic {name!r} already exists")
+                continue  # another topic took the id: read the counter again
+            self.write_partitions(topic, replication, nodes)
+            log.info(
+                "created topic %s (id %d, %d partitions, %d replicas)",
+                name,
+                topic.topic_id,
+                partitions,
+                replication,
+            )
+            return topic
+        raise TopicError("limit", f"topic {name!r}: too many concurrent topic creations, try again")
+
+    def write_partitions(self, topic: Topic, replication: int, nodes: Sequence[Candidate]) -> int:
+        """The first state of each partition of `topic` that has none yet. Returns how many written."""
+        k = self.keys
+        have = {
+            Keys.parse_partition(kv.key.decode()[len(k.partitions) :])[1]
+            for kv in self.store.get_prefix(k.topic_partitions(topic.topic_id)).kvs
+        }
+        states = assign(topic.topic_id, topic.partitions, replication, nodes)
+        todo = [(p, s) for p, s in enumerate(states) if p not in have]
+        for i in range(0, len(todo), TXN_OPS):
+            chunk = todo[i : i + TXN_OPS]
+            key = [k.partition(topic.topic_id, p) for p, _ in chunk]
+            self.store.txn(
+                [absent(x) for x in key],
+                [Put(x, json.dumps(s.to_json())) for x, (_, s) in zip(key, chunk, strict=True)],
+            )  # a lost race: someone else wrote them (the controller completing the topic)
+        return len(todo)
+
+    def delete_topic(self, name: str) -> Topic:
+        k = self.keys
+        kv = self.store.get(k.topic(name))
+        if kv is None:
+            raise TopicError("unknown", f"unknown topic {name!r}")
+        topic = TopicRecord.decode(kv.value).topic
+        self.store.txn(
+            [mod_revision_is(k.topic(name), kv.mod_revision)],
+            [Delete(k.topic(name)), Delete(k.topic_partitions(topic.topic_id), prefix=True)],
+        )
+        log.info("deleted topic %s (id %d)", name, topic.topic_id)
+        return topic
+
+    # ------------------------------------------------------------------------------- partitions
+
+    def alter_isr(
+        self, topic_id: int, partition: int, leader: int, leader_epoch: int, isr: Sequence[int]
+    ) -> PartitionState:
+        """Write the leader's new in-sync set; returns the partition's state after (raises
+        `IsrRefused` when the proposer is not the leader at that epoch any more)."""
+        key = self.keys.partition(topic_id, partition)
+        for _ in range(RACE_RETRIES):
+            kv = self.store.get(key)
+            if kv is None:
+                raise IsrRefused(f"partition {topic_id}/{partition} has no state")
+            state = PartitionState.from_json(json.loads(kv.value))
+            new = change_isr(state, leader, leader_epoch, isr)
+            if new == state:
+                return state
+            try:
+                result = self.store.txn(
+                    [mod_revision_is(key, kv.mod_revision)], [Put(key, json.dumps(new.to_json()))]
+                )
+            except StoreUncertain:
+                continue  # read it back: either ours is there (no change needed) or we retry
+            if result.succeeded:
+                return new
+        raise IsrRefused(f"partition {topic_id}/{partition}: the in-sync set kept changing under us")

@@ -1,0 +1,302 @@
+"""A node's part in the cluster, run by its supervisor: its session in the store, the copy of the
+cluster its workers act on, and the controller's work while this node holds that role.
+
+Rules this module keeps:
+- Three threads of the supervisor, each blocking only on the store (etcd, with bounded calls):
+  the session (the node's presence key on a lease, kept alive at a third of its TTL; a lapsed
+  lease means the cluster declared this node dead: it registers again at once, as a node coming
+  back), the mirror (a full read, then a prefix watch from the revision read, again from a full
+  read whenever the watch ends), and the controller (an election; while elected, reconcile).
+- Workers never talk to etcd for what they act on: the mirror publishes the view
+  (`<data_dir>/run/cluster.json`, broker/core/cluster_view.py) and copies the topics into the node's
+  topic registry (`topics.json`, which workers already follow). Publishing is coalesced: a burst
+  of events (a topic of many partitions) is one file write, within `PUBLISH_COALESCE_S`.
+- The controller changes partitions only through `controller.reconcile` (leaders from the
+  in-sync set, epochs, offline partitions) and writes each change fenced on the mod revision it
+  read; a lost race is left to the next pass, which reads the newer state. It also writes the
+  first states of a topic whose creator died half way (`ClusterAdmin.write_partitions`).
+- Membership (SWIM) is a signal: a node SWIM confirms dead has its lease revoked by the
+  controller, so its partitions fail over without waiting for its TTL. A false suspicion costs
+  a re-registration, never data: leaders still come only from in-sync replicas.
+- Stopping gracefully revokes this node's lease first, so the controller moves its leaderships
+  at once rather than after the TTL (Kafka's controlled shutdown, in one step).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+
+from broker.cluster.admin import ClusterAdmin
+from broker.cluster.controller import reconcile
+from broker.cluster.election import Election
+from broker.cluster.mirror import Mirror
+from broker.cluster.placement import Candidate
+from broker.cluster.records import Keys, NodeRecord
+from broker.cluster.store import (
+    EtcdStore,
+    Event,
+    LeaseNotFound,
+    MetadataStore,
+    Put,
+    StoreError,
+    mod_revision_is,
+)
+from broker.core.cluster_view import ClusterView, publish
+from broker.core.topics import TopicRegistry
+
+log = logging.getLogger(__name__)
+
+SESSION_TTL_S: Final = 2  # etcd keeps at least 1.5 election timeouts (1.5 s at its defaults)
+PUBLISH_COALESCE_S: Final = 0.01
+RECONCILE_EVERY_S: Final = 1.0  # besides every change: a controller that missed nothing redoes nothing
+RETRY_S: Final = 0.2
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConfig:
+    node: NodeRecord
+    endpoints: tuple[str, ...]
+    cluster: str = "ringlog"
+    session_ttl_s: int = SESSION_TTL_S
+    unclean_election: bool = False
+    default_replication: int = 3
+
+
+class ClusterAgent:
+    def __init__(
+        self,
+        config: AgentConfig,
+        run_dir: str,
+        registry: TopicRegistry,
+        store: MetadataStore | None = None,
+    ) -> None:
+        self.config = config
+        self.run_dir = run_dir
+        self.registry = registry
+        self.keys = Keys(config.cluster)
+        self.store = store if store is not None else EtcdStore(config.endpoints)
+        self.admin = ClusterAdmin(self.store, self.keys, config.default_replication)
+        self.mirror = Mirror(self.keys, config.node.node_id)
+        self._lock = threading.Lock()  # the mirror, between the watch thread and the others
+        self._changed = threading.Condition(self._lock)
+        self._dirty = False
+        self._stop = threading.Event()
+        self._loaded = threading.Event()
+        self._lease = 0
+        self._dead_signals: set[int] = set()
+        self._threads: list[threading.Thread] = []
+        self.election = Election(
+            self.store,
+            self.keys.controller,
+            json.dumps({"node_id": config.node.node_id}),
+            ttl=config.session_ttl_s,
+        )
+        self.on_view: Callable[[ClusterView], None] | None = None  # the supervisor's hook (tests)
+
+    # --------------------------------------------------------------------------- lifecycle
+
+    def start(self, timeout_s: float = 10.0) -> None:
+        """Register, load the cluster and publish it once before returning (workers start next
+        and must find the topics), then keep all of it up to date on threads."""
+        self._register()
+        for target, name in (
+            (self._session, "session"),
+            (self._watch, "mirror"),
+            (self._publisher, "publish"),
+        ):
+            self._spawn(target, name)
+        if not self._loaded.wait(timeout_s):
+            raise StoreError(f"could not read the cluster from {', '.join(self.config.endpoints)}")
+        self._spawn(self._control, "controller")
+
+    def _spawn(self, target: Callable[[], None], name: str) -> None:
+        t = threading.Thread(target=target, name=f"cluster-{name}", daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def stop(self) -> None:
+        """Leave: revoke the lease (this node's presence and its controller role go at once)."""
+        self._stop.set()
+        with self._changed:
+            self._changed.notify_all()
+        try:
+            self.election.resign()
+        except StoreError as exc:
+            log.warning("resigning the controller role: %s", exc)
+        if self._lease:
+            try:
+                self.store.lease_revoke(self._lease)
+            except StoreError as exc:
+                log.warning("leaving the cluster: %s (the lease lapses on its own)", exc)
+        for t in self._threads:
+            t.join(timeout=3.0)
+        self.store.close()
+
+    def member_dead(self, node_id: int) -> None:
+        """SWIM confirmed `node_id` dead (a signal; the controller acts on it, see the rules)."""
+        with self._changed:
+            self._dead_signals.add(node_id)
+            self._changed.notify_all()
+
+    def member_alive(self, node_id: int) -> None:
+        with self._changed:
+            self._dead_signals.discard(node_id)
+
+    # --------------------------------------------------------------------------- session
+
+    def _register(self) -> None:
+        k = self.keys
+        node = self.config.node
+        lease = self.store.lease_grant(self.config.session_ttl_s)
+        self.store.put(k.node(node.node_id), node.encode())
+        self.store.put(k.live_node(node.node_id), json.dumps({"since": time.time()}), lease=lease.id)
+        self._lease = lease.id
+        log.info("registered node %d in cluster %s (lease %x)", node.node_id, self.config.cluster, lease.id)
+
+    def _session(self) -> None:
+        interval = self.config.session_ttl_s / 3
+        while not self._stop.wait(interval):
+            try:
+                if not self._lease:
+                    self._register()
+                else:
+                    self.store.lease_keepalive(self._lease, deadline=interval)
+            except LeaseNotFound:
+                log.warning("this node's lease lapsed: the cluster took it for dead; registering again")
+                self._lease = 0
+            except StoreError as exc:
+                log.warning("keeping this node's session: %s", exc)
+
+    # --------------------------------------------------------------------------- mirror
+
+    def _watch(self) -> None:
+        while not self._stop.is_set():
+            ended = threading.Event()
+            try:
+                rng = self.store.get_prefix(self.keys.prefix)
+                with self._changed:
+                    self.mirror.load(
+                        [(kv.key.decode(), kv.value, kv.mod_revision, kv.lease) for kv in rng.kvs],
+                        rng.revision,
+                    )
+                    self._mark_dirty()
+                watch = self.store.watch_prefix(
+                    self.keys.prefix,
+                    rng.revision + 1,
+                    self._event,
+                    lambda exc, ended=ended: (log.warning("watch ended: %s", exc), ended.set()),
+                )
+            except StoreError as exc:
+                log.warning("reading the cluster: %s", exc)
+                self._stop.wait(RETRY_S)
+                continue
+            while not self._stop.is_set() and not ended.wait(0.2):
+                pass
+            watch.cancel()
+
+    def _event(self, event: Event) -> None:
+        kv = event.kv
+        with self._changed:
+            value = kv.value if event.type == "put" else None
+            if self.mirror.apply(kv.key.decode(), value, kv.mod_revision, kv.lease):
+                self._mark_dirty()
+
+    def _mark_dirty(self) -> None:  # holding the lock
+        self._dirty = True
+        self._changed.notify_all()
+
+    def _publisher(self) -> None:
+        published_topics: list[object] | None = None
+        while not self._stop.is_set():
+            with self._changed:
+                while not self._dirty and not self._stop.is_set():
+                    self._changed.wait(1.0)
+                if self._stop.is_set():
+                    return
+            time.sleep(PUBLISH_COALESCE_S)
+            with self._changed:
+                self._dirty = False
+                view = self.mirror.view()
+                topics = self.mirror.topic_list()
+            try:
+                if topics != published_topics:
+                    with self.registry.locked():
+                        self.registry.mirror(topics)
+                    published_topics = topics
+                publish(self.run_dir, view)
+            except OSError as exc:
+                log.error("publishing the cluster view: %s", exc)
+                with self._changed:
+                    self._dirty = True
+                self._stop.wait(RETRY_S)
+                continue
+            self._loaded.set()
+            if self.on_view is not None:
+                self.on_view(view)
+
+    # --------------------------------------------------------------------------- controller
+
+    def _control(self) -> None:
+        while not self._stop.is_set():
+            try:
+                if not self.election.campaign(stop=self._stop):
+                    continue
+                log.info("node %d is the controller", self.config.node.node_id)
+                while not self._stop.is_set() and self.election.leading():
+                    self._reconcile_all()
+                    with self._changed:
+                        self._changed.wait(RECONCILE_EVERY_S)
+            except StoreError as exc:
+                log.warning("controller: %s", exc)
+                self._stop.wait(RETRY_S)
+
+    def _reconcile_all(self) -> None:
+        with self._changed:
+            live = set(self.mirror.live) & set(self.mirror.nodes)
+            leases = dict(self.mirror.live)
+            dead = set(self._dead_signals)
+            partitions = dict(self.mirror.partitions)
+            topics = list(self.mirror.topics.values())
+            candidates = [
+                Candidate(n.node_id, n.weight, n.rack) for i, n in self.mirror.nodes.items() if i in live
+            ]
+        for node in dead & set(leases):
+            if node != self.config.node.node_id:
+                log.warning("membership confirms node %d dead: revoking its session", node)
+                self.store.lease_revoke(leases[node])
+                live.discard(node)
+        with self._changed:
+            self._dead_signals -= dead
+        k = self.keys
+        for record in topics:
+            t = record.topic
+            if (
+                any((t.topic_id, p) not in partitions for p in range(t.partitions))
+                and len(candidates) >= record.replication
+            ):
+                self.admin.write_partitions(t, record.replication, candidates)
+        for (tid, p), versioned in partitions.items():
+            new = reconcile(versioned.state, live, unclean=self.config.unclean_election)
+            if new is None:
+                continue
+            key = k.partition(tid, p)
+            result = self.store.txn(
+                [mod_revision_is(key, versioned.mod_revision)], [Put(key, json.dumps(new.to_json()))]
+            )
+            if result.succeeded:
+                old = versioned.state
+                log.info(
+                    "partition %d/%d: leader %d -> %d (epoch %d), in sync %s",
+                    tid,
+                    p,
+                    old.leader,
+                    new.leader,
+                    new.leader_epoch,
+                    list(new.isr),
+                )

@@ -1,0 +1,125 @@
+"""The control plane end to end on a real etcd, without brokers: three nodes' agents register,
+elect one controller, create a topic whose partitions are placed over them, publish the view each
+node's workers read, and fail partitions over when a node's session lapses or SWIM says it died."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from broker.cluster.agent import AgentConfig, ClusterAgent
+from broker.cluster.records import NodeRecord
+from broker.core.cluster_view import NO_LEADER, ClusterView, ViewFile
+from broker.core.topics import TopicError, TopicRegistry
+from broker.storage.log import LogConfig
+
+_names = itertools.count()
+
+
+def wait_for(what: Callable[[], object], timeout: float = 10.0, step: float = 0.02) -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = what()
+        if got:
+            return got
+        time.sleep(step)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class Node:
+    def __init__(self, root: Path, node_id: int, endpoints: list[str], cluster: str) -> None:
+        self.dir = root / f"node{node_id}"
+        (self.dir / "run").mkdir(parents=True)
+        self.registry = TopicRegistry(str(self.dir), LogConfig())
+        record = NodeRecord(node_id, "127.0.0.1", 9000 + node_id, (9100 + node_id,), rack="")
+        self.agent = ClusterAgent(
+            AgentConfig(record, tuple(endpoints), cluster, session_ttl_s=1),
+            str(self.dir / "run"),
+            self.registry,
+        )
+        self.views = ViewFile(str(self.dir / "run"))
+        self.view: ClusterView | None = None
+
+    def latest(self) -> ClusterView | None:
+        v = self.views.poll()
+        if v is not None:
+            self.view = v
+        return self.view
+
+
+@pytest.fixture
+def nodes(etcd, tmp_path: Path) -> Iterator[list[Node]]:
+    cluster = f"agent{next(_names)}"
+    made = [Node(tmp_path, i, etcd.endpoints, cluster) for i in (1, 2, 3)]
+    for n in made:
+        n.agent.start()
+    try:
+        yield made
+    finally:
+        for n in made:
+            n.agent.stop()
+
+
+def test_three_nodes_place_a_topic_and_fail_over(nodes: list[Node]) -> None:
+    a, b, c = nodes
+    wait_for(lambda: all((n.latest() or ClusterView.single()).live == {1, 2, 3} for n in nodes))
+    controller = wait_for(lambda: a.latest() and a.view.controller != NO_LEADER and a.view.controller)
+    assert all(n.latest().controller == controller for n in nodes)
+
+    topic = a.agent.admin.create_topic(a.registry, "orders", 6, replication=3)
+    with pytest.raises(TopicError, match="already exists"):
+        b.agent.admin.create_topic(b.registry, "orders", 6, replication=3)
+    with pytest.raises(TopicError, match="replication factor 4"):
+        b.agent.admin.create_topic(b.registry, "big", 1, replication=4)
+
+    def placed(n: Node) -> bool:
+        v = n.latest()
+        return v is not None and all(v.state_of(topic.topic_id, p) for p in range(6))
+
+    wait_for(lambda: all(placed(n) for n in nodes))
+    view = c.latest()
+    leaders = {view.state_of(topic.topic_id, p).leader for p in range(6)}
+    assert leaders <= {1, 2, 3}
+    for p in range(6):
+        s = view.state_of(topic.topic_id, p)
+        assert sorted(s.replicas) == [1, 2, 3] and s.isr == s.replicas and s.leader_epoch == 0
+    # every node's registry copies the topic, under the cluster's id
+    wait_for(lambda: all((n.registry.refresh() or True) and "orders" in n.registry.by_name for n in nodes))
+    assert {n.registry.by_name["orders"].topic_id for n in nodes} == {topic.topic_id}
+
+    # node 3's session lapses (its agent stops renewing without leaving): after the TTL its
+    # partitions are led by others, from the in-sync set, one epoch later
+    led_by_3 = [p for p in range(6) if view.state_of(topic.topic_id, p).leader == 3]
+    c.agent._stop.set()
+    t0 = time.monotonic()
+
+    def failed_over() -> bool:
+        v = a.latest()
+        return (
+            v is not None
+            and 3 not in v.live
+            and all(
+                v.state_of(topic.topic_id, p).leader in (1, 2) and 3 not in v.state_of(topic.topic_id, p).isr
+                for p in range(6)
+            )
+        )
+
+    wait_for(failed_over, timeout=10)
+    took = time.monotonic() - t0
+    v = a.latest()
+    for p in led_by_3:
+        assert v.state_of(topic.topic_id, p).leader_epoch == 1
+    assert took < 5, took
+
+
+def test_membership_signal_revokes_a_dead_nodes_session(nodes: list[Node]) -> None:
+    a, b, c = nodes
+    wait_for(lambda: all((n.latest() or ClusterView.single()).live == {1, 2, 3} for n in nodes))
+    c.agent._stop.set()
+    for n in (a, b):
+        n.agent.member_dead(3)  # SWIM confirmed it: the controller revokes the lease at once
+    wait_for(lambda: 3 not in a.latest().live, timeout=3)
