@@ -103,7 +103,8 @@ class PeerTimeout(PeerLinkError):
 
 
 class PeerLink:
-    """One connection to a peer core, sans-I/O: assigns correlation ids, matches answers.
+    """One connection to a peer core (or to another broker's core: broker/core/remote.py),
+    sans-I/O: assigns correlation ids, matches answers.
 
     Owned by the forwarding core's event-loop thread; the backend owns the socket.
     """

@@ -150,7 +150,8 @@ class RemoteLinks:
     ) -> None:
         """Send `frame` (a request; its correlation id is the link's to choose) to the core at
         `address`; `done` gets the answer or an exception by `deadline` (a `clock` reading) at the
-        latest. Raises ValueError for a host that is not an IP address."""
+        latest (a long poll's deadline leaves it its max_wait, plus the time to answer). Raises
+        ValueError for a host that is not an IP address."""
         if self._stopping():
             done(PeerLinkError("shutting down"))
             return
