@@ -206,6 +206,26 @@ def test_a_refused_connection_fails_promptly_and_backs_off(core: LocalCore) -> N
     assert REMOTE_RETRY_S_MIN * 0.9 <= answers.results["again"][1] - retried < 1.0
 
 
+def test_a_connect_that_gets_no_answer_fails_at_the_connect_timeout(
+    core: LocalCore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A listener whose accept queue is full drops SYNs: the connect hangs, as to a vanished host.
+    # The timeout is the backend's constant, shortened here to keep the test quick.
+    module = "broker.backends.uring" if core.backend == "io_uring" else "broker.backends.aio"
+    monkeypatch.setattr(f"{module}.REMOTE_CONNECT_TIMEOUT_S", 0.2)
+    with socket.socket() as listener, socket.socket() as filler:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        filler.connect(listener.getsockname())  # the one connection the queue holds
+        answers = Answers()
+        start = time.monotonic()
+        core.request(listener.getsockname(), frame_of(m.MetadataRequest()), start + 5, answers.done("hung"))
+        core.run_until(answers.has("hung"), 2)
+        assert isinstance(answers.error("hung"), PeerLinkError)
+        assert "within 0.2 s" in str(answers.error("hung"))
+        assert 0.18 <= answers.results["hung"][1] - start < 1.0
+
+
 def test_a_remote_killed_mid_request_fails_it_promptly_and_the_link_comes_back_after_restart(
     core: LocalCore, tmp_path: Path
 ) -> None:
