@@ -85,6 +85,9 @@ int rl_prep_link_timeout(struct io_uring *ring, struct __kernel_timespec *ts, lo
 int rl_prep_cancel(struct io_uring *ring, uint64_t target, uint64_t ud, int link);
 int rl_prep_cancel_all(struct io_uring *ring, uint64_t ud);
 int rl_prep_close(struct io_uring *ring, int fd, uint64_t ud, int link);
+size_t rl_sockaddr_bytes(void);
+int rl_prep_connect(struct io_uring *ring, int fd, void *mem, int family, const unsigned char *addr,
+                    unsigned port, unsigned flowinfo, unsigned scope_id, uint64_t ud, int link);
 
 struct rl_bufring *rl_bufring_new(struct io_uring *ring, unsigned bgid, unsigned count,
                                   unsigned size, int *err);
@@ -98,6 +101,8 @@ SOURCE = r"""
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -360,6 +365,39 @@ int rl_prep_close(struct io_uring *ring, int fd, uint64_t ud, int link)
 {
     RL_GET(ring, link);
     io_uring_prep_close(sqe, fd);
+    RL_FINISH(sqe, ud, link);
+    return 0;
+}
+
+/* connect(2) to an IPv4 (addr: 4 bytes) or IPv6 (16 bytes) address: the sockaddr is written into
+   `mem` (rl_sockaddr_bytes() long, the caller's, kept until the final CQE), so its layout is the C
+   compiler's, not ours. -EAFNOSUPPORT for another family. */
+size_t rl_sockaddr_bytes(void) { return sizeof(struct sockaddr_storage); }
+
+int rl_prep_connect(struct io_uring *ring, int fd, void *mem, int family, const unsigned char *addr,
+                    unsigned port, unsigned flowinfo, unsigned scope_id, uint64_t ud, int link)
+{
+    socklen_t len;
+    memset(mem, 0, sizeof(struct sockaddr_storage));
+    if (family == AF_INET) {
+        struct sockaddr_in *sin = (struct sockaddr_in *)mem;
+        sin->sin_family = AF_INET;
+        sin->sin_port = htons((uint16_t)port);
+        memcpy(&sin->sin_addr, addr, 4);
+        len = sizeof(*sin);
+    } else if (family == AF_INET6) {
+        struct sockaddr_in6 *sin6 = (struct sockaddr_in6 *)mem;
+        sin6->sin6_family = AF_INET6;
+        sin6->sin6_port = htons((uint16_t)port);
+        sin6->sin6_flowinfo = htonl(flowinfo);
+        memcpy(&sin6->sin6_addr, addr, 16);
+        sin6->sin6_scope_id = scope_id;
+        len = sizeof(*sin6);
+    } else {
+        return -EAFNOSUPPORT;
+    }
+    RL_GET(ring, link);
+    io_uring_prep_connect(sqe, fd, (struct sockaddr *)mem, len);
     RL_FINISH(sqe, ud, link);
     return 0;
 }

@@ -23,6 +23,7 @@ from __future__ import annotations
 import errno
 import os
 import resource
+import socket
 import time
 from collections.abc import Sequence
 from types import TracebackType
@@ -92,6 +93,8 @@ _prep_timeout = lib.rl_prep_timeout
 _prep_link_timeout = lib.rl_prep_link_timeout
 _prep_cancel = lib.rl_prep_cancel
 _prep_close = lib.rl_prep_close
+_prep_connect = lib.rl_prep_connect
+_SOCKADDR_BYTES: int = lib.rl_sockaddr_bytes()
 _msg_bytes = lib.rl_msg_bytes
 _iov_bytes = lib.rl_iov_bytes
 _reap = lib.rl_reap
@@ -367,6 +370,40 @@ class Ring:
         if rc:
             _raise(rc, "prep_close")
         self._refs[user_data] = None
+
+    def prep_connect(
+        self,
+        fd: int,
+        address: tuple[str, int] | tuple[str, int, int, int],
+        user_data: int,
+        *,
+        link: bool = False,
+    ) -> None:
+        """connect(fd, address) for a TCP socket: `address` as the socket module has it, (host,
+        port) for IPv4 or (host, port[, flowinfo, scope_id]) for IPv6, the host an IP literal (no
+        name lookup: that would block). res 0 once connected, or -errno (-ECONNREFUSED, ...).
+        A non-blocking socket is fine: the kernel waits for the handshake, not the caller.
+        Raises ValueError for a host that is not an IP address of either family."""
+        refs = self._refs
+        assert user_data not in refs, f"user_data {user_data} already in flight"
+        host, port = address[0], address[1]
+        flowinfo = scope_id = 0
+        try:
+            family, packed = socket.AF_INET, socket.inet_pton(socket.AF_INET, host)
+        except OSError:
+            try:
+                family, packed = socket.AF_INET6, socket.inet_pton(socket.AF_INET6, host)
+            except OSError:
+                raise ValueError(f"not an IPv4 or IPv6 address: {host!r}") from None
+            if len(address) == 4:
+                flowinfo, scope_id = address[2], address[3]  # type: ignore[misc]
+        if not 0 <= port <= 0xFFFF:
+            raise ValueError(f"not a port: {port}")
+        mem = _new("char[]", _SOCKADDR_BYTES)  # the kernel reads it when the connect runs
+        rc = _prep_connect(self._ring, fd, mem, family, packed, port, flowinfo, scope_id, user_data, link)
+        if rc:
+            _raise(rc, "prep_connect")
+        refs[user_data] = mem
 
     # --- submit and reap -------------------------------------------------------------------------
 

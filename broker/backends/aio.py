@@ -17,7 +17,8 @@ Rules this module keeps:
   alike; the one difference is that frames arriving on an AF_UNIX listener come from another core
   (`from_peer`: forwarded requests and topic notices).
 - Forwarding: this module only opens inter-core connections and moves their bytes; which
-  connection carries a forward is broker/core/forwarding.py's `PeerPool`.
+  connection carries a forward is broker/core/forwarding.py's `PeerPool`. Likewise for TCP links
+  to other brokers' cores (`open_remote`) and broker/core/remote.py's `RemoteLinks`.
 
 The backend contract (broker/backends/uring.py keeps it too; its primitives: shared.py's rules):
     Server(config, listeners)                  # pre-made listening sockets, inherited from the supervisor
@@ -27,6 +28,7 @@ The backend contract (broker/backends/uring.py keeps it too; its primitives: sha
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import signal
 import socket
@@ -36,6 +38,8 @@ from typing import cast
 
 from broker.backends.shared import BackendCore, PeerStream, ServedConnection, tune_malloc
 from broker.core.config import BrokerConfig
+from broker.core.limits import REMOTE_CONNECT_TIMEOUT_S
+from broker.core.remote import address_label
 from broker.storage.fileio import Op, SyncFileIO, run_ops
 from broker.storage.segment import Extent
 
@@ -113,10 +117,11 @@ class Connection(ServedConnection, asyncio.Protocol):
 
 
 class PeerConnection(PeerStream, asyncio.Protocol):
-    """This core's end of one inter-core connection, on an asyncio transport."""
+    """This core's end of one inter-core connection, or (`open_remote`, core -1) of a TCP link to
+    another broker's core, on an asyncio transport."""
 
-    def __init__(self, server: Server, core: int, long_poll: bool) -> None:
-        super().__init__(server, core, long_poll)
+    def __init__(self, server: Server, core: int, long_poll: bool, peer: str | None = None) -> None:
+        super().__init__(server, core, long_poll, peer)
         self.transport: asyncio.Transport | None = None
         self._unsent: list[bytes] = []  # written before the connection is made
 
@@ -225,6 +230,37 @@ class Server(BackendCore):
             except OSError as exc:
                 sock.close()
                 log.warning("cannot reach core %d: %s", core, exc)
+                pc.close(exc)
+
+        task = loop.create_task(connect())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return pc
+
+    def open_remote(self, host: str, port: int, long_poll: bool) -> PeerConnection:
+        """A TCP link to another broker's core: `loop.sock_connect` in a task, bounded by
+        `REMOTE_CONNECT_TIMEOUT_S`; what is sent meanwhile waits in the `PeerConnection`."""
+        loop = asyncio.get_running_loop()
+        pc = PeerConnection(self, -1, long_poll, address_label(host, port))
+
+        async def connect() -> None:
+            sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                sock.setblocking(False)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                try:
+                    await asyncio.wait_for(loop.sock_connect(sock, (host, port)), REMOTE_CONNECT_TIMEOUT_S)
+                except TimeoutError:
+                    raise TimeoutError(
+                        errno.ETIMEDOUT,
+                        f"no connection to {pc.link.peer} within {REMOTE_CONNECT_TIMEOUT_S:g} s",
+                    ) from None
+                if pc.link.closed:  # given up on while it connected
+                    sock.close()
+                    return
+                await loop.create_connection(lambda: pc, sock=sock)
+            except OSError as exc:
+                sock.close()
                 pc.close(exc)
 
         task = loop.create_task(connect())

@@ -11,7 +11,8 @@ Rules this module keeps:
 - The backend contract. A backend's core subclass calls `open_core()` once its loop works, and
   provides `call_later`, `call_soon`, `end_of_turn`, `run_ops` (storage operations, fileio.py's
   meaning; `run_append` too if it gathers appends), `read` (an extent), `open_peer`,
-  `stop_accepting` and, if it has any, `io_pending` and `after_sweep`. It serves its listeners,
+  `open_remote` (a TCP link to another broker's core: broker/core/remote.py), `stop_accepting`
+  and, if it has any, `io_pending` and `after_sweep`. It serves its listeners,
   calls `accepted(conn)` for each new connection, `started(...)` once all listen,
   `request_stop()` on SIGTERM/SIGINT, then runs the steps of `shutdown()`. Its connection class
   (a `ServedConnection`) provides `write`, `unsent`, `reading_changed`, `abort`, `close` and
@@ -92,6 +93,7 @@ from broker.core.outcomes import (
     Wait,
 )
 from broker.core.partition import Partition
+from broker.core.remote import RemoteLinks
 from broker.kafka.adapter import KafkaAdapter
 from broker.kafka.codec import KafkaFrameDecoder, KafkaRequest, starts_like_kafka
 from ringlog_proto.batch import now_ms
@@ -483,20 +485,25 @@ class ServedConnection:
 
 
 class PeerStream:
-    """This core's end of one inter-core connection: moves bytes for a `PeerLink` (a `PeerChannel`
-    of broker/core/forwarding.py). The backend's subclass writes, reads into `received` and calls
-    `gone` once when the connection closes."""
+    """This core's end of one link carrying our requests to another core: an inter-core connection
+    (a `PeerChannel` of broker/core/forwarding.py, `open_peer`) or a TCP link to another broker's
+    core (a `RemoteChannel` of broker/core/remote.py, `open_remote`; `core` is -1). It moves bytes
+    for a `PeerLink`: the backend's subclass writes (queuing what is written before the connection
+    is up), reads into `received` and calls `gone` when the connection closes or fails to open."""
 
     if TYPE_CHECKING:
 
         def write(self, buffers: list[bytes]) -> None: ...
         def close(self) -> None: ...
 
-    def __init__(self, server: BackendCore, core: int, long_poll: bool) -> None:
+    def __init__(self, server: BackendCore, core: int, long_poll: bool, peer: str | None = None) -> None:
         self.server = server
         self.core = core
         self.long_poll = long_poll
-        self.link = PeerLink(core)
+        self.link = PeerLink(core, peer)
+        # Told first when the link goes (a remote link's `RemoteLinks`); None: the inter-core pool.
+        self.on_gone: Callable[[BaseException | None], None] | None = None
+        self._gone = False
 
     def send(self, frame: Frame, done: Done | None, deadline: float = NO_DEADLINE) -> None:
         self.write(self.link.request(frame, done, deadline))
@@ -505,11 +512,18 @@ class PeerStream:
         try:
             self.link.receive(data)  # type: ignore[arg-type]
         except ProtocolError as exc:
-            log.error("core %d sent bytes that are not frames (%s): dropping the connection", self.core, exc)
+            log.error("%s sent bytes that are not frames (%s): dropping the connection", self.link.peer, exc)
             self.close()
 
     def gone(self, exc: BaseException | None = None) -> None:
-        self.server.peers.gone(self)
+        """Once: the owner forgets this link, then everything pending on it fails."""
+        if self._gone:
+            return
+        self._gone = True
+        if self.on_gone is None:
+            self.server.peers.gone(self)
+        else:
+            self.on_gone(exc)
         self.link.lost(exc)
 
 
@@ -554,6 +568,7 @@ class BackendCore:
     kafka: KafkaAdapter
     forwarder: Forwarder
     peers: PeerPool
+    remote_links: RemoteLinks
 
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
@@ -586,6 +601,8 @@ class BackendCore:
         self.kafka = KafkaAdapter(self.handlers, config)
         self.peers = PeerPool.for_config(config, self.open_peer, self.stopping, self.call_later)
         self.forwarder = Forwarder(self.handlers, self.peers.send_to_core, self.call_later)
+        self.remote_links = RemoteLinks(self.open_remote, self.call_later, self.stopping)
+        self.handlers.remote_links = self.remote_links
         self.handlers.gauges = {
             "inflight_requests": lambda: sum(len(c.slots) for c in self.connections if not c.from_peer),
             "pending_forwards": lambda: self.forwarder.pending,
@@ -628,6 +645,14 @@ class BackendCore:
 
     def open_peer(self, core: int, long_poll: bool) -> PeerStream | None:
         """Start connecting to peer core `core` (None: cannot, the forward fails retriably)."""
+        raise NotImplementedError
+
+    def open_remote(self, host: str, port: int, long_poll: bool) -> PeerStream | None:
+        """Start connecting to another broker's core listening at `host` (an IP literal) and
+        `port` over TCP, without blocking the loop: TCP_NODELAY, failing after
+        `REMOTE_CONNECT_TIMEOUT_S` (broker/core/limits.py); None: cannot even start (no socket).
+        Core code does not call this but `remote_links` (broker/core/remote.py), which keeps one
+        link per (remote address, long_poll) and reconnects."""
         raise NotImplementedError
 
     def stop_accepting(self) -> None:
@@ -1062,6 +1087,7 @@ class BackendCore:
         for conn in list(self.connections):
             conn.close()
         self.peers.close_all()
+        self.remote_links.close_all()
         for _ in range(SHUTDOWN_SETTLE_POLLS):  # let the cancels and closes complete
             if self.io_pending() <= 0:
                 break

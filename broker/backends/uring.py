@@ -3,11 +3,12 @@
 Rules this module keeps:
 - Byte moving only. What requests, outcomes, budgets, group commit and shutdown mean is
   broker/backends/shared.py's `BackendCore`; this module supplies its primitives as ring
-  operations: accept (multishot), recv, sendmsg (vectored), close on the sockets, and the storage
-  operations through broker/storage/ring_ops.py (writev at an offset, fdatasync, read at an
-  offset). No blocking system call runs on the loop's hot path but small appends (below): cold
-  paths (opening a partition, recovery, creating a topic, retention) stay synchronous, as in the
-  uvloop backend, because they are rare and must finish before the request they serve.
+  operations: accept (multishot), connect (links to other brokers' cores), recv, sendmsg
+  (vectored), close on the sockets, and the storage operations through broker/storage/ring_ops.py
+  (writev at an offset, fdatasync, read at an offset). No blocking system call runs on the loop's
+  hot path but small appends (below): cold paths (opening a partition, recovery, creating a
+  topic, retention) stay synchronous, as in the uvloop backend, because they are rare and must
+  finish before the request they serve.
 - The loop (broker/backends/uring_loop.py) runs continuations only after reaping a batch, then
   timers, then callbacks; the end of a pass submits the store writes gathered in it (one writev
   for the back-to-back appends of a partition) and starts the shared group commit. With
@@ -40,6 +41,7 @@ from broker.backends.shared import BackendCore, PeerStream, ServedConnection, tu
 from broker.backends.uring_loop import Loop, Timer
 from broker.backends.uring_options import UringOptions
 from broker.core.config import BrokerConfig
+from broker.core.limits import REMOTE_CONNECT_TIMEOUT_S
 from broker.core.partition import Partition
 from broker.storage.fileio import Op, SyncFileIO, Write, remaining_buffers, run_ops
 from broker.storage.ring_ops import RingOps
@@ -230,6 +232,76 @@ class Connection(ServedConnection, _Stream):
         return self.fd
 
 
+class RemoteConnection(PeerStream, _Stream):
+    """This core's end of a TCP link to another broker's core (broker/core/remote.py), on the
+    ring: a connect SQE with a linked timeout (`REMOTE_CONNECT_TIMEOUT_S`), then the same recv and
+    sendmsg as any stream. What is written before the connect completes waits here."""
+
+    def __init__(self, server: UringServer, fd: int, address: tuple[str, int], long_poll: bool) -> None:
+        host, port = address
+        PeerStream.__init__(
+            self, server, -1, long_poll, f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        )
+        _Stream.__init__(self, server, fd)
+        self.connected = False
+        self.connect_ud = 0  # the connect in flight, 0 if none
+        self.early: list[bytes] = []  # written before the connection was up
+        self.error: BaseException | None = None
+
+    def __str__(self) -> str:
+        return self.link.peer
+
+    def connect(self, address: tuple[str, int]) -> None:
+        """Raises ValueError (not an IP literal) or OSError (the ring refused the SQE)."""
+        ud = self.loop.op(self._connected)
+        self.ring.prep_connect(self.fd, address, ud, link=True)
+        self.connect_ud = ud
+        self.ring.prep_link_timeout(REMOTE_CONNECT_TIMEOUT_S, self.loop.op(_ignore))
+
+    def _connected(self, res: int, flags: int) -> None:
+        self.connect_ud = 0
+        if self.closed:
+            self._maybe_release()
+            return
+        if res < 0:
+            if res == -errno.ECANCELED:  # the linked timeout cancelled it
+                self.error = TimeoutError(
+                    errno.ETIMEDOUT, f"no connection to {self} within {REMOTE_CONNECT_TIMEOUT_S:g} s"
+                )
+            else:
+                self.error = OSError(-res, f"cannot connect to {self}: {os.strerror(-res)}")
+            self.close()
+            return
+        self.connected = True
+        early, self.early = self.early, []
+        _Stream.write(self, early)
+        self.arm_recv()
+
+    def write(self, buffers: Sequence[bytes | memoryview]) -> None:  # type: ignore[override]
+        if self.connected:
+            _Stream.write(self, buffers)
+        elif not self.closed:
+            self.early.extend(buffers)  # type: ignore[arg-type]
+
+    def paused(self) -> bool:
+        return not self.connected
+
+    def failed(self, res: int) -> None:
+        self.error = OSError(-res, os.strerror(-res)) if res < 0 else None  # None: closed by the remote
+
+    def closing(self) -> None:
+        self.gone(self.error)
+
+    def close(self) -> None:
+        if not self.closed and self.connect_ud:
+            self.ring.prep_cancel(self.connect_ud, self.loop.op(_ignore))
+        _Stream.close(self)
+
+    def _maybe_release(self) -> None:
+        if not self.connect_ud:  # the connect still references the fd
+            _Stream._maybe_release(self)
+
+
 class PeerConnection(PeerStream, _Stream):
     """This core's end of one inter-core connection, on the ring."""
 
@@ -385,6 +457,29 @@ class UringServer(BackendCore):
         pc = PeerConnection(self, sock.detach(), core, long_poll)
         pc.arm_recv()
         return pc
+
+    def open_remote(self, host: str, port: int, long_poll: bool) -> RemoteConnection | None:
+        """A TCP link to another broker's core: a connect SQE, never a blocking connect."""
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        try:
+            sock = socket.socket(family, socket.SOCK_STREAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC)
+        except OSError as exc:
+            log.warning("cannot open a socket to %s:%d: %s", host, port, exc)
+            return None
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            sock.close()
+            return None
+        rc = RemoteConnection(self, sock.detach(), (host, port), long_poll)
+        try:
+            rc.connect((host, port))
+        except (OSError, ValueError) as exc:
+            log.warning("cannot connect to %s: %s", rc, exc)
+            rc.closed = rc._fd_closed = True
+            os.close(rc.fd)
+            return None
+        return rc
 
     def _accept(self, listener: socket.socket) -> None:
         fd = listener.fileno()

@@ -103,15 +103,17 @@ class PeerTimeout(PeerLinkError):
 
 
 class PeerLink:
-    """One connection to a peer core, sans-I/O: assigns correlation ids, matches answers.
+    """One connection to a peer core (or to another broker's core: broker/core/remote.py),
+    sans-I/O: assigns correlation ids, matches answers.
 
     Owned by the forwarding core's event-loop thread; the backend owns the socket.
     """
 
-    __slots__ = ("_decoder", "_next_id", "_pending", "closed", "core")
+    __slots__ = ("_decoder", "_next_id", "_pending", "closed", "core", "peer")
 
-    def __init__(self, core: int) -> None:
-        self.core = core
+    def __init__(self, core: int, peer: str | None = None) -> None:
+        self.core = core  # -1 for a link to another broker (broker/core/remote.py)
+        self.peer = peer or f"core {core}"  # what messages call the other end
         self._decoder = FrameDecoder()
         self._pending: dict[int, tuple[Done, float]] = {}  # correlation id -> (done, deadline)
         self._next_id = 1
@@ -129,7 +131,7 @@ class PeerLink:
         """The bytes to write for `frame` (a fresh correlation id); `done` gets the answer, which
         is due by `deadline` (a `PeerPool` clock reading; see `overdue`)."""
         if self.closed:
-            raise PeerLinkError(f"the connection to core {self.core} is closed")
+            raise PeerLinkError(f"the connection to {self.peer} is closed")
         cid = self._next_id
         self._next_id = (cid + 1) & CORRELATION_MASK or 1
         if done is not None:
@@ -150,7 +152,7 @@ class PeerLink:
             entry = self._pending.pop(frame.correlation_id, None)
             if entry is None:
                 # An answer to a request sent with done=None: an acks=0 produce the owner refused.
-                log.debug("core %d answered request %d nobody waits for", self.core, frame.correlation_id)
+                log.debug("%s answered request %d nobody waits for", self.peer, frame.correlation_id)
                 continue
             entry[0](frame)
 
@@ -164,7 +166,7 @@ class PeerLink:
         if isinstance(exc, PeerLinkError):
             reason = exc
         else:
-            reason = PeerLinkError(f"connection to core {self.core} lost: {exc or 'closed by the peer'}")
+            reason = PeerLinkError(f"connection to {self.peer} lost: {exc or 'closed by the peer'}")
         for done, _ in pending.values():
             done(reason)
 

@@ -58,6 +58,7 @@ from broker.core.outcomes import Append, Durable, Forward, Later, Notify, Outcom
 from broker.core.partition import Partition, Stored
 from broker.core.producer_ids import FileBlockSource, ProducerIds
 from broker.core.producer_state import RetryInFlightError, SequenceError
+from broker.core.remote import RemoteLinks
 from broker.core.topics import Topic, TopicError, TopicRegistry
 from broker.core.views import MetadataView, NodeView, PartitionView, TopicView
 from broker.storage import layout
@@ -169,6 +170,9 @@ class Handlers:
         self.config = config
         self.metrics = metrics if metrics is not None else CoreMetrics(config.core_id, config.backend)
         self.gauges: dict[str, Callable[[], int]] = {}
+        # This core's TCP links to other brokers' cores (broker/core/remote.py), set by the backend
+        # that serves it: how replication reaches a leader's core. None without a backend (tests).
+        self.remote_links: RemoteLinks | None = None
         self.space = DiskSpace(config.data_dir, config.limits.min_free_bytes)  # broker/storage/diskspace.py
         os.makedirs(layout.topics_dir(config.data_dir), exist_ok=True)
         self.registry = TopicRegistry(

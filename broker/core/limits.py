@@ -20,6 +20,11 @@ from typing import Any
 # least) must hold a whole fetch answer, and a long poll is bounded so a lost client frees its slot.
 FETCH_MAX_BYTES_MAX = 4 * 1024 * 1024  # one fetch answer; below the 8 MiB frame limit with room
 FETCH_WAIT_MS_MAX = 60_000  # a long poll longer than a minute is a client bug, not a wish
+# A TCP link to another broker's core (broker/core/remote.py) that is not connected after this long
+# fails what it carries (done(exc)) and is retried after a back-off: a broker on the same network
+# answers a SYN in well under a millisecond, so 3 s is a host that is gone or a network that drops
+# packets (the kernel alone would retry SYNs for over two minutes).
+REMOTE_CONNECT_TIMEOUT_S = 3.0
 
 MiB = 1024 * 1024
 

@@ -327,6 +327,41 @@ def test_link_timeout_cancels_a_recv_that_gets_nothing(
     assert final(seen, 4) == -errno.ECANCELED
 
 
+@pytest.mark.parametrize("family, host", [(socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")])
+def test_connect_ipv4_and_ipv6_then_refused(ring: Ring, family: int, host: str) -> None:
+    try:
+        listener = socket.create_server((host, 0), family=family)
+    except OSError as exc:
+        pytest.skip(f"no {host} here: {exc}")
+    with listener:
+        port = listener.getsockname()[1]
+        client = socket.socket(family, socket.SOCK_STREAM | socket.SOCK_NONBLOCK)
+        with client:
+            # The sockaddr is built in C and held by the ring: nothing of the caller's is needed
+            # once the prep returns (a collection here would free a buffer we failed to keep).
+            ring.prep_connect(client.fileno(), (host, port), 1)
+            gc.collect()
+            assert final(reap(ring, (1,)), 1) == 0
+            accepted, peer = listener.accept()
+            with accepted:
+                assert peer[:2] == client.getsockname()[:2]
+                client.setblocking(True)
+                client.sendall(b"hello")
+                assert accepted.recv(16) == b"hello"
+    # Nobody listens on that port now: the CQE says so, no exception is raised.
+    refused = socket.socket(family, socket.SOCK_STREAM | socket.SOCK_NONBLOCK)
+    with refused:
+        ring.prep_connect(refused.fileno(), (host, port), 2)
+        assert final(reap(ring, (2,)), 2) == -errno.ECONNREFUSED
+
+
+def test_connect_wants_an_ip_literal(ring: Ring) -> None:
+    with socket.socket() as s:
+        with pytest.raises(ValueError, match="not an IPv4 or IPv6 address"):
+            ring.prep_connect(s.fileno(), ("localhost", 80), 1)
+        assert not ring.is_inflight(1)
+
+
 def test_cancel_of_an_inflight_recv(ring: Ring, pair: tuple[socket.socket, socket.socket]) -> None:
     a, _b = pair
     ring.prep_recv(a.fileno(), bytearray(16), 1)
