@@ -70,6 +70,7 @@ STOP_S: Final = 20.0
 READY_RE: Final = re.compile(r"serving on [\d.]+:(\d+)")
 CLONE_NEWNET: Final = 0x40000000
 BR_STATE_FORWARDING: Final = 3
+BLACKHOLE_MAC: Final = "02:00:00:00:0d:ad"  # locally administered, on no interface: `cut`
 BR_STATE_DISABLED: Final = 0
 
 _counter = itertools.count()
@@ -161,6 +162,7 @@ class Host:
         self.host_if = host_if
         self.ip = ip
         self.isolated = False
+        self.cut_to: set[str] = set()  # addresses this namespace's packets to are dropped (`cut`)
 
     def create(self, bridge: str) -> None:
         name, host_if, ip = self.name, self.host_if, self.ip
@@ -559,6 +561,39 @@ class ClusterLab:
     def heal(self, i: int) -> None:
         self.nodes[i].host.set_port_state(BR_STATE_FORWARDING)
 
+    def cut(self, a: int, b: int, both: bool = True) -> None:
+        """Drop what node a sends to node b (and, `both`, what b sends to a), silently, leaving
+        everything else alone: the partial and one-way partitions membership must survive. Done
+        with a permanent neighbour entry in a's namespace giving b's address a MAC nobody has:
+        the bridge floods those frames and every interface discards them."""
+        self._cut(self.nodes[a].host, self.nodes[b].host)
+        if both:
+            self._cut(self.nodes[b].host, self.nodes[a].host)
+
+    def mend(self, a: int, b: int) -> None:
+        """Undo `cut(a, b)` (both ways)."""
+        for src, dst in ((a, b), (b, a)):
+            self._mend(self.nodes[src].host, self.nodes[dst].host)
+
+    def partition(self, *groups: Sequence[int]) -> None:
+        """Cut every node of each group off from every node of the other groups (nodes in no group
+        and etcd keep reaching everyone): e.g. `partition([0], [1, 2])`."""
+        for gi, group in enumerate(groups):
+            for other in groups[gi + 1 :]:
+                for a in group:
+                    for b in other:
+                        self.cut(a, b)
+
+    def _cut(self, src: Host, dst: Host) -> None:
+        neigh = [dst.ip, "lladdr", BLACKHOLE_MAC, "dev", NS_IF, "nud", "permanent"]
+        sh(["ip", "-n", src.name, "neigh", "replace", *neigh])
+        src.cut_to.add(dst.ip)
+
+    def _mend(self, src: Host, dst: Host) -> None:
+        if dst.ip in src.cut_to:
+            sh(["ip", "-n", src.name, "neigh", "del", dst.ip, "dev", NS_IF], check=False)
+            src.cut_to.discard(dst.ip)
+
     def isolate_etcd(self, j: int) -> None:
         self.etcd[j].host.set_port_state(BR_STATE_DISABLED)
 
@@ -566,9 +601,13 @@ class ClusterLab:
         self.etcd[j].host.set_port_state(BR_STATE_FORWARDING)
 
     def heal_all(self) -> None:
+        """Undo every isolation and cut."""
+        by_ip = {h.ip: h for h in self.hosts}
         for host in self.hosts:
             if host.isolated:
                 host.set_port_state(BR_STATE_FORWARDING)
+            for ip in list(host.cut_to):
+                self._mend(host, by_ip[ip])
 
     def in_node(self, i: int, fn: Callable[[], T]) -> T:
         """`fn()` run in node i's namespace (sockets it makes are node i's)."""

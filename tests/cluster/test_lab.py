@@ -204,3 +204,71 @@ def test_xdp_on_a_node_counts_membership_and_partition_packets(cluster_lab) -> N
     assert after["partition"] - before["partition"] >= 3 * conns  # SYN, ACK, FIN at least
     assert after["malformed_dropped"] == before["malformed_dropped"]
     assert lab.xdp_counters(1, timeout=0.2) is None  # no XDP asked on node 1
+
+
+def test_cut_drops_one_pair_only_and_one_way_cuts_are_one_way(lab: ClusterLab) -> None:
+    n0, n1, n2 = lab.nodes
+
+    def ping(src: int, dst: int) -> bool:
+        try:
+            lab.in_node(
+                src, lambda: membership.ping(lab.nodes[dst].ip, MEMBERSHIP_PORT, timeout=CUT_TIMEOUT_S)
+            )
+        except OSError:
+            return False
+        return True
+
+    # a connection from node 0 to node 2 made before the cut: its packets are dropped too
+    conn = lab.in_node(0, lambda: socket.create_connection((n2.ip, BROKER_PORT), timeout=5))
+    with conn:
+        conn.sendall(stats_frame(1))
+        assert isinstance(read_response(conn), m.StatsResponse)
+        lab.cut(0, 2)
+        try:
+            conn.sendall(stats_frame(2))
+            conn.settimeout(CUT_TIMEOUT_S)
+            with pytest.raises(TimeoutError):
+                conn.recv(1)
+            assert not n0.host.connects(n2.ip, BROKER_PORT, CUT_TIMEOUT_S)
+            assert not n2.host.connects(n0.ip, BROKER_PORT, CUT_TIMEOUT_S)
+            assert not ping(0, 2) and not ping(2, 0)
+            assert ping(0, 1) and ping(1, 2) and ping(2, 1)  # the rest of the mesh is whole
+            assert n0.host.connects(lab.etcd[0].ip, ETCD_CLIENT_PORT)
+        finally:
+            lab.mend(0, 2)
+        conn.settimeout(5)
+        assert isinstance(read_response(conn), m.StatsResponse)  # retransmitted once mended
+    assert ping(0, 2) and ping(2, 0)
+
+    lab.cut(0, 1, both=False)  # 0 -> 1 dropped, 1 -> 0 delivered
+    try:
+        assert udp_delivered(lab, src=1, dst=0)
+        assert not udp_delivered(lab, src=0, dst=1)
+        assert not ping(1, 0)  # its answer is lost
+    finally:
+        lab.heal_all()
+    assert ping(0, 1) and ping(1, 0) and n1.host.cut_to == set()
+
+
+def udp_delivered(lab: ClusterLab, src: int, dst: int) -> bool:
+    """Whether a datagram sent from node src reaches a socket on node dst."""
+    ip = lab.nodes[dst].ip
+
+    def bound() -> socket.socket:
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.bind((ip, 0))
+        return s
+
+    with lab.in_node(dst, bound) as rx:
+        port = rx.getsockname()[1]
+
+        def send() -> None:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as tx:
+                tx.sendto(b"x", (ip, port))
+
+        lab.in_node(src, send)
+        rx.settimeout(CUT_TIMEOUT_S)
+        try:
+            return rx.recv(16) == b"x"
+        except TimeoutError:
+            return False
