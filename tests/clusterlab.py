@@ -347,6 +347,7 @@ class ClusterLab:
         self.hosts: list[Host] = []
         self.nodes: list[Node] = []
         self.etcd: list[EtcdMember] = []
+        self.events: list[tuple[float, str]] = []  # (time.monotonic(), fault): what the nemesis did
         self._closed = False
         atexit.register(self.close)
         try:
@@ -449,6 +450,7 @@ class ClusterLab:
     def kill_etcd(self, j: int) -> None:
         m = self.etcd[j]
         if m.proc is not None and m.proc.running():
+            self._event(f"kill etcd {j}")
             m.proc.kill()
 
     def restart_etcd(self, j: int) -> None:
@@ -527,22 +529,27 @@ class ClusterLab:
     def kill(self, i: int) -> int:
         """SIGKILL to node i's whole process group (a crash of the machine's broker)."""
         proc = self._proc(i)
+        self._event(f"kill node {i}")
         proc.paused = False
         return proc.kill()
 
     def stop(self, i: int) -> int:
         """SIGTERM to node i's supervisor (a graceful shutdown); its exit status."""
-        return self._proc(i).stop()
+        proc = self._proc(i)
+        self._event(f"stop node {i}")
+        return proc.stop()
 
     def pause(self, i: int) -> None:
         """SIGSTOP to node i's process group: supervisor and workers freeze (a long GC pause, a VM
         stall); the kernel still completes TCP handshakes into their listen backlogs."""
         proc = self._proc(i)
+        self._event(f"pause node {i}")
         proc.signal_group(signal.SIGSTOP)
         proc.paused = True
 
     def resume(self, i: int) -> None:
         proc = self._proc(i)
+        self._event(f"resume node {i}")
         proc.signal_group(signal.SIGCONT)
         proc.paused = False
 
@@ -552,13 +559,16 @@ class ClusterLab:
         node = self.nodes[i]
         if node.running():
             self.stop(i) if graceful else self.kill(i)
+        self._event(f"start node {i}")
         return self.start_node(i, node.args, xdp=node.xdp, wait=wait)
 
     def isolate(self, i: int) -> None:
         """Cut node i off from every other node, etcd and the host (see the module's rules)."""
+        self._event(f"isolate node {i}")
         self.nodes[i].host.set_port_state(BR_STATE_DISABLED)
 
     def heal(self, i: int) -> None:
+        self._event(f"heal node {i}")
         self.nodes[i].host.set_port_state(BR_STATE_FORWARDING)
 
     def cut(self, a: int, b: int, both: bool = True) -> None:
@@ -566,12 +576,14 @@ class ClusterLab:
         everything else alone: the partial and one-way partitions membership must survive. Done
         with a permanent neighbour entry in a's namespace giving b's address a MAC nobody has:
         the bridge floods those frames and every interface discards them."""
+        self._event(f"cut node {a} -> node {b}" + (" both ways" if both else ""))
         self._cut(self.nodes[a].host, self.nodes[b].host)
         if both:
             self._cut(self.nodes[b].host, self.nodes[a].host)
 
     def mend(self, a: int, b: int) -> None:
         """Undo `cut(a, b)` (both ways)."""
+        self._event(f"mend node {a} - node {b}")
         for src, dst in ((a, b), (b, a)):
             self._mend(self.nodes[src].host, self.nodes[dst].host)
 
@@ -595,19 +607,30 @@ class ClusterLab:
             src.cut_to.discard(dst.ip)
 
     def isolate_etcd(self, j: int) -> None:
+        self._event(f"isolate etcd {j}")
         self.etcd[j].host.set_port_state(BR_STATE_DISABLED)
 
     def heal_etcd(self, j: int) -> None:
+        self._event(f"heal etcd {j}")
         self.etcd[j].host.set_port_state(BR_STATE_FORWARDING)
 
     def heal_all(self) -> None:
         """Undo every isolation and cut."""
+        self._event("heal all")
         by_ip = {h.ip: h for h in self.hosts}
         for host in self.hosts:
             if host.isolated:
                 host.set_port_state(BR_STATE_FORWARDING)
             for ip in list(host.cut_to):
                 self._mend(host, by_ip[ip])
+
+    def _event(self, what: str) -> None:
+        self.events.append((time.monotonic(), what))
+
+    def last_fault(self) -> float:
+        """When (time.monotonic()) the last nemesis call was made: the `fault_at` of
+        `clusterchecker.failover_time`."""
+        return self.events[-1][0]
 
     def in_node(self, i: int, fn: Callable[[], T]) -> T:
         """`fn()` run in node i's namespace (sockets it makes are node i's)."""

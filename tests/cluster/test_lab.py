@@ -136,6 +136,9 @@ def test_kill_and_restart_keep_address_ports_and_data(lab: ClusterLab) -> None:
     assert lab.stop(2) == 0  # graceful
     lab.restart(2)
     assert lab.nodes[0].host.connects(lab.nodes[2].ip, BROKER_PORT)
+    what = [e for _, e in lab.events]
+    assert what[-4:] == ["kill node 2", "start node 2", "stop node 2", "start node 2"]
+    assert lab.last_fault() == lab.events[-1][0]
 
 
 def test_three_etcd_members_elect_a_new_leader_when_theirs_is_killed(cluster_lab) -> None:
