@@ -1,5 +1,8 @@
-"""Real etcd for the cluster tests (tests/cluster/etcdproc.py): one member shared by a module, and
-a factory for clusters a test may break. Every member started is killed at teardown, pass or fail."""
+"""Fixtures of the cluster tests, all on real things: etcd (tests/cluster/etcdproc.py: one member
+shared by a module, and a factory for clusters a test may break) and the cluster lab
+(tests/clusterlab.py: namespaces on a bridge, etcd and brokers in them; root-required, CI is root,
+skipped with the reason without root, etcd or iproute2's `bridge`). Everything started is killed
+and removed at teardown, pass or fail."""
 
 from __future__ import annotations
 
@@ -8,7 +11,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from clusterlab import lab_unavailable
 from etcdproc import ETCD, EtcdCluster
+
+LAB_REASON = lab_unavailable()
 
 
 @pytest.fixture(scope="module")
@@ -40,3 +46,27 @@ def etcd_cluster(tmp_path: Path) -> Iterator[Callable[[int], EtcdCluster]]:
     finally:
         for cluster in made:
             cluster.close()
+
+
+@pytest.fixture
+def cluster_lab(tmp_path: Path) -> Iterator[Callable[..., object]]:
+    """A factory: `cluster_lab(nodes=3, etcd_members=1, cores=1)` makes a ClusterLab whose
+    broker data and logs live under tmp_path; every lab made is closed at teardown."""
+    if LAB_REASON is not None:
+        pytest.skip(LAB_REASON)
+    from clusterlab import ClusterLab
+
+    made: list[ClusterLab] = []
+
+    def make(nodes: int = 3, etcd_members: int = 1, **kw: object) -> ClusterLab:
+        base = tmp_path / f"lab{len(made)}"
+        base.mkdir()
+        lab = ClusterLab(nodes, etcd_members, base_dir=base, **kw)  # type: ignore[arg-type]
+        made.append(lab)
+        return lab
+
+    try:
+        yield make
+    finally:
+        for lab in made:
+            lab.close()

@@ -1,0 +1,165 @@
+"""The nemesis's checker (tests/clusterchecker.py) on histories built by hand, and its offline
+reader on a data dir a real broker wrote. No root, no cluster."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from brokerproc import BrokerProcess, Wire
+from clusterchecker import (
+    Ack,
+    Attempt,
+    Read,
+    Replica,
+    Timeline,
+    check,
+    failover_time,
+    read_partition,
+    read_replica,
+    report,
+)
+
+from broker.storage import layout
+from ringlog_proto import messages as m
+from ringlog_proto.batch import Record, encode_batch
+
+T = "orders"
+
+
+def log(*payloads: bytes, start: int = 0) -> tuple[tuple[int, bytes], ...]:
+    return tuple((start + i, p) for i, p in enumerate(payloads))
+
+
+def acks(*payloads: bytes, start: int = 0) -> list[Ack]:
+    return [Ack(T, 0, start + i, p) for i, p in enumerate(payloads)]
+
+
+def kinds(violations) -> list[tuple[str, int, object]]:
+    return [(v.kind, v.offset, v.node) for v in violations]
+
+
+def test_a_clean_history_has_no_violation() -> None:
+    full = log(b"a", b"b", b"c")
+    reps = [Replica(n, T, 0, full) for n in (0, 1, 2)]
+    reads = [Read(T, 0, 0, b"a", "c1"), Read(T, 0, 2, b"c", "c2")]
+    assert check(acks(b"a", b"b", b"c"), reads, reps) == []
+    assert report([]) == "no violations"
+
+
+def test_an_acknowledged_record_truncated_away_is_lost() -> None:
+    reps = [Replica(0, T, 0, log(b"a", b"b", b"c")), Replica(1, T, 0, log(b"a", b"b", b"x"))]
+    found = check(acks(b"a", b"b", b"c"), [], reps)
+    assert ("lost", 2, 1) in kinds(found)
+    # both in sync, so the high watermark is 3: their disagreement at 2 is a divergence too (a tie:
+    # the replica named first is the reference)
+    assert ("divergent", 2, 1) in kinds(found) and len(found) == 2
+    text = report(found)
+    assert "lost" in text and "b'x'" in text
+
+
+def test_moved_and_duplicated_records() -> None:
+    moved = Replica(0, T, 0, log(b"a", b"zz", b"b"))
+    dup = Replica(1, T, 0, log(b"a", b"b", b"b"))
+    found = kinds(check(acks(b"a", b"b"), [], [moved, dup]))
+    assert ("moved", 1, 0) in found
+    assert ("duplicated", 1, 1) in found
+    assert ("lost", 1, 1) not in found
+
+
+def test_two_acks_at_one_offset_conflict() -> None:
+    found = check([Ack(T, 0, 0, b"from-old-leader"), Ack(T, 0, 0, b"from-new-leader")], [], [])
+    assert [v.kind for v in found] == ["conflicting-acks", "no-in-sync-replica"]
+
+
+def test_a_read_that_the_final_log_contradicts() -> None:
+    reps = [Replica(n, T, 0, log(b"a", b"b")) for n in (0, 1)]
+    reads = [
+        Read(T, 0, 1, b"b", "ok"),
+        Read(T, 0, 1, b"dirty", "c2"),  # read from a deposed leader, later truncated and rewritten
+        Read(T, 0, 2, b"gone", "c3"),  # read past what survived
+    ]
+    found = kinds(check(acks(b"a", b"b"), reads, reps))
+    assert ("read-conflict", 1, None) in found
+    assert ("read-changed", 1, None) in found
+    assert ("read-changed", 2, None) in found
+    assert len([k for k in found if k[0] == "read-changed"]) == 2  # the good read is not flagged
+
+
+def test_a_divergent_suffix_counts_only_below_the_high_watermark() -> None:
+    leader = Replica(0, T, 0, log(b"a", b"b", b"c", b"d"))
+    follower = Replica(1, T, 0, log(b"a", b"b", b"c", b"d"))
+    stale = Replica(2, T, 0, log(b"a", b"old1", b"old2"), in_sync=False)  # never truncated
+    found = kinds(check([], [], [leader, follower, stale]))
+    assert found == [("divergent", 1, 2)]
+    # the same stale replica is fine when its divergent records sit above the high watermark
+    assert check([], [], [leader, follower, stale], {(T, 0): 1}) == []
+    # a lagging replica whose prefix agrees is not divergent
+    lagging = Replica(2, T, 0, log(b"a", b"b"), in_sync=False)
+    assert check([], [], [leader, follower, lagging]) == []
+
+
+def test_the_high_watermark_defaults_to_the_smallest_in_sync_end() -> None:
+    a = Replica(0, T, 0, log(b"a", b"b", b"c"))
+    b = Replica(1, T, 0, log(b"a", b"b"))
+    stale = Replica(2, T, 0, log(b"a", b"b", b"X"), in_sync=False)
+    assert check([], [], [a, b, stale]) == []  # offset 2 is at the high watermark 2, not below
+
+
+def test_retention_hides_nothing_it_should_not() -> None:
+    trimmed = Replica(0, T, 0, log(b"c", b"d", start=2))
+    assert check(acks(b"a", b"b", b"c", b"d"), [Read(T, 0, 0, b"a")], [trimmed]) == []
+    assert kinds(check(acks(b"a", b"b", b"c", b"e"), [], [trimmed])) == [("lost", 3, 0)]
+
+
+def test_failover_time_counts_from_the_fault_to_the_first_new_success() -> None:
+    attempts = [
+        Attempt(9.0, 10.5, True),  # in flight at the fault: does not count
+        Attempt(10.1, 11.0, False),
+        Attempt(11.2, 12.25, True),
+        Attempt(12.3, 12.4, True),
+    ]
+    assert failover_time(attempts, 10.0) == pytest.approx(2.25)
+    assert failover_time(attempts, 13.0) is None
+    timeline = Timeline()
+    with timeline.attempt():
+        pass
+    with pytest.raises(ConnectionError), timeline.attempt():
+        raise ConnectionError
+    assert [a.ok for a in timeline.attempts] == [True, False]
+    assert timeline.failover_time(timeline.attempts[0].started) is not None
+
+
+def test_read_replica_reads_a_brokers_data_dir_offline(tmp_path: Path) -> None:
+    broker = BrokerProcess(tmp_path / "data", tmp_path / "broker.log").start()
+    try:
+        w = Wire(broker.port)
+        topic_id = w.create_topic(T, partitions=2)
+        acked = []
+        for i in range(3):
+            batch = encode_batch([Record(f"r{i}-{j}".encode()) for j in range(2)])
+            resp = w.rpc(m.ProduceRequest(topic_id, 1, m.Acks.WRITTEN, 5000, batch))
+            assert isinstance(resp, m.ProduceResponse) and resp.error == m.ErrorCode.NONE, resp
+            acked += [Ack(T, 1, resp.base_offset + j, f"r{i}-{j}".encode()) for j in range(2)]
+        w.close()
+    finally:
+        broker.kill()  # a crash: the reader must not need a clean shutdown
+    data = str(tmp_path / "data")
+    rep = read_replica(data, T, 1, node=0)
+    assert [p for _, p in rep.records] == [a.payload for a in acked]
+    assert read_replica(data, topic_id, 1, node=0).records == rep.records
+    assert read_replica(data, T, 0, node=0).records == ()
+    assert read_replica(data, "nope", 0, node=0).records == ()
+    assert check(acked, [], [rep]) == []
+
+    # a torn tail (a batch cut short by a crash) ends the log there, and the files are untouched
+    part = layout.partition_dir(data, topic_id, 1)
+    (store,) = [n for n in os.listdir(part) if n.endswith(layout.STORE_SUFFIX)]
+    path = os.path.join(part, store)
+    extra = encode_batch([Record(b"torn")])
+    with open(path, "ab") as f:
+        f.write(extra[: len(extra) // 2])
+    size = os.path.getsize(path)
+    assert [p for _, p in read_partition(part)] == [a.payload for a in acked]
+    assert os.path.getsize(path) == size
