@@ -10,6 +10,9 @@ Rules this module keeps:
   the ring: an fsync takes milliseconds, during which the loop keeps taking and writing requests
   (the log's flush plans are made for that: they name what they cover and pin what they use).
   Their completions come back to the loop; while stopping they run on the loop itself.
+- Blocking calls (`run_blocking`, broker/core/blocking.py) run on broker/backends/blocking.py's
+  daemon threads, not on an executor's (the interpreter joins those at exit, and a call hanging on
+  a store would keep the worker alive); results come back with `call_soon_threadsafe`.
 - A client connection is paused (`pause_reading`) while the shared core says it may not be read;
   the transport's write buffer counts in its budget (its high-water mark is 0, so that
   `resume_writing` says when it has drained).
@@ -36,6 +39,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import cast
 
+from broker.backends.blocking import Post
 from broker.backends.shared import BackendCore, PeerStream, ServedConnection, tune_malloc
 from broker.core.config import BrokerConfig
 from broker.core.limits import REMOTE_CONNECT_TIMEOUT_S
@@ -202,8 +206,13 @@ class Server(BackendCore):
     def io_pending(self) -> int:
         return self._flushes
 
+    def threadsafe_post(self) -> Post:
+        return asyncio.get_running_loop().call_soon_threadsafe
+
     def close_threads(self) -> None:
-        """After serving: wait for a flush still running (one that outlived the shutdown grace)."""
+        """After serving: wait for a flush still running (one that outlived the shutdown grace);
+        drop the results of blocking calls still running (their threads do not hold the exit)."""
+        self.close_blocking()
         self._flusher.shutdown(wait=True)
 
     def read(self, extent: Extent, done: Callable[[bytes | BaseException], None]) -> None:

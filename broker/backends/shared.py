@@ -11,10 +11,12 @@ Rules this module keeps:
 - The backend contract. A backend's core subclass calls `open_core()` once its loop works, and
   provides `call_later`, `call_soon`, `end_of_turn`, `run_ops` (storage operations, fileio.py's
   meaning; `run_append` too if it gathers appends), `read` (an extent), `open_peer`,
-  `open_remote` (a TCP link to another broker's core: broker/core/remote.py), `stop_accepting`
-  and, if it has any, `io_pending` and `after_sweep`. It serves its listeners,
-  calls `accepted(conn)` for each new connection, `started(...)` once all listen,
-  `request_stop()` on SIGTERM/SIGINT, then runs the steps of `shutdown()`. Its connection class
+  `open_remote` (a TCP link to another broker's core: broker/core/remote.py), `stop_accepting`,
+  `threadsafe_post` (a wake-up of its loop from other threads, set up by the first blocking call)
+  and, if it has any, `io_pending` and `after_sweep`. It serves its listeners, calls
+  `accepted(conn)` for each new connection, `started(...)` once all listen, `request_stop()` on
+  SIGTERM/SIGINT, then runs the steps of `shutdown()`, and `close_blocking()` once its loop has
+  ended, before it releases what `threadsafe_post` uses. Its connection class
   (a `ServedConnection`) provides `write`, `unsent`, `reading_changed`, `abort`, `close` and
   `fileno`, and calls `received`, `sent_some`, `lost` and `closing`; its peer class (a
   `PeerStream`) provides `write` and `close`, and calls `received` and `gone`.
@@ -38,8 +40,13 @@ Rules this module keeps:
   followed by exactly one more, which covers everything that arrived meanwhile.
 - A `Later` outcome hands the core a callback that fills the request's slot once (a JoinGroup
   answered when its group's join phase ends); an answer for a closed connection only frees it.
+- Blocking calls: `run_blocking(fn, done)`, handed to the core as `Handlers.run_blocking`, runs
+  `fn` on the worker's pool of daemon threads (broker/backends/blocking.py, made on first use) and
+  `done(result or exception)` on the loop thread in a later turn, through the backend's
+  `threadsafe_post`, in the order the calls finished. Shutdown does not wait for them: each still
+  in flight gets `done(BlockingCallAbandoned())` at its start (broker/core/blocking.py).
 - Shutdown, the same for both backends: stop accepting; answer parked fetches and waiting group
-  joins and syncs at once; wait (at
+  joins and syncs at once, abandon blocking calls in flight; wait (at
   most `SHUTDOWN_GRACE_S`) until no request is unanswered, no reply unsent and no append, flush or
   read in flight; flush what is due; fail pending forwards; close connections and peer links; let
   the backend's last operations complete; close the partitions; publish the final metrics.
@@ -65,6 +72,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import itertools
 import logging
 import os
 import socket
@@ -72,8 +80,10 @@ import struct
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Protocol, assert_never
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, assert_never
 
+from broker.backends.blocking import BlockingPool, Post
+from broker.core.blocking import BlockingCallAbandoned
 from broker.core.config import BrokerConfig
 from broker.core.forwarding import NO_DEADLINE, Done, Forwarder, PeerLink, PeerPool
 from broker.core.handlers import Handlers
@@ -113,6 +123,8 @@ if TYPE_CHECKING:
     from broker.storage.segment import Extent
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 # What a request costs beyond its bytes: the Frame, Slot, outcome and closure objects (about 1 KiB
 # in CPython). It is what bounds the number of small requests a connection may have unanswered.
@@ -592,12 +604,15 @@ class BackendCore:
         self._commit_scheduled = False
         self.reads_in_flight = 0
         self._stop_requested = False
+        self._blocking: BlockingPool | None = None  # made by the first `run_blocking`
+        self._blocking_calls: dict[int, Callable[[Any], None]] = {}  # in flight: their `done`
+        self._blocking_ids = itertools.count()
 
     def open_core(self) -> None:
         """Open this core's partitions (`Handlers`), its Kafka adapter and its forwarding; publish
         its gauges."""
         config = self.config
-        self.handlers = Handlers(config, call_later=self.call_later)
+        self.handlers = Handlers(config, call_later=self.call_later, run_blocking=self.run_blocking)
         self.kafka = KafkaAdapter(self.handlers, config)
         self.peers = PeerPool.for_config(config, self.open_peer, self.stopping, self.call_later)
         self.forwarder = Forwarder(self.handlers, self.peers.send_to_core, self.call_later)
@@ -661,6 +676,13 @@ class BackendCore:
     def io_pending(self) -> int:
         """Operations the backend still waits for after closing everything (shutdown waits a little)."""
         return 0
+
+    def threadsafe_post(self) -> Post:
+        """Called once, on the loop thread, by the first `run_blocking`: set up a wake-up of the loop
+        and return `post(callback)`, which any thread may call to run `callback` on the loop thread
+        in a later turn, waking the loop promptly if it waits. The backend calls `close_blocking()`
+        once its loop has ended, before it releases what `post` uses."""
+        raise NotImplementedError
 
     def after_sweep(self) -> None:
         """The backend's own part of the sweep (the io_uring backend shrinks quiet recv buffers)."""
@@ -939,6 +961,51 @@ class BackendCore:
                 entry.done(None, entry.error or exc)
         self._settle(partition, work)
 
+    # ------------------------------------------------------------------------- blocking calls
+
+    def run_blocking(self, fn: Callable[[], T], done: Callable[[T | BaseException], None]) -> None:
+        """`fn()` on the worker's pool of threads, then `done(result)` or `done(exception)` on the
+        loop thread in a later turn, exactly once (broker/core/blocking.py: the rules, shutdown)."""
+        if self._stop_requested:
+            self.call_soon(lambda: done(BlockingCallAbandoned("the core is stopping")))
+            return
+        pool = self._blocking
+        if pool is None:
+            pool = self._blocking = BlockingPool(
+                self.threadsafe_post(), name=f"blocking-core{self.config.core_id}"
+            )
+        call = next(self._blocking_ids)
+        self._blocking_calls[call] = done
+        calls = self._blocking_calls
+
+        def finished(result: T | BaseException) -> None:
+            waiting = calls.pop(call, None)  # None: abandoned at shutdown
+            if waiting is not None:
+                waiting(result)
+
+        pool.submit(fn, finished)
+
+    @property
+    def blocking_in_flight(self) -> int:
+        return len(self._blocking_calls)
+
+    def _abandon_blocking(self) -> None:
+        """Shutdown: every call still in flight gets `done(BlockingCallAbandoned())` now."""
+        calls, self._blocking_calls = self._blocking_calls, {}
+        if calls:
+            log.info("abandoning %d blocking call(s) still running", len(calls))
+        for done in calls.values():
+            done(BlockingCallAbandoned("the core stopped before the call finished"))
+
+    def close_blocking(self) -> None:
+        """The loop has ended: results of calls still running are dropped (their daemon threads
+        die with the process); a `done` the shutdown sequence did not call (a loop that ended on
+        an error) is dropped, no longer on a loop. The backend calls it before it releases what its
+        `post` uses."""
+        self._blocking_calls.clear()
+        if self._blocking is not None:
+            self._blocking.close()
+
     # ------------------------------------------------------------------------- group commit
 
     def after_flush(
@@ -1078,6 +1145,7 @@ class BackendCore:
         for p in self.handlers.partitions.values():
             p.wake_waiters()  # parked fetches answer now (their re-handle sees `stopping()`)
         self.handlers.coordinator.close()  # waiting JoinGroups and SyncGroups answer now
+        self._abandon_blocking()  # requests waiting on a blocking call answer now
         deadline = time.monotonic() + SHUTDOWN_GRACE_S
         while self.busy() and time.monotonic() < deadline:
             yield SHUTDOWN_POLL_S

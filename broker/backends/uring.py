@@ -22,6 +22,10 @@ Rules this module keeps:
 - Ring and buffer lifetimes: `native.Ring` keeps every buffer an SQE references alive until its
   final completion; this module keeps each connection's fd open until none of its operations is
   in flight, then closes it through the ring.
+- Threads hand work to the loop (`threadsafe_post`, for `run_blocking`'s results) through a deque
+  and an eventfd with one standing read on the ring: made by the first blocking call, so a core
+  that makes none has neither and its passes cost nothing more; the read's completion drains the
+  deque, in the order threads appended to it, and is armed again.
 - Every ring, loop and buffer limit is in native/constants.py. Importable without the compiled
   bindings (the ring itself is made in `run`), though only the worker that chose io_uring does.
 """
@@ -34,9 +38,11 @@ import os
 import signal
 import socket
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from broker.backends.blocking import Post
 from broker.backends.shared import BackendCore, PeerStream, ServedConnection, tune_malloc
 from broker.backends.uring_loop import Loop, Timer
 from broker.backends.uring_options import UringOptions
@@ -346,7 +352,10 @@ class UringServer(BackendCore):
         self._sync_io = SyncFileIO()
         self._store_writes: dict[Partition, list[tuple[Write, Written]]] = {}
         self._accepting = True
-        self._standing: dict[int, str] = {}  # user_data of multishot accepts and the signal read
+        self._standing: dict[int, str] = {}  # user_data of multishot accepts, the signal and wake reads
+        self._wake_fd = -1  # the eventfd threads write to wake the loop (made on first use)
+        self._wake_buf = bytearray(8)
+        self._from_threads: deque[Callable[[], None]] = deque()
         self.open_core()
 
     # ------------------------------------------------------------------------- the core's primitives
@@ -430,6 +439,30 @@ class UringServer(BackendCore):
             written(None)
             return
         self.run_ops([op], written)
+
+    def threadsafe_post(self) -> Post:
+        self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._arm_wake()
+        return self._post
+
+    def _post(self, callback: Callable[[], None]) -> None:
+        """Any thread: run `callback` on the loop (appended first, so the read that the write
+        completes always finds it)."""
+        self._from_threads.append(callback)
+        os.eventfd_write(self._wake_fd, 1)
+
+    def _arm_wake(self) -> None:
+        ud = self.loop.op(self._woken)
+        self._standing[ud] = "wake"
+        self.ring.prep_read(self._wake_fd, self._wake_buf, 0, ud)
+
+    def _woken(self, res: int, flags: int) -> None:
+        self._standing = {k: v for k, v in self._standing.items() if v != "wake"}
+        if self._accepting:  # else stop_accepting cancelled it: the shutdown sequence polls
+            self._arm_wake()
+        posted = self._from_threads
+        for _ in range(len(posted)):  # what comes meanwhile has written the eventfd again
+            posted.popleft()()
 
     def after_sweep(self) -> None:
         """A small recv buffer again for each connection that grew one and was quiet since the
@@ -561,6 +594,10 @@ class UringServer(BackendCore):
                 loop.call_later(wait_s, _nothing)
                 loop.run_once()
         finally:
+            self.close_blocking()
+            if self._wake_fd >= 0:
+                os.close(self._wake_fd)
+                self._wake_fd = -1
             for sig, handler in old_handlers.items():
                 signal.signal(sig, handler)
             signal.set_wakeup_fd(old_wakeup)

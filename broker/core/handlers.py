@@ -48,6 +48,7 @@ import os
 from collections.abc import Callable, Sequence
 
 from broker import __version__
+from broker.core.blocking import RunBlocking, no_threads
 from broker.core.cluster_view import ClusterView
 from broker.core.config import BrokerConfig
 from broker.core.coordinator import CallLater, GroupCode, GroupCoordinator, JoinResult, SyncResult
@@ -165,9 +166,15 @@ class Handlers:
     """
 
     def __init__(
-        self, config: BrokerConfig, metrics: CoreMetrics | None = None, call_later: CallLater | None = None
+        self,
+        config: BrokerConfig,
+        metrics: CoreMetrics | None = None,
+        call_later: CallLater | None = None,
+        run_blocking: RunBlocking | None = None,
     ) -> None:
         self.config = config
+        # slow control-plane calls off the loop: `self.run_blocking(fn, done)` (broker/core/blocking.py)
+        self.run_blocking: RunBlocking = run_blocking or no_threads
         self.metrics = metrics if metrics is not None else CoreMetrics(config.core_id, config.backend)
         self.gauges: dict[str, Callable[[], int]] = {}
         # This core's TCP links to other brokers' cores (broker/core/remote.py), set by the backend

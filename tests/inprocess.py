@@ -1,0 +1,92 @@
+"""One core served in this process, on either backend: for tests that must reach the backend's own
+primitives (run_blocking) from its loop thread, which a `broker serve` subprocess cannot offer.
+
+`serve_in_process(backend, data_dir, on_ready)` builds the backend's server as its `run` does
+(one listener on an ephemeral port, this thread as the loop thread) and serves until
+`server.request_stop()` or SIGTERM/SIGINT; `on_ready(server, port)` runs on the loop once it
+listens. Run as a script it is a worker whose one blocking call sleeps (the SIGTERM test's
+subprocess): `python tests/inprocess.py BACKEND DATA_DIR SLEEP_S`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import sys
+import time
+from collections.abc import Callable
+
+from broker.backends.shared import BackendCore
+from broker.core.config import BrokerConfig
+
+BACKENDS = ("uvloop", "io_uring")
+
+
+def io_uring_missing() -> str | None:
+    """Why this machine cannot run the io_uring backend, or None."""
+    try:
+        import native
+
+        return native.probe()
+    except ImportError as exc:
+        return f"native bindings not built: {exc}"
+
+
+def serve_in_process(
+    backend: str, data_dir: str, on_ready: Callable[[BackendCore, int], None], **config: object
+) -> BackendCore:
+    """Serve one core on `backend` in this thread until it is stopped; returns the server."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    port = listener.getsockname()[1]
+    cfg = BrokerConfig(data_dir=data_dir, port=port, core_ports=(port,), backend=backend, **config)  # type: ignore[arg-type]
+    server: BackendCore
+    try:
+        if backend == "io_uring":
+            from broker.backends.uring import UringServer
+            from native.constants import RING_ENTRIES
+            from native.ring import Ring
+
+            ring = Ring(RING_ENTRIES)
+            try:
+                server = uring = UringServer(cfg, ring, [listener])
+                uring.serve(lambda: on_ready(uring, port))
+            finally:
+                ring.close()
+        else:
+            import uvloop
+
+            from broker.backends.aio import Server
+
+            with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+                server = aio = Server(cfg, [listener])
+                try:
+                    runner.run(aio.serve(lambda: on_ready(aio, port)))
+                finally:
+                    aio.close_threads()
+    finally:
+        listener.close()
+    return server
+
+
+def main(backend: str, data_dir: str, sleep_s: float) -> int:
+    """A worker whose one blocking call sleeps `sleep_s`: says "started" once the call runs and
+    "done <result>" when its `done` runs; serves until SIGTERM."""
+
+    def sleep() -> str:
+        print("started", flush=True)
+        time.sleep(sleep_s)
+        return "slept"
+
+    def on_ready(server: BackendCore, port: int) -> None:
+        server.run_blocking(sleep, lambda result: print(f"done {result!r}", flush=True))
+
+    serve_in_process(backend, data_dir, on_ready)
+    print("served", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1], sys.argv[2], float(sys.argv[3])))
