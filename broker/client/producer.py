@@ -50,7 +50,7 @@ import secrets
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from broker.client.accumulator import (
@@ -525,7 +525,8 @@ class AsyncProducer:
             )
             _Parked(item, key, size, explicit, fut, callback, 0).fail(exc)
             return
-        p = self._partitioner.partition(topic, key, partitions, explicit)
+        usable = self._usable(topic) if self._client.clustered and key is None else None
+        p = self._partitioner.partition(topic, key, partitions, explicit, usable)
         ps = self._parts.get((topic, p))
         if ps is None:
             ps = self._parts[(topic, p)] = _Partition(
@@ -535,7 +536,7 @@ class AsyncProducer:
         if b is not None and not b.fits(size, self.batch_bytes):
             self._seal(ps)
             if key is None and explicit is None:  # the sticky partition moved on: follow it
-                p2 = self._partitioner.partition(topic, None, partitions)
+                p2 = self._partitioner.partition(topic, None, partitions, None, usable)
                 if p2 != p:
                     self._append(topic, partitions, item, key, size, p2, fut, callback)
                     return
@@ -552,6 +553,14 @@ class AsyncProducer:
         b.add(item, size, fut, callback)
         if b.size >= self.batch_bytes:
             self._seal(ps)
+
+    def _usable(self, topic: str) -> Callable[[int], bool] | None:
+        """A cluster's partitions of `topic` with a live leader, for the sticky partitioner."""
+        info = self._client.cached_topic(topic)
+        if info is None:
+            return None
+        owners = info.owners
+        return lambda p: p < len(owners) and owners[p] != NO_ROUTE
 
     def _seal(self, ps: _Partition) -> None:
         """Close the open batch to new records, queue it, and try to send."""
