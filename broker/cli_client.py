@@ -1,8 +1,9 @@
 """The client side of the `broker` command: topics, produce, consume, stats.
 
 Rules this module keeps:
-- Every command takes `--bootstrap/-b HOST:PORT` (default 127.0.0.1:9092) and uses only the
-  client library (`broker.client`), exactly as an application would.
+- Every command takes `--bootstrap/-b HOST:PORT[,HOST:PORT...]` (default 127.0.0.1:9092; the
+  first that answers is used) and uses only the client library (`broker.client`), exactly as an
+  application would.
 - A failure is one line on stderr and a non-zero exit status, never a traceback: 1 for an error
   the broker or the network reported, 2 for bad arguments or input, 130 for Ctrl-C.
 - Binary-safe output: `--format json` prints keys and values as UTF-8 strings when they are valid
@@ -20,11 +21,12 @@ from collections.abc import Iterator
 from typing import IO, Any
 
 from broker.client import DEFAULT_BOOTSTRAP, Admin, Consumer, Producer, RingLogError
-from broker.client.client import parse_bootstrap
+from broker.client.client import parse_bootstraps
 from broker.client.errors import ClientError, UndecodableBatchError
 from broker.core.metrics import percentile_us
 
 PROGRESS_EVERY_S = 0.5
+BOOTSTRAP_HELP = f"HOST:PORT[,HOST:PORT...]: the first that answers (default {DEFAULT_BOOTSTRAP})"
 
 
 class UsageError(Exception):
@@ -34,9 +36,7 @@ class UsageError(Exception):
 def add_client_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     def client_parser(name: str, **kw: Any) -> argparse.ArgumentParser:
         p = sub.add_parser(name, **kw)
-        p.add_argument(
-            "-b", "--bootstrap", default=DEFAULT_BOOTSTRAP, help=f"HOST:PORT (default {DEFAULT_BOOTSTRAP})"
-        )
+        p.add_argument("-b", "--bootstrap", default=DEFAULT_BOOTSTRAP, help=BOOTSTRAP_HELP)
         return p
 
     topics = sub.add_parser("topics", help="create, delete, list and describe topics")
@@ -48,15 +48,21 @@ def add_client_commands(sub: argparse._SubParsersAction) -> None:  # type: ignor
     create.add_argument("--retention-ms", type=int, default=-1, help="-1: broker default, -2: forever")
     create.add_argument("--retention-bytes", type=int, default=-1, help="-1: broker default, -2: unlimited")
     create.add_argument("--segment-bytes", type=int, default=-1, help="-1: broker default")
+    create.add_argument(
+        "--replication-factor",
+        type=int,
+        default=-1,
+        help="copies of each partition, on as many nodes (-1: broker default; one node: 1)",
+    )
     delete = tsub_parser("delete", help="delete a topic and all its data")
     delete.add_argument("name")
     tsub_parser("list", help="list topic names")
-    describe = tsub_parser("describe", help="partitions, offsets, owning cores and settings")
+    describe = tsub_parser(
+        "describe", help="partitions: leader node and core, epoch, replicas, in-sync set, offsets; settings"
+    )
     describe.add_argument("name")
     for p in (create, delete, tsub.choices["list"], describe):
-        p.add_argument(
-            "-b", "--bootstrap", default=DEFAULT_BOOTSTRAP, help=f"HOST:PORT (default {DEFAULT_BOOTSTRAP})"
-        )
+        p.add_argument("-b", "--bootstrap", default=DEFAULT_BOOTSTRAP, help=BOOTSTRAP_HELP)
     topics.set_defaults(func=cmd_topics)
 
     produce = client_parser("produce", help="send lines or JSON lines from stdin or a file")
@@ -121,6 +127,7 @@ def cmd_topics(args: argparse.Namespace) -> int:
                 retention_ms=None if args.retention_ms == -1 else args.retention_ms,
                 retention_bytes=None if args.retention_bytes == -1 else args.retention_bytes,
                 segment_bytes=None if args.segment_bytes == -1 else args.segment_bytes,
+                replication=args.replication_factor,
             )
             print(f"created topic {args.name} (id {topic_id}, {args.partitions} partitions)")
         elif args.topics_command == "delete":
@@ -136,13 +143,30 @@ def cmd_topics(args: argparse.Namespace) -> int:
                 f"  retention_ms {_limit(d.retention_ms)}  retention_bytes {_limit(d.retention_bytes)}"
                 f"  segment_bytes {d.segment_bytes}"
             )
-            print("  partition  core  start_offset  end_offset  records")
-            for p in d.partitions:
-                print(
-                    f"  {p.partition:>9}  {p.owner_core:>4}  {p.start_offset:>12}  {p.end_offset:>10}"
-                    f"  {p.end_offset - p.start_offset:>7}"
+            rows = [
+                (
+                    str(p.partition),
+                    str(p.leader_node) if p.leader_node >= 0 else "none",
+                    str(p.owner_core) if p.owner_core >= 0 else "-",
+                    str(p.leader_epoch),
+                    _replicas(p.replicas),
+                    _replicas(p.isr),
+                    str(p.start_offset),
+                    str(p.end_offset),
+                    str(p.end_offset - p.start_offset) if p.start_offset >= 0 else "-",
                 )
+                for p in d.partitions
+            ]
+            header = ("partition", "leader", "core", "epoch", "replicas", "isr", "start", "end", "records")
+            widths = [max(len(c) for c in col) for col in zip(header, *rows, strict=True)]
+            for row in (header, *rows):
+                print("  " + "  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)))
     return 0
+
+
+def _replicas(replicas: tuple[tuple[int, int], ...]) -> str:
+    """Replicas as `node:core,...` (the node's core that holds the copy); "-" for none."""
+    return ",".join(f"{node}:{core}" for node, core in replicas) or "-"
 
 
 def _limit(value: int) -> str:
@@ -323,7 +347,7 @@ def _bpf_snapshot(doc: dict[str, Any], data_dir: str | None, port: int) -> dict[
 def cmd_stats(args: argparse.Namespace) -> int:
     with Admin(args.bootstrap) as admin:
         doc = admin.stats()
-    bpf = _bpf_snapshot(doc, args.data_dir, parse_bootstrap(args.bootstrap)[1])
+    bpf = _bpf_snapshot(doc, args.data_dir, parse_bootstraps(args.bootstrap)[0][1])
     if args.format == "json":
         print(json.dumps({**doc, "bpf": bpf}, indent=1))
         return 0

@@ -21,6 +21,15 @@ and committed offsets live there): `coordinator_for(group, cores)`, the same ren
 `group_key(group)`, the 64-bit FNV-1a hash of the group id's UTF-8 bytes (offset basis
 0xCBF29CE484222325, prime 0x100000001B3). Clients may compute it to reach the coordinator at
 once; the broker forwards (our protocol) or answers NOT_COORDINATOR (Kafka's) when they do not.
+
+A cluster (docs/CLUSTER.md). A core of a node is named by one integer, `node_core_id(node, core)
+= node * 1000 + core`: the Kafka listener's broker id of that core (broker/core/views.py) and the
+client's connection key, so one node (node 0) keeps plain core ids. A group's coordinator is then
+one core of one node: the node is `coordinator_node(group, live node ids)`, rendezvous of
+`group_key(group)` over the nodes with the score broker/cluster/placement.py gives a partition
+over nodes (equal weights: Metadata carries no weights), and the core is `coordinator_for(group,
+that node's cores)`. A client that computes it from a stale list of live nodes is answered
+NOT_OWNER and asks Metadata again.
 """
 
 from __future__ import annotations
@@ -94,6 +103,46 @@ def coordinator_for(group: str, core_count: int) -> int:
     if best_core < 0:
         raise ValueError("no cores to coordinate a group")
     return best_core
+
+
+NODE_CORE_STRIDE = 1000  # node_core_id: room for 1000 cores per node
+NODE_SEED = 0x5EED  # the node's salt in the node score (broker/cluster/placement.py's)
+
+
+def node_core_id(node_id: int, core: int) -> int:
+    """The one integer that names `core` of node `node_id` (node 0: the core id itself)."""
+    assert node_id >= 0 and 0 <= core < NODE_CORE_STRIDE
+    return node_id * NODE_CORE_STRIDE + core
+
+
+def split_node_core_id(key: int) -> tuple[int, int]:
+    """(node id, core) of a `node_core_id`."""
+    assert key >= 0
+    node_id, core = divmod(key, NODE_CORE_STRIDE)
+    return node_id, core
+
+
+def node_hash(key: int, node_id: int) -> int:
+    """A node's 64-bit rendezvous hash for a u64 `key` (a partition's or a group's)."""
+    return mix64(key ^ mix64((node_id + NODE_SEED) & MASK64))
+
+
+def coordinator_node(group: str, node_ids: Iterable[int]) -> int:
+    """The node among the live `node_ids` that coordinates `group`.
+
+    Ranked as broker/cluster/placement.py ranks nodes for a partition with equal weights: its
+    score -1/ln(u), u the top 53 bits of `node_hash` mapped into (0, 1), grows with those bits,
+    so the highest `node_hash(key) >> 11` wins and ties go to the lower node id."""
+    key = group_key(group)
+    best_node = -1
+    best = -1
+    for node_id in node_ids:
+        s = node_hash(key, node_id) >> 11
+        if s > best or (s == best and node_id < best_node):
+            best_node, best = node_id, s
+    if best_node < 0:
+        raise ValueError("no live nodes to coordinate a group")
+    return best_node
 
 
 def port_core(source_port: int, cores: int) -> int:

@@ -1,9 +1,10 @@
 """Topic administration: create, delete, list, describe; and what the broker supports.
 
 `describe_topic` is Metadata for one topic, returned fresh (never from the cache): per-partition
-start and end offsets and owner cores are facts of the moment, not routing data. A core knows the
-offsets of its own partitions only (Metadata says -1 for the others), so those are asked of their
-owners with ListOffsets.
+start and end offsets, leaders and in-sync sets are facts of the moment, not routing data. A core
+knows the offsets of its own partitions only (Metadata says -1 for the others), so those are asked
+of their owners (in a cluster: leaders) with ListOffsets; a partition with no live leader is
+described with offsets -1 rather than waited for.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from broker.client.client import DEFAULT_BOOTSTRAP, AsyncClient
+from broker.client.client import DEFAULT_BOOTSTRAP, NO_ROUTE, AsyncClient
 from broker.client.errors import ClientClosedError, error_for
 from broker.client.loop_thread import LoopThread
 from ringlog_proto.messages import (
@@ -39,9 +40,13 @@ T = TypeVar("T")
 @dataclass(frozen=True, slots=True)
 class PartitionDescription:
     partition: int
-    owner_core: int
-    start_offset: int  # first offset still stored
+    owner_core: int  # the core serving it on its leader node; -1: no leader
+    start_offset: int  # first offset still stored (-1: unknown, no live leader)
     end_offset: int  # next offset to be assigned (the high watermark)
+    leader_node: int = 0  # -1: offline (no in-sync replica is live); one node: its node id
+    leader_epoch: int = 0
+    replicas: tuple[tuple[int, int], ...] = ()  # (node id, core), the preferred leader first
+    isr: tuple[tuple[int, int], ...] = ()  # the in-sync replicas, as (node id, core)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +57,8 @@ class TopicDescription:
     retention_bytes: int  # -2: unlimited
     segment_bytes: int
     partitions: tuple[PartitionDescription, ...]
-    cores: int  # the broker's worker cores (owner_core is one of 0..cores-1)
+    cores: int  # the answering broker's worker cores (one node: owner_core is one of 0..cores-1)
+    clustered: bool = False  # the answering broker is part of a cluster
 
 
 def _limit(value: int | None) -> int:
@@ -101,13 +107,20 @@ class AsyncAdmin:
         retention_ms: int | None = None,
         retention_bytes: int | None = None,
         segment_bytes: int | None = None,
+        replication: int = -1,
     ) -> int:
         """Create a topic; returns its id. None means the broker's default; -2 for retention
-        means keep forever / unlimited. Raises `TopicExistsError`, `InvalidTopicError`,
-        `InvalidConfigError`."""
+        means keep forever / unlimited; `replication` is the copies of each partition (-1: the
+        broker's default; more than 1 needs a cluster of that many live nodes). Raises
+        `TopicExistsError`, `InvalidTopicError`, `InvalidConfigError`."""
         resp = await self._client.request(
             CreateTopicRequest(
-                name, partitions, _limit(retention_ms), _limit(retention_bytes), _limit(segment_bytes)
+                name,
+                partitions,
+                _limit(retention_ms),
+                _limit(retention_bytes),
+                _limit(segment_bytes),
+                replication,
             )
         )
         assert isinstance(resp, CreateTopicResponse)
@@ -125,7 +138,8 @@ class AsyncAdmin:
         return sorted(t.name for t in resp.topics if t.error == ErrorCode.NONE)
 
     async def describe_topic(self, name: str) -> TopicDescription:
-        """A topic's settings and, per partition, owner core and start/end offsets (fresh)."""
+        """A topic's settings and, per partition, leader node and core, leader epoch, replicas,
+        in-sync replicas and start/end offsets (fresh)."""
         resp: MetadataResponse = await self._client.refresh_metadata((name,))
         for t in resp.topics:
             if t.name != name:
@@ -138,21 +152,31 @@ class AsyncAdmin:
                 )
             )
             return TopicDescription(
-                t.name, t.topic_id, t.retention_ms, t.retention_bytes, t.segment_bytes, parts, resp.cores
+                t.name,
+                t.topic_id,
+                t.retention_ms,
+                t.retention_bytes,
+                t.segment_bytes,
+                parts,
+                resp.cores,
+                resp.clustered,
             )
         raise error_for(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r}")
 
     async def _describe_partition(self, topic: str, p: PartitionMetadata) -> PartitionDescription:
-        if p.start_offset >= 0 and p.end_offset >= 0:
-            return PartitionDescription(p.index, p.owner_core, p.start_offset, p.end_offset)
-        offsets = []
-        for spec in (OffsetSpec.EARLIEST, OffsetSpec.LATEST):
-            resp = await self._client.partition_request(
-                topic, p.index, lambda tid, spec=spec: ListOffsetsRequest(tid, p.index, spec)
-            )
-            assert isinstance(resp, ListOffsetsResponse)
-            offsets.append(resp.offset)
-        return PartitionDescription(p.index, p.owner_core, offsets[0], offsets[1])
+        start, end = p.start_offset, p.end_offset
+        if (start < 0 or end < 0) and self._client.cached_route(topic, p.index) != NO_ROUTE:
+            offsets = []
+            for spec in (OffsetSpec.EARLIEST, OffsetSpec.LATEST):
+                resp = await self._client.partition_request(
+                    topic, p.index, lambda tid, spec=spec: ListOffsetsRequest(tid, p.index, spec)
+                )
+                assert isinstance(resp, ListOffsetsResponse)
+                offsets.append(resp.offset)
+            start, end = offsets
+        return PartitionDescription(
+            p.index, p.owner_core, start, end, p.leader_node, p.leader_epoch, p.replicas, p.isr
+        )
 
     async def stats(self) -> dict[str, Any]:
         """Every core's counters (the STATS api; docs/PROTOCOL.md §4.12): a dict with
@@ -211,9 +235,12 @@ class Admin:
         retention_ms: int | None = None,
         retention_bytes: int | None = None,
         segment_bytes: int | None = None,
+        replication: int = -1,
     ) -> int:
         return self._run(
-            self._async.create_topic(name, partitions, retention_ms, retention_bytes, segment_bytes)
+            self._async.create_topic(
+                name, partitions, retention_ms, retention_bytes, segment_bytes, replication
+            )
         )
 
     def delete_topic(self, name: str) -> None:

@@ -22,6 +22,10 @@ How records arrive:
   partition up to `max_fetch_connections` per core. Partitions that must share a fetch connection
   never long-poll there: when idle they re-fetch every `fetch_idle_ms` instead, so a busy
   partition's fetches never queue behind an idle one's wait.
+- Fetches go to the route key Metadata gives the partition (broker/client/client.py: its core;
+  in a cluster, its leader node's core). A partition with no live leader, NOT_OWNER and, in a
+  cluster, a lost connection back off, forget the topic's Metadata and fetch where a fresh one
+  says.
 
 Positions and groups:
 - With a `group`, a newly assigned partition starts at the group's committed offset (OffsetFetch),
@@ -62,13 +66,14 @@ from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from typing import Final
 
 from broker.client.backoff import backoff_delay
-from broker.client.client import DEFAULT_BOOTSTRAP, AsyncClient, TopicPartition
+from broker.client.client import DEFAULT_BOOTSTRAP, NO_ROUTE, AsyncClient, TopicPartition
 from broker.client.errors import (
     BrokerStorageError,
     BrokerUnavailable,
     ClientClosedError,
     ClientError,
     CorruptMessageError,
+    LeaderNotAvailableError,
     NotOwnerError,
     OffsetOutOfRangeError,
     RingLogError,
@@ -707,6 +712,10 @@ class AsyncConsumer:
             self._spawn(self._refresh_then_fetch(st, token))
             return
         core = info.owners[st.tp.partition]
+        if core == NO_ROUTE:  # no live leader now: back off, then a fresh Metadata
+            why = f"{st.tp.topic}/{st.tp.partition}: no live leader"
+            self._fetch_failed(st, LeaderNotAvailableError(ErrorCode.NOT_OWNER, why))
+            return
         conn = self._client.connection_nowait(core, st.lane)
         if conn is None:
             token = st.busy = object()
@@ -862,8 +871,10 @@ class AsyncConsumer:
             st.position = None  # poll resets it
             self._wake()
             return
-        if isinstance(exc, UnknownTopicError | NotOwnerError):
-            self._client.invalidate(st.tp.topic)
+        if isinstance(exc, UnknownTopicError | NotOwnerError) or (
+            self._client.clustered and isinstance(exc, BrokerUnavailable)
+        ):
+            self._client.invalidate(st.tp.topic)  # in a cluster the leader's node may be down
         st.errors += 1
         if isinstance(exc, BrokerStorageError):
             st.storage_errors += 1

@@ -126,6 +126,12 @@ class NotOwnerError(RingLogError):
     pass
 
 
+class LeaderNotAvailableError(NotOwnerError):
+    """Raised by the client itself (code NOT_OWNER, retriable) for a partition whose Metadata names
+    no live leader (offline, or its leader's node is down): ask Metadata again after a back-off,
+    as after the broker's own NOT_OWNER."""
+
+
 class BrokerShuttingDownError(RingLogError):
     pass
 
@@ -234,6 +240,7 @@ __all__ = [
     "InvalidGroupError",
     "InvalidRequestError",
     "InvalidTopicError",
+    "LeaderNotAvailableError",
     "MessageTooLargeError",
     "NotOwnerError",
     "OffsetOutOfRangeError",

@@ -2,7 +2,10 @@
 
 Rules this module keeps:
 - Kafka's classic protocol with client-side assignment, through the broker's one group
-  coordinator (the core `coordinator_for(group, cores)` names; broker/core/coordinator.py): the
+  coordinator (the core `AsyncClient.coordinator(group)` names: `coordinator_for(group, cores)`
+  on one node; in a cluster that core of the node `coordinator_node(group, live nodes)` names;
+  broker/core/coordinator.py). In a cluster a failed request (NOT_OWNER: the coordinator moved,
+  or a lost connection) also refreshes Metadata before the member joins again. The
   same groups Kafka consumers join on the Kafka listener, with Kafka's consumer-protocol bytes
   (ringlog_proto/consumer_protocol.py), so our Consumer and Kafka consumers can share a group.
 - Eager rebalancing, as Kafka's range assignor does it: on a rebalance every member gives up all
@@ -48,7 +51,6 @@ from ringlog_proto.messages import (
     SyncGroupRequest,
     SyncGroupResponse,
 )
-from ringlog_proto.routing import coordinator_for
 
 log = logging.getLogger(__name__)
 
@@ -135,8 +137,9 @@ class GroupMembership:
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def _request(self, req: object, timeout: float | None = None) -> object:
-        # the client learnt the core count from ApiVersions when it started
-        coordinator = coordinator_for(self.group, self.client.cores)
+        # one node: the client learnt the core count from ApiVersions when it started; a cluster:
+        # from the Metadata `subscribe` asked for the topics
+        coordinator = self.client.coordinator(self.group)
         conn = await self.client.connection(coordinator, lane=LANE)
         return await conn.request(req, timeout=timeout, check=False)  # type: ignore[arg-type]
 
@@ -155,6 +158,9 @@ class GroupMembership:
                 log.warning("group %s: %s; rejoining in %.1f s", self.group, exc, backoff)
                 await self._revoke()
                 await asyncio.sleep(backoff)
+                if self.client.clustered:
+                    with contextlib.suppress(ClientError):  # who coordinates it now
+                        await self.client.refresh_metadata(self.topics)
                 backoff = min(backoff * 2, 5.0)
 
     async def _revoke(self) -> None:

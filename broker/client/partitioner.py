@@ -10,12 +10,16 @@
    partition until its batch is sealed (full, or lingered and sent), then the next partition in
    round-robin order takes over. Plain round-robin would spread a burst over every partition in
    tiny batches; sticking fills one batch at a time. The first sticky partition is random so that
-   many producers do not all start on partition 0.
+   many producers do not all start on partition 0. In a cluster the producer passes `usable`
+   (the partitions with a live leader): the sticky choice skips the others while any is usable,
+   as Kafka's producer does, so keyless records do not wait for an election. Keyed and explicit
+   records keep their partition whatever its state: moving them would break per-key order.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 from crc32c import crc32c
 
@@ -34,7 +38,14 @@ class Partitioner:
         self._sticky: dict[str, int] = {}
         self._rng = rng or random.Random()
 
-    def partition(self, topic: str, key: bytes | None, partitions: int, explicit: int | None = None) -> int:
+    def partition(
+        self,
+        topic: str,
+        key: bytes | None,
+        partitions: int,
+        explicit: int | None = None,
+        usable: Callable[[int], bool] | None = None,
+    ) -> int:
         if explicit is not None:
             return explicit
         if key is not None:
@@ -42,6 +53,11 @@ class Partitioner:
         p = self._sticky.get(topic)
         if p is None or p >= partitions:
             p = self._sticky[topic] = self._rng.randrange(partitions)
+        if usable is not None and not usable(p):
+            for step in range(1, partitions):
+                if usable((p + step) % partitions):
+                    p = self._sticky[topic] = (p + step) % partitions
+                    break
         return p
 
     def batch_sealed(self, topic: str, partition: int, partitions: int) -> None:

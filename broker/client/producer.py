@@ -31,6 +31,12 @@ would pass 2**31 - 1 also start a new epoch.
 
 Without idempotence (`enable_idempotence=False`) retries may write a batch twice and, with
 `max_in_flight > 1`, reorder batches.
+
+Routing follows the client's (broker/client/client.py): a batch goes to the route key Metadata
+gives its partition. NOT_OWNER and UNKNOWN_TOPIC_OR_PARTITION forget the topic's Metadata, so the
+retry goes where a fresh Metadata says; in a cluster a lost connection does too (the leader's node
+may be down). A partition with no live leader (`NO_ROUTE`) keeps its batches queued and asks
+Metadata again with backoff until a leader appears or their delivery timeout passes.
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ import secrets
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from broker.client.accumulator import (
@@ -56,7 +62,7 @@ from broker.client.accumulator import (
     record_size,
 )
 from broker.client.backoff import backoff_delay
-from broker.client.client import DEFAULT_BOOTSTRAP, AsyncClient
+from broker.client.client import DEFAULT_BOOTSTRAP, NO_ROUTE, AsyncClient
 from broker.client.connection import AsyncConnection
 from broker.client.errors import (
     BrokerUnavailable,
@@ -519,7 +525,8 @@ class AsyncProducer:
             )
             _Parked(item, key, size, explicit, fut, callback, 0).fail(exc)
             return
-        p = self._partitioner.partition(topic, key, partitions, explicit)
+        usable = self._usable(topic) if self._client.clustered and key is None else None
+        p = self._partitioner.partition(topic, key, partitions, explicit, usable)
         ps = self._parts.get((topic, p))
         if ps is None:
             ps = self._parts[(topic, p)] = _Partition(
@@ -529,7 +536,7 @@ class AsyncProducer:
         if b is not None and not b.fits(size, self.batch_bytes):
             self._seal(ps)
             if key is None and explicit is None:  # the sticky partition moved on: follow it
-                p2 = self._partitioner.partition(topic, None, partitions)
+                p2 = self._partitioner.partition(topic, None, partitions, None, usable)
                 if p2 != p:
                     self._append(topic, partitions, item, key, size, p2, fut, callback)
                     return
@@ -546,6 +553,14 @@ class AsyncProducer:
         b.add(item, size, fut, callback)
         if b.size >= self.batch_bytes:
             self._seal(ps)
+
+    def _usable(self, topic: str) -> Callable[[int], bool] | None:
+        """A cluster's partitions of `topic` with a live leader, for the sticky partitioner."""
+        info = self._client.cached_topic(topic)
+        if info is None:
+            return None
+        owners = info.owners
+        return lambda p: p < len(owners) and owners[p] != NO_ROUTE
 
     def _seal(self, ps: _Partition) -> None:
         """Close the open batch to new records, queue it, and try to send."""
@@ -679,7 +694,9 @@ class AsyncProducer:
 
     def _on_failure(self, ps: _Partition, b: ProducerBatch, err: BaseException) -> None:
         b.last_error = err
-        if isinstance(err, UnknownTopicError | NotOwnerError):
+        if isinstance(err, UnknownTopicError | NotOwnerError) or (
+            self._client.clustered and isinstance(err, BrokerUnavailable | OSError)
+        ):
             self._client.invalidate(ps.topic)  # re-route after a fresh Metadata
         retry: bool
         known_refused: bool  # the broker certainly did not append this batch
@@ -809,6 +826,9 @@ class AsyncProducer:
             return None
         ps.topic_id = info.topic_id
         core = info.owners[ps.partition]
+        if core == NO_ROUTE:
+            self._lookup(ps.topic)  # waits for a leader (see _lookup_task)
+            return None
         conn = self._client.connection_nowait(core)
         if conn is None:
             self._connect(core)
@@ -821,11 +841,25 @@ class AsyncProducer:
 
     async def _lookup_task(self, topic: str) -> None:
         attempt = 0
+        refresh = False
         try:
             while True:
                 try:
-                    info = await self._client.topic(topic)
-                    break
+                    info = await self._client.topic(topic, refresh=refresh)
+                    if not self._leaderless(topic, info.owners):
+                        break
+                    # Batches wait for a partition with no live leader: ask again after a backoff.
+                    # Records waiting for the topic go to their partitions meanwhile: those with
+                    # a leader are sent (their pump finds this lookup under way for the others).
+                    refresh = True
+                    self._place_parked(topic, info.partitions)
+                    for ps in [ps for ps in self._parts.values() if ps.topic == topic]:
+                        self._expire(ps)
+                    if not self._leaderless(topic, info.owners):
+                        break
+                    log.debug("%s: a partition with batches has no live leader; asking again", topic)
+                    await asyncio.sleep(backoff_delay(attempt, self.retry_backoff, self.retry_backoff_max))
+                    attempt += 1
                 except (BrokerUnavailable, OSError) as exc:
                     self._expire_parked(topic, exc)
                     waiting = [ps for ps in self._parts.values() if ps.topic == topic]
@@ -844,10 +878,21 @@ class AsyncProducer:
                     return
         finally:
             self._lookups.pop(topic, None)
-        for p in self._parked.pop(topic, []):
-            self._append(topic, info.partitions, p.item, p.key, p.size, p.partition, p.future, p.callback)
+        self._place_parked(topic, info.partitions)
         for ps in [ps for ps in self._parts.values() if ps.topic == topic]:
             self._pump(ps)
+
+    def _place_parked(self, topic: str, partitions: int) -> None:
+        """Records that waited for the topic's partition count go to their partitions."""
+        for p in self._parked.pop(topic, []):
+            self._append(topic, partitions, p.item, p.key, p.size, p.partition, p.future, p.callback)
+
+    def _leaderless(self, topic: str, owners: tuple[int, ...]) -> bool:
+        """Whether a partition of `topic` with batches queued has no route now."""
+        return any(
+            ps.topic == topic and ps.partition < len(owners) and owners[ps.partition] == NO_ROUTE and ps.queue
+            for ps in self._parts.values()
+        )
 
     def _expire_parked(self, topic: str, cause: BaseException) -> None:
         now = time.monotonic()
@@ -897,6 +942,10 @@ class AsyncProducer:
                         return
                     await asyncio.sleep(backoff_delay(attempt, self.retry_backoff, self.retry_backoff_max))
                     attempt += 1
+                    if self._client.clustered:
+                        # Its node may be down: the pump asks Metadata who leads those partitions now.
+                        self._client.invalidate_route(core)
+                        break
         finally:
             self._connecting.pop(core, None)
         self._pump_all()

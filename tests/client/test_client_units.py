@@ -87,6 +87,20 @@ def test_partitioner_explicit_then_key_then_sticky() -> None:
     assert seen == [(first + i) % 5 for i in range(10)]  # round-robin, one batch each
 
 
+def test_partitioner_sticky_skips_partitions_with_no_leader() -> None:
+    """A cluster's keyless records avoid partitions with no live leader while any has one;
+    keyed and explicit records keep theirs."""
+    p = Partitioner(random.Random(3))
+    first = p.partition("t", None, 5)
+    down = {first, (first + 1) % 5}
+    usable = lambda q: q not in down  # noqa: E731
+    assert p.partition("t", None, 5, usable=usable) == (first + 2) % 5
+    assert p.partition("t", None, 5) == (first + 2) % 5, "the sticky partition moved"
+    assert p.partition("t", b"k", 5, usable=lambda q: False) == key_partition(b"k", 5)
+    assert p.partition("t", None, 5, explicit=first, usable=usable) == first
+    assert p.partition("t", None, 5, usable=lambda q: False) == (first + 2) % 5, "none usable: stay"
+
+
 def test_partitioner_sticky_start_is_random() -> None:
     starts = {Partitioner(random.Random(seed)).partition("t", None, 16) for seed in range(40)}
     assert len(starts) > 4

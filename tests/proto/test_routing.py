@@ -1,5 +1,6 @@
 """The reference rendezvous hash: known vectors, balance, and minimal movement when cores change;
-the group coordinator's hash (FNV-1a vectors, balance)."""
+the group coordinator's hash (FNV-1a vectors, balance); in a cluster, node-core ids and the
+coordinator node."""
 
 from __future__ import annotations
 
@@ -7,16 +8,21 @@ from collections import Counter
 
 import pytest
 
+from broker.cluster.placement import Candidate, rank
+from broker.core.views import kafka_broker_id
 from ringlog_proto.routing import (
     coordinator_for,
+    coordinator_node,
     group_key,
     mix64,
+    node_core_id,
     owner,
     partition_key,
     port_core,
     port_owner,
     shard_for,
     source_ports,
+    split_node_core_id,
 )
 
 
@@ -99,3 +105,37 @@ def test_coordinator_for_is_stable_and_spread() -> None:
     # a rendezvous: adding a fifth core moves only the groups it takes
     moved = [g for g in groups if coordinator_for(g, 5) != coordinator_for(g, 4)]
     assert all(coordinator_for(g, 5) == 4 for g in moved) and len(moved) < 1100
+
+
+# ----------------------------------------------------------------------------------- a cluster
+
+
+def test_node_core_ids_are_the_kafka_broker_ids() -> None:
+    for node, core in ((0, 0), (0, 7), (3, 0), (12, 999)):
+        key = node_core_id(node, core)
+        assert key == kafka_broker_id(node, core) and split_node_core_id(key) == (node, core)
+    assert node_core_id(0, 5) == 5, "one node: plain core ids"
+    with pytest.raises(AssertionError):
+        node_core_id(1, 1000)
+
+
+def test_coordinator_node_is_placement_with_equal_weights() -> None:
+    """The client's pure function and the cluster's placement rank nodes alike (the client may
+    not import broker.cluster): the group key stands where a partition's key does."""
+    nodes = [0, 1, 2, 5, 9]
+    for i in range(300):
+        group = f"orders-{i}"
+        key = group_key(group)
+        ranked = rank(key >> 32, key & 0xFFFFFFFF, [Candidate(n) for n in nodes])
+        assert coordinator_node(group, nodes) == ranked[0].node_id
+
+
+def test_coordinator_nodes_balance_and_move_only_from_a_lost_node() -> None:
+    groups = [f"g{i}" for i in range(3000)]
+    before = {g: coordinator_node(g, range(3)) for g in groups}
+    counts = Counter(before.values())
+    assert set(counts) == {0, 1, 2} and all(800 <= n <= 1200 for n in counts.values()), counts
+    after = {g: coordinator_node(g, [0, 2]) for g in groups}
+    assert all(before[g] == 1 for g in groups if before[g] != after[g])
+    with pytest.raises(ValueError, match="no live nodes"):
+        coordinator_node("g", [])
