@@ -18,14 +18,49 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from broker.storage.durable_file import replace_json
 
+if TYPE_CHECKING:
+    from broker.core.topics import Topic, TopicRegistry
+
 FILE_NAME = "cluster.json"
 NO_LEADER = -1
+
+
+class ClusterCalls(Protocol):
+    """The cluster's writes a core asks for (the node layer hands in `ClusterAdmin`, on the
+    store). Blocking: a core runs them on its `run_blocking` threads, never on its loop."""
+
+    def create_topic(
+        self,
+        registry: TopicRegistry,
+        name: str,
+        partitions: int,
+        retention_ms: int = -1,
+        retention_bytes: int = -1,
+        segment_bytes: int = -1,
+        replication: int = -1,
+    ) -> Topic: ...
+
+    def delete_topic(self, name: str) -> Topic: ...
+
+    def alter_isr(
+        self, topic_id: int, partition: int, leader: int, leader_epoch: int, isr: Sequence[int]
+    ) -> PartitionState: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSettings:
+    """A clustered core's settings (None in BrokerConfig: a single node)."""
+
+    calls: ClusterCalls
+    min_insync: int = 2  # Kafka's min.insync.replicas
+    replica_lag_max_ms: int = 10_000  # Kafka's replica.lag.time.max.ms (30 s there)
+    replica_fetch_wait_ms: int = 500  # a follower's long poll (Kafka's replica.fetch.wait.max.ms)
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from broker.core.cluster_view import ClusterSettings
 from broker.core.limits import Limits
 from broker.storage.log import LogConfig
 
@@ -39,3 +40,5 @@ class BrokerConfig:
     group_initial_rebalance_delay_ms: int = 3000
     # the supervisor's eBPF snapshot (bpf/state.py: `steering`, counters), or None without a plane
     bpf_snapshot: Callable[[], dict[str, Any] | None] = no_bpf_snapshot
+    # a node of a cluster (docs/CLUSTER.md): its store calls and replication settings; None: alone
+    cluster: ClusterSettings | None = None

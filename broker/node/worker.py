@@ -30,9 +30,14 @@ import signal
 import socket
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from bpf import state as bpf_state
 from broker.backends.uring_options import UringOptions
+from broker.cluster.admin import ClusterAdmin
+from broker.cluster.records import Keys
+from broker.cluster.store import EtcdStore
+from broker.core.cluster_view import ClusterSettings
 from broker.core.config import BrokerConfig
 from broker.core.limits import Limits
 from broker.node.logfmt import LogfmtFormatter
@@ -133,6 +138,23 @@ def config_from_spec(spec: dict[str, object]) -> BrokerConfig:
         limits=Limits.from_spec(spec.get("limits")),  # type: ignore[arg-type]
         group_initial_rebalance_delay_ms=int(spec.get("group_initial_rebalance_delay_ms", 3000)),  # type: ignore[call-overload]
         bpf_snapshot=functools.partial(bpf_state.read, str(spec["data_dir"])),  # cached by mtime, no bcc
+        node_id=int(spec.get("node_id", 0)),  # type: ignore[call-overload]
+        cluster=cluster_settings(spec.get("cluster")),  # type: ignore[arg-type]
+    )
+
+
+def cluster_settings(spec: dict[str, Any] | None) -> ClusterSettings | None:
+    """A clustered worker's settings: its calls to the store go through `ClusterAdmin` on an
+    `EtcdStore` of its own (made here, used only from its `run_blocking` threads)."""
+    if not spec:
+        return None
+    store = EtcdStore(tuple(spec["endpoints"]))
+    admin = ClusterAdmin(store, Keys(str(spec["name"])), int(spec["default_replication"]))
+    return ClusterSettings(
+        calls=admin,
+        min_insync=int(spec["min_insync"]),
+        replica_lag_max_ms=int(spec["replica_lag_max_ms"]),
+        replica_fetch_wait_ms=int(spec.get("replica_fetch_wait_ms", 500)),
     )
 
 
