@@ -34,9 +34,6 @@ from typing import Any
 
 from bpf import state as bpf_state
 from broker.backends.uring_options import UringOptions
-from broker.cluster.admin import ClusterAdmin
-from broker.cluster.records import Keys
-from broker.cluster.store import EtcdStore
 from broker.core.cluster_view import ClusterSettings
 from broker.core.config import BrokerConfig
 from broker.core.limits import Limits
@@ -148,6 +145,11 @@ def cluster_settings(spec: dict[str, Any] | None) -> ClusterSettings | None:
     `EtcdStore` of its own (made here, used only from its `run_blocking` threads)."""
     if not spec:
         return None
+    # here, not at the top: a single node's workers never load the etcd client (requests, etcd3gw)
+    from broker.cluster.admin import ClusterAdmin  # noqa: PLC0415
+    from broker.cluster.records import Keys  # noqa: PLC0415
+    from broker.cluster.store import EtcdStore  # noqa: PLC0415
+
     store = EtcdStore(tuple(spec["endpoints"]))
     admin = ClusterAdmin(store, Keys(str(spec["name"])), int(spec["default_replication"]))
     return ClusterSettings(
