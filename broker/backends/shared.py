@@ -864,16 +864,24 @@ class BackendCore:
             del self._work[partition]
 
     def _append(self, outcome: Append, conn: ServedConnection, slot: Slot) -> None:
-        """Run the append's operations; once it is visible, reply (acks=durable: after a flush)."""
+        """Run the append's operations; once it is visible, reply (acks=durable: after a flush;
+        acks=all: once the high watermark passes it, or after a flush when not replicated)."""
         partition = outcome.partition
 
         def done(reply: Reply | Silent | None, exc: BaseException | None) -> None:
             if exc is not None:
                 conn.fill(slot, outcome.fail(exc))
-            elif outcome.acks != Acks.DURABLE:
+            elif outcome.acks in (Acks.WRITTEN, Acks.NONE):
                 assert reply is not None
                 conn.fill(slot, reply)
-            else:
+            elif outcome.acks == Acks.ALL and partition.replica is not None:
+                # replicated acks=all: answered once the high watermark passes the batches
+                partition.after_replicated(
+                    outcome.pending.next_offset,
+                    lambda: conn.fill(slot, reply),
+                    lambda e: conn.fill(slot, outcome.fail(e)),
+                )
+            else:  # acks=durable, and acks=all of a partition that is not replicated
                 self.after_flush(
                     partition, lambda: conn.fill(slot, reply), lambda e: conn.fill(slot, outcome.fail(e))
                 )
