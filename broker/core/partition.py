@@ -33,7 +33,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
-from broker.core.outcomes import Append, Silent
 from broker.core.producer_state import ProducerState
 from broker.core.replication import (
     DEFAULT_MIN_INSYNC,
@@ -48,7 +47,6 @@ from broker.storage.epochs import EpochHistory
 from broker.storage.fdcache import FdCache
 from broker.storage.log import Log, LogConfig, PendingAppend
 from ringlog_proto.batch import BatchHeader, now_ms
-from ringlog_proto.messages import Acks
 
 
 class Stored(NamedTuple):
@@ -346,24 +344,6 @@ class Partition:
             hw = min(leader_hw, self.log.end_offset)
             if hw > replica.high_watermark:
                 replica.high_watermark = hw
-
-    def replica_append_outcomes(self, records: bytes, leader_hw: int) -> list[Append]:
-        """`append_replica` as `Append` outcomes (acks=1, answered Silent): the caller runs each
-        one's ops and calls `complete()` or `fail(exc)` in order (the backend's `_append` does
-        both); each completed one takes the leader's HW `leader_hw` as far as the log reaches."""
-        outcomes = []
-        for pending in self.append_replica(records):
-
-            def complete(pending: PendingReplicaAppend = pending) -> Silent:
-                pending.complete()
-                self.follower_high_watermark(leader_hw)
-                return Silent()
-
-            def fail(exc: BaseException) -> Silent:
-                return Silent()
-
-            outcomes.append(Append(self, pending.pending, Acks.WRITTEN, complete, fail))
-        return outcomes
 
     def truncate_to(self, offset: int) -> int:
         """Drop every batch at or above `offset` (to the batch boundary at or below it); the

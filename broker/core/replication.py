@@ -15,31 +15,19 @@ Rules this module keeps:
   refused before anything is written when fewer than `min_insync` replicas are in sync
   (`NotEnoughReplicasError`); its waiters fail when the ISR shrinks below that or the leader
   steps down.
-- The follower side (`ReplicaFetcher`) builds one ReplicaFetch for every partition it follows
-  on one leader core and applies the answer: a diverging epoch (KIP-320) truncates to the
-  smaller of the leader's end for that epoch and its own, records are appended as the leader
-  wrote them (`Partition.append_replica`), the leader's high watermark is taken (bounded by the
-  local log end). Errors back off per partition, doubling up to a cap.
+- The follower's fetch loop is broker/core/replica_fetcher.py (it drives partitions, which hold
+  these states: a module of its own keeps the imports acyclic).
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
-from ringlog_proto import messages as m
-
-if TYPE_CHECKING:
-    from broker.core.outcomes import Append
-    from broker.core.partition import Partition
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 DEFAULT_MIN_INSYNC = 2
 DEFAULT_LAG_MAX_MS = 30_000
-BACKOFF_MIN_MS = 100
-BACKOFF_MAX_MS = 5_000
 
 
 class NotLeaderError(Exception):
@@ -192,123 +180,3 @@ class FollowerState:
         self.epoch = epoch
         self.leader = leader
         self.high_watermark = high_watermark
-
-
-# ----------------------------------------------------------------------------- the follower's fetch loop
-
-
-@dataclass(slots=True)
-class _Fetched:
-    partition: Partition
-    backoff_ms: int = 0
-    retry_at_ms: int = 0
-    last_error: m.ErrorCode = m.ErrorCode.NONE
-
-
-@dataclass(slots=True)
-class Applied:
-    """What applying one ReplicaFetch response did: the appends to carry out (each an `Append`
-    outcome: run its ops, then `complete()` or `fail(exc)`), the partitions truncated, errors."""
-
-    appends: list[Append] = field(default_factory=list)
-    truncated: dict[tuple[int, int], int] = field(default_factory=dict)  # key -> new log end
-    # the leader's error code, or what refused the records here (handlers.error_of maps it)
-    errors: dict[tuple[int, int], m.ErrorCode | BaseException] = field(default_factory=dict)
-
-
-class ReplicaFetcher:
-    """This node's fetching from one leader core: every partition it follows there."""
-
-    def __init__(
-        self,
-        node_id: int,
-        max_wait_ms: int = 500,
-        min_bytes: int = 1,
-        max_bytes: int = 8 << 20,
-    ) -> None:
-        self.node_id = node_id
-        self.max_wait_ms = max_wait_ms
-        self.min_bytes = min_bytes
-        self.max_bytes = max_bytes
-        self._partitions: dict[tuple[int, int], _Fetched] = {}
-
-    def add(self, partition: Partition) -> None:
-        key = (partition.topic_id, partition.index)
-        if key not in self._partitions:
-            self._partitions[key] = _Fetched(partition)
-        else:
-            self._partitions[key].partition = partition
-
-    def remove(self, topic_id: int, index: int) -> None:
-        self._partitions.pop((topic_id, index), None)
-
-    def partitions(self) -> list[Partition]:
-        return [f.partition for f in self._partitions.values()]
-
-    def __len__(self) -> int:
-        return len(self._partitions)
-
-    def request(self, now_ms: int) -> m.ReplicaFetchRequest | None:
-        """The next ReplicaFetch: every followed partition not backing off (None if none is).
-        Partitions with appends still in flight are left out (their fetch offset is not known)."""
-        parts = []
-        for (tid, index), f in self._partitions.items():
-            p = f.partition
-            if f.retry_at_ms > now_ms or p.log.next_offset != p.log.end_offset:
-                continue
-            state = p.replica
-            if not isinstance(state, FollowerState):
-                continue
-            parts.append(
-                m.ReplicaFetchPartition(tid, index, p.log.end_offset, p.epochs.latest_epoch, state.epoch)
-            )
-        if not parts:
-            return None
-        return m.ReplicaFetchRequest(
-            self.node_id, self.max_wait_ms, self.min_bytes, self.max_bytes, tuple(parts)
-        )
-
-    def next_retry_ms(self) -> int | None:
-        """When the earliest backing-off partition may be fetched again (None: none backs off)."""
-        times = [f.retry_at_ms for f in self._partitions.values() if f.backoff_ms]
-        return min(times) if times else None
-
-    def apply(self, response: m.ReplicaFetchResponse, now_ms: int) -> Applied:
-        """Apply the leader's answer: truncations happen here (synchronous, a cold path), the
-        appends are returned to be carried out, in order per partition."""
-        out = Applied()
-        for r in response.partitions:
-            key = (r.topic_id, r.partition)
-            f = self._partitions.get(key)
-            if f is None:
-                continue
-            p = f.partition
-            state = p.replica
-            if r.error != m.ErrorCode.NONE or not isinstance(state, FollowerState):
-                code = r.error if r.error != m.ErrorCode.NONE else m.ErrorCode.NOT_OWNER
-                f.backoff_ms = min(max(f.backoff_ms * 2, BACKOFF_MIN_MS), BACKOFF_MAX_MS)
-                f.retry_at_ms = now_ms + f.backoff_ms
-                f.last_error = code
-                out.errors[key] = code
-                continue
-            f.backoff_ms = 0
-            f.retry_at_ms = 0
-            f.last_error = m.ErrorCode.NONE
-            if r.diverging_epoch != m.NO_DIVERGENCE or r.diverging_end_offset != m.NO_DIVERGENCE:
-                out.truncated[key] = p.truncate_diverged(r.diverging_epoch, r.diverging_end_offset)
-                continue
-            if r.records:
-                try:
-                    out.appends += p.replica_append_outcomes(r.records, r.high_watermark)
-                except Exception as exc:  # refused before anything was written: back off
-                    f.backoff_ms = min(max(f.backoff_ms * 2, BACKOFF_MIN_MS), BACKOFF_MAX_MS)
-                    f.retry_at_ms = now_ms + f.backoff_ms
-                    out.errors[key] = exc
-            else:
-                p.follower_high_watermark(r.high_watermark)
-        return out
-
-
-def follower_states(partitions: Mapping[tuple[int, int], Partition]) -> dict[tuple[int, int], int]:
-    """(topic id, partition) -> leader node of every partition this core follows (for the agent)."""
-    return {k: p.replica.leader for k, p in partitions.items() if isinstance(p.replica, FollowerState)}

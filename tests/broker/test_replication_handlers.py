@@ -13,7 +13,7 @@ from broker.core.config import BrokerConfig
 from broker.core.handlers import Handlers
 from broker.core.outcomes import Append, Gather, Later, Outcome, Read, Reply, Silent, Wait
 from broker.core.partition import Partition
-from broker.core.replication import ReplicaFetcher
+from broker.core.replica_fetcher import ReplicaFetcher
 from broker.storage.fileio import SyncFileIO, run_ops
 from ringlog_proto import messages as m
 from ringlog_proto.batch import encode_batch, read_header
