@@ -30,7 +30,7 @@ Rules this module keeps:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 from broker.core.producer_state import ProducerState
@@ -135,16 +135,21 @@ class Partition:
         self.leader_epoch = max(self.epochs.latest_epoch, 0)  # stamped into produced batches
 
     def _rebuild(self) -> None:
-        """Producer state and epoch history from the batch headers (one pread per batch)."""
-        producers = ProducerState()
+        """Producer state and epoch history from the batch headers, in one walk (a pread per
+        batch: what opening a partition already cost for the producer state alone)."""
         epochs = EpochHistory()
-        for h in self.log.batch_headers(self.log.start_offset):
-            producers._remember(h)
-            epochs.assign(h.partition_leader_epoch, h.base_offset)
-        self.producers = producers
+
+        def headers() -> Iterator[BatchHeader]:
+            for h in self.log.batch_headers(self.log.start_offset):
+                epochs.assign(h.partition_leader_epoch, h.base_offset)
+                yield h
+
+        self.producers = ProducerState.rebuild(headers())
         self.epochs = epochs
 
     def close(self) -> None:
+        if isinstance(self.replica, LeaderState):
+            self.replica.fail_waiters(NotLeaderError("the partition closed"))
         self.wake_waiters()
         self.log.close()
 
@@ -193,9 +198,12 @@ class Partition:
         node_id: int,
         now: int | None = None,
         min_insync: int = DEFAULT_MIN_INSYNC,
+        high_watermark: int | None = None,
     ) -> None:
         """Lead this partition at `epoch` (the controller's). The same epoch again updates the
-        replicas and ISR only; an older one is ignored (a restarted worker never steps back)."""
+        replicas and ISR only; an older one is ignored (a restarted worker never steps back).
+        The HW starts at `high_watermark` if given, else where it was (a follower's, or the log
+        end of a partition that was not replicated), and only grows from there."""
         now = now_ms() if now is None else now
         current = self.replica
         if current is not None and epoch < current.epoch:
@@ -206,21 +214,22 @@ class Partition:
             current.min_insync = min_insync
             self._run_ready(current.set_isr(isr, end))
             return
-        hw = current.high_watermark if current is not None else self.log.start_offset
+        hw = self.high_watermark if high_watermark is None else high_watermark
         self._step_down(epoch)
         self.replica = LeaderState(node_id, epoch, replicas, isr, min(hw, end), now, min_insync)
         self.leader_epoch = epoch
         self._run_ready(self.replica.advance(end))
 
-    def become_follower(self, epoch: int, leader: int) -> None:
-        """Follow `leader` at `epoch`; acks=all produces waiting here fail (NOT_LEADER)."""
+    def become_follower(self, epoch: int, leader: int, high_watermark: int | None = None) -> None:
+        """Follow `leader` at `epoch`; acks=all produces waiting here fail (NOT_OWNER). The HW
+        starts as `become_leader`'s does; the leader's answers move it."""
         current = self.replica
         if current is not None and epoch < current.epoch:
             return
         if isinstance(current, FollowerState) and current.epoch == epoch:
             current.leader = leader
             return
-        hw = current.high_watermark if current is not None else self.log.start_offset
+        hw = self.high_watermark if high_watermark is None else high_watermark
         self._step_down(epoch)
         self.replica = FollowerState(epoch, leader, min(hw, self.log.end_offset))
         self.leader_epoch = epoch

@@ -517,7 +517,7 @@ class KafkaAdapter:
             partitions = []
             for lp in topic.partitions:
                 index, spec = int(lp.partition_index), int(lp.timestamp)
-                code, offset = ErrorCode.none, -1
+                code, offset, epoch = ErrorCode.none, -1, -1
                 try:
                     target = self.handlers.partition_named(topic.name, index)
                     if not isinstance(target, Partition):
@@ -525,6 +525,7 @@ class KafkaAdapter:
                     log_ = target.log
                     if target.replica is not None:
                         target.check_leader()
+                    epoch = target.leader_epoch
                     if spec == -1:
                         offset = target.high_watermark
                     elif spec == -2:
@@ -543,7 +544,7 @@ class KafkaAdapter:
                         error_code=code,
                         timestamp=-1,
                         offset=offset,
-                        leader_epoch=0 if code == ErrorCode.none else -1,
+                        leader_epoch=epoch if code == ErrorCode.none else -1,
                     )
                 )
             topics.append(

@@ -8,12 +8,14 @@ import os
 from pathlib import Path
 
 import pytest
+from kio.schema.errors import ErrorCode
 
 from broker.core.config import BrokerConfig
 from broker.core.handlers import Handlers
 from broker.core.outcomes import Append, Gather, Later, Outcome, Read, Reply, Silent, Wait
 from broker.core.partition import Partition
 from broker.core.replica_fetcher import ReplicaFetcher
+from broker.kafka.leader_epoch import epoch_end
 from broker.storage.fileio import SyncFileIO, run_ops
 from ringlog_proto import messages as m
 from ringlog_proto.batch import encode_batch, read_header
@@ -256,3 +258,20 @@ def test_a_divergent_follower_truncates_after_a_leader_change(pair: tuple[Node, 
     assert a.stored() == b.stored()
     assert a.partition.epochs.entries() == [(1, 0), (2, 1)]
     assert a.partition.end_offset_for_epoch(1) == (1, 1)
+
+
+def test_offset_for_leader_epoch_answers_from_the_epoch_history(pair: tuple[Node, Node]) -> None:
+    a, b = pair
+    a.produce(b"m1")
+    b.fetch_from(a)
+    b.fetch_from(a)
+    b.lead(2, (1, 2), (1, 2))
+    a.follow(2, leader=2)
+    b.produce(b"m2")
+    b.produce(b"m3")
+    assert epoch_end(b.handlers, "t", 0, -1, 1) == (ErrorCode.none, 1, 1)
+    assert epoch_end(b.handlers, "t", 0, 2, 2) == (ErrorCode.none, 2, 3)
+    assert epoch_end(b.handlers, "t", 0, -1, 0) == (ErrorCode.none, -1, -1), "below the first epoch"
+    assert epoch_end(b.handlers, "t", 0, 3, 2)[0] == ErrorCode.unknown_leader_epoch
+    assert epoch_end(b.handlers, "t", 0, 1, 1)[0] == ErrorCode.fenced_leader_epoch
+    assert epoch_end(a.handlers, "t", 0, -1, 1)[0] == ErrorCode.not_leader_or_follower
