@@ -200,3 +200,22 @@ def test_high_watermark_is_the_isrs_smallest_log_end_and_never_goes_back(
     leader.replica_fetched(2, 4, now=40_000)
     assert leader.isr_proposal(40_000, 30_000) == IsrProposal(leave=(), join=(2,))
     leader.close()
+
+
+def test_truncation_to_a_segment_base_leaves_it_empty_and_reusable(tmp_path: Path, space: DiskSpace) -> None:
+    leader, follower = leader_and_follower(tmp_path)
+    for i in range(10):
+        produced(leader, batch(1, pid=7, seq=i), space)
+    copied(follower, everything(leader))
+    assert len(follower.log.segments) >= 2
+    base = follower.log.segments[1].base_offset
+    assert follower.truncate_to(base) == base
+    assert follower.log.segments[-1].base_offset == base and follower.log.segments[-1].size == 0
+    follower.close()
+    again = Partition(1, 0, str(tmp_path / "follower"), SMALL)
+    assert again.log.end_offset == base
+    again.become_follower(1, leader=1)
+    assert copied(again, leader.log.read(base, 1 << 20).data) > base
+    assert everything(again) == everything(leader)[: len(everything(again))]
+    again.close()
+    leader.close()
