@@ -330,6 +330,21 @@ class GatherPart:
         self._done(slot)
 
 
+class _Internal:
+    """The connection of an outcome carried out for the broker itself (a follower's append):
+    its answer only says it is done."""
+
+    __slots__ = ("_done",)
+    closed = False
+    from_peer = True
+
+    def __init__(self, done: Callable[[], None]) -> None:
+        self._done = done
+
+    def fill(self, slot: Slot, outcome: Reply | Silent) -> None:
+        self._done()
+
+
 class Cancellable(Protocol):
     def cancel(self) -> None: ...
 
@@ -898,6 +913,12 @@ class BackendCore:
             self._advance_appends(partition, work)
 
         self.run_append(partition, outcome.pending.ops, written)
+
+    def run_replica_append(self, outcome: Append, done: Callable[[], None]) -> None:
+        """Carry out an `Append` no client waits for: a follower's copy of its leader's batches
+        (broker/core/replica_fetcher.py), in order with the partition's other appends; `done()`
+        once it completed or failed (its own callbacks said which)."""
+        self._append(outcome, _Internal(done), Slot(time.monotonic_ns()))  # type: ignore[arg-type]
 
     def _advance_appends(self, partition: Partition, work: PartitionWork) -> None:
         """Make finished appends visible in prepare order; undo from the first failed one, once

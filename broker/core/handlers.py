@@ -686,7 +686,7 @@ class Handlers:
         for i, fp in enumerate(req.partitions):
             tid, index = fp.topic_id, fp.partition
             try:
-                p = self._replica_partition(tid, index)
+                p = self.partition_by_id(tid, index)
                 if not isinstance(p.replica, LeaderState):
                     raise NotLeaderError("this replica does not lead it")
                 p.check_leader(fp.current_leader_epoch)
@@ -768,8 +768,10 @@ class Handlers:
 
         return Read(extent, finish, fail)
 
-    def _replica_partition(self, topic_id: int, index: int) -> Partition:
-        """A partition of this core named in a ReplicaFetch (opened on first use)."""
+    def partition_by_id(self, topic_id: int, index: int) -> Partition:
+        """Partition `index` of topic id `topic_id` when this core owns it (opened, made if new):
+        what ReplicaFetch names, and what the cluster agent gives roles to (`become_leader`,
+        `become_follower`). `NotLeaderError` for another core's, `TopicError` for an unknown one."""
         p = self.partitions.get((topic_id, index))
         if p is not None:
             return p

@@ -13,6 +13,7 @@ from broker.backends.shared import BackendCore, Slot
 from broker.core.config import BrokerConfig
 from broker.core.outcomes import Append, Reply
 from broker.core.partition import Partition
+from broker.core.replica_fetcher import append_outcomes
 from broker.storage.diskspace import DiskSpace
 from broker.storage.fileio import SyncFileIO, run_ops
 from broker.storage.log import LogConfig
@@ -130,3 +131,27 @@ def test_a_replicated_acks_all_append_is_answered_when_the_high_watermark_passes
     p.become_follower(2, leader=2)  # no flush was asked for either
     assert not core.turn_end
     p.close()
+
+
+def test_a_followers_append_runs_in_order_and_says_when_it_is_done(tmp_path: Any) -> None:
+    core = FakeCore()
+    leader = Partition(1, 0, str(tmp_path / "a"), LogConfig())
+    follower = Partition(1, 0, str(tmp_path / "b"), LogConfig())
+    leader.become_leader(1, (1, 2), (1, 2), node_id=1, now=0)
+    follower.become_follower(1, leader=1)
+    for value in (b"x", b"y"):
+        produced = leader.produce(encode_batch([value]), DiskSpace(str(tmp_path), 0))
+        run_ops(SyncFileIO(), produced.pending.ops)  # type: ignore[union-attr]
+        produced.complete()  # type: ignore[union-attr]
+    data = leader.log.read(0, 1 << 20).data
+    done: list[int] = []
+    (append,) = append_outcomes(follower, data, leader_hw=2)
+    core.run_replica_append(append, lambda: done.append(follower.log.end_offset))
+    assert follower.log.end_offset == 0 and done == []
+    ops, written = core.running.pop()
+    run_ops(SyncFileIO(), ops)
+    written(None)
+    assert done == [2] and follower.high_watermark == 2
+    assert follower.log.read(0, 1 << 20).data == data
+    leader.close()
+    follower.close()
