@@ -705,6 +705,15 @@ class Handlers:
                     )
                 p.replica_fetched(req.replica_node, fp.fetch_offset, now)
                 extent = log_.prepare_read(fp.fetch_offset, max(budget - readable, 1))
+            except OffsetOutOfRangeError as exc:  # where the follower may start over, if below
+                log.info("replica fetch of %d/%d by node %d: %s", tid, index, req.replica_node, exc)
+                start = p.log.start_offset
+                results.append(
+                    m.ReplicaFetchPartitionData(
+                        tid, index, m.ErrorCode.OFFSET_OUT_OF_RANGE, p.high_watermark, start
+                    )
+                )
+                continue
             except Exception as exc:
                 results.append(m.ReplicaFetchPartitionData(tid, index, error_of(exc)[0]))
                 continue

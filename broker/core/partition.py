@@ -368,6 +368,16 @@ class Partition:
             replica.high_watermark = end
         return end
 
+    def restart_at(self, offset: int) -> None:
+        """A follower whose leader's log now starts above this log's end: drop everything and
+        start over, empty, at `offset` (the leader's log start; everything below it was
+        committed, so the HW is at least there)."""
+        self.log.restart_at(offset)
+        self._rebuild()
+        replica = self.replica
+        if replica is not None and replica.high_watermark < offset:
+            replica.high_watermark = offset
+
     def truncate_diverged(self, epoch: int, end_offset: int) -> int:
         """The leader said (KIP-320) that our last epoch diverges: truncate to the smaller of its
         end for that epoch and ours; an epoch the leader does not know falls back to our HW."""

@@ -6,7 +6,9 @@ Rules this module keeps:
   it and moves the frames). A partition with appends still in flight is left out of a request
   (its fetch offset is not known yet); fetch offset = the log end, last fetched epoch = the
   epoch of its last batch (broker/storage/epochs.py), current leader epoch = the follower's.
-- Applying an answer: a diverging epoch (KIP-320) truncates to the smaller of the leader's end
+- Applying an answer: OFFSET_OUT_OF_RANGE with the leader's log start above the follower's end
+  (retention deleted what it still needs) starts the follower's log over, empty, there
+  (`Partition.restart_at`); a diverging epoch (KIP-320) truncates to the smaller of the leader's end
   for that epoch and the follower's own (`Partition.truncate_diverged`, synchronous: a cold
   path); records become `Append` outcomes, one per segment they fill, carried out by the caller
   in order (`Partition.append_replica`: offsets and epochs as the leader wrote them); the
@@ -134,6 +136,14 @@ class ReplicaFetcher:
                 continue
             p = f.partition
             state = p.replica
+            if (
+                r.error == m.ErrorCode.OFFSET_OUT_OF_RANGE
+                and isinstance(state, FollowerState)
+                and r.log_start_offset > p.log.end_offset
+            ):  # the leader deleted what this follower still needs: start over at its log start
+                p.restart_at(r.log_start_offset)
+                out.truncated[key] = r.log_start_offset
+                continue
             if r.error != m.ErrorCode.NONE or not isinstance(state, FollowerState):
                 code = r.error if r.error != m.ErrorCode.NONE else m.ErrorCode.NOT_OWNER
                 f.backoff_ms = min(max(f.backoff_ms * 2, BACKOFF_MIN_MS), BACKOFF_MAX_MS)

@@ -895,6 +895,28 @@ class Log:
         self._assert_marks()
         return new_end
 
+    def restart_at(self, offset: int) -> None:
+        """Delete every segment and start over, empty, at `offset` above the end: a follower
+        whose leader no longer holds the follower's end (retention deleted it there). Durable on
+        return; no segment name is reused (every old one is below `offset`)."""
+        self.check_usable()
+        if self._pending:
+            raise StorageError("restart with appends in flight")
+        if offset <= self.end_offset:
+            raise OffsetOutOfRangeError(f"restart at {offset}: not above the log end {self.end_offset}")
+        old, self.segments, self._bases = self.segments, [], []
+        for seg in old:
+            self._unsynced.pop(seg, None)
+            seg.delete()
+        self._release_active()
+        self._active = Segment.create(self.directory, offset, self.io, self.cache)  # created pinned
+        self._add_segment(self._active)
+        self._next_offset = offset
+        self._reserved_size = 0
+        self.io.fsync_dir(self.directory)
+        self.durable_offset = offset
+        self._assert_marks()
+
     def apply_retention(self, now: int | None = None) -> int:
         """Delete whole closed segments past `retention_ms` or beyond `retention_bytes`.
 

@@ -17,6 +17,7 @@ from broker.core.partition import Partition
 from broker.core.replica_fetcher import ReplicaFetcher
 from broker.kafka.leader_epoch import epoch_end
 from broker.storage.fileio import SyncFileIO, run_ops
+from broker.storage.log import LogConfig
 from ringlog_proto import messages as m
 from ringlog_proto.batch import encode_batch, read_header
 from ringlog_proto.frames import FrameDecoder
@@ -275,3 +276,18 @@ def test_offset_for_leader_epoch_answers_from_the_epoch_history(pair: tuple[Node
     assert epoch_end(b.handlers, "t", 0, 3, 2)[0] == ErrorCode.unknown_leader_epoch
     assert epoch_end(b.handlers, "t", 0, 1, 1)[0] == ErrorCode.fenced_leader_epoch
     assert epoch_end(a.handlers, "t", 0, -1, 1)[0] == ErrorCode.not_leader_or_follower
+
+
+def test_a_follower_behind_the_leaders_log_start_starts_over_there(pair: tuple[Node, Node]) -> None:
+    a, b = pair
+    a.partition.log.config = LogConfig(segment_bytes=400, max_batch_bytes=400, retention_bytes=1)
+    for i in range(12):
+        a.produce(b"v%d" % i)
+    assert a.partition.apply_retention() > 0
+    start = a.partition.log.start_offset
+    assert start > 0
+    b.fetch_from(a)  # offset 0 is gone there
+    assert (b.partition.log.start_offset, b.partition.log.end_offset) == (start, start)
+    b.fetch_from(a)
+    assert b.stored() == a.stored() and b.partition.log.end_offset == 12
+    assert b.partition.high_watermark >= start
