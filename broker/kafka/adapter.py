@@ -443,7 +443,7 @@ class KafkaAdapter:
                     limit = min(max(int(fp.partition_max_bytes), 1), FETCH_PARTITION_MAX)
                     upto = None
                     if target.replica is not None:  # replicated: read below the high watermark
-                        target.check_leader()
+                        target.check_leader(int(getattr(fp, "current_leader_epoch", -1)))
                         upto = target.high_watermark
                     extent = log_.prepare_read(int(fp.fetch_offset), limit, upto)
                 except Exception as exc:
@@ -524,7 +524,7 @@ class KafkaAdapter:
                         raise NotLeaderError(f"led by core {target}")
                     log_ = target.log
                     if target.replica is not None:
-                        target.check_leader()
+                        target.check_leader(int(getattr(lp, "current_leader_epoch", -1)))
                     epoch = target.leader_epoch
                     if spec == -1:
                         offset = target.high_watermark
