@@ -43,6 +43,7 @@ class ApiKey(IntEnum):
     SYNC_GROUP = 11
     HEARTBEAT = 12
     LEAVE_GROUP = 13
+    REPLICA_FETCH = 14
 
 
 # The current layout version of each API (requests and responses of one API share it). A change of
@@ -84,6 +85,7 @@ class ErrorCode(IntEnum):
     ILLEGAL_GENERATION = 21  # a generation the group has moved past: rejoin
     UNKNOWN_MEMBER_ID = 22  # the coordinator does not know this member (expired, left): rejoin as new
     INCONSISTENT_GROUP_PROTOCOL = 23  # no assignor, or not the group's protocol type, shared by all
+    NOT_ENOUGH_REPLICAS = 24  # acks=all with fewer in-sync replicas than min_insync: nothing stored
 
     @property
     def retriable(self) -> bool:
@@ -96,6 +98,7 @@ _RETRIABLE = frozenset(
         ErrorCode.NOT_OWNER,
         ErrorCode.BROKER_SHUTTING_DOWN,
         ErrorCode.STORAGE_ERROR,
+        ErrorCode.NOT_ENOUGH_REPLICAS,
     }
 )
 
@@ -106,6 +109,7 @@ class Acks(IntEnum):
     NONE = 0  # no response at all
     WRITTEN = 1  # after the write reached the page cache: survives a broker crash
     DURABLE = 2  # after fdatasync (group commit): survives a power loss
+    ALL = -1  # after every in-sync replica has it (the high watermark passed it); unreplicated: DURABLE
 
 
 class OffsetSpec(IntEnum):
@@ -491,6 +495,56 @@ class StatsRequest(Request):
         return cls()
 
 
+NO_DIVERGENCE = -1  # a ReplicaFetch answer's diverging epoch and end offset when there is none
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaFetchPartition:
+    # topic_id u32, partition u32, fetch_offset i64 (the follower's log end), last_fetched_epoch
+    # i32 (the epoch of its last batch, -1 if none), current_leader_epoch i32
+    topic_id: int
+    partition: int
+    fetch_offset: int
+    last_fetched_epoch: int
+    current_leader_epoch: int
+
+
+_REPLICA_PARTITION = "IIqii"
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaFetchRequest(Request):
+    # replica_node i32, max_wait_ms i32, min_bytes i32, max_bytes i32,
+    # partitions array<ReplicaFetchPartition>
+    # (a follower's fetch from one leader core, every partition it follows there)
+    API_KEY: ClassVar[ApiKey] = ApiKey.REPLICA_FETCH
+    replica_node: int = -1
+    max_wait_ms: int = 0
+    min_bytes: int = 1
+    max_bytes: int = 8 << 20
+    partitions: tuple[ReplicaFetchPartition, ...] = ()
+
+    def write(self, w: Writer) -> None:
+        w.pack("iiii", self.replica_node, self.max_wait_ms, self.min_bytes, self.max_bytes)
+        w.array(len(self.partitions))
+        for p in self.partitions:
+            w.pack(
+                _REPLICA_PARTITION,
+                p.topic_id,
+                p.partition,
+                p.fetch_offset,
+                p.last_fetched_epoch,
+                p.current_leader_epoch,
+            )
+
+    @classmethod
+    def read(cls, r: Reader, frame: Frame) -> ReplicaFetchRequest:
+        node, wait, min_bytes, max_bytes = r.unpack("iiii")
+        size = struct.calcsize(">" + _REPLICA_PARTITION)
+        parts = tuple(ReplicaFetchPartition(*r.unpack(_REPLICA_PARTITION)) for _ in range(r.array(size)))
+        return cls(node, wait, min_bytes, max_bytes, parts)
+
+
 # ------------------------------------------------------------------------------------ peeks
 # What the broker must know of a request before it decodes it, or without decoding it (a frame
 # forwarded to its owner is not decoded by the core that forwards it): one field each, read where
@@ -547,6 +601,7 @@ REQUEST_TYPES: dict[int, type[Request]] = {
         SyncGroupRequest,
         HeartbeatRequest,
         LeaveGroupRequest,
+        ReplicaFetchRequest,
     )
 }
 SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
@@ -907,6 +962,51 @@ class StatsResponse(Response):
         return {"core": core, "stats_json": text}
 
 
+@dataclass(frozen=True, slots=True)
+class ReplicaFetchPartitionData:
+    # topic_id u32, partition u32, error i16, high_watermark i64, log_start i64,
+    # diverging_epoch i32, diverging_end_offset i64 (both -1: no divergence), records bytes
+    topic_id: int
+    partition: int
+    error: ErrorCode = ErrorCode.NONE
+    high_watermark: int = -1
+    log_start_offset: int = -1
+    diverging_epoch: int = NO_DIVERGENCE
+    diverging_end_offset: int = NO_DIVERGENCE
+    records: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaFetchResponse(Response):
+    # partitions array<ReplicaFetchPartitionData>, in the request's order
+    API_KEY: ClassVar[ApiKey] = ApiKey.REPLICA_FETCH
+    partitions: tuple[ReplicaFetchPartitionData, ...] = ()
+
+    def write(self, w: Writer) -> None:
+        w.array(len(self.partitions))
+        for p in self.partitions:
+            w.pack(
+                "IIhqqiq",
+                p.topic_id,
+                p.partition,
+                p.error,
+                p.high_watermark,
+                p.log_start_offset,
+                p.diverging_epoch,
+                p.diverging_end_offset,
+            ).bytes(p.records)
+
+    @classmethod
+    def read(cls, r: Reader) -> dict[str, object]:
+        parts = []
+        for _ in range(r.array(42)):
+            tid, index, error, hw, start, epoch, end = r.unpack("IIhqqiq")
+            parts.append(
+                ReplicaFetchPartitionData(tid, index, _error(error), hw, start, epoch, end, r.bytes())
+            )
+        return {"partitions": tuple(parts)}
+
+
 RESPONSE_TYPES: dict[int, type[Response]] = {
     cls.API_KEY: cls
     for cls in (
@@ -924,6 +1024,7 @@ RESPONSE_TYPES: dict[int, type[Response]] = {
         SyncGroupResponse,
         HeartbeatResponse,
         LeaveGroupResponse,
+        ReplicaFetchResponse,
     )
 }
 

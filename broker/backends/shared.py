@@ -344,6 +344,21 @@ class GatherPart:
         self._done(slot)
 
 
+class _Internal:
+    """The connection of an outcome carried out for the broker itself (a follower's append):
+    its answer only says it is done."""
+
+    __slots__ = ("_done",)
+    closed = False
+    from_peer = True
+
+    def __init__(self, done: Callable[[], None]) -> None:
+        self._done = done
+
+    def fill(self, slot: Slot, outcome: Reply | Silent) -> None:
+        self._done()
+
+
 class Cancellable(Protocol):
     def cancel(self) -> None: ...
 
@@ -911,16 +926,24 @@ class BackendCore:
             del self._work[partition]
 
     def _append(self, outcome: Append, conn: ServedConnection, slot: Slot) -> None:
-        """Run the append's operations; once it is visible, reply (acks=durable: after a flush)."""
+        """Run the append's operations; once it is visible, reply (acks=durable: after a flush;
+        acks=all: once the high watermark passes it, or after a flush when not replicated)."""
         partition = outcome.partition
 
         def done(reply: Reply | Silent | None, exc: BaseException | None) -> None:
             if exc is not None:
                 conn.fill(slot, outcome.fail(exc))
-            elif outcome.acks != Acks.DURABLE:
+            elif outcome.acks in (Acks.WRITTEN, Acks.NONE):
                 assert reply is not None
                 conn.fill(slot, reply)
-            else:
+            elif outcome.acks == Acks.ALL and partition.replica is not None:
+                # replicated acks=all: answered once the high watermark passes the batches
+                partition.after_replicated(
+                    outcome.pending.next_offset,
+                    lambda: conn.fill(slot, reply),
+                    lambda e: conn.fill(slot, outcome.fail(e)),
+                )
+            else:  # acks=durable, and acks=all of a partition that is not replicated
                 self.after_flush(
                     partition, lambda: conn.fill(slot, reply), lambda e: conn.fill(slot, outcome.fail(e))
                 )
@@ -937,6 +960,12 @@ class BackendCore:
             self._advance_appends(partition, work)
 
         self.run_append(partition, outcome.pending.ops, written)
+
+    def run_replica_append(self, outcome: Append, done: Callable[[], None]) -> None:
+        """Carry out an `Append` no client waits for: a follower's copy of its leader's batches
+        (broker/core/replica_fetcher.py), in order with the partition's other appends; `done()`
+        once it completed or failed (its own callbacks said which)."""
+        self._append(outcome, _Internal(done), Slot(time.monotonic_ns()))  # type: ignore[arg-type]
 
     def _advance_appends(self, partition: Partition, work: PartitionWork) -> None:
         """Make finished appends visible in prepare order; undo from the first failed one, once

@@ -164,6 +164,10 @@ class InconsistentGroupProtocolError(RingLogError):
     """No assignor, or not the protocol type, that every member of the group shares."""
 
 
+class NotEnoughReplicasError(RingLogError):
+    """acks=-1 to a replicated partition with fewer in-sync replicas than min_insync (retriable)."""
+
+
 ERROR_CLASSES: dict[ErrorCode, type[RingLogError]] = {
     ErrorCode.UNKNOWN_SERVER_ERROR: UnknownServerError,
     ErrorCode.INVALID_REQUEST: InvalidRequestError,
@@ -188,6 +192,7 @@ ERROR_CLASSES: dict[ErrorCode, type[RingLogError]] = {
     ErrorCode.ILLEGAL_GENERATION: IllegalGenerationError,
     ErrorCode.UNKNOWN_MEMBER_ID: UnknownMemberError,
     ErrorCode.INCONSISTENT_GROUP_PROTOCOL: InconsistentGroupProtocolError,
+    ErrorCode.NOT_ENOUGH_REPLICAS: NotEnoughReplicasError,
 }
 
 
@@ -242,6 +247,7 @@ __all__ = [
     "InvalidTopicError",
     "LeaderNotAvailableError",
     "MessageTooLargeError",
+    "NotEnoughReplicasError",
     "NotOwnerError",
     "OffsetOutOfRangeError",
     "OutOfOrderSequenceError",

@@ -55,11 +55,24 @@ from broker.core.coordinator import CallLater, GroupCode, GroupCoordinator, Join
 from broker.core.groups import Committed, GroupError, GroupOffsetStore, check_group
 from broker.core.limits import FETCH_MAX_BYTES_MAX, FETCH_WAIT_MS_MAX
 from broker.core.metrics import CoreMetrics, read_snapshots
-from broker.core.outcomes import Append, Durable, Forward, Later, Notify, Outcome, Read, Reply, Silent, Wait
+from broker.core.outcomes import (
+    Append,
+    Durable,
+    Forward,
+    Gather,
+    Later,
+    Notify,
+    Outcome,
+    Read,
+    Reply,
+    Silent,
+    Wait,
+)
 from broker.core.partition import Partition, Stored
 from broker.core.producer_ids import FileBlockSource, ProducerIds
 from broker.core.producer_state import RetryInFlightError, SequenceError
 from broker.core.remote import RemoteLinks
+from broker.core.replication import LeaderState, NotEnoughReplicasError, NotLeaderError
 from broker.core.topics import Topic, TopicError, TopicRegistry
 from broker.core.views import MetadataView, NodeView, PartitionView, TopicView
 from broker.storage import layout
@@ -76,6 +89,7 @@ from broker.storage.errors import (
     UnsupportedBatchError,
 )
 from broker.storage.fdcache import FdCache
+from broker.storage.segment import Extent
 from ringlog_proto import messages as m
 from ringlog_proto.batch import now_ms
 from ringlog_proto.frames import Frame
@@ -134,6 +148,10 @@ def error_of(exc: BaseException) -> tuple[m.ErrorCode, str]:
             return E.OUT_OF_ORDER_SEQUENCE, str(exc)
         case RetryInFlightError():
             return E.REQUEST_TIMED_OUT, str(exc)
+        case NotLeaderError():
+            return E.NOT_OWNER, f"not the leader: {exc}"
+        case NotEnoughReplicasError():
+            return E.NOT_ENOUGH_REPLICAS, str(exc)
         case OutOfSpaceError():
             return E.OUT_OF_SPACE, str(exc)
         case StorageError() | OSError() if is_out_of_space(exc):
@@ -219,6 +237,7 @@ class Handlers:
             m.ApiKey.SYNC_GROUP: self._sync_group,
             m.ApiKey.HEARTBEAT: self._heartbeat,
             m.ApiKey.LEAVE_GROUP: self._leave_group,
+            m.ApiKey.REPLICA_FETCH: self._replica_fetch,
         }
 
     def close(self) -> None:
@@ -600,9 +619,11 @@ class Handlers:
 
     def _produce(self, req: m.Request, frame: Frame) -> Outcome:
         assert isinstance(req, m.ProduceRequest)
-        if req.acks not in (m.Acks.NONE, m.Acks.WRITTEN, m.Acks.DURABLE):
-            raise ValueError(f"acks must be 0, 1 or 2, not {req.acks}")
+        if req.acks not in (m.Acks.NONE, m.Acks.WRITTEN, m.Acks.DURABLE, m.Acks.ALL):
+            raise ValueError(f"acks must be 0, 1, 2 or -1, not {req.acks}")
         p = self._partition(frame)
+        if req.acks == m.Acks.ALL and p.replica is not None:
+            p.check_replicas()
         try:
             produced = p.produce(req.records, self.space)
         except OutOfSpaceError:
@@ -611,13 +632,12 @@ class Handlers:
             raise
         if isinstance(produced, Stored):
             # A retry of batches already stored, which the log stands behind: answer with their
-            # offsets; a durable retry waits for a flush covering the original.
+            # offsets; a durable retry waits for a flush covering the original, a replicated
+            # acks=all retry for the high watermark to pass it.
             if req.acks == m.Acks.NONE:
                 return Silent()
             reply = self._produced(frame, produced)
-            if req.acks == m.Acks.DURABLE and not produced.durable:
-                return Durable(p, reply, lambda exc: self.error_reply(frame, exc))
-            return reply
+            return self.stored_reply(p, req.acks, produced, reply, lambda exc: self.error_reply(frame, exc))
 
         def complete() -> Reply | Silent:
             stored = produced.complete()
@@ -634,6 +654,24 @@ class Handlers:
             return self.error_reply(frame, exc)
 
         return Append(p, produced.pending, req.acks, complete, fail)
+
+    @staticmethod
+    def stored_reply(
+        p: Partition, acks: int, stored: Stored, reply: Reply, fail: Callable[[BaseException], Reply]
+    ) -> Outcome:
+        """The answer to a retry of stored batches: at once, after a flush (acks=durable, or
+        acks=all unreplicated) or once the high watermark passes them (acks=all replicated)."""
+        if acks == m.Acks.ALL and p.replica is not None:
+            if stored.end_offset <= p.high_watermark:
+                return reply
+
+            def start(answer: Callable[[Reply | Silent], None]) -> None:
+                p.after_replicated(stored.end_offset, lambda: answer(reply), lambda exc: answer(fail(exc)))
+
+            return Later(start)
+        if acks in (m.Acks.DURABLE, m.Acks.ALL) and not stored.durable:
+            return Durable(p, reply, fail)
+        return reply
 
     def _produced(self, frame: Frame, stored: Stored) -> Reply:
         resp = m.ProduceResponse(
@@ -653,11 +691,15 @@ class Handlers:
             )
         p = self._partition(frame)
         log_ = p.log
-        extent = log_.prepare_read(req.offset, min(req.max_bytes, FETCH_MAX_BYTES_MAX))
+        upto = None
+        if p.replica is not None:  # replicated: consumers read below the high watermark
+            p.check_leader()
+            upto = p.high_watermark
+        extent = log_.prepare_read(req.offset, min(req.max_bytes, FETCH_MAX_BYTES_MAX), upto)
 
         def answer(records: bytes) -> Reply:
             resp = m.FetchResponse(
-                high_watermark=log_.end_offset, log_start_offset=log_.start_offset, records=records
+                high_watermark=p.high_watermark, log_start_offset=log_.start_offset, records=records
             )
             return self._reply(frame, resp)
 
@@ -677,9 +719,12 @@ class Handlers:
 
     def _list_offsets(self, req: m.Request, frame: Frame) -> Outcome:
         assert isinstance(req, m.ListOffsetsRequest)
-        log_ = self._partition(frame).log
+        p = self._partition(frame)
+        log_ = p.log
+        if p.replica is not None:
+            p.check_leader()
         if req.spec == m.OffsetSpec.LATEST:
-            offset = log_.end_offset
+            offset = p.high_watermark
         elif req.spec == m.OffsetSpec.EARLIEST:
             offset = log_.start_offset
         elif req.spec >= 0:
@@ -688,6 +733,132 @@ class Handlers:
         else:
             raise ValueError(f"offset spec {req.spec}: use -1 (latest), -2 (earliest) or a timestamp")
         return self._reply(frame, m.ListOffsetsResponse(offset=offset))
+
+    # ------------------------------------------------------------------------- replication
+
+    def _replica_fetch(self, req: m.Request, frame: Frame) -> Outcome:
+        """A follower's fetch of every partition it follows on this core. Per partition: a
+        diverging epoch (KIP-320) instead of records; else its log end (the fetch offset) is
+        taken, which may advance the HW (answering acks=all produces), and the batches from it
+        are read (up to the log end: a follower reads past the HW). Waits like Fetch when
+        nothing is there, on all its partitions."""
+        assert isinstance(req, m.ReplicaFetchRequest)
+        if req.max_bytes <= 0 or req.max_wait_ms < 0:
+            raise ValueError(
+                f"max_bytes must be > 0 and max_wait_ms >= 0 ({req.max_bytes}, {req.max_wait_ms})"
+            )
+        now = now_ms()
+        results: list[m.ReplicaFetchPartitionData] = []
+        parts: list[Outcome] = []
+        ours: list[Partition] = []
+        budget = min(req.max_bytes, FETCH_MAX_BYTES_MAX)
+        readable = 0
+        for i, fp in enumerate(req.partitions):
+            tid, index = fp.topic_id, fp.partition
+            try:
+                p = self.partition_by_id(tid, index)
+                if not isinstance(p.replica, LeaderState):
+                    raise NotLeaderError("this replica does not lead it")
+                p.check_leader(fp.current_leader_epoch)
+                log_ = p.log
+                diverging = p.diverging(fp.last_fetched_epoch, fp.fetch_offset)
+                if diverging is not None:
+                    results.append(
+                        m.ReplicaFetchPartitionData(
+                            tid, index, m.ErrorCode.NONE, p.high_watermark, log_.start_offset, *diverging
+                        )
+                    )
+                    continue
+                if fp.fetch_offset > log_.end_offset:
+                    raise OffsetOutOfRangeError(
+                        f"follower at {fp.fetch_offset}, past this leader's end {log_.end_offset}"
+                    )
+                p.replica_fetched(req.replica_node, fp.fetch_offset, now)
+                extent = log_.prepare_read(fp.fetch_offset, max(budget - readable, 1))
+            except OffsetOutOfRangeError as exc:  # where the follower may start over, if below
+                log.info("replica fetch of %d/%d by node %d: %s", tid, index, req.replica_node, exc)
+                start = p.log.start_offset
+                results.append(
+                    m.ReplicaFetchPartitionData(
+                        tid, index, m.ErrorCode.OFFSET_OUT_OF_RANGE, p.high_watermark, start
+                    )
+                )
+                continue
+            except Exception as exc:
+                results.append(m.ReplicaFetchPartitionData(tid, index, error_of(exc)[0]))
+                continue
+            results.append(m.ReplicaFetchPartitionData(tid, index, m.ErrorCode.NONE, -1, log_.start_offset))
+            ours.append(p)
+            if extent is not None:
+                readable += extent.length
+                parts.append(self._replica_read(p, extent, results, i))
+
+        def answer() -> Reply:
+            final = tuple(
+                r
+                if r.error != m.ErrorCode.NONE or r.high_watermark != -1
+                else m.ReplicaFetchPartitionData(
+                    r.topic_id,
+                    r.partition,
+                    r.error,
+                    self._hw_of(r.topic_id, r.partition),
+                    r.log_start_offset,
+                    r.diverging_epoch,
+                    r.diverging_end_offset,
+                    r.records,
+                )
+                for r in results
+            )
+            return self._reply(frame, m.ReplicaFetchResponse(partitions=final))
+
+        enough = readable >= max(1, req.min_bytes) or req.min_bytes <= 0
+        if not enough and ours and len(results) == len(ours) and req.max_wait_ms > 0:
+            deadline = now + min(req.max_wait_ms, FETCH_WAIT_MS_MAX)
+            if not parts:
+                return Wait(tuple(ours), frame, deadline, answer)
+        if not parts:
+            return answer()
+        return Gather(parts, answer)
+
+    def _hw_of(self, topic_id: int, index: int) -> int:
+        p = self.partitions.get((topic_id, index))
+        return -1 if p is None else p.high_watermark
+
+    @staticmethod
+    def _replica_read(
+        p: Partition, extent: Extent, results: list[m.ReplicaFetchPartitionData], i: int
+    ) -> Read:
+        log_ = p.log
+
+        def finish(data: bytes) -> Reply:
+            result = log_.complete_read(extent, data)
+            if result.error is not None:
+                log.error("%s", result.error)
+            r = results[i]
+            results[i] = m.ReplicaFetchPartitionData(
+                r.topic_id, r.partition, r.error, -1, log_.start_offset, records=result.data
+            )
+            return Reply([])
+
+        def fail(exc: BaseException) -> Reply:
+            r = results[i]
+            results[i] = m.ReplicaFetchPartitionData(r.topic_id, r.partition, error_of(exc)[0])
+            return Reply([])
+
+        return Read(extent, finish, fail)
+
+    def partition_by_id(self, topic_id: int, index: int) -> Partition:
+        """Partition `index` of topic id `topic_id` when this core owns it (opened, made if new):
+        what ReplicaFetch names, and what the cluster agent gives roles to (`become_leader`,
+        `become_follower`). `NotLeaderError` for another core's, `TopicError` for an unknown one."""
+        p = self.partitions.get((topic_id, index))
+        if p is not None:
+            return p
+        if self.owner(topic_id, index) != self.config.core_id:
+            raise NotLeaderError(
+                f"partition {index} of topic id {topic_id} is on core {self.owner(topic_id, index)}"
+            )
+        return self._partition(Frame(m.ApiKey.REPLICA_FETCH, 1, 0, 0, topic_id, index, b""))
 
     # ------------------------------------------------------------------------- groups
 

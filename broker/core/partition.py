@@ -17,17 +17,36 @@ Rules this module keeps:
   and loses what retention deletes (`apply_retention`), so it lives as long as its batches.
 - Consumer-group offsets are not the partition's: they live with the group's coordinator core
   (broker/core/groups.py).
+- Leader epochs: every batch a leader stores carries its epoch (stamped when offsets are
+  assigned); `epochs` (broker/storage/epochs.py) is rebuilt from the batch headers at open, in
+  the same walk as the producer state, and follows appends and truncations.
+- Replication (broker/core/replication.py): `replica` is None when the partition is not
+  replicated (a single node: leader of itself at epoch 0, high watermark = log end, the produce
+  path exactly as before), else the role it holds (`become_leader` / `become_follower`). A
+  follower has a second door, `append_replica` (the leader's batches, offsets and epochs kept,
+  in the same two phases as a produce), and `truncate_to`; a produce to it is `NotLeaderError`.
+  Consumers read below `high_watermark`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 from broker.core.producer_state import ProducerState
+from broker.core.replication import (
+    DEFAULT_MIN_INSYNC,
+    FollowerState,
+    IsrProposal,
+    LeaderState,
+    NotEnoughReplicasError,
+    NotLeaderError,
+)
 from broker.storage.diskspace import DiskSpace
+from broker.storage.epochs import EpochHistory
 from broker.storage.fdcache import FdCache
 from broker.storage.log import Log, LogConfig, PendingAppend
+from ringlog_proto.batch import BatchHeader, now_ms
 
 
 class Stored(NamedTuple):
@@ -56,13 +75,45 @@ class PendingProduce:
         log_ = p.log
         log_.complete_append(pending)
         p.producers.stored(pending.headers)
-        p.wake_waiters()
+        h = pending.headers[0]
+        if h.partition_leader_epoch != p.epochs.latest_epoch:  # the first batch of a new epoch
+            p.epochs.assign(h.partition_leader_epoch, h.base_offset)
         end = pending.next_offset
+        if p.replica is not None:
+            p.leader_end_moved()
+        p.wake_waiters()
         return Stored(pending.base_offset, end, log_.start_offset, log_.durable_offset >= end)
 
     def fail(self) -> None:
         """The append failed or was undone (`Log.abort_append`): its sequences are free again."""
         self._partition.producers.released(self.pending.headers)
+
+
+class PendingReplicaAppend:
+    """A follower's append of the leader's batches: run `pending.ops`, then `complete()` or
+    `fail()` (undoing the write is the log's `abort_append`, as for a produce)."""
+
+    __slots__ = ("_partition", "pending")
+
+    def __init__(self, partition: Partition, pending: PendingAppend) -> None:
+        self._partition = partition
+        self.pending = pending
+
+    def complete(self) -> int:
+        """Make the batches visible; the producer state and epoch history learn them (a
+        follower that becomes leader must know its producers). Returns the new log end."""
+        p = self._partition
+        headers: list[BatchHeader] = self.pending.headers
+        p.log.complete_append(self.pending)
+        p.producers.stored(headers)
+        epochs = p.epochs
+        for h in headers:
+            epochs.assign(h.partition_leader_epoch, h.base_offset)
+        p.wake_waiters()
+        return self.pending.next_offset
+
+    def fail(self) -> None:
+        """Nothing to release: a follower reserves no sequences."""
 
 
 class Partition:
@@ -75,10 +126,30 @@ class Partition:
         self.index = index
         self.directory = directory
         self.log = Log.open(directory, config, cache=cache)
-        self.producers = ProducerState.rebuild(self.log.batch_headers(self.log.start_offset))
+        self.producers = ProducerState()
+        self.epochs = EpochHistory()
+        self._rebuild()
         self.waiters: list[Callable[[], None]] = []
+        # None: not replicated (module rules); else this replica's role in the current term
+        self.replica: LeaderState | FollowerState | None = None
+        self.leader_epoch = max(self.epochs.latest_epoch, 0)  # stamped into produced batches
+
+    def _rebuild(self) -> None:
+        """Producer state and epoch history from the batch headers, in one walk (a pread per
+        batch: what opening a partition already cost for the producer state alone)."""
+        epochs = EpochHistory()
+
+        def headers() -> Iterator[BatchHeader]:
+            for h in self.log.batch_headers(self.log.start_offset):
+                epochs.assign(h.partition_leader_epoch, h.base_offset)
+                yield h
+
+        self.producers = ProducerState.rebuild(headers())
+        self.epochs = epochs
 
     def close(self) -> None:
+        if isinstance(self.replica, LeaderState):
+            self.replica.fail_waiters(NotLeaderError("the partition closed"))
         self.wake_waiters()
         self.log.close()
 
@@ -95,6 +166,8 @@ class Partition:
         is answered even on a full disk), and storage errors of a segment roll.
         """
         log_ = self.log
+        if self.replica is not None:
+            self.check_leader()
         headers = log_.validate(records)
         duplicate_of = self.producers.check(headers)
         if duplicate_of is not None:
@@ -102,7 +175,7 @@ class Partition:
             end = duplicate_of + sum(h.record_count for h in headers)
             return Stored(duplicate_of, end, log_.start_offset, log_.durable_offset >= end)
         space.check_writable()
-        pending = log_.prepare_append(records, headers)
+        pending = log_.prepare_append(records, headers, self.leader_epoch)
         self.producers.reserve(pending.headers)
         return PendingProduce(self, pending)
 
@@ -112,7 +185,208 @@ class Partition:
         deleted = self.log.apply_retention()
         if deleted:
             self.producers.expire(self.log.start_offset)
+            self.epochs.expire_before(self.log.start_offset)
         return deleted
+
+    # ------------------------------------------------------------------------- roles
+
+    def become_leader(
+        self,
+        epoch: int,
+        replicas: tuple[int, ...],
+        isr: tuple[int, ...],
+        node_id: int,
+        now: int | None = None,
+        min_insync: int = DEFAULT_MIN_INSYNC,
+        high_watermark: int | None = None,
+    ) -> None:
+        """Lead this partition at `epoch` (the controller's). The same epoch again updates the
+        replicas and ISR only; an older one is ignored (a restarted worker never steps back).
+        The HW starts at `high_watermark` if given, else where it was (a follower's, or the log
+        end of a partition that was not replicated), and only grows from there."""
+        now = now_ms() if now is None else now
+        current = self.replica
+        if current is not None and epoch < current.epoch:
+            return
+        end = self.log.end_offset
+        if isinstance(current, LeaderState) and current.epoch == epoch:
+            current.replicas = tuple(replicas)
+            current.min_insync = min_insync
+            self._run_ready(current.set_isr(isr, end))
+            return
+        hw = self.high_watermark if high_watermark is None else high_watermark
+        self._step_down(epoch)
+        self.replica = LeaderState(node_id, epoch, replicas, isr, min(hw, end), now, min_insync)
+        self.leader_epoch = epoch
+        self._run_ready(self.replica.advance(end))
+
+    def become_follower(self, epoch: int, leader: int, high_watermark: int | None = None) -> None:
+        """Follow `leader` at `epoch`; acks=all produces waiting here fail (NOT_OWNER). The HW
+        starts as `become_leader`'s does; the leader's answers move it."""
+        current = self.replica
+        if current is not None and epoch < current.epoch:
+            return
+        if isinstance(current, FollowerState) and current.epoch == epoch:
+            current.leader = leader
+            return
+        hw = self.high_watermark if high_watermark is None else high_watermark
+        self._step_down(epoch)
+        self.replica = FollowerState(epoch, leader, min(hw, self.log.end_offset))
+        self.leader_epoch = epoch
+
+    def _step_down(self, epoch: int) -> None:
+        if isinstance(self.replica, LeaderState):
+            self.replica.fail_waiters(NotLeaderError(f"no longer the leader (epoch {epoch} began)"))
+        self.wake_waiters()  # long polls answer with what the new role allows
+
+    def update_isr(self, isr: tuple[int, ...]) -> None:
+        """The controller accepted a new ISR for this leader's term."""
+        if isinstance(self.replica, LeaderState):
+            self._run_ready(self.replica.set_isr(isr, self.log.end_offset))
+
+    def isr_proposal(self, now: int, lag_max_ms: int) -> IsrProposal | None:
+        """A leader's: which followers should leave the ISR (not caught up for `lag_max_ms`)
+        and which may join it (caught up to its end). None when this replica does not lead."""
+        replica = self.replica
+        if not isinstance(replica, LeaderState):
+            return None
+        return replica.isr_proposal(now, lag_max_ms, self.log.end_offset)
+
+    @property
+    def high_watermark(self) -> int:
+        """What consumers may read below: the log end when not replicated."""
+        replica = self.replica
+        return self.log.end_offset if replica is None else replica.high_watermark
+
+    @property
+    def is_leader(self) -> bool:
+        return not isinstance(self.replica, FollowerState)
+
+    def check_leader(self, current_epoch: int = -1) -> None:
+        """Raise `NotLeaderError` unless this replica leads (at `current_epoch`, when not -1)."""
+        replica = self.replica
+        if replica is None:
+            if current_epoch not in (-1, self.leader_epoch):
+                raise NotLeaderError(f"epoch {current_epoch} asked, this partition is at {self.leader_epoch}")
+            return
+        if not isinstance(replica, LeaderState):
+            raise NotLeaderError(f"a follower of node {replica.leader} at epoch {replica.epoch}")
+        if current_epoch not in (-1, replica.epoch):
+            raise NotLeaderError(f"epoch {current_epoch} asked, this leader is at epoch {replica.epoch}")
+
+    def check_replicas(self) -> None:
+        """Before an acks=all produce: `NotEnoughReplicasError` when too few are in sync."""
+        replica = self.replica
+        if isinstance(replica, LeaderState) and not replica.enough_in_sync():
+            raise NotEnoughReplicasError(
+                f"{len(replica.isr)} of {len(replica.replicas)} replicas in sync, "
+                f"min_insync is {replica.min_insync}"
+            )
+
+    def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
+        """(epoch, end offset) of `epoch` here (KIP-101; broker/storage/epochs.py)."""
+        lead = None if isinstance(self.replica, FollowerState) else self.leader_epoch
+        return self.epochs.end_offset_for_epoch(epoch, self.log.end_offset, lead)
+
+    # ------------------------------------------------------------------------- leader side
+
+    def leader_end_moved(self) -> None:
+        """The leader's log end grew: with no follower in the ISR the HW follows it."""
+        replica = self.replica
+        if isinstance(replica, LeaderState):
+            self._run_ready(replica.advance(self.log.end_offset))
+
+    def replica_fetched(self, node: int, fetch_offset: int, now: int) -> None:
+        """A follower's ReplicaFetch at `fetch_offset` (its log end): the HW may advance, which
+        answers acks=all produces and wakes consumers long-polling at the old HW."""
+        replica = self.replica
+        if isinstance(replica, LeaderState):
+            self._run_ready(replica.follower_fetched(node, fetch_offset, self.log.end_offset, now))
+
+    def after_replicated(
+        self, offset: int, done: Callable[[], None], failed: Callable[[BaseException], None]
+    ) -> None:
+        """`done()` once the HW reaches `offset` (acks=all), `failed(exc)` if it cannot."""
+        replica = self.replica
+        if not isinstance(replica, LeaderState):
+            if replica is None:
+                done()
+            else:
+                failed(NotLeaderError("no longer the leader"))
+            return
+        replica.wait(offset, done, failed)
+
+    def _run_ready(self, advanced: bool) -> None:
+        if not advanced:
+            return
+        replica = self.replica
+        assert isinstance(replica, LeaderState)
+        for done in replica.take_ready():
+            done()
+        self.wake_waiters()
+
+    def diverging(self, last_fetched_epoch: int, fetch_offset: int) -> tuple[int, int] | None:
+        """KIP-320 on the leader: (epoch, end offset) the follower must truncate to when its
+        last fetched epoch ends here below its fetch offset (or is unknown here), else None."""
+        if last_fetched_epoch < 0:
+            return None
+        epoch, end = self.end_offset_for_epoch(last_fetched_epoch)
+        if epoch == -1 or end < fetch_offset or epoch < last_fetched_epoch:
+            return epoch, end
+        return None
+
+    # ------------------------------------------------------------------------- follower side
+
+    def append_replica(self, records: bytes) -> list[PendingReplicaAppend]:
+        """The follower's door: store the leader's batches as they are (offsets and epochs
+        kept; crc and framing validated; the first must start at the log's next offset, else
+        `OffsetOutOfRangeError`), one append per segment they fill. Run each one's
+        `pending.ops`, then `complete()` them in order (or `fail()`)."""
+        if not isinstance(self.replica, FollowerState):
+            raise NotLeaderError("only a follower appends a leader's batches")
+        return [PendingReplicaAppend(self, pending) for pending in self.log.prepare_copies(records)]
+
+    def follower_high_watermark(self, leader_hw: int) -> None:
+        """The leader's HW, as far as this follower's log reaches."""
+        replica = self.replica
+        if isinstance(replica, FollowerState):
+            hw = min(leader_hw, self.log.end_offset)
+            if hw > replica.high_watermark:
+                replica.high_watermark = hw
+
+    def truncate_to(self, offset: int) -> int:
+        """Drop every batch at or above `offset` (to the batch boundary at or below it); the
+        epoch history and producer state are rebuilt. Returns the new log end. Synchronous (a
+        cold path, durable on return); refused with appends in flight."""
+        log_ = self.log
+        if offset >= log_.end_offset:
+            return log_.end_offset
+        end = log_.truncate(max(offset, log_.start_offset))
+        self._rebuild()
+        replica = self.replica
+        if replica is not None and replica.high_watermark > end:
+            replica.high_watermark = end
+        return end
+
+    def restart_at(self, offset: int) -> None:
+        """A follower whose leader's log now starts above this log's end: drop everything and
+        start over, empty, at `offset` (the leader's log start; everything below it was
+        committed, so the HW is at least there)."""
+        self.log.restart_at(offset)
+        self._rebuild()
+        replica = self.replica
+        if replica is not None and replica.high_watermark < offset:
+            replica.high_watermark = offset
+
+    def truncate_diverged(self, epoch: int, end_offset: int) -> int:
+        """The leader said (KIP-320) that our last epoch diverges: truncate to the smaller of its
+        end for that epoch and ours; an epoch the leader does not know falls back to our HW."""
+        if epoch < 0 or end_offset < 0:
+            target = self.high_watermark
+        else:
+            _, ours = self.epochs.end_offset_for_epoch(epoch, self.log.end_offset)
+            target = end_offset if ours < 0 else min(end_offset, ours)
+        return self.truncate_to(target)
 
     # ------------------------------------------------------------------------- long polls
 

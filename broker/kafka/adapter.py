@@ -55,7 +55,7 @@ from kio.schema.errors import ErrorCode
 
 from broker.core.config import BrokerConfig
 from broker.core.handlers import Handlers
-from broker.core.outcomes import Append, Durable, Gather, Outcome, Read, Reply, Silent, Wait
+from broker.core.outcomes import Append, Gather, Outcome, Read, Reply, Silent, Wait
 from broker.core.partition import Partition, Stored
 from broker.core.views import MetadataView, NodeView, kafka_broker_id
 from broker.kafka import init_producer_id
@@ -107,8 +107,9 @@ SUPPORTED_VERSIONS: Final[dict[int, tuple[int, int]]] = {
     **GROUP_VERSIONS,  # FindCoordinator, Join/Sync/Heartbeat/LeaveGroup, offsets: broker/kafka/groups.py
 }
 PRODUCE_REFUSED_BELOW: Final = 3  # librdkafka < 2.11 stops compressing unless Produce v0 is listed
-# Kafka acks -> ours: -1 (all in-sync replicas: here, the one copy, fsynced) is our acks=2.
-_ACKS: Final[dict[int, Acks]] = {0: Acks.NONE, 1: Acks.WRITTEN, -1: Acks.DURABLE}
+# Kafka acks -> ours: -1 (all in-sync replicas) is our acks=all: once the high watermark passes
+# the batches when the partition is replicated, else (the one copy) after the fsync, as acks=2.
+_ACKS: Final[dict[int, Acks]] = {0: Acks.NONE, 1: Acks.WRITTEN, -1: Acks.ALL}
 FETCH_PARTITION_MAX: Final = 64 << 20  # a partition's share of one fetch, whatever it asks
 FETCH_WAIT_MAX_MS: Final = 30_000
 # Fetch sessions (v7+): the epochs of a full fetch; any other asks for a session we never create
@@ -370,12 +371,13 @@ class KafkaAdapter:
             return None
         if not records:
             raise ValueError("a produce without records")
+        if acks == Acks.ALL and target.replica is not None:
+            target.check_replicas()
         produced = target.produce(bytes(records), self.handlers.space)
         if isinstance(produced, Stored):  # a retry of batches already stored
             reply = stored(key, produced)
-            if acks == Acks.DURABLE and not produced.durable:
-                return Durable(target, reply, lambda exc: refused(key, exc))
-            return None
+            waiting = self.handlers.stored_reply(target, acks, produced, reply, lambda exc: refused(key, exc))
+            return None if waiting is reply else waiting
 
         def complete() -> Reply:
             return stored(key, produced.complete())
@@ -446,13 +448,17 @@ class KafkaAdapter:
                         raise NotLeaderError(f"led by core {target}")
                     log_ = target.log
                     limit = min(max(int(fp.partition_max_bytes), 1), FETCH_PARTITION_MAX)
-                    extent = log_.prepare_read(int(fp.fetch_offset), limit)
+                    upto = None
+                    if target.replica is not None:  # replicated: read below the high watermark
+                        target.check_leader(int(getattr(fp, "current_leader_epoch", -1)))
+                        upto = target.high_watermark
+                    extent = log_.prepare_read(int(fp.fetch_offset), limit, upto)
                 except Exception as exc:
                     code, _ = kafka_error(exc)
                     results[key] = (code, -1, -1, b"")
                     failed = True
                     continue
-                results[key] = (ErrorCode.none, log_.end_offset, log_.start_offset, b"")
+                results[key] = (ErrorCode.none, target.high_watermark, log_.start_offset, b"")
                 ours[target] = None
                 if extent is not None:
                     readable += extent.length
@@ -496,7 +502,7 @@ class KafkaAdapter:
             result = log_.complete_read(extent, data)
             if result.error is not None:
                 log.error("%s", result.error)
-            results[key] = (ErrorCode.none, log_.end_offset, log_.start_offset, result.data)
+            results[key] = (ErrorCode.none, partition.high_watermark, log_.start_offset, result.data)
             return DONE
 
         def fail(exc: BaseException) -> Reply:
@@ -518,14 +524,17 @@ class KafkaAdapter:
             partitions = []
             for lp in topic.partitions:
                 index, spec = int(lp.partition_index), int(lp.timestamp)
-                code, offset = ErrorCode.none, -1
+                code, offset, epoch = ErrorCode.none, -1, -1
                 try:
                     target = self.handlers.partition_named(topic.name, index)
                     if not isinstance(target, Partition):
                         raise NotLeaderError(f"led by core {target}")
                     log_ = target.log
+                    if target.replica is not None:
+                        target.check_leader(int(getattr(lp, "current_leader_epoch", -1)))
+                    epoch = target.leader_epoch
                     if spec == -1:
-                        offset = log_.end_offset
+                        offset = target.high_watermark
                     elif spec == -2:
                         offset = log_.start_offset
                     elif spec >= 0:
@@ -542,7 +551,7 @@ class KafkaAdapter:
                         error_code=code,
                         timestamp=-1,
                         offset=offset,
-                        leader_epoch=0 if code == ErrorCode.none else -1,
+                        leader_epoch=epoch if code == ErrorCode.none else -1,
                     )
                 )
             topics.append(

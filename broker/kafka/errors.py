@@ -51,6 +51,7 @@ _KAFKA_CODES: Final[dict[Ours, ErrorCode]] = {
     Ours.LIMIT_EXCEEDED: ErrorCode.policy_violation,
     Ours.OUT_OF_SPACE: ErrorCode.kafka_storage_error,
     Ours.INVALID_GROUP: ErrorCode.invalid_group_id,
+    Ours.NOT_ENOUGH_REPLICAS: ErrorCode.not_enough_replicas,
 }
 
 

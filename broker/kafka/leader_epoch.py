@@ -1,13 +1,14 @@
 """OffsetForLeaderEpoch (api 23, v0-3): where a leader epoch ends, for clients validating positions.
 
 Rules this module keeps:
-- Every partition has had one leader epoch, 0, since it was created (no replication yet: the one
-  copy never changes leader), and Metadata, ListOffsets and stored batches all say 0. So epoch 0
-  ends at the log end offset; an epoch above ours is UNDEFINED (-1 epoch, -1 offset, no error),
-  as Kafka answers an epoch above its latest; -1 asked is UNDEFINED too.
+- The answer is the partition's epoch history (broker/storage/epochs.py, from the
+  `partition_leader_epoch` of its batches, plus the epoch it leads in): the largest epoch <= the
+  one asked and where the next one starts, or the log end for the latest; an epoch above ours,
+  below the first, or -1 is UNDEFINED (-1 epoch, -1 offset, no error), as Kafka answers. A
+  partition that is not replicated leads at epoch 0, so epoch 0 ends at its log end.
 - current_leader_epoch (v2+) is checked as Kafka checks it: above ours is UNKNOWN_LEADER_EPOCH,
-  below is FENCED_LEADER_EPOCH, -1 is not checked. replica_id (v3) is read and ignored (a
-  consumer sends -2, a follower its id: there are no followers).
+  below is FENCED_LEADER_EPOCH, -1 is not checked. replica_id (v3) is read and ignored (our
+  followers use ReplicaFetch, whose answer carries the diverging epoch itself).
 - A partition of another core is NOT_LEADER_OR_FOLLOWER, like every per-partition request of
   the Kafka adapter (Metadata sends the client to the owning core).
 - v2-3 go through kio; v0-1, which kio has no schema for, are read and written here (the same
@@ -31,7 +32,6 @@ from broker.kafka.errors import NotLeaderError, kafka_error
 from ringlog_proto.frames import ProtocolError
 
 OFFSET_FOR_LEADER_EPOCH: Final = 23
-LEADER_EPOCH: Final = 0  # every partition's one epoch (module rules)
 UNDEFINED: Final = -1  # Kafka's UNDEFINED_EPOCH and UNDEFINED_EPOCH_OFFSET
 KIO_FROM: Final = 2  # kio has v2 and up
 
@@ -44,16 +44,17 @@ def epoch_end(
         target = handlers.partition_named(topic, index)
         if not isinstance(target, Partition):
             raise NotLeaderError(f"led by core {target}")
-        end = target.log.end_offset
+        if target.replica is not None:
+            target.check_leader()
     except Exception as exc:
         return kafka_error(exc)[0], UNDEFINED, UNDEFINED
-    if current != UNDEFINED and current > LEADER_EPOCH:
+    ours = target.leader_epoch
+    if current != UNDEFINED and current > ours:
         return ErrorCode.unknown_leader_epoch, UNDEFINED, UNDEFINED
-    if current != UNDEFINED and current < LEADER_EPOCH:
+    if current != UNDEFINED and current < ours:
         return ErrorCode.fenced_leader_epoch, UNDEFINED, UNDEFINED
-    if epoch == LEADER_EPOCH:
-        return ErrorCode.none, LEADER_EPOCH, end
-    return ErrorCode.none, UNDEFINED, UNDEFINED
+    got, end = target.end_offset_for_epoch(epoch)
+    return ErrorCode.none, got, end
 
 
 def offset_for_leader_epoch(handlers: Handlers, request: KafkaRequest, body: Any) -> Outcome:

@@ -69,6 +69,7 @@ from ringlog_proto.batch import (
     COMPRESSION_NONE,
     HEADER_SIZE,
     MAGIC,
+    STORED_LEADER_EPOCH,
     BatchError,
     BatchHeader,
     batch_crc,
@@ -374,6 +375,11 @@ class Log:
         return self._pending[0].base_offset if self._pending else self.segments[-1].next_offset
 
     @property
+    def next_offset(self) -> int:
+        """The offset the next append gets (past the appends still in flight)."""
+        return self._next_offset
+
+    @property
     def size_bytes(self) -> int:
         return sum(seg.size for seg in self.segments)
 
@@ -438,7 +444,10 @@ class Log:
         return headers
 
     def prepare_append(
-        self, records: bytes | bytearray | memoryview, headers: list[BatchHeader] | None = None
+        self,
+        records: bytes | bytearray | memoryview,
+        headers: list[BatchHeader] | None = None,
+        leader_epoch: int = STORED_LEADER_EPOCH,
     ) -> PendingAppend:
         """Validate `records` (one or more whole batches), assign offsets, return the write to do.
 
@@ -446,6 +455,7 @@ class Log:
         not copied: each base offset goes out as its own 8-byte buffer beside views of the rest,
         all in one vectored write. `headers` are what `validate(records)` returned, when the
         caller needed them first (to check producer sequences): validation is not repeated.
+        `leader_epoch`: stamped in every batch (the epoch of the leader that assigns the offsets).
         """
         self.check_usable()
         headers = self.validate(records) if headers is None else list(headers)
@@ -468,14 +478,14 @@ class Log:
         view = memoryview(records)
         if len(headers) == 1:  # the common case, without the loop
             h = headers[0]
-            offset_bytes, rest, headers[0] = rebased(view, h, base)
+            offset_bytes, rest, headers[0] = rebased(view, h, base, 0, leader_epoch)
             buffers: tuple[memoryview | bytes, ...] = (offset_bytes, rest)
             base += h.record_count
         else:
             parts: list[memoryview | bytes] = []
             pos = 0
             for i, h in enumerate(headers):
-                offset_bytes, rest, headers[i] = rebased(view, h, base, pos)
+                offset_bytes, rest, headers[i] = rebased(view, h, base, pos, leader_epoch)
                 parts += (offset_bytes, rest)
                 base += h.record_count
                 pos += h.size
@@ -489,6 +499,84 @@ class Log:
             pending.index_persisted = len(index)
         self._pending.append(pending)
         self._next_offset = base
+        self._reserved_size += size
+        return pending
+
+    def prepare_copy(
+        self, records: bytes | bytearray | memoryview, headers: list[BatchHeader] | None = None
+    ) -> PendingAppend:
+        """`prepare_append` for a follower: the batches keep the offsets and leader epochs the
+        leader gave them, and must start at the next offset and follow one another without a gap
+        (`OffsetOutOfRangeError` otherwise, nothing changed). Validated like a produce."""
+        self.check_usable()
+        headers = self.validate(records) if headers is None else list(headers)
+        expected = self._next_offset
+        for h in headers:
+            if h.base_offset != expected:
+                raise OffsetOutOfRangeError(
+                    f"replicated batch at offset {h.base_offset} where the log expects {expected}"
+                )
+            expected = h.next_offset
+        size = len(records)
+        now = self.clock()
+        count = expected - self._next_offset
+        seg = self.segments[-1]
+        cfg = self.config
+        if (
+            self._reserved_size + size > cfg.segment_bytes
+            or expected - seg.base_offset > RELATIVE_OFFSET_MAX
+            or cfg.segment_ms is not None
+        ):
+            try:
+                self._maybe_roll(size, count, now)
+            except OSError as exc:
+                raise StorageError(f"could not roll a new segment in {self.directory}: {exc}") from exc
+            seg = self.segments[-1]
+        return self._pending_write(seg, (memoryview(records),), headers, size, now, expected)
+
+    def prepare_copies(self, records: bytes | bytearray | memoryview) -> list[PendingAppend]:
+        """`prepare_copy` of a follower's fetch, in as many appends as segments it fills (a
+        fetch may hold more than a segment). Run every one's ops, complete them in order."""
+        headers = self.validate(records)
+        view = memoryview(records)
+        limit = self.config.segment_bytes
+        pendings: list[PendingAppend] = []
+        try:
+            start = pos = 0
+            while start < len(headers):
+                room = limit - self._reserved_size
+                size = headers[start].size
+                end = start + 1
+                while end < len(headers) and size + headers[end].size <= room:
+                    size += headers[end].size
+                    end += 1
+                pendings.append(self.prepare_copy(view[pos : pos + size], headers[start:end]))
+                start, pos = end, pos + size
+        except BaseException:
+            if pendings:
+                self.abort_append(pendings[0])
+            raise
+        return pendings
+
+    def _pending_write(
+        self,
+        seg: Segment,
+        buffers: tuple[memoryview | bytes, ...],
+        headers: list[BatchHeader],
+        size: int,
+        now: int,
+        next_offset: int,
+    ) -> PendingAppend:
+        """The tail of `prepare_copy` (`prepare_append` has its own copy inline: its hot path)."""
+        ops: list[Op] = [Write(seg.store_fd, buffers, self._reserved_size, size)]
+        pending = PendingAppend(seg, self._reserved_size, headers, size, now, ops)
+        index = seg.index
+        if len(index) - index.persisted_count >= INDEX_PENDING_ENTRIES_MAX:
+            data, position = index.unpersisted()
+            ops.append(Write(seg.index_fd, (data,), position, len(data)))
+            pending.index_persisted = len(index)
+        self._pending.append(pending)
+        self._next_offset = next_offset
         self._reserved_size += size
         return pending
 
@@ -686,10 +774,11 @@ class Log:
 
     # ------------------------------------------------------------------------- read
 
-    def prepare_read(self, offset: int, max_bytes: int) -> Extent | None:
+    def prepare_read(self, offset: int, max_bytes: int, upto: int | None = None) -> Extent | None:
         """Where the batches from `offset` are: one segment, whole batches, at least one batch.
 
-        None when `offset` is the end of the log (nothing to read yet: a consumer waits there).
+        None when `offset` is the end of the log (nothing to read yet: a consumer waits there),
+        or `upto` (a batch boundary: a high watermark), below which the extent stays.
         """
         self.check_usable()
         if max_bytes <= 0:
@@ -697,9 +786,11 @@ class Log:
         end = self.end_offset
         if not self.start_offset <= offset <= end:
             raise OffsetOutOfRangeError(f"offset {offset} is outside the log [{self.start_offset}, {end}]")
+        if upto is not None and offset >= upto:
+            return None
         i = bisect.bisect_right(self._bases, offset) - 1
         for seg in self.segments[max(i, 0) :]:
-            extent = seg.locate(max(offset, seg.base_offset), max_bytes)
+            extent = seg.locate(max(offset, seg.base_offset), max_bytes, upto)
             if extent is not None:
                 return extent
         return None
@@ -803,6 +894,28 @@ class Log:
         self.durable_offset = min(self.durable_offset, new_end)
         self._assert_marks()
         return new_end
+
+    def restart_at(self, offset: int) -> None:
+        """Delete every segment and start over, empty, at `offset` above the end: a follower
+        whose leader no longer holds the follower's end (retention deleted it there). Durable on
+        return; no segment name is reused (every old one is below `offset`)."""
+        self.check_usable()
+        if self._pending:
+            raise StorageError("restart with appends in flight")
+        if offset <= self.end_offset:
+            raise OffsetOutOfRangeError(f"restart at {offset}: not above the log end {self.end_offset}")
+        old, self.segments, self._bases = self.segments, [], []
+        for seg in old:
+            self._unsynced.pop(seg, None)
+            seg.delete()
+        self._release_active()
+        self._active = Segment.create(self.directory, offset, self.io, self.cache)  # created pinned
+        self._add_segment(self._active)
+        self._next_offset = offset
+        self._reserved_size = 0
+        self.io.fsync_dir(self.directory)
+        self.durable_offset = offset
+        self._assert_marks()
 
     def apply_retention(self, now: int | None = None) -> int:
         """Delete whole closed segments past `retention_ms` or beyond `retention_bytes`.

@@ -569,20 +569,29 @@ class Segment:
 
     # ----------------------------------------------------------------------------- reads
 
-    def locate(self, offset: int, max_bytes: int) -> Extent | None:
-        """Whole batches from the one holding `offset`, up to `max_bytes` (at least one batch).
+    def locate(self, offset: int, max_bytes: int, upto: int | None = None) -> Extent | None:
+        """Whole batches from the one holding `offset`, up to `max_bytes` (at least one batch)
+        and, with `upto` (a batch boundary), only batches below that offset.
 
-        None when no batch of this segment holds `offset` or a later offset.
+        None when no batch of this segment holds `offset` or a later offset (below `upto`).
         """
         index = self.index
         n = len(index)
         if n == 0 or offset >= self.next_offset:
             return None
+        if upto is not None and upto < self.next_offset:
+            if upto <= offset:
+                return None
+            n = index.find_offset(upto - 1 - self.base_offset) + 1  # the batches below `upto`
+            if n == 0:
+                return None
         i = max(index.find_offset(offset - self.base_offset), 0)
         start = index.position(i)
 
+        count = len(index)
+
         def boundary(j: int) -> int:  # end of batch j - 1: start of batch j, or the store's end
-            return index.position(j) if j < n else self.size
+            return index.position(j) if j < count else self.size
 
         # The furthest batch boundary within max_bytes, by binary search; at least one batch.
         lo, hi = i + 1, n

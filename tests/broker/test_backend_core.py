@@ -11,7 +11,15 @@ import pytest
 
 from broker.backends.shared import BackendCore, Slot
 from broker.core.config import BrokerConfig
+from broker.core.outcomes import Append, Reply
+from broker.core.partition import Partition
+from broker.core.replica_fetcher import append_outcomes
+from broker.storage.diskspace import DiskSpace
+from broker.storage.fileio import SyncFileIO, run_ops
+from broker.storage.log import LogConfig
+from ringlog_proto.batch import encode_batch
 from ringlog_proto.frames import Frame
+from ringlog_proto.messages import Acks
 
 
 class FakeLog:
@@ -88,3 +96,62 @@ def test_durable_waiters_of_one_turn_share_one_flush_and_later_ones_get_exactly_
     core.running.pop()[1](OSError(5, "EIO"))
     assert answered == ["a", "b", "fail", "fail"] and len(partition.log.failed) == 1
     assert not core.running and core.busy() is False  # nothing left for shutdown to wait on
+
+
+class FakeConn:
+    def __init__(self) -> None:
+        self.filled: list[object] = []
+
+    def fill(self, slot: Slot, reply: object) -> None:
+        self.filled.append(reply)
+
+
+def test_a_replicated_acks_all_append_is_answered_when_the_high_watermark_passes_it(tmp_path: Any) -> None:
+    core = FakeCore()
+    p = Partition(1, 0, str(tmp_path / "p"), LogConfig())
+    p.become_leader(1, (1, 2), (1, 2), node_id=1, now=0)
+    conn = FakeConn()
+    for acks in (Acks.ALL, Acks.WRITTEN):
+        produced = p.produce(encode_batch([b"x"]), DiskSpace(str(tmp_path), 0))
+        reply = Reply([b"%d" % acks])
+        append = Append(
+            p,
+            produced.pending,
+            acks,
+            lambda pr=produced, r=reply: (pr.complete(), r)[1],
+            lambda exc: Reply([b"fail"]),
+        )  # type: ignore[union-attr,misc]
+        core.carry_out(append, Frame(4, 1, 0, 1, 1, 0, b""), conn, Slot(0))  # type: ignore[arg-type]
+        ops, done = core.running.pop()
+        run_ops(SyncFileIO(), ops)
+        done(None)
+    assert [r.buffers for r in conn.filled] == [[b"1"]], "acks=1 at once, acks=all waits for the follower"  # type: ignore[attr-defined]
+    p.replica_fetched(2, 1, now=0)
+    assert [r.buffers for r in conn.filled] == [[b"1"], [b"-1"]]  # type: ignore[attr-defined]
+    p.become_follower(2, leader=2)  # no flush was asked for either
+    assert not core.turn_end
+    p.close()
+
+
+def test_a_followers_append_runs_in_order_and_says_when_it_is_done(tmp_path: Any) -> None:
+    core = FakeCore()
+    leader = Partition(1, 0, str(tmp_path / "a"), LogConfig())
+    follower = Partition(1, 0, str(tmp_path / "b"), LogConfig())
+    leader.become_leader(1, (1, 2), (1, 2), node_id=1, now=0)
+    follower.become_follower(1, leader=1)
+    for value in (b"x", b"y"):
+        produced = leader.produce(encode_batch([value]), DiskSpace(str(tmp_path), 0))
+        run_ops(SyncFileIO(), produced.pending.ops)  # type: ignore[union-attr]
+        produced.complete()  # type: ignore[union-attr]
+    data = leader.log.read(0, 1 << 20).data
+    done: list[int] = []
+    (append,) = append_outcomes(follower, data, leader_hw=2)
+    core.run_replica_append(append, lambda: done.append(follower.log.end_offset))
+    assert follower.log.end_offset == 0 and done == []
+    ops, written = core.running.pop()
+    run_ops(SyncFileIO(), ops)
+    written(None)
+    assert done == [2] and follower.high_watermark == 2
+    assert follower.log.read(0, 1 << 20).data == data
+    leader.close()
+    follower.close()

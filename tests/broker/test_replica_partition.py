@@ -1,0 +1,221 @@
+"""Leader epochs in the log, the follower's append and truncation, and the leader's ISR and high
+watermark: a partition's replication without a server, I/O run by the test."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from broker.core.partition import Partition, PendingProduce, Stored
+from broker.core.replication import IsrProposal, LeaderState, NotEnoughReplicasError, NotLeaderError
+from broker.storage.diskspace import DiskSpace
+from broker.storage.epochs import EpochHistory
+from broker.storage.errors import OffsetOutOfRangeError
+from broker.storage.fileio import SyncFileIO, run_ops
+from broker.storage.log import LogConfig
+from ringlog_proto.batch import encode_batch, read_header
+
+IO = SyncFileIO()
+SMALL = LogConfig(segment_bytes=400, max_batch_bytes=400)  # a few batches per segment
+
+
+def batch(n: int = 1, pid: int = -1, seq: int = -1, value: bytes = b"v") -> bytes:
+    return encode_batch([value] * n, producer_id=pid, producer_epoch=0 if pid >= 0 else -1, base_sequence=seq)
+
+
+def produced(p: Partition, records: bytes, space: DiskSpace) -> Stored:
+    out = p.produce(records, space)
+    assert isinstance(out, PendingProduce)
+    run_ops(IO, out.pending.ops)
+    return out.complete()
+
+
+def copied(p: Partition, records: bytes) -> int:
+    end = -1
+    for pending in p.append_replica(records):
+        run_ops(IO, pending.pending.ops)
+        end = pending.complete()
+    return end
+
+
+def everything(p: Partition) -> bytes:
+    out = b""
+    offset = p.log.start_offset
+    while offset < p.log.end_offset:
+        r = p.log.read(offset, 1 << 20)
+        out += r.data
+        offset = r.next_offset
+    return out
+
+
+@pytest.fixture
+def space(tmp_path: Path) -> DiskSpace:
+    return DiskSpace(str(tmp_path), 0)
+
+
+# ----------------------------------------------------------------------------- the epoch history
+
+
+def test_end_offset_for_epoch_follows_kip_101() -> None:
+    h = EpochHistory()
+    assert h.end_offset_for_epoch(0, 0) == (-1, -1)
+    for epoch, start in ((1, 0), (1, 5), (3, 10), (4, 20)):
+        h.assign(epoch, start)
+    assert h.entries() == [(1, 0), (3, 10), (4, 20)]
+    assert h.end_offset_for_epoch(0, 30) == (-1, -1), "below the first epoch"
+    assert h.end_offset_for_epoch(1, 30) == (1, 10)
+    assert h.end_offset_for_epoch(2, 30) == (1, 10), "an epoch without batches: the one before it"
+    assert h.end_offset_for_epoch(3, 30) == (3, 20)
+    assert h.end_offset_for_epoch(4, 30) == (4, 30), "the latest ends at the log end"
+    assert h.end_offset_for_epoch(5, 30) == (-1, -1), "above every epoch known"
+    assert h.end_offset_for_epoch(5, 30, leader_epoch=6) == (4, 30)
+    assert h.end_offset_for_epoch(6, 30, leader_epoch=6) == (6, 30)
+    assert h.end_offset_for_epoch(-1, 30) == (-1, -1)
+    h.assign(2, 15)  # a lower epoch later in the log: what it supersedes goes
+    assert h.entries() == [(1, 0), (2, 15)]
+    h.truncate_from(15)
+    assert h.entries() == [(1, 0)] and h.latest_epoch == 1
+    h.assign(3, 12)
+    h.expire_before(13)
+    assert h.entries() == [(3, 13)]
+
+
+def test_produced_batches_carry_the_leader_epoch_and_reopen_keeps_the_history(
+    tmp_path: Path, space: DiskSpace
+) -> None:
+    d = str(tmp_path / "p")
+    p = Partition(1, 0, d, SMALL)
+    produced(p, batch(2), space)  # not replicated: epoch 0
+    p.become_leader(3, (1,), (1,), node_id=1, now=0, min_insync=1)
+    produced(p, batch(1), space)
+    produced(p, batch(1), space)
+    p.become_leader(5, (1,), (1,), node_id=1, now=0, min_insync=1)
+    produced(p, batch(3), space)
+    epochs = [read_header(p.log.read(o, 1).data).partition_leader_epoch for o in (0, 2, 3, 4)]
+    assert epochs == [0, 3, 3, 5]
+    assert p.epochs.entries() == [(0, 0), (3, 2), (5, 4)]
+    assert p.end_offset_for_epoch(3) == (3, 4)
+    assert p.end_offset_for_epoch(5) == (5, 7)
+    p.close()
+    again = Partition(1, 0, d, SMALL)
+    assert again.epochs.entries() == [(0, 0), (3, 2), (5, 4)]
+    assert again.leader_epoch == 5, "an unreplicated reopen stamps the latest epoch, never below it"
+    again.close()
+
+
+# ----------------------------------------------------------------------------- follower append, truncate
+
+
+def leader_and_follower(tmp_path: Path, config: LogConfig = SMALL) -> tuple[Partition, Partition]:
+    leader = Partition(1, 0, str(tmp_path / "leader"), config)
+    follower = Partition(1, 0, str(tmp_path / "follower"), config)
+    leader.become_leader(1, (1, 2), (1, 2), node_id=1, now=0)
+    follower.become_follower(1, leader=1)
+    return leader, follower
+
+
+def test_a_follower_stores_the_leaders_batches_as_they_are(tmp_path: Path, space: DiskSpace) -> None:
+    leader, follower = leader_and_follower(tmp_path)
+    for i in range(12):  # several segments on both sides
+        produced(leader, batch(2, pid=7, seq=2 * i, value=b"x%d" % i), space)
+    data = everything(leader)
+    assert copied(follower, data) == 24
+    assert everything(follower) == data, "byte for byte, offsets and epochs included"
+    assert len(follower.log.segments) > 1
+    assert follower.producers.producer(7) == (0, 23), "the producer state learns them"
+    assert follower.epochs.entries() == [(1, 0)]
+    with pytest.raises(OffsetOutOfRangeError):
+        follower.append_replica(data)  # the first base offset must be the log end
+    with pytest.raises(NotLeaderError):
+        follower.produce(batch(), space)
+    with pytest.raises(NotLeaderError):
+        leader.append_replica(data)
+    corrupt = bytearray(everything(leader)[: read_header(data).size])
+    corrupt[-1] ^= 1
+    follower.truncate_to(0)
+    with pytest.raises(Exception, match="crc"):
+        follower.append_replica(bytes(corrupt))
+    leader.close()
+    follower.close()
+
+
+def test_truncation_mid_segment_and_across_segments_survives_reopen(tmp_path: Path, space: DiskSpace) -> None:
+    leader, follower = leader_and_follower(tmp_path)
+    for i in range(6):
+        produced(leader, batch(1, pid=7, seq=i), space)
+    leader.become_leader(2, (1, 2), (1, 2), node_id=1, now=0)
+    for i in range(6, 14):
+        produced(leader, batch(1, pid=7, seq=i), space)
+    copied(follower, everything(leader))
+    segments = len(follower.log.segments)
+    assert segments >= 3
+    assert follower.truncate_to(9) == 9  # mid-segment, segments above it deleted
+    assert len(follower.log.segments) < segments
+    assert follower.epochs.entries() == [(1, 0), (2, 6)]
+    assert follower.producers.producer(7) == (0, 8)
+    assert follower.truncate_to(4) == 4  # below the second epoch
+    assert follower.epochs.entries() == [(1, 0)]
+    assert follower.producers.producer(7) == (0, 3)
+    follower.close()
+    reopened = Partition(1, 0, str(tmp_path / "follower"), SMALL)
+    assert reopened.log.end_offset == 4
+    assert reopened.epochs.entries() == [(1, 0)]
+    assert reopened.producers.producer(7) == (0, 3)
+    reopened.become_follower(2, leader=1)
+    assert copied(reopened, leader.log.read(4, 1 << 20).data) > 4, "appends again after the cut"
+    assert reopened.log.read(4, 1).first_offset == 4
+    reopened.close()
+    leader.close()
+
+
+# ----------------------------------------------------------------------------- the leader's view
+
+
+def test_high_watermark_is_the_isrs_smallest_log_end_and_never_goes_back(
+    tmp_path: Path, space: DiskSpace
+) -> None:
+    leader, _ = leader_and_follower(tmp_path)
+    produced(leader, batch(3), space)
+    assert leader.high_watermark == 0, "the follower has not fetched"
+    done: list[int] = []
+    leader.after_replicated(3, lambda: done.append(3), lambda exc: done.append(-1))
+    leader.replica_fetched(2, 2, now=10)
+    assert leader.high_watermark == 2 and done == []
+    leader.replica_fetched(2, 3, now=20)
+    assert leader.high_watermark == 3 and done == [3]
+    leader.replica_fetched(2, 1, now=30)  # a follower that truncated: the HW stays
+    assert leader.high_watermark == 3
+    state = leader.replica
+    assert isinstance(state, LeaderState)
+    produced(leader, batch(1), space)
+    assert leader.isr_proposal(20 + 31_000, 30_000) == IsrProposal(leave=(2,), join=())
+    failed: list[BaseException] = []
+    leader.after_replicated(4, lambda: None, failed.append)
+    leader.update_isr((1,))  # the controller took the follower out: below min_insync 2
+    assert isinstance(failed[0], NotEnoughReplicasError)
+    assert leader.high_watermark == 4, "alone in the ISR: the HW is the leader's end"
+    with pytest.raises(NotEnoughReplicasError):
+        leader.check_replicas()
+    leader.replica_fetched(2, 4, now=40_000)
+    assert leader.isr_proposal(40_000, 30_000) == IsrProposal(leave=(), join=(2,))
+    leader.close()
+
+
+def test_truncation_to_a_segment_base_leaves_it_empty_and_reusable(tmp_path: Path, space: DiskSpace) -> None:
+    leader, follower = leader_and_follower(tmp_path)
+    for i in range(10):
+        produced(leader, batch(1, pid=7, seq=i), space)
+    copied(follower, everything(leader))
+    assert len(follower.log.segments) >= 2
+    base = follower.log.segments[1].base_offset
+    assert follower.truncate_to(base) == base
+    assert follower.log.segments[-1].base_offset == base and follower.log.segments[-1].size == 0
+    follower.close()
+    again = Partition(1, 0, str(tmp_path / "follower"), SMALL)
+    assert again.log.end_offset == base
+    again.become_follower(1, leader=1)
+    assert copied(again, leader.log.read(base, 1 << 20).data) > base
+    assert everything(again) == everything(leader)[: len(everything(again))]
+    again.close()
+    leader.close()

@@ -1,0 +1,293 @@
+"""Replication between two cores' request handlers in one process: a leader and a follower, each
+with its own data dir, exchanging ReplicaFetch frames through `Handlers.handle`, the outcomes
+carried out here synchronously as a backend would (broker/backends/shared.py)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from kio.schema.errors import ErrorCode
+
+from broker.core.config import BrokerConfig
+from broker.core.handlers import Handlers
+from broker.core.outcomes import Append, Gather, Later, Outcome, Read, Reply, Silent, Wait
+from broker.core.partition import Partition
+from broker.core.replica_fetcher import ReplicaFetcher
+from broker.kafka.leader_epoch import epoch_end
+from broker.storage.fileio import SyncFileIO, run_ops
+from broker.storage.log import LogConfig
+from ringlog_proto import messages as m
+from ringlog_proto.batch import encode_batch, read_header
+from ringlog_proto.frames import FrameDecoder
+
+IO = SyncFileIO()
+NOW = 1_000
+
+
+def frame_of(req: m.Request, cid: int = 1):
+    d = FrameDecoder()
+    d.feed(b"".join(m.encode_request(req, cid)))
+    return d.next_frame()
+
+
+def decoded(reply: Reply) -> m.Response:
+    d = FrameDecoder()
+    d.feed(b"".join(reply.buffers))
+    return m.decode_response(d.next_frame())
+
+
+def carry_out(outcome: Outcome, answers: list[Reply]) -> Wait | None:
+    """What a backend does with `outcome`, synchronously; replies land in `answers` (acks=all
+    ones when the high watermark passes them). Returns a Wait instead of parking it."""
+    match outcome:
+        case Reply():
+            answers.append(outcome)
+        case Silent():
+            pass
+        case Append():
+            run_ops(IO, outcome.pending.ops)
+            reply = outcome.complete()
+            p = outcome.partition
+            if outcome.acks == m.Acks.ALL and p.replica is not None:
+                p.after_replicated(
+                    outcome.pending.next_offset,
+                    lambda: answers.append(reply),  # type: ignore[arg-type]
+                    lambda exc: answers.append(outcome.fail(exc)),  # type: ignore[arg-type]
+                )
+            elif isinstance(reply, Reply):
+                answers.append(reply)
+        case Read():
+            e = outcome.extent
+            answers.append(outcome.finish(os.pread(e.segment.store_fd, e.length, e.position)))
+        case Gather():
+            ignored: list[Reply] = []
+            for part in outcome.parts:
+                assert carry_out(part, ignored) is None
+            finished = outcome.finish()
+            if isinstance(finished, Reply):
+                answers.append(finished)
+        case Later():
+            outcome.start(answers.append)  # type: ignore[arg-type]
+        case Wait():
+            return outcome
+        case _:
+            raise AssertionError(outcome)
+    return None
+
+
+def ask(h: Handlers, req: m.Request) -> m.Response:
+    answers: list[Reply] = []
+    assert carry_out(h.handle(frame_of(req)), answers) is None
+    (reply,) = answers
+    return decoded(reply)
+
+
+class Node:
+    """One broker core of the test cluster: its handlers and its fetcher towards the leader."""
+
+    def __init__(self, node_id: int, data_dir: Path) -> None:
+        self.node_id = node_id
+        self.handlers = Handlers(BrokerConfig(data_dir=str(data_dir)))
+        self.fetcher = ReplicaFetcher(node_id, max_wait_ms=0)
+        resp = ask(self.handlers, m.CreateTopicRequest("t", 1))
+        assert isinstance(resp, m.CreateTopicResponse)
+        self.topic_id = resp.topic_id
+
+    @property
+    def partition(self) -> Partition:
+        p = self.handlers.partition_named("t", 0)
+        assert isinstance(p, Partition)
+        return p
+
+    def lead(self, epoch: int, replicas: tuple[int, ...], isr: tuple[int, ...]) -> None:
+        self.partition.become_leader(epoch, replicas, isr, self.node_id, now=NOW)
+        self.fetcher.remove(self.topic_id, 0)
+
+    def follow(self, epoch: int, leader: int) -> None:
+        self.partition.become_follower(epoch, leader)
+        self.fetcher.add(self.partition)
+
+    def produce(
+        self, value: bytes, acks: int = m.Acks.WRITTEN, answers: list[Reply] | None = None
+    ) -> Outcome:
+        batch = encode_batch([value])
+        outcome = self.handlers.handle(frame_of(m.ProduceRequest(self.topic_id, 0, acks, 1000, batch)))
+        carry_out(outcome, [] if answers is None else answers)
+        return outcome
+
+    def fetch_from(self, leader: Node) -> m.ReplicaFetchResponse:
+        """One round of this follower's fetching: request, the leader's answer, applied here."""
+        req = self.fetcher.request(NOW)
+        assert req is not None
+        answers: list[Reply] = []
+        assert carry_out(leader.handlers.handle(frame_of(req)), answers) is None
+        (reply,) = answers
+        resp = decoded(reply)
+        assert isinstance(resp, m.ReplicaFetchResponse)
+        applied = self.fetcher.apply(resp, NOW)
+        assert not applied.errors, applied.errors
+        for append in applied.appends:
+            run_ops(IO, append.pending.ops)
+            append.complete()
+        return resp
+
+    def stored(self) -> bytes:
+        log_ = self.partition.log
+        return log_.read(log_.start_offset, 1 << 20).data if log_.end_offset > log_.start_offset else b""
+
+    def close(self) -> None:
+        self.handlers.close()
+
+
+@pytest.fixture
+def pair(tmp_path: Path):
+    a, b = Node(1, tmp_path / "a"), Node(2, tmp_path / "b")
+    assert a.topic_id == b.topic_id
+    a.lead(1, (1, 2), (1, 2))
+    b.follow(1, leader=1)
+    yield a, b
+    a.close()
+    b.close()
+
+
+def test_produced_batches_reach_the_follower_byte_for_byte_and_move_the_hw(pair: tuple[Node, Node]) -> None:
+    a, b = pair
+    for v in (b"one", b"two", b"three"):
+        a.produce(v)
+    assert a.partition.high_watermark == 0
+    resp = b.fetch_from(a)
+    assert resp.partitions[0].high_watermark == 0, "the follower's fetch at 0 says it has nothing"
+    assert b.stored() == a.stored() and len(a.stored()) > 0
+    assert [read_header(b.stored()).partition_leader_epoch] == [1]
+    assert a.partition.high_watermark == 0
+    resp = b.fetch_from(a)  # at 3: it has everything
+    assert a.partition.high_watermark == 3
+    assert resp.partitions[0].high_watermark == 3 and b.partition.high_watermark == 3
+    assert b.partition.epochs.entries() == [(1, 0)]
+
+
+def test_consumers_read_below_the_high_watermark_only(pair: tuple[Node, Node]) -> None:
+    a, b = pair
+    a.produce(b"x")
+    a.produce(b"y")
+    fetch = m.FetchRequest(a.topic_id, 0, offset=0, max_wait_ms=0)
+    resp = ask(a.handlers, fetch)
+    assert isinstance(resp, m.FetchResponse) and (resp.records, resp.high_watermark) == (b"", 0)
+    latest = ask(a.handlers, m.ListOffsetsRequest(a.topic_id, 0, m.OffsetSpec.LATEST))
+    assert isinstance(latest, m.ListOffsetsResponse) and latest.offset == 0
+    b.fetch_from(a)
+    a.partition.replica_fetched(2, 1, NOW)  # the follower reported offset 1 only: HW 1
+    resp = ask(a.handlers, fetch)
+    assert isinstance(resp, m.FetchResponse) and resp.high_watermark == 1
+    assert read_header(resp.records).next_offset == 1 and len(resp.records) == read_header(resp.records).size
+    b.fetch_from(a)
+    resp = ask(a.handlers, fetch)
+    assert isinstance(resp, m.FetchResponse) and resp.high_watermark == 2
+    assert resp.records == a.stored()
+    refused = ask(b.handlers, m.FetchRequest(b.topic_id, 0, offset=0))
+    assert refused.error == m.ErrorCode.NOT_OWNER, "a follower serves no consumer"
+
+
+def test_acks_all_is_answered_once_the_follower_fetched_past_it(pair: tuple[Node, Node]) -> None:
+    a, b = pair
+    answers: list[Reply] = []
+    outcome = a.produce(b"important", m.Acks.ALL, answers)
+    assert isinstance(outcome, Append) and answers == []
+    b.fetch_from(a)  # takes the batch, but its fetch offset (0) does not cover it yet
+    assert answers == []
+    b.fetch_from(a)
+    (reply,) = answers
+    resp = decoded(reply)
+    assert isinstance(resp, m.ProduceResponse) and (resp.base_offset, resp.end_offset) == (0, 1)
+
+
+def test_acks_all_needs_min_insync_replicas_and_a_leader(pair: tuple[Node, Node]) -> None:
+    a, b = pair
+    a.partition.update_isr((1,))  # the follower left the ISR
+    outcome = a.produce(b"x", m.Acks.ALL)
+    assert isinstance(outcome, Reply)
+    assert decoded(outcome).error == m.ErrorCode.NOT_ENOUGH_REPLICAS
+    assert a.partition.log.end_offset == 0, "nothing was stored"
+    assert isinstance(a.produce(b"x", m.Acks.WRITTEN), Append), "acks=1 still goes"
+    to_follower = b.produce(b"x")
+    assert isinstance(to_follower, Reply) and decoded(to_follower).error == m.ErrorCode.NOT_OWNER
+    stale = frame_of(
+        m.ReplicaFetchRequest(2, 0, 1, 1 << 20, (m.ReplicaFetchPartition(a.topic_id, 0, 0, -1, 0),))
+    )
+    answers: list[Reply] = []
+    carry_out(a.handlers.handle(stale), answers)
+    resp = decoded(answers[0])
+    assert isinstance(resp, m.ReplicaFetchResponse)
+    assert resp.partitions[0].error == m.ErrorCode.NOT_OWNER, "a fetch at another leader epoch"
+
+
+def test_a_replica_fetch_with_nothing_new_waits_on_its_partitions(pair: tuple[Node, Node]) -> None:
+    a, b = pair
+    b.fetcher.max_wait_ms = 500
+    req = b.fetcher.request(NOW)
+    assert req is not None
+    outcome = a.handlers.handle(frame_of(req))
+    assert isinstance(outcome, Wait) and outcome.partitions == (a.partition,)
+    answers: list[Reply] = []
+    carry_out(outcome.on_timeout(), answers)
+    resp = decoded(answers[0])
+    assert isinstance(resp, m.ReplicaFetchResponse) and resp.partitions[0].records == b""
+    a.produce(b"x")
+    again = a.handlers.handle(outcome.frame)  # what the backend does when the partition grows
+    assert isinstance(again, Read | Gather)
+
+
+def test_a_divergent_follower_truncates_after_a_leader_change(pair: tuple[Node, Node]) -> None:
+    """KIP-101's scenario: A leads epoch 1, writes m1 (replicated) and m2 (not); A fails, B leads
+    epoch 2 and writes m3 at m2's offset; A returns as a follower, is told its epoch 1 ends at 1,
+    drops m2 and takes m3."""
+    a, b = pair
+    a.produce(b"m1")
+    b.fetch_from(a)
+    a.produce(b"m2")  # A alone has it
+    b.lead(2, (1, 2), (2,))
+    a.follow(2, leader=2)
+    b.produce(b"m3")
+    assert a.partition.log.end_offset == b.partition.log.end_offset == 2
+    resp = a.fetch_from(b)
+    (part,) = resp.partitions
+    assert (part.diverging_epoch, part.diverging_end_offset, part.records) == (1, 1, b"")
+    assert a.partition.log.end_offset == 1, "m2 is gone"
+    a.fetch_from(b)
+    assert a.stored() == b.stored()
+    assert a.partition.epochs.entries() == [(1, 0), (2, 1)]
+    assert a.partition.end_offset_for_epoch(1) == (1, 1)
+
+
+def test_offset_for_leader_epoch_answers_from_the_epoch_history(pair: tuple[Node, Node]) -> None:
+    a, b = pair
+    a.produce(b"m1")
+    b.fetch_from(a)
+    b.fetch_from(a)
+    b.lead(2, (1, 2), (1, 2))
+    a.follow(2, leader=2)
+    b.produce(b"m2")
+    b.produce(b"m3")
+    assert epoch_end(b.handlers, "t", 0, -1, 1) == (ErrorCode.none, 1, 1)
+    assert epoch_end(b.handlers, "t", 0, 2, 2) == (ErrorCode.none, 2, 3)
+    assert epoch_end(b.handlers, "t", 0, -1, 0) == (ErrorCode.none, -1, -1), "below the first epoch"
+    assert epoch_end(b.handlers, "t", 0, 3, 2)[0] == ErrorCode.unknown_leader_epoch
+    assert epoch_end(b.handlers, "t", 0, 1, 1)[0] == ErrorCode.fenced_leader_epoch
+    assert epoch_end(a.handlers, "t", 0, -1, 1)[0] == ErrorCode.not_leader_or_follower
+
+
+def test_a_follower_behind_the_leaders_log_start_starts_over_there(pair: tuple[Node, Node]) -> None:
+    a, b = pair
+    a.partition.log.config = LogConfig(segment_bytes=400, max_batch_bytes=400, retention_bytes=1)
+    for i in range(12):
+        a.produce(b"v%d" % i)
+    assert a.partition.apply_retention() > 0
+    start = a.partition.log.start_offset
+    assert start > 0
+    b.fetch_from(a)  # offset 0 is gone there
+    assert (b.partition.log.start_offset, b.partition.log.end_offset) == (start, start)
+    b.fetch_from(a)
+    assert b.stored() == a.stored() and b.partition.log.end_offset == 12
+    assert b.partition.high_watermark >= start
