@@ -104,6 +104,7 @@ from broker.core.outcomes import (
 )
 from broker.core.partition import Partition
 from broker.core.remote import RemoteLinks
+from broker.core.replica_manager import ReplicaManager
 from broker.kafka.adapter import KafkaAdapter
 from broker.kafka.codec import KafkaFrameDecoder, KafkaRequest, starts_like_kafka
 from ringlog_proto.batch import now_ms
@@ -633,6 +634,18 @@ class BackendCore:
         self.forwarder = Forwarder(self.handlers, self.peers.send_to_core, self.call_later)
         self.remote_links = RemoteLinks(self.open_remote, self.call_later, self.stopping)
         self.handlers.remote_links = self.remote_links
+        self.replicas: ReplicaManager | None = None
+        if config.cluster is not None:  # a node of a cluster: roles, follower fetches, ISR changes
+            c = config.cluster
+            self.replicas = ReplicaManager(
+                self.handlers,
+                self,
+                c.calls.alter_isr,
+                c.min_insync,
+                c.replica_lag_max_ms,
+                c.replica_fetch_wait_ms,
+            )
+            self.replicas.start()
         self.handlers.gauges = {
             "inflight_requests": lambda: sum(len(c.slots) for c in self.connections if not c.from_peer),
             "pending_forwards": lambda: self.forwarder.pending,

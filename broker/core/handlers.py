@@ -46,10 +46,11 @@ import json
 import logging
 import os
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from broker import __version__
 from broker.core.blocking import RunBlocking, no_threads
-from broker.core.cluster_view import ClusterView
+from broker.core.cluster_view import ClusterView, ViewFile
 from broker.core.config import BrokerConfig
 from broker.core.coordinator import CallLater, GroupCode, GroupCoordinator, JoinResult, SyncResult
 from broker.core.groups import Committed, GroupError, GroupOffsetStore, check_group
@@ -210,7 +211,13 @@ class Handlers:
         self.fd_cache = FdCache(config.limits.segment_fd_cache)
         self.partitions: dict[tuple[int, int], Partition] = {}
         # The cluster as the node's supervisor last published it (one node: none, and no cost).
+        # A clustered core starts from the view the agent published before the workers started
+        # (or an empty one: every partition refused until a view names its replicas here).
         self.cluster = ClusterView.single(config.node_id)
+        if config.cluster is not None:
+            self.cluster = ViewFile(layout.run_dir(config.data_dir)).poll() or ClusterView(
+                config.node_id, -1, clustered=True
+            )
         # Broker-assigned producer ids (Kafka's InitProducerId); the first use claims a block.
         self.producer_ids = ProducerIds(FileBlockSource(config.data_dir))
         self._owners: dict[tuple[int, int], int] = {}
@@ -267,6 +274,8 @@ class Handlers:
             return
         for i in sorted(n for n in map(layout.parse_number_name, names) if n is not None):
             if i < topic.partitions and self.owner(topic.topic_id, i) == self.config.core_id:
+                if self.cluster.clustered and not self.replicated_here(topic.topic_id, i):
+                    continue  # files of a replica moved away: kept, not served
                 try:
                     self._open_partition(topic, i)
                 except (StorageError, OSError) as exc:
@@ -284,7 +293,27 @@ class Handlers:
             path = self.registry.partition_dir(topic.topic_id, index)
             p = Partition(topic.topic_id, index, path, topic.log_config(), self.fd_cache)
             self.partitions[key] = p
+            if self.cluster.clustered:
+                self.give_role(p)
         return p
+
+    def replicated_here(self, topic_id: int, index: int) -> bool:
+        """Whether the cluster view puts a replica of the partition on this node."""
+        state = self.cluster.state_of(topic_id, index)
+        return state is not None and self.config.node_id in state.replicas
+
+    def give_role(self, p: Partition) -> None:
+        """The role the view names for this node's replica of `p` (a clustered core's partitions
+        always have one: a partition without a role would serve as if alone)."""
+        state = self.cluster.state_of(p.topic_id, p.index)
+        me = self.config.node_id
+        settings = self.config.cluster
+        if state is None or me not in state.replicas or settings is None:
+            return
+        if state.leader == me:
+            p.become_leader(state.leader_epoch, state.replicas, state.isr, me, min_insync=settings.min_insync)
+        else:
+            p.become_follower(state.leader_epoch, state.leader)
 
     # ------------------------------------------------------------------------- topics shared by cores
 
@@ -404,6 +433,9 @@ class Handlers:
             raise TopicError(
                 "unknown", f"partition {frame.partition} of topic id {frame.topic_id} is not on this core"
             )
+        if self.cluster.clustered and not self.replicated_here(topic.topic_id, frame.partition):
+            node = self.config.node_id
+            raise NotLeaderError(f"node {node} holds no replica of partition {frame.partition}")
         return self._open_partition(topic, frame.partition)
 
     def partition_named(self, topic: str, index: int) -> Partition | int:
@@ -466,7 +498,7 @@ class Handlers:
             parts = []
             for i in range(topic.partitions):
                 p = self.partitions.get((topic.topic_id, i))
-                start, end = (p.log.start_offset, p.log.end_offset) if p is not None else (-1, -1)
+                start, end = (p.log.start_offset, p.high_watermark) if p is not None else (-1, -1)
                 state = cluster.state_of(topic.topic_id, i) if cluster.clustered else None
                 if state is None:
                     core = self.owner(topic.topic_id, i)
@@ -563,10 +595,41 @@ class Handlers:
                 m.ErrorCode.INVALID_CONFIG,
                 f"one node keeps one copy: replication {req.replication} needs a cluster",
             )
+        settings = self.config.cluster
+        if settings is not None:
+            calls = settings.calls
+            registry = self.registry
+            args = (req.name, req.partitions, req.retention_ms, req.retention_bytes, req.segment_bytes)
+
+            def create() -> Topic:
+                return calls.create_topic(registry, *args, replication=req.replication)
+
+            return self.in_cluster(
+                create, lambda t: self._reply(frame, m.CreateTopicResponse(topic_id=t.topic_id)), frame
+            )
         topic = self.create_topic(
             req.name, req.partitions, req.retention_ms, req.retention_bytes, req.segment_bytes
         )
         return self._reply(frame, m.CreateTopicResponse(topic_id=topic.topic_id))
+
+    def in_cluster(
+        self, call: Callable[[], Any], answer: Callable[[Any], Reply], frame: Frame | None = None
+    ) -> Outcome:
+        """Run `call` (a write to the cluster's store) off the loop, then answer with its result
+        once this core's registry caught up with the agent's copy (a topic it created is then
+        known here); an error answers as the handlers map it (`frame`), or is passed to `answer`."""
+
+        def start(reply: Callable[[Reply | Silent], None]) -> None:
+            def done(result: object) -> None:
+                self.refresh_topics(force=True)
+                if isinstance(result, BaseException) and frame is not None:
+                    reply(self.error_reply(frame, result))
+                else:
+                    reply(answer(result))
+
+            self.run_blocking(call, done)
+
+        return Later(start)
 
     def create_topic(
         self, name: str, partitions: int, retention_ms: int, retention_bytes: int, segment_bytes: int
@@ -585,6 +648,14 @@ class Handlers:
 
     def _delete_topic(self, req: m.Request, frame: Frame) -> Outcome:
         assert isinstance(req, m.DeleteTopicRequest)
+        settings = self.config.cluster
+        if settings is not None:
+            calls = settings.calls
+            return self.in_cluster(
+                lambda: calls.delete_topic(req.name),
+                lambda _t: self._reply(frame, m.DeleteTopicResponse()),
+                frame,
+            )
         return self.delete_topic(req.name, lambda: self._reply(frame, m.DeleteTopicResponse()), frame)
 
     def delete_topic(self, name: str, answer: Callable[[], Reply], notice: Frame | None = None) -> Outcome:

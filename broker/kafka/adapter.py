@@ -126,6 +126,12 @@ def cluster_id_for(data_dir: str) -> str:
     return base64.urlsafe_b64encode(digest).decode().rstrip("=")
 
 
+class _Refused(Exception):
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 _GONE = NodeView(-1, "", 0, 0, (), live=False)  # a replica's node the view does not know
 
 
@@ -570,6 +576,8 @@ class KafkaAdapter:
         schema = response_schema(CREATE_TOPICS, request.api_version)
         assert schema is not None
         module = sys.modules[schema.__module__]
+        if self.handlers.config.cluster is not None:
+            return self._create_topics_in_cluster(request, body, schema, module)
         results = []
         for t in body.topics:
             code, message = ErrorCode.none, None
@@ -597,6 +605,53 @@ class KafkaAdapter:
         resp = make(schema, throttle_time=datetime.timedelta(0), topics=tuple(results))
         return Reply(encode_response(request.correlation_id, resp))
 
+    def _create_topics_in_cluster(
+        self, request: KafkaRequest, body: Any, schema: Any, module: Any
+    ) -> Outcome:
+        """A cluster's CreateTopics: each topic created in the store (replication -1 is the
+        cluster's default; placement over the live nodes), off the loop, in one answer."""
+        calls = self.handlers.config.cluster.calls  # type: ignore[union-attr]
+        registry = self.handlers.registry
+
+        def create_all() -> list[tuple[str, ErrorCode, str | None]]:
+            out = []
+            for t in body.topics:
+                code, message = ErrorCode.none, None
+                try:
+                    if t.assignments:
+                        raise _Refused(
+                            ErrorCode.invalid_request, "manual replica assignment is not supported"
+                        )
+                    limits = _topic_limits(t.configs)
+                    partitions = 1 if int(t.num_partitions) == -1 else int(t.num_partitions)
+                    if body.validate_only:
+                        registry.make(t.name, partitions, 1, *limits)
+                    else:
+                        calls.create_topic(
+                            registry, t.name, partitions, *limits, replication=int(t.replication_factor)
+                        )
+                except _Refused as exc:
+                    code, message = exc.code, str(exc)
+                except Exception as exc:
+                    code, message = kafka_error(exc)
+                    if "replication factor" in str(exc):
+                        code = ErrorCode.invalid_replication_factor
+                out.append((t.name, code, message))
+            return out
+
+        def answer(results: Any) -> Reply:
+            if isinstance(results, BaseException):
+                code, message = kafka_error(results)
+                results = [(t.name, code, message) for t in body.topics]
+            topics = tuple(
+                make(module.CreatableTopicResult, name=n, error_code=c, error_message=msg)
+                for n, c, msg in results
+            )
+            resp = make(schema, throttle_time=datetime.timedelta(0), topics=topics)
+            return Reply(encode_response(request.correlation_id, resp))
+
+        return self.handlers.in_cluster(create_all, answer)
+
     def _delete_topics(self, request: KafkaRequest, body: Any) -> Outcome:
         """Each topic through the core's `delete_topic` (which tells the other cores first); one
         answer once every deletion is done."""
@@ -606,6 +661,28 @@ class KafkaAdapter:
         codes: dict[str, ErrorCode] = {}
         parts: list[Outcome] = []
         names = list(body.topic_names or ())
+        cluster = self.handlers.config.cluster
+        if cluster is not None:
+            calls = cluster.calls
+
+            def delete_all() -> dict[str, ErrorCode]:
+                for name in names:
+                    try:
+                        calls.delete_topic(name)
+                        codes[name] = ErrorCode.none
+                    except Exception as exc:
+                        codes[name] = kafka_error(exc)[0]
+                return codes
+
+            def answered(result: Any) -> Reply:
+                if isinstance(result, BaseException):
+                    for name in names:
+                        codes.setdefault(name, kafka_error(result)[0])
+                results = tuple(make(module.DeletableTopicResult, name=n, error_code=codes[n]) for n in names)
+                resp = make(schema, throttle_time=datetime.timedelta(0), responses=results)
+                return Reply(encode_response(request.correlation_id, resp))
+
+            return self.handlers.in_cluster(delete_all, answered)
         for name in names:
             codes[name] = ErrorCode.none
             try:
