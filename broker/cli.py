@@ -261,6 +261,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if reason is not None:
         print(f"broker: {reason}", file=sys.stderr)
         return 2
+    try:
+        join = parse_join(args.join)
+    except ValueError as exc:
+        print(f"broker: --join: {exc}", file=sys.stderr)
+        return 2
+    if not 0 <= args.node_id <= 0xFFFFFFFF or not 0 < args.weight <= 0xFFFF or len(args.rack.encode()) > 255:
+        print("broker: --node-id is a u32, --weight 1..65535, --rack at most 255 bytes", file=sys.stderr)
+        return 2
+    if join and args.node_id == 0:
+        print("broker: --join needs --node-id (a nonzero id, distinct in the cluster)", file=sys.stderr)
+        return 2
     config = SupervisorConfig(
         data_dir=args.data_dir,
         host=args.host,
@@ -280,8 +291,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
         membership_port=args.membership_port,
         group_initial_rebalance_delay_ms=args.group_initial_rebalance_delay_ms,
         limits=limits,
+        node_id=args.node_id,
+        join=join,
+        rack=args.rack,
+        weight=args.weight,
     )
     return run_supervisor(config)
+
+
+def parse_join(text: str) -> tuple[tuple[str, int], ...]:
+    """`host:port[,host:port...]` (an IPv6 host in brackets) as (host, port) pairs."""
+    seeds = []
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        host, sep, port = item.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"{item!r} is not host:port")
+        seeds.append((host.strip("[]"), int(port)))
+    return tuple(seeds)
 
 
 CLIENT_COMMANDS = ("topics", "produce", "consume", "stats")
@@ -361,6 +387,21 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="UDP_PORT",
         help="UDP membership ping/ack endpoint (default: the TCP port's number; -1: none)",
     )
+    serve.add_argument(
+        "--node-id",
+        type=int,
+        default=0,
+        metavar="N",
+        help="this node's id in a cluster (default 0: a single node)",
+    )
+    serve.add_argument(
+        "--join",
+        default="",
+        metavar="HOST:PORT[,HOST:PORT...]",
+        help="membership (UDP) addresses of nodes to join through (default: none, a cluster of one)",
+    )
+    serve.add_argument("--rack", default="", help="this node's rack, gossiped for rack-aware placement")
+    serve.add_argument("--weight", type=int, default=100, help="this node's placement weight (default 100)")
     serve.add_argument(
         "--group-initial-rebalance-delay-ms",
         type=int,

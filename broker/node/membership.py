@@ -1,9 +1,10 @@
 """The membership endpoint: a UDP ping/ack on each broker, the seed of the cluster protocol.
 
 Rules this module keeps:
-- Sans-I/O codec (`encode`, `decode`) plus `MembershipEndpoint`, which the supervisor drives from
-  its selector: no thread, no worker involvement. The full gossip protocol is a later issue; this
-  answers "who is there, and how many cores does it run".
+- Sans-I/O codec of the plain ping/ack (`encode`, `decode`, `ping` for tools and tests) plus
+  `SwimEndpoint`, which the supervisor drives from its selector: no thread, no worker involvement.
+  The gossip protocol itself is broker/cluster/swim.py (same header; its PING_REQ and SYNC kinds
+  and payloads are documented there). `MembershipEndpoint` is the ping/ack answerer alone.
 - Every packet starts with the fixed 24-byte header below, so that the XDP classifier (bpf/xdp.c)
   checks it with one length comparison, one 4-byte compare and one byte compare, at fixed offsets
   from the UDP header. Bytes after the header are ignored (room for gossip payloads).
@@ -32,6 +33,8 @@ import struct
 import time
 from dataclasses import dataclass
 from typing import Final
+
+from broker.cluster.swim import Swim
 
 MAGIC: Final = b"RLMB"
 VERSION: Final = 1
@@ -129,3 +132,49 @@ def ping(host: str, port: int, sequence: int = 1, timeout: float = 1.0) -> Packe
                 p = decode(data)
                 if p.kind == ACK and p.sequence == sequence:
                     return p
+
+
+class SwimEndpoint:
+    """Runs a SWIM node (broker/cluster/swim.py) on the membership socket, from the supervisor's
+    selector: `on_readable` feeds it datagrams, `poll` ticks it when `next_deadline()` is due, and
+    both send what it queued. Plain pings from non-brokers still get the plain ack (Swim does it)."""
+
+    def __init__(self, sock: socket.socket, swim: Swim) -> None:
+        self.sock = sock
+        sock.setblocking(False)
+        self.swim = swim
+
+    def on_readable(self, now: float) -> None:
+        for _ in range(RECV_BATCH):
+            try:
+                data, addr = self.sock.recvfrom(PACKET_BYTES_MAX + 1)  # one more: oversized is malformed
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:  # e.g. ECONNREFUSED from an earlier packet's ICMP: nothing to do
+                continue
+            self.swim.receive(data, (addr[0], addr[1]), now)
+        self.flush()
+
+    def poll(self, now: float) -> None:
+        if now >= self.swim.next_deadline():
+            self.swim.tick(now)
+        self.flush()
+
+    def timeout(self, now: float) -> float:
+        return max(0.0, self.swim.next_deadline() - now)
+
+    def flush(self) -> None:
+        for addr, data in self.swim.take_outgoing():
+            with contextlib.suppress(OSError):  # a full buffer or an unreachable peer: UDP may drop
+                self.sock.sendto(data, addr)
+
+    def counters(self) -> dict[str, int]:
+        c = self.swim.counters
+        return {
+            "pings": c.pings,
+            "acks_received": c.acks_received,
+            "malformed": c.malformed,
+            "probes": c.probes,
+            "suspected": c.suspected,
+            "refuted": c.refuted,
+        }

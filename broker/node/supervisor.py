@@ -47,6 +47,10 @@ Rules this module keeps:
   everything but that core's partitions (those get NOT_OWNER, retriable).
 - The membership endpoint (broker/node/membership.py) is a UDP socket on the same host, port
   `--membership-port` (default: the broker's TCP port number), answered from the supervisor's loop.
+  It runs a SWIM node (broker/cluster/swim.py): `--node-id` and `--join` make it part of a cluster;
+  without them it is a cluster of one that still answers plain pings. Its timer is the selector's
+  timeout. Every change of the view is written atomically to `<data_dir>/run/members.json` and
+  passed to `on_member_event` (the cluster agent's hook); SIGTERM sends a graceful LEFT first.
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ import fcntl
 import json
 import logging
 import os
+import random
 import resource
 import selectors
 import signal
@@ -64,16 +69,17 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 from bpf.kernel import BpfError
 from bpf.plane import EbpfPlane
 from broker.backends.uring_options import APPEND_WRITES_DEFAULT, BUSY_POLL_US_DEFAULT
+from broker.cluster.swim import Member, MemberEvent, Swim
 from broker.core.groups import migrate_partition_offsets
 from broker.core.limits import Limits
 from broker.core.liveness import LivenessTable
-from broker.node.membership import MembershipEndpoint
+from broker.node.membership import SwimEndpoint
 from broker.node.metrics_http import serve_metrics
 from broker.storage import layout
 from broker.storage.dataformat import check_data_format
@@ -94,7 +100,7 @@ BIND_RETRY_S = 1.0  # a port held by the dying workers of a killed broker frees 
 TICK_S = 0.2
 DATA_DIR_LOCK_WAIT_S = 5.0  # a killed broker's workers release it well within this (PDEATHSIG, ring drain)
 BPF_PUBLISH_S = 1.0  # bpf.json (counters for `broker stats`) is rewritten this often
-NODE_ID = 0  # single-node brokers: the membership ack's node id until the cluster issue assigns ids
+MEMBERS_FILE = "members.json"  # under <data_dir>/run/: the membership view, rewritten on every change
 
 
 class StartError(Exception):
@@ -121,6 +127,10 @@ class SupervisorConfig:
     membership_port: int | None = None  # None: the broker's TCP port number; -1: no endpoint
     limits: Limits = field(default_factory=Limits)  # broker/core/limits.py, docs/LIMITS.md
     group_initial_rebalance_delay_ms: int = 3000  # broker/core/coordinator.py
+    node_id: int = 0  # cluster node id (u32); 0: a single node
+    join: tuple[tuple[str, int], ...] = ()  # seed membership addresses (host, udp port)
+    rack: str = ""
+    weight: int = 100
 
 
 @dataclass(slots=True)
@@ -283,7 +293,8 @@ class Supervisor:
         self._worker_backend = "?"
         self._lock_fd = -1
         self.ebpf = EbpfPlane(config.data_dir, config.ebpf)
-        self.membership: MembershipEndpoint | None = None
+        self.membership: SwimEndpoint | None = None
+        self.on_member_event: Callable[[MemberEvent], None] | None = None  # the cluster agent's hook
         self._live: frozenset[int] = frozenset()
         self._bpf_published_at = 0.0
         self.liveness: LivenessTable | None = None
@@ -357,9 +368,12 @@ class Supervisor:
     def _start_membership(self) -> None:
         assert self.sockets is not None
         port = self.config.membership_port
+        clustered = self.config.node_id != 0 or bool(self.config.join)
         if port is not None and port < 0:
+            if clustered:
+                raise StartError("--node-id/--join need the membership endpoint (--membership-port)")
             return
-        explicit = port is not None
+        explicit = port is not None or clustered
         port = self.sockets.port if port is None else port
         family = socket.getaddrinfo(self.config.host, port, type=socket.SOCK_DGRAM)[0][0]
         sock = socket.socket(family, socket.SOCK_DGRAM)
@@ -378,9 +392,57 @@ class Supervisor:
                 exc,
             )
             return
-        self.membership = MembershipEndpoint(sock, NODE_ID, self.config.cores, self.sockets.port)
+        c = self.config
+        me = Member(
+            c.node_id,
+            c.host,
+            self.sockets.port,
+            sock.getsockname()[1],
+            tuple(self.sockets.direct_ports),
+            c.cores,
+            c.weight,
+            c.rack,
+        )
+        # A restart's incarnation is its start time: higher than any the old process refuted up to.
+        now = time.monotonic()
+        swim = Swim(me, rng=random.Random(), now=now, incarnation=int(time.time()) & 0xFFFFFFFF)
+        self.membership = SwimEndpoint(sock, swim)
         self._selector.register(sock, selectors.EVENT_READ, self.membership)
-        log.info("membership endpoint on udp %s:%d", self.config.host, sock.getsockname()[1])
+        log.info("membership endpoint on udp %s:%d (node %d)", c.host, me.membership_port, c.node_id)
+        self._write_members()
+        if c.join:
+            swim.join(list(c.join), now)
+            self.membership.flush()
+
+    def _membership_changed(self) -> None:
+        """Publish the view after the SWIM node changed it, then tell the hook (if any)."""
+        assert self.membership is not None
+        events = self.membership.swim.take_events()
+        if not events:
+            return
+        for ev in events:
+            m = ev.view.member
+            log.info(
+                "member %d (%s:%d) %s, incarnation %d",
+                m.node_id,
+                m.host,
+                m.port,
+                ev.kind,
+                ev.view.incarnation,
+            )
+        self._write_members()
+        if self.on_member_event is not None:
+            for ev in events:
+                self.on_member_event(ev)
+
+    def _write_members(self) -> None:
+        assert self.membership is not None
+        swim = self.membership.swim
+        doc = {"node_id": swim.me.node_id, "members": [v.to_json() for v in swim.members()]}
+        try:
+            replace_json(os.path.join(layout.run_dir(self.config.data_dir), MEMBERS_FILE), doc)
+        except OSError as exc:
+            log.warning("cannot write %s: %s", MEMBERS_FILE, exc)
 
     def _load_ebpf(self) -> None:
         """Load the eBPF plane (bpf/plane.py decides per --ebpf); every core starts live."""
@@ -637,14 +699,20 @@ class Supervisor:
         signalled = False
         stop_deadline = 0.0
         while True:
-            for key, _ in self._selector.select(TICK_S):
+            timeout = TICK_S
+            if self.membership is not None:
+                timeout = min(timeout, self.membership.timeout(time.monotonic()))
+            for key, _ in self._selector.select(timeout):
                 if key.data is None:
                     with contextlib.suppress(OSError):
                         os.read(self._wake_r, 512)
-                elif isinstance(key.data, MembershipEndpoint):
-                    key.data.on_readable()
+                elif isinstance(key.data, SwimEndpoint):
+                    key.data.on_readable(time.monotonic())
                 else:
                     self._on_ready_pipe(key.data)
+            if self.membership is not None:
+                self.membership.poll(time.monotonic())
+                self._membership_changed()
             failure = self._reap()
             if not self._stopping:
                 self._update_live()
@@ -659,6 +727,9 @@ class Supervisor:
                 return 1
             if self._stopping:
                 if not signalled:
+                    if self.membership is not None:
+                        self.membership.swim.leave(now)  # LEFT, not DEAD: the others need not wait
+                        self.membership.flush()
                     log.info("stopping: SIGTERM to every worker")
                     self._stop_workers(signal.SIGTERM)
                     signalled = True

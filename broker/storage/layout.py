@@ -21,6 +21,7 @@ The layout:
       run/                        views of a running broker, not data; emptied at each start
         metrics-core-<k>.json     core k's metrics snapshot (broker/core/metrics.py)
         bpf.json                  the supervisor's eBPF snapshot (bpf/state.py)
+        members.json              the membership view of SWIM (broker/node/supervisor.py)
         restore/                  what a killed broker must undo (bpf/tfo.py); a directory, so the
                                   start-up sweep of run/ keeps it
       topics/

@@ -1,0 +1,89 @@
+"""Three real `broker serve` processes find each other over SWIM (UDP on 127.0.0.1), see a kill -9
+as dead within the bound of test_swim.py, and see the restarted node alive at a higher incarnation."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from brokerproc import BrokerProcess
+from test_swim import detection_bound
+
+from broker.cluster.swim import SwimConfig
+from broker.node import membership
+
+
+def free_udp_ports(n: int) -> list[int]:
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def view(b: BrokerProcess) -> dict[int, tuple[str, int]]:
+    try:
+        doc = json.loads((b.data_dir / "run" / "members.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return {m["node_id"]: (m["state"], m["incarnation"]) for m in doc["members"]}
+
+
+def wait_until(cond, timeout: float) -> float:  # type: ignore[no-untyped-def]
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if cond():
+            return time.monotonic() - start
+        time.sleep(0.05)
+    raise AssertionError(f"not within {timeout} s")
+
+
+@pytest.fixture
+def trio(tmp_path: Path) -> Iterator[list[BrokerProcess]]:
+    ports = free_udp_ports(3)
+    seed = f"127.0.0.1:{ports[0]}"
+    brokers = []
+    for i, port in enumerate(ports):
+        extra = ("--node-id", str(i + 1), "--membership-port", str(port), "--ebpf", "off")
+        if i:
+            extra += ("--join", seed)
+        brokers.append(BrokerProcess(tmp_path / f"d{i + 1}", tmp_path / f"b{i + 1}.log", extra))
+    try:
+        for b in brokers:
+            b.start()
+        yield brokers
+    finally:
+        for b in brokers:
+            if b.running():
+                b.stop()
+
+
+def test_three_brokers_converge_detect_a_kill_and_a_restart(trio: list[BrokerProcess]) -> None:
+    a, b, c = trio
+    wait_until(lambda: all([s for s, _ in view(x).values()] == ["alive"] * 3 for x in trio), 5)
+    old = view(a)[3][1]
+    ack = membership.ping(
+        "127.0.0.1", int(c.extra[3]), sequence=9, timeout=2
+    )  # a plain pinger still gets its ack
+    assert (ack.kind, ack.sequence, ack.node_id, ack.port) == (membership.ACK, 9, 3, c.port)
+
+    c.kill()
+    bound = detection_bound(3, SwimConfig()) + 0.5  # + the supervisor loop and file write
+    took = wait_until(lambda: view(a)[3][0] == "dead" and view(b)[3][0] == "dead", bound + 2)
+    assert took < bound, f"dead after {took:.2f} s, bound {bound:.2f} s"
+    print(f"kill -9 seen dead by both others after {took:.2f} s (bound {bound:.2f} s)")
+
+    time.sleep(1)  # the incarnation is the start time in seconds
+    c.start()
+    wait_until(lambda: all(view(x).get(3, ("", 0))[0] == "alive" and len(view(x)) == 3 for x in trio), 5)
+    assert view(a)[3][1] > old and view(b)[3][1] > old
+
+    assert b.stop() == 0  # graceful: LEFT, not dead
+    wait_until(lambda: view(a)[2][0] == "left" and view(c)[2][0] == "left", 3)
