@@ -272,6 +272,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if join and args.node_id == 0:
         print("broker: --join needs --node-id (a nonzero id, distinct in the cluster)", file=sys.stderr)
         return 2
+    etcd = tuple(e.strip() for e in args.etcd.split(",") if e.strip())
+    if etcd and not 0 < args.node_id <= MAX_CLUSTER_NODE_ID:
+        print(
+            f"broker: --etcd needs --node-id 1..{MAX_CLUSTER_NODE_ID}, distinct in the cluster",
+            file=sys.stderr,
+        )
+        return 2
+    if etcd and (args.default_replication_factor < 1 or args.min_insync_replicas < 1):
+        print(
+            "broker: --default-replication-factor and --min-insync-replicas are at least 1", file=sys.stderr
+        )
+        return 2
     config = SupervisorConfig(
         data_dir=args.data_dir,
         host=args.host,
@@ -295,8 +307,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
         join=join,
         rack=args.rack,
         weight=args.weight,
+        etcd=etcd,
+        cluster_name=args.cluster_name,
+        default_replication=args.default_replication_factor,
+        min_insync=args.min_insync_replicas,
+        replica_lag_max_ms=args.replica_lag_time_max_ms,
+        unclean_election=args.unclean_leader_election,
     )
     return run_supervisor(config)
+
+
+MAX_CLUSTER_NODE_ID = 2_000_000  # Kafka broker ids are node * 1000 + core, an int32
 
 
 def parse_join(text: str) -> tuple[tuple[str, int], ...]:
@@ -402,6 +423,40 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--rack", default="", help="this node's rack, gossiped for rack-aware placement")
     serve.add_argument("--weight", type=int, default=100, help="this node's placement weight (default 100)")
+    cluster = serve.add_argument_group("cluster (docs/CLUSTER.md; none of these: a single node, no etcd)")
+    cluster.add_argument(
+        "--etcd",
+        default="",
+        metavar="HOST:PORT[,HOST:PORT...]",
+        help="etcd client endpoints: the cluster's metadata store (needs --node-id)",
+    )
+    cluster.add_argument("--cluster-name", default="ringlog", help="key prefix of this cluster in etcd")
+    cluster.add_argument(
+        "--default-replication-factor",
+        type=int,
+        default=3,
+        metavar="N",
+        help="replicas of a new topic's partitions when the request says -1 (default 3)",
+    )
+    cluster.add_argument(
+        "--min-insync-replicas",
+        type=int,
+        default=2,
+        metavar="N",
+        help="acks=all is refused (NOT_ENOUGH_REPLICAS) with fewer in-sync replicas (default 2)",
+    )
+    cluster.add_argument(
+        "--replica-lag-time-max-ms",
+        type=int,
+        default=10_000,
+        metavar="MS",
+        help="a follower not caught up for this long leaves the in-sync set (default 10000)",
+    )
+    cluster.add_argument(
+        "--unclean-leader-election",
+        action="store_true",
+        help="with no in-sync replica alive, elect any live replica (may lose acknowledged records)",
+    )
     serve.add_argument(
         "--group-initial-rebalance-delay-ms",
         type=int,

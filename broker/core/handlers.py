@@ -693,7 +693,10 @@ class Handlers:
         if req.acks not in (m.Acks.NONE, m.Acks.WRITTEN, m.Acks.DURABLE, m.Acks.ALL):
             raise ValueError(f"acks must be 0, 1, 2 or -1, not {req.acks}")
         p = self._partition(frame)
-        if req.acks == m.Acks.ALL and p.replica is not None:
+        acks = req.acks
+        if p.replica is not None and acks == m.Acks.DURABLE:
+            acks = m.Acks.ALL  # a replicated partition's durability is its in-sync copies (CLUSTER.md)
+        if acks == m.Acks.ALL and p.replica is not None:
             p.check_replicas()
         try:
             produced = p.produce(req.records, self.space)
@@ -708,7 +711,7 @@ class Handlers:
             if req.acks == m.Acks.NONE:
                 return Silent()
             reply = self._produced(frame, produced)
-            return self.stored_reply(p, req.acks, produced, reply, lambda exc: self.error_reply(frame, exc))
+            return self.stored_reply(p, acks, produced, reply, lambda exc: self.error_reply(frame, exc))
 
         def complete() -> Reply | Silent:
             stored = produced.complete()
@@ -724,7 +727,7 @@ class Handlers:
                 return Silent()
             return self.error_reply(frame, exc)
 
-        return Append(p, produced.pending, req.acks, complete, fail)
+        return Append(p, produced.pending, acks, complete, fail)
 
     @staticmethod
     def stored_reply(

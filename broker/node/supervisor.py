@@ -71,6 +71,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 from bpf.kernel import BpfError
 from bpf.plane import EbpfPlane
@@ -79,6 +80,7 @@ from broker.cluster.swim import Member, MemberEvent, Swim
 from broker.core.groups import migrate_partition_offsets
 from broker.core.limits import Limits
 from broker.core.liveness import LivenessTable
+from broker.core.topics import TopicRegistry
 from broker.node.membership import SwimEndpoint
 from broker.node.metrics_http import serve_metrics
 from broker.storage import layout
@@ -87,6 +89,9 @@ from broker.storage.diskspace import RESERVE_BYTES, ensure_reserve
 from broker.storage.durable_file import load_json, replace_json
 from broker.storage.errors import LegacyFormatError
 from broker.storage.log import LogConfig
+
+if TYPE_CHECKING:
+    from broker.cluster.agent import ClusterAgent
 
 log = logging.getLogger("broker.node.supervisor")
 
@@ -131,6 +136,12 @@ class SupervisorConfig:
     join: tuple[tuple[str, int], ...] = ()  # seed membership addresses (host, udp port)
     rack: str = ""
     weight: int = 100
+    etcd: tuple[str, ...] = ()  # the metadata store's endpoints; empty: a single node
+    cluster_name: str = "ringlog"
+    default_replication: int = 3
+    min_insync: int = 2
+    replica_lag_max_ms: int = 10_000
+    unclean_election: bool = False
 
 
 @dataclass(slots=True)
@@ -295,6 +306,7 @@ class Supervisor:
         self.ebpf = EbpfPlane(config.data_dir, config.ebpf)
         self.membership: SwimEndpoint | None = None
         self.on_member_event: Callable[[MemberEvent], None] | None = None  # the cluster agent's hook
+        self.agent: ClusterAgent | None = None  # a node of a cluster (--etcd): broker/cluster/agent.py
         self._live: frozenset[int] = frozenset()
         self._bpf_published_at = 0.0
         self.liveness: LivenessTable | None = None
@@ -337,6 +349,7 @@ class Supervisor:
         try:
             try:
                 self._start_membership()
+                self._start_agent()
                 self._load_ebpf()  # right after the listeners: steered from their first connection
                 if self.config.metrics_port is not None:
                     metrics_server = serve_metrics(
@@ -357,6 +370,8 @@ class Supervisor:
         finally:
             if metrics_server is not None:
                 metrics_server.shutdown()
+            if self.agent is not None:
+                self.agent.stop()
             self.ebpf.close()  # before the listeners close: the kernel's hash takes over, then they go
             if self.membership is not None:
                 self.membership.sock.close()
@@ -574,6 +589,8 @@ class Supervisor:
             "log_defaults": asdict(self.config.log_defaults),
             "limits": self.config.limits.to_spec(),
             "group_initial_rebalance_delay_ms": self.config.group_initial_rebalance_delay_ms,
+            "node_id": self.config.node_id,
+            "cluster": self._cluster_spec(),
             "fds": list(w.fds),
             "ready_fd": ready_w,
         }
@@ -594,6 +611,69 @@ class Supervisor:
         w.started_at = time.monotonic()
         w.restart_at = None
         self._selector.register(ready_r, selectors.EVENT_READ, w)
+
+    def _cluster_spec(self) -> dict[str, object] | None:
+        c = self.config
+        if not c.etcd:
+            return None
+        return {
+            "endpoints": list(c.etcd),
+            "name": c.cluster_name,
+            "default_replication": c.default_replication,
+            "min_insync": c.min_insync,
+            "replica_lag_max_ms": c.replica_lag_max_ms,
+        }
+
+    def _start_agent(self) -> None:
+        """Join the cluster's store (module rules): registered, the cluster read and published
+        for the workers before they start; SWIM's deaths passed to the agent as a signal."""
+        c = self.config
+        if not c.etcd:
+            return
+        from broker.cluster.agent import AgentConfig, ClusterAgent  # noqa: PLC0415 (a single node never loads etcd's client)
+        from broker.cluster.records import NodeRecord  # noqa: PLC0415
+        from broker.cluster.store import StoreError  # noqa: PLC0415
+
+        assert self.sockets is not None
+        membership_port = self.membership.sock.getsockname()[1] if self.membership is not None else 0
+        node = NodeRecord(
+            c.node_id,
+            c.host,
+            self.sockets.port,
+            tuple(self.sockets.direct_ports),
+            membership_port,
+            c.weight,
+            c.rack,
+        )
+        registry = TopicRegistry(c.data_dir, c.log_defaults, remove_orphans=False, limits=c.limits)
+        agent = ClusterAgent(
+            AgentConfig(
+                node,
+                c.etcd,
+                c.cluster_name,
+                unclean_election=c.unclean_election,
+                default_replication=c.default_replication,
+            ),
+            layout.run_dir(c.data_dir),
+            registry,
+        )
+        try:
+            agent.start()
+        except StoreError as exc:
+            agent.stop()
+            raise StartError(
+                f"cannot join cluster {c.cluster_name!r} through etcd {','.join(c.etcd)}: {exc}"
+            ) from exc
+        self.agent = agent
+
+        def on_member(ev: MemberEvent) -> None:
+            node_id = ev.view.member.node_id
+            if ev.kind in ("DEAD", "LEFT"):
+                agent.member_dead(node_id)
+            elif ev.kind == "ALIVE":
+                agent.member_alive(node_id)
+
+        self.on_member_event = on_member
 
     def _liveness_fds(self) -> tuple[int, ...]:
         return (self.liveness.fd,) if self.liveness is not None else ()
@@ -730,6 +810,9 @@ class Supervisor:
                     if self.membership is not None:
                         self.membership.swim.leave(now)  # LEFT, not DEAD: the others need not wait
                         self.membership.flush()
+                    if self.agent is not None:
+                        self.agent.stop()  # leave the store first: leaderships move at once
+                        self.agent = None
                     log.info("stopping: SIGTERM to every worker")
                     self._stop_workers(signal.SIGTERM)
                     signalled = True
