@@ -58,6 +58,7 @@ class ClusterSettings:
     """A clustered core's settings (None in BrokerConfig: a single node)."""
 
     calls: ClusterCalls
+    name: str = "ringlog"  # the cluster's name (its key prefix in the store; Kafka's cluster id)
     min_insync: int = 2  # Kafka's min.insync.replicas
     replica_lag_max_ms: int = 10_000  # Kafka's replica.lag.time.max.ms (30 s there)
     replica_fetch_wait_ms: int = 500  # a follower's long poll (Kafka's replica.fetch.wait.max.ms)

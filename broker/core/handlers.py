@@ -94,7 +94,7 @@ from broker.storage.segment import Extent
 from ringlog_proto import messages as m
 from ringlog_proto.batch import now_ms
 from ringlog_proto.frames import Frame
-from ringlog_proto.routing import coordinator_for, owner, shard_for
+from ringlog_proto.routing import coordinator_for, coordinator_node, owner, shard_for
 
 log = logging.getLogger(__name__)
 
@@ -297,6 +297,17 @@ class Handlers:
                 self.give_role(p)
         return p
 
+    def group_coordinator(self, group: str) -> tuple[int, int]:
+        """(node, core) coordinating `group`: a core of this node alone; in a cluster the node is
+        `routing.coordinator_node` over the live nodes (what clients compute too), then the core
+        over its cores. Groups' offsets stay on that node (docs/CLUSTER.md says what that means)."""
+        c = self.cluster
+        live = [n for n in c.live if n in c.nodes] if c.clustered else []
+        if not live:
+            return self.config.node_id, coordinator_for(group, self.config.cores)
+        node = coordinator_node(group, live)
+        return node, coordinator_for(group, c.nodes[node].cores)
+
     def replicated_here(self, topic_id: int, index: int) -> bool:
         """Whether the cluster view puts a replica of the partition on this node."""
         state = self.cluster.state_of(topic_id, index)
@@ -364,14 +375,18 @@ class Handlers:
                         frame, m.ErrorCode.NOT_OWNER, f"core {self.config.core_id} does not own it"
                     )
                 return Forward(core, frame, _is_long_poll(frame), not _is_silent_produce(frame))
-        if frame.api_key in GROUP_APIS and self.config.cores > 1:
+        if frame.api_key in GROUP_APIS and (self.config.cores > 1 or self.cluster.clustered):
             try:
                 group = m.decode_request(frame).group  # type: ignore[attr-defined]
             except Exception as exc:  # a body that does not parse: answered by the dispatch below
                 group = None
                 log.debug("group request that does not decode: %s", exc)
             if group:
-                core = coordinator_for(group, self.config.cores)
+                node, core = self.group_coordinator(group)
+                if node != self.config.node_id:
+                    return self._error(
+                        frame, m.ErrorCode.NOT_OWNER, f"node {node} coordinates group {group!r}"
+                    )
                 if core != self.config.core_id:
                     if from_peer:
                         return self._error(
@@ -542,6 +557,7 @@ class Handlers:
             node_id=node_id,
             nodes=tuple(sorted(nodes.values(), key=lambda n: n.node_id)),
             clustered=cluster.clustered,
+            controller=cluster.controller if cluster.controller in cluster.live else node_id,
         )
 
     def _metadata(self, req: m.Request, frame: Frame) -> Outcome:

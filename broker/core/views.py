@@ -71,6 +71,7 @@ class MetadataView:
     node_id: int = 0  # the node answering
     nodes: tuple[NodeView, ...] = ()  # every known node, this one included (one node: itself)
     clustered: bool = False
+    controller: int = 0  # the node to send cluster-wide admin to (any node can do it: Kafka clients ask one)
 
     def node(self, node_id: int) -> NodeView | None:
         for n in self.nodes:

@@ -116,13 +116,14 @@ FETCH_WAIT_MAX_MS: Final = 30_000
 FETCH_SESSION_INITIAL: Final = 0
 FETCH_SESSION_FINAL: Final = -1
 READ_COMMITTED: Final = 1  # Fetch isolation_level
-CONTROLLER_ID: Final = 0
 
 
 def cluster_id_for(data_dir: str) -> str:
     """A stable cluster id (22 characters, the length of Kafka's base64 UUIDs) derived from the
-    data dir's real path: the same broker always says the same, two data dirs differ."""
-    digest = hashlib.sha256(os.path.realpath(data_dir).encode()).digest()[:16]
+    data dir's real path (one node: the same broker always says the same, two data dirs differ)
+    or from "cluster:<name>" (every node of a cluster says the same)."""
+    name = data_dir if data_dir.startswith("cluster:") else os.path.realpath(data_dir)
+    digest = hashlib.sha256(name.encode()).digest()[:16]
     return base64.urlsafe_b64encode(digest).decode().rstrip("=")
 
 
@@ -141,7 +142,10 @@ class KafkaAdapter:
     def __init__(self, handlers: Handlers, config: BrokerConfig) -> None:
         self.handlers = handlers
         self.config = config
-        self.cluster_id = cluster_id_for(config.data_dir)
+        # one id for the whole cluster (librdkafka refuses brokers that disagree); alone: per data dir
+        self.cluster_id = cluster_id_for(
+            config.data_dir if config.cluster is None else f"cluster:{config.cluster.name}"
+        )
         self.groups = KafkaGroups(handlers)
         # api key -> its handler; SUPPORTED_VERSIONS says which versions reach it
         self._apis: dict[int, Callable[[KafkaRequest, Any], Outcome]] = {
@@ -292,7 +296,7 @@ class KafkaAdapter:
             throttle_time=datetime.timedelta(0),
             brokers=brokers,
             cluster_id=self.cluster_id,
-            controller_id=CONTROLLER_ID,
+            controller_id=kafka_broker_id(view.controller, 0),
             topics=tuple(topics),
         )
 

@@ -4,9 +4,11 @@ Rules this module keeps:
 - FindCoordinator, JoinGroup, SyncGroup, Heartbeat, LeaveGroup, OffsetCommit, OffsetFetch,
   DescribeGroups and ListGroups, encoded here; what they mean is broker/core/coordinator.py
   (membership) and broker/core/groups.py (the offsets, shared with our own protocol).
-- A group is coordinated by one core, `coordinator_for(group, cores)`. FindCoordinator names that
-  core as Metadata names a partition's leader: node id = core id, the broker's host, the core's
-  direct port. A group request on any other core is answered NOT_COORDINATOR (the client finds
+- A group is coordinated by one core of one node, `Handlers.group_coordinator` (alone: the core
+  `coordinator_for(group, cores)`; in a cluster, of the node `coordinator_node` picks among the
+  live ones). FindCoordinator names that core as Metadata names a partition's leader: its Kafka
+  broker id (node * 1000 + core), the node's host, the core's direct port. A group request on any
+  other core is answered NOT_COORDINATOR (the client finds
   the coordinator again), never forwarded. Transaction coordinators (key type 1) do not exist
   here: COORDINATOR_NOT_AVAILABLE, with a message saying so.
 - JoinGroup and SyncGroup wait for the rest of the group: they are `Later` outcomes, answered by
@@ -32,9 +34,9 @@ from broker.core.coordinator import GroupCode, JoinResult, SyncResult
 from broker.core.groups import Committed, check_group
 from broker.core.handlers import Handlers
 from broker.core.outcomes import Later, Outcome, Reply, Silent
+from broker.core.views import kafka_broker_id
 from broker.kafka.codec import KafkaRequest, encode_response, make, response_schema
 from broker.kafka.errors import kafka_error
-from ringlog_proto.routing import coordinator_for
 
 OFFSET_COMMIT: Final = 8
 OFFSET_FETCH: Final = 9
@@ -89,7 +91,7 @@ class KafkaGroups:
 
     def _mine(self, group: str) -> bool:
         config = self.handlers.config
-        return coordinator_for(group, config.cores) == config.core_id
+        return self.handlers.group_coordinator(group) == (config.node_id, config.core_id)
 
     @staticmethod
     def _reply(request: KafkaRequest, resp: Any) -> Reply:
@@ -119,15 +121,17 @@ class KafkaGroups:
             )
             return self._reply(request, resp)
         view = self.handlers.metadata_view([])
-        core = coordinator_for(body.key, view.cores)
+        node_id, core = self.handlers.group_coordinator(body.key)
+        node = view.node(node_id)
+        assert node is not None  # the coordinator is a live node of the view, or this one
         resp = make(
             schema,
             throttle_time=NO_THROTTLE,
             error_code=ErrorCode.none,
             error_message=None,
-            node_id=core,
-            host=view.host,
-            port=view.core_port(core),
+            node_id=kafka_broker_id(node_id, core),
+            host=node.host,
+            port=node.core_port(core),
         )
         return self._reply(request, resp)
 

@@ -154,6 +154,7 @@ def cluster_settings(spec: dict[str, Any] | None) -> ClusterSettings | None:
     admin = ClusterAdmin(store, Keys(str(spec["name"])), int(spec["default_replication"]))
     return ClusterSettings(
         calls=admin,
+        name=str(spec["name"]),
         min_insync=int(spec["min_insync"]),
         replica_lag_max_ms=int(spec["replica_lag_max_ms"]),
         replica_fetch_wait_ms=int(spec.get("replica_fetch_wait_ms", 500)),
