@@ -644,8 +644,7 @@ class BackendCore:
                 c.min_insync,
                 c.replica_lag_max_ms,
                 c.replica_fetch_wait_ms,
-            )
-            self.replicas.start()
+            )  # started with the periodic work, once the loop runs (`started`)
         self.handlers.gauges = {
             "inflight_requests": lambda: sum(len(c.slots) for c in self.connections if not c.from_peer),
             "pending_forwards": lambda: self.forwarder.pending,
@@ -1134,6 +1133,8 @@ class BackendCore:
         self._every(RETENTION_CHECK_S, self._retention)
         self._every(HOUSEKEEPING_S, self._housekeeping)
         self._every(self.sweep_s, self._sweep)
+        if self.replicas is not None:
+            self.replicas.start()
 
     def _every(self, interval_s: float, work: Callable[[], None]) -> None:
         """Run `work` every `interval_s` until the core stops."""
