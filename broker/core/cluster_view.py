@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from broker.storage.durable_file import replace_json
 
 if TYPE_CHECKING:
+    from broker.core.producer_ids import BlockSource
     from broker.core.topics import Topic, TopicRegistry
 
 FILE_NAME = "cluster.json"
@@ -58,6 +59,7 @@ class ClusterSettings:
     """A clustered core's settings (None in BrokerConfig: a single node)."""
 
     calls: ClusterCalls
+    producer_ids: BlockSource | None = None  # the cluster's producer id counter (None: the node's file)
     name: str = "ringlog"  # the cluster's name (its key prefix in the store; Kafka's cluster id)
     min_insync: int = 2  # Kafka's min.insync.replicas
     replica_lag_max_ms: int = 10_000  # Kafka's replica.lag.time.max.ms (30 s there)

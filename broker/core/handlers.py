@@ -219,7 +219,10 @@ class Handlers:
                 config.node_id, -1, clustered=True
             )
         # Broker-assigned producer ids (Kafka's InitProducerId); the first use claims a block.
-        self.producer_ids = ProducerIds(FileBlockSource(config.data_dir))
+        # (a cluster's come from its store: ids unique across nodes, as a partition's producer state
+        # moves between them; a claim blocks this loop once per block, as the file's flock does)
+        ids = config.cluster.producer_ids if config.cluster is not None else None
+        self.producer_ids = ProducerIds(ids or FileBlockSource(config.data_dir))
         self._owners: dict[tuple[int, int], int] = {}
         for topic in self.registry.by_id.values():
             self._open_stored(topic)

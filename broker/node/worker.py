@@ -147,6 +147,7 @@ def cluster_settings(spec: dict[str, Any] | None) -> ClusterSettings | None:
         return None
     # here, not at the top: a single node's workers never load the etcd client (requests, etcd3gw)
     from broker.cluster.admin import ClusterAdmin  # noqa: PLC0415
+    from broker.cluster.producer_ids import EtcdBlockSource  # noqa: PLC0415
     from broker.cluster.records import Keys  # noqa: PLC0415
     from broker.cluster.store import EtcdStore  # noqa: PLC0415
 
@@ -154,6 +155,7 @@ def cluster_settings(spec: dict[str, Any] | None) -> ClusterSettings | None:
     admin = ClusterAdmin(store, Keys(str(spec["name"])), int(spec["default_replication"]))
     return ClusterSettings(
         calls=admin,
+        producer_ids=EtcdBlockSource(store, Keys(str(spec["name"])).producer_ids),
         name=str(spec["name"]),
         min_insync=int(spec["min_insync"]),
         replica_lag_max_ms=int(spec["replica_lag_max_ms"]),
