@@ -18,12 +18,17 @@ Rules this module keeps:
 - Membership (SWIM) is a signal: a node SWIM confirms dead has its lease revoked by the
   controller, so its partitions fail over without waiting for its TTL. A false suspicion costs
   a re-registration, never data: leaders still come only from in-sync replicas.
+- A node that cannot renew its session for 3/4 of its TTL publishes a view in which it leads
+  nothing, before etcd can expire its lease and the controller elect others: two leaders of one
+  partition never both acknowledge acks=all writes. It leads again once its session is back and
+  the store still names it.
 - Stopping gracefully revokes this node's lease first, so the controller moves its leaderships
   at once rather than after the TTL (Kafka's controlled shutdown, in one step).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
@@ -56,6 +61,7 @@ SESSION_TTL_S: Final = 2  # etcd keeps at least 1.5 election timeouts (1.5 s at 
 PUBLISH_COALESCE_S: Final = 0.01
 RECONCILE_EVERY_S: Final = 1.0  # besides every change: a controller that missed nothing redoes nothing
 RETRY_S: Final = 0.2
+FENCE_AFTER: Final = 0.75  # of the TTL without a renewed session: lead nothing (etcd expires at 1.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +95,8 @@ class ClusterAgent:
         self._stop = threading.Event()
         self._loaded = threading.Event()
         self._lease = 0
+        self._fenced = False
+        self._generation = 0
         self._dead_signals: set[int] = set()
         self._threads: list[threading.Thread] = []
         self.election = Election(
@@ -160,18 +168,34 @@ class ClusterAgent:
         log.info("registered node %d in cluster %s (lease %x)", node.node_id, self.config.cluster, lease.id)
 
     def _session(self) -> None:
-        interval = self.config.session_ttl_s / 3
+        ttl = self.config.session_ttl_s
+        interval = ttl / 3
+        renewed = time.monotonic()  # when the last keepalive that succeeded was sent
         while not self._stop.wait(interval):
+            sent = time.monotonic()
             try:
                 if not self._lease:
                     self._register()
                 else:
                     self.store.lease_keepalive(self._lease, deadline=interval)
+                renewed = sent
             except LeaseNotFound:
                 log.warning("this node's lease lapsed: the cluster took it for dead; registering again")
                 self._lease = 0
             except StoreError as exc:
                 log.warning("keeping this node's session: %s", exc)
+            # Fenced before etcd can expire the lease (send time + TTL): step down from every
+            # leadership while others may be electing new leaders (module rules).
+            self._set_fenced(time.monotonic() - renewed > FENCE_AFTER * ttl)
+
+    def _set_fenced(self, fenced: bool) -> None:
+        with self._changed:
+            if fenced != self._fenced:
+                log.warning(
+                    "this node %s", "lost its session: leading nothing" if fenced else "has its session again"
+                )
+                self._fenced = fenced
+                self._mark_dirty()
 
     # --------------------------------------------------------------------------- mirror
 
@@ -222,7 +246,10 @@ class ClusterAgent:
             time.sleep(PUBLISH_COALESCE_S)
             with self._changed:
                 self._dirty = False
-                view = self.mirror.view()
+                view = self.mirror.view(fenced=self._fenced)
+                # every view published is newer than the last (a fencing changes no revision)
+                self._generation = max(self._generation + 1, view.generation)
+                view = dataclasses.replace(view, generation=self._generation)
                 topics = self.mirror.topic_list()
             try:
                 if topics != published_topics:

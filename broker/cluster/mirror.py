@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from broker.cluster.records import Keys, NodeRecord, TopicRecord
 from broker.core.cluster_view import NO_LEADER, ClusterView, PartitionState
@@ -88,16 +88,27 @@ class Mirror:
             return False
         return True
 
-    def view(self) -> ClusterView:
-        """What this node's workers act on."""
+    def view(self, fenced: bool = False) -> ClusterView:
+        """What this node's workers act on. `fenced`: this node lost its session (it cannot
+        reach the store): it leads nothing, since the others may already have elected new
+        leaders, and a leader cut off must not keep acknowledging writes as if in charge."""
+        partitions = {ident: v.state for ident, v in self.partitions.items()}
+        live = frozenset(n for n in self.live if n in self.nodes)
+        if fenced:
+            me = self.node_id
+            partitions = {
+                ident: replace(s, leader=NO_LEADER) if s.leader == me else s
+                for ident, s in partitions.items()
+            }
+            live = live - {me}
         return ClusterView(
             node_id=self.node_id,
             generation=self.revision,
             clustered=True,
             nodes={n: rec.address() for n, rec in self.nodes.items()},
-            partitions={ident: v.state for ident, v in self.partitions.items()},
+            partitions=partitions,
             controller=self.controller,
-            live=frozenset(n for n in self.live if n in self.nodes),
+            live=live,
         )
 
     def topic_list(self) -> list[Topic]:

@@ -123,3 +123,25 @@ def test_membership_signal_revokes_a_dead_nodes_session(nodes: list[Node]) -> No
     for n in (a, b):
         n.agent.member_dead(3)  # SWIM confirmed it: the controller revokes the lease at once
     wait_for(lambda: 3 not in a.latest().live, timeout=3)
+
+
+def test_a_node_that_loses_its_session_leads_nothing(etcd_cluster, tmp_path: Path) -> None:
+    """etcd frozen (a black hole): within 3/4 of the TTL the node publishes a view in which it
+    leads nothing, before etcd could expire its lease; with etcd back it leads again."""
+    etcd = etcd_cluster(1)
+    node = Node(tmp_path, 1, etcd.endpoints, f"fence{next(_names)}")
+    node.agent.start()
+    try:
+        topic = node.agent.admin.create_topic(node.registry, "solo", 2, replication=1)
+        wait_for(lambda: node.latest() and all(node.view.state_of(topic.topic_id, p) for p in range(2)))
+        assert {node.view.state_of(topic.topic_id, p).leader for p in range(2)} == {1}
+        etcd.freeze(0)
+        frozen_at = time.monotonic()
+        wait_for(lambda: node.latest().state_of(topic.topic_id, 0).leader == NO_LEADER, timeout=5)
+        took = time.monotonic() - frozen_at
+        assert 1 not in node.view.live and node.view.state_of(topic.topic_id, 1).leader == NO_LEADER
+        assert took < 1.0 + 0.5, took  # TTL 1 s in these tests: fenced before etcd could expire it
+        etcd.thaw(0)
+        wait_for(lambda: node.latest().state_of(topic.topic_id, 0).leader == 1, timeout=10)
+    finally:
+        node.agent.stop()
