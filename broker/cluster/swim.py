@@ -418,6 +418,8 @@ class Swim:
         return ev
 
     def next_deadline(self) -> float:
+        if self.left:
+            return math.inf  # nothing more to time: it answers what arrives until it exits
         d = min(self._next_probe, self._next_sync, self._next_reconnect, self._join_at)
         p = self._probe
         if p is not None and not p.acked and not p.indirect_sent:

@@ -448,7 +448,10 @@ class Supervisor:
         self._write_members()
         if self.on_member_event is not None:
             for ev in events:
-                self.on_member_event(ev)
+                try:
+                    self.on_member_event(ev)
+                except Exception:  # the hook's bug must not stop the workers' supervision
+                    log.exception("on_member_event failed for %s", ev)
 
     def _write_members(self) -> None:
         assert self.membership is not None

@@ -54,3 +54,27 @@ def test_endpoint_acks_pings_and_counts_malformed() -> None:
         assert ep.counters() == {"pings": 1, "acks_received": 0, "malformed": 1}
     finally:
         server.close()
+
+
+def test_swim_endpoint_answers_plain_pings_like_the_old_endpoint() -> None:
+    """What the XDP tests (tests/bpf) and monitoring rely on: a non-broker PING to a broker's
+    membership port gets the plain 24-byte ACK with its cores and port; junk is counted."""
+    from broker.cluster.swim import Member, Swim
+
+    server = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    server.bind(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    ep = mb.SwimEndpoint(server, Swim(Member(0, "127.0.0.1", 9092, port, (9100, 9101), 2), incarnation=321))
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as c:
+            c.settimeout(2)
+            c.sendto(b"junk", ("127.0.0.1", port))
+            c.sendto(mb.encode(mb.Packet(mb.PING, 42)), ("127.0.0.1", port))
+            time.sleep(0.05)
+            ep.on_readable(time.monotonic())
+            data = c.recv(2000)
+        assert len(data) == mb.HEADER_SIZE
+        assert mb.decode(data) == mb.Packet(mb.ACK, 42, 0, 2, 9092, 321)
+        assert ep.counters()["pings"] == 1 and ep.counters()["malformed"] == 1
+    finally:
+        server.close()

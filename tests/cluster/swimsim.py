@@ -181,10 +181,13 @@ class Sim:
         return None
 
     def converged(self, nodes: list[int] | None = None) -> bool:
-        """Every live node (or each of `nodes`) sees exactly the live nodes alive."""
+        """Every live node (or each of `nodes`) holds exactly the live nodes as members (alive, or
+        suspect: under loss some suspicion is always being refuted somewhere)."""
         live = set(self.live())
         for nid in nodes if nodes is not None else live:
-            alive = {v.member.node_id for v in self.nodes[nid].swim.members() if v.state == "alive"}
+            alive = {
+                v.member.node_id for v in self.nodes[nid].swim.members() if v.state in ("alive", "suspect")
+            }
             if alive != live:
                 return False
         return True
