@@ -18,6 +18,7 @@ from clusterchecker import Ack, check, read_replica
 
 from broker.client.admin import Admin
 from broker.client.consumer import Consumer
+from broker.client.errors import DeliveryTimeoutError
 from broker.client.producer import Producer
 from ringlog_proto import messages as m
 
@@ -195,3 +196,51 @@ def test_kafka_client_on_the_cluster(cluster: Cluster) -> None:
             got.add(msg.value())
     consumer.close()
     assert got == {f"v{i}".encode() for i in range(500)}
+
+
+def test_five_nodes_spread_replicas_and_survive_two_deaths(etcd, tmp_path: Path) -> None:
+    """Five nodes: replicas of 10 partitions spread over all of them; two nodes killed: every
+    partition is led from its in-sync set; those with two copies left take acks=all writes, those
+    with one refuse them (min.insync 2), and nothing acknowledged is lost."""
+    c = Cluster(tmp_path, etcd.endpoints, size=5)
+    try:
+        c.start()
+        wait_for(lambda: sorted(c.view(1)["live"]) == [1, 2, 3, 4, 5])
+        with Admin(c.bootstrap) as admin:
+            topic_id = admin.create_topic("wide", 10, replication=3)
+        states = wait_for(lambda: len(s := c.states(1, topic_id)) == 10 and s)
+        holders = {n for s in states.values() for n in s["replicas"]}
+        assert holders == {1, 2, 3, 4, 5}
+        leaders = {s["leader"] for s in states.values()}
+        assert len(leaders) >= 3
+        acks = produce(c.bootstrap, "wide", "x", 200, 10)
+        for victim in (4, 5):
+            c.nodes[victim].kill()
+
+        def settled() -> bool:
+            s = c.states(1, topic_id)
+            return all(p["leader"] in (1, 2, 3) and not {4, 5} & set(p["isr"]) for p in s.values())
+
+        wait_for(settled, timeout=20)
+        after = c.states(1, topic_id)
+        writable = [p for p in range(10) if len(after[p]["isr"]) >= 2]
+        short = [p for p in range(10) if len(after[p]["isr"]) < 2]  # two of its three replicas died
+        assert writable
+        with Producer(c.bootstrap, acks=m.Acks.DURABLE, linger_ms=1) as producer:
+            futures = [
+                (p, i, producer.send("wide", f"y-{i}".encode(), partition=p))
+                for i, p in enumerate(writable * 20)
+            ]
+            acks += [Ack("wide", p, f.result(60).offset, f"y-{i}".encode()) for p, i, f in futures]
+        with Producer(c.bootstrap, acks=m.Acks.DURABLE, delivery_timeout_ms=2000) as producer:
+            for p in short:  # never a silent downgrade to fewer copies
+                with pytest.raises(DeliveryTimeoutError, match="NOT_ENOUGH_REPLICAS"):
+                    producer.send("wide", b"refused", partition=p).result(30)
+        replicas = [
+            read_replica(n.data_dir, "wide", p, i, in_sync=i in c.states(1, topic_id)[p]["isr"])
+            for i, n in c.nodes.items()
+            for p in range(10)
+        ]
+        assert check(acks, [], replicas) == []
+    finally:
+        c.close()
