@@ -131,9 +131,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="ringlog-cluster-bench-") as tmp:
         root = Path(tmp)
         etcd = EtcdCluster(root / "etcd", 1).start()
-        single = BrokerProcess(
-            root / "single", root / "single.log", ("--ebpf", "off")
-        )
+        single = BrokerProcess(root / "single", root / "single.log", ("--ebpf", "off"))
         nodes: dict[int, BrokerProcess] = {}
         try:
             single.start()
