@@ -21,9 +21,10 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Final
 
-from broker.cluster.controller import IsrRefused, assign, change_isr
+from broker.cluster.controller import IsrRefused, assign, change_isr, drain_target
 from broker.cluster.placement import Candidate
 from broker.cluster.records import Keys, NodeRecord, TopicRecord
 from broker.cluster.store import (
@@ -147,6 +148,50 @@ class ClusterAdmin:
         return topic
 
     # ------------------------------------------------------------------------------- partitions
+
+    def reassign(self, topic_id: int, partition: int, target: Sequence[int]) -> PartitionState:
+        """Start moving the partition's replicas to `target` (the controller finishes it once
+        every target replica is in sync: `controller.reconcile`). Returns the state written."""
+        key = self.keys.partition(topic_id, partition)
+        target = tuple(dict.fromkeys(target))
+        nodes = {c.node_id for c in self.live_candidates()}
+        if not target or not set(target) <= nodes:
+            raise ValueError(f"target {list(target)}: every node must be live (live: {sorted(nodes)})")
+        for _ in range(RACE_RETRIES):
+            kv = self.store.get(key)
+            if kv is None:
+                raise ValueError(f"partition {topic_id}/{partition} has no state")
+            state = PartitionState.from_json(json.loads(kv.value))
+            if state.replicas == target and not state.target:
+                return state
+            new = replace(state, target=target)
+            result = self.store.txn(
+                [mod_revision_is(key, kv.mod_revision)], [Put(key, json.dumps(new.to_json()))]
+            )
+            if result.succeeded:
+                log.info(
+                    "partition %d/%d: reassigning %s -> %s",
+                    topic_id,
+                    partition,
+                    list(state.replicas),
+                    list(target),
+                )
+                return new
+        raise ValueError(f"partition {topic_id}/{partition}: its state kept changing under us")
+
+    def drain(self, node: int) -> list[tuple[int, int, tuple[int, ...]]]:
+        """Move every replica off `node` (to the best-placed live node holding none of that
+        partition's replicas). Returns (topic id, partition, target) of each move started."""
+        nodes = [c for c in self.live_candidates() if c.node_id != node]
+        moves = []
+        for kv in self.store.get_prefix(self.keys.partitions).kvs:
+            tid, p = Keys.parse_partition(kv.key.decode()[len(self.keys.partitions) :])
+            state = PartitionState.from_json(json.loads(kv.value))
+            target = drain_target(tid, p, state, node, nodes)
+            if target is not None and not state.target:
+                self.reassign(tid, p, target)
+                moves.append((tid, p, target))
+        return moves
 
     def alter_isr(
         self, topic_id: int, partition: int, leader: int, leader_epoch: int, isr: Sequence[int]

@@ -38,9 +38,9 @@ from dataclasses import dataclass
 from typing import Final
 
 from broker.cluster.admin import ClusterAdmin
-from broker.cluster.controller import reconcile
+from broker.cluster.controller import drain_target, reconcile
 from broker.cluster.election import Election
-from broker.cluster.mirror import Mirror
+from broker.cluster.mirror import Mirror, Versioned
 from broker.cluster.placement import Candidate
 from broker.cluster.records import Keys, NodeRecord
 from broker.cluster.store import (
@@ -72,6 +72,7 @@ class AgentConfig:
     session_ttl_s: int = SESSION_TTL_S
     unclean_election: bool = False
     default_replication: int = 3
+    reassign_after_s: float = 0.0  # a node absent this long has its replicas moved (0: never)
 
 
 class ClusterAgent:
@@ -98,6 +99,7 @@ class ClusterAgent:
         self._fenced = False
         self._generation = 0
         self._dead_signals: set[int] = set()
+        self._absent_since: dict[int, float] = {}  # node -> when the controller saw it absent
         self._threads: list[threading.Thread] = []
         self.election = Election(
             self.store,
@@ -269,6 +271,45 @@ class ClusterAgent:
 
     # --------------------------------------------------------------------------- controller
 
+    def _drain_absent(
+        self, partitions: dict[tuple[int, int], Versioned], live: set[int], candidates: list[Candidate]
+    ) -> dict[tuple[int, int], Versioned]:
+        """Nodes absent longer than `reassign_after_s` get their replicas moved (a target each,
+        which `reconcile` then carries out); the states as they are after those writes."""
+        now = time.monotonic()
+        with self._changed:
+            known = set(self.mirror.nodes)
+        for node in known - live:
+            self._absent_since.setdefault(node, now)
+        for node in list(self._absent_since):
+            if node in live or node not in known:
+                del self._absent_since[node]
+        out = dict(partitions)
+        for node, since in self._absent_since.items():
+            if now - since < self.config.reassign_after_s:
+                continue
+            for (tid, p), versioned in partitions.items():
+                state = versioned.state
+                target = drain_target(tid, p, state, node, candidates)
+                if target is None or state.target:
+                    continue
+                new = dataclasses.replace(state, target=target)
+                key = self.keys.partition(tid, p)
+                result = self.store.txn(
+                    [mod_revision_is(key, versioned.mod_revision)], [Put(key, json.dumps(new.to_json()))]
+                )
+                if result.succeeded:
+                    log.warning(
+                        "node %d absent %.0f s: partition %d/%d moves to %s",
+                        node,
+                        now - since,
+                        tid,
+                        p,
+                        list(target),
+                    )
+                    out[(tid, p)] = Versioned(new, result.revision)
+        return out
+
     def _control(self) -> None:
         while not self._stop.is_set():
             try:
@@ -301,6 +342,8 @@ class ClusterAgent:
         with self._changed:
             self._dead_signals -= dead
         k = self.keys
+        if self.config.reassign_after_s > 0:
+            partitions = self._drain_absent(partitions, live, candidates)
         for record in topics:
             t = record.topic
             if (

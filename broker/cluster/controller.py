@@ -16,7 +16,9 @@ Rules this module keeps:
   batches carry it, and followers truncate by it (KIP-101), so it must name one leader's term.
 - The preferred leader (the first replica) takes the lead back once it is live and in sync, so
   leadership spreads over the nodes again after a failure heals.
-- A node that is merely down keeps its replicas; moving them is `reassign`, an operator's act.
+- A node that is merely down keeps its replicas; moving them is a reassignment (`broker reassign`,
+  or the controller after `--reassign-after-s` of a node's absence): a `target` in the state,
+  reached by adding its replicas, waiting for them to be in sync, then dropping the others.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import replace
 
-from broker.cluster.placement import Candidate, place
+from broker.cluster.placement import Candidate, place, rank
 from broker.core.cluster_view import NO_LEADER, PartitionState
 
 
@@ -57,11 +59,46 @@ def reconcile(
             alive = [r for r in s.replicas if r in live]
             if alive:
                 s = replace(s, leader=alive[0], leader_epoch=s.leader_epoch + 1, isr=(alive[0],))
-    elif prefer:
+    elif prefer and not s.target:
         preferred = s.replicas[0]
         if preferred != s.leader and preferred in s.isr and preferred in live:
             s = replace(s, leader=preferred, leader_epoch=s.leader_epoch + 1)
+    if s.target:
+        s = _reassigning(s, live)
     return None if s == state else s
+
+
+def _reassigning(s: PartitionState, live: Collection[int]) -> PartitionState:
+    """A reassignment (Kafka's scheme): the target replicas are added first, as followers out of
+    sync; once every one of them is in sync the old ones go, and the lead moves into the target
+    (a new epoch) if it was outside. Nothing acknowledged is lost: every target replica holds it."""
+    added = tuple(t for t in s.target if t not in s.replicas)
+    if added:
+        return replace(s, replicas=s.replicas + added)
+    if not all(t in s.isr for t in s.target):
+        return s  # still catching up: the leaders propose them into the ISR as they do
+    isr = tuple(r for r in s.isr if r in s.target)
+    leader = s.leader
+    if leader not in s.target:
+        successors = [r for r in s.target if r in isr and r in live]
+        if not successors:
+            return s
+        leader = successors[0]
+    epoch = s.leader_epoch + (leader != s.leader)
+    return PartitionState(replicas=s.target, leader=leader, leader_epoch=epoch, isr=isr)
+
+
+def drain_target(
+    topic_id: int, partition: int, state: PartitionState, node: int, nodes: Sequence[Candidate]
+) -> tuple[int, ...] | None:
+    """The replicas of a partition with `node` replaced by the best-placed live node that holds
+    none of them (None: nothing to move, or no node to move to)."""
+    if node not in state.replicas:
+        return None
+    spare = [c for c in rank(topic_id, partition, nodes) if c.node_id not in state.replicas]
+    if not spare:
+        return None
+    return tuple(spare[0].node_id if r == node else r for r in state.replicas)
 
 
 def _without(s: PartitionState, node: int, live: Collection[int]) -> PartitionState:

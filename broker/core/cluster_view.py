@@ -92,18 +92,23 @@ class PartitionState:
     leader: int  # node id, NO_LEADER when none is in sync (offline)
     leader_epoch: int
     isr: tuple[int, ...]
+    target: tuple[int, ...] = ()  # a reassignment under way: the replicas it ends with (empty: none)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        d: dict[str, Any] = {
             "replicas": list(self.replicas),
             "leader": self.leader,
             "epoch": self.leader_epoch,
             "isr": list(self.isr),
         }
+        if self.target:
+            d["target"] = list(self.target)
+        return d
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> PartitionState:
-        return cls(tuple(d["replicas"]), int(d["leader"]), int(d["epoch"]), tuple(d["isr"]))
+        target = tuple(d.get("target", ()))
+        return cls(tuple(d["replicas"]), int(d["leader"]), int(d["epoch"]), tuple(d["isr"]), target)
 
 
 @dataclass(frozen=True, slots=True)

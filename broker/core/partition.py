@@ -211,6 +211,8 @@ class Partition:
         end = self.log.end_offset
         if isinstance(current, LeaderState) and current.epoch == epoch:
             current.replicas = tuple(replicas)
+            for gone in [r for r in current.followers if r not in current.replicas]:
+                del current.followers[gone]  # reassigned away: never proposed back into the ISR
             current.min_insync = min_insync
             self._run_ready(current.set_isr(isr, end))
             return

@@ -142,6 +142,7 @@ class SupervisorConfig:
     min_insync: int = 2
     replica_lag_max_ms: int = 10_000
     unclean_election: bool = False
+    reassign_after_s: float = 0.0
 
 
 @dataclass(slots=True)
@@ -655,6 +656,7 @@ class Supervisor:
                 c.etcd,
                 c.cluster_name,
                 unclean_election=c.unclean_election,
+                reassign_after_s=c.reassign_after_s,
                 default_replication=c.default_replication,
             ),
             layout.run_dir(c.data_dir),

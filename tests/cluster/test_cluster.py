@@ -8,6 +8,8 @@ from __future__ import annotations
 import itertools
 import json
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -48,7 +50,7 @@ def wait_for(what: Callable[[], object], timeout: float = 20.0, step: float = 0.
 
 class Cluster:
     def __init__(self, root: Path, etcd_endpoints: list[str], size: int = 3) -> None:
-        name = f"loop{next(_names)}"
+        name = self.name = f"loop{next(_names)}"
         mports = [free_udp_port() for _ in range(size)]
         seeds = ",".join(f"127.0.0.1:{p}" for p in mports)
         self.nodes: dict[int, BrokerProcess] = {}
@@ -236,8 +238,27 @@ def test_five_nodes_spread_replicas_and_survive_two_deaths(etcd, tmp_path: Path)
             for p in short:  # never a silent downgrade to fewer copies
                 with pytest.raises(DeliveryTimeoutError, match="NOT_ENOUGH_REPLICAS"):
                     producer.send("wide", b"refused", partition=p).result(30)
+        # an operator moves a one-copy partition onto the live nodes: the new replicas catch up,
+        # join the in-sync set, the dead ones are dropped, and acks=all works there again
+        p0 = short[0] if short else writable[0]
+        survivor = next(r for r in after[p0]["isr"])
+        target = [survivor, *[n for n in (1, 2, 3) if n != survivor]]
+        out = subprocess.run(
+            [sys.executable, "-m", "broker.cli", "reassign", "--etcd", ",".join(etcd.endpoints),
+             "--cluster-name", c.name, "wide", str(p0), "--replicas", ",".join(map(str, target))],
+            check=False, capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        moved = wait_for(
+            lambda: (s := c.states(1, topic_id)[p0])["replicas"] == target and len(s["isr"]) == 3 and s
+        )
+        assert not moved.get("target") and moved["leader"] in target
+        with Producer(c.bootstrap, acks=m.Acks.DURABLE, linger_ms=1) as producer:
+            md = producer.send("wide", b"z-after-move", partition=p0).result(30)
+        acks.append(Ack("wide", p0, md.offset, b"z-after-move"))
+        final = c.states(1, topic_id)
         replicas = [
-            read_replica(n.data_dir, "wide", p, i, in_sync=i in c.states(1, topic_id)[p]["isr"])
+            read_replica(n.data_dir, "wide", p, i, in_sync=i in final[p]["isr"])
             for i, n in c.nodes.items()
             for p in range(10)
         ]

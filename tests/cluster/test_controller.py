@@ -130,3 +130,29 @@ def test_every_live_combination_reconciles_in_one_step() -> None:
         for live in itertools.combinations((1, 2, 3), live_n):
             once = reconcile(S, set(live)) or S
             assert reconcile(once, set(live)) is None
+
+
+def test_reassignment_adds_then_waits_for_sync_then_drops() -> None:
+    s = PartitionState((1, 2, 3), 1, 4, (1, 2, 3), target=(2, 3, 4))
+    adding = reconcile(s, live={1, 2, 3, 4})
+    assert adding == PartitionState((1, 2, 3, 4), 1, 4, (1, 2, 3), target=(2, 3, 4))
+    assert reconcile(adding, live={1, 2, 3, 4}) is None  # 4 is catching up: nothing to do
+    synced = PartitionState((1, 2, 3, 4), 1, 4, (1, 2, 3, 4), target=(2, 3, 4))
+    done = reconcile(synced, live={1, 2, 3, 4})
+    # the old replica goes; the lead moves into the target at a new epoch
+    assert done == PartitionState((2, 3, 4), 2, 5, (2, 3, 4))
+    # a leader inside the target keeps the lead and the epoch
+    kept = reconcile(PartitionState((1, 2, 3, 4), 2, 4, (1, 2, 3, 4), target=(2, 3, 4)), live={1, 2, 3, 4})
+    assert kept == PartitionState((2, 3, 4), 2, 4, (2, 3, 4))
+
+
+def test_drain_picks_the_best_spare_node() -> None:
+    from broker.cluster.controller import drain_target
+
+    nodes = [Candidate(i) for i in (1, 2, 4, 5)]  # 3 is the node being drained
+    s = PartitionState((3, 1, 2), 3, 0, (3, 1, 2))
+    target = drain_target(9, 0, s, 3, nodes)
+    assert target is not None and target[1:] == (1, 2) and target[0] in (4, 5)
+    best = next(c.node_id for c in rank(9, 0, nodes) if c.node_id not in (1, 2, 3))
+    assert target[0] == best
+    assert drain_target(9, 0, s, 7, nodes) is None  # holds nothing there
