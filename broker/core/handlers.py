@@ -45,6 +45,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -99,6 +100,8 @@ from ringlog_proto.routing import coordinator_for, coordinator_node, owner, shar
 log = logging.getLogger(__name__)
 
 BROKER_VERSION = __version__
+MIRROR_WAIT_S = 3.0  # a store change not in this node's registry by then is answered anyway
+MIRROR_POLL_S = 0.005
 OWNER_CACHE_MAX = 100_000  # (topic id, partition) -> core entries kept; cleared when full
 PARTITION_APIS = frozenset({m.ApiKey.PRODUCE, m.ApiKey.FETCH, m.ApiKey.LIST_OFFSETS})
 # to the group's coordinator core
@@ -226,10 +229,11 @@ class Handlers:
         self._owners: dict[tuple[int, int], int] = {}
         for topic in self.registry.by_id.values():
             self._open_stored(topic)
+        self.call_later: CallLater = call_later or _no_timers
         # the groups this core coordinates: membership (timers on the backend's loop) and offsets
         self.coordinator = GroupCoordinator(
             GroupOffsetStore(config.data_dir),
-            call_later or _no_timers,
+            self.call_later,
             initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms,
         )
         self._dispatch: dict[int, Callable[[m.Request, Frame], Outcome]] = {
@@ -632,23 +636,41 @@ class Handlers:
         return self._reply(frame, m.CreateTopicResponse(topic_id=topic.topic_id))
 
     def in_cluster(
-        self, call: Callable[[], Any], answer: Callable[[Any], Reply], frame: Frame | None = None
+        self,
+        call: Callable[[], Any],
+        answer: Callable[[Any], Reply],
+        frame: Frame | None = None,
+        until: Callable[[Any], bool] | None = None,
     ) -> Outcome:
-        """Run `call` (a write to the cluster's store) off the loop, then answer with its result
-        once this core's registry caught up with the agent's copy (a topic it created is then
-        known here); an error answers as the handlers map it (`frame`), or is passed to `answer`."""
+        """Run `call` (a write to the cluster's store) off the loop, then answer with its result;
+        an error answers as the handlers map it (`frame`), or is passed to `answer`. `until`:
+        first wait (up to `MIRROR_WAIT_S`) until this core's registry shows the change: the agent
+        copies it into topics.json within milliseconds, and the client's next request here must
+        see the topic it just created."""
 
         def start(reply: Callable[[Reply | Silent], None]) -> None:
             def done(result: object) -> None:
-                self.refresh_topics(force=True)
-                if isinstance(result, BaseException) and frame is not None:
-                    reply(self.error_reply(frame, result))
-                else:
-                    reply(answer(result))
+                if isinstance(result, BaseException):
+                    reply(self.error_reply(frame, result) if frame is not None else answer(result))
+                    return
+                deadline = time.monotonic() + MIRROR_WAIT_S
+
+                def mirrored() -> None:
+                    self.refresh_topics(force=True)
+                    if until is None or until(result) or time.monotonic() > deadline:
+                        reply(answer(result))
+                    else:
+                        self.call_later(MIRROR_POLL_S, mirrored)
+
+                mirrored()
 
             self.run_blocking(call, done)
 
         return Later(start)
+
+    def has_topic(self, topic: Topic) -> bool:
+        current = self.registry.by_name.get(topic.name)
+        return current is not None and current.topic_id == topic.topic_id
 
     def create_topic(
         self, name: str, partitions: int, retention_ms: int, retention_bytes: int, segment_bytes: int

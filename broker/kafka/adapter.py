@@ -654,7 +654,10 @@ class KafkaAdapter:
             resp = make(schema, throttle_time=datetime.timedelta(0), topics=topics)
             return Reply(encode_response(request.correlation_id, resp))
 
-        return self.handlers.in_cluster(create_all, answer)
+        def created(results: list[tuple[str, ErrorCode, str | None]]) -> bool:
+            return all(n in registry.by_name for n, code, _ in results if code == ErrorCode.none)
+
+        return self.handlers.in_cluster(create_all, answer, until=created)
 
     def _delete_topics(self, request: KafkaRequest, body: Any) -> Outcome:
         """Each topic through the core's `delete_topic` (which tells the other cores first); one
@@ -686,7 +689,12 @@ class KafkaAdapter:
                 resp = make(schema, throttle_time=datetime.timedelta(0), responses=results)
                 return Reply(encode_response(request.correlation_id, resp))
 
-            return self.handlers.in_cluster(delete_all, answered)
+            registry = self.handlers.registry
+
+            def deleted(codes: dict[str, ErrorCode]) -> bool:
+                return all(n not in registry.by_name for n, code in codes.items() if code == ErrorCode.none)
+
+            return self.handlers.in_cluster(delete_all, answered, until=deleted)
         for name in names:
             codes[name] = ErrorCode.none
             try:
