@@ -265,3 +265,43 @@ def test_five_nodes_spread_replicas_and_survive_two_deaths(etcd, tmp_path: Path)
         assert check(acks, [], replicas) == []
     finally:
         c.close()
+
+
+def test_kafka_producer_rides_a_failover(cluster: Cluster) -> None:
+    """confluent-kafka, idempotent, acks=all, through kill -9 of a leader: every record delivered,
+    once each, at the offsets it was told."""
+    confluent_kafka = pytest.importorskip("confluent_kafka")
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    boot = ",".join(n.bootstrap for n in cluster.nodes.values())
+    admin = AdminClient({"bootstrap.servers": boot})
+    admin.create_topics([NewTopic("kf", 2, 3)])["kf"].result(20)
+    producer = confluent_kafka.Producer(
+        {"bootstrap.servers": boot, "acks": "all", "enable.idempotence": True, "linger.ms": 2,
+         "message.timeout.ms": 60000}
+    )  # fmt: skip
+    delivered: list[tuple[int, int, bytes]] = []
+    errors: list[object] = []
+
+    def report(err: object, msg: object) -> None:
+        if err is not None:
+            errors.append(err)
+        else:
+            delivered.append((msg.partition(), msg.offset(), msg.value()))  # type: ignore[attr-defined]
+
+    victim = 0
+    for i in range(3000):
+        producer.produce("kf", f"k{i}".encode(), partition=i % 2, on_delivery=report)
+        if i == 1000:
+            producer.flush(30)
+            md = admin.list_topics("kf", timeout=10)
+            victim = md.topics["kf"].partitions[0].leader // 1000
+            cluster.nodes[victim].kill()
+        producer.poll(0)
+    assert producer.flush(60) == 0
+    assert errors == []
+    assert sorted(v for _, _, v in delivered) == sorted(f"k{i}".encode() for i in range(3000))
+    offsets = [(p, o) for p, o, _ in delivered]
+    assert len(set(offsets)) == len(offsets)  # no two records told the same offset
+    cluster.nodes[victim].start()
+    wait_for(lambda: all(len(p["isr"]) == 3 for p in cluster.view(victim)["partitions"]), timeout=30)
