@@ -48,7 +48,7 @@ def free_udp() -> int:
         return s.getsockname()[1]
 
 
-def start_cluster(root: Path, etcd: EtcdCluster) -> dict[int, BrokerProcess]:
+def start_cluster(root: Path, etcd: EtcdCluster, backend: str) -> dict[int, BrokerProcess]:
     ports = [free_udp() for _ in range(3)]
     seeds = ",".join(f"127.0.0.1:{p}" for p in ports)
     nodes = {}
@@ -57,7 +57,7 @@ def start_cluster(root: Path, etcd: EtcdCluster) -> dict[int, BrokerProcess]:
             "--node-id", str(i), "--etcd", ",".join(etcd.endpoints), "--membership-port", str(ports[i - 1]),
             "--join", seeds, "--ebpf", "off",
         )  # fmt: skip
-        nodes[i] = BrokerProcess(root / f"n{i}", root / f"n{i}.log", extra).start()
+        nodes[i] = BrokerProcess(root / f"n{i}", root / f"n{i}.log", extra, backend=backend).start()
     return nodes
 
 
@@ -127,15 +127,16 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=60_000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--failovers", type=int, default=5)
+    ap.add_argument("--backend", default="uvloop", choices=("uvloop", "io_uring"))
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="ringlog-cluster-bench-") as tmp:
         root = Path(tmp)
         etcd = EtcdCluster(root / "etcd", 1).start()
-        single = BrokerProcess(root / "single", root / "single.log", ("--ebpf", "off"))
+        single = BrokerProcess(root / "single", root / "single.log", ("--ebpf", "off"), backend=args.backend)
         nodes: dict[int, BrokerProcess] = {}
         try:
             single.start()
-            nodes = start_cluster(root, etcd)
+            nodes = start_cluster(root, etcd, args.backend)
             cluster_boot = ",".join(n.bootstrap for n in nodes.values())
             with Admin(single.bootstrap) as a:
                 a.create_topic("bench", 3)
@@ -162,7 +163,8 @@ def main() -> None:
                     n.stop()
             etcd.close()
     ratio = statistics.median(three) / statistics.median(one)
-    print(f"produce 1 KiB, 3 partitions, {args.records} records per run, {args.rounds} alternations")
+    print(f"backend {args.backend}; produce 1 KiB, 3 partitions, {args.records} records per run")
+    print(f"{args.rounds} alternations of the two variants")
     print(f"  one node, acks=1            MB/s {spread(one)}")
     print(f"  3 replicas, acks=all        MB/s {spread(three)}")
     print(f"  ratio (goal >= 0.5)         {ratio:.2f}")
