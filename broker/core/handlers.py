@@ -522,6 +522,9 @@ class Handlers:
                 p = self.partitions.get((topic.topic_id, i))
                 start, end = (p.log.start_offset, p.high_watermark) if p is not None else (-1, -1)
                 state = cluster.state_of(topic.topic_id, i) if cluster.clustered else None
+                if state is None and cluster.clustered:  # its first state is not written yet
+                    parts.append(PartitionView(i, -1, -1, -1, -1, 0, (), ()))
+                    continue
                 if state is None:
                     core = self.owner(topic.topic_id, i)
                     me = ((node_id, core),)

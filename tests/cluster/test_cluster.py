@@ -168,7 +168,13 @@ def test_kafka_client_on_the_cluster(cluster: Cluster) -> None:
     boot = cluster.nodes[1].bootstrap
     admin = AdminClient({"bootstrap.servers": boot})
     admin.create_topics([NewTopic("kt", 3, 3)])["kt"].result(20)
-    md = wait_for(lambda: (t := admin.list_topics("kt", timeout=5).topics["kt"]).partitions and t)
+    md = wait_for(
+        lambda: (
+            (t := admin.list_topics("kt", timeout=5).topics["kt"]).partitions
+            and all(p.leader >= 0 for p in t.partitions.values())
+            and t
+        )
+    )
     for p in md.partitions.values():
         assert len(p.replicas) == 3 and sorted(p.isrs) == sorted(p.replicas)
         assert p.leader // 1000 in (1, 2, 3)  # Kafka broker id = node * 1000 + core
