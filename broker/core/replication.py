@@ -136,14 +136,19 @@ class LeaderState:
 
     def proposal_answered(self, isr: Iterable[int] | None, leader_end: int) -> bool:
         """The store's answer to the proposal: the ISR it holds now (None: no answer, or the
-        proposal was refused in a way that says nothing of what the store holds). Only a known
-        ISR ends the newcomers' provisional membership; after an unknown outcome they stay
-        counted until a later proposal is answered (they may be in the stored ISR). True if the
-        HW advanced."""
+        proposal was refused in a way that says nothing of what the store holds). After an
+        unknown outcome the newcomers stay counted until a later proposal is answered (they may
+        be in the stored ISR). Those the answer holds stay counted until a view names them in
+        the ISR too: the views lag the store, and one read before the proposal applied (without
+        them) may still arrive. True if the HW advanced."""
         if isr is None:
             return False
+        answered = frozenset(isr) | {self.node_id}
+        joined = self.joining & answered
         self.joining = frozenset()
-        return self.set_isr(isr, leader_end)
+        advanced = self.set_isr(answered, leader_end)
+        self.joining = joined  # until a view shows them: one published before the answer may come after
+        return advanced
 
     def set_isr(self, isr: Iterable[int], leader_end: int) -> bool:
         """The controller's new ISR. True if the HW advanced; waiters fail when it is too small.
@@ -151,7 +156,7 @@ class LeaderState:
         controller takes out dead nodes, and a dead node's last fetch would otherwise still look
         caught up while the partition is idle, and be proposed back at once)."""
         new = frozenset(isr) | {self.node_id}
-        for r in self.isr - new:
+        for r in self.isr - new - self.joining:
             f = self.followers.get(r)
             if f is not None:
                 f.log_end = -1

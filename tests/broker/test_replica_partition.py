@@ -228,19 +228,26 @@ def test_a_replica_proposed_into_the_isr_holds_the_high_watermark_until_the_answ
     leader.replica_fetched(3, 4, now=30)
     assert leader.high_watermark == 4 and done == [4]
     leader.isr_answered(1, (1, 2, 3))
+    produced(leader, batch(1), space)
+    leader.update_isr((1, 2))  # a view read before the proposal applied, published after the answer
+    leader.replica_fetched(2, 5, now=31)
+    assert leader.high_watermark == 4, "the stale view does not take node 3 out of the HW"
+    leader.update_isr((1, 2, 3))  # the view catches up
+    leader.replica_fetched(3, 5, now=32)
+    assert leader.high_watermark == 5
     state = leader.replica
     assert isinstance(state, LeaderState) and state.isr == {1, 2, 3} and state.joining == frozenset()
     # refused (the ISR stayed [1, 2]): node 3 no longer holds the HW
     leader.update_isr((1, 2))
     leader.proposing_isr(1, (1, 2, 3))
     produced(leader, batch(1), space)
-    leader.replica_fetched(2, 5, now=40)
-    assert leader.high_watermark == 4
-    leader.isr_answered(1, (1, 2))
+    leader.replica_fetched(2, 6, now=40)
     assert leader.high_watermark == 5
+    leader.isr_answered(1, (1, 2))
+    assert leader.high_watermark == 6
     # a newcomer that stops fetching is proposed out after the lag, as an ISR member would be
     leader.proposing_isr(1, (1, 2, 3))
-    leader.replica_fetched(2, 5, now=40 + 31_000)
+    leader.replica_fetched(2, 6, now=40 + 31_000)
     assert leader.isr_proposal(40 + 31_000, 30_000) == IsrProposal(leave=(3,), join=())
     leader.close()
 
