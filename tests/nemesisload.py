@@ -114,9 +114,25 @@ def wait_whole(lab: ClusterLab, topic: str, timeout: float = SETTLE_S) -> float:
     return time.monotonic() - started
 
 
+def known_everywhere(lab: ClusterLab, topic: str) -> bool:
+    """Every node describes the topic with a leader for each partition."""
+    for node in lab.nodes:
+        try:
+            with Admin(node.bootstrap, request_timeout_ms=3000) as admin:
+                d = admin.describe_topic(topic)
+        except Exception:
+            return False
+        if not all(p.leader_node > 0 for p in d.partitions):
+            return False
+    return True
+
+
 def create_topic(lab: ClusterLab, topic: str, partitions: int = 3) -> None:
+    """Create it and wait until every node knows it (a node that has not learnt of it yet answers
+    UNKNOWN_TOPIC_OR_PARTITION, which a producer does not retry) and every ISR is whole."""
     with Admin(bootstrap(lab), request_timeout_ms=10_000) as admin:
         admin.create_topic(topic, partitions, replication=3)
+    wait_until(lambda: known_everywhere(lab, topic), 30, f"every node to know {topic}", step=0.1)
     wait_whole(lab, topic, 30)
 
 
@@ -140,6 +156,7 @@ class Workload:
         self.reads: list[Read] = []
         self.attempts: dict[int, list[Attempt]] = {p: [] for p in range(partitions)}
         self.errors: list[BaseException] = []
+        self.consumer_failures: list[BaseException] = []
         self.sent = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -205,20 +222,26 @@ class Workload:
     # ----------------------------------------------------------------------------- consumer
 
     def _consume(self) -> None:
-        try:
-            with Consumer(
-                bootstrap(self.lab),
-                auto_offset_reset="earliest",
-                fetch_max_wait_ms=200,
-                request_timeout_ms=REQUEST_TIMEOUT_MS,
-            ) as c:
-                c.assign([(self.topic, p) for p in range(self.partitions)])
-                while not self._stop_reading.is_set():
-                    for r in c.poll(200):
-                        with self._lock:
-                            self.reads.append(Read(r.topic, r.partition, r.offset, r.value, "c"))
-        except BaseException as exc:
-            self.errors.append(exc)
+        """Read until told to stop. A consumer that fails (e.g. its first ListOffsets answered
+        NOT_OWNER past its request timeout by a node that has not learnt of the new topic yet)
+        is replaced by a new one reading from the earliest offset again, as an application
+        would; the failures are kept in `consumer_failures`."""
+        while not self._stop_reading.is_set():
+            try:
+                with Consumer(
+                    bootstrap(self.lab),
+                    auto_offset_reset="earliest",
+                    fetch_max_wait_ms=200,
+                    request_timeout_ms=REQUEST_TIMEOUT_MS,
+                ) as c:
+                    c.assign([(self.topic, p) for p in range(self.partitions)])
+                    while not self._stop_reading.is_set():
+                        for r in c.poll(200):
+                            with self._lock:
+                                self.reads.append(Read(r.topic, r.partition, r.offset, r.value, "c"))
+            except Exception as exc:
+                self.consumer_failures.append(exc)
+                time.sleep(0.2)
 
     # ----------------------------------------------------------------------------- control
 

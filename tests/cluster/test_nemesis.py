@@ -77,10 +77,12 @@ def finish(w: Workload, what: str, failovers: list[float], extra: str = "") -> N
     unread = w.unread()
     print(
         f"\nNEMESIS {what}: failover {spread(failovers)}; {verdict.acks} acked, {verdict.reads} read, "
-        f"{len(verdict.violations)} violations{extra}"
+        f"{len(verdict.violations)} violations{extra}; consumer restarts {len(w.consumer_failures)}"
     )
     assert verdict.violations == [], report(verdict.violations)
-    assert unread == 0, f"{unread} acknowledged records never reached the consumer"
+    assert unread == 0, (
+        f"{unread} acknowledged records never read; consumer failures {w.consumer_failures[:3]}"
+    )
     assert not [e for e in w.errors if not isinstance(e, TimeoutError)], w.errors[:5]
 
 
