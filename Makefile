@@ -5,7 +5,7 @@ PY := .venv/bin/python
 LINT_IMPORTS := .venv/bin/lint-imports --no-cache --no-logo
 DATA_DIR ?= ./data
 
-.PHONY: setup run test lint bench clean spark-demo bench-spark bench-kafka
+.PHONY: setup run test lint bench clean spark-demo bench-spark bench-kafka cluster-demo
 
 setup:
 	@bash scripts/setup.sh
@@ -37,6 +37,11 @@ bench-spark: setup
 # librdkafka against ringlog and Tansu (docs/KAFKA.md, "Side by side"); QUICK=1 for small sizes.
 bench-kafka: setup
 	$(PY) bench/kafka_clients.py $(if $(QUICK),--quick)
+
+# Three nodes in network namespaces (root), a producer and a consumer, the leader killed and
+# restarted: prints leaders before/after, failover time, records, the checker's verdict.
+cluster-demo: setup
+	$(PY) scripts/cluster_demo.py
 
 clean:
 	rm -rf .venv build *.egg-info .pytest_cache .ruff_cache .hypothesis

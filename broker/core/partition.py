@@ -246,6 +246,18 @@ class Partition:
         if isinstance(self.replica, LeaderState):
             self._run_ready(self.replica.set_isr(isr, self.log.end_offset))
 
+    def proposing_isr(self, epoch: int, isr: tuple[int, ...]) -> None:
+        """This leader (at `epoch`) proposes `isr` to the store (`LeaderState.proposing`)."""
+        replica = self.replica
+        if isinstance(replica, LeaderState) and replica.epoch == epoch:
+            replica.proposing(isr)
+
+    def isr_answered(self, epoch: int, isr: tuple[int, ...] | None) -> None:
+        """The store's answer to this leader's proposal at `epoch` (`LeaderState.proposal_answered`)."""
+        replica = self.replica
+        if isinstance(replica, LeaderState) and replica.epoch == epoch:
+            self._run_ready(replica.proposal_answered(isr, self.log.end_offset))
+
     def isr_proposal(self, now: int, lag_max_ms: int) -> IsrProposal | None:
         """A leader's: which followers should leave the ISR (not caught up for `lag_max_ms`)
         and which may join it (caught up to its end). None when this replica does not lead."""

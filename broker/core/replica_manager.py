@@ -16,6 +16,8 @@ Rules this module keeps:
   back-off, and `LINK_RETRY_S` for the link).
 - Only a leader proposes in-sync-set changes, one at a time per partition, fenced in the store
   by its epoch (`ClusterAdmin.alter_isr`): it learns the result from the view like every node.
+  Replicas a proposal adds hold the high watermark from the moment it is sent until its answer
+  is known (broker/core/replication.py): the store may apply it, and elect one of them, first.
 """
 
 from __future__ import annotations
@@ -248,7 +250,7 @@ class ReplicaManager:
             proposal = partition.isr_proposal(now, self.lag_max_ms)
             if not proposal:
                 continue
-            keep = (replica.isr - set(proposal.leave)) | set(proposal.join)
+            keep = (replica.isr - set(proposal.leave)) | (set(proposal.join) - set(proposal.leave))
             isr = tuple(r for r in replica.replicas if r in keep)
             self._propose(key, replica.epoch, isr)
 
@@ -257,6 +259,9 @@ class ReplicaManager:
         assert alter is not None
         tid, index = key
         self._isr_in_flight.add(key)
+        partition = self.handlers.partitions.get(key)
+        if partition is not None:
+            partition.proposing_isr(epoch, isr)  # newcomers hold the HW until the answer
         log.info("partition %d/%d: proposing in-sync set %s at epoch %d", tid, index, list(isr), epoch)
 
         def call() -> object:
@@ -264,12 +269,12 @@ class ReplicaManager:
 
         def done(result: object) -> None:
             self._isr_in_flight.discard(key)
+            partition = self.handlers.partitions.get(key)
             if isinstance(result, BaseException):
                 log.warning("partition %d/%d: in-sync set change refused: %s", tid, index, result)
-                return
-            partition = self.handlers.partitions.get(key)
+                return  # what the store holds is unknown: newcomers keep holding the HW
             state = result
             if partition is not None and getattr(state, "leader_epoch", None) == epoch:
-                partition.update_isr(tuple(state.isr))  # type: ignore[attr-defined]
+                partition.isr_answered(epoch, tuple(state.isr))  # type: ignore[attr-defined]
 
         self.loop.run_blocking(call, done)

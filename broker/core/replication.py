@@ -6,11 +6,16 @@ Rules this module keeps:
   or None (not replicated: a single node, leader of itself at epoch 0, whose high watermark is
   its log end, exactly as before replication; nothing here runs on its produce path).
 - The leader's high watermark is the smallest log end over the in-sync replicas, its own
-  included, and never moves backwards within its term. A follower's log end is what its
-  ReplicaFetch says (the fetch offset: everything below it is stored there), never more than the
-  leader's end. A follower counts as caught up when a fetch reaches the leader's end; it should
-  leave the ISR once it has not been caught up for `lag_max_ms`, and join it when caught up
-  (`isr_proposal`: the controller decides, the leader learns the new ISR by `set_isr`).
+  included, and never moves backwards within its term. While a proposal that adds replicas to
+  the ISR is unanswered, those replicas count as in sync for the HW already (Kafka's "maximal
+  ISR", KIP-497): the store may hold the larger ISR, and the controller elect one of the
+  newcomers, the moment the proposal applies, before the leader hears of it; a record
+  acknowledged meanwhile must be on them too, or that election truncates it away.
+- A follower's log end is what its ReplicaFetch says (the fetch offset: everything below it is
+  stored there), never more than the leader's end, and forgotten when it leaves the ISR. A
+  follower counts as caught up when a fetch reaches the leader's end; it should leave the ISR
+  once it has not been caught up for `lag_max_ms`, and join it when caught up (`isr_proposal`:
+  the controller decides, the leader learns the new ISR by `set_isr`).
 - acks=all: a produce is answered once the high watermark passes its last offset (`wait`), and
   refused before anything is written when fewer than `min_insync` replicas are in sync
   (`NotEnoughReplicasError`); its waiters fail when the ISR shrinks below that or the leader
@@ -68,6 +73,7 @@ class LeaderState:
         "followers",
         "high_watermark",
         "isr",
+        "joining",
         "min_insync",
         "node_id",
         "replicas",
@@ -87,6 +93,7 @@ class LeaderState:
         self.epoch = epoch
         self.replicas = tuple(replicas)
         self.isr = frozenset(isr) | {node_id}
+        self.joining: frozenset[int] = frozenset()  # proposed to join the ISR, no answer yet
         self.min_insync = min_insync
         self.high_watermark = high_watermark
         self.followers = {r: FollowerProgress(-1, now_ms) for r in self.replicas if r != node_id}
@@ -99,9 +106,10 @@ class LeaderState:
         return len(self.isr) >= min(self.min_insync, len(self.replicas) or 1)
 
     def isr_proposal(self, now_ms: int, lag_max_ms: int, leader_end: int) -> IsrProposal:
+        members = self.isr | self.joining
         leave = tuple(
             sorted(
-                r for r, f in self.followers.items() if r in self.isr and now_ms - f.caught_up_ms > lag_max_ms
+                r for r, f in self.followers.items() if r in members and now_ms - f.caught_up_ms > lag_max_ms
             )
         )
         join = tuple(
@@ -121,9 +129,40 @@ class LeaderState:
             f.caught_up_ms = now_ms
         return self.advance(leader_end)
 
+    def proposing(self, isr: Iterable[int]) -> None:
+        """An ISR change is being proposed to the store: the replicas it adds count for the HW from
+        now until `proposal_answered` (see the module's rules)."""
+        self.joining = frozenset(isr) - self.isr
+
+    def proposal_answered(self, isr: Iterable[int] | None, leader_end: int) -> bool:
+        """The store's answer to the proposal: the ISR it holds now (None: no answer, or the
+        proposal was refused in a way that says nothing of what the store holds). After an
+        unknown outcome the newcomers stay counted until a later proposal is answered (they may
+        be in the stored ISR). Those the answer holds stay counted until a view names them in
+        the ISR too: the views lag the store, and one read before the proposal applied (without
+        them) may still arrive. True if the HW advanced."""
+        if isr is None:
+            return False
+        answered = frozenset(isr) | {self.node_id}
+        joined = self.joining & answered
+        self.joining = frozenset()
+        advanced = self.set_isr(answered, leader_end)
+        self.joining = joined  # until a view shows them: one published before the answer may come after
+        return advanced
+
     def set_isr(self, isr: Iterable[int], leader_end: int) -> bool:
-        """The controller's new ISR. True if the HW advanced; waiters fail when it is too small."""
-        self.isr = frozenset(isr) | {self.node_id}
+        """The controller's new ISR. True if the HW advanced; waiters fail when it is too small.
+        A replica taken out forgets its progress: it joins again only by fetching again (the
+        controller takes out dead nodes, and a dead node's last fetch would otherwise still look
+        caught up while the partition is idle, and be proposed back at once)."""
+        new = frozenset(isr) | {self.node_id}
+        for r in self.isr - new - self.joining:
+            f = self.followers.get(r)
+            if f is not None:
+                f.log_end = -1
+        self.isr = new
+        if self.joining:
+            self.joining -= self.isr
         if not self.enough_in_sync():
             self.fail_waiters(
                 NotEnoughReplicasError(f"{len(self.isr)} replicas in sync, fewer than {self.min_insync}")
@@ -134,7 +173,7 @@ class LeaderState:
         """Recompute the HW from the ISR's log ends (the leader's is `leader_end`)."""
         hw = leader_end
         followers = self.followers
-        for r in self.isr:
+        for r in self.isr if not self.joining else self.isr | self.joining:
             if r != self.node_id:
                 f = followers.get(r)
                 end = -1 if f is None else f.log_end

@@ -202,6 +202,73 @@ def test_high_watermark_is_the_isrs_smallest_log_end_and_never_goes_back(
     leader.close()
 
 
+def test_a_replica_proposed_into_the_isr_holds_the_high_watermark_until_the_answer(
+    tmp_path: Path, space: DiskSpace
+) -> None:
+    """The nemesis's kill -9 rounds lost acknowledged records this way: node 3 caught up, its
+    leader proposed ISR [1, 2, 3], acknowledged two more records (ISR [1, 2] as far as it knew),
+    and the controller made node 3, the preferred leader, lead the moment the store held the
+    proposal: the two records, which node 3 had not fetched, were truncated away."""
+    leader = Partition(1, 0, str(tmp_path / "leader"), SMALL)
+    leader.become_leader(1, (1, 2, 3), (1, 2), node_id=1, now=0)
+    produced(leader, batch(2), space)
+    leader.replica_fetched(2, 2, now=10)
+    leader.replica_fetched(3, 2, now=10)
+    assert leader.high_watermark == 2
+    assert leader.isr_proposal(10, 30_000) == IsrProposal(leave=(), join=(3,))
+    leader.proposing_isr(1, (1, 2, 3))
+    produced(leader, batch(2), space)
+    done: list[int] = []
+    leader.after_replicated(4, lambda: done.append(4), lambda exc: done.append(-1))
+    leader.replica_fetched(2, 4, now=20)
+    assert leader.high_watermark == 2 and done == [], "node 3 may already be in the stored ISR"
+    leader.isr_answered(1, None)  # no answer: still unknown
+    leader.replica_fetched(2, 4, now=21)
+    assert leader.high_watermark == 2 and done == []
+    leader.replica_fetched(3, 4, now=30)
+    assert leader.high_watermark == 4 and done == [4]
+    leader.isr_answered(1, (1, 2, 3))
+    produced(leader, batch(1), space)
+    leader.update_isr((1, 2))  # a view read before the proposal applied, published after the answer
+    leader.replica_fetched(2, 5, now=31)
+    assert leader.high_watermark == 4, "the stale view does not take node 3 out of the HW"
+    leader.update_isr((1, 2, 3))  # the view catches up
+    leader.replica_fetched(3, 5, now=32)
+    assert leader.high_watermark == 5
+    state = leader.replica
+    assert isinstance(state, LeaderState) and state.isr == {1, 2, 3} and state.joining == frozenset()
+    # refused (the ISR stayed [1, 2]): node 3 no longer holds the HW
+    leader.update_isr((1, 2))
+    leader.proposing_isr(1, (1, 2, 3))
+    produced(leader, batch(1), space)
+    leader.replica_fetched(2, 6, now=40)
+    assert leader.high_watermark == 5
+    leader.isr_answered(1, (1, 2))
+    assert leader.high_watermark == 6
+    # a newcomer that stops fetching is proposed out after the lag, as an ISR member would be
+    leader.proposing_isr(1, (1, 2, 3))
+    leader.replica_fetched(2, 6, now=40 + 31_000)
+    assert leader.isr_proposal(40 + 31_000, 30_000) == IsrProposal(leave=(3,), join=())
+    leader.close()
+
+
+def test_a_replica_taken_out_of_the_isr_joins_again_only_by_fetching(
+    tmp_path: Path, space: DiskSpace
+) -> None:
+    """The controller takes a dead node out; its last fetch was caught up and the log has been
+    idle since: without forgetting it, the leader proposed the dead node back every 250 ms."""
+    leader = Partition(1, 0, str(tmp_path / "leader"), SMALL)
+    leader.become_leader(1, (1, 2, 3), (1, 2, 3), node_id=1, now=0)
+    produced(leader, batch(2), space)
+    leader.replica_fetched(2, 2, now=10)
+    leader.replica_fetched(3, 2, now=10)
+    leader.update_isr((1, 2))  # node 3 died
+    assert leader.isr_proposal(20, 30_000) == IsrProposal(leave=(), join=())
+    leader.replica_fetched(3, 2, now=30)  # back, fetching
+    assert leader.isr_proposal(30, 30_000) == IsrProposal(leave=(), join=(3,))
+    leader.close()
+
+
 def test_truncation_to_a_segment_base_leaves_it_empty_and_reusable(tmp_path: Path, space: DiskSpace) -> None:
     leader, follower = leader_and_follower(tmp_path)
     for i in range(10):

@@ -1,0 +1,209 @@
+"""The nemesis suite (issue 12): a three-node cluster in network namespaces (tests/clusterlab.py)
+broken while one producer (acks=all, idempotent, unique payloads) and one consumer run on a topic
+of 3 partitions, 3 replicas each (tests/nemesisload.py); after each fault the cluster must settle
+(every in-sync set whole) and the checker (tests/clusterchecker.py) must find nothing wrong in
+what was acknowledged, what was read and what every replica holds.
+
+Faults: kill -9 of a partition's leader node then restart (`KILL_ROUNDS` times, partitions in
+turn), SIGSTOP of a leader past its session (then SIGCONT: it returns as a follower, truncates,
+rejoins), isolation of a leader from the network (then heal), and kill -9 of etcd's raft leader
+(3 members) while producing. Each prints one summary line with its failover times (fault to the
+first acknowledged produce sent after it, on the partitions whose leader the fault took): run
+with `pytest -s` to see them.
+
+Root-required (CI is root); skipped, with the reason, otherwise.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from collections.abc import Iterator
+
+import pytest
+from clusterchecker import report, spread
+from clusterlab import ClusterLab, lab_unavailable, wait_until
+from nemesisload import (
+    Workload,
+    create_topic,
+    describe,
+    leader_of,
+    node_id,
+    start_cluster,
+    wait_new_leader,
+    wait_whole,
+)
+
+REASON = lab_unavailable()
+pytestmark = pytest.mark.skipif(REASON is not None, reason=f"{REASON}")
+
+# the issue asks for 20; each round is a kill, a failover, a restart and a rejoin (~7 s here)
+KILL_ROUNDS = int(os.environ.get("NEMESIS_KILL_ROUNDS", "20"))
+PAUSE_S = 5.0  # past the 2 s session TTL
+ISOLATE_S = 5.0
+ETCD_WATCH_S = 5.0  # the produce gap is measured over this long after the etcd leader dies
+FAILOVER_MAX_S = 10.0  # a bound that catches a stuck failover, not the goal (3 s, see CLUSTER.md)
+_topics = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterLab]:
+    """Three clustered nodes and one etcd member, shared by the tests of one-node faults (each
+    leaves every node running, resumed and healed)."""
+    lab = ClusterLab(nodes=3, etcd_members=1, base_dir=tmp_path_factory.mktemp("nemesis"))
+    try:
+        start_cluster(lab)
+        yield lab
+    finally:
+        lab.close()
+
+
+def topic(lab: ClusterLab) -> str:
+    name = f"nemesis{next(_topics)}"
+    create_topic(lab, name)
+    return name
+
+
+def led_by(lab: ClusterLab, name: str, index: int) -> list[int]:
+    """The partitions node `index` leads."""
+    return [p.partition for p in describe(lab, name).partitions if p.leader_node == node_id(index)]
+
+
+def finish(w: Workload, what: str, failovers: list[float], extra: str = "") -> None:
+    """Stop the workload, judge the run, print its summary line."""
+    w.stop()
+    verdict = w.verdict()
+    unread = w.unread()
+    print(
+        f"\nNEMESIS {what}: failover {spread(failovers)}; {verdict.acks} acked, {verdict.reads} read, "
+        f"{len(verdict.violations)} violations{extra}; consumer restarts {len(w.consumer_failures)}"
+    )
+    assert verdict.violations == [], report(verdict.violations)
+    assert unread == 0, (
+        f"{unread} acknowledged records never read; consumer failures {w.consumer_failures[:3]}"
+    )
+    assert not [e for e in w.errors if not isinstance(e, TimeoutError)], w.errors[:5]
+
+
+def test_kill_the_leader_and_restart_it(lab: ClusterLab) -> None:
+    name = topic(lab)
+    failovers: list[float] = []
+    elections: list[float] = []
+    rejoins: list[float] = []
+    with Workload(lab, name, tag="kill") as w:
+        w.wait_acked(200)
+        for rnd in range(KILL_ROUNDS):
+            partition = rnd % 3
+            victim, epoch = leader_of(lab, name, partition)
+            hit = led_by(lab, name, victim)
+            lab.kill(victim)
+            fault_at = lab.last_fault()
+            elections.append(wait_new_leader(lab, name, partition, victim, fault_at))
+            failovers.append(w.wait_failover(fault_at, hit))
+            new, new_epoch = leader_of(lab, name, partition)
+            assert new != victim and new_epoch > epoch
+            lab.restart(victim)
+            rejoins.append(wait_whole(lab, name))
+            w.wait_acked(50)
+    assert max(failovers) < FAILOVER_MAX_S, failovers
+    finish(
+        w,
+        f"kill -9 leader x{KILL_ROUNDS}",
+        failovers,
+        f"; new leader {spread(elections)}; restart to whole ISR {spread(rejoins)}",
+    )
+
+
+def test_pause_the_leader_past_its_session(lab: ClusterLab) -> None:
+    name = topic(lab)
+    failovers: list[float] = []
+    elections: list[float] = []
+    with Workload(lab, name, tag="pause") as w:
+        w.wait_acked(200)
+        for partition in (0, 1):
+            victim, epoch = leader_of(lab, name, partition)
+            hit = led_by(lab, name, victim)
+            lab.pause(victim)
+            fault_at = lab.last_fault()
+            try:
+                elections.append(wait_new_leader(lab, name, partition, victim, fault_at))
+                failovers.append(w.wait_failover(fault_at, hit))
+                new, new_epoch = leader_of(lab, name, partition)
+                assert new != victim and new_epoch > epoch
+                time.sleep(max(0.0, fault_at + PAUSE_S - time.monotonic()))
+            finally:
+                lab.resume(victim)
+            wait_whole(lab, name)  # it followed, truncated what diverged, caught up, rejoined
+            w.wait_acked(50)
+    assert max(failovers) < FAILOVER_MAX_S, failovers
+    finish(w, f"SIGSTOP leader {PAUSE_S:.0f} s x2", failovers, f"; new leader {spread(elections)}")
+
+
+def test_isolate_the_leader_then_heal(lab: ClusterLab) -> None:
+    name = topic(lab)
+    failovers: list[float] = []
+    elections: list[float] = []
+    with Workload(lab, name, tag="isolate") as w:
+        w.wait_acked(200)
+        for partition in (2, 0):
+            victim, epoch = leader_of(lab, name, partition)
+            hit = led_by(lab, name, victim)
+            lab.isolate(victim)
+            fault_at = lab.last_fault()
+            try:
+                elections.append(wait_new_leader(lab, name, partition, victim, fault_at))
+                failovers.append(w.wait_failover(fault_at, hit))
+                new, new_epoch = leader_of(lab, name, partition)
+                assert new != victim and new_epoch > epoch
+                time.sleep(max(0.0, fault_at + ISOLATE_S - time.monotonic()))
+            finally:
+                lab.heal(victim)
+            wait_whole(lab, name)
+            w.wait_acked(50)
+    assert max(failovers) < FAILOVER_MAX_S, failovers
+    finish(w, f"isolate leader {ISOLATE_S:.0f} s x2", failovers, f"; new leader {spread(elections)}")
+
+
+def test_kill_the_etcd_leader(cluster_lab) -> None:
+    lab = cluster_lab(nodes=3, etcd_members=3)
+    start_cluster(lab)
+    name = topic(lab)
+    with Workload(lab, name, tag="etcd") as w:
+        w.wait_acked(200)
+        etcd_leader = lab.wait_etcd_leader()
+        lab.kill_etcd(etcd_leader)
+        fault_at = lab.last_fault()
+        # the data path does not need etcd: every partition keeps acknowledging
+        resumed = w.wait_failover(fault_at, range(3))
+        new = lab.wait_etcd_leader(10)
+        elected_s = time.monotonic() - fault_at
+        assert new != etcd_leader
+        time.sleep(max(0.0, fault_at + ETCD_WATCH_S - time.monotonic()))
+        gap = w.longest_gap(fault_at, fault_at + ETCD_WATCH_S)
+        assert gap < FAILOVER_MAX_S, f"nothing acknowledged for {gap:.2f} s after the etcd leader died"
+        # the control plane works on the new etcd leader: a topic is created, placed and served
+        started = time.monotonic()
+        later = topic(lab)
+        created_s = time.monotonic() - started
+        with Workload(lab, later, tag="after") as w2:
+            w2.wait_acked(100)
+        v2 = w2.verdict()
+        assert v2.violations == [], report(v2.violations)
+        # and a broker failover still happens through it
+        victim, _ = leader_of(lab, name, 0)
+        hit = [p.partition for p in describe(lab, name).partitions if p.leader_node == node_id(victim)]
+        lab.kill(victim)
+        broker_failover = w.wait_failover(lab.last_fault(), hit)
+        lab.restart(victim)
+        wait_until(lambda: lab.etcd_leader() is not None, 10, "etcd leader")
+        wait_whole(lab, name)
+        w.wait_acked(50)
+    finish(
+        w,
+        "kill -9 etcd leader (3 members)",
+        [resumed],
+        f"; longest ack gap {gap:.3f} s in the {ETCD_WATCH_S:.0f} s after; "
+        f"etcd leader again in {elected_s:.2f} s; "
+        f"topic created after in {created_s:.2f} s; broker failover after {broker_failover:.2f} s",
+    )

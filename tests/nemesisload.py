@@ -1,0 +1,328 @@
+"""The nemesis's workload and cluster helpers: a ringlog cluster started in a ClusterLab, one
+producer thread and one consumer thread on a replicated topic while faults are applied, and the
+final verdict of the checker over every replica.
+
+Test and bench harness, not broker code (importable as `nemesisload` from tests/, and from
+scripts/ and bench/ with tests/ on sys.path), used by tests/cluster/test_nemesis.py and
+scripts/cluster_demo.py.
+
+Rules this module keeps:
+- Payloads are unique per run (`<tag>-<n>`), so the checker tells records apart by them.
+- The producer sends at a steady pace (one record per `SEND_EVERY_S`, partitions in turn), never
+  waiting for an answer, with at most `MAX_OUTSTANDING` records unanswered (then it waits): a
+  fault shows as a gap in acknowledgements, not as a producer that stopped sending. Every
+  acknowledged record is kept with the offset its RecordMetadata names, and every send as an
+  `Attempt` (sent, answered, ok) per partition, for failover times.
+- The consumer reads every partition from the earliest offset and keeps every record it is handed.
+- Replicas are read from the running nodes' data dirs only once the cluster is quiet: the workload
+  stopped, every partition's in-sync set whole and every replica's log ending at the high
+  watermark (nothing is being written, so the files are stable; the reader stops at a torn tail
+  anyway).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Final
+
+from clusterchecker import Ack, Attempt, Read, Replica, Violation, check, failover_time, read_replica
+from clusterlab import MEMBERSHIP_PORT, ClusterLab, wait_until
+
+from broker.client.admin import Admin, TopicDescription
+from broker.client.consumer import Consumer
+from broker.client.producer import Producer
+from broker.client.records import RecordMetadata
+from ringlog_proto import messages as m
+
+SEND_EVERY_S: Final = 0.002
+MAX_OUTSTANDING: Final = 3000
+SETTLE_S: Final = 60.0  # every ISR whole and every replica caught up after the last fault
+CLUSTER_NAME: Final = "nemesis"
+# a paused or cut-off node accepts connections (the kernel does) and answers nothing: the clients
+# give up on a request after this and ask another node (their default, 30 s, outlasts any fault)
+REQUEST_TIMEOUT_MS: Final = 3000
+
+
+def node_id(index: int) -> int:
+    """The lab's node index -> its cluster node id (ids start at 1)."""
+    return index + 1
+
+
+def cluster_args(lab: ClusterLab, index: int) -> list[str]:
+    """`broker serve` cluster flags for lab node `index`."""
+    peers = ",".join(f"{n.ip}:{MEMBERSHIP_PORT}" for n in lab.nodes if n.index != index)
+    return [
+        "--node-id", str(node_id(index)), "--etcd", lab.etcd_endpoints, "--join", peers,
+        "--cluster-name", CLUSTER_NAME, "--min-insync-replicas", "2",
+        "--default-replication-factor", "3", "--replica-lag-time-max-ms", "10000",
+    ]  # fmt: skip
+
+
+def bootstrap(lab: ClusterLab) -> str:
+    return ",".join(n.bootstrap for n in lab.nodes)
+
+
+def start_cluster(lab: ClusterLab) -> None:
+    lab.start_nodes(lambda i: cluster_args(lab, i))
+
+
+def describe(lab: ClusterLab, topic: str) -> TopicDescription:
+    """The topic as a live node describes it (nodes that do not answer are skipped)."""
+    last: BaseException | None = None
+    for node in lab.nodes:
+        if not node.running() or node.host.isolated or (node.proc and node.proc.paused):
+            continue
+        try:
+            with Admin(node.bootstrap, request_timeout_ms=3000) as admin:
+                return admin.describe_topic(topic)
+        except Exception as exc:  # that node is down or busy: ask the next
+            last = exc
+    raise RuntimeError(f"no node described {topic!r}: {last!r}")
+
+
+def leader_of(lab: ClusterLab, topic: str, partition: int) -> tuple[int, int]:
+    """(lab index of the leader node, leader epoch) of a partition."""
+    p = describe(lab, topic).partitions[partition]
+    return p.leader_node - 1, p.leader_epoch
+
+
+def wait_new_leader(lab: ClusterLab, topic: str, partition: int, old: int, fault_at: float) -> float:
+    """Wait until a node other than lab index `old` leads the partition; seconds since the fault
+    (the cluster's part of a failover: the rest is the clients noticing)."""
+    wait_until(lambda: leader_of(lab, topic, partition)[0] not in (old, -2), 30, "a new leader", step=0.05)
+    return time.monotonic() - fault_at
+
+
+def whole(lab: ClusterLab, topic: str) -> bool:
+    """Every partition led by a live node, with all its replicas in sync."""
+    try:
+        d = describe(lab, topic)
+    except RuntimeError:
+        return False
+    return all(p.leader_node > 0 and len(p.isr) == len(p.replicas) == len(lab.nodes) for p in d.partitions)
+
+
+def wait_whole(lab: ClusterLab, topic: str, timeout: float = SETTLE_S) -> float:
+    """Wait until `whole`; the seconds it took."""
+    started = time.monotonic()
+    wait_until(lambda: whole(lab, topic), timeout, f"every in-sync set of {topic} whole", step=0.1)
+    return time.monotonic() - started
+
+
+def known_everywhere(lab: ClusterLab, topic: str) -> bool:
+    """Every node describes the topic with a leader for each partition."""
+    for node in lab.nodes:
+        try:
+            with Admin(node.bootstrap, request_timeout_ms=3000) as admin:
+                d = admin.describe_topic(topic)
+        except Exception:
+            return False
+        if not all(p.leader_node > 0 for p in d.partitions):
+            return False
+    return True
+
+
+def create_topic(lab: ClusterLab, topic: str, partitions: int = 3) -> None:
+    """Create it and wait until every node knows it (a node that has not learnt of it yet answers
+    UNKNOWN_TOPIC_OR_PARTITION, which a producer does not retry) and every ISR is whole."""
+    with Admin(bootstrap(lab), request_timeout_ms=10_000) as admin:
+        admin.create_topic(topic, partitions, replication=3)
+    wait_until(lambda: known_everywhere(lab, topic), 30, f"every node to know {topic}", step=0.1)
+    wait_whole(lab, topic, 30)
+
+
+@dataclass
+class Verdict:
+    violations: list[Violation]
+    acks: int
+    reads: int
+    high_watermarks: dict[int, int]
+
+
+class Workload:
+    """One producer thread and one consumer thread on `topic` (see the module's rules)."""
+
+    def __init__(self, lab: ClusterLab, topic: str, partitions: int = 3, tag: str = "r") -> None:
+        self.lab = lab
+        self.topic = topic
+        self.partitions = partitions
+        self.tag = tag
+        self.acks: list[Ack] = []
+        self.reads: list[Read] = []
+        self.attempts: dict[int, list[Attempt]] = {p: [] for p in range(partitions)}
+        self.errors: list[BaseException] = []
+        self.consumer_failures: list[BaseException] = []
+        self.sent = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._stop_reading = threading.Event()
+        self._outstanding = threading.Semaphore(MAX_OUTSTANDING)
+        self._threads = [
+            threading.Thread(target=self._produce, name="nemesis-producer", daemon=True),
+            threading.Thread(target=self._consume, name="nemesis-consumer", daemon=True),
+        ]
+
+    def start(self) -> Workload:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __enter__(self) -> Workload:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ----------------------------------------------------------------------------- producer
+
+    def _produce(self) -> None:
+        try:
+            with Producer(
+                bootstrap(self.lab),
+                acks=m.Acks.DURABLE,
+                linger_ms=1,
+                enable_idempotence=True,
+                request_timeout_ms=REQUEST_TIMEOUT_MS,
+            ) as p:
+                n = 0
+                while not self._stop.is_set():
+                    if not self._outstanding.acquire(timeout=0.1):
+                        continue
+                    partition = n % self.partitions
+                    payload = f"{self.tag}-{n}".encode()
+                    started = time.monotonic()
+                    fut = p.send(self.topic, payload, partition=partition)
+                    fut.add_done_callback(
+                        lambda f, pl=payload, pa=partition, s=started: self._answered(f, pl, pa, s)
+                    )
+                    n += 1
+                    self.sent = n
+                    time.sleep(SEND_EVERY_S)
+                p.flush(120)
+        except BaseException as exc:
+            self.errors.append(exc)
+
+    def _answered(self, fut: Future[RecordMetadata], payload: bytes, partition: int, started: float) -> None:
+        self._outstanding.release()
+        finished = time.monotonic()
+        exc = fut.exception()
+        with self._lock:
+            self.attempts[partition].append(Attempt(started, finished, exc is None))
+            if exc is None:
+                md = fut.result()
+                self.acks.append(Ack(self.topic, md.partition, md.offset, payload))
+            else:
+                self.errors.append(exc)
+
+    # ----------------------------------------------------------------------------- consumer
+
+    def _consume(self) -> None:
+        """Read until told to stop. A consumer that fails (e.g. its first ListOffsets answered
+        NOT_OWNER past its request timeout by a node that has not learnt of the new topic yet)
+        is replaced by a new one reading from the earliest offset again, as an application
+        would; the failures are kept in `consumer_failures`."""
+        while not self._stop_reading.is_set():
+            try:
+                with Consumer(
+                    bootstrap(self.lab),
+                    auto_offset_reset="earliest",
+                    fetch_max_wait_ms=200,
+                    request_timeout_ms=REQUEST_TIMEOUT_MS,
+                ) as c:
+                    c.assign([(self.topic, p) for p in range(self.partitions)])
+                    while not self._stop_reading.is_set():
+                        for r in c.poll(200):
+                            with self._lock:
+                                self.reads.append(Read(r.topic, r.partition, r.offset, r.value, "c"))
+            except Exception as exc:
+                self.consumer_failures.append(exc)
+                time.sleep(0.2)
+
+    # ----------------------------------------------------------------------------- control
+
+    def acked_count(self) -> int:
+        with self._lock:
+            return len(self.acks)
+
+    def wait_acked(self, more: int, timeout: float = 30.0) -> None:
+        """Wait until `more` further records are acknowledged."""
+        target = self.acked_count() + more
+        wait_until(lambda: self.acked_count() >= target, timeout, f"{more} more acknowledged records")
+
+    def failover(self, fault_at: float, partitions: Sequence[int]) -> float | None:
+        """Seconds from the fault to the first acknowledged produce sent after it, on the slowest of
+        `partitions` (the ones the fault took the leader of); None if one never recovered."""
+        with self._lock:
+            times = [failover_time(list(self.attempts[p]), fault_at) for p in partitions]
+        if any(t is None for t in times):
+            return None
+        return max(t for t in times if t is not None)
+
+    def wait_failover(self, fault_at: float, partitions: Sequence[int], timeout: float = 30.0) -> float:
+        wait_until(lambda: self.failover(fault_at, partitions) is not None, timeout, "produce to resume")
+        t = self.failover(fault_at, partitions)
+        assert t is not None
+        return t
+
+    def longest_gap(self, since: float, until: float) -> float:
+        """The longest time between two consecutive acknowledgements (any partition) in
+        [since, until]: how long the producer saw nothing acknowledged."""
+        with self._lock:
+            done = sorted(a.finished for ps in self.attempts.values() for a in ps if a.ok)
+        times = [since, *(t for t in done if since < t < until), until]
+        return max(b - a for a, b in itertools.pairwise(times))
+
+    def stop(self, timeout: float = 150.0) -> None:
+        """Stop producing (every send answered), then read until the consumer has every
+        acknowledged record or `timeout` passes."""
+        self._stop.set()
+        self._threads[0].join(timeout)
+        want = {(a.partition, a.offset) for a in self.acks}
+
+        def caught_up() -> bool:
+            with self._lock:
+                got = {(r.partition, r.offset) for r in self.reads}
+            return want <= got or not self._threads[1].is_alive()
+
+        try:
+            wait_until(caught_up, 30, "the consumer to read every acknowledged record", step=0.1)
+        finally:
+            self._stop_reading.set()
+            self._threads[1].join(timeout)
+
+    def unread(self) -> int:
+        """Acknowledged records the consumer never read."""
+        got = {(r.partition, r.offset) for r in self.reads}
+        return sum((a.partition, a.offset) not in got for a in self.acks)
+
+    # ----------------------------------------------------------------------------- verdict
+
+    def verdict(self) -> Verdict:
+        """Once the cluster is quiet (every ISR whole, every replica at the high watermark), every
+        replica read from its node's data dir and the checker run over the whole history."""
+        lab, topic = self.lab, self.topic
+        hws: dict[int, int] = {}
+        replicas: list[Replica] = []
+
+        def quiet() -> bool:
+            nonlocal replicas, hws
+            if not whole(lab, topic):
+                return False
+            d = describe(lab, topic)
+            hws = {p.partition: p.end_offset for p in d.partitions}
+            isr = {p.partition: {n for n, _ in p.isr} for p in d.partitions}
+            replicas = [
+                read_replica(node.data_dir, topic, p, node_id(node.index), node_id(node.index) in isr[p])
+                for node in lab.nodes
+                for p in range(self.partitions)
+            ]
+            return all(r.end == hws[r.partition] for r in replicas)
+
+        wait_until(quiet, SETTLE_S, f"{topic}: every replica at the high watermark", step=0.2)
+        violations = check(self.acks, self.reads, replicas, {(topic, p): hw for p, hw in hws.items()})
+        return Verdict(violations, len(self.acks), len(self.reads), hws)
