@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from broker.core.topics import Topic, TopicRegistry
 
 FILE_NAME = "cluster.json"
+RACY_NS = 200_000_000  # a view file younger than this is read even when its stamp looks seen
 NO_LEADER = -1
 
 
@@ -192,8 +194,11 @@ class ViewFile:
             st = os.stat(self.path)
         except FileNotFoundError:
             return None
-        stamp = (st.st_mtime_ns, st.st_ino)
-        if stamp == self._stamp:
+        stamp = (st.st_mtime_ns, st.st_ino, st.st_size)
+        # A stamp seen before proves nothing while the file is young: two replacements within one
+        # tick of the file system's clock can reuse the inode number and the size (git's "racy"
+        # files). Until then the file is read and its generation decides.
+        if stamp == self._stamp and time.time_ns() - st.st_mtime_ns > RACY_NS:
             return None
         try:
             with open(self.path, "rb") as f:

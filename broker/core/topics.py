@@ -31,6 +31,7 @@ import logging
 import os
 import re
 import shutil
+import time
 from dataclasses import asdict, dataclass
 
 from broker.core.limits import Limits
@@ -42,6 +43,7 @@ from broker.storage.log import LogConfig
 log = logging.getLogger(__name__)
 
 REGISTRY_VERSION = 1
+RACY_NS = 200_000_000  # a registry file younger than this is reloaded even when it looks the same
 TOPIC_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
 
@@ -136,8 +138,11 @@ class TopicRegistry:
         self._file_identity = identity
 
     def refresh(self) -> bool:
-        """Reload if another process replaced the file since the last load; True if it did."""
-        if self._identity() == self._file_identity:
+        """Reload if another process replaced the file since the last load; True if it did.
+        A file replaced twice within one tick of the file system's clock can keep its inode
+        number, time and size (git's "racy" files): while the file is that young it is reloaded."""
+        identity = self._identity()
+        if identity == self._file_identity and (identity is None or time.time_ns() - identity[1] > RACY_NS):
             return False
         self.load()
         return True
