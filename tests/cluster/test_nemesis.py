@@ -19,7 +19,7 @@ from __future__ import annotations
 import itertools
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from clusterchecker import report, spread
@@ -115,53 +115,48 @@ def test_kill_the_leader_and_restart_it(lab: ClusterLab) -> None:
     )
 
 
-def test_pause_the_leader_past_its_session(lab: ClusterLab) -> None:
+def interrupt_leaders(
+    lab: ClusterLab,
+    tag: str,
+    partitions: tuple[int, ...],
+    fault: Callable[[int], None],
+    undo: Callable[[int], None],
+    seconds: float,
+) -> tuple[Workload, list[float], list[float]]:
+    """Take the leader of each partition away with `fault` for `seconds`, then `undo` it: a new
+    leader is elected meanwhile, and the node comes back as a follower (truncating what diverged,
+    catching up, rejoining every ISR). Returns the workload, the failovers and the elections."""
     name = topic(lab)
     failovers: list[float] = []
     elections: list[float] = []
-    with Workload(lab, name, tag="pause") as w:
+    with Workload(lab, name, tag=tag) as w:
         w.wait_acked(200)
-        for partition in (0, 1):
+        for partition in partitions:
             victim, epoch = leader_of(lab, name, partition)
             hit = led_by(lab, name, victim)
-            lab.pause(victim)
+            fault(victim)
             fault_at = lab.last_fault()
             try:
                 elections.append(wait_new_leader(lab, name, partition, victim, fault_at))
                 failovers.append(w.wait_failover(fault_at, hit))
                 new, new_epoch = leader_of(lab, name, partition)
                 assert new != victim and new_epoch > epoch
-                time.sleep(max(0.0, fault_at + PAUSE_S - time.monotonic()))
+                time.sleep(max(0.0, fault_at + seconds - time.monotonic()))
             finally:
-                lab.resume(victim)
-            wait_whole(lab, name)  # it followed, truncated what diverged, caught up, rejoined
+                undo(victim)
+            wait_whole(lab, name)
             w.wait_acked(50)
     assert max(failovers) < FAILOVER_MAX_S, failovers
+    return w, failovers, elections
+
+
+def test_pause_the_leader_past_its_session(lab: ClusterLab) -> None:
+    w, failovers, elections = interrupt_leaders(lab, "pause", (0, 1), lab.pause, lab.resume, PAUSE_S)
     finish(w, f"SIGSTOP leader {PAUSE_S:.0f} s x2", failovers, f"; new leader {spread(elections)}")
 
 
 def test_isolate_the_leader_then_heal(lab: ClusterLab) -> None:
-    name = topic(lab)
-    failovers: list[float] = []
-    elections: list[float] = []
-    with Workload(lab, name, tag="isolate") as w:
-        w.wait_acked(200)
-        for partition in (2, 0):
-            victim, epoch = leader_of(lab, name, partition)
-            hit = led_by(lab, name, victim)
-            lab.isolate(victim)
-            fault_at = lab.last_fault()
-            try:
-                elections.append(wait_new_leader(lab, name, partition, victim, fault_at))
-                failovers.append(w.wait_failover(fault_at, hit))
-                new, new_epoch = leader_of(lab, name, partition)
-                assert new != victim and new_epoch > epoch
-                time.sleep(max(0.0, fault_at + ISOLATE_S - time.monotonic()))
-            finally:
-                lab.heal(victim)
-            wait_whole(lab, name)
-            w.wait_acked(50)
-    assert max(failovers) < FAILOVER_MAX_S, failovers
+    w, failovers, elections = interrupt_leaders(lab, "isolate", (2, 0), lab.isolate, lab.heal, ISOLATE_S)
     finish(w, f"isolate leader {ISOLATE_S:.0f} s x2", failovers, f"; new leader {spread(elections)}")
 
 
