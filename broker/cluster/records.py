@@ -11,6 +11,7 @@ Rules this module keeps:
 - `partitions/<topic id>/<p>` is a partition's replicas, leader, leader epoch and in-sync set;
   it is only ever written in a transaction that compares its mod revision with the one the
   writer read (fencing: of two controllers, or a controller and a leader, one loses).
+- `groups/<group id>` holds a consumer group's committed offsets (broker/cluster/group_offsets.py).
 - `topics/<name>` holds the topic's id and settings; `topic-id` is the last id handed out (ids
   only grow, never reused, as on one node).
 - Fixed-width numbers in keys, so that a range read returns partitions in order.
@@ -38,6 +39,7 @@ class Keys:
         self.controller = self.prefix + "controller"
         self.topic_id = self.prefix + "topic-id"
         self.producer_ids = self.prefix + "producer-ids"
+        self.groups = self.prefix + "groups/"
 
     def node(self, node_id: int) -> str:
         return f"{self.nodes}{node_id:010d}"
@@ -50,6 +52,9 @@ class Keys:
 
     def partition(self, topic_id: int, partition: int) -> str:
         return f"{self.partitions}{topic_id:010d}/{partition:06d}"
+
+    def group(self, group: str) -> str:
+        return self.groups + group
 
     def topic_partitions(self, topic_id: int) -> str:
         return f"{self.partitions}{topic_id:010d}/"

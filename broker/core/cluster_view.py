@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from broker.storage.durable_file import replace_json
 
 if TYPE_CHECKING:
+    from broker.core.groups import GroupOffsetStore
     from broker.core.producer_ids import BlockSource
     from broker.core.topics import Topic, TopicRegistry
 
@@ -62,6 +63,7 @@ class ClusterSettings:
 
     calls: ClusterCalls
     producer_ids: BlockSource | None = None  # the cluster's producer id counter (None: the node's file)
+    group_offsets: GroupOffsetStore | None = None  # the groups' offsets in the store (None: files)
     name: str = "ringlog"  # the cluster's name (its key prefix in the store; Kafka's cluster id)
     min_insync: int = 2  # Kafka's min.insync.replicas
     replica_lag_max_ms: int = 10_000  # Kafka's replica.lag.time.max.ms (30 s there)

@@ -232,7 +232,8 @@ class Handlers:
         self.call_later: CallLater = call_later or _no_timers
         # the groups this core coordinates: membership (timers on the backend's loop) and offsets
         self.coordinator = GroupCoordinator(
-            GroupOffsetStore(config.data_dir),
+            (config.cluster.group_offsets if config.cluster is not None else None)
+            or GroupOffsetStore(config.data_dir),
             self.call_later,
             initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms,
         )

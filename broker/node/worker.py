@@ -136,17 +136,18 @@ def config_from_spec(spec: dict[str, object]) -> BrokerConfig:
         group_initial_rebalance_delay_ms=int(spec.get("group_initial_rebalance_delay_ms", 3000)),  # type: ignore[call-overload]
         bpf_snapshot=functools.partial(bpf_state.read, str(spec["data_dir"])),  # cached by mtime, no bcc
         node_id=int(spec.get("node_id", 0)),  # type: ignore[call-overload]
-        cluster=cluster_settings(spec.get("cluster")),  # type: ignore[arg-type]
+        cluster=cluster_settings(spec.get("cluster"), str(spec["data_dir"])),  # type: ignore[arg-type]
     )
 
 
-def cluster_settings(spec: dict[str, Any] | None) -> ClusterSettings | None:
+def cluster_settings(spec: dict[str, Any] | None, data_dir: str) -> ClusterSettings | None:
     """A clustered worker's settings: its calls to the store go through `ClusterAdmin` on an
     `EtcdStore` of its own (made here, used only from its `run_blocking` threads)."""
     if not spec:
         return None
     # here, not at the top: a single node's workers never load the etcd client (requests, etcd3gw)
     from broker.cluster.admin import ClusterAdmin  # noqa: PLC0415
+    from broker.cluster.group_offsets import StoreGroupOffsets  # noqa: PLC0415
     from broker.cluster.producer_ids import EtcdBlockSource  # noqa: PLC0415
     from broker.cluster.records import Keys  # noqa: PLC0415
     from broker.cluster.store import EtcdStore  # noqa: PLC0415
@@ -156,6 +157,7 @@ def cluster_settings(spec: dict[str, Any] | None) -> ClusterSettings | None:
     return ClusterSettings(
         calls=admin,
         producer_ids=EtcdBlockSource(store, Keys(str(spec["name"])).producer_ids),
+        group_offsets=StoreGroupOffsets(store, Keys(str(spec["name"])), data_dir),
         name=str(spec["name"]),
         min_insync=int(spec["min_insync"]),
         replica_lag_max_ms=int(spec["replica_lag_max_ms"]),

@@ -311,3 +311,43 @@ def test_kafka_producer_rides_a_failover(cluster: Cluster) -> None:
     assert len(set(offsets)) == len(offsets)  # no two records told the same offset
     cluster.nodes[victim].start()
     wait_for(lambda: all(len(p["isr"]) == 3 for p in cluster.view(victim)["partitions"]), timeout=30)
+
+
+def test_committed_offsets_survive_the_coordinators_death(cluster: Cluster) -> None:
+    """A group's commits live in the store: when its coordinator node dies, the next coordinator
+    (another live node) answers the same offsets."""
+    confluent_kafka = pytest.importorskip("confluent_kafka")
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from ringlog_proto.routing import coordinator_node
+
+    boot = ",".join(n.bootstrap for n in cluster.nodes.values())
+    admin = AdminClient({"bootstrap.servers": boot})
+    admin.create_topics([NewTopic("og", 2, 3)])["og"].result(20)
+    wait_for(
+        lambda: all(
+            p.leader >= 0 for p in admin.list_topics("og", timeout=5).topics["og"].partitions.values()
+        )
+    )
+
+    def consumer() -> object:
+        return confluent_kafka.Consumer(
+            {"bootstrap.servers": boot, "group.id": "keeper", "enable.auto.commit": False}
+        )
+
+    c = consumer()
+    c.commit(offsets=[TopicPartition("og", 0, 42), TopicPartition("og", 1, 7)], asynchronous=False)
+    c.close()
+    victim = coordinator_node("keeper", [1, 2, 3])
+    cluster.nodes[victim].kill()
+    try:
+        survivor = next(i for i in cluster.nodes if i != victim)
+        wait_for(lambda: victim not in cluster.view(survivor)["live"], timeout=15)
+        c = consumer()
+        got = wait_for(lambda: c.committed([TopicPartition("og", 0), TopicPartition("og", 1)], timeout=10))
+        c.close()
+        assert {(tp.partition, tp.offset) for tp in got} == {(0, 42), (1, 7)}
+    finally:
+        cluster.nodes[victim].start()
+        wait_for(lambda: all(len(p["isr"]) == 3 for p in cluster.view(victim)["partitions"]), timeout=30)

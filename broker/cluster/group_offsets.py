@@ -1,0 +1,52 @@
+"""Consumer-group offsets of a cluster, kept in the metadata store, so that they survive the loss
+of the group's coordinator node (Kafka keeps them in a replicated topic, `__consumer_offsets`).
+
+Rules this module keeps:
+- One key per group, `groups/<group id>`, holding the same document the single-node file holds
+  (`broker/core/groups.py`): a commit replaces it whole, merged with what the store holds.
+- Nothing is cached: the coordinator of a group moves with the live nodes (`routing.coordinator_node`),
+  and a node that coordinated it before must not answer from a copy older than the new
+  coordinator's commits. A read is one etcd range call.
+- Calls are blocking, on the coordinator core's loop, as the single node's fsynced file replace is:
+  a commit costs about as much (a raft round instead of two fsyncs), once per OffsetCommit. The
+  store's own deadline bounds a call when etcd is away; the request then fails (retriable).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+
+from broker.cluster.records import Keys
+from broker.cluster.store import MetadataStore
+from broker.core.groups import Committed, GroupError, GroupOffsetStore, PartitionId
+
+
+class StoreGroupOffsets(GroupOffsetStore):
+    def __init__(self, store: MetadataStore, keys: Keys, data_dir: str) -> None:
+        super().__init__(data_dir)
+        self.store = store
+        self.keys = keys
+
+    def offsets(self, group: str) -> Mapping[PartitionId, Committed]:
+        kv = self.store.get(self.keys.group(group))
+        if kv is None:
+            return {}
+        doc = json.loads(kv.value)
+        if doc.get("group") != group:
+            raise GroupError(f"the offsets record of group {group!r} holds group {doc.get('group')!r}")
+        return {(int(t), int(p)): Committed(int(o), str(meta)) for t, p, o, meta in doc.get("offsets", ())}
+
+    def commit(
+        self,
+        group: str,
+        offsets: Mapping[PartitionId, Committed],
+        live: Callable[[int], bool] | None = None,
+    ) -> None:
+        merged = {k: v for k, v in self.offsets(group).items() if live is None or live(k[0])}
+        merged.update(offsets)
+        rows = [[t, p, c.offset, c.metadata] for (t, p), c in sorted(merged.items())]
+        self.store.put(self.keys.group(group), json.dumps({"group": group, "offsets": rows}))
+
+    def forget(self, group: str) -> None:
+        """Nothing to forget: nothing is cached (module rules)."""
