@@ -106,7 +106,7 @@ def coordinator_for(group: str, core_count: int) -> int:
 
 
 NODE_CORE_STRIDE = 1000  # node_core_id: room for 1000 cores per node
-NODE_SEED = 0x5EED  # the node's salt in the node score (broker/cluster/placement.py's)
+NODE_SEED = 0x5EED  # the node's salt in `node_hash`, placement's and the group coordinators' node hash
 
 
 def node_core_id(node_id: int, core: int) -> int:

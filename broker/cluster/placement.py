@@ -7,8 +7,9 @@ Rules this module keeps:
   f(weight, H(partition, node)) and take the top k. With u = H mapped into (0, 1), the score
   `-weight / ln(u)` is the weighted form of rendezvous hashing: a node of twice the weight wins
   twice as often, and adding or removing a node moves only the replicas it gains or held
-  (no global reshuffle, unlike modulo placement). H is `ringlog_proto.routing`'s splitmix64
-  mix over the partition's identity and the node id, so no language's hash library is involved.
+  (no global reshuffle, unlike modulo placement). H is `ringlog_proto.routing.node_hash` over
+  the partition's identity and the node id (the hash clients use for group coordinators too),
+  so no language's hash library is involved.
 - Racks: among the ranked nodes, the first replica of each rack is taken before a second replica
   of any rack (Kafka's rack-aware placement), so k replicas span min(k, racks) racks.
 - Within a node, a replica's core is today's rendezvous over the node's cores
@@ -22,7 +23,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ringlog_proto.routing import MASK64, mix64, partition_key
+from ringlog_proto.routing import node_hash, partition_key
 
 _TWO_53 = float(1 << 53)
 
@@ -38,7 +39,7 @@ class Candidate:
 
 def node_score(topic_id: int, partition: int, node_id: int, weight: int) -> float:
     """The node's weighted rendezvous score for one partition (higher wins)."""
-    h = mix64(partition_key(topic_id, partition) ^ mix64((node_id + 0x5EED) & MASK64))
+    h = node_hash(partition_key(topic_id, partition), node_id)
     u = ((h >> 11) + 0.5) / _TWO_53  # the top 53 bits, centred: strictly inside (0, 1)
     return -float(weight) / math.log(u)
 
