@@ -1057,6 +1057,18 @@ def encode_request(req: Request, correlation_id: int) -> list[bytes]:
     return _frame(w, req.API_KEY, correlation_id, topic_id, partition, 0)
 
 
+def request_frame(req: Request, correlation_id: int = 0) -> Frame:
+    """`req` as the `Frame` a decoder would hand over for its bytes: what a broker core sends
+    another (forwarded notices, follower fetches) and what tests feed to handlers."""
+    w = Writer()
+    req.write(w)
+    topic_id = partition = 0
+    if isinstance(req, PartitionRequest):
+        topic_id, partition = req.topic_id, req.partition
+    version = CURRENT_VERSIONS.get(req.API_KEY, API_VERSION)
+    return Frame(req.API_KEY, version, 0, correlation_id, topic_id, partition, b"".join(w.parts))
+
+
 def decode_request(frame: Frame) -> Request:
     """The request in `frame`. Raises MalformedBody (answer INVALID_REQUEST) or KeyError/ValueError
     for an unknown api or version (answer UNSUPPORTED_VERSION): see `unsupported()`."""

@@ -721,9 +721,7 @@ class Handlers:
         if not peers:
             return finish()
         if notice is None:
-            body = b"".join(m.encode_request(m.DeleteTopicRequest(name=name), 0)[1:])
-            version = m.CURRENT_VERSIONS.get(m.ApiKey.DELETE_TOPIC, m.API_VERSION)
-            notice = Frame(m.ApiKey.DELETE_TOPIC, version, 0, 0, 0, 0, body)
+            notice = m.request_frame(m.DeleteTopicRequest(name=name))
         return Notify(notice, peers, finish)
 
     def _topic_deleted_elsewhere(self, frame: Frame) -> Outcome:

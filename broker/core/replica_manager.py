@@ -75,13 +75,6 @@ class _Fetching:
     keys: set[tuple[int, int]] = field(default_factory=set)
 
 
-def request_frame(req: m.Request) -> Frame:
-    w = m.Writer()
-    req.write(w)
-    version = m.CURRENT_VERSIONS.get(req.API_KEY, m.API_VERSION)
-    return Frame(req.API_KEY, version, 0, 0, 0, 0, b"".join(w.parts))
-
-
 class ReplicaManager:
     def __init__(
         self,
@@ -190,7 +183,7 @@ class ReplicaManager:
         deadline = time.monotonic() + self.max_wait_ms / 1000 + ANSWER_MARGIN_S
         links = self.handlers.remote_links
         assert links is not None, "a clustered core has remote links"
-        frame = request_frame(req)
+        frame = m.request_frame(req)
 
         def answered(result: Frame | BaseException) -> None:
             self._fetched(key, fetching, result)

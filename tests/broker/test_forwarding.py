@@ -18,11 +18,7 @@ from ringlog_proto.routing import shard_for
 
 
 def frame_of(req: m.Request, cid: int = 1) -> Frame:
-    d = FrameDecoder()
-    d.feed(b"".join(m.encode_request(req, cid)))
-    f = d.next_frame()
-    assert isinstance(f, Frame)
-    return f
+    return m.request_frame(req, cid)
 
 
 def frames_in(data: bytes) -> list[Frame]:

@@ -13,13 +13,11 @@ from broker.core.outcomes import Append, Durable, Reply
 from broker.storage.fileio import SyncFileIO, run_ops
 from ringlog_proto import messages as m
 from ringlog_proto.batch import encode_batch
-from ringlog_proto.frames import FrameDecoder
+from ringlog_proto.frames import Frame, FrameDecoder
 
 
-def frame_of(req: m.Request, cid: int = 1):
-    d = FrameDecoder()
-    d.feed(b"".join(m.encode_request(req, cid)))
-    return d.next_frame()
+def frame_of(req: m.Request, cid: int = 1) -> Frame:
+    return m.request_frame(req, cid)
 
 
 def response(outcome) -> m.Response:

@@ -17,11 +17,7 @@ ADDRESS = ("10.0.0.2", 9101)
 
 
 def frame_of(req: m.Request) -> Frame:
-    d = FrameDecoder()
-    d.feed(b"".join(m.encode_request(req, 1)))
-    f = d.next_frame()
-    assert isinstance(f, Frame)
-    return f
+    return m.request_frame(req, 1)
 
 
 class FakeChannel:

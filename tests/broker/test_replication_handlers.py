@@ -20,16 +20,14 @@ from broker.storage.fileio import SyncFileIO, run_ops
 from broker.storage.log import LogConfig
 from ringlog_proto import messages as m
 from ringlog_proto.batch import encode_batch, read_header
-from ringlog_proto.frames import FrameDecoder
+from ringlog_proto.frames import Frame, FrameDecoder
 
 IO = SyncFileIO()
 NOW = 1_000
 
 
-def frame_of(req: m.Request, cid: int = 1):
-    d = FrameDecoder()
-    d.feed(b"".join(m.encode_request(req, cid)))
-    return d.next_frame()
+def frame_of(req: m.Request, cid: int = 1) -> Frame:
+    return m.request_frame(req, cid)
 
 
 def decoded(reply: Reply) -> m.Response:

@@ -26,7 +26,7 @@ from broker.core.forwarding import PeerLinkError
 from broker.core.remote import REMOTE_RETRY_S_MIN
 from ringlog_proto import messages as m
 from ringlog_proto.batch import decode_batches, encode_batch
-from ringlog_proto.frames import Frame, FrameDecoder
+from ringlog_proto.frames import Frame
 
 BACKENDS = ("io_uring", "uvloop")
 
@@ -135,11 +135,7 @@ class Answers:
 
 
 def frame_of(request: m.Request) -> Frame:
-    decoder = FrameDecoder()
-    decoder.feed(b"".join(m.encode_request(request, 0)))
-    frame = decoder.next_frame()
-    assert isinstance(frame, Frame)
-    return frame
+    return m.request_frame(request, 0)
 
 
 @pytest.fixture(params=BACKENDS)
