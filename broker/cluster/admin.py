@@ -149,6 +149,14 @@ class ClusterAdmin:
 
     # ------------------------------------------------------------------------------- partitions
 
+    def write_state(self, topic_id: int, partition: int, read_at: int, state: PartitionState) -> int | None:
+        """Replace the partition's state with `state` if its record is still at the mod revision
+        `read_at` the writer decided on (module rules): the revision written at, None if it was
+        not. Every change of a partition's state after its first goes through here."""
+        key = self.keys.partition(topic_id, partition)
+        result = self.store.txn([mod_revision_is(key, read_at)], [Put(key, json.dumps(state.to_json()))])
+        return result.revision if result.succeeded else None
+
     def reassign(self, topic_id: int, partition: int, target: Sequence[int]) -> PartitionState:
         """Start moving the partition's replicas to `target` (the controller finishes it once
         every target replica is in sync: `controller.reconcile`). Returns the state written."""
@@ -165,10 +173,7 @@ class ClusterAdmin:
             if state.replicas == target and not state.target:
                 return state
             new = replace(state, target=target)
-            result = self.store.txn(
-                [mod_revision_is(key, kv.mod_revision)], [Put(key, json.dumps(new.to_json()))]
-            )
-            if result.succeeded:
+            if self.write_state(topic_id, partition, kv.mod_revision, new) is not None:
                 log.info(
                     "partition %d/%d: reassigning %s -> %s",
                     topic_id,
@@ -208,11 +213,9 @@ class ClusterAdmin:
             if new == state:
                 return state
             try:
-                result = self.store.txn(
-                    [mod_revision_is(key, kv.mod_revision)], [Put(key, json.dumps(new.to_json()))]
-                )
+                written = self.write_state(topic_id, partition, kv.mod_revision, new) is not None
             except StoreUncertain:
                 continue  # read it back: either ours is there (no change needed) or we retry
-            if result.succeeded:
+            if written:
                 return new
         raise IsrRefused(f"partition {topic_id}/{partition}: the in-sync set kept changing under us")

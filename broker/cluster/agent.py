@@ -48,9 +48,7 @@ from broker.cluster.store import (
     Event,
     LeaseNotFound,
     MetadataStore,
-    Put,
     StoreError,
-    mod_revision_is,
 )
 from broker.core.cluster_view import ClusterView, publish
 from broker.core.topics import TopicRegistry
@@ -294,11 +292,8 @@ class ClusterAgent:
                 if target is None or state.target:
                     continue
                 new = dataclasses.replace(state, target=target)
-                key = self.keys.partition(tid, p)
-                result = self.store.txn(
-                    [mod_revision_is(key, versioned.mod_revision)], [Put(key, json.dumps(new.to_json()))]
-                )
-                if result.succeeded:
+                written_at = self.admin.write_state(tid, p, versioned.mod_revision, new)
+                if written_at is not None:
                     log.warning(
                         "node %d absent %.0f s: partition %d/%d moves to %s",
                         node,
@@ -307,7 +302,7 @@ class ClusterAgent:
                         p,
                         list(target),
                     )
-                    out[(tid, p)] = Versioned(new, result.revision)
+                    out[(tid, p)] = Versioned(new, written_at)
         return out
 
     def _control(self) -> None:
@@ -341,7 +336,6 @@ class ClusterAgent:
                 live.discard(node)
         with self._changed:
             self._dead_signals -= dead
-        k = self.keys
         if self.config.reassign_after_s > 0:
             partitions = self._drain_absent(partitions, live, candidates)
         for record in topics:
@@ -355,11 +349,7 @@ class ClusterAgent:
             new = reconcile(versioned.state, live, unclean=self.config.unclean_election)
             if new is None:
                 continue
-            key = k.partition(tid, p)
-            result = self.store.txn(
-                [mod_revision_is(key, versioned.mod_revision)], [Put(key, json.dumps(new.to_json()))]
-            )
-            if result.succeeded:
+            if self.admin.write_state(tid, p, versioned.mod_revision, new) is not None:
                 old = versioned.state
                 log.info(
                     "partition %d/%d: leader %d -> %d (epoch %d), in sync %s",
