@@ -141,8 +141,10 @@ def config_from_spec(spec: dict[str, object]) -> BrokerConfig:
 
 
 def cluster_settings(spec: dict[str, Any] | None, data_dir: str) -> ClusterSettings | None:
-    """A clustered worker's settings: its calls to the store go through `ClusterAdmin` on an
-    `EtcdStore` of its own (made here, used only from its `run_blocking` threads)."""
+    """A clustered worker's settings, on an `EtcdStore` of its own (made here; its connections are
+    per thread): `ClusterAdmin` for the calls the core runs on its `run_blocking` threads, and the
+    producer id blocks and group offsets, which are called on the loop as their single-node
+    files are (one blocking store call per block claimed or per offset commit)."""
     if not spec:
         return None
     # here, not at the top: a single node's workers never load the etcd client (requests, etcd3gw)
@@ -153,11 +155,11 @@ def cluster_settings(spec: dict[str, Any] | None, data_dir: str) -> ClusterSetti
     from broker.cluster.store import EtcdStore  # noqa: PLC0415
 
     store = EtcdStore(tuple(spec["endpoints"]))
-    admin = ClusterAdmin(store, Keys(str(spec["name"])), int(spec["default_replication"]))
+    keys = Keys(str(spec["name"]))
     return ClusterSettings(
-        calls=admin,
-        producer_ids=EtcdBlockSource(store, Keys(str(spec["name"])).producer_ids),
-        group_offsets=StoreGroupOffsets(store, Keys(str(spec["name"])), data_dir),
+        calls=ClusterAdmin(store, keys, int(spec["default_replication"])),
+        producer_ids=EtcdBlockSource(store, keys.producer_ids),
+        group_offsets=StoreGroupOffsets(store, keys, data_dir),
         name=str(spec["name"]),
         min_insync=int(spec["min_insync"]),
         replica_lag_max_ms=int(spec["replica_lag_max_ms"]),
