@@ -5,7 +5,7 @@ PY := .venv/bin/python
 LINT_IMPORTS := .venv/bin/lint-imports --no-cache --no-logo
 DATA_DIR ?= ./data
 
-.PHONY: setup run test lint bench clean spark-demo bench-spark bench-kafka cluster-demo
+.PHONY: setup run test lint bench clean spark-demo bench-spark bench-kafka cluster-demo bench-perf
 
 setup:
 	@bash scripts/setup.sh
@@ -33,6 +33,11 @@ spark-demo: setup
 
 bench-spark: setup
 	$(PY) bench/spark.py
+
+# Issue 13's targets in one run: both backends beside Redis (latency, durability, ingest, fetch);
+# QUICK=1 for ~3 minutes.
+bench-perf: setup
+	$(PY) bench/perf.py $(if $(QUICK),--quick)
 
 # librdkafka against ringlog and Tansu (docs/KAFKA.md, "Side by side"); QUICK=1 for small sizes.
 bench-kafka: setup

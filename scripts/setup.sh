@@ -35,7 +35,8 @@ fi
 # machine with systemd the package also enables etcd.service (one member on 127.0.0.1:2379); the
 # tests neither need nor disturb it.
 # A JRE only if no java is on the machine (PySpark needs one).
-PKGS=(liburing-dev python3-bpfcc linux-headers-amd64 iproute2 bpftool gcc kcat etcd-server etcd-client)
+# redis-server: bench/perf.py's latency reference (started and stopped by the bench, never as a service).
+PKGS=(liburing-dev python3-bpfcc linux-headers-amd64 iproute2 bpftool gcc kcat etcd-server etcd-client redis-server)
 command -v java >/dev/null 2>&1 || PKGS+=(default-jre-headless)
 missing=()
 for p in "${PKGS[@]}"; do

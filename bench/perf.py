@@ -1,0 +1,645 @@
+"""Issue 13's targets in one run: ringlog's two backends beside Redis, every target as a ratio.
+
+Run: `.venv/bin/python bench/perf.py [--quick] [--rounds N] [--only latency,durable,ingest,fetch]
+     [--variants uvloop,io_uring] [--broker-args "..."] [--json PATH] [--no-netns]`   (`make bench-perf`)
+
+Processes and placement. This script orchestrates and is the client. As root it first re-runs
+itself inside a fresh network namespace (`rl-perf-<pid>`, only `lo` up, deleted at exit whatever
+happens), so nothing another test left on the machine's `lo` (an XDP program, a sysctl) touches
+the figures; `--no-netns` runs on the machine's loopback. The servers run for the whole bench, idle
+while another is measured, each pinned to CPU 0: one `broker serve --cores 1 --port 0` per
+backend (its supervisor pins worker 0 to CPU 0) on a fresh data directory under `--dir`, and two
+Debian `redis-server`s (`--appendonly yes`, `appendfsync everysec` and `always`, `--save ""`),
+started here and stopped by pid. The client (this process) is pinned to CPU 1. Variants are
+measured in rotating order, round after round; a row shows the median of the rounds and their
+spread (min..max).
+
+What it measures (1 KiB values; MB and GB are 10^6 and 10^9 bytes of record values):
+1. Acked single-record latency, acks=1 (written to the page cache; Redis everysec, where the
+   reply also precedes the fsync): p50 and p99 in µs after a warm-up. ringlog: the blocking
+   `Producer.send(...).result()` and `AsyncProducer.send_and_wait` with linger 0 (the paths a user
+   takes) and a pre-encoded produce frame on a blocking socket (the broker's own floor). Redis:
+   redis-py (hiredis parser) `XADD` of one field to a stream, the closest analogue of appending to
+   a log, and `SET`.
+2. Durable single-record latency: ringlog acks=2 (fdatasync before the reply) against Redis
+   `appendfsync always` (fsync of the AOF before the reply), the same clients.
+3. Ingest: pre-encoded 64 KiB batches (63 records of 1 KiB), acks=1, 8 in flight over one
+   connection (`AsyncConnection.request_nowait`, a client that costs the broker's CPU little):
+   MB/s and broker CPU-seconds per GB (utime+stime of the supervisor and its worker from /proc over
+   the timed section). The io_uring/uvloop ratios of throughput and CPU per GB.
+4. Fetch: a raw fetch loop on a blocking socket (a FetchRequest with max_bytes `--fetch-max-bytes`,
+   `recv_into` one buffer, only the batch headers read to find the next offset), whole passes over
+   the partition ingest just wrote (page cache warm), for at least `FETCH_MIN_S`: GB/s of record
+   batches served and broker CPU-seconds per GB; the client's CPU is printed beside it (when it is
+   near 100%, the client is the limit, not the broker).
+5. The targets of issue 13, each with its figure, its goal and met or missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import os
+import re
+import resource
+import shlex
+import shutil
+import signal
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import uvloop
+from benchlib import REPO, code_version, fs_of, proc_cpu, table
+
+from broker.client import Acks, Admin, AsyncConnection, AsyncProducer, Producer
+from ringlog_proto.batch import encode_batch
+from ringlog_proto.frames import HEADER_SIZE
+from ringlog_proto.messages import ErrorCode, FetchRequest, ProduceRequest, encode_request
+
+KIB = 1024
+MIB = KIB * KIB
+GB = 1_000_000_000
+VALUE_BYTES = KIB
+BATCH_RECORDS = 63  # 63 x (1 KiB + 18 B) + 61 B of header: one 64 KiB batch
+IN_FLIGHT = 8
+FETCH_MIN_S = 2.0
+SERVER_CPU = 0
+CLIENT_CPU = 1
+READY_RE = re.compile(r"serving on [\d.]+:(\d+)")
+REDIS = "/usr/bin/redis-server"
+
+# (samples, warm-up) per latency measurement, ingest bytes per round
+FULL = {"samples": 5000, "warmup": 500, "ingest_bytes": 1_000_000_000}
+QUICK = {"samples": 1500, "warmup": 300, "ingest_bytes": 300_000_000}
+
+# Issue 13's goals
+GOAL_P50_VS_REDIS = 0.8
+GOAL_P99_VS_REDIS = 1.0
+GOAL_DURABLE_P50_VS_REDIS = 1.0
+GOAL_URING_THROUGHPUT = 1.3
+GOAL_URING_CPU = 0.8
+GOAL_PRODUCE_CPU_S_PER_GB = 1.0
+GOAL_FETCH_CPU_S_PER_GB = 0.3
+GOAL_FETCH_GB_S = 1.5
+
+
+# --------------------------------------------------------------------------------------- servers
+
+
+def children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(x) for x in f.read().split()]
+    except OSError:
+        return []
+
+
+def stop_pid(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+class Broker:
+    """One `broker serve --cores 1` on its own data directory, for the whole bench."""
+
+    def __init__(self, workdir: Path, backend: str, extra: list[str]) -> None:
+        self.backend = backend
+        self.data_dir = workdir / f"ringlog-{backend}"
+        self.log_path = workdir / f"ringlog-{backend}.log"
+        self.extra = extra
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.port = 0
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> Broker:
+        argv = [sys.executable, "-m", "broker.cli", "serve", "--data-dir", str(self.data_dir), "--port", "0"]
+        argv += ["--cores", "1", "--backend", self.backend, "--ebpf", "off", *self.extra]
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=log, cwd=REPO)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            found = READY_RE.findall(self.log_path.read_text())
+            if found:
+                self.port = int(found[-1])
+                if f"backend {self.backend}" not in self.log_path.read_text() and self.backend == "io_uring":
+                    raise RuntimeError(
+                        f"the broker fell back from io_uring:\n{self.log_path.read_text()[-2000:]}"
+                    )
+                return self
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise RuntimeError(f"broker did not start:\n{self.log_path.read_text()[-3000:]}")
+
+    def cpu(self) -> float:
+        assert self.proc is not None
+        return sum(proc_cpu(p) for p in (self.proc.pid, *children(self.proc.pid)))
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_pid(self.proc)
+
+
+class Redis:
+    """Debian's redis-server with an append-only file, pinned to the servers' CPU."""
+
+    def __init__(self, workdir: Path, fsync: str) -> None:
+        self.fsync = fsync
+        self.dir = workdir / f"redis-{fsync}"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.port = 0
+
+    def start(self) -> Redis:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        argv = ["taskset", "-c", str(SERVER_CPU), REDIS, "--port", str(self.port), "--bind", "127.0.0.1"]
+        argv += ["--save", "", "--appendonly", "yes", "--appendfsync", self.fsync, "--dir", str(self.dir)]
+        argv += ["--daemonize", "no", "--protected-mode", "yes", "--loglevel", "warning"]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        import redis
+
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            try:
+                redis.Redis(port=self.port).ping()
+                return self
+            except redis.ConnectionError:
+                if self.proc.poll() is not None:
+                    break
+                time.sleep(0.05)
+        raise RuntimeError(f"redis-server ({self.fsync}) did not start")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_pid(self.proc)
+
+
+# --------------------------------------------------------------------------------------- clients
+
+
+def value() -> bytes:
+    return os.urandom(VALUE_BYTES)
+
+
+def timed_samples(fn: Callable[[], Any], samples: int, warmup: int) -> list[float]:
+    ns = time.perf_counter_ns
+    out = []
+    for i in range(warmup + samples):
+        t = ns()
+        fn()
+        if i >= warmup:
+            out.append((ns() - t) / 1000)
+    return out
+
+
+def redis_latency(port: int, command: str, samples: int, warmup: int) -> list[float]:
+    import redis
+
+    r = redis.Redis(port=port)
+    v = value()
+    if command == "XADD":
+        return timed_samples(lambda: r.xadd("log", {"v": v}), samples, warmup)
+    return timed_samples(lambda: r.set("k", v), samples, warmup)
+
+
+def raw_latency(bootstrap: str, topic_id: int, acks: int, samples: int, warmup: int) -> list[float]:
+    host, port = bootstrap.split(":")
+    frame = b"".join(encode_request(ProduceRequest(topic_id, 0, acks, 30_000, encode_batch([value()])), 7))
+    buf = bytearray(64 * KIB)
+    view = memoryview(buf)
+    with socket.create_connection((host, int(port))) as s:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+        def one() -> None:
+            s.sendall(frame)
+            got, need = 0, 4
+            while got < need:
+                k = s.recv_into(view[got:])
+                if not k:
+                    raise ConnectionError("broker closed the connection")
+                got += k
+                if got >= 4:
+                    need = 4 + struct.unpack_from(">I", buf)[0]
+            if struct.unpack_from(">h", buf, HEADER_SIZE)[0] != ErrorCode.NONE:
+                raise RuntimeError("produce failed")
+
+        return timed_samples(one, samples, warmup)
+
+
+def producer_latency(bootstrap: str, topic: str, acks: int, samples: int, warmup: int) -> list[float]:
+    v = value()
+    with Producer(bootstrap, acks=acks, linger_ms=0) as p:
+        return timed_samples(lambda: p.send(topic, v, partition=0).result(), samples, warmup)
+
+
+def async_producer_latency(bootstrap: str, topic: str, acks: int, samples: int, warmup: int) -> list[float]:
+    async def run() -> list[float]:
+        v = value()
+        ns = time.perf_counter_ns
+        out = []
+        async with AsyncProducer(bootstrap, acks=acks, linger_ms=0) as p:
+            for i in range(warmup + samples):
+                t = ns()
+                await p.send_and_wait(topic, v, partition=0)
+                if i >= warmup:
+                    out.append((ns() - t) / 1000)
+        return out
+
+    return uvloop.run(run())
+
+
+def ingest(bootstrap: str, topic_id: int, nbytes: int) -> tuple[int, float]:
+    """Pre-encoded 64 KiB batches; (value bytes written, seconds)."""
+
+    async def run() -> tuple[int, float]:
+        raw = os.urandom(32 * BATCH_RECORDS * VALUE_BYTES)
+        vals = [raw[i * VALUE_BYTES : (i + 1) * VALUE_BYTES] for i in range(32 * BATCH_RECORDS)]
+        pool = [encode_batch(vals[i * BATCH_RECORDS : (i + 1) * BATCH_RECORDS]) for i in range(32)]
+        batches = max(1, nbytes // (BATCH_RECORDS * VALUE_BYTES))
+        host, port = bootstrap.split(":")
+        conn = await AsyncConnection.connect(host, int(port))
+        window: collections.deque[asyncio.Future[Any]] = collections.deque()
+        t0 = time.perf_counter()
+        for i in range(batches):
+            window.append(
+                conn.request_nowait(ProduceRequest(topic_id, 0, Acks.WRITTEN, 30_000, pool[i % 32]))
+            )
+            if len(window) >= IN_FLIGHT:
+                resp = await window.popleft()
+                if resp.error != ErrorCode.NONE:
+                    raise RuntimeError(f"produce failed: {resp}")
+        for fut in window:
+            resp = await fut
+            if resp.error != ErrorCode.NONE:
+                raise RuntimeError(f"produce failed: {resp}")
+        wall = time.perf_counter() - t0
+        await conn.close()
+        return batches * BATCH_RECORDS * VALUE_BYTES, wall
+
+    return uvloop.run(run())
+
+
+def fetch_loop(
+    bootstrap: str, topic_id: int, end: int, max_bytes: int, min_s: float
+) -> tuple[int, int, float]:
+    """Whole passes over the partition until `min_s` has passed; (batch bytes, records, seconds)."""
+    host, port = bootstrap.split(":")
+    buf = bytearray(max_bytes + 64 * KIB + 4096)
+    view = memoryview(buf)
+    unpack_from = struct.unpack_from
+    nbytes = records = 0
+    with socket.create_connection((host, int(port))) as s:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        t0 = time.perf_counter()
+        while records == 0 or time.perf_counter() - t0 < min_s:
+            offset = 0
+            while offset < end:
+                s.sendall(b"".join(encode_request(FetchRequest(topic_id, 0, offset, max_bytes, 0, 1), 1)))
+                got, need = 0, 4
+                while got < need:
+                    k = s.recv_into(view[got:need] if need > 4 else view[got:])
+                    if not k:
+                        raise ConnectionError("broker closed the connection")
+                    got += k
+                    if got >= 4 and need == 4:
+                        need = 4 + unpack_from(">I", buf)[0]
+                        if need > len(buf):
+                            raise RuntimeError(f"a fetch reply of {need} bytes")
+                pos = HEADER_SIZE
+                error, mlen = unpack_from(">hH", buf, pos)
+                if error != ErrorCode.NONE:
+                    raise RuntimeError(f"fetch failed: error {error}")
+                pos += 4 + mlen + 16  # error, message, high watermark, log start
+                (n,) = unpack_from(">I", buf, pos)
+                pos += 4
+                stop = pos + n
+                nbytes += n
+                last = offset
+                while pos + 12 <= stop:
+                    base, length = unpack_from(">qi", buf, pos)
+                    if pos + 12 + length > stop:
+                        break
+                    (delta,) = unpack_from(">i", buf, pos + 23)
+                    last = base + delta + 1
+                    pos += 12 + length
+                if last == offset:
+                    raise RuntimeError(f"a fetch at {offset} returned no whole batch")
+                records += last - offset
+                offset = last
+        return nbytes, records, time.perf_counter() - t0
+
+
+def client_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+# --------------------------------------------------------------------------------------- the run
+
+
+def pct(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def fmt_spread(s: dict[str, float], digits: int = 0) -> str:
+    return f"{s['median']:,.{digits}f} ({s['min']:,.{digits}f}..{s['max']:,.{digits}f})"
+
+
+def rotate(items: list[Any], k: int) -> list[Any]:
+    k %= max(1, len(items))
+    return items[k:] + items[:k]
+
+
+def warn_if_noisy() -> list[str]:
+    warnings = []
+    load = os.getloadavg()[0]
+    if load > 0.5:
+        warnings.append(f"load average {load:.2f}: something else is running; figures will be low")
+    try:
+        links = subprocess.run(
+            ["ip", "link", "show", "lo"], capture_output=True, text=True, check=False
+        ).stdout
+        if "xdp" in links:
+            warnings.append("an XDP program is attached to lo: loopback figures are not to be trusted")
+    except OSError:
+        pass
+    busy = subprocess.run(
+        ["pgrep", "-af", "broker.cli serve|redis-server"], capture_output=True, text=True, check=False
+    ).stdout
+    if busy.strip():
+        warnings.append(
+            "other brokers or Redis servers are running:\n    " + busy.strip().replace("\n", "\n    ")
+        )
+    return warnings
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    sizes = QUICK if args.quick else FULL
+    only = set(args.only.split(","))
+    backends = args.variants.split(",")
+    workdir = Path(args.dir) / f"perf-{os.getpid()}"
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    os.sched_setaffinity(0, {CLIENT_CPU})
+    brokers = {b: Broker(workdir, b, shlex.split(args.broker_args)) for b in backends}
+    redis_ok = os.path.exists(REDIS)
+    if not redis_ok:
+        print(f"  {REDIS} is missing (scripts/setup.sh installs redis-server): no Redis rows, ratios n/a")
+    redises = {f: Redis(workdir, f) for f in ("everysec", "always")} if redis_ok else {}
+    results: dict[str, Any] = {"lat": collections.defaultdict(list), "ingest": {}, "fetch": {}}
+    started: list[Broker | Redis] = []
+    try:
+        for server in [*brokers.values(), *redises.values()]:
+            started.append(server.start())
+        topics: dict[str, tuple[str, int]] = {}
+        for b, broker in brokers.items():
+            with Admin(broker.bootstrap) as admin:
+                topics[b] = ("lat", admin.create_topic("lat", 1))
+        n, w = sizes["samples"], sizes["warmup"]
+
+        # Latency and durability: every (server, client) pair once per round, in rotating order.
+        jobs: list[tuple[str, Callable[[], list[float]]]] = []
+        for f, r in redises.items():
+            if ("latency" in only and f == "everysec") or ("durable" in only and f == "always"):
+                jobs.append((f"redis {f} XADD", partial(redis_latency, r.port, "XADD", n, w)))
+                jobs.append((f"redis {f} SET", partial(redis_latency, r.port, "SET", n, w)))
+        for b, broker in brokers.items():
+            topic, tid = topics[b]
+            bs = broker.bootstrap
+            for acks, label, want in (
+                (Acks.WRITTEN, "acks=1", "latency"),
+                (Acks.DURABLE, "acks=2", "durable"),
+            ):
+                if want in only:
+                    jobs.append((f"{b} {label} raw socket", partial(raw_latency, bs, tid, acks, n, w)))
+                    jobs.append((f"{b} {label} Producer", partial(producer_latency, bs, topic, acks, n, w)))
+                    jobs.append(
+                        (f"{b} {label} AsyncProducer", partial(async_producer_latency, bs, topic, acks, n, w))
+                    )
+        for rnd in range(args.rounds):
+            for key, job in rotate(jobs, rnd):
+                samples = job()
+                results["lat"][key].append((pct(samples, 0.5), pct(samples, 0.99)))
+                print(f"  round {rnd + 1}: {key} p50 {pct(samples, 0.5):.0f} us", flush=True)
+
+        # Ingest then fetch of what was written, alternating the backends round by round.
+        if "ingest" in only or "fetch" in only:
+            for rnd in range(args.rounds):
+                for b in rotate(backends, rnd):
+                    broker = brokers[b]
+                    name = f"ingest-{rnd}"
+                    with Admin(broker.bootstrap) as admin:
+                        tid = admin.create_topic(name, 1)
+                    c0 = broker.cpu()
+                    nbytes, wall = ingest(broker.bootstrap, tid, sizes["ingest_bytes"])
+                    cpu = broker.cpu() - c0
+                    results["ingest"].setdefault(b, []).append(
+                        {"mb_s": nbytes / wall / 1e6, "cpu_s_gb": cpu / (nbytes / GB)}
+                    )
+                    print(f"  round {rnd + 1}: {b} ingest {nbytes / wall / 1e6:,.0f} MB/s", flush=True)
+                    if "fetch" in only:
+                        end = nbytes // VALUE_BYTES
+                        c0, k0 = broker.cpu(), client_cpu()
+                        fbytes, _, fwall = fetch_loop(
+                            broker.bootstrap, tid, end, args.fetch_max_bytes, FETCH_MIN_S
+                        )
+                        cpu, kcpu = broker.cpu() - c0, client_cpu() - k0
+                        results["fetch"].setdefault(b, []).append(
+                            {
+                                "gb_s": fbytes / fwall / GB,
+                                "cpu_s_gb": cpu / (fbytes / GB),
+                                "client": kcpu / fwall,
+                            }
+                        )
+                        print(f"  round {rnd + 1}: {b} fetch {fbytes / fwall / GB:.2f} GB/s", flush=True)
+                    with Admin(broker.bootstrap) as admin:
+                        admin.delete_topic(name)
+    finally:
+        for server in started:
+            server.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    return results
+
+
+def report(results: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {"latency": {}, "ingest": {}, "fetch": {}, "targets": []}
+    lat = results["lat"]
+    rows = []
+    for key, pairs in lat.items():
+        p50 = summary([p for p, _ in pairs])
+        p99 = summary([q for _, q in pairs])
+        out["latency"][key] = {"p50": p50, "p99": p99}
+        rows.append([key, fmt_spread(p50), fmt_spread(p99)])
+    if rows:
+        print("\n1-2. Single record, acked, one at a time (µs; median of rounds, min..max)")
+        table(["what", "p50", "p99"], rows, labels=1)
+    rows = []
+    for b, rs in results["ingest"].items():
+        mb = summary([r["mb_s"] for r in rs])
+        cpu = summary([r["cpu_s_gb"] for r in rs])
+        out["ingest"][b] = {"mb_s": mb, "cpu_s_gb": cpu}
+        rows.append([b, fmt_spread(mb), fmt_spread(cpu, 2)])
+    if rows:
+        print("\n3. Ingest: pre-encoded 64 KiB batches, acks=1, 8 in flight")
+        table(["backend", "MB/s", "broker CPU s/GB"], rows, labels=1)
+    rows = []
+    for b, rs in results["fetch"].items():
+        gb = summary([r["gb_s"] for r in rs])
+        cpu = summary([r["cpu_s_gb"] for r in rs])
+        client = summary([r["client"] for r in rs])
+        out["fetch"][b] = {"gb_s": gb, "cpu_s_gb": cpu, "client_cpu": client}
+        rows.append([b, fmt_spread(gb, 2), fmt_spread(cpu, 2), f"{client['median']:.0%}"])
+    if rows:
+        print(f"\n4. Fetch: raw fetch loop, max_bytes {args.fetch_max_bytes // KIB} KiB, page cache warm")
+        table(["backend", "GB/s", "broker CPU s/GB", "client CPU"], rows, labels=1)
+
+    targets: list[list[str]] = []
+
+    def target(name: str, value: float | None, goal: float, below: bool, unit: str = "x") -> None:
+        if value is None:
+            targets.append([name, "n/a", f"{'<=' if below else '>='} {goal}{unit}", "n/a"])
+            return
+        met = value <= goal if below else value >= goal
+        targets.append(
+            [
+                name,
+                f"{value:.2f}{unit}",
+                f"{'<=' if below else '>='} {goal}{unit}",
+                "met" if met else "MISSED",
+            ]
+        )
+        out["targets"].append({"name": name, "value": value, "goal": goal, "met": met})
+
+    def med(key: str, q: str) -> float | None:
+        v = out["latency"].get(key)
+        return v[q]["median"] if v else None
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return a / b if a is not None and b else None
+
+    backends = args.variants.split(",")
+    for b in backends:
+        for client in ("Producer", "AsyncProducer", "raw socket"):
+            ref = "redis everysec XADD"
+            target(
+                f"{b} acks=1 p50 / Redis everysec ({client})",
+                ratio(med(f"{b} acks=1 {client}", "p50"), med(ref, "p50")),
+                GOAL_P50_VS_REDIS,
+                True,
+            )
+            target(
+                f"{b} acks=1 p99 / Redis everysec ({client})",
+                ratio(med(f"{b} acks=1 {client}", "p99"), med(ref, "p99")),
+                GOAL_P99_VS_REDIS,
+                True,
+            )
+        for client in ("Producer", "raw socket"):
+            ref = "redis always XADD"
+            target(
+                f"{b} acks=2 p50 / Redis always ({client})",
+                ratio(med(f"{b} acks=2 {client}", "p50"), med(ref, "p50")),
+                GOAL_DURABLE_P50_VS_REDIS,
+                True,
+            )
+    ing = out["ingest"]
+    if "io_uring" in ing and "uvloop" in ing:
+        target(
+            "io_uring / uvloop ingest throughput",
+            ing["io_uring"]["mb_s"]["median"] / ing["uvloop"]["mb_s"]["median"],
+            GOAL_URING_THROUGHPUT,
+            False,
+        )
+        target(
+            "io_uring / uvloop ingest CPU per GB",
+            ing["io_uring"]["cpu_s_gb"]["median"] / ing["uvloop"]["cpu_s_gb"]["median"],
+            GOAL_URING_CPU,
+            True,
+        )
+    if {"io_uring", "uvloop"} <= set(backends):
+        for client in ("raw socket", "Producer"):
+            u, v = med(f"io_uring acks=1 {client}", "p50"), med(f"uvloop acks=1 {client}", "p50")
+            target(f"io_uring / uvloop acks=1 p50 ({client})", ratio(u, v), 1.0, True)
+    for b, v in ing.items():
+        target(f"{b} produce CPU-s per GB", v["cpu_s_gb"]["median"], GOAL_PRODUCE_CPU_S_PER_GB, True, " s")
+    for b, v in out["fetch"].items():
+        target(f"{b} fetch CPU-s per GB", v["cpu_s_gb"]["median"], GOAL_FETCH_CPU_S_PER_GB, True, " s")
+        target(f"{b} fetch GB/s", v["gb_s"]["median"], GOAL_FETCH_GB_S, False, " GB/s")
+    print("\n5. Issue 13's targets (medians of the rounds above)")
+    table(["target", "measured", "goal", ""], targets, labels=1)
+    return out
+
+
+def in_netns(argv: list[str]) -> int:
+    """Re-run this script inside a fresh network namespace; always delete it."""
+    name = f"rl-perf-{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        subprocess.run(["ip", "netns", "exec", name, "ip", "link", "set", "lo", "up"], check=True)
+        cmd = ["ip", "netns", "exec", name, sys.executable, __file__, *argv, "--no-netns", "--in-netns", name]
+        return subprocess.run(cmd, check=False).returncode
+    finally:
+        subprocess.run(["ip", "netns", "del", name], check=False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer samples and 300 MB per ingest round (~3 min)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--only", default="latency,durable,ingest,fetch")
+    ap.add_argument("--variants", default="uvloop,io_uring", help="broker backends")
+    ap.add_argument("--broker-args", default="", help="extra `broker serve` arguments for every broker")
+    ap.add_argument("--fetch-max-bytes", type=int, default=MIB)
+    ap.add_argument("--dir", default=str(REPO / ".bench-tmp"))
+    ap.add_argument("--json", help="write every figure here")
+    ap.add_argument("--no-netns", action="store_true", help="use the machine's loopback")
+    ap.add_argument("--in-netns", default="", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if not args.no_netns and os.geteuid() == 0 and shutil.which("ip"):
+        return in_netns(argv)
+    if os.cpu_count() is None or os.cpu_count() < 2:  # type: ignore[operator]
+        print("needs 2 CPUs (servers on CPU 0, the client on CPU 1)")
+        return 1
+    print(f"bench/perf.py: {code_version()}")
+    Path(args.dir).mkdir(parents=True, exist_ok=True)
+    netns = args.in_netns or "none (the machine's loopback)"
+    print(f"  {os.cpu_count()} CPUs; data on {fs_of(args.dir)}; netns: {netns}; rounds {args.rounds}")
+    extra = args.broker_args or "(defaults)"
+    print(f"  servers on CPU {SERVER_CPU}, this client on CPU {CLIENT_CPU}; broker args: {extra}")
+    for w in warn_if_noisy():
+        print(f"  WARNING: {w}")
+    Path(args.dir).mkdir(parents=True, exist_ok=True)
+    results = measure(args)
+    out = report(results, args)
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
