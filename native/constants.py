@@ -78,9 +78,16 @@ RECV_BUFFER_BYTES_MAX = 256 * 1024
 RECV_BUFFER_GROWTH = 4
 SEND_IOVECS_MAX = 512  # buffers per sendmsg (a reply is 1-3 buffers; more replies go next time)
 WRITEV_IOVECS_MAX = 512  # buffers per gathered store writev (2 per batch appended)
-# `--append-writes auto`: a gathered store write up to this size is a pwritev on the loop (a copy
-# into the page cache of a few us), above it a writev SQE (an io-wq hand-off on ext4, tens of us)
-APPEND_INLINE_BYTES_MAX = 64 * 1024
+# `--append-writes auto`: a gathered store write up to this size is a pwritev on the loop, above it
+# a writev SQE. ext4 hands every buffered ring write to an io-wq thread, and that thread runs on the
+# worker's own CPU (io-wq inherits the pinned worker's affinity): the hand-off buys no parallelism,
+# only a context switch per write and a slower copy (perf, pre-encoded 64 KiB ingest: the io-wq
+# thread's copy_folio_from_iter_atomic was 38% of the worker's samples). bench/cores.py ingest,
+# 5 alternating rounds: 461k records/s at 2.12 CPU-s/GB with 64 KiB here, 496k at 1.95 with 1 MiB.
+# A pass gathers at most a recv buffer's worth per connection (`RECV_BUFFER_BYTES_MAX`); above
+# 1 MiB (one pass of many connections, a multi-MiB batch) the copy would hold the loop for
+# hundreds of microseconds, and the ring takes it.
+APPEND_INLINE_BYTES_MAX = 1024 * 1024
 ACCEPT_RETRY_S = 0.1  # after EMFILE/ENFILE/ENOBUFS/ENOMEM: accept again later instead of spinning
 
 
@@ -111,6 +118,7 @@ _CHECKS = (
     (0 < RECV_BUFFER_BYTES_MIN <= RECV_BUFFER_BYTES_MAX, "recv buffer min <= max"),
     (RECV_BUFFER_GROWTH > 1, "a full recv buffer grows"),
     (ACCEPT_RETRY_S > 0, "ACCEPT_RETRY_S"),
+    (APPEND_INLINE_BYTES_MAX >= RECV_BUFFER_BYTES_MAX, "one connection's pass of appends goes inline"),
 )
 for _ok, _what in _CHECKS:
     if not _ok:

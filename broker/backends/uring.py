@@ -13,9 +13,9 @@ Rules this module keeps:
   timers, then callbacks; the end of a pass submits the store writes gathered in it (one writev
   for the back-to-back appends of a partition) and starts the shared group commit. With
   `--append-writes auto` (the default) a gathered write up to `APPEND_INLINE_BYTES_MAX` is a
-  pwritev on the loop instead: the one blocking call on the hot path, a page-cache copy of a few
-  microseconds, where the ring would hand it to an io-wq thread (ext4 cannot write buffered
-  without blocking) at tens of microseconds (uring_options.py).
+  pwritev on the loop instead: the one blocking call on the hot path, a page-cache copy, where
+  the ring would hand it to an io-wq thread on the same CPU (ext4 cannot write buffered without
+  blocking) at the price of a context switch and a slower copy (uring_options.py, constants.py).
 - Each connection has one recv and one sendmsg in flight at most. A connection the shared core
   says may not be read is simply not re-armed (single-shot recvs make the pause exact). Its recv
   buffer grows when a recv fills it; the sweep gives a quiet connection's grown buffer back.
@@ -430,7 +430,7 @@ class UringServer(BackendCore):
             for done in waiting:
                 done(exc)
 
-        if op.length <= self.inline_write_max:  # small: the copy costs less than an io-wq hand-off
+        if op.length <= self.inline_write_max:  # the copy costs less than an io-wq hand-off
             try:
                 run_ops(self._sync_io, [op])
             except OSError as exc:

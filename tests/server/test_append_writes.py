@@ -15,12 +15,16 @@ from ringlog_proto.batch import encode_batch
 
 SMALL = b"s" * 100
 LARGE = b"L" * (APPEND_INLINE_BYTES_MAX + 1)  # one record: its batch is over the inline limit
+MAX_BATCH_BYTES = 2 * APPEND_INLINE_BYTES_MAX  # the default (1 MiB) would refuse LARGE
 
 
 @pytest.mark.parametrize("mode", ["auto", "ring", "inline"])
 def test_append_writes_store_what_they_acknowledge(tmp_path: Path, mode: str) -> None:
     broker = BrokerProcess(
-        tmp_path / "data", tmp_path / "broker.log", extra=("--append-writes", mode), backend="io_uring"
+        tmp_path / "data",
+        tmp_path / "broker.log",
+        extra=("--append-writes", mode, "--max-batch-bytes", str(MAX_BATCH_BYTES)),
+        backend="io_uring",
     ).start()
     try:
         if "backend io_uring" not in broker.log():
