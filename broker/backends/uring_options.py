@@ -8,12 +8,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# After a pass that completed something, the loop keeps polling the ring without sleeping for this
-# long. An idle vCPU takes tens of microseconds to wake (measured here: a Python TCP ping-pong
-# across two CPUs has a p50 of 77 us, 19 us on one CPU), so a short spin buys latency for the
-# next request of a busy client, at the price of at most this much CPU per burst of requests
-# (bench/cores.py: single-record p50 166 -> 97 us with inline appends). 0 turns it off.
-BUSY_POLL_US_DEFAULT = 200
+# After a pass that completed something, the loop can keep polling the ring without sleeping for
+# this long (`--busy-poll-us`), trading CPU for the wake-up of an idle CPU. Off by default because
+# on the machine it is measured on it loses more than it buys (bench/perf.py, issue 13): the
+# spinning loop holds its CPU while the io-wq worker that runs the partition's fdatasync waits for
+# that same CPU, so durable produce p50 went from 425 to 650-720 us with 200 us of polling; the
+# vCPUs share host cores, so a spinning worker also slows the client on the other vCPU (acks=1
+# p99 260-370 -> 430-550 us; with 150 us of client think time between requests, p50 86 -> 290 us);
+# and back-to-back acks=1 p50 gained at most 10 us (148-150 vs 154-159 us through AsyncProducer).
+# On dedicated cores with a busy client it may pay: measure with bench/perf.py --broker-args.
+BUSY_POLL_US_DEFAULT = 0
 
 # "ring": appends are writev SQEs, like every other disk operation. "inline": appends are a
 # pwritev on the loop itself; fsyncs and reads stay on the ring. ext4 (up to 6.18 at least) cannot
