@@ -806,7 +806,10 @@ class Log:
         if valid == 0:
             assert error is not None
             raise error
-        return ReadResult(data[:valid], extent.first_offset, next_offset, error)
+        # Whole (the usual case): the bytes as read, never a copy (a slice of a bytearray is one).
+        return ReadResult(
+            data if valid == len(data) else data[:valid], extent.first_offset, next_offset, error
+        )
 
     def read(self, offset: int, max_bytes: int) -> ReadResult:
         """Batches from the one holding `offset`, as stored, up to `max_bytes` (at least one batch)."""

@@ -119,6 +119,10 @@ class RingOps:
             if res < 0:
                 done(OSError(-res, f"read of {segment.store_path}: {os.strerror(-res)}"))
             else:
-                done(bytes(buf) if res == len(buf) else bytes(buf[:res]))
+                # The buffer itself, not a copy: it is this read's alone, and a fetch reply sends
+                # it as it is (a 1 MiB copy per fetch was a third of the io_uring fetch's CPU).
+                if res < len(buf):
+                    del buf[res:]
+                done(buf)
 
         self.ring.prep_read(fd, buf, extent.position, self.register(read))
