@@ -374,16 +374,20 @@ class AsyncConnection:
                 corr = self._next_id
                 self._next_id = (corr + 1) & CORRELATION_MASK
             fut = self._loop.create_future()
-            timeout = self.request_timeout if timeout is None else timeout
-            handle = None
-            if timeout is not None and timeout > 0:
-                handle = self._loop.call_later(timeout, self._timed_out, corr, req.API_KEY, timeout)
-            self._pending[corr] = (fut, req.API_KEY, handle, decode)
+            self._pending[corr] = (fut, req.API_KEY, None, decode)
         try:
             self._transport.writelines(encode_request(req, corr))  # type: ignore[union-attr]
         except (OSError, RuntimeError) as exc:  # RuntimeError: transport closed under us
             self._fail(BrokerUnavailable(f"{self.address}: write failed: {exc}"))
             raise BrokerUnavailable(f"{self.address}: write failed: {exc}") from exc
+        if fut is not None:
+            # The timer after the write, not before: the request is on its way while it is made
+            # (one-at-a-time latency is the sum of what the client does before the write and
+            # after the reply), and the response cannot be dispatched before this returns.
+            timeout = self.request_timeout if timeout is None else timeout
+            if timeout is not None and timeout > 0 and corr in self._pending:  # not failed meanwhile
+                handle = self._loop.call_later(timeout, self._timed_out, corr, req.API_KEY, timeout)
+                self._pending[corr] = (fut, req.API_KEY, handle, decode)
         return fut
 
     async def _drain(self) -> None:

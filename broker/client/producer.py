@@ -327,6 +327,7 @@ class AsyncProducer:
         )
         self._partitioner = Partitioner()
         self._parts: dict[tuple[str, int], _Partition] = {}
+        self._appended_to: _Partition | None = None  # where the last `send` put its record
         self._parked: dict[str, list[_Parked]] = {}
         self._lookups: dict[str, asyncio.Task[None]] = {}
         self._connecting: dict[int, asyncio.Task[None]] = {}
@@ -446,6 +447,7 @@ class AsyncProducer:
             await self.wait_for_space()
         loop = self._ensure_loop()
         fut: asyncio.Future[RecordMetadata] = loop.create_future()
+        self._appended_to = None
         self._enqueue(topic, item, key, size, partition, fut, callback)
         return fut
 
@@ -464,11 +466,11 @@ class AsyncProducer:
         of the linger (or, with linger_ms=0, one loop turn later): that turn is latency.
         """
         fut = await self.send(topic, value, key, headers, partition, timestamp)
-        for ps in self._parts.values():
-            if ps.open is not None and not ps.open.ready and ps.open.futures and ps.open.futures[-1] is fut:
-                ps.open.ready = True
-                self._pump(ps)
-                break
+        ps = self._appended_to  # the partition `send` put the record in (None: parked for metadata)
+        b = ps.open if ps is not None else None
+        if b is not None and not b.ready and b.futures and b.futures[-1] is fut:
+            b.ready = True
+            self._pump(ps)  # type: ignore[arg-type]
         return await fut
 
     async def wait_for_space(self) -> None:
@@ -551,6 +553,7 @@ class AsyncProducer:
             else:
                 ps.linger = loop.call_soon(self._linger_expired, ps, b)  # type: ignore[assignment]
         b.add(item, size, fut, callback)
+        self._appended_to = ps
         if b.size >= self.batch_bytes:
             self._seal(ps)
 
