@@ -25,6 +25,7 @@ from broker.storage.index import ENTRY_SIZE, INDEX_HEADER_SIZE, decode_entry, pa
 from broker.storage.index import invalid_header as invalid_index_header
 from broker.storage.layout import STORE_SUFFIX, index_file_name, parse_segment_name, store_file_name
 from broker.storage.log import Log, LogConfig
+from broker.storage.segment import preallocated
 from ringlog_proto.batch import (
     CODEC_NAMES,
     BatchError,
@@ -161,10 +162,14 @@ def _dump_store(data: bytes, base: int) -> tuple[list[tuple[int, BatchHeader]], 
             expected += h.record_count  # offsets are implicit: one bad base offset flags one batch
             end = pos + h.size
     except BatchError as exc:
-        problems.append(f"at byte {end}: {exc}")
-        return batches, expected, problems
+        if not preallocated(data[end:]):
+            problems.append(f"at byte {end}: {exc}")
+            return batches, expected, problems
     if end < len(data):
-        problems.append(f"at byte {end}: {len(data) - end} trailing bytes are not a whole batch")
+        if preallocated(data[end:]):  # a killed broker's preallocated space: released at open
+            print(f"  @{end}: {len(data) - end} bytes preallocated after the last batch (zeros)")
+        else:
+            problems.append(f"at byte {end}: {len(data) - end} trailing bytes are not a whole batch")
     return batches, expected, problems
 
 

@@ -12,7 +12,9 @@ Rules this module keeps:
   `FileIO`, for tools, tests and the uvloop backend.
 - Offsets move in one direction through three marks, asserted on every change:
   durable_offset (fsynced) <= end_offset (written, visible to readers) <= next offset assigned.
-- Cold paths (open, recovery, roll, truncate, retention) use the `FileIO` directly.
+- Cold paths (open, recovery, roll, truncate, retention) use the `FileIO` directly; so does the
+  preallocation of the active segment's file, `PREALLOCATE_BYTES` ahead of its appends (one
+  posix_fallocate per MiB appended), given back when the segment rolls or the log closes.
 - Descriptors: only the active segment keeps its files open for good; closed segments open theirs
   through a descriptor cache (broker/storage/fdcache.py, one per process) when used, so a log
   holds 2 descriptors however many segments it has. Whatever an operation returned to the caller
@@ -32,6 +34,8 @@ Durability (what each mark promises):
 from __future__ import annotations
 
 import bisect
+import contextlib
+import errno
 import logging
 import os
 from collections import deque
@@ -62,7 +66,7 @@ from broker.storage.fileio import (
 )
 from broker.storage.index import RELATIVE_OFFSET_MAX
 from broker.storage.layout import STORE_SUFFIX, index_file_name, parse_segment_name
-from broker.storage.segment import Extent, Segment
+from broker.storage.segment import PREALLOCATE_BYTES, Extent, Segment
 from ringlog_proto.batch import (
     COMPRESSION_GZIP,
     COMPRESSION_MASK,
@@ -192,6 +196,7 @@ class Log:
         self._pending: deque[PendingAppend] = deque()
         self._next_offset = 0  # next offset to assign (includes pending appends)
         self._reserved_size = 0  # store size of the active segment including pending appends
+        self._preallocating = True  # until the file system refuses (see `_preallocate`)
         self.durable_offset = 0
         # Segments with data or index entries not yet synced, in order (a dict: a set that keeps
         # order, so that an append's membership check does not scan every segment rolled since).
@@ -305,6 +310,8 @@ class Log:
             raise StorageError(f"close with {len(self._pending)} appends in flight")
         try:
             if self._broken is None:
+                with contextlib.suppress(OSError):  # a tail left is released at the next open
+                    self.segments[-1].release_preallocated(self._reserved_size)
                 self.flush()
                 try:
                     self.io.fdatasync(self.segments[-1].index_fd)  # flush leaves it unsynced
@@ -490,6 +497,8 @@ class Log:
                 base += h.record_count
                 pos += h.size
             buffers = tuple(parts)
+        if self._reserved_size + size > seg.allocated:
+            self._preallocate(seg, self._reserved_size + size)
         ops: list[Op] = [Write(seg.store_fd, buffers, self._reserved_size, size)]
         pending = PendingAppend(seg, self._reserved_size, headers, size, now, ops)
         index = seg.index
@@ -501,6 +510,20 @@ class Log:
         self._next_offset = base
         self._reserved_size += size
         return pending
+
+    def _preallocate(self, seg: Segment, end: int) -> None:
+        """Extend the active segment's file by `PREALLOCATE_BYTES` past `end` (never past the
+        segment size, unless one append alone is larger). A file system that cannot (or a full
+        disk) leaves appends growing the file as before: the write itself reports a full disk."""
+        if not self._preallocating:
+            return
+        target = max(end, min(end + PREALLOCATE_BYTES, self.config.segment_bytes))
+        try:
+            seg.preallocate(target)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                self._preallocating = False
+                log.info("%s: no preallocation (%s); appends grow the files", self.directory, exc)
 
     def prepare_copy(
         self, records: bytes | bytearray | memoryview, headers: list[BatchHeader] | None = None
@@ -568,6 +591,8 @@ class Log:
         next_offset: int,
     ) -> PendingAppend:
         """The tail of `prepare_copy` (`prepare_append` has its own copy inline: its hot path)."""
+        if self._reserved_size + size > seg.allocated:
+            self._preallocate(seg, self._reserved_size + size)
         ops: list[Op] = [Write(seg.store_fd, buffers, self._reserved_size, size)]
         pending = PendingAppend(seg, self._reserved_size, headers, size, now, ops)
         index = seg.index
@@ -599,6 +624,7 @@ class Log:
             seg.write_index()  # complete now; with appends in flight, the next flush writes it
         new = Segment.create(self.directory, self._next_offset, self.io, self.cache)
         log.debug("%s: rolled (%s)", new.store_path, reason)
+        seg.release_preallocated(self._reserved_size)  # its final size: writes in flight are below it
         self._add_segment(new)
         old, self._active = self._active, new  # created pinned
         assert old is seg

@@ -45,6 +45,14 @@ class FaultyIO(SyncFileIO):
         self.sync_fault: Fault | None = None
         self.dir_sync_fault: int | None = None
         self.pwritev_calls = 0
+        # These tests are about writes: without preallocation a store file is exactly what was
+        # written (tests/storage/test_preallocation.py has the preallocated case).
+        self.allocate_error: int | None = errno.EOPNOTSUPP
+
+    def allocate(self, fd: int, length: int) -> None:
+        if self.allocate_error is not None:
+            raise OSError(self.allocate_error, os.strerror(self.allocate_error))
+        super().allocate(fd, length)
 
     def open(self, path: str, create: bool) -> int:
         fd = super().open(path, create)
@@ -400,7 +408,7 @@ def test_pending_appends_hold_back_flush_and_close(tmp_path, kit, small_config):
 def test_abort_first_of_three(tmp_path, kit, small_config, written_before_abort):
     """abort_append(first) undoes all three, whatever part of their writes already ran."""
     d = tmp_path / "log"
-    log = Log.open(str(d), small_config)
+    log = Log.open(str(d), small_config, io=FaultyIO())  # sizes exact: no preallocation
     written = kit.append_batches(log, 5)
     end = log.end_offset
     store = active_store(log)
@@ -426,7 +434,7 @@ def test_abort_first_of_three(tmp_path, kit, small_config, written_before_abort)
 
 def test_abort_after_a_roll_removes_the_rolled_segment(tmp_path, kit, small_config):
     d = tmp_path / "log"
-    log = Log.open(str(d), small_config)
+    log = Log.open(str(d), small_config, io=FaultyIO())  # sizes exact: no preallocation
     written = kit.append_batches(log, 5)
     big = len(kit.batch(0, 3, width=600))
     while log.segments[-1].size + 2 * big <= small_config.segment_bytes:

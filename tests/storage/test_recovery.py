@@ -190,10 +190,13 @@ def test_crash_with_unflushed_index_then_power_loss_zeros(tmp_path, kit, small_c
     # The lazy index of the active segment did not reach the file.
     assert kit.index_path(d, active).stat().st_size == INDEX_HEADER_SIZE
     store = kit.store_path(d, active)
-    size = store.stat().st_size
+    size = store.stat().st_size  # the batches and what was preallocated after them (zeros)
     with store.open("ab") as f:
         f.write(bytes(4096))
-    reopen_and_check(kit, d, small_config, written, active, size).close()
+    batches = kit.store_batches(store)
+    data_end = batches[-1].position + batches[-1].size
+    assert data_end <= size
+    reopen_and_check(kit, d, small_config, written, active, data_end).close()
 
 
 # --------------------------------------------------------------------------------------- index damage

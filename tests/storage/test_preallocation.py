@@ -1,0 +1,107 @@
+"""Store files preallocated ahead of their appends (broker/storage/log.py, `_preallocate`): the
+file is longer than its batches while a segment is active, exactly its batches once it rolls or
+the log closes, and a killed process's preallocated zeros are released at the next open without
+being taken for damage (by recovery or by `broker dump`)."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+
+from test_faults import FaultyIO
+
+from broker.cli import main
+from broker.storage.log import Log, LogConfig
+from broker.storage.segment import PREALLOCATE_BYTES
+
+CONFIG = LogConfig(segment_bytes=4 * PREALLOCATE_BYTES, max_batch_bytes=64 * 1024, retention_ms=None)
+
+
+def store_of(log: Log):
+    return log.segments[-1].store_path
+
+
+def test_the_active_store_is_preallocated_and_closes_to_its_batches(tmp_path, kit):
+    log = Log.open(str(tmp_path / "log"), CONFIG)
+    written = kit.append_batches(log, 20)
+    log.flush()
+    data = log.segments[-1].size
+    path = store_of(log)
+    assert data < os.stat(path).st_size <= data + PREALLOCATE_BYTES, "a step ahead of the appends"
+    assert kit.read_all(log, max_bytes=1 << 20) == kit.expected_offsets(written)
+    log.close()
+    assert os.stat(path).st_size == data, "a closed segment is exactly its batches"
+    reopened = Log.open(str(tmp_path / "log"), CONFIG)
+    assert reopened.end_offset == written[-1][0] + written[-1][1]
+    reopened.close()
+
+
+def test_a_rolled_segment_gives_its_preallocation_back(tmp_path, kit):
+    config = LogConfig(segment_bytes=64 * 1024, max_batch_bytes=8 * 1024, retention_ms=None)
+    log = Log.open(str(tmp_path / "log"), config)
+    kit.append_batches(log, 1500, counts=[4])
+    assert len(log.segments) >= 3
+    for seg in log.segments[:-1]:
+        assert os.stat(seg.store_path).st_size == seg.size
+    active = log.segments[-1]
+    assert os.stat(active.store_path).st_size == config.segment_bytes, "never past the segment size"
+    log.close()
+
+
+def test_a_killed_process_leaves_zeros_that_recovery_releases_quietly(tmp_path, kit, caplog):
+    d = tmp_path / "log"
+    log = Log.open(str(d), CONFIG)
+    written = kit.append_batches(log, 30)
+    log.flush()
+    data = log.segments[-1].size
+    path = store_of(log)
+    kit.crash(log)
+    assert os.stat(path).st_size > data
+    # `broker dump` sees the zeros as preallocated space, not damage.
+    assert main(["dump", str(d)]) == 0
+    with caplog.at_level(logging.INFO, logger="broker.storage.segment"):
+        log = Log.open(str(d), CONFIG)
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert any("preallocated" in r.getMessage() for r in caplog.records)
+    end = written[-1][0] + written[-1][1]
+    assert log.end_offset == end
+    assert os.stat(path).st_size == data, "the zeros are cut"
+    assert kit.read_all(log, max_bytes=1 << 20) == kit.expected_offsets(written)
+    assert log.append(kit.batch(end, 2)) == end, "appends continue at the next offset"
+    log.close()
+
+
+def test_a_torn_batch_before_the_zeros_is_still_damage(tmp_path, kit, caplog):
+    """Preallocation must not hide a torn write: bytes of a batch before the zeros are cut with a
+    warning, as without it."""
+    d = tmp_path / "log"
+    log = Log.open(str(d), CONFIG)
+    written = kit.append_batches(log, 10)
+    data = log.segments[-1].size
+    path = store_of(log)
+    kit.crash(log)
+    with open(path, "r+b") as f:  # half a batch header where the next batch would start
+        f.seek(data)
+        f.write(b"\x00" * 8 + b"\x00\x00\x01\x00")
+    assert main(["dump", str(d)]) == 1
+    with caplog.at_level(logging.INFO, logger="broker.storage.segment"):
+        log = Log.open(str(d), CONFIG)
+    assert any(r.levelno == logging.WARNING and "cut" in r.getMessage() for r in caplog.records)
+    assert log.end_offset == written[-1][0] + written[-1][1]
+    assert os.stat(path).st_size == data
+    log.close()
+
+
+def test_appends_go_on_where_the_file_system_cannot_preallocate(tmp_path, kit):
+    """A full disk (or a file system without fallocate) at preallocation: appends still write and
+    grow the file as before; only the write itself can fail an append."""
+    for error in (errno.ENOSPC, errno.EOPNOTSUPP):
+        io = FaultyIO()
+        io.allocate_error = error
+        d = tmp_path / f"log-{error}"
+        log = Log.open(str(d), CONFIG, io=io)
+        written = kit.append_batches(log, 10)
+        assert os.stat(store_of(log)).st_size == log.segments[-1].size
+        assert kit.read_all(log, max_bytes=1 << 20) == kit.expected_offsets(written)
+        log.close()
