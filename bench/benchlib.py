@@ -82,3 +82,27 @@ def proc_cpu(pid: int) -> float:
         return 0.0
     fields = data[data.rindex(b")") + 2 :].split()
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def children_of(pid: int) -> list[int]:
+    """The live child processes of `pid`: /proc/<pid>/task/<tid>/children of each of its threads,
+    or, on a kernel without that file, every /proc/<n>/stat whose parent is `pid`."""
+    kids: list[int] = []
+    if os.path.exists(f"/proc/{pid}/task/{pid}/children"):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/children") as f:
+                    kids.extend(int(k) for k in f.read().split())
+            except FileNotFoundError:  # a thread that just exited
+                pass
+        return kids
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat", "rb") as f:
+                    data = f.read()
+            except OSError:
+                continue
+            if int(data[data.rindex(b")") + 2 :].split()[1]) == pid:  # field 4: ppid
+                kids.append(int(name))
+    return kids

@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Any
 
 import uvloop
-from benchlib import REPO, code_version, fs_of, proc_cpu, table
+from benchlib import REPO, children_of, code_version, fs_of, proc_cpu, table
 
 from broker.client import Acks, Admin, AsyncConnection, AsyncProducer
 from ringlog_proto.batch import encode_batch
@@ -104,14 +104,6 @@ QUICK = Sizes(120_000, 2000, 2000, 300)
 # --------------------------------------------------------------------------------------- the broker
 
 
-def children(pid: int) -> list[int]:
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(x) for x in f.read().split()]
-    except OSError:
-        return []
-
-
 class Broker:
     def __init__(self, workdir: Path, variant: str, cores: int) -> None:
         self.data_dir = workdir / f"data-{variant}-{cores}"
@@ -145,7 +137,7 @@ class Broker:
     def cpu(self) -> float:
         """CPU seconds of the supervisor and its workers so far."""
         assert self.proc is not None
-        pids = [self.proc.pid, *children(self.proc.pid)]
+        pids = [self.proc.pid, *children_of(self.proc.pid)]
         return sum(proc_cpu(p) for p in pids)
 
     def backend_in_use(self) -> str:

@@ -102,7 +102,7 @@ from pathlib import Path
 from typing import Any
 
 import uvloop
-from benchlib import REPO, code_version, fs_of, size_label, table
+from benchlib import REPO, children_of, code_version, fs_of, size_label, table
 
 from broker.client import (
     Acks,
@@ -180,30 +180,6 @@ def proc_cpu(pid: int, reaped_children: bool = False) -> float:
     if reaped_children:
         ticks += int(fields[13]) + int(fields[14])  # fields 16 and 17
     return ticks / CLK_TCK
-
-
-def children_of(pid: int) -> list[int]:
-    """The live child processes of `pid`: /proc/<pid>/task/<tid>/children of each of its threads,
-    or, on a kernel without that file, every /proc/<n>/stat whose parent is `pid`."""
-    kids: list[int] = []
-    if os.path.exists(f"/proc/{pid}/task/{pid}/children"):
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            try:
-                with open(f"/proc/{pid}/task/{tid}/children") as f:
-                    kids.extend(int(k) for k in f.read().split())
-            except FileNotFoundError:  # a thread that just exited
-                pass
-        return kids
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat", "rb") as f:
-                    data = f.read()
-            except OSError:
-                continue
-            if int(data[data.rindex(b")") + 2 :].split()[1]) == pid:  # field 4: ppid
-                kids.append(int(name))
-    return kids
 
 
 def broker_cpu(pid: int) -> float:

@@ -58,7 +58,7 @@ from pathlib import Path
 from typing import Any
 
 import uvloop
-from benchlib import REPO, code_version, fs_of, proc_cpu, table
+from benchlib import REPO, children_of, code_version, fs_of, proc_cpu, table
 
 from broker.client import Acks, Admin, AsyncProducer, Producer
 from ringlog_proto.batch import encode_batch
@@ -93,14 +93,6 @@ GOAL_FETCH_GB_S = 1.5
 
 
 # --------------------------------------------------------------------------------------- servers
-
-
-def children(pid: int) -> list[int]:
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(x) for x in f.read().split()]
-    except OSError:
-        return []
 
 
 def stop_pid(proc: subprocess.Popen[bytes]) -> None:
@@ -151,7 +143,7 @@ class Broker:
 
     def cpu(self) -> float:
         assert self.proc is not None
-        return sum(proc_cpu(p) for p in (self.proc.pid, *children(self.proc.pid)))
+        return sum(proc_cpu(p) for p in (self.proc.pid, *children_of(self.proc.pid)))
 
     def stop(self) -> None:
         if self.proc is not None:

@@ -162,12 +162,14 @@ def _dump_store(data: bytes, base: int) -> tuple[list[tuple[int, BatchHeader]], 
             expected += h.record_count  # offsets are implicit: one bad base offset flags one batch
             end = pos + h.size
     except BatchError as exc:
-        if not preallocated(data[end:]):
-            problems.append(f"at byte {end}: {exc}")
-            return batches, expected, problems
+        error: BatchError | None = exc
+    else:
+        error = None
     if end < len(data):
         if preallocated(data[end:]):  # a killed broker's preallocated space: released at open
             print(f"  @{end}: {len(data) - end} bytes preallocated after the last batch (zeros)")
+        elif error is not None:
+            problems.append(f"at byte {end}: {error}")
         else:
             problems.append(f"at byte {end}: {len(data) - end} trailing bytes are not a whole batch")
     return batches, expected, problems
