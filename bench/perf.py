@@ -122,7 +122,11 @@ class Broker:
 
     def start(self) -> Broker:
         shutil.rmtree(self.data_dir, ignore_errors=True)
-        argv = [sys.executable, "-m", "broker.cli", "serve", "--data-dir", str(self.data_dir), "--port", "0"]
+        # taskset, like Redis: the supervisor pins its worker to a CPU it may use, and this
+        # process is pinned to the client's CPU by then (a worker on the client's CPU measured
+        # same-CPU latency: 53 us against 122 across CPUs, while Redis ran across).
+        argv = ["taskset", "-c", str(SERVER_CPU), sys.executable, "-m", "broker.cli", "serve"]
+        argv += ["--data-dir", str(self.data_dir), "--port", "0"]
         argv += ["--cores", "1", "--backend", self.backend, "--ebpf", "off", *self.extra]
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(argv, stdout=log, stderr=log, cwd=REPO)
@@ -135,6 +139,9 @@ class Broker:
                     raise RuntimeError(
                         f"the broker fell back from io_uring:\n{self.log_path.read_text()[-2000:]}"
                     )
+                pinned = re.findall(r"core 0: pid \d+, cpu (\d+)", self.log_path.read_text())
+                if pinned != [str(SERVER_CPU)]:
+                    raise RuntimeError(f"the broker's core is on cpu {pinned}, not the servers' {SERVER_CPU}")
                 return self
             if self.proc.poll() is not None:
                 break
@@ -148,6 +155,67 @@ class Broker:
     def stop(self) -> None:
         if self.proc is not None:
             stop_pid(self.proc)
+
+
+# A server that answers every read of a connection with 16 bytes: what a round trip between the
+# two CPUs costs before any server does any work. "block" sleeps in recv like every server here;
+# "spin" polls a non-blocking recv while a client is connected (never while idle), so its CPU
+# never sleeps: the difference is the price of waking a halted vCPU.
+ECHO_SERVER = """
+import socket, sys
+spin = sys.argv[1] == "spin"
+ls = socket.socket()
+ls.bind(("127.0.0.1", 0))
+ls.listen()
+print(ls.getsockname()[1], flush=True)
+buf = bytearray(65536)
+while True:
+    c, _ = ls.accept()
+    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    c.setblocking(not spin)
+    while True:
+        try:
+            n = c.recv_into(buf)
+        except BlockingIOError:
+            continue
+        if not n:
+            break
+        c.sendall(b"k" * 16)
+    c.close()
+"""
+
+
+class Echo:
+    """The floor: `ECHO_SERVER` pinned to the servers' CPU, in "block" or "spin" mode."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.port = 0
+
+    def start(self) -> Echo:
+        argv = ["taskset", "-c", str(SERVER_CPU), sys.executable, "-c", ECHO_SERVER, self.mode]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE)
+        assert self.proc.stdout is not None
+        self.port = int(self.proc.stdout.readline())
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_pid(self.proc)
+
+
+def echo_latency(port: int, samples: int, warmup: int) -> list[float]:
+    msg = value()
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+        def one() -> None:
+            s.sendall(msg)
+            if not s.recv(64):
+                raise ConnectionError("echo server closed the connection")
+
+        return timed_samples(one, samples, warmup)
 
 
 class Redis:
@@ -426,10 +494,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     if not redis_ok:
         print(f"  {REDIS} is missing (scripts/setup.sh installs redis-server): no Redis rows, ratios n/a")
     redises = {f: Redis(workdir, f) for f in ("everysec", "always")} if redis_ok else {}
+    echoes = {mode: Echo(mode) for mode in ("block", "spin")} if "latency" in only else {}
     results: dict[str, Any] = {"lat": collections.defaultdict(list), "ingest": {}, "fetch": {}}
-    started: list[Broker | Redis] = []
+    started: list[Broker | Redis | Echo] = []
     try:
-        for server in [*brokers.values(), *redises.values()]:
+        for server in [*brokers.values(), *redises.values(), *echoes.values()]:
             started.append(server.start())
         topics: dict[str, tuple[str, int]] = {}
         for b, broker in brokers.items():
@@ -439,6 +508,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
         # Latency and durability: every (server, client) pair once per round, in rotating order.
         jobs: list[tuple[str, Callable[[], list[float]]]] = []
+        for mode, e in echoes.items():
+            label = {"block": "blocking", "spin": "spinning"}[mode]
+            jobs.append((f"floor: echo, {label} server", partial(echo_latency, e.port, n, w)))
         for f, r in redises.items():
             if ("latency" in only and f == "everysec") or ("durable" in only and f == "always"):
                 jobs.append((f"redis {f} XADD", partial(redis_latency, r.port, "XADD", n, w)))

@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 
 from broker import __version__
-from broker.backends.uring_options import APPEND_WRITES, UringOptions
+from broker.backends.uring_options import APPEND_WRITES, APPEND_WRITES_DEFAULT, BUSY_POLL_US_DEFAULT
 from broker.cli_client import add_client_commands, run_client_command
 from broker.core.limits import add_limit_arguments, limits_from_args
 from broker.node.logfmt import LogfmtFormatter
@@ -369,20 +369,20 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--metrics-port", type=int, default=None, help="serve Prometheus metrics over HTTP on this port"
     )
-    uring = UringOptions()
     serve.add_argument(
         "--busy-poll-us",
         type=int,
-        default=uring.busy_poll_us,
+        default=None,
         metavar="US",
-        help=f"io_uring: poll this long after activity before sleeping (default {uring.busy_poll_us})",
+        help=f"io_uring: poll this long after activity before sleeping (default {BUSY_POLL_US_DEFAULT}, "
+        "0 when --cores exceeds the CPUs)",
     )
     serve.add_argument(
         "--append-writes",
-        default=uring.append_writes,
+        default=APPEND_WRITES_DEFAULT,
         choices=list(APPEND_WRITES),
         help="io_uring: appends as ring writes, as a pwritev on the loop, or inline when small "
-        f"(default {uring.append_writes})",
+        f"(default {APPEND_WRITES_DEFAULT})",
     )
     serve.add_argument(
         "--ebpf",

@@ -344,7 +344,7 @@ class UringServer(BackendCore):
         self.options = options = options or UringOptions()
         self.ring = ring
         self.loop = Loop(ring, options.busy_poll_us)
-        self.ring_ops = RingOps(ring, self.loop.op)
+        self.ring_ops = RingOps(ring, self.loop.worker_op)
         self.listeners = list(listeners)
         self.inline_appends = options.append_writes == "inline"
         # "auto": a gathered store write up to this many bytes is a pwritev on the loop

@@ -56,12 +56,26 @@ class Loop:
         self._end_of_pass: list[Callable[[], None]] = []
         self.busy_poll_s = busy_poll_us / 1e6
         self._busy_until = 0.0
+        self._offloaded = 0  # ops in flight that a kernel worker thread may run (see worker_op)
 
     def op(self, callback: Callback) -> int:
         """A user_data for one operation; `callback(res, flags)` runs on each of its completions."""
         ud = next(self._ids)
         self._ops[ud] = callback
         return ud
+
+    def worker_op(self, callback: Callback) -> int:
+        """`op` for a disk operation (write, fsync, read), which the kernel may hand to an io-wq
+        thread of this worker's CPU: the busy poll pauses until it completes, since spinning would
+        hold the CPU that thread needs (an fdatasync waited behind 200 us of polling: durable
+        produce p50 487 -> 700 us)."""
+        self._offloaded += 1
+
+        def done(res: int, flags: int) -> None:
+            self._offloaded -= 1
+            callback(res, flags)
+
+        return self.op(done)
 
     def call_soon(self, callback: Callable[[], None]) -> None:
         self._soon.append(callback)
@@ -84,7 +98,11 @@ class Loop:
         end-of-pass callbacks."""
         ring = self.ring
         timeout: float | None
-        if self._soon or self._end_of_pass or (self.busy_poll_s and time.monotonic() < self._busy_until):
+        if (
+            self._soon
+            or self._end_of_pass
+            or (self.busy_poll_s and not self._offloaded and time.monotonic() < self._busy_until)
+        ):
             timeout = 0.0
         elif self._timers:
             timeout = max(0.0, self._timers[0][0] - time.monotonic())

@@ -8,16 +8,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# After a pass that completed something, the loop can keep polling the ring without sleeping for
-# this long (`--busy-poll-us`), trading CPU for the wake-up of an idle CPU. Off by default because
-# on the machine it is measured on it loses more than it buys (bench/perf.py, issue 13): the
-# spinning loop holds its CPU while the io-wq worker that runs the partition's fdatasync waits for
-# that same CPU, so durable produce p50 went from 425 to 650-720 us with 200 us of polling; the
-# vCPUs share host cores, so a spinning worker also slows the client on the other vCPU (acks=1
-# p99 260-370 -> 430-550 us; with 150 us of client think time between requests, p50 86 -> 290 us);
-# and back-to-back acks=1 p50 gained at most 10 us (148-150 vs 154-159 us through AsyncProducer).
-# On dedicated cores with a busy client it may pay: measure with bench/perf.py --broker-args.
-BUSY_POLL_US_DEFAULT = 0
+# After a pass that completed something, the loop keeps polling the ring without sleeping for
+# this long (`--busy-poll-us`), trading CPU for the wake-up of an idle CPU. On the 2-vCPU VM it is
+# measured on (bench/perf.py, issue 13; broker on CPU 0, client on CPU 1), waking a halted vCPU
+# costs ~40 us each way: a blocking Python echo across the CPUs has p50 81 us, against 21 us when
+# the server spins. With 200 us of polling, one-at-a-time acks=1 produce p50 went 164 -> 124 us
+# (raw frame) and 211 -> 179 us (AsyncProducer); a client on the worker's own CPU is not slowed
+# (its wake-up preempts the poll: 68 vs 71 us). The poll pauses while a disk operation is in
+# flight (`Loop.worker_op`): it held the CPU that the io-wq thread running the partition's
+# fdatasync needed (durable p50 487 -> 700 us); with the pause, 441 us. It costs a CPU's worth of
+# spinning only while requests keep coming less than this far apart, nothing when idle.
+# The default applies when every core has a CPU of its own; oversubscribed workers (more cores
+# than CPUs) would spin on each other's CPU, so there it is 0 (`busy_poll_for`).
+BUSY_POLL_US_DEFAULT = 200
 
 # "ring": appends are writev SQEs, like every other disk operation. "inline": appends are a
 # pwritev on the loop itself; fsyncs and reads stay on the ring. ext4 (up to 6.18 at least) cannot
@@ -34,7 +37,9 @@ APPEND_WRITES = ("auto", "ring", "inline")
 
 @dataclass(frozen=True, slots=True)
 class UringOptions:
-    busy_poll_us: int = BUSY_POLL_US_DEFAULT
+    # 0 for a backend made in-process (tests, embedding: a poll would hold its thread's GIL);
+    # `broker serve` passes `busy_poll_for`'s choice.
+    busy_poll_us: int = 0
     append_writes: str = APPEND_WRITES_DEFAULT
 
     def __post_init__(self) -> None:
@@ -43,3 +48,10 @@ class UringOptions:
         if self.append_writes not in APPEND_WRITES:
             choices = ", ".join(APPEND_WRITES)
             raise ValueError(f"append_writes must be one of {choices}, not {self.append_writes!r}")
+
+
+def busy_poll_for(requested: int | None, cores: int, cpus: int) -> int:
+    """`--busy-poll-us` as given, or the default for `cores` workers on `cpus` CPUs."""
+    if requested is not None:
+        return requested
+    return BUSY_POLL_US_DEFAULT if cores <= cpus else 0

@@ -75,7 +75,7 @@ from typing import TYPE_CHECKING
 
 from bpf.kernel import BpfError
 from bpf.plane import EbpfPlane
-from broker.backends.uring_options import APPEND_WRITES_DEFAULT, BUSY_POLL_US_DEFAULT
+from broker.backends.uring_options import APPEND_WRITES_DEFAULT, busy_poll_for
 from broker.cluster.swim import Member, MemberEvent, Swim
 from broker.core.groups import migrate_partition_offsets
 from broker.core.limits import Limits
@@ -121,7 +121,7 @@ class SupervisorConfig:
     core_ports_base: int = 0
     backend: str = "auto"
     log_level: str = "INFO"
-    busy_poll_us: int = BUSY_POLL_US_DEFAULT  # io_uring backend options (broker/backends/uring_options.py)
+    busy_poll_us: int | None = None  # io_uring backend options (broker/backends/uring_options.py)
     append_writes: str = APPEND_WRITES_DEFAULT
     metrics_port: int | None = None
     log_defaults: LogConfig = field(default_factory=LogConfig)
@@ -588,7 +588,10 @@ class Supervisor:
             "peer_addresses": self.sockets.peer_addresses,
             "liveness_fd": self.liveness.fd if self.liveness is not None else -1,
             "backend": self.config.backend,
-            "uring": {"busy_poll_us": self.config.busy_poll_us, "append_writes": self.config.append_writes},
+            "uring": {
+                "busy_poll_us": busy_poll_for(self.config.busy_poll_us, self.config.cores, len(self.cpus)),
+                "append_writes": self.config.append_writes,
+            },
             "log_level": self.config.log_level,
             "log_defaults": asdict(self.config.log_defaults),
             "limits": self.config.limits.to_spec(),
