@@ -20,6 +20,7 @@ from broker.backends.uring_options import APPEND_WRITES, APPEND_WRITES_DEFAULT, 
 from broker.cli_client import add_client_commands, run_client_command
 from broker.core.limits import add_limit_arguments, limits_from_args
 from broker.node.logfmt import LogfmtFormatter
+from broker.security.exposure import is_loopback_only
 from broker.storage.errors import StorageError
 from broker.storage.index import ENTRY_SIZE, INDEX_HEADER_SIZE, decode_entry, parse_entries
 from broker.storage.index import invalid_header as invalid_index_header
@@ -238,6 +239,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if not args.allow_plaintext and not is_loopback_only(args.host):
+        print(
+            f"broker: --host {args.host} can be reached from other machines, and this broker has no "
+            "TLS or SASL: anyone who reaches it could read, write and delete every topic. "
+            "Pass --allow-plaintext to serve it in plaintext anyway (docs/SECURITY.md)",
+            file=sys.stderr,
+        )
+        return 2
     if args.ebpf == "off" and (args.xdp_iface or args.tcp_fastopen_sysctl):
         print("broker: --xdp-iface and --tcp-fastopen-sysctl need --ebpf auto or on", file=sys.stderr)
         return 2
@@ -352,6 +361,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-level", default=argparse.SUPPRESS, type=str.upper, choices=LOG_LEVELS)
     serve.add_argument("--data-dir", default="./data", help="where topics live (default ./data)")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument(
+        "--allow-plaintext",
+        action="store_true",
+        help="serve a --host other machines can reach without TLS or SASL (refused otherwise)",
+    )
     serve.add_argument("--port", type=int, default=9092, help="TCP port (default 9092)")
     serve.add_argument(
         "--cores", type=int, default=None, help="worker processes, one pinned per CPU (default: all CPUs)"

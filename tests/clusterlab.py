@@ -477,6 +477,7 @@ class ClusterLab:
         last value of a repeated option)."""
         node = self.nodes[i]
         args = [sys.executable, "-m", "broker.cli", "serve", "--data-dir", str(node.data_dir)]
+        args += ["--allow-plaintext"]
         args += ["--host", node.ip, "--port", str(BROKER_PORT), "--core-ports", str(CORE_PORTS_BASE)]
         args += ["--membership-port", str(MEMBERSHIP_PORT), "--cores", str(self.cores), "--oversubscribe"]
         args += ["--backend", self.backend]

@@ -151,6 +151,7 @@ class NsBroker(BrokerProcess):
 
     def start(self) -> NsBroker:
         args = [sys.executable, "-m", "broker.cli", "serve", "--data-dir", str(self.data_dir)]
+        args += ["--allow-plaintext"]
         args += ["--host", self.lab.ns_ip, "--port", "0", "--cores", str(self.cores), "--oversubscribe"]
         args += ["--backend", "uvloop", *self.extra]
         with open(self.log_path, "ab") as log:
