@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from broker import __version__
 from broker.backends.uring_options import APPEND_WRITES, APPEND_WRITES_DEFAULT, BUSY_POLL_US_DEFAULT
 from broker.cli_client import add_client_commands, run_client_command
+from broker.cli_security import add_security_commands
 from broker.core.limits import add_limit_arguments, limits_from_args
 from broker.node.logfmt import LogfmtFormatter
 from broker.security.exposure import is_loopback_only
@@ -512,6 +513,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--segment-bytes", type=int, default=8 * 1024 * 1024)
     demo.set_defaults(func=cmd_demo)
     add_client_commands(sub)
+    add_security_commands(sub)
     dump = sub.add_parser(
         "dump",
         help="list the batches of a partition directory, checking crcs, record framing, offsets and "

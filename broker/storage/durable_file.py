@@ -14,12 +14,15 @@ import os
 from collections.abc import Iterator
 
 
-def replace_json(path: str, doc: object) -> None:
-    """Replace `path` with `doc` (see the module docstring). On failure (a full disk) the old
+def replace_json(path: str, doc: object, mode: int = 0o644) -> None:
+    """Replace `path` with `doc` (see the module docstring), a file of permissions `mode` (0o600
+    for secrets: made so, never readable by others for a moment). On failure (a full disk) the old
     version stays and no temporary file is left to hold space."""
     tmp = path + ".tmp"
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)  # a crash's leftover: O_CREAT would keep its permissions
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode), "w", encoding="utf-8") as f:
             json.dump(doc, f, indent=1)
             f.flush()
             os.fsync(f.fileno())

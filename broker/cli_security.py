@@ -1,0 +1,71 @@
+"""`broker users`: the SCRAM credentials in a data dir (docs/SECURITY.md).
+
+They change the files the broker reads (broker/security/credentials.py), so they work whether or
+not it runs: a running broker sees a change at its next authentication. A password is read from
+standard input (`--password-stdin`) or asked for on the terminal, never taken from the command
+line, where `ps` and shell histories would show it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import sys
+
+from broker.security.credentials import (
+    ITERATIONS_DEFAULT,
+    SCRAM_MECHANISMS,
+    CredentialError,
+    CredentialStore,
+)
+
+
+def _password(args: argparse.Namespace) -> str:
+    if args.password_stdin:
+        return sys.stdin.readline().rstrip("\r\n")
+    if not sys.stdin.isatty():
+        raise CredentialError("no terminal to ask for the password on: use --password-stdin")
+    first = getpass.getpass(f"password for {args.name}: ")
+    if getpass.getpass("again: ") != first:
+        raise CredentialError("the two passwords differ")
+    return first
+
+
+def cmd_users(args: argparse.Namespace) -> int:
+    store = CredentialStore(args.data_dir)
+    try:
+        if args.action == "add":
+            mechanisms = tuple(args.mechanism or SCRAM_MECHANISMS)
+            store.add(args.name, _password(args), mechanisms, args.iterations)
+            print(f"user {args.name}: {', '.join(mechanisms)} credentials stored in {store.path}")
+        elif args.action == "remove":
+            store.remove(args.name)
+            print(f"user {args.name} removed")
+        else:
+            for name, mechanisms in store.users().items():
+                print(f"{name}\t{','.join(mechanisms)}")
+    except CredentialError as exc:
+        print(f"broker users: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def add_security_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    users = sub.add_parser("users", help="add, remove or list the users SASL authenticates (SCRAM)")
+    actions = users.add_subparsers(dest="action", required=True)
+    add = actions.add_parser("add", help="add a user or change its password")
+    add.add_argument("name")
+    add.add_argument("--password-stdin", action="store_true", help="read the password from stdin")
+    add.add_argument(
+        "--mechanism",
+        action="append",
+        choices=SCRAM_MECHANISMS,
+        help="credentials for this mechanism only (repeatable; default both)",
+    )
+    add.add_argument("--iterations", type=int, default=ITERATIONS_DEFAULT, help="PBKDF2 iterations")
+    remove = actions.add_parser("remove", help="remove a user")
+    remove.add_argument("name")
+    actions.add_parser("list", help="list the users and their mechanisms (never a credential)")
+    for p in actions.choices.values():
+        p.add_argument("--data-dir", default="./data", help="the broker's data dir (default ./data)")
+    users.set_defaults(func=cmd_users)

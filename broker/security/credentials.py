@@ -1,0 +1,165 @@
+"""Users and their SCRAM credentials: `<data dir>/security/users.json`.
+
+Rules this module keeps:
+- A password is never stored. Each user has, per SCRAM mechanism (SCRAM-SHA-256, SCRAM-SHA-512),
+  what RFC 5802 lets a server keep: a random salt, the iteration count, StoredKey = H(ClientKey)
+  and ServerKey (made by `scramp`, a maintained SCRAM library). PLAIN is checked against the same
+  record: the password given is salted and iterated as SCRAM would, and its StoredKey compared.
+- The file is replaced atomically and durably (broker/storage/durable_file.py), made with
+  permissions 0600, under an flock (`broker users` may run while the workers read it).
+- The workers read it again when its modification time or size changes (`CredentialStore.lookup`
+  stats it, which costs microseconds against an authentication's PBKDF2): `broker users add` takes
+  effect at the next authentication, without a restart.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import os
+import re
+from dataclasses import dataclass
+from typing import Final
+
+from scramp import ScramMechanism
+
+from broker.storage.durable_file import exclusive_lock, load_json, replace_json
+
+SCRAM_MECHANISMS: Final = ("SCRAM-SHA-256", "SCRAM-SHA-512")
+ITERATIONS_DEFAULT: Final = 8192  # Kafka's minimum is 4096 (so is scramp's)
+ITERATIONS_MAX: Final = 1_000_000  # an authentication costs this many HMACs: bounded CPU per attempt
+USERS_FILE: Final = "users.json"
+SECURITY_DIR: Final = "security"
+# Kafka's user names may be anything SCRAM can carry; ours keep to what a shell and an ACL line
+# show unambiguously.
+USER_NAME_RE: Final = re.compile(r"^[A-Za-z0-9._@-]{1,255}$")
+_HASHES: Final = {"SCRAM-SHA-256": hashlib.sha256, "SCRAM-SHA-512": hashlib.sha512}
+
+
+class CredentialError(ValueError):
+    """A user name or password that cannot be stored, or a user that does not exist."""
+
+
+@dataclass(frozen=True, slots=True)
+class ScramCredential:
+    salt: bytes
+    iterations: int
+    stored_key: bytes
+    server_key: bytes
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "salt": base64.b64encode(self.salt).decode(),
+            "iterations": self.iterations,
+            "stored_key": base64.b64encode(self.stored_key).decode(),
+            "server_key": base64.b64encode(self.server_key).decode(),
+        }
+
+    @classmethod
+    def from_json(cls, doc: dict[str, object]) -> ScramCredential:
+        return cls(
+            base64.b64decode(str(doc["salt"])),
+            int(doc["iterations"]),  # type: ignore[call-overload]
+            base64.b64decode(str(doc["stored_key"])),
+            base64.b64decode(str(doc["server_key"])),
+        )
+
+
+def make_credential(mechanism: str, password: str, iterations: int = ITERATIONS_DEFAULT) -> ScramCredential:
+    salt, stored_key, server_key, i = ScramMechanism(mechanism).make_auth_info(
+        password, iteration_count=iterations
+    )
+    return ScramCredential(salt, i, stored_key, server_key)
+
+
+def password_matches(mechanism: str, credential: ScramCredential, password: str) -> bool:
+    """Whether `password` is the one `credential` was made from (for SASL/PLAIN)."""
+    hf = _HASHES[mechanism]
+    salted = hashlib.pbkdf2_hmac(hf().name, password.encode(), credential.salt, credential.iterations)
+    client_key = hmac.new(salted, b"Client Key", hf).digest()
+    return hmac.compare_digest(hf(client_key).digest(), credential.stored_key)
+
+
+def check_user_name(name: str) -> str:
+    if not USER_NAME_RE.match(name):
+        raise CredentialError(f"user name {name!r}: use 1-255 of A-Z a-z 0-9 . _ @ -")
+    return name
+
+
+def users_path(data_dir: str) -> str:
+    return os.path.join(data_dir, SECURITY_DIR, USERS_FILE)
+
+
+class CredentialStore:
+    """The users file of one data dir: read by the workers, changed by `broker users`."""
+
+    def __init__(self, data_dir: str) -> None:
+        self.path = users_path(data_dir)
+        self._seen: tuple[int, int] | None = None  # (mtime_ns, size) of the version loaded
+        self._users: dict[str, dict[str, ScramCredential]] = {}
+
+    # ------------------------------------------------------------------------- reading
+
+    def _load(self) -> dict[str, dict[str, ScramCredential]]:
+        doc = load_json(self.path)
+        users: dict[str, dict[str, ScramCredential]] = {}
+        if isinstance(doc, dict):
+            for name, mechs in dict(doc.get("users", {})).items():
+                users[name] = {m: ScramCredential.from_json(c) for m, c in mechs.items() if m in _HASHES}
+        return users
+
+    def _fresh(self) -> dict[str, dict[str, ScramCredential]]:
+        try:
+            st = os.stat(self.path)
+            seen: tuple[int, int] | None = (st.st_mtime_ns, st.st_size)
+        except FileNotFoundError:
+            seen = None
+        if seen != self._seen:
+            self._users = self._load() if seen is not None else {}
+            self._seen = seen
+        return self._users
+
+    def lookup(self, user: str, mechanism: str) -> ScramCredential | None:
+        return self._fresh().get(user, {}).get(mechanism)
+
+    def users(self) -> dict[str, tuple[str, ...]]:
+        """Every user and the mechanisms it has credentials for (never the credentials)."""
+        return {name: tuple(sorted(mechs)) for name, mechs in sorted(self._fresh().items())}
+
+    # ------------------------------------------------------------------------- changing
+
+    def _write(self, users: dict[str, dict[str, ScramCredential]]) -> None:
+        doc = {"users": {n: {m: c.as_json() for m, c in mechs.items()} for n, mechs in sorted(users.items())}}
+        replace_json(self.path, doc, mode=0o600)
+
+    def add(
+        self,
+        user: str,
+        password: str,
+        mechanisms: tuple[str, ...] = SCRAM_MECHANISMS,
+        iterations: int = ITERATIONS_DEFAULT,
+    ) -> None:
+        """Add `user`, or replace its password (every mechanism named gets a new salt)."""
+        check_user_name(user)
+        if not password:
+            raise CredentialError("an empty password is not a password")
+        if not 4096 <= iterations <= ITERATIONS_MAX:
+            raise CredentialError(f"iterations must be in 4096..{ITERATIONS_MAX}, not {iterations}")
+        for m in mechanisms:
+            if m not in _HASHES:
+                raise CredentialError(f"unknown mechanism {m!r}: one of {', '.join(SCRAM_MECHANISMS)}")
+        os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
+        with exclusive_lock(self.path + ".lock"):
+            users = self._load()
+            users[user] = {m: make_credential(m, password, iterations) for m in mechanisms}
+            self._write(users)
+
+    def remove(self, user: str) -> None:
+        os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
+        with exclusive_lock(self.path + ".lock"):
+            users = self._load()
+            if user not in users:
+                raise CredentialError(f"no user {user!r}")
+            del users[user]
+            self._write(users)

@@ -1,0 +1,99 @@
+"""The SASL server (broker/security/sasl.py) against scramp's client and hand-made PLAIN tokens,
+over a real users file: right and wrong passwords, unknown users, PLAIN only where allowed, a
+password change seen without a restart, and a file that holds no password."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+from scramp import ScramClient
+
+from broker.security.credentials import CredentialError, CredentialStore
+from broker.security.sasl import PLAIN, AuthenticationFailed, Authenticator, SaslConfig
+
+ALL = SaslConfig(mechanisms=("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"))
+
+
+def scram(auth: Authenticator, mechanism: str, user: str, password: str) -> str | None:
+    """Run a whole SCRAM exchange; the principal, or None when the server refused."""
+    ex = auth.start(mechanism, tls=False)
+    assert ex is not None
+    client = ScramClient([mechanism], user, password)
+    try:
+        first = ex.step(client.get_client_first().encode())
+        client.set_server_first(first.decode())
+        final = ex.step(client.get_client_final().encode())
+    except AuthenticationFailed:
+        return None
+    client.set_server_final(final.decode())  # the server proved it knows the credential too
+    return ex.principal
+
+
+@pytest.fixture
+def auth(tmp_path: Path) -> Authenticator:
+    CredentialStore(str(tmp_path)).add("alice", "s3cret pass")
+    return Authenticator(str(tmp_path), ALL)
+
+
+@pytest.mark.parametrize("mechanism", ["SCRAM-SHA-256", "SCRAM-SHA-512"])
+def test_scram(auth: Authenticator, mechanism: str) -> None:
+    assert scram(auth, mechanism, "alice", "s3cret pass") == "User:alice"
+    assert scram(auth, mechanism, "alice", "wrong") is None
+    assert scram(auth, mechanism, "mallory", "s3cret pass") is None
+    assert auth.failures == 2 and auth.successes == 1
+
+
+def test_plain(auth: Authenticator) -> None:
+    def plain(token: bytes) -> str | None:
+        ex = auth.start(PLAIN, tls=True)
+        assert ex is not None
+        try:
+            assert ex.step(token) == b""
+        except AuthenticationFailed:
+            return None
+        return ex.principal
+
+    assert plain(b"\0alice\0s3cret pass") == "User:alice"
+    assert plain(b"alice\0alice\0s3cret pass") == "User:alice"
+    assert plain(b"\0alice\0wrong") is None
+    assert plain(b"\0nobody\0s3cret pass") is None
+    assert plain(b"bob\0alice\0s3cret pass") is None  # acting for another user
+    assert plain(b"no separators") is None
+
+
+def test_plain_only_over_tls_unless_allowed(tmp_path: Path) -> None:
+    assert Authenticator(str(tmp_path), ALL).start(PLAIN, tls=False) is None
+    assert Authenticator(str(tmp_path), ALL).start(PLAIN, tls=True) is not None
+    allowed = SaslConfig(mechanisms=ALL.mechanisms, plain_without_tls=True)
+    assert Authenticator(str(tmp_path), allowed).start(PLAIN, tls=False) is not None
+    only = SaslConfig(mechanisms=("SCRAM-SHA-512",))
+    assert Authenticator(str(tmp_path), only).start("SCRAM-SHA-256", tls=True) is None
+
+
+def test_changes_are_seen_without_a_restart(tmp_path: Path, auth: Authenticator) -> None:
+    store = CredentialStore(str(tmp_path))
+    store.add("alice", "new password")
+    assert scram(auth, "SCRAM-SHA-512", "alice", "s3cret pass") is None
+    assert scram(auth, "SCRAM-SHA-512", "alice", "new password") == "User:alice"
+    store.add("bob", "bob's")
+    assert scram(auth, "SCRAM-SHA-256", "bob", "bob's") == "User:bob"
+    store.remove("bob")
+    assert scram(auth, "SCRAM-SHA-256", "bob", "bob's") is None
+    assert store.users() == {"alice": ("SCRAM-SHA-256", "SCRAM-SHA-512")}
+
+
+def test_the_file_holds_no_password_and_only_its_owner_reads_it(tmp_path: Path) -> None:
+    store = CredentialStore(str(tmp_path))
+    store.add("carol", "hunter2-but-longer")
+    raw = Path(store.path).read_bytes()
+    assert b"hunter2" not in raw and b"carol" in raw
+    assert stat.S_IMODE(os.stat(store.path).st_mode) == 0o600
+    with pytest.raises(CredentialError):
+        store.add("bad name", "x")
+    with pytest.raises(CredentialError):
+        store.add("dave", "")
+    with pytest.raises(CredentialError):
+        store.remove("nobody")
