@@ -22,6 +22,7 @@ from broker.cli_security import add_security_commands
 from broker.core.limits import add_limit_arguments, limits_from_args
 from broker.node.logfmt import LogfmtFormatter
 from broker.security.exposure import is_loopback_only
+from broker.security.sasl import MECHANISMS, SaslConfig, parse_mechanisms
 from broker.storage.errors import StorageError
 from broker.storage.index import ENTRY_SIZE, INDEX_HEADER_SIZE, decode_entry, parse_entries
 from broker.storage.index import invalid_header as invalid_index_header
@@ -240,11 +241,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    if not args.allow_plaintext and not is_loopback_only(args.host):
+    try:
+        sasl = SaslConfig(parse_mechanisms(args.sasl_mechanisms), args.sasl_plain_without_tls)
+    except ValueError as exc:
+        print(f"broker: --sasl-mechanisms: {exc}", file=sys.stderr)
+        return 2
+    if sasl.enabled and args.etcd:
+        print("broker: SASL in a cluster (--etcd) is not supported yet (docs/SECURITY.md)", file=sys.stderr)
+        return 2
+    if not args.allow_plaintext and not sasl.enabled and not is_loopback_only(args.host):
         print(
             f"broker: --host {args.host} can be reached from other machines, and this broker has no "
             "TLS or SASL: anyone who reaches it could read, write and delete every topic. "
-            "Pass --allow-plaintext to serve it in plaintext anyway (docs/SECURITY.md)",
+            "Enable SASL (--sasl-mechanisms SCRAM-SHA-512, users from `broker users add`), or pass "
+            "--allow-plaintext to serve it in plaintext anyway (docs/SECURITY.md)",
             file=sys.stderr,
         )
         return 2
@@ -319,6 +329,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         tcp_fastopen_sysctl=args.tcp_fastopen_sysctl,
         membership_port=args.membership_port,
         group_initial_rebalance_delay_ms=args.group_initial_rebalance_delay_ms,
+        sasl=sasl,
         limits=limits,
         node_id=args.node_id,
         join=join,
@@ -362,6 +373,18 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-level", default=argparse.SUPPRESS, type=str.upper, choices=LOG_LEVELS)
     serve.add_argument("--data-dir", default="./data", help="where topics live (default ./data)")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument(
+        "--sasl-mechanisms",
+        default="",
+        metavar="M[,M...]",
+        help=f"require SASL on the client listeners with these mechanisms (of {', '.join(MECHANISMS)}; "
+        "default none: no authentication)",
+    )
+    serve.add_argument(
+        "--sasl-plain-without-tls",
+        action="store_true",
+        help="offer PLAIN (which sends the password itself) on connections without TLS",
+    )
     serve.add_argument(
         "--allow-plaintext",
         action="store_true",

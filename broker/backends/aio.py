@@ -63,7 +63,9 @@ class Connection(ServedConnection, asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it.
         self.transport = cast(asyncio.Transport, transport)
-        self.peer = "core peer" if self.from_peer else str(transport.get_extra_info("peername"))
+        self.peer = self.auth.peer = (
+            "core peer" if self.from_peer else str(transport.get_extra_info("peername"))
+        )
         if self.server.accepted(self):
             # High-water mark 0: `pause_writing` as soon as a reply waits in the transport,
             # `resume_writing` once it has all gone; the budget counts what waits until then.

@@ -105,8 +105,10 @@ from broker.core.outcomes import (
 from broker.core.partition import Partition
 from broker.core.remote import RemoteLinks
 from broker.core.replica_manager import ReplicaManager
+from broker.kafka import sasl as kafka_sasl
 from broker.kafka.adapter import KafkaAdapter
 from broker.kafka.codec import KafkaFrameDecoder, KafkaRequest, starts_like_kafka
+from broker.security.session import AUTH_FAILURE_CLOSE_DELAY_S, ConnectionAuth
 from ringlog_proto.batch import now_ms
 from ringlog_proto.frames import (
     HEADER_SIZE,
@@ -310,11 +312,12 @@ class FirstBytes:
 class Slot:
     """A request's place in its connection's reply order."""
 
-    __slots__ = ("buffers", "charge", "done", "started_ns")
+    __slots__ = ("buffers", "charge", "done", "started_ns", "then_close")
 
     def __init__(self, started_ns: int, charge: int = 0) -> None:
         self.buffers: list[bytes] = []
         self.done = False
+        self.then_close = False
         self.started_ns = started_ns  # for the latency histogram (metrics.reply)
         self.charge = charge  # bytes counted in flight for this request (see `request_charge`)
 
@@ -430,6 +433,8 @@ class ServedConnection:
         )
         self.slots: deque[Slot] = deque()  # the requests not yet answered, in arrival order
         self.budget = ConnectionBudget(time.monotonic())
+        self.auth = ConnectionAuth.for_connection(server.config.sasl, peer, from_peer)
+        self.refusing = False  # a reply that closes was queued: nothing more is taken
         self.forward_blocked = 0  # peer cores whose forward limit this connection waits on
 
     def received(self, data: bytes | memoryview) -> None:
@@ -448,7 +453,7 @@ class ServedConnection:
         self.reading_changed()
 
     def paused(self) -> bool:
-        return self.forward_blocked > 0 or not self.server.may_read(self)
+        return self.refusing or self.forward_blocked > 0 or not self.server.may_read(self)
 
     def fill(self, slot: Slot, outcome: Reply | Silent) -> None:
         """A reply is ready: send every reply at the head of the queue that is ready too."""
@@ -456,6 +461,7 @@ class ServedConnection:
         server = self.server
         if isinstance(outcome, Reply):
             slot.buffers = outcome.buffers
+            slot.then_close = outcome.then_close
             size = sum(map(len, outcome.buffers))
             server.handlers.metrics.reply(size, slot.started_ns)
             change = server.replied(slot, size)
@@ -466,12 +472,17 @@ class ServedConnection:
         slots = self.slots
         out: list[bytes] = []
         released = 0
+        close = False
         while slots and slots[0].done:
             done = slots.popleft()
             out.extend(done.buffers)
             released += done.charge
+            close = close or done.then_close
         if out:
             self.write(out)
+        if close and not self.refusing:
+            self.refusing = True
+            server.call_later(AUTH_FAILURE_CLOSE_DELAY_S, self.close)
         server.queued(self, released, self.unsent(), change)
         self.reading_changed()  # a connection paused on its budget may read again
 
@@ -735,9 +746,18 @@ class BackendCore:
         if not from_peer:
             self._count(conn, 0, decoder.buffered - budget.buffered)
         try:
-            while not conn.closed:
+            while not conn.closed and not conn.refusing:
                 if not from_peer and not self._may_take(conn):
                     break
+                if conn.auth.raw_tokens and isinstance(decoder, KafkaFrameDecoder):
+                    token = decoder.next_raw(kafka_sasl.RAW_TOKEN_MAX_BYTES)
+                    if token is NEED_DATA:
+                        break
+                    took = True
+                    slot = Slot(metrics.kafka_request(kafka_sasl.SASL_AUTHENTICATE, len(token) + 4))
+                    slots.append(slot)
+                    self.carry_out(kafka_sasl.raw_token(token, conn.auth), None, conn, slot)  # type: ignore[arg-type]
+                    continue
                 frame = decoder.next_frame()
                 if frame is NEED_DATA:
                     break
@@ -746,6 +766,11 @@ class BackendCore:
                     self._take_kafka(frame, conn)
                     continue
                 assert isinstance(frame, Frame)
+                if not conn.auth.authenticated:
+                    raise ProtocolError(
+                        "this broker requires SASL authentication, which ringlog's own protocol "
+                        "does not carry yet: use a Kafka client (docs/SECURITY.md)"
+                    )
                 size = len(frame.body) + HEADER_SIZE
                 if from_peer:
                     slot = Slot(metrics.request(frame.api_key, size))
@@ -768,7 +793,7 @@ class BackendCore:
         (The adapter raises `ProtocolError` for a request it closes the connection on.)"""
         size = request.size
         started_ns = self.handlers.metrics.kafka_request(request.api_key, size)
-        outcome = self.kafka.handle(request)
+        outcome = self.kafka.handle(request, conn.auth)
         slot = Slot(started_ns, size + REQUEST_OVERHEAD_BYTES)
         self._count(conn, slot.charge, -size)
         conn.slots.append(slot)

@@ -14,6 +14,7 @@ from typing import Any
 
 from broker.core.cluster_view import ClusterSettings
 from broker.core.limits import Limits
+from broker.security.sasl import SaslConfig
 from broker.storage.log import LogConfig
 
 
@@ -42,3 +43,5 @@ class BrokerConfig:
     bpf_snapshot: Callable[[], dict[str, Any] | None] = no_bpf_snapshot
     # a node of a cluster (docs/CLUSTER.md): its store calls and replication settings; None: alone
     cluster: ClusterSettings | None = None
+    # SASL on the client listeners (broker/security/sasl.py); off by default
+    sasl: SaslConfig = field(default_factory=SaslConfig)

@@ -31,6 +31,9 @@ if TYPE_CHECKING:
 @dataclass(slots=True)
 class Reply:
     buffers: list[bytes]
+    # after this reply nothing more is read, and the connection closes a moment later (a failed
+    # authentication: broker/security/session.py)
+    then_close: bool = False
 
 
 @dataclass(slots=True)

@@ -58,7 +58,7 @@ from broker.core.handlers import Handlers
 from broker.core.outcomes import Append, Gather, Outcome, Read, Reply, Silent, Wait
 from broker.core.partition import Partition, Stored
 from broker.core.views import MetadataView, NodeView, kafka_broker_id
-from broker.kafka import init_producer_id
+from broker.kafka import init_producer_id, sasl
 from broker.kafka.codec import (
     KafkaDecodeError,
     KafkaRequest,
@@ -78,6 +78,8 @@ from broker.kafka.leader_epoch import (
     offset_for_leader_epoch_v0,
 )
 from broker.kafka.unsupported import api_name, error_for, error_response
+from broker.security.sasl import Authenticator
+from broker.security.session import ConnectionAuth
 from broker.storage.diskspace import is_out_of_space
 from ringlog_proto.batch import now_ms
 from ringlog_proto.frames import ProtocolError
@@ -105,6 +107,7 @@ SUPPORTED_VERSIONS: Final[dict[int, tuple[int, int]]] = {
     INIT_PRODUCER_ID: init_producer_id.VERSIONS,  # v2+ flexible (kio writes their headers)
     OFFSET_FOR_LEADER_EPOCH: (0, 3),  # v0-1 read here (kio has v2+); v4+ are flexible
     **GROUP_VERSIONS,  # FindCoordinator, Join/Sync/Heartbeat/LeaveGroup, offsets: broker/kafka/groups.py
+    **sasl.VERSIONS,  # SaslHandshake, SaslAuthenticate: broker/kafka/sasl.py
 }
 PRODUCE_REFUSED_BELOW: Final = 3  # librdkafka < 2.11 stops compressing unless Produce v0 is listed
 # Kafka acks -> ours: -1 (all in-sync replicas) is our acks=all: once the high watermark passes
@@ -147,6 +150,8 @@ class KafkaAdapter:
             config.data_dir if config.cluster is None else f"cluster:{config.cluster.name}"
         )
         self.groups = KafkaGroups(handlers)
+        self.authenticator = Authenticator(config.data_dir, config.sasl) if config.sasl.enabled else None
+        self._auth = ConnectionAuth("")  # the connection of the request being handled
         # api key -> its handler; SUPPORTED_VERSIONS says which versions reach it
         self._apis: dict[int, Callable[[KafkaRequest, Any], Outcome]] = {
             API_VERSIONS: lambda request, _body: self._api_versions(request),
@@ -163,12 +168,21 @@ class KafkaAdapter:
                 self.handlers, request, body
             ),
             **self.groups.apis(),
+            sasl.SASL_HANDSHAKE: lambda request, body: sasl.handshake(
+                self.authenticator, request, body, self._auth
+            ),
+            sasl.SASL_AUTHENTICATE: lambda request, body: sasl.authenticate(request, body, self._auth),
         }
         assert set(self._apis) == set(SUPPORTED_VERSIONS), "an api advertised without a handler"
 
-    def handle(self, request: KafkaRequest) -> Outcome:
-        """The outcome of one Kafka request. Raises `ProtocolError` when the connection must
-        close (a request we cannot answer in a shape the client reads)."""
+    def handle(self, request: KafkaRequest, auth: ConnectionAuth | None = None) -> Outcome:
+        """The outcome of one Kafka request on a connection whose authentication state is `auth`
+        (None: an unauthenticated-listener default, for tests). Raises `ProtocolError` when the
+        connection must close (a request we cannot answer in a shape the client reads, or one
+        before a required authentication)."""
+        if auth is not None:
+            sasl.gate(request, auth)
+        self._auth = auth or ConnectionAuth("")
         key, version = request.api_key, request.api_version
         if key == API_VERSIONS and version > SUPPORTED_VERSIONS[API_VERSIONS][1]:
             return self._api_versions_unsupported(request)

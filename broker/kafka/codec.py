@@ -97,6 +97,22 @@ class KafkaFrameDecoder(StreamDecoder):
         self._pos = end
         return KafkaRequest(api_key, api_version, correlation_id, data)
 
+    def next_raw(self, max_bytes: int) -> bytes | _NeedData:
+        """A bare size-prefixed token (SASL after a SaslHandshake v0: no Kafka header)."""
+        buf = self._buf
+        pos = self._pos
+        if len(buf) - pos < SIZE_BYTES:
+            return self._need_data()
+        (size,) = _SIZE.unpack_from(buf, pos)
+        if not 0 <= size <= max_bytes:
+            raise ProtocolError(f"SASL token of {size} bytes (at most {max_bytes})")
+        end = pos + SIZE_BYTES + size
+        if len(buf) < end:
+            return self._need_data()
+        data = bytes(buf[pos + SIZE_BYTES : end])
+        self._pos = end
+        return data
+
 
 @functools.lru_cache(maxsize=1024)  # kio looks its module up on every call: a few us per request
 def request_schema(api_key: int, api_version: int) -> type[Any] | None:

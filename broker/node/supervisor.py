@@ -83,6 +83,7 @@ from broker.core.liveness import LivenessTable
 from broker.core.topics import TopicRegistry
 from broker.node.membership import SwimEndpoint
 from broker.node.metrics_http import serve_metrics
+from broker.security.sasl import SaslConfig
 from broker.storage import layout
 from broker.storage.dataformat import check_data_format
 from broker.storage.diskspace import RESERVE_BYTES, ensure_reserve
@@ -132,6 +133,7 @@ class SupervisorConfig:
     membership_port: int | None = None  # None: the broker's TCP port number; -1: no endpoint
     limits: Limits = field(default_factory=Limits)  # broker/core/limits.py, docs/LIMITS.md
     group_initial_rebalance_delay_ms: int = 3000  # broker/core/coordinator.py
+    sasl: SaslConfig = field(default_factory=SaslConfig)  # broker/security/sasl.py
     node_id: int = 0  # cluster node id (u32); 0: a single node
     join: tuple[tuple[str, int], ...] = ()  # seed membership addresses (host, udp port)
     rack: str = ""
@@ -596,6 +598,10 @@ class Supervisor:
             "log_defaults": asdict(self.config.log_defaults),
             "limits": self.config.limits.to_spec(),
             "group_initial_rebalance_delay_ms": self.config.group_initial_rebalance_delay_ms,
+            "sasl": {
+                "mechanisms": list(self.config.sasl.mechanisms),
+                "plain_without_tls": self.config.sasl.plain_without_tls,
+            },
             "node_id": self.config.node_id,
             "cluster": self._cluster_spec(),
             "fds": list(w.fds),

@@ -38,6 +38,7 @@ from broker.core.cluster_view import ClusterSettings
 from broker.core.config import BrokerConfig
 from broker.core.limits import Limits
 from broker.node.logfmt import LogfmtFormatter
+from broker.security.sasl import SaslConfig
 from broker.storage.errors import StorageError
 from broker.storage.log import LogConfig
 
@@ -134,10 +135,17 @@ def config_from_spec(spec: dict[str, object]) -> BrokerConfig:
         backend=str(spec.get("backend", "uvloop")),
         limits=Limits.from_spec(spec.get("limits")),  # type: ignore[arg-type]
         group_initial_rebalance_delay_ms=int(spec.get("group_initial_rebalance_delay_ms", 3000)),  # type: ignore[call-overload]
+        sasl=sasl_config(spec.get("sasl")),  # type: ignore[arg-type]
         bpf_snapshot=functools.partial(bpf_state.read, str(spec["data_dir"])),  # cached by mtime, no bcc
         node_id=int(spec.get("node_id", 0)),  # type: ignore[call-overload]
         cluster=cluster_settings(spec.get("cluster"), str(spec["data_dir"])),  # type: ignore[arg-type]
     )
+
+
+def sasl_config(spec: dict[str, Any] | None) -> SaslConfig:
+    if not spec:
+        return SaslConfig()
+    return SaslConfig(tuple(spec.get("mechanisms", ())), bool(spec.get("plain_without_tls", False)))
 
 
 def cluster_settings(spec: dict[str, Any] | None, data_dir: str) -> ClusterSettings | None:

@@ -34,7 +34,7 @@ SECURITY_DIR: Final = "security"
 # Kafka's user names may be anything SCRAM can carry; ours keep to what a shell and an ACL line
 # show unambiguously.
 USER_NAME_RE: Final = re.compile(r"^[A-Za-z0-9._@-]{1,255}$")
-_HASHES: Final = {"SCRAM-SHA-256": hashlib.sha256, "SCRAM-SHA-512": hashlib.sha512}
+HASHES: Final = {"SCRAM-SHA-256": hashlib.sha256, "SCRAM-SHA-512": hashlib.sha512}
 
 
 class CredentialError(ValueError):
@@ -75,7 +75,7 @@ def make_credential(mechanism: str, password: str, iterations: int = ITERATIONS_
 
 def password_matches(mechanism: str, credential: ScramCredential, password: str) -> bool:
     """Whether `password` is the one `credential` was made from (for SASL/PLAIN)."""
-    hf = _HASHES[mechanism]
+    hf = HASHES[mechanism]
     salted = hashlib.pbkdf2_hmac(hf().name, password.encode(), credential.salt, credential.iterations)
     client_key = hmac.new(salted, b"Client Key", hf).digest()
     return hmac.compare_digest(hf(client_key).digest(), credential.stored_key)
@@ -106,7 +106,7 @@ class CredentialStore:
         users: dict[str, dict[str, ScramCredential]] = {}
         if isinstance(doc, dict):
             for name, mechs in dict(doc.get("users", {})).items():
-                users[name] = {m: ScramCredential.from_json(c) for m, c in mechs.items() if m in _HASHES}
+                users[name] = {m: ScramCredential.from_json(c) for m, c in mechs.items() if m in HASHES}
         return users
 
     def _fresh(self) -> dict[str, dict[str, ScramCredential]]:
@@ -147,7 +147,7 @@ class CredentialStore:
         if not 4096 <= iterations <= ITERATIONS_MAX:
             raise CredentialError(f"iterations must be in 4096..{ITERATIONS_MAX}, not {iterations}")
         for m in mechanisms:
-            if m not in _HASHES:
+            if m not in HASHES:
                 raise CredentialError(f"unknown mechanism {m!r}: one of {', '.join(SCRAM_MECHANISMS)}")
         os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
         with exclusive_lock(self.path + ".lock"):

@@ -3,9 +3,14 @@
 Rules this module keeps:
 - Protocol-neutral: the Kafka adapter (SaslHandshake, SaslAuthenticate) and our own protocol
   carry the same tokens; this module sees tokens, never frames.
-- Mechanisms: PLAIN (RFC 4616) and SCRAM-SHA-256 / SCRAM-SHA-512 (RFC 5802, 7677; the server side
-  is `scramp`'s). PLAIN sends the password itself, so it is offered only on a TLS connection,
-  unless the operator allowed it in plaintext (`--sasl-plain-without-tls`).
+- Mechanisms: PLAIN (RFC 4616) and SCRAM-SHA-256 / SCRAM-SHA-512 (RFC 5802, 7677; `ScramServer`
+  below, tested against `scramp`'s client and librdkafka's). PLAIN sends the password itself, so
+  it is offered only on a TLS connection, unless the operator allowed it in plaintext
+  (`--sasl-plain-without-tls`). No channel binding (a "p=" client is refused): Kafka has none.
+- librdkafka before 2.6.1 puts its own nonce in front of the combined nonce in its final message
+  (librdkafka#4895; kcat here is 2.0.2). As Kafka 3.8.1-3.9 did, that one form is accepted too:
+  the proof still covers the message as sent, and the server's nonce is still in it, so it
+  proves the same thing. Anything else but the exact nonce is refused.
 - An unknown user gets the same exchange as a wrong password (a SCRAM salt made from the name, so
   asking twice gives the same answer): the failure names neither, and no timing says which.
 - A principal is "User:<name>", as Kafka writes them (ACLs name principals).
@@ -15,6 +20,7 @@ Rules this module keeps:
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import logging
@@ -23,9 +29,8 @@ import time
 from dataclasses import dataclass
 from typing import Final
 
-from scramp import ScramException, ScramMechanism
-
 from broker.security.credentials import (
+    HASHES,
     ITERATIONS_DEFAULT,
     SCRAM_MECHANISMS,
     CredentialStore,
@@ -59,6 +64,20 @@ class SaslConfig:
     def offered(self, tls: bool) -> tuple[str, ...]:
         """The mechanisms a connection may use: PLAIN only over TLS unless allowed in plaintext."""
         return tuple(m for m in self.mechanisms if m != PLAIN or tls or self.plain_without_tls)
+
+
+def parse_mechanisms(text: str) -> tuple[str, ...]:
+    """`--sasl-mechanisms`: a comma-separated list of MECHANISMS (case-insensitive), in order."""
+    out: list[str] = []
+    for part in text.split(","):
+        name = part.strip().upper()
+        if not name:
+            continue
+        if name not in MECHANISMS:
+            raise ValueError(f"unknown mechanism {part.strip()!r}: one of {', '.join(MECHANISMS)}")
+        if name not in out:
+            out.append(name)
+    return tuple(out)
 
 
 class _RateLimitedWarnings:
@@ -99,18 +118,86 @@ class Authenticator:
             "authentication failed", "authentication failed: %s, %s, user %r", peer, mechanism, user
         )
 
-    def scram_auth(self, mechanism: str, user: str) -> tuple[bytes, bytes, bytes, int]:
-        """scramp's auth_fn: the user's credential, or a decoy that can never verify."""
+    def credential(self, mechanism: str, user: str) -> ScramCredential:
+        """The user's credential, or a decoy that can never verify (see the module rules)."""
         cred = self.store.lookup(user, mechanism)
         if cred is None:
             digest = hmac.new(self._secret, f"{mechanism}\0{user}".encode(), hashlib.sha256).digest()
             cred = ScramCredential(digest[:16], ITERATIONS_DEFAULT, os.urandom(64), os.urandom(64))
-        return cred.salt, cred.stored_key, cred.server_key, cred.iterations
+        return cred
 
 
 def _sasl_name(raw: str) -> str:
     """RFC 5802's saslname: ',' and '=' arrive as '=2C' and '=3D'."""
     return raw.replace("=2C", ",").replace("=3D", "=")
+
+
+class ScramServer:
+    """The server side of one SCRAM exchange (RFC 5802): `client_first`, `server_first`,
+    `client_final`, in that order; a ValueError at any step ends it."""
+
+    def __init__(self, mechanism: str) -> None:
+        self.hf = HASHES[mechanism]
+        self._cred: ScramCredential | None = None
+
+    def client_first(self, text: str) -> str:
+        """Read the client's first message; the user name it names."""
+        gs2, _, bare = text.partition(",")
+        authzid, _, bare = bare.partition(",")
+        if gs2 not in ("n", "y"):
+            raise ValueError("channel binding is not supported")
+        attrs = _attributes(bare)
+        user, nonce = attrs.get("n"), attrs.get("r")
+        if not user or not nonce or "m" in attrs or attrs.get("tokenauth") == "true":
+            raise ValueError("client-first-message without n= and r=, or asking for what is not offered")
+        if authzid and _sasl_name(authzid.removeprefix("a=")) != _sasl_name(user):
+            raise ValueError("acting as another user is not supported")
+        self._gs2 = f"{gs2},{authzid},"
+        self._bare = bare
+        self._client_nonce = nonce
+        return _sasl_name(user)
+
+    def server_first(self, cred: ScramCredential) -> str:
+        self._cred = cred
+        self._nonce = self._client_nonce + base64.b64encode(os.urandom(24)).decode()
+        salt = base64.b64encode(cred.salt).decode()
+        self._server_first = f"r={self._nonce},s={salt},i={cred.iterations}"
+        return self._server_first
+
+    def client_final(self, text: str) -> str:
+        """Check the client's proof; the server's signature (the client checks it in turn)."""
+        cred = self._cred
+        assert cred is not None
+        without_proof, sep, proof_b64 = text.rpartition(",p=")
+        if not sep:
+            raise ValueError("client-final-message without a proof")
+        attrs = _attributes(without_proof)
+        if base64.b64decode(attrs.get("c", "")) != self._gs2.encode():
+            raise ValueError("channel binding data differs from the first message's")
+        nonce = attrs.get("r", "")
+        if nonce != self._nonce and nonce != self._client_nonce + self._nonce:  # librdkafka#4895
+            raise ValueError("nonce differs from the server's")
+        auth_message = f"{self._bare},{self._server_first},{without_proof}".encode()
+        hf = self.hf
+        signature = hmac.new(cred.stored_key, auth_message, hf).digest()
+        proof = base64.b64decode(proof_b64, validate=True)
+        if len(proof) != len(signature):
+            raise ValueError("proof of the wrong length")
+        client_key = bytes(a ^ b for a, b in zip(proof, signature, strict=True))
+        if not hmac.compare_digest(hf(client_key).digest(), cred.stored_key):
+            raise ValueError("wrong proof")
+        server_signature = hmac.new(cred.server_key, auth_message, hf).digest()
+        return "v=" + base64.b64encode(server_signature).decode()
+
+
+def _attributes(text: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for part in text.split(","):
+        key, sep, value = part.partition("=")
+        if not sep or key in out:
+            raise ValueError("malformed SCRAM attribute")
+        out[key] = value
+    return out
 
 
 class Exchange:
@@ -122,19 +209,16 @@ class Exchange:
         self.peer = peer
         self.principal: str | None = None
         self.user: str | None = None
-        self._scram = None if mechanism == PLAIN else ScramMechanism(mechanism).make_server(self._lookup)
+        self._scram = None if mechanism == PLAIN else ScramServer(mechanism)
         self._round = 0
-
-    def _lookup(self, user: str) -> tuple[bytes, bytes, bytes, int]:
-        self.user = _sasl_name(user)
-        return self.auth.scram_auth(self.mechanism, self.user)
 
     def step(self, token: bytes) -> bytes:
         """The server's answer to the client's next token. Raises `AuthenticationFailed` (counted
         and logged); once `principal` is set the exchange is over."""
         try:
             return self._step(token)
-        except AuthenticationFailed:
+        except AuthenticationFailed as exc:
+            log.debug("%s exchange with %s failed: %s", self.mechanism, self.peer, exc.__cause__ or exc)
             self.auth.failed(self.peer, self.mechanism, self.user)
             raise
 
@@ -147,15 +231,14 @@ class Exchange:
         try:
             text = token.decode("utf-8")
             if self._round == 1:
-                self._scram.set_client_first(text)
-                return self._scram.get_server_first().encode()
+                self.user = self._scram.client_first(text)
+                return self._scram.server_first(self.auth.credential(self.mechanism, self.user)).encode()
             if self._round == 2:
-                self._scram.set_client_final(text)
-                final = self._scram.get_server_final().encode()
+                final = self._scram.client_final(text).encode()
                 self.principal = USER_PRINCIPAL + (self.user or "")
                 self.auth.successes += 1
                 return final
-        except (ScramException, UnicodeDecodeError, ValueError, KeyError) as exc:
+        except (UnicodeDecodeError, ValueError, KeyError) as exc:
             raise AuthenticationFailed(f"{self.mechanism} authentication failed") from exc
         raise AuthenticationFailed("unexpected SASL token")
 

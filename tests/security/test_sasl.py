@@ -97,3 +97,49 @@ def test_the_file_holds_no_password_and_only_its_owner_reads_it(tmp_path: Path) 
         store.add("dave", "")
     with pytest.raises(CredentialError):
         store.remove("nobody")
+
+
+def _client_final(mechanism: str, password: str, bare: str, server_first: str, nonce: str) -> str:
+    """A client-final-message for `nonce`, computed here from RFC 5802 (not by the server's code)."""
+    import base64
+    import hashlib
+    import hmac
+
+    hf = {"SCRAM-SHA-256": hashlib.sha256, "SCRAM-SHA-512": hashlib.sha512}[mechanism]
+    attrs = dict(a.split("=", 1) for a in server_first.split(","))
+    salted = hashlib.pbkdf2_hmac(hf().name, password.encode(), base64.b64decode(attrs["s"]), int(attrs["i"]))
+    client_key = hmac.new(salted, b"Client Key", hf).digest()
+    without_proof = f"c=biws,r={nonce}"
+    signature = hmac.new(
+        hf(client_key).digest(), f"{bare},{server_first},{without_proof}".encode(), hf
+    ).digest()
+    proof = bytes(a ^ b for a, b in zip(client_key, signature, strict=True))
+    return f"{without_proof},p={base64.b64encode(proof).decode()}"
+
+
+@pytest.mark.parametrize(
+    ("form", "accepted"),
+    [("exact", True), ("librdkafka<2.6.1", True), ("client nonce only", False), ("other", False)],
+)
+def test_scram_final_nonce(auth: Authenticator, form: str, accepted: bool) -> None:
+    """librdkafka before 2.6.1 sends its nonce again in front of the combined one (librdkafka#4895;
+    Debian's kcat is 2.0.2): accepted, as Kafka 3.8.1-3.9 do; any other nonce is refused."""
+    ex = auth.start("SCRAM-SHA-512", tls=False)
+    assert ex is not None
+    bare = "n=alice,r=cl13nt=n0nce"
+    server_first = ex.step(f"n,,{bare}".encode()).decode()
+    combined = server_first.split(",")[0].removeprefix("r=")
+    assert combined.startswith("cl13nt=n0nce") and len(combined) > len("cl13nt=n0nce")
+    nonce = {
+        "exact": combined,
+        "librdkafka<2.6.1": "cl13nt=n0nce" + combined,
+        "client nonce only": "cl13nt=n0nce",
+        "other": combined[:-1] + ("A" if combined[-1] != "A" else "B"),
+    }[form]
+    final = _client_final("SCRAM-SHA-512", "s3cret pass", bare, server_first, nonce)
+    if accepted:
+        assert ex.step(final.encode()).startswith(b"v=") and ex.principal == "User:alice"
+    else:
+        with pytest.raises(AuthenticationFailed):
+            ex.step(final.encode())
+        assert ex.principal is None
