@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import ssl
 import sys
 import time
 from collections.abc import Sequence
@@ -23,6 +24,7 @@ from broker.core.limits import add_limit_arguments, limits_from_args
 from broker.node.logfmt import LogfmtFormatter
 from broker.security.exposure import is_loopback_only
 from broker.security.sasl import MECHANISMS, SaslConfig, parse_mechanisms
+from broker.security.tls import TlsConfig, server_context
 from broker.storage.errors import StorageError
 from broker.storage.index import ENTRY_SIZE, INDEX_HEADER_SIZE, decode_entry, parse_entries
 from broker.storage.index import invalid_header as invalid_index_header
@@ -246,14 +248,28 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"broker: --sasl-mechanisms: {exc}", file=sys.stderr)
         return 2
-    if sasl.enabled and args.etcd:
-        print("broker: SASL in a cluster (--etcd) is not supported yet (docs/SECURITY.md)", file=sys.stderr)
+    tls = TlsConfig(args.tls_cert or "", args.tls_key or "", args.tls_client_ca or "")
+    if bool(tls.cert) != bool(tls.key) or (tls.client_ca and not tls.cert):
+        print("broker: --tls-cert and --tls-key go together; --tls-client-ca needs both", file=sys.stderr)
         return 2
-    if not args.allow_plaintext and not sasl.enabled and not is_loopback_only(args.host):
+    if tls.enabled:
+        try:
+            server_context(tls)  # fail here, with the file named, rather than in every worker
+        except (OSError, ssl.SSLError) as exc:
+            print(f"broker: TLS: cannot load the certificate, key or CA: {exc}", file=sys.stderr)
+            return 2
+    if (sasl.enabled or tls.enabled) and args.etcd:
+        print(
+            "broker: TLS and SASL in a cluster (--etcd) are not supported yet (docs/SECURITY.md)",
+            file=sys.stderr,
+        )
+        return 2
+    if not args.allow_plaintext and not sasl.enabled and not tls.enabled and not is_loopback_only(args.host):
         print(
             f"broker: --host {args.host} can be reached from other machines, and this broker has no "
             "TLS or SASL: anyone who reaches it could read, write and delete every topic. "
-            "Enable SASL (--sasl-mechanisms SCRAM-SHA-512, users from `broker users add`), or pass "
+            "Enable TLS (--tls-cert, --tls-key) and SASL (--sasl-mechanisms SCRAM-SHA-512, users from "
+            "`broker users add`), or pass "
             "--allow-plaintext to serve it in plaintext anyway (docs/SECURITY.md)",
             file=sys.stderr,
         )
@@ -330,6 +346,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         membership_port=args.membership_port,
         group_initial_rebalance_delay_ms=args.group_initial_rebalance_delay_ms,
         sasl=sasl,
+        tls=tls,
         limits=limits,
         node_id=args.node_id,
         join=join,
@@ -373,6 +390,15 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-level", default=argparse.SUPPRESS, type=str.upper, choices=LOG_LEVELS)
     serve.add_argument("--data-dir", default="./data", help="where topics live (default ./data)")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument(
+        "--tls-cert", metavar="PEM", help="serve TLS on the client listeners: certificate chain"
+    )
+    serve.add_argument("--tls-key", metavar="PEM", help="the private key of --tls-cert")
+    serve.add_argument(
+        "--tls-client-ca",
+        metavar="PEM",
+        help="require client certificates signed by these CAs (mutual TLS; the subject is the principal)",
+    )
     serve.add_argument(
         "--sasl-mechanisms",
         default="",

@@ -44,6 +44,7 @@ from broker.backends.shared import BackendCore, PeerStream, ServedConnection, tu
 from broker.core.config import BrokerConfig
 from broker.core.limits import REMOTE_CONNECT_TIMEOUT_S
 from broker.core.remote import address_label
+from broker.security.tls import TLS_HANDSHAKE_TIMEOUT_S, principal_of, server_context
 from broker.storage.fileio import Op, SyncFileIO, run_ops
 from broker.storage.segment import Extent
 
@@ -66,6 +67,9 @@ class Connection(ServedConnection, asyncio.Protocol):
         self.peer = self.auth.peer = (
             "core peer" if self.from_peer else str(transport.get_extra_info("peername"))
         )
+        if not self.from_peer and transport.get_extra_info("ssl_object") is not None:
+            cert = principal_of(transport.get_extra_info("peercert"))
+            self.auth.tls_established(cert, self.server.config.sasl)
         if self.server.accepted(self):
             # High-water mark 0: `pause_writing` as soon as a reply waits in the transport,
             # `resume_writing` once it has all gone; the budget counts what waits until then.
@@ -164,6 +168,7 @@ class Server(BackendCore):
     def __init__(self, config: BrokerConfig, listeners: Sequence[socket.socket]) -> None:
         super().__init__(config)
         self.listeners = list(listeners)
+        self.tls_context = server_context(config.tls) if config.tls.enabled else None
         self.io = SyncFileIO()
         self._flusher = ThreadPoolExecutor(FLUSH_THREADS, thread_name_prefix="flush")
         self._flushes = 0  # group commits running on `_flusher`
@@ -295,6 +300,13 @@ class Server(BackendCore):
         for sock in self.listeners:
             if sock.family == socket.AF_UNIX:  # frames from another core (forwards, notices)
                 server = await loop.create_unix_server(lambda: Connection(self, from_peer=True), sock=sock)
+            elif self.tls_context is not None:
+                server = await loop.create_server(
+                    lambda: Connection(self),
+                    sock=sock,
+                    ssl=self.tls_context,
+                    ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S,
+                )
             else:
                 server = await loop.create_server(lambda: Connection(self), sock=sock)
             self._servers.append(server)

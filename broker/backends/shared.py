@@ -433,7 +433,9 @@ class ServedConnection:
         )
         self.slots: deque[Slot] = deque()  # the requests not yet answered, in arrival order
         self.budget = ConnectionBudget(time.monotonic())
-        self.auth = ConnectionAuth.for_connection(server.config.sasl, peer, from_peer)
+        self.auth = ConnectionAuth.for_connection(
+            server.config.sasl, peer, from_peer, tls=not from_peer and server.config.tls.enabled
+        )
         self.refusing = False  # a reply that closes was queued: nothing more is taken
         self.forward_blocked = 0  # peer cores whose forward limit this connection waits on
 

@@ -37,6 +37,7 @@ import logging
 import os
 import signal
 import socket
+import ssl
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -49,6 +50,7 @@ from broker.backends.uring_options import UringOptions
 from broker.core.config import BrokerConfig
 from broker.core.limits import REMOTE_CONNECT_TIMEOUT_S
 from broker.core.partition import Partition
+from broker.security.tls import TLS_HANDSHAKE_TIMEOUT_S, TlsSession, server_context
 from broker.storage.fileio import Op, SyncFileIO, Write, remaining_buffers, run_ops
 from broker.storage.ring_ops import RingOps
 from broker.storage.segment import Extent
@@ -218,6 +220,52 @@ class Connection(ServedConnection, _Stream):
     def __init__(self, server: UringServer, fd: int, peer: str, from_peer: bool = False) -> None:
         ServedConnection.__init__(self, server, from_peer, peer)
         _Stream.__init__(self, server, fd)
+        ctx = server.tls_context
+        self.tls = TlsSession(ctx) if ctx is not None and not from_peer else None
+        if self.tls is not None:
+            server.loop.call_later(TLS_HANDSHAKE_TIMEOUT_S, self._handshake_deadline)
+
+    # ------------------------------------------------------------------------- TLS (module rules)
+
+    def received(self, data: bytes | memoryview) -> None:
+        tls = self.tls
+        if tls is None:
+            ServedConnection.received(self, data)
+            return
+        was_done = tls.handshake_done
+        try:
+            plain, eof = tls.feed(data)
+        except ssl.SSLError as exc:
+            self.server.limit_log.warning("tls", "closing %s: TLS: %s", self.peer, exc.reason or exc)
+            out = tls.pending()  # the alert that says why, if any
+            if out:
+                _Stream.write(self, [out])
+            self.close()
+            return
+        out = tls.pending()
+        if out:
+            _Stream.write(self, [out])
+        if tls.handshake_done and not was_done:
+            self.auth.tls_established(tls.peer_principal(), self.server.config.sasl)
+        for chunk in plain:
+            if self.closed:
+                return
+            ServedConnection.received(self, chunk)
+        if eof:
+            self.close()
+
+    def write(self, buffers: Sequence[bytes | memoryview]) -> None:
+        if self.tls is None:
+            _Stream.write(self, buffers)
+        elif not self.closed and buffers:
+            _Stream.write(self, [self.tls.encrypt(list(buffers))])
+
+    def _handshake_deadline(self) -> None:
+        if self.tls is not None and not self.tls.handshake_done and not self.closed:
+            self.server.limit_log.warning(
+                "tls", "closing %s: no TLS handshake within %gs", self.peer, TLS_HANDSHAKE_TIMEOUT_S
+            )
+            self.close()
 
     def __str__(self) -> str:
         return self.peer
@@ -346,6 +394,7 @@ class UringServer(BackendCore):
         self.loop = Loop(ring, options.busy_poll_us)
         self.ring_ops = RingOps(ring, self.loop.worker_op)
         self.listeners = list(listeners)
+        self.tls_context = server_context(config.tls) if config.tls.enabled else None
         self.inline_appends = options.append_writes == "inline"
         # "auto": a gathered store write up to this many bytes is a pwritev on the loop
         self.inline_write_max = APPEND_INLINE_BYTES_MAX if options.append_writes == "auto" else -1

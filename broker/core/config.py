@@ -15,6 +15,7 @@ from typing import Any
 from broker.core.cluster_view import ClusterSettings
 from broker.core.limits import Limits
 from broker.security.sasl import SaslConfig
+from broker.security.tls import TlsConfig
 from broker.storage.log import LogConfig
 
 
@@ -45,3 +46,4 @@ class BrokerConfig:
     cluster: ClusterSettings | None = None
     # SASL on the client listeners (broker/security/sasl.py); off by default
     sasl: SaslConfig = field(default_factory=SaslConfig)
+    tls: TlsConfig = field(default_factory=TlsConfig)  # TLS on the client listeners (broker/security/tls.py)

@@ -84,6 +84,7 @@ from broker.core.topics import TopicRegistry
 from broker.node.membership import SwimEndpoint
 from broker.node.metrics_http import serve_metrics
 from broker.security.sasl import SaslConfig
+from broker.security.tls import TlsConfig
 from broker.storage import layout
 from broker.storage.dataformat import check_data_format
 from broker.storage.diskspace import RESERVE_BYTES, ensure_reserve
@@ -134,6 +135,7 @@ class SupervisorConfig:
     limits: Limits = field(default_factory=Limits)  # broker/core/limits.py, docs/LIMITS.md
     group_initial_rebalance_delay_ms: int = 3000  # broker/core/coordinator.py
     sasl: SaslConfig = field(default_factory=SaslConfig)  # broker/security/sasl.py
+    tls: TlsConfig = field(default_factory=TlsConfig)  # broker/security/tls.py
     node_id: int = 0  # cluster node id (u32); 0: a single node
     join: tuple[tuple[str, int], ...] = ()  # seed membership addresses (host, udp port)
     rack: str = ""
@@ -602,6 +604,7 @@ class Supervisor:
                 "mechanisms": list(self.config.sasl.mechanisms),
                 "plain_without_tls": self.config.sasl.plain_without_tls,
             },
+            "tls": asdict(self.config.tls),
             "node_id": self.config.node_id,
             "cluster": self._cluster_spec(),
             "fds": list(w.fds),

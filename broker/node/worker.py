@@ -39,6 +39,7 @@ from broker.core.config import BrokerConfig
 from broker.core.limits import Limits
 from broker.node.logfmt import LogfmtFormatter
 from broker.security.sasl import SaslConfig
+from broker.security.tls import TlsConfig
 from broker.storage.errors import StorageError
 from broker.storage.log import LogConfig
 
@@ -136,6 +137,7 @@ def config_from_spec(spec: dict[str, object]) -> BrokerConfig:
         limits=Limits.from_spec(spec.get("limits")),  # type: ignore[arg-type]
         group_initial_rebalance_delay_ms=int(spec.get("group_initial_rebalance_delay_ms", 3000)),  # type: ignore[call-overload]
         sasl=sasl_config(spec.get("sasl")),  # type: ignore[arg-type]
+        tls=TlsConfig(**spec.get("tls", {})),  # type: ignore[arg-type]
         bpf_snapshot=functools.partial(bpf_state.read, str(spec["data_dir"])),  # cached by mtime, no bcc
         node_id=int(spec.get("node_id", 0)),  # type: ignore[call-overload]
         cluster=cluster_settings(spec.get("cluster"), str(spec["data_dir"])),  # type: ignore[arg-type]

@@ -35,6 +35,12 @@ class ConnectionAuth:
             return cls(peer, tls, CORE_PRINCIPAL)
         return cls(peer, tls, None if sasl.enabled else ANONYMOUS)
 
+    def tls_established(self, cert_principal: str | None, sasl: SaslConfig) -> None:
+        """The handshake is done: a client certificate names the principal, unless SASL will."""
+        self.tls = True
+        if cert_principal is not None and not sasl.enabled:
+            self.principal = cert_principal
+
     @property
     def authenticated(self) -> bool:
         return self.principal is not None

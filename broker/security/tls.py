@@ -1,0 +1,124 @@
+"""TLS on the client listeners (`broker serve --tls-cert --tls-key [--tls-client-ca]`).
+
+Rules this module keeps:
+- Python's `ssl` does the cryptography. The uvloop backend hands the context to asyncio's TLS
+  (`create_server(ssl=...)`); the io_uring backend drives a `TlsSession`: an `ssl.SSLObject`
+  between two memory BIOs, fed the ciphertext its ring receives and giving back the ciphertext to
+  send, so the handshake never blocks the loop (kernel TLS is not built on the machine this was
+  written on: no untested code for it).
+- TLS 1.2 at least. With `--tls-client-ca` a client must present a certificate that CA signed
+  (mutual TLS), and its subject becomes the connection's principal, written as Kafka's default
+  mapping writes it: "User:" + the distinguished name, most specific first ("User:CN=alice,O=acme").
+  SASL, when the listener has it too, names the principal instead.
+- Inter-core links (unix sockets between the cores of one broker) are not wrapped.
+"""
+
+from __future__ import annotations
+
+import ssl
+from dataclasses import dataclass
+from typing import Any, Final
+
+from broker.security.sasl import USER_PRINCIPAL
+
+TLS_HANDSHAKE_TIMEOUT_S: Final = 10.0  # a client that connects and never finishes is closed
+_SHORT_NAMES: Final = {
+    "commonName": "CN",
+    "organizationName": "O",
+    "organizationalUnitName": "OU",
+    "countryName": "C",
+    "stateOrProvinceName": "ST",
+    "localityName": "L",
+    "domainComponent": "DC",
+    "emailAddress": "EMAILADDRESS",
+    "userId": "UID",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class TlsConfig:
+    cert: str = ""  # PEM: the server's certificate chain
+    key: str = ""  # PEM: its private key
+    client_ca: str = ""  # PEM: CAs whose client certificates are required (mutual TLS); "": none
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.cert)
+
+
+def server_context(config: TlsConfig) -> ssl.SSLContext:
+    """The listeners' context; raises `ssl.SSLError` or `OSError` for files that do not load."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(config.cert, config.key)
+    if config.client_ca:
+        ctx.verify_mode = ssl.CERT_REQUIRED
+        ctx.load_verify_locations(config.client_ca)
+    return ctx
+
+
+def principal_of(peercert: dict[str, Any] | None) -> str | None:
+    """ "User:<distinguished name>" of a verified client certificate, or None without one."""
+    if not peercert or not peercert.get("subject"):
+        return None
+    parts = []
+    for rdn in reversed(peercert["subject"]):
+        for key, value in rdn:
+            parts.append(f"{_SHORT_NAMES.get(key, key)}={_escape(value)}")
+    return USER_PRINCIPAL + ",".join(parts)
+
+
+def _escape(value: str) -> str:
+    """RFC 4514's escapes, so a "," inside a name cannot forge another attribute."""
+    out = "".join("\\" + ch if ch in ',+"\\<>;=' else ch for ch in value)
+    if out.startswith((" ", "#")):
+        out = "\\" + out
+    if out.endswith(" "):
+        out = out[:-1] + "\\ "
+    return out
+
+
+class TlsSession:
+    """Sans-I/O TLS for one server connection: `feed` ciphertext in, plaintext out; `encrypt`
+    plaintext into ciphertext; `pending()` is the ciphertext to send now (handshake records,
+    alerts, tickets). Raises `ssl.SSLError` on a broken or refused handshake."""
+
+    __slots__ = ("_in", "_out", "_ssl", "handshake_done")
+
+    def __init__(self, ctx: ssl.SSLContext) -> None:
+        self._in = ssl.MemoryBIO()
+        self._out = ssl.MemoryBIO()
+        self._ssl = ctx.wrap_bio(self._in, self._out, server_side=True)
+        self.handshake_done = False
+
+    def feed(self, data: bytes | memoryview) -> tuple[list[bytes], bool]:
+        """The plaintext `data` completes, and whether the client closed (close_notify)."""
+        self._in.write(data)
+        if not self.handshake_done:
+            try:
+                self._ssl.do_handshake()
+            except ssl.SSLWantReadError:
+                return [], False
+            self.handshake_done = True
+        out: list[bytes] = []
+        while True:
+            try:
+                chunk = self._ssl.read(65536)
+            except ssl.SSLWantReadError:
+                return out, False
+            except ssl.SSLZeroReturnError:
+                return out, True
+            if not chunk:
+                return out, True
+            out.append(chunk)
+
+    def encrypt(self, buffers: list[bytes] | list[bytes | memoryview]) -> bytes:
+        for b in buffers:
+            self._ssl.write(b)
+        return self._out.read()
+
+    def pending(self) -> bytes:
+        return self._out.read()
+
+    def peer_principal(self) -> str | None:
+        return principal_of(self._ssl.getpeercert())

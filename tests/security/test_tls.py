@@ -1,0 +1,215 @@
+"""TLS on the client listeners, both backends, real clients: confluent-kafka and kcat over
+SASL_SSL with SCRAM-SHA-512 (and PLAIN, offered only over TLS), mutual TLS without SASL, and what
+is refused: a wrong password, a client without a certificate where one is required, a client
+that speaks plaintext to a TLS port. Certificates are made here (trustme), never committed."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trustme
+from brokerproc import BrokerProcess
+
+confluent_kafka = pytest.importorskip("confluent_kafka")
+from confluent_kafka import Consumer, Producer  # noqa: E402
+from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
+
+KCAT = shutil.which("kcat")
+PASSWORD = "tls and scram"
+
+
+@dataclass
+class Pki:
+    ca: Path
+    server_cert: Path
+    server_key: Path
+    client_cert: Path
+    client_key: Path
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    d = tmp_path_factory.mktemp("pki")
+    ca = trustme.CA()
+    server = ca.issue_cert("127.0.0.1", "localhost")
+    client = ca.issue_cert("alice@example.com", common_name="alice", organization_name="acme")
+    ca.cert_pem.write_to_path(str(d / "ca.pem"))
+    with open(d / "server.pem", "wb") as f:
+        for pem in server.cert_chain_pems:
+            f.write(pem.bytes())
+    server.private_key_pem.write_to_path(str(d / "server.key"))
+    with open(d / "client.pem", "wb") as f:
+        for pem in client.cert_chain_pems:
+            f.write(pem.bytes())
+    client.private_key_pem.write_to_path(str(d / "client.key"))
+    return Pki(d / "ca.pem", d / "server.pem", d / "server.key", d / "client.pem", d / "client.key")
+
+
+def start(tmp_path: Path, backend: str, extra: tuple[str, ...]) -> BrokerProcess:
+    b = BrokerProcess(tmp_path / "data", tmp_path / "broker.log", extra=extra, backend=backend).start()
+    if backend == "io_uring" and "backend io_uring" not in b.log():
+        b.stop()
+        pytest.skip("io_uring unavailable here: the broker fell back to uvloop")
+    return b
+
+
+@pytest.fixture(params=["uvloop", "io_uring"])
+def sasl_ssl(request: pytest.FixtureRequest, tmp_path: Path, pki: Pki) -> Iterator[BrokerProcess]:
+    data = tmp_path / "data"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "broker.cli",
+            "users",
+            "add",
+            "alice",
+            "--password-stdin",
+            "--data-dir",
+            str(data),
+        ],
+        input=PASSWORD + "\n",
+        text=True,
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    extra = ("--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key))
+    b = start(tmp_path, request.param, (*extra, "--sasl-mechanisms", "SCRAM-SHA-512,PLAIN"))
+    yield b
+    b.stop()
+
+
+def ssl_conf(b: BrokerProcess, pki: Pki, **more: Any) -> dict[str, Any]:
+    return {"bootstrap.servers": b.bootstrap, "ssl.ca.location": str(pki.ca), **more}
+
+
+def scram(
+    b: BrokerProcess, pki: Pki, password: str = PASSWORD, mechanism: str = "SCRAM-SHA-512"
+) -> dict[str, Any]:
+    return ssl_conf(
+        b,
+        pki,
+        **{
+            "security.protocol": "SASL_SSL",
+            "sasl.mechanism": mechanism,
+            "sasl.username": "alice",
+            "sasl.password": password,
+        },
+    )
+
+
+def round_trip(c: dict[str, Any], topic: str, n: int = 20) -> list[bytes]:
+    admin = AdminClient(c)
+    admin.create_topics([NewTopic(topic, 1)])[topic].result(15)
+    errors: list[Any] = []
+    p = Producer({**c, "message.timeout.ms": 5000, "acks": "all"})
+    values = [f"{topic}-{i}".encode() * 50 for i in range(n)]
+    for v in values:
+        p.produce(topic, v, on_delivery=lambda err, _m: errors.append(err))
+    p.flush(15)
+    assert errors == [None] * n
+    consumer = Consumer({**c, "group.id": f"g-{topic}", "auto.offset.reset": "earliest"})
+    consumer.subscribe([topic])
+    got: list[bytes] = []
+    deadline = time.monotonic() + 30
+    while len(got) < n and time.monotonic() < deadline:
+        msg = consumer.poll(0.5)
+        if msg is not None and msg.error() is None:
+            got.append(msg.value())
+    consumer.close()
+    assert got == values
+    return got
+
+
+@pytest.mark.parametrize("mechanism", ["SCRAM-SHA-512", "PLAIN"])
+def test_sasl_ssl_round_trip(sasl_ssl: BrokerProcess, pki: Pki, mechanism: str) -> None:
+    round_trip(scram(sasl_ssl, pki, mechanism=mechanism), f"t-{mechanism.lower()}")
+
+
+def test_sasl_ssl_wrong_password(sasl_ssl: BrokerProcess, pki: Pki) -> None:
+    errors: list[Any] = []
+    p = Producer({**scram(sasl_ssl, pki, password="nope"), "message.timeout.ms": 3000})
+    p.produce("t", b"x", on_delivery=lambda err, _m: errors.append(err))
+    p.flush(10)
+    assert len(errors) == 1 and errors[0] is not None
+    assert "authentication failed" in sasl_ssl.log()
+
+
+def test_plaintext_client_on_a_tls_port_is_closed(sasl_ssl: BrokerProcess) -> None:
+    with socket.create_connection(("127.0.0.1", sasl_ssl.port), timeout=10) as s:
+        s.sendall(b"\x00\x00\x00\x0a\x00\x12\x00\x00\x00\x00\x00\x01\x00\x00")  # ApiVersions, in the clear
+        s.settimeout(10)
+        try:
+            data = s.recv(100)
+        except ConnectionResetError:
+            data = b""
+        assert not data.startswith(b"\x00\x00\x00")  # no Kafka answer: at most a TLS alert, then EOF
+
+
+@pytest.mark.skipif(KCAT is None, reason="kcat is not installed (scripts/setup.sh installs it)")
+def test_kcat_sasl_ssl(sasl_ssl: BrokerProcess, pki: Pki) -> None:
+    assert KCAT is not None
+    admin = AdminClient(scram(sasl_ssl, pki))
+    admin.create_topics([NewTopic("kc", 1)])["kc"].result(15)
+    cmd = [
+        KCAT,
+        "-b",
+        sasl_ssl.bootstrap,
+        "-X",
+        "security.protocol=SASL_SSL",
+        "-X",
+        f"ssl.ca.location={pki.ca}",
+    ]
+    cmd += [
+        "-X",
+        "sasl.mechanisms=SCRAM-SHA-512",
+        "-X",
+        "sasl.username=alice",
+        "-X",
+        f"sasl.password={PASSWORD}",
+    ]
+    subprocess.run([*cmd, "-P", "-t", "kc"], input=b"a\nb\nc\n", check=True, timeout=60)
+    out = subprocess.run([*cmd, "-C", "-t", "kc", "-e", "-q"], capture_output=True, check=True, timeout=60)
+    assert out.stdout.split() == [b"a", b"b", b"c"]
+
+
+@pytest.mark.parametrize("backend", ["uvloop", "io_uring"])
+def test_mutual_tls(tmp_path: Path, pki: Pki, backend: str) -> None:
+    extra = (
+        "--tls-cert",
+        str(pki.server_cert),
+        "--tls-key",
+        str(pki.server_key),
+        "--tls-client-ca",
+        str(pki.ca),
+    )
+    b = start(tmp_path, backend, extra)
+    try:
+        mtls = ssl_conf(
+            b,
+            pki,
+            **{
+                "security.protocol": "SSL",
+                "ssl.certificate.location": str(pki.client_cert),
+                "ssl.key.location": str(pki.client_key),
+            },
+        )
+        round_trip(mtls, "m")
+        # no client certificate: the handshake fails, nothing is served
+        anonymous = AdminClient(
+            {**ssl_conf(b, pki, **{"security.protocol": "SSL"}), "socket.timeout.ms": 3000}
+        )
+        with pytest.raises(confluent_kafka.KafkaException):
+            anonymous.list_topics(timeout=3)
+    finally:
+        b.stop()
