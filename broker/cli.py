@@ -258,6 +258,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         except (OSError, ssl.SSLError) as exc:
             print(f"broker: TLS: cannot load the certificate, key or CA: {exc}", file=sys.stderr)
             return 2
+    super_users = tuple(u.strip() for u in args.super_users.split(";") if u.strip())
+    for u in super_users:
+        if not u.startswith("User:") or u == "User:":
+            print(f"broker: --super-users: {u!r} is not a principal (User:<name>)", file=sys.stderr)
+            return 2
     if (sasl.enabled or tls.enabled) and args.etcd:
         print(
             "broker: TLS and SASL in a cluster (--etcd) are not supported yet (docs/SECURITY.md)",
@@ -347,6 +352,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         group_initial_rebalance_delay_ms=args.group_initial_rebalance_delay_ms,
         sasl=sasl,
         tls=tls,
+        super_users=super_users,
         limits=limits,
         node_id=args.node_id,
         join=join,
@@ -405,6 +411,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="M[,M...]",
         help=f"require SASL on the client listeners with these mechanisms (of {', '.join(MECHANISMS)}; "
         "default none: no authentication)",
+    )
+    serve.add_argument(
+        "--super-users",
+        default="",
+        metavar="User:A;User:B",
+        help="principals the ACLs never refuse (ACLs apply when SASL or --tls-client-ca is on)",
     )
     serve.add_argument(
         "--sasl-plain-without-tls",

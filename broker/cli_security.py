@@ -1,4 +1,4 @@
-"""`broker users`: the SCRAM credentials in a data dir (docs/SECURITY.md).
+"""`broker users` and `broker acls`: the SCRAM credentials and ACLs in a data dir (docs/SECURITY.md).
 
 They change the files the broker reads (broker/security/credentials.py), so they work whether or
 not it runs: a running broker sees a change at its next authentication. A password is read from
@@ -12,6 +12,7 @@ import argparse
 import getpass
 import sys
 
+from broker.security.acls import CLUSTER_NAME, OPERATIONS, AclBinding, AclError, AclStore
 from broker.security.credentials import (
     ITERATIONS_DEFAULT,
     SCRAM_MECHANISMS,
@@ -69,3 +70,52 @@ def add_security_commands(sub: argparse._SubParsersAction) -> None:  # type: ign
     for p in actions.choices.values():
         p.add_argument("--data-dir", default="./data", help="the broker's data dir (default ./data)")
     users.set_defaults(func=cmd_users)
+    add_acl_commands(sub)
+
+
+def _binding(args: argparse.Namespace) -> AclBinding:
+    rtype, sep, name = args.resource.partition(":")
+    if not sep:
+        raise AclError(
+            f"resource {args.resource!r}: write it topic:NAME, group:NAME or cluster:{CLUSTER_NAME}"
+        )
+    return AclBinding(
+        args.principal, rtype, name, args.operation, "deny" if args.deny else "allow", args.pattern
+    ).check()
+
+
+def cmd_acls(args: argparse.Namespace) -> int:
+    store = AclStore(args.data_dir)
+    try:
+        if args.action == "add":
+            b = _binding(args)
+            print(f"added: {b}" if store.add(b) else f"already there: {b}")
+        elif args.action == "remove":
+            b = _binding(args)
+            store.remove(b)
+            print(f"removed: {b}")
+        else:
+            for b in store.bindings():
+                print(b)
+    except AclError as exc:
+        print(f"broker acls: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def add_acl_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    acls = sub.add_parser("acls", help="add, remove or list ACLs (who may do what to which resource)")
+    actions = acls.add_subparsers(dest="action", required=True)
+    for action in ("add", "remove"):
+        p = actions.add_parser(action, help=f"{action} one ACL")
+        p.add_argument("principal", help="User:NAME, or User:* for everyone")
+        p.add_argument("operation", choices=OPERATIONS)
+        p.add_argument("resource", help=f"topic:NAME, group:NAME or cluster:{CLUSTER_NAME} (NAME * for all)")
+        p.add_argument(
+            "--prefixed", dest="pattern", action="store_const", const="prefixed", default="literal"
+        )
+        p.add_argument("--deny", action="store_true", help="a deny (wins over every allow)")
+    actions.add_parser("list", help="list every ACL")
+    for p in actions.choices.values():
+        p.add_argument("--data-dir", default="./data", help="the broker's data dir (default ./data)")
+    acls.set_defaults(func=cmd_acls)

@@ -768,10 +768,10 @@ class BackendCore:
                     self._take_kafka(frame, conn)
                     continue
                 assert isinstance(frame, Frame)
-                if not conn.auth.authenticated:
+                if not from_peer and self.config.authorizing:
                     raise ProtocolError(
-                        "this broker requires SASL authentication, which ringlog's own protocol "
-                        "does not carry yet: use a Kafka client (docs/SECURITY.md)"
+                        "this broker requires authentication (SASL or mutual TLS) and ACLs, which "
+                        "ringlog's own protocol does not carry yet: use a Kafka client (docs/SECURITY.md)"
                     )
                 size = len(frame.body) + HEADER_SIZE
                 if from_peer:

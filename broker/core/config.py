@@ -47,3 +47,9 @@ class BrokerConfig:
     # SASL on the client listeners (broker/security/sasl.py); off by default
     sasl: SaslConfig = field(default_factory=SaslConfig)
     tls: TlsConfig = field(default_factory=TlsConfig)  # TLS on the client listeners (broker/security/tls.py)
+    super_users: tuple[str, ...] = ()  # principals the ACLs never refuse (broker/security/acls.py)
+
+    @property
+    def authorizing(self) -> bool:
+        """ACLs apply exactly when clients authenticate: SASL, or mutual TLS."""
+        return self.sasl.enabled or bool(self.tls.client_ca)

@@ -58,7 +58,7 @@ from broker.core.handlers import Handlers
 from broker.core.outcomes import Append, Gather, Outcome, Read, Reply, Silent, Wait
 from broker.core.partition import Partition, Stored
 from broker.core.views import MetadataView, NodeView, kafka_broker_id
-from broker.kafka import init_producer_id, sasl
+from broker.kafka import authorize, init_producer_id, sasl
 from broker.kafka.codec import (
     KafkaDecodeError,
     KafkaRequest,
@@ -78,6 +78,7 @@ from broker.kafka.leader_epoch import (
     offset_for_leader_epoch_v0,
 )
 from broker.kafka.unsupported import api_name, error_for, error_response
+from broker.security.acls import Authorizer
 from broker.security.sasl import Authenticator
 from broker.security.session import ConnectionAuth
 from broker.storage.diskspace import is_out_of_space
@@ -152,6 +153,7 @@ class KafkaAdapter:
         self.groups = KafkaGroups(handlers)
         self.authenticator = Authenticator(config.data_dir, config.sasl) if config.sasl.enabled else None
         self._auth = ConnectionAuth("")  # the connection of the request being handled
+        self.authorizer = Authorizer(config.data_dir, config.authorizing, config.super_users)
         # api key -> its handler; SUPPORTED_VERSIONS says which versions reach it
         self._apis: dict[int, Callable[[KafkaRequest, Any], Outcome]] = {
             API_VERSIONS: lambda request, _body: self._api_versions(request),
@@ -202,6 +204,11 @@ class KafkaAdapter:
             # declared, and no response shape would be read right.
             raise ProtocolError(f"malformed kafka request: {exc}") from exc
         self.groups.client_id = client_id or ""  # member ids are made from it
+        if self.authorizer.enabled:
+            refused = authorize.check(self.authorizer, self._auth.principal, request, body)
+            if refused is not None:
+                self.handlers.metrics.error()
+                return refused
         try:
             return self._apis[key](request, body)
         except Exception as exc:  # a bug here must close one connection, not stop the core's loop
@@ -249,12 +256,25 @@ class KafkaAdapter:
         view = self.handlers.metadata_view(names)
         schema = response_schema(METADATA, request.api_version)
         assert schema is not None
-        resp = self.metadata_response(schema, view)
+        may: Callable[[str], bool] | None = None
+        if self.authorizer.enabled:
+            principal, allowed = self._auth.principal, self.authorizer.allowed
+            may = lambda name: allowed(principal, "describe", "topic", name)  # noqa: E731
+        resp = self.metadata_response(schema, view, may, listed_all=names is None)
         return Reply(encode_response(request.correlation_id, resp))
 
-    def metadata_response(self, schema: type[Any], view: MetadataView) -> Any:
+    def metadata_response(
+        self,
+        schema: type[Any],
+        view: MetadataView,
+        may_describe: Callable[[str], bool] | None = None,
+        listed_all: bool = False,
+    ) -> Any:
         """`view` as the Metadata response of `schema`'s version: every core of every node a
-        broker (`kafka_broker_id`), each partition led by the core serving it on its leader node."""
+        broker (`kafka_broker_id`), each partition led by the core serving it on its leader node.
+        With `may_describe` (ACLs on), a topic the principal may not describe is left out of a
+        listing of every topic and answered TOPIC_AUTHORIZATION_FAILED when asked for by name,
+        whether or not it exists (its existence is not told either)."""
         module = sys.modules[schema.__module__]
         brokers = tuple(
             make(
@@ -270,6 +290,18 @@ class KafkaAdapter:
         )
         topics = []
         for t in view.topics:
+            if may_describe is not None and not may_describe(t.name):
+                if not listed_all:
+                    topics.append(
+                        make(
+                            module.MetadataResponseTopic,
+                            error_code=ErrorCode.topic_authorization_failed,
+                            name=t.name,
+                            is_internal=False,
+                            partitions=(),
+                        )
+                    )
+                continue
             if not t.known:
                 topics.append(
                     make(

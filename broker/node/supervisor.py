@@ -136,6 +136,7 @@ class SupervisorConfig:
     group_initial_rebalance_delay_ms: int = 3000  # broker/core/coordinator.py
     sasl: SaslConfig = field(default_factory=SaslConfig)  # broker/security/sasl.py
     tls: TlsConfig = field(default_factory=TlsConfig)  # broker/security/tls.py
+    super_users: tuple[str, ...] = ()  # broker/security/acls.py
     node_id: int = 0  # cluster node id (u32); 0: a single node
     join: tuple[tuple[str, int], ...] = ()  # seed membership addresses (host, udp port)
     rack: str = ""
@@ -605,6 +606,7 @@ class Supervisor:
                 "plain_without_tls": self.config.sasl.plain_without_tls,
             },
             "tls": asdict(self.config.tls),
+            "super_users": list(self.config.super_users),
             "node_id": self.config.node_id,
             "cluster": self._cluster_spec(),
             "fds": list(w.fds),

@@ -61,7 +61,8 @@ def broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BrokerPro
     b = BrokerProcess(
         data,
         tmp_path / "broker.log",
-        extra=("--sasl-mechanisms", MECHANISMS, "--sasl-plain-without-tls"),
+        # alice may do anything: authorization is test_acls.py's
+        extra=("--sasl-mechanisms", MECHANISMS, "--sasl-plain-without-tls", "--super-users", "User:alice"),
         backend=request.param,
     ).start()
     if request.param == "io_uring" and "backend io_uring" not in b.log():
@@ -144,7 +145,7 @@ def test_clients_without_sasl_are_disconnected(broker: BrokerProcess) -> None:
     w.send(m.CreateTopicRequest("sneaky", 1))
     assert w.closed_by_peer()
     w.close()
-    assert "requires SASL authentication" in broker.log()
+    assert "requires authentication (SASL or mutual TLS)" in broker.log()
     assert "created topic sneaky" not in broker.log()
 
 

@@ -41,7 +41,9 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     d = tmp_path_factory.mktemp("pki")
     ca = trustme.CA()
     server = ca.issue_cert("127.0.0.1", "localhost")
-    client = ca.issue_cert("alice@example.com", common_name="alice", organization_name="acme")
+    client = ca.issue_cert(
+        "alice@example.com", common_name="alice", organization_name="acme", organization_unit_name="eng"
+    )
     ca.cert_pem.write_to_path(str(d / "ca.pem"))
     with open(d / "server.pem", "wb") as f:
         for pem in server.cert_chain_pems:
@@ -84,7 +86,8 @@ def sasl_ssl(request: pytest.FixtureRequest, tmp_path: Path, pki: Pki) -> Iterat
         timeout=60,
     )
     extra = ("--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key))
-    b = start(tmp_path, request.param, (*extra, "--sasl-mechanisms", "SCRAM-SHA-512,PLAIN"))
+    sasl = ("--sasl-mechanisms", "SCRAM-SHA-512,PLAIN", "--super-users", "User:alice")  # ACLs: test_acls.py
+    b = start(tmp_path, request.param, (*extra, *sasl))
     yield b
     b.stop()
 
@@ -193,6 +196,15 @@ def test_mutual_tls(tmp_path: Path, pki: Pki, backend: str) -> None:
         "--tls-client-ca",
         str(pki.ca),
     )
+    data = tmp_path / "data"
+    principal = "User:CN=alice,OU=eng,O=acme"  # the client certificate's subject, most specific first
+    for acl in (("all", "topic:m"), ("read", "group:*")):
+        subprocess.run(
+            [sys.executable, "-m", "broker.cli", "acls", "add", principal, *acl, "--data-dir", str(data)],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
     b = start(tmp_path, backend, extra)
     try:
         mtls = ssl_conf(
@@ -205,6 +217,10 @@ def test_mutual_tls(tmp_path: Path, pki: Pki, backend: str) -> None:
             },
         )
         round_trip(mtls, "m")
+        admin = AdminClient(mtls)  # the ACLs name the certificate's principal, and only that topic
+        with pytest.raises(confluent_kafka.KafkaException) as info:
+            admin.create_topics([NewTopic("elsewhere", 1)])["elsewhere"].result(15)
+        assert info.value.args[0].code() == confluent_kafka.KafkaError.TOPIC_AUTHORIZATION_FAILED
         # no client certificate: the handshake fails, nothing is served
         anonymous = AdminClient(
             {**ssl_conf(b, pki, **{"security.protocol": "SSL"}), "socket.timeout.ms": 3000}

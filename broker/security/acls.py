@@ -1,0 +1,164 @@
+"""ACLs: who may do what to which topic, group or the cluster (`<data dir>/security/acls.json`).
+
+Rules this module keeps:
+- A binding is Kafka's: principal ("User:alice", or "User:*" for everyone) x resource (topic,
+  group or cluster; a literal name, "*" for every name, or a prefix) x operation (read, write,
+  create, delete, describe, alter, or all) x allow or deny. Hosts are not matched (every binding
+  is for any host, Kafka's "*").
+- `Authorizer.allowed`: a super user (`broker serve --super-users`) and the broker's own cores may
+  do anything; otherwise a matching deny wins over any allow, and without a matching allow the
+  answer is no (deny by default). As in Kafka, read, write, delete and alter each imply describe
+  on the same resource.
+- The authorizer is on exactly when the listener authenticates (SASL, or mutual TLS): without
+  authentication every client is User:ANONYMOUS and everything is allowed, as today.
+- The file is written like the users file (atomic, durable, under an flock) and reread by the
+  workers when it changes: `broker acls add` takes effect at the next request.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from typing import Final
+
+from broker.security.credentials import SECURITY_DIR
+from broker.security.session import CORE_PRINCIPAL
+from broker.storage.durable_file import exclusive_lock, load_json, replace_json
+
+ACLS_FILE: Final = "acls.json"
+RESOURCE_TYPES: Final = ("topic", "group", "cluster")
+OPERATIONS: Final = ("read", "write", "create", "delete", "describe", "alter", "all")
+PATTERNS: Final = ("literal", "prefixed")
+PERMISSIONS: Final = ("allow", "deny")
+CLUSTER_NAME: Final = "kafka-cluster"  # the one cluster resource's name, as Kafka names it
+WILDCARD: Final = "*"
+_IMPLY_DESCRIBE: Final = frozenset(("read", "write", "delete", "alter"))
+
+
+class AclError(ValueError):
+    """A binding that cannot be stored, or one to remove that does not exist."""
+
+
+@dataclass(frozen=True, slots=True)
+class AclBinding:
+    principal: str
+    resource_type: str
+    name: str
+    operation: str
+    permission: str = "allow"
+    pattern: str = "literal"
+
+    def check(self) -> AclBinding:
+        if not self.principal.startswith("User:") or len(self.principal) == len("User:"):
+            raise AclError(f"principal {self.principal!r}: write it User:<name> (User:* for everyone)")
+        for value, allowed, what in (
+            (self.resource_type, RESOURCE_TYPES, "resource type"),
+            (self.operation, OPERATIONS, "operation"),
+            (self.permission, PERMISSIONS, "permission"),
+            (self.pattern, PATTERNS, "pattern"),
+        ):
+            if value not in allowed:
+                raise AclError(f"{what} {value!r}: one of {', '.join(allowed)}")
+        if not self.name:
+            raise AclError("an empty resource name")
+        if self.resource_type == "cluster" and self.name != CLUSTER_NAME:
+            raise AclError(f"the cluster resource is named {CLUSTER_NAME}")
+        return self
+
+    def matches(self, principal: str, operation: str, resource_type: str, name: str) -> bool:
+        if self.resource_type != resource_type:
+            return False
+        if self.principal not in (principal, "User:*"):
+            return False
+        if self.pattern == "prefixed":
+            if not name.startswith(self.name):
+                return False
+        elif self.name not in (WILDCARD, name):
+            return False
+        if self.operation in ("all", operation):
+            return True
+        # read, write, delete and alter allow describe too (a deny of them does not deny it)
+        return operation == "describe" and self.permission == "allow" and self.operation in _IMPLY_DESCRIBE
+
+    def __str__(self) -> str:
+        return f"{self.permission} {self.principal} {self.operation} {self.resource_type}:{self.name}" + (
+            " (prefixed)" if self.pattern == "prefixed" else ""
+        )
+
+
+def acls_path(data_dir: str) -> str:
+    return os.path.join(data_dir, SECURITY_DIR, ACLS_FILE)
+
+
+class AclStore:
+    """The ACL file of one data dir: read by the workers, changed by `broker acls`."""
+
+    def __init__(self, data_dir: str) -> None:
+        self.path = acls_path(data_dir)
+        self._seen: tuple[int, int] | None = None
+        self._bindings: tuple[AclBinding, ...] = ()
+
+    def _load(self) -> list[AclBinding]:
+        doc = load_json(self.path)
+        if not isinstance(doc, dict):
+            return []
+        return [AclBinding(**b) for b in doc.get("acls", [])]
+
+    def bindings(self) -> tuple[AclBinding, ...]:
+        try:
+            st = os.stat(self.path)
+            seen: tuple[int, int] | None = (st.st_mtime_ns, st.st_size)
+        except FileNotFoundError:
+            seen = None
+        if seen != self._seen:
+            self._bindings = tuple(self._load()) if seen is not None else ()
+            self._seen = seen
+        return self._bindings
+
+    def _write(self, bindings: list[AclBinding]) -> None:
+        replace_json(self.path, {"acls": [asdict(b) for b in bindings]}, mode=0o600)
+
+    def add(self, binding: AclBinding) -> bool:
+        """Store `binding`; False when it was there already."""
+        binding.check()
+        os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
+        with exclusive_lock(self.path + ".lock"):
+            current = self._load()
+            if binding in current:
+                return False
+            self._write([*current, binding])
+            return True
+
+    def remove(self, binding: AclBinding) -> None:
+        os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
+        with exclusive_lock(self.path + ".lock"):
+            current = self._load()
+            if binding not in current:
+                raise AclError(f"no such ACL: {binding}")
+            self._write([b for b in current if b != binding])
+
+
+class Authorizer:
+    """A worker's access decisions (module rules)."""
+
+    def __init__(self, data_dir: str, enabled: bool, super_users: tuple[str, ...] = ()) -> None:
+        self.enabled = enabled
+        self.super_users = frozenset(super_users)
+        self.store = AclStore(data_dir)
+        self.denied = 0
+
+    def allowed(self, principal: str | None, operation: str, resource_type: str, name: str) -> bool:
+        if not self.enabled or principal == CORE_PRINCIPAL or principal in self.super_users:
+            return True
+        if principal is None:
+            return False
+        allow = False
+        for b in self.store.bindings():
+            if b.matches(principal, operation, resource_type, name):
+                if b.permission == "deny":
+                    self.denied += 1
+                    return False
+                allow = True
+        if not allow:
+            self.denied += 1
+        return allow
