@@ -97,6 +97,24 @@ from ringlog_proto.batch import now_ms
 from ringlog_proto.frames import Frame
 from ringlog_proto.routing import coordinator_for, coordinator_node, owner, shard_for
 
+AskCore = Callable[[int, Frame, Callable[[Frame | BaseException], None]], None]
+
+
+def commit_bound_error(
+    key: tuple[int, int], offset: int, ends: dict[tuple[int, int], int | None]
+) -> tuple[m.ErrorCode, str] | None:
+    """Why a commit of `offset` to partition `key` is refused, given `partition_ends`' answer;
+    None when it may be stored (no bound known: a cluster, a test without peer links)."""
+    if key not in ends:
+        return None
+    end = ends[key]
+    if end is None:
+        return m.ErrorCode.NOT_OWNER, "the partition's core did not answer: retry the commit"
+    if offset > end:
+        return m.ErrorCode.OFFSET_OUT_OF_RANGE, f"offset {offset} is past the partition's end {end}"
+    return None
+
+
 log = logging.getLogger(__name__)
 
 BROKER_VERSION = __version__
@@ -202,6 +220,9 @@ class Handlers:
         # This core's TCP links to other brokers' cores (broker/core/remote.py), set by the backend
         # that serves it: how replication reaches a leader's core. None without a backend (tests).
         self.remote_links: RemoteLinks | None = None
+        # a request to another core of this broker and its answer (the backend's peer links); None
+        # in tests without them: other cores' partitions are then not checked (`partition_ends`)
+        self.ask_core: AskCore | None = None
         self.space = DiskSpace(config.data_dir, config.limits.min_free_bytes)  # broker/storage/diskspace.py
         os.makedirs(layout.topics_dir(config.data_dir), exist_ok=True)
         self.registry = TopicRegistry(
@@ -511,7 +532,9 @@ class Handlers:
         }
         if node_id not in nodes:
             config = self.config
-            nodes[node_id] = NodeView(node_id, config.host, config.port, config.cores, config.core_ports)
+            nodes[node_id] = NodeView(
+                node_id, config.public_host, config.port, config.cores, config.core_ports
+            )
         topics = []
         for name in names:
             topic = self.registry.by_name.get(name)
@@ -559,7 +582,7 @@ class Handlers:
                 )
             )
         return MetadataView(
-            host=self.config.host,
+            host=self.config.public_host,
             port=self.config.port,
             cores=self.config.cores,
             core_ports=self.config.core_ports,
@@ -991,20 +1014,88 @@ class Handlers:
 
     def _offset_commit(self, req: m.Request, frame: Frame) -> Outcome:
         """A commit into the coordinator's store: a member's with its generation, or one outside
-        membership (generation -1), which is refused while the group has members."""
+        membership (generation -1), which is refused while the group has members. An offset past
+        the partition's high watermark is refused (OFFSET_OUT_OF_RANGE): no consumer could have
+        read up to it, and a group resuming there would skip what is written meanwhile. The
+        answer waits for the partition's owner core to tell its high watermark (`Later`)."""
         assert isinstance(req, m.OffsetCommitRequest)
         check_group(req.group)
         self.topic_of(frame.topic_id, frame.partition)
         if req.offset < 0:
             raise ValueError(f"cannot commit negative offset {req.offset}")
         self.space.check_writable()
-        offsets = {(frame.topic_id, frame.partition): Committed(req.offset, req.metadata)}
-        code = self.coordinator.commit(
-            req.group, offsets, req.generation, req.member_id, live=self.registry.by_id.__contains__
-        )
-        if code != GroupCode.NONE:
-            return self._group_error(frame, req.group, code)
-        return self._reply(frame, m.OffsetCommitResponse())
+        key = (frame.topic_id, frame.partition)
+
+        def start(answer: Callable[[Reply | Silent], None]) -> None:
+            def bounded(ends: dict[tuple[int, int], int | None]) -> None:
+                try:
+                    refused = commit_bound_error(key, req.offset, ends)
+                    if refused is not None:
+                        answer(self._error(frame, *refused))
+                        return
+                    offsets = {key: Committed(req.offset, req.metadata)}
+                    code = self.coordinator.commit(
+                        req.group,
+                        offsets,
+                        req.generation,
+                        req.member_id,
+                        live=self.registry.by_id.__contains__,
+                    )
+                    if code != GroupCode.NONE:
+                        answer(self._group_error(frame, req.group, code))
+                    else:
+                        answer(self._reply(frame, m.OffsetCommitResponse()))
+                except Exception as exc:  # the store's write failed: an error answer, as in `handle`
+                    answer(self.error_reply(frame, exc))
+
+            self.partition_ends([key], bounded)
+
+        return Later(start)
+
+    def partition_ends(
+        self, parts: Sequence[tuple[int, int]], done: Callable[[dict[tuple[int, int], int | None]], None]
+    ) -> None:
+        """`done(ends)`: the high watermark of each (topic id, partition) in `parts`, asked of its
+        owner core when that is another; None for one whose core did not answer. Once all are in,
+        possibly before this returns. In a cluster, where the leader may be on another node and a
+        follower's high watermark lags the leader's, no bound is known here: `done({})`."""
+        ends: dict[tuple[int, int], int | None] = {}
+        if self.cluster.clustered:
+            done(ends)
+            return
+        remote: list[tuple[int, tuple[int, int]]] = []
+        for key in dict.fromkeys(parts):
+            core = self.owner(*key)
+            if core == self.config.core_id:
+                try:
+                    ends[key] = self._partition(Frame(0, 0, 0, 0, key[0], key[1], b"")).high_watermark
+                except Exception:  # an unknown partition: the commit's own checks answer it
+                    ends[key] = None
+            elif self.ask_core is not None:
+                remote.append((core, key))
+        if not remote:
+            done(ends)
+            return
+        waiting = [len(remote)]
+
+        def answered(key: tuple[int, int], result: Frame | BaseException) -> None:
+            end = None
+            if isinstance(result, Frame):
+                try:
+                    resp = m.decode_response(result)
+                    if isinstance(resp, m.ListOffsetsResponse) and resp.error == m.ErrorCode.NONE:
+                        end = resp.offset
+                except Exception as exc:
+                    log.debug("list offsets answer from another core unreadable: %s", exc)
+            ends[key] = end
+            waiting[0] -= 1
+            if waiting[0] == 0:
+                done(ends)
+
+        assert self.ask_core is not None
+        for core, key in remote:
+            frame = m.request_frame(m.ListOffsetsRequest(topic_id=key[0], partition=key[1]))
+            self.ask_core(core, frame, lambda result, key=key: answered(key, result))
 
     def _offset_fetch(self, req: m.Request, frame: Frame) -> Outcome:
         assert isinstance(req, m.OffsetFetchRequest)

@@ -32,11 +32,12 @@ from kio.schema.errors import ErrorCode
 
 from broker.core.coordinator import GroupCode, JoinResult, SyncResult
 from broker.core.groups import Committed, check_group
-from broker.core.handlers import Handlers
+from broker.core.handlers import Handlers, commit_bound_error
 from broker.core.outcomes import Later, Outcome, Reply, Silent
 from broker.core.views import kafka_broker_id
 from broker.kafka.codec import KafkaRequest, encode_response, make, response_schema
 from broker.kafka.errors import kafka_error
+from ringlog_proto.messages import ErrorCode as OurErrorCode
 
 OFFSET_COMMIT: Final = 8
 OFFSET_FETCH: Final = 9
@@ -262,7 +263,10 @@ class KafkaGroups:
 
     def _offset_commit(self, request: KafkaRequest, body: Any) -> Outcome:
         """Every known partition's offset in one durable write, if the group allows the commit
-        (its generation and member, or generation -1 while it has no members)."""
+        (its generation and member, or generation -1 while it has no members). An offset past its
+        partition's high watermark is refused for that partition (OFFSET_OUT_OF_RANGE; Kafka
+        itself stores any offset), so the answer waits for the owner cores' high watermarks
+        (`Handlers.partition_ends`)."""
         schema, module = self._schema(request)
         group = str(body.group_id)
         codes: dict[tuple[str, int], ErrorCode] = {}
@@ -288,39 +292,65 @@ class KafkaGroups:
                 check_group(group)
                 if offsets:
                     self.handlers.space.check_writable()
-                code = self.coordinator.commit(
-                    group,
-                    offsets,
-                    int(body.generation_id_or_member_epoch),
-                    body.member_id,
-                    live=self.handlers.registry.by_id.__contains__,
-                )
-                if code != GroupCode.NONE:
-                    common = _code(code)
             except Exception as exc:
                 common = kafka_error(exc)[0]
-        if common is not None:
-            for key, code in list(codes.items()):
-                if code == ErrorCode.none:
-                    codes[key] = common
-        if any(c != ErrorCode.none for c in codes.values()):
-            self.handlers.metrics.error()
-        topics = tuple(
-            make(
-                module.OffsetCommitResponseTopic,
-                name=t.name,
-                partitions=tuple(
-                    make(
-                        module.OffsetCommitResponsePartition,
-                        partition_index=p.partition_index,
-                        error_code=codes[(t.name, int(p.partition_index))],
-                    )
-                    for p in t.partitions
-                ),
+
+        def respond(common: ErrorCode | None) -> Reply:
+            if common is not None:
+                for key, code in list(codes.items()):
+                    if code == ErrorCode.none:
+                        codes[key] = common
+            if any(c != ErrorCode.none for c in codes.values()):
+                self.handlers.metrics.error()
+            topics = tuple(
+                make(
+                    module.OffsetCommitResponseTopic,
+                    name=t.name,
+                    partitions=tuple(
+                        make(
+                            module.OffsetCommitResponsePartition,
+                            partition_index=p.partition_index,
+                            error_code=codes[(t.name, int(p.partition_index))],
+                        )
+                        for p in t.partitions
+                    ),
+                )
+                for t in body.topics
             )
-            for t in body.topics
-        )
-        return self._reply(request, make(schema, throttle_time=NO_THROTTLE, topics=topics))
+            return self._reply(request, make(schema, throttle_time=NO_THROTTLE, topics=topics))
+
+        if common is not None or not offsets:
+            return respond(common)
+
+        def start(answer: Callable[[Reply | Silent], None]) -> None:
+            def bounded(ends: dict[tuple[int, int], int | None]) -> None:
+                for pid, committed in list(offsets.items()):
+                    refused = commit_bound_error(pid, committed.offset, ends)
+                    if refused is not None:
+                        del offsets[pid]
+                        codes[keys[pid]] = (
+                            ErrorCode.offset_out_of_range
+                            if refused[0] == OurErrorCode.OFFSET_OUT_OF_RANGE
+                            else ErrorCode.coordinator_load_in_progress  # retriable: ask again
+                        )
+                result: ErrorCode | None = None
+                try:
+                    code = self.coordinator.commit(
+                        group,
+                        offsets,
+                        int(body.generation_id_or_member_epoch),
+                        body.member_id,
+                        live=self.handlers.registry.by_id.__contains__,
+                    )
+                    if code != GroupCode.NONE:
+                        result = _code(code)
+                except Exception as exc:
+                    result = kafka_error(exc)[0]
+                answer(respond(result))
+
+            self.handlers.partition_ends(list(offsets), bounded)
+
+        return Later(start)
 
     def _offset_fetch(self, request: KafkaRequest, body: Any) -> Outcome:
         schema, module = self._schema(request)
