@@ -104,6 +104,22 @@ class BrokerProcess:
     def log(self) -> str:
         return self.log_path.read_text() if self.log_path.exists() else ""
 
+    def counter(self, key: str, core: int = 0, timeout: float = 5) -> int:
+        """A counter of core `core`'s metrics snapshot (published about once a second), waiting up
+        to `timeout` for it to be nonzero."""
+        path = self.data_dir / "run" / f"metrics-core-{core}.json"
+        deadline = time.monotonic() + timeout
+        n = 0
+        while time.monotonic() < deadline:
+            try:
+                n = int(json.loads(path.read_text()).get(key, 0))
+            except (OSError, ValueError):
+                n = 0
+            if n:
+                return n
+            time.sleep(0.2)
+        return n
+
     def wait_for_log(self, text: str, timeout: float = 5) -> bool:
         """Whether `text` appears in the broker's log within `timeout` (events on other
         connections are logged asynchronously)."""

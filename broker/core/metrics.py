@@ -48,6 +48,8 @@ class CoreMetrics:
     """Counters of one core. Owned by that core's event-loop thread."""
 
     __slots__ = (
+        "auth_denied",
+        "auth_failures",
         "backend",
         "bytes_in",
         "bytes_out",
@@ -73,6 +75,8 @@ class CoreMetrics:
         self.bytes_out = 0
         self.replies = 0
         self.errors = 0
+        self.auth_failures = 0  # failed SASL exchanges (broker/security/sasl.py)
+        self.auth_denied = 0  # requests the ACLs refused (broker/security/acls.py)
         self.forwarded_out = 0
         self.forwarded_in_count = 0
         self.latency_us = [0] * LATENCY_BUCKETS
@@ -112,6 +116,12 @@ class CoreMetrics:
     def error(self) -> None:
         self.errors += 1
 
+    def auth_failure(self) -> None:
+        self.auth_failures += 1
+
+    def denied(self) -> None:
+        self.auth_denied += 1
+
     def flushed(self, waiters: int) -> None:
         """One group-commit flush of a partition ran for `waiters` durable produces: their ratio
         says how well group commit batches."""
@@ -136,6 +146,8 @@ class CoreMetrics:
             "bytes_out": self.bytes_out,
             "replies": self.replies,
             "errors": self.errors,
+            "auth_failures": self.auth_failures,
+            "auth_denied": self.auth_denied,
             "forwarded": self.forwarded_out,
             "forwarded_in": self.forwarded_in_count,
             "flushes": self.flushes,
@@ -256,6 +268,18 @@ def prometheus_text(snapshots: Iterable[Mapping[str, object]]) -> str:
     family("ringlog_bytes_in_total", "counter", "Request bytes received.", per_core("bytes_in"))
     family("ringlog_bytes_out_total", "counter", "Response bytes sent.", per_core("bytes_out"))
     family("ringlog_errors_total", "counter", "Error responses.", per_core("errors"))
+    family(
+        "ringlog_authentication_failures_total",
+        "counter",
+        "Failed SASL authentications.",
+        per_core("auth_failures"),
+    )
+    family(
+        "ringlog_authorization_denied_total",
+        "counter",
+        "Requests refused by the ACLs.",
+        per_core("auth_denied"),
+    )
     family(
         "ringlog_forwarded_total",
         "counter",

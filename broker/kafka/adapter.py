@@ -154,6 +154,8 @@ class KafkaAdapter:
         self.authenticator = Authenticator(config.data_dir, config.sasl) if config.sasl.enabled else None
         self._auth = ConnectionAuth("")  # the connection of the request being handled
         self.authorizer = Authorizer(config.data_dir, config.authorizing, config.super_users)
+        if self.authenticator is not None:
+            self.authenticator.on_failure = handlers.metrics.auth_failure
         # api key -> its handler; SUPPORTED_VERSIONS says which versions reach it
         self._apis: dict[int, Callable[[KafkaRequest, Any], Outcome]] = {
             API_VERSIONS: lambda request, _body: self._api_versions(request),
@@ -173,7 +175,9 @@ class KafkaAdapter:
             sasl.SASL_HANDSHAKE: lambda request, body: sasl.handshake(
                 self.authenticator, request, body, self._auth
             ),
-            sasl.SASL_AUTHENTICATE: lambda request, body: sasl.authenticate(request, body, self._auth),
+            sasl.SASL_AUTHENTICATE: lambda request, body: sasl.authenticate(
+                self.authenticator, request, body, self._auth
+            ),
         }
         assert set(self._apis) == set(SUPPORTED_VERSIONS), "an api advertised without a handler"
 
@@ -208,6 +212,7 @@ class KafkaAdapter:
             refused = authorize.check(self.authorizer, self._auth.principal, request, body)
             if refused is not None:
                 self.handlers.metrics.error()
+                self.handlers.metrics.denied()
                 return refused
         try:
             return self._apis[key](request, body)

@@ -71,8 +71,18 @@ def handshake(
     return _reply(request, error_code=ErrorCode.none, mechanisms=offered)
 
 
-def authenticate(request: KafkaRequest, body: Any, auth: ConnectionAuth) -> Outcome:
+def authenticate(
+    authenticator: Authenticator | None, request: KafkaRequest, body: Any, auth: ConnectionAuth
+) -> Outcome:
     exchange = auth.exchange
+    if authenticator is None:  # a listener without SASL: answered, as Kafka does, not closed
+        return _reply(
+            request,
+            error_code=ErrorCode.illegal_sasl_state,
+            error_message="this listener has no SASL",
+            auth_bytes=b"",
+            session_lifetime=NO_LIFETIME,
+        )
     if exchange is None or auth.raw_tokens or auth.authenticated:
         reply = _reply(
             request,

@@ -26,6 +26,7 @@ import hmac
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -105,6 +106,7 @@ class Authenticator:
         self.successes = 0
         self._warnings = _RateLimitedWarnings()
         self._secret = os.urandom(32)  # fake salts for unknown users: stable within a worker
+        self.on_failure: Callable[[], None] = lambda: None  # the core's metrics counter
 
     def start(self, mechanism: str, tls: bool, peer: str = "") -> Exchange | None:
         """An exchange of `mechanism`, or None when this connection may not use it."""
@@ -114,6 +116,7 @@ class Authenticator:
 
     def failed(self, peer: str, mechanism: str, user: str | None) -> None:
         self.failures += 1
+        self.on_failure()
         self._warnings.warn(
             "authentication failed", "authentication failed: %s, %s, user %r", peer, mechanism, user
         )

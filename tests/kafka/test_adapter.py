@@ -142,6 +142,8 @@ def test_api_versions_lists_only_what_is_answered(adapter: KafkaAdapter, version
         14: (0, 3),
         15: (0, 4),
         16: (0, 2),
+        17: (0, 1),
+        36: (0, 2),
     }
 
 

@@ -169,6 +169,7 @@ def test_acls_against_librdkafka(broker: BrokerProcess) -> None:
     assert got == [b"salary"]
     assert "bobs" not in AdminClient(conf(broker, "admin")).list_topics(timeout=10).topics
 
+    assert broker.counter("auth_denied") >= 1
     # a deny wins over the allow, at once (the workers reread the file)
     cli(Path(broker.data_dir), "acls", "add", "User:alice", "write", "topic:orders", "--deny")
     refused = produce(alice, "orders", [b"o3"])

@@ -133,6 +133,7 @@ def test_bad_credentials_are_refused_and_write_nothing(
     assert consume(good, "kept", 1, "g-check") == [b"mine"]  # the refused record is not there
     assert "authentication failed" in broker.log()
     assert password not in broker.log()
+    assert broker.counter("auth_failures") >= 1
 
 
 def test_clients_without_sasl_are_disconnected(broker: BrokerProcess) -> None:
