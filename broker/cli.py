@@ -353,6 +353,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         sasl=sasl,
         tls=tls,
         super_users=super_users,
+        advertised_host=args.advertised_host,
         limits=limits,
         node_id=args.node_id,
         join=join,
@@ -422,6 +423,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--sasl-plain-without-tls",
         action="store_true",
         help="offer PLAIN (which sends the password itself) on connections without TLS",
+    )
+    serve.add_argument(
+        "--advertised-host",
+        default="",
+        metavar="NAME",
+        help="the host Metadata tells clients to connect to (default --host; set it when --host is "
+        "0.0.0.0, and to a name the TLS certificate carries)",
     )
     serve.add_argument(
         "--allow-plaintext",

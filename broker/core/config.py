@@ -48,6 +48,11 @@ class BrokerConfig:
     sasl: SaslConfig = field(default_factory=SaslConfig)
     tls: TlsConfig = field(default_factory=TlsConfig)  # TLS on the client listeners (broker/security/tls.py)
     super_users: tuple[str, ...] = ()  # principals the ACLs never refuse (broker/security/acls.py)
+    advertised_host: str = ""  # the host Metadata names (clients connect, TLS verifies it); "": `host`
+
+    @property
+    def public_host(self) -> str:
+        return self.advertised_host or self.host
 
     @property
     def authorizing(self) -> bool:

@@ -137,6 +137,7 @@ class SupervisorConfig:
     sasl: SaslConfig = field(default_factory=SaslConfig)  # broker/security/sasl.py
     tls: TlsConfig = field(default_factory=TlsConfig)  # broker/security/tls.py
     super_users: tuple[str, ...] = ()  # broker/security/acls.py
+    advertised_host: str = ""  # what Metadata tells clients to connect to; "": --host
     node_id: int = 0  # cluster node id (u32); 0: a single node
     join: tuple[tuple[str, int], ...] = ()  # seed membership addresses (host, udp port)
     rack: str = ""
@@ -607,6 +608,7 @@ class Supervisor:
             },
             "tls": asdict(self.config.tls),
             "super_users": list(self.config.super_users),
+            "advertised_host": self.config.advertised_host,
             "node_id": self.config.node_id,
             "cluster": self._cluster_spec(),
             "fds": list(w.fds),

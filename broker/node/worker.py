@@ -139,6 +139,7 @@ def config_from_spec(spec: dict[str, object]) -> BrokerConfig:
         sasl=sasl_config(spec.get("sasl")),  # type: ignore[arg-type]
         tls=TlsConfig(**spec.get("tls", {})),  # type: ignore[arg-type]
         super_users=tuple(spec.get("super_users", ())),  # type: ignore[arg-type]
+        advertised_host=str(spec.get("advertised_host", "")),
         bpf_snapshot=functools.partial(bpf_state.read, str(spec["data_dir"])),  # cached by mtime, no bcc
         node_id=int(spec.get("node_id", 0)),  # type: ignore[call-overload]
         cluster=cluster_settings(spec.get("cluster"), str(spec["data_dir"])),  # type: ignore[arg-type]
