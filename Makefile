@@ -5,7 +5,7 @@ PY := .venv/bin/python
 LINT_IMPORTS := .venv/bin/lint-imports --no-cache --no-logo
 DATA_DIR ?= ./data
 
-.PHONY: setup run test lint bench clean spark-demo bench-spark bench-kafka cluster-demo bench-perf
+.PHONY: setup run test lint bench clean spark-demo bench-spark bench-kafka cluster-demo bench-perf bench-security
 
 setup:
 	@bash scripts/setup.sh
@@ -38,6 +38,11 @@ bench-spark: setup
 # QUICK=1 for ~3 minutes.
 bench-perf: setup
 	$(PY) bench/perf.py $(if $(QUICK),--quick)
+
+# What TLS and SASL cost (docs/SECURITY.md, "Figures"): librdkafka against plaintext, TLS and
+# TLS+SCRAM brokers on both backends; QUICK=1 for ~1 minute.
+bench-security: setup
+	$(PY) bench/security.py $(if $(QUICK),--quick)
 
 # librdkafka against ringlog and Tansu (docs/KAFKA.md, "Side by side"); QUICK=1 for small sizes.
 bench-kafka: setup
