@@ -1095,6 +1095,7 @@ class Handlers:
         assert self.ask_core is not None
         for core, key in remote:
             frame = m.request_frame(m.ListOffsetsRequest(topic_id=key[0], partition=key[1]))
+            self.metrics.asked()
             self.ask_core(core, frame, lambda result, key=key: answered(key, result))
 
     def _offset_fetch(self, req: m.Request, frame: Frame) -> Outcome:

@@ -18,6 +18,7 @@ The backend contract (uvloop in broker/backends/aio.py, io_uring in broker/backe
     metrics.reply(nbytes_out, started_ns)              # its answer was queued (not for acks=0)
     metrics.forwarded()                                # sent to the owning core instead
     metrics.forwarded_in()                             # a request that came from another core
+    metrics.asked()                                    # a question to another core (commit bound)
     metrics.error()                                    # done by Handlers for every error answer
     publish(data_dir, metrics.snapshot(gauges))        # ~1/s and at shutdown
 """
@@ -48,6 +49,7 @@ class CoreMetrics:
     """Counters of one core. Owned by that core's event-loop thread."""
 
     __slots__ = (
+        "asked_count",
         "auth_denied",
         "auth_failures",
         "backend",
@@ -79,6 +81,7 @@ class CoreMetrics:
         self.auth_denied = 0  # requests the ACLs refused (broker/security/acls.py)
         self.forwarded_out = 0
         self.forwarded_in_count = 0
+        self.asked_count = 0
         self.latency_us = [0] * LATENCY_BUCKETS
         self.flushes = 0
         self.flush_waiters = 0
@@ -112,6 +115,11 @@ class CoreMetrics:
     def forwarded_in(self) -> None:
         """A request arrived from another core (on the inter-core listener)."""
         self.forwarded_in_count += 1
+
+    def asked(self) -> None:
+        """This core, coordinating a group, asked another core for a partition's high watermark
+        (`Handlers.partition_ends`): the other core counts it in its `forwarded_in`."""
+        self.asked_count += 1
 
     def error(self) -> None:
         self.errors += 1
@@ -150,6 +158,7 @@ class CoreMetrics:
             "auth_denied": self.auth_denied,
             "forwarded": self.forwarded_out,
             "forwarded_in": self.forwarded_in_count,
+            "asked": self.asked_count,
             "flushes": self.flushes,
             "flush_waiters": self.flush_waiters,
             "gauges": {name: int(read()) for name, read in (gauges or {}).items()},

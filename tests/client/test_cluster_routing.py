@@ -211,9 +211,9 @@ def test_requests_reach_the_leaders_node(pair: Pair, topic_id: int) -> None:
             # The group's offsets go to its coordinator's node: a group node 1 coordinates.
             group = next(g for g in (f"g{i}" for i in range(100)) if coordinator_node(g, [0, 1]) == 1)
             await client.partition_request(
-                "t", 0, lambda tid: OffsetCommitRequest(tid, 0, group, 42), group=group
-            )
-        for proc, want in ((b, 42), (a, -1)):
+                "t", 0, lambda tid: OffsetCommitRequest(tid, 0, group, 3), group=group
+            )  # 3: partition 0's end on B (a commit past it would be refused)
+        for proc, want in ((b, 3), (a, -1)):
             async with AsyncClient(proc.bootstrap) as one:
                 resp = await one.partition_request(
                     "t", 0, lambda tid: OffsetFetchRequest(tid, 0, group), group=group

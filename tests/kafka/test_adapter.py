@@ -18,7 +18,7 @@ from kio.static.primitive import i16, i32, i64
 from broker.backends.shared import FirstBytes
 from broker.core.config import BrokerConfig
 from broker.core.handlers import Handlers
-from broker.core.outcomes import Reply
+from broker.core.outcomes import Later, Reply
 from broker.core.producer_ids import EPOCH_LAST
 from broker.kafka.adapter import SUPPORTED_VERSIONS, KafkaAdapter, cluster_id_for
 from broker.kafka.codec import (
@@ -34,8 +34,14 @@ from ringlog_proto.routing import coordinator_for, shard_for
 
 
 def answer(adapter: KafkaAdapter, raw: bytes, api_key: int, version: int) -> tuple[int, Any]:
-    """(correlation id, decoded response) of the adapter's reply to `raw`."""
+    """(correlation id, decoded response) of the adapter's reply to `raw` (a `Later` one is
+    started here: in-process, nothing it waits for is on another core)."""
     outcome = adapter.handle(request_of(raw))
+    if isinstance(outcome, Later):
+        answers: list[Any] = []
+        outcome.start(answers.append)
+        assert len(answers) == 1
+        outcome = answers[0]
     assert isinstance(outcome, Reply)
     return read_response(api_key, version, b"".join(outcome.buffers))
 
@@ -427,7 +433,7 @@ def test_offset_commit_then_fetch_every_version(adapter: KafkaAdapter, version: 
         make(
             module.OffsetCommitRequestPartition,
             partition_index=i32(p),
-            committed_offset=10 + p,
+            committed_offset=0,  # the partitions are empty: their high watermark is 0
             committed_leader_epoch=i32(-1),
             committed_metadata=f"m{p}",
             commit_timestamp=-1,
@@ -458,8 +464,33 @@ def test_offset_commit_then_fetch_every_version(adapter: KafkaAdapter, version: 
             fetch_version,
         )
         got = [(p.committed_offset, p.metadata) for p in fresp.topics[0].partitions]
-        assert got == [(10, "m0"), (11, "m1")]
+        assert got == [(0, "m0"), (0, "m1")]
     _, every = answer(
         adapter, frame_of(9, 5, 3, make(request_schema(9, 5), group_id=group, topics=None)), 9, 5
     )
     assert [(t.name, [p.partition_index for p in t.partitions]) for t in every.topics] == [("t", [0, 1])]
+
+
+def test_offset_commit_past_the_high_watermark_is_refused(adapter: KafkaAdapter) -> None:
+    tid = create_topic(adapter, "bound", 2)
+    mine = next(p for p in range(2) if shard_for(tid, p, 2) == 0)  # this core's: its HW is known here
+    schema = request_schema(8, 7)
+    assert schema is not None
+    module = __import__(schema.__module__, fromlist=["x"])
+    part = make(
+        module.OffsetCommitRequestPartition,
+        partition_index=i32(mine),
+        committed_offset=10**12,
+        committed_leader_epoch=i32(-1),
+        committed_metadata="",
+    )
+    body = make(
+        schema,
+        group_id=_group_on(0),
+        generation_id_or_member_epoch=i32(-1),
+        member_id="",
+        group_instance_id=None,
+        topics=(make(module.OffsetCommitRequestTopic, name="bound", partitions=(part,)),),
+    )
+    _, resp = answer(adapter, frame_of(8, 7, 1, body), 8, 7)
+    assert [p.error_code for p in resp.topics[0].partitions] == [ErrorCode.offset_out_of_range]

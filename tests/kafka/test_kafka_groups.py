@@ -305,7 +305,7 @@ def test_a_killed_member_expires_and_the_other_takes_its_partitions(gbroker: Bro
 def test_confluent_offsets_of_a_recreated_topic_start_over(gbroker: BrokerProcess) -> None:
     admin = ck_admin.AdminClient({"bootstrap.servers": gbroker.bootstrap})
     create(gbroker, "reborn", 1)
-    produce(gbroker, "reborn", 0, 4)
+    produce(gbroker, "reborn", 0, 4 * PARTITIONS)  # 4 records in its one partition, 0
     tp = confluent_kafka.TopicPartition("reborn", 0, 3)
     c = confluent_kafka.Consumer({"bootstrap.servers": gbroker.bootstrap, "group.id": "reborn-g"})
     try:
@@ -481,7 +481,7 @@ def test_old_offsets_are_migrated_and_both_protocols_share_the_store(tmp_path: P
     broker = BrokerProcess(tmp_path / "data", tmp_path / "broker.log", cores=2, extra=DELAY).start()
     try:
         topic_id = create(broker, "legacy", 2)
-        produce(broker, "legacy", 0, 10)
+        produce(broker, "legacy", 0, 10 * PARTITIONS)  # 10 records in each of its 2 partitions
         broker.stop()
         old = []
         for p in range(2):
