@@ -32,14 +32,12 @@ import argparse
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import trustme
 from benchlib import children_of, code_version, proc_cpu, table
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -47,6 +45,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 from brokerproc import BrokerProcess  # noqa: E402
+from securitylab import Pki, add_user  # noqa: E402
 
 VALUE_BYTES = 1024
 PASSWORD = "bench password"
@@ -55,46 +54,16 @@ CLIENT_CPU = 1
 GOAL_TLS_RATIO = 0.6
 
 
-class Pki:
-    def __init__(self, d: Path) -> None:
-        ca = trustme.CA()
-        cert = ca.issue_cert("127.0.0.1", "localhost")
-        self.ca = d / "ca.pem"
-        self.cert = d / "server.pem"
-        self.key = d / "server.key"
-        ca.cert_pem.write_to_path(str(self.ca))
-        with open(self.cert, "wb") as f:
-            for pem in cert.cert_chain_pems:
-                f.write(pem.bytes())
-        cert.private_key_pem.write_to_path(str(self.key))
-
-
 def start(variant: str, backend: str, work: Path, pki: Pki) -> tuple[BrokerProcess, dict[str, Any]]:
     data = work / f"{variant}-{backend}"
     shutil.rmtree(data, ignore_errors=True)
     extra: list[str] = []
     conf: dict[str, Any] = {}
     if variant != "plaintext":
-        extra += ["--tls-cert", str(pki.cert), "--tls-key", str(pki.key)]
+        extra += ["--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key)]
         conf = {"security.protocol": "SSL", "ssl.ca.location": str(pki.ca)}
     if variant == "tls+scram":
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "broker.cli",
-                "users",
-                "add",
-                "bench",
-                "--password-stdin",
-                "--data-dir",
-                str(data),
-            ],
-            input=PASSWORD + "\n",
-            text=True,
-            check=True,
-            capture_output=True,
-        )
+        add_user(data, "bench", PASSWORD)
         extra += ["--sasl-mechanisms", "SCRAM-SHA-512", "--super-users", "User:bench"]
         conf.update(
             {
@@ -206,7 +175,7 @@ def main() -> int:
     results: dict[tuple[str, str], list[dict[str, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="rl-security-") as tmp:
         work = Path(tmp)
-        pki = Pki(work)
+        pki = Pki.make(work)
         combos = [(v, b) for b in backends for v in VARIANTS]
         for rnd in range(args.rounds):
             order = combos[rnd % len(combos) :] + combos[: rnd % len(combos)]

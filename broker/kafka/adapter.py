@@ -295,23 +295,18 @@ class KafkaAdapter:
         )
         topics = []
         for t in view.topics:
+            refused: ErrorCode | None = None
             if may_describe is not None and not may_describe(t.name):
-                if not listed_all:
-                    topics.append(
-                        make(
-                            module.MetadataResponseTopic,
-                            error_code=ErrorCode.topic_authorization_failed,
-                            name=t.name,
-                            is_internal=False,
-                            partitions=(),
-                        )
-                    )
-                continue
-            if not t.known:
+                if listed_all:
+                    continue  # left out of a listing of every topic
+                refused = ErrorCode.topic_authorization_failed  # whether or not it exists
+            elif not t.known:
+                refused = ErrorCode.unknown_topic_or_partition
+            if refused is not None:
                 topics.append(
                     make(
                         module.MetadataResponseTopic,
-                        error_code=ErrorCode.unknown_topic_or_partition,
+                        error_code=refused,
                         name=t.name,
                         is_internal=False,
                         partitions=(),

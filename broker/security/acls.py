@@ -11,19 +11,20 @@ Rules this module keeps:
   on the same resource.
 - The authorizer is on exactly when the listener authenticates (SASL, or mutual TLS): without
   authentication every client is User:ANONYMOUS and everything is allowed, as today.
-- The file is written like the users file (atomic, durable, under an flock) and reread by the
-  workers when it changes: `broker acls add` takes effect at the next request.
+- The file is written and reread like the users file (broker/security/watched.py): `broker acls
+  add` takes effect at the next request.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Final
 
 from broker.security.credentials import SECURITY_DIR
 from broker.security.session import CORE_PRINCIPAL
-from broker.storage.durable_file import exclusive_lock, load_json, replace_json
+from broker.security.watched import WatchedFile
 
 ACLS_FILE: Final = "acls.json"
 RESOURCE_TYPES: Final = ("topic", "group", "cluster")
@@ -90,52 +91,45 @@ def acls_path(data_dir: str) -> str:
     return os.path.join(data_dir, SECURITY_DIR, ACLS_FILE)
 
 
+def _parse_acls(doc: object | None) -> tuple[AclBinding, ...]:
+    if not isinstance(doc, dict):
+        return ()
+    return tuple(AclBinding(**b) for b in doc.get("acls", []))
+
+
+def _acls_doc(bindings: Iterable[AclBinding]) -> dict[str, object]:
+    return {"acls": [asdict(b) for b in bindings]}
+
+
 class AclStore:
     """The ACL file of one data dir: read by the workers, changed by `broker acls`."""
 
     def __init__(self, data_dir: str) -> None:
-        self.path = acls_path(data_dir)
-        self._seen: tuple[int, int] | None = None
-        self._bindings: tuple[AclBinding, ...] = ()
-
-    def _load(self) -> list[AclBinding]:
-        doc = load_json(self.path)
-        if not isinstance(doc, dict):
-            return []
-        return [AclBinding(**b) for b in doc.get("acls", [])]
+        self._file = WatchedFile(acls_path(data_dir), _parse_acls)
+        self.path = self._file.path
 
     def bindings(self) -> tuple[AclBinding, ...]:
-        try:
-            st = os.stat(self.path)
-            seen: tuple[int, int] | None = (st.st_mtime_ns, st.st_size)
-        except FileNotFoundError:
-            seen = None
-        if seen != self._seen:
-            self._bindings = tuple(self._load()) if seen is not None else ()
-            self._seen = seen
-        return self._bindings
-
-    def _write(self, bindings: list[AclBinding]) -> None:
-        replace_json(self.path, {"acls": [asdict(b) for b in bindings]}, mode=0o600)
+        return self._file.get()
 
     def add(self, binding: AclBinding) -> bool:
         """Store `binding`; False when it was there already."""
         binding.check()
-        os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
-        with exclusive_lock(self.path + ".lock"):
-            current = self._load()
-            if binding in current:
-                return False
-            self._write([*current, binding])
-            return True
+        added = [False]
+
+        def change(current: tuple[AclBinding, ...]) -> dict[str, object]:
+            added[0] = binding not in current
+            return _acls_doc(current if not added[0] else (*current, binding))
+
+        self._file.update(change)
+        return added[0]
 
     def remove(self, binding: AclBinding) -> None:
-        os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
-        with exclusive_lock(self.path + ".lock"):
-            current = self._load()
+        def change(current: tuple[AclBinding, ...]) -> dict[str, object]:
             if binding not in current:
                 raise AclError(f"no such ACL: {binding}")
-            self._write([b for b in current if b != binding])
+            return _acls_doc(b for b in current if b != binding)
+
+        self._file.update(change)
 
 
 class Authorizer:

@@ -5,11 +5,11 @@ Rules this module keeps:
   what RFC 5802 lets a server keep: a random salt, the iteration count, StoredKey = H(ClientKey)
   and ServerKey (made by `scramp`, a maintained SCRAM library). PLAIN is checked against the same
   record: the password given is salted and iterated as SCRAM would, and its StoredKey compared.
-- The file is replaced atomically and durably (broker/storage/durable_file.py), made with
-  permissions 0600, under an flock (`broker users` may run while the workers read it).
-- The workers read it again when its modification time or size changes (`CredentialStore.lookup`
-  stats it, which costs microseconds against an authentication's PBKDF2): `broker users add` takes
-  effect at the next authentication, without a restart.
+- The file is replaced atomically and durably, with permissions 0600, under an flock
+  (broker/security/watched.py).
+- The workers read it again when it changes (broker/security/watched.py; a stat costs
+  microseconds against an authentication's PBKDF2): `broker users add` takes effect at the next
+  authentication, without a restart.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Final
 
 from scramp import ScramMechanism
 
-from broker.storage.durable_file import exclusive_lock, load_json, replace_json
+from broker.security.watched import WatchedFile
 
 SCRAM_MECHANISMS: Final = ("SCRAM-SHA-256", "SCRAM-SHA-512")
 ITERATIONS_DEFAULT: Final = 8192  # Kafka's minimum is 4096 (so is scramp's)
@@ -91,47 +91,34 @@ def users_path(data_dir: str) -> str:
     return os.path.join(data_dir, SECURITY_DIR, USERS_FILE)
 
 
+Users = dict[str, dict[str, ScramCredential]]
+
+
+def _parse_users(doc: object | None) -> Users:
+    users: Users = {}
+    if isinstance(doc, dict):
+        for name, mechs in dict(doc.get("users", {})).items():
+            users[name] = {m: ScramCredential.from_json(c) for m, c in mechs.items() if m in HASHES}
+    return users
+
+
+def _users_doc(users: Users) -> dict[str, object]:
+    return {"users": {n: {m: c.as_json() for m, c in mechs.items()} for n, mechs in sorted(users.items())}}
+
+
 class CredentialStore:
     """The users file of one data dir: read by the workers, changed by `broker users`."""
 
     def __init__(self, data_dir: str) -> None:
-        self.path = users_path(data_dir)
-        self._seen: tuple[int, int] | None = None  # (mtime_ns, size) of the version loaded
-        self._users: dict[str, dict[str, ScramCredential]] = {}
-
-    # ------------------------------------------------------------------------- reading
-
-    def _load(self) -> dict[str, dict[str, ScramCredential]]:
-        doc = load_json(self.path)
-        users: dict[str, dict[str, ScramCredential]] = {}
-        if isinstance(doc, dict):
-            for name, mechs in dict(doc.get("users", {})).items():
-                users[name] = {m: ScramCredential.from_json(c) for m, c in mechs.items() if m in HASHES}
-        return users
-
-    def _fresh(self) -> dict[str, dict[str, ScramCredential]]:
-        try:
-            st = os.stat(self.path)
-            seen: tuple[int, int] | None = (st.st_mtime_ns, st.st_size)
-        except FileNotFoundError:
-            seen = None
-        if seen != self._seen:
-            self._users = self._load() if seen is not None else {}
-            self._seen = seen
-        return self._users
+        self._file = WatchedFile(users_path(data_dir), _parse_users)
+        self.path = self._file.path
 
     def lookup(self, user: str, mechanism: str) -> ScramCredential | None:
-        return self._fresh().get(user, {}).get(mechanism)
+        return self._file.get().get(user, {}).get(mechanism)
 
     def users(self) -> dict[str, tuple[str, ...]]:
         """Every user and the mechanisms it has credentials for (never the credentials)."""
-        return {name: tuple(sorted(mechs)) for name, mechs in sorted(self._fresh().items())}
-
-    # ------------------------------------------------------------------------- changing
-
-    def _write(self, users: dict[str, dict[str, ScramCredential]]) -> None:
-        doc = {"users": {n: {m: c.as_json() for m, c in mechs.items()} for n, mechs in sorted(users.items())}}
-        replace_json(self.path, doc, mode=0o600)
+        return {name: tuple(sorted(mechs)) for name, mechs in sorted(self._file.get().items())}
 
     def add(
         self,
@@ -149,17 +136,13 @@ class CredentialStore:
         for m in mechanisms:
             if m not in HASHES:
                 raise CredentialError(f"unknown mechanism {m!r}: one of {', '.join(SCRAM_MECHANISMS)}")
-        os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
-        with exclusive_lock(self.path + ".lock"):
-            users = self._load()
-            users[user] = {m: make_credential(m, password, iterations) for m in mechanisms}
-            self._write(users)
+        creds = {m: make_credential(m, password, iterations) for m in mechanisms}
+        self._file.update(lambda users: _users_doc({**users, user: creds}))
 
     def remove(self, user: str) -> None:
-        os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
-        with exclusive_lock(self.path + ".lock"):
-            users = self._load()
+        def change(users: Users) -> dict[str, object]:
             if user not in users:
                 raise CredentialError(f"no user {user!r}")
-            del users[user]
-            self._write(users)
+            return _users_doc({n: c for n, c in users.items() if n != user})
+
+        self._file.update(change)

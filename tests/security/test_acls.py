@@ -4,20 +4,18 @@ leaves no trace; Metadata shows only what it may describe; deny beats allow; sup
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from brokerproc import BrokerProcess
+from securitylab import Unavailable, add_user, broker_cli, consume, create_topic, produce, start_broker
 
 from broker.security.acls import AclBinding, AclError, AclStore, Authorizer
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer  # noqa: E402
+from confluent_kafka import KafkaError, KafkaException  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
 PW = {"admin": "admin pw", "alice": "alice pw", "bob": "bob pw"}
@@ -64,31 +62,19 @@ def test_decisions(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------- real clients
 
 
-def cli(data: Path, *args: str, stdin: str | None = None) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "broker.cli", *args, "--data-dir", str(data)],
-        input=stdin,
-        text=True,
-        capture_output=True,
-        check=False,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stderr
-
-
 @pytest.fixture(params=["uvloop", "io_uring"])
 def broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BrokerProcess]:
     data = tmp_path / "data"
     for user, pw in PW.items():
-        cli(data, "users", "add", user, "--password-stdin", stdin=pw + "\n")
-    cli(data, "acls", "add", "User:alice", "write", "topic:orders")
-    cli(data, "acls", "add", "User:alice", "read", "topic:orders")
-    cli(data, "acls", "add", "User:alice", "read", "group:alice-", "--prefixed")
+        add_user(data, user, pw)
+    broker_cli(data, "acls", "add", "User:alice", "write", "topic:orders")
+    broker_cli(data, "acls", "add", "User:alice", "read", "topic:orders")
+    broker_cli(data, "acls", "add", "User:alice", "read", "group:alice-", "--prefixed")
     args = ("--sasl-mechanisms", "SCRAM-SHA-512", "--super-users", "User:admin")
-    b = BrokerProcess(data, tmp_path / "broker.log", extra=args, backend=request.param).start()
-    if request.param == "io_uring" and "backend io_uring" not in b.log():
-        b.stop()
-        pytest.skip("io_uring unavailable here: the broker fell back to uvloop")
+    try:
+        b = start_broker(tmp_path, request.param, args)
+    except Unavailable as exc:
+        pytest.skip(str(exc))
     yield b
     b.stop()
 
@@ -103,37 +89,9 @@ def conf(b: BrokerProcess, user: str) -> dict[str, Any]:
     }
 
 
-def produce(c: dict[str, Any], topic: str, values: list[bytes]) -> list[Any]:
-    errors: list[Any] = []
-    p = Producer({**c, "message.timeout.ms": 5000, "retries": 0})
-    for v in values:
-        p.produce(topic, v, on_delivery=lambda err, _m: errors.append(err))
-    p.flush(15)
-    return errors
-
-
-def consume(c: dict[str, Any], topic: str, group: str, n: int) -> tuple[list[bytes], set[int]]:
-    consumer = Consumer({**c, "group.id": group, "auto.offset.reset": "earliest"})
-    consumer.subscribe([topic])
-    got: list[bytes] = []
-    errors: set[int] = set()
-    deadline = time.monotonic() + (30 if n else 8)
-    while time.monotonic() < deadline and (len(got) < n or (not n and not errors)):
-        msg = consumer.poll(0.5)
-        if msg is None:
-            continue
-        if msg.error() is not None:
-            errors.add(msg.error().code())
-        else:
-            got.append(msg.value())
-    consumer.close()
-    return got, errors
-
-
 def test_acls_against_librdkafka(broker: BrokerProcess) -> None:
-    admin = AdminClient(conf(broker, "admin"))
     for t in ("orders", "payroll"):
-        admin.create_topics([NewTopic(t, 1)])[t].result(15)
+        create_topic(conf(broker, "admin"), t)
     assert produce(conf(broker, "admin"), "payroll", [b"salary"]) == [None]
 
     alice = conf(broker, "alice")
@@ -171,6 +129,6 @@ def test_acls_against_librdkafka(broker: BrokerProcess) -> None:
 
     assert broker.counter("auth_denied") >= 1
     # a deny wins over the allow, at once (the workers reread the file)
-    cli(Path(broker.data_dir), "acls", "add", "User:alice", "write", "topic:orders", "--deny")
+    broker_cli(broker.data_dir, "acls", "add", "User:alice", "write", "topic:orders", "--deny")
     refused = produce(alice, "orders", [b"o3"])
     assert [e.code() for e in refused] == [KafkaError.TOPIC_AUTHORIZATION_FAILED]

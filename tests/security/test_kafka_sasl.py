@@ -9,7 +9,6 @@ import shutil
 import socket
 import struct
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,54 +19,29 @@ from brokerproc import BrokerProcess, Wire
 from kafka_requests import frame, read_response
 from kio.schema.errors import ErrorCode
 from scramp import ScramClient
+from securitylab import Unavailable, add_user, consume, create_topic, produce, start_broker
 
 from ringlog_proto import messages as m
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
-from confluent_kafka import Consumer, KafkaException, Producer  # noqa: E402
-from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
+from confluent_kafka import KafkaException  # noqa: E402
+from confluent_kafka.admin import AdminClient  # noqa: E402
 
 KCAT = shutil.which("kcat")
 PASSWORD = "correct horse battery staple"
 MECHANISMS = "SCRAM-SHA-512,SCRAM-SHA-256,PLAIN"
 
 
-def add_user(data_dir: Path, name: str, password: str) -> None:
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "broker.cli",
-            "users",
-            "add",
-            name,
-            "--password-stdin",
-            "--data-dir",
-            str(data_dir),
-        ],
-        check=False,
-        input=password + "\n",
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stderr
-
-
 @pytest.fixture(params=["uvloop", "io_uring"])
 def broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BrokerProcess]:
     data = tmp_path / "data"
     add_user(data, "alice", PASSWORD)
-    b = BrokerProcess(
-        data,
-        tmp_path / "broker.log",
-        # alice may do anything: authorization is test_acls.py's
-        extra=("--sasl-mechanisms", MECHANISMS, "--sasl-plain-without-tls", "--super-users", "User:alice"),
-        backend=request.param,
-    ).start()
-    if request.param == "io_uring" and "backend io_uring" not in b.log():
-        b.stop()
-        pytest.skip("io_uring unavailable here: the broker fell back to uvloop")
+    # alice may do anything: authorization is test_acls.py's
+    extra = ("--sasl-mechanisms", MECHANISMS, "--sasl-plain-without-tls", "--super-users", "User:alice")
+    try:
+        b = start_broker(tmp_path, request.param, extra)
+    except Unavailable as exc:
+        pytest.skip(str(exc))
     yield b
     b.stop()
 
@@ -84,33 +58,6 @@ def conf(
     }
 
 
-def create_topic(c: dict[str, Any], name: str) -> None:
-    admin = AdminClient(c)  # held until the result: a collected client cancels its futures
-    admin.create_topics([NewTopic(name, 1)])[name].result(15)
-
-
-def produce(c: dict[str, Any], topic: str, values: list[bytes]) -> list[Any]:
-    errors: list[Any] = []
-    p = Producer({**c, "message.timeout.ms": 4000, "acks": "all"})
-    for v in values:
-        p.produce(topic, v, on_delivery=lambda err, _msg: errors.append(err))
-    p.flush(15)
-    return errors
-
-
-def consume(c: dict[str, Any], topic: str, n: int, group: str) -> list[bytes]:
-    consumer = Consumer({**c, "group.id": group, "auto.offset.reset": "earliest"})
-    consumer.subscribe([topic])
-    got: list[bytes] = []
-    deadline = time.monotonic() + 30
-    while len(got) < n and time.monotonic() < deadline:
-        msg = consumer.poll(0.5)
-        if msg is not None and msg.error() is None:
-            got.append(msg.value())
-    consumer.close()
-    return got
-
-
 @pytest.mark.parametrize("mechanism", ["SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN"])
 def test_librdkafka_round_trip(broker: BrokerProcess, mechanism: str) -> None:
     c = conf(broker, mechanism)
@@ -118,7 +65,7 @@ def test_librdkafka_round_trip(broker: BrokerProcess, mechanism: str) -> None:
     create_topic(c, topic)
     values = [f"v{i}".encode() for i in range(5)]
     assert produce(c, topic, values) == [None] * 5
-    assert consume(c, topic, 5, f"g-{mechanism}") == values
+    assert consume(c, topic, f"g-{mechanism}", 5) == (values, set())
 
 
 @pytest.mark.parametrize(("user", "password"), [("alice", "wrong"), ("mallory", PASSWORD)])
@@ -130,7 +77,7 @@ def test_bad_credentials_are_refused_and_write_nothing(
     errors = produce(conf(broker, user=user, password=password), "kept", [b"intruder"])
     assert len(errors) == 1 and errors[0] is not None
     assert produce(good, "kept", [b"mine"]) == [None]
-    assert consume(good, "kept", 1, "g-check") == [b"mine"]  # the refused record is not there
+    assert consume(good, "kept", "g-check", 1)[0] == [b"mine"]  # the refused record is not there
     assert "authentication failed" in broker.log()
     assert password not in broker.log()
     assert broker.counter("auth_failures") >= 1

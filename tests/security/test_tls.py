@@ -8,83 +8,37 @@ from __future__ import annotations
 import shutil
 import socket
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-import trustme
 from brokerproc import BrokerProcess
+from securitylab import Pki, Unavailable, add_user, broker_cli, consume, create_topic, produce, start_broker
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
-from confluent_kafka import Consumer, Producer  # noqa: E402
+from confluent_kafka import Producer  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
 KCAT = shutil.which("kcat")
 PASSWORD = "tls and scram"
 
 
-@dataclass
-class Pki:
-    ca: Path
-    server_cert: Path
-    server_key: Path
-    client_cert: Path
-    client_key: Path
-
-
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    d = tmp_path_factory.mktemp("pki")
-    ca = trustme.CA()
-    server = ca.issue_cert("127.0.0.1", "localhost")
-    client = ca.issue_cert(
-        "alice@example.com", common_name="alice", organization_name="acme", organization_unit_name="eng"
-    )
-    ca.cert_pem.write_to_path(str(d / "ca.pem"))
-    with open(d / "server.pem", "wb") as f:
-        for pem in server.cert_chain_pems:
-            f.write(pem.bytes())
-    server.private_key_pem.write_to_path(str(d / "server.key"))
-    with open(d / "client.pem", "wb") as f:
-        for pem in client.cert_chain_pems:
-            f.write(pem.bytes())
-    client.private_key_pem.write_to_path(str(d / "client.key"))
-    return Pki(d / "ca.pem", d / "server.pem", d / "server.key", d / "client.pem", d / "client.key")
+    return Pki.make(tmp_path_factory.mktemp("pki"))
 
 
 def start(tmp_path: Path, backend: str, extra: tuple[str, ...]) -> BrokerProcess:
-    b = BrokerProcess(tmp_path / "data", tmp_path / "broker.log", extra=extra, backend=backend).start()
-    if backend == "io_uring" and "backend io_uring" not in b.log():
-        b.stop()
-        pytest.skip("io_uring unavailable here: the broker fell back to uvloop")
-    return b
+    try:
+        return start_broker(tmp_path, backend, extra)
+    except Unavailable as exc:
+        pytest.skip(str(exc))
 
 
 @pytest.fixture(params=["uvloop", "io_uring"])
 def sasl_ssl(request: pytest.FixtureRequest, tmp_path: Path, pki: Pki) -> Iterator[BrokerProcess]:
-    data = tmp_path / "data"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "broker.cli",
-            "users",
-            "add",
-            "alice",
-            "--password-stdin",
-            "--data-dir",
-            str(data),
-        ],
-        input=PASSWORD + "\n",
-        text=True,
-        check=True,
-        capture_output=True,
-        timeout=60,
-    )
+    add_user(tmp_path / "data", "alice", PASSWORD)
     extra = ("--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key))
     sasl = ("--sasl-mechanisms", "SCRAM-SHA-512,PLAIN", "--super-users", "User:alice")  # ACLs: test_acls.py
     b = start(tmp_path, request.param, (*extra, *sasl))
@@ -111,27 +65,11 @@ def scram(
     )
 
 
-def round_trip(c: dict[str, Any], topic: str, n: int = 20) -> list[bytes]:
-    admin = AdminClient(c)
-    admin.create_topics([NewTopic(topic, 1)])[topic].result(15)
-    errors: list[Any] = []
-    p = Producer({**c, "message.timeout.ms": 5000, "acks": "all"})
+def round_trip(c: dict[str, Any], topic: str, n: int = 20) -> None:
+    create_topic(c, topic)
     values = [f"{topic}-{i}".encode() * 50 for i in range(n)]
-    for v in values:
-        p.produce(topic, v, on_delivery=lambda err, _m: errors.append(err))
-    p.flush(15)
-    assert errors == [None] * n
-    consumer = Consumer({**c, "group.id": f"g-{topic}", "auto.offset.reset": "earliest"})
-    consumer.subscribe([topic])
-    got: list[bytes] = []
-    deadline = time.monotonic() + 30
-    while len(got) < n and time.monotonic() < deadline:
-        msg = consumer.poll(0.5)
-        if msg is not None and msg.error() is None:
-            got.append(msg.value())
-    consumer.close()
-    assert got == values
-    return got
+    assert produce(c, topic, values) == [None] * n
+    assert consume(c, topic, f"g-{topic}", n) == (values, set())
 
 
 @pytest.mark.parametrize("mechanism", ["SCRAM-SHA-512", "PLAIN"])
@@ -199,12 +137,7 @@ def test_mutual_tls(tmp_path: Path, pki: Pki, backend: str) -> None:
     data = tmp_path / "data"
     principal = "User:CN=alice,OU=eng,O=acme"  # the client certificate's subject, most specific first
     for acl in (("all", "topic:m"), ("read", "group:*")):
-        subprocess.run(
-            [sys.executable, "-m", "broker.cli", "acls", "add", principal, *acl, "--data-dir", str(data)],
-            check=True,
-            capture_output=True,
-            timeout=60,
-        )
+        broker_cli(data, "acls", "add", principal, *acl)
     b = start(tmp_path, backend, extra)
     try:
         mtls = ssl_conf(

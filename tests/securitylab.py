@@ -1,0 +1,116 @@
+"""What the security tests (tests/security/) and bench/security.py share: the `broker users` and
+`broker acls` commands as an operator runs them, certificates made at test time (trustme: no
+private key is ever committed), and librdkafka helpers that report what was refused."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import trustme
+from brokerproc import BrokerProcess
+
+
+class Unavailable(Exception):
+    """The io_uring broker fell back to uvloop here: callers skip."""
+
+
+def broker_cli(data: Path, *args: str, stdin: str | None = None) -> str:
+    """`broker ARGS --data-dir DATA` (users, acls); its stdout. Fails the caller on an error."""
+    done = subprocess.run(
+        [sys.executable, "-m", "broker.cli", *args, "--data-dir", str(data)],
+        input=stdin,
+        text=True,
+        capture_output=True,
+        check=False,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def add_user(data: Path, name: str, password: str) -> None:
+    broker_cli(data, "users", "add", name, "--password-stdin", stdin=password + "\n")
+
+
+def start_broker(workdir: Path, backend: str, extra: tuple[str, ...], cores: int = 1) -> BrokerProcess:
+    """A broker on `workdir`/data; raises `Unavailable` when io_uring was asked for and is not here."""
+    b = BrokerProcess(
+        workdir / "data", workdir / "broker.log", extra=extra, cores=cores, backend=backend
+    ).start()
+    if backend == "io_uring" and "backend io_uring" not in b.log():
+        b.stop()
+        raise Unavailable("io_uring unavailable here: the broker fell back to uvloop")
+    return b
+
+
+@dataclass
+class Pki:
+    """A CA, a server certificate for 127.0.0.1 and localhost, and a client certificate whose
+    subject is CN=alice,OU=eng,O=acme (the principal User:CN=alice,OU=eng,O=acme)."""
+
+    ca: Path
+    server_cert: Path
+    server_key: Path
+    client_cert: Path
+    client_key: Path
+
+    @classmethod
+    def make(cls, d: Path) -> Pki:
+        ca = trustme.CA()
+        server = ca.issue_cert("127.0.0.1", "localhost")
+        client = ca.issue_cert(
+            "alice@example.com", common_name="alice", organization_name="acme", organization_unit_name="eng"
+        )
+        ca.cert_pem.write_to_path(str(d / "ca.pem"))
+        for cert, name in ((server, "server"), (client, "client")):
+            with open(d / f"{name}.pem", "wb") as f:
+                for pem in cert.cert_chain_pems:
+                    f.write(pem.bytes())
+            cert.private_key_pem.write_to_path(str(d / f"{name}.key"))
+        return cls(d / "ca.pem", d / "server.pem", d / "server.key", d / "client.pem", d / "client.key")
+
+
+def create_topic(conf: dict[str, Any], name: str, partitions: int = 1) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient(conf)  # held until the result: a collected client cancels its futures
+    admin.create_topics([NewTopic(name, partitions)])[name].result(15)
+
+
+def produce(conf: dict[str, Any], topic: str, values: list[bytes]) -> list[Any]:
+    """Each record's delivery error (None: acknowledged), in order; no retries of a refusal."""
+    from confluent_kafka import Producer
+
+    errors: list[Any] = []
+    p = Producer({**conf, "message.timeout.ms": 5000, "retries": 0})
+    for v in values:
+        p.produce(topic, v, on_delivery=lambda err, _m: errors.append(err))
+    p.flush(15)
+    return errors
+
+
+def consume(conf: dict[str, Any], topic: str, group: str, n: int) -> tuple[list[bytes], set[int]]:
+    """Up to `n` values from the start of `topic` as a member of `group`, and the error codes
+    seen; with n=0, until the first error (or 8 s)."""
+    from confluent_kafka import Consumer
+
+    consumer = Consumer({**conf, "group.id": group, "auto.offset.reset": "earliest"})
+    consumer.subscribe([topic])
+    got: list[bytes] = []
+    errors: set[int] = set()
+    deadline = time.monotonic() + (30 if n else 8)
+    while time.monotonic() < deadline and (len(got) < n or (not n and not errors)):
+        msg = consumer.poll(0.5)
+        if msg is None:
+            continue
+        if msg.error() is not None:
+            errors.add(msg.error().code())
+        else:
+            got.append(msg.value())
+    consumer.close()
+    return got, errors
