@@ -149,6 +149,7 @@ SWEEP_S_MIN = 0.05
 TRIM_AFTER_RELEASE_BYTES = 4 * 1024 * 1024
 TRIM_INTERVAL_S = 5.0
 RETENTION_CHECK_S = 30.0  # how often segments past their topic's retention are looked for
+PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 HOUSEKEEPING_S = 1.0  # metrics snapshot published, topics.json checked for other cores' changes
 SHUTDOWN_GRACE_S = 10.0  # longest wait for in-flight requests and operations at shutdown
 SHUTDOWN_POLL_S = 0.01  # the loop runs at most this long between looks at what is still in flight
@@ -380,6 +381,22 @@ class ConnectionBudget:
         self.gated = False  # stopped taking or reading for a budget: resume when memory is released
         self.last_active = now  # last time bytes moved either way (time.monotonic())
         self.frame_started = 0.0  # when the partial frame in the decoder began, 0.0 if none
+
+
+def peer_uid(fd: int | None) -> int | None:
+    """The user id of the process at the other end of unix socket `fd` (SO_PEERCRED), or None."""
+    if fd is None or fd < 0:
+        return None
+    sock = socket.socket(fileno=fd)
+    try:
+        _pid, uid, _gid = PEERCRED.unpack(
+            sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, PEERCRED.size)
+        )
+        return int(uid)
+    except OSError:
+        return None
+    finally:
+        sock.detach()
 
 
 def reset_on_close(fd: int) -> None:
@@ -1348,7 +1365,18 @@ class BackendCore:
         return True
 
     def accepted(self, conn: ServedConnection) -> bool:
-        """A new connection: served from now on if the cap admits it, else dropped (False)."""
+        """A new connection: served from now on if the cap admits it, else dropped (False). A
+        connection on the inter-core listener must come from a process of this broker's user:
+        the listener is an abstract unix socket, which any local process may reach, and what
+        arrives on it is trusted as another core's (no authentication, no ACLs)."""
+        if conn.from_peer:
+            uid = peer_uid(conn.fileno())
+            if uid != os.getuid():
+                self.limit_log.warning(
+                    "foreign peer", "closing an inter-core connection from uid %s (not ours)", uid
+                )
+                conn.abort()
+                return False
         if not self.admit_connection(conn):
             conn.drop()
             return False
