@@ -5,7 +5,8 @@ Rules this module keeps:
   read; ListOffsets and OffsetForLeaderEpoch describe; CreateTopics create; DeleteTopics delete;
   FindCoordinator describe on the group; Join/Sync/Heartbeat/LeaveGroup read on the group;
   OffsetCommit read on the group and on each topic; OffsetFetch describe on both; DescribeGroups
-  describe on each group; ListGroups describe on the cluster. ApiVersions, the SASL apis and
+  describe on each group; ListGroups describe on the cluster; create on the cluster allows
+  CreateTopics of any topic. ApiVersions, the SASL apis and
   InitProducerId (an id without a transactional id grants nothing: KIP-679) need nothing.
   Metadata is filtered instead (broker/kafka/adapter.py `_metadata`).
 - A refused request has no effect: it is answered with TOPIC_AUTHORIZATION_FAILED,
@@ -32,6 +33,7 @@ _GROUP_OPS: Final = {10: "describe", 11: "read", 12: "read", 13: "read", 14: "re
 PRODUCE: Final = 0
 DESCRIBE_GROUPS: Final = 15
 LIST_GROUPS: Final = 16
+CREATE_TOPICS: Final = 19
 OFFSET_COMMIT: Final = 8
 OFFSET_FETCH: Final = 9
 
@@ -90,6 +92,8 @@ def check(authorizer: Authorizer, principal: str | None, request: KafkaRequest, 
         return None
     topic_op = _TOPIC_OPS.get(key)
     if topic_op is not None:
+        if key == CREATE_TOPICS and allowed(principal, "create", "cluster", CLUSTER_NAME):
+            return None  # create on the cluster creates any topic, as in Kafka
         for name in _topic_names(key, body):
             if not allowed(principal, topic_op, "topic", name):
                 return _refuse(

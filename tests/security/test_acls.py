@@ -120,6 +120,11 @@ def test_acls_against_librdkafka(broker: BrokerProcess) -> None:
         bob_admin.delete_topics(["orders"])["orders"].result(15)
     assert info.value.args[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
 
+    # create on the cluster creates any topic, as in Kafka
+    broker_cli(broker.data_dir, "acls", "add", "User:bob", "create", "cluster:kafka-cluster")
+    create_topic(bob, "bobs-own")
+    assert "bobs-own" in AdminClient(conf(broker, "admin")).list_topics(timeout=10).topics
+
     # no trace of what was refused: the admin sees exactly what was allowed
     got, _ = consume(conf(broker, "admin"), "orders", "audit", 2)
     assert got == [b"o1", b"o2"]
