@@ -44,7 +44,7 @@ from broker.backends.shared import BackendCore, PeerStream, ServedConnection, tu
 from broker.core.config import BrokerConfig
 from broker.core.limits import REMOTE_CONNECT_TIMEOUT_S
 from broker.core.remote import address_label
-from broker.security.tls import TLS_HANDSHAKE_TIMEOUT_S, principal_of, server_context
+from broker.security.tls import TLS_HANDSHAKE_TIMEOUT_S, principal_of
 from broker.storage.fileio import Op, SyncFileIO, run_ops
 from broker.storage.segment import Extent
 
@@ -168,7 +168,6 @@ class Server(BackendCore):
     def __init__(self, config: BrokerConfig, listeners: Sequence[socket.socket]) -> None:
         super().__init__(config)
         self.listeners = list(listeners)
-        self.tls_context = server_context(config.tls) if config.tls.enabled else None
         self.io = SyncFileIO()
         self._flusher = ThreadPoolExecutor(FLUSH_THREADS, thread_name_prefix="flush")
         self._flushes = 0  # group commits running on `_flusher`

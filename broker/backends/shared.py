@@ -109,6 +109,7 @@ from broker.kafka import sasl as kafka_sasl
 from broker.kafka.adapter import KafkaAdapter
 from broker.kafka.codec import KafkaFrameDecoder, KafkaRequest, starts_like_kafka
 from broker.security.session import AUTH_FAILURE_CLOSE_DELAY_S, ConnectionAuth
+from broker.security.tls import server_context
 from ringlog_proto.batch import now_ms
 from ringlog_proto.frames import (
     HEADER_SIZE,
@@ -451,7 +452,7 @@ class ServedConnection:
         self.slots: deque[Slot] = deque()  # the requests not yet answered, in arrival order
         self.budget = ConnectionBudget(time.monotonic())
         self.auth = ConnectionAuth.for_connection(
-            server.config.sasl, peer, from_peer, tls=not from_peer and server.config.tls.enabled
+            server.config.sasl, peer, from_peer, tls=not from_peer and server.tls_context is not None
         )
         self.refusing = False  # a reply that closes was queued: nothing more is taken
         self.forward_blocked = 0  # peer cores whose forward limit this connection waits on
@@ -630,6 +631,9 @@ class BackendCore:
 
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
+        # TLS on the client listeners (broker/security/tls.py): asyncio's for uvloop, a
+        # `TlsSession` per connection for io_uring
+        self.tls_context = server_context(config.tls) if config.tls.enabled else None
         self.parked_long_polls = 0
         limits = config.limits
         self.connection_budget = limits.connection_memory_bytes

@@ -50,7 +50,7 @@ from broker.backends.uring_options import UringOptions
 from broker.core.config import BrokerConfig
 from broker.core.limits import REMOTE_CONNECT_TIMEOUT_S
 from broker.core.partition import Partition
-from broker.security.tls import TLS_HANDSHAKE_TIMEOUT_S, TlsSession, server_context
+from broker.security.tls import TLS_HANDSHAKE_TIMEOUT_S, TlsSession
 from broker.storage.fileio import Op, SyncFileIO, Write, remaining_buffers, run_ops
 from broker.storage.ring_ops import RingOps
 from broker.storage.segment import Extent
@@ -394,7 +394,6 @@ class UringServer(BackendCore):
         self.loop = Loop(ring, options.busy_poll_us)
         self.ring_ops = RingOps(ring, self.loop.worker_op)
         self.listeners = list(listeners)
-        self.tls_context = server_context(config.tls) if config.tls.enabled else None
         self.inline_appends = options.append_writes == "inline"
         # "auto": a gathered store write up to this many bytes is a pwritev on the loop
         self.inline_write_max = APPEND_INLINE_BYTES_MAX if options.append_writes == "auto" else -1

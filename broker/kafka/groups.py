@@ -319,7 +319,7 @@ class KafkaGroups:
             )
             return self._reply(request, make(schema, throttle_time=NO_THROTTLE, topics=topics))
 
-        if common is not None or not offsets:
+        if common is not None:
             return respond(common)
 
         def start(answer: Callable[[Reply | Silent], None]) -> None:

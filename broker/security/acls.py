@@ -139,7 +139,6 @@ class Authorizer:
         self.enabled = enabled
         self.super_users = frozenset(super_users)
         self.store = AclStore(data_dir)
-        self.denied = 0
 
     def allowed(self, principal: str | None, operation: str, resource_type: str, name: str) -> bool:
         if not self.enabled or principal == CORE_PRINCIPAL or principal in self.super_users:
@@ -150,9 +149,6 @@ class Authorizer:
         for b in self.store.bindings():
             if b.matches(principal, operation, resource_type, name):
                 if b.permission == "deny":
-                    self.denied += 1
                     return False
                 allow = True
-        if not allow:
-            self.denied += 1
         return allow

@@ -254,13 +254,13 @@ class Exchange:
         if authzid and authzid != authcid:  # acting as another user is not supported
             raise AuthenticationFailed("PLAIN authentication failed")
         store = self.auth.store
-        mechanism = next((m for m in reversed(SCRAM_MECHANISMS) if store.lookup(authcid, m)), None)
-        cred = store.lookup(authcid, mechanism) if mechanism is not None else None
-        if mechanism is None or cred is None:
+        found = [(m, c) for m in reversed(SCRAM_MECHANISMS) if (c := store.lookup(authcid, m)) is not None]
+        if not found:
             # the same work as a real check, so the time taken does not say the user is unknown
             decoy = ScramCredential(b"\0" * 16, ITERATIONS_DEFAULT, b"", b"")
             password_matches("SCRAM-SHA-512", decoy, password)
             raise AuthenticationFailed("PLAIN authentication failed")
+        mechanism, cred = found[0]  # SCRAM-SHA-512's when the user has both
         if not password_matches(mechanism, cred, password):
             raise AuthenticationFailed("PLAIN authentication failed")
         self.principal = USER_PRINCIPAL + authcid
