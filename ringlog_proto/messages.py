@@ -44,6 +44,8 @@ class ApiKey(IntEnum):
     HEARTBEAT = 12
     LEAVE_GROUP = 13
     REPLICA_FETCH = 14
+    SASL_HANDSHAKE = 15
+    SASL_AUTHENTICATE = 16
 
 
 # The current layout version of each API (requests and responses of one API share it). A change of
@@ -86,6 +88,12 @@ class ErrorCode(IntEnum):
     UNKNOWN_MEMBER_ID = 22  # the coordinator does not know this member (expired, left): rejoin as new
     INCONSISTENT_GROUP_PROTOCOL = 23  # no assignor, or not the group's protocol type, shared by all
     NOT_ENOUGH_REPLICAS = 24  # acks=all with fewer in-sync replicas than min_insync: nothing stored
+    SASL_AUTHENTICATION_FAILED = 25  # wrong credentials (a generic message): the connection closes
+    UNSUPPORTED_SASL_MECHANISM = 26  # a mechanism this listener does not offer (the message lists them)
+    ILLEGAL_SASL_STATE = 27  # a SASL request out of order, or on a listener without SASL
+    TOPIC_AUTHORIZATION_FAILED = 28  # the ACLs refuse this principal the operation on the topic
+    GROUP_AUTHORIZATION_FAILED = 29  # ... on the consumer group
+    CLUSTER_AUTHORIZATION_FAILED = 30  # ... on the cluster
 
     @property
     def retriable(self) -> bool:
@@ -495,6 +503,34 @@ class StatsRequest(Request):
         return cls()
 
 
+@dataclass(frozen=True, slots=True)
+class SaslHandshakeRequest(Request):
+    # mechanism str: "SCRAM-SHA-512", "SCRAM-SHA-256" or "PLAIN"
+    API_KEY: ClassVar[ApiKey] = ApiKey.SASL_HANDSHAKE
+    mechanism: str = ""
+
+    def write(self, w: Writer) -> None:
+        w.str(self.mechanism)
+
+    @classmethod
+    def read(cls, r: Reader, frame: Frame) -> SaslHandshakeRequest:
+        return cls(r.str())
+
+
+@dataclass(frozen=True, slots=True)
+class SaslAuthenticateRequest(Request):
+    # auth_bytes bytes: the mechanism's next client message
+    API_KEY: ClassVar[ApiKey] = ApiKey.SASL_AUTHENTICATE
+    auth_bytes: bytes = b""
+
+    def write(self, w: Writer) -> None:
+        w.bytes(self.auth_bytes)
+
+    @classmethod
+    def read(cls, r: Reader, frame: Frame) -> SaslAuthenticateRequest:
+        return cls(r.bytes())
+
+
 NO_DIVERGENCE = -1  # a ReplicaFetch answer's diverging epoch and end offset when there is none
 
 
@@ -602,6 +638,8 @@ REQUEST_TYPES: dict[int, type[Request]] = {
         HeartbeatRequest,
         LeaveGroupRequest,
         ReplicaFetchRequest,
+        SaslHandshakeRequest,
+        SaslAuthenticateRequest,
     )
 }
 SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
@@ -1007,6 +1045,37 @@ class ReplicaFetchResponse(Response):
         return {"partitions": tuple(parts)}
 
 
+@dataclass(frozen=True, slots=True)
+class SaslHandshakeResponse(Response):
+    # mechanisms array<str>: what this connection may use (on UNSUPPORTED_SASL_MECHANISM the
+    # message names them, since an error body ends after the message)
+    API_KEY: ClassVar[ApiKey] = ApiKey.SASL_HANDSHAKE
+    mechanisms: tuple[str, ...] = ()
+
+    def write(self, w: Writer) -> None:
+        w.array(len(self.mechanisms))
+        for name in self.mechanisms:
+            w.str(name)
+
+    @classmethod
+    def read(cls, r: Reader) -> dict[str, object]:
+        return {"mechanisms": tuple(r.str() for _ in range(r.array(2)))}
+
+
+@dataclass(frozen=True, slots=True)
+class SaslAuthenticateResponse(Response):
+    # auth_bytes bytes: the mechanism's next server message (empty when there is none)
+    API_KEY: ClassVar[ApiKey] = ApiKey.SASL_AUTHENTICATE
+    auth_bytes: bytes = b""
+
+    def write(self, w: Writer) -> None:
+        w.bytes(self.auth_bytes)
+
+    @classmethod
+    def read(cls, r: Reader) -> dict[str, object]:
+        return {"auth_bytes": r.bytes()}
+
+
 RESPONSE_TYPES: dict[int, type[Response]] = {
     cls.API_KEY: cls
     for cls in (
@@ -1025,6 +1094,8 @@ RESPONSE_TYPES: dict[int, type[Response]] = {
         HeartbeatResponse,
         LeaveGroupResponse,
         ReplicaFetchResponse,
+        SaslHandshakeResponse,
+        SaslAuthenticateResponse,
     )
 }
 

@@ -767,6 +767,7 @@ class BackendCore:
             decoder = conn.decoder = decoder.decide()
         slots = conn.slots
         budget = conn.budget
+        access = handlers.access if handlers.access.active and not from_peer else None
         took = False
         if not from_peer:
             self._count(conn, 0, decoder.buffered - budget.buffered)
@@ -791,11 +792,8 @@ class BackendCore:
                     self._take_kafka(frame, conn)
                     continue
                 assert isinstance(frame, Frame)
-                if not from_peer and self.config.authorizing:
-                    raise ProtocolError(
-                        "this broker requires authentication (SASL or mutual TLS) and ACLs, which "
-                        "ringlog's own protocol does not carry yet: use a Kafka client (docs/SECURITY.md)"
-                    )
+                # SASL and ACLs (broker/core/access.py); a frame from another core is trusted
+                decided = access.take(frame, conn.auth) if access is not None else None
                 size = len(frame.body) + HEADER_SIZE
                 if from_peer:
                     slot = Slot(metrics.request(frame.api_key, size))
@@ -804,7 +802,7 @@ class BackendCore:
                     slot = Slot(metrics.request(frame.api_key, size), request_charge(frame))
                     self._count(conn, slot.charge, -size)
                 slots.append(slot)
-                self.carry_out(handle(frame, from_peer), frame, conn, slot)
+                self.carry_out(handle(frame, from_peer) if decided is None else decided, frame, conn, slot)
         finally:
             if not from_peer and not conn.closed:
                 self._count(conn, 0, decoder.buffered - budget.buffered)

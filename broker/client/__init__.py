@@ -20,6 +20,8 @@ from broker.client.client import DEFAULT_BOOTSTRAP, AsyncClient, TopicInfo, Topi
 from broker.client.connection import AsyncConnection
 from broker.client.consumer import AsyncConsumer, Consumer
 from broker.client.errors import (
+    AuthenticationError,
+    AuthorizationError,
     BrokerShuttingDownError,
     BrokerStorageError,
     BrokerUnavailable,
@@ -52,6 +54,7 @@ from broker.client.errors import (
 from broker.client.partitioner import key_partition
 from broker.client.producer import AsyncProducer, Producer
 from broker.client.records import ConsumerRecord, RecordMetadata
+from broker.client.security import Security
 from ringlog_proto.messages import Acks
 
 __all__ = [
@@ -63,6 +66,8 @@ __all__ = [
     "AsyncConnection",
     "AsyncConsumer",
     "AsyncProducer",
+    "AuthenticationError",
+    "AuthorizationError",
     "BrokerShuttingDownError",
     "BrokerStorageError",
     "BrokerUnavailable",
@@ -90,6 +95,7 @@ __all__ = [
     "RecordMetadata",
     "RequestTimedOutError",
     "RingLogError",
+    "Security",
     "TopicDescription",
     "TopicExistsError",
     "TopicInfo",

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from broker.client.client import DEFAULT_BOOTSTRAP, NO_ROUTE, AsyncClient
 from broker.client.errors import ClientClosedError, error_for
 from broker.client.loop_thread import LoopThread
+from broker.client.security import Security
 from ringlog_proto.messages import (
     ApiVersionsRequest,
     ApiVersionsResponse,
@@ -76,10 +77,11 @@ class AsyncAdmin:
         request_timeout_ms: int = 30_000,
         client: AsyncClient | None = None,
         client_name: str = "ringlog-python-admin",
+        security: Security | None = None,
     ) -> None:
         self._own_client = client is None
         self._client = client or AsyncClient(
-            bootstrap, client_name=client_name, request_timeout_ms=request_timeout_ms
+            bootstrap, client_name=client_name, request_timeout_ms=request_timeout_ms, security=security
         )
 
     async def start(self) -> None:

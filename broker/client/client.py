@@ -60,6 +60,7 @@ from broker.client.errors import (
     UnsupportedVersionError,
     error_for,
 )
+from broker.client.security import Security
 from ringlog_proto.messages import (
     CURRENT_VERSIONS,
     ApiKey,
@@ -148,8 +149,10 @@ class AsyncClient:
         connect_timeout_ms: int = 10_000,
         metadata_max_age_ms: int = 300_000,
         retry_backoff_ms: int = 100,
+        security: Security | None = None,
     ) -> None:
         self.bootstrap = bootstrap
+        self.security = security  # TLS and SASL of every connection (broker/client/security.py)
         self.bootstraps = parse_bootstraps(bootstrap)
         self.host, self.port = self.bootstraps[0]  # the bootstrap address that answered last
         self.client_name = client_name
@@ -278,9 +281,15 @@ class AsyncClient:
             elif self.clustered:
                 address = self.address(core)
                 conn = await AsyncConnection.connect(
-                    *address, connect_timeout=self.connect_timeout, request_timeout=self.request_timeout
+                    *address,
+                    connect_timeout=self.connect_timeout,
+                    request_timeout=self.request_timeout,
+                    security=self.security,
                 )
-            elif self.steering and self.cores > 1:
+            elif (
+                self.steering and self.cores > 1 and (self.security is None or self.security.context is None)
+            ):
+                # (with TLS the first frame cannot ride in the SYN: each core's direct port instead)
                 address = (self.host, self.port)
                 conn = await AsyncConnection.connect_steered(
                     self.host,
@@ -291,6 +300,7 @@ class AsyncClient:
                     client_name=self.client_name,
                     connect_timeout=self.connect_timeout,
                     request_timeout=self.request_timeout,
+                    security=self.security,
                 )
             else:
                 conn, address = await self._connect_core(core)
@@ -308,7 +318,11 @@ class AsyncClient:
         host, port = self._address_for_core(core)
         try:
             conn = await AsyncConnection.connect(
-                host, port, connect_timeout=self.connect_timeout, request_timeout=self.request_timeout
+                host,
+                port,
+                connect_timeout=self.connect_timeout,
+                request_timeout=self.request_timeout,
+                security=self.security,
             )
             return conn, (host, port)
         except BrokerUnavailable:
@@ -319,7 +333,11 @@ class AsyncClient:
         log.debug("core %d at %s:%d unreachable; using the bootstrap address", core, host, port)
         self.core_ports = ()
         conn = await AsyncConnection.connect(
-            self.host, self.port, connect_timeout=self.connect_timeout, request_timeout=self.request_timeout
+            self.host,
+            self.port,
+            connect_timeout=self.connect_timeout,
+            request_timeout=self.request_timeout,
+            security=self.security,
         )
         return conn, (self.host, self.port)
 
@@ -334,7 +352,10 @@ class AsyncClient:
         for address in candidates:
             try:
                 conn = await AsyncConnection.connect(
-                    *address, connect_timeout=self.connect_timeout, request_timeout=self.request_timeout
+                    *address,
+                    connect_timeout=self.connect_timeout,
+                    request_timeout=self.request_timeout,
+                    security=self.security,
                 )
             except BrokerUnavailable as exc:
                 failure = exc

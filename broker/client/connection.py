@@ -45,7 +45,8 @@ import socket
 from collections.abc import Callable
 from typing import Any, Final, TypeVar
 
-from broker.client.errors import BrokerUnavailable, ProtocolViolation, error_for
+from broker.client.errors import AuthenticationError, BrokerUnavailable, ProtocolViolation, error_for
+from broker.client.security import PLAIN, ScramExchange, Security, plain_token
 from ringlog_proto.frames import (
     FRAME_BYTES_MAX_DEFAULT,
     NEED_DATA,
@@ -63,6 +64,9 @@ from ringlog_proto.messages import (
     ProduceRequest,
     Request,
     Response,
+    SaslAuthenticateRequest,
+    SaslAuthenticateResponse,
+    SaslHandshakeRequest,
     decode_response,
     encode_request,
 )
@@ -181,21 +185,55 @@ class AsyncConnection:
         connect_timeout: float | None = 10.0,
         request_timeout: float | None = 30.0,
         max_frame_bytes: int = FRAME_BYTES_MAX_DEFAULT,
+        security: Security | None = None,
     ) -> AsyncConnection:
-        """Open a connection; raises `BrokerUnavailable` if the broker cannot be reached."""
+        """Open a connection (over TLS and authenticated, as `security` says); raises
+        `BrokerUnavailable` if the broker cannot be reached, `AuthenticationError` if it refuses
+        the credentials."""
         address = f"{host}:{port}"
         conn = cls(address, request_timeout=request_timeout, max_frame_bytes=max_frame_bytes)
         protocol = conn._protocol
+        ctx = security.context if security is not None else None
         try:
             async with asyncio.timeout(connect_timeout):
-                await conn._loop.create_connection(lambda: protocol, host, port)
-        except (OSError, TimeoutError) as exc:
+                if ctx is None:
+                    await conn._loop.create_connection(lambda: protocol, host, port)
+                else:
+                    await conn._loop.create_connection(
+                        lambda: protocol, host, port, ssl=ctx, server_hostname=host
+                    )
+        except (OSError, TimeoutError) as exc:  # ssl.SSLError is an OSError: a refused certificate
             if conn._transport is not None:
                 conn._transport.abort()
             raise BrokerUnavailable(
                 f"cannot connect to the broker at {address}: {exc or 'timed out'}"
             ) from exc
+        if security is not None and security.sasl:
+            await conn._authenticate(security)
         return conn
+
+    async def _authenticate(self, security: Security) -> None:
+        """The SASL exchange (docs/PROTOCOL.md §4.15) before anything else is sent; closes the
+        connection and raises `AuthenticationError` when it fails."""
+        mechanism = security.sasl_mechanism
+        assert mechanism is not None
+        try:
+            await self.request(SaslHandshakeRequest(mechanism))
+            if mechanism == PLAIN:
+                await self.request(SaslAuthenticateRequest(plain_token(security.username, security.password)))
+                return
+            scram = ScramExchange(mechanism, security.username, security.password)
+            first = await self.request(SaslAuthenticateRequest(scram.first()))
+            assert isinstance(first, SaslAuthenticateResponse)
+            final = await self.request(SaslAuthenticateRequest(scram.final(first.auth_bytes)))
+            assert isinstance(final, SaslAuthenticateResponse)
+            scram.verify(final.auth_bytes)
+        except ValueError as exc:
+            await self.close()
+            raise AuthenticationError(ErrorCode.SASL_AUTHENTICATION_FAILED, str(exc)) from exc
+        except BaseException:
+            await self.close()
+            raise
 
     @classmethod
     async def connect_steered(
@@ -210,9 +248,13 @@ class AsyncConnection:
         connect_timeout: float | None = 10.0,
         request_timeout: float | None = 30.0,
         max_frame_bytes: int = FRAME_BYTES_MAX_DEFAULT,
+        security: Security | None = None,
     ) -> AsyncConnection:
         """Open a connection to the public port that the broker steers to `core` (module rules):
-        `identity` is a (topic id, partition) owned by `core`, carried by the first frame."""
+        `identity` is a (topic id, partition) owned by `core`, carried by the first frame. Not
+        with TLS (the first frame would have to be a TLS hello); SASL follows the first frame."""
+        if security is not None and security.context is not None:
+            raise ValueError("a steered connection carries a ringlog frame in its SYN: not with TLS")
         address = f"{host}:{port}"
         conn = cls(address, request_timeout=request_timeout, max_frame_bytes=max_frame_bytes)
         loop = conn._loop
@@ -269,6 +311,8 @@ class AsyncConnection:
             raise
         if sent < len(frame):
             conn._transport.write(bytes(frame[sent:]))  # type: ignore[union-attr]
+        if security is not None and security.sasl:
+            await conn._authenticate(security)
         return conn
 
     def _expect(self, api_key: int, timeout: float | None) -> tuple[int, asyncio.Future[Response]]:

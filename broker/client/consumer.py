@@ -84,6 +84,7 @@ from broker.client.errors import (
 from broker.client.group import GroupMembership
 from broker.client.loop_thread import LoopThread
 from broker.client.records import ConsumerRecord
+from broker.client.security import Security
 from ringlog_proto.batch import BatchError, decode_rows, iter_batches
 from ringlog_proto.messages import (
     ErrorCode,
@@ -217,6 +218,7 @@ class AsyncConsumer:
         rebalance_timeout_ms: int = 300_000,
         client: AsyncClient | None = None,
         client_name: str = "ringlog-python-consumer",
+        security: Security | None = None,
     ) -> None:
         if auto_offset_reset not in RESETS:
             raise ValueError(f"auto_offset_reset must be 'earliest' or 'latest', not {auto_offset_reset!r}")
@@ -256,7 +258,7 @@ class AsyncConsumer:
         self._commit_on_revoke = self.enable_auto_commit
         self._own_client = client is None
         self._client = client or AsyncClient(
-            bootstrap, client_name=client_name, request_timeout_ms=request_timeout_ms
+            bootstrap, client_name=client_name, request_timeout_ms=request_timeout_ms, security=security
         )
         self._assigned: dict[TopicPartition, _Assigned] = {}
         # Held while buffered records change hands: the blocking Consumer takes them from its
@@ -364,9 +366,26 @@ class AsyncConsumer:
                 session_timeout_ms=self.session_timeout_ms,
                 rebalance_timeout_ms=self.rebalance_timeout_ms,
                 heartbeat_interval_ms=self.heartbeat_interval_ms,
+                on_failure=self._membership_failed,
             )
-            self._membership.start()
-            await asyncio.wait_for(self._membership.joined.wait(), self.rebalance_timeout_ms / 1000 + 5)
+            membership = self._membership
+            membership.start()
+            waits = [
+                asyncio.ensure_future(membership.joined.wait()),
+                asyncio.ensure_future(membership.failed.wait()),
+            ]
+            try:
+                await asyncio.wait(
+                    waits, timeout=self.rebalance_timeout_ms / 1000 + 5, return_when=asyncio.FIRST_COMPLETED
+                )
+            finally:
+                for w in waits:
+                    w.cancel()
+            if membership.failure is not None:
+                self._errors.clear()  # raised here rather than by the next poll
+                raise membership.failure
+            if not membership.joined.is_set():
+                raise TimeoutError(f"group {self.group!r}: no assignment within the rebalance timeout")
             return
         tps: list[TopicPartition] = []
         for topic in topics:
@@ -903,6 +922,11 @@ class AsyncConsumer:
         if st.timer is not None:
             st.timer.cancel()
         st.timer = loop.call_later(delay, functools.partial(self._start_fetch, st, from_timer=True))
+
+    def _membership_failed(self, exc: BaseException) -> None:
+        """The group refused this member for good (an ACL): the next poll raises it."""
+        self._errors.append(exc)
+        self._wake()
 
     def _wake(self) -> None:
         if self._wakeup is not None:

@@ -168,6 +168,29 @@ class NotEnoughReplicasError(RingLogError):
     """acks=-1 to a replicated partition with fewer in-sync replicas than min_insync (retriable)."""
 
 
+class AuthenticationError(RingLogError):
+    """The broker refused the SASL exchange (SASL_AUTHENTICATION_FAILED: wrong user or password;
+    UNSUPPORTED_SASL_MECHANISM; ILLEGAL_SASL_STATE: a request before authenticating, or a listener
+    without SASL). Not retriable: the same credentials fail again."""
+
+
+class AuthorizationError(RingLogError):
+    """The ACLs refuse this principal the request (TOPIC_, GROUP_ or CLUSTER_AUTHORIZATION_FAILED);
+    it had no effect."""
+
+
+class TopicAuthorizationError(AuthorizationError):
+    pass
+
+
+class GroupAuthorizationError(AuthorizationError):
+    pass
+
+
+class ClusterAuthorizationError(AuthorizationError):
+    pass
+
+
 ERROR_CLASSES: dict[ErrorCode, type[RingLogError]] = {
     ErrorCode.UNKNOWN_SERVER_ERROR: UnknownServerError,
     ErrorCode.INVALID_REQUEST: InvalidRequestError,
@@ -193,6 +216,12 @@ ERROR_CLASSES: dict[ErrorCode, type[RingLogError]] = {
     ErrorCode.UNKNOWN_MEMBER_ID: UnknownMemberError,
     ErrorCode.INCONSISTENT_GROUP_PROTOCOL: InconsistentGroupProtocolError,
     ErrorCode.NOT_ENOUGH_REPLICAS: NotEnoughReplicasError,
+    ErrorCode.SASL_AUTHENTICATION_FAILED: AuthenticationError,
+    ErrorCode.UNSUPPORTED_SASL_MECHANISM: AuthenticationError,
+    ErrorCode.ILLEGAL_SASL_STATE: AuthenticationError,
+    ErrorCode.TOPIC_AUTHORIZATION_FAILED: TopicAuthorizationError,
+    ErrorCode.GROUP_AUTHORIZATION_FAILED: GroupAuthorizationError,
+    ErrorCode.CLUSTER_AUTHORIZATION_FAILED: ClusterAuthorizationError,
 }
 
 
@@ -234,13 +263,17 @@ class ProtocolViolation(ClientError):
 
 __all__ = [
     "ERROR_CLASSES",
+    "AuthenticationError",
+    "AuthorizationError",
     "BrokerShuttingDownError",
     "BrokerStorageError",
     "BrokerUnavailable",
     "ClientClosedError",
     "ClientError",
+    "ClusterAuthorizationError",
     "CorruptMessageError",
     "DeliveryTimeoutError",
+    "GroupAuthorizationError",
     "InvalidConfigError",
     "InvalidGroupError",
     "InvalidRequestError",
@@ -254,6 +287,7 @@ __all__ = [
     "ProtocolViolation",
     "RequestTimedOutError",
     "RingLogError",
+    "TopicAuthorizationError",
     "TopicExistsError",
     "UndecodableBatchError",
     "UnknownServerError",

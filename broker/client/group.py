@@ -19,6 +19,9 @@ Rules this module keeps:
 - Requests go on a connection of their own to the coordinator core (lane "group"): a JoinGroup
   or SyncGroup waits at the coordinator for the other members, which must not hold back the
   consumer's commits and metadata behind it.
+- Refusals that rejoining cannot cure (the ACLs refuse the group or a topic, the credentials are
+  refused) end the membership: `failure` holds the error, `failed` is set, and `on_failure` hands
+  it to the consumer, whose next `poll` raises it (Kafka's GroupAuthorizationException).
 - Heartbeats run every `heartbeat_interval_ms` on the client's loop, independent of `poll`: a
   member is removed only when its process stops heartbeating for `session_timeout_ms`.
 """
@@ -31,7 +34,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 
 from broker.client.client import AsyncClient, TopicPartition
-from broker.client.errors import ClientError
+from broker.client.errors import AuthenticationError, AuthorizationError, ClientError, error_for
 from ringlog_proto.consumer_protocol import (
     CONSUMER_PROTOCOL_TYPE,
     decode_assignment,
@@ -58,6 +61,15 @@ RANGE = "range"
 LANE = "group"
 # An answer that means "this generation is over: give up the partitions and join again".
 _REJOIN = frozenset({ErrorCode.REBALANCE_IN_PROGRESS, ErrorCode.ILLEGAL_GENERATION})
+# refusals that rejoining cannot cure: they end the membership (module rules)
+_FATAL = frozenset(
+    {
+        ErrorCode.GROUP_AUTHORIZATION_FAILED,
+        ErrorCode.TOPIC_AUTHORIZATION_FAILED,
+        ErrorCode.SASL_AUTHENTICATION_FAILED,
+        ErrorCode.ILLEGAL_SASL_STATE,
+    }
+)
 
 
 def range_assign(
@@ -107,6 +119,7 @@ class GroupMembership:
         rebalance_timeout_ms: int = 300_000,
         heartbeat_interval_ms: int = 3_000,
         retry_backoff_ms: int = 100,
+        on_failure: Callable[[BaseException], None] = lambda exc: None,
     ) -> None:
         if not 0 < heartbeat_interval_ms < session_timeout_ms:
             raise ValueError("heartbeat_interval_ms must be > 0 and below session_timeout_ms")
@@ -124,6 +137,9 @@ class GroupMembership:
         self.leader = ""
         self.joined = asyncio.Event()  # set while this member holds an assignment
         self._holding = False
+        self.failure: BaseException | None = None  # a refusal that ended the membership
+        self.failed = asyncio.Event()
+        self._on_failure = on_failure
         self._task: asyncio.Task[None] | None = None
         self._closing = False
 
@@ -152,6 +168,13 @@ class GroupMembership:
                 await self._heartbeat()
             except asyncio.CancelledError:
                 raise
+            except (AuthorizationError, AuthenticationError) as exc:
+                log.warning("group %s: %s; not rejoining", self.group, exc)
+                await self._revoke()
+                self.failure = exc
+                self.failed.set()
+                self._on_failure(exc)
+                return
             except ClientError as exc:
                 if self._closing:
                     return
@@ -190,6 +213,8 @@ class GroupMembership:
                 continue
             if resp.error in _REJOIN:
                 continue
+            if resp.error in _FATAL:
+                raise error_for(resp.error, f"JoinGroup of {self.group!r}: {resp.message}")
             if resp.error != ErrorCode.NONE:
                 raise ClientError(f"JoinGroup of {self.group!r}: {resp.error.name}: {resp.message}")
             break
@@ -207,6 +232,8 @@ class GroupMembership:
         if sync.error in _REJOIN:
             raise ClientError(f"group {self.group!r} rebalanced during the assignment")
         if sync.error != ErrorCode.NONE:
+            if sync.error in _FATAL:
+                raise error_for(sync.error, f"SyncGroup of {self.group!r}: {sync.message}")
             raise ClientError(f"SyncGroup of {self.group!r}: {sync.error.name}: {sync.message}")
         mine = decode_assignment(sync.assignment)
         tps = [TopicPartition(t, p) for t in sorted(mine) for p in sorted(mine[t])]
@@ -245,6 +272,8 @@ class GroupMembership:
             error = resp.error  # type: ignore[attr-defined]
             if error == ErrorCode.NONE:
                 continue
+            if error in _FATAL:  # an ACL removed meanwhile
+                raise error_for(error, f"Heartbeat of {self.group!r}: {resp.message}")  # type: ignore[attr-defined]
             if error == ErrorCode.UNKNOWN_MEMBER_ID:
                 self.member_id = ""
             if error in _REJOIN or error == ErrorCode.UNKNOWN_MEMBER_ID:

@@ -79,6 +79,7 @@ from broker.client.errors import (
 from broker.client.loop_thread import LoopThread
 from broker.client.partitioner import Partitioner
 from broker.client.records import Header, RecordMetadata
+from broker.client.security import Security
 from ringlog_proto.batch import BROKER_PRODUCER_ID_LIMIT, Record, now_ms
 from ringlog_proto.messages import Acks, ErrorCode, ProduceRequest, ProduceResponse, Response
 
@@ -278,6 +279,7 @@ class AsyncProducer:
         producer_epoch: int = 0,
         client: AsyncClient | None = None,
         client_name: str = "ringlog-python-producer",
+        security: Security | None = None,
     ) -> None:
         if acks not in (Acks.NONE, Acks.WRITTEN, Acks.DURABLE):
             raise ValueError(f"acks must be 0, 1 or 2, not {acks}")
@@ -323,7 +325,7 @@ class AsyncProducer:
         self.producer_epoch = producer_epoch if enable_idempotence else -1
         self._own_client = client is None
         self._client = client or AsyncClient(
-            bootstrap, client_name=client_name, request_timeout_ms=request_timeout_ms
+            bootstrap, client_name=client_name, request_timeout_ms=request_timeout_ms, security=security
         )
         self._partitioner = Partitioner()
         self._parts: dict[tuple[str, int], _Partition] = {}
@@ -934,6 +936,10 @@ class AsyncProducer:
                     await self._client.connection(core)
                     break
                 except ClientClosedError:
+                    return
+                except RingLogError as exc:  # credentials refused: no retry can succeed
+                    for ps in list(self._parts.values()):
+                        self._fail_partition(ps, exc)
                     return
                 except BrokerUnavailable as exc:
                     log.debug("connect to core %d: %s", core, exc)

@@ -50,6 +50,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from broker import __version__
+from broker.core.access import Access
 from broker.core.blocking import RunBlocking, no_threads
 from broker.core.cluster_view import ClusterView, ViewFile
 from broker.core.config import BrokerConfig
@@ -274,7 +275,13 @@ class Handlers:
             m.ApiKey.HEARTBEAT: self._heartbeat,
             m.ApiKey.LEAVE_GROUP: self._leave_group,
             m.ApiKey.REPLICA_FETCH: self._replica_fetch,
+            # SASL belongs to a connection: the backend hands these to `access` (which knows the
+            # connection's state) before they could get here; what does is from another core.
+            m.ApiKey.SASL_HANDSHAKE: self._sasl_elsewhere,
+            m.ApiKey.SASL_AUTHENTICATE: self._sasl_elsewhere,
         }
+        # Authentication and ACLs of our protocol; the Kafka adapter shares its two parts.
+        self.access = Access(self)
 
     def close(self) -> None:
         """Close every partition (flushing them). Call once, at shutdown."""
@@ -594,11 +601,36 @@ class Handlers:
             controller=cluster.controller if cluster.controller in cluster.live else node_id,
         )
 
+    def _sasl_elsewhere(self, req: m.Request, frame: Frame) -> Outcome:
+        return self._error(frame, m.ErrorCode.ILLEGAL_SASL_STATE, "SASL is not spoken between cores")
+
+    def topic_name(self, topic_id: int) -> str | None:
+        """The name of topic `topic_id` (None if there is none): the resource an ACL names."""
+        topic = self.registry.by_id.get(topic_id)
+        if topic is None:
+            self.refresh_topics(force=True)  # another core may have created it
+            topic = self.registry.by_id.get(topic_id)
+        return topic.name if topic is not None else None
+
     def _metadata(self, req: m.Request, frame: Frame) -> Outcome:
         assert isinstance(req, m.MetadataRequest)
+        return self.metadata_reply(req, frame)
+
+    def metadata_reply(
+        self, req: m.MetadataRequest, frame: Frame, may_describe: Callable[[str], bool] | None = None
+    ) -> Reply:
+        """The Metadata answer. With `may_describe` (ACLs on: broker/core/access.py) a topic the
+        principal may not describe is left out of a listing of every topic, and answered
+        TOPIC_AUTHORIZATION_FAILED, without its id or settings, when named: whether it exists is
+        not told either (Kafka's rule)."""
         view = self.metadata_view(req.topics or None)
+        shown = view.topics
+        if may_describe is not None:
+            shown = [t for t in view.topics if req.topics or may_describe(t.name)]
         topics = tuple(
-            m.TopicMetadata(
+            m.TopicMetadata(m.ErrorCode.TOPIC_AUTHORIZATION_FAILED, t.name, 0)
+            if may_describe is not None and not may_describe(t.name)
+            else m.TopicMetadata(
                 m.ErrorCode.NONE if t.known else m.ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
                 t.name,
                 t.topic_id,
@@ -619,7 +651,7 @@ class Handlers:
                     for p in t.partitions
                 ),
             )
-            for t in view.topics
+            for t in shown
         )
         resp = m.MetadataResponse(
             host=view.host,

@@ -78,8 +78,6 @@ from broker.kafka.leader_epoch import (
     offset_for_leader_epoch_v0,
 )
 from broker.kafka.unsupported import api_name, error_for, error_response
-from broker.security.acls import Authorizer
-from broker.security.sasl import Authenticator
 from broker.security.session import ConnectionAuth
 from broker.storage.diskspace import is_out_of_space
 from ringlog_proto.batch import now_ms
@@ -151,11 +149,10 @@ class KafkaAdapter:
             config.data_dir if config.cluster is None else f"cluster:{config.cluster.name}"
         )
         self.groups = KafkaGroups(handlers)
-        self.authenticator = Authenticator(config.data_dir, config.sasl) if config.sasl.enabled else None
+        # one SASL server and one set of ACL decisions per core, shared with our protocol
+        self.authenticator = handlers.access.authenticator
+        self.authorizer = handlers.access.authorizer
         self._auth = ConnectionAuth("")  # the connection of the request being handled
-        self.authorizer = Authorizer(config.data_dir, config.authorizing, config.super_users)
-        if self.authenticator is not None:
-            self.authenticator.on_failure = handlers.metrics.auth_failure
         # api key -> its handler; SUPPORTED_VERSIONS says which versions reach it
         self._apis: dict[int, Callable[[KafkaRequest, Any], Outcome]] = {
             API_VERSIONS: lambda request, _body: self._api_versions(request),

@@ -1,0 +1,216 @@
+"""Authentication and ACLs of ringlog's own protocol, before the handlers act on a frame.
+
+Rules this module keeps:
+- One `Access` per core, made by its `Handlers`: the SASL server (`authenticator`, None when the
+  listener has no SASL) and the ACL decisions (`authorizer`). The Kafka adapter uses the same two,
+  so users, ACLs, counters and the failure log are one whatever protocol a client speaks.
+- The backend hands every client frame of our protocol to `take` with its connection's
+  `ConnectionAuth` (never a frame from another core: those are trusted). `take` answers the SASL
+  apis itself, refuses what the connection may not do, and returns None for what the handlers
+  should serve.
+- The exchange (docs/PROTOCOL.md §4.15) is Kafka's SaslHandshake v1 + SaslAuthenticate, in our
+  frames: a handshake names the mechanism, then each SaslAuthenticate carries the client's next
+  message and its answer the server's. A failed exchange is answered SASL_AUTHENTICATION_FAILED
+  with a generic message and the connection closes `AUTH_FAILURE_CLOSE_DELAY_S` later.
+- Before authentication (when the listener requires it) only ApiVersions and the SASL apis are
+  answered; anything else gets ILLEGAL_SASL_STATE and the connection closes. Kafka closes without
+  an answer; ours says why, so a client without credentials reports the cause, not a lost link.
+- Every api needs what its Kafka twin needs (broker/kafka/authorize.py): Produce write on the
+  topic, Fetch read, ListOffsets describe, CreateTopic create (on the topic, or on the cluster),
+  DeleteTopic delete; JoinGroup, SyncGroup, Heartbeat, LeaveGroup read on the group; OffsetCommit
+  read on the group and the topic, OffsetFetch describe on both; Stats describe on the cluster;
+  ReplicaFetch (a follower's) alter on the cluster. Metadata is filtered instead
+  (`Handlers.metadata_reply`). A refused request is answered TOPIC_, GROUP_ or
+  CLUSTER_AUTHORIZATION_FAILED and has no effect (an acks=0 produce: no answer, nothing stored).
+  A topic id that names no topic is left to the handlers (UNKNOWN_TOPIC_OR_PARTITION): an id
+  tells nothing about a name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Final, Protocol
+
+from broker.core.config import BrokerConfig
+from broker.core.metrics import CoreMetrics
+from broker.core.outcomes import Outcome, Reply, Silent
+from broker.security.acls import CLUSTER_NAME, Authorizer
+from broker.security.sasl import AuthenticationFailed, Authenticator
+from broker.security.session import ConnectionAuth
+from ringlog_proto import messages as m
+from ringlog_proto.frames import Frame
+
+FAILED_MESSAGE: Final = "Authentication failed: Invalid username or password"  # Kafka's, word for word
+ALLOWED_BEFORE_AUTH: Final = frozenset(
+    (m.ApiKey.API_VERSIONS, m.ApiKey.SASL_HANDSHAKE, m.ApiKey.SASL_AUTHENTICATE)
+)
+# api -> the operation it needs on the topic its frame header names
+_PARTITION_OPS: Final = {
+    m.ApiKey.PRODUCE: "write",
+    m.ApiKey.FETCH: "read",
+    m.ApiKey.LIST_OFFSETS: "describe",
+    m.ApiKey.OFFSET_COMMIT: "read",
+    m.ApiKey.OFFSET_FETCH: "describe",
+}
+# api -> the operation it needs on the group its body names
+_GROUP_OPS: Final = {
+    m.ApiKey.JOIN_GROUP: "read",
+    m.ApiKey.SYNC_GROUP: "read",
+    m.ApiKey.HEARTBEAT: "read",
+    m.ApiKey.LEAVE_GROUP: "read",
+    m.ApiKey.OFFSET_COMMIT: "read",
+    m.ApiKey.OFFSET_FETCH: "describe",
+}
+_CLUSTER_OPS: Final = {m.ApiKey.STATS: "describe", m.ApiKey.REPLICA_FETCH: "alter"}
+
+
+class Served(Protocol):
+    """What `Access` needs of the core's handlers (broker/core/handlers.py), which make it."""
+
+    config: BrokerConfig
+    metrics: CoreMetrics
+
+    def error_answer(self, frame: Frame, code: m.ErrorCode, message: str) -> Reply: ...
+
+    def topic_name(self, topic_id: int) -> str | None: ...
+
+    def metadata_reply(
+        self, req: m.MetadataRequest, frame: Frame, may_describe: Callable[[str], bool] | None = None
+    ) -> Reply: ...
+
+
+class Access:
+    """A core's authentication and authorization of our protocol (module rules)."""
+
+    def __init__(self, handlers: Served) -> None:
+        config = handlers.config
+        self.handlers = handlers
+        self.authenticator = Authenticator(config.data_dir, config.sasl) if config.sasl.enabled else None
+        if self.authenticator is not None:
+            self.authenticator.on_failure = handlers.metrics.auth_failure
+        self.authorizer = Authorizer(config.data_dir, config.authorizing, config.super_users)
+        # Whether `take` has anything to do: without SASL and ACLs the handlers answer the SASL
+        # apis themselves (no SASL here) and every frame goes straight to them.
+        self.active = self.authenticator is not None or self.authorizer.enabled
+
+    def take(self, frame: Frame, auth: ConnectionAuth) -> Outcome | None:
+        """The answer to `frame` when it is decided here (SASL, or refused), else None."""
+        key = frame.api_key
+        if key == m.ApiKey.SASL_HANDSHAKE:
+            return self._handshake(frame, auth)
+        if key == m.ApiKey.SASL_AUTHENTICATE:
+            return self._authenticate(frame, auth)
+        if not auth.authenticated and key not in ALLOWED_BEFORE_AUTH:
+            return self._closing(
+                frame,
+                m.ErrorCode.ILLEGAL_SASL_STATE,
+                "this broker requires SASL authentication before any other request (docs/SECURITY.md)",
+            )
+        if not self.authorizer.enabled or m.unsupported(frame) is not None:
+            return None  # an unsupported frame is answered so by the handlers, with no effect
+        try:
+            req = m.decode_request(frame)
+        except m.MalformedBody:
+            return None  # answered INVALID_REQUEST by the handlers, with no effect
+        return self._check(frame, req, auth.principal)
+
+    # ------------------------------------------------------------------------- SASL
+
+    def _reply(self, frame: Frame, resp: m.Response) -> Reply:
+        return Reply(m.encode_response(resp, frame.correlation_id))
+
+    def _closing(self, frame: Frame, code: m.ErrorCode, message: str) -> Reply:
+        reply = self.handlers.error_answer(frame, code, message)
+        reply.then_close = True
+        return reply
+
+    def _handshake(self, frame: Frame, auth: ConnectionAuth) -> Outcome:
+        authenticator = self.authenticator
+        if authenticator is None:
+            return self.handlers.error_answer(
+                frame, m.ErrorCode.UNSUPPORTED_SASL_MECHANISM, "this listener has no SASL"
+            )
+        try:
+            req = m.decode_request(frame)
+        except m.MalformedBody as exc:
+            return self._closing(frame, m.ErrorCode.INVALID_REQUEST, str(exc))
+        assert isinstance(req, m.SaslHandshakeRequest)
+        offered = authenticator.config.offered(auth.tls)
+        if auth.exchange is not None or auth.authenticated:
+            return self._closing(frame, m.ErrorCode.ILLEGAL_SASL_STATE, "a second SaslHandshake")
+        exchange = authenticator.start(req.mechanism, auth.tls, auth.peer)
+        if exchange is None:
+            return self.handlers.error_answer(
+                frame,
+                m.ErrorCode.UNSUPPORTED_SASL_MECHANISM,
+                f"{req.mechanism!r} is not offered here; offered: {', '.join(offered) or 'none'}",
+            )
+        auth.exchange = exchange
+        return self._reply(frame, m.SaslHandshakeResponse(mechanisms=offered))
+
+    def _authenticate(self, frame: Frame, auth: ConnectionAuth) -> Outcome:
+        exchange = auth.exchange
+        if exchange is None:
+            return self._closing(
+                frame, m.ErrorCode.ILLEGAL_SASL_STATE, "SaslAuthenticate before a SaslHandshake"
+            )
+        try:
+            req = m.decode_request(frame)
+            assert isinstance(req, m.SaslAuthenticateRequest)
+            out = exchange.step(req.auth_bytes)
+        except (m.MalformedBody, AuthenticationFailed):
+            auth.exchange = None
+            return self._closing(frame, m.ErrorCode.SASL_AUTHENTICATION_FAILED, FAILED_MESSAGE)
+        if exchange.principal is not None:
+            auth.principal = exchange.principal
+            auth.exchange = None
+        return self._reply(frame, m.SaslAuthenticateResponse(auth_bytes=out))
+
+    # ------------------------------------------------------------------------- ACLs
+
+    def _check(self, frame: Frame, req: m.Request, principal: str | None) -> Outcome | None:
+        allowed = self.authorizer.allowed
+        key = frame.api_key
+        if key == m.ApiKey.METADATA:
+            assert isinstance(req, m.MetadataRequest)
+            return self.handlers.metadata_reply(
+                req, frame, lambda name: allowed(principal, "describe", "topic", name)
+            )
+        group_op = _GROUP_OPS.get(key)
+        if group_op is not None:
+            group = req.group  # type: ignore[attr-defined]
+            if not allowed(principal, group_op, "group", group):
+                return self._refused(
+                    frame, m.ErrorCode.GROUP_AUTHORIZATION_FAILED, f"{group_op} group {group}"
+                )
+        topic_op = _PARTITION_OPS.get(key)
+        if topic_op is not None:
+            name = self.handlers.topic_name(frame.topic_id)
+            if name is not None and not allowed(principal, topic_op, "topic", name):
+                return self._refused(
+                    frame, m.ErrorCode.TOPIC_AUTHORIZATION_FAILED, f"{topic_op} topic {name}"
+                )
+            return None
+        if key == m.ApiKey.CREATE_TOPIC:
+            assert isinstance(req, m.CreateTopicRequest)
+            if allowed(principal, "create", "cluster", CLUSTER_NAME) or allowed(
+                principal, "create", "topic", req.name
+            ):
+                return None
+            return self._refused(frame, m.ErrorCode.TOPIC_AUTHORIZATION_FAILED, f"create topic {req.name}")
+        if key == m.ApiKey.DELETE_TOPIC:
+            assert isinstance(req, m.DeleteTopicRequest)
+            if allowed(principal, "delete", "topic", req.name):
+                return None
+            return self._refused(frame, m.ErrorCode.TOPIC_AUTHORIZATION_FAILED, f"delete topic {req.name}")
+        cluster_op = _CLUSTER_OPS.get(key)
+        if cluster_op is not None and not allowed(principal, cluster_op, "cluster", CLUSTER_NAME):
+            return self._refused(frame, m.ErrorCode.CLUSTER_AUTHORIZATION_FAILED, f"{cluster_op} cluster")
+        return None
+
+    def _refused(self, frame: Frame, code: m.ErrorCode, what: str) -> Outcome:
+        self.handlers.metrics.denied()
+        if frame.api_key == m.ApiKey.PRODUCE and m.peek_produce_acks(frame) == m.Acks.NONE:
+            self.handlers.metrics.error()
+            return Silent()  # acks=0 promises no answer at all
+        return self.handlers.error_answer(frame, code, f"not authorized: {what}")

@@ -1,0 +1,250 @@
+"""Our own protocol and client (`broker.client`) over TLS + SCRAM, over mutual TLS, and with ACLs,
+on both backends: produce, consume with a group and commit succeed with the right credentials;
+a wrong password, a client without credentials or without TLS, and a topic or group the ACLs do
+not grant are refused, said so, and leave no trace. Two cores, so that the client's connections
+to each core's direct port authenticate too. Certificates are made here (trustme)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from brokerproc import BrokerProcess, Wire
+from securitylab import Pki, Unavailable, add_user, broker_cli, start_broker
+
+from broker.client import (
+    Admin,
+    AuthenticationError,
+    BrokerUnavailable,
+    Consumer,
+    Producer,
+    Security,
+    TopicPartition,
+)
+from broker.client.errors import GroupAuthorizationError, TopicAuthorizationError
+from ringlog_proto import messages as m
+
+ALICE_PASSWORD = "alice's own secret"
+ADMIN_PASSWORD = "admin secret"
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    return Pki.make(tmp_path_factory.mktemp("pki"))
+
+
+def start(workdir: Path, backend: str, extra: tuple[str, ...]) -> BrokerProcess:
+    try:
+        return start_broker(workdir, backend, extra, cores=2)
+    except Unavailable as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="module", params=["uvloop", "io_uring"])
+def sasl_ssl(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, pki: Pki
+) -> Iterator[BrokerProcess]:
+    """TLS + SCRAM; admin is a super user, alice may write and read `orders` and read group `app`."""
+    workdir = tmp_path_factory.mktemp(f"sasl-{request.param}")
+    data = workdir / "data"
+    add_user(data, "alice", ALICE_PASSWORD)
+    add_user(data, "admin", ADMIN_PASSWORD)
+    for op in ("write", "read"):
+        broker_cli(data, "acls", "add", "User:alice", op, "topic:orders")
+    broker_cli(data, "acls", "add", "User:alice", "read", "group:app")
+    extra = ("--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key))
+    extra += ("--sasl-mechanisms", "SCRAM-SHA-512,SCRAM-SHA-256,PLAIN", "--super-users", "User:admin")
+    b = start(workdir, request.param, extra)
+    with Admin(b.bootstrap, security=admin(pki)) as a:
+        a.create_topic("orders", 2)
+        a.create_topic("payroll", 1)
+    yield b
+    b.stop()
+
+
+def alice(pki: Pki, mechanism: str = "SCRAM-SHA-512", password: str = ALICE_PASSWORD) -> Security:
+    return Security(
+        tls=True, cafile=str(pki.ca), sasl_mechanism=mechanism, username="alice", password=password
+    )
+
+
+def admin(pki: Pki) -> Security:
+    return Security(
+        tls=True,
+        cafile=str(pki.ca),
+        sasl_mechanism="SCRAM-SHA-512",
+        username="admin",
+        password=ADMIN_PASSWORD,
+    )
+
+
+def consume(
+    b: BrokerProcess, security: Security, topic: str, n: int, group: str | None = None
+) -> list[bytes]:
+    got: list[bytes] = []
+    with Consumer(b.bootstrap, security=security, group=group, auto_offset_reset="earliest") as c:
+        c.subscribe(topic)
+        deadline = time.monotonic() + 30
+        while len(got) < n and time.monotonic() < deadline:
+            got.extend(r.value for r in c.poll(500))
+        if group is not None:
+            c.commit()
+    return got
+
+
+def counted(b: BrokerProcess, key: str, at_least: int) -> int:
+    """The sum of `key` over both cores' metrics once it reaches `at_least` (snapshots are
+    published about once a second), else after 5 s; 0 when it never does."""
+    deadline = time.monotonic() + 5
+    while True:
+        total = sum(b.counter(key, core, timeout=0.01) for core in range(2))
+        if total >= at_least or time.monotonic() > deadline:
+            return total if total >= at_least else 0
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("mechanism", ["SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN"])
+def test_produce_and_consume_over_tls_with_sasl(sasl_ssl: BrokerProcess, pki: Pki, mechanism: str) -> None:
+    sec = alice(pki, mechanism)
+    values = [f"{mechanism}-{i}".encode() for i in range(20)]
+    with Producer(sasl_ssl.bootstrap, security=sec) as p:
+        for i, v in enumerate(values):
+            p.send("orders", v, key=str(i).encode())  # both partitions: both cores' direct ports
+        p.flush(30)
+    got = consume(sasl_ssl, sec, "orders", len(values), group="app")
+    assert sorted(got) == sorted(values)  # the group resumed where the last mechanism's run left it
+    with Consumer(sasl_ssl.bootstrap, security=sec, group="app") as c:  # and its commit is held
+        committed = [c.committed(TopicPartition("orders", i)) for i in range(2)]
+    with Admin(sasl_ssl.bootstrap, security=sec) as a:
+        ends = [p.end_offset for p in a.describe_topic("orders").partitions]
+    assert committed == ends
+
+
+def test_acls_refuse_what_is_not_granted_and_hide_it(sasl_ssl: BrokerProcess, pki: Pki) -> None:
+    sec = alice(pki)
+    with Producer(sasl_ssl.bootstrap, security=sec, retries=0) as p, pytest.raises(TopicAuthorizationError):
+        p.send("payroll", b"intruder").result(30)
+    with Admin(sasl_ssl.bootstrap, security=sec) as a:
+        assert a.list_topics() == ["orders"]  # Metadata lists only what alice may describe
+        with pytest.raises(TopicAuthorizationError):
+            a.create_topic("mine", 1)
+        with pytest.raises(TopicAuthorizationError):
+            a.delete_topic("orders")  # write and read do not include delete
+    with pytest.raises(GroupAuthorizationError):
+        consume(sasl_ssl, sec, "orders", 1, group="not-alices")
+    with Admin(sasl_ssl.bootstrap, security=admin(pki)) as a:
+        assert sorted(a.list_topics()) == ["orders", "payroll"]  # nothing created, nothing deleted
+        assert a.describe_topic("payroll").partitions[0].end_offset == 0  # nothing written
+    assert counted(sasl_ssl, "auth_denied", 3)  # create, delete, join (Metadata is filtered)
+
+
+def test_a_wrong_password_is_refused_and_never_logged(sasl_ssl: BrokerProcess, pki: Pki) -> None:
+    wrong = "not alice's password"
+    before = counted(sasl_ssl, "auth_failures", 0)
+    with pytest.raises(AuthenticationError, match="Authentication failed"):
+        Admin(sasl_ssl.bootstrap, security=alice(pki, password=wrong))
+    with pytest.raises(AuthenticationError):
+        Admin(
+            sasl_ssl.bootstrap,
+            security=Security(
+                tls=True, cafile=str(pki.ca), sasl_mechanism="PLAIN", username="mallory", password=wrong
+            ),
+        )
+    assert counted(sasl_ssl, "auth_failures", before + 2)
+    assert wrong not in sasl_ssl.log()
+
+
+def test_clients_without_credentials_or_tls_are_refused(sasl_ssl: BrokerProcess, pki: Pki) -> None:
+    # TLS but no SASL: told that the broker requires it, then closed
+    with (
+        Admin(sasl_ssl.bootstrap, security=Security(tls=True, cafile=str(pki.ca))) as a,
+        pytest.raises(AuthenticationError, match="requires SASL"),
+    ):
+        a.list_topics()  # (ApiVersions, which the admin sends first, is answered before SASL)
+    # plaintext to a TLS port: the handshake fails, nothing is served
+    with pytest.raises(BrokerUnavailable):
+        Admin(sasl_ssl.bootstrap, request_timeout_ms=3000)
+    w = Wire(sasl_ssl.port)
+    w.send(m.CreateTopicRequest("sneaky", 1))
+    assert w.closed_by_peer()
+    w.close()
+    # a CA that did not sign the broker's certificate: the client refuses the broker
+    other = Pki.make(sasl_ssl.data_dir.parent)
+    with pytest.raises(BrokerUnavailable, match="CERTIFICATE_VERIFY_FAILED"):
+        Admin(
+            sasl_ssl.bootstrap,
+            security=Security(
+                tls=True,
+                cafile=str(other.ca),
+                sasl_mechanism="SCRAM-SHA-512",
+                username="alice",
+                password=ALICE_PASSWORD,
+            ),
+        )
+    with Admin(sasl_ssl.bootstrap, security=admin(pki)) as a:
+        assert "sneaky" not in a.list_topics()
+
+
+def test_sasl_without_tls_and_plain_not_offered(tmp_path: Path) -> None:
+    """SCRAM on a plaintext listener, with steering's public port and two cores; PLAIN is not
+    offered there (it would send the password)."""
+    data = tmp_path / "data"
+    add_user(data, "alice", ALICE_PASSWORD)
+    broker_cli(data, "acls", "add", "User:alice", "all", "topic:t", "--prefixed")
+    b = start(tmp_path, "uvloop", ("--sasl-mechanisms", "SCRAM-SHA-256,PLAIN"))
+    try:
+        plain = Security(sasl_mechanism="PLAIN", username="alice", password=ALICE_PASSWORD)
+        with pytest.raises(AuthenticationError, match="not offered"):
+            Admin(b.bootstrap, security=plain)
+        sec = Security(sasl_mechanism="SCRAM-SHA-256", username="alice", password=ALICE_PASSWORD)
+        with Admin(b.bootstrap, security=sec) as a:
+            a.create_topic("t1", 2)  # "all" on the prefix t includes create
+            with pytest.raises(TopicAuthorizationError):
+                a.create_topic("x1", 1)
+        with Producer(b.bootstrap, security=sec) as p:
+            for i in range(6):
+                p.send("t1", b"%d" % i, key=b"%d" % i)
+            p.flush(30)
+        assert sorted(consume(b, sec, "t1", 6)) == [b"%d" % i for i in range(6)]
+    finally:
+        b.stop()
+
+
+@pytest.fixture(scope="module", params=["uvloop", "io_uring"])
+def mtls(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, pki: Pki
+) -> Iterator[BrokerProcess]:
+    workdir = tmp_path_factory.mktemp(f"mtls-{request.param}")
+    principal = "User:CN=alice,OU=eng,O=acme"
+    for op in ("create", "write", "read"):
+        broker_cli(workdir / "data", "acls", "add", principal, op, "topic:certs")
+    broker_cli(workdir / "data", "acls", "add", principal, "read", "group:certs-app")
+    extra = (
+        "--tls-cert",
+        str(pki.server_cert),
+        "--tls-key",
+        str(pki.server_key),
+        "--tls-client-ca",
+        str(pki.ca),
+    )
+    b = start(workdir, request.param, extra)
+    yield b
+    b.stop()
+
+
+def test_mutual_tls_names_the_principal(mtls: BrokerProcess, pki: Pki) -> None:
+    sec = Security(tls=True, cafile=str(pki.ca), certfile=str(pki.client_cert), keyfile=str(pki.client_key))
+    with Admin(mtls.bootstrap, security=sec) as a:
+        a.create_topic("certs", 2)
+        assert a.list_topics() == ["certs"]
+    with Producer(mtls.bootstrap, security=sec) as p:
+        for i in range(10):
+            p.send("certs", f"c{i}".encode(), key=str(i).encode())
+        p.flush(30)
+    assert sorted(consume(mtls, sec, "certs", 10, group="certs-app")) == sorted(
+        f"c{i}".encode() for i in range(10)
+    )
+    with pytest.raises(BrokerUnavailable):  # no client certificate: the handshake is refused
+        Admin(mtls.bootstrap, security=Security(tls=True, cafile=str(pki.ca)), request_timeout_ms=5000)
