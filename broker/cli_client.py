@@ -2,8 +2,9 @@
 
 Rules this module keeps:
 - Every command takes `--bootstrap/-b HOST:PORT[,HOST:PORT...]` (default 127.0.0.1:9092; the
-  first that answers is used) and uses only the client library (`broker.client`), exactly as an
-  application would.
+  first that answers is used) and the TLS and SASL options (`--tls-ca`, `--sasl-mechanism`, ...;
+  the password from a file or $RINGLOG_SASL_PASSWORD, never argv), and uses only the client
+  library (`broker.client`), exactly as an application would.
 - A failure is one line on stderr and a non-zero exit status, never a traceback: 1 for an error
   the broker or the network reported, 2 for bad arguments or input, 130 for Ctrl-C.
 - Binary-safe output: `--format json` prints keys and values as UTF-8 strings when they are valid
@@ -15,17 +16,20 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import os
 import sys
 import time
 from collections.abc import Iterator
 from typing import IO, Any
 
-from broker.client import DEFAULT_BOOTSTRAP, Admin, Consumer, Producer, RingLogError
+from broker.client import DEFAULT_BOOTSTRAP, Admin, Consumer, Producer, RingLogError, Security
 from broker.client.client import parse_bootstraps
 from broker.client.errors import ClientError, UndecodableBatchError
+from broker.client.security import MECHANISMS
 from broker.core.metrics import percentile_us
 
 PROGRESS_EVERY_S = 0.5
+PASSWORD_ENV = "RINGLOG_SASL_PASSWORD"
 BOOTSTRAP_HELP = f"HOST:PORT[,HOST:PORT...]: the first that answers (default {DEFAULT_BOOTSTRAP})"
 
 
@@ -33,10 +37,68 @@ class UsageError(Exception):
     """Bad input from the user (exit 2), as opposed to an error from the broker (exit 1)."""
 
 
+def _connection_args(p: argparse.ArgumentParser) -> None:
+    """Where the broker is and how to reach it safely: the options every client command takes."""
+    p.add_argument("-b", "--bootstrap", default=DEFAULT_BOOTSTRAP, help=BOOTSTRAP_HELP)
+    g = p.add_argument_group("TLS and SASL (docs/SECURITY.md)")
+    g.add_argument("--tls", action="store_true", help="connect over TLS (implied by the other --tls-*)")
+    g.add_argument("--tls-ca", metavar="PEM", help="the CA that signed the broker's certificate")
+    g.add_argument("--tls-cert", metavar="PEM", help="a client certificate (mutual TLS)")
+    g.add_argument("--tls-key", metavar="PEM", help="its private key")
+    g.add_argument("--sasl-mechanism", choices=MECHANISMS, help="authenticate with this mechanism")
+    g.add_argument("--sasl-username", metavar="NAME")
+    g.add_argument(
+        "--sasl-password-file",
+        metavar="FILE",
+        help=f"read the password from FILE (first line); else from ${PASSWORD_ENV}. Never on the "
+        "command line, where every local user could read it",
+    )
+
+
+def _security(args: argparse.Namespace) -> Security | None:
+    tls = bool(args.tls or args.tls_ca or args.tls_cert)
+    if args.sasl_mechanism is None:
+        if args.sasl_username or args.sasl_password_file:
+            raise UsageError("--sasl-username and --sasl-password-file need --sasl-mechanism")
+        return (
+            Security(tls=True, cafile=args.tls_ca, certfile=args.tls_cert, keyfile=args.tls_key)
+            if tls
+            else None
+        )
+    if not args.sasl_username:
+        raise UsageError("--sasl-mechanism needs --sasl-username")
+    if args.sasl_password_file:
+        try:
+            with open(args.sasl_password_file) as f:
+                password = f.readline().rstrip("\n")
+        except OSError as exc:
+            raise UsageError(f"--sasl-password-file: {exc}") from exc
+    elif PASSWORD_ENV in os.environ:
+        password = os.environ[PASSWORD_ENV]
+    else:
+        raise UsageError(f"--sasl-mechanism needs a password: --sasl-password-file or ${PASSWORD_ENV}")
+    return _checked_security(
+        tls=tls,
+        cafile=args.tls_ca,
+        certfile=args.tls_cert,
+        keyfile=args.tls_key,
+        sasl_mechanism=args.sasl_mechanism,
+        username=args.sasl_username,
+        password=password,
+    )
+
+
+def _checked_security(**settings: Any) -> Security:
+    try:
+        return Security(**settings)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+
+
 def add_client_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     def client_parser(name: str, **kw: Any) -> argparse.ArgumentParser:
         p = sub.add_parser(name, **kw)
-        p.add_argument("-b", "--bootstrap", default=DEFAULT_BOOTSTRAP, help=BOOTSTRAP_HELP)
+        _connection_args(p)
         return p
 
     topics = sub.add_parser("topics", help="create, delete, list and describe topics")
@@ -62,7 +124,7 @@ def add_client_commands(sub: argparse._SubParsersAction) -> None:  # type: ignor
     )
     describe.add_argument("name")
     for p in (create, delete, tsub.choices["list"], describe):
-        p.add_argument("-b", "--bootstrap", default=DEFAULT_BOOTSTRAP, help=BOOTSTRAP_HELP)
+        _connection_args(p)
     topics.set_defaults(func=cmd_topics)
 
     produce = client_parser("produce", help="send lines or JSON lines from stdin or a file")
@@ -119,7 +181,7 @@ def run_client_command(args: argparse.Namespace) -> int:
 
 
 def cmd_topics(args: argparse.Namespace) -> int:
-    with Admin(args.bootstrap) as admin:
+    with Admin(args.bootstrap, security=_security(args)) as admin:
         if args.topics_command == "create":
             topic_id = admin.create_topic(
                 args.name,
@@ -205,7 +267,7 @@ def cmd_produce(args: argparse.Namespace) -> int:
     sent = 0
     started = last = time.monotonic()
     try:
-        with Producer(args.bootstrap, acks=args.acks) as producer:
+        with Producer(args.bootstrap, acks=args.acks, security=_security(args)) as producer:
             futures = []
             for key, value in _records(stream, args.format, args.key_field):
                 futures.append(producer.send(args.topic, value, key=key, partition=args.partition))
@@ -267,7 +329,9 @@ def _consume(args: argparse.Namespace) -> int:
         raise UsageError("--offset needs --partition")
     reset = "earliest" if args.from_beginning else "latest"
     count = 0
-    with Consumer(args.bootstrap, group=args.group, auto_offset_reset=reset) as consumer:
+    with Consumer(
+        args.bootstrap, group=args.group, auto_offset_reset=reset, security=_security(args)
+    ) as consumer:
         if args.partition:
             consumer.assign([(args.topic, p) for p in args.partition])
         else:
@@ -345,7 +409,7 @@ def _bpf_snapshot(doc: dict[str, Any], data_dir: str | None, port: int) -> dict[
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    with Admin(args.bootstrap) as admin:
+    with Admin(args.bootstrap, security=_security(args)) as admin:
         doc = admin.stats()
     bpf = _bpf_snapshot(doc, args.data_dir, parse_bootstraps(args.bootstrap)[0][1])
     if args.format == "json":

@@ -6,6 +6,9 @@ to each core's direct port authenticate too. Certificates are made here (trustme
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -248,3 +251,48 @@ def test_mutual_tls_names_the_principal(mtls: BrokerProcess, pki: Pki) -> None:
     )
     with pytest.raises(BrokerUnavailable):  # no client certificate: the handshake is refused
         Admin(mtls.bootstrap, security=Security(tls=True, cafile=str(pki.ca)), request_timeout_ms=5000)
+
+
+def test_the_broker_command_over_tls_and_scram(sasl_ssl: BrokerProcess, pki: Pki, tmp_path: Path) -> None:
+    """`broker topics|produce|consume` as an operator runs them: the password from a file or the
+    environment, never the command line."""
+    secret = tmp_path / "admin.password"
+    secret.write_text(ADMIN_PASSWORD + "\n")
+    auth = ["-b", sasl_ssl.bootstrap, "--tls-ca", str(pki.ca), "--sasl-mechanism", "SCRAM-SHA-512"]
+
+    def cli(
+        *args: str, stdin: str | None = None, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "broker.cli", *args],
+            input=stdin,
+            text=True,
+            capture_output=True,
+            timeout=60,
+            env={**os.environ, **(env or {})},
+            check=False,
+        )
+
+    admin_file = [*auth, "--sasl-username", "admin", "--sasl-password-file", str(secret)]
+    done = cli("topics", "create", "cli-topic", "--partitions", "2", *admin_file)
+    assert done.returncode == 0, done.stderr
+    done = cli("produce", "cli-topic", *admin_file, stdin="one\ntwo\nthree\n")
+    assert done.returncode == 0, done.stderr
+    alice_env = {"RINGLOG_SASL_PASSWORD": ALICE_PASSWORD}
+    done = cli(
+        "consume",
+        "cli-topic",
+        "--from-beginning",
+        "--max-records",
+        "3",
+        *auth,
+        "--sasl-username",
+        "alice",
+        env=alice_env,
+    )
+    assert done.returncode == 1 and "TOPIC_AUTHORIZATION_FAILED" in done.stderr  # alice: orders only
+    done = cli("consume", "cli-topic", "--from-beginning", "--max-records", "3", *admin_file)
+    assert done.returncode == 0, done.stderr
+    assert sorted(done.stdout.split()) == ["one", "three", "two"]
+    done = cli("topics", "list", *auth, "--sasl-username", "alice", env={"RINGLOG_SASL_PASSWORD": "wrong"})
+    assert done.returncode == 1 and "Authentication failed" in done.stderr
