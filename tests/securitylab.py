@@ -48,6 +48,16 @@ def start_broker(workdir: Path, backend: str, extra: tuple[str, ...], cores: int
     return b
 
 
+def start_or_skip(workdir: Path, backend: str, extra: tuple[str, ...], cores: int = 1) -> BrokerProcess:
+    """`start_broker` in a test: skipped, with the reason, where io_uring is not available."""
+    import pytest  # only tests call this; bench/security.py imports this module too
+
+    try:
+        return start_broker(workdir, backend, extra, cores)
+    except Unavailable as exc:
+        pytest.skip(str(exc))
+
+
 @dataclass
 class Pki:
     """A CA, a server certificate for 127.0.0.1 and localhost, and a client certificate whose
@@ -73,6 +83,11 @@ class Pki:
                     f.write(pem.bytes())
             cert.private_key_pem.write_to_path(str(d / f"{name}.key"))
         return cls(d / "ca.pem", d / "server.pem", d / "server.key", d / "client.pem", d / "client.key")
+
+    def serve_flags(self, mutual: bool = False) -> tuple[str, ...]:
+        """`broker serve`'s TLS flags for this server certificate; `mutual`: clients need one too."""
+        flags = ("--tls-cert", str(self.server_cert), "--tls-key", str(self.server_key))
+        return (*flags, "--tls-client-ca", str(self.ca)) if mutual else flags
 
 
 def create_topic(conf: dict[str, Any], name: str, partitions: int = 1) -> None:

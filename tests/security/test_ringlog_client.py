@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from brokerproc import BrokerProcess, Wire
-from securitylab import Pki, Unavailable, add_user, broker_cli, start_broker
+from securitylab import Pki, add_user, broker_cli, start_or_skip
 
 from broker.client import (
     Admin,
@@ -33,18 +33,6 @@ ALICE_PASSWORD = "alice's own secret"
 ADMIN_PASSWORD = "admin secret"
 
 
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    return Pki.make(tmp_path_factory.mktemp("pki"))
-
-
-def start(workdir: Path, backend: str, extra: tuple[str, ...]) -> BrokerProcess:
-    try:
-        return start_broker(workdir, backend, extra, cores=2)
-    except Unavailable as exc:
-        pytest.skip(str(exc))
-
-
 @pytest.fixture(scope="module", params=["uvloop", "io_uring"])
 def sasl_ssl(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, pki: Pki
@@ -57,9 +45,9 @@ def sasl_ssl(
     for op in ("write", "read"):
         broker_cli(data, "acls", "add", "User:alice", op, "topic:orders")
     broker_cli(data, "acls", "add", "User:alice", "read", "group:app")
-    extra = ("--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key))
+    extra = pki.serve_flags()
     extra += ("--sasl-mechanisms", "SCRAM-SHA-512,SCRAM-SHA-256,PLAIN", "--super-users", "User:admin")
-    b = start(workdir, request.param, extra)
+    b = start_or_skip(workdir, request.param, extra, cores=2)
     with Admin(b.bootstrap, security=admin(pki)) as a:
         a.create_topic("orders", 2)
         a.create_topic("payroll", 1)
@@ -196,7 +184,7 @@ def test_sasl_without_tls_and_plain_not_offered(tmp_path: Path) -> None:
     data = tmp_path / "data"
     add_user(data, "alice", ALICE_PASSWORD)
     broker_cli(data, "acls", "add", "User:alice", "all", "topic:t", "--prefixed")
-    b = start(tmp_path, "uvloop", ("--sasl-mechanisms", "SCRAM-SHA-256,PLAIN"))
+    b = start_or_skip(tmp_path, "uvloop", ("--sasl-mechanisms", "SCRAM-SHA-256,PLAIN"), cores=2)
     try:
         plain = Security(sasl_mechanism="PLAIN", username="alice", password=ALICE_PASSWORD)
         with pytest.raises(AuthenticationError, match="not offered"):
@@ -224,15 +212,8 @@ def mtls(
     for op in ("create", "write", "read"):
         broker_cli(workdir / "data", "acls", "add", principal, op, "topic:certs")
     broker_cli(workdir / "data", "acls", "add", principal, "read", "group:certs-app")
-    extra = (
-        "--tls-cert",
-        str(pki.server_cert),
-        "--tls-key",
-        str(pki.server_key),
-        "--tls-client-ca",
-        str(pki.ca),
-    )
-    b = start(workdir, request.param, extra)
+    extra = pki.serve_flags(mutual=True)
+    b = start_or_skip(workdir, request.param, extra, cores=2)
     yield b
     b.stop()
 

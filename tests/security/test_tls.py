@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from brokerproc import BrokerProcess
-from securitylab import Pki, Unavailable, add_user, broker_cli, consume, create_topic, produce, start_broker
+from securitylab import Pki, add_user, broker_cli, consume, create_topic, produce, start_or_skip
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
 from confluent_kafka import Producer  # noqa: E402
@@ -24,24 +24,12 @@ KCAT = shutil.which("kcat")
 PASSWORD = "tls and scram"
 
 
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    return Pki.make(tmp_path_factory.mktemp("pki"))
-
-
-def start(tmp_path: Path, backend: str, extra: tuple[str, ...]) -> BrokerProcess:
-    try:
-        return start_broker(tmp_path, backend, extra)
-    except Unavailable as exc:
-        pytest.skip(str(exc))
-
-
 @pytest.fixture(params=["uvloop", "io_uring"])
 def sasl_ssl(request: pytest.FixtureRequest, tmp_path: Path, pki: Pki) -> Iterator[BrokerProcess]:
     add_user(tmp_path / "data", "alice", PASSWORD)
-    extra = ("--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key))
+    extra = pki.serve_flags()
     sasl = ("--sasl-mechanisms", "SCRAM-SHA-512,PLAIN", "--super-users", "User:alice")  # ACLs: test_acls.py
-    b = start(tmp_path, request.param, (*extra, *sasl))
+    b = start_or_skip(tmp_path, request.param, (*extra, *sasl))
     yield b
     b.stop()
 
@@ -126,19 +114,12 @@ def test_kcat_sasl_ssl(sasl_ssl: BrokerProcess, pki: Pki) -> None:
 
 @pytest.mark.parametrize("backend", ["uvloop", "io_uring"])
 def test_mutual_tls(tmp_path: Path, pki: Pki, backend: str) -> None:
-    extra = (
-        "--tls-cert",
-        str(pki.server_cert),
-        "--tls-key",
-        str(pki.server_key),
-        "--tls-client-ca",
-        str(pki.ca),
-    )
+    extra = pki.serve_flags(mutual=True)
     data = tmp_path / "data"
     principal = "User:CN=alice,OU=eng,O=acme"  # the client certificate's subject, most specific first
     for acl in (("all", "topic:m"), ("read", "group:*")):
         broker_cli(data, "acls", "add", principal, *acl)
-    b = start(tmp_path, backend, extra)
+    b = start_or_skip(tmp_path, backend, extra)
     try:
         mtls = ssl_conf(
             b,
