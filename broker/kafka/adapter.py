@@ -58,7 +58,7 @@ from broker.core.handlers import Handlers
 from broker.core.outcomes import Append, Gather, Outcome, Read, Reply, Silent, Wait
 from broker.core.partition import Partition, Stored
 from broker.core.views import MetadataView, NodeView, kafka_broker_id
-from broker.kafka import authorize, init_producer_id, sasl
+from broker.kafka import acl_admin, authorize, init_producer_id, sasl
 from broker.kafka.codec import (
     KafkaDecodeError,
     KafkaRequest,
@@ -107,6 +107,7 @@ SUPPORTED_VERSIONS: Final[dict[int, tuple[int, int]]] = {
     OFFSET_FOR_LEADER_EPOCH: (0, 3),  # v0-1 read here (kio has v2+); v4+ are flexible
     **GROUP_VERSIONS,  # FindCoordinator, Join/Sync/Heartbeat/LeaveGroup, offsets: broker/kafka/groups.py
     **sasl.VERSIONS,  # SaslHandshake, SaslAuthenticate: broker/kafka/sasl.py
+    **acl_admin.VERSIONS,  # DescribeAcls, CreateAcls, DeleteAcls: broker/kafka/acl_admin.py
 }
 PRODUCE_REFUSED_BELOW: Final = 3  # librdkafka < 2.11 stops compressing unless Produce v0 is listed
 # Kafka acks -> ours: -1 (all in-sync replicas) is our acks=all: once the high watermark passes
@@ -153,6 +154,7 @@ class KafkaAdapter:
         self.authenticator = handlers.access.authenticator
         self.authorizer = handlers.access.authorizer
         self._auth = ConnectionAuth("")  # the connection of the request being handled
+        acls = acl_admin.AclAdmin(self.authorizer.store)
         # api key -> its handler; SUPPORTED_VERSIONS says which versions reach it
         self._apis: dict[int, Callable[[KafkaRequest, Any], Outcome]] = {
             API_VERSIONS: lambda request, _body: self._api_versions(request),
@@ -175,6 +177,9 @@ class KafkaAdapter:
             sasl.SASL_AUTHENTICATE: lambda request, body: sasl.authenticate(
                 self.authenticator, request, body, self._auth
             ),
+            acl_admin.DESCRIBE_ACLS: self._acl_api(acls.describe),
+            acl_admin.CREATE_ACLS: self._acl_api(acls.create),
+            acl_admin.DELETE_ACLS: self._acl_api(acls.delete),
         }
         assert set(self._apis) == set(SUPPORTED_VERSIONS), "an api advertised without a handler"
 
@@ -218,6 +223,21 @@ class KafkaAdapter:
             raise ProtocolError(f"internal error answering kafka api {key} v{version}: {exc}") from exc
 
     # ------------------------------------------------------------------------- ApiVersions
+
+    def _acl_api(self, api: Callable[[KafkaRequest, Any], Outcome]) -> Callable[[KafkaRequest, Any], Outcome]:
+        """An ACL admin api, answered SECURITY_DISABLED where ACLs are off (no authentication), as
+        a Kafka broker without an authorizer answers."""
+
+        def answer(request: KafkaRequest, body: Any) -> Outcome:
+            if self.authorizer.enabled:
+                return api(request, body)
+            schema = response_schema(request.api_key, request.api_version)
+            assert schema is not None
+            message = "ACLs are on only where clients authenticate (SASL or mutual TLS): docs/SECURITY.md"
+            resp = error_response(request.api_key, schema, body, ErrorCode.security_disabled, message)
+            return Reply(encode_response(request.correlation_id, resp))
+
+        return answer
 
     def _api_keys(self, module: Any) -> tuple[Any, ...]:
         return tuple(

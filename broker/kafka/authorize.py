@@ -6,7 +6,8 @@ Rules this module keeps:
   FindCoordinator describe on the group; Join/Sync/Heartbeat/LeaveGroup read on the group;
   OffsetCommit read on the group and on each topic; OffsetFetch describe on both; DescribeGroups
   describe on each group; ListGroups describe on the cluster; create on the cluster allows
-  CreateTopics of any topic. ApiVersions, the SASL apis and
+  CreateTopics of any topic; DescribeAcls describe on the cluster, CreateAcls and DeleteAcls
+  alter on it. ApiVersions, the SASL apis and
   InitProducerId (an id without a transactional id grants nothing: KIP-679) need nothing.
   Metadata is filtered instead (broker/kafka/adapter.py `_metadata`).
 - A refused request has no effect: it is answered with TOPIC_AUTHORIZATION_FAILED,
@@ -36,6 +37,8 @@ LIST_GROUPS: Final = 16
 CREATE_TOPICS: Final = 19
 OFFSET_COMMIT: Final = 8
 OFFSET_FETCH: Final = 9
+DESCRIBE_ACLS: Final = 29
+ACL_ADMIN: Final = frozenset((29, 30, 31))
 
 
 def _topic_names(api_key: int, body: Any) -> Iterable[str]:
@@ -85,6 +88,11 @@ def check(authorizer: Authorizer, principal: str | None, request: KafkaRequest, 
         for group in body.groups:
             if not allowed(principal, "describe", "group", str(group)):
                 return _refuse(request, body, ErrorCode.group_authorization_failed, f"describe group {group}")
+        return None
+    if key in ACL_ADMIN:  # DescribeAcls: describe on the cluster; CreateAcls, DeleteAcls: alter
+        op = "describe" if key == DESCRIBE_ACLS else "alter"
+        if not allowed(principal, op, "cluster", CLUSTER_NAME):
+            return _refuse(request, body, ErrorCode.cluster_authorization_failed, f"{op} cluster")
         return None
     if key == LIST_GROUPS:
         if not allowed(principal, "describe", "cluster", CLUSTER_NAME):

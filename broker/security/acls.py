@@ -18,7 +18,7 @@ Rules this module keeps:
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import Final
 
@@ -122,6 +122,15 @@ class AclStore:
 
         self._file.update(change)
         return added[0]
+
+    def replace(self, change: Callable[[tuple[AclBinding, ...]], tuple[AclBinding, ...]]) -> None:
+        """Store `change(current bindings)` (each checked), under the file's lock: the Kafka ACL
+        admin APIs add and remove several at once."""
+
+        def doc(current: tuple[AclBinding, ...]) -> dict[str, object]:
+            return _acls_doc(b.check() for b in change(current))
+
+        self._file.update(doc)
 
     def remove(self, binding: AclBinding) -> None:
         def change(current: tuple[AclBinding, ...]) -> dict[str, object]:

@@ -16,7 +16,16 @@ from broker.security.acls import AclBinding, AclError, AclStore, Authorizer
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
 from confluent_kafka import KafkaError, KafkaException  # noqa: E402
-from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
+from confluent_kafka.admin import AclBinding as KafkaAcl  # noqa: E402
+from confluent_kafka.admin import (  # noqa: E402
+    AclBindingFilter,
+    AclOperation,
+    AclPermissionType,
+    AdminClient,
+    NewTopic,
+    ResourcePatternType,
+    ResourceType,
+)
 
 PW = {"admin": "admin pw", "alice": "alice pw", "bob": "bob pw"}
 
@@ -137,3 +146,57 @@ def test_acls_against_librdkafka(broker: BrokerProcess) -> None:
     broker_cli(broker.data_dir, "acls", "add", "User:alice", "write", "topic:orders", "--deny")
     refused = produce(alice, "orders", [b"o3"])
     assert [e.code() for e in refused] == [KafkaError.TOPIC_AUTHORIZATION_FAILED]
+
+
+# ----------------------------------------------------------------------------- Kafka's ACL admin APIs
+
+
+def _everything() -> AclBindingFilter:
+    return AclBindingFilter(
+        ResourceType.ANY, None, ResourcePatternType.ANY, None, None, AclOperation.ANY, AclPermissionType.ANY
+    )
+
+
+def test_acl_admin_apis(broker: BrokerProcess) -> None:
+    """CreateAcls, DescribeAcls and DeleteAcls from confluent-kafka's AdminClient change the ACLs
+    `broker acls` lists, and the change applies at once; only alter on the cluster may."""
+    admin = AdminClient(conf(broker, "admin"))
+    create_topic(conf(broker, "admin"), "ledger")
+    bob = conf(broker, "bob")
+    assert [e.code() for e in produce(bob, "ledger", [b"x"])] == [KafkaError.TOPIC_AUTHORIZATION_FAILED]
+
+    grant = KafkaAcl(
+        ResourceType.TOPIC, "ledg", ResourcePatternType.PREFIXED, "User:bob", "*",
+        AclOperation.WRITE, AclPermissionType.ALLOW,
+    )  # fmt: skip
+    admin.create_acls([grant])[grant].result(15)
+    assert "allow User:bob write topic:ledg (prefixed)" in broker_cli(broker.data_dir, "acls", "list")
+    assert produce(bob, "ledger", [b"x"]) == [None]
+
+    listed = admin.describe_acls(_everything()).result(15)
+    assert grant in listed and len(listed) == 4  # alice's three and bob's
+    only_bob = AclBindingFilter(
+        ResourceType.TOPIC, "ledger", ResourcePatternType.MATCH, "User:bob", None,
+        AclOperation.ANY, AclPermissionType.ANY,
+    )  # fmt: skip
+    assert admin.describe_acls(only_bob).result(15) == [grant]  # MATCH: the prefix applies
+
+    # bob may not change ACLs: CLUSTER_AUTHORIZATION_FAILED, and nothing changes
+    bob_admin = AdminClient(bob)
+    with pytest.raises(KafkaException) as refused:
+        bob_admin.delete_acls([_everything()])[_everything()].result(15)
+    assert refused.value.args[0].code() == KafkaError.CLUSTER_AUTHORIZATION_FAILED
+    assert len(admin.describe_acls(_everything()).result(15)) == 4
+
+    # a host other than "*" is refused item by item
+    hosted = KafkaAcl(
+        ResourceType.TOPIC, "t", ResourcePatternType.LITERAL, "User:bob", "10.0.0.1",
+        AclOperation.READ, AclPermissionType.ALLOW,
+    )  # fmt: skip
+    with pytest.raises(KafkaException):
+        admin.create_acls([hosted])[hosted].result(15)
+
+    deleted = admin.delete_acls([only_bob])[only_bob].result(15)
+    assert deleted == [grant]
+    assert [e.code() for e in produce(bob, "ledger", [b"y"])] == [KafkaError.TOPIC_AUTHORIZATION_FAILED]
+    assert "User:bob" not in broker_cli(broker.data_dir, "acls", "list")
