@@ -150,6 +150,9 @@ def test_api_versions_lists_only_what_is_answered(adapter: KafkaAdapter, version
         16: (0, 2),
         17: (0, 1),
         36: (0, 2),
+        29: (1, 3),
+        30: (1, 3),
+        31: (1, 3),
     }
 
 
