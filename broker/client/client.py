@@ -280,12 +280,7 @@ class AsyncClient:
                 conn, address = await self._connect_bootstrap()
             elif self.clustered:
                 address = self.address(core)
-                conn = await AsyncConnection.connect(
-                    *address,
-                    connect_timeout=self.connect_timeout,
-                    request_timeout=self.request_timeout,
-                    security=self.security,
-                )
+                conn = await self._open(*address)
             elif (
                 self.steering and self.cores > 1 and (self.security is None or self.security.context is None)
             ):
@@ -313,17 +308,21 @@ class AsyncClient:
         finally:
             self._connecting.pop(key, None)
 
+    async def _open(self, host: str, port: int) -> AsyncConnection:
+        """A connection to `host`:`port` with this client's timeouts, TLS and SASL."""
+        return await AsyncConnection.connect(
+            host,
+            port,
+            connect_timeout=self.connect_timeout,
+            request_timeout=self.request_timeout,
+            security=self.security,
+        )
+
     async def _connect_core(self, core: int) -> tuple[AsyncConnection, tuple[str, int]]:
         """One node: core `core` at its direct port, else through the bootstrap address."""
         host, port = self._address_for_core(core)
         try:
-            conn = await AsyncConnection.connect(
-                host,
-                port,
-                connect_timeout=self.connect_timeout,
-                request_timeout=self.request_timeout,
-                security=self.security,
-            )
+            conn = await self._open(host, port)
             return conn, (host, port)
         except BrokerUnavailable:
             if (host, port) == (self.host, self.port):
@@ -332,13 +331,7 @@ class AsyncClient:
         # ports and go through the bootstrap address; the next Metadata brings new ones.
         log.debug("core %d at %s:%d unreachable; using the bootstrap address", core, host, port)
         self.core_ports = ()
-        conn = await AsyncConnection.connect(
-            self.host,
-            self.port,
-            connect_timeout=self.connect_timeout,
-            request_timeout=self.request_timeout,
-            security=self.security,
-        )
+        conn = await self._open(self.host, self.port)
         return conn, (self.host, self.port)
 
     async def _connect_bootstrap(self) -> tuple[AsyncConnection, tuple[str, int]]:
@@ -351,12 +344,7 @@ class AsyncClient:
         failure: BrokerUnavailable | None = None
         for address in candidates:
             try:
-                conn = await AsyncConnection.connect(
-                    *address,
-                    connect_timeout=self.connect_timeout,
-                    request_timeout=self.request_timeout,
-                    security=self.security,
-                )
+                conn = await self._open(*address)
             except BrokerUnavailable as exc:
                 failure = exc
                 log.debug("bootstrap %s:%d: %s", *address, exc)

@@ -35,12 +35,11 @@ from broker.core.config import BrokerConfig
 from broker.core.metrics import CoreMetrics
 from broker.core.outcomes import Outcome, Reply, Silent
 from broker.security.acls import CLUSTER_NAME, Authorizer
-from broker.security.sasl import AuthenticationFailed, Authenticator
+from broker.security.sasl import FAILED_MESSAGE, AuthenticationFailed, Authenticator
 from broker.security.session import ConnectionAuth
 from ringlog_proto import messages as m
 from ringlog_proto.frames import Frame
 
-FAILED_MESSAGE: Final = "Authentication failed: Invalid username or password"  # Kafka's, word for word
 ALLOWED_BEFORE_AUTH: Final = frozenset(
     (m.ApiKey.API_VERSIONS, m.ApiKey.SASL_HANDSHAKE, m.ApiKey.SASL_AUTHENTICATE)
 )

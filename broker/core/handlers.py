@@ -624,12 +624,12 @@ class Handlers:
         TOPIC_AUTHORIZATION_FAILED, without its id or settings, when named: whether it exists is
         not told either (Kafka's rule)."""
         view = self.metadata_view(req.topics or None)
-        shown = view.topics
-        if may_describe is not None:
-            shown = [t for t in view.topics if req.topics or may_describe(t.name)]
+        # one decision per topic (each reads the ACLs): refused ones are left out of a listing
+        refused = set() if may_describe is None else {t.name for t in view.topics if not may_describe(t.name)}
+        shown = [t for t in view.topics if req.topics or t.name not in refused]
         topics = tuple(
             m.TopicMetadata(m.ErrorCode.TOPIC_AUTHORIZATION_FAILED, t.name, 0)
-            if may_describe is not None and not may_describe(t.name)
+            if t.name in refused
             else m.TopicMetadata(
                 m.ErrorCode.NONE if t.known else m.ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
                 t.name,

@@ -30,7 +30,7 @@ from kio.schema.errors import ErrorCode
 
 from broker.core.outcomes import Outcome, Reply
 from broker.kafka.codec import KafkaRequest, encode_response, make, response_schema
-from broker.security.acls import WILDCARD, AclBinding, AclError, AclStore
+from broker.security.acls import AclBinding, AclError, AclStore
 
 DESCRIBE_ACLS: Final = 29
 CREATE_ACLS: Final = 30
@@ -93,9 +93,7 @@ def _filter(f: Any) -> Callable[[AclBinding], bool]:
     def applies(b: AclBinding) -> bool:
         if pattern != MATCH or name is None:
             return name is None or b.name == name
-        if b.pattern == "prefixed":
-            return str(name).startswith(b.name)
-        return b.name in (name, WILDCARD)
+        return b.covers(str(name))
 
     def matches(b: AclBinding) -> bool:
         return (

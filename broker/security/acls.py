@@ -66,15 +66,18 @@ class AclBinding:
             raise AclError(f"the cluster resource is named {CLUSTER_NAME}")
         return self
 
+    def covers(self, name: str) -> bool:
+        """Whether this binding applies to the resource `name`: its prefix, "*", or that name."""
+        if self.pattern == "prefixed":
+            return name.startswith(self.name)
+        return self.name in (WILDCARD, name)
+
     def matches(self, principal: str, operation: str, resource_type: str, name: str) -> bool:
         if self.resource_type != resource_type:
             return False
         if self.principal not in (principal, "User:*"):
             return False
-        if self.pattern == "prefixed":
-            if not name.startswith(self.name):
-                return False
-        elif self.name not in (WILDCARD, name):
+        if not self.covers(name):
             return False
         if self.operation in ("all", operation):
             return True

@@ -45,6 +45,8 @@ PLAIN: Final = "PLAIN"
 MECHANISMS: Final = (PLAIN, *SCRAM_MECHANISMS)
 USER_PRINCIPAL: Final = "User:"
 ANONYMOUS: Final = "User:ANONYMOUS"  # Kafka's principal for a connection that did not authenticate
+# What a client whose exchange failed is told, whatever was wrong: Kafka's words, on both protocols
+FAILED_MESSAGE: Final = "Authentication failed: Invalid username or password"
 
 
 class AuthenticationFailed(Exception):
