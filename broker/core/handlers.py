@@ -42,6 +42,7 @@ Rules this module keeps:
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -52,7 +53,7 @@ from typing import Any
 from broker import __version__
 from broker.core.access import Access
 from broker.core.blocking import RunBlocking, no_threads
-from broker.core.cluster_view import ClusterView, ViewFile
+from broker.core.cluster_view import NO_LEADER, ClusterView, ViewFile
 from broker.core.config import BrokerConfig
 from broker.core.coordinator import CallLater, GroupCode, GroupCoordinator, JoinResult, SyncResult
 from broker.core.groups import Committed, GroupError, GroupOffsetStore, check_group
@@ -105,7 +106,7 @@ def commit_bound_error(
     key: tuple[int, int], offset: int, ends: dict[tuple[int, int], int | None]
 ) -> tuple[m.ErrorCode, str] | None:
     """Why a commit of `offset` to partition `key` is refused, given `partition_ends`' answer;
-    None when it may be stored (no bound known: a cluster, a test without peer links)."""
+    None when it may be stored (no bound known: no leader, a test without peer links)."""
     if key not in ends:
         return None
     end = ends[key]
@@ -121,6 +122,7 @@ log = logging.getLogger(__name__)
 BROKER_VERSION = __version__
 MIRROR_WAIT_S = 3.0  # a store change not in this node's registry by then is answered anyway
 MIRROR_POLL_S = 0.005
+COMMIT_BOUND_ASK_S = 5.0  # a leader on another node that has not told its high watermark by then: retry
 OWNER_CACHE_MAX = 100_000  # (topic id, partition) -> core entries kept; cleared when full
 PARTITION_APIS = frozenset({m.ApiKey.PRODUCE, m.ApiKey.FETCH, m.ApiKey.LIST_OFFSETS})
 # to the group's coordinator core
@@ -1089,14 +1091,24 @@ class Handlers:
     ) -> None:
         """`done(ends)`: the high watermark of each (topic id, partition) in `parts`, asked of its
         owner core when that is another; None for one whose core did not answer. Once all are in,
-        possibly before this returns. In a cluster, where the leader may be on another node and a
-        follower's high watermark lags the leader's, no bound is known here: `done({})`."""
+        possibly before this returns. In a cluster the bound is the leader's (a follower's high
+        watermark lags it): a partition led by another node is asked of that node's owner core
+        over the remote links; one with no leader known gets no bound (absent from `ends`)."""
         ends: dict[tuple[int, int], int | None] = {}
-        if self.cluster.clustered:
-            done(ends)
-            return
-        remote: list[tuple[int, tuple[int, int]]] = []
+        # whom to ask: another core of this node (its id) or another node's core (its address)
+        asks: list[tuple[int | tuple[str, int], tuple[int, int]]] = []
+        view = self.cluster
         for key in dict.fromkeys(parts):
+            if view.clustered:
+                state = view.state_of(*key)
+                if state is None or state.leader == NO_LEADER:
+                    continue
+                if state.leader != view.node_id:
+                    leader = view.nodes.get(state.leader)
+                    if leader is not None and leader.cores and self.remote_links is not None:
+                        core = owner(key[0], key[1], range(leader.cores))
+                        asks.append(((leader.host, leader.core_port(core)), key))
+                    continue
             core = self.owner(*key)
             if core == self.config.core_id:
                 try:
@@ -1104,11 +1116,11 @@ class Handlers:
                 except Exception:  # an unknown partition: the commit's own checks answer it
                     ends[key] = None
             elif self.ask_core is not None:
-                remote.append((core, key))
-        if not remote:
+                asks.append((core, key))
+        if not asks:
             done(ends)
             return
-        waiting = [len(remote)]
+        waiting = [len(asks)]
 
         def answered(key: tuple[int, int], result: Frame | BaseException) -> None:
             end = None
@@ -1124,11 +1136,16 @@ class Handlers:
             if waiting[0] == 0:
                 done(ends)
 
-        assert self.ask_core is not None
-        for core, key in remote:
+        for whom, key in asks:
             frame = m.request_frame(m.ListOffsetsRequest(topic_id=key[0], partition=key[1]))
             self.metrics.asked()
-            self.ask_core(core, frame, lambda result, key=key: answered(key, result))
+            reply = functools.partial(answered, key)
+            if isinstance(whom, int):
+                assert self.ask_core is not None
+                self.ask_core(whom, frame, reply)
+            else:
+                assert self.remote_links is not None
+                self.remote_links.request(whom, frame, time.monotonic() + COMMIT_BOUND_ASK_S, reply)
 
     def _offset_fetch(self, req: m.Request, frame: Frame) -> Outcome:
         assert isinstance(req, m.OffsetFetchRequest)

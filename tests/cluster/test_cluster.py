@@ -336,6 +336,11 @@ def test_committed_offsets_survive_the_coordinators_death(cluster: Cluster) -> N
             {"bootstrap.servers": boot, "group.id": "keeper", "enable.auto.commit": False}
         )
 
+    producer = confluent_kafka.Producer({"bootstrap.servers": boot, "acks": "all"})
+    for partition, n in ((0, 50), (1, 10)):  # commits past a partition's end are refused
+        for i in range(n):
+            producer.produce("og", f"v{i}".encode(), partition=partition)
+    assert producer.flush(30) == 0
     c = consumer()
     c.commit(offsets=[TopicPartition("og", 0, 42), TopicPartition("og", 1, 7)], asynchronous=False)
     c.close()
