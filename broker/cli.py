@@ -22,9 +22,16 @@ from broker.cli_client import add_client_commands, run_client_command
 from broker.cli_security import add_security_commands
 from broker.core.limits import add_limit_arguments, limits_from_args
 from broker.node.logfmt import LogfmtFormatter
+from broker.security.credentials import CredentialError, check_user_name
 from broker.security.exposure import is_loopback_only
-from broker.security.sasl import MECHANISMS, SaslConfig, parse_mechanisms
-from broker.security.tls import TlsConfig, server_context
+from broker.security.sasl import (
+    INTER_BROKER_PASSWORD_ENV,
+    MECHANISMS,
+    InterBrokerLogin,
+    SaslConfig,
+    parse_mechanisms,
+)
+from broker.security.tls import TlsConfig, peer_context, server_context
 from broker.storage.errors import StorageError
 from broker.storage.index import ENTRY_SIZE, INDEX_HEADER_SIZE, decode_entry, parse_entries
 from broker.storage.index import invalid_header as invalid_index_header
@@ -225,6 +232,35 @@ def _dump_index(path: str, base: int, batches: list[tuple[int, BatchHeader]]) ->
     return problems
 
 
+def _inter_broker(args: argparse.Namespace) -> InterBrokerLogin | None:
+    """`--inter-broker-user` and its password (from a file or the environment: never argv, where
+    `ps` would show it); raises ValueError saying what is missing or wrong."""
+    if args.inter_broker_user is None:
+        if args.inter_broker_password_file:
+            raise ValueError("--inter-broker-password-file needs --inter-broker-user")
+        return None
+    if not args.etcd or not args.sasl_mechanisms:
+        raise ValueError("--inter-broker-user is for a cluster (--etcd) with SASL (--sasl-mechanisms)")
+    try:
+        user = check_user_name(args.inter_broker_user)
+    except CredentialError as exc:
+        raise ValueError(f"--inter-broker-user: {exc}") from exc
+    if args.inter_broker_password_file:
+        try:
+            with open(args.inter_broker_password_file) as f:
+                password = f.readline().rstrip("\r\n")
+        except OSError as exc:
+            raise ValueError(f"--inter-broker-password-file: {exc}") from exc
+    else:
+        password = os.environ.get(INTER_BROKER_PASSWORD_ENV, "")
+    if not password:
+        raise ValueError(
+            "--inter-broker-user needs its password: "
+            f"--inter-broker-password-file or ${INTER_BROKER_PASSWORD_ENV}"
+        )
+    return InterBrokerLogin(user, password)
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     """Run the supervisor, which runs one worker process per core (broker/node/supervisor.py)."""
     from broker.core.topics import segment_floor_violation  # noqa: PLC0415
@@ -244,17 +280,24 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
         return 2
     try:
-        sasl = SaslConfig(parse_mechanisms(args.sasl_mechanisms), args.sasl_plain_without_tls)
+        sasl = SaslConfig(
+            parse_mechanisms(args.sasl_mechanisms), args.sasl_plain_without_tls, _inter_broker(args)
+        )
     except ValueError as exc:
-        print(f"broker: --sasl-mechanisms: {exc}", file=sys.stderr)
+        print(f"broker: {exc}", file=sys.stderr)
         return 2
-    tls = TlsConfig(args.tls_cert or "", args.tls_key or "", args.tls_client_ca or "")
-    if bool(tls.cert) != bool(tls.key) or (tls.client_ca and not tls.cert):
-        print("broker: --tls-cert and --tls-key go together; --tls-client-ca needs both", file=sys.stderr)
+    tls = TlsConfig(args.tls_cert or "", args.tls_key or "", args.tls_client_ca or "", args.tls_peer_ca or "")
+    if bool(tls.cert) != bool(tls.key) or ((tls.client_ca or tls.peer_ca) and not tls.cert):
+        print(
+            "broker: --tls-cert and --tls-key go together; --tls-client-ca and --tls-peer-ca need both",
+            file=sys.stderr,
+        )
         return 2
     if tls.enabled:
         try:
             server_context(tls)  # fail here, with the file named, rather than in every worker
+            if args.etcd:
+                peer_context(tls)
         except (OSError, ssl.SSLError) as exc:
             print(f"broker: TLS: cannot load the certificate, key or CA: {exc}", file=sys.stderr)
             return 2
@@ -263,9 +306,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if not u.startswith("User:") or u == "User:":
             print(f"broker: --super-users: {u!r} is not a principal (User:<name>)", file=sys.stderr)
             return 2
-    if (sasl.enabled or tls.enabled) and args.etcd:
+    if args.etcd and sasl.enabled and sasl.peer_mechanism(tls.enabled) is None:
         print(
-            "broker: TLS and SASL in a cluster (--etcd) are not supported yet (docs/SECURITY.md)",
+            "broker: the nodes of a cluster log in to each other with the first of SCRAM-SHA-512, "
+            "SCRAM-SHA-256 or PLAIN (PLAIN over TLS or with --sasl-plain-without-tls) that "
+            "--sasl-mechanisms offers: it offers none of them here",
+            file=sys.stderr,
+        )
+        return 2
+    if args.etcd and sasl.enabled and sasl.inter_broker is None:
+        print(
+            "broker: with SASL in a cluster (--etcd) each node logs in to the others: give "
+            "--inter-broker-user and its password "
+            f"(--inter-broker-password-file or ${INTER_BROKER_PASSWORD_ENV}), "
+            "a user made with `broker users add --etcd` (docs/SECURITY.md)",
             file=sys.stderr,
         )
         return 2
@@ -418,6 +472,23 @@ def build_parser() -> argparse.ArgumentParser:
         default="",
         metavar="User:A;User:B",
         help="principals the ACLs never refuse (ACLs apply when SASL or --tls-client-ca is on)",
+    )
+    serve.add_argument(
+        "--tls-peer-ca",
+        metavar="PEM",
+        help="in a cluster: the CAs that signed the other nodes' certificates (default --tls-client-ca, "
+        "else the system's); a node's certificate must name its address",
+    )
+    serve.add_argument(
+        "--inter-broker-user",
+        metavar="NAME",
+        help="in a cluster with SASL: the user this node logs in to the others as (a super user); "
+        f"its password from --inter-broker-password-file or ${INTER_BROKER_PASSWORD_ENV}",
+    )
+    serve.add_argument(
+        "--inter-broker-password-file",
+        metavar="FILE",
+        help="the first line is --inter-broker-user's password",
     )
     serve.add_argument(
         "--sasl-plain-without-tls",

@@ -1,16 +1,20 @@
-"""`broker users` and `broker acls`: the SCRAM credentials and ACLs in a data dir (docs/SECURITY.md).
+"""`broker users` and `broker acls`: the SCRAM credentials and ACLs in a data dir, or with `--etcd`
+those of a cluster (docs/SECURITY.md).
 
 They change the files the broker reads (broker/security/credentials.py), so they work whether or
-not it runs: a running broker sees a change at its next authentication. A password is read from
-standard input (`--password-stdin`) or asked for on the terminal, never taken from the command
-line, where `ps` and shell histories would show it.
+not it runs: a running broker sees a change at its next authentication. A cluster's are in its
+etcd (broker/cluster/security_docs.py), copied by every node into its files as they change. A
+password is read from standard input (`--password-stdin`) or asked for on the terminal, never
+taken from the command line, where `ps` and shell histories would show it.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import getpass
 import sys
+from collections.abc import Iterator
 
 from broker.security.acls import CLUSTER_NAME, OPERATIONS, AclBinding, AclError, AclStore
 from broker.security.credentials import (
@@ -19,6 +23,7 @@ from broker.security.credentials import (
     CredentialError,
     CredentialStore,
 )
+from broker.security.watched import Documents
 
 
 def _password(args: argparse.Namespace) -> str:
@@ -32,8 +37,45 @@ def _password(args: argparse.Namespace) -> str:
     return first
 
 
+@contextlib.contextmanager
+def _documents(args: argparse.Namespace) -> Iterator[Documents | None]:
+    """The cluster's documents with --etcd (None: the data dir's files); a store error ends the
+    command with its message."""
+    if not args.etcd:
+        yield None
+        return
+    # the etcd client, for these commands only
+    from broker.cluster.records import Keys  # noqa: PLC0415
+    from broker.cluster.security_docs import EtcdDocuments  # noqa: PLC0415
+    from broker.cluster.store import EtcdStore  # noqa: PLC0415
+
+    store = EtcdStore([e.strip() for e in args.etcd.split(",") if e.strip()])
+    try:
+        yield EtcdDocuments(store, Keys(args.cluster_name))
+    finally:
+        store.close()
+
+
+def _store_errors(args: argparse.Namespace) -> tuple[type[Exception], ...]:
+    """What ends a command with its message: the store's errors, a file that cannot be changed
+    (also a node's copy of its cluster's documents: broker/security/watched.py)."""
+    if not args.etcd:
+        return (OSError,)
+    from broker.cluster.store import StoreError  # noqa: PLC0415
+
+    return (StoreError, OSError)
+
+
 def cmd_users(args: argparse.Namespace) -> int:
-    store = CredentialStore(args.data_dir)
+    try:
+        with _documents(args) as documents:
+            return _users(args, CredentialStore(args.data_dir, documents))
+    except _store_errors(args) as exc:
+        print(f"broker users: {exc}", file=sys.stderr)
+        return 1
+
+
+def _users(args: argparse.Namespace, store: CredentialStore) -> int:
     try:
         if args.action == "add":
             mechanisms = tuple(args.mechanism or SCRAM_MECHANISMS)
@@ -68,7 +110,7 @@ def add_security_commands(sub: argparse._SubParsersAction) -> None:  # type: ign
     remove.add_argument("name")
     actions.add_parser("list", help="list the users and their mechanisms (never a credential)")
     for p in actions.choices.values():
-        p.add_argument("--data-dir", default="./data", help="the broker's data dir (default ./data)")
+        _where(p)
     users.set_defaults(func=cmd_users)
     add_acl_commands(sub)
 
@@ -84,8 +126,27 @@ def _binding(args: argparse.Namespace) -> AclBinding:
     ).check()
 
 
+def _where(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data-dir", default="./data", help="the broker's data dir (default ./data)")
+    p.add_argument(
+        "--etcd",
+        default="",
+        metavar="HOST:PORT[,HOST:PORT...]",
+        help="a cluster's instead: its etcd (every node copies them; --data-dir is not used)",
+    )
+    p.add_argument("--cluster-name", default="ringlog", help="the cluster's name in etcd (with --etcd)")
+
+
 def cmd_acls(args: argparse.Namespace) -> int:
-    store = AclStore(args.data_dir)
+    try:
+        with _documents(args) as documents:
+            return _acls(args, AclStore(args.data_dir, documents))
+    except _store_errors(args) as exc:
+        print(f"broker acls: {exc}", file=sys.stderr)
+        return 1
+
+
+def _acls(args: argparse.Namespace, store: AclStore) -> int:
     try:
         if args.action == "add":
             b = _binding(args)
@@ -117,5 +178,5 @@ def add_acl_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
         p.add_argument("--deny", action="store_true", help="a deny (wins over every allow)")
     actions.add_parser("list", help="list every ACL")
     for p in actions.choices.values():
-        p.add_argument("--data-dir", default="./data", help="the broker's data dir (default ./data)")
+        _where(p)
     acls.set_defaults(func=cmd_acls)

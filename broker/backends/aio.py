@@ -254,7 +254,8 @@ class Server(BackendCore):
 
     def open_remote(self, host: str, port: int, long_poll: bool) -> PeerConnection:
         """A TCP link to another broker's core: `loop.sock_connect` in a task, bounded by
-        `REMOTE_CONNECT_TIMEOUT_S`; what is sent meanwhile waits in the `PeerConnection`."""
+        `REMOTE_CONNECT_TIMEOUT_S`, then asyncio's TLS where the node serves TLS; what is sent
+        meanwhile waits in the `PeerConnection`."""
         loop = asyncio.get_running_loop()
         pc = PeerConnection(self, -1, long_poll, address_label(host, port))
 
@@ -273,7 +274,17 @@ class Server(BackendCore):
                 if pc.link.closed:  # given up on while it connected
                     sock.close()
                     return
-                await loop.create_connection(lambda: pc, sock=sock)
+                ctx = self.peer_tls_context
+                if ctx is None:
+                    await loop.create_connection(lambda: pc, sock=sock)
+                else:  # the peer's certificate must name `host` (broker/security/tls.py)
+                    await loop.create_connection(
+                        lambda: pc,
+                        sock=sock,
+                        ssl=ctx,
+                        server_hostname=host,
+                        ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S,
+                    )
             except OSError as exc:
                 sock.close()
                 pc.close(exc)

@@ -103,13 +103,13 @@ from broker.core.outcomes import (
     Wait,
 )
 from broker.core.partition import Partition
-from broker.core.remote import RemoteLinks
+from broker.core.remote import RemoteLinks, SaslLogin
 from broker.core.replica_manager import ReplicaManager
 from broker.kafka import sasl as kafka_sasl
 from broker.kafka.adapter import KafkaAdapter
 from broker.kafka.codec import KafkaFrameDecoder, KafkaRequest, starts_like_kafka
 from broker.security.session import AUTH_FAILURE_CLOSE_DELAY_S, ConnectionAuth
-from broker.security.tls import server_context
+from broker.security.tls import peer_context, server_context
 from ringlog_proto.batch import now_ms
 from ringlog_proto.frames import (
     HEADER_SIZE,
@@ -634,6 +634,9 @@ class BackendCore:
         # TLS on the client listeners (broker/security/tls.py): asyncio's for uvloop, a
         # `TlsSession` per connection for io_uring
         self.tls_context = server_context(config.tls) if config.tls.enabled else None
+        # ... and the client side of this node's links to its peers, which share its settings
+        clustered_tls = config.tls.enabled and config.cluster is not None
+        self.peer_tls_context = peer_context(config.tls) if clustered_tls else None
         self.parked_long_polls = 0
         limits = config.limits
         self.connection_budget = limits.connection_memory_bytes
@@ -658,6 +661,16 @@ class BackendCore:
         self._blocking_calls: dict[int, Callable[[Any], None]] = {}  # in flight: their `done`
         self._blocking_ids = itertools.count()
 
+    def _peer_login(self) -> Callable[[], SaslLogin] | None:
+        """How this node's links log in to its peers' cores: as the inter-broker user, where
+        SASL is on (the peers share this node's settings)."""
+        sasl = self.config.sasl
+        login = sasl.inter_broker
+        mechanism = sasl.peer_mechanism(tls=self.peer_tls_context is not None)
+        if login is None or mechanism is None:
+            return None
+        return lambda: SaslLogin(mechanism, login.user, login.password)
+
     def open_core(self) -> None:
         """Open this core's partitions (`Handlers`), its Kafka adapter and its forwarding; publish
         its gauges."""
@@ -668,7 +681,9 @@ class BackendCore:
         self.forwarder = Forwarder(self.handlers, self.peers.send_to_core, self.call_later)
         peers = self.peers
         self.handlers.ask_core = lambda core, frame, done: peers.send_to_core(core, frame, False, done)
-        self.remote_links = RemoteLinks(self.open_remote, self.call_later, self.stopping)
+        self.remote_links = RemoteLinks(
+            self.open_remote, self.call_later, self.stopping, login=self._peer_login()
+        )
         self.handlers.remote_links = self.remote_links
         self.replicas: ReplicaManager | None = None
         if config.cluster is not None:  # a node of a cluster: roles, follower fetches, ISR changes

@@ -289,7 +289,9 @@ class Connection(ServedConnection, _Stream):
 class RemoteConnection(PeerStream, _Stream):
     """This core's end of a TCP link to another broker's core (broker/core/remote.py), on the
     ring: a connect SQE with a linked timeout (`REMOTE_CONNECT_TIMEOUT_S`), then the same recv and
-    sendmsg as any stream. What is written before the connect completes waits here."""
+    sendmsg as any stream; where the node serves TLS, a client `TlsSession` between the two (the
+    handshake is bounded by the deadlines of what waits for it, like the connect). What is
+    written before the connection (and its handshake) is up waits here."""
 
     def __init__(self, server: UringServer, fd: int, address: tuple[str, int], long_poll: bool) -> None:
         host, port = address
@@ -301,6 +303,8 @@ class RemoteConnection(PeerStream, _Stream):
         self.connect_ud = 0  # the connect in flight, 0 if none
         self.early: list[bytes] = []  # written before the connection was up
         self.error: BaseException | None = None
+        ctx = server.peer_tls_context
+        self.tls = TlsSession(ctx, server_hostname=host) if ctx is not None else None
 
     def __str__(self) -> str:
         return self.link.peer
@@ -327,15 +331,51 @@ class RemoteConnection(PeerStream, _Stream):
             self.close()
             return
         self.connected = True
-        early, self.early = self.early, []
-        _Stream.write(self, early)
+        if self.tls is not None:
+            _Stream.write(self, [self.tls.start()])  # what was written waits for the handshake
+        else:
+            early, self.early = self.early, []
+            _Stream.write(self, early)
         self.arm_recv()
 
+    def received(self, data: bytes | memoryview) -> None:
+        tls = self.tls
+        if tls is None:
+            PeerStream.received(self, data)
+            return
+        was_done = tls.handshake_done
+        try:
+            plain, eof = tls.feed(data)
+        except ssl.SSLError as exc:  # also a certificate that does not verify
+            self.error = exc
+            out = tls.pending()  # the alert that says why, if any
+            if out:
+                _Stream.write(self, [out])
+            self.close()
+            return
+        out = tls.pending()
+        if out:
+            _Stream.write(self, [out])
+        if tls.handshake_done and not was_done and self.early:
+            early, self.early = self.early, []
+            _Stream.write(self, [tls.encrypt(early)])
+        for chunk in plain:
+            if self.closed:
+                return
+            PeerStream.received(self, chunk)
+        if eof:
+            self.close()
+
     def write(self, buffers: Sequence[bytes | memoryview]) -> None:  # type: ignore[override]
-        if self.connected:
-            _Stream.write(self, buffers)
-        elif not self.closed:
+        if self.closed or not buffers:
+            return
+        tls = self.tls
+        if not self.connected or (tls is not None and not tls.handshake_done):
             self.early.extend(buffers)  # type: ignore[arg-type]
+        elif tls is not None:
+            _Stream.write(self, [tls.encrypt(list(buffers))])
+        else:
+            _Stream.write(self, buffers)
 
     def paused(self) -> bool:
         return not self.connected

@@ -10,9 +10,10 @@ Rules this module keeps:
   like every Kafka client (`ssl.endpoint.identification.algorithm=https`); `certfile`/`keyfile`
   present a client certificate (mutual TLS: its subject is the principal).
 - The SASL exchange is docs/PROTOCOL.md §4.15: SaslHandshake, then SaslAuthenticate rounds. SCRAM
-  (RFC 5802/7677) is scramp's client, which also checks the server's signature, so a broker that
-  does not know the password cannot pass for the real one. PLAIN sends the password itself: use
-  it over TLS only (the broker offers it only there, unless told otherwise).
+  (RFC 5802/7677) is scramp's client (ringlog_proto/sasl.py), which also checks the server's
+  signature, so a broker that does not know the password cannot pass for the real one. PLAIN
+  sends the password itself: use it over TLS only (the broker offers it only there, unless told
+  otherwise).
 - A refused exchange raises `AuthenticationFailedError` (not retriable: the same password fails
   again); the connection is closed by the broker.
 """
@@ -23,7 +24,7 @@ import ssl
 from dataclasses import dataclass, field
 from typing import Final
 
-from scramp import ScramClient, ScramException
+from ringlog_proto.sasl import ScramExchange, plain_token
 
 SCRAM_MECHANISMS: Final = ("SCRAM-SHA-512", "SCRAM-SHA-256")
 PLAIN: Final = "PLAIN"
@@ -71,35 +72,6 @@ class Security:
     @property
     def sasl(self) -> bool:
         return self.sasl_mechanism is not None
-
-
-class ScramExchange:
-    """The client's half of one SCRAM exchange; raises `ValueError` when the server's answer does
-    not prove it knows the password (or is not SCRAM at all)."""
-
-    def __init__(self, mechanism: str, username: str, password: str) -> None:
-        self._client = ScramClient([mechanism], username, password)
-
-    def first(self) -> bytes:
-        return self._client.get_client_first().encode()
-
-    def final(self, server_first: bytes) -> bytes:
-        try:
-            self._client.set_server_first(server_first.decode())
-            return self._client.get_client_final().encode()
-        except (ScramException, UnicodeDecodeError) as exc:
-            raise ValueError(f"the broker's SCRAM message is not valid: {exc}") from exc
-
-    def verify(self, server_final: bytes) -> None:
-        try:
-            self._client.set_server_final(server_final.decode())
-        except (ScramException, UnicodeDecodeError) as exc:
-            raise ValueError(f"the broker did not prove it knows the password: {exc}") from exc
-
-
-def plain_token(username: str, password: str) -> bytes:
-    """RFC 4616: authzid (empty), authcid and password, NUL-separated."""
-    return b"\0" + username.encode() + b"\0" + password.encode()
 
 
 __all__ = ["MECHANISMS", "ScramExchange", "Security", "plain_token"]

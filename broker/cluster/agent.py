@@ -8,9 +8,11 @@ Rules this module keeps:
   back), the mirror (a full read, then a prefix watch from the revision read, again from a full
   read whenever the watch ends), and the controller (an election; while elected, reconcile).
 - Workers never talk to etcd for what they act on: the mirror publishes the view
-  (`<data_dir>/run/cluster.json`, broker/core/cluster_view.py) and copies the topics into the node's
-  topic registry (`topics.json`, which workers already follow). Publishing is coalesced: a burst
-  of events (a topic of many partitions) is one file write, within `PUBLISH_COALESCE_S`.
+  (`<data_dir>/run/cluster.json`, broker/core/cluster_view.py), copies the topics into the node's
+  topic registry (`topics.json`, which workers already follow) and the users and ACLs into its
+  security/ files (broker/cluster/security_docs.py), which workers read as on a single node.
+  Publishing is coalesced: a burst of events (a topic of many partitions) is one file write,
+  within `PUBLISH_COALESCE_S`.
 - The controller changes partitions only through `controller.reconcile` (leaders from the
   in-sync set, epochs, offline partitions) and writes each change fenced on the mod revision it
   read; a lost race is left to the next pass, which reads the newer state. It also writes the
@@ -43,6 +45,7 @@ from broker.cluster.election import Election
 from broker.cluster.mirror import Mirror, Versioned
 from broker.cluster.placement import Candidate
 from broker.cluster.records import Keys, NodeRecord
+from broker.cluster.security_docs import write_copies
 from broker.cluster.store import (
     EtcdStore,
     Event,
@@ -80,9 +83,11 @@ class ClusterAgent:
         run_dir: str,
         registry: TopicRegistry,
         store: MetadataStore | None = None,
+        security_dir: str | None = None,
     ) -> None:
         self.config = config
         self.run_dir = run_dir
+        self.security_dir = security_dir  # where the users and ACLs are copied (None: nowhere)
         self.registry = registry
         self.keys = Keys(config.cluster)
         self.store = store if store is not None else EtcdStore(config.endpoints)
@@ -237,6 +242,7 @@ class ClusterAgent:
 
     def _publisher(self) -> None:
         published_topics: list[object] | None = None
+        published_security: dict[str, bytes] | None = None
         while not self._stop.is_set():
             with self._changed:
                 while not self._dirty and not self._stop.is_set():
@@ -251,11 +257,15 @@ class ClusterAgent:
                 self._generation = max(self._generation + 1, view.generation)
                 view = dataclasses.replace(view, generation=self._generation)
                 topics = self.mirror.topic_list()
+                security = dict(self.mirror.security)
             try:
                 if topics != published_topics:
                     with self.registry.locked():
                         self.registry.mirror(topics)
                     published_topics = topics
+                if self.security_dir is not None and security != published_security:
+                    write_copies(self.security_dir, f"etcd {self.keys.security}", security)
+                    published_security = security
                 publish(self.run_dir, view)
             except OSError as exc:
                 log.error("publishing the cluster view: %s", exc)

@@ -41,6 +41,7 @@ class Mirror:
         self.topics: dict[str, TopicRecord] = {}
         self.partitions: dict[tuple[int, int], Versioned] = {}
         self.controller = NO_LEADER
+        self.security: dict[str, bytes] = {}  # the users' and the ACLs' documents, by file name
 
     def load(self, items: list[tuple[str, bytes, int, int]], revision: int) -> None:
         """Start over from a full read: (key, value, mod revision, lease) of every key under the
@@ -49,6 +50,7 @@ class Mirror:
         self.live.clear()
         self.topics.clear()
         self.partitions.clear()
+        self.security.clear()
         self.controller = NO_LEADER
         for key, value, mod_revision, lease in items:
             self.apply(key, value, mod_revision, lease)
@@ -79,6 +81,11 @@ class Mirror:
                 if value is None:
                     return self.topics.pop(name, None) is not None
                 self.topics[name] = TopicRecord.decode(value)
+            elif key.startswith(k.security):
+                name = key[len(k.security) :]
+                if value is None:
+                    return self.security.pop(name, None) is not None
+                self.security[name] = value
             elif key == k.controller:
                 self.controller = NO_LEADER if value is None else int(json.loads(value)["node_id"])
             else:

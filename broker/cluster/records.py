@@ -14,6 +14,8 @@ Rules this module keeps:
 - `groups/<group id>` holds a consumer group's committed offsets (broker/cluster/group_offsets.py).
 - `topics/<name>` holds the topic's id and settings; `topic-id` is the last id handed out (ids
   only grow, never reused, as on one node).
+- `security/users.json` and `security/acls.json` hold the cluster's users (SCRAM credentials) and
+  ACLs, the documents a single node keeps in its data dir (broker/cluster/security_docs.py).
 - Fixed-width numbers in keys, so that a range read returns partitions in order.
 """
 
@@ -40,6 +42,7 @@ class Keys:
         self.topic_id = self.prefix + "topic-id"
         self.producer_ids = self.prefix + "producer-ids"
         self.groups = self.prefix + "groups/"
+        self.security = self.prefix + "security/"
 
     def node(self, node_id: int) -> str:
         return f"{self.nodes}{node_id:010d}"

@@ -87,7 +87,9 @@ class Access:
         self.authenticator = Authenticator(config.data_dir, config.sasl) if config.sasl.enabled else None
         if self.authenticator is not None:
             self.authenticator.on_failure = handlers.metrics.auth_failure
-        self.authorizer = Authorizer(config.data_dir, config.authorizing, config.super_users)
+        self.authorizer = Authorizer(
+            config.data_dir, config.authorizing, config.super_users + config.sasl.super_users
+        )
         # Whether `take` has anything to do: without SASL and ACLs the handlers answer the SASL
         # apis themselves (no SASL here) and every frame goes straight to them.
         self.active = self.authenticator is not None or self.authorizer.enabled

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from broker.core.groups import GroupOffsetStore
     from broker.core.producer_ids import BlockSource
     from broker.core.topics import Topic, TopicRegistry
+    from broker.security.acls import AclStore
 
 FILE_NAME = "cluster.json"
 RACY_NS = 200_000_000  # a view file younger than this is read even when its stamp looks seen
@@ -64,6 +65,7 @@ class ClusterSettings:
     calls: ClusterCalls
     producer_ids: BlockSource | None = None  # the cluster's producer id counter (None: the node's file)
     group_offsets: GroupOffsetStore | None = None  # the groups' offsets in the store (None: files)
+    acls: AclStore | None = None  # the cluster's ACLs, which the Kafka ACL admin APIs change (blocking)
     name: str = "ringlog"  # the cluster's name (its key prefix in the store; Kafka's cluster id)
     min_insync: int = 2  # Kafka's min.insync.replicas
     replica_lag_max_ms: int = 10_000  # Kafka's replica.lag.time.max.ms (30 s there)

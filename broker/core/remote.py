@@ -35,6 +35,12 @@ Rules this module keeps:
   back-off ends (one whose deadline passes first fails with `PeerTimeout`): a caller that retries
   at once after a failure does not spin. A link the remote closed while idle (its
   --connection-idle-ms) is simply reopened by the next request.
+- Logins: where the remote cores want SASL (`--sasl-mechanisms`; a cluster's nodes share their
+  settings), every new link first runs the exchange of docs/PROTOCOL.md §4.15 as the
+  inter-broker user (`login`, a `SaslLogin` per link), and what is sent on it meanwhile waits in
+  order behind the exchange: the remote answers anything else sent before with
+  ILLEGAL_SASL_STATE and closes. A refused login fails the link like a refused connect (its
+  requests fail, the address backs off), logged once until a login there succeeds again.
 - Owned by the core's event-loop thread; timers from the backend's `call_later`. At shutdown
   (`close_all`) everything pending or waiting fails.
 """
@@ -58,7 +64,9 @@ from broker.core.forwarding import (
     PeerLinkError,
     PeerTimeout,
 )
+from ringlog_proto import messages as m
 from ringlog_proto.frames import Frame
+from ringlog_proto.sasl import ScramExchange, plain_token
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +76,9 @@ log = logging.getLogger(__name__)
 # back off the same way, 0.25 s doubling to 2 s).
 REMOTE_RETRY_S_MIN: Final = 0.1
 REMOTE_RETRY_S_MAX: Final = 2.0
+
+# How long a new link's login may take (a remote that accepts and never answers is closed).
+LOGIN_TIMEOUT_S: Final = 10.0
 
 Address = tuple[str, int]  # (IP literal, port) of a remote core's direct listener
 
@@ -90,6 +101,39 @@ class RemoteChannel(Protocol):
 OpenRemote = Callable[[str, int, bool], RemoteChannel | None]
 
 
+class SaslLogin:
+    """The client's half of one link's SASL exchange (docs/PROTOCOL.md §4.15), as requests and
+    answers: SaslHandshake, then one SaslAuthenticate (PLAIN) or two (SCRAM, whose last answer
+    must prove the remote knows the password). `answer` raises ValueError when refused."""
+
+    def __init__(self, mechanism: str, user: str, password: str) -> None:
+        self.mechanism = mechanism
+        self._user = user
+        self._password = password
+        self._scram = None if mechanism == "PLAIN" else ScramExchange(mechanism, user, password)
+        self._answers = 0
+
+    def first(self) -> m.Request:
+        return m.SaslHandshakeRequest(self.mechanism)
+
+    def answer(self, response: m.Response) -> m.Request | None:
+        """The next request of the exchange, or None when it succeeded."""
+        if response.error != m.ErrorCode.NONE:
+            raise ValueError(f"{response.error.name}: {response.message}")
+        self._answers += 1
+        scram = self._scram
+        if self._answers == 1:
+            token = plain_token(self._user, self._password) if scram is None else scram.first()
+            return m.SaslAuthenticateRequest(token)
+        if scram is None:
+            return None
+        assert isinstance(response, m.SaslAuthenticateResponse)
+        if self._answers == 2:
+            return m.SaslAuthenticateRequest(scram.final(response.auth_bytes))
+        scram.verify(response.auth_bytes)
+        return None
+
+
 class _Waiting:
     __slots__ = ("deadline", "done", "frame", "long_poll")
 
@@ -103,12 +147,25 @@ class _Waiting:
 class _Remote:
     """One remote address: its two links, its back-off and the requests waiting for it to end."""
 
-    __slots__ = ("address", "backoff_s", "label", "links", "retry_at", "retry_scheduled", "waiting")
+    __slots__ = (
+        "address",
+        "backoff_s",
+        "held",
+        "label",
+        "links",
+        "login_failed",
+        "retry_at",
+        "retry_scheduled",
+        "waiting",
+    )
 
     def __init__(self, address: Address) -> None:
         self.address = address
         self.label = address_label(*address)
         self.links: dict[bool, RemoteChannel] = {}  # long_poll -> the open link
+        # long_poll -> what was sent on that link while its login runs: (frame, deadline, done)
+        self.held: dict[bool, list[tuple[Frame, float, Done]]] = {}
+        self.login_failed = False  # logged: the next refusals are quiet until a login succeeds
         self.backoff_s = 0.0  # the last back-off (0: the last link did not fail)
         self.retry_at = -math.inf  # no new link before this clock reading
         self.retry_scheduled = False
@@ -130,8 +187,10 @@ class RemoteLinks:
         call_later: CallLater,
         stopping: Callable[[], bool],
         clock: Callable[[], float] = time.monotonic,
+        login: Callable[[], SaslLogin] | None = None,
     ) -> None:
         self._open_remote = open_remote
+        self._login = login  # None: the remotes take requests without authentication
         self._call_later = call_later
         self._stopping = stopping
         self.clock = clock
@@ -142,7 +201,10 @@ class RemoteLinks:
     def pending(self) -> int:
         """Requests sent and not answered, plus those waiting for a back-off to end."""
         return sum(
-            len(r.waiting) + sum(pc.link.pending for pc in r.links.values()) for r in self._remotes.values()
+            len(r.waiting)
+            + sum(pc.link.pending for pc in r.links.values())
+            + sum(len(h) for h in r.held.values())
+            for r in self._remotes.values()
         )
 
     def request(
@@ -197,7 +259,11 @@ class RemoteLinks:
                 remote.backoff_s = 0.0  # it answers: the next failure starts the back-off afresh
             done(result)
 
-        pc.send(frame, answered, deadline)
+        held = remote.held.get(long_poll)
+        if held is not None:
+            held.append((frame, deadline, answered))  # behind the link's login
+        else:
+            pc.send(frame, answered, deadline)
         self._watch_soon()
 
     def _open(self, remote: _Remote, long_poll: bool) -> RemoteChannel | None:
@@ -213,12 +279,47 @@ class RemoteLinks:
             if remote.links.get(long_poll) is not pc:
                 return  # closed here already (`_close_link`)
             del remote.links[long_poll]
-            if pc.link.pending:
+            held = remote.held.pop(long_poll, [])
+            if pc.link.pending or held:
                 log.warning("link to %s lost: %s", remote.label, exc or "closed by the remote")
                 self._back_off(remote)
+            if held:
+                reason = PeerLinkError(f"link to {remote.label} lost: {exc or 'closed by the remote'}")
+                for _, _, done in held:
+                    done(reason)
 
         pc.on_gone = gone
+        if self._login is not None:
+            remote.held[long_poll] = []
+            self._log_in(remote, long_poll, pc, self._login())
         return pc
+
+    def _log_in(self, remote: _Remote, long_poll: bool, pc: RemoteChannel, login: SaslLogin) -> None:
+        """Run `login` on the new link `pc`, then send what waited behind it (module rules)."""
+        deadline = self.clock() + LOGIN_TIMEOUT_S
+
+        def step(result: Frame | BaseException) -> None:
+            if isinstance(result, BaseException) or remote.links.get(long_poll) is not pc:
+                return  # the link is gone: `gone` or `_close_link` failed what it held
+            try:
+                following = login.answer(m.decode_response(result))
+            except (ValueError, m.MalformedBody) as exc:
+                if not remote.login_failed:
+                    log.error("cannot log in to %s as the inter-broker user: %s", remote.label, exc)
+                    remote.login_failed = True
+                self._close_link(remote, long_poll, PeerLinkError(f"login to {remote.label} refused: {exc}"))
+                self._back_off(remote)
+                return
+            if following is not None:
+                pc.send(m.request_frame(following), step, deadline)
+                return
+            if remote.login_failed:
+                log.info("logged in to %s", remote.label)
+                remote.login_failed = False
+            for frame, request_deadline, done in remote.held.pop(long_poll, []):
+                pc.send(frame, done, request_deadline)
+
+        pc.send(m.request_frame(login.first()), step, deadline)
 
     def _back_off(self, remote: _Remote) -> None:
         last = remote.backoff_s
@@ -230,6 +331,8 @@ class RemoteLinks:
         if pc is not None:
             pc.link.lost(reason)
             pc.close()
+        for _, _, done in remote.held.pop(long_poll, []):
+            done(reason)
 
     def _close_remote(self, remote: _Remote, reason: PeerLinkError) -> None:
         waiting, remote.waiting = remote.waiting, deque()

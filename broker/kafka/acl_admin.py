@@ -16,7 +16,10 @@ Rules this module keeps:
   pattern filter MATCH takes every binding that applies to the named resource (literal, "*",
   or a prefix of it), as Kafka's does.
 - Changes are written to the file by the core's loop thread: an admin action, rare and small
-  (the file is a few KB), not worth a thread hop.
+  (the file is a few KB), not worth a thread hop. In a cluster the ACLs live in etcd
+  (broker/cluster/security_docs.py) and the node's file is a copy: a change is written there,
+  on the core's blocking threads (etcd calls block), and answered once stored; every node's copy
+  follows within a watch event. Describing reads the node's copy.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ from typing import Any, Final
 
 from kio.schema.errors import ErrorCode
 
-from broker.core.outcomes import Outcome, Reply
+from broker.core.blocking import RunBlocking
+from broker.core.outcomes import Later, Outcome, Reply, Silent
 from broker.kafka.codec import KafkaRequest, encode_response, make, response_schema
 from broker.security.acls import AclBinding, AclError, AclStore
 
@@ -122,10 +126,43 @@ def _codes(b: AclBinding) -> dict[str, Any]:
 
 
 class AclAdmin:
-    """The three APIs over one core's ACL store."""
+    """The three APIs over one core's ACL store (`cluster`: the cluster's, for changes; with
+    `run_blocking` to reach it off the loop)."""
 
-    def __init__(self, store: AclStore) -> None:
+    def __init__(
+        self, store: AclStore, cluster: AclStore | None = None, run_blocking: RunBlocking | None = None
+    ) -> None:
         self.store = store
+        self._cluster = cluster
+        self._run_blocking = run_blocking
+
+    def _write(
+        self,
+        change: Callable[[tuple[AclBinding, ...]], tuple[AclBinding, ...]],
+        answer: Callable[[str | None], Reply],
+    ) -> Outcome:
+        """Store `change`, then `answer(None)`, or `answer(why not)` when it could not be stored."""
+        cluster, run_blocking = self._cluster, self._run_blocking
+        if cluster is None or run_blocking is None:
+            try:
+                self.store.replace(change)
+            except OSError as exc:
+                return answer(f"cannot write the ACLs: {exc}")
+            return answer(None)
+
+        def start(reply: Callable[[Reply | Silent], None]) -> None:
+            def stored(result: object) -> None:
+                reply(
+                    answer(
+                        f"cannot write the cluster's ACLs: {result}"
+                        if isinstance(result, BaseException)
+                        else None
+                    )
+                )
+
+            run_blocking(lambda: cluster.replace(change), stored)
+
+        return Later(start)
 
     def _reply(self, request: KafkaRequest, **values: Any) -> Reply:
         schema = response_schema(request.api_key, request.api_version)
@@ -181,18 +218,20 @@ class AclAdmin:
                 results.append((ErrorCode.none, None))
             except (_Invalid, AclError) as exc:
                 results.append((ErrorCode.invalid_request, str(exc)))
-        if new:
-            try:
-                self.store.replace(
-                    lambda current: (*current, *(b for b in dict.fromkeys(new) if b not in current))
-                )
-            except OSError as exc:
-                results = [(ErrorCode.unknown_server_error, f"cannot write the ACLs: {exc}")] * len(results)
-        items = tuple(
-            make(module.AclCreationResult, error_code=code, error_message=message)
-            for code, message in results
+
+        def answer(error: str | None) -> Reply:
+            outcome = results if error is None else [(ErrorCode.unknown_server_error, error)] * len(results)
+            items = tuple(
+                make(module.AclCreationResult, error_code=code, error_message=message)
+                for code, message in outcome
+            )
+            return self._reply(request, results=items)
+
+        if not new:
+            return answer(None)
+        return self._write(
+            lambda current: (*current, *(b for b in dict.fromkeys(new) if b not in current)), answer
         )
-        return self._reply(request, results=items)
 
     def delete(self, request: KafkaRequest, body: Any) -> Outcome:
         schema = response_schema(request.api_key, request.api_version)
@@ -213,11 +252,16 @@ class AclAdmin:
             gone = {b for found in removed for b in found}
             return tuple(b for b in current if b not in gone)
 
-        error: str | None = None
-        try:
-            self.store.replace(change)
-        except OSError as exc:
-            error = f"cannot write the ACLs: {exc}"
+        return self._write(change, lambda error: self._deleted(request, module, filters, removed, error))
+
+    def _deleted(
+        self,
+        request: KafkaRequest,
+        module: Any,
+        filters: list[Callable[[AclBinding], bool] | str],
+        removed: list[list[AclBinding]],
+        error: str | None,
+    ) -> Reply:
         results = []
         for f, found in zip(filters, removed, strict=True):
             if isinstance(f, str) or error is not None:

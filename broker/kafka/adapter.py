@@ -154,7 +154,8 @@ class KafkaAdapter:
         self.authenticator = handlers.access.authenticator
         self.authorizer = handlers.access.authorizer
         self._auth = ConnectionAuth("")  # the connection of the request being handled
-        acls = acl_admin.AclAdmin(self.authorizer.store)
+        cluster_acls = config.cluster.acls if config.cluster is not None else None
+        acls = acl_admin.AclAdmin(self.authorizer.store, cluster_acls, handlers.run_blocking)
         # api key -> its handler; SUPPORTED_VERSIONS says which versions reach it
         self._apis: dict[int, Callable[[KafkaRequest, Any], Outcome]] = {
             API_VERSIONS: lambda request, _body: self._api_versions(request),

@@ -83,7 +83,8 @@ from broker.core.liveness import LivenessTable
 from broker.core.topics import TopicRegistry
 from broker.node.membership import SwimEndpoint
 from broker.node.metrics_http import serve_metrics
-from broker.security.sasl import SaslConfig
+from broker.security.credentials import SECURITY_DIR
+from broker.security.sasl import INTER_BROKER_PASSWORD_ENV, SaslConfig
 from broker.security.tls import TlsConfig
 from broker.storage import layout
 from broker.storage.dataformat import check_data_format
@@ -605,6 +606,8 @@ class Supervisor:
             "sasl": {
                 "mechanisms": list(self.config.sasl.mechanisms),
                 "plain_without_tls": self.config.sasl.plain_without_tls,
+                # the password goes in the worker's environment, never on its command line
+                "inter_broker_user": login.user if (login := self.config.sasl.inter_broker) else None,
             },
             "tls": asdict(self.config.tls),
             "super_users": list(self.config.super_users),
@@ -615,8 +618,12 @@ class Supervisor:
             "ready_fd": ready_w,
         }
         try:
+            env = None
+            if self.config.sasl.inter_broker is not None:
+                env = {**os.environ, INTER_BROKER_PASSWORD_ENV: self.config.sasl.inter_broker.password}
             w.proc = subprocess.Popen(
                 [sys.executable, "-m", "broker.node.worker", "--spec", json.dumps(spec)],
+                env=env,
                 # the lock: see the module rules; the liveness table: broker/core/liveness.py
                 pass_fds=(*w.fds, ready_w, self._lock_fd, *self._liveness_fds()),
             )
@@ -677,6 +684,7 @@ class Supervisor:
             ),
             layout.run_dir(c.data_dir),
             registry,
+            security_dir=os.path.join(c.data_dir, SECURITY_DIR),
         )
         try:
             agent.start()

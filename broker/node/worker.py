@@ -38,7 +38,8 @@ from broker.core.cluster_view import ClusterSettings
 from broker.core.config import BrokerConfig
 from broker.core.limits import Limits
 from broker.node.logfmt import LogfmtFormatter
-from broker.security.sasl import SaslConfig
+from broker.security.acls import AclStore
+from broker.security.sasl import INTER_BROKER_PASSWORD_ENV, InterBrokerLogin, SaslConfig
 from broker.security.tls import TlsConfig
 from broker.storage.errors import StorageError
 from broker.storage.log import LogConfig
@@ -147,9 +148,17 @@ def config_from_spec(spec: dict[str, object]) -> BrokerConfig:
 
 
 def sasl_config(spec: dict[str, Any] | None) -> SaslConfig:
+    """The SASL settings; the inter-broker password comes from the environment (and leaves it:
+    nothing this process starts inherits it)."""
     if not spec:
         return SaslConfig()
-    return SaslConfig(tuple(spec.get("mechanisms", ())), bool(spec.get("plain_without_tls", False)))
+    password = os.environ.pop(INTER_BROKER_PASSWORD_ENV, "")
+    user = spec.get("inter_broker_user")
+    return SaslConfig(
+        tuple(spec.get("mechanisms", ())),
+        bool(spec.get("plain_without_tls", False)),
+        InterBrokerLogin(str(user), password) if user else None,
+    )
 
 
 def cluster_settings(spec: dict[str, Any] | None, data_dir: str) -> ClusterSettings | None:
@@ -164,6 +173,7 @@ def cluster_settings(spec: dict[str, Any] | None, data_dir: str) -> ClusterSetti
     from broker.cluster.group_offsets import StoreGroupOffsets  # noqa: PLC0415
     from broker.cluster.producer_ids import EtcdBlockSource  # noqa: PLC0415
     from broker.cluster.records import Keys  # noqa: PLC0415
+    from broker.cluster.security_docs import EtcdDocuments  # noqa: PLC0415
     from broker.cluster.store import EtcdStore  # noqa: PLC0415
 
     store = EtcdStore(tuple(spec["endpoints"]))
@@ -172,6 +182,7 @@ def cluster_settings(spec: dict[str, Any] | None, data_dir: str) -> ClusterSetti
         calls=ClusterAdmin(store, keys, int(spec["default_replication"])),
         producer_ids=EtcdBlockSource(store, keys.producer_ids),
         group_offsets=StoreGroupOffsets(store, keys, data_dir),
+        acls=AclStore(data_dir, EtcdDocuments(store, keys)),
         name=str(spec["name"]),
         min_insync=int(spec["min_insync"]),
         replica_lag_max_ms=int(spec["replica_lag_max_ms"]),

@@ -24,7 +24,7 @@ from typing import Final
 
 from broker.security.credentials import SECURITY_DIR
 from broker.security.session import CORE_PRINCIPAL
-from broker.security.watched import WatchedFile
+from broker.security.watched import Document, Documents, WatchedFile
 
 ACLS_FILE: Final = "acls.json"
 RESOURCE_TYPES: Final = ("topic", "group", "cluster")
@@ -107,8 +107,13 @@ def _acls_doc(bindings: Iterable[AclBinding]) -> dict[str, object]:
 class AclStore:
     """The ACL file of one data dir: read by the workers, changed by `broker acls`."""
 
-    def __init__(self, data_dir: str) -> None:
-        self._file = WatchedFile(acls_path(data_dir), _parse_acls)
+    def __init__(self, data_dir: str, documents: Documents | None = None) -> None:
+        """The ACLs of `data_dir`, or of a cluster (`documents`: broker/cluster/security_docs.py)."""
+        self._file: Document[tuple[AclBinding, ...]] = (
+            WatchedFile(acls_path(data_dir), _parse_acls)
+            if documents is None
+            else documents.open(ACLS_FILE, _parse_acls)
+        )
         self.path = self._file.path
 
     def bindings(self) -> tuple[AclBinding, ...]:

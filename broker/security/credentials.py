@@ -24,7 +24,7 @@ from typing import Final
 
 from scramp import ScramMechanism
 
-from broker.security.watched import WatchedFile
+from broker.security.watched import Document, Documents, WatchedFile
 
 SCRAM_MECHANISMS: Final = ("SCRAM-SHA-256", "SCRAM-SHA-512")
 ITERATIONS_DEFAULT: Final = 8192  # Kafka's minimum is 4096 (so is scramp's)
@@ -109,8 +109,13 @@ def _users_doc(users: Users) -> dict[str, object]:
 class CredentialStore:
     """The users file of one data dir: read by the workers, changed by `broker users`."""
 
-    def __init__(self, data_dir: str) -> None:
-        self._file = WatchedFile(users_path(data_dir), _parse_users)
+    def __init__(self, data_dir: str, documents: Documents | None = None) -> None:
+        """The users of `data_dir`, or of a cluster (`documents`: broker/cluster/security_docs.py)."""
+        self._file: Document[Users] = (
+            WatchedFile(users_path(data_dir), _parse_users)
+            if documents is None
+            else documents.open(USERS_FILE, _parse_users)
+        )
         self.path = self._file.path
 
     def lookup(self, user: str, mechanism: str) -> ScramCredential | None:

@@ -27,7 +27,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 from broker.security.credentials import (
@@ -54,11 +54,48 @@ class AuthenticationFailed(Exception):
 
 
 @dataclass(frozen=True, slots=True)
+class InterBrokerLogin:
+    """Who a node of a cluster is to the others (`--inter-broker-user`): its links to their cores
+    (the replica fetcher's, broker/core/remote.py) run the SASL exchange as this user, as Kafka's
+    brokers do with `sasl.mechanism.inter.broker.protocol`. Every node that has it treats its
+    principal as a super user (the replica fetch needs alter on the cluster): whoever holds this
+    password can already read every partition by being a node."""
+
+    user: str
+    password: str = field(repr=False)
+
+    @property
+    def principal(self) -> str:
+        return USER_PRINCIPAL + self.user
+
+
+# Where a node's workers find the inter-broker password (their spec is on their command line,
+# which `ps` shows; an environment only its user and root can read), and where `broker serve`
+# looks for it without --inter-broker-password-file.
+INTER_BROKER_PASSWORD_ENV: Final = "RINGLOG_INTER_BROKER_PASSWORD"
+
+# What a node authenticates to its peers with, best first (PLAIN only where it is offered).
+PEER_MECHANISMS: Final = ("SCRAM-SHA-512", "SCRAM-SHA-256", PLAIN)
+
+
+@dataclass(frozen=True, slots=True)
 class SaslConfig:
     """A listener's SASL settings (`broker serve --sasl-mechanisms`, `--sasl-plain-without-tls`)."""
 
     mechanisms: tuple[str, ...] = ()  # empty: SASL is off, every connection is ANONYMOUS
     plain_without_tls: bool = False
+    inter_broker: InterBrokerLogin | None = None  # a cluster's nodes: how they log in to each other
+
+    @property
+    def super_users(self) -> tuple[str, ...]:
+        """The principals SASL itself makes super users: the inter-broker user's."""
+        return (self.inter_broker.principal,) if self.inter_broker is not None else ()
+
+    def peer_mechanism(self, tls: bool) -> str | None:
+        """The mechanism this node's links to its peers use (they share its settings), or None
+        when SASL is off."""
+        offered = self.offered(tls)
+        return next((m for m in PEER_MECHANISMS if m in offered), None)
 
     @property
     def enabled(self) -> bool:

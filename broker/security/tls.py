@@ -10,7 +10,13 @@ Rules this module keeps:
   (mutual TLS), and its subject becomes the connection's principal, written as Kafka's default
   mapping writes it: "User:" + the distinguished name, most specific first ("User:CN=alice,O=acme").
   SASL, when the listener has it too, names the principal instead.
-- Inter-core links (unix sockets between the cores of one broker) are not wrapped.
+- Inter-core links (unix sockets between the cores of one broker) are not wrapped. A cluster's
+  links between nodes (the replica fetcher's, broker/core/remote.py) are: a node whose listeners
+  serve TLS connects to its peers' (which share its settings) as a TLS client (`peer_context`).
+  It checks the peer's certificate against `--tls-peer-ca` (else `--tls-client-ca`, else the
+  system's CAs) and that it names the address connected to (an IP: the certificate needs it as
+  an IP subjectAltName), and presents its own certificate, which a peer with
+  `--tls-client-ca` requires (then its subject is the node's principal there: a super user).
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ class TlsConfig:
     cert: str = ""  # PEM: the server's certificate chain
     key: str = ""  # PEM: its private key
     client_ca: str = ""  # PEM: CAs whose client certificates are required (mutual TLS); "": none
+    peer_ca: str = ""  # PEM: CAs that signed the other nodes' certificates; "": client_ca's
 
     @property
     def enabled(self) -> bool:
@@ -54,6 +61,14 @@ def server_context(config: TlsConfig) -> ssl.SSLContext:
     if config.client_ca:
         ctx.verify_mode = ssl.CERT_REQUIRED
         ctx.load_verify_locations(config.client_ca)
+    return ctx
+
+
+def peer_context(config: TlsConfig) -> ssl.SSLContext:
+    """The client context of this node's links to its peers' cores (module rules)."""
+    ctx = ssl.create_default_context(cafile=config.peer_ca or config.client_ca or None)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(config.cert, config.key)
     return ctx
 
 
@@ -79,27 +94,40 @@ def _escape(value: str) -> str:
 
 
 class TlsSession:
-    """Sans-I/O TLS for one server connection: `feed` ciphertext in, plaintext out; `encrypt`
-    plaintext into ciphertext; `pending()` is the ciphertext to send now (handshake records,
-    alerts, tickets). Raises `ssl.SSLError` on a broken or refused handshake."""
+    """Sans-I/O TLS for one connection: `feed` ciphertext in, plaintext out; `encrypt` plaintext
+    into ciphertext; `pending()` is the ciphertext to send now (handshake records, alerts,
+    tickets). A server's by default; with `server_hostname`, a client's (a link to a peer),
+    whose `start()` makes its first flight. Raises `ssl.SSLError` on a broken or refused
+    handshake (a client's: also a certificate that does not verify)."""
 
     __slots__ = ("_in", "_out", "_ssl", "handshake_done")
 
-    def __init__(self, ctx: ssl.SSLContext) -> None:
+    def __init__(self, ctx: ssl.SSLContext, server_hostname: str | None = None) -> None:
         self._in = ssl.MemoryBIO()
         self._out = ssl.MemoryBIO()
-        self._ssl = ctx.wrap_bio(self._in, self._out, server_side=True)
+        self._ssl = ctx.wrap_bio(
+            self._in, self._out, server_side=server_hostname is None, server_hostname=server_hostname
+        )
         self.handshake_done = False
 
+    def start(self) -> bytes:
+        """A client's first flight (its ClientHello), to send once connected."""
+        self._handshake()
+        return self._out.read()
+
+    def _handshake(self) -> bool:
+        try:
+            self._ssl.do_handshake()
+        except ssl.SSLWantReadError:
+            return False
+        self.handshake_done = True
+        return True
+
     def feed(self, data: bytes | memoryview) -> tuple[list[bytes], bool]:
-        """The plaintext `data` completes, and whether the client closed (close_notify)."""
+        """The plaintext `data` completes, and whether the other end closed (close_notify)."""
         self._in.write(data)
-        if not self.handshake_done:
-            try:
-                self._ssl.do_handshake()
-            except ssl.SSLWantReadError:
-                return [], False
-            self.handshake_done = True
+        if not self.handshake_done and not self._handshake():
+            return [], False
         out: list[bytes] = []
         while True:
             try:

@@ -1,6 +1,11 @@
 """A small JSON file the workers read and `broker users` / `broker acls` change: the users file
 and the ACL file (docs/SECURITY.md).
 
+In a cluster the documents live in the control plane instead (broker/cluster/security_docs.py,
+a `Documents` of its own for the commands) and each node's agent keeps its files a copy of them,
+marked with `MIRROR_OF`: the workers read the same files either way, and a command that would
+change a copy in place is refused (`MirroredFileError`) rather than undone by the next change.
+
 Reads are cheap and fresh: `get()` stats the file (microseconds) and parses it again only when
 its modification time or size changed, so a change takes effect at the next request without a
 restart or a signal. Writes (`update`) read, change and replace it under an flock (several
@@ -12,11 +17,33 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Final, Generic, Protocol, TypeVar
 
 from broker.storage.durable_file import exclusive_lock, load_json, replace_json
 
 T = TypeVar("T")
+
+# The field of a node's copy of a cluster's document that names where the original lives.
+MIRROR_OF: Final = "mirror_of"
+
+
+class MirroredFileError(OSError):
+    """A change to a node's copy of its cluster's document: change the cluster's instead."""
+
+
+class Document(Protocol[T]):
+    """One document as its parser makes it: `get` the current one, `update` it atomically."""
+
+    path: str  # where it lives, for messages: a file, or a key of the cluster's store
+
+    def get(self) -> T: ...
+    def update(self, change: Callable[[T], object]) -> None: ...
+
+
+class Documents(Protocol):
+    """Where the security documents live, by file name (users.json, acls.json)."""
+
+    def open(self, name: str, parse: Callable[[object | None], T]) -> Document[T]: ...
 
 
 class WatchedFile(Generic[T]):
@@ -43,4 +70,10 @@ class WatchedFile(Generic[T]):
         """Replace the file with `change(current)`'s document, under the lock."""
         os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
         with exclusive_lock(self.path + ".lock"):
-            replace_json(self.path, change(self._parse(load_json(self.path))), mode=0o600)
+            doc = load_json(self.path)
+            if isinstance(doc, dict) and doc.get(MIRROR_OF):
+                raise MirroredFileError(
+                    f"{self.path} is this node's copy of {doc[MIRROR_OF]}: change the cluster's "
+                    "(broker users|acls ... --etcd ENDPOINTS --cluster-name NAME)"
+                )
+            replace_json(self.path, change(self._parse(doc)), mode=0o600)

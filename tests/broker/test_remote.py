@@ -1,15 +1,17 @@
 """RemoteLinks without I/O (broker/core/remote.py): which link carries a request, the back-off
-after a failed link and its reset, deadlines of waiting and sent requests, shutdown. The links
+after a failed link and its reset, deadlines of waiting and sent requests, shutdown, and the SASL
+login that runs first on every new link (against scramp's SCRAM server). The links
 over real sockets, on both backends, are tests/server/test_remote_links.py."""
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Callable
 
 import pytest
 
 from broker.core.forwarding import NO_DEADLINE, PEER_WATCH_S, PeerLink, PeerLinkError, PeerTimeout
-from broker.core.remote import REMOTE_RETRY_S_MAX, REMOTE_RETRY_S_MIN, RemoteLinks
+from broker.core.remote import REMOTE_RETRY_S_MAX, REMOTE_RETRY_S_MIN, RemoteLinks, SaslLogin
 from ringlog_proto import messages as m
 from ringlog_proto.frames import Frame, FrameDecoder
 
@@ -161,3 +163,94 @@ def test_close_all_fails_what_is_pending_and_what_waits() -> None:
     rig.links.close_all()
     assert len(rig.results) == 3 and all(isinstance(r, PeerLinkError) for r in rig.results)
     assert rig.links.pending == 0
+
+
+# ----------------------------------------------------------------------------- logins (SASL)
+
+
+def answer_with(ch: FakeChannel, resp: m.Response) -> None:
+    ch.link.receive(b"".join(m.encode_response(resp, ch.sent[-1].correlation_id, None, 0, 0)))
+
+
+def login_rig(mechanism: str, password: str = "pw") -> Rig:
+    rig = Rig()
+    rig.links._login = lambda: SaslLogin(mechanism, "broker", password)
+    return rig
+
+
+def test_requests_wait_in_order_behind_a_new_links_login() -> None:
+    rig = login_rig("PLAIN")
+    rig.request()
+    rig.request()
+    (ch,) = rig.opened
+    assert [f.api_key for f in ch.sent] == [m.ApiKey.SASL_HANDSHAKE]
+    assert rig.links.pending == 3  # the handshake and the two held behind it
+    answer_with(ch, m.SaslHandshakeResponse(mechanisms=("PLAIN",)))
+    auth = m.decode_request(ch.sent[-1])
+    assert isinstance(auth, m.SaslAuthenticateRequest) and auth.auth_bytes == b"\0broker\0pw"
+    answer_with(ch, m.SaslAuthenticateResponse())
+    assert [f.api_key for f in ch.sent[2:]] == [m.ApiKey.METADATA, m.ApiKey.METADATA]
+    rig.request()  # logged in: straight onto the link
+    assert len(ch.sent) == 5
+    for i in (2, 3, 4):
+        ch.answer(i)
+    assert len(rig.results) == 3 and all(isinstance(r, Frame) for r in rig.results)
+
+
+def test_a_refused_login_fails_what_waited_closes_the_link_and_backs_off(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    rig = login_rig("PLAIN")
+    rig.request()
+    ch = rig.opened[0]
+    answer_with(ch, m.SaslHandshakeResponse(mechanisms=("PLAIN",)))
+    answer_with(
+        ch, m.SaslAuthenticateResponse(m.ErrorCode.SASL_AUTHENTICATION_FAILED, "Authentication failed")
+    )
+    assert ch.closed and isinstance(rig.results[-1], PeerLinkError)
+    assert "login to 10.0.0.2:9101 refused: SASL_AUTHENTICATION_FAILED" in str(rig.results[-1])
+    assert "cannot log in to 10.0.0.2:9101" in caplog.text
+    rig.request()
+    assert len(rig.opened) == 1  # backing off: no new link at once
+    rig.advance(REMOTE_RETRY_S_MIN)
+    assert len(rig.opened) == 2 and rig.opened[1].sent[0].api_key == m.ApiKey.SASL_HANDSHAKE
+
+
+def test_a_link_lost_during_its_login_fails_what_waited() -> None:
+    rig = login_rig("SCRAM-SHA-512")
+    rig.request()
+    rig.request(long_poll=True)
+    for ch in rig.opened:
+        ch.fail(ConnectionResetError(104, "reset"))
+    assert len(rig.results) == 2 and all(isinstance(r, PeerLinkError) for r in rig.results)
+    assert rig.links.pending == 0
+
+
+@pytest.mark.parametrize("forged", [False, True])
+def test_scram_login_checks_the_servers_proof(forged: bool) -> None:
+    from scramp import ScramMechanism
+
+    mechanism = ScramMechanism("SCRAM-SHA-512")
+    auth_info = mechanism.make_auth_info("the-password" if not forged else "another", iteration_count=4096)
+    server = mechanism.make_server(lambda _user: auth_info)
+    rig = login_rig("SCRAM-SHA-512", "the-password")
+    rig.request()
+    ch = rig.opened[0]
+    answer_with(ch, m.SaslHandshakeResponse(mechanisms=("SCRAM-SHA-512",)))
+    client_first = m.decode_request(ch.sent[-1])
+    assert isinstance(client_first, m.SaslAuthenticateRequest)
+    server.set_client_first(client_first.auth_bytes.decode())
+    answer_with(ch, m.SaslAuthenticateResponse(auth_bytes=server.get_server_first().encode()))
+    client_final = m.decode_request(ch.sent[-1])
+    assert isinstance(client_final, m.SaslAuthenticateRequest)
+    if forged:  # a server that does not know the password: it cannot make the signature
+        final = b"v=" + base64.b64encode(b"\0" * 64)
+    else:
+        server.set_client_final(client_final.auth_bytes.decode())
+        final = server.get_server_final().encode()
+    answer_with(ch, m.SaslAuthenticateResponse(auth_bytes=final))
+    if forged:
+        assert ch.closed and isinstance(rig.results[-1], PeerLinkError)
+        assert "did not prove it knows the password" in str(rig.results[-1])
+    else:
+        assert ch.sent[-1].api_key == m.ApiKey.METADATA and not ch.closed

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 from broker.cluster.mirror import Mirror
 from broker.cluster.records import Keys, NodeRecord, TopicRecord
@@ -66,3 +67,33 @@ def test_single_node_view_is_not_clustered(tmp_path) -> None:
     assert ViewFile(str(tmp_path)).poll() is None
     single = ClusterView.single(0)
     assert not single.clustered and single.state_of(1, 0) is None
+
+
+def test_the_users_and_acls_documents_are_kept_and_copied_marked(tmp_path) -> None:
+    from broker.cluster.security_docs import write_copies
+    from broker.security.acls import AclStore
+    from broker.security.credentials import CredentialStore
+    from broker.security.watched import MirroredFileError
+
+    mirror = Mirror(K, node_id=1)
+    users = {"users": {"alice": {}}}
+    mirror.load([(K.security + "users.json", json.dumps(users).encode(), 3, 0)], revision=3)
+    assert mirror.security == {"users.json": json.dumps(users).encode()}
+    acls = {"acls": [{"principal": "User:alice", "resource_type": "topic", "name": "t", "operation": "read"}]}
+    assert mirror.apply(K.security + "acls.json", json.dumps(acls).encode(), 4)
+    d = tmp_path / "security"
+    write_copies(str(d), "etcd /ringlog/lab/security/", mirror.security)
+    assert AclStore(str(tmp_path)).bindings()[0].principal == "User:alice"
+    assert CredentialStore(str(tmp_path)).users() == {"alice": ()}
+    assert oct(os.stat(d / "users.json").st_mode & 0o777) == "0o600"
+    try:  # a command against the copy is refused: the next change would undo it
+        AclStore(str(tmp_path)).replace(lambda current: ())
+    except MirroredFileError as exc:
+        assert "copy of etcd /ringlog/lab/security/acls.json" in str(exc)
+    else:
+        raise AssertionError("a node's copy was changed in place")
+    # the document deleted in the store: an empty copy (no ACLs), still marked
+    assert mirror.apply(K.security + "acls.json", None, 5)
+    write_copies(str(d), "etcd /ringlog/lab/security/", mirror.security)
+    assert AclStore(str(tmp_path)).bindings() == ()
+    assert json.loads((d / "acls.json").read_text())["mirror_of"] == "etcd /ringlog/lab/security/acls.json"

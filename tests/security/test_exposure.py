@@ -3,6 +3,7 @@ without TLS or SASL, refuses to start and says why, unless `--allow-plaintext`."
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -52,3 +53,43 @@ def test_allow_plaintext_serves_beyond_loopback(tmp_path: Path) -> None:
         w.close()
     finally:
         broker.stop()
+
+
+@pytest.mark.parametrize(
+    ("extra", "env", "says"),
+    [
+        (("--etcd", "127.0.0.1:1", "--sasl-mechanisms", "SCRAM-SHA-512"), {}, "give --inter-broker-user"),
+        (("--inter-broker-user", "broker"), {}, "--inter-broker-user is for a cluster (--etcd) with SASL"),
+        (
+            ("--etcd", "127.0.0.1:1", "--sasl-mechanisms", "SCRAM-SHA-512", "--inter-broker-user", "broker"),
+            {"RINGLOG_INTER_BROKER_PASSWORD": ""},
+            "--inter-broker-user needs its password",
+        ),
+        (
+            ("--etcd", "127.0.0.1:1", "--sasl-mechanisms", "PLAIN", "--inter-broker-user", "broker"),
+            {"RINGLOG_INTER_BROKER_PASSWORD": "pw"},
+            "offers none of them here",  # PLAIN without TLS is not offered: nothing to log in with
+        ),
+    ],
+    ids=["no inter-broker user", "not a cluster", "no password", "no mechanism to log in with"],
+)
+def test_a_cluster_with_sasl_needs_an_inter_broker_login(
+    tmp_path: Path, extra: tuple[str, ...], env: dict[str, str], says: str
+) -> None:
+    """Refused at start, before anything is reached: a node that could not log in to its peers
+    would replicate nothing."""
+    argv = [
+        sys.executable,
+        "-m",
+        "broker.cli",
+        "serve",
+        "--data-dir",
+        str(tmp_path / "d"),
+        "--node-id",
+        "1",
+        *extra,
+    ]
+    done = subprocess.run(
+        argv, check=False, capture_output=True, text=True, timeout=60, env={**os.environ, **env}
+    )
+    assert done.returncode == 2 and says in done.stderr, done.stderr
