@@ -16,7 +16,7 @@ run: setup
 test: setup
 	$(PY) -m ruff check .
 	$(LINT_IMPORTS)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=40  # the slowest, so the suite's budget (20 min) can be kept
 
 lint: setup
 	$(PY) -m ruff check .
