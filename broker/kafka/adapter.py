@@ -150,6 +150,9 @@ class KafkaAdapter:
             config.data_dir if config.cluster is None else f"cluster:{config.cluster.name}"
         )
         self.groups = KafkaGroups(handlers)
+        self.groups.may_describe = lambda group: authorize.may_describe_group(
+            self.authorizer, self._auth.principal, group
+        )
         # one SASL server and one set of ACL decisions per core, shared with our protocol
         self.authenticator = handlers.access.authenticator
         self.authorizer = handlers.access.authorizer

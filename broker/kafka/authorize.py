@@ -5,7 +5,8 @@ Rules this module keeps:
   read; ListOffsets and OffsetForLeaderEpoch describe; CreateTopics create; DeleteTopics delete;
   FindCoordinator describe on the group; Join/Sync/Heartbeat/LeaveGroup read on the group;
   OffsetCommit read on the group and on each topic; OffsetFetch describe on both; DescribeGroups
-  describe on each group; ListGroups describe on the cluster; create on the cluster allows
+  describe on each group; ListGroups lists only the groups the principal may describe (all of
+  them with describe on the cluster: broker/kafka/groups.py); create on the cluster allows
   CreateTopics of any topic; DescribeAcls describe on the cluster, CreateAcls and DeleteAcls
   alter on it. ApiVersions, the SASL apis and
   InitProducerId (an id without a transactional id grants nothing: KIP-679) need nothing.
@@ -65,6 +66,15 @@ def _refuse(request: KafkaRequest, body: Any, code: ErrorCode, what: str) -> Out
     return Reply(encode_response(request.correlation_id, resp))
 
 
+def may_describe_group(authorizer: Authorizer, principal: str | None, group: str) -> bool:
+    """Whether ListGroups shows `group` to `principal`: describe on the cluster shows every group,
+    describe on a group that one (Kafka's rule)."""
+    return not authorizer.enabled or any(
+        authorizer.allowed(principal, "describe", rtype, name)
+        for rtype, name in (("cluster", CLUSTER_NAME), ("group", group))
+    )
+
+
 def check(authorizer: Authorizer, principal: str | None, request: KafkaRequest, body: Any) -> Outcome | None:
     """None when `principal` may make this request; else the answer that refuses it."""
     key = request.api_key
@@ -95,9 +105,7 @@ def check(authorizer: Authorizer, principal: str | None, request: KafkaRequest, 
             return _refuse(request, body, ErrorCode.cluster_authorization_failed, f"{op} cluster")
         return None
     if key == LIST_GROUPS:
-        if not allowed(principal, "describe", "cluster", CLUSTER_NAME):
-            return _refuse(request, body, ErrorCode.cluster_authorization_failed, "describe cluster")
-        return None
+        return None  # filtered instead: `may_describe_group`
     topic_op = _TOPIC_OPS.get(key)
     if topic_op is not None:
         if key == CREATE_TOPICS and allowed(principal, "create", "cluster", CLUSTER_NAME):

@@ -76,6 +76,8 @@ class KafkaGroups:
         self.handlers = handlers
         self.coordinator = handlers.coordinator
         self.client_id = ""  # of the request being handled (set by the adapter)
+        # whether ListGroups shows a group to the request's principal (set by the adapter: ACLs)
+        self.may_describe: Callable[[str], bool] = lambda _group: True
 
     def apis(self) -> dict[int, Callable[[KafkaRequest, Any], Outcome]]:
         return {
@@ -446,6 +448,7 @@ class KafkaGroups:
         groups = tuple(
             make(module.ListedGroup, group_id=g.group_id, protocol_type=g.protocol_type or "")
             for g in self.coordinator.groups.values()
+            if self.may_describe(g.group_id)
         )
         resp = make(schema, throttle_time=NO_THROTTLE, error_code=ErrorCode.none, groups=groups)
         return self._reply(request, resp)

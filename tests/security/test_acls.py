@@ -4,6 +4,7 @@ leaves no trace; Metadata shows only what it may describe; deny beats allow; sup
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from securitylab import Unavailable, add_user, broker_cli, consume, create_topic
 from broker.security.acls import AclBinding, AclError, AclStore, Authorizer
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
-from confluent_kafka import KafkaError, KafkaException  # noqa: E402
+from confluent_kafka import Consumer, KafkaError, KafkaException  # noqa: E402
 from confluent_kafka.admin import AclBinding as KafkaAcl  # noqa: E402
 from confluent_kafka.admin import (  # noqa: E402
     AclBindingFilter,
@@ -140,6 +141,27 @@ def test_acls_against_librdkafka(broker: BrokerProcess) -> None:
     got, _ = consume(conf(broker, "admin"), "payroll", "audit", 1)
     assert got == [b"salary"]
     assert "bobs" not in AdminClient(conf(broker, "admin")).list_topics(timeout=10).topics
+
+    # ListGroups shows a principal the groups it may describe; describe on the cluster shows all
+    members = []
+    for user, group in (("alice", "alice-readers"), ("admin", "audit")):  # groups with a member
+        member = Consumer({**conf(broker, user), "group.id": group})
+        member.subscribe(["orders"])
+        members.append(member)
+    for member in members:
+        deadline = time.monotonic() + 20
+        while not member.assignment() and time.monotonic() < deadline:
+            member.poll(0.2)
+
+    def listed(user: str) -> set[str]:
+        admin = AdminClient(conf(broker, user))  # held until the result
+        return {g.group_id for g in admin.list_consumer_groups().result(15).valid}
+
+    assert listed("admin") == {"alice-readers", "audit"}
+    assert listed("alice") == {"alice-readers"}  # read on group:alice- implies describe
+    assert listed("bob") == set()
+    for member in members:
+        member.close()
 
     assert broker.counter("auth_denied") >= 1
     # a deny wins over the allow, at once (the workers reread the file)
