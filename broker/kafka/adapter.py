@@ -68,7 +68,7 @@ from broker.kafka.codec import (
     request_schema,
     response_schema,
 )
-from broker.kafka.errors import DONE, NotLeaderError, kafka_error
+from broker.kafka.errors import DONE, NotLeaderError, TopicNotAuthorized, kafka_error
 from broker.kafka.fast_encode import fetch_response, produce_response
 from broker.kafka.groups import GROUP_VERSIONS, KafkaGroups
 from broker.kafka.leader_epoch import (
@@ -369,6 +369,18 @@ class KafkaAdapter:
 
     # ------------------------------------------------------------------------- Produce
 
+    def _topic_refusal(self, api_key: int, topic: str) -> TopicNotAuthorized | None:
+        """Why the request's principal may not use `topic` in this api (broker/kafka/authorize.py
+        `PER_TOPIC`), or None when it may."""
+        authorizer = self.authorizer
+        if not authorizer.enabled:
+            return None
+        op = authorize.PER_TOPIC[api_key]
+        if authorizer.allowed(self._auth.principal, op, "topic", topic):
+            return None
+        self.handlers.metrics.denied()
+        return TopicNotAuthorized(f"not authorized: {op} topic {topic}")
+
     def _produce(self, request: KafkaRequest, body: Any) -> Outcome:
         """Each partition through `Partition.produce`, the one door of a produce, as its own part
         of one `Gather`; the answers are combined into one response once every part is done.
@@ -393,9 +405,13 @@ class KafkaAdapter:
         for topic in body.topic_data:
             indexes: list[int] = []
             order.append((topic.name, indexes))
+            refusal = self._topic_refusal(PRODUCE, topic.name)
             for data in topic.partition_data:
                 key = (topic.name, int(data.index))
                 indexes.append(key[1])
+                if refusal is not None:
+                    results[key] = (ErrorCode.topic_authorization_failed, -1, -1, str(refusal))
+                    continue
                 if acks is None:
                     results[key] = (ErrorCode.invalid_required_acks, -1, -1, f"acks {body.acks}")
                     continue
@@ -516,10 +532,13 @@ class KafkaAdapter:
         for topic in body.topics:
             indexes: list[int] = []
             order.append((topic.topic, indexes))
+            refusal = self._topic_refusal(FETCH, topic.topic)
             for fp in topic.partitions:
                 key = (topic.topic, int(fp.partition))
                 indexes.append(key[1])
                 try:
+                    if refusal is not None:
+                        raise refusal
                     target = self.handlers.partition_named(*key)
                     if not isinstance(target, Partition):
                         raise NotLeaderError(f"led by core {target}")
@@ -599,10 +618,13 @@ class KafkaAdapter:
         topics = []
         for topic in body.topics:
             partitions = []
+            refusal = self._topic_refusal(LIST_OFFSETS, topic.name)
             for lp in topic.partitions:
                 index, spec = int(lp.partition_index), int(lp.timestamp)
                 code, offset, epoch = ErrorCode.none, -1, -1
                 try:
+                    if refusal is not None:
+                        raise refusal
                     target = self.handlers.partition_named(topic.name, index)
                     if not isinstance(target, Partition):
                         raise NotLeaderError(f"led by core {target}")

@@ -13,9 +13,11 @@ Rules this module keeps:
   Metadata is filtered instead (broker/kafka/adapter.py `_metadata`).
 - A refused request has no effect: it is answered with TOPIC_AUTHORIZATION_FAILED,
   GROUP_AUTHORIZATION_FAILED or CLUSTER_AUTHORIZATION_FAILED in every item of a response of its
-  own shape (broker/kafka/unsupported.py `error_response`), an acks=0 produce with nothing. A
-  request naming some topics it may use and some it may not is refused whole (Kafka would answer
-  item by item): documented in docs/SECURITY.md.
+  own shape (broker/kafka/unsupported.py `error_response`), an acks=0 produce with nothing.
+- Produce, Fetch and ListOffsets are checked topic by topic instead, as Kafka does
+  (`PER_TOPIC`): the adapter answers a refused topic's partitions TOPIC_AUTHORIZATION_FAILED and
+  serves the others, so one producer writing to a topic it may and one it may not loses nothing
+  of the first. The other apis naming several topics are refused whole.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ OFFSET_COMMIT: Final = 8
 OFFSET_FETCH: Final = 9
 DESCRIBE_ACLS: Final = 29
 ACL_ADMIN: Final = frozenset((29, 30, 31))
+# api -> what it needs on each topic it names, checked per topic by the adapter (module rules)
+PER_TOPIC: Final = {0: "write", 1: "read", 2: "describe"}
 
 
 def _topic_names(api_key: int, body: Any) -> Iterable[str]:
@@ -107,7 +111,7 @@ def check(authorizer: Authorizer, principal: str | None, request: KafkaRequest, 
     if key == LIST_GROUPS:
         return None  # filtered instead: `may_describe_group`
     topic_op = _TOPIC_OPS.get(key)
-    if topic_op is not None:
+    if topic_op is not None and key not in PER_TOPIC:
         if key == CREATE_TOPICS and allowed(principal, "create", "cluster", CLUSTER_NAME):
             return None  # create on the cluster creates any topic, as in Kafka
         for name in _topic_names(key, body):

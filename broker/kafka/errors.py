@@ -28,6 +28,11 @@ class NotLeaderError(Exception):
     Metadata and goes to the owning core's port)."""
 
 
+class TopicNotAuthorized(Exception):
+    """A topic of a Produce, Fetch or ListOffsets the principal may not use: its partitions are
+    answered TOPIC_AUTHORIZATION_FAILED, the request's other topics are served."""
+
+
 DONE: Final = Reply([])  # what a Gather part's callbacks return: the gather sends the answer
 
 # our error codes -> Kafka's (anything not here is UNKNOWN_SERVER_ERROR)
@@ -59,6 +64,8 @@ def kafka_error(exc: BaseException) -> tuple[ErrorCode, str]:
     """The Kafka error code and message for `exc`, through the core's one mapping (`error_of`)."""
     if isinstance(exc, NotLeaderError):
         return ErrorCode.not_leader_or_follower, str(exc)
+    if isinstance(exc, TopicNotAuthorized):
+        return ErrorCode.topic_authorization_failed, str(exc)
     if isinstance(exc, FencedEpochError):
         return ErrorCode.invalid_producer_epoch, str(exc)
     if isinstance(exc, UnknownProducerError):

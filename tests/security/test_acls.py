@@ -16,7 +16,7 @@ from securitylab import Unavailable, add_user, broker_cli, consume, create_topic
 from broker.security.acls import AclBinding, AclError, AclStore, Authorizer
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
-from confluent_kafka import Consumer, KafkaError, KafkaException  # noqa: E402
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition  # noqa: E402
 from confluent_kafka.admin import AclBinding as KafkaAcl  # noqa: E402
 from confluent_kafka.admin import (  # noqa: E402
     AclBindingFilter,
@@ -140,6 +140,35 @@ def test_acls_against_librdkafka(broker: BrokerProcess) -> None:
     assert got == [b"o1", b"o2"]
     got, _ = consume(conf(broker, "admin"), "payroll", "audit", 1)
     assert got == [b"salary"]
+
+    # One Produce naming a topic alice may write and one she may only describe (so the client
+    # sends it rather than failing it from Metadata): answered topic by topic, as Kafka does.
+    # kafka-python, like Kafka's Java client, puts every partition bound for one broker in one
+    # Produce (librdkafka sends a partition per request, so it never mixes them).
+    broker_cli(broker.data_dir, "acls", "add", "User:alice", "describe", "topic:payroll")
+    kafka = pytest.importorskip("kafka")
+    mixed = kafka.KafkaProducer(
+        bootstrap_servers=broker.bootstrap,
+        security_protocol="SASL_PLAINTEXT",
+        sasl_mechanism="SCRAM-SHA-512",
+        sasl_plain_username="alice",
+        sasl_plain_password=PW["alice"],
+        linger_ms=300,
+        retries=0,
+    )
+    try:
+        mixed.partitions_for("orders"), mixed.partitions_for("payroll")  # leaders known first
+        sent = {topic: mixed.send(topic, b"o3", partition=0) for topic in ("orders", "payroll")}
+        mixed.flush(15)
+        assert sent["orders"].get(15).offset == 2
+        with pytest.raises(kafka.errors.TopicAuthorizationFailedError):
+            sent["payroll"].get(15)
+    finally:
+        mixed.close(5)
+    marks = Consumer({**conf(broker, "admin"), "group.id": "marks"})
+    for topic, end in (("orders", 3), ("payroll", 1)):  # nothing refused was stored
+        assert marks.get_watermark_offsets(TopicPartition(topic, 0), timeout=10) == (0, end)
+    marks.close()
     assert "bobs" not in AdminClient(conf(broker, "admin")).list_topics(timeout=10).topics
 
     # ListGroups shows a principal the groups it may describe; describe on the cluster shows all
@@ -166,7 +195,7 @@ def test_acls_against_librdkafka(broker: BrokerProcess) -> None:
     assert broker.counter("auth_denied") >= 1
     # a deny wins over the allow, at once (the workers reread the file)
     broker_cli(broker.data_dir, "acls", "add", "User:alice", "write", "topic:orders", "--deny")
-    refused = produce(alice, "orders", [b"o3"])
+    refused = produce(alice, "orders", [b"o4"])
     assert [e.code() for e in refused] == [KafkaError.TOPIC_AUTHORIZATION_FAILED]
 
 
