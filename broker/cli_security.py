@@ -14,7 +14,8 @@ import argparse
 import contextlib
 import getpass
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 from broker.security.acls import CLUSTER_NAME, OPERATIONS, AclBinding, AclError, AclStore
 from broker.security.credentials import (
@@ -37,10 +38,12 @@ def _password(args: argparse.Namespace) -> str:
     return first
 
 
+S = TypeVar("S")
+
+
 @contextlib.contextmanager
 def _documents(args: argparse.Namespace) -> Iterator[Documents | None]:
-    """The cluster's documents with --etcd (None: the data dir's files); a store error ends the
-    command with its message."""
+    """The cluster's documents with --etcd (None: the data dir's files)."""
     if not args.etcd:
         yield None
         return
@@ -56,23 +59,30 @@ def _documents(args: argparse.Namespace) -> Iterator[Documents | None]:
         store.close()
 
 
-def _store_errors(args: argparse.Namespace) -> tuple[type[Exception], ...]:
-    """What ends a command with its message: the store's errors, a file that cannot be changed
-    (also a node's copy of its cluster's documents: broker/security/watched.py)."""
-    if not args.etcd:
-        return (OSError,)
-    from broker.cluster.store import StoreError  # noqa: PLC0415
+def _on_store(
+    args: argparse.Namespace,
+    command: str,
+    open_store: Callable[[str, Documents | None], S],
+    act: Callable[[argparse.Namespace, S], int],
+) -> int:
+    """`act` on the data dir's store, or the cluster's with --etcd. What cannot be read or
+    changed ends the command with its message: the store's errors, a file's (also a node's copy
+    of its cluster's documents, which is not changed in place: broker/security/watched.py)."""
+    errors: tuple[type[Exception], ...] = (OSError,)
+    if args.etcd:
+        from broker.cluster.store import StoreError  # noqa: PLC0415
 
-    return (StoreError, OSError)
+        errors = (StoreError, OSError)
+    try:
+        with _documents(args) as documents:
+            return act(args, open_store(args.data_dir, documents))
+    except errors as exc:
+        print(f"broker {command}: {exc}", file=sys.stderr)
+        return 1
 
 
 def cmd_users(args: argparse.Namespace) -> int:
-    try:
-        with _documents(args) as documents:
-            return _users(args, CredentialStore(args.data_dir, documents))
-    except _store_errors(args) as exc:
-        print(f"broker users: {exc}", file=sys.stderr)
-        return 1
+    return _on_store(args, "users", CredentialStore, _users)
 
 
 def _users(args: argparse.Namespace, store: CredentialStore) -> int:
@@ -138,12 +148,7 @@ def _where(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_acls(args: argparse.Namespace) -> int:
-    try:
-        with _documents(args) as documents:
-            return _acls(args, AclStore(args.data_dir, documents))
-    except _store_errors(args) as exc:
-        print(f"broker acls: {exc}", file=sys.stderr)
-        return 1
+    return _on_store(args, "acls", AclStore, _acls)
 
 
 def _acls(args: argparse.Namespace, store: AclStore) -> int:

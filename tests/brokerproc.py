@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from ringlog_proto import messages as m
@@ -21,6 +22,30 @@ from ringlog_proto.frames import NEED_DATA, Frame, FrameDecoder
 
 READY_RE = re.compile(r"serving on [\d.]+:(\d+)")
 CORE_RE = re.compile(r"core (\d+): pid (\d+), cpu (\d+), direct port (\d+)")
+
+
+def free_udp_port() -> int:
+    """A UDP port free on loopback now (a node's membership port)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(what: Callable[[], object], timeout: float = 20.0, step: float = 0.05) -> object:
+    """`what()`'s first truthy answer within `timeout` (an exception counts as a falsy answer);
+    else AssertionError with the last answer."""
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while time.monotonic() < deadline:
+        try:
+            last = what()
+        except Exception as exc:
+            last = exc
+        else:
+            if last:
+                return last
+        time.sleep(step)
+    raise AssertionError(f"timed out: last answer {last!r}")
 
 
 class BrokerProcess:

@@ -196,6 +196,41 @@ class _Stream:
         else:
             self.arm_recv()  # a connection paused on unsent bytes reads again
 
+    # ------------------------------------------------------------------------- TLS
+
+    def tls_received(
+        self,
+        tls: TlsSession,
+        data: bytes | memoryview,
+        receive: Callable[[bytes], None],
+        refused: Callable[[ssl.SSLError], None],
+        established: Callable[[], None] | None = None,
+    ) -> None:
+        """Ciphertext read into `tls`: what it must send goes out (handshake records; on a broken
+        handshake the alert that says why, after `refused(exc)`, then the close), the handshake's
+        end calls `established`, and the plaintext goes to `receive` until the stream closes."""
+        was_done = tls.handshake_done
+        try:
+            plain, eof = tls.feed(data)
+        except ssl.SSLError as exc:
+            refused(exc)
+            out = tls.pending()
+            if out:
+                _Stream.write(self, [out])
+            self.close()
+            return
+        out = tls.pending()
+        if out:
+            _Stream.write(self, [out])
+        if tls.handshake_done and not was_done and established is not None:
+            established()
+        for chunk in plain:
+            if self.closed:
+                return
+            receive(chunk)
+        if eof:
+            self.close()
+
     # ------------------------------------------------------------------------- close
 
     def close(self) -> None:
@@ -228,31 +263,20 @@ class Connection(ServedConnection, _Stream):
     # ------------------------------------------------------------------------- TLS (module rules)
 
     def received(self, data: bytes | memoryview) -> None:
-        tls = self.tls
-        if tls is None:
+        if self.tls is None:
             ServedConnection.received(self, data)
-            return
-        was_done = tls.handshake_done
-        try:
-            plain, eof = tls.feed(data)
-        except ssl.SSLError as exc:
-            self.server.limit_log.warning("tls", "closing %s: TLS: %s", self.peer, exc.reason or exc)
-            out = tls.pending()  # the alert that says why, if any
-            if out:
-                _Stream.write(self, [out])
-            self.close()
-            return
-        out = tls.pending()
-        if out:
-            _Stream.write(self, [out])
-        if tls.handshake_done and not was_done:
-            self.auth.tls_established(tls.peer_principal(), self.server.config.sasl)
-        for chunk in plain:
-            if self.closed:
-                return
-            ServedConnection.received(self, chunk)
-        if eof:
-            self.close()
+        else:
+            self.tls_received(self.tls, data, self._plain, self._tls_refused, self._tls_established)
+
+    def _plain(self, data: bytes) -> None:
+        ServedConnection.received(self, data)
+
+    def _tls_refused(self, exc: ssl.SSLError) -> None:
+        self.server.limit_log.warning("tls", "closing %s: TLS: %s", self.peer, exc.reason or exc)
+
+    def _tls_established(self) -> None:
+        assert self.tls is not None
+        self.auth.tls_established(self.tls.peer_principal(), self.server.config.sasl)
 
     def write(self, buffers: Sequence[bytes | memoryview]) -> None:
         if self.tls is None:
@@ -339,32 +363,23 @@ class RemoteConnection(PeerStream, _Stream):
         self.arm_recv()
 
     def received(self, data: bytes | memoryview) -> None:
-        tls = self.tls
-        if tls is None:
+        if self.tls is None:
             PeerStream.received(self, data)
-            return
-        was_done = tls.handshake_done
-        try:
-            plain, eof = tls.feed(data)
-        except ssl.SSLError as exc:  # also a certificate that does not verify
-            self.error = exc
-            out = tls.pending()  # the alert that says why, if any
-            if out:
-                _Stream.write(self, [out])
-            self.close()
-            return
-        out = tls.pending()
-        if out:
-            _Stream.write(self, [out])
-        if tls.handshake_done and not was_done and self.early:
-            early, self.early = self.early, []
-            _Stream.write(self, [tls.encrypt(early)])
-        for chunk in plain:
-            if self.closed:
-                return
-            PeerStream.received(self, chunk)
-        if eof:
-            self.close()
+        else:
+            self.tls_received(self.tls, data, self._plain, self._tls_refused, self._tls_established)
+
+    def _plain(self, data: bytes) -> None:
+        PeerStream.received(self, data)
+
+    def _tls_refused(self, exc: ssl.SSLError) -> None:  # also a certificate that does not verify
+        self.error = exc  # what the link's requests fail with, and what RemoteLinks logs
+
+    def _tls_established(self) -> None:
+        """What waited for the handshake goes, encrypted."""
+        assert self.tls is not None
+        early, self.early = self.early, []
+        if early:
+            _Stream.write(self, [self.tls.encrypt(early)])
 
     def write(self, buffers: Sequence[bytes | memoryview]) -> None:  # type: ignore[override]
         if self.closed or not buffers:

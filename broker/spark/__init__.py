@@ -15,13 +15,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from broker.spark._io import RinglogSparkError, group_lag
+from broker.spark._io import Broker, RinglogSparkError, group_lag
 from broker.spark.source import FORMAT, SCHEMA, RinglogDataSource
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["FORMAT", "SCHEMA", "RinglogDataSource", "RinglogSparkError", "group_lag", "register"]
+__all__ = ["FORMAT", "SCHEMA", "Broker", "RinglogDataSource", "RinglogSparkError", "group_lag", "register"]
 
 
 def register(spark: SparkSession) -> None:

@@ -15,15 +15,17 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections.abc import Coroutine, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from broker.client import (
     AsyncClient,
+    AuthenticationError,
     BrokerUnavailable,
     ClientError,
     OffsetOutOfRangeError,
     RingLogError,
+    Security,
     UnknownTopicError,
 )
 from ringlog_proto.batch import BROKER_PRODUCER_ID_LIMIT, decode_records, iter_batches
@@ -53,15 +55,58 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(coro)
 
 
-async def _client(bootstrap: str) -> AsyncClient:
-    client = AsyncClient(bootstrap, client_name=CLIENT_NAME, connect_timeout_ms=5_000)
+@dataclass(frozen=True, slots=True)
+class Broker:
+    """The broker a job reads or writes and how to reach it: the 'bootstrap' option and the TLS
+    and SASL options (docs/SPARK.md). Plain values, so it pickles to the executors, each of which
+    makes its own `Security` from it; the password never shows in its repr (Spark logs plans)."""
+
+    bootstrap: str
+    tls: bool = False
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    sasl_mechanism: str | None = None
+    sasl_username: str = ""
+    sasl_password: str = field(default="", repr=False)
+
+    def __str__(self) -> str:
+        return self.bootstrap
+
+    def security(self) -> Security | None:
+        """The client's settings (None: plaintext, no authentication); raises ValueError for
+        settings that do not go together."""
+        if not self.tls and self.sasl_mechanism is None:
+            return None
+        return Security(
+            tls=self.tls,
+            cafile=self.tls_ca,
+            certfile=self.tls_cert,
+            keyfile=self.tls_key,
+            sasl_mechanism=self.sasl_mechanism,
+            username=self.sasl_username,
+            password=self.sasl_password,
+        )
+
+
+async def _client(broker: Broker) -> AsyncClient:
+    client = AsyncClient(
+        broker.bootstrap, client_name=CLIENT_NAME, connect_timeout_ms=5_000, security=broker.security()
+    )
     try:
         await client.start()
+    except AuthenticationError as exc:
+        await client.close()
+        raise RinglogSparkError(
+            f"ringlog: the broker at {broker} refused the login ({exc}); check the 'sasl.mechanism', "
+            "'sasl.username' and 'sasl.password' options"
+        ) from exc
     except (BrokerUnavailable, OSError) as exc:
         await client.close()
         raise RinglogSparkError(
-            f"ringlog: cannot reach the broker at {bootstrap} ({exc}); check the 'bootstrap' option "
-            "and that the broker is running and reachable from the driver and every executor"
+            f"ringlog: cannot reach the broker at {broker} ({exc}); check the 'bootstrap' option "
+            "(and the 'tls' options where the broker serves TLS) and that the broker is running and "
+            "reachable from the driver and every executor"
         ) from exc
     return client
 
@@ -85,8 +130,8 @@ async def _list_offset(client: AsyncClient, topic: str, partition: int, spec: in
     return resp.offset
 
 
-async def _offsets(bootstrap: str, topic: str) -> tuple[list[int], list[int]]:
-    client = await _client(bootstrap)
+async def _offsets(broker: Broker, topic: str) -> tuple[list[int], list[int]]:
+    client = await _client(broker)
     try:
         n = await _topic_partitions(client, topic)
         starts = await asyncio.gather(
@@ -98,17 +143,17 @@ async def _offsets(bootstrap: str, topic: str) -> tuple[list[int], list[int]]:
         await client.close()
 
 
-def partition_offsets(bootstrap: str, topic: str) -> tuple[list[int], list[int]]:
+def partition_offsets(broker: Broker, topic: str) -> tuple[list[int], list[int]]:
     """(log start offsets, log end offsets), one per partition of `topic`, now."""
-    return run(_offsets(bootstrap, topic))
+    return run(_offsets(broker, topic))
 
 
-def commit_group_offsets(bootstrap: str, topic: str, group: str, offsets: dict[int, int]) -> None:
+def commit_group_offsets(broker: Broker, topic: str, group: str, offsets: dict[int, int]) -> None:
     """Commit `offsets` (partition -> next offset to read) for `group`: the broker then reports the
     group's position, so lag = end offset - committed offset, as for any consumer group."""
 
     async def go() -> None:
-        client = await _client(bootstrap)
+        client = await _client(broker)
         try:
             await asyncio.gather(
                 *(
@@ -127,12 +172,14 @@ def commit_group_offsets(bootstrap: str, topic: str, group: str, offsets: dict[i
     run(go())
 
 
-def group_lag(bootstrap: str, topic: str, group: str) -> dict[int, int | None]:
+def group_lag(broker: Broker | str, topic: str, group: str) -> dict[int, int | None]:
     """Per partition: records between the group's committed offset and the log end (None when
-    the group has committed nothing for that partition)."""
+    the group has committed nothing for that partition). `broker`: a bootstrap address, or a
+    `Broker` with TLS and SASL settings."""
+    where = Broker(broker) if isinstance(broker, str) else broker
 
     async def go() -> dict[int, int | None]:
-        client = await _client(bootstrap)
+        client = await _client(where)
         try:
             n = await _topic_partitions(client, topic)
             out: dict[int, int | None] = {}
@@ -162,7 +209,7 @@ class Chunk:
 
 
 def fetch_range(
-    bootstrap: str,
+    broker: Broker,
     topic: str,
     partition: int,
     start: int,
@@ -180,7 +227,7 @@ def fetch_range(
     """
     loop = asyncio.new_event_loop()
     try:
-        client = loop.run_until_complete(_client(bootstrap))
+        client = loop.run_until_complete(_client(broker))
         try:
             loop.run_until_complete(_topic_partitions(client, topic))
             pos = start
@@ -256,7 +303,7 @@ def _data_loss(topic: str, partition: int, pos: int, end: int, log_start: int) -
 
 
 def records_by_producer(
-    bootstrap: str, topic: str, starts: dict[int, int], producer_id: int
+    broker: Broker, topic: str, starts: dict[int, int], producer_id: int
 ) -> dict[int, int]:
     """Per partition: how many records batches of `producer_id` hold at or after `starts[p]`.
 
@@ -266,7 +313,7 @@ def records_by_producer(
     """
 
     async def go() -> dict[int, int]:
-        client = await _client(bootstrap)
+        client = await _client(broker)
         try:
             out: dict[int, int] = {}
             for p, start in starts.items():

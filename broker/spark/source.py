@@ -53,7 +53,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from broker.client import Producer, key_partition
+from broker.client import AuthenticationError, Producer, key_partition
 from broker.spark import _io
 from broker.spark._io import RinglogSparkError
 
@@ -157,9 +157,33 @@ def resolve_offsets(
     return out
 
 
+def broker_options(options: Any) -> _io.Broker:
+    """'bootstrap' and the TLS and SASL options, checked here on the driver (a wrong one fails
+    the job before any task starts). The password is an option as in Spark's Kafka source
+    (`kafka.sasl.jaas.config`): pass it from a secret store, not a literal in the job."""
+    mechanism = options.get("sasl.mechanism")
+    broker = _io.Broker(
+        bootstrap=_required(options, "bootstrap"),
+        tls=_bool(options, "tls", False) or bool(options.get("tls.ca") or options.get("tls.cert")),
+        tls_ca=options.get("tls.ca") or None,
+        tls_cert=options.get("tls.cert") or None,
+        tls_key=options.get("tls.key") or None,
+        sasl_mechanism=mechanism or None,
+        sasl_username=options.get("sasl.username") or "",
+        sasl_password=options.get("sasl.password") or "",
+    )
+    try:
+        broker.security()
+    except (ValueError, OSError) as exc:  # ssl.SSLError is an OSError: a file that does not load
+        raise RinglogSparkError(f"ringlog: the tls and sasl options: {exc}") from exc
+    if mechanism and not broker.sasl_password:
+        raise RinglogSparkError("ringlog: option 'sasl.mechanism' needs 'sasl.username' and 'sasl.password'")
+    return broker
+
+
 @dataclass(frozen=True, slots=True)
 class ReadOptions:
-    bootstrap: str
+    broker: _io.Broker
     topic: str
     fail_on_data_loss: bool
     max_records_per_split: int | None
@@ -168,7 +192,7 @@ class ReadOptions:
     @classmethod
     def parse(cls, options: Any) -> ReadOptions:
         return cls(
-            bootstrap=_required(options, "bootstrap"),
+            broker=broker_options(options),
             topic=_required(options, "topic"),
             fail_on_data_loss=_bool(options, "failOnDataLoss", True),
             max_records_per_split=_int(options, "maxRecordsPerSplit", None),
@@ -222,7 +246,7 @@ def read_range(opts: ReadOptions, r: OffsetRange) -> Iterator[pa.RecordBatch]:
     """Arrow record batches of one offset range, one per fetch (up to fetchMaxBytes)."""
     schema = arrow_schema()
     for chunk in _io.fetch_range(
-        opts.bootstrap,
+        opts.broker,
         r.topic,
         r.partition,
         r.start,
@@ -243,7 +267,7 @@ class RinglogReader(DataSourceReader):
 
     def partitions(self) -> Sequence[InputPartition]:
         o = self.opts
-        starts, ends = _io.partition_offsets(o.bootstrap, o.topic)
+        starts, ends = _io.partition_offsets(o.broker, o.topic)
         lo = resolve_offsets(self.starting, "startingOffsets", o.topic, starts, ends)
         hi = resolve_offsets(self.ending, "endingOffsets", o.topic, starts, ends)
         for p, (s, e) in enumerate(zip(lo, hi, strict=True)):
@@ -265,7 +289,7 @@ class RinglogReader(DataSourceReader):
 
 @dataclass(frozen=True, slots=True)
 class WriteOptions:
-    bootstrap: str
+    broker: _io.Broker
     topic: str
     acks: int
     linger_ms: int
@@ -286,7 +310,7 @@ class WriteOptions:
                 "know what its failed attempt appended; use acks 1 or 2"
             )
         return cls(
-            bootstrap=_required(options, "bootstrap"),
+            broker=broker_options(options),
             topic=_required(options, "topic"),
             acks=level,
             linger_ms=_int(options, "lingerMs", 5, minimum=0) or 0,
@@ -353,7 +377,7 @@ def write_task(
     this task routed to partition p" is the same set on every attempt.
     """
     n_parts = len(starts)
-    done = _io.records_by_producer(opts.bootstrap, opts.topic, starts, producer_id) if attempt else {}
+    done = _io.records_by_producer(opts.broker, opts.topic, starts, producer_id) if attempt else {}
     routed = [0] * n_parts
     errors: list[BaseException] = []
 
@@ -365,15 +389,16 @@ def write_task(
     topic = opts.topic
     try:
         producer = Producer(
-            opts.bootstrap,
+            opts.broker.bootstrap,
+            security=opts.broker.security(),
             acks=opts.acks,
             linger_ms=opts.linger_ms,
             producer_id=producer_id,
             producer_epoch=min(attempt, (1 << 15) - 1),
             client_name="ringlog-spark-writer",
         )
-    except (OSError, ConnectionError) as exc:
-        raise RinglogSparkError(f"ringlog: cannot reach the broker at {opts.bootstrap} ({exc})") from exc
+    except (OSError, ConnectionError, AuthenticationError) as exc:
+        raise RinglogSparkError(f"ringlog: cannot reach the broker at {opts.broker} ({exc})") from exc
     try:
         for batch in batches:
             rows = batch.num_rows
@@ -508,13 +533,13 @@ class RinglogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.target: dict[int, int] | None = None  # Trigger.AvailableNow: read no further
 
     def initialOffset(self) -> dict:
-        starts, ends = _io.partition_offsets(self.opts.bootstrap, self.opts.topic)
+        starts, ends = _io.partition_offsets(self.opts.broker, self.opts.topic)
         return _offset_json(
             self.opts.topic, resolve_offsets(self.starting, "startingOffsets", self.opts.topic, starts, ends)
         )
 
     def prepareForTriggerAvailableNow(self) -> None:
-        _starts, ends = _io.partition_offsets(self.opts.bootstrap, self.opts.topic)
+        _starts, ends = _io.partition_offsets(self.opts.broker, self.opts.topic)
         self.target = dict(enumerate(ends))
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -522,13 +547,13 @@ class RinglogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         topic = self.opts.topic
-        starts, ends = _io.partition_offsets(self.opts.bootstrap, topic)
+        starts, ends = _io.partition_offsets(self.opts.broker, topic)
         begin = _from_json(topic, start)
         if self.group and begin:
             # Spark plans a batch only once the previous one is done, so `start` is processed: commit
             # it now. `commit()` alone would leave the last batch of a run (AvailableNow) uncommitted
             # until the next run, and the group's lag would show records already read.
-            _io.commit_group_offsets(self.opts.bootstrap, topic, self.group, begin)
+            _io.commit_group_offsets(self.opts.broker, topic, self.group, begin)
         end: dict[int, int] = {}
         for p, e in enumerate(ends):
             if self.target is not None and p not in self.target:
@@ -543,7 +568,7 @@ class RinglogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         topic = self.opts.topic
         begin, stop = _from_json(topic, start), _from_json(topic, end)
         if any(p not in begin for p in stop):
-            starts, _ends = _io.partition_offsets(self.opts.bootstrap, topic)
+            starts, _ends = _io.partition_offsets(self.opts.broker, topic)
             for p in stop:
                 begin.setdefault(p, starts[p])
         bounds = {p: (begin[p], max(begin[p], e)) for p, e in stop.items()}
@@ -557,7 +582,7 @@ class RinglogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def commit(self, end: dict) -> None:
         if self.group:
             _io.commit_group_offsets(
-                self.opts.bootstrap, self.opts.topic, self.group, _from_json(self.opts.topic, end)
+                self.opts.broker, self.opts.topic, self.group, _from_json(self.opts.topic, end)
             )
 
 
@@ -597,7 +622,7 @@ class RinglogDataSource(DataSource):
             )
         check_write_schema(schema)
         opts = WriteOptions.parse(self.options)
-        _starts, ends = _io.partition_offsets(opts.bootstrap, opts.topic)
+        _starts, ends = _io.partition_offsets(opts.broker, opts.topic)
         return opts, uuid.uuid4().hex, dict(enumerate(ends))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceArrowWriter:

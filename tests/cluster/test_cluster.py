@@ -7,15 +7,14 @@ from __future__ import annotations
 
 import itertools
 import json
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from brokerproc import BrokerProcess, Wire
+from brokerproc import BrokerProcess, Wire, free_udp_port, wait_for
 from clusterchecker import Ack, check, read_replica
 
 from broker.client.admin import Admin
@@ -25,27 +24,6 @@ from broker.client.producer import Producer
 from ringlog_proto import messages as m
 
 _names = itertools.count()
-
-
-def free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for(what: Callable[[], object], timeout: float = 20.0, step: float = 0.05) -> object:
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while time.monotonic() < deadline:
-        try:
-            last = what()
-        except Exception as exc:
-            last = exc
-        else:
-            if last:
-                return last
-        time.sleep(step)
-    raise AssertionError(f"timed out: last answer {last!r}")
 
 
 class Cluster:

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import itertools
 import json
-import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from brokerproc import BrokerProcess
+from brokerproc import BrokerProcess, free_udp_port, wait_for
 from clusterchecker import read_replica
 from securitylab import Pki, broker_cli, consume, produce
 
@@ -33,27 +32,6 @@ PASSWORDS = {
     "bob": "bob-pw",
 }
 BACKENDS = {1: "io_uring", 2: "uvloop", 3: "io_uring"}
-
-
-def free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for(what: Callable[[], object], timeout: float = 30.0, step: float = 0.1) -> object:
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while time.monotonic() < deadline:
-        try:
-            last = what()
-        except Exception as exc:
-            last = exc
-        else:
-            if last:
-                return last
-        time.sleep(step)
-    raise AssertionError(f"timed out: last answer {last!r}")
 
 
 class SecureCluster:
