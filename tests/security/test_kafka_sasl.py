@@ -68,6 +68,7 @@ def test_librdkafka_round_trip(broker: BrokerProcess, mechanism: str) -> None:
 
 
 @pytest.mark.parametrize(("user", "password"), [("alice", "wrong"), ("mallory", PASSWORD)])
+@pytest.mark.parametrize("broker", ["uvloop"], indirect=True)  # SASL is the same code on both
 def test_bad_credentials_are_refused_and_write_nothing(
     broker: BrokerProcess, user: str, password: str
 ) -> None:
