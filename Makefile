@@ -16,7 +16,11 @@ run: setup
 test: setup
 	$(PY) -m ruff check .
 	$(LINT_IMPORTS)
-	$(PY) -m pytest -q --durations=40  # the slowest, so the suite's budget (20 min) can be kept
+	# Two workers, each running whole files (module fixtures such as a cluster or a SparkSession
+	# start once; tests that change the kernel, namespaces and XDP, already clean up after
+	# themselves and name what they make per process): the suite's 20-minute budget. The 40
+	# slowest tests are listed to keep it.
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=40
 
 lint: setup
 	$(PY) -m ruff check .
