@@ -1145,7 +1145,10 @@ class Handlers:
                 self.ask_core(whom, frame, reply)
             else:
                 assert self.remote_links is not None
-                self.remote_links.request(whom, frame, time.monotonic() + COMMIT_BOUND_ASK_S, reply)
+                try:
+                    self.remote_links.request(whom, frame, time.monotonic() + COMMIT_BOUND_ASK_S, reply)
+                except ValueError as exc:  # a leader registered under a name, not an address
+                    reply(exc)
 
     def _offset_fetch(self, req: m.Request, frame: Frame) -> Outcome:
         assert isinstance(req, m.OffsetFetchRequest)

@@ -127,7 +127,8 @@ class SaslLogin:
             return m.SaslAuthenticateRequest(token)
         if scram is None:
             return None
-        assert isinstance(response, m.SaslAuthenticateResponse)
+        if not isinstance(response, m.SaslAuthenticateResponse):
+            raise ValueError(f"a SaslAuthenticate answered with api {response.API_KEY}")
         if self._answers == 2:
             return m.SaslAuthenticateRequest(scram.final(response.auth_bytes))
         scram.verify(response.auth_bytes)
