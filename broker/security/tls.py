@@ -124,21 +124,27 @@ class TlsSession:
         return True
 
     def feed(self, data: bytes | memoryview) -> tuple[list[bytes], bool]:
-        """The plaintext `data` completes, and whether the other end closed (close_notify)."""
+        """The plaintext `data` completes (in one piece: a read hands out a TLS record, at most
+        16 KiB, and the frame decoder behind is cheaper fed once than once per record), and
+        whether the other end closed (close_notify)."""
         self._in.write(data)
         if not self.handshake_done and not self._handshake():
             return [], False
         out: list[bytes] = []
+        eof = False
         while True:
             try:
                 chunk = self._ssl.read(65536)
             except ssl.SSLWantReadError:
-                return out, False
+                break
             except ssl.SSLZeroReturnError:
-                return out, True
+                eof = True
+                break
             if not chunk:
-                return out, True
+                eof = True
+                break
             out.append(chunk)
+        return ([b"".join(out)] if len(out) > 1 else out), eof
 
     def encrypt(self, buffers: list[bytes] | list[bytes | memoryview]) -> bytes:
         for b in buffers:
