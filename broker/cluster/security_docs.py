@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from typing import Final, Generic, TypeVar
 
 from broker.cluster.records import Keys
-from broker.cluster.store import MetadataStore, Put, StoreError, absent, mod_revision_is
+from broker.cluster.store import KeyValue, MetadataStore, Put, StoreError, absent, mod_revision_is
 from broker.security.acls import ACLS_FILE
 from broker.security.credentials import USERS_FILE
 from broker.security.watched import MIRROR_OF
@@ -48,13 +48,15 @@ class EtcdDocument(Generic[T]):
         self._parse = parse
 
     def get(self) -> T:
-        kv = self.store.get(self.key)
+        return self._parsed(self.store.get(self.key))
+
+    def _parsed(self, kv: KeyValue | None) -> T:
         return self._parse(json.loads(kv.value) if kv is not None else None)
 
     def update(self, change: Callable[[T], object]) -> None:
         for _ in range(RACE_RETRIES):
             kv = self.store.get(self.key)
-            doc = change(self._parse(json.loads(kv.value) if kv is not None else None))
+            doc = change(self._parsed(kv))
             unchanged = mod_revision_is(self.key, kv.mod_revision) if kv is not None else absent(self.key)
             if self.store.txn([unchanged], [Put(self.key, json.dumps(doc, sort_keys=True))]).succeeded:
                 return

@@ -16,7 +16,8 @@ Rules this module keeps:
   It checks the peer's certificate against `--tls-peer-ca` (else `--tls-client-ca`, else the
   system's CAs) and that it names the address connected to (an IP: the certificate needs it as
   an IP subjectAltName), and presents its own certificate, which a peer with
-  `--tls-client-ca` requires (then its subject is the node's principal there: a super user).
+  `--tls-client-ca` requires. Without SASL its subject is then the node's principal there,
+  which replication needs as a super user: the operator names it in `--super-users`.
 """
 
 from __future__ import annotations
