@@ -103,7 +103,7 @@ from broker.core.outcomes import (
     Wait,
 )
 from broker.core.partition import Partition
-from broker.core.remote import RemoteLinks, SaslLogin
+from broker.core.remote import RemoteLinks
 from broker.core.replica_manager import ReplicaManager
 from broker.kafka import sasl as kafka_sasl
 from broker.kafka.adapter import KafkaAdapter
@@ -121,6 +121,7 @@ from ringlog_proto.frames import (
     starts_like_frame,
 )
 from ringlog_proto.messages import Acks, peek_fetch_max_bytes
+from ringlog_proto.sasl import SaslLogin
 
 if TYPE_CHECKING:
     from broker.storage.fileio import Op

@@ -46,7 +46,7 @@ from collections.abc import Callable
 from typing import Any, Final, TypeVar
 
 from broker.client.errors import AuthenticationError, BrokerUnavailable, ProtocolViolation, error_for
-from broker.client.security import PLAIN, ScramExchange, Security, plain_token
+from broker.client.security import Security
 from ringlog_proto.frames import (
     FRAME_BYTES_MAX_DEFAULT,
     NEED_DATA,
@@ -64,13 +64,11 @@ from ringlog_proto.messages import (
     ProduceRequest,
     Request,
     Response,
-    SaslAuthenticateRequest,
-    SaslAuthenticateResponse,
-    SaslHandshakeRequest,
     decode_response,
     encode_request,
 )
 from ringlog_proto.routing import source_ports
+from ringlog_proto.sasl import SaslLogin
 
 log = logging.getLogger(__name__)
 
@@ -217,17 +215,11 @@ class AsyncConnection:
         connection and raises `AuthenticationError` when it fails."""
         mechanism = security.sasl_mechanism
         assert mechanism is not None
+        login = SaslLogin(mechanism, security.username, security.password)
         try:
-            await self.request(SaslHandshakeRequest(mechanism))
-            if mechanism == PLAIN:
-                await self.request(SaslAuthenticateRequest(plain_token(security.username, security.password)))
-                return
-            scram = ScramExchange(mechanism, security.username, security.password)
-            first = await self.request(SaslAuthenticateRequest(scram.first()))
-            assert isinstance(first, SaslAuthenticateResponse)
-            final = await self.request(SaslAuthenticateRequest(scram.final(first.auth_bytes)))
-            assert isinstance(final, SaslAuthenticateResponse)
-            scram.verify(final.auth_bytes)
+            req: Request | None = login.first()
+            while req is not None:
+                req = login.answer(await self.request(req))
         except ValueError as exc:
             await self.close()
             raise AuthenticationError(ErrorCode.SASL_AUTHENTICATION_FAILED, str(exc)) from exc

@@ -24,8 +24,6 @@ import ssl
 from dataclasses import dataclass, field
 from typing import Final
 
-from ringlog_proto.sasl import ScramExchange, plain_token
-
 SCRAM_MECHANISMS: Final = ("SCRAM-SHA-512", "SCRAM-SHA-256")
 PLAIN: Final = "PLAIN"
 MECHANISMS: Final = (*SCRAM_MECHANISMS, PLAIN)
@@ -74,4 +72,4 @@ class Security:
         return self.sasl_mechanism is not None
 
 
-__all__ = ["MECHANISMS", "ScramExchange", "Security", "plain_token"]
+__all__ = ["MECHANISMS", "Security"]

@@ -37,8 +37,8 @@ Rules this module keeps:
   --connection-idle-ms) is simply reopened by the next request.
 - Logins: where the remote cores want SASL (`--sasl-mechanisms`; a cluster's nodes share their
   settings), every new link first runs the exchange of docs/PROTOCOL.md §4.15 as the
-  inter-broker user (`login`, a `SaslLogin` per link), and what is sent on it meanwhile waits in
-  order behind the exchange: the remote answers anything else sent before with
+  inter-broker user (`login`, a `SaslLogin` of ringlog_proto/sasl.py per link), and what is
+  sent on it meanwhile waits in order behind the exchange: the remote answers anything else sent before with
   ILLEGAL_SASL_STATE and closes. A refused login fails the link like a refused connect (its
   requests fail, the address backs off), logged once until a login there succeeds again.
 - Owned by the core's event-loop thread; timers from the backend's `call_later`. At shutdown
@@ -66,7 +66,7 @@ from broker.core.forwarding import (
 )
 from ringlog_proto import messages as m
 from ringlog_proto.frames import Frame
-from ringlog_proto.sasl import ScramExchange, plain_token
+from ringlog_proto.sasl import SaslLogin
 
 log = logging.getLogger(__name__)
 
@@ -99,40 +99,6 @@ class RemoteChannel(Protocol):
 
 
 OpenRemote = Callable[[str, int, bool], RemoteChannel | None]
-
-
-class SaslLogin:
-    """The client's half of one link's SASL exchange (docs/PROTOCOL.md §4.15), as requests and
-    answers: SaslHandshake, then one SaslAuthenticate (PLAIN) or two (SCRAM, whose last answer
-    must prove the remote knows the password). `answer` raises ValueError when refused."""
-
-    def __init__(self, mechanism: str, user: str, password: str) -> None:
-        self.mechanism = mechanism
-        self._user = user
-        self._password = password
-        self._scram = None if mechanism == "PLAIN" else ScramExchange(mechanism, user, password)
-        self._answers = 0
-
-    def first(self) -> m.Request:
-        return m.SaslHandshakeRequest(self.mechanism)
-
-    def answer(self, response: m.Response) -> m.Request | None:
-        """The next request of the exchange, or None when it succeeded."""
-        if response.error != m.ErrorCode.NONE:
-            raise ValueError(f"{response.error.name}: {response.message}")
-        self._answers += 1
-        scram = self._scram
-        if self._answers == 1:
-            token = plain_token(self._user, self._password) if scram is None else scram.first()
-            return m.SaslAuthenticateRequest(token)
-        if scram is None:
-            return None
-        if not isinstance(response, m.SaslAuthenticateResponse):
-            raise ValueError(f"a SaslAuthenticate answered with api {response.API_KEY}")
-        if self._answers == 2:
-            return m.SaslAuthenticateRequest(scram.final(response.auth_bytes))
-        scram.verify(response.auth_bytes)
-        return None
 
 
 class _Waiting:

@@ -11,9 +11,10 @@ from collections.abc import Callable
 import pytest
 
 from broker.core.forwarding import NO_DEADLINE, PEER_WATCH_S, PeerLink, PeerLinkError, PeerTimeout
-from broker.core.remote import REMOTE_RETRY_S_MAX, REMOTE_RETRY_S_MIN, RemoteLinks, SaslLogin
+from broker.core.remote import REMOTE_RETRY_S_MAX, REMOTE_RETRY_S_MIN, RemoteLinks
 from ringlog_proto import messages as m
 from ringlog_proto.frames import Frame, FrameDecoder
+from ringlog_proto.sasl import SaslLogin
 
 ADDRESS = ("10.0.0.2", 9101)
 
