@@ -32,6 +32,10 @@ What it measures (1 KiB values; MB and GB are 10^6 and 10^9 bytes of record valu
    the partition ingest just wrote (page cache warm), for at least `FETCH_MIN_S`: GB/s of record
    batches served and broker CPU-seconds per GB; the client's CPU is printed beside it (when it is
    near 100%, the client is the limit, not the broker).
+   Floors (ingest and fetch): the same client work against bench/floor_server.py on the same
+   CPU, a server that only moves the bytes (recv_into + pwrite to a fresh file + a fixed reply
+   per frame; pread + send, and sendfile, of a warm file): the kernel's own CPU-seconds per GB,
+   under which no broker on this machine can go, printed beside the broker's.
 5. The targets of issue 13, each with its figure, its goal and met or missed.
 """
 
@@ -203,6 +207,57 @@ class Echo:
     def stop(self) -> None:
         if self.proc is not None:
             stop_pid(self.proc)
+
+
+class Floor:
+    """bench/floor_server.py pinned to the servers' CPU: the kernel's share of a GB produced or
+    fetched, with no broker in the way (`ingest`, `fetch ... copy`, `fetch ... sendfile`)."""
+
+    def __init__(self, *args: str) -> None:
+        self.args = args
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.port = 0
+
+    def start(self) -> Floor:
+        script = str(Path(__file__).with_name("floor_server.py"))
+        argv = ["taskset", "-c", str(SERVER_CPU), sys.executable, script, *self.args]
+        self.proc = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}
+        )
+        assert self.proc.stdout is not None
+        self.port = int(self.proc.stdout.readline())
+        return self
+
+    def cpu(self) -> float:
+        assert self.proc is not None
+        return proc_cpu(self.proc.pid)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_pid(self.proc)
+
+
+def floor_fetch(port: int, file_bytes: int, chunk: int, min_s: float) -> tuple[int, float]:
+    """Whole passes over a floor server's file in `chunk`-byte requests for at least `min_s`;
+    (bytes, seconds)."""
+    buf = bytearray(chunk)
+    view = memoryview(buf)
+    pack = struct.Struct(">QI").pack
+    nbytes = 0
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        t0 = time.perf_counter()
+        while nbytes == 0 or time.perf_counter() - t0 < min_s:
+            for offset in range(0, file_bytes - chunk + 1, chunk):
+                s.sendall(pack(offset, chunk))
+                got = 0
+                while got < chunk:
+                    k = s.recv_into(view[got:])
+                    if not k:
+                        raise ConnectionError("floor server closed the connection")
+                    got += k
+                nbytes += chunk
+        return nbytes, time.perf_counter() - t0
 
 
 def echo_latency(port: int, samples: int, warmup: int) -> list[float]:
@@ -495,10 +550,17 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         print(f"  {REDIS} is missing (scripts/setup.sh installs redis-server): no Redis rows, ratios n/a")
     redises = {f: Redis(workdir, f) for f in ("everysec", "always")} if redis_ok else {}
     echoes = {mode: Echo(mode) for mode in ("block", "spin")} if "latency" in only else {}
-    results: dict[str, Any] = {"lat": collections.defaultdict(list), "ingest": {}, "fetch": {}}
-    started: list[Broker | Redis | Echo] = []
+    floors: dict[str, Floor] = {}
+    if "ingest" in only:
+        floors["ingest"] = Floor("ingest", str(workdir))
+    if "fetch" in only:
+        for how in ("copy", "sendfile"):
+            path = str(workdir / f"floor-{how}.data")
+            floors[how] = Floor("fetch", path, str(sizes["ingest_bytes"]), how)
+    results: dict[str, Any] = {"lat": collections.defaultdict(list), "ingest": {}, "fetch": {}, "floors": {}}
+    started: list[Broker | Redis | Echo | Floor] = []
     try:
-        for server in [*brokers.values(), *redises.values(), *echoes.values()]:
+        for server in [*brokers.values(), *redises.values(), *echoes.values(), *floors.values()]:
             started.append(server.start())
         topics: dict[str, tuple[str, int]] = {}
         for b, broker in brokers.items():
@@ -566,11 +628,28 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                         print(f"  round {rnd + 1}: {b} fetch {fbytes / fwall / GB:.2f} GB/s", flush=True)
                     with Admin(broker.bootstrap) as admin:
                         admin.delete_topic(name)
+                measure_floors(floors, sizes["ingest_bytes"], args.fetch_max_bytes, results["floors"])
     finally:
         for server in started:
             server.stop()
         shutil.rmtree(workdir, ignore_errors=True)
     return results
+
+
+def measure_floors(floors: dict[str, Floor], nbytes: int, chunk: int, into: dict[str, list[float]]) -> None:
+    """One round of the floors: CPU-seconds per GB of the floor server over the same client work
+    as the broker's ingest (the same client) and fetch (`chunk`-byte reads of a warm file)."""
+    if "ingest" in floors:
+        f = floors["ingest"]
+        c0 = f.cpu()
+        written, _ = ingest(f"127.0.0.1:{f.port}", 0, nbytes)
+        into.setdefault("ingest", []).append((f.cpu() - c0) / (written / GB))
+    for how in ("copy", "sendfile"):
+        if how in floors:
+            f = floors[how]
+            c0 = f.cpu()
+            sent, _ = floor_fetch(f.port, nbytes, chunk, FETCH_MIN_S)
+            into.setdefault(how, []).append((f.cpu() - c0) / (sent / GB))
 
 
 def report(results: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
@@ -604,6 +683,21 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     if rows:
         print(f"\n4. Fetch: raw fetch loop, max_bytes {args.fetch_max_bytes // KIB} KiB, page cache warm")
         table(["backend", "GB/s", "broker CPU s/GB", "client CPU"], rows, labels=1)
+
+    floors = results.get("floors", {})
+    labels = {
+        "ingest": "produce: recv_into + pwrite to a fresh file + a reply per frame",
+        "copy": "fetch: pread + send",
+        "sendfile": "fetch: sendfile",
+    }
+    rows = []
+    for how, values in floors.items():
+        cpu = summary(values)
+        out.setdefault("floors", {})[how] = cpu
+        rows.append([labels[how], fmt_spread(cpu, 2)])
+    if rows:
+        print("\n   Floors: the same bytes through a server that only moves them (bench/floor_server.py)")
+        table(["floor", "server CPU s/GB"], rows, labels=1)
 
     targets: list[list[str]] = []
     skip_unmeasured = args.only != "latency,durable,ingest,fetch"

@@ -2,11 +2,44 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from brokerproc import BrokerProcess, Wire
+
+# `make test` runs two pytest-xdist workers, which share one kernel. A test marked `exclusive`
+# changes something machine-wide that the other worker's tests would meet (io_uring_disabled=2
+# refused the rings of a broker another test was starting: a failure of the other test, not of
+# this one), so it runs while no other test does. Every test holds a shared flock on LOCK for
+# its whole protocol (setup, call, teardown, so module fixtures made in its setup too); an
+# exclusive one holds it exclusively. TURNSTILE keeps a stream of shared holders from starving
+# an exclusive one: it is passed through before taking LOCK, and held by an exclusive test while
+# it waits.
+LOCK = Path(tempfile.gettempdir()) / "ringlog-tests.lock"
+TURNSTILE = Path(tempfile.gettempdir()) / "ringlog-tests.turnstile"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    exclusive = item.get_closest_marker("exclusive") is not None
+    with open(LOCK, "a") as lock, open(TURNSTILE, "a") as turnstile:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        try:
+            if not exclusive:
+                fcntl.flock(turnstile, fcntl.LOCK_UN)
+            fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        finally:
+            with contextlib.suppress(OSError):
+                fcntl.flock(turnstile, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
 
 # Every integration test runs against each backend with one core and with two: the backends must
 # pass the same suite, and two cores put forwarding and the shared topic registry under all of it.

@@ -487,6 +487,7 @@ def test_close_cancels_what_is_in_flight_and_is_idempotent(pair: tuple[socket.so
     assert exc.value.errno == errno.EBADF
 
 
+@pytest.mark.exclusive
 def test_ring_creation_failure_names_io_uring_disabled() -> None:
     path = Path("/proc/sys/kernel/io_uring_disabled")
     if not path.exists():

@@ -39,6 +39,7 @@ def io_uring_disabled() -> Iterator[None]:
 
 
 @needs_root
+@pytest.mark.exclusive
 def test_auto_falls_back_to_uvloop_with_a_log_line_when_rings_are_refused(tmp_path: Path) -> None:
     with io_uring_disabled():
         broker = BrokerProcess(tmp_path / "data", tmp_path / "broker.log", backend="auto").start()
@@ -56,6 +57,7 @@ def test_auto_falls_back_to_uvloop_with_a_log_line_when_rings_are_refused(tmp_pa
 
 
 @needs_root
+@pytest.mark.exclusive
 def test_asking_for_io_uring_when_it_is_refused_is_a_clear_error(tmp_path: Path) -> None:
     with io_uring_disabled():
         proc = subprocess.run(
