@@ -192,6 +192,16 @@ class Server(BackendCore):
             return
         done(None)
 
+    def appends_now(self, ops: Sequence[Op]) -> bool:
+        return True  # every store write is a pwritev on the loop (`run_ops`)
+
+    def run_ops_now(self, ops: Sequence[Op]) -> OSError | None:
+        try:
+            run_ops(self.io, ops)
+        except OSError as exc:
+            return exc
+        return None
+
     def run_flush(self, ops: Sequence[Op], done: Callable[[OSError | None], None]) -> None:
         if self.stopping():  # the shutdown sequence flushes, then closes: on the loop
             self.run_ops(ops, done)

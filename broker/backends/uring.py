@@ -6,9 +6,9 @@ Rules this module keeps:
   operations: accept (multishot), connect (links to other brokers' cores), recv, sendmsg
   (vectored), close on the sockets, and the storage operations through broker/storage/ring_ops.py
   (writev at an offset, fdatasync, read at an offset). No blocking system call runs on the loop's
-  hot path but small appends (below) and non-blocking sends: cold paths (opening a partition, recovery, creating a
-  topic, retention) stay synchronous, as in the uvloop backend, because they are rare and must
-  finish before the request they serve.
+  hot path but small appends (below) and non-blocking sends: cold paths (opening a partition,
+  recovery, creating a topic, retention) stay synchronous, as in the uvloop backend, because they
+  are rare and must finish before the request they serve.
 - The loop (broker/backends/uring_loop.py) runs continuations only after reaping a batch, then
   timers, then callbacks; the end of a pass submits the store writes gathered in it (one writev
   for the back-to-back appends of a partition) and starts the shared group commit. With
@@ -16,6 +16,8 @@ Rules this module keeps:
   pwritev on the loop instead: the one blocking call on the hot path, a page-cache copy, where
   the ring would hand it to an io-wq thread on the same CPU (ext4 cannot write buffered without
   blocking) at the price of a context switch and a slower copy (uring_options.py, constants.py).
+  An append of that size to a partition with none in flight is not even gathered: it is written
+  at once, made visible and answered in one go (`appends_now`, the shared core's `_append`).
 - Each connection has one recv and one sendmsg in flight at most. A write to a connection with
   nothing queued is first tried at once (a non-blocking `sendmsg` on the loop, as uvloop's
   transports do); only what that leaves goes to the ring. A connection the shared core
@@ -511,6 +513,20 @@ class UringServer(BackendCore):
 
     def io_pending(self) -> int:
         return self.loop.pending_ops
+
+    def appends_now(self, ops: Sequence[Op]) -> bool:
+        """`--append-writes inline`, or "auto" and a lone store write it would copy on the loop
+        anyway (what `_submit_write_run` does with a run of one)."""
+        if self.inline_appends:
+            return True
+        return len(ops) == 1 and isinstance(ops[0], Write) and ops[0].length <= self.inline_write_max
+
+    def run_ops_now(self, ops: Sequence[Op]) -> OSError | None:
+        try:
+            run_ops(self._sync_io, ops)
+        except OSError as exc:
+            return exc
+        return None
 
     def run_append(self, partition: Partition, ops: Sequence[Op], done: Written) -> None:
         if self.inline_appends:  # a pwritev on the loop itself (uring_options.py says why)

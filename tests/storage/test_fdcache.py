@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from broker.storage.fdcache import FdCache
 from broker.storage.fileio import SyncFileIO, run_ops
@@ -15,8 +18,29 @@ from ringlog_proto.batch import decode_batches, encode_batch
 CONFIG = LogConfig(segment_bytes=200, max_batch_bytes=200, retention_ms=None)
 
 
+ROOT: list[str] = []  # the running test's tmp_path
+
+
+@pytest.fixture(autouse=True)
+def _root(tmp_path: Path) -> Iterator[None]:
+    ROOT.append(str(tmp_path))
+    yield
+    ROOT.pop()
+
+
 def open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
+    """This process's descriptors on files of the running test. Not all of them: under
+    pytest-xdist a worker's other threads (a reader of an earlier test's subprocess) may open
+    and close descriptors of their own meanwhile."""
+    root = ROOT[-1] + os.sep
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # closed since the listing
+            continue
+        count += target.startswith(root)
+    return count
 
 
 def rolled_log(directory: Path, cache: FdCache, batches: int) -> Log:
