@@ -18,9 +18,10 @@ Rules this module keeps:
   blocking) at the price of a context switch and a slower copy (uring_options.py, constants.py).
   An append of that size to a partition with none in flight is not even gathered: it is written
   at once, made visible and answered in one go (`appends_now`, the shared core's `_append`).
-- Each connection has one recv and one sendmsg in flight at most. A write to a connection with
-  nothing queued is first tried at once (a non-blocking `sendmsg` on the loop, as uvloop's
-  transports do); only what that leaves goes to the ring. A connection the shared core
+- Each connection has one recv and one sendmsg in flight at most. What a pass writes to a
+  connection with no sendmsg in flight is sent at the end of the pass, in one non-blocking
+  `sendmsg` on the loop (as uvloop's transports send at once); only what that leaves goes to the
+  ring. A connection the shared core
   says may not be read is simply not re-armed (single-shot recvs make the pause exact). Its recv
   buffer grows when a recv fills it; the sweep gives a quiet connection's grown buffer back.
 - Ring and buffer lifetimes: `native.Ring` keeps every buffer an SQE references alive until its
@@ -97,7 +98,8 @@ class _Stream:
         self.send_queue: list[bytes | memoryview] = []
         self.unsent_bytes = 0
         self._fd_closed = False
-        self._sock: socket.socket | None = None  # made by the first `write`
+        self._sock: socket.socket | None = None  # made by the first `_flush`
+        self._flushing = False  # a `_flush` is due at the end of this pass
         self._shrinking = False  # the recv in flight is being cancelled to re-arm with a small buffer
 
     def paused(self) -> bool:
@@ -166,25 +168,39 @@ class _Stream:
     def write(self, buffers: Sequence[bytes | memoryview]) -> None:
         if self.closed or not buffers:
             return
-        if not self.sending and len(buffers) <= SEND_IOVECS_MAX:
-            # Nothing queued: try the send now, as an event loop's transport does. A reply
-            # usually fits the socket's buffer; when it does, there is no sendmsg SQE, no
-            # completion and no second pass of the loop for it (one-record acks=1 produce, A/B
-            # on the 2-CPU VM: 227-234 -> 169-210 us of broker CPU per request). What it could
-            # not send goes to the ring, in order; a failure is left for the ring's sendmsg to
-            # meet again, so that it takes the one failure path.
-            try:
-                sent = self._socket().sendmsg(buffers, (), _DONTWAIT)
-            except OSError:
-                sent = 0
-            length = sum(map(len, buffers))
-            if sent == length:
-                return
-            buffers = remaining_buffers(tuple(buffers), sent) if sent else buffers
         self.send_queue.extend(buffers)
         self.unsent_bytes += sum(map(len, buffers))
-        if not self.sending:
-            self._send()
+        if not self.sending and not self._flushing:
+            self._flushing = True
+            self.loop.at_end_of_pass(self._flush)
+
+    def _flush(self) -> None:
+        """End of the pass that queued bytes with no sendmsg in flight: send them at once, as an
+        event loop's transport does, in one non-blocking `sendmsg` for all the replies of the
+        pass. They usually fit the socket's buffer: then there is no sendmsg SQE, no completion
+        and no second pass of the loop for them (one-record acks=1 produce, A/B on the 2-CPU VM:
+        230-264 -> 155-203 us of broker CPU per request). What it leaves goes to the ring, in
+        order; a failure is left for the ring's sendmsg to meet again, so that it takes the one
+        failure path."""
+        self._flushing = False
+        queue = self.send_queue
+        if self.closed or self.sending or not queue:
+            return
+        if len(queue) <= SEND_IOVECS_MAX:
+            try:
+                sent = self._socket().sendmsg(queue, (), _DONTWAIT)
+            except OSError:
+                sent = 0
+            if sent:
+                self.unsent_bytes -= sent
+                if not self.unsent_bytes:
+                    self.send_queue = []
+                    self.sent_some()
+                    self.arm_recv()  # a connection paused on unsent bytes reads again
+                    return
+                self.send_queue = list(remaining_buffers(tuple(queue), sent))
+                self.sent_some()
+        self._send()
 
     def _socket(self) -> socket.socket:
         """A socket object on this stream's fd, for sends made at once (`write`); detached, never
@@ -264,8 +280,11 @@ class _Stream:
     # ------------------------------------------------------------------------- close
 
     def close(self) -> None:
-        """Stop serving this connection; its fd is closed once no operation on it is in flight."""
+        """Stop serving this connection; its fd is closed once no operation on it is in flight.
+        What was written and not yet sent still goes (as a sendmsg the close waits for)."""
         if not self.closed:
+            if self.send_queue and not self.sending:
+                self._send()
             self.closed = True
             self.closing()
             if self.recv_ud:
