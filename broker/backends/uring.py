@@ -527,6 +527,38 @@ class UringServer(BackendCore):
     def run_ops(self, ops: Sequence[Op], done: Written) -> None:
         self.ring_ops.run(ops, done)
 
+    def run_flush(self, ops: Sequence[Op], done: Written) -> None:
+        """A group commit's operations, in order: the syncs on the ring, and a small write
+        (the active segment's index entries, written after its store's sync and never synced
+        themselves) as a page-cache copy on the loop once what precedes it completed, as appends
+        are. On the ring, that write went to an io-wq thread after the fdatasync: a second
+        hand-off in every durable produce's wait (strace: ~65 us of the ~450)."""
+        ops = list(ops)
+
+        def step(i: int) -> None:
+            j = i
+            while j < len(ops) and not self._inline_write(ops[j]):
+                j += 1
+            if j > i:
+                self.ring_ops.run(ops[i:j], lambda exc: done(exc) if exc is not None else step(j))
+                return
+            while i < len(ops) and self._inline_write(ops[i]):
+                try:
+                    run_ops(self._sync_io, [ops[i]])
+                except OSError as exc:
+                    done(exc)
+                    return
+                i += 1
+            if i == len(ops):
+                done(None)
+            else:
+                step(i)
+
+        step(0)
+
+    def _inline_write(self, op: Op) -> bool:
+        return isinstance(op, Write) and op.length <= self.inline_write_max
+
     def read(self, extent: Extent, done: Callable[[bytes | BaseException], None]) -> None:
         self.ring_ops.read(extent, done)
 
