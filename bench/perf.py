@@ -1,7 +1,8 @@
 """Issue 13's targets in one run: ringlog's two backends beside Redis, every target as a ratio.
 
 Run: `.venv/bin/python bench/perf.py [--quick] [--rounds N] [--only latency,durable,ingest,fetch]
-     [--variants uvloop,io_uring] [--broker-args "..."] [--json PATH] [--no-netns]`   (`make bench-perf`)
+     [--variants uvloop,io_uring] [--broker-args "..."] [--json PATH] [--no-netns]
+     [--guest-halt-poll-ns N]`   (`make bench-perf`)
 
 Processes and placement. This script orchestrates and is the client. As root it first re-runs
 itself inside a fresh network namespace (`rl-perf-<pid>`, only `lo` up, deleted at exit whatever
@@ -43,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import os
 import re
@@ -56,7 +58,7 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -789,6 +791,35 @@ def in_netns(argv: list[str]) -> int:
         subprocess.run(["ip", "netns", "del", name], check=False)
 
 
+# The guest's idle governor (cpuidle-haltpoll) polls this long before halting a vCPU; this VM
+# boots with 0, so every wake-up of an idle CPU is an IPI to a halted vCPU, which the waker pays
+# for inside its send (`sock_def_readable` in a broker's profile) and which costs 40-600 us a round
+# trip here. `--guest-halt-poll-ns N` sets it for the run and puts the old value back at exit:
+# every server and client is measured under it, Redis too, so the figures show each one's own
+# work instead of the VM's wake-ups.
+HALT_POLL_NS = Path("/sys/module/haltpoll/parameters/guest_halt_poll_ns")
+
+
+def halt_poll_ns() -> str:
+    try:
+        return HALT_POLL_NS.read_text().strip()
+    except OSError:
+        return "n/a (no cpuidle-haltpoll)"
+
+
+@contextlib.contextmanager
+def guest_halt_poll(ns: int | None) -> Iterator[None]:
+    if ns is None:
+        yield
+        return
+    old = HALT_POLL_NS.read_text().strip()
+    HALT_POLL_NS.write_text(str(ns))
+    try:
+        yield
+    finally:
+        HALT_POLL_NS.write_text(old)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -801,8 +832,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dir", default=str(REPO / ".bench-tmp"))
     ap.add_argument("--json", help="write every figure here")
     ap.add_argument("--no-netns", action="store_true", help="use the machine's loopback")
+    ap.add_argument(
+        "--guest-halt-poll-ns",
+        type=int,
+        help="set the guest's halt polling (cpuidle-haltpoll) for the run, restored at exit (root)",
+    )
     ap.add_argument("--in-netns", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.guest_halt_poll_ns is not None and not args.in_netns:
+        with guest_halt_poll(args.guest_halt_poll_ns):
+            return run(args, argv)
+    return run(args, argv)
+
+
+def run(args: argparse.Namespace, argv: list[str]) -> int:
     if not args.no_netns and os.geteuid() == 0 and shutil.which("ip"):
         return in_netns(argv)
     if os.cpu_count() is None or os.cpu_count() < 2:  # type: ignore[operator]
@@ -814,6 +857,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  {os.cpu_count()} CPUs; data on {fs_of(args.dir)}; netns: {netns}; rounds {args.rounds}")
     extra = args.broker_args or "(defaults)"
     print(f"  servers on CPU {SERVER_CPU}, this client on CPU {CLIENT_CPU}; broker args: {extra}")
+    print(f"  guest halt polling: {halt_poll_ns()} ns")
     for w in warn_if_noisy():
         print(f"  WARNING: {w}")
     Path(args.dir).mkdir(parents=True, exist_ok=True)
