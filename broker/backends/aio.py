@@ -168,7 +168,7 @@ class Server(BackendCore):
     def __init__(self, config: BrokerConfig, listeners: Sequence[socket.socket]) -> None:
         super().__init__(config)
         self.listeners = list(listeners)
-        self.io = SyncFileIO()
+        self.loop_io = SyncFileIO()
         self._flusher = ThreadPoolExecutor(FLUSH_THREADS, thread_name_prefix="flush")
         self._flushes = 0  # group commits running on `_flusher`
         self.open_core()
@@ -186,7 +186,7 @@ class Server(BackendCore):
 
     def run_ops(self, ops: Sequence[Op], done: Callable[[OSError | None], None]) -> None:
         try:
-            run_ops(self.io, ops)
+            run_ops(self.loop_io, ops)
         except OSError as exc:
             done(exc)
             return
@@ -194,13 +194,6 @@ class Server(BackendCore):
 
     def appends_now(self, ops: Sequence[Op]) -> bool:
         return True  # every store write is a pwritev on the loop (`run_ops`)
-
-    def run_ops_now(self, ops: Sequence[Op]) -> OSError | None:
-        try:
-            run_ops(self.io, ops)
-        except OSError as exc:
-            return exc
-        return None
 
     def run_flush(self, ops: Sequence[Op], done: Callable[[OSError | None], None]) -> None:
         if self.stopping():  # the shutdown sequence flushes, then closes: on the loop
@@ -216,7 +209,7 @@ class Server(BackendCore):
                 exc = OSError(f"flush failed: {exc!r}")
             done(exc)
 
-        future = asyncio.get_running_loop().run_in_executor(self._flusher, run_ops, self.io, ops)
+        future = asyncio.get_running_loop().run_in_executor(self._flusher, run_ops, self.loop_io, ops)
         future.add_done_callback(finished)
 
     def io_pending(self) -> int:
@@ -233,7 +226,7 @@ class Server(BackendCore):
 
     def read(self, extent: Extent, done: Callable[[bytes | BaseException], None]) -> None:
         try:
-            data = self.io.pread(extent.segment.store_fd, extent.length, extent.position)
+            data = self.loop_io.pread(extent.segment.store_fd, extent.length, extent.position)
         except Exception as exc:  # becomes an error reply
             done(exc)
             return

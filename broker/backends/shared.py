@@ -110,6 +110,7 @@ from broker.kafka.adapter import KafkaAdapter
 from broker.kafka.codec import KafkaFrameDecoder, KafkaRequest, starts_like_kafka
 from broker.security.session import AUTH_FAILURE_CLOSE_DELAY_S, ConnectionAuth
 from broker.security.tls import peer_context, server_context
+from broker.storage.fileio import Op, SyncFileIO, run_ops
 from ringlog_proto.batch import now_ms
 from ringlog_proto.frames import (
     HEADER_SIZE,
@@ -124,7 +125,6 @@ from ringlog_proto.messages import Acks, peek_fetch_max_bytes
 from ringlog_proto.sasl import SaslLogin
 
 if TYPE_CHECKING:
-    from broker.storage.fileio import Op
     from broker.storage.segment import Extent
 
 log = logging.getLogger(__name__)
@@ -626,6 +626,7 @@ class BackendCore:
 
     handlers: Handlers
     kafka: KafkaAdapter
+    loop_io: SyncFileIO  # the backend's blocking file calls made on the loop thread
     forwarder: Forwarder
     peers: PeerPool
     remote_links: RemoteLinks
@@ -730,7 +731,11 @@ class BackendCore:
 
     def run_ops_now(self, ops: Sequence[Op]) -> OSError | None:
         """Execute `ops` on the loop, now (only for what `appends_now` accepted); the error, if any."""
-        raise NotImplementedError
+        try:
+            run_ops(self.loop_io, ops)
+        except OSError as exc:
+            return exc
+        return None
 
     def run_append(
         self, partition: Partition, ops: Sequence[Op], done: Callable[[OSError | None], None]

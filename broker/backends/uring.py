@@ -504,7 +504,7 @@ class UringServer(BackendCore):
         self.inline_appends = options.append_writes == "inline"
         # "auto": a gathered store write up to this many bytes is a pwritev on the loop
         self.inline_write_max = APPEND_INLINE_BYTES_MAX if options.append_writes == "auto" else -1
-        self._sync_io = SyncFileIO()
+        self.loop_io = SyncFileIO()
         self._store_writes: dict[Partition, list[tuple[Write, Written]]] = {}
         self._accepting = True
         self._standing: dict[int, str] = {}  # user_data of multishot accepts, the signal and wake reads
@@ -544,7 +544,7 @@ class UringServer(BackendCore):
                 return
             while i < len(ops) and self._inline_write(ops[i]):
                 try:
-                    run_ops(self._sync_io, [ops[i]])
+                    run_ops(self.loop_io, [ops[i]])
                 except OSError as exc:
                     done(exc)
                     return
@@ -572,17 +572,10 @@ class UringServer(BackendCore):
             return True
         return len(ops) == 1 and isinstance(ops[0], Write) and ops[0].length <= self.inline_write_max
 
-    def run_ops_now(self, ops: Sequence[Op]) -> OSError | None:
-        try:
-            run_ops(self._sync_io, ops)
-        except OSError as exc:
-            return exc
-        return None
-
     def run_append(self, partition: Partition, ops: Sequence[Op], done: Written) -> None:
         if self.inline_appends:  # a pwritev on the loop itself (uring_options.py says why)
             try:
-                run_ops(self._sync_io, ops)
+                run_ops(self.loop_io, ops)
             except OSError as exc:
                 done(exc)
                 return
@@ -633,7 +626,7 @@ class UringServer(BackendCore):
 
         if op.length <= self.inline_write_max:  # the copy costs less than an io-wq hand-off
             try:
-                run_ops(self._sync_io, [op])
+                run_ops(self.loop_io, [op])
             except OSError as exc:
                 written(exc)
                 return
