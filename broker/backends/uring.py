@@ -21,9 +21,9 @@ Rules this module keeps:
 - Each connection has one recv and one sendmsg in flight at most. What a pass writes to a
   connection with no sendmsg in flight is sent at the end of the pass, in one non-blocking
   `sendmsg` on the loop (as uvloop's transports send at once); only what that leaves goes to the
-  ring. A connection the shared core
-  says may not be read is simply not re-armed (single-shot recvs make the pause exact). Its recv
-  buffer grows when a recv fills it; the sweep gives a quiet connection's grown buffer back.
+  ring. A connection the shared core says may not be read is simply not re-armed (single-shot
+  recvs make the pause exact). Its recv buffer grows when a recv fills it; the sweep gives a
+  quiet connection's grown buffer back.
 - Ring and buffer lifetimes: `native.Ring` keeps every buffer an SQE references alive until its
   final completion; this module keeps each connection's fd open until none of its operations is
   in flight, then closes it through the ring.
@@ -203,8 +203,8 @@ class _Stream:
         self._send()
 
     def _socket(self) -> socket.socket:
-        """A socket object on this stream's fd, for sends made at once (`write`); detached, never
-        closed by Python, when the ring closes the fd."""
+        """A socket object on this stream's fd, for the sends made on the loop (`_flush`);
+        detached, never closed by Python, when the ring closes the fd."""
         sock = self._sock
         if sock is None:
             sock = self._sock = socket.socket(fileno=self.fd)
