@@ -92,6 +92,9 @@ def serve_fetch(conn: socket.socket, fd: int, mode: str) -> None:
             while sent < length:
                 sent += os.sendfile(conn.fileno(), fd, offset + sent, length - sent)
         else:
+            if length > len(buf):  # a chunk larger than the buffer (perf.py --fetch-max-bytes)
+                buf = bytearray(length)
+                view = memoryview(buf)
             n = os.preadv(fd, [view[:length]], offset)
             conn.sendall(view[:n])
 

@@ -191,38 +191,27 @@ while True:
 """
 
 
-class Echo:
-    """The floor: `ECHO_SERVER` pinned to the servers' CPU, in "block" or "spin" mode."""
-
-    def __init__(self, mode: str) -> None:
-        self.mode = mode
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.port = 0
-
-    def start(self) -> Echo:
-        argv = ["taskset", "-c", str(SERVER_CPU), sys.executable, "-c", ECHO_SERVER, self.mode]
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE)
-        assert self.proc.stdout is not None
-        self.port = int(self.proc.stdout.readline())
-        return self
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            stop_pid(self.proc)
-
-
 class Floor:
-    """bench/floor_server.py pinned to the servers' CPU: the kernel's share of a GB produced or
-    fetched, with no broker in the way (`ingest`, `fetch ... copy`, `fetch ... sendfile`)."""
+    """A Python floor server pinned to the servers' CPU, started as `python *args`; it prints its
+    port: `ECHO_SERVER` ("block" or "spin", the round-trip floor) or bench/floor_server.py (the
+    kernel's share of a GB produced or fetched, with no broker in the way)."""
 
     def __init__(self, *args: str) -> None:
         self.args = args
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
 
+    @classmethod
+    def echo(cls, mode: str) -> Floor:
+        return cls("-c", ECHO_SERVER, mode)
+
+    @classmethod
+    def moving(cls, *args: str) -> Floor:
+        """bench/floor_server.py `args` (`ingest DIR`, `fetch FILE BYTES copy|sendfile`)."""
+        return cls(str(Path(__file__).with_name("floor_server.py")), *args)
+
     def start(self) -> Floor:
-        script = str(Path(__file__).with_name("floor_server.py"))
-        argv = ["taskset", "-c", str(SERVER_CPU), sys.executable, script, *self.args]
+        argv = ["taskset", "-c", str(SERVER_CPU), sys.executable, *self.args]
         self.proc = subprocess.Popen(
             argv, stdout=subprocess.PIPE, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}
         )
@@ -551,16 +540,16 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     if not redis_ok:
         print(f"  {REDIS} is missing (scripts/setup.sh installs redis-server): no Redis rows, ratios n/a")
     redises = {f: Redis(workdir, f) for f in ("everysec", "always")} if redis_ok else {}
-    echoes = {mode: Echo(mode) for mode in ("block", "spin")} if "latency" in only else {}
+    echoes = {mode: Floor.echo(mode) for mode in ("block", "spin")} if "latency" in only else {}
     floors: dict[str, Floor] = {}
     if "ingest" in only:
-        floors["ingest"] = Floor("ingest", str(workdir))
+        floors["ingest"] = Floor.moving("ingest", str(workdir))
     if "fetch" in only:
         for how in ("copy", "sendfile"):
             path = str(workdir / f"floor-{how}.data")
-            floors[how] = Floor("fetch", path, str(sizes["ingest_bytes"]), how)
+            floors[how] = Floor.moving("fetch", path, str(sizes["ingest_bytes"]), how)
     results: dict[str, Any] = {"lat": collections.defaultdict(list), "ingest": {}, "fetch": {}, "floors": {}}
-    started: list[Broker | Redis | Echo | Floor] = []
+    started: list[Broker | Redis | Floor] = []
     try:
         for server in [*brokers.values(), *redises.values(), *echoes.values(), *floors.values()]:
             started.append(server.start())
@@ -808,10 +797,7 @@ def halt_poll_ns() -> str:
 
 
 @contextlib.contextmanager
-def guest_halt_poll(ns: int | None) -> Iterator[None]:
-    if ns is None:
-        yield
-        return
+def guest_halt_poll(ns: int) -> Iterator[None]:
     old = HALT_POLL_NS.read_text().strip()
     HALT_POLL_NS.write_text(str(ns))
     try:

@@ -570,7 +570,7 @@ class UringServer(BackendCore):
         anyway (what `_submit_write_run` does with a run of one)."""
         if self.inline_appends:
             return True
-        return len(ops) == 1 and isinstance(ops[0], Write) and ops[0].length <= self.inline_write_max
+        return len(ops) == 1 and self._inline_write(ops[0])
 
     def run_append(self, partition: Partition, ops: Sequence[Op], done: Written) -> None:
         if self.inline_appends:  # a pwritev on the loop itself (uring_options.py says why)
