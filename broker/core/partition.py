@@ -155,7 +155,7 @@ class Partition:
 
     # ------------------------------------------------------------------------- produce
 
-    def produce(self, records: bytes, space: DiskSpace) -> Stored | PendingProduce:
+    def produce(self, records: bytes | memoryview, space: DiskSpace) -> Stored | PendingProduce:
         """Store `records` (one or more whole batches), in two phases: `Stored` when they are a
         producer's retry of batches already stored (nothing to write), else the prepared append.
 
