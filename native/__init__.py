@@ -32,7 +32,9 @@ if TYPE_CHECKING:
         BufferRing,
         Ring,
         RingUnavailable,
+        map_file,
         probe,
+        resident,
     )
 
 
@@ -60,5 +62,7 @@ __all__ = [
     "BufferRing",
     "Ring",
     "RingUnavailable",
+    "map_file",
     "probe",
+    "resident",
 ]

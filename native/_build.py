@@ -93,6 +93,12 @@ struct rl_bufring *rl_bufring_new(struct io_uring *ring, unsigned bgid, unsigned
                                   unsigned size, int *err);
 void rl_bufring_give(struct rl_bufring *b, unsigned bid);
 int rl_bufring_free(struct io_uring *ring, struct rl_bufring *b);
+
+/* A read-only shared mapping of the first `length` bytes of file `fd`, or NULL (-errno in *err). */
+void *rl_map_file(int fd, size_t length, int *err);
+void rl_unmap(void *addr, size_t length);
+/* 1 when every page of [addr, addr + length) is in memory (mincore), 0 when one is not, -errno. */
+int rl_resident(const void *addr, size_t length);
 """
 
 SOURCE = r"""
@@ -457,6 +463,33 @@ int rl_bufring_free(struct io_uring *ring, struct rl_bufring *b)
     munmap(b->br, b->map_bytes);
     free(b);
     return r;
+}
+
+void *rl_map_file(int fd, size_t length, int *err)
+{
+    void *p = mmap(NULL, length, PROT_READ, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) { *err = -errno; return NULL; }
+    *err = 0;
+    return p;
+}
+
+void rl_unmap(void *addr, size_t length) { munmap(addr, length); }
+
+int rl_resident(const void *addr, size_t length)
+{
+    long page = sysconf(_SC_PAGESIZE);
+    uintptr_t start = (uintptr_t)addr & ~(uintptr_t)(page - 1);
+    uintptr_t end = (uintptr_t)addr + length;
+    unsigned char vec[256];
+    while (start < end) {
+        size_t pages = (end - start + (size_t)page - 1) / (size_t)page;
+        if (pages > sizeof(vec)) pages = sizeof(vec);
+        if (mincore((void *)start, pages * (size_t)page, vec)) return -errno;
+        for (size_t i = 0; i < pages; i++)
+            if (!(vec[i] & 1)) return 0;
+        start += pages * (size_t)page;
+    }
+    return 1;
 }
 """
 

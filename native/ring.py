@@ -162,6 +162,26 @@ def probe() -> str | None:
     return None
 
 
+def map_file(fd: int, length: int) -> memoryview:
+    """A read-only view of the first `length` bytes of file `fd`, mapped shared: the page cache's
+    own pages, not a copy. Unmapped when the last view of it is released (the file may be closed
+    meanwhile: a mapping holds no descriptor). `length` may pass the file's end, but a page past
+    it must not be touched (SIGBUS): `resident` is False for those. Raises OSError."""
+    err = _new("int *")
+    addr = lib.rl_map_file(fd, length, err)
+    if addr == ffi.NULL:
+        _raise(err[0], "mmap")
+    unmap = lib.rl_unmap
+    owned = ffi.gc(addr, lambda a: unmap(a, length), size=length)
+    return memoryview(ffi.buffer(owned, length)).toreadonly()
+
+
+def resident(view: memoryview) -> bool:
+    """Whether every page under `view` (of a `map_file` mapping) is in memory (mincore(2)): reading
+    it then cannot wait for the disk, and cannot pass the file's end. A failure says no."""
+    return lib.rl_resident(ffi.from_buffer(view), len(view)) == 1
+
+
 class Ring:
     """One io_uring instance: prep SQEs, submit, reap CQEs as (user_data, res, flags) tuples."""
 

@@ -505,6 +505,10 @@ class UringServer(BackendCore):
         # "auto": a gathered store write up to this many bytes is a pwritev on the loop
         self.inline_write_max = APPEND_INLINE_BYTES_MAX if options.append_writes == "auto" else -1
         self.loop_io = SyncFileIO()
+        from native.ring import map_file, resident  # noqa: PLC0415 - the bindings, as `run` loads them
+
+        self._map_file = map_file
+        self._resident = resident
         self._store_writes: dict[Partition, list[tuple[Write, Written]]] = {}
         self._accepting = True
         self._standing: dict[int, str] = {}  # user_data of multishot accepts, the signal and wake reads
@@ -560,6 +564,18 @@ class UringServer(BackendCore):
         return isinstance(op, Write) and op.length <= self.inline_write_max
 
     def read(self, extent: Extent, done: Callable[[bytes | BaseException], None]) -> None:
+        """From the page cache's own pages when they are all there (`Segment.mapped`, asked with
+        mincore): no copy, no buffer, no SQE, and no wait for the disk. Otherwise, or if the file
+        cannot be mapped, a read on the ring, which may wait for the disk without holding the loop."""
+        try:
+            view = extent.segment.mapped(extent, self._map_file)
+        except Exception:  # the ring's read meets the same cause and reports it
+            view = None
+        mapped = view is not None and self._resident(view)
+        self.handlers.metrics.read(mapped)
+        if mapped:
+            done(view)  # type: ignore[arg-type]  # a read-only buffer: what replies carry
+            return
         self.ring_ops.read(extent, done)
 
     def io_pending(self) -> int:

@@ -63,6 +63,8 @@ class CoreMetrics:
         "forwarded_out",
         "kafka_requests_by_api",
         "latency_us",
+        "reads_file",
+        "reads_mapped",
         "replies",
         "requests_by_api",
         "started_at",
@@ -85,6 +87,8 @@ class CoreMetrics:
         self.latency_us = [0] * LATENCY_BUCKETS
         self.flushes = 0
         self.flush_waiters = 0
+        self.reads_mapped = 0  # fetch reads served from the page cache's pages (io_uring)
+        self.reads_file = 0  # fetch reads that read the file (a ring read, or a pread)
         self.started_at = time.time()
 
     # ------------------------------------------------------------------------- hot path
@@ -136,6 +140,14 @@ class CoreMetrics:
         self.flushes += 1
         self.flush_waiters += waiters
 
+    def read(self, mapped: bool) -> None:
+        """A fetch's read of a segment: from the page cache's pages as they are (`mapped`), or
+        by reading the file (its pages were not all in memory, or the backend always reads)."""
+        if mapped:
+            self.reads_mapped += 1
+        else:
+            self.reads_file += 1
+
     # ------------------------------------------------------------------------- snapshots
 
     def snapshot(self, gauges: Mapping[str, Callable[[], int]] | None = None) -> dict[str, object]:
@@ -161,6 +173,8 @@ class CoreMetrics:
             "asked": self.asked_count,
             "flushes": self.flushes,
             "flush_waiters": self.flush_waiters,
+            "reads_mapped": self.reads_mapped,
+            "reads_file": self.reads_file,
             "gauges": {name: int(read()) for name, read in (gauges or {}).items()},
             "latency_us_log2": list(self.latency_us),
         }
@@ -307,6 +321,18 @@ def prometheus_text(snapshots: Iterable[Mapping[str, object]]) -> str:
         "counter",
         "Durable produces answered by those flushes.",
         per_core("flush_waiters"),
+    )
+    family(
+        "ringlog_reads_mapped_total",
+        "counter",
+        "Fetch reads served from the page cache's pages, with no copy or wait (io_uring).",
+        per_core("reads_mapped"),
+    )
+    family(
+        "ringlog_reads_file_total",
+        "counter",
+        "Fetch reads that read the segment file (pages not all in memory, or the uvloop backend).",
+        per_core("reads_file"),
     )
     for gauge in GAUGES:
         family(

@@ -21,6 +21,7 @@ import contextlib
 import errno
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from broker.storage.errors import CorruptBatchError, LegacyFormatError, LogClosedError
@@ -113,6 +114,7 @@ class Segment:
         self._entries_on_disk = 0  # from the index file's size, when the index is not loaded
         self.synced_size = 0  # store bytes known to be on disk (fdatasync done)
         self.index_synced_count = 0  # index entries known to be on disk
+        self._mapping: memoryview | None = None  # the store mapped by `mapped`, until the files close
 
     # ----------------------------------------------------------------------------- descriptors
 
@@ -196,6 +198,7 @@ class Segment:
 
     def close_files(self) -> None:
         """Close whatever files are open (the cache evicting, or the last pin of a closed segment)."""
+        self._mapping = None  # unmapped once no reply still holds a view of it
         fds = (self._store_fd, self._index_fd)
         self._store_fd = self._index_fd = None
         for fd in fds:
@@ -639,6 +642,25 @@ class Segment:
         end = boundary(lo)
         first = self.base_offset + index.relative_offset(i)
         return Extent(self, start, end - start, first)
+
+    def mapped(self, extent: Extent, map_file: Callable[[int, int], memoryview]) -> memoryview:
+        """`extent`'s bytes as a read-only view of the store file mapped into memory, not read
+        into a buffer: a fetch that the page cache can serve checks and sends them from there
+        (the read's copy, and the fresh buffer's page faults, were most of a fetch's CPU).
+
+        `map_file(fd, length)` maps (the backend's: storage makes no system call of its own). The
+        mapping covers the file as allocated and is kept until the files close (the descriptor
+        cache bounds both); a reply still sending a view keeps it mapped after that. Only bytes
+        known to be in the file may be touched (a page past its end is SIGBUS): the caller asks
+        the kernel whether the pages are resident first, which they are not past the end.
+        Raises what opening the file or mapping it raises.
+        """
+        end = extent.position + extent.length
+        mapping = self._mapping
+        if mapping is None or len(mapping) < end:
+            fd = self.store_fd
+            mapping = self._mapping = map_file(fd, max(end, self.allocated))
+        return mapping[extent.position : end]
 
     def check_batches(self, data: bytes, extent: Extent) -> tuple[int, int, CorruptBatchError | None]:
         """Validate each batch of a read against its crc and the index.
