@@ -32,9 +32,12 @@ if TYPE_CHECKING:
         BufferRing,
         Ring,
         RingUnavailable,
+        is_mapped,
         map_file,
         probe,
         resident,
+        splice_to_socket,
+        vmsplice,
     )
 
 
@@ -62,7 +65,10 @@ __all__ = [
     "BufferRing",
     "Ring",
     "RingUnavailable",
+    "is_mapped",
     "map_file",
     "probe",
     "resident",
+    "splice_to_socket",
+    "vmsplice",
 ]

@@ -99,9 +99,18 @@ void *rl_map_file(int fd, size_t length, int *err);
 void rl_unmap(void *addr, size_t length);
 /* 1 when every page of [addr, addr + length) is in memory (mincore), 0 when one is not, -errno. */
 int rl_resident(const void *addr, size_t length);
+/* vmsplice(2) of [addr, addr + length) into pipe `fd` (pages referenced, not copied): bytes, or -errno. */
+long long rl_vmsplice(int fd, const void *addr, size_t length, unsigned flags);
+/* splice(2) of up to `length` bytes from pipe `pipe_fd` to socket `sock_fd` without waiting: the
+   socket is O_NONBLOCK for the call only (SPLICE_F_NONBLOCK does not stop a blocking socket from
+   waiting for room). Bytes moved, 0 when the socket is full, or -errno. */
+long long rl_splice_to_socket(int pipe_fd, int sock_fd, size_t length);
 """
 
 SOURCE = r"""
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* splice, vmsplice */
+#endif
 #include <errno.h>
 #include <fcntl.h>
 #include <stdint.h>
@@ -474,6 +483,25 @@ void *rl_map_file(int fd, size_t length, int *err)
 }
 
 void rl_unmap(void *addr, size_t length) { munmap(addr, length); }
+
+long long rl_vmsplice(int fd, const void *addr, size_t length, unsigned flags)
+{
+    struct iovec iov = { (void *)addr, length };
+    ssize_t n = vmsplice(fd, &iov, 1, flags);
+    return n < 0 ? -errno : n;
+}
+
+long long rl_splice_to_socket(int pipe_fd, int sock_fd, size_t length)
+{
+    int fl = fcntl(sock_fd, F_GETFL);
+    if (fl < 0) return -errno;
+    if (!(fl & O_NONBLOCK) && fcntl(sock_fd, F_SETFL, fl | O_NONBLOCK) < 0) return -errno;
+    ssize_t n = splice(pipe_fd, NULL, sock_fd, NULL, length, SPLICE_F_NONBLOCK);
+    int err = errno;
+    if (!(fl & O_NONBLOCK)) fcntl(sock_fd, F_SETFL, fl);
+    if (n >= 0) return n;
+    return err == EAGAIN ? 0 : -err;
+}
 
 int rl_resident(const void *addr, size_t length)
 {

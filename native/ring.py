@@ -176,6 +176,33 @@ def map_file(fd: int, length: int) -> memoryview:
     return memoryview(ffi.buffer(owned, length)).toreadonly()
 
 
+_MAPPED = type(ffi.buffer(ffi.new("char[1]")))  # what `map_file`'s views are views of
+
+
+def is_mapped(buf: object) -> bool:
+    """Whether `buf` is a view of a `map_file` mapping (so `vmsplice` can hand its pages on)."""
+    return type(buf) is memoryview and type(buf.obj) is _MAPPED
+
+
+def vmsplice(pipe_fd: int, view: memoryview) -> int:
+    """Put `view`'s pages in the pipe by reference, not by copy (vmsplice(2), non-blocking): the
+    bytes moved, as many as the pipe has room for; raises OSError. The pages must stay as they are
+    until read out of the pipe: a mapping of committed segment bytes does."""
+    n = lib.rl_vmsplice(pipe_fd, ffi.from_buffer(view), len(view), lib.SPLICE_F_NONBLOCK)
+    if n < 0:
+        _raise(n, "vmsplice")
+    return n
+
+
+def splice_to_socket(pipe_fd: int, sock_fd: int, length: int) -> int:
+    """Move up to `length` bytes from the pipe to the socket, without waiting for room in the
+    socket (which is blocking for everyone else): the bytes moved, 0 if it is full; raises OSError."""
+    n = lib.rl_splice_to_socket(pipe_fd, sock_fd, length)
+    if n < 0:
+        _raise(n, "splice")
+    return n
+
+
 def resident(view: memoryview) -> bool:
     """Whether every page under `view` (of a `map_file` mapping) is in memory (mincore(2)): reading
     it then cannot wait for the disk, and cannot pass the file's end. A failure says no."""

@@ -159,8 +159,14 @@ class BrokerProcess:
 class Wire:
     """A blocking connection speaking frames: enough to test the server without the client library."""
 
-    def __init__(self, port: int) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    def __init__(self, port: int, rcvbuf: int = 0) -> None:
+        """`rcvbuf`: a receive buffer this small (set before connecting), for a client whose
+        window fills at once when it does not read."""
+        self.sock = socket.socket()
+        if rcvbuf:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        self.sock.settimeout(10)
+        self.sock.connect(("127.0.0.1", port))
         self.decoder = FrameDecoder()
         self.next_id = 1
 

@@ -37,7 +37,9 @@ Rules this module keeps:
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import logging
 import os
 import signal
@@ -68,6 +70,9 @@ from native.constants import (
     RECV_BUFFER_GROWTH,
     RING_ENTRIES,
     SEND_IOVECS_MAX,
+    SPLICE_MIN_BYTES,
+    SPLICE_PIPE_BYTES,
+    SPLICE_PIPES_MAX,
     WRITEV_IOVECS_MAX,
 )
 
@@ -79,6 +84,58 @@ log = logging.getLogger(__name__)
 Written = Callable[[OSError | None], None]
 
 _DONTWAIT = socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL
+
+
+class _Pipes:
+    """The worker's pipes for sending mapped records without copying them (`_Stream._splice`):
+    at most `SPLICE_PIPES_MAX`, made on first need, each lent to one send at a time and given
+    back empty; one that failed mid-send is closed with what it held."""
+
+    def __init__(
+        self,
+        is_mapped: Callable[[object], bool],
+        vmsplice: Callable[[int, memoryview], int],
+        splice_to_socket: Callable[[int, int, int], int],
+    ) -> None:
+        self.is_mapped = is_mapped
+        self.vmsplice = vmsplice
+        self.splice_to_socket = splice_to_socket
+        self._free: list[tuple[int, int]] = []
+        self._made = 0
+
+    def take(self) -> tuple[int, int] | None:
+        if self._free:
+            return self._free.pop()
+        if self._made >= SPLICE_PIPES_MAX:
+            return None
+        try:
+            pipe = os.pipe2(os.O_CLOEXEC)
+        except OSError:  # out of descriptors: the records are copied instead
+            return None
+        with contextlib.suppress(OSError):  # the default size (64 KiB) only takes more rounds
+            fcntl.fcntl(pipe[1], fcntl.F_SETPIPE_SZ, SPLICE_PIPE_BYTES)
+        self._made += 1
+        return pipe
+
+    def give(self, pipe: tuple[int, int]) -> None:
+        self._free.append(pipe)
+
+    def drop(self, pipe: tuple[int, int]) -> None:
+        self._made -= 1
+        for fd in pipe:
+            os.close(fd)
+
+    def close(self) -> None:
+        while self._free:
+            self.drop(self._free.pop())
+
+
+def _mapped_at(queue: list[bytes | memoryview], is_mapped: Callable[[object], bool]) -> int:
+    """Index of the first buffer in `queue` worth splicing (mapped, `SPLICE_MIN_BYTES` or more), or -1."""
+    for i, buf in enumerate(queue):
+        if len(buf) >= SPLICE_MIN_BYTES and is_mapped(buf):
+            return i
+    return -1
 
 
 class _Stream:
@@ -100,6 +157,7 @@ class _Stream:
         self._fd_closed = False
         self._sock: socket.socket | None = None  # made by the first `_flush`
         self._flushing = False  # a `_flush` is due at the end of this pass
+        self.pipes = server.pipes
         self._shrinking = False  # the recv in flight is being cancelled to re-arm with a small buffer
 
     def paused(self) -> bool:
@@ -186,9 +244,11 @@ class _Stream:
         queue = self.send_queue
         if self.closed or self.sending or not queue:
             return
-        if len(queue) <= SEND_IOVECS_MAX:
+        cut = _mapped_at(queue, self.pipes.is_mapped)  # what goes before records to splice
+        head = queue if cut < 0 else queue[:cut]
+        if head and len(head) <= SEND_IOVECS_MAX:
             try:
-                sent = self._socket().sendmsg(queue, (), _DONTWAIT)
+                sent = self._socket().sendmsg(head, (), _DONTWAIT if cut < 0 else _DONTWAIT | socket.MSG_MORE)
             except OSError:
                 sent = 0
             if sent:
@@ -212,14 +272,93 @@ class _Stream:
 
     def _send(self) -> None:
         queue = self.send_queue
-        if len(queue) > SEND_IOVECS_MAX:
-            batch, self.send_queue = queue[:SEND_IOVECS_MAX], queue[SEND_IOVECS_MAX:]
+        cut = _mapped_at(queue, self.pipes.is_mapped)
+        if cut == 0:
+            done = self._splice(queue[0])
+            if done is False:  # the rest is on the ring
+                return
+            if done:
+                self.sent_some()
+                if self.send_queue:
+                    self._send()
+                elif not self.closed:
+                    self.arm_recv()  # a connection paused on unsent bytes reads again
+                return
+        end = min(cut, SEND_IOVECS_MAX) if cut > 0 else SEND_IOVECS_MAX  # up to records to splice
+        if len(queue) > end:
+            batch, self.send_queue = queue[:end], queue[end:]
         else:
             batch, self.send_queue = queue, []
         self.sending = True
         length = sum(map(len, batch))
         ud = self.loop.op(lambda res, flags: self._sent(res, batch, length))
         self.ring.prep_sendmsg(self.fd, batch, ud)
+
+    def _splice(self, view: memoryview) -> bool | None:
+        """Send `view` (records of a mapped segment, at the head of the queue) by reference: its
+        pages into a pipe (vmsplice), then from the pipe to the socket (splice), both on the loop
+        without waiting: neither copies the bytes. What the socket has no room for stays in the
+        pipe and goes by a splice SQE, which an io-wq thread runs when there is room.
+
+        True: sent whole. False: a splice SQE is in flight with the rest. None, and nothing done:
+        no pipe is free or the pages cannot be spliced, and the caller copies them with a sendmsg
+        as it would any buffer."""
+        pipes = self.pipes
+        pipe = pipes.take()
+        if pipe is None:
+            return None
+        try:
+            n = pipes.vmsplice(pipe[1], view)
+        except OSError:
+            n = 0
+        if n <= 0:
+            pipes.give(pipe)  # still empty
+            return None
+        if n < len(view):  # more than the pipe holds: the rest goes next, the same way
+            self.send_queue[0] = view[n:]
+        else:
+            del self.send_queue[0]
+        try:
+            sent = pipes.splice_to_socket(pipe[0], self.fd, n)
+        except OSError:
+            sent = 0  # the ring's splice meets the failure again, and takes the one failure path
+        self.unsent_bytes -= sent
+        if sent == n:
+            pipes.give(pipe)
+            return True
+        self._splice_out(pipe, n - sent)
+        return False
+
+    def _splice_out(self, pipe: tuple[int, int], length: int) -> None:
+        self.sending = True
+        # An io-wq thread runs it, on this CPU: the loop's busy poll pauses meanwhile (`worker_op`)
+        ud = self.loop.worker_op(lambda res, flags: self._spliced(res, pipe, length))
+        self.ring.prep_splice(pipe[0], -1, self.fd, -1, length, ud)
+
+    def _spliced(self, res: int, pipe: tuple[int, int], length: int) -> None:
+        self.sending = False
+        if res <= 0:  # what the pipe holds is lost with it: the connection is closed anyway
+            self.pipes.drop(pipe)
+            if res not in (0, -errno.ECONNRESET, -errno.EPIPE, -errno.ECANCELED):
+                log.info("splice to %s failed: %s", self, os.strerror(-res))
+            if not self.closed:
+                self.failed(res)
+            self.close()
+            return
+        self.unsent_bytes -= res
+        if res < length:  # a short splice: the rest is still in the pipe, and goes first
+            self.sent_some()
+            self._splice_out(pipe, length - res)
+            return
+        self.pipes.give(pipe)
+        self.sent_some()
+        if self.closed:
+            self._maybe_release()
+            return
+        if self.send_queue:
+            self._send()
+        else:
+            self.arm_recv()  # a connection paused on unsent bytes reads again
 
     def _sent(self, res: int, batch: list[bytes | memoryview], length: int) -> None:
         self.sending = False
@@ -505,10 +644,17 @@ class UringServer(BackendCore):
         # "auto": a gathered store write up to this many bytes is a pwritev on the loop
         self.inline_write_max = APPEND_INLINE_BYTES_MAX if options.append_writes == "auto" else -1
         self.loop_io = SyncFileIO()
-        from native.ring import map_file, resident  # noqa: PLC0415 - the bindings, as `run` loads them
+        from native.ring import (  # noqa: PLC0415 - the bindings, as `run` loads them
+            is_mapped,
+            map_file,
+            resident,
+            splice_to_socket,
+            vmsplice,
+        )
 
         self._map_file = map_file
         self._resident = resident
+        self.pipes = _Pipes(is_mapped, vmsplice, splice_to_socket)
         self._store_writes: dict[Partition, list[tuple[Write, Written]]] = {}
         self._accepting = True
         self._standing: dict[int, str] = {}  # user_data of multishot accepts, the signal and wake reads
@@ -808,6 +954,7 @@ class UringServer(BackendCore):
             if self._wake_fd >= 0:
                 os.close(self._wake_fd)
                 self._wake_fd = -1
+            self.pipes.close()
             for sig, handler in old_handlers.items():
                 signal.signal(sig, handler)
             signal.set_wakeup_fd(old_wakeup)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import struct
 import time
 from pathlib import Path
 
@@ -15,6 +17,7 @@ from brokerproc import BrokerProcess, Wire
 
 from broker.storage.layout import store_file_name
 from native import map_file, probe, resident
+from native.constants import SPLICE_PIPES_MAX
 from ringlog_proto import messages as m
 from ringlog_proto.batch import decode_batches, encode_batch
 
@@ -140,6 +143,72 @@ def test_a_store_cut_short_under_the_broker_is_an_error_not_a_dead_worker(tmp_pa
         assert resp.error == m.ErrorCode.STORAGE_ERROR, resp
         assert _reads(w, 3) == (1, 2)  # past the cut, the pages are not resident: read, short
         assert "SIGBUS" not in broker.log() and "exited" not in broker.log()
+        w.close()
+    finally:
+        broker.stop()
+
+
+def _pipes(pid: int) -> int:
+    """Pipes the worker holds open (its pool for splicing, and a few of its own)."""
+    fds = Path(f"/proc/{pid}/fd")
+    return sum(1 for fd in fds.iterdir() if os.readlink(fd).startswith("pipe:"))
+
+
+def test_records_spliced_to_a_client_that_reads_late_arrive_whole_and_in_order(tmp_path: Path) -> None:
+    """A client with a small window asks for far more than its socket holds: what does not fit
+    waits in a pipe for a splice SQE (off the loop), the worker serves others meanwhile, and the
+    replies, read at last, are every record in order, with produce replies in between."""
+    broker = _start(tmp_path)
+    try:
+        w = Wire(broker.port)
+        tid = w.create_topic("a", 1)
+        _produce_all(w, tid)
+        want = [v for values in VALUES for v in values]
+        slow = Wire(broker.port, rcvbuf=16 * 1024)
+        asks = 12  # 12 x ~1 MiB: far beyond what the two sockets' buffers take
+        for i in range(asks):
+            slow.send(m.FetchRequest(tid, 0, 0, 1 << 20, 0))
+            if i == asks // 2:  # a small reply queued between two spliced ones
+                slow.send(m.ProduceRequest(tid, 0, m.Acks.WRITTEN, 5000, encode_batch([b"mid"])))
+        time.sleep(0.5)
+        # the loop is free: another connection is served while `slow` does not read
+        assert [r.value for r in w.fetch_all(tid, 0)][: len(want)] == want
+        replies = [slow.recv() for _ in range(asks + 1)]
+        produced = [r for r in replies if isinstance(r, m.ProduceResponse)]
+        fetched = [r for r in replies if isinstance(r, m.FetchResponse)]
+        assert replies.index(produced[0]) == asks // 2 + 1
+        assert produced[0].error == m.ErrorCode.NONE and produced[0].base_offset == len(want)
+        for r in fetched:
+            assert r.error == m.ErrorCode.NONE, r
+            assert [rec.value for rec in decode_batches(r.records)][: len(want)] == want
+        assert _reads(w, asks + 1)[0] >= asks  # from the page cache: the spliced path
+        slow.close()
+        w.close()
+    finally:
+        broker.stop()
+
+
+def test_clients_that_vanish_mid_splice_leave_no_pipe_behind(tmp_path: Path) -> None:
+    broker = _start(tmp_path)
+    try:
+        w = Wire(broker.port)
+        tid = w.create_topic("a", 1)
+        _produce_all(w, tid)
+        pid = broker.worker_pids[0]
+        assert len(w.fetch_all(tid, 0)) == BATCHES * 8  # the pool has its first pipe
+        before = _pipes(pid)
+        for _ in range(6):
+            gone = Wire(broker.port, rcvbuf=16 * 1024)
+            for _ in range(12):  # the second half: not what is checked below
+                gone.send(m.FetchRequest(tid, 0, BATCHES * 4, 1 << 20, 0))
+            time.sleep(0.2)  # splices wait for room that never comes
+            gone.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            gone.close()  # a reset: the splice in flight fails, and its pipe is closed
+        time.sleep(0.5)
+        want = [v for values in VALUES for v in values]
+        for _ in range(2 * SPLICE_PIPES_MAX):  # through every pipe of the pool: none holds a stale byte
+            assert [r.value for r in w.fetch_all(tid, 0)] == want
+        assert _pipes(pid) <= before + SPLICE_PIPES_MAX - 1
         w.close()
     finally:
         broker.stop()
