@@ -121,7 +121,7 @@ from ringlog_proto.frames import (
     _NeedData,
     starts_like_frame,
 )
-from ringlog_proto.messages import Acks, peek_fetch_max_bytes
+from ringlog_proto.messages import Acks, ApiKey, peek_fetch_max_bytes
 from ringlog_proto.sasl import SaslLogin
 
 if TYPE_CHECKING:
@@ -163,9 +163,10 @@ def request_charge(frame: Frame) -> int:
     """Bytes a request is counted for until its reply is filled: its frame, its overhead and, for a
     fetch, the most its reply may carry (min(max_bytes, the broker's cap))."""
     charge = HEADER_SIZE + len(frame.body) + REQUEST_OVERHEAD_BYTES
-    max_bytes = peek_fetch_max_bytes(frame)
-    if max_bytes is not None and max_bytes > 0:
-        charge += min(max_bytes, FETCH_MAX_BYTES_MAX)
+    if frame.api_key == ApiKey.FETCH:
+        max_bytes = peek_fetch_max_bytes(frame)
+        if max_bytes is not None and max_bytes > 0:
+            charge += min(max_bytes, FETCH_MAX_BYTES_MAX)
     return charge
 
 
@@ -1374,6 +1375,8 @@ class BackendCore:
         if budget.held and budget.held >= self.connection_budget:
             budget.gated = True
             return False
+        if self.memory.used < self.memory.limit:  # `_core_admits`' first case, without the call
+            return True
         return self._core_admits(conn, budget.held + budget.buffered)
 
     def _core_admits(self, conn: ServedConnection, mine: int) -> bool:

@@ -145,6 +145,21 @@ class SegmentIndex:
         del self._data[count * ENTRY_SIZE :]
         self.persisted_count = min(self.persisted_count, count)
 
+    def last_position_within(self, lo: int, hi: int, limit: int) -> int:
+        """The last entry in [lo, hi) whose position is <= `limit`, or lo - 1: a read's furthest
+        batch boundary within its byte budget, found in one call (a fetch runs it once)."""
+        unpack = _REL.unpack_from
+        data = self._data
+        found = lo - 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if unpack(data, mid * ENTRY_SIZE + 4)[0] <= limit:
+                found = mid
+                lo = mid + 1
+            else:
+                hi = mid
+        return found
+
     def find_offset(self, relative_offset: int) -> int:
         """Index of the last entry whose relative offset is <= `relative_offset`, or -1.
 

@@ -625,21 +625,14 @@ class Segment:
                 return None
         i = max(index.find_offset(offset - self.base_offset), 0)
         start = index.position(i)
-
         count = len(index)
-
-        def boundary(j: int) -> int:  # end of batch j - 1: start of batch j, or the store's end
-            return index.position(j) if j < count else self.size
-
-        # The furthest batch boundary within max_bytes, by binary search; at least one batch.
-        lo, hi = i + 1, n
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if boundary(mid) - start <= max_bytes:
-                lo = mid
-            else:
-                hi = mid - 1
-        end = boundary(lo)
+        # The furthest batch boundary within max_bytes (batch j starts at position(j), and the
+        # last one ends at the store's end); at least one batch.
+        if (index.position(n) if n < count else self.size) - start <= max_bytes:
+            j = n  # the common case of a consumer near the end: everything left fits
+        else:
+            j = max(index.last_position_within(i + 1, n, start + max_bytes), i + 1)
+        end = index.position(j) if j < count else self.size
         first = self.base_offset + index.relative_offset(i)
         return Extent(self, start, end - start, first)
 
