@@ -84,6 +84,7 @@ int rl_prep_link_timeout(struct io_uring *ring, struct __kernel_timespec *ts, lo
                          long long nsec, uint64_t ud);
 int rl_prep_cancel(struct io_uring *ring, uint64_t target, uint64_t ud, int link);
 int rl_prep_cancel_all(struct io_uring *ring, uint64_t ud);
+int rl_prep_poll_add(struct io_uring *ring, int fd, unsigned poll_mask, uint64_t ud, int link);
 int rl_prep_close(struct io_uring *ring, int fd, uint64_t ud, int link);
 size_t rl_sockaddr_bytes(void);
 int rl_prep_connect(struct io_uring *ring, int fd, void *mem, int family, const unsigned char *addr,
@@ -357,6 +358,14 @@ int rl_prep_link_timeout(struct io_uring *ring, struct __kernel_timespec *ts, lo
     ts->tv_nsec = nsec;
     io_uring_prep_link_timeout(sqe, ts, 0);
     RL_FINISH(sqe, ud, 0);
+    return 0;
+}
+
+int rl_prep_poll_add(struct io_uring *ring, int fd, unsigned poll_mask, uint64_t ud, int link)
+{
+    RL_GET(ring, link);
+    io_uring_prep_poll_add(sqe, fd, poll_mask);
+    RL_FINISH(sqe, ud, link);
     return 0;
 }
 

@@ -92,6 +92,7 @@ _prep_splice = lib.rl_prep_splice
 _prep_timeout = lib.rl_prep_timeout
 _prep_link_timeout = lib.rl_prep_link_timeout
 _prep_cancel = lib.rl_prep_cancel
+_prep_poll_add = lib.rl_prep_poll_add
 _prep_close = lib.rl_prep_close
 _prep_connect = lib.rl_prep_connect
 _SOCKADDR_BYTES: int = lib.rl_sockaddr_bytes()
@@ -408,6 +409,15 @@ class Ring:
         rc = _prep_cancel(self._ring, target_user_data, user_data, link)
         if rc:
             _raise(rc, "prep_cancel")
+        self._refs[user_data] = None
+
+    def prep_poll(self, fd: int, mask: int, user_data: int, *, link: bool = False) -> None:
+        """Wait once until `fd` is ready for `mask` (select.POLLIN, POLLOUT...): res = the events
+        that are (POLLERR and POLLHUP come whatever the mask), or -errno."""
+        assert user_data not in self._refs, f"user_data {user_data} already in flight"
+        rc = _prep_poll_add(self._ring, fd, mask, user_data, link)
+        if rc:
+            _raise(rc, "prep_poll")
         self._refs[user_data] = None
 
     def prep_close(self, fd: int, user_data: int, *, link: bool = False) -> None:

@@ -42,6 +42,7 @@ import errno
 import fcntl
 import logging
 import os
+import select
 import signal
 import socket
 import ssl
@@ -298,9 +299,9 @@ class _Stream:
         """Send `view` (records of a mapped segment, at the head of the queue) by reference: its
         pages into a pipe (vmsplice), then from the pipe to the socket (splice), both on the loop
         without waiting: neither copies the bytes. What the socket has no room for stays in the
-        pipe and goes by a splice SQE, which an io-wq thread runs when there is room.
+        pipe until a poll SQE says the socket has room (`_splice_out`).
 
-        True: sent whole. False: a splice SQE is in flight with the rest. None, and nothing done:
+        True: sent whole. False: the rest waits in the pipe for room. None, and nothing done:
         no pipe is free or the pages cannot be spliced, and the caller copies them with a sendmsg
         as it would any buffer."""
         pipes = self.pipes
@@ -321,7 +322,7 @@ class _Stream:
         try:
             sent = pipes.splice_to_socket(pipe[0], self.fd, n)
         except OSError:
-            sent = 0  # the ring's splice meets the failure again, and takes the one failure path
+            sent = 0  # `_writable` meets the failure again, and takes the one failure path
         self.unsent_bytes -= sent
         if sent == n:
             pipes.give(pipe)
@@ -330,25 +331,33 @@ class _Stream:
         return False
 
     def _splice_out(self, pipe: tuple[int, int], length: int) -> None:
+        """`length` bytes wait in `pipe` for room in the socket: a poll SQE says when there is,
+        and `_writable` splices again (a splice SQE would be an io-wq hand-off per reply)."""
         self.sending = True
-        # An io-wq thread runs it, on this CPU: the loop's busy poll pauses meanwhile (`worker_op`)
-        ud = self.loop.worker_op(lambda res, flags: self._spliced(res, pipe, length))
-        self.ring.prep_splice(pipe[0], -1, self.fd, -1, length, ud)
+        ud = self.loop.op(lambda res, flags: self._writable(res, pipe, length))
+        self.ring.prep_poll(self.fd, select.POLLOUT, ud)
 
-    def _spliced(self, res: int, pipe: tuple[int, int], length: int) -> None:
+    def _writable(self, res: int, pipe: tuple[int, int], length: int) -> None:
         self.sending = False
-        if res <= 0:  # what the pipe holds is lost with it: the connection is closed anyway
+        sent = 0
+        if res >= 0:
+            try:
+                sent = self.pipes.splice_to_socket(pipe[0], self.fd, length)
+            except OSError as exc:
+                res = -(exc.errno or errno.EIO)
+        if res < 0:  # what the pipe holds is lost with it: the connection is closed anyway
             self.pipes.drop(pipe)
-            if res not in (0, -errno.ECONNRESET, -errno.EPIPE, -errno.ECANCELED):
+            if res not in (-errno.ECONNRESET, -errno.EPIPE, -errno.ECANCELED):
                 log.info("splice to %s failed: %s", self, os.strerror(-res))
             if not self.closed:
                 self.failed(res)
             self.close()
             return
-        self.unsent_bytes -= res
-        if res < length:  # a short splice: the rest is still in the pipe, and goes first
-            self.sent_some()
-            self._splice_out(pipe, length - res)
+        self.unsent_bytes -= sent
+        if sent < length:  # still no room for the rest: it stays first in line
+            if sent:
+                self.sent_some()
+            self._splice_out(pipe, length - sent)
             return
         self.pipes.give(pipe)
         self.sent_some()
