@@ -280,10 +280,7 @@ class _Stream:
                 return
             if done:
                 self.sent_some()
-                if self.send_queue:
-                    self._send()
-                elif not self.closed:
-                    self.arm_recv()  # a connection paused on unsent bytes reads again
+                self._send_more()
                 return
         end = min(cut, SEND_IOVECS_MAX) if cut > 0 else SEND_IOVECS_MAX  # up to records to splice
         if len(queue) > end:
@@ -347,11 +344,7 @@ class _Stream:
                 res = -(exc.errno or errno.EIO)
         if res < 0:  # what the pipe holds is lost with it: the connection is closed anyway
             self.pipes.drop(pipe)
-            if res not in (-errno.ECONNRESET, -errno.EPIPE, -errno.ECANCELED):
-                log.info("splice to %s failed: %s", self, os.strerror(-res))
-            if not self.closed:
-                self.failed(res)
-            self.close()
+            self._send_failed(res, "splice")
             return
         self.unsent_bytes -= sent
         if sent < length:  # still no room for the rest: it stays first in line
@@ -361,34 +354,35 @@ class _Stream:
             return
         self.pipes.give(pipe)
         self.sent_some()
-        if self.closed:
-            self._maybe_release()
-            return
-        if self.send_queue:
-            self._send()
-        else:
-            self.arm_recv()  # a connection paused on unsent bytes reads again
+        self._send_more()
 
     def _sent(self, res: int, batch: list[bytes | memoryview], length: int) -> None:
         self.sending = False
         if res < 0:
-            if res not in (-errno.ECONNRESET, -errno.EPIPE, -errno.ECANCELED):
-                log.info("send to %s failed: %s", self, os.strerror(-res))
-            if not self.closed:
-                self.failed(res)
-            self.close()
+            self._send_failed(res, "send")
             return
         self.unsent_bytes -= res
         if res < length:  # a short send: the rest goes first next time
             self.send_queue[:0] = remaining_buffers(tuple(batch), res)
         self.sent_some()
+        self._send_more()
+
+    def _send_more(self) -> None:
+        """A send completed: a closed stream lets go of its fd, an open one sends what is queued
+        or, with nothing queued, reads again (a connection paused on unsent bytes)."""
         if self.closed:
             self._maybe_release()
-            return
-        if self.send_queue:
+        elif self.send_queue:
             self._send()
         else:
-            self.arm_recv()  # a connection paused on unsent bytes reads again
+            self.arm_recv()
+
+    def _send_failed(self, res: int, what: str) -> None:
+        if res not in (-errno.ECONNRESET, -errno.EPIPE, -errno.ECANCELED):
+            log.info("%s to %s failed: %s", what, self, os.strerror(-res))
+        if not self.closed:
+            self.failed(res)
+        self.close()
 
     # ------------------------------------------------------------------------- TLS
 
