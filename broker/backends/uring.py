@@ -276,7 +276,7 @@ class _Stream:
         cut = _mapped_at(queue, self.pipes.is_mapped)
         if cut == 0:
             done = self._splice(queue[0])
-            if done is False:  # the rest is on the ring
+            if done is False:  # the rest waits in the pipe for room (`_splice_out`)
                 return
             if done:
                 self.sent_some()
