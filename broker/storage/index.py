@@ -50,6 +50,8 @@ _ENTRY_FIELDS_SIZE = 24
 _CRC = struct.Struct(">I")
 _REL = struct.Struct(">I")
 _TS = struct.Struct(">q")
+_POSITION_AT = _REL.size  # in an entry: relative offset, position, running max timestamp, ...
+_TIMESTAMP_AT = _POSITION_AT + _REL.size
 
 assert _HEADER.size == INDEX_HEADER_SIZE
 assert _ENTRY.size == _ENTRY_FIELDS_SIZE and _ENTRY_FIELDS_SIZE + _CRC.size == ENTRY_SIZE
@@ -124,10 +126,10 @@ class SegmentIndex:
         return _REL.unpack_from(self._data, i * ENTRY_SIZE)[0]
 
     def position(self, i: int) -> int:
-        return _REL.unpack_from(self._data, i * ENTRY_SIZE + 4)[0]
+        return _REL.unpack_from(self._data, i * ENTRY_SIZE + _POSITION_AT)[0]
 
     def max_timestamp(self, i: int) -> int:
-        return _TS.unpack_from(self._data, i * ENTRY_SIZE + 8)[0]
+        return _TS.unpack_from(self._data, i * ENTRY_SIZE + _TIMESTAMP_AT)[0]
 
     def append(self, relative_offset: int, position: int, max_timestamp: int, append_time_ms: int) -> None:
         data = self._data
@@ -153,7 +155,7 @@ class SegmentIndex:
         found = lo - 1
         while lo < hi:
             mid = (lo + hi) // 2
-            if unpack(data, mid * ENTRY_SIZE + 4)[0] <= limit:
+            if unpack(data, mid * ENTRY_SIZE + _POSITION_AT)[0] <= limit:
                 found = mid
                 lo = mid + 1
             else:
@@ -187,7 +189,7 @@ class SegmentIndex:
         data = self._data
         while lo < hi:
             mid = (lo + hi) // 2
-            if unpack(data, mid * ENTRY_SIZE + 8)[0] < timestamp:
+            if unpack(data, mid * ENTRY_SIZE + _TIMESTAMP_AT)[0] < timestamp:
                 lo = mid + 1
             else:
                 hi = mid
