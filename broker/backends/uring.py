@@ -245,7 +245,8 @@ class _Stream:
         queue = self.send_queue
         if self.closed or self.sending or not queue:
             return
-        cut = _mapped_at(queue, self.pipes.is_mapped)  # what goes before records to splice
+        # what goes before records to splice (none in less than one splice's worth of bytes)
+        cut = _mapped_at(queue, self.pipes.is_mapped) if self.unsent_bytes >= SPLICE_MIN_BYTES else -1
         head = queue if cut < 0 else queue[:cut]
         if head and len(head) <= SEND_IOVECS_MAX:
             try:
@@ -257,7 +258,8 @@ class _Stream:
                 if not self.unsent_bytes:
                     self.send_queue = []
                     self.sent_some()
-                    self.arm_recv()  # a connection paused on unsent bytes reads again
+                    if not self.recv_ud:
+                        self.arm_recv()  # a connection paused on unsent bytes reads again
                     return
                 self.send_queue = list(remaining_buffers(tuple(queue), sent))
                 self.sent_some()
@@ -495,7 +497,10 @@ class Connection(ServedConnection, _Stream):
         return self.unsent_bytes
 
     def reading_changed(self) -> None:
-        self.arm_recv()  # no-op inside `received` (`_recv_done` arms after it) or while paused
+        # arm_recv is a no-op inside `received` (`_recv_done` arms after it), with a recv in
+        # flight or while paused; the first two are tested here, a call saved on every reply
+        if not (self.receiving or self.recv_ud):
+            self.arm_recv()
 
     def abort(self) -> None:
         self.close()
