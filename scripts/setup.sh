@@ -17,7 +17,7 @@ VENV="$ROOT/.venv"
 # and LTO, and links libpython into the executable, where a plain source build (pyenv's default)
 # has neither and calls through a shared libpython. The broker's request path is Python, so that is
 # its speed: the same broker on Debian's 3.11 used 10-20% less CPU per request and per GB than on
-# pyenv's 3.11 in alternated runs of bench/perf.py (README, "Performance").
+# pyenv's 3.11 in alternated runs of bench/perf.py (README, "Tests and benchmarks").
 if [ -z "${PYTHON:-}" ]; then
     if [ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
         PYTHON=/usr/bin/python3
