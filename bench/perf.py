@@ -2,7 +2,7 @@
 
 Run: `.venv/bin/python bench/perf.py [--quick] [--rounds N] [--only latency,durable,ingest,fetch]
      [--variants uvloop,io_uring] [--broker-args "..."] [--json PATH] [--no-netns]
-     [--guest-halt-poll-ns N]`   (`make bench-perf`)
+     [--guest-halt-poll-ns N] [--tcp-congestion NAME]`   (`make bench-perf`)
 
 Processes and placement. This script orchestrates and is the client. As root it first re-runs
 itself inside a fresh network namespace (`rl-perf-<pid>`, only `lo` up, deleted at exit whatever
@@ -768,12 +768,16 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def in_netns(argv: list[str]) -> int:
-    """Re-run this script inside a fresh network namespace; always delete it."""
+def in_netns(argv: list[str], congestion: str | None) -> int:
+    """Re-run this script inside a fresh network namespace, with `congestion` as its TCP congestion
+    control if given; always delete it."""
     name = f"rl-perf-{os.getpid()}"
     subprocess.run(["ip", "netns", "add", name], check=True)
     try:
         subprocess.run(["ip", "netns", "exec", name, "ip", "link", "set", "lo", "up"], check=True)
+        if congestion:
+            sysctl = ["sysctl", "-q", "-w", f"net.ipv4.tcp_congestion_control={congestion}"]
+            subprocess.run(["ip", "netns", "exec", name, *sysctl], check=True)
         cmd = ["ip", "netns", "exec", name, sys.executable, __file__, *argv, "--no-netns", "--in-netns", name]
         return subprocess.run(cmd, check=False).returncode
     finally:
@@ -787,6 +791,17 @@ def in_netns(argv: list[str]) -> int:
 # every server and client is measured under it, Redis too, so the figures show each one's own
 # work instead of the VM's wake-ups.
 HALT_POLL_NS = Path("/sys/module/haltpoll/parameters/guest_halt_poll_ns")
+
+
+# A new network namespace starts with the machine's TCP congestion control, on this VM BBR. BBR
+# paces its sends (without the fq qdisc the kernel does it, with a timer), on loopback too where
+# there is no queue to spare. In one profile of the fetch loop an io_uring worker's kernel samples
+# per GB were 2.7x cubic's (`perf record -a` on CPU 0, most of the difference under
+# `tcp_write_xmit`); alternated whole runs of this bench show less: io_uring fetch 0.42-0.47
+# CPU-s/GB with BBR against 0.36-0.42 with cubic (two runs each). `--tcp-congestion NAME` sets it
+# in the bench's namespace only (the sysctl is per namespace), for every server and client alike,
+# Redis too; the header prints the one in use.
+CONGESTION = Path("/proc/sys/net/ipv4/tcp_congestion_control")
 
 
 def halt_poll_ns() -> str:
@@ -823,6 +838,11 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         help="set the guest's halt polling (cpuidle-haltpoll) for the run, restored at exit (root)",
     )
+    ap.add_argument(
+        "--tcp-congestion",
+        help="TCP congestion control (e.g. cubic) in the bench's network namespace, for every server "
+        "and client; the machine's own is not touched (root, not with --no-netns)",
+    )
     ap.add_argument("--in-netns", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.guest_halt_poll_ns is not None and not args.in_netns:
@@ -833,7 +853,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
     if not args.no_netns and os.geteuid() == 0 and shutil.which("ip"):
-        return in_netns(argv)
+        return in_netns(argv, args.tcp_congestion)
+    if args.tcp_congestion and not args.in_netns:
+        print("--tcp-congestion sets the bench's own network namespace: it needs root and no --no-netns")
+        return 2
     if os.cpu_count() is None or os.cpu_count() < 2:  # type: ignore[operator]
         print("needs 2 CPUs (servers on CPU 0, the client on CPU 1)")
         return 1
@@ -843,7 +866,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     print(f"  {os.cpu_count()} CPUs; data on {fs_of(args.dir)}; netns: {netns}; rounds {args.rounds}")
     extra = args.broker_args or "(defaults)"
     print(f"  servers on CPU {SERVER_CPU}, this client on CPU {CLIENT_CPU}; broker args: {extra}")
-    print(f"  guest halt polling: {halt_poll_ns()} ns")
+    congestion = CONGESTION.read_text().strip()
+    print(f"  guest halt polling: {halt_poll_ns()} ns; TCP congestion control: {congestion}")
     for w in warn_if_noisy():
         print(f"  WARNING: {w}")
     Path(args.dir).mkdir(parents=True, exist_ok=True)
