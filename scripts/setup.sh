@@ -13,18 +13,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 VENV="$ROOT/.venv"
-# Debian's python3 unless PYTHON names another: Debian builds it with profile-guided optimisation
-# and LTO, and links libpython into the executable, where a plain source build (pyenv's default)
-# has neither and calls through a shared libpython. The broker's request path is Python, so that is
-# its speed: the same broker on Debian's 3.11 used 10-20% less CPU per request and per GB than on
-# pyenv's 3.11 in alternated runs of bench/perf.py (README, "Tests and benchmarks").
-if [ -z "${PYTHON:-}" ]; then
-    if [ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
-        PYTHON=/usr/bin/python3
-    else
-        PYTHON=python3
-    fi
-fi
 
 say() { printf '[setup] %s\n' "$*"; }
 
@@ -86,6 +74,20 @@ else
 fi
 
 # --- 3. The venv, with Debian's bcc visible -------------------------------------------------------
+# Debian's python3 unless PYTHON names another, when it can make a venv and build our bindings (the
+# packages above): Debian builds it with profile-guided optimisation and LTO and links libpython
+# into the executable, where a plain source build (pyenv's default) has neither and calls through a
+# shared libpython. The broker's request path is Python, so that is its speed: the same broker on
+# Debian's 3.11 used 10-20% less CPU per request and per GB than on pyenv's 3.11 in alternated runs
+# of bench/perf.py (README, "Tests and benchmarks").
+if [ -z "${PYTHON:-}" ]; then
+    PYTHON=python3
+    debian_ok='import os, sys, sysconfig, ensurepip
+sys.exit(sys.version_info < (3, 11) or not os.path.exists(sysconfig.get_paths()["include"] + "/Python.h"))'
+    if [ -x /usr/bin/python3 ] && /usr/bin/python3 -c "$debian_ok" 2>/dev/null; then
+        PYTHON=/usr/bin/python3
+    fi
+fi
 # A venv made by another interpreter than $PYTHON (an older checkout's, or PYTHON changed) is made
 # again: what it has installed is rebuilt below for the new one.
 real_exe='import os, sys; print(os.path.realpath(getattr(sys, "_base_executable", sys.executable)))'
