@@ -1182,11 +1182,10 @@ def encode_response(
     w = Writer()
     if resp.error == ErrorCode.NONE and not resp.message:
         w.parts.append(_NO_ERROR)  # every reply that succeeds starts so: packed once, not per reply
-        resp.write(w)
     else:
         w.pack("h", resp.error).str(resp.message)
-        if resp.error == ErrorCode.NONE:
-            resp.write(w)
+    if resp.error == ErrorCode.NONE:
+        resp.write(w)
     key = resp.API_KEY if api_key is None else api_key
     return _frame(w, key, correlation_id, topic_id, partition, FLAG_RESPONSE)
 
