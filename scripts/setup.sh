@@ -92,9 +92,12 @@ fi
 # again: what it has installed is rebuilt below for the new one.
 real_exe='import os, sys; print(os.path.realpath(getattr(sys, "_base_executable", sys.executable)))'
 want_py=$("$PYTHON" -c "$real_exe")
-if [ -x "$VENV/bin/python" ] && [ "$("$VENV/bin/python" -c "$real_exe")" != "$want_py" ]; then
-    say "remaking $VENV: it runs $("$VENV/bin/python" -c "$real_exe"), not $want_py"
-    rm -rf "$VENV"
+if [ -x "$VENV/bin/python" ]; then
+    have_py=$("$VENV/bin/python" -c "$real_exe" || true)
+    if [ "$have_py" != "$want_py" ]; then
+        say "remaking $VENV: it runs ${have_py:-an interpreter that is gone}, not $want_py"
+        rm -rf "$VENV"
+    fi
 fi
 if [ ! -x "$VENV/bin/python" ]; then
     say "creating $VENV with $($PYTHON --version 2>&1)"
