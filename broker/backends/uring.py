@@ -164,6 +164,11 @@ class _Stream:
     def paused(self) -> bool:
         return False
 
+    def taken_all(self) -> bool:
+        """Whether what was received holds no request still to take (a reply written now is the
+        last that it makes). False where unknown: the reply waits for the end of the pass."""
+        return False
+
     def received(self, data: memoryview) -> None:
         raise NotImplementedError
 
@@ -229,7 +234,15 @@ class _Stream:
             return
         self.send_queue.extend(buffers)
         self.unsent_bytes += sum(map(len, buffers))
-        if not self.sending and not self._flushing:
+        if self.sending:
+            return
+        if self.receiving and self.taken_all():
+            # The last reply the bytes of this recv make (the others, if any, are queued before
+            # it): send now, not at the end of the pass. The wait for a reply is the client's
+            # latency, and what the pass does after it (the recv re-armed, the loop's own
+            # bookkeeping) can as well happen while the reply travels.
+            self._flush()
+        elif not self._flushing:
             self._flushing = True
             self.loop.at_end_of_pass(self._flush)
 
@@ -495,6 +508,9 @@ class Connection(ServedConnection, _Stream):
 
     def unsent(self) -> int:
         return self.unsent_bytes
+
+    def taken_all(self) -> bool:
+        return not self.decoder.buffered
 
     def reading_changed(self) -> None:
         # arm_recv is a no-op inside `received` (`_recv_done` arms after it), with a recv in
