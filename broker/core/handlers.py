@@ -813,11 +813,10 @@ class Handlers:
             reply = self._produced(frame, produced)
             return self.stored_reply(p, acks, produced, reply, lambda exc: self.error_reply(frame, exc))
 
-        def complete() -> Reply | Silent:
-            stored = produced.complete()
+        def answer() -> Reply | Silent:
             if req.acks == m.Acks.NONE:
                 return Silent()
-            return self._produced(frame, stored)
+            return self._produced(frame, produced.stored())
 
         def fail(exc: BaseException) -> Reply | Silent:
             produced.fail()
@@ -827,7 +826,7 @@ class Handlers:
                 return Silent()
             return self.error_reply(frame, exc)
 
-        return Append(p, produced.pending, acks, complete, fail)
+        return Append(p, produced.pending, acks, produced.complete, answer, fail)
 
     @staticmethod
     def stored_reply(

@@ -5,8 +5,8 @@ Rules this module keeps:
   imports none of them (the partition, pending append, extent and frame types are named only for
   type checkers), so a loop never has to import the request handlers to know what to carry out.
 - An outcome is data plus continuations, never I/O: `Reply` (send these buffers), `Silent` (send
-  nothing: acks=0), `Append` (run the log writes, then `complete` or `fail`), `Read` (read this
-  extent, then `finish`), `Durable` (send after the partition's next flush), `Wait` (long poll:
+  nothing: acks=0), `Append` (run the log writes, then publish and answer, or `fail`), `Read`
+  (read this extent, then `finish`), `Durable` (send after the partition's next flush), `Wait` (long poll:
   re-handle the frame when one of its partitions grows or the deadline passes), `Forward`
   (another core's partition: send the frame there and relay its answer), `Notify` (tell other
   cores, then answer), `Gather` (several of these for one request, one answer), `Later` (the answer depends
@@ -43,13 +43,26 @@ class Silent:
 
 @dataclass(slots=True)
 class Append:
-    """Run `pending.ops`; then `complete()` (and, for acks=durable, flush first) or `fail(exc)`."""
+    """Run `pending.ops`; then `complete()` (and, for acks=durable, flush first) or `fail(exc)`.
+
+    `complete()` is two steps, in this order unless a backend has reason for the other:
+    `publish()` makes the written batches visible (the log, the producers' sequences, the long
+    polls that wait for them) and `answer()` is the reply. The reply's fields (the offsets the
+    prepare assigned, the log start offset) are known before the batches are published, so a
+    backend that wrote them on its loop may send `answer()` first and publish after, in the same
+    pass (`BackendCore._append`): nothing else runs on the loop in between, so no request sees the
+    difference, and the publishing no longer delays the reply."""
 
     partition: Partition
     pending: PendingAppend
     acks: int
-    complete: Callable[[], Reply | Silent]
+    publish: Callable[[], object]
+    answer: Callable[[], Reply | Silent]
     fail: Callable[[BaseException], Reply | Silent]
+
+    def complete(self) -> Reply | Silent:
+        self.publish()
+        return self.answer()
 
 
 @dataclass(slots=True)

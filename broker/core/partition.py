@@ -84,6 +84,13 @@ class PendingProduce:
         p.wake_waiters()
         return Stored(pending.base_offset, end, log_.start_offset, log_.durable_offset >= end)
 
+    def stored(self) -> Stored:
+        """What `complete()` returns, known before it runs: the offsets were assigned when the
+        append was prepared, and publishing moves neither the log start nor the durable offset."""
+        log_ = self._partition.log
+        end = self.pending.next_offset
+        return Stored(self.pending.base_offset, end, log_.start_offset, log_.durable_offset >= end)
+
     def fail(self) -> None:
         """The append failed or was undone (`Log.abort_append`): its sequences are free again."""
         self._partition.producers.released(self.pending.headers)

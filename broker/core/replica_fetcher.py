@@ -37,15 +37,14 @@ def append_outcomes(partition: Partition, records: bytes, leader_hw: int) -> lis
     outcomes = []
     for pending in partition.append_replica(records):
 
-        def complete(pending: PendingReplicaAppend = pending) -> Silent:
+        def publish(pending: PendingReplicaAppend = pending) -> None:
             pending.complete()
             partition.follower_high_watermark(leader_hw)
-            return Silent()
 
         def fail(exc: BaseException) -> Silent:
             return Silent()
 
-        outcomes.append(Append(partition, pending.pending, m.Acks.WRITTEN, complete, fail))
+        outcomes.append(Append(partition, pending.pending, m.Acks.WRITTEN, publish, Silent, fail))
     return outcomes
 
 

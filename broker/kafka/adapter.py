@@ -437,15 +437,15 @@ class KafkaAdapter:
             # the gather's bookkeeping (the same calls, in the same order, as its part would make).
             one = parts[0]
 
-            def complete() -> Reply | Silent:
-                one.complete()
+            def answer() -> Reply | Silent:
+                one.answer()  # the partition's result, which `finish` reads
                 return finish()
 
             def fail(exc: BaseException) -> Reply | Silent:
                 one.fail(exc)
                 return finish()
 
-            return Append(one.partition, one.pending, one.acks, complete, fail)
+            return Append(one.partition, one.pending, one.acks, one.publish, answer, fail)
         return Gather(parts, finish)
 
     def _produce_partition(
@@ -472,8 +472,8 @@ class KafkaAdapter:
             waiting = self.handlers.stored_reply(target, acks, produced, reply, lambda exc: refused(key, exc))
             return None if waiting is reply else waiting
 
-        def complete() -> Reply:
-            return stored(key, produced.complete())
+        def answer() -> Reply:
+            return stored(key, produced.stored())
 
         def fail(exc: BaseException) -> Reply:
             produced.fail()
@@ -481,7 +481,7 @@ class KafkaAdapter:
                 self.handlers.space.saw_full(exc)
             return refused(key, exc)
 
-        return Append(target, produced.pending, acks, complete, fail)
+        return Append(target, produced.pending, acks, produced.complete, answer, fail)
 
     def _produce_refused(self, request: KafkaRequest) -> Outcome:
         """Produce v0-2 (advertised, never answered with data): UNSUPPORTED_VERSION for every

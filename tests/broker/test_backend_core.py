@@ -118,7 +118,8 @@ def test_a_replicated_acks_all_append_is_answered_when_the_high_watermark_passes
             p,
             produced.pending,
             acks,
-            lambda pr=produced, r=reply: (pr.complete(), r)[1],
+            produced.complete,  # type: ignore[union-attr]
+            lambda r=reply: r,
             lambda exc: Reply([b"fail"]),
         )  # type: ignore[union-attr,misc]
         core.carry_out(append, Frame(4, 1, 0, 1, 1, 0, b""), conn, Slot(0))  # type: ignore[arg-type]
