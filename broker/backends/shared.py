@@ -477,6 +477,12 @@ class ServedConnection:
     def paused(self) -> bool:
         return self.refusing or self.forward_blocked > 0 or not self.server.may_read(self)
 
+    def taken_all(self) -> bool:
+        """Whether the bytes received hold no request still to take: what a request being
+        carried out now starts (a reply's send, a flush) has nothing of this connection's to
+        wait for in this pass."""
+        return not self.decoder.buffered
+
     def fill(self, slot: Slot, outcome: Reply | Silent) -> None:
         """A reply is ready: send every reply at the head of the queue that is ready too."""
         slot.done = True
@@ -1050,7 +1056,9 @@ class BackendCore:
             except Exception as exc:  # the log refused to complete: an error reply
                 self._answer_append(outcome, conn, slot, None, exc)
                 return
-            self._answer_append(outcome, conn, slot, reply, None)
+            # the last request of what was received: its flush (acks=durable) starts now
+            last = isinstance(conn, ServedConnection) and conn.taken_all()
+            self._answer_append(outcome, conn, slot, reply, None, flush_now=last)
             return
 
         def done(reply: Reply | Silent | None, exc: BaseException | None) -> None:
@@ -1076,8 +1084,10 @@ class BackendCore:
         slot: Slot,
         reply: Reply | Silent | None,
         exc: BaseException | None,
+        flush_now: bool = False,
     ) -> None:
-        """An append is visible (`reply`) or failed (`exc`): answer as its acks say."""
+        """An append is visible (`reply`) or failed (`exc`): answer as its acks say (`flush_now`:
+        see `after_flush`)."""
         if exc is not None:
             conn.fill(slot, outcome.fail(exc))
             return
@@ -1097,6 +1107,7 @@ class BackendCore:
                 outcome.partition,
                 lambda: conn.fill(slot, reply),
                 lambda e: conn.fill(slot, outcome.fail(e)),
+                flush_now,
             )
 
     def run_replica_append(self, outcome: Append, done: Callable[[], None]) -> None:
@@ -1176,11 +1187,25 @@ class BackendCore:
     # ------------------------------------------------------------------------- group commit
 
     def after_flush(
-        self, partition: Partition, done: Callable[[], None], failed: Callable[[BaseException], None]
+        self,
+        partition: Partition,
+        done: Callable[[], None],
+        failed: Callable[[BaseException], None],
+        now: bool = False,
     ) -> None:
         """`done()` once `partition`'s next flush has completed, `failed(exc)` if it fails. Every
-        waiter of a loop turn shares one flush per partition, started at the end of the turn."""
-        self._work_of(partition).flush_waiters.append((done, failed))
+        waiter of a loop turn shares one flush per partition, started at the end of the turn.
+
+        `now`: the caller knows no other request of the turn will wait for this partition (the
+        last one a client's bytes held, whose append was written on the loop): the flush starts
+        at once, and the disk works while the turn finishes, not after it (for a one-record
+        acks=durable produce the gain, ~5%, is within this VM's noise). A request that comes after
+        it in the turn waits for the next flush, as one does while any flush is running."""
+        work = self._work_of(partition)
+        work.flush_waiters.append((done, failed))
+        if now and not work.flushing:
+            self._flush(partition, work)
+            return
         self._flush_due.add(partition)
         if not self._commit_scheduled:
             self._commit_scheduled = True

@@ -509,9 +509,6 @@ class Connection(ServedConnection, _Stream):
     def unsent(self) -> int:
         return self.unsent_bytes
 
-    def taken_all(self) -> bool:
-        return not self.decoder.buffered
-
     def reading_changed(self) -> None:
         # arm_recv is a no-op inside `received` (`_recv_done` arms after it), with a recv in
         # flight or while paused; the first two are tested here, a call saved on every reply
@@ -729,6 +726,10 @@ class UringServer(BackendCore):
                 step(i)
 
         step(0)
+        # Started before the end of the pass (`after_flush(now=True)`): the device works while
+        # the pass finishes, not after its submit. At the end of a pass this costs one syscall
+        # more, per flush.
+        self.ring.submit()
 
     def _inline_write(self, op: Op) -> bool:
         return isinstance(op, Write) and op.length <= self.inline_write_max
