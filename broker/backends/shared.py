@@ -1045,11 +1045,7 @@ class BackendCore:
                 # its next request often finds the worker still awake (one-record produce on
                 # io_uring, 5 alternated rounds: p50 124-152 -> 90-150 us). A follower's append
                 # (from_peer) keeps the order: what it does next reads the log end publishing moves.
-                self._answer_append(outcome, conn, slot, outcome.answer(), None)
-                try:
-                    outcome.publish()
-                except Exception:  # the log refused: its invariants are broken, and it says how
-                    log.exception("a written append to %s could not be published", pending.segment.store_path)
+                self._answer_then_publish(outcome, conn, slot)
                 return
             try:
                 reply = outcome.complete()
@@ -1076,6 +1072,24 @@ class BackendCore:
             self._advance_appends(partition, work)
 
         self.run_append(partition, outcome.pending.ops, written)
+
+    def _answer_then_publish(self, outcome: Append, conn: ServedConnection, slot: Slot) -> None:
+        """Answer a written acks=0/1 append, then publish it: whatever becomes of the answer (a
+        reply that cannot be built is a bug, answered as an error), the written batches are
+        published, as the order of the log's appends requires."""
+        try:
+            reply: Reply | Silent | None = outcome.answer()
+            failure: BaseException | None = None
+        except Exception as exc:
+            reply, failure = None, exc
+        try:
+            self._answer_append(outcome, conn, slot, reply, failure)
+        finally:
+            try:
+                outcome.publish()
+            except Exception:  # the log refused: its invariants are broken, and it says how
+                path = outcome.pending.segment.store_path
+                log.exception("a written append to %s could not be published", path)
 
     def _answer_append(
         self,

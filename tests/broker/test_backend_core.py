@@ -156,3 +156,47 @@ def test_a_followers_append_runs_in_order_and_says_when_it_is_done(tmp_path: Any
     assert follower.log.read(0, 1 << 20).data == data
     leader.close()
     follower.close()
+
+
+def test_a_flush_asked_for_now_starts_at_once_and_waiters_after_it_share_the_next() -> None:
+    core = FakeCore()
+    partition = FakePartition()
+    answered: list[str] = []
+    core.after_flush(partition, lambda: answered.append("a"), lambda exc: answered.append("fail"), now=True)  # type: ignore[arg-type]
+    assert len(core.running) == 1 and not core.turn_end  # started, not left for the turn's end
+    # Later in the same turn: one at the end of the turn, one asking for now; neither starts a
+    # second flush beside the one running, and both share the next.
+    core.after_flush(partition, lambda: answered.append("b"), lambda exc: answered.append("fail"))  # type: ignore[arg-type]
+    core.after_flush(partition, lambda: answered.append("c"), lambda exc: answered.append("fail"), now=True)  # type: ignore[arg-type]
+    core.end_turn()
+    assert len(core.running) == 1 and partition.log.prepared == 1
+    core.running.pop()[1](None)
+    assert answered == ["a"] and partition.log.prepared == 2 and len(core.running) == 1
+    core.running.pop()[1](None)
+    assert answered == ["a", "b", "c"] and core.flushed_counts == [1, 2]
+
+
+def test_an_append_answered_before_it_is_published_is_published_whatever_its_answer() -> None:
+    core = FakeCore()
+    published: list[int] = []
+
+    def broken_answer() -> Reply:
+        raise RuntimeError("no reply")
+
+    def fail(exc: BaseException) -> Reply:
+        return Reply([f"failed: {exc}".encode()])
+
+    conn = FakeConn()
+    append = Append(None, None, Acks.WRITTEN, lambda: published.append(1), broken_answer, fail)  # type: ignore[arg-type]
+    core._answer_then_publish(append, conn, Slot(0))  # type: ignore[arg-type]
+    assert published == [1], "the written batches are published though the reply could not be built"
+    assert [r.buffers for r in conn.filled] == [[b"failed: no reply"]]  # type: ignore[attr-defined]
+
+    def refused_publish() -> None:
+        raise AssertionError("appends complete in the order prepared")
+
+    conn = FakeConn()
+    pending = SimpleNamespace(segment=SimpleNamespace(store_path="p/00.log"))
+    append = Append(None, pending, Acks.WRITTEN, refused_publish, lambda: Reply([b"ok"]), fail)  # type: ignore[arg-type]
+    core._answer_then_publish(append, conn, Slot(0))  # type: ignore[arg-type]
+    assert [r.buffers for r in conn.filled] == [[b"ok"]]  # answered; the refusal is logged
