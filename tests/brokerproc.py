@@ -226,6 +226,21 @@ class Wire:
         return resp.topic_id
 
 
+def values_after_restart(broker: BrokerProcess, topic_id: int, kill: bool = False) -> list[bytes | None]:
+    """The values partition 0 of `topic_id` holds once `broker` has stopped (SIGTERM, or with
+    `kill` SIGKILL: no shutdown flush, recovery alone) and started again."""
+    if kill:
+        broker.kill()
+    else:
+        broker.stop()
+    broker.start()
+    w = Wire(broker.port)
+    try:
+        return [r.value for r in w.fetch_all(topic_id, 0)]
+    finally:
+        w.close()
+
+
 def own_snapshot(port: int) -> dict:
     """The stats snapshot of the core listening on `port` (its direct port), taken by that core
     as it answers: the way to read one core's counters (forwards, requests by API)."""

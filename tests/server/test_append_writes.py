@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from brokerproc import BrokerProcess, Wire
+from brokerproc import BrokerProcess, Wire, values_after_restart
 
 from native.constants import APPEND_INLINE_BYTES_MAX
 from ringlog_proto import messages as m
@@ -42,10 +42,6 @@ def test_append_writes_store_what_they_acknowledge(tmp_path: Path, mode: str) ->
         assert offsets == list(range(len(values)))
         assert [r.value for r in w.fetch_all(tid, 0)] == values
         w.close()
-        broker.stop()
-        broker.start()
-        w = Wire(broker.port)
-        assert [r.value for r in w.fetch_all(tid, 0)] == values
-        w.close()
+        assert values_after_restart(broker, tid) == values
     finally:
         broker.stop()
