@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from ringlog_proto import messages as m
 from ringlog_proto.batch import Record, decode_batches
 from ringlog_proto.frames import NEED_DATA, Frame, FrameDecoder
@@ -73,6 +75,13 @@ class BrokerProcess:
     @property
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    def skip_if_fell_back(self) -> None:
+        """Skip the test, stopping this broker, when it was asked for io_uring and the kernel
+        refused a ring (the broker then serves on uvloop and says so in its log)."""
+        if self.backend == "io_uring" and "backend io_uring" not in self.log():
+            self.stop()
+            pytest.skip("io_uring unavailable here: the broker fell back to uvloop")
 
     def start(self) -> BrokerProcess:
         """Start (or restart) the broker. The first start takes a free port (--port 0); a restart

@@ -72,17 +72,15 @@ class PendingProduce:
         the long polls. Appends complete in the order prepared (the log asserts it)."""
         p = self._partition
         pending = self.pending
-        log_ = p.log
-        log_.complete_append(pending)
+        p.log.complete_append(pending)
         p.producers.stored(pending.headers)
         h = pending.headers[0]
         if h.partition_leader_epoch != p.epochs.latest_epoch:  # the first batch of a new epoch
             p.epochs.assign(h.partition_leader_epoch, h.base_offset)
-        end = pending.next_offset
         if p.replica is not None:
             p.leader_end_moved()
         p.wake_waiters()
-        return Stored(pending.base_offset, end, log_.start_offset, log_.durable_offset >= end)
+        return self.stored()
 
     def stored(self) -> Stored:
         """What `complete()` returns, known before it runs: the offsets were assigned when the

@@ -22,9 +22,7 @@ ROUNDS = 200
 
 def _start(tmp_path: Path, backend: str) -> BrokerProcess:
     broker = BrokerProcess(tmp_path / "data", tmp_path / "broker.log", backend=backend).start()
-    if backend == "io_uring" and "backend io_uring" not in broker.log():
-        broker.stop()
-        pytest.skip("io_uring unavailable here: the broker fell back to uvloop")
+    broker.skip_if_fell_back()
     return broker
 
 

@@ -27,8 +27,7 @@ def test_append_writes_store_what_they_acknowledge(tmp_path: Path, mode: str) ->
         backend="io_uring",
     ).start()
     try:
-        if "backend io_uring" not in broker.log():
-            pytest.skip("io_uring unavailable here: the broker fell back to uvloop")
+        broker.skip_if_fell_back()
         w = Wire(broker.port)
         tid = w.create_topic("a", 1)
         values = [LARGE if i % 3 == 1 else SMALL + bytes([i]) for i in range(9)]

@@ -41,8 +41,7 @@ def served(tmp_path: Path) -> Iterator[Served]:
     """An io_uring broker with `VALUES` produced to topic "a" (one partition), and a connection."""
     broker = BrokerProcess(tmp_path / "data", tmp_path / "broker.log", backend="io_uring").start()
     try:
-        if "backend io_uring" not in broker.log():
-            pytest.skip("io_uring unavailable here: the broker fell back to uvloop")
+        broker.skip_if_fell_back()
         w = Wire(broker.port)
         tid = w.create_topic("a", 1)
         for values in VALUES:
