@@ -17,7 +17,13 @@ import time
 from collections.abc import Sequence
 
 from broker import __version__
-from broker.backends.uring_options import APPEND_WRITES, APPEND_WRITES_DEFAULT, BUSY_POLL_US_DEFAULT
+from broker.backends.uring_options import (
+    APPEND_WRITES,
+    APPEND_WRITES_DEFAULT,
+    BUSY_POLL_US_DEFAULT,
+    FLUSH_SYNCS,
+    FLUSH_SYNCS_DEFAULT,
+)
 from broker.cli_client import add_client_commands, run_client_command
 from broker.cli_security import add_security_commands
 from broker.core.limits import add_limit_arguments, limits_from_args
@@ -398,6 +404,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         log_defaults=defaults,
         busy_poll_us=args.busy_poll_us,
         append_writes=args.append_writes,
+        flush_syncs=args.flush_syncs,
         ebpf=args.ebpf,
         xdp_iface=args.xdp_iface,
         xdp_mode=args.xdp_mode,
@@ -538,6 +545,13 @@ def build_parser() -> argparse.ArgumentParser:
         choices=list(APPEND_WRITES),
         help="io_uring: appends as ring writes, as a pwritev on the loop, or inline when small "
         f"(default {APPEND_WRITES_DEFAULT})",
+    )
+    serve.add_argument(
+        "--flush-syncs",
+        default=FLUSH_SYNCS_DEFAULT,
+        choices=list(FLUSH_SYNCS),
+        help="io_uring: a durable flush's fdatasync on the ring, on the loop, or on the loop when "
+        f"nothing else waits and the disk is fast (default {FLUSH_SYNCS_DEFAULT})",
     )
     serve.add_argument(
         "--ebpf",

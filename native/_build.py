@@ -57,6 +57,7 @@ unsigned rl_setup_flags(struct io_uring *ring);
 unsigned rl_sq_space_left(struct io_uring *ring);
 unsigned rl_sq_ready(struct io_uring *ring);
 unsigned rl_cq_ready(struct io_uring *ring);
+int rl_cq_quiet(struct io_uring *ring);
 
 int rl_submit(struct io_uring *ring);
 int rl_submit_and_wait(struct io_uring *ring, unsigned wait_nr);
@@ -156,6 +157,15 @@ unsigned rl_setup_flags(struct io_uring *ring) { return ring->flags; }
 unsigned rl_sq_space_left(struct io_uring *ring) { return io_uring_sq_space_left(ring); }
 unsigned rl_sq_ready(struct io_uring *ring) { return io_uring_sq_ready(ring); }
 unsigned rl_cq_ready(struct io_uring *ring) { return io_uring_cq_ready(ring); }
+
+/* 1 when no completion waits to be reaped: none in the CQ, none in its overflow list, and no
+   task work (with COOP_TASKRUN a socket's readiness is task work until the next enter). */
+int rl_cq_quiet(struct io_uring *ring)
+{
+    if (!ring) return 1;
+    if (io_uring_cq_ready(ring)) return 0;
+    return !(IO_URING_READ_ONCE(*ring->sq.kflags) & (IORING_SQ_TASKRUN | IORING_SQ_CQ_OVERFLOW));
+}
 
 int rl_submit(struct io_uring *ring)
 {

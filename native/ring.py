@@ -530,6 +530,13 @@ class Ring:
         return lib.rl_sq_space_left(self._ring) if self._ring != _NULL else 0
 
     @property
+    def cq_quiet(self) -> bool:
+        """Whether nothing waits to be reaped: no CQE ready, none overflowed, and no task work
+        (with COOP_TASKRUN, a completion such as a socket's data can be task work until the next
+        enter: the TASKRUN flag says so; a ring set up with DEFER_TASKRUN does not flag it)."""
+        return self._ring == _NULL or bool(lib.rl_cq_quiet(self._ring))
+
+    @property
     def sq_ready(self) -> int:
         """SQEs prepped but not yet submitted."""
         return lib.rl_sq_ready(self._ring) if self._ring != _NULL else 0

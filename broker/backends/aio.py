@@ -195,7 +195,9 @@ class Server(BackendCore):
     def appends_now(self, ops: Sequence[Op]) -> bool:
         return True  # every store write is a pwritev on the loop (`run_ops`)
 
-    def run_flush(self, ops: Sequence[Op], done: Callable[[OSError | None], None]) -> None:
+    def run_flush(
+        self, ops: Sequence[Op], done: Callable[[OSError | None], None], alone: bool = True
+    ) -> None:
         if self.stopping():  # the shutdown sequence flushes, then closes: on the loop
             self.run_ops(ops, done)
             return

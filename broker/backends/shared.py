@@ -750,9 +750,12 @@ class BackendCore:
         """An append's operations: `run_ops` unless the backend gathers them (io_uring)."""
         self.run_ops(ops, done)
 
-    def run_flush(self, ops: Sequence[Op], done: Callable[[OSError | None], None]) -> None:
+    def run_flush(
+        self, ops: Sequence[Op], done: Callable[[OSError | None], None], alone: bool = True
+    ) -> None:
         """A group commit's operations (a `FlushPlan`'s): `run_ops` unless the backend runs them
-        beside its loop (uvloop: a thread)."""
+        beside its loop (uvloop: a thread). `alone`: no other partition's flush starts with it
+        (io_uring may then hold its loop for the sync: uring_options.py's `--flush-syncs`)."""
         self.run_ops(ops, done)
 
     def read(self, extent: Extent, done: Callable[[bytes | BaseException], None]) -> None:
@@ -1230,12 +1233,15 @@ class BackendCore:
         flight gets exactly one more after it, which covers everything that arrived meanwhile."""
         self._commit_scheduled = False
         due, self._flush_due = self._flush_due, set()
+        starting = []
         for partition in due:
             work = self._work.get(partition)
             if work is not None and not work.flushing and work.flush_waiters:
-                self._flush(partition, work)
+                starting.append((partition, work))
+        for partition, work in starting:
+            self._flush(partition, work, alone=len(starting) == 1)
 
-    def _flush(self, partition: Partition, work: PartitionWork) -> None:
+    def _flush(self, partition: Partition, work: PartitionWork, alone: bool = True) -> None:
         waiters, work.flush_waiters = work.flush_waiters, []
         log_ = partition.log
         try:
@@ -1271,7 +1277,7 @@ class BackendCore:
             else:
                 self._settle(partition, work)
 
-        self.run_flush(plan.ops, flushed)
+        self.run_flush(plan.ops, flushed, alone)
 
     # ------------------------------------------------------------------------- lifecycle
 

@@ -6,18 +6,21 @@ Rules this module keeps:
   operations: accept (multishot), connect (links to other brokers' cores), recv, sendmsg
   (vectored), close on the sockets, and the storage operations through broker/storage/ring_ops.py
   (writev at an offset, fdatasync, read at an offset). No blocking system call runs on the loop's
-  hot path but small appends (below) and non-blocking sends: cold paths (opening a partition,
-  recovery, creating a topic, retention) stay synchronous, as in the uvloop backend, because they
-  are rare and must finish before the request they serve.
+  hot path but small appends, idle syncs (below) and non-blocking sends: cold paths (opening a
+  partition, recovery, creating a topic, retention) stay synchronous, as in the uvloop backend,
+  because they are rare and must finish before the request they serve.
 - The loop (broker/backends/uring_loop.py) runs continuations only after reaping a batch, then
   timers, then callbacks; the end of a pass submits the store writes gathered in it (one writev
   for the back-to-back appends of a partition) and starts the shared group commit. With
   `--append-writes auto` (the default) a gathered write up to `APPEND_INLINE_BYTES_MAX` is a
-  pwritev on the loop instead: the one blocking call on the hot path, a page-cache copy, where
-  the ring would hand it to an io-wq thread on the same CPU (ext4 cannot write buffered without
+  pwritev on the loop instead: a blocking call on the hot path, a page-cache copy, where the
+  ring would hand it to an io-wq thread on the same CPU (ext4 cannot write buffered without
   blocking) at the price of a context switch and a slower copy (uring_options.py, constants.py).
   An append of that size to a partition with none in flight is not even gathered: it is written
   at once, made visible and answered in one go (`appends_now`, the shared core's `_append`).
+  The other blocking call: with `--flush-syncs auto` (the default) a flush's fdatasync runs on
+  the loop when nothing else waits for it (`Loop.quiet`) and the last flush was fast; the ring's
+  io-wq hand-off costs a durable produce ~40-60 us (uring_options.py).
 - Each connection has one recv and one sendmsg in flight at most. What a pass writes to a
   connection with no sendmsg in flight is sent at the end of the pass, in one non-blocking
   `sendmsg` on the loop (as uvloop's transports send at once); only what that leaves goes to the
@@ -54,12 +57,12 @@ from typing import TYPE_CHECKING
 from broker.backends.blocking import Post
 from broker.backends.shared import BackendCore, PeerStream, ServedConnection, tune_malloc
 from broker.backends.uring_loop import Loop, Timer
-from broker.backends.uring_options import UringOptions
+from broker.backends.uring_options import SyncPlacement, UringOptions
 from broker.core.config import BrokerConfig
 from broker.core.limits import REMOTE_CONNECT_TIMEOUT_S
 from broker.core.partition import Partition
 from broker.security.tls import TLS_HANDSHAKE_TIMEOUT_S, TlsSession
-from broker.storage.fileio import Op, SyncFileIO, Write, remaining_buffers, run_ops
+from broker.storage.fileio import Op, Sync, SyncFileIO, Write, remaining_buffers, run_ops
 from broker.storage.ring_ops import RingOps
 from broker.storage.segment import Extent
 from native.constants import (
@@ -664,6 +667,7 @@ class UringServer(BackendCore):
         self.inline_appends = options.append_writes == "inline"
         # "auto": a gathered store write up to this many bytes is a pwritev on the loop
         self.inline_write_max = APPEND_INLINE_BYTES_MAX if options.append_writes == "auto" else -1
+        self.sync_placement = SyncPlacement(options.flush_syncs)
         self.loop_io = SyncFileIO()
         from native.ring import (  # noqa: PLC0415 - the bindings, as `run` loads them
             is_mapped,
@@ -698,30 +702,45 @@ class UringServer(BackendCore):
     def run_ops(self, ops: Sequence[Op], done: Written) -> None:
         self.ring_ops.run(ops, done)
 
-    def run_flush(self, ops: Sequence[Op], done: Written) -> None:
-        """A group commit's operations, in order: the syncs on the ring, and a small write
-        (the active segment's index entries, written after its store's sync and never synced
-        themselves) as a page-cache copy on the loop once what precedes it completed, as appends
-        are. On the ring, that write went to an io-wq thread after the fdatasync: a second
-        hand-off in every durable produce's wait (strace: ~65 us of the ~450)."""
+    def run_flush(self, ops: Sequence[Op], done: Written, alone: bool = True) -> None:
+        """A group commit's operations, in order. The sync of the active segment's store runs on
+        the loop or on the ring, as `--flush-syncs` places it (uring_options.py: on the loop when
+        nothing else waits for it, `alone` included); other syncs on the ring. A small write (the active
+        segment's index entries, written after its store's sync and never synced themselves) is a
+        page-cache copy on the loop once what precedes it completed, as appends are: on the ring,
+        it went to an io-wq thread after the fdatasync, a second hand-off in every durable
+        produce's wait (strace: ~65 us of the ~450)."""
         ops = list(ops)
+        placement = self.sync_placement
+        inline_sync = placement.inline(alone and self.loop.quiet())
+        started = time.monotonic_ns()
+
+        def on_loop(op: Op) -> bool:
+            return self._inline_write(op) or (inline_sync and isinstance(op, Sync))
+
+        def finished(exc: OSError | None) -> None:
+            placement.took(time.monotonic_ns() - started)
+            done(exc)
 
         def step(i: int) -> None:
             j = i
-            while j < len(ops) and not self._inline_write(ops[j]):
+            while j < len(ops) and not on_loop(ops[j]):
                 j += 1
             if j > i:
-                self.ring_ops.run(ops[i:j], lambda exc: done(exc) if exc is not None else step(j))
+                self.ring_ops.run(ops[i:j], lambda exc: finished(exc) if exc is not None else step(j))
                 return
-            while i < len(ops) and self._inline_write(ops[i]):
+            while i < len(ops) and on_loop(ops[i]):
+                op = ops[i]
                 try:
-                    run_ops(self.loop_io, [ops[i]])
+                    run_ops(self.loop_io, [op])
                 except OSError as exc:
-                    done(exc)
+                    finished(exc)
                     return
+                if isinstance(op, Sync):
+                    self.handlers.metrics.synced_inline()
                 i += 1
             if i == len(ops):
-                done(None)
+                finished(None)
             else:
                 step(i)
 
@@ -729,8 +748,9 @@ class UringServer(BackendCore):
         # Started before the end of the pass (`after_flush(now=True)`): the device works while
         # the pass finishes, not after its submit. At the end of a pass this costs one syscall
         # more, per flush. Only sooner: what this submit cannot take, the pass's own submit does.
-        with contextlib.suppress(OSError):
-            self.ring.submit()
+        if self.ring.sq_ready:
+            with contextlib.suppress(OSError):
+                self.ring.submit()
 
     def _inline_write(self, op: Op) -> bool:
         return isinstance(op, Write) and op.length <= self.inline_write_max

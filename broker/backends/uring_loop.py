@@ -19,7 +19,8 @@ import heapq
 import itertools
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from operator import length_hint
 from typing import TYPE_CHECKING
 
 from native.constants import COMPLETIONS_PER_PASS_MAX, CQE_F_MORE
@@ -57,6 +58,7 @@ class Loop:
         self.busy_poll_s = busy_poll_us / 1e6
         self._busy_until = 0.0
         self._offloaded = 0  # ops in flight that a kernel worker thread may run (see worker_op)
+        self._rest: Iterator[tuple[int, int, int]] = iter(())  # the pass's completions not yet run
 
     def op(self, callback: Callback) -> int:
         """A user_data for one operation; `callback(res, flags)` runs on each of its completions."""
@@ -93,6 +95,19 @@ class Loop:
     def pending_ops(self) -> int:
         return len(self._ops)
 
+    def quiet(self) -> bool:
+        """Whether nothing but the caller has work for the loop now: no completion of this pass
+        left to run nor any waiting in the ring, no callback queued for this pass or its end, and
+        no disk operation in flight. What the loop does next delays nobody else (a blocking call,
+        `flush_syncs`); what arrives meanwhile waits for it."""
+        return (
+            not length_hint(self._rest)
+            and not self._soon
+            and not self._end_of_pass
+            and not self._offloaded
+            and self.ring.cq_quiet
+        )
+
     def run_once(self) -> None:
         """One pass: submit and wait, reap a batch, run continuations, timers, soon-callbacks,
         end-of-pass callbacks."""
@@ -114,7 +129,8 @@ class Loop:
             self._busy_until = time.monotonic() + self.busy_poll_s
         ops = self._ops
         more = CQE_F_MORE
-        for ud, res, flags in completions:
+        self._rest = rest = iter(completions)
+        for ud, res, flags in rest:
             cb = ops.get(ud) if flags & more else ops.pop(ud, None)
             if cb is not None:
                 cb(res, flags)

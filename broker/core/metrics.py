@@ -57,6 +57,7 @@ class CoreMetrics:
         "bytes_out",
         "core",
         "errors",
+        "flush_syncs_inline",
         "flush_waiters",
         "flushes",
         "forwarded_in_count",
@@ -87,6 +88,7 @@ class CoreMetrics:
         self.latency_us = [0] * LATENCY_BUCKETS
         self.flushes = 0
         self.flush_waiters = 0
+        self.flush_syncs_inline = 0  # io_uring: flushes whose fdatasync ran on the loop itself
         self.reads_mapped = 0  # fetch reads served from the page cache's pages (io_uring)
         self.reads_file = 0  # fetch reads that read the file (a ring read, or a pread)
         self.started_at = time.time()
@@ -140,6 +142,11 @@ class CoreMetrics:
         self.flushes += 1
         self.flush_waiters += waiters
 
+    def synced_inline(self) -> None:
+        """A flush's fdatasync ran on the io_uring loop itself (`--flush-syncs`), not on the ring:
+        against `flushes`, how often the core was idle enough to hold it."""
+        self.flush_syncs_inline += 1
+
     def read(self, mapped: bool) -> None:
         """A fetch's read of a segment: from the page cache's pages as they are (`mapped`), or
         by reading the file (its pages were not all in memory, or the backend always reads)."""
@@ -173,6 +180,7 @@ class CoreMetrics:
             "asked": self.asked_count,
             "flushes": self.flushes,
             "flush_waiters": self.flush_waiters,
+            "flush_syncs_inline": self.flush_syncs_inline,
             "reads_mapped": self.reads_mapped,
             "reads_file": self.reads_file,
             "gauges": {name: int(read()) for name, read in (gauges or {}).items()},
@@ -321,6 +329,12 @@ def prometheus_text(snapshots: Iterable[Mapping[str, object]]) -> str:
         "counter",
         "Durable produces answered by those flushes.",
         per_core("flush_waiters"),
+    )
+    family(
+        "ringlog_flush_syncs_inline_total",
+        "counter",
+        "Flushes whose fdatasync the io_uring loop ran itself (--flush-syncs).",
+        per_core("flush_syncs_inline"),
     )
     family(
         "ringlog_reads_mapped_total",

@@ -1,0 +1,88 @@
+"""io_uring's `--flush-syncs`: where a durable flush's fdatasync runs (broker/backends/uring_options.py).
+
+"auto" (the default) runs it on the loop when nothing else waits for the loop, as between the
+requests of a client producing one at a time, and on the ring when other work does, as in a
+pipelined burst over two partitions. "ring" never holds the loop, "inline" always does. Whichever
+runs it, what was acknowledged survives SIGKILL."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from brokerproc import BrokerProcess, Wire, own_snapshot, values_after_restart
+
+from ringlog_proto import messages as m
+from ringlog_proto.batch import encode_batch
+
+ROUNDS = 40
+
+
+def _start(tmp_path: Path, mode: str) -> BrokerProcess:
+    broker = BrokerProcess(
+        tmp_path / "data", tmp_path / "broker.log", extra=("--flush-syncs", mode), backend="io_uring"
+    ).start()
+    broker.skip_if_fell_back()
+    return broker
+
+
+def _durable(tid: int, partition: int, value: bytes) -> m.ProduceRequest:
+    return m.ProduceRequest(tid, partition, m.Acks.DURABLE, 5000, encode_batch([value]))
+
+
+def _flushes(port: int) -> tuple[int, int]:
+    snap = own_snapshot(port)
+    return snap["flushes"], snap["flush_syncs_inline"]
+
+
+@pytest.mark.parametrize("mode", ["auto", "ring", "inline"])
+def test_one_at_a_time_durable_produces_sync_where_the_mode_says(tmp_path: Path, mode: str) -> None:
+    broker = _start(tmp_path, mode)
+    try:
+        w = Wire(broker.port)
+        tid = w.create_topic("t", 1)
+        flushes0, inline0 = _flushes(broker.port)
+        values = [b"d%d" % i for i in range(ROUNDS)]
+        for i, value in enumerate(values):
+            resp = w.rpc(_durable(tid, 0, value))
+            assert isinstance(resp, m.ProduceResponse) and resp.error == m.ErrorCode.NONE, resp
+            assert resp.base_offset == i
+        flushes, inline = _flushes(broker.port)
+        flushes, inline = flushes - flushes0, inline - inline0
+        assert flushes == ROUNDS  # one at a time: each waits for a flush of its own
+        if mode == "ring":
+            assert inline == 0
+        elif mode == "inline":
+            assert inline == ROUNDS
+        else:  # idle between requests: on the loop (a housekeeping callback may be queued)
+            assert inline >= ROUNDS * 0.9, (inline, flushes)
+        w.close()
+        assert values_after_restart(broker, tid, kill=True) == values
+    finally:
+        broker.stop()
+
+
+def test_a_burst_over_two_partitions_syncs_on_the_ring_and_is_stored(tmp_path: Path) -> None:
+    broker = _start(tmp_path, "auto")
+    try:
+        w = Wire(broker.port)
+        tid = w.create_topic("t", 2)
+        flushes0, inline0 = _flushes(broker.port)
+        # one send, one recv: the last request's flush starts while the others' wait
+        w.sock.sendall(
+            b"".join(b"".join(m.encode_request(_durable(tid, i % 2, b"b%d" % i), 100 + i)) for i in range(8))
+        )
+        offsets: list[list[int]] = [[], []]
+        for i in range(8):
+            resp = w.recv()
+            assert isinstance(resp, m.ProduceResponse) and resp.error == m.ErrorCode.NONE, resp
+            offsets[i % 2].append(resp.base_offset)
+        assert offsets == [[0, 1, 2, 3], [0, 1, 2, 3]]
+        flushes, inline = _flushes(broker.port)
+        assert flushes - flushes0 >= 2  # one per partition at least
+        assert inline == inline0, "a flush held the loop while another partition's waited"
+        assert [r.value for r in w.fetch_all(tid, 1)] == [b"b%d" % i for i in range(1, 8, 2)]
+        w.close()
+        assert values_after_restart(broker, tid, kill=True) == [b"b%d" % i for i in range(0, 8, 2)]
+    finally:
+        broker.stop()
