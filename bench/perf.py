@@ -23,7 +23,9 @@ What it measures (1 KiB values; MB and GB are 10^6 and 10^9 bytes of record valu
    redis-py (hiredis parser) `XADD` of one field to a stream, the closest analogue of appending to
    a log, and `SET`.
 2. Durable single-record latency: ringlog acks=2 (fdatasync before the reply) against Redis
-   `appendfsync always` (fsync of the AOF before the reply), the same clients.
+   `appendfsync always` (fsync of the AOF before the reply), the same clients. Its floor: a
+   blocking Python server that writes each message to a preallocated file and fdatasyncs it
+   before echoing (what any durable server must wait for, with no request handling).
 3. Ingest: pre-encoded 64 KiB batches (63 records of 1 KiB), acks=1, 8 in flight over one
    connection on a blocking socket (a sendall and a recv_into per batch: the broker is the limit):
    MB/s and broker CPU-seconds per GB (utime+stime of the supervisor and its worker from /proc over
@@ -168,8 +170,16 @@ class Broker:
 # "spin" polls a non-blocking recv while a client is connected (never while idle), so its CPU
 # never sleeps: the difference is the price of waking a halted vCPU.
 ECHO_SERVER = """
-import socket, sys
+import os, socket, sys
 spin = sys.argv[1] == "spin"
+fd = -1
+if sys.argv[1] == "sync":  # a durable store's floor: each message written and fdatasynced first
+    path = os.path.join(sys.argv[2], "floor-sync.log")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.unlink(path)
+    os.posix_fallocate(fd, 0, SYNC_FILE_BYTES)  # preallocated, as a broker's segment: no size change
+    os.fsync(fd)
+end = 0
 ls = socket.socket()
 ls.bind(("127.0.0.1", 0))
 ls.listen()
@@ -186,15 +196,21 @@ while True:
             continue
         if not n:
             break
+        if fd >= 0:
+            end = 0 if end + n > SYNC_FILE_BYTES else end
+            os.pwrite(fd, memoryview(buf)[:n], end)
+            end += n
+            os.fdatasync(fd)
         c.sendall(b"k" * 16)
     c.close()
-"""
+""".replace("SYNC_FILE_BYTES", str(64 * MIB))
 
 
 class Floor:
     """A Python floor server pinned to the servers' CPU, started as `python *args`; it prints its
-    port: `ECHO_SERVER` ("block" or "spin", the round-trip floor) or bench/floor_server.py (the
-    kernel's share of a GB produced or fetched, with no broker in the way)."""
+    port: `ECHO_SERVER` ("block" or "spin", the round-trip floor; "sync DIR", the durable one) or
+    bench/floor_server.py (the kernel's share of a GB produced or fetched, with no broker in the
+    way)."""
 
     def __init__(self, *args: str) -> None:
         self.args = args
@@ -202,8 +218,8 @@ class Floor:
         self.port = 0
 
     @classmethod
-    def echo(cls, mode: str) -> Floor:
-        return cls("-c", ECHO_SERVER, mode)
+    def echo(cls, mode: str, *args: str) -> Floor:
+        return cls("-c", ECHO_SERVER, mode, *args)
 
     @classmethod
     def moving(cls, *args: str) -> Floor:
@@ -541,6 +557,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         print(f"  {REDIS} is missing (scripts/setup.sh installs redis-server): no Redis rows, ratios n/a")
     redises = {f: Redis(workdir, f) for f in ("everysec", "always")} if redis_ok else {}
     echoes = {mode: Floor.echo(mode) for mode in ("block", "spin")} if "latency" in only else {}
+    if "durable" in only:
+        echoes["sync"] = Floor.echo("sync", str(workdir))
     floors: dict[str, Floor] = {}
     if "ingest" in only:
         floors["ingest"] = Floor.moving("ingest", str(workdir))
@@ -562,8 +580,12 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         # Latency and durability: every (server, client) pair once per round, in rotating order.
         jobs: list[tuple[str, Callable[[], list[float]]]] = []
         for mode, e in echoes.items():
-            label = {"block": "blocking", "spin": "spinning"}[mode]
-            jobs.append((f"floor: echo, {label} server", partial(echo_latency, e.port, n, w)))
+            label = {
+                "block": "echo, blocking",
+                "spin": "echo, spinning",
+                "sync": "pwrite + fdatasync + echo",
+            }[mode]
+            jobs.append((f"floor: {label} server", partial(echo_latency, e.port, n, w)))
         for f, r in redises.items():
             if ("latency" in only and f == "everysec") or ("durable" in only and f == "always"):
                 jobs.append((f"redis {f} XADD", partial(redis_latency, r.port, "XADD", n, w)))
