@@ -204,6 +204,15 @@ def splice_to_socket(pipe_fd: int, sock_fd: int, length: int) -> int:
     return n
 
 
+def fdatasync_polled(fd: int) -> None:
+    """fdatasync(fd), with this CPU kept busy meanwhile by a thread that yields to anything else
+    (on a VM, a halted vCPU is slow to wake for the disk's completion: see native/_build.py);
+    raises OSError. For the io_uring loop's own syncs, when it busy-polls anyway."""
+    rc = lib.rl_fdatasync_polled(fd)
+    if rc < 0:
+        _raise(rc, "fdatasync")
+
+
 def resident(view: memoryview) -> bool:
     """Whether every page under `view` (of a `map_file` mapping) is in memory (mincore(2)): reading
     it then cannot wait for the disk, and cannot pass the file's end. A failure says no."""

@@ -670,6 +670,7 @@ class UringServer(BackendCore):
         self.sync_placement = SyncPlacement(options.flush_syncs)
         self.loop_io = SyncFileIO()
         from native.ring import (  # noqa: PLC0415 - the bindings, as `run` loads them
+            fdatasync_polled,
             is_mapped,
             map_file,
             resident,
@@ -677,6 +678,9 @@ class UringServer(BackendCore):
             vmsplice,
         )
 
+        # An fdatasync on the loop (`--flush-syncs`) keeps the CPU busy while the loop busy-polls
+        # anyway: a halted vCPU is slow to wake for the disk (native/_build.py, uring_options.py).
+        self._sync_inline = fdatasync_polled if options.busy_poll_us else self.loop_io.fdatasync
         self._map_file = map_file
         self._resident = resident
         self.pipes = _Pipes(is_mapped, vmsplice, splice_to_socket)
@@ -732,12 +736,14 @@ class UringServer(BackendCore):
             while i < len(ops) and on_loop(ops[i]):
                 op = ops[i]
                 try:
-                    run_ops(self.loop_io, [op])
+                    if isinstance(op, Sync):
+                        self._sync_inline(op.fd)
+                        self.handlers.metrics.synced_inline()
+                    else:
+                        run_ops(self.loop_io, [op])
                 except OSError as exc:
                     finished(exc)
                     return
-                if isinstance(op, Sync):
-                    self.handlers.metrics.synced_inline()
                 i += 1
             if i == len(ops):
                 finished(None)

@@ -42,10 +42,15 @@ APPEND_WRITES = ("auto", "ring", "inline")
 # loop is otherwise idle (`Loop.quiet`: nothing reaped or ready, queued or on a kernel thread) and
 # the last flush took no longer than SYNC_INLINE_NS_MAX, else on the ring. The cost is bounded by
 # that: a request arriving during an inline sync waits for it, as one does behind any turn.
+# While the loop busy-polls (`--busy-poll-us`), its fdatasync keeps the CPU busy too
+# (`native.fdatasync_polled`): on a VM an idle vCPU halts, and the disk's completion then wakes
+# it through the host, ~100 us here (worker timestamps: the sync 239-273 -> 166-182 us).
 # Measured on the 2-vCPU VM (issue 13), one-at-a-time acks=2 produce, alternated with Redis
 # `always` in the same run: p50 ring 513-574 us, inline 478-520, Redis 455-487; broker CPU per
-# request 360-401 -> 308-338 us. A bare pwrite + fdatasync: inline 183-213 us, ring 210-237.
-# Syncs of other files (a rolled segment, a directory) always go to the ring.
+# request 360-401 -> 308-338 us. With the polled sync, another run: ring 450-545, inline 347-411,
+# Redis 403-477, at about the ring's CPU per request (the poll instead of the halt). A bare
+# pwrite + fdatasync: inline 183-213 us, ring 210-237. Syncs of other files (a rolled segment,
+# a directory) always go to the ring.
 FLUSH_SYNCS_DEFAULT = "auto"
 FLUSH_SYNCS = ("auto", "ring", "inline")
 # A flush this slow says the disk is busy or slow (this VM's fdatasync: p50 ~200 us, p99 under

@@ -1,19 +1,27 @@
 """Where io_uring puts a flush's fdatasync (`--flush-syncs`, broker/backends/uring_options.py): on
 the loop only when `Loop.quiet()` says nothing else waits for it, on a real ring, and back on the
-ring after a slow flush (`SyncPlacement`)."""
+ring after a slow flush (`SyncPlacement`). On the loop, `native.fdatasync_polled` keeps the CPU
+busy meanwhile: it syncs, reports errors, and its one poller thread stays on the caller's CPU,
+blocks every signal and sleeps between calls."""
 
 from __future__ import annotations
 
+import errno
+import json
 import os
+import signal
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from broker.backends.uring_loop import Loop
 from broker.backends.uring_options import FLUSH_SYNCS, SYNC_INLINE_NS_MAX, SyncPlacement, UringOptions
-from native import Ring, probe
+from native import Ring, fdatasync_polled, probe
 
 pytestmark = pytest.mark.skipif(probe() is not None, reason=f"io_uring unavailable: {probe()}")
 
@@ -122,3 +130,75 @@ def test_unknown_placements_are_refused() -> None:
         SyncPlacement("sometimes")
     with pytest.raises(ValueError, match="flush_syncs"):
         UringOptions(flush_syncs="sometimes")
+
+
+def test_fdatasync_polled_syncs_and_reports_errors(tmp_path: Path) -> None:
+    fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, b"x" * 100)
+        fdatasync_polled(fd)
+        fdatasync_polled(fd)
+    finally:
+        os.close(fd)
+    with pytest.raises(OSError) as bad:
+        fdatasync_polled(fd)  # closed
+    assert bad.value.errno == errno.EBADF
+    r, w = os.pipe()
+    try:
+        with pytest.raises(OSError) as pipe:
+            fdatasync_polled(r)
+        assert pipe.value.errno == errno.EINVAL
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+POLLER_PROBE = """
+import json, os, sys, time
+from native import fdatasync_polled
+cpu = max(os.sched_getaffinity(0))
+os.sched_setaffinity(0, {cpu})
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
+before = set(os.listdir("/proc/self/task"))
+for _ in range(20):
+    os.write(fd, b"x" * 1000)
+    fdatasync_polled(fd)
+threads = [t for t in os.listdir("/proc/self/task") if t not in before]
+states = []
+for t in threads:
+    deadline = time.monotonic() + 5
+    while True:  # asleep on its futex once it has seen the last call return
+        state = open(f"/proc/self/task/{t}/stat").read().rsplit(")", 1)[1].split()[0]
+        if state == "S" or time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
+    status = dict(line.split(":", 1) for line in open(f"/proc/self/task/{t}/status"))
+    states.append({
+        "name": status["Name"].strip(),
+        "state": state,
+        "blocked": status["SigBlk"].strip(),
+        "cpus": sorted(os.sched_getaffinity(int(t))),
+    })
+print(json.dumps({"cpu": cpu, "threads": states}))
+"""
+
+
+def test_one_poller_on_the_callers_cpu_blocking_signals_asleep_between_calls(tmp_path: Path) -> None:
+    repo = Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [sys.executable, "-c", POLLER_PROBE, str(tmp_path / "f")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=repo,
+        env={**os.environ, "PYTHONPATH": str(repo)},
+        check=True,
+    )
+    got = json.loads(out.stdout)
+    (poller,) = got["threads"]  # one thread, however many calls
+    assert poller["name"] == "rl-sync-poll"
+    assert poller["cpus"] == [got["cpu"]]
+    assert poller["state"] == "S", poller
+    blocked = int(poller["blocked"], 16)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGCHLD, signal.SIGALRM):
+        assert blocked & (1 << (sig - 1)), (sig, poller)  # delivered to the loop's thread, not here
