@@ -709,11 +709,12 @@ class UringServer(BackendCore):
     def run_flush(self, ops: Sequence[Op], done: Written, alone: bool = True) -> None:
         """A group commit's operations, in order. The sync of the active segment's store runs on
         the loop or on the ring, as `--flush-syncs` places it (uring_options.py: on the loop when
-        nothing else waits for it, `alone` included); other syncs on the ring. A small write (the active
-        segment's index entries, written after its store's sync and never synced themselves) is a
-        page-cache copy on the loop once what precedes it completed, as appends are: on the ring,
-        it went to an io-wq thread after the fdatasync, a second hand-off in every durable
-        produce's wait (strace: ~65 us of the ~450)."""
+        nothing else waits for it, `alone` included, and none of the flush's operations went to
+        the ring before it); other syncs on the ring. A small write (the active segment's index
+        entries, written after its store's sync and never synced themselves) is a page-cache copy
+        on the loop once what precedes it completed, as appends are: on the ring, it went to an
+        io-wq thread after the fdatasync, a second hand-off in every durable produce's wait
+        (strace: ~65 us of the ~450)."""
         ops = list(ops)
         placement = self.sync_placement
         inline_sync = placement.inline(alone and self.loop.quiet())
@@ -726,12 +727,18 @@ class UringServer(BackendCore):
             placement.took(time.monotonic_ns() - started)
             done(exc)
 
+        def resume(j: int) -> None:
+            # after a ring operation, in a later pass: whether the loop is idle there is unknown
+            nonlocal inline_sync
+            inline_sync = False
+            step(j)
+
         def step(i: int) -> None:
             j = i
             while j < len(ops) and not on_loop(ops[j]):
                 j += 1
             if j > i:
-                self.ring_ops.run(ops[i:j], lambda exc: finished(exc) if exc is not None else step(j))
+                self.ring_ops.run(ops[i:j], lambda exc: finished(exc) if exc is not None else resume(j))
                 return
             while i < len(ops) and on_loop(ops[i]):
                 op = ops[i]

@@ -3,7 +3,8 @@
 "auto" (the default) runs it on the loop when nothing else waits for the loop, as between the
 requests of a client producing one at a time, and on the ring when other work does, as in a
 pipelined burst over two partitions. "ring" never holds the loop, "inline" always does. Whichever
-runs it, what was acknowledged survives SIGKILL."""
+runs it, what was acknowledged survives SIGKILL, across segment rolls too (whose flushes sync
+on the ring and on the loop)."""
 
 from __future__ import annotations
 
@@ -84,5 +85,35 @@ def test_a_burst_over_two_partitions_syncs_on_the_ring_and_is_stored(tmp_path: P
         assert [r.value for r in w.fetch_all(tid, 1)] == [b"b%d" % i for i in range(1, 8, 2)]
         w.close()
         assert values_after_restart(broker, tid, kill=True) == [b"b%d" % i for i in range(0, 8, 2)]
+    finally:
+        broker.stop()
+
+
+def test_durable_appends_across_segment_rolls_are_stored(tmp_path: Path) -> None:
+    # 1 MiB segments of ~100 KB records: a flush after a roll syncs the closed segment's files and
+    # the directory on the ring, then the active store's (there too, in a later pass, whatever
+    # the loop is doing then); the others sync on the loop
+    broker = BrokerProcess(
+        tmp_path / "data",
+        tmp_path / "broker.log",
+        extra=("--segment-bytes", str(1 << 20)),
+        backend="io_uring",
+    ).start()
+    try:
+        broker.skip_if_fell_back()
+        w = Wire(broker.port)
+        tid = w.create_topic("t", 1)
+        flushes0, inline0 = _flushes(broker.port)
+        values = [bytes([i]) * 100_000 for i in range(30)]  # about three rolls
+        for i, value in enumerate(values):
+            resp = w.rpc(_durable(tid, 0, value))
+            assert isinstance(resp, m.ProduceResponse) and resp.error == m.ErrorCode.NONE, resp
+            assert resp.base_offset == i
+        flushes, inline = _flushes(broker.port)
+        flushes, inline = flushes - flushes0, inline - inline0
+        assert flushes == len(values)
+        assert 0 < inline < flushes, (inline, flushes)
+        w.close()
+        assert values_after_restart(broker, tid, kill=True) == values
     finally:
         broker.stop()
