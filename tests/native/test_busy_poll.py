@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -17,14 +16,6 @@ from native import Ring, probe
 pytestmark = pytest.mark.skipif(probe() is not None, reason=f"io_uring unavailable: {probe()}")
 
 POLL_US = 10_000_000  # 10 s: longer than any pass below may take, so a pass that waits was paused
-
-
-@pytest.fixture
-def pipe() -> Iterator[tuple[int, int]]:
-    r, w = os.pipe()
-    yield r, w
-    os.close(r)
-    os.close(w)
 
 
 def _activity(loop: Loop, ring: Ring) -> None:

@@ -14,7 +14,6 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,14 +23,6 @@ from broker.backends.uring_options import FLUSH_SYNCS, SYNC_INLINE_NS_MAX, SyncP
 from native import Ring, fdatasync_polled, probe
 
 pytestmark = pytest.mark.skipif(probe() is not None, reason=f"io_uring unavailable: {probe()}")
-
-
-@pytest.fixture
-def pipe() -> Iterator[tuple[int, int]]:
-    r, w = os.pipe()
-    yield r, w
-    os.close(r)
-    os.close(w)
 
 
 def test_an_idle_loop_is_quiet() -> None:
