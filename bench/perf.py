@@ -168,7 +168,8 @@ class Broker:
 # A server that answers every read of a connection with 16 bytes: what a round trip between the
 # two CPUs costs before any server does any work. "block" sleeps in recv like every server here;
 # "spin" polls a non-blocking recv while a client is connected (never while idle), so its CPU
-# never sleeps: the difference is the price of waking a halted vCPU.
+# never sleeps: the difference is the price of waking a halted vCPU. "sync DIR" blocks, and
+# writes and fdatasyncs each read to a preallocated file in DIR before answering.
 ECHO_SERVER = """
 import os, socket, sys
 spin = sys.argv[1] == "spin"

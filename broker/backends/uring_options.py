@@ -70,12 +70,13 @@ class UringOptions:
     def __post_init__(self) -> None:
         if self.busy_poll_us < 0:
             raise ValueError(f"busy_poll_us must be >= 0, not {self.busy_poll_us}")
-        if self.append_writes not in APPEND_WRITES:
-            choices = ", ".join(APPEND_WRITES)
-            raise ValueError(f"append_writes must be one of {choices}, not {self.append_writes!r}")
-        if self.flush_syncs not in FLUSH_SYNCS:
-            choices = ", ".join(FLUSH_SYNCS)
-            raise ValueError(f"flush_syncs must be one of {choices}, not {self.flush_syncs!r}")
+        _check_choice("append_writes", self.append_writes, APPEND_WRITES)
+        _check_choice("flush_syncs", self.flush_syncs, FLUSH_SYNCS)
+
+
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(choices)}, not {value!r}")
 
 
 def busy_poll_for(requested: int | None, cores: int, cpus: int) -> int:
@@ -93,8 +94,7 @@ class SyncPlacement:
     __slots__ = ("last_ns", "mode")
 
     def __init__(self, mode: str = FLUSH_SYNCS_DEFAULT) -> None:
-        if mode not in FLUSH_SYNCS:
-            raise ValueError(f"flush_syncs must be one of {', '.join(FLUSH_SYNCS)}, not {mode!r}")
+        _check_choice("flush_syncs", mode, FLUSH_SYNCS)
         self.mode = mode
         self.last_ns = 0  # the last flush's duration, from its start to its completion
 
