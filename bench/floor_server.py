@@ -2,25 +2,33 @@
 CPU-per-GB figures beside, measured in the same run on the same CPU.
 
 Run by perf.py, pinned to the servers' CPU; prints its port, then serves one connection at a time:
-- `ingest DIR`: the least any log server does for a produce. Each connection gets a fresh file in
-  DIR (fresh page cache, as a broker's new segment is). Every `recv_into` of up to 1 MiB is one
-  `pwrite` at the file's end, and every whole length-prefixed frame received is answered with a
-  fixed 16-byte-body reply whose error field (at `HEADER_SIZE`) is 0, in one `send` per receive:
-  the replies perf.py's ingest client checks, with no parsing, validation, index or offsets.
-- `fetch FILE BYTES copy|sendfile`: the least any server does for a fetch. FILE gets BYTES of
-  random data, read once (page cache warm). A request is 12 bytes (`>QI`: offset, length); the
-  answer is that extent of FILE, by `pread` + `sendall` of one buffer (`copy`, the two copies a
-  read-then-send broker makes) or by `sendfile` (`sendfile`, the page cache's pages handed to the
-  socket).
+- `ingest DIR [crc]`: the least any log server does for a produce. Each connection gets a fresh
+  file in DIR (fresh page cache, as a broker's new segment is). Every `recv_into` of up to 1 MiB
+  is one `pwrite` at the file's end, and every whole length-prefixed frame received is answered
+  with a fixed 16-byte-body reply whose error field (at `HEADER_SIZE`) is 0, in one `send` per
+  receive: the replies perf.py's ingest client checks, with no parsing, validation, index or
+  offsets. With `crc`, each whole frame's body also goes through crc32c once: the check Kafka's
+  protocol asks of every broker before it stores a batch (the least a broker that validates does).
+- `fetch FILE BYTES copy|sendfile|sendfile-crc`: the least any server does for a fetch. FILE gets
+  BYTES of random data, read once (page cache warm). A request is 12 bytes (`>QI`: offset,
+  length); the answer is that extent of FILE, by `pread` + `sendall` of one buffer (`copy`, the
+  two copies a read-then-send broker makes), by `sendfile` (`sendfile`, the page cache's pages
+  handed to the socket), or by `sendfile` after a crc32c over the extent read through a mapping
+  of FILE (`sendfile-crc`: what ringlog does, which checks every batch it serves against its crc,
+  so that a bit flipped on disk is an error and not a record; the crc is a read of every byte from
+  memory, which sendfile never makes).
 Python is fine here: one call moves up to 1 MiB, so the interpreter is a few percent of the CPU.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 import socket
 import struct
 import sys
+
+from crc32c import crc32c
 
 from ringlog_proto.frames import HEADER_SIZE
 
@@ -30,7 +38,7 @@ REPLY = struct.pack(">I", HEADER_SIZE - 4 + REPLY_BODY) + bytes(HEADER_SIZE - 4 
 REQUEST = struct.Struct(">QI")
 
 
-def serve_ingest(conn: socket.socket, directory: str) -> None:
+def serve_ingest(conn: socket.socket, directory: str, check: bool) -> None:
     path = os.path.join(directory, f"floor-{os.getpid()}.log")
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
     os.unlink(path)  # its pages go with the last close
@@ -52,6 +60,8 @@ def serve_ingest(conn: socket.socket, directory: str) -> None:
                 size = 4 + unpack_from(">I", buf, pos)[0]
                 if have - pos < size:
                     break
+                if check:
+                    crc32c(view[pos + HEADER_SIZE : pos + size])
                 pos += size
                 frames += 1
             if frames:
@@ -78,6 +88,7 @@ def make_file(path: str, nbytes: int) -> int:
 def serve_fetch(conn: socket.socket, fd: int, mode: str) -> None:
     buf = bytearray(BUF)
     view = memoryview(buf)
+    mapped = memoryview(mmap.mmap(fd, 0, prot=mmap.PROT_READ)) if mode == "sendfile-crc" else None
     req = bytearray(REQUEST.size)
     while True:
         got = 0
@@ -87,7 +98,9 @@ def serve_fetch(conn: socket.socket, fd: int, mode: str) -> None:
                 return
             got += k
         offset, length = REQUEST.unpack(req)
-        if mode == "sendfile":
+        if mapped is not None:
+            crc32c(mapped[offset : offset + length])
+        if mode != "copy":
             sent = 0
             while sent < length:
                 sent += os.sendfile(conn.fileno(), fd, offset + sent, length - sent)
@@ -114,7 +127,7 @@ def main(argv: list[str]) -> None:
         with conn:
             try:
                 if mode == "ingest":
-                    serve_ingest(conn, argv[1])
+                    serve_ingest(conn, argv[1], argv[2:] == ["crc"])
                 else:
                     serve_fetch(conn, fd, argv[3])
             except ConnectionError:

@@ -38,7 +38,10 @@ What it measures (1 KiB values; MB and GB are 10^6 and 10^9 bytes of record valu
    Floors (ingest and fetch): the same client work against bench/floor_server.py on the same
    CPU, a server that only moves the bytes (recv_into + pwrite to a fresh file + a fixed reply
    per frame; pread + send, and sendfile, of a warm file): the kernel's own CPU-seconds per GB,
-   under which no broker on this machine can go, printed beside the broker's.
+   under which no broker on this machine can go, printed beside the broker's. Two more add the
+   byte-wise check ringlog makes on each path, a crc32c of every batch produced and of every
+   extent served (read through a mapping, as the broker does): the floor of a broker that checks.
+   The targets table shows each CPU target's floor and the broker's share above it.
 5. The targets of issue 13, each with its figure, its goal and met or missed.
 """
 
@@ -80,6 +83,7 @@ VALUE_BYTES = KIB
 BATCH_RECORDS = 63  # 63 x (1 KiB + 18 B) + 61 B of header: one 64 KiB batch
 IN_FLIGHT = 8
 FETCH_MIN_S = 2.0
+FETCH_FLOORS = ("copy", "sendfile", "sendfile-crc")  # bench/floor_server.py's fetch modes
 SERVER_CPU = 0
 CLIENT_CPU = 1
 READY_RE = re.compile(r"serving on [\d.]+:(\d+)")
@@ -563,8 +567,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     floors: dict[str, Floor] = {}
     if "ingest" in only:
         floors["ingest"] = Floor.moving("ingest", str(workdir))
+        floors["ingest-crc"] = Floor.moving("ingest", str(workdir), "crc")
     if "fetch" in only:
-        for how in ("copy", "sendfile"):
+        for how in FETCH_FLOORS:
             path = str(workdir / f"floor-{how}.data")
             floors[how] = Floor.moving("fetch", path, str(sizes["ingest_bytes"]), how)
     results: dict[str, Any] = {"lat": collections.defaultdict(list), "ingest": {}, "fetch": {}, "floors": {}}
@@ -653,12 +658,13 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 def measure_floors(floors: dict[str, Floor], nbytes: int, chunk: int, into: dict[str, list[float]]) -> None:
     """One round of the floors: CPU-seconds per GB of the floor server over the same client work
     as the broker's ingest (the same client) and fetch (`chunk`-byte reads of a warm file)."""
-    if "ingest" in floors:
-        f = floors["ingest"]
-        c0 = f.cpu()
-        written, _ = ingest(f"127.0.0.1:{f.port}", 0, nbytes)
-        into.setdefault("ingest", []).append((f.cpu() - c0) / (written / GB))
-    for how in ("copy", "sendfile"):
+    for how in ("ingest", "ingest-crc"):
+        if how in floors:
+            f = floors[how]
+            c0 = f.cpu()
+            written, _ = ingest(f"127.0.0.1:{f.port}", 0, nbytes)
+            into.setdefault(how, []).append((f.cpu() - c0) / (written / GB))
+    for how in FETCH_FLOORS:
         if how in floors:
             f = floors[how]
             c0 = f.cpu()
@@ -701,8 +707,10 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     floors = results.get("floors", {})
     labels = {
         "ingest": "produce: recv_into + pwrite to a fresh file + a reply per frame",
+        "ingest-crc": "produce: the same + crc32c of each batch (what a broker must check)",
         "copy": "fetch: pread + send",
         "sendfile": "fetch: sendfile",
+        "sendfile-crc": "fetch: crc32c of the mapped extent + sendfile (ringlog's checks)",
     }
     rows = []
     for how, values in floors.items():
@@ -781,13 +789,28 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         for client in ("raw socket", "Producer"):
             u, v = med(f"io_uring acks=1 {client}", "p50"), med(f"uvloop acks=1 {client}", "p50")
             target(f"io_uring / uvloop acks=1 p50 ({client})", ratio(u, v), 1.0, True)
+    floor_of = {k: v["median"] for k, v in out.get("floors", {}).items()}
+    above: list[list[str]] = []
+
+    def over_floor(path: str, cpu: float, floor: str) -> None:
+        if floor in floor_of:
+            above.append([path, f"{cpu:.2f}", f"{floor_of[floor]:.2f}", f"{cpu - floor_of[floor]:.2f}"])
+
     for b, v in ing.items():
-        target(f"{b} produce CPU-s per GB", v["cpu_s_gb"]["median"], GOAL_PRODUCE_CPU_S_PER_GB, True, " s")
+        cpu = v["cpu_s_gb"]["median"]
+        target(f"{b} produce CPU-s per GB", cpu, GOAL_PRODUCE_CPU_S_PER_GB, True, " s")
+        over_floor(f"{b} produce", cpu, "ingest-crc")
     for b, v in out["fetch"].items():
-        target(f"{b} fetch CPU-s per GB", v["cpu_s_gb"]["median"], GOAL_FETCH_CPU_S_PER_GB, True, " s")
+        cpu = v["cpu_s_gb"]["median"]
+        target(f"{b} fetch CPU-s per GB", cpu, GOAL_FETCH_CPU_S_PER_GB, True, " s")
         target(f"{b} fetch GB/s", v["gb_s"]["median"], GOAL_FETCH_GB_S, False, " GB/s")
+        over_floor(f"{b} fetch", cpu, "sendfile-crc")
     print("\n5. Issue 13's targets (medians of the rounds above)")
     table(["target", "measured", "goal", ""], targets, labels=1)
+    if above:
+        print("\n   CPU per GB against the floor that checks (medians; above it: the broker's own work)")
+        table(["path", "broker s/GB", "floor s/GB", "above it"], above, labels=1)
+        out["above_floor"] = above
     return out
 
 
