@@ -45,7 +45,7 @@ from ringlog_proto.batch import (
     batch_crc,
     legacy_format,
     read_header,
-    stored_damage,
+    scan_stored,
 )
 from ringlog_proto.batch import (
     invalid_header as invalid_batch_header,
@@ -662,17 +662,11 @@ class Segment:
         stopped the check or None). Data read back is checked before it leaves the broker: a bit
         flip on disk becomes an error naming the file and position, never records a client trusts.
         """
-        # What was stored passed full validation at append time: `stored_damage` looks only for
-        # damage (ringlog_proto/batch.py).
-        end = len(data)
-        pos = 0
-        expected = extent.first_offset
-        while pos < end:
-            size, count, reason = stored_damage(data, pos, end, expected)
-            if reason is not None:
-                return pos, expected, CorruptBatchError(self.store_path, extent.position + pos, reason)
-            pos += size
-            expected += count
+        # What was stored passed full validation at append time: `scan_stored` looks only for
+        # damage (ringlog_proto/batch.py), in C when native._records is built.
+        pos, expected, reason = scan_stored(data, 0, len(data), extent.first_offset)
+        if reason is not None:
+            return pos, expected, CorruptBatchError(self.store_path, extent.position + pos, reason)
         return pos, expected, None
 
     def find_timestamp(self, timestamp: int) -> int | None:
