@@ -41,8 +41,11 @@ What it measures (1 KiB values; MB and GB are 10^6 and 10^9 bytes of record valu
    under which no broker on this machine can go, printed beside the broker's. Two more add the
    byte-wise check ringlog makes on each path, a crc32c of every batch produced and of every
    extent served (read through a mapping, as the broker does): the floor of a broker that checks.
-   The targets table shows each CPU target's floor and the broker's share above it.
-5. The targets of issue 13, each with its figure, its goal and met or missed.
+   The Python handlers alone (bench/handler_floor.py, in this process after the rounds): what a
+   produce and a fetch cost in the request handlers with no loop, socket or backend around them.
+5. The targets of issue 13, each with its figure, its goal and met or missed; beside the CPU
+   targets, their floor that checks and that floor plus the handlers alone: the least a backend
+   that keeps the handlers in Python can reach on this machine.
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import handler_floor
 import uvloop
 from benchlib import REPO, children_of, code_version, fs_of, proc_cpu, table
 
@@ -648,6 +652,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                     with Admin(broker.bootstrap) as admin:
                         admin.delete_topic(name)
                 measure_floors(floors, sizes["ingest_bytes"], args.fetch_max_bytes, results["floors"])
+            # The handlers alone, in this process (its CPU is the client's, idle meanwhile).
+            results["handlers"] = handler_floor.measure(workdir, args.rounds)
     finally:
         for server in started:
             server.stop()
@@ -789,27 +795,45 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         for client in ("raw socket", "Producer"):
             u, v = med(f"io_uring acks=1 {client}", "p50"), med(f"uvloop acks=1 {client}", "p50")
             target(f"io_uring / uvloop acks=1 p50 ({client})", ratio(u, v), 1.0, True)
+    handlers = results.get("handlers")
+    if handlers:
+        rows = []
+        for what, unit in (("produce", "64 KiB batch"), ("fetch", "1 MiB fetch")):
+            us = summary(handlers[f"{what}_us"])
+            gb = summary(handlers[f"{what}_s_gb"])
+            out.setdefault("handlers", {})[what] = {"us": us, "s_gb": gb}
+            rows.append([f"{what} (µs per {unit})", fmt_spread(us), fmt_spread(gb, 2)])
+        print("\n   The Python handlers alone (bench/handler_floor.py: in process, no loop, no socket)")
+        table(["request", "µs per request", "CPU s/GB"], rows, labels=1)
+
     floor_of = {k: v["median"] for k, v in out.get("floors", {}).items()}
+    alone = {k: v["s_gb"]["median"] for k, v in out.get("handlers", {}).items()}
     above: list[list[str]] = []
 
-    def over_floor(path: str, cpu: float, floor: str) -> None:
+    def over_floor(path: str, cpu: float, floor: str, request: str) -> None:
+        """The broker's CPU per GB beside its floor and the least a backend with Python handlers
+        can reach (the floor plus the handlers alone)."""
         if floor in floor_of:
-            above.append([path, f"{cpu:.2f}", f"{floor_of[floor]:.2f}", f"{cpu - floor_of[floor]:.2f}"])
+            least = floor_of[floor] + alone.get(request, 0.0)
+            above.append([path, f"{cpu:.2f}", f"{floor_of[floor]:.2f}", f"{least:.2f}", f"{cpu - least:.2f}"])
 
     for b, v in ing.items():
         cpu = v["cpu_s_gb"]["median"]
         target(f"{b} produce CPU-s per GB", cpu, GOAL_PRODUCE_CPU_S_PER_GB, True, " s")
-        over_floor(f"{b} produce", cpu, "ingest-crc")
+        over_floor(f"{b} produce", cpu, "ingest-crc", "produce")
     for b, v in out["fetch"].items():
         cpu = v["cpu_s_gb"]["median"]
         target(f"{b} fetch CPU-s per GB", cpu, GOAL_FETCH_CPU_S_PER_GB, True, " s")
         target(f"{b} fetch GB/s", v["gb_s"]["median"], GOAL_FETCH_GB_S, False, " GB/s")
-        over_floor(f"{b} fetch", cpu, "sendfile-crc")
+        over_floor(f"{b} fetch", cpu, "sendfile-crc", "fetch")
     print("\n5. Issue 13's targets (medians of the rounds above)")
     table(["target", "measured", "goal", ""], targets, labels=1)
     if above:
-        print("\n   CPU per GB against the floor that checks (medians; above it: the broker's own work)")
-        table(["path", "broker s/GB", "floor s/GB", "above it"], above, labels=1)
+        print(
+            "\n   CPU per GB against the floor that checks, and that floor plus the Python handlers alone"
+            "\n   (the least with handlers in Python; above it: the loop, the backend, the replies)"
+        )
+        table(["path", "broker s/GB", "floor s/GB", "+ handlers", "above"], above, labels=1)
         out["above_floor"] = above
     return out
 
