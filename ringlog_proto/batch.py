@@ -926,14 +926,15 @@ Scan = Callable[[bytes | bytearray | memoryview, int, int, int], tuple[int, int,
 
 def _native_scan() -> Scan | None:
     """The C scan (native/_records_build.py), or None when `native._records` is not built. Its
-    copy of the header layout is checked against this file's here, once."""
+    copy of the header layout is checked against this file's here, once: a build that disagrees
+    raises rather than checking batches by other offsets."""
     try:
         from native._records import ffi, lib  # noqa: PLC0415 - optional, and loaded on first use
     except ImportError:
         return None
     layout = (lib.RR_BATCH_HEADER_SIZE, lib.RR_BATCH_CRC_START, lib.RR_BATCH_MAGIC)
     if layout != (HEADER_SIZE, CRC_START, MAGIC):
-        raise ImportError("native._records reads another batch header layout than ringlog_proto/batch.py")
+        raise RuntimeError("native._records reads another batch header layout than ringlog_proto/batch.py")
     from_buffer = ffi.from_buffer
     new = ffi.new
     c_scan = lib.rr_scan_stored
@@ -947,9 +948,9 @@ def _native_scan() -> Scan | None:
     def scan_stored_native(
         buf: bytes | bytearray | memoryview, pos: int, end: int, base_offset: int
     ) -> tuple[int, int, str | None]:
-        out = new("int64_t[5]")
         if pos < 0 or end < 0:
             raise ValueError(f"scan of [{pos}, {end}): negative bounds")
+        out = new("int64_t[5]")
         code = c_scan(buf if type(buf) is bytes else from_buffer(buf), len(buf), pos, end, base_offset, out)
         if code == 0:
             return out[0], out[1], None
