@@ -186,10 +186,11 @@ def test_rebased_is_set_base_offset_without_touching_the_input(base: int, counts
     assert offsets == list(range(base, base + sum(counts)))
 
 
-def stored(base: int, *counts: int) -> bytes:
+def stored(base: int, *counts: int, value: bytes = b"value") -> bytes:
+    """Batches of `counts` records each, as the broker stores them from offset `base` on."""
     out = bytearray()
     for n in counts:
-        b = bytearray(encode_batch([b"value"] * n, timestamp=1))
+        b = bytearray(encode_batch([value] * n, timestamp=1))
         set_base_offset(b, base)
         out += b
         base += n

@@ -11,27 +11,18 @@ import pytest
 from crc32c import crc32c
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_byte_helpers import stored
 
 from ringlog_proto import batch as b
-from ringlog_proto.batch import encode_batch, iter_batches, scan_stored_python, set_base_offset
+from ringlog_proto.batch import iter_batches, scan_stored_python
 
 try:
-    from native._records import ffi, lib
+    from native._records import lib
 except ImportError:  # the extension is optional; the Python scan still gets tested
-    lib = ffi = None
+    lib = None
 
 needs_c = pytest.mark.skipif(lib is None, reason="native._records is not built")
 native_scan = b._native_scan() if lib is not None else None
-
-
-def stored(base: int, *counts: int, value: bytes = b"value") -> bytes:
-    out = bytearray()
-    for n in counts:
-        batch = bytearray(encode_batch([value] * n, timestamp=1))
-        set_base_offset(batch, base)
-        out += batch
-        base += n
-    return bytes(out)
 
 
 def scans(data: bytes | bytearray | memoryview, pos: int, end: int, base: int) -> tuple[int, int, str | None]:
