@@ -15,8 +15,9 @@ Rules this module keeps:
   is what keeps a batch no client can decode (a "poison" batch with a valid crc) out of the log.
 - No module outside ringlog_proto reads or writes batch bytes at an offset: they use the named
   fields of `BatchHeader` and the helpers here, so a format change is made in this file (and in
-  the C twins of the records walk and of the stored-batch scan, native/_records_build.py, whose
-  header offsets are checked against this file's when it loads).
+  the C twins of the records walk, of a produce's checks and of the stored-batch scan,
+  native/_records_build.py, whose header offsets and limits are checked against this file's
+  when it loads).
 - The walk runs in C (`native._records`, a small cffi extension) when it is built, and in Python
   (`walk_records_python`, its exact twin) when it is not: ringlog_proto needs nothing of native/,
   and clients never walk (they decode, which checks the same things).
@@ -95,7 +96,7 @@ import struct
 import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from crc32c import crc32c
 
@@ -924,6 +925,33 @@ def scan_stored_python(
 Scan = Callable[[bytes | bytearray | memoryview, int, int, int], tuple[int, int, str | None]]
 
 
+def _field_at(name: str) -> int:
+    """The byte offset of a header field, from `_HEADER`'s format."""
+    return struct.calcsize(">" + _HEADER.format[1 : 1 + BatchHeader._fields.index(name)])
+
+
+def _check_native_layout(lib: Any) -> None:
+    """native._records' copy of the header layout and of `invalid_header`'s limits, against this
+    file's (its C twins read batches by them): a build that disagrees raises, once, at load."""
+    theirs = (
+        lib.RR_BATCH_HEADER_SIZE, lib.RR_BATCH_CRC_START, lib.RR_BATCH_MAGIC, lib.RR_BATCH_LENGTH_AT,
+        lib.RR_BATCH_MAGIC_AT, lib.RR_BATCH_CRC_AT, lib.RR_BATCH_ATTRIBUTES_AT, lib.RR_BATCH_LAST_DELTA_AT,
+        lib.RR_BATCH_BASE_TS_AT, lib.RR_BATCH_MAX_TS_AT, lib.RR_BATCH_COUNT_AT, lib.RR_RECORD_COUNT_MAX,
+        lib.RR_RECORD_HEADER_SIZE, lib.RR_ATTR_KNOWN, lib.RR_ATTR_COMPRESSION, lib.RR_ATTR_TRANSACTIONAL,
+        lib.RR_ATTR_CONTROL, lib.RR_CODEC_MAX,
+    )  # fmt: skip
+    ours = (
+        HEADER_SIZE, CRC_START, MAGIC, *map(_field_at, (
+            "batch_length", "magic", "crc", "attributes", "last_offset_delta", "base_timestamp",
+            "max_timestamp", "record_count",
+        )),
+        RECORD_COUNT_MAX, RECORD_HEADER_SIZE, _KNOWN_ATTRIBUTES, COMPRESSION_MASK, TRANSACTIONAL_BIT,
+        CONTROL_BIT, COMPRESSION_ZSTD,
+    )  # fmt: skip
+    if theirs != ours:
+        raise RuntimeError("native._records reads another batch header layout than ringlog_proto/batch.py")
+
+
 def _native_scan() -> Scan | None:
     """The C scan (native/_records_build.py), or None when `native._records` is not built. Its
     copy of the header layout is checked against this file's here, once: a build that disagrees
@@ -932,9 +960,7 @@ def _native_scan() -> Scan | None:
         from native._records import ffi, lib  # noqa: PLC0415 - optional, and loaded on first use
     except ImportError:
         return None
-    layout = (lib.RR_BATCH_HEADER_SIZE, lib.RR_BATCH_CRC_START, lib.RR_BATCH_MAGIC)
-    if layout != (HEADER_SIZE, CRC_START, MAGIC):
-        raise RuntimeError("native._records reads another batch header layout than ringlog_proto/batch.py")
+    _check_native_layout(lib)
     from_buffer = ffi.from_buffer
     new = ffi.new
     c_scan = lib.rr_scan_stored
@@ -990,6 +1016,32 @@ def scan_implementation() -> str:
     """ "native" or "python": which scan `scan_stored` uses here."""
     scan_stored(b"", 0, 0, 0)
     return "python" if _scan is scan_stored_python else "native"
+
+
+Checker = Callable[[bytes | bytearray | memoryview, int, bool], int]
+
+
+def produced_checker() -> Checker | None:
+    """The C check of produced batches, or None when native._records is not built.
+
+    `check(buf, max_batch, walk)` is the end of the leading whole batches of `buf` that pass
+    every check a produce makes (the header and its size limit, `invalid_header`, the crc, and
+    `walk_records` when `walk` and the batch is uncompressed): `len(buf)` when all do. It says
+    nothing of why one fails; the caller's own checks, from there on, find the reason (and accept
+    whatever they accept: only a pass must never differ). One call where the Python checks make
+    ~10 per batch (broker/storage/log.py's `validate` uses it)."""
+    try:
+        from native._records import ffi, lib  # noqa: PLC0415 - optional, and loaded on first use
+    except ImportError:
+        return None
+    _check_native_layout(lib)
+    from_buffer = ffi.from_buffer
+    c_check = lib.rr_check_produced
+
+    def check_produced_native(buf: bytes | bytearray | memoryview, max_batch: int, walk: bool) -> int:
+        return c_check(buf if type(buf) is bytes else from_buffer(buf), len(buf), max_batch, walk)
+
+    return check_produced_native
 
 
 # ----------------------------------------------------------------------------- client decode

@@ -88,6 +88,13 @@ class Frame:
         return bool(self.flags & FLAG_RESPONSE)
 
 
+def frame_struct(body_format: str) -> struct.Struct:
+    """A frame header and a body of fixed `body_format` (struct codes, big-endian) in one Struct:
+    a hot reply packed whole in one call. Its fields: `encode_header`'s order from the length on
+    (the length is `size - LENGTH_SIZE`), then the body's."""
+    return struct.Struct(_HEADER.format + body_format)
+
+
 def encode_header(
     body_length: int,
     api_key: int,

@@ -23,7 +23,15 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import ClassVar, NamedTuple
 
-from ringlog_proto.frames import FLAG_RESPONSE, Frame, encode_header
+from ringlog_proto.frames import (
+    FLAG_RESPONSE,
+    FRAME_VERSION,
+    LENGTH_SIZE,
+    MAGIC,
+    Frame,
+    encode_header,
+    frame_struct,
+)
 
 API_VERSION = 1  # the version of every API that has never changed its layout
 
@@ -1149,9 +1157,21 @@ def request_frame(req: Request, correlation_id: int = 0) -> Frame:
     return Frame(req.API_KEY, version, 0, correlation_id, topic_id, partition, b"".join(w.parts))
 
 
+_PRODUCE_FIXED = struct.Struct(">" + ProduceRequest._READ)
+
+
 def decode_request(frame: Frame) -> Request:
     """The request in `frame`. Raises MalformedBody (answer INVALID_REQUEST) or KeyError/ValueError
     for an unknown api or version (answer UNSUPPORTED_VERSION): see `unsupported()`."""
+    if frame.api_key == ApiKey.PRODUCE:
+        # Every produce: `ProduceRequest.read` in one unpack when the body is what it must be
+        # (the generic path below reads any other, and raises its errors).
+        body = frame.body
+        if len(body) >= _PRODUCE_FIXED.size:
+            acks, timeout_ms, size = _PRODUCE_FIXED.unpack_from(body)
+            if len(body) == _PRODUCE_FIXED.size + size:
+                records = memoryview(body)[_PRODUCE_FIXED.size :]
+                return ProduceRequest(frame.topic_id, frame.partition, acks, timeout_ms, records)
     cls = REQUEST_TYPES[frame.api_key]
     r = Reader(frame.body)
     req = cls.read(r, frame)
@@ -1188,6 +1208,27 @@ def encode_response(
         resp.write(w)
     key = resp.API_KEY if api_key is None else api_key
     return _frame(w, key, correlation_id, topic_id, partition, FLAG_RESPONSE)
+
+
+_PRODUCED = frame_struct("hHqqq")  # error NONE, an empty message, ProduceResponse's fields
+_PRODUCE_VERSION = CURRENT_VERSIONS[ApiKey.PRODUCE]
+
+
+def encode_produced(
+    correlation_id: int,
+    topic_id: int,
+    partition: int,
+    base_offset: int,
+    end_offset: int,
+    log_start_offset: int,
+) -> list[bytes]:
+    """`encode_response` of a `ProduceResponse` that succeeds, in one pack: the reply to every
+    produce, where the generic path makes ~10 calls."""
+    frame = _PRODUCED.pack(
+        _PRODUCED.size - LENGTH_SIZE, MAGIC, FRAME_VERSION, ApiKey.PRODUCE, _PRODUCE_VERSION, FLAG_RESPONSE,
+        correlation_id, topic_id, partition, ErrorCode.NONE, 0, base_offset, end_offset, log_start_offset,
+    )  # fmt: skip
+    return [frame]
 
 
 def error_response(api_key: int, error: ErrorCode, message: str) -> Response:

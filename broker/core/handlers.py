@@ -847,12 +847,16 @@ class Handlers:
         return reply
 
     def _produced(self, frame: Frame, stored: Stored) -> Reply:
-        resp = m.ProduceResponse(
-            base_offset=stored.base_offset,
-            end_offset=stored.end_offset,
-            log_start_offset=stored.log_start_offset,
+        return Reply(
+            m.encode_produced(
+                frame.correlation_id,
+                frame.topic_id,
+                frame.partition,
+                stored.base_offset,
+                stored.end_offset,
+                stored.log_start_offset,
+            )
         )
-        return self._reply(frame, resp)
 
     # ------------------------------------------------------------------------- fetch
 

@@ -82,6 +82,7 @@ from ringlog_proto.batch import (
     invalid_header,
     invalid_records,
     now_ms,
+    produced_checker,
     read_header,
     rebased,
     records_walker,
@@ -93,6 +94,7 @@ log = logging.getLogger(__name__)
 
 _walk_records = records_walker()  # C when native._records is built (see ringlog_proto/batch.py)
 _walk_bytes = bytes_walker()  # the same C function without the wrapper: requests are bytes
+_check_produced = produced_checker()  # all of a produce's checks in C, for the batches that pass
 if _walk_bytes is None:
     log.warning(
         "native._records is not built: the record-framing walk of every produced batch runs in "
@@ -410,12 +412,22 @@ class Log:
         size = len(records)
         max_batch = self.config.max_batch_bytes
         check = self.config.check_records
-        walk = _walk_records
-        # The C function itself when `records` is bytes (what both backends hand over): a
-        # Python frame less per batch is a third of the walk's cost for small batches.
-        c_walk = _walk_bytes if check and type(records) is bytes else None
         headers = []
         pos = 0
+        if _check_produced is not None:
+            # Every check below in one C call for the batches that pass them all: here only
+            # their headers are read. From the first that does not, the loop below says why.
+            passed = _check_produced(records, max_batch, check)
+            while pos < passed:
+                h = BatchHeader._make(unpack_header(records, pos))
+                headers.append(h)
+                pos += h.size
+            if pos == size and headers:
+                return headers
+        walk = _walk_records
+        # The C function itself when `records` is bytes: a Python frame less per batch is a
+        # third of the walk's cost for small batches.
+        c_walk = _walk_bytes if check and type(records) is bytes else None
         while pos < size:
             if size - pos < HEADER_SIZE:
                 raise InvalidBatchError(f"{size - pos} bytes at {pos}: less than a batch header")

@@ -254,3 +254,52 @@ def test_read_fetch_response_is_decode_response_without_copying_records() -> Non
     (other,) = frames_of(b"".join(m.encode_response(m.ListOffsetsResponse(offset=3), 7)))
     with pytest.raises(m.MalformedBody):
         m.read_fetch_response(other)
+
+
+def _generic_decode(frame: Frame) -> m.Request:
+    r = m.Reader(frame.body)
+    req = m.REQUEST_TYPES[frame.api_key].read(r, frame)
+    r.done()
+    return req
+
+
+@settings(max_examples=300)
+@given(
+    st.integers(-128, 127), st.integers(-(2**31), 2**31 - 1), st.binary(max_size=64), st.binary(max_size=3)
+)
+def test_the_produce_fast_decode_is_the_generic_one(
+    acks: int, timeout_ms: int, records: bytes, extra: bytes
+) -> None:
+    """decode_request reads a produce in one unpack; it must give what ProduceRequest.read gives,
+    and leave every body it cannot read to the generic path (same errors)."""
+    body = struct.pack(">biI", acks, timeout_ms, len(records)) + records
+    for b in (body, body + extra, body[: len(body) - len(extra)]):
+        frame = Frame(m.ApiKey.PRODUCE, m.API_VERSION, 0, 1, 7, 3, b)
+        try:
+            want: object = _generic_decode(frame)
+        except m.MalformedBody as exc:
+            want = str(exc)
+        try:
+            got: object = m.decode_request(frame)
+        except m.MalformedBody as exc:
+            got = str(exc)
+        assert got == want
+
+
+@settings(max_examples=200)
+@given(
+    st.integers(0, 2**32 - 1),
+    st.integers(0, 2**32 - 1),
+    st.integers(0, 2**32 - 1),
+    st.integers(-(2**63), 2**63 - 1),
+    st.integers(-(2**63), 2**63 - 1),
+    st.integers(-(2**63), 2**63 - 1),
+)
+def test_encode_produced_is_encode_response(
+    corr: int, topic: int, part: int, base: int, end: int, start: int
+) -> None:
+    resp = m.ProduceResponse(base_offset=base, end_offset=end, log_start_offset=start)
+    want = b"".join(m.encode_response(resp, corr, None, topic, part))
+    assert b"".join(m.encode_produced(corr, topic, part, base, end, start)) == want
+    (frame,) = frames_of(want)
+    assert m.decode_response(frame) == resp

@@ -1,0 +1,207 @@
+"""A produce's batches are checked in one C call (`ringlog_proto.batch.produced_checker`,
+native._records' `rr_check_produced`) for those that pass, and by the Python checks of
+`Log.validate` from the first that does not. The two must agree on what passes: `validate` gives
+the same headers, or raises the same error with the same message, with the C check and without
+it, on intact, damaged, cut and mutated batches (each header field at its edges, with the crc made
+right again so that the checks after it are reached)."""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from crc32c import crc32c
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from poison_batches import POISON, poison_batch
+
+import broker.storage.log as log_module
+from broker.storage.log import Log, LogConfig
+from ringlog_proto import batch as b
+from ringlog_proto.batch import COMPRESSION_GZIP, CRC_START, HEADER_SIZE, Record, encode_batch
+
+needs_c = pytest.mark.skipif(b.produced_checker() is None, reason="native._records is not built")
+
+
+FIELDS = dict(zip(b.BatchHeader._fields, b._HEADER.format[1:], strict=True))
+
+
+def _field(name: str) -> tuple[int, str]:
+    return b._field_at(name), ">" + FIELDS[name]
+
+
+def with_field(batch: bytes, name: str, value: int) -> bytes:
+    """`batch` with one header field set to `value` and its crc made right again."""
+    out = bytearray(batch)
+    at, fmt = _field(name)
+    struct.pack_into(fmt, out, at, value)
+    return resealed(out)
+
+
+def resealed(batch: bytearray | bytes) -> bytes:
+    out = bytearray(batch)
+    at, fmt = _field("crc")
+    struct.pack_into(fmt, out, at, crc32c(bytes(out[CRC_START:])))
+    return bytes(out)
+
+
+@pytest.fixture
+def logs(tmp_path: Path) -> Iterator[tuple[Log, Log]]:
+    """The same log config twice: batches are only validated, never appended."""
+    a = Log.open(str(tmp_path / "a"), LogConfig(max_batch_bytes=4096))
+    c = Log.open(str(tmp_path / "c"), LogConfig(max_batch_bytes=4096, check_records=False))
+    try:
+        yield a, c
+    finally:
+        a.close()
+        c.close()
+
+
+def outcome(log: Log, data: bytes | memoryview, c: bool) -> object:
+    """What `validate` makes of `data`, with the C check (`c`) or with the Python checks alone."""
+    saved = log_module._check_produced
+    if not c:
+        log_module._check_produced = None
+    try:
+        return log.validate(data)
+    except Exception as exc:  # the type and message are the outcome compared
+        return type(exc).__name__, str(exc)
+    finally:
+        log_module._check_produced = saved
+
+
+CHECK = b.produced_checker()
+
+
+def agree(log: Log, data: bytes) -> object:
+    """The outcome with and without the C check, which must be one; and the C check passes the
+    whole of `data` exactly when the Python checks accept it (stricter would only be slower, but
+    the twins are meant to be exact)."""
+    py = outcome(log, data, False)
+    assert outcome(log, data, True) == py, data.hex()
+    assert outcome(log, memoryview(data), True) == py
+    if CHECK is not None and data:
+        passed = CHECK(data, log.config.max_batch_bytes, log.config.check_records)
+        assert (passed == len(data)) == isinstance(py, list), (py, data.hex())
+    return py
+
+
+def sample_batches() -> list[bytes]:
+    return [
+        encode_batch([b"v"]),
+        encode_batch([b"x" * 100] * 5, producer_id=7, producer_epoch=1, base_sequence=3),
+        encode_batch([Record(b"v", key=b"k", headers=(("h", b"1"), ("\u00e9", None)))]),
+        encode_batch([b"z" * 50] * 4, compression=COMPRESSION_GZIP),
+    ]
+
+
+@needs_c
+def test_the_broker_uses_the_c_check_when_it_is_built() -> None:
+    assert log_module._check_produced is not None
+
+
+@needs_c
+def test_the_c_check_passes_the_leading_good_batches() -> None:
+    check = b.produced_checker()
+    assert check is not None
+    good = encode_batch([b"a"] * 3) + encode_batch([b"b"])
+    bad = poison_batch("trailing_bytes")
+    assert check(good, 4096, True) == len(good)
+    assert check(memoryview(good), 4096, True) == len(good)
+    assert check(good + bad, 4096, True) == len(good)
+    assert check(good + bad, 4096, False) == len(good + bad)  # the walk only finds a poison batch
+    assert check(bad + good, 4096, True) == 0
+    assert check(b"", 4096, True) == 0
+    one = encode_batch([b"a"] * 3)
+    assert check(one, len(one), True) == len(one)
+    assert check(one, len(one) - 1, True) == 0  # the size limit
+
+
+def test_intact_batches(logs: tuple[Log, Log]) -> None:
+    for log in logs:
+        data = b"".join(sample_batches())
+        headers = agree(log, data)
+        assert isinstance(headers, list) and len(headers) == 4
+        for one in sample_batches():
+            assert isinstance(agree(log, one), list)
+
+
+def test_every_flipped_byte_and_every_cut(logs: tuple[Log, Log]) -> None:
+    data = encode_batch([b"a", b"bc"]) + encode_batch([Record(b"v", key=b"k", headers=(("h", b"1"),))])
+    for log in logs:
+        for i in range(len(data)):
+            for flip in (0x01, 0x80, 0xFF):
+                damaged = bytearray(data)
+                damaged[i] ^= flip
+                agree(log, bytes(damaged))
+        for n in range(len(data) + 1):
+            agree(log, data[:n])
+
+
+def test_poison_batches(logs: tuple[Log, Log]) -> None:
+    """Framing only the walk finds: refused with the walk on, passed with it off."""
+    for name in sorted(POISON):
+        for log in logs:
+            agree(log, poison_batch(name))
+            agree(log, encode_batch([b"ok"]) + poison_batch(name))
+
+
+EDGES = {
+    "magic": [0, 1, 3, -1],
+    "batch_length": [-100, -12, 0, HEADER_SIZE - 13, HEADER_SIZE - 12, 10**6, 4096 - 12, 4096 - 11],
+    "record_count": [-1, 0, 1, 2, 3, b.RECORD_COUNT_MAX, b.RECORD_COUNT_MAX + 1, 2**31 - 1],
+    "last_offset_delta": [-1, 0, 1, 2, 3, 2**31 - 1],
+    "attributes": [0, 1, 2, 3, 4, 5, 6, 7, 0x08, 0x10, 0x20, 0x40, 0x80, 0x100, -1, -32768, 0x09],
+    "base_timestamp": [-(2**63), -1, 0, 1_700_000_000_000, 2**63 - 1],
+    "max_timestamp": [-(2**63), -1, 0, 1_700_000_000_000, 2**63 - 1],
+    "producer_id": [-1, 0, 2**63 - 1],
+    "base_sequence": [-1, 0, 2**31 - 1],
+    "partition_leader_epoch": [-1, 0, 7],
+    "base_offset": [-1, 0, 2**63 - 1],
+}
+
+
+@pytest.mark.parametrize("name", sorted(EDGES))
+def test_each_header_field_at_its_edges(logs: tuple[Log, Log], name: str) -> None:
+    batches = sample_batches()
+    for log in logs:
+        for value in EDGES[name]:
+            for batch in batches:
+                agree(log, with_field(batch, name, value))
+                agree(log, batches[0] + with_field(batch, name, value))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    st.data(),
+    st.sampled_from(sorted(set(FIELDS) - {"crc"})),
+    st.integers(-(2**63), 2**63 - 1),
+    st.booleans(),
+)
+def test_random_header_values(
+    logs: tuple[Log, Log], data: st.DataObject, name: str, value: int, crc_right: bool
+) -> None:
+    fmt = ">" + FIELDS[name]
+    bits = struct.calcsize(fmt) * 8
+    signed = FIELDS[name].islower()
+    lo, hi = (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) if signed else (0, 2**bits - 1)
+    value = lo + (value - lo) % (hi - lo + 1)
+    batch = data.draw(st.sampled_from(sample_batches()))
+    out = bytearray(batch)
+    struct.pack_into(fmt, out, b._field_at(name), value)
+    mutated = resealed(out) if crc_right else bytes(out)
+    for log in logs:
+        agree(log, mutated)
+
+
+def test_random_bytes(logs: tuple[Log, Log]) -> None:
+    """Garbage that happens to start like a batch header."""
+    head = encode_batch([b"v"])[:HEADER_SIZE]
+    for _ in range(200):
+        body = os.urandom(int.from_bytes(os.urandom(1), "big"))
+        for log in logs:
+            agree(log, body)
+            agree(log, resealed(head + body) if len(head + body) >= HEADER_SIZE else head + body)
