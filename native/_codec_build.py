@@ -25,6 +25,14 @@ Rules this module keeps:
 
 Encode result (an i64): bytes written (>= 0), or `-(code | record_index << 8)`, codes in
 `ringlog_proto.records_codec.ENCODE_ERRORS`.
+
+`rc_encode_batch` is the producer's common case whole: plain values (no keys, headers or
+timestamps of their own) as one batch, the section above behind the 61-byte header and its crc
+(native/rl_crc32c.h, the checksum native._records uses too). The header layout is this file's
+copy of a format fact that ringlog_proto/batch.py owns: its offsets are exported and checked
+against batch.py's when batch.py loads it. Anything it does not encode (a field out of its
+width, a count outside 1..RECORD_COUNT_MAX) it refuses with RC_ENC_HEADER_RANGE, and
+`encode_batch`'s own path then raises the error.
 Decode result (an i64): 0 when the section holds exactly `count` records, else
 `code | record_index << 8 | byte_offset << 32` (byte offset from `start`), codes in
 `ringlog_proto.records_codec.DECODE_ERRORS`. Per record, decode writes 8 int64s into `out` (when not
@@ -48,13 +56,35 @@ int64_t rc_encode(unsigned char *out, size_t out_cap, uint32_t n,
                   const int64_t *hlens, size_t nh);
 int64_t rc_decode(const unsigned char *buf, size_t buf_len, size_t start, size_t end,
                   uint32_t count, int64_t *out, size_t out_len);
+int64_t rc_encode_batch(unsigned char *out, size_t out_cap, uint32_t n,
+                        const unsigned char *vblob, size_t vblob_len, const int64_t *vlens,
+                        int64_t base_ts, int64_t base_offset, int64_t leader_epoch,
+                        int64_t producer_id, int64_t producer_epoch, int64_t base_sequence);
+#define RC_BATCH_HEADER_SIZE ...
+#define RC_BATCH_CRC_START ...
+#define RC_BATCH_MAGIC ...
+#define RC_RECORD_COUNT_MAX ...
+#define RC_AT_BASE_OFFSET ...
+#define RC_AT_LENGTH ...
+#define RC_AT_LEADER_EPOCH ...
+#define RC_AT_MAGIC ...
+#define RC_AT_CRC ...
+#define RC_AT_ATTRIBUTES ...
+#define RC_AT_LAST_DELTA ...
+#define RC_AT_BASE_TS ...
+#define RC_AT_MAX_TS ...
+#define RC_AT_PRODUCER_ID ...
+#define RC_AT_PRODUCER_EPOCH ...
+#define RC_AT_BASE_SEQUENCE ...
+#define RC_AT_COUNT ...
 """
 
 SOURCE = r"""
 #include <stddef.h>
 #include <stdint.h>
-#include "rl_utf8.h"
 #include <string.h>
+#include "rl_crc32c.h"
+#include "rl_utf8.h"
 
 /* As in native/_records_build.py: a call lasts microseconds and touches neither Python objects
    nor errno, so cffi's GIL release/reacquire and errno save/restore around it would cost as much
@@ -192,6 +222,71 @@ int64_t rc_encode(unsigned char *out, size_t out_cap, uint32_t n,
     return (int64_t)(o - out);
 }
 
+/* ---- a whole batch of values ---- */
+
+/* RecordBatch v2's header, big-endian (ringlog_proto/batch.py owns the layout; these are checked
+   against it when the Python side loads this module). */
+#define RC_BATCH_HEADER_SIZE 61
+#define RC_BATCH_CRC_START 21
+#define RC_BATCH_MAGIC 2
+#define RC_RECORD_COUNT_MAX (1 << 20)
+#define RC_AT_BASE_OFFSET 0
+#define RC_AT_LENGTH 8
+#define RC_AT_LEADER_EPOCH 12
+#define RC_AT_MAGIC 16
+#define RC_AT_CRC 17
+#define RC_AT_ATTRIBUTES 21
+#define RC_AT_LAST_DELTA 23
+#define RC_AT_BASE_TS 27
+#define RC_AT_MAX_TS 35
+#define RC_AT_PRODUCER_ID 43
+#define RC_AT_PRODUCER_EPOCH 51
+#define RC_AT_BASE_SEQUENCE 53
+#define RC_AT_COUNT 57
+
+#define RC_ENC_HEADER_RANGE 6 /* a header field that does not fit its width, or no records */
+
+static inline void rc_be(unsigned char *p, uint64_t v, int bytes)
+{
+    for (int i = bytes - 1; i >= 0; i--, v >>= 8) p[i] = (unsigned char)v;
+}
+
+/* `n` values (no keys, headers or timestamps of their own: the producer's common case) as one
+   whole batch: its header, crc included, then the records section rc_encode writes (every record
+   at `base_ts`, which is also the max timestamp). The bytes `encode_batch` makes for the same
+   values and fields (tests compare). Returns the batch's size, or -(code | index << 8) as
+   rc_encode does; RC_ENC_HEADER_RANGE for a field out of its width or a count outside 1..max. */
+int64_t rc_encode_batch(unsigned char *out, size_t out_cap, uint32_t n,
+                        const unsigned char *vblob, size_t vblob_len, const int64_t *vlens,
+                        int64_t base_ts, int64_t base_offset, int64_t leader_epoch,
+                        int64_t producer_id, int64_t producer_epoch, int64_t base_sequence)
+{
+    if (n < 1 || n > RC_RECORD_COUNT_MAX || leader_epoch != (int32_t)leader_epoch
+        || producer_epoch != (int16_t)producer_epoch || base_sequence != (int32_t)base_sequence)
+        RC_ENC_FAIL(RC_ENC_HEADER_RANGE, 0);
+    if (out_cap < RC_BATCH_HEADER_SIZE) RC_ENC_FAIL(RC_ENC_OUT_TOO_SMALL, 0);
+    static const unsigned char none[1]; /* no keys, no headers (never read: their lengths are 0) */
+    int64_t section = rc_encode(out + RC_BATCH_HEADER_SIZE, out_cap - RC_BATCH_HEADER_SIZE, n, none, 0,
+                                NULL, vblob, vblob_len, vlens, NULL, base_ts, NULL, none, 0, NULL, 0);
+    if (section < 0) return section;
+    int64_t size = RC_BATCH_HEADER_SIZE + section;
+    if (size - 12 > INT32_MAX) RC_ENC_FAIL(RC_ENC_RECORD_TOO_BIG, 0);
+    rc_be(out + RC_AT_BASE_OFFSET, (uint64_t)base_offset, 8);
+    rc_be(out + RC_AT_LENGTH, (uint64_t)(size - 12), 4);
+    rc_be(out + RC_AT_LEADER_EPOCH, (uint64_t)leader_epoch, 4);
+    out[RC_AT_MAGIC] = RC_BATCH_MAGIC;
+    rc_be(out + RC_AT_ATTRIBUTES, 0, 2);
+    rc_be(out + RC_AT_LAST_DELTA, n - 1, 4);
+    rc_be(out + RC_AT_BASE_TS, (uint64_t)base_ts, 8);
+    rc_be(out + RC_AT_MAX_TS, (uint64_t)base_ts, 8);
+    rc_be(out + RC_AT_PRODUCER_ID, (uint64_t)producer_id, 8);
+    rc_be(out + RC_AT_PRODUCER_EPOCH, (uint64_t)producer_epoch, 2);
+    rc_be(out + RC_AT_BASE_SEQUENCE, (uint64_t)base_sequence, 4);
+    rc_be(out + RC_AT_COUNT, n, 4);
+    rc_be(out + RC_AT_CRC, rr_crc(out + RC_BATCH_CRC_START, (size_t)size - RC_BATCH_CRC_START), 4);
+    return size;
+}
+
 /* ---- decode ---- */
 
 #define RC_FAIL(code, index, at) \
@@ -307,7 +402,7 @@ ffibuilder.cdef(CDEF)
 ffibuilder.set_source(
     "native._codec",
     SOURCE,
-    include_dirs=[os.path.dirname(os.path.abspath(__file__))],  # rl_utf8.h
+    include_dirs=[os.path.dirname(os.path.abspath(__file__))],  # rl_utf8.h, rl_crc32c.h
     extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"],
 )
 
