@@ -462,46 +462,16 @@ class _Stream:
 
 
 class Connection(ServedConnection, _Stream):
-    """A client connection (or, `from_peer`, one from another core) on the ring."""
+    """A client connection (or, `from_peer`, one from another core) on the ring. Without TLS its
+    bytes go straight to the decoder (`ServedConnection.received`) and its replies straight to
+    the send queue (`_Stream.write`): no wrapper in between on every request; `TlsConnection`
+    is the one with TLS."""
+
+    tls: TlsSession | None = None
 
     def __init__(self, server: UringServer, fd: int, peer: str, from_peer: bool = False) -> None:
         ServedConnection.__init__(self, server, from_peer, peer)
         _Stream.__init__(self, server, fd)
-        ctx = server.tls_context
-        self.tls = TlsSession(ctx) if ctx is not None and not from_peer else None
-        if self.tls is not None:
-            server.loop.call_later(TLS_HANDSHAKE_TIMEOUT_S, self._handshake_deadline)
-
-    # ------------------------------------------------------------------------- TLS (module rules)
-
-    def received(self, data: bytes | memoryview) -> None:
-        if self.tls is None:
-            ServedConnection.received(self, data)
-        else:
-            self.tls_received(self.tls, data, self._plain, self._tls_refused, self._tls_established)
-
-    def _plain(self, data: bytes) -> None:
-        ServedConnection.received(self, data)
-
-    def _tls_refused(self, exc: ssl.SSLError) -> None:
-        self.server.limit_log.warning("tls", "closing %s: TLS: %s", self.peer, exc.reason or exc)
-
-    def _tls_established(self) -> None:
-        assert self.tls is not None
-        self.auth.tls_established(self.tls.peer_principal(), self.server.config.sasl)
-
-    def write(self, buffers: Sequence[bytes | memoryview]) -> None:
-        if self.tls is None:
-            _Stream.write(self, buffers)
-        elif not self.closed and buffers:
-            _Stream.write(self, [self.tls.encrypt(list(buffers))])
-
-    def _handshake_deadline(self) -> None:
-        if self.tls is not None and not self.tls.handshake_done and not self.closed:
-            self.server.limit_log.warning(
-                "tls", "closing %s: no TLS handshake within %gs", self.peer, TLS_HANDSHAKE_TIMEOUT_S
-            )
-            self.close()
 
     def __str__(self) -> str:
         return self.peer
@@ -523,6 +493,41 @@ class Connection(ServedConnection, _Stream):
 
     def fileno(self) -> int | None:
         return self.fd
+
+
+class TlsConnection(Connection):
+    """A client connection with TLS (module rules): what it receives is decrypted before the
+    decoder sees it, and what it writes is encrypted, once the handshake is done."""
+
+    tls: TlsSession
+
+    def __init__(self, server: UringServer, fd: int, peer: str, ctx: ssl.SSLContext) -> None:
+        super().__init__(server, fd, peer)
+        self.tls = TlsSession(ctx)
+        server.loop.call_later(TLS_HANDSHAKE_TIMEOUT_S, self._handshake_deadline)
+
+    def received(self, data: bytes | memoryview) -> None:
+        self.tls_received(self.tls, data, self._plain, self._tls_refused, self._tls_established)
+
+    def _plain(self, data: bytes) -> None:
+        ServedConnection.received(self, data)
+
+    def _tls_refused(self, exc: ssl.SSLError) -> None:
+        self.server.limit_log.warning("tls", "closing %s: TLS: %s", self.peer, exc.reason or exc)
+
+    def _tls_established(self) -> None:
+        self.auth.tls_established(self.tls.peer_principal(), self.server.config.sasl)
+
+    def write(self, buffers: Sequence[bytes | memoryview]) -> None:
+        if not self.closed and buffers:
+            _Stream.write(self, [self.tls.encrypt(list(buffers))])
+
+    def _handshake_deadline(self) -> None:
+        if not self.tls.handshake_done and not self.closed:
+            self.server.limit_log.warning(
+                "tls", "closing %s: no TLS handshake within %gs", self.peer, TLS_HANDSHAKE_TIMEOUT_S
+            )
+            self.close()
 
 
 class RemoteConnection(PeerStream, _Stream):
@@ -791,7 +796,8 @@ class UringServer(BackendCore):
         anyway (what `_submit_write_run` does with a run of one)."""
         if self.inline_appends:
             return True
-        return len(ops) == 1 and self._inline_write(ops[0])
+        # `_inline_write`, without its call: this runs on every produce
+        return len(ops) == 1 and isinstance(op := ops[0], Write) and op.length <= self.inline_write_max
 
     def run_append(self, partition: Partition, ops: Sequence[Op], done: Written) -> None:
         if self.inline_appends:  # a pwritev on the loop itself (uring_options.py says why)
@@ -965,7 +971,11 @@ class UringServer(BackendCore):
                 peer = "?"
             finally:
                 sock.detach()
-        conn = Connection(self, fd, peer, from_peer)
+        ctx = self.tls_context
+        if ctx is None or from_peer:
+            conn = Connection(self, fd, peer, from_peer)
+        else:
+            conn = TlsConnection(self, fd, peer, ctx)
         if self.accepted(conn):
             conn.arm_recv()
 
