@@ -67,9 +67,10 @@ class PendingProduce:
         self._partition = partition
         self.pending = pending
 
-    def complete(self) -> Stored:
+    def complete(self) -> None:
         """The writes all succeeded: make the batches visible, remember their sequences, wake
-        the long polls. Appends complete in the order prepared (the log asserts it)."""
+        the long polls. Appends complete in the order prepared (the log asserts it). Where they
+        are is `stored()`, known before (the reply is made from it)."""
         p = self._partition
         pending = self.pending
         p.log.complete_append(pending)
@@ -80,11 +81,11 @@ class PendingProduce:
         if p.replica is not None:
             p.leader_end_moved()
         p.wake_waiters()
-        return self.stored()
 
     def stored(self) -> Stored:
-        """What `complete()` returns, known before it runs: the offsets were assigned when the
-        append was prepared, and publishing moves neither the log start nor the durable offset."""
+        """Where the batches are, known before `complete()` runs: the offsets were assigned when
+        the append was prepared, and publishing moves neither the log start nor the durable
+        offset."""
         log_ = self._partition.log
         end = self.pending.next_offset
         return Stored(self.pending.base_offset, end, log_.start_offset, log_.durable_offset >= end)

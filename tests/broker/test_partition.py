@@ -31,7 +31,8 @@ def written(p: Partition, records: bytes, space: DiskSpace) -> Stored:
     produced = p.produce(records, space)
     assert isinstance(produced, PendingProduce)
     run_ops(IO, produced.pending.ops)
-    return produced.complete()
+    produced.complete()
+    return produced.stored()
 
 
 @pytest.fixture
@@ -57,7 +58,9 @@ def test_a_produce_is_visible_and_remembered_only_once_complete(
     with pytest.raises(RetryInFlightError):
         partition.produce(batch(0, 2), space)
     run_ops(IO, produced.pending.ops)
-    assert produced.complete() == Stored(0, 2, 0, False)
+    before = produced.stored()
+    produced.complete()
+    assert produced.stored() == before == Stored(0, 2, 0, False)
     assert woken == [1]
     assert partition.produce(batch(0, 2), space) == Stored(0, 2, 0, False), "a retry: nothing written"
     partition.log.flush()
