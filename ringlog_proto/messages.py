@@ -1137,6 +1137,16 @@ def _frame(
 
 def encode_request(req: Request, correlation_id: int) -> list[bytes]:
     """The frame of `req` as buffers (header first); join them or hand them to writev."""
+    if type(req) is ProduceRequest:
+        # Every produce a client sends: the header and the fixed fields in one pack, then the
+        # records as they are (what the generic path below makes, with ~10 calls less).
+        records = req.records
+        head = _PRODUCE_HEAD.pack(
+            _PRODUCE_HEAD.size - LENGTH_SIZE + len(records), MAGIC, FRAME_VERSION, ApiKey.PRODUCE,
+            CURRENT_VERSIONS[ApiKey.PRODUCE], 0, correlation_id, req.topic_id, req.partition, req.acks,
+            req.timeout_ms, len(records),
+        )  # fmt: skip
+        return [head, records]  # type: ignore[list-item]  # records: bytes or a view, as writev takes
     w = Writer()
     req.write(w)
     topic_id = partition = 0
@@ -1158,6 +1168,7 @@ def request_frame(req: Request, correlation_id: int = 0) -> Frame:
 
 
 _PRODUCE_FIXED = struct.Struct(">" + ProduceRequest._READ)
+_PRODUCE_HEAD = frame_struct(ProduceRequest._READ)  # a produce's frame up to its records
 
 
 def decode_request(frame: Frame) -> Request:
@@ -1244,7 +1255,17 @@ class _GenericErrorResponse(Response):
     API_KEY: ClassVar[ApiKey] = ApiKey.API_VERSIONS  # overridden by encode_response(api_key=...)
 
 
+_PRODUCED_BODY = struct.Struct(">hHqqq")  # a ProduceResponse that succeeds, whole (`encode_produced`)
+
+
 def decode_response(frame: Frame) -> Response:
+    body = frame.body
+    if frame.api_key == ApiKey.PRODUCE and len(body) == _PRODUCED_BODY.size:
+        # Every acknowledged produce a client reads: in one unpack when it succeeded (an error,
+        # whose message makes the body another size, takes the generic path below).
+        error, message_length, base_offset, end_offset, log_start_offset = _PRODUCED_BODY.unpack(body)
+        if error == ErrorCode.NONE and message_length == 0:
+            return ProduceResponse(ErrorCode.NONE, "", base_offset, end_offset, log_start_offset)
     cls = RESPONSE_TYPES.get(frame.api_key)
     r = Reader(frame.body)
     error = _error(r.int("h"))
