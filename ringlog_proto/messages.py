@@ -1143,7 +1143,7 @@ def encode_request(req: Request, correlation_id: int) -> list[bytes]:
         records = req.records
         head = _PRODUCE_HEAD.pack(
             _PRODUCE_HEAD.size - LENGTH_SIZE + len(records), MAGIC, FRAME_VERSION, ApiKey.PRODUCE,
-            CURRENT_VERSIONS[ApiKey.PRODUCE], 0, correlation_id, req.topic_id, req.partition, req.acks,
+            _PRODUCE_VERSION, 0, correlation_id, req.topic_id, req.partition, req.acks,
             req.timeout_ms, len(records),
         )  # fmt: skip
         return [head, records]  # type: ignore[list-item]  # records: bytes or a view, as writev takes
@@ -1221,7 +1221,8 @@ def encode_response(
     return _frame(w, key, correlation_id, topic_id, partition, FLAG_RESPONSE)
 
 
-_PRODUCED = frame_struct("hHqqq")  # error NONE, an empty message, ProduceResponse's fields
+_PRODUCED_FIELDS = "hHqqq"  # error NONE, an empty message, then ProduceResponse's own fields
+_PRODUCED = frame_struct(_PRODUCED_FIELDS)
 _PRODUCE_VERSION = CURRENT_VERSIONS[ApiKey.PRODUCE]
 
 
@@ -1255,7 +1256,7 @@ class _GenericErrorResponse(Response):
     API_KEY: ClassVar[ApiKey] = ApiKey.API_VERSIONS  # overridden by encode_response(api_key=...)
 
 
-_PRODUCED_BODY = struct.Struct(">hHqqq")  # a ProduceResponse that succeeds, whole (`encode_produced`)
+_PRODUCED_BODY = struct.Struct(">" + _PRODUCED_FIELDS)  # the body `encode_produced` packs
 
 
 def decode_response(frame: Frame) -> Response:
