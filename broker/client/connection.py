@@ -12,13 +12,18 @@ Rules this module keeps:
 - A response is decoded by `decode_response` unless its request named another decoder
   (`request_nowait(decode=...)`: the consumer's fetches keep their records in the frame's body,
   `read_fetch_response`).
+- A response goes to a future, or to a `ResponseSink` the caller gave (`request_to`): the
+  producer's, which acts on a success right in the read callback. A future's done-callbacks run
+  one loop turn after `set_result`, and that turn is in every one-at-a-time produce's latency.
 - A connection that fails fails *everything* in flight on it with `BrokerUnavailable`, and stays
   failed: callers (the `AsyncClient`) open a new one. Whether the broker acted on those requests is
   unknown; that is what idempotent produce is for. The transport's `connection_lost` (EOF, a socket
   error, or our own close) is where that happens at the latest.
 - A request that gets no answer within its timeout closes the connection: responses come back in
   order, so everything behind a stuck request is stuck too, and a late answer must not be matched
-  to a request that has already been given up on.
+  to a request that has already been given up on. One timer per connection watches the earliest
+  deadline (`_watch`), not one per request: a timer made and cancelled per request was a third of
+  what sending a produce cost the connection, besides the write itself.
 - Frames are written with `transport.writelines` (the record bytes of a produce are never joined
   into a frame here; uvloop hands the buffers to writev).
 - A steered connection (`connect_steered`, used when Metadata says `steering`) is opened to the
@@ -43,7 +48,7 @@ import logging
 import random
 import socket
 from collections.abc import Callable
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
 from broker.client.errors import AuthenticationError, BrokerUnavailable, ProtocolViolation, error_for
 from broker.client.security import Security
@@ -113,6 +118,27 @@ def bind_source_port_for(sock: socket.socket, family: int, core: int, cores: int
     return 0
 
 
+class ResponseSink(Protocol):
+    """Where a request's outcome goes: an `asyncio.Future` is one. `set_result` and
+    `set_exception` are called in the read callback, or in whatever closes the connection (a failed
+    write inside `request_to` too): a sink that may start new requests from them must be ready for
+    that, or defer (the producer acts on a success at once and defers the rest)."""
+
+    def done(self) -> bool: ...
+
+    def set_result(self, result: Any, /) -> None: ...
+
+    def set_exception(self, exception: BaseException, /) -> None: ...
+
+
+# The pending entry of one request: its sink, the api key of the request, the decoder of its
+# response, its deadline on the loop's clock (inf: none) and its timeout in seconds (for the error).
+_Pending = tuple[ResponseSink, int, Callable[[Frame], Any], float, float]
+NO_DEADLINE: Final = float("inf")
+# A timer may fire up to a millisecond before its deadline (libuv counts in milliseconds).
+DEADLINE_SLACK: Final = 0.001
+
+
 class _ConnProtocol(asyncio.BufferedProtocol):
     """The transport's callbacks for one `AsyncConnection`; all state lives on the connection."""
 
@@ -162,10 +188,9 @@ class AsyncConnection:
         self.request_timeout = request_timeout
         self._decoder = FrameReader(max_frame_bytes)
         self._loop = asyncio.get_running_loop()
-        # correlation id -> (future, api key of the request, timeout handle or None, decoder)
-        self._pending: dict[
-            int, tuple[asyncio.Future[Any], int, asyncio.TimerHandle | None, Callable[[Frame], Any]]
-        ] = {}
+        self._pending: dict[int, _Pending] = {}  # by correlation id
+        self._timer: asyncio.TimerHandle | None = None  # fires at `_timer_at`, the earliest deadline
+        self._timer_at = NO_DEADLINE
         self._next_id = 1
         self._error: BrokerUnavailable | None = None
         self._protocol = _ConnProtocol(self)
@@ -312,12 +337,45 @@ class AsyncConnection:
         corr = self._next_id
         self._next_id = (corr + 1) & CORRELATION_MASK
         fut: asyncio.Future[Response] = self._loop.create_future()
-        timeout = self.request_timeout if timeout is None else timeout
-        handle = None
-        if timeout is not None and timeout > 0:
-            handle = self._loop.call_later(timeout, self._timed_out, corr, api_key, timeout)
-        self._pending[corr] = (fut, api_key, handle, decode_response)
+        self._pending[corr] = (fut, api_key, decode_response, *self._deadline(timeout))
         return corr, fut
+
+    def _deadline(self, timeout: float | None) -> tuple[float, float]:
+        """(deadline, timeout) of a request sent now, the connection's timer armed for it."""
+        timeout = self.request_timeout if timeout is None else timeout
+        if timeout is None or timeout <= 0:
+            return NO_DEADLINE, 0.0
+        deadline = self._loop.time() + timeout
+        if deadline < self._timer_at:
+            self._watch(deadline)
+        return deadline, timeout
+
+    def _watch(self, deadline: float) -> None:
+        """Arm the connection's one timer for `deadline`, the earliest of those pending. Requests
+        with one timeout have deadlines in the order they were sent, so this runs once per
+        timeout's length while requests keep coming, not once per request."""
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self._loop.call_at(deadline, self._check_deadlines)
+        self._timer_at = deadline
+
+    def _check_deadlines(self) -> None:
+        self._timer = None
+        self._timer_at = NO_DEADLINE
+        now = self._loop.time() + DEADLINE_SLACK
+        earliest = NO_DEADLINE
+        for corr, (_sink, api_key, _decode, deadline, timeout) in self._pending.items():
+            if deadline <= now:
+                self._fail(
+                    BrokerUnavailable(
+                        f"{self.address}: no response to request {corr} (api {api_key}) within "
+                        f"{timeout:g} s; connection closed"
+                    )
+                )
+                return
+            earliest = min(earliest, deadline)
+        if earliest < NO_DEADLINE:
+            self._watch(earliest)
 
     # ----------------------------------------------------------------------------------- state
 
@@ -347,8 +405,8 @@ class AsyncConnection:
         """
         if isinstance(req, ProduceRequest) and req.acks == Acks.NONE:
             raise ValueError("a produce with acks=0 gets no response: use send_no_response()")
-        fut = self._send(req, True, timeout)
-        assert fut is not None
+        fut: asyncio.Future[Response] = self._loop.create_future()
+        self._send(req, fut, timeout)
         if self._paused:
             await self._drain()
         resp = await fut
@@ -369,18 +427,31 @@ class AsyncConnection:
         then so a slow broker applies backpressure. `decode` turns the response frame into the
         future's result (raising `MalformedBody` for a body it cannot read).
         """
-        fut = self._send(req, True, timeout, decode)
-        assert fut is not None
+        fut: asyncio.Future[Any] = self._loop.create_future()
+        self._send(req, fut, timeout, decode)
         return fut
+
+    def request_to(
+        self,
+        req: Request,
+        sink: ResponseSink,
+        *,
+        timeout: float | None = None,
+        decode: Callable[[Frame], Any] = decode_response,
+    ) -> None:
+        """Write `req` now; its (unchecked) response goes to `sink.set_result` in the read
+        callback, a failure to `sink.set_exception` (see `ResponseSink` for when each runs).
+        Raises `BrokerUnavailable` if the connection has failed, as `request_nowait` does."""
+        self._send(req, sink, timeout, decode)
 
     async def send_no_response(self, req: Request) -> None:
         """Send a request the broker does not answer (produce with acks=0)."""
-        self._send(req, False, None)
+        self._send(req, None, None)
         await self._drain()
 
     def send_no_response_nowait(self, req: Request) -> None:
         """Write a request the broker does not answer, without waiting (see `write_buffer_size`)."""
-        self._send(req, False, None)
+        self._send(req, None, None)
 
     def write_buffer_size(self) -> int:
         """Bytes written and not yet handed to the kernel: callers that do not drain watch this."""
@@ -396,35 +467,28 @@ class AsyncConnection:
     def _send(
         self,
         req: Request,
-        expect_response: bool,
+        sink: ResponseSink | None,
         timeout: float | None,
         decode: Callable[[Frame], Any] = decode_response,
-    ) -> asyncio.Future[Any] | None:
+    ) -> None:
+        """Write `req`; with a `sink`, register it for the response (None: no response comes)."""
         if self._error is not None:
             raise BrokerUnavailable(str(self._error))
         corr = self._next_id
         self._next_id = (corr + 1) & CORRELATION_MASK
-        fut: asyncio.Future[Response] | None = None
-        if expect_response:
-            while corr in self._pending:  # 2**32 requests later, one may still be waiting
+        if sink is not None:
+            pending = self._pending
+            while corr in pending:  # 2**32 requests later, one may still be waiting
                 corr = self._next_id
                 self._next_id = (corr + 1) & CORRELATION_MASK
-            fut = self._loop.create_future()
-            self._pending[corr] = (fut, req.API_KEY, None, decode)
+            # The deadline is taken before the write: a write that fails closes the connection,
+            # which must find the request to fail it.
+            pending[corr] = (sink, req.API_KEY, decode, *self._deadline(timeout))
         try:
             self._transport.writelines(encode_request(req, corr))  # type: ignore[union-attr]
         except (OSError, RuntimeError) as exc:  # RuntimeError: transport closed under us
             self._fail(BrokerUnavailable(f"{self.address}: write failed: {exc}"))
             raise BrokerUnavailable(f"{self.address}: write failed: {exc}") from exc
-        if fut is not None:
-            # The timer after the write, not before: the request is on its way while it is made
-            # (one-at-a-time latency is the sum of what the client does before the write and
-            # after the reply), and the response cannot be dispatched before this returns.
-            timeout = self.request_timeout if timeout is None else timeout
-            if timeout is not None and timeout > 0 and corr in self._pending:  # not failed meanwhile
-                handle = self._loop.call_later(timeout, self._timed_out, corr, req.API_KEY, timeout)
-                self._pending[corr] = (fut, req.API_KEY, handle, decode)
-        return fut
 
     async def _drain(self) -> None:
         """Return at once unless the transport has paused writing; then wait for it to resume."""
@@ -448,15 +512,6 @@ class AsyncConnection:
             if not waiter.done():
                 waiter.set_result(None)
 
-    def _timed_out(self, corr: int, api_key: int, timeout: float) -> None:
-        if corr in self._pending:
-            self._fail(
-                BrokerUnavailable(
-                    f"{self.address}: no response to request {corr} (api {api_key}) within {timeout:g} s; "
-                    "connection closed"
-                )
-            )
-
     # ----------------------------------------------------------------------------------- reading
 
     def _buffer_updated(self, nbytes: int) -> None:
@@ -465,7 +520,7 @@ class AsyncConnection:
         if self._error is not None:
             return  # closing: nobody is waiting any more
         try:
-            while True:
+            while self._error is None:  # a sink may have closed the connection
                 frame = decoder.next_frame()
                 if frame is NEED_DATA:
                     break
@@ -496,9 +551,7 @@ class AsyncConnection:
                 "%s: response to unknown correlation id %d ignored", self.address, frame.correlation_id
             )
             return
-        fut, api_key, handle, decode = entry
-        if handle is not None:
-            handle.cancel()
+        fut, api_key, decode, _deadline, _timeout = entry
         if fut.done():  # the caller was cancelled
             return
         if not frame.is_response or frame.api_key != api_key:
@@ -523,14 +576,17 @@ class AsyncConnection:
         if self._error is None:
             self._error = err
         pending, self._pending = self._pending, {}
-        for fut, _api, handle, _decode in pending.values():
-            if handle is not None:
-                handle.cancel()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._timer_at = NO_DEADLINE  # closed: nothing is watched again
+        for fut, *_ in pending.values():
             if not fut.done():
                 each = BrokerUnavailable(str(err))  # one instance per waiter: tracebacks stay apart
                 each.__cause__ = err.__cause__
                 fut.set_exception(each)
-                fut.exception()  # mark retrieved: a caller that was cancelled will never look
+                if isinstance(fut, asyncio.Future):
+                    fut.exception()  # mark retrieved: a caller that was cancelled will never look
         self._wake_drainers()  # they raise: the connection is closed
         if self._transport is not None:
             self._transport.close()

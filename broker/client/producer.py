@@ -44,7 +44,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import functools
 import logging
 import secrets
 import threading
@@ -206,7 +205,7 @@ class _Partition:
 class _Parked:
     """A record sent to a topic whose metadata is not known yet."""
 
-    __slots__ = ("callback", "deadline", "future", "item", "key", "partition", "size")
+    __slots__ = ("callback", "deadline", "future", "item", "key", "now", "partition", "size")
 
     def __init__(
         self,
@@ -217,6 +216,7 @@ class _Parked:
         future: Any,
         callback: Callback | None,
         deadline: float,
+        now: bool = False,
     ) -> None:
         self.item = item
         self.key = key
@@ -225,6 +225,7 @@ class _Parked:
         self.future = future
         self.callback = callback
         self.deadline = deadline
+        self.now = now  # its batch goes out once it is placed, not after the linger
 
     def fail(self, exc: BaseException) -> None:
         if not self.future.done():
@@ -329,7 +330,7 @@ class AsyncProducer:
         )
         self._partitioner = Partitioner()
         self._parts: dict[tuple[str, int], _Partition] = {}
-        self._appended_to: _Partition | None = None  # where the last `send` put its record
+        self._appended_to: _Partition | None = None  # where `_append` last put a record
         self._parked: dict[str, list[_Parked]] = {}
         self._lookups: dict[str, asyncio.Task[None]] = {}
         self._connecting: dict[int, asyncio.Task[None]] = {}
@@ -449,7 +450,6 @@ class AsyncProducer:
             await self.wait_for_space()
         loop = self._ensure_loop()
         fut: asyncio.Future[RecordMetadata] = loop.create_future()
-        self._appended_to = None
         self._enqueue(topic, item, key, size, partition, fut, callback)
         return fut
 
@@ -467,12 +467,14 @@ class AsyncProducer:
         The caller waits for this one record, so its batch goes out now rather than at the end
         of the linger (or, with linger_ms=0, one loop turn later): that turn is latency.
         """
-        fut = await self.send(topic, value, key, headers, partition, timestamp)
-        ps = self._appended_to  # the partition `send` put the record in (None: parked for metadata)
-        b = ps.open if ps is not None else None
-        if b is not None and not b.ready and b.futures and b.futures[-1] is fut:
-            b.ready = True
-            self._pump(ps)  # type: ignore[arg-type]
+        item, size = prepare_record(value, key, headers, timestamp, self.max_batch_bytes)
+        if self._buffered >= self.buffer_memory:
+            await self.wait_for_space()
+        fut: asyncio.Future[RecordMetadata] = self._ensure_loop().create_future()
+        self._appended_to = None
+        self._enqueue(topic, item, key, size, partition, fut, None, linger=False)
+        if self._appended_to is not None:  # None: parked until the topic's metadata comes
+            self._send_open(self._appended_to)
         return await fut
 
     async def wait_for_space(self) -> None:
@@ -491,9 +493,15 @@ class AsyncProducer:
         partition: int | None,
         fut: Any,
         callback: Callback | None,
+        *,
+        linger: bool = True,
     ) -> None:
         """Add a prepared record (see `prepare_record`); its outcome goes to `fut`. No awaiting:
-        the blocking `Producer` calls this from its loop thread for many records at a time."""
+        the blocking `Producer` calls this from its loop thread for many records at a time.
+
+        `linger=False`: a batch this opens gets no linger timer, because the caller sends the
+        partition's open batch itself at once (`_send_open` on `_appended_to`); a record parked
+        for metadata has its batch sent when it is placed."""
         if self._closing:
             raise ClientClosedError("the producer is closed")
         info = self._client.cached_topic(topic)
@@ -504,11 +512,18 @@ class AsyncProducer:
             # in that turn overtook the topic's first records, breaking per-key order).
             deadline = time.monotonic() + self.delivery_timeout
             self._parked.setdefault(topic, []).append(
-                _Parked(item, key, size, partition, fut, callback, deadline)
+                _Parked(item, key, size, partition, fut, callback, deadline, not linger)
             )
             self._lookup(topic)
             return
-        self._append(topic, info.partitions, item, key, size, partition, fut, callback)
+        self._append(topic, info.partitions, item, key, size, partition, fut, callback, linger)
+
+    def _send_open(self, ps: _Partition) -> None:
+        """Send `ps`'s open batch now rather than at the end of its linger."""
+        b = ps.open
+        if b is not None and not b.ready:
+            b.ready = True
+            self._pump(ps)
 
     def _append(
         self,
@@ -520,6 +535,7 @@ class AsyncProducer:
         explicit: int | None,
         fut: Any,
         callback: Callback | None,
+        linger: bool = True,
     ) -> None:
         if explicit is not None and not 0 <= explicit < partitions:
             self._buffered -= size
@@ -542,7 +558,7 @@ class AsyncProducer:
             if key is None and explicit is None:  # the sticky partition moved on: follow it
                 p2 = self._partitioner.partition(topic, None, partitions, None, usable)
                 if p2 != p:
-                    self._append(topic, partitions, item, key, size, p2, fut, callback)
+                    self._append(topic, partitions, item, key, size, p2, fut, callback, linger)
                     return
             b = None
         if b is None:
@@ -550,7 +566,9 @@ class AsyncProducer:
             b = ps.open = ProducerBatch(now_ms(), mono, mono + self.delivery_timeout)
             loop = self._loop
             assert loop is not None
-            if self.linger > 0:
+            if not linger:
+                pass  # the caller sends it (see `_enqueue`)
+            elif self.linger > 0:
                 ps.linger = loop.call_later(self.linger, self._linger_expired, ps, b)
             else:
                 ps.linger = loop.call_soon(self._linger_expired, ps, b)  # type: ignore[assignment]
@@ -657,28 +675,14 @@ class AsyncProducer:
             self._finish_ok(ps, b, -1)
             return
         ps.inflight.append(b)
+        reply = _Reply(self, ps, b)
         try:
             # The broker answers REQUEST_TIMED_OUT at timeout_ms; wait a little longer for it.
-            fut = conn.request_nowait(req, timeout=self.request_timeout_ms / 1000 + 5)
+            conn.request_to(req, reply, timeout=self.request_timeout_ms / 1000 + 5)
         except BrokerUnavailable as exc:
-            self._on_result(ps, b, None, exc)
-            return
-        fut.add_done_callback(functools.partial(self._on_response, ps, b))
-
-    def _on_response(self, ps: _Partition, b: ProducerBatch, fut: asyncio.Future[Response]) -> None:
-        if fut.cancelled():
-            self._on_result(ps, b, None, BrokerUnavailable("produce request cancelled"))
-            return
-        exc = fut.exception()
-        if exc is not None:
-            self._on_result(ps, b, None, exc)
-            return
-        resp = fut.result()
-        if resp.error != ErrorCode.NONE:
-            self._on_result(ps, b, None, error_for(resp.error, resp.message))
-        else:
-            assert isinstance(resp, ProduceResponse)
-            self._on_result(ps, b, resp, None)
+            if not reply.settled:  # else the connection's failure reached the reply first
+                reply.settled = True
+                self._on_result(ps, b, None, exc)
 
     def _on_result(
         self, ps: _Partition, b: ProducerBatch, resp: ProduceResponse | None, err: BaseException | None
@@ -890,7 +894,10 @@ class AsyncProducer:
     def _place_parked(self, topic: str, partitions: int) -> None:
         """Records that waited for the topic's partition count go to their partitions."""
         for p in self._parked.pop(topic, []):
+            self._appended_to = None
             self._append(topic, partitions, p.item, p.key, p.size, p.partition, p.future, p.callback)
+            if p.now and self._appended_to is not None:
+                self._send_open(self._appended_to)
 
     def _leaderless(self, topic: str, owners: tuple[int, ...]) -> bool:
         """Whether a partition of `topic` with batches queued has no route now."""
@@ -990,6 +997,44 @@ _FINISHED: Final = "FINISHED"  # concurrent.futures._base's state names
 _PENDING: Final = "PENDING"
 _DONE_STATES: Final = frozenset({"CANCELLED", "CANCELLED_AND_NOTIFIED", _FINISHED})
 _LAZY = threading.Lock()  # orders a future's lazy Condition against its completion (see _SendFuture)
+
+
+class _Reply:
+    """The `ResponseSink` of one produce request (`AsyncConnection.request_to`).
+
+    A success is acted on in the connection's read callback: the records' futures resolve and the
+    partition's next batch goes out there, a loop turn earlier than through a future's
+    done-callback (one-at-a-time latency). Anything else takes that turn, as it always did, so the
+    retry logic never runs inside the connection's own failure or write.
+    """
+
+    __slots__ = ("_b", "_producer", "_ps", "settled")
+
+    def __init__(self, producer: AsyncProducer, ps: _Partition, b: ProducerBatch) -> None:
+        self._producer = producer
+        self._ps = ps
+        self._b = b
+        self.settled = False
+
+    def done(self) -> bool:
+        return self.settled
+
+    def set_result(self, resp: Response) -> None:
+        self.settled = True
+        if resp.error == ErrorCode.NONE:
+            assert isinstance(resp, ProduceResponse)
+            self._producer._on_result(self._ps, self._b, resp, None)
+        else:
+            self._later(error_for(resp.error, resp.message))
+
+    def set_exception(self, exc: BaseException) -> None:
+        self.settled = True
+        self._later(exc)
+
+    def _later(self, exc: BaseException) -> None:
+        producer = self._producer
+        assert producer._loop is not None
+        producer._loop.call_soon(producer._on_result, self._ps, self._b, None, exc)
 
 
 class _SendFuture(concurrent.futures.Future):  # type: ignore[type-arg]
@@ -1166,13 +1211,22 @@ class Producer:
             items, self._handoff = self._handoff, []
             self._handoff_bytes = 0
             self._scheduled = False
-        enqueue = self._async._enqueue
+        ap = self._async
+        enqueue = ap._enqueue
+        # With linger 0 the hand-off is the batch: sent here, not one loop turn later.
+        now = ap.linger == 0
+        touched: dict[int, _Partition] = {}
         for topic, item, key, size, partition, fut, callback in items:
+            ap._appended_to = None
             try:
-                enqueue(topic, item, key, size, partition, fut, callback)
+                enqueue(topic, item, key, size, partition, fut, callback, linger=not now)
             except Exception as exc:  # closed meanwhile
                 if not fut.done():
                     fut.set_exception(exc)
+            if now and ap._appended_to is not None:
+                touched[id(ap._appended_to)] = ap._appended_to
+        for ps in touched.values():
+            ap._send_open(ps)
 
     async def _wait_for_space(self) -> None:
         self._take_handoff()

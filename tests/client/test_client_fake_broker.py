@@ -20,6 +20,7 @@ from broker.client import (
     DeliveryTimeoutError,
     InvalidRequestError,
     OutOfOrderSequenceError,
+    Producer,
     UnknownTopicError,
 )
 from broker.client.accumulator import BATCH_OVERHEAD, RECORD_SLACK
@@ -85,6 +86,101 @@ def test_request_timeout_closes_the_connection() -> None:
             await conn.request(m.ProduceRequest(1, 0, 1, 1000, _batch(b"x")))
         assert 0.15 < time.monotonic() - t0 < 2
         assert conn.closed
+
+    run(body)
+
+
+def test_one_timer_follows_the_earliest_deadline() -> None:
+    """The connection's one timer (module docstring): a request answered in time leaves no
+    deadline behind, a later one times out at its own deadline rather than the first one's, and a
+    shorter timeout sent behind a longer one still fires at its own."""
+
+    async def body(broker: FakeBroker) -> None:
+        conn = await AsyncConnection.connect("127.0.0.1", broker.port, request_timeout=0.3)
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 1.0:  # three timeouts' worth of answered requests
+            await conn.request(m.MetadataRequest(("t",)))
+        assert not conn.closed
+        await conn.request(m.MetadataRequest(("t",)))  # arms the timer for now + 0.3
+        await asyncio.sleep(0.2)
+        broker.on_produce = lambda r, i: Action.HANG
+        t1 = time.monotonic()
+        with pytest.raises(BrokerUnavailable, match=r"within 0\.3 s"):
+            await conn.request(m.ProduceRequest(1, 0, 1, 1000, _batch(b"x")))
+        assert 0.25 < time.monotonic() - t1 < 2  # its own deadline, not the first request's
+        assert conn.closed
+
+        conn = await AsyncConnection.connect("127.0.0.1", broker.port, request_timeout=30)
+        slow = conn.request_nowait(m.ProduceRequest(1, 0, 1, 1000, _batch(b"x")), timeout=20)
+        t2 = time.monotonic()
+        with pytest.raises(BrokerUnavailable, match=r"within 0\.2 s"):
+            await conn.request(m.ProduceRequest(1, 0, 1, 1000, _batch(b"y")), timeout=0.2)
+        assert time.monotonic() - t2 < 2
+        with pytest.raises(BrokerUnavailable):
+            await slow  # everything in flight fails with the connection
+
+    run(body)
+
+
+class _Sink:
+    """A `ResponseSink` that records what reached it, and whether the read callback was still
+    running (a call made in `buffer_updated` itself, not a loop turn later)."""
+
+    def __init__(self, conn: AsyncConnection) -> None:
+        self.conn = conn
+        self.results: list[object] = []
+        self.errors: list[BaseException] = []
+        self.inline: list[bool] = []
+        self.arrived = asyncio.Event()
+
+    def done(self) -> bool:
+        return bool(self.results or self.errors)
+
+    def set_result(self, result: object) -> None:
+        self.results.append(result)
+        self.inline.append(self.conn._in_read)  # type: ignore[attr-defined]
+        self.arrived.set()
+
+    def set_exception(self, exc: BaseException) -> None:
+        self.errors.append(exc)
+        self.arrived.set()
+
+
+def test_a_sink_gets_its_response_in_the_read_callback() -> None:
+    """`request_to`: the decoded response is handed over inside the read callback (the producer's
+    loop turn saved); a failure of the connection reaches the sink as `BrokerUnavailable`, and a
+    request on a failed connection raises at once."""
+
+    async def body(broker: FakeBroker) -> None:
+        conn = await AsyncConnection.connect("127.0.0.1", broker.port)
+        conn._in_read = False  # type: ignore[attr-defined]
+        reads = conn._buffer_updated  # what the transport's read callback calls
+
+        def buffer_updated(nbytes: int) -> None:
+            conn._in_read = True  # type: ignore[attr-defined]
+            try:
+                reads(nbytes)
+            finally:
+                conn._in_read = False  # type: ignore[attr-defined]
+
+        conn._buffer_updated = buffer_updated  # type: ignore[method-assign]
+        sink = _Sink(conn)
+        conn.request_to(m.ProduceRequest(1, 0, 1, 1000, _batch(b"x")), sink)
+        await sink.arrived.wait()
+        (resp,) = sink.results
+        assert isinstance(resp, m.ProduceResponse) and resp.error == m.ErrorCode.NONE
+        assert sink.inline == [True] and not sink.errors and conn.in_flight == 0
+
+        broker.on_produce = lambda r, i: Action.HANG
+        hung = _Sink(conn)
+        conn.request_to(m.ProduceRequest(1, 0, 1, 1000, _batch(b"x")), hung)
+        while len(broker.received) < 2:
+            await asyncio.sleep(0.01)
+        broker.drop_all()
+        await hung.arrived.wait()
+        assert not hung.results and isinstance(hung.errors[0], BrokerUnavailable)
+        with pytest.raises(BrokerUnavailable):
+            conn.request_to(m.ProduceRequest(1, 0, 1, 1000, _batch(b"x")), _Sink(conn))
 
     run(body)
 
@@ -235,6 +331,41 @@ def test_retriable_error_is_retried_non_retriable_is_not() -> None:
             with pytest.raises(CorruptMessageError):
                 await (await p.send("t", b"b"))
             assert len(broker.received) == 4  # not retried
+
+    run(body)
+
+
+def test_send_and_wait_does_not_wait_for_the_linger() -> None:
+    """`send_and_wait` sends its record's batch at once, with the records already waiting in it,
+    also when the record was parked while the topic's metadata was looked up (the first send)."""
+
+    async def body(broker: FakeBroker) -> None:
+        async with AsyncProducer(broker.bootstrap, linger_ms=5000) as p:
+            t0 = time.monotonic()
+            first = await p.send_and_wait("t", b"first", partition=0)
+            early = await p.send("t", b"early", partition=0)
+            late = await p.send_and_wait("t", b"late", partition=0)
+            assert time.monotonic() - t0 < 2.5  # the linger is 5 s
+            assert (first.offset, (await early).offset, late.offset) == (0, 1, 2)
+        assert [r.record_count for r in broker.received] == [1, 2]
+
+    run(body)
+
+
+def test_blocking_producer_with_linger_0_sends_each_hand_off_as_one_batch() -> None:
+    """With linger 0 the blocking producer sends what one hand-off brought at once, as one batch
+    per partition (not a record per request, nor one loop turn later)."""
+
+    async def body(broker: FakeBroker) -> None:
+        def produce() -> list[int]:
+            with Producer(broker.bootstrap, linger_ms=0) as p:
+                p.send("t", b"warm", partition=0).result(5)  # metadata and connection
+                p._thread.call_soon(time.sleep, 0.3)  # the loop busy: the next sends make one hand-off
+                futs = [p.send("t", b"%d" % i, partition=0) for i in range(10)]
+                return [f.result(5).offset for f in futs]
+
+        assert await asyncio.to_thread(produce) == list(range(1, 11))
+        assert [r.record_count for r in broker.received] == [1, 10]
 
     run(body)
 
