@@ -997,6 +997,7 @@ _FINISHED: Final = "FINISHED"  # concurrent.futures._base's state names
 _PENDING: Final = "PENDING"
 _DONE_STATES: Final = frozenset({"CANCELLED", "CANCELLED_AND_NOTIFIED", _FINISHED})
 _LAZY = threading.Lock()  # orders a future's lazy Condition against its completion (see _SendFuture)
+_allocate_lock = threading.Lock  # a bare lock (`_thread.allocate_lock`), a name lookup less
 
 
 class _Reply:
@@ -1052,15 +1053,20 @@ class _SendFuture(concurrent.futures.Future):  # type: ignore[type-arg]
     `set_result` / `set_exception` touch them only if they exist. `_LAZY` makes "made" and
     "finished" atomic with respect to each other: a waiter that made the Condition after the result
     was set sees the state FINISHED under it, and one that made it before is notified.
+
+    `result()`, the common wait (`send(...).result()`), needs no Condition either: its first
+    waiter blocks on a bare lock of its own (`_gate`), which completion releases. The Condition's
+    wait and notify are some fifteen Python calls on each side of every one-at-a-time send.
     """
 
-    __slots__ = ("_exception", "_lazy", "_result", "_state")
+    __slots__ = ("_exception", "_gate", "_lazy", "_result", "_state")
 
     def __init__(self) -> None:  # the base's __init__ builds the Condition eagerly: not called
         self._state = _PENDING
         self._result: Any = None
         self._exception: BaseException | None = None
         self._lazy: tuple[threading.Condition, list[Any], list[Any]] | None = None
+        self._gate: Any = None  # a held lock that completion releases (see `result`)
 
     def _parts(self) -> tuple[threading.Condition, list[Any], list[Any]]:
         lazy = self._lazy
@@ -1090,9 +1096,23 @@ class _SendFuture(concurrent.futures.Future):  # type: ignore[type-arg]
         return self._state in _DONE_STATES
 
     def result(self, timeout: float | None = None) -> Any:
-        if self._state == _FINISHED and self._exception is None:
-            return self._result
-        return super().result(timeout)
+        if self._state != _FINISHED:
+            gate = _allocate_lock()
+            gate.acquire()
+            with _LAZY:
+                if self._state == _FINISHED or self._gate is not None:
+                    gate = None  # finished meanwhile, or another waiter has the gate
+                else:
+                    self._gate = gate
+            if gate is None:
+                if self._state != _FINISHED:
+                    return super().result(timeout)  # a second waiter: the Condition's way
+            elif not gate.acquire(timeout=-1 if timeout is None else timeout):
+                raise TimeoutError  # the gate stays: completion releases it, nobody waits on it
+        exc = self._exception
+        if exc is not None:
+            raise exc
+        return self._result
 
     def set_result(self, result: Any) -> None:
         with _LAZY:
@@ -1101,6 +1121,9 @@ class _SendFuture(concurrent.futures.Future):  # type: ignore[type-arg]
             self._result = result
             self._state = _FINISHED
             lazy = self._lazy
+            gate = self._gate
+        if gate is not None:
+            gate.release()
         if lazy is not None:
             self._notify(lazy, result=True)
 
@@ -1111,6 +1134,9 @@ class _SendFuture(concurrent.futures.Future):  # type: ignore[type-arg]
             self._exception = exception
             self._state = _FINISHED
             lazy = self._lazy
+            gate = self._gate
+        if gate is not None:
+            gate.release()
         if lazy is not None:
             self._notify(lazy, result=False)
 

@@ -10,6 +10,7 @@ import random
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 from crc32c import crc32c
@@ -341,6 +342,38 @@ def test_send_future_is_a_concurrent_future_that_waits_and_calls_back() -> None:
         return await asyncio.wrap_future(f)
 
     assert asyncio.run(wrapped()) == "via asyncio"
+
+
+def test_send_future_result_wakes_every_waiter() -> None:
+    """`result()`'s first waiter blocks on the future's own gate, any other on the Condition: a
+    completion wakes them all, with the exception too; a waiter that timed out leaves nothing
+    that breaks a later wait."""
+    for outcome in ("value", ValueError("refused")):
+        f = _SendFuture()
+        with pytest.raises(concurrent.futures.TimeoutError):
+            f.result(0.01)  # takes the gate and gives up: the next waiters take the Condition
+        g = _SendFuture()
+        got: list[object] = []
+
+        def wait(fut: _SendFuture, got: list[object] = got) -> None:
+            try:
+                got.append(fut.result(5))
+            except ValueError as exc:
+                got.append(exc)
+
+        threads = [threading.Thread(target=wait, args=(fut,)) for fut in (f, f, g, g, g)]
+        for t in threads:
+            t.start()
+        time.sleep(0.05)  # all five waiting
+        for fut in (f, g):
+            if isinstance(outcome, BaseException):
+                fut.set_exception(outcome)
+            else:
+                fut.set_result(outcome)
+        for t in threads:
+            t.join(10)
+        assert not any(t.is_alive() for t in threads)
+        assert got == [outcome] * 5
 
 
 def test_send_future_waiters_racing_completion_are_never_lost() -> None:
