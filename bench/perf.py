@@ -19,7 +19,8 @@ What it measures (1 KiB values; MB and GB are 10^6 and 10^9 bytes of record valu
 1. Acked single-record latency, acks=1 (written to the page cache; Redis everysec, where the
    reply also precedes the fsync): p50 and p99 in µs after a warm-up. ringlog: the blocking
    `Producer.send(...).result()` and `AsyncProducer.send_and_wait` with linger 0 (the paths a user
-   takes) and a pre-encoded produce frame on a blocking socket (the broker's own floor). Redis:
+   takes), a pre-encoded produce frame on a blocking socket (the broker's own floor) and the same
+   frame through uvloop and a bare asyncio protocol (the floor of any asyncio client). Redis:
    redis-py (hiredis parser) `XADD` of one field to a stream, the closest analogue of appending to
    a log, and `SET`.
 2. Durable single-record latency: ringlog acks=2 (fdatasync before the reply) against Redis
@@ -51,6 +52,7 @@ What it measures (1 KiB values; MB and GB are 10^6 and 10^9 bytes of record valu
 from __future__ import annotations
 
 import argparse
+import asyncio
 import collections
 import contextlib
 import json
@@ -399,6 +401,52 @@ def async_producer_latency(bootstrap: str, topic: str, acks: int, samples: int, 
     return uvloop.run(run())
 
 
+class _OneReply(asyncio.Protocol):
+    """The least an asyncio client does per request: write a frame, and resolve a future when a
+    whole reply frame has arrived (no request object, no encoding, no correlation table)."""
+
+    def __init__(self) -> None:
+        self.waiter: asyncio.Future[bytes] | None = None
+        self.buf = bytearray()
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buf
+        buf += data
+        if len(buf) >= 4 and len(buf) >= 4 + struct.unpack_from(">I", buf)[0]:
+            reply = bytes(buf)
+            buf.clear()
+            assert self.waiter is not None
+            self.waiter.set_result(reply)
+
+
+def asyncio_latency(bootstrap: str, topic_id: int, acks: int, samples: int, warmup: int) -> list[float]:
+    """The raw socket's pre-encoded produce frame, through uvloop and a bare protocol: the floor
+    of any asyncio client (AsyncProducer's own loop), to read its rows against."""
+    frame = b"".join(encode_request(ProduceRequest(topic_id, 0, acks, 30_000, encode_batch([value()])), 7))
+    host, port = bootstrap.split(":")
+
+    async def run() -> list[float]:
+        loop = asyncio.get_running_loop()
+        transport, proto = await loop.create_connection(_OneReply, host, int(port))
+        out = []
+        ns = time.perf_counter_ns
+        try:
+            for i in range(warmup + samples):
+                t = ns()
+                proto.waiter = loop.create_future()
+                transport.write(frame)
+                reply = await proto.waiter
+                if i >= warmup:
+                    out.append((ns() - t) / 1000)
+                if struct.unpack_from(">h", reply, HEADER_SIZE)[0] != ErrorCode.NONE:
+                    raise RuntimeError("produce failed")
+        finally:
+            transport.close()
+        return out
+
+    return uvloop.run(run())
+
+
 def ingest(bootstrap: str, topic_id: int, nbytes: int) -> tuple[int, float]:
     """Pre-encoded 64 KiB batches, `IN_FLIGHT` unanswered at a time, on a blocking socket (the
     client costs a sendall and a recv_into per batch, so the broker is the limit); (value bytes
@@ -609,6 +657,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             ):
                 if want in only:
                     jobs.append((f"{b} {label} raw socket", partial(raw_latency, bs, tid, acks, n, w)))
+                    if acks == Acks.WRITTEN:
+                        jobs.append(
+                            (f"{b} {label} asyncio floor", partial(asyncio_latency, bs, tid, acks, n, w))
+                        )
                     jobs.append((f"{b} {label} Producer", partial(producer_latency, bs, topic, acks, n, w)))
                     jobs.append(
                         (f"{b} {label} AsyncProducer", partial(async_producer_latency, bs, topic, acks, n, w))
@@ -828,6 +880,19 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         over_floor(f"{b} fetch", cpu, "sendfile-crc", "fetch")
     print("\n5. Issue 13's targets (medians of the rounds above)")
     table(["target", "measured", "goal", ""], targets, labels=1)
+    clients = []
+    for b in backends:
+        for client in ("raw socket", "asyncio floor", "AsyncProducer", "Producer"):
+            r = ratio(med(f"{b} acks=1 {client}", "p50"), med("redis everysec XADD", "p50"))
+            if r is not None:
+                clients.append([f"{b} {client}", f"{r:.2f}x"])
+    if clients:
+        print(
+            "\n   acks=1 p50 against Redis XADD by client: a blocking socket and an asyncio protocol"
+            "\n   sending a pre-encoded frame are the floors under the Producer and the AsyncProducer"
+        )
+        table(["client", "p50 / Redis"], clients, labels=1)
+        out["clients_vs_redis"] = clients
     if above:
         print(
             "\n   CPU per GB against the floor that checks, and that floor plus the Python handlers alone"
