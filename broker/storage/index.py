@@ -4,7 +4,10 @@ Rules this module keeps:
 - The store file is the truth; the index is a cache of it that recovery rebuilds rather than trusts.
   That is what lets the index be written lazily (in groups, at flush, roll and close): a crash loses
   at most index entries, and recovery re-derives them from the store.
-- Lookups are binary searches over the packed entries; no Python object per entry.
+- Lookups are binary searches: `bisect` over two columns kept beside the packed entries (relative
+  offsets and positions, native `array`s: 8 bytes per batch), one C call where a search in Python
+  over the packed big-endian entries made one `unpack_from` per step (~20 per fetch); no Python
+  object per entry.
 
 Fileformat (`NNNNNNNNNNNNNNNNNNNN.index`, version 1, integers big-endian):
 
@@ -33,6 +36,8 @@ It costs 28 bytes per batch: 0.17% of a 16 KiB batch.
 from __future__ import annotations
 
 import struct
+from array import array
+from bisect import bisect_right
 from dataclasses import dataclass
 
 from crc32c import crc32c
@@ -52,6 +57,9 @@ _REL = struct.Struct(">I")
 _TS = struct.Struct(">q")
 _POSITION_AT = _REL.size  # in an entry: relative offset, position, running max timestamp, ...
 _TIMESTAMP_AT = _POSITION_AT + _REL.size
+_OFFSET_POSITION = struct.Struct(">II20x")  # an entry's first two fields, for the columns
+_COLUMN = "I"  # array typecode of the columns: u32, as in the file
+assert array(_COLUMN).itemsize >= 4
 
 assert _HEADER.size == INDEX_HEADER_SIZE
 assert _ENTRY.size == _ENTRY_FIELDS_SIZE and _ENTRY_FIELDS_SIZE + _CRC.size == ENTRY_SIZE
@@ -104,16 +112,22 @@ class SegmentIndex:
     Owned by the core that owns the partition; not thread-safe.
     """
 
-    __slots__ = ("_data", "persisted_count")
+    __slots__ = ("_data", "_positions", "_rels", "persisted_count")
 
     def __init__(self, entries: bytes | bytearray = b"", persisted_count: int = 0) -> None:
         assert len(entries) % ENTRY_SIZE == 0
         self._data = bytearray(entries)
+        # The searchable columns: relative offsets and positions, entry by entry.
+        self._rels = array(_COLUMN)
+        self._positions = array(_COLUMN)
+        for rel, pos in _OFFSET_POSITION.iter_unpack(self._data):
+            self._rels.append(rel)
+            self._positions.append(pos)
         self.persisted_count = persisted_count
         assert 0 <= persisted_count <= len(self)
 
     def __len__(self) -> int:
-        return len(self._data) // ENTRY_SIZE
+        return len(self._rels)
 
     def entry(self, i: int) -> IndexEntry:
         return IndexEntry(*_ENTRY.unpack_from(self._data, i * ENTRY_SIZE))
@@ -123,10 +137,10 @@ class SegmentIndex:
         return self.entry(n - 1) if n else None
 
     def relative_offset(self, i: int) -> int:
-        return _REL.unpack_from(self._data, i * ENTRY_SIZE)[0]
+        return self._rels[i]
 
     def position(self, i: int) -> int:
-        return _REL.unpack_from(self._data, i * ENTRY_SIZE + _POSITION_AT)[0]
+        return self._positions[i]
 
     def max_timestamp(self, i: int) -> int:
         return _TS.unpack_from(self._data, i * ENTRY_SIZE + _TIMESTAMP_AT)[0]
@@ -140,43 +154,25 @@ class SegmentIndex:
                 max_timestamp = prev_ts
         assert 0 <= relative_offset <= RELATIVE_OFFSET_MAX and 0 <= position <= POSITION_MAX
         data += encode_entry(relative_offset, position, max_timestamp, append_time_ms)
+        self._rels.append(relative_offset)
+        self._positions.append(position)
 
     def truncate(self, count: int) -> None:
         """Keep the first `count` entries."""
         assert 0 <= count <= len(self)
         del self._data[count * ENTRY_SIZE :]
+        del self._rels[count:]
+        del self._positions[count:]
         self.persisted_count = min(self.persisted_count, count)
 
     def last_position_within(self, lo: int, hi: int, limit: int) -> int:
         """The last entry in [lo, hi) whose position is <= `limit`, or lo - 1: a read's furthest
-        batch boundary within its byte budget, found in one call (a fetch runs it once)."""
-        unpack = _REL.unpack_from
-        data = self._data
-        found = lo - 1
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if unpack(data, mid * ENTRY_SIZE + _POSITION_AT)[0] <= limit:
-                found = mid
-                lo = mid + 1
-            else:
-                hi = mid
-        return found
+        batch boundary within its byte budget (a fetch runs it once)."""
+        return bisect_right(self._positions, limit, lo, hi) - 1
 
     def find_offset(self, relative_offset: int) -> int:
-        """Index of the last entry whose relative offset is <= `relative_offset`, or -1.
-
-        Binary search over the packed entries.
-        """
-        lo, hi = 0, len(self)
-        unpack = _REL.unpack_from
-        data = self._data
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if unpack(data, mid * ENTRY_SIZE)[0] <= relative_offset:
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo - 1
+        """Index of the last entry whose relative offset is <= `relative_offset`, or -1."""
+        return bisect_right(self._rels, relative_offset) - 1
 
     def find_timestamp(self, timestamp: int) -> int:
         """Index of the first entry whose running max timestamp is >= `timestamp`, or len(self).
