@@ -21,6 +21,8 @@ from broker.backends.uring_options import (
     APPEND_WRITES,
     APPEND_WRITES_DEFAULT,
     BUSY_POLL_US_DEFAULT,
+    FETCH_SENDS,
+    FETCH_SENDS_DEFAULT,
     FLUSH_SYNCS,
     FLUSH_SYNCS_DEFAULT,
 )
@@ -405,6 +407,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         busy_poll_us=args.busy_poll_us,
         append_writes=args.append_writes,
         flush_syncs=args.flush_syncs,
+        fetch_sends=args.fetch_sends,
         ebpf=args.ebpf,
         xdp_iface=args.xdp_iface,
         xdp_mode=args.xdp_mode,
@@ -552,6 +555,13 @@ def build_parser() -> argparse.ArgumentParser:
         choices=list(FLUSH_SYNCS),
         help="io_uring: a durable flush's fdatasync on the ring, on the loop, or on the loop when "
         f"nothing else waits and the disk is fast (default {FLUSH_SYNCS_DEFAULT})",
+    )
+    serve.add_argument(
+        "--fetch-sends",
+        default=FETCH_SENDS_DEFAULT,
+        choices=list(FETCH_SENDS),
+        help="io_uring: a fetch's records from the page cache copied to the socket, or spliced by "
+        f"reference (default {FETCH_SENDS_DEFAULT}: faster on loopback)",
     )
     serve.add_argument(
         "--ebpf",

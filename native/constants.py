@@ -88,12 +88,13 @@ WRITEV_IOVECS_MAX = 512  # buffers per gathered store writev (2 per batch append
 # 1 MiB (one pass of many connections, a multi-MiB batch) the copy would hold the loop for
 # hundreds of microseconds, and the ring takes it.
 APPEND_INLINE_BYTES_MAX = 1024 * 1024
-# A fetch reply's records from the page cache (a mapped segment, `native.map_file`) of at least
-# this size go to the socket by reference: vmsplice into a pipe, then splice from the pipe to the
-# socket without waiting (what finds no room waits in the pipe for a poll SQE); neither copies
-# (floor servers on the 2-CPU VM, 1 MiB chunks with the crc check: 0.41-0.46 CPU-s/GB sending the
-# mapped bytes, 0.25-0.28 splicing them). Smaller ones are copied with the rest of the reply: the
-# extra system calls cost more than their copy.
+# With `--fetch-sends splice` (uring_options.py; the default copies them), a fetch reply's records
+# from the page cache (a mapped segment, `native.map_file`) of at least this size go to the socket
+# by reference: vmsplice into a pipe, then splice from the pipe to the socket without waiting
+# (what finds no room waits in the pipe for a poll SQE); neither copies. Bare floor servers
+# favoured it in the seventh round (1 MiB chunks with the crc check: 0.41-0.46 CPU-s/GB sending
+# the mapped bytes, 0.25-0.28 splicing them); the broker itself, in the tenth, did not. Smaller
+# ones are copied with the rest of the reply: the extra system calls cost more than their copy.
 SPLICE_MIN_BYTES = 64 * 1024
 # Pipes a worker keeps for that, each holding one reply's records at a time (when all are busy,
 # records are copied like smaller ones); one reply's worth each (the most a pipe may hold for

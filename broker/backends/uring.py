@@ -100,7 +100,10 @@ class _Pipes:
         is_mapped: Callable[[object], bool],
         vmsplice: Callable[[int, memoryview], int],
         splice_to_socket: Callable[[int, int, int], int],
+        *,
+        on: bool = True,
     ) -> None:
+        self.on = on  # `--fetch-sends splice`; off, mapped records are copied like any buffer
         self.is_mapped = is_mapped
         self.vmsplice = vmsplice
         self.splice_to_socket = splice_to_socket
@@ -262,7 +265,8 @@ class _Stream:
         if self.closed or self.sending or not queue:
             return
         # what goes before records to splice (none in less than one splice's worth of bytes)
-        cut = _mapped_at(queue, self.pipes.is_mapped) if self.unsent_bytes >= SPLICE_MIN_BYTES else -1
+        pipes = self.pipes
+        cut = _mapped_at(queue, pipes.is_mapped) if pipes.on and self.unsent_bytes >= SPLICE_MIN_BYTES else -1
         head = queue if cut < 0 else queue[:cut]
         if head and len(head) <= SEND_IOVECS_MAX:
             try:
@@ -291,7 +295,7 @@ class _Stream:
 
     def _send(self) -> None:
         queue = self.send_queue
-        cut = _mapped_at(queue, self.pipes.is_mapped)
+        cut = _mapped_at(queue, self.pipes.is_mapped) if self.pipes.on else -1
         if cut == 0:
             done = self._splice(queue[0])
             if done is False:  # the rest waits in the pipe for room (`_splice_out`)
@@ -688,7 +692,7 @@ class UringServer(BackendCore):
         self._sync_inline = fdatasync_polled if options.busy_poll_us else self.loop_io.fdatasync
         self._map_file = map_file
         self._resident = resident
-        self.pipes = _Pipes(is_mapped, vmsplice, splice_to_socket)
+        self.pipes = _Pipes(is_mapped, vmsplice, splice_to_socket, on=options.fetch_sends == "splice")
         self._store_writes: dict[Partition, list[tuple[Write, Written]]] = {}
         self._accepting = True
         self._standing: dict[int, str] = {}  # user_data of multishot accepts, the signal and wake reads

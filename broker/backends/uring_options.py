@@ -1,5 +1,5 @@
 """Settings of the io_uring backend only (`broker serve --busy-poll-us`, `--append-writes`,
-`--flush-syncs`), and the rule that places a flush's fdatasync (`SyncPlacement`).
+`--flush-syncs`, `--fetch-sends`), and the rule that places a flush's fdatasync (`SyncPlacement`).
 
 Apart from broker/backends/uring.py so that the command line, the supervisor and the worker can
 name them without importing the backend (which needs the native bindings).
@@ -58,6 +58,18 @@ FLUSH_SYNCS = ("auto", "ring", "inline")
 # ring until a flush is fast again.
 SYNC_INLINE_NS_MAX = 1_000_000
 
+# How a fetch reply's records from the page cache (a mapped segment) reach the socket. "copy":
+# sendmsg copies them from the mapping, as any buffer (on the loop without waiting, the rest
+# through a sendmsg SQE). "splice": records of SPLICE_MIN_BYTES or more go by reference, vmsplice
+# into a pooled pipe and splice to the socket, both on the loop without waiting; what finds no
+# room waits in the pipe for a poll SQE. On the loopback of the 2-vCPU VM (issue 13, tenth round:
+# 1 MiB fetches of a warm partition, 6 rounds alternated) copy served 2.16-2.41 GB/s at 0.38-0.41
+# worker CPU-s per GB, splice 1.53-1.98 GB/s at 0.37-0.54: the copy costs less than the splice's
+# page references, pipe round trips and extra loop passes save, and the client copies either way.
+# A NIC that takes the pages as they are is where splice should pay; not measured here.
+FETCH_SENDS_DEFAULT = "copy"
+FETCH_SENDS = ("copy", "splice")
+
 
 @dataclass(frozen=True, slots=True)
 class UringOptions:
@@ -66,12 +78,14 @@ class UringOptions:
     busy_poll_us: int = 0
     append_writes: str = APPEND_WRITES_DEFAULT
     flush_syncs: str = FLUSH_SYNCS_DEFAULT
+    fetch_sends: str = FETCH_SENDS_DEFAULT
 
     def __post_init__(self) -> None:
         if self.busy_poll_us < 0:
             raise ValueError(f"busy_poll_us must be >= 0, not {self.busy_poll_us}")
         _check_choice("append_writes", self.append_writes, APPEND_WRITES)
         _check_choice("flush_syncs", self.flush_syncs, FLUSH_SYNCS)
+        _check_choice("fetch_sends", self.fetch_sends, FETCH_SENDS)
 
 
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:

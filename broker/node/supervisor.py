@@ -75,7 +75,12 @@ from typing import TYPE_CHECKING
 
 from bpf.kernel import BpfError
 from bpf.plane import EbpfPlane
-from broker.backends.uring_options import APPEND_WRITES_DEFAULT, FLUSH_SYNCS_DEFAULT, busy_poll_for
+from broker.backends.uring_options import (
+    APPEND_WRITES_DEFAULT,
+    FETCH_SENDS_DEFAULT,
+    FLUSH_SYNCS_DEFAULT,
+    busy_poll_for,
+)
 from broker.cluster.swim import Member, MemberEvent, Swim
 from broker.core.groups import migrate_partition_offsets
 from broker.core.limits import Limits
@@ -127,6 +132,7 @@ class SupervisorConfig:
     busy_poll_us: int | None = None  # io_uring backend options (broker/backends/uring_options.py)
     append_writes: str = APPEND_WRITES_DEFAULT
     flush_syncs: str = FLUSH_SYNCS_DEFAULT
+    fetch_sends: str = FETCH_SENDS_DEFAULT
     metrics_port: int | None = None
     log_defaults: LogConfig = field(default_factory=LogConfig)
     ebpf: str = "auto"  # bpf/plane.py: auto | on | off
@@ -600,6 +606,7 @@ class Supervisor:
                 "busy_poll_us": busy_poll_for(self.config.busy_poll_us, self.config.cores, len(self.cpus)),
                 "append_writes": self.config.append_writes,
                 "flush_syncs": self.config.flush_syncs,
+                "fetch_sends": self.config.fetch_sends,
             },
             "log_level": self.config.log_level,
             "log_defaults": asdict(self.config.log_defaults),

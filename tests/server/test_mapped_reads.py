@@ -1,7 +1,9 @@
 """io_uring fetches from the page cache's pages (a mapping of the segment, asked with mincore)
 and from the ring when they are not there: both serve the same records; damage is caught on
 either path; and a store cut short under the broker is an error, not a SIGBUS that kills the
-worker (pages past the file's end are never resident, so they are read, short, on the ring)."""
+worker (pages past the file's end are never resident, so they are read, short, on the ring).
+Mapped records are copied to the socket (`--fetch-sends copy`, the default) or spliced
+(`--fetch-sends splice`): the tests of a slow reader run both ways."""
 
 from __future__ import annotations
 
@@ -37,9 +39,13 @@ class Served(NamedTuple):
 
 
 @pytest.fixture
-def served(tmp_path: Path) -> Iterator[Served]:
-    """An io_uring broker with `VALUES` produced to topic "a" (one partition), and a connection."""
-    broker = BrokerProcess(tmp_path / "data", tmp_path / "broker.log", backend="io_uring").start()
+def served(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Served]:
+    """An io_uring broker with `VALUES` produced to topic "a" (one partition), and a connection;
+    `--fetch-sends` as the test's parameter says (default copy)."""
+    sends = getattr(request, "param", "copy")
+    broker = BrokerProcess(
+        tmp_path / "data", tmp_path / "broker.log", backend="io_uring", extra=("--fetch-sends", sends)
+    ).start()
     try:
         broker.skip_if_fell_back()
         w = Wire(broker.port)
@@ -148,10 +154,12 @@ def _pipes(pid: int) -> int:
     return sum(1 for fd in fds.iterdir() if os.readlink(fd).startswith("pipe:"))
 
 
-def test_records_spliced_to_a_client_that_reads_late_arrive_whole_and_in_order(served: Served) -> None:
+@pytest.mark.parametrize("served", ["copy", "splice"], indirect=True)
+def test_records_sent_to_a_client_that_reads_late_arrive_whole_and_in_order(served: Served) -> None:
     """A client with a small window asks for far more than its socket holds: what does not fit
-    waits in a pipe for a poll SQE to say the socket has room, the worker serves others meanwhile, and the
-    replies, read at last, are every record in order, with produce replies in between."""
+    waits (in a sendmsg SQE, or in a pipe for a poll SQE to say the socket has room), the worker
+    serves others meanwhile, and the replies, read at last, are every record in order, with
+    produce replies in between."""
     broker, w, tid = served
     want = [v for values in VALUES for v in values]
     slow = Wire(broker.port, rcvbuf=16 * 1024)
@@ -171,10 +179,22 @@ def test_records_spliced_to_a_client_that_reads_late_arrive_whole_and_in_order(s
     for r in fetched:
         assert r.error == m.ErrorCode.NONE, r
         assert [rec.value for rec in decode_batches(r.records)][: len(want)] == want
-    assert _reads(w, asks + 1)[0] >= asks  # from the page cache: the spliced path
+    assert _reads(w, asks + 1)[0] >= asks  # from the page cache: the mapped path
     slow.close()
 
 
+def test_copied_fetches_make_no_pipes(served: Served) -> None:
+    broker, w, tid = served
+    pid = broker.worker_pids[0]
+    before = _pipes(pid)
+    want = [v for values in VALUES for v in values]
+    for _ in range(3):
+        assert [r.value for r in w.fetch_all(tid, 0)] == want
+    assert _reads(w, 3)[0] >= 3  # from the page cache, where splice would have taken them
+    assert _pipes(pid) == before
+
+
+@pytest.mark.parametrize("served", ["splice"], indirect=True)
 def test_clients_that_vanish_mid_splice_leave_no_pipe_behind(tmp_path: Path, served: Served) -> None:
     broker, w, tid = served
     pid = broker.worker_pids[0]
