@@ -64,7 +64,7 @@ SYNC_INLINE_NS_MAX = 1_000_000
 # into a pooled pipe and splice to the socket, both on the loop without waiting; what finds no
 # room waits in the pipe for a poll SQE. On the loopback of the 2-vCPU VM (issue 13, tenth round:
 # 1 MiB fetches of a warm partition, 6 rounds alternated) copy served 2.16-2.41 GB/s at 0.38-0.41
-# worker CPU-s per GB, splice 1.53-1.98 GB/s at 0.37-0.54: the copy costs less than the splice's
+# worker CPU-s per GB, splice 1.53-1.98 GB/s at 0.36-0.54: the copy costs less than the splice's
 # page references, pipe round trips and extra loop passes save, and the client copies either way.
 # A NIC that takes the pages as they are is where splice should pay; not measured here.
 FETCH_SENDS_DEFAULT = "copy"
