@@ -22,8 +22,7 @@ Rules this module keeps:
 - A request that gets no answer within its timeout closes the connection: responses come back in
   order, so everything behind a stuck request is stuck too, and a late answer must not be matched
   to a request that has already been given up on. One timer per connection watches the earliest
-  deadline (`_watch`), not one per request: a timer made and cancelled per request was a third of
-  what sending a produce cost the connection, besides the write itself.
+  deadline (`_watch`), where every request used to make a timer and cancel it on its answer.
 - Frames are written with `transport.writelines` (the record bytes of a produce are never joined
   into a frame here; uvloop hands the buffers to writev).
 - A steered connection (`connect_steered`, used when Metadata says `steering`) is opened to the
