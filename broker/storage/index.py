@@ -59,7 +59,8 @@ _POSITION_AT = _REL.size  # in an entry: relative offset, position, running max 
 _TIMESTAMP_AT = _POSITION_AT + _REL.size
 _OFFSET_POSITION = struct.Struct(">II20x")  # an entry's first two fields, for the columns
 _COLUMN = "I"  # array typecode of the columns: u32, as in the file
-assert array(_COLUMN).itemsize >= 4
+if array(_COLUMN).itemsize < 4:  # not under -O either: a narrower one would overflow on append
+    raise ImportError(f"array typecode {_COLUMN!r} holds fewer than 32 bits on this platform")
 
 assert _HEADER.size == INDEX_HEADER_SIZE
 assert _ENTRY.size == _ENTRY_FIELDS_SIZE and _ENTRY_FIELDS_SIZE + _CRC.size == ENTRY_SIZE
