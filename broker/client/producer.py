@@ -1241,7 +1241,7 @@ class Producer:
         enqueue = ap._enqueue
         # With linger 0 the hand-off is the batch: sent here, not one loop turn later.
         now = ap.linger == 0
-        touched: dict[int, _Partition] = {}
+        touched: dict[_Partition, None] = {}  # in the order first touched
         for topic, item, key, size, partition, fut, callback in items:
             ap._appended_to = None
             try:
@@ -1250,8 +1250,8 @@ class Producer:
                 if not fut.done():
                     fut.set_exception(exc)
             if now and ap._appended_to is not None:
-                touched[id(ap._appended_to)] = ap._appended_to
-        for ps in touched.values():
+                touched[ap._appended_to] = None
+        for ps in touched:
             ap._send_open(ps)
 
     async def _wait_for_space(self) -> None:
