@@ -1,19 +1,24 @@
-"""Only for the cffi extensions: everything else about the project is in pyproject.toml.
+"""Only for the native extensions: everything else about the project is in pyproject.toml.
 
-`pip install -e .` (run by `make setup`) compiles all three:
+`pip install -e .` (run by `make setup`) compiles all four:
 - `native/_build.py:ffibuilder` into `native._uring` (our liburing bindings), and
+- `native/loop.c` into `native._loop` (the io_uring loop's per-completion step, in C against
+  CPython's API and liburing: it calls the loop's Python continuations, which cffi cannot), and
 - `native/_records_build.py:ffibuilder` into `native._records` (the broker's record-framing walk;
   no liburing, and optional: `ringlog_proto.batch` falls back to Python without it), and
 - `native/_codec_build.py:ffibuilder` into `native._codec` (the clients' v2 records-section codec;
   no liburing, and optional: `ringlog_proto.records_codec` falls back to Python without it).
 """
 
-from setuptools import setup
+from setuptools import Extension, setup
 
 setup(
     cffi_modules=[
         "native/_build.py:ffibuilder",
         "native/_records_build.py:ffibuilder",
         "native/_codec_build.py:ffibuilder",
-    ]
+    ],
+    ext_modules=[
+        Extension("native._loop", ["native/loop.c"], libraries=["uring"], extra_compile_args=["-O2"]),
+    ],
 )

@@ -25,14 +25,16 @@ import os
 import resource
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
 
+from native._loop import Completions
 from native._uring import ffi, lib
 from native.constants import (
     BUFFER_RING_ENTRIES_MAX,
     CLOSE_CANCEL_USER_DATA,
     CLOSE_DRAIN_SECONDS,
+    COMPLETIONS_PER_PASS_MAX,
     CQ_ENTRIES_FACTOR,
     CQE_BATCH_MAX,
     CQE_BUFFER_SHIFT,
@@ -222,7 +224,19 @@ def resident(view: memoryview) -> bool:
 class Ring:
     """One io_uring instance: prep SQEs, submit, reap CQEs as (user_data, res, flags) tuples."""
 
-    __slots__ = ("__weakref__", "_cap", "_fl", "_refs", "_res", "_ring", "_ud", "entries", "flags")
+    __slots__ = (
+        "__weakref__",
+        "_batch",
+        "_cap",
+        "_fl",
+        "_refs",
+        "_res",
+        "_ring",
+        "_ud",
+        "address",
+        "entries",
+        "flags",
+    )
 
     def __init__(
         self, entries: int = RING_ENTRIES_DEFAULT, *, flags: int | None = None, cq_entries: int | None = None
@@ -233,6 +247,7 @@ class Ring:
         5.19 that rejects them. Raises RingUnavailable.
         """
         self._ring = _NULL
+        self.address = 0  # of the struct io_uring, for native._loop; 0 once closed
         self._refs: dict[int, object] = {}
         ring = ffi.new("struct io_uring *")
         cq = cq_entries if cq_entries is not None else entries * CQ_ENTRIES_FACTOR
@@ -242,6 +257,8 @@ class Ring:
         if rc < 0:
             raise _unavailable(-rc, entries)
         self._ring = ring
+        self.address = int(ffi.cast("uintptr_t", ring))
+        self._batch = Completions(COMPLETIONS_PER_PASS_MAX)
         self.entries = entries
         self.flags: int = lib.rl_setup_flags(ring)
         self._cap = CQE_BATCH_MAX
@@ -518,6 +535,22 @@ class Ring:
                 refs.pop(ud, None)
         return list(zip(uds, _unpack(self._res, n), fls, strict=True))
 
+    def run_completions(self, continuations: dict[int, Callable[[int, int], None]], max_count: int) -> int:
+        """Reap up to `max_count` ready CQEs, then call `continuations[user_data](res, flags)` for
+        each in order, in one C call (native/loop.c): how many were reaped.
+
+        The references of every final CQE are dropped before any continuation runs (as in
+        `completions`); a final CQE's continuation is popped from `continuations`, one with
+        CQE_F_MORE stays; a user_data with none is skipped. A continuation that raises ends the
+        call (the rest of the batch does not run). `unrun` counts what is left meanwhile.
+        """
+        return self._batch.run(self.address, continuations, self._refs, max_count)
+
+    @property
+    def unrun(self) -> int:
+        """Completions that the `run_completions` running now reaped and has not run yet."""
+        return self._batch.rest
+
     def _grow(self, count: int) -> None:
         self._cap = count
         self._ud = ffi.new("uint64_t[]", count)
@@ -564,6 +597,7 @@ class Ring:
         if self._refs:
             self._drain()
         self._ring = _NULL
+        self.address = 0
         lib.rl_queue_exit(ring)
         if self._refs:
             _LEAKED.append(self._refs)

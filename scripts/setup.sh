@@ -112,7 +112,7 @@ fi
 
 # --- 4. The project ---------------------------------------------------------------------------------
 stamp="$VENV/.ringlog-installed"
-want=$( { cat pyproject.toml; cat native/*.py native/*.h 2>/dev/null || true; } | sha256sum | cut -d" " -f1)
+want=$( { cat pyproject.toml; cat native/*.py native/*.h native/*.c 2>/dev/null || true; } | sha256sum | cut -d" " -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     say "pip install -e .[dev,bpf,spark]"
     "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null

@@ -4,9 +4,10 @@ Rules this module keeps:
 - One pass: submit everything prepared and wait for at least one completion (or the next timer,
   or not at all when callbacks are due or the busy poll is on), reap up to
   `COMPLETIONS_PER_PASS_MAX` completions in one batch, *then* run their continuations (never while
-  reaping), then the timers that are due, then the `call_soon` callbacks queued before this
-  phase, then the end-of-pass callbacks (the group commit, the gathered store writes). Every
-  queue has a bound: what a callback queues runs in the next pass.
+  reaping; both in one C call, `Ring.run_completions`), then the timers that are due, then the
+  `call_soon` callbacks queued before this phase, then the end-of-pass callbacks (the group
+  commit, the gathered store writes). Every queue has a bound: what a callback queues runs in the
+  next pass.
 - A continuation is registered under a fresh user_data (`op`) and runs on each completion of it;
   it is forgotten with the final one (no `CQE_F_MORE`), and the ring releases the buffers then.
 - It knows nothing of connections, storage or the broker: broker/backends/uring.py drives it.
@@ -19,11 +20,10 @@ import heapq
 import itertools
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
-from operator import length_hint
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from native.constants import COMPLETIONS_PER_PASS_MAX, CQE_F_MORE
+from native.constants import COMPLETIONS_PER_PASS_MAX
 
 if TYPE_CHECKING:
     from native.ring import Ring
@@ -58,7 +58,6 @@ class Loop:
         self.busy_poll_s = busy_poll_us / 1e6
         self._busy_until = 0.0
         self._offloaded = 0  # ops in flight that a kernel worker thread may run (see worker_op)
-        self._rest: Iterator[tuple[int, int, int]] = iter(())  # the pass's completions not yet run
 
     def op(self, callback: Callback) -> int:
         """A user_data for one operation; `callback(res, flags)` runs on each of its completions."""
@@ -101,7 +100,7 @@ class Loop:
         no disk operation in flight. What the loop does next delays nobody else (a blocking call,
         `flush_syncs`); what arrives meanwhile waits for it."""
         return (
-            not length_hint(self._rest)
+            not self.ring.unrun
             and not self._soon
             and not self._end_of_pass
             and not self._offloaded
@@ -124,16 +123,9 @@ class Loop:
         else:
             timeout = None
         ring.submit_and_wait(1, timeout)
-        completions = ring.completions(COMPLETIONS_PER_PASS_MAX)
-        if completions and self.busy_poll_s:
+        # The completions' continuations, in C (native/loop.c): one call for the whole batch.
+        if ring.run_completions(self._ops, COMPLETIONS_PER_PASS_MAX) and self.busy_poll_s:
             self._busy_until = time.monotonic() + self.busy_poll_s
-        ops = self._ops
-        more = CQE_F_MORE
-        self._rest = rest = iter(completions)
-        for ud, res, flags in rest:
-            cb = ops.get(ud) if flags & more else ops.pop(ud, None)
-            if cb is not None:
-                cb(res, flags)
         if self._timers:
             now = time.monotonic()
             timers = self._timers

@@ -508,3 +508,116 @@ def test_ring_creation_failure_names_io_uring_disabled() -> None:
     finally:
         path.write_text(old)
     assert probe() is None
+
+
+# --- run_completions: the loop's per-completion step in C (native/loop.c) ----------------------
+
+
+def _nops(ring: Ring, user_datas: Iterable[int]) -> None:
+    """Prep a NOP per user_data and wait until all of them have completed (none reaped)."""
+    uds = list(user_datas)
+    for ud in uds:
+        ring.prep_nop(ud)
+    ring.submit_and_wait(len(uds), timeout=5)
+    assert not ring.cq_quiet
+
+
+def test_run_completions_calls_each_continuation_in_order_and_pops_the_final_ones(ring: Ring) -> None:
+    calls: list[tuple[str, int, int, int, int]] = []
+
+    def continuation(name: str) -> object:
+        def run(res: int, flags: int) -> None:
+            # By now every final CQE of the batch has given its references back, and `unrun`
+            # counts what is still to run after this one.
+            calls.append((name, res, flags, ring.inflight, ring.unrun))
+
+        return run
+
+    ops = {1: continuation("a"), 2: continuation("b"), 3: continuation("c"), 9: continuation("not armed")}
+    _nops(ring, (1, 2, 4, 3))  # 4 has no continuation: skipped
+    assert ring.inflight == 4
+    assert ring.run_completions(ops, 64) == 4
+    assert calls == [("a", 0, 0, 0, 3), ("b", 0, 0, 0, 2), ("c", 0, 0, 0, 0)]
+    assert set(ops) == {9}  # final CQEs pop their continuation; the one not completed stays
+    assert ring.unrun == 0
+    assert ring.run_completions(ops, 64) == 0  # nothing ready: nothing reaped or run
+
+
+def test_run_completions_reaps_at_most_max_count(ring: Ring) -> None:
+    ran: list[int] = []
+    ops = {ud: (lambda res, flags, ud=ud: ran.append(ud)) for ud in range(1, 6)}
+    _nops(ring, range(1, 6))
+    assert ring.run_completions(ops, 2) == 2
+    assert ran == [1, 2]
+    assert ring.run_completions(ops, 64) == 3
+    assert ran == [1, 2, 3, 4, 5]
+    assert not ops and ring.inflight == 0
+
+
+def test_run_completions_keeps_a_multishot_continuation_until_its_final_cqe(ring: Ring) -> None:
+    listener = socket.create_server(("127.0.0.1", 0))
+    seen: list[tuple[int, int]] = []
+    ops = {7: lambda res, flags: seen.append((res, flags))}
+    clients = []
+    try:
+        ring.prep_accept(listener.fileno(), 7)
+        ring.submit()
+        for _ in range(2):
+            clients.append(socket.create_connection(listener.getsockname()))
+        deadline = time.monotonic() + 5
+        while len(seen) < 2:
+            assert time.monotonic() < deadline, f"accepted only {seen}"
+            ring.submit_and_wait(1, timeout=0.5)
+            ring.run_completions(ops, 64)
+        assert all(res >= 0 and flags & CQE_F_MORE for res, flags in seen)
+        assert 7 in ops and ring.inflight == 1  # still armed: continuation and references kept
+        ring.prep_cancel(7, 8)
+        ops[8] = lambda res, flags: None
+        deadline = time.monotonic() + 5
+        while 7 in ops:
+            assert time.monotonic() < deadline, "the cancelled accept never ended"
+            ring.submit_and_wait(1, timeout=0.5)
+            ring.run_completions(ops, 64)
+        assert seen[-1] == (-errno.ECANCELED, 0)
+        assert ring.inflight == 0 and not ops
+    finally:
+        for res, _ in seen[:-1]:
+            os.close(res)
+        for c in clients:
+            c.close()
+        listener.close()
+
+
+def test_run_completions_stops_at_a_continuation_that_raises(ring: Ring) -> None:
+    ran: list[int] = []
+
+    def boom(res: int, flags: int) -> None:
+        raise RuntimeError("continuation failed")
+
+    ops = {1: lambda res, flags: ran.append(1), 2: boom, 3: lambda res, flags: ran.append(3)}
+    _nops(ring, (1, 2, 3))
+    with pytest.raises(RuntimeError, match="continuation failed"):
+        ring.run_completions(ops, 64)
+    assert ran == [1]  # the rest of the batch is not run, as the Python loop did not run it
+    assert ring.inflight == 0  # but it was reaped: its references are given back all the same
+    assert ring.unrun == 1
+
+
+def test_run_completions_survives_a_continuation_that_closes_the_ring() -> None:
+    r = Ring(16)
+    ran: list[int] = []
+
+    def close(res: int, flags: int) -> None:
+        ran.append(1)
+        r.close()
+
+    ops = {1: close, 2: lambda res, flags: ran.append(2)}
+    _nops(r, (1, 2))
+    assert r.run_completions(ops, 64) == 2  # the batch was reaped before the ring was closed
+    assert ran == [1, 2]
+    assert r.address == 0 and r.run_completions(ops, 64) == 0  # a closed ring reaps nothing
+
+
+def test_run_completions_takes_only_dicts(ring: Ring) -> None:
+    with pytest.raises(TypeError, match="dicts"):
+        ring.run_completions([], 64)  # type: ignore[arg-type]
