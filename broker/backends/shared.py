@@ -119,6 +119,7 @@ from ringlog_proto.frames import (
     FrameDecoder,
     ProtocolError,
     _NeedData,
+    frame_decoder,
     starts_like_frame,
 )
 from ringlog_proto.messages import Acks, ApiKey, peek_fetch_max_bytes
@@ -302,7 +303,7 @@ class FirstBytes:
             return self
         decoder: FrameDecoder | KafkaFrameDecoder
         if ours:
-            decoder = FrameDecoder(self.max_frame_bytes)
+            decoder = frame_decoder(self.max_frame_bytes)
         elif starts_like_kafka(buf):
             decoder = KafkaFrameDecoder(self.max_frame_bytes)
         else:
@@ -449,7 +450,7 @@ class ServedConnection:
         # received, not yet taken; a client's first bytes choose the protocol (`FirstBytes`)
         max_bytes = server.config.limits.max_request_bytes
         self.decoder: FirstBytes | FrameDecoder | KafkaFrameDecoder = (
-            FrameDecoder(max_bytes) if from_peer else FirstBytes(max_bytes)
+            frame_decoder(max_bytes) if from_peer else FirstBytes(max_bytes)
         )
         self.slots: deque[Slot] = deque()  # the requests not yet answered, in arrival order
         self.budget = ConnectionBudget(time.monotonic())

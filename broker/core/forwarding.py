@@ -53,7 +53,7 @@ from broker.core.limits import FETCH_WAIT_MS_MAX
 from broker.core.liveness import always_alive, peer_liveness
 from broker.core.metrics import CoreMetrics
 from broker.core.outcomes import Forward, Notify, Reply, Silent
-from ringlog_proto.frames import NEED_DATA, Frame, FrameDecoder, reframe
+from ringlog_proto.frames import NEED_DATA, Frame, FrameDecoder, frame_decoder, reframe
 from ringlog_proto.messages import ErrorCode, peek_fetch_max_wait_ms
 
 log = logging.getLogger(__name__)
@@ -114,7 +114,7 @@ class PeerLink:
     def __init__(self, core: int, peer: str | None = None) -> None:
         self.core = core  # -1 for a link to another broker (broker/core/remote.py)
         self.peer = peer or f"core {core}"  # what messages call the other end
-        self._decoder = FrameDecoder()
+        self._decoder: FrameDecoder = frame_decoder()
         self._pending: dict[int, tuple[Done, float]] = {}  # correlation id -> (done, deadline)
         self._next_id = 1
         self.closed = False

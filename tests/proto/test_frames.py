@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import struct
 from collections.abc import Callable
 
@@ -11,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ringlog_proto import messages as m
+from ringlog_proto.frames import _NATIVE_DECODER as NATIVE_DECODER
 from ringlog_proto.frames import (
     HEADER_SIZE,
     NEED_DATA,
@@ -21,6 +23,7 @@ from ringlog_proto.frames import (
     FrameReader,
     ProtocolError,
     encode_frame,
+    frame_decoder,
 )
 
 REQUESTS = [
@@ -55,8 +58,22 @@ RESPONSES = [
 ]
 
 
-def frames_of(data: bytes, pieces: list[int] | None = None) -> list[Frame]:
-    d = FrameDecoder()
+def native_decoder(max_frame_bytes: int = 8 << 20) -> FrameDecoder:
+    """native/frames.c's decoder (the broker's connections use it when it is built, as it is by
+    `make setup`)."""
+    if NATIVE_DECODER is None:
+        pytest.skip("native._frames is not built (pip install -e .)")
+    return frame_decoder(max_frame_bytes)
+
+
+# Every test of FrameDecoder's behaviour runs on both: the Python reference and its C twin.
+DECODERS = pytest.mark.parametrize("new_decoder", [FrameDecoder, native_decoder], ids=["python", "native"])
+
+
+def frames_of(
+    data: bytes, pieces: list[int] | None = None, new_decoder: Callable[..., FrameDecoder] = FrameDecoder
+) -> list[Frame]:
+    d = new_decoder()
     out: list[Frame] = []
     chunks = [data] if pieces is None else [data[i : i + 1] for i in range(len(data))]
     for chunk in chunks:
@@ -67,17 +84,19 @@ def frames_of(data: bytes, pieces: list[int] | None = None) -> list[Frame]:
     return out
 
 
-def test_requests_round_trip_whole_and_byte_by_byte() -> None:
+@DECODERS
+def test_requests_round_trip_whole_and_byte_by_byte(new_decoder: Callable[..., FrameDecoder]) -> None:
     stream = b"".join(b"".join(m.encode_request(r, i)) for i, r in enumerate(REQUESTS))
     for pieces in (None, [1]):
-        frames = frames_of(stream, pieces)
+        frames = frames_of(stream, pieces, new_decoder)
         assert [f.correlation_id for f in frames] == list(range(len(REQUESTS)))
         assert [m.decode_request(f) for f in frames] == REQUESTS
 
 
-def test_responses_round_trip() -> None:
+@DECODERS
+def test_responses_round_trip(new_decoder: Callable[..., FrameDecoder]) -> None:
     stream = b"".join(b"".join(m.encode_response(r, 7)) for r in RESPONSES)
-    frames = frames_of(stream)
+    frames = frames_of(stream, None, new_decoder)
     assert all(f.is_response for f in frames)
     assert [m.decode_response(f) for f in frames] == RESPONSES
 
@@ -88,9 +107,10 @@ def test_partition_identity_sits_at_a_fixed_offset() -> None:
     assert struct.unpack_from(">I", raw, PARTITION_OFFSET)[0] == 17
 
 
-def test_trailing_partial_frame_waits() -> None:
+@DECODERS
+def test_trailing_partial_frame_waits(new_decoder: Callable[..., FrameDecoder]) -> None:
     one = encode_frame(1, 1, 1, b"x" * 10)
-    d = FrameDecoder()
+    d = new_decoder()
     d.feed(one + one[:5])
     assert isinstance(d.next_frame(), Frame)
     assert d.next_frame() is NEED_DATA
@@ -107,16 +127,19 @@ def test_trailing_partial_frame_waits() -> None:
         (struct.pack(">IBBHHH", 20, 0x52, 1, 0, 1, 0x80) + bytes(12), "unknown frame flags"),
     ],
 )
-@pytest.mark.parametrize("decoder", [FrameDecoder, FrameReader])
-def test_bad_frames_are_protocol_errors(raw: bytes, match: str, decoder: type[FrameDecoder]) -> None:
+@pytest.mark.parametrize("decoder", [FrameDecoder, FrameReader, native_decoder])
+def test_bad_frames_are_protocol_errors(raw: bytes, match: str, decoder: Callable[..., FrameDecoder]) -> None:
     d = decoder()
     d.feed(raw)
     with pytest.raises(ProtocolError, match=match):
         d.next_frame()
 
 
-def test_oversized_length_is_refused_before_the_body_arrives() -> None:
-    d = FrameDecoder(max_frame_bytes=1024)
+@DECODERS
+def test_oversized_length_is_refused_before_the_body_arrives(
+    new_decoder: Callable[..., FrameDecoder],
+) -> None:
+    d = new_decoder(max_frame_bytes=1024)
     d.feed(struct.pack(">IBBHHHIII", 5000, 0x52, 1, 4, 1, 0, 1, 0, 0))
     with pytest.raises(ProtocolError, match="exceeds"):
         d.next_frame()
@@ -158,8 +181,11 @@ def test_every_truncated_body_is_malformed(req: m.Request) -> None:
 
 @settings(max_examples=500)
 @given(st.binary(max_size=300))
-def test_any_bytes_yield_frames_or_protocol_error(data: bytes) -> None:
-    d = FrameDecoder(max_frame_bytes=4096)
+@DECODERS
+def test_any_bytes_yield_frames_or_protocol_error(
+    new_decoder: Callable[..., FrameDecoder], data: bytes
+) -> None:
+    d = new_decoder(max_frame_bytes=4096)
     d.feed(data)
     with contextlib.suppress(ProtocolError):
         while (f := d.next_frame()) is not NEED_DATA:
@@ -342,3 +368,106 @@ def test_a_produce_response_decodes_as_the_generic_path_does(error: int, length:
     body = struct.pack(">hH", error, length) + rest
     frame = Frame(m.ApiKey.PRODUCE, m.API_VERSION, 1, 1, 1, 1, body)
     assert _outcome(m.decode_response, frame) == _outcome(m.decode_response_fields, frame)
+
+
+# --- native/frames.c: the twin of FrameDecoder ------------------------------------------------
+
+
+def _run(decoder: FrameDecoder, pieces: list[bytes]) -> list[object]:
+    """Everything a decoder shows for a stream fed in `pieces`: after each piece, every frame it
+    yields and how much it then holds, and the error that ends the stream (type and message)."""
+    seen: list[object] = []
+    try:
+        for piece in pieces:
+            decoder.feed(piece)
+            while (f := decoder.next_frame()) is not NEED_DATA:
+                assert type(f) is Frame
+                seen.append(f)
+            seen.append(decoder.buffered)
+    except ProtocolError as exc:
+        seen.append(("ProtocolError", str(exc)))
+    return seen
+
+
+_FRAME_PARTS = st.one_of(
+    # well-formed frames of any api, flags 0 or response, any identity, bodies of any size
+    st.builds(
+        lambda key, ver, resp, corr, topic, part, body: encode_frame(key, ver, corr, body, topic, part, resp),
+        st.integers(0, 0xFFFF),
+        st.integers(0, 0xFFFF),
+        st.sampled_from([0, 1]),
+        st.integers(0, 0xFFFFFFFF),
+        st.integers(0, 0xFFFFFFFF),
+        st.integers(0, 0xFFFFFFFF),
+        st.binary(max_size=3000),
+    ),
+    # headers that break one rule each, and bytes of nothing in particular
+    st.builds(
+        lambda length, magic, version, flags: (
+            struct.pack(">IBBHHH", length, magic, version, 1, 1, flags) + bytes(12)
+        ),
+        st.integers(0, 1 << 31),
+        st.sampled_from([0x52, 0x52, 0x00, 0xFF]),
+        st.sampled_from([1, 1, 0, 2]),
+        st.sampled_from([0, 1, 2, 0x8000]),
+    ),
+    st.binary(max_size=40),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(_FRAME_PARTS, min_size=1, max_size=8),
+    st.lists(st.integers(0, 30_000), max_size=10),
+    st.sampled_from([HEADER_SIZE, 100, 4096, 8 << 20]),
+)
+def test_the_native_decoder_is_the_python_one(parts: list[bytes], cuts: list[int], max_frame: int) -> None:
+    """The same frames, the same bytes held after every piece, and the same ProtocolError (at the
+    same point, with the same message), for any stream cut anywhere."""
+    data = b"".join(parts)
+    bounds = [0, *sorted(c for c in cuts if c < len(data)), len(data)]
+    pieces = [data[a:b] for a, b in itertools.pairwise(bounds)]
+    assert _run(native_decoder(max_frame), pieces) == _run(FrameDecoder(max_frame), pieces)
+
+
+def test_the_native_decoder_lets_go_of_what_it_took() -> None:
+    """A large frame taken leaves nothing held, and a partial frame after it is all it keeps."""
+    d = native_decoder()
+    big = encode_frame(1, 1, 1, bytes(1 << 20))
+    d.feed(big + big[:10])
+    frame = d.next_frame()
+    assert isinstance(frame, Frame) and len(frame.body) == 1 << 20
+    assert d.next_frame() is NEED_DATA
+    assert d.buffered == 10
+    d.feed(big[10:])
+    assert isinstance(d.next_frame(), Frame)
+    assert d.next_frame() is NEED_DATA and d.buffered == 0
+
+
+def test_native_frames_are_frames() -> None:
+    """What the C decoder builds is a `Frame` as any other: equal, frozen, its property working."""
+    d = native_decoder()
+    d.feed(encode_frame(4, 1, 77, b"body", 9, 3, 1))
+    frame = d.next_frame()
+    assert frame == Frame(4, 1, 1, 77, 9, 3, b"body")
+    assert frame.is_response
+    with pytest.raises(AttributeError):
+        frame.body = b"other"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        encode_frame(4, 1, 7, b"x" * 30) + b"\x00\x00\x00\x14GET / HTTP/1.1\r\n\r\n",
+        encode_frame(4, 1, 7, b"") + b"\x00\x00\x00\x14R\x09" + bytes(18),
+        encode_frame(4, 1, 7, b"y") + struct.pack(">IBBHHH", 20, 0x52, 1, 0, 1, 0x80) + bytes(12),
+        encode_frame(4, 1, 7, b"z" * 3) + struct.pack(">IBB", 4, 0x52, 1) + bytes(18),
+    ],
+    ids=["magic", "version", "flags", "short"],
+)
+def test_the_native_decoder_fails_where_the_python_one_does(raw: bytes) -> None:
+    """Cut at every byte: the error comes after the same piece (a bad magic or version as soon
+    as its byte is in, the rest with the whole header)."""
+    for cut in range(1, len(raw)):
+        pieces = [raw[:cut], raw[cut:]]
+        assert _run(native_decoder(), pieces) == _run(FrameDecoder(), pieces), cut

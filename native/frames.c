@@ -1,0 +1,333 @@
+/* native._frames: ringlog_proto.frames.FrameDecoder in C, for the broker's connections.
+
+Why it exists: every request a connection sends is fed, split and wrapped in a `Frame` here; in
+Python that is ~3 us per small frame (and a frozen dataclass's __init__ is most of a microsecond
+of it), on every request of both backends.
+
+Rules this module keeps:
+- It is the Python `FrameDecoder`'s twin, not a variant: the same frames for the same bytes, the
+  same `ProtocolError` messages at the same points, the same bounds (tests/proto checks both
+  against each other on generated streams). Python's stays the reference and the fallback.
+- The frame layout is ringlog_proto/frames.py's; this module's copies of its constants are
+  checked against it when ringlog_proto.frames imports it (a mismatch raises there).
+- `configure(Frame, NEED_DATA, ProtocolError)` is called once, by ringlog_proto.frames, before any
+  decoder runs. A `Frame` is built the way object.__setattr__ would set its slots (its fields'
+  member descriptors are found by name at configure and must be slots of object type); its
+  dataclass __init__ is not run.
+- Buffering as `StreamDecoder`: the buffer grows only as bytes arrive (never to a declared
+  length), and what frames were taken from is let go when `next_frame` runs out of whole frames
+  (freed when nothing is left, moved to the front otherwise, the allocation shrunk when it is
+  mostly empty).
+*/
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#define MAGIC 0x52
+#define FRAME_VERSION 1
+#define HEADER_SIZE 24
+#define LENGTH_SIZE 4
+#define MAGIC_OFFSET 4
+#define FLAGS_KNOWN 0x0001
+#define SHRINK_ABOVE (64 * 1024) /* an allocation this big and mostly empty is shrunk */
+
+#define N_FIELDS 7
+static const char *const FIELDS[N_FIELDS] = {
+    "api_key", "api_version", "flags", "correlation_id", "topic_id", "partition", "body",
+};
+static PyTypeObject *frame_type = NULL;
+static Py_ssize_t frame_offsets[N_FIELDS];
+static PyObject *need_data = NULL;
+static PyObject *protocol_error = NULL;
+
+typedef struct {
+    PyObject_HEAD
+    char *buf;
+    Py_ssize_t cap;
+    Py_ssize_t pos; /* bytes before pos were taken as frames */
+    Py_ssize_t end; /* bytes held: buf[pos:end] */
+    Py_ssize_t max_frame_bytes;
+} Decoder;
+
+static inline uint32_t be32(const unsigned char *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+static inline uint16_t be16(const unsigned char *p) { return (uint16_t)(p[0] << 8 | p[1]); }
+
+static PyObject *configure(PyObject *module, PyObject *args)
+{
+    (void)module;
+    PyObject *type, *nd, *err;
+    if (!PyArg_ParseTuple(args, "O!OO", &PyType_Type, &type, &nd, &err)) return NULL;
+    if (!PyType_Check(err) || !PyType_IsSubtype((PyTypeObject *)err, (PyTypeObject *)PyExc_Exception)) {
+        PyErr_SetString(PyExc_TypeError, "ProtocolError must be an Exception class");
+        return NULL;
+    }
+    PyTypeObject *t = (PyTypeObject *)type;
+    if (t->tp_dictoffset != 0 || t->tp_itemsize != 0) {
+        PyErr_SetString(PyExc_TypeError, "Frame must be a slots class without a __dict__");
+        return NULL;
+    }
+    Py_ssize_t offsets[N_FIELDS];
+    for (int i = 0; i < N_FIELDS; i++) {
+        PyObject *descr = PyObject_GetAttrString(type, FIELDS[i]);
+        if (!descr) return NULL;
+        int ok = Py_IS_TYPE(descr, &PyMemberDescr_Type)
+                 && ((PyMemberDescrObject *)descr)->d_member->type == T_OBJECT_EX;
+        if (ok) offsets[i] = ((PyMemberDescrObject *)descr)->d_member->offset;
+        Py_DECREF(descr);
+        if (!ok) {
+            PyErr_Format(PyExc_TypeError, "Frame.%s is not an object slot", FIELDS[i]);
+            return NULL;
+        }
+    }
+    Py_INCREF(type);
+    Py_XSETREF(frame_type, t);
+    memcpy(frame_offsets, offsets, sizeof(offsets));
+    Py_INCREF(nd);
+    Py_XSETREF(need_data, nd);
+    Py_INCREF(err);
+    Py_XSETREF(protocol_error, err);
+    Py_RETURN_NONE;
+}
+
+static PyObject *protocol_error_raise(const char *message)
+{
+    PyErr_SetString(protocol_error, message);
+    return NULL;
+}
+
+/* A Frame with these fields, its slots set in place. */
+static PyObject *make_frame(const unsigned char *h, Py_ssize_t body_length)
+{
+    PyObject *values[N_FIELDS] = {
+        PyLong_FromLong(be16(h + 6)),
+        PyLong_FromLong(be16(h + 8)),
+        PyLong_FromLong(be16(h + 10)),
+        PyLong_FromUnsignedLong(be32(h + 12)),
+        PyLong_FromUnsignedLong(be32(h + 16)),
+        PyLong_FromUnsignedLong(be32(h + 20)),
+        PyBytes_FromStringAndSize((const char *)h + HEADER_SIZE, body_length),
+    };
+    PyObject *frame = NULL;
+    for (int i = 0; i < N_FIELDS; i++)
+        if (!values[i]) goto fail;
+    frame = frame_type->tp_alloc(frame_type, 0);
+    if (!frame) goto fail;
+    for (int i = 0; i < N_FIELDS; i++) *(PyObject **)((char *)frame + frame_offsets[i]) = values[i];
+    return frame;
+fail:
+    for (int i = 0; i < N_FIELDS; i++) Py_XDECREF(values[i]);
+    return NULL;
+}
+
+/* FrameDecoder._check_prefix: the magic and the version, as soon as those bytes are here. */
+static int check_prefix(const unsigned char *h)
+{
+    char message[160];
+    if (h[MAGIC_OFFSET] != MAGIC) {
+        snprintf(message, sizeof(message),
+                 "bad frame magic 0x%02x (expected 0x%02x): not a ringlog client?", h[MAGIC_OFFSET],
+                 MAGIC);
+        protocol_error_raise(message);
+        return -1;
+    }
+    if (h[5] != FRAME_VERSION) {
+        snprintf(message, sizeof(message),
+                 "unsupported frame version %u (this broker speaks %d)", h[5], FRAME_VERSION);
+        protocol_error_raise(message);
+        return -1;
+    }
+    return 0;
+}
+
+static void Decoder_dealloc(Decoder *self)
+{
+    PyMem_Free(self->buf);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int Decoder_init(Decoder *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"max_frame_bytes", NULL};
+    Py_ssize_t max_frame_bytes = 8 * 1024 * 1024;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|n", kwlist, &max_frame_bytes)) return -1;
+    if (!frame_type) {
+        PyErr_SetString(PyExc_RuntimeError, "native._frames.configure() was not called");
+        return -1;
+    }
+    if (max_frame_bytes < HEADER_SIZE) {
+        PyErr_SetString(PyExc_ValueError, "max_frame_bytes is below the frame header's size");
+        return -1;
+    }
+    self->max_frame_bytes = max_frame_bytes;
+    return 0;
+}
+
+static PyObject *Decoder_feed(Decoder *self, PyObject *data)
+{
+    Py_buffer view;
+    if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0) return NULL;
+    Py_ssize_t n = view.len;
+    if (self->pos && self->pos >= self->end / 2) { /* compact: amortised O(1) per byte */
+        memmove(self->buf, self->buf + self->pos, self->end - self->pos);
+        self->end -= self->pos;
+        self->pos = 0;
+    }
+    if (self->end + n > self->cap) {
+        Py_ssize_t want = self->end + n;
+        Py_ssize_t grown = self->cap + (self->cap >> 2);
+        if (grown > want) want = grown;
+        char *buf = PyMem_Realloc(self->buf, want);
+        if (!buf) {
+            PyBuffer_Release(&view);
+            return PyErr_NoMemory();
+        }
+        self->buf = buf;
+        self->cap = want;
+    }
+    memcpy(self->buf + self->end, view.buf, n);
+    self->end += n;
+    PyBuffer_Release(&view);
+    Py_RETURN_NONE;
+}
+
+/* StreamDecoder._need_data: let go of the frames taken, return NEED_DATA. */
+static PyObject *need_more(Decoder *self)
+{
+    if (self->pos) {
+        Py_ssize_t held = self->end - self->pos;
+        if (!held) {
+            PyMem_Free(self->buf);
+            self->buf = NULL;
+            self->cap = 0;
+        } else {
+            memmove(self->buf, self->buf + self->pos, held);
+            if (self->cap > SHRINK_ABOVE && held < self->cap / 4) {
+                char *buf = PyMem_Realloc(self->buf, held);
+                if (buf) {
+                    self->buf = buf;
+                    self->cap = held;
+                }
+            }
+        }
+        self->end = held;
+        self->pos = 0;
+    }
+    Py_INCREF(need_data);
+    return need_data;
+}
+
+static PyObject *Decoder_next_frame(Decoder *self, PyObject *unused)
+{
+    (void)unused;
+    Py_ssize_t held = self->end - self->pos;
+    const unsigned char *h = (const unsigned char *)self->buf + self->pos;
+    if (held < HEADER_SIZE) {
+        if (held >= 6 && check_prefix(h) < 0) return NULL;
+        return need_more(self);
+    }
+    if (check_prefix(h) < 0) return NULL;
+    uint32_t length = be32(h);
+    uint16_t flags = be16(h + 10);
+    char message[160];
+    if (length < HEADER_SIZE - LENGTH_SIZE) {
+        snprintf(message, sizeof(message), "frame length %u is shorter than the %d-byte header",
+                 length, HEADER_SIZE);
+        return protocol_error_raise(message);
+    }
+    if ((long long)length + LENGTH_SIZE > (long long)self->max_frame_bytes) {
+        snprintf(message, sizeof(message), "frame of %lld bytes exceeds the maximum %lld",
+                 (long long)length + LENGTH_SIZE, (long long)self->max_frame_bytes);
+        return protocol_error_raise(message);
+    }
+    if (flags & ~FLAGS_KNOWN) {
+        snprintf(message, sizeof(message), "unknown frame flags 0x%04x", flags);
+        return protocol_error_raise(message);
+    }
+    Py_ssize_t size = (Py_ssize_t)length + LENGTH_SIZE;
+    if (held < size) return need_more(self);
+    PyObject *frame = make_frame(h, size - HEADER_SIZE);
+    if (frame) self->pos += size;
+    return frame;
+}
+
+static PyObject *Decoder_get_buffered(Decoder *self, void *closure)
+{
+    (void)closure;
+    return PyLong_FromSsize_t(self->end - self->pos);
+}
+
+static PyMethodDef Decoder_methods[] = {
+    {"feed", (PyCFunction)Decoder_feed, METH_O, "Buffer bytes of the stream (any pieces)."},
+    {"next_frame", (PyCFunction)Decoder_next_frame, METH_NOARGS,
+     "The next whole Frame, or NEED_DATA; raises ProtocolError for bytes that cannot be framed."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef Decoder_members[] = {
+    {"max_frame_bytes", T_PYSSIZET, offsetof(Decoder, max_frame_bytes), READONLY,
+     "the largest frame accepted, header included"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyGetSetDef Decoder_getset[] = {
+    {"buffered", (getter)Decoder_get_buffered, NULL,
+     "bytes received and not yet returned as frames", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject DecoderType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "native._frames.Decoder",
+    .tp_doc = "ringlog_proto.frames.FrameDecoder in C (see native/frames.c).",
+    .tp_basicsize = sizeof(Decoder),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Decoder_init,
+    .tp_dealloc = (destructor)Decoder_dealloc,
+    .tp_methods = Decoder_methods,
+    .tp_members = Decoder_members,
+    .tp_getset = Decoder_getset,
+};
+
+static PyMethodDef module_methods[] = {
+    {"configure", configure, METH_VARARGS,
+     "configure(Frame, NEED_DATA, ProtocolError): what decoders return and raise."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef frames_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "native._frames",
+    .m_doc = "ringlog_proto.frames.FrameDecoder in C (see native/frames.c).",
+    .m_size = -1,
+    .m_methods = module_methods,
+};
+
+PyMODINIT_FUNC PyInit__frames(void)
+{
+    if (PyType_Ready(&DecoderType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&frames_module);
+    if (!m) return NULL;
+    /* The layout this build has, for ringlog_proto.frames to check against its own. */
+    PyObject *layout = Py_BuildValue("{sisisisisisi}", "MAGIC", MAGIC, "FRAME_VERSION", FRAME_VERSION,
+                                     "HEADER_SIZE", HEADER_SIZE, "LENGTH_SIZE", LENGTH_SIZE,
+                                     "MAGIC_OFFSET", MAGIC_OFFSET, "FLAGS_KNOWN", FLAGS_KNOWN);
+    if (!layout || PyModule_AddObject(m, "LAYOUT", layout) < 0) {
+        Py_XDECREF(layout);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&DecoderType);
+    if (PyModule_AddObject(m, "Decoder", (PyObject *)&DecoderType) < 0) {
+        Py_DECREF(&DecoderType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
