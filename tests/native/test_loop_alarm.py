@@ -1,0 +1,77 @@
+"""The io_uring loop's timers (`broker/backends/uring_loop.py`) on a real ring: they wake the loop
+through one standing timeout SQE, the alarm, armed for the earliest deadline and re-armed only when
+an earlier one comes or it has rung; a pass's wait carries no timeout of its own."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from broker.backends.uring_loop import Loop
+from native import Ring, probe
+
+pytestmark = pytest.mark.skipif(probe() is not None, reason=f"io_uring unavailable: {probe()}")
+
+
+def _nop_pass(loop: Loop, ring: Ring) -> None:
+    """A pass woken by a completion, not by a timer."""
+    seen: list[int] = []
+    ring.prep_nop(loop.op(lambda res, flags: seen.append(res)))
+    loop.run_once()
+    assert seen == [0]
+
+
+def test_a_timer_wakes_a_waiting_pass_on_time() -> None:
+    with Ring(16) as ring:
+        loop = Loop(ring)
+        fired: list[float] = []
+        t = time.monotonic()
+        loop.call_later(0.05, lambda: fired.append(time.monotonic() - t))
+        while not fired:
+            loop.run_once()
+            assert time.monotonic() - t < 2.0, "the timer never fired"
+        assert 0.05 <= fired[0] < 1.0
+        assert loop.pending_ops == 0  # the alarm is the loop's own, not an operation
+
+
+def test_passes_reuse_one_alarm() -> None:
+    """Many passes under a far timer arm one timeout SQE, not one each."""
+    with Ring(16) as ring:
+        loop = Loop(ring)
+        loop.call_later(30.0, lambda: None)
+        _nop_pass(loop, ring)
+        assert ring.inflight == 1  # the alarm
+        for _ in range(50):
+            _nop_pass(loop, ring)
+        assert ring.inflight == 1 and loop.pending_ops == 0
+
+
+def test_an_earlier_timer_rearms_the_alarm() -> None:
+    with Ring(16) as ring:
+        loop = Loop(ring)
+        late: list[bool] = []
+        loop.call_later(30.0, lambda: late.append(True))
+        _nop_pass(loop, ring)  # the alarm is set for 30 s
+        fired: list[float] = []
+        t = time.monotonic()
+        loop.call_later(0.05, lambda: fired.append(time.monotonic() - t))
+        while not fired:
+            loop.run_once()
+            assert time.monotonic() - t < 2.0, "the earlier timer waited for the later alarm"
+        assert 0.05 <= fired[0] < 1.0 and not late
+        _nop_pass(loop, ring)  # the 30 s alarm's cancel has completed; the 30 s timer has its own again
+        assert ring.inflight == 1 and loop.pending_ops == 0
+
+
+def test_a_busy_pass_does_not_wait_for_the_alarm() -> None:
+    """A pass with callbacks due only reaps what is ready: it neither waits nor arms a timer."""
+    with Ring(16) as ring:
+        loop = Loop(ring)
+        loop.call_later(30.0, lambda: None)
+        ran: list[bool] = []
+        loop.call_soon(lambda: ran.append(True))
+        t = time.monotonic()
+        loop.run_once()
+        assert ran == [True] and time.monotonic() - t < 1.0
+        assert ring.inflight == 0
