@@ -549,11 +549,14 @@ class Events:
 
     def ledger(self) -> Ledger:
         """The events replayed in the order their members stamped them (the pipes of two members
-                are read by two threads: their arrival order is not the order things happened in), and
-                Ledger's check of where each assignment started made here: a commit counts from the time
-                it was sent, as the broker may store it before it answers (kafka-python 3 retries a commit
-                refused during a rebalance and it lands in the next generation), but a start that took
-                the commit before still passes while the next commit was in flight. A member given back a
+        are read by two threads: their arrival order is not the order things happened in), and
+        Ledger's check of where each assignment started made here: a commit counts from the time
+        it was sent, as the broker may store it before it answers (kafka-python 3 retries a commit
+        refused during a rebalance and it lands in the next generation), but a start that took the
+        commit before still passes if the next commit was in flight at any time between the
+        assignment and the first read: the new owner fetches its offset somewhere in there, and
+        the old owner's commit may land on either side of that fetch (aiokafka resends a commit
+        that failed retriably with the generation it has by then). A member given back a
         partition it had (kafka-python 3 keeps its position then) goes on where it was."""
         ledger = Ledger()
         fresh: dict[int, set[int]] = defaultdict(set)
@@ -563,6 +566,7 @@ class Events:
                 for p, o in event[2].items():
                     commits[int(p)].append((event[3], event[1], o))
         starts = []
+        assigned_at: dict[int, float] = {}  # member: when its current assignment came
         last: dict[int, tuple[int, int]] = {}  # partition: (member, offset) of its last read
         for member, event in sorted(
             self.lines, key=lambda line: line[1][3] if line[1][0] == "commit" else line[1][1]
@@ -570,21 +574,28 @@ class Events:
             kind = event[0]
             if kind == "assign":
                 fresh[member] = set(event[2])
+                assigned_at[member] = event[1]
             elif kind == "revoke":
                 fresh[member] = set()
             elif kind == "read":
                 p, offset = event[2], event[3]
                 if p in fresh[member] and last.get(p) != (member, offset - 1):
-                    starts.append((p, offset, event[1]))  # not a member going on where it was
+                    # not a member going on where it was
+                    starts.append((p, offset, assigned_at.get(member, event[1]), event[1]))
                 last[p] = (member, offset)
                 ledger.read(fresh[member], p, offset, event[4])
             elif kind == "commit":
                 ledger.commit({int(p): o for p, o in event[2].items()})
-        for p, offset, t in starts:
-            done = [c for c in commits[p] if c[1] < t]
-            allowed = {max(done)[2] if done else 0} | {o for sent, end, o in commits[p] if sent < t <= end}
-            assert offset in allowed, f"partition {p} started at {offset}, committed {allowed}"
-        ledger.starts = [(p, offset, offset) for p, offset, _ in starts]  # checked above
+        for p, offset, assigned, t in starts:
+            done = [c for c in commits[p] if c[1] < assigned]
+            allowed = {max(done)[2] if done else 0} | {
+                o for sent, end, o in commits[p] if sent < t and end >= assigned
+            }
+            assert offset in allowed, (
+                f"partition {p} started at {offset}, committed {allowed}; assigned at {assigned:.3f}, "
+                f"first read at {t:.3f}; its commits (sent, done, offset): {sorted(commits[p])}"
+            )
+        ledger.starts = [(p, offset, offset) for p, offset, _, _ in starts]  # checked above
         return ledger
 
 
