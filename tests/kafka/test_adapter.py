@@ -29,7 +29,7 @@ from broker.kafka.codec import (
 )
 from ringlog_proto import messages as m
 from ringlog_proto.batch import BROKER_PRODUCER_ID_LIMIT
-from ringlog_proto.frames import NEED_DATA, FrameDecoder, ProtocolError
+from ringlog_proto.frames import NEED_DATA, FrameDecoder, ProtocolError, frame_decoder
 from ringlog_proto.routing import coordinator_for, shard_for
 
 
@@ -102,7 +102,8 @@ def test_first_bytes_choose_the_protocol() -> None:
     theirs = frame_of(
         18, 3, 1, make(request_schema(18, 3), client_software_name="x", client_software_version="1")
     )  # type: ignore[arg-type]
-    for raw, kind in ((ours, FrameDecoder), (theirs, KafkaFrameDecoder)):
+    # ours: the decoder the broker's connections use (native/frames.c's when it is built)
+    for raw, kind in ((ours, type(frame_decoder())), (theirs, KafkaFrameDecoder)):
         first = FirstBytes(1 << 20)
         first.feed(raw[:4])
         assert first.decide() is first  # four bytes say nothing yet
