@@ -6,9 +6,9 @@ Rules this module keeps:
 - API mode, not ABI mode: most of liburing's prep helpers are `static inline` in the header, so
   only a compiled module can call them. The cdef declares structs as partial (`...;`): the C
   compiler supplies their layout, so nothing here depends on liburing's struct sizes.
-- The hot path lives in the small `rl_*` helpers below, one C call per SQE and one per CQE batch:
-  from Python each call costs about a microsecond, so a prep is one get-SQE + prep + flags +
-  user_data call, and reaping copies a whole batch of CQEs into three flat arrays.
+- The hot path lives in the small `rl_*` helpers below, one C call per SQE: from Python each
+  call costs about a microsecond, so a prep is one get-SQE + prep + flags + user_data call.
+  Reaping is native/loop.c's (a CPython extension: it builds the Python objects a batch becomes).
 - Every helper returns 0 or a negative errno (as liburing does) and accepts a NULL ring (a closed
   `Ring`) by returning -EBADF instead of crashing.
 - liburing 2.3 has `io_uring_register_buf_ring` but not `io_uring_setup_buf_ring` (2.4): the
@@ -62,8 +62,6 @@ int rl_cq_quiet(struct io_uring *ring);
 int rl_submit(struct io_uring *ring);
 int rl_submit_and_wait(struct io_uring *ring, unsigned wait_nr);
 int rl_submit_and_wait_timeout(struct io_uring *ring, unsigned wait_nr, long long sec, long long nsec);
-unsigned rl_reap(struct io_uring *ring, uint64_t *user_data, int32_t *res, uint32_t *flags,
-                 unsigned max);
 
 int rl_prep_nop(struct io_uring *ring, uint64_t ud, int link);
 int rl_prep_accept(struct io_uring *ring, int fd, int multishot, int sock_flags, uint64_t ud, int link);
@@ -194,29 +192,6 @@ int rl_submit_and_wait_timeout(struct io_uring *ring, unsigned wait_nr, long lon
     ts.tv_sec = sec;
     ts.tv_nsec = nsec;
     return io_uring_submit_and_wait_timeout(ring, &cqe, wait_nr, &ts, NULL);
-}
-
-/* Copy up to `max` CQEs into the three arrays and mark them seen, in one pass. */
-unsigned rl_reap(struct io_uring *ring, uint64_t *user_data, int32_t *res, uint32_t *flags,
-                 unsigned max)
-{
-    struct io_uring_cqe *cqes[64];
-    unsigned total = 0;
-    if (!ring) return 0;
-    while (total < max) {
-        unsigned want = max - total;
-        if (want > 64) want = 64;
-        unsigned n = io_uring_peek_batch_cqe(ring, cqes, want);
-        for (unsigned i = 0; i < n; i++) {
-            user_data[total + i] = cqes[i]->user_data;
-            res[total + i] = cqes[i]->res;
-            flags[total + i] = cqes[i]->flags;
-        }
-        io_uring_cq_advance(ring, n);
-        total += n;
-        if (n < want) break;
-    }
-    return total;
 }
 
 /* An SQE, submitting first when the SQ is full so callers never see "no SQE". A linked SQE needs

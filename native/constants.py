@@ -37,9 +37,9 @@ RING_ENTRIES_DEFAULT = 256
 # but costs the kernel an allocation per CQE and an extra enter to flush.
 CQ_ENTRIES_FACTOR = 4
 
-# Most CQEs `Ring.completions()` returns per call without growing its preallocated arrays. One
-# batch per loop turn amortises the Python call; 256 matches a full default SQ's worth of
-# completions. (The broker's loop asks for `COMPLETIONS_PER_PASS_MAX`: the arrays grow once.)
+# Most CQEs `Ring.completions()` returns per call by default. One batch per call amortises the
+# Python call; 256 matches a full default SQ's worth of completions. (The broker's loop reaps up
+# to `COMPLETIONS_PER_PASS_MAX` per pass with `Ring.run_completions`.)
 CQE_BATCH_MAX = 256
 
 # Entries of the tiny ring `probe()` creates: the smallest the kernel accepts, so the probe

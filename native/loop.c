@@ -101,6 +101,33 @@ static int dict_pop(PyObject *dict, PyObject *key, PyObject **value)
     return 1;
 }
 
+/* The batch's CQEs reaped from the ring at `address` into self's arrays (at most `max`, and at
+   most the capacity), and the references in `refs` of every final one dropped, as both `run` and
+   `reap` begin: the count, or -1 with an exception set. */
+static Py_ssize_t reap_and_release(Completions *self, PyObject *address_obj, PyObject *refs,
+                                   PyObject *max_obj)
+{
+    uintptr_t address = (uintptr_t)PyLong_AsUnsignedLongLong(address_obj);
+    if (address == (uintptr_t)-1 && PyErr_Occurred()) return -1;
+    Py_ssize_t max = PyLong_AsSsize_t(max_obj);
+    if (max == -1 && PyErr_Occurred()) return -1;
+    if (max > self->capacity) max = self->capacity;
+    self->rest = 0;
+    if (!address || max <= 0) return 0;
+    Py_ssize_t n = reap((struct io_uring *)address, self, max);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (self->flags[i] & IORING_CQE_F_MORE) continue;
+        PyObject *key = PyLong_FromUnsignedLongLong(self->ud[i]);
+        if (!key) return -1;
+        PyObject *gone = NULL;
+        int rc = dict_pop(refs, key, &gone);
+        Py_DECREF(key);
+        Py_XDECREF(gone);
+        if (rc < 0) return -1;
+    }
+    return n;
+}
+
 /* run(ring_address, ops, refs, max) -> the number of completions reaped (see the module rules). */
 static PyObject *Completions_run(Completions *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -108,31 +135,13 @@ static PyObject *Completions_run(Completions *self, PyObject *const *args, Py_ss
         PyErr_SetString(PyExc_TypeError, "run(ring_address, ops, refs, max)");
         return NULL;
     }
-    uintptr_t address = (uintptr_t)PyLong_AsUnsignedLongLong(args[0]);
-    if (address == (uintptr_t)-1 && PyErr_Occurred()) return NULL;
     PyObject *ops = args[1], *refs = args[2];
     if (!PyDict_CheckExact(ops) || !PyDict_CheckExact(refs)) {
         PyErr_SetString(PyExc_TypeError, "ops and refs must be dicts");
         return NULL;
     }
-    Py_ssize_t max = PyLong_AsSsize_t(args[3]);
-    if (max == -1 && PyErr_Occurred()) return NULL;
-    if (max > self->capacity) max = self->capacity;
-    self->rest = 0;
-    if (!address || max <= 0) return PyLong_FromLong(0);
-
-    Py_ssize_t n = reap((struct io_uring *)address, self, max);
-    /* The ring's references of every final CQE go first, as Ring.completions() drops them. */
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (self->flags[i] & IORING_CQE_F_MORE) continue;
-        PyObject *key = PyLong_FromUnsignedLongLong(self->ud[i]);
-        if (!key) return NULL;
-        PyObject *gone = NULL;
-        int rc = dict_pop(refs, key, &gone);
-        Py_DECREF(key);
-        Py_XDECREF(gone);
-        if (rc < 0) return NULL;
-    }
+    Py_ssize_t n = reap_and_release(self, args[0], refs, args[3]);
+    if (n < 0) return NULL;
     for (Py_ssize_t i = 0; i < n; i++) {
         self->rest = n - i - 1;
         uint32_t flags = self->flags[i];
@@ -166,29 +175,52 @@ static PyObject *Completions_run(Completions *self, PyObject *const *args, Py_ss
     return PyLong_FromSsize_t(n);
 }
 
+/* reap(ring_address, refs, max) -> [(user_data, res, flags), ...]: the batch, no continuation
+   run (Ring.completions: a caller that dispatches them itself). */
+static PyObject *Completions_reap(Completions *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "reap(ring_address, refs, max)");
+        return NULL;
+    }
+    if (!PyDict_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "refs must be a dict");
+        return NULL;
+    }
+    Py_ssize_t n = reap_and_release(self, args[0], args[1], args[2]);
+    if (n < 0) return NULL;
+    PyObject *out = PyList_New(n);
+    if (!out) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = Py_BuildValue("(KiI)", (unsigned long long)self->ud[i], (int)self->res[i],
+                                       (unsigned int)self->flags[i]);
+        if (!item) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i, item);
+    }
+    return out;
+}
+
 static PyObject *Completions_get_rest(Completions *self, void *closure)
 {
     (void)closure;
     return PyLong_FromSsize_t(self->rest);
 }
 
-static PyObject *Completions_get_capacity(Completions *self, void *closure)
-{
-    (void)closure;
-    return PyLong_FromSsize_t(self->capacity);
-}
-
 static PyMethodDef Completions_methods[] = {
     {"run", (PyCFunction)(void (*)(void))Completions_run, METH_FASTCALL,
      "run(ring_address, ops, refs, max) -> int: reap up to max CQEs, drop the references of the "
      "final ones from refs, then call ops[user_data](res, flags) for each (popped when final)."},
+    {"reap", (PyCFunction)(void (*)(void))Completions_reap, METH_FASTCALL,
+     "reap(ring_address, refs, max) -> [(user_data, res, flags)]: reap up to max CQEs and drop "
+     "the references of the final ones from refs, running nothing."},
     {NULL, NULL, 0, NULL},
 };
 
 static PyGetSetDef Completions_getset[] = {
     {"rest", (getter)Completions_get_rest, NULL, "completions of the batch being run not yet run",
-     NULL},
-    {"capacity", (getter)Completions_get_capacity, NULL, "the most completions one run reaps",
      NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
@@ -196,7 +228,7 @@ static PyGetSetDef Completions_getset[] = {
 static PyTypeObject CompletionsType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "native._loop.Completions",
-    .tp_doc = "A loop's batch of completions: reaped, then run, in one C call per pass.",
+    .tp_doc = "A ring's batch of completions: reaped (and run, for the loop) in one C call.",
     .tp_basicsize = sizeof(Completions),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_new = PyType_GenericNew,
@@ -221,10 +253,6 @@ PyMODINIT_FUNC PyInit__loop(void)
     Py_INCREF(&CompletionsType);
     if (PyModule_AddObject(m, "Completions", (PyObject *)&CompletionsType) < 0) {
         Py_DECREF(&CompletionsType);
-        Py_DECREF(m);
-        return NULL;
-    }
-    if (PyModule_AddIntConstant(m, "CQE_F_MORE", IORING_CQE_F_MORE) < 0) {
         Py_DECREF(m);
         return NULL;
     }

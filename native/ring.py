@@ -13,8 +13,9 @@ Rules this module keeps:
 - Errors of operations come back as negative errno in the CQE's res, never as exceptions. Only
   failures of the ring itself raise: `RingUnavailable` at creation, `OSError` from submit.
 - Hot path cost: one C call per prep (get SQE, prep, flags, user_data together) and one per batch
-  of CQEs; lib functions are module globals; nothing builds cffi types per call except the
-  memory the kernel must read later (ffi.from_buffer views, iovec/timespec blocks).
+  of CQEs (native/loop.c reaps them, for `completions` and `run_completions` alike); lib
+  functions are module globals; nothing builds cffi types per call except the memory the kernel
+  must read later (ffi.from_buffer views, iovec/timespec blocks).
 - One thread per Ring: no locks. A Ring is not inherited usefully across fork.
 """
 
@@ -80,7 +81,6 @@ _NULL = ffi.NULL
 _NOT_ERRORS = (-errno.ETIME, -errno.EINTR)  # of a wait: it timed out or a signal came
 _from_buffer = ffi.from_buffer
 _new = ffi.new
-_unpack = ffi.unpack
 _prep_nop = lib.rl_prep_nop
 _prep_accept = lib.rl_prep_accept
 _prep_recv = lib.rl_prep_recv
@@ -100,7 +100,6 @@ _prep_connect = lib.rl_prep_connect
 _SOCKADDR_BYTES: int = lib.rl_sockaddr_bytes()
 _msg_bytes = lib.rl_msg_bytes
 _iov_bytes = lib.rl_iov_bytes
-_reap = lib.rl_reap
 _submit = lib.rl_submit
 _submit_and_wait = lib.rl_submit_and_wait
 _submit_and_wait_timeout = lib.rl_submit_and_wait_timeout
@@ -227,12 +226,8 @@ class Ring:
     __slots__ = (
         "__weakref__",
         "_batch",
-        "_cap",
-        "_fl",
         "_refs",
-        "_res",
         "_ring",
-        "_ud",
         "address",
         "entries",
         "flags",
@@ -261,10 +256,6 @@ class Ring:
         self._batch = Completions(COMPLETIONS_PER_PASS_MAX)
         self.entries = entries
         self.flags: int = lib.rl_setup_flags(ring)
-        self._cap = CQE_BATCH_MAX
-        self._ud = ffi.new("uint64_t[]", CQE_BATCH_MAX)
-        self._res = ffi.new("int32_t[]", CQE_BATCH_MAX)
-        self._fl = ffi.new("uint32_t[]", CQE_BATCH_MAX)
 
     # --- prep ------------------------------------------------------------------------------------
     # Each: check the user_data is free, one C call, then keep the memory the kernel will touch.
@@ -516,24 +507,13 @@ class Ring:
         return rc
 
     def completions(self, max_count: int = CQE_BATCH_MAX) -> list[tuple[int, int, int]]:
-        """Reap up to `max_count` ready CQEs as (user_data, res, flags), in one C call.
+        """Reap up to `max_count` ready CQEs (at most `COMPLETIONS_PER_PASS_MAX`) as
+        (user_data, res, flags), in one C call (native/loop.c, as `run_completions` reaps).
 
         Releases the references of every final CQE (no CQE_F_MORE): after this returns, the
         caller may reuse those user_datas and the kernel no longer touches their buffers.
         """
-        if max_count > self._cap:
-            self._grow(max_count)
-        n = _reap(self._ring, self._ud, self._res, self._fl, max_count)
-        if not n:
-            return []
-        uds = _unpack(self._ud, n)
-        fls = _unpack(self._fl, n)
-        refs = self._refs
-        more = CQE_F_MORE
-        for ud, fl in zip(uds, fls, strict=True):
-            if not fl & more:
-                refs.pop(ud, None)
-        return list(zip(uds, _unpack(self._res, n), fls, strict=True))
+        return self._batch.reap(self.address, self._refs, max_count)
 
     def run_completions(self, continuations: dict[int, Callable[[int, int], None]], max_count: int) -> int:
         """Reap up to `max_count` ready CQEs, then call `continuations[user_data](res, flags)` for
@@ -550,12 +530,6 @@ class Ring:
     def unrun(self) -> int:
         """Completions that the `run_completions` running now reaped and has not run yet."""
         return self._batch.rest
-
-    def _grow(self, count: int) -> None:
-        self._cap = count
-        self._ud = ffi.new("uint64_t[]", count)
-        self._res = ffi.new("int32_t[]", count)
-        self._fl = ffi.new("uint32_t[]", count)
 
     @property
     def inflight(self) -> int:
