@@ -296,11 +296,11 @@ def _native_decoder() -> type | None:
 _NATIVE_DECODER = _native_decoder()
 
 
-def frame_decoder(max_frame_bytes: int = FRAME_BYTES_MAX_DEFAULT, *, native: bool = True) -> FrameDecoder:
+def frame_decoder(max_frame_bytes: int = FRAME_BYTES_MAX_DEFAULT) -> FrameDecoder:
     """A decoder of our frames: native/frames.c's twin of `FrameDecoder` when it is built (`feed`,
-    `next_frame`, `buffered` and `max_frame_bytes`, the same frames and errors, a third of the
-    cost per frame), else `FrameDecoder`. `native=False` asks for the Python one."""
-    if native and _NATIVE_DECODER is not None:
+    `next_frame`, `buffered` and `max_frame_bytes`, the same frames and errors, a fraction of the
+    cost per frame), else `FrameDecoder`."""
+    if _NATIVE_DECODER is not None:
         decoder: FrameDecoder = _NATIVE_DECODER(max_frame_bytes)
         return decoder
     return FrameDecoder(max_frame_bytes)

@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING
 
 from broker.backends.blocking import Post
 from broker.backends.shared import BackendCore, PeerStream, ServedConnection, tune_malloc
-from broker.backends.uring_loop import Loop, Timer
+from broker.backends.uring_loop import Loop, Timer, ignore
 from broker.backends.uring_options import SyncPlacement, UringOptions
 from broker.core.config import BrokerConfig
 from broker.core.limits import REMOTE_CONNECT_TIMEOUT_S
@@ -202,7 +202,7 @@ class _Stream:
         self.buf = bytearray(RECV_BUFFER_BYTES_MIN)
         if self.recv_ud and not self._shrinking and len(self.recv_buf) > RECV_BUFFER_BYTES_MIN:
             self._shrinking = True
-            self.ring.prep_cancel(self.recv_ud, self.loop.op(_ignore))
+            self.ring.prep_cancel(self.recv_ud, self.loop.op(ignore))
 
     def _recv_done(self, res: int, flags: int) -> None:
         self.recv_ud = 0
@@ -452,7 +452,7 @@ class _Stream:
             self.closed = True
             self.closing()
             if self.recv_ud:
-                self.ring.prep_cancel(self.recv_ud, self.loop.op(_ignore))
+                self.ring.prep_cancel(self.recv_ud, self.loop.op(ignore))
         self._maybe_release()
 
     def _maybe_release(self) -> None:
@@ -462,7 +462,7 @@ class _Stream:
         if self._sock is not None:
             self._sock.detach()
             self._sock = None
-        self.ring.prep_close(self.fd, self.loop.op(_ignore))
+        self.ring.prep_close(self.fd, self.loop.op(ignore))
 
 
 class Connection(ServedConnection, _Stream):
@@ -562,7 +562,7 @@ class RemoteConnection(PeerStream, _Stream):
         ud = self.loop.op(self._connected)
         self.ring.prep_connect(self.fd, address, ud, link=True)
         self.connect_ud = ud
-        self.ring.prep_link_timeout(REMOTE_CONNECT_TIMEOUT_S, self.loop.op(_ignore))
+        self.ring.prep_link_timeout(REMOTE_CONNECT_TIMEOUT_S, self.loop.op(ignore))
 
     def _connected(self, res: int, flags: int) -> None:
         self.connect_ud = 0
@@ -627,7 +627,7 @@ class RemoteConnection(PeerStream, _Stream):
 
     def close(self) -> None:
         if not self.closed and self.connect_ud:
-            self.ring.prep_cancel(self.connect_ud, self.loop.op(_ignore))
+            self.ring.prep_cancel(self.connect_ud, self.loop.op(ignore))
         _Stream.close(self)
 
     def _maybe_release(self) -> None:
@@ -647,10 +647,6 @@ class PeerConnection(PeerStream, _Stream):
 
     def closing(self) -> None:
         self.gone()
-
-
-def _ignore(res: int, flags: int) -> None:
-    pass
 
 
 def _nothing() -> None:
@@ -986,7 +982,7 @@ class UringServer(BackendCore):
     def stop_accepting(self) -> None:
         self._accepting = False
         for ud in list(self._standing):  # closing a listener would not end an accept in flight
-            self.ring.prep_cancel(ud, self.loop.op(_ignore))
+            self.ring.prep_cancel(ud, self.loop.op(ignore))
 
     # ------------------------------------------------------------------------- lifecycle
 

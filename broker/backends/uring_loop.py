@@ -152,7 +152,7 @@ class Loop:
         """Arm the alarm for `deadline`, cancelling the one armed for later (its CQE still comes)."""
         ring = self.ring
         if self._alarm_ud:
-            ring.prep_cancel(self._alarm_ud, self.op(_ignore))
+            ring.prep_cancel(self._alarm_ud, self.op(ignore))
         ud = next(self._ids)
 
         def rang(res: int, flags: int) -> None:
@@ -169,5 +169,5 @@ class Loop:
         self._alarms += 1
 
 
-def _ignore(res: int, flags: int) -> None:
-    """The CQE of an alarm's cancel."""
+def ignore(res: int, flags: int) -> None:
+    """The continuation of an operation whose outcome nobody needs (a cancel, a close)."""
