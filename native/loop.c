@@ -65,7 +65,7 @@ static int Completions_init(Completions *self, PyObject *args, PyObject *kwds)
     return 0;
 }
 
-/* Copy up to `max` CQEs out of the ring and mark them seen (native/_build.py's rl_reap). */
+/* Copy up to `max` CQEs out of the ring and mark them seen: the one reap of every Ring. */
 static Py_ssize_t reap(struct io_uring *ring, Completions *self, Py_ssize_t max)
 {
     struct io_uring_cqe *cqes[64];
