@@ -10,7 +10,7 @@ import time
 from etcdproc import EtcdCluster
 
 from broker.cluster.producer_ids import EtcdBlockSource
-from broker.cluster.store import EtcdStore, Put, mod_revision_is
+from broker.cluster.store import EtcdStore, Put, StoreUncertain, mod_revision_is
 from broker.core.producer_ids import ProducerIds
 
 
@@ -49,16 +49,24 @@ def test_a_late_claim_held_by_a_frozen_member_never_sets_the_counter_back(etcd_c
     cluster.freeze(follower)
     late = json.dumps({"version": 1, "next_producer_id": 2000})
     outcome: list[object] = []
-    sender = threading.Thread(
-        target=lambda: outcome.append(cut_off.txn([mod_revision_is(key, kv.mod_revision)], [Put(key, late)]))
-    )
+
+    def send_late() -> None:
+        try:
+            outcome.append(cut_off.txn([mod_revision_is(key, kv.mod_revision)], [Put(key, late)]))
+        except StoreUncertain as exc:  # the member may drop the connection when it wakes: no answer
+            outcome.append(exc)
+
+    sender = threading.Thread(target=send_late)
     sender.start()
     time.sleep(0.2)
-    assert [source.claim_block(1000) for _ in range(3)] == [1000, 2000, 3000]
+    claims = [source.claim_block(1000) for _ in range(3)]
+    # A claim whose own txn went unanswered (a slow quorum on a busy machine) reads the counter
+    # again and takes the next block: it may skip one, never reuse or go back.
+    assert claims[0] >= 1000 and all(b - a >= 1000 for a, b in zip(claims, claims[1:])), claims
     cluster.thaw(follower)  # the member now reads the txn it held and applies it: its compare fails
-    sender.join(5)
+    sender.join(10)
     [result] = outcome
-    assert not result.succeeded
-    assert json.loads(source.store.get(key).value)["next_producer_id"] == 4000
+    assert isinstance(result, StoreUncertain) or not result.succeeded, result
+    assert json.loads(source.store.get(key).value)["next_producer_id"] == claims[-1] + 1000
     cut_off.close()
     source.store.close()
