@@ -23,8 +23,8 @@ Rules this module keeps:
   and clients never walk (they decode, which checks the same things).
 - Clients encode and decode the records section in C (`native._codec` through
   ringlog_proto/records_codec.py, one call per batch) when it is built, and a batch of plain
-  values whole, header and crc included (`rc_encode_batch`, whose header offsets are checked
-  against this file's when it loads); the encode and decode
+  values whole, header and crc included (`native._batch`, one CPython call, whose header
+  offsets are checked against this file's when it loads); the encode and decode
   here are the pure-Python codec, used when it is not (and for the rare shapes the C path leaves
   to it: a first record with a timestamp of its own, LogAppendTime batches). Both give the same
   bytes and the same records and fail on the same batches (tests/proto/test_batch_codecs.py runs
@@ -97,7 +97,6 @@ from __future__ import annotations
 import struct
 import time
 import zlib
-from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
@@ -302,15 +301,16 @@ _plain: PlainEncoder | None = _UNRESOLVED
 
 
 def _native_plain_encoder() -> PlainEncoder | None:
-    """`encode_batch` of plain values in one C call (native._codec's `rc_encode_batch`: the section,
-    the header and its crc), or None when native._codec is not built. Its copy of the header
-    layout is checked against this file's first; a build that disagrees raises.
+    """`encode_batch` of plain values in one C call (native._batch's `encode_values`: the section,
+    the header and its crc, written straight into the bytes returned), or None when native._batch
+    is not built. Its copy of the header layout is checked against this file's first; a build
+    that disagrees raises.
 
-    The encoder returns None for what it does not encode (an item that is not bytes-like, a field
-    or count out of range): `encode_batch`'s own path then does, or raises its error. In a
+    The encoder returns None for what it does not encode (an item that is not bytes, a field or
+    count out of range): `encode_batch`'s own path then does, or raises its error. In a
     producer's send one call instead of ~25, which cost a one-record send ~30 µs of client CPU."""
     try:
-        from native._codec import ffi, lib  # noqa: PLC0415 - optional, and loaded on first use
+        from native._batch import LAYOUT, encode_values  # noqa: PLC0415 - optional, loaded on first use
     except ImportError:
         return None
     fields = (
@@ -318,45 +318,11 @@ def _native_plain_encoder() -> PlainEncoder | None:
         "last_offset_delta", "base_timestamp", "max_timestamp", "producer_id", "producer_epoch",
         "base_sequence", "record_count",
     )  # fmt: skip
-    theirs = (
-        lib.RC_BATCH_HEADER_SIZE, lib.RC_BATCH_CRC_START, lib.RC_BATCH_MAGIC, lib.RC_RECORD_COUNT_MAX,
-        lib.RC_AT_BASE_OFFSET, lib.RC_AT_LENGTH, lib.RC_AT_LEADER_EPOCH, lib.RC_AT_MAGIC, lib.RC_AT_CRC,
-        lib.RC_AT_ATTRIBUTES, lib.RC_AT_LAST_DELTA, lib.RC_AT_BASE_TS, lib.RC_AT_MAX_TS,
-        lib.RC_AT_PRODUCER_ID, lib.RC_AT_PRODUCER_EPOCH, lib.RC_AT_BASE_SEQUENCE, lib.RC_AT_COUNT,
-    )  # fmt: skip
-    if theirs != (HEADER_SIZE, CRC_START, MAGIC, RECORD_COUNT_MAX, *map(_field_at, fields)):
-        raise RuntimeError("native._codec writes another batch header layout than ringlog_proto/batch.py")
-    from_buffer = ffi.from_buffer
-    release = ffi.release
-    c_encode = lib.rc_encode_batch
-    overhead = records_codec.RECORD_OVERHEAD_MAX
-
-    def encode_plain_native(
-        values: Sequence[Any], ts: int, base_offset: int, leader_epoch: int, pid: int, epoch: int, seq: int
-    ) -> bytes | None:
-        try:
-            blob = b"".join(values)
-        except TypeError:  # not all bytes-like
-            return None
-        n = len(values)
-        cap = HEADER_SIZE + len(blob) + n * overhead
-        out = bytearray(cap)
-        view = from_buffer("unsigned char[]", out)
-        try:
-            size = c_encode(
-                view, cap, n, blob, len(blob), from_buffer("int64_t[]", array("q", map(len, values))),
-                ts, base_offset, leader_epoch, pid, epoch, seq,
-            )  # fmt: skip
-        except OverflowError:  # a field beyond int64, or a count beyond 32 bits
-            return None
-        finally:
-            release(view)
-        if size < 0:
-            return None
-        del out[size:]
-        return bytes(out)
-
-    return encode_plain_native
+    ours = {"HEADER_SIZE": HEADER_SIZE, "CRC_START": CRC_START, "MAGIC": MAGIC}
+    ours |= {"RECORD_COUNT_MAX": RECORD_COUNT_MAX} | {f: _field_at(f) for f in fields}
+    if ours != LAYOUT:
+        raise RuntimeError("native._batch writes another batch header layout than ringlog_proto/batch.py")
+    return encode_values  # type: ignore[no-any-return]
 
 
 def encode_batch(
