@@ -471,11 +471,58 @@ class AsyncProducer:
         if self._buffered >= self.buffer_memory:
             await self.wait_for_space()
         fut: asyncio.Future[RecordMetadata] = self._ensure_loop().create_future()
-        self._appended_to = None
-        self._enqueue(topic, item, key, size, partition, fut, None, linger=False)
-        if self._appended_to is not None:  # None: parked until the topic's metadata comes
-            self._send_open(self._appended_to)
+        if not self._send_alone(topic, item, key, size, partition, fut):
+            self._appended_to = None
+            self._enqueue(topic, item, key, size, partition, fut, None, linger=False)
+            if self._appended_to is not None:  # None: parked until the topic's metadata comes
+                self._send_open(self._appended_to)
         return await fut
+
+    def _send_alone(
+        self, topic: str, item: bytes | Record, key: bytes | None, size: int, explicit: int | None, fut: Any
+    ) -> bool:
+        """`send_and_wait`'s record as a batch of its own, made and written here, when its
+        partition is idle (nothing open, queued or being retried, room in flight) and its
+        connection is open and keeping up: what `_enqueue`, `_append`, `_send_open` and `_pump`
+        would do in that state, without their generality (a one-at-a-time caller waits for
+        every microsecond of it). False: take that general path (it picks the same partition)."""
+        if self._closing or self._closed or topic in self._parked:
+            return False
+        info = self._client.cached_topic(topic)
+        if info is None:
+            return False
+        owners = info.owners
+        partitions = len(owners)
+        usable = self._usable(topic) if self._client.clustered and key is None else None
+        p = self._partitioner.partition(topic, key, partitions, explicit, usable)
+        ps = self._parts.get((topic, p))
+        if ps is None or ps.open is not None or ps.queue or ps.recovering or ps.backoff is not None:
+            return False
+        inflight = ps.inflight
+        if inflight and (not ps.confirmed or len(inflight) >= self.max_in_flight):
+            return False
+        if not 0 <= p < partitions or owners[p] == NO_ROUTE or ps.next_seq > SEQUENCE_MAX:
+            return False
+        conn = self._client.connection_nowait(owners[p])
+        if conn is None or conn.write_buffer_size() > WRITE_BUFFER_HIGH:
+            return False
+        mono = time.monotonic()
+        b = ProducerBatch(now_ms(), mono, mono + self.delivery_timeout)
+        b.add(item, size, fut, None)
+        self._buffered += size
+        b.ready = True
+        b.order = ps.next_order
+        ps.next_order += 1
+        self._partitioner.batch_sealed(topic, p, ps.partitions)
+        ps.topic_id = info.topic_id
+        if self.idempotent:
+            b.seq = ps.next_seq
+            ps.next_seq += 1
+            b.encode(ps.producer_id, ps.epoch, b.seq)
+        else:
+            b.encode(-1, -1, -1)
+        self._send(ps, b, conn)
+        return True
 
     async def wait_for_space(self) -> None:
         """Wait until records buffered for sending take less than `buffer_memory`."""

@@ -352,6 +352,127 @@ def test_send_and_wait_does_not_wait_for_the_linger() -> None:
     run(body)
 
 
+def _lane_counted(p: AsyncProducer) -> list[bool]:
+    """Whether each `send_and_wait` from now on went out alone (True) or took the general path."""
+    taken: list[bool] = []
+    alone = p._send_alone
+
+    def counted(*args: object) -> bool:
+        taken.append(alone(*args))  # type: ignore[arg-type]
+        return taken[-1]
+
+    p._send_alone = counted  # type: ignore[method-assign]
+    return taken
+
+
+def test_send_and_wait_on_an_idle_partition_sends_its_batch_at_once() -> None:
+    """Once the topic's metadata and connection are there, a one-at-a-time caller's record is
+    made into its batch and written in the call itself (the lane), numbered in sequence as the
+    general path numbers it; the broker's dedupe takes every one."""
+
+    async def body(broker: FakeBroker) -> None:
+        async with AsyncProducer(broker.bootstrap, linger_ms=5000) as p:
+            taken = _lane_counted(p)
+            offsets = [(await p.send_and_wait("t", b"%d" % i, partition=0)).offset for i in range(6)]
+        assert offsets == list(range(6))
+        assert taken == [False] + [True] * 5  # the first waited for metadata and a connection
+        assert [(r.base_sequence, r.record_count) for r in broker.received] == [(i, 1) for i in range(6)]
+        assert {r.producer_id for r in broker.received} == {p.producer_id}
+        assert [_value(r) for r in broker.received] == [b"%d" % i for i in range(6)]
+
+    run(body)
+
+
+def test_send_and_wait_beside_batching_sends_keeps_order_and_sequences() -> None:
+    """Callers waiting one record at a time and others batching share a partition: each record
+    lands once, in its caller's order, and the sequences the broker sees run on without a gap
+    whichever path each batch took."""
+
+    async def body(broker: FakeBroker) -> None:
+        async with AsyncProducer(broker.bootstrap, linger_ms=1) as p:
+            await p.send_and_wait("t", b"warm", partition=0)
+            taken = _lane_counted(p)
+
+            async def waiter(name: bytes, n: int) -> None:
+                for i in range(n):
+                    await p.send_and_wait("t", b"%s%d" % (name, i), partition=0)
+
+            async def batcher(n: int) -> None:
+                futs = []
+                for i in range(n):
+                    futs.append(await p.send("t", b"b%d" % i, partition=0))
+                    if i % 7 == 0:
+                        await asyncio.sleep(0)
+                await asyncio.gather(*futs)
+
+            await asyncio.gather(waiter(b"a", 40), batcher(200), waiter(b"c", 40))
+        assert True in taken and False in taken  # both paths ran
+        seq = 0
+        for r in broker.received:
+            assert r.base_sequence == seq
+            seq += r.record_count
+        values = [rec.value for r in broker.received for rec in decode_batches(r.records)]
+        assert values[0] == b"warm" and len(values) == len(set(values)) == 281
+        for name, n in ((b"a", 40), (b"b", 200), (b"c", 40)):
+            assert [v for v in values if v[:1] == name] == [b"%s%d" % (name, i) for i in range(n)]
+        assert broker.log("t", 0).end == 281
+
+    run(body)
+
+
+def test_a_batch_sent_alone_is_retried_with_the_same_bytes() -> None:
+    """The lane's batch is the general path's: appended, its answer lost with the connection, it
+    is sent again byte for byte and the broker answers from its dedupe."""
+
+    async def body(broker: FakeBroker) -> None:
+        broker.on_produce = lambda r, i: Action.APPEND_THEN_DROP if i == 1 else Action.OK
+        async with AsyncProducer(broker.bootstrap, retry_backoff_ms=10) as p:
+            await p.send_and_wait("t", b"warm", partition=0)
+            taken = _lane_counted(p)
+            md = await p.send_and_wait("t", b"once", partition=0)
+            after = await p.send_and_wait("t", b"after", partition=0)
+        assert taken[0] is True and (md.offset, after.offset) == (1, 2)
+        _warm, first, second, _after = broker.received
+        assert first.records == second.records and first.base_sequence == 1
+        assert broker.log("t", 0).end == 3
+
+    run(body)
+
+
+def test_a_batch_sent_alone_behind_one_in_flight_is_retried_behind_it() -> None:
+    """Both batches in flight fail: the round retries them in the order they were first sent,
+    the lane's batch numbered in that order like any other."""
+
+    async def body(broker: FakeBroker) -> None:
+        async with AsyncProducer(broker.bootstrap, linger_ms=0, retry_backoff_ms=5) as p:
+            await p.send_and_wait("t", b"warm", partition=0)
+            broker.on_produce = lambda r, i: m.ErrorCode.STORAGE_ERROR if i in (1, 2) else Action.OK
+            taken = _lane_counted(p)
+            batched = await p.send("t", b"batched", partition=0)
+            await asyncio.sleep(0)  # its linger (0) ends: it is in flight
+            alone = await p.send_and_wait("t", b"alone", partition=0)
+            assert ((await batched).offset, alone.offset) == (1, 2)
+        assert taken == [True]
+        assert [_value(r) for r in broker.received] == [b"warm", b"batched", b"alone", b"batched", b"alone"]
+
+    run(body)
+
+
+def test_keyless_send_and_wait_moves_the_sticky_partition_on_each_batch() -> None:
+    """A keyless record waited for alone is a sealed batch: the sticky partition moves on after
+    each, round robin, in the lane as in the general path."""
+
+    async def body(broker: FakeBroker) -> None:
+        async with AsyncProducer(broker.bootstrap) as p:
+            first = (await p.send_and_wait("t", b"x")).partition
+            taken = _lane_counted(p)
+            parts = [(await p.send_and_wait("t", b"x")).partition for _ in range(9)]
+        assert all(taken[3:])  # each partition's first send opened its state: general path
+        assert parts == [(first + 1 + i) % 3 for i in range(9)]
+
+    run(body, topics={"t": 3})
+
+
 def test_blocking_producer_with_linger_0_sends_each_hand_off_as_one_batch() -> None:
     """With linger 0 the blocking producer sends what one hand-off brought at once, as one batch
     per partition (not a record per request, nor one loop turn later)."""
