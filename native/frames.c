@@ -1,11 +1,12 @@
-/* native._frames: ringlog_proto.frames.FrameDecoder in C, for the broker's connections.
+/* native._frames: ringlog_proto.frames.FrameDecoder in C, for the broker's connections, and
+FrameReader in C (`Reader`, below), for the clients' connections.
 
 Why it exists: every request a connection sends is fed, split and wrapped in a `Frame` here; in
 Python that is ~3 us per small frame (and a frozen dataclass's __init__ is most of a microsecond
-of it), on every request of both backends.
+of it), on every request of both backends, and ~2 us of every response a client reads.
 
 Rules this module keeps:
-- It is the Python `FrameDecoder`'s twin, not a variant: the same frames for the same bytes, the
+- Each is its Python class's twin, not a variant: the same frames for the same bytes, the
   same `ProtocolError` messages at the same points, the same bounds (tests/proto checks both
   against each other on generated streams). Python's stays the reference and the fallback.
 - The frame layout is ringlog_proto/frames.py's; this module's copies of its constants are
@@ -14,10 +15,10 @@ Rules this module keeps:
   decoder runs. A `Frame` is built the way object.__setattr__ would set its slots (its fields'
   member descriptors are found by name at configure and must be slots of object type); its
   dataclass __init__ is not run.
-- Buffering as `StreamDecoder`: the buffer grows only as bytes arrive (never to a declared
-  length), and what frames were taken from is let go when `next_frame` runs out of whole frames
-  (freed when nothing is left, moved to the front otherwise, the allocation shrunk when it is
-  mostly empty).
+- Decoder's buffering is `StreamDecoder`'s: the buffer grows only as bytes arrive (never to a
+  declared length), and what frames were taken from is let go when `next_frame` runs out of whole
+  frames (freed when nothing is left, moved to the front otherwise, the allocation shrunk when it
+  is mostly empty). Reader's is `FrameReader`'s (see its section).
 */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -222,14 +223,17 @@ static PyObject *need_more(Decoder *self)
     return need_data;
 }
 
-static PyObject *Decoder_next_frame(Decoder *self, PyObject *unused)
+/* FrameDecoder._parse: the whole frame at `pos` (and `pos` moved past it), or NULL: with `*need`
+   set when more bytes must come first, else with the ProtocolError raised. */
+static PyObject *take_frame(Decoder *self, int *need)
 {
-    (void)unused;
+    *need = 0;
     Py_ssize_t held = self->end - self->pos;
     const unsigned char *h = (const unsigned char *)self->buf + self->pos;
     if (held < HEADER_SIZE) {
         if (held >= 6 && check_prefix(h) < 0) return NULL;
-        return need_more(self);
+        *need = 1;
+        return NULL;
     }
     if (check_prefix(h) < 0) return NULL;
     uint32_t length = be32(h);
@@ -250,10 +254,21 @@ static PyObject *Decoder_next_frame(Decoder *self, PyObject *unused)
         return protocol_error_raise(message);
     }
     Py_ssize_t size = (Py_ssize_t)length + LENGTH_SIZE;
-    if (held < size) return need_more(self);
+    if (held < size) {
+        *need = 1;
+        return NULL;
+    }
     PyObject *frame = make_frame(h, size - HEADER_SIZE);
     if (frame) self->pos += size;
     return frame;
+}
+
+static PyObject *Decoder_next_frame(Decoder *self, PyObject *unused)
+{
+    (void)unused;
+    int need;
+    PyObject *frame = take_frame(self, &need);
+    return frame || !need ? frame : need_more(self);
 }
 
 static PyObject *Decoder_get_buffered(Decoder *self, void *closure)
@@ -295,6 +310,209 @@ static PyTypeObject DecoderType = {
     .tp_getset = Decoder_getset,
 };
 
+/* ---- Reader: ringlog_proto.frames.FrameReader in C ----
+
+The buffer is kept for the reader's life and grown to the largest frame met, never shrunk; a
+transport receives straight into it: `buffer()` is a writable memoryview of the space after the
+bytes held (at least READ_MIN), `received(n)` counts what was written there. The view is this
+object's own buffer export: while one is held, the buffer cannot move to a larger allocation, and
+`buffer()` or `feed()` that would need one raises BufferError (FrameReader's contract: release the
+view, as a transport does, before the next call). */
+
+#define READ_MIN (64 * 1024)
+
+typedef struct {
+    Decoder d; /* the fields and frame parsing of a Decoder; its buffering rules are not used */
+    Py_ssize_t exports; /* memoryviews of the buffer not yet released */
+} Reader;
+
+static void Reader_dealloc(Reader *self)
+{
+    PyMem_Free(self->d.buf);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int Reader_init(Reader *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"max_frame_bytes", "size", NULL};
+    Py_ssize_t max_frame_bytes = 8 * 1024 * 1024, size = 64 * 1024;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|nn", kwlist, &max_frame_bytes, &size)) return -1;
+    if (!frame_type) {
+        PyErr_SetString(PyExc_RuntimeError, "native._frames.configure() was not called");
+        return -1;
+    }
+    if (max_frame_bytes < HEADER_SIZE || size < 0) {
+        PyErr_SetString(PyExc_ValueError, "max_frame_bytes below the frame header's size, or a negative size");
+        return -1;
+    }
+    if (self->d.buf || self->exports) {
+        PyErr_SetString(PyExc_RuntimeError, "a Reader is initialised once");
+        return -1;
+    }
+    self->d.buf = PyMem_Malloc(size ? size : 1);
+    if (!self->d.buf) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->d.cap = size;
+    self->d.max_frame_bytes = max_frame_bytes;
+    return 0;
+}
+
+/* FrameReader.buffer's making of room: at least `least` (and READ_MIN) bytes free after those
+   held, and room for the whole frame whose length is held when it is within the limit. */
+static int reader_room(Reader *self, Py_ssize_t least)
+{
+    Decoder *d = &self->d;
+    Py_ssize_t want = least > READ_MIN ? least : READ_MIN;
+    if (d->cap - d->end >= want) return 0;
+    Py_ssize_t held = d->end - d->pos;
+    Py_ssize_t need = held + want;
+    if (held >= LENGTH_SIZE) {
+        Py_ssize_t size = (Py_ssize_t)be32((const unsigned char *)d->buf + d->pos) + LENGTH_SIZE;
+        if (size <= d->max_frame_bytes && size > need) need = size;
+    }
+    if (need > d->cap) {
+        if (self->exports) {
+            PyErr_SetString(PyExc_BufferError, "a view of the reader's buffer is still held");
+            return -1;
+        }
+        Py_ssize_t doubled = 2 * d->cap, ceiling = d->max_frame_bytes + READ_MIN;
+        Py_ssize_t grown = doubled < ceiling ? doubled : ceiling;
+        Py_ssize_t cap = need > grown ? need : grown;
+        char *buf = PyMem_Malloc(cap);
+        if (!buf) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        memcpy(buf, d->buf + d->pos, held);
+        PyMem_Free(d->buf);
+        d->buf = buf;
+        d->cap = cap;
+    } else if (held) {
+        memmove(d->buf, d->buf + d->pos, held);
+    }
+    d->pos = 0;
+    d->end = held;
+    return 0;
+}
+
+static PyObject *Reader_buffer(Reader *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_ssize_t least = 1;
+    if (nargs > 1) {
+        PyErr_SetString(PyExc_TypeError, "buffer() takes at most one argument");
+        return NULL;
+    }
+    if (nargs == 1) {
+        least = PyLong_AsSsize_t(args[0]);
+        if (least == -1 && PyErr_Occurred()) return NULL;
+    }
+    if (reader_room(self, least) < 0) return NULL;
+    return PyMemoryView_FromObject((PyObject *)self);
+}
+
+static int Reader_getbuffer(Reader *self, Py_buffer *view, int flags)
+{
+    Decoder *d = &self->d;
+    if (PyBuffer_FillInfo(view, (PyObject *)self, d->buf + d->end, d->cap - d->end, 0, flags) < 0)
+        return -1;
+    self->exports++;
+    return 0;
+}
+
+static void Reader_releasebuffer(Reader *self, Py_buffer *view)
+{
+    (void)view;
+    self->exports--;
+}
+
+static PyObject *Reader_received(Reader *self, PyObject *arg)
+{
+    Py_ssize_t n = PyLong_AsSsize_t(arg);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    if (n < 0 || n > self->d.cap - self->d.end) {
+        PyErr_Format(PyExc_ValueError, "received(%zd): the buffer has %zd bytes free", n,
+                     self->d.cap - self->d.end);
+        return NULL;
+    }
+    self->d.end += n;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Reader_feed(Reader *self, PyObject *data)
+{
+    Py_buffer view;
+    if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0) return NULL;
+    if (reader_room(self, view.len) < 0) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    memcpy(self->d.buf + self->d.end, view.buf, view.len);
+    self->d.end += view.len;
+    PyBuffer_Release(&view);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Reader_next_frame(Reader *self, PyObject *unused)
+{
+    (void)unused;
+    int need;
+    PyObject *frame = take_frame(&self->d, &need);
+    if (frame || !need) return frame;
+    if (self->d.pos == self->d.end) self->d.pos = self->d.end = 0; /* nothing held: no copy */
+    Py_INCREF(need_data);
+    return need_data;
+}
+
+static PyMethodDef Reader_methods[] = {
+    {"buffer", (PyCFunction)(void (*)(void))Reader_buffer, METH_FASTCALL,
+     "buffer(least=1): writable space for at least `least` bytes after those held."},
+    {"received", (PyCFunction)Reader_received, METH_O, "received(n): n bytes were written there."},
+    {"feed", (PyCFunction)Reader_feed, METH_O, "Copy bytes of the stream in (any pieces)."},
+    {"next_frame", (PyCFunction)Reader_next_frame, METH_NOARGS,
+     "The next whole Frame, or NEED_DATA; raises ProtocolError for bytes that cannot be framed."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyBufferProcs Reader_as_buffer = {
+    .bf_getbuffer = (getbufferproc)Reader_getbuffer,
+    .bf_releasebuffer = (releasebufferproc)Reader_releasebuffer,
+};
+
+static PyObject *Reader_get_buffered(Reader *self, void *closure)
+{
+    (void)closure;
+    return PyLong_FromSsize_t(self->d.end - self->d.pos);
+}
+
+static PyMemberDef Reader_members[] = {
+    {"max_frame_bytes", T_PYSSIZET, offsetof(Reader, d.max_frame_bytes), READONLY,
+     "the largest frame accepted, header included"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyGetSetDef Reader_getset[] = {
+    {"buffered", (getter)Reader_get_buffered, NULL,
+     "bytes received and not yet returned as frames", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject ReaderType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "native._frames.Reader",
+    .tp_doc = "ringlog_proto.frames.FrameReader in C (see native/frames.c).",
+    .tp_basicsize = sizeof(Reader),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Reader_init,
+    .tp_dealloc = (destructor)Reader_dealloc,
+    .tp_methods = Reader_methods,
+    .tp_members = Reader_members,
+    .tp_getset = Reader_getset,
+    .tp_as_buffer = &Reader_as_buffer,
+};
+
 static PyMethodDef module_methods[] = {
     {"configure", configure, METH_VARARGS,
      "configure(Frame, NEED_DATA, ProtocolError): what decoders return and raise."},
@@ -311,13 +529,14 @@ static struct PyModuleDef frames_module = {
 
 PyMODINIT_FUNC PyInit__frames(void)
 {
-    if (PyType_Ready(&DecoderType) < 0) return NULL;
+    if (PyType_Ready(&DecoderType) < 0 || PyType_Ready(&ReaderType) < 0) return NULL;
     PyObject *m = PyModule_Create(&frames_module);
     if (!m) return NULL;
     /* The layout this build has, for ringlog_proto.frames to check against its own. */
-    PyObject *layout = Py_BuildValue("{sisisisisisi}", "MAGIC", MAGIC, "FRAME_VERSION", FRAME_VERSION,
+    PyObject *layout = Py_BuildValue("{sisisisisisisi}", "MAGIC", MAGIC, "FRAME_VERSION", FRAME_VERSION,
                                      "HEADER_SIZE", HEADER_SIZE, "LENGTH_SIZE", LENGTH_SIZE,
-                                     "MAGIC_OFFSET", MAGIC_OFFSET, "FLAGS_KNOWN", FLAGS_KNOWN);
+                                     "MAGIC_OFFSET", MAGIC_OFFSET, "FLAGS_KNOWN", FLAGS_KNOWN,
+                                     "READ_MIN", READ_MIN);
     if (!layout || PyModule_AddObject(m, "LAYOUT", layout) < 0) {
         Py_XDECREF(layout);
         Py_DECREF(m);
@@ -326,6 +545,12 @@ PyMODINIT_FUNC PyInit__frames(void)
     Py_INCREF(&DecoderType);
     if (PyModule_AddObject(m, "Decoder", (PyObject *)&DecoderType) < 0) {
         Py_DECREF(&DecoderType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&ReaderType);
+    if (PyModule_AddObject(m, "Reader", (PyObject *)&ReaderType) < 0) {
+        Py_DECREF(&ReaderType);
         Py_DECREF(m);
         return NULL;
     }

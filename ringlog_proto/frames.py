@@ -50,6 +50,7 @@ PARTITION_OFFSET: Final = 20
 # response up to the client's max_bytes (1 MiB by default, plus one batch): 8 MiB leaves room for
 # both with their headers while bounding what one connection can make the broker buffer.
 FRAME_BYTES_MAX_DEFAULT: Final = 8 * 1024 * 1024
+READ_MIN: Final = 64 * 1024  # free space a FrameReader's `buffer()` offers at least
 
 _HEADER = struct.Struct(">IBBHHHIII")
 _U32 = struct.Struct(">I")
@@ -270,12 +271,13 @@ class FrameDecoder(StreamDecoder):
             )
 
 
-def _native_decoder() -> type | None:
-    """native/frames.c's `Decoder` configured with this module's `Frame`, or None when it is not
-    built. Its copies of the layout's constants must be these (a mismatch is a stale build)."""
+def _native_frames() -> tuple[type, type] | None:
+    """native/frames.c's `Decoder` and `Reader`, configured with this module's `Frame`, or None
+    when it is not built. Its copies of the layout's constants must be these (a mismatch is a
+    stale build)."""
     try:
         from native._frames import LAYOUT as built_layout  # noqa: PLC0415 - optional, compiled
-        from native._frames import Decoder, configure  # noqa: PLC0415 - by `pip install -e .`
+        from native._frames import Decoder, Reader, configure  # noqa: PLC0415 - by `pip install -e .`
     except ImportError:
         return None
     ours = {
@@ -285,25 +287,35 @@ def _native_decoder() -> type | None:
         "LENGTH_SIZE": LENGTH_SIZE,
         "MAGIC_OFFSET": MAGIC_OFFSET,
         "FLAGS_KNOWN": FLAGS_KNOWN,
+        "READ_MIN": READ_MIN,
     }
     if built_layout != ours:
         raise RuntimeError(f"native/frames.c has {built_layout}, ringlog_proto/frames.py {ours}: rebuild it")
     configure(Frame, NEED_DATA, ProtocolError)
-    decoder: type = Decoder
-    return decoder
+    return Decoder, Reader
 
 
-_NATIVE_DECODER = _native_decoder()
+_NATIVE = _native_frames()
 
 
 def frame_decoder(max_frame_bytes: int = FRAME_BYTES_MAX_DEFAULT) -> FrameDecoder:
     """A decoder of our frames: native/frames.c's twin of `FrameDecoder` when it is built (`feed`,
     `next_frame`, `buffered` and `max_frame_bytes`, the same frames and errors, a fraction of the
     cost per frame), else `FrameDecoder`."""
-    if _NATIVE_DECODER is not None:
-        decoder: FrameDecoder = _NATIVE_DECODER(max_frame_bytes)
+    if _NATIVE is not None:
+        decoder: FrameDecoder = _NATIVE[0](max_frame_bytes)
         return decoder
     return FrameDecoder(max_frame_bytes)
+
+
+def frame_reader(max_frame_bytes: int = FRAME_BYTES_MAX_DEFAULT) -> FrameReader:
+    """A reader of our frames that is received into: native/frames.c's twin of `FrameReader` when
+    it is built (`buffer`, `received`, `feed`, `next_frame`, `buffered`, `max_frame_bytes`; a view
+    still held when the buffer must grow raises BufferError there), else `FrameReader`."""
+    if _NATIVE is not None:
+        reader: FrameReader = _NATIVE[1](max_frame_bytes)
+        return reader
+    return FrameReader(max_frame_bytes)
 
 
 class FrameReader(FrameDecoder):
@@ -322,7 +334,7 @@ class FrameReader(FrameDecoder):
 
     __slots__ = ("_end",)
 
-    READ_MIN: Final = 64 * 1024  # free space `buffer()` offers at least
+    READ_MIN: Final = READ_MIN
 
     def __init__(self, max_frame_bytes: int = FRAME_BYTES_MAX_DEFAULT, size: int = 64 * 1024) -> None:
         super().__init__(max_frame_bytes)

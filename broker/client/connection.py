@@ -3,7 +3,8 @@
 Rules this module keeps:
 - Requests are written as soon as they are made, each with a fresh correlation id, and many may be
   in flight. The connection is an `asyncio.BufferedProtocol` (`_ConnProtocol`): the transport
-  receives straight into the sans-I/O `FrameReader`'s buffer, kept for the connection's life, and
+  receives straight into the sans-I/O `FrameReader`'s buffer (`frame_reader()`: its C twin when
+  native/ is built), kept for the connection's life, and
   `buffer_updated` resolves the future waiting for each response by its correlation id, right
   there in the event loop's read callback; there is no reader task, no stream buffer and no
   `bytes` per read in between (see `FrameReader` for what that saves on large fetches). (The
@@ -55,8 +56,8 @@ from ringlog_proto.frames import (
     FRAME_BYTES_MAX_DEFAULT,
     NEED_DATA,
     Frame,
-    FrameReader,
     ProtocolError,
+    frame_reader,
     set_correlation_id,
     set_identity,
 )
@@ -185,7 +186,7 @@ class AsyncConnection:
     ) -> None:
         self.address = address
         self.request_timeout = request_timeout
-        self._decoder = FrameReader(max_frame_bytes)
+        self._decoder = frame_reader(max_frame_bytes)
         self._loop = asyncio.get_running_loop()
         self._pending: dict[int, _Pending] = {}  # by correlation id
         self._timer: asyncio.TimerHandle | None = None  # fires at `_timer_at`, the earliest deadline

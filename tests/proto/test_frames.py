@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import itertools
 import struct
 from collections.abc import Callable
@@ -12,11 +13,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ringlog_proto import messages as m
-from ringlog_proto.frames import _NATIVE_DECODER as NATIVE_DECODER
+from ringlog_proto.frames import _NATIVE as NATIVE
 from ringlog_proto.frames import (
     HEADER_SIZE,
     NEED_DATA,
     PARTITION_OFFSET,
+    READ_MIN,
     TOPIC_ID_OFFSET,
     Frame,
     FrameDecoder,
@@ -24,6 +26,7 @@ from ringlog_proto.frames import (
     ProtocolError,
     encode_frame,
     frame_decoder,
+    frame_reader,
 )
 
 REQUESTS = [
@@ -61,13 +64,22 @@ RESPONSES = [
 def native_decoder(max_frame_bytes: int = 8 << 20) -> FrameDecoder:
     """native/frames.c's decoder (the broker's connections use it when it is built, as it is by
     `make setup`)."""
-    if NATIVE_DECODER is None:
+    if NATIVE is None:
         pytest.skip("native._frames is not built (pip install -e .)")
     return frame_decoder(max_frame_bytes)
 
 
-# Every test of FrameDecoder's behaviour runs on both: the Python reference and its C twin.
+def native_reader(max_frame_bytes: int = 8 << 20) -> FrameReader:
+    """native/frames.c's reader (the clients' connections use it when it is built)."""
+    if NATIVE is None:
+        pytest.skip("native._frames is not built (pip install -e .)")
+    return frame_reader(max_frame_bytes)
+
+
+# Every test of FrameDecoder's behaviour runs on both: the Python reference and its C twin; and
+# every test of FrameReader's on its two.
 DECODERS = pytest.mark.parametrize("new_decoder", [FrameDecoder, native_decoder], ids=["python", "native"])
+READERS = pytest.mark.parametrize("new_reader", [FrameReader, native_reader], ids=["python", "native"])
 
 
 def frames_of(
@@ -127,7 +139,7 @@ def test_trailing_partial_frame_waits(new_decoder: Callable[..., FrameDecoder]) 
         (struct.pack(">IBBHHH", 20, 0x52, 1, 0, 1, 0x80) + bytes(12), "unknown frame flags"),
     ],
 )
-@pytest.mark.parametrize("decoder", [FrameDecoder, FrameReader, native_decoder])
+@pytest.mark.parametrize("decoder", [FrameDecoder, FrameReader, native_decoder, native_reader])
 def test_bad_frames_are_protocol_errors(raw: bytes, match: str, decoder: Callable[..., FrameDecoder]) -> None:
     d = decoder()
     d.feed(raw)
@@ -229,38 +241,55 @@ def read_frames(reader: FrameReader, data: bytes, cuts: list[int]) -> list[Frame
     return out
 
 
+def free_space(reader: FrameReader) -> tuple[int, int]:
+    """(address, length) of the space `buffer()` offers now: where the reader's buffer is."""
+    view = reader.buffer()
+    c = ctypes.c_char.from_buffer(view)
+    address = ctypes.addressof(c)
+    del c
+    n = len(view)
+    view.release()
+    return address, n
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     st.lists(st.integers(0, 300_000), min_size=1, max_size=6),
     st.lists(st.integers(0, 2_000_000), max_size=12),
 )
+@READERS
 def test_frame_reader_yields_what_the_decoder_yields_whatever_the_reads(
-    sizes: list[int], cuts: list[int]
+    new_reader: Callable[..., FrameReader], sizes: list[int], cuts: list[int]
 ) -> None:
     data = b"".join(encode_frame(1, 1, i, bytes([i]) * n) for i, n in enumerate(sizes))
-    reader = FrameReader(max_frame_bytes=1 << 20)
+    reader = new_reader(max_frame_bytes=1 << 20)
     got = read_frames(reader, data, [c for c in cuts if c < len(data)])
     assert got == frames_of(data)
     assert reader.buffered == 0
 
 
-def test_frame_reader_keeps_and_reuses_its_buffer() -> None:
+@READERS
+def test_frame_reader_keeps_and_reuses_its_buffer(new_reader: Callable[..., FrameReader]) -> None:
     big = encode_frame(1, 1, 1, bytes(700_000))
-    reader = FrameReader()
+    reader = new_reader()
     assert len(read_frames(reader, big + big[:1000], [70_000])) == 1
-    buf = reader._buf
-    assert len(buf) >= len(big)  # grown to the whole frame once its header was in
     assert reader.buffered == 1000
-    assert len(read_frames(reader, big[1000:] + big, [5000, 400_000])) == 2
-    assert reader._buf is buf  # the same buffer: no allocation per frame
+    assert len(read_frames(reader, big[1000:], [])) == 1
+    address, free = free_space(reader)
+    assert free >= len(big)  # grown to the whole frame once its header was in
+    assert len(read_frames(reader, big + big, [5000, 400_000, 800_000])) == 2
     assert reader.buffered == 0
+    assert free_space(reader) == (address, free)  # the same buffer: no allocation per frame
 
 
-def test_frame_reader_refuses_oversized_frames_before_their_body() -> None:
-    reader = FrameReader(max_frame_bytes=1024)
+@READERS
+def test_frame_reader_refuses_oversized_frames_before_their_body(
+    new_reader: Callable[..., FrameReader],
+) -> None:
+    reader = new_reader(max_frame_bytes=1024)
     with pytest.raises(ProtocolError, match="exceeds"):
         read_frames(reader, struct.pack(">IBBHHHIII", 5000, 0x52, 1, 4, 1, 0, 1, 0, 0), [])
-    assert len(reader._buf) <= 1024 + FrameReader.READ_MIN
+    assert reader.buffered + free_space(reader)[1] <= 1024 + READ_MIN
 
 
 def test_read_fetch_response_is_decode_response_without_copying_records() -> None:
@@ -471,3 +500,68 @@ def test_the_native_decoder_fails_where_the_python_one_does(raw: bytes) -> None:
     for cut in range(1, len(raw)):
         pieces = [raw[:cut], raw[cut:]]
         assert _run(native_decoder(), pieces) == _run(FrameDecoder(), pieces), cut
+
+
+def _run_reader(reader: FrameReader, pieces: list[bytes]) -> list[object]:
+    """`_run` for a reader received into: each piece written into `buffer()` (as much as it
+    offers at a time), then its frames and bytes held."""
+    seen: list[object] = []
+    try:
+        for piece in pieces:
+            pos = 0
+            while pos < len(piece) or not piece:
+                view = reader.buffer(len(piece) - pos)
+                n = min(len(view), len(piece) - pos)
+                view[:n] = piece[pos : pos + n]
+                view.release()
+                reader.received(n)
+                pos += n
+                while (f := reader.next_frame()) is not NEED_DATA:
+                    assert type(f) is Frame
+                    seen.append(f)
+                seen.append(reader.buffered)
+                if not piece:
+                    break
+    except ProtocolError as exc:
+        seen.append(("ProtocolError", str(exc)))
+    return seen
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(_FRAME_PARTS, min_size=1, max_size=8),
+    st.lists(st.integers(0, 30_000), max_size=10),
+    st.sampled_from([HEADER_SIZE, 100, 4096, 8 << 20]),
+)
+def test_the_native_reader_is_the_python_one(parts: list[bytes], cuts: list[int], max_frame: int) -> None:
+    """The same frames, bytes held and ProtocolError for any stream received in any reads."""
+    data = b"".join(parts)
+    bounds = [0, *sorted(c for c in cuts if c < len(data)), len(data)]
+    pieces = [data[a:b] for a, b in itertools.pairwise(bounds)]
+    assert _run_reader(native_reader(max_frame), pieces) == _run_reader(FrameReader(max_frame), pieces)
+
+
+def test_the_native_reader_never_moves_its_buffer_under_a_view() -> None:
+    """A view still held (a transport that did not release it) pins the buffer: growing raises
+    BufferError, and received() cannot count more than the space there is."""
+    reader = native_reader()
+    frame = encode_frame(1, 1, 9, b"!")
+    view = reader.buffer()
+    with pytest.raises(BufferError):
+        reader.buffer(len(view) + 1)
+    with pytest.raises(BufferError):
+        reader.feed(bytes(len(view) + 1))
+    view[:4] = frame[:4]
+    free = len(view)
+    view.release()
+    with pytest.raises(ValueError, match="free"):
+        reader.received(free + 1)
+    with pytest.raises(ValueError, match="free"):
+        reader.received(-1)
+    reader.received(4)
+    assert reader.buffered == 4
+    big = reader.buffer(free + 1)  # released: it grows, and keeps what it held
+    assert len(big) >= free + 1
+    big.release()
+    reader.feed(frame[4:])
+    assert reader.next_frame() == Frame(1, 1, 0, 9, 0, 0, b"!")
