@@ -471,7 +471,7 @@ class AsyncProducer:
         if self._buffered >= self.buffer_memory:
             await self.wait_for_space()
         fut: asyncio.Future[RecordMetadata] = self._ensure_loop().create_future()
-        if not self._send_alone(topic, item, key, size, partition, fut):
+        if not self._send_alone(topic, item, key, size, partition, fut, None):
             self._appended_to = None
             self._enqueue(topic, item, key, size, partition, fut, None, linger=False)
             if self._appended_to is not None:  # None: parked until the topic's metadata comes
@@ -479,9 +479,17 @@ class AsyncProducer:
         return await fut
 
     def _send_alone(
-        self, topic: str, item: bytes | Record, key: bytes | None, size: int, explicit: int | None, fut: Any
+        self,
+        topic: str,
+        item: bytes | Record,
+        key: bytes | None,
+        size: int,
+        explicit: int | None,
+        fut: Any,
+        callback: Callback | None,
     ) -> bool:
-        """`send_and_wait`'s record as a batch of its own, made and written here, when its
+        """A record that is to go now (`send_and_wait`'s, or a blocking `Producer`'s lone record
+        with linger 0) as a batch of its own, made and written here, when its
         partition is idle (nothing open, queued or being retried, room in flight) and its
         connection is open and keeping up: what `_enqueue`, `_append`, `_send_open` and `_pump`
         would do in that state, without their generality (a one-at-a-time caller waits for
@@ -508,7 +516,7 @@ class AsyncProducer:
             return False
         mono = time.monotonic()
         b = ProducerBatch(now_ms(), mono, mono + self.delivery_timeout)
-        b.add(item, size, fut, None)
+        b.add(item, size, fut, callback)
         self._buffered += size
         b.ready = True
         b.order = ps.next_order
@@ -1288,6 +1296,10 @@ class Producer:
         enqueue = ap._enqueue
         # With linger 0 the hand-off is the batch: sent here, not one loop turn later.
         now = ap.linger == 0
+        if now and len(items) == 1:  # one record waited for at a time, usually: it goes alone
+            topic, item, key, size, partition, fut, callback = items[0]
+            if ap._send_alone(topic, item, key, size, partition, fut, callback):
+                return
         touched: dict[_Partition, None] = {}  # in the order first touched
         for topic, item, key, size, partition, fut, callback in items:
             ap._appended_to = None

@@ -473,6 +473,32 @@ def test_keyless_send_and_wait_moves_the_sticky_partition_on_each_batch() -> Non
     run(body, topics={"t": 3})
 
 
+def test_blocking_producer_sends_a_lone_record_alone_with_its_callback() -> None:
+    """With linger 0, a hand-off of one record (a caller waiting on each send) goes out through
+    the lane on the loop thread, its callback run with its metadata, in sequence."""
+
+    async def body(broker: FakeBroker) -> None:
+        def produce() -> tuple[list[int], list[bool], list[int]]:
+            called: list[int] = []
+            with Producer(broker.bootstrap, linger_ms=0) as p:
+                p.send("t", b"warm", partition=0).result(5)
+                taken = _lane_counted(p._async)
+                offsets = [
+                    p.send("t", b"%d" % i, partition=0, callback=lambda md, exc: called.append(md.offset))
+                    .result(5)
+                    .offset
+                    for i in range(5)
+                ]
+            return offsets, taken, called
+
+        offsets, taken, called = await asyncio.to_thread(produce)
+        assert offsets == called == [1, 2, 3, 4, 5]
+        assert taken == [True] * 5
+        assert [(r.base_sequence, r.record_count) for r in broker.received] == [(i, 1) for i in range(6)]
+
+    run(body)
+
+
 def test_blocking_producer_with_linger_0_sends_each_hand_off_as_one_batch() -> None:
     """With linger 0 the blocking producer sends what one hand-off brought at once, as one batch
     per partition (not a record per request, nor one loop turn later)."""
