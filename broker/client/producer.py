@@ -9,6 +9,10 @@ How a record travels:
    most `max_in_flight` batches per partition are unacknowledged at a time; while all are busy a
    lingered batch keeps filling, so a loaded producer sends fuller batches.
 3. The response resolves every record's future with its `RecordMetadata`.
+A record that is to go at once (`send_and_wait`'s; a blocking `Producer`'s lone hand-off with
+linger 0) to a partition with nothing open, queued or failing takes a lane, `_send_alone`: the
+same batch, sealed, numbered and written in the call rather than through steps 1 and 2's
+general machinery. A one-at-a-time caller waits for each microsecond of that.
 
 Retries and idempotence. A batch that fails retriably (a retriable error code, a lost connection,
 no answer in time) is retried with bounded exponential backoff until `retries` or
