@@ -418,6 +418,31 @@ def _run(decoder: FrameDecoder, pieces: list[bytes]) -> list[object]:
     return seen
 
 
+def _run_reader(reader: FrameReader, pieces: list[bytes]) -> list[object]:
+    """`_run` for a reader received into: each piece written into `buffer()` (as much as it
+    offers at a time), then its frames and bytes held."""
+    seen: list[object] = []
+    try:
+        for piece in pieces:
+            pos = 0
+            while pos < len(piece) or not piece:
+                view = reader.buffer(len(piece) - pos)
+                n = min(len(view), len(piece) - pos)
+                view[:n] = piece[pos : pos + n]
+                view.release()
+                reader.received(n)
+                pos += n
+                while (f := reader.next_frame()) is not NEED_DATA:
+                    assert type(f) is Frame
+                    seen.append(f)
+                seen.append(reader.buffered)
+                if not piece:
+                    break
+    except ProtocolError as exc:
+        seen.append(("ProtocolError", str(exc)))
+    return seen
+
+
 _FRAME_PARTS = st.one_of(
     # well-formed frames of any api, flags 0 or response, any identity, bodies of any size
     st.builds(
@@ -450,13 +475,20 @@ _FRAME_PARTS = st.one_of(
     st.lists(st.integers(0, 30_000), max_size=10),
     st.sampled_from([HEADER_SIZE, 100, 4096, 8 << 20]),
 )
-def test_the_native_decoder_is_the_python_one(parts: list[bytes], cuts: list[int], max_frame: int) -> None:
+@pytest.mark.parametrize("twin", ["decoder", "reader"])
+def test_the_native_twins_are_the_python_ones(
+    twin: str, parts: list[bytes], cuts: list[int], max_frame: int
+) -> None:
     """The same frames, the same bytes held after every piece, and the same ProtocolError (at the
-    same point, with the same message), for any stream cut anywhere."""
+    same point, with the same message), for any stream cut anywhere: fed to the decoder, or
+    received into the reader (see `_run_reader`)."""
     data = b"".join(parts)
     bounds = [0, *sorted(c for c in cuts if c < len(data)), len(data)]
     pieces = [data[a:b] for a, b in itertools.pairwise(bounds)]
-    assert _run(native_decoder(max_frame), pieces) == _run(FrameDecoder(max_frame), pieces)
+    if twin == "decoder":
+        assert _run(native_decoder(max_frame), pieces) == _run(FrameDecoder(max_frame), pieces)
+    else:
+        assert _run_reader(native_reader(max_frame), pieces) == _run_reader(FrameReader(max_frame), pieces)
 
 
 def test_the_native_decoder_lets_go_of_what_it_took() -> None:
@@ -500,45 +532,6 @@ def test_the_native_decoder_fails_where_the_python_one_does(raw: bytes) -> None:
     for cut in range(1, len(raw)):
         pieces = [raw[:cut], raw[cut:]]
         assert _run(native_decoder(), pieces) == _run(FrameDecoder(), pieces), cut
-
-
-def _run_reader(reader: FrameReader, pieces: list[bytes]) -> list[object]:
-    """`_run` for a reader received into: each piece written into `buffer()` (as much as it
-    offers at a time), then its frames and bytes held."""
-    seen: list[object] = []
-    try:
-        for piece in pieces:
-            pos = 0
-            while pos < len(piece) or not piece:
-                view = reader.buffer(len(piece) - pos)
-                n = min(len(view), len(piece) - pos)
-                view[:n] = piece[pos : pos + n]
-                view.release()
-                reader.received(n)
-                pos += n
-                while (f := reader.next_frame()) is not NEED_DATA:
-                    assert type(f) is Frame
-                    seen.append(f)
-                seen.append(reader.buffered)
-                if not piece:
-                    break
-    except ProtocolError as exc:
-        seen.append(("ProtocolError", str(exc)))
-    return seen
-
-
-@settings(max_examples=400, deadline=None)
-@given(
-    st.lists(_FRAME_PARTS, min_size=1, max_size=8),
-    st.lists(st.integers(0, 30_000), max_size=10),
-    st.sampled_from([HEADER_SIZE, 100, 4096, 8 << 20]),
-)
-def test_the_native_reader_is_the_python_one(parts: list[bytes], cuts: list[int], max_frame: int) -> None:
-    """The same frames, bytes held and ProtocolError for any stream received in any reads."""
-    data = b"".join(parts)
-    bounds = [0, *sorted(c for c in cuts if c < len(data)), len(data)]
-    pieces = [data[a:b] for a, b in itertools.pairwise(bounds)]
-    assert _run_reader(native_reader(max_frame), pieces) == _run_reader(FrameReader(max_frame), pieces)
 
 
 def test_the_native_reader_never_moves_its_buffer_under_a_view() -> None:
