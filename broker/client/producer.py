@@ -84,7 +84,7 @@ from broker.client.partitioner import Partitioner
 from broker.client.records import Header, RecordMetadata
 from broker.client.security import Security
 from ringlog_proto.batch import BROKER_PRODUCER_ID_LIMIT, Record, now_ms
-from ringlog_proto.messages import Acks, ErrorCode, ProduceRequest, ProduceResponse, Response
+from ringlog_proto.messages import Acks, ErrorCode, ProduceRequest, Response, decode_produce_reply
 
 log = logging.getLogger(__name__)
 
@@ -729,7 +729,7 @@ class AsyncProducer:
                 conn.send_no_response_nowait(req)
             except BrokerUnavailable as exc:
                 ps.inflight.append(b)
-                self._on_result(ps, b, None, exc)
+                self._on_result(ps, b, -1, exc)
                 return
             self._finish_ok(ps, b, -1)
             return
@@ -737,25 +737,29 @@ class AsyncProducer:
         reply = _Reply(self, ps, b)
         try:
             # The broker answers REQUEST_TIMED_OUT at timeout_ms; wait a little longer for it.
-            conn.request_to(req, reply, timeout=self.request_timeout_ms / 1000 + 5)
+            conn.request_to(
+                req, reply, timeout=self.request_timeout_ms / 1000 + 5, decode=decode_produce_reply
+            )
         except BrokerUnavailable as exc:
             if not reply.settled:  # else the connection's failure reached the reply first
                 reply.settled = True
-                self._on_result(ps, b, None, exc)
+                self._on_result(ps, b, -1, exc)
 
     def _on_result(
-        self, ps: _Partition, b: ProducerBatch, resp: ProduceResponse | None, err: BaseException | None
+        self, ps: _Partition, b: ProducerBatch, base_offset: int, err: BaseException | None
     ) -> None:
+        """`b`'s answer: acknowledged at `base_offset` (`err` None), or failed with `err`."""
         try:
             ps.inflight.remove(b)
         except ValueError:  # the producer was closed meanwhile
             return
         if err is None:
-            assert resp is not None
             ps.confirmed = True
             if ps.unknown:  # a later batch fit the broker's sequence: earlier ones were appended
                 ps.unknown = [x for x in ps.unknown if x.order > b.order]
-            self._finish_ok(ps, b, resp.base_offset)
+            self._finish_ok(ps, b, base_offset)
+            if not (ps.queue or ps.recovering or (ps.open is not None and ps.open.ready)):
+                return  # nothing is waiting to go: the pump would find nothing to send
         else:
             self._on_failure(ps, b, err)
         self._pump(ps)
@@ -1079,13 +1083,15 @@ class _Reply:
     def done(self) -> bool:
         return self.settled
 
-    def set_result(self, resp: Response) -> None:
+    def set_result(self, resp: int | Response) -> None:
+        """`decode_produce_reply`'s result: a success's base offset, or the decoded response."""
         self.settled = True
-        if resp.error == ErrorCode.NONE:
-            assert isinstance(resp, ProduceResponse)
+        if type(resp) is int:
             self._producer._on_result(self._ps, self._b, resp, None)
+        elif resp.error == ErrorCode.NONE:  # type: ignore[union-attr]
+            self._producer._on_result(self._ps, self._b, resp.base_offset, None)  # type: ignore[union-attr]
         else:
-            self._later(error_for(resp.error, resp.message))
+            self._later(error_for(resp.error, resp.message))  # type: ignore[union-attr]
 
     def set_exception(self, exc: BaseException) -> None:
         self.settled = True
@@ -1094,7 +1100,7 @@ class _Reply:
     def _later(self, exc: BaseException) -> None:
         producer = self._producer
         assert producer._loop is not None
-        producer._loop.call_soon(producer._on_result, self._ps, self._b, None, exc)
+        producer._loop.call_soon(producer._on_result, self._ps, self._b, -1, exc)
 
 
 class _SendFuture(concurrent.futures.Future):  # type: ignore[type-arg]

@@ -392,11 +392,18 @@ def test_a_produce_request_encodes_as_the_generic_path_does(
     st.binary(min_size=24, max_size=24),
 )
 def test_a_produce_response_decodes_as_the_generic_path_does(error: int, length: int, rest: bytes) -> None:
-    """decode_response reads a produce's success in one unpack; any body of that size decodes as
-    the generic path decodes it (or is malformed in both)."""
+    """decode_response reads a produce's success in one unpack, and decode_produce_reply its base
+    offset; any body of that size decodes as the generic path decodes it (or is malformed in all)."""
     body = struct.pack(">hH", error, length) + rest
     frame = Frame(m.ApiKey.PRODUCE, m.API_VERSION, 1, 1, 1, 1, body)
     assert _outcome(m.decode_response, frame) == _outcome(m.decode_response_fields, frame)
+    # the producer's decode: a success's base offset alone, anything else as decode_response
+    generic = _outcome(m.decode_response, frame)
+    reply = _outcome(m.decode_produce_reply, frame)
+    if isinstance(generic, m.ProduceResponse) and generic.error == m.ErrorCode.NONE and not generic.message:
+        assert reply == generic.base_offset and type(reply) is int
+    else:
+        assert reply == generic
 
 
 # --- native/frames.c: the twin of FrameDecoder ------------------------------------------------
