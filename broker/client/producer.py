@@ -89,6 +89,7 @@ from ringlog_proto.messages import Acks, ErrorCode, ProduceRequest, Response, de
 log = logging.getLogger(__name__)
 
 SEQUENCE_MAX: Final = (1 << 31) - 1  # base_sequence is an i32
+TIMESTAMP_MAX: Final = (1 << 63) - 1  # a record's timestamp is an i64 of milliseconds
 EPOCH_MAX: Final = (1 << 15) - 1  # producer_epoch is an i16
 
 
@@ -119,9 +120,9 @@ def prepare_record(
 ) -> tuple[bytes | Record, int]:
     """Check a record's arguments and return what the batch stores and its encoded size.
 
-    Raises `TypeError` for a value or key that is not bytes-like and `MessageTooLargeError` for a
-    record that could never fit in a batch the broker accepts: argument errors surface at `send`,
-    broker errors through the record's future.
+    Raises `TypeError` for a value or key that is not bytes-like, `ValueError` for a timestamp
+    outside 0..2**63-1 and `MessageTooLargeError` for a record that could never fit in a batch the
+    broker accepts: argument errors surface at `send`, broker errors through the record's future.
     """
     if value is not None and type(value) is not bytes:
         if not isinstance(value, bytearray | memoryview):
@@ -131,6 +132,10 @@ def prepare_record(
         if not isinstance(key, bytearray | memoryview):
             raise TypeError(f"key must be bytes or None, not {type(key).__name__}")
         key = bytes(key)
+    if timestamp is not None and not (isinstance(timestamp, int) and 0 <= timestamp <= TIMESTAMP_MAX):
+        # Kafka's producers refuse a negative timestamp too; and any two of these fit the int64
+        # delta a batch stores between its records.
+        raise ValueError(f"timestamp {timestamp!r} is not milliseconds since the epoch in 0..2**63-1")
     if headers:
         headers = tuple(headers)
         for h in headers:
@@ -493,11 +498,11 @@ class AsyncProducer:
         callback: Callback | None,
     ) -> bool:
         """A record that is to go now (`send_and_wait`'s, or a blocking `Producer`'s lone record
-        with linger 0) as a batch of its own, made and written here, when its
-        partition is idle (nothing open, queued or being retried, room in flight) and its
-        connection is open and keeping up: what `_enqueue`, `_append`, `_send_open` and `_pump`
-        would do in that state, without their generality (a one-at-a-time caller waits for
-        every microsecond of it). False: take that general path (it picks the same partition)."""
+        with linger 0) as a batch of its own, made and written here, when its partition is idle
+        (nothing open, queued or being retried, room in flight) and its connection is open and
+        keeping up: what `_enqueue`, `_append`, `_send_open` and `_pump` would do in that state,
+        without their generality (a one-at-a-time caller waits for every microsecond of it).
+        False: take that general path (it picks the same partition)."""
         if self._closing or self._closed or topic in self._parked:
             return False
         info = self._client.cached_topic(topic)
@@ -521,18 +526,18 @@ class AsyncProducer:
         mono = time.monotonic()
         b = ProducerBatch(now_ms(), mono, mono + self.delivery_timeout)
         b.add(item, size, fut, callback)
+        if self.idempotent:  # encoded first: should it raise, nothing of the partition changed
+            b.seq = ps.next_seq
+            b.encode(ps.producer_id, ps.epoch, b.seq)
+            ps.next_seq += 1
+        else:
+            b.encode(-1, -1, -1)
         self._buffered += size
         b.ready = True
         b.order = ps.next_order
         ps.next_order += 1
         self._partitioner.batch_sealed(topic, p, ps.partitions)
         ps.topic_id = info.topic_id
-        if self.idempotent:
-            b.seq = ps.next_seq
-            ps.next_seq += 1
-            b.encode(ps.producer_id, ps.epoch, b.seq)
-        else:
-            b.encode(-1, -1, -1)
         self._send(ps, b, conn)
         return True
 
@@ -1308,7 +1313,12 @@ class Producer:
         now = ap.linger == 0
         if now and len(items) == 1:  # one record waited for at a time, usually: it goes alone
             topic, item, key, size, partition, fut, callback = items[0]
-            if ap._send_alone(topic, item, key, size, partition, fut, callback):
+            try:
+                if ap._send_alone(topic, item, key, size, partition, fut, callback):
+                    return
+            except Exception as exc:  # its caller waits on the future: it must hear of it
+                if not fut.done():
+                    fut.set_exception(exc)
                 return
         touched: dict[_Partition, None] = {}  # in the order first touched
         for topic, item, key, size, partition, fut, callback in items:

@@ -191,6 +191,23 @@ def test_prepare_record_limits_and_types() -> None:
         prepare_record(b"v", headers=[("h", "not bytes")])  # type: ignore[list-item]
 
 
+@pytest.mark.parametrize("ts", [-1, -(2**63), 2**63, 1.5])
+def test_a_timestamp_outside_int64_milliseconds_is_refused_at_send(ts: object) -> None:
+    """As Kafka's producers do: a negative timestamp (or one past an i64, or not an int) raises
+    here, not later where the batch is encoded (then a caller's future never heard of it)."""
+    with pytest.raises(ValueError, match="timestamp"):
+        prepare_record(b"v", timestamp=ts)  # type: ignore[arg-type]
+
+
+def test_the_extreme_timestamps_share_a_batch() -> None:
+    """0 and 2**63-1 are both accepted, and their delta fits the batch."""
+    b = ProducerBatch(1_000, 0.0, 1.0)
+    for ts in (2**63 - 1, 0, None):
+        item, size = prepare_record(b"v", timestamp=ts)
+        b.add(item, size, None, None)
+    assert [r.timestamp for r in decode_records(b.encode(-1, -1, -1))] == [2**63 - 1, 0, 1_000]
+
+
 def test_batch_timestamp_applies_to_records_without_one() -> None:
     b = ProducerBatch(1_000, 0.0, 1.0)
     for item, size in (prepare_record(b"a"), prepare_record(b"b", timestamp=2_000)):
