@@ -1259,26 +1259,31 @@ class _GenericErrorResponse(Response):
 _PRODUCED_BODY = struct.Struct(">" + _PRODUCED_FIELDS)  # the body `encode_produced` packs
 
 
-def decode_response(frame: Frame) -> Response:
+def _produced(frame: Frame) -> tuple[int, int, int] | None:
+    """(base_offset, end_offset, log_start_offset) of a produce that succeeded, in one unpack;
+    None for any other frame (an error, whose message makes the body another size, included)."""
     body = frame.body
     if frame.api_key == ApiKey.PRODUCE and len(body) == _PRODUCED_BODY.size:
-        # Every acknowledged produce a client reads: in one unpack when it succeeded (an error,
-        # whose message makes the body another size, takes the generic path below).
         error, message_length, base_offset, end_offset, log_start_offset = _PRODUCED_BODY.unpack(body)
         if error == ErrorCode.NONE and message_length == 0:
-            return ProduceResponse(ErrorCode.NONE, "", base_offset, end_offset, log_start_offset)
+            return base_offset, end_offset, log_start_offset
+    return None
+
+
+def decode_response(frame: Frame) -> Response:
+    produced = _produced(frame)  # every acknowledged produce a client reads
+    if produced is not None:
+        return ProduceResponse(ErrorCode.NONE, "", *produced)
     return decode_response_fields(frame)
 
 
 def decode_produce_reply(frame: Frame) -> int | Response:
     """A produce response as a producer acts on it: the base offset (an int) when it succeeded,
-    read in one unpack without building a `ProduceResponse`, else what `decode_response` makes
-    of it. A one-at-a-time producer waits for every part of a microsecond here."""
-    body = frame.body
-    if frame.api_key == ApiKey.PRODUCE and len(body) == _PRODUCED_BODY.size:
-        error, message_length, base_offset, _end, _start = _PRODUCED_BODY.unpack(body)
-        if error == ErrorCode.NONE and message_length == 0:
-            return base_offset  # type: ignore[no-any-return]
+    without building a `ProduceResponse`, else what `decode_response` makes of it. A
+    one-at-a-time producer waits for every part of a microsecond here."""
+    produced = _produced(frame)
+    if produced is not None:
+        return produced[0]
     return decode_response_fields(frame)
 
 
