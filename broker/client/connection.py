@@ -464,6 +464,32 @@ class AsyncConnection:
         """Wait until the socket's send buffer is below its high-water mark."""
         await self._drain()
 
+    def write_first(self, req: Request) -> int:
+        """Write `req` now and return its correlation id, for a caller that registers the
+        response's sink after the write (`expect`, in the same callback: the response is read
+        by a later one). The request is on its way while the caller does its bookkeeping, which
+        a one-at-a-time producer would otherwise wait for. Raises `BrokerUnavailable` if the
+        connection has failed or the write fails (then nothing was sent and nothing waits)."""
+        if self._error is not None:
+            raise BrokerUnavailable(str(self._error))
+        corr = self._claim_id()
+        self._write(req, corr)
+        return corr
+
+    def expect(
+        self,
+        corr: int,
+        sink: ResponseSink,
+        api_key: int,
+        timeout: float | None = None,
+        decode: Callable[[Frame], Any] = decode_response,
+    ) -> None:
+        """Register `sink` for the response to the request `write_first` wrote as `corr`."""
+        if self._error is not None:  # failed since the write: the sink hears it as it would have
+            self._loop.call_soon(sink.set_exception, BrokerUnavailable(str(self._error)))
+            return
+        self._pending[corr] = (sink, api_key, decode, *self._deadline(timeout))
+
     def _send(
         self,
         req: Request,
@@ -474,16 +500,25 @@ class AsyncConnection:
         """Write `req`; with a `sink`, register it for the response (None: no response comes)."""
         if self._error is not None:
             raise BrokerUnavailable(str(self._error))
-        corr = self._next_id
-        self._next_id = (corr + 1) & CORRELATION_MASK
+        corr = self._claim_id()
         if sink is not None:
-            pending = self._pending
-            while corr in pending:  # 2**32 requests later, one may still be waiting
-                corr = self._next_id
-                self._next_id = (corr + 1) & CORRELATION_MASK
             # The deadline is taken before the write: a write that fails closes the connection,
             # which must find the request to fail it.
-            pending[corr] = (sink, req.API_KEY, decode, *self._deadline(timeout))
+            self._pending[corr] = (sink, req.API_KEY, decode, *self._deadline(timeout))
+        self._write(req, corr)
+
+    def _claim_id(self) -> int:
+        """The next correlation id no pending request holds (2**32 requests later, one may
+        still be waiting)."""
+        pending = self._pending
+        corr = self._next_id
+        self._next_id = (corr + 1) & CORRELATION_MASK
+        while corr in pending:
+            corr = self._next_id
+            self._next_id = (corr + 1) & CORRELATION_MASK
+        return corr
+
+    def _write(self, req: Request, corr: int) -> None:
         try:
             self._transport.writelines(encode_request(req, corr))  # type: ignore[union-attr]
         except (OSError, RuntimeError) as exc:  # RuntimeError: transport closed under us

@@ -83,7 +83,7 @@ from broker.client.loop_thread import LoopThread
 from broker.client.partitioner import Partitioner
 from broker.client.records import Header, RecordMetadata
 from broker.client.security import Security
-from ringlog_proto.batch import BROKER_PRODUCER_ID_LIMIT, Record, now_ms
+from ringlog_proto.batch import BROKER_PRODUCER_ID_LIMIT, Record, encode_batch, now_ms
 from ringlog_proto.messages import Acks, ErrorCode, ProduceRequest, Response, decode_produce_reply
 
 log = logging.getLogger(__name__)
@@ -479,8 +479,10 @@ class AsyncProducer:
         item, size = prepare_record(value, key, headers, timestamp, self.max_batch_bytes)
         if self._buffered >= self.buffer_memory:
             await self.wait_for_space()
-        fut: asyncio.Future[RecordMetadata] = self._ensure_loop().create_future()
-        if not self._send_alone(topic, item, key, size, partition, fut, None):
+        loop = self._ensure_loop()
+        fut = self._send_alone(topic, item, key, size, partition, None, None)
+        if fut is None:
+            fut = loop.create_future()
             self._appended_to = None
             self._enqueue(topic, item, key, size, partition, fut, None, linger=False)
             if self._appended_to is not None:  # None: parked until the topic's metadata comes
@@ -494,52 +496,76 @@ class AsyncProducer:
         key: bytes | None,
         size: int,
         explicit: int | None,
-        fut: Any,
+        fut: Any | None,
         callback: Callback | None,
-    ) -> bool:
+    ) -> Any | None:
         """A record that is to go now (`send_and_wait`'s, or a blocking `Producer`'s lone record
         with linger 0) as a batch of its own, made and written here, when its partition is idle
         (nothing open, queued or being retried, room in flight) and its connection is open and
         keeping up: what `_enqueue`, `_append`, `_send_open` and `_pump` would do in that state,
         without their generality (a one-at-a-time caller waits for every microsecond of it).
-        False: take that general path (it picks the same partition)."""
+        Returns the record's future (`fut`, or one made on the loop when None); None: take that
+        general path (it picks the same partition)."""
         if self._closing or self._closed or topic in self._parked:
-            return False
+            return None
         info = self._client.cached_topic(topic)
         if info is None:
-            return False
+            return None
         owners = info.owners
         partitions = len(owners)
         usable = self._usable(topic) if self._client.clustered and key is None else None
         p = self._partitioner.partition(topic, key, partitions, explicit, usable)
         ps = self._parts.get((topic, p))
         if ps is None or ps.open is not None or ps.queue or ps.recovering or ps.backoff is not None:
-            return False
+            return None
         inflight = ps.inflight
         if inflight and (not ps.confirmed or len(inflight) >= self.max_in_flight):
-            return False
+            return None
         if not 0 <= p < partitions or owners[p] == NO_ROUTE or ps.next_seq > SEQUENCE_MAX:
-            return False
+            return None
         conn = self._client.connection_nowait(owners[p])
         if conn is None or conn.write_buffer_size() > WRITE_BUFFER_HIGH:
-            return False
+            return None
+        # The batch is encoded and written first, the producer's bookkeeping done while it
+        # travels: nothing of the partition changes until the write has succeeded (an encoding
+        # that raises, or a failed write, leaves the record to the caller or the general path).
+        timestamp = now_ms()
+        seq = ps.next_seq if self.idempotent else -1
+        data = encode_batch(
+            [item],
+            timestamp=timestamp,
+            producer_id=ps.producer_id if self.idempotent else -1,
+            producer_epoch=ps.epoch if self.idempotent else -1,
+            base_sequence=seq,
+        )
+        acks = self.acks
+        try:
+            corr = conn.write_first(ProduceRequest(info.topic_id, p, acks, self.request_timeout_ms, data))
+        except BrokerUnavailable:
+            return None
+        if fut is None:
+            fut = self._loop.create_future()  # type: ignore[union-attr]
         mono = time.monotonic()
-        b = ProducerBatch(now_ms(), mono, mono + self.delivery_timeout)
+        b = ProducerBatch(timestamp, mono, mono + self.delivery_timeout)
         b.add(item, size, fut, callback)
-        if self.idempotent:  # encoded first: should it raise, nothing of the partition changed
-            b.seq = ps.next_seq
-            b.encode(ps.producer_id, ps.epoch, b.seq)
-            ps.next_seq += 1
-        else:
-            b.encode(-1, -1, -1)
+        b.data = data
+        if self.idempotent:
+            b.seq = seq
+            ps.next_seq = seq + 1
         self._buffered += size
         b.ready = True
         b.order = ps.next_order
         ps.next_order += 1
         self._partitioner.batch_sealed(topic, p, ps.partitions)
         ps.topic_id = info.topic_id
-        self._send(ps, b, conn)
-        return True
+        if acks == Acks.NONE:
+            self._finish_ok(ps, b, -1)
+            return fut
+        ps.inflight.append(b)
+        # The broker answers REQUEST_TIMED_OUT at timeout_ms; wait a little longer for it.
+        timeout = self.request_timeout_ms / 1000 + 5
+        conn.expect(corr, _Reply(self, ps, b), ProduceRequest.API_KEY, timeout, decode_produce_reply)
+        return fut
 
     async def wait_for_space(self) -> None:
         """Wait until records buffered for sending take less than `buffer_memory`."""
@@ -1314,7 +1340,7 @@ class Producer:
         if now and len(items) == 1:  # one record waited for at a time, usually: it goes alone
             topic, item, key, size, partition, fut, callback = items[0]
             try:
-                if ap._send_alone(topic, item, key, size, partition, fut, callback):
+                if ap._send_alone(topic, item, key, size, partition, fut, callback) is not None:
                     return
             except Exception as exc:  # its caller waits on the future: it must hear of it
                 if not fut.done():

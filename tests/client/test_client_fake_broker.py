@@ -357,9 +357,10 @@ def _lane_counted(p: AsyncProducer) -> list[bool]:
     taken: list[bool] = []
     alone = p._send_alone
 
-    def counted(*args: object) -> bool:
-        taken.append(alone(*args))  # type: ignore[arg-type]
-        return taken[-1]
+    def counted(*args: object) -> object:
+        fut = alone(*args)  # type: ignore[arg-type]
+        taken.append(fut is not None)
+        return fut
 
     p._send_alone = counted  # type: ignore[method-assign]
     return taken
