@@ -67,6 +67,9 @@ BUFFER_RING_ENTRIES_MAX = 32768
 RING_ENTRIES = 4096
 # Completions reaped, and continuations run, per pass before the loop submits again.
 COMPLETIONS_PER_PASS_MAX = 4096
+# Rounds of end-of-pass callbacks per pass: those an end-of-pass callback queues (the replies of
+# the store writes it completed, their group commit) run in the same pass, this many deep.
+END_OF_PASS_ROUNDS_MAX = 4
 # Each connection owns its recv buffer (single-shot recvs: not re-arming is the exact pause of a
 # connection over its budget; docs/ARCHITECTURE.md). It starts small, so that thousands of idle
 # connections cost little, and grows by `RECV_BUFFER_GROWTH` whenever a recv fills it, up to the

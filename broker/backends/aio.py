@@ -192,7 +192,7 @@ class Server(BackendCore):
             return
         done(None)
 
-    def appends_now(self, ops: Sequence[Op]) -> bool:
+    def appends_now(self, ops: Sequence[Op], conn: ServedConnection) -> bool:
         return True  # every store write is a pwritev on the loop (`run_ops`)
 
     def run_flush(

@@ -349,6 +349,9 @@ class GatherPart:
     def budget(self) -> ConnectionBudget:
         return self._conn.budget
 
+    def taken_all(self) -> bool:
+        return self._conn.taken_all()
+
     def fill(self, slot: Slot, outcome: Reply | Silent) -> None:
         self._done(slot)
 
@@ -363,6 +366,10 @@ class _Internal:
 
     def __init__(self, done: Callable[[], None]) -> None:
         self._done = done
+
+    @staticmethod
+    def taken_all() -> bool:
+        return True  # nothing of the broker's own follows it
 
     def fill(self, slot: Slot, outcome: Reply | Silent) -> None:
         self._done()
@@ -731,10 +738,11 @@ class BackendCore:
         """Execute storage operations in order (fileio.py's meaning); `done(None)` or `done(error)`."""
         raise NotImplementedError
 
-    def appends_now(self, ops: Sequence[Op]) -> bool:
+    def appends_now(self, ops: Sequence[Op], conn: ServedConnection) -> bool:
         """Whether the backend would run these append operations on the loop, synchronously:
         then an append to a partition with none in flight is written, made visible and answered
-        at once (`run_ops_now`) instead of through `run_append`."""
+        at once (`run_ops_now`) instead of through `run_append`. `conn` is the connection whose
+        request it is (a backend that gathers appends may wait for the rest of its bytes)."""
         return False
 
     def run_ops_now(self, ops: Sequence[Op]) -> OSError | None:
@@ -1033,7 +1041,7 @@ class BackendCore:
         partition = outcome.partition
         pending = outcome.pending
         work = self._work.get(partition)
-        if (work is None or not work.appends) and self.appends_now(pending.ops):
+        if (work is None or not work.appends) and self.appends_now(pending.ops, conn):
             # Nothing of this partition's is in flight, and the backend writes this on the loop:
             # write, make visible and answer in one go. The same steps as below, without the
             # bookkeeping of an append that waits (a fifth of a one-record produce's Python).

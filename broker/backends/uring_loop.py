@@ -7,7 +7,8 @@ Rules this module keeps:
   reaping; both in one C call, `Ring.run_completions`), then the timers that are due, then the
   `call_soon` callbacks queued before this phase, then the end-of-pass callbacks (the group
   commit, the gathered store writes). Every queue has a bound: what a callback queues runs in the
-  next pass.
+  next pass, but for end-of-pass callbacks that queue more (the replies of the writes they did),
+  run in the same pass up to `END_OF_PASS_ROUNDS_MAX` rounds deep.
 - The timers wake the loop through one standing timeout SQE (the alarm) set for the earliest
   deadline, re-armed only when that deadline moves earlier or the alarm has rung: the wait itself
   never carries a timeout, which on this VM armed and cancelled a kernel timer in every pass (a
@@ -28,7 +29,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from native.constants import COMPLETIONS_PER_PASS_MAX
+from native.constants import COMPLETIONS_PER_PASS_MAX, END_OF_PASS_ROUNDS_MAX
 
 if TYPE_CHECKING:
     from native.ring import Ring
@@ -143,7 +144,12 @@ class Loop:
         soon = self._soon
         for _ in range(len(soon)):
             soon.popleft()()
-        if self._end_of_pass:
+        # What an end-of-pass callback asks for at the end of the pass runs in this pass too (the
+        # replies of the appends its writes completed, their group commit), not after the next
+        # pass's wait: up to END_OF_PASS_ROUNDS_MAX rounds, so that nothing can hold the loop.
+        for _ in range(END_OF_PASS_ROUNDS_MAX):
+            if not self._end_of_pass:
+                break
             end, self._end_of_pass = self._end_of_pass, []
             for callback in end:
                 callback()

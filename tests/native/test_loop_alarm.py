@@ -75,3 +75,24 @@ def test_a_busy_pass_does_not_wait_for_the_alarm() -> None:
         loop.run_once()
         assert ran == [True] and time.monotonic() - t < 1.0
         assert ring.inflight == 0
+
+
+def test_end_of_pass_callbacks_queued_by_one_run_in_the_same_pass_a_bounded_number_deep() -> None:
+    """What an end-of-pass callback queues at the end of the pass (the replies of the writes it
+    did) runs in the same pass, up to END_OF_PASS_ROUNDS_MAX rounds; deeper ones wait for the
+    next pass, so that a callback that keeps queueing cannot hold the loop."""
+    from native.constants import END_OF_PASS_ROUNDS_MAX
+
+    with Ring(16) as ring:
+        loop = Loop(ring)
+        ran: list[int] = []
+
+        def chain(depth: int) -> None:
+            ran.append(depth)
+            loop.at_end_of_pass(lambda: chain(depth + 1))
+
+        ring.prep_nop(loop.op(lambda res, flags: loop.at_end_of_pass(lambda: chain(1))))
+        loop.run_once()
+        assert ran == list(range(1, END_OF_PASS_ROUNDS_MAX + 1))
+        loop.run_once()  # due callbacks: the pass does not wait
+        assert ran == list(range(1, 2 * END_OF_PASS_ROUNDS_MAX + 1))

@@ -44,3 +44,77 @@ def test_append_writes_store_what_they_acknowledge(tmp_path: Path, mode: str) ->
         assert values_after_restart(broker, tid) == values
     finally:
         broker.stop()
+
+
+def test_pipelined_appends_go_out_in_one_write_and_a_lone_one_at_once(tmp_path: Path) -> None:
+    """auto (the default): the appends of requests that arrived together are gathered into one
+    pwritev at the end of the pass (`appends_now` waits while more of the connection's bytes
+    follow); a request that arrives alone is written at once. Every reply is right and in
+    order either way, and the log holds the values in the order sent."""
+    import threading
+
+    from inprocess import io_uring_missing, serve_in_process
+
+    import broker.backends.shared as shared_mod
+    import broker.backends.uring as uring_mod
+    from broker.backends.shared import BackendCore
+    from broker.storage.fileio import Write
+
+    missing = io_uring_missing()
+    if missing:
+        pytest.skip(f"io_uring unavailable: {missing}")
+    writes: list[list[int]] = []  # the store write lengths of each write call, in order
+
+    def counting(real):  # type: ignore[no-untyped-def]
+        def run_ops(io, ops):  # type: ignore[no-untyped-def]
+            writes.append([op.length for op in ops if isinstance(op, Write)])
+            return real(io, ops)
+
+        return run_ops
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(uring_mod, "run_ops", counting(uring_mod.run_ops))
+    mp.setattr(shared_mod, "run_ops", counting(shared_mod.run_ops))
+    burst = [SMALL + bytes([i]) for i in range(8)]
+    batches = [encode_batch([v]) for v in burst]
+    seen: dict[str, object] = {}
+
+    def client(port: int, post, stop) -> None:  # type: ignore[no-untyped-def]
+        try:
+            w = Wire(port)
+            tid = w.create_topic("g", 1)
+            before = len(writes)
+            frames = [
+                b"".join(m.encode_request(m.ProduceRequest(tid, 0, m.Acks.WRITTEN, 5000, b), 100 + i))
+                for i, b in enumerate(batches)
+            ]
+            w.sock.sendall(b"".join(frames))  # one send: the broker receives them together
+            seen["burst"] = [w.recv() for _ in batches]
+            seen["burst writes"] = writes[before:]
+            before = len(writes)
+            seen["alone"] = w.rpc(m.ProduceRequest(tid, 0, m.Acks.WRITTEN, 5000, encode_batch([b"alone"])))
+            seen["alone writes"] = writes[before:]
+            seen["log"] = [r.value for r in w.fetch_all(tid, 0)]
+            w.close()
+        except BaseException as exc:  # reported by the test, after the server stops
+            seen["error"] = exc
+        finally:
+            post(stop)
+
+    def on_ready(server: BackendCore, port: int) -> None:
+        post = server.threadsafe_post()
+        threading.Thread(target=client, args=(port, post, server.request_stop), daemon=True).start()
+
+    try:
+        serve_in_process("io_uring", str(tmp_path / "data"), on_ready)
+    finally:
+        mp.undo()
+    if "error" in seen:
+        raise seen["error"]  # type: ignore[misc]
+    burst_replies = seen["burst"]
+    assert [(r.error, r.base_offset) for r in burst_replies] == [(m.ErrorCode.NONE, i) for i in range(8)]  # type: ignore[attr-defined]
+    assert seen["burst writes"] == [[sum(len(b) for b in batches)]]  # one write of the eight
+    alone = seen["alone"]
+    assert isinstance(alone, m.ProduceResponse) and alone.base_offset == 8
+    assert seen["alone writes"] == [[len(encode_batch([b"alone"]))]]
+    assert seen["log"] == [*burst, b"alone"]
