@@ -25,7 +25,7 @@ from broker.client import (
 )
 from broker.client.accumulator import BATCH_OVERHEAD, RECORD_SLACK
 from ringlog_proto import messages as m
-from ringlog_proto.batch import decode_batches
+from ringlog_proto.batch import decode_batches, encode_batch
 
 T = TypeVar("T")
 
@@ -436,6 +436,55 @@ def test_a_batch_sent_alone_is_retried_with_the_same_bytes() -> None:
         _warm, first, second, _after = broker.received
         assert first.records == second.records and first.base_sequence == 1
         assert broker.log("t", 0).end == 3
+
+    run(body)
+
+
+def test_a_lane_write_that_fails_changes_nothing_and_the_record_takes_the_general_path() -> None:
+    """The lane writes before it touches the partition: a write that fails leaves the sequence
+    where it was, and the record goes the general way (a new connection) with that sequence."""
+
+    async def body(broker: FakeBroker) -> None:
+        async with AsyncProducer(broker.bootstrap, linger_ms=0, retry_backoff_ms=5) as p:
+            await p.send_and_wait("t", b"warm", partition=0)
+            conn = p._client.connection_nowait(p._client.cached_topic("t").owners[0])  # type: ignore[union-attr]
+            assert conn is not None
+            real = conn.write_first
+
+            def failing(req: m.Request) -> int:
+                conn._fail(BrokerUnavailable("cut"))  # what a failed write does, then raises
+                raise BrokerUnavailable("cut")
+
+            conn.write_first = failing  # type: ignore[method-assign]
+            taken = _lane_counted(p)
+            md = await p.send_and_wait("t", b"after a failed write", partition=0)
+            conn.write_first = real  # type: ignore[method-assign]
+        assert taken == [False] and md.offset == 1
+        assert [(_value(r), r.base_sequence) for r in broker.received] == [
+            (b"warm", 0),
+            (b"after a failed write", 1),
+        ]
+
+    run(body)
+
+
+def test_expect_after_the_connection_failed_tells_the_sink() -> None:
+    """`expect` on a connection that failed after `write_first` wrote: the sink hears of it (on
+    the loop, as a failure it would have met in flight), nothing is left pending."""
+
+    async def body(broker: FakeBroker) -> None:
+        async with AsyncProducer(broker.bootstrap) as p:
+            await p.send_and_wait("t", b"warm", partition=0)
+            conn = p._client.connection_nowait(p._client.cached_topic("t").owners[0])  # type: ignore[union-attr]
+            assert conn is not None
+            tid = p._client.cached_topic("t").topic_id  # type: ignore[union-attr]
+            corr = conn.write_first(m.ProduceRequest(tid, 0, 1, 5000, encode_batch([b"x"])))
+            conn._fail(BrokerUnavailable("gone"))
+            sink: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+            conn.expect(corr, sink, m.ProduceRequest.API_KEY)
+            with pytest.raises(BrokerUnavailable, match="gone"):
+                await asyncio.wait_for(sink, 5)
+            assert not conn._pending
 
     run(body)
 
