@@ -19,6 +19,9 @@ Rules this module keeps:
   declared length), and what frames were taken from is let go when `next_frame` runs out of whole
   frames (freed when nothing is left, moved to the front otherwise, the allocation shrunk when it
   is mostly empty). Reader's is `FrameReader`'s (see its section).
+- Decoder also lends its space to a receive, which FrameDecoder does not (a C-only facility, for
+  the io_uring backend's recv; section "Lending" below): the same frames and errors as feeding
+  the same bytes, without the copy from a receive buffer into the decoder's.
 */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -51,6 +54,8 @@ typedef struct {
     Py_ssize_t pos; /* bytes before pos were taken as frames */
     Py_ssize_t end; /* bytes held: buf[pos:end] */
     Py_ssize_t max_frame_bytes;
+    Py_ssize_t lent;    /* Decoder: bytes after `end` offered by the last `buffer()` */
+    Py_ssize_t exports; /* Decoder: views of that space not yet released */
 } Decoder;
 
 static inline uint32_t be32(const unsigned char *p)
@@ -169,8 +174,15 @@ static int Decoder_init(Decoder *self, PyObject *args, PyObject *kwds)
     return 0;
 }
 
+static PyObject *lent_error(void)
+{
+    PyErr_SetString(PyExc_BufferError, "the decoder's space is lent to a receive (a view is held)");
+    return NULL;
+}
+
 static PyObject *Decoder_feed(Decoder *self, PyObject *data)
 {
+    if (self->exports) return lent_error();
     Py_buffer view;
     if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0) return NULL;
     Py_ssize_t n = view.len;
@@ -197,10 +209,11 @@ static PyObject *Decoder_feed(Decoder *self, PyObject *data)
     Py_RETURN_NONE;
 }
 
-/* StreamDecoder._need_data: let go of the frames taken, return NEED_DATA. */
+/* StreamDecoder._need_data: let go of the frames taken, return NEED_DATA. Not while the space
+   after them is lent (the receive writes there): then at the next `buffer()`. */
 static PyObject *need_more(Decoder *self)
 {
-    if (self->pos) {
+    if (self->pos && !self->exports) {
         Py_ssize_t held = self->end - self->pos;
         if (!held) {
             PyMem_Free(self->buf);
@@ -277,11 +290,95 @@ static PyObject *Decoder_get_buffered(Decoder *self, void *closure)
     return PyLong_FromSsize_t(self->end - self->pos);
 }
 
+/* ---- Lending
+
+`buffer(n)` is a writable memoryview of exactly `n` bytes after those held, for a receive to
+write into; `received(k)` counts the first `k` of them as arrived (k <= n, and at most what is
+still lent: each call moves the end). While a view of the space is held (the receive in flight)
+nothing may move the buffer: `feed()` and another `buffer()` raise BufferError, and `next_frame`
+takes frames but lets go of nothing until the view is released. `buffer(n)` itself lets go of
+the frames taken (the partial frame after them moved to the front) and makes room for what is
+held plus `n`: an eighth more when it must grow (the next partial frame then fits without a
+move), exactly that when the allocation is over SHRINK_ABOVE and half as large again as needed
+(a quiet connection's receive asks for a small buffer again: a stalled one holds what it sent
+plus that). With nothing held, `next_frame` frees the allocation as always. */
+
+static PyObject *Decoder_buffer(Decoder *self, PyObject *arg)
+{
+    Py_ssize_t n = PyLong_AsSsize_t(arg);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    if (n < 1) {
+        PyErr_Format(PyExc_ValueError, "buffer(%zd): lend at least one byte", n);
+        return NULL;
+    }
+    if (self->exports) return lent_error();
+    Py_ssize_t held = self->end - self->pos;
+    if (self->pos) {
+        if (held) memmove(self->buf, self->buf + self->pos, held);
+        self->pos = 0;
+        self->end = held;
+    }
+    if (n > PY_SSIZE_T_MAX / 2 - held) return PyErr_NoMemory();
+    Py_ssize_t need = held + n, cap = self->cap;
+    if (need > cap)
+        cap = need + (need >> 3); /* room for the next partial frame, without a move each time */
+    else if (cap > SHRINK_ABOVE && cap > need + (need >> 1))
+        cap = need; /* a smaller receive (a quiet connection's) gets a smaller allocation */
+    if (cap != self->cap) {
+        char *buf = PyMem_Realloc(self->buf, cap);
+        if (!buf) return PyErr_NoMemory();
+        self->buf = buf;
+        self->cap = cap;
+    }
+    self->lent = n;
+    return PyMemoryView_FromObject((PyObject *)self);
+}
+
+static int Decoder_getbuffer(Decoder *self, Py_buffer *view, int flags)
+{
+    if (!self->lent) {
+        PyErr_SetString(PyExc_BufferError, "nothing is lent: call buffer(n) first");
+        return -1;
+    }
+    if (PyBuffer_FillInfo(view, (PyObject *)self, self->buf + self->end, self->lent, 0, flags) < 0)
+        return -1;
+    self->exports++;
+    return 0;
+}
+
+static void Decoder_releasebuffer(Decoder *self, Py_buffer *view)
+{
+    (void)view;
+    self->exports--;
+}
+
+static PyObject *Decoder_received(Decoder *self, PyObject *arg)
+{
+    Py_ssize_t n = PyLong_AsSsize_t(arg);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    if (n < 0 || n > self->lent) {
+        PyErr_Format(PyExc_ValueError, "received(%zd): %zd bytes are lent", n, self->lent);
+        return NULL;
+    }
+    self->end += n;
+    self->lent -= n;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef Decoder_methods[] = {
     {"feed", (PyCFunction)Decoder_feed, METH_O, "Buffer bytes of the stream (any pieces)."},
     {"next_frame", (PyCFunction)Decoder_next_frame, METH_NOARGS,
      "The next whole Frame, or NEED_DATA; raises ProtocolError for bytes that cannot be framed."},
+    {"buffer", (PyCFunction)Decoder_buffer, METH_O,
+     "buffer(n): n writable bytes after those held, lent to a receive (see native/frames.c)."},
+    {"received", (PyCFunction)Decoder_received, METH_O,
+     "received(k): k bytes of the lent space were written."},
     {NULL, NULL, 0, NULL},
+};
+
+static PyBufferProcs Decoder_as_buffer = {
+    .bf_getbuffer = (getbufferproc)Decoder_getbuffer,
+    .bf_releasebuffer = (releasebufferproc)Decoder_releasebuffer,
 };
 
 static PyMemberDef Decoder_members[] = {
@@ -308,6 +405,7 @@ static PyTypeObject DecoderType = {
     .tp_methods = Decoder_methods,
     .tp_members = Decoder_members,
     .tp_getset = Decoder_getset,
+    .tp_as_buffer = &Decoder_as_buffer,
 };
 
 /* ---- Reader: ringlog_proto.frames.FrameReader in C ----

@@ -472,6 +472,13 @@ class ServedConnection:
         self.decoder.feed(data)
         self.resume()
 
+    def received_lent(self, n: int) -> None:
+        """`n` bytes arrived in the space the decoder lent to the backend's receive (a
+        `LENDING_DECODER`'s `buffer`), its view already released: `received` without the feed."""
+        self.budget.last_active = time.monotonic()
+        self.decoder.received(n)  # type: ignore[union-attr]
+        self.resume()
+
     def resume(self) -> None:
         """Take the frames buffered (`take_requests`) and read again if the budgets allow."""
         try:

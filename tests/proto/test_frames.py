@@ -498,6 +498,91 @@ def test_the_native_twins_are_the_python_ones(
         assert _run_reader(native_reader(max_frame), pieces) == _run_reader(FrameReader(max_frame), pieces)
 
 
+def _run_lent(decoder: FrameDecoder, pieces: list[bytes], lend: int) -> list[object]:
+    """`_run` for the native decoder received into through its lent space (`buffer(n)`, as
+    the io_uring backend's recv): each piece written `lend` bytes at a time at most."""
+    seen: list[object] = []
+    try:
+        for piece in pieces:
+            pos = 0
+            while True:
+                view = decoder.buffer(lend)  # type: ignore[attr-defined]
+                assert len(view) == lend
+                n = min(lend, len(piece) - pos)
+                view[:n] = piece[pos : pos + n]
+                view.release()
+                decoder.received(n)  # type: ignore[attr-defined]
+                pos += n
+                while (f := decoder.next_frame()) is not NEED_DATA:
+                    assert type(f) is Frame
+                    seen.append(f)
+                if pos == len(piece):
+                    break
+            seen.append(decoder.buffered)
+    except ProtocolError as exc:
+        seen.append(("ProtocolError", str(exc)))
+    return seen
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(_FRAME_PARTS, min_size=1, max_size=8),
+    st.lists(st.integers(0, 30_000), max_size=10),
+    st.sampled_from([HEADER_SIZE, 100, 4096, 8 << 20]),
+    st.sampled_from([1, 7, 4096, 1 << 16]),
+)
+def test_the_native_decoder_received_into_yields_what_feeding_it_does(
+    parts: list[bytes], cuts: list[int], max_frame: int, lend: int
+) -> None:
+    """The space the native decoder lends to a receive: the same frames, bytes held and errors
+    as the Python decoder fed the same pieces, whatever the receive's size."""
+    data = b"".join(parts)
+    bounds = [0, *sorted(c for c in cuts if c < len(data)), len(data)]
+    pieces = [data[a:b] for a, b in itertools.pairwise(bounds)]
+    assert _run_lent(native_decoder(max_frame), pieces, lend) == _run(FrameDecoder(max_frame), pieces)
+
+
+def test_the_native_decoder_lends_exactly_and_never_moves_under_a_view() -> None:
+    """`buffer(n)` is n bytes; while its view is held nothing may move the buffer (feed and
+    another buffer raise BufferError) yet frames are taken; received() counts at most what is
+    lent; once released, a smaller receive gets a smaller allocation (a quiet connection's)."""
+    import tracemalloc
+
+    d = native_decoder()
+    frame = encode_frame(1, 1, 9, b"!")
+    view = d.buffer(len(frame) + 4)
+    assert len(view) == len(frame) + 4
+    with pytest.raises(BufferError):
+        d.feed(b"x")
+    with pytest.raises(BufferError):
+        d.buffer(1)
+    view[: len(frame)] = frame
+    with pytest.raises(ValueError, match="lent"):
+        d.received(len(frame) + 5)
+    with pytest.raises(ValueError, match="lent"):
+        d.received(-1)
+    d.received(len(frame))
+    assert d.next_frame() == Frame(1, 1, 0, 9, 0, 0, b"!")  # taken while the view is held
+    assert d.next_frame() is NEED_DATA and d.buffered == 0
+    view.release()
+    with pytest.raises(ValueError, match="at least one"):
+        d.buffer(0)
+    tracemalloc.start()
+    try:
+        big = d.buffer(256 * 1024)
+        big[:10] = frame[:10]
+        big.release()
+        d.received(10)
+        assert d.next_frame() is NEED_DATA and d.buffered == 10
+        held_big = tracemalloc.get_traced_memory()[0]
+        d.buffer(4096).release()
+        held_small = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert held_big >= 256 * 1024 and held_small < 16 * 1024
+    assert d.buffered == 10  # what was held moved with the allocation
+
+
 def test_the_native_decoder_lets_go_of_what_it_took() -> None:
     """A large frame taken leaves nothing held, and a partial frame after it is all it keeps."""
     d = native_decoder()
