@@ -502,15 +502,18 @@ class ServedConnection:
         """A reply is ready: send every reply at the head of the queue that is ready too."""
         slot.done = True
         server = self.server
+        replied_ns = time.monotonic_ns()  # counted after the write: the client waits for the write
         if isinstance(outcome, Reply):
             slot.buffers = outcome.buffers
             slot.then_close = outcome.then_close
             size = sum(map(len, outcome.buffers))
-            server.handlers.metrics.reply(size, slot.started_ns)
             change = server.replied(slot, size)
         else:
+            size = -1
             change = server.replied(slot, 0)
         if self.closed:
+            if size >= 0:
+                server.handlers.metrics.reply(size, slot.started_ns, replied_ns)
             return
         slots = self.slots
         out: list[bytes] = []
@@ -523,6 +526,8 @@ class ServedConnection:
             close = close or done.then_close
         if out:
             self.write(out)
+        if size >= 0:
+            server.handlers.metrics.reply(size, slot.started_ns, replied_ns)
         if close and not self.refusing:
             self.refusing = True
             server.call_later(AUTH_FAILURE_CLOSE_DELAY_S, self.close)
@@ -1102,7 +1107,10 @@ class BackendCore:
         except Exception as exc:
             reply, failure = None, exc
         try:
-            self._answer_append(outcome, conn, slot, reply, failure)
+            if failure is None:  # acks=0/1: what `_answer_append` does, without its call
+                conn.fill(slot, reply)  # type: ignore[arg-type]
+            else:
+                self._answer_append(outcome, conn, slot, None, failure)
         finally:
             try:
                 outcome.publish()

@@ -262,6 +262,24 @@ class _Stream:
     def write(self, buffers: Sequence[bytes | memoryview]) -> None:
         if self.closed or not buffers:
             return
+        if not (self.sending or self.send_queue) and self.receiving and self.taken_all():
+            # The last reply of what was received, with nothing queued before it: what `_flush`
+            # would do with it at once (below), without the queue on the way.
+            total = sum(map(len, buffers))
+            if len(buffers) <= SEND_IOVECS_MAX and (total < SPLICE_MIN_BYTES or not self.pipes.on):
+                try:
+                    sent = self._socket().sendmsg(buffers, (), _DONTWAIT)
+                except OSError:
+                    sent = 0  # left for the ring's sendmsg to meet again, as in `_flush`
+                if sent == total:
+                    self.sent_some()
+                    return
+                self.send_queue = list(remaining_buffers(tuple(buffers), sent))
+                self.unsent_bytes += total - sent
+                if sent:
+                    self.sent_some()
+                self._send()
+                return
         self.send_queue.extend(buffers)
         self.unsent_bytes += sum(map(len, buffers))
         if self.sending:

@@ -107,11 +107,12 @@ class CoreMetrics:
         self.bytes_in += nbytes
         return time.monotonic_ns()
 
-    def reply(self, nbytes: int, started_ns: int) -> None:
-        """The answer to a request that arrived at `started_ns` is queued for sending."""
+    def reply(self, nbytes: int, started_ns: int, replied_ns: int | None = None) -> None:
+        """The answer to a request that arrived at `started_ns` was queued for sending at
+        `replied_ns` (now when None)."""
         self.bytes_out += nbytes
         self.replies += 1
-        us = (time.monotonic_ns() - started_ns) // 1000
+        us = ((time.monotonic_ns() if replied_ns is None else replied_ns) - started_ns) // 1000
         self.latency_us[min(us.bit_length(), LATENCY_BUCKETS - 1)] += 1
 
     def forwarded(self) -> None:
