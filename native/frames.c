@@ -56,6 +56,7 @@ typedef struct {
     Py_ssize_t max_frame_bytes;
     Py_ssize_t lent;    /* Decoder: bytes after `end` offered by the last `buffer()` */
     Py_ssize_t exports; /* Decoder: views of that space not yet released */
+    int lending;        /* Decoder: `buffer()` was called: its buffering rules apply */
 } Decoder;
 
 static inline uint32_t be32(const unsigned char *p)
@@ -209,11 +210,15 @@ static PyObject *Decoder_feed(Decoder *self, PyObject *data)
     Py_RETURN_NONE;
 }
 
-/* StreamDecoder._need_data: let go of the frames taken, return NEED_DATA. Not while the space
-   after them is lent (the receive writes there): then at the next `buffer()`. */
+/* StreamDecoder._need_data: let go of the frames taken, return NEED_DATA. A decoder that lends
+   leaves that to the next `buffer()` (which compacts and sizes the allocation for the receive
+   it lends to), and keeps its allocation meanwhile: freed or shrunk here, it would be allocated
+   again at every receive. */
 static PyObject *need_more(Decoder *self)
 {
-    if (self->pos && !self->exports) {
+    if (self->lending) {
+        if (self->pos == self->end && !self->exports) self->pos = self->end = 0;
+    } else if (self->pos) {
         Py_ssize_t held = self->end - self->pos;
         if (!held) {
             PyMem_Free(self->buf);
@@ -301,7 +306,9 @@ the frames taken (the partial frame after them moved to the front) and makes roo
 held plus `n`: an eighth more when it must grow (the next partial frame then fits without a
 move), exactly that when the allocation is over SHRINK_ABOVE and half as large again as needed
 (a quiet connection's receive asks for a small buffer again: a stalled one holds what it sent
-plus that). With nothing held, `next_frame` frees the allocation as always. */
+plus that). Between receives a decoder that lends keeps its allocation (`next_frame` neither
+frees nor shrinks it): what it holds is then at most what it held plus the last receive's
+space, which that receive needed anyway. */
 
 static PyObject *Decoder_buffer(Decoder *self, PyObject *arg)
 {
@@ -312,6 +319,7 @@ static PyObject *Decoder_buffer(Decoder *self, PyObject *arg)
         return NULL;
     }
     if (self->exports) return lent_error();
+    self->lending = 1;
     Py_ssize_t held = self->end - self->pos;
     if (self->pos) {
         if (held) memmove(self->buf, self->buf + self->pos, held);
