@@ -2,7 +2,8 @@
 
 Run: `.venv/bin/python bench/perf.py [--quick] [--rounds N] [--only latency,durable,ingest,fetch]
      [--variants uvloop,io_uring] [--broker-args "..."] [--json PATH] [--no-netns]
-     [--guest-halt-poll-ns N] [--tcp-congestion NAME]`   (`make bench-perf`)
+     [--guest-halt-poll-ns N] [--tcp-congestion NAME] [--page-reporting-min-free-ms MS]`
+     (`make bench-perf`)
 
 Processes and placement. This script orchestrates and is the client. As root it first re-runs
 itself inside a fresh network namespace (`rl-perf-<pid>`, only `lo` up, deleted at exit whatever
@@ -939,6 +940,48 @@ HALT_POLL_NS = Path("/sys/module/haltpoll/parameters/guest_halt_poll_ns")
 CONGESTION = Path("/proc/sys/net/ipv4/tcp_congestion_control")
 
 
+# This VM's balloon reports free guest memory to the host ("Free page reporting enabled" at boot,
+# the virtio-balloon REPORTING feature), which discards it: the next touch of such a page is a
+# host fault, paid by whoever touches it. A page-cache write into it is ~20x dearer: a bare loop
+# of pwritev into new files ran at 7-11 GB/s while recently freed pages lasted and at ~440 MB/s,
+# 2.3 CPU-s per GB, once it needed more, whatever the write size; a broker whose ingest meets
+# such pages shows it as a run of rounds at a fraction of its MB/s (the page-cache copy,
+# `copy_folio_from_iter_atomic`, near the top of its profile). Which broker meets them in a run is
+# the timing of frees and reports. `--page-reporting-min-free-ms MS` (where the guest kernel has
+# the parameter) keeps a freed page from being reported for MS, so that the rounds reuse what the
+# rounds before them freed; restored at exit. The header prints the setting and how much was
+# reported during the run.
+PAGE_REPORTING = Path("/sys/module/page_reporting/parameters")
+
+
+def page_reporting() -> tuple[str, int | None]:
+    """(a description of free page reporting here, KiB reported so far or None)."""
+    try:
+        reported = int((PAGE_REPORTING / "reported_kib").read_text())
+    except (OSError, ValueError):
+        reported = None
+    try:
+        order = (PAGE_REPORTING / "page_reporting_order").read_text().strip()
+    except OSError:
+        return "off (no page_reporting)", reported
+    try:
+        delay = f", min_free_ms {(PAGE_REPORTING / 'min_free_ms').read_text().strip()}"
+    except OSError:
+        delay = ""
+    return f"order {order}{delay}", reported
+
+
+@contextlib.contextmanager
+def page_reporting_delay(ms: int) -> Iterator[None]:
+    knob = PAGE_REPORTING / "min_free_ms"
+    old = knob.read_text().strip()
+    knob.write_text(str(ms))
+    try:
+        yield
+    finally:
+        knob.write_text(old)
+
+
 def halt_poll_ns() -> str:
     try:
         return HALT_POLL_NS.read_text().strip()
@@ -978,12 +1021,21 @@ def main(argv: list[str] | None = None) -> int:
         help="TCP congestion control (e.g. cubic) in the bench's network namespace, for every server "
         "and client; the machine's own is not touched (root, not with --no-netns)",
     )
+    ap.add_argument(
+        "--page-reporting-min-free-ms",
+        type=int,
+        help="keep freed guest pages from the host this long (free page reporting's min_free_ms) for "
+        "the run, restored at exit (root; where the guest kernel has it)",
+    )
     ap.add_argument("--in-netns", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.guest_halt_poll_ns is not None and not args.in_netns:
-        with guest_halt_poll(args.guest_halt_poll_ns):
-            return run(args, argv)
-    return run(args, argv)
+    with contextlib.ExitStack() as stack:
+        if not args.in_netns:
+            if args.guest_halt_poll_ns is not None:
+                stack.enter_context(guest_halt_poll(args.guest_halt_poll_ns))
+            if args.page_reporting_min_free_ms is not None:
+                stack.enter_context(page_reporting_delay(args.page_reporting_min_free_ms))
+        return run(args, argv)
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
@@ -1003,10 +1055,18 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     print(f"  servers on CPU {SERVER_CPU}, this client on CPU {CLIENT_CPU}; broker args: {extra}")
     congestion = CONGESTION.read_text().strip()
     print(f"  guest halt polling: {halt_poll_ns()} ns; TCP congestion control: {congestion}")
+    reporting, reported_before = page_reporting()
+    print(f"  free page reporting: {reporting}")
     for w in warn_if_noisy():
         print(f"  WARNING: {w}")
     Path(args.dir).mkdir(parents=True, exist_ok=True)
     results = measure(args)
+    reported_after = page_reporting()[1]
+    if reported_before is not None and reported_after is not None:
+        print(
+            f"\n  guest memory reported free to the host during the run: "
+            f"{(reported_after - reported_before) / 1024:,.0f} MiB"
+        )
     out = report(results, args)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1, default=str))
