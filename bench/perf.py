@@ -971,17 +971,6 @@ def page_reporting() -> tuple[str, int | None]:
     return f"order {order}{delay}", reported
 
 
-@contextlib.contextmanager
-def page_reporting_delay(ms: int) -> Iterator[None]:
-    knob = PAGE_REPORTING / "min_free_ms"
-    old = knob.read_text().strip()
-    knob.write_text(str(ms))
-    try:
-        yield
-    finally:
-        knob.write_text(old)
-
-
 def halt_poll_ns() -> str:
     try:
         return HALT_POLL_NS.read_text().strip()
@@ -990,13 +979,14 @@ def halt_poll_ns() -> str:
 
 
 @contextlib.contextmanager
-def guest_halt_poll(ns: int) -> Iterator[None]:
-    old = HALT_POLL_NS.read_text().strip()
-    HALT_POLL_NS.write_text(str(ns))
+def knob_for_the_run(knob: Path, value: int) -> Iterator[None]:
+    """`value` in the kernel parameter file `knob` for the run, the old value put back at exit."""
+    old = knob.read_text().strip()
+    knob.write_text(str(value))
     try:
         yield
     finally:
-        HALT_POLL_NS.write_text(old)
+        knob.write_text(old)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1032,9 +1022,10 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.ExitStack() as stack:
         if not args.in_netns:
             if args.guest_halt_poll_ns is not None:
-                stack.enter_context(guest_halt_poll(args.guest_halt_poll_ns))
+                stack.enter_context(knob_for_the_run(HALT_POLL_NS, args.guest_halt_poll_ns))
             if args.page_reporting_min_free_ms is not None:
-                stack.enter_context(page_reporting_delay(args.page_reporting_min_free_ms))
+                knob = PAGE_REPORTING / "min_free_ms"
+                stack.enter_context(knob_for_the_run(knob, args.page_reporting_min_free_ms))
         return run(args, argv)
 
 
