@@ -328,6 +328,9 @@ class AsyncProducer:
         self.retry_backoff_max = max(retry_backoff_ms, retry_backoff_max_ms) / 1000
         self.delivery_timeout = delivery_timeout_ms / 1000
         self.request_timeout_ms = request_timeout_ms
+        # The broker answers REQUEST_TIMED_OUT at timeout_ms; a produce's reply is waited for a
+        # little longer than that.
+        self._reply_timeout = request_timeout_ms / 1000 + 5
         self.buffer_memory = buffer_memory
         self.idempotent = enable_idempotence
         self.producer_id = (
@@ -563,9 +566,8 @@ class AsyncProducer:
             self._finish_ok(ps, b, -1)
             return fut
         ps.inflight.append(b)
-        # The broker answers REQUEST_TIMED_OUT at timeout_ms; wait a little longer for it.
-        timeout = self.request_timeout_ms / 1000 + 5
-        conn.expect(corr, _Reply(self, ps, b), ProduceRequest.API_KEY, timeout, decode_produce_reply)
+        reply = _Reply(self, ps, b)
+        conn.expect(corr, reply, ProduceRequest.API_KEY, self._reply_timeout, decode_produce_reply)
         return fut
 
     async def wait_for_space(self) -> None:
@@ -768,10 +770,7 @@ class AsyncProducer:
         ps.inflight.append(b)
         reply = _Reply(self, ps, b)
         try:
-            # The broker answers REQUEST_TIMED_OUT at timeout_ms; wait a little longer for it.
-            conn.request_to(
-                req, reply, timeout=self.request_timeout_ms / 1000 + 5, decode=decode_produce_reply
-            )
+            conn.request_to(req, reply, timeout=self._reply_timeout, decode=decode_produce_reply)
         except BrokerUnavailable as exc:
             if not reply.settled:  # else the connection's failure reached the reply first
                 reply.settled = True
