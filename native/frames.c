@@ -55,7 +55,7 @@ typedef struct {
     Py_ssize_t end; /* bytes held: buf[pos:end] */
     Py_ssize_t max_frame_bytes;
     Py_ssize_t lent;    /* Decoder: bytes after `end` offered by the last `buffer()` */
-    Py_ssize_t exports; /* Decoder: views of that space not yet released */
+    Py_ssize_t exports; /* views of the buffer not yet released (a Decoder's lent space, a Reader's) */
     int lending;        /* Decoder: `buffer()` was called: its buffering rules apply */
 } Decoder;
 
@@ -428,8 +428,8 @@ view, as a transport does, before the next call). */
 #define READ_MIN (64 * 1024)
 
 typedef struct {
-    Decoder d; /* the fields and frame parsing of a Decoder; its buffering rules are not used */
-    Py_ssize_t exports; /* memoryviews of the buffer not yet released */
+    Decoder d; /* the fields, frame parsing, views count and attributes of a Decoder; its
+                  buffering rules are not used */
 } Reader;
 
 static void Reader_dealloc(Reader *self)
@@ -451,7 +451,7 @@ static int Reader_init(Reader *self, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_ValueError, "max_frame_bytes below the frame header's size, or a negative size");
         return -1;
     }
-    if (self->d.buf || self->exports) {
+    if (self->d.buf || self->d.exports) {
         PyErr_SetString(PyExc_RuntimeError, "a Reader is initialised once");
         return -1;
     }
@@ -479,7 +479,7 @@ static int reader_room(Reader *self, Py_ssize_t least)
         if (size <= d->max_frame_bytes && size > need) need = size;
     }
     if (need > d->cap) {
-        if (self->exports) {
+        if (self->d.exports) {
             PyErr_SetString(PyExc_BufferError, "a view of the reader's buffer is still held");
             return -1;
         }
@@ -523,14 +523,8 @@ static int Reader_getbuffer(Reader *self, Py_buffer *view, int flags)
     Decoder *d = &self->d;
     if (PyBuffer_FillInfo(view, (PyObject *)self, d->buf + d->end, d->cap - d->end, 0, flags) < 0)
         return -1;
-    self->exports++;
+    self->d.exports++;
     return 0;
-}
-
-static void Reader_releasebuffer(Reader *self, Py_buffer *view)
-{
-    (void)view;
-    self->exports--;
 }
 
 static PyObject *Reader_received(Reader *self, PyObject *arg)
@@ -583,25 +577,7 @@ static PyMethodDef Reader_methods[] = {
 
 static PyBufferProcs Reader_as_buffer = {
     .bf_getbuffer = (getbufferproc)Reader_getbuffer,
-    .bf_releasebuffer = (releasebufferproc)Reader_releasebuffer,
-};
-
-static PyObject *Reader_get_buffered(Reader *self, void *closure)
-{
-    (void)closure;
-    return PyLong_FromSsize_t(self->d.end - self->d.pos);
-}
-
-static PyMemberDef Reader_members[] = {
-    {"max_frame_bytes", T_PYSSIZET, offsetof(Reader, d.max_frame_bytes), READONLY,
-     "the largest frame accepted, header included"},
-    {NULL, 0, 0, 0, NULL},
-};
-
-static PyGetSetDef Reader_getset[] = {
-    {"buffered", (getter)Reader_get_buffered, NULL,
-     "bytes received and not yet returned as frames", NULL},
-    {NULL, NULL, NULL, NULL, NULL},
+    .bf_releasebuffer = (releasebufferproc)Decoder_releasebuffer, /* the Decoder's count */
 };
 
 static PyTypeObject ReaderType = {
@@ -614,8 +590,8 @@ static PyTypeObject ReaderType = {
     .tp_init = (initproc)Reader_init,
     .tp_dealloc = (destructor)Reader_dealloc,
     .tp_methods = Reader_methods,
-    .tp_members = Reader_members,
-    .tp_getset = Reader_getset,
+    .tp_members = Decoder_members, /* a Reader begins with its Decoder: the same offsets */
+    .tp_getset = Decoder_getset,
     .tp_as_buffer = &Reader_as_buffer,
 };
 
