@@ -1,14 +1,21 @@
 """io_uring's `--append-writes`: ring, inline and auto (small appends inline, large ones on the
 ring) each store what they acknowledge, in order, with small and large batches interleaved and
-several in flight, and the data survives a restart."""
+several in flight, and the data survives a restart; auto gathers the appends of requests received
+together into one write (a server in this process, its writes counted)."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
 from brokerproc import BrokerProcess, Wire, values_after_restart
+from inprocess import io_uring_missing, serve_in_process
 
+import broker.backends.shared as shared_mod
+import broker.backends.uring as uring_mod
+from broker.backends.shared import BackendCore
+from broker.storage.fileio import Write
 from native.constants import APPEND_INLINE_BYTES_MAX
 from ringlog_proto import messages as m
 from ringlog_proto.batch import encode_batch
@@ -46,20 +53,13 @@ def test_append_writes_store_what_they_acknowledge(tmp_path: Path, mode: str) ->
         broker.stop()
 
 
-def test_pipelined_appends_go_out_in_one_write_and_a_lone_one_at_once(tmp_path: Path) -> None:
+def test_pipelined_appends_go_out_in_one_write_and_a_lone_one_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """auto (the default): the appends of requests that arrived together are gathered into one
     pwritev at the end of the pass (`appends_now` waits while more of the connection's bytes
     follow); a request that arrives alone is written at once. Every reply is right and in
     order either way, and the log holds the values in the order sent."""
-    import threading
-
-    from inprocess import io_uring_missing, serve_in_process
-
-    import broker.backends.shared as shared_mod
-    import broker.backends.uring as uring_mod
-    from broker.backends.shared import BackendCore
-    from broker.storage.fileio import Write
-
     missing = io_uring_missing()
     if missing:
         pytest.skip(f"io_uring unavailable: {missing}")
@@ -72,9 +72,8 @@ def test_pipelined_appends_go_out_in_one_write_and_a_lone_one_at_once(tmp_path: 
 
         return run_ops
 
-    mp = pytest.MonkeyPatch()
-    mp.setattr(uring_mod, "run_ops", counting(uring_mod.run_ops))
-    mp.setattr(shared_mod, "run_ops", counting(shared_mod.run_ops))
+    monkeypatch.setattr(uring_mod, "run_ops", counting(uring_mod.run_ops))
+    monkeypatch.setattr(shared_mod, "run_ops", counting(shared_mod.run_ops))
     burst = [SMALL + bytes([i]) for i in range(8)]
     batches = [encode_batch([v]) for v in burst]
     seen: dict[str, object] = {}
@@ -105,10 +104,7 @@ def test_pipelined_appends_go_out_in_one_write_and_a_lone_one_at_once(tmp_path: 
         post = server.threadsafe_post()
         threading.Thread(target=client, args=(port, post, server.request_stop), daemon=True).start()
 
-    try:
-        serve_in_process("io_uring", str(tmp_path / "data"), on_ready)
-    finally:
-        mp.undo()
+    serve_in_process("io_uring", str(tmp_path / "data"), on_ready)
     if "error" in seen:
         raise seen["error"]  # type: ignore[misc]
     burst_replies = seen["burst"]
