@@ -503,30 +503,33 @@ class ServedConnection:
         slot.done = True
         server = self.server
         replied_ns = time.monotonic_ns()  # counted after the write: the client waits for the write
+        reply = False
         if isinstance(outcome, Reply):
+            reply = True
             slot.buffers = outcome.buffers
             slot.then_close = outcome.then_close
-            size = sum(map(len, outcome.buffers))
-            change = server.replied(slot, size)
-        else:
-            size = -1
-            change = server.replied(slot, 0)
         if self.closed:
-            if size >= 0:
-                server.handlers.metrics.reply(size, slot.started_ns, replied_ns)
+            if reply:
+                server.handlers.metrics.reply(sum(map(len, slot.buffers)), slot.started_ns, replied_ns)
             return
         slots = self.slots
         out: list[bytes] = []
         released = 0
         close = False
+        sent_slot = False
         while slots and slots[0].done:
             done = slots.popleft()
             out.extend(done.buffers)
             released += done.charge
             close = close or done.then_close
+            sent_slot = sent_slot or done is slot
         if out:
-            self.write(out)
-        if size >= 0:
+            self.write(out)  # first: the client waits for it, the counting below does not
+        size = sum(map(len, slot.buffers)) if reply else 0
+        # A reply that waits behind an earlier one is counted by its size from now on; one that
+        # went out with this write releases its slot's count (`released`) as it is.
+        change = 0 if sent_slot else server.replied(slot, size)
+        if reply:
             server.handlers.metrics.reply(size, slot.started_ns, replied_ns)
         if close and not self.refusing:
             self.refusing = True

@@ -92,6 +92,21 @@ class ProducerState:
         """Before appending the batches of one request: the base offset already given to them if
         they are a retry, else None (append them). Raises on a gap, a fenced epoch, a retry of a
         batch in flight, or a request mixing retried and new batches. Changes nothing."""
+        if len(headers) == 1:
+            # Nearly every request: one batch, the next of a producer with nothing in flight here.
+            # It follows the last batch stored, so it cannot be a retry of one (the batches kept
+            # are consecutive): answered without the general walk's search of them (~1 us of a
+            # one-record idempotent produce's broker time).
+            h = headers[0]
+            state = self._producers.get(h.producer_id)
+            if (
+                state is not None
+                and state.batches
+                and h.producer_epoch == state.epoch
+                and h.base_sequence == state.batches[-1][1] + 1
+                and not self._in_flight.get(h.producer_id)
+            ):
+                return None
         dup_offsets: list[int] = []
         expected: dict[int, tuple[int, int]] = {}  # (epoch, next sequence) per producer, this request
         for h in headers:

@@ -277,3 +277,23 @@ def test_a_request_changing_a_producers_epoch_is_judged_batch_by_batch() -> None
         state.check(headers([Batch(1, 1, 0, 1), Batch(1, 0, 1, 1)]))
     # e1 seq 1, then an epoch bump to e2 at seq 0: accepted
     assert state.check(headers([Batch(1, 0, 1, 1), Batch(1, 2, 0, 1)])) is None
+
+
+def test_the_next_batch_is_new_and_the_one_in_flight_a_retry_of_it() -> None:
+    """The single-batch shortcut of `check` (the next batch after the last stored): a batch in
+    flight that also follows the stored ones is a retry of the one in flight, never new."""
+    state = ProducerState()
+    state.reserve(headers([Batch(1, 0, 0, 2, base_offset=0)]))
+    state.stored(headers([Batch(1, 0, 0, 2, base_offset=0)]))
+    assert state.check(headers([Batch(1, 0, 2, 1)])) is None
+    state.reserve(headers([Batch(1, 0, 2, 1, base_offset=2)]))
+    with pytest.raises(RetryInFlightError):
+        state.check(headers([Batch(1, 0, 2, 1)]))
+    assert state.check(headers([Batch(1, 0, 3, 1)])) is None
+    state.stored(headers([Batch(1, 0, 2, 1, base_offset=2)]))
+    assert state.check(headers([Batch(1, 0, 2, 1)])) == 2  # stored now: a retry answered
+    assert state.check(headers([Batch(1, 0, 3, 1)])) is None
+    with pytest.raises(FencedEpochError):
+        state.check(headers([Batch(1, -1, 3, 1)]))
+    with pytest.raises(SequenceError):
+        state.check(headers([Batch(1, 0, 4, 1)]))
