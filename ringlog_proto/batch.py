@@ -142,6 +142,7 @@ unpack_header = _HEADER.unpack_from  # the raw 13-tuple, for loops that cannot a
 _STAMP = struct.Struct(">qii")
 _LENGTHS = struct.Struct(">qi")
 _CRC = struct.Struct(">I")
+_U32 = struct.Struct(">I")  # a request head's length fields (`encode_batch_framed`)
 _TAIL = struct.Struct(">hiqqqhii")  # attributes .. record_count: the crc's part of the header
 _HEAD = struct.Struct(">qiib")  # base_offset, batch_length, partition_leader_epoch, magic
 
@@ -323,6 +324,60 @@ def _native_plain_encoder() -> PlainEncoder | None:
     if ours != LAYOUT:
         raise RuntimeError("native._batch writes another batch header layout than ringlog_proto/batch.py")
     return encode_values  # type: ignore[no-any-return]
+
+
+FramedEncoder = Callable[[bytes, int, int, Sequence[Any], int, int, int, int, int, int], "bytes | None"]
+_framed: FramedEncoder | None = _UNRESOLVED
+
+
+def _native_framed_encoder() -> FramedEncoder | None:
+    """native._batch's `encode_framed` (the batch after a caller's head, two of the head's u32
+    fields set), once `_native_plain_encoder` has checked the build's header layout; None
+    without the build."""
+    if _native_plain_encoder() is None:
+        return None
+    from native._batch import encode_framed  # noqa: PLC0415 - optional, as above
+
+    return encode_framed  # type: ignore[no-any-return]
+
+
+def encode_batch_framed(
+    head: bytes,
+    total_at: int,
+    length_at: int,
+    values: Sequence[bytes | Record],
+    timestamp: int,
+    producer_id: int,
+    producer_epoch: int,
+    base_sequence: int,
+) -> bytes:
+    """`head`, then `encode_batch(values, ...)`, in one bytes object, with two big-endian u32
+    fields of `head` set: at `total_at` the size of everything after that field, at `length_at`
+    the batch's. A request frame around one batch, whose layout is the caller's
+    (ringlog_proto/messages.py's `encode_produce_values`): a one-record send writes it whole. One
+    C call for plain values when native._batch is built; `encode_batch` and a copy otherwise."""
+    global _framed  # noqa: PLW0603 - resolved once, on the first encode
+    if _framed is _UNRESOLVED:
+        _framed = _native_framed_encoder()
+    if _framed is not None and records_codec.current_codec() is not records_codec.PYTHON:
+        frame = _framed(
+            head, total_at, length_at, values, timestamp, 0, NO_PARTITION_LEADER_EPOCH, producer_id,
+            producer_epoch, base_sequence,
+        )  # fmt: skip
+        if frame is not None:
+            return frame
+    batch = encode_batch(
+        values,
+        timestamp=timestamp,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        base_sequence=base_sequence,
+    )
+    out = bytearray(head)
+    out += batch
+    _U32.pack_into(out, length_at, len(batch))
+    _U32.pack_into(out, total_at, len(out) - total_at - _U32.size)
+    return bytes(out)
 
 
 def encode_batch(

@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import functools
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import ClassVar, NamedTuple
 
+from ringlog_proto.batch import encode_batch_framed
 from ringlog_proto.frames import (
     FLAG_RESPONSE,
     FRAME_VERSION,
@@ -32,6 +34,7 @@ from ringlog_proto.frames import (
     encode_header,
     frame_struct,
 )
+from ringlog_proto.record import Record
 
 API_VERSION = 1  # the version of every API that has never changed its layout
 
@@ -1169,6 +1172,37 @@ def request_frame(req: Request, correlation_id: int = 0) -> Frame:
 
 _PRODUCE_FIXED = struct.Struct(">" + ProduceRequest._READ)
 _PRODUCE_HEAD = frame_struct(ProduceRequest._READ)  # a produce's frame up to its records
+PRODUCE_HEAD_SIZE = _PRODUCE_HEAD.size
+# The two u32 fields `encode_produce_values` has filled in: the frame's length (its first field,
+# counting what follows it) and the records' length (the head's last field).
+_PRODUCE_LENGTH_AT = 0
+_PRODUCE_RECORDS_LENGTH_AT = PRODUCE_HEAD_SIZE - struct.calcsize(">I")
+
+
+def encode_produce_values(
+    correlation_id: int,
+    topic_id: int,
+    partition: int,
+    acks: int,
+    timeout_ms: int,
+    values: Sequence[bytes | Record],
+    timestamp: int,
+    producer_id: int,
+    producer_epoch: int,
+    base_sequence: int,
+) -> bytes:
+    """The whole frame of the `ProduceRequest` of one batch (`encode_batch`'s bytes for
+    `values`, at `frame[PRODUCE_HEAD_SIZE:]`), in one bytes object: what a one-record send
+    writes, made in one C call for plain values (`encode_batch_framed`) instead of a batch, a
+    request and its head."""
+    head = _PRODUCE_HEAD.pack(
+        0, MAGIC, FRAME_VERSION, ApiKey.PRODUCE, _PRODUCE_VERSION, 0, correlation_id, topic_id,
+        partition, acks, timeout_ms, 0,
+    )  # fmt: skip
+    return encode_batch_framed(
+        head, _PRODUCE_LENGTH_AT, _PRODUCE_RECORDS_LENGTH_AT, values, timestamp, producer_id,
+        producer_epoch, base_sequence,
+    )  # fmt: skip
 
 
 def decode_request(frame: Frame) -> Request:

@@ -86,7 +86,7 @@ class ProducerBatch:
         self.deadline = deadline  # time.monotonic() after which delivery has failed
         self.ready = False  # linger passed or flush asked: send as soon as allowed
         self.order = -1  # seal order within the partition (= send order of first attempts)
-        self.data: bytes | None = None  # the encoded batch, once sent
+        self.data: bytes | memoryview | None = None  # the encoded batch, once sent
         self.seq = -1  # unbounded sequence of the first record (wire value: seq % 2**31)
         self.attempts = 0  # sends that failed retriably
         self.last_error: BaseException | None = None

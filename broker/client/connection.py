@@ -464,17 +464,23 @@ class AsyncConnection:
         """Wait until the socket's send buffer is below its high-water mark."""
         await self._drain()
 
-    def write_first(self, req: Request) -> int:
-        """Write `req` now and return its correlation id, for a caller that registers the
-        response's sink after the write (`expect`, in the same callback: the response is read
-        by a later one). The request is on its way while the caller does its bookkeeping, which
-        a one-at-a-time producer would otherwise wait for. Raises `BrokerUnavailable` if the
-        connection has failed or the write fails (then nothing was sent and nothing waits)."""
+    def claim_id(self) -> int:
+        """A correlation id for a frame the caller encodes itself, written with `write_frame` and
+        its response's sink registered afterwards with `expect` (in the same callback: the
+        response is read by a later one). A one-record produce makes its whole frame in one call,
+        and does its bookkeeping while the request travels. Raises `BrokerUnavailable` if the
+        connection has failed."""
         if self._error is not None:
             raise BrokerUnavailable(str(self._error))
-        corr = self._claim_id()
-        self._write(req, corr)
-        return corr
+        return self._claim_id()
+
+    def write_frame(self, frame: bytes) -> None:
+        """Write a whole frame the caller encoded (its id from `claim_id`). Raises
+        `BrokerUnavailable` if the write fails (then nothing was sent and nothing waits)."""
+        try:
+            self._transport.write(frame)  # type: ignore[union-attr]
+        except (OSError, RuntimeError) as exc:  # RuntimeError: transport closed under us
+            raise self._write_failed(exc) from exc
 
     def expect(
         self,
@@ -484,7 +490,7 @@ class AsyncConnection:
         timeout: float | None = None,
         decode: Callable[[Frame], Any] = decode_response,
     ) -> None:
-        """Register `sink` for the response to the request `write_first` wrote as `corr`."""
+        """Register `sink` for the response to the frame `write_frame` wrote as `corr`."""
         if self._error is not None:  # failed since the write: the sink hears it as it would have
             self._loop.call_soon(sink.set_exception, BrokerUnavailable(str(self._error)))
             return
@@ -522,8 +528,13 @@ class AsyncConnection:
         try:
             self._transport.writelines(encode_request(req, corr))  # type: ignore[union-attr]
         except (OSError, RuntimeError) as exc:  # RuntimeError: transport closed under us
-            self._fail(BrokerUnavailable(f"{self.address}: write failed: {exc}"))
-            raise BrokerUnavailable(f"{self.address}: write failed: {exc}") from exc
+            raise self._write_failed(exc) from exc
+
+    def _write_failed(self, exc: BaseException) -> BrokerUnavailable:
+        """A write raised: the connection fails (what waits on it hears so); the caller raises
+        what this returns."""
+        self._fail(BrokerUnavailable(f"{self.address}: write failed: {exc}"))
+        return BrokerUnavailable(f"{self.address}: write failed: {exc}")
 
     async def _drain(self) -> None:
         """Return at once unless the transport has paused writing; then wait for it to resume."""

@@ -84,8 +84,16 @@ from broker.client.loop_thread import LoopThread
 from broker.client.partitioner import Partitioner
 from broker.client.records import Header, RecordMetadata
 from broker.client.security import Security
-from ringlog_proto.batch import BROKER_PRODUCER_ID_LIMIT, Record, encode_batch, now_ms
-from ringlog_proto.messages import Acks, ErrorCode, ProduceRequest, Response, decode_produce_reply
+from ringlog_proto.batch import BROKER_PRODUCER_ID_LIMIT, Record, now_ms
+from ringlog_proto.messages import (
+    PRODUCE_HEAD_SIZE,
+    Acks,
+    ErrorCode,
+    ProduceRequest,
+    Response,
+    decode_produce_reply,
+    encode_produce_values,
+)
 
 log = logging.getLogger(__name__)
 
@@ -530,21 +538,21 @@ class AsyncProducer:
         conn = self._client.connection_nowait(owners[p])
         if conn is None or conn.write_buffer_size() > WRITE_BUFFER_HIGH:
             return None
-        # The batch is encoded and written first, the producer's bookkeeping done while it
-        # travels: nothing of the partition changes until the write has succeeded (an encoding
-        # that raises, or a failed write, leaves the record to the caller or the general path).
+        # The request's whole frame is made in one call and written first, the producer's
+        # bookkeeping done while it travels: nothing of the partition changes until the write
+        # has succeeded (an encoding that raises, or a failed write, leaves the record to the
+        # caller or the general path).
         timestamp = now_ms()
-        seq = ps.next_seq if self.idempotent else -1
-        data = encode_batch(
-            [item],
-            timestamp=timestamp,
-            producer_id=ps.producer_id if self.idempotent else -1,
-            producer_epoch=ps.epoch if self.idempotent else -1,
-            base_sequence=seq,
-        )
+        idempotent = self.idempotent
+        seq = ps.next_seq if idempotent else -1
         acks = self.acks
         try:
-            corr = conn.write_first(ProduceRequest(info.topic_id, p, acks, self.request_timeout_ms, data))
+            corr = conn.claim_id()
+            frame = encode_produce_values(
+                corr, info.topic_id, p, acks, self.request_timeout_ms, (item,), timestamp,
+                ps.producer_id if idempotent else -1, ps.epoch if idempotent else -1, seq,
+            )  # fmt: skip
+            conn.write_frame(frame)
         except BrokerUnavailable:
             return None
         if fut is None:
@@ -552,8 +560,8 @@ class AsyncProducer:
         mono = time.monotonic()
         b = ProducerBatch(timestamp, mono, mono + self.delivery_timeout)
         b.add(item, size, fut, callback)
-        b.data = data
-        if self.idempotent:
+        b.data = memoryview(frame)[PRODUCE_HEAD_SIZE:]  # the batch, for a retry to send again
+        if idempotent:
             b.seq = seq
             ps.next_seq = seq + 1
         self._buffered += size

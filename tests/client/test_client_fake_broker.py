@@ -449,16 +449,16 @@ def test_a_lane_write_that_fails_changes_nothing_and_the_record_takes_the_genera
             await p.send_and_wait("t", b"warm", partition=0)
             conn = p._client.connection_nowait(p._client.cached_topic("t").owners[0])  # type: ignore[union-attr]
             assert conn is not None
-            real = conn.write_first
+            real = conn.write_frame
 
-            def failing(req: m.Request) -> int:
+            def failing(frame: bytes) -> None:
                 conn._fail(BrokerUnavailable("cut"))  # what a failed write does, then raises
                 raise BrokerUnavailable("cut")
 
-            conn.write_first = failing  # type: ignore[method-assign]
+            conn.write_frame = failing  # type: ignore[method-assign]
             taken = _lane_counted(p)
             md = await p.send_and_wait("t", b"after a failed write", partition=0)
-            conn.write_first = real  # type: ignore[method-assign]
+            conn.write_frame = real  # type: ignore[method-assign]
         assert taken == [False] and md.offset == 1
         assert [(_value(r), r.base_sequence) for r in broker.received] == [
             (b"warm", 0),
@@ -469,7 +469,7 @@ def test_a_lane_write_that_fails_changes_nothing_and_the_record_takes_the_genera
 
 
 def test_expect_after_the_connection_failed_tells_the_sink() -> None:
-    """`expect` on a connection that failed after `write_first` wrote: the sink hears of it (on
+    """`expect` on a connection that failed after `write_frame` wrote: the sink hears of it (on
     the loop, as a failure it would have met in flight), nothing is left pending."""
 
     async def body(broker: FakeBroker) -> None:
@@ -478,7 +478,8 @@ def test_expect_after_the_connection_failed_tells_the_sink() -> None:
             conn = p._client.connection_nowait(p._client.cached_topic("t").owners[0])  # type: ignore[union-attr]
             assert conn is not None
             tid = p._client.cached_topic("t").topic_id  # type: ignore[union-attr]
-            corr = conn.write_first(m.ProduceRequest(tid, 0, 1, 5000, encode_batch([b"x"])))
+            corr = conn.claim_id()
+            conn.write_frame(m.encode_produce_values(corr, tid, 0, 1, 5000, [b"x"], 1, -1, -1, -1))
             conn._fail(BrokerUnavailable("gone"))
             sink: asyncio.Future[object] = asyncio.get_running_loop().create_future()
             conn.expect(corr, sink, m.ProduceRequest.API_KEY)
@@ -730,6 +731,5 @@ def test_first_batch_of_an_epoch_is_not_overtaken() -> None:
 
 
 def _batch(value: bytes) -> bytes:
-    from ringlog_proto.batch import encode_batch
 
     return encode_batch([value])
