@@ -93,11 +93,13 @@ class ProducerState:
         they are a retry, else None (append them). Raises on a gap, a fenced epoch, a retry of a
         batch in flight, or a request mixing retried and new batches. Changes nothing."""
         if len(headers) == 1:
-            # Nearly every request: one batch, the next of a producer with nothing in flight here.
-            # It follows the last batch stored, so it cannot be a retry of one (the batches kept
-            # are consecutive): answered without the general walk's search of them (~1 us of a
-            # one-record idempotent produce's broker time).
+            # Nearly every request: one batch, of no producer, or the next of one with nothing in
+            # flight here. That follows the last batch stored, so it cannot be a retry of one (the
+            # batches kept are consecutive): answered without the general walk's search of them
+            # (~1 us of a one-record idempotent produce's broker time).
             h = headers[0]
+            if h.producer_id == NO_PRODUCER_ID:
+                return None
             state = self._producers.get(h.producer_id)
             if (
                 state is not None
