@@ -56,11 +56,13 @@ log = logging.getLogger(__name__)
 SCAN_CHUNK_BYTES = 4 * 1024 * 1024  # recovery reads the store in chunks this big; bounds its memory
 
 
-# A segment's store is preallocated in steps of this many bytes ahead of its appends (Log); a tail
-# of zeros no longer than this after the last batch is that space, left by a process that was killed
-# (a clean close gives it back), not damage.
+# A segment's store is preallocated ahead of its appends (Log) in steps of this many bytes, each
+# twice the last while appends use them up quickly, up to the most; a tail of zeros no longer than
+# that after the last batch is that space, left by a process that was killed (a clean close gives
+# it back), not damage.
 PREALLOCATE_BYTES = 1 << 20
-PREALLOCATED_TAIL_MAX = PREALLOCATE_BYTES + (64 << 20)  # plus the largest batch a write could tear
+PREALLOCATE_BYTES_MAX = 8 << 20
+PREALLOCATED_TAIL_MAX = PREALLOCATE_BYTES_MAX + (64 << 20)  # plus the largest batch a write could tear
 
 
 def preallocated(tail: bytes) -> bool:
