@@ -393,7 +393,7 @@ class Handlers:
             p = self.partitions.pop(key)
             log.info("topic id %d is gone: closing partition %d", key[0], key[1])
             try:
-                p.close()
+                p.close(discard=True)  # its files go with the topic: nothing to flush first
             except StorageError as exc:
                 log.error("closing partition %d/%d: %s", p.topic_id, p.index, exc)
 

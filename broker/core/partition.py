@@ -153,11 +153,16 @@ class Partition:
         self.producers = ProducerState.rebuild(headers())
         self.epochs = epochs
 
-    def close(self) -> None:
+    def close(self, discard: bool = False) -> None:
+        """`discard`: the partition's topic was deleted, its files go next: nothing is flushed
+        (`Log.discard`)."""
         if isinstance(self.replica, LeaderState):
             self.replica.fail_waiters(NotLeaderError("the partition closed"))
         self.wake_waiters()
-        self.log.close()
+        if discard:
+            self.log.discard()
+        else:
+            self.log.close()
 
     # ------------------------------------------------------------------------- produce
 

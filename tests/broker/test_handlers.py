@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import os
 from pathlib import Path
 
 import pytest
@@ -127,3 +128,29 @@ def test_pipelined_batches_of_a_producer_are_checked_against_those_still_in_flig
     assert response(third.fail(OSError(errno.EIO, "injected"))).error == m.ErrorCode.STORAGE_ERROR
     again = produce(handlers, tid, b2)
     assert isinstance(again, Append), "sequence 3 is expected again after the undone write"
+
+
+def test_a_deleted_topic_is_closed_without_a_flush(handlers: Handlers, tmp_path: Path, monkeypatch) -> None:
+    """Deleting a topic closes its partitions without writing back and syncing their unsynced
+    data (its files go next): a flush there held the core ~60 ms per 128 MiB segment."""
+    tid = create(handlers, "gone")
+    batch = encode_batch([b"v" * 1000] * 50)
+    for _ in range(20):  # acks=1: written, nothing synced
+        outcome = produce(handlers, tid, batch)
+        assert isinstance(outcome, Append)
+        run_ops(SyncFileIO(), outcome.pending.ops)
+        outcome.complete()
+    topic_dir = next(p for p in tmp_path.rglob("*.log") if p.stat().st_size > 0).parent
+    synced: list[str] = []
+    real = os.fdatasync
+
+    def fdatasync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    resp = response(handlers.handle(frame_of(m.DeleteTopicRequest("gone"))))
+    assert resp.error == m.ErrorCode.NONE
+    assert not [p for p in synced if p.startswith(str(topic_dir))], synced
+    assert not topic_dir.exists()
+    assert (tid, 0) not in handlers.partitions

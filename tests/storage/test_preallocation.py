@@ -9,10 +9,13 @@ import errno
 import logging
 import os
 
+import pytest
 from conftest import FakeClock
 from test_faults import FaultyIO
 
 from broker.cli import main
+from broker.storage.errors import StorageError
+from broker.storage.fileio import run_ops
 from broker.storage.log import PREALLOCATE_RAMP_MS, Log, LogConfig
 from broker.storage.segment import PREALLOCATE_BYTES, PREALLOCATE_BYTES_MAX
 from ringlog_proto.batch import encode_batch
@@ -138,3 +141,22 @@ def test_the_step_doubles_while_appends_use_it_up_quickly_and_starts_over_after_
     assert log.segments[-1].allocated - log.segments[-1].size <= PREALLOCATE_BYTES
     log.close()
     assert os.stat(log.segments[-1].store_path).st_size == log.segments[-1].size
+
+
+def test_a_discarded_log_syncs_nothing_and_refuses_with_appends_in_flight(tmp_path, kit):
+    """`Log.discard` (a deleted topic's partition): the files close without a write-back or a
+    sync; with an append prepared and not completed it raises, as `close` does."""
+    log = Log.open(str(tmp_path / "log"), CONFIG)
+    kit.append_batches(log, 5)
+    pending = log.prepare_append(kit.batch(log.next_offset, 2))
+    with pytest.raises(StorageError, match="in flight"):
+        log.discard()
+    run_ops(log.io, pending.ops)
+    log.complete_append(pending)
+    synced = []
+    log.io.fdatasync = synced.append  # type: ignore[method-assign]
+    log.discard()
+    assert synced == []
+    log.discard()  # idempotent
+    with pytest.raises(StorageError):
+        log.prepare_append(kit.batch(log.next_offset, 1))
