@@ -12,8 +12,9 @@ How a record travels:
 A record that is to go at once (`send_and_wait`'s; a blocking `Producer`'s lone hand-off with
 linger 0) to a partition with nothing open, queued or failing takes a lane, `_send_alone`: the
 same batch, sealed, numbered and written in the call rather than through steps 1 and 2's
-general machinery, and written before the producer's bookkeeping for it (which then runs while
-the request travels). A one-at-a-time caller waits for each microsecond of that.
+general machinery: the request's whole frame made in one call (`encode_produce_values`, C when
+built) and written before the producer's bookkeeping for it (which then runs while the request
+travels). A one-at-a-time caller waits for each microsecond of that.
 
 Retries and idempotence. A batch that fails retriably (a retriable error code, a lost connection,
 no answer in time) is retried with bounded exponential backoff until `retries` or
