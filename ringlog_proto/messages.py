@@ -1315,11 +1315,9 @@ def decode_produce_reply(frame: Frame) -> int | Response:
     """A produce response as a producer acts on it: the base offset (an int) when it succeeded,
     without building a `ProduceResponse`, else what `decode_response` makes of it. A
     one-at-a-time producer waits for every part of a microsecond here."""
-    body = frame.body  # `_produced`, inline: a one-at-a-time producer waits for this call too
-    if frame.api_key == ApiKey.PRODUCE and len(body) == _PRODUCED_BODY.size:
-        error, message_length, base_offset, _end, _start = _PRODUCED_BODY.unpack(body)
-        if error == ErrorCode.NONE and message_length == 0:
-            return base_offset  # type: ignore[no-any-return]
+    produced = _produced(frame)
+    if produced is not None:
+        return produced[0]
     return decode_response_fields(frame)
 
 

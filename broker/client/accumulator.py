@@ -143,18 +143,9 @@ class ProducerBatch:
         """
         ts = self.timestamp
         new = tuple.__new__
-        callbacks = self.callbacks
-        if callbacks is None and len(self.futures) == 1:  # a record sent alone: no loop
-            item = self.records[0]
-            t = ts if type(item) is bytes or item.timestamp is None else item.timestamp  # type: ignore[union-attr]
-            try:  # noqa: SIM105 - as below
-                self.futures[0].set_result(new(RecordMetadata, (topic, partition, base_offset, t)))
-            except _INVALID_STATE:
-                pass
-            self._finished()
-            return
         offset = base_offset
         step = 1 if base_offset >= 0 else 0
+        callbacks = self.callbacks
         for i, (item, fut) in enumerate(zip(self.records, self.futures, strict=True)):
             t = ts if type(item) is bytes or item.timestamp is None else item.timestamp  # type: ignore[union-attr]
             md = new(RecordMetadata, (topic, partition, offset, t))

@@ -53,7 +53,6 @@ from typing import Any, Final, Protocol, TypeVar
 from broker.client.errors import AuthenticationError, BrokerUnavailable, ProtocolViolation, error_for
 from broker.client.security import Security
 from ringlog_proto.frames import (
-    FLAG_RESPONSE,
     FRAME_BYTES_MAX_DEFAULT,
     NEED_DATA,
     Frame,
@@ -601,7 +600,7 @@ class AsyncConnection:
         fut, api_key, decode, _deadline, _timeout = entry
         if fut.done():  # the caller was cancelled
             return
-        if not frame.flags & FLAG_RESPONSE or frame.api_key != api_key:  # is_response, inline
+        if not frame.is_response or frame.api_key != api_key:
             fut.set_exception(
                 ProtocolViolation(
                     f"{self.address}: correlation id {frame.correlation_id} answered with api "
