@@ -1096,7 +1096,10 @@ class BackendCore:
             work.writes_in_flight -= 1
             entry.running = False
             entry.error = exc
-            self._advance_appends(partition, work)
+            # Nothing to advance while an earlier append still writes: the io_uring backend tells
+            # a gathered run's appends last first, and the first of them completes them all.
+            if not work.appends[0].running:
+                self._advance_appends(partition, work)
 
         self.run_append(partition, outcome.pending.ops, written)
 

@@ -903,30 +903,24 @@ class UringServer(BackendCore):
         """
         batches, self._store_writes = self._store_writes, {}
         for items in batches.values():
-            run: list[tuple[Write, Written]] = []
-            iovecs = 0
-            for op, done in items:
-                if run:
-                    last = run[-1][0]
-                    contiguous = op.fd == last.fd and op.offset == last.offset + last.length
-                    if not contiguous or iovecs + len(op.buffers) > WRITEV_IOVECS_MAX:
-                        self._submit_write_run(run)
-                        run, iovecs = [], 0
-                run.append((op, done))
-                iovecs += len(op.buffers)
-            self._submit_write_run(run)
+            op, done = items[0]
+            fd, start, end = op.fd, op.offset, op.offset + op.length
+            buffers, waiting = list(op.buffers), [done]
+            for op, done in items[1:]:
+                if op.fd != fd or op.offset != end or len(buffers) + len(op.buffers) > WRITEV_IOVECS_MAX:
+                    self._submit_write_run(Write(fd, tuple(buffers), start, end - start), waiting)
+                    fd, start, end = op.fd, op.offset, op.offset
+                    buffers, waiting = [], []
+                buffers += op.buffers
+                waiting.append(done)
+                end += op.length
+            self._submit_write_run(Write(fd, tuple(buffers), start, end - start), waiting)
 
-    def _submit_write_run(self, run: list[tuple[Write, Written]]) -> None:
-        if len(run) == 1:
-            op = run[0][0]
-        else:
-            first = run[0][0]
-            buffers = tuple(b for op, _ in run for b in op.buffers)
-            op = Write(first.fd, buffers, first.offset, sum(op.length for op, _ in run))
-        waiting = [done for _, done in run]
+    def _submit_write_run(self, op: Write, waiting: list[Written]) -> None:
+        """One write of the appends of `waiting`, back to back in one file."""
 
         def written(exc: OSError | None) -> None:
-            for done in waiting:
+            for done in reversed(waiting):  # last first: the first to be told makes them all visible
                 done(exc)
 
         if op.length <= self.inline_write_max:  # the copy costs less than an io-wq hand-off

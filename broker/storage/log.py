@@ -691,7 +691,6 @@ class Log:
         if draining and draining[0] is seg and (not self._pending or self._pending[0].segment is not seg):
             del draining[0]  # a rolled segment's last append in flight completed
             seg.unpin()
-        self._assert_marks()
 
     def abort_append(self, pending: PendingAppend) -> list[PendingAppend]:
         """A write of `pending` failed: undo it and every append prepared after it.

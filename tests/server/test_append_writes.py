@@ -5,6 +5,7 @@ together into one write (a server in this process, its writes counted)."""
 
 from __future__ import annotations
 
+import errno
 import threading
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from inprocess import io_uring_missing, serve_in_process
 import broker.backends.shared as shared_mod
 import broker.backends.uring as uring_mod
 from broker.backends.shared import BackendCore
-from broker.storage.fileio import Write
+from broker.storage.fileio import Write, WriteError
 from native.constants import APPEND_INLINE_BYTES_MAX
 from ringlog_proto import messages as m
 from ringlog_proto.batch import encode_batch
@@ -114,3 +115,61 @@ def test_pipelined_appends_go_out_in_one_write_and_a_lone_one_at_once(
     assert isinstance(alone, m.ProduceResponse) and alone.base_offset == 8
     assert seen["alone writes"] == [[len(encode_batch([b"alone"]))]]
     assert seen["log"] == [*burst, b"alone"]
+
+
+def test_a_gathered_write_that_fails_fails_every_append_in_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The one pwritev of a burst's appends fails: every request of the burst gets the error,
+    none of their records is stored, and the next produce takes their offsets (the log undid
+    them all). Its appends are told of the write last first, and the first undoes the rest."""
+    missing = io_uring_missing()
+    if missing:
+        pytest.skip(f"io_uring unavailable: {missing}")
+    real = uring_mod.run_ops
+    failed: list[int] = []
+
+    def failing(io, ops):  # type: ignore[no-untyped-def]
+        lengths = [op.length for op in ops if isinstance(op, Write)]
+        if not failed and sum(lengths) > len(batches[0]):  # the gathered write, once
+            failed.append(sum(lengths))
+            raise WriteError(errno.EIO, "injected: the gathered write failed")
+        return real(io, ops)
+
+    monkeypatch.setattr(uring_mod, "run_ops", failing)
+    burst = [SMALL + bytes([i]) for i in range(6)]
+    batches = [encode_batch([v]) for v in burst]
+    seen: dict[str, object] = {}
+
+    def client(port: int, post, stop) -> None:  # type: ignore[no-untyped-def]
+        try:
+            w = Wire(port)
+            tid = w.create_topic("f", 1)
+            frames = [
+                b"".join(m.encode_request(m.ProduceRequest(tid, 0, m.Acks.WRITTEN, 5000, b), 100 + i))
+                for i, b in enumerate(batches)
+            ]
+            w.sock.sendall(b"".join(frames))  # one send: one gathered write
+            seen["burst"] = [w.recv() for _ in batches]
+            seen["after"] = w.rpc(m.ProduceRequest(tid, 0, m.Acks.WRITTEN, 5000, encode_batch([b"after"])))
+            seen["log"] = [r.value for r in w.fetch_all(tid, 0)]
+            w.close()
+        except BaseException as exc:  # reported by the test, after the server stops
+            seen["error"] = exc
+        finally:
+            post(stop)
+
+    def on_ready(server: BackendCore, port: int) -> None:
+        post = server.threadsafe_post()
+        threading.Thread(target=client, args=(port, post, server.request_stop), daemon=True).start()
+
+    serve_in_process("io_uring", str(tmp_path / "data"), on_ready)
+    if "error" in seen:
+        raise seen["error"]  # type: ignore[misc]
+    assert failed == [sum(len(b) for b in batches)]  # the six went out in the one write that failed
+    replies: list[m.ProduceResponse] = seen["burst"]  # type: ignore[assignment]
+    assert len(replies) == 6
+    assert all(isinstance(r, m.ProduceResponse) and r.error != m.ErrorCode.NONE for r in replies)
+    after = seen["after"]
+    assert isinstance(after, m.ProduceResponse) and (after.error, after.base_offset) == (m.ErrorCode.NONE, 0)
+    assert seen["log"] == [b"after"]
