@@ -82,7 +82,8 @@ class Frame:
     correlation_id: int
     topic_id: int
     partition: int
-    body: bytes
+    # bytes, or a read-only view of where a lending decoder received a large body (native/frames.c)
+    body: bytes | memoryview
 
     @property
     def is_response(self) -> bool:

@@ -1218,7 +1218,9 @@ def decode_request(frame: Frame) -> Request:
                 records = memoryview(body)[_PRODUCE_FIXED.size :]
                 return ProduceRequest(frame.topic_id, frame.partition, acks, timeout_ms, records)
     cls = REQUEST_TYPES[frame.api_key]
-    r = Reader(frame.body)
+    body = frame.body
+    # A large body received in place is a view (native/frames.c): the fields read as bytes.
+    r = Reader(body if type(body) is bytes else bytes(body))
     req = cls.read(r, frame)
     r.done()
     return req

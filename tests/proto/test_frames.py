@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import itertools
+import random
 import struct
 from collections.abc import Callable
 
@@ -581,6 +582,102 @@ def test_the_native_decoder_lends_exactly_and_never_moves_under_a_view() -> None
         tracemalloc.stop()
     assert held_big >= 256 * 1024 and held_small < 16 * 1024
     assert d.buffered == 10  # what was held moved with the allocation
+
+
+def _receive(decoder: FrameDecoder, data: bytes, lend: int) -> None:
+    """`data` received into the decoder's lent space, `lend` bytes at most (the io_uring recv)."""
+    view = decoder.buffer(lend)  # type: ignore[attr-defined]
+    view[: len(data)] = data
+    view.release()
+    decoder.received(len(data))  # type: ignore[attr-defined]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 96 * 1024), st.integers(0, 255)), min_size=1, max_size=10),
+    st.lists(st.integers(1, 300 * 1024), min_size=1, max_size=10),
+    st.lists(st.booleans(), min_size=1, max_size=10),
+)
+def test_bodies_received_in_place_keep_their_bytes(
+    sizes: list[tuple[int, int]], lends: list[int], keeps: list[bool]
+) -> None:
+    """A lending decoder's large bodies are read-only views of where they were received, not
+    copies (native/frames.c, "Bodies in place"): whatever is received after them, in receives of
+    any size, and whichever frames are kept or dropped meanwhile, a kept body keeps its bytes."""
+    bodies = [random.Random(seed).randbytes(n) for n, seed in sizes]
+    stream = b"".join(encode_frame(0, 0, i, body) for i, body in enumerate(bodies))
+    d = native_decoder(1 << 20)
+    kept: list[Frame] = []
+    taken = pos = 0
+    for i in itertools.count():
+        lend = lends[i % len(lends)]
+        _receive(d, stream[pos : pos + lend], lend)
+        pos += lend
+        while (f := d.next_frame()) is not NEED_DATA:
+            assert isinstance(f, Frame) and f.correlation_id == taken
+            if type(f.body) is memoryview:
+                assert f.body.readonly and len(f.body) >= 8 * 1024
+            if keeps[taken % len(keeps)]:
+                kept.append(f)
+            taken += 1
+        if pos >= len(stream):
+            break
+    assert taken == len(bodies) and d.buffered == 0
+    assert [bytes(f.body) for f in kept] == [bodies[f.correlation_id] for f in kept]
+
+
+def test_an_ingest_stream_views_its_batches_in_two_allocations_that_take_turns() -> None:
+    """64 KiB bodies received 256 KiB at a time, each receive's frames dropped before the one
+    after next (an ingesting connection's appends, written at the end of the pass): every body
+    is a view, none is copied, and the views of 40 receives are of two allocations only (nothing
+    allocated in the steady state). A body viewed is read-only."""
+    body = bytes(range(256)) * 256
+    frame = encode_frame(0, 0, 7, body)
+    stream = frame * 200
+    d = native_decoder()
+    owners: set[int] = set()
+    previous: list[Frame] = []
+    for at in range(0, 40 * 256 * 1024, 256 * 1024):
+        _receive(d, stream[at : at + 256 * 1024], 256 * 1024)
+        frames = []
+        while (f := d.next_frame()) is not NEED_DATA:
+            assert isinstance(f, Frame) and type(f.body) is memoryview and f.body == body
+            owners.add(id(f.body.obj))
+            frames.append(f)
+        assert all(f.body == body for f in previous)  # the last receive's, still intact
+        previous = frames
+    assert len(owners) == 2
+    with pytest.raises(TypeError):
+        previous[0].body[0] = 1  # type: ignore[index]
+
+
+def test_bytes_fed_after_a_viewed_body_leave_it_as_it_was() -> None:
+    """`feed` into a lending decoder (bytes that came another way) moves what it holds to the
+    front of other memory while a body views its own: the body keeps its bytes."""
+    d = native_decoder()
+    first, second = encode_frame(0, 0, 1, b"a" * 65536), encode_frame(0, 0, 2, b"b" * 65536)
+    _receive(d, first + second[:1000], 256 * 1024)
+    taken = d.next_frame()
+    assert isinstance(taken, Frame) and type(taken.body) is memoryview
+    assert d.next_frame() is NEED_DATA
+    d.feed(second[1000:])
+    after = d.next_frame()
+    assert isinstance(after, Frame) and after.body == b"b" * 65536
+    assert taken.body == b"a" * 65536
+
+
+def test_small_bodies_are_copied() -> None:
+    """Under 8 KiB, or under an eighth of the allocation received into, a body is bytes: a view
+    would keep an allocation many times its size from being reused or freed."""
+    d = native_decoder()
+    small, mid = encode_frame(0, 0, 1, b"s" * 8000), encode_frame(0, 0, 2, b"m" * 20_000)
+    _receive(d, small + mid, 256 * 1024)
+    first, second = d.next_frame(), d.next_frame()
+    assert isinstance(first, Frame) and type(first.body) is bytes  # under 8 KiB
+    assert isinstance(second, Frame) and type(second.body) is bytes  # 20 KB of a ~290 KB allocation
+    _receive(d, mid, 4096 * 8)
+    third = d.next_frame()
+    assert isinstance(third, Frame) and type(third.body) is memoryview and third.body == b"m" * 20_000
 
 
 def test_the_native_decoder_lets_go_of_what_it_took() -> None:
