@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -54,6 +55,44 @@ def test_append_writes_store_what_they_acknowledge(tmp_path: Path, mode: str) ->
         broker.stop()
 
 
+def _with_client(tmp_path: Path, client: Callable[[Wire], None]) -> None:
+    """An io_uring core served in this thread, `client` run against it on another; raises what
+    the client raised, once the server has stopped (a server in this process: its writes can be
+    counted or failed)."""
+    missing = io_uring_missing()
+    if missing:
+        pytest.skip(f"io_uring unavailable: {missing}")
+    raised: list[BaseException] = []
+
+    def run(port: int, post, stop) -> None:  # type: ignore[no-untyped-def]
+        try:
+            w = Wire(port)
+            client(w)
+            w.close()
+        except BaseException as exc:  # reported by the test, after the server stops
+            raised.append(exc)
+        finally:
+            post(stop)
+
+    def on_ready(server: BackendCore, port: int) -> None:
+        post = server.threadsafe_post()
+        threading.Thread(target=run, args=(port, post, server.request_stop), daemon=True).start()
+
+    serve_in_process("io_uring", str(tmp_path / "data"), on_ready)
+    if raised:
+        raise raised[0]
+
+
+def _send_together(w: Wire, tid: int, batches: list[bytes]) -> list[m.Response]:
+    """One produce per batch, all in one send (the broker receives them together); the replies."""
+    frames = [
+        b"".join(m.encode_request(m.ProduceRequest(tid, 0, m.Acks.WRITTEN, 5000, b), 100 + i))
+        for i, b in enumerate(batches)
+    ]
+    w.sock.sendall(b"".join(frames))
+    return [w.recv() for _ in batches]
+
+
 def test_pipelined_appends_go_out_in_one_write_and_a_lone_one_at_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -61,9 +100,6 @@ def test_pipelined_appends_go_out_in_one_write_and_a_lone_one_at_once(
     pwritev at the end of the pass (`appends_now` waits while more of the connection's bytes
     follow); a request that arrives alone is written at once. Every reply is right and in
     order either way, and the log holds the values in the order sent."""
-    missing = io_uring_missing()
-    if missing:
-        pytest.skip(f"io_uring unavailable: {missing}")
     writes: list[list[int]] = []  # the store write lengths of each write call, in order
 
     def counting(real):  # type: ignore[no-untyped-def]
@@ -79,35 +115,17 @@ def test_pipelined_appends_go_out_in_one_write_and_a_lone_one_at_once(
     batches = [encode_batch([v]) for v in burst]
     seen: dict[str, object] = {}
 
-    def client(port: int, post, stop) -> None:  # type: ignore[no-untyped-def]
-        try:
-            w = Wire(port)
-            tid = w.create_topic("g", 1)
-            before = len(writes)
-            frames = [
-                b"".join(m.encode_request(m.ProduceRequest(tid, 0, m.Acks.WRITTEN, 5000, b), 100 + i))
-                for i, b in enumerate(batches)
-            ]
-            w.sock.sendall(b"".join(frames))  # one send: the broker receives them together
-            seen["burst"] = [w.recv() for _ in batches]
-            seen["burst writes"] = writes[before:]
-            before = len(writes)
-            seen["alone"] = w.rpc(m.ProduceRequest(tid, 0, m.Acks.WRITTEN, 5000, encode_batch([b"alone"])))
-            seen["alone writes"] = writes[before:]
-            seen["log"] = [r.value for r in w.fetch_all(tid, 0)]
-            w.close()
-        except BaseException as exc:  # reported by the test, after the server stops
-            seen["error"] = exc
-        finally:
-            post(stop)
+    def client(w: Wire) -> None:
+        tid = w.create_topic("g", 1)
+        before = len(writes)
+        seen["burst"] = _send_together(w, tid, batches)
+        seen["burst writes"] = writes[before:]
+        before = len(writes)
+        seen["alone"] = w.rpc(m.ProduceRequest(tid, 0, m.Acks.WRITTEN, 5000, encode_batch([b"alone"])))
+        seen["alone writes"] = writes[before:]
+        seen["log"] = [r.value for r in w.fetch_all(tid, 0)]
 
-    def on_ready(server: BackendCore, port: int) -> None:
-        post = server.threadsafe_post()
-        threading.Thread(target=client, args=(port, post, server.request_stop), daemon=True).start()
-
-    serve_in_process("io_uring", str(tmp_path / "data"), on_ready)
-    if "error" in seen:
-        raise seen["error"]  # type: ignore[misc]
+    _with_client(tmp_path, client)
     burst_replies = seen["burst"]
     assert [(r.error, r.base_offset) for r in burst_replies] == [(m.ErrorCode.NONE, i) for i in range(8)]  # type: ignore[attr-defined]
     assert seen["burst writes"] == [[sum(len(b) for b in batches)]]  # one write of the eight
@@ -123,9 +141,6 @@ def test_a_gathered_write_that_fails_fails_every_append_in_it(
     """The one pwritev of a burst's appends fails: every request of the burst gets the error,
     none of their records is stored, and the next produce takes their offsets (the log undid
     them all). Its appends are told of the write last first, and the first undoes the rest."""
-    missing = io_uring_missing()
-    if missing:
-        pytest.skip(f"io_uring unavailable: {missing}")
     real = uring_mod.run_ops
     failed: list[int] = []
 
@@ -137,35 +152,16 @@ def test_a_gathered_write_that_fails_fails_every_append_in_it(
         return real(io, ops)
 
     monkeypatch.setattr(uring_mod, "run_ops", failing)
-    burst = [SMALL + bytes([i]) for i in range(6)]
-    batches = [encode_batch([v]) for v in burst]
+    batches = [encode_batch([SMALL + bytes([i])]) for i in range(6)]
     seen: dict[str, object] = {}
 
-    def client(port: int, post, stop) -> None:  # type: ignore[no-untyped-def]
-        try:
-            w = Wire(port)
-            tid = w.create_topic("f", 1)
-            frames = [
-                b"".join(m.encode_request(m.ProduceRequest(tid, 0, m.Acks.WRITTEN, 5000, b), 100 + i))
-                for i, b in enumerate(batches)
-            ]
-            w.sock.sendall(b"".join(frames))  # one send: one gathered write
-            seen["burst"] = [w.recv() for _ in batches]
-            seen["after"] = w.rpc(m.ProduceRequest(tid, 0, m.Acks.WRITTEN, 5000, encode_batch([b"after"])))
-            seen["log"] = [r.value for r in w.fetch_all(tid, 0)]
-            w.close()
-        except BaseException as exc:  # reported by the test, after the server stops
-            seen["error"] = exc
-        finally:
-            post(stop)
+    def client(w: Wire) -> None:
+        tid = w.create_topic("f", 1)
+        seen["burst"] = _send_together(w, tid, batches)  # one send: one gathered write
+        seen["after"] = w.rpc(m.ProduceRequest(tid, 0, m.Acks.WRITTEN, 5000, encode_batch([b"after"])))
+        seen["log"] = [r.value for r in w.fetch_all(tid, 0)]
 
-    def on_ready(server: BackendCore, port: int) -> None:
-        post = server.threadsafe_post()
-        threading.Thread(target=client, args=(port, post, server.request_stop), daemon=True).start()
-
-    serve_in_process("io_uring", str(tmp_path / "data"), on_ready)
-    if "error" in seen:
-        raise seen["error"]  # type: ignore[misc]
+    _with_client(tmp_path, client)
     assert failed == [sum(len(b) for b in batches)]  # the six went out in the one write that failed
     replies: list[m.ProduceResponse] = seen["burst"]  # type: ignore[assignment]
     assert len(replies) == 6
