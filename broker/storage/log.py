@@ -10,8 +10,11 @@ Rules this module keeps:
   (`Write`, `Sync`, `SyncDir`) or an extent to read; the caller executes them; the `complete_*`
   half makes the result visible. `append`, `flush` and `read` do both halves with the log's
   `FileIO`, for tools, tests and the uvloop backend.
-- Offsets move in one direction through three marks, asserted on every change:
-  durable_offset (fsynced) <= end_offset (written, visible to readers) <= next offset assigned.
+- Offsets move in one direction through three marks:
+  durable_offset (fsynced) <= end_offset (written, visible to readers) <= next offset assigned,
+  all asserted where a flush, a truncation or a restart moves them. An append's completion moves
+  only end_offset, up to where the oldest append still in flight begins (appends complete in the
+  order prepared, asserted there): the full check is not repeated on that hot path.
 - Cold paths (open, recovery, roll, truncate, retention) use the `FileIO` directly; so does the
   preallocation of the active segment's file ahead of its appends (one posix_fallocate per
   `PREALLOCATE_BYTES` appended, per up to `PREALLOCATE_BYTES_MAX` while the appends come fast),
