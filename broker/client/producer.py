@@ -23,7 +23,8 @@ broker that had already appended it answers with the original offsets and append
 (`broker/core/partition.py` keeps the last 5 batches per producer; hence `max_in_flight <= 5`).
 Failures are handled per partition in *rounds*: after the first failure nothing new is sent until
 every batch in flight has answered, then the failed ones are resent in sequence order. A batch
-refused with OUT_OF_ORDER_SEQUENCE behind a failed one is collateral damage and retried too.
+refused with OUT_OF_ORDER_SEQUENCE behind a failed one, or behind one still unanswered (in flight
+on the connection a re-route left behind), is collateral damage and retried too.
 
 When a batch is given up while the broker is known not to have appended it (a non-retriable
 refusal), its sequence numbers are released: the partition's later batches, which the broker also
@@ -817,6 +818,11 @@ class AsyncProducer:
             earlier_unknown = [x for x in ps.unknown if x.order < b.order]
             if ps.recovering:
                 retry = True  # behind a failed batch of this round: collateral
+            elif any(x.order < b.order for x in ps.inflight):
+                # Behind a batch still unanswered (sent on the connection a re-route left, or
+                # answered late): the broker has not seen that one yet. Collateral too: both are
+                # resent in order once it answers.
+                retry = True
             elif earlier_unknown:
                 # Batches given up before this one with unknown fate were not appended after all.
                 ps.released.extend(earlier_unknown)

@@ -708,6 +708,42 @@ def test_collateral_out_of_order_behind_a_retried_batch_keeps_its_bytes() -> Non
     run(body)
 
 
+def test_out_of_order_behind_a_batch_still_unanswered_waits_for_it() -> None:
+    """A batch refused as out of order while an earlier batch of its partition is still
+    unanswered (answered first on another connection after a re-route, or here, the earlier one
+    never answered): the broker has not seen the earlier one, so the refusal is collateral, not a
+    disagreement. Once the earlier one fails (its reply times out), both are resent in order with
+    their bytes and land once each, in the same epoch, and no send fails."""
+
+    async def body(broker: FakeBroker) -> None:
+        hung: set[int] = set()
+
+        def script(r: Received, i: int) -> Action | m.ErrorCode:
+            if _value(r) == b"0" and not hung:
+                hung.add(i)
+                return Action.HANG
+            return Action.OK
+
+        broker.on_produce = script
+        async with AsyncProducer(
+            broker.bootstrap,
+            batch_bytes=BATCH_OVERHEAD + 19,
+            linger_ms=0,
+            retry_backoff_ms=5,
+            request_timeout_ms=100,
+        ) as p:
+            assert (await (await p.send("t", b"start"))).offset == 0
+            futs = [await p.send("t", v) for v in (b"0", b"1")]
+            assert [(await f).offset for f in futs] == [1, 2]
+        values = [r.value for r in decode_batches(b"".join(broker.log("t", 0).batches))]
+        assert values == [b"start", b"0", b"1"]
+        sent = [(_value(r), r.epoch, r.base_sequence, r.records) for r in broker.received]
+        assert [x[:3] for x in sent[1:3]] == [(b"0", 0, 1), (b"1", 0, 2)]  # "1" refused: a gap
+        assert sent[3:] == sent[1:3]  # resent in order, with the same bytes
+
+    run(body)
+
+
 def test_first_batch_of_an_epoch_is_not_overtaken() -> None:
     """The broker takes any sequence from a producer it does not know yet: if the first batch
     failed while later ones were in flight, they would land first. The first batch goes alone."""
