@@ -302,31 +302,40 @@ def test_producer_survives_a_broker_restart_without_duplicates(broker: BrokerPro
     the page cache), restart it: the producer retries the batches that were in flight with the
     same bytes, and the log holds every record exactly once, in order per key."""
     create(broker, "restart", 2)
-    n = 6000
     futs = []
+    stop = threading.Event()
     with Producer(broker.bootstrap, retry_backoff_ms=50, linger_ms=1, batch_bytes=2048) as p:
 
         def send_all() -> None:
-            for i in range(n):
+            # A steady stream until told to stop (after the restart), so that whenever the kill
+            # comes the sender is still sending: batches are in flight at the kill.
+            i = 0
+            while not stop.is_set():
                 futs.append(p.send("restart", f"{i}".encode(), key=f"k{i % 5}".encode()))
+                i += 1
                 if i % 20 == 0:
-                    time.sleep(0.001)  # a steady stream, so that batches are in flight at the kill
+                    time.sleep(0.001)
 
         sender = threading.Thread(target=send_all)
         sender.start()
-        while len(futs) < n // 3:
+        while len(futs) < 2000:
             time.sleep(0.001)
-        futs[n // 4].result(10)
-        # Kill while something is unacknowledged: on a loaded machine the sender can fall behind
-        # and find everything acknowledged at the moment of the kill.
+        futs[1500].result(10)
+        # Kill while something is unacknowledged (the sender may have found everything
+        # acknowledged at that moment: wait for a record that is not).
         deadline = time.monotonic() + 10
-        while all(f.done() for f in futs) and time.monotonic() < deadline:
+        while all(f.done() for f in list(futs)) and time.monotonic() < deadline:
             time.sleep(0.0005)
         broker.kill()
-        in_flight_at_kill = sum(not f.done() for f in futs)
+        at_kill = list(futs)
+        in_flight_at_kill = sum(not f.done() for f in at_kill)
         time.sleep(0.2)
         broker.start()
+        while len(futs) < len(at_kill) + 2000:  # records sent after the restart too
+            time.sleep(0.001)
+        stop.set()
         sender.join()
+        n = len(futs)
         p.flush(60)
         mds = [f.result(1) for f in futs]
     assert in_flight_at_kill > 0
