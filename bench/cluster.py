@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "cluster")]
 
-from brokerproc import BrokerProcess  # noqa: E402
+from brokerproc import BrokerProcess, membership_key_file  # noqa: E402
 from etcdproc import EtcdCluster  # noqa: E402
 
 from broker.client.admin import Admin  # noqa: E402
@@ -55,7 +55,7 @@ def start_cluster(root: Path, etcd: EtcdCluster, backend: str) -> dict[int, Brok
     for i in (1, 2, 3):
         extra = (
             "--node-id", str(i), "--etcd", ",".join(etcd.endpoints), "--membership-port", str(ports[i - 1]),
-            "--join", seeds, "--ebpf", "off",
+            "--join", seeds, "--ebpf", "off", "--membership-key-file", str(membership_key_file(root)),
         )  # fmt: skip
         nodes[i] = BrokerProcess(root / f"n{i}", root / f"n{i}.log", extra, backend=backend).start()
     return nodes

@@ -5,8 +5,9 @@
  *   membership (UDP to the membership port), partition (TCP to a broker port), other (the rest,
  *   including non-IP, fragments after the first, and IPv6 with extension headers).
  * - A packet to the membership port whose UDP payload is shorter than the 24-byte membership header
- *   or does not start with the magic "RLMB" and version 1 is dropped (XDP_DROP) and counted as
- *   malformed. That is the only packet this program drops; everything else is XDP_PASS, untouched.
+ *   and the 16-byte tag that ends every packet, or does not start with the magic "RLMB" and
+ *   version 2, is dropped (XDP_DROP) and counted as malformed. The tag itself (an HMAC under the
+ *   cluster key, broker/cluster/swim.py) is checked in user space: the key never enters the kernel. That is the only packet this program drops; everything else is XDP_PASS, untouched.
  * - Counters are per CPU (BPF_PERCPU_ARRAY): no atomics on the packet path; readers sum the CPUs.
  */
 #include <uapi/linux/bpf.h>
@@ -24,8 +25,8 @@
 #define RL_CLASS_SLOTS 4
 
 #define RL_MEMBERSHIP_MAGIC 0x524C4D42 /* "RLMB", big-endian on the wire */
-#define RL_MEMBERSHIP_VERSION 1
-#define RL_MEMBERSHIP_HEADER 24 /* broker/node/membership.py: HEADER_SIZE */
+#define RL_MEMBERSHIP_VERSION 2 /* broker/cluster/swim.py: VERSION */
+#define RL_MEMBERSHIP_MIN 40     /* broker/cluster/swim.py: PACKET_MIN, the header (24) and the tag (16) */
 
 BPF_HASH(rl_xdp_ports, u32, u32, 64);
 BPF_PERCPU_ARRAY(rl_xdp_stats, u64, RL_CLASS_SLOTS);
@@ -86,7 +87,7 @@ int rl_xdp_classify(struct xdp_md *ctx)
         return rl_done(RL_CLASS_PARTITION, XDP_PASS);
     struct udphdr *udp = l4;
     u8 *p = (u8 *)(udp + 1);
-    if ((void *)(p + RL_MEMBERSHIP_HEADER) > end || ntohs(udp->len) < 8 + RL_MEMBERSHIP_HEADER)
+    if ((void *)(p + RL_MEMBERSHIP_MIN) > end || ntohs(udp->len) < 8 + RL_MEMBERSHIP_MIN)
         return rl_done(RL_CLASS_MALFORMED, XDP_DROP);
     u32 magic = (u32)p[0] << 24 | (u32)p[1] << 16 | (u32)p[2] << 8 | p[3];
     if (magic != RL_MEMBERSHIP_MAGIC || p[4] != RL_MEMBERSHIP_VERSION)

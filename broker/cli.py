@@ -389,6 +389,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.session_timeout_s < 1:
+        print("broker: --session-timeout-s is at least 1", file=sys.stderr)
+        return 2
     if etcd and (args.default_replication_factor < 1 or args.min_insync_replicas < 1):
         print(
             "broker: --default-replication-factor and --min-insync-replicas are at least 1", file=sys.stderr
@@ -413,6 +416,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         xdp_mode=args.xdp_mode,
         tcp_fastopen_sysctl=args.tcp_fastopen_sysctl,
         membership_port=args.membership_port,
+        membership_key_file=args.membership_key_file,
         group_initial_rebalance_delay_ms=args.group_initial_rebalance_delay_ms,
         sasl=sasl,
         tls=tls,
@@ -430,6 +434,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         replica_lag_max_ms=args.replica_lag_time_max_ms,
         unclean_election=args.unclean_leader_election,
         reassign_after_s=args.reassign_after_s,
+        session_ttl_s=args.session_timeout_s,
     )
     return run_supervisor(config)
 
@@ -593,7 +598,15 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         metavar="UDP_PORT",
-        help="UDP membership ping/ack endpoint (default: the TCP port's number; -1: none)",
+        help="UDP membership (SWIM) endpoint (default: none on a single node; with --node-id or "
+        "--join, the TCP port's number; -1: none)",
+    )
+    serve.add_argument(
+        "--membership-key-file",
+        default=None,
+        metavar="PATH",
+        help="the cluster key: one key (or two, during a rotation) in hex, a line each; the first "
+        "signs every membership packet, either verifies (needed by any membership endpoint)",
     )
     serve.add_argument(
         "--node-id",
@@ -646,6 +659,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help="the controller moves the replicas of a node absent this long (default 0: never; "
         "`broker reassign --drain` does it by hand)",
+    )
+    cluster.add_argument(
+        "--session-timeout-s",
+        type=int,
+        default=2,
+        metavar="S",
+        help="TTL of this node's etcd lease: the cluster takes it for dead this long after its "
+        "last renewal, if SWIM has not confirmed it dead sooner (default 2)",
     )
     cluster.add_argument(
         "--unclean-leader-election",

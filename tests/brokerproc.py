@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from broker.cluster.swim import Keyring
 from ringlog_proto import messages as m
 from ringlog_proto.batch import Record, decode_batches
 from ringlog_proto.frames import NEED_DATA, Frame, FrameDecoder
@@ -31,6 +32,19 @@ def free_udp_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+TEST_MEMBERSHIP_KEY = "5a" * 32  # the tests' cluster key (hex, as in a --membership-key-file)
+TEST_KEYRING = Keyring([bytes.fromhex(TEST_MEMBERSHIP_KEY)])
+
+
+def membership_key_file(directory: Path) -> Path:
+    """The tests' cluster key in `directory`, as `--membership-key-file` takes it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "membership.key"
+    path.write_text(TEST_MEMBERSHIP_KEY + "\n")
+    path.chmod(0o600)
+    return path
 
 
 def wait_for(what: Callable[[], object], timeout: float = 20.0, step: float = 0.05) -> object:

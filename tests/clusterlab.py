@@ -50,6 +50,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
+from brokerproc import membership_key_file
+
 from bpf import state
 
 BROKER_PORT: Final = 9092
@@ -480,6 +482,7 @@ class ClusterLab:
         args += ["--allow-plaintext"]
         args += ["--host", node.ip, "--port", str(BROKER_PORT), "--core-ports", str(CORE_PORTS_BASE)]
         args += ["--membership-port", str(MEMBERSHIP_PORT), "--cores", str(self.cores), "--oversubscribe"]
+        args += ["--membership-key-file", str(membership_key_file(self.base))]  # the lab's cluster key
         args += ["--backend", self.backend]
         args += ["--ebpf", "auto", "--xdp-iface", NS_IF] if xdp else ["--ebpf", "off"]
         return [*args, *extra]

@@ -31,12 +31,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from brokerproc import BrokerProcess
+from brokerproc import BrokerProcess, membership_key_file
 
 from bpf import state
 
 PREFIX_LEN: Final = 24
 READY_RE: Final = re.compile(r"serving on [\d.]+:(\d+)")
+NS_MEMBERSHIP_PORT: Final = 7946  # the namespace's own port space: always free there
 BROKER_START_S: Final = 30.0  # bcc compiles the programs at start (about a second) and workers boot
 _counter = itertools.count()
 
@@ -140,6 +141,7 @@ class NsBroker(BrokerProcess):
     ) -> None:
         super().__init__(data_dir, log_path, extra, cores)
         self.lab = lab
+        self.membership_port = NS_MEMBERSHIP_PORT
 
     @property
     def host(self) -> str:
@@ -153,7 +155,10 @@ class NsBroker(BrokerProcess):
         args = [sys.executable, "-m", "broker.cli", "serve", "--data-dir", str(self.data_dir)]
         args += ["--allow-plaintext"]
         args += ["--host", self.lab.ns_ip, "--port", "0", "--cores", str(self.cores), "--oversubscribe"]
-        args += ["--backend", "uvloop", *self.extra]
+        args += ["--backend", "uvloop"]
+        key = membership_key_file(self.data_dir.parent)  # the XDP tests ping the membership endpoint
+        args += ["--membership-port", str(self.membership_port), "--membership-key-file", str(key)]
+        args += self.extra
         with open(self.log_path, "ab") as log:
             self.proc = self.lab.popen(args, stdout=log, stderr=log)
         deadline = time.monotonic() + BROKER_START_S

@@ -6,11 +6,23 @@ Rules this module keeps:
   the view through `take_events()`. The same inputs give the same outputs (the simulator relies on it).
 - Membership is a failure *signal*, not a decision: it says what this node believes of the others.
   Placement and leadership belong to the controller and the metadata store.
-- Every packet starts with the 24-byte RLMB header of membership version 1 (magic, version, kind,
-  flags, sequence, node_id, cores, port, incarnation) that bpf/xdp.c checks; bytes after it are a
-  compact payload bounded by `PACKET_BYTES_MAX` (one Ethernet frame's UDP payload). Updates that do
-  not fit wait for the next packet. A packet that does not decode is counted and dropped.
-- A PING from node id 0 (a pinger that is not a broker) gets the plain 24-byte ACK, as before SWIM.
+- This module is the one definition of the membership packet (broker/node/membership.py re-exports
+  it). Every packet starts with the 24-byte RLMB header of membership version 2 (magic, version,
+  kind, flags, sequence, node_id, cores, port, incarnation) that bpf/xdp.c checks, then a compact
+  payload, then a 16-byte tag: HMAC-SHA256 of everything before it under the cluster key, cut to
+  128 bits. The whole datagram is bounded by `PACKET_BYTES_MAX` (one Ethernet frame's UDP
+  payload). Updates that do not fit wait for the next packet.
+- Nothing is believed before its tag is: a packet is checked against every key of the `Keyring`
+  (two during a rotation, memberlist's keyring rule: the first signs, any verifies) before a byte
+  of its payload is parsed. Without a valid tag it is dropped and counted (`unauthenticated`); a
+  packet that does not decode is dropped and counted (`malformed`). `decode` raises nothing but
+  `MalformedPacket` (of which `Unauthenticated` is a kind), whatever the bytes.
+- Nothing a packet says may stop the node: an incarnation is a u32, and a claim about this node at
+  the last one (which no refutation can beat) is counted and ignored instead of overflowing.
+- A PING from node id 0 (a tool that is not a broker, signed with the key) gets the plain ACK.
+- Member states are the `State` enum, never strings: a comparison with a misspelt or wrongly
+  cased string cannot silently be false everywhere (issue 37: SWIM's deaths never reached the
+  cluster agent because its supervisor compared "dead" with "DEAD").
 - Failure detection (SWIM, Das et al. 2002): once per protocol period, probe one member (round robin
   over a shuffled list, so each is probed within two periods of its turn); no ACK within
   `ack_timeout`: ask `indirect_k` others to probe it (PING_REQ); still nothing by the end of the
@@ -43,16 +55,24 @@ Packet format: docs/PROTOCOL.md §8.2.
 
 from __future__ import annotations
 
+import enum
+import hmac
 import math
 import random
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Final
 
 MAGIC: Final = b"RLMB"
-VERSION: Final = 1
+VERSION: Final = 2  # 2: every packet ends with the cluster key's tag (version 1 had none)
 HEADER_SIZE: Final = 24  # bpf/xdp.c: RL_MEMBERSHIP_HEADER
+TAG_SIZE: Final = 16  # HMAC-SHA256 cut to 128 bits (RFC 2104 §5: at least half the hash, 80 bits)
+PACKET_MIN: Final = HEADER_SIZE + TAG_SIZE  # bpf/xdp.c: RL_MEMBERSHIP_MIN
 PACKET_BYTES_MAX: Final = 1472  # one Ethernet frame's UDP payload: larger datagrams are not ours
+KEY_BYTES_MIN: Final = 16
+INCARNATION_MAX: Final = 0xFFFFFFFF  # a u32 on the wire
 
 PING: Final = 1
 ACK: Final = 2
@@ -64,10 +84,20 @@ FLAG_JOIN: Final = 0x0001  # on a PING: "send me your view" (answered by ACK and
 FLAG_REPLY: Final = 0x0002  # on a SYNC: "send me yours back"
 FLAG_INDIRECT: Final = 0x0004  # on an ACK: relayed for a PING_REQ
 
-ALIVE: Final = "alive"
-SUSPECT: Final = "suspect"
-DEAD: Final = "dead"
-LEFT: Final = "left"
+
+class State(enum.Enum):
+    """A member's state. Its value is the name members.json and `broker members` show."""
+
+    ALIVE = "alive"
+    SUSPECT = "suspect"
+    DEAD = "dead"
+    LEFT = "left"
+
+
+ALIVE: Final = State.ALIVE
+SUSPECT: Final = State.SUSPECT
+DEAD: Final = State.DEAD
+LEFT: Final = State.LEFT
 _STATE_CODE: Final = {ALIVE: 1, SUSPECT: 2, DEAD: 3, LEFT: 4}
 _CODE_STATE: Final = {v: k for k, v in _STATE_CODE.items()}
 
@@ -82,6 +112,49 @@ Addr = tuple[str, int]
 
 class MalformedPacket(ValueError):
     """Not a membership packet of a version we speak."""
+
+
+class Unauthenticated(MalformedPacket):
+    """A membership packet whose tag no key of the keyring made: dropped unread."""
+
+
+class Keyring:
+    """The cluster's membership keys: the first signs every packet sent, any of them verifies one
+    received. Rotating is two rolling restarts: add the new key second on every node, then move it
+    first (nodes now sign with it and still accept the old one), then drop the old one."""
+
+    def __init__(self, keys: Sequence[bytes]) -> None:
+        if not 1 <= len(keys) <= 2:
+            raise ValueError(f"{len(keys)} keys: a keyring holds one, or two during a rotation")
+        for k in keys:
+            if len(k) < KEY_BYTES_MIN:
+                raise ValueError(f"a key of {len(k)} bytes: at least {KEY_BYTES_MIN}")
+        self.keys: tuple[bytes, ...] = tuple(keys)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> Keyring:
+        """One key a line in hex (`openssl rand -hex 32`); blank lines and `#` comments skipped.
+        Raises OSError or ValueError with what is wrong."""
+        keys = []
+        for n, raw in enumerate(Path(path).read_text().splitlines(), 1):
+            text = raw.split("#", 1)[0].strip()
+            if not text:
+                continue
+            try:
+                keys.append(bytes.fromhex(text))
+            except ValueError:
+                raise ValueError(f"{path}:{n}: not a key in hex") from None
+        try:
+            return cls(keys)
+        except ValueError as exc:
+            raise ValueError(f"{path}: {exc}") from None
+
+    def sign(self, body: bytes) -> bytes:
+        return body + hmac.digest(self.keys[0], body, "sha256")[:TAG_SIZE]
+
+    def verify(self, data: bytes) -> bool:
+        body, tag = data[:-TAG_SIZE], data[-TAG_SIZE:]
+        return any(hmac.compare_digest(hmac.digest(k, body, "sha256")[:TAG_SIZE], tag) for k in self.keys)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +179,7 @@ class Member:
 class Update:
     """One statement about a node. `member` is set for ALIVE only (the metadata travels with it)."""
 
-    state: str
+    state: State
     node_id: int
     incarnation: int
     member: Member | None = None
@@ -130,14 +203,14 @@ class MemberView:
     """This node's belief about one member (itself included)."""
 
     member: Member
-    state: str
+    state: State
     incarnation: int
 
     def to_json(self) -> dict[str, object]:
         m = self.member
         return {
             "node_id": m.node_id,
-            "state": self.state,
+            "state": self.state.value,
             "incarnation": self.incarnation,
             "host": m.host,
             "port": m.port,
@@ -151,7 +224,7 @@ class MemberView:
 
 @dataclass(frozen=True, slots=True)
 class MemberEvent:
-    kind: str  # ALIVE, SUSPECT, DEAD or LEFT: the member's new state
+    kind: State  # the member's new state
     view: MemberView
 
 
@@ -185,16 +258,16 @@ def _encode_target(t: Member) -> bytes:
     return _TARGET.pack(t.node_id, t.membership_port) + _str8(t.host)
 
 
-def encode(p: Packet) -> bytes:
-    """The whole packet (every update must fit: `Swim` fills packets with `_assemble` instead)."""
+def encode(p: Packet, keyring: Keyring) -> bytes:
+    """The whole packet, signed (every update must fit: `Swim` fills its packets itself)."""
     out = encode_header(p.kind, p.sequence, p.node_id, p.cores, p.port, p.incarnation, p.flags)
     if p.target is not None:
         out += _encode_target(p.target)
     if p.updates:
         out += bytes((len(p.updates),)) + b"".join(encode_update(u) for u in p.updates)
-    if len(out) > PACKET_BYTES_MAX:
-        raise ValueError(f"{len(out)} bytes: more than {PACKET_BYTES_MAX}")
-    return out
+    if len(out) + TAG_SIZE > PACKET_BYTES_MAX:
+        raise ValueError(f"{len(out) + TAG_SIZE} bytes: more than {PACKET_BYTES_MAX}")
+    return keyring.sign(out)
 
 
 def _str8_at(data: bytes, pos: int) -> tuple[str, int]:
@@ -241,9 +314,11 @@ def _decode_update(data: bytes, pos: int) -> tuple[Update, int]:
     return u, end
 
 
-def decode(data: bytes) -> Packet:
-    if len(data) < HEADER_SIZE:
-        raise MalformedPacket(f"{len(data)} bytes, shorter than the {HEADER_SIZE}-byte header")
+def decode(data: bytes, keyring: Keyring) -> Packet:
+    """The packet `data` holds, once its tag is one of `keyring`'s; raises MalformedPacket (or
+    Unauthenticated) and nothing else, whatever `data` is."""
+    if len(data) < PACKET_MIN:
+        raise MalformedPacket(f"{len(data)} bytes, shorter than the {HEADER_SIZE}-byte header and the tag")
     if len(data) > PACKET_BYTES_MAX:
         raise MalformedPacket(f"{len(data)} bytes, longer than {PACKET_BYTES_MAX}")
     magic, version, kind, flags, seq, node, cores, port, inc = _HEADER.unpack_from(data)
@@ -253,6 +328,9 @@ def decode(data: bytes) -> Packet:
         raise MalformedPacket(f"version {version}, not {VERSION}")
     if kind not in KINDS:
         raise MalformedPacket(f"unknown kind {kind}")
+    if not keyring.verify(data):
+        raise Unauthenticated("no key of the keyring made this packet's tag")
+    data = data[:-TAG_SIZE]
     pos = HEADER_SIZE
     target = None
     updates: list[Update] = []
@@ -301,7 +379,7 @@ class SwimConfig:
 @dataclass(slots=True)
 class _Peer:
     member: Member
-    state: str
+    state: State
     incarnation: int
     since: float
     nudged: float = -math.inf
@@ -329,6 +407,8 @@ class Counters:
     pings: int = 0  # PINGs answered
     acks_received: int = 0
     malformed: int = 0
+    unauthenticated: int = 0  # dropped: no key of the keyring made their tag
+    unrefutable: int = 0  # claims about this node at INCARNATION_MAX, which it cannot outbid
     probes: int = 0
     indirect_probes: int = 0
     suspected: int = 0  # members this node suspected itself (its probe failed)
@@ -344,12 +424,14 @@ class Swim:
     def __init__(
         self,
         me: Member,
+        keyring: Keyring,
         config: SwimConfig | None = None,
         rng: random.Random | None = None,
         now: float = 0.0,
         incarnation: int = 0,
     ) -> None:
         self.me = me
+        self.keyring = keyring
         self.config = config or SwimConfig()
         self.rng = rng or random.Random(me.node_id)
         self.incarnation = incarnation
@@ -399,7 +481,7 @@ class Swim:
         """New metadata of this node (weight, ports): a new incarnation carries it."""
         assert me.node_id == self.me.node_id
         self.me = me
-        self.incarnation += 1
+        self.incarnation = min(self.incarnation + 1, INCARNATION_MAX)
         self._enqueue(self._self_update())
         self._events.append(MemberEvent(ALIVE, self._self_view()))
 
@@ -527,16 +609,19 @@ class Swim:
 
     def receive(self, data: bytes, addr: Addr, now: float) -> None:
         try:
-            pkt = decode(data)
+            pkt = decode(data, self.keyring)
+        except Unauthenticated:
+            self.counters.unauthenticated += 1
+            return
         except MalformedPacket:
             self.counters.malformed += 1
             return
-        if pkt.node_id == 0:  # not a broker: the plain ping/ack of membership version 1
+        if pkt.node_id == 0:  # not a broker (a tool holding the key): the plain ping/ack
             if pkt.kind == PING:
                 self.counters.pings += 1
                 m = self.me
-                self._out.append(
-                    (addr, encode_header(ACK, pkt.sequence, m.node_id, m.cores, m.port, self.incarnation))
+                self._emit(
+                    addr, encode_header(ACK, pkt.sequence, m.node_id, m.cores, m.port, self.incarnation)
                 )
             return
         if pkt.node_id == self.me.node_id:
@@ -584,6 +669,9 @@ class Swim:
         refutation's gossip has died out."""
         if u.node_id == self.me.node_id:
             if u.state != ALIVE and not self.left:
+                if u.incarnation >= INCARNATION_MAX:  # nothing outbids it: believe none of it
+                    self.counters.unrefutable += 1
+                    return False
                 if u.incarnation >= self.incarnation:
                     self.incarnation = u.incarnation + 1
                     self.counters.refuted += 1
@@ -640,7 +728,7 @@ class Swim:
         self._suspects[nid] = now + self.suspicion_timeout()
         self._enqueue(Update(SUSPECT, nid, inc))
 
-    def _set(self, nid: int, p: _Peer, state: str, inc: int, now: float) -> None:
+    def _set(self, nid: int, p: _Peer, state: State, inc: int, now: float) -> None:
         changed = state != p.state or inc != p.incarnation
         p.state, p.incarnation, p.since, p.record = state, inc, now, b""
         if state != SUSPECT:
@@ -687,7 +775,7 @@ class Swim:
         if target is not None:
             head += _encode_target(target)
         parts = [encode_update(u) for u in first]
-        room = self.config.packet_bytes - len(head) - 1 - sum(map(len, parts))
+        room = self.config.packet_bytes - TAG_SIZE - len(head) - 1 - sum(map(len, parts))
         if self._queue:
             limit = self.config.retransmits(len(self._peers) + 1)
             firsts = {u.node_id for u in first}
@@ -709,7 +797,7 @@ class Swim:
     def _send_sync(self, addr: Addr, updates: list[Update] | list[bytes], reply: bool) -> None:
         """`updates` in as many SYNC packets as they need; only the first asks for a reply."""
         flags = FLAG_REPLY if reply else 0
-        room_max = self.config.packet_bytes - HEADER_SIZE - 1
+        room_max = self.config.packet_bytes - TAG_SIZE - HEADER_SIZE - 1
         parts: list[bytes] = []
         room = room_max
         for u in updates:
@@ -726,7 +814,8 @@ class Swim:
                 addr, self._header(SYNC, self._next_seq(), flags) + bytes((len(parts),)) + b"".join(parts)
             )
 
-    def _emit(self, addr: Addr, data: bytes) -> None:
+    def _emit(self, addr: Addr, body: bytes) -> None:
+        data = self.keyring.sign(body)
         self.counters.packets_out += 1
         self.counters.bytes_out += len(data)
         self._out.append((addr, data))

@@ -46,11 +46,13 @@ Rules this module keeps:
   not parked for seconds in a backlog nobody accepts from; they land on a live core, which answers
   everything but that core's partitions (those get NOT_OWNER, retriable).
 - The membership endpoint (broker/node/membership.py) is a UDP socket on the same host, port
-  `--membership-port` (default: the broker's TCP port number), answered from the supervisor's loop.
-  It runs a SWIM node (broker/cluster/swim.py): `--node-id` and `--join` make it part of a cluster;
-  without them it is a cluster of one that still answers plain pings. Its timer is the selector's
-  timeout. Every change of the view is written atomically to `<data_dir>/run/members.json` and
-  passed to `on_member_event` (the cluster agent's hook); SIGTERM sends a graceful LEFT first.
+  `--membership-port` (default for a node of a cluster: the broker's TCP port number; a single
+  node opens none unless that flag names one), answered from the supervisor's loop. Every endpoint
+  needs the cluster key (`--membership-key-file`): packets not signed with it are dropped unread.
+  It runs a SWIM node (broker/cluster/swim.py): `--node-id` and `--join` make it part of a cluster.
+  Its timer is the selector's timeout. Every change of the view is written atomically to
+  `<data_dir>/run/members.json` and passed to `on_member_event` (the cluster agent's hook, whose
+  states are swim.State members, never strings); SIGTERM sends a graceful LEFT first.
 """
 
 from __future__ import annotations
@@ -81,7 +83,7 @@ from broker.backends.uring_options import (
     FLUSH_SYNCS_DEFAULT,
     busy_poll_for,
 )
-from broker.cluster.swim import Member, MemberEvent, Swim
+from broker.cluster.swim import Keyring, Member, MemberEvent, Swim
 from broker.core.groups import migrate_partition_offsets
 from broker.core.limits import Limits
 from broker.core.liveness import LivenessTable
@@ -139,7 +141,9 @@ class SupervisorConfig:
     xdp_iface: str | None = None
     xdp_mode: str = "auto"
     tcp_fastopen_sysctl: bool = False  # set net.ipv4.tcp_fastopen's server bit (restored at exit)
-    membership_port: int | None = None  # None: the broker's TCP port number; -1: no endpoint
+    membership_port: int | None = None  # None: a node of a cluster uses its TCP port's number, a
+    # single node has none; -1: no endpoint
+    membership_key_file: str | None = None  # swim.Keyring.from_file: every endpoint needs the key
     limits: Limits = field(default_factory=Limits)  # broker/core/limits.py, docs/LIMITS.md
     group_initial_rebalance_delay_ms: int = 3000  # broker/core/coordinator.py
     sasl: SaslConfig = field(default_factory=SaslConfig)  # broker/security/sasl.py
@@ -157,6 +161,7 @@ class SupervisorConfig:
     replica_lag_max_ms: int = 10_000
     unclean_election: bool = False
     reassign_after_s: float = 0.0
+    session_ttl_s: int = 2  # broker/cluster/agent.py: SESSION_TTL_S
 
 
 @dataclass(slots=True)
@@ -403,7 +408,16 @@ class Supervisor:
             if clustered:
                 raise StartError("--node-id/--join need the membership endpoint (--membership-port)")
             return
-        explicit = port is not None or clustered
+        if port is None and not clustered:
+            return  # a single node opens no UDP port it was not asked for (issue 37)
+        if self.config.membership_key_file is None:
+            raise StartError(
+                "the membership endpoint needs the cluster key (--membership-key-file; docs/CLUSTER.md)"
+            )
+        try:
+            keyring = Keyring.from_file(self.config.membership_key_file)
+        except (OSError, ValueError) as exc:
+            raise StartError(f"--membership-key-file: {exc}") from exc
         port = self.sockets.port if port is None else port
         family = socket.getaddrinfo(self.config.host, port, type=socket.SOCK_DGRAM)[0][0]
         sock = socket.socket(family, socket.SOCK_DGRAM)
@@ -411,17 +425,7 @@ class Supervisor:
             sock.bind((self.config.host, port))
         except OSError as exc:
             sock.close()
-            if explicit:
-                raise StartError(f"cannot serve membership on udp {self.config.host}:{port}: {exc}") from exc
-            # The default follows the TCP port, which may be one the kernel picked (--port 0): a UDP
-            # socket elsewhere may hold that number. Serve without the endpoint and say so.
-            log.warning(
-                "no membership endpoint: udp %s:%d: %s (--membership-port names one)",
-                self.config.host,
-                port,
-                exc,
-            )
-            return
+            raise StartError(f"cannot serve membership on udp {self.config.host}:{port}: {exc}") from exc
         c = self.config
         me = Member(
             c.node_id,
@@ -435,7 +439,7 @@ class Supervisor:
         )
         # A restart's incarnation is its start time: higher than any the old process refuted up to.
         now = time.monotonic()
-        swim = Swim(me, rng=random.Random(), now=now, incarnation=int(time.time()) & 0xFFFFFFFF)
+        swim = Swim(me, keyring, rng=random.Random(), now=now, incarnation=int(time.time()) & 0xFFFFFFFF)
         self.membership = SwimEndpoint(sock, swim)
         self._selector.register(sock, selectors.EVENT_READ, self.membership)
         log.info("membership endpoint on udp %s:%d (node %d)", c.host, me.membership_port, c.node_id)
@@ -690,6 +694,7 @@ class Supervisor:
                 unclean_election=c.unclean_election,
                 reassign_after_s=c.reassign_after_s,
                 default_replication=c.default_replication,
+                session_ttl_s=c.session_ttl_s,
             ),
             layout.run_dir(c.data_dir),
             registry,

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+from brokerproc import TEST_KEYRING
 from netlab import Netns, NsBroker, wait_fresh
 
 from bpf import kernel, tfo, xdp
@@ -161,7 +162,10 @@ def test_stats_over_the_wire_show_steering_and_xdp_without_the_data_dir(
     b = ns_broker("--ebpf", "on", "--xdp-iface", lab.ns_if, "--backend", backend)
     pings = 3
     for i in range(pings):
-        assert membership.ping(b.host, b.port, sequence=i, timeout=2).kind == membership.ACK
+        assert (
+            membership.ping(b.host, b.membership_port, TEST_KEYRING, sequence=i, timeout=2).kind
+            == membership.ACK
+        )
     wait_fresh(b.bpf, time.time())
     elsewhere = tmp_path / "elsewhere"  # a machine without the data dir: no ./data, no --data-dir
     elsewhere.mkdir()

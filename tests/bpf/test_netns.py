@@ -12,6 +12,7 @@ import socket
 import time
 
 import pytest
+from brokerproc import TEST_KEYRING
 from netlab import fastopen_connect, wait_fresh
 
 from bpf import kernel, tfo
@@ -125,16 +126,17 @@ def test_steered_partitions_land_on_their_owner_and_xdp_counts_the_traffic(lab, 
     before = xdp_classes(b, time.time())
     pings = 5
     for i in range(pings):
-        ack = membership.ping(b.host, b.port, sequence=100 + i, timeout=2)
+        ack = membership.ping(b.host, b.membership_port, TEST_KEYRING, sequence=100 + i, timeout=2)
         assert (ack.kind, ack.sequence, ack.cores, ack.port) == (membership.ACK, 100 + i, 2, b.port)
-    good = membership.encode(membership.Packet(membership.PING, 1))
-    malformed = [b"short", b"XXXX" + good[4:], good[:4] + b"\x02" + good[5:], good[:23]]
+    good = membership.encode(membership.Packet(membership.PING, 1), TEST_KEYRING)
+    malformed = [b"short", b"XXXX" + good[4:], good[:4] + b"\x01" + good[5:], good[:39]]
     others = 6
+    mport = b.membership_port
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
         for data in malformed:
-            u.sendto(data, (b.host, b.port))
+            u.sendto(data, (b.host, mport))
         for _ in range(others):
-            u.sendto(good, (b.host, b.port + 1 if b.port < 65535 else b.port - 1))  # not the membership port
+            u.sendto(good, (b.host, mport + 1))  # not the membership port
     after = xdp_classes(b, time.time())
     d = delta(before, after)
     assert d["membership"] == pings
@@ -187,7 +189,7 @@ def test_without_ebpf_the_same_traffic_is_forwarded_in_user_space(lab, ns_broker
 
     asyncio.run(client_run())
     assert forwards(b.bootstrap) == misplaced  # the routing-aware client added none
-    assert membership.ping(b.host, b.port, timeout=2).kind == membership.ACK
+    assert membership.ping(b.host, b.membership_port, TEST_KEYRING, timeout=2).kind == membership.ACK
     assert b.stop() == 0
     assert lab.sysctl("net.ipv4.tcp_fastopen") == ns_tfo
 

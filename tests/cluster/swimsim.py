@@ -20,7 +20,9 @@ import math
 import random
 from dataclasses import dataclass, field
 
-from broker.cluster.swim import Addr, Member, MemberEvent, Swim, SwimConfig
+from broker.cluster.swim import ALIVE, SUSPECT, Addr, Keyring, Member, MemberEvent, Swim, SwimConfig
+
+KEYRING = Keyring([bytes(range(32))])  # the simulated cluster's key: every packet is signed as on the wire
 
 
 def member(nid: int, rack: str = "") -> Member:
@@ -67,7 +69,9 @@ class Sim:
     def add(self, nid: int, seeds: list[int] = (), rack: str = "") -> Swim:  # type: ignore[assignment]
         m = member(nid, rack)
         self._incarnation += 1
-        swim = Swim(m, self.config, random.Random(self.rng.getrandbits(64)), self.now, self._incarnation)
+        swim = Swim(
+            m, KEYRING, self.config, random.Random(self.rng.getrandbits(64)), self.now, self._incarnation
+        )
         node = SimNode(nid, swim)
         self.nodes[nid] = node
         self.by_addr[m.addr] = nid
@@ -185,9 +189,7 @@ class Sim:
         suspect: under loss some suspicion is always being refuted somewhere)."""
         live = set(self.live())
         for nid in nodes if nodes is not None else live:
-            alive = {
-                v.member.node_id for v in self.nodes[nid].swim.members() if v.state in ("alive", "suspect")
-            }
+            alive = {v.member.node_id for v in self.nodes[nid].swim.members() if v.state in (ALIVE, SUSPECT)}
             if alive != live:
                 return False
         return True

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from brokerproc import BrokerProcess, Wire, free_udp_port, wait_for
+from brokerproc import BrokerProcess, Wire, free_udp_port, membership_key_file, wait_for
 from clusterchecker import Ack, check, read_replica
 
 from broker.client.admin import Admin
@@ -36,6 +36,7 @@ class Cluster:
             extra = (
                 "--node-id", str(i), "--etcd", ",".join(etcd_endpoints), "--cluster-name", name,
                 "--membership-port", str(mports[i - 1]), "--join", seeds, "--ebpf", "off",
+                "--membership-key-file", str(membership_key_file(root)),
                 "--group-initial-rebalance-delay-ms", "100",
             )  # fmt: skip
             self.nodes[i] = BrokerProcess(root / f"node{i}", root / f"node{i}.log", extra)

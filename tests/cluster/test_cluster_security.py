@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from brokerproc import BrokerProcess, free_udp_port, wait_for
+from brokerproc import BrokerProcess, free_udp_port, membership_key_file, wait_for
 from clusterchecker import read_replica
 from securitylab import Pki, broker_cli, consume, produce
 
@@ -62,6 +62,7 @@ class SecureCluster:
         extra = (
             "--node-id", str(i), "--etcd", self.endpoints, "--cluster-name", self.name,
             "--membership-port", str(mport), "--join", self.seeds, "--ebpf", "off",
+            "--membership-key-file", str(membership_key_file(self.root)),
             "--group-initial-rebalance-delay-ms", "100",
             *self.pki.serve_flags(), "--sasl-mechanisms", "SCRAM-SHA-512",
             "--inter-broker-user", "broker", "--inter-broker-password-file", str(self.root / password_file),

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from brokerproc import TEST_KEYRING
 from clusterlab import BROKER_PORT, ETCD_CLIENT_PORT, MEMBERSHIP_PORT, ClusterLab, lab_unavailable, wait_until
 
 from broker.client import Admin
@@ -59,7 +60,8 @@ def test_every_node_reaches_every_node_and_etcd_from_inside(lab: ClusterLab) -> 
         for peer in lab.nodes:
             assert node.host.connects(peer.ip, BROKER_PORT), f"node {node.index} -> node {peer.index}"
             ack = lab.in_node(
-                node.index, lambda peer=peer: membership.ping(peer.ip, MEMBERSHIP_PORT, timeout=2)
+                node.index,
+                lambda peer=peer: membership.ping(peer.ip, MEMBERSHIP_PORT, TEST_KEYRING, timeout=2),
             )
             assert ack.kind == membership.ACK  # UDP too, on the membership port
         assert node.host.connects(etcd.ip, ETCD_CLIENT_PORT), f"node {node.index} -> etcd"
@@ -77,11 +79,14 @@ def test_isolate_cuts_a_node_off_both_ways_and_heal_restores(lab: ClusterLab) ->
         assert not n1.host.connects(etcd.ip, ETCD_CLIENT_PORT, CUT_TIMEOUT_S)
         assert not n1.host.connects(n0.ip, BROKER_PORT, CUT_TIMEOUT_S)
         with pytest.raises(OSError):  # UDP vanishes too (TimeoutError is an OSError)
-            lab.in_node(0, lambda: membership.ping(n1.ip, MEMBERSHIP_PORT, timeout=CUT_TIMEOUT_S))
+            lab.in_node(
+                0, lambda: membership.ping(n1.ip, MEMBERSHIP_PORT, TEST_KEYRING, timeout=CUT_TIMEOUT_S)
+            )
         # inside node 1 nothing changed: its own address and loopback still work
         assert n1.host.connects(n1.ip, BROKER_PORT)
         assert (
-            lab.in_node(1, lambda: membership.ping(n1.ip, MEMBERSHIP_PORT, timeout=2)).kind == membership.ACK
+            lab.in_node(1, lambda: membership.ping(n1.ip, MEMBERSHIP_PORT, TEST_KEYRING, timeout=2)).kind
+            == membership.ACK
         )
         # the others still reach each other and etcd
         assert n0.host.connects(n2.ip, BROKER_PORT) and n2.host.connects(etcd.ip, ETCD_CLIENT_PORT)
@@ -198,7 +203,9 @@ def test_xdp_on_a_node_counts_membership_and_partition_packets(cluster_lab) -> N
     assert before is not None
     pings, conns = 4, 3
     for i in range(pings):
-        lab.in_node(1, lambda i=i: membership.ping(target, MEMBERSHIP_PORT, sequence=i + 1, timeout=2))
+        lab.in_node(
+            1, lambda i=i: membership.ping(target, MEMBERSHIP_PORT, TEST_KEYRING, sequence=i + 1, timeout=2)
+        )
     for _ in range(conns):
         assert lab.nodes[1].host.connects(target, BROKER_PORT)
     after = lab.xdp_counters(0, after=time.time())
@@ -215,7 +222,10 @@ def test_cut_drops_one_pair_only_and_one_way_cuts_are_one_way(lab: ClusterLab) -
     def ping(src: int, dst: int) -> bool:
         try:
             lab.in_node(
-                src, lambda: membership.ping(lab.nodes[dst].ip, MEMBERSHIP_PORT, timeout=CUT_TIMEOUT_S)
+                src,
+                lambda: membership.ping(
+                    lab.nodes[dst].ip, MEMBERSHIP_PORT, TEST_KEYRING, timeout=CUT_TIMEOUT_S
+                ),
             )
         except OSError:
             return False

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from brokerproc import BrokerProcess
+from brokerproc import TEST_KEYRING, BrokerProcess, membership_key_file
 from test_swim import detection_bound
 
 from broker.cluster.swim import SwimConfig
@@ -52,6 +52,7 @@ def trio(tmp_path: Path) -> Iterator[list[BrokerProcess]]:
     brokers = []
     for i, port in enumerate(ports):
         extra = ("--node-id", str(i + 1), "--membership-port", str(port), "--ebpf", "off")
+        extra += ("--membership-key-file", str(membership_key_file(tmp_path)))
         if i:
             extra += ("--join", seed)
         brokers.append(BrokerProcess(tmp_path / f"d{i + 1}", tmp_path / f"b{i + 1}.log", extra))
@@ -70,8 +71,8 @@ def test_three_brokers_converge_detect_a_kill_and_a_restart(trio: list[BrokerPro
     wait_until(lambda: all([s for s, _ in view(x).values()] == ["alive"] * 3 for x in trio), 5)
     old = view(a)[3][1]
     ack = membership.ping(
-        "127.0.0.1", int(c.extra[3]), sequence=9, timeout=2
-    )  # a plain pinger still gets its ack
+        "127.0.0.1", int(c.extra[3]), TEST_KEYRING, sequence=9, timeout=2
+    )  # a tool holding the key gets the plain ack
     assert (ack.kind, ack.sequence, ack.node_id, ack.port) == (membership.ACK, 9, 3, c.port)
 
     c.kill()

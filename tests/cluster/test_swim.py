@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import hmac
 import math
 import random
 
 import pytest
-from swimsim import Sim, member
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from swimsim import KEYRING, Sim, member
 
 from broker.cluster import swim as sw
 
@@ -40,6 +44,10 @@ def dead_times(sim: Sim, nid: int, since: float) -> dict[int, float]:
 # ----------------------------------------------------------------------------- codec
 
 
+def signed(body: bytes) -> bytes:
+    return KEYRING.sign(body)
+
+
 def test_codec_round_trip() -> None:
     m = member(7, rack="r1")
     ups = (
@@ -51,42 +59,52 @@ def test_codec_round_trip() -> None:
     p = sw.Packet(
         sw.PING_REQ, 0xFFFFFFFF, 7, 2, 9092, 3, sw.FLAG_JOIN, sw.Member(8, "10.0.0.8", 0, 7946), ups
     )
-    data = sw.encode(p)
-    assert data[:5] == b"RLMB\x01" and data[5] == sw.PING_REQ  # what bpf/xdp.c checks
-    assert sw.decode(data) == p
+    data = sw.encode(p, KEYRING)
+    assert data[:5] == b"RLMB\x02" and data[5] == sw.PING_REQ  # what bpf/xdp.c checks
+    assert sw.decode(data, KEYRING) == p
     plain = sw.Packet(sw.PING, 5, 0)
-    assert sw.encode(plain) == b"RLMB\x01\x01" + bytes(2) + (5).to_bytes(4, "big") + bytes(12)
-    assert sw.decode(sw.encode(plain)) == plain
+    body = b"RLMB\x02\x01" + bytes(2) + (5).to_bytes(4, "big") + bytes(12)
+    tag = hmac.digest(KEYRING.keys[0], body, "sha256")[:16]
+    assert sw.encode(plain, KEYRING) == body + tag  # HMAC-SHA256 of the rest, cut to 128 bits
+    assert sw.decode(sw.encode(plain, KEYRING), KEYRING) == plain
 
 
 @pytest.mark.parametrize(
     "data",
     [
         b"",
-        b"RLMB\x01\x01" + bytes(17),  # 23 bytes
-        b"XXXX\x01\x01" + bytes(18),
-        b"RLMB\x02\x01" + bytes(18),
-        b"RLMB\x01\x09" + bytes(18),  # unknown kind
-        sw.encode_header(sw.PING, 1, 2, 1, 1, 1) + b"\x01",  # one update announced, none there
-        sw.encode_header(sw.PING, 1, 2, 1, 1, 1) + b"\x01\x07" + bytes(8),  # unknown state
-        sw.encode(sw.Packet(sw.PING, 1, 2, updates=(sw.Update(sw.ALIVE, 3, 1, member(3)),)))[:-1],
-        sw.encode(sw.Packet(sw.PING, 1, 2, updates=(sw.Update(sw.DEAD, 3, 1),))) + b"x",  # trailing byte
-        sw.encode_header(sw.PING_REQ, 1, 2, 1, 1, 1) + bytes(3),  # target cut short
-        bytes(sw.encode_header(sw.PING, 1, 2, 1, 1, 1)) + bytes(1500),  # over one frame
+        b"RLMB\x02\x01" + bytes(33),  # 39 bytes: no room for the header and the tag
+        b"XXXX\x02\x01" + bytes(34),
+        b"RLMB\x01\x01" + bytes(34),  # version 1 (unsigned) is no longer spoken
+        b"RLMB\x02\x09" + bytes(34),  # unknown kind
+        signed(sw.encode_header(sw.PING, 1, 2, 1, 1, 1) + b"\x01"),  # one update announced, none there
+        signed(sw.encode_header(sw.PING, 1, 2, 1, 1, 1) + b"\x01\x07" + bytes(8)),  # unknown state
+        signed(
+            sw.encode(sw.Packet(sw.PING, 1, 2, updates=(sw.Update(sw.ALIVE, 3, 1, member(3)),)), KEYRING)[
+                :-17
+            ]
+        ),
+        signed(
+            sw.encode(sw.Packet(sw.PING, 1, 2, updates=(sw.Update(sw.DEAD, 3, 1),)), KEYRING)[:-16] + b"x"
+        ),
+        signed(sw.encode_header(sw.PING_REQ, 1, 2, 1, 1, 1) + bytes(3)),  # target cut short
+        signed(sw.encode_header(sw.PING, 1, 2, 1, 1, 1) + bytes(1500)),  # over one frame
     ],
 )
 def test_malformed_input_is_refused_and_counted(data: bytes) -> None:
     with pytest.raises(sw.MalformedPacket):
-        sw.decode(data)
-    node = sw.Swim(member(1), rng=random.Random(1))
+        sw.decode(data, KEYRING)
+    node = sw.Swim(member(1), KEYRING, rng=random.Random(1))
     node.receive(data, ("10.0.0.9", 1), 0.0)
     assert node.counters.malformed == 1 and node.take_outgoing() == []
 
 
 def test_random_garbage_never_raises_anything_but_malformed() -> None:
     rng = random.Random(5)
-    good = sw.encode(sw.Packet(sw.ACK, 1, 2, 1, 1, 1, updates=(sw.Update(sw.ALIVE, 3, 1, member(3)),)))
-    node = sw.Swim(member(1), rng=random.Random(1))
+    good = sw.encode(
+        sw.Packet(sw.ACK, 1, 2, 1, 1, 1, updates=(sw.Update(sw.ALIVE, 3, 1, member(3)),)), KEYRING
+    )
+    node = sw.Swim(member(1), KEYRING, rng=random.Random(1))
     for _ in range(2000):
         data = bytearray(good)
         for _ in range(rng.randint(1, 4)):
@@ -96,19 +114,20 @@ def test_random_garbage_never_raises_anything_but_malformed() -> None:
 
 
 def test_non_broker_ping_gets_the_plain_ack() -> None:
-    node = sw.Swim(member(4), rng=random.Random(1), incarnation=77)
-    node.receive(sw.encode(sw.Packet(sw.PING, 42)), ("127.0.0.1", 5555), 0.0)
+    node = sw.Swim(member(4), KEYRING, rng=random.Random(1), incarnation=77)
+    node.receive(sw.encode(sw.Packet(sw.PING, 42), KEYRING), ("127.0.0.1", 5555), 0.0)
     [(addr, data)] = node.take_outgoing()
-    assert addr == ("127.0.0.1", 5555) and len(data) == sw.HEADER_SIZE
-    assert sw.decode(data) == sw.Packet(sw.ACK, 42, 4, 2, 9092, 77)
+    assert addr == ("127.0.0.1", 5555) and len(data) == sw.PACKET_MIN
+    assert sw.decode(data, KEYRING) == sw.Packet(sw.ACK, 42, 4, 2, 9092, 77)
 
 
 def test_packets_stay_within_one_frame_and_gossip_waits_its_turn() -> None:
-    node = sw.Swim(member(1), rng=random.Random(1))
+    node = sw.Swim(member(1), KEYRING, rng=random.Random(1))
     for nid in range(2, 300):  # far more updates than one packet holds
         node.receive(
             sw.encode(
-                sw.Packet(sw.ACK, 1, nid, 2, 9092, 1, updates=(sw.Update(sw.ALIVE, nid, 1, member(nid)),))
+                sw.Packet(sw.ACK, 1, nid, 2, 9092, 1, updates=(sw.Update(sw.ALIVE, nid, 1, member(nid)),)),
+                KEYRING,
             ),
             member(nid).addr,
             0.0,
@@ -116,8 +135,8 @@ def test_packets_stay_within_one_frame_and_gossip_waits_its_turn() -> None:
     node.take_outgoing()
     node.tick(1.0)
     out = node.take_outgoing()
-    assert out and all(sw.HEADER_SIZE <= len(d) <= sw.PACKET_BYTES_MAX for _, d in out)
-    carried = [len(sw.decode(d).updates) for _, d in out if sw.decode(d).kind == sw.PING]
+    assert out and all(sw.PACKET_MIN <= len(d) <= sw.PACKET_BYTES_MAX for _, d in out)
+    carried = [len(sw.decode(d, KEYRING).updates) for _, d in out if sw.decode(d, KEYRING).kind == sw.PING]
     assert carried and 15 < carried[0] < 299  # full, but not everything at once
 
 
@@ -250,3 +269,136 @@ def test_runs_replay_exactly_from_the_seed() -> None:
         return [(t, o, ev.kind, ev.view.member.node_id) for t, o, ev in sim.events]
 
     assert run() == run()
+
+
+# ----------------------------------------------------------------------------- hostile input
+
+
+def test_dead_about_itself_at_the_last_incarnation_does_not_raise() -> None:
+    """Issue 37: 34 bytes saying "you are dead at incarnation 2^32-1" made the refutation's
+    incarnation 2^32, which no u32 field holds: struct.error out of receive stopped the broker."""
+    node = sw.Swim(member(1), KEYRING, rng=random.Random(1), incarnation=5)
+    last = 0xFFFFFFFF
+    for state in (sw.DEAD, sw.SUSPECT, sw.LEFT):
+        data = sw.encode(sw.Packet(sw.SYNC, 1, 2, 1, 1, 1, updates=(sw.Update(state, 1, last),)), KEYRING)
+        node.receive(data, ("10.0.0.9", 1), 0.0)
+        node.tick(1.0)
+        node.take_outgoing()
+    assert node.incarnation == 5 and node.counters.unrefutable == 3
+    # The same claim from a peer about a member: believed (gossip of a real member's end).
+    node.receive(
+        sw.encode(
+            sw.Packet(sw.SYNC, 1, 2, 1, 1, 1, updates=(sw.Update(sw.ALIVE, 3, 1, member(3)),)), KEYRING
+        ),
+        ("10.0.0.9", 1),
+        0.0,
+    )
+    node.receive(
+        sw.encode(sw.Packet(sw.SYNC, 2, 2, 1, 1, 1, updates=(sw.Update(sw.DEAD, 3, last),)), KEYRING),
+        ("10.0.0.9", 1),
+        0.0,
+    )
+    node.tick(2.0)
+    assert {v.member.node_id: v.state for v in node.members()}[3] == sw.DEAD
+
+
+OTHER = sw.Keyring([b"another cluster's key"])
+
+
+def test_a_packet_without_the_key_is_dropped_and_counted() -> None:
+    """A forged ALIVE (which would make this node probe an address the sender chose), a forged
+    DEAD of a live member, and a plain ping (which would tell the node's start time): none is
+    believed or answered without the cluster key."""
+    node = sw.Swim(member(1), KEYRING, rng=random.Random(1), incarnation=5)
+    node.receive(
+        sw.encode(sw.Packet(sw.ACK, 1, 2, 1, 1, 1, updates=(sw.Update(sw.ALIVE, 2, 1, member(2)),)), KEYRING),
+        member(2).addr,
+        0.0,
+    )
+    node.take_outgoing()
+    forged = [
+        sw.Packet(
+            sw.SYNC, 1, 9, 1, 1, 1, updates=(sw.Update(sw.ALIVE, 9, 1, sw.Member(9, "192.0.2.1", 1, 53)),)
+        ),
+        sw.Packet(sw.SYNC, 1, 9, 1, 1, 1, updates=(sw.Update(sw.DEAD, 2, 1),)),
+        sw.Packet(sw.PING, 7),
+    ]
+    for p in forged:
+        node.receive(sw.encode(p, OTHER), ("192.0.2.1", 53), 0.0)
+        node.receive(sw.encode(p, KEYRING)[:-16] + bytes(16), ("192.0.2.1", 53), 0.0)  # no tag
+    assert node.take_outgoing() == []
+    assert {v.member.node_id: v.state for v in node.members()} == {1: sw.ALIVE, 2: sw.ALIVE}
+    assert node.counters.unauthenticated == 6 and node.counters.malformed == 0
+
+
+def test_a_rotation_accepts_both_keys_and_signs_with_the_first() -> None:
+    old, new = KEYRING.keys[0], b"the new cluster key, 32 bytes.."
+    rotating = sw.Keyring([new, old])
+    node = sw.Swim(member(1), rotating, rng=random.Random(1), incarnation=5)
+    for i, ring in enumerate((KEYRING, sw.Keyring([new]), rotating)):
+        node.receive(sw.encode(sw.Packet(sw.PING, i), ring), ("127.0.0.1", 5555), 0.0)
+    out = node.take_outgoing()
+    assert len(out) == 3 and node.counters.unauthenticated == 0
+    assert all(sw.decode(d, sw.Keyring([new])).kind == sw.ACK for _, d in out)
+    with pytest.raises(sw.Unauthenticated):
+        sw.decode(out[0][1], KEYRING)
+
+
+def test_keyring_from_a_file(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    f = tmp_path / "key"
+    f.write_text("# the cluster key\n" + "ab" * 32 + "\n\n" + "cd" * 16 + "  # the old one\n")
+    assert sw.Keyring.from_file(f).keys == (bytes([0xAB]) * 32, bytes([0xCD]) * 16)
+    for text, error in [
+        ("", "0 keys"),
+        ("zz\n", "not a key in hex"),
+        ("ab" * 8, "at least 16"),
+        (("ab" * 16 + "\n") * 3, "3 keys"),
+    ]:
+        f.write_text(text)
+        with pytest.raises(ValueError, match=error):
+            sw.Keyring.from_file(f)
+
+
+# Mutated valid packets and random bytes: decode raises MalformedPacket (or its Unauthenticated)
+# and nothing else; a node fed them neither raises nor changes its view.
+_VALID = [
+    sw.encode(
+        sw.Packet(
+            sw.ACK, 1, 2, 1, 1, 1, updates=(sw.Update(sw.ALIVE, 3, 1, member(3)), sw.Update(sw.DEAD, 4, 9))
+        ),
+        KEYRING,
+    ),
+    sw.encode(sw.Packet(sw.PING_REQ, 1, 2, 1, 1, 1, target=sw.Member(8, "10.0.0.8", 0, 7946)), KEYRING),
+    sw.encode(sw.Packet(sw.PING, 5), KEYRING),
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=1600))
+def test_decode_of_random_bytes_raises_only_malformed(data: bytes) -> None:
+    with contextlib.suppress(sw.MalformedPacket):
+        sw.decode(data, KEYRING)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from(_VALID),
+    st.lists(st.tuples(st.integers(0, 1600), st.integers(0, 255)), max_size=6),
+    st.integers(0, 1600),
+    st.booleans(),
+)
+def test_decode_of_mutated_packets_raises_only_malformed(
+    valid: bytes, edits: list[tuple[int, int]], cut: int, resign: bool
+) -> None:
+    data = bytearray(valid[:-16])
+    for pos, byte in edits:
+        if data:
+            data[pos % len(data)] = byte
+    body = bytes(data[: max(cut, 24)])
+    packet = KEYRING.sign(body) if resign else body + valid[-16:]  # re-signed: the parser is reached
+    with contextlib.suppress(sw.MalformedPacket):
+        sw.decode(packet, KEYRING)
+    node = sw.Swim(member(1), KEYRING, rng=random.Random(1), incarnation=5)
+    node.receive(packet, ("10.0.0.9", 1), 0.0)
+    node.tick(1.0)
+    node.take_outgoing()
