@@ -37,7 +37,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, assert_never
 
 from broker.cluster.admin import ClusterAdmin
 from broker.cluster.controller import drain_target, reconcile
@@ -53,6 +53,7 @@ from broker.cluster.store import (
     MetadataStore,
     StoreError,
 )
+from broker.cluster.swim import State
 from broker.core.cluster_view import ClusterView, publish
 from broker.core.topics import TopicRegistry
 
@@ -150,6 +151,19 @@ class ClusterAgent:
         for t in self._threads:
             t.join(timeout=3.0)
         self.store.close()
+
+    def member_changed(self, node_id: int, state: State) -> None:
+        """The supervisor's hook for SWIM's events: DEAD and LEFT are a signal (see the rules),
+        ALIVE withdraws one not yet acted on, SUSPECT is nothing yet."""
+        match state:
+            case State.DEAD | State.LEFT:
+                self.member_dead(node_id)
+            case State.ALIVE:
+                self.member_alive(node_id)
+            case State.SUSPECT:
+                pass
+            case _:
+                assert_never(state)
 
     def member_dead(self, node_id: int) -> None:
         """SWIM confirmed `node_id` dead (a signal; the controller acts on it, see the rules)."""

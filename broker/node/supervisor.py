@@ -461,7 +461,7 @@ class Supervisor:
                 m.node_id,
                 m.host,
                 m.port,
-                ev.kind,
+                ev.kind.value,
                 ev.view.incarnation,
             )
         self._write_members()
@@ -709,14 +709,8 @@ class Supervisor:
             ) from exc
         self.agent = agent
 
-        def on_member(ev: MemberEvent) -> None:
-            node_id = ev.view.member.node_id
-            if ev.kind in ("DEAD", "LEFT"):
-                agent.member_dead(node_id)
-            elif ev.kind == "ALIVE":
-                agent.member_alive(node_id)
-
-        self.on_member_event = on_member
+        # swim.State on both sides: no string of another case can make every event miss (issue 37).
+        self.on_member_event = lambda ev: agent.member_changed(ev.view.member.node_id, ev.kind)
 
     def _liveness_fds(self) -> tuple[int, ...]:
         return (self.liveness.fd,) if self.liveness is not None else ()
