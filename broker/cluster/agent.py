@@ -18,8 +18,11 @@ Rules this module keeps:
   read; a lost race is left to the next pass, which reads the newer state. It also writes the
   first states of a topic whose creator died half way (`ClusterAdmin.write_partitions`).
 - Membership (SWIM) is a signal: a node SWIM confirms dead has its lease revoked by the
-  controller, so its partitions fail over without waiting for its TTL. A false suspicion costs
-  a re-registration, never data: leaders still come only from in-sync replicas.
+  controller, so its partitions fail over without waiting for its TTL. When the dead node is the
+  controller, every survivor revokes its election lease (its term), so that a new controller is
+  elected and acts at once. A false suspicion costs a re-registration (or a controller's term),
+  never data: leaders still come only from in-sync replicas, and a deposed controller's writes
+  fail on the election's fence. States arrive as `swim.State` (`member_changed`), never strings.
 - A node that cannot renew its session for 3/4 of its TTL publishes a view in which it leads
   nothing, before etcd can expire its lease and the controller elect others: two leaders of one
   partition never both acknowledge acks=all writes. It leads again once its session is back and
@@ -166,10 +169,32 @@ class ClusterAgent:
                 assert_never(state)
 
     def member_dead(self, node_id: int) -> None:
-        """SWIM confirmed `node_id` dead (a signal; the controller acts on it, see the rules)."""
+        """SWIM confirmed `node_id` dead (a signal; the controller acts on it, see the rules). If
+        it is the controller, no controller is left to act: depose it (in a thread of its own:
+        this is called from the supervisor's loop, which must not wait on etcd)."""
         with self._changed:
             self._dead_signals.add(node_id)
             self._changed.notify_all()
+            is_controller = self.mirror.controller == node_id
+        if is_controller and node_id != self.config.node.node_id and not self._stop.is_set():
+            threading.Thread(
+                target=self._depose, args=(node_id,), name=f"depose controller {node_id}", daemon=True
+            ).start()
+
+    def _depose(self, node_id: int) -> None:
+        """Revoke the election lease of the controller SWIM confirmed dead, if it still holds the
+        key: the key goes, the survivors campaign at once, and the new controller revokes the dead
+        node's session as it would any other's (it got the same signal). A false suspicion costs
+        the live controller its term, never a write: every write of a term is fenced on the key's
+        create revision (broker/cluster/election.py), which a deleted key no longer matches."""
+        try:
+            leader = self.election.leader()
+            if leader is None or int(json.loads(leader.node_id)["node_id"]) != node_id:
+                return
+            log.warning("membership confirms the controller (node %d) dead: revoking its term", node_id)
+            self.store.lease_revoke(leader.lease)
+        except (StoreError, ValueError, KeyError, TypeError) as exc:
+            log.warning("deposing the dead controller %d: %s (its term lapses on its own)", node_id, exc)
 
     def member_alive(self, node_id: int) -> None:
         with self._changed:

@@ -132,8 +132,9 @@ def test_swim_moves_a_killed_nodes_partitions_before_its_lease_expires(etcd, tmp
     """Issue 37: SWIM's verdicts never reached the cluster agent (the supervisor compared the
     states with strings of another case), so failover waited for the dead node's etcd lease. With
     a 10 s lease, only SWIM's DEAD (about 1.5 s, then the controller revokes the lease) can move
-    the partitions of a node killed with -9 within 6 s. The victim is not the controller, whose
-    own role moves only when its election lease lapses."""
+    the partitions of a node killed with -9 within 6 s. Then the controller is killed: the
+    survivor deposes it (revokes its election lease) on the same signal, becomes the controller
+    and leads everything, again well before either lease could expire."""
     c = Cluster(tmp_path, etcd.endpoints, extra=("--session-timeout-s", "10"))
     try:
         c.start()
@@ -159,6 +160,21 @@ def test_swim_moves_a_killed_nodes_partitions_before_its_lease_expires(etcd, tmp
         took = time.monotonic() - t0
         assert f"membership confirms node {victim} dead" in c.nodes[controller].log()
         print(f"\nkill -9 of node {victim}: its {len(led)} partitions moved in {took:.2f} s (lease 10 s)")
+
+        last = next(i for i in c.nodes if i not in (victim, controller))
+        wait_for(lambda: all(victim not in s["isr"] for s in c.states(last, topic_id).values()))
+        c.nodes[controller].kill()
+        t0 = time.monotonic()
+        wait_for(
+            lambda: (
+                c.view(last)["controller"] == last
+                and all(s["leader"] == last for s in c.states(last, topic_id).values())
+            ),
+            timeout=6,
+        )
+        took = time.monotonic() - t0
+        assert f"membership confirms the controller (node {controller}) dead" in c.nodes[last].log()
+        print(f"kill -9 of the controller {controller}: node {last} leads all in {took:.2f} s")
     finally:
         c.close()
 
