@@ -67,7 +67,7 @@ from typing import Final
 
 MAGIC: Final = b"RLMB"
 VERSION: Final = 2  # 2: every packet ends with the cluster key's tag (version 1 had none)
-HEADER_SIZE: Final = 24  # bpf/xdp.c: RL_MEMBERSHIP_HEADER
+HEADER_SIZE: Final = 24
 TAG_SIZE: Final = 16  # HMAC-SHA256 cut to 128 bits (RFC 2104 §5: at least half the hash, 80 bits)
 PACKET_MIN: Final = HEADER_SIZE + TAG_SIZE  # bpf/xdp.c: RL_MEMBERSHIP_MIN
 PACKET_BYTES_MAX: Final = 1472  # one Ethernet frame's UDP payload: larger datagrams are not ours
