@@ -13,6 +13,7 @@ import pytest
 from brokerproc import TEST_KEYRING, BrokerProcess, membership_key_file
 from test_swim import detection_bound
 
+from broker.cluster import swim as sw
 from broker.cluster.swim import SwimConfig
 from broker.node import membership
 
@@ -74,6 +75,19 @@ def test_three_brokers_converge_detect_a_kill_and_a_restart(trio: list[BrokerPro
         "127.0.0.1", int(c.extra[3]), TEST_KEYRING, sequence=9, timeout=2
     )  # a tool holding the key gets the plain ack
     assert (ack.kind, ack.sequence, ack.node_id, ack.port) == (membership.ACK, 9, 3, c.port)
+
+    # Issue 37: "node 3 is DEAD at incarnation 2^32-1", sent to node 1 alone, used to stop node 3
+    # once node 1 gossiped it. Without the key it is dropped where it lands, in either version.
+    dead3 = sw.Packet(sw.SYNC, 1, 99, 1, 1, 1, updates=(sw.Update(sw.DEAD, 3, 0xFFFFFFFF),))
+    unsigned = sw.encode(dead3, TEST_KEYRING)[: -sw.TAG_SIZE]
+    forged = [unsigned + bytes(sw.TAG_SIZE), sw.encode(dead3, sw.Keyring([b"a key of another cluster"]))]
+    forged.append(b"RLMB\x01" + unsigned[5:])  # version 1, unsigned: 34 bytes
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for data in forged:
+            s.sendto(data, ("127.0.0.1", int(a.extra[3])))
+    time.sleep(1.0)  # several protocol periods of gossip
+    assert all(x.running() for x in trio)
+    assert all([s for s, _ in view(x).values()] == ["alive"] * 3 for x in trio)
 
     c.kill()
     bound = detection_bound(3, SwimConfig()) + 0.5  # + the supervisor loop and file write
