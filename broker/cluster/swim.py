@@ -86,7 +86,7 @@ FLAG_INDIRECT: Final = 0x0004  # on an ACK: relayed for a PING_REQ
 
 
 class State(enum.Enum):
-    """A member's state. Its value is the name members.json and `broker members` show."""
+    """A member's state. Its value is the name `<data_dir>/run/members.json` shows."""
 
     ALIVE = "alive"
     SUSPECT = "suspect"
@@ -120,8 +120,8 @@ class Unauthenticated(MalformedPacket):
 
 class Keyring:
     """The cluster's membership keys: the first signs every packet sent, any of them verifies one
-    received. Rotating is two rolling restarts: add the new key second on every node, then move it
-    first (nodes now sign with it and still accept the old one), then drop the old one."""
+    received. Rotating is three rolling restarts: add the new key second on every node, then move
+    it first (nodes now sign with it and still accept the old one), then drop the old one."""
 
     def __init__(self, keys: Sequence[bytes]) -> None:
         if not 1 <= len(keys) <= 2:

@@ -416,8 +416,16 @@ class Supervisor:
             )
         try:
             keyring = Keyring.from_file(self.config.membership_key_file)
+            mode = os.stat(self.config.membership_key_file).st_mode
         except (OSError, ValueError) as exc:
             raise StartError(f"--membership-key-file: {exc}") from exc
+        if mode & 0o077:
+            log.warning(
+                "%s is readable by other users (mode %o): whoever reads the cluster key can forge "
+                "membership packets; chmod 600 it",
+                self.config.membership_key_file,
+                mode & 0o777,
+            )
         port = self.sockets.port if port is None else port
         family = socket.getaddrinfo(self.config.host, port, type=socket.SOCK_DGRAM)[0][0]
         sock = socket.socket(family, socket.SOCK_DGRAM)
