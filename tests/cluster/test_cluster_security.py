@@ -124,18 +124,16 @@ def cluster(etcd, pki: Pki, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         c.close()
 
 
-def test_replicated_over_tls_and_scram_with_users_and_acls_from_etcd(cluster: SecureCluster) -> None:
-    from confluent_kafka.admin import AdminClient, NewTopic
+ORDERS = [f"order-{i}".encode() for i in range(300)]
 
-    assert cluster.cli("users", "list").split() == [
-        "admin", "SCRAM-SHA-256,SCRAM-SHA-512", "alice", "SCRAM-SHA-256,SCRAM-SHA-512",
-        "bob", "SCRAM-SHA-256,SCRAM-SHA-512", "broker", "SCRAM-SHA-256,SCRAM-SHA-512",
-    ]  # fmt: skip
-    # every node's copy holds the credentials, never a password
-    for n in cluster.nodes.values():
-        copy = (n.data_dir / "security" / "users.json").read_text()
-        assert '"alice"' in copy and all(pw not in copy for pw in PASSWORDS.values())
-        assert (n.data_dir / "security" / "users.json").stat().st_mode & 0o077 == 0
+
+@pytest.fixture(scope="module")
+def orders(cluster: SecureCluster) -> list[bytes]:
+    """The topic every test of this module reads or writes, made and filled once by whichever test
+    runs first (each must pass alone and in any order): 3 partitions on all three nodes, ORDERS
+    written by alice with acks=all, so each write waited for every in-sync follower to have fetched
+    it over its authenticated TLS link to the leader."""
+    from confluent_kafka.admin import AdminClient, NewTopic
 
     admin = AdminClient(cluster.conf("admin"))
     admin.create_topics([NewTopic("orders", 3, 3)])["orders"].result(20)
@@ -147,13 +145,26 @@ def test_replicated_over_tls_and_scram_with_users_and_acls_from_etcd(cluster: Se
         )
 
     wait_for(ready)
-    values = [f"order-{i}".encode() for i in range(300)]
-    # acks=all: each write waits for every in-sync follower to have fetched it, over its
-    # authenticated TLS link to the leader
-    errors = produce_retrying({**cluster.conf("alice"), "acks": "all"}, "orders", values)
-    assert errors == [None] * 300
+    errors = produce_retrying({**cluster.conf("alice"), "acks": "all"}, "orders", ORDERS)
+    assert errors == [None] * len(ORDERS)
+    return ORDERS
+
+
+def test_replicated_over_tls_and_scram_with_users_and_acls_from_etcd(
+    cluster: SecureCluster, orders: list[bytes]
+) -> None:
+    assert cluster.cli("users", "list").split() == [
+        "admin", "SCRAM-SHA-256,SCRAM-SHA-512", "alice", "SCRAM-SHA-256,SCRAM-SHA-512",
+        "bob", "SCRAM-SHA-256,SCRAM-SHA-512", "broker", "SCRAM-SHA-256,SCRAM-SHA-512",
+    ]  # fmt: skip
+    # every node's copy holds the credentials, never a password
+    for n in cluster.nodes.values():
+        copy = (n.data_dir / "security" / "users.json").read_text()
+        assert '"alice"' in copy and all(pw not in copy for pw in PASSWORDS.values())
+        assert (n.data_dir / "security" / "users.json").stat().st_mode & 0o077 == 0
+
     got, seen = consume(cluster.conf("alice"), "orders", "g", 300)
-    assert sorted(got) == sorted(values) and not seen
+    assert sorted(got) == sorted(orders) and not seen
 
     def identical() -> bool:
         logs = [
@@ -164,7 +175,7 @@ def test_replicated_over_tls_and_scram_with_users_and_acls_from_etcd(cluster: Se
 
     wait_for(identical, 10)
     held = [v for p in range(3) for _, v in read_replica(cluster.nodes[3].data_dir, "orders", p, 3).records]
-    assert sorted(held) == sorted(values)
+    assert sorted(held) == sorted(orders)
 
     # bob has no ACL: refused on every node, and nothing written
     bob = produce(cluster.conf("bob"), "orders", [b"forged"])
@@ -185,7 +196,9 @@ def test_replicated_over_tls_and_scram_with_users_and_acls_from_etcd(cluster: Se
     assert b"x" not in {v for p in range(3) for _, v in read_replica(node2.data_dir, "orders", p, 2).records}
 
 
-def test_commits_past_the_leaders_end_are_refused_whichever_node_coordinates(cluster: SecureCluster) -> None:
+def test_commits_past_the_leaders_end_are_refused_whichever_node_coordinates(
+    cluster: SecureCluster, orders: list[bytes]
+) -> None:
     """The group's coordinator asks each partition's leader (another node for most of them) for
     its high watermark, over the same authenticated links."""
     from confluent_kafka import Consumer, TopicPartition
@@ -283,7 +296,7 @@ def test_a_nodes_copy_is_not_changed_behind_the_clusters_back(cluster: SecureClu
 
 @pytest.mark.parametrize("fault", ["wrong inter-broker password", "peer CA that did not sign them"])
 def test_a_node_that_cannot_log_in_to_its_peers_says_why_and_replicates_nothing(
-    cluster: SecureCluster, fault: str, tmp_path: Path
+    cluster: SecureCluster, orders: list[bytes], fault: str, tmp_path: Path
 ) -> None:
     from confluent_kafka.admin import AdminClient
 
