@@ -4,6 +4,10 @@ PY := .venv/bin/python
 # The layers of docs/ARCHITECTURE.md ("Rooms and layers"), as import-linter contracts in pyproject.toml.
 LINT_IMPORTS := .venv/bin/lint-imports --no-cache --no-logo
 DATA_DIR ?= ./data
+# The test order's seed (pytest-randomly): a new one each run unless given.
+ifndef SEED
+SEED := $(shell od -An -N4 -tu4 /dev/urandom | tr -d ' ')
+endif
 
 .PHONY: setup run test lint bench clean spark-demo bench-spark bench-kafka cluster-demo bench-perf bench-security
 
@@ -19,8 +23,10 @@ test: setup
 	# Two workers, each running whole files (module fixtures such as a cluster or a SparkSession
 	# start once; tests that change the kernel, namespaces and XDP, already clean up after
 	# themselves and name what they make per process): the suite's 20-minute budget. The 40
-	# slowest tests are listed to keep it.
-	$(PY) -m pytest -q -n 2 --dist loadfile --durations=40
+	# slowest tests are listed to keep it. pytest-randomly shuffles the files and the tests in
+	# each, so a test that passes only beside its neighbours fails here; SEED=n replays an order.
+	@echo "test order: pytest-randomly seed $(SEED) (make test SEED=$(SEED) replays it)"
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=40 -p randomly --randomly-seed=$(SEED)
 
 lint: setup
 	$(PY) -m ruff check .
