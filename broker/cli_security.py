@@ -23,6 +23,7 @@ from broker.security.credentials import (
     SCRAM_MECHANISMS,
     CredentialError,
     CredentialStore,
+    check_user_name,
 )
 from broker.security.watched import Documents
 
@@ -89,6 +90,7 @@ def _users(args: argparse.Namespace, store: CredentialStore) -> int:
     try:
         if args.action == "add":
             mechanisms = tuple(args.mechanism or SCRAM_MECHANISMS)
+            check_user_name(args.name)  # before asking for a password
             store.add(args.name, _password(args), mechanisms, args.iterations)
             print(f"user {args.name}: {', '.join(mechanisms)} credentials stored in {store.path}")
         elif args.action == "remove":

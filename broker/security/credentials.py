@@ -34,6 +34,10 @@ SECURITY_DIR: Final = "security"
 # Kafka's user names may be anything SCRAM can carry; ours keep to what a shell and an ACL line
 # show unambiguously.
 USER_NAME_RE: Final = re.compile(r"^[A-Za-z0-9._@-]{1,255}$")
+# Names no user may have (compared without case): Kafka's principal of a connection that did not
+# authenticate, and the name the cores' own principal had before it became a type of its own
+# (broker/security/session.py): a user so named would read as one of them in ACLs and logs.
+RESERVED_USER_NAMES: Final = frozenset(("anonymous", "ringlog-core"))
 HASHES: Final = {"SCRAM-SHA-256": hashlib.sha256, "SCRAM-SHA-512": hashlib.sha512}
 
 
@@ -83,7 +87,9 @@ def password_matches(mechanism: str, credential: ScramCredential, password: str)
 
 def check_user_name(name: str) -> str:
     if not USER_NAME_RE.match(name):
-        raise CredentialError(f"user name {name!r}: use 1-255 of A-Z a-z 0-9 . _ @ -")
+        raise CredentialError(f"user name {name[:64]!r}: use 1-255 of A-Z a-z 0-9 . _ @ -")
+    if name.lower() in RESERVED_USER_NAMES:
+        raise CredentialError(f"user name {name!r} is reserved (the broker's own principals use it)")
     return name
 
 

@@ -3,6 +3,11 @@
 One `ConnectionAuth` per served connection (broker/backends/shared.py makes it), read by the
 protocol adapters: `principal` is None until a SASL exchange succeeds when the listener requires
 one, "User:ANONYMOUS" when it does not, and the core's own principal on inter-core links.
+
+The cores' principal is of a type of its own ("Core:"), which no login can produce: a SASL login
+makes "User:<name>" and a client certificate "User:<distinguished name>", whatever the name. No
+ACL or `--super-users` entry can name it either (both take only "User:" principals). It was
+"User:ringlog-core" once, and a user made with that name was a super user.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from typing import Final
 
 from broker.security.sasl import ANONYMOUS, Exchange, SaslConfig
 
-CORE_PRINCIPAL: Final = "User:ringlog-core"  # another core of this broker: trusted, never checked
+CORE_PRINCIPAL: Final = "Core:ringlog"  # another core of this broker: trusted, never checked
 # A client whose authentication failed gets its answer, then the connection closes this much later
 # (Kafka: connection.failed.authentication.delay.ms, 100 by default): a guessing client pays a
 # round trip and a reconnect per guess, and cannot tell a slow check from a failed one.
