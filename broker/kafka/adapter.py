@@ -200,8 +200,14 @@ class KafkaAdapter:
             return self._api_versions_unsupported(request)
         if key == PRODUCE and version < PRODUCE_REFUSED_BELOW:
             return self._produce_refused(request)
-        if key == OFFSET_FOR_LEADER_EPOCH and version < KIO_FROM:
-            return offset_for_leader_epoch_v0(self.handlers, request)
+        if key == OFFSET_FOR_LEADER_EPOCH and version < KIO_FROM:  # decoded (and checked) there
+            principal, allowed = self._auth.principal, self.authorizer.allowed
+            may = (
+                (lambda name: allowed(principal, "describe", "topic", name))
+                if self.authorizer.enabled
+                else None
+            )
+            return offset_for_leader_epoch_v0(self.handlers, request, may)
         supported = SUPPORTED_VERSIONS.get(key)
         if supported is None or not supported[0] <= version <= supported[1]:
             return self._unsupported(request)

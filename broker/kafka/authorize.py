@@ -10,7 +10,8 @@ Rules this module keeps:
   CreateTopics of any topic; DescribeAcls describe on the cluster, CreateAcls and DeleteAcls
   alter on it. ApiVersions, the SASL apis and
   InitProducerId (an id without a transactional id grants nothing: KIP-679) need nothing.
-  Metadata is filtered instead (broker/kafka/adapter.py `_metadata`).
+  Metadata is filtered instead (broker/kafka/adapter.py `_metadata`). OffsetForLeaderEpoch v0-1,
+  which kio has no schema for, are checked where they are decoded (broker/kafka/leader_epoch.py).
 - A refused request has no effect: it is answered with TOPIC_AUTHORIZATION_FAILED,
   GROUP_AUTHORIZATION_FAILED or CLUSTER_AUTHORIZATION_FAILED in every item of a response of its
   own shape (broker/kafka/unsupported.py `error_response`), an acks=0 produce with nothing.

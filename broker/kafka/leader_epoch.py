@@ -13,6 +13,11 @@ Rules this module keeps:
   the Kafka adapter (Metadata sends the client to the owning core).
 - v2-3 go through kio; v0-1, which kio has no schema for, are read and written here (the same
   fields without current_leader_epoch; v0's answer has no leader epoch).
+- Every version needs describe on each topic it names (broker/kafka/authorize.py checks v2-3
+  before they get here; v0-1 are checked here, as they are decoded here): one topic refused and
+  the whole request is, every partition answered TOPIC_AUTHORIZATION_FAILED with no epoch and no
+  offset, as v2-3 are answered. They were once answered whatever the ACLs said, telling anyone
+  authenticated which topics exist and where they end.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 import datetime
 import struct
 import sys
+from collections.abc import Callable
 from typing import Any, Final
 
 from kio.schema.errors import ErrorCode
@@ -83,20 +89,29 @@ def offset_for_leader_epoch(handlers: Handlers, request: KafkaRequest, body: Any
     return Reply(encode_response(request.correlation_id, resp))
 
 
-def offset_for_leader_epoch_v0(handlers: Handlers, request: KafkaRequest) -> Outcome:
+def offset_for_leader_epoch_v0(
+    handlers: Handlers, request: KafkaRequest, may_describe: Callable[[str], bool] | None = None
+) -> Outcome:
     """v0-1, read and written here: request header v1; topics [name, partitions [partition,
     leader_epoch]]; answer header v0; topics [name, partitions [error, partition, (v1) leader
-    epoch, end offset]]."""
+    epoch, end offset]]. `may_describe` (ACLs on): whether the principal may describe a topic."""
     try:
         asked = _read_v0(request.data)
     except (struct.error, ValueError, UnicodeDecodeError) as exc:
         raise ProtocolError(f"malformed kafka OffsetForLeaderEpoch v{request.api_version}: {exc}") from exc
+    refused = may_describe is not None and not all(may_describe(name) for name, _ in asked)
+    if refused:
+        handlers.metrics.error()
+        handlers.metrics.denied()
     out = [struct.pack(">ii", request.correlation_id, len(asked))]
     for name, partitions in asked:
         raw = name.encode()
         out.append(struct.pack(">h", len(raw)) + raw + struct.pack(">i", len(partitions)))
         for index, epoch in partitions:
-            code, got, end = epoch_end(handlers, name, index, UNDEFINED, epoch)
+            if refused:
+                code, got, end = ErrorCode.topic_authorization_failed, UNDEFINED, UNDEFINED
+            else:
+                code, got, end = epoch_end(handlers, name, index, UNDEFINED, epoch)
             if request.api_version >= 1:
                 out.append(struct.pack(">hiiq", int(code), index, got, end))
             else:
