@@ -23,7 +23,9 @@ Rules this module keeps:
   (`Handlers.metadata_reply`). A refused request is answered TOPIC_, GROUP_ or
   CLUSTER_AUTHORIZATION_FAILED and has no effect (an acks=0 produce: no answer, nothing stored).
   A topic id that names no topic is left to the handlers (UNKNOWN_TOPIC_OR_PARTITION): an id
-  tells nothing about a name.
+  tells nothing about a name, and a refusal does not tell it either (its message names the
+  operation and the id the client sent, never the topic's name: ids are sequential, and naming
+  the topic would undo Metadata's filtering).
 """
 
 from __future__ import annotations
@@ -188,8 +190,11 @@ class Access:
         if topic_op is not None:
             name = self.handlers.topic_name(frame.topic_id)
             if name is not None and not allowed(principal, topic_op, "topic", name):
+                # the id's topic is not named: ids are sequential, and the name of one the
+                # principal may not describe is what Metadata keeps from it (Kafka's refusals
+                # name nothing either)
                 return self._refused(
-                    frame, m.ErrorCode.TOPIC_AUTHORIZATION_FAILED, f"{topic_op} topic {name}"
+                    frame, m.ErrorCode.TOPIC_AUTHORIZATION_FAILED, f"{topic_op} on topic id {frame.topic_id}"
                 )
             return None
         if key == m.ApiKey.CREATE_TOPIC:
