@@ -15,7 +15,10 @@ Rules this module keeps:
   asking twice gives the same answer): the failure names neither, and no timing says which.
 - A principal is "User:<name>", as Kafka writes them (ACLs name principals).
 - Failures are counted and logged at most once a second per reason, with the count suppressed;
-  the password and the tokens never reach a log line or a metric.
+  the password and the tokens never reach a log line or a metric. A line names the user only
+  when it is one (escaped, and at most `LOGGED_NAME_MAX` characters): a name that is no user's
+  is whatever an unauthenticated client sent (a password typed in the wrong field, or megabytes
+  of it), so the line gives its length instead. A line is thus a few hundred bytes at most.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ USER_PRINCIPAL: Final = "User:"
 ANONYMOUS: Final = "User:ANONYMOUS"  # Kafka's principal for a connection that did not authenticate
 # What a client whose exchange failed is told, whatever was wrong: Kafka's words, on both protocols
 FAILED_MESSAGE: Final = "Authentication failed: Invalid username or password"
+LOGGED_NAME_MAX: Final = 64  # characters of a user's name a failure's log line shows
 
 
 class AuthenticationFailed(Exception):
@@ -157,8 +161,17 @@ class Authenticator:
         self.failures += 1
         self.on_failure()
         self._warnings.warn(
-            "authentication failed", "authentication failed: %s, %s, user %r", peer, mechanism, user
+            "authentication failed", "authentication failed: %s, %s, %s", peer, mechanism, self._who(user)
         )
+
+    def _who(self, user: str | None) -> str:
+        """How a failure's log line names the user it claimed (module rules)."""
+        if user is None:
+            return "no user name"
+        if not any(self.store.lookup(user, m) is not None for m in SCRAM_MECHANISMS):
+            return f"a user name that is no user's ({len(user)} characters)"
+        shown = user[:LOGGED_NAME_MAX].encode("unicode_escape").decode("ascii")
+        return f"user {shown}" + ("..." if len(user) > LOGGED_NAME_MAX else "")
 
     def credential(self, mechanism: str, user: str) -> ScramCredential:
         """The user's credential, or a decoy that can never verify (see the module rules)."""

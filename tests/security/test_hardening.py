@@ -264,33 +264,35 @@ def test_refusals_by_topic_id_do_not_name_the_topic(broker: BrokerProcess) -> No
 # ----------------------------------------------------------------------------- failed logins in the log
 
 
+def failed_plain_login(port: int, user: str) -> None:
+    """A PLAIN login claiming `user` with a wrong password, in Kafka's framed tokens
+    (SaslHandshake v1, SaslAuthenticate v1: tokens up to a request's size, not KIP-43's 64 KiB)."""
+    from kio.schema.sasl_authenticate.v1.request import SaslAuthenticateRequest
+    from kio.schema.sasl_handshake.v1.request import SaslHandshakeRequest
+
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(frame(17, 1, 1, SaslHandshakeRequest(mechanism="PLAIN")))
+        _kafka_frame(s)
+        s.sendall(frame(36, 1, 2, SaslAuthenticateRequest(auth_bytes=f"\0{user}\0wrong".encode())))
+        head = _read(s, 4)
+        _, resp = read_response(36, 1, head + _read(s, struct.unpack(">i", head)[0]))
+        assert resp.error_code == ErrorCode.sasl_authentication_failed
+        assert s.recv(4) == b""
+
+
 def test_failed_logins_log_bounded_lines_without_unknown_names(broker: BrokerProcess) -> None:
     typed_password = "Tr0ub4dor&3-typed-as-a-name"
     before = len(broker.log())
-    assert scram_server_first(broker.port, typed_password)  # the exchange goes on...
-    with socket.create_connection(("127.0.0.1", broker.port), timeout=10) as s:  # ...and fails
-        from kio.schema.sasl_handshake.v0.request import SaslHandshakeRequest
-
-        s.sendall(frame(17, 0, 1, SaslHandshakeRequest(mechanism="PLAIN")))
-        _kafka_frame(s)
-        token = f"\0{typed_password}\0wrong".encode()
-        s.sendall(struct.pack(">i", len(token)) + token)
-        assert s.recv(4) == b""
+    failed_plain_login(broker.port, typed_password)
     assert broker.wait_for_log("authentication failed")
     assert typed_password not in broker.log()
+    failed_plain_login(broker.port, "alice")  # a real user is named (escaped, bounded)
     # Names of 1 MiB from a client with no account, over 2.5 s: a few lines, each bounded.
     time.sleep(1.1)  # past the one-line-a-second limit of the attempt above
     huge = "x" * (1 << 20)
     deadline = time.monotonic() + 2.5
     while time.monotonic() < deadline:
-        with socket.create_connection(("127.0.0.1", broker.port), timeout=10) as s:
-            from kio.schema.sasl_handshake.v0.request import SaslHandshakeRequest
-
-            s.sendall(frame(17, 0, 1, SaslHandshakeRequest(mechanism="PLAIN")))
-            _kafka_frame(s)
-            token = f"\0{huge}\0wrong".encode()
-            s.sendall(struct.pack(">i", len(token)) + token)
-            assert s.recv(4) == b""
+        failed_plain_login(broker.port, huge)
     time.sleep(0.2)
     grown = len(broker.log()) - before
     assert grown < 16 * 1024, f"{grown} bytes of log for a few failed logins"
