@@ -31,7 +31,7 @@ from broker.cli_security import add_security_commands
 from broker.core.limits import add_limit_arguments, limits_from_args
 from broker.node.logfmt import LogfmtFormatter
 from broker.security.credentials import CredentialError, check_user_name
-from broker.security.exposure import is_loopback_only
+from broker.security.exposure import exposure_warnings, is_loopback_only, is_wildcard
 from broker.security.sasl import (
     INTER_BROKER_PASSWORD_ENV,
     MECHANISMS,
@@ -269,6 +269,25 @@ def _inter_broker(args: argparse.Namespace) -> InterBrokerLogin | None:
     return InterBrokerLogin(user, password)
 
 
+def private_data_dir(data_dir: str, log: logging.Logger) -> None:
+    """Make what this process and its workers create private (0700 directories, 0600 files:
+    segments, indexes, run files, the security files), whatever mode each is opened with: the
+    data dir holds every record and the salted credentials. A data dir that exists already
+    (made by an earlier version, 0755) keeps its mode, with a warning: it is the operator's."""
+    os.umask(0o077)
+    try:
+        mode = os.stat(data_dir).st_mode & 0o777
+    except FileNotFoundError:
+        return
+    if mode & 0o077:
+        log.warning(
+            "data dir %s has mode %04o: other users of this machine may read the records and the "
+            "salted credentials in it (chmod 700 it; docs/SECURITY.md)",
+            data_dir,
+            mode,
+        )
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     """Run the supervisor, which runs one worker process per core (broker/node/supervisor.py)."""
     from broker.core.topics import segment_floor_violation  # noqa: PLC0415
@@ -341,6 +360,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if is_wildcard(args.host) and not args.advertised_host:
+        print(
+            f"broker: --host {args.host or repr(args.host)} listens on every interface, which no client "
+            "can connect to: give --advertised-host, the name or address clients reach this broker "
+            "by (Metadata tells them it)",
+            file=sys.stderr,
+        )
+        return 2
+    log = logging.getLogger("broker.serve")
+    for warning in exposure_warnings(
+        args.host, tls.enabled, sasl.enabled, "PLAIN" in sasl.mechanisms and sasl.plain_without_tls
+    ):
+        log.warning("%s (docs/SECURITY.md)", warning)
+    private_data_dir(args.data_dir, log)
     if args.ebpf == "off" and (args.xdp_iface or args.tcp_fastopen_sysctl):
         print("broker: --xdp-iface and --tcp-fastopen-sysctl need --ebpf auto or on", file=sys.stderr)
         return 2

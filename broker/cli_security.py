@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import getpass
+import os
 import sys
 from collections.abc import Callable, Iterator
 from typing import TypeVar
@@ -69,6 +70,7 @@ def _on_store(
     """`act` on the data dir's store, or the cluster's with --etcd. What cannot be read or
     changed ends the command with its message: the store's errors, a file's (also a node's copy
     of its cluster's documents, which is not changed in place: broker/security/watched.py)."""
+    os.umask(0o077)  # the security dir and its files are private (0700, 0600), as serve's
     errors: tuple[type[Exception], ...] = (OSError,)
     if args.etcd:
         from broker.cluster.store import StoreError  # noqa: PLC0415

@@ -532,7 +532,7 @@ class Supervisor:
         path = layout.broker_lock_path(d)
         try:
             os.makedirs(d, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         except OSError as exc:
             raise StartError(f"data dir {os.path.abspath(d)} is unusable: {exc}") from exc
         deadline = time.monotonic() + DATA_DIR_LOCK_WAIT_S

@@ -6,7 +6,10 @@ Rules this module keeps:
   between two memory BIOs, fed the ciphertext its ring receives and giving back the ciphertext to
   send, so the handshake never blocks the loop (kernel TLS is not built on the machine this was
   written on: no untested code for it).
-- TLS 1.2 at least. With `--tls-client-ca` a client must present a certificate that CA signed
+- TLS 1.2 at least, and on TLS 1.2 only AEAD suites with forward secrecy (`TLS12_CIPHERS`:
+  ECDHE key exchange, AES-GCM or ChaCha20-Poly1305), as TLS 1.3 has only those: OpenSSL's default
+  list also offered CBC suites with HMAC-SHA1 and RSA key exchange. Every TLS 1.2 client of the
+  last decade (librdkafka, Java 8+, Python) has the ECDHE-GCM ones. With `--tls-client-ca` a client must present a certificate that CA signed
   (mutual TLS), and its subject becomes the connection's principal, written as Kafka's default
   mapping writes it: "User:" + the distinguished name, most specific first ("User:CN=alice,O=acme").
   SASL, when the listener has it too, names the principal instead.
@@ -29,6 +32,8 @@ from typing import Any, Final
 from broker.security.sasl import USER_PRINCIPAL
 
 TLS_HANDSHAKE_TIMEOUT_S: Final = 10.0  # a client that connects and never finishes is closed
+# OpenSSL's names for TLS 1.2's suites (TLS 1.3's are set apart and are all AEAD with ECDHE)
+TLS12_CIPHERS: Final = "ECDHE+AESGCM:ECDHE+CHACHA20"
 _SHORT_NAMES: Final = {
     "commonName": "CN",
     "organizationName": "O",
@@ -58,6 +63,7 @@ def server_context(config: TlsConfig) -> ssl.SSLContext:
     """The listeners' context; raises `ssl.SSLError` or `OSError` for files that do not load."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.set_ciphers(TLS12_CIPHERS)
     ctx.load_cert_chain(config.cert, config.key)
     if config.client_ca:
         ctx.verify_mode = ssl.CERT_REQUIRED
@@ -69,6 +75,7 @@ def peer_context(config: TlsConfig) -> ssl.SSLContext:
     """The client context of this node's links to its peers' cores (module rules)."""
     ctx = ssl.create_default_context(cafile=config.peer_ca or config.client_ca or None)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.set_ciphers(TLS12_CIPHERS)
     ctx.load_cert_chain(config.cert, config.key)
     return ctx
 

@@ -62,7 +62,7 @@ def ensure_reserve(data_dir: str) -> bool:
     except OSError:
         pass
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     except OSError as exc:
         log.debug("cannot create %s: %s", path, exc)
         return False

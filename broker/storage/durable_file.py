@@ -14,7 +14,7 @@ import os
 from collections.abc import Iterator
 
 
-def replace_json(path: str, doc: object, mode: int = 0o644) -> None:
+def replace_json(path: str, doc: object, mode: int = 0o600) -> None:
     """Replace `path` with `doc` (see the module docstring), a file of permissions `mode` (0o600
     for secrets: made so, never readable by others for a moment). On failure (a full disk) the old
     version stays and no temporary file is left to hold space."""
@@ -50,7 +50,7 @@ def load_json(path: str) -> object | None:
 def exclusive_lock(lock_path: str) -> Iterator[None]:
     """Hold an flock on `lock_path` (made if missing): the cores are separate processes that
     read, change and replace the same small file."""
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield

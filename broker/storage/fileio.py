@@ -92,7 +92,7 @@ class SyncFileIO:
 
     def open(self, path: str, create: bool) -> int:
         flags = os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0)
-        return os.open(path, flags, 0o644)
+        return os.open(path, flags, 0o600)  # private, as the data dir (docs/SECURITY.md)
 
     def close(self, fd: int) -> None:
         os.close(fd)

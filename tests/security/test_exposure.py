@@ -1,5 +1,6 @@
 """Safe defaults off loopback: `broker serve --host` with an address other machines can reach,
-without TLS or SASL, refuses to start and says why, unless `--allow-plaintext`."""
+without TLS or SASL, refuses to start and says why, unless `--allow-plaintext` (then it warns at
+start, as it does about PLAIN without TLS there); a wildcard address needs `--advertised-host`."""
 
 from __future__ import annotations
 
@@ -43,16 +44,43 @@ def test_plaintext_beyond_loopback_is_refused(tmp_path: Path) -> None:
     assert not (tmp_path / "d").exists()  # refused before touching anything
 
 
-def test_allow_plaintext_serves_beyond_loopback(tmp_path: Path) -> None:
+EXPOSED = ("--host", "0.0.0.0", "--advertised-host", "127.0.0.1")
+
+
+def test_allow_plaintext_serves_beyond_loopback_and_warns(tmp_path: Path) -> None:
     broker = BrokerProcess(
-        tmp_path / "d", tmp_path / "broker.log", extra=("--host", "0.0.0.0", "--allow-plaintext")
+        tmp_path / "d", tmp_path / "broker.log", extra=(*EXPOSED, "--allow-plaintext")
     ).start()
     try:
         w = Wire(broker.port)  # 127.0.0.1 is one of "every interface"
         assert w.create_topic("t", 1) >= 1
         w.close()
+        assert "level=warning" in broker.log() and "in plaintext with no authentication" in broker.log()
     finally:
         broker.stop()
+
+
+def test_plain_without_tls_beyond_loopback_is_warned_about(tmp_path: Path) -> None:
+    plain = ("--sasl-mechanisms", "PLAIN", "--sasl-plain-without-tls")
+    broker = BrokerProcess(tmp_path / "d", tmp_path / "broker.log", extra=(*EXPOSED, *plain)).start()
+    try:
+        assert "level=warning" in broker.log() and "passwords cross the network in the clear" in broker.log()
+    finally:
+        broker.stop()
+
+
+def test_wildcard_host_needs_an_advertised_host(tmp_path: Path) -> None:
+    """Metadata would send clients to 0.0.0.0: refused at start, as Kafka refuses it in
+    advertised.listeners."""
+    for host in ("0.0.0.0", "::"):
+        argv = [sys.executable, "-m", "broker.cli", "serve", "--data-dir", str(tmp_path / "d")]
+        argv += ["--host", host, "--allow-plaintext", "--port", "0", "--cores", "1"]
+        try:
+            done = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=10)
+        except subprocess.TimeoutExpired as exc:  # it served (its workers stop with it)
+            raise AssertionError(f"--host {host} without --advertised-host was served") from exc
+        assert done.returncode == 2 and "--advertised-host" in done.stderr, done.stderr
+        assert not (tmp_path / "d").exists()  # refused before touching anything
 
 
 @pytest.mark.parametrize(

@@ -10,9 +10,8 @@ brokers with SASL, real Kafka clients or raw Kafka frames, our own protocol's fr
   (a password typed as a user name).
 - A user's existence shows neither in the SCRAM exchange (salt length, iterations, stability
   across cores and restarts) nor in PLAIN's timing.
-- `broker serve`: 0.0.0.0 needs --advertised-host; plaintext and PLAIN without TLS on an exposed
-  address are warned about; the data dir is private; TLS 1.2 offers only AEAD suites with
-  forward secrecy.
+- The data dir is private; TLS 1.2 offers only AEAD suites with forward secrecy.
+  (`broker serve`'s checks of --host are test_exposure.py's.)
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import signal
 import socket
 import ssl
 import stat
@@ -346,50 +344,7 @@ def test_whether_a_user_exists_does_not_show(tmp_path: Path) -> None:
         b.stop()
 
 
-# ----------------------------------------------------------------------------- broker serve's checks
-
-
-def _serve(tmp: Path, *args: str, timeout: float = 20) -> tuple[int | None, str]:
-    """`broker serve ARGS`: its exit status (None when it kept running: stopped after
-    `timeout`) and its stderr."""
-    log = tmp / "serve.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "broker.cli", "serve", "--data-dir", str(tmp / "d"), "--port", "0", *args],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-        try:
-            code: int | None = proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            code = None
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(30)
-    return code, log.read_text()
-
-
-def test_wildcard_host_needs_an_advertised_host(tmp_path: Path) -> None:
-    code, err = _serve(tmp_path, "--host", "0.0.0.0", "--allow-plaintext", "--cores", "1", timeout=8)
-    assert code == 2 and "--advertised-host" in err, err
-
-
-def test_exposed_plaintext_and_plain_without_tls_are_warned_about(tmp_path: Path) -> None:
-    exposed = ("--host", "0.0.0.0", "--advertised-host", "127.0.0.1")
-    for d in ("a", "b"):
-        (tmp_path / d).mkdir()
-    b = start_or_skip(tmp_path / "a", "uvloop", (*exposed, "--allow-plaintext"))
-    try:
-        assert b.wait_for_log("plaintext"), b.log()
-        assert "WARN" in b.log().upper()
-    finally:
-        b.stop()
-    plain = ("--sasl-mechanisms", "PLAIN", "--sasl-plain-without-tls")
-    b = start_or_skip(tmp_path / "b", "uvloop", (*exposed, *plain))
-    try:
-        assert b.wait_for_log("PLAIN"), b.log()
-        assert "in the clear" in b.log()
-    finally:
-        b.stop()
+# ----------------------------------------------------------------------------- TLS 1.2's suites
 
 
 def test_tls_1_2_offers_only_aead_suites_with_forward_secrecy(tmp_path: Path, pki: Pki) -> None:
