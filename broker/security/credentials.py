@@ -10,6 +10,11 @@ Rules this module keeps:
 - The workers read it again when it changes (broker/security/watched.py; a stat costs
   microseconds against an authentication's PBKDF2): `broker users add` takes effect at the next
   authentication, without a restart.
+- The document also holds the decoy secret (`decoy_secret`, 32 random bytes made by the first
+  change that finds none): the key of the decoy credentials an unknown user is answered with
+  (broker/security/sasl.py). It lives beside the users so that in a cluster, where the document
+  is in etcd and every node keeps a copy, every node answers an unknown name the same; the copy
+  is 0600 like the rest. Every salt is `SALT_BYTES`, decoys' too.
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ USER_NAME_RE: Final = re.compile(r"^[A-Za-z0-9._@-]{1,255}$")
 # (broker/security/session.py): a user so named would read as one of them in ACLs and logs.
 RESERVED_USER_NAMES: Final = frozenset(("anonymous", "ringlog-core"))
 HASHES: Final = {"SCRAM-SHA-256": hashlib.sha256, "SCRAM-SHA-512": hashlib.sha512}
+SALT_BYTES: Final = 32  # every user's salt (scramp's default length), and every decoy's
+DECOY_SECRET_BYTES: Final = 32
 
 
 class CredentialError(ValueError):
@@ -72,7 +79,7 @@ class ScramCredential:
 
 def make_credential(mechanism: str, password: str, iterations: int = ITERATIONS_DEFAULT) -> ScramCredential:
     salt, stored_key, server_key, i = ScramMechanism(mechanism).make_auth_info(
-        password, iteration_count=iterations
+        password, iteration_count=iterations, salt=os.urandom(SALT_BYTES)
     )
     return ScramCredential(salt, i, stored_key, server_key)
 
@@ -100,16 +107,35 @@ def users_path(data_dir: str) -> str:
 Users = dict[str, dict[str, ScramCredential]]
 
 
-def _parse_users(doc: object | None) -> Users:
+@dataclass(frozen=True, slots=True)
+class UsersDocument:
+    """The users file as read: the users, the decoy secret (None in a file made before there
+    was one), and per mechanism every user's iteration count, sorted (a decoy takes one)."""
+
+    users: Users
+    decoy_secret: bytes | None
+    iterations: dict[str, tuple[int, ...]]
+
+
+def _parse_users(doc: object | None) -> UsersDocument:
     users: Users = {}
+    secret: bytes | None = None
     if isinstance(doc, dict):
         for name, mechs in dict(doc.get("users", {})).items():
             users[name] = {m: ScramCredential.from_json(c) for m, c in mechs.items() if m in HASHES}
-    return users
+        if doc.get("decoy_secret"):
+            secret = base64.b64decode(str(doc["decoy_secret"]))
+    iterations = {
+        m: tuple(sorted(c[m].iterations for c in users.values() if m in c)) for m in SCRAM_MECHANISMS
+    }
+    return UsersDocument(users, secret, iterations)
 
 
-def _users_doc(users: Users) -> dict[str, object]:
-    return {"users": {n: {m: c.as_json() for m, c in mechs.items()} for n, mechs in sorted(users.items())}}
+def _users_doc(users: Users, secret: bytes | None) -> dict[str, object]:
+    return {
+        "users": {n: {m: c.as_json() for m, c in mechs.items()} for n, mechs in sorted(users.items())},
+        "decoy_secret": base64.b64encode(secret or os.urandom(DECOY_SECRET_BYTES)).decode(),
+    }
 
 
 class CredentialStore:
@@ -117,7 +143,7 @@ class CredentialStore:
 
     def __init__(self, data_dir: str, documents: Documents | None = None) -> None:
         """The users of `data_dir`, or of a cluster (`documents`: broker/cluster/security_docs.py)."""
-        self._file: Document[Users] = (
+        self._file: Document[UsersDocument] = (
             WatchedFile(users_path(data_dir), _parse_users)
             if documents is None
             else documents.open(USERS_FILE, _parse_users)
@@ -125,11 +151,15 @@ class CredentialStore:
         self.path = self._file.path
 
     def lookup(self, user: str, mechanism: str) -> ScramCredential | None:
-        return self._file.get().get(user, {}).get(mechanism)
+        return self._file.get().users.get(user, {}).get(mechanism)
+
+    def document(self) -> UsersDocument:
+        """The whole document as last read (the decoys need its secret and iteration counts)."""
+        return self._file.get()
 
     def users(self) -> dict[str, tuple[str, ...]]:
         """Every user and the mechanisms it has credentials for (never the credentials)."""
-        return {name: tuple(sorted(mechs)) for name, mechs in sorted(self._file.get().items())}
+        return {name: tuple(sorted(mechs)) for name, mechs in sorted(self._file.get().users.items())}
 
     def add(
         self,
@@ -148,12 +178,12 @@ class CredentialStore:
             if m not in HASHES:
                 raise CredentialError(f"unknown mechanism {m!r}: one of {', '.join(SCRAM_MECHANISMS)}")
         creds = {m: make_credential(m, password, iterations) for m in mechanisms}
-        self._file.update(lambda users: _users_doc({**users, user: creds}))
+        self._file.update(lambda doc: _users_doc({**doc.users, user: creds}, doc.decoy_secret))
 
     def remove(self, user: str) -> None:
-        def change(users: Users) -> dict[str, object]:
-            if user not in users:
+        def change(doc: UsersDocument) -> dict[str, object]:
+            if user not in doc.users:
                 raise CredentialError(f"no user {user!r}")
-            return _users_doc({n: c for n, c in users.items() if n != user})
+            return _users_doc({n: c for n, c in doc.users.items() if n != user}, doc.decoy_secret)
 
         self._file.update(change)

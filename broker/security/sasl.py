@@ -11,8 +11,15 @@ Rules this module keeps:
   (librdkafka#4895; kcat here is 2.0.2). As Kafka 3.8.1-3.9 did, that one form is accepted too:
   the proof still covers the message as sent, and the server's nonce is still in it, so it
   proves the same thing. Anything else but the exact nonce is refused.
-- An unknown user gets the same exchange as a wrong password (a SCRAM salt made from the name, so
-  asking twice gives the same answer): the failure names neither, and no timing says which.
+- An unknown user gets the same exchange as a wrong password: a decoy credential made from the
+  name and the decoy secret (`Authenticator.decoy`), with a salt of the same length as a real
+  one and an iteration count taken from the real users' (all of them share the default unless
+  the operator chose otherwise: then a decoy shows each count as often as the users have it).
+  The secret is in the users document (broker/security/credentials.py), so every core, every
+  restart and, in a cluster, every node answers a name the same; before the first
+  `broker users add` there is none, and `<data dir>/security/decoy.key` (0600, made by the first
+  worker that needs it) stands in. PLAIN checks a wrong password of an unknown user against its
+  decoy: the same PBKDF2, the same time. The failure names neither.
 - A principal is "User:<name>", as Kafka writes them (ACLs name principals).
 - Failures are counted and logged at most once a second per reason, with the count suppressed;
   the password and the tokens never reach a log line or a metric. A line names the user only
@@ -34,9 +41,12 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from broker.security.credentials import (
+    DECOY_SECRET_BYTES,
     HASHES,
     ITERATIONS_DEFAULT,
+    SALT_BYTES,
     SCRAM_MECHANISMS,
+    SECURITY_DIR,
     CredentialStore,
     ScramCredential,
     password_matches,
@@ -148,7 +158,8 @@ class Authenticator:
         self.failures = 0
         self.successes = 0
         self._warnings = _RateLimitedWarnings()
-        self._secret = os.urandom(32)  # fake salts for unknown users: stable within a worker
+        self._data_dir = data_dir
+        self._fallback_secret: bytes | None = None  # decoy.key's, read once (module rules)
         self.on_failure: Callable[[], None] = lambda: None  # the core's metrics counter
 
     def start(self, mechanism: str, tls: bool, peer: str = "") -> Exchange | None:
@@ -176,10 +187,59 @@ class Authenticator:
     def credential(self, mechanism: str, user: str) -> ScramCredential:
         """The user's credential, or a decoy that can never verify (see the module rules)."""
         cred = self.store.lookup(user, mechanism)
-        if cred is None:
-            digest = hmac.new(self._secret, f"{mechanism}\0{user}".encode(), hashlib.sha256).digest()
-            cred = ScramCredential(digest[:16], ITERATIONS_DEFAULT, os.urandom(64), os.urandom(64))
-        return cred
+        return cred if cred is not None else self.decoy(mechanism, user)
+
+    def decoy(self, mechanism: str, user: str) -> ScramCredential:
+        """What an unknown `user` is answered with: a salt and an iteration count made from the
+        decoy secret and the name, so the same on every core, node and restart; keys no
+        password matches (random, and a PBKDF2 result equal to them is out of reach)."""
+        doc = self.store.document()
+        secret = doc.decoy_secret or self._local_secret()
+
+        def derived(what: str) -> bytes:
+            return hmac.new(secret, f"{what}\0{mechanism}\0{user}".encode(), hashlib.sha512).digest()
+
+        counts = doc.iterations.get(mechanism) or (ITERATIONS_DEFAULT,)
+        iterations = counts[int.from_bytes(derived("iterations")[:8], "big") % len(counts)]
+        size = HASHES[mechanism]().digest_size
+        return ScramCredential(derived("salt")[:SALT_BYTES], iterations, os.urandom(size), os.urandom(size))
+
+    def _local_secret(self) -> bytes:
+        """The data dir's own decoy secret, for a users document without one (module rules):
+        made once, atomically (a link never replaces a file another worker made first)."""
+        if self._fallback_secret is not None:
+            return self._fallback_secret
+        path = os.path.join(self._data_dir, SECURITY_DIR, "decoy.key")
+        try:
+            try:
+                with open(path, "rb") as f:
+                    secret = f.read()
+            except FileNotFoundError:
+                os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+                tmp = f"{path}.{os.getpid()}.tmp"
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                try:
+                    os.write(fd, os.urandom(DECOY_SECRET_BYTES))
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                try:
+                    os.link(tmp, path)
+                except FileExistsError:
+                    pass  # another worker's came first: everyone uses that one
+                finally:
+                    os.unlink(tmp)
+                with open(path, "rb") as f:
+                    secret = f.read()
+            if len(secret) < DECOY_SECRET_BYTES:
+                raise OSError(f"{path} holds {len(secret)} bytes, not {DECOY_SECRET_BYTES}")
+        except OSError as exc:
+            log.warning(
+                "decoy secret: %s; this worker makes its own, so unknown users' salts differ by core", exc
+            )
+            secret = os.urandom(DECOY_SECRET_BYTES)
+        self._fallback_secret = secret
+        return secret
 
 
 def _sasl_name(raw: str) -> str:
@@ -308,9 +368,13 @@ class Exchange:
         store = self.auth.store
         found = [(m, c) for m in reversed(SCRAM_MECHANISMS) if (c := store.lookup(authcid, m)) is not None]
         if not found:
-            # the same work as a real check, so the time taken does not say the user is unknown
-            decoy = ScramCredential(b"\0" * 16, ITERATIONS_DEFAULT, b"", b"")
-            password_matches("SCRAM-SHA-512", decoy, password)
+            # the work a real user's check costs (its decoy's iterations, the mechanism most
+            # users' PLAIN is checked with), so the time taken does not say the user is unknown
+            counts = store.document().iterations
+            mechanism = (
+                "SCRAM-SHA-512" if counts["SCRAM-SHA-512"] or not counts["SCRAM-SHA-256"] else "SCRAM-SHA-256"
+            )
+            password_matches(mechanism, self.auth.decoy(mechanism, authcid), password)
             raise AuthenticationFailed("PLAIN authentication failed")
         mechanism, cred = found[0]  # SCRAM-SHA-512's when the user has both
         if not password_matches(mechanism, cred, password):

@@ -9,8 +9,9 @@ Rules this module keeps:
 - TLS 1.2 at least, and on TLS 1.2 only AEAD suites with forward secrecy (`TLS12_CIPHERS`:
   ECDHE key exchange, AES-GCM or ChaCha20-Poly1305), as TLS 1.3 has only those: OpenSSL's default
   list also offered CBC suites with HMAC-SHA1 and RSA key exchange. Every TLS 1.2 client of the
-  last decade (librdkafka, Java 8+, Python) has the ECDHE-GCM ones. With `--tls-client-ca` a client must present a certificate that CA signed
-  (mutual TLS), and its subject becomes the connection's principal, written as Kafka's default
+  last decade (librdkafka, Java 8+, Python) has the ECDHE-GCM ones.
+- With `--tls-client-ca` a client must present a certificate that CA signed (mutual TLS), and
+  its subject becomes the connection's principal, written as Kafka's default
   mapping writes it: "User:" + the distinguished name, most specific first ("User:CN=alice,O=acme").
   SASL, when the listener has it too, names the principal instead.
 - Inter-core links (unix sockets between the cores of one broker) are not wrapped. A cluster's

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import ssl
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +21,7 @@ from typing import Any
 import pytest
 from brokerproc import BrokerProcess, free_udp_port, membership_key_file, wait_for
 from clusterchecker import read_replica
-from securitylab import Pki, broker_cli, consume, produce
+from securitylab import Pki, broker_cli, consume, produce, scram_server_first
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
 
@@ -194,6 +195,17 @@ def test_replicated_over_tls_and_scram_with_users_and_acls_from_etcd(
     assert wrong[0] is not None
     assert node2.wait_for_log("authentication failed") and "not-it" not in node2.log()
     assert b"x" not in {v for p in range(3) for _, v in read_replica(node2.data_dir, "orders", p, 2).records}
+
+
+def test_every_node_answers_an_unknown_user_alike(cluster: SecureCluster) -> None:
+    """The decoy secret is in etcd with the users: a name that is no user's gets the same salt
+    and iteration count from every node (a node of its own would tell it is a decoy), with a
+    salt as long as a real user's."""
+    ctx = ssl.create_default_context(cafile=str(cluster.pki.ca))
+    answers = [scram_server_first(n.port, "mallory", tls=ctx) for n in cluster.nodes.values()]
+    assert len({(a["s"], a["i"]) for a in answers}) == 1, answers
+    real = scram_server_first(cluster.nodes[1].port, "alice", tls=ctx)
+    assert len(real["s"]) == len(answers[0]["s"]) and real["i"] == answers[0]["i"]
 
 
 def test_commits_past_the_leaders_end_are_refused_whichever_node_coordinates(
