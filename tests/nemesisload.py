@@ -269,11 +269,12 @@ class Workload:
         assert t is not None
         return t
 
-    def longest_gap(self, since: float, until: float) -> float:
-        """The longest time between two consecutive acknowledgements (any partition) in
-        [since, until]: how long the producer saw nothing acknowledged."""
+    def longest_gap(self, since: float, until: float, partitions: Sequence[int] | None = None) -> float:
+        """The longest time between two consecutive acknowledgements in [since, until] (on any
+        of `partitions`; None: any partition): how long the producer saw nothing acknowledged."""
         with self._lock:
-            done = sorted(a.finished for ps in self.attempts.values() for a in ps if a.ok)
+            chosen = self.attempts.keys() if partitions is None else partitions
+            done = sorted(a.finished for p in chosen for a in self.attempts[p] if a.ok)
         times = [since, *(t for t in done if since < t < until), until]
         return max(b - a for a, b in itertools.pairwise(times))
 

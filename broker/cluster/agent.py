@@ -27,8 +27,15 @@ Rules this module keeps:
   nothing, before etcd can expire its lease and the controller elect others: two leaders of one
   partition never both acknowledge acks=all writes. It leads again once its session is back and
   the store still names it.
-- Stopping gracefully revokes this node's lease first, so the controller moves its leaderships
-  at once rather than after the TTL (Kafka's controlled shutdown, in one step).
+- Stopping gracefully is Kafka's controlled shutdown, in two steps, while the workers still
+  serve. `drain`: the node's presence says it is draining; the controller moves each leadership
+  it holds to another in-sync replica (broker/cluster/controller.py), every view stops offering
+  it to clients and coordinating groups on it, and `drain` returns once this node's published
+  view shows every leadership it could hand over handed over (bounded by `DRAIN_TIMEOUT_S`).
+  `stop`: the lease is revoked (presence and controller role go at once) and, after a drain,
+  the node waits (bounded by `LEAVE_WAIT_S`) until the controller dropped it from the in-sync
+  sets, so that no leader's acks=all waits for a follower that is about to vanish. Only then
+  does the supervisor stop the workers.
 """
 
 from __future__ import annotations
@@ -43,11 +50,11 @@ from dataclasses import dataclass
 from typing import Final, assert_never
 
 from broker.cluster.admin import ClusterAdmin
-from broker.cluster.controller import drain_target, reconcile
+from broker.cluster.controller import drain_target, handed_over, reconcile
 from broker.cluster.election import Election
 from broker.cluster.mirror import Mirror, Versioned
 from broker.cluster.placement import Candidate
-from broker.cluster.records import Keys, NodeRecord
+from broker.cluster.records import Keys, NodeRecord, PresenceRecord
 from broker.cluster.security_docs import write_copies
 from broker.cluster.store import (
     EtcdStore,
@@ -67,6 +74,8 @@ PUBLISH_COALESCE_S: Final = 0.01
 RECONCILE_EVERY_S: Final = 1.0  # besides every change: a controller that missed nothing redoes nothing
 RETRY_S: Final = 0.2
 FENCE_AFTER: Final = 0.75  # of the TTL without a renewed session: lead nothing (etcd expires at 1.0)
+DRAIN_TIMEOUT_S: Final = 5.0  # a graceful stop waits this long at most for its leaderships to move
+LEAVE_WAIT_S: Final = 2.0  # and this long at most, after leaving, to be out of every in-sync set
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,14 +109,19 @@ class ClusterAgent:
         self._lock = threading.Lock()  # the mirror, between the watch thread and the others
         self._changed = threading.Condition(self._lock)
         self._dirty = False
-        self._stop = threading.Event()
+        self._stop = threading.Event()  # the session and the controller end (the mirror goes on)
+        self._closing = threading.Event()  # every thread ends
         self._loaded = threading.Event()
+        self._published = threading.Condition(self._lock)  # a view was published (`_view`)
+        self._view: ClusterView | None = None  # the last view published
+        self._draining = False
+        self._since = time.time()
         self._lease = 0
         self._fenced = False
         self._generation = 0
         self._dead_signals: set[int] = set()
         self._absent_since: dict[int, float] = {}  # node -> when the controller saw it absent
-        self._threads: list[threading.Thread] = []
+        self._threads: dict[str, threading.Thread] = {}
         self.election = Election(
             self.store,
             self.keys.controller,
@@ -135,23 +149,87 @@ class ClusterAgent:
     def _spawn(self, target: Callable[[], None], name: str) -> None:
         t = threading.Thread(target=target, name=f"cluster-{name}", daemon=True)
         t.start()
-        self._threads.append(t)
+        self._threads[name] = t
+
+    def drain(self, timeout_s: float = DRAIN_TIMEOUT_S) -> list[tuple[int, int]]:
+        """Controlled shutdown, first step (module rules): mark this node draining and wait until
+        its workers' view shows its leaderships handed over. Returns the partitions it still
+        leads that another replica could have taken (empty: all moved) once done or timed out."""
+        me = self.config.node.node_id
+        started = time.monotonic()
+        with self._changed:
+            self._draining = True
+            lease = self._lease
+        if lease:  # none: the session is being re-registered, which writes the draining presence
+            try:
+                self.store.put(self.keys.live_node(me), self._presence(), lease=lease)
+            except StoreError as exc:
+                log.warning("cannot mark this node draining: %s (its leaderships move when it leaves)", exc)
+                return []
+        deadline = started + timeout_s
+        with self._published:
+            while True:
+                remaining = self._not_handed_over()
+                left = deadline - time.monotonic()
+                if remaining == [] or left <= 0 or self._closing.is_set():
+                    break
+                self._published.wait(min(left, 0.5))
+        took = time.monotonic() - started
+        if remaining is None:
+            log.warning("draining: no view showed this node draining within %.1f s; stopping anyway", took)
+            return []
+        if remaining:
+            log.warning(
+                "draining: %d leadership(s) not handed over in %.1f s (%s); stopping anyway",
+                len(remaining),
+                took,
+                ", ".join(f"{t}/{p}" for t, p in remaining[:10]),
+            )
+            return remaining
+        log.info("draining: leaderships handed over in %.3f s", took)
+        return []
+
+    def _not_handed_over(self) -> list[tuple[int, int]] | None:  # holding the lock
+        """The partitions the last published view has this node lead that another live,
+        non-draining in-sync replica could take; None until a view shows this node draining."""
+        me = self.config.node.node_id
+        view = self._view
+        if view is None or me not in view.draining:
+            return None
+        return [
+            ident for ident, s in view.partitions.items() if not handed_over(s, me, view.live, view.draining)
+        ]
+
+    def _presence(self) -> str:
+        return PresenceRecord(self._since, draining=self._draining).encode()
 
     def stop(self) -> None:
-        """Leave: revoke the lease (this node's presence and its controller role go at once)."""
+        """Leave: revoke the lease (this node's presence and its controller role go at once);
+        after a drain, wait until the controller took this node out of the in-sync sets."""
         self._stop.set()
         with self._changed:
             self._changed.notify_all()
+        for name in ("session", "controller"):  # neither may register or campaign again
+            t = self._threads.get(name)
+            if t is not None:
+                t.join(timeout=3.0)
         try:
             self.election.resign()
         except StoreError as exc:
             log.warning("resigning the controller role: %s", exc)
+        left = False
         if self._lease:
             try:
                 self.store.lease_revoke(self._lease)
+                left = True
             except StoreError as exc:
                 log.warning("leaving the cluster: %s (the lease lapses on its own)", exc)
-        for t in self._threads:
+        if left and self._draining:
+            self._wait_out_of_isr(LEAVE_WAIT_S)
+        self._closing.set()
+        with self._changed:
+            self._changed.notify_all()
+        for t in self._threads.values():
             t.join(timeout=3.0)
         self.store.close()
 
@@ -167,6 +245,27 @@ class ClusterAgent:
                 pass
             case _:
                 assert_never(state)
+
+    def _wait_out_of_isr(self, timeout_s: float) -> None:
+        """Wait until the published view no longer counts this node live or in any in-sync set
+        it can leave (the last member of one stays: broker/cluster/controller.py)."""
+        me = self.config.node.node_id
+        deadline = time.monotonic() + timeout_s
+
+        def out(view: ClusterView | None) -> bool:
+            return (
+                view is not None
+                and me not in view.live
+                and all(me not in s.isr or s.isr == (me,) for s in view.partitions.values())
+            )
+
+        with self._published:
+            while not out(self._view):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    log.warning("left the cluster; not yet out of every in-sync set after %.1f s", timeout_s)
+                    return
+                self._published.wait(min(left, 0.5))
 
     def member_dead(self, node_id: int) -> None:
         """SWIM confirmed `node_id` dead (a signal; the controller acts on it, see the rules). If
@@ -207,7 +306,8 @@ class ClusterAgent:
         node = self.config.node
         lease = self.store.lease_grant(self.config.session_ttl_s)
         self.store.put(k.node(node.node_id), node.encode())
-        self.store.put(k.live_node(node.node_id), json.dumps({"since": time.time()}), lease=lease.id)
+        self._since = time.time()
+        self.store.put(k.live_node(node.node_id), self._presence(), lease=lease.id)
         self._lease = lease.id
         log.info("registered node %d in cluster %s (lease %x)", node.node_id, self.config.cluster, lease.id)
 
@@ -244,7 +344,7 @@ class ClusterAgent:
     # --------------------------------------------------------------------------- mirror
 
     def _watch(self) -> None:
-        while not self._stop.is_set():
+        while not self._closing.is_set():
             ended = threading.Event()
             try:
                 rng = self.store.get_prefix(self.keys.prefix)
@@ -262,9 +362,9 @@ class ClusterAgent:
                 )
             except StoreError as exc:
                 log.warning("reading the cluster: %s", exc)
-                self._stop.wait(RETRY_S)
+                self._closing.wait(RETRY_S)
                 continue
-            while not self._stop.is_set() and not ended.wait(0.2):
+            while not self._closing.is_set() and not ended.wait(0.2):
                 pass
             watch.cancel()
 
@@ -282,11 +382,11 @@ class ClusterAgent:
     def _publisher(self) -> None:
         published_topics: list[object] | None = None
         published_security: dict[str, bytes] | None = None
-        while not self._stop.is_set():
+        while not self._closing.is_set():
             with self._changed:
-                while not self._dirty and not self._stop.is_set():
+                while not self._dirty and not self._closing.is_set():
                     self._changed.wait(1.0)
-                if self._stop.is_set():
+                if self._closing.is_set():
                     return
             time.sleep(PUBLISH_COALESCE_S)
             with self._changed:
@@ -310,8 +410,11 @@ class ClusterAgent:
                 log.error("publishing the cluster view: %s", exc)
                 with self._changed:
                     self._dirty = True
-                self._stop.wait(RETRY_S)
+                self._closing.wait(RETRY_S)
                 continue
+            with self._published:
+                self._view = view
+                self._published.notify_all()
             self._loaded.set()
             if self.on_view is not None:
                 self.on_view(view)
@@ -371,6 +474,7 @@ class ClusterAgent:
     def _reconcile_all(self) -> None:
         with self._changed:
             live = set(self.mirror.live) & set(self.mirror.nodes)
+            draining = self.mirror.draining & live
             leases = dict(self.mirror.live)
             dead = set(self._dead_signals)
             partitions = dict(self.mirror.partitions)
@@ -395,7 +499,7 @@ class ClusterAgent:
             ):
                 self.admin.write_partitions(t, record.replication, candidates)
         for (tid, p), versioned in partitions.items():
-            new = reconcile(versioned.state, live, unclean=self.config.unclean_election)
+            new = reconcile(versioned.state, live, unclean=self.config.unclean_election, draining=draining)
             if new is None:
                 continue
             if self.admin.write_state(tid, p, versioned.mod_revision, new) is not None:

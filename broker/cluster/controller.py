@@ -16,6 +16,11 @@ Rules this module keeps:
   batches carry it, and followers truncate by it (KIP-101), so it must name one leader's term.
 - The preferred leader (the first replica) takes the lead back once it is live and in sync, so
   leadership spreads over the nodes again after a failure heals.
+- A draining node (stopping gracefully: Kafka's controlled shutdown) is live but leads nothing
+  it can hand over: each partition it leads moves to the next live, non-draining in-sync replica
+  (epoch + 1, the in-sync set as it is: the node still follows until it leaves), it is never
+  elected, and the preferred-leader rule does not give its partitions back to it. A partition
+  with no such replica stays with it until it leaves (then as a death).
 - A node that is merely down keeps its replicas; moving them is a reassignment (`broker reassign`,
   or the controller after `--reassign-after-s` of a node's absence): a `target` in the state,
   reached by adding its replicas, waiting for them to be in sync, then dropping the others.
@@ -42,30 +47,48 @@ def assign(
 
 
 def reconcile(
-    state: PartitionState, live: Collection[int], unclean: bool = False, prefer: bool = True
+    state: PartitionState,
+    live: Collection[int],
+    unclean: bool = False,
+    prefer: bool = True,
+    draining: Collection[int] = (),
 ) -> PartitionState | None:
-    """The state a partition should move to given the live nodes, or None when it is right as is.
+    """The state a partition should move to given the live nodes (`draining`: those of them
+    stopping gracefully), or None when it is right as is.
 
     Idempotent: a controller that takes over, or one that missed an event, calls it for every
     partition and converges to the same states."""
     s = state
+    eligible = [n for n in live if n not in draining]  # may be elected
     for node in [n for n in s.isr if n not in live]:
-        s = _without(s, node, live)
+        s = _without(s, node, eligible)
     if s.leader == NO_LEADER:
-        back = [r for r in s.replicas if r in s.isr and r in live]
+        back = [r for r in s.replicas if r in s.isr and r in eligible]
         if back:
             s = replace(s, leader=back[0], leader_epoch=s.leader_epoch + 1)
         elif unclean:
-            alive = [r for r in s.replicas if r in live]
+            alive = [r for r in s.replicas if r in eligible]
             if alive:
                 s = replace(s, leader=alive[0], leader_epoch=s.leader_epoch + 1, isr=(alive[0],))
+    elif s.leader in draining:
+        successors = [r for r in s.replicas if r in s.isr and r in eligible]
+        if successors:
+            s = replace(s, leader=successors[0], leader_epoch=s.leader_epoch + 1)
     elif prefer and not s.target:
         preferred = s.replicas[0]
-        if preferred != s.leader and preferred in s.isr and preferred in live:
+        if preferred != s.leader and preferred in s.isr and preferred in eligible:
             s = replace(s, leader=preferred, leader_epoch=s.leader_epoch + 1)
     if s.target:
-        s = _reassigning(s, live)
+        s = _reassigning(s, eligible)
     return None if s == state else s
+
+
+def handed_over(state: PartitionState, node: int, live: Collection[int], draining: Collection[int]) -> bool:
+    """Whether draining `node` is done with this partition: it does not lead it, or no live,
+    non-draining in-sync replica could take it (then it stays until the node leaves)."""
+    if state.leader != node:
+        return True
+    return not any(r != node and r in state.isr and r in live and r not in draining for r in state.replicas)
 
 
 def _reassigning(s: PartitionState, live: Collection[int]) -> PartitionState:

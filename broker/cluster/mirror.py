@@ -16,7 +16,7 @@ import json
 import logging
 from dataclasses import dataclass, replace
 
-from broker.cluster.records import Keys, NodeRecord, TopicRecord
+from broker.cluster.records import Keys, NodeRecord, PresenceRecord, TopicRecord
 from broker.core.cluster_view import NO_LEADER, ClusterView, PartitionState
 from broker.core.topics import Topic
 
@@ -38,6 +38,7 @@ class Mirror:
         self.revision = 0
         self.nodes: dict[int, NodeRecord] = {}
         self.live: dict[int, int] = {}  # node id -> the lease its presence key lives on
+        self.draining: set[int] = set()  # live nodes stopping gracefully (their presence says so)
         self.topics: dict[str, TopicRecord] = {}
         self.partitions: dict[tuple[int, int], Versioned] = {}
         self.controller = NO_LEADER
@@ -48,6 +49,7 @@ class Mirror:
         cluster's prefix, as of `revision`."""
         self.nodes.clear()
         self.live.clear()
+        self.draining.clear()
         self.topics.clear()
         self.partitions.clear()
         self.security.clear()
@@ -69,8 +71,13 @@ class Mirror:
             elif key.startswith(k.live):
                 node = int(key[len(k.live) :])
                 if value is None:
+                    self.draining.discard(node)
                     return self.live.pop(node, None) is not None
                 self.live[node] = lease
+                if PresenceRecord.decode(value).draining:
+                    self.draining.add(node)
+                else:
+                    self.draining.discard(node)
             elif key.startswith(k.nodes):
                 node = int(key[len(k.nodes) :])
                 if value is None:
@@ -101,6 +108,7 @@ class Mirror:
         leaders, and a leader cut off must not keep acknowledging writes as if in charge."""
         partitions = {ident: v.state for ident, v in self.partitions.items()}
         live = frozenset(n for n in self.live if n in self.nodes)
+        draining = frozenset(n for n in self.draining if n in live)
         if fenced:
             me = self.node_id
             partitions = {
@@ -116,6 +124,7 @@ class Mirror:
             partitions=partitions,
             controller=self.controller,
             live=live,
+            draining=draining,
         )
 
     def topic_list(self) -> list[Topic]:

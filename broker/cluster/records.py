@@ -7,7 +7,9 @@ Rules this module keeps:
 - `nodes/<id>` is a node's lasting description (addresses, cores, weight, rack): it outlives the
   node's session, so a replica on a node that is down still has a name and a core. `live/<id>`
   is the node's presence: written with the node's lease, it disappears when the lease lapses,
-  which is the one definition of a node's death the controller acts on.
+  which is the one definition of a node's death the controller acts on. Its value
+  (`PresenceRecord`) says since when, and whether the node is draining (stopping gracefully:
+  the controller moves its leaderships away, broker/cluster/controller.py).
 - `partitions/<topic id>/<p>` is a partition's replicas, leader, leader epoch and in-sync set;
   it is only ever written in a transaction that compares its mod revision with the one the
   writer read (fencing: of two controllers, or a controller and a leader, one loses).
@@ -118,3 +120,30 @@ class TopicRecord:
         replication = int(d.pop("replication", 1))
         known = set(Topic.__dataclass_fields__)
         return cls(Topic(**{k: v for k, v in d.items() if k in known}), replication)
+
+
+@dataclass(frozen=True, slots=True)
+class PresenceRecord:
+    """A node's presence (its `live/<id>` record, on its session lease)."""
+
+    since: float  # unix time it registered
+    draining: bool = False  # stopping gracefully: hand its leaderships over, take no new work
+
+    def encode(self) -> str:
+        d: dict[str, Any] = {"since": self.since}
+        if self.draining:
+            d["draining"] = True
+        return json.dumps(d, separators=(",", ":"))
+
+    @classmethod
+    def decode(cls, value: str | bytes) -> PresenceRecord:
+        """Lenient: an older node's record (or one hand-written) that says nothing more is a
+        presence that is not draining."""
+        try:
+            d = json.loads(value)
+        except ValueError:
+            return cls(0.0)
+        if not isinstance(d, dict):
+            return cls(0.0)
+        since = d.get("since", 0.0)
+        return cls(float(since) if isinstance(since, int | float) else 0.0, d.get("draining") is True)

@@ -128,10 +128,18 @@ class ClusterView:
     partitions: Mapping[tuple[int, int], PartitionState] = field(default_factory=dict)
     controller: int = NO_LEADER
     live: frozenset[int] = frozenset()  # nodes registered in the store now (`nodes` also has past ones)
+    # live nodes stopping gracefully: they coordinate no group and are not offered to clients
+    # (their leaderships are being moved; they still serve as followers until they leave)
+    draining: frozenset[int] = frozenset()
 
     @classmethod
     def single(cls, node_id: int = 0) -> ClusterView:
         return cls(node_id=node_id, generation=0, clustered=False)
+
+    @property
+    def serving(self) -> frozenset[int]:
+        """The live nodes that take new work: clients are offered these, groups coordinated there."""
+        return self.live - self.draining
 
     def state_of(self, topic_id: int, partition: int) -> PartitionState | None:
         return self.partitions.get((topic_id, partition))
@@ -142,6 +150,7 @@ class ClusterView:
             "generation": self.generation,
             "controller": self.controller,
             "live": sorted(self.live),
+            "draining": sorted(self.draining),
             "nodes": [
                 {
                     "id": n.node_id,
@@ -177,6 +186,7 @@ class ClusterView:
             partitions=parts,
             controller=int(d.get("controller", NO_LEADER)),
             live=frozenset(int(n) for n in d.get("live", ())),
+            draining=frozenset(int(n) for n in d.get("draining", ())),
         )
 
 

@@ -337,10 +337,11 @@ class Handlers:
 
     def group_coordinator(self, group: str) -> tuple[int, int]:
         """(node, core) coordinating `group`: a core of this node alone; in a cluster the node is
-        `routing.coordinator_node` over the live nodes (what clients compute too), then the core
+        `routing.coordinator_node` over the live nodes that are not draining (`ClusterView.serving`:
+        what clients compute too, from Metadata), then the core
         over its cores. Groups' offsets stay on that node (docs/CLUSTER.md says what that means)."""
         c = self.cluster
-        live = [n for n in c.live if n in c.nodes] if c.clustered else []
+        live = [n for n in c.serving if n in c.nodes] if c.clustered else []
         if not live:
             return self.config.node_id, coordinator_for(group, self.config.cores)
         node = coordinator_node(group, live)
@@ -535,7 +536,7 @@ class Handlers:
         node_id = self.config.node_id
         nodes = {
             n.node_id: NodeView(
-                n.node_id, n.host, n.port, n.cores, n.core_ports, n.rack, n.node_id in cluster.live
+                n.node_id, n.host, n.port, n.cores, n.core_ports, n.rack, n.node_id in cluster.serving
             )
             for n in cluster.nodes.values()
         }

@@ -23,7 +23,13 @@ Rules this module keeps:
   forward to a dead worker's core is answered NOT_OWNER at once instead of waiting in the backlog
   of the inter-core listener, which the supervisor holds, for the restart.
 - SIGTERM/SIGINT are forwarded to the workers (graceful: they answer in-flight requests and
-  flush); the supervisor exits 0 when all of them exited 0, 1 otherwise.
+  flush); the supervisor exits 0 when all of them exited 0, 1 otherwise. A node of a cluster
+  first drains (Kafka's controlled shutdown, broker/cluster/agent.py): its leaderships move to
+  other in-sync replicas while its workers still serve (they answer NOT_LEADER_OR_FOLLOWER /
+  NOT_COORDINATOR from then on, so clients move on at once), on a thread while this loop keeps
+  answering membership and reaping; then it sends LEFT, leaves the store and signals the
+  workers. LEFT goes after the drain: the others' controller revokes the session of a node that
+  left, which would turn the handover into a failover.
 - One broker per data directory: the supervisor holds an exclusive flock on `<data_dir>/broker.lock`
   and every worker inherits that same open file, so the lock is free only once the supervisor and
   all its workers have exited, io_uring writes still in flight in a dying worker included (the
@@ -70,6 +76,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -822,6 +829,7 @@ class Supervisor:
     def _loop(self) -> int:
         start_deadline = time.monotonic() + START_TIMEOUT_S
         signalled = False
+        drain: threading.Thread | None = None
         stop_deadline = 0.0
         while True:
             timeout = TICK_S
@@ -851,6 +859,11 @@ class Supervisor:
                 self._wait_all(STOP_TIMEOUT_S)
                 return 1
             if self._stopping:
+                if not signalled and self.agent is not None and drain is None:
+                    drain = threading.Thread(target=self._drain, args=(self.agent,), daemon=True)
+                    drain.start()
+                if not signalled and drain is not None and drain.is_alive():
+                    continue  # leaderships moving: membership is answered, workers serve
                 if not signalled:
                     if self.membership is not None:
                         self.membership.swim.leave(now)  # LEFT, not DEAD: the others need not wait
@@ -878,6 +891,15 @@ class Supervisor:
             for w in self.workers:
                 if w.proc is None and w.restart_at is not None and now >= w.restart_at:
                     self._spawn(w)
+
+    def _drain(self, agent: ClusterAgent) -> None:
+        """The drain's thread: hand this node's leaderships over, then wake the loop."""
+        try:
+            agent.drain()
+        except Exception:  # a bug here must not keep the node from stopping
+            log.exception("draining failed; stopping anyway")
+        with contextlib.suppress(OSError):
+            os.write(self._wake_w, b"\0")
 
     def _stop_workers(self, sig: int) -> None:
         for w in self.workers:

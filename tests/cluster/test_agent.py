@@ -145,3 +145,38 @@ def test_a_node_that_loses_its_session_leads_nothing(etcd_cluster, tmp_path: Pat
         wait_for(lambda: node.latest().state_of(topic.topic_id, 0).leader == 1, timeout=10)
     finally:
         node.agent.stop()
+
+
+def test_a_draining_node_hands_its_leaderships_over_before_it_leaves(nodes: list[Node]) -> None:
+    """Controlled shutdown at the agent: `drain` returns once this node's own published view has
+    another in-sync replica leading each partition it led (it still runs, still in sync, still
+    live, no longer offered to clients); `stop` then leaves and waits until it is out of every
+    in-sync set. A partition with no other replica does not hold the drain up."""
+    a, _b, c = nodes
+    wait_for(lambda: all((n.latest() or ClusterView.single()).live == {1, 2, 3} for n in nodes))
+    topic = a.agent.admin.create_topic(a.registry, "drained", 6, replication=3)
+    wait_for(lambda: all(c.latest() and c.view.state_of(topic.topic_id, p) for p in range(6)))
+    solo = a.agent.admin.create_topic(a.registry, "solo", 6, replication=1)  # some on node 3
+    wait_for(lambda: all(c.latest() and c.view.state_of(solo.topic_id, p) for p in range(6)))
+    before = c.latest()
+    led = [p for p in range(6) if before.state_of(topic.topic_id, p).leader == 3]
+    assert led, "placement gave node 3 no leadership of 6 partitions"
+    assert 3 in {before.state_of(solo.topic_id, p).leader for p in range(6)}
+
+    t0 = time.monotonic()
+    assert c.agent.drain(timeout_s=5.0) == []
+    took = time.monotonic() - t0
+    assert took < 2.0, took  # no wait for the replication-1 partitions, which cannot move
+    view = c.latest()  # what node 3's workers read when drain returned
+    assert 3 in view.live and view.draining == {3} and view.serving == {1, 2}
+    for p in range(6):
+        s = view.state_of(topic.topic_id, p)
+        assert s.leader in (1, 2) and set(s.isr) == {1, 2, 3}, s
+        if p in led:
+            assert s.leader_epoch == before.state_of(topic.topic_id, p).leader_epoch + 1
+    assert wait_for(lambda: a.latest().draining == {3} and a.view.serving == {1, 2})
+
+    c.agent.stop()  # leaves; the controller (1 or 2, or a new one) drops it from the in-sync sets
+    view = c.latest()
+    assert 3 not in view.live
+    assert all(3 not in view.state_of(topic.topic_id, p).isr for p in range(6))

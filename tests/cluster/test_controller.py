@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from broker.cluster.controller import IsrRefused, assign, change_isr, reconcile
+from broker.cluster.controller import IsrRefused, assign, change_isr, handed_over, reconcile
 from broker.cluster.placement import Candidate, place, rank
 from broker.core.cluster_view import NO_LEADER, PartitionState
 
@@ -100,6 +100,28 @@ def test_preferred_leader_takes_back_the_lead_once_in_sync() -> None:
     s = PartitionState((1, 2, 3), 2, 5, (2, 3, 1))
     assert reconcile(s, live={1, 2, 3}) == PartitionState((1, 2, 3), 1, 6, (2, 3, 1))
     assert reconcile(s, live={1, 2, 3}, prefer=False) is None
+
+
+def test_a_draining_leader_hands_over_to_an_in_sync_replica_and_is_not_given_it_back() -> None:
+    """Kafka's controlled shutdown: the lead moves while the node still runs; it stays in sync
+    (it follows until it leaves) and the preferred-leader rule does not hand the lead back."""
+    s = reconcile(S, live={1, 2, 3}, draining={1})
+    assert s == PartitionState((1, 2, 3), 2, 5, (1, 2, 3))
+    assert handed_over(s, 1, {1, 2, 3}, {1})
+    assert reconcile(s, live={1, 2, 3}, draining={1}) is None
+    # a draining node is never elected, from an offline partition either
+    off = PartitionState((1, 2, 3), NO_LEADER, 5, (1, 3))
+    assert reconcile(off, live={1, 2, 3}, draining={1}) == PartitionState((1, 2, 3), 3, 6, (1, 3))
+    # once it has left (its presence gone), as a follower's death: only the ISR shrinks
+    assert reconcile(s, live={2, 3}) == PartitionState((1, 2, 3), 2, 5, (2, 3))
+
+
+def test_a_draining_leader_without_an_in_sync_successor_keeps_the_lead() -> None:
+    alone = PartitionState((1, 2, 3), 1, 4, (1,))  # the others are behind: electing one loses data
+    assert reconcile(alone, live={1, 2, 3}, draining={1}) is None
+    assert handed_over(alone, 1, {1, 2, 3}, {1})  # nothing to wait for
+    assert not handed_over(S, 1, {1, 2, 3}, {1})
+    assert handed_over(S, 1, {1, 2, 3}, {1, 2, 3})  # every other one leaves too
 
 
 def test_random_failures_keep_the_invariants() -> None:

@@ -5,11 +5,12 @@ of 3 partitions, 3 replicas each (tests/nemesisload.py); after each fault the cl
 what was acknowledged, what was read and what every replica holds.
 
 Faults: kill -9 of a partition's leader node then restart (`KILL_ROUNDS` times, partitions in
-turn), SIGSTOP of a leader past its session (then SIGCONT: it returns as a follower, truncates,
-rejoins), isolation of a leader from the network (then heal), and kill -9 of etcd's raft leader
-(3 members) while producing. Each prints one summary line with its failover times (fault to the
-first acknowledged produce sent after it, on the partitions whose leader the fault took): run
-with `pytest -s` to see them.
+turn), SIGTERM to a leader (a controlled shutdown: its leaderships move before it exits; the
+summary gives the produce gap on the partitions it led), SIGSTOP of a leader past its session
+(then SIGCONT: it returns as a follower, truncates, rejoins), isolation of a leader from the
+network (then heal), and kill -9 of etcd's raft leader (3 members) while producing. Each prints
+one summary line with its failover times (fault to the first acknowledged produce sent after it,
+on the partitions whose leader the fault took): run with `pytest -s` to see them.
 
 Root-required (CI is root); skipped, with the reason, otherwise.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 
@@ -35,6 +37,8 @@ from nemesisload import (
     wait_whole,
 )
 
+from broker.client.admin import Admin
+
 REASON = lab_unavailable()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"{REASON}")
 
@@ -46,6 +50,8 @@ PAUSE_S = 5.0  # past the 2 s session TTL
 ISOLATE_S = 5.0
 ETCD_WATCH_S = 5.0  # the produce gap is measured over this long after the etcd leader dies
 FAILOVER_MAX_S = 10.0  # a bound that catches a stuck failover, not the goal (3 s, see CLUSTER.md)
+STOP_GAP_MAX_S = 1.0  # a graceful stop's produce gap on the partitions it led (kill -9's is ~2 s)
+STOP_WATCH_S = 2.0  # the gap is measured from the SIGTERM to this long after the node exited
 _topics = itertools.count()
 
 
@@ -115,6 +121,60 @@ def test_kill_the_leader_and_restart_it(lab: ClusterLab) -> None:
         failovers,
         f"; new leader {spread(elections)}; restart to whole ISR {spread(rejoins)}",
     )
+
+
+def test_sigterm_to_a_leader_moves_its_leaderships_before_it_exits(lab: ClusterLab) -> None:
+    """Controlled shutdown (Kafka's): SIGTERM to a node leading partitions makes the controller
+    move each of its leaderships to another in-sync replica while the node still runs; only then
+    does it leave and exit 0. The producer's gap on those partitions stays under a second, and
+    nothing acknowledged is lost or duplicated."""
+    name = topic(lab)
+    with Workload(lab, name, tag="term") as w:
+        w.wait_acked(200)
+        victim, epoch = leader_of(lab, name, 0)
+        hit = led_by(lab, name, victim)
+        observer = next(n for n in lab.nodes if n.index != victim)
+        moved: dict[int, float] = {}  # partition -> when the observer first named another leader
+        watching = threading.Event()
+
+        def watch() -> None:
+            with Admin(observer.bootstrap, request_timeout_ms=3000) as admin:
+                while not watching.is_set() and len(moved) < len(hit):
+                    try:
+                        parts = admin.describe_topic(name).partitions
+                    except Exception:  # a moment without an answer: ask again
+                        continue
+                    now = time.monotonic()
+                    for p in parts:
+                        if p.partition in hit and p.leader_node not in (node_id(victim), -1):
+                            moved.setdefault(p.partition, now)
+                    time.sleep(0.01)
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        rc = lab.stop(victim)
+        exited = time.monotonic()
+        fault_at = lab.last_fault()
+        watching.set()
+        watcher.join(10)
+        assert rc == 0, lab.nodes[victim].log()[-3000:]
+        assert sorted(moved) == sorted(hit), (moved, hit)
+        assert all(t < exited for t in moved.values()), (moved, exited)
+        new, new_epoch = leader_of(lab, name, 0)
+        assert new != victim and new_epoch > epoch
+        time.sleep(max(0.0, exited + STOP_WATCH_S - time.monotonic()))
+        gaps = [w.longest_gap(fault_at, exited + STOP_WATCH_S, [p]) for p in hit]
+        lab.restart(victim)
+        wait_whole(lab, name)
+        w.wait_acked(50)
+    finish(
+        w,
+        "SIGTERM leader",
+        gaps,
+        f"; partitions {hit} moved {spread([t - fault_at for t in moved.values()])} after the "
+        f"SIGTERM, exit {exited - fault_at:.2f} s after it",
+    )
+    assert max(gaps) < STOP_GAP_MAX_S, gaps
 
 
 def interrupt_leaders(
