@@ -1,7 +1,9 @@
 """Cluster benchmark: three replicas with acks=all against one node with acks=1, in the same run,
-and the failover time from kill -9 of a leader to the first acknowledged produce after it.
+the failover time from kill -9 of a leader to the first acknowledged produce after it, and the
+produce gap when a leader is stopped gracefully (SIGTERM).
 
-Run: `.venv/bin/python bench/cluster.py [--records N] [--rounds R] [--failovers F]`
+Run: `.venv/bin/python bench/cluster.py [--records N] [--rounds R] [--failovers F] [--stops S]`
+(`--stops-only`: only the SIGTERM rounds, for comparing the shutdown path between checkouts)
 
 What runs (all on this machine: the three nodes share its CPUs with the client, which is the
 point of the issue's goal of >= 0.5 on a 2-CPU machine):
@@ -15,15 +17,22 @@ point of the issue's goal of >= 0.5 on a 2-CPU machine):
 - Failover: a producer sends one record at a time to partition 0 (acks=all); its leader node is
   killed with SIGKILL; the time from the kill to the first acknowledged send after it. The node
   is restarted and waited back into every in-sync set before the next round.
+- SIGTERM: a producer (acks=all, idempotent) sends one record every 2 ms, partitions in turn,
+  never waiting; the leader of partition 0 gets SIGTERM. The gap of a stop is the longest time
+  between two consecutive acknowledgements on the partitions it led, from the SIGTERM to 2 s
+  after the node exited (the slowest of those partitions); also how long the node took to exit.
+  Then it is restarted and waited back as above.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -118,6 +127,66 @@ def failover(nodes: dict[int, BrokerProcess], topic: str, topic_id: int) -> floa
     return took
 
 
+STOP_WATCH_S = 2.0  # the gap is measured until this long after the stopped node exited
+
+
+def sigterm_gap(nodes: dict[int, BrokerProcess], topic: str, topic_id: int) -> tuple[float, float]:
+    """One graceful stop of partition 0's leader under a steady producer: (the longest gap
+    between acknowledgements on the partitions it led, seconds from the SIGTERM to its exit)."""
+    bootstrap = ",".join(n.bootstrap for n in nodes.values())
+    before = states(nodes[1], topic_id)
+    victim = before[0]["leader"]
+    survivor = next(i for i in nodes if i != victim)
+    hit = [p for p, s in before.items() if s["leader"] == victim]
+    acked: dict[int, list[float]] = {p: [] for p in before}
+    lock = threading.Lock()
+    stop = threading.Event()
+    window = threading.Semaphore(3000)
+
+    def answered(partition: int, fut) -> None:
+        window.release()
+        if fut.exception() is None:
+            with lock:
+                acked[partition].append(time.monotonic())
+
+    def produce() -> None:
+        with Producer(
+            bootstrap, acks=m.Acks.DURABLE, linger_ms=1, enable_idempotence=True, request_timeout_ms=3000
+        ) as p:
+            for n in itertools.count():
+                if stop.is_set():
+                    break
+                if not window.acquire(timeout=0.1):
+                    continue
+                partition = n % len(before)
+                fut = p.send(topic, b"term-%d" % n, partition=partition)
+                fut.add_done_callback(lambda f, pa=partition: answered(pa, f))
+                time.sleep(0.002)
+            p.flush(60)
+
+    sender = threading.Thread(target=produce, daemon=True)
+    sender.start()
+    wait_for(lambda: all(len(acked[p]) > 50 for p in hit), 30)
+    signalled = time.monotonic()
+    rc = nodes[victim].stop()
+    exited = time.monotonic()
+    if rc != 0:
+        raise RuntimeError(f"node {victim} exited {rc} after SIGTERM")
+    time.sleep(STOP_WATCH_S)
+    until = exited + STOP_WATCH_S
+    stop.set()
+    sender.join(90)
+    gaps = []
+    for p in hit:
+        with lock:
+            times = [signalled, *(t for t in acked[p] if signalled < t < until), until]
+        gaps.append(max(b - a for a, b in itertools.pairwise(times)))
+    nodes[victim].start()
+    wait_for(lambda: all(victim in s["isr"] for s in states(nodes[survivor], topic_id).values()), 60)
+    wait_for(lambda: states(nodes[survivor], topic_id)[0]["leader"] == victim, 30)  # preferred leader back
+    return max(gaps), exited - signalled
+
+
 def spread(xs: list[float], fmt: str = "{:.0f}") -> str:
     return f"{fmt.format(statistics.median(xs))} ({fmt.format(min(xs))}..{fmt.format(max(xs))}, n={len(xs)})"
 
@@ -127,8 +196,13 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=60_000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--failovers", type=int, default=5)
+    ap.add_argument("--stops", type=int, default=5)
+    ap.add_argument("--stops-only", action="store_true", help="only the SIGTERM rounds")
     ap.add_argument("--backend", default="uvloop", choices=("uvloop", "io_uring"))
     args = ap.parse_args()
+    if args.stops_only:
+        stops_only(args)
+        return
     with tempfile.TemporaryDirectory(prefix="ringlog-cluster-bench-") as tmp:
         root = Path(tmp)
         etcd = EtcdCluster(root / "etcd", 1).start()
@@ -157,6 +231,7 @@ def main() -> None:
             lat1b = latency(single.bootstrap, "bench", m.Acks.WRITTEN)
             lat3b = latency(cluster_boot, "bench", m.Acks.DURABLE)
             fails = [failover(nodes, "bench", topic_id) for _ in range(args.failovers)]
+            stops = [sigterm_gap(nodes, "bench", topic_id) for _ in range(args.stops)]
         finally:
             for n in [single, *nodes.values()]:
                 if n.running():
@@ -174,6 +249,43 @@ def main() -> None:
     print(
         f"failover, kill -9 of the leader -> first acked produce (goal <= 3 s): {spread(fails, '{:.2f}')} s"
     )
+    if stops:
+        print_stops(args.backend, stops)
+
+
+def stops_only(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory(prefix="ringlog-cluster-bench-") as tmp:
+        root = Path(tmp)
+        etcd = EtcdCluster(root / "etcd", 1).start()
+        nodes: dict[int, BrokerProcess] = {}
+        try:
+            nodes = start_cluster(root, etcd, args.backend)
+            with Admin(",".join(n.bootstrap for n in nodes.values())) as a:
+                topic_id = a.create_topic("bench", 3, replication=3)
+            wait_for(
+                lambda: (
+                    all(len(states(n, topic_id)) == 3 for n in nodes.values())
+                    and all(len(s["isr"]) == 3 for s in states(nodes[1], topic_id).values())
+                )
+            )
+            stops = [sigterm_gap(nodes, "bench", topic_id) for _ in range(args.stops)]
+        finally:
+            for n in nodes.values():
+                if n.running():
+                    n.stop()
+            etcd.close()
+    print_stops(args.backend, stops)
+
+
+def print_stops(backend: str, stops: list[tuple[float, float]]) -> None:
+    gaps = sorted(g for g, _ in stops)
+    exits = sorted(e for _, e in stops)
+    print(f"backend {backend}; SIGTERM to the leader of partition 0, a producer sending every 2 ms")
+    print(
+        f"  produce gap on the partitions it led: p50 {statistics.median(gaps):.3f} s, max {gaps[-1]:.3f} s "
+        f"(min {gaps[0]:.3f}, n={len(gaps)})"
+    )
+    print(f"  SIGTERM to exit: p50 {statistics.median(exits):.2f} s, max {exits[-1]:.2f} s")
 
 
 if __name__ == "__main__":

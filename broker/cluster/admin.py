@@ -9,6 +9,11 @@ Rules this module keeps:
   proposer is its leader at the current epoch (`controller.change_isr`), so a deposed leader's
   late proposal, or one racing the controller, changes nothing. A lost race is read again and
   retried a few times; an uncertain outcome (`StoreUncertain`) is read back, not repeated blindly.
+- An in-sync-set change adds no replica whose node is not live or is draining (Kafka refuses
+  such an AlterPartition, KIP-841): a node stopping still fetches and looks caught up, and
+  acks=all would wait for it once it is gone. Those are left out and the rest applies; a
+  proposal left with nothing to change is answered with the state as it stands (a definite
+  answer: the leader stops counting them for its high watermark at once).
 - A topic is created in two steps: its record (with its id) in one transaction, then its
   partitions' first states (placed over the live nodes) in transactions of at most `TXN_OPS`
   keys (etcd's default cap is 128 operations per transaction). A creator that dies between the
@@ -26,7 +31,7 @@ from typing import Final
 
 from broker.cluster.controller import IsrRefused, assign, change_isr, drain_target
 from broker.cluster.placement import Candidate
-from broker.cluster.records import Keys, NodeRecord, TopicRecord
+from broker.cluster.records import Keys, NodeRecord, PresenceRecord, TopicRecord
 from broker.cluster.store import (
     Delete,
     MetadataStore,
@@ -210,6 +215,15 @@ class ClusterAdmin:
                 raise IsrRefused(f"partition {topic_id}/{partition} has no state")
             state = PartitionState.from_json(json.loads(kv.value))
             new = change_isr(state, leader, leader_epoch, isr)
+            ineligible = self._ineligible(set(new.isr) - set(state.isr))
+            if ineligible:
+                log.info(
+                    "partition %d/%d: node(s) %s not added to the in-sync set: not live, or draining",
+                    topic_id,
+                    partition,
+                    sorted(ineligible),
+                )
+                new = replace(new, isr=tuple(r for r in new.isr if r not in ineligible))
             if new == state:
                 return state
             try:
@@ -219,3 +233,12 @@ class ClusterAdmin:
             if written:
                 return new
         raise IsrRefused(f"partition {topic_id}/{partition}: the in-sync set kept changing under us")
+
+    def _ineligible(self, nodes: set[int]) -> set[int]:
+        """Those of `nodes` that may not join an in-sync set: not live, or draining."""
+        out = set()
+        for node in nodes:
+            kv = self.store.get(self.keys.live_node(node))
+            if kv is None or PresenceRecord.decode(kv.value).draining:
+                out.add(node)
+        return out

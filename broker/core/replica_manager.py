@@ -16,6 +16,10 @@ Rules this module keeps:
   back-off, and `LINK_RETRY_S` for the link).
 - Only a leader proposes in-sync-set changes, one at a time per partition, fenced in the store
   by its epoch (`ClusterAdmin.alter_isr`): it learns the result from the view like every node.
+  It proposes no follower to join whose node the view does not count as serving (not live, or
+  draining: stopping gracefully), which the store would refuse anyway: such a node still
+  fetches, and counting it for the high watermark while the proposal is out would tie acks=all
+  to a node about to leave.
   Replicas a proposal adds hold the high watermark from the moment it is sent until its answer
   is known (broker/core/replication.py): the store may apply it, and elect one of them, first.
 """
@@ -236,6 +240,7 @@ class ReplicaManager:
         if self.alter_isr is None:
             return
         now = now_ms()
+        serving = self.handlers.cluster.serving
         for key, partition in self.handlers.partitions.items():
             replica = partition.replica
             if not isinstance(replica, LeaderState) or key in self._isr_in_flight:
@@ -243,7 +248,10 @@ class ReplicaManager:
             proposal = partition.isr_proposal(now, self.lag_max_ms)
             if not proposal:
                 continue
-            keep = (replica.isr - set(proposal.leave)) | (set(proposal.join) - set(proposal.leave))
+            join = set(proposal.join) & serving
+            keep = (replica.isr - set(proposal.leave)) | (join - set(proposal.leave))
+            if keep == replica.isr:
+                continue
             isr = tuple(r for r in replica.replicas if r in keep)
             self._propose(key, replica.epoch, isr)
 

@@ -180,3 +180,26 @@ def test_a_draining_node_hands_its_leaderships_over_before_it_leaves(nodes: list
     view = c.latest()
     assert 3 not in view.live
     assert all(3 not in view.state_of(topic.topic_id, p).isr for p in range(6))
+
+
+def test_a_leaving_node_is_not_proposed_back_into_an_in_sync_set(nodes: list[Node]) -> None:
+    """A leader that sees a draining or departed follower caught up must not get it back into
+    the in-sync set (Kafka refuses such an AlterPartition, KIP-841): acks=all would then wait
+    for a node about to vanish. The store answers with the set as it stands."""
+    a, _b, c = nodes
+    wait_for(lambda: all((n.latest() or ClusterView.single()).live == {1, 2, 3} for n in nodes))
+    topic = a.agent.admin.create_topic(a.registry, "rejoin", 1, replication=3)
+    s = wait_for(lambda: a.latest() and a.view.state_of(topic.topic_id, 0))
+    if s.leader == 3:
+        c.agent.drain(timeout_s=5.0)
+        s = wait_for(lambda: (v := a.latest().state_of(topic.topic_id, 0)).leader != 3 and v)
+    others = tuple(r for r in s.isr if r != 3)
+    s = a.agent.admin.alter_isr(topic.topic_id, 0, s.leader, s.leader_epoch, others)  # 3 fell behind
+    assert 3 not in s.isr
+    c.agent.drain(timeout_s=5.0)
+    back = a.agent.admin.alter_isr(topic.topic_id, 0, s.leader, s.leader_epoch, (*others, 3))
+    assert back == s  # draining: not added
+    c.agent.stop()
+    wait_for(lambda: 3 not in a.latest().live)
+    back = a.agent.admin.alter_isr(topic.topic_id, 0, s.leader, s.leader_epoch, (*others, 3))
+    assert back == s  # gone: not added
