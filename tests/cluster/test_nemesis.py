@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import itertools
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
 
 import pytest
 from clusterchecker import report, spread
-from clusterlab import ClusterLab, lab_unavailable, wait_until
+from clusterlab import BROKER_PORT, ClusterLab, lab_unavailable, wait_until
 from nemesisload import (
     Workload,
     create_topic,
@@ -38,6 +39,8 @@ from nemesisload import (
 )
 
 from broker.client.admin import Admin
+from ringlog_proto import messages as m
+from ringlog_proto.frames import NEED_DATA, FrameDecoder
 
 REASON = lab_unavailable()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"{REASON}")
@@ -123,6 +126,27 @@ def test_kill_the_leader_and_restart_it(lab: ClusterLab) -> None:
     )
 
 
+def leaders_seen_by(ip: str, name: str) -> dict[int, int]:
+    """partition -> leader node as the broker at `ip` answers Metadata itself (our protocol, one
+    plain request on a connection of its own: no client that would ask another node); {} when it
+    does not answer (stopping, gone)."""
+    try:
+        with socket.create_connection((ip, BROKER_PORT), timeout=1.0) as sock:
+            sock.sendall(b"".join(m.encode_request(m.MetadataRequest((name,)), 1)))
+            decoder = FrameDecoder()
+            while (frame := decoder.next_frame()) is NEED_DATA:
+                data = sock.recv(1 << 16)
+                if not data:
+                    return {}
+                decoder.feed(data)
+    except OSError:
+        return {}
+    resp = m.decode_response(frame)  # type: ignore[arg-type]
+    if not isinstance(resp, m.MetadataResponse):
+        return {}
+    return {p.index: p.leader_node for t in resp.topics if t.name == name for p in t.partitions}
+
+
 def interrupt_leaders(
     lab: ClusterLab,
     tag: str,
@@ -173,9 +197,11 @@ def test_isolate_the_leader_then_heal(lab: ClusterLab) -> None:
 # shutdown path before the controlled shutdown as well; not investigated here.
 def test_sigterm_to_a_leader_moves_its_leaderships_before_it_exits(lab: ClusterLab) -> None:
     """Controlled shutdown (Kafka's): SIGTERM to a node leading partitions makes the controller
-    move each of its leaderships to another in-sync replica while the node still runs; only then
-    does it leave and exit 0. The producer's gap on those partitions stays under a second, and
-    nothing acknowledged is lost or duplicated."""
+    move each of its leaderships to another in-sync replica while the node still runs and knows
+    it (its own Metadata names the new leaders before it exits, so it answers its clients
+    NOT_OWNER rather than taking produces it can no longer replicate); only then does it leave
+    and exit 0. The producer's gap on those partitions stays under a second, and nothing
+    acknowledged is lost or duplicated."""
     name = topic(lab)
     with Workload(lab, name, tag="term") as w:
         w.wait_acked(200)
@@ -183,6 +209,7 @@ def test_sigterm_to_a_leader_moves_its_leaderships_before_it_exits(lab: ClusterL
         hit = led_by(lab, name, victim)
         observer = next(n for n in lab.nodes if n.index != victim)
         moved: dict[int, float] = {}  # partition -> when the observer first named another leader
+        known: dict[int, float] = {}  # partition -> when the stopping node itself named another
         watching = threading.Event()
 
         def watch() -> None:
@@ -198,16 +225,26 @@ def test_sigterm_to_a_leader_moves_its_leaderships_before_it_exits(lab: ClusterL
                             moved.setdefault(p.partition, now)
                     time.sleep(0.01)
 
-        watcher = threading.Thread(target=watch, daemon=True)
-        watcher.start()
+        def ask_the_victim() -> None:
+            while not watching.is_set() and len(known) < len(hit):
+                for p, leader in leaders_seen_by(lab.nodes[victim].ip, name).items():
+                    if p in hit and leader not in (node_id(victim), -1):
+                        known.setdefault(p, time.monotonic())
+                time.sleep(0.01)
+
+        watchers = [threading.Thread(target=f, daemon=True) for f in (watch, ask_the_victim)]
+        for t in watchers:
+            t.start()
         rc = lab.stop(victim)
         exited = time.monotonic()
         fault_at = lab.last_fault()
         watching.set()
-        watcher.join(10)
+        for t in watchers:
+            t.join(10)
         assert rc == 0, lab.nodes[victim].log()[-3000:]
         assert sorted(moved) == sorted(hit), (moved, hit)
         assert all(t < exited for t in moved.values()), (moved, exited)
+        assert sorted(known) == sorted(hit), f"the stopping node never named the new leaders: {known}"
         new, new_epoch = leader_of(lab, name, 0)
         assert new != victim and new_epoch > epoch
         time.sleep(max(0.0, exited + STOP_WATCH_S - time.monotonic()))
