@@ -6,7 +6,7 @@ import json
 import os
 
 from broker.cluster.mirror import Mirror
-from broker.cluster.records import Keys, NodeRecord, TopicRecord
+from broker.cluster.records import Keys, NodeRecord, PresenceRecord, TopicRecord
 from broker.core.cluster_view import ClusterView, PartitionState, ViewFile, publish
 from broker.core.topics import Topic
 
@@ -97,3 +97,18 @@ def test_the_users_and_acls_documents_are_kept_and_copied_marked(tmp_path) -> No
     write_copies(str(d), "etcd /ringlog/lab/security/", mirror.security)
     assert AclStore(str(tmp_path)).bindings() == ()
     assert json.loads((d / "acls.json").read_text())["mirror_of"] == "etcd /ringlog/lab/security/acls.json"
+
+
+def test_a_draining_presence_is_live_but_not_serving(tmp_path) -> None:
+    mirror = Mirror(K, node_id=1)
+    for i in (1, 2, 3):
+        mirror.apply(K.node(i), node(i).encode().encode(), i)
+    mirror.apply(K.live_node(1), PresenceRecord(1.0).encode().encode(), 4, 0x1)
+    mirror.apply(K.live_node(2), PresenceRecord(1.0, draining=True).encode().encode(), 5, 0x2)
+    mirror.apply(K.live_node(3), b"not json", 6, 0x3)  # an odd presence is still a presence
+    view = mirror.view()
+    assert view.live == {1, 2, 3} and view.draining == {2} and view.serving == {1, 3}
+    publish(str(tmp_path), view)
+    assert ViewFile(str(tmp_path)).poll() == view  # what the workers read
+    mirror.apply(K.live_node(2), None, 7)  # it left
+    assert mirror.view().draining == frozenset() and mirror.view().serving == {1, 3}
