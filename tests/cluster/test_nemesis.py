@@ -254,7 +254,7 @@ def test_sigterm_to_a_leader_moves_its_leaderships_before_it_exits(lab: ClusterL
         w.wait_acked(50)
     finish(
         w,
-        "SIGTERM leader",
+        "SIGTERM leader (the figure is the longest produce gap)",
         gaps,
         f"; partitions {hit} moved {spread([t - fault_at for t in moved.values()])} after the "
         f"SIGTERM, exit {exited - fault_at:.2f} s after it",
