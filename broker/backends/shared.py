@@ -158,6 +158,10 @@ SHUTDOWN_GRACE_S = 10.0  # longest wait for in-flight requests and operations at
 SHUTDOWN_POLL_S = 0.01  # the loop runs at most this long between looks at what is still in flight
 SHUTDOWN_SETTLE_POLLS = 100  # after closing: waits for the backend's last operations (cancels, closes)
 LINGER_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() resets the connection
+# tcp_info's first byte (linux/tcp.h): the socket's state. A connection the core does not read
+# never sees its client's FIN or RST by reading; the sweep looks for these states instead.
+TCP_CLOSE = 7  # reset by the peer (or failed)
+TCP_CLOSE_WAIT = 8  # the peer sent its FIN
 
 
 def request_charge(frame: Frame) -> int:
@@ -218,11 +222,12 @@ class RateLimitedLog:
 class CoreMemory:
     """The bytes in flight over all client connections of one core, against its budget."""
 
-    __slots__ = ("freed", "limit", "peak", "trimmed_at", "used", "waiting")
+    __slots__ = ("buffered", "freed", "limit", "peak", "trimmed_at", "used", "waiting")
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.used = 0
+        self.buffered = 0  # the part of `used` received and not yet taken as requests (frames)
         self.peak = 0  # the highest `used` since the last malloc_trim
         self.freed = 0  # other buffers let go since then (the io_uring backend's recv buffers)
         self.trimmed_at = 0.0  # time.monotonic() of the last malloc_trim
@@ -408,6 +413,21 @@ def peer_uid(fd: int | None) -> int | None:
         return None
     finally:
         sock.detach()
+
+
+def closed_by_peer(fd: int | None) -> bool:
+    """Whether the client of TCP socket `fd` closed or reset it (False for a unix socket or an
+    fd that cannot tell): what a read would find, for a connection the core does not read."""
+    if fd is None or fd < 0:
+        return False
+    sock = socket.socket(fileno=fd)
+    try:
+        state = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0]
+    except OSError:
+        return False
+    finally:
+        sock.detach()
+    return state in (TCP_CLOSE, TCP_CLOSE_WAIT)
 
 
 def reset_on_close(fd: int) -> None:
@@ -1419,6 +1439,7 @@ class BackendCore:
         budget.buffered += buffered
         memory = self.memory
         memory.used += held + buffered
+        memory.buffered += buffered
         if memory.used > memory.peak:
             memory.peak = memory.used
         elif held + buffered < 0:
@@ -1550,6 +1571,7 @@ class BackendCore:
         memory.waiting.pop(conn, None)
         self._kicks.pop(conn, None)
         released = budget.held + budget.buffered
+        memory.buffered -= budget.buffered
         budget.held = budget.buffered = budget.queued = 0
         if released:
             memory.used -= released
@@ -1557,36 +1579,60 @@ class BackendCore:
                 self._kick_scheduled = True
                 self.call_soon(self._resume_gated)
 
+    def _frame_timed_out(self, conn: ServedConnection, now: float) -> None:
+        self.limit_log.warning(
+            "partial frame timeout",
+            "closing %s: a frame started %.1fs ago is still incomplete (%d bytes; --frame-timeout-ms)",
+            conn.peer,
+            now - conn.budget.frame_started,
+            conn.decoder.buffered,
+        )
+        conn.drop()
+
     def sweep(self, connections: Iterable[ServedConnection]) -> None:
-        """Once a `sweep_s`: close idle and stalled client connections, log the suppressed
-        counts, give freed memory back to the OS."""
+        """Once a `sweep_s`: close idle and stalled client connections and those not read whose
+        client went away, log the suppressed counts, give freed memory back to the OS."""
         now = time.monotonic()
         idle_s = self.idle_s
         frame_s = self.frame_timeout_s
-        waiting = self.memory.waiting
+        memory = self.memory
+        waiting = memory.waiting
+        # Bytes received and not taken that alone reach the core's budget: no request can be
+        # taken, and no frame completed, until some of them go, and only a close lets them go
+        # (issue 37: 33 connections stalled in 8 MiB frames wedged a core for good). The frame
+        # clock of a connection waiting for the core then runs on, as it does for one read, and
+        # those past the frame timeout are closed oldest first (an attacker's, who started
+        # first), only until the rest fit the budget: a client whose request arrived whole
+        # after them, and waits to be taken, is then served, not closed with them.
+        frames_hold_core = memory.buffered >= memory.limit
+        holding: list[ServedConnection] = []
         for conn in list(connections):
             if conn.from_peer or conn.closed:
                 continue
             budget = conn.budget
+            if (conn in waiting or budget.gated) and closed_by_peer(conn.fileno()):
+                # Not read, so its EOF or reset would never be seen: what it holds would stay
+                # until a timeout, with the core out of budget meanwhile. Its requests not yet
+                # read have no one to answer to (a connection read would close at that EOF too).
+                self.limit_log.warning(
+                    "closed while not read", "closing %s: its client closed the connection", conn.peer
+                )
+                conn.drop()
+                continue
             if (conn in waiting and not budget.queued) or conn.waits_for_forward():
                 # Not read for others' sake: neither idle nor stalled by its client. (One whose
                 # replies wait for its client to read them is idle all the same: the core's memory
                 # it holds is released when the idle timeout closes it.)
                 budget.last_active = now
                 if budget.frame_started:
+                    if frames_hold_core and conn in waiting:
+                        holding.append(conn)  # decided below, oldest first
+                        continue
                     budget.frame_started = now
             elif budget.gated and budget.frame_started:
                 budget.frame_started = now  # not read while its own replies wait for its client
             if frame_s and budget.frame_started and now - budget.frame_started > frame_s:
-                self.limit_log.warning(
-                    "partial frame timeout",
-                    "closing %s: a frame started %.1fs ago is still incomplete (%d bytes; "
-                    "--frame-timeout-ms)",
-                    conn.peer,
-                    now - budget.frame_started,
-                    conn.decoder.buffered,
-                )
-                conn.drop()
+                self._frame_timed_out(conn, now)
             elif idle_s and not conn.slots and now - budget.last_active > idle_s:
                 self.limit_log.warning(
                     "idle timeout",
@@ -1595,8 +1641,15 @@ class BackendCore:
                     now - budget.last_active,
                 )
                 conn.drop()
+        if frame_s and holding:
+            holding.sort(key=lambda c: c.budget.frame_started)
+            buffered = memory.buffered
+            for conn in holding:
+                if buffered < memory.limit or now - conn.budget.frame_started <= frame_s:
+                    break
+                buffered -= conn.budget.buffered
+                self._frame_timed_out(conn, now)
         self.limit_log.flush()
-        memory = self.memory
         fallen = memory.peak - memory.used
         if (
             (fallen >= TRIM_AFTER_RELEASE_BYTES and memory.used <= fallen)

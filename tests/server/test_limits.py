@@ -345,3 +345,71 @@ def test_timeouts_of_zero_disable_them_and_the_sweep_still_runs_each_second() ->
     core = BackendCore(BrokerConfig(limits=Limits(connection_idle_ms=0, frame_timeout_ms=0)))
     assert core.sweep_s == 1.0 and core.idle_s == 0 and core.frame_timeout_s == 0
     assert BackendCore(BrokerConfig(limits=Limits(frame_timeout_ms=800))).sweep_s == 0.2
+
+
+# ------------------------------------------------------------------------------- issue 37, item 13
+
+
+def stall_partial_frames(port: int, n: int, sent: int) -> list[socket.socket]:
+    """`n` connections that each send `sent` bytes of an 8 MiB frame and stall."""
+    header = (8 * MiB - 4).to_bytes(4, "big") + bytes([MAGIC, FRAME_VERSION]) + bytes(18)
+    socks = []
+    for _ in range(n):
+        s = socket.create_connection(("127.0.0.1", port))
+        s.sendall(header + b"x" * sent)
+        socks.append(s)
+    return socks
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_stalled_partial_frames_holding_the_core_budget_time_out_and_closes_are_noticed(
+    tmp_path: Path, backend: str
+) -> None:
+    """Partial frames that together hold the core's whole budget stop it reading any connection.
+    Before issue 37 the io_uring core stayed wedged for good: the sweep restarted the frame clock
+    of every connection waiting for the core's budget (the stalled ones included), and sockets it
+    did not read never showed their EOF, so even closing the attackers did not free it. Now a
+    core out of budget notices closed connections (within a sweep), and partial frames that alone
+    hold its budget are closed by the frame timeout."""
+    frame_timeout_s = 6.0
+    flags = ("--core-memory-bytes", str(4 * MiB), "--frame-timeout-ms", str(int(frame_timeout_s * 1000)))
+    with serve(tmp_path, backend, *flags) as b:
+        time.sleep(0.3)
+        # 1. Closing the stalled connections frees the core well before their frame timeout.
+        started = time.monotonic()
+        attackers = stall_partial_frames(b.port, 5, 3 * MiB // 2)
+        time.sleep(0.5)
+        waiter = Wire(b.port)
+        cid = waiter.send(m.MetadataRequest())
+        waiter.sock.settimeout(0.7)
+        with pytest.raises(TimeoutError):
+            waiter.recv_frame()  # the core is out of budget: nobody is read
+        for s in attackers:
+            s.close()
+        closed = time.monotonic()
+        waiter.sock.settimeout(frame_timeout_s + 5)
+        frame = waiter.recv_frame()
+        answered = time.monotonic()
+        assert frame.correlation_id == cid
+        assert answered - started < frame_timeout_s - 1, (
+            f"answered {answered - closed:.1f}s after the attackers closed: only by the frame timeout"
+        )
+        waiter.close()
+
+        # 2. Attackers that stay connected are closed by the frame timeout, and the core serves again.
+        started = time.monotonic()
+        attackers = stall_partial_frames(b.port, 5, 3 * MiB // 2)
+        time.sleep(0.5)
+        waiter = Wire(b.port)
+        cid = waiter.send(m.MetadataRequest())
+        waiter.sock.settimeout(frame_timeout_s + 5)
+        try:
+            frame = waiter.recv_frame()
+        except TimeoutError:
+            pytest.fail(f"the core was still wedged {time.monotonic() - started:.1f}s after the attack")
+        assert frame.correlation_id == cid
+        assert time.monotonic() - started < frame_timeout_s + 3
+        assert all(closed_within(s, 3) for s in attackers), "a stalled partial frame was not closed"
+        for s in attackers:
+            s.close()
+        waiter.close()
