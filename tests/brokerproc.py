@@ -82,6 +82,7 @@ class BrokerProcess:
         self.cores = cores
         self.backend = backend
         self.proc: subprocess.Popen[bytes] | None = None
+        self.wrapper: tuple[str, ...] = ()  # a command the broker runs under (`prlimit --nofile=...`)
         self.port = 0
         self.core_ports: dict[int, int] = {}  # core -> direct port, from the supervisor's log
         self.worker_pids: dict[int, int] = {}  # core -> pid at the last start
@@ -106,7 +107,7 @@ class BrokerProcess:
             args.append("--oversubscribe")  # the multi-core tests must run on 1-CPU CI machines too
         offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen([*args, *self.extra], stdout=log, stderr=log)
+            self.proc = subprocess.Popen([*self.wrapper, *args, *self.extra], stdout=log, stderr=log)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             text = self.log_path.read_text()[offset:]  # this start's lines only

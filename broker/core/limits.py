@@ -13,7 +13,7 @@ names them without importing the server.
 from __future__ import annotations
 
 import argparse
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from typing import Any
 
 # Fixed bounds of a single request, not flags: the frame limit (max_request_bytes, 8 MiB at the
@@ -111,6 +111,53 @@ class Limits:
     @classmethod
     def from_spec(cls, spec: dict[str, int] | None) -> Limits:
         return cls(**(spec or {}))
+
+
+# Descriptors a worker holds whatever its limits: listeners, the ring, pipes, logs, the registry
+# lock, directory syncs, peer links, the splice pipes of io_uring fetches.
+FIXED_FDS_PER_WORKER = 64
+# Descriptors left free beyond every limit: a connection is accepted before the cap can refuse it
+# (and closed at once), a read in flight keeps a closed segment's descriptor past its eviction, a
+# flush or the recovery at restart opens a closed segment at a time.
+FD_RESERVE_MIN = 64
+
+
+def fit_to_descriptors(limits: Limits, nofile: int) -> tuple[Limits, list[str]]:
+    """`limits` with every descriptor-consuming one lowered to what one worker can hold under an
+    open-file limit of `nofile` (RLIMIT_NOFILE, after the supervisor raised it to the hard
+    limit), and one line per limit lowered, for the log.
+
+    A worker needs 2 descriptors per partition it opens (active segment's store and index; all
+    partitions may hash to one core), at most `segment_fd_cache` for closed segments and one per
+    client connection, besides FIXED_FDS_PER_WORKER, and keeps a reserve (a sixteenth of the
+    limit, at least FD_RESERVE_MIN) for accepts, reads in flight and restarts. Of what is left,
+    partitions get at most a half, the cache at most an eighth, connections the rest: a client
+    that creates and uses every partition it may still leaves room for others' connections and
+    for a restart at the same limit (issue 37: at 1024, 3000 partitions bricked the broker)."""
+    reserve = max(FD_RESERVE_MIN, nofile // 16)
+    room = nofile - FIXED_FDS_PER_WORKER - reserve
+    if room < 64:
+        raise ValueError(
+            f"the open-file limit (RLIMIT_NOFILE) is {nofile}: a broker needs at least "
+            f"{FIXED_FDS_PER_WORKER + reserve + 64} descriptors; raise it (ulimit -n, LimitNOFILE=)"
+        )
+    cache = min(limits.segment_fd_cache, max(8, room // 8))
+    partitions = min(limits.max_partitions, room // 4)
+    connections = room - 2 * partitions - cache
+    if limits.max_connections_per_core:
+        connections = min(limits.max_connections_per_core, connections)
+    fitted = replace(
+        limits,
+        segment_fd_cache=cache,
+        max_partitions=partitions,
+        max_connections_per_core=connections,
+    )
+    lowered = [
+        f"{f.metadata['flag']} {getattr(limits, f.name) or 'unlimited'} lowered to {getattr(fitted, f.name)}"
+        for f in fields(Limits)
+        if getattr(fitted, f.name) != getattr(limits, f.name)
+    ]
+    return fitted, lowered
 
 
 def add_limit_arguments(parser: argparse.ArgumentParser) -> None:

@@ -226,7 +226,8 @@ class TopicRegistry:
             raise TopicError(
                 "limit",
                 f"{partitions} more partitions would make {held + partitions}: the broker's limit is "
-                f"{lim.max_partitions} (--max-partitions)",
+                f"{lim.max_partitions} (--max-partitions), at most what its open-file limit allows "
+                "(docs/LIMITS.md)",
             )
         d = self.defaults
         topic = Topic(

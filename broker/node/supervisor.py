@@ -79,7 +79,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from bpf.kernel import BpfError
@@ -92,7 +92,7 @@ from broker.backends.uring_options import (
 )
 from broker.cluster.swim import Keyring, Member, MemberEvent, Swim
 from broker.core.groups import migrate_partition_offsets
-from broker.core.limits import Limits
+from broker.core.limits import FIXED_FDS_PER_WORKER, Limits, fit_to_descriptors
 from broker.core.liveness import LivenessTable
 from broker.core.topics import TopicRegistry
 from broker.node.membership import SwimEndpoint
@@ -342,7 +342,13 @@ class Supervisor:
 
     def run(self) -> int:
         """Start, supervise and stop the workers; the process exit status."""
-        raise_nofile_limit(self.config.limits)  # before any worker: they inherit it
+        try:
+            # before any worker: they inherit the limit, and serve with the limits it allows
+            limits = raise_nofile_limit(self.config.limits)
+        except ValueError as exc:
+            print(f"broker: {exc}", file=sys.stderr)
+            return 1
+        self.config = replace(self.config, limits=limits)
         try:
             self._prepare_data_dir()
             try:
@@ -920,15 +926,13 @@ class Supervisor:
                 w.proc.wait()
 
 
-FIXED_FDS_PER_WORKER = 64  # listeners, ring, pipes, logs, registry lock, directory syncs, ...
-
-
-def raise_nofile_limit(limits: Limits) -> tuple[int, int]:
+def raise_nofile_limit(limits: Limits) -> Limits:
     """Raise RLIMIT_NOFILE's soft limit to its hard limit, as Kafka's and Redpanda's packaging do
     (the default soft limit, often 1024, is far below what a broker holds); workers inherit it.
-    Logs the result, and warns when one worker could need more than that: its partitions' active
-    segments (2 files each, all partitions on one core at worst), the descriptor cache and a margin,
-    before any client connection. Returns (soft, hard)."""
+    Then size every limit that costs descriptors to what one worker can hold under it
+    (`fit_to_descriptors`: its partitions, all on one core at worst, the descriptor cache and its
+    client connections, with a reserve), so that no client can exhaust them. Logs both, warns
+    for each limit lowered; returns the limits to serve with. ValueError: a limit too low to run."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     was = soft
     if soft != hard:
@@ -937,24 +941,21 @@ def raise_nofile_limit(limits: Limits) -> tuple[int, int]:
             soft = hard
         except (OSError, ValueError) as exc:
             log.warning("cannot raise the open-file limit from %d to %d: %s", soft, hard, exc)
-    shown = "unlimited" if soft == resource.RLIM_INFINITY else str(soft)
-    need = 2 * limits.max_partitions + limits.segment_fd_cache + FIXED_FDS_PER_WORKER
+    fitted, lowered = (limits, []) if soft == resource.RLIM_INFINITY else fit_to_descriptors(limits, soft)
     log.info(
-        "open-file limit (RLIMIT_NOFILE) %s%s; partitions and the fd cache need up to %d",
-        shown,
+        "open-file limit (RLIMIT_NOFILE) %s%s; partitions, the fd cache and connections need up to %d",
+        "unlimited" if soft == resource.RLIM_INFINITY else str(soft),
         f" (raised from {was})" if was != soft else "",
-        need,
+        2 * fitted.max_partitions
+        + fitted.segment_fd_cache
+        + fitted.max_connections_per_core
+        + FIXED_FDS_PER_WORKER,
     )
-    if soft != resource.RLIM_INFINITY and need >= soft:
+    for line in lowered:
         log.warning(
-            "--max-partitions %d and --segment-fd-cache %d may need %d descriptors in one worker, "
-            "the open-file limit is %d: raise the hard limit (ulimit -Hn, LimitNOFILE=) or lower them",
-            limits.max_partitions,
-            limits.segment_fd_cache,
-            need,
-            soft,
+            "%s to fit the open-file limit %d (raise the hard limit: ulimit -Hn, LimitNOFILE=)", line, soft
         )
-    return soft, hard
+    return fitted
 
 
 def run_supervisor(config: SupervisorConfig) -> int:

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from brokerproc import BrokerProcess, Wire
 
+from broker.core.limits import FIXED_FDS_PER_WORKER, Limits, fit_to_descriptors
 from ringlog_proto import messages as m
 from ringlog_proto.batch import decode_batches, encode_batch
 
@@ -262,3 +263,89 @@ def test_creating_thousands_of_partitions_does_not_stall_other_clients(tmp_path:
         stop.set()
         if broker.running():
             assert broker.stop() == 0, broker.log()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_partitions_are_capped_by_the_open_file_limit_and_the_broker_restarts_at_it(
+    tmp_path: Path, backend: str
+) -> None:
+    """Issue 37, item 18: at a hard open-file limit of 1024 the default --max-partitions (4000)
+    let a client create 3000 partitions; using them exhausted the worker's descriptors (produces
+    to other topics failed, new connections were reset) and the broker could not restart. Now
+    the limits are sized from the open-file limit at start: creating partitions beyond what fits
+    gets LIMIT_EXCEEDED naming the limit, and with every admitted partition in use new
+    connections are served, and the broker restarts at the same limit and serves them all."""
+    broker = BrokerProcess(tmp_path / "data", tmp_path / "broker.log", backend=backend)
+    broker.wrapper = ("prlimit", "--nofile=1024:1024", "--")  # soft and hard: no raising it
+    broker.start()
+    try:
+        pid = broker.worker_pids[0]
+        assert nofile_limit(pid) == 1024
+        wire = Wire(broker.port)
+        other = wire.create_topic("other", 1)
+        topics: list[tuple[int, int]] = []  # (topic id, partitions)
+        refused = None
+        for i in range(30):  # 3000 partitions asked for, 100 at a time
+            resp = wire.rpc(m.CreateTopicRequest(f"t{i}", 100))
+            if resp.error != m.ErrorCode.NONE:
+                refused = resp
+                break
+            assert isinstance(resp, m.CreateTopicResponse)
+            topics.append((resp.topic_id, 100))
+        assert refused is not None, "3000 partitions admitted at an open-file limit of 1024"
+        assert refused.error == m.ErrorCode.LIMIT_EXCEEDED, refused
+        assert "--max-partitions" in refused.message and "open-file limit" in refused.message, refused
+        # What is left below the cap is admitted: the cap is what fits, not a round guess.
+        for partitions in (10, 1):
+            while True:
+                resp = wire.rpc(m.CreateTopicRequest(f"t{len(topics)}", partitions))
+                if resp.error != m.ErrorCode.NONE:
+                    break
+                topics.append((resp.topic_id, partitions))
+        admitted = 1 + sum(n for _t, n in topics)
+        print(f"\n{backend}: {admitted} partitions admitted at an open-file limit of 1024")
+        for tid, n in topics:  # every partition opened: 2 descriptors each
+            produce_pipelined(wire, tid, [(p, encode_batch([b"p%d" % p])) for p in range(n)])
+        # Others still work: produce elsewhere, 20 new connections.
+        resp = wire.rpc(m.ProduceRequest(other, 0, m.Acks.WRITTEN, 1000, encode_batch([b"other"])))
+        assert resp.error == m.ErrorCode.NONE, resp
+        clients = [Wire(broker.port) for _ in range(20)]
+        for c in clients:
+            assert c.rpc(m.MetadataRequest(("other",))).error == m.ErrorCode.NONE
+            c.close()
+        wire.close()
+        # A restart (after a crash: recovery) at the same limit opens them all and serves them.
+        broker.kill()
+        broker.start()
+        wire = Wire(broker.port)
+        tid, n = topics[-1]
+        assert first_record(wire, tid, n - 1, 0) == b"p%d" % (n - 1)
+        tid, n = topics[0]
+        assert first_record(wire, tid, n - 1, 0) == b"p%d" % (n - 1)
+        resp = wire.rpc(m.ProduceRequest(other, 0, m.Acks.DURABLE, 1000, encode_batch([b"after"])))
+        assert isinstance(resp, m.ProduceResponse) and resp.base_offset == 1, resp
+        clients = [Wire(broker.port) for _ in range(20)]
+        for c in clients:
+            assert c.rpc(m.MetadataRequest(("other",))).error == m.ErrorCode.NONE
+            c.close()
+        wire.close()
+    finally:
+        if broker.running():
+            assert broker.stop() == 0, broker.log()
+
+
+def test_limits_fit_the_open_file_limit_with_room_for_connections_and_a_reserve() -> None:
+    """`fit_to_descriptors`: at this machine's 20 000 the partition and cache defaults stand; at
+    1024 every descriptor-consuming limit is lowered and their sum leaves the reserve free; at a
+    limit a broker cannot run under, a clear error (the supervisor prints it and exits 1)."""
+    fitted, lowered = fit_to_descriptors(Limits(), 20_000)
+    assert (fitted.max_partitions, fitted.segment_fd_cache) == (4000, 1000)
+    for nofile in (1024, 4096, 20_000, 1 << 20):
+        fitted, lowered = fit_to_descriptors(Limits(max_connections_per_core=0), nofile)
+        used = 2 * fitted.max_partitions + fitted.segment_fd_cache + fitted.max_connections_per_core
+        assert fitted.max_connections_per_core > 0 and used + FIXED_FDS_PER_WORKER + 64 <= nofile
+    fitted, lowered = fit_to_descriptors(Limits(), 1024)
+    assert fitted.max_partitions < 300 and fitted.max_connections_per_core >= 300
+    assert any(line.startswith("--max-partitions 4000 lowered to") for line in lowered), lowered
+    with pytest.raises(ValueError, match="open-file limit"):
+        fit_to_descriptors(Limits(), 150)
