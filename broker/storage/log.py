@@ -563,6 +563,13 @@ class Log:
         try:
             seg.preallocate(target)
         except OSError as exc:
+            # ext4 keeps the blocks a failed fallocate did get and the file size it reached:
+            # left there, they hold the space a full disk has left (or just got back) as zeros
+            # no append counts on, and every other partition's writes fail until a restart cuts
+            # them (issue 37). Cut back to what is counted: the appends prepared so far (writes
+            # in flight land below `_reserved_size`) or what was allocated before.
+            with contextlib.suppress(OSError):
+                seg.truncate_allocation(max(self._reserved_size, seg.allocated))
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                 self._preallocating = False
                 log.info("%s: no preallocation (%s); appends grow the files", self.directory, exc)

@@ -573,6 +573,12 @@ class Segment:
         self.io.allocate(self.store_fd, length)
         self.allocated = length
 
+    def truncate_allocation(self, length: int) -> None:
+        """The store file is `length` bytes again after a preallocation the file system refused
+        part of (what `allocated` counts stays): the blocks it got go back."""
+        if self.io.size(self.store_fd) > length:
+            self.io.ftruncate(self.store_fd, length)
+
     def release_preallocated(self, end: int) -> None:
         """Give back what was preallocated after `end` (the segment's final size): a segment that
         is no longer appended to is exactly its batches on disk."""

@@ -6,15 +6,18 @@ failed sync still makes the log refuse work (fsyncgate; tests/storage/test_fault
 from __future__ import annotations
 
 import errno
+import os
 from pathlib import Path
 
 import pytest
+from server.test_disk_full import fill, free_bytes, small_disk  # noqa: F401 - a fixture
 from storage.test_faults import Fault, FaultyIO, active_store, reopen_plain
 
 from broker.storage.diskspace import DiskSpace, is_out_of_space
 from broker.storage.errors import LogClosedError, OutOfSpaceError, StorageError
 from broker.storage.fileio import WriteError
-from broker.storage.log import Log
+from broker.storage.log import Log, LogConfig
+from ringlog_proto.batch import encode_batch
 
 
 def crash(log: Log) -> None:
@@ -110,3 +113,28 @@ def test_disk_space_refuses_below_the_floor_and_after_enospc(tmp_path: Path) -> 
     huge = DiskSpace(str(tmp_path), 1 << 62, clock=lambda: now[0])
     with pytest.raises(OutOfSpaceError, match="--min-free-bytes"):
         huge.check_writable()
+
+
+def test_a_preallocation_the_disk_refuses_gives_back_what_it_got(small_disk: Path) -> None:  # noqa: F811
+    """ext4 keeps the blocks a failed fallocate did get, and the file size it reached (issue 37,
+    item 17: a partition's step of 8 MiB, taken as space came back, left the disk full of its
+    zeros, and every other core's writes were refused until a restart). A log appending fast
+    on a real small ext4 never holds more file than it counts as allocated."""
+    config = LogConfig(segment_bytes=64 << 20, max_batch_bytes=2 << 20, retention_ms=None)
+    log = Log.open(str(small_disk / "log"), config)
+    fill(small_disk / "filler", leave=6 << 20)
+    value = b"v" * (700 * 1024)
+    refused = False
+    for _ in range(12):  # fast appends: the preallocation step doubles toward 8 MiB
+        try:
+            log.append(encode_batch([value]))
+        except StorageError as exc:
+            assert is_out_of_space(exc)
+            refused = True
+            break
+        seg = log.segments[-1]
+        held = os.fstat(seg.store_fd).st_size
+        assert held <= max(seg.allocated, seg.size), f"{held} bytes in the file, {seg.allocated} counted"
+    assert refused, "the disk never filled"
+    assert free_bytes(small_disk) < 1 << 20  # filled by records, not by preallocated zeros
+    log.close()
