@@ -102,7 +102,7 @@ from broker.security.sasl import INTER_BROKER_PASSWORD_ENV, SaslConfig
 from broker.security.tls import TlsConfig
 from broker.storage import layout
 from broker.storage.dataformat import check_data_format
-from broker.storage.diskspace import RESERVE_BYTES, ensure_reserve
+from broker.storage.diskspace import NO_SPACE_ERRNOS, RESERVE_BYTES, ensure_reserve
 from broker.storage.durable_file import load_json, replace_json
 from broker.storage.errors import LegacyFormatError
 from broker.storage.log import LogConfig
@@ -294,6 +294,21 @@ def _check_port_free(family: int, host: str, port: int) -> None:
         finally:
             probe.close()
         time.sleep(0.05)
+
+
+def unusable_data_dir(data_dir: str, exc: OSError) -> StartError:
+    """Why the broker cannot start on `data_dir`. A full disk is said plainly: an existing data
+    dir starts on one (nothing it needs is written), but a new one (missing, or empty: a mount
+    point) needs blocks for its directories, and no broker can serve without them (issue 37; as
+    Kafka, which cannot write its meta.properties, the start fails: exit status 1)."""
+    path = os.path.abspath(data_dir)
+    if exc.errno in NO_SPACE_ERRNOS:
+        return StartError(
+            f"data dir {path} cannot be set up: the disk is full ({exc.strerror}); a new data dir "
+            "needs a few KiB free for its directories (an existing one starts on a full disk): "
+            "free some space and start again"
+        )
+    return StartError(f"data dir {path} is unusable: {exc}")
 
 
 def restart_delay(w: Worker, was_ready: bool, now: float) -> float:
@@ -547,7 +562,7 @@ class Supervisor:
             os.makedirs(d, exist_ok=True)
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         except OSError as exc:
-            raise StartError(f"data dir {os.path.abspath(d)} is unusable: {exc}") from exc
+            raise unusable_data_dir(d, exc) from exc
         deadline = time.monotonic() + DATA_DIR_LOCK_WAIT_S
         said = False
         while True:
@@ -594,7 +609,7 @@ class Supervisor:
             if not os.access(d, os.R_OK | os.W_OK | os.X_OK):
                 raise PermissionError(errno.EACCES, "not writable (permissions, or a read-only file system)")
         except OSError as exc:
-            raise StartError(f"data dir {os.path.abspath(d)} is unusable: {exc}") from exc
+            raise unusable_data_dir(d, exc) from exc
         try:
             check_data_format(d)  # before any worker opens (and would try to recover) a segment
         except LegacyFormatError as exc:

@@ -13,6 +13,7 @@ import errno
 import os
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -378,3 +379,31 @@ def test_every_core_takes_writes_again_once_space_is_freed(
     finally:
         if broker.running():
             broker.kill()
+
+
+def test_a_new_data_dir_on_a_full_disk_is_refused_with_a_clear_message(
+    small_disk: Path, tmp_path: Path
+) -> None:
+    """Issue 37, item 17: an existing data dir starts on a full disk (see above), a new one cannot
+    (its directories need blocks): `broker serve` exits 1 at once saying that the disk is full
+    and what to do, for a data dir missing or empty (a mount point), and starts once there is
+    room. Before, it said only "unusable: [Errno 28] No space left on device"."""
+    (small_disk / "empty").mkdir()
+    filler = small_disk / "filler"
+    fill(filler)
+    for name in ("missing", "empty"):
+        data = small_disk / name
+        cmd = [sys.executable, "-m", "broker.cli", "serve", "--data-dir", str(data), "--port", "0"]
+        done = subprocess.run(
+            [*cmd, "--ebpf", "off"], check=False, capture_output=True, text=True, timeout=30
+        )
+        assert done.returncode == 1, done.stderr
+        last = done.stderr.strip().splitlines()[-1]
+        assert last.startswith(f"broker: data dir {data} cannot be set up: the disk is full"), last
+        assert "free some space" in last, last
+    filler.unlink()
+    broker = start(small_disk / "empty", tmp_path / "broker.log", "uvloop", "--min-free-bytes", str(1 << 20))
+    w = Wire(broker.port)
+    assert w.create_topic("now", 1) >= 0
+    w.close()
+    assert broker.stop() == 0
