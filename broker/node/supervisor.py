@@ -592,6 +592,27 @@ class Supervisor:
         except OSError as exc:
             log.warning("cannot write the pid into %s: %s", path, exc)
 
+    def _check_partitions_fit(self) -> None:
+        """Say so when the data dir holds more partitions than the open-file limit now allows
+        (made under a higher one): a worker opens every partition with files at start, and one
+        that runs out of descriptors doing it dies and is restarted, again and again."""
+        limits = self.config.limits
+        try:
+            registry = TopicRegistry(
+                self.config.data_dir, self.config.log_defaults, remove_orphans=False, limits=limits
+            )
+        except (OSError, ValueError):
+            return  # the workers say what is wrong with it
+        held = registry.partition_count()
+        if held > limits.max_partitions:
+            log.error(
+                "the data dir holds %d partitions, more than the %d the open-file limit allows "
+                "(--max-partitions; docs/LIMITS.md): a worker that opens them all may run out of "
+                "descriptors; raise the hard limit (ulimit -Hn, LimitNOFILE=)",
+                held,
+                limits.max_partitions,
+            )
+
     def _prepare_data_dir(self) -> None:
         """Lock and check the data dir. Needs no free space: a broker must start on a full disk
         (it serves reads and deletes and refuses writes until space is back: broker/storage/diskspace.py),
@@ -618,6 +639,7 @@ class Supervisor:
             migrate_partition_offsets(d)
         except (OSError, ValueError) as exc:  # a full disk: the old files stay, tried again next start
             log.error("cannot move group offsets into %s yet: %s", layout.groups_dir(d), exc)
+        self._check_partitions_fit()
         if not ensure_reserve(d):
             log.warning(
                 "no room for the %d-byte reserve file in %s: a DeleteTopic on a disk filled to "
