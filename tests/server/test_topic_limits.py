@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 from brokerproc import BrokerProcess, Wire
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from broker.core.limits import FIXED_FDS_PER_WORKER, Limits, fit_to_descriptors
 from ringlog_proto import messages as m
@@ -295,6 +297,13 @@ def test_partitions_are_capped_by_the_open_file_limit_and_the_broker_restarts_at
         assert refused is not None, "3000 partitions admitted at an open-file limit of 1024"
         assert refused.error == m.ErrorCode.LIMIT_EXCEEDED, refused
         assert "--max-partitions" in refused.message and "open-file limit" in refused.message, refused
+        # Kafka's CreateTopics: POLICY_VIOLATION with the same message.
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+        with pytest.raises(KafkaException) as ei:
+            admin.create_topics([NewTopic("kafka-wide", 100)])["kafka-wide"].result(15)
+        error = ei.value.args[0]
+        assert error.code() == KafkaError.POLICY_VIOLATION and "open-file limit" in error.str(), error
+        del admin  # before the restart below: it would reconnect meanwhile
         # What is left below the cap is admitted: the cap is what fits, not a round guess.
         for partitions in (10, 1):
             while True:
