@@ -63,7 +63,10 @@ class Limits:
         10 * 60 * 1000, "--min-segment-ms", "shortest segment_ms (time-based roll) of a topic, in ms"
     )
     max_partitions: int = limit(
-        4000, "--max-partitions", "partitions of all topics of the broker (more: LIMIT_EXCEEDED)"
+        4000,
+        "--max-partitions",
+        "partitions of all topics of the broker (more: LIMIT_EXCEEDED); lowered at start to what "
+        "the open-file limit allows",
     )
     max_partitions_per_topic: int = limit(
         1000, "--max-partitions-per-topic", "partitions of one topic (more: LIMIT_EXCEEDED)"
@@ -95,7 +98,8 @@ class Limits:
     max_connections_per_core: int = limit(
         10_000,
         "--max-connections-per-core",
-        "client connections per core; beyond it a new one is closed at once (0: no cap)",
+        "client connections per core; beyond it a new one is closed at once (0: what the open-file "
+        "limit leaves; a value above that is lowered to it at start)",
     )
 
     def __post_init__(self) -> None:
