@@ -409,7 +409,9 @@ def test_stalled_partial_frames_holding_the_core_budget_time_out_and_closes_are_
             pytest.fail(f"the core was still wedged {time.monotonic() - started:.1f}s after the attack")
         assert frame.correlation_id == cid
         assert time.monotonic() - started < frame_timeout_s + 3
-        assert all(closed_within(s, 3) for s in attackers), "a stalled partial frame was not closed"
+        # Those the core had not read when the first were closed are read then, and closed a
+        # frame timeout after their first byte was.
+        assert all(closed_within(s, frame_timeout_s + 3) for s in attackers), "a stalled frame stayed"
         for s in attackers:
             s.close()
         waiter.close()
