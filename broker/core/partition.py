@@ -30,6 +30,7 @@ Rules this module keeps:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
@@ -47,6 +48,8 @@ from broker.storage.epochs import EpochHistory
 from broker.storage.fdcache import FdCache
 from broker.storage.log import Log, LogConfig, PendingAppend
 from ringlog_proto.batch import BatchHeader, now_ms
+
+log = logging.getLogger(__name__)
 
 
 class Stored(NamedTuple):
@@ -342,12 +345,11 @@ class Partition:
         replica.wait(offset, done, failed)
 
     def _run_ready(self, advanced: bool) -> None:
-        if not advanced:
-            return
         replica = self.replica
-        assert isinstance(replica, LeaderState)
+        if not advanced or not isinstance(replica, LeaderState):
+            return
         for done in replica.take_ready():
-            done()
+            _isolated(done, "an acks=all answer")
         self.wake_waiters()
 
     def diverging(self, last_fetched_epoch: int, fetch_offset: int) -> tuple[int, int] | None:
@@ -416,6 +418,18 @@ class Partition:
     # ------------------------------------------------------------------------- long polls
 
     def wake_waiters(self) -> None:
+        """Wake every parked long poll. Called from inside what grew the partition (an append's
+        completion, a moved high watermark): a waiter that fails is logged and the others still
+        run; nothing escapes into that request (issue 37, item 10: it was a stored produce
+        answered UNKNOWN_SERVER_ERROR, then resent by its producer as a duplicate)."""
         waiters, self.waiters = self.waiters, []
         for wake in waiters:
-            wake()
+            _isolated(wake, "a long poll's wake")
+
+
+def _isolated(call: Callable[[], None], what: str) -> None:
+    """`call()`, its failure (a bug) logged instead of raised into the caller's request."""
+    try:
+        call()
+    except Exception:
+        log.exception("%s failed", what)

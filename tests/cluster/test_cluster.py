@@ -9,6 +9,7 @@ import itertools
 import json
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -388,3 +389,61 @@ def test_committed_offsets_survive_the_coordinators_death(cluster: Cluster) -> N
     finally:
         cluster.nodes[victim].start()
         wait_for(lambda: all(len(p["isr"]) == 3 for p in cluster.view(victim)["partitions"]), timeout=30)
+
+
+def test_a_long_polling_kafka_consumer_costs_the_producer_nothing(cluster: Cluster) -> None:
+    """A Kafka consumer parked on a replicated partition is woken by each append of its leader,
+    before the high watermark passes it: it finds nothing to return and must park again. Each
+    acks=all produce meanwhile is answered as stored, exactly once (issue 37, item 10: the re-park
+    failed an assertion inside the append's completion, the stored produce was answered
+    UNKNOWN_SERVER_ERROR, the idempotent producer bumped its epoch and resent it: a duplicate)."""
+    confluent_kafka = pytest.importorskip("confluent_kafka")
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    boot = ",".join(n.bootstrap for n in cluster.nodes.values())
+    admin = AdminClient({"bootstrap.servers": boot})
+    admin.create_topics([NewTopic("lp", 1, 3)])["lp"].result(20)
+    md = wait_for(
+        lambda: (t := admin.list_topics("lp", timeout=5).topics["lp"]).partitions[0].leader >= 0 and t
+    )
+    leader = cluster.nodes[md.partitions[0].leader // 1000]
+    logged = len(leader.log())
+    consumer = confluent_kafka.Consumer(
+        {"bootstrap.servers": boot, "group.id": "lp", "auto.offset.reset": "earliest",
+         "fetch.wait.max.ms": 500}
+    )  # fmt: skip
+    consumer.assign([TopicPartition("lp", 0, 0)])
+    got: list[bytes] = []
+    stop = threading.Event()
+
+    def consume() -> None:
+        while not stop.is_set():
+            msg = consumer.poll(0.1)
+            if msg is not None and not msg.error():
+                got.append(msg.value())
+
+    reader = threading.Thread(target=consume, daemon=True)
+    reader.start()
+    producer = confluent_kafka.Producer(
+        {"bootstrap.servers": boot, "acks": "all", "enable.idempotence": True, "linger.ms": 0}
+    )
+    errors: list[object] = []
+    n = 150
+    try:
+        time.sleep(1.0)  # the consumer is parked
+        for i in range(n):
+            producer.produce("lp", f"p{i}".encode(), on_delivery=lambda e, _m: e and errors.append(e))
+            producer.flush(30)
+            time.sleep(0.01)
+        deadline = time.monotonic() + 15
+        while len(got) < n and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        reader.join(5)
+        consumer.close()
+    assert errors == []
+    failed = [line for line in leader.log()[logged:].splitlines() if "kafka request failed" in line]
+    assert failed == []
+    assert got == [f"p{i}".encode() for i in range(n)]  # each once, in order, to the parked consumer
