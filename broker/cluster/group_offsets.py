@@ -7,9 +7,11 @@ Rules this module keeps:
 - Nothing is cached: the coordinator of a group moves with the live nodes (`routing.coordinator_node`),
   and a node that coordinated it before must not answer from a copy older than the new
   coordinator's commits. A read is one etcd range call.
-- Calls are blocking, on the coordinator core's loop, as the single node's fsynced file replace is:
-  a commit costs about as much (a raft round instead of two fsyncs), once per OffsetCommit. The
-  store's own deadline bounds a call when etcd is away; the request then fails (retriable).
+- Calls are blocking and may wait on the network: they run on the coordinator core's
+  `run_blocking` threads (`remote`), never on its loop, so a slow or absent etcd delays only the
+  group requests waiting on it. The store's own deadline bounds a call when etcd is away; the
+  request is then answered a retriable error (`OffsetsUnavailable`: Kafka's
+  COORDINATOR_NOT_AVAILABLE, our REQUEST_TIMED_OUT).
 """
 
 from __future__ import annotations
@@ -18,18 +20,23 @@ import json
 from collections.abc import Callable, Mapping
 
 from broker.cluster.records import Keys
-from broker.cluster.store import MetadataStore
-from broker.core.groups import Committed, GroupError, GroupOffsetStore, PartitionId
+from broker.cluster.store import MetadataStore, StoreError
+from broker.core.groups import Committed, GroupError, GroupOffsetStore, OffsetsUnavailable, PartitionId
 
 
 class StoreGroupOffsets(GroupOffsetStore):
+    remote = True  # each call is an etcd round trip (module rules)
+
     def __init__(self, store: MetadataStore, keys: Keys, data_dir: str) -> None:
         super().__init__(data_dir)
         self.store = store
         self.keys = keys
 
     def offsets(self, group: str) -> Mapping[PartitionId, Committed]:
-        kv = self.store.get(self.keys.group(group))
+        try:
+            kv = self.store.get(self.keys.group(group))
+        except StoreError as exc:
+            raise OffsetsUnavailable(f"the offsets of group {group!r} cannot be read now: {exc}") from exc
         if kv is None:
             return {}
         doc = json.loads(kv.value)
@@ -46,7 +53,10 @@ class StoreGroupOffsets(GroupOffsetStore):
         merged = {k: v for k, v in self.offsets(group).items() if live is None or live(k[0])}
         merged.update(offsets)
         rows = [[t, p, c.offset, c.metadata] for (t, p), c in sorted(merged.items())]
-        self.store.put(self.keys.group(group), json.dumps({"group": group, "offsets": rows}))
+        try:
+            self.store.put(self.keys.group(group), json.dumps({"group": group, "offsets": rows}))
+        except StoreError as exc:
+            raise OffsetsUnavailable(f"the offsets of group {group!r} cannot be written now: {exc}") from exc
 
     def forget(self, group: str) -> None:
         """Nothing to forget: nothing is cached (module rules)."""

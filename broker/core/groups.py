@@ -43,6 +43,11 @@ def check_group(group: str) -> None:
         raise GroupError(f"a group id must be 1-{GROUP_ID_MAX} characters, not {len(group)}")
 
 
+class OffsetsUnavailable(Exception):
+    """The store of a group's offsets cannot be reached now (a cluster's etcd is away): nothing
+    was read or written; the client asks again (retriable on both protocols)."""
+
+
 class Committed(NamedTuple):
     offset: int
     metadata: str
@@ -54,6 +59,11 @@ PartitionId = tuple[int, int]  # (topic id, partition index)
 
 class GroupOffsetStore:
     """The committed offsets of the groups this core coordinates, one durable file per group."""
+
+    # False: answered on the loop (a file read once, then memory; a commit is one fsynced
+    # replace). True: every call may wait on the network, so it runs on the core's
+    # `run_blocking` threads (`Handlers.offsets_run`), never on its loop.
+    remote = False
 
     def __init__(self, data_dir: str) -> None:
         self.data_dir = data_dir

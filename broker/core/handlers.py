@@ -48,7 +48,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from broker import __version__
 from broker.core.access import Access
@@ -56,7 +56,7 @@ from broker.core.blocking import RunBlocking, no_threads
 from broker.core.cluster_view import NO_LEADER, ClusterView, ViewFile
 from broker.core.config import BrokerConfig
 from broker.core.coordinator import CallLater, GroupCode, GroupCoordinator, JoinResult, SyncResult
-from broker.core.groups import Committed, GroupError, GroupOffsetStore, check_group
+from broker.core.groups import Committed, GroupError, GroupOffsetStore, OffsetsUnavailable, check_group
 from broker.core.limits import FETCH_MAX_BYTES_MAX, FETCH_WAIT_MS_MAX
 from broker.core.metrics import CoreMetrics, read_snapshots
 from broker.core.outcomes import (
@@ -117,6 +117,7 @@ def commit_bound_error(
     return None
 
 
+T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 BROKER_VERSION = __version__
@@ -195,6 +196,8 @@ def error_of(exc: BaseException) -> tuple[m.ErrorCode, str]:
             return E.INVALID_CONFIG, str(exc)
         case GroupError():
             return E.INVALID_GROUP, str(exc)
+        case OffsetsUnavailable():
+            return E.REQUEST_TIMED_OUT, str(exc)
         case ValueError():
             return E.INVALID_REQUEST, str(exc)
     return E.UNKNOWN_SERVER_ERROR, f"{type(exc).__name__}: {exc}"
@@ -1071,20 +1074,23 @@ class Handlers:
                     if refused is not None:
                         answer(self._error(frame, *refused))
                         return
-                    offsets = {key: Committed(req.offset, req.metadata)}
-                    code = self.coordinator.commit(
-                        req.group,
-                        offsets,
-                        req.generation,
-                        req.member_id,
-                        live=self.registry.by_id.__contains__,
-                    )
+                    code = self.coordinator.commit_check(req.group, req.generation, req.member_id)
                     if code != GroupCode.NONE:
                         answer(self._group_error(frame, req.group, code))
+                        return
+                except Exception as exc:  # an error answer, as in `handle`
+                    answer(self.error_reply(frame, exc))
+                    return
+                offsets = {key: Committed(req.offset, req.metadata)}
+                live = frozenset(self.registry.by_id).__contains__
+
+                def stored(result: object) -> None:
+                    if isinstance(result, BaseException):  # the store's write failed
+                        answer(self.error_reply(frame, result))
                     else:
                         answer(self._reply(frame, m.OffsetCommitResponse()))
-                except Exception as exc:  # the store's write failed: an error answer, as in `handle`
-                    answer(self.error_reply(frame, exc))
+
+                self.offsets_run(lambda: self.coordinator.offsets.commit(req.group, offsets, live), stored)
 
             self.partition_ends([key], bounded)
 
@@ -1158,8 +1164,39 @@ class Handlers:
         assert isinstance(req, m.OffsetFetchRequest)
         check_group(req.group)
         self.topic_of(frame.topic_id, frame.partition)
-        offset, metadata = self.coordinator.offsets.committed(req.group, frame.topic_id, frame.partition)
-        return self._reply(frame, m.OffsetFetchResponse(offset=offset, metadata=metadata))
+        store = self.coordinator.offsets
+
+        def read() -> Committed:
+            return store.committed(req.group, frame.topic_id, frame.partition)
+
+        def reply(result: Committed | BaseException) -> Reply:
+            if isinstance(result, BaseException):
+                return self.error_reply(frame, result)
+            return self._reply(frame, m.OffsetFetchResponse(offset=result.offset, metadata=result.metadata))
+
+        return self.with_offsets(read, reply)
+
+    def offsets_run(self, call: Callable[[], T], done: Callable[[T | BaseException], None]) -> None:
+        """`done(call())` (or `done(exception)`) for a call on the group offsets' store: at once
+        on the loop where the store answers from a file, on a `run_blocking` thread where it may
+        wait on the network (`GroupOffsetStore.remote`: a cluster's etcd, which may be away)."""
+        if self.coordinator.offsets.remote:
+            self.run_blocking(call, done)
+            return
+        try:
+            result: T | BaseException = call()
+        except Exception as exc:
+            result = exc
+        done(result)
+
+    def with_offsets(self, call: Callable[[], T], reply: Callable[[T | BaseException], Reply]) -> Outcome:
+        """The outcome that answers `reply(call())` (`offsets_run`): the reply itself when the
+        store answered at once, else a `Later`."""
+        answered: list[Reply] = []
+        if not self.coordinator.offsets.remote:
+            self.offsets_run(call, lambda result: answered.append(reply(result)))
+            return answered[0]
+        return Later(lambda answer: self.offsets_run(call, lambda result: answer(reply(result))))
 
     def _group_error(self, frame: Frame, group: str, code: GroupCode) -> Reply:
         return self._error(frame, _GROUP_CODES[code], f"group {group!r}: {code.value}")

@@ -15,6 +15,7 @@ from typing import Final
 
 from kio.schema.errors import ErrorCode
 
+from broker.core.groups import OffsetsUnavailable
 from broker.core.handlers import error_of
 from broker.core.outcomes import Reply
 from broker.core.producer_state import FencedEpochError, UnknownProducerError
@@ -70,6 +71,8 @@ def kafka_error(exc: BaseException) -> tuple[ErrorCode, str]:
         return ErrorCode.invalid_producer_epoch, str(exc)
     if isinstance(exc, UnknownProducerError):
         return ErrorCode.unknown_producer_id, str(exc)
+    if isinstance(exc, OffsetsUnavailable):  # Kafka's answer when its offsets topic is unavailable
+        return ErrorCode.coordinator_not_available, str(exc)
     code, message = error_of(exc)
     if code == Ours.UNKNOWN_SERVER_ERROR:
         log.error("kafka request failed: %r", exc)

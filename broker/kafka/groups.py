@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import datetime
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from kio.schema.errors import ErrorCode
 
 from broker.core.coordinator import GroupCode, JoinResult, SyncResult
-from broker.core.groups import Committed, check_group
+from broker.core.groups import NOTHING_COMMITTED, Committed, PartitionId, check_group
 from broker.core.handlers import Handlers, commit_bound_error
 from broker.core.outcomes import Later, Outcome, Reply, Silent
 from broker.core.views import kafka_broker_id
@@ -335,39 +335,61 @@ class KafkaGroups:
                             if refused[0] == OurErrorCode.OFFSET_OUT_OF_RANGE
                             else ErrorCode.coordinator_load_in_progress  # retriable: ask again
                         )
-                result: ErrorCode | None = None
                 try:
-                    code = self.coordinator.commit(
-                        group,
-                        offsets,
-                        int(body.generation_id_or_member_epoch),
-                        body.member_id,
-                        live=self.handlers.registry.by_id.__contains__,
+                    code = self.coordinator.commit_check(
+                        group, int(body.generation_id_or_member_epoch), body.member_id
                     )
-                    if code != GroupCode.NONE:
-                        result = _code(code)
                 except Exception as exc:
-                    result = kafka_error(exc)[0]
-                answer(respond(result))
+                    answer(respond(kafka_error(exc)[0]))
+                    return
+                if code != GroupCode.NONE or not offsets:
+                    answer(respond(None if code == GroupCode.NONE else _code(code)))
+                    return
+                live = frozenset(self.handlers.registry.by_id).__contains__
+
+                def stored(result: object) -> None:
+                    # a store that cannot be written now: COORDINATOR_NOT_AVAILABLE (retriable)
+                    answer(respond(kafka_error(result)[0] if isinstance(result, BaseException) else None))
+
+                self.handlers.offsets_run(
+                    lambda: self.coordinator.offsets.commit(group, offsets, live), stored
+                )
 
             self.handlers.partition_ends(list(offsets), bounded)
 
         return Later(start)
 
     def _offset_fetch(self, request: KafkaRequest, body: Any) -> Outcome:
+        """The group's offsets, read from its store (`Handlers.with_offsets`: off the loop where
+        the store is etcd); a store that cannot be read now is COORDINATOR_NOT_AVAILABLE, which
+        the client retries (Kafka's answer while its offsets topic is unavailable)."""
+        group = str(body.group_id)
+        if not (self._mine(group) and group):
+            return self._offset_fetch_reply(request, body, None)
+        store = self.coordinator.offsets
+        return self.handlers.with_offsets(
+            lambda: dict(store.offsets(group)), lambda found: self._offset_fetch_reply(request, body, found)
+        )
+
+    def _offset_fetch_reply(
+        self, request: KafkaRequest, body: Any, found: Mapping[PartitionId, Committed] | BaseException | None
+    ) -> Reply:
+        """`found`: the group's offsets, the store's failure, or None (not this group's
+        coordinator, or no group id)."""
         schema, module = self._schema(request)
         group = str(body.group_id)
         mine = self._mine(group)
         wanted: list[tuple[str, list[int]]]
         committed: dict[tuple[str, int], Committed] = {}
-        if mine and group:
-            store = self.coordinator.offsets
+        failed = kafka_error(found)[0] if isinstance(found, BaseException) else None
+        if mine and group and found is not None and failed is None:
+            offsets: Mapping[PartitionId, Committed] = found  # type: ignore[assignment]
             if body.topics is None:  # v2+: every offset of the group whose topic still exists
                 by_id = self.handlers.registry.by_id
-                if any(tid not in by_id for tid, _ in store.offsets(group)):
+                if any(tid not in by_id for tid, _ in offsets):
                     self.handlers.refresh_topics(force=True)
                 grouped: dict[str, list[int]] = {}
-                for (tid, index), c in sorted(store.offsets(group).items()):
+                for (tid, index), c in sorted(offsets.items()):
                     topic = by_id.get(tid)
                     if topic is not None and index < topic.partitions:
                         grouped.setdefault(topic.name, []).append(index)
@@ -379,10 +401,10 @@ class KafkaGroups:
                     for index in indexes:
                         topic_id = self._topic_id(name, index)
                         if topic_id is not None:
-                            committed[(name, index)] = store.committed(group, topic_id, index)
+                            committed[(name, index)] = offsets.get((topic_id, index), NOTHING_COMMITTED)
         else:
             wanted = [(t.name, [int(i) for i in t.partition_indexes]) for t in body.topics or ()]
-        top = ErrorCode.none if mine else ErrorCode.not_coordinator
+        top = (failed or ErrorCode.none) if mine else ErrorCode.not_coordinator
         # v1 has no top-level error: each partition carries it
         part_error = top if request.api_version < 2 else ErrorCode.none
         if top != ErrorCode.none:

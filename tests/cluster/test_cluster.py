@@ -7,22 +7,26 @@ from __future__ import annotations
 
 import itertools
 import json
+import socket
+import struct
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from brokerproc import BrokerProcess, Wire, free_udp_port, membership_key_file, wait_for
 from clusterchecker import Ack, check, read_replica
+from kio.schema.errors import ErrorCode
 
 from broker.client.admin import Admin
 from broker.client.consumer import Consumer
 from broker.client.errors import DeliveryTimeoutError
 from broker.client.producer import Producer
 from ringlog_proto import messages as m
+from ringlog_proto.batch import encode_batch
 
 _names = itertools.count()
 
@@ -447,3 +451,100 @@ def test_a_long_polling_kafka_consumer_costs_the_producer_nothing(cluster: Clust
     failed = [line for line in leader.log()[logged:].splitlines() if "kafka request failed" in line]
     assert failed == []
     assert got == [f"p{i}".encode() for i in range(n)]  # each once, in order, to the parked consumer
+
+
+def test_group_offsets_while_etcd_is_down(etcd_cluster, tmp_path: Path) -> None:
+    """With etcd down, OffsetFetch and OffsetCommit (Kafka's and ours) get a retriable error
+    answer (Kafka: COORDINATOR_NOT_AVAILABLE, as when its offsets topic is unavailable; ours:
+    REQUEST_TIMED_OUT) once the store's deadline passes, on a thread: meanwhile the core goes on
+    serving, and a produce to a partition whose in-sync set does not change is acknowledged
+    (issue 37, item 12: OffsetFetch died on StoreUnavailable, the client got no answer)."""
+    from kafka_requests import build, frame, read_response
+
+    from broker.kafka.codec import request_schema
+
+    etcd = etcd_cluster(1)
+    c = Cluster(tmp_path, etcd.endpoints, size=1).start()
+    try:
+        wait_for(lambda: c.view(1)["live"] == [1])
+        with Admin(c.bootstrap) as admin:
+            topic_id = admin.create_topic("gx", 1, replication=1)
+        wait_for(lambda: len(c.states(1, topic_id)) == 1)
+        port = c.nodes[1].port
+
+        def kafka_rpc(key: int, version: int, body: object) -> tuple[object, float]:
+            started = time.monotonic()
+            with socket.create_connection(("127.0.0.1", port), timeout=20) as s:
+                s.sendall(frame(key, version, 7, body))
+                data = b""
+                while len(data) < 4 or len(data) < 4 + struct.unpack_from(">i", data)[0]:
+                    more = s.recv(65536)
+                    if not more:
+                        return "closed", time.monotonic() - started
+                    data += more
+            return read_response(key, version, data)[1], time.monotonic() - started
+
+        fetch_schema = request_schema(9, 5)
+        fmod = sys.modules[fetch_schema.__module__]
+        fetch_body = build(
+            fetch_schema,
+            group_id="gx",
+            topics=(build(fmod.OffsetFetchRequestTopic, name="gx", partition_indexes=(0,)),),
+        )
+        commit_schema = request_schema(8, 2)
+        cmod = sys.modules[commit_schema.__module__]
+        part = build(cmod.OffsetCommitRequestPartition, partition_index=0, committed_offset=0)
+        commit_body = build(
+            commit_schema,
+            group_id="gx",
+            generation_id_or_member_epoch=-1,
+            member_id="",
+            retention_time_ms=-1,
+            topics=(build(cmod.OffsetCommitRequestTopic, name="gx", partitions=(part,)),),
+        )
+        etcd.stop(0)
+        answers: dict[str, object] = {}
+
+        def ask(name: str, call: Callable[[], object]) -> threading.Thread:
+            t = threading.Thread(target=lambda: answers.__setitem__(name, call()), daemon=True)
+            t.start()
+            return t
+
+        def ours(req: m.Request) -> tuple[object, float]:
+            started = time.monotonic()
+            wire = Wire(port)
+            try:
+                return wire.rpc(req), time.monotonic() - started
+            except OSError as exc:  # no answer in the socket's timeout
+                return exc, time.monotonic() - started
+            finally:
+                wire.close()
+
+        threads = [
+            ask("kafka fetch", lambda: kafka_rpc(9, 5, fetch_body)),
+            ask("kafka commit", lambda: kafka_rpc(8, 2, commit_body)),
+            ask("our fetch", lambda: ours(m.OffsetFetchRequest(topic_id=topic_id, partition=0, group="gx"))),
+            ask(
+                "our commit", lambda: ours(m.OffsetCommitRequest(topic_id=topic_id, partition=0, group="gx"))
+            ),
+        ]
+        time.sleep(0.5)  # the four wait on the store
+        produced = ours(
+            m.ProduceRequest(topic_id=topic_id, partition=0, acks=1, records=encode_batch([b"x"]))
+        )
+        for t in threads:
+            t.join(30)
+    finally:
+        c.close()
+    kafka_fetch, _ = answers["kafka fetch"]
+    kafka_commit, _ = answers["kafka commit"]
+    assert kafka_fetch != "closed", "the OffsetFetch connection closed without an answer"
+    assert kafka_fetch.error_code == ErrorCode.coordinator_not_available, kafka_fetch
+    codes = [p.error_code for t in kafka_commit.topics for p in t.partitions]
+    assert codes == [ErrorCode.coordinator_not_available], kafka_commit
+    for name in ("our fetch", "our commit"):
+        resp, _ = answers[name]
+        assert resp.error == m.ErrorCode.REQUEST_TIMED_OUT and resp.error.retriable, (name, resp)
+    resp, took = produced
+    assert resp.error == m.ErrorCode.NONE, resp
+    assert took < 1.0, f"a produce waited {took:.2f} s behind the group calls"
