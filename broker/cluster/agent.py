@@ -23,10 +23,15 @@ Rules this module keeps:
   elected and acts at once. A false suspicion costs a re-registration (or a controller's term),
   never data: leaders still come only from in-sync replicas, and a deposed controller's writes
   fail on the election's fence. States arrive as `swim.State` (`member_changed`), never strings.
-- A node that cannot renew its session for 3/4 of its TTL publishes a view in which it leads
-  nothing, before etcd can expire its lease and the controller elect others: two leaders of one
-  partition never both acknowledge acks=all writes. It leads again once its session is back and
-  the store still names it.
+- A node that cannot reach etcd keeps leading what the store last named it leader of, as a Kafka
+  broker does while its controller quorum is away: an etcd outage costs no produce on partitions
+  whose in-sync set does not change. What keeps acks=all safe is the high watermark, not the
+  session: it moves only when every in-sync replica has fetched, an in-sync set changes only
+  through the store, and a new leader comes only from the in-sync set and stops fetching from the
+  old one, so a leader the others replaced (its session lapsed while it was cut off) can no longer
+  acknowledge an acks=all write (docs/CLUSTER.md, "While etcd is away"). A node the store says
+  lost its session (`LeaseNotFound`: etcd is there and expired it) publishes a view in which it
+  leads nothing until it has registered again.
 - Stopping gracefully is Kafka's controlled shutdown, in two steps, while the workers still
   serve. `drain`: the node's presence says it is draining; the controller moves each leadership
   it holds to another in-sync replica (broker/cluster/controller.py), every view stops offering
@@ -73,7 +78,6 @@ SESSION_TTL_S: Final = 2  # etcd keeps at least 1.5 election timeouts (1.5 s at 
 PUBLISH_COALESCE_S: Final = 0.01
 RECONCILE_EVERY_S: Final = 1.0  # besides every change: a controller that missed nothing redoes nothing
 RETRY_S: Final = 0.2
-FENCE_AFTER: Final = 0.75  # of the TTL without a renewed session: lead nothing (etcd expires at 1.0)
 DRAIN_TIMEOUT_S: Final = 5.0  # a graceful stop waits this long at most for its leaderships to move
 LEAVE_WAIT_S: Final = 2.0  # and this long at most, after leaving, to be out of every in-sync set
 
@@ -312,25 +316,23 @@ class ClusterAgent:
         log.info("registered node %d in cluster %s (lease %x)", node.node_id, self.config.cluster, lease.id)
 
     def _session(self) -> None:
-        ttl = self.config.session_ttl_s
-        interval = ttl / 3
-        renewed = time.monotonic()  # when the last keepalive that succeeded was sent
+        interval = self.config.session_ttl_s / 3
         while not self._stop.wait(interval):
-            sent = time.monotonic()
             try:
                 if not self._lease:
                     self._register()
                 else:
                     self.store.lease_keepalive(self._lease, deadline=interval)
-                renewed = sent
+                self._set_fenced(False)
             except LeaseNotFound:
+                # etcd answered, and the cluster took this node for dead: its leaderships may be
+                # others' now. Lead nothing until registered again (module rules).
                 log.warning("this node's lease lapsed: the cluster took it for dead; registering again")
                 self._lease = 0
+                self._set_fenced(True)
             except StoreError as exc:
-                log.warning("keeping this node's session: %s", exc)
-            # Fenced before etcd can expire the lease (send time + TTL): step down from every
-            # leadership while others may be electing new leaders (module rules).
-            self._set_fenced(time.monotonic() - renewed > FENCE_AFTER * ttl)
+                # etcd is away (for this node or for all): keep leading (module rules)
+                log.warning("keeping this node's session: %s (still leading)", exc)
 
     def _set_fenced(self, fenced: bool) -> None:
         with self._changed:

@@ -103,9 +103,9 @@ class Mirror:
         return True
 
     def view(self, fenced: bool = False) -> ClusterView:
-        """What this node's workers act on. `fenced`: this node lost its session (it cannot
-        reach the store): it leads nothing, since the others may already have elected new
-        leaders, and a leader cut off must not keep acknowledging writes as if in charge."""
+        """What this node's workers act on. `fenced`: the store said this node's session lapsed
+        (the cluster took it for dead, and may have elected others): it leads nothing until it
+        has registered again (broker/cluster/agent.py; a store merely unreachable fences nothing)."""
         partitions = {ident: v.state for ident, v in self.partitions.items()}
         live = frozenset(n for n in self.live if n in self.nodes)
         draining = frozenset(n for n in self.draining if n in live)
