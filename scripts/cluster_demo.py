@@ -80,7 +80,7 @@ def main() -> int:
             time.sleep(1.0)
             say(f"leaders {leaders(lab)}")
         verdict = w.verdict()
-        unread = w.unread()
+        unread = sum(w.unread().values())
         say(
             f"stopped: {w.sent} sent, {verdict.acks} acknowledged, {verdict.reads} read "
             f"({unread} acknowledged never read), {len(w.errors)} client errors"

@@ -26,11 +26,14 @@ Violations (`Violation.kind`):
 - divergent: below the high watermark a replica (in-sync or not) holds a different record, or
   no record where the reference has one: a suffix left untruncated after a leader change.
 - no-in-sync-replica: acknowledged records of a partition that ends with no in-sync replica.
+- reordered: two records one producer sent to a partition (`Ack.seq` given) were acknowledged at
+  offsets in the other order (an idempotent producer keeps its order per partition).
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import statistics
@@ -50,12 +53,15 @@ MISSING: Final = object()
 
 @dataclass(frozen=True)
 class Ack:
-    """A produce the cluster acknowledged: `payload` at `offset` of topic/partition."""
+    """A produce the cluster acknowledged: `payload` at `offset` of topic/partition; `seq`: the
+    order in which `producer` sent it (-1: not judged for order)."""
 
     topic: str | int
     partition: int
     offset: int
     payload: Payload
+    producer: str = ""
+    seq: int = -1
 
 
 @dataclass(frozen=True)
@@ -152,6 +158,21 @@ def _check_partition(key: Key, part: _Partition, hw: int | None) -> list[Violati
     for offset, payloads in acked.items():
         if len(payloads) > 1:
             add("conflicting-acks", offset, "acknowledged with " + ", ".join(map(_short, payloads)))
+
+    by_producer: dict[str, list[Ack]] = defaultdict(list)
+    for a in part.acks:
+        if a.seq >= 0:
+            by_producer[a.producer].append(a)
+    for producer, sent in by_producer.items():
+        sent.sort(key=lambda a: a.seq)
+        for before, after in itertools.pairwise(sent):
+            if after.offset < before.offset:
+                add(
+                    "reordered",
+                    after.offset,
+                    f"{producer}: {_short(after.payload)} sent after {_short(before.payload)}, "
+                    f"acknowledged before it (at {before.offset})",
+                )
 
     in_sync = [r for r in part.replicas if r.in_sync]
     logs = {id(r): dict(r.records) for r in part.replicas}

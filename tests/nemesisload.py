@@ -1,6 +1,7 @@
-"""The nemesis's workload and cluster helpers: a ringlog cluster started in a ClusterLab, one
-producer thread and one consumer thread on a replicated topic while faults are applied, and the
-final verdict of the checker over every replica.
+"""The nemesis's workload and cluster helpers: a ringlog cluster started in a ClusterLab, two
+idempotent acks=all producers (ours, and confluent-kafka's) and two consumers (ours, assigned, and
+a confluent-kafka consumer group, long-polling and committing) on a replicated topic while faults
+are applied, and the final verdict of the checker over every replica.
 
 Test and bench harness, not broker code (importable as `nemesisload` from tests/, and from
 scripts/ and bench/ with tests/ on sys.path), used by tests/cluster/test_nemesis.py and
@@ -13,7 +14,14 @@ Rules this module keeps:
   fault shows as a gap in acknowledgements, not as a producer that stopped sending. Every
   acknowledged record is kept with the offset its RecordMetadata names, and every send as an
   `Attempt` (sent, answered, ok) per partition, for failover times.
-- The consumer reads every partition from the earliest offset and keeps every record it is handed.
+- The Kafka producer (confluent-kafka, enable.idempotence, acks=all) sends its own payloads
+  (`<tag>-k<n>`) at half that pace, partitions in turn; every record it sends must be delivered
+  (its message timeout outlasts any fault). Both producers' acks carry their send order (`seq`), so
+  the checker also finds records acknowledged out of their producer's order.
+- Our consumer reads every partition from the earliest offset (assigned) and keeps every record it
+  is handed; the Kafka consumer is a group member (subscribed, long polls of `fetch.wait.max.ms`,
+  offsets auto-committed every second), the case that once failed stored produces (issue 37). Each
+  must end up having read every acknowledged record.
 - Replicas are read from the running nodes' data dirs only once the cluster is quiet: the workload
   stopped, every partition's in-sync set whole and every replica's log ending at the high
   watermark (nothing is being written, so the files are stable; the reader stops at a torn tail
@@ -30,6 +38,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Final
 
+import confluent_kafka
 from clusterchecker import Ack, Attempt, Read, Replica, Violation, check, failover_time, read_replica
 from clusterlab import MEMBERSHIP_PORT, ClusterLab, wait_until
 
@@ -40,6 +49,7 @@ from broker.client.records import RecordMetadata
 from ringlog_proto import messages as m
 
 SEND_EVERY_S: Final = 0.002
+KAFKA_SEND_EVERY_S: Final = 0.004
 MAX_OUTSTANDING: Final = 3000
 SETTLE_S: Final = 60.0  # every ISR whole and every replica caught up after the last fault
 CLUSTER_NAME: Final = "nemesis"
@@ -162,10 +172,16 @@ class Workload:
         self._stop = threading.Event()
         self._stop_reading = threading.Event()
         self._outstanding = threading.Semaphore(MAX_OUTSTANDING)
-        self._threads = [
+        self.kafka_errors: list[str] = []  # the group consumer's non-fatal errors (reconnections)
+        self._producers = [
             threading.Thread(target=self._produce, name="nemesis-producer", daemon=True),
-            threading.Thread(target=self._consume, name="nemesis-consumer", daemon=True),
+            threading.Thread(target=self._produce_kafka, name="nemesis-kafka-producer", daemon=True),
         ]
+        self._consumers = [
+            threading.Thread(target=self._consume, name="nemesis-consumer", daemon=True),
+            threading.Thread(target=self._consume_kafka, name="nemesis-kafka-consumer", daemon=True),
+        ]
+        self._threads = self._producers + self._consumers
 
     def start(self) -> Workload:
         for t in self._threads:
@@ -198,7 +214,7 @@ class Workload:
                     started = time.monotonic()
                     fut = p.send(self.topic, payload, partition=partition)
                     fut.add_done_callback(
-                        lambda f, pl=payload, pa=partition, s=started: self._answered(f, pl, pa, s)
+                        lambda f, pl=payload, pa=partition, s=started, q=n: self._answered(f, pl, pa, s, q)
                     )
                     n += 1
                     self.sent = n
@@ -207,7 +223,9 @@ class Workload:
         except BaseException as exc:
             self.errors.append(exc)
 
-    def _answered(self, fut: Future[RecordMetadata], payload: bytes, partition: int, started: float) -> None:
+    def _answered(
+        self, fut: Future[RecordMetadata], payload: bytes, partition: int, started: float, seq: int
+    ) -> None:
         self._outstanding.release()
         finished = time.monotonic()
         exc = fut.exception()
@@ -215,9 +233,46 @@ class Workload:
             self.attempts[partition].append(Attempt(started, finished, exc is None))
             if exc is None:
                 md = fut.result()
-                self.acks.append(Ack(self.topic, md.partition, md.offset, payload))
+                self.acks.append(Ack(self.topic, md.partition, md.offset, payload, "ours", seq))
             else:
                 self.errors.append(exc)
+
+    def _produce_kafka(self) -> None:
+        def delivered(err: object, msg: confluent_kafka.Message, seq: int) -> None:
+            with self._lock:
+                if err is not None:
+                    self.errors.append(confluent_kafka.KafkaException(err))
+                else:
+                    ack = Ack(self.topic, msg.partition(), msg.offset(), msg.value(), "kafka", seq)
+                    self.acks.append(ack)
+
+        try:
+            p = confluent_kafka.Producer(
+                {
+                    "bootstrap.servers": bootstrap(self.lab),
+                    "acks": "all",
+                    "enable.idempotence": True,
+                    "linger.ms": 1,
+                    "request.timeout.ms": REQUEST_TIMEOUT_MS,
+                    "message.timeout.ms": 120_000,
+                }
+            )
+            n = 0
+            while not self._stop.is_set():
+                payload = f"{self.tag}-k{n}".encode()
+                p.produce(
+                    self.topic,
+                    payload,
+                    partition=n % self.partitions,
+                    on_delivery=lambda err, msg, q=n: delivered(err, msg, q),
+                )
+                n += 1
+                p.poll(KAFKA_SEND_EVERY_S)
+            left = p.flush(150)
+            if left:
+                self.errors.append(RuntimeError(f"{left} Kafka records never answered"))
+        except BaseException as exc:
+            self.errors.append(exc)
 
     # ----------------------------------------------------------------------------- consumer
 
@@ -242,6 +297,38 @@ class Workload:
             except Exception as exc:
                 self.consumer_failures.append(exc)
                 time.sleep(0.2)
+
+    def _consume_kafka(self) -> None:
+        """A confluent-kafka group member, subscribed: the broker parks its fetches (long polls)
+        on the partitions it leads while the producers write to them."""
+        c = confluent_kafka.Consumer(
+            {
+                "bootstrap.servers": bootstrap(self.lab),
+                "group.id": f"nemesis-{self.tag}",
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": True,
+                "auto.commit.interval.ms": 1000,
+                "fetch.wait.max.ms": 500,
+            }
+        )
+        try:
+            c.subscribe([self.topic])
+            while not self._stop_reading.is_set():
+                msg = c.poll(0.2)
+                if msg is None:
+                    continue
+                if msg.error():
+                    if msg.error().fatal():
+                        self.consumer_failures.append(confluent_kafka.KafkaException(msg.error()))
+                        return
+                    self.kafka_errors.append(str(msg.error()))
+                    continue
+                with self._lock:
+                    self.reads.append(Read(self.topic, msg.partition(), msg.offset(), msg.value(), "k"))
+        except Exception as exc:
+            self.consumer_failures.append(exc)
+        finally:
+            c.close()
 
     # ----------------------------------------------------------------------------- control
 
@@ -282,24 +369,33 @@ class Workload:
         """Stop producing (every send answered), then read until the consumer has every
         acknowledged record or `timeout` passes."""
         self._stop.set()
-        self._threads[0].join(timeout)
-        want = {(a.partition, a.offset) for a in self.acks}
+        for t in self._producers:
+            t.join(timeout)
 
         def caught_up() -> bool:
-            with self._lock:
-                got = {(r.partition, r.offset) for r in self.reads}
-            return want <= got or not self._threads[1].is_alive()
+            return not any(self.unread().values()) or not all(t.is_alive() for t in self._consumers)
 
         try:
-            wait_until(caught_up, 30, "the consumer to read every acknowledged record", step=0.1)
+            wait_until(caught_up, 30, "the consumers to read every acknowledged record", step=0.1)
+        except TimeoutError as exc:
+            raise TimeoutError(
+                f"{exc}: unread per consumer {self.unread()}; Kafka consumer's errors "
+                f"{self.kafka_errors[-5:]}; consumer failures {self.consumer_failures[-3:]}"
+            ) from exc
         finally:
             self._stop_reading.set()
-            self._threads[1].join(timeout)
+            for t in self._consumers:
+                t.join(timeout)
 
-    def unread(self) -> int:
-        """Acknowledged records the consumer never read."""
-        got = {(r.partition, r.offset) for r in self.reads}
-        return sum((a.partition, a.offset) not in got for a in self.acks)
+    def unread(self) -> dict[str, int]:
+        """Per consumer ("c": ours, "k": the Kafka group member), the acknowledged records it
+        never read."""
+        with self._lock:
+            acked = {(a.partition, a.offset) for a in self.acks}
+            got: dict[str, set[tuple[int, int]]] = {"c": set(), "k": set()}
+            for r in self.reads:
+                got[r.consumer].add((r.partition, r.offset))
+        return {who: len(acked - seen) for who, seen in got.items()}
 
     # ----------------------------------------------------------------------------- verdict
 

@@ -96,6 +96,10 @@ class KafkaGroups:
         config = self.handlers.config
         return self.handlers.group_coordinator(group) == (config.node_id, config.core_id)
 
+    def _answers_offsets(self, group: str) -> bool:
+        """Whether this core answers the group's OffsetFetch (`_offset_fetch`)."""
+        return self.coordinator.offsets.remote or self._mine(group)
+
     @staticmethod
     def _reply(request: KafkaRequest, resp: Any) -> Reply:
         return Reply(encode_response(request.correlation_id, resp))
@@ -362,9 +366,15 @@ class KafkaGroups:
     def _offset_fetch(self, request: KafkaRequest, body: Any) -> Outcome:
         """The group's offsets, read from its store (`Handlers.with_offsets`: off the loop where
         the store is etcd); a store that cannot be read now is COORDINATOR_NOT_AVAILABLE, which
-        the client retries (Kafka's answer while its offsets topic is unavailable)."""
+        the client retries (Kafka's answer while its offsets topic is unavailable).
+
+        In a cluster every core answers, not only the group's coordinator: the offsets are read
+        from etcd (linearizable, nothing cached), so the answer is the same anywhere, and the
+        coordinator moves with the live set while the nodes' views of it differ (librdkafka,
+        answered NOT_COORDINATOR a few times in a row, stops fetching the partitions it was
+        assigned until the next rebalance)."""
         group = str(body.group_id)
-        if not (self._mine(group) and group):
+        if not (self._answers_offsets(group) and group):
             return self._offset_fetch_reply(request, body, None)
         store = self.coordinator.offsets
         return self.handlers.with_offsets(
@@ -378,7 +388,7 @@ class KafkaGroups:
         coordinator, or no group id)."""
         schema, module = self._schema(request)
         group = str(body.group_id)
-        mine = self._mine(group)
+        mine = self._answers_offsets(group)
         wanted: list[tuple[str, list[int]]]
         committed: dict[tuple[str, int], Committed] = {}
         failed = kafka_error(found)[0] if isinstance(found, BaseException) else None

@@ -68,6 +68,16 @@ def test_moved_and_duplicated_records() -> None:
     assert ("lost", 1, 1) not in found
 
 
+def test_a_producers_records_out_of_its_order_are_reordered() -> None:
+    """Acknowledged at offsets against the order one producer sent them (the issue 37 duplicate:
+    a stored batch answered an error, resent after later ones under a new epoch); another
+    producer's order is its own."""
+    rep = Replica(0, T, 0, log(b"p1", b"q0", b"p0", b"q1"))
+    sent = [Ack(T, 0, 2, b"p0", "p", 0), Ack(T, 0, 0, b"p1", "p", 1)]
+    sent += [Ack(T, 0, 1, b"q0", "q", 0), Ack(T, 0, 3, b"q1", "q", 1)]
+    assert kinds(check(sent, [], [rep])) == [("reordered", 0, None)]
+
+
 def test_two_acks_at_one_offset_conflict() -> None:
     found = check([Ack(T, 0, 0, b"from-old-leader"), Ack(T, 0, 0, b"from-new-leader")], [], [])
     assert [v.kind for v in found] == ["conflicting-acks", "no-in-sync-replica"]

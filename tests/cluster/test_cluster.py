@@ -548,3 +548,42 @@ def test_group_offsets_while_etcd_is_down(etcd_cluster, tmp_path: Path) -> None:
     resp, took = produced
     assert resp.error == m.ErrorCode.NONE, resp
     assert took < 1.0, f"a produce waited {took:.2f} s behind the group calls"
+
+
+def test_any_node_answers_a_groups_committed_offsets(cluster: Cluster) -> None:
+    """A cluster's group offsets live in etcd, read linearizably: every node answers a Kafka
+    OffsetFetch with them, not only the group's coordinator (which moves with the live set while
+    the nodes' views of it differ; a librdkafka consumer answered NOT_COORDINATOR a few times in a
+    row gives up fetching its partitions until the next rebalance: the nemesis's pause test)."""
+    confluent_kafka = pytest.importorskip("confluent_kafka")
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient, NewTopic
+    from kafka_requests import build, frame, read_response
+
+    from broker.kafka.codec import request_schema
+
+    boot = ",".join(n.bootstrap for n in cluster.nodes.values())
+    admin = AdminClient({"bootstrap.servers": boot})
+    admin.create_topics([NewTopic("anyc", 1, 3)])["anyc"].result(20)
+    wait_for(lambda: admin.list_topics("anyc", timeout=5).topics["anyc"].partitions[0].leader >= 0)
+    producer = confluent_kafka.Producer({"bootstrap.servers": boot, "acks": "all"})
+    for i in range(10):
+        producer.produce("anyc", f"v{i}".encode(), partition=0)
+    assert producer.flush(30) == 0
+    c = confluent_kafka.Consumer({"bootstrap.servers": boot, "group.id": "anyc", "enable.auto.commit": False})
+    c.commit(offsets=[TopicPartition("anyc", 0, 6)], asynchronous=False)
+    c.close()
+    schema = request_schema(9, 5)
+    mod = sys.modules[schema.__module__]
+    topic = build(mod.OffsetFetchRequestTopic, name="anyc", partition_indexes=(0,))
+    body = build(schema, group_id="anyc", topics=(topic,))
+    answers = {}
+    for i, node in cluster.nodes.items():
+        with socket.create_connection(("127.0.0.1", node.port), timeout=10) as s:
+            s.sendall(frame(9, 5, 1, body))
+            data = b""
+            while len(data) < 4 or len(data) < 4 + struct.unpack_from(">i", data)[0]:
+                data += s.recv(65536)
+        resp = read_response(9, 5, data)[1]
+        answers[i] = (resp.error_code, resp.topics[0].partitions[0].committed_offset)
+    assert answers == {i: (ErrorCode.none, 6) for i in cluster.nodes}
