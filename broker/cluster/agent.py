@@ -24,14 +24,20 @@ Rules this module keeps:
   never data: leaders still come only from in-sync replicas, and a deposed controller's writes
   fail on the election's fence. States arrive as `swim.State` (`member_changed`), never strings.
 - A node that cannot reach etcd keeps leading what the store last named it leader of, as a Kafka
-  broker does while its controller quorum is away: an etcd outage costs no produce on partitions
-  whose in-sync set does not change. What keeps acks=all safe is the high watermark, not the
-  session: it moves only when every in-sync replica has fetched, an in-sync set changes only
-  through the store, and a new leader comes only from the in-sync set and stops fetching from the
-  old one, so a leader the others replaced (its session lapsed while it was cut off) can no longer
-  acknowledge an acks=all write (docs/CLUSTER.md, "While etcd is away"). A node the store says
-  lost its session (`LeaseNotFound`: etcd is there and expired it) publishes a view in which it
-  leads nothing until it has registered again.
+  broker does while its controller quorum is away, as long as it still reaches most of its peers
+  (SWIM): etcd is then most likely away for everyone, nobody can elect anyone, and an etcd outage
+  costs no produce on partitions whose in-sync set does not change. If etcd is away for this node
+  only, the others replace it, and acks=all stays safe even so: its high watermark moves only
+  when every in-sync replica has fetched, an in-sync set changes only through the store, and a
+  new leader comes only from the in-sync set and stops fetching from the old one
+  (docs/CLUSTER.md, "While etcd is away"). But a node cut off from etcd *and* from most of its
+  peers is most likely the one the others are replacing: after 3/4 of its TTL without a renewed
+  session it leads nothing (before etcd can expire its lease), and stays so until etcd answers
+  again, so that requests reaching it once the network heals (TCP retransmissions of what
+  clients sent meanwhile) find no zombie leader.
+- A node the store says lost its session (`LeaseNotFound`: etcd is there and expired it) leads
+  nothing until it has registered again and its mirror has caught up with that (the leaderships
+  it mirrored may have moved meanwhile).
 - Stopping gracefully is Kafka's controlled shutdown, in two steps, while the workers still
   serve. `drain`: the node's presence says it is draining; the controller moves each leadership
   it holds to another in-sync replica (broker/cluster/controller.py), every view stops offering
@@ -80,6 +86,7 @@ RECONCILE_EVERY_S: Final = 1.0  # besides every change: a controller that missed
 RETRY_S: Final = 0.2
 DRAIN_TIMEOUT_S: Final = 5.0  # a graceful stop waits this long at most for its leaderships to move
 LEAVE_WAIT_S: Final = 2.0  # and this long at most, after leaving, to be out of every in-sync set
+FENCE_AFTER: Final = 0.75  # of the TTL without a renewed session, cut off from most peers: lead nothing
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +128,11 @@ class ClusterAgent:
         self._draining = False
         self._since = time.time()
         self._lease = 0
-        self._fenced = False
+        self._fenced = False  # as last published
+        self._cut_off = False  # no renewed session for a while, and most peers unreachable
+        self._unreachable: set[int] = set()  # peers SWIM confirmed dead and not seen alive since
+        # None: the session holds; 0: etcd said it lapsed; a revision: registered again there
+        self._lapsed_until: int | None = None
         self._generation = 0
         self._dead_signals: set[int] = set()
         self._absent_since: dict[int, float] = {}  # node -> when the controller saw it absent
@@ -277,6 +288,7 @@ class ClusterAgent:
         this is called from the supervisor's loop, which must not wait on etcd)."""
         with self._changed:
             self._dead_signals.add(node_id)
+            self._unreachable.add(node_id)
             self._changed.notify_all()
             is_controller = self.mirror.controller == node_id
         if is_controller and node_id != self.config.node.node_id and not self._stop.is_set():
@@ -302,46 +314,87 @@ class ClusterAgent:
     def member_alive(self, node_id: int) -> None:
         with self._changed:
             self._dead_signals.discard(node_id)
+            self._unreachable.discard(node_id)
 
     # --------------------------------------------------------------------------- session
 
-    def _register(self) -> None:
+    def _register(self) -> int:
+        """A new session; the revision of its `live` key."""
         k = self.keys
         node = self.config.node
         lease = self.store.lease_grant(self.config.session_ttl_s)
         self.store.put(k.node(node.node_id), node.encode())
         self._since = time.time()
-        self.store.put(k.live_node(node.node_id), self._presence(), lease=lease.id)
+        revision = self.store.put(k.live_node(node.node_id), self._presence(), lease=lease.id)
         self._lease = lease.id
         log.info("registered node %d in cluster %s (lease %x)", node.node_id, self.config.cluster, lease.id)
+        return revision
 
     def _session(self) -> None:
-        interval = self.config.session_ttl_s / 3
-        while not self._stop.wait(interval):
+        ttl = self.config.session_ttl_s
+        interval = ttl / 3
+        pause = interval
+        renewed = time.monotonic()  # when the last keepalive that succeeded was sent
+        while not self._stop.wait(pause):
+            pause = interval
+            sent = time.monotonic()
             try:
                 if not self._lease:
-                    self._register()
+                    revision = self._register()
+                    with self._changed:  # fenced until the mirror has caught up with it
+                        self._lapsed_until = revision
+                        self._cut_off = False
+                        self._mark_dirty()
                 else:
                     self.store.lease_keepalive(self._lease, deadline=interval)
-                self._set_fenced(False)
+                    with self._changed:
+                        if self._cut_off:
+                            self._cut_off = False
+                            self._mark_dirty()
+                renewed = sent
             except LeaseNotFound:
                 # etcd answered, and the cluster took this node for dead: its leaderships may be
                 # others' now. Lead nothing until registered again (module rules).
                 log.warning("this node's lease lapsed: the cluster took it for dead; registering again")
                 self._lease = 0
-                self._set_fenced(True)
+                with self._changed:
+                    self._lapsed_until = 0
+                    self._mark_dirty()
+                pause = 0.0
             except StoreError as exc:
-                # etcd is away (for this node or for all): keep leading (module rules)
-                log.warning("keeping this node's session: %s (still leading)", exc)
+                # etcd is away (for this node or for all): keep leading (module rules), and ask
+                # again soon: once etcd answers, a lapsed session must be known at once
+                log.warning("keeping this node's session: %s", exc)
+                pause = RETRY_S
+                if time.monotonic() - renewed > FENCE_AFTER * ttl:
+                    with self._changed:
+                        if not self._cut_off and self._alone():
+                            self._cut_off = True
+                            self._mark_dirty()
 
-    def _set_fenced(self, fenced: bool) -> None:
-        with self._changed:
-            if fenced != self._fenced:
-                log.warning(
-                    "this node %s", "lost its session: leading nothing" if fenced else "has its session again"
-                )
-                self._fenced = fenced
-                self._mark_dirty()
+    def _alone(self) -> bool:  # holding the lock
+        """This node and the peers SWIM still reaches are not a majority of the cluster's nodes
+        (a cluster of one node is never alone: nobody else could take over)."""
+        me = self.config.node.node_id
+        peers = set(self.mirror.nodes) - {me}
+        if not peers:
+            return False
+        reachable = len(peers - self._unreachable) + 1
+        return 2 * reachable <= len(peers) + 1
+
+    def _fenced_now(self) -> bool:  # holding the lock
+        """Fenced while cut off (`_session`), and from the store's `LeaseNotFound` until
+        registered again and the mirror has caught up with that registration (until then it may
+        still hold the leaderships the controller moved while this node was taken for dead)."""
+        lapsed = self._lapsed_until
+        if lapsed is not None and lapsed and self.mirror.revision >= lapsed:
+            lapsed = self._lapsed_until = None
+        fenced = lapsed is not None or self._cut_off
+        if fenced != self._fenced:
+            what = "lost its session: leading nothing" if fenced else "has its session again"
+            log.warning("this node %s", what)
+            self._fenced = fenced
+        return fenced
 
     # --------------------------------------------------------------------------- mirror
 
@@ -393,7 +446,7 @@ class ClusterAgent:
             time.sleep(PUBLISH_COALESCE_S)
             with self._changed:
                 self._dirty = False
-                view = self.mirror.view(fenced=self._fenced)
+                view = self.mirror.view(fenced=self._fenced_now())
                 # every view published is newer than the last (a fencing changes no revision)
                 self._generation = max(self._generation + 1, view.generation)
                 view = dataclasses.replace(view, generation=self._generation)

@@ -11,6 +11,9 @@ Rules this module keeps:
   claims from what it reads. If the uncertain txn applied, its block is skipped, never given
   twice; ids are plentiful (2**40), repeats are not allowed.
 - Running out is `ProducerIdsExhaustedError`, as on one node.
+- A claim waits on the network (`remote`): the core runs it on its `run_blocking` threads, never
+  on its loop (broker/kafka/init_producer_id.py). A store that cannot be reached is
+  `ProducerIdsUnavailable` (retriable: COORDINATOR_NOT_AVAILABLE to a Kafka client).
 """
 
 from __future__ import annotations
@@ -22,12 +25,12 @@ from typing import Final
 from broker.cluster.store import (
     MetadataStore,
     Put,
-    StoreUnavailable,
+    StoreError,
     StoreUncertain,
     absent,
     mod_revision_is,
 )
-from broker.core.producer_ids import COUNTER_VERSION, ProducerIdsExhaustedError
+from broker.core.producer_ids import COUNTER_VERSION, ProducerIdsExhaustedError, ProducerIdsUnavailable
 from ringlog_proto.batch import BROKER_PRODUCER_ID_LIMIT
 
 CLAIM_DEADLINE: Final = 10.0  # s: contention and failovers included; then StoreUnavailable
@@ -36,12 +39,20 @@ CLAIM_DEADLINE: Final = 10.0  # s: contention and failovers included; then Store
 class EtcdBlockSource:
     """`BlockSource` over the store: the cluster's producer id counter at `key`."""
 
+    remote = True  # a claim is etcd round trips (module rules)
+
     def __init__(self, store: MetadataStore, key: str, deadline: float = CLAIM_DEADLINE) -> None:
         self.store = store
         self.key = key
         self.deadline = deadline
 
     def claim_block(self, size: int) -> int:
+        try:
+            return self._claim(size)
+        except StoreError as exc:
+            raise ProducerIdsUnavailable(f"{self.key}: no producer id block claimed: {exc}") from exc
+
+    def _claim(self, size: int) -> int:
         end_by = time.monotonic() + self.deadline
         while time.monotonic() < end_by:
             kv = self.store.get(self.key)
@@ -58,7 +69,7 @@ class EtcdBlockSource:
                     return first
             except StoreUncertain:
                 pass  # applied or not, the next read says where the free ids start
-        raise StoreUnavailable(f"{self.key}: no producer id block claimed in {self.deadline} s")
+        raise ProducerIdsUnavailable(f"{self.key}: no producer id block claimed in {self.deadline} s")
 
     def _parse(self, value: bytes) -> int:
         doc = json.loads(value)

@@ -42,6 +42,11 @@ class ProducerIdsExhaustedError(Exception):
     """Every broker producer id below `BROKER_PRODUCER_ID_LIMIT` was handed out."""
 
 
+class ProducerIdsUnavailable(Exception):
+    """The counter cannot be reached now (a cluster's etcd is away): no id was given; the client
+    asks again (retriable)."""
+
+
 class BlockSource(Protocol):
     """Where blocks of producer ids come from: one counter shared by every core (and, later, node)."""
 
@@ -52,6 +57,8 @@ class BlockSource(Protocol):
 
 class FileBlockSource:
     """The counter of one node: `producer-ids.json` in the data dir, claimed under a flock."""
+
+    remote = False  # a claim is a flock and two fsyncs: on the loop (module rules)
 
     def __init__(self, data_dir: str) -> None:
         self.path = layout.producer_ids_path(data_dir)
@@ -95,6 +102,16 @@ class ProducerIds:
         self._next = 0
         self._end = 0  # nothing claimed yet: the first `new()` claims
 
+    def needs_block(self, producer_id: int = -1, epoch: int = -1) -> bool:
+        """Whether `init(producer_id, epoch)` would claim a block first."""
+        return self._next >= self._end and not _bumpable(producer_id, epoch)
+
+    def add_block(self, first: int) -> None:
+        """A block claimed off the loop (`source.claim_block(block_size)`); dropped if another
+        claim filled the gap meanwhile (its ids are skipped, never given twice)."""
+        if self._next >= self._end:
+            self._next, self._end = first, first + self.block_size
+
     def new(self) -> int:
         """An id given to no producer before, on any core, before or after a restart."""
         if self._next >= self._end:
@@ -108,8 +125,11 @@ class ProducerIds:
         """(id, epoch) for a producer starting (no id given: a new id, epoch 0) or bumping its
         epoch (its current id and epoch given: the same id, epoch + 1; a new id when the epoch is
         exhausted or the pair is not one this broker hands out)."""
-        if producer_id < 0 and epoch < 0:
-            return self.new(), 0
-        if 0 <= producer_id < BROKER_PRODUCER_ID_LIMIT and 0 <= epoch < EPOCH_LAST:
+        if _bumpable(producer_id, epoch):
             return producer_id, epoch + 1
         return self.new(), 0
+
+
+def _bumpable(producer_id: int, epoch: int) -> bool:
+    """A producer id and epoch this broker gave, whose epoch may still grow (`ProducerIds.init`)."""
+    return 0 <= producer_id < BROKER_PRODUCER_ID_LIMIT and 0 <= epoch < EPOCH_LAST

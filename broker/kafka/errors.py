@@ -18,6 +18,7 @@ from kio.schema.errors import ErrorCode
 from broker.core.groups import OffsetsUnavailable
 from broker.core.handlers import error_of
 from broker.core.outcomes import Reply
+from broker.core.producer_ids import ProducerIdsUnavailable
 from broker.core.producer_state import FencedEpochError, UnknownProducerError
 from ringlog_proto.messages import ErrorCode as Ours
 
@@ -71,7 +72,7 @@ def kafka_error(exc: BaseException) -> tuple[ErrorCode, str]:
         return ErrorCode.invalid_producer_epoch, str(exc)
     if isinstance(exc, UnknownProducerError):
         return ErrorCode.unknown_producer_id, str(exc)
-    if isinstance(exc, OffsetsUnavailable):  # Kafka's answer when its offsets topic is unavailable
+    if isinstance(exc, OffsetsUnavailable | ProducerIdsUnavailable):  # retriable, as Kafka's
         return ErrorCode.coordinator_not_available, str(exc)
     code, message = error_of(exc)
     if code == Ours.UNKNOWN_SERVER_ERROR:

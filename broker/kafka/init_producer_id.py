@@ -17,12 +17,13 @@ Rules this module keeps:
 from __future__ import annotations
 
 import datetime
+from collections.abc import Callable
 from typing import Any, Final
 
 from kio.schema.errors import ErrorCode
 
 from broker.core.handlers import Handlers
-from broker.core.outcomes import Outcome, Reply
+from broker.core.outcomes import Later, Outcome, Reply, Silent
 from broker.kafka.codec import KafkaRequest, encode_response, make, response_schema
 from broker.kafka.errors import kafka_error
 
@@ -31,7 +32,30 @@ VERSIONS: Final = (0, 4)  # v2+ flexible
 
 
 def init_producer_id(handlers: Handlers, request: KafkaRequest, body: Any) -> Outcome:
-    """A new producer id at epoch 0, or the bumped epoch of the one named (v3+)."""
+    """A new producer id at epoch 0, or the bumped epoch of the one named (v3+). Where the ids'
+    counter is etcd (`source.remote`), a block is claimed on a `run_blocking` thread, not on the
+    core's loop, and a counter that cannot be reached is COORDINATOR_NOT_AVAILABLE (retriable)."""
+    current = int(getattr(body, "producer_id", -1)), int(getattr(body, "producer_epoch", -1))
+    ids = handlers.producer_ids
+    if body.transactional_id is None and ids.needs_block(*current) and getattr(ids.source, "remote", False):
+
+        def start(answer: Callable[[Reply | Silent], None]) -> None:
+            def claimed(first: object) -> None:
+                if isinstance(first, BaseException):
+                    answer(_answer(handlers, request, body, first))
+                else:
+                    ids.add_block(first)  # type: ignore[arg-type]
+                    answer(_answer(handlers, request, body))
+
+            handlers.run_blocking(lambda: ids.source.claim_block(ids.block_size), claimed)
+
+        return Later(start)
+    return _answer(handlers, request, body)
+
+
+def _answer(
+    handlers: Handlers, request: KafkaRequest, body: Any, failed: BaseException | None = None
+) -> Reply:
     schema = response_schema(INIT_PRODUCER_ID, request.api_version)
     assert schema is not None
     code, producer_id, epoch = ErrorCode.none, -1, -1
@@ -41,8 +65,10 @@ def init_producer_id(handlers: Handlers, request: KafkaRequest, body: Any) -> Ou
     else:
         current = int(getattr(body, "producer_id", -1)), int(getattr(body, "producer_epoch", -1))
         try:
+            if failed is not None:
+                raise failed
             producer_id, epoch = handlers.producer_ids.init(*current)
-        except Exception as exc:  # the counter's file: a full disk (retriable), an unreadable counter
+        except Exception as exc:  # the counter: a full disk, etcd away (both retriable), unreadable
             handlers.metrics.error()
             code = kafka_error(exc)[0]
     resp = make(

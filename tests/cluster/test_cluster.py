@@ -454,8 +454,9 @@ def test_a_long_polling_kafka_consumer_costs_the_producer_nothing(cluster: Clust
 
 
 def test_group_offsets_while_etcd_is_down(etcd_cluster, tmp_path: Path) -> None:
-    """With etcd down, OffsetFetch and OffsetCommit (Kafka's and ours) get a retriable error
-    answer (Kafka: COORDINATOR_NOT_AVAILABLE, as when its offsets topic is unavailable; ours:
+    """With etcd down, OffsetFetch and OffsetCommit (Kafka's and ours) and a Kafka InitProducerId
+    that must claim a block of ids get a retriable error answer (Kafka: COORDINATOR_NOT_AVAILABLE,
+    as when its offsets topic is unavailable; ours:
     REQUEST_TIMED_OUT) once the store's deadline passes, on a thread: meanwhile the core goes on
     serving, and a produce to a partition whose in-sync set does not change is acknowledged
     (issue 37, item 12: OffsetFetch died on StoreUnavailable, the client got no answer)."""
@@ -502,6 +503,8 @@ def test_group_offsets_while_etcd_is_down(etcd_cluster, tmp_path: Path) -> None:
             retention_time_ms=-1,
             topics=(build(cmod.OffsetCommitRequestTopic, name="gx", partitions=(part,)),),
         )
+        init_schema = request_schema(22, 4)
+        init_body = build(init_schema, transactional_id=None, producer_id=-1, producer_epoch=-1)
         etcd.stop(0)
         answers: dict[str, object] = {}
 
@@ -513,6 +516,7 @@ def test_group_offsets_while_etcd_is_down(etcd_cluster, tmp_path: Path) -> None:
         def ours(req: m.Request) -> tuple[object, float]:
             started = time.monotonic()
             wire = Wire(port)
+            wire.sock.settimeout(30)  # the worker runs 4 store calls at once, each up to 5 s
             try:
                 return wire.rpc(req), time.monotonic() - started
             except OSError as exc:  # no answer in the socket's timeout
@@ -523,6 +527,7 @@ def test_group_offsets_while_etcd_is_down(etcd_cluster, tmp_path: Path) -> None:
         threads = [
             ask("kafka fetch", lambda: kafka_rpc(9, 5, fetch_body)),
             ask("kafka commit", lambda: kafka_rpc(8, 2, commit_body)),
+            ask("kafka init producer id", lambda: kafka_rpc(22, 4, init_body)),
             ask("our fetch", lambda: ours(m.OffsetFetchRequest(topic_id=topic_id, partition=0, group="gx"))),
             ask(
                 "our commit", lambda: ours(m.OffsetCommitRequest(topic_id=topic_id, partition=0, group="gx"))
@@ -542,6 +547,8 @@ def test_group_offsets_while_etcd_is_down(etcd_cluster, tmp_path: Path) -> None:
     assert kafka_fetch.error_code == ErrorCode.coordinator_not_available, kafka_fetch
     codes = [p.error_code for t in kafka_commit.topics for p in t.partitions]
     assert codes == [ErrorCode.coordinator_not_available], kafka_commit
+    init, _ = answers["kafka init producer id"]  # its core's first: a block of ids to claim
+    assert init.error_code == ErrorCode.coordinator_not_available, init
     for name in ("our fetch", "our commit"):
         resp, _ = answers[name]
         assert resp.error == m.ErrorCode.REQUEST_TIMED_OUT and resp.error.retriable, (name, resp)
