@@ -77,12 +77,17 @@ class PendingProduce:
         p = self._partition
         pending = self.pending
         p.log.complete_append(pending)
-        p.producers.stored(pending.headers)
-        h = pending.headers[0]
-        if h.partition_leader_epoch != p.epochs.latest_epoch:  # the first batch of a new epoch
-            p.epochs.assign(h.partition_leader_epoch, h.base_offset)
-        if p.replica is not None:
-            p.leader_end_moved()
+        # Stored and visible from here: a failure of what follows (a bug) must not make the
+        # produce an error answer, which its producer would resend (issue 37, item 10).
+        try:
+            p.producers.stored(pending.headers)
+            h = pending.headers[0]
+            if h.partition_leader_epoch != p.epochs.latest_epoch:  # the first batch of a new epoch
+                p.epochs.assign(h.partition_leader_epoch, h.base_offset)
+            if p.replica is not None:
+                p.leader_end_moved()
+        except Exception:
+            log.exception("bookkeeping after a stored append to partition %d/%d failed", p.topic_id, p.index)
         p.wake_waiters()
 
     def stored(self) -> Stored:

@@ -130,7 +130,18 @@ class KafkaGroups:
         view = self.handlers.metadata_view([])
         node_id, core = self.handlers.group_coordinator(body.key)
         node = view.node(node_id)
-        assert node is not None  # the coordinator is a live node of the view, or this one
+        if node is None:  # the view changed between the two reads: the client asks again
+            self.handlers.metrics.error()
+            resp = make(
+                schema,
+                throttle_time=NO_THROTTLE,
+                error_code=ErrorCode.coordinator_not_available,
+                error_message=f"node {node_id} coordinates {body.key!r} but is not in this node's view",
+                node_id=-1,
+                host="",
+                port=-1,
+            )
+            return self._reply(request, resp)
         resp = make(
             schema,
             throttle_time=NO_THROTTLE,
