@@ -31,6 +31,8 @@ Rules this module keeps:
 from __future__ import annotations
 
 import itertools
+import logging
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -247,16 +249,22 @@ class Workload:
                     self.acks.append(ack)
 
         try:
-            p = confluent_kafka.Producer(
-                {
-                    "bootstrap.servers": bootstrap(self.lab),
-                    "acks": "all",
-                    "enable.idempotence": True,
-                    "linger.ms": 1,
-                    "request.timeout.ms": REQUEST_TIMEOUT_MS,
-                    "message.timeout.ms": 120_000,
-                }
-            )
+            config: dict[str, object] = {
+                "bootstrap.servers": bootstrap(self.lab),
+                "acks": "all",
+                "enable.idempotence": True,
+                "linger.ms": 1,
+                "request.timeout.ms": REQUEST_TIMEOUT_MS,
+                "message.timeout.ms": 120_000,
+            }
+            debug = os.environ.get("NEMESIS_RDKAFKA_DEBUG")  # e.g. "eos": librdkafka's log to a file
+            if debug:
+                handler = logging.FileHandler(f"/tmp/nemesis-rdkafka-{self.tag}.log")
+                rdlog = logging.getLogger(f"rdkafka.{self.tag}")
+                rdlog.addHandler(handler)
+                rdlog.setLevel(logging.DEBUG)
+                config |= {"debug": debug, "logger": rdlog}
+            p = confluent_kafka.Producer(config)
             n = 0
             while not self._stop.is_set():
                 payload = f"{self.tag}-k{n}".encode()
