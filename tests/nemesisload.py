@@ -317,6 +317,10 @@ class Workload:
                 "enable.auto.commit": True,
                 "auto.commit.interval.ms": 1000,
                 "fetch.wait.max.ms": 500,
+                # short: a rejoin under a new member id (its sync lost to a coordinator's death)
+                # leaves the old id in the group until its session ends, and the group waits
+                "session.timeout.ms": 6000,
+                "heartbeat.interval.ms": 1000,
             }
         )
         try:
