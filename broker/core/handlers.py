@@ -42,7 +42,6 @@ Rules this module keeps:
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
@@ -53,7 +52,7 @@ from typing import Any, TypeVar
 from broker import __version__
 from broker.core.access import Access
 from broker.core.blocking import RunBlocking, no_threads
-from broker.core.cluster_view import NO_LEADER, ClusterView, ViewFile
+from broker.core.cluster_view import ClusterView, ViewFile
 from broker.core.config import BrokerConfig
 from broker.core.coordinator import CallLater, GroupCode, GroupCoordinator, JoinResult, SyncResult
 from broker.core.groups import Committed, GroupError, GroupOffsetStore, OffsetsUnavailable, check_group
@@ -102,28 +101,12 @@ from ringlog_proto.routing import coordinator_for, coordinator_node, owner, shar
 AskCore = Callable[[int, Frame, Callable[[Frame | BaseException], None]], None]
 
 
-def commit_bound_error(
-    key: tuple[int, int], offset: int, ends: dict[tuple[int, int], int | None]
-) -> tuple[m.ErrorCode, str] | None:
-    """Why a commit of `offset` to partition `key` is refused, given `partition_ends`' answer;
-    None when it may be stored (no bound known: no leader, a test without peer links)."""
-    if key not in ends:
-        return None
-    end = ends[key]
-    if end is None:
-        return m.ErrorCode.NOT_OWNER, "the partition's core did not answer: retry the commit"
-    if offset > end:
-        return m.ErrorCode.OFFSET_OUT_OF_RANGE, f"offset {offset} is past the partition's end {end}"
-    return None
-
-
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 BROKER_VERSION = __version__
 MIRROR_WAIT_S = 3.0  # a store change not in this node's registry by then is answered anyway
 MIRROR_POLL_S = 0.005
-COMMIT_BOUND_ASK_S = 5.0  # a leader on another node that has not told its high watermark by then: retry
 OWNER_CACHE_MAX = 100_000  # (topic id, partition) -> core entries kept; cleared when full
 PARTITION_APIS = frozenset({m.ApiKey.PRODUCE, m.ApiKey.FETCH, m.ApiKey.LIST_OFFSETS})
 # to the group's coordinator core
@@ -227,7 +210,7 @@ class Handlers:
         # that serves it: how replication reaches a leader's core. None without a backend (tests).
         self.remote_links: RemoteLinks | None = None
         # a request to another core of this broker and its answer (the backend's peer links); None
-        # in tests without them: other cores' partitions are then not checked (`partition_ends`)
+        # in tests without them
         self.ask_core: AskCore | None = None
         self.space = DiskSpace(config.data_dir, config.limits.min_free_bytes)  # broker/storage/diskspace.py
         os.makedirs(layout.topics_dir(config.data_dir), exist_ok=True)
@@ -1055,10 +1038,10 @@ class Handlers:
 
     def _offset_commit(self, req: m.Request, frame: Frame) -> Outcome:
         """A commit into the coordinator's store: a member's with its generation, or one outside
-        membership (generation -1), which is refused while the group has members. An offset past
-        the partition's high watermark is refused (OFFSET_OUT_OF_RANGE): no consumer could have
-        read up to it, and a group resuming there would skip what is written meanwhile. The
-        answer waits for the partition's owner core to tell its high watermark (`Later`)."""
+        membership (generation -1), which is refused while the group has members. The offset is
+        not compared with the partition's log (Kafka's coordinator stores any offset: one past
+        the high watermark is what librdkafka's tests commit); a negative one is refused, this
+        protocol's field being >= 0 (docs/PROTOCOL.md §4.10)."""
         assert isinstance(req, m.OffsetCommitRequest)
         check_group(req.group)
         self.topic_of(frame.topic_id, frame.partition)
@@ -1068,97 +1051,28 @@ class Handlers:
         key = (frame.topic_id, frame.partition)
 
         def start(answer: Callable[[Reply | Silent], None]) -> None:
-            def bounded(ends: dict[tuple[int, int], int | None]) -> None:
-                try:
-                    refused = commit_bound_error(key, req.offset, ends)
-                    if refused is not None:
-                        answer(self._error(frame, *refused))
-                        return
-                    code = self.coordinator.commit_check(req.group, req.generation, req.member_id)
-                    if code != GroupCode.NONE:
-                        answer(self._group_error(frame, req.group, code))
-                        return
-                except Exception as exc:  # an error answer, as in `handle`
-                    answer(self.error_reply(frame, exc))
+            # Kafka's coordinator stores any offset: it never compares one with the log's end
+            # (docs/KAFKA.md, "Committed offsets")
+            try:
+                code = self.coordinator.commit_check(req.group, req.generation, req.member_id)
+                if code != GroupCode.NONE:
+                    answer(self._group_error(frame, req.group, code))
                     return
-                offsets = {key: Committed(req.offset, req.metadata)}
-                live = frozenset(self.registry.by_id).__contains__
+            except Exception as exc:  # an error answer, as in `handle`
+                answer(self.error_reply(frame, exc))
+                return
+            offsets = {key: Committed(req.offset, req.metadata)}
+            live = frozenset(self.registry.by_id).__contains__
 
-                def stored(result: object) -> None:
-                    if isinstance(result, BaseException):  # the store's write failed
-                        answer(self.error_reply(frame, result))
-                    else:
-                        answer(self._reply(frame, m.OffsetCommitResponse()))
+            def stored(result: object) -> None:
+                if isinstance(result, BaseException):  # the store's write failed
+                    answer(self.error_reply(frame, result))
+                else:
+                    answer(self._reply(frame, m.OffsetCommitResponse()))
 
-                self.offsets_run(lambda: self.coordinator.offsets.commit(req.group, offsets, live), stored)
-
-            self.partition_ends([key], bounded)
+            self.offsets_run(lambda: self.coordinator.offsets.commit(req.group, offsets, live), stored)
 
         return Later(start)
-
-    def partition_ends(
-        self, parts: Sequence[tuple[int, int]], done: Callable[[dict[tuple[int, int], int | None]], None]
-    ) -> None:
-        """`done(ends)`: the high watermark of each (topic id, partition) in `parts`, asked of its
-        owner core when that is another; None for one whose core did not answer. Once all are in,
-        possibly before this returns. In a cluster the bound is the leader's (a follower's high
-        watermark lags it): a partition led by another node is asked of that node's owner core
-        over the remote links; one with no leader known gets no bound (absent from `ends`)."""
-        ends: dict[tuple[int, int], int | None] = {}
-        # whom to ask: another core of this node (its id) or another node's core (its address)
-        asks: list[tuple[int | tuple[str, int], tuple[int, int]]] = []
-        view = self.cluster
-        for key in dict.fromkeys(parts):
-            if view.clustered:
-                state = view.state_of(*key)
-                if state is None or state.leader == NO_LEADER:
-                    continue
-                if state.leader != view.node_id:
-                    leader = view.nodes.get(state.leader)
-                    if leader is not None and leader.cores and self.remote_links is not None:
-                        core = owner(key[0], key[1], range(leader.cores))
-                        asks.append(((leader.host, leader.core_port(core)), key))
-                    continue
-            core = self.owner(*key)
-            if core == self.config.core_id:
-                try:
-                    ends[key] = self._partition(Frame(0, 0, 0, 0, key[0], key[1], b"")).high_watermark
-                except Exception:  # an unknown partition: the commit's own checks answer it
-                    ends[key] = None
-            elif self.ask_core is not None:
-                asks.append((core, key))
-        if not asks:
-            done(ends)
-            return
-        waiting = [len(asks)]
-
-        def answered(key: tuple[int, int], result: Frame | BaseException) -> None:
-            end = None
-            if isinstance(result, Frame):
-                try:
-                    resp = m.decode_response(result)
-                    if isinstance(resp, m.ListOffsetsResponse) and resp.error == m.ErrorCode.NONE:
-                        end = resp.offset
-                except Exception as exc:
-                    log.debug("list offsets answer from another core unreadable: %s", exc)
-            ends[key] = end
-            waiting[0] -= 1
-            if waiting[0] == 0:
-                done(ends)
-
-        for whom, key in asks:
-            frame = m.request_frame(m.ListOffsetsRequest(topic_id=key[0], partition=key[1]))
-            self.metrics.asked()
-            reply = functools.partial(answered, key)
-            if isinstance(whom, int):
-                assert self.ask_core is not None
-                self.ask_core(whom, frame, reply)
-            else:
-                assert self.remote_links is not None
-                try:
-                    self.remote_links.request(whom, frame, time.monotonic() + COMMIT_BOUND_ASK_S, reply)
-                except ValueError as exc:  # a leader registered under a name, not an address
-                    reply(exc)
 
     def _offset_fetch(self, req: m.Request, frame: Frame) -> Outcome:
         assert isinstance(req, m.OffsetFetchRequest)

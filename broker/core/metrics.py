@@ -18,7 +18,7 @@ The backend contract (uvloop in broker/backends/aio.py, io_uring in broker/backe
     metrics.reply(nbytes_out, started_ns)              # its answer was queued (not for acks=0)
     metrics.forwarded()                                # sent to the owning core instead
     metrics.forwarded_in()                             # a request that came from another core
-    metrics.asked()                                    # a question to another core (commit bound)
+    metrics.asked()                                    # a question to another core
     metrics.error()                                    # done by Handlers for every error answer
     publish(data_dir, metrics.snapshot(gauges))        # ~1/s and at shutdown
 """
@@ -124,8 +124,8 @@ class CoreMetrics:
         self.forwarded_in_count += 1
 
     def asked(self) -> None:
-        """This core, coordinating a group, asked another core for a partition's high watermark
-        (`Handlers.partition_ends`): the other core counts it in its `forwarded_in`."""
+        """This core asked another core a question of its own (`Handlers.ask_core`): the other
+        core counts it in its `forwarded_in`."""
         self.asked_count += 1
 
     def error(self) -> None:

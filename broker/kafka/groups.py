@@ -32,12 +32,11 @@ from kio.schema.errors import ErrorCode
 
 from broker.core.coordinator import GroupCode, JoinResult, SyncResult
 from broker.core.groups import NOTHING_COMMITTED, Committed, PartitionId, check_group
-from broker.core.handlers import Handlers, commit_bound_error
+from broker.core.handlers import Handlers
 from broker.core.outcomes import Later, Outcome, Reply, Silent
 from broker.core.views import kafka_broker_id
 from broker.kafka.codec import KafkaRequest, encode_response, make, response_schema
 from broker.kafka.errors import kafka_error
-from ringlog_proto.messages import ErrorCode as OurErrorCode
 
 OFFSET_COMMIT: Final = 8
 OFFSET_FETCH: Final = 9
@@ -280,15 +279,13 @@ class KafkaGroups:
 
     def _offset_commit(self, request: KafkaRequest, body: Any) -> Outcome:
         """Every known partition's offset in one durable write, if the group allows the commit
-        (its generation and member, or generation -1 while it has no members). An offset past its
-        partition's high watermark is refused for that partition (OFFSET_OUT_OF_RANGE; Kafka
-        itself stores any offset), so the answer waits for the owner cores' high watermarks
-        (`Handlers.partition_ends`)."""
+        (its generation and member, or generation -1 while it has no members). Any offset is
+        stored as it came, negative or past the partition's high watermark: Kafka's coordinator
+        (OffsetMetadataManager) checks only the metadata's size, never the log."""
         schema, module = self._schema(request)
         group = str(body.group_id)
         codes: dict[tuple[str, int], ErrorCode] = {}
         offsets: dict[tuple[int, int], Committed] = {}
-        keys: dict[tuple[int, int], tuple[str, int]] = {}
         for t in body.topics:
             for p in t.partitions:
                 key = (t.name, int(p.partition_index))
@@ -298,7 +295,6 @@ class KafkaGroups:
                     continue
                 codes[key] = ErrorCode.none
                 offsets[(topic_id, key[1])] = Committed(int(p.committed_offset), p.committed_metadata or "")
-                keys[(topic_id, key[1])] = key
         common: ErrorCode | None = None
         if not self._mine(group):
             common = ErrorCode.not_coordinator
@@ -340,37 +336,25 @@ class KafkaGroups:
             return respond(common)
 
         def start(answer: Callable[[Reply | Silent], None]) -> None:
-            def bounded(ends: dict[tuple[int, int], int | None]) -> None:
-                for pid, committed in list(offsets.items()):
-                    refused = commit_bound_error(pid, committed.offset, ends)
-                    if refused is not None:
-                        del offsets[pid]
-                        codes[keys[pid]] = (
-                            ErrorCode.offset_out_of_range
-                            if refused[0] == OurErrorCode.OFFSET_OUT_OF_RANGE
-                            else ErrorCode.coordinator_load_in_progress  # retriable: ask again
-                        )
-                try:
-                    code = self.coordinator.commit_check(
-                        group, int(body.generation_id_or_member_epoch), body.member_id
-                    )
-                except Exception as exc:
-                    answer(respond(kafka_error(exc)[0]))
-                    return
-                if code != GroupCode.NONE or not offsets:
-                    answer(respond(None if code == GroupCode.NONE else _code(code)))
-                    return
-                live = frozenset(self.handlers.registry.by_id).__contains__
-
-                def stored(result: object) -> None:
-                    # a store that cannot be written now: COORDINATOR_NOT_AVAILABLE (retriable)
-                    answer(respond(kafka_error(result)[0] if isinstance(result, BaseException) else None))
-
-                self.handlers.offsets_run(
-                    lambda: self.coordinator.offsets.commit(group, offsets, live), stored
+            # Kafka's coordinator stores any offset: it never compares one with the log's end
+            # (docs/KAFKA.md, "Committed offsets")
+            try:
+                code = self.coordinator.commit_check(
+                    group, int(body.generation_id_or_member_epoch), body.member_id
                 )
+            except Exception as exc:
+                answer(respond(kafka_error(exc)[0]))
+                return
+            if code != GroupCode.NONE or not offsets:
+                answer(respond(None if code == GroupCode.NONE else _code(code)))
+                return
+            live = frozenset(self.handlers.registry.by_id).__contains__
 
-            self.handlers.partition_ends(list(offsets), bounded)
+            def stored(result: object) -> None:
+                # a store that cannot be written now: COORDINATOR_NOT_AVAILABLE (retriable)
+                answer(respond(kafka_error(result)[0] if isinstance(result, BaseException) else None))
+
+            self.handlers.offsets_run(lambda: self.coordinator.offsets.commit(group, offsets, live), stored)
 
         return Later(start)
 

@@ -208,46 +208,6 @@ def test_every_node_answers_an_unknown_user_alike(cluster: SecureCluster) -> Non
     assert len(real["s"]) == len(answers[0]["s"]) and real["i"] == answers[0]["i"]
 
 
-def test_commits_past_the_leaders_end_are_refused_whichever_node_coordinates(
-    cluster: SecureCluster, orders: list[bytes]
-) -> None:
-    """The group's coordinator asks each partition's leader (another node for most of them) for
-    its high watermark, over the same authenticated links."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    from ringlog_proto.routing import coordinator_node
-
-    groups: dict[int, str] = {}  # a group coordinated by each node
-    for i in itertools.count():
-        groups.setdefault(coordinator_node(f"bound-{i}", [1, 2, 3]), f"bound-{i}")
-        if len(groups) == 3:
-            break
-    for group in groups.values():
-        c = Consumer({**cluster.conf("admin"), "group.id": group, "enable.auto.commit": False})
-        try:
-            parts = range(3)
-            ends = {p: c.get_watermark_offsets(TopicPartition("orders", p), timeout=10)[1] for p in parts}
-            assert all(end > 0 for end in ends.values()), ends
-            good = [TopicPartition("orders", p, end) for p, end in ends.items()]
-
-            # (retried: a leader just elected may lag its predecessor's high watermark a moment)
-            wait_for(
-                lambda c=c, good=good: all(
-                    tp.error is None for tp in c.commit(offsets=good, asynchronous=False)
-                ),
-                15,
-                step=0.5,
-            )
-            for p in parts:
-                with pytest.raises(confluent_kafka.KafkaException) as info:
-                    c.commit(offsets=[TopicPartition("orders", p, ends[p] + 10**9)], asynchronous=False)
-                assert info.value.args[0].code() == confluent_kafka.KafkaError.OFFSET_OUT_OF_RANGE, (group, p)
-            committed = c.committed([TopicPartition("orders", p) for p in parts], 15)
-            assert {tp.partition: tp.offset for tp in committed} == ends  # the refused left no trace
-        finally:
-            c.close()
-
-
 def test_kafkas_acl_admin_apis_change_the_clusters_acls(cluster: SecureCluster) -> None:
     """CreateAcls and DeleteAcls through any node write etcd; every node's copy follows."""
     from confluent_kafka.admin import (

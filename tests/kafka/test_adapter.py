@@ -437,7 +437,7 @@ def test_offset_commit_then_fetch_every_version(adapter: KafkaAdapter, version: 
         make(
             module.OffsetCommitRequestPartition,
             partition_index=i32(p),
-            committed_offset=0,  # the partitions are empty: their high watermark is 0
+            committed_offset=0,
             committed_leader_epoch=i32(-1),
             committed_metadata=f"m{p}",
             commit_timestamp=-1,
@@ -473,28 +473,3 @@ def test_offset_commit_then_fetch_every_version(adapter: KafkaAdapter, version: 
         adapter, frame_of(9, 5, 3, make(request_schema(9, 5), group_id=group, topics=None)), 9, 5
     )
     assert [(t.name, [p.partition_index for p in t.partitions]) for t in every.topics] == [("t", [0, 1])]
-
-
-def test_offset_commit_past_the_high_watermark_is_refused(adapter: KafkaAdapter) -> None:
-    tid = create_topic(adapter, "bound", 2)
-    mine = next(p for p in range(2) if shard_for(tid, p, 2) == 0)  # this core's: its HW is known here
-    schema = request_schema(8, 7)
-    assert schema is not None
-    module = __import__(schema.__module__, fromlist=["x"])
-    part = make(
-        module.OffsetCommitRequestPartition,
-        partition_index=i32(mine),
-        committed_offset=10**12,
-        committed_leader_epoch=i32(-1),
-        committed_metadata="",
-    )
-    body = make(
-        schema,
-        group_id=_group_on(0),
-        generation_id_or_member_epoch=i32(-1),
-        member_id="",
-        group_instance_id=None,
-        topics=(make(module.OffsetCommitRequestTopic, name="bound", partitions=(part,)),),
-    )
-    _, resp = answer(adapter, frame_of(8, 7, 1, body), 8, 7)
-    assert [p.error_code for p in resp.topics[0].partitions] == [ErrorCode.offset_out_of_range]
