@@ -47,6 +47,10 @@ log = logging.getLogger(__name__)
 SESSION_TIMEOUT_MS_MIN = 6_000  # Kafka's group.min.session.timeout.ms
 SESSION_TIMEOUT_MS_MAX = 1_800_000  # Kafka's group.max.session.timeout.ms
 INITIAL_REBALANCE_DELAY_MS = 3_000  # Kafka's group.initial.rebalance.delay.ms
+# Protocols one member may list: Kafka clients send one per assignor (Java and librdkafka two or
+# three). Every join compares a member's list with the others', so an unbounded list (~650k fit in
+# a request) made one JoinGroup hold its core for minutes (issue 37). More: INVALID_REQUEST.
+PROTOCOLS_MAX = 64
 
 
 class GroupState(Enum):
@@ -68,6 +72,7 @@ class GroupCode(Enum):
     MEMBER_ID_REQUIRED = "member_id_required"
     INVALID_SESSION_TIMEOUT = "invalid_session_timeout"
     NOT_COORDINATOR = "not_coordinator"
+    INVALID_REQUEST = "invalid_request"
 
 
 class Cancellable(Protocol):
@@ -201,6 +206,9 @@ class GroupCoordinator:
                 return
             g = self.groups[group_id] = Group(group_id)
         protos = tuple(protocols)
+        if len(protos) > PROTOCOLS_MAX:
+            done(JoinResult(GroupCode.INVALID_REQUEST, member_id))
+            return
         if not protocol_type or not protos:
             done(JoinResult(GroupCode.INCONSISTENT_GROUP_PROTOCOL, member_id))
             return
@@ -388,8 +396,11 @@ class GroupCoordinator:
         for m in g.members.values():
             first = next(name for name, _ in m.protocols if name in candidates)
             votes[first] = votes.get(first, 0) + 1
-        order = [name for name, _ in next(iter(g.members.values())).protocols if name in candidates]
-        return max(order, key=lambda name: (votes.get(name, 0), -order.index(name)))
+        rank: dict[str, int] = {}  # the first member's order; a dict, not list.index: linear
+        for name, _ in next(iter(g.members.values())).protocols:
+            if name in candidates:
+                rank.setdefault(name, -len(rank))
+        return max(rank, key=lambda name: (votes.get(name, 0), rank[name]))
 
     # ------------------------------------------------------------------------- SyncGroup
 

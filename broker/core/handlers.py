@@ -132,6 +132,7 @@ _GROUP_CODES: dict[GroupCode, m.ErrorCode] = {
     GroupCode.MEMBER_ID_REQUIRED: m.ErrorCode.UNKNOWN_MEMBER_ID,
     GroupCode.INVALID_SESSION_TIMEOUT: m.ErrorCode.INVALID_REQUEST,
     GroupCode.NOT_COORDINATOR: m.ErrorCode.NOT_OWNER,
+    GroupCode.INVALID_REQUEST: m.ErrorCode.INVALID_REQUEST,
 }
 
 
