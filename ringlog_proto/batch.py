@@ -6,7 +6,8 @@ Rules this module keeps:
   extent read. A data dir written by the old format 1 is refused at open (`legacy_format`), not
   converted and never mistaken for damage.
 - The broker never decodes records. It reads the fixed header, checks length, crc32c and counts with
-  `invalid_batch()`, walks the record framing of uncompressed batches with `invalid_records()`
+  `invalid_batch()`, walks the record framing with `invalid_records()` (a compressed batch's
+  after inflating it, bounded: `invalid_compressed_records()`)
   (varint lengths, offset deltas, counts, header keys; never the payload), writes the base offset
   and partition leader epoch with `set_base_offset()` (or beside it, `rebased()`), and stores the
   bytes as they came; reading them back, it checks them with `scan_stored()` (`stored_damage()`
@@ -84,10 +85,13 @@ is CORRUPT_MESSAGE, a framing failure or a batch of a kind not taken yet is INVA
   lengths are >= -1 and inside the record, header counts >= 0, header key lengths >= 0 and keys
   UTF-8, header value lengths >= -1, each record's fields end exactly at its length, and exactly
   record_count records fill the batch.
-A compressed batch is stored as it came after the header and crc checks: the broker does not
-decompress it (that would cost more CPU than the rest of the produce path together), so its
-records are not walked; a client that cannot decompress or frame it gets a `BatchError` naming
-the reason. The same rules make `decode_records` fail.
+- in a compressed batch, the same walk over its inflated record section (`invalid_compressed_records`,
+  as Kafka's LogValidator decompresses and counts): a stream that does not decompress (garbage
+  with a valid crc, truncated, trailing bytes) is CORRUPT_MESSAGE, records that do not frame or
+  are fewer or more than record_count are INVALID_BATCH, and a section inflating past the bound
+  (`decompress_bounded`: never more than it is produced, whatever the stream claims) is
+  MESSAGE_TOO_LARGE. The batch is then stored as it came, compressed.
+The same rules make `decode_records` fail.
 
 Clients' base offsets are overwritten, never checked: Kafka clients send 0, our encoder 0 by default.
 """
@@ -631,6 +635,115 @@ def decompress(data: bytes | bytearray | memoryview, codec: int) -> bytes:
     )
 
 
+class DecompressedTooLarge(BatchError):
+    """A compressed record section that inflates past the bound it was checked against: a
+    decompression bomb, or simply too much for one batch (MESSAGE_TOO_LARGE, not corruption)."""
+
+
+_XERIAL_MAGIC = b"\x82SNAPPY\x00"  # Java's snappy framing: magic, i32 version, i32 compatible
+_XERIAL_HEADER = 16
+_OVERFLOW = "failed to write whole buffer"  # what cramjam says when `out` is full
+_scratch = bytearray()  # the output of a bounded decompression, reused: one per process (core)
+
+
+def _cramjam(codec: int) -> Any:
+    try:
+        import cramjam  # noqa: PLC0415 - the broker's codec library, loaded on the first such batch
+    except ImportError:
+        name = CODEC_NAMES[codec]
+        raise BatchError(f"{name} batches cannot be checked here: cramjam is not installed") from None
+    return cramjam
+
+
+def decompress_bounded(data: bytes | bytearray | memoryview, codec: int, limit: int) -> bytes | memoryview:
+    """The record section of a compressed batch, inflated, if it holds at most `limit` bytes:
+    never more than `limit` + 1 bytes are produced, whatever the input claims (a decompression
+    bomb costs its first `limit` bytes, not its size). The broker's check of produced batches,
+    for every codec Kafka has (gzip with the stdlib's zlib, snappy raw or in Java's xerial
+    framing, lz4 frames and zstd frames with cramjam), all in C or Rust. Raises
+    `DecompressedTooLarge` past `limit`, `BatchError` for a stream that does not decompress
+    (truncated, garbage, trailing bytes). The result may be a view of a buffer reused by the
+    next call."""
+    if codec == COMPRESSION_GZIP:
+        return _gunzip_bounded(data, limit)
+    if codec == COMPRESSION_SNAPPY:
+        return _unsnappy_bounded(data, limit)
+    if codec not in (COMPRESSION_LZ4, COMPRESSION_ZSTD):
+        raise BatchError(f"unknown compression codec {codec}")
+    name = CODEC_NAMES[codec]
+    lib = getattr(_cramjam(codec), "lz4" if codec == COMPRESSION_LZ4 else "zstd")
+    global _scratch  # noqa: PLW0603 - grown once to the largest bound asked for, then reused
+    if len(_scratch) < limit + 1:
+        _scratch = bytearray(limit + 1)
+    out = memoryview(_scratch)[: limit + 1]
+    try:
+        n = lib.decompress_into(data, out)
+    except Exception as exc:  # cramjam.DecompressionError: its text tells an overflow apart
+        out.release()
+        if _OVERFLOW in str(exc):
+            raise DecompressedTooLarge(f"{name} record section inflates past {limit} bytes") from None
+        raise BatchError(f"{name} record section does not decompress: {exc}") from None
+    if n > limit:
+        out.release()
+        raise DecompressedTooLarge(f"{name} record section inflates past {limit} bytes")
+    return out[:n]
+
+
+def _gunzip_bounded(data: bytes | bytearray | memoryview, limit: int) -> bytes:
+    parts = []
+    room = limit + 1
+    rest: bytes | bytearray | memoryview = data
+    while True:  # a gzip stream may hold several members, as Kafka's GZIPInputStream reads
+        d = zlib.decompressobj(47)
+        try:
+            out = d.decompress(rest, room)
+        except zlib.error as exc:
+            raise BatchError(f"gzip record section does not decompress: {exc}") from None
+        parts.append(out)
+        room -= len(out)
+        if room <= 0:
+            raise DecompressedTooLarge(f"gzip record section inflates past {limit} bytes")
+        if not d.eof:
+            raise BatchError("gzip record section is truncated")
+        if not d.unused_data:
+            return b"".join(parts)
+        rest = d.unused_data
+
+
+def _unsnappy_bounded(data: bytes | bytearray | memoryview, limit: int) -> bytes:
+    snappy = _cramjam(COMPRESSION_SNAPPY).snappy
+    blocks: list[bytes | bytearray | memoryview] = []
+    view = memoryview(data)
+    if bytes(view[: len(_XERIAL_MAGIC)]) == _XERIAL_MAGIC:  # Java's framing; librdkafka writes raw
+        p = _XERIAL_HEADER
+        while p < len(view):
+            if len(view) - p < 4:
+                raise BatchError("snappy (xerial) record section: a block length is cut")
+            (n,) = struct.unpack_from(">i", view, p)
+            if n < 0 or n > len(view) - p - 4:
+                raise BatchError(f"snappy (xerial) record section: a block of {n} bytes runs past it")
+            blocks.append(view[p + 4 : p + 4 + n])
+            p += 4 + n
+    else:
+        blocks.append(view)
+    parts = []
+    total = 0
+    try:
+        for block in blocks:
+            total += snappy.decompress_raw_len(block)  # the block's own header: nothing inflated
+            if total > limit:
+                raise DecompressedTooLarge(f"snappy record section inflates past {limit} bytes")
+            parts.append(bytes(snappy.decompress_raw(block)))
+    except DecompressedTooLarge:
+        raise
+    except Exception as exc:  # cramjam.DecompressionError
+        raise BatchError(f"snappy record section does not decompress: {exc}") from None
+    out = b"".join(parts)
+    if len(out) != total:
+        raise BatchError("snappy record section: a block inflates to other than its stated length")
+    return out
+
+
 # ----------------------------------------------------------------------------- headers and checks
 
 
@@ -949,6 +1062,29 @@ def invalid_records(
         return None
     result = walk_records(buf, pos + HEADER_SIZE, pos + h.size, h.record_count)
     return None if result == 0 else describe_walk(result)
+
+
+def invalid_compressed_records(
+    buf: bytes | bytearray | memoryview, pos: int, h: BatchHeader, limit: int
+) -> str | None:
+    """Why the compressed batch at `pos` (header `h`, already valid) holds no `h.record_count`
+    records that frame, or None: its section is inflated (at most `limit` bytes,
+    `decompress_bounded`, whose errors propagate) and walked as an uncompressed one is, as
+    Kafka's LogValidator decompresses and counts every compressed batch it is given."""
+    with memoryview(buf) as view:
+        section = view[pos + HEADER_SIZE : pos + h.size]
+        try:
+            data = decompress_bounded(section, h.attributes & COMPRESSION_MASK, limit)
+        finally:
+            section.release()
+    try:
+        result = walk_records(data, 0, len(data), h.record_count)
+    finally:
+        if isinstance(data, memoryview):
+            data.release()
+    if result == 0:
+        return None
+    return f"{CODEC_NAMES[h.attributes & COMPRESSION_MASK]}-compressed: {describe_walk(result)}"
 
 
 # ----------------------------------------------------------------------------- what the broker writes

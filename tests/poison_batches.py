@@ -102,3 +102,90 @@ POISON: dict[str, tuple[bytes, int]] = {
 def poison_batch(name: str, **kw: int) -> bytes:
     section, count = POISON[name]
     return frame_batch(section, count, **kw)
+
+
+# ----------------------------------------------------------------------------- compressed batches
+
+
+def compress(section: bytes, codec: int) -> bytes:
+    """`section` compressed as Kafka producers write each codec: gzip, snappy raw (librdkafka's;
+    Java's xerial framing is `xerial_snappy`), lz4 frame, zstd frame."""
+    import zlib
+
+    import cramjam
+
+    if codec == 1:
+        c = zlib.compressobj(6, zlib.DEFLATED, 31)
+        return c.compress(section) + c.flush()
+    if codec == 2:
+        return bytes(cramjam.snappy.compress_raw(section))
+    if codec == 3:
+        return bytes(cramjam.lz4.compress(section))
+    if codec == 4:
+        return bytes(cramjam.zstd.compress(section))
+    raise ValueError(codec)
+
+
+def xerial_snappy(section: bytes, block: int = 32 * 1024) -> bytes:
+    """`section` in Java's snappy framing (xerial): magic, version 1, compatible 1, then
+    length-prefixed raw snappy blocks."""
+    import struct
+
+    import cramjam
+
+    out = [b"\x82SNAPPY\x00" + struct.pack(">ii", 1, 1)]
+    for i in range(0, len(section), block):
+        raw = bytes(cramjam.snappy.compress_raw(section[i : i + block]))
+        out.append(struct.pack(">i", len(raw)) + raw)
+    return b"".join(out)
+
+
+def compressed_batch(payload: bytes, count: int, codec: int, **kw: int) -> bytes:
+    """A batch whose record section is `payload` (already compressed, or not compressed at all),
+    with codec `codec` in its attributes, `count` records claimed and a valid crc."""
+    timestamp = 1_700_000_000_000
+    from ringlog_proto.batch import seal_batch as seal
+
+    return seal(payload, count, timestamp, timestamp, attributes=codec, **kw)
+
+
+CODECS = {"gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
+BOMB_BYTES = 17 * 1024 * 1024  # inflated: past the broker's bound at the default 1 MiB batch limit
+
+
+def compressed_poison() -> dict[str, tuple[bytes, str]]:
+    """name -> (batch, what the broker answers on our protocol: "corrupt", "framing" or
+    "too_large"). Each has a valid header and crc; none is a batch a consumer could read."""
+    out: dict[str, tuple[bytes, str]] = {}
+    good3 = GOOD + G1 + G2
+    for name, codec in CODECS.items():
+        out[f"{name}_garbage"] = (compressed_batch(bytes(range(7, 207)) * 3, 3, codec), "corrupt")
+        out[f"{name}_fewer_records_than_count"] = (
+            compressed_batch(compress(GOOD + G1, codec), 3, codec),
+            "framing",
+        )
+        out[f"{name}_more_records_than_count"] = (
+            compressed_batch(compress(good3, codec), 2, codec),
+            "framing",
+        )
+        section, count = POISON["record_length_past_end"]
+        out[f"{name}_records_do_not_frame"] = (
+            compressed_batch(compress(section, codec), count, codec),
+            "framing",
+        )
+        out[f"{name}_bomb"] = (compressed_batch(compress(b"\0" * BOMB_BYTES, codec), 1, codec), "too_large")
+        whole = compress(good3, codec)
+        out[f"{name}_truncated"] = (compressed_batch(whole[: len(whole) - 3], 3, codec), "corrupt")
+    out["gzip_trailing_garbage"] = (compressed_batch(compress(good3, 1) + b"junk" * 4, 3, 1), "corrupt")
+    xerial = xerial_snappy(good3)
+    out["snappy_xerial_block_past_end"] = (compressed_batch(xerial[:-2] + b"\0" * 1, 3, 2), "corrupt")
+    out["snappy_xerial_fewer_records"] = (compressed_batch(xerial_snappy(GOOD), 3, 2), "framing")
+    return out
+
+
+def compressed_good() -> dict[str, bytes]:
+    """name -> a well-formed compressed batch of three records, each codec and snappy's two framings."""
+    good3 = GOOD + G1 + G2
+    out = {name: compressed_batch(compress(good3, codec), 3, codec) for name, codec in CODECS.items()}
+    out["snappy_xerial"] = compressed_batch(xerial_snappy(good3, block=20), 3, 2)
+    return out

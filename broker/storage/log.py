@@ -80,9 +80,11 @@ from ringlog_proto.batch import (
     STORED_LEADER_EPOCH,
     BatchError,
     BatchHeader,
+    DecompressedTooLarge,
     batch_crc,
     bytes_walker,
     decode_records,
+    invalid_compressed_records,
     invalid_header,
     invalid_records,
     now_ms,
@@ -107,6 +109,9 @@ if _walk_bytes is None:
 SEGMENT_BYTES_MAX = 1 << 31  # index positions are u32; 2 GiB keeps every position far from overflow
 INDEX_PENDING_ENTRIES_MAX = 256  # index entries held in memory before they are written: 6 KiB
 DECODED_CODECS = frozenset({COMPRESSION_NONE, COMPRESSION_GZIP})  # what `decode_records` can read
+# A compressed batch may inflate to this many times max_batch_bytes (`LogConfig.max_decompressed_bytes`):
+# producers' batches of text compress 3-10x; a decompression bomb is stopped at the bound.
+DECOMPRESSION_RATIO_MAX = 16
 PREALLOCATE_RAMP_MS = 1000  # preallocation steps used up at a MiB per this long or faster double
 
 
@@ -119,10 +124,18 @@ class LogConfig:
     retention_ms: int | None = 7 * 24 * 3600 * 1000
     retention_bytes: int | None = None
     segment_ms: int | None = None  # roll the active segment once its first batch is this old
-    # Walk every appended batch's record framing (ringlog_proto.batch.invalid_records). Always on
-    # in the broker; off only to measure what it costs (bench/storage.py) or to plant a poison
-    # batch in a test.
+    # Walk every appended batch's record framing (ringlog_proto.batch.invalid_records; a
+    # compressed batch's after inflating it). Always on in the broker; off only to measure what it
+    # costs (bench/storage.py, bench/compressed_validation.py) or to plant a poison batch in a test.
     check_records: bool = True
+
+    @property
+    def max_decompressed_bytes(self) -> int:
+        """How far a compressed batch's records may inflate when it is checked: a bound tied to
+        the batch limit, DECOMPRESSION_RATIO_MAX times it (16 MiB at the default 1 MiB). Past it
+        the batch is MESSAGE_TOO_LARGE: what a consumer would have to hold in memory for it."""
+        return self.max_batch_bytes * DECOMPRESSION_RATIO_MAX
+
     # (The broker puts floors on segment_bytes and segment_ms, broker/core/limits.py; the storage
     # engine itself accepts small segments, which its tests use.)
 
@@ -439,6 +452,8 @@ class Log:
             passed = _check_produced(records, max_batch, check)
             while pos < passed:
                 h = BatchHeader._make(unpack_header(records, pos))
+                if check and h.attributes & COMPRESSION_MASK:  # C checked all but its records
+                    self._check_compressed(records, pos, h)
                 headers.append(h)
                 pos += h.size
             if pos == size and headers:
@@ -464,14 +479,12 @@ class Log:
                 if unsupported_batch(h) == reason:  # well formed, but transactional or control
                     raise UnsupportedBatchError(where + reason)
                 raise InvalidBatchError(where + reason)
-            if (
-                check
-                and not h.attributes & COMPRESSION_MASK  # stored as it came: ringlog_proto/batch.py
-                and (
-                    c_walk(records, size, pos + HEADER_SIZE, pos + batch_size, h.record_count)
-                    if c_walk is not None
-                    else walk(records, pos + HEADER_SIZE, pos + batch_size, h.record_count)
-                )
+            if check and h.attributes & COMPRESSION_MASK:
+                self._check_compressed(records, pos, h)
+            elif check and (
+                c_walk(records, size, pos + HEADER_SIZE, pos + batch_size, h.record_count)
+                if c_walk is not None
+                else walk(records, pos + HEADER_SIZE, pos + batch_size, h.record_count)
             ):
                 where = f"batch at byte {pos}: " if pos else ""
                 raise RecordFramingError(where + (invalid_records(records, pos, h) or "bad records"))
@@ -480,6 +493,20 @@ class Log:
         if not headers:
             raise InvalidBatchError("no batch to append")
         return headers
+
+    def _check_compressed(self, records: bytes | bytearray | memoryview, pos: int, h: BatchHeader) -> None:
+        """The records of a compressed batch, as Kafka's LogValidator checks them: inflated (at
+        most `max_decompressed_bytes`), walked, counted. The batch is stored compressed."""
+        where = f"batch at byte {pos}: " if pos else ""
+        limit = self.config.max_decompressed_bytes
+        try:
+            reason = invalid_compressed_records(records, pos, h, limit)
+        except DecompressedTooLarge as exc:
+            raise BatchTooLargeError(where + str(exc)) from None
+        except BatchError as exc:  # does not decompress: corrupt, as Kafka answers it
+            raise InvalidBatchError(where + str(exc)) from None
+        if reason is not None:
+            raise RecordFramingError(where + reason)
 
     def prepare_append(
         self,

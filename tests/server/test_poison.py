@@ -1,15 +1,18 @@
 """Poison batches (issue 10, defect 1) against a real broker: a batch whose crc is valid but whose
 records do not frame is refused with INVALID_BATCH and the log is left untouched, on both backends,
-when forwarded from another core, and for idempotent producers."""
+when forwarded from another core, and for idempotent producers. Compressed ones too (issue 37):
+garbage or a cut stream under a valid crc is CORRUPT_MESSAGE, records that do not frame or are
+fewer or more than counted INVALID_BATCH, a decompression bomb MESSAGE_TOO_LARGE; well-formed
+batches of every codec are stored and read back."""
 
 from __future__ import annotations
 
 import pytest
 from brokerproc import BrokerProcess, Wire
-from poison_batches import POISON, poison_batch
+from poison_batches import POISON, compressed_good, compressed_poison, poison_batch
 
 from ringlog_proto import messages as m
-from ringlog_proto.batch import Record, encode_batch
+from ringlog_proto.batch import Record, decode_records, encode_batch
 from ringlog_proto.routing import shard_for
 
 E = m.ErrorCode
@@ -69,3 +72,37 @@ def test_a_forwarded_poison_batch_is_refused_by_its_owner(broker: BrokerProcess)
             fw.close()
     finally:
         w.close()
+
+
+COMPRESSED_CODES = {
+    "corrupt": E.CORRUPT_MESSAGE,
+    "framing": E.INVALID_BATCH,
+    "too_large": E.MESSAGE_TOO_LARGE,
+}
+
+
+@pytest.mark.parametrize("broker", ONE_CORE, indirect=True)
+def test_compressed_poison_is_refused_and_good_compressed_batches_are_stored(
+    broker: BrokerProcess, wire: Wire
+) -> None:
+    tid = wire.create_topic("zpoison")
+    good = compressed_good()
+    for name, batch in good.items():
+        assert produce(wire, tid, batch).error == E.NONE, name
+    end = end_offset(wire, tid)
+    assert end == 3 * len(good)
+    for name, (batch, kind) in sorted(compressed_poison().items()):
+        resp = produce(wire, tid, batch)
+        assert resp.error == COMPRESSED_CODES[kind], (name, resp)
+        assert resp.message, name
+    # one good compressed batch before a poison one, in one request: neither is stored
+    resp = produce(wire, tid, good["zstd"] + compressed_poison()["lz4_fewer_records_than_count"][0])
+    assert resp.error == E.INVALID_BATCH and "batch at byte" in resp.message, resp
+    assert end_offset(wire, tid) == end
+    assert produce(wire, tid, encode_batch([b"after"])).error == E.NONE  # the broker keeps serving
+    assert [r.value for r in wire.fetch_all(tid, 0, start=end)] == [b"after"]
+    # gzip, which our client decodes, comes back as it went in (Kafka clients read the others)
+    first = wire.rpc(m.FetchRequest(tid, 0, 0, 1, 0))  # at least one batch: the gzip one
+    assert isinstance(first, m.FetchResponse) and first.error == E.NONE, first
+    stored = decode_records(first.records)
+    assert [r.value for r in stored] == [r.value for r in decode_records(good["gzip"])]
