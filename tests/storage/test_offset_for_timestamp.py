@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from poison_batches import G1, G2, GOOD, compress
 
 from broker.storage.log import Log
 from ringlog_proto.batch import (
@@ -34,9 +35,10 @@ def test_inside_a_batch_we_cannot_decompress_its_first_offset(tmp_path: Path, co
     log = Log.open(str(tmp_path / "p"))
     try:
         log.append(timed(1000, COMPRESSION_GZIP))  # offsets 0-2 at 1000, 2000, 3000
-        # Offsets 3-5 at 10000..12000, in a codec the broker stores but cannot decompress: the
-        # section is opaque bytes to it (appends check the header and crc, not what is inside).
-        log.append(seal_batch(b"\x00" * 40, 3, 10_000, 12_000, attributes=codec))
+        # Offsets 3-5 at 10000..12000, in a codec `decode_records` does not read (appends inflate
+        # it to check its records, offset_for_timestamp does not decode it).
+        section = compress(GOOD + G1 + G2, codec)
+        log.append(seal_batch(section, 3, 10_000, 12_000, attributes=codec))
         log.append(timed(20_000))  # offsets 6-8
         assert log.offset_for_timestamp(2000) == 1  # gzip: decoded, exact
         assert log.offset_for_timestamp(2500) == 2
