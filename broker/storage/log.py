@@ -112,6 +112,9 @@ DECODED_CODECS = frozenset({COMPRESSION_NONE, COMPRESSION_GZIP})  # what `decode
 # A compressed batch may inflate to this many times max_batch_bytes (`LogConfig.max_decompressed_bytes`):
 # producers' batches of text compress 3-10x; a decompression bomb is stopped at the bound.
 DECOMPRESSION_RATIO_MAX = 16
+# ... and never past this, whatever the topic's batch limit: a core keeps one buffer this large
+# for the check once it has met a compressed batch (ringlog_proto.batch.decompress_bounded).
+DECOMPRESSED_BYTES_MAX = 32 * 1024 * 1024
 PREALLOCATE_RAMP_MS = 1000  # preallocation steps used up at a MiB per this long or faster double
 
 
@@ -132,9 +135,10 @@ class LogConfig:
     @property
     def max_decompressed_bytes(self) -> int:
         """How far a compressed batch's records may inflate when it is checked: a bound tied to
-        the batch limit, DECOMPRESSION_RATIO_MAX times it (16 MiB at the default 1 MiB). Past it
-        the batch is MESSAGE_TOO_LARGE: what a consumer would have to hold in memory for it."""
-        return self.max_batch_bytes * DECOMPRESSION_RATIO_MAX
+        the batch limit, DECOMPRESSION_RATIO_MAX times it (16 MiB at the default 1 MiB), and at
+        most DECOMPRESSED_BYTES_MAX. Past it the batch is MESSAGE_TOO_LARGE: what a consumer
+        would have to hold in memory for it."""
+        return min(self.max_batch_bytes * DECOMPRESSION_RATIO_MAX, DECOMPRESSED_BYTES_MAX)
 
     # (The broker puts floors on segment_bytes and segment_ms, broker/core/limits.py; the storage
     # engine itself accepts small segments, which its tests use.)
