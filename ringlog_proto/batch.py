@@ -611,8 +611,9 @@ def compress(section: bytes, codec: int) -> bytes:
 
 
 def decompress(data: bytes | bytearray | memoryview, codec: int) -> bytes:
-    """The record section of a compressed batch, uncompressed. gzip always (stdlib zlib); the
-    others raise a BatchError naming the codec, since their libraries are not dependencies."""
+    """The record section of a compressed batch, uncompressed, for clients' decode: gzip always
+    (stdlib zlib); the others raise a BatchError naming the codec (clients need no codec
+    library; the broker checks every codec with `decompress_bounded`)."""
     if codec == COMPRESSION_GZIP:
         try:
             d = zlib.decompressobj(47)  # 32 + 15: gzip or zlib header, as producers write

@@ -928,9 +928,10 @@ class Log:
         """The first offset whose record timestamp is >= `timestamp`, or None if there is none.
 
         The index finds the batch; its records are decoded (a cold path) to find the record. A
-        batch compressed with a codec we cannot decompress (snappy, lz4, zstd: their libraries are
-        not dependencies) answers its first offset: a client asking for a time inside it gets the
-        batch's earlier records too (at least once, never fewer), not an error.
+        batch compressed with a codec `decode_records` does not read (snappy, lz4, zstd: appends
+        inflate them to check them, reads do not decode them) answers its first offset: a client
+        asking for a time inside it gets the batch's earlier records too (at least once, never
+        fewer), not an error.
         """
         self.check_usable()
         for seg in self.segments:
