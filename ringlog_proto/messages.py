@@ -216,10 +216,12 @@ class Reader:
         self.pos = start + n
         return memoryview(self.buf)[start : start + n]
 
-    def array(self, item_min_bytes: int = 1) -> int:
+    def array(self, item_min_bytes: int = 1, max_items: int | None = None) -> int:
         n = self.int("I")
         if n * item_min_bytes > len(self.buf) - self.pos:
             raise MalformedBody(f"array of {n} items cannot fit in the {len(self.buf) - self.pos} bytes left")
+        if max_items is not None and n > max_items:
+            raise MalformedBody(f"array of {n} items: a request's arrays hold at most {max_items}")
         return n
 
     def _take(self, n: int) -> bytes:
@@ -231,6 +233,11 @@ class Reader:
 
 
 # ------------------------------------------------------------------------------------ requests
+
+# Items one array of a request may hold (topic names, protocols, assignments, partitions): what a
+# client names exists (the broker's partitions are bounded, --max-partitions), and a request of
+# 8 MiB of names held its core for seconds (issue 37, docs/LIMITS.md). More: INVALID_REQUEST.
+REQUEST_ARRAY_MAX = 16_384
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,7 +289,7 @@ class MetadataRequest(Request):
 
     @classmethod
     def read(cls, r: Reader, frame: Frame) -> MetadataRequest:
-        return cls(tuple(r.str() for _ in range(r.array(2))))
+        return cls(tuple(r.str() for _ in range(r.array(2, REQUEST_ARRAY_MAX))))
 
 
 @dataclass(frozen=True, slots=True)
@@ -447,7 +454,7 @@ class JoinGroupRequest(Request):
         group, member = r.str(), r.str()
         session, rebalance = r.unpack("ii")
         kind = r.str()
-        protocols = tuple(GroupProtocol(r.str(), r.bytes()) for _ in range(r.array(6)))
+        protocols = tuple(GroupProtocol(r.str(), r.bytes()) for _ in range(r.array(6, REQUEST_ARRAY_MAX)))
         return cls(group, member, session, rebalance, kind, protocols)
 
 
@@ -475,7 +482,7 @@ class SyncGroupRequest(Request):
     @classmethod
     def read(cls, r: Reader, frame: Frame) -> SyncGroupRequest:
         group, generation, member = r.str(), r.int("i"), r.str()
-        assignments = tuple(GroupAssignment(r.str(), r.bytes()) for _ in range(r.array(6)))
+        assignments = tuple(GroupAssignment(r.str(), r.bytes()) for _ in range(r.array(6, REQUEST_ARRAY_MAX)))
         return cls(group, generation, member, assignments)
 
 
@@ -597,7 +604,8 @@ class ReplicaFetchRequest(Request):
     def read(cls, r: Reader, frame: Frame) -> ReplicaFetchRequest:
         node, wait, min_bytes, max_bytes = r.unpack("iiii")
         size = struct.calcsize(">" + _REPLICA_PARTITION)
-        parts = tuple(ReplicaFetchPartition(*r.unpack(_REPLICA_PARTITION)) for _ in range(r.array(size)))
+        count = r.array(size, REQUEST_ARRAY_MAX)
+        parts = tuple(ReplicaFetchPartition(*r.unpack(_REPLICA_PARTITION)) for _ in range(count))
         return cls(node, wait, min_bytes, max_bytes, parts)
 
 

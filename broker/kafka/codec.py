@@ -132,9 +132,42 @@ def response_schema(api_key: int, api_version: int) -> type[Any] | None:
         return None
 
 
-def decode_request(request: KafkaRequest, schema: type[Any]) -> tuple[Any, str | None]:
+# Array entries one request may hold, all arrays and levels together (topics, partitions,
+# groups, members, protocols, configs...). Kafka clients name what exists: at most every partition
+# of the broker (--max-partitions, 4000 by default) and its topics. A request filling 8 MiB with
+# entries (2M partition indexes) held its core 20-65 s in the handlers (issue 37): past this it is
+# refused like a request that does not parse, before any handler runs (docs/LIMITS.md).
+ENTRIES_MAX: Final = 16_384
+
+
+def _entries_over(entity: Any, budget: int) -> int:
+    """`budget` less the array entries of `entity` (a decoded kio entity), depth first; stops
+    as soon as it is negative, so the count costs at most `budget` steps whatever the request."""
+    for f in fields(entity):
+        value = getattr(entity, f.name)
+        if type(value) is not tuple:
+            if dataclasses.is_dataclass(value):
+                budget = _entries_over(value, budget)
+                if budget < 0:
+                    return budget
+            continue
+        budget -= len(value)
+        if budget < 0:
+            return budget
+        if value and dataclasses.is_dataclass(value[0]):
+            for item in value:
+                budget = _entries_over(item, budget)
+                if budget < 0:
+                    return budget
+    return budget
+
+
+def decode_request(
+    request: KafkaRequest, schema: type[Any], max_entries: int = ENTRIES_MAX
+) -> tuple[Any, str | None]:
     """The body of `request` as `schema` (a kio request class) and its header's client_id.
-    Raises `KafkaDecodeError` if the bytes do not parse or are not all used."""
+    Raises `KafkaDecodeError` if the bytes do not parse or are not all used, or if its arrays
+    hold more than `max_entries` entries together."""
     try:
         header, used = entity_reader(schema.__header_schema__)(request.data, 0)
         body, more = entity_reader(schema)(request.data, used)
@@ -143,6 +176,12 @@ def decode_request(request: KafkaRequest, schema: type[Any]) -> tuple[Any, str |
     if used + more != len(request.data):
         raise KafkaDecodeError(
             f"{schema.__name__} v{request.api_version}: {len(request.data) - used - more} bytes left over"
+        )
+    if (
+        len(request.data) > max_entries and _entries_over(body, max_entries) < 0
+    ):  # (fewer bytes: fewer entries)
+        raise KafkaDecodeError(
+            f"{schema.__name__} v{request.api_version}: more than {max_entries} array entries"
         )
     return body, getattr(header, "client_id", None)
 

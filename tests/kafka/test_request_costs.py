@@ -6,7 +6,14 @@ machine); the defects it catches held the core for 30 s and more.
 - JoinGroup (v3: one step, no member id asked first) with as many protocols as fit in a request
   (~760k in 8 MiB; Kafka clients send one per assignor, a handful): choosing the group's
   protocol was quadratic in them (100k held the core 59 s). Now a join with more than
-  `PROTOCOLS_MAX` is refused (INVALID_REQUEST) and the choice is linear."""
+  `PROTOCOLS_MAX` is refused (INVALID_REQUEST), the choice is linear, and the largest join is
+  refused before that by the bound on entries (below).
+- Kafka requests filling 8 MiB with array entries: Metadata naming 1.2M topics held the core 20 s,
+  OffsetFetch of 2.1M partitions 65 s, ListOffsets of 0.7M partitions 31 s, Produce of 1M
+  partitions without records 30 s (the handlers' cost per entry, a registry refresh per unknown
+  name among it). Now a request of more than `codec.ENTRIES_MAX` entries is refused as one that
+  does not parse (the connection is closed, as Kafka closes on such a request).
+- Our protocol's Metadata naming 2.8M topics: refused past `REQUEST_ARRAY_MAX` (INVALID_REQUEST)."""
 
 from __future__ import annotations
 
@@ -14,15 +21,17 @@ import socket
 import struct
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
 
 import pytest
-from brokerproc import BrokerProcess
+from brokerproc import BrokerProcess, Wire
 from kafka_requests import frame, read_response
 from kio.schema.errors import ErrorCode
 
+from broker.core.coordinator import PROTOCOLS_MAX
 from broker.core.limits import Limits
 from broker.kafka.codec import make, request_schema
+from ringlog_proto import messages as m
 
 PROMPT_S = 5.0  # a second client's Metadata must be answered within this
 ONE_CORE = [{"cores": 1, "backend": b} for b in ("uvloop", "io_uring")]
@@ -75,19 +84,88 @@ def largest_join() -> bytes:
 
 @pytest.mark.parametrize("broker", ONE_CORE, indirect=True, ids=["uvloop", "io_uring"])
 def test_a_join_with_every_protocol_that_fits_holds_no_core(broker: BrokerProcess) -> None:
-    raw = largest_join()
-    answer: list[Any] = []
-
-    def join() -> None:
-        with socket.create_connection(("127.0.0.1", broker.port), timeout=120) as sock:
-            sock.sendall(raw)
-            answer.append(read_response(11, 3, read_frame(sock))[1])
-
-    t = threading.Thread(target=join)
-    t.start()
-    time.sleep(0.5)  # read, decoded, and past the group's initial rebalance delay (100 ms here)
-    took = metadata_seconds(broker.port)
-    t.join(120)
-    assert took < PROMPT_S, f"a Metadata waited {took:.1f} s behind a JoinGroup of {len(raw)} bytes"
-    assert answer and answer[0].error_code == ErrorCode.invalid_request, answer
+    took, got = second_client_waits(broker.port, largest_join())
+    assert took < PROMPT_S, f"a Metadata waited {took:.1f} s behind the largest JoinGroup"
+    assert isinstance(got, ConnectionError), got  # past ENTRIES_MAX: refused as malformed
+    # under the entries bound, over the protocols one: refused by the coordinator
+    with socket.create_connection(("127.0.0.1", broker.port), timeout=30) as sock:
+        sock.sendall(join_request(PROTOCOLS_MAX + 1))
+        answer = read_response(11, 3, read_frame(sock))[1]
+    assert answer.error_code == ErrorCode.invalid_request, answer
     assert metadata_seconds(broker.port) < PROMPT_S  # and the broker keeps serving
+
+
+def kafka_request(key: int, version: int, body: bytes) -> bytes:
+    data = struct.pack(">hhi", key, version, 1) + _str("t") + body
+    return struct.pack(">i", len(data)) + data
+
+
+def largest_array(entry: Callable[[int], bytes], room: int) -> bytes:
+    """An array (i32 count, then entries) of as many `entry(i)` as fit in `room` bytes."""
+    parts = []
+    size = 4
+    i = 0
+    while size + len(e := entry(i)) <= room:
+        parts.append(e)
+        size += len(e)
+        i += 1
+    return struct.pack(">i", i) + b"".join(parts)
+
+
+def worst_kafka(name: str) -> bytes:
+    """The largest request of each kind found to hold a core, filled with array entries."""
+    room = Limits().max_request_bytes - 200
+    one_topic = struct.pack(">i", 1) + _str("t")
+    if name == "metadata":  # v1: topics [name]
+        return kafka_request(3, 1, largest_array(lambda i: _str(f"{i:x}"), room))
+    if name == "offset_fetch":  # v1: group, topics [name, partitions [i32]]
+        return kafka_request(
+            9, 1, _str("g") + one_topic + largest_array(lambda i: struct.pack(">i", i), room)
+        )
+    if name == "list_offsets":  # v1: replica, topics [name, partitions [index, timestamp]]
+        parts = largest_array(lambda i: struct.pack(">iq", i, -1), room)
+        return kafka_request(2, 1, struct.pack(">i", -1) + one_topic + parts)
+    if name == "produce":  # v3: transactional id, acks, timeout, topics [name, partitions [index, null]]
+        parts = largest_array(lambda i: struct.pack(">ii", i, -1), room)
+        return kafka_request(0, 3, struct.pack(">hhi", -1, 1, 5000) + one_topic + parts)
+    raise ValueError(name)
+
+
+def second_client_waits(port: int, raw: bytes) -> tuple[float, bytes | Exception]:
+    """Send `raw` on one connection; meanwhile time a Metadata on another. (the wait, what the
+    first connection got: a response frame, or the error reading one)."""
+    got: list[bytes | Exception] = []
+
+    def send() -> None:
+        with socket.create_connection(("127.0.0.1", port), timeout=120) as sock:
+            sock.sendall(raw)
+            try:
+                got.append(read_frame(sock))
+            except OSError as exc:  # ConnectionError: closed, as Kafka closes on a bad request
+                got.append(exc)
+
+    t = threading.Thread(target=send)
+    t.start()
+    time.sleep(0.3)
+    took = metadata_seconds(port)
+    t.join(120)
+    return took, got[0]
+
+
+@pytest.mark.parametrize("broker", ONE_CORE, indirect=True, ids=["uvloop", "io_uring"])
+def test_requests_full_of_entries_hold_no_core(broker: BrokerProcess) -> None:
+    w = Wire(broker.port)
+    try:
+        w.create_topic("t", 4)
+        for name in ("metadata", "offset_fetch", "list_offsets", "produce"):
+            took, got = second_client_waits(broker.port, worst_kafka(name))
+            assert took < PROMPT_S, f"a Metadata waited {took:.1f} s behind the largest {name}"
+            assert isinstance(got, ConnectionError), (name, got)  # refused, as a malformed request
+        # ours: a Metadata naming as many topics as fit
+        room = Limits().max_request_bytes - 200
+        names = tuple(f"{i:x}" for i in range(room // 9))
+        resp = w.rpc(m.MetadataRequest(names))
+        assert resp.error == m.ErrorCode.INVALID_REQUEST, resp
+        assert metadata_seconds(broker.port) < PROMPT_S
+    finally:
+        w.close()
