@@ -105,6 +105,7 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 BROKER_VERSION = __version__
+FORCED_REFRESH_GAP_S = 0.001  # see `refresh_topics`
 MIRROR_WAIT_S = 3.0  # a store change not in this node's registry by then is answered anyway
 MIRROR_POLL_S = 0.005
 OWNER_CACHE_MAX = 100_000  # (topic id, partition) -> core entries kept; cleared when full
@@ -213,6 +214,7 @@ class Handlers:
         # a request to another core of this broker and its answer (the backend's peer links); None
         # in tests without them
         self.ask_core: AskCore | None = None
+        self._forced_at = -1.0  # when `refresh_topics(force=True)` last reread the registry
         self.space = DiskSpace(config.data_dir, config.limits.min_free_bytes)  # broker/storage/diskspace.py
         os.makedirs(layout.topics_dir(config.data_dir), exist_ok=True)
         self.registry = TopicRegistry(
@@ -358,6 +360,15 @@ class Handlers:
         """Catch up with topic changes made by other cores: reread topics.json when it was replaced
         (or always, with `force`), open the partitions of new topics this core owns and close those
         of topics that are gone. Never removes files (see broker/core/topics.py)."""
+        if force:
+            # One forced reread per millisecond at most: a request naming thousands of unknown
+            # topics or partitions asked for one per entry (~30 us each, issue 37); between two,
+            # the replace check below still sees a registry another core rewrote.
+            now = time.monotonic()
+            if now - self._forced_at < FORCED_REFRESH_GAP_S:
+                force = False
+            else:
+                self._forced_at = now
         try:
             if force:
                 self.registry.load()
