@@ -12,6 +12,8 @@ Rules this module keeps:
   deleted and created again under the same name starts with no committed offsets. A group's
   offsets of deleted topics are dropped at its next commit.
 - A group id is 1-255 characters (`check_group`; `GroupError` is INVALID_GROUP on our wire).
+- An offset is stored as it came, whatever the partition's log holds, as Kafka's coordinator stores
+  it; the metadata beside it is at most OFFSET_METADATA_MAX characters.
 - The offsets of the old layout (one file per partition, `layout.group_offsets_path`) are moved
   into this store once, before any core serves (`migrate_partition_offsets`, run by the
   supervisor), then removed.
@@ -32,6 +34,10 @@ from broker.storage.durable_file import load_json, replace_json
 log = logging.getLogger(__name__)
 
 GROUP_ID_MAX = 255  # characters
+# Characters of the metadata committed with an offset: Kafka's offset.metadata.max.bytes default
+# (its coordinator compares the string's length). Longer: OFFSET_METADATA_TOO_LARGE for that
+# partition (Kafka), LIMIT_EXCEEDED (ours); every commit rewrites the group's file with them all.
+OFFSET_METADATA_MAX = 4096
 
 
 class GroupError(ValueError):

@@ -55,7 +55,14 @@ from broker.core.blocking import RunBlocking, no_threads
 from broker.core.cluster_view import ClusterView, ViewFile
 from broker.core.config import BrokerConfig
 from broker.core.coordinator import CallLater, GroupCode, GroupCoordinator, JoinResult, SyncResult
-from broker.core.groups import Committed, GroupError, GroupOffsetStore, OffsetsUnavailable, check_group
+from broker.core.groups import (
+    OFFSET_METADATA_MAX,
+    Committed,
+    GroupError,
+    GroupOffsetStore,
+    OffsetsUnavailable,
+    check_group,
+)
 from broker.core.limits import FETCH_MAX_BYTES_MAX, FETCH_WAIT_MS_MAX
 from broker.core.metrics import CoreMetrics, read_snapshots
 from broker.core.outcomes import (
@@ -1059,6 +1066,12 @@ class Handlers:
         self.topic_of(frame.topic_id, frame.partition)
         if req.offset < 0:
             raise ValueError(f"cannot commit negative offset {req.offset}")
+        if len(req.metadata) > OFFSET_METADATA_MAX:
+            return self._error(
+                frame,
+                m.ErrorCode.LIMIT_EXCEEDED,
+                f"offset metadata of {len(req.metadata)} characters: at most {OFFSET_METADATA_MAX}",
+            )
         self.space.check_writable()
         key = (frame.topic_id, frame.partition)
 

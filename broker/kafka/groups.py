@@ -31,7 +31,7 @@ from typing import Any, Final
 from kio.schema.errors import ErrorCode
 
 from broker.core.coordinator import GroupCode, JoinResult, SyncResult
-from broker.core.groups import NOTHING_COMMITTED, Committed, PartitionId, check_group
+from broker.core.groups import NOTHING_COMMITTED, OFFSET_METADATA_MAX, Committed, PartitionId, check_group
 from broker.core.handlers import Handlers
 from broker.core.outcomes import Later, Outcome, Reply, Silent
 from broker.core.views import kafka_broker_id
@@ -281,7 +281,8 @@ class KafkaGroups:
         """Every known partition's offset in one durable write, if the group allows the commit
         (its generation and member, or generation -1 while it has no members). Any offset is
         stored as it came, negative or past the partition's high watermark: Kafka's coordinator
-        (OffsetMetadataManager) checks only the metadata's size, never the log."""
+        (OffsetMetadataManager) checks only the metadata's length (OFFSET_METADATA_TOO_LARGE for
+        that partition), never the log."""
         schema, module = self._schema(request)
         group = str(body.group_id)
         codes: dict[tuple[str, int], ErrorCode] = {}
@@ -293,8 +294,12 @@ class KafkaGroups:
                 if topic_id is None:
                     codes[key] = ErrorCode.unknown_topic_or_partition
                     continue
+                metadata = p.committed_metadata or ""
+                if len(metadata) > OFFSET_METADATA_MAX:  # Kafka's one check of a committed offset
+                    codes[key] = ErrorCode.offset_metadata_too_large
+                    continue
                 codes[key] = ErrorCode.none
-                offsets[(topic_id, key[1])] = Committed(int(p.committed_offset), p.committed_metadata or "")
+                offsets[(topic_id, key[1])] = Committed(int(p.committed_offset), metadata)
         common: ErrorCode | None = None
         if not self._mine(group):
             common = ErrorCode.not_coordinator

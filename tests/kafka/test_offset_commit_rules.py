@@ -2,8 +2,10 @@
 offset is stored and answered NONE, whatever the partition's log holds. One past the high
 watermark (librdkafka's own test suite commits such offsets), 10^12, and a negative one (-5:
 OffsetFetch then returns -5 as stored, and clients read a negative committed offset as none) are
-accepted; nothing is compared with the log end. Our protocol keeps the same rule about the log end
-(one store, one rule) and refuses only negative offsets (its field is documented >= 0).
+accepted; nothing is compared with the log end. What it checks is the metadata's length (4096,
+offset.metadata.max.bytes): OFFSET_METADATA_TOO_LARGE for that partition. Our protocol keeps the
+same rules (one store): LIMIT_EXCEEDED for the metadata, and it refuses negative offsets (its
+field is documented >= 0).
 
 Both backends, one uvloop core and two io_uring cores (the group's coordinator core is then not
 every partition's owner)."""
@@ -55,7 +57,14 @@ def kafka_rpc(port: int, key: int, version: int, body: Any) -> Any:
     return resp
 
 
-def commit(port: int, version: int, group: str, topic: str, offsets: dict[int, int]) -> list[ErrorCode]:
+def commit(
+    port: int,
+    version: int,
+    group: str,
+    topic: str,
+    offsets: dict[int, int],
+    metadata: dict[int, str] | None = None,
+) -> list[ErrorCode]:
     schema = request_schema(8, version)
     assert schema is not None
     module = __import__(schema.__module__, fromlist=["x"])
@@ -65,7 +74,7 @@ def commit(port: int, version: int, group: str, topic: str, offsets: dict[int, i
             partition_index=i32(p),
             committed_offset=o,
             committed_leader_epoch=i32(-1),
-            committed_metadata="",
+            committed_metadata=(metadata or {}).get(p, ""),
             commit_timestamp=-1,
         )
         for p, o in offsets.items()
@@ -117,6 +126,12 @@ def test_kafka_commits_are_stored_as_kafkas_coordinator_stores_them(broker: Brok
         assert commit(port, version, group, "k", {0: -5, 1: 3}) == [ErrorCode.none, ErrorCode.none]
         for fetch_version in (1, 5):
             assert fetch(port, fetch_version, group, "k", [0, 1, 2]) == {0: -5, 1: 3, 2: -1}
+    # what Kafka's coordinator does check: metadata over offset.metadata.max.bytes (4096), per
+    # partition; the others of the request are stored
+    port = broker.core_ports[coordinator_for("meta", broker.cores)]
+    codes = commit(port, 7, "meta", "k", {0: 4, 1: 5}, {0: "m" * 4097, 1: "m" * 4096})
+    assert codes == [ErrorCode.offset_metadata_too_large, ErrorCode.none]
+    assert fetch(port, 5, "meta", "k", [0, 1]) == {0: -1, 1: 5}
 
 
 def test_our_protocol_keeps_the_same_rule(broker: BrokerProcess) -> None:
@@ -132,6 +147,10 @@ def test_our_protocol_keeps_the_same_rule(broker: BrokerProcess) -> None:
             assert isinstance(got, m.OffsetFetchResponse) and got.offset == offset
         refused = w.rpc(m.OffsetCommitRequest(topic_id=tid, partition=0, group="g", offset=-5))
         assert refused.error == m.ErrorCode.INVALID_REQUEST
+        long = w.rpc(
+            m.OffsetCommitRequest(topic_id=tid, partition=0, group="g", offset=7, metadata="m" * 4097)
+        )
+        assert long.error == m.ErrorCode.LIMIT_EXCEEDED, long
         got = w.rpc(m.OffsetFetchRequest(topic_id=tid, partition=0, group="g"))
         assert isinstance(got, m.OffsetFetchResponse) and got.offset == 2
     finally:
