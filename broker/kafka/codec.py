@@ -136,7 +136,8 @@ def response_schema(api_key: int, api_version: int) -> type[Any] | None:
 # groups, members, protocols, configs...). Kafka clients name what exists: at most every partition
 # of the broker (--max-partitions, 4000 by default) and its topics. A request filling 8 MiB with
 # entries (2M partition indexes) held its core 20-65 s in the handlers (issue 37): past this it is
-# refused like a request that does not parse, before any handler runs (docs/LIMITS.md).
+# refused like a request that does not parse, before any handler runs, and a large one before
+# kio builds its entries (`too_many_entries`; docs/LIMITS.md, "Request costs").
 ENTRIES_MAX: Final = 16_384
 
 
@@ -162,6 +163,155 @@ def _entries_over(entity: Any, budget: int) -> int:
     return budget
 
 
+PRESCAN_FROM_BYTES: Final = 64 * 1024  # smaller requests hold too few entries to cost kio much
+
+
+class _Unscannable(Exception):
+    """The pre-scan met bytes or a schema shape it does not follow: kio decides."""
+
+
+_FIXED_SIZES: Final = {
+    "bool": 1,
+    "int8": 1,
+    "int16": 2,
+    "uint16": 2,
+    "int32": 4,
+    "int64": 8,
+    "float64": 8,
+    "uuid": 16,
+    "timedelta_i32": 4,
+    "timedelta_i64": 8,
+    "datetime_i64": 8,
+}
+
+
+@functools.cache
+def _scan_plan(cls: type[Any], flexible: bool) -> tuple[tuple[str, Any], ...]:
+    """How to skip an entity of `cls` field by field: (what, detail) steps."""
+    steps: list[tuple[str, Any]] = []
+    for f, hint in schema_fields(cls):
+        if "tag" in f.metadata:
+            continue  # in the tagged section, skipped whole
+        kind = f.metadata.get("kafka_type")
+        inner = entity_type(hint)
+        if is_array(hint):
+            if inner is not None:
+                steps.append(("array_entity", inner))
+            elif kind in _FIXED_SIZES:
+                steps.append(("array_fixed", _FIXED_SIZES[kind]))
+            elif kind == "string":
+                steps.append(("array_str", None))
+            else:
+                raise _Unscannable(f"array of {kind}")
+        elif inner is not None:
+            if is_nullable(hint):
+                raise _Unscannable("nullable struct")
+            steps.append(("entity", inner))
+        elif kind in _FIXED_SIZES:
+            steps.append(("fixed", _FIXED_SIZES[kind]))
+        elif kind == "string":
+            steps.append(("str", None))
+        elif kind in ("bytes", "records"):
+            steps.append(("bytes", None))
+        else:
+            raise _Unscannable(f"field of {kind}")
+    if flexible:
+        steps.append(("tags", None))
+    return tuple(steps)
+
+
+def _uvarint(data: bytes, p: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if p >= len(data) or shift > 28:
+            raise _Unscannable("varint")
+        b = data[p]
+        p += 1
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            return value, p
+        shift += 7
+
+
+def _skip_sized(data: bytes, p: int, flexible: bool, legacy_width: str) -> int:
+    """Past a string or bytes field (null included) at `p`."""
+    if flexible:
+        n, p = _uvarint(data, p)
+        n -= 1
+    else:
+        (n,) = struct.unpack_from(legacy_width, data, p)
+        p += struct.calcsize(legacy_width)
+    if n > 0:
+        p += n
+    if p > len(data):
+        raise _Unscannable("length past the request")
+    return p
+
+
+def _count(data: bytes, p: int, flexible: bool) -> tuple[int, int]:
+    """(array count, position after it); a null array counts 0."""
+    if flexible:
+        n, p = _uvarint(data, p)
+        return max(n - 1, 0), p
+    if p + 4 > len(data):
+        raise _Unscannable("array count past the request")
+    (n,) = struct.unpack_from(">i", data, p)
+    return max(n, 0), p + 4
+
+
+def _scan(data: bytes, p: int, cls: type[Any], flexible: bool, budget: list[int]) -> int:
+    """Past the entity of `cls` at `p`, taking its array entries off `budget[0]`; stops (the
+    budget negative) as soon as it runs out."""
+    for what, detail in _scan_plan(cls, flexible):
+        if what == "fixed":
+            p += detail
+        elif what == "str":
+            p = _skip_sized(data, p, flexible, ">h")
+        elif what == "bytes":
+            p = _skip_sized(data, p, flexible, ">i")
+        elif what == "entity":
+            p = _scan(data, p, detail, flexible, budget)
+            if budget[0] < 0:
+                return p
+        elif what == "tags":
+            n, p = _uvarint(data, p)
+            for _ in range(n):
+                _, p = _uvarint(data, p)
+                size, p = _uvarint(data, p)
+                p += size
+        else:
+            n, p = _count(data, p, flexible)
+            budget[0] -= n
+            if budget[0] < 0:
+                return p
+            if what == "array_fixed":
+                p += n * detail
+            elif what == "array_str":
+                for _ in range(n):
+                    p = _skip_sized(data, p, flexible, ">h")
+            else:
+                for _ in range(n):
+                    p = _scan(data, p, detail, flexible, budget)
+                    if budget[0] < 0:
+                        return p
+        if p > len(data):
+            raise _Unscannable("past the request")
+    return p
+
+
+def too_many_entries(data: bytes, start: int, schema: type[Any], max_entries: int) -> bool:
+    """Whether the body at `data[start:]` holds more than `max_entries` array entries, found
+    without decoding it: its arrays' counts are read and their entries skipped, and the walk
+    stops at the bound, so it costs at most `max_entries` entries whatever the request holds
+    (kio would build every entry: ~1 us each, seconds for 8 MiB). False when it cannot tell."""
+    budget = [max_entries]
+    try:
+        _scan(data, start, schema, bool(schema.__flexible__), budget)
+    except (_Unscannable, struct.error):
+        return False
+    return budget[0] < 0
+
+
 def decode_request(
     request: KafkaRequest, schema: type[Any], max_entries: int = ENTRIES_MAX
 ) -> tuple[Any, str | None]:
@@ -170,7 +320,15 @@ def decode_request(
     hold more than `max_entries` entries together."""
     try:
         header, used = entity_reader(schema.__header_schema__)(request.data, 0)
+        if len(request.data) > PRESCAN_FROM_BYTES and too_many_entries(
+            request.data, used, schema, max_entries
+        ):
+            raise KafkaDecodeError(
+                f"{schema.__name__} v{request.api_version}: more than {max_entries} array entries"
+            )
         body, more = entity_reader(schema)(request.data, used)
+    except KafkaDecodeError:
+        raise
     except Exception as exc:  # kio raises its own errors and plain ones on short input
         raise KafkaDecodeError(f"{schema.__name__} v{request.api_version}: {exc}") from exc
     if used + more != len(request.data):
