@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import io
+import socket
 import struct
 import typing
 import uuid
@@ -101,6 +102,22 @@ def frame(api_key: int, version: int, correlation_id: int, body: Any, client_id:
         entity_writer(schema)(out, body)
     data = out.getvalue()
     return struct.pack(">i", len(data)) + data
+
+
+def read_exactly(s: socket.socket, n: int) -> bytes:
+    """`n` bytes from a blocking socket (a raw test connection), or ConnectionError at its end."""
+    out = b""
+    while len(out) < n:
+        chunk = s.recv(n - len(out))
+        if not chunk:
+            raise ConnectionError("closed")
+        out += chunk
+    return out
+
+
+def read_sized(s: socket.socket) -> bytes:
+    """One size-prefixed item (a Kafka frame, or a bare SASL token of KIP-43), without its size."""
+    return read_exactly(s, struct.unpack(">i", read_exactly(s, 4))[0])
 
 
 def read_response(api_key: int, version: int, data: bytes) -> tuple[int, Any]:

@@ -45,28 +45,16 @@ def scram_server_first(
 ) -> dict[str, str]:
     """The attributes of a broker's SCRAM server-first message (r, s, i) to a client claiming
     `user`, over Kafka's SaslHandshake v0 and a bare token (KIP-43): what anyone may ask."""
-    from kafka_requests import frame
+    from kafka_requests import frame, read_sized
     from kio.schema.sasl_handshake.v0.request import SaslHandshakeRequest
-
-    def read(s: socket.socket, n: int) -> bytes:
-        out = b""
-        while len(out) < n:
-            chunk = s.recv(n - len(out))
-            if not chunk:
-                raise ConnectionError("closed")
-            out += chunk
-        return out
-
-    def token(s: socket.socket) -> bytes:
-        return read(s, struct.unpack(">i", read(s, 4))[0])
 
     with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
         s = tls.wrap_socket(raw, server_hostname="127.0.0.1") if tls is not None else raw
         s.sendall(frame(17, 0, 1, SaslHandshakeRequest(mechanism=mechanism)))
-        token(s)
+        read_sized(s)
         first = f"n,,n={user},r=abcdefghijklmnop".encode()
         s.sendall(struct.pack(">i", len(first)) + first)
-        text = token(s).decode()
+        text = read_sized(s).decode()
     return dict(part.split("=", 1) for part in text.split(","))
 
 

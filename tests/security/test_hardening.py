@@ -33,7 +33,7 @@ from typing import Any
 
 import pytest
 from brokerproc import BrokerProcess, Wire
-from kafka_requests import frame, read_response
+from kafka_requests import frame, read_exactly, read_response, read_sized
 from kio.schema.errors import ErrorCode
 from scramp import ScramClient
 from securitylab import Pki, add_user, broker_cli, create_topic, produce, scram_server_first, start_or_skip
@@ -59,36 +59,22 @@ def kafka_conf(b: BrokerProcess, user: str) -> dict[str, Any]:
     }
 
 
-def _read(s: socket.socket, n: int) -> bytes:
-    out = b""
-    while len(out) < n:
-        chunk = s.recv(n - len(out))
-        if not chunk:
-            raise ConnectionError("closed")
-        out += chunk
-    return out
-
-
-def _kafka_frame(s: socket.socket) -> bytes:
-    return _read(s, struct.unpack(">i", _read(s, 4))[0])
-
-
 def kafka_login(port: int, user: str, password: str, mechanism: str = "SCRAM-SHA-512") -> socket.socket:
     """A raw Kafka connection, logged in with SaslHandshake v0 and bare tokens (KIP-43)."""
     from kio.schema.sasl_handshake.v0.request import SaslHandshakeRequest
 
     s = socket.create_connection(("127.0.0.1", port), timeout=10)
     s.sendall(frame(17, 0, 1, SaslHandshakeRequest(mechanism=mechanism)))
-    head = _read(s, 4)
-    _, resp = read_response(17, 0, head + _read(s, struct.unpack(">i", head)[0]))
+    head = read_exactly(s, 4)
+    _, resp = read_response(17, 0, head + read_exactly(s, struct.unpack(">i", head)[0]))
     assert resp.error_code == ErrorCode.none
     client = ScramClient([mechanism], user, password)
     first = client.get_client_first().encode()
     s.sendall(struct.pack(">i", len(first)) + first)
-    client.set_server_first(_kafka_frame(s).decode())
+    client.set_server_first(read_sized(s).decode())
     final = client.get_client_final().encode()
     s.sendall(struct.pack(">i", len(final)) + final)
-    client.set_server_final(_kafka_frame(s).decode())
+    client.set_server_final(read_sized(s).decode())
     return s
 
 
@@ -100,13 +86,13 @@ def plain_attempt_s(port: int, user: str, password: str) -> float:
 
     with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
         s.sendall(frame(17, 1, 1, SaslHandshakeRequest(mechanism="PLAIN")))
-        _kafka_frame(s)
+        read_sized(s)
         request = frame(36, 1, 2, SaslAuthenticateRequest(auth_bytes=f"\0{user}\0{password}".encode()))
         start = time.perf_counter()
         s.sendall(request)
-        head = _read(s, 4)
+        head = read_exactly(s, 4)
         took = time.perf_counter() - start
-        _, resp = read_response(36, 1, head + _read(s, struct.unpack(">i", head)[0]))
+        _, resp = read_response(36, 1, head + read_exactly(s, struct.unpack(">i", head)[0]))
         assert resp.error_code == ErrorCode.sasl_authentication_failed
         return took
 
@@ -211,7 +197,7 @@ def test_offset_for_leader_epoch_v0_and_v1_are_authorized(broker: BrokerProcess)
             for topic in (b"payroll",):
                 body += struct.pack(">ih", 1, len(topic)) + topic + struct.pack(">iii", 1, 0, 0)
             s.sendall(struct.pack(">i", len(body)) + body)
-            data = _kafka_frame(s)
+            data = read_sized(s)
             got_corr, n_topics, n_name = struct.unpack_from(">iih", data)
             assert (got_corr, n_topics, data[10 : 10 + n_name]) == (corr, 1, b"payroll")
             pos = 10 + n_name + 4
@@ -224,7 +210,7 @@ def test_offset_for_leader_epoch_v0_and_v1_are_authorized(broker: BrokerProcess)
         body = struct.pack(">hhih", 23, 1, 9, 1) + b"t" + struct.pack(">ih", 1, 6) + b"orders"
         body += struct.pack(">iii", 1, 0, 0)
         s.sendall(struct.pack(">i", len(body)) + body)
-        data = _kafka_frame(s)
+        data = read_sized(s)
         assert struct.unpack_from(">hiiq", data, 10 + 6 + 4) == (0, 0, 0, 0)
     finally:
         s.close()
@@ -262,10 +248,10 @@ def failed_plain_login(port: int, user: str) -> None:
 
     with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
         s.sendall(frame(17, 1, 1, SaslHandshakeRequest(mechanism="PLAIN")))
-        _kafka_frame(s)
+        read_sized(s)
         s.sendall(frame(36, 1, 2, SaslAuthenticateRequest(auth_bytes=f"\0{user}\0wrong".encode())))
-        head = _read(s, 4)
-        _, resp = read_response(36, 1, head + _read(s, struct.unpack(">i", head)[0]))
+        head = read_exactly(s, 4)
+        _, resp = read_response(36, 1, head + read_exactly(s, struct.unpack(">i", head)[0]))
         assert resp.error_code == ErrorCode.sasl_authentication_failed
         assert s.recv(4) == b""
 
