@@ -31,10 +31,11 @@ Rules this module keeps:
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
-from broker.core.producer_state import ProducerState
+from broker.core.producer_state import PredecessorPendingError, ProducerState, SequenceGapError
 from broker.core.replication import (
     DEFAULT_MIN_INSYNC,
     FollowerState,
@@ -50,6 +51,12 @@ from broker.storage.log import Log, LogConfig, PendingAppend
 from ringlog_proto.batch import BatchHeader, now_ms
 
 log = logging.getLogger(__name__)
+
+# How long after a replica begins to lead a producer's sequence gap is answered retriably
+# (`PredecessorPendingError`), not OUT_OF_ORDER_SEQUENCE: the batches before it were refused by
+# this replica while it still followed, a moment ago, and the producer resends them first (its
+# retry backoff and a Metadata refresh: well under this). A gap that outlasts it is a real one.
+SEQUENCE_GAP_GRACE_S = 10.0
 
 
 class Stored(NamedTuple):
@@ -147,6 +154,7 @@ class Partition:
         # None: not replicated (module rules); else this replica's role in the current term
         self.replica: LeaderState | FollowerState | None = None
         self.leader_epoch = max(self.epochs.latest_epoch, 0)  # stamped into produced batches
+        self._led_since = -SEQUENCE_GAP_GRACE_S  # time.monotonic() when this replica began to lead
 
     def _rebuild(self) -> None:
         """Producer state and epoch history from the batch headers, in one walk (a pread per
@@ -179,7 +187,8 @@ class Partition:
         producer's retry of batches already stored (nothing to write), else the prepared append.
 
         Raises what refuses the produce, with nothing changed: the log's validation errors,
-        `SequenceError` / `RetryInFlightError` (broker/core/producer_state.py), `LogClosedError`
+        `SequenceError` / `RetryInFlightError` (broker/core/producer_state.py; a gap in the first
+        `SEQUENCE_GAP_GRACE_S` of this replica's lead is `PredecessorPendingError`), `LogClosedError`
         (a retry is confirmed only by a log that stands behind it, not one that failed an fsync),
         `OutOfSpaceError` from `space` (asked after the retry check: a retry of stored batches
         is answered even on a full disk), and storage errors of a segment roll.
@@ -188,7 +197,14 @@ class Partition:
         if self.replica is not None:
             self.check_leader()
         headers = log_.validate(records)
-        duplicate_of = self.producers.check(headers)
+        try:
+            duplicate_of = self.producers.check(headers)
+        except SequenceGapError as exc:
+            if self.replica is not None and time.monotonic() - self._led_since < SEQUENCE_GAP_GRACE_S:
+                raise PredecessorPendingError(
+                    f"{exc}; this replica began to lead a moment ago: resend the batches before it"
+                ) from exc
+            raise
         if duplicate_of is not None:
             log_.check_usable()
             end = duplicate_of + sum(h.record_count for h in headers)
@@ -239,6 +255,7 @@ class Partition:
         self._step_down(epoch)
         self.replica = LeaderState(node_id, epoch, replicas, isr, min(hw, end), now, min_insync)
         self.leader_epoch = epoch
+        self._led_since = time.monotonic()
         self._run_ready(self.replica.advance(end))
 
     def become_follower(self, epoch: int, leader: int, high_watermark: int | None = None) -> None:

@@ -4,11 +4,11 @@ Rules this module keeps:
 - No I/O, no log, no clock: it is fed batch headers (producer id, epoch, base sequence, record
   count and, once stored, base offset) and answers. `check` answers a request's batches without
   changing anything: new (None: append them), a retry of stored batches (the base offset they were
-  given), or an error: `SequenceError` (a gap, or a mix of retried and new batches),
-  `FencedEpochError` (an epoch older than the producer's), `UnknownProducerError` (a producer this
-  partition holds nothing of, new or expired, not starting at sequence 0: a gap too, but one a
-  client may resolve by starting over), `RetryInFlightError` (a retry of a
-  batch still being written, whose outcome is not known yet).
+  given), or an error: `SequenceError` (`SequenceGapError`: a gap; or a mix of retried and new
+  batches), `FencedEpochError` (an epoch older than the producer's), `UnknownProducerError` (a
+  producer this partition holds nothing of, new or expired, not starting at sequence 0: a gap
+  too, but one a client may resolve by starting over), `RetryInFlightError` (a retry of a batch
+  still being written, whose outcome is not known yet).
 - Three calls change it, each batch going through them in this order: `reserve` (its append was
   prepared), then `stored` (the append completed) or `released` (it failed or was undone). A
   batch reserved counts for what the producer's next batch must be (a backend writing
@@ -43,7 +43,14 @@ class FencedEpochError(SequenceError):
     """An idempotent producer used an epoch older than one this partition has seen from it."""
 
 
-class UnknownProducerError(SequenceError):
+class SequenceGapError(SequenceError):
+    """A producer's batch does not follow the last one this partition holds of it: records
+    between them are missing here. On a leader whose term has just begun they may be on their
+    way still (`Partition.produce` answers `PredecessorPendingError` then); otherwise Kafka's
+    OUT_OF_ORDER_SEQUENCE."""
+
+
+class UnknownProducerError(SequenceGapError):
     """A producer this partition remembers nothing of (never seen, or its batches were deleted by
     retention) sent a first sequence other than 0. A `SequenceError` (our protocol answers it as
     any gap); Kafka answers UNKNOWN_PRODUCER_ID, on which its clients start the partition over."""
@@ -52,6 +59,15 @@ class UnknownProducerError(SequenceError):
 class RetryInFlightError(Exception):
     """A retried batch whose original is still being written: its outcome is not known yet, so
     the retry can be neither stored again nor answered with the original's offsets. Retriable."""
+
+
+class PredecessorPendingError(RetryInFlightError):
+    """A `SequenceGapError` at a leader whose term has just begun: the batches missing before
+    this one were most likely refused a moment ago by this same replica, while it still
+    followed (NOT_OWNER), and will be resent first. Retriable, where Kafka answers
+    OUT_OF_ORDER_SEQUENCE: on that answer librdkafka bumps its epoch and resends every
+    unacknowledged record, those this replica already holds included (duplicates; issue 37,
+    item 10)."""
 
 
 @dataclass(slots=True)
@@ -172,7 +188,7 @@ class ProducerState:
                     "start at sequence 0"
                 )
             if h.base_sequence != want:
-                raise SequenceError(
+                raise SequenceGapError(
                     f"producer {pid} epoch {h.producer_epoch}: sequence {h.base_sequence} where {want} "
                     "was expected (records lost, or producer state expired with the segments holding it)"
                 )

@@ -10,11 +10,14 @@ from pathlib import Path
 import pytest
 from kio.schema.errors import ErrorCode
 
+from broker.core import partition as partition_module
 from broker.core.config import BrokerConfig
 from broker.core.handlers import Handlers
 from broker.core.outcomes import Append, Gather, Later, Outcome, Read, Reply, Silent, Wait
 from broker.core.partition import Partition
+from broker.core.producer_state import PredecessorPendingError
 from broker.core.replica_fetcher import ReplicaFetcher
+from broker.kafka.errors import kafka_error
 from broker.kafka.leader_epoch import epoch_end
 from broker.storage.fileio import SyncFileIO, run_ops
 from broker.storage.log import LogConfig
@@ -289,3 +292,42 @@ def test_a_follower_behind_the_leaders_log_start_starts_over_there(pair: tuple[N
     b.fetch_from(a)
     assert b.stored() == a.stored() and b.partition.log.end_offset == 12
     assert b.partition.high_watermark >= start
+
+
+def test_a_new_leader_answers_a_sequence_gap_retriably_while_its_predecessors_may_follow(
+    pair: tuple[Node, Node], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 37, item 10: an idempotent producer's pipeline reaches a follower just as it is made
+    leader. s0 (which it holds) and s1 (which it lacks) come while it still follows and are
+    refused NOT_OWNER; s2 comes once it leads. Kafka's answer to that gap, OUT_OF_ORDER_SEQUENCE,
+    makes librdkafka bump its epoch and resend s0 too: stored twice. A retriable answer lets
+    the producer resend s0, s1, s2 in order: s0 recognised, s1 and s2 stored, each once."""
+    a, b = pair
+    s = [encode_batch([b"s%d" % i], producer_id=7, producer_epoch=0, base_sequence=i) for i in range(5)]
+
+    def send(node: Node, records: bytes) -> m.ProduceResponse:
+        answers: list[Reply] = []
+        frame = frame_of(m.ProduceRequest(node.topic_id, 0, m.Acks.WRITTEN, 1000, records))
+        carry_out(node.handlers.handle(frame), answers)
+        (reply,) = answers
+        resp = decoded(reply)
+        assert isinstance(resp, m.ProduceResponse)
+        return resp
+
+    assert send(a, s[0]).error == m.ErrorCode.NONE
+    b.fetch_from(a)  # B holds s0
+    assert send(a, s[1]).error == m.ErrorCode.NONE  # A alone holds s1, and dies unanswered
+    assert send(b, s[0]).error == send(b, s[1]).error == m.ErrorCode.NOT_OWNER
+    b.lead(2, (1, 2), (2,))
+    gap = send(b, s[2])
+    assert gap.error == m.ErrorCode.REQUEST_TIMED_OUT and gap.error.retriable, gap
+    pending = PredecessorPendingError("s1 missing")
+    assert kafka_error(pending)[0] == ErrorCode.request_timed_out, "librdkafka retries it, in order"
+    assert b.partition.log.end_offset == 1, "nothing stored"
+    resent = [send(b, s[i]) for i in range(3)]
+    assert [(r.error, r.base_offset) for r in resent] == [(m.ErrorCode.NONE, i) for i in range(3)]
+    assert b.partition.log.end_offset == 3, "s0 once, then s1 and s2"
+    assert send(b, s[4]).error == m.ErrorCode.REQUEST_TIMED_OUT, "a gap early in the term"
+    monkeypatch.setattr(partition_module, "SEQUENCE_GAP_GRACE_S", 0.0)
+    assert send(b, s[4]).error == m.ErrorCode.OUT_OF_ORDER_SEQUENCE, "later, a gap is a gap (Kafka's answer)"
+    assert send(b, s[3]).error == m.ErrorCode.NONE
