@@ -9,7 +9,8 @@ Rules this module keeps:
   does not answer, the bootstrap address (any core, which forwards) is used. Requests about no
   partition go over any open connection, first the bootstrap one (kept under its own key: through
   the public port it reaches whichever core the kernel picked, so it is never treated as a
-  particular core's).
+  particular core's); in a cluster, not one to a node that left a request unanswered past its
+  timeout lately (paused or cut off: a Metadata there would wait out a timeout too).
 - **A cluster** (Metadata says `clustered`): a partition is served by its leader node's core, and
   its route key is `ringlog_proto.routing.node_core_id(leader_node, owner_core)` = node * 1000 +
   core (the Kafka listener's broker id of that core). That core is reached at the leader node's
@@ -175,6 +176,9 @@ class AsyncClient:
         self._closers: set[asyncio.Task[None]] = set()
         self._topics: dict[str, TopicInfo] = {}
         self._topic_lookups: dict[str, asyncio.Future[TopicInfo]] = {}
+        # In a cluster: nodes that left a request unanswered past its timeout lately (paused, cut
+        # off), until when; requests about no partition (Metadata) go elsewhere meanwhile.
+        self._unanswering: dict[int, float] = {}
         self._closed = False
 
     # ----------------------------------------------------------------------------------- lifecycle
@@ -310,13 +314,55 @@ class AsyncClient:
 
     async def _open(self, host: str, port: int) -> AsyncConnection:
         """A connection to `host`:`port` with this client's timeouts, TLS and SASL."""
-        return await AsyncConnection.connect(
+        conn = await AsyncConnection.connect(
             host,
             port,
             connect_timeout=self.connect_timeout,
             request_timeout=self.request_timeout,
             security=self.security,
         )
+        conn.on_unanswered = lambda: self._unanswered((host, port))
+        return conn
+
+    def _node_at(self, address: tuple[str, int]) -> int | None:
+        """The cluster node reached at `address` (its public port or a core's), if Metadata named it."""
+        host, port = address
+        for n in self.nodes.values():
+            if (n.host or self.host) == host and (port == n.port or port in n.core_ports):
+                return n.node_id
+        return None
+
+    def _unanswered(self, address: tuple[str, int]) -> None:
+        """A request to `address` went unanswered past its timeout. In a cluster its node may be
+        paused or cut off while the others elect new leaders: for a request timeout, requests
+        about no partition (the Metadata that finds those leaders) go to another node, not to an
+        idle connection to this one, where they would wait out a timeout of their own (the
+        isolation nemesis's failover took 3 s more whenever the node cut off was the client's
+        bootstrap one)."""
+        node = self._node_at(address) if self.clustered else None
+        if node is None:
+            return
+        self._unanswering[node] = time.monotonic() + max(self.request_timeout, 1.0)
+        boot = self._conn_addrs.get(BOOTSTRAP_KEY)
+        if boot is not None and self._node_at(boot) == node:
+            conn = self._conns.pop(BOOTSTRAP_KEY, None)
+            self._conn_addrs.pop(BOOTSTRAP_KEY, None)
+            if conn is not None:
+                task = asyncio.get_running_loop().create_task(conn.close())
+                self._closers.add(task)
+                task.add_done_callback(self._closers.discard)
+
+    def _answering(self, address: tuple[str, int] | None) -> bool:
+        """Whether the node at `address` has not left a request unanswered lately (`_unanswered`)."""
+        if not self._unanswering or address is None:
+            return True
+        node = self._node_at(address)
+        if node is None or node not in self._unanswering:
+            return True
+        if self._unanswering[node] <= time.monotonic():
+            del self._unanswering[node]
+            return True
+        return False
 
     async def _connect_core(self, core: int) -> tuple[AsyncConnection, tuple[str, int]]:
         """One node: core `core` at its direct port, else through the bootstrap address."""
@@ -341,6 +387,7 @@ class AsyncClient:
         if self.clustered:
             candidates += [(n.host or self.host, n.port) for n in self.nodes.values() if n.live]
         candidates = list(dict.fromkeys(candidates))
+        candidates.sort(key=lambda a: not self._answering(a))  # (stable) unanswering nodes last
         failure: BrokerUnavailable | None = None
         for address in candidates:
             try:
@@ -373,9 +420,10 @@ class AsyncClient:
 
     def _control_core(self) -> int:
         """The connection for requests about no partition: any open one will do (the bootstrap
-        connection if there is none)."""
+        connection if there is none), except one to a node that left a request unanswered
+        lately (`_unanswered`)."""
         for key, conn in self._conns.items():
-            if isinstance(key, int) and not conn.closed:
+            if isinstance(key, int) and not conn.closed and self._answering(self._conn_addrs.get(key)):
                 return key
         return BOOTSTRAP_KEY
 

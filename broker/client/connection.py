@@ -198,6 +198,9 @@ class AsyncConnection:
         self._paused = False  # the transport's write buffer is above its high-water mark
         self._drainers: list[asyncio.Future[None]] = []
         self._lost = self._loop.create_future()  # done once the transport has called connection_lost
+        # Called (once) when a request goes unanswered past its timeout, before the connection
+        # closes: the peer may be paused or cut off, and its owner may want to ask another.
+        self.on_unanswered: Callable[[], None] | None = None
 
     @classmethod
     async def connect(
@@ -366,6 +369,8 @@ class AsyncConnection:
         earliest = NO_DEADLINE
         for corr, (_sink, api_key, _decode, deadline, timeout) in self._pending.items():
             if deadline <= now:
+                if self.on_unanswered is not None and self._error is None:
+                    self.on_unanswered()
                 self._fail(
                     BrokerUnavailable(
                         f"{self.address}: no response to request {corr} (api {api_key}) within "

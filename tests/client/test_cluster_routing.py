@@ -12,9 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from brokerproc import BrokerProcess
@@ -24,6 +28,7 @@ from broker.client import (
     AsyncClient,
     AsyncConsumer,
     AsyncProducer,
+    BrokerUnavailable,
     LeaderNotAvailableError,
     NotOwnerError,
     Producer,
@@ -34,6 +39,7 @@ from ringlog_proto.messages import (
     ErrorCode,
     ListOffsetsRequest,
     ListOffsetsResponse,
+    MetadataRequest,
     MetadataResponse,
     NodeMetadata,
     OffsetCommitRequest,
@@ -252,6 +258,56 @@ def test_the_first_bootstrap_address_that_answers(pair: Pair, topic_id: int) -> 
         async with AsyncClient(f"127.0.0.1:1,{a.bootstrap}", connect_timeout_ms=2000) as client:
             assert (client.host, client.port) == ("127.0.0.1", a.port)
             assert await latest(client, 0) == 5
+
+    asyncio.run(main())
+
+
+def process_tree(pid: int) -> list[int]:
+    """`pid` and its descendants (a broker's supervisor and its workers)."""
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(d.name))
+    tree, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        tree.append(p)
+        todo += children.get(p, [])
+    return tree
+
+
+def test_metadata_avoids_a_node_that_left_a_request_unanswered(pair: Pair, topic_id: int) -> None:
+    """Node 0 (broker A, the bootstrap one) stops answering (SIGSTOP: the kernel still accepts
+    and buffers, as for a node paused or cut off) and a request to it times out. A Metadata asked
+    next must go to node 1 over its open connection, not over the idle bootstrap connection to
+    node 0, where it would wait out a timeout too (the isolation nemesis's failover took one
+    request timeout more whenever the node cut off was the client's bootstrap one)."""
+    a, b = pair
+    p1_core = shard_for(topic_id, 1, a.cores)
+    assert a.proc is not None
+
+    async def main() -> None:
+        async with AsyncClient(a.bootstrap, request_timeout_ms=500) as client:
+            client.apply_metadata(as_cluster(a, b, topic_id, (part(0, 1, 0), part(1, 0, p1_core))))
+            assert await latest(client, 0) == 3  # node 1's connection is open
+            stopped = process_tree(a.proc.pid)  # type: ignore[union-attr]
+            for pid in stopped:
+                os.kill(pid, signal.SIGSTOP)
+            try:
+                with pytest.raises(BrokerUnavailable, match="no response"):
+                    await client.request(ListOffsetsRequest(topic_id, 1, OffsetSpec.LATEST), core=p1_core)
+                started = time.monotonic()
+                resp = await client.request(MetadataRequest(("t",)))
+                assert isinstance(resp, MetadataResponse) and resp.port == b.port, "node 1 answered"
+                assert time.monotonic() - started < 0.4
+            finally:
+                for pid in stopped:
+                    os.kill(pid, signal.SIGCONT)
+            assert await latest(client, 0) == 3
 
     asyncio.run(main())
 

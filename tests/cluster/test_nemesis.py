@@ -206,9 +206,6 @@ def test_isolate_the_leader_then_heal(lab: ClusterLab) -> None:
     finish(w, f"isolate leader {ISOLATE_S:.0f} s x2", failovers, f"; new leader {spread(elections)}")
 
 
-# Runs after the isolation test on the module's lab: an isolation right after a node's graceful
-# restart took 11.1 s to fail over, twice (one client request timeout more than usual), with the
-# shutdown path before the controlled shutdown as well; not investigated here.
 def test_sigterm_to_a_leader_moves_its_leaderships_before_it_exits(lab: ClusterLab) -> None:
     """Controlled shutdown (Kafka's): SIGTERM to a node leading partitions makes the controller
     move each of its leaderships to another in-sync replica while the node still runs and knows
