@@ -594,3 +594,48 @@ def test_any_node_answers_a_groups_committed_offsets(cluster: Cluster) -> None:
         resp = read_response(9, 5, data)[1]
         answers[i] = (resp.error_code, resp.topics[0].partitions[0].committed_offset)
     assert answers == {i: (ErrorCode.none, 6) for i in cluster.nodes}
+
+
+def test_a_new_leader_answers_a_sequence_gap_retriably(cluster: Cluster) -> None:
+    """Issue 37, item 10, on real processes: an idempotent producer's s1 is refused NOT_OWNER by
+    a follower, whose leader is then killed; s2 reaches the new leader right after it began to
+    lead. Kafka's answer to that gap, OUT_OF_ORDER_SEQUENCE, makes librdkafka bump its epoch and
+    resend everything unacknowledged (duplicating what the new leader already held); ours is
+    retriable, and s1 and s2 resent are stored once each, after s0."""
+    with Admin(cluster.bootstrap) as admin:
+        topic_id = admin.create_topic("gapped", 1, replication=3)
+    state = wait_for(lambda: cluster.states(1, topic_id).get(0))
+    wait_for(lambda: len(cluster.states(1, topic_id)[0]["isr"]) == 3)
+    leader = state["leader"]
+    pid = 2**41 + 37
+    s = [encode_batch([b"s%d" % i], producer_id=pid, producer_epoch=0, base_sequence=i) for i in range(3)]
+
+    def send(node: int, records: bytes) -> m.ProduceResponse:
+        wire = Wire(cluster.nodes[node].port)
+        try:
+            resp = wire.rpc(m.ProduceRequest(topic_id, 0, m.Acks.ALL, 5000, records))
+        finally:
+            wire.close()
+        assert isinstance(resp, m.ProduceResponse), resp
+        return resp
+
+    assert send(leader, s[0]).error == m.ErrorCode.NONE
+    follower = next(i for i in state["replicas"] if i != leader)
+    assert send(follower, s[1]).error == m.ErrorCode.NOT_OWNER
+    cluster.nodes[leader].kill()
+    survivor = next(i for i in cluster.nodes if i != leader)
+    new = wait_for(
+        lambda: (p := cluster.states(survivor, topic_id)[0])["leader"] not in (leader, -1) and p["leader"]
+    )
+    assert isinstance(new, int)
+    wait_for(lambda: cluster.states(new, topic_id)[0]["leader"] == new)
+    gap = send(new, s[2])
+    assert gap.error == m.ErrorCode.REQUEST_TIMED_OUT, gap
+    assert [send(new, s[i]).error for i in (1, 2)] == [m.ErrorCode.NONE] * 2
+    wire = Wire(cluster.nodes[new].port)
+    try:
+        assert [r.value for r in wire.fetch_all(topic_id, 0)] == [b"s0", b"s1", b"s2"]
+    finally:
+        wire.close()
+    cluster.nodes[leader].start()
+    wait_for(lambda: all(len(p["isr"]) == 3 for p in cluster.view(leader)["partitions"]), timeout=30)
