@@ -391,13 +391,33 @@ class Workload:
             wait_until(caught_up, 30, "the consumers to read every acknowledged record", step=0.1)
         except TimeoutError as exc:
             raise TimeoutError(
-                f"{exc}: unread per consumer {self.unread()}; Kafka consumer's errors "
-                f"{self.kafka_errors[-5:]}; consumer failures {self.consumer_failures[-3:]}"
+                f"{exc}: unread per consumer {self.unread()}; first unread {self.unread_detail()}; "
+                f"Kafka consumer's errors {self.kafka_errors[-5:]}; consumer failures "
+                f"{self.consumer_failures[-3:]}"
             ) from exc
         finally:
             self._stop_reading.set()
             for t in self._consumers:
                 t.join(timeout)
+
+    def unread_detail(self, limit: int = 5) -> list[str]:
+        """The first acknowledged records a consumer never read, each with the highest offset
+        that consumer read of its partition: to tell a stuck consumer or high watermark from an
+        acknowledgement naming an offset the log does not hold."""
+        with self._lock:
+            got: dict[str, set[tuple[int, int]]] = {"c": set(), "k": set()}
+            top: dict[tuple[str, int], int] = {}
+            for r in self.reads:
+                got[r.consumer].add((r.partition, r.offset))
+                top[(r.consumer, r.partition)] = max(top.get((r.consumer, r.partition), -1), r.offset)
+            out = [
+                f"{who}: {a.producer} {a.payload!r} at {a.partition}/{a.offset} (read to "
+                f"{top.get((who, a.partition), -1)})"
+                for a in self.acks
+                for who, seen in got.items()
+                if (a.partition, a.offset) not in seen
+            ]
+        return out[:limit]
 
     def unread(self) -> dict[str, int]:
         """Per consumer ("c": ours, "k": the Kafka group member), the acknowledged records it
