@@ -41,6 +41,18 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`make test` shuffles the suite (pytest-randomly, before every other implementation of this
+    hook): the tests of a module marked `written_order` go back to the order they are written in,
+    in the places the shuffle gave them. Such a module is one scenario on one fixture (the nemesis:
+    faults in turn on one cluster), not a set of independent tests."""
+    places = [i for i, item in enumerate(items) if item.get_closest_marker("written_order") is not None]
+    written = sorted((items[i] for i in places), key=lambda item: (item.location[0], item.location[1] or 0))
+    for i, item in zip(places, written, strict=True):
+        items[i] = item
+
+
 # Every integration test runs against each backend with one core and with two: the backends must
 # pass the same suite, and two cores put forwarding and the shared topic registry under all of it.
 # (With two cores a raw `Wire` to the public port lands on either core: the kernel's reuseport

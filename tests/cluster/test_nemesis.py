@@ -49,7 +49,9 @@ from ringlog_proto import messages as m
 from ringlog_proto.frames import NEED_DATA, FrameDecoder
 
 REASON = lab_unavailable()
-pytestmark = pytest.mark.skipif(REASON is not None, reason=f"{REASON}")
+# One scenario on one lab: its faults run in the order written here, whatever order pytest-randomly
+# gives the rest of the suite (tests/conftest.py). Each fault still starts from a whole cluster.
+pytestmark = [pytest.mark.skipif(REASON is not None, reason=f"{REASON}"), pytest.mark.written_order]
 
 # the issue asks for 20; each round is a kill, a failover, a restart and a rejoin (~7 s here)
 # 6 rounds in the suite (each partition's leader killed twice: ~45 s); the figures of
@@ -62,7 +64,10 @@ ETCD_DOWN_S = 5.0  # the etcd outage of issue 37 (item 12)
 ETCD_AFTER_S = 3.0  # acks watched this long after etcd is back
 ETCD_GAP_MAX_S = 1.0  # leaders keep serving while etcd is away: a gap is a stall, not a failover
 FAILOVER_MAX_S = 10.0  # a bound that catches a stuck failover, not the goal (3 s, see CLUSTER.md)
-STOP_GAP_MAX_S = 1.0  # a graceful stop's produce gap on the partitions it led (kill -9's is ~2 s)
+# A graceful stop's produce gap on the partitions it led: a bound that catches a stop that does not
+# move leaderships first (8-10 s before), not the goal (~0.1 s, docs/CLUSTER.md); a loaded 2-CPU
+# machine running the suite's other worker beside it gave 1.3 s once.
+STOP_GAP_MAX_S = 2.0
 STOP_WATCH_S = 2.0  # the gap is measured from the SIGTERM to this long after the node exited
 _topics = itertools.count()
 
