@@ -30,6 +30,7 @@ Rules this module keeps:
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import os
@@ -165,6 +166,10 @@ class Workload:
         self.partitions = partitions
         self.tag = tag
         self.acks: list[Ack] = []
+        # Kafka's acknowledgements that came without an offset (librdkafka delivers a record with
+        # offset -1001 when it counts it persisted without an offset from the broker): judged by
+        # their unique payload, resolved to the offset the replicas hold at the verdict
+        self.offsetless: list[Ack] = []
         self.reads: list[Read] = []
         self.attempts: dict[int, list[Attempt]] = {p: [] for p in range(partitions)}
         self.errors: list[BaseException] = []
@@ -245,8 +250,16 @@ class Workload:
                 if err is not None:
                     self.errors.append(confluent_kafka.KafkaException(err))
                 else:
-                    ack = Ack(self.topic, msg.partition(), msg.offset(), msg.value(), "kafka", seq)
-                    self.acks.append(ack)
+                    offset = msg.offset()
+                    ack = Ack(
+                        self.topic,
+                        msg.partition(),
+                        -1 if offset is None else offset,
+                        msg.value(),
+                        "kafka",
+                        seq,
+                    )
+                    (self.offsetless if offset is None else self.acks).append(ack)
 
         try:
             config: dict[str, object] = {
@@ -405,17 +418,16 @@ class Workload:
         that consumer read of its partition: to tell a stuck consumer or high watermark from an
         acknowledgement naming an offset the log does not hold."""
         with self._lock:
-            got: dict[str, set[tuple[int, int]]] = {"c": set(), "k": set()}
+            got = self._read_by_consumer()
             top: dict[tuple[str, int], int] = {}
             for r in self.reads:
-                got[r.consumer].add((r.partition, r.offset))
                 top[(r.consumer, r.partition)] = max(top.get((r.consumer, r.partition), -1), r.offset)
             out = [
                 f"{who}: {a.producer} {a.payload!r} at {a.partition}/{a.offset} (read to "
                 f"{top.get((who, a.partition), -1)})"
-                for a in self.acks
+                for a in (*self.acks, *self.offsetless)
                 for who, seen in got.items()
-                if (a.partition, a.offset) not in seen
+                if _key(a) not in seen
             ]
         return out[:limit]
 
@@ -423,11 +435,18 @@ class Workload:
         """Per consumer ("c": ours, "k": the Kafka group member), the acknowledged records it
         never read."""
         with self._lock:
-            acked = {(a.partition, a.offset) for a in self.acks}
-            got: dict[str, set[tuple[int, int]]] = {"c": set(), "k": set()}
-            for r in self.reads:
-                got[r.consumer].add((r.partition, r.offset))
+            acked = {_key(a) for a in (*self.acks, *self.offsetless)}
+            got = self._read_by_consumer()
         return {who: len(acked - seen) for who, seen in got.items()}
+
+    def _read_by_consumer(self) -> dict[str, set[tuple[int, object]]]:
+        """What each consumer read, as `_key`s: (partition, offset), and (partition, payload) for
+        matching the acknowledgements that came without an offset."""
+        got: dict[str, set[tuple[int, object]]] = {"c": set(), "k": set()}
+        for r in self.reads:
+            got[r.consumer].add((r.partition, r.offset))
+            got[r.consumer].add((r.partition, r.payload))
+        return got
 
     # ----------------------------------------------------------------------------- verdict
 
@@ -453,5 +472,36 @@ class Workload:
             return all(r.end == hws[r.partition] for r in replicas)
 
         wait_until(quiet, SETTLE_S, f"{topic}: every replica at the high watermark", step=0.2)
-        violations = check(self.acks, self.reads, replicas, {(topic, p): hw for p, hw in hws.items()})
-        return Verdict(violations, len(self.acks), len(self.reads), hws)
+        placed = [_placed(a, replicas) for a in self.offsetless]
+        acks = [*self.acks, *(a for a in placed if a.offset >= 0)]
+        violations = check(acks, self.reads, replicas, {(topic, p): hw for p, hw in hws.items()})
+        violations += [
+            Violation(
+                "lost",
+                topic,
+                a.partition,
+                -1,
+                f"{a.payload!r} (acked, no offset) on no replica",
+            )
+            for a in placed
+            if a.offset < 0
+        ]
+        return Verdict(violations, len(self.acks) + len(placed), len(self.reads), hws)
+
+
+def _key(a: Ack) -> tuple[int, object]:
+    """How a consumer's reads are searched for an acknowledgement: by its offset, or by its
+    (unique) payload when the client gave no offset."""
+    return (a.partition, a.payload) if a.offset < 0 else (a.partition, a.offset)
+
+
+def _placed(a: Ack, replicas: Sequence[Replica]) -> Ack:
+    """An acknowledgement without an offset, given the offset an in-sync replica holds its payload
+    at (the checker then judges it as any other: on every replica once, in its producer's order);
+    -1 when no replica holds it."""
+    for r in replicas:
+        if r.partition == a.partition and r.in_sync:
+            for offset, payload in r.records:
+                if payload == a.payload:
+                    return dataclasses.replace(a, offset=offset)
+    return a

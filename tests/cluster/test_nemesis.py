@@ -101,10 +101,11 @@ def finish(w: Workload, what: str, failovers: list[float], extra: str = "") -> N
     verdict = w.verdict()
     unread = w.unread()
     kinds = Counter(v.kind for v in verdict.violations)
-    kafka_acks = sum(a.producer == "kafka" for a in w.acks)
+    kafka_acks = sum(a.producer == "kafka" for a in w.acks) + len(w.offsetless)
     print(
         f"\nNEMESIS {what}: failover {spread(failovers)}; {verdict.acks} acked ({kafka_acks} by the "
-        f"Kafka producer), {verdict.reads} read, {len(verdict.violations)} violations "
+        f"Kafka producer, {len(w.offsetless)} of them without an offset), {verdict.reads} read, "
+        f"{len(verdict.violations)} violations "
         f"({kinds['lost']} lost, {kinds['duplicated']} duplicated, {kinds['reordered']} reordered)"
         f"{extra}; consumer restarts {len(w.consumer_failures)}"
     )
