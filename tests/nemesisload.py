@@ -166,9 +166,11 @@ class Workload:
         self.partitions = partitions
         self.tag = tag
         self.acks: list[Ack] = []
-        # Kafka's acknowledgements that came without an offset (librdkafka delivers a record with
-        # offset -1001 when it counts it persisted without an offset from the broker): judged by
-        # their unique payload, resolved to the offset the replicas hold at the verdict
+        # Kafka's acknowledgements that came without an offset: librdkafka's implicit ack (a
+        # request whose outcome it could not know, timed out on a leader cut off, is counted
+        # persisted once a later request of the partition succeeds, and its records are delivered
+        # with offset -1001). Judged by their unique payload, placed at the offset the replicas
+        # hold them at the verdict.
         self.offsetless: list[Ack] = []
         self.reads: list[Read] = []
         self.attempts: dict[int, list[Attempt]] = {p: [] for p in range(partitions)}
