@@ -189,10 +189,18 @@ def test_a_follower_answers_not_owner(cluster: Cluster) -> None:
         topic_id = admin.create_topic("plain", 1, replication=3)
     state = wait_for(lambda: cluster.states(1, topic_id).get(0))
     follower = next(i for i in state["replicas"] if i != state["leader"])
-    # a client that does not route: straight to the follower's node
+    # a client that does not route: straight to the follower's node, once that node has taken
+    # the new topic's state from etcd (before, it knows no such partition yet: a busy CI machine
+    # got UNKNOWN_TOPIC_OR_PARTITION between the controller's write and the follower's watch)
     wire = Wire(cluster.nodes[follower].port)
     try:
-        resp = wire.rpc(m.ProduceRequest(topic_id=topic_id, partition=0, acks=1, records=b""))
+        resp = wait_for(
+            lambda: (
+                (r := wire.rpc(m.ProduceRequest(topic_id=topic_id, partition=0, acks=1, records=b""))).error
+                != m.ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                and r
+            )
+        )
     finally:
         wire.close()
     assert resp.error == m.ErrorCode.NOT_OWNER, resp
