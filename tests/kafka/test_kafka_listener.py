@@ -15,6 +15,7 @@ import subprocess
 
 import pytest
 from brokerproc import BrokerProcess, Wire
+from kafka_requests import read_exactly
 
 from broker.client import Admin, Consumer, Producer
 from ringlog_proto import messages as m
@@ -138,21 +139,11 @@ def kafka_api_versions_v0(sock: socket.socket, correlation_id: int) -> int:
     """A raw ApiVersions v0 (header v1, client_id "t"): the error code of its answer."""
     body = struct.pack(">hhih", 18, 0, correlation_id, 1) + b"t"
     sock.sendall(struct.pack(">i", len(body)) + body)
-    (size,) = struct.unpack(">i", recv_exact(sock, 4))
-    reply = recv_exact(sock, size)
+    (size,) = struct.unpack(">i", read_exactly(sock, 4))
+    reply = read_exactly(sock, size)
     corr, error = struct.unpack_from(">ih", reply)
     assert corr == correlation_id
     return int(error)
-
-
-def recv_exact(sock: socket.socket, n: int) -> bytes:
-    out = b""
-    while len(out) < n:
-        data = sock.recv(n - len(out))
-        if not data:
-            raise ConnectionError("closed")
-        out += data
-    return out
 
 
 def closed_by_peer(sock: socket.socket, timeout: float = 5) -> bool:
@@ -210,8 +201,8 @@ def test_produce_below_v3_is_refused_per_partition(broker: BrokerProcess, versio
             + struct.pack(">iii", 1, 3, 0)
         )
         sock.sendall(struct.pack(">i", len(body)) + body)
-        (size,) = struct.unpack(">i", recv_exactly(sock, 4))
-        data = recv_exactly(sock, size)
+        (size,) = struct.unpack(">i", read_exactly(sock, 4))
+        data = read_exactly(sock, size)
         corr, topics, n = struct.unpack_from(">iih", data)
         assert (corr, topics, n, data[10:11]) == (7, 1, 1, b"x")
         parts, index, code, offset = struct.unpack_from(">iihq", data, 11)
@@ -219,12 +210,3 @@ def test_produce_below_v3_is_refused_per_partition(broker: BrokerProcess, versio
         assert size == 4 + 4 + 2 + 1 + 4 + 4 + 2 + 8 + (8 if version >= 2 else 0) + (4 if version >= 1 else 0)
     finally:
         sock.close()
-
-
-def recv_exactly(sock: socket.socket, n: int) -> bytes:
-    out = b""
-    while len(out) < n:
-        chunk = sock.recv(n - len(out))
-        assert chunk, "closed"
-        out += chunk
-    return out

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from brokerproc import BrokerProcess, Wire
-from kafka_requests import frame, read_response
+from kafka_requests import frame, read_exactly, read_response, read_sized
 from kio.schema.errors import ErrorCode
 from scramp import ScramClient
 from securitylab import Unavailable, add_user, consume, create_topic, produce, start_broker
@@ -123,20 +123,10 @@ def test_kcat_scram(broker: BrokerProcess) -> None:
 
 def _exchange(s: socket.socket, api_key: int, version: int, corr: int, body: Any) -> Any:
     s.sendall(frame(api_key, version, corr, body))
-    head = _read(s, 4)
-    got_corr, resp = read_response(api_key, version, head + _read(s, struct.unpack(">i", head)[0]))
+    head = read_exactly(s, 4)
+    got_corr, resp = read_response(api_key, version, head + read_exactly(s, struct.unpack(">i", head)[0]))
     assert got_corr == corr
     return resp
-
-
-def _read(s: socket.socket, n: int) -> bytes:
-    out = b""
-    while len(out) < n:
-        chunk = s.recv(n - len(out))
-        if not chunk:
-            raise ConnectionError("closed")
-        out += chunk
-    return out
 
 
 def test_handshake_v0_bare_tokens(broker: BrokerProcess) -> None:
@@ -151,14 +141,14 @@ def test_handshake_v0_bare_tokens(broker: BrokerProcess) -> None:
             client = ScramClient(["SCRAM-SHA-256"], "alice", password)
             first = client.get_client_first().encode()
             s.sendall(struct.pack(">i", len(first)) + first)
-            server_first = _read(s, struct.unpack(">i", _read(s, 4))[0])
+            server_first = read_sized(s)
             client.set_server_first(server_first.decode())
             final = client.get_client_final().encode()
             s.sendall(struct.pack(">i", len(final)) + final)
             if not ok:
                 assert s.recv(4) == b""  # v0 has no error frame: the connection closes
                 continue
-            server_final = _read(s, struct.unpack(">i", _read(s, 4))[0])
+            server_final = read_sized(s)
             client.set_server_final(server_final.decode())  # the server knew the credential
             meta = _exchange(s, 3, 1, 2, MetadataRequest(topics=None))
             assert meta.brokers  # authenticated: served
