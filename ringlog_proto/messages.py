@@ -236,7 +236,7 @@ class Reader:
 
 # Items one array of a request may hold (topic names, protocols, assignments, partitions): what a
 # client names exists (the broker's partitions are bounded, --max-partitions), and a request of
-# 8 MiB of names held its core for seconds (issue 37, docs/LIMITS.md). More: INVALID_REQUEST.
+# 8 MiB of names held its core for seconds (docs/LIMITS.md). More: INVALID_REQUEST.
 REQUEST_ARRAY_MAX = 16_384
 
 

@@ -20,7 +20,7 @@ Rules this module keeps:
   the checker also finds records acknowledged out of their producer's order.
 - Our consumer reads every partition from the earliest offset (assigned) and keeps every record it
   is handed; the Kafka consumer is a group member (subscribed, long polls of `fetch.wait.max.ms`,
-  offsets auto-committed every second), the case that once failed stored produces (issue 37). Each
+  offsets auto-committed every second), the case that once failed stored produces. Each
   must end up having read every acknowledged record.
 - Replicas are read from the running nodes' data dirs only once the cluster is quiet: the workload
   stopped, every partition's in-sync set whole and every replica's log ending at the high

@@ -980,7 +980,7 @@ class BackendCore:
 
         A wake runs inside whatever grew the partition (an append's completion, a high watermark
         moved by a follower's fetch): nothing that goes wrong in it may escape into that request
-        (issue 37, item 10: a stored produce answered UNKNOWN_SERVER_ERROR). It is logged, and the
+        (a stored produce answered UNKNOWN_SERVER_ERROR). It is logged, and the
         parked request gets an error answer (ours) or its connection is dropped (Kafka's, as the
         adapter does for a failure it has no answer shape for)."""
         partitions = outcome.partitions
@@ -1632,7 +1632,7 @@ class BackendCore:
         waiting = memory.waiting
         # Bytes received and not taken that alone reach the core's budget: no request can be
         # taken, and no frame completed, until some of them go, and only a close lets them go
-        # (issue 37: 33 connections stalled in 8 MiB frames wedged a core for good). The frame
+        # (33 connections stalled in 8 MiB frames wedged a core for good). The frame
         # clock of a connection waiting for the core then runs on, as it does for one read, and
         # those past the frame timeout are closed oldest first (an attacker's, who started
         # first), only until the rest fit the budget: a client whose request arrived whole

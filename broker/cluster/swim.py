@@ -21,7 +21,7 @@ Rules this module keeps:
   the last one (which no refutation can beat) is counted and ignored instead of overflowing.
 - A PING from node id 0 (a tool that is not a broker, signed with the key) gets the plain ACK.
 - Member states are the `State` enum, never strings: a comparison with a misspelt or wrongly
-  cased string cannot silently be false everywhere (issue 37: SWIM's deaths never reached the
+  cased string cannot silently be false everywhere (SWIM's deaths never reached the
   cluster agent because its supervisor compared "dead" with "DEAD").
 - Failure detection (SWIM, Das et al. 2002): once per protocol period, probe one member (round robin
   over a shuffled list, so each is probed within two periods of its turn); no ACK within

@@ -49,7 +49,7 @@ SESSION_TIMEOUT_MS_MAX = 1_800_000  # Kafka's group.max.session.timeout.ms
 INITIAL_REBALANCE_DELAY_MS = 3_000  # Kafka's group.initial.rebalance.delay.ms
 # Protocols one member may list: Kafka clients send one per assignor (Java and librdkafka two or
 # three). Every join compares a member's list with the others', so an unbounded list (~650k fit in
-# a request) made one JoinGroup hold its core for minutes (issue 37). More: INVALID_REQUEST.
+# a request) made one JoinGroup hold its core for minutes. More: INVALID_REQUEST.
 PROTOCOLS_MAX = 64
 
 

@@ -369,7 +369,7 @@ class Handlers:
         of topics that are gone. Never removes files (see broker/core/topics.py)."""
         if force:
             # One forced reread per millisecond at most: a request naming thousands of unknown
-            # topics or partitions asked for one per entry (~30 us each, issue 37); between two,
+            # topics or partitions asked for one per entry (~30 us each); between two,
             # the replace check below still sees a registry another core rewrote.
             now = time.monotonic()
             if now - self._forced_at < FORCED_REFRESH_GAP_S:

@@ -137,7 +137,7 @@ def fit_to_descriptors(limits: Limits, nofile: int) -> tuple[Limits, list[str]]:
     limit, at least FD_RESERVE_MIN) for accepts, reads in flight and restarts. Of what is left,
     partitions get at most a half, the cache at most an eighth, connections the rest: a client
     that creates and uses every partition it may still leaves room for others' connections and
-    for a restart at the same limit (issue 37: at 1024, 3000 partitions bricked the broker)."""
+    for a restart at the same limit (at 1024, 3000 partitions bricked the broker)."""
     reserve = max(FD_RESERVE_MIN, nofile // 32)
     room = nofile - FIXED_FDS_PER_WORKER - reserve
     if room < 64:

@@ -85,7 +85,7 @@ class PendingProduce:
         pending = self.pending
         p.log.complete_append(pending)
         # Stored and visible from here: a failure of what follows (a bug) must not make the
-        # produce an error answer, which its producer would resend (issue 37, item 10).
+        # produce an error answer, which its producer would resend.
         try:
             p.producers.stored(pending.headers)
             h = pending.headers[0]
@@ -442,7 +442,7 @@ class Partition:
     def wake_waiters(self) -> None:
         """Wake every parked long poll. Called from inside what grew the partition (an append's
         completion, a moved high watermark): a waiter that fails is logged and the others still
-        run; nothing escapes into that request (issue 37, item 10: it was a stored produce
+        run; nothing escapes into that request (it was a stored produce
         answered UNKNOWN_SERVER_ERROR, then resent by its producer as a duplicate)."""
         waiters, self.waiters = self.waiters, []
         for wake in waiters:

@@ -66,8 +66,7 @@ class PredecessorPendingError(RetryInFlightError):
     this one were most likely refused a moment ago by this same replica, while it still
     followed (NOT_OWNER), and will be resent first. Retriable, where Kafka answers
     OUT_OF_ORDER_SEQUENCE: on that answer librdkafka bumps its epoch and resends every
-    unacknowledged record, those this replica already holds included (duplicates; issue 37,
-    item 10)."""
+    unacknowledged record, those this replica already holds included (duplicates)."""
 
 
 @dataclass(slots=True)

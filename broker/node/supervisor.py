@@ -299,7 +299,7 @@ def _check_port_free(family: int, host: str, port: int) -> None:
 def unusable_data_dir(data_dir: str, exc: OSError) -> StartError:
     """Why the broker cannot start on `data_dir`. A full disk is said plainly: an existing data
     dir starts on one (nothing it needs is written), but a new one (missing, or empty: a mount
-    point) needs blocks for its directories, and no broker can serve without them (issue 37; as
+    point) needs blocks for its directories, and no broker can serve without them (as
     Kafka, which cannot write its meta.properties, the start fails: exit status 1)."""
     path = os.path.abspath(data_dir)
     if exc.errno in NO_SPACE_ERRNOS:
@@ -437,7 +437,7 @@ class Supervisor:
                 raise StartError("--node-id/--join need the membership endpoint (--membership-port)")
             return
         if port is None and not clustered:
-            return  # a single node opens no UDP port it was not asked for (issue 37)
+            return  # a single node opens no UDP port it was not asked for
         if self.config.membership_key_file is None:
             raise StartError(
                 "the membership endpoint needs the cluster key (--membership-key-file; docs/CLUSTER.md)"
@@ -767,7 +767,7 @@ class Supervisor:
             ) from exc
         self.agent = agent
 
-        # swim.State on both sides: no string of another case can make every event miss (issue 37).
+        # swim.State on both sides: no string of another case can make every event miss.
         self.on_member_event = lambda ev: agent.member_changed(ev.view.member.node_id, ev.kind)
 
     def _liveness_fds(self) -> tuple[int, ...]:

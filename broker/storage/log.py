@@ -597,7 +597,7 @@ class Log:
             # ext4 keeps the blocks a failed fallocate did get and the file size it reached:
             # left there, they hold the space a full disk has left (or just got back) as zeros
             # no append counts on, and every other partition's writes fail until a restart cuts
-            # them (issue 37). Cut back to what is counted: the appends prepared so far (writes
+            # them. Cut back to what is counted: the appends prepared so far (writes
             # in flight land below `_reserved_size`) or what was allocated before.
             with contextlib.suppress(OSError):
                 seg.truncate_allocation(max(self._reserved_size, seg.allocated))

@@ -1,4 +1,4 @@
-"""The membership endpoint of a real `broker serve` against hostile datagrams (issue 37).
+"""The membership endpoint of a real `broker serve` against hostile datagrams.
 
 What a packet can do to a broker is the supervisor's business: it decodes every datagram, so one
 that escapes as an exception stops the process. These tests send what an attacker on the network
@@ -17,9 +17,9 @@ from brokerproc import TEST_KEYRING, BrokerProcess, free_udp_port, membership_ke
 from broker.cluster import swim as sw
 from broker.node import membership as mb
 
-# Issue 37's packet: header, one update, "node 0 is DEAD at incarnation 2^32-1". A single node's
-# id is 0: it used to refute with incarnation 2^32, which struct.pack refused, and the supervisor
-# died on the struct.error (the broker exited 1).
+# The packet that stopped a broker: header, one update, "node 0 is DEAD at incarnation 2^32-1".
+# A single node's id is 0: it used to refute with incarnation 2^32, which struct.pack refused, and
+# the supervisor died on the struct.error (the broker exited 1).
 KILLER_V1 = (
     b"RLMB\x01\x04"
     + bytes(2)

@@ -297,7 +297,7 @@ def test_a_follower_behind_the_leaders_log_start_starts_over_there(pair: tuple[N
 def test_a_new_leader_answers_a_sequence_gap_retriably_while_its_predecessors_may_follow(
     pair: tuple[Node, Node], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 37, item 10: an idempotent producer's pipeline reaches a follower just as it is made
+    """An idempotent producer's pipeline reaches a follower just as it is made
     leader. s0 (which it holds) and s1 (which it lacks) come while it still follows and are
     refused NOT_OWNER; s2 comes once it leads. Kafka's answer to that gap, OUT_OF_ORDER_SEQUENCE,
     makes librdkafka bump its epoch and resend s0 too: stored twice. A retriable answer lets

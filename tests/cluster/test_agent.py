@@ -128,7 +128,7 @@ def test_membership_signal_revokes_a_dead_nodes_session(nodes: list[Node]) -> No
 def test_a_node_that_cannot_reach_etcd_keeps_leading(etcd_cluster, tmp_path: Path) -> None:
     """etcd down (killed, restarted) for twice the TTL: the node goes on leading what the store last
     named it leader of (no view it publishes meanwhile says otherwise), as a Kafka broker does
-    while its controller quorum is away (issue 37, item 12: it fenced itself after 3/4 of the
+    while its controller quorum is away (it fenced itself after 3/4 of the
     TTL, and every partition went without acks for the whole outage). Its session then lapses
     for real (revoked, as the controller does for a node confirmed dead): the store answers
     LeaseNotFound and the node leads nothing until it has registered again."""

@@ -69,7 +69,7 @@ def test_moved_and_duplicated_records() -> None:
 
 
 def test_a_producers_records_out_of_its_order_are_reordered() -> None:
-    """Acknowledged at offsets against the order one producer sent them (the issue 37 duplicate:
+    """Acknowledged at offsets against the order one producer sent them (the epoch-bump duplicate:
     a stored batch answered an error, resent after later ones under a new epoch); another
     producer's order is its own."""
     rep = Replica(0, T, 0, log(b"p1", b"q0", b"p0", b"q1"))

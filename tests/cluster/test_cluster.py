@@ -134,7 +134,7 @@ def test_replicas_are_identical_and_failover_loses_nothing(cluster: Cluster) -> 
 
 
 def test_swim_moves_a_killed_nodes_partitions_before_its_lease_expires(etcd, tmp_path: Path) -> None:
-    """Issue 37: SWIM's verdicts never reached the cluster agent (the supervisor compared the
+    """SWIM's verdicts never reached the cluster agent (the supervisor compared the
     states with strings of another case), so failover waited for the dead node's etcd lease. With
     a 10 s lease, only SWIM's DEAD (about 1.5 s, then the controller revokes the lease) can move
     the partitions of a node killed with -9 within 6 s. Then the controller is killed: the
@@ -406,7 +406,7 @@ def test_committed_offsets_survive_the_coordinators_death(cluster: Cluster) -> N
 def test_a_long_polling_kafka_consumer_costs_the_producer_nothing(cluster: Cluster) -> None:
     """A Kafka consumer parked on a replicated partition is woken by each append of its leader,
     before the high watermark passes it: it finds nothing to return and must park again. Each
-    acks=all produce meanwhile is answered as stored, exactly once (issue 37, item 10: the re-park
+    acks=all produce meanwhile is answered as stored, exactly once (the re-park
     failed an assertion inside the append's completion, the stored produce was answered
     UNKNOWN_SERVER_ERROR, the idempotent producer bumped its epoch and resent it: a duplicate)."""
     confluent_kafka = pytest.importorskip("confluent_kafka")
@@ -467,7 +467,7 @@ def test_group_offsets_while_etcd_is_down(etcd_cluster, tmp_path: Path) -> None:
     as when its offsets topic is unavailable; ours:
     REQUEST_TIMED_OUT) once the store's deadline passes, on a thread: meanwhile the core goes on
     serving, and a produce to a partition whose in-sync set does not change is acknowledged
-    (issue 37, item 12: OffsetFetch died on StoreUnavailable, the client got no answer)."""
+    (OffsetFetch died on StoreUnavailable, the client got no answer)."""
     from kafka_requests import build, frame, read_response
 
     from broker.kafka.codec import request_schema
@@ -605,7 +605,7 @@ def test_any_node_answers_a_groups_committed_offsets(cluster: Cluster) -> None:
 
 
 def test_a_new_leader_answers_a_sequence_gap_retriably(cluster: Cluster) -> None:
-    """Issue 37, item 10, on real processes: an idempotent producer's s1 is refused NOT_OWNER by
+    """On real processes: an idempotent producer's s1 is refused NOT_OWNER by
     a follower, whose leader is then killed; s2 reaches the new leader right after it began to
     lead. Kafka's answer to that gap, OUT_OF_ORDER_SEQUENCE, makes librdkafka bump its epoch and
     resend everything unacknowledged (duplicating what the new leader already held); ours is

@@ -76,7 +76,7 @@ def test_three_brokers_converge_detect_a_kill_and_a_restart(trio: list[BrokerPro
     )  # a tool holding the key gets the plain ack
     assert (ack.kind, ack.sequence, ack.node_id, ack.port) == (membership.ACK, 9, 3, c.port)
 
-    # Issue 37: "node 3 is DEAD at incarnation 2^32-1", sent to node 1 alone, used to stop node 3
+    # "node 3 is DEAD at incarnation 2^32-1", sent to node 1 alone, used to stop node 3
     # once node 1 gossiped it. Without the key it is dropped where it lands, in either version.
     dead3 = sw.Packet(sw.SYNC, 1, 99, 1, 1, 1, updates=(sw.Update(sw.DEAD, 3, 0xFFFFFFFF),))
     unsigned = sw.encode(dead3, TEST_KEYRING)[: -sw.TAG_SIZE]

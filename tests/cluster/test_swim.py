@@ -275,7 +275,7 @@ def test_runs_replay_exactly_from_the_seed() -> None:
 
 
 def test_dead_about_itself_at_the_last_incarnation_does_not_raise() -> None:
-    """Issue 37: 34 bytes saying "you are dead at incarnation 2^32-1" made the refutation's
+    """34 bytes saying "you are dead at incarnation 2^32-1" made the refutation's
     incarnation 2^32, which no u32 field holds: struct.error out of receive stopped the broker."""
     node = sw.Swim(member(1), KEYRING, rng=random.Random(1), incarnation=5)
     last = 0xFFFFFFFF

@@ -1,4 +1,4 @@
-"""Compressed batches through Kafka's Produce (issue 37): librdkafka's real gzip, snappy, lz4 and
+"""Compressed batches through Kafka's Produce: librdkafka's real gzip, snappy, lz4 and
 zstd batches are stored and consumed back; hand-made poison under a valid crc (garbage, a cut
 stream, records that do not frame or miscount, a decompression bomb) is refused as Kafka refuses
 it (CORRUPT_MESSAGE; MESSAGE_TOO_LARGE for the bomb), nothing is stored, and the broker keeps

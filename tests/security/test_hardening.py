@@ -1,4 +1,4 @@
-"""Defects found from outside (issue 37), each seen the way an outsider sees it: through real
+"""Defects found from outside, each seen the way an outsider sees it: through real
 brokers with SASL, real Kafka clients or raw Kafka frames, our own protocol's frames, and the
 `broker` commands.
 

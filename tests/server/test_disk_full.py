@@ -321,7 +321,7 @@ def test_disk_filling_under_a_live_broker(small_disk: Path, tmp_path: Path, back
 def test_every_core_takes_writes_again_once_space_is_freed(
     small_disk: Path, tmp_path: Path, backend: str
 ) -> None:
-    """Issue 37, item 17: on ext4 one of two cores kept refusing every produce after space was
+    """On ext4 one of two cores kept refusing every produce after space was
     freed (16 s and more, until a restart) while the other resumed within a second. Producers
     fill the disk through partitions of both cores (real ENOSPC: --min-free-bytes 0); once the
     filler goes, every partition takes writes again within a few seconds."""
@@ -384,7 +384,7 @@ def test_every_core_takes_writes_again_once_space_is_freed(
 def test_a_new_data_dir_on_a_full_disk_is_refused_with_a_clear_message(
     small_disk: Path, tmp_path: Path
 ) -> None:
-    """Issue 37, item 17: an existing data dir starts on a full disk (see above), a new one cannot
+    """An existing data dir starts on a full disk (see above), a new one cannot
     (its directories need blocks): `broker serve` exits 1 at once saying that the disk is full
     and what to do, for a data dir missing or empty (a mount point), and starts once there is
     room. Before, it said only "unusable: [Errno 28] No space left on device"."""

@@ -347,7 +347,7 @@ def test_timeouts_of_zero_disable_them_and_the_sweep_still_runs_each_second() ->
     assert BackendCore(BrokerConfig(limits=Limits(frame_timeout_ms=800))).sweep_s == 0.2
 
 
-# ------------------------------------------------------------------------------- issue 37, item 13
+# ---------------------------------------------------------------- partial frames holding the budget
 
 
 def stall_partial_frames(port: int, n: int, sent: int) -> list[socket.socket]:
@@ -366,7 +366,7 @@ def test_stalled_partial_frames_holding_the_core_budget_time_out_and_closes_are_
     tmp_path: Path, backend: str
 ) -> None:
     """Partial frames that together hold the core's whole budget stop it reading any connection.
-    Before issue 37 the io_uring core stayed wedged for good: the sweep restarted the frame clock
+    Without the fix the io_uring core stayed wedged for good: the sweep restarted the frame clock
     of every connection waiting for the core's budget (the stalled ones included), and sockets it
     did not read never showed their EOF, so even closing the attackers did not free it. Now a
     core out of budget notices closed connections (within a sweep), and partial frames that alone

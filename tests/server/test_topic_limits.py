@@ -271,7 +271,7 @@ def test_creating_thousands_of_partitions_does_not_stall_other_clients(tmp_path:
 def test_partitions_are_capped_by_the_open_file_limit_and_the_broker_restarts_at_it(
     tmp_path: Path, backend: str
 ) -> None:
-    """Issue 37, item 18: at a hard open-file limit of 1024 the default --max-partitions (4000)
+    """At a hard open-file limit of 1024 the default --max-partitions (4000)
     let a client create 3000 partitions; using them exhausted the worker's descriptors (produces
     to other topics failed, new connections were reset) and the broker could not restart. Now
     the limits are sized from the open-file limit at start: creating partitions beyond what fits

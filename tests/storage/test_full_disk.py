@@ -116,8 +116,8 @@ def test_disk_space_refuses_below_the_floor_and_after_enospc(tmp_path: Path) -> 
 
 
 def test_a_preallocation_the_disk_refuses_gives_back_what_it_got(small_disk: Path) -> None:  # noqa: F811
-    """ext4 keeps the blocks a failed fallocate did get, and the file size it reached (issue 37,
-    item 17: a partition's step of 8 MiB, taken as space came back, left the disk full of its
+    """ext4 keeps the blocks a failed fallocate did get, and the file size it reached (a
+    partition's step of 8 MiB, taken as space came back, left the disk full of its
     zeros, and every other core's writes were refused until a restart). A log appending fast
     on a real small ext4 never holds more file than it counts as allocated."""
     config = LogConfig(segment_bytes=64 << 20, max_batch_bytes=2 << 20, retention_ms=None)
