@@ -735,8 +735,6 @@ class BackendCore:
         self.kafka = KafkaAdapter(self.handlers, config)
         self.peers = PeerPool.for_config(config, self.open_peer, self.stopping, self.call_later)
         self.forwarder = Forwarder(self.handlers, self.peers.send_to_core, self.call_later)
-        peers = self.peers
-        self.handlers.ask_core = lambda core, frame, done: peers.send_to_core(core, frame, False, done)
         self.remote_links = RemoteLinks(
             self.open_remote, self.call_later, self.stopping, login=self._peer_login()
         )

@@ -105,9 +105,6 @@ from ringlog_proto.batch import now_ms
 from ringlog_proto.frames import Frame
 from ringlog_proto.routing import coordinator_for, coordinator_node, owner, shard_for
 
-AskCore = Callable[[int, Frame, Callable[[Frame | BaseException], None]], None]
-
-
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
@@ -220,7 +217,6 @@ class Handlers:
         self.remote_links: RemoteLinks | None = None
         # a request to another core of this broker and its answer (the backend's peer links); None
         # in tests without them
-        self.ask_core: AskCore | None = None
         self._forced_at = -1.0  # when `refresh_topics(force=True)` last reread the registry
         self.space = DiskSpace(config.data_dir, config.limits.min_free_bytes)  # broker/storage/diskspace.py
         os.makedirs(layout.topics_dir(config.data_dir), exist_ok=True)

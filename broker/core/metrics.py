@@ -49,7 +49,6 @@ class CoreMetrics:
     """Counters of one core. Owned by that core's event-loop thread."""
 
     __slots__ = (
-        "asked_count",
         "auth_denied",
         "auth_failures",
         "backend",
@@ -84,7 +83,6 @@ class CoreMetrics:
         self.auth_denied = 0  # requests the ACLs refused (broker/security/acls.py)
         self.forwarded_out = 0
         self.forwarded_in_count = 0
-        self.asked_count = 0
         self.latency_us = [0] * LATENCY_BUCKETS
         self.flushes = 0
         self.flush_waiters = 0
@@ -122,11 +120,6 @@ class CoreMetrics:
     def forwarded_in(self) -> None:
         """A request arrived from another core (on the inter-core listener)."""
         self.forwarded_in_count += 1
-
-    def asked(self) -> None:
-        """This core asked another core a question of its own (`Handlers.ask_core`): the other
-        core counts it in its `forwarded_in`."""
-        self.asked_count += 1
 
     def error(self) -> None:
         self.errors += 1
@@ -178,7 +171,6 @@ class CoreMetrics:
             "auth_denied": self.auth_denied,
             "forwarded": self.forwarded_out,
             "forwarded_in": self.forwarded_in_count,
-            "asked": self.asked_count,
             "flushes": self.flushes,
             "flush_waiters": self.flush_waiters,
             "flush_syncs_inline": self.flush_syncs_inline,
