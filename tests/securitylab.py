@@ -58,6 +58,17 @@ def scram_server_first(
     return dict(part.split("=", 1) for part in text.split(","))
 
 
+def sasl_conf(b: BrokerProcess, user: str, password: str, mechanism: str = "SCRAM-SHA-512") -> dict[str, Any]:
+    """librdkafka's settings for `user` over SASL without TLS."""
+    return {
+        "bootstrap.servers": b.bootstrap,
+        "security.protocol": "SASL_PLAINTEXT",
+        "sasl.mechanism": mechanism,
+        "sasl.username": user,
+        "sasl.password": password,
+    }
+
+
 def start_broker(workdir: Path, backend: str, extra: tuple[str, ...], cores: int = 1) -> BrokerProcess:
     """A broker on `workdir`/data; raises `Unavailable` when io_uring was asked for and is not here."""
     b = BrokerProcess(

@@ -11,7 +11,16 @@ from typing import Any
 
 import pytest
 from brokerproc import BrokerProcess
-from securitylab import Unavailable, add_user, broker_cli, consume, create_topic, produce, start_broker
+from securitylab import (
+    Unavailable,
+    add_user,
+    broker_cli,
+    consume,
+    create_topic,
+    produce,
+    sasl_conf,
+    start_broker,
+)
 
 from broker.security.acls import AclBinding, AclError, AclStore, Authorizer
 
@@ -90,13 +99,7 @@ def broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BrokerPro
 
 
 def conf(b: BrokerProcess, user: str) -> dict[str, Any]:
-    return {
-        "bootstrap.servers": b.bootstrap,
-        "security.protocol": "SASL_PLAINTEXT",
-        "sasl.mechanism": "SCRAM-SHA-512",
-        "sasl.username": user,
-        "sasl.password": PW[user],
-    }
+    return sasl_conf(b, user, PW[user])
 
 
 def test_acls_against_librdkafka(broker: BrokerProcess) -> None:

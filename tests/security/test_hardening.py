@@ -36,7 +36,16 @@ from brokerproc import BrokerProcess, Wire
 from kafka_requests import frame, read_exactly, read_response, read_sized
 from kio.schema.errors import ErrorCode
 from scramp import ScramClient
-from securitylab import Pki, add_user, broker_cli, create_topic, produce, scram_server_first, start_or_skip
+from securitylab import (
+    Pki,
+    add_user,
+    broker_cli,
+    create_topic,
+    produce,
+    sasl_conf,
+    scram_server_first,
+    start_or_skip,
+)
 
 from broker.security.credentials import SCRAM_MECHANISMS, make_credential
 from ringlog_proto import messages as m
@@ -50,13 +59,7 @@ MECHANISMS = "SCRAM-SHA-512,SCRAM-SHA-256,PLAIN"
 
 
 def kafka_conf(b: BrokerProcess, user: str) -> dict[str, Any]:
-    return {
-        "bootstrap.servers": b.bootstrap,
-        "security.protocol": "SASL_PLAINTEXT",
-        "sasl.mechanism": "SCRAM-SHA-512",
-        "sasl.username": user,
-        "sasl.password": PW[user],
-    }
+    return sasl_conf(b, user, PW[user])
 
 
 def kafka_login(port: int, user: str, password: str, mechanism: str = "SCRAM-SHA-512") -> socket.socket:

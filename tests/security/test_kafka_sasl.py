@@ -18,7 +18,7 @@ from brokerproc import BrokerProcess, Wire
 from kafka_requests import frame, read_exactly, read_response, read_sized
 from kio.schema.errors import ErrorCode
 from scramp import ScramClient
-from securitylab import Unavailable, add_user, consume, create_topic, produce, start_broker
+from securitylab import Unavailable, add_user, consume, create_topic, produce, sasl_conf, start_broker
 
 from ringlog_proto import messages as m
 
@@ -48,13 +48,7 @@ def broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BrokerPro
 def conf(
     b: BrokerProcess, mechanism: str = "SCRAM-SHA-512", user: str = "alice", password: str = PASSWORD
 ) -> dict[str, Any]:
-    return {
-        "bootstrap.servers": b.bootstrap,
-        "security.protocol": "SASL_PLAINTEXT",
-        "sasl.mechanism": mechanism,
-        "sasl.username": user,
-        "sasl.password": password,
-    }
+    return sasl_conf(b, user, password, mechanism)
 
 
 @pytest.mark.parametrize("mechanism", ["SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN"])
