@@ -215,8 +215,6 @@ class Handlers:
         # This core's TCP links to other brokers' cores (broker/core/remote.py), set by the backend
         # that serves it: how replication reaches a leader's core. None without a backend (tests).
         self.remote_links: RemoteLinks | None = None
-        # a request to another core of this broker and its answer (the backend's peer links); None
-        # in tests without them
         self._forced_at = -1.0  # when `refresh_topics(force=True)` last reread the registry
         self.space = DiskSpace(config.data_dir, config.limits.min_free_bytes)  # broker/storage/diskspace.py
         os.makedirs(layout.topics_dir(config.data_dir), exist_ok=True)
