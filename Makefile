@@ -44,8 +44,8 @@ spark-demo: setup
 bench-spark: setup
 	$(PY) bench/spark.py
 
-# Issue 13's targets in one run: both backends beside Redis (latency, durability, ingest, fetch);
-# QUICK=1 for ~3 minutes.
+# The performance targets in one run (docs/PERFORMANCE.md): both backends beside Redis (latency,
+# durability, ingest, fetch); QUICK=1 for ~3 minutes.
 bench-perf: setup
 	$(PY) bench/perf.py $(if $(QUICK),--quick)
 

@@ -6,7 +6,7 @@ Run: `.venv/bin/python bench/cluster.py [--records N] [--rounds R] [--failovers 
 (`--stops-only`: only the SIGTERM rounds, for comparing the shutdown path between checkouts)
 
 What runs (all on this machine: the three nodes share its CPUs with the client, which is the
-point of the issue's goal of >= 0.5 on a 2-CPU machine):
+point of the goal of >= 0.5 on a 2-CPU machine):
 - etcd (one member, tests/cluster/etcdproc.py), three `broker serve --etcd` nodes of one core each
   on loopback, and one plain single node (no etcd) of one core; all uvloop, eBPF off.
 - Throughput: the blocking `Producer`, 1 KiB values, 3 partitions round robin, 64 KiB batches;

@@ -827,8 +827,8 @@ def ceiling_peer(conn: multiprocessing.connection.Connection, cpu: int | None) -
 
 
 def job_ceiling(port: int, peer_pid: int, stream_bytes: int, pings: int, warmup: int) -> dict[str, Any]:
-    """Stream rates (bytes/s, first round untimed), the receiver's CPU seconds per byte, and the
-    ping-pong round trips with the echo side's CPU seconds per round trip."""
+    """Stream rates (bytes/s; round 0, the warm-up, untimed), the receiver's CPU seconds per byte,
+    and the ping-pong round trips with the echo side's CPU seconds per round trip."""
     chunk = os.urandom(STREAM_CHUNK)
     rates = []
     sink_cpu = []
@@ -1323,7 +1323,7 @@ def run_tables(run: Run, args: argparse.Namespace) -> None:
         f"  acked latency 100 B p50: {fmt_us(l1['p50'])} us vs ping-pong {fmt_us(ping['p50'])} us"
         f" = {l1['p50'] / ping['p50']:.1f}x"
     )
-    print("\nTargets (from the issue)")
+    print("\nTargets")
     targets = [
         (
             "one Python producer, 1 KiB, acks=written",

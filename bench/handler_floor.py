@@ -1,6 +1,7 @@
 """What the broker's Python request handlers alone cost per request, measured in this process
 with no event loop, no socket and no backend: the least any backend that keeps the handlers in
-Python (issue 13's own direction: "the handlers stay Python") adds to the kernel's floor.
+Python (the direction the performance work keeps: the request path leaves the interpreter, the
+handlers stay Python) adds to the kernel's floor.
 
 bench/perf.py runs it beside its floors and prints floor + handlers as the lower bound of each
 CPU-per-GB target. Run alone: `.venv/bin/python bench/handler_floor.py [--rounds N]`.

@@ -1,4 +1,4 @@
-"""Issue 13's targets in one run: ringlog's two backends beside Redis, every target as a ratio.
+"""The performance targets in one run: ringlog's two backends beside Redis, every target as a ratio.
 
 Run: `.venv/bin/python bench/perf.py [--quick] [--rounds N] [--only latency,durable,ingest,fetch]
      [--variants uvloop,io_uring] [--broker-args "..."] [--json PATH] [--no-netns]
@@ -45,9 +45,9 @@ What it measures (1 KiB values; MB and GB are 10^6 and 10^9 bytes of record valu
    extent served (read through a mapping, as the broker does): the floor of a broker that checks.
    The Python handlers alone (bench/handler_floor.py, in this process after the rounds): what a
    produce and a fetch cost in the request handlers with no loop, socket or backend around them.
-5. The targets of issue 13, each with its figure, its goal and met or missed (io_uring's
+5. The targets (docs/PERFORMANCE.md), each with its figure, its goal and met or missed (io_uring's
    latency through the raw frame and the AsyncProducer, its durable latency, its ingest against
-   uvloop's, CPU per GB and fetch); then, against the same goals, the figures the issue sets none
+   uvloop's, CPU per GB and fetch); then, against the same goals, the figures no target is set
    for (uvloop's latency, the blocking Producer's acks=1); beside the CPU targets, their floor
    that checks and that floor plus the handlers alone: the least a backend that keeps the
    handlers in Python can reach on this machine.
@@ -103,7 +103,7 @@ REDIS = "/usr/bin/redis-server"
 FULL = {"samples": 5000, "warmup": 500, "ingest_bytes": 1_000_000_000}
 QUICK = {"samples": 1500, "warmup": 300, "ingest_bytes": 300_000_000}
 
-# Issue 13's goals
+# The targets' goals (docs/PERFORMANCE.md, "The targets")
 GOAL_P50_VS_REDIS = 0.8
 GOAL_P99_VS_REDIS = 1.0
 GOAL_DURABLE_P50_VS_REDIS = 1.0
@@ -789,12 +789,12 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     skip_unmeasured = args.only != "latency,durable,ingest,fetch"
 
     def target(
-        name: str, value: float | None, goal: float, below: bool, unit: str = "x", issue: bool = True
+        name: str, value: float | None, goal: float, below: bool, unit: str = "x", is_target: bool = True
     ) -> None:
-        """A row of section 5. `issue`: one of issue 13's targets; else a figure printed beside
-        them against the same goal, which the issue does not set (uvloop's latency, the baseline
-        io_uring must beat; the blocking Producer, a client beyond the issue's AsyncProducer)."""
-        rows, into = (targets, out["targets"]) if issue else (beside, out["beside"])
+        """A row of section 5. `is_target`: one of the targets; else a figure printed beside them
+        against the same goal, which no target sets (uvloop's latency, the baseline io_uring must
+        beat; the blocking Producer, a client beyond the targets' AsyncProducer)."""
+        rows, into = (targets, out["targets"]) if is_target else (beside, out["beside"])
         if value is None:  # not measured in this run (--only, --variants) or no Redis
             if not skip_unmeasured:
                 rows.append([name, "n/a", f"{'<=' if below else '>='} {goal}{unit}", "n/a"])
@@ -805,7 +805,7 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
                 name,
                 f"{value:.2f}{unit}",
                 f"{'<=' if below else '>='} {goal}{unit}",
-                ("met" if met else "MISSED") if issue else ("under" if met else "over"),
+                ("met" if met else "MISSED") if is_target else ("under" if met else "over"),
             ]
         )
         into.append({"name": name, "value": value, "goal": goal, "met": met})
@@ -821,20 +821,20 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     for b in backends:
         for client in ("Producer", "AsyncProducer", "raw socket"):
             ref = "redis everysec XADD"
-            issue = b == "io_uring" and client != "Producer"
+            is_target = b == "io_uring" and client != "Producer"
             target(
                 f"{b} acks=1 p50 / Redis everysec ({client})",
                 ratio(med(f"{b} acks=1 {client}", "p50"), med(ref, "p50")),
                 GOAL_P50_VS_REDIS,
                 True,
-                issue=issue,
+                is_target=is_target,
             )
             target(
                 f"{b} acks=1 p99 / Redis everysec ({client})",
                 ratio(med(f"{b} acks=1 {client}", "p99"), med(ref, "p99")),
                 GOAL_P99_VS_REDIS,
                 True,
-                issue=issue,
+                is_target=is_target,
             )
         for client in ("Producer", "raw socket"):
             ref = "redis always XADD"
@@ -843,7 +843,7 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
                 ratio(med(f"{b} acks=2 {client}", "p50"), med(ref, "p50")),
                 GOAL_DURABLE_P50_VS_REDIS,
                 True,
-                issue=b == "io_uring",
+                is_target=b == "io_uring",
             )
     ing = out["ingest"]
     if "io_uring" in ing and "uvloop" in ing:
@@ -894,12 +894,12 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         target(f"{b} fetch CPU-s per GB", cpu, GOAL_FETCH_CPU_S_PER_GB, True, " s")
         target(f"{b} fetch GB/s", v["gb_s"]["median"], GOAL_FETCH_GB_S, False, " GB/s")
         over_floor(f"{b} fetch", cpu, "sendfile-crc", "fetch")
-    print("\n5. Issue 13's targets (medians of the rounds above)")
+    print("\n5. The targets (medians of the rounds above)")
     table(["target", "measured", "goal", ""], targets, labels=1)
     if beside:
         print(
-            "\n   Beside them, against the same goals, figures the issue sets none for: uvloop's latency"
-            "\n   (the baseline io_uring must beat) and the blocking Producer's acks=1 (the issue's client"
+            "\n   Beside them, against the same goals, figures no target is set for: uvloop's latency"
+            "\n   (the baseline io_uring must beat) and the blocking Producer's acks=1 (the targets' client"
             "\n   is the AsyncProducer; the Producer adds a hand-off to its loop thread and back)"
         )
         table(["figure", "measured", "goal", ""], beside, labels=1)

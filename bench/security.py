@@ -22,8 +22,8 @@ with their spread:
 4. Connect + authenticate: a fresh Producer per sample, from its creation to the first delivery
    report of one record (TCP, the TLS handshake, the SASL exchange with its 8192 PBKDF2
    iterations on both sides, Metadata, the produce): p50 in milliseconds.
-Then the issue 14 figure: TLS (and TLS+SCRAM) throughput as a ratio of plaintext, per backend
-(goal on io_uring: >= 0.6).
+Then the headline figure (docs/SECURITY.md, "Figures"): TLS (and TLS+SCRAM) throughput as a ratio
+of plaintext, per backend (goal on io_uring: >= 0.6).
 """
 
 from __future__ import annotations

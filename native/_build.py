@@ -505,7 +505,7 @@ long long rl_splice_to_socket(int pipe_fd, int sock_fd, size_t length)
 }
 
 /* A blocking fdatasync leaves its CPU idle, and on a VM an idle vCPU halts: the disk's completion
-   then has to wake it through the host (~100 us on the 2-vCPU VM of issue 13, where the guest's
+   then has to wake it through the host (~100 us on the 2-vCPU VM the benches run on, where the guest's
    own halt polling is off). The poller, a thread started by the first call (inheriting the
    caller's CPU and, meanwhile, a mask blocking every signal, so signals still go to the loop's
    thread), keeps the CPU busy for the length of each call: it yields at every turn, so whatever

@@ -88,7 +88,7 @@ SOURCE = r"""
 /* The walk takes a microsecond or two and touches neither Python objects nor errno. cffi wraps
    every call in a GIL release/reacquire and an errno save/restore, which for a small batch cost
    as much as the walk itself: on the broker's produce path that was the difference between a
-   few percent and under the issue's 5% bound. These overrides apply to this module only (the
+   few percent and under the 5% the walk is allowed. These overrides apply to this module only (the
    wrappers cffi generates after this preamble): the GIL stays held, as for any C builtin. */
 #undef Py_BEGIN_ALLOW_THREADS
 #undef Py_END_ALLOW_THREADS

@@ -95,8 +95,8 @@ APPEND_INLINE_BYTES_MAX = 1024 * 1024
 # from the page cache (a mapped segment, `native.map_file`) of at least this size go to the socket
 # by reference: vmsplice into a pipe, then splice from the pipe to the socket without waiting
 # (what finds no room waits in the pipe for a poll SQE); neither copies. Bare floor servers
-# favoured it in the seventh round (1 MiB chunks with the crc check: 0.41-0.46 CPU-s/GB sending
-# the mapped bytes, 0.25-0.28 splicing them); the broker itself, in the tenth, did not. Smaller
+# favour it (1 MiB chunks with the crc check: 0.41-0.46 CPU-s/GB sending the mapped bytes,
+# 0.25-0.28 splicing them); the broker itself does not (uring_options.py, FETCH_SENDS_DEFAULT). Smaller
 # ones are copied with the rest of the reply: the extra system calls cost more than their copy.
 SPLICE_MIN_BYTES = 64 * 1024
 # Pipes a worker keeps for that, each holding one reply's records at a time (when all are busy,

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 # After a pass that completed something, the loop keeps polling the ring without sleeping for
 # this long (`--busy-poll-us`), trading CPU for the wake-up of an idle CPU. On the 2-vCPU VM it is
-# measured on (bench/perf.py, issue 13; broker on CPU 0, client on CPU 1), waking a halted vCPU
+# measured on (bench/perf.py; broker on CPU 0, client on CPU 1), waking a halted vCPU
 # costs ~40 us each way: a blocking Python echo across the CPUs has p50 81 us, against 21 us when
 # the server spins. With 200 us of polling, one-at-a-time acks=1 produce p50 went 164 -> 124 us
 # (raw frame) and 211 -> 179 us (AsyncProducer); a client on the worker's own CPU is not slowed
@@ -48,7 +48,7 @@ APPEND_WRITES = ("auto", "ring", "inline")
 # While the loop busy-polls (`--busy-poll-us`), its fdatasync keeps the CPU busy too
 # (`native.fdatasync_polled`): on a VM an idle vCPU halts, and the disk's completion then wakes
 # it through the host, ~100 us here (worker timestamps: the sync 239-273 -> 166-182 us).
-# Measured on the 2-vCPU VM (issue 13), one-at-a-time acks=2 produce, alternated with Redis
+# Measured on the 2-vCPU VM, one-at-a-time acks=2 produce, alternated with Redis
 # `always` in the same run: p50 ring 513-574 us, inline 478-520, Redis 455-487; broker CPU per
 # request 360-401 -> 308-338 us. With the polled sync, another run: ring 450-545, inline 347-411,
 # Redis 403-477, at about the ring's CPU per request (the poll instead of the halt). A bare
@@ -65,9 +65,9 @@ SYNC_INLINE_NS_MAX = 1_000_000
 # sendmsg copies them from the mapping, as any buffer (on the loop without waiting, the rest
 # through a sendmsg SQE). "splice": records of SPLICE_MIN_BYTES or more go by reference, vmsplice
 # into a pooled pipe and splice to the socket, both on the loop without waiting; what finds no
-# room waits in the pipe for a poll SQE. On the loopback of the 2-vCPU VM (issue 13, tenth round:
-# 1 MiB fetches of a warm partition, 6 rounds alternated) copy served 2.16-2.41 GB/s at 0.38-0.41
-# worker CPU-s per GB, splice 1.53-1.98 GB/s at 0.36-0.54: the copy costs less than the splice's
+# room waits in the pipe for a poll SQE. On the loopback of the 2-vCPU VM (1 MiB fetches of a warm
+# partition, 6 rounds alternated) copy served 2.16-2.41 GB/s at 0.38-0.41 worker CPU-s per GB,
+# splice 1.53-1.98 GB/s at 0.36-0.54 (docs/PERFORMANCE.md): the copy costs less than the splice's
 # page references, pipe round trips and extra loop passes save, and the client copies either way.
 # A NIC that takes the pages as they are is where splice should pay; not measured here.
 FETCH_SENDS_DEFAULT = "copy"

@@ -1,5 +1,5 @@
 """Links to other brokers' cores over TCP, without I/O: which link carries a request, failures,
-reconnects. Replication's follower fetches from its leader's core through it (issue 12).
+reconnects. Replication's follower fetches from its leader's core through it.
 
 Rules this module keeps:
 - No sockets, no clock of its own. A backend implements ONE primitive, handed in:

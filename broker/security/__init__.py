@@ -1,4 +1,5 @@
 """Who may connect and what they may do: the listener's exposure (plaintext beyond loopback is
-refused by default), and, as issue 14 lands them, credentials (SCRAM), authentication (SASL) and
-ACLs. Below the request path (core, kafka) and above storage: the handlers ask it, it never asks
-them. See docs/SECURITY.md."""
+refused by default, `exposure`), TLS (`tls`), credentials (`credentials`: SCRAM), authentication
+(`sasl`, the state of each connection in `session`) and ACLs (`acls`; `watched`: the users and ACL
+files the workers read, a copy of etcd's in a cluster). Below the request path (core, kafka) and
+above storage: the handlers ask it, it never asks them. See docs/SECURITY.md."""

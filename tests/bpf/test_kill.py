@@ -1,5 +1,5 @@
-"""Nothing of ours stays in the kernel after `kill -9` (issue 10, defect 9), what older brokers left is
-removed at start, and `broker stats -b` shows the eBPF counters with no data dir (defect 10).
+"""Nothing of ours stays in the kernel after `kill -9`, what older brokers left is removed at
+start, and `broker stats -b` shows the eBPF counters with no data dir.
 
 Root-required (CI is root). Skipped, with the reason, only without root or bcc. Everything runs in
 a network namespace behind a veth pair (tests/bpf/conftest.py), never on the host's `lo`; the

@@ -58,9 +58,10 @@ def test_the_membership_endpoint_needs_the_key(tmp_path: Path) -> None:
 
 
 def test_forged_packets_leave_the_broker_serving(tmp_path: Path) -> None:
-    """The 34-byte packet of the issue, the same claim in the current version but unsigned or
-    signed with another key, and a signed one at the last incarnation: dropped or ignored, each
-    counted, and the broker still answers (a signed ping gets its ack, produce works)."""
+    """The 34-byte packet that once stopped a broker (`KILLER_V1`), the same claim in the current
+    version but unsigned or signed with another key, and a signed one at the last incarnation:
+    dropped or ignored, each counted, and the broker still answers (a signed ping gets its ack,
+    produce works)."""
     port = free_udp_port()
     extra = ("--ebpf", "off", "--membership-port", str(port))
     extra += ("--membership-key-file", str(membership_key_file(tmp_path)))

@@ -1,4 +1,4 @@
-"""Stored damage reaches the application, never hidden (issue 10, defects 1 and 2), against a real
+"""Stored damage reaches the application, never hidden, against a real
 broker on both backends:
 
 - a poison batch already in the log (planted in a stopped broker's segment, as older data or

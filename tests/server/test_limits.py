@@ -1,4 +1,4 @@
-"""Memory and connection limits against a real broker (issue 10, defects 4 and 5; docs/LIMITS.md).
+"""Memory and connection limits against a real broker (docs/LIMITS.md).
 
 Each test attacks a `broker serve` subprocess the way a hostile or careless client would, with
 small limit flags so that the attack is quick, and asserts the bound from the worker's RSS
@@ -124,7 +124,7 @@ def settle_rss(pid: int, below: int, timeout: float) -> int:
         time.sleep(0.2)
 
 
-# ------------------------------------------------------------------------------------- defect 4
+# ---------------------------------------------------------------------- memory in flight
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -198,7 +198,7 @@ def test_the_core_budget_bounds_many_connections_and_releases_waiters(tmp_path: 
         w.close()
 
 
-# ------------------------------------------------------------------------------------- defect 5
+# ---------------------------------------------------------- connections: cap and timeouts
 
 
 def closed_within(sock: socket.socket, timeout: float) -> bool:

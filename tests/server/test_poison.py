@@ -1,4 +1,4 @@
-"""Poison batches (issue 10, defect 1) against a real broker: a batch whose crc is valid but whose
+"""Poison batches against a real broker: a batch whose crc is valid but whose
 records do not frame is refused with INVALID_BATCH and the log is left untouched, on both backends,
 when forwarded from another core, and for idempotent producers. Compressed ones too:
 garbage or a cut stream under a valid crc is CORRUPT_MESSAGE, records that do not frame or are

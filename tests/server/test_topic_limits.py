@@ -1,4 +1,4 @@
-"""Topics, partitions and descriptors against a real broker (issue 10, defects 3 and 8).
+"""Topics, partitions and descriptors against a real broker.
 
 - The segment attack: tiny segments rolled thousands of times, and many partitions within the
   caps, leave a worker with a bounded count of open descriptors (/proc/<pid>/fd); new connections

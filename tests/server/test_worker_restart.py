@@ -1,4 +1,4 @@
-"""A worker restart does not stall the other cores (issue 10, defect 6).
+"""A worker restart does not stall the other cores.
 
 A client on core 0 keeps asking about a partition of core 1 (forwarded) and, pipelined behind it
 on the same connection, about one of core 0's own, while core 1's worker is SIGKILLed and takes a

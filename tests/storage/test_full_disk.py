@@ -1,4 +1,4 @@
-"""ENOSPC on the storage engine's own writes (issue 10, defect 7): recovery's index rewrite, the
+"""ENOSPC on the storage engine's own writes: recovery's index rewrite, the
 index writes of a flush and of a close. None of them may make a partition unusable: the index is a
 cache of the store, so a write the disk refuses is retried later or rebuilt at the next open. A
 failed sync still makes the log refuse work (fsyncgate; tests/storage/test_faults.py)."""
