@@ -1,5 +1,6 @@
-"""The `broker` command: run a broker (`serve`), use one (`topics`, `produce`, `consume`; see
-cli_client.py), and inspect storage (`dump`, `demo`).
+"""The `broker` command: run a broker (`serve`), use one (`topics`, `produce`, `consume`, `stats`;
+see cli_client.py), manage its users and ACLs (`users`, `acls`; see cli_security.py), move a
+cluster's replicas (`reassign`), and inspect storage (`dump`, `demo`).
 
 `serve` starts a broker; `dump` shows what is in a partition directory batch by batch, with anything
 damaged named by file and position, without opening (or repairing) it; `demo` exercises the storage
