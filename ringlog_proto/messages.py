@@ -123,7 +123,7 @@ _RETRIABLE = frozenset(
 
 
 class Acks(IntEnum):
-    """When a produce is acknowledged. What each promises is stated in README.md."""
+    """When a produce is acknowledged. What each promises is stated in docs/STORAGE.md."""
 
     NONE = 0  # no response at all
     WRITTEN = 1  # after the write reached the page cache: survives a broker crash

@@ -58,7 +58,7 @@ fi
 
 # --- 2. Kernel-header links for bcc ---------------------------------------------------------------
 # bcc looks for /lib/modules/$(uname -r)/{build,source}. Debian's 6.1 headers serve XDP and socket
-# programs on a newer kernel because those use only UAPI structs (see docs/KERNEL.md).
+# programs on a newer kernel because those use only UAPI structs.
 KDIR="/lib/modules/$(uname -r)"
 hdr_arch=$(ls -d /usr/src/linux-headers-*-amd64 2>/dev/null | sort -V | tail -n 1 || true)
 hdr_common=$(ls -d /usr/src/linux-headers-*-common 2>/dev/null | sort -V | tail -n 1 || true)
@@ -79,7 +79,7 @@ fi
 # into the executable, where a plain source build (pyenv's default) has neither and calls through a
 # shared libpython. The broker's request path is Python, so that is its speed: the same broker on
 # Debian's 3.11 used 10-20% less CPU per request and per GB than on pyenv's 3.11 in alternated runs
-# of bench/perf.py (README, "Tests and benchmarks").
+# of bench/perf.py (docs/PERFORMANCE.md, "The interpreter").
 if [ -z "${PYTHON:-}" ]; then
     PYTHON=python3
     debian_ok='import os, sys, sysconfig, ensurepip
