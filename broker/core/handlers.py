@@ -78,11 +78,11 @@ from broker.core.outcomes import (
     Silent,
     Wait,
 )
-from broker.core.partition import Partition, Stored
+from broker.core.partition import Diverging, Partition, PendingRead, ReadAnswer, Stored
 from broker.core.producer_ids import FileBlockSource, ProducerIds
 from broker.core.producer_state import RetryInFlightError, SequenceError
 from broker.core.remote import RemoteLinks
-from broker.core.replication import LeaderState, NotEnoughReplicasError, NotLeaderError
+from broker.core.replication import NotEnoughReplicasError, NotLeaderError
 from broker.core.topics import Topic, TopicError, TopicRegistry
 from broker.core.views import MetadataView, NodeView, PartitionView, TopicView
 from broker.storage import layout
@@ -99,7 +99,6 @@ from broker.storage.errors import (
     UnsupportedBatchError,
 )
 from broker.storage.fdcache import FdCache
-from broker.storage.segment import Extent
 from ringlog_proto import messages as m
 from ringlog_proto.batch import now_ms
 from ringlog_proto.frames import Frame
@@ -867,48 +866,25 @@ class Handlers:
                 f"max_bytes must be > 0 and max_wait_ms >= 0 ({req.max_bytes}, {req.max_wait_ms})"
             )
         p = self._partition(frame)
-        log_ = p.log
-        upto = None
-        if p.replica is not None:  # replicated: consumers read below the high watermark
-            p.check_leader()
-            upto = p.high_watermark
-        extent = log_.prepare_read(req.offset, min(req.max_bytes, FETCH_MAX_BYTES_MAX), upto)
+        read = p.read(req.offset, min(req.max_bytes, FETCH_MAX_BYTES_MAX))
 
-        def answer(records: bytes) -> Reply:
+        def answer(found: ReadAnswer) -> Reply:
+            records, high_watermark, log_start_offset = found
             resp = m.FetchResponse(
-                high_watermark=p.high_watermark, log_start_offset=log_.start_offset, records=records
+                high_watermark=high_watermark, log_start_offset=log_start_offset, records=records
             )
             return self._reply(frame, resp)
 
-        if extent is not None:
-
-            def finish(data: bytes) -> Reply:
-                result = log_.complete_read(extent, data)
-                if result.error is not None:
-                    log.error("%s", result.error)
-                return answer(result.data)
-
-            return Read(extent, finish)
+        if read.extent is not None:
+            return Read(read.extent, lambda data: answer(read.finish(data)))
         if req.max_wait_ms == 0:
-            return answer(b"")
+            return answer(read.nothing())
         deadline = now_ms() + min(req.max_wait_ms, FETCH_WAIT_MS_MAX)
-        return Wait((p,), frame, deadline, lambda: answer(b""))
+        return Wait((p,), frame, deadline, lambda: answer(read.nothing()))
 
     def _list_offsets(self, req: m.Request, frame: Frame) -> Outcome:
         assert isinstance(req, m.ListOffsetsRequest)
-        p = self._partition(frame)
-        log_ = p.log
-        if p.replica is not None:
-            p.check_leader()
-        if req.spec == m.OffsetSpec.LATEST:
-            offset = p.high_watermark
-        elif req.spec == m.OffsetSpec.EARLIEST:
-            offset = log_.start_offset
-        elif req.spec >= 0:
-            found = log_.offset_for_timestamp(req.spec)
-            offset = -1 if found is None else found
-        else:
-            raise ValueError(f"offset spec {req.spec}: use -1 (latest), -2 (earliest) or a timestamp")
+        offset = self._partition(frame).list_offset(req.spec)
         return self._reply(frame, m.ListOffsetsResponse(offset=offset))
 
     # ------------------------------------------------------------------------- replication
@@ -934,41 +910,38 @@ class Handlers:
             tid, index = fp.topic_id, fp.partition
             try:
                 p = self.partition_by_id(tid, index)
-                if not isinstance(p.replica, LeaderState):
-                    raise NotLeaderError("this replica does not lead it")
-                p.check_leader(fp.current_leader_epoch)
-                log_ = p.log
-                diverging = p.diverging(fp.last_fetched_epoch, fp.fetch_offset)
-                if diverging is not None:
-                    results.append(
-                        m.ReplicaFetchPartitionData(
-                            tid, index, m.ErrorCode.NONE, p.high_watermark, log_.start_offset, *diverging
-                        )
-                    )
-                    continue
-                if fp.fetch_offset > log_.end_offset:
-                    raise OffsetOutOfRangeError(
-                        f"follower at {fp.fetch_offset}, past this leader's end {log_.end_offset}"
-                    )
-                p.replica_fetched(req.replica_node, fp.fetch_offset, now)
-                extent = log_.prepare_read(fp.fetch_offset, max(budget - readable, 1))
+                read = p.read_for_follower(
+                    req.replica_node,
+                    fp.fetch_offset,
+                    fp.last_fetched_epoch,
+                    fp.current_leader_epoch,
+                    max(budget - readable, 1),
+                    now,
+                )
             except OffsetOutOfRangeError as exc:  # where the follower may start over, if below
                 log.info("replica fetch of %d/%d by node %d: %s", tid, index, req.replica_node, exc)
-                start = p.log.start_offset
                 results.append(
                     m.ReplicaFetchPartitionData(
-                        tid, index, m.ErrorCode.OFFSET_OUT_OF_RANGE, p.high_watermark, start
+                        tid, index, m.ErrorCode.OFFSET_OUT_OF_RANGE, p.high_watermark, p.log_start_offset
                     )
                 )
                 continue
             except Exception as exc:
                 results.append(m.ReplicaFetchPartitionData(tid, index, error_of(exc)[0]))
                 continue
-            results.append(m.ReplicaFetchPartitionData(tid, index, m.ErrorCode.NONE, -1, log_.start_offset))
+            if isinstance(read, Diverging):
+                results.append(
+                    m.ReplicaFetchPartitionData(
+                        tid, index, m.ErrorCode.NONE, p.high_watermark, p.log_start_offset, *read
+                    )
+                )
+                continue
+            # the high watermark is the one at the answer: this fetch may move it
+            results.append(m.ReplicaFetchPartitionData(tid, index, m.ErrorCode.NONE, -1, p.log_start_offset))
             ours.append(p)
-            if extent is not None:
-                readable += extent.length
-                parts.append(self._replica_read(p, extent, results, i))
+            if read.extent is not None:
+                readable += read.extent.length
+                parts.append(self._replica_read(read, results, i))
 
         def answer() -> Reply:
             final = tuple(
@@ -1002,18 +975,14 @@ class Handlers:
         return -1 if p is None else p.high_watermark
 
     @staticmethod
-    def _replica_read(
-        p: Partition, extent: Extent, results: list[m.ReplicaFetchPartitionData], i: int
-    ) -> Read:
-        log_ = p.log
+    def _replica_read(read: PendingRead, results: list[m.ReplicaFetchPartitionData], i: int) -> Read:
+        assert read.extent is not None
 
         def finish(data: bytes) -> Reply:
-            result = log_.complete_read(extent, data)
-            if result.error is not None:
-                log.error("%s", result.error)
+            found = read.finish(data)
             r = results[i]
             results[i] = m.ReplicaFetchPartitionData(
-                r.topic_id, r.partition, r.error, -1, log_.start_offset, records=result.data
+                r.topic_id, r.partition, r.error, -1, found.log_start_offset, records=found.records
             )
             return Reply([])
 
@@ -1022,7 +991,7 @@ class Handlers:
             results[i] = m.ReplicaFetchPartitionData(r.topic_id, r.partition, error_of(exc)[0])
             return Reply([])
 
-        return Read(extent, finish, fail)
+        return Read(read.extent, finish, fail)
 
     def partition_by_id(self, topic_id: int, index: int) -> Partition:
         """Partition `index` of topic id `topic_id` when this core owns it (opened, made if new):

@@ -26,6 +26,12 @@ Rules this module keeps:
   follower has a second door, `append_replica` (the leader's batches, offsets and epochs kept,
   in the same two phases as a produce), and `truncate_to`; a produce to it is `NotLeaderError`.
   Consumers read below `high_watermark`.
+- A read has one door too: `read(offset, max_bytes, isolation, leader_epoch)` (Kafka's
+  `UnifiedLog.read(isolation)`), whatever asks: our Fetch and Kafka's read below the high
+  watermark (`Isolation.HIGH_WATERMARK`), a follower reads to the log end (`read_for_follower`,
+  which first answers a diverging epoch and counts the follower's position, then reads through
+  the same door). It returns the extent to pread and the finish that checks the bytes read; the
+  caller only carries them out. `list_offset(spec)` answers both protocols' ListOffsets.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
+from enum import Enum
 from typing import NamedTuple
 
 from broker.core.producer_state import PredecessorPendingError, ProducerState, SequenceGapError
@@ -46,8 +53,10 @@ from broker.core.replication import (
 )
 from broker.storage.diskspace import DiskSpace
 from broker.storage.epochs import EpochHistory
+from broker.storage.errors import OffsetOutOfRangeError
 from broker.storage.fdcache import FdCache
 from broker.storage.log import Log, LogConfig, PendingAppend
+from broker.storage.segment import Extent
 from ringlog_proto.batch import BatchHeader, now_ms
 
 log = logging.getLogger(__name__)
@@ -66,6 +75,62 @@ class Stored(NamedTuple):
     end_offset: int  # one past the last record: the next offset to be assigned after them
     log_start_offset: int
     durable: bool  # fsynced already (end_offset <= the log's durable offset)
+
+
+# `list_offset` specs, the same numbers in both protocols; a spec >= 0 is a timestamp (ms)
+LATEST = -1  # the high watermark: where a consumer starting now reads from
+EARLIEST = -2  # the log start
+
+
+class Isolation(Enum):
+    """How far a read may go: what tells a follower's read from a consumer's (and, once
+    transactions are stored, a read_committed consumer's: below the last stable offset)."""
+
+    LOG_END = "log end"  # a follower copies everything its leader has
+    HIGH_WATERMARK = "high watermark"  # a consumer reads what every in-sync replica holds
+
+
+class ReadAnswer(NamedTuple):
+    """What a read found: the batches as stored and the partition's bounds when it finished."""
+
+    records: bytes
+    high_watermark: int
+    log_start_offset: int
+
+
+class Diverging(NamedTuple):
+    """KIP-320, on the leader: the follower's last fetched epoch ends here at `end_offset`
+    (epoch -1: unknown here), below where it fetches: it truncates before it reads."""
+
+    epoch: int
+    end_offset: int
+
+
+class PendingRead:
+    """A read the door prepared: pread `extent` (None: nothing to read yet, the reader may wait
+    for the partition to grow), then `finish(data)`; `nothing()` answers without records."""
+
+    __slots__ = ("_partition", "extent")
+
+    def __init__(self, partition: Partition, extent: Extent | None) -> None:
+        self._partition = partition
+        self.extent = extent
+
+    def finish(self, data: bytes) -> ReadAnswer:
+        """The intact batches of `data` (the bytes read for `extent`). Damage after at least one
+        whole batch is logged and the batches before it answered; damage at the first raises
+        (`CorruptBatchError`)."""
+        assert self.extent is not None
+        p = self._partition
+        result = p.log.complete_read(self.extent, data)
+        if result.error is not None:
+            log.error("%s", result.error)
+        return ReadAnswer(result.data, p.high_watermark, p.log.start_offset)
+
+    def nothing(self) -> ReadAnswer:
+        """No records (nothing there yet, or a long poll's deadline): the bounds as they are now."""
+        p = self._partition
+        return ReadAnswer(b"", p.high_watermark, p.log.start_offset)
 
 
 class PendingProduce:
@@ -213,6 +278,72 @@ class Partition:
         pending = log_.prepare_append(records, headers, self.leader_epoch)
         self.producers.reserve(pending.headers)
         return PendingProduce(self, pending)
+
+    # ------------------------------------------------------------------------- reads
+
+    def read(
+        self,
+        offset: int,
+        max_bytes: int,
+        isolation: Isolation = Isolation.HIGH_WATERMARK,
+        leader_epoch: int = -1,
+    ) -> PendingRead:
+        """The batches from `offset`, whole, at least one, about `max_bytes`, no further than
+        `isolation` allows. A consumer's read of a replicated partition is the leader's
+        (`NotLeaderError` on a follower, or when `leader_epoch`, if not -1, is not this
+        leader's). `OffsetOutOfRangeError` outside the log; a read at the bound is an empty
+        extent (the reader waits or answers `nothing()`)."""
+        upto = None
+        if isolation is Isolation.HIGH_WATERMARK and self.replica is not None:
+            self.check_leader(leader_epoch)
+            upto = self.high_watermark
+        return PendingRead(self, self.log.prepare_read(offset, max_bytes, upto))
+
+    def read_for_follower(
+        self,
+        node: int,
+        fetch_offset: int,
+        last_fetched_epoch: int,
+        leader_epoch: int,
+        max_bytes: int,
+        now: int,
+    ) -> PendingRead | Diverging:
+        """A follower's fetch at `fetch_offset` (its log end), on the leader: a diverging epoch
+        when its log went another way (it truncates first), else its position is counted (which
+        may advance the high watermark: acks=all answers, consumers woken) and it reads to the
+        log end through `read`. `NotLeaderError` unless this replica leads at `leader_epoch`;
+        `OffsetOutOfRangeError` past the log end, or below its start (the follower starts over
+        at `log_start_offset`)."""
+        if not isinstance(self.replica, LeaderState):
+            raise NotLeaderError("this replica does not lead it")
+        self.check_leader(leader_epoch)
+        diverging = self.diverging(last_fetched_epoch, fetch_offset)
+        if diverging is not None:
+            return Diverging(*diverging)
+        end = self.log.end_offset
+        if fetch_offset > end:
+            raise OffsetOutOfRangeError(f"follower at {fetch_offset}, past this leader's end {end}")
+        self.replica_fetched(node, fetch_offset, now)
+        return self.read(fetch_offset, max_bytes, Isolation.LOG_END)
+
+    def list_offset(self, spec: int, leader_epoch: int = -1) -> int:
+        """ListOffsets, in both protocols: `LATEST` the high watermark, `EARLIEST` the log start,
+        a timestamp (>= 0) the first offset whose record is at or after it (-1 when none is).
+        Asked of the leader when replicated (as `read`)."""
+        if self.replica is not None:
+            self.check_leader(leader_epoch)
+        if spec == LATEST:
+            return self.high_watermark
+        if spec == EARLIEST:
+            return self.log.start_offset
+        if spec >= 0:
+            found = self.log.offset_for_timestamp(spec)
+            return -1 if found is None else found
+        raise ValueError(f"offset spec {spec}: use -1 (latest), -2 (earliest) or a timestamp")
+
+    @property
+    def log_start_offset(self) -> int:
+        return self.log.start_offset
 
     def apply_retention(self) -> int:
         """Delete the segments past the topic's retention (the log decides which); the producer

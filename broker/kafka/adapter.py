@@ -56,7 +56,7 @@ from kio.schema.errors import ErrorCode
 from broker.core.config import BrokerConfig
 from broker.core.handlers import Handlers
 from broker.core.outcomes import Append, Gather, Outcome, Read, Reply, Silent, Wait
-from broker.core.partition import Partition, Stored
+from broker.core.partition import Isolation, Partition, PendingRead, Stored
 from broker.core.views import MetadataView, NodeView, kafka_broker_id
 from broker.kafka import acl_admin, authorize, init_producer_id, sasl
 from broker.kafka.codec import (
@@ -548,23 +548,19 @@ class KafkaAdapter:
                     target = self.handlers.partition_named(*key)
                     if not isinstance(target, Partition):
                         raise NotLeaderError(f"led by core {target}")
-                    log_ = target.log
                     limit = min(max(int(fp.partition_max_bytes), 1), FETCH_PARTITION_MAX)
-                    upto = None
-                    if target.replica is not None:  # replicated: read below the high watermark
-                        target.check_leader(int(getattr(fp, "current_leader_epoch", -1)))
-                        upto = target.high_watermark
-                    extent = log_.prepare_read(int(fp.fetch_offset), limit, upto)
+                    epoch = int(getattr(fp, "current_leader_epoch", -1))
+                    read = target.read(int(fp.fetch_offset), limit, Isolation.HIGH_WATERMARK, epoch)
                 except Exception as exc:
                     code, _ = kafka_error(exc)
                     results[key] = (code, -1, -1, b"")
                     failed = True
                     continue
-                results[key] = (ErrorCode.none, target.high_watermark, log_.start_offset, b"")
+                results[key] = (ErrorCode.none, *read.nothing()[1:], b"")
                 ours[target] = None
-                if extent is not None:
-                    readable += extent.length
-                    parts.append(self._read_part(key, target, extent, results))
+                if read.extent is not None:
+                    readable += read.extent.length
+                    parts.append(self._read_part(key, read, results))
         read_committed = int(getattr(body, "isolation_level", 0)) == READ_COMMITTED
 
         def reply() -> Reply:
@@ -595,23 +591,20 @@ class KafkaAdapter:
         )
         return Reply(encode_response(request.correlation_id, resp))
 
-    def _read_part(
-        self, key: tuple[str, int], partition: Partition, extent: Any, results: dict[Any, Any]
-    ) -> Read:
-        log_ = partition.log
+    @staticmethod
+    def _read_part(key: tuple[str, int], read: PendingRead, results: dict[Any, Any]) -> Read:
+        assert read.extent is not None
 
         def finish(data: bytes) -> Reply:
-            result = log_.complete_read(extent, data)
-            if result.error is not None:
-                log.error("%s", result.error)
-            results[key] = (ErrorCode.none, partition.high_watermark, log_.start_offset, result.data)
+            records, high_watermark, log_start_offset = read.finish(data)
+            results[key] = (ErrorCode.none, high_watermark, log_start_offset, records)
             return DONE
 
         def fail(exc: BaseException) -> Reply:
             results[key] = (kafka_error(exc)[0], -1, -1, b"")
             return DONE
 
-        return Read(extent, finish, fail)
+        return Read(read.extent, finish, fail)
 
     # ------------------------------------------------------------------------- ListOffsets
 
@@ -634,19 +627,8 @@ class KafkaAdapter:
                     target = self.handlers.partition_named(topic.name, index)
                     if not isinstance(target, Partition):
                         raise NotLeaderError(f"led by core {target}")
-                    log_ = target.log
-                    if target.replica is not None:
-                        target.check_leader(int(getattr(lp, "current_leader_epoch", -1)))
+                    offset = target.list_offset(spec, int(getattr(lp, "current_leader_epoch", -1)))
                     epoch = target.leader_epoch
-                    if spec == -1:
-                        offset = target.high_watermark
-                    elif spec == -2:
-                        offset = log_.start_offset
-                    elif spec >= 0:
-                        found = log_.offset_for_timestamp(spec)
-                        offset = -1 if found is None else found
-                    else:
-                        raise ValueError(f"timestamp {spec}: use -1, -2 or a timestamp")
                 except Exception as exc:
                     code = kafka_error(exc)[0]
                 partitions.append(

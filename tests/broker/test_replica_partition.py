@@ -7,14 +7,23 @@ from pathlib import Path
 
 import pytest
 
-from broker.core.partition import Partition, PendingProduce, Stored
+from broker.core.partition import (
+    EARLIEST,
+    LATEST,
+    Diverging,
+    Partition,
+    PendingProduce,
+    PendingRead,
+    ReadAnswer,
+    Stored,
+)
 from broker.core.replication import IsrProposal, LeaderState, NotEnoughReplicasError, NotLeaderError
 from broker.storage.diskspace import DiskSpace
 from broker.storage.epochs import EpochHistory
 from broker.storage.errors import OffsetOutOfRangeError
 from broker.storage.fileio import SyncFileIO, run_ops
 from broker.storage.log import LogConfig
-from ringlog_proto.batch import encode_batch, read_header
+from ringlog_proto.batch import BatchHeader, encode_batch, iter_batches, read_header
 
 IO = SyncFileIO()
 SMALL = LogConfig(segment_bytes=400, max_batch_bytes=400)  # a few batches per segment
@@ -286,3 +295,68 @@ def test_truncation_to_a_segment_base_leaves_it_empty_and_reusable(tmp_path: Pat
     assert everything(again) == everything(leader)[: len(everything(again))]
     again.close()
     leader.close()
+
+
+# ----------------------------------------------------------------------------- the read door
+
+
+def headers_of(records: bytes) -> list[BatchHeader]:
+    return [h for _, h in iter_batches(records)]
+
+
+def read_all(read: PendingRead) -> ReadAnswer:
+    if read.extent is None:
+        return read.nothing()
+    extent = read.extent
+    return read.finish(IO.pread(extent.segment.store_fd, extent.length, extent.position))
+
+
+def test_one_read_door_a_consumer_below_the_high_watermark_a_follower_to_the_log_end(
+    tmp_path: Path, space: DiskSpace
+) -> None:
+    """The isolation is the only difference between the reads: a consumer of the leader stops at
+    the high watermark (and waits there), a follower reads past it; a follower's read first
+    counts its position, which moves the high watermark the consumer then reads to."""
+    leader, _ = leader_and_follower(tmp_path)
+    produced(leader, batch(2), space)
+    produced(leader, batch(1), space)
+    consumer = leader.read(0, 1 << 20)
+    assert consumer.extent is None and consumer.nothing() == ReadAnswer(b"", 0, 0)
+    follower = leader.read_for_follower(2, 0, -1, leader.leader_epoch, 1 << 20, now=1)
+    assert isinstance(follower, PendingRead)
+    copied_ = read_all(follower)
+    assert [h.base_offset for h in headers_of(copied_.records)] == [0, 2]
+    moved = leader.read_for_follower(2, 2, leader.leader_epoch, leader.leader_epoch, 1 << 20, now=2)
+    assert isinstance(moved, PendingRead) and leader.high_watermark == 2
+    answer = read_all(leader.read(0, 1 << 20))
+    assert [h.base_offset for h in headers_of(answer.records)] == [0]
+    assert (answer.high_watermark, answer.log_start_offset) == (2, 0)
+    with pytest.raises(OffsetOutOfRangeError):
+        leader.read_for_follower(2, 4, -1, leader.leader_epoch, 1 << 20, now=3)
+    with pytest.raises(NotLeaderError):
+        leader.read(0, 1 << 20, leader_epoch=leader.leader_epoch + 1)
+    leader.close()
+
+
+def test_a_follower_whose_epoch_diverges_is_told_where_before_anything_is_read(
+    tmp_path: Path, space: DiskSpace
+) -> None:
+    leader, _ = leader_and_follower(tmp_path)
+    produced(leader, batch(2), space)
+    epoch = leader.leader_epoch
+    # the follower says it fetched up to 5 in an epoch that ended here at 2
+    answer = leader.read_for_follower(2, 5, epoch, epoch, 1 << 20, now=1)
+    assert answer == Diverging(epoch, 2)
+    assert leader.high_watermark == 0, "a diverging follower's position is not counted"
+    leader.close()
+
+
+def test_list_offset_answers_latest_earliest_and_a_timestamp(tmp_path: Path, space: DiskSpace) -> None:
+    p = Partition(1, 0, str(tmp_path / "p"), SMALL)
+    produced(p, encode_batch([b"a"], timestamp=1000), space)
+    produced(p, encode_batch([b"b"], timestamp=2000), space)
+    assert p.list_offset(LATEST) == 2 and p.list_offset(EARLIEST) == 0
+    assert p.list_offset(1500) == 1 and p.list_offset(3000) == -1
+    with pytest.raises(ValueError, match="offset spec -3"):
+        p.list_offset(-3)
+    p.close()
