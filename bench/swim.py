@@ -21,7 +21,8 @@ sys.path.insert(0, "tests/cluster")
 from benchlib import code_version, table
 from swimsim import Sim
 
-from broker.cluster.swim import DEAD, SUSPECT, SwimConfig
+from broker.cluster.swim import SwimConfig
+from ringlog_proto.membership import DEAD, SUSPECT
 
 
 def run(n: int, loss: float, seed: int, quiet_s: float) -> dict[str, float]:

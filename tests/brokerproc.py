@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from broker.cluster.swim import Keyring
 from ringlog_proto import messages as m
 from ringlog_proto.batch import Record, decode_batches
 from ringlog_proto.frames import NEED_DATA, Frame, FrameDecoder
+from ringlog_proto.membership import Keyring
 
 READY_RE = re.compile(r"serving on [\d.]+:(\d+)")
 CORE_RE = re.compile(r"core (\d+): pid (\d+), cpu (\d+), direct port (\d+)")

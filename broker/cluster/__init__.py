@@ -1,6 +1,7 @@
 """The cluster: how several ringlog nodes become one broker (docs/CLUSTER.md).
 
-- `swim.py`: membership, SWIM over UDP in RLMB packets, sans-I/O. A failure *signal* only.
+- `swim.py`: membership, SWIM over UDP in RLMB packets (ringlog_proto/membership.py), sans-I/O. A
+  failure *signal* only.
 - `placement.py`: weighted rendezvous placement of a partition's replicas over nodes.
 - `store.py`: the metadata store (etcd) behind get/put/txn/watch/lease; the record of the cluster.
 - `election.py`: one controller at a time, on an etcd lease.

@@ -74,9 +74,9 @@ from broker.cluster.store import (
     MetadataStore,
     StoreError,
 )
-from broker.cluster.swim import State
 from broker.core.cluster_view import ClusterView, publish
 from broker.core.topics import TopicRegistry
+from ringlog_proto.membership import State
 
 log = logging.getLogger(__name__)
 

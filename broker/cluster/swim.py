@@ -6,17 +6,12 @@ Rules this module keeps:
   the view through `take_events()`. The same inputs give the same outputs (the simulator relies on it).
 - Membership is a failure *signal*, not a decision: it says what this node believes of the others.
   Placement and leadership belong to the controller and the metadata store.
-- This module is the one definition of the membership packet (broker/node/membership.py re-exports
-  it). Every packet starts with the 24-byte RLMB header of membership version 2 (magic, version,
-  kind, flags, sequence, node_id, cores, port, incarnation) that bpf/xdp.c checks, then a compact
-  payload, then a 16-byte tag: HMAC-SHA256 of everything before it under the cluster key, cut to
-  128 bits. The whole datagram is bounded by `PACKET_BYTES_MAX` (one Ethernet frame's UDP
-  payload). Updates that do not fit wait for the next packet.
-- Nothing is believed before its tag is: a packet is checked against every key of the `Keyring`
-  (two during a rotation, memberlist's keyring rule: the first signs, any verifies) before a byte
-  of its payload is parsed. Without a valid tag it is dropped and counted (`unauthenticated`); a
-  packet that does not decode is dropped and counted (`malformed`). `decode` raises nothing but
-  `MalformedPacket` (of which `Unauthenticated` is a kind), whatever the bytes.
+- The packet is ringlog_proto/membership.py's, the one owner of its bytes (docs/PROTOCOL.md
+  §8.2): this module fills packets, up to `packet_bytes`; updates that do not fit wait for the
+  next packet.
+- Nothing is believed before its tag is (`decode` checks it against every key of the `Keyring`
+  before a byte of the payload is parsed): without a valid tag a packet is dropped and counted
+  (`unauthenticated`); one that does not decode is dropped and counted (`malformed`).
 - Nothing a packet says may stop the node: an incarnation is a u32, and a claim about this node at
   the last one (which no refutation can beat) is counted and ignored instead of overflowing.
 - A PING from node id 0 (a tool that is not a broker, signed with the key) gets the plain ACK.
@@ -49,153 +44,43 @@ Defaults (SwimConfig), sized for fast failover on a LAN:
   cluster is confirmed dead about 1.5 s after it stops answering.
 - retransmit_mult 4 (memberlist's value); sync_interval 3 s; reconnect_interval 1 s; dead and left
   members are kept 300 s (so late gossip about them cannot resurrect them) and then forgotten.
-
-Packet format: docs/PROTOCOL.md §8.2.
 """
 
 from __future__ import annotations
 
-import enum
-import hmac
 import math
 import random
-import struct
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Final
 
-MAGIC: Final = b"RLMB"
-VERSION: Final = 2  # 2: every packet ends with the cluster key's tag (version 1 had none)
-HEADER_SIZE: Final = 24
-TAG_SIZE: Final = 16  # HMAC-SHA256 cut to 128 bits (RFC 2104 §5: at least half the hash, 80 bits)
-PACKET_MIN: Final = HEADER_SIZE + TAG_SIZE  # bpf/xdp.c: RL_MEMBERSHIP_MIN
-PACKET_BYTES_MAX: Final = 1472  # one Ethernet frame's UDP payload: larger datagrams are not ours
-KEY_BYTES_MIN: Final = 16
-INCARNATION_MAX: Final = 0xFFFFFFFF  # a u32 on the wire
-
-PING: Final = 1
-ACK: Final = 2
-PING_REQ: Final = 3  # "probe this target for me": payload starts with the target
-SYNC: Final = 4  # a view (or part of one) pushed whole: push-pull anti-entropy, join replies, nudges
-KINDS: Final = frozenset({PING, ACK, PING_REQ, SYNC})
-
-FLAG_JOIN: Final = 0x0001  # on a PING: "send me your view" (answered by ACK and SYNC packets)
-FLAG_REPLY: Final = 0x0002  # on a SYNC: "send me yours back"
-FLAG_INDIRECT: Final = 0x0004  # on an ACK: relayed for a PING_REQ
-
-
-class State(enum.Enum):
-    """A member's state. Its value is the name `<data_dir>/run/members.json` shows."""
-
-    ALIVE = "alive"
-    SUSPECT = "suspect"
-    DEAD = "dead"
-    LEFT = "left"
-
-
-ALIVE: Final = State.ALIVE
-SUSPECT: Final = State.SUSPECT
-DEAD: Final = State.DEAD
-LEFT: Final = State.LEFT
-_STATE_CODE: Final = {ALIVE: 1, SUSPECT: 2, DEAD: 3, LEFT: 4}
-_CODE_STATE: Final = {v: k for k, v in _STATE_CODE.items()}
-
-_HEADER = struct.Struct(">4sBBHIIHHI")
-_UPDATE_HEAD = struct.Struct(">BII")  # state, node_id, incarnation
-_META = struct.Struct(">HHHH")  # client port, membership port, cores, weight
-_TARGET = struct.Struct(">IH")  # PING_REQ: target node id, membership port (then the host, str8)
-assert _HEADER.size == HEADER_SIZE
-
-Addr = tuple[str, int]
-
-
-class MalformedPacket(ValueError):
-    """Not a membership packet of a version we speak."""
-
-
-class Unauthenticated(MalformedPacket):
-    """A membership packet whose tag no key of the keyring made: dropped unread."""
-
-
-class Keyring:
-    """The cluster's membership keys: the first signs every packet sent, any of them verifies one
-    received. Rotating is three rolling restarts: add the new key second on every node, then move
-    it first (nodes now sign with it and still accept the old one), then drop the old one."""
-
-    def __init__(self, keys: Sequence[bytes]) -> None:
-        if not 1 <= len(keys) <= 2:
-            raise ValueError(f"{len(keys)} keys: a keyring holds one, or two during a rotation")
-        for k in keys:
-            if len(k) < KEY_BYTES_MIN:
-                raise ValueError(f"a key of {len(k)} bytes: at least {KEY_BYTES_MIN}")
-        self.keys: tuple[bytes, ...] = tuple(keys)
-
-    @classmethod
-    def from_file(cls, path: str | Path) -> Keyring:
-        """One key a line in hex (`openssl rand -hex 32`); blank lines and `#` comments skipped.
-        Raises OSError or ValueError with what is wrong."""
-        keys = []
-        for n, raw in enumerate(Path(path).read_text().splitlines(), 1):
-            text = raw.split("#", 1)[0].strip()
-            if not text:
-                continue
-            try:
-                keys.append(bytes.fromhex(text))
-            except ValueError:
-                raise ValueError(f"{path}:{n}: not a key in hex") from None
-        try:
-            return cls(keys)
-        except ValueError as exc:
-            raise ValueError(f"{path}: {exc}") from None
-
-    def sign(self, body: bytes) -> bytes:
-        return body + hmac.digest(self.keys[0], body, "sha256")[:TAG_SIZE]
-
-    def verify(self, data: bytes) -> bool:
-        body, tag = data[:-TAG_SIZE], data[-TAG_SIZE:]
-        return any(hmac.compare_digest(hmac.digest(k, body, "sha256")[:TAG_SIZE], tag) for k in self.keys)
-
-
-@dataclass(frozen=True, slots=True)
-class Member:
-    """What a node says of itself, gossiped with every ALIVE: enough to reach each of its cores."""
-
-    node_id: int
-    host: str
-    port: int  # the broker's client TCP port
-    membership_port: int
-    direct_ports: tuple[int, ...] = ()  # core k's direct TCP port at index k
-    cores: int = 1
-    weight: int = 100
-    rack: str = ""
-
-    @property
-    def addr(self) -> Addr:
-        return (self.host, self.membership_port)
-
-
-@dataclass(frozen=True, slots=True)
-class Update:
-    """One statement about a node. `member` is set for ALIVE only (the metadata travels with it)."""
-
-    state: State
-    node_id: int
-    incarnation: int
-    member: Member | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Packet:
-    kind: int
-    sequence: int
-    node_id: int = 0
-    cores: int = 0
-    port: int = 0
-    incarnation: int = 0
-    flags: int = 0
-    target: Member | None = None  # PING_REQ: node_id, host and membership_port are used
-    updates: tuple[Update, ...] = ()
+from ringlog_proto.membership import (
+    ACK,
+    ALIVE,
+    DEAD,
+    FLAG_INDIRECT,
+    FLAG_JOIN,
+    FLAG_REPLY,
+    HEADER_SIZE,
+    INCARNATION_MAX,
+    LEFT,
+    PACKET_BYTES_MAX,
+    PING,
+    PING_REQ,
+    SUSPECT,
+    SYNC,
+    TAG_SIZE,
+    Addr,
+    Keyring,
+    MalformedPacket,
+    Member,
+    Packet,
+    State,
+    Unauthenticated,
+    Update,
+    decode,
+    encode_header,
+    encode_target,
+    encode_update,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,130 +111,6 @@ class MemberView:
 class MemberEvent:
     kind: State  # the member's new state
     view: MemberView
-
-
-# ----------------------------------------------------------------------------- codec
-
-
-def _str8(s: str) -> bytes:
-    b = s.encode()
-    if len(b) > 255:
-        raise ValueError(f"{s[:20]!r}...: longer than 255 bytes")
-    return bytes((len(b),)) + b
-
-
-def encode_update(u: Update) -> bytes:
-    out = _UPDATE_HEAD.pack(_STATE_CODE[u.state], u.node_id, u.incarnation)
-    if u.state == ALIVE:
-        m = u.member
-        assert m is not None
-        out += _str8(m.host) + _META.pack(m.port, m.membership_port, m.cores, m.weight) + _str8(m.rack)
-        out += bytes((len(m.direct_ports),)) + struct.pack(f">{len(m.direct_ports)}H", *m.direct_ports)
-    return out
-
-
-def encode_header(
-    kind: int, seq: int, node_id: int, cores: int, port: int, inc: int, flags: int = 0
-) -> bytes:
-    return _HEADER.pack(MAGIC, VERSION, kind, flags, seq, node_id, cores, port, inc)
-
-
-def _encode_target(t: Member) -> bytes:
-    return _TARGET.pack(t.node_id, t.membership_port) + _str8(t.host)
-
-
-def encode(p: Packet, keyring: Keyring) -> bytes:
-    """The whole packet, signed (every update must fit: `Swim` fills its packets itself)."""
-    out = encode_header(p.kind, p.sequence, p.node_id, p.cores, p.port, p.incarnation, p.flags)
-    if p.target is not None:
-        out += _encode_target(p.target)
-    if p.updates:
-        out += bytes((len(p.updates),)) + b"".join(encode_update(u) for u in p.updates)
-    if len(out) + TAG_SIZE > PACKET_BYTES_MAX:
-        raise ValueError(f"{len(out) + TAG_SIZE} bytes: more than {PACKET_BYTES_MAX}")
-    return keyring.sign(out)
-
-
-def _str8_at(data: bytes, pos: int) -> tuple[str, int]:
-    n = data[pos]
-    end = pos + 1 + n
-    if end > len(data):
-        raise MalformedPacket(f"string of {n} bytes truncated at byte {pos}")
-    try:
-        return data[pos + 1 : end].decode(), end
-    except UnicodeDecodeError as exc:
-        raise MalformedPacket(f"bad string: {exc}") from exc
-
-
-_ALIVE_CACHE: dict[bytes, Update] = {}  # the same ALIVE record arrives many times: decode it once
-_ALIVE_CACHE_MAX = 4096
-
-
-def _decode_update(data: bytes, pos: int) -> tuple[Update, int]:
-    code, node_id, inc = _UPDATE_HEAD.unpack_from(data, pos)
-    start = pos
-    pos += _UPDATE_HEAD.size
-    state = _CODE_STATE.get(code)
-    if state is None:
-        raise MalformedPacket(f"unknown member state {code}")
-    if state != ALIVE:
-        return Update(state, node_id, inc), pos
-    p_rack = pos + 1 + data[pos] + _META.size
-    p_direct = p_rack + 1 + data[p_rack]
-    end = p_direct + 1 + 2 * data[p_direct]
-    if end > len(data):
-        raise MalformedPacket(f"member record truncated at byte {start}")
-    key = data[start:end]
-    u = _ALIVE_CACHE.get(key)
-    if u is not None:
-        return u, end
-    host, pos = _str8_at(data, pos)
-    port, mport, cores, weight = _META.unpack_from(data, pos)
-    rack, pos = _str8_at(data, pos + _META.size)
-    direct = struct.unpack_from(f">{data[pos]}H", data, pos + 1)
-    u = Update(state, node_id, inc, Member(node_id, host, port, mport, direct, cores, weight, rack))
-    if len(_ALIVE_CACHE) >= _ALIVE_CACHE_MAX:
-        _ALIVE_CACHE.clear()
-    _ALIVE_CACHE[key] = u
-    return u, end
-
-
-def decode(data: bytes, keyring: Keyring) -> Packet:
-    """The packet `data` holds, once its tag is one of `keyring`'s; raises MalformedPacket (or
-    Unauthenticated) and nothing else, whatever `data` is."""
-    if len(data) < PACKET_MIN:
-        raise MalformedPacket(f"{len(data)} bytes, shorter than the {HEADER_SIZE}-byte header and the tag")
-    if len(data) > PACKET_BYTES_MAX:
-        raise MalformedPacket(f"{len(data)} bytes, longer than {PACKET_BYTES_MAX}")
-    magic, version, kind, flags, seq, node, cores, port, inc = _HEADER.unpack_from(data)
-    if magic != MAGIC:
-        raise MalformedPacket(f"magic {magic!r}, not {MAGIC!r}")
-    if version != VERSION:
-        raise MalformedPacket(f"version {version}, not {VERSION}")
-    if kind not in KINDS:
-        raise MalformedPacket(f"unknown kind {kind}")
-    if not keyring.verify(data):
-        raise Unauthenticated("no key of the keyring made this packet's tag")
-    data = data[:-TAG_SIZE]
-    pos = HEADER_SIZE
-    target = None
-    updates: list[Update] = []
-    try:
-        if kind == PING_REQ:
-            tid, tport = _TARGET.unpack_from(data, pos)
-            thost, pos = _str8_at(data, pos + _TARGET.size)
-            target = Member(tid, thost, 0, tport)
-        if pos < len(data):
-            count = data[pos]
-            pos += 1
-            for _ in range(count):
-                u, pos = _decode_update(data, pos)
-                updates.append(u)
-    except (struct.error, IndexError) as exc:
-        raise MalformedPacket(f"truncated payload: {exc}") from exc
-    if pos != len(data):
-        raise MalformedPacket(f"{len(data) - pos} bytes after the last update")
-    return Packet(kind, seq, node, cores, port, inc, flags, target, tuple(updates))
 
 
 # ----------------------------------------------------------------------------- the state machine
@@ -773,7 +534,7 @@ class Swim:
         """One packet, its free room filled with the least-sent gossip."""
         head = self._header(kind, seq, flags)
         if target is not None:
-            head += _encode_target(target)
+            head += encode_target(target)
         parts = [encode_update(u) for u in first]
         room = self.config.packet_bytes - TAG_SIZE - len(head) - 1 - sum(map(len, parts))
         if self._queue:

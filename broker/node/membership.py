@@ -1,9 +1,9 @@
 """The membership endpoint: SWIM (broker/cluster/swim.py) on a UDP socket of the supervisor.
 
 Rules this module keeps:
-- The packet format has one definition, broker/cluster/swim.py (docs/PROTOCOL.md §8); the names
-  tools and tests use (`Packet`, `encode`, `decode`, `ping`, the kinds) are re-exported here.
-  Every packet is signed with the cluster key (swim.Keyring): a tool pinging a broker needs it too.
+- The packet's bytes are ringlog_proto/membership.py's (docs/PROTOCOL.md §8.2), which tools and
+  tests import too. Every packet is signed with the cluster key (its `Keyring`): a tool pinging a
+  broker needs the key as well; `read_keyring` reads it from the `--membership-key-file`.
 - `SwimEndpoint` is driven from the supervisor's selector: no thread, no worker involvement.
 - Nothing a datagram says may stop the supervisor: the codec raises only its own error, and a
   bug that still escapes `Swim.receive` is logged and counted (`errors`), never propagated. A
@@ -16,48 +16,30 @@ import contextlib
 import logging
 import socket
 import time
+from pathlib import Path
 from typing import Final
 
-from broker.cluster.swim import (
+from broker.cluster.swim import Swim
+from ringlog_proto.membership import (
     ACK,
-    HEADER_SIZE,
-    MAGIC,
     PACKET_BYTES_MAX,
-    PACKET_MIN,
     PING,
-    TAG_SIZE,
-    VERSION,
     Keyring,
     MalformedPacket,
     Packet,
-    Swim,
-    Unauthenticated,
     decode,
     encode,
 )
 
-__all__ = [
-    "ACK",
-    "HEADER_SIZE",
-    "MAGIC",
-    "PACKET_BYTES_MAX",
-    "PACKET_MIN",
-    "PING",
-    "TAG_SIZE",
-    "VERSION",
-    "Keyring",
-    "MalformedPacket",
-    "Packet",
-    "SwimEndpoint",
-    "Unauthenticated",
-    "decode",
-    "encode",
-    "ping",
-]
-
 log = logging.getLogger(__name__)
 
 RECV_BATCH: Final = 64  # datagrams read per readiness event, so one busy sender cannot starve the loop
+
+
+def read_keyring(path: str | Path) -> Keyring:
+    """The cluster key file at `path`: one key a line in hex (`openssl rand -hex 32`), two during a
+    rotation. Raises OSError or ValueError with what is wrong."""
+    return Keyring.from_text(Path(path).read_text(), str(path))
 
 
 def ping(host: str, port: int, keyring: Keyring, sequence: int = 1, timeout: float = 1.0) -> Packet:

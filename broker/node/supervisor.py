@@ -58,7 +58,7 @@ Rules this module keeps:
   It runs a SWIM node (broker/cluster/swim.py): `--node-id` and `--join` make it part of a cluster.
   Its timer is the selector's timeout. Every change of the view is written atomically to
   `<data_dir>/run/members.json` and passed to `on_member_event` (the cluster agent's hook, whose
-  states are swim.State members, never strings); SIGTERM sends a graceful LEFT first.
+  states are `State` members of ringlog_proto.membership, never strings); SIGTERM sends a graceful LEFT first.
 """
 
 from __future__ import annotations
@@ -90,12 +90,12 @@ from broker.backends.uring_options import (
     FLUSH_SYNCS_DEFAULT,
     busy_poll_for,
 )
-from broker.cluster.swim import Keyring, Member, MemberEvent, Swim
+from broker.cluster.swim import MemberEvent, Swim
 from broker.core.groups import migrate_partition_offsets
 from broker.core.limits import FIXED_FDS_PER_WORKER, Limits, fit_to_descriptors
 from broker.core.liveness import LivenessTable
 from broker.core.topics import TopicRegistry
-from broker.node.membership import SwimEndpoint
+from broker.node.membership import SwimEndpoint, read_keyring
 from broker.node.metrics_http import serve_metrics
 from broker.security.credentials import SECURITY_DIR
 from broker.security.sasl import INTER_BROKER_PASSWORD_ENV, SaslConfig
@@ -106,6 +106,7 @@ from broker.storage.diskspace import NO_SPACE_ERRNOS, RESERVE_BYTES, ensure_rese
 from broker.storage.durable_file import load_json, replace_json
 from broker.storage.errors import LegacyFormatError
 from broker.storage.log import LogConfig
+from ringlog_proto.membership import Member
 
 if TYPE_CHECKING:
     from broker.cluster.agent import ClusterAgent
@@ -150,7 +151,7 @@ class SupervisorConfig:
     tcp_fastopen_sysctl: bool = False  # set net.ipv4.tcp_fastopen's server bit (restored at exit)
     membership_port: int | None = None  # None: a node of a cluster uses its TCP port's number, a
     # single node has none; -1: no endpoint
-    membership_key_file: str | None = None  # swim.Keyring.from_file: every endpoint needs the key
+    membership_key_file: str | None = None  # membership.read_keyring: every endpoint needs the key
     limits: Limits = field(default_factory=Limits)  # broker/core/limits.py, docs/LIMITS.md
     group_initial_rebalance_delay_ms: int = 3000  # broker/core/coordinator.py
     sasl: SaslConfig = field(default_factory=SaslConfig)  # broker/security/sasl.py
@@ -443,7 +444,7 @@ class Supervisor:
                 "the membership endpoint needs the cluster key (--membership-key-file; docs/CLUSTER.md)"
             )
         try:
-            keyring = Keyring.from_file(self.config.membership_key_file)
+            keyring = read_keyring(self.config.membership_key_file)
             mode = os.stat(self.config.membership_key_file).st_mode
         except (OSError, ValueError) as exc:
             raise StartError(f"--membership-key-file: {exc}") from exc
@@ -767,7 +768,7 @@ class Supervisor:
             ) from exc
         self.agent = agent
 
-        # swim.State on both sides: no string of another case can make every event miss.
+        # ringlog_proto.membership.State on both sides: no string of another case can make every event miss.
         self.on_member_event = lambda ev: agent.member_changed(ev.view.member.node_id, ev.kind)
 
     def _liveness_fds(self) -> tuple[int, ...]:

@@ -110,9 +110,9 @@ import socket, sys
 import pytest
 from bpf import kernel
 from bpf.xdp import XdpClassifier, attached_prog_id
-from broker.node import membership
+from ringlog_proto import membership as wire
 
-KEYRING = membership.Keyring([bytes(16)])
+KEYRING = wire.Keyring([bytes(16)])
 with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as server:
     server.bind(("127.0.0.1", 0))
     port = server.getsockname()[1]
@@ -127,10 +127,10 @@ with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as server:
         finally:
             second.close()
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as c:
-            c.sendto(membership.encode(membership.Packet(membership.PING, 1), KEYRING), ("127.0.0.1", port))
+            c.sendto(wire.encode(wire.Packet(wire.PING, 1), KEYRING), ("127.0.0.1", port))
             c.sendto(b"RLMB\\x02" + bytes(34), ("127.0.0.1", port))  # 39 bytes: no room for the tag
         server.settimeout(2)
-        assert membership.decode(server.recv(100), KEYRING).kind == membership.PING
+        assert wire.decode(server.recv(100), KEYRING).kind == wire.PING
         server.settimeout(0.2)
         with pytest.raises(TimeoutError):
             server.recv(100)  # the malformed one never reached the socket

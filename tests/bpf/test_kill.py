@@ -25,6 +25,7 @@ from netlab import Netns, NsBroker, wait_fresh
 
 from bpf import kernel, tfo, xdp
 from broker.node import membership
+from ringlog_proto import membership as wire
 
 REASON = kernel.ebpf_unavailable()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"eBPF tests need root and bcc: {REASON}")
@@ -163,8 +164,7 @@ def test_stats_over_the_wire_show_steering_and_xdp_without_the_data_dir(
     pings = 3
     for i in range(pings):
         assert (
-            membership.ping(b.host, b.membership_port, TEST_KEYRING, sequence=i, timeout=2).kind
-            == membership.ACK
+            membership.ping(b.host, b.membership_port, TEST_KEYRING, sequence=i, timeout=2).kind == wire.ACK
         )
     wait_fresh(b.bpf, time.time())
     elsewhere = tmp_path / "elsewhere"  # a machine without the data dir: no ./data, no --data-dir

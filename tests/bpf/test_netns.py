@@ -19,6 +19,7 @@ from bpf import kernel, tfo
 from broker.client import Admin
 from broker.client.client import AsyncClient
 from broker.node import membership
+from ringlog_proto import membership as wire
 from ringlog_proto import messages as m
 from ringlog_proto.frames import NEED_DATA, FrameDecoder
 from ringlog_proto.routing import shard_for
@@ -127,8 +128,8 @@ def test_steered_partitions_land_on_their_owner_and_xdp_counts_the_traffic(lab, 
     pings = 5
     for i in range(pings):
         ack = membership.ping(b.host, b.membership_port, TEST_KEYRING, sequence=100 + i, timeout=2)
-        assert (ack.kind, ack.sequence, ack.cores, ack.port) == (membership.ACK, 100 + i, 2, b.port)
-    good = membership.encode(membership.Packet(membership.PING, 1), TEST_KEYRING)
+        assert (ack.kind, ack.sequence, ack.cores, ack.port) == (wire.ACK, 100 + i, 2, b.port)
+    good = wire.encode(wire.Packet(wire.PING, 1), TEST_KEYRING)
     malformed = [b"short", b"XXXX" + good[4:], good[:4] + b"\x01" + good[5:], good[:39]]
     others = 6
     mport = b.membership_port
@@ -189,7 +190,7 @@ def test_without_ebpf_the_same_traffic_is_forwarded_in_user_space(lab, ns_broker
 
     asyncio.run(client_run())
     assert forwards(b.bootstrap) == misplaced  # the routing-aware client added none
-    assert membership.ping(b.host, b.membership_port, TEST_KEYRING, timeout=2).kind == membership.ACK
+    assert membership.ping(b.host, b.membership_port, TEST_KEYRING, timeout=2).kind == wire.ACK
     assert b.stop() == 0
     assert lab.sysctl("net.ipv4.tcp_fastopen") == ns_tfo
 

@@ -12,10 +12,11 @@ import struct
 import time
 from pathlib import Path
 
+import pytest
 from brokerproc import TEST_KEYRING, BrokerProcess, free_udp_port, membership_key_file, wait_for
 
-from broker.cluster import swim as sw
 from broker.node import membership as mb
+from ringlog_proto import membership as wire
 
 # The packet that stopped a broker: header, one update, "node 0 is DEAD at incarnation 2^32-1".
 # A single node's id is 0: it used to refute with incarnation 2^32, which struct.pack refused, and
@@ -67,13 +68,15 @@ def test_forged_packets_leave_the_broker_serving(tmp_path: Path) -> None:
     extra += ("--membership-key-file", str(membership_key_file(tmp_path)))
     b = BrokerProcess(tmp_path / "d", tmp_path / "b.log", extra).start()
     try:
-        dead_at_last = sw.Packet(sw.SYNC, 1, 99, 1, 1, 1, updates=(sw.Update(sw.DEAD, 0, 0xFFFFFFFF),))
+        dead_at_last = wire.Packet(
+            wire.SYNC, 1, 99, 1, 1, 1, updates=(wire.Update(wire.DEAD, 0, 0xFFFFFFFF),)
+        )
         forged = [
             KILLER_V1,
-            sw.encode(dead_at_last, TEST_KEYRING)[: -sw.TAG_SIZE],  # no tag
-            sw.encode(dead_at_last, TEST_KEYRING)[: -sw.TAG_SIZE] + bytes(sw.TAG_SIZE),  # a zero tag
-            sw.encode(dead_at_last, sw.Keyring([b"not the cluster key at all"])),
-            sw.encode(sw.Packet(sw.PING, 7), sw.Keyring([b"not the cluster key at all"])),
+            wire.encode(dead_at_last, TEST_KEYRING)[: -wire.TAG_SIZE],  # no tag
+            wire.encode(dead_at_last, TEST_KEYRING)[: -wire.TAG_SIZE] + bytes(wire.TAG_SIZE),  # a zero tag
+            wire.encode(dead_at_last, wire.Keyring([b"not the cluster key at all"])),
+            wire.encode(wire.Packet(wire.PING, 7), wire.Keyring([b"not the cluster key at all"])),
         ]
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             s.settimeout(0.3)
@@ -84,11 +87,11 @@ def test_forged_packets_leave_the_broker_serving(tmp_path: Path) -> None:
             except TimeoutError:
                 answer = b""
             assert answer == b"", "an unsigned ping was answered"
-            s.sendto(sw.encode(dead_at_last, TEST_KEYRING), ("127.0.0.1", port))  # signed: ignored
+            s.sendto(wire.encode(dead_at_last, TEST_KEYRING), ("127.0.0.1", port))  # signed: ignored
         time.sleep(0.3)
         assert b.running(), b.log()
         ack = mb.ping("127.0.0.1", port, TEST_KEYRING, sequence=9, timeout=2)
-        assert (ack.kind, ack.sequence, ack.port) == (mb.ACK, 9, b.port)
+        assert (ack.kind, ack.sequence, ack.port) == (wire.ACK, 9, b.port)
         c = wait_for(lambda: counters(b).get("pings") and counters(b), timeout=5)
         assert isinstance(c, dict)
         # KILLER_V1 speaks version 1 and the untagged one is too short for a tag (malformed); the
@@ -96,3 +99,20 @@ def test_forged_packets_leave_the_broker_serving(tmp_path: Path) -> None:
         assert (c["malformed"], c["unauthenticated"], c["unrefutable"], c["errors"]) == (2, 3, 1, 0), c
     finally:
         assert b.stop() == 0, b.log()
+
+
+def test_keyring_from_a_file(tmp_path: Path) -> None:
+    f = tmp_path / "key"
+    f.write_text("# the cluster key\n" + "ab" * 32 + "\n\n" + "cd" * 16 + "  # the old one\n")
+    assert mb.read_keyring(f).keys == (bytes([0xAB]) * 32, bytes([0xCD]) * 16)
+    for text, error in [
+        ("", "0 keys"),
+        ("zz\n", "not a key in hex"),
+        ("ab" * 8, "at least 16"),
+        (("ab" * 16 + "\n") * 3, "3 keys"),
+    ]:
+        f.write_text(text)
+        with pytest.raises(ValueError, match=f"{f}.*{error}"):
+            mb.read_keyring(f)
+    with pytest.raises(OSError):
+        mb.read_keyring(tmp_path / "missing")

@@ -20,7 +20,8 @@ import math
 import random
 from dataclasses import dataclass, field
 
-from broker.cluster.swim import ALIVE, SUSPECT, Addr, Keyring, Member, MemberEvent, Swim, SwimConfig
+from broker.cluster.swim import MemberEvent, Swim, SwimConfig
+from ringlog_proto.membership import ALIVE, SUSPECT, Addr, Keyring, Member
 
 KEYRING = Keyring([bytes(range(32))])  # the simulated cluster's key: every packet is signed as on the wire
 

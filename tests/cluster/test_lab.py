@@ -19,6 +19,7 @@ from clusterlab import BROKER_PORT, ETCD_CLIENT_PORT, MEMBERSHIP_PORT, ClusterLa
 
 from broker.client import Admin
 from broker.node import membership
+from ringlog_proto import membership as wire
 from ringlog_proto import messages as m
 from ringlog_proto.frames import NEED_DATA, FrameDecoder
 
@@ -63,7 +64,7 @@ def test_every_node_reaches_every_node_and_etcd_from_inside(lab: ClusterLab) -> 
                 node.index,
                 lambda peer=peer: membership.ping(peer.ip, MEMBERSHIP_PORT, TEST_KEYRING, timeout=2),
             )
-            assert ack.kind == membership.ACK  # UDP too, on the membership port
+            assert ack.kind == wire.ACK  # UDP too, on the membership port
         assert node.host.connects(etcd.ip, ETCD_CLIENT_PORT), f"node {node.index} -> etcd"
     with Admin(lab.nodes[0].bootstrap) as admin:  # the host is on the bridge too
         assert admin.create_topic("lab", partitions=1) > 0
@@ -86,7 +87,7 @@ def test_isolate_cuts_a_node_off_both_ways_and_heal_restores(lab: ClusterLab) ->
         assert n1.host.connects(n1.ip, BROKER_PORT)
         assert (
             lab.in_node(1, lambda: membership.ping(n1.ip, MEMBERSHIP_PORT, TEST_KEYRING, timeout=2)).kind
-            == membership.ACK
+            == wire.ACK
         )
         # the others still reach each other and etcd
         assert n0.host.connects(n2.ip, BROKER_PORT) and n2.host.connects(etcd.ip, ETCD_CLIENT_PORT)

@@ -13,9 +13,9 @@ import pytest
 from brokerproc import TEST_KEYRING, BrokerProcess, membership_key_file
 from test_swim import detection_bound
 
-from broker.cluster import swim as sw
 from broker.cluster.swim import SwimConfig
 from broker.node import membership
+from ringlog_proto import membership as wire
 
 
 def free_udp_ports(n: int) -> list[int]:
@@ -74,13 +74,16 @@ def test_three_brokers_converge_detect_a_kill_and_a_restart(trio: list[BrokerPro
     ack = membership.ping(
         "127.0.0.1", int(c.extra[3]), TEST_KEYRING, sequence=9, timeout=2
     )  # a tool holding the key gets the plain ack
-    assert (ack.kind, ack.sequence, ack.node_id, ack.port) == (membership.ACK, 9, 3, c.port)
+    assert (ack.kind, ack.sequence, ack.node_id, ack.port) == (wire.ACK, 9, 3, c.port)
 
     # "node 3 is DEAD at incarnation 2^32-1", sent to node 1 alone, used to stop node 3
     # once node 1 gossiped it. Without the key it is dropped where it lands, in either version.
-    dead3 = sw.Packet(sw.SYNC, 1, 99, 1, 1, 1, updates=(sw.Update(sw.DEAD, 3, 0xFFFFFFFF),))
-    unsigned = sw.encode(dead3, TEST_KEYRING)[: -sw.TAG_SIZE]
-    forged = [unsigned + bytes(sw.TAG_SIZE), sw.encode(dead3, sw.Keyring([b"a key of another cluster"]))]
+    dead3 = wire.Packet(wire.SYNC, 1, 99, 1, 1, 1, updates=(wire.Update(wire.DEAD, 3, 0xFFFFFFFF),))
+    unsigned = wire.encode(dead3, TEST_KEYRING)[: -wire.TAG_SIZE]
+    forged = [
+        unsigned + bytes(wire.TAG_SIZE),
+        wire.encode(dead3, wire.Keyring([b"a key of another cluster"])),
+    ]
     forged.append(b"RLMB\x01" + unsigned[5:])  # version 1, unsigned: 34 bytes
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         for data in forged:
