@@ -9,7 +9,9 @@ Rules this package keeps:
 - The C lives in `*.c`/`*.h` beside the Python that loads it; `rendezvous.h` is the one C copy of
   `ringlog_proto.routing`'s hash, and `steer_rules.h` of its port rule and of where
   `ringlog_proto.frames` puts the partition identity, checked against them bit for bit by
-  tests/bpf/test_hash.py and tests/bpf/test_steer_rules.py.
+  tests/bpf/test_hash.py and tests/bpf/test_steer_rules.py. `xdp.c` states no fact of the
+  membership packet: `xdp.py` compiles it with `ringlog_proto.membership`'s constants as -D flags
+  (tests/bpf/test_xdp_rules.py).
 - Whoever loads a program detaches it and releases its maps (`close()`, idempotent), and nothing is
   attached in a way that outlives its loader: a SIGKILL leaves no program, map or link behind
   (plane.py says how, and what the next start undoes).

@@ -4,10 +4,14 @@
  * - Classes, by the destination port looked up in rl_xdp_ports ((protocol << 16) | port -> class):
  *   membership (UDP to the membership port), partition (TCP to a broker port), other (the rest,
  *   including non-IP, fragments after the first, and IPv6 with extension headers).
- * - A packet to the membership port whose UDP payload is shorter than the 24-byte membership header
- *   and the 16-byte tag that ends every packet, or does not start with the magic "RLMB" and
- *   version 2, is dropped (XDP_DROP) and counted as malformed. The tag itself (an HMAC under the
- *   cluster key, broker/cluster/swim.py) is checked in user space: the key never enters the kernel. That is the only packet this program drops; everything else is XDP_PASS, untouched.
+ * - A packet to the membership port whose UDP payload is shorter than a membership header and its
+ *   tag, or does not start with the magic and version of the membership packet, is dropped
+ *   (XDP_DROP) and counted as malformed. The tag itself (an HMAC under the cluster key) is checked
+ *   in user space: the key never enters the kernel. That is the only packet this program drops;
+ *   everything else is XDP_PASS, untouched.
+ * - The membership packet's magic, version, their offsets and its smallest size are not written
+ *   here: ringlog_proto/membership.py owns them, and bpf/xdp.py passes them as -D flags
+ *   (`membership_defines`). Compiled without them, this file stops at the #error below.
  * - Counters are per CPU (BPF_PERCPU_ARRAY): no atomics on the packet path; readers sum the CPUs.
  */
 #include <uapi/linux/bpf.h>
@@ -24,9 +28,13 @@
 #define RL_CLASS_MALFORMED 3 /* membership port, bad packet: dropped */
 #define RL_CLASS_SLOTS 4
 
-#define RL_MEMBERSHIP_MAGIC 0x524C4D42 /* "RLMB", big-endian on the wire */
-#define RL_MEMBERSHIP_VERSION 2 /* broker/cluster/swim.py: VERSION */
-#define RL_MEMBERSHIP_MIN 40     /* broker/cluster/swim.py: PACKET_MIN, the header (24) and the tag (16) */
+#if !defined(RL_MEMBERSHIP_MAGIC) || !defined(RL_MEMBERSHIP_MAGIC_OFFSET) || !defined(RL_MEMBERSHIP_VERSION) \
+    || !defined(RL_MEMBERSHIP_VERSION_OFFSET) || !defined(RL_MEMBERSHIP_PACKET_MIN)
+#error "the membership packet's defines are missing: load xdp.c through bpf/xdp.py"
+#endif
+/* Every byte read below lies within the RL_MEMBERSHIP_PACKET_MIN bytes checked against the end. */
+_Static_assert(RL_MEMBERSHIP_MAGIC_OFFSET + 4 <= RL_MEMBERSHIP_PACKET_MIN, "magic within the checked bytes");
+_Static_assert(RL_MEMBERSHIP_VERSION_OFFSET < RL_MEMBERSHIP_PACKET_MIN, "version within the checked bytes");
 
 BPF_HASH(rl_xdp_ports, u32, u32, 64);
 BPF_PERCPU_ARRAY(rl_xdp_stats, u64, RL_CLASS_SLOTS);
@@ -87,10 +95,11 @@ int rl_xdp_classify(struct xdp_md *ctx)
         return rl_done(RL_CLASS_PARTITION, XDP_PASS);
     struct udphdr *udp = l4;
     u8 *p = (u8 *)(udp + 1);
-    if ((void *)(p + RL_MEMBERSHIP_MIN) > end || ntohs(udp->len) < 8 + RL_MEMBERSHIP_MIN)
+    if ((void *)(p + RL_MEMBERSHIP_PACKET_MIN) > end || ntohs(udp->len) < sizeof(*udp) + RL_MEMBERSHIP_PACKET_MIN)
         return rl_done(RL_CLASS_MALFORMED, XDP_DROP);
-    u32 magic = (u32)p[0] << 24 | (u32)p[1] << 16 | (u32)p[2] << 8 | p[3];
-    if (magic != RL_MEMBERSHIP_MAGIC || p[4] != RL_MEMBERSHIP_VERSION)
+    u8 *m = p + RL_MEMBERSHIP_MAGIC_OFFSET;
+    u32 magic = (u32)m[0] << 24 | (u32)m[1] << 16 | (u32)m[2] << 8 | m[3]; /* big-endian on the wire */
+    if (magic != RL_MEMBERSHIP_MAGIC || p[RL_MEMBERSHIP_VERSION_OFFSET] != RL_MEMBERSHIP_VERSION)
         return rl_done(RL_CLASS_MALFORMED, XDP_DROP);
     return rl_done(RL_CLASS_MEMBERSHIP, XDP_PASS);
 }

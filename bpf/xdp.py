@@ -3,6 +3,9 @@
 Rules this module keeps:
 - What the program does is in xdp.c's header: membership / partition / other, per-CPU counters,
   malformed membership packets dropped, everything else passed untouched.
+- The membership header's facts the C checks (magic, version, their offsets, the smallest
+  packet) come from their one owner, ringlog_proto/membership.py, as -D flags
+  (`membership_defines`): xdp.c writes none of them, and does not compile without them.
 - The ports it classifies by live in a map (`rl_xdp_ports`), filled before attaching: UDP to the
   membership port is membership, TCP to the public port and to every core's direct port is partition.
 - Mode: `native` (driver XDP, e.g. veth), `generic` (SKB mode: any device, `lo` included) or `auto`
@@ -28,6 +31,7 @@ from collections.abc import Iterable
 from typing import Any, Final
 
 from bpf import kernel
+from ringlog_proto import membership
 
 log = logging.getLogger("bpf.xdp")
 
@@ -40,6 +44,24 @@ _CLASS_MEMBERSHIP: Final = 0
 _CLASS_PARTITION: Final = 1
 
 
+def membership_defines() -> dict[str, int]:
+    """The values of xdp.c's RL_MEMBERSHIP_* macros, taken from the membership codec."""
+    if len(membership.MAGIC) != 4:
+        raise ValueError(f"xdp.c compares the magic as one u32, not {len(membership.MAGIC)} bytes")
+    return {
+        "RL_MEMBERSHIP_MAGIC": int.from_bytes(membership.MAGIC, "big"),
+        "RL_MEMBERSHIP_MAGIC_OFFSET": membership.MAGIC_OFFSET,
+        "RL_MEMBERSHIP_VERSION": membership.VERSION,
+        "RL_MEMBERSHIP_VERSION_OFFSET": membership.VERSION_OFFSET,
+        "RL_MEMBERSHIP_PACKET_MIN": membership.PACKET_MIN,
+    }
+
+
+def cflags() -> list[str]:
+    """What bcc compiles xdp.c with."""
+    return [f"-D{name}={value:#x}" for name, value in membership_defines().items()]
+
+
 class XdpClassifier:
     """The loaded classifier, attached to `iface` by `attach()`."""
 
@@ -50,7 +72,7 @@ class XdpClassifier:
         self._ifindex = socket.if_nametoindex(iface)  # OSError for an unknown interface
         self._closed = False
         bcc = kernel.load_bcc()
-        self._bpf: Any = bcc.BPF(text=kernel.source("xdp.c"))
+        self._bpf: Any = bcc.BPF(text=kernel.source("xdp.c"), cflags=cflags())
         self._fn = self._bpf.load_func(PROG_NAME.encode(), kernel.BPF_PROG_TYPE_XDP)
         ports_fd = kernel.table_fd(self._bpf, "rl_xdp_ports")
         entries = [(socket.IPPROTO_UDP, membership_port, _CLASS_MEMBERSHIP)]
