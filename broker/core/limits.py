@@ -8,6 +8,10 @@ the two in step.
 
 Apart from broker/core/handlers.py for the same reason as broker/backends/uring_options.py: the command line
 names them without importing the server.
+
+The relations between the fixed bounds below and the sizes they must fit are checked at import
+(`relation_errors`), as native/constants.py checks its own: a change that breaks one fails at
+start, not in production.
 """
 
 from __future__ import annotations
@@ -16,9 +20,14 @@ import argparse
 from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from typing import Any
 
-# Fixed bounds of a single request, not flags: the frame limit (max_request_bytes, 8 MiB at the
-# least) must hold a whole fetch answer, and a long poll is bounded so a lost client frees its slot.
-FETCH_MAX_BYTES_MAX = 4 * 1024 * 1024  # one fetch answer; below the 8 MiB frame limit with room
+from broker.storage.log import LogConfig
+from ringlog_proto.frames import FRAME_BYTES_MAX_DEFAULT
+
+# Fixed bounds of a single request, not flags. A fetch answer (at most this, or one batch if the
+# first is larger) must fit the frame limit of whoever reads it: clients and the links between
+# cores and brokers read answers with FRAME_BYTES_MAX_DEFAULT (8 MiB), which leaves room for the
+# answer's header. A long poll is bounded so a lost client frees its slot.
+FETCH_MAX_BYTES_MAX = 4 * 1024 * 1024
 FETCH_WAIT_MS_MAX = 60_000  # a long poll longer than a minute is a client bug, not a wish
 # A TCP link to another broker's core (broker/core/remote.py) that is not connected after this long
 # fails what it carries (done(exc)) and is retried after a back-off: a broker on the same network
@@ -39,23 +48,25 @@ class Limits:
     """What one broker (and each of its cores) accepts before it refuses or pushes back."""
 
     max_request_bytes: int = limit(
-        8 * MiB, "--max-request-bytes", "largest request frame a client may send (larger: connection closed)"
+        FRAME_BYTES_MAX_DEFAULT,
+        "--max-request-bytes",
+        "largest request frame a client may send (larger: connection closed)",
     )
-    # Workers and forwarding (issue 10, defect 6)
+    # Workers and forwarding
     forward_timeout_ms: int = limit(
         10_000,
         "--forward-timeout-ms",
         "a request forwarded to the owning core and not answered within this (plus max_wait for a "
         "long poll) is answered REQUEST_TIMED_OUT; 0: no deadline",
     )
-    # Disk (issue 10, defect 7): broker/storage/diskspace.py
+    # Disk: broker/storage/diskspace.py
     min_free_bytes: int = limit(
         64 * MiB,
         "--min-free-bytes",
         "free bytes the data dir's file system must keep: below it writes get OUT_OF_SPACE (retriable)",
     )
 
-    # Topics, partitions and descriptors (issue 10, defect 3; docs/LIMITS.md explains the defaults)
+    # Topics, partitions and descriptors (docs/LIMITS.md explains the defaults)
     min_segment_bytes: int = limit(
         1 * MiB, "--min-segment-bytes", "smallest segment_bytes of a topic (below: INVALID_CONFIG)"
     )
@@ -75,7 +86,7 @@ class Limits:
         1000, "--segment-fd-cache", "descriptors of closed segments each core keeps open (LRU)"
     )
 
-    # Requests, connections and memory (issue 10, defects 4 and 5: broker/backends/shared.py enforces them).
+    # Requests, connections and memory (broker/backends/shared.py enforces them).
     connection_memory_bytes: int = limit(
         32 * MiB,
         "--connection-memory-bytes",
@@ -115,6 +126,32 @@ class Limits:
     @classmethod
     def from_spec(cls, spec: dict[str, int] | None) -> Limits:
         return cls(**(spec or {}))
+
+
+def relation_errors(
+    fetch_max_bytes_max: int = FETCH_MAX_BYTES_MAX,
+    frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT,
+    batch_bytes_default: int = LogConfig().max_batch_bytes,
+) -> list[str]:
+    """What is wrong between these bounds (the module's own by default), one line each, naming both
+    values: checked at import; tests pass other values."""
+    errors = []
+    if not 0 < fetch_max_bytes_max < frame_bytes_max:
+        errors.append(
+            f"FETCH_MAX_BYTES_MAX ({fetch_max_bytes_max}) must be below FRAME_BYTES_MAX_DEFAULT "
+            f"({frame_bytes_max}): a fetch answer must fit the frame limit its reader has"
+        )
+    if not 0 < batch_bytes_default < frame_bytes_max:
+        errors.append(
+            f"LogConfig's default max_batch_bytes ({batch_bytes_default}) must be below "
+            f"FRAME_BYTES_MAX_DEFAULT ({frame_bytes_max}): a produce of the largest batch and a fetch "
+            "of it must each fit a frame"
+        )
+    return errors
+
+
+if _errors := relation_errors():  # a plain `if`, not an assert: it holds under -O too
+    raise AssertionError("broker/core/limits.py: " + "; ".join(_errors))
 
 
 # Descriptors a worker holds whatever its limits: listeners, the ring, pipes, logs, the registry
