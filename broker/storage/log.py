@@ -68,7 +68,7 @@ from broker.storage.fileio import (
     WriteError,
     run_ops,
 )
-from broker.storage.index import RELATIVE_OFFSET_MAX
+from broker.storage.index import POSITION_MAX, RELATIVE_OFFSET_MAX
 from broker.storage.layout import STORE_SUFFIX, index_file_name, parse_segment_name
 from broker.storage.segment import PREALLOCATE_BYTES, PREALLOCATE_BYTES_MAX, Extent, Segment
 from ringlog_proto.batch import (
@@ -107,7 +107,7 @@ if _walk_bytes is None:
         "Python, about a microsecond per record (run `make setup` to build it)"
     )
 SEGMENT_BYTES_MAX = 1 << 31  # index positions are u32; 2 GiB keeps every position far from overflow
-INDEX_PENDING_ENTRIES_MAX = 256  # index entries held in memory before they are written: 6 KiB
+INDEX_PENDING_ENTRIES_MAX = 256  # index entries held in memory before they are written (ENTRY_SIZE each)
 DECODED_CODECS = frozenset({COMPRESSION_NONE, COMPRESSION_GZIP})  # what `decode_records` can read
 # A compressed batch may inflate to this many times max_batch_bytes (`LogConfig.max_decompressed_bytes`):
 # producers' batches of text compress 3-10x; a decompression bomb is stopped at the bound.
@@ -155,6 +155,41 @@ class LogConfig:
             if value is not None and value < 0:
                 return f"{name} must be >= 0 or None, not {value}"
         return None
+
+
+def relation_errors(
+    segment_bytes_max: int = SEGMENT_BYTES_MAX,
+    position_max: int = POSITION_MAX,
+    batch_bytes_default: int = LogConfig().max_batch_bytes,
+    decompression_ratio_max: int = DECOMPRESSION_RATIO_MAX,
+    decompressed_bytes_max: int = DECOMPRESSED_BYTES_MAX,
+    preallocate_bytes: int = PREALLOCATE_BYTES,
+    preallocate_bytes_max: int = PREALLOCATE_BYTES_MAX,
+) -> list[str]:
+    """What is wrong between the storage bounds (this module's by default), one line each, naming
+    both values: checked at import, as native/constants.py checks its own; tests pass others."""
+    errors = []
+    if not 0 < segment_bytes_max <= position_max + 1:
+        errors.append(
+            f"SEGMENT_BYTES_MAX ({segment_bytes_max}) must be at most the index's POSITION_MAX + 1 "
+            f"({position_max + 1}): every byte of a segment has a u32 position"
+        )
+    if not 0 < batch_bytes_default * decompression_ratio_max <= decompressed_bytes_max:
+        errors.append(
+            f"LogConfig's default max_batch_bytes ({batch_bytes_default}) times DECOMPRESSION_RATIO_MAX "
+            f"({decompression_ratio_max}) must be at most DECOMPRESSED_BYTES_MAX ({decompressed_bytes_max}): "
+            "the cap is for larger batch limits, the default's bound is the ratio's"
+        )
+    if not 0 < preallocate_bytes <= preallocate_bytes_max:
+        errors.append(
+            f"PREALLOCATE_BYTES ({preallocate_bytes}) must be at most PREALLOCATE_BYTES_MAX "
+            f"({preallocate_bytes_max}): the first preallocation step is the smallest"
+        )
+    return errors
+
+
+if _errors := relation_errors():  # a plain `if`, not an assert: it holds under -O too
+    raise AssertionError("broker/storage/log.py: " + "; ".join(_errors))
 
 
 @dataclass(slots=True)
