@@ -49,7 +49,7 @@ from collections.abc import Callable
 from typing import Final, Protocol
 
 from broker.core.config import BrokerConfig
-from broker.core.limits import FETCH_WAIT_MS_MAX
+from broker.core.limits import FETCH_WAIT_MS_MAX, Limits
 from broker.core.liveness import always_alive, peer_liveness
 from broker.core.metrics import CoreMetrics
 from broker.core.outcomes import Forward, Notify, Reply, Silent
@@ -85,7 +85,8 @@ CORRELATION_MASK: Final = 0xFFFFFFFF
 # pending: the bound on how long a forward waits for a peer whose worker just died (plus the
 # supervisor noticing, which SIGCHLD makes immediate).
 PEER_WATCH_S: Final = 0.1
-FORWARD_TIMEOUT_S_DEFAULT: Final = 10.0  # `--forward-timeout-ms` (broker/core/limits.py) in the workers
+# --forward-timeout-ms's default, for pools made without a config; a worker's takes the flag (for_config)
+FORWARD_TIMEOUT_S_DEFAULT: Final = Limits().forward_timeout_ms / 1000
 NO_DEADLINE: Final = math.inf
 FAILURE_LOG_EVERY_S: Final = 1.0  # at most one "forward failed" warning per peer per second
 

@@ -21,7 +21,7 @@ from brokerproc import BrokerProcess, Wire
 
 from broker.backends.shared import BackendCore, RateLimitedLog
 from broker.core.config import BrokerConfig
-from broker.core.limits import Limits
+from broker.core.limits import FETCH_MAX_BYTES_MAX, Limits
 from ringlog_proto import messages as m
 from ringlog_proto.batch import encode_batch
 from ringlog_proto.frames import FRAME_VERSION, MAGIC
@@ -29,7 +29,6 @@ from ringlog_proto.routing import shard_for
 
 MiB = 1024 * 1024
 BACKENDS = ["uvloop", "io_uring"]
-FETCH_REPLY_MAX = 4 * MiB  # broker/core/handlers.py FETCH_MAX_BYTES_MAX: what one fetch may return
 SUPPRESSED = re.compile(r"(\d+) more suppressed")  # broker/backends/shared.py RateLimitedLog
 SUMMARY = re.compile(r": \d+ more suppressed")  # a line that only counts, not an event of its own
 
@@ -78,7 +77,7 @@ class Hostile:
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         self.sock.connect(("127.0.0.1", port))
         self.sock.settimeout(0.2)
-        self.request = b"".join(m.encode_request(m.FetchRequest(tid, 0, 0, FETCH_REPLY_MAX, 0), 1)) * 100
+        self.request = b"".join(m.encode_request(m.FetchRequest(tid, 0, 0, FETCH_MAX_BYTES_MAX, 0), 1)) * 100
         self.sent = 0
         self._stop = False
         self._thread = threading.Thread(target=self._pump, daemon=True)
@@ -151,7 +150,7 @@ def test_pipelined_fetches_never_read_are_bounded_by_the_connection_budget(
             peak = max(peak, rss_bytes(pid))
             assert hostile.sent >= 1000  # it did pipeline: thousands of 4 MiB fetches asked for
             # The budget, one fetch admitted below it, and the allocator's slack.
-            bound = baseline + budget + FETCH_REPLY_MAX + 24 * MiB
+            bound = baseline + budget + FETCH_MAX_BYTES_MAX + 24 * MiB
             assert peak < bound, f"RSS {peak / MiB:.0f} MiB under the attack (bound {bound / MiB:.0f} MiB)"
         finally:
             hostile.close()
@@ -179,7 +178,7 @@ def test_the_core_budget_bounds_many_connections_and_releases_waiters(tmp_path: 
             time.sleep(1)
             peak = rss_bytes(pid)
             # The core's budget, one fetch admitted below it, and the allocator's slack.
-            bound = baseline + core_budget + FETCH_REPLY_MAX + 24 * MiB
+            bound = baseline + core_budget + FETCH_MAX_BYTES_MAX + 24 * MiB
             assert peak < bound, f"RSS {peak / MiB:.0f} MiB under 5 connections (bound {bound / MiB:.0f})"
             waiter = Wire(b.port)
             cid = waiter.send(m.FetchRequest(tid, 0, 0, 1000, 0))
