@@ -6,7 +6,7 @@ handlers stay Python) adds to the kernel's floor.
 bench/perf.py runs it beside its floors and prints floor + handlers as the lower bound of each
 CPU-per-GB target. Run alone: `.venv/bin/python bench/handler_floor.py [--rounds N]`.
 
-- Produce: `Handlers.handle` of a pre-built ProduceRequest frame (one 64 KiB batch of 63 1 KiB
+- Produce: `RinglogAdapter.handle` of a pre-built ProduceRequest frame (one 64 KiB batch of 63 1 KiB
   values, acks=1) -> its Append, whose writes `SyncFileIO` runs untimed (a pwritev: the floor's)
   -> `complete()` -> the reply's bytes. Less a crc32c of the batch (the floor's too), what is
   left is parsing the request, validation (header checks, the C record walk), offsets, index,
@@ -39,8 +39,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from broker.core.config import BrokerConfig  # noqa: E402
-from broker.core.handlers import Handlers  # noqa: E402
+from broker.core.core import Core  # noqa: E402
 from broker.core.outcomes import Append, Read, Reply  # noqa: E402
+from broker.ringlog.adapter import RinglogAdapter  # noqa: E402
 from broker.storage.fileio import SyncFileIO, run_ops  # noqa: E402
 from ringlog_proto import messages as m  # noqa: E402
 from ringlog_proto.batch import encode_batch  # noqa: E402
@@ -69,7 +70,7 @@ def _map(fd: int, length: int) -> memoryview:
 def measure(workdir: Path, rounds: int) -> dict[str, list[float]]:
     """Per round: the handlers' µs per request and CPU-seconds per GB of values produced and
     fetched, without what the floors already count (the write, the crc)."""
-    h = Handlers(BrokerConfig(data_dir=str(workdir / "handlers")))
+    h = RinglogAdapter(Core(BrokerConfig(data_dir=str(workdir / "handlers"))))
     out: dict[str, list[float]] = {"produce_us": [], "produce_s_gb": [], "fetch_us": [], "fetch_s_gb": []}
     try:
         created = _reply(h.handle(m.request_frame(m.CreateTopicRequest("h", 1), 1)))
@@ -109,7 +110,7 @@ def measure(workdir: Path, rounds: int) -> dict[str, list[float]]:
             out["produce_us"].append(handled * 1e6)
             out["produce_s_gb"].append(handled / value_gb)
 
-        log = h.partitions[(tid, 0)].log
+        log = h.core.partitions[(tid, 0)].log
         end = log.end_offset
 
         def fetch(n: int) -> tuple[float, list[memoryview]]:
@@ -142,7 +143,7 @@ def measure(workdir: Path, rounds: int) -> dict[str, list[float]]:
             out["fetch_us"].append((handled - floor) * 1e6)
             out["fetch_s_gb"].append((handled - floor) / fetch_gb)
     finally:
-        h.close()
+        h.core.close()
     return out
 
 

@@ -32,7 +32,7 @@ What it measures, and why each number is compared with the ceiling it is:
    (`LogConfig.check_records`, always on in the broker; ringlog_proto.batch.invalid_records, in
    C via native._records when built), with the walk on and off in the same run, at two levels:
    `Log.append` alone (the walk's share at its largest), and the produce path a uvloop worker
-   runs once a request's bytes are read (frame decode, `Handlers.handle`, `Log.validate` and the
+   runs once a request's bytes are read (frame decode, `RinglogAdapter.handle`, `Log.validate` and the
    write, the response encoded; no sockets, so no network noise): the "produce throughput"
    the walk must keep. Workloads: 16 KiB batches of 100 B and of 1 KiB records, and one-record
    batches of 100 B (the per-batch cost at its most visible), 32 MiB each. Both variants are open side
@@ -76,8 +76,9 @@ from pathlib import Path
 from benchlib import REPO, code_version, fs_of, size_label, table
 
 from broker.core.config import BrokerConfig
-from broker.core.handlers import Handlers
+from broker.core.core import Core
 from broker.core.outcomes import Append, Reply
+from broker.ringlog.adapter import RinglogAdapter
 from broker.storage.fileio import SyncFileIO, run_ops
 from broker.storage.log import Log, LogConfig
 from ringlog_proto import messages as m
@@ -385,7 +386,7 @@ class _LogSide:
 
 class _ProduceSide:
     """One variant of the produce-path comparison: what a uvloop worker does with a produce
-    request once its bytes are read (frame decode, Handlers.handle, the log's validate and
+    request once its bytes are read (frame decode, RinglogAdapter.handle, the log's validate and
     write, the response encoded), in this process, without sockets."""
 
     def __init__(self, directory: str, check: bool) -> None:
@@ -396,7 +397,7 @@ class _ProduceSide:
             ),
         )
         self.directory = directory
-        self.handlers = Handlers(config)
+        self.handlers = RinglogAdapter(Core(config))
         self.decoder = FrameDecoder()
         self.io = SyncFileIO()
         self.frames: dict[bytes, bytes] = {}
@@ -428,10 +429,10 @@ class _ProduceSide:
         self._handle(raw)
 
     def close(self) -> None:
-        for p in self.handlers.partitions.values():
+        for p in self.handlers.core.partitions.values():
             p.log.io = BenchIO()  # its syncs off for the close, as close_unsynced does
             close_unsynced(p.log)
-        self.handlers.partitions.clear()
+        self.handlers.core.partitions.clear()
         shutil.rmtree(self.directory, ignore_errors=True)
 
 

@@ -227,7 +227,7 @@ class Server(BackendCore):
         self._flusher.shutdown(wait=True)
 
     def read(self, extent: Extent, done: Callable[[bytes | BaseException], None]) -> None:
-        self.handlers.metrics.read(mapped=False)
+        self.core.metrics.read(mapped=False)
         try:
             data = self.loop_io.pread(extent.segment.store_fd, extent.length, extent.position)
         except Exception as exc:  # becomes an error reply

@@ -23,7 +23,7 @@ Rules this module keeps:
 - One port, two protocols: a client connection's first bytes choose its decoder (`FirstBytes`):
   ours (0x52 at byte 4, `ringlog_proto.frames.starts_like_frame`) or Kafka's (its api key's zero
   high byte there, `broker.kafka.codec.starts_like_kafka`); anything else is a protocol error and
-  closes the connection. Kafka requests go to the core's `KafkaAdapter`, ours to `Handlers`; both
+  closes the connection. Kafka requests go to the core's `KafkaAdapter`, ours to `RinglogAdapter`; both
   give outcomes carried out here alike, in the same reply slots. Inter-core links speak ours only.
 - Dispatch is an exhaustive `match` over `Outcome` (broker/core/outcomes.py): an outcome without a
   case is a bug and raises, it is never taken for a parked fetch.
@@ -40,7 +40,7 @@ Rules this module keeps:
   followed by exactly one more, which covers everything that arrived meanwhile.
 - A `Later` outcome hands the core a callback that fills the request's slot once (a JoinGroup
   answered when its group's join phase ends); an answer for a closed connection only frees it.
-- Blocking calls: `run_blocking(fn, done)`, handed to the core as `Handlers.run_blocking`, runs
+- Blocking calls: `run_blocking(fn, done)`, handed to the core as `Core.run_blocking`, runs
   `fn` on the worker's pool of daemon threads (broker/backends/blocking.py, made on first use) and
   `done(result or exception)` on the loop thread in a later turn, through the backend's
   `threadsafe_post`, in the order the calls finished. Shutdown does not wait for them: each still
@@ -85,8 +85,8 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar, assert_never
 from broker.backends.blocking import BlockingPool, Post
 from broker.core.blocking import BlockingCallAbandoned
 from broker.core.config import BrokerConfig
+from broker.core.core import Core
 from broker.core.forwarding import NO_DEADLINE, Done, Forwarder, PeerLink, PeerPool
-from broker.core.handlers import Handlers
 from broker.core.limits import FETCH_MAX_BYTES_MAX
 from broker.core.metrics import publish
 from broker.core.outcomes import (
@@ -108,6 +108,7 @@ from broker.core.replica_manager import ReplicaManager
 from broker.kafka import sasl as kafka_sasl
 from broker.kafka.adapter import KafkaAdapter
 from broker.kafka.codec import KafkaFrameDecoder, KafkaRequest, starts_like_kafka
+from broker.ringlog.adapter import RinglogAdapter
 from broker.security.session import AUTH_FAILURE_CLOSE_DELAY_S, ConnectionAuth
 from broker.security.tls import peer_context, server_context
 from broker.storage.fileio import Op, SyncFileIO, run_ops
@@ -534,7 +535,7 @@ class ServedConnection:
             slot.then_close = outcome.then_close
         if self.closed:
             if reply:
-                server.handlers.metrics.reply(sum(map(len, slot.buffers)), slot.started_ns, replied_ns)
+                server.core.metrics.reply(sum(map(len, slot.buffers)), slot.started_ns, replied_ns)
             return
         slots = self.slots
         out: list[bytes] = []
@@ -554,7 +555,7 @@ class ServedConnection:
         # went out with this write releases its slot's count (`released`) as it is.
         change = 0 if sent_slot else server.replied(slot, size)
         if reply:
-            server.handlers.metrics.reply(size, slot.started_ns, replied_ns)
+            server.core.metrics.reply(size, slot.started_ns, replied_ns)
         if close and not self.refusing:
             self.refusing = True
             server.call_later(AUTH_FAILURE_CLOSE_DELAY_S, self.close)
@@ -678,7 +679,8 @@ class BackendCore:
     """One core's serving, whatever moves its bytes. A backend subclasses it, calls `open_core`
     once its loop primitives work, and provides the primitives below."""
 
-    handlers: Handlers
+    core: Core
+    ringlog: RinglogAdapter
     kafka: KafkaAdapter
     loop_io: SyncFileIO  # the backend's blocking file calls made on the loop thread
     forwarder: Forwarder
@@ -728,29 +730,30 @@ class BackendCore:
         return lambda: SaslLogin(mechanism, login.user, login.password)
 
     def open_core(self) -> None:
-        """Open this core's partitions (`Handlers`), its Kafka adapter and its forwarding; publish
+        """Open this core (`Core`), its two protocols' adapters and its forwarding; publish
         its gauges."""
         config = self.config
-        self.handlers = Handlers(config, call_later=self.call_later, run_blocking=self.run_blocking)
-        self.kafka = KafkaAdapter(self.handlers, config)
+        self.core = Core(config, call_later=self.call_later, run_blocking=self.run_blocking)
+        self.ringlog = RinglogAdapter(self.core)
+        self.kafka = KafkaAdapter(self.core, config)
         self.peers = PeerPool.for_config(config, self.open_peer, self.stopping, self.call_later)
-        self.forwarder = Forwarder(self.handlers, self.peers.send_to_core, self.call_later)
+        self.forwarder = Forwarder(self.ringlog, self.peers.send_to_core, self.call_later)
         self.remote_links = RemoteLinks(
             self.open_remote, self.call_later, self.stopping, login=self._peer_login()
         )
-        self.handlers.remote_links = self.remote_links
+        self.core.remote_links = self.remote_links
         self.replicas: ReplicaManager | None = None
         if config.cluster is not None:  # a node of a cluster: roles, follower fetches, ISR changes
             c = config.cluster
             self.replicas = ReplicaManager(
-                self.handlers,
+                self.core,
                 self,
                 c.calls.alter_isr,
                 c.min_insync,
                 c.replica_lag_max_ms,
                 c.replica_fetch_wait_ms,
             )  # started with the periodic work, once the loop runs (`started`)
-        self.handlers.gauges = {
+        self.core.gauges = {
             "inflight_requests": lambda: sum(len(c.slots) for c in self.connections if not c.from_peer),
             "pending_forwards": lambda: self.forwarder.pending,
             "parked_long_polls": lambda: self.parked_long_polls,
@@ -845,16 +848,16 @@ class BackendCore:
 
         Raises `ProtocolError` when the bytes cannot be framed: the backend closes `conn`.
         """
-        handlers = self.handlers
-        handle = handlers.handle
-        metrics = handlers.metrics
+        ringlog = self.ringlog
+        handle = ringlog.handle
+        metrics = self.core.metrics
         from_peer = conn.from_peer
         decoder = conn.decoder
         if isinstance(decoder, FirstBytes):
             decoder = conn.decoder = decoder.decide()
         slots = conn.slots
         budget = conn.budget
-        access = handlers.access if handlers.access.active and not from_peer else None
+        access = ringlog.access if ringlog.access.active and not from_peer else None
         took = False
         if not from_peer:
             self._count(conn, 0, decoder.buffered - budget.buffered)
@@ -902,7 +905,7 @@ class BackendCore:
         """A Kafka request: the adapter's outcome, carried out in the connection's next slot.
         (The adapter raises `ProtocolError` for a request it closes the connection on.)"""
         size = request.size
-        started_ns = self.handlers.metrics.kafka_request(request.api_key, size)
+        started_ns = self.core.metrics.kafka_request(request.api_key, size)
         outcome = self.kafka.handle(request, conn.auth)
         slot = Slot(started_ns, size + REQUEST_OVERHEAD_BYTES)
         self._count(conn, slot.charge, -size)
@@ -1010,7 +1013,7 @@ class BackendCore:
                 if outcome.again is not None:
                     again = outcome.again()
                 elif outcome.frame is not None:
-                    again = self.handlers.handle(outcome.frame, conn.from_peer)
+                    again = self.ringlog.handle(outcome.frame, conn.from_peer)
                 else:
                     raise RuntimeError("a parked wait with neither a frame nor `again`")
                 if isinstance(again, Wait) and not self.stopping():
@@ -1044,7 +1047,7 @@ class BackendCore:
         """A parked request's re-handle failed (a bug): logged; see `_park`."""
         log.exception("a parked request failed when woken: %r", exc)
         if isinstance(frame, Frame):
-            conn.fill(slot, self.handlers.error_reply(frame, exc))
+            conn.fill(slot, self.ringlog.error_reply(frame, exc))
         else:
             served = conn.served if isinstance(conn, GatherPart) else conn
             served.abort()
@@ -1084,7 +1087,7 @@ class BackendCore:
                     reply = outcome.fail(exc)
                 else:
                     assert isinstance(frame, Frame)
-                    reply = self.handlers.error_reply(frame, exc)
+                    reply = self.ringlog.error_reply(frame, exc)
             conn.fill(slot, reply)
 
         self.read(outcome.extent, finished)
@@ -1350,7 +1353,7 @@ class BackendCore:
                 for _, failed in waiters:
                     failed(error)
             else:
-                self.handlers.metrics.flushed(len(waiters))
+                self.core.metrics.flushed(len(waiters))
                 for done, _ in waiters:
                     done()
             if work.flush_waiters:  # arrived while this flush ran: the next one covers them
@@ -1371,7 +1374,7 @@ class BackendCore:
 
     def started(self, ready: Callable[[], None] | None, listeners: int, backend: str) -> None:
         """The listeners are served: say so, publish the first metrics, start the periodic work."""
-        self.handlers.metrics.backend = backend.split(maxsplit=1)[0]
+        self.core.metrics.backend = backend.split(maxsplit=1)[0]
         log.info(
             "core %d serving %d listener(s) (data dir %s, backend %s)",
             self.config.core_id,
@@ -1401,7 +1404,7 @@ class BackendCore:
 
     def publish_metrics(self) -> None:
         try:
-            publish(self.config.data_dir, self.handlers.metrics.snapshot(self.handlers.gauges))
+            publish(self.config.data_dir, self.core.metrics.snapshot(self.core.gauges))
         except OSError as exc:
             log.warning("cannot publish metrics: %s", exc)
 
@@ -1409,13 +1412,13 @@ class BackendCore:
         """About once a second: publish this core's metrics, notice other cores' topic changes."""
         self.publish_metrics()
         try:
-            self.handlers.refresh_topics()
+            self.core.refresh_topics()
         except (OSError, ValueError) as exc:
             log.error("cannot read the topic registry: %s", exc)
 
     def _retention(self) -> None:
         # A read in flight pins its segment (Segment.borrow_store_fd): deleting it is safe.
-        deleted = self.handlers.apply_retention()
+        deleted = self.core.apply_retention()
         if deleted:
             log.info("retention deleted %d segment(s)", deleted)
 
@@ -1437,9 +1440,9 @@ class BackendCore:
         long the backend runs its loop (at most) before the sequence goes on."""
         log.info("shutting down: no new connections, answering in-flight requests")
         self.stop_accepting()
-        for p in self.handlers.partitions.values():
+        for p in self.core.partitions.values():
             p.wake_waiters()  # parked fetches answer now (their re-handle sees `stopping()`)
-        self.handlers.coordinator.close()  # waiting JoinGroups and SyncGroups answer now
+        self.core.coordinator.close()  # waiting JoinGroups and SyncGroups answer now
         self._abandon_blocking()  # requests waiting on a blocking call answer now
         deadline = time.monotonic() + SHUTDOWN_GRACE_S
         while self.busy() and time.monotonic() < deadline:
@@ -1455,7 +1458,7 @@ class BackendCore:
             if self.io_pending() <= 0:
                 break
             yield SHUTDOWN_POLL_S
-        self.handlers.close()
+        self.core.close()
         self.publish_metrics()
         log.info("stopped cleanly")
 

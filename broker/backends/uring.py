@@ -819,7 +819,7 @@ class UringServer(BackendCore):
                 try:
                     if isinstance(op, Sync):
                         self._sync_inline(op.fd)
-                        self.handlers.metrics.synced_inline()
+                        self.core.metrics.synced_inline()
                     else:
                         run_ops(self.loop_io, [op])
                 except OSError as exc:
@@ -851,7 +851,7 @@ class UringServer(BackendCore):
         except Exception:  # the ring's read meets the same cause and reports it
             view = None
         mapped = view is not None and self._resident(view)
-        self.handlers.metrics.read(mapped)
+        self.core.metrics.read(mapped)
         if mapped:
             done(view)  # type: ignore[arg-type]  # a read-only buffer: what replies carry
             return

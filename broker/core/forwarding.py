@@ -60,9 +60,10 @@ log = logging.getLogger(__name__)
 
 
 class AnswersErrors(Protocol):
-    """What forwarding needs of the request core (`Handlers`): its config and metrics, and the
-    error response to a frame it could not get answered. A protocol, so forwarding does not import
-    the handlers (which hand it `Forward` and `Notify` outcomes in the first place)."""
+    """What forwarding needs of our protocol's handlers (`RinglogAdapter`, the frames forwarded
+    are ours): the core's config and metrics, and the error response to a frame it could not get
+    answered. A protocol, so the core does not import the adapter (which hands it `Forward` and
+    `Notify` outcomes in the first place)."""
 
     config: BrokerConfig
     metrics: CoreMetrics

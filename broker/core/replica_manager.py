@@ -44,7 +44,7 @@ from ringlog_proto.frames import Frame
 from ringlog_proto.routing import owner
 
 if TYPE_CHECKING:
-    from broker.core.handlers import Handlers
+    from broker.core.core import Core
 
 log = logging.getLogger(__name__)
 
@@ -82,22 +82,22 @@ class _Fetching:
 class ReplicaManager:
     def __init__(
         self,
-        handlers: Handlers,
+        core: Core,
         loop: Loop,
         alter_isr: AlterIsr | None,
         min_insync: int,
         lag_max_ms: int,
         max_wait_ms: int = 500,
     ) -> None:
-        self.handlers = handlers
+        self.core = core
         self.loop = loop
         self.alter_isr = alter_isr
         self.min_insync = min_insync
         self.lag_max_ms = lag_max_ms
         self.max_wait_ms = max_wait_ms
-        self.node_id = handlers.config.node_id
-        self.core_id = handlers.config.core_id
-        self.views = ViewFile(layout.run_dir(handlers.config.data_dir))
+        self.node_id = core.config.node_id
+        self.core_id = core.config.core_id
+        self.views = ViewFile(layout.run_dir(core.config.data_dir))
         self.fetching: dict[tuple[int, int], _Fetching] = {}
         self._isr_in_flight: set[tuple[int, int]] = set()
 
@@ -119,7 +119,7 @@ class ReplicaManager:
         self.loop.call_later(POLL_S, self._poll)
 
     def apply(self, view: ClusterView) -> None:
-        h = self.handlers
+        h = self.core
         h.cluster = view
         me = self.node_id
         wanted: dict[tuple[int, int], set[tuple[int, int]]] = {}
@@ -185,7 +185,7 @@ class ReplicaManager:
             return
         fetching.in_flight = True
         deadline = time.monotonic() + self.max_wait_ms / 1000 + ANSWER_MARGIN_S
-        links = self.handlers.remote_links
+        links = self.core.remote_links
         assert links is not None, "a clustered core has remote links"
         frame = m.request_frame(req)
 
@@ -240,8 +240,8 @@ class ReplicaManager:
         if self.alter_isr is None:
             return
         now = now_ms()
-        serving = self.handlers.cluster.serving
-        for key, partition in self.handlers.partitions.items():
+        serving = self.core.cluster.serving
+        for key, partition in self.core.partitions.items():
             replica = partition.replica
             if not isinstance(replica, LeaderState) or key in self._isr_in_flight:
                 continue
@@ -260,7 +260,7 @@ class ReplicaManager:
         assert alter is not None
         tid, index = key
         self._isr_in_flight.add(key)
-        partition = self.handlers.partitions.get(key)
+        partition = self.core.partitions.get(key)
         if partition is not None:
             partition.proposing_isr(epoch, isr)  # newcomers hold the HW until the answer
         log.info("partition %d/%d: proposing in-sync set %s at epoch %d", tid, index, list(isr), epoch)
@@ -270,7 +270,7 @@ class ReplicaManager:
 
         def done(result: object) -> None:
             self._isr_in_flight.discard(key)
-            partition = self.handlers.partitions.get(key)
+            partition = self.core.partitions.get(key)
             if isinstance(result, BaseException):
                 log.warning("partition %d/%d: in-sync set change refused: %s", tid, index, result)
                 return  # what the store holds is unknown: newcomers keep holding the HW

@@ -1,10 +1,10 @@
 """The Kafka adapter: Kafka requests in, calls on the protocol-neutral core, outcomes out.
 
 Rules this module keeps:
-- One `KafkaAdapter` per core, beside that core's `Handlers`; `handle(request)` returns an
+- One `KafkaAdapter` per core, beside that core's `Core`; `handle(request)` returns an
   `Outcome` (broker/core/outcomes.py) that the backend carries out as it does ours, in the same
   reply slots, so replies keep request order. The core never learns which protocol asked: what
-  both protocols need is a protocol-neutral method of `Handlers` (`metadata_view`,
+  both protocols need is a protocol-neutral method of `Core` (`metadata_view`,
   `partition_named`, `create_topic`, `delete_topic`, `producer_ids`) or of `Partition`
   (`produce`, the one door of a produce), encoded here. An API group of its own lives in its
   own module (InitProducerId: init_producer_id.py), registered in `_apis`.
@@ -54,7 +54,7 @@ from typing import Any, Final
 from kio.schema.errors import ErrorCode
 
 from broker.core.config import BrokerConfig
-from broker.core.handlers import Handlers
+from broker.core.core import Core
 from broker.core.outcomes import Append, Gather, Outcome, Read, Reply, Silent, Wait
 from broker.core.partition import Isolation, Partition, PendingRead, Stored
 from broker.core.views import MetadataView, NodeView, kafka_broker_id
@@ -140,25 +140,25 @@ _GONE = NodeView(-1, "", 0, 0, (), live=False)  # a replica's node the view does
 
 
 class KafkaAdapter:
-    """Kafka's APIs on one core, over that core's `Handlers`."""
+    """Kafka's APIs on one core, over that core's `Core`."""
 
-    def __init__(self, handlers: Handlers, config: BrokerConfig) -> None:
-        self.handlers = handlers
+    def __init__(self, core: Core, config: BrokerConfig) -> None:
+        self.core = core
         self.config = config
         # one id for the whole cluster (librdkafka refuses brokers that disagree); alone: per data dir
         self.cluster_id = cluster_id_for(
             config.data_dir if config.cluster is None else f"cluster:{config.cluster.name}"
         )
-        self.groups = KafkaGroups(handlers)
+        self.groups = KafkaGroups(core)
         self.groups.may_describe = lambda group: authorize.may_describe_group(
             self.authorizer, self._auth.principal, group
         )
         # one SASL server and one set of ACL decisions per core, shared with our protocol
-        self.authenticator = handlers.access.authenticator
-        self.authorizer = handlers.access.authorizer
+        self.authenticator = core.authenticator
+        self.authorizer = core.authorizer
         self._auth = ConnectionAuth("")  # the connection of the request being handled
         cluster_acls = config.cluster.acls if config.cluster is not None else None
-        acls = acl_admin.AclAdmin(self.authorizer.store, cluster_acls, handlers.run_blocking)
+        acls = acl_admin.AclAdmin(self.authorizer.store, cluster_acls, core.run_blocking)
         # api key -> its handler; SUPPORTED_VERSIONS says which versions reach it
         self._apis: dict[int, Callable[[KafkaRequest, Any], Outcome]] = {
             API_VERSIONS: lambda request, _body: self._api_versions(request),
@@ -168,12 +168,8 @@ class KafkaAdapter:
             METADATA: self._metadata,
             CREATE_TOPICS: self._create_topics,
             DELETE_TOPICS: self._delete_topics,
-            INIT_PRODUCER_ID: lambda request, body: init_producer_id.init_producer_id(
-                handlers, request, body
-            ),
-            OFFSET_FOR_LEADER_EPOCH: lambda request, body: offset_for_leader_epoch(
-                self.handlers, request, body
-            ),
+            INIT_PRODUCER_ID: lambda request, body: init_producer_id.init_producer_id(core, request, body),
+            OFFSET_FOR_LEADER_EPOCH: lambda request, body: offset_for_leader_epoch(self.core, request, body),
             **self.groups.apis(),
             sasl.SASL_HANDSHAKE: lambda request, body: sasl.handshake(
                 self.authenticator, request, body, self._auth
@@ -207,7 +203,7 @@ class KafkaAdapter:
                 if self.authorizer.enabled
                 else None
             )
-            return offset_for_leader_epoch_v0(self.handlers, request, may)
+            return offset_for_leader_epoch_v0(self.core, request, may)
         supported = SUPPORTED_VERSIONS.get(key)
         if supported is None or not supported[0] <= version <= supported[1]:
             return self._unsupported(request)
@@ -223,8 +219,8 @@ class KafkaAdapter:
         if self.authorizer.enabled:
             refused = authorize.check(self.authorizer, self._auth.principal, request, body)
             if refused is not None:
-                self.handlers.metrics.error()
-                self.handlers.metrics.denied()
+                self.core.metrics.error()
+                self.core.metrics.denied()
                 return refused
         try:
             return self._apis[key](request, body)
@@ -285,7 +281,7 @@ class KafkaAdapter:
             names: list[str] | None = None
         else:
             names = [t.name for t in body.topics]
-        view = self.handlers.metadata_view(names)
+        view = self.core.metadata_view(names)
         schema = response_schema(METADATA, request.api_version)
         assert schema is not None
         may: Callable[[str], bool] | None = None
@@ -384,7 +380,7 @@ class KafkaAdapter:
         op = authorize.PER_TOPIC[api_key]
         if authorizer.allowed(self._auth.principal, op, "topic", topic):
             return None
-        self.handlers.metrics.denied()
+        self.core.metrics.denied()
         return TopicNotAuthorized(f"not authorized: {op} topic {topic}")
 
     def _produce(self, request: KafkaRequest, body: Any) -> Outcome:
@@ -393,7 +389,7 @@ class KafkaAdapter:
         A partition of another core answers NOT_LEADER_OR_FOLLOWER (module rules)."""
         version = request.api_version
         acks = _ACKS.get(int(body.acks))
-        handlers = self.handlers
+        core = self.core
         # (topic, index) -> (error, base offset, log start offset, message), filled by the parts
         results: dict[tuple[str, int], tuple[ErrorCode, int, int, str | None]] = {}
         order: list[tuple[str, list[int]]] = []
@@ -426,7 +422,7 @@ class KafkaAdapter:
                 except Exception as exc:  # refused before anything was written
                     code, message = kafka_error(exc)
                     if is_out_of_space(exc):
-                        handlers.space.saw_full(exc)
+                        core.space.saw_full(exc)
                     results[key] = (code, -1, -1, message)
                     continue
                 if part is not None:
@@ -464,7 +460,7 @@ class KafkaAdapter:
     ) -> Outcome | None:
         """One partition's part of a Produce: None when it is answered already (`refused` or
         `stored` called), else the outcome that stores it. Raises what refuses it at once."""
-        target = self.handlers.partition_named(*key)
+        target = self.core.partition_named(*key)
         if not isinstance(target, Partition):
             refused(key, NotLeaderError(f"partition {key[1]} of {key[0]!r} is led by core {target}"))
             return None
@@ -472,10 +468,10 @@ class KafkaAdapter:
             raise ValueError("a produce without records")
         if acks == Acks.ALL and target.replica is not None:
             target.check_replicas()
-        produced = target.produce(bytes(records), self.handlers.space)
+        produced = target.produce(bytes(records), self.core.space)
         if isinstance(produced, Stored):  # a retry of batches already stored
             reply = stored(key, produced)
-            waiting = self.handlers.stored_reply(target, acks, produced, reply, lambda exc: refused(key, exc))
+            waiting = self.core.stored_reply(target, acks, produced, reply, lambda exc: refused(key, exc))
             return None if waiting is reply else waiting
 
         def answer() -> Reply:
@@ -484,7 +480,7 @@ class KafkaAdapter:
         def fail(exc: BaseException) -> Reply:
             produced.fail()
             if is_out_of_space(exc):
-                self.handlers.space.saw_full(exc)
+                self.core.space.saw_full(exc)
             return refused(key, exc)
 
         return Append(target, produced.pending, acks, produced.complete, answer, fail)
@@ -492,7 +488,7 @@ class KafkaAdapter:
     def _produce_refused(self, request: KafkaRequest) -> Outcome:
         """Produce v0-2 (advertised, never answered with data): UNSUPPORTED_VERSION for every
         partition, in the v0-2 response written by hand (kio has no schemas for them)."""
-        self.handlers.metrics.error()
+        self.core.metrics.error()
         try:
             topics = _produce_v0_topics(request.data)
         except (struct.error, ValueError, UnicodeDecodeError) as exc:
@@ -545,7 +541,7 @@ class KafkaAdapter:
                 try:
                     if refusal is not None:
                         raise refusal
-                    target = self.handlers.partition_named(*key)
+                    target = self.core.partition_named(*key)
                     if not isinstance(target, Partition):
                         raise NotLeaderError(f"led by core {target}")
                     limit = min(max(int(fp.partition_max_bytes), 1), FETCH_PARTITION_MAX)
@@ -624,7 +620,7 @@ class KafkaAdapter:
                 try:
                     if refusal is not None:
                         raise refusal
-                    target = self.handlers.partition_named(topic.name, index)
+                    target = self.core.partition_named(topic.name, index)
                     if not isinstance(target, Partition):
                         raise NotLeaderError(f"led by core {target}")
                     offset = target.list_offset(spec, int(getattr(lp, "current_leader_epoch", -1)))
@@ -657,7 +653,7 @@ class KafkaAdapter:
         schema = response_schema(CREATE_TOPICS, request.api_version)
         assert schema is not None
         module = sys.modules[schema.__module__]
-        if self.handlers.config.cluster is not None:
+        if self.core.config.cluster is not None:
             return self._create_topics_in_cluster(request, body, schema, module)
         results = []
         for t in body.topics:
@@ -674,10 +670,10 @@ class KafkaAdapter:
                     limits = _topic_limits(t.configs)
                     partitions = 1 if int(t.num_partitions) == -1 else int(t.num_partitions)
                     if body.validate_only:
-                        if t.name in self.handlers.registry.by_name:
+                        if t.name in self.core.registry.by_name:
                             code, message = ErrorCode.topic_already_exists, f"topic {t.name!r} already exists"
                     else:
-                        self.handlers.create_topic(t.name, partitions, *limits)
+                        self.core.create_topic(t.name, partitions, *limits)
             except Exception as exc:
                 code, message = kafka_error(exc)
             results.append(
@@ -691,8 +687,8 @@ class KafkaAdapter:
     ) -> Outcome:
         """A cluster's CreateTopics: each topic created in the store (replication -1 is the
         cluster's default; placement over the live nodes), off the loop, in one answer."""
-        calls = self.handlers.config.cluster.calls  # type: ignore[union-attr]
-        registry = self.handlers.registry
+        calls = self.core.config.cluster.calls  # type: ignore[union-attr]
+        registry = self.core.registry
 
         def create_all() -> list[tuple[str, ErrorCode, str | None]]:
             out = []
@@ -734,7 +730,7 @@ class KafkaAdapter:
         def created(results: list[tuple[str, ErrorCode, str | None]]) -> bool:
             return all(n in registry.by_name for n, code, _ in results if code == ErrorCode.none)
 
-        return self.handlers.in_cluster(create_all, answer, until=created)
+        return self.core.in_cluster(create_all, answer, until=created)
 
     def _delete_topics(self, request: KafkaRequest, body: Any) -> Outcome:
         """Each topic through the core's `delete_topic` (which tells the other cores first); one
@@ -745,7 +741,7 @@ class KafkaAdapter:
         codes: dict[str, ErrorCode] = {}
         parts: list[Outcome] = []
         names = list(body.topic_names or ())
-        cluster = self.handlers.config.cluster
+        cluster = self.core.config.cluster
         if cluster is not None:
             calls = cluster.calls
 
@@ -766,16 +762,16 @@ class KafkaAdapter:
                 resp = make(schema, throttle_time=datetime.timedelta(0), responses=results)
                 return Reply(encode_response(request.correlation_id, resp))
 
-            registry = self.handlers.registry
+            registry = self.core.registry
 
             def deleted(codes: dict[str, ErrorCode]) -> bool:
                 return all(n not in registry.by_name for n, code in codes.items() if code == ErrorCode.none)
 
-            return self.handlers.in_cluster(delete_all, answered, until=deleted)
+            return self.core.in_cluster(delete_all, answered, until=deleted)
         for name in names:
             codes[name] = ErrorCode.none
             try:
-                parts.append(self.handlers.delete_topic(name, lambda: DONE))
+                parts.append(self.core.delete_topic(name, lambda: DONE))
             except Exception as exc:
                 codes[name] = kafka_error(exc)[0]
 
@@ -804,7 +800,7 @@ class KafkaAdapter:
             body, _client_id = decode_request(request, schema)
         except KafkaDecodeError as exc:
             raise ProtocolError(f"malformed kafka request: {exc}") from exc
-        self.handlers.metrics.error()
+        self.core.metrics.error()
         if key == PRODUCE and int(body.acks) == 0:
             return Silent()  # acks=0: the client reads no answer, not even an error
         supported = key in SUPPORTED_VERSIONS

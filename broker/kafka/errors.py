@@ -15,8 +15,8 @@ from typing import Final
 
 from kio.schema.errors import ErrorCode
 
+from broker.core.errors import error_of
 from broker.core.groups import OffsetsUnavailable
-from broker.core.handlers import error_of
 from broker.core.outcomes import Reply
 from broker.core.producer_ids import ProducerIdsUnavailable
 from broker.core.producer_state import FencedEpochError, UnknownProducerError

@@ -4,7 +4,7 @@ Rules this module keeps:
 - FindCoordinator, JoinGroup, SyncGroup, Heartbeat, LeaveGroup, OffsetCommit, OffsetFetch,
   DescribeGroups and ListGroups, encoded here; what they mean is broker/core/coordinator.py
   (membership) and broker/core/groups.py (the offsets, shared with our own protocol).
-- A group is coordinated by one core of one node, `Handlers.group_coordinator` (alone: the core
+- A group is coordinated by one core of one node, `Core.group_coordinator` (alone: the core
   `coordinator_for(group, cores)`; in a cluster, of the node `coordinator_node` picks among the
   live ones). FindCoordinator names that core as Metadata names a partition's leader: its Kafka
   broker id (node * 1000 + core), the node's host, the core's direct port. A group request on any
@@ -31,8 +31,8 @@ from typing import Any, Final
 from kio.schema.errors import ErrorCode
 
 from broker.core.coordinator import GroupCode, JoinResult, SyncResult
+from broker.core.core import Core
 from broker.core.groups import NOTHING_COMMITTED, OFFSET_METADATA_MAX, Committed, PartitionId, check_group
-from broker.core.handlers import Handlers
 from broker.core.outcomes import Later, Outcome, Reply, Silent
 from broker.core.views import kafka_broker_id
 from broker.kafka.codec import KafkaRequest, encode_response, make, response_schema
@@ -71,9 +71,9 @@ def _code(code: GroupCode) -> ErrorCode:
 class KafkaGroups:
     """The group APIs of one core's Kafka adapter."""
 
-    def __init__(self, handlers: Handlers) -> None:
-        self.handlers = handlers
-        self.coordinator = handlers.coordinator
+    def __init__(self, core: Core) -> None:
+        self.core = core
+        self.coordinator = core.coordinator
         self.client_id = ""  # of the request being handled (set by the adapter)
         # whether ListGroups shows a group to the request's principal (set by the adapter: ACLs)
         self.may_describe: Callable[[str], bool] = lambda _group: True
@@ -92,8 +92,8 @@ class KafkaGroups:
         }
 
     def _mine(self, group: str) -> bool:
-        config = self.handlers.config
-        return self.handlers.group_coordinator(group) == (config.node_id, config.core_id)
+        config = self.core.config
+        return self.core.group_coordinator(group) == (config.node_id, config.core_id)
 
     def _answers_offsets(self, group: str) -> bool:
         """Whether this core answers the group's OffsetFetch (`_offset_fetch`)."""
@@ -115,7 +115,7 @@ class KafkaGroups:
         schema, _ = self._schema(request)
         key_type = int(getattr(body, "key_type", KEY_TYPE_GROUP))
         if key_type != KEY_TYPE_GROUP:
-            self.handlers.metrics.error()
+            self.core.metrics.error()
             resp = make(
                 schema,
                 throttle_time=NO_THROTTLE,
@@ -126,11 +126,11 @@ class KafkaGroups:
                 port=-1,
             )
             return self._reply(request, resp)
-        view = self.handlers.metadata_view([])
-        node_id, core = self.handlers.group_coordinator(body.key)
+        view = self.core.metadata_view([])
+        node_id, core = self.core.group_coordinator(body.key)
         node = view.node(node_id)
         if node is None:  # the view changed between the two reads: the client asks again
-            self.handlers.metrics.error()
+            self.core.metrics.error()
             resp = make(
                 schema,
                 throttle_time=NO_THROTTLE,
@@ -159,7 +159,7 @@ class KafkaGroups:
 
         def reply(r: JoinResult) -> Reply:
             if r.code != GroupCode.NONE:
-                self.handlers.metrics.error()
+                self.core.metrics.error()
             members = tuple(
                 make(module.JoinGroupResponseMember, member_id=mid, group_instance_id=iid, metadata=meta)
                 for mid, iid, meta in r.members
@@ -180,7 +180,7 @@ class KafkaGroups:
         if not self._mine(group):
             return reply(JoinResult(GroupCode.NOT_COORDINATOR, body.member_id))
         if not group:
-            self.handlers.metrics.error()
+            self.core.metrics.error()
             return self._reply(request, make(schema, error_code=ErrorCode.invalid_group_id, **_EMPTY_JOIN))
         session_ms = int(body.session_timeout.total_seconds() * 1000)
         rebalance = getattr(body, "rebalance_timeout", None)
@@ -209,7 +209,7 @@ class KafkaGroups:
 
         def reply(r: SyncResult) -> Reply:
             if r.code != GroupCode.NONE:
-                self.handlers.metrics.error()
+                self.core.metrics.error()
             resp = make(schema, throttle_time=NO_THROTTLE, error_code=_code(r.code), assignment=r.assignment)
             return self._reply(request, resp)
 
@@ -235,7 +235,7 @@ class KafkaGroups:
         else:
             code = GroupCode.NOT_COORDINATOR
         if code != GroupCode.NONE:
-            self.handlers.metrics.error()
+            self.core.metrics.error()
         return self._reply(request, make(schema, throttle_time=NO_THROTTLE, error_code=_code(code)))
 
     def _leave_group(self, request: KafkaRequest, body: Any) -> Outcome:
@@ -252,7 +252,7 @@ class KafkaGroups:
             codes = self.coordinator.leave(group, leaving)
             top = codes[0] if request.api_version < 3 and codes else GroupCode.NONE
         if any(c != GroupCode.NONE for c in codes):
-            self.handlers.metrics.error()
+            self.core.metrics.error()
         members = (
             tuple(
                 make(module.MemberResponse, member_id=mid, group_instance_id=iid, error_code=_code(c))
@@ -268,11 +268,11 @@ class KafkaGroups:
 
     def _topic_id(self, name: str, index: int) -> int | None:
         """The id of topic `name` when it has partition `index`, else None."""
-        handlers = self.handlers
-        topic = handlers.registry.by_name.get(name)
+        core = self.core
+        topic = core.registry.by_name.get(name)
         if topic is None or not 0 <= index < topic.partitions:
-            handlers.refresh_topics(force=True)
-            topic = handlers.registry.by_name.get(name)
+            core.refresh_topics(force=True)
+            topic = core.registry.by_name.get(name)
         if topic is None or not 0 <= index < topic.partitions:
             return None
         return topic.topic_id
@@ -309,7 +309,7 @@ class KafkaGroups:
             try:
                 check_group(group)
                 if offsets:
-                    self.handlers.space.check_writable()
+                    self.core.space.check_writable()
             except Exception as exc:
                 common = kafka_error(exc)[0]
 
@@ -319,7 +319,7 @@ class KafkaGroups:
                     if code == ErrorCode.none:
                         codes[key] = common
             if any(c != ErrorCode.none for c in codes.values()):
-                self.handlers.metrics.error()
+                self.core.metrics.error()
             topics = tuple(
                 make(
                     module.OffsetCommitResponseTopic,
@@ -353,18 +353,18 @@ class KafkaGroups:
             if code != GroupCode.NONE or not offsets:
                 answer(respond(None if code == GroupCode.NONE else _code(code)))
                 return
-            live = frozenset(self.handlers.registry.by_id).__contains__
+            live = frozenset(self.core.registry.by_id).__contains__
 
             def stored(result: object) -> None:
                 # a store that cannot be written now: COORDINATOR_NOT_AVAILABLE (retriable)
                 answer(respond(kafka_error(result)[0] if isinstance(result, BaseException) else None))
 
-            self.handlers.offsets_run(lambda: self.coordinator.offsets.commit(group, offsets, live), stored)
+            self.core.offsets_run(lambda: self.coordinator.offsets.commit(group, offsets, live), stored)
 
         return Later(start)
 
     def _offset_fetch(self, request: KafkaRequest, body: Any) -> Outcome:
-        """The group's offsets, read from its store (`Handlers.with_offsets`: off the loop where
+        """The group's offsets, read from its store (`Core.with_offsets`: off the loop where
         the store is etcd); a store that cannot be read now is COORDINATOR_NOT_AVAILABLE, which
         the client retries (Kafka's answer while its offsets topic is unavailable).
 
@@ -377,7 +377,7 @@ class KafkaGroups:
         if not (self._answers_offsets(group) and group):
             return self._offset_fetch_reply(request, body, None)
         store = self.coordinator.offsets
-        return self.handlers.with_offsets(
+        return self.core.with_offsets(
             lambda: dict(store.offsets(group)), lambda found: self._offset_fetch_reply(request, body, found)
         )
 
@@ -395,9 +395,9 @@ class KafkaGroups:
         if mine and group and found is not None and failed is None:
             offsets: Mapping[PartitionId, Committed] = found  # type: ignore[assignment]
             if body.topics is None:  # v2+: every offset of the group whose topic still exists
-                by_id = self.handlers.registry.by_id
+                by_id = self.core.registry.by_id
                 if any(tid not in by_id for tid, _ in offsets):
-                    self.handlers.refresh_topics(force=True)
+                    self.core.refresh_topics(force=True)
                 grouped: dict[str, list[int]] = {}
                 for (tid, index), c in sorted(offsets.items()):
                     topic = by_id.get(tid)
@@ -418,7 +418,7 @@ class KafkaGroups:
         # v1 has no top-level error: each partition carries it
         part_error = top if request.api_version < 2 else ErrorCode.none
         if top != ErrorCode.none:
-            self.handlers.metrics.error()
+            self.core.metrics.error()
         topics = tuple(
             make(
                 module.OffsetFetchResponseTopic,

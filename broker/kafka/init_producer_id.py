@@ -1,7 +1,7 @@
 """InitProducerId (api 22, v0-4): the producer id and epoch of an idempotent Kafka producer.
 
 Rules this module keeps:
-- Ids and epochs come from the core (`Handlers.producer_ids`, broker/core/producer_ids.py): a new
+- Ids and epochs come from the core (`Core.producer_ids`, broker/core/producer_ids.py): a new
   id at epoch 0, or, when a v3+ request names its current id and epoch (KIP-360, librdkafka and
   Java ask after some errors), the same id at the next epoch. Any core answers: no coordinator
   (FindCoordinator is not needed by an idempotent producer, only by a transactional one).
@@ -22,7 +22,7 @@ from typing import Any, Final
 
 from kio.schema.errors import ErrorCode
 
-from broker.core.handlers import Handlers
+from broker.core.core import Core
 from broker.core.outcomes import Later, Outcome, Reply, Silent
 from broker.kafka.codec import KafkaRequest, encode_response, make, response_schema
 from broker.kafka.errors import kafka_error
@@ -31,45 +31,43 @@ INIT_PRODUCER_ID: Final = 22
 VERSIONS: Final = (0, 4)  # v2+ flexible
 
 
-def init_producer_id(handlers: Handlers, request: KafkaRequest, body: Any) -> Outcome:
+def init_producer_id(core: Core, request: KafkaRequest, body: Any) -> Outcome:
     """A new producer id at epoch 0, or the bumped epoch of the one named (v3+). Where the ids'
     counter is etcd (`source.remote`), a block is claimed on a `run_blocking` thread, not on the
     core's loop, and a counter that cannot be reached is COORDINATOR_NOT_AVAILABLE (retriable)."""
     current = int(getattr(body, "producer_id", -1)), int(getattr(body, "producer_epoch", -1))
-    ids = handlers.producer_ids
+    ids = core.producer_ids
     if body.transactional_id is None and ids.needs_block(*current) and getattr(ids.source, "remote", False):
 
         def start(answer: Callable[[Reply | Silent], None]) -> None:
             def claimed(first: object) -> None:
                 if isinstance(first, BaseException):
-                    answer(_answer(handlers, request, body, first))
+                    answer(_answer(core, request, body, first))
                 else:
                     ids.add_block(first)  # type: ignore[arg-type]
-                    answer(_answer(handlers, request, body))
+                    answer(_answer(core, request, body))
 
-            handlers.run_blocking(lambda: ids.source.claim_block(ids.block_size), claimed)
+            core.run_blocking(lambda: ids.source.claim_block(ids.block_size), claimed)
 
         return Later(start)
-    return _answer(handlers, request, body)
+    return _answer(core, request, body)
 
 
-def _answer(
-    handlers: Handlers, request: KafkaRequest, body: Any, failed: BaseException | None = None
-) -> Reply:
+def _answer(core: Core, request: KafkaRequest, body: Any, failed: BaseException | None = None) -> Reply:
     schema = response_schema(INIT_PRODUCER_ID, request.api_version)
     assert schema is not None
     code, producer_id, epoch = ErrorCode.none, -1, -1
     if body.transactional_id is not None:
-        handlers.metrics.error()
+        core.metrics.error()
         code = ErrorCode.invalid_request  # transactions are not supported (module rules)
     else:
         current = int(getattr(body, "producer_id", -1)), int(getattr(body, "producer_epoch", -1))
         try:
             if failed is not None:
                 raise failed
-            producer_id, epoch = handlers.producer_ids.init(*current)
+            producer_id, epoch = core.producer_ids.init(*current)
         except Exception as exc:  # the counter: a full disk, etcd away (both retriable), unreadable
-            handlers.metrics.error()
+            core.metrics.error()
             code = kafka_error(exc)[0]
     resp = make(
         schema,

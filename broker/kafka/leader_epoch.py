@@ -30,7 +30,7 @@ from typing import Any, Final
 
 from kio.schema.errors import ErrorCode
 
-from broker.core.handlers import Handlers
+from broker.core.core import Core
 from broker.core.outcomes import Outcome, Reply
 from broker.core.partition import Partition
 from broker.kafka.codec import KafkaRequest, encode_response, make, response_schema
@@ -42,12 +42,10 @@ UNDEFINED: Final = -1  # Kafka's UNDEFINED_EPOCH and UNDEFINED_EPOCH_OFFSET
 KIO_FROM: Final = 2  # kio has v2 and up
 
 
-def epoch_end(
-    handlers: Handlers, topic: str, index: int, current: int, epoch: int
-) -> tuple[ErrorCode, int, int]:
+def epoch_end(core: Core, topic: str, index: int, current: int, epoch: int) -> tuple[ErrorCode, int, int]:
     """(error, leader epoch, end offset) of `epoch` in partition `index` of `topic`."""
     try:
-        target = handlers.partition_named(topic, index)
+        target = core.partition_named(topic, index)
         if not isinstance(target, Partition):
             raise NotLeaderError(f"led by core {target}")
         if target.replica is not None:
@@ -63,7 +61,7 @@ def epoch_end(
     return ErrorCode.none, got, end
 
 
-def offset_for_leader_epoch(handlers: Handlers, request: KafkaRequest, body: Any) -> Outcome:
+def offset_for_leader_epoch(core: Core, request: KafkaRequest, body: Any) -> Outcome:
     """v2-3, decoded by kio."""
     schema = response_schema(OFFSET_FOR_LEADER_EPOCH, request.api_version)
     assert schema is not None
@@ -73,7 +71,7 @@ def offset_for_leader_epoch(handlers: Handlers, request: KafkaRequest, body: Any
         partitions = []
         for p in t.partitions:
             code, epoch, end = epoch_end(
-                handlers, t.topic, int(p.partition), int(p.current_leader_epoch), int(p.leader_epoch)
+                core, t.topic, int(p.partition), int(p.current_leader_epoch), int(p.leader_epoch)
             )
             partitions.append(
                 make(
@@ -90,7 +88,7 @@ def offset_for_leader_epoch(handlers: Handlers, request: KafkaRequest, body: Any
 
 
 def offset_for_leader_epoch_v0(
-    handlers: Handlers, request: KafkaRequest, may_describe: Callable[[str], bool] | None = None
+    core: Core, request: KafkaRequest, may_describe: Callable[[str], bool] | None = None
 ) -> Outcome:
     """v0-1, read and written here: request header v1; topics [name, partitions [partition,
     leader_epoch]]; answer header v0; topics [name, partitions [error, partition, (v1) leader
@@ -101,8 +99,8 @@ def offset_for_leader_epoch_v0(
         raise ProtocolError(f"malformed kafka OffsetForLeaderEpoch v{request.api_version}: {exc}") from exc
     refused = may_describe is not None and not all(may_describe(name) for name, _ in asked)
     if refused:
-        handlers.metrics.error()
-        handlers.metrics.denied()
+        core.metrics.error()
+        core.metrics.denied()
     out = [struct.pack(">ii", request.correlation_id, len(asked))]
     for name, partitions in asked:
         raw = name.encode()
@@ -111,7 +109,7 @@ def offset_for_leader_epoch_v0(
             if refused:
                 code, got, end = ErrorCode.topic_authorization_failed, UNDEFINED, UNDEFINED
             else:
-                code, got, end = epoch_end(handlers, name, index, UNDEFINED, epoch)
+                code, got, end = epoch_end(core, name, index, UNDEFINED, epoch)
             if request.api_version >= 1:
                 out.append(struct.pack(">hiiq", int(code), index, got, end))
             else:

@@ -55,7 +55,7 @@ class FakeCore(BackendCore):
         self.running: list[tuple[Sequence[Any], Callable[[OSError | None], None]]] = []
         self.turn_end: list[Callable[[], None]] = []
         self.flushed_counts: list[int] = []
-        self.handlers = SimpleNamespace(metrics=SimpleNamespace(flushed=self.flushed_counts.append))  # type: ignore[assignment]
+        self.core = SimpleNamespace(metrics=SimpleNamespace(flushed=self.flushed_counts.append))  # type: ignore[assignment]
 
     def end_of_turn(self, callback: Callable[[], None]) -> None:
         self.turn_end.append(callback)

@@ -1,5 +1,5 @@
 """Forwarding without I/O: PeerLink's correlation ids, the Forwarder's limits and failures, and
-Handlers of two cores sharing one data dir (ownership, misses, delete notices)."""
+RinglogAdapter of two cores sharing one data dir (ownership, misses, delete notices)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 from broker.core.config import BrokerConfig
+from broker.core.core import Core
 from broker.core.forwarding import NO_DEADLINE, PEER_WATCH_S, Forwarder, PeerLink, PeerLinkError, PeerPool
-from broker.core.handlers import Handlers
 from broker.core.outcomes import Forward, Notify, Reply, Silent
+from broker.ringlog.adapter import RinglogAdapter
 from ringlog_proto import messages as m
 from ringlog_proto.batch import encode_batch
 from ringlog_proto.frames import Frame, FrameDecoder
@@ -107,16 +108,16 @@ class FakeBackend:
 
 @pytest.fixture
 def h0(tmp_path: Path):
-    h = Handlers(BrokerConfig(data_dir=str(tmp_path), cores=2, core_id=0))
+    h = RinglogAdapter(Core(BrokerConfig(data_dir=str(tmp_path), cores=2, core_id=0)))
     yield h
-    h.close()
+    h.core.close()
 
 
 @pytest.fixture
 def h1(tmp_path: Path):
-    h = Handlers(BrokerConfig(data_dir=str(tmp_path), cores=2, core_id=1))
+    h = RinglogAdapter(Core(BrokerConfig(data_dir=str(tmp_path), cores=2, core_id=1)))
     yield h
-    h.close()
+    h.core.close()
 
 
 def partition_of(core: int, topic_id: int = 1) -> int:
@@ -129,7 +130,9 @@ def decoded(outcome: object) -> tuple[int, m.Response]:
     return frame.correlation_id, m.decode_response(frame)
 
 
-def test_handlers_forward_another_cores_partition_before_decoding_and_never_reforward(h0: Handlers) -> None:
+def test_handlers_forward_another_cores_partition_before_decoding_and_never_reforward(
+    h0: RinglogAdapter,
+) -> None:
     p1 = partition_of(1)
     out = h0.handle(frame_of(m.FetchRequest(1, p1, 0, 1024, max_wait_ms=500)))
     assert isinstance(out, Forward) and (out.core, out.long_poll, out.expects_reply) == (1, True, True)
@@ -143,7 +146,7 @@ def test_handlers_forward_another_cores_partition_before_decoding_and_never_refo
     assert isinstance(h0.handle(frame_of(m.MetadataRequest())), Reply)
 
 
-def test_forwarder_relays_the_answer_under_the_clients_correlation_id(h0: Handlers) -> None:
+def test_forwarder_relays_the_answer_under_the_clients_correlation_id(h0: RinglogAdapter) -> None:
     backend = FakeBackend()
     fw = Forwarder(h0, backend.send_to_core, backend.call_later)
     replies: list[object] = []
@@ -155,7 +158,9 @@ def test_forwarder_relays_the_answer_under_the_clients_correlation_id(h0: Handle
     assert fw.pending == 0
 
 
-def test_forwarder_answers_acks_zero_at_once_and_fails_retriably_when_the_peer_is_gone(h0: Handlers) -> None:
+def test_forwarder_answers_acks_zero_at_once_and_fails_retriably_when_the_peer_is_gone(
+    h0: RinglogAdapter,
+) -> None:
     backend = FakeBackend()
     fw = Forwarder(h0, backend.send_to_core, backend.call_later)
     replies: list[object] = []
@@ -171,7 +176,7 @@ def test_forwarder_answers_acks_zero_at_once_and_fails_retriably_when_the_peer_i
     assert fw.pending == 0
 
 
-def test_forwarder_bounds_what_is_in_flight_per_peer_and_says_when_there_is_room(h0: Handlers) -> None:
+def test_forwarder_bounds_what_is_in_flight_per_peer_and_says_when_there_is_room(h0: RinglogAdapter) -> None:
     backend = FakeBackend()
     fw = Forwarder(h0, backend.send_to_core, backend.call_later, inflight_max=2)
     replies: list[object] = []
@@ -192,7 +197,7 @@ def test_forwarder_bounds_what_is_in_flight_per_peer_and_says_when_there_is_room
 
 
 def test_two_cores_share_topics_a_miss_reloads_and_a_delete_waits_for_the_peer(
-    h0: Handlers, h1: Handlers, tmp_path: Path
+    h0: RinglogAdapter, h1: RinglogAdapter, tmp_path: Path
 ) -> None:
     _, created = decoded(h0.handle(frame_of(m.CreateTopicRequest("t", 8))))
     assert isinstance(created, m.CreateTopicResponse)
@@ -202,8 +207,8 @@ def test_two_cores_share_topics_a_miss_reloads_and_a_delete_waits_for_the_peer(
     # (makes) that partition only: the others are made on their own first use.
     out = h1.handle(frame_of(m.ListOffsetsRequest(tid, mine[0])))
     assert decoded(out)[1].error == m.ErrorCode.NONE
-    assert {p for (t, p) in h1.partitions if t == tid} == {mine[0]}
-    assert not any(t == tid for (t, _) in h0.partitions), "the creating core made no partition"
+    assert {p for (t, p) in h1.core.partitions if t == tid} == {mine[0]}
+    assert not any(t == tid for (t, _) in h0.core.partitions), "the creating core made no partition"
     # A second create of the name by the other core is refused; ids never collide.
     assert (
         decoded(h1.handle(frame_of(m.CreateTopicRequest("t", 1))))[1].error
@@ -218,14 +223,14 @@ def test_two_cores_share_topics_a_miss_reloads_and_a_delete_waits_for_the_peer(
     assert (tmp_path / "topics" / str(tid)).exists()
     ack = h1.handle(notice.frame, from_peer=True)
     assert decoded(ack)[1].error == m.ErrorCode.NONE
-    assert not any(t == tid for (t, _) in h1.partitions)
+    assert not any(t == tid for (t, _) in h1.core.partitions)
     produce = frame_of(m.ProduceRequest(tid, mine[0], 1, 1000, encode_batch([b"late"])))
     assert decoded(h1.handle(produce))[1].error == m.ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
     assert decoded(notice.finish())[1].error == m.ErrorCode.NONE
     assert not (tmp_path / "topics" / str(tid)).exists()
 
 
-def test_a_notice_answers_when_every_peer_answered_or_at_the_timeout(h0: Handlers) -> None:
+def test_a_notice_answers_when_every_peer_answered_or_at_the_timeout(h0: RinglogAdapter) -> None:
     backend = FakeBackend()
     fw = Forwarder(h0, backend.send_to_core, backend.call_later)
     h0.handle(frame_of(m.CreateTopicRequest("t", 1)))
@@ -245,7 +250,7 @@ def test_a_notice_answers_when_every_peer_answered_or_at_the_timeout(h0: Handler
     assert len(replies) == 2 and decoded(replies[1])[1].error == m.ErrorCode.NONE
 
 
-def test_forwarder_bounds_bytes_in_flight_but_always_lets_one_request_through(h0: Handlers) -> None:
+def test_forwarder_bounds_bytes_in_flight_but_always_lets_one_request_through(h0: RinglogAdapter) -> None:
     backend = FakeBackend()
     fw = Forwarder(h0, backend.send_to_core, backend.call_later, inflight_bytes_max=1000)
     replies: list[object] = []
@@ -317,7 +322,7 @@ class PoolRig:
 
 
 def test_peer_pool_answers_forwards_to_a_down_core_at_once_and_fails_its_pending_when_it_goes_down(
-    h0: Handlers,
+    h0: RinglogAdapter,
 ) -> None:
     rig = PoolRig()
     fw = Forwarder(h0, rig.pool.send_to_core, lambda d, fn: None)
@@ -341,7 +346,9 @@ def test_peer_pool_answers_forwards_to_a_down_core_at_once_and_fails_its_pending
     assert len(rig.opened) == 3 and len(replies) == 3
 
 
-def test_forwards_queued_behind_the_limit_all_fail_at_once_when_the_peer_goes_down(h0: Handlers) -> None:
+def test_forwards_queued_behind_the_limit_all_fail_at_once_when_the_peer_goes_down(
+    h0: RinglogAdapter,
+) -> None:
     """Each queued forward then fails inside the one before it's answer: no recursion per request."""
     rig = PoolRig()
     fw = Forwarder(h0, rig.pool.send_to_core, lambda d, fn: None, inflight_max=1)
@@ -356,7 +363,7 @@ def test_forwards_queued_behind_the_limit_all_fail_at_once_when_the_peer_goes_do
 
 
 def test_peer_pool_deadline_answers_request_timed_out_and_a_long_poll_gets_its_max_wait_first(
-    h0: Handlers,
+    h0: RinglogAdapter,
 ) -> None:
     rig = PoolRig(timeout_s=1.0)
     fw = Forwarder(h0, rig.pool.send_to_core, lambda d, fn: None)
@@ -377,7 +384,7 @@ def test_peer_pool_deadline_answers_request_timed_out_and_a_long_poll_gets_its_m
     assert not rig.timers  # nothing pending: the watch stops
 
 
-def test_peer_pool_watch_leaves_answered_forwards_alone(h0: Handlers) -> None:
+def test_peer_pool_watch_leaves_answered_forwards_alone(h0: RinglogAdapter) -> None:
     rig = PoolRig(timeout_s=1.0)
     fw = Forwarder(h0, rig.pool.send_to_core, lambda d, fn: None)
     replies: list[object] = []

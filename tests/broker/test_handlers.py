@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from broker.core.config import BrokerConfig
-from broker.core.handlers import Handlers
+from broker.core.core import Core
 from broker.core.outcomes import Append, Durable, Reply
+from broker.ringlog.adapter import RinglogAdapter
 from broker.storage.fileio import SyncFileIO, run_ops
 from ringlog_proto import messages as m
 from ringlog_proto.batch import encode_batch
@@ -30,32 +31,32 @@ def response(outcome) -> m.Response:
 
 @pytest.fixture
 def handlers(tmp_path: Path):
-    h = Handlers(BrokerConfig(data_dir=str(tmp_path)))
+    h = RinglogAdapter(Core(BrokerConfig(data_dir=str(tmp_path))))
     yield h
-    h.close()
+    h.core.close()
 
 
-def create(h: Handlers, name: str = "t") -> int:
+def create(h: RinglogAdapter, name: str = "t") -> int:
     resp = response(h.handle(frame_of(m.CreateTopicRequest(name, 1))))
     assert isinstance(resp, m.CreateTopicResponse)
     return resp.topic_id
 
 
-def produce(h: Handlers, tid: int, batch: bytes, acks: int = m.Acks.WRITTEN):
+def produce(h: RinglogAdapter, tid: int, batch: bytes, acks: int = m.Acks.WRITTEN):
     return h.handle(frame_of(m.ProduceRequest(tid, 0, acks, 1000, batch)))
 
 
-def test_produce_is_an_append_the_caller_runs(handlers: Handlers) -> None:
+def test_produce_is_an_append_the_caller_runs(handlers: RinglogAdapter) -> None:
     tid = create(handlers)
     outcome = produce(handlers, tid, encode_batch([b"a", b"b"]))
     assert isinstance(outcome, Append)
-    assert handlers.partitions[(tid, 0)].log.end_offset == 0, "nothing visible before the writes ran"
+    assert handlers.core.partitions[(tid, 0)].log.end_offset == 0, "nothing visible before the writes ran"
     run_ops(SyncFileIO(), outcome.pending.ops)
     resp = response(outcome.complete())
     assert isinstance(resp, m.ProduceResponse) and (resp.base_offset, resp.end_offset) == (0, 2)
 
 
-def test_a_new_producer_must_start_at_sequence_zero(handlers: Handlers) -> None:
+def test_a_new_producer_must_start_at_sequence_zero(handlers: RinglogAdapter) -> None:
     tid = create(handlers)
     late = encode_batch([b"x"], producer_id=9, producer_epoch=0, base_sequence=1)
     assert response(produce(handlers, tid, late)).error == m.ErrorCode.OUT_OF_ORDER_SEQUENCE
@@ -63,7 +64,7 @@ def test_a_new_producer_must_start_at_sequence_zero(handlers: Handlers) -> None:
     assert isinstance(first, Append)
 
 
-def test_a_durable_retry_waits_for_a_flush_covering_the_original(handlers: Handlers) -> None:
+def test_a_durable_retry_waits_for_a_flush_covering_the_original(handlers: RinglogAdapter) -> None:
     tid = create(handlers)
     batch = encode_batch([b"x"], producer_id=5, producer_epoch=0, base_sequence=0)
     first = produce(handlers, tid, batch, m.Acks.DURABLE)
@@ -72,25 +73,25 @@ def test_a_durable_retry_waits_for_a_flush_covering_the_original(handlers: Handl
     first.complete()  # written, not yet flushed: the backend would flush before answering
     retry = produce(handlers, tid, batch, m.Acks.DURABLE)
     assert isinstance(retry, Durable)
-    handlers.partitions[(tid, 0)].log.flush()
+    handlers.core.partitions[(tid, 0)].log.flush()
     again = produce(handlers, tid, batch, m.Acks.DURABLE)
     resp = response(again)
     assert isinstance(resp, m.ProduceResponse) and resp.base_offset == 0
 
 
-def test_a_retry_is_not_confirmed_after_a_failed_fsync(handlers: Handlers) -> None:
+def test_a_retry_is_not_confirmed_after_a_failed_fsync(handlers: RinglogAdapter) -> None:
     tid = create(handlers)
     batch = encode_batch([b"x"], producer_id=5, producer_epoch=0, base_sequence=0)
     first = produce(handlers, tid, batch, m.Acks.DURABLE)
     run_ops(SyncFileIO(), first.pending.ops)
     first.complete()
-    handlers.partitions[(tid, 0)].log.fail_flush(OSError(errno.EIO, "Input/output error"))
+    handlers.core.partitions[(tid, 0)].log.fail_flush(OSError(errno.EIO, "Input/output error"))
     resp = response(produce(handlers, tid, batch, m.Acks.DURABLE))
     assert resp.error == m.ErrorCode.STORAGE_ERROR
     assert "fdatasync failed" in resp.message
 
 
-def test_unknown_api_is_answered_not_raised(handlers: Handlers) -> None:
+def test_unknown_api_is_answered_not_raised(handlers: RinglogAdapter) -> None:
     from ringlog_proto.frames import encode_frame
 
     d = FrameDecoder()
@@ -100,7 +101,7 @@ def test_unknown_api_is_answered_not_raised(handlers: Handlers) -> None:
 
 
 def test_pipelined_batches_of_a_producer_are_checked_against_those_still_in_flight(
-    handlers: Handlers,
+    handlers: RinglogAdapter,
 ) -> None:
     """An asynchronous backend (io_uring) prepares the next batch of a producer while the write of
     the one before is in flight: its sequence follows the in-flight one, a retry of the in-flight
@@ -124,13 +125,15 @@ def test_pipelined_batches_of_a_producer_are_checked_against_those_still_in_flig
     # A write that fails is undone, and the producer's next expected sequence goes back with it.
     third = produce(handlers, tid, b2)
     assert isinstance(third, Append)
-    handlers.partitions[(tid, 0)].log.abort_append(third.pending)
+    handlers.core.partitions[(tid, 0)].log.abort_append(third.pending)
     assert response(third.fail(OSError(errno.EIO, "injected"))).error == m.ErrorCode.STORAGE_ERROR
     again = produce(handlers, tid, b2)
     assert isinstance(again, Append), "sequence 3 is expected again after the undone write"
 
 
-def test_a_deleted_topic_is_closed_without_a_flush(handlers: Handlers, tmp_path: Path, monkeypatch) -> None:
+def test_a_deleted_topic_is_closed_without_a_flush(
+    handlers: RinglogAdapter, tmp_path: Path, monkeypatch
+) -> None:
     """Deleting a topic closes its partitions without writing back and syncing their unsynced
     data (its files go next): a flush there held the core ~60 ms per 128 MiB segment."""
     tid = create(handlers, "gone")
@@ -153,4 +156,4 @@ def test_a_deleted_topic_is_closed_without_a_flush(handlers: Handlers, tmp_path:
     assert resp.error == m.ErrorCode.NONE
     assert not [p for p in synced if p.startswith(str(topic_dir))], synced
     assert not topic_dir.exists()
-    assert (tid, 0) not in handlers.partitions
+    assert (tid, 0) not in handlers.core.partitions

@@ -1,5 +1,5 @@
 """Replication between two cores' request handlers in one process: a leader and a follower, each
-with its own data dir, exchanging ReplicaFetch frames through `Handlers.handle`, the outcomes
+with its own data dir, exchanging ReplicaFetch frames through `RinglogAdapter.handle`, the outcomes
 carried out here synchronously as a backend would (broker/backends/shared.py)."""
 
 from __future__ import annotations
@@ -12,13 +12,14 @@ from kio.schema.errors import ErrorCode
 
 from broker.core import partition as partition_module
 from broker.core.config import BrokerConfig
-from broker.core.handlers import Handlers
+from broker.core.core import Core
 from broker.core.outcomes import Append, Gather, Later, Outcome, Read, Reply, Silent, Wait
 from broker.core.partition import Partition
 from broker.core.producer_state import PredecessorPendingError
 from broker.core.replica_fetcher import ReplicaFetcher
 from broker.kafka.errors import kafka_error
 from broker.kafka.leader_epoch import epoch_end
+from broker.ringlog.adapter import RinglogAdapter
 from broker.storage.fileio import SyncFileIO, run_ops
 from broker.storage.log import LogConfig
 from ringlog_proto import messages as m
@@ -78,7 +79,7 @@ def carry_out(outcome: Outcome, answers: list[Reply]) -> Wait | None:
     return None
 
 
-def ask(h: Handlers, req: m.Request) -> m.Response:
+def ask(h: RinglogAdapter, req: m.Request) -> m.Response:
     answers: list[Reply] = []
     assert carry_out(h.handle(frame_of(req)), answers) is None
     (reply,) = answers
@@ -90,7 +91,7 @@ class Node:
 
     def __init__(self, node_id: int, data_dir: Path) -> None:
         self.node_id = node_id
-        self.handlers = Handlers(BrokerConfig(data_dir=str(data_dir)))
+        self.handlers = RinglogAdapter(Core(BrokerConfig(data_dir=str(data_dir))))
         self.fetcher = ReplicaFetcher(node_id, max_wait_ms=0)
         resp = ask(self.handlers, m.CreateTopicRequest("t", 1))
         assert isinstance(resp, m.CreateTopicResponse)
@@ -98,7 +99,7 @@ class Node:
 
     @property
     def partition(self) -> Partition:
-        p = self.handlers.partition_named("t", 0)
+        p = self.handlers.core.partition_named("t", 0)
         assert isinstance(p, Partition)
         return p
 
@@ -139,7 +140,7 @@ class Node:
         return log_.read(log_.start_offset, 1 << 20).data if log_.end_offset > log_.start_offset else b""
 
     def close(self) -> None:
-        self.handlers.close()
+        self.handlers.core.close()
 
 
 @pytest.fixture
@@ -271,12 +272,12 @@ def test_offset_for_leader_epoch_answers_from_the_epoch_history(pair: tuple[Node
     a.follow(2, leader=2)
     b.produce(b"m2")
     b.produce(b"m3")
-    assert epoch_end(b.handlers, "t", 0, -1, 1) == (ErrorCode.none, 1, 1)
-    assert epoch_end(b.handlers, "t", 0, 2, 2) == (ErrorCode.none, 2, 3)
-    assert epoch_end(b.handlers, "t", 0, -1, 0) == (ErrorCode.none, -1, -1), "below the first epoch"
-    assert epoch_end(b.handlers, "t", 0, 3, 2)[0] == ErrorCode.unknown_leader_epoch
-    assert epoch_end(b.handlers, "t", 0, 1, 1)[0] == ErrorCode.fenced_leader_epoch
-    assert epoch_end(a.handlers, "t", 0, -1, 1)[0] == ErrorCode.not_leader_or_follower
+    assert epoch_end(b.handlers.core, "t", 0, -1, 1) == (ErrorCode.none, 1, 1)
+    assert epoch_end(b.handlers.core, "t", 0, 2, 2) == (ErrorCode.none, 2, 3)
+    assert epoch_end(b.handlers.core, "t", 0, -1, 0) == (ErrorCode.none, -1, -1), "below the first epoch"
+    assert epoch_end(b.handlers.core, "t", 0, 3, 2)[0] == ErrorCode.unknown_leader_epoch
+    assert epoch_end(b.handlers.core, "t", 0, 1, 1)[0] == ErrorCode.fenced_leader_epoch
+    assert epoch_end(a.handlers.core, "t", 0, -1, 1)[0] == ErrorCode.not_leader_or_follower
 
 
 def test_a_follower_behind_the_leaders_log_start_starts_over_there(pair: tuple[Node, Node]) -> None:

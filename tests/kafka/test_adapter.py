@@ -17,7 +17,7 @@ from kio.static.primitive import i16, i32, i64
 
 from broker.backends.shared import FirstBytes
 from broker.core.config import BrokerConfig
-from broker.core.handlers import Handlers
+from broker.core.core import Core
 from broker.core.outcomes import Later, Reply
 from broker.core.producer_ids import EPOCH_LAST
 from broker.kafka.adapter import SUPPORTED_VERSIONS, KafkaAdapter, cluster_id_for
@@ -27,6 +27,7 @@ from broker.kafka.codec import (
     make,
     request_schema,
 )
+from broker.ringlog.adapter import RinglogAdapter
 from ringlog_proto import messages as m
 from ringlog_proto.batch import BROKER_PRODUCER_ID_LIMIT
 from ringlog_proto.frames import NEED_DATA, FrameDecoder, ProtocolError, frame_decoder
@@ -49,14 +50,14 @@ def answer(adapter: KafkaAdapter, raw: bytes, api_key: int, version: int) -> tup
 @pytest.fixture
 def adapter(tmp_path: Path) -> KafkaAdapter:
     config = BrokerConfig(data_dir=str(tmp_path), port=9092, cores=2, core_ports=(9100, 9101))
-    return KafkaAdapter(Handlers(config), config)
+    return KafkaAdapter(Core(config), config)
 
 
 def create_topic(adapter: KafkaAdapter, name: str, partitions: int) -> int:
     decoder = FrameDecoder()
     decoder.feed(b"".join(m.encode_request(m.CreateTopicRequest(name, partitions), 1)))
     frame = decoder.next_frame()
-    outcome = adapter.handlers.handle(frame)  # type: ignore[arg-type]
+    outcome = RinglogAdapter(adapter.core).handle(frame)  # type: ignore[arg-type]
     assert isinstance(outcome, Reply)
     decoder = FrameDecoder()
     decoder.feed(b"".join(outcome.buffers))
@@ -229,21 +230,21 @@ def test_metadata_unknown_topic_and_empty_list(adapter: KafkaAdapter) -> None:
         ("orders", ErrorCode.none),
         ("nope", ErrorCode.unknown_topic_or_partition),
     ]
-    assert "nope" not in adapter.handlers.registry.by_name  # never auto-created
+    assert "nope" not in adapter.core.registry.by_name  # never auto-created
     _, resp = answer(adapter, frame_of(3, 4, 2, metadata_request(4, [])), 3, 4)
     assert resp.topics == ()  # v1+: an empty list asks for no topic
 
 
 def test_metadata_without_core_ports_lists_the_public_port(tmp_path: Path) -> None:
     config = BrokerConfig(data_dir=str(tmp_path), port=9092, cores=2, core_ports=())
-    adapter = KafkaAdapter(Handlers(config), config)
+    adapter = KafkaAdapter(Core(config), config)
     _, resp = answer(adapter, frame_of(3, 1, 1, metadata_request(1, None)), 3, 1)
     assert {(b.node_id, b.port) for b in resp.brokers} == {(0, 9092), (1, 9092)}
 
 
 def test_ours_and_kafkas_metadata_agree(adapter: KafkaAdapter) -> None:
     create_topic(adapter, "orders", 4)
-    view = adapter.handlers.metadata_view(None)
+    view = adapter.core.metadata_view(None)
     _, resp = answer(adapter, frame_of(3, 8, 1, metadata_request(8, None)), 3, 8)
     [topic] = view.topics
     assert {p.index: p.owner_core for p in topic.partitions} == {

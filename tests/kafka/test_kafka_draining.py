@@ -2,7 +2,7 @@
 new group work, as a Kafka broker in controlled shutdown hands its coordinators over: its
 FindCoordinator names another node, its JoinGroup and Heartbeat answer NOT_COORDINATOR (clients
 look the coordinator up again and move on), and its Metadata no longer offers it as a broker.
-The view is what the node's agent publishes; here it is set on a core's handlers directly."""
+The view is what the node's agent publishes; here it is set on a core directly."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from kio.schema.errors import ErrorCode
 
 from broker.core.cluster_view import ClusterView, NodeAddress
 from broker.core.config import BrokerConfig
-from broker.core.handlers import Handlers
+from broker.core.core import Core
 from broker.core.outcomes import Later, Reply
 from broker.kafka.adapter import KafkaAdapter
 from broker.kafka.codec import request_schema
@@ -38,9 +38,9 @@ GROUP = next(f"g{i}" for i in range(100) if coordinator_node(f"g{i}", [1, 2]) ==
 @pytest.fixture
 def adapter(tmp_path: Path) -> KafkaAdapter:
     config = BrokerConfig(data_dir=str(tmp_path), port=9092, cores=1, node_id=1)
-    handlers = Handlers(config, call_later=lambda _delay, _callback: None)  # timers never fire here
-    handlers.cluster = VIEW
-    return KafkaAdapter(handlers, config)
+    core = Core(config, call_later=lambda _delay, _callback: None)  # timers never fire here
+    core.cluster = VIEW
+    return KafkaAdapter(core, config)
 
 
 def ask(adapter: KafkaAdapter, api: int, version: int, **fields: Any) -> Any:
@@ -77,7 +77,7 @@ def test_a_draining_node_hands_its_groups_over(adapter: KafkaAdapter) -> None:
     assert (found.error_code, found.node_id, found.host) == (ErrorCode.none, 1000, "10.0.0.1")
     assert join(adapter).error_code == ErrorCode.member_id_required  # its coordinator: served
 
-    adapter.handlers.cluster = replace(VIEW, generation=2, draining=frozenset({1}))
+    adapter.core.cluster = replace(VIEW, generation=2, draining=frozenset({1}))
     found = ask(adapter, FIND_COORDINATOR, 2, key=GROUP, key_type=0)
     assert (found.error_code, found.node_id, found.host) == (ErrorCode.none, 2000, "10.0.0.2")
     assert join(adapter).error_code == ErrorCode.not_coordinator

@@ -13,7 +13,7 @@ from kio.schema.errors import ErrorCode
 from kio.schema.index import api_key_map, schema_name_map
 
 from broker.core.config import BrokerConfig
-from broker.core.handlers import Handlers
+from broker.core.core import Core
 from broker.core.outcomes import Reply, Silent
 from broker.kafka.adapter import SUPPORTED_VERSIONS, KafkaAdapter
 from broker.kafka.codec import request_schema
@@ -53,7 +53,7 @@ PER_ITEM = {
 def adapter(tmp_path_factory: pytest.TempPathFactory) -> KafkaAdapter:
     data = tmp_path_factory.mktemp("unsupported")
     config = BrokerConfig(data_dir=str(Path(data)), port=9092, cores=1)
-    return KafkaAdapter(Handlers(config), config)
+    return KafkaAdapter(Core(config), config)
 
 
 def answered(adapter: KafkaAdapter, key: int, version: int, body: Any) -> Any:

@@ -1,9 +1,10 @@
 """Authentication and ACLs of ringlog's own protocol, before the handlers act on a frame.
 
 Rules this module keeps:
-- One `Access` per core, made by its `Handlers`: the SASL server (`authenticator`, None when the
-  listener has no SASL) and the ACL decisions (`authorizer`). The Kafka adapter uses the same two,
-  so users, ACLs, counters and the failure log are one whatever protocol a client speaks.
+- One `Access` per core, made by our protocol's adapter (broker/ringlog/adapter.py), over the
+  core's SASL server (`authenticator`, None when the listener has no SASL) and ACL decisions
+  (`authorizer`). The Kafka adapter uses the same two, so users, ACLs, counters and the failure
+  log are one whatever protocol a client speaks.
 - The backend hands every client frame of our protocol to `take` with its connection's
   `ConnectionAuth` (never a frame from another core: those are trusted). `take` answers the SASL
   apis itself, refuses what the connection may not do, and returns None for what the handlers
@@ -20,7 +21,7 @@ Rules this module keeps:
   DeleteTopic delete; JoinGroup, SyncGroup, Heartbeat, LeaveGroup read on the group; OffsetCommit
   read on the group and the topic, OffsetFetch describe on both; Stats describe on the cluster;
   ReplicaFetch (a follower's) alter on the cluster. Metadata is filtered instead
-  (`Handlers.metadata_reply`). A refused request is answered TOPIC_, GROUP_ or
+  (`RinglogAdapter.metadata_reply`). A refused request is answered TOPIC_, GROUP_ or
   CLUSTER_AUTHORIZATION_FAILED and has no effect (an acks=0 produce: no answer, nothing stored).
   A topic id that names no topic is left to the handlers (UNKNOWN_TOPIC_OR_PARTITION): an id
   tells nothing about a name, and a refusal does not tell it either (its message names the
@@ -33,11 +34,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Final, Protocol
 
-from broker.core.config import BrokerConfig
+from broker.core.core import Core
 from broker.core.metrics import CoreMetrics
 from broker.core.outcomes import Outcome, Reply, Silent
-from broker.security.acls import CLUSTER_NAME, Authorizer
-from broker.security.sasl import FAILED_MESSAGE, AuthenticationFailed, Authenticator
+from broker.security.acls import CLUSTER_NAME
+from broker.security.sasl import FAILED_MESSAGE, AuthenticationFailed
 from broker.security.session import ConnectionAuth
 from ringlog_proto import messages as m
 from ringlog_proto.frames import Frame
@@ -66,14 +67,12 @@ _CLUSTER_OPS: Final = {m.ApiKey.STATS: "describe", m.ApiKey.REPLICA_FETCH: "alte
 
 
 class Served(Protocol):
-    """What `Access` needs of the core's handlers (broker/core/handlers.py), which make it."""
+    """What `Access` needs of our protocol's handlers (broker/ringlog/adapter.py), which make it."""
 
-    config: BrokerConfig
+    core: Core
     metrics: CoreMetrics
 
     def error_answer(self, frame: Frame, code: m.ErrorCode, message: str) -> Reply: ...
-
-    def topic_name(self, topic_id: int) -> str | None: ...
 
     def metadata_reply(
         self, req: m.MetadataRequest, frame: Frame, may_describe: Callable[[str], bool] | None = None
@@ -84,14 +83,9 @@ class Access:
     """A core's authentication and authorization of our protocol (module rules)."""
 
     def __init__(self, handlers: Served) -> None:
-        config = handlers.config
         self.handlers = handlers
-        self.authenticator = Authenticator(config.data_dir, config.sasl) if config.sasl.enabled else None
-        if self.authenticator is not None:
-            self.authenticator.on_failure = handlers.metrics.auth_failure
-        self.authorizer = Authorizer(
-            config.data_dir, config.authorizing, config.super_users + config.sasl.super_users
-        )
+        self.authenticator = handlers.core.authenticator
+        self.authorizer = handlers.core.authorizer
         # Whether `take` has anything to do: without SASL and ACLs the handlers answer the SASL
         # apis themselves (no SASL here) and every frame goes straight to them.
         self.active = self.authenticator is not None or self.authorizer.enabled
@@ -188,7 +182,7 @@ class Access:
                 )
         topic_op = _PARTITION_OPS.get(key)
         if topic_op is not None:
-            name = self.handlers.topic_name(frame.topic_id)
+            name = self.handlers.core.topic_name(frame.topic_id)
             if name is not None and not allowed(principal, topic_op, "topic", name):
                 # the id's topic is not named: ids are sequential, and the name of one the
                 # principal may not describe is what Metadata keeps from it (Kafka's refusals

@@ -1,0 +1,554 @@
+"""One core's state and doors, whatever protocol asks: the protocol-neutral `Core`.
+
+Rules this module keeps:
+- One `Core` per worker process (per CPU), owned by its event-loop thread: the topics as this core
+  sees them, the partitions it owns (each with its doors: broker/core/partition.py), the groups it
+  coordinates, its producer ids, its metrics, the cluster view, the SASL server and ACLs. The
+  adapters (broker/ringlog/ for our protocol, broker/kafka/ for Kafka's) decode a request, call
+  the core and its partitions, and encode the answer; the core never learns which protocol asked.
+- A core serves only the partitions it owns (`owner(topic_id, partition)`, `routing.shard_for`);
+  `partition_named` answers another core's partition with that core's number, for the adapter to
+  answer or forward as its protocol does.
+- Partitions open on first use: a core opens, at start, the partitions it owns that have files,
+  and any other only when a request for it arrives (creating its directory and first segment
+  then, in that one request). `create_topic` therefore only writes the registry, whatever the
+  partition count: no request ever waits behind thousands of partition creations, and no
+  request sees a half-made partition (one is made whole within the request that needs it).
+- Topic metadata is shared by all cores through topics.json (broker/core/topics.py). A core learns
+  of another core's change on a miss (a partition it should own but has not opened, an unknown
+  topic: reload once, then answer), from `metadata_view` and `refresh_topics()` (a stat of the
+  file, run by the backend about once a second), and from the notice `delete_topic` sends every
+  other core: the deleting core answers its client only after every peer closed the topic's
+  partitions (or the notice timed out), so once a deletion is answered no live core accepts
+  produce for it. The deleting core removes the files last.
+- What an acknowledged produce waits for is decided here, once (`stored_reply` for a retry of
+  stored batches; the `Append` a partition's produce becomes carries its acks), and the backend
+  only carries it out.
+- A full disk refuses writes, never reads (broker/storage/diskspace.py): a produce (through the
+  partition, after its retry check: a retry of stored batches is still answered), a topic
+  creation and an offset commit ask `space.check_writable()` first and get OUT_OF_SPACE
+  (retriable); a write that fails with ENOSPC anyway answers the same and tells `space`. Reads,
+  Metadata, offset fetches, deletions and retention never ask.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from broker.core.blocking import RunBlocking, no_threads
+from broker.core.cluster_view import ClusterView, ViewFile
+from broker.core.config import BrokerConfig
+from broker.core.coordinator import CallLater, GroupCoordinator
+from broker.core.groups import GroupOffsetStore
+from broker.core.metrics import CoreMetrics
+from broker.core.outcomes import Durable, Later, Notify, Outcome, Reply, Silent
+from broker.core.partition import Partition, Stored
+from broker.core.producer_ids import FileBlockSource, ProducerIds
+from broker.core.remote import RemoteLinks
+from broker.core.replication import NotLeaderError
+from broker.core.topics import Topic, TopicError, TopicRegistry
+from broker.core.views import MetadataView, NodeView, PartitionView, TopicView
+from broker.security.acls import Authorizer
+from broker.security.sasl import Authenticator
+from broker.storage import layout
+from broker.storage.diskspace import DiskSpace, is_out_of_space
+from broker.storage.errors import StorageError
+from broker.storage.fdcache import FdCache
+from ringlog_proto import messages as m
+from ringlog_proto.frames import Frame
+from ringlog_proto.routing import coordinator_for, coordinator_node, owner, shard_for
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+FORCED_REFRESH_GAP_S = 0.001  # see `refresh_topics`
+MIRROR_WAIT_S = 3.0  # a store change not in this node's registry by then is answered anyway
+MIRROR_POLL_S = 0.005
+OWNER_CACHE_MAX = 100_000  # (topic id, partition) -> core entries kept; cleared when full
+
+
+def _no_timers(delay_s: float, callback: Callable[[], None]) -> object:
+    raise RuntimeError("this core has no event loop: group membership needs one")
+
+
+class Core:
+    """One core's state and doors (module rules).
+
+    `metrics` are this core's counters (the backend bumps the per-request ones, the adapters
+    count errors); `gauges` are set by the backend (queue depths, read when a snapshot is taken:
+    STATS and the published files).
+    """
+
+    def __init__(
+        self,
+        config: BrokerConfig,
+        metrics: CoreMetrics | None = None,
+        call_later: CallLater | None = None,
+        run_blocking: RunBlocking | None = None,
+    ) -> None:
+        self.config = config
+        # slow control-plane calls off the loop: `self.run_blocking(fn, done)` (broker/core/blocking.py)
+        self.run_blocking: RunBlocking = run_blocking or no_threads
+        self.metrics = metrics if metrics is not None else CoreMetrics(config.core_id, config.backend)
+        self.gauges: dict[str, Callable[[], int]] = {}
+        # This core's TCP links to other brokers' cores (broker/core/remote.py), set by the backend
+        # that serves it: how replication reaches a leader's core. None without a backend (tests).
+        self.remote_links: RemoteLinks | None = None
+        self._forced_at = -1.0  # when `refresh_topics(force=True)` last reread the registry
+        self.space = DiskSpace(config.data_dir, config.limits.min_free_bytes)  # broker/storage/diskspace.py
+        os.makedirs(layout.topics_dir(config.data_dir), exist_ok=True)
+        self.registry = TopicRegistry(
+            config.data_dir, config.log_defaults, remove_orphans=False, limits=config.limits
+        )
+        with self.registry.locked():  # orphans are removed only here: at start, under the lock
+            self.registry.load()
+            self.registry.remove_orphans()
+        # Files of closed segments this core keeps open (broker/storage/fdcache.py).
+        self.fd_cache = FdCache(config.limits.segment_fd_cache)
+        self.partitions: dict[tuple[int, int], Partition] = {}
+        # The cluster as the node's supervisor last published it (one node: none, and no cost).
+        # A clustered core starts from the view the agent published before the workers started
+        # (or an empty one: every partition refused until a view names its replicas here).
+        self.cluster = ClusterView.single(config.node_id)
+        if config.cluster is not None:
+            self.cluster = ViewFile(layout.run_dir(config.data_dir)).poll() or ClusterView(
+                config.node_id, -1, clustered=True
+            )
+        # Broker-assigned producer ids (Kafka's InitProducerId); the first use claims a block.
+        # (a cluster's come from its store: ids unique across nodes, as a partition's producer state
+        # moves between them; a claim blocks this loop once per block, as the file's flock does)
+        ids = config.cluster.producer_ids if config.cluster is not None else None
+        self.producer_ids = ProducerIds(ids or FileBlockSource(config.data_dir))
+        self._owners: dict[tuple[int, int], int] = {}
+        for topic in self.registry.by_id.values():
+            self._open_stored(topic)
+        self.call_later: CallLater = call_later or _no_timers
+        # the groups this core coordinates: membership (timers on the backend's loop) and offsets
+        self.coordinator = GroupCoordinator(
+            (config.cluster.group_offsets if config.cluster is not None else None)
+            or GroupOffsetStore(config.data_dir),
+            self.call_later,
+            initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms,
+        )
+        # One SASL server and one set of ACL decisions per core, whatever protocol a client speaks:
+        # users, ACLs, counters and the failure log are one (broker/ringlog/access.py, broker/kafka/).
+        self.authenticator = Authenticator(config.data_dir, config.sasl) if config.sasl.enabled else None
+        if self.authenticator is not None:
+            self.authenticator.on_failure = self.metrics.auth_failure
+        self.authorizer = Authorizer(
+            config.data_dir, config.authorizing, config.super_users + config.sasl.super_users
+        )
+
+    def close(self) -> None:
+        """Close every partition (flushing them). Call once, at shutdown."""
+        for p in self.partitions.values():
+            try:
+                p.close()
+            except StorageError as exc:
+                log.error("closing partition %d/%d: %s", p.topic_id, p.index, exc)
+        self.partitions.clear()
+
+    def owner(self, topic_id: int, partition: int) -> int:
+        key = (topic_id, partition)
+        core = self._owners.get(key)
+        if core is None:
+            if len(self._owners) >= OWNER_CACHE_MAX:
+                self._owners.clear()
+            core = self._owners[key] = shard_for(topic_id, partition, self.config.cores)
+        return core
+
+    def _open_stored(self, topic: Topic) -> None:
+        """At start: open the partitions of `topic` this core owns that have files (the others
+        open on first use). Retention and recovery thus reach every partition holding data."""
+        try:
+            names = os.listdir(layout.topic_dir(self.config.data_dir, topic.topic_id))
+        except FileNotFoundError:
+            return
+        for i in sorted(n for n in map(layout.parse_number_name, names) if n is not None):
+            if i < topic.partitions and self.owner(topic.topic_id, i) == self.config.core_id:
+                if self.cluster.clustered and not self.replicated_here(topic.topic_id, i):
+                    continue  # files of a replica moved away: kept, not served
+                try:
+                    self._open_partition(topic, i)
+                except (StorageError, OSError) as exc:
+                    # It needs a new segment file (none survived) on a full disk: serve the
+                    # rest; it opens on its first request once there is room (_partition).
+                    if not is_out_of_space(exc):
+                        raise
+                    log.error("opening partition %d of topic %s: %s (retried on use)", i, topic.name, exc)
+
+    def _open_partition(self, topic: Topic, index: int) -> Partition:
+        """Open (creating it if new) partition `index` of `topic`, which this core owns."""
+        key = (topic.topic_id, index)
+        p = self.partitions.get(key)
+        if p is None:
+            path = self.registry.partition_dir(topic.topic_id, index)
+            p = Partition(topic.topic_id, index, path, topic.log_config(), self.fd_cache)
+            self.partitions[key] = p
+            if self.cluster.clustered:
+                self.give_role(p)
+        return p
+
+    def group_coordinator(self, group: str) -> tuple[int, int]:
+        """(node, core) coordinating `group`: a core of this node alone; in a cluster the node is
+        `routing.coordinator_node` over the live nodes that are not draining (`ClusterView.serving`:
+        what clients compute too, from Metadata), then the core
+        over its cores. Groups' offsets stay on that node (docs/CLUSTER.md says what that means)."""
+        c = self.cluster
+        live = [n for n in c.serving if n in c.nodes] if c.clustered else []
+        if not live:
+            return self.config.node_id, coordinator_for(group, self.config.cores)
+        node = coordinator_node(group, live)
+        return node, coordinator_for(group, c.nodes[node].cores)
+
+    def replicated_here(self, topic_id: int, index: int) -> bool:
+        """Whether the cluster view puts a replica of the partition on this node."""
+        state = self.cluster.state_of(topic_id, index)
+        return state is not None and self.config.node_id in state.replicas
+
+    def give_role(self, p: Partition) -> None:
+        """The role the view names for this node's replica of `p` (a clustered core's partitions
+        always have one: a partition without a role would serve as if alone)."""
+        state = self.cluster.state_of(p.topic_id, p.index)
+        me = self.config.node_id
+        settings = self.config.cluster
+        if state is None or me not in state.replicas or settings is None:
+            return
+        if state.leader == me:
+            p.become_leader(state.leader_epoch, state.replicas, state.isr, me, min_insync=settings.min_insync)
+        else:
+            p.become_follower(state.leader_epoch, state.leader)
+
+    # ------------------------------------------------------------------------- topics shared by cores
+
+    def refresh_topics(self, force: bool = False) -> None:
+        """Catch up with topic changes made by other cores: reread topics.json when it was replaced
+        (or always, with `force`), open the partitions of new topics this core owns and close those
+        of topics that are gone. Never removes files (see broker/core/topics.py)."""
+        if force:
+            # One forced reread per millisecond at most: a request naming thousands of unknown
+            # topics or partitions asked for one per entry (~30 us each); between two,
+            # the replace check below still sees a registry another core rewrote.
+            now = time.monotonic()
+            if now - self._forced_at < FORCED_REFRESH_GAP_S:
+                force = False
+            else:
+                self._forced_at = now
+        try:
+            if force:
+                self.registry.load()
+            elif not self.registry.refresh():
+                return
+        except (ValueError, KeyError, TypeError, OSError) as exc:
+            # A registry this core cannot read (damaged by hand, a disk error): keep serving the
+            # topics it knows; creates and deletes, which must read it, fail with the reason.
+            log.error(
+                "cannot read the topic registry (%s); keeping the %d topics known",
+                exc,
+                len(self.registry.by_id),
+            )
+            return
+        self._sync_partitions()
+
+    def _sync_partitions(self) -> None:
+        """Close the partitions of topics that are gone (new topics' partitions open on first use)."""
+        live = self.registry.by_id
+        for key in [k for k in self.partitions if k[0] not in live]:
+            p = self.partitions.pop(key)
+            log.info("topic id %d is gone: closing partition %d", key[0], key[1])
+            try:
+                p.close(discard=True)  # its files go with the topic: nothing to flush first
+            except StorageError as exc:
+                log.error("closing partition %d/%d: %s", p.topic_id, p.index, exc)
+
+    def partition(self, topic_id: int, index: int) -> Partition:
+        """Partition `index` of topic id `topic_id`, which this core owns, opened (made, if new) on
+        its first use: what a request of ours names."""
+        p = self.partitions.get((topic_id, index))
+        if p is not None:
+            return p
+        topic = self.registry.by_id.get(topic_id)
+        if topic is None or not 0 <= index < topic.partitions:
+            self.refresh_topics(force=True)  # a miss: another core may have created the topic
+        else:
+            self.refresh_topics()  # a stat: a topic deleted meanwhile is not made again
+        topic = self.registry.by_id.get(topic_id)
+        if topic is None or not 0 <= index < topic.partitions:
+            raise TopicError("unknown", f"no partition {index} of topic id {topic_id}")
+        if self.owner(topic.topic_id, index) != self.config.core_id:
+            raise TopicError("unknown", f"partition {index} of topic id {topic_id} is not on this core")
+        if self.cluster.clustered and not self.replicated_here(topic.topic_id, index):
+            node = self.config.node_id
+            raise NotLeaderError(f"node {node} holds no replica of partition {index}")
+        return self._open_partition(topic, index)
+
+    def partition_named(self, topic: str, index: int) -> Partition | int:
+        """Partition `index` of the topic named `topic` when this core owns it (opened, made if
+        new), else the core that owns it: the protocol-neutral lookup of a multi-partition
+        request (Kafka's), which answers a partition of another core rather than forward it.
+        Raises `TopicError` for an unknown topic or partition."""
+        t = self.registry.by_name.get(topic)
+        if t is None or not 0 <= index < t.partitions:
+            self.refresh_topics(force=True)
+            t = self.registry.by_name.get(topic)
+        if t is None or not 0 <= index < t.partitions:
+            raise TopicError("unknown", f"no partition {index} of topic {topic!r}")
+        core = self.owner(t.topic_id, index)
+        if core != self.config.core_id:
+            return core
+        p = self.partitions.get((t.topic_id, index))
+        if p is not None:
+            return p
+        self.refresh_topics()  # a stat: a topic deleted meanwhile is not made again
+        current = self.registry.by_id.get(t.topic_id)
+        if current is None:
+            raise TopicError("unknown", f"no partition {index} of topic {topic!r}")
+        return self._open_partition(current, index)
+
+    def metadata_view(self, names: Sequence[str] | None = None) -> MetadataView:
+        """Topics (`names`, or every one when None), their partitions with owning cores, and
+        where each core is reached: the one answer both protocols encode (broker/core/views.py)."""
+        self.refresh_topics()
+        if names and any(name not in self.registry.by_name for name in names):
+            self.refresh_topics(force=True)
+        if names is None:
+            names = sorted(self.registry.by_name)
+        cluster = self.cluster
+        node_id = self.config.node_id
+        nodes = {
+            n.node_id: NodeView(
+                n.node_id, n.host, n.port, n.cores, n.core_ports, n.rack, n.node_id in cluster.serving
+            )
+            for n in cluster.nodes.values()
+        }
+        if node_id not in nodes:
+            config = self.config
+            nodes[node_id] = NodeView(
+                node_id, config.public_host, config.port, config.cores, config.core_ports
+            )
+        topics = []
+        for name in names:
+            topic = self.registry.by_name.get(name)
+            if topic is None:
+                topics.append(TopicView(name, 0, known=False))
+                continue
+            parts = []
+            for i in range(topic.partitions):
+                p = self.partitions.get((topic.topic_id, i))
+                start, end = (p.log.start_offset, p.high_watermark) if p is not None else (-1, -1)
+                state = cluster.state_of(topic.topic_id, i) if cluster.clustered else None
+                if state is None and cluster.clustered:  # its first state is not written yet
+                    parts.append(PartitionView(i, -1, -1, -1, -1, 0, (), ()))
+                    continue
+                if state is None:
+                    core = self.owner(topic.topic_id, i)
+                    me = ((node_id, core),)
+                    parts.append(PartitionView(i, core, start, end, node_id, 0, me, me))
+                    continue
+                placed = {r: (r, _core_on(nodes.get(r), topic.topic_id, i)) for r in state.replicas}
+                leader = nodes.get(state.leader)
+                if leader is not None and not leader.live:
+                    leader = None
+                parts.append(
+                    PartitionView(
+                        i,
+                        _core_on(leader, topic.topic_id, i) if leader is not None else -1,
+                        start,
+                        end,
+                        state.leader if leader is not None else -1,
+                        state.leader_epoch,
+                        tuple(placed[r] for r in state.replicas),
+                        tuple(placed[r] for r in state.isr if r in placed),
+                    )
+                )
+            topics.append(
+                TopicView(
+                    topic.name,
+                    topic.topic_id,
+                    known=True,
+                    retention_ms=_wire_limit(topic.retention_ms),
+                    retention_bytes=_wire_limit(topic.retention_bytes),
+                    segment_bytes=topic.segment_bytes,
+                    partitions=tuple(parts),
+                )
+            )
+        return MetadataView(
+            host=self.config.public_host,
+            port=self.config.port,
+            cores=self.config.cores,
+            core_ports=self.config.core_ports,
+            steering=bool((self.config.bpf_snapshot() or {}).get("steering")),  # the supervisor's bpf.json
+            topics=tuple(topics),
+            node_id=node_id,
+            nodes=tuple(sorted(nodes.values(), key=lambda n: n.node_id)),
+            clustered=cluster.clustered,
+            controller=cluster.controller if cluster.controller in cluster.live else node_id,
+        )
+
+    def topic_name(self, topic_id: int) -> str | None:
+        """The name of topic `topic_id` (None if there is none): the resource an ACL names."""
+        topic = self.registry.by_id.get(topic_id)
+        if topic is None:
+            self.refresh_topics(force=True)  # another core may have created it
+            topic = self.registry.by_id.get(topic_id)
+        return topic.name if topic is not None else None
+
+    def in_cluster(
+        self,
+        call: Callable[[], Any],
+        answer: Callable[[Any], Reply],
+        fail: Callable[[BaseException], Reply] | None = None,
+        until: Callable[[Any], bool] | None = None,
+    ) -> Outcome:
+        """Run `call` (a write to the cluster's store) off the loop, then answer with its result;
+        an error is answered by `fail`, or passed to `answer` without it. `until`:
+        first wait (up to `MIRROR_WAIT_S`) until this core's registry shows the change: the agent
+        copies it into topics.json within milliseconds, and the client's next request here must
+        see the topic it just created."""
+
+        def start(reply: Callable[[Reply | Silent], None]) -> None:
+            def done(result: object) -> None:
+                if isinstance(result, BaseException):
+                    reply(fail(result) if fail is not None else answer(result))
+                    return
+                deadline = time.monotonic() + MIRROR_WAIT_S
+
+                def mirrored() -> None:
+                    self.refresh_topics(force=True)
+                    if until is None or until(result) or time.monotonic() > deadline:
+                        reply(answer(result))
+                    else:
+                        self.call_later(MIRROR_POLL_S, mirrored)
+
+                mirrored()
+
+            self.run_blocking(call, done)
+
+        return Later(start)
+
+    def has_topic(self, topic: Topic) -> bool:
+        current = self.registry.by_name.get(topic.name)
+        return current is not None and current.topic_id == topic.topic_id
+
+    def create_topic(
+        self, name: str, partitions: int, retention_ms: int, retention_bytes: int, segment_bytes: int
+    ) -> Topic:
+        """Create a topic (both protocols' CreateTopic(s)); raises `TopicError` or what refuses it
+        (a full disk). The limits are as the registry reads them (-2: the broker's default)."""
+        self.space.check_writable()
+        with self.registry.locked():  # reload, change, save: other cores change it too
+            self.registry.load()
+            topic = self.registry.create(name, partitions, retention_ms, retention_bytes, segment_bytes)
+        self._sync_partitions()
+        # No partition is made here: each is made on its first use (module rules), so this
+        # answer costs one registry write whatever the partition count.
+        log.info("created topic %s (id %d, %d partitions)", topic.name, topic.topic_id, topic.partitions)
+        return topic
+
+    def delete_topic(self, name: str, answer: Callable[[], Reply], notice: Frame | None = None) -> Outcome:
+        """Delete a topic (both protocols' DeleteTopic(s)): out of the registry now; every other
+        core is told (a DeleteTopic frame of ours, `notice`, made here if not given) and closes
+        its partitions of it; then the files go and `answer()` is sent. Raises `TopicError`."""
+        with self.registry.locked():
+            self.registry.load()
+            topic = self.registry.delete(name)
+        self._sync_partitions()  # closes this core's partitions of it, and catches up on the rest
+
+        def finish() -> Reply:
+            self.registry.remove_files(topic)
+            log.info("deleted topic %s (id %d)", topic.name, topic.topic_id)
+            return answer()
+
+        peers = tuple(c for c in range(self.config.cores) if c != self.config.core_id)
+        if not peers:
+            return finish()
+        if notice is None:
+            notice = m.request_frame(m.DeleteTopicRequest(name=name))
+        return Notify(notice, peers, finish)
+
+    @staticmethod
+    def stored_reply(
+        p: Partition, acks: int, stored: Stored, reply: Reply, fail: Callable[[BaseException], Reply]
+    ) -> Outcome:
+        """The answer to a retry of stored batches: at once, after a flush (acks=durable, or
+        acks=all unreplicated) or once the high watermark passes them (acks=all replicated)."""
+        if acks == m.Acks.ALL and p.replica is not None:
+            if stored.end_offset <= p.high_watermark:
+                return reply
+
+            def start(answer: Callable[[Reply | Silent], None]) -> None:
+                p.after_replicated(stored.end_offset, lambda: answer(reply), lambda exc: answer(fail(exc)))
+
+            return Later(start)
+        if acks in (m.Acks.DURABLE, m.Acks.ALL) and not stored.durable:
+            return Durable(p, reply, fail)
+        return reply
+
+    def partition_by_id(self, topic_id: int, index: int) -> Partition:
+        """Partition `index` of topic id `topic_id` when this core owns it (opened, made if new):
+        what ReplicaFetch names, and what the cluster agent gives roles to (`become_leader`,
+        `become_follower`). `NotLeaderError` for another core's, `TopicError` for an unknown one."""
+        p = self.partitions.get((topic_id, index))
+        if p is not None:
+            return p
+        if self.owner(topic_id, index) != self.config.core_id:
+            raise NotLeaderError(
+                f"partition {index} of topic id {topic_id} is on core {self.owner(topic_id, index)}"
+            )
+        return self.partition(topic_id, index)
+
+    def topic_of(self, topic_id: int, partition: int) -> Topic:
+        """The topic of a partition this broker has (any core's), else `TopicError` "unknown"."""
+        topic = self.registry.by_id.get(topic_id)
+        if topic is None or not 0 <= partition < topic.partitions:
+            self.refresh_topics(force=True)
+            topic = self.registry.by_id.get(topic_id)
+        if topic is None or not 0 <= partition < topic.partitions:
+            raise TopicError("unknown", f"no partition {partition} of topic id {topic_id}")
+        return topic
+
+    def offsets_run(self, call: Callable[[], T], done: Callable[[T | BaseException], None]) -> None:
+        """`done(call())` (or `done(exception)`) for a call on the group offsets' store: at once
+        on the loop where the store answers from a file, on a `run_blocking` thread where it may
+        wait on the network (`GroupOffsetStore.remote`: a cluster's etcd, which may be away)."""
+        if self.coordinator.offsets.remote:
+            self.run_blocking(call, done)
+            return
+        try:
+            result: T | BaseException = call()
+        except Exception as exc:
+            result = exc
+        done(result)
+
+    def with_offsets(self, call: Callable[[], T], reply: Callable[[T | BaseException], Reply]) -> Outcome:
+        """The outcome that answers `reply(call())` (`offsets_run`): the reply itself when the
+        store answered at once, else a `Later`."""
+        answered: list[Reply] = []
+        if not self.coordinator.offsets.remote:
+            self.offsets_run(call, lambda result: answered.append(reply(result)))
+            return answered[0]
+        return Later(lambda answer: self.offsets_run(call, lambda result: answer(reply(result))))
+
+    def apply_retention(self) -> int:
+        deleted = 0
+        for p in self.partitions.values():
+            try:
+                deleted += p.apply_retention()
+            except StorageError as exc:
+                log.error("retention on partition %d/%d: %s", p.topic_id, p.index, exc)
+        return deleted
+
+
+def _core_on(node: NodeView | None, topic_id: int, partition: int) -> int:
+    """The core of `node` that holds the partition's replica there (-1: the node is not live)."""
+    if node is None or not node.cores:
+        return -1
+    return owner(topic_id, partition, range(node.cores))
+
+
+def _wire_limit(value: int | None) -> int:
+    return -2 if value is None else value
