@@ -882,7 +882,7 @@ class BackendCore:
                     self._take_kafka(frame, conn)
                     continue
                 assert isinstance(frame, Frame)
-                # SASL and ACLs (broker/core/access.py); a frame from another core is trusted
+                # SASL and ACLs (broker/ringlog/access.py); a frame from another core is trusted
                 decided = access.take(frame, conn.auth) if access is not None else None
                 size = len(frame.body) + HEADER_SIZE
                 if from_peer:

@@ -68,7 +68,7 @@ class GroupOffsetStore:
 
     # False: answered on the loop (a file read once, then memory; a commit is one fsynced
     # replace). True: every call may wait on the network, so it runs on the core's
-    # `run_blocking` threads (`Handlers.offsets_run`), never on its loop.
+    # `run_blocking` threads (`Core.offsets_run`), never on its loop.
     remote = False
 
     def __init__(self, data_dir: str) -> None:

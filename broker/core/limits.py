@@ -6,7 +6,7 @@ all read this dataclass, so a new limit is one field here and its use where it i
 docs/LIMITS.md lists every limit with its default and what a client sees when it is hit: keep
 the two in step.
 
-Apart from broker/core/handlers.py for the same reason as broker/backends/uring_options.py: the command line
+Apart from broker/core/core.py for the same reason as broker/backends/uring_options.py: the command line
 names them without importing the server.
 
 The relations between the fixed bounds below and the sizes they must fit are checked at import

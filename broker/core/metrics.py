@@ -19,7 +19,7 @@ The backend contract (uvloop in broker/backends/aio.py, io_uring in broker/backe
     metrics.forwarded()                                # sent to the owning core instead
     metrics.forwarded_in()                             # a request that came from another core
     metrics.asked()                                    # a question to another core
-    metrics.error()                                    # done by Handlers for every error answer
+    metrics.error()                                    # done by the adapters for every error answer
     publish(data_dir, metrics.snapshot(gauges))        # ~1/s and at shutdown
 """
 

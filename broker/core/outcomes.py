@@ -1,4 +1,5 @@
-"""What the I/O loop is told to do: the outcomes `Handlers.handle` returns.
+"""What the I/O loop is told to do: the outcomes the protocol adapters return
+(`RinglogAdapter.handle`, `KafkaAdapter.handle`).
 
 Rules this module keeps:
 - It sits at the bottom of the core: the backends, forwarding and the handlers all import it, and it

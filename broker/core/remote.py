@@ -17,7 +17,7 @@ Rules this module keeps:
   ordinary requests (Metadata, Fetch, ...) and their answers are matched by correlation id by the
   same `PeerLink` (broker/core/forwarding.py) as inter-core forwarding.
 - Links: one per (local core, remote core, long_poll), as forwarding has per peer core. Each
-  worker's core has its own `RemoteLinks` (`BackendCore.remote_links`, also `Handlers.remote_links`),
+  worker's core has its own `RemoteLinks` (`BackendCore.remote_links`, also `Core.remote_links`),
   and per remote address one link for ordinary requests and one for long polls. The remote core
   answers a connection in request order, so a long poll would hold back every answer behind it:
   long polls (`long_poll=True`) go on the long-poll link only, where a second long poll waits

@@ -16,7 +16,7 @@ Rules this module keeps:
   `remove_orphans()`, which a worker calls once at start while holding the lock, never on a later
   reload: another core may be between "save the registry" and "create the directories".
 - Creating a topic writes the registry and nothing else: each partition's directory and first
-  segment are made by its owning core when the partition is first used (broker/core/handlers.py), so
+  segment are made by its owning core when the partition is first used (broker/core/core.py), so
   CreateTopic costs the same for 1 or 10 000 partitions, and a crash at any point leaves either
   no topic or a topic whose partitions open (empty) on first use.
 - Limits (broker/core/limits.py) are checked here, under the lock, so they hold across cores: partitions

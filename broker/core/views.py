@@ -2,7 +2,7 @@
 
 Rules this module keeps:
 - No wire types here (neither ringlog_proto's messages nor Kafka's): the core computes a view
-  once (`Handlers.metadata_view`), and our Metadata handler and the Kafka adapter each turn it
+  once (`Core.metadata_view`), and our Metadata handler and the Kafka adapter each turn it
   into their own response, so the core never knows which protocol asked.
 """
 

@@ -200,7 +200,7 @@ class RinglogAdapter:
     def metadata_reply(
         self, req: m.MetadataRequest, frame: Frame, may_describe: Callable[[str], bool] | None = None
     ) -> Reply:
-        """The Metadata answer. With `may_describe` (ACLs on: broker/core/access.py) a topic the
+        """The Metadata answer. With `may_describe` (ACLs on: broker/ringlog/access.py) a topic the
         principal may not describe is left out of a listing of every topic, and answered
         TOPIC_AUTHORIZATION_FAILED, without its id or settings, when named: whether it exists is
         not told either (Kafka's rule)."""
