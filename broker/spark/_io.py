@@ -42,7 +42,7 @@ from ringlog_proto.messages import (
 
 T = TypeVar("T")
 
-FETCH_BYTES_DEFAULT = 4 * 1024 * 1024  # the broker's cap on one fetch answer (broker/core/limits.py FETCH_MAX_BYTES_MAX)
+FETCH_BYTES_DEFAULT = 4 * 1024 * 1024  # the broker's cap on one fetch answer (limits.FETCH_MAX_BYTES_MAX)
 CLIENT_NAME = "ringlog-spark"
 
 

@@ -184,7 +184,7 @@ def test_the_core_budget_bounds_many_connections_and_releases_waiters(tmp_path: 
             cid = waiter.send(m.FetchRequest(tid, 0, 0, 1000, 0))
         finally:
             for h in hostiles:
-                h.core.close()
+                h.close()
         waiter.sock.settimeout(10)
         frame = waiter.recv_frame()  # answered once the hostile connections' memory is released
         assert frame.correlation_id == cid and m.decode_response(frame).error == m.ErrorCode.NONE
