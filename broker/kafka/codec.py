@@ -403,3 +403,43 @@ def entity_type(hint: Any) -> type[Any] | None:
             return h
         todo.extend(typing.get_args(h))
     return None
+
+
+def produce_v0_topics(data: bytes) -> list[tuple[str, list[int]]] | None:
+    """The topics and partitions of a Produce v0-2 request (header v1), None when acks=0."""
+    pos = 8  # api key, version, correlation id
+    (n,) = struct.unpack_from(">h", data, pos)
+    pos += 2 + max(n, 0)
+    acks, _timeout, count = struct.unpack_from(">hii", data, pos)
+    pos += 10
+    topics = []
+    for _ in range(count):
+        (n,) = struct.unpack_from(">h", data, pos)
+        name = data[pos + 2 : pos + 2 + n].decode()
+        pos += 2 + n
+        (parts,) = struct.unpack_from(">i", data, pos)
+        pos += 4
+        indexes = []
+        for _ in range(parts):
+            index, size = struct.unpack_from(">ii", data, pos)
+            pos += 8 + max(size, 0)
+            indexes.append(index)
+        topics.append((name, indexes))
+    return None if acks == 0 else topics
+
+
+def produce_v0_refusal(request: KafkaRequest, topics: list[tuple[str, list[int]]], code: int) -> bytes:
+    """A Produce v0-2 response (kio has no schemas for them) answering every partition of
+    `topics` with `code`: v1+ add the throttle time, v2+ each partition's log append time."""
+    out = [struct.pack(">ii", request.correlation_id, len(topics))]
+    for name, indexes in topics:
+        raw = name.encode()
+        out.append(struct.pack(">h", len(raw)) + raw + struct.pack(">i", len(indexes)))
+        for i in indexes:
+            out.append(struct.pack(">ihq", i, code, -1))
+            if request.api_version >= 2:
+                out.append(struct.pack(">q", -1))
+    if request.api_version >= 1:
+        out.append(struct.pack(">i", 0))
+    body = b"".join(out)
+    return struct.pack(">i", len(body)) + body

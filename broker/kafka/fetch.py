@@ -1,0 +1,153 @@
+"""Fetch (api 1, v4-11): each partition's batches through its read door, sent as stored.
+
+Rules this module keeps:
+- Each partition is read through `Partition.read` (below the high watermark; the leader's epoch
+  checked when the client names one): one `Read` part per partition that has batches, the
+  stored bytes sent as they are, and the request one `Gather`; the response is written by
+  broker/kafka/fast_encode.py (the hot path).
+- A Fetch answers at once when what it can read reaches min_bytes (at least one byte), when a
+  partition has an error, or at its deadline; otherwise it waits (`Wait`) on every partition of
+  ours it names, and looks again when any of them grows.
+- No fetch sessions: session id 0 (full fetches); an incremental one is
+  FETCH_SESSION_ID_NOT_FOUND, as Kafka answers a session it does not know. No transactions: the
+  last stable offset is the high watermark.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any, Final
+
+from kio.schema.errors import ErrorCode
+
+from broker.core.outcomes import Gather, Outcome, Read, Reply, Wait
+from broker.core.partition import Isolation, Partition, PendingRead
+from broker.kafka.codec import KafkaRequest, encode_response, make, response_schema
+from broker.kafka.context import Context
+from broker.kafka.errors import DONE, NotLeaderError, kafka_error
+from broker.kafka.fast_encode import fetch_response
+from ringlog_proto.batch import now_ms
+
+FETCH: Final = 1
+VERSIONS: Final = (4, 11)  # v12+ are flexible
+FETCH_PARTITION_MAX: Final = 64 << 20  # a partition's share of one fetch, whatever it asks
+FETCH_WAIT_MAX_MS: Final = 30_000
+# Fetch sessions (v7+): the epochs of a full fetch; any other asks for a session we never create
+FETCH_SESSION_INITIAL: Final = 0
+FETCH_SESSION_FINAL: Final = -1
+READ_COMMITTED: Final = 1  # Fetch isolation_level
+
+
+def fetch(ctx: Context, request: KafkaRequest, body: Any) -> Outcome:
+    deadline = now_ms() + min(max(0, int(body.max_wait.total_seconds() * 1000)), FETCH_WAIT_MAX_MS)
+    if int(getattr(body, "session_epoch", -1)) not in (FETCH_SESSION_INITIAL, FETCH_SESSION_FINAL):
+        # An incremental fetch of a session we never created (we answer session id 0): what
+        # Kafka answers for an unknown session; the client starts over with a full fetch.
+        return _fetch_session_unknown(request)
+    return _fetch(ctx, request, body, deadline)
+
+
+def _fetch(ctx: Context, request: KafkaRequest, body: Any, deadline_ms: int, final: bool = False) -> Outcome:
+    """Each partition's batches as a plain extent read (one `Read` part each, stored bytes
+    sent as they are). Answered at once when a partition has an error, when what can be read
+    reaches min_bytes (at least one byte: min_bytes 0 never waits) or at the deadline (`final`);
+    otherwise it waits on every partition of ours it names, until one grows (then it looks
+    again) or the deadline passes (then it answers with what there is)."""
+    # (topic, index) -> (error, high watermark, log start, records)
+    results: dict[tuple[str, int], tuple[ErrorCode, int, int, bytes]] = {}
+    order: list[tuple[str, list[int]]] = []
+    parts: list[Outcome] = []
+    ours: dict[Partition, None] = {}  # the partitions of this core it names, once each
+    readable = 0
+    failed = False
+    for topic in body.topics:
+        indexes: list[int] = []
+        order.append((topic.topic, indexes))
+        refusal = ctx.topic_refusal(FETCH, topic.topic)
+        for fp in topic.partitions:
+            key = (topic.topic, int(fp.partition))
+            indexes.append(key[1])
+            try:
+                if refusal is not None:
+                    raise refusal
+                target = ctx.core.partition_named(*key)
+                if not isinstance(target, Partition):
+                    raise NotLeaderError(f"led by core {target}")
+                limit = min(max(int(fp.partition_max_bytes), 1), FETCH_PARTITION_MAX)
+                epoch = int(getattr(fp, "current_leader_epoch", -1))
+                read = target.read(int(fp.fetch_offset), limit, Isolation.HIGH_WATERMARK, epoch)
+            except Exception as exc:
+                code, _ = kafka_error(exc)
+                results[key] = (code, -1, -1, b"")
+                failed = True
+                continue
+            results[key] = (ErrorCode.none, *read.nothing()[1:], b"")
+            ours[target] = None
+            if read.extent is not None:
+                readable += read.extent.length
+                parts.append(_read_part(key, read, results))
+    read_committed = int(getattr(body, "isolation_level", 0)) == READ_COMMITTED
+
+    def reply() -> Reply:
+        return _fetch_reply(request, order, results, read_committed)
+
+    enough = readable >= max(1, int(body.min_bytes)) or int(body.min_bytes) <= 0
+    if not (final or failed or enough or not ours) and deadline_ms > now_ms():
+
+        def again() -> Outcome:
+            return _fetch(ctx, request, body, deadline_ms)
+
+        def at_deadline() -> Outcome:
+            return _fetch(ctx, request, body, deadline_ms, final=True)
+
+        return Wait(tuple(ours), None, deadline_ms, at_deadline, again)
+
+    return Gather(parts, reply)
+
+
+def _fetch_session_unknown(request: KafkaRequest) -> Outcome:
+    schema = response_schema(FETCH, request.api_version)
+    assert schema is not None
+    resp = make(
+        schema,
+        throttle_time=datetime.timedelta(0),
+        error_code=ErrorCode.fetch_session_id_not_found,
+        session_id=0,
+        responses=(),
+    )
+    return Reply(encode_response(request.correlation_id, resp))
+
+
+def _read_part(key: tuple[str, int], read: PendingRead, results: dict[Any, Any]) -> Read:
+    assert read.extent is not None
+
+    def finish(data: bytes) -> Reply:
+        records, high_watermark, log_start_offset = read.finish(data)
+        results[key] = (ErrorCode.none, high_watermark, log_start_offset, records)
+        return DONE
+
+    def fail(exc: BaseException) -> Reply:
+        results[key] = (kafka_error(exc)[0], -1, -1, b"")
+        return DONE
+
+    return Read(read.extent, finish, fail)
+
+
+def _fetch_reply(
+    request: KafkaRequest,
+    order: list[tuple[str, list[int]]],
+    results: dict[tuple[str, int], tuple[ErrorCode, int, int, bytes]],
+    read_committed: bool,
+) -> Reply:
+    """The Fetch response (written by fast_encode.py). No transactions: the last stable offset
+    is the high watermark, and read_committed gets an empty aborted-transactions list
+    (read_uncommitted: null)."""
+    aborted = () if read_committed else None
+    topics = []
+    for name, indexes in order:
+        partitions = []
+        for i in indexes:
+            code, high, start, records = results[(name, i)]
+            partitions.append((i, int(code), high, high, start, aborted, records))
+        topics.append((name, partitions))
+    return Reply(fetch_response(request.api_version, request.correlation_id, 0, 0, topics))  # type: ignore[arg-type]

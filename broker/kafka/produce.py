@@ -1,0 +1,157 @@
+"""Produce (api 0, v3-8 answered; v0-2 advertised and refused): each partition through its door.
+
+Rules this module keeps:
+- A Kafka Produce names many partitions; ours names one. Each partition becomes its own outcome,
+  an `Append` from `Partition.produce` (the one door of a produce), and the request one `Gather`
+  of them, whose `finish` writes the one response once every part is done (a Produce of one
+  partition: its `Append` answers the request itself). The response is written by
+  broker/kafka/fast_encode.py (the hot path).
+- A partition of another core is answered NOT_LEADER_OR_FOLLOWER, never forwarded: Metadata names
+  its owning core the leader at that core's own port, so a stock client refreshes Metadata and
+  goes there, and one request is never split between cores.
+- acks: 0 answers nothing, 1 after the write, -1 as our acks=all (the high watermark when the
+  partition is replicated, else a flush).
+- v0-2 are listed in ApiVersions (librdkafka before 2.11 stops compressing unless v0 is) and
+  answered UNSUPPORTED_VERSION for every partition (their bytes: broker/kafka/codec.py).
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any, Final
+
+from kio.schema.errors import ErrorCode
+
+from broker.core.outcomes import Append, Gather, Outcome, Reply, Silent
+from broker.core.partition import Partition, Stored
+from broker.kafka.codec import KafkaRequest, produce_v0_refusal, produce_v0_topics
+from broker.kafka.context import Context
+from broker.kafka.errors import DONE, NotLeaderError, kafka_error
+from broker.kafka.fast_encode import produce_response
+from broker.storage.diskspace import is_out_of_space
+from ringlog_proto.frames import ProtocolError
+from ringlog_proto.messages import Acks
+
+PRODUCE: Final = 0
+VERSIONS: Final = (0, 8)  # advertised from 0, but v0-2 are refused (`produce_refused`); v9+ flexible
+REFUSED_BELOW: Final = 3  # librdkafka < 2.11 stops compressing unless Produce v0 is listed
+# Kafka acks -> ours: -1 (all in-sync replicas) is our acks=all: once the high watermark passes
+# the batches when the partition is replicated, else (the one copy) after the fsync, as acks=2.
+_ACKS: Final[dict[int, Acks]] = {0: Acks.NONE, 1: Acks.WRITTEN, -1: Acks.ALL}
+
+
+def produce(ctx: Context, request: KafkaRequest, body: Any) -> Outcome:
+    """Each partition through `Partition.produce`, the one door of a produce, as its own part
+    of one `Gather`; the answers are combined into one response once every part is done.
+    A partition of another core answers NOT_LEADER_OR_FOLLOWER (module rules)."""
+    version = request.api_version
+    acks = _ACKS.get(int(body.acks))
+    core = ctx.core
+    # (topic, index) -> (error, base offset, log start offset, message), filled by the parts
+    results: dict[tuple[str, int], tuple[ErrorCode, int, int, str | None]] = {}
+    order: list[tuple[str, list[int]]] = []
+    parts: list[Outcome] = []
+
+    def refused(key: tuple[str, int], exc: BaseException) -> Reply:
+        code, message = kafka_error(exc)
+        results[key] = (code, -1, -1, message)
+        return DONE
+
+    def stored(key: tuple[str, int], at: Stored) -> Reply:
+        results[key] = (ErrorCode.none, at.base_offset, at.log_start_offset, None)
+        return DONE
+
+    for topic in body.topic_data:
+        indexes: list[int] = []
+        order.append((topic.name, indexes))
+        refusal = ctx.topic_refusal(PRODUCE, topic.name)
+        for data in topic.partition_data:
+            key = (topic.name, int(data.index))
+            indexes.append(key[1])
+            if refusal is not None:
+                results[key] = (ErrorCode.topic_authorization_failed, -1, -1, str(refusal))
+                continue
+            if acks is None:
+                results[key] = (ErrorCode.invalid_required_acks, -1, -1, f"acks {body.acks}")
+                continue
+            try:
+                part = _produce_partition(ctx, key, data.records, acks, refused, stored)
+            except Exception as exc:  # refused before anything was written
+                code, message = kafka_error(exc)
+                if is_out_of_space(exc):
+                    core.space.saw_full(exc)
+                results[key] = (code, -1, -1, message)
+                continue
+            if part is not None:
+                parts.append(part)
+
+    def finish() -> Reply | Silent:
+        if acks == Acks.NONE:
+            return Silent()
+        topics = [(name, [(i, *results[(name, i)]) for i in indexes]) for name, indexes in order]
+        return Reply(produce_response(version, request.correlation_id, topics))
+
+    if len(parts) == 1 and len(results) == 0 and isinstance(parts[0], Append):
+        # The common request, one partition: its append answers the request itself, without
+        # the gather's bookkeeping (the same calls, in the same order, as its part would make).
+        one = parts[0]
+
+        def answer() -> Reply | Silent:
+            one.answer()  # the partition's result, which `finish` reads
+            return finish()
+
+        def fail(exc: BaseException) -> Reply | Silent:
+            one.fail(exc)
+            return finish()
+
+        return Append(one.partition, one.pending, one.acks, one.publish, answer, fail)
+    return Gather(parts, finish)
+
+
+def _produce_partition(
+    ctx: Context,
+    key: tuple[str, int],
+    records: bytes | None,
+    acks: Acks,
+    refused: Any,
+    stored: Any,
+) -> Outcome | None:
+    """One partition's part of a Produce: None when it is answered already (`refused` or
+    `stored` called), else the outcome that stores it. Raises what refuses it at once."""
+    target = ctx.core.partition_named(*key)
+    if not isinstance(target, Partition):
+        refused(key, NotLeaderError(f"partition {key[1]} of {key[0]!r} is led by core {target}"))
+        return None
+    if not records:
+        raise ValueError("a produce without records")
+    if acks == Acks.ALL and target.replica is not None:
+        target.check_replicas()
+    produced = target.produce(bytes(records), ctx.core.space)
+    if isinstance(produced, Stored):  # a retry of batches already stored
+        reply = stored(key, produced)
+        waiting = ctx.core.stored_reply(target, acks, produced, reply, lambda exc: refused(key, exc))
+        return None if waiting is reply else waiting
+
+    def answer() -> Reply:
+        return stored(key, produced.stored())
+
+    def fail(exc: BaseException) -> Reply:
+        produced.fail()
+        if is_out_of_space(exc):
+            ctx.core.space.saw_full(exc)
+        return refused(key, exc)
+
+    return Append(target, produced.pending, acks, produced.complete, answer, fail)
+
+
+def produce_refused(ctx: Context, request: KafkaRequest) -> Outcome:
+    """Produce v0-2 (advertised, never answered with data): UNSUPPORTED_VERSION for every
+    partition (module rules); acks=0 gets no answer at all."""
+    ctx.core.metrics.error()
+    try:
+        topics = produce_v0_topics(request.data)
+    except (struct.error, ValueError, UnicodeDecodeError) as exc:
+        raise ProtocolError(f"malformed kafka produce v{request.api_version}: {exc}") from exc
+    if topics is None:  # acks=0: no answer at all
+        return Silent()
+    return Reply([produce_v0_refusal(request, topics, int(ErrorCode.unsupported_version))])

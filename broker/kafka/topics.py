@@ -1,0 +1,188 @@
+"""CreateTopics (api 19, v2-4) and DeleteTopics (api 20, v1-3) through the core's create and delete.
+
+Rules this module keeps:
+- One node: each topic through `Core.create_topic` / `Core.delete_topic` (which tells the other
+  cores first), one answer once every one is done. A cluster: each through the cluster's store,
+  off the loop, answered once this node's registry shows the change.
+- num_partitions -1 is one partition; one node keeps one copy (replication factor -1 or 1); manual
+  assignments are refused; retention.ms, retention.bytes and segment.bytes are read (-1: forever),
+  other configs are accepted and ignored.
+"""
+
+from __future__ import annotations
+
+import datetime
+import sys
+from typing import Any, Final
+
+from kio.schema.errors import ErrorCode
+
+from broker.core.outcomes import Gather, Outcome, Reply
+from broker.kafka.codec import KafkaRequest, encode_response, make, response_schema
+from broker.kafka.context import Context
+from broker.kafka.errors import DONE, kafka_error
+
+CREATE_TOPICS: Final = 19
+DELETE_TOPICS: Final = 20
+CREATE_VERSIONS: Final = (2, 4)  # v0-1: kio has no schema for them; v5+ are flexible
+DELETE_VERSIONS: Final = (1, 3)  # v0: kio has no schema for it; v4+ are flexible
+
+
+class _Refused(Exception):
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def create_topics(ctx: Context, request: KafkaRequest, body: Any) -> Outcome:
+    """Each topic through the core's `create_topic`. num_partitions -1 is one partition;
+    replication_factor must be -1 or 1 (one copy: no replication yet); manual assignments
+    are refused; retention.ms, retention.bytes and segment.bytes are read (-1: forever),
+    other configs are accepted and ignored."""
+    schema = response_schema(CREATE_TOPICS, request.api_version)
+    assert schema is not None
+    module = sys.modules[schema.__module__]
+    if ctx.core.config.cluster is not None:
+        return _create_topics_in_cluster(ctx, request, body, schema, module)
+    results = []
+    for t in body.topics:
+        code, message = ErrorCode.none, None
+        try:
+            if int(t.replication_factor) not in (-1, 1):
+                code, message = (
+                    ErrorCode.invalid_replication_factor,
+                    "ringlog keeps one copy: replication factor -1 or 1",
+                )
+            elif t.assignments:
+                code, message = ErrorCode.invalid_request, "manual replica assignment is not supported"
+            else:
+                limits = _topic_limits(t.configs)
+                partitions = 1 if int(t.num_partitions) == -1 else int(t.num_partitions)
+                if body.validate_only:
+                    if t.name in ctx.core.registry.by_name:
+                        code, message = ErrorCode.topic_already_exists, f"topic {t.name!r} already exists"
+                else:
+                    ctx.core.create_topic(t.name, partitions, *limits)
+        except Exception as exc:
+            code, message = kafka_error(exc)
+        results.append(make(module.CreatableTopicResult, name=t.name, error_code=code, error_message=message))
+    resp = make(schema, throttle_time=datetime.timedelta(0), topics=tuple(results))
+    return Reply(encode_response(request.correlation_id, resp))
+
+
+def _create_topics_in_cluster(
+    ctx: Context, request: KafkaRequest, body: Any, schema: Any, module: Any
+) -> Outcome:
+    """A cluster's CreateTopics: each topic created in the store (replication -1 is the
+    cluster's default; placement over the live nodes), off the loop, in one answer."""
+    calls = ctx.core.config.cluster.calls  # type: ignore[union-attr]
+    registry = ctx.core.registry
+
+    def create_all() -> list[tuple[str, ErrorCode, str | None]]:
+        out = []
+        for t in body.topics:
+            code, message = ErrorCode.none, None
+            try:
+                if t.assignments:
+                    raise _Refused(ErrorCode.invalid_request, "manual replica assignment is not supported")
+                limits = _topic_limits(t.configs)
+                partitions = 1 if int(t.num_partitions) == -1 else int(t.num_partitions)
+                if body.validate_only:
+                    registry.make(t.name, partitions, 1, *limits)
+                else:
+                    calls.create_topic(
+                        registry, t.name, partitions, *limits, replication=int(t.replication_factor)
+                    )
+            except _Refused as exc:
+                code, message = exc.code, str(exc)
+            except Exception as exc:
+                code, message = kafka_error(exc)
+                if "replication factor" in str(exc):
+                    code = ErrorCode.invalid_replication_factor
+            out.append((t.name, code, message))
+        return out
+
+    def answer(results: Any) -> Reply:
+        if isinstance(results, BaseException):
+            code, message = kafka_error(results)
+            results = [(t.name, code, message) for t in body.topics]
+        topics = tuple(
+            make(module.CreatableTopicResult, name=n, error_code=c, error_message=msg)
+            for n, c, msg in results
+        )
+        resp = make(schema, throttle_time=datetime.timedelta(0), topics=topics)
+        return Reply(encode_response(request.correlation_id, resp))
+
+    def created(results: list[tuple[str, ErrorCode, str | None]]) -> bool:
+        return all(n in registry.by_name for n, code, _ in results if code == ErrorCode.none)
+
+    return ctx.core.in_cluster(create_all, answer, until=created)
+
+
+def delete_topics(ctx: Context, request: KafkaRequest, body: Any) -> Outcome:
+    """Each topic through the core's `delete_topic` (which tells the other cores first); one
+    answer once every deletion is done."""
+    schema = response_schema(DELETE_TOPICS, request.api_version)
+    assert schema is not None
+    module = sys.modules[schema.__module__]
+    codes: dict[str, ErrorCode] = {}
+    parts: list[Outcome] = []
+    names = list(body.topic_names or ())
+    cluster = ctx.core.config.cluster
+    if cluster is not None:
+        calls = cluster.calls
+
+        def delete_all() -> dict[str, ErrorCode]:
+            for name in names:
+                try:
+                    calls.delete_topic(name)
+                    codes[name] = ErrorCode.none
+                except Exception as exc:
+                    codes[name] = kafka_error(exc)[0]
+            return codes
+
+        def answered(result: Any) -> Reply:
+            if isinstance(result, BaseException):
+                for name in names:
+                    codes.setdefault(name, kafka_error(result)[0])
+            results = tuple(make(module.DeletableTopicResult, name=n, error_code=codes[n]) for n in names)
+            resp = make(schema, throttle_time=datetime.timedelta(0), responses=results)
+            return Reply(encode_response(request.correlation_id, resp))
+
+        registry = ctx.core.registry
+
+        def deleted(codes: dict[str, ErrorCode]) -> bool:
+            return all(n not in registry.by_name for n, code in codes.items() if code == ErrorCode.none)
+
+        return ctx.core.in_cluster(delete_all, answered, until=deleted)
+    for name in names:
+        codes[name] = ErrorCode.none
+        try:
+            parts.append(ctx.core.delete_topic(name, lambda: DONE))
+        except Exception as exc:
+            codes[name] = kafka_error(exc)[0]
+
+    def finish() -> Reply:
+        results = tuple(make(module.DeletableTopicResult, name=n, error_code=codes[n]) for n in names)
+        resp = make(schema, throttle_time=datetime.timedelta(0), responses=results)
+        return Reply(encode_response(request.correlation_id, resp))
+
+    return Gather(parts, finish)
+
+
+def _topic_limits(configs: Any) -> tuple[int, int, int]:
+    """retention_ms, retention_bytes, segment_bytes from CreateTopics configs, as the registry
+    reads them: -1 the broker's default, -2 keep forever (Kafka's -1)."""
+    values = {c.name: c.value for c in configs or ()}
+    out = []
+    for key in ("retention.ms", "retention.bytes", "segment.bytes"):
+        raw = values.get(key)
+        if raw is None:
+            out.append(-1)
+            continue
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ValueError(f"config {key}={raw!r} is not a number") from None
+        out.append(-2 if value == -1 and key != "segment.bytes" else value)
+    return out[0], out[1], out[2]
