@@ -55,6 +55,7 @@ from broker.storage.diskspace import DiskSpace
 from broker.storage.epochs import EpochHistory
 from broker.storage.errors import OffsetOutOfRangeError
 from broker.storage.fdcache import FdCache
+from broker.storage.fileio import FileIO
 from broker.storage.log import Log, LogConfig, PendingAppend
 from broker.storage.segment import Extent
 from ringlog_proto.batch import BatchHeader, now_ms
@@ -206,12 +207,20 @@ class Partition:
     """One partition's state on its owning core."""
 
     def __init__(
-        self, topic_id: int, index: int, directory: str, config: LogConfig, cache: FdCache | None = None
+        self,
+        topic_id: int,
+        index: int,
+        directory: str,
+        config: LogConfig,
+        cache: FdCache | None = None,
+        io: FileIO | None = None,
     ) -> None:
+        """`io`: the file calls the log makes itself (recovery, rolls, reads of its own), the
+        process's synchronous ones unless given (a faulty disk in tests)."""
         self.topic_id = topic_id
         self.index = index
         self.directory = directory
-        self.log = Log.open(directory, config, cache=cache)
+        self.log = Log.open(directory, config, io, cache=cache)
         self.producers = ProducerState()
         self.epochs = EpochHistory()
         self._rebuild()

@@ -755,3 +755,29 @@ def test_a_new_logs_first_flush_syncs_the_directories_made_for_it(tmp_path) -> N
     log.append(encode_batch([Record(b"y")]))
     assert not [op for op in log.prepare_flush().ops if isinstance(op, SyncDir)]
     log.abandon()
+
+
+# ------------------------------------------------------------------------- through the partition
+
+
+def test_a_partition_opens_its_log_with_the_file_io_it_is_given(tmp_path: Path) -> None:
+    """The faulty disk reaches the partition, not only a log opened by hand: a failed fsync of
+    its log refuses the partition's next produce (a log that failed a sync stands behind no
+    write, not even a retry's) until it is reopened."""
+    from broker.core.partition import Partition, PendingProduce
+    from broker.storage.diskspace import DiskSpace
+    from ringlog_proto.batch import encode_batch
+
+    io = FaultyIO()
+    p = Partition(1, 0, str(tmp_path / "p"), LogConfig(), io=io)
+    assert p.log.io is io
+    produced = p.produce(encode_batch([b"v"]), DiskSpace(str(tmp_path), 0))
+    assert isinstance(produced, PendingProduce)
+    run_ops(io, produced.pending.ops)
+    produced.complete()
+    io.sync_fault = Fault(".log", errno.EIO)
+    with pytest.raises(StorageError):
+        p.log.flush()
+    with pytest.raises(LogClosedError):
+        p.produce(encode_batch([b"w"]), DiskSpace(str(tmp_path), 0))
+    p.close()
