@@ -45,10 +45,8 @@ REPO = HERE.parent.parent
 
 def one(args: argparse.Namespace) -> dict[str, float]:
     """Measure the tree on sys.path (run with PYTHONPATH=<tree>)."""
-    sys.path.insert(0, os.environ["PYTHONPATH"].split(":")[0] + "/tests")
-    from brokerproc import BrokerProcess
-
     from broker.client import Admin, Consumer, Producer
+    from labkit.brokerproc import BrokerProcess
 
     out: dict[str, float] = {}
     tmp = Path(tempfile.mkdtemp(prefix="ringlog-client-ab-"))

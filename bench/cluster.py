@@ -7,7 +7,7 @@ Run: `.venv/bin/python bench/cluster.py [--records N] [--rounds R] [--failovers 
 
 What runs (all on this machine: the three nodes share its CPUs with the client, which is the
 point of the goal of >= 0.5 on a 2-CPU machine):
-- etcd (one member, tests/cluster/etcdproc.py), three `broker serve --etcd` nodes of one core each
+- etcd (one member, labkit/etcdproc.py), three `broker serve --etcd` nodes of one core each
   on loopback, and one plain single node (no etcd) of one core; all uvloop, eBPF off.
 - Throughput: the blocking `Producer`, 1 KiB values, 3 partitions round robin, 64 KiB batches;
   single node acks=1 against the cluster with replication 3 and acks=2 (on a replicated
@@ -30,21 +30,16 @@ import argparse
 import itertools
 import json
 import statistics
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "cluster")]
-
-from brokerproc import BrokerProcess, membership_key_file  # noqa: E402
-from etcdproc import EtcdCluster  # noqa: E402
-
-from broker.client.admin import Admin  # noqa: E402
-from broker.client.producer import Producer  # noqa: E402
-from ringlog_proto import messages as m  # noqa: E402
+from broker.client.admin import Admin
+from broker.client.producer import Producer
+from labkit.brokerproc import BrokerProcess, membership_key_file
+from labkit.etcdproc import EtcdCluster
+from ringlog_proto import messages as m
 
 VALUE = b"x" * 1024
 

@@ -27,14 +27,9 @@ from __future__ import annotations
 
 import argparse
 import struct
-import sys
 import time
 from collections.abc import Callable
 from functools import partial
-from pathlib import Path
-
-# The checkout this script is in, not whichever one the venv installed (a worktree measures itself).
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchlib import KIB, code_version, size_label, table
 from crc32c import crc32c

@@ -31,14 +31,11 @@ import statistics
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 from benchlib import code_version, table
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from poison_batches import compress
-
 from broker.storage.log import Log, LogConfig
+from labkit.poison_batches import compress
 from ringlog_proto.batch import HEADER_SIZE, encode_batch, read_header, seal_batch
 
 CODECS = {"gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}

@@ -3,9 +3,9 @@ acknowledged produces again, and whether SWIM or the etcd lease declared the nod
 
 Run (root, etcd installed): `.venv/bin/python bench/failover.py [--kills N] [--session-timeout-s S]`
 
-What runs: tests/clusterlab.py's three nodes (one core each, their own network namespaces and
+What runs: labkit/clusterlab.py's three nodes (one core each, their own network namespaces and
 addresses, the tests' cluster key) and one etcd member, the nemesis suite's workload
-(tests/nemesisload.py: a producer with acks=all sending every 2 ms to 3 partitions of 3 replicas,
+(labkit/nemesisload.py: a producer with acks=all sending every 2 ms to 3 partitions of 3 replicas,
 and a consumer). Each round kills (SIGKILL, the whole process group) a node that leads a partition
 (each such node in turn, and every other round the controller when it leads one), measures from
 the kill:
@@ -22,18 +22,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-# the brokers the lab starts import this checkout too
-os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-
-from clusterlab import ClusterLab, lab_unavailable  # noqa: E402
-from nemesisload import (  # noqa: E402
+from labkit.clusterlab import ClusterLab, lab_unavailable
+from labkit.nemesisload import (
     Workload,
     cluster_args,
     create_topic,

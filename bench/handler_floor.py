@@ -27,7 +27,6 @@ import argparse
 import mmap
 import os
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -35,17 +34,14 @@ from typing import Any
 
 from crc32c import crc32c
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from broker.core.config import BrokerConfig  # noqa: E402
-from broker.core.core import Core  # noqa: E402
-from broker.core.outcomes import Append, Read, Reply  # noqa: E402
-from broker.ringlog.adapter import RinglogAdapter  # noqa: E402
-from broker.storage.fileio import SyncFileIO, run_ops  # noqa: E402
-from ringlog_proto import messages as m  # noqa: E402
-from ringlog_proto.batch import encode_batch  # noqa: E402
-from ringlog_proto.frames import FrameDecoder  # noqa: E402
+from broker.core.config import BrokerConfig
+from broker.core.core import Core
+from broker.core.outcomes import Append, Read, Reply
+from broker.ringlog.adapter import RinglogAdapter
+from broker.storage.fileio import SyncFileIO, run_ops
+from ringlog_proto import messages as m
+from ringlog_proto.batch import encode_batch
+from ringlog_proto.frames import FrameDecoder
 
 VALUE_BYTES = 1024
 BATCH_RECORDS = 63  # 64 KiB batches, as perf.py's ingest

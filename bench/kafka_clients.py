@@ -39,7 +39,7 @@ Rows (1 KiB random values, no keys; MB = 10^6 bytes of values):
 3. Acked one-at-a-time produce latency, acks=1, 1 partition: produce() then poll() until its
    delivery report (linger.ms 0, TCP_NODELAY): p50 and p99 in microseconds after a warm-up.
 4. With `--cores 2`: forwards per Kafka request, from each core's own stats (STATS asked on its
-   direct port, tests/brokerproc.py `own_snapshot`), and how many Kafka requests each core served.
+   direct port, labkit/brokerproc.py `own_snapshot`), and how many Kafka requests each core served.
 
 Per row and broker: the median over rounds, the spread (min-max), and "x Tansu": ringlog's median
 over Tansu's for throughput, Tansu's over ringlog's for latency (above 1.0 = ringlog better).
@@ -69,10 +69,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
 from benchlib import CLK_TCK, KIB, REPO, code_version, fs_of, proc_cpu, table
-from brokerproc import BrokerProcess, own_snapshot
+
+from labkit.brokerproc import BrokerProcess, own_snapshot
 
 MB = 1_000_000
 RECORD_BYTES = KIB

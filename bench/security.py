@@ -42,10 +42,8 @@ from benchlib import children_of, code_version, proc_cpu, table
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
-from brokerproc import BrokerProcess  # noqa: E402
-from securitylab import Pki, add_user  # noqa: E402
+from labkit.brokerproc import BrokerProcess
+from labkit.securitylab import Pki, add_user
 
 VALUE_BYTES = 1024
 PASSWORD = "bench password"

@@ -27,11 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-from brokerproc import BrokerProcess
-
 from broker.client import Admin, Consumer, Producer
+from labkit.brokerproc import BrokerProcess
 
 
 def fill(bootstrap: str, topic: str, partitions: int, n: int, size: int) -> float:

@@ -2,7 +2,7 @@
 
 Run (root, bcc): `.venv/bin/python bench/steering.py [--seconds S] [--rounds R] [--conns N]`
 
-Setup. A network namespace joined to the host by a veth pair (tests/netlab.py), so the TFO sysctl
+Setup. A network namespace joined to the host by a veth pair (labkit/netlab.py), so the TFO sysctl
 the payload rule needs is set in the namespace only. Inside it, two brokers run at once, each
 `--cores 2 --backend uvloop` on its own data dir: "steered" (`--ebpf on --tcp-fastopen-sysctl`) and
 "unsteered" (`--ebpf off`: the kernel's reuseport hash picks a core, a request for another core's
@@ -32,13 +32,9 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout: broker, bpf, ringlog_proto
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/netlab.py, the netns harness
-
-from netlab import Netns, NsBroker, fastopen_connect
-
 from bpf import kernel
 from broker.client import Admin
+from labkit.netlab import Netns, NsBroker, fastopen_connect
 from ringlog_proto import messages as m
 from ringlog_proto.batch import Record, encode_batch
 from ringlog_proto.frames import NEED_DATA, FrameDecoder, peek_frame_size, set_correlation_id

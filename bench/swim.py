@@ -1,4 +1,4 @@
-"""SWIM in the simulator (tests/cluster/swimsim.py): failure detection time and false positives.
+"""SWIM in the simulator (labkit/swimsim.py): failure detection time and false positives.
 
 Run by hand from the repository root: `python bench/swim.py [--seeds 3] [--quiet-s 30]`.
 For each cluster size and loss rate, per seed: the cluster joins through one seed node and
@@ -16,12 +16,10 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, "tests/cluster")
-
 from benchlib import code_version, table
-from swimsim import Sim
 
 from broker.cluster.swim import SwimConfig
+from labkit.swimsim import Sim
 from ringlog_proto.membership import DEAD, SUSPECT
 
 

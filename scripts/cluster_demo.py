@@ -1,28 +1,21 @@
-"""`make cluster-demo`: a three-node ringlog cluster in network namespaces (tests/clusterlab.py:
+"""`make cluster-demo`: a three-node ringlog cluster in network namespaces (labkit/clusterlab.py:
 a bridge, one namespace per node, one etcd member), a producer (acks=all, idempotent) and a
 consumer running on a topic of 3 partitions with 3 replicas each; the leader of partition 0 is
 killed with SIGKILL, both clients carry on, the node is restarted and rejoins. It prints what
 happened: leaders before and after, the failover time, records produced and consumed, and the
-checker's verdict over every replica (tests/clusterchecker.py).
+checker's verdict over every replica (labkit/clusterchecker.py).
 
 Needs root (network namespaces), like the lab's tests. Everything it makes is removed at exit.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-# the brokers the lab starts import this checkout too
-os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-
-from clusterchecker import report  # noqa: E402
-from clusterlab import ClusterLab, lab_unavailable  # noqa: E402
-from nemesisload import (  # noqa: E402
+from labkit.clusterchecker import report
+from labkit.clusterlab import ClusterLab, lab_unavailable
+from labkit.nemesisload import (
     Workload,
     create_topic,
     describe,

@@ -9,7 +9,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from brokerproc import BrokerProcess, Wire
+
+from labkit.brokerproc import BrokerProcess, Wire
 
 # `make test` runs two pytest-xdist workers, which share one kernel. A test marked `exclusive`
 # changes something machine-wide that the other worker's tests would meet (io_uring_disabled=2

@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 import pytest
-from netlab import NsBroker
 
 from bpf import kernel
+from labkit.netlab import NsBroker
 
 REASON = kernel.ebpf_unavailable()
 
@@ -15,7 +15,7 @@ REASON = kernel.ebpf_unavailable()
 def lab():
     if REASON is not None:
         pytest.skip(f"eBPF tests need root and bcc: {REASON}")
-    from netlab import Netns
+    from labkit.netlab import Netns
 
     ns = Netns()
     try:

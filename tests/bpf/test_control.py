@@ -10,10 +10,10 @@ import time
 from pathlib import Path
 
 import pytest
-from brokerproc import BrokerProcess
 
 from bpf import kernel, state, tfo
 from broker.client.client import AsyncClient
+from labkit.brokerproc import BrokerProcess
 
 REASON = kernel.ebpf_unavailable()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"eBPF tests need root and bcc: {REASON}")

@@ -20,11 +20,11 @@ import time
 from pathlib import Path
 
 import pytest
-from brokerproc import TEST_KEYRING
-from netlab import Netns, NsBroker, wait_fresh
 
 from bpf import kernel, tfo, xdp
 from broker.node import membership
+from labkit.brokerproc import TEST_KEYRING
+from labkit.netlab import Netns, NsBroker, wait_fresh
 from ringlog_proto import membership as wire
 
 REASON = kernel.ebpf_unavailable()

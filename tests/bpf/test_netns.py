@@ -12,13 +12,13 @@ import socket
 import time
 
 import pytest
-from brokerproc import TEST_KEYRING
-from netlab import fastopen_connect, wait_fresh
 
 from bpf import kernel, tfo
 from broker.client import Admin
 from broker.client.client import AsyncClient
 from broker.node import membership
+from labkit.brokerproc import TEST_KEYRING
+from labkit.netlab import fastopen_connect, wait_fresh
 from ringlog_proto import membership as wire
 from ringlog_proto import messages as m
 from ringlog_proto.frames import NEED_DATA, FrameDecoder

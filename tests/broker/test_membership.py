@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
-from brokerproc import TEST_KEYRING, BrokerProcess, free_udp_port, membership_key_file, wait_for
 
 from broker.node import membership as mb
+from labkit.brokerproc import TEST_KEYRING, BrokerProcess, free_udp_port, membership_key_file, wait_for
 from ringlog_proto import membership as wire
 
 # The packet that stopped a broker: header, one update, "node 0 is DEAD at incarnation 2^32-1".

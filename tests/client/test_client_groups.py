@@ -7,9 +7,9 @@ from __future__ import annotations
 import time
 
 import pytest
-from brokerproc import BrokerProcess
 
 from broker.client import Consumer, Producer, TopicPartition
+from labkit.brokerproc import BrokerProcess
 
 GROUP_CONFIGS = [
     pytest.param({"cores": 1, "backend": "uvloop"}, id="uvloop-1core"),

@@ -10,7 +10,6 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import pytest
-from brokerproc import BrokerProcess
 
 from broker.client import (
     Admin,
@@ -25,6 +24,7 @@ from broker.client import (
     TopicExistsError,
     UnknownTopicError,
 )
+from labkit.brokerproc import BrokerProcess
 from ringlog_proto import messages as m
 from ringlog_proto.batch import decode_batches, encode_batch
 

@@ -21,7 +21,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from brokerproc import BrokerProcess
 
 from broker.client import (
     AsyncAdmin,
@@ -35,6 +34,7 @@ from broker.client import (
 )
 from broker.client.client import NO_ROUTE, parse_bootstraps
 from broker.core.views import kafka_broker_id
+from labkit.brokerproc import BrokerProcess
 from ringlog_proto.messages import (
     ErrorCode,
     ListOffsetsRequest,

@@ -20,8 +20,6 @@ import time
 from pathlib import Path
 
 import pytest
-from brokerproc import BrokerProcess
-from poison_batches import poison_batch
 
 from broker.client import (
     Admin,
@@ -31,6 +29,8 @@ from broker.client import (
     Producer,
     UndecodableBatchError,
 )
+from labkit.brokerproc import BrokerProcess
+from labkit.poison_batches import poison_batch
 from ringlog_proto.batch import read_header
 
 BACKENDS = [{"cores": 1, "backend": "uvloop"}, {"cores": 1, "backend": "io_uring"}]

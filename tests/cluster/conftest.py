@@ -1,6 +1,6 @@
-"""Fixtures of the cluster tests, all on real things: etcd (tests/cluster/etcdproc.py: one member
+"""Fixtures of the cluster tests, all on real things: etcd (labkit/etcdproc.py: one member
 shared by a module, and a factory for clusters a test may break) and the cluster lab
-(tests/clusterlab.py: namespaces on a bridge, etcd and brokers in them; root-required, CI is root,
+(labkit/clusterlab.py: namespaces on a bridge, etcd and brokers in them; root-required, CI is root,
 skipped with the reason without root, etcd or iproute2's `bridge`). Everything started is killed
 and removed at teardown, pass or fail."""
 
@@ -11,8 +11,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from clusterlab import lab_unavailable
-from etcdproc import ETCD, EtcdCluster
+
+from labkit.clusterlab import lab_unavailable
+from labkit.etcdproc import ETCD, EtcdCluster
 
 LAB_REASON = lab_unavailable()
 
@@ -54,7 +55,7 @@ def cluster_lab(tmp_path: Path) -> Iterator[Callable[..., object]]:
     broker data and logs live under tmp_path; every lab made is closed at teardown."""
     if LAB_REASON is not None:
         pytest.skip(LAB_REASON)
-    from clusterlab import ClusterLab
+    from labkit.clusterlab import ClusterLab
 
     made: list[ClusterLab] = []
 

@@ -1,4 +1,4 @@
-"""The nemesis's checker (tests/clusterchecker.py) on histories built by hand, and its offline
+"""The nemesis's checker (labkit/clusterchecker.py) on histories built by hand, and its offline
 reader on a data dir a real broker wrote. No root, no cluster."""
 
 from __future__ import annotations
@@ -7,8 +7,10 @@ import os
 from pathlib import Path
 
 import pytest
-from brokerproc import BrokerProcess, Wire
-from clusterchecker import (
+
+from broker.storage import layout
+from labkit.brokerproc import BrokerProcess, Wire
+from labkit.clusterchecker import (
     Ack,
     Attempt,
     Read,
@@ -20,8 +22,6 @@ from clusterchecker import (
     read_replica,
     report,
 )
-
-from broker.storage import layout
 from ringlog_proto import messages as m
 from ringlog_proto.batch import Record, encode_batch
 

@@ -17,14 +17,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from brokerproc import BrokerProcess, Wire, free_udp_port, membership_key_file, wait_for
-from clusterchecker import Ack, check, read_replica
 from kio.schema.errors import ErrorCode
 
 from broker.client.admin import Admin
 from broker.client.consumer import Consumer
 from broker.client.errors import DeliveryTimeoutError
 from broker.client.producer import Producer
+from labkit.brokerproc import BrokerProcess, Wire, free_udp_port, membership_key_file, wait_for
+from labkit.clusterchecker import Ack, check, read_replica
 from ringlog_proto import messages as m
 from ringlog_proto.batch import encode_batch
 
@@ -468,9 +468,8 @@ def test_group_offsets_while_etcd_is_down(etcd_cluster, tmp_path: Path) -> None:
     REQUEST_TIMED_OUT) once the store's deadline passes, on a thread: meanwhile the core goes on
     serving, and a produce to a partition whose in-sync set does not change is acknowledged
     (OffsetFetch died on StoreUnavailable, the client got no answer)."""
-    from kafka_requests import build, frame, read_response
-
     from broker.kafka.codec import request_schema
+    from labkit.kafka_requests import build, frame, read_response
 
     etcd = etcd_cluster(1)
     c = Cluster(tmp_path, etcd.endpoints, size=1).start()
@@ -573,9 +572,9 @@ def test_any_node_answers_a_groups_committed_offsets(cluster: Cluster) -> None:
     confluent_kafka = pytest.importorskip("confluent_kafka")
     from confluent_kafka import TopicPartition
     from confluent_kafka.admin import AdminClient, NewTopic
-    from kafka_requests import build, frame, read_response
 
     from broker.kafka.codec import request_schema
+    from labkit.kafka_requests import build, frame, read_response
 
     boot = ",".join(n.bootstrap for n in cluster.nodes.values())
     admin = AdminClient({"bootstrap.servers": boot})

@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from brokerproc import BrokerProcess, free_udp_port, membership_key_file, wait_for
-from clusterchecker import read_replica
-from securitylab import Pki, broker_cli, consume, produce, scram_server_first
+
+from labkit.brokerproc import BrokerProcess, free_udp_port, membership_key_file, wait_for
+from labkit.clusterchecker import read_replica
+from labkit.securitylab import Pki, broker_cli, consume, produce, scram_server_first
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
 

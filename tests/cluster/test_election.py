@@ -13,10 +13,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from etcdproc import EtcdCluster
 
 from broker.cluster.election import DEFAULT_TTL, Election, Leader, NotLeader
 from broker.cluster.store import EtcdStore, Put
+from labkit.etcdproc import EtcdCluster
 
 ROOT = Path(__file__).resolve().parents[2]
 

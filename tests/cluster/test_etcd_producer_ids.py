@@ -8,11 +8,10 @@ import json
 import threading
 import time
 
-from etcdproc import EtcdCluster
-
 from broker.cluster.producer_ids import EtcdBlockSource
 from broker.cluster.store import EtcdStore, Put, StoreUncertain, mod_revision_is
 from broker.core.producer_ids import ProducerIds
+from labkit.etcdproc import EtcdCluster
 
 
 def test_concurrent_claimers_get_disjoint_blocks(etcd: EtcdCluster) -> None:

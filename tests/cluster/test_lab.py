@@ -1,4 +1,4 @@
-"""The cluster lab itself (tests/clusterlab.py): its network, its faults and its cleanup, with
+"""The cluster lab itself (labkit/clusterlab.py): its network, its faults and its cleanup, with
 plain single brokers (no cluster flags) and real etcd members in namespaces on one bridge.
 
 Root-required (CI is root); skipped, with the reason, otherwise. Each lab is closed at teardown
@@ -14,11 +14,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from brokerproc import TEST_KEYRING
-from clusterlab import BROKER_PORT, ETCD_CLIENT_PORT, MEMBERSHIP_PORT, ClusterLab, lab_unavailable, wait_until
 
 from broker.client import Admin
 from broker.node import membership
+from labkit.brokerproc import TEST_KEYRING
+from labkit.clusterlab import (
+    BROKER_PORT,
+    ETCD_CLIENT_PORT,
+    MEMBERSHIP_PORT,
+    ClusterLab,
+    lab_unavailable,
+    wait_until,
+)
 from ringlog_proto import membership as wire
 from ringlog_proto import messages as m
 from ringlog_proto.frames import NEED_DATA, FrameDecoder

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import time
 
-from clusterlab import MEMBERSHIP_PORT
-
 from broker.client.admin import Admin
 from broker.client.errors import UnknownTopicError
 from broker.client.producer import Producer
+from labkit.clusterlab import MEMBERSHIP_PORT
 from ringlog_proto import messages as m
 
 

@@ -10,11 +10,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from brokerproc import TEST_KEYRING, BrokerProcess, membership_key_file
 from test_swim import detection_bound
 
 from broker.cluster.swim import SwimConfig
 from broker.node import membership
+from labkit.brokerproc import TEST_KEYRING, BrokerProcess, membership_key_file
 from ringlog_proto import membership as wire
 
 

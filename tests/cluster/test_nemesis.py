@@ -1,8 +1,8 @@
-"""The nemesis suite: a three-node cluster in network namespaces (tests/clusterlab.py)
+"""The nemesis suite: a three-node cluster in network namespaces (labkit/clusterlab.py)
 broken while two producers (ours and confluent-kafka's, both acks=all and idempotent, unique
 payloads) and two consumers (ours, and a confluent-kafka group member long-polling and
-committing) run on a topic of 3 partitions, 3 replicas each (tests/nemesisload.py); after each
-fault the cluster must settle (every in-sync set whole) and the checker (tests/clusterchecker.py)
+committing) run on a topic of 3 partitions, 3 replicas each (labkit/nemesisload.py); after each
+fault the cluster must settle (every in-sync set whole) and the checker (labkit/clusterchecker.py)
 must find nothing wrong in what was acknowledged, what was read and what every replica holds: no
 acknowledged record lost, duplicated or out of its producer's order, and each consumer has read
 every one.
@@ -31,9 +31,11 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 
 import pytest
-from clusterchecker import report, spread
-from clusterlab import BROKER_PORT, ClusterLab, lab_unavailable, wait_until
-from nemesisload import (
+
+from broker.client.admin import Admin
+from labkit.clusterchecker import report, spread
+from labkit.clusterlab import BROKER_PORT, ClusterLab, lab_unavailable, wait_until
+from labkit.nemesisload import (
     Workload,
     create_topic,
     describe,
@@ -43,8 +45,6 @@ from nemesisload import (
     wait_new_leader,
     wait_whole,
 )
-
-from broker.client.admin import Admin
 from ringlog_proto import messages as m
 from ringlog_proto.frames import NEED_DATA, FrameDecoder
 

@@ -9,7 +9,6 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
-from etcdproc import EtcdCluster, free_port
 
 from broker.cluster.store import (
     Delete,
@@ -27,6 +26,7 @@ from broker.cluster.store import (
     value_is,
     version_is,
 )
+from labkit.etcdproc import EtcdCluster, free_port
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""SWIM (broker/cluster/swim.py) in the seeded simulator (swimsim.py): virtual time, no sockets.
+"""SWIM (broker/cluster/swim.py) in the seeded simulator (labkit/swimsim.py): virtual time, no sockets.
 The packet codec alone: tests/proto/test_membership_codec.py."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import random
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from swimsim import KEYRING, Sim, member
 
 from broker.cluster import swim as sw
+from labkit.swimsim import KEYRING, Sim, member
 from ringlog_proto import membership as wire
 
 

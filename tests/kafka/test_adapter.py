@@ -10,8 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kafka_requests import frame as frame_of
-from kafka_requests import read_response, request_of
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import i16, i32, i64
 
@@ -28,6 +26,8 @@ from broker.kafka.codec import (
     request_schema,
 )
 from broker.ringlog.adapter import RinglogAdapter
+from labkit.kafka_requests import frame as frame_of
+from labkit.kafka_requests import read_response, request_of
 from ringlog_proto import messages as m
 from ringlog_proto.batch import BROKER_PRODUCER_ID_LIMIT
 from ringlog_proto.frames import NEED_DATA, FrameDecoder, ProtocolError, frame_decoder

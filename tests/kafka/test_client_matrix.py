@@ -36,10 +36,10 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
-from brokerproc import BrokerProcess, Wire, own_snapshot
 
 from broker.client import Admin, Consumer, Producer, TopicPartition
 from broker.kafka.adapter import SUPPORTED_VERSIONS
+from labkit.brokerproc import BrokerProcess, Wire, own_snapshot
 from ringlog_proto import messages as m
 from ringlog_proto.batch import CODEC_NAMES, iter_batches
 from ringlog_proto.routing import shard_for

@@ -16,13 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from brokerproc import BrokerProcess, Wire
-from kafka_requests import frame, read_response
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import i16, i32
-from poison_batches import compressed_poison
 
 from broker.kafka.codec import make, request_schema
+from labkit.brokerproc import BrokerProcess, Wire
+from labkit.kafka_requests import frame, read_response
+from labkit.poison_batches import compressed_poison
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
 from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402

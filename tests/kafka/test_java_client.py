@@ -22,9 +22,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from brokerproc import BrokerProcess, Wire, own_snapshot
 
 from broker.client import Consumer
+from labkit.brokerproc import BrokerProcess, Wire, own_snapshot
 from ringlog_proto.routing import shard_for
 
 KAFKA_CLIENTS = sorted((Path(sys.prefix) / "spark-jars").glob("kafka-clients-*.jar"))

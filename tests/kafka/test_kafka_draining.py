@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kafka_requests import build, frame, read_response, request_of
 from kio.schema.errors import ErrorCode
 
 from broker.core.cluster_view import ClusterView, NodeAddress
@@ -22,6 +21,7 @@ from broker.core.core import Core
 from broker.core.outcomes import Later, Reply
 from broker.kafka.adapter import KafkaAdapter
 from broker.kafka.codec import request_schema
+from labkit.kafka_requests import build, frame, read_response, request_of
 from ringlog_proto.routing import coordinator_node
 
 FIND_COORDINATOR, JOIN_GROUP, HEARTBEAT, METADATA = 10, 11, 12, 3

@@ -22,12 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from brokerproc import BrokerProcess, Wire, own_snapshot
-from kafka_requests import build, frame, read_response
 from kio.schema.errors import ErrorCode
 from kio.schema.index import api_key_map, schema_name_map
 
 from broker.kafka.codec import make, request_schema
+from labkit.brokerproc import BrokerProcess, Wire, own_snapshot
+from labkit.kafka_requests import build, frame, read_response
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
 from confluent_kafka.admin import (  # noqa: E402

@@ -26,10 +26,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from brokerproc import BrokerProcess, Wire
 
 from broker.client import Consumer
 from broker.storage import layout
+from labkit.brokerproc import BrokerProcess, Wire
 from ringlog_proto.routing import coordinator_for, shard_for
 
 confluent_kafka = pytest.importorskip("confluent_kafka")

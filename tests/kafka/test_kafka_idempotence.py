@@ -25,13 +25,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from brokerproc import BrokerProcess, Wire
-from kafka_requests import frame
 from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader
 from kio.static.primitive import i16, i32, i64
 
 from broker.kafka.codec import make, request_schema, response_schema
+from labkit.brokerproc import BrokerProcess, Wire
+from labkit.kafka_requests import frame
 from ringlog_proto import messages as m
 from ringlog_proto.batch import BROKER_PRODUCER_ID_LIMIT, encode_batch, iter_batches
 

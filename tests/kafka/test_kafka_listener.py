@@ -14,10 +14,10 @@ import struct
 import subprocess
 
 import pytest
-from brokerproc import BrokerProcess, Wire
-from kafka_requests import read_exactly
 
 from broker.client import Admin, Consumer, Producer
+from labkit.brokerproc import BrokerProcess, Wire
+from labkit.kafka_requests import read_exactly
 from ringlog_proto import messages as m
 from ringlog_proto.routing import shard_for
 

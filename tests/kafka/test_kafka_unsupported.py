@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kafka_requests import build, error_codes, frame, read_response, request_of
 from kio.schema.errors import ErrorCode
 from kio.schema.index import api_key_map, schema_name_map
 
@@ -18,6 +17,7 @@ from broker.core.outcomes import Reply, Silent
 from broker.kafka.adapter import SUPPORTED_VERSIONS, KafkaAdapter
 from broker.kafka.codec import request_schema
 from broker.kafka.unsupported import DISABLED_FEATURE_ERRORS
+from labkit.kafka_requests import build, error_codes, frame, read_response, request_of
 
 UNANSWERED = [
     (key, version)

@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from brokerproc import BrokerProcess, Wire
-from kafka_requests import frame, read_response
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import i32
 
 from broker.kafka.codec import make, request_schema
+from labkit.brokerproc import BrokerProcess, Wire
+from labkit.kafka_requests import frame, read_response
 from ringlog_proto import messages as m
 from ringlog_proto.batch import encode_batch
 from ringlog_proto.routing import coordinator_for

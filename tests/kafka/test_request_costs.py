@@ -25,13 +25,13 @@ import time
 from collections.abc import Callable
 
 import pytest
-from brokerproc import BrokerProcess, Wire
-from kafka_requests import frame, read_response
 from kio.schema.errors import ErrorCode
 
 from broker.core.coordinator import PROTOCOLS_MAX
 from broker.core.limits import Limits
 from broker.kafka.codec import KafkaRequest, make, request_schema
+from labkit.brokerproc import BrokerProcess, Wire
+from labkit.kafka_requests import frame, read_response
 from ringlog_proto import messages as m
 
 PROMPT_S = 5.0  # a second client's Metadata must be answered within this
@@ -177,11 +177,11 @@ def test_the_entry_prescan_counts_what_kio_decodes() -> None:
     count of the decoded body, for every api and version kio has, at bounds around the count
     (two entries in every array); it never counts more, and may count fewer only where arrays sit
     in tagged fields (which it skips whole; the count after decoding still sees them)."""
-    from kafka_requests import build
     from kio.schema.index import api_key_map, schema_name_map
     from kio.serial import entity_reader
 
     from broker.kafka.codec import _entries_over, decode_request, too_many_entries
+    from labkit.kafka_requests import build
 
     checked = exact = 0
     for key in sorted(api_key_map):

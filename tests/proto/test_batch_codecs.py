@@ -10,8 +10,8 @@ from typing import NamedTuple
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from poison_batches import POISON, poison_batch
 
+from labkit.poison_batches import POISON, poison_batch
 from ringlog_proto import records_codec
 from ringlog_proto.batch import (
     COMPRESSION_GZIP,

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from poison_batches import POISON, frame_batch, poison_batch, record
 
+from labkit.poison_batches import POISON, frame_batch, poison_batch, record
 from ringlog_proto import batch as b
 from ringlog_proto.batch import (
     HEADER_SIZE,

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from securitylab import Pki
+
+from labkit.securitylab import Pki
 
 
 @pytest.fixture(scope="module")

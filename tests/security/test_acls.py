@@ -10,8 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from brokerproc import BrokerProcess
-from securitylab import (
+
+from broker.security.acls import AclBinding, AclError, AclStore, Authorizer
+from labkit.brokerproc import BrokerProcess
+from labkit.securitylab import (
     Unavailable,
     add_user,
     broker_cli,
@@ -21,8 +23,6 @@ from securitylab import (
     sasl_conf,
     start_broker,
 )
-
-from broker.security.acls import AclBinding, AclError, AclStore, Authorizer
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition  # noqa: E402

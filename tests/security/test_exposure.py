@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from brokerproc import BrokerProcess, Wire
 
 from broker.security.exposure import is_loopback_only
+from labkit.brokerproc import BrokerProcess, Wire
 
 
 @pytest.mark.parametrize(

@@ -32,11 +32,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from brokerproc import BrokerProcess, Wire
-from kafka_requests import frame, read_exactly, read_response, read_sized
 from kio.schema.errors import ErrorCode
 from scramp import ScramClient
-from securitylab import (
+
+from broker.security.credentials import SCRAM_MECHANISMS, make_credential
+from labkit.brokerproc import BrokerProcess, Wire
+from labkit.kafka_requests import frame, read_exactly, read_response, read_sized
+from labkit.securitylab import (
     Pki,
     add_user,
     broker_cli,
@@ -46,8 +48,6 @@ from securitylab import (
     scram_server_first,
     start_or_skip,
 )
-
-from broker.security.credentials import SCRAM_MECHANISMS, make_credential
 from ringlog_proto import messages as m
 
 confluent_kafka = pytest.importorskip("confluent_kafka")

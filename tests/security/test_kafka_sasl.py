@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from brokerproc import BrokerProcess, Wire
-from kafka_requests import frame, read_exactly, read_response, read_sized
 from kio.schema.errors import ErrorCode
 from scramp import ScramClient
-from securitylab import Unavailable, add_user, consume, create_topic, produce, sasl_conf, start_broker
 
+from labkit.brokerproc import BrokerProcess, Wire
+from labkit.kafka_requests import frame, read_exactly, read_response, read_sized
+from labkit.securitylab import Unavailable, add_user, consume, create_topic, produce, sasl_conf, start_broker
 from ringlog_proto import messages as m
 
 confluent_kafka = pytest.importorskip("confluent_kafka")

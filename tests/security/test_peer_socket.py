@@ -11,9 +11,9 @@ import struct
 from pathlib import Path
 
 import pytest
-from brokerproc import BrokerProcess
-from securitylab import Unavailable, add_user, start_broker
 
+from labkit.brokerproc import BrokerProcess
+from labkit.securitylab import Unavailable, add_user, start_broker
 from ringlog_proto import messages as m
 
 NOBODY = 65534

@@ -14,8 +14,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from brokerproc import BrokerProcess, Wire
-from securitylab import Pki, add_user, broker_cli, start_or_skip
 
 from broker.client import (
     Admin,
@@ -27,6 +25,8 @@ from broker.client import (
     TopicPartition,
 )
 from broker.client.errors import GroupAuthorizationError, TopicAuthorizationError
+from labkit.brokerproc import BrokerProcess, Wire
+from labkit.securitylab import Pki, add_user, broker_cli, start_or_skip
 from ringlog_proto import messages as m
 
 ALICE_PASSWORD = "alice's own secret"

@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from brokerproc import BrokerProcess
-from securitylab import Pki, add_user, broker_cli, consume, create_topic, produce, start_or_skip
+
+from labkit.brokerproc import BrokerProcess
+from labkit.securitylab import Pki, add_user, broker_cli, consume, create_topic, produce, start_or_skip
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
 from confluent_kafka import Producer  # noqa: E402

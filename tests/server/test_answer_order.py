@@ -12,8 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from brokerproc import BrokerProcess, Wire, values_after_restart
 
+from labkit.brokerproc import BrokerProcess, Wire, values_after_restart
 from ringlog_proto import messages as m
 from ringlog_proto.batch import decode_batches, encode_batch
 

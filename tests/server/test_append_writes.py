@@ -11,13 +11,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from brokerproc import BrokerProcess, Wire, values_after_restart
 from inprocess import io_uring_missing, serve_in_process
 
 import broker.backends.shared as shared_mod
 import broker.backends.uring as uring_mod
 from broker.backends.shared import BackendCore
 from broker.storage.fileio import Write, WriteError
+from labkit.brokerproc import BrokerProcess, Wire, values_after_restart
 from native.constants import APPEND_INLINE_BYTES_MAX
 from ringlog_proto import messages as m
 from ringlog_proto.batch import encode_batch

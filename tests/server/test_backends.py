@@ -16,8 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from brokerproc import BrokerProcess, Wire
 
+from labkit.brokerproc import BrokerProcess, Wire
 from ringlog_proto import messages as m
 from ringlog_proto.batch import Record, encode_batch
 

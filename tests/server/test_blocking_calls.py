@@ -20,12 +20,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from brokerproc import Wire
 from inprocess import BACKENDS, io_uring_missing, serve_in_process
 
 from broker.backends.blocking import BLOCKING_THREADS
 from broker.backends.shared import BackendCore
 from broker.core.blocking import BlockingCallAbandoned
+from labkit.brokerproc import Wire
 from ringlog_proto import messages as m
 from ringlog_proto.batch import encode_batch
 

@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from brokerproc import BrokerProcess
+from labkit.brokerproc import BrokerProcess
 
 
 def broker_cmd(*args: str, stdin: str | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:

@@ -15,11 +15,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from brokerproc import BrokerProcess, Wire, own_snapshot
 from legacy_format import legacy_store
 
 from broker.client import Admin, Consumer, Producer
 from broker.storage import layout
+from labkit.brokerproc import BrokerProcess, Wire, own_snapshot
 from ringlog_proto import messages as m
 from ringlog_proto.batch import decode_batches, encode_batch
 from ringlog_proto.routing import shard_for

@@ -20,8 +20,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from brokerproc import BrokerProcess, Wire
 
+from labkit.brokerproc import BrokerProcess, Wire
 from ringlog_proto import messages as m
 from ringlog_proto.batch import BatchError, encode_batch, iter_batches
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from brokerproc import BrokerProcess, Wire, own_snapshot, values_after_restart
 
+from labkit.brokerproc import BrokerProcess, Wire, own_snapshot, values_after_restart
 from ringlog_proto import messages as m
 from ringlog_proto.batch import encode_batch
 

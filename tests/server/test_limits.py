@@ -17,11 +17,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from brokerproc import BrokerProcess, Wire
 
 from broker.backends.shared import BackendCore, RateLimitedLog
 from broker.core.config import BrokerConfig
 from broker.core.limits import FETCH_MAX_BYTES_MAX, Limits
+from labkit.brokerproc import BrokerProcess, Wire
 from ringlog_proto import messages as m
 from ringlog_proto.batch import encode_batch
 from ringlog_proto.frames import FRAME_VERSION, MAGIC

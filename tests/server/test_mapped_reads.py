@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
-from brokerproc import BrokerProcess, Wire
 
 from broker.storage.layout import store_file_name
+from labkit.brokerproc import BrokerProcess, Wire
 from native import map_file, probe, resident
 from native.constants import SPLICE_PIPES_MAX
 from ringlog_proto import messages as m

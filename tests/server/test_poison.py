@@ -8,9 +8,9 @@ batches of every codec are stored and read back."""
 from __future__ import annotations
 
 import pytest
-from brokerproc import BrokerProcess, Wire
-from poison_batches import POISON, compressed_good, compressed_poison, poison_batch
 
+from labkit.brokerproc import BrokerProcess, Wire
+from labkit.poison_batches import POISON, compressed_good, compressed_poison, poison_batch
 from ringlog_proto import messages as m
 from ringlog_proto.batch import Record, decode_records, encode_batch
 from ringlog_proto.routing import shard_for

@@ -18,12 +18,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from brokerproc import BrokerProcess, Wire
 
 from broker.backends.shared import BackendCore
 from broker.core.config import BrokerConfig
 from broker.core.forwarding import PeerLinkError
 from broker.core.remote import REMOTE_RETRY_S_MIN
+from labkit.brokerproc import BrokerProcess, Wire
 from ringlog_proto import messages as m
 from ringlog_proto.batch import decode_batches, encode_batch
 from ringlog_proto.frames import Frame

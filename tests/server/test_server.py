@@ -10,8 +10,8 @@ import threading
 import time
 
 import pytest
-from brokerproc import BrokerProcess, Wire
 
+from labkit.brokerproc import BrokerProcess, Wire
 from ringlog_proto import messages as m
 from ringlog_proto.batch import Record, decode_batches, encode_batch
 from ringlog_proto.frames import encode_frame

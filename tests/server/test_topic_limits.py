@@ -19,11 +19,11 @@ import time
 from pathlib import Path
 
 import pytest
-from brokerproc import BrokerProcess, Wire
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from broker.core.limits import FIXED_FDS_PER_WORKER, Limits, fit_to_descriptors
+from labkit.brokerproc import BrokerProcess, Wire
 from ringlog_proto import messages as m
 from ringlog_proto.batch import decode_batches, encode_batch
 

@@ -21,8 +21,8 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from brokerproc import BrokerProcess, Wire
 
+from labkit.brokerproc import BrokerProcess, Wire
 from ringlog_proto import messages as m
 from ringlog_proto.routing import shard_for
 

@@ -13,7 +13,8 @@ import sys
 from collections.abc import Callable, Iterator
 
 import pytest
-from brokerproc import BrokerProcess
+
+from labkit.brokerproc import BrokerProcess
 
 pytest.importorskip("pyspark", reason="the spark extra is not installed (pip install -e .[spark])")
 

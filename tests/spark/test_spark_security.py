@@ -7,12 +7,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from brokerproc import BrokerProcess
 from pyspark.sql import SparkSession
-from securitylab import Pki, add_user
 
 from broker.client import Admin, Security
 from broker.spark import Broker, group_lag
+from labkit.brokerproc import BrokerProcess
+from labkit.securitylab import Pki, add_user
 
 PASSWORD = "spark-secret-pw"
 

@@ -12,12 +12,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from brokerproc import BrokerProcess
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from broker.client import AsyncClient, Consumer, Producer
 from broker.spark import group_lag
+from labkit.brokerproc import BrokerProcess
 from ringlog_proto.batch import iter_batches
 from ringlog_proto.messages import FetchRequest
 

@@ -10,11 +10,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from poison_batches import poison_batch
 
 from broker.cli import main
 from broker.storage.index import ENTRY_SIZE, INDEX_HEADER_SIZE, encode_entry
 from broker.storage.log import Log, LogConfig
+from labkit.poison_batches import poison_batch
 from ringlog_proto.batch import encode_batch, read_header
 
 SEG0 = "00000000000000000000"

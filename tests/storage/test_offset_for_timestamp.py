@@ -8,9 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from poison_batches import G1, G2, GOOD, compress
 
 from broker.storage.log import Log
+from labkit.poison_batches import G1, G2, GOOD, compress
 from ringlog_proto.batch import (
     COMPRESSION_GZIP,
     COMPRESSION_LZ4,

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 from crc32c import crc32c
-from poison_batches import POISON, poison_batch
 
 from broker.storage.errors import InvalidBatchError, RecordFramingError, UnsupportedBatchError
 from broker.storage.log import Log, LogConfig
+from labkit.poison_batches import POISON, poison_batch
 from ringlog_proto.batch import COMPRESSION_GZIP, decode_batches, encode_batch
 
 

@@ -16,10 +16,10 @@ import pytest
 from crc32c import crc32c
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from poison_batches import POISON, poison_batch
 
 import broker.storage.log as log_module
 from broker.storage.log import Log, LogConfig
+from labkit.poison_batches import POISON, poison_batch
 from ringlog_proto import batch as b
 from ringlog_proto.batch import COMPRESSION_GZIP, CRC_START, HEADER_SIZE, Record, encode_batch
 

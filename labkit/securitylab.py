@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import trustme
-from brokerproc import BrokerProcess
+
+from labkit.brokerproc import BrokerProcess
 
 
 class Unavailable(Exception):
@@ -45,8 +46,9 @@ def scram_server_first(
 ) -> dict[str, str]:
     """The attributes of a broker's SCRAM server-first message (r, s, i) to a client claiming
     `user`, over Kafka's SaslHandshake v0 and a bare token (KIP-43): what anyone may ask."""
-    from kafka_requests import frame, read_sized
     from kio.schema.sasl_handshake.v0.request import SaslHandshakeRequest
+
+    from labkit.kafka_requests import frame, read_sized
 
     with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
         s = tls.wrap_socket(raw, server_hostname="127.0.0.1") if tls is not None else raw

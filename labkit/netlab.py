@@ -1,9 +1,8 @@
 """Throwaway networks for tests and benchmarks: a network namespace joined to the host by a veth pair,
 and `broker serve` started inside it.
 
-Test and bench harness, not broker code: tests/bpf imports it as `netlab` (pytest puts tests/ on
-the path, see pyproject.toml) and bench/steering.py puts tests/ on sys.path, as bench/spark.py does
-for tests/brokerproc.py. bpf/ keeps only what the broker loads.
+Test and bench harness, not broker code (tests/bpf, bench/steering.py): bpf/ keeps only what the
+broker loads.
 
 Rules this module keeps:
 - Everything made here is removed by `close()` (also on `__exit__`, so a failing test cleans up):
@@ -31,9 +30,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from brokerproc import BrokerProcess, membership_key_file
-
 from bpf import state
+from labkit.brokerproc import BrokerProcess, membership_key_file
 
 PREFIX_LEN: Final = 24
 READY_RE: Final = re.compile(r"serving on [\d.]+:(\d+)")

@@ -1,5 +1,5 @@
-"""Real etcd members for the cluster tests: Debian's /usr/bin/etcd, started by pid on free 127.0.0.1
-ports in a temporary directory, one member or a cluster of three.
+"""Real etcd members for the cluster tests and bench/cluster.py: Debian's /usr/bin/etcd, started
+by pid on free 127.0.0.1 ports in a temporary directory, one member or a cluster of three.
 
 Rules this module keeps:
 - Fast settings for tests: heartbeat 50 ms, election timeout 500 ms (etcd's minimum lease TTL is

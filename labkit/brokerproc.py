@@ -1,7 +1,5 @@
-"""A real `broker serve` subprocess for integration tests, and a minimal blocking wire client.
-
-Shared by tests/server, tests/client (pytest puts tests/ on the path: see pyproject.toml) and
-bench/spark.py (which puts tests/ on sys.path). Its netns twin for eBPF is tests/netlab.py.
+"""A real `broker serve` subprocess for integration tests and benchmarks, and a minimal blocking
+wire client. Its netns twin for eBPF is labkit/netlab.py.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The nemesis's checker: what a cluster run promised (acknowledged produces), what its consumers
 saw, and what every replica holds at the end, turned into the list of broken promises.
 
-Test and bench harness, not broker code (importable as `clusterchecker` from tests/ and bench/,
-like clusterlab). A pure library: no network, no broker; `read_replica` reads a node's data dir
-offline, without opening (and so without repairing) the log.
+Test and bench harness, not broker code, like labkit/clusterlab.py. A pure library: no network,
+no broker; `read_replica` reads a node's data dir offline, without opening (and so without
+repairing) the log.
 
 Rules this module keeps:
 - Records are told apart by their payload (the record's value): a producer under test writes a

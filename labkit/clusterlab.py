@@ -3,8 +3,7 @@ namespace per broker node and per etcd member, each joined to the bridge by a ve
 one /24; etcd members and `broker serve` processes started inside them; and the nemesis's faults
 (kill, stop, pause, isolate, restart) applied to them.
 
-Test and bench harness, not broker code, like tests/netlab.py: tests import it as `clusterlab`
-(pytest puts tests/ on the path, see pyproject.toml); bench/ puts tests/ on sys.path.
+Test and bench harness, not broker code, like labkit/netlab.py.
 
 Rules this module keeps:
 - Everything made here is removed by `close()` (also on `__exit__` and at interpreter exit, so a
@@ -50,9 +49,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
-from brokerproc import membership_key_file
-
 from bpf import state
+from labkit.brokerproc import membership_key_file
 
 BROKER_PORT: Final = 9092
 CORE_PORTS_BASE: Final = 9100

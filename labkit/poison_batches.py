@@ -3,6 +3,7 @@
 `frame_batch(section, count)` wraps any record-section bytes in a batch header whose lengths and
 crc are right, so only the record walk (or a client's decode) can tell it is bad. `POISON` names
 one batch per way the framing can be wrong (Kafka's RecordBatch v2 records: zigzag varints).
+`compress(section, codec)` compresses as producers do (bench/compressed_validation.py uses it too).
 """
 
 from __future__ import annotations

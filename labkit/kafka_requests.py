@@ -1,6 +1,6 @@
 """Kafka requests of any api and version built from kio's request schemas, for tests: empty (every
 field its default or empty) or filled (two items in every array, distinct keys), and the frames a
-client sends for them."""
+client sends for them (tests/kafka, tests/security, and labkit/securitylab.py's SCRAM probe)."""
 
 from __future__ import annotations
 

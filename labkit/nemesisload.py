@@ -3,9 +3,8 @@ idempotent acks=all producers (ours, and confluent-kafka's) and two consumers (o
 a confluent-kafka consumer group, long-polling and committing) on a replicated topic while faults
 are applied, and the final verdict of the checker over every replica.
 
-Test and bench harness, not broker code (importable as `nemesisload` from tests/, and from
-scripts/ and bench/ with tests/ on sys.path), used by tests/cluster/test_nemesis.py and
-scripts/cluster_demo.py.
+Test and bench harness, not broker code, used by tests/cluster/test_nemesis.py,
+scripts/cluster_demo.py and bench/failover.py.
 
 Rules this module keeps:
 - Payloads are unique per run (`<tag>-<n>`), so the checker tells records apart by them.
@@ -42,13 +41,13 @@ from dataclasses import dataclass
 from typing import Final
 
 import confluent_kafka
-from clusterchecker import Ack, Attempt, Read, Replica, Violation, check, failover_time, read_replica
-from clusterlab import MEMBERSHIP_PORT, ClusterLab, wait_until
 
 from broker.client.admin import Admin, TopicDescription
 from broker.client.consumer import Consumer
 from broker.client.producer import Producer
 from broker.client.records import RecordMetadata
+from labkit.clusterchecker import Ack, Attempt, Read, Replica, Violation, check, failover_time, read_replica
+from labkit.clusterlab import MEMBERSHIP_PORT, ClusterLab, wait_until
 from ringlog_proto import messages as m
 
 SEND_EVERY_S: Final = 0.002
