@@ -100,6 +100,11 @@ def proc_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def tree_cpu(pid: int) -> float:
+    """CPU seconds of `pid` and its live children: a broker's supervisor and its workers."""
+    return sum(proc_cpu(p) for p in (pid, *children_of(pid)))
+
+
 def children_of(pid: int) -> list[int]:
     """The live child processes of `pid`: /proc/<pid>/task/<tid>/children of each of its threads,
     or, on a kernel without that file, every /proc/<n>/stat whose parent is `pid`."""

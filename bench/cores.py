@@ -44,9 +44,7 @@ import collections
 import json
 import multiprocessing
 import os
-import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -57,9 +55,10 @@ from pathlib import Path
 from typing import Any
 
 import uvloop
-from benchlib import REPO, children_of, code_version, fs_of, proc_cpu, table
+from benchlib import REPO, code_version, fs_of, table, tree_cpu
 
 from broker.client import Acks, Admin, AsyncConnection, AsyncProducer
+from labkit.brokerproc import BrokerProcess
 from ringlog_proto.batch import encode_batch
 from ringlog_proto.frames import LENGTH_SIZE, peek_frame_size
 from ringlog_proto.messages import ErrorCode, ProduceRequest, encode_request
@@ -73,16 +72,14 @@ BATCH_BYTES = 256 * KIB
 LINGER_MS = 5.0
 RAW_BATCH_RECORDS = 63  # 63 x (1 KiB + 18 B) + 61 B header: one 64 KiB batch
 RAW_IN_FLIGHT = 8
-READY_RE = re.compile(r"serving on [\d.]+:(\d+)")
-
-# Broker configurations by name (`--variants`): the two backends at their defaults, and the io_uring
-# backend with each of its two options.
-VARIANTS = {
-    "uvloop": ["--backend", "uvloop"],
+# Broker configurations by name (`--variants`): (backend, more `serve` arguments): the two backends
+# at their defaults, and the io_uring backend with each of its two options.
+VARIANTS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "uvloop": ("uvloop", ()),
     # the defaults: appends inline up to 1 MiB a pass, 200 us of busy polling (a CPU per core here)
-    "io_uring": ["--backend", "io_uring"],
-    "io_uring-poll": ["--backend", "io_uring", "--busy-poll-us", "0"],
-    "io_uring+inline": ["--backend", "io_uring", "--append-writes", "inline"],
+    "io_uring": ("io_uring", ()),
+    "io_uring-poll": ("io_uring", ("--busy-poll-us", "0")),
+    "io_uring+inline": ("io_uring", ("--append-writes", "inline")),
 }
 TARGET_RATIO = 1.5
 TARGET_P50_US = 100.0
@@ -105,55 +102,22 @@ QUICK = Sizes(120_000, 2000, 2000, 300)
 # --------------------------------------------------------------------------------------- the broker
 
 
-class Broker:
-    def __init__(self, workdir: Path, variant: str, cores: int) -> None:
-        self.data_dir = workdir / f"data-{variant}-{cores}"
-        self.log_path = workdir / f"broker-{variant}-{cores}.log"
-        self.variant = variant
-        self.cores = cores
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.port = 0
+def start_broker(workdir: Path, variant: str, cores: int) -> BrokerProcess:
+    """A `broker serve` of `variant` on a fresh data directory under `workdir`."""
+    data_dir = workdir / f"data-{variant}-{cores}"
+    log_path = workdir / f"broker-{variant}-{cores}.log"
+    shutil.rmtree(data_dir, ignore_errors=True)
+    log_path.unlink(missing_ok=True)
+    backend, extra = VARIANTS[variant]
+    broker = BrokerProcess(data_dir, log_path, extra, cores, backend, cwd=REPO)
+    return broker.start(timeout_s=30)
 
-    @property
-    def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.port}"
 
-    def start(self) -> Broker:
-        shutil.rmtree(self.data_dir, ignore_errors=True)
-        argv = [sys.executable, "-m", "broker.cli", "serve", "--data-dir", str(self.data_dir)]
-        argv += ["--port", "0", "--cores", str(self.cores), *VARIANTS[self.variant]]
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(argv, stdout=log, stderr=log, cwd=REPO)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            found = READY_RE.findall(self.log_path.read_text())
-            if found:
-                self.port = int(found[-1])
-                return self
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.05)
-        raise RuntimeError(f"broker did not start:\n{self.log_path.read_text()[-3000:]}")
-
-    def cpu(self) -> float:
-        """CPU seconds of the supervisor and its workers so far."""
-        assert self.proc is not None
-        pids = [self.proc.pid, *children_of(self.proc.pid)]
-        return sum(proc_cpu(p) for p in pids)
-
-    def backend_in_use(self) -> str:
-        text = self.log_path.read_text()
-        return "io_uring" if "backend io_uring" in text else "uvloop"
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        shutil.rmtree(self.data_dir, ignore_errors=True)
+def stop_broker(broker: BrokerProcess) -> None:
+    """SIGTERM (a minute for the flush of what it holds), and its data deleted."""
+    if broker.running():
+        broker.stop(timeout_s=60)
+    shutil.rmtree(broker.data_dir, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------------------- client jobs
@@ -296,15 +260,17 @@ def pct(sorted_us: list[float], q: float) -> float:
     return sorted_us[min(len(sorted_us) - 1, max(0, int(q * len(sorted_us) + 0.999999) - 1))]
 
 
-def measure_backend(broker: Broker, pool: ProcessPoolExecutor, sizes: Sizes, tag: str) -> dict[str, Any]:
+def measure_backend(
+    broker: BrokerProcess, pool: ProcessPoolExecutor, sizes: Sizes, tag: str
+) -> dict[str, Any]:
     """Produce (producer, raw), durable produce and latency on a `--cores 1` broker."""
     bs = broker.bootstrap
     out: dict[str, Any] = {"backend": broker.backend_in_use()}
 
     def timed(name: str, fn: Any, *args: Any) -> dict:
-        c0 = broker.cpu()
+        c0 = tree_cpu(broker.pid)
         r = pool.submit(fn, *args).result()
-        cpu = broker.cpu() - c0
+        cpu = tree_cpu(broker.pid) - c0
         gb = r["records"] * RECORD_BYTES / GB
         out[name] = {"rps": r["records"] / r["wall"], "mbs": gb * 1000 / r["wall"], "cpu_per_gb": cpu / gb}
         return out[name]
@@ -340,7 +306,7 @@ def best_of(a: dict[str, Any] | None, b: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def measure_cores(broker: Broker, sizes: Sizes, tag: str) -> dict[str, Any]:
+def measure_cores(broker: BrokerProcess, sizes: Sizes, tag: str) -> dict[str, Any]:
     """Two producer processes at once, on partitions owned by different cores (under 2 cores)."""
     bs = broker.bootstrap
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as one:
@@ -351,23 +317,20 @@ def measure_cores(broker: Broker, sizes: Sizes, tag: str) -> dict[str, Any]:
     with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
         pool.submit(time.sleep, 0).result()
         start_at = time.time() + 2.0
-        c0 = broker.cpu()
+        c0 = tree_cpu(broker.pid)
         futs = [pool.submit(job_produce, bs, f"c-{tag}", p, count, Acks.WRITTEN, start_at) for p in parts]
         results = [f.result() for f in futs]
-        cpu = broker.cpu() - c0
+        cpu = tree_cpu(broker.pid) - c0
         forwards = pool.submit(job_forwards, bs).result()
     wall = max(r["wall"] for r in results)
     gb = 2 * count * RECORD_BYTES / GB
     return {"rps": 2 * count / wall, "mbs": gb * 1000 / wall, "cpu_per_gb": cpu / gb, "forwards": forwards}
 
 
-CORE_RE = re.compile(r"core (\d+): pid \d+, cpu \d+, direct port (\d+)")
-
-
-def measure_forwarding(broker: Broker, sizes: Sizes, tag: str) -> list[list[str]]:
+def measure_forwarding(broker: BrokerProcess, sizes: Sizes, tag: str) -> list[list[str]]:
     """The price of the inter-core channel: the same requests to a partition's owner and to the
     other core (which forwards them over its unix socket and relays the answers)."""
-    ports = {int(c): int(p) for c, p in CORE_RE.findall(broker.log_path.read_text())}
+    ports = broker.core_ports
     ctx = multiprocessing.get_context("spawn")
     rows = []
     with ProcessPoolExecutor(1, mp_context=ctx) as pool:
@@ -376,9 +339,9 @@ def measure_forwarding(broker: Broker, sizes: Sizes, tag: str) -> list[list[str]
         for label, core in (("to the owner", owner), ("to the other core (forwarded)", 1 - owner)):
             direct = f"127.0.0.1:{ports[core]}"
             before = pool.submit(job_forwards, broker.bootstrap).result()
-            c0 = broker.cpu()
+            c0 = tree_cpu(broker.pid)
             r = pool.submit(job_raw_produce, direct, topic_id, sizes.raw_batches // 2).result()
-            cpu = broker.cpu() - c0
+            cpu = tree_cpu(broker.pid) - c0
             samples = pool.submit(job_latency_socket, direct, topic_id, 2000, 200).result()
             us = sorted(s / 1000 for s in samples)
             forwards = pool.submit(job_forwards, broker.bootstrap).result() - before
@@ -448,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
     # round (single runs on this VM differed by a third between identical configurations).
     for round_ in range(args.rounds):
         for backend in backends if round_ % 2 == 0 else reversed(backends):
-            broker = Broker(workdir, backend, 1).start()
+            broker = start_broker(workdir, backend, 1)
             tag = f"{backend.replace('+', '.')}-{round_}"
             try:
                 with ProcessPoolExecutor(
@@ -456,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
                 ) as pool:
                     r = measure_backend(broker, pool, sizes, tag)
             finally:
-                broker.stop()
+                stop_broker(broker)
             results[backend] = best_of(results.get(backend), r)
     print("\n1-4. Backends, --cores 1 (worker on CPU 0, client on CPU 1)")
     rows = []
@@ -498,11 +461,11 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for backend in args.cores_variants.split(","):
         for cores in (1, 2):
-            broker = Broker(workdir, backend, cores).start()
+            broker = start_broker(workdir, backend, cores)
             try:
                 r = measure_cores(broker, sizes, f"{backend}-{cores}".replace("+", "."))
             finally:
-                broker.stop()
+                stop_broker(broker)
             rows.append(
                 [
                     backend,
@@ -515,11 +478,11 @@ def main(argv: list[str] | None = None) -> int:
             )
     table(["backend", "cores", "records/s", "MB/s", "broker CPU s/GB", "forwards"], rows)
     print("\n6. Forwarding: pre-encoded acks=1 produce and single-record latency, --cores 2 io_uring")
-    broker = Broker(workdir, "io_uring", 2).start()
+    broker = start_broker(workdir, "io_uring", 2)
     try:
         rows = measure_forwarding(broker, sizes, "fwd")
     finally:
-        broker.stop()
+        stop_broker(broker)
     table(["requests sent", "records/s", "broker CPU s/GB", "p50 us", "p99 us", "forwards/request"], rows, 1)
     return 0
 

@@ -115,6 +115,7 @@ from broker.client import (
     Producer,
 )
 from broker.storage import layout
+from labkit.brokerproc import BrokerProcess
 from ringlog_proto.batch import HEADER_SIZE, RECORD_COUNT_MAX, encode_batch, iter_batches, record_size
 from ringlog_proto.frames import LENGTH_SIZE, Frame, FrameDecoder, peek_frame_size
 from ringlog_proto.messages import ErrorCode, FetchRequest, ProduceRequest, decode_response, encode_request
@@ -137,7 +138,6 @@ TARGET_PRODUCE_RPS = 150_000  # one Python producer, 1 KiB records, acks=written
 TARGET_CONSUME_MBS = 300  # consume from start, MB/s of records
 TARGET_P50_US = 150  # acked single-record produce, p50
 
-READY_RE = re.compile(r"serving on [\d.]+:(\d+)")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -261,84 +261,26 @@ def pin_to(cpu: int | None) -> None:
 # --------------------------------------------------------------------------------------- the broker
 
 
-class Broker:
-    """A `broker serve` subprocess on a free port; optionally under cProfile."""
+def make_broker(
+    data_dir: Path, log_path: Path, cpu: int | None, profile_out: Path | None = None
+) -> BrokerProcess:
+    """`broker serve --cores 1` (the backend its default picks) on a free port, pinned to `cpu`
+    when given (its supervisor pins the worker to a CPU it may use), under cProfile writing
+    `profile_out` when given."""
+    return BrokerProcess(
+        data_dir,
+        log_path,
+        backend="auto",
+        wrapper=("taskset", "-c", str(cpu)) if cpu is not None else (),
+        python_args=("-m", "cProfile", "-o", str(profile_out)) if profile_out is not None else (),
+        cwd=REPO,
+    )
 
-    def __init__(self, data_dir: Path, log_path: Path, cpu: int | None, profile_out: Path | None = None):
-        self.data_dir = data_dir
-        self.log_path = log_path
-        self.cpu = cpu
-        self.profile_out = profile_out
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.port = 0
 
-    @property
-    def argv(self) -> list[str]:
-        prof = ["-m", "cProfile", "-o", str(self.profile_out)] if self.profile_out else []
-        serve = ["serve", "--data-dir", str(self.data_dir), "--port", "0", "--cores", "1"]
-        return [sys.executable, *prof, "-m", "broker.cli", *serve]
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    @property
-    def worker_pid(self) -> int:
-        """The pid of the one worker (--cores 1), where requests are served: the supervisor
-        (`pid`) only starts and watches it."""
-        kids = children_of(self.pid)
-        assert len(kids) == 1, kids
-        return kids[0]
-
-    @property
-    def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def start(self) -> Broker:
-        offset = self.log_path.stat().st_size if self.log_path.exists() else 0
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                self.argv,
-                stdout=log,
-                stderr=log,
-                cwd=REPO,
-                preexec_fn=(lambda: pin_to(self.cpu)) if self.cpu is not None else None,  # noqa: PLW1509
-            )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            found = READY_RE.findall(self.log_path.read_text()[offset:])
-            if found:
-                self.port = int(found[-1])
-                return self
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"broker exited with {self.proc.returncode}:\n{self.log_tail()}")
-            time.sleep(0.05)
-        raise RuntimeError(f"broker did not start:\n{self.log_tail()}")
-
-    def stop(self) -> int | None:
-        """SIGTERM, then wait (the broker answers in-flight requests, flushes and exits 0)."""
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        return self.proc.returncode
-
-    def log_tail(self, lines: int = 20) -> str:
-        try:
-            return "\n".join(self.log_path.read_text().splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
-
-    def stored_bytes(self, topic_id: int) -> int:
-        """Bytes of the topic's store files: its record batches exactly as stored."""
-        root = Path(layout.topic_dir(str(self.data_dir), topic_id))
-        return sum(p.stat().st_size for p in root.glob(f"*/*{layout.STORE_SUFFIX}"))
+def stored_bytes(broker: BrokerProcess, topic_id: int) -> int:
+    """Bytes of the topic's store files: its record batches exactly as stored."""
+    root = Path(layout.topic_dir(str(broker.data_dir), topic_id))
+    return sum(p.stat().st_size for p in root.glob(f"*/*{layout.STORE_SUFFIX}"))
 
 
 # --------------------------------------------------------------------------------------- client jobs
@@ -879,7 +821,7 @@ def job_ceiling(port: int, peer_pid: int, stream_bytes: int, pings: int, warmup:
 class Run:
     """The run's processes and settings, shared by the phases."""
 
-    broker: Broker
+    broker: BrokerProcess
     pool: ProcessPoolExecutor
     sizes: Sizes
     worker_pid: int = 0
@@ -943,7 +885,7 @@ def tune(run: Run, record_size: int) -> tuple[ProduceSpec, list[list[str]]]:
     def attempt(spec: ProduceSpec) -> None:
         spec = replace(spec, topic=run.topic(f"tune-{record_size}"))
         r = run.call(job_produce, spec)
-        tried.append((spec, produce_row_values(spec, r, b.stored_bytes(r["topic_id"]))))
+        tried.append((spec, produce_row_values(spec, r, stored_bytes(b, r["topic_id"]))))
         run.call(job_delete_topic, b.bootstrap, spec.topic)
 
     for bb in TUNE_BATCHES:
@@ -979,7 +921,7 @@ def raw_produce_row(
     for _ in range(run.sizes.rounds):
         spec = RawProduceSpec(b.bootstrap, b.pid, run.topic(f"raw{rs}"), rs, raw_count, batch_bytes)
         r = run.call(job_raw_produce, spec)
-        r["stored"] = b.stored_bytes(r["topic_id"])
+        r["stored"] = stored_bytes(b, r["topic_id"])
         tries.append(r)
         run.call(job_delete_topic, b.bootstrap, spec.topic)
     noise.append(max(t["wall"] for t in tries) / min(t["wall"] for t in tries) - 1)
@@ -1087,7 +1029,7 @@ def run_tables(run: Run, args: argparse.Namespace) -> None:
                     topic=run.topic(f"p{rs}-a{acks}-x{parts}{'rr' if spread else ''}"),
                 )
                 r = run.call(job_produce, spec)
-                tries.append((spec, r, produce_row_values(spec, r, b.stored_bytes(r["topic_id"]))))
+                tries.append((spec, r, produce_row_values(spec, r, stored_bytes(b, r["topic_id"]))))
             noise.append(max(t[1]["wall"] for t in tries) / min(t[1]["wall"] for t in tries) - 1)
             spec, r, v = min(tries, key=lambda t: t[1]["wall"])
             produced[(rs, acks, parts)] = (spec, r, v)
@@ -1163,7 +1105,7 @@ def run_tables(run: Run, args: argparse.Namespace) -> None:
     consumed: dict[int, dict[str, float]] = {}
     for rs in RECORD_SIZES:
         spec_p, r_p, _ = produced[(rs, Acks.WRITTEN, 1)]
-        stored = b.stored_bytes(r_p["topic_id"])
+        stored = stored_bytes(b, r_p["topic_id"])
         expected = r_p["records_in_log"]
         for mode, fmb, label in (
             ("iter", MIB, "AsyncConsumer async for, fetch 1 MiB"),
@@ -1475,12 +1417,12 @@ def run_profile(args: argparse.Namespace, workdir: Path, pool: ProcessPoolExecut
     counter = iter(range(1, 1000))
     best_bb = args.batch_bytes
 
-    def fresh_broker(name: str) -> Broker:
+    def fresh_broker(name: str) -> BrokerProcess:
         prof_out = workdir / f"broker-{name}.prof" if side == "broker" and profiler == "cprofile" else None
-        return Broker(data_dir, log_path, args.cpu_broker, prof_out).start()
+        return make_broker(data_dir, log_path, args.cpu_broker, prof_out).start(timeout_s=30)
 
-    def finish(broker: Broker, name: str, spy_out: Path | None, client_profile: str) -> None:
-        rc = broker.stop()
+    def finish(broker: BrokerProcess, name: str, spy_out: Path | None, client_profile: str) -> None:
+        rc = broker.stop(timeout_s=60)
         if rc != 0:
             raise RuntimeError(f"broker exited {rc}:\n{broker.log_tail()}")
         print(f"\n=== {name}: {side} profile ===")
@@ -1488,9 +1430,9 @@ def run_profile(args: argparse.Namespace, workdir: Path, pool: ProcessPoolExecut
             print(client_profile)
         elif spy_out is not None:
             print(summarize_py_spy(spy_out))
-        elif broker.profile_out is not None:
+        elif broker.python_args:  # ("-m", "cProfile", "-o", PATH): make_broker's
             out = io.StringIO()
-            stats = pstats.Stats(str(broker.profile_out), stream=out).strip_dirs()
+            stats = pstats.Stats(broker.python_args[-1], stream=out).strip_dirs()
             for key in ("tottime", "cumulative"):
                 out.write(f"\n--- top 25 by {key} ---\n")
                 stats.sort_stats(key).print_stats(25)
@@ -1518,7 +1460,7 @@ def run_profile(args: argparse.Namespace, workdir: Path, pool: ProcessPoolExecut
         5.0,
         profile=client_cprof,
     )
-    target_pid = broker.worker_pid if side == "broker" else worker_pid
+    target_pid = broker.worker_pids[0] if side == "broker" else worker_pid
     with spy_on(target_pid, "produce"):
         r = pool.submit(job_produce, spec).result()
     print(
@@ -1535,12 +1477,12 @@ def run_profile(args: argparse.Namespace, workdir: Path, pool: ProcessPoolExecut
     # Consume: produce with an unprofiled broker (cProfile) or outside the sampling window (py-spy).
     topic = f"prof-{next(counter)}"
     if side == "broker" and profiler == "cprofile":
-        plain = Broker(data_dir, log_path, args.cpu_broker).start()
+        plain = make_broker(data_dir, log_path, args.cpu_broker).start(timeout_s=30)
         r = pool.submit(
             job_produce,
             replace(spec, bootstrap=plain.bootstrap, broker_pid=plain.pid, topic=topic, profile=False),
         ).result()
-        plain.stop()
+        plain.stop(timeout_s=60)
         broker = fresh_broker("consume")
     else:
         broker = fresh_broker("consume")
@@ -1551,7 +1493,7 @@ def run_profile(args: argparse.Namespace, workdir: Path, pool: ProcessPoolExecut
     cspec = ConsumeSpec(
         broker.bootstrap, broker.pid, topic, r["topic_id"], r["records_in_log"], "iter", MIB, client_cprof
     )
-    target_pid = broker.worker_pid if side == "broker" else worker_pid
+    target_pid = broker.worker_pids[0] if side == "broker" else worker_pid
     with spy_on(target_pid, "consume"):
         c = pool.submit(job_consume, cspec).result()
     print(
@@ -1574,7 +1516,7 @@ def run_profile(args: argparse.Namespace, workdir: Path, pool: ProcessPoolExecut
         ("producer",),
         client_cprof,
     )
-    target_pid = broker.worker_pid if side == "broker" else worker_pid
+    target_pid = broker.worker_pids[0] if side == "broker" else worker_pid
     with spy_on(target_pid, "latency"):
         lr = pool.submit(job_latency, lspec).result()["producer"]
     print(
@@ -1618,14 +1560,14 @@ def main(argv: list[str] | None = None) -> int:
     parent.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="ringlog-e2e-", dir=parent))
     pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
-    broker: Broker | None = None
+    broker: BrokerProcess | None = None
     try:
         worker_pid = pool.submit(job_init, args.cpu_client).result()
         if args.profile:
             run_profile(args, workdir, pool, worker_pid)
             return 0
         sizes = QUICK if args.quick else FULL
-        broker = Broker(workdir / "data", workdir / "broker.log", args.cpu_broker)
+        broker = make_broker(workdir / "data", workdir / "broker.log", args.cpu_broker)
         print("ringlog end-to-end benchmark: a real broker process, Python clients, loopback TCP")
         print(
             f"  Python {platform.python_version()}, uvloop {uvloop.__version__}, {platform.system()}"
@@ -1633,7 +1575,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(f"  code: {code_version()}")
         print(f"  data dir {workdir / 'data'} on {fs_of(str(workdir))}")
-        print(f"  broker: {' '.join(Path(a).name if i == 0 else a for i, a in enumerate(broker.argv))}")
+        print(f"  broker: {' '.join(Path(a).name if a == sys.executable else a for a in broker.argv)}")
         print(
             "  processes: this script orchestrates only; the broker is a supervisor and one worker process"
             " (broker CPU: both); the client (producer, then consumer, then latency) is ONE other process,"
@@ -1651,10 +1593,10 @@ def main(argv: list[str] | None = None) -> int:
             f"  {'--quick; ' if args.quick else ''}MB = 10^6 B; MB/s counts record values;"
             " wire MB/s whole stored batches"
         )
-        broker.start()
+        broker.start(timeout_s=30)
         run = Run(broker, pool, sizes, worker_pid)
         run_tables(run, args)
-        rc = broker.stop()
+        rc = broker.stop(timeout_s=60)
         stopped = "stopped cleanly" in broker.log_path.read_text()
         print(f"  broker stopped with SIGTERM: exit code {rc}{', stopped cleanly' if stopped else ''}")
         if rc != 0:
@@ -1662,8 +1604,8 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         return 0
     finally:
-        if broker is not None:
-            broker.stop()
+        if broker is not None and broker.running():
+            broker.stop(timeout_s=60)
         pool.shutdown(wait=True, cancel_futures=True)
         shutil.rmtree(workdir, ignore_errors=True)
         if created_parent:

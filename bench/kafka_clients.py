@@ -169,7 +169,7 @@ class Ringlog:
         return [self.proc.proc.pid, *self.proc.worker_pids.values()]
 
     def backend_in_use(self) -> str:
-        return "io_uring" if "backend io_uring" in self.proc.log() else "uvloop"
+        return self.proc.backend_in_use()
 
     def forwards(self) -> dict[str, Any] | None:
         """Forwards and Kafka requests per core, from each core's own snapshot (--cores > 1)."""

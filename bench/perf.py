@@ -61,7 +61,6 @@ import collections
 import contextlib
 import json
 import os
-import re
 import resource
 import shlex
 import shutil
@@ -79,9 +78,10 @@ from typing import Any
 
 import handler_floor
 import uvloop
-from benchlib import REPO, children_of, code_version, fs_of, proc_cpu, table
+from benchlib import REPO, code_version, fs_of, proc_cpu, table, tree_cpu
 
 from broker.client import Acks, Admin, AsyncProducer, Producer
+from labkit.brokerproc import BrokerProcess
 from ringlog_proto.batch import encode_batch
 from ringlog_proto.frames import HEADER_SIZE
 from ringlog_proto.messages import ErrorCode, FetchRequest, ProduceRequest, encode_request
@@ -96,7 +96,6 @@ FETCH_MIN_S = 2.0
 FETCH_FLOORS = ("copy", "sendfile", "sendfile-crc")  # bench/floor_server.py's fetch modes
 SERVER_CPU = 0
 CLIENT_CPU = 1
-READY_RE = re.compile(r"serving on [\d.]+:(\d+)")
 REDIS = "/usr/bin/redis-server"
 
 # (samples, warm-up) per latency measurement, ingest bytes per round
@@ -128,55 +127,43 @@ def stop_pid(proc: subprocess.Popen[bytes]) -> None:
 
 
 class Broker:
-    """One `broker serve --cores 1` on its own data directory, for the whole bench."""
+    """One `broker serve --cores 1` on its own data directory, for the whole bench: started,
+    stopped and measured as the other servers here are."""
 
     def __init__(self, workdir: Path, backend: str, extra: list[str]) -> None:
         self.backend = backend
-        self.data_dir = workdir / f"ringlog-{backend}"
-        self.log_path = workdir / f"ringlog-{backend}.log"
-        self.extra = extra
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.port = 0
-
-    @property
-    def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def start(self) -> Broker:
-        shutil.rmtree(self.data_dir, ignore_errors=True)
         # taskset, like Redis: the supervisor pins its worker to a CPU it may use, and this
         # process is pinned to the client's CPU by then (a worker on the client's CPU measured
         # same-CPU latency: 53 us against 122 across CPUs, while Redis ran across).
-        argv = ["taskset", "-c", str(SERVER_CPU), sys.executable, "-m", "broker.cli", "serve"]
-        argv += ["--data-dir", str(self.data_dir), "--port", "0"]
-        argv += ["--cores", "1", "--backend", self.backend, "--ebpf", "off", *self.extra]
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(argv, stdout=log, stderr=log, cwd=REPO)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            found = READY_RE.findall(self.log_path.read_text())
-            if found:
-                self.port = int(found[-1])
-                if f"backend {self.backend}" not in self.log_path.read_text() and self.backend == "io_uring":
-                    raise RuntimeError(
-                        f"the broker fell back from io_uring:\n{self.log_path.read_text()[-2000:]}"
-                    )
-                pinned = re.findall(r"core 0: pid \d+, cpu (\d+)", self.log_path.read_text())
-                if pinned != [str(SERVER_CPU)]:
-                    raise RuntimeError(f"the broker's core is on cpu {pinned}, not the servers' {SERVER_CPU}")
-                return self
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.05)
-        raise RuntimeError(f"broker did not start:\n{self.log_path.read_text()[-3000:]}")
+        self.proc = BrokerProcess(
+            workdir / f"ringlog-{backend}",
+            workdir / f"ringlog-{backend}.log",
+            ("--ebpf", "off", *extra),
+            backend=backend,
+            wrapper=("taskset", "-c", str(SERVER_CPU)),
+            cwd=REPO,
+        )
+
+    @property
+    def bootstrap(self) -> str:
+        return self.proc.bootstrap
+
+    def start(self) -> Broker:
+        shutil.rmtree(self.proc.data_dir, ignore_errors=True)
+        self.proc.start(timeout_s=30)
+        if self.proc.fell_back():
+            raise RuntimeError(f"the broker fell back from io_uring:\n{self.proc.log_tail()}")
+        pinned = list(self.proc.worker_cpus.values())
+        if pinned != [SERVER_CPU]:
+            raise RuntimeError(f"the broker's core is on cpu {pinned}, not the servers' {SERVER_CPU}")
+        return self
 
     def cpu(self) -> float:
-        assert self.proc is not None
-        return sum(proc_cpu(p) for p in (self.proc.pid, *children_of(self.proc.pid)))
+        return tree_cpu(self.proc.pid)
 
     def stop(self) -> None:
-        if self.proc is not None:
-            stop_pid(self.proc)
+        if self.proc.running():
+            self.proc.stop(timeout_s=30)
 
 
 # A server that answers every read of a connection with 16 bytes: what a round trip between the

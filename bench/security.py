@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchlib import children_of, code_version, proc_cpu, table
+from benchlib import code_version, table, tree_cpu
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -80,16 +80,11 @@ def start(variant: str, backend: str, work: Path, pki: Pki) -> tuple[BrokerProce
         ).start()
     finally:
         os.sched_setaffinity(0, {CLIENT_CPU})
-    if backend == "io_uring" and "backend io_uring" not in b.log():
+    if b.fell_back():
         b.stop()
         raise SystemExit("io_uring unavailable here: the broker fell back to uvloop")
     conf["bootstrap.servers"] = b.bootstrap
     return b, conf
-
-
-def broker_cpu(b: BrokerProcess) -> float:
-    assert b.proc is not None
-    return sum(proc_cpu(p) for p in (b.proc.pid, *children_of(b.proc.pid)))
 
 
 def run_round(
@@ -104,7 +99,7 @@ def run_round(
     p = Producer({**conf, "linger.ms": 5, "acks": 1, "enable.idempotence": False})
     p.produce(topic, b"warm", partition=0)
     p.flush(30)
-    cpu0, t0 = broker_cpu(b), time.perf_counter()
+    cpu0, t0 = tree_cpu(b.pid), time.perf_counter()
     for i in range(records):
         while True:
             try:
@@ -113,19 +108,19 @@ def run_round(
             except BufferError:
                 p.poll(0.01)
     p.flush(120)
-    elapsed, cpu = time.perf_counter() - t0, broker_cpu(b) - cpu0
+    elapsed, cpu = time.perf_counter() - t0, tree_cpu(b.pid) - cpu0
     out["produce_mb_s"] = records * VALUE_BYTES / elapsed / 1e6
     out["produce_cpu_s_gb"] = cpu / (records * VALUE_BYTES / 1e9)
 
     c = Consumer({**conf, "group.id": "bench", "enable.auto.commit": False})
     c.assign([TopicPartition(topic, 0, -2)])  # OFFSET_BEGINNING
     got = 0
-    cpu0, t0 = broker_cpu(b), time.perf_counter()
+    cpu0, t0 = tree_cpu(b.pid), time.perf_counter()
     while got < records + 1:
         for m in c.consume(min(1000, records + 1 - got), 5):  # never waiting out the timeout at the end
             if m.error() is None:
                 got += 1
-    elapsed, cpu = time.perf_counter() - t0, broker_cpu(b) - cpu0
+    elapsed, cpu = time.perf_counter() - t0, tree_cpu(b.pid) - cpu0
     c.close()
     out["consume_mb_s"] = records * VALUE_BYTES / elapsed / 1e6
     out["consume_cpu_s_gb"] = cpu / (records * VALUE_BYTES / 1e9)

@@ -1,5 +1,9 @@
 """A real `broker serve` subprocess for integration tests and benchmarks, and a minimal blocking
 wire client. Its netns twin for eBPF is labkit/netlab.py.
+
+The one launcher of a broker on loopback: the tests' `broker` fixture (tests/conftest.py) and
+every benchmark start theirs here; what a benchmark needs beyond a test (a CPU to run on, a
+profiler, a slower stop) it asks for with `wrapper`, `python_args` and the timeouts.
 """
 
 from __future__ import annotations
@@ -13,8 +17,6 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-
-import pytest
 
 from ringlog_proto import messages as m
 from ringlog_proto.batch import Record, decode_batches
@@ -64,7 +66,12 @@ def wait_for(what: Callable[[], object], timeout: float = 20.0, step: float = 0.
 
 class BrokerProcess:
     """`broker serve` with `cores` workers on `backend` (the existing suite runs one uvloop core;
-    tests of several cores parametrize the `broker` fixture, see conftest.py)."""
+    tests of several cores parametrize the `broker` fixture, see conftest.py).
+
+    `wrapper`: a command the broker runs under (`prlimit --nofile=...`, `taskset -c 0`);
+    `python_args`: the interpreter's arguments before `-m broker.cli` (`-m cProfile -o F`);
+    `cwd`: where it runs (`python -m` imports the broker from there first: a benchmark passes its
+    checkout)."""
 
     def __init__(
         self,
@@ -73,48 +80,77 @@ class BrokerProcess:
         extra: tuple[str, ...] = (),
         cores: int = 1,
         backend: str = "uvloop",
+        wrapper: tuple[str, ...] = (),
+        python_args: tuple[str, ...] = (),
+        cwd: Path | None = None,
     ) -> None:
         self.data_dir = data_dir
         self.log_path = log_path
         self.extra = extra
         self.cores = cores
         self.backend = backend
+        self.wrapper = wrapper
+        self.python_args = python_args
+        self.cwd = cwd
         self.proc: subprocess.Popen[bytes] | None = None
-        self.wrapper: tuple[str, ...] = ()  # a command the broker runs under (`prlimit --nofile=...`)
         self.port = 0
         self.core_ports: dict[int, int] = {}  # core -> direct port, from the supervisor's log
         self.worker_pids: dict[int, int] = {}  # core -> pid at the last start
+        self.worker_cpus: dict[int, int] = {}  # core -> the CPU its supervisor pinned it to
 
     @property
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
 
+    @property
+    def pid(self) -> int:
+        """The supervisor's pid (its workers are `worker_pids`)."""
+        assert self.proc is not None
+        return self.proc.pid
+
+    def backend_in_use(self) -> str:
+        """The backend the broker says it serves on ("io_uring" or "uvloop")."""
+        return "io_uring" if "backend io_uring" in self.log() else "uvloop"
+
+    def fell_back(self) -> bool:
+        """Whether it was asked for io_uring and serves on uvloop: the kernel refused a ring, and
+        the broker said so in its log."""
+        return self.backend == "io_uring" and self.backend_in_use() != "io_uring"
+
     def skip_if_fell_back(self) -> None:
-        """Skip the test, stopping this broker, when it was asked for io_uring and the kernel
-        refused a ring (the broker then serves on uvloop and says so in its log)."""
-        if self.backend == "io_uring" and "backend io_uring" not in self.log():
+        """Skip the test, stopping this broker, when it fell back from io_uring."""
+        if self.fell_back():
             self.stop()
+            import pytest  # only a test calls this; benchmarks import this module too
+
             pytest.skip("io_uring unavailable here: the broker fell back to uvloop")
 
-    def start(self) -> BrokerProcess:
-        """Start (or restart) the broker. The first start takes a free port (--port 0); a restart
-        keeps it, so clients holding the bootstrap address find the broker again."""
-        args = [sys.executable, "-m", "broker.cli", "serve", "--data-dir", str(self.data_dir)]
-        args += ["--port", str(self.port), "--cores", str(self.cores), "--backend", self.backend]
+    @property
+    def argv(self) -> list[str]:
+        """The command `start()` runs."""
+        args = [*self.wrapper, sys.executable, *self.python_args, "-m", "broker.cli", "serve"]
+        args += ["--data-dir", str(self.data_dir), "--port", str(self.port)]
+        args += ["--cores", str(self.cores), "--backend", self.backend]
         if self.cores > 1:
             args.append("--oversubscribe")  # the multi-core tests must run on 1-CPU CI machines too
+        return [*args, *self.extra]
+
+    def start(self, timeout_s: float = 20.0) -> BrokerProcess:
+        """Start (or restart) the broker. The first start takes a free port (--port 0); a restart
+        keeps it, so clients holding the bootstrap address find the broker again."""
         offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen([*self.wrapper, *args, *self.extra], stdout=log, stderr=log)
-        deadline = time.monotonic() + 20
+            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=log, cwd=self.cwd)
+        deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             text = self.log_path.read_text()[offset:]  # this start's lines only
             found = READY_RE.findall(text)
             if found:
                 self.port = int(found[-1])
-                for core, pid, _cpu, port in CORE_RE.findall(text):
+                for core, pid, cpu, port in CORE_RE.findall(text):
                     self.core_ports[int(core)] = int(port)
                     self.worker_pids[int(core)] = int(pid)
+                    self.worker_cpus[int(core)] = int(cpu)
                 if self._accepts():
                     return self
             if self.proc.poll() is not None:
@@ -137,12 +173,14 @@ class BrokerProcess:
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def stop(self) -> int:
+    def stop(self, timeout_s: float = 20.0) -> int:
+        """SIGTERM (the broker answers what is in flight, flushes and exits 0), then SIGKILL after
+        `timeout_s`; the exit status."""
         assert self.proc is not None
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
-                self.proc.wait(20)
+                self.proc.wait(timeout_s)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
@@ -150,6 +188,9 @@ class BrokerProcess:
 
     def log(self) -> str:
         return self.log_path.read_text() if self.log_path.exists() else ""
+
+    def log_tail(self, lines: int = 20) -> str:
+        return "\n".join(self.log().splitlines()[-lines:]) or "(no log)"
 
     def counter(self, key: str, core: int = 0, timeout: float = 5) -> int:
         """A counter of core `core`'s metrics snapshot (published about once a second), waiting up

@@ -76,7 +76,7 @@ def start_broker(workdir: Path, backend: str, extra: tuple[str, ...], cores: int
     b = BrokerProcess(
         workdir / "data", workdir / "broker.log", extra=extra, cores=cores, backend=backend
     ).start()
-    if backend == "io_uring" and "backend io_uring" not in b.log():
+    if b.fell_back():
         b.stop()
         raise Unavailable("io_uring unavailable here: the broker fell back to uvloop")
     return b
