@@ -1,23 +1,28 @@
-"""Records codec micro-benchmark: Kafka v2 records encoded and decoded in C (native._codec) beside
-the same in pure Python (ringlog_proto.records_codec.PYTHON) and beside today's format-1 codec
-(ringlog_proto.batch.encode_batch / decode_records), in the same run.
+"""Records codec micro-benchmark: the paths a client encodes and decodes Kafka v2 batches by, side
+by side in one run: `encode_batch` and `decode_records` as a client calls them, beside the
+records-section codec in C (native._codec) and its Python twin (ringlog_proto.records_codec.PYTHON,
+what runs where native/ is not built).
 
-Run: `.venv/bin/python bench/codec.py [--quick] [--rounds N] [--batch-kib N]`
+Run: `.venv/bin/python bench/codec.py [--quick] [--rounds N] [--batch-kib N]` (not run by `make`;
+`--quick` takes about 15 s)
 
 What it measures:
-- Workloads: 1 KiB and 100 B plain values (the producer's bytes fast path), and `Record`s with a
-  16 B key, a timestamp and no headers; batches of about `--batch-kib` KiB of values (default 256,
-  a typical fetch holds a few of them). Batches are built before the clock starts.
-- Encode: what a client's producer pays per batch. v2 = `encode_section` with 61 bytes of room for
-  the header, the header packed into it and the crc32c computed over it (what a v2
-  `encode_batch` does around the codec); format 1 = `encode_batch` at HEAD (its header and crc
-  included).
-- Decode: what a client's consumer pays per batch. v2 = crc32c of the batch checked, then
-  `decode_section`; format 1 = `decode_records(verify=True)`. Both yield `Record` objects with
-  offsets and timestamps filled in.
-- Each codec runs `--rounds` rounds (default 7), the codecs alternating inside each round in a
-  rotating order; the best round is reported, and the spread (worst / best - 1) beside it so a
-  disturbed run shows itself.
+- Workloads: 1 KiB and 100 B plain values (the producer's case, which `encode_batch` hands whole to
+  the C batch encoder, native._batch), and `Record`s with a 16 B key, a timestamp of their own
+  and no headers (which `encode_batch` encodes in Python: the C section codec takes one base
+  timestamp); batches of about `--batch-kib` KiB of values (default 256, a typical fetch holds a
+  few of them). Batches are built before the clock starts.
+- Encode: what a client's producer pays per batch. `encode_batch` (header and crc included); and
+  each section codec: `encode_section` with 61 bytes of room for the header, the header packed
+  into it and the crc32c computed over it (what `encode_batch` does around the codec when the
+  whole-batch encoder cannot take the batch). Every path gives the same bytes: checked before
+  the clock starts.
+- Decode: what a client's consumer pays per batch. `decode_records(verify=True)`; and per codec,
+  the crc32c of the batch checked, then `decode_section`. All yield `Record` objects with offsets
+  and timestamps filled in.
+- Each path runs `--rounds` rounds (default 7), the paths alternating inside each round in a
+  rotating order; the best round is reported, as a ratio to `encode_batch` (or `decode_records`)
+  beside it, and the spread (worst / best - 1) so a disturbed run shows itself.
 
 MB = 10^6 bytes of record values (not keys, not framing); records/s are records encoded or
 decoded, Record objects built, per second of one CPU.
@@ -70,7 +75,7 @@ def v2_decoder(codec: rc.Codec) -> Callable[[bytes], list[Record]]:
     return decode
 
 
-def format1_encode(records: list) -> object:
+def client_encode(records: list) -> object:
     return encode_batch(records, timestamp=TS)
 
 
@@ -128,22 +133,21 @@ def main() -> None:
     codecs = [c for c in (native, rc.PYTHON) if c is not None]
     print(f"records codec micro-bench: {code_version()}")
     print(f"native._codec: {'built' if native else 'NOT BUILT (only the Python codec runs)'}")
-    print(f"batches of ~{args.batch_kib} KiB of values; best of {rounds} rounds, codecs alternating\n")
+    print(f"batches of ~{args.batch_kib} KiB of values; best of {rounds} rounds, paths alternating\n")
     rows = []
     for label, size, records in workloads(args.batch_kib * KIB):
         n = len(records)
-        enc = {f"v2 {c.name}": partial(v2_encoder(c), records) for c in codecs}
-        enc["format 1 (HEAD)"] = partial(format1_encode, records)
-        v2_batch = bytes(v2_encoder(codecs[0])(records))
-        f1_batch = encode_batch(records, timestamp=TS)
-        for c in codecs:  # the codecs agree before they are timed
-            assert v2_encoder(c)(records) == v2_batch
-            assert v2_decoder(c)(v2_batch) == decode_records(f1_batch)
-        dec = {f"v2 {c.name}": partial(v2_decoder(c), v2_batch) for c in codecs}
-        dec["format 1 (HEAD)"] = partial(decode_records, f1_batch)
+        batch = encode_batch(records, timestamp=TS)
+        for c in codecs:  # the paths agree before they are timed
+            assert v2_encoder(c)(records) == batch
+            assert v2_decoder(c)(batch) == decode_records(batch)
+        enc = {"encode_batch": partial(client_encode, records)}
+        enc.update({f"section {c.name}": partial(v2_encoder(c), records) for c in codecs})
+        dec = {"decode_records": partial(decode_records, batch)}
+        dec.update({f"section {c.name}": partial(v2_decoder(c), batch) for c in codecs})
         for op, fns in (("encode", enc), ("decode", dec)):
             res = best_of(fns, rounds, min_s)
-            base = res["format 1 (HEAD)"][0]
+            base = res[next(iter(fns))][0]
             for name, (best, worst) in res.items():
                 rows.append(
                     [
@@ -156,7 +160,7 @@ def main() -> None:
                         f"{worst / best - 1:.0%}",
                     ]
                 )
-    table(["workload", "op", "codec", "records/s", "MB/s", "vs format 1", "spread"], rows, labels=3)
+    table(["workload", "op", "path", "records/s", "MB/s", "vs the client's", "spread"], rows, labels=3)
 
 
 if __name__ == "__main__":
