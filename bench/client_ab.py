@@ -1,12 +1,12 @@
 """Our Python client against another checkout's, in the same run: the blocking `Producer`'s rate
 to one partition and spread over several, and the blocking `Consumer`'s read rate.
 
-Run: `.venv/bin/python bench/client_ab.py [--trees A,B] [--rounds N] [--quick]`
-     (default trees: /work/main and this checkout)
+Run: `.venv/bin/python bench/client_ab.py TREE_A TREE_B [--rounds N] [--quick]`: two checkouts,
+     e.g. `git worktree add /tmp/base main` beside this one (not run by `make`)
 
-Each round runs every tree once, in an order rotating per round, each as a fresh subprocess with
-`PYTHONPATH=<tree>` (its broker subprocess too, so both sides import the same code). What one tree
-measures, against a fresh `broker serve` (uvloop) in a temporary directory:
+Each round runs every tree once, in an order rotating per round, each as a fresh subprocess in the
+tree with the tree first on `PYTHONPATH` (its broker subprocess too, so both sides import the same
+code). What one tree measures, against a fresh `broker serve` (uvloop) in a temporary directory:
 - produce: `Producer` (acks=1, linger_ms 5, defaults otherwise) writing N keyless records of
   `--produce-bytes` (200 B, as bench/spark.py) with `partition=i % P` for P = 1 and P = 4 to a
   topic of P partitions, on a broker of `--cores` cores (default 1, and 2 with `--cores 1,2`):
@@ -40,11 +40,12 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
-REPO = HERE.parent.parent
 
 
 def one(args: argparse.Namespace) -> dict[str, float]:
-    """Measure the tree on sys.path (run with PYTHONPATH=<tree>)."""
+    """Measure the tree first on sys.path (run with PYTHONPATH=<tree>:<this checkout>: a tree
+    from before labkit/ starts its broker with this checkout's, and the broker and the client
+    are still the tree's)."""
     from broker.client import Admin, Consumer, Producer
     from labkit.brokerproc import BrokerProcess
 
@@ -159,7 +160,7 @@ async def produce_async(bs: str, values: list[bytes], n: int) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--trees", default=f"/work/main,{REPO}")
+    ap.add_argument("trees", nargs="*", help="checkouts to measure; the ratio is the last over the first")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--cores", default="1", help="broker cores for the produce rows, e.g. 1,2")
     ap.add_argument("--produce-bytes", type=int, default=200)
@@ -178,7 +179,9 @@ def main() -> int:
     if args.one:
         print(json.dumps(one(args)))
         return 0
-    trees = args.trees.split(",")
+    if not args.trees:
+        ap.error("name the checkouts to measure, e.g. a worktree of main and this one")
+    trees = [str(Path(t).resolve()) for t in args.trees]
     results: dict[str, list[dict[str, float]]] = {t: [] for t in trees}
     passthrough = [
         f"--cores={args.cores}",
@@ -191,7 +194,7 @@ def main() -> int:
     for r in range(args.rounds):
         order = trees[r % len(trees) :] + trees[: r % len(trees)]
         for tree in order:
-            env = {**os.environ, "PYTHONPATH": tree}
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join([tree, str(HERE.parent.parent)])}
             proc = subprocess.run(
                 [sys.executable, str(HERE), "--one", *passthrough],
                 env=env,
