@@ -34,7 +34,7 @@ from pathlib import Path
 
 from bpf import kernel
 from broker.client import Admin
-from labkit.netlab import Netns, NsBroker, fastopen_connect
+from labkit.netlab import NS_MEMBERSHIP_PORT, Netns, NsBroker, fastopen_connect
 from ringlog_proto import messages as m
 from ringlog_proto.batch import Record, encode_batch
 from ringlog_proto.frames import NEED_DATA, FrameDecoder, peek_frame_size, set_correlation_id
@@ -129,7 +129,11 @@ def main() -> int:
                 lab, Path(tmp) / "a", Path(tmp) / "a.log", ("--ebpf", "on", "--tcp-fastopen-sysctl")
             ).start(),
             "unsteered (forwarding)": NsBroker(
-                lab, Path(tmp) / "b", Path(tmp) / "b.log", ("--ebpf", "off")
+                lab,
+                Path(tmp) / "b",
+                Path(tmp) / "b.log",
+                ("--ebpf", "off"),
+                membership_port=NS_MEMBERSHIP_PORT + 1,  # the first broker holds the default
             ).start(),
         }
         try:

@@ -135,11 +135,18 @@ class NsBroker(BrokerProcess):
     log as `BrokerProcess` does them; only where it runs differs)."""
 
     def __init__(
-        self, lab: Netns, data_dir: Path, log_path: Path, extra: tuple[str, ...], cores: int = 2
+        self,
+        lab: Netns,
+        data_dir: Path,
+        log_path: Path,
+        extra: tuple[str, ...],
+        cores: int = 2,
+        membership_port: int = NS_MEMBERSHIP_PORT,
     ) -> None:
+        """`membership_port`: another one for each further broker in the same namespace."""
         super().__init__(data_dir, log_path, extra, cores)
         self.lab = lab
-        self.membership_port = NS_MEMBERSHIP_PORT
+        self.membership_port = membership_port
 
     @property
     def host(self) -> str:
