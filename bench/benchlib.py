@@ -1,7 +1,7 @@
 """What the benchmarks share: table printing and the facts every run prints about itself.
 
-Imported by bench/storage.py and bench/e2e.py, which run as scripts from the repository root
-(`python bench/x.py` puts bench/ on sys.path).
+Imported by the scripts of bench/, which run as scripts from the repository root
+(`python bench/x.py` puts bench/ on sys.path): see bench/README.md.
 """
 
 from __future__ import annotations
