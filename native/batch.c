@@ -10,7 +10,7 @@ Rules this module keeps:
 - `encode_values` gives the bytes `ringlog_proto.batch.encode_batch` gives for the same values and
   fields, and None for anything it does not encode (an item that is not `bytes`, no items or more
   than RC_RECORD_COUNT_MAX, a field out of its width): `encode_batch`'s own path then encodes it
-  or raises its error (tests/proto/test_plain_encode.py holds the two against each other).
+  or raises its error (tests/ringlog_proto/test_plain_encode.py holds the two against each other).
 - `encode_framed` gives `head` + what `encode_values` gives, with two big-endian u32 fields of the
   head set (the sizes after one, and of the batch): a produce request's whole frame in one bytes
   object, written in one `write` (a one-record send: ~1.5 us less than the head, the batch and the

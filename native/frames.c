@@ -7,7 +7,7 @@ of it), on every request of both backends, and ~2 us of every response a client 
 
 Rules this module keeps:
 - Each is its Python class's twin, not a variant: the same frames for the same bytes, the
-  same `ProtocolError` messages at the same points, the same bounds (tests/proto checks both
+  same `ProtocolError` messages at the same points, the same bounds (tests/ringlog_proto checks both
   against each other on generated streams). Python's stays the reference and the fallback.
 - The frame layout is ringlog_proto/frames.py's; this module's copies of its constants are
   checked against it when ringlog_proto.frames imports it (a mismatch raises there).

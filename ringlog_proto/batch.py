@@ -28,7 +28,7 @@ Rules this module keeps:
   offsets are checked against this file's when it loads); the encode and decode
   here are the pure-Python codec, used when it is not (and for the rare shapes the C path leaves
   to it: a first record with a timestamp of its own, LogAppendTime batches). Both give the same
-  bytes and the same records and fail on the same batches (tests/proto/test_batch_codecs.py runs
+  bytes and the same records and fail on the same batches (tests/ringlog_proto/test_batch_codecs.py runs
   each). Varints cost a Python branch per field, so the Python encode takes precomputed varints
   from a table, and its decode first matches a record against the previous record's shape
   (`startswith` in C) and parses field by field only when it differs. Records without headers

@@ -1,5 +1,5 @@
 """SWIM (broker/cluster/swim.py) in the seeded simulator (labkit/swimsim.py): virtual time, no sockets.
-The packet codec alone: tests/proto/test_membership_codec.py."""
+The packet codec alone: tests/ringlog_proto/test_membership_codec.py."""
 
 from __future__ import annotations
 
@@ -345,7 +345,8 @@ def test_a_rotation_accepts_both_keys_and_signs_with_the_first() -> None:
 
 
 # Mutated valid packets: decode raises MalformedPacket (or its Unauthenticated) and nothing else;
-# a node fed them neither raises nor changes its view (random bytes: tests/proto/test_membership_codec.py).
+# a node fed them neither raises nor changes its view (random bytes:
+# tests/ringlog_proto/test_membership_codec.py).
 _VALID = [
     wire.encode(
         wire.Packet(

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 import pytest
-from server.test_disk_full import fill, free_bytes, small_disk  # noqa: F401 - a fixture
+from integration.test_disk_full import fill, free_bytes, small_disk  # noqa: F401 - a fixture
 from storage.test_faults import Fault, FaultyIO, active_store, reopen_plain
 
 from broker.storage.diskspace import DiskSpace, is_out_of_space

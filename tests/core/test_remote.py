@@ -1,7 +1,7 @@
 """RemoteLinks without I/O (broker/core/remote.py): which link carries a request, the back-off
 after a failed link and its reset, deadlines of waiting and sent requests, shutdown, and the SASL
 login that runs first on every new link (against scramp's SCRAM server). The links
-over real sockets, on both backends, are tests/server/test_remote_links.py."""
+over real sockets, on both backends, are tests/backends/test_remote_links.py."""
 
 from __future__ import annotations
 
