@@ -40,7 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import cast
 
 from broker.backends.blocking import Post
-from broker.backends.shared import BackendCore, PeerStream, ServedConnection, tune_malloc
+from broker.backends.shared import BackendCore, GatherPart, PeerStream, ServedConnection, tune_malloc
 from broker.core.config import BrokerConfig
 from broker.core.limits import REMOTE_CONNECT_TIMEOUT_S
 from broker.core.remote import address_label
@@ -192,7 +192,7 @@ class Server(BackendCore):
             return
         done(None)
 
-    def appends_now(self, ops: Sequence[Op], conn: ServedConnection) -> bool:
+    def appends_now(self, ops: Sequence[Op], conn: ServedConnection | GatherPart | None) -> bool:
         return True  # every store write is a pwritev on the loop (`run_ops`)
 
     def run_flush(

@@ -83,6 +83,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, assert_never
 
 from broker.backends.blocking import BlockingPool, Post
+from broker.core.acks import Waits
 from broker.core.blocking import BlockingCallAbandoned
 from broker.core.config import BrokerConfig
 from broker.core.core import Core
@@ -92,6 +93,7 @@ from broker.core.metrics import publish
 from broker.core.outcomes import (
     Append,
     Durable,
+    FollowerAppend,
     Forward,
     Gather,
     Later,
@@ -123,7 +125,7 @@ from ringlog_proto.frames import (
     frame_decoder,
     starts_like_frame,
 )
-from ringlog_proto.messages import Acks, ApiKey, peek_fetch_max_bytes
+from ringlog_proto.messages import ApiKey, peek_fetch_max_bytes
 from ringlog_proto.sasl import SaslLogin
 
 if TYPE_CHECKING:
@@ -364,25 +366,6 @@ class GatherPart:
 
     def fill(self, slot: Slot, outcome: Reply | Silent) -> None:
         self._done(slot)
-
-
-class _Internal:
-    """The connection of an outcome carried out for the broker itself (a follower's append):
-    its answer only says it is done."""
-
-    __slots__ = ("_done",)
-    closed = False
-    from_peer = True
-
-    def __init__(self, done: Callable[[], None]) -> None:
-        self._done = done
-
-    @staticmethod
-    def taken_all() -> bool:
-        return True  # nothing of the broker's own follows it
-
-    def fill(self, slot: Slot, outcome: Reply | Silent) -> None:
-        self._done()
 
 
 class Cancellable(Protocol):
@@ -651,7 +634,9 @@ class AppendInFlight:
     __slots__ = ("done", "error", "outcome", "running")
 
     def __init__(
-        self, outcome: Append, done: Callable[[Reply | Silent | None, BaseException | None], None]
+        self,
+        outcome: Append | FollowerAppend,
+        done: Callable[[Reply | Silent | None, BaseException | None], None],
     ) -> None:
         self.outcome = outcome
         self.done = done
@@ -778,11 +763,12 @@ class BackendCore:
         """Execute storage operations in order (fileio.py's meaning); `done(None)` or `done(error)`."""
         raise NotImplementedError
 
-    def appends_now(self, ops: Sequence[Op], conn: ServedConnection) -> bool:
+    def appends_now(self, ops: Sequence[Op], conn: ServedConnection | GatherPart | None) -> bool:
         """Whether the backend would run these append operations on the loop, synchronously:
         then an append to a partition with none in flight is written, made visible and answered
         at once (`run_ops_now`) instead of through `run_append`. `conn` is the connection whose
-        request it is (a backend that gathers appends may wait for the rest of its bytes)."""
+        request it is (a backend that gathers appends may wait for the rest of its bytes); None
+        for the broker's own (a follower's copy), which nothing follows."""
         return False
 
     def run_ops_now(self, ops: Sequence[Op]) -> OSError | None:
@@ -921,7 +907,7 @@ class BackendCore:
             case Reply() | Silent():
                 conn.fill(slot, outcome)
             case Append():
-                self._append(outcome, conn, slot)
+                self._append(outcome, lambda reply: conn.fill(slot, reply), conn)
             case Read():
                 # The extent is at least one whole batch, which may be more than the fetch's
                 # max_bytes: counted before the buffer for it is allocated.
@@ -1104,9 +1090,16 @@ class BackendCore:
         if work.idle() and self._work.get(partition) is work:
             del self._work[partition]
 
-    def _append(self, outcome: Append, conn: ServedConnection, slot: Slot) -> None:
-        """Run the append's operations; once it is visible, reply (acks=durable: after a flush;
-        acks=all: once the high watermark passes it, or after a flush when not replicated)."""
+    def _append(
+        self,
+        outcome: Append | FollowerAppend,
+        deliver: Callable[[Reply | Silent], None],
+        conn: ServedConnection | GatherPart | None,
+    ) -> None:
+        """Run the append's operations; once it is visible, `deliver` the reply when what it
+        waits for (`outcome.waits`, decided by the partition) has happened: the write, a flush,
+        or the high watermark passing it. `conn`: the client connection it answers (None: the
+        broker's own append, a follower's copy)."""
         partition = outcome.partition
         pending = outcome.pending
         work = self._work.get(partition)
@@ -1118,28 +1111,28 @@ class BackendCore:
             if exc is not None:
                 log.error("append to %s failed: %s", pending.segment.store_path, exc)
                 partition.log.abort_append(pending)
-                self._answer_append(outcome, conn, slot, None, exc)
+                self._answer_append(outcome, deliver, None, exc)
                 return
-            if outcome.acks in (Acks.WRITTEN, Acks.NONE) and not conn.from_peer:
+            if outcome.waits is Waits.WRITE and conn is not None and not conn.from_peer:
                 # A client's acks=0/1 append waits for nothing more: answer first, then publish
                 # (`Append`), in this pass. The client's wait is shorter by the publishing, and
                 # its next request often finds the worker still awake (one-record produce on
                 # io_uring, 5 alternated rounds: p50 124-152 -> 90-150 us). A follower's append
-                # (from_peer) keeps the order: what it does next reads the log end publishing moves.
-                self._answer_then_publish(outcome, conn, slot)
+                # (conn None) keeps the order: what it does next reads the log end publishing moves.
+                self._answer_then_publish(outcome, deliver)
                 return
             try:
                 reply = outcome.complete()
             except Exception as exc:  # the log refused to complete: an error reply
-                self._answer_append(outcome, conn, slot, None, exc)
+                self._answer_append(outcome, deliver, None, exc)
                 return
             # the last request of what was received: its flush (acks=durable) starts now
             last = isinstance(conn, ServedConnection) and conn.taken_all()
-            self._answer_append(outcome, conn, slot, reply, None, flush_now=last)
+            self._answer_append(outcome, deliver, reply, None, flush_now=last)
             return
 
         def done(reply: Reply | Silent | None, exc: BaseException | None) -> None:
-            self._answer_append(outcome, conn, slot, reply, exc)
+            self._answer_append(outcome, deliver, reply, exc)
 
         work = self._work_of(partition)
         entry = AppendInFlight(outcome, done)
@@ -1157,7 +1150,9 @@ class BackendCore:
 
         self.run_append(partition, outcome.pending.ops, written)
 
-    def _answer_then_publish(self, outcome: Append, conn: ServedConnection, slot: Slot) -> None:
+    def _answer_then_publish(
+        self, outcome: Append | FollowerAppend, deliver: Callable[[Reply | Silent], None]
+    ) -> None:
         """Answer a written acks=0/1 append, then publish it: whatever becomes of the answer (a
         reply that cannot be built is a bug, answered as an error), the written batches are
         published, as the order of the log's appends requires."""
@@ -1168,9 +1163,9 @@ class BackendCore:
             reply, failure = None, exc
         try:
             if failure is None:  # acks=0/1: what `_answer_append` does, without its call
-                conn.fill(slot, reply)  # type: ignore[arg-type]
+                deliver(reply)  # type: ignore[arg-type]
             else:
-                self._answer_append(outcome, conn, slot, None, failure)
+                self._answer_append(outcome, deliver, None, failure)
         finally:
             try:
                 outcome.publish()
@@ -1180,42 +1175,43 @@ class BackendCore:
 
     def _answer_append(
         self,
-        outcome: Append,
-        conn: ServedConnection,
-        slot: Slot,
+        outcome: Append | FollowerAppend,
+        deliver: Callable[[Reply | Silent], None],
         reply: Reply | Silent | None,
         exc: BaseException | None,
         flush_now: bool = False,
     ) -> None:
-        """An append is visible (`reply`) or failed (`exc`): answer as its acks say (`flush_now`:
-        see `after_flush`)."""
+        """An append is visible (`reply`) or failed (`exc`): deliver the answer once what it
+        waits for has happened (`flush_now`: see `after_flush`). Nothing here decides what that
+        is: the partition did (`Partition.waits_for`)."""
         if exc is not None:
-            conn.fill(slot, outcome.fail(exc))
+            deliver(outcome.fail(exc))
             return
         assert reply is not None
-        acks = outcome.acks
-        if acks in (Acks.WRITTEN, Acks.NONE):
-            conn.fill(slot, reply)
-        elif acks == Acks.ALL and outcome.partition.replica is not None:
-            # replicated acks=all: answered once the high watermark passes the batches
-            outcome.partition.after_replicated(
-                outcome.pending.next_offset,
-                lambda: conn.fill(slot, reply),
-                lambda e: conn.fill(slot, outcome.fail(e)),
-            )
-        else:  # acks=durable, and acks=all of a partition that is not replicated
-            self.after_flush(
-                outcome.partition,
-                lambda: conn.fill(slot, reply),
-                lambda e: conn.fill(slot, outcome.fail(e)),
-                flush_now,
-            )
+        match outcome.waits:
+            case Waits.WRITE:
+                deliver(reply)
+            case Waits.HIGH_WATERMARK:
+                outcome.partition.after_replicated(
+                    outcome.pending.next_offset,
+                    lambda: deliver(reply),
+                    lambda e: deliver(outcome.fail(e)),
+                )
+            case Waits.FLUSH:
+                self.after_flush(
+                    outcome.partition,
+                    lambda: deliver(reply),
+                    lambda e: deliver(outcome.fail(e)),
+                    flush_now,
+                )
+            case _:
+                assert_never(outcome.waits)
 
-    def run_replica_append(self, outcome: Append, done: Callable[[], None]) -> None:
-        """Carry out an `Append` no client waits for: a follower's copy of its leader's batches
-        (broker/core/replica_fetcher.py), in order with the partition's other appends; `done()`
-        once it completed or failed (its own callbacks said which)."""
-        self._append(outcome, _Internal(done), Slot(time.monotonic_ns()))  # type: ignore[arg-type]
+    def run_replica_append(self, outcome: FollowerAppend, done: Callable[[], None]) -> None:
+        """Carry out a follower's copy of its leader's batches (broker/core/replica_fetcher.py),
+        in order with the partition's other appends; `done()` once it completed or failed (its
+        own callbacks said which). No client waits for it, so nothing is answered."""
+        self._append(outcome, lambda _answer: done(), None)
 
     def _advance_appends(self, partition: Partition, work: PartitionWork) -> None:
         """Make finished appends visible in prepare order; undo from the first failed one, once

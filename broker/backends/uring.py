@@ -59,7 +59,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from broker.backends.blocking import Post
-from broker.backends.shared import BackendCore, PeerStream, ServedConnection, tune_malloc
+from broker.backends.shared import BackendCore, GatherPart, PeerStream, ServedConnection, tune_malloc
 from broker.backends.uring_loop import Loop, Timer, ignore
 from broker.backends.uring_options import SyncPlacement, UringOptions
 from broker.core.config import BrokerConfig
@@ -860,7 +860,7 @@ class UringServer(BackendCore):
     def io_pending(self) -> int:
         return self.loop.pending_ops
 
-    def appends_now(self, ops: Sequence[Op], conn: ServedConnection) -> bool:
+    def appends_now(self, ops: Sequence[Op], conn: ServedConnection | GatherPart | None) -> bool:
         """`--append-writes inline`, or "auto" and a lone store write it would copy on the loop
         anyway (what `_submit_write_run` does with a run of one) that is the last request of
         what its connection sent: one that more of the received bytes follow waits for the end
@@ -874,7 +874,7 @@ class UringServer(BackendCore):
             len(ops) == 1
             and isinstance(op := ops[0], Write)
             and op.length <= self.inline_write_max
-            and conn.taken_all()
+            and (conn is None or conn.taken_all())
         )
 
     def run_append(self, partition: Partition, ops: Sequence[Op], done: Written) -> None:

@@ -21,9 +21,10 @@ Rules this module keeps:
   other core: the deleting core answers its client only after every peer closed the topic's
   partitions (or the notice timed out), so once a deletion is answered no live core accepts
   produce for it. The deleting core removes the files last.
-- What an acknowledged produce waits for is decided here, once (`stored_reply` for a retry of
-  stored batches; the `Append` a partition's produce becomes carries its acks), and the backend
-  only carries it out.
+- What an acknowledged produce waits for is decided by its partition, once
+  (`Partition.waits_for`, from the produce's acks): the `Append` a produce becomes carries it
+  (`Waits`), and so does a retry of stored batches (`stored_reply`); the backend only carries it
+  out.
 - A full disk refuses writes, never reads (broker/storage/diskspace.py): a produce (through the
   partition, after its retry check: a retry of stored batches is still answered), a topic
   creation and an offset commit ask `space.check_writable()` first and get OUT_OF_SPACE
@@ -39,6 +40,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+from broker.core.acks import Waits
 from broker.core.blocking import RunBlocking, no_threads
 from broker.core.cluster_view import ClusterView, ViewFile
 from broker.core.config import BrokerConfig
@@ -472,11 +474,13 @@ class Core:
 
     @staticmethod
     def stored_reply(
-        p: Partition, acks: int, stored: Stored, reply: Reply, fail: Callable[[BaseException], Reply]
+        p: Partition, stored: Stored, reply: Reply, fail: Callable[[BaseException], Reply]
     ) -> Outcome:
-        """The answer to a retry of stored batches: at once, after a flush (acks=durable, or
-        acks=all unreplicated) or once the high watermark passes them (acks=all replicated)."""
-        if acks == m.Acks.ALL and p.replica is not None:
+        """The answer to a retry of stored batches, as its acks say (`stored.waits`, decided by
+        the partition): at once, after a flush unless already durable, or once the high
+        watermark passes them."""
+        waits = stored.waits
+        if waits is Waits.HIGH_WATERMARK:
             if stored.end_offset <= p.high_watermark:
                 return reply
 
@@ -484,7 +488,7 @@ class Core:
                 p.after_replicated(stored.end_offset, lambda: answer(reply), lambda exc: answer(fail(exc)))
 
             return Later(start)
-        if acks in (m.Acks.DURABLE, m.Acks.ALL) and not stored.durable:
+        if waits is Waits.FLUSH and not stored.durable:
             return Durable(p, reply, fail)
         return reply
 

@@ -22,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from broker.core.acks import Waits
+
 if TYPE_CHECKING:
     from broker.core.partition import Partition
     from broker.storage.log import PendingAppend
@@ -56,7 +58,7 @@ class Append:
 
     partition: Partition
     pending: PendingAppend
-    acks: int
+    waits: Waits  # what the reply waits for after the write (the partition decided it)
     publish: Callable[[], object]
     answer: Callable[[], Reply | Silent]
     fail: Callable[[BaseException], Reply | Silent]
@@ -64,6 +66,27 @@ class Append:
     def complete(self) -> Reply | Silent:
         self.publish()
         return self.answer()
+
+
+@dataclass(slots=True)
+class FollowerAppend:
+    """A follower's copy of its leader's batches (broker/core/replica_fetcher.py): run
+    `pending.ops` in order with the partition's other appends, then `complete()` (which
+    publishes) or `fail(exc)`. No client waits for it: it is not an `Outcome` a request returns
+    but the broker's own work, carried out by `run_replica_append`, whose `done()` says it ended."""
+
+    partition: Partition
+    pending: PendingAppend
+    publish: Callable[[], object]
+    waits: Waits = Waits.WRITE  # nothing after the write: the leader's high watermark decides
+
+    def complete(self) -> Silent:
+        self.publish()
+        return Silent()
+
+    @staticmethod
+    def fail(exc: BaseException) -> Silent:
+        return Silent()  # the fetcher learns of it from the log (nothing was made visible)
 
 
 @dataclass(slots=True)

@@ -42,6 +42,7 @@ from collections.abc import Callable, Iterator
 from enum import Enum
 from typing import NamedTuple
 
+from broker.core.acks import Waits
 from broker.core.producer_state import PredecessorPendingError, ProducerState, SequenceGapError
 from broker.core.replication import (
     DEFAULT_MIN_INSYNC,
@@ -59,6 +60,7 @@ from broker.storage.fileio import FileIO
 from broker.storage.log import Log, LogConfig, PendingAppend
 from broker.storage.segment import Extent
 from ringlog_proto.batch import BatchHeader, now_ms
+from ringlog_proto.messages import Acks
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +78,7 @@ class Stored(NamedTuple):
     end_offset: int  # one past the last record: the next offset to be assigned after them
     log_start_offset: int
     durable: bool  # fsynced already (end_offset <= the log's durable offset)
+    waits: Waits = Waits.WRITE  # what the answer to this produce waits for (`Partition.produce`)
 
 
 # `list_offset` specs, the same numbers in both protocols; a spec >= 0 is a timestamp (ms)
@@ -137,11 +140,12 @@ class PendingRead:
 class PendingProduce:
     """A produce whose append is prepared: run `pending.ops`, then `complete()` or `fail()`."""
 
-    __slots__ = ("_partition", "pending")
+    __slots__ = ("_partition", "pending", "waits")
 
-    def __init__(self, partition: Partition, pending: PendingAppend) -> None:
+    def __init__(self, partition: Partition, pending: PendingAppend, waits: Waits) -> None:
         self._partition = partition
         self.pending = pending
+        self.waits = waits  # what the reply waits for once the writes are visible
 
     def complete(self) -> None:
         """The writes all succeeded: make the batches visible, remember their sequences, wake
@@ -169,7 +173,9 @@ class PendingProduce:
         offset."""
         log_ = self._partition.log
         end = self.pending.next_offset
-        return Stored(self.pending.base_offset, end, log_.start_offset, log_.durable_offset >= end)
+        return Stored(
+            self.pending.base_offset, end, log_.start_offset, log_.durable_offset >= end, self.waits
+        )
 
     def fail(self) -> None:
         """The append failed or was undone (`Log.abort_append`): its sequences are free again."""
@@ -256,9 +262,13 @@ class Partition:
 
     # ------------------------------------------------------------------------- produce
 
-    def produce(self, records: bytes | memoryview, space: DiskSpace) -> Stored | PendingProduce:
+    def produce(
+        self, records: bytes | memoryview, space: DiskSpace, acks: int = Acks.WRITTEN
+    ) -> Stored | PendingProduce:
         """Store `records` (one or more whole batches), in two phases: `Stored` when they are a
         producer's retry of batches already stored (nothing to write), else the prepared append.
+        Either carries what its answer waits for (`waits_for(acks)`), which the caller's backend
+        carries out.
 
         Raises what refuses the produce, with nothing changed: the log's validation errors,
         `SequenceError` / `RetryInFlightError` (broker/core/producer_state.py; a gap in the first
@@ -270,6 +280,7 @@ class Partition:
         log_ = self.log
         if self.replica is not None:
             self.check_leader()
+        waits = self.waits_for(acks)
         headers = log_.validate(records)
         try:
             duplicate_of = self.producers.check(headers)
@@ -282,11 +293,27 @@ class Partition:
         if duplicate_of is not None:
             log_.check_usable()
             end = duplicate_of + sum(h.record_count for h in headers)
-            return Stored(duplicate_of, end, log_.start_offset, log_.durable_offset >= end)
+            return Stored(duplicate_of, end, log_.start_offset, log_.durable_offset >= end, waits)
         space.check_writable()
         pending = log_.prepare_append(records, headers, self.leader_epoch)
         self.producers.reserve(pending.headers)
-        return PendingProduce(self, pending)
+        return PendingProduce(self, pending, waits)
+
+    def waits_for(self, acks: int) -> Waits:
+        """The acks rule, in one place (docs/CLUSTER.md, "What each acks guarantees"): 0 and 1
+        are answered once written; durable (2) after a flush; all (-1) after a flush when this
+        partition is kept in one copy, else once the high watermark passes the batches, which
+        durable becomes too (a replicated partition's durability is its in-sync copies). Such a
+        produce with fewer in-sync replicas than `min_insync` is refused before anything is
+        written (`NotEnoughReplicasError`), as Kafka refuses it."""
+        if acks in (Acks.NONE, Acks.WRITTEN):
+            return Waits.WRITE
+        if acks not in (Acks.DURABLE, Acks.ALL):
+            raise ValueError(f"acks must be 0, 1, 2 or -1, not {acks}")
+        if self.replica is None:
+            return Waits.FLUSH
+        self.check_replicas()
+        return Waits.HIGH_WATERMARK
 
     # ------------------------------------------------------------------------- reads
 

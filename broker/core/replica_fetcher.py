@@ -10,7 +10,7 @@ Rules this module keeps:
   (retention deleted what it still needs) starts the follower's log over, empty, there
   (`Partition.restart_at`); a diverging epoch (KIP-320) truncates to the smaller of the leader's end
   for that epoch and the follower's own (`Partition.truncate_diverged`, synchronous: a cold
-  path); records become `Append` outcomes, one per segment they fill, carried out by the caller
+  path); records become `FollowerAppend`s, one per segment they fill, carried out by the caller
   in order (`Partition.append_replica`: offsets and epochs as the leader wrote them); the
   leader's high watermark is taken as far as the local log reaches. An error backs the
   partition off, doubling from 100 ms to 5 s; a good answer resets it.
@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from broker.core.outcomes import Append, Silent
+from broker.core.outcomes import FollowerAppend
 from broker.core.partition import Partition, PendingReplicaAppend
 from broker.core.replication import FollowerState
 from ringlog_proto import messages as m
@@ -30,10 +30,10 @@ BACKOFF_MIN_MS = 100
 BACKOFF_MAX_MS = 5_000
 
 
-def append_outcomes(partition: Partition, records: bytes, leader_hw: int) -> list[Append]:
-    """`Partition.append_replica` as `Append` outcomes (acks=1, answered Silent): the caller
-    runs each one's ops and calls `complete()` or `fail(exc)` in order (the backend's `_append`
-    does both); each completed one takes the leader's HW as far as the log reaches."""
+def append_outcomes(partition: Partition, records: bytes, leader_hw: int) -> list[FollowerAppend]:
+    """`Partition.append_replica` as `FollowerAppend`s: the backend runs each one's ops and
+    completes or fails them in order (`run_replica_append`); each completed one takes the
+    leader's HW as far as the log reaches."""
     outcomes = []
     for pending in partition.append_replica(records):
 
@@ -41,10 +41,7 @@ def append_outcomes(partition: Partition, records: bytes, leader_hw: int) -> lis
             pending.complete()
             partition.follower_high_watermark(leader_hw)
 
-        def fail(exc: BaseException) -> Silent:
-            return Silent()
-
-        outcomes.append(Append(partition, pending.pending, m.Acks.WRITTEN, publish, Silent, fail))
+        outcomes.append(FollowerAppend(partition, pending.pending, publish))
     return outcomes
 
 
@@ -58,10 +55,10 @@ class _Fetched:
 
 @dataclass(slots=True)
 class Applied:
-    """What applying one ReplicaFetch response did: the appends to carry out (each an `Append`
+    """What applying one ReplicaFetch response did: the appends to carry out (each a `FollowerAppend`
     outcome: run its ops, then `complete()` or `fail(exc)`), the partitions truncated, errors."""
 
-    appends: list[Append] = field(default_factory=list)
+    appends: list[FollowerAppend] = field(default_factory=list)
     truncated: dict[tuple[int, int], int] = field(default_factory=dict)  # key -> new log end
     # the leader's error code, or what refused the records here (handlers.error_of maps it)
     errors: dict[tuple[int, int], m.ErrorCode | BaseException] = field(default_factory=dict)

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final, Protocol
 
 from broker.core.cluster_view import ClusterView, ViewFile
-from broker.core.outcomes import Append
+from broker.core.outcomes import FollowerAppend
 from broker.core.replica_fetcher import ReplicaFetcher
 from broker.core.replication import LeaderState, NotLeaderError
 from broker.core.topics import TopicError
@@ -59,7 +59,7 @@ class Loop(Protocol):
 
     def call_later(self, delay_s: float, callback: Callable[[], None]) -> object: ...
 
-    def run_replica_append(self, outcome: Append, done: Callable[[], None]) -> None: ...
+    def run_replica_append(self, outcome: FollowerAppend, done: Callable[[], None]) -> None: ...
 
     def run_blocking(self, fn: Callable[[], object], done: Callable[[object], None]) -> None: ...
 

@@ -104,7 +104,7 @@ def produce(ctx: Context, request: KafkaRequest, body: Any) -> Outcome:
             one.fail(exc)
             return finish()
 
-        return Append(one.partition, one.pending, one.acks, one.publish, answer, fail)
+        return Append(one.partition, one.pending, one.waits, one.publish, answer, fail)
     return Gather(parts, finish)
 
 
@@ -124,12 +124,10 @@ def _produce_partition(
         return None
     if not records:
         raise ValueError("a produce without records")
-    if acks == Acks.ALL and target.replica is not None:
-        target.check_replicas()
-    produced = target.produce(bytes(records), ctx.core.space)
+    produced = target.produce(bytes(records), ctx.core.space, acks)
     if isinstance(produced, Stored):  # a retry of batches already stored
         reply = stored(key, produced)
-        waiting = ctx.core.stored_reply(target, acks, produced, reply, lambda exc: refused(key, exc))
+        waiting = ctx.core.stored_reply(target, produced, reply, lambda exc: refused(key, exc))
         return None if waiting is reply else waiting
 
     def answer() -> Reply:
@@ -141,7 +139,7 @@ def _produce_partition(
             ctx.core.space.saw_full(exc)
         return refused(key, exc)
 
-    return Append(target, produced.pending, acks, produced.complete, answer, fail)
+    return Append(target, produced.pending, produced.waits, produced.complete, answer, fail)
 
 
 def produce_refused(ctx: Context, request: KafkaRequest) -> Outcome:

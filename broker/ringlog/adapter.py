@@ -299,13 +299,8 @@ class RinglogAdapter:
         if req.acks not in (m.Acks.NONE, m.Acks.WRITTEN, m.Acks.DURABLE, m.Acks.ALL):
             raise ValueError(f"acks must be 0, 1, 2 or -1, not {req.acks}")
         p = self.core.partition(frame.topic_id, frame.partition)
-        acks = req.acks
-        if p.replica is not None and acks == m.Acks.DURABLE:
-            acks = m.Acks.ALL  # a replicated partition's durability is its in-sync copies (CLUSTER.md)
-        if acks == m.Acks.ALL and p.replica is not None:
-            p.check_replicas()
         try:
-            produced = p.produce(req.records, self.core.space)
+            produced = p.produce(req.records, self.core.space, req.acks)
         except OutOfSpaceError:
             if req.acks == m.Acks.NONE:
                 return Silent()  # acks=0 gets no answer, not even this one (docs/PROTOCOL.md)
@@ -317,7 +312,7 @@ class RinglogAdapter:
             if req.acks == m.Acks.NONE:
                 return Silent()
             reply = self._produced(frame, produced)
-            return self.core.stored_reply(p, acks, produced, reply, lambda exc: self.error_reply(frame, exc))
+            return self.core.stored_reply(p, produced, reply, lambda exc: self.error_reply(frame, exc))
 
         def answer() -> Reply | Silent:
             if req.acks == m.Acks.NONE:
@@ -332,7 +327,7 @@ class RinglogAdapter:
                 return Silent()
             return self.error_reply(frame, exc)
 
-        return Append(p, produced.pending, acks, produced.complete, answer, fail)
+        return Append(p, produced.pending, produced.waits, produced.complete, answer, fail)
 
     def _produced(self, frame: Frame, stored: Stored) -> Reply:
         return Reply(

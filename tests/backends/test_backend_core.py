@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from broker.backends.shared import BackendCore, Slot
+from broker.core.acks import Waits
 from broker.core.config import BrokerConfig
 from broker.core.outcomes import Append, Reply
 from broker.core.partition import Partition
@@ -112,12 +113,12 @@ def test_a_replicated_acks_all_append_is_answered_when_the_high_watermark_passes
     p.become_leader(1, (1, 2), (1, 2), node_id=1, now=0)
     conn = FakeConn()
     for acks in (Acks.ALL, Acks.WRITTEN):
-        produced = p.produce(encode_batch([b"x"]), DiskSpace(str(tmp_path), 0))
+        produced = p.produce(encode_batch([b"x"]), DiskSpace(str(tmp_path), 0), acks)
         reply = Reply([b"%d" % acks])
         append = Append(
             p,
             produced.pending,
-            acks,
+            produced.waits,
             produced.complete,  # type: ignore[union-attr]
             lambda r=reply: r,
             lambda exc: Reply([b"fail"]),
@@ -187,8 +188,8 @@ def test_an_append_answered_before_it_is_published_is_published_whatever_its_ans
         return Reply([f"failed: {exc}".encode()])
 
     conn = FakeConn()
-    append = Append(None, None, Acks.WRITTEN, lambda: published.append(1), broken_answer, fail)  # type: ignore[arg-type]
-    core._answer_then_publish(append, conn, Slot(0))  # type: ignore[arg-type]
+    append = Append(None, None, Waits.WRITE, lambda: published.append(1), broken_answer, fail)  # type: ignore[arg-type]
+    core._answer_then_publish(append, lambda reply: conn.fill(Slot(0), reply))
     assert published == [1], "the written batches are published though the reply could not be built"
     assert [r.buffers for r in conn.filled] == [[b"failed: no reply"]]  # type: ignore[attr-defined]
 
@@ -197,6 +198,6 @@ def test_an_append_answered_before_it_is_published_is_published_whatever_its_ans
 
     conn = FakeConn()
     pending = SimpleNamespace(segment=SimpleNamespace(store_path="p/00.log"))
-    append = Append(None, pending, Acks.WRITTEN, refused_publish, lambda: Reply([b"ok"]), fail)  # type: ignore[arg-type]
-    core._answer_then_publish(append, conn, Slot(0))  # type: ignore[arg-type]
+    append = Append(None, pending, Waits.WRITE, refused_publish, lambda: Reply([b"ok"]), fail)  # type: ignore[arg-type]
+    core._answer_then_publish(append, lambda reply: conn.fill(Slot(0), reply))
     assert [r.buffers for r in conn.filled] == [[b"ok"]]  # answered; the refusal is logged

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from broker.core.acks import Waits
 from broker.core.partition import (
     EARLIEST,
     LATEST,
@@ -24,6 +25,7 @@ from broker.storage.errors import OffsetOutOfRangeError
 from broker.storage.fileio import SyncFileIO, run_ops
 from broker.storage.log import LogConfig
 from ringlog_proto.batch import BatchHeader, encode_batch, iter_batches, read_header
+from ringlog_proto.messages import Acks
 
 IO = SyncFileIO()
 SMALL = LogConfig(segment_bytes=400, max_batch_bytes=400)  # a few batches per segment
@@ -360,3 +362,48 @@ def test_list_offset_answers_latest_earliest_and_a_timestamp(tmp_path: Path, spa
     with pytest.raises(ValueError, match="offset spec -3"):
         p.list_offset(-3)
     p.close()
+
+
+# ----------------------------------------------------------------------------- the acks rule
+
+
+def produced_(p: Partition, space: DiskSpace, acks: int) -> PendingProduce:
+    out = p.produce(batch(1), space, acks)
+    assert isinstance(out, PendingProduce)
+    run_ops(IO, out.pending.ops)
+    out.complete()
+    return out
+
+
+def test_the_partition_decides_what_a_produce_waits_for(tmp_path: Path, space: DiskSpace) -> None:
+    """One place says what each acks waits for (docs/CLUSTER.md): the backends only carry it
+    out. One copy: 0 and 1 the write, durable and all a flush. Replicated: durable and all the
+    high watermark, refused before anything is written when too few replicas are in sync."""
+    alone = Partition(1, 0, str(tmp_path / "alone"), SMALL)
+    assert [alone.waits_for(a) for a in (Acks.NONE, Acks.WRITTEN, Acks.DURABLE, Acks.ALL)] == [
+        Waits.WRITE,
+        Waits.WRITE,
+        Waits.FLUSH,
+        Waits.FLUSH,
+    ]
+    with pytest.raises(ValueError, match="acks must be"):
+        alone.waits_for(3)
+    leader, _ = leader_and_follower(tmp_path)
+    assert [leader.waits_for(a) for a in (Acks.WRITTEN, Acks.DURABLE, Acks.ALL)] == [
+        Waits.WRITE,
+        Waits.HIGH_WATERMARK,
+        Waits.HIGH_WATERMARK,
+    ]
+    produced = leader.produce(batch(1), space, Acks.ALL)
+    assert isinstance(produced, PendingProduce) and produced.waits is Waits.HIGH_WATERMARK
+    assert produced.stored().waits is Waits.HIGH_WATERMARK, "a retry of it waits for the same"
+    run_ops(IO, produced.pending.ops)
+    produced.complete()
+    leader.become_leader(1, (1, 2), (1,), node_id=1, now=0)  # the follower left the ISR: 1 < min 2
+    leader.replica.min_insync = 2  # type: ignore[union-attr]
+    for acks in (Acks.DURABLE, Acks.ALL):
+        with pytest.raises(NotEnoughReplicasError):
+            leader.produce(batch(1), space, acks)
+    assert produced_(leader, space, Acks.WRITTEN).waits is Waits.WRITE
+    alone.close()
+    leader.close()

@@ -11,6 +11,7 @@ import pytest
 from kio.schema.errors import ErrorCode
 
 from broker.core import partition as partition_module
+from broker.core.acks import Waits
 from broker.core.config import BrokerConfig
 from broker.core.core import Core
 from broker.core.outcomes import Append, Gather, Later, Outcome, Read, Reply, Silent, Wait
@@ -52,7 +53,7 @@ def carry_out(outcome: Outcome, answers: list[Reply]) -> Wait | None:
             run_ops(IO, outcome.pending.ops)
             reply = outcome.complete()
             p = outcome.partition
-            if outcome.acks == m.Acks.ALL and p.replica is not None:
+            if outcome.waits is Waits.HIGH_WATERMARK:
                 p.after_replicated(
                     outcome.pending.next_offset,
                     lambda: answers.append(reply),  # type: ignore[arg-type]
