@@ -41,7 +41,7 @@ from broker.cluster.store import (
     mod_revision_is,
 )
 from broker.core.cluster_view import PartitionState
-from broker.core.topics import Topic, TopicError, TopicRegistry
+from broker.core.topics import Topic, TopicError, TopicFault, TopicRegistry
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ class ClusterAdmin:
                 result = None
             if result is not None and not result.succeeded:
                 if self.store.get(k.topic(name)) is not None:
-                    raise TopicError("exists", f"topic {name!r} already exists")
+                    raise TopicError(TopicFault.EXISTS, f"topic {name!r} already exists")
                 continue  # another topic took the id: read the counter again
             self.write_partitions(topic, replication, nodes)
             log.info(
@@ -119,7 +119,7 @@ class ClusterAdmin:
                 replication,
             )
             return topic
-        raise TopicError("limit", f"topic {name!r}: too many concurrent topic creations, try again")
+        raise TopicError(TopicFault.LIMIT, f"topic {name!r}: too many concurrent topic creations, try again")
 
     def write_partitions(self, topic: Topic, replication: int, nodes: Sequence[Candidate]) -> int:
         """The first state of each partition of `topic` that has none yet. Returns how many written."""
@@ -143,7 +143,7 @@ class ClusterAdmin:
         k = self.keys
         kv = self.store.get(k.topic(name))
         if kv is None:
-            raise TopicError("unknown", f"unknown topic {name!r}")
+            raise TopicError(TopicFault.UNKNOWN, f"unknown topic {name!r}")
         topic = TopicRecord.decode(kv.value).topic
         self.store.txn(
             [mod_revision_is(k.topic(name), kv.mod_revision)],

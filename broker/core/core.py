@@ -52,7 +52,7 @@ from broker.core.partition import Partition, Stored
 from broker.core.producer_ids import FileBlockSource, ProducerIds
 from broker.core.remote import RemoteLinks
 from broker.core.replication import NotLeaderError
-from broker.core.topics import Topic, TopicError, TopicRegistry
+from broker.core.topics import Topic, TopicError, TopicFault, TopicRegistry
 from broker.core.views import MetadataView, NodeView, PartitionView, TopicView
 from broker.security.acls import Authorizer
 from broker.security.sasl import Authenticator
@@ -280,9 +280,11 @@ class Core:
             self.refresh_topics()  # a stat: a topic deleted meanwhile is not made again
         topic = self.registry.by_id.get(topic_id)
         if topic is None or not 0 <= index < topic.partitions:
-            raise TopicError("unknown", f"no partition {index} of topic id {topic_id}")
+            raise TopicError(TopicFault.UNKNOWN, f"no partition {index} of topic id {topic_id}")
         if self.owner(topic.topic_id, index) != self.config.core_id:
-            raise TopicError("unknown", f"partition {index} of topic id {topic_id} is not on this core")
+            raise TopicError(
+                TopicFault.UNKNOWN, f"partition {index} of topic id {topic_id} is not on this core"
+            )
         if self.cluster.clustered and not self.replicated_here(topic.topic_id, index):
             node = self.config.node_id
             raise NotLeaderError(f"node {node} holds no replica of partition {index}")
@@ -298,7 +300,7 @@ class Core:
             self.refresh_topics(force=True)
             t = self.registry.by_name.get(topic)
         if t is None or not 0 <= index < t.partitions:
-            raise TopicError("unknown", f"no partition {index} of topic {topic!r}")
+            raise TopicError(TopicFault.UNKNOWN, f"no partition {index} of topic {topic!r}")
         core = self.owner(t.topic_id, index)
         if core != self.config.core_id:
             return core
@@ -308,7 +310,7 @@ class Core:
         self.refresh_topics()  # a stat: a topic deleted meanwhile is not made again
         current = self.registry.by_id.get(t.topic_id)
         if current is None:
-            raise TopicError("unknown", f"no partition {index} of topic {topic!r}")
+            raise TopicError(TopicFault.UNKNOWN, f"no partition {index} of topic {topic!r}")
         return self._open_partition(current, index)
 
     def metadata_view(self, names: Sequence[str] | None = None) -> MetadataView:
@@ -512,7 +514,7 @@ class Core:
             self.refresh_topics(force=True)
             topic = self.registry.by_id.get(topic_id)
         if topic is None or not 0 <= partition < topic.partitions:
-            raise TopicError("unknown", f"no partition {partition} of topic id {topic_id}")
+            raise TopicError(TopicFault.UNKNOWN, f"no partition {partition} of topic id {topic_id}")
         return topic
 
     def offsets_run(self, call: Callable[[], T], done: Callable[[T | BaseException], None]) -> None:

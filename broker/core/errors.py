@@ -13,7 +13,7 @@ from __future__ import annotations
 from broker.core.groups import GroupError, OffsetsUnavailable
 from broker.core.producer_state import RetryInFlightError, SequenceError
 from broker.core.replication import NotEnoughReplicasError, NotLeaderError
-from broker.core.topics import TopicError
+from broker.core.topics import TopicError, TopicFault
 from broker.storage.diskspace import is_out_of_space
 from broker.storage.errors import (
     BatchTooLargeError,
@@ -57,13 +57,13 @@ def error_of(exc: BaseException) -> tuple[m.ErrorCode, str]:
             return E.OUT_OF_SPACE, f"the disk holding the data dir is full, nothing was stored: {exc}"
         case CorruptBatchError() | LogClosedError() | StorageError() | OSError():
             return E.STORAGE_ERROR, str(exc)
-        case TopicError(kind="exists"):
+        case TopicError(kind=TopicFault.EXISTS):
             return E.TOPIC_ALREADY_EXISTS, str(exc)
-        case TopicError(kind="unknown"):
+        case TopicError(kind=TopicFault.UNKNOWN):
             return E.UNKNOWN_TOPIC_OR_PARTITION, str(exc)
-        case TopicError(kind="invalid"):
+        case TopicError(kind=TopicFault.INVALID):
             return E.INVALID_TOPIC, str(exc)
-        case TopicError(kind="limit"):
+        case TopicError(kind=TopicFault.LIMIT):
             return E.LIMIT_EXCEEDED, str(exc)
         case TopicError():
             return E.INVALID_CONFIG, str(exc)

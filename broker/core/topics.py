@@ -33,6 +33,7 @@ import re
 import shutil
 import time
 from dataclasses import asdict, dataclass
+from enum import Enum
 
 from broker.core.limits import Limits
 from broker.storage import layout
@@ -47,12 +48,23 @@ RACY_NS = 200_000_000  # a registry file younger than this is reloaded even when
 TOPIC_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
 
+class TopicFault(Enum):
+    """Why a topic operation cannot be done: each becomes one error code (broker/core/errors.py),
+    so a misspelt kind is a NameError at import, not a silent UNKNOWN_SERVER_ERROR."""
+
+    EXISTS = "exists"
+    UNKNOWN = "unknown"
+    INVALID = "invalid"
+    CONFIG = "config"
+    LIMIT = "limit"
+
+
 class TopicError(Exception):
     """A topic operation that cannot be done; `kind` names the wire error it becomes."""
 
-    def __init__(self, kind: str, message: str) -> None:
+    def __init__(self, kind: TopicFault, message: str) -> None:
         super().__init__(message)
-        self.kind = kind  # "exists", "unknown", "invalid", "config", "limit"
+        self.kind = kind
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,11 +221,11 @@ class TopicRegistry:
         settings, without adding it: a cluster allocates the id elsewhere (its metadata store)."""
         reason = invalid_topic_name(name)
         if reason is not None:
-            raise TopicError("invalid", reason)
+            raise TopicError(TopicFault.INVALID, reason)
         if name in self.by_name:
-            raise TopicError("exists", f"topic {name!r} already exists")
+            raise TopicError(TopicFault.EXISTS, f"topic {name!r} already exists")
         if partitions < 1:
-            raise TopicError("invalid", f"a topic needs at least 1 partition, not {partitions}")
+            raise TopicError(TopicFault.INVALID, f"a topic needs at least 1 partition, not {partitions}")
         lim = self.limits
         if partitions > lim.max_partitions_per_topic:
             raise TopicError(
@@ -242,12 +254,12 @@ class TopicRegistry:
         )
         reason = segment_floor_violation(topic.segment_bytes, topic.segment_ms, lim)
         if reason is not None:
-            raise TopicError("config", reason)
+            raise TopicError(TopicFault.CONFIG, reason)
         if topic.segment_bytes < topic.max_batch_bytes:
             topic = Topic(**{**asdict(topic), "max_batch_bytes": topic.segment_bytes})
         reason = topic.log_config().invalid()
         if reason is not None:
-            raise TopicError("config", reason)
+            raise TopicError(TopicFault.CONFIG, reason)
         return topic
 
     def mirror(self, topics: list[Topic]) -> bool:
@@ -282,7 +294,7 @@ class TopicRegistry:
     def get(self, name: str) -> Topic:
         topic = self.by_name.get(name)
         if topic is None:
-            raise TopicError("unknown", f"unknown topic {name!r}")
+            raise TopicError(TopicFault.UNKNOWN, f"unknown topic {name!r}")
         return topic
 
 
@@ -312,5 +324,7 @@ def _setting(name: str, value: int, default: int | None) -> int | None:
     if value == -2:
         return None
     if value < 0:
-        raise TopicError("config", f"{name} must be >= 0, -1 (broker default) or -2 (unlimited), not {value}")
+        raise TopicError(
+            TopicFault.CONFIG, f"{name} must be >= 0, -1 (broker default) or -2 (unlimited), not {value}"
+        )
     return value
