@@ -1,0 +1,312 @@
+"""Requests and responses of the cluster's administration: ApiVersions, Metadata (and the topic,
+partition and node descriptions it carries), CreateTopic, DeleteTopic and Stats.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from ringlog_proto.apis.body import (
+    REQUEST_ARRAY_MAX,
+    MalformedBody,
+    Reader,
+    Request,
+    Response,
+    Writer,
+    _error,
+)
+from ringlog_proto.apis.codes import ApiKey, ErrorCode
+from ringlog_proto.frames import Frame
+
+
+@dataclass(frozen=True, slots=True)
+class ApiVersionsRequest(Request):
+    # client_name str
+    API_KEY: ClassVar[ApiKey] = ApiKey.API_VERSIONS
+    client_name: str = ""
+
+    def write(self, w: Writer) -> None:
+        w.str(self.client_name)
+
+    @classmethod
+    def read(cls, r: Reader, frame: Frame) -> ApiVersionsRequest:
+        return cls(r.str())
+
+
+@dataclass(frozen=True, slots=True)
+class MetadataRequest(Request):
+    # topics array<str>: empty means all topics
+    API_KEY: ClassVar[ApiKey] = ApiKey.METADATA
+    topics: tuple[str, ...] = ()
+
+    def write(self, w: Writer) -> None:
+        w.array(len(self.topics))
+        for t in self.topics:
+            w.str(t)
+
+    @classmethod
+    def read(cls, r: Reader, frame: Frame) -> MetadataRequest:
+        return cls(tuple(r.str() for _ in range(r.array(2, REQUEST_ARRAY_MAX))))
+
+
+@dataclass(frozen=True, slots=True)
+class CreateTopicRequest(Request):
+    # name str, partitions u32, retention_ms i64, retention_bytes i64, segment_bytes i64,
+    # replication i16 (-1 = the broker's default; retention -2 = keep forever)
+    API_KEY: ClassVar[ApiKey] = ApiKey.CREATE_TOPIC
+    name: str = ""
+    partitions: int = 1
+    retention_ms: int = -1
+    retention_bytes: int = -1
+    segment_bytes: int = -1
+    replication: int = -1  # (v2) replicas per partition; -1 = the broker's default (one node: 1)
+
+    def write(self, w: Writer) -> None:
+        w.str(self.name).pack(
+            "Iqqqh",
+            self.partitions,
+            self.retention_ms,
+            self.retention_bytes,
+            self.segment_bytes,
+            self.replication,
+        )
+
+    @classmethod
+    def read(cls, r: Reader, frame: Frame) -> CreateTopicRequest:
+        return cls(r.str(), *r.unpack("Iqqqh"))
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteTopicRequest(Request):
+    # name str
+    API_KEY: ClassVar[ApiKey] = ApiKey.DELETE_TOPIC
+    name: str = ""
+
+    def write(self, w: Writer) -> None:
+        w.str(self.name)
+
+    @classmethod
+    def read(cls, r: Reader, frame: Frame) -> DeleteTopicRequest:
+        return cls(r.str())
+
+
+@dataclass(frozen=True, slots=True)
+class StatsRequest(Request):
+    # (empty body)
+    API_KEY: ClassVar[ApiKey] = ApiKey.STATS
+
+    def write(self, w: Writer) -> None:
+        pass
+
+    @classmethod
+    def read(cls, r: Reader, frame: Frame) -> StatsRequest:
+        return cls()
+
+
+@dataclass(frozen=True, slots=True)
+class ApiVersion:
+    api_key: int
+    min_version: int
+    max_version: int
+
+
+@dataclass(frozen=True, slots=True)
+class ApiVersionsResponse(Response):
+    # broker_version str, node_id i32, cores u16, apis array<api_key u16, min u16, max u16>
+    API_KEY: ClassVar[ApiKey] = ApiKey.API_VERSIONS
+    broker_version: str = ""
+    node_id: int = 0
+    cores: int = 1
+    apis: tuple[ApiVersion, ...] = ()
+
+    def write(self, w: Writer) -> None:
+        w.str(self.broker_version).pack("iH", self.node_id, self.cores).array(len(self.apis))
+        for a in self.apis:
+            w.pack("HHH", a.api_key, a.min_version, a.max_version)
+
+    @classmethod
+    def read(cls, r: Reader) -> dict[str, object]:
+        version = r.str()
+        node_id, cores = r.unpack("iH")
+        apis = tuple(ApiVersion(*r.unpack("HHH")) for _ in range(r.array(6)))
+        return {"broker_version": version, "node_id": node_id, "cores": cores, "apis": apis}
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionMetadata:
+    # index u32, owner_core i16, start_offset i64, end_offset i64, leader_node i32, leader_epoch i32,
+    # replicas array<node i32, core i16>, isr array<node i32, core i16>
+    index: int
+    owner_core: int  # the core serving it on its leader node; -1: no leader (offline)
+    start_offset: int
+    end_offset: int
+    leader_node: int = 0  # -1: offline
+    leader_epoch: int = 0
+    replicas: tuple[tuple[int, int], ...] = ()  # (node id, core), the preferred leader first
+    isr: tuple[tuple[int, int], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class NodeMetadata:
+    # node_id i32, host str, port u16, cores u16, core_ports array<u16>, rack str, live u8
+    node_id: int
+    host: str
+    port: int
+    cores: int
+    core_ports: tuple[int, ...] = ()
+    rack: str = ""
+    live: bool = True
+
+    def core_port(self, core: int) -> int:
+        """Where `core` of this node is reached: its direct port, else the node's public port."""
+        if core < len(self.core_ports) and self.core_ports[core]:
+            return self.core_ports[core]
+        return self.port
+
+
+@dataclass(frozen=True, slots=True)
+class TopicMetadata:
+    # error i16, name str, topic_id u32, retention_ms i64, retention_bytes i64, segment_bytes i64,
+    # partitions array<PartitionMetadata>
+    error: ErrorCode
+    name: str
+    topic_id: int
+    retention_ms: int = -1
+    retention_bytes: int = -1
+    segment_bytes: int = -1
+    partitions: tuple[PartitionMetadata, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class MetadataResponse(Response):
+    # (version 2) host str, port u16, cores u16, steering u8 (1 = eBPF steers connections to
+    # owning cores), core_ports array<u16> (core k's direct port, 0 = not reachable directly),
+    # topics array<TopicMetadata>, (version 3) node_id i32 (the node answering), clustered u8,
+    # nodes array<NodeMetadata> (every node the cluster knows, live or not; one node: itself)
+    API_KEY: ClassVar[ApiKey] = ApiKey.METADATA
+    host: str = ""
+    port: int = 0
+    cores: int = 1
+    steering: bool = False
+    topics: tuple[TopicMetadata, ...] = ()
+    core_ports: tuple[int, ...] = ()
+    node_id: int = 0
+    clustered: bool = False
+    nodes: tuple[NodeMetadata, ...] = ()
+
+    def node(self, node_id: int) -> NodeMetadata | None:
+        for n in self.nodes:
+            if n.node_id == node_id:
+                return n
+        return None
+
+    def write(self, w: Writer) -> None:
+        w.str(self.host).pack("HHB", self.port, self.cores, int(self.steering)).array(len(self.core_ports))
+        for port in self.core_ports:
+            w.pack("H", port)
+        w.array(len(self.topics))
+        for t in self.topics:
+            w.pack("h", t.error).str(t.name).pack(
+                "Iqqq", t.topic_id, t.retention_ms, t.retention_bytes, t.segment_bytes
+            )
+            w.array(len(t.partitions))
+            for p in t.partitions:
+                w.pack(
+                    "Ihqqii",
+                    p.index,
+                    p.owner_core,
+                    p.start_offset,
+                    p.end_offset,
+                    p.leader_node,
+                    p.leader_epoch,
+                )
+                for replicas in (p.replicas, p.isr):
+                    w.array(len(replicas))
+                    for node, core in replicas:
+                        w.pack("ih", node, core)
+        w.pack("iB", self.node_id, int(self.clustered)).array(len(self.nodes))
+        for n in self.nodes:
+            w.pack("i", n.node_id).str(n.host).pack("HH", n.port, n.cores).array(len(n.core_ports))
+            for port in n.core_ports:
+                w.pack("H", port)
+            w.str(n.rack).pack("B", int(n.live))
+
+    @classmethod
+    def read(cls, r: Reader) -> dict[str, object]:
+        host = r.str()
+        port, cores, steering = r.unpack("HHB")
+        core_ports = tuple(r.int("H") for _ in range(r.array(2)))
+        topics = []
+        for _ in range(r.array(32)):
+            error = _error(r.int("h"))
+            name = r.str()
+            topic_id, ret_ms, ret_bytes, seg_bytes = r.unpack("Iqqq")
+            parts = []
+            for _ in range(r.array(38)):
+                fixed = r.unpack("Ihqqii")
+                replicas = tuple(r.unpack("ih") for _ in range(r.array(6)))
+                isr = tuple(r.unpack("ih") for _ in range(r.array(6)))
+                parts.append(PartitionMetadata(*fixed, replicas, isr))  # type: ignore[arg-type]
+            topics.append(TopicMetadata(error, name, topic_id, ret_ms, ret_bytes, seg_bytes, tuple(parts)))
+        node_id, clustered = r.unpack("iB")
+        nodes = []
+        for _ in range(r.array(14)):
+            nid = r.int("i")
+            nhost = r.str()
+            nport, ncores = r.unpack("HH")
+            nports = tuple(r.int("H") for _ in range(r.array(2)))
+            nodes.append(NodeMetadata(nid, nhost, nport, ncores, nports, r.str(), bool(r.int("B"))))
+        return {
+            "host": host,
+            "port": port,
+            "cores": cores,
+            "steering": bool(steering),
+            "topics": tuple(topics),
+            "core_ports": core_ports,
+            "node_id": node_id,
+            "clustered": bool(clustered),
+            "nodes": tuple(nodes),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class CreateTopicResponse(Response):
+    # topic_id u32
+    API_KEY: ClassVar[ApiKey] = ApiKey.CREATE_TOPIC
+    topic_id: int = 0
+
+    def write(self, w: Writer) -> None:
+        w.pack("I", self.topic_id)
+
+    @classmethod
+    def read(cls, r: Reader) -> dict[str, object]:
+        return {"topic_id": r.int("I")}
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteTopicResponse(Response):
+    API_KEY: ClassVar[ApiKey] = ApiKey.DELETE_TOPIC
+
+
+@dataclass(frozen=True, slots=True)
+class StatsResponse(Response):
+    # core u16 (the core that answered), stats bytes: UTF-8 JSON, one snapshot per core and the
+    # supervisor's eBPF snapshot ("bpf"; new keys in the JSON keep the binary format unchanged)
+    # (broker/core/metrics.py says what a snapshot holds)
+    API_KEY: ClassVar[ApiKey] = ApiKey.STATS
+    core: int = 0
+    stats_json: str = "{}"
+
+    def write(self, w: Writer) -> None:
+        w.pack("H", self.core).bytes(self.stats_json.encode())
+
+    @classmethod
+    def read(cls, r: Reader) -> dict[str, object]:
+        core = r.int("H")
+        raw = r.bytes()
+        try:
+            text = raw.decode()
+        except UnicodeDecodeError as exc:
+            raise MalformedBody("stats are not UTF-8") from exc
+        return {"core": core, "stats_json": text}
