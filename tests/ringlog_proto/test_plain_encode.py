@@ -12,10 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ringlog_proto import batch as b
-from ringlog_proto import records_codec
+from ringlog_proto import batch_encode, records_codec
 from ringlog_proto.batch import BatchError, decode_records, encode_batch
 
-plain = b._native_plain_encoder()
+plain = batch_encode._native_plain_encoder()
 needs_c = pytest.mark.skipif(plain is None, reason="native._batch is not built")
 
 INT64 = st.integers(-(2**63), 2**63 - 1)
@@ -54,7 +54,7 @@ def both(values: list[bytes], **fields: int) -> bytes:
 @needs_c
 def test_encode_batch_uses_it() -> None:
     encode_batch([b"v"], timestamp=1)
-    assert b._plain is not None
+    assert batch_encode._plain is not None
 
 
 @needs_c

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from test_byte_helpers import stored
 
 from ringlog_proto import batch as b
+from ringlog_proto import batch_checks
 from ringlog_proto.batch import iter_batches, scan_stored_python
 
 try:
@@ -22,7 +23,7 @@ except ImportError:  # the extension is optional; the Python scan still gets tes
     lib = None
 
 needs_c = pytest.mark.skipif(lib is None, reason="native._records is not built")
-native_scan = b._native_scan() if lib is not None else None
+native_scan = batch_checks._native_scan() if lib is not None else None
 
 
 def scans(data: bytes | bytearray | memoryview, pos: int, end: int, base: int) -> tuple[int, int, str | None]:

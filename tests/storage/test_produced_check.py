@@ -21,16 +21,17 @@ import broker.storage.log as log_module
 from broker.storage.log import Log, LogConfig
 from labkit.poison_batches import POISON, poison_batch
 from ringlog_proto import batch as b
+from ringlog_proto import batch_header
 from ringlog_proto.batch import COMPRESSION_GZIP, CRC_START, HEADER_SIZE, Record, encode_batch
 
 needs_c = pytest.mark.skipif(b.produced_checker() is None, reason="native._records is not built")
 
 
-FIELDS = dict(zip(b.BatchHeader._fields, b._HEADER.format[1:], strict=True))
+FIELDS = dict(zip(b.BatchHeader._fields, batch_header._HEADER.format[1:], strict=True))
 
 
 def _field(name: str) -> tuple[int, str]:
-    return b._field_at(name), ">" + FIELDS[name]
+    return batch_header._field_at(name), ">" + FIELDS[name]
 
 
 def with_field(batch: bytes, name: str, value: int) -> bytes:
@@ -196,7 +197,7 @@ def test_random_header_values(
     value = lo + (value - lo) % (hi - lo + 1)
     batch = data.draw(st.sampled_from(sample_batches()))
     out = bytearray(batch)
-    struct.pack_into(fmt, out, b._field_at(name), value)
+    struct.pack_into(fmt, out, batch_header._field_at(name), value)
     mutated = resealed(out) if crc_right else bytes(out)
     for log in logs:
         agree(log, mutated)
