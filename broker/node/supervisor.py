@@ -30,12 +30,8 @@ Rules this module keeps:
   answering membership and reaping; then it sends LEFT, leaves the store and signals the
   workers. LEFT goes after the drain: the others' controller revokes the session of a node that
   left, which would turn the handover into a failover.
-- One broker per data directory: the supervisor holds an exclusive flock on `<data_dir>/broker.lock`
-  and every worker inherits that same open file, so the lock is free only once the supervisor and
-  all its workers have exited, io_uring writes still in flight in a dying worker included (the
-  kernel completes or cancels a task's ring requests before it closes its files). A broker started
-  right after a kill -9 waits up to `DATA_DIR_LOCK_WAIT_S` for that, instead of opening partitions
-  that a dying worker may still write to; a second broker on a data dir in use is a clear error.
+- One broker per data directory: the supervisor holds the data dir's lock, which every worker
+  inherits (broker/node/startup.py, with the other checks made before any worker starts).
 - The supervisor does no request work: the optional Prometheus endpoint (`--metrics-port`,
   broker/node/metrics_http.py) runs on threads of its own and reads only the workers' published
   metrics files.
@@ -64,13 +60,10 @@ Rules this module keeps:
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import json
 import logging
 import os
 import random
-import resource
 import selectors
 import signal
 import socket
@@ -78,7 +71,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -91,20 +84,18 @@ from broker.backends.uring_options import (
     busy_poll_for,
 )
 from broker.cluster.swim import MemberEvent, Swim
-from broker.core.groups import migrate_partition_offsets
-from broker.core.limits import FIXED_FDS_PER_WORKER, Limits, fit_to_descriptors
+from broker.core.limits import Limits
 from broker.core.liveness import LivenessTable
 from broker.core.topics import TopicRegistry
+from broker.node.listeners import Sockets, make_sockets, remember_core_ports, remembered_core_ports
 from broker.node.membership import SwimEndpoint, read_keyring
 from broker.node.metrics_http import serve_metrics
+from broker.node.startup import StartError, prepare_data_dir, raise_nofile_limit
 from broker.security.credentials import SECURITY_DIR
 from broker.security.sasl import INTER_BROKER_PASSWORD_ENV, SaslConfig
 from broker.security.tls import TlsConfig
 from broker.storage import layout
-from broker.storage.dataformat import check_data_format
-from broker.storage.diskspace import NO_SPACE_ERRNOS, RESERVE_BYTES, ensure_reserve
-from broker.storage.durable_file import load_json, replace_json
-from broker.storage.errors import LegacyFormatError
+from broker.storage.durable_file import replace_json
 from broker.storage.log import LogConfig
 from ringlog_proto.membership import Member
 
@@ -113,21 +104,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("broker.node.supervisor")
 
-LISTEN_BACKLOG = 1024  # connections queued per listener (also what waits while a worker restarts)
 START_TIMEOUT_S = 60.0  # every worker must be ready within this (recovery of big logs takes time)
 STOP_TIMEOUT_S = 30.0  # after SIGTERM, workers still running after this are killed
 RESTART_FAST_S = 10.0  # a worker dying sooner than this after it was ready is in a crash loop
 RESTART_BACKOFF_FIRST_S = 0.25  # the delay after the second death in a row; it doubles from there
 RESTART_BACKOFF_MAX_S = 2.0
-BIND_RETRY_S = 1.0  # a port held by the dying workers of a killed broker frees within this
 TICK_S = 0.2
-DATA_DIR_LOCK_WAIT_S = 5.0  # a killed broker's workers release it well within this (PDEATHSIG, ring drain)
 BPF_PUBLISH_S = 1.0  # bpf.json (counters for `broker stats`) is rewritten this often
 MEMBERS_FILE = "members.json"  # under <data_dir>/run/: the membership view, rewritten on every change
-
-
-class StartError(Exception):
-    """The broker cannot start; the message says why (printed as one line, exit status 1)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,128 +174,6 @@ class Worker:
     stopped_rc: int | None = None  # exit status when it stopped during shutdown
 
 
-@dataclass(slots=True)
-class Sockets:
-    public: list[socket.socket]
-    direct: list[socket.socket]
-    peer: list[socket.socket]
-    port: int
-    direct_ports: list[int]
-    peer_addresses: list[str]
-
-
-def make_sockets(
-    host: str, port: int, cores: int, core_ports_base: int, remembered: Sequence[int] = ()
-) -> Sockets:
-    """Every listener of the broker. Raises OSError (e.g. EADDRINUSE) with nothing left open.
-
-    Without `core_ports_base`, core k first tries `remembered[k]` (its port before a restart:
-    stock Kafka clients keep reconnecting to the ports Metadata named and never ask the bootstrap
-    address again) and takes any free port if that one is taken."""
-    made: list[socket.socket] = []
-    try:
-        family = socket.getaddrinfo(host, port or None, type=socket.SOCK_STREAM)[0][0]
-        if port:
-            _check_port_free(family, host, port)
-        public: list[socket.socket] = []
-        for _ in range(cores):
-            s = socket.socket(family, socket.SOCK_STREAM)
-            made.append(s)
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            s.bind((host, port))
-            port = s.getsockname()[1]  # --port 0: the first bind picks it, the others join it
-            s.listen(LISTEN_BACKLOG)
-            public.append(s)
-        direct: list[socket.socket] = []
-        for k in range(cores):
-            s = socket.socket(family, socket.SOCK_STREAM)
-            made.append(s)
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if core_ports_base:
-                s.bind((host, core_ports_base + k))
-            else:
-                _bind_preferring(s, host, remembered[k] if k < len(remembered) else 0)
-            s.listen(LISTEN_BACKLOG)
-            direct.append(s)
-        peer: list[socket.socket] = []
-        addresses = [f"\0ringlog-{os.getpid()}-{port}-core-{k}" for k in range(cores)]
-        for address in addresses:
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            made.append(s)
-            s.bind(address)
-            s.listen(LISTEN_BACKLOG)
-            peer.append(s)
-    except BaseException:
-        for s in made:
-            s.close()
-        raise
-    return Sockets(public, direct, peer, port, [s.getsockname()[1] for s in direct], addresses)
-
-
-def _bind_preferring(s: socket.socket, host: str, port: int) -> None:
-    """Bind `s` to `port` if it is free, else to any port."""
-    if 0 < port < 65536:
-        try:
-            s.bind((host, port))
-            return
-        except OSError:
-            log.info("direct port %d is taken: a core listens on another one", port)
-    s.bind((host, 0))
-
-
-def remembered_core_ports(data_dir: str, host: str) -> list[int]:
-    """The direct ports the cores had when this data dir was last served on `host` ([] if none)."""
-    try:
-        doc = load_json(layout.core_ports_path(data_dir))
-    except (OSError, ValueError):
-        return []
-    if not isinstance(doc, dict) or doc.get("host") != host or not isinstance(doc.get("ports"), list):
-        return []
-    return [p if isinstance(p, int) else 0 for p in doc["ports"]]
-
-
-def remember_core_ports(data_dir: str, host: str, ports: Sequence[int]) -> None:
-    try:
-        replace_json(layout.core_ports_path(data_dir), {"host": host, "ports": list(ports)})
-    except OSError as exc:  # a full disk: the next start takes new ports, nothing worse
-        log.warning("cannot remember the core ports: %s", exc)
-
-
-def _check_port_free(family: int, host: str, port: int) -> None:
-    """Refuse a port another process listens on. SO_REUSEPORT would let us join its group (same
-    user) and silently share its traffic, so bind once without it first. The workers of a broker
-    killed a moment ago may still hold it for a few milliseconds: retry briefly."""
-    deadline = time.monotonic() + BIND_RETRY_S
-    while True:
-        probe = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            probe.bind((host, port))
-            return
-        except OSError as exc:
-            if exc.errno != errno.EADDRINUSE or time.monotonic() >= deadline:
-                raise
-        finally:
-            probe.close()
-        time.sleep(0.05)
-
-
-def unusable_data_dir(data_dir: str, exc: OSError) -> StartError:
-    """Why the broker cannot start on `data_dir`. A full disk is said plainly: an existing data
-    dir starts on one (nothing it needs is written), but a new one (missing, or empty: a mount
-    point) needs blocks for its directories, and no broker can serve without them (as
-    Kafka, which cannot write its meta.properties, the start fails: exit status 1)."""
-    path = os.path.abspath(data_dir)
-    if exc.errno in NO_SPACE_ERRNOS:
-        return StartError(
-            f"data dir {path} cannot be set up: the disk is full ({exc.strerror}); a new data dir "
-            "needs a few KiB free for its directories (an existing one starts on a full disk): "
-            "free some space and start again"
-        )
-    return StartError(f"data dir {path} is unusable: {exc}")
-
-
 def restart_delay(w: Worker, was_ready: bool, now: float) -> float:
     """How long to wait before starting `w` again after it died at `now` (module rules): at once
     after a death in a stable run, a doubling delay up to `RESTART_BACKOFF_MAX_S` in a crash loop."""
@@ -366,7 +228,8 @@ class Supervisor:
             return 1
         self.config = replace(self.config, limits=limits)
         try:
-            self._prepare_data_dir()
+            c = self.config
+            self._lock_fd = prepare_data_dir(c.data_dir, c.log_defaults, c.limits)
             try:
                 self.ebpf.prepare(self.config.cores)  # compiled before the listeners exist
             except BpfError as exc:
@@ -554,100 +417,6 @@ class Supervisor:
             if self.membership is not None:
                 self.ebpf.membership = self.membership.counters()
             self.ebpf.publish()
-
-    def _lock_data_dir(self) -> None:
-        """Take the data dir's lock (module rules), waiting for a killed broker's workers to go."""
-        d = self.config.data_dir
-        path = layout.broker_lock_path(d)
-        try:
-            os.makedirs(d, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        except OSError as exc:
-            raise unusable_data_dir(d, exc) from exc
-        deadline = time.monotonic() + DATA_DIR_LOCK_WAIT_S
-        said = False
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
-                    os.close(fd)
-                    raise StartError(
-                        f"data dir {os.path.abspath(d)} is in use by another broker (pid {holder}); "
-                        f"waited {DATA_DIR_LOCK_WAIT_S:.0f}s for it to exit"
-                    ) from None
-                if not said:
-                    log.info("waiting for the previous broker's processes to leave %s", os.path.abspath(d))
-                    said = True
-                time.sleep(0.05)
-        self._lock_fd = fd
-        # The holder's pid, for the "in use" message only. Written over the old one in place
-        # (blocks already allocated) and then cut, so that it needs no free space; a full disk
-        # that refuses it anyway costs only that message's pid.
-        pid = f"{os.getpid()}\n".encode()
-        try:
-            os.pwrite(fd, pid, 0)
-            os.ftruncate(fd, len(pid))
-        except OSError as exc:
-            log.warning("cannot write the pid into %s: %s", path, exc)
-
-    def _check_partitions_fit(self) -> None:
-        """Say so when the data dir holds more partitions than the open-file limit now allows
-        (made under a higher one): a worker opens every partition with files at start, and one
-        that runs out of descriptors doing it dies and is restarted, again and again."""
-        limits = self.config.limits
-        try:
-            registry = TopicRegistry(
-                self.config.data_dir, self.config.log_defaults, remove_orphans=False, limits=limits
-            )
-        except (OSError, ValueError):
-            return  # the workers say what is wrong with it
-        held = registry.partition_count()
-        if held > limits.max_partitions:
-            log.error(
-                "the data dir holds %d partitions, more than the %d the open-file limit allows "
-                "(--max-partitions; docs/LIMITS.md): a worker that opens them all may run out of "
-                "descriptors; raise the hard limit (ulimit -Hn, LimitNOFILE=)",
-                held,
-                limits.max_partitions,
-            )
-
-    def _prepare_data_dir(self) -> None:
-        """Lock and check the data dir. Needs no free space: a broker must start on a full disk
-        (it serves reads and deletes and refuses writes until space is back: broker/storage/diskspace.py),
-        so nothing here writes file data, and a directory that is missing and cannot be made
-        (the only writes) fails the start only because the broker cannot work without it."""
-        d = self.config.data_dir
-        self._lock_data_dir()
-        try:
-            os.makedirs(layout.topics_dir(d), exist_ok=True)
-            run = layout.run_dir(d)
-            os.makedirs(run, exist_ok=True)
-            for name in os.listdir(run):  # snapshots of an earlier run (or core count)
-                with contextlib.suppress(OSError):
-                    os.unlink(os.path.join(run, name))
-            if not os.access(d, os.R_OK | os.W_OK | os.X_OK):
-                raise PermissionError(errno.EACCES, "not writable (permissions, or a read-only file system)")
-        except OSError as exc:
-            raise unusable_data_dir(d, exc) from exc
-        try:
-            check_data_format(d)  # before any worker opens (and would try to recover) a segment
-        except LegacyFormatError as exc:
-            raise StartError(f"data dir {os.path.abspath(d)}: {exc}") from exc
-        try:  # the old per-partition group offsets, into the coordinators' per-group store
-            migrate_partition_offsets(d)
-        except (OSError, ValueError) as exc:  # a full disk: the old files stay, tried again next start
-            log.error("cannot move group offsets into %s yet: %s", layout.groups_dir(d), exc)
-        self._check_partitions_fit()
-        if not ensure_reserve(d):
-            log.warning(
-                "no room for the %d-byte reserve file in %s: a DeleteTopic on a disk filled to "
-                "the last byte may fail until space is freed",
-                RESERVE_BYTES,
-                os.path.abspath(d),
-            )
 
     # ------------------------------------------------------------------------- workers
 
@@ -962,38 +731,6 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 w.proc.kill()
                 w.proc.wait()
-
-
-def raise_nofile_limit(limits: Limits) -> Limits:
-    """Raise RLIMIT_NOFILE's soft limit to its hard limit, as Kafka's and Redpanda's packaging do
-    (the default soft limit, often 1024, is far below what a broker holds); workers inherit it.
-    Then size every limit that costs descriptors to what one worker can hold under it
-    (`fit_to_descriptors`: its partitions, all on one core at worst, the descriptor cache and its
-    client connections, with a reserve), so that no client can exhaust them. Logs both, warns
-    for each limit lowered; returns the limits to serve with. ValueError: a limit too low to run."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    was = soft
-    if soft != hard:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-            soft = hard
-        except (OSError, ValueError) as exc:
-            log.warning("cannot raise the open-file limit from %d to %d: %s", soft, hard, exc)
-    fitted, lowered = (limits, []) if soft == resource.RLIM_INFINITY else fit_to_descriptors(limits, soft)
-    log.info(
-        "open-file limit (RLIMIT_NOFILE) %s%s; partitions, the fd cache and connections need up to %d",
-        "unlimited" if soft == resource.RLIM_INFINITY else str(soft),
-        f" (raised from {was})" if was != soft else "",
-        2 * fitted.max_partitions
-        + fitted.segment_fd_cache
-        + fitted.max_connections_per_core
-        + FIXED_FDS_PER_WORKER,
-    )
-    for line in lowered:
-        log.warning(
-            "%s to fit the open-file limit %d (raise the hard limit: ulimit -Hn, LimitNOFILE=)", line, soft
-        )
-    return fitted
 
 
 def run_supervisor(config: SupervisorConfig) -> int:

@@ -16,7 +16,7 @@ The layout:
       topics.lock                 flock around reload, change, save of topics.json
       producer-ids.json           the next producer id not yet claimed (broker/core/producer_ids.py)
       producer-ids.lock           flock around claiming a block of producer ids
-      core-ports.json             the direct port each core last listened on (broker/node/supervisor.py)
+      core-ports.json             the direct port each core last listened on (broker/node/listeners.py)
       reserve.space               space kept back for a full disk (broker/storage/diskspace.py)
       run/                        views of a running broker, not data; emptied at each start
         metrics-core-<k>.json     core k's metrics snapshot (broker/core/metrics.py)
