@@ -207,7 +207,7 @@ _walk: Callable[[bytes | bytearray | memoryview, int, int, int], int] | None = N
 
 def records_walker() -> Callable[[bytes | bytearray | memoryview, int, int, int], int]:
     """The fastest walk here: C when native._records is built, else `walk_records_python`. The
-    broker binds it once (broker/storage/log.py); importing native is left to the first caller."""
+    broker binds it once (broker/storage/validation.py); importing native is left to the first caller."""
     global _walk  # noqa: PLW0603 - resolved once: clients that never walk never import native
     if _walk is None:
         _walk = _native_walk() or walk_records_python
@@ -421,7 +421,7 @@ def produced_checker() -> Checker | None:
     `walk_records` when `walk` and the batch is uncompressed): `len(buf)` when all do. It says
     nothing of why one fails; the caller's own checks, from there on, find the reason (and accept
     whatever they accept: only a pass must never differ). One call where the Python checks make
-    ~10 per batch (broker/storage/log.py's `validate` uses it)."""
+    ~10 per batch (broker/storage/validation.py's `validate` uses it)."""
     try:
         from native._records import ffi, lib  # noqa: PLC0415 - optional, and loaded on first use
     except ImportError:

@@ -46,15 +46,12 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from broker.storage import validation
 from broker.storage.errors import (
-    BatchTooLargeError,
     CorruptBatchError,
-    InvalidBatchError,
     LogClosedError,
     OffsetOutOfRangeError,
-    RecordFramingError,
     StorageError,
-    UnsupportedBatchError,
 )
 from broker.storage.fdcache import DEFAULT_CACHE, FdCache
 from broker.storage.fileio import (
@@ -68,128 +65,28 @@ from broker.storage.fileio import (
     WriteError,
     run_ops,
 )
-from broker.storage.index import POSITION_MAX, RELATIVE_OFFSET_MAX
+from broker.storage.index import RELATIVE_OFFSET_MAX
 from broker.storage.layout import STORE_SUFFIX, index_file_name, parse_segment_name
+from broker.storage.log_config import LogConfig
 from broker.storage.segment import PREALLOCATE_BYTES, PREALLOCATE_BYTES_MAX, Extent, Segment
 from ringlog_proto.batch import (
     COMPRESSION_GZIP,
-    COMPRESSION_MASK,
     COMPRESSION_NONE,
     HEADER_SIZE,
-    MAGIC,
     STORED_LEADER_EPOCH,
     BatchError,
     BatchHeader,
-    DecompressedTooLarge,
-    batch_crc,
-    bytes_walker,
     decode_records,
-    invalid_compressed_records,
-    invalid_header,
-    invalid_records,
     now_ms,
-    produced_checker,
     read_header,
     rebased,
-    records_walker,
-    unpack_header,
-    unsupported_batch,
 )
 
 log = logging.getLogger(__name__)
 
-_walk_records = records_walker()  # C when native._records is built (see ringlog_proto/batch.py)
-_walk_bytes = bytes_walker()  # the same C function without the wrapper: requests are bytes
-_check_produced = produced_checker()  # all of a produce's checks in C, for the batches that pass
-if _walk_bytes is None:
-    log.warning(
-        "native._records is not built: the record-framing walk of every produced batch runs in "
-        "Python, about a microsecond per record (run `make setup` to build it)"
-    )
-SEGMENT_BYTES_MAX = 1 << 31  # index positions are u32; 2 GiB keeps every position far from overflow
 INDEX_PENDING_ENTRIES_MAX = 256  # index entries held in memory before they are written (ENTRY_SIZE each)
 DECODED_CODECS = frozenset({COMPRESSION_NONE, COMPRESSION_GZIP})  # what `decode_records` can read
-# A compressed batch may inflate to this many times max_batch_bytes (`LogConfig.max_decompressed_bytes`):
-# producers' batches of text compress 3-10x; a decompression bomb is stopped at the bound.
-DECOMPRESSION_RATIO_MAX = 16
-# ... and never past this, whatever the topic's batch limit: a core keeps one buffer this large
-# for the check once it has met a compressed batch (ringlog_proto.batch.decompress_bounded).
-DECOMPRESSED_BYTES_MAX = 32 * 1024 * 1024
 PREALLOCATE_RAMP_MS = 1000  # preallocation steps used up at a MiB per this long or faster double
-
-
-@dataclass(frozen=True, slots=True)
-class LogConfig:
-    """Per-log settings. Sizes in bytes, times in milliseconds; None disables a limit."""
-
-    segment_bytes: int = 128 * 1024 * 1024
-    max_batch_bytes: int = 1024 * 1024
-    retention_ms: int | None = 7 * 24 * 3600 * 1000
-    retention_bytes: int | None = None
-    segment_ms: int | None = None  # roll the active segment once its first batch is this old
-    # Walk every appended batch's record framing (ringlog_proto.batch.invalid_records; a
-    # compressed batch's after inflating it). Always on in the broker; off only to measure what it
-    # costs (bench/storage.py, bench/compressed_validation.py) or to plant a poison batch in a test.
-    check_records: bool = True
-
-    @property
-    def max_decompressed_bytes(self) -> int:
-        """How far a compressed batch's records may inflate when it is checked: a bound tied to
-        the batch limit, DECOMPRESSION_RATIO_MAX times it (16 MiB at the default 1 MiB), and at
-        most DECOMPRESSED_BYTES_MAX. Past it the batch is MESSAGE_TOO_LARGE: what a consumer
-        would have to hold in memory for it."""
-        return min(self.max_batch_bytes * DECOMPRESSION_RATIO_MAX, DECOMPRESSED_BYTES_MAX)
-
-    # (The broker puts floors on segment_bytes and segment_ms, broker/core/limits.py; the storage
-    # engine itself accepts small segments, which its tests use.)
-
-    def invalid(self) -> str | None:
-        if not 0 < self.segment_bytes <= SEGMENT_BYTES_MAX:
-            return f"segment_bytes {self.segment_bytes} must be in 1..{SEGMENT_BYTES_MAX}"
-        if not 0 < self.max_batch_bytes <= self.segment_bytes:
-            return (
-                f"max_batch_bytes {self.max_batch_bytes} must be in 1..segment_bytes ({self.segment_bytes})"
-            )
-        for name in ("retention_ms", "retention_bytes", "segment_ms"):
-            value = getattr(self, name)
-            if value is not None and value < 0:
-                return f"{name} must be >= 0 or None, not {value}"
-        return None
-
-
-def relation_errors(
-    segment_bytes_max: int = SEGMENT_BYTES_MAX,
-    position_max: int = POSITION_MAX,
-    batch_bytes_default: int = LogConfig().max_batch_bytes,
-    decompression_ratio_max: int = DECOMPRESSION_RATIO_MAX,
-    decompressed_bytes_max: int = DECOMPRESSED_BYTES_MAX,
-    preallocate_bytes: int = PREALLOCATE_BYTES,
-    preallocate_bytes_max: int = PREALLOCATE_BYTES_MAX,
-) -> list[str]:
-    """What is wrong between the storage bounds (this module's by default), one line each, naming
-    both values: checked at import, as native/constants.py checks its own; tests pass others."""
-    errors = []
-    if not 0 < segment_bytes_max <= position_max + 1:
-        errors.append(
-            f"SEGMENT_BYTES_MAX ({segment_bytes_max}) must be at most the index's POSITION_MAX + 1 "
-            f"({position_max + 1}): every byte of a segment has a u32 position"
-        )
-    if not 0 < batch_bytes_default * decompression_ratio_max <= decompressed_bytes_max:
-        errors.append(
-            f"LogConfig's default max_batch_bytes ({batch_bytes_default}) times DECOMPRESSION_RATIO_MAX "
-            f"({decompression_ratio_max}) must be at most DECOMPRESSED_BYTES_MAX ({decompressed_bytes_max}): "
-            "the cap is for larger batch limits, the default's bound is the ratio's"
-        )
-    if not 0 < preallocate_bytes <= preallocate_bytes_max:
-        errors.append(
-            f"PREALLOCATE_BYTES ({preallocate_bytes}) must be at most PREALLOCATE_BYTES_MAX "
-            f"({preallocate_bytes_max}): the first preallocation step is the smallest"
-        )
-    return errors
-
-
-if _errors := relation_errors():  # a plain `if`, not an assert: it holds under -O too
-    raise AssertionError("broker/storage/log.py: " + "; ".join(_errors))
 
 
 @dataclass(slots=True)
@@ -474,78 +371,9 @@ class Log:
     # ------------------------------------------------------------------------- append
 
     def validate(self, records: bytes | bytearray | memoryview) -> list[BatchHeader]:
-        """Headers of the whole batches in `records` (one or more), or an error; changes nothing.
-
-        Every path that stores a batch passes here once (the produce handler of either backend,
-        forwarded produces, idempotent retries, `append`): header, crc32c, then the record
-        framing walk, in C when native._records is built (~1-2 µs a batch).
-        """
-        size = len(records)
-        max_batch = self.config.max_batch_bytes
-        check = self.config.check_records
-        headers = []
-        pos = 0
-        if _check_produced is not None:
-            # Every check below in one C call for the batches that pass them all: here only
-            # their headers are read. From the first that does not, the loop below says why.
-            passed = _check_produced(records, max_batch, check)
-            while pos < passed:
-                h = BatchHeader._make(unpack_header(records, pos))
-                if check and h.attributes & COMPRESSION_MASK:  # C checked all but its records
-                    self._check_compressed(records, pos, h)
-                headers.append(h)
-                pos += h.size
-            if pos == size and headers:
-                return headers
-        walk = _walk_records
-        # The C function itself when `records` is bytes: a Python frame less per batch is a
-        # third of the walk's cost for small batches.
-        c_walk = _walk_bytes if check and type(records) is bytes else None
-        while pos < size:
-            if size - pos < HEADER_SIZE:
-                raise InvalidBatchError(f"{size - pos} bytes at {pos}: less than a batch header")
-            h = BatchHeader._make(unpack_header(records, pos))
-            if h.magic != MAGIC:  # before the size check: garbage is corrupt, not "too large"
-                raise InvalidBatchError(f"batch at byte {pos}: unknown batch magic {h.magic}")
-            batch_size = h.size
-            if batch_size > max_batch:
-                raise BatchTooLargeError(f"batch of {batch_size} bytes exceeds max_batch_bytes {max_batch}")
-            reason = invalid_header(h, size - pos)
-            if reason is None and batch_crc(records, pos, batch_size) != h.crc:
-                reason = "crc32c mismatch"
-            if reason is not None:
-                where = f"batch at byte {pos}: " if pos else ""
-                if unsupported_batch(h) == reason:  # well formed, but transactional or control
-                    raise UnsupportedBatchError(where + reason)
-                raise InvalidBatchError(where + reason)
-            if check and h.attributes & COMPRESSION_MASK:
-                self._check_compressed(records, pos, h)
-            elif check and (
-                c_walk(records, size, pos + HEADER_SIZE, pos + batch_size, h.record_count)
-                if c_walk is not None
-                else walk(records, pos + HEADER_SIZE, pos + batch_size, h.record_count)
-            ):
-                where = f"batch at byte {pos}: " if pos else ""
-                raise RecordFramingError(where + (invalid_records(records, pos, h) or "bad records"))
-            headers.append(h)
-            pos += batch_size
-        if not headers:
-            raise InvalidBatchError("no batch to append")
-        return headers
-
-    def _check_compressed(self, records: bytes | bytearray | memoryview, pos: int, h: BatchHeader) -> None:
-        """The records of a compressed batch, as Kafka's LogValidator checks them: inflated (at
-        most `max_decompressed_bytes`), walked, counted. The batch is stored compressed."""
-        where = f"batch at byte {pos}: " if pos else ""
-        limit = self.config.max_decompressed_bytes
-        try:
-            reason = invalid_compressed_records(records, pos, h, limit)
-        except DecompressedTooLarge as exc:
-            raise BatchTooLargeError(where + str(exc)) from None
-        except BatchError as exc:  # does not decompress: corrupt, as Kafka answers it
-            raise InvalidBatchError(where + str(exc)) from None
-        if reason is not None:
-            raise RecordFramingError(where + reason)
+        """Headers of the whole batches in `records`, or an error; changes nothing (the checks:
+        broker/storage/validation.py)."""
+        return validation.validate(records, self.config)
 
     def prepare_append(
         self,

@@ -24,7 +24,8 @@ from broker.storage.errors import (
     StorageError,
 )
 from broker.storage.fileio import Buffer, SyncFileIO, Write, run_ops
-from broker.storage.log import INDEX_PENDING_ENTRIES_MAX, SEGMENT_BYTES_MAX, Log, LogConfig
+from broker.storage.log import INDEX_PENDING_ENTRIES_MAX, Log, LogConfig
+from broker.storage.log_config import SEGMENT_BYTES_MAX
 from ringlog_proto.batch import HEADER_SIZE
 
 

@@ -1,4 +1,4 @@
-"""The relations between the storage engine's bounds (broker/storage/log.py `relation_errors`):
+"""The relations between the storage engine's bounds (broker/storage/log_config.py `relation_errors`):
 each bad combination is named with both values, and a module whose constants break one refuses
 to import."""
 
@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from broker.storage.index import POSITION_MAX
-from broker.storage.log import (
+from broker.storage.log_config import (
     DECOMPRESSED_BYTES_MAX,
     DECOMPRESSION_RATIO_MAX,
     SEGMENT_BYTES_MAX,
@@ -55,6 +55,6 @@ def test_a_broken_relation_stops_the_import() -> None:
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
     assert done.returncode != 0
     assert (
-        f"AssertionError: broker/storage/log.py: SEGMENT_BYTES_MAX ({SEGMENT_BYTES_MAX}) must be at most "
+        f"AssertionError: broker/storage/log_config.py: SEGMENT_BYTES_MAX ({SEGMENT_BYTES_MAX}) must be at most "
         f"the index's POSITION_MAX + 1 ({1 << 16})" in done.stderr
     ), done.stderr

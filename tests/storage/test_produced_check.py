@@ -1,6 +1,6 @@
 """A produce's batches are checked in one C call (`ringlog_proto.batch.produced_checker`,
 native._records' `rr_check_produced`) for those that pass, and by the Python checks of
-`Log.validate` from the first that does not. The two must agree on what passes: `validate` gives
+`Log.validate` (broker/storage/validation.py) from the first that does not. The two must agree on what passes: `validate` gives
 the same headers, or raises the same error with the same message, with the C check and without
 it, on intact, damaged, cut and mutated batches (each header field at its edges, with the crc made
 right again so that the checks after it are reached)."""
@@ -17,7 +17,7 @@ from crc32c import crc32c
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import broker.storage.log as log_module
+import broker.storage.validation as validation_module
 from broker.storage.log import Log, LogConfig
 from labkit.poison_batches import POISON, poison_batch
 from ringlog_proto import batch as b
@@ -63,15 +63,15 @@ def logs(tmp_path: Path) -> Iterator[tuple[Log, Log]]:
 
 def outcome(log: Log, data: bytes | memoryview, c: bool) -> object:
     """What `validate` makes of `data`, with the C check (`c`) or with the Python checks alone."""
-    saved = log_module._check_produced
+    saved = validation_module._check_produced
     if not c:
-        log_module._check_produced = None
+        validation_module._check_produced = None
     try:
         return log.validate(data)
     except Exception as exc:  # the type and message are the outcome compared
         return type(exc).__name__, str(exc)
     finally:
-        log_module._check_produced = saved
+        validation_module._check_produced = saved
 
 
 CHECK = b.produced_checker()
@@ -106,7 +106,7 @@ def sample_batches() -> list[bytes]:
 
 @needs_c
 def test_the_broker_uses_the_c_check_when_it_is_built() -> None:
-    assert log_module._check_produced is not None
+    assert validation_module._check_produced is not None
 
 
 @needs_c

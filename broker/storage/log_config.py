@@ -1,0 +1,97 @@
+"""A log's settings (`LogConfig`) and the storage engine's fixed bounds, checked against one another.
+
+Rules this module keeps:
+- Every bound has its reason beside it. The relations between them (a segment within the index's
+  u32 positions, the default batch's inflation within the cap, the first preallocation step within
+  the largest) are checked at import by `relation_errors`, under -O too: a change that breaks
+  one stops the broker's start with both values named.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from broker.storage.index import POSITION_MAX
+from broker.storage.segment import PREALLOCATE_BYTES, PREALLOCATE_BYTES_MAX
+
+SEGMENT_BYTES_MAX = 1 << 31  # index positions are u32; 2 GiB keeps every position far from overflow
+# A compressed batch may inflate to this many times max_batch_bytes (`LogConfig.max_decompressed_bytes`):
+# producers' batches of text compress 3-10x; a decompression bomb is stopped at the bound.
+DECOMPRESSION_RATIO_MAX = 16
+# ... and never past this, whatever the topic's batch limit: a core keeps one buffer this large
+# for the check once it has met a compressed batch (ringlog_proto.batch.decompress_bounded).
+DECOMPRESSED_BYTES_MAX = 32 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class LogConfig:
+    """Per-log settings. Sizes in bytes, times in milliseconds; None disables a limit."""
+
+    segment_bytes: int = 128 * 1024 * 1024
+    max_batch_bytes: int = 1024 * 1024
+    retention_ms: int | None = 7 * 24 * 3600 * 1000
+    retention_bytes: int | None = None
+    segment_ms: int | None = None  # roll the active segment once its first batch is this old
+    # Walk every appended batch's record framing (ringlog_proto.batch.invalid_records; a
+    # compressed batch's after inflating it). Always on in the broker; off only to measure what it
+    # costs (bench/storage.py, bench/compressed_validation.py) or to plant a poison batch in a test.
+    check_records: bool = True
+
+    @property
+    def max_decompressed_bytes(self) -> int:
+        """How far a compressed batch's records may inflate when it is checked: a bound tied to
+        the batch limit, DECOMPRESSION_RATIO_MAX times it (16 MiB at the default 1 MiB), and at
+        most DECOMPRESSED_BYTES_MAX. Past it the batch is MESSAGE_TOO_LARGE: what a consumer
+        would have to hold in memory for it."""
+        return min(self.max_batch_bytes * DECOMPRESSION_RATIO_MAX, DECOMPRESSED_BYTES_MAX)
+
+    # (The broker puts floors on segment_bytes and segment_ms, broker/core/limits.py; the storage
+    # engine itself accepts small segments, which its tests use.)
+
+    def invalid(self) -> str | None:
+        if not 0 < self.segment_bytes <= SEGMENT_BYTES_MAX:
+            return f"segment_bytes {self.segment_bytes} must be in 1..{SEGMENT_BYTES_MAX}"
+        if not 0 < self.max_batch_bytes <= self.segment_bytes:
+            return (
+                f"max_batch_bytes {self.max_batch_bytes} must be in 1..segment_bytes ({self.segment_bytes})"
+            )
+        for name in ("retention_ms", "retention_bytes", "segment_ms"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                return f"{name} must be >= 0 or None, not {value}"
+        return None
+
+
+def relation_errors(
+    segment_bytes_max: int = SEGMENT_BYTES_MAX,
+    position_max: int = POSITION_MAX,
+    batch_bytes_default: int = LogConfig().max_batch_bytes,
+    decompression_ratio_max: int = DECOMPRESSION_RATIO_MAX,
+    decompressed_bytes_max: int = DECOMPRESSED_BYTES_MAX,
+    preallocate_bytes: int = PREALLOCATE_BYTES,
+    preallocate_bytes_max: int = PREALLOCATE_BYTES_MAX,
+) -> list[str]:
+    """What is wrong between the storage bounds (this module's by default), one line each, naming
+    both values: checked at import, as native/constants.py checks its own; tests pass others."""
+    errors = []
+    if not 0 < segment_bytes_max <= position_max + 1:
+        errors.append(
+            f"SEGMENT_BYTES_MAX ({segment_bytes_max}) must be at most the index's POSITION_MAX + 1 "
+            f"({position_max + 1}): every byte of a segment has a u32 position"
+        )
+    if not 0 < batch_bytes_default * decompression_ratio_max <= decompressed_bytes_max:
+        errors.append(
+            f"LogConfig's default max_batch_bytes ({batch_bytes_default}) times DECOMPRESSION_RATIO_MAX "
+            f"({decompression_ratio_max}) must be at most DECOMPRESSED_BYTES_MAX ({decompressed_bytes_max}): "
+            "the cap is for larger batch limits, the default's bound is the ratio's"
+        )
+    if not 0 < preallocate_bytes <= preallocate_bytes_max:
+        errors.append(
+            f"PREALLOCATE_BYTES ({preallocate_bytes}) must be at most PREALLOCATE_BYTES_MAX "
+            f"({preallocate_bytes_max}): the first preallocation step is the smallest"
+        )
+    return errors
+
+
+if _errors := relation_errors():  # a plain `if`, not an assert: it holds under -O too
+    raise AssertionError("broker/storage/log_config.py: " + "; ".join(_errors))
