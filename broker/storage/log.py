@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import errno
 import logging
 import os
 from collections import deque
@@ -68,7 +67,8 @@ from broker.storage.fileio import (
 from broker.storage.index import RELATIVE_OFFSET_MAX
 from broker.storage.layout import STORE_SUFFIX, index_file_name, parse_segment_name
 from broker.storage.log_config import LogConfig
-from broker.storage.segment import PREALLOCATE_BYTES, PREALLOCATE_BYTES_MAX, Extent, Segment
+from broker.storage.preallocation import Preallocation
+from broker.storage.segment import Extent, Segment
 from ringlog_proto.batch import (
     COMPRESSION_GZIP,
     COMPRESSION_NONE,
@@ -86,7 +86,6 @@ log = logging.getLogger(__name__)
 
 INDEX_PENDING_ENTRIES_MAX = 256  # index entries held in memory before they are written (ENTRY_SIZE each)
 DECODED_CODECS = frozenset({COMPRESSION_NONE, COMPRESSION_GZIP})  # what `decode_records` can read
-PREALLOCATE_RAMP_MS = 1000  # preallocation steps used up at a MiB per this long or faster double
 
 
 @dataclass(slots=True)
@@ -152,9 +151,7 @@ class Log:
         self._pending: deque[PendingAppend] = deque()
         self._next_offset = 0  # next offset to assign (includes pending appends)
         self._reserved_size = 0  # store size of the active segment including pending appends
-        self._preallocating = True  # until the file system refuses (see `_preallocate`)
-        self._preallocate_step = PREALLOCATE_BYTES
-        self._preallocated_ms = -PREALLOCATE_RAMP_MS  # when the last step was taken (the clock's)
+        self._preallocation = Preallocation(directory, clock)
         self.durable_offset = 0
         # Segments with data or index entries not yet synced, in order (a dict: a set that keeps
         # order, so that an append's membership check does not scan every segment rolled since).
@@ -423,7 +420,9 @@ class Log:
                 pos += h.size
             buffers = tuple(parts)
         if self._reserved_size + size > seg.allocated:
-            self._preallocate(seg, self._reserved_size + size)
+            self._preallocation.extend(
+                seg, self._reserved_size + size, self._reserved_size, self.config.segment_bytes
+            )
         ops: list[Op] = [Write(seg.store_fd, buffers, self._reserved_size, size)]
         pending = PendingAppend(seg, self._reserved_size, headers, size, now, ops)
         index = seg.index
@@ -435,38 +434,6 @@ class Log:
         self._next_offset = base
         self._reserved_size += size
         return pending
-
-    def _preallocate(self, seg: Segment, end: int) -> None:
-        """Extend the active segment's file by a step past `end` (never past the segment size,
-        unless one append alone is larger). A file system that cannot (or a full disk) leaves
-        appends growing the file as before: the write itself reports a full disk.
-
-        The step is `PREALLOCATE_BYTES`, doubled (up to `PREALLOCATE_BYTES_MAX`) each time the
-        appends used the last up at a MiB per `PREALLOCATE_RAMP_MS` or faster: a partition taking
-        a stream of large batches makes one fallocate per 8 MiB, not per MiB (~20 us each: 3% of
-        an ingesting core), while the disk held ahead of a slow partition's data stays a MiB."""
-        if not self._preallocating:
-            return
-        now = self.clock()
-        if (now - self._preallocated_ms) * PREALLOCATE_BYTES < PREALLOCATE_RAMP_MS * self._preallocate_step:
-            self._preallocate_step = min(2 * self._preallocate_step, PREALLOCATE_BYTES_MAX)
-        else:
-            self._preallocate_step = PREALLOCATE_BYTES
-        self._preallocated_ms = now
-        target = max(end, min(end + self._preallocate_step, self.config.segment_bytes))
-        try:
-            seg.preallocate(target)
-        except OSError as exc:
-            # ext4 keeps the blocks a failed fallocate did get and the file size it reached:
-            # left there, they hold the space a full disk has left (or just got back) as zeros
-            # no append counts on, and every other partition's writes fail until a restart cuts
-            # them. Cut back to what is counted: the appends prepared so far (writes
-            # in flight land below `_reserved_size`) or what was allocated before.
-            with contextlib.suppress(OSError):
-                seg.truncate_allocation(max(self._reserved_size, seg.allocated))
-            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
-                self._preallocating = False
-                log.info("%s: no preallocation (%s); appends grow the files", self.directory, exc)
 
     def prepare_copy(
         self, records: bytes | bytearray | memoryview, headers: list[BatchHeader] | None = None
@@ -535,7 +502,9 @@ class Log:
     ) -> PendingAppend:
         """The tail of `prepare_copy` (`prepare_append` has its own copy inline: its hot path)."""
         if self._reserved_size + size > seg.allocated:
-            self._preallocate(seg, self._reserved_size + size)
+            self._preallocation.extend(
+                seg, self._reserved_size + size, self._reserved_size, self.config.segment_bytes
+            )
         ops: list[Op] = [Write(seg.store_fd, buffers, self._reserved_size, size)]
         pending = PendingAppend(seg, self._reserved_size, headers, size, now, ops)
         index = seg.index

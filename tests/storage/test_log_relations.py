@@ -55,6 +55,6 @@ def test_a_broken_relation_stops_the_import() -> None:
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
     assert done.returncode != 0
     assert (
-        f"AssertionError: broker/storage/log_config.py: SEGMENT_BYTES_MAX ({SEGMENT_BYTES_MAX}) must be at most "
-        f"the index's POSITION_MAX + 1 ({1 << 16})" in done.stderr
+        f"AssertionError: broker/storage/log_config.py: SEGMENT_BYTES_MAX ({SEGMENT_BYTES_MAX}) must be at "
+        f"most the index's POSITION_MAX + 1 ({1 << 16})" in done.stderr
     ), done.stderr

@@ -1,4 +1,4 @@
-"""Store files preallocated ahead of their appends (broker/storage/log.py, `_preallocate`): the
+"""Store files preallocated ahead of their appends (broker/storage/preallocation.py): the
 file is longer than its batches while a segment is active, exactly its batches once it rolls or
 the log closes, and a killed process's preallocated zeros are released at the next open without
 being taken for damage (by recovery or by `broker dump`)."""
@@ -16,7 +16,8 @@ from test_faults import FaultyIO
 from broker.cli import main
 from broker.storage.errors import StorageError
 from broker.storage.fileio import run_ops
-from broker.storage.log import PREALLOCATE_RAMP_MS, Log, LogConfig
+from broker.storage.log import Log, LogConfig
+from broker.storage.preallocation import PREALLOCATE_RAMP_MS
 from broker.storage.segment import PREALLOCATE_BYTES, PREALLOCATE_BYTES_MAX
 from ringlog_proto.batch import encode_batch
 

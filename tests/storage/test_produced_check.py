@@ -1,9 +1,9 @@
 """A produce's batches are checked in one C call (`ringlog_proto.batch.produced_checker`,
 native._records' `rr_check_produced`) for those that pass, and by the Python checks of
-`Log.validate` (broker/storage/validation.py) from the first that does not. The two must agree on what passes: `validate` gives
-the same headers, or raises the same error with the same message, with the C check and without
-it, on intact, damaged, cut and mutated batches (each header field at its edges, with the crc made
-right again so that the checks after it are reached)."""
+`Log.validate` (broker/storage/validation.py) from the first that does not. The two must agree on
+what passes: `validate` gives the same headers, or raises the same error with the same message,
+with the C check and without it, on intact, damaged, cut and mutated batches (each header field at
+its edges, with the crc made right again so that the checks after it are reached)."""
 
 from __future__ import annotations
 
