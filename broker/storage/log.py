@@ -45,13 +45,8 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from broker.storage import validation
-from broker.storage.errors import (
-    CorruptBatchError,
-    LogClosedError,
-    OffsetOutOfRangeError,
-    StorageError,
-)
+from broker.storage import log_reads, validation
+from broker.storage.errors import LogClosedError, OffsetOutOfRangeError, StorageError
 from broker.storage.fdcache import DEFAULT_CACHE, FdCache
 from broker.storage.fileio import (
     FileIO,
@@ -67,25 +62,14 @@ from broker.storage.fileio import (
 from broker.storage.index import RELATIVE_OFFSET_MAX
 from broker.storage.layout import STORE_SUFFIX, index_file_name, parse_segment_name
 from broker.storage.log_config import LogConfig
+from broker.storage.log_reads import ReadResult
 from broker.storage.preallocation import Preallocation
 from broker.storage.segment import Extent, Segment
-from ringlog_proto.batch import (
-    COMPRESSION_GZIP,
-    COMPRESSION_NONE,
-    HEADER_SIZE,
-    STORED_LEADER_EPOCH,
-    BatchError,
-    BatchHeader,
-    decode_records,
-    now_ms,
-    read_header,
-    rebased,
-)
+from ringlog_proto.batch import STORED_LEADER_EPOCH, BatchHeader, now_ms, rebased
 
 log = logging.getLogger(__name__)
 
 INDEX_PENDING_ENTRIES_MAX = 256  # index entries held in memory before they are written (ENTRY_SIZE each)
-DECODED_CODECS = frozenset({COMPRESSION_NONE, COMPRESSION_GZIP})  # what `decode_records` can read
 
 
 @dataclass(slots=True)
@@ -116,16 +100,6 @@ class FlushPlan:
     marks: list[tuple[Segment, int, int, bool]]
     durable_offset: int
     pinned: list[Segment] = field(default_factory=list)  # unpinned by complete_ / fail_flush
-
-
-@dataclass(frozen=True, slots=True)
-class ReadResult:
-    """Whole batches as stored, back to back; `next_offset` is where the next read starts."""
-
-    data: bytes
-    first_offset: int
-    next_offset: int
-    error: CorruptBatchError | None = field(default=None)  # damage right after `data`, if any
 
 
 class Log:
@@ -725,28 +699,11 @@ class Log:
             raise OffsetOutOfRangeError(f"offset {offset} is outside the log [{self.start_offset}, {end}]")
         if upto is not None and offset >= upto:
             return None
-        i = bisect.bisect_right(self._bases, offset) - 1
-        for seg in self.segments[max(i, 0) :]:
-            extent = seg.locate(max(offset, seg.base_offset), max_bytes, upto)
-            if extent is not None:
-                return extent
-        return None
+        return log_reads.locate(self.segments, self._bases, offset, max_bytes, upto)
 
     def complete_read(self, extent: Extent, data: bytes) -> ReadResult:
         """Check the bytes read for `extent`; return the intact batches before any damage."""
-        seg = extent.segment
-        valid, next_offset, error = seg.check_batches(data, extent)
-        if error is None and len(data) < extent.length:
-            error = CorruptBatchError(
-                seg.store_path, extent.position + len(data), "store shorter than its index"
-            )
-        if valid == 0:
-            assert error is not None
-            raise error
-        # Whole (the usual case): the bytes as read, never a copy (a slice of a bytearray is one).
-        return ReadResult(
-            data if valid == len(data) else data[:valid], extent.first_offset, next_offset, error
-        )
+        return log_reads.checked(extent, data)
 
     def read(self, offset: int, max_bytes: int) -> ReadResult:
         """Batches from the one holding `offset`, as stored, up to `max_bytes` (at least one batch)."""
@@ -766,24 +723,7 @@ class Log:
         fewer), not an error.
         """
         self.check_usable()
-        for seg in self.segments:
-            position = seg.find_timestamp(timestamp)
-            if position is None:
-                continue
-            h = read_header(self.io.pread(seg.store_fd, HEADER_SIZE, position))
-            if h.compression not in DECODED_CODECS:
-                return h.base_offset
-            data = self.io.pread(seg.store_fd, h.size, position)
-            try:
-                records = decode_records(data)
-            except BatchError as exc:
-                raise CorruptBatchError(seg.store_path, position, str(exc)) from None
-            for rec in records:
-                assert rec.timestamp is not None
-                if rec.timestamp >= timestamp:
-                    return rec.offset
-            raise CorruptBatchError(seg.store_path, position, "index timestamp not found in the batch")
-        return None
+        return log_reads.offset_for_timestamp(self.segments, self.io, timestamp)
 
     def batch_headers(self, from_offset: int = 0) -> Iterator[BatchHeader]:
         """Headers of the stored batches from the one holding `from_offset`, read via the index.
@@ -792,14 +732,7 @@ class Log:
         as the idempotent producers' last sequences, when a partition opens.
         """
         self.check_usable()
-        for seg in self.segments:
-            if seg.next_offset <= from_offset:
-                continue
-            index = seg.index
-            start = max(index.find_offset(from_offset - seg.base_offset), 0)
-            for i in range(start, len(index)):
-                data = self.io.pread(seg.store_fd, HEADER_SIZE, index.position(i))
-                yield read_header(data)
+        yield from log_reads.batch_headers(self.segments, self.io, from_offset)
 
     # ------------------------------------------------------------------------- truncate / retention
 

@@ -1,0 +1,101 @@
+"""Reads of a log's segments: where a read's batches are, the check of the bytes read, and the
+cold reads by time and of every header. `Log` (broker/storage/log.py) checks that it is usable
+and the offset in range, then calls these; they change nothing.
+
+Rules this module keeps:
+- A read returns whole batches as stored, at least one, from one segment; bytes that do not check
+  out end it: the intact batches before them are returned with the damage (`ReadResult.error`),
+  and a read whose first batch is damaged raises it.
+- The index finds batches; the cold paths (a time's offset, every header) pread what it points at.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from broker.storage.errors import CorruptBatchError
+from broker.storage.fileio import FileIO
+from broker.storage.segment import Extent, Segment
+from ringlog_proto.batch import (
+    COMPRESSION_GZIP,
+    COMPRESSION_NONE,
+    HEADER_SIZE,
+    BatchError,
+    BatchHeader,
+    decode_records,
+    read_header,
+)
+
+DECODED_CODECS = frozenset({COMPRESSION_NONE, COMPRESSION_GZIP})  # what `decode_records` can read
+
+
+@dataclass(frozen=True, slots=True)
+class ReadResult:
+    """Whole batches as stored, back to back; `next_offset` is where the next read starts."""
+
+    data: bytes
+    first_offset: int
+    next_offset: int
+    error: CorruptBatchError | None = field(default=None)  # damage right after `data`, if any
+
+
+def locate(
+    segments: list[Segment], bases: list[int], offset: int, max_bytes: int, upto: int | None
+) -> Extent | None:
+    """`Log.prepare_read`'s extent, once the log checked the offset: from the segment holding
+    `offset` (`bases`: the segments' base offsets), or the first after it with a batch to read."""
+    i = bisect.bisect_right(bases, offset) - 1
+    for seg in segments[max(i, 0) :]:
+        extent = seg.locate(max(offset, seg.base_offset), max_bytes, upto)
+        if extent is not None:
+            return extent
+    return None
+
+
+def checked(extent: Extent, data: bytes) -> ReadResult:
+    """`Log.complete_read`: the intact batches of the bytes read for `extent`, before any damage."""
+    seg = extent.segment
+    valid, next_offset, error = seg.check_batches(data, extent)
+    if error is None and len(data) < extent.length:
+        error = CorruptBatchError(seg.store_path, extent.position + len(data), "store shorter than its index")
+    if valid == 0:
+        assert error is not None
+        raise error
+    # Whole (the usual case): the bytes as read, never a copy (a slice of a bytearray is one).
+    return ReadResult(data if valid == len(data) else data[:valid], extent.first_offset, next_offset, error)
+
+
+def offset_for_timestamp(segments: list[Segment], io: FileIO, timestamp: int) -> int | None:
+    """`Log.offset_for_timestamp` (it says how), over the log's segments."""
+    for seg in segments:
+        position = seg.find_timestamp(timestamp)
+        if position is None:
+            continue
+        h = read_header(io.pread(seg.store_fd, HEADER_SIZE, position))
+        if h.compression not in DECODED_CODECS:
+            return h.base_offset
+        data = io.pread(seg.store_fd, h.size, position)
+        try:
+            records = decode_records(data)
+        except BatchError as exc:
+            raise CorruptBatchError(seg.store_path, position, str(exc)) from None
+        for rec in records:
+            assert rec.timestamp is not None
+            if rec.timestamp >= timestamp:
+                return rec.offset
+        raise CorruptBatchError(seg.store_path, position, "index timestamp not found in the batch")
+    return None
+
+
+def batch_headers(segments: list[Segment], io: FileIO, from_offset: int) -> Iterator[BatchHeader]:
+    """`Log.batch_headers`, over the log's segments."""
+    for seg in segments:
+        if seg.next_offset <= from_offset:
+            continue
+        index = seg.index
+        start = max(index.find_offset(from_offset - seg.base_offset), 0)
+        for i in range(start, len(index)):
+            data = io.pread(seg.store_fd, HEADER_SIZE, index.position(i))
+            yield read_header(data)
