@@ -1,4 +1,7 @@
 """The segmented log of one partition: appends, reads, truncation, retention, recovery, flush.
+Beside it: its settings and bounds (log_config.py), the checks a batch passes (validation.py),
+the reads' work over the segments (log_reads.py), what a crash left (log_recovery.py) and the
+active segment's preallocation (preallocation.py).
 
 Rules this module keeps:
 - Offsets are assigned here and only grow. A new segment is based at the log's next offset, so a
@@ -45,7 +48,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from broker.storage import log_reads, validation
+from broker.storage import log_reads, log_recovery, validation
 from broker.storage.errors import LogClosedError, OffsetOutOfRangeError, StorageError
 from broker.storage.fdcache import DEFAULT_CACHE, FdCache
 from broker.storage.fileio import (
@@ -60,7 +63,6 @@ from broker.storage.fileio import (
     run_ops,
 )
 from broker.storage.index import RELATIVE_OFFSET_MAX
-from broker.storage.layout import STORE_SUFFIX, index_file_name, parse_segment_name
 from broker.storage.log_config import LogConfig
 from broker.storage.log_reads import ReadResult
 from broker.storage.preallocation import Preallocation
@@ -171,43 +173,18 @@ class Log:
         directory = self.directory
         clock = self.clock
         cache = self.cache
-        created = []  # the directories makedirs is about to create, deepest first
-        path = os.path.abspath(directory)
-        while not os.path.isdir(path) and os.path.dirname(path) != path:
-            created.append(path)
-            path = os.path.dirname(path)
+        created = log_recovery.missing_dirs(directory)
         io.makedirs(directory)
         self._parents_unsynced = [os.path.dirname(d) for d in created]
-        stores: set[int] = set()
-        indexes: set[int] = set()
-        for name in io.listdir(directory):
-            parsed = parse_segment_name(name)
-            if parsed is not None:
-                (stores if parsed[1] == STORE_SUFFIX else indexes).add(parsed[0])
-        for base in sorted(indexes - stores):
-            orphan = os.path.join(directory, index_file_name(base))
-            log.warning("%s: index without a store file; removing it", orphan)
-            io.unlink(orphan)
-        bases = sorted(stores)
+        bases = log_recovery.segment_bases(directory, io)
         now = clock()
         for i, base in enumerate(bases):
             active = i == len(bases) - 1
             seg = Segment.open(directory, base, io, cache, active=active, now_ms=now)
             if active:
                 self._active = seg  # opened pinned
-            if self.segments and self.segments[-1].next_offset > base:
-                prev = self.segments[-1]
-                raise StorageError(
-                    f"{seg.store_path}: segment starts at {base} but {prev.store_path} runs to "
-                    f"{prev.next_offset}: overlapping segments, refusing to guess which is right"
-                )
-            if self.segments and self.segments[-1].next_offset < base:
-                log.warning(
-                    "%s: offsets %d..%d are missing before it",
-                    seg.store_path,
-                    self.segments[-1].next_offset,
-                    base - 1,
-                )
+            if self.segments:
+                log_recovery.check_follows(self.segments[-1], seg)
             self._add_segment(seg)
         if not self.segments:
             self._active = Segment.create(directory, 0, io, cache)  # created pinned
