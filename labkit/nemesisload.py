@@ -43,7 +43,7 @@ from typing import Final
 import confluent_kafka
 
 from broker.client.admin import Admin, TopicDescription
-from broker.client.consumer import Consumer
+from broker.client.blocking_consumer import Consumer
 from broker.client.producer import Producer
 from broker.client.records import RecordMetadata
 from labkit.clusterchecker import Ack, Attempt, Read, Replica, Violation, check, failover_time, read_replica

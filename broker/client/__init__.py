@@ -16,9 +16,10 @@ broker's (only `ringlog_proto`), so applications install and import it without t
 """
 
 from broker.client.admin import Admin, AsyncAdmin, PartitionDescription, TopicDescription
+from broker.client.blocking_consumer import Consumer
 from broker.client.client import DEFAULT_BOOTSTRAP, AsyncClient, TopicInfo, TopicPartition
 from broker.client.connection import AsyncConnection
-from broker.client.consumer import AsyncConsumer, Consumer
+from broker.client.consumer import AsyncConsumer
 from broker.client.errors import (
     AuthenticationError,
     AuthorizationError,

@@ -20,7 +20,7 @@ import pytest
 from kio.schema.errors import ErrorCode
 
 from broker.client.admin import Admin
-from broker.client.consumer import Consumer
+from broker.client.blocking_consumer import Consumer
 from broker.client.errors import DeliveryTimeoutError
 from broker.client.producer import Producer
 from labkit.brokerproc import BrokerProcess, Wire, free_udp_port, membership_key_file, wait_for
