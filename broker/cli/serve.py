@@ -1,10 +1,5 @@
-"""The `broker` command: run a broker (`serve`), use one (`topics`, `produce`, `consume`, `stats`;
-see cli_client.py), manage its users and ACLs (`users`, `acls`; see cli_security.py), move a
-cluster's replicas (`reassign`), and inspect storage (`dump`, `demo`).
-
-`serve` starts a broker; `dump` shows what is in a partition directory batch by batch, with anything
-damaged named by file and position, without opening (or repairing) it; `demo` exercises the storage
-engine alone.
+"""`broker serve`: a broker's options and the supervisor they start (broker/node/supervisor.py), one
+worker process per core.
 """
 
 from __future__ import annotations
@@ -14,10 +9,7 @@ import logging
 import os
 import ssl
 import sys
-import time
-from collections.abc import Sequence
 
-from broker import __version__
 from broker.backends.uring_options import (
     APPEND_WRITES,
     APPEND_WRITES_DEFAULT,
@@ -27,10 +19,7 @@ from broker.backends.uring_options import (
     FLUSH_SYNCS,
     FLUSH_SYNCS_DEFAULT,
 )
-from broker.cli_client import add_client_commands, run_client_command
-from broker.cli_security import add_security_commands
 from broker.core.limits import add_limit_arguments, limits_from_args
-from broker.node.logfmt import LogfmtFormatter
 from broker.security.credentials import CredentialError, check_user_name
 from broker.security.exposure import exposure_warnings, is_loopback_only, is_wildcard
 from broker.security.sasl import (
@@ -41,204 +30,9 @@ from broker.security.sasl import (
     parse_mechanisms,
 )
 from broker.security.tls import TlsConfig, peer_context, server_context
-from broker.storage.errors import StorageError
-from broker.storage.index import ENTRY_SIZE, INDEX_HEADER_SIZE, decode_entry, parse_entries
-from broker.storage.index import invalid_header as invalid_index_header
-from broker.storage.layout import STORE_SUFFIX, index_file_name, parse_segment_name, store_file_name
-from broker.storage.log import Log, LogConfig
-from broker.storage.segment import preallocated
-from ringlog_proto.batch import (
-    CODEC_NAMES,
-    BatchError,
-    BatchHeader,
-    Record,
-    decode_batches,
-    encode_batch,
-    invalid_batch,
-    invalid_records,
-    iter_batches,
-    legacy_format,
-)
+from broker.storage.log import LogConfig
 
-
-def cmd_demo(args: argparse.Namespace) -> int:
-    path = os.path.join(args.data_dir, "demo-0")
-    config = LogConfig(segment_bytes=args.segment_bytes)
-    print(f"ringlog storage demo (the storage engine alone, no server): partition log in {path}")
-    log = Log.open(path, config)
-    print(f"opened: offsets [{log.start_offset}, {log.end_offset}), {len(log.segments)} segment(s)")
-    value = b"v" * args.record_bytes
-    per_batch = max(1, 16 * 1024 // (args.record_bytes + 18))
-    start = time.perf_counter()
-    first = None
-    for i in range(args.batches):
-        batch = encode_batch([Record(value, key=f"key-{i}".encode())] * per_batch)
-        base = log.append(batch)
-        first = base if first is None else first
-    log.flush()
-    elapsed = time.perf_counter() - start
-    written = args.batches * per_batch
-    print(
-        f"appended {written} records of {args.record_bytes} B in {args.batches} batches from offset {first}, "
-        f"flushed (durable to {log.durable_offset}): {written / elapsed:,.0f} records/s"
-    )
-    log.close()
-    log = Log.open(path, config)
-    offset, count = log.start_offset, 0
-    while offset < log.end_offset:
-        result = log.read(offset, 1024 * 1024)
-        count += len(decode_batches(result.data))
-        offset = result.next_offset
-    print(f"reopened and read back {count} records; offsets [{log.start_offset}, {log.end_offset})")
-    print("segments: " + ", ".join(os.path.basename(s.store_path) for s in log.segments))
-    log.close()
-    return 0
-
-
-def cmd_dump(args: argparse.Namespace) -> int:
-    """Print every batch of every segment and check what the broker relies on, without opening
-    (or repairing) the log: batch headers and crcs, record framing, base offsets (from the
-    segment's name on, each batch following the one before, segments following each other), and
-    each index against its store (header, entry crcs, order, every entry naming the batch at its
-    position, no partial or missing entries). Exit status 1 when anything is damaged."""
-    directory = args.partition_dir
-    stores: list[int] = []
-    indexes: set[int] = set()
-    try:
-        names = os.listdir(directory)
-    except OSError as exc:
-        print(f"broker: {exc}", file=sys.stderr)
-        return 1
-    for name in names:
-        parsed = parse_segment_name(name)
-        if parsed is not None:
-            if parsed[1] == STORE_SUFFIX:
-                stores.append(parsed[0])
-            else:
-                indexes.add(parsed[0])
-    stores.sort()
-    damaged = False
-    prev_end: int | None = None  # the offset after the previous segment's last batch
-    for base in stores:
-        with open(os.path.join(directory, store_file_name(base)), "rb") as f:
-            data = f.read()
-        print(f"{store_file_name(base)}: {len(data)} bytes")
-        problems: list[str] = []
-        if prev_end is not None and base != prev_end:
-            how = "overlapping it" if base < prev_end else f"offsets {prev_end}..{base - 1} missing"
-            problems.append(
-                f"segment starts at offset {base}, the previous one ends at {prev_end - 1} ({how})"
-            )
-        batches, expected, store_problems = _dump_store(data, base)
-        problems += store_problems
-        prev_end = expected
-        problems += _dump_index(os.path.join(directory, index_file_name(base)), base, batches)
-        for problem in problems:
-            print(f"  DAMAGED {problem}")
-        damaged = damaged or bool(problems)
-    for base in sorted(indexes - set(stores)):
-        print(f"{index_file_name(base)}: index without a store file (the broker removes it at open)")
-    return 1 if damaged else 0
-
-
-def _dump_store(data: bytes, base: int) -> tuple[list[tuple[int, BatchHeader]], int, list[str]]:
-    """List the batches of a store file: (position, header) of each whole valid batch, the offset
-    after them (counted from the segment's name), and what is damaged."""
-    problems: list[str] = []
-    batches: list[tuple[int, BatchHeader]] = []
-    expected = base
-    end = 0
-    if legacy_format(data) is not None:
-        problems.append(
-            "written by ringlog's record batch format 1 (magic 1), not damaged: this version reads "
-            "Kafka's RecordBatch v2 only and refuses to serve this data dir"
-        )
-        return batches, expected, problems
-    try:
-        for pos, h in iter_batches(data):
-            reason = invalid_batch(data, pos)
-            if reason is not None:
-                raise BatchError(reason)
-            codec = f", {CODEC_NAMES[h.compression]}" if h.compression else ""
-            print(
-                f"  @{pos}: offsets {h.base_offset}..{h.last_offset} ({h.record_count} records, "
-                f"{h.size} B{codec}, max_timestamp {h.max_timestamp}, "
-                f"leader epoch {h.partition_leader_epoch})"
-            )
-            if h.base_offset != expected:
-                after = (
-                    "the segment's name"
-                    if pos == 0
-                    else f"the previous batch's last offset {expected - 1} + 1"
-                )
-                problems.append(
-                    f"at byte {pos}: base offset {h.base_offset}, expected {expected} from {after}"
-                )
-            reason = invalid_records(data, pos, h)
-            if reason is not None:
-                problems.append(
-                    f"at byte {pos}: the records do not frame ({reason}): no client can decode it"
-                )
-            batches.append((pos, h))
-            expected += h.record_count  # offsets are implicit: one bad base offset flags one batch
-            end = pos + h.size
-    except BatchError as exc:
-        error: BatchError | None = exc
-    else:
-        error = None
-    if end < len(data):
-        if preallocated(data[end:]):  # a killed broker's preallocated space: released at open
-            print(f"  @{end}: {len(data) - end} bytes preallocated after the last batch (zeros)")
-        elif error is not None:
-            problems.append(f"at byte {end}: {error}")
-        else:
-            problems.append(f"at byte {end}: {len(data) - end} trailing bytes are not a whole batch")
-    return batches, expected, problems
-
-
-def _dump_index(path: str, base: int, batches: list[tuple[int, BatchHeader]]) -> list[str]:
-    """What is wrong with the index at `path` against the store's `batches` (the store is the
-    truth; the broker rebuilds a damaged index at open, but until then it serves reads from it)."""
-    name = os.path.basename(path)
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        return [f"{name}: missing"]
-    reason = invalid_index_header(data, base)
-    if reason is not None:
-        return [f"{name}: {reason}"]
-    problems = []
-    entries, reason = parse_entries(data[INDEX_HEADER_SIZE:])
-    count = len(entries) // ENTRY_SIZE
-    if reason is not None:
-        problems.append(f"{name}: {reason} (valid entries end at entry {count})")
-    max_ts = None
-    for i in range(min(count, len(batches))):
-        entry = decode_entry(entries[i * ENTRY_SIZE : (i + 1) * ENTRY_SIZE])
-        assert entry is not None  # parse_entries kept only entries whose crc matches
-        pos, h = batches[i]
-        max_ts = h.max_timestamp if max_ts is None else max(max_ts, h.max_timestamp)
-        if entry.relative_offset != h.base_offset - base or entry.position != pos:
-            problems.append(
-                f"{name}: entry {i} says offset {base + entry.relative_offset} at byte {entry.position}, "
-                f"the store has offset {h.base_offset} at byte {pos}"
-            )
-            break  # the rest is shifted too: one line says it
-        if entry.max_timestamp != max_ts:
-            problems.append(
-                f"{name}: entry {i} has max_timestamp {entry.max_timestamp}, the store's batches {max_ts}"
-            )
-    if reason is None and count < len(batches):
-        problems.append(
-            f"{name}: {count} entries for {len(batches)} batches (truncated, or not written before a "
-            "crash; the broker rebuilds it at open)"
-        )
-    elif count > len(batches):
-        problems.append(f"{name}: {count} entries for {len(batches)} batches (entries past the store's end)")
-    if not problems:
-        print(f"  {name}: {count} entries, consistent with the store")
-    return problems
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 def _inter_broker(args: argparse.Namespace) -> InterBrokerLogin | None:
@@ -487,15 +281,7 @@ def parse_join(text: str) -> tuple[tuple[str, int], ...]:
     return tuple(seeds)
 
 
-CLIENT_COMMANDS = ("topics", "produce", "consume", "stats")
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="broker", description=__doc__.split("\n")[0])
-    parser.add_argument("--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS)
-    parser.add_argument("--version", action="version", version=f"ringlog broker {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+def add_serve_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     serve = sub.add_parser("serve", help="run a broker")
     serve.add_argument("--log-level", default=argparse.SUPPRESS, type=str.upper, choices=LOG_LEVELS)
     serve.add_argument("--data-dir", default="./data", help="where topics live (default ./data)")
@@ -725,90 +511,3 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--retention-bytes", type=int, default=-1, help="-1: no size limit")
     add_limit_arguments(serve)
     serve.set_defaults(func=cmd_serve)
-    demo = sub.add_parser("demo", help="write, sync, reopen and read back a partition log")
-    demo.add_argument("--data-dir", default="./data", help="where partitions live (default ./data)")
-    demo.add_argument("--batches", type=int, default=2000)
-    demo.add_argument("--record-bytes", type=int, default=100)
-    demo.add_argument("--segment-bytes", type=int, default=8 * 1024 * 1024)
-    demo.set_defaults(func=cmd_demo)
-    add_client_commands(sub)
-    add_security_commands(sub)
-    dump = sub.add_parser(
-        "dump",
-        help="list the batches of a partition directory, checking crcs, record framing, offsets and "
-        "indexes (exit 1 when anything is damaged)",
-    )
-    dump.add_argument("partition_dir")
-    dump.set_defaults(func=cmd_dump)
-    reassign = sub.add_parser(
-        "reassign",
-        help="move a cluster's replicas: one partition's (--replicas), or every one off a node (--drain)",
-    )
-    reassign.add_argument(
-        "--etcd", required=True, metavar="HOST:PORT[,HOST:PORT...]", help="the cluster's etcd"
-    )
-    reassign.add_argument("--cluster-name", default="ringlog")
-    reassign.add_argument("topic", nargs="?", help="the topic of the partition to move (with --replicas)")
-    reassign.add_argument("partition", nargs="?", type=int)
-    what = reassign.add_mutually_exclusive_group(required=True)
-    what.add_argument(
-        "--replicas", metavar="N,N,...", help="the partition's new replicas, preferred leader first"
-    )
-    what.add_argument("--drain", type=int, metavar="NODE", help="move every replica off this node")
-    reassign.set_defaults(func=cmd_reassign)
-    return parser
-
-
-def cmd_reassign(args: argparse.Namespace) -> int:
-    """Start a reassignment in the store; the controller completes it once the new replicas are
-    in sync (docs/CLUSTER.md, "Placement"). Prints what moves; `topics describe` shows progress."""
-    from broker.cluster.admin import ClusterAdmin  # noqa: PLC0415 (the etcd client, for this command only)
-    from broker.cluster.records import Keys, TopicRecord  # noqa: PLC0415
-    from broker.cluster.store import EtcdStore, StoreError  # noqa: PLC0415
-
-    keys = Keys(args.cluster_name)
-    store = EtcdStore([e.strip() for e in args.etcd.split(",") if e.strip()])
-    admin = ClusterAdmin(store, keys)
-    try:
-        if args.drain is not None:
-            moves = admin.drain(args.drain)
-            for tid, p, target in moves:
-                print(f"topic id {tid} partition {p}: -> {','.join(map(str, target))}")
-            print(f"{len(moves)} partition(s) moving off node {args.drain}")
-            return 0
-        if args.topic is None or args.partition is None:
-            print("broker: reassign --replicas needs TOPIC and PARTITION", file=sys.stderr)
-            return 2
-        kv = store.get(keys.topic(args.topic))
-        if kv is None:
-            print(f"broker: unknown topic {args.topic!r}", file=sys.stderr)
-            return 1
-        topic_id = TopicRecord.decode(kv.value).topic.topic_id
-        target = [int(x) for x in args.replicas.split(",") if x.strip()]
-        state = admin.reassign(topic_id, args.partition, target)
-        before, after = ",".join(map(str, state.replicas)), ",".join(map(str, target))
-        print(f"{args.topic} partition {args.partition}: {before} -> {after}")
-        return 0
-    except (StoreError, ValueError) as exc:
-        print(f"broker: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        store.close()
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(LogfmtFormatter())
-    logging.basicConfig(level=args.log_level, handlers=[handler])
-    if args.command in CLIENT_COMMANDS:
-        return run_client_command(args)
-    try:
-        return args.func(args)
-    except StorageError as exc:
-        print(f"broker: {exc}", file=sys.stderr)
-        return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
