@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 from broker.client.admin import Admin
-from broker.client.producer import Producer
+from broker.client.blocking_producer import Producer
 from labkit.brokerproc import BrokerProcess, membership_key_file
 from labkit.etcdproc import EtcdCluster
 from ringlog_proto import messages as m

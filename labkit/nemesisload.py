@@ -44,7 +44,7 @@ import confluent_kafka
 
 from broker.client.admin import Admin, TopicDescription
 from broker.client.blocking_consumer import Consumer
-from broker.client.producer import Producer
+from broker.client.blocking_producer import Producer
 from broker.client.records import RecordMetadata
 from labkit.clusterchecker import Ack, Attempt, Read, Replica, Violation, check, failover_time, read_replica
 from labkit.clusterlab import MEMBERSHIP_PORT, ClusterLab, wait_until

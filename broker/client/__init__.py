@@ -17,6 +17,7 @@ broker's (only `ringlog_proto`), so applications install and import it without t
 
 from broker.client.admin import Admin, AsyncAdmin, PartitionDescription, TopicDescription
 from broker.client.blocking_consumer import Consumer
+from broker.client.blocking_producer import Producer
 from broker.client.client import DEFAULT_BOOTSTRAP, AsyncClient, TopicInfo, TopicPartition
 from broker.client.connection import AsyncConnection
 from broker.client.consumer import AsyncConsumer
@@ -53,7 +54,7 @@ from broker.client.errors import (
     error_for,
 )
 from broker.client.partitioner import key_partition
-from broker.client.producer import AsyncProducer, Producer
+from broker.client.producer import AsyncProducer
 from broker.client.records import ConsumerRecord, RecordMetadata
 from broker.client.security import Security
 from ringlog_proto.messages import Acks

@@ -19,12 +19,15 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
+from broker.client.errors import MessageTooLargeError
 from broker.client.records import Header, RecordMetadata
 from ringlog_proto.batch import HEADER_SIZE, Record, encode_batch, varint_size
 from ringlog_proto.batch import record_size as exact_record_size
+from ringlog_proto.messages import ErrorCode
 
 BATCH_OVERHEAD: Final = HEADER_SIZE  # 61 bytes of batch header
 MAX_BATCH_BYTES: Final = 1024 * 1024  # the broker's default max_batch_bytes (whole batch)
+TIMESTAMP_MAX: Final = (1 << 63) - 1  # a record's timestamp is an i64 of milliseconds
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +55,47 @@ def record_size(
     else:
         size = exact_record_size(value, key, headers) + RECORD_SLACK
     return size if timestamp is None else size + TIMESTAMP_SLACK
+
+
+def prepare_record(
+    value: bytes | None,
+    key: bytes | None = None,
+    headers: Sequence[Header] = (),
+    timestamp: int | None = None,
+    max_batch_bytes: int = MAX_BATCH_BYTES,
+) -> tuple[bytes | Record, int]:
+    """Check a record's arguments and return what the batch stores and its encoded size.
+
+    Raises `TypeError` for a value or key that is not bytes-like, `ValueError` for a timestamp
+    outside 0..2**63-1 and `MessageTooLargeError` for a record that could never fit in a batch the
+    broker accepts: argument errors surface at `send`, broker errors through the record's future.
+    """
+    if value is not None and type(value) is not bytes:
+        if not isinstance(value, bytearray | memoryview):
+            raise TypeError(f"value must be bytes or None, not {type(value).__name__}")
+        value = bytes(value)  # a copy: the caller may reuse its buffer before the batch is sent
+    if key is not None and type(key) is not bytes:
+        if not isinstance(key, bytearray | memoryview):
+            raise TypeError(f"key must be bytes or None, not {type(key).__name__}")
+        key = bytes(key)
+    if timestamp is not None and not (isinstance(timestamp, int) and 0 <= timestamp <= TIMESTAMP_MAX):
+        # Kafka's producers refuse a negative timestamp too; and any two of these fit the int64
+        # delta a batch stores between its records.
+        raise ValueError(f"timestamp {timestamp!r} is not milliseconds since the epoch in 0..2**63-1")
+    if headers:
+        headers = tuple(headers)
+        for h in headers:
+            if not (len(h) == 2 and isinstance(h[0], str) and (h[1] is None or isinstance(h[1], bytes))):
+                raise TypeError(f"header {h!r} is not a (str, bytes | None) pair")
+    size = record_size(value, key, headers, timestamp)
+    if size + BATCH_OVERHEAD > max_batch_bytes:
+        raise MessageTooLargeError(
+            ErrorCode.MESSAGE_TOO_LARGE,
+            f"a record of {size} bytes encoded cannot fit in a batch of at most {max_batch_bytes} bytes",
+        )
+    if key is None and not headers and timestamp is None and value is not None:
+        return value, size
+    return Record(value, key, headers or (), timestamp), size
 
 
 class ProducerBatch:

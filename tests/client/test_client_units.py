@@ -27,12 +27,13 @@ from broker.client import (
     error_for,
     key_partition,
 )
-from broker.client.accumulator import BATCH_OVERHEAD, RECORD_SLACK, ProducerBatch, record_size
+from broker.client.accumulator import BATCH_OVERHEAD, RECORD_SLACK, ProducerBatch, prepare_record, record_size
 from broker.client.backoff import backoff_delay
+from broker.client.blocking_producer import _SendFuture
 from broker.client.client import parse_bootstrap
 from broker.client.errors import ERROR_CLASSES, BrokerStorageError, DeliveryTimeoutError, NotOwnerError
 from broker.client.partitioner import Partitioner
-from broker.client.producer import AsyncProducer, _SendFuture, prepare_record
+from broker.client.producer import AsyncProducer
 from ringlog_proto.batch import BROKER_PRODUCER_ID_LIMIT, Record, decode_records, encode_batch
 from ringlog_proto.messages import ErrorCode
 

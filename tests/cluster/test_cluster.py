@@ -21,8 +21,8 @@ from kio.schema.errors import ErrorCode
 
 from broker.client.admin import Admin
 from broker.client.blocking_consumer import Consumer
+from broker.client.blocking_producer import Producer
 from broker.client.errors import DeliveryTimeoutError
-from broker.client.producer import Producer
 from labkit.brokerproc import BrokerProcess, Wire, free_udp_port, membership_key_file, wait_for
 from labkit.clusterchecker import Ack, check, read_replica
 from ringlog_proto import messages as m

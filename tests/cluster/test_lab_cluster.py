@@ -7,8 +7,8 @@ from __future__ import annotations
 import time
 
 from broker.client.admin import Admin
+from broker.client.blocking_producer import Producer
 from broker.client.errors import UnknownTopicError
-from broker.client.producer import Producer
 from labkit.clusterlab import MEMBERSHIP_PORT
 from ringlog_proto import messages as m
 

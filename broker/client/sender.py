@@ -1,0 +1,638 @@
+"""The sender: the half of `AsyncProducer` that delivers sealed batches to their partitions' owners.
+
+`Sender` is `AsyncProducer`'s base class: the producer accumulates records into each partition's
+open batch (broker/client/producer.py) and calls `_pump` when a partition has something to send;
+what follows, until every record's future is resolved, is here. The state both halves share is
+declared on `Sender` and set by `AsyncProducer.__init__`. The one thing the sender asks of the
+producer is to place the records parked for a topic once its metadata is known (`_place_parked`).
+
+Retries and idempotence. A batch that fails retriably (a retriable error code, a lost connection,
+no answer in time) is retried with bounded exponential backoff until `retries` or
+`delivery_timeout_ms` runs out, *with the same bytes*: same producer id, epoch and sequence, so a
+broker that had already appended it answers with the original offsets and appends nothing
+(`broker/core/partition.py` keeps the last 5 batches per producer; hence `max_in_flight <= 5`).
+Failures are handled per partition in *rounds*: after the first failure nothing new is sent until
+every batch in flight has answered, then the failed ones are resent in sequence order. A batch
+refused with OUT_OF_ORDER_SEQUENCE behind a failed one, or behind one still unanswered (in flight
+on the connection a re-route left behind), is collateral damage and retried too.
+
+When a batch is given up while the broker is known not to have appended it (a non-retriable
+refusal), its sequence numbers are released: the partition's later batches, which the broker also
+refused (there was a gap), are encoded again from that sequence. A batch given up with unknown
+fate (its retries ran out on lost connections) keeps its numbers; the next answer tells: a success
+means it was appended, OUT_OF_ORDER_SEQUENCE means it was not, and sequences are released then. An
+OUT_OF_ORDER_SEQUENCE with no such explanation (the broker's state and ours disagree) fails that
+batch and moves the partition to the next epoch, where the broker accepts a fresh sequence.
+The epoch is therefore per partition, as the broker's producer state is. Sequence numbers that
+would pass 2**31 - 1 also start a new epoch.
+
+Without idempotence (`enable_idempotence=False`) retries may write a batch twice and, with
+`max_in_flight > 1`, reorder batches.
+
+Routing follows the client's (broker/client/client.py): a batch goes to the route key Metadata
+gives its partition. NOT_OWNER and UNKNOWN_TOPIC_OR_PARTITION forget the topic's Metadata, so the
+retry goes where a fresh Metadata says; in a cluster a lost connection does too (the leader's node
+may be down). A partition with no live leader (`NO_ROUTE`) keeps its batches queued and asks
+Metadata again with backoff until a leader appears or their delivery timeout passes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections import deque
+from typing import Any, Final
+
+from broker.client.accumulator import BATCH_OVERHEAD, Callback, ProducerBatch, call_callback
+from broker.client.backoff import backoff_delay
+from broker.client.client import NO_ROUTE, AsyncClient
+from broker.client.connection import AsyncConnection
+from broker.client.errors import (
+    BrokerUnavailable,
+    ClientClosedError,
+    ClientError,
+    DeliveryTimeoutError,
+    NotOwnerError,
+    OutOfOrderSequenceError,
+    RingLogError,
+    UnknownTopicError,
+    error_for,
+)
+from broker.client.partitioner import Partitioner
+from ringlog_proto.batch import BROKER_PRODUCER_ID_LIMIT, Record
+from ringlog_proto.messages import (
+    Acks,
+    ErrorCode,
+    ProduceRequest,
+    Response,
+    decode_produce_reply,
+)
+
+log = logging.getLogger(__name__)
+
+SEQUENCE_MAX: Final = (1 << 31) - 1  # base_sequence is an i32
+EPOCH_MAX: Final = (1 << 15) - 1  # producer_epoch is an i16
+
+
+def random_producer_id() -> int:
+    """A producer id picked at random above the broker's own (`BROKER_PRODUCER_ID_LIMIT`): two
+    producers share one with odds of about n**2 / 2**64 among n producers, never with a Kafka
+    client's broker-assigned id."""
+    return BROKER_PRODUCER_ID_LIMIT + secrets.randbelow((1 << 63) - BROKER_PRODUCER_ID_LIMIT)
+
+
+WRITE_BUFFER_HIGH: Final = 8 * 1024 * 1024  # unsent bytes on a connection before we wait for it
+
+
+class _Partition:
+    """Send state of one partition: batches open, queued, in flight, failed; sequence numbers."""
+
+    __slots__ = (
+        "backoff",
+        "confirmed",
+        "epoch",
+        "failed",
+        "inflight",
+        "linger",
+        "next_order",
+        "next_seq",
+        "open",
+        "partition",
+        "partitions",
+        "producer_id",
+        "queue",
+        "recovering",
+        "released",
+        "reset_epoch",
+        "topic",
+        "topic_id",
+        "unknown",
+    )
+
+    def __init__(
+        self, topic: str, partition: int, partitions: int, producer_id: int, epoch: int, idempotent: bool
+    ) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.partitions = partitions  # the topic's partition count (for the sticky partitioner)
+        self.topic_id = 0
+        self.open: ProducerBatch | None = None
+        self.linger: asyncio.TimerHandle | None = None
+        self.queue: deque[ProducerBatch] = deque()  # sealed, to send (retries first)
+        self.inflight: deque[ProducerBatch] = deque()  # sent, unanswered, in send order
+        self.failed: list[ProducerBatch] = []  # to retry when the round ends
+        self.recovering = False  # a batch failed: send nothing new until in-flight drains
+        self.backoff: asyncio.TimerHandle | None = None
+        self.next_order = 0
+        self.producer_id = producer_id
+        self.epoch = epoch
+        self.next_seq = 0
+        self.released: list[ProducerBatch] = []  # given up, known not appended: free their sequences
+        self.unknown: list[ProducerBatch] = []  # given up, fate unknown
+        self.reset_epoch = False
+        # Whether the broker has acknowledged a batch of this producer id and epoch. Until it has,
+        # only one batch is in flight: the broker accepts *any* sequence from a producer it does
+        # not know, so a second batch could land first if the first one failed and had to be
+        # retried; that would reorder records and strand the retry as out of sequence.
+        self.confirmed = not idempotent
+
+    def batches(self) -> list[ProducerBatch]:
+        out = [*self.queue, *self.inflight, *self.failed]
+        if self.open is not None:
+            out.append(self.open)
+        return out
+
+
+class _Parked:
+    """A record sent to a topic whose metadata is not known yet."""
+
+    __slots__ = ("callback", "deadline", "future", "item", "key", "now", "partition", "size")
+
+    def __init__(
+        self,
+        item: bytes | Record,
+        key: bytes | None,
+        size: int,
+        partition: int | None,
+        future: Any,
+        callback: Callback | None,
+        deadline: float,
+        now: bool = False,
+    ) -> None:
+        self.item = item
+        self.key = key
+        self.size = size
+        self.partition = partition
+        self.future = future
+        self.callback = callback
+        self.deadline = deadline
+        self.now = now  # its batch goes out once it is placed, not after the linger
+
+    def fail(self, exc: BaseException) -> None:
+        if not self.future.done():
+            self.future.set_exception(exc)
+        if self.callback is not None:
+            call_callback(self.callback, None, exc)
+
+
+class Sender:
+    """Delivers the sealed batches of `AsyncProducer`'s partitions: its base class (see the module)."""
+
+    # Set by `AsyncProducer.__init__`: its configuration, validated there ...
+    acks: Acks
+    max_in_flight: int
+    retries: int | None
+    retry_backoff: float  # seconds
+    retry_backoff_max: float
+    delivery_timeout: float
+    request_timeout_ms: int
+    buffer_memory: int
+    idempotent: bool
+    _reply_timeout: float
+    # ... and the state both halves share.
+    _client: AsyncClient
+    _partitioner: Partitioner
+    _parts: dict[tuple[str, int], _Partition]
+    _parked: dict[str, list[_Parked]]
+    _lookups: dict[str, asyncio.Task[None]]
+    _connecting: dict[int, asyncio.Task[None]]
+    _draining: dict[int, asyncio.Task[None]]
+    _buffered: int
+    _space: asyncio.Event | None
+    _loop: asyncio.AbstractEventLoop | None
+    _closed: bool
+
+    def _ensure_loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            raise RuntimeError("call `await producer.start()` first (or use `async with`)")
+        return self._loop
+
+    # ----------------------------------------------------------------------------------- the sender
+
+    def _pump(self, ps: _Partition) -> None:
+        """Send what this partition may send now. Called whenever something changed for it."""
+        if self._closed:
+            return
+        if ps.recovering:
+            if ps.inflight:
+                return  # the round is not over
+            self._end_round(ps)
+        if ps.backoff is not None:
+            return
+        now = time.monotonic()
+        conn: AsyncConnection | None = None
+        while len(ps.inflight) < self.max_in_flight:
+            if ps.inflight and not ps.confirmed:
+                return  # the first batch of an epoch goes alone (see _Partition.confirmed)
+            if not ps.queue:
+                b = ps.open
+                if b is None or not b.ready:
+                    return
+                ps.open = None  # seal without recursing into _pump
+                if ps.linger is not None:
+                    ps.linger.cancel()
+                    ps.linger = None
+                b.order = ps.next_order
+                ps.next_order += 1
+                ps.queue.append(b)
+                self._partitioner.batch_sealed(ps.topic, ps.partition, ps.partitions)
+            b = ps.queue[0]
+            if now >= b.deadline:
+                self._expire(ps)
+                continue
+            if conn is None:
+                conn = self._connection_for(ps)
+                if conn is None:
+                    return  # a lookup or connect is under way; it pumps again
+            if conn.write_buffer_size() > WRITE_BUFFER_HIGH:
+                self._wait_drain(conn)  # the socket is behind: it pumps again once drained
+                return
+            if self.idempotent and b.data is None:
+                if ps.next_seq + len(b) - 1 > SEQUENCE_MAX:
+                    if ps.inflight:
+                        return  # the new epoch must not overtake batches of the old one
+                    self._next_epoch(ps)
+                b.seq = ps.next_seq
+                ps.next_seq += len(b)
+                b.encode(ps.producer_id, ps.epoch, b.seq)
+            elif b.data is None:
+                b.encode(-1, -1, -1)
+            ps.queue.popleft()
+            self._send(ps, b, conn)
+            if conn.closed:
+                conn = None
+
+    def _send(self, ps: _Partition, b: ProducerBatch, conn: AsyncConnection) -> None:
+        assert b.data is not None
+        req = ProduceRequest(ps.topic_id, ps.partition, self.acks, self.request_timeout_ms, b.data)
+        if self.acks == Acks.NONE:
+            try:
+                conn.send_no_response_nowait(req)
+            except BrokerUnavailable as exc:
+                ps.inflight.append(b)
+                self._on_result(ps, b, -1, exc)
+                return
+            self._finish_ok(ps, b, -1)
+            return
+        ps.inflight.append(b)
+        reply = _Reply(self, ps, b)
+        try:
+            conn.request_to(req, reply, timeout=self._reply_timeout, decode=decode_produce_reply)
+        except BrokerUnavailable as exc:
+            if not reply.settled:  # else the connection's failure reached the reply first
+                reply.settled = True
+                self._on_result(ps, b, -1, exc)
+
+    def _on_result(
+        self, ps: _Partition, b: ProducerBatch, base_offset: int, err: BaseException | None
+    ) -> None:
+        """`b`'s answer: acknowledged at `base_offset` (`err` None), or failed with `err`."""
+        try:
+            ps.inflight.remove(b)
+        except ValueError:  # the producer was closed meanwhile
+            return
+        if err is None:
+            ps.confirmed = True
+            if ps.unknown:  # a later batch fit the broker's sequence: earlier ones were appended
+                ps.unknown = [x for x in ps.unknown if x.order > b.order]
+            self._finish_ok(ps, b, base_offset)
+            if not (ps.queue or ps.recovering or (ps.open is not None and ps.open.ready)):
+                return  # nothing is waiting to go: the pump would find nothing to send
+        else:
+            self._on_failure(ps, b, err)
+        self._pump(ps)
+
+    def _on_failure(self, ps: _Partition, b: ProducerBatch, err: BaseException) -> None:
+        b.last_error = err
+        if isinstance(err, UnknownTopicError | NotOwnerError) or (
+            self._client.clustered and isinstance(err, BrokerUnavailable | OSError)
+        ):
+            self._client.invalidate(ps.topic)  # re-route after a fresh Metadata
+        retry: bool
+        known_refused: bool  # the broker certainly did not append this batch
+        if isinstance(err, OutOfOrderSequenceError) and self.idempotent:
+            known_refused = True
+            earlier_unknown = [x for x in ps.unknown if x.order < b.order]
+            if ps.recovering:
+                retry = True  # behind a failed batch of this round: collateral
+            elif any(x.order < b.order for x in ps.inflight):
+                # Behind a batch still unanswered (sent on the connection a re-route left, or
+                # answered late): the broker has not seen that one yet. Collateral too: both are
+                # resent in order once it answers.
+                retry = True
+            elif earlier_unknown:
+                # Batches given up before this one with unknown fate were not appended after all.
+                ps.released.extend(earlier_unknown)
+                ps.unknown = [x for x in ps.unknown if x.order > b.order]
+                retry = True
+            else:
+                log.warning("%s/%d: %s; moving to a new producer epoch", ps.topic, ps.partition, err)
+                retry = False
+                ps.reset_epoch = True
+        elif (isinstance(err, RingLogError | BrokerUnavailable) and err.retriable) or isinstance(
+            err, OSError
+        ):
+            known_refused = False
+            b.attempts += 1
+            retry = self.retries is None or b.attempts <= self.retries
+        else:
+            known_refused = True  # an error response: the broker refused the batch
+            retry = False
+        ps.recovering = True
+        if retry and time.monotonic() < b.deadline:
+            ps.failed.append(b)
+            return
+        self._give_up(ps, b, err, known_refused=known_refused)
+
+    def _give_up(
+        self, ps: _Partition, b: ProducerBatch, err: BaseException | None, *, known_refused: bool
+    ) -> None:
+        """Fail a batch for good, keeping the partition's sequence bookkeeping right."""
+        if err is None or time.monotonic() >= b.deadline:
+            timeout = DeliveryTimeoutError(
+                f"{ps.topic}/{ps.partition}: {len(b)} record(s) not acknowledged within "
+                f"{self.delivery_timeout * 1000:.0f} ms"
+                + (f" (last error: {b.last_error})" if b.last_error is not None else "")
+            )
+            timeout.__cause__ = err or b.last_error
+            err = timeout
+        if self.idempotent and b.seq >= 0 and not ps.reset_epoch:
+            if known_refused:
+                ps.released.append(b)
+                ps.recovering = True  # its sequences are released when the round ends
+            else:
+                ps.unknown.append(b)  # the next answer on this partition tells
+        self._finish_failed(b, err)
+
+    def _end_round(self, ps: _Partition) -> None:
+        """All batches of a failed round have answered: renumber what must be, requeue the
+        failed ones in sequence order, back off."""
+        ps.recovering = False
+        retry = sorted(ps.failed, key=lambda x: x.order)
+        ps.failed = []
+        pending = [*retry, *ps.queue]
+        if ps.reset_epoch:
+            ps.reset_epoch = False
+            ps.released.clear()
+            ps.unknown.clear()
+            self._next_epoch(ps)
+            for x in pending:
+                x.reset_encoding()
+        elif ps.released:
+            low = min(x.seq for x in ps.released)
+            ps.released.clear()
+            ps.next_seq = low
+            for x in pending:
+                if x.seq > low:
+                    x.reset_encoding()
+        if retry:
+            ps.queue.extendleft(reversed(retry))
+            attempts = max(x.attempts for x in retry)
+            delay = backoff_delay(max(0, attempts - 1), self.retry_backoff, self.retry_backoff_max)
+            loop = self._loop
+            assert loop is not None
+            ps.backoff = loop.call_later(delay, self._backoff_done, ps)
+            log.debug("%s/%d: retrying %d batch(es) in %.3f s", ps.topic, ps.partition, len(retry), delay)
+
+    def _backoff_done(self, ps: _Partition) -> None:
+        ps.backoff = None
+        self._pump(ps)
+
+    def _next_epoch(self, ps: _Partition) -> None:
+        if ps.epoch >= EPOCH_MAX:
+            ps.producer_id = random_producer_id()
+            ps.epoch = 0
+        else:
+            ps.epoch += 1
+        ps.next_seq = 0
+        ps.confirmed = False
+
+    def _finish_ok(self, ps: _Partition, b: ProducerBatch, base_offset: int) -> None:
+        self._release(b)
+        b.complete(ps.topic, ps.partition, base_offset)
+
+    def _finish_failed(self, b: ProducerBatch, err: BaseException) -> None:
+        self._release(b)
+        b.fail(err)
+
+    def _release(self, b: ProducerBatch) -> None:
+        self._buffered -= b.size - BATCH_OVERHEAD
+        b.size = BATCH_OVERHEAD
+        if self._space is not None and self._buffered < self.buffer_memory:
+            self._space.set()
+
+    # ----------------------------------------------------------------------------------- routing
+
+    def _connection_for(self, ps: _Partition) -> AsyncConnection | None:
+        """The open connection to the partition's owner core, or None after starting whatever
+        (metadata lookup, connect) will make one; that task pumps the partition when done."""
+        info = self._client.cached_topic(ps.topic)
+        if info is None:
+            self._lookup(ps.topic)
+            return None
+        if ps.partition >= info.partitions:
+            self._fail_partition(
+                ps,
+                UnknownTopicError(
+                    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                    f"topic {ps.topic!r} has no partition {ps.partition}",
+                ),
+            )
+            return None
+        ps.topic_id = info.topic_id
+        core = info.owners[ps.partition]
+        if core == NO_ROUTE:
+            self._lookup(ps.topic)  # waits for a leader (see _lookup_task)
+            return None
+        conn = self._client.connection_nowait(core)
+        if conn is None:
+            self._connect(core)
+        return conn
+
+    def _lookup(self, topic: str) -> None:
+        if topic not in self._lookups and not self._closed:
+            loop = self._ensure_loop()
+            self._lookups[topic] = loop.create_task(self._lookup_task(topic))
+
+    async def _lookup_task(self, topic: str) -> None:
+        attempt = 0
+        refresh = False
+        try:
+            while True:
+                try:
+                    info = await self._client.topic(topic, refresh=refresh)
+                    if not self._leaderless(topic, info.owners):
+                        break
+                    # Batches wait for a partition with no live leader: ask again after a backoff.
+                    # Records waiting for the topic go to their partitions meanwhile: those with
+                    # a leader are sent (their pump finds this lookup under way for the others).
+                    refresh = True
+                    self._place_parked(topic, info.partitions)
+                    for ps in [ps for ps in self._parts.values() if ps.topic == topic]:
+                        self._expire(ps)
+                    if not self._leaderless(topic, info.owners):
+                        break
+                    log.debug("%s: a partition with batches has no live leader; asking again", topic)
+                    await asyncio.sleep(backoff_delay(attempt, self.retry_backoff, self.retry_backoff_max))
+                    attempt += 1
+                except (BrokerUnavailable, OSError) as exc:
+                    self._expire_parked(topic, exc)
+                    waiting = [ps for ps in self._parts.values() if ps.topic == topic]
+                    for ps in waiting:
+                        self._expire(ps)
+                    if not self._parked.get(topic) and not any(ps.batches() for ps in waiting):
+                        return
+                    await asyncio.sleep(backoff_delay(attempt, self.retry_backoff, self.retry_backoff_max))
+                    attempt += 1
+                except ClientError as exc:  # unknown topic, client closed: fail what waits for it
+                    for p in self._parked.pop(topic, []):
+                        self._buffered -= p.size
+                        p.fail(exc)
+                    for ps in [ps for ps in self._parts.values() if ps.topic == topic]:
+                        self._fail_partition(ps, exc)
+                    return
+        finally:
+            self._lookups.pop(topic, None)
+        self._place_parked(topic, info.partitions)
+        for ps in [ps for ps in self._parts.values() if ps.topic == topic]:
+            self._pump(ps)
+
+    def _leaderless(self, topic: str, owners: tuple[int, ...]) -> bool:
+        """Whether a partition of `topic` with batches queued has no route now."""
+        return any(
+            ps.topic == topic and ps.partition < len(owners) and owners[ps.partition] == NO_ROUTE and ps.queue
+            for ps in self._parts.values()
+        )
+
+    def _expire_parked(self, topic: str, cause: BaseException) -> None:
+        now = time.monotonic()
+        parked = self._parked.get(topic, [])
+        keep = [p for p in parked if p.deadline > now]
+        for p in parked:
+            if p.deadline <= now:
+                self._buffered -= p.size
+                err = DeliveryTimeoutError(f"no metadata for topic {topic!r} within the delivery timeout")
+                err.__cause__ = cause
+                p.fail(err)
+        if parked:
+            self._parked[topic] = keep
+
+    def _fail_partition(self, ps: _Partition, exc: BaseException) -> None:
+        """Fail everything not yet sent on `ps` (what is in flight answers for itself)."""
+        if ps.linger is not None:
+            ps.linger.cancel()
+            ps.linger = None
+        batches = [*ps.queue, *([ps.open] if ps.open is not None else [])]
+        ps.queue.clear()
+        ps.open = None
+        for b in batches:
+            self._finish_failed(b, exc)
+
+    def _connect(self, core: int) -> None:
+        if core not in self._connecting and not self._closed:
+            loop = self._ensure_loop()
+            self._connecting[core] = loop.create_task(self._connect_task(core))
+
+    async def _connect_task(self, core: int) -> None:
+        attempt = 0
+        try:
+            while True:
+                try:
+                    await self._client.connection(core)
+                    break
+                except ClientClosedError:
+                    return
+                except RingLogError as exc:  # credentials refused: no retry can succeed
+                    for ps in list(self._parts.values()):
+                        self._fail_partition(ps, exc)
+                    return
+                except BrokerUnavailable as exc:
+                    log.debug("connect to core %d: %s", core, exc)
+                    for ps in self._parts.values():
+                        for b in ps.queue:
+                            b.last_error = b.last_error or exc
+                        self._expire(ps)
+                    if not any(ps.queue or ps.open for ps in self._parts.values()):
+                        return
+                    await asyncio.sleep(backoff_delay(attempt, self.retry_backoff, self.retry_backoff_max))
+                    attempt += 1
+                    if self._client.clustered:
+                        # Its node may be down: the pump asks Metadata who leads those partitions now.
+                        self._client.invalidate_route(core)
+                        break
+        finally:
+            self._connecting.pop(core, None)
+        self._pump_all()
+
+    def _expire(self, ps: _Partition) -> None:
+        """Fail the queued batches past their delivery deadline (oldest first, at the head)."""
+        now = time.monotonic()
+        while ps.queue and now >= ps.queue[0].deadline:
+            b = ps.queue.popleft()
+            self._give_up(ps, b, None, known_refused=b.data is None)
+
+    def _wait_drain(self, conn: AsyncConnection) -> None:
+        key = id(conn)
+        if key not in self._draining and not self._closed:
+            loop = self._ensure_loop()
+            self._draining[key] = loop.create_task(self._drain_task(key, conn))
+
+    async def _drain_task(self, key: int, conn: AsyncConnection) -> None:
+        try:
+            await conn.drain()
+        except BrokerUnavailable:
+            pass
+        finally:
+            self._draining.pop(key, None)
+        self._pump_all()
+
+    def _pump_all(self) -> None:
+        for ps in list(self._parts.values()):
+            self._pump(ps)
+
+    def _place_parked(self, topic: str, partitions: int) -> None:
+        """Records that waited for the topic's partition count go to their partitions: the
+        producer's to do (`AsyncProducer._place_parked`)."""
+        raise NotImplementedError
+
+
+class _Reply:
+    """The `ResponseSink` of one produce request (`AsyncConnection.request_to`).
+
+    A success is acted on in the connection's read callback: the records' futures resolve and the
+    partition's next batch goes out there, a loop turn earlier than through a future's
+    done-callback (one-at-a-time latency). Anything else takes that turn, as it always did, so the
+    retry logic never runs inside the connection's own failure or write.
+    """
+
+    __slots__ = ("_b", "_producer", "_ps", "settled")
+
+    def __init__(self, producer: Sender, ps: _Partition, b: ProducerBatch) -> None:
+        self._producer = producer
+        self._ps = ps
+        self._b = b
+        self.settled = False
+
+    def done(self) -> bool:
+        return self.settled
+
+    def set_result(self, resp: int | Response) -> None:
+        """`decode_produce_reply`'s result: a success's base offset, or the decoded response."""
+        self.settled = True
+        if type(resp) is int:
+            self._producer._on_result(self._ps, self._b, resp, None)
+        elif resp.error == ErrorCode.NONE:  # type: ignore[union-attr]
+            self._producer._on_result(self._ps, self._b, resp.base_offset, None)  # type: ignore[union-attr]
+        else:
+            self._later(error_for(resp.error, resp.message))  # type: ignore[union-attr]
+
+    def set_exception(self, exc: BaseException) -> None:
+        self.settled = True
+        self._later(exc)
+
+    def _later(self, exc: BaseException) -> None:
+        producer = self._producer
+        assert producer._loop is not None
+        producer._loop.call_soon(producer._on_result, self._ps, self._b, -1, exc)
