@@ -41,19 +41,11 @@ from broker.client.errors import (
     ClientClosedError,
     UnknownTopicError,
 )
+from broker.client.idempotence import EPOCH_MAX, IDEMPOTENT_IN_FLIGHT_MAX, random_producer_id
 from broker.client.partitioner import Partitioner
 from broker.client.records import Header, RecordMetadata
 from broker.client.security import Security
-from broker.client.sender import (
-    EPOCH_MAX,
-    SEQUENCE_MAX,
-    WRITE_BUFFER_HIGH,
-    Sender,
-    _Parked,
-    _Partition,
-    _Reply,
-    random_producer_id,
-)
+from broker.client.sender import WRITE_BUFFER_HIGH, Sender, _Parked, _Partition, _Reply
 from ringlog_proto.batch import BROKER_PRODUCER_ID_LIMIT, Record, now_ms
 from ringlog_proto.messages import (
     PRODUCE_HEAD_SIZE,
@@ -63,8 +55,6 @@ from ringlog_proto.messages import (
     decode_produce_reply,
     encode_produce_values,
 )
-
-IDEMPOTENT_IN_FLIGHT_MAX: Final = 5  # batches per producer the broker remembers for dedupe
 
 # 256 KiB: the per-request cost in Python (a frame, a future, a syscall, a response to decode) is
 # tens of microseconds, noise against encoding a quarter megabyte of records; a fetch of the
@@ -253,9 +243,7 @@ class AsyncProducer(Sender):
                         handle.cancel()
                 for b in ps.batches():
                     self._finish_failed(b, err)
-                ps.queue.clear()
-                ps.inflight.clear()
-                ps.failed.clear()
+                ps.clear()
                 ps.open = None
             if self._own_client:
                 await self._client.close()
@@ -345,12 +333,9 @@ class AsyncProducer(Sender):
         usable = self._usable(topic) if self._client.clustered and key is None else None
         p = self._partitioner.partition(topic, key, partitions, explicit, usable)
         ps = self._parts.get((topic, p))
-        if ps is None or ps.open is not None or ps.queue or ps.recovering or ps.backoff is not None:
+        if ps is None or ps.open is not None or ps.backoff is not None or not ps.lane_open():
             return None
-        inflight = ps.inflight
-        if inflight and (not ps.confirmed or len(inflight) >= self.max_in_flight):
-            return None
-        if not 0 <= p < partitions or owners[p] == NO_ROUTE or ps.next_seq > SEQUENCE_MAX:
+        if not 0 <= p < partitions or owners[p] == NO_ROUTE:
             return None
         conn = self._client.connection_nowait(owners[p])
         if conn is None or conn.write_buffer_size() > WRITE_BUFFER_HIGH:
@@ -378,19 +363,15 @@ class AsyncProducer(Sender):
         b = ProducerBatch(timestamp, mono, mono + self.delivery_timeout)
         b.add(item, size, fut, callback)
         b.data = memoryview(frame)[PRODUCE_HEAD_SIZE:]  # the batch, for a retry to send again
-        if idempotent:
-            b.seq = seq
-            ps.next_seq = seq + 1
+        ps.sent_alone(b)
         self._buffered += size
         b.ready = True
-        b.order = ps.next_order
-        ps.next_order += 1
         self._partitioner.batch_sealed(topic, p, ps.partitions)
         ps.topic_id = info.topic_id
         if acks == Acks.NONE:
             self._finish_ok(ps, b, -1)
             return fut
-        ps.inflight.append(b)
+        ps.sent(b)
         reply = _Reply(self, ps, b)
         conn.expect(corr, reply, ProduceRequest.API_KEY, self._reply_timeout, decode_produce_reply)
         return fut
@@ -468,7 +449,14 @@ class AsyncProducer(Sender):
         ps = self._parts.get((topic, p))
         if ps is None:
             ps = self._parts[(topic, p)] = _Partition(
-                topic, p, partitions, self.producer_id, self.producer_epoch, self.idempotent
+                topic,
+                p,
+                partitions,
+                self.producer_id,
+                self.producer_epoch,
+                idempotent=self.idempotent,
+                max_in_flight=self.max_in_flight,
+                retries=self.retries,
             )
         b = ps.open
         if b is not None and not b.fits(size, self.batch_bytes):
@@ -513,9 +501,7 @@ class AsyncProducer(Sender):
             ps.linger.cancel()
             ps.linger = None
         b.ready = True
-        b.order = ps.next_order
-        ps.next_order += 1
-        ps.queue.append(b)
+        ps.seal(b)
         self._partitioner.batch_sealed(ps.topic, ps.partition, ps.partitions)
         self._pump(ps)
 

@@ -5,6 +5,8 @@ open batch (broker/client/producer.py) and calls `_pump` when a partition has so
 what follows, until every record's future is resolved, is here. The state both halves share is
 declared on `Sender` and set by `AsyncProducer.__init__`. The one thing the sender asks of the
 producer is to place the records parked for a topic once its metadata is known (`_place_parked`).
+What each partition's answers mean for its batches (rounds, sequences, epochs) is decided by a
+pure machine, `DeliveryState` (broker/client/idempotence.py); the sender does the I/O around it.
 
 Retries and idempotence. A batch that fails retriably (a retriable error code, a lost connection,
 no answer in time) is retried with bounded exponential backoff until `retries` or
@@ -40,9 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 import time
-from collections import deque
 from typing import Any, Final
 
 from broker.client.accumulator import BATCH_OVERHEAD, Callback, ProducerBatch, call_callback
@@ -60,8 +60,9 @@ from broker.client.errors import (
     UnknownTopicError,
     error_for,
 )
+from broker.client.idempotence import DeliveryState, Failure, Verdict
 from broker.client.partitioner import Partitioner
-from ringlog_proto.batch import BROKER_PRODUCER_ID_LIMIT, Record
+from ringlog_proto.batch import Record
 from ringlog_proto.messages import (
     Acks,
     ErrorCode,
@@ -72,71 +73,37 @@ from ringlog_proto.messages import (
 
 log = logging.getLogger(__name__)
 
-SEQUENCE_MAX: Final = (1 << 31) - 1  # base_sequence is an i32
-EPOCH_MAX: Final = (1 << 15) - 1  # producer_epoch is an i16
-
-
-def random_producer_id() -> int:
-    """A producer id picked at random above the broker's own (`BROKER_PRODUCER_ID_LIMIT`): two
-    producers share one with odds of about n**2 / 2**64 among n producers, never with a Kafka
-    client's broker-assigned id."""
-    return BROKER_PRODUCER_ID_LIMIT + secrets.randbelow((1 << 63) - BROKER_PRODUCER_ID_LIMIT)
-
-
 WRITE_BUFFER_HIGH: Final = 8 * 1024 * 1024  # unsent bytes on a connection before we wait for it
 
 
-class _Partition:
-    """Send state of one partition: batches open, queued, in flight, failed; sequence numbers."""
+class _Partition(DeliveryState):
+    """Send state of one partition: its open batch and timers beside the pure delivery state
+    (batches queued, in flight, failed; producer id, epoch, sequences)."""
 
-    __slots__ = (
-        "backoff",
-        "confirmed",
-        "epoch",
-        "failed",
-        "inflight",
-        "linger",
-        "next_order",
-        "next_seq",
-        "open",
-        "partition",
-        "partitions",
-        "producer_id",
-        "queue",
-        "recovering",
-        "released",
-        "reset_epoch",
-        "topic",
-        "topic_id",
-        "unknown",
-    )
+    __slots__ = ("backoff", "linger", "open", "partition", "partitions", "topic", "topic_id")
 
     def __init__(
-        self, topic: str, partition: int, partitions: int, producer_id: int, epoch: int, idempotent: bool
+        self,
+        topic: str,
+        partition: int,
+        partitions: int,
+        producer_id: int,
+        epoch: int,
+        *,
+        idempotent: bool,
+        max_in_flight: int,
+        retries: int | None,
     ) -> None:
+        super().__init__(
+            producer_id, epoch, idempotent=idempotent, max_in_flight=max_in_flight, retries=retries
+        )
         self.topic = topic
         self.partition = partition
         self.partitions = partitions  # the topic's partition count (for the sticky partitioner)
         self.topic_id = 0
         self.open: ProducerBatch | None = None
         self.linger: asyncio.TimerHandle | None = None
-        self.queue: deque[ProducerBatch] = deque()  # sealed, to send (retries first)
-        self.inflight: deque[ProducerBatch] = deque()  # sent, unanswered, in send order
-        self.failed: list[ProducerBatch] = []  # to retry when the round ends
-        self.recovering = False  # a batch failed: send nothing new until in-flight drains
         self.backoff: asyncio.TimerHandle | None = None
-        self.next_order = 0
-        self.producer_id = producer_id
-        self.epoch = epoch
-        self.next_seq = 0
-        self.released: list[ProducerBatch] = []  # given up, known not appended: free their sequences
-        self.unknown: list[ProducerBatch] = []  # given up, fate unknown
-        self.reset_epoch = False
-        # Whether the broker has acknowledged a batch of this producer id and epoch. Until it has,
-        # only one batch is in flight: the broker accepts *any* sequence from a producer it does
-        # not know, so a second batch could land first if the first one failed and had to be
-        # retried; that would reorder records and strand the retry as out of sequence.
-        self.confirmed = not idempotent
 
     def batches(self) -> list[ProducerBatch]:
         out = [*self.queue, *self.inflight, *self.failed]
@@ -223,9 +190,7 @@ class Sender:
             return
         now = time.monotonic()
         conn: AsyncConnection | None = None
-        while len(ps.inflight) < self.max_in_flight:
-            if ps.inflight and not ps.confirmed:
-                return  # the first batch of an epoch goes alone (see _Partition.confirmed)
+        while ps.may_send():
             if not ps.queue:
                 b = ps.open
                 if b is None or not b.ready:
@@ -234,9 +199,7 @@ class Sender:
                 if ps.linger is not None:
                     ps.linger.cancel()
                     ps.linger = None
-                b.order = ps.next_order
-                ps.next_order += 1
-                ps.queue.append(b)
+                ps.seal(b)
                 self._partitioner.batch_sealed(ps.topic, ps.partition, ps.partitions)
             b = ps.queue[0]
             if now >= b.deadline:
@@ -249,17 +212,9 @@ class Sender:
             if conn.write_buffer_size() > WRITE_BUFFER_HIGH:
                 self._wait_drain(conn)  # the socket is behind: it pumps again once drained
                 return
-            if self.idempotent and b.data is None:
-                if ps.next_seq + len(b) - 1 > SEQUENCE_MAX:
-                    if ps.inflight:
-                        return  # the new epoch must not overtake batches of the old one
-                    self._next_epoch(ps)
-                b.seq = ps.next_seq
-                ps.next_seq += len(b)
-                b.encode(ps.producer_id, ps.epoch, b.seq)
-            elif b.data is None:
-                b.encode(-1, -1, -1)
-            ps.queue.popleft()
+            if not ps.number(b):
+                return  # a new epoch is due: it waits for the old one's batches in flight
+            ps.dequeue()
             self._send(ps, b, conn)
             if conn.closed:
                 conn = None
@@ -271,12 +226,12 @@ class Sender:
             try:
                 conn.send_no_response_nowait(req)
             except BrokerUnavailable as exc:
-                ps.inflight.append(b)
+                ps.sent(b)
                 self._on_result(ps, b, -1, exc)
                 return
             self._finish_ok(ps, b, -1)
             return
-        ps.inflight.append(b)
+        ps.sent(b)
         reply = _Reply(self, ps, b)
         try:
             conn.request_to(req, reply, timeout=self._reply_timeout, decode=decode_produce_reply)
@@ -289,67 +244,44 @@ class Sender:
         self, ps: _Partition, b: ProducerBatch, base_offset: int, err: BaseException | None
     ) -> None:
         """`b`'s answer: acknowledged at `base_offset` (`err` None), or failed with `err`."""
-        try:
-            ps.inflight.remove(b)
-        except ValueError:  # the producer was closed meanwhile
-            return
         if err is None:
-            ps.confirmed = True
-            if ps.unknown:  # a later batch fit the broker's sequence: earlier ones were appended
-                ps.unknown = [x for x in ps.unknown if x.order > b.order]
+            if not ps.acknowledged(b):
+                return  # the producer was closed meanwhile
             self._finish_ok(ps, b, base_offset)
             if not (ps.queue or ps.recovering or (ps.open is not None and ps.open.ready)):
                 return  # nothing is waiting to go: the pump would find nothing to send
-        else:
-            self._on_failure(ps, b, err)
+        elif not self._on_failure(ps, b, err):
+            return  # the producer was closed meanwhile
         self._pump(ps)
 
-    def _on_failure(self, ps: _Partition, b: ProducerBatch, err: BaseException) -> None:
+    def _on_failure(self, ps: _Partition, b: ProducerBatch, err: BaseException) -> bool:
+        """Judge `b`'s failed attempt; False if it was no longer in flight."""
+        failure: Failure
+        if isinstance(err, OutOfOrderSequenceError) and self.idempotent:
+            failure = Failure.OUT_OF_ORDER
+        elif (isinstance(err, RingLogError | BrokerUnavailable) and err.retriable) or isinstance(
+            err, OSError
+        ):
+            failure = Failure.RETRIABLE
+        else:
+            failure = Failure.REFUSED  # an error response: the broker refused the batch
+        verdict = ps.failed_attempt(b, failure, time.monotonic())
+        if verdict is None:
+            return False
         b.last_error = err
         if isinstance(err, UnknownTopicError | NotOwnerError) or (
             self._client.clustered and isinstance(err, BrokerUnavailable | OSError)
         ):
             self._client.invalidate(ps.topic)  # re-route after a fresh Metadata
-        retry: bool
-        known_refused: bool  # the broker certainly did not append this batch
-        if isinstance(err, OutOfOrderSequenceError) and self.idempotent:
-            known_refused = True
-            earlier_unknown = [x for x in ps.unknown if x.order < b.order]
-            if ps.recovering:
-                retry = True  # behind a failed batch of this round: collateral
-            elif any(x.order < b.order for x in ps.inflight):
-                # Behind a batch still unanswered (sent on the connection a re-route left, or
-                # answered late): the broker has not seen that one yet. Collateral too: both are
-                # resent in order once it answers.
-                retry = True
-            elif earlier_unknown:
-                # Batches given up before this one with unknown fate were not appended after all.
-                ps.released.extend(earlier_unknown)
-                ps.unknown = [x for x in ps.unknown if x.order > b.order]
-                retry = True
-            else:
-                log.warning("%s/%d: %s; moving to a new producer epoch", ps.topic, ps.partition, err)
-                retry = False
-                ps.reset_epoch = True
-        elif (isinstance(err, RingLogError | BrokerUnavailable) and err.retriable) or isinstance(
-            err, OSError
-        ):
-            known_refused = False
-            b.attempts += 1
-            retry = self.retries is None or b.attempts <= self.retries
-        else:
-            known_refused = True  # an error response: the broker refused the batch
-            retry = False
-        ps.recovering = True
-        if retry and time.monotonic() < b.deadline:
-            ps.failed.append(b)
-            return
-        self._give_up(ps, b, err, known_refused=known_refused)
+        if verdict is Verdict.NEW_EPOCH:
+            log.warning("%s/%d: %s; moving to a new producer epoch", ps.topic, ps.partition, err)
+        if verdict is not Verdict.RETRY:
+            self._give_up(ps, b, err)
+        return True
 
-    def _give_up(
-        self, ps: _Partition, b: ProducerBatch, err: BaseException | None, *, known_refused: bool
-    ) -> None:
-        """Fail a batch for good, keeping the partition's sequence bookkeeping right."""
+    def _give_up(self, ps: _Partition, b: ProducerBatch, err: BaseException | None) -> None:
+        """Fail a batch for good (the delivery state has recorded it): with `err`, or with a
+        `DeliveryTimeoutError` once its deadline has passed."""
         if err is None or time.monotonic() >= b.deadline:
             timeout = DeliveryTimeoutError(
                 f"{ps.topic}/{ps.partition}: {len(b)} record(s) not acknowledged within "
@@ -358,37 +290,13 @@ class Sender:
             )
             timeout.__cause__ = err or b.last_error
             err = timeout
-        if self.idempotent and b.seq >= 0 and not ps.reset_epoch:
-            if known_refused:
-                ps.released.append(b)
-                ps.recovering = True  # its sequences are released when the round ends
-            else:
-                ps.unknown.append(b)  # the next answer on this partition tells
         self._finish_failed(b, err)
 
     def _end_round(self, ps: _Partition) -> None:
-        """All batches of a failed round have answered: renumber what must be, requeue the
-        failed ones in sequence order, back off."""
-        ps.recovering = False
-        retry = sorted(ps.failed, key=lambda x: x.order)
-        ps.failed = []
-        pending = [*retry, *ps.queue]
-        if ps.reset_epoch:
-            ps.reset_epoch = False
-            ps.released.clear()
-            ps.unknown.clear()
-            self._next_epoch(ps)
-            for x in pending:
-                x.reset_encoding()
-        elif ps.released:
-            low = min(x.seq for x in ps.released)
-            ps.released.clear()
-            ps.next_seq = low
-            for x in pending:
-                if x.seq > low:
-                    x.reset_encoding()
+        """All batches of a failed round have answered: requeue the failed ones, renumbered as
+        they must be (`DeliveryState.end_round`), and back off before resending them."""
+        retry = ps.end_round()
         if retry:
-            ps.queue.extendleft(reversed(retry))
             attempts = max(x.attempts for x in retry)
             delay = backoff_delay(max(0, attempts - 1), self.retry_backoff, self.retry_backoff_max)
             loop = self._loop
@@ -399,15 +307,6 @@ class Sender:
     def _backoff_done(self, ps: _Partition) -> None:
         ps.backoff = None
         self._pump(ps)
-
-    def _next_epoch(self, ps: _Partition) -> None:
-        if ps.epoch >= EPOCH_MAX:
-            ps.producer_id = random_producer_id()
-            ps.epoch = 0
-        else:
-            ps.epoch += 1
-        ps.next_seq = 0
-        ps.confirmed = False
 
     def _finish_ok(self, ps: _Partition, b: ProducerBatch, base_offset: int) -> None:
         self._release(b)
@@ -524,8 +423,7 @@ class Sender:
         if ps.linger is not None:
             ps.linger.cancel()
             ps.linger = None
-        batches = [*ps.queue, *([ps.open] if ps.open is not None else [])]
-        ps.queue.clear()
+        batches = [*ps.take_queued(), *([ps.open] if ps.open is not None else [])]
         ps.open = None
         for b in batches:
             self._finish_failed(b, exc)
@@ -569,9 +467,8 @@ class Sender:
     def _expire(self, ps: _Partition) -> None:
         """Fail the queued batches past their delivery deadline (oldest first, at the head)."""
         now = time.monotonic()
-        while ps.queue and now >= ps.queue[0].deadline:
-            b = ps.queue.popleft()
-            self._give_up(ps, b, None, known_refused=b.data is None)
+        while (b := ps.pop_expired(now)) is not None:
+            self._give_up(ps, b, None)
 
     def _wait_drain(self, conn: AsyncConnection) -> None:
         key = id(conn)
