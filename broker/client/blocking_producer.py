@@ -13,7 +13,7 @@ from broker.client.errors import ClientClosedError
 from broker.client.loop_thread import LoopThread
 from broker.client.producer import AsyncProducer
 from broker.client.records import Header, RecordMetadata
-from broker.client.sender import _Partition
+from broker.client.sender import ProducerPartition
 from ringlog_proto.batch import Record
 
 _FINISHED: Final = "FINISHED"  # concurrent.futures._base's state names
@@ -235,7 +235,7 @@ class Producer:
                 if not fut.done():
                     fut.set_exception(exc)
                 return
-        touched: dict[_Partition, None] = {}  # in the order first touched
+        touched: dict[ProducerPartition, None] = {}  # in the order first touched
         for topic, item, key, size, partition, fut, callback in items:
             ap._appended_to = None
             try:

@@ -45,7 +45,7 @@ from broker.client.idempotence import EPOCH_MAX, IDEMPOTENT_IN_FLIGHT_MAX, rando
 from broker.client.partitioner import Partitioner
 from broker.client.records import Header, RecordMetadata
 from broker.client.security import Security
-from broker.client.sender import WRITE_BUFFER_HIGH, Sender, _Parked, _Partition, _Reply
+from broker.client.sender import WRITE_BUFFER_HIGH, ParkedRecord, ProduceReply, ProducerPartition, Sender
 from ringlog_proto.batch import BROKER_PRODUCER_ID_LIMIT, Record, now_ms
 from ringlog_proto.messages import (
     PRODUCE_HEAD_SIZE,
@@ -162,9 +162,9 @@ class AsyncProducer(Sender):
             bootstrap, client_name=client_name, request_timeout_ms=request_timeout_ms, security=security
         )
         self._partitioner = Partitioner()
-        self._parts: dict[tuple[str, int], _Partition] = {}
-        self._appended_to: _Partition | None = None  # where `_append` last put a record
-        self._parked: dict[str, list[_Parked]] = {}
+        self._parts: dict[tuple[str, int], ProducerPartition] = {}
+        self._appended_to: ProducerPartition | None = None  # where `_append` last put a record
+        self._parked: dict[str, list[ParkedRecord]] = {}
         self._lookups: dict[str, asyncio.Task[None]] = {}
         self._connecting: dict[int, asyncio.Task[None]] = {}
         self._draining: dict[int, asyncio.Task[None]] = {}
@@ -372,7 +372,7 @@ class AsyncProducer(Sender):
             self._finish_ok(ps, b, -1)
             return fut
         ps.sent(b)
-        reply = _Reply(self, ps, b)
+        reply = ProduceReply(self, ps, b)
         conn.expect(corr, reply, ProduceRequest.API_KEY, self._reply_timeout, decode_produce_reply)
         return fut
 
@@ -411,13 +411,13 @@ class AsyncProducer(Sender):
             # in that turn overtook the topic's first records, breaking per-key order).
             deadline = time.monotonic() + self.delivery_timeout
             self._parked.setdefault(topic, []).append(
-                _Parked(item, key, size, partition, fut, callback, deadline, not linger)
+                ParkedRecord(item, key, size, partition, fut, callback, deadline, not linger)
             )
             self._lookup(topic)
             return
         self._append(topic, info.partitions, item, key, size, partition, fut, callback, linger)
 
-    def _send_open(self, ps: _Partition) -> None:
+    def _send_open(self, ps: ProducerPartition) -> None:
         """Send `ps`'s open batch now rather than at the end of its linger."""
         b = ps.open
         if b is not None and not b.ready:
@@ -442,13 +442,13 @@ class AsyncProducer(Sender):
                 ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
                 f"topic {topic!r} has {partitions} partitions; there is no partition {explicit}",
             )
-            _Parked(item, key, size, explicit, fut, callback, 0).fail(exc)
+            ParkedRecord(item, key, size, explicit, fut, callback, 0).fail(exc)
             return
         usable = self._usable(topic) if self._client.clustered and key is None else None
         p = self._partitioner.partition(topic, key, partitions, explicit, usable)
         ps = self._parts.get((topic, p))
         if ps is None:
-            ps = self._parts[(topic, p)] = _Partition(
+            ps = self._parts[(topic, p)] = ProducerPartition(
                 topic,
                 p,
                 partitions,
@@ -491,7 +491,7 @@ class AsyncProducer(Sender):
         owners = info.owners
         return lambda p: p < len(owners) and owners[p] != NO_ROUTE
 
-    def _seal(self, ps: _Partition) -> None:
+    def _seal(self, ps: ProducerPartition) -> None:
         """Close the open batch to new records, queue it, and try to send."""
         b = ps.open
         if b is None:
@@ -505,7 +505,7 @@ class AsyncProducer(Sender):
         self._partitioner.batch_sealed(ps.topic, ps.partition, ps.partitions)
         self._pump(ps)
 
-    def _linger_expired(self, ps: _Partition, b: ProducerBatch) -> None:
+    def _linger_expired(self, ps: ProducerPartition, b: ProducerBatch) -> None:
         if ps.open is b:
             ps.linger = None
             b.ready = True

@@ -76,7 +76,7 @@ log = logging.getLogger(__name__)
 WRITE_BUFFER_HIGH: Final = 8 * 1024 * 1024  # unsent bytes on a connection before we wait for it
 
 
-class _Partition(DeliveryState):
+class ProducerPartition(DeliveryState):
     """Send state of one partition: its open batch and timers beside the pure delivery state
     (batches queued, in flight, failed; producer id, epoch, sequences)."""
 
@@ -112,7 +112,7 @@ class _Partition(DeliveryState):
         return out
 
 
-class _Parked:
+class ParkedRecord:
     """A record sent to a topic whose metadata is not known yet."""
 
     __slots__ = ("callback", "deadline", "future", "item", "key", "now", "partition", "size")
@@ -161,8 +161,8 @@ class Sender:
     # ... and the state both halves share.
     _client: AsyncClient
     _partitioner: Partitioner
-    _parts: dict[tuple[str, int], _Partition]
-    _parked: dict[str, list[_Parked]]
+    _parts: dict[tuple[str, int], ProducerPartition]
+    _parked: dict[str, list[ParkedRecord]]
     _lookups: dict[str, asyncio.Task[None]]
     _connecting: dict[int, asyncio.Task[None]]
     _draining: dict[int, asyncio.Task[None]]
@@ -178,7 +178,7 @@ class Sender:
 
     # ----------------------------------------------------------------------------------- the sender
 
-    def _pump(self, ps: _Partition) -> None:
+    def _pump(self, ps: ProducerPartition) -> None:
         """Send what this partition may send now. Called whenever something changed for it."""
         if self._closed:
             return
@@ -219,7 +219,7 @@ class Sender:
             if conn.closed:
                 conn = None
 
-    def _send(self, ps: _Partition, b: ProducerBatch, conn: AsyncConnection) -> None:
+    def _send(self, ps: ProducerPartition, b: ProducerBatch, conn: AsyncConnection) -> None:
         assert b.data is not None
         req = ProduceRequest(ps.topic_id, ps.partition, self.acks, self.request_timeout_ms, b.data)
         if self.acks == Acks.NONE:
@@ -232,7 +232,7 @@ class Sender:
             self._finish_ok(ps, b, -1)
             return
         ps.sent(b)
-        reply = _Reply(self, ps, b)
+        reply = ProduceReply(self, ps, b)
         try:
             conn.request_to(req, reply, timeout=self._reply_timeout, decode=decode_produce_reply)
         except BrokerUnavailable as exc:
@@ -241,7 +241,7 @@ class Sender:
                 self._on_result(ps, b, -1, exc)
 
     def _on_result(
-        self, ps: _Partition, b: ProducerBatch, base_offset: int, err: BaseException | None
+        self, ps: ProducerPartition, b: ProducerBatch, base_offset: int, err: BaseException | None
     ) -> None:
         """`b`'s answer: acknowledged at `base_offset` (`err` None), or failed with `err`."""
         if err is None:
@@ -254,7 +254,7 @@ class Sender:
             return  # the producer was closed meanwhile
         self._pump(ps)
 
-    def _on_failure(self, ps: _Partition, b: ProducerBatch, err: BaseException) -> bool:
+    def _on_failure(self, ps: ProducerPartition, b: ProducerBatch, err: BaseException) -> bool:
         """Judge `b`'s failed attempt; False if it was no longer in flight."""
         failure: Failure
         if isinstance(err, OutOfOrderSequenceError) and self.idempotent:
@@ -279,7 +279,7 @@ class Sender:
             self._give_up(ps, b, err)
         return True
 
-    def _give_up(self, ps: _Partition, b: ProducerBatch, err: BaseException | None) -> None:
+    def _give_up(self, ps: ProducerPartition, b: ProducerBatch, err: BaseException | None) -> None:
         """Fail a batch for good (the delivery state has recorded it): with `err`, or with a
         `DeliveryTimeoutError` once its deadline has passed."""
         if err is None or time.monotonic() >= b.deadline:
@@ -292,7 +292,7 @@ class Sender:
             err = timeout
         self._finish_failed(b, err)
 
-    def _end_round(self, ps: _Partition) -> None:
+    def _end_round(self, ps: ProducerPartition) -> None:
         """All batches of a failed round have answered: requeue the failed ones, renumbered as
         they must be (`DeliveryState.end_round`), and back off before resending them."""
         retry = ps.end_round()
@@ -304,11 +304,11 @@ class Sender:
             ps.backoff = loop.call_later(delay, self._backoff_done, ps)
             log.debug("%s/%d: retrying %d batch(es) in %.3f s", ps.topic, ps.partition, len(retry), delay)
 
-    def _backoff_done(self, ps: _Partition) -> None:
+    def _backoff_done(self, ps: ProducerPartition) -> None:
         ps.backoff = None
         self._pump(ps)
 
-    def _finish_ok(self, ps: _Partition, b: ProducerBatch, base_offset: int) -> None:
+    def _finish_ok(self, ps: ProducerPartition, b: ProducerBatch, base_offset: int) -> None:
         self._release(b)
         b.complete(ps.topic, ps.partition, base_offset)
 
@@ -324,7 +324,7 @@ class Sender:
 
     # ----------------------------------------------------------------------------------- routing
 
-    def _connection_for(self, ps: _Partition) -> AsyncConnection | None:
+    def _connection_for(self, ps: ProducerPartition) -> AsyncConnection | None:
         """The open connection to the partition's owner core, or None after starting whatever
         (metadata lookup, connect) will make one; that task pumps the partition when done."""
         info = self._client.cached_topic(ps.topic)
@@ -418,7 +418,7 @@ class Sender:
         if parked:
             self._parked[topic] = keep
 
-    def _fail_partition(self, ps: _Partition, exc: BaseException) -> None:
+    def _fail_partition(self, ps: ProducerPartition, exc: BaseException) -> None:
         """Fail everything not yet sent on `ps` (what is in flight answers for itself)."""
         if ps.linger is not None:
             ps.linger.cancel()
@@ -464,7 +464,7 @@ class Sender:
             self._connecting.pop(core, None)
         self._pump_all()
 
-    def _expire(self, ps: _Partition) -> None:
+    def _expire(self, ps: ProducerPartition) -> None:
         """Fail the queued batches past their delivery deadline (oldest first, at the head)."""
         now = time.monotonic()
         while (b := ps.pop_expired(now)) is not None:
@@ -495,7 +495,7 @@ class Sender:
         raise NotImplementedError
 
 
-class _Reply:
+class ProduceReply:
     """The `ResponseSink` of one produce request (`AsyncConnection.request_to`).
 
     A success is acted on in the connection's read callback: the records' futures resolve and the
@@ -506,7 +506,7 @@ class _Reply:
 
     __slots__ = ("_b", "_producer", "_ps", "settled")
 
-    def __init__(self, producer: Sender, ps: _Partition, b: ProducerBatch) -> None:
+    def __init__(self, producer: Sender, ps: ProducerPartition, b: ProducerBatch) -> None:
         self._producer = producer
         self._ps = ps
         self._b = b
