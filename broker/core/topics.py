@@ -229,14 +229,14 @@ class TopicRegistry:
         lim = self.limits
         if partitions > lim.max_partitions_per_topic:
             raise TopicError(
-                "limit",
+                TopicFault.LIMIT,
                 f"{partitions} partitions exceed the limit of {lim.max_partitions_per_topic} per topic "
                 "(--max-partitions-per-topic)",
             )
         held = self.partition_count()
         if held + partitions > lim.max_partitions:
             raise TopicError(
-                "limit",
+                TopicFault.LIMIT,
                 f"{partitions} more partitions would make {held + partitions}: the broker's limit is "
                 f"{lim.max_partitions} (--max-partitions), at most what its open-file limit allows "
                 "(docs/LIMITS.md)",
