@@ -40,7 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import cast
 
 from broker.backends.blocking import Post
-from broker.backends.shared import BackendCore, GatherPart, PeerStream, ServedConnection, tune_malloc
+from broker.backends.shared import BackendCore, GatherPart, PeerStream, ServedConnection
 from broker.core.config import BrokerConfig
 from broker.core.limits import REMOTE_CONNECT_TIMEOUT_S
 from broker.core.remote import address_label
@@ -338,8 +338,6 @@ def run(
 ) -> None:
     """Serve `listeners` as core `config.core_id` until SIGTERM/SIGINT, on uvloop when installed;
     `ready()` once every listener is served."""
-    if not tune_malloc():
-        log.info("glibc malloc tuning unavailable; large requests will cost more page faults")
     try:
         import uvloop  # noqa: PLC0415 - optional: the portable fallback is plain asyncio
 

@@ -148,7 +148,7 @@ SWEEP_S_MIN = 0.05
 # Once the core's memory in flight has fallen this far, and to half or less, from its peak since the
 # last time (or buffers this large were let go otherwise), the sweep asks glibc to give free heap
 # pages back (malloc_trim): requests and replies of up to several MiB are allocated on the heap
-# (`tune_malloc` below keeps them off mmap for speed), where glibc returns only a free
+# (`tune_malloc`, broker/node/worker.py, keeps them off mmap for speed), where glibc returns only a free
 # top of the heap past its trim threshold, never the free pages below a live block. Steady traffic
 # does not trigger it (its memory in flight does not fall by half); the end of a burst does, at
 # most once per TRIM_INTERVAL_S (a trim after a burst of 30k requests took 28 ms of the loop).
@@ -249,36 +249,6 @@ def malloc_trim() -> None:
         _libc.malloc_trim(0)
     except (OSError, AttributeError):
         pass
-
-
-# glibc malloc: request bodies of up to a frame (8 MiB) come and go with every produce. By default
-# glibc serves blocks over 128 KiB with mmap and trims the heap top past 128 KiB, so each large
-# request costs page faults and brk calls (measured: a fresh broker ingests 1 KiB records at about
-# a third of the rate it reaches once glibc has raised its thresholds by itself). Fixing them from
-# the start keeps those pages in the heap for reuse.
-M_TRIM_THRESHOLD = -1
-M_TOP_PAD = -2
-M_MMAP_THRESHOLD = -3
-MALLOC_MMAP_THRESHOLD_BYTES = 16 * 1024 * 1024  # above the largest frame: frames stay on the heap
-MALLOC_TRIM_THRESHOLD_BYTES = 64 * 1024 * 1024  # free memory kept before returning it to the OS
-MALLOC_TOP_PAD_BYTES = 16 * 1024 * 1024
-
-
-def tune_malloc() -> bool:
-    """Set glibc's malloc thresholds (see above). False where there is no glibc (musl, macOS)."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        ok = all(
-            libc.mallopt(param, value) == 1
-            for param, value in (
-                (M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD_BYTES),
-                (M_TRIM_THRESHOLD, MALLOC_TRIM_THRESHOLD_BYTES),
-                (M_TOP_PAD, MALLOC_TOP_PAD_BYTES),
-            )
-        )
-    except (OSError, AttributeError):
-        return False
-    return ok
 
 
 class FirstBytes:

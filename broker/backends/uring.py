@@ -59,7 +59,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from broker.backends.blocking import Post
-from broker.backends.shared import BackendCore, GatherPart, PeerStream, ServedConnection, tune_malloc
+from broker.backends.shared import BackendCore, GatherPart, PeerStream, ServedConnection
 from broker.backends.uring_loop import Loop, Timer, ignore
 from broker.backends.uring_options import SyncPlacement, UringOptions
 from broker.core.config import BrokerConfig
@@ -1113,7 +1113,6 @@ def run(
     the kernel refuses a ring; the caller then falls back to the uvloop backend."""
     from native.ring import Ring  # noqa: PLC0415 - the compiled bindings, only when serving
 
-    tune_malloc()
     ring = Ring(RING_ENTRIES)
     try:
         UringServer(config, ring, listeners, options).serve(ready)
