@@ -16,7 +16,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from broker.backends.shared import BackendCore
+from broker.backends.backend_core import BackendCore
 from broker.core.config import BrokerConfig
 
 BACKENDS = ("uvloop", "io_uring")

@@ -2,7 +2,7 @@
 
 Rules this module keeps:
 - Byte moving only. What requests, outcomes, budgets, group commit and shutdown mean is
-  broker/backends/shared.py's `BackendCore`; this module supplies its primitives: asyncio
+  broker/backends/backend_core.py's `BackendCore`; this module supplies its primitives: asyncio
   protocols for the connections, blocking file calls for storage operations (appends and reads
   hit the page cache; fsyncs are grouped by the shared core, started once per loop turn through
   `loop.call_soon`, which runs after all the I/O callbacks already due). A group commit's
@@ -23,7 +23,7 @@ Rules this module keeps:
   connection carries a forward is broker/core/forwarding.py's `PeerPool`. Likewise for TCP links
   to other brokers' cores (`open_remote`) and broker/core/remote.py's `RemoteLinks`.
 
-The backend contract (broker/backends/uring.py keeps it too; its primitives: shared.py's rules):
+The backend contract (broker/backends/uring.py keeps it too; its primitives: backend_core.py's rules):
     Server(config, listeners)                  # pre-made listening sockets, inherited from the supervisor
     run(config, listeners, ready) -> None      # serve until SIGTERM/SIGINT; ready() once all listen
 """
@@ -39,8 +39,9 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import cast
 
+from broker.backends.backend_core import BackendCore
 from broker.backends.blocking import Post
-from broker.backends.shared import BackendCore, GatherPart, PeerStream, ServedConnection
+from broker.backends.connection import GatherPart, PeerStream, ServedConnection
 from broker.core.config import BrokerConfig
 from broker.core.limits import REMOTE_CONNECT_TIMEOUT_S
 from broker.core.remote import address_label

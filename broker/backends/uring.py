@@ -2,7 +2,7 @@
 
 Rules this module keeps:
 - Byte moving only. What requests, outcomes, budgets, group commit and shutdown mean is
-  broker/backends/shared.py's `BackendCore`; this module supplies its primitives as ring
+  broker/backends/backend_core.py's `BackendCore`; this module supplies its primitives as ring
   operations: accept (multishot), connect (links to other brokers' cores), recv, sendmsg
   (vectored), close on the sockets, and the storage operations through broker/storage/ring_ops.py
   (writev at an offset, fdatasync, read at an offset). No blocking system call runs on the loop's
@@ -58,8 +58,9 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from broker.backends.backend_core import BackendCore
 from broker.backends.blocking import Post
-from broker.backends.shared import BackendCore, GatherPart, PeerStream, ServedConnection
+from broker.backends.connection import GatherPart, PeerStream, ServedConnection
 from broker.backends.uring_loop import Loop, Timer, ignore
 from broker.backends.uring_options import SyncPlacement, UringOptions
 from broker.core.config import BrokerConfig

@@ -86,7 +86,7 @@ class Limits:
         1000, "--segment-fd-cache", "descriptors of closed segments each core keeps open (LRU)"
     )
 
-    # Requests, connections and memory (broker/backends/shared.py enforces them).
+    # Requests, connections and memory (broker/backends/admission.py enforces them).
     connection_memory_bytes: int = limit(
         32 * MiB,
         "--connection-memory-bytes",

@@ -13,7 +13,7 @@ Rules this module keeps:
   cores, then answer), `Gather` (several of these for one request, one answer), `Later` (the answer depends
   on other requests yet to come: a JoinGroup waits for its group).
 - `Outcome` is the closed union: a backend's dispatch matches every member and treats anything
-  else as a bug (`broker/backends/shared.py`), so adding an outcome means adding its case there.
+  else as a bug (`broker/backends/backend_core.py`), so adding an outcome means adding its case there.
 """
 
 from __future__ import annotations

@@ -55,7 +55,7 @@ ANSWER_MARGIN_S: Final = 5.0  # a long poll's deadline: its max wait plus this
 
 
 class Loop(Protocol):
-    """The backend primitives this module uses (broker/backends/shared.py)."""
+    """The backend primitives this module uses (broker/backends/backend_core.py)."""
 
     def call_later(self, delay_s: float, callback: Callable[[], None]) -> object: ...
 

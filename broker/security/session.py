@@ -1,6 +1,6 @@
 """What a connection has proved about who is on the other end.
 
-One `ConnectionAuth` per served connection (broker/backends/shared.py makes it), read by the
+One `ConnectionAuth` per served connection (broker/backends/connection.py makes it), read by the
 protocol adapters: `principal` is None until a SASL exchange succeeds when the listener requires
 one, "User:ANONYMOUS" when it does not, and the core's own principal on inter-core links.
 

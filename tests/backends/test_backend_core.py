@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from broker.backends.shared import BackendCore, Slot
+from broker.backends.backend_core import BackendCore
+from broker.backends.connection import Slot
 from broker.core.acks import Waits
 from broker.core.config import BrokerConfig
 from broker.core.outcomes import Append, Reply

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 from inprocess import BACKENDS, io_uring_missing, serve_in_process
 
+from broker.backends.backend_core import BackendCore
 from broker.backends.blocking import BLOCKING_THREADS
-from broker.backends.shared import BackendCore
 from broker.core.blocking import BlockingCallAbandoned
 from labkit.brokerproc import Wire
 from ringlog_proto import messages as m

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.backends.shared import BackendCore
+from broker.backends.backend_core import BackendCore
 from broker.core.config import BrokerConfig
 from broker.core.forwarding import PeerLinkError
 from broker.core.remote import REMOTE_RETRY_S_MIN

@@ -1,6 +1,6 @@
 """Replication between two cores' request handlers in one process: a leader and a follower, each
 with its own data dir, exchanging ReplicaFetch frames through `RinglogAdapter.handle`, the outcomes
-carried out here synchronously as a backend would (broker/backends/shared.py)."""
+carried out here synchronously as a backend would (broker/backends/backend_core.py)."""
 
 from __future__ import annotations
 

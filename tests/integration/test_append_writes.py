@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from inprocess import io_uring_missing, serve_in_process
 
-import broker.backends.shared as shared_mod
+import broker.backends.backend_core as core_mod
 import broker.backends.uring as uring_mod
-from broker.backends.shared import BackendCore
+from broker.backends.backend_core import BackendCore
 from broker.storage.fileio import Write, WriteError
 from labkit.brokerproc import BrokerProcess, Wire, values_after_restart
 from native.constants import APPEND_INLINE_BYTES_MAX
@@ -110,7 +110,7 @@ def test_pipelined_appends_go_out_in_one_write_and_a_lone_one_at_once(
         return run_ops
 
     monkeypatch.setattr(uring_mod, "run_ops", counting(uring_mod.run_ops))
-    monkeypatch.setattr(shared_mod, "run_ops", counting(shared_mod.run_ops))
+    monkeypatch.setattr(core_mod, "run_ops", counting(core_mod.run_ops))
     burst = [SMALL + bytes([i]) for i in range(8)]
     batches = [encode_batch([v]) for v in burst]
     seen: dict[str, object] = {}

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.backends.shared import BackendCore, RateLimitedLog
+from broker.backends.backend_core import BackendCore
+from broker.backends.rate_limited_log import RateLimitedLog
 from broker.core.config import BrokerConfig
 from broker.core.limits import FETCH_MAX_BYTES_MAX, Limits
 from labkit.brokerproc import BrokerProcess, Wire
@@ -29,7 +30,7 @@ from ringlog_proto.routing import shard_for
 
 MiB = 1024 * 1024
 BACKENDS = ["uvloop", "io_uring"]
-SUPPRESSED = re.compile(r"(\d+) more suppressed")  # broker/backends/shared.py RateLimitedLog
+SUPPRESSED = re.compile(r"(\d+) more suppressed")  # broker/backends/rate_limited_log.py
 SUMMARY = re.compile(r": \d+ more suppressed")  # a line that only counts, not an event of its own
 
 

@@ -13,7 +13,7 @@ import pytest
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import i16, i32, i64
 
-from broker.backends.shared import FirstBytes
+from broker.backends.connection import FirstBytes
 from broker.core.config import BrokerConfig
 from broker.core.core import Core
 from broker.core.outcomes import Later, Reply

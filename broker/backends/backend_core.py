@@ -1,4 +1,4 @@
-"""The shared core of the two I/O backends: everything about serving but how bytes move.
+"""The backend core: everything about serving but how bytes move.
 
 Rules this module keeps:
 - The two backends (broker/backends/aio.py on uvloop, broker/backends/uring.py on io_uring) differ
@@ -7,7 +7,9 @@ Rules this module keeps:
   ordered replies and back-pressure, parked long polls, appends completed in prepare order, group
   commit, the periodic work (retention, housekeeping, the sweep) and the shutdown sequence.
   `ServedConnection` is the request side of a connection, `PeerStream` this core's end of an
-  inter-core link; a backend subclasses them and supplies only primitives.
+  inter-core link (both broker/backends/connection.py); a backend subclasses them and supplies
+  only primitives. What a connection may hold in flight, and which ones the sweep closes, is
+  broker/backends/admission.py's.
 - The backend contract. A backend's core subclass calls `open_core()` once its loop works, and
   provides `call_later`, `call_soon`, `end_of_turn`, `run_ops` (storage operations, fileio.py's
   meaning; `run_append` too if it gathers appends), `read` (an extent), `open_peer`,
@@ -20,15 +22,8 @@ Rules this module keeps:
   (a `ServedConnection`) provides `write`, `unsent`, `reading_changed`, `abort`, `close` and
   `fileno`, and calls `received`, `sent_some`, `lost` and `closing`; its peer class (a
   `PeerStream`) provides `write` and `close`, and calls `received` and `gone`.
-- One port, two protocols: a client connection's first bytes choose its decoder (`FirstBytes`):
-  ours (0x52 at byte 4, `ringlog_proto.frames.starts_like_frame`) or Kafka's (its api key's zero
-  high byte there, `broker.kafka.codec.starts_like_kafka`); anything else is a protocol error and
-  closes the connection. Kafka requests go to the core's `KafkaAdapter`, ours to `RinglogAdapter`; both
-  give outcomes carried out here alike, in the same reply slots. Inter-core links speak ours only.
 - Dispatch is an exhaustive `match` over `Outcome` (broker/core/outcomes.py): an outcome without a
   case is a bug and raises, it is never taken for a parked fetch.
-- A connection answers in request order: every request gets a `Slot` when it arrives, and a
-  connection sends the replies at the head of its slots that are done (`ServedConnection.fill`).
 - A parked fetch re-runs its handler when one of its partitions grows (it is parked on each and
   taken off all once woken or timed out), keeping its first deadline; at shutdown (`stopping()`)
   it answers with what there is instead of parking again.
@@ -50,45 +45,46 @@ Rules this module keeps:
   most `SHUTDOWN_GRACE_S`) until no request is unanswered, no reply unsent and no append, flush or
   read in flight; flush what is due; fail pending forwards; close connections and peer links; let
   the backend's last operations complete; close the partitions; publish the final metrics.
-- Memory in flight is bounded per client connection and per core (docs/LIMITS.md, "Memory"). A
-  connection's bytes in flight are what it sent that is not yet taken as a frame, plus for each
-  request taken and unanswered its frame and what its reply may be (a fetch: its max_bytes, or
-  the extent it reads if larger), plus its replies not yet sent. A request is taken (executed)
-  only while its connection is below its budget and the core below its own; otherwise the
-  connection is not read (TCP pushes back on the client) until memory is released. As in Kafka's
-  memory pool, "below" is checked before a request is admitted, not with its size, so a budget
-  is exceeded by at most one request and a request larger than a budget still runs; a
-  connection that alone holds the core's memory is always served, so nothing waits forever.
-  Connections from peer cores are not budgeted: what they carry was admitted on the core that
-  forwarded it.
-- Connection hygiene (defect 5 of issue 10): one sweep a second, not a timer per connection,
-  closes client connections idle longer than --connection-idle-ms and those that started a frame
-  more than --frame-timeout-ms ago; a core serves at most --max-connections-per-core clients.
-  Every rejection and close is logged through `RateLimitedLog` (one line per reason per second,
-  with the count of those suppressed).
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import itertools
 import logging
 import os
-import socket
-import struct
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, assert_never
 
+from broker.backends.admission import (
+    REQUEST_OVERHEAD_BYTES,
+    REQUESTS_IN_FLIGHT_MAX,
+    SWEEP_S,
+    SWEEP_S_MIN,
+    TRIM_AFTER_RELEASE_BYTES,
+    TRIM_INTERVAL_S,
+    CoreMemory,
+    malloc_trim,
+    request_charge,
+)
 from broker.backends.blocking import BlockingPool, Post
+from broker.backends.connection import (
+    FirstBytes,
+    GatherPart,
+    PeerStream,
+    ServedConnection,
+    Slot,
+    closed_by_peer,
+    peer_uid,
+)
+from broker.backends.rate_limited_log import RateLimitedLog
 from broker.core.acks import Waits
 from broker.core.blocking import BlockingCallAbandoned
 from broker.core.config import BrokerConfig
 from broker.core.core import Core
-from broker.core.forwarding import NO_DEADLINE, Done, Forwarder, PeerLink, PeerPool
-from broker.core.limits import FETCH_MAX_BYTES_MAX
+from broker.core.forwarding import Forwarder, PeerPool
 from broker.core.metrics import publish
 from broker.core.outcomes import (
     Append,
@@ -109,23 +105,12 @@ from broker.core.remote import RemoteLinks
 from broker.core.replica_manager import ReplicaManager
 from broker.kafka import sasl as kafka_sasl
 from broker.kafka.adapter import KafkaAdapter
-from broker.kafka.codec import KafkaFrameDecoder, KafkaRequest, starts_like_kafka
+from broker.kafka.codec import KafkaFrameDecoder, KafkaRequest
 from broker.ringlog.adapter import RinglogAdapter
-from broker.security.session import AUTH_FAILURE_CLOSE_DELAY_S, ConnectionAuth
 from broker.security.tls import peer_context, server_context
 from broker.storage.fileio import Op, SyncFileIO, run_ops
 from ringlog_proto.batch import now_ms
-from ringlog_proto.frames import (
-    HEADER_SIZE,
-    NEED_DATA,
-    Frame,
-    FrameDecoder,
-    ProtocolError,
-    _NeedData,
-    frame_decoder,
-    starts_like_frame,
-)
-from ringlog_proto.messages import ApiKey, peek_fetch_max_bytes
+from ringlog_proto.frames import HEADER_SIZE, NEED_DATA, Frame
 from ringlog_proto.sasl import SaslLogin
 
 if TYPE_CHECKING:
@@ -135,464 +120,15 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-# What a request costs beyond its bytes: the Frame, Slot, outcome and closure objects (about 1 KiB
-# in CPython). It is what bounds the number of small requests a connection may have unanswered.
-REQUEST_OVERHEAD_BYTES = 1024
-# Besides bytes, a connection with this many requests unanswered is not read (those it sent are
-# still taken): not a memory bound (the budget is) but a CPU one. A deeper pipeline of small requests spreads
-# their objects over more memory than the caches hold: 30k pipelined 100-byte produces cost the
-# io_uring backend ~50% more CPU per request with no cap than with this one (measured).
-REQUESTS_IN_FLIGHT_MAX = 1024
-SWEEP_S = 1.0  # how often idle and stalled connections are looked for (shorter for short timeouts)
-SWEEP_S_MIN = 0.05
-# Once the core's memory in flight has fallen this far, and to half or less, from its peak since the
-# last time (or buffers this large were let go otherwise), the sweep asks glibc to give free heap
-# pages back (malloc_trim): requests and replies of up to several MiB are allocated on the heap
-# (`tune_malloc`, broker/node/worker.py, keeps them off mmap for speed), where glibc returns only a free
-# top of the heap past its trim threshold, never the free pages below a live block. Steady traffic
-# does not trigger it (its memory in flight does not fall by half); the end of a burst does, at
-# most once per TRIM_INTERVAL_S (a trim after a burst of 30k requests took 28 ms of the loop).
-TRIM_AFTER_RELEASE_BYTES = 4 * 1024 * 1024
-TRIM_INTERVAL_S = 5.0
 RETENTION_CHECK_S = 30.0  # how often segments past their topic's retention are looked for
-PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 HOUSEKEEPING_S = 1.0  # metrics snapshot published, topics.json checked for other cores' changes
 SHUTDOWN_GRACE_S = 10.0  # longest wait for in-flight requests and operations at shutdown
 SHUTDOWN_POLL_S = 0.01  # the loop runs at most this long between looks at what is still in flight
 SHUTDOWN_SETTLE_POLLS = 100  # after closing: waits for the backend's last operations (cancels, closes)
-LINGER_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() resets the connection
-# tcp_info's first byte (linux/tcp.h): the socket's state. A connection the core does not read
-# never sees its client's FIN or RST by reading; the sweep looks for these states instead.
-TCP_CLOSE = 7  # reset by the peer (or failed)
-TCP_CLOSE_WAIT = 8  # the peer sent its FIN
-
-
-def request_charge(frame: Frame) -> int:
-    """Bytes a request is counted for until its reply is filled: its frame, its overhead and, for a
-    fetch, the most its reply may carry (min(max_bytes, the broker's cap))."""
-    charge = HEADER_SIZE + len(frame.body) + REQUEST_OVERHEAD_BYTES
-    if frame.api_key == ApiKey.FETCH:
-        max_bytes = peek_fetch_max_bytes(frame)
-        if max_bytes is not None and max_bytes > 0:
-            charge += min(max_bytes, FETCH_MAX_BYTES_MAX)
-    return charge
-
-
-class RateLimitedLog:
-    """Warnings about connections, at most one line per reason per interval.
-
-    A flood of connections (thousands stalled, or beyond the cap) must not become a flood of log
-    lines: the first event of a reason in an interval is logged, the others are counted, and the
-    count is given with the next line of that reason (or by `flush`, from the sweep).
-    """
-
-    def __init__(self, logger: logging.Logger, interval_s: float = 1.0) -> None:
-        self.logger = logger
-        self.interval_s = interval_s
-        self._last: dict[str, float] = {}
-        self._suppressed: dict[str, int] = {}
-
-    def warning(self, reason: str, msg: str, *args: object) -> None:
-        now = time.monotonic()
-        last = self._last.get(reason)
-        if last is not None and now - last < self.interval_s:
-            self._suppressed[reason] = self._suppressed.get(reason, 0) + 1
-            return
-        self._last[reason] = now
-        suppressed = self._suppressed.pop(reason, 0)
-        if suppressed and last is not None:
-            self.logger.warning(
-                "%s: " + msg + " (and %d more suppressed in the last %.1fs)",
-                reason,
-                *args,
-                suppressed,
-                now - last,
-            )
-        else:
-            self.logger.warning("%s: " + msg, reason, *args)
-
-    def flush(self) -> None:
-        """Report the counts of reasons that had no line for a whole interval."""
-        now = time.monotonic()
-        for reason, count in list(self._suppressed.items()):
-            last = self._last.get(reason, now)
-            if now - last >= self.interval_s:
-                del self._suppressed[reason]
-                self._last[reason] = now
-                self.logger.warning("%s: %d more suppressed in the last %.1fs", reason, count, now - last)
-
-
-class CoreMemory:
-    """The bytes in flight over all client connections of one core, against its budget."""
-
-    __slots__ = ("buffered", "freed", "limit", "peak", "trimmed_at", "used", "waiting")
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.used = 0
-        self.buffered = 0  # the part of `used` received and not yet taken as requests (frames)
-        self.peak = 0  # the highest `used` since the last malloc_trim
-        self.freed = 0  # other buffers let go since then (the io_uring backend's recv buffers)
-        self.trimmed_at = 0.0  # time.monotonic() of the last malloc_trim
-        self.waiting: dict[ServedConnection, None] = {}  # connections not read for the core's sake, FIFO
-
-
-_libc: ctypes.CDLL | None = None
-
-
-def malloc_trim() -> None:
-    """Give free heap memory back to the OS (glibc); a no-op elsewhere."""
-    global _libc  # noqa: PLW0603 - loaded once
-    try:
-        if _libc is None:
-            _libc = ctypes.CDLL("libc.so.6")
-        _libc.malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
-class FirstBytes:
-    """A client connection's bytes before they say which protocol it speaks: one port serves
-    ours and Kafka's, and the first frame tells them apart (our magic 0x52 after the length; a
-    Kafka request's api key, whose high byte is 0, there instead). `decide` returns the decoder
-    of that protocol, holding the bytes so far, or itself while too few have arrived."""
-
-    __slots__ = ("_buf", "max_frame_bytes")
-
-    def __init__(self, max_frame_bytes: int) -> None:
-        self.max_frame_bytes = max_frame_bytes
-        self._buf = bytearray()
-
-    def feed(self, data: bytes | bytearray | memoryview) -> None:
-        self._buf += data
-
-    @property
-    def buffered(self) -> int:
-        return len(self._buf)
-
-    def next_frame(self) -> _NeedData:
-        return NEED_DATA
-
-    def decide(self) -> FirstBytes | FrameDecoder | KafkaFrameDecoder:
-        """Raises `ProtocolError` for bytes that begin neither protocol's frame."""
-        buf = self._buf
-        ours = starts_like_frame(buf)
-        if ours is None:
-            return self
-        decoder: FrameDecoder | KafkaFrameDecoder
-        if ours:
-            decoder = frame_decoder(self.max_frame_bytes)
-        elif starts_like_kafka(buf):
-            decoder = KafkaFrameDecoder(self.max_frame_bytes)
-        else:
-            raise ProtocolError(
-                f"first bytes {bytes(buf[:8]).hex()} begin neither a ringlog frame nor a Kafka request"
-            )
-        decoder.feed(buf)
-        return decoder
-
-
-class Slot:
-    """A request's place in its connection's reply order."""
-
-    __slots__ = ("buffers", "charge", "done", "started_ns", "then_close")
-
-    def __init__(self, started_ns: int, charge: int = 0) -> None:
-        self.buffers: list[bytes] = []
-        self.done = False
-        self.then_close = False
-        self.started_ns = started_ns  # for the latency histogram (metrics.reply)
-        self.charge = charge  # bytes counted in flight for this request (see `request_charge`)
-
-
-class GatherPart:
-    """What one part of a `Gather` is carried out on: its connection's state, and a `fill` that
-    tells the gather the part is done instead of sending anything."""
-
-    __slots__ = ("_conn", "_done")
-
-    def __init__(self, conn: ServedConnection, done: Callable[[Slot], None]) -> None:
-        self._conn = conn
-        self._done = done
-
-    @property
-    def closed(self) -> bool:
-        return self._conn.closed
-
-    @property
-    def from_peer(self) -> bool:
-        return self._conn.from_peer
-
-    @property
-    def budget(self) -> ConnectionBudget:
-        return self._conn.budget
-
-    @property
-    def served(self) -> ServedConnection:
-        return self._conn
-
-    def taken_all(self) -> bool:
-        return self._conn.taken_all()
-
-    def fill(self, slot: Slot, outcome: Reply | Silent) -> None:
-        self._done(slot)
 
 
 class Cancellable(Protocol):
     def cancel(self) -> None: ...
-
-
-class ConnectionBudget:
-    """What the shared code keeps per connection: its bytes in flight and its activity times."""
-
-    __slots__ = ("buffered", "counted", "frame_started", "gated", "held", "last_active", "queued")
-
-    def __init__(self, now: float) -> None:
-        self.held = 0  # charges of the requests taken and unanswered + `queued`
-        self.queued = 0  # reply bytes handed to the transport and not yet sent
-        self.buffered = 0  # decoder bytes counted (received, not yet taken as frames)
-        self.counted = False  # a client connection admitted under the cap (uncounted at close)
-        self.gated = False  # stopped taking or reading for a budget: resume when memory is released
-        self.last_active = now  # last time bytes moved either way (time.monotonic())
-        self.frame_started = 0.0  # when the partial frame in the decoder began, 0.0 if none
-
-
-def peer_uid(fd: int | None) -> int | None:
-    """The user id of the process at the other end of unix socket `fd` (SO_PEERCRED), or None."""
-    if fd is None or fd < 0:
-        return None
-    sock = socket.socket(fileno=fd)
-    try:
-        _pid, uid, _gid = PEERCRED.unpack(
-            sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, PEERCRED.size)
-        )
-        return int(uid)
-    except OSError:
-        return None
-    finally:
-        sock.detach()
-
-
-def closed_by_peer(fd: int | None) -> bool:
-    """Whether the client of TCP socket `fd` closed or reset it (False for a unix socket or an
-    fd that cannot tell): what a read would find, for a connection the core does not read."""
-    if fd is None or fd < 0:
-        return False
-    sock = socket.socket(fileno=fd)
-    try:
-        state = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0]
-    except OSError:
-        return False
-    finally:
-        sock.detach()
-    return state in (TCP_CLOSE, TCP_CLOSE_WAIT)
-
-
-def reset_on_close(fd: int) -> None:
-    """SO_LINGER 0 on `fd`: its close resets the connection (no TIME_WAIT left for a flood of them)."""
-    sock = socket.socket(fileno=fd)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, LINGER_RESET)
-    except OSError:
-        pass
-    finally:
-        sock.detach()
-
-
-class ServedConnection:
-    """A connection this core serves (a client's or, `from_peer`, another core's): frames in,
-    replies out in request order, read only while the budgets allow.
-
-    The request side lives here; a backend's subclass moves the bytes. It calls `received(data)`
-    with what it read, `sent_some()` when queued bytes went out, `lost()` when the peer went away
-    and `closing()` once when the connection closes, and provides the primitives below.
-    """
-
-    if TYPE_CHECKING:  # the backend's primitives (declared, not defined: its stream class has them)
-
-        def write(self, buffers: list[bytes]) -> None:
-            """Queue `buffers` to be sent in order."""
-
-        def unsent(self) -> int:
-            """Bytes queued and not yet sent."""
-
-        def reading_changed(self) -> None:
-            """Read, or stop reading, as `paused()` now says."""
-
-        def abort(self) -> None:
-            """Close now: nothing more is read or sent."""
-
-        def close(self) -> None:
-            """Close at shutdown (replies already queued may still go)."""
-
-        def fileno(self) -> int | None: ...
-
-    def __init__(self, server: BackendCore, from_peer: bool, peer: str) -> None:
-        self.server = server
-        self.from_peer = from_peer
-        self.peer = peer
-        self.closed = False
-        # received, not yet taken; a client's first bytes choose the protocol (`FirstBytes`)
-        max_bytes = server.config.limits.max_request_bytes
-        self.decoder: FirstBytes | FrameDecoder | KafkaFrameDecoder = (
-            frame_decoder(max_bytes) if from_peer else FirstBytes(max_bytes)
-        )
-        self.slots: deque[Slot] = deque()  # the requests not yet answered, in arrival order
-        self.budget = ConnectionBudget(time.monotonic())
-        self.auth = ConnectionAuth.for_connection(
-            server.config.sasl, peer, from_peer, tls=not from_peer and server.tls_context is not None
-        )
-        self.refusing = False  # a reply that closes was queued: nothing more is taken
-        self.forward_blocked = 0  # peer cores whose forward limit this connection waits on
-
-    def received(self, data: bytes | memoryview) -> None:
-        self.budget.last_active = time.monotonic()
-        self.decoder.feed(data)
-        self.resume()
-
-    def received_lent(self, n: int) -> None:
-        """`n` bytes arrived in the space the decoder lent to the backend's receive (a
-        `LENDING_DECODER`'s `buffer`), its view already released: `received` without the feed."""
-        self.budget.last_active = time.monotonic()
-        self.decoder.received(n)  # type: ignore[union-attr]
-        self.resume()
-
-    def resume(self) -> None:
-        """Take the frames buffered (`take_requests`) and read again if the budgets allow."""
-        try:
-            self.server.take_requests(self)
-        except ProtocolError as exc:
-            self.server.limit_log.warning("protocol error", "closing %s: %s", self.peer, exc)
-            self.abort()
-            return
-        self.reading_changed()
-
-    def paused(self) -> bool:
-        return self.refusing or self.forward_blocked > 0 or not self.server.may_read(self)
-
-    def taken_all(self) -> bool:
-        """Whether the bytes received hold no request still to take: what a request being
-        carried out now starts (a reply's send, a flush) has nothing of this connection's to
-        wait for in this pass."""
-        return not self.decoder.buffered
-
-    def fill(self, slot: Slot, outcome: Reply | Silent) -> None:
-        """A reply is ready: send every reply at the head of the queue that is ready too."""
-        slot.done = True
-        server = self.server
-        replied_ns = time.monotonic_ns()  # counted after the write: the client waits for the write
-        reply = False
-        if isinstance(outcome, Reply):
-            reply = True
-            slot.buffers = outcome.buffers
-            slot.then_close = outcome.then_close
-        if self.closed:
-            if reply:
-                server.core.metrics.reply(sum(map(len, slot.buffers)), slot.started_ns, replied_ns)
-            return
-        slots = self.slots
-        out: list[bytes] = []
-        released = 0
-        close = False
-        sent_slot = False
-        while slots and slots[0].done:
-            done = slots.popleft()
-            out.extend(done.buffers)
-            released += done.charge
-            close = close or done.then_close
-            sent_slot = sent_slot or done is slot
-        if out:
-            self.write(out)  # first: the client waits for it, the counting below does not
-        size = sum(map(len, slot.buffers)) if reply else 0
-        # A reply that waits behind an earlier one is counted by its size from now on; one that
-        # went out with this write releases its slot's count (`released`) as it is.
-        change = 0 if sent_slot else server.replied(slot, size)
-        if reply:
-            server.core.metrics.reply(size, slot.started_ns, replied_ns)
-        if close and not self.refusing:
-            self.refusing = True
-            server.call_later(AUTH_FAILURE_CLOSE_DELAY_S, self.close)
-        server.queued(self, released, self.unsent(), change)
-        self.reading_changed()  # a connection paused on its budget may read again
-
-    def sent_some(self) -> None:
-        """Queued bytes went out (`unsent()` is less)."""
-        self.budget.last_active = time.monotonic()
-        self.server.queued(self, 0, self.unsent())
-
-    def drop(self) -> None:
-        """Close at once (a limit was hit): nothing more is read or sent, and the close resets."""
-        if not self.closed and not self.from_peer:
-            fd = self.fileno()
-            if fd is not None and fd >= 0:
-                reset_on_close(fd)
-        self.abort()
-
-    def lost(self) -> None:
-        """The peer closed or the connection failed (not our own close)."""
-        if self.decoder.buffered:
-            log.info("client %s went away mid-frame (%d bytes unread)", self.peer, self.decoder.buffered)
-
-    def closing(self) -> None:
-        self.server.connections.discard(self)
-        self.server.forget(self)
-
-    def waits_for_forward(self) -> bool:
-        return self.forward_blocked > 0
-
-    def wait_for_forward_room(self, forwarder: Forwarder, core: int) -> None:
-        """Stop reading until forwards to `core` are below their limit again."""
-        self.forward_blocked += 1
-        self.reading_changed()
-
-        def resume() -> None:
-            self.forward_blocked -= 1
-            self.reading_changed()
-
-        forwarder.when_room(core, resume)
-
-
-class PeerStream:
-    """This core's end of one link carrying our requests to another core: an inter-core connection
-    (a `PeerChannel` of broker/core/forwarding.py, `open_peer`) or a TCP link to another broker's
-    core (a `RemoteChannel` of broker/core/remote.py, `open_remote`; `core` is -1). It moves bytes
-    for a `PeerLink`: the backend's subclass writes (queuing what is written before the connection
-    is up), reads into `received` and calls `gone` when the connection closes or fails to open."""
-
-    if TYPE_CHECKING:
-
-        def write(self, buffers: list[bytes]) -> None: ...
-        def close(self) -> None: ...
-
-    def __init__(self, server: BackendCore, core: int, long_poll: bool, peer: str | None = None) -> None:
-        self.server = server
-        self.core = core
-        self.long_poll = long_poll
-        self.link = PeerLink(core, peer)
-        # Told first when the link goes (a remote link's `RemoteLinks`); None: the inter-core pool.
-        self.on_gone: Callable[[BaseException | None], None] | None = None
-        self._gone = False
-
-    def send(self, frame: Frame, done: Done | None, deadline: float = NO_DEADLINE) -> None:
-        self.write(self.link.request(frame, done, deadline))
-
-    def received(self, data: bytes | memoryview) -> None:
-        try:
-            self.link.receive(data)  # type: ignore[arg-type]
-        except ProtocolError as exc:
-            log.error("%s sent bytes that are not frames (%s): dropping the connection", self.link.peer, exc)
-            self.close()
-
-    def gone(self, exc: BaseException | None = None) -> None:
-        """Once: the owner forgets this link, then everything pending on it fails."""
-        if self._gone:
-            return
-        self._gone = True
-        if self.on_gone is None:
-            self.server.peers.gone(self)
-        else:
-            self.on_gone(exc)
-        self.link.lost(exc)
 
 
 Flushed = tuple[Callable[[], None], Callable[[BaseException], None]]  # (done, failed) of a waiter
