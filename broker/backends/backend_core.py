@@ -3,13 +3,13 @@
 Rules this module keeps:
 - The two backends (broker/backends/aio.py on uvloop, broker/backends/uring.py on io_uring) differ
   in how they move bytes and run storage operations, not in what anything means. The meaning
-  lives here once, in `BackendCore`: the limits and budgets, the gauges, the dispatch of outcomes,
-  ordered replies and back-pressure, parked long polls, appends completed in prepare order, group
-  commit, the periodic work (retention, housekeeping, the sweep) and the shutdown sequence.
-  `ServedConnection` is the request side of a connection, `PeerStream` this core's end of an
-  inter-core link (both broker/backends/connection.py); a backend subclasses them and supplies
-  only primitives. What a connection may hold in flight, and which ones the sweep closes, is
-  broker/backends/admission.py's.
+  lives here once, in `BackendCore`: the gauges, the dispatch of outcomes, parked long polls,
+  appends completed in prepare order, group commit, the periodic work (retention, housekeeping,
+  the sweep) and the shutdown sequence. `ServedConnection` is the request side of a connection
+  (ordered replies), `PeerStream` this core's end of an inter-core link (both
+  broker/backends/connection.py); a backend subclasses them and supplies only primitives. The
+  limits and budgets (what a connection may hold in flight, back-pressure, and which connections
+  the sweep closes) are the `Admission` the core holds (broker/backends/admission.py).
 - The backend contract. A backend's core subclass calls `open_core()` once its loop works, and
   provides `call_later`, `call_soon`, `end_of_turn`, `run_ops` (storage operations, fileio.py's
   meaning; `run_append` too if it gathers appends), `read` (an extent), `open_peer`,
@@ -55,20 +55,10 @@ import logging
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, assert_never
 
-from broker.backends.admission import (
-    REQUEST_OVERHEAD_BYTES,
-    REQUESTS_IN_FLIGHT_MAX,
-    SWEEP_S,
-    SWEEP_S_MIN,
-    TRIM_AFTER_RELEASE_BYTES,
-    TRIM_INTERVAL_S,
-    CoreMemory,
-    malloc_trim,
-    request_charge,
-)
+from broker.backends.admission import REQUEST_OVERHEAD_BYTES, Admission, request_charge
 from broker.backends.blocking import BlockingPool, Post
 from broker.backends.connection import (
     FirstBytes,
@@ -76,7 +66,6 @@ from broker.backends.connection import (
     PeerStream,
     ServedConnection,
     Slot,
-    closed_by_peer,
     peer_uid,
 )
 from broker.backends.rate_limited_log import RateLimitedLog
@@ -187,20 +176,9 @@ class BackendCore:
         clustered_tls = config.tls.enabled and config.cluster is not None
         self.peer_tls_context = peer_context(config.tls) if clustered_tls else None
         self.parked_long_polls = 0
-        limits = config.limits
-        self.connection_budget = limits.connection_memory_bytes
-        self.memory = CoreMemory(limits.core_memory_bytes)
-        self.client_connections = 0
-        self.max_client_connections = limits.max_connections_per_core
-        self.idle_s = limits.connection_idle_ms / 1000
-        self.frame_timeout_s = limits.frame_timeout_ms / 1000
-        self.sweep_s = max(
-            SWEEP_S_MIN, min([SWEEP_S, *(t / 4 for t in (self.idle_s, self.frame_timeout_s) if t > 0)])
-        )
         self.limit_log = RateLimitedLog(log)
+        self.admission = Admission(config.limits, self.call_soon, self.limit_log)
         self.connections: set[ServedConnection] = set()
-        self._kicks: dict[ServedConnection, None] = {}  # connections to resume after a release
-        self._kick_scheduled = False
         self._work: dict[Partition, PartitionWork] = {}
         self._flush_due: set[Partition] = set()  # partitions with waiters for a flush this turn
         self._commit_scheduled = False
@@ -249,8 +227,8 @@ class BackendCore:
             "pending_forwards": lambda: self.forwarder.pending,
             "parked_long_polls": lambda: self.parked_long_polls,
             "commit_waiters": lambda: sum(len(w.flush_waiters) for w in self._work.values()),
-            "client_connections": lambda: self.client_connections,
-            "bytes_in_flight": lambda: self.memory.used,
+            "client_connections": lambda: self.admission.client_connections,
+            "bytes_in_flight": lambda: self.admission.memory.used,
         }
 
     # ------------------------------------------------------------------------- the backend's part
@@ -341,6 +319,7 @@ class BackendCore:
         Raises `ProtocolError` when the bytes cannot be framed: the backend closes `conn`.
         """
         ringlog = self.ringlog
+        admission = self.admission
         handle = ringlog.handle
         metrics = self.core.metrics
         from_peer = conn.from_peer
@@ -352,10 +331,10 @@ class BackendCore:
         access = ringlog.access if ringlog.access.active and not from_peer else None
         took = False
         if not from_peer:
-            self._count(conn, 0, decoder.buffered - budget.buffered)
+            admission.count(conn, 0, decoder.buffered - budget.buffered)
         try:
             while not conn.closed and not conn.refusing:
-                if not from_peer and not self._may_take(conn):
+                if not from_peer and not admission.may_take(conn):
                     break
                 if conn.auth.raw_tokens and isinstance(decoder, KafkaFrameDecoder):
                     token = decoder.next_raw(kafka_sasl.RAW_TOKEN_MAX_BYTES)
@@ -382,12 +361,12 @@ class BackendCore:
                     metrics.forwarded_in()
                 else:
                     slot = Slot(metrics.request(frame.api_key, size), request_charge(frame))
-                    self._count(conn, slot.charge, -size)
+                    admission.count(conn, slot.charge, -size)
                 slots.append(slot)
                 self.carry_out(handle(frame, from_peer) if decided is None else decided, frame, conn, slot)
         finally:
             if not from_peer and not conn.closed:
-                self._count(conn, 0, decoder.buffered - budget.buffered)
+                admission.count(conn, 0, decoder.buffered - budget.buffered)
                 if not decoder.buffered:
                     budget.frame_started = 0.0
                 elif took or not budget.frame_started:
@@ -400,7 +379,7 @@ class BackendCore:
         started_ns = self.core.metrics.kafka_request(request.api_key, size)
         outcome = self.kafka.handle(request, conn.auth)
         slot = Slot(started_ns, size + REQUEST_OVERHEAD_BYTES)
-        self._count(conn, slot.charge, -size)
+        self.admission.count(conn, slot.charge, -size)
         conn.slots.append(slot)
         self.carry_out(outcome, request, conn, slot)
 
@@ -420,7 +399,7 @@ class BackendCore:
                 more = outcome.extent.length + REQUEST_OVERHEAD_BYTES - slot.charge
                 if more > 0 and not conn.from_peer:
                     slot.charge += more
-                    self._count(conn, more, 0)
+                    self.admission.count(conn, more, 0)
                 self._read(outcome, frame, conn, slot)
             case Durable():
                 self.after_flush(
@@ -889,7 +868,7 @@ class BackendCore:
             ready()
         self._every(RETENTION_CHECK_S, self._retention)
         self._every(HOUSEKEEPING_S, self._housekeeping)
-        self._every(self.sweep_s, self._sweep)
+        self._every(self.admission.sweep_s, self._sweep)
         if self.replicas is not None:
             self.replicas.start()
 
@@ -925,7 +904,7 @@ class BackendCore:
             log.info("retention deleted %d segment(s)", deleted)
 
     def _sweep(self) -> None:
-        self.sweep(self.connections)
+        self.admission.sweep(self.connections)
         self.after_sweep()
 
     def busy(self) -> bool:
@@ -964,119 +943,7 @@ class BackendCore:
         self.publish_metrics()
         log.info("stopped cleanly")
 
-    # ------------------------------------------------------------------------- memory in flight
-
-    def _count(self, conn: ServedConnection, held: int, buffered: int) -> None:
-        """Add to (or, negative, release from) `conn`'s bytes in flight and its core's."""
-        if conn.closed or conn.from_peer:
-            return
-        budget = conn.budget
-        budget.held += held
-        budget.buffered += buffered
-        memory = self.memory
-        memory.used += held + buffered
-        memory.buffered += buffered
-        if memory.used > memory.peak:
-            memory.peak = memory.used
-        elif held + buffered < 0:
-            self._released(conn)
-
-    @staticmethod
-    def replied(slot: Slot, reply_bytes: int) -> int:
-        """`slot`'s reply is made: it is counted by its size from now on, not by its estimate.
-        Returns the change, for the backend to pass to `queued` (one count per reply, not two)."""
-        charge = REQUEST_OVERHEAD_BYTES + reply_bytes
-        change = charge - slot.charge
-        slot.charge = charge
-        return change
-
-    def queued(self, conn: ServedConnection, released: int, unsent: int, replied: int = 0) -> None:
-        """Replies whose slots counted `released` bytes went to the transport, which now holds
-        `unsent` bytes of this connection not yet sent (the backend knows; 0 once drained);
-        `replied` is what `replied` returned for the reply that made them ready, if any."""
-        budget = conn.budget
-        self._count(conn, unsent - budget.queued - released + replied, 0)
-        budget.queued = unsent
-
-    def may_read(self, conn: ServedConnection) -> bool:
-        """Whether `conn` may be read now. A connection with nothing in flight of its own reads
-        on (a frame larger than its budget must arrive whole); one that alone holds the core's
-        memory too. False for a budget marks it to be resumed when memory is released (at
-        `REQUESTS_IN_FLIGHT_MAX` it reads again when its next reply goes out, as it does)."""
-        if conn.from_peer:
-            return True
-        if len(conn.slots) >= REQUESTS_IN_FLIGHT_MAX:
-            return False
-        budget = conn.budget
-        mine = budget.held + budget.buffered
-        if budget.held and mine >= self.connection_budget:
-            budget.gated = True
-            return False
-        return self._core_admits(conn, mine)
-
-    def _may_take(self, conn: ServedConnection) -> bool:
-        budget = conn.budget
-        if budget.held and budget.held >= self.connection_budget:
-            budget.gated = True
-            return False
-        if self.memory.used < self.memory.limit:  # `_core_admits`' first case, without the call
-            return True
-        return self._core_admits(conn, budget.held + budget.buffered)
-
-    def _core_admits(self, conn: ServedConnection, mine: int) -> bool:
-        memory = self.memory
-        if memory.used < memory.limit or memory.used <= mine:
-            return True
-        conn.budget.gated = True
-        memory.waiting[conn] = None
-        return False
-
-    def _released(self, conn: ServedConnection) -> None:
-        """Memory went back: resume `conn` if a budget stopped it, and the connections waiting for
-        the core's budget if it is below again (after this turn's callbacks: never re-entrant)."""
-        kick = conn.budget.gated
-        if kick:
-            self._kicks[conn] = None
-        memory = self.memory
-        if memory.waiting and memory.used < memory.limit:
-            kick = True
-        if kick and not self._kick_scheduled:
-            self._kick_scheduled = True
-            self.call_soon(self._resume_gated)
-
-    def _resume_gated(self) -> None:
-        self._kick_scheduled = False
-        kicks, self._kicks = self._kicks, {}
-        memory = self.memory
-        waiting = memory.waiting
-        while waiting and memory.used < memory.limit:
-            conn = next(iter(waiting))
-            del waiting[conn]
-            kicks[conn] = None
-        for conn in kicks:
-            if conn.closed or conn in waiting:
-                continue
-            conn.budget.gated = False
-            conn.resume()
-
     # ------------------------------------------------------------------------- connections
-
-    def admit_connection(self, conn: ServedConnection) -> bool:
-        """Count a new connection against the per-core cap; False: close it at once (logged)."""
-        if conn.from_peer:
-            return True
-        cap = self.max_client_connections
-        if cap and self.client_connections >= cap:
-            self.limit_log.warning(
-                "connection refused",
-                "%s: this core serves %d client connections already (--max-connections-per-core)",
-                conn.peer,
-                cap,
-            )
-            return False
-        self.client_connections += 1
-        conn.budget.counted = True
-        return True
 
     def accepted(self, conn: ServedConnection) -> bool:
         """A new connection: served from now on if the cap admits it, else dropped (False). A
@@ -1091,107 +958,8 @@ class BackendCore:
                 )
                 conn.abort()
                 return False
-        if not self.admit_connection(conn):
+        if not self.admission.admit_connection(conn):
             conn.drop()
             return False
         self.connections.add(conn)
         return True
-
-    def forget(self, conn: ServedConnection) -> None:
-        """`conn` is closed: its memory in flight is released and it no longer counts."""
-        budget = conn.budget
-        if budget.counted:
-            budget.counted = False
-            self.client_connections -= 1
-        memory = self.memory
-        memory.waiting.pop(conn, None)
-        self._kicks.pop(conn, None)
-        released = budget.held + budget.buffered
-        memory.buffered -= budget.buffered
-        budget.held = budget.buffered = budget.queued = 0
-        if released:
-            memory.used -= released
-            if memory.waiting and memory.used < memory.limit and not self._kick_scheduled:
-                self._kick_scheduled = True
-                self.call_soon(self._resume_gated)
-
-    def _frame_timed_out(self, conn: ServedConnection, now: float) -> None:
-        self.limit_log.warning(
-            "partial frame timeout",
-            "closing %s: a frame started %.1fs ago is still incomplete (%d bytes; --frame-timeout-ms)",
-            conn.peer,
-            now - conn.budget.frame_started,
-            conn.decoder.buffered,
-        )
-        conn.drop()
-
-    def sweep(self, connections: Iterable[ServedConnection]) -> None:
-        """Once a `sweep_s`: close idle and stalled client connections and those not read whose
-        client went away, log the suppressed counts, give freed memory back to the OS."""
-        now = time.monotonic()
-        idle_s = self.idle_s
-        frame_s = self.frame_timeout_s
-        memory = self.memory
-        waiting = memory.waiting
-        # Bytes received and not taken that alone reach the core's budget: no request can be
-        # taken, and no frame completed, until some of them go, and only a close lets them go
-        # (33 connections stalled in 8 MiB frames wedged a core for good). The frame
-        # clock of a connection waiting for the core then runs on, as it does for one read, and
-        # those past the frame timeout are closed oldest first (an attacker's, who started
-        # first), only until the rest fit the budget: a client whose request arrived whole
-        # after them, and waits to be taken, is then served, not closed with them.
-        frames_hold_core = memory.buffered >= memory.limit
-        holding: list[ServedConnection] = []
-        for conn in list(connections):
-            if conn.from_peer or conn.closed:
-                continue
-            budget = conn.budget
-            if (conn in waiting or budget.gated) and closed_by_peer(conn.fileno()):
-                # Not read, so its EOF or reset would never be seen: what it holds would stay
-                # until a timeout, with the core out of budget meanwhile. Its requests not yet
-                # read have no one to answer to (a connection read would close at that EOF too).
-                self.limit_log.warning(
-                    "closed while not read", "closing %s: its client closed the connection", conn.peer
-                )
-                conn.drop()
-                continue
-            if (conn in waiting and not budget.queued) or conn.waits_for_forward():
-                # Not read for others' sake: neither idle nor stalled by its client. (One whose
-                # replies wait for its client to read them is idle all the same: the core's memory
-                # it holds is released when the idle timeout closes it.)
-                budget.last_active = now
-                if budget.frame_started:
-                    if frames_hold_core and conn in waiting:
-                        holding.append(conn)  # decided below, oldest first
-                        continue
-                    budget.frame_started = now
-            elif budget.gated and budget.frame_started:
-                budget.frame_started = now  # not read while its own replies wait for its client
-            if frame_s and budget.frame_started and now - budget.frame_started > frame_s:
-                self._frame_timed_out(conn, now)
-            elif idle_s and not conn.slots and now - budget.last_active > idle_s:
-                self.limit_log.warning(
-                    "idle timeout",
-                    "closing %s: no traffic for %.1fs (--connection-idle-ms)",
-                    conn.peer,
-                    now - budget.last_active,
-                )
-                conn.drop()
-        if frame_s and holding:
-            holding.sort(key=lambda c: c.budget.frame_started)
-            buffered = memory.buffered
-            for conn in holding:
-                if buffered < memory.limit or now - conn.budget.frame_started <= frame_s:
-                    break
-                buffered -= conn.budget.buffered
-                self._frame_timed_out(conn, now)
-        self.limit_log.flush()
-        fallen = memory.peak - memory.used
-        if (
-            (fallen >= TRIM_AFTER_RELEASE_BYTES and memory.used <= fallen)
-            or memory.freed >= TRIM_AFTER_RELEASE_BYTES
-        ) and now - memory.trimmed_at >= TRIM_INTERVAL_S:
-            memory.peak = memory.used
-            memory.freed = 0
-            memory.trimmed_at = now
-            malloc_trim()

@@ -210,11 +210,19 @@ class ServingCore(Protocol):
     connections: set[ServedConnection]
     peers: PeerPool
 
+    @property
+    def admission(self) -> ConnectionAdmission: ...
+
     def call_later(self, delay_s: float, callback: Callable[[], None]) -> object: ...
 
     def take_requests(self, conn: ServedConnection) -> None: ...
 
     def accepted(self, conn: ServedConnection) -> bool: ...
+
+
+class ConnectionAdmission(Protocol):
+    """What a connection asks of its core's memory admission (broker/backends/admission.py's
+    `Admission`), declared here since that module imports this one."""
 
     def may_read(self, conn: ServedConnection) -> bool: ...
 
@@ -294,7 +302,7 @@ class ServedConnection:
         self.reading_changed()
 
     def paused(self) -> bool:
-        return self.refusing or self.forward_blocked > 0 or not self.server.may_read(self)
+        return self.refusing or self.forward_blocked > 0 or not self.server.admission.may_read(self)
 
     def taken_all(self) -> bool:
         """Whether the bytes received hold no request still to take: what a request being
@@ -332,19 +340,19 @@ class ServedConnection:
         size = sum(map(len, slot.buffers)) if reply else 0
         # A reply that waits behind an earlier one is counted by its size from now on; one that
         # went out with this write releases its slot's count (`released`) as it is.
-        change = 0 if sent_slot else server.replied(slot, size)
+        change = 0 if sent_slot else server.admission.replied(slot, size)
         if reply:
             server.core.metrics.reply(size, slot.started_ns, replied_ns)
         if close and not self.refusing:
             self.refusing = True
             server.call_later(AUTH_FAILURE_CLOSE_DELAY_S, self.close)
-        server.queued(self, released, self.unsent(), change)
+        server.admission.queued(self, released, self.unsent(), change)
         self.reading_changed()  # a connection paused on its budget may read again
 
     def sent_some(self) -> None:
         """Queued bytes went out (`unsent()` is less)."""
         self.budget.last_active = time.monotonic()
-        self.server.queued(self, 0, self.unsent())
+        self.server.admission.queued(self, 0, self.unsent())
 
     def drop(self) -> None:
         """Close at once (a limit was hit): nothing more is read or sent, and the close resets."""
@@ -361,7 +369,7 @@ class ServedConnection:
 
     def closing(self) -> None:
         self.server.connections.discard(self)
-        self.server.forget(self)
+        self.server.admission.forget(self)
 
     def waits_for_forward(self) -> bool:
         return self.forward_blocked > 0

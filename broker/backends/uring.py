@@ -961,11 +961,11 @@ class UringServer(BackendCore):
     def after_sweep(self) -> None:
         """A small recv buffer again for each connection that grew one and was quiet since the
         last sweep."""
-        quiet = time.monotonic() - self.sweep_s
+        quiet = time.monotonic() - self.admission.sweep_s
         for conn in self.connections:
             assert isinstance(conn, Connection)
             if conn.recv_size > RECV_BUFFER_BYTES_MIN and conn.budget.last_active < quiet:
-                self.memory.freed += conn.recv_size  # malloc_trim when enough is given back
+                self.admission.memory.freed += conn.recv_size  # malloc_trim when enough is given back
                 conn.shrink_recv_buffer()
 
     # ------------------------------------------------------------------------- connections

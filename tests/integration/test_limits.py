@@ -342,9 +342,9 @@ def test_rate_limited_log_gives_one_line_per_reason_and_interval_with_the_count(
 
 
 def test_timeouts_of_zero_disable_them_and_the_sweep_still_runs_each_second() -> None:
-    core = BackendCore(BrokerConfig(limits=Limits(connection_idle_ms=0, frame_timeout_ms=0)))
-    assert core.sweep_s == 1.0 and core.idle_s == 0 and core.frame_timeout_s == 0
-    assert BackendCore(BrokerConfig(limits=Limits(frame_timeout_ms=800))).sweep_s == 0.2
+    admission = BackendCore(BrokerConfig(limits=Limits(connection_idle_ms=0, frame_timeout_ms=0))).admission
+    assert admission.sweep_s == 1.0 and admission.idle_s == 0 and admission.frame_timeout_s == 0
+    assert BackendCore(BrokerConfig(limits=Limits(frame_timeout_ms=800))).admission.sweep_s == 0.2
 
 
 # ---------------------------------------------------------------- partial frames holding the budget
