@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from inprocess import io_uring_missing, serve_in_process
 
-import broker.backends.backend_core as core_mod
+import broker.backends.primitives as primitives_mod
 import broker.backends.uring as uring_mod
 from broker.backends.backend_core import BackendCore
 from broker.storage.fileio import Write, WriteError
@@ -110,7 +110,7 @@ def test_pipelined_appends_go_out_in_one_write_and_a_lone_one_at_once(
         return run_ops
 
     monkeypatch.setattr(uring_mod, "run_ops", counting(uring_mod.run_ops))
-    monkeypatch.setattr(core_mod, "run_ops", counting(core_mod.run_ops))
+    monkeypatch.setattr(primitives_mod, "run_ops", counting(primitives_mod.run_ops))
     burst = [SMALL + bytes([i]) for i in range(8)]
     batches = [encode_batch([v]) for v in burst]
     seen: dict[str, object] = {}
