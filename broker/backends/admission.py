@@ -13,9 +13,9 @@ Rules this module keeps:
   connection that alone holds the core's memory is always served, so nothing waits forever.
   Connections from peer cores are not budgeted: what they carry was admitted on the core that
   forwarded it.
-- Connection hygiene (defect 5 of issue 10): one sweep a second, not a timer per connection,
-  closes client connections idle longer than --connection-idle-ms and those that started a frame
-  more than --frame-timeout-ms ago; a core serves at most --max-connections-per-core clients.
+- Connection hygiene: one sweep a second, not a timer per connection, closes client connections
+  idle longer than --connection-idle-ms and those that started a frame more than
+  --frame-timeout-ms ago; a core serves at most --max-connections-per-core clients.
   Every rejection and close is logged through `RateLimitedLog` (one line per reason per second,
   with the count of those suppressed).
 """

@@ -46,17 +46,11 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, TypeVar, assert_never
+from typing import Any, TypeVar, assert_never
 
 from broker.backends.admission import REQUEST_OVERHEAD_BYTES, Admission, request_charge
 from broker.backends.blocking import BlockingPool
-from broker.backends.connection import (
-    FirstBytes,
-    GatherPart,
-    ServedConnection,
-    Slot,
-    peer_uid,
-)
+from broker.backends.connection import FirstBytes, GatherPart, ServedConnection, Slot, peer_uid
 from broker.backends.primitives import BackendPrimitives, Cancellable
 from broker.backends.rate_limited_log import RateLimitedLog
 from broker.core.acks import Waits
@@ -91,9 +85,6 @@ from ringlog_proto.batch import now_ms
 from ringlog_proto.frames import HEADER_SIZE, NEED_DATA, Frame
 from ringlog_proto.sasl import SaslLogin
 
-if TYPE_CHECKING:
-    pass
-
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -103,7 +94,6 @@ HOUSEKEEPING_S = 1.0  # metrics snapshot published, topics.json checked for othe
 SHUTDOWN_GRACE_S = 10.0  # longest wait for in-flight requests and operations at shutdown
 SHUTDOWN_POLL_S = 0.01  # the loop runs at most this long between looks at what is still in flight
 SHUTDOWN_SETTLE_POLLS = 100  # after closing: waits for the backend's last operations (cancels, closes)
-
 
 Flushed = tuple[Callable[[], None], Callable[[BaseException], None]]  # (done, failed) of a waiter
 
@@ -219,7 +209,7 @@ class BackendCore(BackendPrimitives):
 
     def take_requests(self, conn: ServedConnection) -> None:
         """Handle the whole frames `conn`'s decoder holds, in order, each with its reply slot, as
-        long as the memory budgets allow (see the module rules); the rest wait in the decoder.
+        long as the memory budgets allow (admission.py's rules); the rest wait in the decoder.
 
         Raises `ProtocolError` when the bytes cannot be framed: the backend closes `conn`.
         """

@@ -106,7 +106,7 @@ class Slot:
         self.done = False
         self.then_close = False
         self.started_ns = started_ns  # for the latency histogram (metrics.reply)
-        self.charge = charge  # bytes counted in flight for this request (see `request_charge`)
+        self.charge = charge  # bytes counted in flight for this request (admission.py's `request_charge`)
 
 
 class GatherPart:
