@@ -87,7 +87,8 @@ class ClusterAdmin:
         nodes = self.live_candidates()
         if replication < 1 or replication > len(nodes):
             raise TopicError(
-                TopicFault.CONFIG, f"replication factor {replication} needs as many live nodes; {len(nodes)} are live"
+                TopicFault.CONFIG,
+                f"replication factor {replication} needs as many live nodes; {len(nodes)} are live",
             )
         k = self.keys
         for _ in range(RACE_RETRIES):
