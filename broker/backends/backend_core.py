@@ -49,6 +49,7 @@ from broker.backends.blocking import BlockingPool
 from broker.backends.connection import FirstBytes, GatherPart, ServedConnection, Slot, peer_uid
 from broker.backends.primitives import Cancellable
 from broker.backends.rate_limited_log import RateLimitedLog
+from broker.core.adapter import Adapter
 from broker.core.blocking import BlockingCallAbandoned
 from broker.core.config import BrokerConfig
 from broker.core.core import Core
@@ -94,8 +95,8 @@ class BackendCore(PartitionAppends):
     once its loop primitives work, and provides the primitives (`BackendPrimitives`)."""
 
     core: Core
-    ringlog: RinglogAdapter
-    kafka: KafkaAdapter
+    ringlog: RinglogAdapter  # our protocol, which is also the inter-core one (forwards, notices)
+    kafka: Adapter[KafkaRequest]
     forwarder: Forwarder
     peers: PeerPool
     remote_links: RemoteLinks
@@ -180,7 +181,7 @@ class BackendCore(PartitionAppends):
             decoder = conn.decoder = decoder.decide()
         slots = conn.slots
         budget = conn.budget
-        access = ringlog.access if ringlog.access.active and not from_peer else None
+        auth = None if from_peer else conn.auth  # a frame from another core is trusted
         took = False
         if not from_peer:
             admission.count(conn, 0, decoder.buffered - budget.buffered)
@@ -205,8 +206,6 @@ class BackendCore(PartitionAppends):
                     self._take_kafka(frame, conn)
                     continue
                 assert isinstance(frame, Frame)
-                # SASL and ACLs (broker/ringlog/access.py); a frame from another core is trusted
-                decided = access.take(frame, conn.auth) if access is not None else None
                 size = len(frame.body) + HEADER_SIZE
                 if from_peer:
                     slot = Slot(metrics.request(frame.api_key, size))
@@ -215,7 +214,8 @@ class BackendCore(PartitionAppends):
                     slot = Slot(metrics.request(frame.api_key, size), request_charge(frame))
                     admission.count(conn, slot.charge, -size)
                 slots.append(slot)
-                self.carry_out(handle(frame, from_peer) if decided is None else decided, frame, conn, slot)
+                # the adapter gates a client's frame (SASL and ACLs: broker/ringlog/access.py)
+                self.carry_out(handle(frame, auth, from_peer), frame, conn, slot)
         finally:
             if not from_peer and not conn.closed:
                 admission.count(conn, 0, decoder.buffered - budget.buffered)
@@ -336,7 +336,7 @@ class BackendCore(PartitionAppends):
                 if outcome.again is not None:
                     again = outcome.again()
                 elif outcome.frame is not None:
-                    again = self.ringlog.handle(outcome.frame, conn.from_peer)
+                    again = self.ringlog.handle(outcome.frame, from_peer=conn.from_peer)
                 else:
                     raise RuntimeError("a parked wait with neither a frame nor `again`")
                 if isinstance(again, Wait) and not self.stopping():

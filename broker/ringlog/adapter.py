@@ -44,6 +44,7 @@ from broker.core.outcomes import Append, Forward, Gather, Later, Outcome, Read, 
 from broker.core.partition import Diverging, Partition, PendingRead, ReadAnswer, Stored
 from broker.core.topics import Topic
 from broker.ringlog.access import Access
+from broker.security.session import ConnectionAuth
 from broker.storage.diskspace import is_out_of_space
 from broker.storage.errors import OffsetOutOfRangeError, OutOfSpaceError
 from ringlog_proto import messages as m
@@ -113,9 +114,17 @@ class RinglogAdapter:
         # Authentication and ACLs of our protocol, over the core's SASL server and ACLs.
         self.access = Access(self)
 
-    def handle(self, frame: Frame, from_peer: bool = False) -> Outcome:
-        """The outcome of one request frame. `from_peer`: it arrived over the inter-core channel
-        (forwarded by, or a notice from, another core of this broker)."""
+    def handle(self, frame: Frame, auth: ConnectionAuth | None = None, from_peer: bool = False) -> Outcome:
+        """The outcome of one request frame: the adapter interface both protocols give the
+        backends (`KafkaAdapter.handle(request, auth)` is the other). `auth`: the client
+        connection's authentication state, whose frames pass our SASL and ACL gate first
+        (`access`; None: no gate, for tests and re-handled waits). `from_peer`: it arrived over
+        the inter-core channel (forwarded by, or a notice from, another core of this broker),
+        trusted, never gated."""
+        if auth is not None and not from_peer and self.access.active:
+            decided = self.access.take(frame, auth)
+            if decided is not None:
+                return decided
         reason = m.unsupported(frame)
         if reason is not None:
             return self._error(frame, m.ErrorCode.UNSUPPORTED_VERSION, reason)
