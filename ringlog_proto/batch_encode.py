@@ -197,7 +197,8 @@ def encode_batch(
                 )  # fmt: skip
                 if batch is not None:
                     return batch
-        if first is not None and (type(first) is bytes or first.timestamp is None):  # type: ignore[union-attr]
+        # Anything else first (a str, a bytearray) takes the path below, which names it in a BatchError.
+        if type(first) is bytes or (isinstance(first, Record) and first.timestamp is None):
             if len(recs) > RECORD_COUNT_MAX:
                 raise BatchError(f"{len(recs)} records in one batch; at most {RECORD_COUNT_MAX}")
             header = {
@@ -207,15 +208,17 @@ def encode_batch(
                 "base_offset": base_offset,
                 "partition_leader_epoch": partition_leader_epoch,
             }
+            try:
+                out, count, max_ts = records_codec.encode_section(
+                    recs, default_ts, prefix=0 if compression else HEADER_SIZE, codec=codec
+                )
+            except (TypeError, AttributeError) as exc:  # a later record, key, value or header of another type
+                raise BatchError(f"a record cannot be encoded: {exc}") from None
             if compression:
-                section, count, max_ts = records_codec.encode_section(recs, default_ts, codec=codec)
                 return seal_batch(
-                    compress(bytes(section), compression), count, default_ts, max_ts,
+                    compress(bytes(out), compression), count, default_ts, max_ts,
                     attributes=compression, **header,
                 )  # fmt: skip
-            out, count, max_ts = records_codec.encode_section(
-                recs, default_ts, prefix=HEADER_SIZE, codec=codec
-            )
             _seal_into(out, count, default_ts, max_ts, **header)
             return bytes(out)
         records = recs

@@ -106,6 +106,45 @@ class Row(NamedTuple):
     headers: object
 
 
+class _Bytes(bytes):
+    pass
+
+
+@pytest.mark.parametrize(
+    "records",
+    [
+        ["text"],
+        [bytearray(b"v")],
+        [memoryview(b"v")],
+        [_Bytes(b"v")],
+        [b"v", "text"],
+        [Record(b"v"), "text"],
+        [Record("text")],
+        [Record(b"v", key="text")],
+        [Record(b"v", headers=[(b"key", b"v")])],
+    ],
+    ids=[
+        "str",
+        "bytearray",
+        "memoryview",
+        "bytes-subclass",
+        "str-after-bytes",
+        "str-after-a-record",
+        "str-value",
+        "str-key",
+        "bytes-header-key",
+    ],
+)
+@pytest.mark.parametrize("compression", [0, COMPRESSION_GZIP], ids=["plain", "gzip"])
+def test_each_codec_refuses_a_record_of_another_type_with_a_batch_error(
+    codec: str, records: list, compression: int
+) -> None:
+    """What encode_batch cannot encode is a BatchError whichever codec runs, never the TypeError
+    or AttributeError of the code that met it."""
+    with pytest.raises(BatchError, match="cannot be encoded"):
+        encode_batch(records, compression=compression)
+
+
 @pytest.mark.parametrize("name", sorted(POISON))
 def test_each_codec_refuses_every_poison_batch(codec: str, name: str) -> None:
     with pytest.raises(BatchError):
