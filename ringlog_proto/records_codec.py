@@ -31,7 +31,7 @@ from array import array
 from collections.abc import Callable, Iterable
 from itertools import repeat
 from operator import add
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from ringlog_proto.record import BatchError, Record
 from ringlog_proto.varint import zigzag_varint
@@ -132,7 +132,7 @@ class Gathered(NamedTuple):
     arrays (-1 for null), header keys and values likewise. None stands for "all null" (keys),
     "all at the base timestamp" (timestamps) and "no headers" (header counts)."""
 
-    count: int
+    record_count: int
     kblob: bytes
     klens: array | None
     vblob: bytes
@@ -151,7 +151,7 @@ class Gathered(NamedTuple):
             len(self.kblob)
             + len(self.vblob)
             + len(self.hblob)
-            + self.count * RECORD_OVERHEAD_MAX
+            + self.record_count * RECORD_OVERHEAD_MAX
             + nh * HEADER_OVERHEAD_MAX
         )
 
@@ -173,7 +173,8 @@ def gather(records: Iterable[Record | bytes], base_timestamp: int) -> Gathered:
     headers or timestamp (the producer's common case, gathered with no Python loop at all)."""
     if not _INT64_MIN <= base_timestamp <= _INT64_MAX:
         raise SectionError(True, _ENC_TIMESTAMP_RANGE, 0)
-    recs = records if type(records) is list else list(records)
+    # Tried as all plain values, then as all Records: what they are not raises.
+    recs: list[Any] = records if type(records) is list else list(records)
     n = len(recs)
     try:
         vblob = b"".join(recs)
@@ -260,7 +261,7 @@ def encode_python(g: Gathered, prefix: int = 0) -> bytearray:
     timestamps, base_ts, hcounts, hblob, hlens = g.timestamps, g.base_timestamp, g.hcounts, g.hblob, g.hlens
     nh = 0 if hlens is None else len(hlens) // 2
     kp = vp = hp = hi = 0
-    for i in range(g.count):
+    for i in range(g.record_count):
         klen = -1 if klens is None else klens[i]
         vlen = -1 if vlens is None else vlens[i]
         if not -1 <= klen <= _INT32_MAX or not -1 <= vlen <= _INT32_MAX:
@@ -305,7 +306,7 @@ def encode_python(g: Gathered, prefix: int = 0) -> bytearray:
         append(_varint(len(joined)))
         append(joined)
     if kp != len(kblob) or vp != len(vblob) or hp != len(hblob) or hi != nh:
-        raise SectionError(True, _ENC_BLOB_MISMATCH, g.count)
+        raise SectionError(True, _ENC_BLOB_MISMATCH, g.record_count)
     out = bytearray()
     out += b"".join(parts)
     return out
@@ -474,7 +475,7 @@ def native_codec() -> Codec | None:
             written = c_encode(
                 view + prefix,
                 cap,
-                g.count,
+                g.record_count,
                 g.kblob,
                 len(g.kblob),
                 q(g.klens),
@@ -540,7 +541,7 @@ def encode_section(
     buffer, so the batch is never copied to put a header in front of it. Raises SectionError.
     """
     g = gather(records, base_timestamp)
-    return (codec or current_codec()).encode(g, prefix), g.count, g.max_timestamp
+    return (codec or current_codec()).encode(g, prefix), g.record_count, g.max_timestamp
 
 
 def _headers(data: bytes, p: int, count: int) -> list[tuple[str, bytes | None]]:
