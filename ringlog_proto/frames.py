@@ -60,6 +60,11 @@ assert struct.calcsize(">IBBHHHI") == TOPIC_ID_OFFSET
 assert struct.calcsize(">IBBHHHII") == PARTITION_OFFSET
 
 
+# What a frame is written from: bytes, or record data passed on as it is (a view of a received
+# body, a buffer read from a segment) rather than copied; writev takes any of them.
+Buffer = bytes | bytearray | memoryview
+
+
 class ProtocolError(Exception):
     """Bytes that cannot be framed. The stream is lost: close the connection."""
 
@@ -132,7 +137,7 @@ def encode_frame(
     return encode_header(len(body), api_key, api_version, correlation_id, topic_id, partition, flags) + body
 
 
-def reframe(frame: Frame, correlation_id: int) -> list[bytes]:
+def reframe(frame: Frame, correlation_id: int) -> list[Buffer]:
     """`frame` as buffers to write (header, body) under another correlation id: how a frame is
     forwarded between cores and its answer relayed back, without copying the body."""
     header = encode_header(

@@ -98,6 +98,7 @@ from ringlog_proto.frames import (
     FRAME_VERSION,
     LENGTH_SIZE,
     MAGIC,
+    Buffer,
     Frame,
     encode_header,
     frame_struct,
@@ -199,13 +200,13 @@ RESPONSE_TYPES: dict[int, type[Response]] = {
 
 def _frame(
     w: Writer, api_key: int, correlation_id: int, topic_id: int, partition: int, flags: int
-) -> list[bytes]:
+) -> list[Buffer]:
     length = sum(map(len, w.parts))
     version = CURRENT_VERSIONS.get(api_key, API_VERSION)
     return [encode_header(length, api_key, version, correlation_id, topic_id, partition, flags), *w.parts]
 
 
-def encode_request(req: Request, correlation_id: int) -> list[bytes]:
+def encode_request(req: Request, correlation_id: int) -> list[Buffer]:
     """The frame of `req` as buffers (header first); join them or hand them to writev."""
     if type(req) is ProduceRequest:
         # Every produce a client sends: the header and the fixed fields in one pack, then the
@@ -216,7 +217,7 @@ def encode_request(req: Request, correlation_id: int) -> list[bytes]:
             _PRODUCE_VERSION, 0, correlation_id, req.topic_id, req.partition, req.acks,
             req.timeout_ms, len(records),
         )  # fmt: skip
-        return [head, records]  # type: ignore[list-item]  # records: bytes or a view, as writev takes
+        return [head, records]
     w = Writer()
     req.write(w)
     topic_id = partition = 0
@@ -311,7 +312,7 @@ _NO_ERROR = struct.pack(">hH", ErrorCode.NONE, 0)  # error NONE, empty message
 
 def encode_response(
     resp: Response, correlation_id: int, api_key: int | None = None, topic_id: int = 0, partition: int = 0
-) -> list[bytes]:
+) -> list[Buffer]:
     """The frame of `resp`. `api_key` overrides the type's own (an error answer to an unknown api)."""
     w = Writer()
     if resp.error == ErrorCode.NONE and not resp.message:
@@ -403,7 +404,7 @@ def decode_response_fields(frame: Frame) -> Response:
         return cls(error, message)
     fields = cls.read(r)
     r.done()
-    return cls(error, message, **fields)  # type: ignore[arg-type]
+    return cls(error, message, **fields)
 
 
 class FetchRecords(NamedTuple):
@@ -414,7 +415,7 @@ class FetchRecords(NamedTuple):
     message: str
     high_watermark: int
     log_start_offset: int
-    body: bytes
+    body: bytes | memoryview
     start: int
     end: int
 

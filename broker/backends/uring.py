@@ -67,7 +67,7 @@ from broker.core.config import BrokerConfig
 from broker.core.limits import REMOTE_CONNECT_TIMEOUT_S
 from broker.core.partition import Partition
 from broker.security.tls import TLS_HANDSHAKE_TIMEOUT_S, TlsSession
-from broker.storage.fileio import Op, Sync, SyncFileIO, Write, remaining_buffers, run_ops
+from broker.storage.fileio import Buffer, Op, Sync, SyncFileIO, Write, remaining_buffers, run_ops
 from broker.storage.ring_ops import RingOps
 from broker.storage.segment import Extent
 from native.constants import (
@@ -143,7 +143,7 @@ class _Pipes:
             self.drop(self._free.pop())
 
 
-def _mapped_at(queue: list[bytes | memoryview], is_mapped: Callable[[object], bool]) -> int:
+def _mapped_at(queue: list[Buffer], is_mapped: Callable[[object], bool]) -> int:
     """Index of the first buffer in `queue` worth splicing (mapped, `SPLICE_MIN_BYTES` or more), or -1."""
     for i, buf in enumerate(queue):
         if len(buf) >= SPLICE_MIN_BYTES and is_mapped(buf):
@@ -166,7 +166,7 @@ class _Stream:
         self.receiving = False  # inside `received`: arm the next recv after it, not during
         self.recv_ud = 0  # user_data of the recv in flight, 0 if none
         self.sending = False
-        self.send_queue: list[bytes | memoryview] = []
+        self.send_queue: list[Buffer] = []
         self.unsent_bytes = 0
         self._fd_closed = False
         self._sock: socket.socket | None = None  # made by the first `_flush`
@@ -260,7 +260,7 @@ class _Stream:
 
     # ------------------------------------------------------------------------- send
 
-    def write(self, buffers: Sequence[bytes | memoryview]) -> None:
+    def write(self, buffers: Sequence[Buffer]) -> None:
         if self.closed or not buffers:
             return
         if not (self.sending or self.send_queue) and self.receiving and self.taken_all():
@@ -340,7 +340,9 @@ class _Stream:
         queue = self.send_queue
         cut = _mapped_at(queue, self.pipes.is_mapped) if self.pipes.on else -1
         if cut == 0:
-            done = self._splice(queue[0])
+            view = queue[0]
+            assert isinstance(view, memoryview)  # mapped: a view of a segment's pages
+            done = self._splice(view)
             if done is False:  # the rest waits in the pipe for room (`_splice_out`)
                 return
             if done:
@@ -421,7 +423,7 @@ class _Stream:
         self.sent_some()
         self._send_more()
 
-    def _sent(self, res: int, batch: list[bytes | memoryview], length: int) -> None:
+    def _sent(self, res: int, batch: list[Buffer], length: int) -> None:
         self.sending = False
         if res < 0:
             self._send_failed(res, "send")
@@ -592,9 +594,9 @@ class TlsConnection(Connection):
     def _tls_established(self) -> None:
         self.auth.tls_established(self.tls.peer_principal(), self.server.config.sasl)
 
-    def write(self, buffers: Sequence[bytes | memoryview]) -> None:
+    def write(self, buffers: Sequence[Buffer]) -> None:
         if not self.closed and buffers:
-            _Stream.write(self, [self.tls.encrypt(list(buffers))])
+            _Stream.write(self, [self.tls.encrypt(buffers)])
 
     def _handshake_deadline(self) -> None:
         if not self.tls.handshake_done and not self.closed:
@@ -619,7 +621,7 @@ class RemoteConnection(PeerStream, _Stream):
         _Stream.__init__(self, server, fd)
         self.connected = False
         self.connect_ud = 0  # the connect in flight, 0 if none
-        self.early: list[bytes] = []  # written before the connection was up
+        self.early: list[Buffer] = []  # written before the connection was up
         self.error: BaseException | None = None
         ctx = server.peer_tls_context
         self.tls = TlsSession(ctx, server_hostname=host) if ctx is not None else None
@@ -675,14 +677,14 @@ class RemoteConnection(PeerStream, _Stream):
         if early:
             _Stream.write(self, [self.tls.encrypt(early)])
 
-    def write(self, buffers: Sequence[bytes | memoryview]) -> None:  # type: ignore[override]
+    def write(self, buffers: Sequence[Buffer]) -> None:
         if self.closed or not buffers:
             return
         tls = self.tls
         if not self.connected or (tls is not None and not tls.handshake_done):
-            self.early.extend(buffers)  # type: ignore[arg-type]
+            self.early.extend(buffers)
         elif tls is not None:
-            _Stream.write(self, [tls.encrypt(list(buffers))])
+            _Stream.write(self, [tls.encrypt(buffers)])
         else:
             _Stream.write(self, buffers)
 

@@ -53,7 +53,7 @@ from broker.core.limits import FETCH_WAIT_MS_MAX, Limits
 from broker.core.liveness import always_alive, peer_liveness
 from broker.core.metrics import CoreMetrics
 from broker.core.outcomes import Forward, Notify, Reply, Silent
-from ringlog_proto.frames import NEED_DATA, Frame, FrameDecoder, frame_decoder, reframe
+from ringlog_proto.frames import NEED_DATA, Buffer, Frame, FrameDecoder, frame_decoder, reframe
 from ringlog_proto.messages import ErrorCode, peek_fetch_max_wait_ms
 
 log = logging.getLogger(__name__)
@@ -129,7 +129,7 @@ class PeerLink:
         """Whether a request still pending was due before `now` (its deadline passed)."""
         return any(deadline < now for _, deadline in self._pending.values())
 
-    def request(self, frame: Frame, done: Done | None, deadline: float = NO_DEADLINE) -> list[bytes]:
+    def request(self, frame: Frame, done: Done | None, deadline: float = NO_DEADLINE) -> list[Buffer]:
         """The bytes to write for `frame` (a fresh correlation id); `done` gets the answer, which
         is due by `deadline` (a `PeerPool` clock reading; see `overdue`)."""
         if self.closed:

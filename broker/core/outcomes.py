@@ -18,7 +18,7 @@ Rules this module keeps:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -28,12 +28,12 @@ if TYPE_CHECKING:
     from broker.core.partition import Partition
     from broker.storage.log import PendingAppend
     from broker.storage.segment import Extent
-    from ringlog_proto.frames import Frame
+    from ringlog_proto.frames import Buffer, Frame
 
 
 @dataclass(slots=True)
 class Reply:
-    buffers: list[bytes]
+    buffers: Sequence[Buffer]  # read, never changed: the handlers' lists of bytes pass as they are
     # after this reply nothing more is read, and the connection closes a moment later (a failed
     # authentication: broker/security/session.py)
     then_close: bool = False

@@ -27,6 +27,7 @@ Rules this module keeps:
 from __future__ import annotations
 
 import ssl
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -155,7 +156,7 @@ class TlsSession:
             out.append(chunk)
         return ([b"".join(out)] if len(out) > 1 else out), eof
 
-    def encrypt(self, buffers: list[bytes] | list[bytes | memoryview]) -> bytes:
+    def encrypt(self, buffers: Sequence[bytes | bytearray | memoryview]) -> bytes:
         for b in buffers:
             self._ssl.write(b)
         return self._out.read()

@@ -178,6 +178,12 @@ class TopicMetadata:
     partitions: tuple[PartitionMetadata, ...] = ()
 
 
+def _node_core(r: Reader) -> tuple[int, int]:
+    """A replica or ISR entry: (node id, core)."""
+    node, core = r.unpack("ih")
+    return node, core
+
+
 @dataclass(frozen=True, slots=True)
 class MetadataResponse(Response):
     # (version 2) host str, port u16, cores u16, steering u8 (1 = eBPF steers connections to
@@ -244,10 +250,10 @@ class MetadataResponse(Response):
             topic_id, ret_ms, ret_bytes, seg_bytes = r.unpack("Iqqq")
             parts = []
             for _ in range(r.array(38)):
-                fixed = r.unpack("Ihqqii")
-                replicas = tuple(r.unpack("ih") for _ in range(r.array(6)))
-                isr = tuple(r.unpack("ih") for _ in range(r.array(6)))
-                parts.append(PartitionMetadata(*fixed, replicas, isr))  # type: ignore[arg-type]
+                index, owner_core, start, end, leader, epoch = r.unpack("Ihqqii")
+                replicas = tuple(_node_core(r) for _ in range(r.array(6)))
+                isr = tuple(_node_core(r) for _ in range(r.array(6)))
+                parts.append(PartitionMetadata(index, owner_core, start, end, leader, epoch, replicas, isr))
             topics.append(TopicMetadata(error, name, topic_id, ret_ms, ret_bytes, seg_bytes, tuple(parts)))
         node_id, clustered = r.unpack("iB")
         nodes = []

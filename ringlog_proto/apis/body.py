@@ -9,13 +9,14 @@ is a `MalformedBody`: the frame was delimited correctly, so the broker *answers*
 
 from __future__ import annotations
 
+import builtins
 import functools
 import struct
 from dataclasses import dataclass
 from typing import ClassVar
 
 from ringlog_proto.apis.codes import ApiKey, ErrorCode
-from ringlog_proto.frames import Frame
+from ringlog_proto.frames import Buffer, Frame
 
 
 class MalformedBody(Exception):
@@ -26,7 +27,7 @@ class Writer:
     __slots__ = ("parts",)
 
     def __init__(self) -> None:
-        self.parts: list[bytes] = []
+        self.parts: list[Buffer] = []
 
     def pack(self, fmt: str, *values: int) -> Writer:
         self.parts.append(_struct(fmt).pack(*values))
@@ -42,7 +43,7 @@ class Writer:
 
     def bytes(self, b: bytes | bytearray | memoryview) -> Writer:
         self.parts.append(struct.pack(">I", len(b)))
-        self.parts.append(b)  # type: ignore[arg-type]  # kept as is: no copy of record data
+        self.parts.append(b)  # kept as is: no copy of record data
         return self
 
     def array(self, n: int) -> Writer:
@@ -55,9 +56,12 @@ def _struct(fmt: str) -> struct.Struct:
 
 
 class Reader:
+    """Fields read in order from a body. Its methods `int`, `str` and `bytes` hide the builtins in
+    the class body: annotations after them name those as `builtins.int` and `builtins.bytes`."""
+
     __slots__ = ("buf", "pos")
 
-    def __init__(self, buf: bytes) -> None:
+    def __init__(self, buf: bytes | memoryview) -> None:
         self.buf = buf
         self.pos = 0
 
@@ -82,10 +86,10 @@ class Reader:
         except UnicodeDecodeError as exc:
             raise MalformedBody(f"string at byte {self.pos - n} is not UTF-8") from exc
 
-    def bytes(self) -> bytes:
+    def bytes(self) -> builtins.bytes:
         return self._take(self.int("I"))
 
-    def view(self, n: int) -> memoryview:
+    def view(self, n: builtins.int) -> memoryview:
         """The next `n` bytes as a view of the body, not a copy: for record data, the bulk of a
         request, which a slice of `bytes` would copy once more (a 64 KiB memmove per produced
         batch). The caller has read the field's length (with the fields before it, in one unpack)."""
@@ -95,7 +99,7 @@ class Reader:
         self.pos = start + n
         return memoryview(self.buf)[start : start + n]
 
-    def array(self, item_min_bytes: int = 1, max_items: int | None = None) -> int:
+    def array(self, item_min_bytes: builtins.int = 1, max_items: builtins.int | None = None) -> builtins.int:
         n = self.int("I")
         if n * item_min_bytes > len(self.buf) - self.pos:
             raise MalformedBody(f"array of {n} items cannot fit in the {len(self.buf) - self.pos} bytes left")
@@ -103,8 +107,8 @@ class Reader:
             raise MalformedBody(f"array of {n} items: a request's arrays hold at most {max_items}")
         return n
 
-    def _take(self, n: int) -> bytes:
-        return bytes(self.view(n))
+    def _take(self, n: builtins.int) -> builtins.bytes:
+        return builtins.bytes(self.view(n))
 
     def done(self) -> None:
         if self.pos != len(self.buf):
