@@ -179,9 +179,9 @@ class Log:
         bases = log_recovery.segment_bases(directory, io)
         now = clock()
         for i, base in enumerate(bases):
-            active = i == len(bases) - 1
-            seg = Segment.open(directory, base, io, cache, active=active, now_ms=now)
-            if active:
+            is_last = i == len(bases) - 1
+            seg = Segment.open(directory, base, io, cache, active=is_last, now_ms=now)
+            if is_last:
                 self._active = seg  # opened pinned
             if self.segments:
                 log_recovery.check_follows(self.segments[-1], seg)

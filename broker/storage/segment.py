@@ -434,11 +434,11 @@ class Segment:
                 break
             index.truncate(len(index) - 1)
         if len(index):
-            e = index.last()
-            assert e is not None
-            h = self._verified_header(e.position, self.base_offset + e.relative_offset, store_size)
+            last = index.last()
+            assert last is not None
+            h = self._verified_header(last.position, self.base_offset + last.relative_offset, store_size)
             assert h is not None
-            position, next_offset = e.position + h.size, h.next_offset
+            position, next_offset = last.position + h.size, h.next_offset
         else:
             position, next_offset = 0, self.base_offset
         rebuilt_time = min(now_ms, self.io.mtime_ms(self.store_fd))
