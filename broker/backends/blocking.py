@@ -17,6 +17,7 @@ Rules this module keeps:
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import threading
@@ -27,7 +28,7 @@ log = logging.getLogger(__name__)
 
 BLOCKING_THREADS = 4  # control-plane calls at once per worker (rare, slow, mostly waiting on a network)
 
-Post = Callable[[Callable[[], None]], None]
+Post = Callable[[Callable[[], None]], object]  # what it returns (asyncio's Handle) goes unused
 Job = tuple[Callable[[], Any], Callable[[Any], None]] | None  # None: end the thread
 
 
@@ -88,7 +89,7 @@ class BlockingPool:
                 if self.closed:
                     return
                 try:
-                    self._post(lambda finished=finished, result=result: finished(result))
+                    self._post(functools.partial(finished, result))
                 except Exception as exc:  # the loop is gone (closed before the pool was)
                     log.warning("a blocking call's result was dropped: %s", exc)
             del job, fn, finished, result  # nothing of a finished call is kept while waiting for the next
