@@ -200,7 +200,7 @@ class ViewFile:
 
     def __init__(self, run_dir: str) -> None:
         self.path = os.path.join(run_dir, FILE_NAME)
-        self._stamp: tuple[int, int] | None = None
+        self._stamp: tuple[int, int, int] | None = None  # mtime_ns, inode, size
         self.generation = -1
 
     def poll(self) -> ClusterView | None:

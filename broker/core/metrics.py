@@ -32,6 +32,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping
+from typing import Required, TypedDict
 
 from broker.storage import layout
 from ringlog_proto.messages import ApiKey
@@ -43,6 +44,34 @@ API_SLOTS = 32  # api keys counted by index; larger keys (unknown apis) land in 
 KAFKA_API_SLOTS = 128  # Kafka's api keys, counted apart (named kafka_<key>); larger ones in the last
 PUBLISH_SKIP_LOG_S = 60.0  # at most one warning this often about snapshots a full disk refused
 GAUGES = ("inflight_requests", "pending_forwards", "parked_long_polls", "commit_waiters")
+
+
+class Snapshot(TypedDict, total=False):
+    """A core's metrics as `CoreMetrics.snapshot` takes them and its published file holds them
+    (JSON). Readers take every field but the core as optional, defaulting to none counted."""
+
+    core: Required[int]
+    pid: int
+    backend: str
+    time: float
+    started_at: float
+    requests: dict[str, int]  # by api name (ours) or kafka_<key>, those asked at least once
+    requests_total: int
+    bytes_in: int
+    bytes_out: int
+    replies: int
+    errors: int
+    auth_failures: int
+    auth_denied: int
+    forwarded: int
+    forwarded_in: int
+    flushes: int
+    flush_waiters: int
+    flush_syncs_inline: int
+    reads_mapped: int
+    reads_file: int
+    gauges: dict[str, int]  # by name (GAUGES)
+    latency_us_log2: list[int]  # LATENCY_BUCKETS counts
 
 
 class CoreMetrics:
@@ -151,7 +180,7 @@ class CoreMetrics:
 
     # ------------------------------------------------------------------------- snapshots
 
-    def snapshot(self, gauges: Mapping[str, Callable[[], int]] | None = None) -> dict[str, object]:
+    def snapshot(self, gauges: Mapping[str, Callable[[], int]] | None = None) -> Snapshot:
         """Everything as a JSON-able dict; `gauges` are read now."""
         requests = {_api_name(k): n for k, n in enumerate(self.requests_by_api) if n}
         requests.update((f"kafka_{k}", n) for k, n in enumerate(self.kafka_requests_by_api) if n)
@@ -195,13 +224,13 @@ def snapshot_path(data_dir: str, core: int) -> str:
     return layout.metrics_snapshot_path(data_dir, core)
 
 
-def publish(data_dir: str, snap: Mapping[str, object]) -> None:
+def publish(data_dir: str, snap: Snapshot) -> None:
     """Replace this core's snapshot file atomically (readers see the old or the new one).
 
     On a full disk the snapshot is skipped (the previous one stays), with one warning per
     `PUBLISH_SKIP_LOG_S` saying how many were skipped: a broker on a full disk keeps serving
     and must not log a line per second per core about it. Other errors raise."""
-    path = snapshot_path(data_dir, int(snap["core"]))  # type: ignore[call-overload]
+    path = snapshot_path(data_dir, snap["core"])
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -232,7 +261,7 @@ def _skipped_publish(exc: OSError) -> None:
         _skips["count"] = 0
 
 
-def read_snapshots(data_dir: str, cores: int) -> list[dict[str, object]]:
+def read_snapshots(data_dir: str, cores: int) -> list[Snapshot]:
     """The published snapshot of each core 0..cores-1 that has one (unreadable files skipped)."""
     out = []
     for core in range(cores):
@@ -266,7 +295,7 @@ def percentile_us(buckets: Iterable[int], q: float) -> int:
     return (1 << (len(counts) - 1)) - 1
 
 
-def prometheus_text(snapshots: Iterable[Mapping[str, object]]) -> str:
+def prometheus_text(snapshots: Iterable[Snapshot]) -> str:
     """The Prometheus text exposition of per-core snapshots, every series labelled by core."""
     lines: list[str] = []
     snaps = list(snapshots)
@@ -286,7 +315,7 @@ def prometheus_text(snapshots: Iterable[Mapping[str, object]]) -> str:
         [
             (f'core="{s["core"]}",api="{api}"', n)
             for s in snaps
-            for api, n in sorted(dict(s.get("requests", {})).items())  # type: ignore[call-overload]
+            for api, n in sorted(s.get("requests", {}).items())
         ],
     )
     family("ringlog_bytes_in_total", "counter", "Request bytes received.", per_core("bytes_in"))
@@ -346,11 +375,11 @@ def prometheus_text(snapshots: Iterable[Mapping[str, object]]) -> str:
             f"ringlog_{gauge}",
             "gauge",
             f"Current {gauge.replace('_', ' ')}.",
-            [(f'core="{s["core"]}"', dict(s.get("gauges", {})).get(gauge, 0)) for s in snaps],  # type: ignore[call-overload]
+            [(f'core="{s["core"]}"', s.get("gauges", {}).get(gauge, 0)) for s in snaps],
         )
     rows: list[tuple[str, object]] = []
     for s in snaps:
-        buckets = list(s.get("latency_us_log2", []))  # type: ignore[call-overload]
+        buckets = s.get("latency_us_log2", [])
         seen = 0
         for i, n in enumerate(buckets):
             seen += n
@@ -360,7 +389,7 @@ def prometheus_text(snapshots: Iterable[Mapping[str, object]]) -> str:
     lines.append("# TYPE ringlog_request_latency_us histogram")
     lines.extend(f"ringlog_request_latency_us_bucket{{{labels}}} {value}" for labels, value in rows)
     lines.extend(
-        f'ringlog_request_latency_us_count{{core="{s["core"]}"}} {sum(list(s.get("latency_us_log2", [])))}'  # type: ignore[call-overload]
+        f'ringlog_request_latency_us_count{{core="{s["core"]}"}} {sum(s.get("latency_us_log2", []))}'
         for s in snaps
     )
     return "\n".join(lines) + "\n"

@@ -178,7 +178,8 @@ class ProducerState:
             elif flying:
                 default = flying_last + 1
             else:
-                default = state.last_sequence + 1  # type: ignore[union-attr]
+                assert state is not None  # not fresh and nothing in flight: a producer we hold
+                default = state.last_sequence + 1
             want = default
             if h.base_sequence != want and state is None and not flying:
                 raise UnknownProducerError(

@@ -30,9 +30,9 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final, Protocol
+from typing import TYPE_CHECKING, Final, Protocol, TypeVar
 
-from broker.core.cluster_view import ClusterView, ViewFile
+from broker.core.cluster_view import ClusterView, PartitionState, ViewFile
 from broker.core.outcomes import FollowerAppend
 from broker.core.replica_fetcher import ReplicaFetcher
 from broker.core.replication import LeaderState, NotLeaderError
@@ -53,6 +53,8 @@ ISR_CHECK_S: Final = 0.25
 LINK_RETRY_S: Final = 0.1
 ANSWER_MARGIN_S: Final = 5.0  # a long poll's deadline: its max wait plus this
 
+T = TypeVar("T")
+
 
 class Loop(Protocol):
     """The backend primitives this module uses (broker/backends/backend_core.py)."""
@@ -61,12 +63,13 @@ class Loop(Protocol):
 
     def run_replica_append(self, outcome: FollowerAppend, done: Callable[[], None]) -> None: ...
 
-    def run_blocking(self, fn: Callable[[], object], done: Callable[[object], None]) -> None: ...
+    def run_blocking(self, fn: Callable[[], T], done: Callable[[T | BaseException], None]) -> None: ...
 
     def stopping(self) -> bool: ...
 
 
-AlterIsr = Callable[[int, int, int, int, Sequence[int]], object]  # (tid, p, leader, epoch, isr)
+# (tid, p, leader, epoch, isr) -> the partition's state after (`ClusterCalls.alter_isr`)
+AlterIsr = Callable[[int, int, int, int, Sequence[int]], PartitionState]
 
 
 @dataclass(slots=True)
@@ -151,12 +154,12 @@ class ReplicaManager:
             key = (state.leader, core)
             wanted.setdefault(key, set()).add((tid, index))
             addresses[key] = (leader.host, leader.core_port(core))
-        for key, fetching in list(self.fetching.items()):
+        for key, existing in list(self.fetching.items()):
             keep = wanted.get(key, set())
-            for gone in fetching.keys - keep:
-                fetching.fetcher.remove(*gone)
-            fetching.keys &= keep
-            if not fetching.keys and not fetching.in_flight and not fetching.appending:
+            for gone in existing.keys - keep:
+                existing.fetcher.remove(*gone)
+            existing.keys &= keep
+            if not existing.keys and not existing.in_flight and not existing.appending:
                 del self.fetching[key]
         for key, keys in wanted.items():
             fetching = self.fetching.get(key)
@@ -265,17 +268,16 @@ class ReplicaManager:
             partition.proposing_isr(epoch, isr)  # newcomers hold the HW until the answer
         log.info("partition %d/%d: proposing in-sync set %s at epoch %d", tid, index, list(isr), epoch)
 
-        def call() -> object:
+        def call() -> PartitionState:
             return alter(tid, index, self.node_id, epoch, isr)
 
-        def done(result: object) -> None:
+        def done(result: PartitionState | BaseException) -> None:
             self._isr_in_flight.discard(key)
             partition = self.core.partitions.get(key)
             if isinstance(result, BaseException):
                 log.warning("partition %d/%d: in-sync set change refused: %s", tid, index, result)
                 return  # what the store holds is unknown: newcomers keep holding the HW
-            state = result
-            if partition is not None and getattr(state, "leader_epoch", None) == epoch:
-                partition.isr_answered(epoch, tuple(state.isr))  # type: ignore[attr-defined]
+            if partition is not None and result.leader_epoch == epoch:
+                partition.isr_answered(epoch, tuple(result.isr))
 
         self.loop.run_blocking(call, done)

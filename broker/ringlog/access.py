@@ -47,7 +47,7 @@ ALLOWED_BEFORE_AUTH: Final = frozenset(
     (m.ApiKey.API_VERSIONS, m.ApiKey.SASL_HANDSHAKE, m.ApiKey.SASL_AUTHENTICATE)
 )
 # api -> the operation it needs on the topic its frame header names
-_PARTITION_OPS: Final = {
+_PARTITION_OPS: Final[dict[int, str]] = {
     m.ApiKey.PRODUCE: "write",
     m.ApiKey.FETCH: "read",
     m.ApiKey.LIST_OFFSETS: "describe",
@@ -55,7 +55,7 @@ _PARTITION_OPS: Final = {
     m.ApiKey.OFFSET_FETCH: "describe",
 }
 # api -> the operation it needs on the group its body names
-_GROUP_OPS: Final = {
+_GROUP_OPS: Final[dict[int, str]] = {
     m.ApiKey.JOIN_GROUP: "read",
     m.ApiKey.SYNC_GROUP: "read",
     m.ApiKey.HEARTBEAT: "read",
@@ -63,7 +63,15 @@ _GROUP_OPS: Final = {
     m.ApiKey.OFFSET_COMMIT: "read",
     m.ApiKey.OFFSET_FETCH: "describe",
 }
-_CLUSTER_OPS: Final = {m.ApiKey.STATS: "describe", m.ApiKey.REPLICA_FETCH: "alter"}
+_GROUP_REQUESTS: Final = (
+    m.JoinGroupRequest,
+    m.SyncGroupRequest,
+    m.HeartbeatRequest,
+    m.LeaveGroupRequest,
+    m.OffsetCommitRequest,
+    m.OffsetFetchRequest,
+)  # the bodies of _GROUP_OPS's apis
+_CLUSTER_OPS: Final[dict[int, str]] = {m.ApiKey.STATS: "describe", m.ApiKey.REPLICA_FETCH: "alter"}
 
 
 class Served(Protocol):
@@ -175,7 +183,8 @@ class Access:
             )
         group_op = _GROUP_OPS.get(key)
         if group_op is not None:
-            group = req.group  # type: ignore[attr-defined]
+            assert isinstance(req, _GROUP_REQUESTS)
+            group = req.group
             if not allowed(principal, group_op, "group", group):
                 return self._refused(
                     frame, m.ErrorCode.GROUP_AUTHORIZATION_FAILED, f"{group_op} group {group}"
