@@ -92,11 +92,11 @@ def check(authorizer: Authorizer, principal: str | None, request: KafkaRequest, 
         if group and not allowed(principal, group_op, "group", group):
             return _refuse(request, body, ErrorCode.group_authorization_failed, f"{group_op} group {group}")
     if key in (OFFSET_COMMIT, OFFSET_FETCH):
-        topic_op = "read" if key == OFFSET_COMMIT else "describe"
+        offsets_op = "read" if key == OFFSET_COMMIT else "describe"
         for name in _topic_names(key, body):
-            if not allowed(principal, topic_op, "topic", name):
+            if not allowed(principal, offsets_op, "topic", name):
                 return _refuse(
-                    request, body, ErrorCode.topic_authorization_failed, f"{topic_op} topic {name}"
+                    request, body, ErrorCode.topic_authorization_failed, f"{offsets_op} topic {name}"
                 )
         return None
     if key == DESCRIBE_GROUPS:

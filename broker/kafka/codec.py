@@ -23,8 +23,9 @@ import functools
 import io
 import struct
 import typing
+from collections.abc import Callable
 from dataclasses import MISSING, dataclass, fields
-from typing import Any, Final
+from typing import Any, Final, ParamSpec, TypeVar, cast
 
 from kio.index import KioIndexError, load_request_schema, load_response_schema
 from kio.serial import entity_reader, entity_writer
@@ -114,6 +115,17 @@ class KafkaFrameDecoder(StreamDecoder):
         return data
 
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def schema_cache(fn: Callable[_P, _R]) -> Callable[_P, _R]:
+    """`functools.cache` for the functions of a kio schema class, typed as the function it wraps:
+    typeshed takes a cached function's arguments as Hashable, which mypy does not find a
+    `type[Any]` to be (python/mypy#11470)."""
+    return cast("Callable[_P, _R]", functools.cache(fn))
+
+
 @functools.lru_cache(maxsize=1024)  # kio looks its module up on every call: a few us per request
 def request_schema(api_key: int, api_version: int) -> type[Any] | None:
     """kio's request class for this api and version, or None if kio knows neither."""
@@ -185,7 +197,7 @@ _FIXED_SIZES: Final = {
 }
 
 
-@functools.cache
+@schema_cache
 def _scan_plan(cls: type[Any], flexible: bool) -> tuple[tuple[str, Any], ...]:
     """How to skip an entity of `cls` field by field: (what, detail) steps."""
     steps: list[tuple[str, Any]] = []
@@ -365,7 +377,7 @@ def make(schema: type[Any], **values: Any) -> Any:
     return schema(**{k: v for k, v in values.items() if k in names})
 
 
-@functools.cache
+@schema_cache
 def _field_names(schema: type[Any]) -> frozenset[str]:
     return frozenset(f.name for f in fields(schema))
 
@@ -379,7 +391,7 @@ def required_fields(schema: type[Any]) -> list[str]:
 # (what broker/kafka/unsupported.py builds error answers with, and the tests build requests with)
 
 
-@functools.cache
+@schema_cache
 def schema_fields(cls: type[Any]) -> tuple[tuple[Any, Any], ...]:
     """(dataclass field, resolved type hint) of each field of a kio entity, in wire order."""
     hints = typing.get_type_hints(cls)

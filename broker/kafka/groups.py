@@ -392,8 +392,8 @@ class KafkaGroups:
         wanted: list[tuple[str, list[int]]]
         committed: dict[tuple[str, int], Committed] = {}
         failed = kafka_error(found)[0] if isinstance(found, BaseException) else None
-        if mine and group and found is not None and failed is None:
-            offsets: Mapping[PartitionId, Committed] = found  # type: ignore[assignment]
+        if mine and group and found is not None and not isinstance(found, BaseException):
+            offsets = found
             if body.topics is None:  # v2+: every offset of the group whose topic still exists
                 by_id = self.core.registry.by_id
                 if any(tid not in by_id for tid, _ in offsets):

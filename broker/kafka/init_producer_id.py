@@ -40,11 +40,11 @@ def init_producer_id(core: Core, request: KafkaRequest, body: Any) -> Outcome:
     if body.transactional_id is None and ids.needs_block(*current) and getattr(ids.source, "remote", False):
 
         def start(answer: Callable[[Reply | Silent], None]) -> None:
-            def claimed(first: object) -> None:
+            def claimed(first: int | BaseException) -> None:
                 if isinstance(first, BaseException):
                     answer(_answer(core, request, body, first))
                 else:
-                    ids.add_block(first)  # type: ignore[arg-type]
+                    ids.add_block(first)
                     answer(_answer(core, request, body))
 
             core.run_blocking(lambda: ids.source.claim_block(ids.block_size), claimed)

@@ -24,12 +24,18 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import functools
 from typing import Any, Final
 
 from kio.schema.errors import ErrorCode
 
-from broker.kafka.codec import entity_type, is_array, is_nullable, response_schema, schema_fields
+from broker.kafka.codec import (
+    entity_type,
+    is_array,
+    is_nullable,
+    response_schema,
+    schema_cache,
+    schema_fields,
+)
 
 # api key -> the error an api we do not implement answers (anything else: UNSUPPORTED_VERSION)
 DISABLED_FEATURE_ERRORS: Final[dict[int, ErrorCode]] = {
@@ -236,7 +242,7 @@ def _kind_of(value: Any) -> str | None:
     return None
 
 
-@functools.cache
+@schema_cache
 def _carries_error(cls: type[Any]) -> bool:
     """Whether entities of `cls` (or entities within them) have an error code."""
     for f, hint in schema_fields(cls):
