@@ -470,7 +470,7 @@ class Ring:
             except OSError:
                 raise ValueError(f"not an IPv4 or IPv6 address: {host!r}") from None
             if len(address) == 4:
-                flowinfo, scope_id = address[2], address[3]  # type: ignore[misc]
+                flowinfo, scope_id = address[2], address[3]
         if not 0 <= port <= 0xFFFF:
             raise ValueError(f"not a port: {port}")
         mem = _new("char[]", _SOCKADDR_BYTES)  # the kernel reads it when the connect runs

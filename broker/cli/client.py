@@ -95,7 +95,7 @@ def _checked_security(**settings: Any) -> Security:
         raise UsageError(str(exc)) from exc
 
 
-def add_client_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     def client_parser(name: str, **kw: Any) -> argparse.ArgumentParser:
         p = sub.add_parser(name, **kw)
         _connection_args(p)

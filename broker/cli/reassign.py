@@ -33,9 +33,9 @@ def cmd_reassign(args: argparse.Namespace) -> int:
             print(f"broker: unknown topic {args.topic!r}", file=sys.stderr)
             return 1
         topic_id = TopicRecord.decode(kv.value).topic.topic_id
-        target = [int(x) for x in args.replicas.split(",") if x.strip()]
-        state = admin.reassign(topic_id, args.partition, target)
-        before, after = ",".join(map(str, state.replicas)), ",".join(map(str, target))
+        replicas = [int(x) for x in args.replicas.split(",") if x.strip()]
+        state = admin.reassign(topic_id, args.partition, replicas)
+        before, after = ",".join(map(str, state.replicas)), ",".join(map(str, replicas))
         print(f"{args.topic} partition {args.partition}: {before} -> {after}")
         return 0
     except (StoreError, ValueError) as exc:
@@ -45,7 +45,7 @@ def cmd_reassign(args: argparse.Namespace) -> int:
         store.close()
 
 
-def add_reassign_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_reassign_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     reassign = sub.add_parser(
         "reassign",
         help="move a cluster's replicas: one partition's (--replicas), or every one off a node (--drain)",

@@ -107,7 +107,7 @@ def _users(args: argparse.Namespace, store: CredentialStore) -> int:
     return 0
 
 
-def add_security_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_security_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     users = sub.add_parser("users", help="add, remove or list the users SASL authenticates (SCRAM)")
     actions = users.add_subparsers(dest="action", required=True)
     add = actions.add_parser("add", help="add a user or change its password")
@@ -173,7 +173,7 @@ def _acls(args: argparse.Namespace, store: AclStore) -> int:
     return 0
 
 
-def add_acl_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_acl_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     acls = sub.add_parser("acls", help="add, remove or list ACLs (who may do what to which resource)")
     actions = acls.add_subparsers(dest="action", required=True)
     for action in ("add", "remove"):

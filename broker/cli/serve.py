@@ -281,7 +281,7 @@ def parse_join(text: str) -> tuple[tuple[str, int], ...]:
     return tuple(seeds)
 
 
-def add_serve_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_serve_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     serve = sub.add_parser("serve", help="run a broker")
     serve.add_argument("--log-level", default=argparse.SUPPRESS, type=str.upper, choices=LOG_LEVELS)
     serve.add_argument("--data-dir", default="./data", help="where topics live (default ./data)")

@@ -210,7 +210,7 @@ def _dump_index(path: str, base: int, batches: list[tuple[int, BatchHeader]]) ->
     return problems
 
 
-def add_demo_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_demo_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     demo = sub.add_parser("demo", help="write, sync, reopen and read back a partition log")
     demo.add_argument("--data-dir", default="./data", help="where partitions live (default ./data)")
     demo.add_argument("--batches", type=int, default=2000)
@@ -219,7 +219,7 @@ def add_demo_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     demo.set_defaults(func=cmd_demo)
 
 
-def add_dump_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_dump_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     dump = sub.add_parser(
         "dump",
         help="list the batches of a partition directory, checking crcs, record framing, offsets and "

@@ -75,7 +75,7 @@ from broker.cluster.store import (
     StoreError,
 )
 from broker.core.cluster_view import ClusterView, publish
-from broker.core.topics import TopicRegistry
+from broker.core.topics import Topic, TopicRegistry
 from ringlog_proto.membership import State
 
 log = logging.getLogger(__name__)
@@ -401,6 +401,11 @@ class ClusterAgent:
     def _watch(self) -> None:
         while not self._closing.is_set():
             ended = threading.Event()
+
+            def watch_ended(exc: Exception, ended: threading.Event = ended) -> None:
+                log.warning("watch ended: %s", exc)
+                ended.set()
+
             try:
                 rng = self.store.get_prefix(self.keys.prefix)
                 with self._changed:
@@ -413,7 +418,7 @@ class ClusterAgent:
                     self.keys.prefix,
                     rng.revision + 1,
                     self._event,
-                    lambda exc, ended=ended: (log.warning("watch ended: %s", exc), ended.set()),
+                    watch_ended,
                 )
             except StoreError as exc:
                 log.warning("reading the cluster: %s", exc)
@@ -435,7 +440,7 @@ class ClusterAgent:
         self._changed.notify_all()
 
     def _publisher(self) -> None:
-        published_topics: list[object] | None = None
+        published_topics: list[Topic] | None = None
         published_security: dict[str, bytes] | None = None
         while not self._closing.is_set():
             with self._changed:

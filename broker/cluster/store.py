@@ -601,7 +601,7 @@ class _EtcdWatch:
         if resp is not None:
             # Wake the thread out of its blocking read: shut the socket down under the stream.
             with contextlib.suppress(Exception):
-                resp.raw._connection.sock.shutdown(socket.SHUT_RDWR)  # type: ignore[union-attr]
+                resp.raw._connection.sock.shutdown(socket.SHUT_RDWR)
             with contextlib.suppress(Exception):
                 resp.close()
         if threading.current_thread() is not self._thread:

@@ -98,13 +98,13 @@ def choose_backend(requested: str) -> str:
 
 
 def backend_runner(
-    backend: str,
+    backend: str, uring_options: UringOptions | None = None
 ) -> Callable[[BrokerConfig, Sequence[socket.socket], Callable[[], None]], None]:
-    """The `run` function of a backend, imported only when chosen."""
+    """The `run` function of a backend, imported only when chosen (io_uring's with its options)."""
     if backend == "io_uring":
         from broker.backends import uring as uring_server  # noqa: PLC0415 - lazy: may not exist, needs native/
 
-        return uring_server.run  # type: ignore[no-any-return]
+        return functools.partial(uring_server.run, options=uring_options)
     from broker.backends import aio as server  # noqa: PLC0415
 
     return server.run
@@ -152,29 +152,29 @@ def tune_malloc() -> bool:
     return ok
 
 
-def config_from_spec(spec: dict[str, object]) -> BrokerConfig:
-    """The BrokerConfig of one worker from the supervisor's JSON spec."""
-    d = dict(spec["log_defaults"])  # type: ignore[call-overload]
+def config_from_spec(spec: dict[str, Any]) -> BrokerConfig:
+    """The BrokerConfig of one worker from the supervisor's JSON spec (parsed JSON: Any)."""
+    d = dict(spec["log_defaults"])
     return BrokerConfig(
         data_dir=str(spec["data_dir"]),
         host=str(spec["host"]),
-        port=int(spec["port"]),  # type: ignore[call-overload]
-        cores=int(spec["cores"]),  # type: ignore[call-overload]
-        core_id=int(spec["core"]),  # type: ignore[call-overload]
+        port=int(spec["port"]),
+        cores=int(spec["cores"]),
+        core_id=int(spec["core"]),
         log_defaults=LogConfig(**d),
-        core_ports=tuple(spec["core_ports"]),  # type: ignore[call-overload]
-        peer_addresses=tuple(spec["peer_addresses"]),  # type: ignore[call-overload]
-        peer_liveness_fd=int(spec.get("liveness_fd", -1)),  # type: ignore[call-overload]
+        core_ports=tuple(spec["core_ports"]),
+        peer_addresses=tuple(spec["peer_addresses"]),
+        peer_liveness_fd=int(spec.get("liveness_fd", -1)),
         backend=str(spec.get("backend", "uvloop")),
-        limits=Limits.from_spec(spec.get("limits")),  # type: ignore[arg-type]
-        group_initial_rebalance_delay_ms=int(spec.get("group_initial_rebalance_delay_ms", 3000)),  # type: ignore[call-overload]
-        sasl=sasl_config(spec.get("sasl")),  # type: ignore[arg-type]
-        tls=TlsConfig(**spec.get("tls", {})),  # type: ignore[arg-type]
-        super_users=tuple(spec.get("super_users", ())),  # type: ignore[arg-type]
+        limits=Limits.from_spec(spec.get("limits")),
+        group_initial_rebalance_delay_ms=int(spec.get("group_initial_rebalance_delay_ms", 3000)),
+        sasl=sasl_config(spec.get("sasl")),
+        tls=TlsConfig(**spec.get("tls", {})),
+        super_users=tuple(spec.get("super_users", ())),
         advertised_host=str(spec.get("advertised_host", "")),
         bpf_snapshot=functools.partial(bpf_state.read, str(spec["data_dir"])),  # cached by mtime, no bcc
-        node_id=int(spec.get("node_id", 0)),  # type: ignore[call-overload]
-        cluster=cluster_settings(spec.get("cluster"), str(spec["data_dir"])),  # type: ignore[arg-type]
+        node_id=int(spec.get("node_id", 0)),
+        cluster=cluster_settings(spec.get("cluster"), str(spec["data_dir"])),
     )
 
 
@@ -236,9 +236,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         backend = choose_backend(str(spec["backend"]))
         config = config_from_spec({**spec, "backend": backend})
-        run = backend_runner(backend)
-        if backend == "io_uring":
-            run = functools.partial(run, options=UringOptions(**spec.get("uring", {})))
+        uring_options = UringOptions(**spec.get("uring", {})) if backend == "io_uring" else None
+        run = backend_runner(backend, uring_options)
     except (BackendUnavailable, ImportError, ValueError) as exc:
         log.error("cannot start: %s", exc)
         return EXIT_START_FAILED

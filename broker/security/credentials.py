@@ -25,7 +25,7 @@ import hmac
 import os
 import re
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from scramp import ScramMechanism
 
@@ -68,10 +68,10 @@ class ScramCredential:
         }
 
     @classmethod
-    def from_json(cls, doc: dict[str, object]) -> ScramCredential:
+    def from_json(cls, doc: dict[str, Any]) -> ScramCredential:
         return cls(
             base64.b64decode(str(doc["salt"])),
-            int(doc["iterations"]),  # type: ignore[call-overload]
+            int(doc["iterations"]),
             base64.b64decode(str(doc["stored_key"])),
             base64.b64decode(str(doc["server_key"])),
         )

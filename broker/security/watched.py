@@ -22,6 +22,7 @@ from typing import Final, Generic, Protocol, TypeVar
 from broker.storage.durable_file import exclusive_lock, load_json, replace_json
 
 T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)  # a document is only read out and passed to `change`
 
 # The field of a node's copy of a cluster's document that names where the original lives.
 MIRROR_OF: Final = "mirror_of"
@@ -31,13 +32,13 @@ class MirroredFileError(OSError):
     """A change to a node's copy of its cluster's document: change the cluster's instead."""
 
 
-class Document(Protocol[T]):
+class Document(Protocol[T_co]):
     """One document as its parser makes it: `get` the current one, `update` it atomically."""
 
     path: str  # where it lives, for messages: a file, or a key of the cluster's store
 
-    def get(self) -> T: ...
-    def update(self, change: Callable[[T], object]) -> None: ...
+    def get(self) -> T_co: ...
+    def update(self, change: Callable[[T_co], object]) -> None: ...
 
 
 class Documents(Protocol):
