@@ -13,6 +13,7 @@ Rules this module keeps:
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass, field
@@ -160,7 +161,9 @@ def commit_group_offsets(broker: Broker, topic: str, group: str, offsets: dict[i
                     client.partition_request(
                         topic,
                         p,
-                        lambda tid, p=p, o=o: OffsetCommitRequest(tid, p, group, o, "spark"),
+                        functools.partial(
+                            OffsetCommitRequest, partition=p, group=group, offset=o, metadata="spark"
+                        ),
                         group=group,
                     )
                     for p, o in offsets.items()
@@ -186,7 +189,7 @@ def group_lag(broker: Broker | str, topic: str, group: str) -> dict[int, int | N
             for p in range(n):
                 end = await _list_offset(client, topic, p, OffsetSpec.LATEST)
                 resp = await client.partition_request(
-                    topic, p, lambda tid, p=p: OffsetFetchRequest(tid, p, group), group=group
+                    topic, p, functools.partial(OffsetFetchRequest, partition=p, group=group), group=group
                 )
                 assert isinstance(resp, OffsetFetchResponse)
                 out[p] = None if resp.offset < 0 else end - resp.offset
@@ -202,7 +205,7 @@ class Chunk:
     """What one fetch brought that falls in the requested range: columns of plain lists."""
 
     offsets: list[int]
-    timestamps: list[int]
+    timestamps: list[int | None]  # a decoded record has one; `Record` allows none (a send's)
     keys: list[bytes | None]
     values: list[bytes | None]
     headers: list[list[tuple[str, bytes | None]]]
@@ -237,7 +240,9 @@ def fetch_range(
                         client.partition_request(
                             topic,
                             partition,
-                            lambda tid, pos=pos: FetchRequest(tid, partition, pos, fetch_bytes),
+                            functools.partial(
+                                FetchRequest, partition=partition, offset=pos, max_bytes=fetch_bytes
+                            ),
                         )
                     )
                 except OffsetOutOfRangeError as exc:
@@ -321,7 +326,11 @@ def records_by_producer(
                 pos, count = start, 0
                 while pos < end:
                     resp = await client.partition_request(
-                        topic, p, lambda tid, p=p, pos=pos: FetchRequest(tid, p, pos, FETCH_BYTES_DEFAULT)
+                        topic,
+                        p,
+                        functools.partial(
+                            FetchRequest, partition=p, offset=pos, max_bytes=FETCH_BYTES_DEFAULT
+                        ),
                     )
                     assert isinstance(resp, FetchResponse)
                     nxt = pos
