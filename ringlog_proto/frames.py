@@ -304,8 +304,9 @@ def _native_frames() -> tuple[type, type] | None:
 _NATIVE = _native_frames()
 # The type of what `frame_decoder` makes when native/frames.c is built, else None. Only it lends
 # its space to a receive (`buffer(n)`, `received(k)`: native/frames.c, "Lending"), which spares
-# the copy from a receive buffer into the decoder's; FrameDecoder has neither.
-LENDING_DECODER: Final = _NATIVE[0] if _NATIVE is not None else None
+# the copy from a receive buffer into the decoder's; FrameDecoder has neither. To a type checker
+# it is a FrameReader: FrameDecoder's interface with those two (as `frame_decoder` says FrameDecoder).
+LENDING_DECODER: Final[type[FrameReader] | None] = _NATIVE[0] if _NATIVE is not None else None
 
 
 def frame_decoder(max_frame_bytes: int = FRAME_BYTES_MAX_DEFAULT) -> FrameDecoder:

@@ -545,7 +545,7 @@ class Connection(ServedConnection, _Stream):
         Kafka's decoder (Python) and TLS connections keep the stream's own buffer."""
         decoder = self.decoder
         if type(decoder) is LENDING_DECODER:
-            return decoder.buffer(size)  # type: ignore[union-attr]
+            return decoder.buffer(size)
         return _Stream._recv_into(self, size)
 
     def _arrived(self, buf: bytearray | memoryview, res: int) -> None:
