@@ -7,6 +7,7 @@ section frames), else the Python decode here, which fails on the same batches.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 from ringlog_proto import records_codec
 from ringlog_proto.batch_checks import _RECORD_BODY_MIN, describe_walk, walk_records
@@ -266,9 +267,9 @@ def decode_rows(
     buf: bytes | bytearray | memoryview,
     pos: int = 0,
     verify: bool = True,
-    prefix: tuple = (),
-    cls: type[tuple] = tuple,
-) -> list[tuple]:
+    prefix: tuple[Any, ...] = (),
+    cls: type[tuple[Any, ...]] = tuple,
+) -> list[tuple[Any, ...]]:
     """`decode_records`, each record a `cls` tuple `prefix + (offset, timestamp, key, value,
     headers)`: what a consumer hands out, built with no `Record` and, on the C path, no Python
     code per record (see `records_codec.rows`). Same checks, same errors."""

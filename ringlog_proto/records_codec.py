@@ -134,14 +134,14 @@ class Gathered(NamedTuple):
 
     record_count: int
     kblob: bytes
-    klens: array | None
+    klens: array[int] | None
     vblob: bytes
-    vlens: array | None
-    timestamps: array | None
+    vlens: array[int] | None
+    timestamps: array[int] | None
     base_timestamp: int
-    hcounts: array | None
+    hcounts: array[int] | None
     hblob: bytes
-    hlens: array | None  # key length, value length per header
+    hlens: array[int] | None  # key length, value length per header
     max_timestamp: int
 
     def capacity(self) -> int:
@@ -156,7 +156,7 @@ class Gathered(NamedTuple):
         )
 
 
-def _lengths(items: list) -> tuple[array | None, bytes]:
+def _lengths(items: list[Any]) -> tuple[array[int] | None, bytes]:
     """Lengths (-1 for None; None when all are None) and the join of the non-null items, at C
     speed when none or all are null."""
     try:
@@ -203,7 +203,7 @@ def gather(records: Iterable[Record | bytes], base_timestamp: int) -> Gathered:
     klens, kblob = _lengths([r.key for r in recs])
     stamps = [r.timestamp for r in recs]
     try:
-        timestamps: array | None = array("q", stamps)
+        timestamps: array[int] | None = array("q", stamps)
     except TypeError:  # some are None: they take the base timestamp
         if stamps.count(None) == n:
             timestamps = None
@@ -233,7 +233,7 @@ def gather(records: Iterable[Record | bytes], base_timestamp: int) -> Gathered:
     )
 
 
-def _timestamps(stamps: list[int]) -> array:
+def _timestamps(stamps: list[int]) -> array[int]:
     """`stamps` as int64s, or the error naming the first that does not fit."""
     try:
         return array("q", stamps)
@@ -336,7 +336,7 @@ def _utf8_ok(raw: bytes) -> bool:
     return True
 
 
-def decode_fields_python(buf: bytes, start: int, end: int, count: int) -> tuple[int, array]:
+def decode_fields_python(buf: bytes, start: int, end: int, count: int) -> tuple[int, array[int]]:
     """(result, fields) for the `count` records of `buf[start:end]`: the twin of `rc_decode`, check
     for check. Result 0 or `code | index << 8 | offset << 32`; fields, FIELDS ints per record, are
     empty unless the result is 0."""
@@ -444,7 +444,7 @@ class Codec(NamedTuple):
 
     name: str
     encode: Callable[[Gathered, int], bytearray]
-    decode: Callable[[bytes, int, int, int], tuple[int, array]]
+    decode: Callable[[bytes, int, int, int], tuple[int, array[int]]]
 
 
 PYTHON = Codec("python", encode_python, decode_fields_python)
@@ -462,7 +462,7 @@ def native_codec() -> Codec | None:
     c_encode = lib.rc_encode
     c_decode = lib.rc_decode
 
-    def q(arr: array | None) -> object:
+    def q(arr: array[int] | None) -> object:
         return null if arr is None else from_buffer("int64_t[]", arr)
 
     def encode_native(g: Gathered, prefix: int = 0) -> bytearray:
@@ -499,7 +499,7 @@ def native_codec() -> Codec | None:
         del out[prefix + written :]
         return out
 
-    def decode_native(buf: bytes, start: int, end: int, count: int) -> tuple[int, array]:
+    def decode_native(buf: bytes, start: int, end: int, count: int) -> tuple[int, array[int]]:
         try:
             if count < 0 or count * RECORD_SIZE_MIN > end - start:  # cannot fit: find why, no array
                 return c_decode(buf, len(buf), start, end, count, null, 0), _NO_FIELDS
@@ -585,7 +585,7 @@ def decode_section(
     return _build(buf, fields, count, base_offset, base_timestamp)
 
 
-def _build(buf: bytes, fields: array, count: int, base_offset: int, base_timestamp: int) -> list[Record]:
+def _build(buf: bytes, fields: array[int], count: int, base_offset: int, base_timestamp: int) -> list[Record]:
     """Records from a decode's field array, read by columns (strided slices made lists in C).
 
     The two common shapes (no null value, no header; keys all null or none null) are one list
@@ -635,11 +635,11 @@ def decode_rows(
     count: int,
     base_offset: int,
     base_timestamp: int,
-    prefix: tuple = (),
-    cls: type[tuple] = tuple,
+    prefix: tuple[Any, ...] = (),
+    cls: type[tuple[Any, ...]] = tuple,
     *,
     codec: Codec | None = None,
-) -> list[tuple]:
+) -> list[tuple[Any, ...]]:
     """`decode_section`'s records as tuples of type `cls` (a tuple subclass, a NamedTuple say):
     `prefix + (offset, timestamp, key, value, headers)` each. Checks and errors as
     `decode_section`."""
@@ -657,13 +657,13 @@ def decode_rows(
 
 def rows(
     buf: bytes,
-    fields: array,
+    fields: array[int],
     count: int,
     base_offset: int,
     base_timestamp: int,
-    prefix: tuple = (),
-    cls: type[tuple] = tuple,
-) -> list[tuple]:
+    prefix: tuple[Any, ...] = (),
+    cls: type[tuple[Any, ...]] = tuple,
+) -> list[tuple[Any, ...]]:
     """Tuples from a decode's field array, built column by column with no Python code per record:
     every column is a C iterator (`repeat` for a constant, `map` over the field array's strided
     slices for the rest, `buf.__getitem__` of `slice`s for keys and values) and `zip` plus

@@ -532,7 +532,7 @@ class RinglogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.group = group
         self.target: dict[int, int] | None = None  # Trigger.AvailableNow: read no further
 
-    def initialOffset(self) -> dict:
+    def initialOffset(self) -> dict[str, Any]:
         starts, ends = _io.partition_offsets(self.opts.broker, self.opts.topic)
         return _offset_json(
             self.opts.topic, resolve_offsets(self.starting, "startingOffsets", self.opts.topic, starts, ends)
@@ -545,7 +545,7 @@ class RinglogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadMaxRows(self.max_per_trigger) if self.max_per_trigger else ReadAllAvailable()
 
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         topic = self.opts.topic
         starts, ends = _io.partition_offsets(self.opts.broker, topic)
         begin = _from_json(topic, start)
@@ -564,7 +564,7 @@ class RinglogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             end = limit_rows(begin, end, limit.max_rows)
         return _offset_json(topic, end)
 
-    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         topic = self.opts.topic
         begin, stop = _from_json(topic, start), _from_json(topic, end)
         if any(p not in begin for p in stop):
@@ -579,7 +579,7 @@ class RinglogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if partition.end > partition.start:
             yield from read_range(self.opts, partition)
 
-    def commit(self, end: dict) -> None:
+    def commit(self, end: dict[str, Any]) -> None:
         if self.group:
             _io.commit_group_offsets(
                 self.opts.broker, self.opts.topic, self.group, _from_json(self.opts.topic, end)
