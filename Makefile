@@ -20,6 +20,7 @@ run: setup
 test: setup
 	$(PY) -m ruff check .
 	$(LINT_IMPORTS)
+	$(PY) -m mypy
 	# Two workers, each running whole files (module fixtures such as a cluster or a SparkSession
 	# start once; tests that change the kernel, namespaces and XDP, already clean up after
 	# themselves and name what they make per process): the suite's 20-minute budget. The 40
@@ -31,6 +32,7 @@ test: setup
 lint: setup
 	$(PY) -m ruff check .
 	$(LINT_IMPORTS)
+	$(PY) -m mypy
 	$(PY) -m ruff format --check .
 
 bench: setup
@@ -64,4 +66,4 @@ cluster-demo: setup
 	$(PY) scripts/cluster_demo.py
 
 clean:
-	rm -rf .venv build *.egg-info .pytest_cache .ruff_cache .hypothesis
+	rm -rf .venv build *.egg-info .pytest_cache .ruff_cache .mypy_cache .hypothesis
