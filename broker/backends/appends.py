@@ -225,13 +225,13 @@ class PartitionAppends(BackendPrimitives):
             entry.done(reply, None)
         if appends and appends[0].error is not None and not work.writes_in_flight:
             failed = appends[0]
-            exc = failed.error
-            assert exc is not None
-            log.error("append to %s failed: %s", failed.outcome.pending.segment.store_path, exc)
+            error = failed.error
+            assert error is not None
+            log.error("append to %s failed: %s", failed.outcome.pending.segment.store_path, error)
             partition.log.abort_append(failed.outcome.pending)
             aborted, work.appends = list(appends), deque()
             for entry in aborted:
-                entry.done(None, entry.error or exc)
+                entry.done(None, entry.error or error)
         self._settle(partition, work)
 
     # ------------------------------------------------------------------------- group commit

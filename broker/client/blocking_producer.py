@@ -71,7 +71,7 @@ class _SendFuture(concurrent.futures.Future):  # type: ignore[type-arg]
         return self._parts()[1]
 
     @property
-    def _done_callbacks(self) -> list[Any]:  # type: ignore[override]
+    def _done_callbacks(self) -> list[Any]:
         return self._parts()[2]
 
     def cancel(self) -> bool:

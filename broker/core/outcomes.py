@@ -85,6 +85,10 @@ class FollowerAppend:
         return Silent()
 
     @staticmethod
+    def answer() -> Silent:
+        return Silent()  # nobody to answer
+
+    @staticmethod
     def fail(exc: BaseException) -> Silent:
         return Silent()  # the fetcher learns of it from the log (nothing was made visible)
 

@@ -150,4 +150,4 @@ def _fetch_reply(
             code, high, start, records = results[(name, i)]
             partitions.append((i, int(code), high, high, start, aborted, records))
         topics.append((name, partitions))
-    return Reply(fetch_response(request.api_version, request.correlation_id, 0, 0, topics))  # type: ignore[arg-type]
+    return Reply(fetch_response(request.api_version, request.correlation_id, 0, 0, topics))

@@ -622,7 +622,7 @@ class RinglogAdapter:
             s for s in read_snapshots(self.config.data_dir, self.config.cores) if s.get("core") != own["core"]
         ]
         snaps.append(own)
-        snaps.sort(key=lambda s: int(s.get("core", 0)))  # type: ignore[call-overload]
+        snaps.sort(key=lambda s: int(s.get("core", 0)))
         doc = {
             "answered_by": self.config.core_id,
             "cores": self.config.cores,
