@@ -18,8 +18,9 @@ Rules this module keeps:
   state disagreed.
 - A batch given up is recorded by what the broker may have done with it: `released` (it
   certainly did not append it: the sequences after it are taken back when the round ends) or
-  `unknown` (it may have: the next answer of the partition tells; a success means it was
-  appended, an unexplained OUT_OF_ORDER_SEQUENCE that it was not).
+  `unknown` (it may have: the next answers of the partition tell; a later batch's success means
+  it was appended, a later batch's OUT_OF_ORDER_SEQUENCE with nothing else to explain it that the
+  last such batch was not — only that one, as the broker appends in sequence order).
 - The epoch is per partition, as the broker's producer state is. Sequence numbers that would pass
   `SEQUENCE_MAX` start a new epoch, and an epoch past `EPOCH_MAX` a new producer id.
 
@@ -74,6 +75,7 @@ class DeliveryState:
     sequences. Owned by the producer's event loop (`broker/client/sender.py` drives it)."""
 
     __slots__ = (
+        "acked_order",
         "confirmed",
         "epoch",
         "failed",
@@ -119,6 +121,9 @@ class DeliveryState:
         self.reset_epoch = False
         # Whether the broker has acknowledged a batch of this producer id and epoch (see the module).
         self.confirmed = not idempotent
+        # The latest batch (seal order) the broker acknowledged in this producer id and epoch: every
+        # batch of the epoch before it was appended too, whatever its own answer said.
+        self.acked_order = -1
 
     # ------------------------------------------------------------------------- questions
 
@@ -189,6 +194,8 @@ class DeliveryState:
         except ValueError:
             return False
         self.confirmed = True
+        if b.order > self.acked_order:
+            self.acked_order = b.order
         if self.unknown:  # a later batch fit the broker's sequence: earlier ones were appended
             self.unknown = [x for x in self.unknown if x.order > b.order]
         return True
@@ -214,9 +221,15 @@ class DeliveryState:
                 # resent in order once it answers.
                 retry = True
             elif earlier_unknown:
-                # Batches given up before this one with unknown fate were not appended after all.
-                self.released.extend(earlier_unknown)
-                self.unknown = [x for x in self.unknown if x.order > b.order]
+                # `b` follows the batches given up with unknown fate, and the broker appends in
+                # sequence order only, so what it holds of them is a prefix: had the last one been
+                # appended, `b` would fit. That one certainly was not; an earlier one may have
+                # been, and taking its sequences back would renumber a batch onto an appended one
+                # (answered as its duplicate: acknowledged, never written). Release the last only;
+                # if the broker held none of them, the retry's own OUT_OF_ORDER releases the next.
+                last = max(earlier_unknown, key=lambda x: x.order)
+                self.unknown.remove(last)
+                self.released.append(last)
                 retry = True
             else:
                 retry = False
@@ -284,6 +297,8 @@ class DeliveryState:
 
     def _given_up(self, b: ProducerBatch, *, known_refused: bool) -> None:
         if self.idempotent and b.seq >= 0 and not self.reset_epoch:
+            if b.order < self.acked_order:
+                return  # a later batch of this epoch was acknowledged: this one was appended
             if known_refused:
                 self.released.append(b)
                 self.recovering = True  # its sequences are released when the round ends
@@ -298,3 +313,4 @@ class DeliveryState:
             self.epoch += 1
         self.next_seq = 0
         self.confirmed = False
+        self.acked_order = -1

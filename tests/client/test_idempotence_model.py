@@ -26,10 +26,6 @@ What must hold (the rules of broker/client/idempotence.py and what idempotence p
 - only a broker that forgot the producer disagrees with the machine (a new epoch forced by an
   unexplained OUT_OF_ORDER_SEQUENCE);
 - once faults stop, every batch is resolved and the machine is left holding nothing.
-
-One known bug is stepped around rather than checked: histories reaching it are rejected
-(`releases_an_appended_batch`), and test_an_appended_batch_given_up_is_never_renumbered_over
-shows it.
 """
 
 from __future__ import annotations
@@ -39,8 +35,7 @@ import itertools
 from collections import deque
 from dataclasses import dataclass, field
 
-import pytest
-from hypothesis import HealthCheck, event, reject, settings
+from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -58,10 +53,6 @@ from ringlog_proto.batch import BatchHeader, read_header
 PRODUCER_ID = 1 << 50
 KEPT = IDEMPOTENT_IN_FLIGHT_MAX  # batches per producer the broker remembers
 OUT_OF_ORDER = "out of order"
-
-
-class KnownBug(Exception):
-    """The history reached the known bug (see `DeliveryMachine.releases_an_appended_batch`)."""
 
 
 @dataclass
@@ -165,8 +156,6 @@ class DeliveryMachine(RuleBasedStateMachine):
         self.resolved: dict[int, list[tuple[str, int | Failure | None]]] = {}
         self.new_epochs = 0
         self.values_made = itertools.count()
-        self.tearing_down = False
-        self.rejected = False
 
     # ------------------------------------------------------------------------- the sender's part
 
@@ -252,12 +241,6 @@ class DeliveryMachine(RuleBasedStateMachine):
             assert all(x.order > b.order for x in self.st.unknown)
             self.finish(b, "acked", outcome)
         else:
-            if outcome is Failure.OUT_OF_ORDER and self.releases_an_appended_batch(b):
-                # The known bug of test_an_appended_batch_given_up_is_never_renumbered_over.
-                if self.tearing_down:
-                    raise KnownBug
-                self.rejected = True  # teardown finds the machine mid-answer: it checks nothing
-                reject()
             verdict = self.st.failed_attempt(b, outcome, self.now)
             assert verdict is not None
             if verdict is Verdict.NEW_EPOCH:
@@ -266,18 +249,6 @@ class DeliveryMachine(RuleBasedStateMachine):
             if verdict is not Verdict.RETRY:
                 self.finish(b, verdict.name, outcome)
         self.pump()
-
-    def releases_an_appended_batch(self, b: ProducerBatch) -> bool:
-        """Whether `b`'s OUT_OF_ORDER_SEQUENCE makes the machine take back the sequences of the
-        batches given up before it with unknown fate while the broker holds one of them. Two
-        ways there: the first of two such batches was appended and the second not; or a retry
-        given up at its deadline after a later batch was acknowledged (which shows it appended,
-        but only batches given up before the acknowledgement are settled by it)."""
-        st_ = self.st
-        if st_.recovering or any(x.order < b.order for x in st_.inflight if x is not b):
-            return False
-        appended = set(self.broker.held())
-        return any(x.order < b.order and x.order in appended for x in st_.unknown)
 
     # ------------------------------------------------------------------------- rules
 
@@ -449,13 +420,9 @@ class DeliveryMachine(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         """Faults stop: every batch is resolved and the machine is left holding nothing."""
-        if not hasattr(self, "st") or self.rejected:
+        if not hasattr(self, "st"):
             return
-        self.tearing_down = True
-        try:
-            self.settle()
-        except KnownBug:
-            return
+        self.settle()
         st_ = self.st
         assert not (st_.queue or st_.inflight or st_.failed or st_.recovering), "the machine is stuck"
         assert {b.order for b, _ in self.batches} == set(self.resolved), "a batch never resolved"
@@ -501,12 +468,6 @@ DeliveryMachine.TestCase.settings = settings(
 TestDeliveryModel = DeliveryMachine.TestCase
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an OUT_OF_ORDER_SEQUENCE after batches given up with unknown fate takes back the "
-    "sequences of all of them, though the broker may hold the first: a batch renumbered onto an "
-    "appended one is answered as its duplicate, acknowledged and never written",
-)
 def test_an_appended_batch_given_up_is_never_renumbered_over() -> None:
     """Batch 1 is appended but its answer is lost, batch 2 never reaches the broker; both are
     given up with unknown fate (retries=0 here; the delivery timeout during an outage does the
