@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ringlog_proto.membership import (
@@ -286,9 +287,9 @@ class Swim:
             return
         for nid, when in list(self._suspects.items()):
             if when <= now:
-                p = self._peers[nid]
-                self._set(nid, p, DEAD, p.incarnation, now)
-                self._enqueue(Update(DEAD, nid, p.incarnation))
+                peer = self._peers[nid]
+                self._set(nid, peer, DEAD, peer.incarnation, now)
+                self._enqueue(Update(DEAD, nid, peer.incarnation))
         if now >= self._join_at:
             if self._seeds and not self._alive_ids():
                 for addr in self._seeds:
@@ -296,16 +297,16 @@ class Swim:
                 self._join_at = now + c.join_retry
             else:
                 self._join_at = math.inf
-        p = self._probe
-        if p is not None and not p.acked:
+        probe = self._probe
+        if probe is not None and not probe.acked:
             if paused:
-                self._probe = p = None
-            elif not p.indirect_sent and now >= p.start + c.ack_timeout:
-                p.indirect_sent = True
-                self._send_ping_reqs(p)
+                self._probe = probe = None
+            elif not probe.indirect_sent and now >= probe.start + c.ack_timeout:
+                probe.indirect_sent = True
+                self._send_ping_reqs(probe)
         if now >= self._next_probe:
-            if p is not None and not p.acked:
-                self._probe_failed(p, now)
+            if probe is not None and not probe.acked:
+                self._probe_failed(probe, now)
             self._probe = None
             self._next_probe = max(self._next_probe + c.period, now)
             self._start_probe(now)
@@ -529,7 +530,7 @@ class Swim:
         seq: int,
         flags: int = 0,
         target: Member | None = None,
-        first: list[Update] = (),  # type: ignore[assignment]
+        first: Sequence[Update] = (),
     ) -> None:
         """One packet, its free room filled with the least-sent gossip."""
         head = self._header(kind, seq, flags)
