@@ -10,6 +10,7 @@ described with offsets -1 rather than waited for.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from collections.abc import Coroutine
 from dataclasses import dataclass
@@ -171,7 +172,7 @@ class AsyncAdmin:
             offsets = []
             for spec in (OffsetSpec.EARLIEST, OffsetSpec.LATEST):
                 resp = await self._client.partition_request(
-                    topic, p.index, lambda tid, spec=spec: ListOffsetsRequest(tid, p.index, spec)
+                    topic, p.index, functools.partial(ListOffsetsRequest, partition=p.index, spec=spec)
                 )
                 assert isinstance(resp, ListOffsetsResponse)
                 offsets.append(resp.offset)
