@@ -150,6 +150,8 @@ class ProducerBatch:
         """`size` from `record_size`. Timestamp deltas are relative to the first record's: when it
         has its own timestamp, a later record taking the batch's may have a long delta too."""
         if not self.records:
+            # Items are exactly bytes or Record (prepare_record), but a failed `type() is bytes`
+            # does not narrow to Record for mypy; isinstance would cost a Record item more.
             self.own_first_ts = type(item) is not bytes and item.timestamp is not None  # type: ignore[union-attr]
         elif self.own_first_ts:
             size += TIMESTAMP_SLACK
@@ -191,26 +193,28 @@ class ProducerBatch:
         step = 1 if base_offset >= 0 else 0
         callbacks = self.callbacks
         for i, (item, fut) in enumerate(zip(self.records, self.futures, strict=True)):
+            # A failed `type() is bytes` does not narrow item to Record (as in `add`).
             t = ts if type(item) is bytes or item.timestamp is None else item.timestamp  # type: ignore[union-attr]
             md = new(RecordMetadata, (topic, partition, offset, t))
             try:  # noqa: SIM105 - contextlib.suppress costs a context manager per record
                 fut.set_result(md)
             except _INVALID_STATE:
                 pass
-            if callbacks is not None and callbacks[i] is not None:
-                call_callback(callbacks[i], md, None)  # type: ignore[arg-type]
+            if callbacks is not None and (callback := callbacks[i]) is not None:
+                call_callback(callback, md, None)
             offset += step
         self._finished()
 
     def fail(self, exc: BaseException) -> None:
         callbacks = self.callbacks
         for i, fut in enumerate(self.futures):
+            callback = callbacks[i] if callbacks is not None else None
             if not fut.done():
                 fut.set_exception(exc)
-                if callbacks is not None and callbacks[i] is not None and hasattr(fut, "get_loop"):
+                if callback is not None and hasattr(fut, "get_loop"):
                     fut.exception()  # the callback reports it: no "never retrieved" warning
-            if callbacks is not None and callbacks[i] is not None:
-                call_callback(callbacks[i], None, exc)
+            if callback is not None:
+                call_callback(callback, None, exc)
         self._finished()
 
     def _finished(self) -> None:
