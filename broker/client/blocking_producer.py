@@ -23,7 +23,7 @@ _LAZY = threading.Lock()  # orders a future's lazy Condition against its complet
 _allocate_lock = threading.Lock  # a bare lock (`_thread.allocate_lock`), a name lookup less
 
 
-class _SendFuture(concurrent.futures.Future):  # type: ignore[type-arg]
+class _SendFuture(concurrent.futures.Future[Any]):
     """The future `Producer.send` returns: a `concurrent.futures.Future` (waitable with
     `concurrent.futures.wait`, `as_completed`, `asyncio.wrap_future`) that cannot be cancelled, a
     record handed to the producer being sent whatever happens to its future, and that costs one
@@ -51,7 +51,7 @@ class _SendFuture(concurrent.futures.Future):  # type: ignore[type-arg]
         self._result: Any = None
         self._exception: BaseException | None = None
         self._lazy: tuple[threading.Condition, list[Any], list[Any]] | None = None
-        self._gate: Any = None  # a held lock that completion releases (see `result`)
+        self._gate: threading.Lock | None = None  # a held lock that completion releases (see `result`)
 
     def _parts(self) -> tuple[threading.Condition, list[Any], list[Any]]:
         lazy = self._lazy
@@ -62,6 +62,8 @@ class _SendFuture(concurrent.futures.Future):  # type: ignore[type-arg]
                     lazy = self._lazy = (threading.Condition(), [], [])
         return lazy
 
+    # The base class's methods reach these as attributes; read-only properties made on first use
+    # stand in for them, which mypy sees as overriding writable attributes.
     @property
     def _condition(self) -> threading.Condition:  # type: ignore[override]
         return self._parts()[0]
@@ -85,11 +87,11 @@ class _SendFuture(concurrent.futures.Future):  # type: ignore[type-arg]
             gate = _allocate_lock()
             gate.acquire()
             with _LAZY:
-                if self._state == _FINISHED or self._gate is not None:
-                    gate = None  # finished meanwhile, or another waiter has the gate
-                else:
+                # Blocks on its own gate unless finished meanwhile or another waiter has the gate.
+                gated = self._state != _FINISHED and self._gate is None
+                if gated:
                     self._gate = gate
-            if gate is None:
+            if not gated:
                 if self._state != _FINISHED:
                     return super().result(timeout)  # a second waiter: the Condition's way
             elif not gate.acquire(timeout=-1 if timeout is None else timeout):
@@ -134,6 +136,7 @@ class _SendFuture(concurrent.futures.Future):  # type: ignore[type-arg]
                 else:
                     waiter.add_exception(self)
             cond.notify_all()
+        # The base class's own (private, so absent from typeshed): it runs the done-callbacks.
         self._invoke_callbacks()  # type: ignore[attr-defined]
 
 
