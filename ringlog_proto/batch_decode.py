@@ -7,7 +7,7 @@ section frames), else the Python decode here, which fails on the same batches.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, TypeVar, overload
 
 from ringlog_proto import records_codec
 from ringlog_proto.batch_checks import _RECORD_BODY_MIN, describe_walk, walk_records
@@ -263,13 +263,34 @@ def decode_records(buf: bytes | bytearray | memoryview, pos: int = 0, verify: bo
     return _decode_python(data, p, end, h)
 
 
+_Row = TypeVar("_Row", bound=tuple[Any, ...])
+
+
+# Overloads, so that a caller's rows have its `cls`'s type (a NamedTuple's fields by name).
+@overload
+def decode_rows(
+    buf: bytes | bytearray | memoryview, pos: int = 0, verify: bool = True, prefix: tuple[Any, ...] = ()
+) -> list[tuple[Any, ...]]: ...
+@overload
+def decode_rows(
+    buf: bytes | bytearray | memoryview, pos: int, verify: bool, prefix: tuple[Any, ...], cls: type[_Row]
+) -> list[_Row]: ...
+@overload
+def decode_rows(
+    buf: bytes | bytearray | memoryview,
+    pos: int = 0,
+    verify: bool = True,
+    prefix: tuple[Any, ...] = (),
+    *,
+    cls: type[_Row],
+) -> list[_Row]: ...
 def decode_rows(
     buf: bytes | bytearray | memoryview,
     pos: int = 0,
     verify: bool = True,
     prefix: tuple[Any, ...] = (),
     cls: type[tuple[Any, ...]] = tuple,
-) -> list[tuple[Any, ...]]:
+) -> list[Any]:
     """`decode_records`, each record a `cls` tuple `prefix + (offset, timestamp, key, value,
     headers)`: what a consumer hands out, built with no `Record` and, on the C path, no Python
     code per record (see `records_codec.rows`). Same checks, same errors."""

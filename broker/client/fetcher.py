@@ -52,6 +52,8 @@ import functools
 import logging
 import threading
 from collections import deque
+from collections.abc import Coroutine
+from typing import Any
 
 from broker.client.backoff import backoff_delay
 from broker.client.client import NO_ROUTE, AsyncClient, TopicPartition
@@ -208,9 +210,9 @@ class Fetcher:
         st.busy = fut
         fut.add_done_callback(functools.partial(self._fetched, st, st.fetch_offset))
 
-    def _spawn(self, coro: object) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         loop = self._loop_or_fail()
-        task = loop.create_task(coro)  # type: ignore[arg-type]
+        task = loop.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -297,7 +299,7 @@ class Fetcher:
         self._start_fetch(st)
 
     def _decode(
-        self, tp: TopicPartition, data: bytes, start: int, end: int, offset: int
+        self, tp: TopicPartition, data: bytes | memoryview, start: int, end: int, offset: int
     ) -> tuple[list[ConsumerRecord], int, UndecodableBatchError | None]:
         """Records at or after `offset` in `data[start:end]` (the first batch may start before it), the
         offset after the last whole batch decoded, and the batch that did not decode, if any
@@ -326,7 +328,7 @@ class Fetcher:
                 return out, at, UndecodableBatchError(*tp, at, after, str(exc))
             if h.base_offset < offset:  # the fetch started inside this batch
                 rows = [r for r in rows if r.offset >= offset]
-            extend(rows)  # type: ignore[arg-type]
+            extend(rows)
             next_offset = after
 
     def _fetch_failed(self, st: _Assigned, exc: BaseException) -> None:
@@ -382,7 +384,7 @@ class Fetcher:
             self._wakeup.set()
 
 
-def _after_whole_batches(data: bytes, start: int, end: int) -> int:
+def _after_whole_batches(data: bytes | memoryview, start: int, end: int) -> int:
     """The offset after the last whole batch of `data[start:end]` whose header frames (-1: none),
     from the headers alone: where the next fetch starts if this one decodes."""
     after = -1
