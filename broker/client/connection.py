@@ -97,6 +97,12 @@ def _ephemeral_range() -> tuple[int, int]:
         return EPHEMERAL_DEFAULT
 
 
+def _resolve(fut: asyncio.Future[None]) -> None:
+    """A writer callback: the loop calls it on every writable poll until it is removed."""
+    if not fut.done():
+        fut.set_result(None)
+
+
 def bind_source_port_for(sock: socket.socket, family: int, core: int, cores: int) -> int:
     """Bind `sock` to a free source port that the steering program's port rule sends to `core`
     (`routing.source_ports`); 0 when none was found in `SOURCE_PORT_TRIES` tries (the kernel picks
@@ -148,6 +154,7 @@ class _ConnProtocol(asyncio.BufferedProtocol):
         self._conn = conn
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # create_connection makes a Transport; the protocol's signature says only BaseTransport.
         self._conn._transport = transport  # type: ignore[assignment]
 
     def get_buffer(self, sizehint: int) -> memoryview:
@@ -308,7 +315,7 @@ class AsyncConnection:
                     with contextlib.suppress(BlockingIOError):
                         sock.connect(addr)
                 writable = loop.create_future()
-                loop.add_writer(sock.fileno(), lambda: writable.done() or writable.set_result(None))
+                loop.add_writer(sock.fileno(), _resolve, writable)
                 try:
                     await writable
                 finally:
@@ -330,7 +337,9 @@ class AsyncConnection:
             sock.close()
             raise
         if sent < len(frame):
-            conn._transport.write(bytes(frame[sent:]))  # type: ignore[union-attr]
+            transport = conn._transport
+            assert transport is not None  # create_connection has called connection_made
+            transport.write(bytes(frame[sent:]))
         if security is not None and security.sasl:
             await conn._authenticate(security)
         return conn
@@ -483,6 +492,7 @@ class AsyncConnection:
         """Write a whole frame the caller encoded (its id from `claim_id`). Raises
         `BrokerUnavailable` if the write fails (then nothing was sent and nothing waits)."""
         try:
+            # Set by connection_made before `connect` returns; no check on the per-request path.
             self._transport.write(frame)  # type: ignore[union-attr]
         except (OSError, RuntimeError) as exc:  # RuntimeError: transport closed under us
             raise self._write_failed(exc) from exc
@@ -531,6 +541,7 @@ class AsyncConnection:
 
     def _write(self, req: Request, corr: int) -> None:
         try:
+            # Set by connection_made before `connect` returns; no check on the per-request path.
             self._transport.writelines(encode_request(req, corr))  # type: ignore[union-attr]
         except (OSError, RuntimeError) as exc:  # RuntimeError: transport closed under us
             raise self._write_failed(exc) from exc
@@ -575,7 +586,8 @@ class AsyncConnection:
                 frame = decoder.next_frame()
                 if frame is NEED_DATA:
                     break
-                self._dispatch(frame)  # type: ignore[arg-type]
+                assert isinstance(frame, Frame)  # mypy does not narrow `is` on a sentinel
+                self._dispatch(frame)
         except ProtocolError as exc:
             err = BrokerUnavailable(f"{self.address}: unreadable stream from the broker ({exc}); closed")
             err.__cause__ = exc
