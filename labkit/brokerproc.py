@@ -135,9 +135,11 @@ class BrokerProcess:
             args.append("--oversubscribe")  # the multi-core tests must run on 1-CPU CI machines too
         return [*args, *self.extra]
 
-    def start(self, timeout_s: float = 20.0) -> BrokerProcess:
+    def start(self, timeout_s: float = 45.0) -> BrokerProcess:
         """Start (or restart) the broker. The first start takes a free port (--port 0); a restart
-        keeps it, so clients holding the bootstrap address find the broker again."""
+        keeps it, so clients holding the bootstrap address find the broker again. A quiet start
+        takes about a second; the timeout is for a loaded machine (loading the eBPF programs alone
+        has taken 8 s there), and a broker that misses it is killed, not left running."""
         offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(self.argv, stdout=log, stderr=log, cwd=self.cwd)
@@ -156,7 +158,9 @@ class BrokerProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"broker exited with {self.proc.returncode}:\n{text}")
             time.sleep(0.05)
-        raise RuntimeError(f"broker did not start:\n{self.log_path.read_text()}")
+        self.proc.kill()
+        self.proc.wait(10)
+        raise RuntimeError(f"broker did not start in {timeout_s:.0f} s:\n{self.log_path.read_text()}")
 
     def _accepts(self) -> bool:
         try:
