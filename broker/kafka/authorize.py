@@ -88,7 +88,7 @@ def check(authorizer: Authorizer, principal: str | None, request: KafkaRequest, 
     if group_op is not None:
         group = str(body.key if key == 10 else body.group_id)
         if key == 10 and int(getattr(body, "key_type", 0)) != 0:
-            group = ""  # a transaction coordinator: answered COORDINATOR_NOT_AVAILABLE anyway
+            group = ""  # a transaction coordinator: refused anyway (no transactions)
         if group and not allowed(principal, group_op, "group", group):
             return _refuse(request, body, ErrorCode.group_authorization_failed, f"{group_op} group {group}")
     if key in (OFFSET_COMMIT, OFFSET_FETCH):

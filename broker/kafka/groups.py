@@ -10,7 +10,8 @@ Rules this module keeps:
   broker id (node * 1000 + core), the node's host, the core's direct port. A group request on any
   other core is answered NOT_COORDINATOR (the client finds
   the coordinator again), never forwarded. Transaction coordinators (key type 1) do not exist
-  here: COORDINATOR_NOT_AVAILABLE, with a message saying so.
+  here: TRANSACTIONAL_ID_AUTHORIZATION_FAILED with a message saying so, which every client takes
+  as fatal at once (broker/kafka/init_producer_id.py says why this code).
 - JoinGroup and SyncGroup wait for the rest of the group: they are `Later` outcomes, answered by
   the coordinator's callback in the connection's request order like any other reply.
 - Offsets are kept under topic ids: a topic named in an OffsetCommit that does not exist (or a
@@ -24,6 +25,7 @@ Rules this module keeps:
 from __future__ import annotations
 
 import datetime
+import logging
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any, Final
@@ -37,6 +39,9 @@ from broker.core.outcomes import Later, Outcome, Reply, Silent
 from broker.core.views import kafka_broker_id
 from broker.kafka.codec import KafkaRequest, encode_response, make, response_schema
 from broker.kafka.errors import kafka_error
+from broker.kafka.init_producer_id import TRANSACTIONS_REFUSED, transactions_refused
+
+log = logging.getLogger(__name__)
 
 OFFSET_COMMIT: Final = 8
 OFFSET_FETCH: Final = 9
@@ -116,11 +121,12 @@ class KafkaGroups:
         key_type = int(getattr(body, "key_type", KEY_TYPE_GROUP))
         if key_type != KEY_TYPE_GROUP:
             self.core.metrics.error()
+            log.info("FindCoordinator for transactional id %r refused: no transactions", str(body.key)[:100])
             resp = make(
                 schema,
                 throttle_time=NO_THROTTLE,
-                error_code=ErrorCode.coordinator_not_available,
-                error_message="ringlog has no transactions: no transaction coordinator",
+                error_code=TRANSACTIONS_REFUSED,
+                error_message=transactions_refused(str(body.key)),
                 node_id=-1,
                 host="",
                 port=-1,

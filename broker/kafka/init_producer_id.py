@@ -5,10 +5,17 @@ Rules this module keeps:
   id at epoch 0, or, when a v3+ request names its current id and epoch (KIP-360, librdkafka and
   Java ask after some errors), the same id at the next epoch. Any core answers: no coordinator
   (FindCoordinator is not needed by an idempotent producer, only by a transactional one).
-- Transactions are not supported: a non-null transactional_id is INVALID_REQUEST, which clients
-  report at once as a fatal error ("Broker: Invalid request"); a retriable answer
-  (COORDINATOR_NOT_AVAILABLE) would have them retry until their timeout, and
-  TRANSACTIONAL_ID_AUTHORIZATION_FAILED would tell them to fix an ACL that does not exist.
+- Transactions are not supported yet: a transactional id is refused here and in FindCoordinator
+  (key type 1, broker/kafka/groups.py) with TRANSACTIONAL_ID_AUTHORIZATION_FAILED, the answer a
+  Kafka broker gives a principal that may not use that transactional id: no transactional id may
+  be used here. Tried against the clients, it is the one code that all of them take as fatal at
+  once, at either request: librdkafka 2.16 (`init_transactions()` raises a fatal error carrying
+  FindCoordinator's message), aiokafka 0.14 (`start()` raises), kafka-python 3
+  (`init_transactions()` raises) and Java's (a fatal error). The others tried fail slowly or not
+  at all in librdkafka, which retries any other FindCoordinator error and InitProducerId's
+  COORDINATOR_NOT_AVAILABLE, INVALID_REQUEST and UNSUPPORTED_VERSION until its timeout (our
+  earlier answers: COORDINATOR_NOT_AVAILABLE, then INVALID_REQUEST, each a 60 s hang);
+  CLUSTER_AUTHORIZATION_FAILED is fatal too but names an ACL on the cluster.
 - v2+ are flexible versions: kio reads and writes their headers (request header v2, response
   header v1) and tagged fields, and writes a tagged field only when it is not the default (this
   response has none but the empty tag buffer).
@@ -29,6 +36,16 @@ from broker.kafka.errors import kafka_error
 
 INIT_PRODUCER_ID: Final = 22
 VERSIONS: Final = (0, 4)  # v2+ flexible
+TRANSACTIONS_REFUSED: Final = ErrorCode.transactional_id_authorization_failed  # module rules
+
+
+def transactions_refused(transactional_id: str) -> str:
+    """Why a transactional id is refused, where the response has room for a message (librdkafka
+    and Java show FindCoordinator's to the application)."""
+    return (
+        f"ringlog does not support transactions yet: transactional.id {transactional_id!r} is refused "
+        "(an idempotent producer without transactional.id is supported)"
+    )
 
 
 def init_producer_id(core: Core, request: KafkaRequest, body: Any) -> Outcome:
@@ -59,7 +76,7 @@ def _answer(core: Core, request: KafkaRequest, body: Any, failed: BaseException 
     code, producer_id, epoch = ErrorCode.none, -1, -1
     if body.transactional_id is not None:
         core.metrics.error()
-        code = ErrorCode.invalid_request  # transactions are not supported (module rules)
+        code = TRANSACTIONS_REFUSED
     else:
         current = int(getattr(body, "producer_id", -1)), int(getattr(body, "producer_epoch", -1))
         try:

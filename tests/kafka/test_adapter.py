@@ -318,7 +318,11 @@ def test_init_producer_id_refuses_transactions(adapter: KafkaAdapter) -> None:
     assert schema is not None
     body = make(schema, transactional_id="txn", transaction_timeout=datetime.timedelta(seconds=60))
     _, resp = answer(adapter, frame_of(22, 1, 1, body), 22, 1)
-    assert (resp.error_code, resp.producer_id, resp.producer_epoch) == (ErrorCode.invalid_request, -1, -1)
+    assert (resp.error_code, resp.producer_id, resp.producer_epoch) == (
+        ErrorCode.transactional_id_authorization_failed,
+        -1,
+        -1,
+    )
 
 
 # ----------------------------------------------------------------------------- the rest
@@ -406,7 +410,8 @@ def test_find_coordinator_names_the_group_core_at_its_port(adapter: KafkaAdapter
     if version >= 1:
         body = make(schema, key="tx", key_type=1)
         _, resp = answer(adapter, frame_of(10, version, 6, body), 10, version)
-        assert resp.error_code == ErrorCode.coordinator_not_available and "transaction" in resp.error_message
+        assert resp.error_code == ErrorCode.transactional_id_authorization_failed
+        assert "does not support transactions" in resp.error_message and "'tx'" in resp.error_message
 
 
 def _group_on(core: int) -> str:
