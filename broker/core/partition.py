@@ -58,6 +58,7 @@ from broker.storage.errors import OffsetOutOfRangeError
 from broker.storage.fdcache import FdCache
 from broker.storage.fileio import FileIO
 from broker.storage.log import Log, LogConfig, PendingAppend
+from broker.storage.log_reads import TimestampAndOffset
 from broker.storage.segment import Extent
 from ringlog_proto.batch import BatchHeader, now_ms
 from ringlog_proto.messages import Acks
@@ -84,6 +85,7 @@ class Stored(NamedTuple):
 # `list_offset` specs, the same numbers in both protocols; a spec >= 0 is a timestamp (ms)
 LATEST = -1  # the high watermark: where a consumer starting now reads from
 EARLIEST = -2  # the log start
+NO_TIMESTAMP = -1  # Kafka's RecordBatch.NO_TIMESTAMP, beside an offset not found by time
 
 
 class Isolation(Enum):
@@ -366,15 +368,21 @@ class Partition:
         """ListOffsets, in both protocols: `LATEST` the high watermark, `EARLIEST` the log start,
         a timestamp (>= 0) the first offset whose record is at or after it (-1 when none is).
         Asked of the leader when replicated (as `read`)."""
+        return self.list_offset_and_time(spec, leader_epoch).offset
+
+    def list_offset_and_time(self, spec: int, leader_epoch: int = -1) -> TimestampAndOffset:
+        """`list_offset` with the timestamp Kafka's ListOffsets answers beside it: for a timestamp
+        the found record's own, else -1 (latest, earliest, or no record at or after the time), as
+        Kafka's log answers (its clients' offsetsForTimes refuse a found offset without one)."""
         if self.replica is not None:
             self.check_leader(leader_epoch)
         if spec == LATEST:
-            return self.high_watermark
+            return TimestampAndOffset(self.high_watermark, NO_TIMESTAMP)
         if spec == EARLIEST:
-            return self.log.start_offset
+            return TimestampAndOffset(self.log.start_offset, NO_TIMESTAMP)
         if spec >= 0:
-            found = self.log.offset_for_timestamp(spec)
-            return -1 if found is None else found
+            found = self.log.timestamp_and_offset(spec)
+            return TimestampAndOffset(-1, NO_TIMESTAMP) if found is None else found
         raise ValueError(f"offset spec {spec}: use -1 (latest), -2 (earliest) or a timestamp")
 
     @property

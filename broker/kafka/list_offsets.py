@@ -1,7 +1,9 @@
-"""ListOffsets (api 2, v1-5): each partition through `Partition.list_offset`.
+"""ListOffsets (api 2, v1-5): each partition through `Partition.list_offset_and_time`.
 
 -1 is the high watermark, -2 the log start, a timestamp the first offset at or after it (-1 when
-none is); each partition answered on its own, with the leader's epoch.
+none is); each partition answered on its own, with the leader's epoch. The timestamp answered is
+Kafka's: the found record's for a timestamp (the Java client's `offsetsForTimes` throws on a
+found offset with timestamp -1), -1 for latest and earliest and when nothing was found.
 """
 
 from __future__ import annotations
@@ -34,14 +36,16 @@ def list_offsets(ctx: Context, request: KafkaRequest, body: Any) -> Outcome:
         refusal = ctx.topic_refusal(LIST_OFFSETS, topic.name)
         for lp in topic.partitions:
             index, spec = int(lp.partition_index), int(lp.timestamp)
-            code, offset, epoch = ErrorCode.none, -1, -1
+            code, offset, timestamp, epoch = ErrorCode.none, -1, -1, -1
             try:
                 if refusal is not None:
                     raise refusal
                 target = ctx.core.partition_named(topic.name, index)
                 if not isinstance(target, Partition):
                     raise NotLeaderError(f"led by core {target}")
-                offset = target.list_offset(spec, int(getattr(lp, "current_leader_epoch", -1)))
+                offset, timestamp = target.list_offset_and_time(
+                    spec, int(getattr(lp, "current_leader_epoch", -1))
+                )
                 epoch = target.leader_epoch
             except Exception as exc:
                 code = kafka_error(exc)[0]
@@ -50,7 +54,7 @@ def list_offsets(ctx: Context, request: KafkaRequest, body: Any) -> Outcome:
                     module.ListOffsetsPartitionResponse,
                     partition_index=index,
                     error_code=code,
-                    timestamp=-1,
+                    timestamp=timestamp if code == ErrorCode.none else -1,
                     offset=offset,
                     leader_epoch=epoch if code == ErrorCode.none else -1,
                 )

@@ -699,8 +699,14 @@ class Log:
         asking for a time inside it gets the batch's earlier records too (at least once, never
         fewer), not an error.
         """
+        found = self.timestamp_and_offset(timestamp)
+        return None if found is None else found.offset
+
+    def timestamp_and_offset(self, timestamp: int) -> log_reads.TimestampAndOffset | None:
+        """`offset_for_timestamp`'s record: its offset and its own timestamp (Kafka's ListOffsets
+        answers both)."""
         self.check_usable()
-        return log_reads.offset_for_timestamp(self.segments, self.io, timestamp)
+        return log_reads.timestamp_and_offset(self.segments, self.io, timestamp)
 
     def batch_headers(self, from_offset: int = 0) -> Iterator[BatchHeader]:
         """Headers of the stored batches from the one holding `from_offset`, read via the index.

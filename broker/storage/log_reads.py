@@ -14,6 +14,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from broker.storage.errors import CorruptBatchError
 from broker.storage.fileio import FileIO
@@ -22,6 +23,7 @@ from ringlog_proto.batch import (
     COMPRESSION_GZIP,
     COMPRESSION_NONE,
     HEADER_SIZE,
+    TIMESTAMP_TYPE_BIT,
     BatchError,
     BatchHeader,
     decode_records,
@@ -67,15 +69,26 @@ def checked(extent: Extent, data: bytes) -> ReadResult:
     return ReadResult(data if valid == len(data) else data[:valid], extent.first_offset, next_offset, error)
 
 
-def offset_for_timestamp(segments: list[Segment], io: FileIO, timestamp: int) -> int | None:
-    """`Log.offset_for_timestamp` (it says how), over the log's segments."""
+class TimestampAndOffset(NamedTuple):
+    """The record a time finds: its offset and its own timestamp (what Kafka's ListOffsets
+    answers for a timestamp, as `TimestampAndOffset` does in Kafka's log)."""
+
+    offset: int
+    timestamp: int
+
+
+def timestamp_and_offset(segments: list[Segment], io: FileIO, timestamp: int) -> TimestampAndOffset | None:
+    """`Log.offset_for_timestamp` (it says how), over the log's segments, with the timestamp of
+    the record found: of the batch's first record where its records are not decoded (with
+    LogAppendTime every record's is the batch's max timestamp)."""
     for seg in segments:
         position = seg.find_timestamp(timestamp)
         if position is None:
             continue
         h = read_header(io.pread(seg.store_fd, HEADER_SIZE, position))
         if h.compression not in DECODED_CODECS:
-            return h.base_offset
+            first = h.max_timestamp if h.attributes & TIMESTAMP_TYPE_BIT else h.base_timestamp
+            return TimestampAndOffset(h.base_offset, first)
         data = io.pread(seg.store_fd, h.size, position)
         try:
             records = decode_records(data)
@@ -84,7 +97,7 @@ def offset_for_timestamp(segments: list[Segment], io: FileIO, timestamp: int) ->
         for rec in records:
             assert rec.timestamp is not None
             if rec.timestamp >= timestamp:
-                return rec.offset
+                return TimestampAndOffset(rec.offset, rec.timestamp)
         raise CorruptBatchError(seg.store_path, position, "index timestamp not found in the batch")
     return None
 

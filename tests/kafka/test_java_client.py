@@ -2,7 +2,8 @@
 applications run on) against a real `broker serve`, making the calls Spark's Kafka source and sink
 make with the settings Spark gives them (tests/kafka/java/SparkKafkaCalls.java): Admin
 listTopics, describeTopics and listOffsets (earliest, latest, by timestamp) as the driver plans,
-a KafkaConsumer that assign()s, seek()s and poll()s one partition at a time as a read task does,
+a KafkaConsumer that assign()s, seek()s and poll()s one partition at a time as a read task does
+(and looks offsets up by time, as Spark's older offset reader does),
 and a KafkaProducer sending keys, values, headers and explicit partitions as a write task does.
 
 Spark's own connector jar (spark-sql-kafka-0-10) comes only from Maven Central, which the project's
@@ -122,6 +123,12 @@ def test_spark_write_then_read_calls(broker: BrokerProcess, java: Java) -> None:
     assert [r for r in out if "offsets" in r] == [
         # the first records at or after BASE_TS + 100 are records 100..103: offset 25 everywhere
         {"offsets": p, "earliest": 0, "latest": per_partition, "by_timestamp": 100 // PARTITIONS}
+        for p in range(PARTITIONS)
+    ]
+    # the consumer's offsetsForTimes: the same offsets, each with its record's timestamp (with
+    # timestamp -1 beside a found offset the Java client threw)
+    assert [r for r in out if "for_time" in r] == [
+        {"for_time": p, "offset": 100 // PARTITIONS, "timestamp": BASE_TS + 100 + p}
         for p in range(PARTITIONS)
     ]
     records = [r for r in out if "topic" in r]

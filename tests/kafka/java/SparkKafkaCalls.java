@@ -3,7 +3,7 @@
 // Spark's Kafka connector (spark-sql-kafka-0-10) is a thin layer over kafka-clients: the driver
 // plans offsets with an Admin (describeTopics, listOffsets earliest/latest/by timestamp), each
 // executor task reads with a KafkaConsumer that assign()s one partition, seek()s and poll()s
-// (group.id set, auto commit off, auto.offset.reset none), and each write task sends
+// (group.id set, auto commit off, auto.offset.reset none; offsetsForTimes as older Spark plans), and each write task sends
 // ProducerRecords with key, value, headers and an explicit partition through a KafkaProducer.
 // This program makes those calls against a broker so tests can check the protocol the Java client
 // speaks without Spark's connector jars. It prints one JSON object per line; bytes are hex.
@@ -28,6 +28,7 @@ import org.apache.kafka.clients.admin.OffsetSpec;
 import org.apache.kafka.clients.admin.TopicDescription;
 import org.apache.kafka.clients.consumer.ConsumerRecord;
 import org.apache.kafka.clients.consumer.KafkaConsumer;
+import org.apache.kafka.clients.consumer.OffsetAndTimestamp;
 import org.apache.kafka.clients.producer.KafkaProducer;
 import org.apache.kafka.clients.producer.ProducerRecord;
 import org.apache.kafka.clients.producer.RecordMetadata;
@@ -156,6 +157,17 @@ public class SparkKafkaCalls {
             for (TopicPartition tp : parts) {
                 System.out.println("{\"available\": " + tp.partition() + ", \"from\": " + first.get(tp)
                         + ", \"to\": " + last.get(tp) + "}");
+            }
+            // The consumer's own lookup by time (Spark's offset reader before its Admin one,
+            // spark.sql.streaming.kafka.useDeprecatedOffsetFetching): it refuses an offset found
+            // without the record's timestamp.
+            Map<TopicPartition, Long> times = new HashMap<>();
+            for (TopicPartition tp : parts) times.put(tp, timestamp);
+            Map<TopicPartition, OffsetAndTimestamp> found = consumer.offsetsForTimes(times);
+            for (TopicPartition tp : parts) {
+                OffsetAndTimestamp at = found.get(tp);
+                System.out.println("{\"for_time\": " + tp.partition() + ", \"offset\": " + at.offset()
+                        + ", \"timestamp\": " + at.timestamp() + "}");
             }
             // One partition per task, as Spark reads: assign, seek to the planned start, poll to the end.
             for (TopicPartition tp : parts) {
