@@ -44,6 +44,9 @@ class StoreGroupOffsets(GroupOffsetStore):
             raise GroupError(f"the offsets record of group {group!r} holds group {doc.get('group')!r}")
         return {(int(t), int(p)): Committed(int(o), str(meta)) for t, p, o, meta in doc.get("offsets", ())}
 
+    def has_offsets(self, group: str) -> bool:
+        return bool(self.offsets(group))
+
     def commit(
         self,
         group: str,

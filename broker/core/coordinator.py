@@ -24,8 +24,11 @@ Rules this module keeps:
   and re-armed at its deadline when heartbeats moved it, not re-created per heartbeat. A member
   waiting for its JoinGroup or SyncGroup answer does not expire.
 - Membership is in memory, lost with the core (clients rejoin, as after a Kafka coordinator
-  failover); committed offsets are durable (broker/core/groups.py). A group that becomes Empty is
-  forgotten (its next member starts at generation 1 again, as after a restart).
+  failover); committed offsets are durable (broker/core/groups.py). A group known to have
+  committed offsets (`offsets_exist`: told by the adapters when a commit is stored or a read
+  finds some) stays while it has no members, Empty, as Kafka's does while its offsets are kept:
+  ListGroups lists it, DescribeGroups says Empty, its generations go on. Any other group that
+  becomes Empty is forgotten (its next member starts at generation 1 again, as after a restart).
 - Static membership (group.instance.id) is recorded and reported, not used: such members are
   treated as dynamic ones.
 """
@@ -157,6 +160,7 @@ class Group:
     pending: dict[str, float] = field(default_factory=dict)  # MEMBER_ID_REQUIRED ids -> deadline
     join_timer: Cancellable | None = None
     delaying: bool = False  # the initial rebalance delay of a group that was Empty runs
+    has_offsets: bool = False  # committed offsets are kept for it: it stays while Empty
 
     def candidates(self) -> set[str]:
         """The protocols every member supports."""
@@ -334,15 +338,26 @@ class GroupCoordinator:
         self._maybe_complete_join(g)
 
     def _forget_if_empty(self, g: Group) -> None:
-        """An Empty group with no member ids handed out is dropped from memory (its offsets stay
-        on disk): ids of groups used once must not pile up."""
+        """An Empty group with no member ids handed out and no committed offsets is dropped from
+        memory: ids of groups used once must not pile up. One with offsets stays (module rules):
+        as many as the store holds groups."""
         if (
             g.state == GroupState.EMPTY
             and not g.members
             and not g.pending
+            and not g.has_offsets
             and self.groups.get(g.group_id) is g
         ):
             del self.groups[g.group_id]
+
+    def offsets_exist(self, group_id: str) -> None:
+        """The group has committed offsets (a commit was stored, or a read found some): it exists,
+        Empty while it has no members, as a Kafka group does while its offsets are kept. Called
+        only on the group's coordinator core."""
+        g = self.groups.get(group_id)
+        if g is None:
+            g = self.groups[group_id] = Group(group_id)
+        g.has_offsets = True
 
     def _maybe_complete_join(self, g: Group) -> None:
         if g.state != GroupState.PREPARING_REBALANCE or g.delaying or g.pending:
@@ -542,6 +557,7 @@ class GroupCoordinator:
         code = self.commit_check(group_id, generation, member_id)
         if code == GroupCode.NONE and offsets:
             self.offsets.commit(group_id, offsets, live)
+            self.offsets_exist(group_id)
         return code
 
     # ------------------------------------------------------------------------- views, shutdown

@@ -82,6 +82,16 @@ class GroupOffsetStore:
             found = self._groups[group] = read_group_file(self.data_dir, group)
         return found
 
+    def has_offsets(self, group: str) -> bool:
+        """Whether `group` committed any offset. A group without any is not cached: any name can
+        be asked (DescribeGroups), and the names asked must not pile up in memory."""
+        found = self._groups.get(group)
+        if found is None:
+            found = read_group_file(self.data_dir, group)
+            if found:
+                self._groups[group] = found
+        return bool(found)
+
     def committed(self, group: str, topic_id: int, partition: int) -> Committed:
         return self.offsets(group).get((topic_id, partition), NOTHING_COMMITTED)
 

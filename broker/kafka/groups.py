@@ -19,7 +19,9 @@ Rules this module keeps:
   was never committed, and a null topic list (v2+) is every offset of the group whose topic
   still exists.
 - ListGroups lists the groups of the core asked (each core is a broker, as admin clients expect:
-  they ask every broker); DescribeGroups answers for the groups this core coordinates.
+  they ask every broker); DescribeGroups answers for the groups this core coordinates. A group
+  whose members all left stays listed and is described Empty while it has committed offsets, as
+  Kafka's does (broker/core/coordinator.py `offsets_exist`).
 """
 
 from __future__ import annotations
@@ -363,7 +365,11 @@ class KafkaGroups:
 
             def stored(result: object) -> None:
                 # a store that cannot be written now: COORDINATOR_NOT_AVAILABLE (retriable)
-                answer(respond(kafka_error(result)[0] if isinstance(result, BaseException) else None))
+                if isinstance(result, BaseException):
+                    answer(respond(kafka_error(result)[0]))
+                    return
+                self.coordinator.offsets_exist(group)  # it stays, Empty, once its members leave
+                answer(respond(None))
 
             self.core.offsets_run(lambda: self.coordinator.offsets.commit(group, offsets, live), stored)
 
@@ -400,6 +406,8 @@ class KafkaGroups:
         failed = kafka_error(found)[0] if isinstance(found, BaseException) else None
         if mine and group and found is not None and not isinstance(found, BaseException):
             offsets = found
+            if offsets and self._mine(group):
+                self.coordinator.offsets_exist(group)
             if body.topics is None:  # v2+: every offset of the group whose topic still exists
                 by_id = self.core.registry.by_id
                 if any(tid not in by_id for tid, _ in offsets):
@@ -448,11 +456,35 @@ class KafkaGroups:
     # ------------------------------------------------------------------------- DescribeGroups, ListGroups
 
     def _describe_groups(self, request: KafkaRequest, body: Any) -> Outcome:
+        """The groups of this core: a group it holds no members of is Empty when it has committed
+        offsets (read from the store, `Core.with_offsets`), else Dead, as Kafka describes a group
+        it does not know; a store that cannot be read now makes such a group
+        COORDINATOR_NOT_AVAILABLE (retriable)."""
+        unknown = [g for g in body.groups if g and self._mine(g) and self.coordinator.view(g) is None]
+        if not unknown:
+            return self._describe_reply(request, body, set())
+        store = self.coordinator.offsets
+
+        def read() -> list[str]:
+            return [g for g in unknown if store.has_offsets(g)]
+
+        def reply(found: list[str] | BaseException) -> Reply:
+            if isinstance(found, BaseException):
+                return self._describe_reply(request, body, set(unknown))
+            for group in found:
+                self.coordinator.offsets_exist(group)
+            return self._describe_reply(request, body, set())
+
+        return self.core.with_offsets(read, reply)
+
+    def _describe_reply(self, request: KafkaRequest, body: Any, unavailable: set[str]) -> Reply:
         schema, module = self._schema(request)
         described = []
         for group in body.groups:
             view = self.coordinator.view(group) if self._mine(group) else None
             code = ErrorCode.none if self._mine(group) else ErrorCode.not_coordinator
+            if group in unavailable:
+                code = ErrorCode.coordinator_not_available
             members = ()
             if view is not None:
                 members = tuple(

@@ -520,6 +520,7 @@ class RinglogAdapter:
                 if isinstance(result, BaseException):  # the store's write failed
                     answer(self.error_reply(frame, result))
                 else:
+                    self.core.coordinator.offsets_exist(req.group)  # stays, Empty, when its members leave
                     answer(self._reply(frame, m.OffsetCommitResponse()))
 
             offsets_store = self.core.coordinator.offsets

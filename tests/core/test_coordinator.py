@@ -232,3 +232,23 @@ def test_close_answers_waiting_joins(coord: GroupCoordinator) -> None:
     a = join(coord)
     coord.close()
     assert a.one.code == GroupCode.NOT_COORDINATOR
+
+
+def test_a_group_with_offsets_stays_empty_when_its_members_leave(
+    coord: GroupCoordinator, loop: FakeLoop
+) -> None:
+    """As Kafka's: listed and described Empty while its offsets are kept, generations going on."""
+    ra, rb = stable_pair(coord, loop)
+    assert coord.commit("g", {(1, 0): Committed(3, "")}, 1, ra.member_id) == GroupCode.NONE
+    assert coord.leave("g", [(ra.member_id, None), (rb.member_id, None)]) == [GroupCode.NONE] * 2
+    loop.advance(REBALANCE_MS / 1000)
+    view = coord.view("g")
+    assert view is not None and (view.state, view.protocol_type, view.members) == ("Empty", "consumer", ())
+    assert coord.commit("g", {(1, 0): Committed(4, "")}) == GroupCode.NONE  # a simple commit, now
+    again = join(coord)
+    loop.advance(DELAY_MS / 1000)
+    assert again.one.code == GroupCode.NONE and again.one.generation == 3  # 2 was the empty one
+    # a group known only by its offsets (a simple commit, or read after a restart) exists too
+    coord.offsets_exist("only-offsets")
+    view = coord.view("only-offsets")
+    assert view is not None and (view.state, view.generation, view.members) == ("Empty", 0, ())
