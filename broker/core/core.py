@@ -257,11 +257,17 @@ class Core:
         self._sync_partitions()
 
     def _sync_partitions(self) -> None:
-        """Close the partitions of topics that are gone (new topics' partitions open on first use)."""
+        """Close the partitions of topics that are gone (new topics' partitions open on first use).
+
+        Every gone partition leaves `partitions` before any is closed: closing one wakes its long
+        polls, whose fetches are handled again at once and look topics up, which comes back
+        here; they must find the topic gone (UNKNOWN_TOPIC_OR_PARTITION), not a partition
+        half-way through this loop (a `KeyError` answered UNKNOWN_SERVER_ERROR to the DeleteTopics
+        of a topic a consumer was reading)."""
         live = self.registry.by_id
-        for key in [k for k in self.partitions if k[0] not in live]:
-            p = self.partitions.pop(key)
-            log.info("topic id %d is gone: closing partition %d", key[0], key[1])
+        gone = [self.partitions.pop(k) for k in [k for k in self.partitions if k[0] not in live]]
+        for p in gone:
+            log.info("topic id %d is gone: closing partition %d", p.topic_id, p.index)
             try:
                 p.close(discard=True)  # its files go with the topic: nothing to flush first
             except StorageError as exc:
