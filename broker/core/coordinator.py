@@ -29,8 +29,20 @@ Rules this module keeps:
   finds some) stays while it has no members, Empty, as Kafka's does while its offsets are kept:
   ListGroups lists it, DescribeGroups says Empty, its generations go on. Any other group that
   becomes Empty is forgotten (its next member starts at generation 1 again, as after a restart).
-- Static membership (group.instance.id) is recorded and reported, not used: such members are
-  treated as dynamic ones.
+- Static membership (group.instance.id, KIP-345), as Kafka's classic coordinator keeps it: a
+  member joining with an instance id is static, given the id `<instance id>-<uuid4>` at once (no
+  MEMBER_ID_REQUIRED round). A join with an empty member id and an instance id the group already
+  maps is that member restarting: it takes the old member's place (its assignment, its place as
+  leader) under a new member id, the old id is fenced (its waiting JoinGroup or SyncGroup is
+  answered FENCED_INSTANCE_ID, its later requests UNKNOWN_MEMBER_ID), and a Stable group is not
+  rebalanced unless the protocol it would choose changes: the join is answered at once with the
+  current generation and the old leader's id (so a restarted leader does not compute an
+  assignment nobody would receive), and its SyncGroup gets the assignment it had. In
+  CompletingRebalance the replacement starts a rebalance (the leader may be assigning to the old
+  id); in PreparingRebalance it joins the rebalance. A request naming an instance id that maps
+  to another member id is FENCED_INSTANCE_ID (JoinGroup, SyncGroup, Heartbeat, LeaveGroup,
+  OffsetCommit); naming one the group does not map is UNKNOWN_MEMBER_ID. Static members leave as
+  dynamic ones do: by LeaveGroup (which clients do not send for them on close) or session expiry.
 """
 
 from __future__ import annotations
@@ -76,6 +88,7 @@ class GroupCode(Enum):
     INVALID_SESSION_TIMEOUT = "invalid_session_timeout"
     NOT_COORDINATOR = "not_coordinator"
     INVALID_REQUEST = "invalid_request"
+    FENCED_INSTANCE_ID = "fenced_instance_id"
 
 
 class Cancellable(Protocol):
@@ -157,6 +170,7 @@ class Group:
     protocol: str | None = None
     leader: str | None = None
     members: dict[str, Member] = field(default_factory=dict)  # in join order
+    static: dict[str, str] = field(default_factory=dict)  # instance id -> its member's id
     pending: dict[str, float] = field(default_factory=dict)  # MEMBER_ID_REQUIRED ids -> deadline
     join_timer: Cancellable | None = None
     delaying: bool = False  # the initial rebalance delay of a group that was Empty runs
@@ -226,8 +240,21 @@ class GroupCoordinator:
                 done(JoinResult(GroupCode.INCONSISTENT_GROUP_PROTOCOL, member_id))
                 return
         now = self.clock()
+        if instance_id is not None:
+            if not member_id and instance_id in g.static:
+                self._replace_static(g, instance_id, protos, session_ms, rebalance_ms, done)
+                return
+            if self._fenced(g, member_id, instance_id):
+                done(JoinResult(GroupCode.FENCED_INSTANCE_ID, member_id))
+                return
+            if member_id and instance_id not in g.static:  # Kafka: an instance id it does not know
+                done(JoinResult(GroupCode.UNKNOWN_MEMBER_ID, member_id))
+                return
         if not member_id or member_id in g.pending:
-            if not member_id:
+            if not member_id and instance_id is not None:  # static: its id at once (module rules)
+                member_id = f"{instance_id}-{uuid.uuid4()}"
+                g.static[instance_id] = member_id
+            elif not member_id:
                 member_id = f"{client_id or 'member'}-{uuid.uuid4()}"
                 if require_known_member_id:
                     self._expect(g, member_id, now + session_ms / 1000)
@@ -278,6 +305,60 @@ class GroupCoordinator:
         else:  # CompletingRebalance or Stable with new metadata, or the leader rejoining
             m.protocols, m.join_done = protos, done
             self._prepare_rebalance(g, f"member {member_id} rejoined")
+
+    @staticmethod
+    def _fenced(g: Group | None, member_id: str, instance_id: str | None) -> bool:
+        """Whether a request naming `member_id` and `instance_id` comes from an old incarnation
+        of a static member: the instance id maps to another member id (Kafka's
+        isStaticMemberFenced)."""
+        if g is None or instance_id is None or not member_id:
+            return False
+        mapped = g.static.get(instance_id)
+        return mapped is not None and mapped != member_id
+
+    def _replace_static(
+        self,
+        g: Group,
+        instance_id: str,
+        protocols: tuple[tuple[str, bytes], ...],
+        session_ms: int,
+        rebalance_ms: int,
+        done: JoinDone,
+    ) -> None:
+        """A static member restarting (a join with no member id and a known instance id): it takes
+        its old member's place under a new id, the old id fenced; a Stable group is not
+        rebalanced unless the protocol it would choose changes (module rules)."""
+        old_id = g.static[instance_id]
+        m = g.members[old_id]
+        joining, syncing = m.join_done, m.sync_done
+        m.join_done = m.sync_done = None
+        if joining is not None:  # the old incarnation, if alive, is a duplicate: fenced
+            joining(JoinResult(GroupCode.FENCED_INSTANCE_ID, old_id))
+        if syncing is not None:
+            syncing(SyncResult(GroupCode.FENCED_INSTANCE_ID))
+        leader_before = g.leader
+        m.member_id = new_id = f"{instance_id}-{uuid.uuid4()}"
+        g.members = {(new_id if k == old_id else k): v for k, v in g.members.items()}  # its place kept
+        g.static[instance_id] = new_id
+        if g.leader == old_id:
+            g.leader = new_id
+        m.protocols, m.session_ms, m.rebalance_ms = protocols, session_ms, rebalance_ms
+        m.deadline = self.clock() + session_ms / 1000
+        log.info("group %s: static member %s restarts as %s", g.group_id, old_id, new_id)
+        if g.state == GroupState.STABLE and self._choose_protocol(g) == g.protocol:
+            # the old leader's id: a restarted leader must not compute an assignment that a
+            # Stable group would never hand out (Kafka's answer before JoinGroup v9)
+            done(
+                JoinResult(
+                    GroupCode.NONE, new_id, g.generation, g.protocol_type, g.protocol, leader_before or ""
+                )
+            )
+            return
+        m.join_done = done
+        if g.state == GroupState.PREPARING_REBALANCE:
+            self._maybe_complete_join(g)
+        else:  # CompletingRebalance (the leader may be assigning to the old id), or a new protocol
+            self._prepare_rebalance(g, f"static member {instance_id} restarted as {new_id}")
 
     def _expect(self, g: Group, member_id: str, deadline: float) -> None:
         """A MEMBER_ID_REQUIRED id: the join phase waits for it until its session timeout."""
@@ -376,6 +457,8 @@ class GroupCoordinator:
         for m in [m for m in g.members.values() if m.join_done is None]:
             log.info("group %s: member %s did not rejoin in time: removed", g.group_id, m.member_id)
             del g.members[m.member_id]
+            if m.instance_id is not None and g.static.get(m.instance_id) == m.member_id:
+                del g.static[m.instance_id]
         g.generation += 1
         if not g.members:
             g.state, g.protocol, g.leader = GroupState.EMPTY, None, None
@@ -426,9 +509,13 @@ class GroupCoordinator:
         member_id: str,
         assignments: Mapping[str, bytes],
         done: SyncDone,
+        instance_id: str | None = None,
     ) -> None:
         """A member asks for its assignment; the leader's call carries everyone's."""
         g = self.groups.get(group_id)
+        if self._fenced(g, member_id, instance_id):
+            done(SyncResult(GroupCode.FENCED_INSTANCE_ID))
+            return
         m = g.members.get(member_id) if g is not None else None
         if g is None or m is None:
             done(SyncResult(GroupCode.UNKNOWN_MEMBER_ID))
@@ -459,8 +546,12 @@ class GroupCoordinator:
 
     # ------------------------------------------------------------------------- Heartbeat, LeaveGroup
 
-    def heartbeat(self, group_id: str, generation: int, member_id: str) -> GroupCode:
+    def heartbeat(
+        self, group_id: str, generation: int, member_id: str, instance_id: str | None = None
+    ) -> GroupCode:
         g = self.groups.get(group_id)
+        if self._fenced(g, member_id, instance_id):
+            return GroupCode.FENCED_INSTANCE_ID
         m = g.members.get(member_id) if g is not None else None
         if g is None or m is None:
             return GroupCode.UNKNOWN_MEMBER_ID
@@ -476,11 +567,12 @@ class GroupCoordinator:
         g = self.groups.get(group_id)
         codes = []
         for given_id, instance_id in members:
+            if self._fenced(g, given_id, instance_id):
+                codes.append(GroupCode.FENCED_INSTANCE_ID)
+                continue
             member_id = given_id
-            if g is not None and not member_id and instance_id is not None:
-                member_id = next(
-                    (x.member_id for x in g.members.values() if x.instance_id == instance_id), ""
-                )
+            if g is not None and instance_id is not None and instance_id in g.static:
+                member_id = g.static[instance_id]  # an admin's removal may name the instance only
             m = g.members.get(member_id) if g is not None else None
             if g is None or m is None:
                 codes.append(GroupCode.UNKNOWN_MEMBER_ID)
@@ -491,6 +583,8 @@ class GroupCoordinator:
 
     def _remove(self, g: Group, m: Member, reason: str) -> None:
         del g.members[m.member_id]
+        if m.instance_id is not None and g.static.get(m.instance_id) == m.member_id:
+            del g.static[m.instance_id]
         log.info("group %s: member %s %s", g.group_id, m.member_id, reason)
         joining, syncing = m.join_done, m.sync_done
         m.join_done = m.sync_done = None
@@ -525,11 +619,15 @@ class GroupCoordinator:
 
     # ------------------------------------------------------------------------- offsets
 
-    def commit_check(self, group_id: str, generation: int, member_id: str) -> GroupCode:
+    def commit_check(
+        self, group_id: str, generation: int, member_id: str, instance_id: str | None = None
+    ) -> GroupCode:
         """Whether a commit by (generation, member) may be stored: any commit with generation
         -1 while the group has no members (a "simple" consumer's, or our protocol's); else a
-        member's of the current generation."""
+        member's of the current generation, not an old incarnation of a static one."""
         g = self.groups.get(group_id)
+        if self._fenced(g, member_id, instance_id):
+            return GroupCode.FENCED_INSTANCE_ID
         if g is None or not g.members:
             if generation < 0:
                 return GroupCode.NONE

@@ -14,6 +14,9 @@ Rules this module keeps:
   as fatal at once (broker/kafka/init_producer_id.py says why this code).
 - JoinGroup and SyncGroup wait for the rest of the group: they are `Later` outcomes, answered by
   the coordinator's callback in the connection's request order like any other reply.
+- Static membership: the group instance id of JoinGroup v5, SyncGroup and Heartbeat v3,
+  LeaveGroup v3 and OffsetCommit v7 is handed to the coordinator, which keeps Kafka's rules
+  (broker/core/coordinator.py); FENCED_INSTANCE_ID is its answer to an old incarnation.
 - Offsets are kept under topic ids: a topic named in an OffsetCommit that does not exist (or a
   partition beyond its count) is UNKNOWN_TOPIC_OR_PARTITION; OffsetFetch answers -1 for what
   was never committed, and a null topic list (v2+) is every offset of the group whose topic
@@ -228,7 +231,12 @@ class KafkaGroups:
 
         def start(answer: Callable[[Reply | Silent], None]) -> None:
             self.coordinator.sync(
-                group, int(body.generation_id), body.member_id, assignments, lambda r: answer(reply(r))
+                group,
+                int(body.generation_id),
+                body.member_id,
+                assignments,
+                lambda r: answer(reply(r)),
+                instance_id=getattr(body, "group_instance_id", None),
             )
 
         return Later(start)
@@ -239,7 +247,9 @@ class KafkaGroups:
         schema, _ = self._schema(request)
         group = str(body.group_id)
         if self._mine(group):
-            code = self.coordinator.heartbeat(group, int(body.generation_id), body.member_id)
+            code = self.coordinator.heartbeat(
+                group, int(body.generation_id), body.member_id, getattr(body, "group_instance_id", None)
+            )
         else:
             code = GroupCode.NOT_COORDINATOR
         if code != GroupCode.NONE:
@@ -353,7 +363,10 @@ class KafkaGroups:
             # (docs/KAFKA.md, "Committed offsets")
             try:
                 code = self.coordinator.commit_check(
-                    group, int(body.generation_id_or_member_epoch), body.member_id
+                    group,
+                    int(body.generation_id_or_member_epoch),
+                    body.member_id,
+                    getattr(body, "group_instance_id", None),
                 )
             except Exception as exc:
                 answer(respond(kafka_error(exc)[0]))

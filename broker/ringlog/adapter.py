@@ -80,6 +80,9 @@ _GROUP_CODES: dict[GroupCode, m.ErrorCode] = {
     GroupCode.INVALID_SESSION_TIMEOUT: m.ErrorCode.INVALID_REQUEST,
     GroupCode.NOT_COORDINATOR: m.ErrorCode.NOT_OWNER,
     GroupCode.INVALID_REQUEST: m.ErrorCode.INVALID_REQUEST,
+    # our protocol names no instance ids, so none of its requests is fenced; were one, its member
+    # id would be one the group no longer has
+    GroupCode.FENCED_INSTANCE_ID: m.ErrorCode.UNKNOWN_MEMBER_ID,
 }
 
 

@@ -252,3 +252,124 @@ def test_a_group_with_offsets_stays_empty_when_its_members_leave(
     coord.offsets_exist("only-offsets")
     view = coord.view("only-offsets")
     assert view is not None and (view.state, view.generation, view.members) == ("Empty", 0, ())
+
+
+# ----------------------------------------------------------------------------- static membership
+
+
+def static_join(
+    coord: GroupCoordinator,
+    instance: str,
+    member_id: str = "",
+    protocols: tuple[tuple[str, bytes], ...] = (("range", b"m"),),
+) -> Answers:
+    answers = Answers()
+    coord.join(
+        "g",
+        member_id,
+        "consumer",
+        protocols,
+        SESSION_MS,
+        REBALANCE_MS,
+        answers,
+        instance_id=instance,
+        client_id="c",
+        require_known_member_id=True,  # JoinGroup v4+: static members are not asked for it
+    )
+    return answers
+
+
+def static_pair(coord: GroupCoordinator, loop: FakeLoop) -> tuple[JoinResult, JoinResult]:
+    a, b = static_join(coord, "a"), static_join(coord, "b")
+    loop.advance(DELAY_MS / 1000)
+    ra, rb = a.one, b.one
+    assert isinstance(ra, JoinResult) and isinstance(rb, JoinResult)
+    assert ra.member_id.startswith("a-") and rb.member_id.startswith("b-")
+    assert [(x[0], x[1]) for x in ra.members] == [(ra.member_id, "a"), (rb.member_id, "b")]
+    sb = sync(coord, rb)
+    assert sync(coord, ra, {ra.member_id: b"A", rb.member_id: b"B"}).one.code == GroupCode.NONE
+    assert sb.one == SyncResult(GroupCode.NONE, b"B", "consumer", "range")
+    return ra, rb
+
+
+def test_a_static_member_restarting_in_a_stable_group_keeps_its_assignment(
+    coord: GroupCoordinator, loop: FakeLoop
+) -> None:
+    ra, rb = static_pair(coord, loop)
+    back = static_join(coord, "b").one  # b restarted: no member id, the same instance id
+    assert isinstance(back, JoinResult)
+    assert (back.code, back.generation, back.leader, back.members) == (GroupCode.NONE, 1, ra.member_id, ())
+    assert back.member_id.startswith("b-") and back.member_id != rb.member_id
+    assert coord.groups["g"].state == GroupState.STABLE  # no rebalance
+    assert sync(coord, back).one == SyncResult(GroupCode.NONE, b"B", "consumer", "range")
+    assert coord.heartbeat("g", 1, back.member_id, "b") == GroupCode.NONE
+    assert coord.heartbeat("g", 1, ra.member_id, "a") == GroupCode.NONE
+    # the old incarnation is fenced where it names its instance id, unknown where it does not
+    assert coord.heartbeat("g", 1, rb.member_id, "b") == GroupCode.FENCED_INSTANCE_ID
+    assert coord.heartbeat("g", 1, rb.member_id) == GroupCode.UNKNOWN_MEMBER_ID
+    assert sync(coord, rb, {}).one.code == GroupCode.UNKNOWN_MEMBER_ID
+    assert coord.commit_check("g", 1, rb.member_id, "b") == GroupCode.FENCED_INSTANCE_ID
+    assert coord.commit_check("g", 1, back.member_id, "b") == GroupCode.NONE
+    assert static_join(coord, "b", rb.member_id).one.code == GroupCode.FENCED_INSTANCE_ID
+    assert static_join(coord, "zz", rb.member_id).one.code == GroupCode.UNKNOWN_MEMBER_ID
+    assert coord.leave("g", [(rb.member_id, "b")]) == [GroupCode.FENCED_INSTANCE_ID]
+    view = coord.view("g")
+    assert view is not None and [(m.member_id, m.instance_id) for m in view.members] == [
+        (ra.member_id, "a"),
+        (back.member_id, "b"),
+    ]
+
+
+def test_a_static_leader_restarting_is_told_the_old_leader_id(
+    coord: GroupCoordinator, loop: FakeLoop
+) -> None:
+    """So that it computes no assignment a Stable group would never hand out (Kafka before v9)."""
+    ra, rb = static_pair(coord, loop)
+    back = static_join(coord, "a").one
+    assert isinstance(back, JoinResult)
+    assert (back.code, back.generation, back.leader, back.members) == (GroupCode.NONE, 1, ra.member_id, ())
+    assert coord.groups["g"].leader == back.member_id and coord.groups["g"].state == GroupState.STABLE
+    assert sync(coord, back).one == SyncResult(GroupCode.NONE, b"A", "consumer", "range")
+    # the next rebalance is led by the new incarnation
+    assert coord.leave("g", [(rb.member_id, "b")]) == [GroupCode.NONE]
+    again = static_join(coord, "a", back.member_id)
+    assert again.one.leader == back.member_id and again.one.generation == 2
+
+
+def test_a_static_restart_that_changes_the_protocol_or_meets_an_assignment_rebalances(
+    coord: GroupCoordinator, loop: FakeLoop
+) -> None:
+    ra, _ = static_pair(coord, loop)
+    # the group's protocol would change: a rebalance, as in Kafka
+    both = (("roundrobin", b"x"), ("range", b"y"))
+    coord.groups["g"].members[ra.member_id].protocols = both  # a already lists roundrobin first
+    back = static_join(coord, "b", protocols=both)
+    assert not back.got and coord.groups["g"].state == GroupState.PREPARING_REBALANCE
+    a_again = static_join(coord, "a", ra.member_id, protocols=both)
+    r = back.one
+    assert isinstance(r, JoinResult) and (r.generation, r.protocol_name) == (2, "roundrobin")
+    ra2 = a_again.one
+    assert isinstance(ra2, JoinResult)
+    # while the leader assigns (CompletingRebalance), a restart rebalances; the old incarnation's
+    # waiting SyncGroup is fenced
+    waiting = sync(coord, r)
+    restarted = static_join(coord, "b")
+    assert waiting.one.code == GroupCode.FENCED_INSTANCE_ID
+    assert not restarted.got and coord.groups["g"].state == GroupState.PREPARING_REBALANCE
+    static_join(coord, "a", ra2.member_id, protocols=both)
+    assert restarted.one.code == GroupCode.NONE and restarted.one.generation == 3
+
+
+def test_a_static_member_that_expires_or_leaves_is_gone(coord: GroupCoordinator, loop: FakeLoop) -> None:
+    ra, rb = static_pair(coord, loop)
+    for _ in range(4):  # a heartbeats, b is silent past its session
+        loop.advance(3)
+        coord.heartbeat("g", ra.generation, ra.member_id, "a")
+    assert "b" not in coord.groups["g"].static
+    fresh = static_join(coord, "b")  # a new member for the instance id: joins the rebalance
+    static_join(coord, "a", ra.member_id)
+    assert fresh.one.code == GroupCode.NONE and fresh.one.member_id != rb.member_id
+    assert fresh.one.generation == 2
+    # a LeaveGroup naming only the instance id (an admin's removal) removes it
+    assert coord.leave("g", [("", "b")]) == [GroupCode.NONE]
+    assert "b" not in coord.groups["g"].static
