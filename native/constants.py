@@ -4,7 +4,7 @@ reason for its value, and the relations between them checked at import.
 Rules this module keeps:
 - Every number the bindings or the io_uring backend choose (rather than the kernel) lives here
   and nowhere else: the bindings' defaults (`Ring`, `BufferRing`, `probe`) and the backend's ring,
-  loop and buffer limits (broker/backends/uring.py, broker/backends/uring_loop.py).
+  loop and buffer limits (broker/backends/uring.py, uring_stream.py, uring_loop.py).
 - The kernel's own values that the loop needs without the compiled module (`CQE_F_MORE`, ...) are
   written here once; native/ring.py checks them against the compiled UAPI header at import.
 - Pure Python, importable without the compiled `native._uring` (`native/__init__.py` loads the
@@ -60,7 +60,7 @@ CLOSE_DRAIN_SECONDS = 1.0
 # ring at 32768 entries (and wants a power of two).
 BUFFER_RING_ENTRIES_MAX = 32768
 
-# --- the broker's ring loop (broker/backends/uring.py, uring_loop.py) -------------------------------
+# --- the broker's ring loop (broker/backends/uring.py, uring_stream.py, uring_loop.py) -------------
 
 # SQ entries of a worker's ring: enough for a pass over hundreds of busy connections (a recv, a
 # sendmsg, a writev and an fsync each) in one submit.

@@ -15,7 +15,8 @@ Rules this module keeps:
   timer reprogramming is a VM exit; 9% of the worker's CPU in a one-record produce loop).
 - A continuation is registered under a fresh user_data (`op`) and runs on each completion of it;
   it is forgotten with the final one (no `CQE_F_MORE`), and the ring releases the buffers then.
-- It knows nothing of connections, storage or the broker: broker/backends/uring.py drives it.
+- It knows nothing of connections, storage or the broker: broker/backends/uring.py and its
+  streams (uring_stream.py) drive it.
   Importable without the compiled bindings (it only names `Ring` for type checkers).
 """
 

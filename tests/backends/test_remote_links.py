@@ -207,7 +207,7 @@ def test_a_connect_that_gets_no_answer_fails_at_the_connect_timeout(
 ) -> None:
     # A listener whose accept queue is full drops SYNs: the connect hangs, as to a vanished host.
     # The timeout is the backend's constant, shortened here to keep the test quick.
-    module = "broker.backends.uring" if core.backend == "io_uring" else "broker.backends.aio"
+    module = "broker.backends.uring_connections" if core.backend == "io_uring" else "broker.backends.aio"
     monkeypatch.setattr(f"{module}.REMOTE_CONNECT_TIMEOUT_S", 0.2)
     with socket.socket() as listener, socket.socket() as filler:
         listener.bind(("127.0.0.1", 0))
