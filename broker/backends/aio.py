@@ -46,7 +46,7 @@ from broker.core.config import BrokerConfig
 from broker.core.limits import REMOTE_CONNECT_TIMEOUT_S
 from broker.core.remote import address_label
 from broker.security.tls import TLS_HANDSHAKE_TIMEOUT_S, principal_of
-from broker.storage.fileio import Op, SyncFileIO, run_ops
+from broker.storage.fileio import Buffer, Op, SyncFileIO, run_ops
 from broker.storage.segment import Extent
 
 log = logging.getLogger(__name__)
@@ -92,7 +92,7 @@ class Connection(ServedConnection, asyncio.Protocol):
         self.sent_some()
         self.reading_changed()
 
-    def write(self, buffers: list[bytes]) -> None:
+    def write(self, buffers: Sequence[Buffer]) -> None:
         assert self.transport is not None
         self.transport.writelines(buffers)
 
@@ -134,9 +134,9 @@ class PeerConnection(PeerStream, asyncio.Protocol):
     def __init__(self, server: Server, core: int, long_poll: bool, peer: str | None = None) -> None:
         super().__init__(server, core, long_poll, peer)
         self.transport: asyncio.Transport | None = None
-        self._unsent: list[bytes] = []  # written before the connection is made
+        self._unsent: list[Buffer] = []  # written before the connection is made
 
-    def write(self, buffers: list[bytes]) -> None:
+    def write(self, buffers: Sequence[Buffer]) -> None:
         if self.transport is None:
             self._unsent.extend(buffers)
         else:

@@ -21,7 +21,7 @@ import socket
 import struct
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from broker.core.forwarding import NO_DEADLINE, Done, Forwarder, PeerLink, PeerPool
@@ -30,6 +30,7 @@ from broker.kafka.codec import KafkaFrameDecoder, starts_like_kafka
 from broker.security.session import AUTH_FAILURE_CLOSE_DELAY_S, ConnectionAuth
 from ringlog_proto.frames import (
     NEED_DATA,
+    Buffer,
     Frame,
     FrameDecoder,
     ProtocolError,
@@ -102,7 +103,7 @@ class Slot:
     __slots__ = ("buffers", "charge", "done", "started_ns", "then_close")
 
     def __init__(self, started_ns: int, charge: int = 0) -> None:
-        self.buffers: list[bytes] = []
+        self.buffers: Sequence[Buffer] = []
         self.done = False
         self.then_close = False
         self.started_ns = started_ns  # for the latency histogram (metrics.reply)
@@ -244,7 +245,7 @@ class ServedConnection:
 
     if TYPE_CHECKING:  # the backend's primitives (declared, not defined: its stream class has them)
 
-        def write(self, buffers: list[bytes]) -> None:
+        def write(self, buffers: Sequence[Buffer]) -> None:
             """Queue `buffers` to be sent in order."""
 
         def unsent(self) -> int:
@@ -288,7 +289,7 @@ class ServedConnection:
         """`n` bytes arrived in the space the decoder lent to the backend's receive (a
         `LENDING_DECODER`'s `buffer`), its view already released: `received` without the feed."""
         self.budget.last_active = time.monotonic()
-        self.decoder.received(n)  # type: ignore[union-attr]
+        self.decoder.received(n)  # type: ignore[union-attr]  # only a LENDING_DECODER lends its space
         self.resume()
 
     def resume(self) -> None:
@@ -325,7 +326,7 @@ class ServedConnection:
                 server.core.metrics.reply(sum(map(len, slot.buffers)), slot.started_ns, replied_ns)
             return
         slots = self.slots
-        out: list[bytes] = []
+        out: list[Buffer] = []
         released = 0
         close = False
         sent_slot = False
@@ -395,7 +396,7 @@ class PeerStream:
 
     if TYPE_CHECKING:
 
-        def write(self, buffers: list[bytes]) -> None: ...
+        def write(self, buffers: Sequence[Buffer]) -> None: ...
         def close(self) -> None: ...
 
     def __init__(self, server: ServingCore, core: int, long_poll: bool, peer: str | None = None) -> None:
@@ -412,7 +413,7 @@ class PeerStream:
 
     def received(self, data: bytes | memoryview) -> None:
         try:
-            self.link.receive(data)  # type: ignore[arg-type]
+            self.link.receive(data)
         except ProtocolError as exc:
             log.error("%s sent bytes that are not frames (%s): dropping the connection", self.link.peer, exc)
             self.close()

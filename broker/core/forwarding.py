@@ -140,7 +140,7 @@ class PeerLink:
             self._pending[cid] = (done, deadline)
         return reframe(frame, cid)
 
-    def receive(self, data: bytes) -> None:
+    def receive(self, data: Buffer) -> None:
         """Bytes read from the connection: call `done` of every request answered by them.
 
         Raises `ProtocolError` when the bytes are not frames: close the connection and call `lost`.
