@@ -227,7 +227,7 @@ class Server(BackendCore):
         self.close_blocking()
         self._flusher.shutdown(wait=True)
 
-    def read(self, extent: Extent, done: Callable[[bytes | BaseException], None]) -> None:
+    def read(self, extent: Extent, done: Callable[[Buffer | BaseException], None]) -> None:
         self.core.metrics.read(mapped=False)
         try:
             data = self.loop_io.pread(extent.segment.store_fd, extent.length, extent.position)

@@ -76,7 +76,7 @@ from broker.kafka.codec import KafkaFrameDecoder, KafkaRequest
 from broker.ringlog.adapter import RinglogAdapter
 from broker.security.tls import peer_context, server_context
 from ringlog_proto.batch import now_ms
-from ringlog_proto.frames import HEADER_SIZE, NEED_DATA, Frame
+from ringlog_proto.frames import HEADER_SIZE, NEED_DATA, Buffer, Frame
 from ringlog_proto.sasl import SaslLogin
 
 log = logging.getLogger(__name__)
@@ -399,7 +399,7 @@ class BackendCore(PartitionAppends):
     def _read(self, outcome: Read, frame: Frame | KafkaRequest, conn: ServedConnection, slot: Slot) -> None:
         self.reads_in_flight += 1
 
-        def finished(data: bytes | BaseException) -> None:
+        def finished(data: Buffer | BaseException) -> None:
             self.reads_in_flight -= 1
             try:
                 if isinstance(data, BaseException):

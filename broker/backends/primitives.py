@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from broker.storage.fileio import Op, SyncFileIO, run_ops
+from broker.storage.fileio import Buffer, Op, SyncFileIO, run_ops
 
 if TYPE_CHECKING:
     from broker.backends.blocking import Post
@@ -84,7 +84,7 @@ class BackendPrimitives:
         (io_uring may then hold its loop for the sync: uring_options.py's `--flush-syncs`)."""
         self.run_ops(ops, done)
 
-    def read(self, extent: Extent, done: Callable[[bytes | BaseException], None]) -> None:
+    def read(self, extent: Extent, done: Callable[[Buffer | BaseException], None]) -> None:
         """Read `extent`; `done(data)` or `done(error)`."""
         raise NotImplementedError
 

@@ -57,7 +57,7 @@ from broker.backends.uring_options import SyncPlacement, UringOptions
 from broker.backends.uring_stream import SplicePipes
 from broker.core.config import BrokerConfig
 from broker.core.partition import Partition
-from broker.storage.fileio import Op, Sync, SyncFileIO, Write, run_ops
+from broker.storage.fileio import Buffer, Op, Sync, SyncFileIO, Write, run_ops
 from broker.storage.ring_ops import RingOps
 from broker.storage.segment import Extent
 from native.constants import (
@@ -201,7 +201,7 @@ class UringServer(BackendCore):
     def _inline_write(self, op: Op) -> bool:
         return isinstance(op, Write) and op.length <= self.inline_write_max
 
-    def read(self, extent: Extent, done: Callable[[bytes | BaseException], None]) -> None:
+    def read(self, extent: Extent, done: Callable[[Buffer | BaseException], None]) -> None:
         """From the page cache's own pages when they are all there (`Segment.mapped`, asked with
         mincore): no copy, no buffer, no SQE, and no wait for the disk. Otherwise, or if the file
         cannot be mapped, a read on the ring, which may wait for the disk without holding the loop."""
@@ -209,11 +209,11 @@ class UringServer(BackendCore):
             view = extent.segment.mapped(extent, self._map_file)
         except Exception:  # the ring's read meets the same cause and reports it
             view = None
-        mapped = view is not None and self._resident(view)
-        self.core.metrics.read(mapped)
-        if mapped:
-            done(view)  # type: ignore[arg-type]  # a read-only buffer: what replies carry
+        if view is not None and self._resident(view):
+            self.core.metrics.read(True)
+            done(view)  # a read-only buffer: what replies carry
             return
+        self.core.metrics.read(False)
         self.ring_ops.read(extent, done)
 
     def io_pending(self) -> int:

@@ -98,7 +98,7 @@ class Read:
     """Read `extent` (pread of its position and length); then `finish(data)`."""
 
     extent: Extent
-    finish: Callable[[bytes], Reply]
+    finish: Callable[[Buffer], Reply]
     fail: Callable[[BaseException], Reply] | None = None  # default: the handlers' error reply
 
 

@@ -56,7 +56,7 @@ from broker.storage.diskspace import DiskSpace
 from broker.storage.epochs import EpochHistory
 from broker.storage.errors import OffsetOutOfRangeError
 from broker.storage.fdcache import FdCache
-from broker.storage.fileio import FileIO
+from broker.storage.fileio import Buffer, FileIO
 from broker.storage.log import Log, LogConfig, PendingAppend
 from broker.storage.log_reads import TimestampAndOffset
 from broker.storage.segment import Extent
@@ -99,7 +99,7 @@ class Isolation(Enum):
 class ReadAnswer(NamedTuple):
     """What a read found: the batches as stored and the partition's bounds when it finished."""
 
-    records: bytes
+    records: Buffer
     high_watermark: int
     log_start_offset: int
 
@@ -122,7 +122,7 @@ class PendingRead:
         self._partition = partition
         self.extent = extent
 
-    def finish(self, data: bytes) -> ReadAnswer:
+    def finish(self, data: Buffer) -> ReadAnswer:
         """The intact batches of `data` (the bytes read for `extent`). Damage after at least one
         whole batch is logged and the batches before it answered; damage at the first raises
         (`CorruptBatchError`)."""
@@ -561,7 +561,7 @@ class Partition:
 
     # ------------------------------------------------------------------------- follower side
 
-    def append_replica(self, records: bytes) -> list[PendingReplicaAppend]:
+    def append_replica(self, records: Buffer) -> list[PendingReplicaAppend]:
         """The follower's door: store the leader's batches as they are (offsets and epochs
         kept; crc and framing validated; the first must start at the log's next offset, else
         `OffsetOutOfRangeError`), one append per segment they fill. Run each one's

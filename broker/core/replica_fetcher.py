@@ -25,12 +25,13 @@ from broker.core.outcomes import FollowerAppend
 from broker.core.partition import Partition, PendingReplicaAppend
 from broker.core.replication import FollowerState
 from ringlog_proto import messages as m
+from ringlog_proto.frames import Buffer
 
 BACKOFF_MIN_MS = 100
 BACKOFF_MAX_MS = 5_000
 
 
-def append_outcomes(partition: Partition, records: bytes, leader_hw: int) -> list[FollowerAppend]:
+def append_outcomes(partition: Partition, records: Buffer, leader_hw: int) -> list[FollowerAppend]:
     """`Partition.append_replica` as `FollowerAppend`s: the backend runs each one's ops and
     completes or fails them in order (`run_replica_append`); each completed one takes the
     leader's HW as far as the log reaches."""

@@ -21,6 +21,8 @@ import struct
 from collections.abc import Sequence
 from typing import Final
 
+from ringlog_proto.frames import Buffer
+
 PRODUCE_VERSIONS: Final = (3, 8)
 FETCH_VERSIONS: Final = (4, 11)
 
@@ -47,8 +49,9 @@ _COPY_MAX: Final = 256  # records up to this many bytes are copied: cheaper than
 # (index, error code, base offset, log start offset, error message)
 ProducePartition = tuple[int, int, int, int, str | None]
 # (index, error code, high watermark, last stable offset, log start offset, aborted, records):
-# aborted None (read_uncommitted) or (producer id, first offset) pairs; records None or bytes
-FetchPartition = tuple[int, int, int, int, int, Sequence[tuple[int, int]] | None, bytes | memoryview | None]
+# aborted None (read_uncommitted) or (producer id, first offset) pairs; records None or the
+# stored batches as read (bytes, a read's bytearray or a view of a segment's pages)
+FetchPartition = tuple[int, int, int, int, int, Sequence[tuple[int, int]] | None, Buffer | None]
 
 
 def _string(out: bytearray, value: str) -> None:
@@ -91,7 +94,7 @@ def fetch_response(
     error_code: int,
     session_id: int,
     topics: Sequence[tuple[str, Sequence[FetchPartition]]],
-) -> list[bytes | memoryview]:
+) -> list[Buffer]:
     """The framed Fetch response of `version` (4-11): the fields around the records in small
     buffers, each partition's records as the buffer it was given."""
     assert FETCH_VERSIONS[0] <= version <= FETCH_VERSIONS[1], f"Fetch v{version}"
@@ -99,7 +102,7 @@ def fetch_response(
     v11 = version >= 11
     v7 = version >= 7
     head = bytearray(_FETCH_HEAD_V7.size if v7 else _FETCH_HEAD_V4.size)  # packed at the end
-    out: list[bytes | memoryview] = [b""]  # out[0]: the head, once the size is known
+    out: list[Buffer] = [b""]  # out[0]: the head, once the size is known
     cur = head
     cur += _I32.pack(len(topics))
     total = 0  # bytes in `out` after the head

@@ -27,6 +27,7 @@ from broker.kafka.context import Context
 from broker.kafka.errors import DONE, NotLeaderError, kafka_error
 from broker.kafka.fast_encode import fetch_response
 from ringlog_proto.batch import now_ms
+from ringlog_proto.frames import Buffer
 
 FETCH: Final = 1
 VERSIONS: Final = (4, 11)  # v12+ are flexible
@@ -36,6 +37,9 @@ FETCH_WAIT_MAX_MS: Final = 30_000
 FETCH_SESSION_INITIAL: Final = 0
 FETCH_SESSION_FINAL: Final = -1
 READ_COMMITTED: Final = 1  # Fetch isolation_level
+
+# (topic, index) -> (error, high watermark, log start, records as read)
+Results = dict[tuple[str, int], tuple[ErrorCode, int, int, Buffer]]
 
 
 def fetch(ctx: Context, request: KafkaRequest, body: Any) -> Outcome:
@@ -53,8 +57,7 @@ def _fetch(ctx: Context, request: KafkaRequest, body: Any, deadline_ms: int, fin
     reaches min_bytes (at least one byte: min_bytes 0 never waits) or at the deadline (`final`);
     otherwise it waits on every partition of ours it names, until one grows (then it looks
     again) or the deadline passes (then it answers with what there is)."""
-    # (topic, index) -> (error, high watermark, log start, records)
-    results: dict[tuple[str, int], tuple[ErrorCode, int, int, bytes]] = {}
+    results: Results = {}
     order: list[tuple[str, list[int]]] = []
     parts: list[Outcome] = []
     ours: dict[Partition, None] = {}  # the partitions of this core it names, once each
@@ -118,10 +121,10 @@ def _fetch_session_unknown(request: KafkaRequest) -> Outcome:
     return Reply(encode_response(request.correlation_id, resp))
 
 
-def _read_part(key: tuple[str, int], read: PendingRead, results: dict[Any, Any]) -> Read:
+def _read_part(key: tuple[str, int], read: PendingRead, results: Results) -> Read:
     assert read.extent is not None
 
-    def finish(data: bytes) -> Reply:
+    def finish(data: Buffer) -> Reply:
         records, high_watermark, log_start_offset = read.finish(data)
         results[key] = (ErrorCode.none, high_watermark, log_start_offset, records)
         return DONE
@@ -136,7 +139,7 @@ def _read_part(key: tuple[str, int], read: PendingRead, results: dict[Any, Any])
 def _fetch_reply(
     request: KafkaRequest,
     order: list[tuple[str, list[int]]],
-    results: dict[tuple[str, int], tuple[ErrorCode, int, int, bytes]],
+    results: Results,
     read_committed: bool,
 ) -> Reply:
     """The Fetch response (written by fast_encode.py). No transactions: the last stable offset

@@ -49,7 +49,7 @@ from broker.storage.diskspace import is_out_of_space
 from broker.storage.errors import OffsetOutOfRangeError, OutOfSpaceError
 from ringlog_proto import messages as m
 from ringlog_proto.batch import now_ms
-from ringlog_proto.frames import Frame
+from ringlog_proto.frames import Buffer, Frame
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -470,7 +470,7 @@ class RinglogAdapter:
     def _replica_read(read: PendingRead, results: list[m.ReplicaFetchPartitionData], i: int) -> Read:
         assert read.extent is not None
 
-        def finish(data: bytes) -> Reply:
+        def finish(data: Buffer) -> Reply:
             found = read.finish(data)
             r = results[i]
             results[i] = m.ReplicaFetchPartitionData(

@@ -52,6 +52,7 @@ from broker.storage import log_reads, log_recovery, validation
 from broker.storage.errors import LogClosedError, OffsetOutOfRangeError, StorageError
 from broker.storage.fdcache import DEFAULT_CACHE, FdCache
 from broker.storage.fileio import (
+    Buffer,
     FileIO,
     Op,
     Sync,
@@ -678,7 +679,7 @@ class Log:
             return None
         return log_reads.locate(self.segments, self._bases, offset, max_bytes, upto)
 
-    def complete_read(self, extent: Extent, data: bytes) -> ReadResult:
+    def complete_read(self, extent: Extent, data: Buffer) -> ReadResult:
         """Check the bytes read for `extent`; return the intact batches before any damage."""
         return log_reads.checked(extent, data)
 

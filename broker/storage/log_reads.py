@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from broker.storage.errors import CorruptBatchError
-from broker.storage.fileio import FileIO
+from broker.storage.fileio import Buffer, FileIO
 from broker.storage.segment import Extent, Segment
 from ringlog_proto.batch import (
     COMPRESSION_GZIP,
@@ -37,7 +37,7 @@ DECODED_CODECS = frozenset({COMPRESSION_NONE, COMPRESSION_GZIP})  # what `decode
 class ReadResult:
     """Whole batches as stored, back to back; `next_offset` is where the next read starts."""
 
-    data: bytes
+    data: Buffer
     first_offset: int
     next_offset: int
     error: CorruptBatchError | None = field(default=None)  # damage right after `data`, if any
@@ -56,7 +56,7 @@ def locate(
     return None
 
 
-def checked(extent: Extent, data: bytes) -> ReadResult:
+def checked(extent: Extent, data: Buffer) -> ReadResult:
     """`Log.complete_read`: the intact batches of the bytes read for `extent`, before any damage."""
     seg = extent.segment
     valid, next_offset, error = seg.check_batches(data, extent)

@@ -99,7 +99,7 @@ class RingOps:
 
             self.ring.prep_fsync(path_fd, self.register(path_synced), datasync=not is_dir)
 
-    def read(self, extent: Extent, done: Callable[[bytes | BaseException], None]) -> None:
+    def read(self, extent: Extent, done: Callable[[bytearray | BaseException], None]) -> None:
         """Read `extent` whole; `done(data)` (shorter only at the end of the file) or `done(error)`.
 
         Its segment is pinned while the SQE is in flight: the descriptor cache must not close (and

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from broker.storage.errors import CorruptBatchError, LegacyFormatError, LogClosedError
 from broker.storage.fdcache import FdCache
-from broker.storage.fileio import FileIO, Write, run_write
+from broker.storage.fileio import Buffer, FileIO, Write, run_write
 from broker.storage.index import (
     ENTRY_SIZE,
     INDEX_HEADER_SIZE,
@@ -663,7 +663,7 @@ class Segment:
             mapping = self._mapping = map_file(fd, max(end, self.allocated))
         return mapping[extent.position : end]
 
-    def check_batches(self, data: bytes, extent: Extent) -> tuple[int, int, CorruptBatchError | None]:
+    def check_batches(self, data: Buffer, extent: Extent) -> tuple[int, int, CorruptBatchError | None]:
         """Validate each batch of a read against its crc and the index.
 
         Returns (bytes of intact batches from the start, the offset after them, the error that

@@ -14,7 +14,7 @@ from ringlog_proto.apis.body import (
     Writer,
 )
 from ringlog_proto.apis.codes import Acks, ApiKey, OffsetSpec
-from ringlog_proto.frames import Frame
+from ringlog_proto.frames import Buffer, Frame
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +93,7 @@ class FetchResponse(Response):
     API_KEY: ClassVar[ApiKey] = ApiKey.FETCH
     high_watermark: int = -1
     log_start_offset: int = -1
-    records: bytes = b""
+    records: Buffer = b""  # as the server read it (a segment's pages, a read's buffer); bytes decoded
 
     def write(self, w: Writer) -> None:
         w.pack("qq", self.high_watermark, self.log_start_offset).bytes(self.records)

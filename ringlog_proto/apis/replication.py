@@ -17,7 +17,7 @@ from ringlog_proto.apis.body import (
     _error,
 )
 from ringlog_proto.apis.codes import ApiKey, ErrorCode
-from ringlog_proto.frames import Frame
+from ringlog_proto.frames import Buffer, Frame
 
 NO_DIVERGENCE = -1  # a ReplicaFetch answer's diverging epoch and end offset when there is none
 
@@ -81,7 +81,7 @@ class ReplicaFetchPartitionData:
     log_start_offset: int = -1
     diverging_epoch: int = NO_DIVERGENCE
     diverging_end_offset: int = NO_DIVERGENCE
-    records: bytes = b""
+    records: Buffer = b""  # as the leader read it (a segment's pages, a read's buffer); bytes decoded
 
 
 @dataclass(frozen=True, slots=True)
