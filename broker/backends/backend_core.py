@@ -193,6 +193,7 @@ class BackendCore(PartitionAppends):
                     token = decoder.next_raw(kafka_sasl.RAW_TOKEN_MAX_BYTES)
                     if token is NEED_DATA:
                         break
+                    assert isinstance(token, bytes)  # mypy does not narrow `is NEED_DATA`
                     took = True
                     slot = Slot(metrics.kafka_request(kafka_sasl.SASL_AUTHENTICATE, len(token) + 4))
                     slots.append(slot)
