@@ -171,6 +171,7 @@ from ringlog_proto.batch_header import (
     read_header,
     rebased,
     set_base_offset,
+    stamped,
     unpack_header,
     unsupported_batch,
 )
@@ -241,6 +242,7 @@ __all__ = [
     "scan_stored_python",
     "seal_batch",
     "set_base_offset",
+    "stamped",
     "stored_damage",
     "unpack_header",
     "unsupported_batch",

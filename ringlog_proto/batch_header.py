@@ -249,3 +249,29 @@ def rebased(
 def _field_at(name: str) -> int:
     """The byte offset of a header field, from `_HEADER`'s format."""
     return struct.calcsize(">" + _HEADER.format[1 : 1 + BatchHeader._fields.index(name)])
+
+
+def stamped(
+    view: memoryview,
+    header: BatchHeader,
+    base_offset: int,
+    pos: int,
+    leader_epoch: int,
+    append_time: int,
+) -> tuple[bytes, memoryview, BatchHeader]:
+    """`rebased`, for a log whose timestamps are the broker's (Kafka's LogAppendTime): the whole
+    header is written anew with the timestamp type bit set, `append_time` as the max timestamp
+    (which readers give every record of such a batch) and the crc over the changed bytes; the
+    records stay a view of the caller's bytes, which are not changed. Kafka's LogValidator does
+    the same to an uncompressed or a compressed batch alike, leaving the records as they are."""
+    h = header._replace(
+        base_offset=base_offset,
+        partition_leader_epoch=leader_epoch,
+        attributes=header.attributes | TIMESTAMP_TYPE_BIT,
+        max_timestamp=append_time,
+    )
+    tail = _TAIL.pack(*h[5:])
+    records = view[pos + HEADER_SIZE : pos + h.size]
+    h = h._replace(crc=crc32c(records, crc32c(tail)))
+    head = _HEAD.pack(base_offset, h.batch_length, leader_epoch, h.magic) + _CRC.pack(h.crc) + tail
+    return head, records, h

@@ -60,7 +60,7 @@ from broker.storage.fileio import Buffer, FileIO
 from broker.storage.log import Log, LogConfig, PendingAppend
 from broker.storage.log_reads import TimestampAndOffset
 from broker.storage.segment import Extent
-from ringlog_proto.batch import BatchHeader, now_ms
+from ringlog_proto.batch import TIMESTAMP_TYPE_BIT, BatchHeader, now_ms
 from ringlog_proto.messages import Acks
 
 log = logging.getLogger(__name__)
@@ -80,6 +80,7 @@ class Stored(NamedTuple):
     log_start_offset: int
     durable: bool  # fsynced already (end_offset <= the log's durable offset)
     waits: Waits = Waits.WRITE  # what the answer to this produce waits for (`Partition.produce`)
+    log_append_time: int = -1  # the time the log stamped the batches with (LogAppendTime), else -1
 
 
 # `list_offset` specs, the same numbers in both protocols; a spec >= 0 is a timestamp (ms)
@@ -175,8 +176,10 @@ class PendingProduce:
         offset."""
         log_ = self._partition.log
         end = self.pending.next_offset
+        h = self.pending.headers[0]
+        stamp = h.max_timestamp if h.attributes & TIMESTAMP_TYPE_BIT else -1
         return Stored(
-            self.pending.base_offset, end, log_.start_offset, log_.durable_offset >= end, self.waits
+            self.pending.base_offset, end, log_.start_offset, log_.durable_offset >= end, self.waits, stamp
         )
 
     def fail(self) -> None:

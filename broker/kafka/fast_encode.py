@@ -11,8 +11,9 @@ Rules this module keeps:
 - Each function returns the framed response as buffers for the backend's vectored write: the size,
   the response header v0 (correlation id) and the body. A Fetch's record bytes are their own
   buffers, never copied (the stored batches as read, sent as they are).
-- Fields we never vary are written with kio's defaults for them: log_append_time -1 and no
-  record errors (Produce), preferred_read_replica -1 (Fetch v11), throttle time 0.
+- Fields we never vary are written with kio's defaults for them: no record errors (Produce),
+  preferred_read_replica -1 (Fetch v11), throttle time 0. A Produce's log_append_time is -1 but
+  for a topic whose timestamps are the broker's (LogAppendTime): the time it stamped.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ _THROTTLE_NONE: Final = b"\0\0\0\0"
 _NO_REPLICA: Final = b"\xff\xff\xff\xff"  # preferred_read_replica -1
 _ABORTED = struct.Struct(">qq")  # producer_id, first_offset
 
-# Produce partition: index, error code, base offset, log append time (-1), then v5+ log start offset
+# Produce partition: index, error code, base offset, log append time, then v5+ log start offset
 _PRODUCE_PART_V3 = struct.Struct(">ihqq")
 _PRODUCE_PART_V5 = struct.Struct(">ihqqq")
 # Fetch partition: index, error code, high watermark, last stable offset, then v5+ log start offset
@@ -46,8 +47,8 @@ _FETCH_HEAD_V4 = struct.Struct(">iii")  # size, correlation id, throttle
 _FETCH_HEAD_V7 = struct.Struct(">iiihi")  # size, correlation id, throttle, error code, session id
 _COPY_MAX: Final = 256  # records up to this many bytes are copied: cheaper than a buffer of their own
 
-# (index, error code, base offset, log start offset, error message)
-ProducePartition = tuple[int, int, int, int, str | None]
+# (index, error code, base offset, log start offset, error message, log append time (-1: none))
+ProducePartition = tuple[int, int, int, int, str | None, int]
 # (index, error code, high watermark, last stable offset, log start offset, aborted, records):
 # aborted None (read_uncommitted) or (producer id, first offset) pairs; records None or the
 # stored batches as read (bytes, a read's bytearray or a view of a segment's pages)
@@ -72,11 +73,11 @@ def produce_response(
     for name, partitions in topics:
         _string(out, name)
         out += _I32.pack(len(partitions))
-        for index, code, base_offset, log_start, message in partitions:
+        for index, code, base_offset, log_start, message, append_time in partitions:
             if v5:
-                out += _PRODUCE_PART_V5.pack(index, code, base_offset, -1, log_start)
+                out += _PRODUCE_PART_V5.pack(index, code, base_offset, append_time, log_start)
             else:
-                out += _PRODUCE_PART_V3.pack(index, code, base_offset, -1)
+                out += _PRODUCE_PART_V3.pack(index, code, base_offset, append_time)
             if v8:
                 out += _EMPTY_ARRAY  # record_errors
                 if message is None:

@@ -47,18 +47,19 @@ def produce(ctx: Context, request: KafkaRequest, body: Any) -> Outcome:
     version = request.api_version
     acks = _ACKS.get(int(body.acks))
     core = ctx.core
-    # (topic, index) -> (error, base offset, log start offset, message), filled by the parts
-    results: dict[tuple[str, int], tuple[ErrorCode, int, int, str | None]] = {}
+    # (topic, index) -> (error, base offset, log start offset, message, log append time), filled
+    # by the parts
+    results: dict[tuple[str, int], tuple[ErrorCode, int, int, str | None, int]] = {}
     order: list[tuple[str, list[int]]] = []
     parts: list[Outcome] = []
 
     def refused(key: tuple[str, int], exc: BaseException) -> Reply:
         code, message = kafka_error(exc)
-        results[key] = (code, -1, -1, message)
+        results[key] = (code, -1, -1, message, -1)
         return DONE
 
     def stored(key: tuple[str, int], at: Stored) -> Reply:
-        results[key] = (ErrorCode.none, at.base_offset, at.log_start_offset, None)
+        results[key] = (ErrorCode.none, at.base_offset, at.log_start_offset, None, at.log_append_time)
         return DONE
 
     for topic in body.topic_data:
@@ -69,10 +70,10 @@ def produce(ctx: Context, request: KafkaRequest, body: Any) -> Outcome:
             key = (topic.name, int(data.index))
             indexes.append(key[1])
             if refusal is not None:
-                results[key] = (ErrorCode.topic_authorization_failed, -1, -1, str(refusal))
+                results[key] = (ErrorCode.topic_authorization_failed, -1, -1, str(refusal), -1)
                 continue
             if acks is None:
-                results[key] = (ErrorCode.invalid_required_acks, -1, -1, f"acks {body.acks}")
+                results[key] = (ErrorCode.invalid_required_acks, -1, -1, f"acks {body.acks}", -1)
                 continue
             try:
                 part = _produce_partition(ctx, key, data.records, acks, refused, stored)
@@ -80,7 +81,7 @@ def produce(ctx: Context, request: KafkaRequest, body: Any) -> Outcome:
                 code, message = kafka_error(exc)
                 if is_out_of_space(exc):
                     core.space.saw_full(exc)
-                results[key] = (code, -1, -1, message)
+                results[key] = (code, -1, -1, message, -1)
                 continue
             if part is not None:
                 parts.append(part)

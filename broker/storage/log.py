@@ -68,7 +68,7 @@ from broker.storage.log_config import LogConfig
 from broker.storage.log_reads import ReadResult
 from broker.storage.preallocation import Preallocation
 from broker.storage.segment import Extent, Segment
-from ringlog_proto.batch import STORED_LEADER_EPOCH, BatchHeader, now_ms, rebased
+from ringlog_proto.batch import STORED_LEADER_EPOCH, BatchHeader, now_ms, rebased, stamped
 
 log = logging.getLogger(__name__)
 
@@ -357,10 +357,14 @@ class Log:
                 raise StorageError(f"could not roll a new segment in {self.directory}: {exc}") from exc
             seg = self.segments[-1]
         view = memoryview(records)
-        if len(headers) == 1:  # the common case, without the loop
+        if cfg.log_append_time:
+            # the whole header written anew (`stamped`): the time is the one appends are kept by
+            buffers = self._stamped(view, headers, base, leader_epoch, now)
+            base += count
+        elif len(headers) == 1:  # the common case, without the loop
             h = headers[0]
             offset_bytes, rest, headers[0] = rebased(view, h, base, 0, leader_epoch)
-            buffers: tuple[memoryview | bytes, ...] = (offset_bytes, rest)
+            buffers = (offset_bytes, rest)
             base += h.record_count
         else:
             parts: list[memoryview | bytes] = []
@@ -386,6 +390,22 @@ class Log:
         self._next_offset = base
         self._reserved_size += size
         return pending
+
+    @staticmethod
+    def _stamped(
+        view: memoryview, headers: list[BatchHeader], base: int, leader_epoch: int, now: int
+    ) -> tuple[memoryview | bytes, ...]:
+        """`prepare_append`'s buffers for a log whose timestamps are its own (LogAppendTime):
+        each batch's header stamped with `now` (`ringlog_proto.batch.stamped`), `headers`
+        updated to what is stored."""
+        parts: list[memoryview | bytes] = []
+        pos = 0
+        for i, h in enumerate(headers):
+            head, rest, headers[i] = stamped(view, h, base, pos, leader_epoch, now)
+            parts += (head, rest)
+            base += h.record_count
+            pos += h.size
+        return tuple(parts)
 
     def prepare_copy(
         self, records: bytes | bytearray | memoryview, headers: list[BatchHeader] | None = None

@@ -32,6 +32,10 @@ class LogConfig:
     retention_ms: int | None = 7 * 24 * 3600 * 1000
     retention_bytes: int | None = None
     segment_ms: int | None = None  # roll the active segment once its first batch is this old
+    # Stamp every appended batch with the append time (Kafka's message.timestamp.type
+    # LogAppendTime): its timestamp type bit set, its max timestamp the log's clock, its crc
+    # recomputed. Followers copy the stamped bytes as they are.
+    log_append_time: bool = False
     # Walk every appended batch's record framing (ringlog_proto.batch.invalid_records; a
     # compressed batch's after inflating it). Always on in the broker; off only to measure what it
     # costs (bench/storage.py, bench/compressed_validation.py) or to plant a poison batch in a test.

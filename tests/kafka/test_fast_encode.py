@@ -24,6 +24,8 @@ i32s = st.integers(-(2**31), 2**31 - 1)
 i64s = st.integers(-(2**63), 2**63 - 1)
 names = st.text(min_size=0, max_size=20)
 messages = st.none() | st.text(max_size=40)
+stamps = st.just(-1) | st.integers(0, 253_402_300_799_000)  # log append time: -1 or a time in ms (to 9999)
+_EPOCH = datetime.datetime.fromtimestamp(0, datetime.UTC)
 
 
 def kio_produce(version: int, correlation_id: int, topics: list[Any]) -> bytes:
@@ -43,11 +45,14 @@ def kio_produce(version: int, correlation_id: int, topics: list[Any]) -> bytes:
                         index=i,
                         error_code=ErrorCode(code),
                         base_offset=base,
+                        log_append_time=None
+                        if stamp == -1
+                        else _EPOCH + datetime.timedelta(milliseconds=stamp),
                         log_start_offset=start,
                         record_errors=(),
                         error_message=message,
                     )
-                    for i, code, base, start, message in parts
+                    for i, code, base, start, message, stamp in parts
                 ),
             )
             for name, parts in topics
@@ -95,9 +100,15 @@ def kio_fetch(version: int, correlation_id: int, code: int, session: int, topics
 
 PRODUCE_CASES = [
     [],
-    [("t", [(0, 0, 42, 0, None)])],
-    [("topic-a", [(0, 0, 7, 3, None), (5, int(ErrorCode.not_leader_or_follower), -1, -1, "led by core 1")])],
-    [("ü", [(2, int(ErrorCode.invalid_required_acks), -1, -1, "acks 3")]), ("b", [])],
+    [("t", [(0, 0, 42, 0, None, -1)])],
+    [("t", [(0, 0, 42, 0, None, 1_700_000_000_123)])],  # a LogAppendTime topic's stamp
+    [
+        (
+            "topic-a",
+            [(0, 0, 7, 3, None, -1), (5, int(ErrorCode.not_leader_or_follower), -1, -1, "led by core 1", -1)],
+        )
+    ],
+    [("ü", [(2, int(ErrorCode.invalid_required_acks), -1, -1, "acks 3", -1)]), ("b", [])],
 ]
 
 
@@ -113,7 +124,9 @@ def test_produce_response_is_kio_s(version: int, topics: list[Any]) -> None:
     version=st.sampled_from(PRODUCE_VERSIONS),
     correlation_id=i32s,
     topics=st.lists(
-        st.tuples(names, st.lists(st.tuples(i32s, st.sampled_from(CODES), i64s, i64s, messages), max_size=4)),
+        st.tuples(
+            names, st.lists(st.tuples(i32s, st.sampled_from(CODES), i64s, i64s, messages, stamps), max_size=4)
+        ),
         max_size=3,
     ),
 )
