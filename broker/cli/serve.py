@@ -83,6 +83,36 @@ def private_data_dir(data_dir: str, log: logging.Logger) -> None:
         )
 
 
+class FlagDefault(int):
+    """An int flag's default, told apart from the same value given on the command line (argparse
+    converts only what is given): a topic config whose default a flag set is described as the
+    broker's static config (STATIC_BROKER_CONFIG), one left alone as built in."""
+
+
+# flag's attribute -> the topic config whose broker default it is
+TOPIC_DEFAULT_FLAGS = {
+    "segment_bytes": "segment.bytes",
+    "segment_ms": "segment.ms",
+    "max_batch_bytes": "max.message.bytes",
+    "retention_ms": "retention.ms",
+    "retention_bytes": "retention.bytes",
+}
+
+
+def static_topic_configs(args: argparse.Namespace, clustered: bool) -> frozenset[str]:
+    """The topic configs whose broker default a flag given on the command line set."""
+    given = {
+        config
+        for attr, config in TOPIC_DEFAULT_FLAGS.items()
+        if not isinstance(getattr(args, attr), FlagDefault)
+    }
+    if clustered and not isinstance(args.min_insync_replicas, FlagDefault):
+        given.add("min.insync.replicas")
+    if clustered and args.unclean_leader_election:
+        given.add("unclean.leader.election.enable")
+    return frozenset(given)
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     """Run the supervisor, which runs one worker process per core (broker/node/supervisor.py)."""
     from broker.core.topics import segment_floor_violation  # noqa: PLC0415
@@ -179,11 +209,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
             print(f"broker: --backend io_uring: {exc}", file=sys.stderr)
             return 2
     defaults = LogConfig(
-        segment_bytes=args.segment_bytes,
-        max_batch_bytes=min(args.max_batch_bytes, args.segment_bytes),
-        retention_ms=None if args.retention_ms < 0 else args.retention_ms,
-        retention_bytes=None if args.retention_bytes < 0 else args.retention_bytes,
-        segment_ms=None if args.segment_ms < 0 else args.segment_ms,
+        segment_bytes=int(args.segment_bytes),
+        max_batch_bytes=int(min(args.max_batch_bytes, args.segment_bytes)),
+        retention_ms=None if args.retention_ms < 0 else int(args.retention_ms),
+        retention_bytes=None if args.retention_bytes < 0 else int(args.retention_bytes),
+        segment_ms=None if args.segment_ms < 0 else int(args.segment_ms),
     )
     if args.group_initial_rebalance_delay_ms < 0:
         print("broker: --group-initial-rebalance-delay-ms must be >= 0", file=sys.stderr)
@@ -235,6 +265,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         log_level=args.log_level,
         metrics_port=args.metrics_port,
         log_defaults=defaults,
+        static_configs=static_topic_configs(args, bool(etcd)),
         busy_poll_us=args.busy_poll_us,
         append_writes=args.append_writes,
         flush_syncs=args.flush_syncs,
@@ -258,7 +289,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         etcd=etcd,
         cluster_name=args.cluster_name,
         default_replication=args.default_replication_factor,
-        min_insync=args.min_insync_replicas,
+        min_insync=int(args.min_insync_replicas),
         replica_lag_max_ms=args.replica_lag_time_max_ms,
         unclean_election=args.unclean_leader_election,
         reassign_after_s=args.reassign_after_s,
@@ -461,7 +492,7 @@ def add_serve_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     cluster.add_argument(
         "--min-insync-replicas",
         type=int,
-        default=2,
+        default=FlagDefault(2),
         metavar="N",
         help="acks=all is refused (NOT_ENOUGH_REPLICAS) with fewer in-sync replicas (default 2)",
     )
@@ -502,12 +533,29 @@ def add_serve_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "generation (Kafka's group.initial.rebalance.delay.ms; default 3000)",
     )
     defaults = LogConfig()
-    serve.add_argument("--segment-bytes", type=int, default=defaults.segment_bytes)
-    serve.add_argument(
-        "--segment-ms", type=int, default=-1, help="roll a segment at this age, in ms (-1: never)"
+    topic_defaults = serve.add_argument_group(
+        "topic defaults (a topic's own config overrides each: `broker topics create/alter --config`)"
     )
-    serve.add_argument("--max-batch-bytes", type=int, default=defaults.max_batch_bytes)
-    serve.add_argument("--retention-ms", type=int, default=defaults.retention_ms, help="-1: keep forever")
-    serve.add_argument("--retention-bytes", type=int, default=-1, help="-1: no size limit")
+    topic_defaults.add_argument(
+        "--segment-bytes", type=int, default=FlagDefault(defaults.segment_bytes), help="segment.bytes"
+    )
+    topic_defaults.add_argument(
+        "--segment-ms",
+        type=int,
+        default=FlagDefault(-1),
+        help="segment.ms: roll a segment at this age (-1: never)",
+    )
+    topic_defaults.add_argument(
+        "--max-batch-bytes", type=int, default=FlagDefault(defaults.max_batch_bytes), help="max.message.bytes"
+    )
+    topic_defaults.add_argument(
+        "--retention-ms",
+        type=int,
+        default=FlagDefault(defaults.retention_ms),
+        help="retention.ms (-1: keep forever)",
+    )
+    topic_defaults.add_argument(
+        "--retention-bytes", type=int, default=FlagDefault(-1), help="retention.bytes (-1: no size limit)"
+    )
     add_limit_arguments(serve)
     serve.set_defaults(func=cmd_serve)

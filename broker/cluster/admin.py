@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Final
 
@@ -76,12 +76,10 @@ class ClusterAdmin:
         registry: TopicRegistry,
         name: str,
         partitions: int,
-        retention_ms: int = -1,
-        retention_bytes: int = -1,
-        segment_bytes: int = -1,
+        configs: Mapping[str, str | None] | None = None,
         replication: int = -1,
     ) -> Topic:
-        """Create the topic in the cluster; `registry` checks the name, limits and settings (as
+        """Create the topic in the cluster; `registry` checks the name, limits and configs (as
         on one node) and is not changed: the node's agent copies the new topic into it."""
         replication = self.default_replication if replication == -1 else replication
         nodes = self.live_candidates()
@@ -94,7 +92,7 @@ class ClusterAdmin:
         for _ in range(RACE_RETRIES):
             counter = self.store.get(k.topic_id)
             last = int(counter.value) if counter is not None else 0
-            topic = registry.make(name, partitions, last + 1, retention_ms, retention_bytes, segment_bytes)
+            topic = registry.make(name, partitions, last + 1, configs)
             fence = mod_revision_is(k.topic_id, counter.mod_revision) if counter else absent(k.topic_id)
             record = TopicRecord(topic, replication)
             try:
@@ -139,6 +137,33 @@ class ClusterAdmin:
                 [Put(x, json.dumps(s.to_json())) for x, (_, s) in zip(key, chunk, strict=True)],
             )  # a lost race: someone else wrote them (the controller completing the topic)
         return len(todo)
+
+    def alter_topic_configs(
+        self, registry: TopicRegistry, name: str, configs: Mapping[str, str | None]
+    ) -> Topic:
+        """Make `configs` the overrides of topic `name` in the cluster (replacing all it had),
+        checked by `registry` as on one node; one transaction on the topic's record at the
+        revision read (a lost race is read again). Every node's agent copies it into its
+        registry, whose cores apply it (broker/core/core.py `_sync_partitions`)."""
+        k = self.keys
+        for _ in range(RACE_RETRIES):
+            kv = self.store.get(k.topic(name))
+            if kv is None:
+                raise TopicError(TopicFault.UNKNOWN, f"unknown topic {name!r}")
+            record = TopicRecord.decode(kv.value)
+            overrides = registry.checked(configs)
+            topic = replace(record.topic, configs=overrides)
+            new = TopicRecord(topic, record.replication)
+            try:
+                result = self.store.txn(
+                    [mod_revision_is(k.topic(name), kv.mod_revision)], [Put(k.topic(name), new.encode())]
+                )
+            except StoreUncertain:
+                continue  # read it back: ours is there (the next write changes nothing) or we retry
+            if result.succeeded:
+                log.info("topic %s: configs now %s", name, overrides or "the broker's defaults")
+                return topic
+        raise TopicError(TopicFault.LIMIT, f"topic {name!r}: its record kept changing under us, try again")
 
     def delete_topic(self, name: str) -> Topic:
         k = self.keys

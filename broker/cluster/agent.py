@@ -87,6 +87,7 @@ RETRY_S: Final = 0.2
 DRAIN_TIMEOUT_S: Final = 5.0  # a graceful stop waits this long at most for its leaderships to move
 LEAVE_WAIT_S: Final = 2.0  # and this long at most, after leaving, to be out of every in-sync set
 FENCE_AFTER: Final = 0.75  # of the TTL without a renewed session, cut off from most peers: lead nothing
+UNCLEAN: Final = "unclean.leader.election.enable"  # the topic config the controller reads
 
 
 @dataclass(frozen=True, slots=True)
@@ -558,8 +559,12 @@ class ClusterAgent:
                 and len(candidates) >= record.replication
             ):
                 self.admin.write_partitions(t, record.replication, candidates)
+        # a topic's unclean.leader.election.enable overrides the cluster's --unclean-leader-election
+        default = "true" if self.config.unclean_election else "false"
+        unclean = {r.topic.topic_id: r.topic.configs.get(UNCLEAN, default) == "true" for r in topics}
         for (tid, p), versioned in partitions.items():
-            new = reconcile(versioned.state, live, unclean=self.config.unclean_election, draining=draining)
+            allowed = unclean.get(tid, self.config.unclean_election)
+            new = reconcile(versioned.state, live, unclean=allowed, draining=draining)
             if new is None:
                 continue
             if self.admin.write_state(tid, p, versioned.mod_revision, new) is not None:

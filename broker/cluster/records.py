@@ -14,8 +14,9 @@ Rules this module keeps:
   it is only ever written in a transaction that compares its mod revision with the one the
   writer read (fencing: of two controllers, or a controller and a leader, one loses).
 - `groups/<group id>` holds a consumer group's committed offsets (broker/cluster/group_offsets.py).
-- `topics/<name>` holds the topic's id and settings; `topic-id` is the last id handed out (ids
-  only grow, never reused, as on one node).
+- `topics/<name>` holds the topic's id, partition count, replication and config overrides (a
+  change of its configs is a transaction on that key's mod revision); `topic-id` is the last id
+  handed out (ids only grow, never reused, as on one node).
 - `security/users.json` and `security/acls.json` hold the cluster's users (SCRAM credentials) and
   ACLs, the documents a single node keeps in its data dir (broker/cluster/security_docs.py).
 - Fixed-width numbers in keys, so that a range read returns partitions in order.
@@ -112,14 +113,15 @@ class TopicRecord:
     replication: int
 
     def encode(self) -> str:
-        return json.dumps({**asdict(self.topic), "replication": self.replication}, separators=(",", ":"))
+        return json.dumps({**self.topic.to_json(), "replication": self.replication}, separators=(",", ":"))
 
     @classmethod
     def decode(cls, value: str | bytes) -> TopicRecord:
+        """Also a record written before topics had configs (its resolved limits become the
+        overrides they stand for: `Topic.from_json`)."""
         d: dict[str, Any] = json.loads(value)
         replication = int(d.pop("replication", 1))
-        known = set(Topic.__dataclass_fields__)
-        return cls(Topic(**{k: v for k, v in d.items() if k in known}), replication)
+        return cls(Topic.from_json(d), replication)
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,10 +45,12 @@ class ClusterCalls(Protocol):
         registry: TopicRegistry,
         name: str,
         partitions: int,
-        retention_ms: int = -1,
-        retention_bytes: int = -1,
-        segment_bytes: int = -1,
+        configs: Mapping[str, str | None] | None = None,
         replication: int = -1,
+    ) -> Topic: ...
+
+    def alter_topic_configs(
+        self, registry: TopicRegistry, name: str, configs: Mapping[str, str | None]
     ) -> Topic: ...
 
     def delete_topic(self, name: str) -> Topic: ...
@@ -67,7 +69,8 @@ class ClusterSettings:
     group_offsets: GroupOffsetStore | None = None  # the groups' offsets in the store (None: files)
     acls: AclStore | None = None  # the cluster's ACLs, which the Kafka ACL admin APIs change (blocking)
     name: str = "ringlog"  # the cluster's name (its key prefix in the store; Kafka's cluster id)
-    min_insync: int = 2  # Kafka's min.insync.replicas
+    min_insync: int = 2  # Kafka's min.insync.replicas (a topic's override wins)
+    unclean_election: bool = False  # Kafka's unclean.leader.election.enable (a topic's override wins)
     replica_lag_max_ms: int = 10_000  # Kafka's replica.lag.time.max.ms (30 s there)
     replica_fetch_wait_ms: int = 500  # a follower's long poll (Kafka's replica.fetch.wait.max.ms)
 

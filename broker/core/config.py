@@ -49,6 +49,9 @@ class BrokerConfig:
     tls: TlsConfig = field(default_factory=TlsConfig)  # TLS on the client listeners (broker/security/tls.py)
     super_users: tuple[str, ...] = ()  # principals the ACLs never refuse (broker/security/acls.py)
     advertised_host: str = ""  # the host Metadata names (clients connect, TLS verifies it); "": `host`
+    # topic configs whose broker default a `broker serve` flag set (described STATIC_BROKER_CONFIG,
+    # broker/core/topic_configs.py), the others built in
+    static_configs: frozenset[str] = frozenset()
 
     @property
     def public_host(self) -> str:

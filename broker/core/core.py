@@ -37,7 +37,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from broker.core.acks import Waits
@@ -52,6 +52,7 @@ from broker.core.partition import Partition, Stored
 from broker.core.producer_ids import FileBlockSource, ProducerIds
 from broker.core.remote import RemoteLinks
 from broker.core.replication import NotLeaderError
+from broker.core.topic_configs import ConfigEntry, TopicDefaults, describe_topic
 from broker.core.topics import Topic, TopicError, TopicFault, TopicRegistry
 from broker.core.views import MetadataView, NodeView, PartitionView, TopicView
 from broker.security.acls import Authorizer
@@ -104,8 +105,11 @@ class Core:
         self.space = DiskSpace(config.data_dir, config.limits.min_free_bytes)  # broker/storage/diskspace.py
         os.makedirs(layout.topics_dir(config.data_dir), exist_ok=True)
         self.registry = TopicRegistry(
-            config.data_dir, config.log_defaults, remove_orphans=False, limits=config.limits
+            config.data_dir, topic_defaults(config), remove_orphans=False, limits=config.limits
         )
+        # the topic each open partition's settings were taken from (`_sync_partitions` applies a
+        # topic's altered configs to its partitions when the registry shows another)
+        self._configured: dict[int, Topic] = {}
         with self.registry.locked():  # orphans are removed only here: at start, under the lock
             self.registry.load()
             self.registry.remove_orphans()
@@ -189,8 +193,9 @@ class Core:
         p = self.partitions.get(key)
         if p is None:
             path = self.registry.partition_dir(topic.topic_id, index)
-            p = Partition(topic.topic_id, index, path, topic.log_config(), self.fd_cache)
+            p = Partition(topic.topic_id, index, path, self.registry.log_config(topic), self.fd_cache)
             self.partitions[key] = p
+            self._configured.setdefault(topic.topic_id, topic)
             if self.cluster.clustered:
                 self.give_role(p)
         return p
@@ -221,7 +226,13 @@ class Core:
         if state is None or me not in state.replicas or settings is None:
             return
         if state.leader == me:
-            p.become_leader(state.leader_epoch, state.replicas, state.isr, me, min_insync=settings.min_insync)
+            topic = self.registry.by_id.get(p.topic_id)
+            min_insync = (
+                self.registry.settings_of(topic).min_insync_replicas
+                if topic is not None
+                else settings.min_insync
+            )
+            p.become_leader(state.leader_epoch, state.replicas, state.isr, me, min_insync=min_insync)
         else:
             p.become_follower(state.leader_epoch, state.leader)
 
@@ -257,7 +268,8 @@ class Core:
         self._sync_partitions()
 
     def _sync_partitions(self) -> None:
-        """Close the partitions of topics that are gone (new topics' partitions open on first use).
+        """Close the partitions of topics that are gone (new topics' partitions open on first use)
+        and give those of topics whose configs changed their new settings.
 
         Every gone partition leaves `partitions` before any is closed: closing one wakes its long
         polls, whose fetches are handled again at once and look topics up, which comes back
@@ -272,6 +284,25 @@ class Core:
                 p.close(discard=True)  # its files go with the topic: nothing to flush first
             except StorageError as exc:
                 log.error("closing partition %d/%d: %s", p.topic_id, p.index, exc)
+        for tid in [t for t in self._configured if t not in live]:
+            del self._configured[tid]
+        changed = [t for tid, old in self._configured.items() if (t := live[tid]).configs != old.configs]
+        for topic in changed:
+            self._configured[topic.topic_id] = topic
+            self._configure(topic)
+
+    def _configure(self, topic: Topic) -> None:
+        """Apply `topic`'s configs to this core's open partitions of it (live: no reopen)."""
+        config = self.registry.log_config(topic)
+        min_insync = self.registry.settings_of(topic).min_insync_replicas if self.cluster.clustered else None
+        log.info("topic %s: configs now %s", topic.name, dict(topic.configs) or "the broker's defaults")
+        for (tid, _), p in list(self.partitions.items()):
+            if tid != topic.topic_id:
+                continue
+            try:
+                p.configure(config, min_insync)
+            except (StorageError, ValueError) as exc:
+                log.error("configuring partition %d/%d: %s", p.topic_id, p.index, exc)
 
     def partition(self, topic_id: int, index: int) -> Partition:
         """Partition `index` of topic id `topic_id`, which this core owns, opened (made, if new) on
@@ -375,14 +406,15 @@ class Core:
                         tuple(placed[r] for r in state.isr if r in placed),
                     )
                 )
+            topic_settings = self.registry.settings_of(topic)
             topics.append(
                 TopicView(
                     topic.name,
                     topic.topic_id,
                     known=True,
-                    retention_ms=_wire_limit(topic.retention_ms),
-                    retention_bytes=_wire_limit(topic.retention_bytes),
-                    segment_bytes=topic.segment_bytes,
+                    retention_ms=_wire_limit(topic_settings.retention_ms),
+                    retention_bytes=_wire_limit(topic_settings.retention_bytes),
+                    segment_bytes=topic_settings.segment_bytes,
                     partitions=tuple(parts),
                 )
             )
@@ -445,19 +477,48 @@ class Core:
         return current is not None and current.topic_id == topic.topic_id
 
     def create_topic(
-        self, name: str, partitions: int, retention_ms: int, retention_bytes: int, segment_bytes: int
+        self, name: str, partitions: int, configs: Mapping[str, str | None] | None = None
     ) -> Topic:
-        """Create a topic (both protocols' CreateTopic(s)); raises `TopicError` or what refuses it
-        (a full disk). The limits are as the registry reads them (-2: the broker's default)."""
+        """Create a topic (both protocols' CreateTopic(s)) with these config overrides; raises
+        `TopicError` (a bad name or config: broker/core/topic_configs.py) or what refuses it
+        (a full disk)."""
         self.space.check_writable()
         with self.registry.locked():  # reload, change, save: other cores change it too
             self.registry.load()
-            topic = self.registry.create(name, partitions, retention_ms, retention_bytes, segment_bytes)
+            topic = self.registry.create(name, partitions, configs)
         self._sync_partitions()
         # No partition is made here: each is made on its first use (module rules), so this
         # answer costs one registry write whatever the partition count.
         log.info("created topic %s (id %d, %d partitions)", topic.name, topic.topic_id, topic.partitions)
         return topic
+
+    def alter_topic_configs(
+        self, name: str, configs: Mapping[str, str | None], validate_only: bool = False
+    ) -> Topic:
+        """Make `configs` the overrides of topic `name` (replacing all it had: an incremental
+        change is computed by the caller from `registry.get(name).configs`), on one node; raises
+        `TopicError`. This core applies them at once, the others on their next registry reload
+        (within about a second, `refresh_topics`). `validate_only`: checked, nothing changed."""
+        if validate_only:
+            self.refresh_topics()
+            return self.registry.altered(name, configs)
+        with self.registry.locked():
+            self.registry.load()
+            topic = self.registry.altered(name, configs)
+            self.registry.replace_topic(topic)
+        self._sync_partitions()
+        return topic
+
+    def topic_config_entries(self, name: str, keys: Sequence[str] | None = None) -> list[ConfigEntry]:
+        """Every config of topic `name` (or those named by `keys`), as both protocols describe
+        them (broker/core/topic_configs.py `describe_topic`); `TopicError` for an unknown topic.
+        Read after a stat of the registry: an alter made through another core is seen."""
+        self.refresh_topics()
+        topic = self.registry.by_name.get(name)
+        if topic is None:
+            self.refresh_topics(force=True)
+            topic = self.registry.get(name)
+        return describe_topic(topic.configs, self.registry.topic_defaults, keys)
 
     def delete_topic(self, name: str, answer: Callable[[], Reply], notice: Frame | None = None) -> Outcome:
         """Delete a topic (both protocols' DeleteTopic(s)): out of the registry now; every other
@@ -553,6 +614,18 @@ class Core:
             except StorageError as exc:
                 log.error("retention on partition %d/%d: %s", p.topic_id, p.index, exc)
         return deleted
+
+
+def topic_defaults(config: BrokerConfig) -> TopicDefaults:
+    """The broker's defaults for topic configs: its log settings and, in a cluster, its
+    replication settings (a single node keeps one copy: min.insync.replicas 1)."""
+    cluster = config.cluster
+    return TopicDefaults(
+        log=config.log_defaults,
+        min_insync_replicas=cluster.min_insync if cluster is not None else 1,
+        unclean_leader_election=cluster.unclean_election if cluster is not None else False,
+        static=config.static_configs,
+    )
 
 
 def _core_on(node: NodeView | None, topic_id: int, partition: int) -> int:

@@ -254,6 +254,21 @@ class Partition:
         self.producers = ProducerState.rebuild(headers())
         self.epochs = epochs
 
+    def configure(self, config: LogConfig, min_insync: int | None = None) -> None:
+        """The topic's configs changed (a config alter, seen on the registry's reload): the log
+        takes its new settings at once (the next append, roll and retention pass use them) and a
+        leader its new `min_insync` (None: unchanged). Retention runs now rather than on its
+        next pass: a shorter retention is seen to take effect when it is set."""
+        reason = config.invalid()
+        if reason is not None:
+            raise ValueError(f"invalid log config: {reason}")
+        old = self.log.config
+        self.log.config = config
+        if min_insync is not None and isinstance(self.replica, LeaderState):
+            self.replica.min_insync = min_insync
+        if (config.retention_ms, config.retention_bytes) != (old.retention_ms, old.retention_bytes):
+            self.apply_retention()
+
     def close(self, discard: bool = False) -> None:
         """`discard`: the partition's topic was deleted, its files go next: nothing is flushed
         (`Log.discard`)."""

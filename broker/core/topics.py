@@ -20,8 +20,11 @@ Rules this module keeps:
   CreateTopic costs the same for 1 or 10 000 partitions, and a crash at any point leaves either
   no topic or a topic whose partitions open (empty) on first use.
 - Limits (broker/core/limits.py) are checked here, under the lock, so they hold across cores: partitions
-  per topic and per broker (the sum over the registry), and floors on segment_bytes and segment_ms.
-  They bind new topics only: a topic created under older limits keeps working.
+  per topic and per broker (the sum over the registry), and floors on segment.bytes and segment.ms.
+  They bind new topics and config changes only: a topic created under older limits keeps working.
+- A topic's configs are its overrides only (broker/core/topic_configs.py), checked here whenever
+  they are set (`make`, `altered`); what they mean with the broker's defaults is `settings_of`.
+  A registry written before topics had configs (version 1) still loads (`Topic.from_json`).
 """
 
 from __future__ import annotations
@@ -32,10 +35,20 @@ import os
 import re
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from enum import Enum
+from typing import Any
 
 from broker.core.limits import Limits
+from broker.core.topic_configs import (
+    ConfigError,
+    TopicDefaults,
+    TopicSettings,
+    check_topic,
+    parse_overrides,
+    settings,
+)
 from broker.storage import layout
 from broker.storage.diskspace import is_out_of_space, release_reserve
 from broker.storage.durable_file import exclusive_lock, load_json, replace_json
@@ -43,7 +56,8 @@ from broker.storage.log import LogConfig
 
 log = logging.getLogger(__name__)
 
-REGISTRY_VERSION = 1
+REGISTRY_VERSION = 2  # 2: topics carry their config overrides; 1 (resolved limits) still loads
+READABLE_VERSIONS = (1, 2)
 RACY_NS = 200_000_000  # a registry file younger than this is reloaded even when it looks the same
 TOPIC_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
@@ -69,23 +83,56 @@ class TopicError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Topic:
+    """A topic: its name, id, partition count and config overrides (`configs`, checked and
+    normalised by broker/core/topic_configs.py: every config it does not name takes the broker's
+    default). `configs` is a mapping never changed in place: a change is a new `Topic`."""
+
     name: str
     topic_id: int
     partitions: int
-    retention_ms: int | None
-    retention_bytes: int | None
-    segment_bytes: int
-    max_batch_bytes: int
-    segment_ms: int | None = None  # absent from registries written before it existed
+    configs: Mapping[str, str] = field(default_factory=dict)
 
-    def log_config(self) -> LogConfig:
-        return LogConfig(
-            segment_bytes=self.segment_bytes,
-            max_batch_bytes=self.max_batch_bytes,
-            retention_ms=self.retention_ms,
-            retention_bytes=self.retention_bytes,
-            segment_ms=self.segment_ms,
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "topic_id": self.topic_id,
+            "partitions": self.partitions,
+            "configs": dict(sorted(self.configs.items())),
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Topic:
+        """A topic as the registry or a cluster's record holds it; one written before topics had
+        configs (retention_ms, retention_bytes, segment_bytes, max_batch_bytes, segment_ms
+        fields, resolved when it was created) gets those that differ from the built-in defaults
+        as its overrides, so it keeps what it was created with."""
+        configs = d.get("configs")
+        if configs is None:
+            configs = _legacy_overrides(d)
+        return cls(
+            str(d["name"]),
+            int(d["topic_id"]),
+            int(d["partitions"]),
+            {str(k): str(v) for k, v in configs.items()},
         )
+
+
+def _legacy_overrides(d: Mapping[str, Any]) -> dict[str, str]:
+    built_in = LogConfig()
+    out = {}
+    for field_name, config, default in (
+        ("retention_ms", "retention.ms", built_in.retention_ms),
+        ("retention_bytes", "retention.bytes", built_in.retention_bytes),
+        ("segment_bytes", "segment.bytes", built_in.segment_bytes),
+        ("segment_ms", "segment.ms", built_in.segment_ms),
+    ):
+        if field_name in d and d[field_name] != default:
+            out[config] = "-1" if d[field_name] is None else str(d[field_name])
+    batch = d.get("max_batch_bytes")
+    segment = d.get("segment_bytes", built_in.segment_bytes)
+    if batch is not None and batch != min(built_in.max_batch_bytes, segment):
+        out["max.message.bytes"] = str(batch)
+    return out
 
 
 def invalid_topic_name(name: str) -> str | None:
@@ -102,13 +149,17 @@ class TopicRegistry:
     def __init__(
         self,
         data_dir: str,
-        defaults: LogConfig,
+        defaults: LogConfig | TopicDefaults,
         remove_orphans: bool = True,
         limits: Limits | None = None,
     ) -> None:
+        """`defaults`: the broker's defaults for topic configs (its log settings alone: the rest
+        built in)."""
         self.data_dir = data_dir
-        self.defaults = defaults
+        self.topic_defaults = defaults if isinstance(defaults, TopicDefaults) else TopicDefaults(defaults)
+        self.defaults = self.topic_defaults.log
         self.limits = limits or Limits()
+        self._settings: dict[int, tuple[Topic, TopicSettings]] = {}  # `settings_of`, per topic id
         self.path = layout.topics_file_path(data_dir)
         self.lock_path = layout.topics_lock_path(data_dir)
         self.by_name: dict[str, Topic] = {}
@@ -139,11 +190,11 @@ class TopicRegistry:
         next_topic_id = 1
         doc = load_json(self.path)
         if isinstance(doc, dict):
-            if doc.get("version") != REGISTRY_VERSION:
+            if doc.get("version") not in READABLE_VERSIONS:
                 raise ValueError(f"{self.path}: unknown registry version {doc.get('version')}")
             next_topic_id = doc["next_topic_id"]
             for entry in doc["topics"]:
-                topic = Topic(**entry)
+                topic = Topic.from_json(entry)
                 by_name[topic.name] = topic
                 by_id[topic.topic_id] = topic
         self.by_name, self.by_id, self.next_topic_id = by_name, by_id, next_topic_id
@@ -176,7 +227,7 @@ class TopicRegistry:
         doc = {
             "version": REGISTRY_VERSION,
             "next_topic_id": self.next_topic_id,
-            "topics": [asdict(t) for t in sorted(self.by_id.values(), key=lambda t: t.topic_id)],
+            "topics": [t.to_json() for t in sorted(self.by_id.values(), key=lambda t: t.topic_id)],
         }
         try:
             replace_json(self.path, doc)
@@ -192,16 +243,9 @@ class TopicRegistry:
     def partition_dir(self, topic_id: int, partition: int) -> str:
         return layout.partition_dir(self.data_dir, topic_id, partition)
 
-    def create(
-        self,
-        name: str,
-        partitions: int,
-        retention_ms: int = -1,
-        retention_bytes: int = -1,
-        segment_bytes: int = -1,
-    ) -> Topic:
-        """Create a topic. -1 takes the broker default; retention -2 means keep forever."""
-        topic = self.make(name, partitions, self.next_topic_id, retention_ms, retention_bytes, segment_bytes)
+    def create(self, name: str, partitions: int, configs: Mapping[str, str | None] | None = None) -> Topic:
+        """Create a topic with these config overrides (checked: `make`)."""
+        topic = self.make(name, partitions, self.next_topic_id, configs)
         self.next_topic_id += 1
         self.by_name[name] = topic
         self.by_id[topic.topic_id] = topic
@@ -209,16 +253,10 @@ class TopicRegistry:
         return topic
 
     def make(
-        self,
-        name: str,
-        partitions: int,
-        topic_id: int,
-        retention_ms: int = -1,
-        retention_bytes: int = -1,
-        segment_bytes: int = -1,
+        self, name: str, partitions: int, topic_id: int, configs: Mapping[str, str | None] | None = None
     ) -> Topic:
-        """The topic `create` would add, checked against the name rules, the limits and the log
-        settings, without adding it: a cluster allocates the id elsewhere (its metadata store)."""
+        """The topic `create` would add, checked against the name rules, the limits and its
+        configs, without adding it: a cluster allocates the id elsewhere (its metadata store)."""
         reason = invalid_topic_name(name)
         if reason is not None:
             raise TopicError(TopicFault.INVALID, reason)
@@ -241,26 +279,50 @@ class TopicRegistry:
                 f"{lim.max_partitions} (--max-partitions), at most what its open-file limit allows "
                 "(docs/LIMITS.md)",
             )
-        d = self.defaults
-        topic = Topic(
-            name=name,
-            topic_id=topic_id,
-            partitions=partitions,
-            retention_ms=_setting("retention_ms", retention_ms, d.retention_ms),
-            retention_bytes=_setting("retention_bytes", retention_bytes, d.retention_bytes),
-            segment_bytes=d.segment_bytes if segment_bytes == -1 else segment_bytes,
-            max_batch_bytes=d.max_batch_bytes,
-            segment_ms=d.segment_ms,
-        )
-        reason = segment_floor_violation(topic.segment_bytes, topic.segment_ms, lim)
-        if reason is not None:
-            raise TopicError(TopicFault.CONFIG, reason)
-        if topic.segment_bytes < topic.max_batch_bytes:
-            topic = Topic(**{**asdict(topic), "max_batch_bytes": topic.segment_bytes})
-        reason = topic.log_config().invalid()
-        if reason is not None:
-            raise TopicError(TopicFault.CONFIG, reason)
-        return topic
+        return Topic(name, topic_id, partitions, self.checked(configs or {}))
+
+    def checked(self, configs: Mapping[str, str | None]) -> dict[str, str]:
+        """`configs` as a topic's overrides: each name and value checked, normalised, and the
+        whole checked with the broker's defaults and floors; `TopicError` (INVALID_CONFIG) with
+        the reason otherwise."""
+        try:
+            overrides = parse_overrides(configs)
+            check_topic(overrides, self.topic_defaults, self.limits)
+        except ConfigError as exc:
+            raise TopicError(TopicFault.CONFIG, str(exc)) from None
+        return overrides
+
+    def altered(self, name: str, configs: Mapping[str, str | None]) -> Topic:
+        """The topic `name` with `configs` as its overrides (replacing all it had), checked as
+        `make` checks them; the registry is not changed (`replace_topic` does, or a cluster's store)."""
+        return replace(self.get(name), configs=self.checked(configs))
+
+    def replace_topic(self, topic: Topic) -> None:
+        """Store `topic` in place of the topic of its id (its configs altered). Call holding `locked()`."""
+        if self.by_id.get(topic.topic_id) is None or self.by_name.get(topic.name) is None:
+            raise TopicError(TopicFault.UNKNOWN, f"unknown topic {topic.name!r}")
+        self.by_id[topic.topic_id] = topic
+        self.by_name[topic.name] = topic
+        self._save()
+
+    def settings_of(self, topic: Topic) -> TopicSettings:
+        """The effective configs of `topic` (its overrides over the broker's defaults), cached
+        per topic as long as the topic is the same."""
+        cached = self._settings.get(topic.topic_id)
+        if cached is not None and cached[0] == topic:
+            return cached[1]
+        try:
+            s = check_topic(topic.configs, self.topic_defaults, self.limits)
+        except ConfigError as exc:
+            # Stored before a floor was raised, or by hand: serve it with what it says.
+            log.warning("topic %s: %s (served as configured)", topic.name, exc)
+            s = settings(topic.configs, self.topic_defaults)
+        self._settings[topic.topic_id] = (topic, s)
+        return s
+
+    def log_config(self, topic: Topic) -> LogConfig:
+        """The settings of `topic`'s partitions' logs."""
+        return self.settings_of(topic).log_config(self.defaults)
 
     def mirror(self, topics: list[Topic]) -> bool:
         """Make the registry hold exactly `topics` (a cluster node copying its metadata store's
@@ -316,15 +378,3 @@ def segment_floor_violation(segment_bytes: int, segment_ms: int | None, limits: 
             "(--min-segment-ms)"
         )
     return None
-
-
-def _setting(name: str, value: int, default: int | None) -> int | None:
-    if value == -1:
-        return default
-    if value == -2:
-        return None
-    if value < 0:
-        raise TopicError(
-            TopicFault.CONFIG, f"{name} must be >= 0, -1 (broker default) or -2 (unlimited), not {value}"
-        )
-    return value

@@ -5,8 +5,10 @@ Rules this module keeps:
   cores first), one answer once every one is done. A cluster: each through the cluster's store,
   off the loop, answered once this node's registry shows the change.
 - num_partitions -1 is one partition; one node keeps one copy (replication factor -1 or 1); manual
-  assignments are refused; retention.ms, retention.bytes and segment.bytes are read (-1: forever),
-  other configs are accepted and ignored.
+  assignments are refused. The configs are the topic's overrides, checked as Kafka checks them
+  (broker/core/topic_configs.py): an unknown name, a null or bad value is INVALID_CONFIG with the
+  reason, and nothing is created. `validate_only` checks everything a creation would (name,
+  limits, configs) and creates nothing.
 """
 
 from __future__ import annotations
@@ -35,10 +37,7 @@ class _Refused(Exception):
 
 
 def create_topics(ctx: Context, request: KafkaRequest, body: Any) -> Outcome:
-    """Each topic through the core's `create_topic`. num_partitions -1 is one partition;
-    replication_factor must be -1 or 1 (one copy: no replication yet); manual assignments
-    are refused; retention.ms, retention.bytes and segment.bytes are read (-1: forever),
-    other configs are accepted and ignored."""
+    """Each topic through the core's `create_topic` (module rules)."""
     schema = response_schema(CREATE_TOPICS, request.api_version)
     assert schema is not None
     module = sys.modules[schema.__module__]
@@ -56,13 +55,15 @@ def create_topics(ctx: Context, request: KafkaRequest, body: Any) -> Outcome:
             elif t.assignments:
                 code, message = ErrorCode.invalid_request, "manual replica assignment is not supported"
             else:
-                limits = _topic_limits(t.configs)
+                configs = _configs(t.configs)
                 partitions = 1 if int(t.num_partitions) == -1 else int(t.num_partitions)
                 if body.validate_only:
-                    if t.name in ctx.core.registry.by_name:
-                        code, message = ErrorCode.topic_already_exists, f"topic {t.name!r} already exists"
+                    ctx.core.refresh_topics()
+                    ctx.core.registry.make(t.name, partitions, 0, configs)
                 else:
-                    ctx.core.create_topic(t.name, partitions, *limits)
+                    ctx.core.create_topic(t.name, partitions, configs)
+        except _Refused as exc:
+            code, message = exc.code, str(exc)
         except Exception as exc:
             code, message = kafka_error(exc)
         results.append(make(module.CreatableTopicResult, name=t.name, error_code=code, error_message=message))
@@ -85,13 +86,13 @@ def _create_topics_in_cluster(
             try:
                 if t.assignments:
                     raise _Refused(ErrorCode.invalid_request, "manual replica assignment is not supported")
-                limits = _topic_limits(t.configs)
+                configs = _configs(t.configs)
                 partitions = 1 if int(t.num_partitions) == -1 else int(t.num_partitions)
                 if body.validate_only:
-                    registry.make(t.name, partitions, 1, *limits)
+                    registry.make(t.name, partitions, 1, configs)
                 else:
                     calls.create_topic(
-                        registry, t.name, partitions, *limits, replication=int(t.replication_factor)
+                        registry, t.name, partitions, configs, replication=int(t.replication_factor)
                     )
             except _Refused as exc:
                 code, message = exc.code, str(exc)
@@ -170,19 +171,13 @@ def delete_topics(ctx: Context, request: KafkaRequest, body: Any) -> Outcome:
     return Gather(parts, finish)
 
 
-def _topic_limits(configs: Any) -> tuple[int, int, int]:
-    """retention_ms, retention_bytes, segment_bytes from CreateTopics configs, as the registry
-    reads them: -1 the broker's default, -2 keep forever (Kafka's -1)."""
-    values = {c.name: c.value for c in configs or ()}
-    out = []
-    for key in ("retention.ms", "retention.bytes", "segment.bytes"):
-        raw = values.get(key)
-        if raw is None:
-            out.append(-1)
-            continue
-        try:
-            value = int(raw)
-        except ValueError:
-            raise ValueError(f"config {key}={raw!r} is not a number") from None
-        out.append(-2 if value == -1 and key != "segment.bytes" else value)
-    return out[0], out[1], out[2]
+def _configs(configs: Any) -> dict[str, str | None]:
+    """A CreateTopics topic's configs, as given (the core checks them); a name given twice is
+    refused as Kafka refuses it."""
+    out: dict[str, str | None] = {}
+    for c in configs or ():
+        name = str(c.name)
+        if name in out:
+            raise _Refused(ErrorCode.invalid_request, f"duplicate config key {name}")
+        out[name] = c.value
+    return out

@@ -129,6 +129,7 @@ class SupervisorConfig:
     fetch_sends: str = FETCH_SENDS_DEFAULT
     metrics_port: int | None = None
     log_defaults: LogConfig = field(default_factory=LogConfig)
+    static_configs: frozenset[str] = frozenset()  # topic configs whose default a flag set
     ebpf: str = "auto"  # bpf/plane.py: auto | on | off
     xdp_iface: str | None = None
     xdp_mode: str = "auto"
@@ -442,6 +443,7 @@ class Supervisor:
             },
             "log_level": self.config.log_level,
             "log_defaults": asdict(self.config.log_defaults),
+            "static_configs": sorted(self.config.static_configs),
             "limits": self.config.limits.to_spec(),
             "group_initial_rebalance_delay_ms": self.config.group_initial_rebalance_delay_ms,
             "sasl": {
@@ -489,6 +491,7 @@ class Supervisor:
             "name": c.cluster_name,
             "default_replication": c.default_replication,
             "min_insync": c.min_insync,
+            "unclean_election": c.unclean_election,
             "replica_lag_max_ms": c.replica_lag_max_ms,
         }
 

@@ -162,6 +162,7 @@ def config_from_spec(spec: dict[str, Any]) -> BrokerConfig:
         cores=int(spec["cores"]),
         core_id=int(spec["core"]),
         log_defaults=LogConfig(**d),
+        static_configs=frozenset(spec.get("static_configs", ())),
         core_ports=tuple(spec["core_ports"]),
         peer_addresses=tuple(spec["peer_addresses"]),
         peer_liveness_fd=int(spec.get("liveness_fd", -1)),
@@ -216,6 +217,7 @@ def cluster_settings(spec: dict[str, Any] | None, data_dir: str) -> ClusterSetti
         acls=AclStore(data_dir, EtcdDocuments(store, keys)),
         name=str(spec["name"]),
         min_insync=int(spec["min_insync"]),
+        unclean_election=bool(spec.get("unclean_election", False)),
         replica_lag_max_ms=int(spec["replica_lag_max_ms"]),
         replica_fetch_wait_ms=int(spec.get("replica_fetch_wait_ms", 500)),
     )

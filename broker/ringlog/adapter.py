@@ -270,23 +270,23 @@ class RinglogAdapter:
                 m.ErrorCode.INVALID_CONFIG,
                 f"one node keeps one copy: replication {req.replication} needs a cluster",
             )
+        configs = limit_configs(req.retention_ms, req.retention_bytes, req.segment_bytes)
         settings = self.config.cluster
         if settings is not None:
             calls = settings.calls
             registry = self.core.registry
-            args = (req.name, req.partitions, req.retention_ms, req.retention_bytes, req.segment_bytes)
 
             def create() -> Topic:
-                return calls.create_topic(registry, *args, replication=req.replication)
+                return calls.create_topic(
+                    registry, req.name, req.partitions, configs, replication=req.replication
+                )
 
             return self.core.in_cluster(
                 create,
                 lambda t: self._reply(frame, m.CreateTopicResponse(topic_id=t.topic_id)),
                 lambda exc: self.error_reply(frame, exc),
             )
-        topic = self.core.create_topic(
-            req.name, req.partitions, req.retention_ms, req.retention_bytes, req.segment_bytes
-        )
+        topic = self.core.create_topic(req.name, req.partitions, configs)
         return self._reply(frame, m.CreateTopicResponse(topic_id=topic.topic_id))
 
     def _delete_topic(self, req: m.Request, frame: Frame) -> Outcome:
@@ -645,3 +645,17 @@ def _is_long_poll(frame: Frame) -> bool:
 def _is_silent_produce(frame: Frame) -> bool:
     """A produce with acks=0: the owner will send no answer."""
     return m.peek_produce_acks(frame) == m.Acks.NONE
+
+
+def limit_configs(retention_ms: int, retention_bytes: int, segment_bytes: int) -> dict[str, str]:
+    """The topic configs a CreateTopic's limits stand for: -1 the broker's default (no override),
+    -2 keep forever (Kafka's -1), else the value (checked with the other configs)."""
+    configs = {}
+    for name, value in (
+        ("retention.ms", retention_ms),
+        ("retention.bytes", retention_bytes),
+        ("segment.bytes", segment_bytes),
+    ):
+        if value != -1:
+            configs[name] = "-1" if value == -2 and name != "segment.bytes" else str(value)
+    return configs

@@ -19,7 +19,7 @@ def node(i: int) -> NodeRecord:
 
 def test_records_become_the_view(tmp_path) -> None:
     mirror = Mirror(K, node_id=2)
-    topic = Topic("t", 7, 2, None, None, 1 << 20, 1 << 20)
+    topic = Topic("t", 7, 2, {"retention.ms": "-1", "segment.bytes": str(1 << 20)})
     state = PartitionState((1, 2, 3), 1, 4, (1, 2))
     mirror.load(
         [

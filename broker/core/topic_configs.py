@@ -1,0 +1,738 @@
+"""Topic configs: every config Kafka lists for a topic, the broker's defaults for them, a topic's
+overrides parsed and checked, and what the effective values mean for its log and its replicas.
+
+Rules this module keeps:
+- One model for both protocols. A topic carries only its overrides, a name -> string map
+  (`Topic.configs`, broker/core/topics.py); every other config takes the broker's default
+  (`TopicDefaults`: the `broker serve` flags, else the built-in value), so a broker restarted
+  with another default changes every topic that does not override it, as Kafka's do.
+- The names, types, ranges and broker synonyms are Kafka 4.x's (its LogConfig and
+  ServerTopicConfigSynonyms): an unknown name or a value outside its range is refused with the
+  reason (INVALID_CONFIG), whatever asks. The documentation strings are ours and say what each
+  config does here: `Effect.APPLIED` changes what the broker does, `Effect.CLEANER` is for the log
+  cleaner (parsed and exposed by `TopicSettings`), `Effect.STORED` is accepted, kept and described
+  but changes nothing here (tiered storage, flush intervals, index tuning: ringlog has its own).
+- Overrides are stored normalised (Kafka's own rendering: "TRUE" -> "true", "compact, delete" ->
+  "compact,delete", " 100" -> "100"), so what a client set is what DescribeConfigs returns.
+- Where ringlog's defaults differ from Kafka's (segment.bytes 128 MiB, max.message.bytes 1 MiB,
+  no time-based roll), the broker's default is what is described, never a value it does not use.
+- Pure: no files, no I/O. The registry keeps overrides (broker/core/topics.py), the core applies
+  the effective values to its partitions (broker/core/core.py), each adapter maps the
+  description (`describe_topic`, `describe_broker`) onto its protocol.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from enum import Enum
+from typing import Final
+
+from broker.core.limits import Limits
+from broker.storage.log_config import SEGMENT_BYTES_MAX, LogConfig
+
+_INTEGER: Final = re.compile(r"[+-]?[0-9]+")
+_DECIMAL: Final = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+INT_MAX: Final = (1 << 31) - 1
+LONG_MAX: Final = (1 << 63) - 1
+LONG_MIN: Final = -(1 << 63)
+
+
+class ConfigType(Enum):
+    """A config's type, as Kafka's ConfigDef types them (the adapters map these on)."""
+
+    BOOLEAN = "boolean"
+    STRING = "string"
+    INT = "int"
+    LONG = "long"
+    DOUBLE = "double"
+    LIST = "list"
+
+
+class ConfigSource(Enum):
+    """Where a config's value comes from, highest priority first."""
+
+    TOPIC = "topic"  # the topic's own override (Kafka's DYNAMIC_TOPIC_CONFIG)
+    STATIC_BROKER = "static broker"  # a `broker serve` flag (Kafka's STATIC_BROKER_CONFIG)
+    DEFAULT = "default"  # built in (Kafka's DEFAULT_CONFIG)
+
+
+class Effect(Enum):
+    """What ringlog does with a config (module rules)."""
+
+    APPLIED = "applied"
+    CLEANER = "cleaner"
+    STORED = "stored"
+
+
+class ConfigError(ValueError):
+    """A config name or value that cannot be set, with the reason."""
+
+
+Check = Callable[[object], str | None]
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigKey:
+    """One topic config: its Kafka type, built-in default (a string, as described), valid values,
+    the broker configs it falls back to (Kafka's synonyms, highest priority first) and what it
+    does here."""
+
+    name: str
+    type: ConfigType
+    default: str
+    doc: str
+    effect: Effect = Effect.STORED
+    synonyms: tuple[str, ...] = ()
+    low: float | None = None  # numbers: the smallest value allowed
+    high: float | None = None
+    choices: tuple[str, ...] = ()  # strings and lists: the values allowed (empty: any)
+    check: Check | None = None  # a further rule on the parsed value: the reason it fails, or None
+
+    def parse(self, text: str) -> object:
+        """The value of `text`, or `ConfigError` naming this config and why."""
+        raw = text.strip()
+        value: object
+        match self.type:
+            case ConfigType.BOOLEAN:
+                if raw.lower() not in ("true", "false"):
+                    raise self._invalid(text, "expected the value to be either true or false")
+                value = raw.lower() == "true"
+            case ConfigType.INT | ConfigType.LONG:
+                lo, hi = (-INT_MAX - 1, INT_MAX) if self.type is ConfigType.INT else (LONG_MIN, LONG_MAX)
+                if not _INTEGER.fullmatch(raw) or not lo <= int(raw) <= hi:
+                    raise self._invalid(text, f"not a number of type {self.type.name}")
+                value = int(raw)
+            case ConfigType.DOUBLE:
+                try:
+                    value = float(raw) if _DECIMAL.fullmatch(raw) else math.nan
+                except ValueError:
+                    value = math.nan
+                if not math.isfinite(value):
+                    raise self._invalid(text, "not a number of type DOUBLE")
+            case ConfigType.LIST:
+                value = tuple(item.strip() for item in raw.split(",")) if raw else ()
+            case _:
+                value = raw
+        reason = self._out_of_range(value)
+        if reason is not None:
+            raise self._invalid(text, reason)
+        return value
+
+    def _invalid(self, text: str, reason: str) -> ConfigError:
+        return ConfigError(f"invalid value {text!r} for configuration {self.name}: {reason}")
+
+    def _out_of_range(self, value: object) -> str | None:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            if self.low is not None and value < self.low:
+                return f"value must be at least {_number(self.low)}"
+            if self.high is not None and value > self.high:
+                return f"value must be no more than {_number(self.high)}"
+        if self.choices:
+            items = value if isinstance(value, tuple) else (value,)
+            for item in items:
+                if item not in self.choices:
+                    return f"string must be one of: {', '.join(self.choices)}"
+        return self.check(value) if self.check is not None else None
+
+    def render(self, value: object) -> str:
+        """`value` as Kafka writes it back (the normalised form an override is stored in)."""
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        if isinstance(value, tuple):
+            return ",".join(value)
+        return str(value)
+
+
+def _number(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)
+
+
+def _non_empty(value: object) -> str | None:
+    return "at least one policy is needed (compact, delete or both)" if value == () else None
+
+
+def _throttled(value: object) -> str | None:
+    """Kafka's throttled-replicas list: "*" or partition:broker pairs."""
+    assert isinstance(value, tuple)
+    if value in ((), ("*",)):
+        return None
+    for item in value:
+        p, sep, b = item.partition(":")
+        if not sep or not p.isdigit() or not b.isdigit():
+            return "must be the literal '*' or a list of replicas in the form partition:broker"
+    return None
+
+
+def _tiered_off(value: object) -> str | None:
+    return "ringlog has no tiered storage (remote log storage is not enabled)" if value is True else None
+
+
+def _gzip_level(value: object) -> str | None:
+    assert isinstance(value, int)
+    return None if value == -1 or 1 <= value <= 9 else "value must be -1 (the codec's default) or in 1..9"
+
+
+_DAY_MS: Final = 24 * 3600 * 1000
+_KEYS: Final = (
+    ConfigKey(
+        "cleanup.policy",
+        ConfigType.LIST,
+        "delete",
+        "delete: old segments are deleted by retention.ms and retention.bytes. compact: the log "
+        "cleaner keeps the last record of each key; without delete, retention deletes nothing.",
+        Effect.CLEANER,
+        ("log.cleanup.policy",),
+        choices=("compact", "delete"),
+        check=_non_empty,
+    ),
+    ConfigKey(
+        "compression.type",
+        ConfigType.STRING,
+        "producer",
+        "The codec batches are stored with. producer: as the producer sent them. Any other value "
+        "is accepted and kept; ringlog stores batches as sent (it does not recompress).",
+        Effect.STORED,
+        ("compression.type",),
+        choices=("uncompressed", "zstd", "lz4", "snappy", "gzip", "producer"),
+    ),
+    ConfigKey(
+        "compression.gzip.level",
+        ConfigType.INT,
+        "-1",
+        "The gzip level a recompression would use (ringlog does not recompress).",
+        Effect.STORED,
+        ("compression.gzip.level",),
+        check=_gzip_level,
+    ),
+    ConfigKey(
+        "compression.lz4.level",
+        ConfigType.INT,
+        "9",
+        "The lz4 level a recompression would use (ringlog does not recompress).",
+        Effect.STORED,
+        ("compression.lz4.level",),
+        low=1,
+        high=17,
+    ),
+    ConfigKey(
+        "compression.zstd.level",
+        ConfigType.INT,
+        "3",
+        "The zstd level a recompression would use (ringlog does not recompress).",
+        Effect.STORED,
+        ("compression.zstd.level",),
+        low=-131072,
+        high=22,
+    ),
+    ConfigKey(
+        "delete.retention.ms",
+        ConfigType.LONG,
+        str(_DAY_MS),
+        "How long a compacted topic keeps a tombstone (a record with a null value) once the "
+        "cleaner has reached it.",
+        Effect.CLEANER,
+        ("log.cleaner.delete.retention.ms",),
+        low=0,
+    ),
+    ConfigKey(
+        "file.delete.delay.ms",
+        ConfigType.LONG,
+        "60000",
+        "Kafka's wait before deleting a segment's files. ringlog deletes them at once (a read in "
+        "flight keeps its descriptor).",
+        Effect.STORED,
+        ("log.segment.delete.delay.ms",),
+        low=0,
+    ),
+    ConfigKey(
+        "flush.messages",
+        ConfigType.LONG,
+        str(LONG_MAX),
+        "Kafka's forced-fsync interval in records. ringlog flushes by its group commit and by acks.",
+        Effect.STORED,
+        ("log.flush.interval.messages",),
+        low=1,
+    ),
+    ConfigKey(
+        "flush.ms",
+        ConfigType.LONG,
+        str(LONG_MAX),
+        "Kafka's forced-fsync interval in time. ringlog flushes by its group commit and by acks.",
+        Effect.STORED,
+        ("log.flush.interval.ms", "log.flush.scheduler.interval.ms"),
+        low=0,
+    ),
+    ConfigKey(
+        "follower.replication.throttled.replicas",
+        ConfigType.LIST,
+        "",
+        "Replicas whose follower fetches Kafka would throttle. Kept; ringlog does not throttle.",
+        check=_throttled,
+    ),
+    ConfigKey(
+        "index.interval.bytes",
+        ConfigType.INT,
+        "4096",
+        "Kafka's sparse-index spacing. ringlog indexes every batch.",
+        Effect.STORED,
+        ("log.index.interval.bytes",),
+        low=0,
+    ),
+    ConfigKey(
+        "leader.replication.throttled.replicas",
+        ConfigType.LIST,
+        "",
+        "Replicas whose leader Kafka would throttle. Kept; ringlog does not throttle.",
+        check=_throttled,
+    ),
+    ConfigKey(
+        "local.retention.bytes",
+        ConfigType.LONG,
+        "-2",
+        "Tiered storage's local retention by size (-2: retention.bytes). ringlog has no tiered storage.",
+        Effect.STORED,
+        ("log.local.retention.bytes",),
+        low=-2,
+    ),
+    ConfigKey(
+        "local.retention.ms",
+        ConfigType.LONG,
+        "-2",
+        "Tiered storage's local retention by age (-2: retention.ms). ringlog has no tiered storage.",
+        Effect.STORED,
+        ("log.local.retention.ms",),
+        low=-2,
+    ),
+    ConfigKey(
+        "max.compaction.lag.ms",
+        ConfigType.LONG,
+        str(LONG_MAX),
+        "The longest a record may stay uncompacted in a compacted topic.",
+        Effect.CLEANER,
+        ("log.cleaner.max.compaction.lag.ms",),
+        low=1,
+    ),
+    ConfigKey(
+        "max.message.bytes",
+        ConfigType.INT,
+        str(LogConfig().max_batch_bytes),
+        "The largest record batch the topic accepts, in bytes as sent (compressed); larger ones are "
+        "refused with MESSAGE_TOO_LARGE. At most segment.bytes.",
+        Effect.APPLIED,
+        ("message.max.bytes",),
+        low=0,
+    ),
+    ConfigKey(
+        "message.timestamp.after.max.ms",
+        ConfigType.LONG,
+        str(LONG_MAX),
+        "How far past the broker's clock a CreateTime timestamp may be. Kept, not enforced.",
+        Effect.STORED,
+        ("log.message.timestamp.after.max.ms",),
+        low=0,
+    ),
+    ConfigKey(
+        "message.timestamp.before.max.ms",
+        ConfigType.LONG,
+        str(LONG_MAX),
+        "How far before the broker's clock a CreateTime timestamp may be. Kept, not enforced.",
+        Effect.STORED,
+        ("log.message.timestamp.before.max.ms",),
+        low=0,
+    ),
+    ConfigKey(
+        "message.timestamp.type",
+        ConfigType.STRING,
+        "CreateTime",
+        "CreateTime: records keep the producer's timestamps. LogAppendTime: the broker stamps each "
+        "batch with its clock when it appends it.",
+        Effect.APPLIED,
+        ("log.message.timestamp.type",),
+        choices=("CreateTime", "LogAppendTime"),
+    ),
+    ConfigKey(
+        "min.cleanable.dirty.ratio",
+        ConfigType.DOUBLE,
+        "0.5",
+        "The share of a compacted log not yet cleaned above which the cleaner cleans it.",
+        Effect.CLEANER,
+        ("log.cleaner.min.cleanable.ratio",),
+        low=0,
+        high=1,
+    ),
+    ConfigKey(
+        "min.compaction.lag.ms",
+        ConfigType.LONG,
+        "0",
+        "The least time a record stays uncompacted in a compacted topic.",
+        Effect.CLEANER,
+        ("log.cleaner.min.compaction.lag.ms",),
+        low=0,
+    ),
+    ConfigKey(
+        "min.insync.replicas",
+        ConfigType.INT,
+        "1",
+        "In a cluster, the in-sync replicas an acks=all produce needs, else NOT_ENOUGH_REPLICAS. "
+        "A single node keeps one copy and does not use it.",
+        Effect.APPLIED,
+        ("min.insync.replicas",),
+        low=1,
+    ),
+    ConfigKey(
+        "preallocate",
+        ConfigType.BOOLEAN,
+        "false",
+        "Kafka's whole-segment preallocation. ringlog preallocates the active segment ahead of its "
+        "appends in any case.",
+        Effect.STORED,
+        ("log.preallocate",),
+    ),
+    ConfigKey(
+        "remote.log.copy.disable",
+        ConfigType.BOOLEAN,
+        "false",
+        "Tiered storage: stop copying segments to remote storage. ringlog has no tiered storage.",
+    ),
+    ConfigKey(
+        "remote.log.delete.on.disable",
+        ConfigType.BOOLEAN,
+        "false",
+        "Tiered storage: delete remote segments when it is turned off. ringlog has no tiered storage.",
+    ),
+    ConfigKey(
+        "remote.storage.enable",
+        ConfigType.BOOLEAN,
+        "false",
+        "Tiered storage. ringlog has none: only false is accepted.",
+        check=_tiered_off,
+    ),
+    ConfigKey(
+        "retention.bytes",
+        ConfigType.LONG,
+        "-1",
+        "The most bytes a partition keeps before its oldest closed segments are deleted (-1: no "
+        "limit). Checked every 30 s and when it changes.",
+        Effect.APPLIED,
+        ("log.retention.bytes",),
+    ),
+    ConfigKey(
+        "retention.ms",
+        ConfigType.LONG,
+        str(7 * _DAY_MS),
+        "How long a closed segment is kept after its last append before it is deleted (-1: "
+        "forever). Checked every 30 s and when it changes.",
+        Effect.APPLIED,
+        ("log.retention.ms", "log.retention.minutes", "log.retention.hours"),
+        low=-1,
+    ),
+    ConfigKey(
+        "segment.bytes",
+        ConfigType.INT,
+        str(LogConfig().segment_bytes),
+        "The size at which the active segment is closed and a new one started.",
+        Effect.APPLIED,
+        ("log.segment.bytes",),
+        low=1,
+        high=min(SEGMENT_BYTES_MAX, INT_MAX),
+    ),
+    ConfigKey(
+        "segment.index.bytes",
+        ConfigType.INT,
+        str(10 * 1024 * 1024),
+        "Kafka's offset index size. ringlog's index grows with its segment.",
+        Effect.STORED,
+        ("log.index.size.max.bytes",),
+        low=4,
+    ),
+    ConfigKey(
+        "segment.jitter.ms",
+        ConfigType.LONG,
+        "0",
+        "Kafka's random offset of segment.ms. Kept, not used.",
+        Effect.STORED,
+        ("log.roll.jitter.ms", "log.roll.jitter.hours"),
+        low=0,
+    ),
+    ConfigKey(
+        "segment.ms",
+        ConfigType.LONG,
+        str(LONG_MAX),
+        "The age of its first batch at which the active segment is closed on the next append "
+        f"({LONG_MAX}: never).",
+        Effect.APPLIED,
+        ("log.roll.ms", "log.roll.hours"),
+        low=1,
+    ),
+    ConfigKey(
+        "unclean.leader.election.enable",
+        ConfigType.BOOLEAN,
+        "false",
+        "In a cluster, with no in-sync replica alive, elect any live replica (acknowledged records "
+        "may be lost).",
+        Effect.APPLIED,
+        ("unclean.leader.election.enable",),
+    ),
+)
+KEYS: Final[Mapping[str, ConfigKey]] = {k.name: k for k in _KEYS}
+
+
+@dataclass(frozen=True, slots=True)
+class TopicDefaults:
+    """The broker's defaults for topic configs: its log settings (`broker serve` flags), its
+    cluster settings, and which of them a flag set (`static`: described STATIC_BROKER)."""
+
+    log: LogConfig = field(default_factory=LogConfig)
+    min_insync_replicas: int = 1  # a cluster's --min-insync-replicas
+    unclean_leader_election: bool = False  # a cluster's --unclean-leader-election
+    static: frozenset[str] = frozenset()
+
+    def value(self, name: str) -> str:
+        """The broker's default for config `name`, as described."""
+        log = self.log
+        match name:
+            case "retention.ms":
+                return "-1" if log.retention_ms is None else str(log.retention_ms)
+            case "retention.bytes":
+                return "-1" if log.retention_bytes is None else str(log.retention_bytes)
+            case "segment.bytes":
+                return str(log.segment_bytes)
+            case "segment.ms":
+                return str(LONG_MAX) if log.segment_ms is None else str(log.segment_ms)
+            case "max.message.bytes":
+                return str(log.max_batch_bytes)
+            case "message.timestamp.type":
+                return "LogAppendTime" if log.log_append_time else "CreateTime"
+            case "min.insync.replicas":
+                return str(self.min_insync_replicas)
+            case "unclean.leader.election.enable":
+                return "true" if self.unclean_leader_election else "false"
+        return KEYS[name].default
+
+    def source(self, name: str) -> ConfigSource:
+        return ConfigSource.STATIC_BROKER if name in self.static else ConfigSource.DEFAULT
+
+
+def parse_overrides(configs: Mapping[str, str | None]) -> dict[str, str]:
+    """`configs` checked name by name and value by value (Kafka's rules), normalised: the
+    overrides to store. `ConfigError` names the first that is refused."""
+    out: dict[str, str] = {}
+    for name, text in configs.items():
+        key = KEYS.get(name)
+        if key is None:
+            raise ConfigError(f"unknown topic config name: {name}")
+        if text is None:
+            raise ConfigError(f"a null value is not supported for topic config {name}")
+        out[name] = key.render(key.parse(text))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSettings:
+    """A topic's effective configs, parsed: what the core applies and the cleaner reads."""
+
+    retention_ms: int | None  # None: keep forever
+    retention_bytes: int | None  # None: no size limit
+    segment_bytes: int
+    segment_ms: int | None  # None: no time-based roll
+    max_message_bytes: int
+    log_append_time: bool
+    min_insync_replicas: int
+    unclean_leader_election: bool
+    compression_type: str
+    cleanup_policy: tuple[str, ...]
+    delete_retention_ms: int
+    min_compaction_lag_ms: int
+    max_compaction_lag_ms: int
+    min_cleanable_dirty_ratio: float
+
+    @property
+    def compact(self) -> bool:
+        return "compact" in self.cleanup_policy
+
+    @property
+    def delete(self) -> bool:
+        """Whether retention deletes old segments (Kafka: only with the delete policy)."""
+        return "delete" in self.cleanup_policy
+
+    def log_config(self, base: LogConfig) -> LogConfig:
+        """The log's settings: `base` (the broker's, for what topics do not set) with these.
+        A batch may not exceed its segment (`LogConfig.invalid`): max.message.bytes above
+        segment.bytes is held to it. Without the delete policy nothing is deleted by age or size,
+        as in Kafka (compaction, once there is a cleaner, is what bounds such a log)."""
+        return replace(
+            base,
+            segment_bytes=self.segment_bytes,
+            max_batch_bytes=max(1, min(self.max_message_bytes, self.segment_bytes)),
+            retention_ms=self.retention_ms if self.delete else None,
+            retention_bytes=self.retention_bytes if self.delete else None,
+            segment_ms=self.segment_ms,
+            log_append_time=self.log_append_time,
+        )
+
+
+def effective(overrides: Mapping[str, str], defaults: TopicDefaults) -> dict[str, str]:
+    """Every config's value: the topic's override, else the broker's default."""
+    return {name: overrides.get(name, defaults.value(name)) for name in KEYS}
+
+
+def settings(overrides: Mapping[str, str], defaults: TopicDefaults) -> TopicSettings:
+    """The effective configs of a topic with `overrides` (stored ones: already checked)."""
+    values = effective(overrides, defaults)
+
+    def get(name: str) -> object:
+        return KEYS[name].parse(values[name])
+
+    def number(name: str) -> int:
+        value = get(name)
+        assert isinstance(value, int)
+        return value
+
+    retention_ms, retention_bytes, segment_ms = (
+        number("retention.ms"),
+        number("retention.bytes"),
+        number("segment.ms"),
+    )
+    policy = get("cleanup.policy")
+    ratio = get("min.cleanable.dirty.ratio")
+    assert isinstance(policy, tuple) and isinstance(ratio, float)
+    return TopicSettings(
+        retention_ms=None if retention_ms < 0 else retention_ms,
+        retention_bytes=None if retention_bytes < 0 else retention_bytes,
+        segment_bytes=number("segment.bytes"),
+        segment_ms=None if segment_ms == LONG_MAX else segment_ms,
+        max_message_bytes=number("max.message.bytes"),
+        log_append_time=values["message.timestamp.type"] == "LogAppendTime",
+        min_insync_replicas=number("min.insync.replicas"),
+        unclean_leader_election=get("unclean.leader.election.enable") is True,
+        compression_type=values["compression.type"],
+        cleanup_policy=policy,
+        delete_retention_ms=number("delete.retention.ms"),
+        min_compaction_lag_ms=number("min.compaction.lag.ms"),
+        max_compaction_lag_ms=number("max.compaction.lag.ms"),
+        min_cleanable_dirty_ratio=ratio,
+    )
+
+
+def check_topic(overrides: Mapping[str, str], defaults: TopicDefaults, limits: Limits) -> TopicSettings:
+    """The settings of a topic with `overrides` (parsed already), or `ConfigError` when they do
+    not hold together or break the broker's floors (broker/core/limits.py): Kafka's rule that
+    min.compaction.lag.ms is at most max.compaction.lag.ms, then ours on segments."""
+    s = settings(overrides, defaults)
+    if s.min_compaction_lag_ms > s.max_compaction_lag_ms:
+        raise ConfigError(
+            f"conflict topic config setting min.compaction.lag.ms ({s.min_compaction_lag_ms}) > "
+            f"max.compaction.lag.ms ({s.max_compaction_lag_ms})"
+        )
+    if s.segment_bytes < limits.min_segment_bytes:
+        raise ConfigError(
+            f"segment.bytes {s.segment_bytes} is below the broker's floor of {limits.min_segment_bytes} "
+            "(--min-segment-bytes)"
+        )
+    if s.segment_ms is not None and s.segment_ms < limits.min_segment_ms:
+        raise ConfigError(
+            f"segment.ms {s.segment_ms} is below the broker's floor of {limits.min_segment_ms} "
+            "(--min-segment-ms)"
+        )
+    reason = s.log_config(defaults.log).invalid()
+    if reason is not None:
+        raise ConfigError(reason)
+    return s
+
+
+# ------------------------------------------------------------------------------------------ describe
+
+
+@dataclass(frozen=True, slots=True)
+class Synonym:
+    name: str
+    value: str | None
+    source: ConfigSource
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigEntry:
+    """One config as described: what both protocols' describe answers carry."""
+
+    name: str
+    value: str | None  # None: sensitive (never the case for a topic's)
+    source: ConfigSource
+    read_only: bool
+    sensitive: bool
+    type: ConfigType
+    doc: str
+    synonyms: tuple[Synonym, ...] = ()
+
+
+def describe_topic(
+    overrides: Mapping[str, str], defaults: TopicDefaults, names: Iterable[str] | None = None
+) -> list[ConfigEntry]:
+    """Every config of a topic (or those of `names` that exist), as Kafka's DescribeConfigs
+    answers: the effective value; its source (the override, else a broker flag, else built in);
+    and its synonyms in priority order: the override, then the broker config the default comes
+    from (named as Kafka names it: `log.retention.ms` for retention.ms)."""
+    wanted = KEYS if names is None else [n for n in names if n in KEYS]
+    out = []
+    for name in sorted(wanted):
+        key = KEYS[name]
+        synonyms = []
+        if name in overrides:
+            synonyms.append(Synonym(name, overrides[name], ConfigSource.TOPIC))
+        if key.synonyms:
+            synonyms.append(Synonym(key.synonyms[0], defaults.value(name), defaults.source(name)))
+        source = synonyms[0].source if synonyms else ConfigSource.DEFAULT
+        value = overrides[name] if name in overrides else defaults.value(name)
+        out.append(ConfigEntry(name, value, source, False, False, key.type, key.doc, tuple(synonyms)))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerSetting:
+    """A broker config that is not a topic config's synonym: its value and whether a flag set it."""
+
+    value: str
+    type: ConfigType
+    doc: str
+    static: bool = True
+
+
+def describe_broker(
+    defaults: TopicDefaults, others: Mapping[str, BrokerSetting], names: Iterable[str] | None = None
+) -> list[ConfigEntry]:
+    """The broker's configs (or those of `names`), read-only: ringlog's are `broker serve` flags,
+    changed by a restart. Each topic config's first synonym with the broker's default for it
+    (`log.retention.ms`, `message.max.bytes`, ...), then `others` (its ids, listeners, ...)."""
+    entries: dict[str, ConfigEntry] = {}
+    for name, key in KEYS.items():
+        if not key.synonyms:
+            continue
+        broker_name = key.synonyms[0]
+        source = defaults.source(name)
+        value = defaults.value(name)
+        entries[broker_name] = ConfigEntry(
+            broker_name,
+            value,
+            source,
+            True,
+            False,
+            key.type,
+            f"The broker's default for topic config {name}: {key.doc}",
+            (Synonym(broker_name, value, source),),
+        )
+    for name, setting in others.items():
+        source = ConfigSource.STATIC_BROKER if setting.static else ConfigSource.DEFAULT
+        entries[name] = ConfigEntry(
+            name,
+            setting.value,
+            source,
+            True,
+            False,
+            setting.type,
+            setting.doc,
+            (Synonym(name, setting.value, source),),
+        )
+    wanted = entries if names is None else [n for n in names if n in entries]
+    return [entries[n] for n in sorted(wanted)]
