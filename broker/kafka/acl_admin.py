@@ -10,8 +10,8 @@ Rules this module keeps:
   alter on the cluster (broker/kafka/authorize.py), as in Kafka.
 - Kafka's codes map onto ours: resource types topic, group and cluster (others, such as
   transactional ids, are refused per item with INVALID_REQUEST); literal and prefixed patterns;
-  operations read, write, create, delete, alter, describe and all; allow and deny. Hosts are
-  not matched: a binding's host must be "*".
+  operations read, write, create, delete, alter, describe, describe_configs, alter_configs and
+  all; allow and deny. Hosts are not matched: a binding's host must be "*".
 - A filter (describe, delete) matches a binding when each of its fields is ANY or equal; the
   pattern filter MATCH takes every binding that applies to the named resource (literal, "*",
   or a prefix of it), as Kafka's does.
@@ -46,7 +46,17 @@ MATCH: Final = 2  # a pattern filter: every binding that applies to the named re
 ANY_HOST: Final = "*"
 RESOURCE_TYPES: Final = {2: "topic", 3: "group", 4: "cluster"}
 PATTERNS: Final = {3: "literal", 4: "prefixed"}
-OPERATIONS: Final = {2: "all", 3: "read", 4: "write", 5: "create", 6: "delete", 7: "alter", 8: "describe"}
+OPERATIONS: Final = {
+    2: "all",
+    3: "read",
+    4: "write",
+    5: "create",
+    6: "delete",
+    7: "alter",
+    8: "describe",
+    10: "describe_configs",
+    11: "alter_configs",
+}
 PERMISSIONS: Final = {2: "deny", 3: "allow"}
 _CODES: Final = {
     name: {v: k for k, v in table.items()}

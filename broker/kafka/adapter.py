@@ -11,7 +11,8 @@ Rules this module keeps:
   (broker/kafka/context.py), registered in `_apis`: produce.py, fetch.py, list_offsets.py,
   metadata.py, topics.py (Create/DeleteTopics), groups.py (FindCoordinator, Join/Sync/Heartbeat/
   LeaveGroup, OffsetCommit/OffsetFetch, Describe/ListGroups), init_producer_id.py,
-  leader_epoch.py, sasl.py, acl_admin.py. A new API is a module and a line here.
+  leader_epoch.py, sasl.py, acl_admin.py, configs.py (Describe/Alter/IncrementalAlterConfigs).
+  A new API is a module and a line here.
 - Only what `SUPPORTED_VERSIONS` lists is advertised in ApiVersions, and only that is answered
   by a handler. An ApiVersions above our highest version gets UNSUPPORTED_VERSION in a v0
   response listing our versions (as Kafka brokers answer, so the client retries at a version we
@@ -42,6 +43,7 @@ from broker.core.outcomes import Outcome, Reply, Silent
 from broker.kafka import (
     acl_admin,
     authorize,
+    configs,
     fetch,
     init_producer_id,
     list_offsets,
@@ -89,6 +91,7 @@ SUPPORTED_VERSIONS: Final[dict[int, tuple[int, int]]] = {
     **GROUP_VERSIONS,  # FindCoordinator, Join/Sync/Heartbeat/LeaveGroup, offsets: broker/kafka/groups.py
     **sasl.VERSIONS,  # SaslHandshake, SaslAuthenticate: broker/kafka/sasl.py
     **acl_admin.VERSIONS,  # DescribeAcls, CreateAcls, DeleteAcls: broker/kafka/acl_admin.py
+    **configs.VERSIONS,  # DescribeConfigs, AlterConfigs, IncrementalAlterConfigs: broker/kafka/configs.py
 }
 
 
@@ -149,6 +152,9 @@ class KafkaAdapter:
             acl_admin.DESCRIBE_ACLS: self._acl_api(acls.describe),
             acl_admin.CREATE_ACLS: self._acl_api(acls.create),
             acl_admin.DELETE_ACLS: self._acl_api(acls.delete),
+            configs.DESCRIBE_CONFIGS: api(configs.describe_configs),
+            configs.ALTER_CONFIGS: api(configs.alter_configs),
+            configs.INCREMENTAL_ALTER_CONFIGS: api(configs.incremental_alter_configs),
         }
         assert set(self._apis) == set(SUPPORTED_VERSIONS), "an api advertised without a handler"
 

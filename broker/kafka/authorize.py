@@ -8,7 +8,9 @@ Rules this module keeps:
   describe on each group; ListGroups lists only the groups the principal may describe (all of
   them with describe on the cluster: broker/kafka/groups.py); create on the cluster allows
   CreateTopics of any topic; DescribeAcls describe on the cluster, CreateAcls and DeleteAcls
-  alter on it. ApiVersions, the SASL apis and
+  alter on it; DescribeConfigs, AlterConfigs and IncrementalAlterConfigs are checked resource by
+  resource where they are answered (broker/kafka/configs.py: describe_configs or alter_configs
+  on each topic, on the cluster for a broker's). ApiVersions, the SASL apis and
   InitProducerId (an id without a transactional id grants nothing: KIP-679) need nothing.
   Metadata is filtered instead (broker/kafka/adapter.py `_metadata`). OffsetForLeaderEpoch v0-1,
   which kio has no schema for, are checked where they are decoded (broker/kafka/leader_epoch.py).

@@ -3,12 +3,12 @@
 Rules this module keeps:
 - A binding is Kafka's: principal ("User:alice", or "User:*" for everyone) x resource (topic,
   group or cluster; a literal name, "*" for every name, or a prefix) x operation (read, write,
-  create, delete, describe, alter, or all) x allow or deny. Hosts are not matched (every binding
-  is for any host, Kafka's "*").
+  create, delete, describe, alter, describe_configs, alter_configs, or all) x allow or deny.
+  Hosts are not matched (every binding is for any host, Kafka's "*").
 - `Authorizer.allowed`: a super user (`broker serve --super-users`) and the broker's own cores may
   do anything; otherwise a matching deny wins over any allow, and without a matching allow the
   answer is no (deny by default). As in Kafka, read, write, delete and alter each imply describe
-  on the same resource.
+  on the same resource, and alter_configs implies describe_configs.
 - The authorizer is on exactly when the listener authenticates (SASL, or mutual TLS): without
   authentication every client is User:ANONYMOUS and everything is allowed, as today.
 - The file is written and reread like the users file (broker/security/watched.py): `broker acls
@@ -28,7 +28,17 @@ from broker.security.watched import Document, Documents, WatchedFile
 
 ACLS_FILE: Final = "acls.json"
 RESOURCE_TYPES: Final = ("topic", "group", "cluster")
-OPERATIONS: Final = ("read", "write", "create", "delete", "describe", "alter", "all")
+OPERATIONS: Final = (
+    "read",
+    "write",
+    "create",
+    "delete",
+    "describe",
+    "alter",
+    "describe_configs",
+    "alter_configs",
+    "all",
+)
 PATTERNS: Final = ("literal", "prefixed")
 PERMISSIONS: Final = ("allow", "deny")
 CLUSTER_NAME: Final = "kafka-cluster"  # the one cluster resource's name, as Kafka names it
@@ -81,8 +91,13 @@ class AclBinding:
             return False
         if self.operation in ("all", operation):
             return True
-        # read, write, delete and alter allow describe too (a deny of them does not deny it)
-        return operation == "describe" and self.permission == "allow" and self.operation in _IMPLY_DESCRIBE
+        # read, write, delete and alter allow describe too, alter_configs allows describe_configs
+        # (a deny of them does not deny it)
+        if self.permission != "allow":
+            return False
+        if operation == "describe":
+            return self.operation in _IMPLY_DESCRIBE
+        return operation == "describe_configs" and self.operation == "alter_configs"
 
     def __str__(self) -> str:
         return f"{self.permission} {self.principal} {self.operation} {self.resource_type}:{self.name}" + (

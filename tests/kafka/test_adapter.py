@@ -155,6 +155,9 @@ def test_api_versions_lists_only_what_is_answered(adapter: KafkaAdapter, version
         29: (1, 3),
         30: (1, 3),
         31: (1, 3),
+        32: (1, 4),
+        33: (0, 2),
+        44: (0, 1),
     }
 
 

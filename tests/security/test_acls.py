@@ -254,3 +254,60 @@ def test_acl_admin_apis(broker: BrokerProcess) -> None:
     assert deleted == [grant]
     assert [e.code() for e in produce(bob, "ledger", [b"y"])] == [KafkaError.TOPIC_AUTHORIZATION_FAILED]
     assert "User:bob" not in broker_cli(broker.data_dir, "acls", "list")
+
+
+def test_config_operations_and_what_they_imply(tmp_path: Path) -> None:
+    store = AclStore(str(tmp_path))
+    store.add(AclBinding("User:alice", "topic", "orders", "alter_configs"))
+    store.add(AclBinding("User:bob", "topic", "orders", "describe_configs"))
+    store.add(AclBinding("User:carol", "topic", "orders", "alter"))
+    auth = Authorizer(str(tmp_path), enabled=True)
+    assert auth.allowed("User:alice", "describe_configs", "topic", "orders")  # implied, as in Kafka
+    assert not auth.allowed("User:bob", "alter_configs", "topic", "orders")
+    assert not auth.allowed("User:carol", "alter_configs", "topic", "orders")  # alter is not alter_configs
+    assert not auth.allowed("User:carol", "describe_configs", "topic", "orders")
+
+
+def test_config_apis_are_authorized_resource_by_resource(broker: BrokerProcess) -> None:
+    """DescribeConfigs needs describe_configs on the topic (or the cluster, for a broker's),
+    AlterConfigs and IncrementalAlterConfigs alter_configs: a refused resource is answered
+    TOPIC_AUTHORIZATION_FAILED / CLUSTER_AUTHORIZATION_FAILED, changes nothing, and the
+    request's other resources are served, as Kafka answers."""
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
+
+    for t in ("orders", "payroll"):
+        create_topic(conf(broker, "admin"), t)
+    alice = AdminClient(conf(broker, "alice"))  # write and read on orders: no config rights
+    orders, payroll, node = (
+        ConfigResource("topic", "orders"),
+        ConfigResource("topic", "payroll"),
+        ConfigResource("broker", "0"),
+    )
+
+    def code(future: Any) -> int:
+        with pytest.raises(KafkaException) as info:
+            future.result(15)
+        return info.value.args[0].code()
+
+    assert code(alice.describe_configs([orders])[orders]) == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    assert code(alice.describe_configs([node])[node]) == KafkaError.CLUSTER_AUTHORIZATION_FAILED
+    broker_cli(broker.data_dir, "acls", "add", "User:alice", "describe_configs", "topic:orders")
+    futures = alice.describe_configs([orders, payroll])
+    assert futures[orders].result(15)["retention.ms"].value is not None
+    assert code(futures[payroll]) == KafkaError.TOPIC_AUTHORIZATION_FAILED
+
+    change = ConfigResource(
+        "topic",
+        "orders",
+        incremental_configs=[
+            ConfigEntry("retention.ms", "1000", incremental_operation=AlterConfigOpType.SET)
+        ],
+    )
+    assert code(alice.incremental_alter_configs([change])[change]) == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    admin = AdminClient(conf(broker, "admin"))
+    assert admin.describe_configs([orders])[orders].result(15)["retention.ms"].value != "1000", (
+        "nothing changed"
+    )
+    broker_cli(broker.data_dir, "acls", "add", "User:alice", "alter_configs", "topic:orders")
+    alice.incremental_alter_configs([change])[change].result(15)
+    assert admin.describe_configs([orders])[orders].result(15)["retention.ms"].value == "1000"
