@@ -9,6 +9,7 @@ import datetime
 import io
 import socket
 import struct
+import sys
 import typing
 import uuid
 from typing import Any
@@ -130,6 +131,35 @@ def read_response(api_key: int, version: int, data: bytes) -> tuple[int, Any]:
     body, more = entity_reader(schema)(data, 4 + used)
     assert 4 + used + more == len(data), f"{len(data) - 4 - used - more} bytes left over"
     return int(header.correlation_id), body
+
+
+def rpc(
+    port: int, api_key: int, version: int, body: Any, host: str = "127.0.0.1", timeout: float = 10
+) -> Any:
+    """The body of the answer to one request sent on a connection of its own to `port` (a
+    core's direct port: a request a client would send to whichever broker it picks)."""
+    with socket.create_connection((host, port), timeout=timeout) as s:
+        s.sendall(frame(api_key, version, 1, body))
+        data = read_sized(s)
+    return read_response(api_key, version, struct.pack(">i", len(data)) + data)[1]
+
+
+def describe_configs(port: int, resources: list[tuple[int, str]], keys: tuple[str, ...] | None = None) -> Any:
+    """DescribeConfigs v4 of `resources` ((Kafka resource type, name): 2 a topic, 4 a broker)
+    asked of the core at `port`: its results."""
+    schema = request_schema(32, 4)
+    assert schema is not None
+    module = sys.modules[schema.__module__]
+    body = make(
+        schema,
+        resources=tuple(
+            make(module.DescribeConfigsResource, resource_type=t, resource_name=n, configuration_keys=keys)
+            for t, n in resources
+        ),
+        include_synonyms=False,
+        include_documentation=True,
+    )
+    return rpc(port, 32, 4, body).results
 
 
 def error_codes(entity: Any) -> list[tuple[str, ErrorCode]]:

@@ -664,3 +664,68 @@ def test_a_new_leader_answers_a_sequence_gap_retriably(cluster: Cluster) -> None
         wire.close()
     cluster.nodes[leader].start()
     wait_for(lambda: all(len(p["isr"]) == 3 for p in cluster.view(leader)["partitions"]), timeout=30)
+
+
+def test_topic_configs_altered_live_on_every_node(cluster: Cluster) -> None:
+    """A topic's configs live in its etcd record: created with them, altered through one node,
+    described alike by every node's cores within moments, and in effect on the leaders: a batch
+    above max.message.bytes refused; with a node down, acks=all refused (NOT_ENOUGH_REPLICAS) by
+    a topic whose min.insync.replicas is 3 and served by one that keeps the cluster's 2."""
+    confluent_kafka = pytest.importorskip("confluent_kafka")
+    from confluent_kafka import KafkaError
+    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
+
+    from labkit.kafka_requests import describe_configs
+
+    boot = cluster.nodes[1].bootstrap
+    admin = AdminClient({"bootstrap.servers": boot})
+    for name, configs in (("kcfg", {"retention.ms": "600000"}), ("kplain", {})):
+        admin.create_topics([NewTopic(name, 3, 3, config=configs)])[name].result(20)
+        wait_for(
+            lambda n=name: all(
+                p.leader >= 0 for p in admin.list_topics(n, timeout=5).topics[n].partitions.values()
+            )
+        )
+
+    def everywhere(name: str, value: str) -> bool:
+        return all(
+            describe_configs(node.core_ports[0], [(2, "kcfg")], (name,))[0].configs[0].value == value
+            for node in cluster.nodes.values()
+            if node.running()
+        )
+
+    wait_for(lambda: everywhere("retention.ms", "600000"), timeout=10)
+
+    def codes(topic: str, size: int) -> set[object]:
+        producer = confluent_kafka.Producer(
+            {"bootstrap.servers": cluster.bootstrap, "acks": "all", "retries": 0, "message.timeout.ms": 5000}
+        )
+        errors: list[object] = []
+        for p in range(3):
+            producer.produce(topic, b"x" * size, partition=p, on_delivery=lambda e, _m: errors.append(e))
+        assert producer.flush(30) == 0
+        return {e.code() if e is not None else None for e in errors}  # type: ignore[attr-defined]
+
+    assert codes("kcfg", 10_000) == {None}
+    entries = [
+        ConfigEntry("max.message.bytes", "4096", incremental_operation=AlterConfigOpType.SET),
+        ConfigEntry("min.insync.replicas", "3", incremental_operation=AlterConfigOpType.SET),
+    ]
+    change = ConfigResource("topic", "kcfg", incremental_configs=entries)
+    admin.incremental_alter_configs([change])[change].result(20)
+    wait_for(
+        lambda: everywhere("max.message.bytes", "4096") and everywhere("min.insync.replicas", "3"), timeout=10
+    )
+    wait_for(lambda: codes("kcfg", 10_000) == {KafkaError.MSG_SIZE_TOO_LARGE}, timeout=10, step=0.5)
+    assert codes("kcfg", 100) == {None}, "three in sync: enough"
+    for node in cluster.nodes.values():
+        registry = json.loads((node.data_dir / "topics.json").read_text())
+        (topic,) = [t for t in registry["topics"] if t["name"] == "kcfg"]
+        assert topic["configs"] == {
+            "max.message.bytes": "4096",
+            "min.insync.replicas": "3",
+            "retention.ms": "600000",
+        }
+    cluster.nodes[3].kill()  # restarted by the `healed` fixture
+    wait_for(lambda: codes("kcfg", 100) == {KafkaError.NOT_ENOUGH_REPLICAS}, timeout=20, step=0.5)
+    assert codes("kplain", 100) == {None}, "the cluster's min.insync.replicas (2) is met"

@@ -7,8 +7,6 @@ max.message.bytes refusing a batch, retention.ms deleting, LogAppendTime stampin
 from __future__ import annotations
 
 import asyncio
-import socket
-import struct
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -17,9 +15,8 @@ import pytest
 
 from broker.client import Admin
 from broker.core.topic_configs import KEYS
-from broker.kafka.codec import make, request_schema
 from labkit.brokerproc import BrokerProcess, wait_for
-from labkit.kafka_requests import frame, read_response, read_sized
+from labkit.kafka_requests import describe_configs
 from ringlog_proto.routing import shard_for
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
@@ -152,11 +149,11 @@ def test_describe_configs_of_each_core_as_a_broker(cbroker: BrokerProcess, admin
         assert got["message.max.bytes"].value == str(MiB)
         assert all(e.is_read_only for e in got.values()), "they are `broker serve` flags"
     # a broker resource is answered by the broker it names; another id is refused as Kafka does
-    raw = describe_raw(cbroker.core_ports[0], [(4, "7")])
+    raw = describe_configs(cbroker.core_ports[0], [(4, "7")])
     assert [(r.error_code, r.error_message and "Unexpected broker id" in r.error_message) for r in raw] == [
         (KafkaError.INVALID_REQUEST, True)
     ]
-    assert describe_raw(cbroker.core_ports[0], [(4, "")])[0].configs == ()  # no dynamic defaults
+    assert describe_configs(cbroker.core_ports[0], [(4, "")])[0].configs == ()  # no dynamic defaults
 
 
 @pytest.mark.filterwarnings("ignore:alter_configs has been deprecated")
@@ -268,27 +265,6 @@ def test_aiokafka_describe_and_alter(cbroker: BrokerProcess) -> None:
 # ------------------------------------------------------------------------------ live effect
 
 
-def describe_raw(port: int, resources: list[tuple[int, str]], keys: tuple[str, ...] | None = None) -> Any:
-    """DescribeConfigs v4 sent to one core's own port (a client picks any broker)."""
-    schema = request_schema(32, 4)
-    assert schema is not None
-    module = __import__(schema.__module__, fromlist=["x"])
-    body = make(
-        schema,
-        resources=tuple(
-            make(module.DescribeConfigsResource, resource_type=t, resource_name=n, configuration_keys=keys)
-            for t, n in resources
-        ),
-        include_synonyms=False,
-        include_documentation=True,
-    )
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-        s.sendall(frame(32, 4, 9, body))
-        data = read_sized(s)
-        _, resp = read_response(32, 4, struct.pack(">i", len(data)) + data)
-    return resp.results
-
-
 def partitions_by_core(topic_id: int, partitions: int, cores: int) -> dict[int, list[int]]:
     out: dict[int, list[int]] = {}
     for p in range(partitions):
@@ -326,13 +302,10 @@ def test_an_alter_reaches_both_cores_live(cbroker: BrokerProcess, admin: AdminCl
     assert produce_sizes(cbroker, "live", every, 10_000) == [None] * len(every)
     resource = ConfigResource("topic", "live", set_config={"max.message.bytes": "4096"})
     admin.alter_configs([resource])[resource].result(15)
-    for core in range(cbroker.cores):
+    keys = ("max.message.bytes",)
+    for port in cbroker.core_ports.values():
         wait_for(
-            lambda c=core: (
-                describe_raw(cbroker.core_ports[c], [(2, "live")], ("max.message.bytes",))[0].configs[0].value
-                == "4096"
-            ),
-            timeout=5,
+            lambda p=port: describe_configs(p, [(2, "live")], keys)[0].configs[0].value == "4096", timeout=5
         )
 
     def refused_everywhere() -> bool:
