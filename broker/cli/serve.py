@@ -551,7 +551,7 @@ def add_serve_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     topic_defaults.add_argument(
         "--retention-ms",
         type=int,
-        default=FlagDefault(defaults.retention_ms),
+        default=FlagDefault(-1 if defaults.retention_ms is None else defaults.retention_ms),
         help="retention.ms (-1: keep forever)",
     )
     topic_defaults.add_argument(

@@ -41,6 +41,7 @@ from broker.cluster.store import (
     mod_revision_is,
 )
 from broker.core.cluster_view import PartitionState
+from broker.core.topic_configs import Alteration
 from broker.core.topics import Topic, TopicError, TopicFault, TopicRegistry
 
 log = logging.getLogger(__name__)
@@ -138,20 +139,18 @@ class ClusterAdmin:
             )  # a lost race: someone else wrote them (the controller completing the topic)
         return len(todo)
 
-    def alter_topic_configs(
-        self, registry: TopicRegistry, name: str, configs: Mapping[str, str | None]
-    ) -> Topic:
-        """Make `configs` the overrides of topic `name` in the cluster (replacing all it had),
-        checked by `registry` as on one node; one transaction on the topic's record at the
-        revision read (a lost race is read again). Every node's agent copies it into its
-        registry, whose cores apply it (broker/core/core.py `_sync_partitions`)."""
+    def alter_topic_configs(self, registry: TopicRegistry, name: str, alteration: Alteration) -> Topic:
+        """Alter the overrides of topic `name` in the cluster (`alteration` applied to them as its
+        record holds them), checked by `registry` as on one node; one transaction on the topic's
+        record at the revision read (a lost race is read and altered again). Every node's agent
+        copies it into its registry, whose cores apply it (broker/core/core.py `_sync_partitions`)."""
         k = self.keys
         for _ in range(RACE_RETRIES):
             kv = self.store.get(k.topic(name))
             if kv is None:
                 raise TopicError(TopicFault.UNKNOWN, f"unknown topic {name!r}")
             record = TopicRecord.decode(kv.value)
-            overrides = registry.checked(configs)
+            overrides = registry.checked(alteration(record.topic.configs, registry.topic_defaults))
             topic = replace(record.topic, configs=overrides)
             new = TopicRecord(topic, record.replication)
             try:

@@ -28,6 +28,7 @@ from broker.storage.durable_file import replace_json
 if TYPE_CHECKING:
     from broker.core.groups import GroupOffsetStore
     from broker.core.producer_ids import BlockSource
+    from broker.core.topic_configs import Alteration
     from broker.core.topics import Topic, TopicRegistry
     from broker.security.acls import AclStore
 
@@ -49,9 +50,7 @@ class ClusterCalls(Protocol):
         replication: int = -1,
     ) -> Topic: ...
 
-    def alter_topic_configs(
-        self, registry: TopicRegistry, name: str, configs: Mapping[str, str | None]
-    ) -> Topic: ...
+    def alter_topic_configs(self, registry: TopicRegistry, name: str, alteration: Alteration) -> Topic: ...
 
     def delete_topic(self, name: str) -> Topic: ...
 

@@ -52,7 +52,7 @@ from broker.core.partition import Partition, Stored
 from broker.core.producer_ids import FileBlockSource, ProducerIds
 from broker.core.remote import RemoteLinks
 from broker.core.replication import NotLeaderError
-from broker.core.topic_configs import ConfigEntry, TopicDefaults, describe_topic
+from broker.core.topic_configs import Alteration, ConfigEntry, TopicDefaults, describe_topic
 from broker.core.topics import Topic, TopicError, TopicFault, TopicRegistry
 from broker.core.views import MetadataView, NodeView, PartitionView, TopicView
 from broker.security.acls import Authorizer
@@ -492,19 +492,17 @@ class Core:
         log.info("created topic %s (id %d, %d partitions)", topic.name, topic.topic_id, topic.partitions)
         return topic
 
-    def alter_topic_configs(
-        self, name: str, configs: Mapping[str, str | None], validate_only: bool = False
-    ) -> Topic:
-        """Make `configs` the overrides of topic `name` (replacing all it had: an incremental
-        change is computed by the caller from `registry.get(name).configs`), on one node; raises
-        `TopicError`. This core applies them at once, the others on their next registry reload
-        (within about a second, `refresh_topics`). `validate_only`: checked, nothing changed."""
+    def alter_topic_configs(self, name: str, alteration: Alteration, validate_only: bool = False) -> Topic:
+        """Alter the overrides of topic `name` on one node (`alteration` applied to them as they
+        are under the registry's lock: broker/core/topic_configs.py `replacing`, `changing`);
+        raises `TopicError`. This core applies them at once, the others on their next registry
+        reload (within about a second, `refresh_topics`). `validate_only`: checked, nothing changed."""
         if validate_only:
             self.refresh_topics()
-            return self.registry.altered(name, configs)
+            return self.registry.altered(name, alteration)
         with self.registry.locked():
             self.registry.load()
-            topic = self.registry.altered(name, configs)
+            topic = self.registry.altered(name, alteration)
             self.registry.replace_topic(topic)
         self._sync_partitions()
         return topic

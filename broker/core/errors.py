@@ -13,6 +13,7 @@ from __future__ import annotations
 from broker.core.groups import GroupError, OffsetsUnavailable
 from broker.core.producer_state import RetryInFlightError, SequenceError
 from broker.core.replication import NotEnoughReplicasError, NotLeaderError
+from broker.core.topic_configs import ConfigError
 from broker.core.topics import TopicError, TopicFault
 from broker.storage.diskspace import is_out_of_space
 from broker.storage.errors import (
@@ -71,6 +72,8 @@ def error_of(exc: BaseException) -> tuple[m.ErrorCode, str]:
             return E.INVALID_GROUP, str(exc)
         case OffsetsUnavailable():
             return E.REQUEST_TIMED_OUT, str(exc)
-        case ValueError():
+        case ConfigError():
+            return E.INVALID_CONFIG, str(exc)
+        case ValueError():  # ConfigChangeError too
             return E.INVALID_REQUEST, str(exc)
     return E.UNKNOWN_SERVER_ERROR, f"{type(exc).__name__}: {exc}"

@@ -68,7 +68,12 @@ class Effect(Enum):
 
 
 class ConfigError(ValueError):
-    """A config name or value that cannot be set, with the reason."""
+    """A config name or value that cannot be set, with the reason (INVALID_CONFIG)."""
+
+
+class ConfigChangeError(ValueError):
+    """A change that cannot be made whatever the values: a config named twice, an operation a
+    config's type does not take (INVALID_REQUEST, as Kafka answers it)."""
 
 
 Check = Callable[[object], str | None]
@@ -528,6 +533,69 @@ def parse_overrides(configs: Mapping[str, str | None]) -> dict[str, str]:
             raise ConfigError(f"a null value is not supported for topic config {name}")
         out[name] = key.render(key.parse(text))
     return out
+
+
+class ConfigOp(Enum):
+    """What an incremental change does to one config (Kafka's IncrementalAlterConfigs ops)."""
+
+    SET = "set"  # the override becomes the value
+    DELETE = "delete"  # no override: the broker's default
+    APPEND = "append"  # list configs: the values not already there added at the end
+    SUBTRACT = "subtract"  # list configs: the values given taken out
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigChange:
+    name: str
+    op: ConfigOp
+    value: str | None = None
+
+
+# A topic's new overrides from its current ones and the broker's defaults (checked afterwards by
+# the registry): how an alter is applied to what is stored at the moment it is stored.
+Alteration = Callable[[Mapping[str, str], "TopicDefaults"], dict[str, str | None]]
+
+
+def replacing(configs: Mapping[str, str | None]) -> Alteration:
+    """An alteration whose overrides are `configs`, whatever they were (Kafka's AlterConfigs)."""
+    new = dict(configs)
+    return lambda _current, _defaults: dict(new)
+
+
+def changing(changes: Iterable[ConfigChange]) -> Alteration:
+    """An alteration that makes `changes` to the current overrides (IncrementalAlterConfigs):
+    `ConfigChangeError` for a config named twice or APPEND / SUBTRACT of a config that is not
+    a list; the new values are checked by the registry as any others."""
+    todo = list(changes)
+    named = [c.name for c in todo]
+    twice = sorted({n for n in named if named.count(n) > 1})
+    if twice:
+        raise ConfigChangeError(f"duplicate config keys: {', '.join(twice)}")
+    for c in todo:
+        if c.op in (ConfigOp.APPEND, ConfigOp.SUBTRACT):
+            key = KEYS.get(c.name)
+            if key is None:
+                raise ConfigError(f"unknown topic config name: {c.name}")
+            if key.type is not ConfigType.LIST:
+                raise ConfigChangeError(f"config value {c.op.value} is not allowed for config key: {c.name}")
+
+    def alter(current: Mapping[str, str], defaults: TopicDefaults) -> dict[str, str | None]:
+        out: dict[str, str | None] = dict(current)
+        for c in todo:
+            if c.op is ConfigOp.SET:
+                out[c.name] = c.value
+            elif c.op is ConfigOp.DELETE:
+                out.pop(c.name, None)
+            else:
+                old = [v for v in current.get(c.name, defaults.value(c.name)).split(",") if v]
+                given = [v.strip() for v in (c.value or "").split(",") if v.strip()]
+                if c.op is ConfigOp.APPEND:
+                    out[c.name] = ",".join(old + [v for v in given if v not in old])
+                else:
+                    out[c.name] = ",".join(v for v in old if v not in given)
+        return out
+
+    return alter
 
 
 @dataclass(frozen=True, slots=True)

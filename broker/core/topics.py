@@ -42,11 +42,13 @@ from typing import Any
 
 from broker.core.limits import Limits
 from broker.core.topic_configs import (
+    Alteration,
     ConfigError,
     TopicDefaults,
     TopicSettings,
     check_topic,
     parse_overrides,
+    replacing,
     settings,
 )
 from broker.storage import layout
@@ -292,10 +294,14 @@ class TopicRegistry:
             raise TopicError(TopicFault.CONFIG, str(exc)) from None
         return overrides
 
-    def altered(self, name: str, configs: Mapping[str, str | None]) -> Topic:
-        """The topic `name` with `configs` as its overrides (replacing all it had), checked as
-        `make` checks them; the registry is not changed (`replace_topic` does, or a cluster's store)."""
-        return replace(self.get(name), configs=self.checked(configs))
+    def altered(self, name: str, alteration: Alteration | Mapping[str, str | None]) -> Topic:
+        """The topic `name` with its overrides altered (`alteration`, or replaced by a mapping),
+        checked as `make` checks them; the registry is not changed (`replace_topic` does, or a
+        cluster's store)."""
+        topic = self.get(name)
+        if not callable(alteration):
+            alteration = replacing(alteration)
+        return replace(topic, configs=self.checked(alteration(topic.configs, self.topic_defaults)))
 
     def replace_topic(self, topic: Topic) -> None:
         """Store `topic` in place of the topic of its id (its configs altered). Call holding `locked()`."""

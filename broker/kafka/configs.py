@@ -41,14 +41,16 @@ from kio.schema.errors import ErrorCode
 from broker.core.config import BrokerConfig
 from broker.core.outcomes import Outcome, Reply
 from broker.core.topic_configs import (
-    KEYS,
+    Alteration,
     BrokerSetting,
+    ConfigChange,
     ConfigEntry,
+    ConfigOp,
     ConfigSource,
     ConfigType,
-    TopicDefaults,
+    changing,
     describe_broker,
-    effective,
+    replacing,
 )
 from broker.core.views import KAFKA_IDS_PER_NODE
 from broker.kafka.codec import KafkaRequest, encode_response, make, response_schema
@@ -81,7 +83,7 @@ TYPES: Final = {  # Kafka's DescribeConfigsResponse.ConfigType ids
     ConfigType.DOUBLE: 6,
     ConfigType.LIST: 7,
 }
-SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3  # IncrementalAlterConfigs operations
+OPS: Final = {0: ConfigOp.SET, 1: ConfigOp.DELETE, 2: ConfigOp.APPEND, 3: ConfigOp.SUBTRACT}  # Kafka's op ids
 
 
 class _Refused(Exception):
@@ -264,78 +266,45 @@ def broker_settings(config: BrokerConfig, broker_id: int) -> dict[str, BrokerSet
 def alter_configs(ctx: Context, request: KafkaRequest, body: Any) -> Outcome:
     """AlterConfigs: each topic's overrides become the configs given (module rules)."""
 
-    def overrides(
-        resource: Any, current: Mapping[str, str], defaults: TopicDefaults
-    ) -> dict[str, str | None]:
-        names = Counter(str(c.name) for c in resource.configs)
-        duplicate = [n for n, count in names.items() if count > 1]
-        if duplicate:
-            raise _Refused(
-                ErrorCode.invalid_request, f"duplicate config keys: {', '.join(sorted(duplicate))}"
-            )
-        return {str(c.name): c.value for c in resource.configs}
+    def alteration(resource: Any) -> Alteration:
+        names = [str(c.name) for c in resource.configs]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise _Refused(ErrorCode.invalid_request, f"duplicate config keys: {', '.join(twice)}")
+        return replacing({str(c.name): c.value for c in resource.configs})
 
-    return _alter(ctx, request, body, overrides)
+    return _alter(ctx, request, body, alteration)
 
 
 def incremental_alter_configs(ctx: Context, request: KafkaRequest, body: Any) -> Outcome:
     """IncrementalAlterConfigs: the named configs set, deleted, appended to or subtracted from."""
 
-    def overrides(
-        resource: Any, current: Mapping[str, str], defaults: TopicDefaults
-    ) -> dict[str, str | None]:
-        names = Counter(str(c.name) for c in resource.configs)
-        duplicate = [n for n, count in names.items() if count > 1]
-        if duplicate:
-            raise _Refused(
-                ErrorCode.invalid_request, f"duplicate config keys: {', '.join(sorted(duplicate))}"
-            )
-        out: dict[str, str | None] = dict(current)
-        values = effective(current, defaults)
+    def alteration(resource: Any) -> Alteration:
+        changes = []
         for c in resource.configs:
-            name, op, value = str(c.name), int(c.config_operation), c.value
-            key = KEYS.get(name)
-            if op == SET:
-                out[name] = value
-            elif op == DELETE:
-                out.pop(name, None)
-            elif op in (APPEND, SUBTRACT):
-                if key is None:
-                    raise _Refused(ErrorCode.invalid_config, f"unknown topic config name: {name}")
-                if key.type is not ConfigType.LIST:
-                    verb = "append" if op == APPEND else "subtract"
-                    raise _Refused(
-                        ErrorCode.invalid_request,
-                        f"config value {verb} is not allowed for config key: {name}",
-                    )
-                old = [v for v in values[name].split(",") if v]
-                given = [v.strip() for v in (value or "").split(",") if v.strip()]
-                new = (
-                    old + [v for v in given if v not in old]
-                    if op == APPEND
-                    else [v for v in old if v not in given]
+            op = OPS.get(int(c.config_operation))
+            if op is None:
+                raise _Refused(
+                    ErrorCode.invalid_request, f"unknown config operation {c.config_operation} for {c.name}"
                 )
-                out[name] = ",".join(new)
-            else:
-                raise _Refused(ErrorCode.invalid_request, f"unknown config operation {op} for {name}")
-        return out
+            changes.append(ConfigChange(str(c.name), op, c.value))
+        return changing(changes)
 
-    return _alter(ctx, request, body, overrides)
+    return _alter(ctx, request, body, alteration)
 
 
-Overrides = Callable[[Any, Mapping[str, str], TopicDefaults], dict[str, str | None]]
-
-
-def _alter(ctx: Context, request: KafkaRequest, body: Any, overrides: Overrides) -> Outcome:
-    """Both alters: each resource checked and its new overrides computed here, then stored (one
-    node: at once; a cluster: in the store, off the loop), one answer for all."""
+def _alter(
+    ctx: Context, request: KafkaRequest, body: Any, alteration: Callable[[Any], Alteration]
+) -> Outcome:
+    """Both alters: each resource checked here, then its alteration stored (one node: at once,
+    under the registry's lock; a cluster: in the store, off the loop), one answer for all."""
     module = _module(request)
     core = ctx.core
     validate_only = bool(body.validate_only)
     seen = Counter((int(r.resource_type), str(r.resource_name)) for r in body.resources)
-    # per resource: (type, name, error, message); the topics to store: index -> (name, overrides)
+    # per resource: (type, name, error, message); the topics to store: index -> (name, alteration)
     answers: list[tuple[int, str, ErrorCode, str | None]] = []
-    todo: dict[int, tuple[str, dict[str, str | None]]] = {}
+    todo: dict[int, tuple[str, Alteration]] = {}
     core.refresh_topics()
     for resource in body.resources:
         rtype, name = int(resource.resource_type), str(resource.resource_name)
@@ -354,14 +323,12 @@ def _alter(ctx: Context, request: KafkaRequest, body: Any, overrides: Overrides)
                     ErrorCode.invalid_request,
                     f"unsupported resource type {rtype}: ringlog alters topic configs",
                 )
-            topic = core.registry.by_name.get(name)
-            if topic is None:
+            if name not in core.registry.by_name:
                 core.refresh_topics(force=True)
-                topic = core.registry.get(name)
-            new = overrides(resource, topic.configs, core.registry.topic_defaults)
-            core.registry.altered(name, new)  # checked now: only valid changes go on
+            change = alteration(resource)
+            core.registry.altered(name, change)  # checked now: only valid changes go on
             if not validate_only:
-                todo[len(answers)] = (name, new)
+                todo[len(answers)] = (name, change)
         except _Refused as exc:
             code, message = exc.code, exc.message
         except Exception as exc:
@@ -389,20 +356,21 @@ def _alter(ctx: Context, request: KafkaRequest, body: Any, overrides: Overrides)
         return answer({})
     if cluster is None:
         results: dict[int, BaseException | None] = {}
-        for i, (name, new) in todo.items():
+        for i, (name, change) in todo.items():
             try:
-                core.alter_topic_configs(name, new)
+                core.alter_topic_configs(name, change)
                 results[i] = None
             except Exception as exc:
                 results[i] = exc
         return answer(results)
     calls, registry = cluster.calls, core.registry
+    stored: dict[str, Mapping[str, str]] = {}
 
     def alter_all() -> dict[int, BaseException | None]:
         out: dict[int, BaseException | None] = {}
-        for i, (name, new) in todo.items():
+        for i, (name, change) in todo.items():
             try:
-                calls.alter_topic_configs(registry, name, new)
+                stored[name] = calls.alter_topic_configs(registry, name, change).configs
                 out[i] = None
             except Exception as exc:
                 out[i] = exc
@@ -413,12 +381,7 @@ def _alter(ctx: Context, request: KafkaRequest, body: Any, overrides: Overrides)
             return answer(dict.fromkeys(todo, results))
         return answer(results)
 
-    def mirrored(results: dict[int, BaseException | None]) -> bool:
-        for i, (name, new) in todo.items():
-            if results.get(i) is None:
-                topic = registry.by_name.get(name)
-                if topic is None or dict(topic.configs) != registry.checked(new):
-                    return False
-        return True
+    def mirrored(_results: Any) -> bool:
+        return all((t := registry.by_name.get(n)) is not None and t.configs == c for n, c in stored.items())
 
     return core.in_cluster(alter_all, done, until=mirrored)

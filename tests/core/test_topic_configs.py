@@ -263,3 +263,50 @@ def test_a_cluster_record_written_before_configs_still_decodes() -> None:
     assert record.replication == 3
     assert record.topic == Topic("old", 3, 2, {"retention.ms": "-1", "segment.bytes": str(4 * MiB)})
     assert TopicRecord.decode(record.encode()) == record
+
+
+def test_incremental_changes_apply_to_the_overrides_as_stored() -> None:
+    from broker.core.topic_configs import ConfigChange, ConfigChangeError, ConfigOp, changing, replacing
+
+    broker = TopicDefaults()
+    current = {"retention.ms": "1000", "segment.ms": "3600000"}
+    alter = changing(
+        [
+            ConfigChange("retention.ms", ConfigOp.DELETE),
+            ConfigChange("max.message.bytes", ConfigOp.SET, "2048"),
+            ConfigChange("cleanup.policy", ConfigOp.APPEND, "compact, delete"),  # delete: there already
+        ]
+    )
+    assert alter(current, broker) == {
+        "segment.ms": "3600000",
+        "max.message.bytes": "2048",
+        "cleanup.policy": "delete,compact",
+    }
+    assert current == {"retention.ms": "1000", "segment.ms": "3600000"}, "not changed in place"
+    subtract = changing([ConfigChange("cleanup.policy", ConfigOp.SUBTRACT, "delete")])
+    assert subtract({"cleanup.policy": "compact,delete"}, broker) == {"cleanup.policy": "compact"}
+    assert subtract({}, broker) == {"cleanup.policy": ""}, "the default is what it subtracts from"
+    with pytest.raises(ConfigChangeError, match=r"duplicate config keys: retention\.ms"):
+        changing(
+            [ConfigChange("retention.ms", ConfigOp.SET, "1"), ConfigChange("retention.ms", ConfigOp.DELETE)]
+        )
+    with pytest.raises(ConfigChangeError, match=r"append is not allowed for config key: retention\.ms"):
+        changing([ConfigChange("retention.ms", ConfigOp.APPEND, "1")])
+    with pytest.raises(ConfigError, match="unknown topic config name"):
+        changing([ConfigChange("no.such", ConfigOp.SUBTRACT, "1")])
+    assert replacing({"retention.ms": "5"})(current, broker) == {"retention.ms": "5"}
+    assert error_of(ConfigChangeError("x"))[0] == ErrorCode.INVALID_REQUEST
+    assert error_of(ConfigError("x"))[0] == ErrorCode.INVALID_CONFIG
+
+
+def test_an_alteration_is_checked_by_the_registry(tmp_path) -> None:
+    from broker.core.topic_configs import ConfigChange, ConfigOp, changing
+
+    registry = TopicRegistry(str(tmp_path), LogConfig())
+    registry.create("t", 1, {"cleanup.policy": "compact"})
+    with pytest.raises(TopicError) as info:  # subtracting the last policy leaves none
+        registry.altered("t", changing([ConfigChange("cleanup.policy", ConfigOp.SUBTRACT, "compact")]))
+    assert info.value.kind is TopicFault.CONFIG and "at least one policy" in str(info.value)
+    altered = registry.altered("t", changing([ConfigChange("retention.ms", ConfigOp.SET, "10")]))
+    assert altered.configs == {"cleanup.policy": "compact", "retention.ms": "10"}
+    assert registry.get("t").configs == {"cleanup.policy": "compact"}, "the registry is not changed"
