@@ -27,13 +27,19 @@ from dataclasses import dataclass
 from typing import ClassVar, NamedTuple
 
 from ringlog_proto.apis.admin import (
+    AlterConfigsRequest,
+    AlterConfigsResponse,
     ApiVersion,
     ApiVersionsRequest,
     ApiVersionsResponse,
+    ConfigChange,
+    ConfigDescription,
     CreateTopicRequest,
     CreateTopicResponse,
     DeleteTopicRequest,
     DeleteTopicResponse,
+    DescribeConfigsRequest,
+    DescribeConfigsResponse,
     MetadataRequest,
     MetadataResponse,
     NodeMetadata,
@@ -53,7 +59,16 @@ from ringlog_proto.apis.body import (
     _error,
     _struct,
 )
-from ringlog_proto.apis.codes import API_VERSION, CURRENT_VERSIONS, Acks, ApiKey, ErrorCode, OffsetSpec
+from ringlog_proto.apis.codes import (
+    API_VERSION,
+    CURRENT_VERSIONS,
+    Acks,
+    ApiKey,
+    ConfigOp,
+    ConfigSource,
+    ErrorCode,
+    OffsetSpec,
+)
 from ringlog_proto.apis.groups import (
     GroupAssignment,
     GroupMember,
@@ -164,11 +179,15 @@ REQUEST_TYPES: dict[int, type[Request]] = {
         ReplicaFetchRequest,
         SaslHandshakeRequest,
         SaslAuthenticateRequest,
+        DescribeConfigsRequest,
+        AlterConfigsRequest,
     )
 }
 SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     key: (CURRENT_VERSIONS[key], CURRENT_VERSIONS[key]) for key in REQUEST_TYPES
 }
+# A CreateTopic of v2 (before configs) still reads: the configs' array is its body's last field.
+SUPPORTED_VERSIONS[ApiKey.CREATE_TOPIC] = (2, CURRENT_VERSIONS[ApiKey.CREATE_TOPIC])
 
 
 RESPONSE_TYPES: dict[int, type[Response]] = {
@@ -191,6 +210,8 @@ RESPONSE_TYPES: dict[int, type[Response]] = {
         ReplicaFetchResponse,
         SaslHandshakeResponse,
         SaslAuthenticateResponse,
+        DescribeConfigsResponse,
+        AlterConfigsResponse,
     )
 }
 
@@ -446,14 +467,22 @@ __all__ = [
     "RESPONSE_TYPES",
     "SUPPORTED_VERSIONS",
     "Acks",
+    "AlterConfigsRequest",
+    "AlterConfigsResponse",
     "ApiKey",
     "ApiVersion",
     "ApiVersionsRequest",
     "ApiVersionsResponse",
+    "ConfigChange",
+    "ConfigDescription",
+    "ConfigOp",
+    "ConfigSource",
     "CreateTopicRequest",
     "CreateTopicResponse",
     "DeleteTopicRequest",
     "DeleteTopicResponse",
+    "DescribeConfigsRequest",
+    "DescribeConfigsResponse",
     "ErrorCode",
     "FetchRecords",
     "FetchRequest",

@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterator
 from typing import IO, Any
 
-from broker.client import DEFAULT_BOOTSTRAP, Admin, Consumer, Producer, RingLogError, Security
+from broker.client import DEFAULT_BOOTSTRAP, Admin, ConfigSource, Consumer, Producer, RingLogError, Security
 from broker.client.client import parse_bootstraps
 from broker.client.errors import ClientError, UndecodableBatchError
 from broker.client.security import MECHANISMS
@@ -116,6 +116,19 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         default=-1,
         help="copies of each partition, on as many nodes (-1: broker default; one node: 1)",
     )
+    config_help = "a topic config, Kafka's name (cleanup.policy=compact; repeat it; docs/KAFKA.md)"
+    create.add_argument("--config", action="append", default=[], metavar="K=V", help=config_help)
+    alter = tsub_parser("alter", help="change a topic's configs (every core applies them within a second)")
+    alter.add_argument("name")
+    alter.add_argument("--config", action="append", default=[], metavar="K=V", help=config_help)
+    alter.add_argument(
+        "--delete-config",
+        action="append",
+        default=[],
+        metavar="K",
+        help="back to the broker's default (repeat it)",
+    )
+    alter.add_argument("--validate-only", action="store_true", help="check the change, make none")
     delete = tsub_parser("delete", help="delete a topic and all its data")
     delete.add_argument("name")
     tsub_parser("list", help="list topic names")
@@ -123,7 +136,10 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         "describe", help="partitions: leader node and core, epoch, replicas, in-sync set, offsets; settings"
     )
     describe.add_argument("name")
-    for p in (create, delete, tsub.choices["list"], describe):
+    describe.add_argument(
+        "--all-configs", action="store_true", help="every config with its source, not only the topic's own"
+    )
+    for p in (create, alter, delete, tsub.choices["list"], describe):
         _connection_args(p)
     topics.set_defaults(func=cmd_topics)
 
@@ -190,8 +206,19 @@ def cmd_topics(args: argparse.Namespace) -> int:
                 retention_bytes=None if args.retention_bytes == -1 else args.retention_bytes,
                 segment_bytes=None if args.segment_bytes == -1 else args.segment_bytes,
                 replication=args.replication_factor,
+                configs=_config_pairs(args.config),
             )
             print(f"created topic {args.name} (id {topic_id}, {args.partitions} partitions)")
+        elif args.topics_command == "alter":
+            if not args.config and not args.delete_config:
+                raise UsageError("topics alter needs --config K=V or --delete-config K")
+            admin.alter_configs(
+                args.name,
+                set=_config_pairs(args.config),
+                delete=args.delete_config,
+                validate_only=args.validate_only,
+            )
+            print(f"{'checked' if args.validate_only else 'altered'} topic {args.name}")
         elif args.topics_command == "delete":
             admin.delete_topic(args.name)
             print(f"deleted topic {args.name}")
@@ -223,7 +250,28 @@ def cmd_topics(args: argparse.Namespace) -> int:
             widths = [max(len(c) for c in col) for col in zip(header, *rows, strict=True)]
             for row in (header, *rows):
                 print("  " + "  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)))
+            configs = admin.describe_configs(args.name)
+            shown = [c for c in configs.values() if args.all_configs or c.source == ConfigSource.TOPIC]
+            print("  configs" + ("" if shown else ": the broker's defaults"))
+            width = max((len(c.name) for c in shown), default=0)
+            for c in shown:
+                where = "" if c.source == ConfigSource.TOPIC else f"  ({_SOURCE_NAMES[c.source]})"
+                print(f"    {c.name.ljust(width)}  {c.value}{where}")
     return 0
+
+
+_SOURCE_NAMES = {ConfigSource.BROKER_FLAG: "broker flag", ConfigSource.DEFAULT: "default"}
+
+
+def _config_pairs(values: list[str]) -> dict[str, str]:
+    """`--config K=V` arguments as a dict (a key given twice: the last wins)."""
+    out = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"--config {item!r}: write it K=V (retention.ms=86400000)")
+        out[key.strip()] = value
+    return out
 
 
 def _replicas(replicas: tuple[tuple[int, int], ...]) -> str:

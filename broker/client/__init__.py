@@ -57,7 +57,7 @@ from broker.client.partitioner import key_partition
 from broker.client.producer import AsyncProducer
 from broker.client.records import ConsumerRecord, RecordMetadata
 from broker.client.security import Security
-from ringlog_proto.messages import Acks
+from ringlog_proto.messages import Acks, ConfigDescription, ConfigSource
 
 __all__ = [
     "DEFAULT_BOOTSTRAP",
@@ -75,6 +75,8 @@ __all__ = [
     "BrokerUnavailable",
     "ClientClosedError",
     "ClientError",
+    "ConfigDescription",
+    "ConfigSource",
     "Consumer",
     "ConsumerRecord",
     "CorruptMessageError",

@@ -1,4 +1,5 @@
-"""Topic administration: create, delete, list, describe; and what the broker supports.
+"""Topic administration: create, delete, list, describe, and their configs; and what the broker
+supports.
 
 `describe_topic` is Metadata for one topic, returned fresh (never from the cache): per-partition
 start and end offsets, leaders and in-sync sets are facts of the moment, not routing data. A core
@@ -12,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -21,11 +22,17 @@ from broker.client.errors import ClientClosedError, error_for
 from broker.client.loop_thread import LoopThread
 from broker.client.security import Security
 from ringlog_proto.messages import (
+    AlterConfigsRequest,
     ApiVersionsRequest,
     ApiVersionsResponse,
+    ConfigChange,
+    ConfigDescription,
+    ConfigOp,
     CreateTopicRequest,
     CreateTopicResponse,
     DeleteTopicRequest,
+    DescribeConfigsRequest,
+    DescribeConfigsResponse,
     ErrorCode,
     ListOffsetsRequest,
     ListOffsetsResponse,
@@ -111,11 +118,14 @@ class AsyncAdmin:
         retention_bytes: int | None = None,
         segment_bytes: int | None = None,
         replication: int = -1,
+        configs: Mapping[str, str] | None = None,
     ) -> int:
         """Create a topic; returns its id. None means the broker's default; -2 for retention
         means keep forever / unlimited; `replication` is the copies of each partition (-1: the
-        broker's default; more than 1 needs a cluster of that many live nodes). Raises
-        `TopicExistsError`, `InvalidTopicError`, `InvalidConfigError`."""
+        broker's default; more than 1 needs a cluster of that many live nodes); `configs` are
+        topic configs by Kafka's names (`{"cleanup.policy": "compact"}`: docs/KAFKA.md, "Topic
+        configs"), which win over the limits above. Raises `TopicExistsError`,
+        `InvalidTopicError`, `InvalidConfigError`."""
         resp = await self._client.request(
             CreateTopicRequest(
                 name,
@@ -124,6 +134,7 @@ class AsyncAdmin:
                 _limit(retention_bytes),
                 _limit(segment_bytes),
                 replication,
+                tuple((str(k), str(v)) for k, v in (configs or {}).items()),
             )
         )
         assert isinstance(resp, CreateTopicResponse)
@@ -134,6 +145,41 @@ class AsyncAdmin:
         """Delete a topic and its data. Raises `UnknownTopicError` if there is none."""
         await self._client.request(DeleteTopicRequest(name))
         self._client.invalidate(name)
+
+    async def describe_configs(self, name: str, keys: Sequence[str] = ()) -> dict[str, ConfigDescription]:
+        """Every config of topic `name` (or those of `keys`) by name: its effective value, where
+        it comes from (`ConfigSource`: the topic's override, a broker flag, built in) and what it
+        does. Raises `UnknownTopicError`."""
+        resp = await self._client.request(DescribeConfigsRequest(name, tuple(keys)))
+        assert isinstance(resp, DescribeConfigsResponse)
+        return {c.name: c for c in resp.configs}
+
+    async def alter_configs(
+        self,
+        name: str,
+        set: Mapping[str, str] | None = None,
+        delete: Sequence[str] = (),
+        append: Mapping[str, str] | None = None,
+        subtract: Mapping[str, str] | None = None,
+        validate_only: bool = False,
+    ) -> None:
+        """Change topic `name`'s configs: `set` overrides, `delete` overrides (back to the
+        broker's default), `append`/`subtract` values of list configs (cleanup.policy); the
+        others are kept. Every core applies the change within about a second. Raises
+        `InvalidConfigError` (a bad name or value: nothing changed), `UnknownTopicError`."""
+        changes = [ConfigChange(k, ConfigOp.SET, str(v)) for k, v in (set or {}).items()]
+        changes += [ConfigChange(k, ConfigOp.DELETE) for k in delete]
+        changes += [ConfigChange(k, ConfigOp.APPEND, str(v)) for k, v in (append or {}).items()]
+        changes += [ConfigChange(k, ConfigOp.SUBTRACT, str(v)) for k, v in (subtract or {}).items()]
+        await self._client.request(AlterConfigsRequest(name, True, validate_only, tuple(changes)))
+
+    async def replace_configs(
+        self, name: str, configs: Mapping[str, str], validate_only: bool = False
+    ) -> None:
+        """Make `configs` topic `name`'s overrides: every config they leave out goes back to the
+        broker's default (Kafka's AlterConfigs)."""
+        changes = tuple(ConfigChange(k, ConfigOp.SET, str(v)) for k, v in configs.items())
+        await self._client.request(AlterConfigsRequest(name, False, validate_only, changes))
 
     async def list_topics(self) -> list[str]:
         """Names of all topics, sorted."""
@@ -239,15 +285,33 @@ class Admin:
         retention_bytes: int | None = None,
         segment_bytes: int | None = None,
         replication: int = -1,
+        configs: Mapping[str, str] | None = None,
     ) -> int:
         return self._run(
             self._async.create_topic(
-                name, partitions, retention_ms, retention_bytes, segment_bytes, replication
+                name, partitions, retention_ms, retention_bytes, segment_bytes, replication, configs
             )
         )
 
     def delete_topic(self, name: str) -> None:
         self._run(self._async.delete_topic(name))
+
+    def describe_configs(self, name: str, keys: Sequence[str] = ()) -> dict[str, ConfigDescription]:
+        return self._run(self._async.describe_configs(name, keys))
+
+    def alter_configs(
+        self,
+        name: str,
+        set: Mapping[str, str] | None = None,
+        delete: Sequence[str] = (),
+        append: Mapping[str, str] | None = None,
+        subtract: Mapping[str, str] | None = None,
+        validate_only: bool = False,
+    ) -> None:
+        self._run(self._async.alter_configs(name, set, delete, append, subtract, validate_only))
+
+    def replace_configs(self, name: str, configs: Mapping[str, str], validate_only: bool = False) -> None:
+        self._run(self._async.replace_configs(name, configs, validate_only))
 
     def list_topics(self) -> list[str]:
         return self._run(self._async.list_topics())

@@ -19,7 +19,8 @@ Rules this module keeps:
 - Every api needs what its Kafka twin needs (broker/kafka/authorize.py): Produce write on the
   topic, Fetch read, ListOffsets describe, CreateTopic create (on the topic, or on the cluster),
   DeleteTopic delete; JoinGroup, SyncGroup, Heartbeat, LeaveGroup read on the group; OffsetCommit
-  read on the group and the topic, OffsetFetch describe on both; Stats describe on the cluster;
+  read on the group and the topic, OffsetFetch describe on both; DescribeConfigs
+  describe_configs on the topic, AlterConfigs alter_configs; Stats describe on the cluster;
   ReplicaFetch (a follower's) alter on the cluster. Metadata is filtered instead
   (`RinglogAdapter.metadata_reply`). A refused request is answered TOPIC_, GROUP_ or
   CLUSTER_AUTHORIZATION_FAILED and has no effect (an acks=0 produce: no answer, nothing stored).
@@ -207,6 +208,12 @@ class Access:
             ):
                 return None
             return self._refused(frame, m.ErrorCode.TOPIC_AUTHORIZATION_FAILED, f"create topic {req.name}")
+        if key in (m.ApiKey.DESCRIBE_CONFIGS, m.ApiKey.ALTER_CONFIGS):
+            assert isinstance(req, m.DescribeConfigsRequest | m.AlterConfigsRequest)
+            op = "describe_configs" if key == m.ApiKey.DESCRIBE_CONFIGS else "alter_configs"
+            if allowed(principal, op, "topic", req.topic):
+                return None
+            return self._refused(frame, m.ErrorCode.TOPIC_AUTHORIZATION_FAILED, f"{op} topic {req.topic}")
         if key == m.ApiKey.DELETE_TOPIC:
             assert isinstance(req, m.DeleteTopicRequest)
             if allowed(principal, "delete", "topic", req.name):

@@ -42,6 +42,7 @@ from broker.core.limits import FETCH_MAX_BYTES_MAX, FETCH_WAIT_MS_MAX
 from broker.core.metrics import read_snapshots
 from broker.core.outcomes import Append, Forward, Gather, Later, Outcome, Read, Reply, Silent, Wait
 from broker.core.partition import Diverging, Partition, PendingRead, ReadAnswer, Stored
+from broker.core.topic_configs import ConfigChange, ConfigOp, ConfigSource, changing, replacing
 from broker.core.topics import Topic
 from broker.ringlog.access import Access
 from broker.security.session import ConnectionAuth
@@ -86,6 +87,19 @@ _GROUP_CODES: dict[GroupCode, m.ErrorCode] = {
 }
 
 
+_SOURCES: dict[ConfigSource, m.ConfigSource] = {
+    ConfigSource.TOPIC: m.ConfigSource.TOPIC,
+    ConfigSource.STATIC_BROKER: m.ConfigSource.BROKER_FLAG,
+    ConfigSource.DEFAULT: m.ConfigSource.DEFAULT,
+}
+_OPS: dict[m.ConfigOp, ConfigOp] = {
+    m.ConfigOp.SET: ConfigOp.SET,
+    m.ConfigOp.DELETE: ConfigOp.DELETE,
+    m.ConfigOp.APPEND: ConfigOp.APPEND,
+    m.ConfigOp.SUBTRACT: ConfigOp.SUBTRACT,
+}
+
+
 class RinglogAdapter:
     """ringlog's protocol on one core, over that core's `Core` (module rules)."""
 
@@ -109,6 +123,8 @@ class RinglogAdapter:
             m.ApiKey.HEARTBEAT: self._heartbeat,
             m.ApiKey.LEAVE_GROUP: self._leave_group,
             m.ApiKey.REPLICA_FETCH: self._replica_fetch,
+            m.ApiKey.DESCRIBE_CONFIGS: self._describe_configs,
+            m.ApiKey.ALTER_CONFIGS: self._alter_configs,
             # SASL belongs to a connection: the backend hands these to `access` (which knows the
             # connection's state) before they could get here; what does is from another core.
             m.ApiKey.SASL_HANDSHAKE: self._sasl_elsewhere,
@@ -270,7 +286,10 @@ class RinglogAdapter:
                 m.ErrorCode.INVALID_CONFIG,
                 f"one node keeps one copy: replication {req.replication} needs a cluster",
             )
-        configs = limit_configs(req.retention_ms, req.retention_bytes, req.segment_bytes)
+        configs = {
+            **limit_configs(req.retention_ms, req.retention_bytes, req.segment_bytes),
+            **dict(req.configs),
+        }
         settings = self.config.cluster
         if settings is not None:
             calls = settings.calls
@@ -288,6 +307,46 @@ class RinglogAdapter:
             )
         topic = self.core.create_topic(req.name, req.partitions, configs)
         return self._reply(frame, m.CreateTopicResponse(topic_id=topic.topic_id))
+
+    def _describe_configs(self, req: m.Request, frame: Frame) -> Outcome:
+        assert isinstance(req, m.DescribeConfigsRequest)
+        entries = self.core.topic_config_entries(req.topic, req.keys or None)
+        configs = tuple(
+            m.ConfigDescription(e.name, e.value or "", _SOURCES[e.source], e.doc) for e in entries
+        )
+        return self._reply(frame, m.DescribeConfigsResponse(configs=configs))
+
+    def _alter_configs(self, req: m.Request, frame: Frame) -> Outcome:
+        """A topic's configs altered: the same alterations as Kafka's AlterConfigs (replacing)
+        and IncrementalAlterConfigs (changing), stored as the core stores them."""
+        assert isinstance(req, m.AlterConfigsRequest)
+        if req.incremental:
+            alteration = changing(ConfigChange(c.name, _OPS[c.op], c.value) for c in req.changes)
+        else:
+            alteration = replacing({c.name: c.value for c in req.changes})
+        settings = self.config.cluster
+        if settings is None or req.validate_only:
+            self.core.alter_topic_configs(req.topic, alteration, req.validate_only)
+            return self._reply(frame, m.AlterConfigsResponse())
+        calls, registry = settings.calls, self.core.registry
+        self.core.refresh_topics()
+        registry.altered(req.topic, alteration)  # refused here, before the store is asked
+        stored: list[Topic] = []
+
+        def alter() -> Topic:
+            stored.append(calls.alter_topic_configs(registry, req.topic, alteration))
+            return stored[0]
+
+        def mirrored(topic: Topic) -> bool:
+            current = registry.by_name.get(topic.name)
+            return current is not None and current.configs == topic.configs
+
+        return self.core.in_cluster(
+            alter,
+            lambda _t: self._reply(frame, m.AlterConfigsResponse()),
+            lambda exc: self.error_reply(frame, exc),
+            until=mirrored,
+        )
 
     def _delete_topic(self, req: m.Request, frame: Frame) -> Outcome:
         assert isinstance(req, m.DeleteTopicRequest)

@@ -1,5 +1,6 @@
 """Requests and responses of the cluster's administration: ApiVersions, Metadata (and the topic,
-partition and node descriptions it carries), CreateTopic, DeleteTopic and Stats.
+partition and node descriptions it carries), CreateTopic, DeleteTopic, DescribeConfigs,
+AlterConfigs and Stats.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from ringlog_proto.apis.body import (
     Writer,
     _error,
 )
-from ringlog_proto.apis.codes import ApiKey, ErrorCode
+from ringlog_proto.apis.codes import ApiKey, ConfigOp, ConfigSource, ErrorCode
 from ringlog_proto.frames import Frame
 
 
@@ -53,7 +54,8 @@ class MetadataRequest(Request):
 @dataclass(frozen=True, slots=True)
 class CreateTopicRequest(Request):
     # name str, partitions u32, retention_ms i64, retention_bytes i64, segment_bytes i64,
-    # replication i16 (-1 = the broker's default; retention -2 = keep forever)
+    # replication i16 (-1 = the broker's default; retention -2 = keep forever),
+    # (v3) configs array<name str, value str> (the topic's config overrides, Kafka's names)
     API_KEY: ClassVar[ApiKey] = ApiKey.CREATE_TOPIC
     name: str = ""
     partitions: int = 1
@@ -61,6 +63,7 @@ class CreateTopicRequest(Request):
     retention_bytes: int = -1
     segment_bytes: int = -1
     replication: int = -1  # (v2) replicas per partition; -1 = the broker's default (one node: 1)
+    configs: tuple[tuple[str, str], ...] = ()  # (v3)
 
     def write(self, w: Writer) -> None:
         w.str(self.name).pack(
@@ -71,10 +74,79 @@ class CreateTopicRequest(Request):
             self.segment_bytes,
             self.replication,
         )
+        _write_pairs(w, self.configs)
 
     @classmethod
     def read(cls, r: Reader, frame: Frame) -> CreateTopicRequest:
-        return cls(r.str(), *r.unpack("Iqqqh"))
+        name = r.str()
+        partitions, retention_ms, retention_bytes, segment_bytes, replication = r.unpack("Iqqqh")
+        configs = _read_pairs(r) if frame.api_version >= 3 else ()  # a v2 frame has none
+        return cls(name, partitions, retention_ms, retention_bytes, segment_bytes, replication, configs)
+
+
+def _write_pairs(w: Writer, pairs: tuple[tuple[str, str], ...]) -> None:
+    w.array(len(pairs))
+    for name, value in pairs:
+        w.str(name).str(value)
+
+
+def _read_pairs(r: Reader) -> tuple[tuple[str, str], ...]:
+    return tuple((r.str(), r.str()) for _ in range(r.array(4, REQUEST_ARRAY_MAX)))
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeConfigsRequest(Request):
+    # topic str, keys array<str> (empty: every config)
+    API_KEY: ClassVar[ApiKey] = ApiKey.DESCRIBE_CONFIGS
+    topic: str = ""
+    keys: tuple[str, ...] = ()
+
+    def write(self, w: Writer) -> None:
+        w.str(self.topic).array(len(self.keys))
+        for key in self.keys:
+            w.str(key)
+
+    @classmethod
+    def read(cls, r: Reader, frame: Frame) -> DescribeConfigsRequest:
+        return cls(r.str(), tuple(r.str() for _ in range(r.array(2, REQUEST_ARRAY_MAX))))
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigChange:
+    name: str
+    op: ConfigOp = ConfigOp.SET
+    value: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class AlterConfigsRequest(Request):
+    # topic str, incremental u8 (0: the topic's overrides become `changes`' values, each a SET;
+    # 1: each change applied to them), validate_only u8 (1: checked, nothing changed),
+    # changes array<name str, op u8 (ConfigOp), value str>
+    API_KEY: ClassVar[ApiKey] = ApiKey.ALTER_CONFIGS
+    topic: str = ""
+    incremental: bool = True
+    validate_only: bool = False
+    changes: tuple[ConfigChange, ...] = ()
+
+    def write(self, w: Writer) -> None:
+        w.str(self.topic).pack("BB", int(self.incremental), int(self.validate_only)).array(len(self.changes))
+        for c in self.changes:
+            w.str(c.name).pack("B", c.op).str(c.value)
+
+    @classmethod
+    def read(cls, r: Reader, frame: Frame) -> AlterConfigsRequest:
+        topic = r.str()
+        incremental, validate_only = r.unpack("BB")
+        changes = []
+        for _ in range(r.array(5, REQUEST_ARRAY_MAX)):
+            name, op = r.str(), r.int("B")
+            try:
+                kind = ConfigOp(op)
+            except ValueError:
+                raise MalformedBody(f"unknown config operation {op}") from None
+            changes.append(ConfigChange(name, kind, r.str()))
+        return cls(topic, bool(incremental), bool(validate_only), tuple(changes))
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,6 +365,45 @@ class CreateTopicResponse(Response):
 @dataclass(frozen=True, slots=True)
 class DeleteTopicResponse(Response):
     API_KEY: ClassVar[ApiKey] = ApiKey.DELETE_TOPIC
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigDescription:
+    name: str
+    value: str
+    source: ConfigSource
+    doc: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeConfigsResponse(Response):
+    # configs array<name str, value str, source u8 (ConfigSource), doc str>: every config of the
+    # topic (or those asked), with its effective value
+    API_KEY: ClassVar[ApiKey] = ApiKey.DESCRIBE_CONFIGS
+    configs: tuple[ConfigDescription, ...] = ()
+
+    def write(self, w: Writer) -> None:
+        w.array(len(self.configs))
+        for c in self.configs:
+            w.str(c.name).str(c.value).pack("B", c.source).str(c.doc)
+
+    @classmethod
+    def read(cls, r: Reader) -> dict[str, object]:
+        configs = []
+        for _ in range(r.array(7)):
+            name, value, source = r.str(), r.str(), r.int("B")
+            try:
+                where = ConfigSource(source)
+            except ValueError:
+                raise MalformedBody(f"unknown config source {source}") from None
+            configs.append(ConfigDescription(name, value, where, r.str()))
+        return {"configs": tuple(configs)}
+
+
+@dataclass(frozen=True, slots=True)
+class AlterConfigsResponse(Response):
+    # (empty body: the error says what was refused)
+    API_KEY: ClassVar[ApiKey] = ApiKey.ALTER_CONFIGS
 
 
 @dataclass(frozen=True, slots=True)

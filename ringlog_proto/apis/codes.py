@@ -27,6 +27,8 @@ class ApiKey(IntEnum):
     REPLICA_FETCH = 14
     SASL_HANDSHAKE = 15
     SASL_AUTHENTICATE = 16
+    DESCRIBE_CONFIGS = 17
+    ALTER_CONFIGS = 18
 
 
 # The current layout version of each API (requests and responses of one API share it). A change of
@@ -41,10 +43,27 @@ CURRENT_VERSIONS[ApiKey.METADATA] = (
 )
 
 
-CURRENT_VERSIONS[ApiKey.CREATE_TOPIC] = 2  # v2: replication factor
+CURRENT_VERSIONS[ApiKey.CREATE_TOPIC] = 3  # v2: replication factor; v3: configs
 
 
 CURRENT_VERSIONS[ApiKey.OFFSET_COMMIT] = 2  # v2: generation and member id (group membership)
+
+
+class ConfigSource(IntEnum):
+    """Where a topic config's described value comes from (DescribeConfigs)."""
+
+    TOPIC = 1  # the topic's own override
+    BROKER_FLAG = 2  # the broker's default, set by a `broker serve` flag
+    DEFAULT = 3  # built in
+
+
+class ConfigOp(IntEnum):
+    """What an AlterConfigs change does to one config (incremental alters)."""
+
+    SET = 0
+    DELETE = 1
+    APPEND = 2  # list configs: values added
+    SUBTRACT = 3  # list configs: values taken out
 
 
 class ErrorCode(IntEnum):

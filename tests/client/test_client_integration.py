@@ -17,9 +17,12 @@ from broker.client import (
     AsyncConnection,
     AsyncConsumer,
     AsyncProducer,
+    ConfigSource,
     Consumer,
     ConsumerRecord,
+    InvalidConfigError,
     InvalidTopicError,
+    MessageTooLargeError,
     Producer,
     TopicExistsError,
     UnknownTopicError,
@@ -389,6 +392,54 @@ def test_admin(broker: BrokerProcess) -> None:
             admin.describe_topic("a-topic")
         with pytest.raises(UnknownTopicError):
             admin.delete_topic("a-topic")
+
+
+def test_admin_topic_configs(broker: BrokerProcess) -> None:
+    """Our Admin creates, describes and alters a topic's configs through our protocol, over the
+    config model Kafka's APIs share; a changed max.message.bytes refuses a larger batch on the
+    partitions of every core within moments."""
+    with Admin(broker.bootstrap) as admin:
+        admin.create_topic("cfg", 4, retention_ms=3_600_000, configs={"cleanup.policy": "compact, delete"})
+        configs = admin.describe_configs("cfg")
+        assert (configs["retention.ms"].value, configs["retention.ms"].source) == (
+            "3600000",
+            ConfigSource.TOPIC,
+        )
+        assert configs["cleanup.policy"].value == "compact,delete"
+        assert configs["segment.bytes"].source == ConfigSource.DEFAULT and configs["segment.bytes"].doc
+        assert set(admin.describe_configs("cfg", ["segment.ms", "nope"])) == {"segment.ms"}
+        admin.alter_configs(
+            "cfg",
+            set={"max.message.bytes": "2048"},
+            delete=["retention.ms"],
+            subtract={"cleanup.policy": "compact"},
+        )
+        own = {n: c.value for n, c in admin.describe_configs("cfg").items() if c.source == ConfigSource.TOPIC}
+        assert own == {"max.message.bytes": "2048", "cleanup.policy": "delete"}
+        with pytest.raises(InvalidConfigError, match=r"retention\.ms"):
+            admin.alter_configs("cfg", set={"retention.ms": "later"})
+        with pytest.raises(InvalidConfigError, match="unknown topic config name"):
+            admin.create_topic("cfg-bad", 1, configs={"retention": "1"})
+        with pytest.raises(UnknownTopicError):
+            admin.describe_configs("no-such-topic")
+        admin.alter_configs("cfg", set={"retention.ms": "5"}, validate_only=True)
+        assert admin.describe_configs("cfg", ["retention.ms"])["retention.ms"].source == ConfigSource.DEFAULT
+        admin.replace_configs("cfg", {"segment.ms": "3600000", "max.message.bytes": "2048"})
+        own = {n: c.value for n, c in admin.describe_configs("cfg").items() if c.source == ConfigSource.TOPIC}
+        assert own == {"segment.ms": "3600000", "max.message.bytes": "2048"}
+
+    def refused(partition: int) -> bool:
+        with Producer(broker.bootstrap, retries=0) as p:
+            try:
+                p.send("cfg", b"x" * 4000, partition=partition).result(30)
+            except MessageTooLargeError:
+                return True
+        return False
+
+    deadline = time.monotonic() + 10  # every core reloads the registry about once a second
+    while not all(refused(p) for p in range(4)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert all(refused(p) for p in range(4))
 
 
 def test_send_to_unknown_topic_fails_the_future(broker: BrokerProcess) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -75,6 +76,37 @@ def test_errors_are_one_line_and_a_nonzero_status(broker: BrokerProcess, tmp_pat
     assert missing.returncode == 1 and "no-such-topic" in missing.stderr
     for out in (again, bad_json, down, missing):
         assert "Traceback" not in out.stderr
+
+
+def test_topic_configs_from_the_command_line(broker: BrokerProcess) -> None:
+    """`broker topics create/alter --config`, `describe` showing them: the same config model as
+    Kafka's APIs (a Kafka client's describe of the topic sees what was set here)."""
+    b = ("-b", f"127.0.0.1:{broker.port}")
+    out = broker_cmd(
+        "topics", "create", "cfg", "--config", "cleanup.policy=compact", "--config", "retention.ms=60000", *b
+    )
+    assert out.returncode == 0, out.stderr
+    desc = broker_cmd("topics", "describe", "cfg", *b).stdout
+    assert "cleanup.policy  compact" in desc and "retention.ms    60000" in desc
+    assert "segment.bytes" not in desc, "only the topic's own, unless --all-configs"
+    out = broker_cmd(
+        "topics", "alter", "cfg", "--config", "max.message.bytes=4096", "--delete-config", "retention.ms", *b
+    )
+    assert out.returncode == 0 and "altered topic cfg" in out.stdout, out.stderr
+    every = broker_cmd("topics", "describe", "cfg", "--all-configs", *b).stdout
+    assert re.search(r"max\.message\.bytes +4096\n", every) and re.search(
+        r"cleanup\.policy +compact\n", every
+    )
+    assert re.search(r"retention\.ms +604800000  \(default\)", every)
+    bad = broker_cmd("topics", "alter", "cfg", "--config", "retention.ms=soon", *b)
+    assert bad.returncode == 1 and "retention.ms" in bad.stderr and "Traceback" not in bad.stderr
+    unknown = broker_cmd("topics", "create", "cfg2", "--config", "retention.msec=1", *b)
+    assert unknown.returncode == 1 and "unknown topic config name" in unknown.stderr
+    assert broker_cmd("topics", "alter", "cfg", "--config", "oops", *b).returncode == 2
+    checked = broker_cmd("topics", "alter", "cfg", "--config", "retention.ms=1", "--validate-only", *b)
+    assert checked.returncode == 0 and "checked topic cfg" in checked.stdout
+    every = broker_cmd("topics", "describe", "cfg", "--all-configs", *b).stdout
+    assert re.search(r"retention\.ms +604800000  \(default\)", every), "unchanged"
 
 
 def test_version() -> None:

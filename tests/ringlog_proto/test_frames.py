@@ -34,7 +34,20 @@ REQUESTS = [
     m.ApiVersionsRequest("test-client"),
     m.MetadataRequest(("orders", "ünïcode")),
     m.CreateTopicRequest("orders", 12, 3_600_000, -1, 1 << 20),
+    m.CreateTopicRequest("logs", 1, configs=(("cleanup.policy", "compact"), ("retention.ms", "-1"))),
     m.DeleteTopicRequest("orders"),
+    m.DescribeConfigsRequest("orders", ("retention.ms", "cleanup.policy")),
+    m.DescribeConfigsRequest("orders"),
+    m.AlterConfigsRequest(
+        "orders",
+        True,
+        False,
+        (
+            m.ConfigChange("retention.ms", m.ConfigOp.SET, "1000"),
+            m.ConfigChange("segment.ms", m.ConfigOp.DELETE),
+        ),
+    ),
+    m.AlterConfigsRequest("orders", False, True, (m.ConfigChange("cleanup.policy", value="compact"),)),
     m.ProduceRequest(7, 3, m.Acks.DURABLE, 5000, b"\x00batch-bytes"),
     m.FetchRequest(7, 3, 42, 1 << 20, 500, 1),
     m.ListOffsetsRequest(7, 3, m.OffsetSpec.EARLIEST),
@@ -53,6 +66,13 @@ RESPONSES = [
     ),
     m.CreateTopicResponse(topic_id=5),
     m.DeleteTopicResponse(),
+    m.DescribeConfigsResponse(
+        configs=(
+            m.ConfigDescription("retention.ms", "1000", m.ConfigSource.TOPIC, "how long"),
+            m.ConfigDescription("segment.bytes", "134217728", m.ConfigSource.BROKER_FLAG),
+        )
+    ),
+    m.AlterConfigsResponse(),
     m.ProduceResponse(base_offset=10, end_offset=20, log_start_offset=0),
     m.FetchResponse(high_watermark=20, log_start_offset=0, records=b"abc"),
     m.ListOffsetsResponse(offset=3),
@@ -112,6 +132,16 @@ def test_responses_round_trip(new_decoder: Callable[..., FrameDecoder]) -> None:
     frames = frames_of(stream, None, new_decoder)
     assert all(f.is_response for f in frames)
     assert [m.decode_response(f) for f in frames] == RESPONSES
+
+
+def test_a_create_topic_of_version_2_still_reads() -> None:
+    """v3 added configs at the end of the body: a v2 frame (an older client's) has none."""
+    v3 = m.request_frame(m.CreateTopicRequest("orders", 4, -1, -1, -1, 1))
+    assert v3.api_version == 3 and v3.body.endswith(b"\0\0\0\0")  # the empty configs array
+    v2 = Frame(v3.api_key, 2, 0, 1, 0, 0, v3.body[:-4])
+    assert m.unsupported(v2) is None
+    assert m.decode_request(v2) == m.CreateTopicRequest("orders", 4, -1, -1, -1, 1)
+    assert m.unsupported(Frame(v3.api_key, 1, 0, 1, 0, 0, v3.body)) is not None
 
 
 def test_partition_identity_sits_at_a_fixed_offset() -> None:

@@ -126,12 +126,18 @@ def test_acls_refuse_what_is_not_granted_and_hide_it(sasl_ssl: BrokerProcess, pk
             a.create_topic("mine", 1)
         with pytest.raises(TopicAuthorizationError):
             a.delete_topic("orders")  # write and read do not include delete
+        with pytest.raises(TopicAuthorizationError):
+            a.describe_configs("orders")  # describe_configs is its own operation, as in Kafka
+        with pytest.raises(TopicAuthorizationError):
+            a.alter_configs("orders", set={"retention.ms": "1"})
     with pytest.raises(GroupAuthorizationError):
         consume(sasl_ssl, sec, "orders", 1, group="not-alices")
     with Admin(sasl_ssl.bootstrap, security=admin(pki)) as a:
         assert sorted(a.list_topics()) == topics  # nothing created, nothing deleted
         assert a.describe_topic("payroll").partitions[0].end_offset == 0  # nothing written
-    assert counted(sasl_ssl, "auth_denied", denied + 3)  # create, delete, join (Metadata is filtered)
+    assert counted(
+        sasl_ssl, "auth_denied", denied + 5
+    )  # create, delete, the configs, join (Metadata is filtered)
 
 
 def test_a_wrong_password_is_refused_and_never_logged(sasl_ssl: BrokerProcess, pki: Pki) -> None:
