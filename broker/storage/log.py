@@ -46,7 +46,7 @@ import logging
 import os
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from broker.storage import log_reads, log_recovery, validation
 from broker.storage.errors import LogClosedError, OffsetOutOfRangeError, StorageError
@@ -64,7 +64,7 @@ from broker.storage.fileio import (
     run_ops,
 )
 from broker.storage.index import RELATIVE_OFFSET_MAX
-from broker.storage.log_config import LogConfig
+from broker.storage.log_config import SEGMENT_BYTES_MAX, LogConfig
 from broker.storage.log_reads import ReadResult
 from broker.storage.preallocation import Preallocation
 from broker.storage.segment import Extent, Segment
@@ -324,6 +324,13 @@ class Log:
         broker/storage/validation.py)."""
         return validation.validate(records, self.config)
 
+    def validate_copy(self, records: bytes | bytearray | memoryview) -> list[BatchHeader]:
+        """`validate` for a follower's copies of its leader's batches: every check but this log's
+        batch limit, which the leader applied under the settings of the moment it stored them (a
+        topic's max.message.bytes, or its segment.bytes, may have been lowered since: refused
+        here, they would stop the follower for good). Kafka's followers do not check it either."""
+        return validation.validate(records, replace(self.config, max_batch_bytes=SEGMENT_BYTES_MAX))
+
     def prepare_append(
         self,
         records: bytes | bytearray | memoryview,
@@ -414,7 +421,7 @@ class Log:
         leader gave them, and must start at the next offset and follow one another without a gap
         (`OffsetOutOfRangeError` otherwise, nothing changed). Validated like a produce."""
         self.check_usable()
-        headers = self.validate(records) if headers is None else list(headers)
+        headers = self.validate_copy(records) if headers is None else list(headers)
         expected = self._next_offset
         for h in headers:
             if h.base_offset != expected:
@@ -442,7 +449,7 @@ class Log:
     def prepare_copies(self, records: bytes | bytearray | memoryview) -> list[PendingAppend]:
         """`prepare_copy` of a follower's fetch, in as many appends as segments it fills (a
         fetch may hold more than a segment). Run every one's ops, complete them in order."""
-        headers = self.validate(records)
+        headers = self.validate_copy(records)
         view = memoryview(records)
         limit = self.config.segment_bytes
         pendings: list[PendingAppend] = []

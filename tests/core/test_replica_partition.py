@@ -151,6 +151,27 @@ def test_a_follower_stores_the_leaders_batches_as_they_are(tmp_path: Path, space
     follower.close()
 
 
+def test_a_follower_copies_batches_above_a_batch_limit_lowered_since(
+    tmp_path: Path, space: DiskSpace
+) -> None:
+    """A topic's max.message.bytes (or segment.bytes) lowered after its leader stored larger
+    batches: a follower behind still copies them (the leader checked them under the settings of
+    their time), and stamps nothing (LogAppendTime batches keep the leader's time); a produce
+    on the leader is held to the new limit."""
+    leader, follower = leader_and_follower(tmp_path)
+    big = batch(1, value=b"y" * 300)
+    produced(leader, big, space)
+    lowered = LogConfig(segment_bytes=400, max_batch_bytes=100, log_append_time=True)
+    leader.configure(lowered)
+    follower.configure(lowered)
+    assert copied(follower, everything(leader)) == 1
+    assert everything(follower) == everything(leader)
+    with pytest.raises(Exception, match="exceeds max_batch_bytes 100"):
+        leader.produce(big, space)
+    leader.close()
+    follower.close()
+
+
 def test_truncation_mid_segment_and_across_segments_survives_reopen(tmp_path: Path, space: DiskSpace) -> None:
     leader, follower = leader_and_follower(tmp_path)
     for i in range(6):
