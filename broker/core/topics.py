@@ -303,12 +303,15 @@ class TopicRegistry:
             alteration = replacing(alteration)
         return replace(topic, configs=self.checked(alteration(topic.configs, self.topic_defaults)))
 
-    def replace_topic(self, topic: Topic) -> None:
-        """Store `topic` in place of the topic of its id (its configs altered). Call holding `locked()`."""
-        if self.by_id.get(topic.topic_id) is None or self.by_name.get(topic.name) is None:
-            raise TopicError(TopicFault.UNKNOWN, f"unknown topic {topic.name!r}")
-        self.by_id[topic.topic_id] = topic
-        self.by_name[topic.name] = topic
+    def replace_topic(self, *topics: Topic) -> None:
+        """Store `topics` in place of the topics of their ids (their configs altered), in one
+        write of the registry. Call holding `locked()`."""
+        for topic in topics:
+            if self.by_id.get(topic.topic_id) is None or self.by_name.get(topic.name) is None:
+                raise TopicError(TopicFault.UNKNOWN, f"unknown topic {topic.name!r}")
+        for topic in topics:
+            self.by_id[topic.topic_id] = topic
+            self.by_name[topic.name] = topic
         self._save()
 
     def settings_of(self, topic: Topic) -> TopicSettings:

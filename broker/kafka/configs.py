@@ -354,15 +354,11 @@ def _alter(
     cluster = core.config.cluster
     if not todo:
         return answer({})
-    if cluster is None:
-        results: dict[int, BaseException | None] = {}
-        for i, (name, change) in todo.items():
-            try:
-                core.alter_topic_configs(name, change)
-                results[i] = None
-            except Exception as exc:
-                results[i] = exc
-        return answer(results)
+    if cluster is None:  # every topic in one write of the registry
+        outcomes = core.alter_topics_configs(list(todo.values()))
+        return answer(
+            {i: r if isinstance(r, Exception) else None for i, r in zip(todo, outcomes, strict=True)}
+        )
     calls, registry = cluster.calls, core.registry
     stored: dict[str, Mapping[str, str]] = {}
 

@@ -310,3 +310,35 @@ def test_an_alteration_is_checked_by_the_registry(tmp_path) -> None:
     altered = registry.altered("t", changing([ConfigChange("retention.ms", ConfigOp.SET, "10")]))
     assert altered.configs == {"cleanup.policy": "compact", "retention.ms": "10"}
     assert registry.get("t").configs == {"cleanup.policy": "compact"}, "the registry is not changed"
+
+
+def test_a_core_alters_many_topics_in_one_write_and_applies_them_at_once(tmp_path, monkeypatch) -> None:
+    from broker.core.config import BrokerConfig
+    from broker.core.core import Core
+    from broker.core.partition import Partition
+    from broker.core.topic_configs import replacing
+
+    core = Core(BrokerConfig(data_dir=str(tmp_path)))
+    try:
+        core.create_topic("a", 1)
+        core.create_topic("b", 1)
+        p = core.partition_named("a", 0)
+        assert isinstance(p, Partition) and p.log.config.max_batch_bytes == MiB
+        saves = []
+        real_save = core.registry._save
+        monkeypatch.setattr(core.registry, "_save", lambda: (saves.append(1), real_save()))
+        results = core.alter_topics_configs(
+            [
+                ("a", replacing({"max.message.bytes": "2048", "message.timestamp.type": "LogAppendTime"})),
+                ("nope", replacing({})),
+                ("b", replacing({"retention.ms": "1"})),
+                ("b", replacing({"retention.ms": "never"})),
+            ]
+        )
+        assert [type(r).__name__ for r in results] == ["Topic", "TopicError", "Topic", "TopicError"]
+        assert len(saves) == 1, "one write of the registry for the request"
+        assert (p.log.config.max_batch_bytes, p.log.config.log_append_time) == (2048, True), "live, no reopen"
+        assert core.registry.get("b").configs == {"retention.ms": "1"}
+        assert TopicRegistry(str(tmp_path), LogConfig()).get("a").configs["max.message.bytes"] == "2048"
+    finally:
+        core.close()
