@@ -171,6 +171,7 @@ def test_confluent_admin_gets_errors_not_hangs(server: BrokerProcess) -> None:
         ),
     }
     describe_acls = calls.pop("describe_acls")
+    described = calls.pop("describe_configs")  # answered now (broker/kafka/configs.py)
     for name, result in calls.items():
         futures = result.values() if isinstance(result, dict) else [result]
         for future in futures:
@@ -181,6 +182,8 @@ def test_confluent_admin_gets_errors_not_hangs(server: BrokerProcess) -> None:
     # authorizer answers (create_acls raised it above); librdkafka reports the DescribeAcls
     # answer's top-level error as an empty list, so nothing is listed
     assert describe_acls.result(timeout=15) == []
+    for future in described.values():
+        assert future.result(timeout=15)["retention.ms"].value is not None
     assert time.monotonic() - started < 15
     assert "four" in admin.list_topics(timeout=10).topics  # the client is still connected and served
 
