@@ -598,6 +598,21 @@ def changing(changes: Iterable[ConfigChange]) -> Alteration:
     return alter
 
 
+def readable(overrides: Mapping[str, str]) -> dict[str, str]:
+    """Those of `overrides` that are known configs with values that parse: what a registry
+    edited by hand can still be served with."""
+    out = {}
+    for name, text in overrides.items():
+        key = KEYS.get(name)
+        if key is not None:
+            try:
+                key.parse(text)
+            except ConfigError:
+                continue
+            out[name] = text
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class TopicSettings:
     """A topic's effective configs, parsed: what the core applies and the cleaner reads."""

@@ -48,6 +48,7 @@ from broker.core.topic_configs import (
     TopicSettings,
     check_topic,
     parse_overrides,
+    readable,
     replacing,
     settings,
 )
@@ -323,9 +324,12 @@ class TopicRegistry:
         try:
             s = check_topic(topic.configs, self.topic_defaults, self.limits)
         except ConfigError as exc:
-            # Stored before a floor was raised, or by hand: serve it with what it says.
-            log.warning("topic %s: %s (served as configured)", topic.name, exc)
-            s = settings(topic.configs, self.topic_defaults)
+            # Stored before a floor was raised (served as configured), or written by hand (an
+            # override that does not parse takes the broker's default): never a topic unserved.
+            log.warning("topic %s: %s", topic.name, exc)
+            s = settings(readable(topic.configs), self.topic_defaults)
+            if s.log_config(self.defaults).invalid() is not None:
+                s = settings({}, self.topic_defaults)
         self._settings[topic.topic_id] = (topic, s)
         return s
 

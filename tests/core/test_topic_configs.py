@@ -342,3 +342,20 @@ def test_a_core_alters_many_topics_in_one_write_and_applies_them_at_once(tmp_pat
         assert TopicRegistry(str(tmp_path), LogConfig()).get("a").configs["max.message.bytes"] == "2048"
     finally:
         core.close()
+
+
+def test_a_registry_edited_by_hand_is_still_served(tmp_path) -> None:
+    odd_configs = {"retention.ms": "soon", "x.y": "1", "segment.ms": "7200000"}
+    doc = {
+        "version": 2,
+        "next_topic_id": 3,
+        "topics": [
+            {"name": "odd", "topic_id": 1, "partitions": 1, "configs": odd_configs},
+            {"name": "small", "topic_id": 2, "partitions": 1, "configs": {"segment.bytes": "4096"}},
+        ],
+    }
+    (tmp_path / "topics.json").write_text(json.dumps(doc))
+    registry = TopicRegistry(str(tmp_path), LogConfig())
+    odd = registry.settings_of(registry.get("odd"))
+    assert (odd.retention_ms, odd.segment_ms) == (LogConfig().retention_ms, 7_200_000), "what parses is kept"
+    assert registry.log_config(registry.get("small")).segment_bytes == 4096, "below today's floor: as stored"
