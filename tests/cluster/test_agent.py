@@ -211,3 +211,44 @@ def test_a_leaving_node_is_not_proposed_back_into_an_in_sync_set(nodes: list[Nod
     wait_for(lambda: 3 not in a.latest().live)
     back = a.agent.admin.alter_isr(topic.topic_id, 0, s.leader, s.leader_epoch, (*others, 3))
     assert back == s  # gone: not added
+
+
+def test_a_topics_unclean_leader_election_overrides_the_clusters(nodes: list[Node]) -> None:
+    """With every in-sync replica gone, the controller elects an out-of-sync live replica of a
+    topic whose unclean.leader.election.enable is true, and leaves the topic without it offline
+    (the cluster's own setting, --unclean-leader-election, is off here)."""
+    import dataclasses
+    import json
+
+    from broker.core.cluster_view import PartitionState
+
+    wait_for(lambda: all((n.latest() or ClusterView.single()).live == {1, 2, 3} for n in nodes))
+    controller = wait_for(
+        lambda: nodes[0].latest() and nodes[0].view.controller != NO_LEADER and nodes[0].view.controller
+    )
+    leader = next(n for n in (1, 2, 3) if n != controller)  # its death leaves the controller be
+    follower = controller
+    admin = nodes[follower - 1].agent.admin
+    registry = nodes[follower - 1].registry
+    unclean = admin.create_topic(
+        registry, "unclean", 1, {"unclean.leader.election.enable": "true"}, replication=2
+    )
+    clean = admin.create_topic(registry, "clean", 1, replication=2)
+    k = admin.keys
+
+    def state(topic_id: int) -> tuple[PartitionState, int] | None:
+        kv = admin.store.get(k.partition(topic_id, 0))
+        return None if kv is None else (PartitionState.from_json(json.loads(kv.value)), kv.mod_revision)
+
+    # both partitions on the same two nodes, in sync only on their leader (the other lagging)
+    for topic in (unclean, clean):
+        s, rev = wait_for(lambda t=topic: state(t.topic_id))
+        new = dataclasses.replace(
+            s, replicas=(leader, follower), leader=leader, isr=(leader,), leader_epoch=s.leader_epoch + 1
+        )
+        assert admin.write_state(topic.topic_id, 0, rev, new) is not None
+    nodes[leader - 1].agent._stop.set()  # its session lapses: every in-sync replica is gone
+    wait_for(lambda: state(unclean.topic_id)[0].leader == follower, timeout=15)
+    assert state(unclean.topic_id)[0].isr == (follower,)
+    time.sleep(1.0)
+    assert state(clean.topic_id)[0].leader == NO_LEADER, "the cluster's setting: wait for an in-sync one"
