@@ -13,7 +13,7 @@ from __future__ import annotations
 from broker.core.groups import GroupError, OffsetsUnavailable
 from broker.core.producer_state import RetryInFlightError, SequenceError
 from broker.core.replication import NotEnoughReplicasError, NotLeaderError
-from broker.core.topic_configs import ConfigError
+from broker.core.topic_config_keys import ConfigError
 from broker.core.topics import TopicError, TopicFault
 from broker.storage.diskspace import is_out_of_space
 from broker.storage.errors import (

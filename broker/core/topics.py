@@ -41,9 +41,9 @@ from enum import Enum
 from typing import Any
 
 from broker.core.limits import Limits
+from broker.core.topic_config_keys import ConfigError
 from broker.core.topic_configs import (
     Alteration,
-    ConfigError,
     TopicDefaults,
     TopicSettings,
     check_topic,

@@ -40,6 +40,7 @@ from kio.schema.errors import ErrorCode
 
 from broker.core.config import BrokerConfig
 from broker.core.outcomes import Outcome, Reply
+from broker.core.topic_config_keys import ConfigType
 from broker.core.topic_configs import (
     Alteration,
     BrokerSetting,
@@ -47,7 +48,6 @@ from broker.core.topic_configs import (
     ConfigEntry,
     ConfigOp,
     ConfigSource,
-    ConfigType,
     changing,
     describe_broker,
     replacing,

@@ -13,13 +13,9 @@ import pytest
 from broker.cluster.records import TopicRecord
 from broker.core.errors import error_of
 from broker.core.limits import Limits
+from broker.core.topic_config_keys import KEYS, LONG_MAX, ConfigError, ConfigType, Effect
 from broker.core.topic_configs import (
-    KEYS,
-    LONG_MAX,
-    ConfigError,
     ConfigSource,
-    ConfigType,
-    Effect,
     TopicDefaults,
     check_topic,
     describe_topic,

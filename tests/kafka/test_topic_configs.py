@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from broker.client import Admin
-from broker.core.topic_configs import KEYS
+from broker.core.topic_config_keys import KEYS
 from labkit.brokerproc import BrokerProcess, wait_for
 from labkit.kafka_requests import describe_configs
 from ringlog_proto.routing import shard_for
