@@ -215,6 +215,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         retention_bytes=None if args.retention_bytes < 0 else int(args.retention_bytes),
         segment_ms=None if args.segment_ms < 0 else int(args.segment_ms),
     )
+    if args.default_partitions < 1:
+        print("broker: --default-partitions must be >= 1", file=sys.stderr)
+        return 2
     if args.group_initial_rebalance_delay_ms < 0:
         print("broker: --group-initial-rebalance-delay-ms must be >= 0", file=sys.stderr)
         return 2
@@ -277,6 +280,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         membership_port=args.membership_port,
         membership_key_file=args.membership_key_file,
         group_initial_rebalance_delay_ms=args.group_initial_rebalance_delay_ms,
+        auto_create_topics=args.auto_create_topics,
+        default_partitions=args.default_partitions,
         sasl=sasl,
         tls=tls,
         super_users=super_users,
@@ -531,6 +536,21 @@ def add_serve_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         metavar="MS",
         help="how long a consumer group that was empty waits for more members before its first "
         "generation (Kafka's group.initial.rebalance.delay.ms; default 3000)",
+    )
+    serve.add_argument(
+        "--auto-create-topics",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="create a topic a Kafka client's Metadata request names and allows creating, as Kafka's "
+        "auto.create.topics.enable does (default on, as in Kafka; off: such a topic is "
+        "UNKNOWN_TOPIC_OR_PARTITION)",
+    )
+    serve.add_argument(
+        "--default-partitions",
+        type=int,
+        default=1,
+        metavar="N",
+        help="partitions of an auto-created topic (Kafka's num.partitions; default 1)",
     )
     defaults = LogConfig()
     topic_defaults = serve.add_argument_group(

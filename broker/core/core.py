@@ -534,6 +534,48 @@ class Core:
             topic = self.registry.get(name)
         return describe_topic(topic.configs, self.registry.topic_defaults, keys)
 
+    def auto_create_topics(self, names: Sequence[str], answer: Callable[[], Reply]) -> Outcome:
+        """Create the topics of `names` this broker does not have with the broker's defaults, then
+        `answer()`: auto topic creation (Kafka's auto.create.topics.enable, num.partitions and the
+        cluster's default replication). The caller has checked the names and the principal's
+        right to create. A topic another core or node created meanwhile counts as created; any
+        other refusal (a limit, a full disk, too few live nodes) is logged and the topic stays
+        unknown in the answer, as a Kafka broker whose auto-creation failed answers it."""
+        partitions = self.config.default_partitions
+        cluster = self.config.cluster
+        if cluster is None:
+            for name in names:
+                try:
+                    self.create_topic(name, partitions)
+                except Exception as exc:
+                    self._auto_create_failed(name, exc)
+            return answer()
+        calls, registry = cluster.calls, self.registry
+
+        def create_all() -> list[str]:
+            created = []
+            for name in names:
+                try:
+                    calls.create_topic(registry, name, partitions)
+                except Exception as exc:
+                    if not self._auto_create_failed(name, exc):
+                        continue
+                created.append(name)
+            return created
+
+        def known(created: list[str]) -> bool:
+            return all(name in registry.by_name for name in created)
+
+        return self.in_cluster(create_all, lambda _created: answer(), until=known)
+
+    @staticmethod
+    def _auto_create_failed(name: str, exc: Exception) -> bool:
+        """True when `exc` says the topic exists (someone else created it first)."""
+        if isinstance(exc, TopicError) and exc.kind is TopicFault.EXISTS:
+            return True
+        log.warning("auto-creating topic %r: %s", name, exc)
+        return False
+
     def delete_topic(self, name: str, answer: Callable[[], Reply], notice: Frame | None = None) -> Outcome:
         """Delete a topic (both protocols' DeleteTopic(s)): out of the registry now; every other
         core is told (a DeleteTopic frame of ours, `notice`, made here if not given) and closes

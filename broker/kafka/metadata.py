@@ -6,9 +6,15 @@ Rules this module keeps:
   it on its leader node, so stock clients connect straight to the owning core. Replicas and ISR
   are the cores holding the partition on each replica node; the controller is core 0 of the
   cluster's controller node.
-- Topics are never created by Metadata (auto-create is off): an unknown one is
-  UNKNOWN_TOPIC_OR_PARTITION. With ACLs on, a topic the principal may not describe is left out of
-  a listing of every topic and answered TOPIC_AUTHORIZATION_FAILED when named (Kafka's rule).
+- Auto topic creation, as Kafka's KafkaApis does it: a request naming topics (not a listing of
+  every topic) that allows it (`allow_auto_topic_creation`, v4+; always for v0-3), on a broker
+  with `--auto-create-topics` (the default, as auto.create.topics.enable), creates the named
+  topics that do not exist and have a valid name, with the broker's defaults
+  (`Core.auto_create_topics`), and answers once they exist. With ACLs on, that needs create on the
+  cluster or on the topic (and describe on it, as every named topic does); without it the topic
+  is TOPIC_AUTHORIZATION_FAILED. Otherwise an unknown topic is UNKNOWN_TOPIC_OR_PARTITION, and an
+  invalid name INVALID_TOPIC_EXCEPTION. With ACLs on, a topic the principal may not describe is
+  left out of a listing of every topic and answered TOPIC_AUTHORIZATION_FAILED when named.
 """
 
 from __future__ import annotations
@@ -21,9 +27,11 @@ from typing import Any, Final
 from kio.schema.errors import ErrorCode
 
 from broker.core.outcomes import Outcome, Reply
+from broker.core.topics import invalid_topic_name
 from broker.core.views import MetadataView, NodeView, kafka_broker_id
 from broker.kafka.codec import KafkaRequest, encode_response, make, response_schema
 from broker.kafka.context import Context
+from broker.security.acls import CLUSTER_NAME
 
 METADATA: Final = 3
 VERSIONS: Final = (0, 8)  # v9+ are flexible
@@ -36,15 +44,35 @@ def metadata(ctx: Context, request: KafkaRequest, body: Any) -> Outcome:
         names: list[str] | None = None
     else:
         names = [t.name for t in body.topics]
-    view = ctx.core.metadata_view(names)
     schema = response_schema(METADATA, request.api_version)
     assert schema is not None
     may: Callable[[str], bool] | None = None
+    refused: set[str] = set()  # named, unknown, and the principal may not create them
     if ctx.authorizer.enabled:
         principal, allowed = ctx.auth.principal, ctx.authorizer.allowed
-        may = lambda name: allowed(principal, "describe", "topic", name)  # noqa: E731
-    resp = metadata_response(ctx, schema, view, may, listed_all=names is None)
-    return Reply(encode_response(request.correlation_id, resp))
+        may = lambda name: name not in refused and allowed(principal, "describe", "topic", name)  # noqa: E731
+
+    def answer() -> Reply:
+        view = ctx.core.metadata_view(names)
+        resp = metadata_response(ctx, schema, view, may, listed_all=names is None)
+        return Reply(encode_response(request.correlation_id, resp))
+
+    core = ctx.core
+    if names is None or not core.config.auto_create_topics:
+        return answer()
+    if not getattr(body, "allow_auto_topic_creation", True):  # v0-3 have no such field: allowed
+        return answer()
+    core.refresh_topics()
+    known = core.registry.by_name
+    missing = [n for n in dict.fromkeys(names) if n not in known and not invalid_topic_name(n)]
+    if missing and ctx.authorizer.enabled:
+        principal, allowed = ctx.auth.principal, ctx.authorizer.allowed
+        if not allowed(principal, "create", "cluster", CLUSTER_NAME):
+            refused.update(n for n in missing if not allowed(principal, "create", "topic", n))
+        missing = [n for n in missing if n not in refused and allowed(principal, "describe", "topic", n)]
+    if not missing:
+        return answer()
+    return core.auto_create_topics(missing, answer)
 
 
 def metadata_response(
@@ -80,7 +108,8 @@ def metadata_response(
                 continue  # left out of a listing of every topic
             refused = ErrorCode.topic_authorization_failed  # whether or not it exists
         elif not t.known:
-            refused = ErrorCode.unknown_topic_or_partition
+            invalid = invalid_topic_name(t.name) is not None
+            refused = ErrorCode.invalid_topic_exception if invalid else ErrorCode.unknown_topic_or_partition
         if refused is not None:
             topics.append(
                 make(

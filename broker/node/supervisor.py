@@ -139,6 +139,8 @@ class SupervisorConfig:
     membership_key_file: str | None = None  # membership.read_keyring: every endpoint needs the key
     limits: Limits = field(default_factory=Limits)  # broker/core/limits.py, docs/LIMITS.md
     group_initial_rebalance_delay_ms: int = 3000  # broker/core/coordinator.py
+    auto_create_topics: bool = True  # broker/core/config.py
+    default_partitions: int = 1
     sasl: SaslConfig = field(default_factory=SaslConfig)  # broker/security/sasl.py
     tls: TlsConfig = field(default_factory=TlsConfig)  # broker/security/tls.py
     super_users: tuple[str, ...] = ()  # broker/security/acls.py
@@ -446,6 +448,8 @@ class Supervisor:
             "static_configs": sorted(self.config.static_configs),
             "limits": self.config.limits.to_spec(),
             "group_initial_rebalance_delay_ms": self.config.group_initial_rebalance_delay_ms,
+            "auto_create_topics": self.config.auto_create_topics,
+            "default_partitions": self.config.default_partitions,
             "sasl": {
                 "mechanisms": list(self.config.sasl.mechanisms),
                 "plain_without_tls": self.config.sasl.plain_without_tls,

@@ -169,6 +169,8 @@ def config_from_spec(spec: dict[str, Any]) -> BrokerConfig:
         backend=str(spec.get("backend", "uvloop")),
         limits=Limits.from_spec(spec.get("limits")),
         group_initial_rebalance_delay_ms=int(spec.get("group_initial_rebalance_delay_ms", 3000)),
+        auto_create_topics=bool(spec.get("auto_create_topics", True)),
+        default_partitions=int(spec.get("default_partitions", 1)),
         sasl=sasl_config(spec.get("sasl")),
         tls=TlsConfig(**spec.get("tls", {})),
         super_users=tuple(spec.get("super_users", ())),
