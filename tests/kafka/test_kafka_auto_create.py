@@ -134,10 +134,8 @@ def test_metadata_creates_only_what_it_may(broker: BrokerProcess) -> None:
         def ask(version: int, names: list[str] | None, allow: bool = True) -> dict[str, int]:
             schema = request_schema(3, version)
             assert schema is not None
-            module = __import__(schema.__module__, fromlist=["MetadataRequestTopic"])
-            topics = (
-                None if names is None else tuple(make(module.MetadataRequestTopic, name=n) for n in names)
-            )
+            topic = sys.modules[schema.__module__].MetadataRequestTopic
+            topics = None if names is None else tuple(make(topic, name=n) for n in names)
             fields: dict[str, Any] = {
                 "topics": topics,
                 "allow_auto_topic_creation": allow,  # make() leaves it out of v0-3
