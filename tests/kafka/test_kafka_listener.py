@@ -87,11 +87,11 @@ def test_confluent_admin_list_topics(broker: BrokerProcess) -> None:
         assert {p.id: p.leader for p in t.partitions.values()} == leaders(topic_id, partitions, broker.cores)
         for p in t.partitions.values():
             assert p.replicas == [p.leader] and p.isrs == [p.leader]
-    missing = admin.list_topics("no-such-topic", timeout=10).topics["no-such-topic"]
-    assert missing.error is not None
-    assert missing.error.code() == confluent_kafka.KafkaError.UNKNOWN_TOPIC_OR_PART
-    # Asking did not create it (auto-create is off).
-    assert "no-such-topic" not in admin.list_topics(timeout=10).topics
+    # librdkafka's admin handle is a producer, whose Metadata naming a topic allows creating it:
+    # as on Kafka with auto.create.topics.enable (the default), asking creates it.
+    asked = admin.list_topics("asked-for", timeout=10).topics["asked-for"]
+    assert asked.error is None and len(asked.partitions) == 1
+    assert "asked-for" in admin.list_topics(timeout=10).topics
 
 
 def test_kafka_python_admin_and_consumer(broker: BrokerProcess) -> None:
