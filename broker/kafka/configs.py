@@ -241,6 +241,16 @@ def broker_settings(config: BrokerConfig, broker_id: int) -> dict[str, BrokerSet
             ConfigType.INT,
             "The largest request accepted (--max-request-bytes).",
         ),
+        "auto.create.topics.enable": BrokerSetting(
+            str(config.auto_create_topics).lower(),
+            ConfigType.BOOLEAN,
+            "Whether Metadata creates the topics it names (--auto-create-topics).",
+        ),
+        "num.partitions": BrokerSetting(
+            str(config.default_partitions),
+            ConfigType.INT,
+            "Partitions of an auto-created topic (--default-partitions).",
+        ),
         "group.initial.rebalance.delay.ms": BrokerSetting(
             str(config.group_initial_rebalance_delay_ms),
             ConfigType.INT,

@@ -266,6 +266,30 @@ def test_kafka_client_on_the_cluster(cluster: Cluster) -> None:
     assert got == {f"v{i}".encode() for i in range(500)}
 
 
+def test_a_producer_creates_its_topic_on_the_cluster(cluster: Cluster) -> None:
+    """Auto topic creation through any node: one topic in the store, the cluster's default
+    replication (3), its records acknowledged by every replica (acks=all)."""
+    confluent_kafka = pytest.importorskip("confluent_kafka")
+    from confluent_kafka.admin import AdminClient
+
+    boot = cluster.nodes[2].bootstrap
+    producer = confluent_kafka.Producer({"bootstrap.servers": boot, "acks": "all"})
+    errors: list[object] = []
+    for i in range(20):
+        producer.produce("auto-made", b"a%d" % i, on_delivery=lambda e, _m: e and errors.append(e))
+    assert producer.flush(30) == 0 and errors == []
+    md = AdminClient({"bootstrap.servers": cluster.bootstrap}).list_topics(timeout=10).topics["auto-made"]
+    assert [len(p.replicas) for p in md.partitions.values()] == [3]
+    for node in cluster.nodes.values():  # every node serves it (our Metadata never creates)
+        wire = Wire(node.port)
+        try:
+            resp = wire.rpc(m.MetadataRequest(("auto-made",)))
+            assert isinstance(resp, m.MetadataResponse)
+            assert [t.error for t in resp.topics] == [m.ErrorCode.NONE], resp
+        finally:
+            wire.close()
+
+
 def test_five_nodes_spread_replicas_and_survive_two_deaths(etcd, tmp_path: Path) -> None:
     """Five nodes: replicas of 10 partitions spread over all of them; two nodes killed: every
     partition is led from its in-sync set; those with two copies left take acks=all writes, those
