@@ -39,10 +39,21 @@ def app_python(name: str) -> Path:
 class App:
     """An app script in its framework's venv, its output (stdout and stderr) in `log_path`."""
 
-    def __init__(self, python: Path, script: str, args: Iterable[str], log_path: Path, cwd: Path) -> None:
+    def __init__(
+        self,
+        python: Path,
+        script: str,
+        args: Iterable[str],
+        log_path: Path,
+        cwd: Path,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.argv = [str(python), str(HERE / script), *args]
         self.log_path = log_path
         self.cwd = cwd
+        self.env = {**os.environ, **(env or {})}
+        # The project's PYTHONPATH (pytest's, ours) is no business of the framework's venv.
+        self.env.pop("PYTHONPATH", None)
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> App:
@@ -52,7 +63,12 @@ class App:
             log.flush()
             # Its own session, so a kill reaches whatever the framework started beside it.
             self.proc = subprocess.Popen(
-                self.argv, stdout=log, stderr=subprocess.STDOUT, cwd=self.cwd, start_new_session=True
+                self.argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.cwd,
+                env=self.env,
+                start_new_session=True,
             )
         return self
 
@@ -94,7 +110,13 @@ class PacedProducer(threading.Thread):
         self, bootstrap: str, topic: str, records: list[tuple[str, dict]], rate: float, first: int = 100
     ) -> None:
         super().__init__(daemon=True)
-        self.bootstrap, self.topic, self.records, self.rate, self.first = bootstrap, topic, records, rate, first
+        self.bootstrap, self.topic, self.records, self.rate, self.first = (
+            bootstrap,
+            topic,
+            records,
+            rate,
+            first,
+        )
         self.go = threading.Event()
         self.sent = 0
         self.error: BaseException | None = None

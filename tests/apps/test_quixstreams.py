@@ -82,4 +82,3 @@ def test_quix_counter_killed_and_restored_from_changelog(app_broker: BrokerProce
     resource = ConfigResource("topic", changelogs[0])
     configs = admin.describe_configs([resource])[resource].result(10)
     assert configs["cleanup.policy"].value == "compact"
-

@@ -1,0 +1,46 @@
+"""A Faust application (faust-streaming 0.15, on aiokafka), as a user would write it, run unchanged
+against `broker serve` by test_faust.py in Faust's own venv (scripts/setup_apps.sh).
+
+An agent counts the records of each key in a Table (in memory, so a restarted worker has only its
+changelog topic to restore it from) and sends each record's count beside its sequence number to
+the output topic: `{"key", "seq", "count"}`. Faust creates its changelog topic; the output topic
+is auto-created when it is first sent to.
+
+Run as Faust's worker: `faust_counter.py worker`, the broker and names from the environment
+(Faust's command line owns argv): BOOTSTRAP, APP_ID, INPUT, OUTPUT, DATADIR.
+"""
+
+import os
+
+import faust
+
+app = faust.App(
+    os.environ["APP_ID"],
+    broker=f"kafka://{os.environ['BOOTSTRAP']}",
+    store="memory://",
+    datadir=os.environ["DATADIR"],
+    web_enabled=False,
+    topic_partitions=1,
+    consumer_auto_offset_reset="earliest",
+    processing_guarantee="at_least_once",
+    broker_commit_interval=0.5,
+    # A killed worker's partitions wait out its session before the restarted one gets them:
+    # Kafka's smallest (group.min.session.timeout.ms), not Faust's 60 s.
+    broker_session_timeout=6.0,
+    broker_heartbeat_interval=1.0,
+)
+events = app.topic(os.environ["INPUT"], key_serializer="raw", value_serializer="json")
+counted = app.topic(os.environ["OUTPUT"], key_serializer="raw", value_serializer="json")
+counts = app.Table("counts", default=int, partitions=1)
+
+
+@app.agent(events)
+async def count(stream):
+    async for key, value in stream.items():
+        name = key.decode()
+        counts[name] += 1
+        await counted.send(key=key, value={"key": name, "seq": value["seq"], "count": counts[name]})
+
+
+if __name__ == "__main__":
+    app.main()
