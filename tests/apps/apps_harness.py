@@ -37,18 +37,18 @@ def app_python(name: str) -> Path:
 
 
 class App:
-    """An app script in its framework's venv, its output (stdout and stderr) in `log_path`."""
+    """`python args...` in a framework's venv (`args`: an app script beside this module and its
+    arguments, or the framework's own runner), its output (stdout and stderr) in `log_path`."""
 
     def __init__(
         self,
         python: Path,
-        script: str,
         args: Iterable[str],
         log_path: Path,
         cwd: Path,
         env: dict[str, str] | None = None,
     ) -> None:
-        self.argv = [str(python), str(HERE / script), *args]
+        self.argv = [str(python), *args]
         self.log_path = log_path
         self.cwd = cwd
         self.env = {**os.environ, **(env or {})}

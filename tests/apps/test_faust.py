@@ -16,7 +16,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from apps_harness import App, PacedProducer, app_python, json_records, keyed_records, topic_names, wait_until
+from apps_harness import (
+    HERE,
+    App,
+    PacedProducer,
+    app_python,
+    json_records,
+    keyed_records,
+    topic_names,
+    wait_until,
+)
 
 from labkit.brokerproc import BrokerProcess
 
@@ -47,7 +56,7 @@ def test_faust_table_killed_and_restored_from_changelog(app_broker: BrokerProces
         return App(
             python,
             "faust_counter.py",
-            ["worker", "-l", "info"],
+            [str(HERE / "faust_counter.py"), "worker", "-l", "info"],
             log,
             tmp_path / f"worker-{n}",
             env={**env, "DATADIR": str(tmp_path / f"worker-{n}" / "data")},

@@ -16,7 +16,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from apps_harness import App, PacedProducer, app_python, json_records, keyed_records, topic_names, wait_until
+from apps_harness import (
+    HERE,
+    App,
+    PacedProducer,
+    app_python,
+    json_records,
+    keyed_records,
+    topic_names,
+    wait_until,
+)
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from labkit.brokerproc import BrokerProcess
@@ -37,14 +46,14 @@ def app_broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Broke
 def test_quix_counter_killed_and_restored_from_changelog(app_broker: BrokerProcess, tmp_path: Path) -> None:
     python = app_python("quixstreams")
     bootstrap = app_broker.bootstrap
-    args = lambda state: [bootstrap, str(state), "events", "counts", "counter"]  # noqa: E731
+    args = lambda state: [str(HERE / "quix_counter.py"), bootstrap, str(state), "events", "counts", "counter"]  # noqa: E731
     log = tmp_path / "app.log"
     expected = {(f"k{k}", seq) for k in range(KEYS) for seq in range(1, PER_KEY + 1)}
 
     def explain() -> str:
         return f"app log:\n{log.read_text(errors='replace')[-6000:]}\nbroker log:\n{app_broker.log_tail(40)}"
 
-    app = App(python, "quix_counter.py", args(tmp_path / "state-1"), log, tmp_path).start()
+    app = App(python, args(tmp_path / "state-1"), log, tmp_path).start()
     try:
         # Quix made the input topic on start: once it exists, records flow while the app runs.
         wait_until(lambda: not app.running() or "events" in topic_names(bootstrap), 60, explain)
@@ -58,7 +67,7 @@ def test_quix_counter_killed_and_restored_from_changelog(app_broker: BrokerProce
         app.kill()
         before = len(json_records(bootstrap, "counts"))
 
-        app = App(python, "quix_counter.py", args(tmp_path / "state-2"), log, tmp_path).start()
+        app = App(python, args(tmp_path / "state-2"), log, tmp_path).start()
         producer.join(60)
         assert producer.error is None, producer.error
 
