@@ -55,7 +55,6 @@ def test_faust_table_killed_and_restored_from_changelog(app_broker: BrokerProces
     def worker(n: int) -> App:
         return App(
             python,
-            "faust_counter.py",
             [str(HERE / "faust_counter.py"), "worker", "-l", "info"],
             log,
             tmp_path / f"worker-{n}",
