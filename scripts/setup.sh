@@ -7,7 +7,8 @@
 # Steps: Debian packages -> kernel-header links for bcc -> .venv (with Debian's bcc linked in) ->
 # pip install -e .[dev,bpf,spark] (spark: PySpark, pyarrow for the Spark data source and its tests) ->
 # the Java Kafka client's jars in .venv/spark-jars (tests/kafka/test_java_client.py, docs/KAFKA.md)
-# -> kafka-python 2 in a directory of its own (the tests run it beside the venv's kafka-python 3).
+# -> kafka-python 2 in a directory of its own (the tests run it beside the venv's kafka-python 3)
+# -> the stream processors tests/apps runs (Quix Streams, Faust, Bytewax), a venv each.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -172,4 +173,9 @@ if [ ! -d "$KP2/kafka_python-$KP2_VERSION.dist-info" ]; then
 else
     say "kafka-python $KP2_VERSION present in $KP2"
 fi
+
+# --- 7. Stream processors, a venv each ------------------------------------------------------------
+# tests/apps runs Quix Streams, Faust and Bytewax unchanged against `broker serve`; their pins
+# conflict with the project's, so scripts/setup_apps.sh gives each its own venv in .venv/apps.
+bash "$ROOT/scripts/setup_apps.sh" "$VENV"
 say "ready: $("$VENV/bin/python" --version), bcc: $("$VENV/bin/python" -c 'import bcc; print("yes")' 2>/dev/null || echo no)"
