@@ -7,10 +7,9 @@ auto.create.topics.enable does (without it Bytewax writes nothing and says nothi
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
-import pytest
 from apps_harness import HERE, App, PacedProducer, app_python, keyed_records, read_topic, wait_until
 
 from labkit.brokerproc import BrokerProcess
@@ -18,21 +17,18 @@ from labkit.brokerproc import BrokerProcess
 RECORDS = keyed_records(5, 1000)
 
 
-@pytest.fixture(params=["uvloop", "io_uring"])
-def app_broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BrokerProcess]:
-    proc = BrokerProcess(tmp_path / "data", tmp_path / "broker.log", backend=request.param).start()
-    yield proc
-    if proc.running():
-        assert proc.stop() == 0, f"broker did not exit cleanly on SIGTERM:\n{proc.log()}"
-
-
 def test_bytewax_kafka_source_to_sink(app_broker: BrokerProcess, tmp_path: Path) -> None:
+    check_bytewax_copy(app_broker.bootstrap, tmp_path, lambda: app_broker.log_tail(40))
+
+
+def check_bytewax_copy(bootstrap: str, tmp_path: Path, broker_log: Callable[[], str]) -> None:
+    """The test on any broker or cluster at `bootstrap` (test_apps_cluster.py: three nodes);
+    `broker_log()` explains a failure."""
     python = app_python("bytewax")
-    bootstrap = app_broker.bootstrap
     log = tmp_path / "app.log"
 
     def explain() -> str:
-        return f"app log:\n{log.read_text(errors='replace')[-6000:]}\nbroker log:\n{app_broker.log_tail(40)}"
+        return f"app log:\n{log.read_text(errors='replace')[-6000:]}\nbroker log:\n{broker_log()}"
 
     producer = PacedProducer(bootstrap, "events", RECORDS, rate=1e9, first=len(RECORDS))
     producer.run()  # here, to the end: the flow reads up to the end it finds

@@ -12,10 +12,9 @@ the table lost) and every input record reaches the output.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
-import pytest
 from apps_harness import (
     HERE,
     App,
@@ -34,23 +33,20 @@ PER_KEY = 600
 RATE = 500.0
 
 
-@pytest.fixture(params=["uvloop", "io_uring"])
-def app_broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BrokerProcess]:
-    proc = BrokerProcess(tmp_path / "data", tmp_path / "broker.log", backend=request.param).start()
-    yield proc
-    if proc.running():
-        assert proc.stop() == 0, f"broker did not exit cleanly on SIGTERM:\n{proc.log()}"
-
-
 def test_faust_table_killed_and_restored_from_changelog(app_broker: BrokerProcess, tmp_path: Path) -> None:
+    check_faust_table(app_broker.bootstrap, tmp_path, lambda: app_broker.log_tail(40))
+
+
+def check_faust_table(bootstrap: str, tmp_path: Path, broker_log: Callable[[], str]) -> None:
+    """The test on any broker or cluster at `bootstrap` (test_apps_cluster.py: three nodes);
+    `broker_log()` explains a failure."""
     python = app_python("faust")
-    bootstrap = app_broker.bootstrap
     env = {"BOOTSTRAP": bootstrap, "APP_ID": "counter", "INPUT": "events", "OUTPUT": "counts"}
     log = tmp_path / "app.log"
     expected = {(f"k{k}", seq) for k in range(KEYS) for seq in range(1, PER_KEY + 1)}
 
     def explain() -> str:
-        return f"app log:\n{log.read_text(errors='replace')[-6000:]}\nbroker log:\n{app_broker.log_tail(40)}"
+        return f"app log:\n{log.read_text(errors='replace')[-6000:]}\nbroker log:\n{broker_log()}"
 
     def worker(n: int) -> App:
         return App(

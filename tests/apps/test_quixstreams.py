@@ -12,10 +12,9 @@ it would be state lost, above it state counted twice.
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
-import pytest
 from apps_harness import (
     HERE,
     App,
@@ -35,23 +34,20 @@ PER_KEY = 600  # 3000 records, produced over ~6 s
 RATE = 500.0
 
 
-@pytest.fixture(params=["uvloop", "io_uring"])
-def app_broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BrokerProcess]:
-    proc = BrokerProcess(tmp_path / "data", tmp_path / "broker.log", backend=request.param).start()
-    yield proc
-    if proc.running():
-        assert proc.stop() == 0, f"broker did not exit cleanly on SIGTERM:\n{proc.log()}"
-
-
 def test_quix_counter_killed_and_restored_from_changelog(app_broker: BrokerProcess, tmp_path: Path) -> None:
+    check_quix_counter(app_broker.bootstrap, tmp_path, lambda: app_broker.log_tail(40))
+
+
+def check_quix_counter(bootstrap: str, tmp_path: Path, broker_log: Callable[[], str]) -> None:
+    """The test on any broker or cluster at `bootstrap` (test_apps_cluster.py: three nodes);
+    `broker_log()` explains a failure."""
     python = app_python("quixstreams")
-    bootstrap = app_broker.bootstrap
     args = lambda state: [str(HERE / "quix_counter.py"), bootstrap, str(state), "events", "counts", "counter"]  # noqa: E731
     log = tmp_path / "app.log"
     expected = {(f"k{k}", seq) for k in range(KEYS) for seq in range(1, PER_KEY + 1)}
 
     def explain() -> str:
-        return f"app log:\n{log.read_text(errors='replace')[-6000:]}\nbroker log:\n{app_broker.log_tail(40)}"
+        return f"app log:\n{log.read_text(errors='replace')[-6000:]}\nbroker log:\n{broker_log()}"
 
     app = App(python, args(tmp_path / "state-1"), log, tmp_path).start()
     try:

@@ -1,0 +1,18 @@
+"""The broker each app test runs against: a real `broker serve`, one core, on each backend."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from labkit.brokerproc import BrokerProcess
+
+
+@pytest.fixture(params=["uvloop", "io_uring"])
+def app_broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BrokerProcess]:
+    proc = BrokerProcess(tmp_path / "data", tmp_path / "broker.log", backend=request.param).start()
+    yield proc
+    if proc.running():
+        assert proc.stop() == 0, f"broker did not exit cleanly on SIGTERM:\n{proc.log()}"
