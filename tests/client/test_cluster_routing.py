@@ -336,15 +336,17 @@ def test_topics_create_and_describe_commands(pair: Pair, topic_id: int) -> None:
         "end",
         "records",
     ]
-    rows = [line.split() for line in lines[3:]]
+    rows = [line.split() for line in lines[3:5]]
+    assert lines[5].split() == ["configs:", "the", "broker's", "defaults"]  # "t" overrides none
     p0_core = shard_for(topic_id, 0, a.cores)
     assert rows[0] == ["0", "0", str(p0_core), "0", f"0:{p0_core}", f"0:{p0_core}", "0", "5", "5"]
     assert [r[7] for r in rows] == ["5", "2"]
 
 
-def test_producer_and_consumer_wait_for_a_leader(pair: Pair) -> None:
+def test_producer_and_consumer_wait_for_a_leader(pair: Pair, topic_id: int) -> None:
     """Topic "u" (on A only) is offline in the applied answer: the producer's batch and the
-    consumer's first ListOffsets wait, ask Metadata again, and go where it says (A, one node)."""
+    consumer's first ListOffsets wait, ask Metadata again, and go where it says (A, one node).
+    (`topic_id` first: "t" must be the first topic of both brokers, to have one id on both.)"""
     a, b = pair
 
     async def main() -> None:
