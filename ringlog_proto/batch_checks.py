@@ -60,6 +60,7 @@ RECORD_ERRORS: dict[int, str] = {
     16: "the record section lies outside the buffer",
     17: "a record's offset delta is not its index in the batch",
     18: "a record's header count is negative",
+    19: "a record's offset delta does not rise within the batch's last offset delta",  # cleaned batches
 }
 _WALK_BOUNDS = 16
 _RECORD_SECTION_MAX = 1 << 31
@@ -91,12 +92,17 @@ def _walk_varint(buf: bytes | bytearray | memoryview, p: int, end: int, bits: in
     return 0, -1
 
 
-def walk_records_python(buf: bytes | bytearray | memoryview, start: int, end: int, count: int) -> int:
+def walk_records_python(
+    buf: bytes | bytearray | memoryview, start: int, end: int, count: int, span: int | None = None
+) -> int:
     """Walk the framing of `count` records in `buf[start:end]`: 0 when it holds exactly those, else
     `code | record_index << 8 | byte_offset << 32` (offset from `start`; codes in RECORD_ERRORS).
 
     The twin of the C walk (`native._records.lib.rr_walk_records`), check for check, so the two
-    can be tested against each other; this one serves when the extension is not built.
+    can be tested against each other; this one serves when the extension is not built. `span`
+    (a batch the log cleaner rewrote: its last offset delta + 1) lets offset deltas skip, rising
+    below it (code 19 otherwise); only this walk knows that shape, which a follower copying a
+    compacted leader's log meets (broker/storage/validation.py).
     """
     if not 0 <= start <= end <= len(buf) or end - start > _RECORD_SECTION_MAX or count < 0:
         return _WALK_BOUNDS
@@ -104,6 +110,7 @@ def walk_records_python(buf: bytes | bytearray | memoryview, start: int, end: in
     v64 = _VARLONG_BITS
     p = start
     i = 0
+    prev = -1
     while i < count:
         at = p - start
         if p == end:
@@ -123,8 +130,12 @@ def walk_records_python(buf: bytes | bytearray | memoryview, start: int, end: in
         delta, q2 = _walk_varint(buf, n, rend, v32)
         if q2 < 0:
             return 9 | i << 8 | (n - start) << 32
-        if delta != i:
-            return 17 | i << 8 | (n - start) << 32
+        if span is None:
+            if delta != i:
+                return 17 | i << 8 | (n - start) << 32
+        elif not prev < delta < span:
+            return 19 | i << 8 | (n - start) << 32
+        prev = delta
         q = q2
         klen, n = _walk_varint(buf, q, rend, v32)
         if n < 0:
@@ -254,6 +265,11 @@ def invalid_records(
     h = read_header(buf, pos) if header is None else header
     if h.attributes & COMPRESSION_MASK:
         return None
+    if not h.dense:  # a batch the log cleaner rewrote: offsets may skip
+        result = walk_records_python(
+            buf, pos + HEADER_SIZE, pos + h.size, h.record_count, h.last_offset_delta + 1
+        )
+        return None if result == 0 else describe_walk(result)
     result = walk_records(buf, pos + HEADER_SIZE, pos + h.size, h.record_count)
     return None if result == 0 else describe_walk(result)
 
@@ -272,7 +288,10 @@ def invalid_compressed_records(
         finally:
             section.release()
     try:
-        result = walk_records(data, 0, len(data), h.record_count)
+        if h.dense:
+            result = walk_records(data, 0, len(data), h.record_count)
+        else:  # a batch the log cleaner rewrote, copied from a leader
+            result = walk_records_python(data, 0, len(data), h.record_count, h.last_offset_delta + 1)
     finally:
         if isinstance(data, memoryview):
             data.release()

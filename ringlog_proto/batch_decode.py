@@ -17,8 +17,8 @@ from ringlog_proto.batch_header import (
     HEADER_SIZE,
     TIMESTAMP_TYPE_BIT,
     BatchHeader,
-    invalid_batch,
-    invalid_header,
+    invalid_stored_batch,
+    invalid_stored_header,
     read_header,
 )
 from ringlog_proto.compression import decompress
@@ -33,13 +33,14 @@ def iter_batches(
     a partial tail.
 
     A fetch response may end in a partial batch (max_bytes cut it): that is normal, not an error.
-    Headers are checked (not crcs); a bad header raises, because what follows it cannot be framed.
+    Headers are checked (not crcs) as stored batches (`invalid_stored_header`: a compacted
+    log's batches pass); a bad header raises, because what follows it cannot be framed.
     """
     pos = start
     end = len(buf) if end is None else end
     while end - pos >= HEADER_SIZE:
         h = BatchHeader._make(_HEADER.unpack_from(buf, pos))
-        reason = invalid_header(h)
+        reason = invalid_stored_header(h)
         if reason is not None:
             raise BatchError(f"at byte {pos - start}: {reason}")
         if h.size > end - pos:
@@ -56,7 +57,11 @@ def _decode_section(data: bytes, p: int, end: int, h: BatchHeader) -> list[Recor
     one's bytes: its length, attributes and timestamp delta, then its own offset delta, key and
     value length varints, each a `startswith` in C. Only a record of a new shape is parsed field
     by field (one-byte varints a table lookup, two-byte ones a branch, longer ones a call). Either
-    way every record must end exactly where its length says, so a lying length raises."""
+    way every record must end exactly where its length says, so a lying length raises.
+
+    A batch the log cleaner rewrote (`h.dense` false) may skip offsets: its offset deltas must
+    rise, within its last offset delta, and each record takes base offset + its delta (as
+    Kafka's decoders read a compacted log); such a batch is parsed record by record."""
     unzz = _UNZZ
     zz = _ZZ
     table = _ZZ_TABLE_SIZE
@@ -65,6 +70,9 @@ def _decode_section(data: bytes, p: int, end: int, h: BatchHeader) -> list[Recor
     base_offset = h.base_offset
     base_ts = h.base_timestamp
     log_append = h.attributes & TIMESTAMP_TYPE_BIT
+    dense = h.dense
+    last_delta = h.last_offset_delta
+    prev = -1  # the previous record's offset delta (checked only where offsets may skip)
     out: list[Record] = []
     append = out.append
     # The previous record's shape: its bytes up to the offset delta, its key and value length
@@ -128,8 +136,11 @@ def _decode_section(data: bytes, p: int, end: int, h: BatchHeader) -> list[Recor
             p += 1
         else:
             delta, p = slow(data, p)
-        if delta != i:  # what the broker's walk checks: offsets are dense in a batch
+        # what the broker's walk checks: offsets are dense in a produced batch, and rise within
+        # its span in one the cleaner rewrote
+        if (delta != i) if dense else not prev < delta <= last_delta:
             raise BatchError(f"record {i}: offset delta {delta}")
+        prev = delta
         key_at = p
         b = data[p]
         if b < 0x80:
@@ -169,7 +180,7 @@ def _decode_section(data: bytes, p: int, end: int, h: BatchHeader) -> list[Recor
         if data[p] == 0:  # no headers: the common case, and a shape the next record may share
             headers: Sequence[Header] = ()  # one shared empty tuple, as the C codec's records have
             p += 1
-            shape = data[start:before_delta] if p == rend else b""
+            shape = data[start:before_delta] if p == rend and dense else b""
         else:
             headers, p = _decode_headers(data, p, i)
             shape = b""
@@ -180,7 +191,7 @@ def _decode_section(data: bytes, p: int, end: int, h: BatchHeader) -> list[Recor
         key_tpl_len = len(key_tpl)
         value_tpl_len = len(value_tpl)
         size = rend - start
-        append(Record(value, key, headers, ts, base_offset + i))
+        append(Record(value, key, headers, ts, base_offset + delta))
     if p != end:
         raise BatchError(f"{end - p} bytes left after {h.record_count} records")
     return out
@@ -215,7 +226,7 @@ def _section(
     """(header, bytes holding the records section, its start, its end) of the batch at `pos`,
     crc checked when `verify`, decompressed when compressed, copied when `buf` is not bytes."""
     if verify:
-        reason = invalid_batch(buf, pos)
+        reason = invalid_stored_batch(buf, pos)
         if reason is not None:
             raise BatchError(reason)
     h = read_header(buf, pos)
@@ -231,10 +242,15 @@ def _section(
 
 def _native_section(h: BatchHeader, data: bytes, p: int, end: int) -> bool:
     """Whether the C codec decodes this section (after the C walk said yes). LogAppendTime
-    batches, whose records all take the batch's max timestamp, are rare enough for the Python
-    path. The C decode keeps offset gaps, as Kafka's decoders do for compacted logs; ours fails
-    exactly where the broker's walk refuses, so the walk (C too, ~15 ns a record) says no first."""
-    if records_codec.current_codec() is records_codec.PYTHON or h.attributes & TIMESTAMP_TYPE_BIT:
+    batches, whose records all take the batch's max timestamp, and batches the log cleaner
+    rewrote are rare enough for the Python path. The C decode keeps offset gaps, as Kafka's
+    decoders do for compacted logs; ours fails exactly where the broker's walk refuses, so the
+    walk (C too, ~15 ns a record) says no first."""
+    if (
+        records_codec.current_codec() is records_codec.PYTHON
+        or h.attributes & TIMESTAMP_TYPE_BIT
+        or not h.dense  # a cleaned batch: offsets may skip, which the walk refuses
+    ):
         return False
     result = walk_records(data, p, end, h.record_count)
     if result:

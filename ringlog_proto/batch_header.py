@@ -32,7 +32,11 @@ COMPRESSION_MASK = 0x07
 TIMESTAMP_TYPE_BIT = 0x08
 TRANSACTIONAL_BIT = 0x10
 CONTROL_BIT = 0x20
+# Kafka's hasDeleteHorizonMs (KIP-534): set only by the log cleaner, on a batch it rewrote that
+# holds tombstones; base_timestamp then holds the delete horizon (ms), not the first record's time.
+DELETE_HORIZON_BIT = 0x40
 _KNOWN_ATTRIBUTES = COMPRESSION_MASK | TIMESTAMP_TYPE_BIT | TRANSACTIONAL_BIT | CONTROL_BIT
+_STORED_ATTRIBUTES = _KNOWN_ATTRIBUTES | DELETE_HORIZON_BIT  # what a cleaned batch may carry too
 COMPRESSION_NONE = 0
 COMPRESSION_GZIP = 1
 COMPRESSION_SNAPPY = 2
@@ -101,12 +105,26 @@ class BatchHeader(NamedTuple):
 
     @property
     def next_offset(self) -> int:
-        return self.base_offset + self.record_count
+        """One past the batch's last offset. From `last_offset_delta`, as Kafka reads it: a
+        batch the log cleaner rewrote keeps its original offsets with fewer records (or none)."""
+        return self.base_offset + self.last_offset_delta + 1
 
     @property
     def last_sequence(self) -> int:
-        """Sequence of the last record (an idempotent producer numbers records, not batches)."""
-        return self.base_sequence + self.record_count - 1
+        """Sequence of the last record (an idempotent producer numbers records, not batches);
+        from `last_offset_delta`, which a cleaned batch keeps, so sequences survive compaction."""
+        return self.base_sequence + self.last_offset_delta
+
+    @property
+    def dense(self) -> bool:
+        """Whether the batch holds a record at every offset it spans (every produced batch does;
+        one the log cleaner rewrote may not)."""
+        return self.record_count == self.last_offset_delta + 1
+
+    @property
+    def delete_horizon_ms(self) -> int | None:
+        """When the log cleaner may drop this batch's tombstones (KIP-534), or None: not set."""
+        return self.base_timestamp if self.attributes & DELETE_HORIZON_BIT else None
 
     def with_base_offset(self, base_offset: int, leader_epoch: int = STORED_LEADER_EPOCH) -> BatchHeader:
         """This header as stored at `base_offset` (what the broker's append assigns)."""
@@ -162,6 +180,45 @@ def invalid_header(h: BatchHeader, available: int | None = None) -> str | None:
     return None
 
 
+def invalid_stored_header(h: BatchHeader, available: int | None = None) -> str | None:
+    """Why this header cannot start a batch as stored, or None: `invalid_header`'s rules, but a
+    batch the log cleaner rewrote (Kafka's compaction, broker/storage/cleaner.py) keeps its base
+    offset and `last_offset_delta` with fewer records, none at all (an empty batch: the header
+    alone, kept for its producer's sequence or its leader epoch), and may carry a delete horizon
+    in place of its first timestamp. What a read, a recovery and a client accept; a produce
+    passes `invalid_header`."""
+    if h.magic != MAGIC:
+        return f"unknown batch magic {h.magic} (expected {MAGIC})"
+    if h.batch_length < HEADER_SIZE - LENGTH_PREFIX_SIZE:
+        return f"batch_length {h.batch_length} shorter than the header"
+    if available is not None and h.size > available:
+        return f"batch of {h.size} bytes but only {available} bytes present"
+    if not 0 <= h.last_offset_delta < RECORD_COUNT_MAX:
+        return f"last_offset_delta {h.last_offset_delta} out of range 0..{RECORD_COUNT_MAX - 1}"
+    if not 0 <= h.record_count <= h.last_offset_delta + 1:
+        return (
+            f"record_count {h.record_count} out of range 0..last_offset_delta + 1 ({h.last_offset_delta + 1})"
+        )
+    attributes = h.attributes
+    if attributes & ~_STORED_ATTRIBUTES:
+        return f"unknown attribute bits {attributes & 0xFFFF:#x}"
+    reason = unsupported_batch(h)
+    if reason is not None:
+        return reason
+    codec = attributes & COMPRESSION_MASK
+    if codec > COMPRESSION_ZSTD:
+        return f"unknown compression codec {codec}"
+    if h.record_count == 0:
+        if h.records_length or codec:
+            return "an empty batch holds nothing after its header"
+        return None
+    if not codec and h.records_length < h.record_count * RECORD_HEADER_SIZE:
+        return f"{h.record_count} records cannot fit in {h.records_length} bytes"
+    if not attributes & DELETE_HORIZON_BIT and h.max_timestamp < h.base_timestamp:
+        return f"max_timestamp {h.max_timestamp} before base_timestamp {h.base_timestamp}"
+    return None
+
+
 def unsupported_batch(h: BatchHeader) -> str | None:
     """Why a well-formed batch is refused anyway (INVALID_BATCH, not CORRUPT_MESSAGE): a
     transactional or control batch, until transactions exist. None for any other batch."""
@@ -187,6 +244,21 @@ def invalid_batch(buf: bytes | bytearray | memoryview, pos: int = 0) -> str | No
         return f"truncated batch: {len(buf) - pos} bytes, header needs {HEADER_SIZE}"
     h = BatchHeader._make(_HEADER.unpack_from(buf, pos))
     reason = invalid_header(h, len(buf) - pos)
+    if reason is not None:
+        return reason
+    actual = batch_crc(buf, pos, h.size)
+    if actual != h.crc:
+        return f"crc32c mismatch: stored {h.crc:#010x}, computed {actual:#010x}"
+    return None
+
+
+def invalid_stored_batch(buf: bytes | bytearray | memoryview, pos: int = 0) -> str | None:
+    """`invalid_batch` for a batch read back from a log (`invalid_stored_header`'s rules: a batch
+    the log cleaner rewrote passes): what a consumer checks before it decodes."""
+    if len(buf) - pos < HEADER_SIZE:
+        return f"truncated batch: {len(buf) - pos} bytes, header needs {HEADER_SIZE}"
+    h = BatchHeader._make(_HEADER.unpack_from(buf, pos))
+    reason = invalid_stored_header(h, len(buf) - pos)
     if reason is not None:
         return reason
     actual = batch_crc(buf, pos, h.size)
@@ -275,3 +347,15 @@ def stamped(
     h = h._replace(crc=crc32c(records, crc32c(tail)))
     head = _HEAD.pack(base_offset, h.batch_length, leader_epoch, h.magic) + _CRC.pack(h.crc) + tail
     return head, records, h
+
+
+_LAST_DELTA_AT = _field_at("last_offset_delta")
+# last_offset_delta, then the bytes up to record_count, then record_count: one unpack for both
+_SPAN = struct.Struct(f">i{_field_at('record_count') - _LAST_DELTA_AT - 4}xi")
+
+
+def span_shortfall(buf: bytes | bytearray | memoryview, pos: int = 0) -> int:
+    """How many offsets the batch at `pos` spans past its records (0 for every produced batch;
+    more for one the log cleaner rewrote): its next offset minus (base offset + record count)."""
+    last_delta, count = _SPAN.unpack_from(buf, pos + _LAST_DELTA_AT)
+    return int(last_delta + 1 - count)

@@ -50,6 +50,45 @@ def decompress(data: bytes | bytearray | memoryview, codec: int) -> bytes:
     )
 
 
+def decompress_stored(data: bytes | bytearray | memoryview, codec: int) -> bytes:
+    """The record section of a stored batch, inflated, for the broker's log cleaner: every codec
+    (cramjam), into a buffer of its own, so that a thread other than the core's loop may call it
+    while the loop checks produced batches with `decompress_bounded` (whose buffer is shared). A
+    stored batch was inflated within its bound when it was produced, so none is asked here."""
+    if codec == COMPRESSION_SNAPPY:
+        return _unsnappy_bounded(data, 1 << 62)
+    name = CODEC_NAMES.get(codec)
+    if name is None or codec == COMPRESSION_NONE:
+        raise BatchError(f"unknown compression codec {codec}")
+    try:
+        return bytes(getattr(_cramjam(codec), name).decompress(bytes(data)))
+    except BatchError:
+        raise
+    except Exception as exc:  # cramjam.DecompressionError
+        raise BatchError(f"{name} record section does not decompress: {exc}") from None
+
+
+_XERIAL_BLOCK = 32 * 1024  # uncompressed bytes per block, as Java's SnappyOutputStream writes them
+
+
+def compress_stored(section: bytes, codec: int) -> bytes:
+    """A record section compressed with `codec`, any of Kafka's, for the broker's log cleaner,
+    which rewrites a compressed batch with the codec it came with (as Kafka's cleaner does):
+    gzip, lz4 and zstd as frames, snappy in Java's xerial framing (what Kafka's own producer and
+    cleaner write, and every client reads)."""
+    name = CODEC_NAMES.get(codec)
+    if name is None or codec == COMPRESSION_NONE:
+        raise BatchError(f"unknown compression codec {codec}")
+    lib = _cramjam(codec)
+    if codec == COMPRESSION_SNAPPY:
+        parts = [_XERIAL_MAGIC, struct.pack(">ii", 1, 1)]
+        for i in range(0, len(section), _XERIAL_BLOCK):
+            block = bytes(lib.snappy.compress_raw(section[i : i + _XERIAL_BLOCK]))
+            parts += (struct.pack(">i", len(block)), block)
+        return b"".join(parts)
+    return bytes(getattr(lib, name).compress(section))
+
+
 class DecompressedTooLarge(BatchError):
     """A compressed record section that inflates past the bound it was checked against: a
     decompression bomb, or simply too much for one batch (MESSAGE_TOO_LARGE, not corruption)."""

@@ -318,7 +318,7 @@ class Fetcher:
             if item is None:
                 return out, next_offset, None
             pos, h = item
-            after = h.base_offset + h.record_count
+            after = h.next_offset
             if after <= offset:
                 continue
             try:
@@ -390,7 +390,7 @@ def _after_whole_batches(data: bytes | memoryview, start: int, end: int) -> int:
     after = -1
     try:
         for _pos, h in iter_batches(data, start, end):
-            after = h.base_offset + h.record_count
+            after = h.next_offset
     except BatchError:
         pass  # the decode names it; the batches before it are still whole
     return after

@@ -273,7 +273,7 @@ def fetch_range(
                 chunk = Chunk([], [], [], [], [])
                 nxt = pos
                 for bpos, h in iter_batches(data):
-                    batch_end = h.base_offset + h.record_count
+                    batch_end = h.next_offset
                     if batch_end <= pos:
                         continue
                     nxt = batch_end
@@ -335,9 +335,9 @@ def records_by_producer(
                     assert isinstance(resp, FetchResponse)
                     nxt = pos
                     for _, h in iter_batches(resp.records):
-                        if h.base_offset + h.record_count <= pos:
+                        if h.next_offset <= pos:
                             continue
-                        nxt = h.base_offset + h.record_count
+                        nxt = h.next_offset
                         if h.producer_id == producer_id:
                             count += h.record_count
                     if nxt <= pos:
