@@ -23,8 +23,8 @@ from ringlog_proto.batch import (
     Record,
     decode_batches,
     encode_batch,
-    invalid_batch,
     invalid_records,
+    invalid_stored_batch,
     iter_batches,
     legacy_format,
 )
@@ -125,7 +125,7 @@ def _dump_store(data: bytes, base: int) -> tuple[list[tuple[int, BatchHeader]], 
         return batches, expected, problems
     try:
         for pos, h in iter_batches(data):
-            reason = invalid_batch(data, pos)
+            reason = invalid_stored_batch(data, pos)
             if reason is not None:
                 raise BatchError(reason)
             codec = f", {CODEC_NAMES[h.compression]}" if h.compression else ""
@@ -134,7 +134,8 @@ def _dump_store(data: bytes, base: int) -> tuple[list[tuple[int, BatchHeader]], 
                 f"{h.size} B{codec}, max_timestamp {h.max_timestamp}, "
                 f"leader epoch {h.partition_leader_epoch})"
             )
-            if h.base_offset != expected:
+            flagged = h.base_offset < expected or (pos == 0 and h.base_offset != expected)
+            if flagged:
                 after = (
                     "the segment's name"
                     if pos == 0
@@ -143,13 +144,17 @@ def _dump_store(data: bytes, base: int) -> tuple[list[tuple[int, BatchHeader]], 
                 problems.append(
                     f"at byte {pos}: base offset {h.base_offset}, expected {expected} from {after}"
                 )
+            elif h.base_offset > expected:  # batches the log cleaner removed
+                print(f"  offsets {expected}..{h.base_offset - 1}: removed by the log cleaner")
             reason = invalid_records(data, pos, h)
             if reason is not None:
                 problems.append(
                     f"at byte {pos}: the records do not frame ({reason}): no client can decode it"
                 )
             batches.append((pos, h))
-            expected += h.record_count  # offsets are implicit: one bad base offset flags one batch
+            # From the header's span, not its record count (a cleaned batch holds fewer records);
+            # from `expected`, not a base offset that went back: one bad one flags one batch.
+            expected = (expected if flagged else h.base_offset) + h.last_offset_delta + 1
             end = pos + h.size
     except BatchError as exc:
         error: BatchError | None = exc

@@ -85,6 +85,7 @@ class FileIO(Protocol):
     def listdir(self, path: str) -> list[str]: ...
     def makedirs(self, path: str) -> None: ...
     def fsync_dir(self, path: str) -> None: ...
+    def rename(self, src: str, dst: str) -> None: ...
 
 
 class SyncFileIO:
@@ -127,6 +128,10 @@ class SyncFileIO:
 
     def makedirs(self, path: str) -> None:
         os.makedirs(path, exist_ok=True)
+
+    def rename(self, src: str, dst: str) -> None:
+        """Give `src` the name `dst`, replacing what had it, atomically (the log cleaner's swap)."""
+        os.replace(src, dst)
 
     def fsync_dir(self, path: str) -> None:
         """Make creations and deletions of names in `path` durable."""

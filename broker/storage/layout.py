@@ -29,6 +29,12 @@ The layout:
           <partition>/            decimal, no padding: one partition's log
             00000000000000000042.log    a segment's store, named by its base offset (20 digits)
             00000000000000000042.index  its index
+            00000000000000000042.log.cleaned   a segment the log cleaner is writing (and .index.cleaned):
+                                        removed at open, never read (broker/storage/cleaner.py)
+            00000000000000000042.log.swap      a cleaned segment committed to replace the segments
+                                        in its range (and .index.swap): the open completes the swap
+            cleaner-checkpoint.json     where the log cleaner's last clean ended (its dirty section
+                                        starts there) and its next delete horizon
             group-offsets.json          old per-partition group offsets: moved into groups/ at
                                         start, then removed (broker/core/offsets.py)
       groups/
@@ -61,6 +67,9 @@ GROUP_FILE_SUFFIX: Final = ".json"
 GROUP_NAME_HEX: Final = 32  # hex digits of the group id's sha256 in its file name
 STORE_SUFFIX: Final = ".log"
 INDEX_SUFFIX: Final = ".index"
+CLEANED_SUFFIX: Final = ".cleaned"  # after a segment file's name: being written by the log cleaner
+SWAP_SUFFIX: Final = ".swap"  # after a segment file's name: a clean committed, its swap not done
+CLEANER_CHECKPOINT_FILE: Final = "cleaner-checkpoint.json"
 SEGMENT_NAME_DIGITS: Final = 20  # zero-padded, so that `ls` sorts segments in offset order
 
 
@@ -165,6 +174,26 @@ def store_file_name(base_offset: int) -> str:
 
 def index_file_name(base_offset: int) -> str:
     return segment_name(base_offset) + INDEX_SUFFIX
+
+
+def cleaner_checkpoint_path(partition_directory: str) -> str:
+    return os.path.join(partition_directory, CLEANER_CHECKPOINT_FILE)
+
+
+def cleaning_name(segment_file_name: str, suffix: str) -> str:
+    """A segment file's name while the log cleaner writes it (`CLEANED_SUFFIX`) or once it is
+    committed to replace the segments in its range (`SWAP_SUFFIX`)."""
+    assert suffix in (CLEANED_SUFFIX, SWAP_SUFFIX)
+    return segment_file_name + suffix
+
+
+def parse_cleaning_name(filename: str) -> tuple[int, str, str] | None:
+    """(base offset, segment suffix, cleaning suffix) of a cleaned or swap file's name, or None."""
+    for suffix in (CLEANED_SUFFIX, SWAP_SUFFIX):
+        if filename.endswith(suffix):
+            parsed = parse_segment_name(filename[: -len(suffix)])
+            return None if parsed is None else (parsed[0], parsed[1], suffix)
+    return None
 
 
 def parse_segment_name(filename: str) -> tuple[int, str] | None:

@@ -177,6 +177,8 @@ class Log:
         created = log_recovery.missing_dirs(directory)
         io.makedirs(directory)
         self._parents_unsynced = [os.path.dirname(d) for d in created]
+        if not created:
+            log_recovery.finish_swaps(directory, io)  # a clean a crash interrupted
         bases = log_recovery.segment_bases(directory, io)
         now = clock()
         for i, base in enumerate(bases):
@@ -282,6 +284,11 @@ class Log:
         self._release_active()
         self._active = seg
 
+    @property
+    def closed(self) -> bool:
+        """Closed, or refusing work until reopened."""
+        return self._closed or self._broken is not None
+
     def check_usable(self) -> None:
         if self._closed:
             raise LogClosedError(f"log {self.directory} is closed")
@@ -328,8 +335,10 @@ class Log:
         """`validate` for a follower's copies of its leader's batches: every check but this log's
         batch limit, which the leader applied under the settings of the moment it stored them (a
         topic's max.message.bytes, or its segment.bytes, may have been lowered since: refused
-        here, they would stop the follower for good). Kafka's followers do not check it either."""
-        return validation.validate(records, replace(self.config, max_batch_bytes=SEGMENT_BYTES_MAX))
+        here, they would stop the follower for good). Kafka's followers do not check it either.
+        They may be batches the leader's cleaner rewrote (`stored`: fewer records, none, a delete
+        horizon)."""
+        return validation.validate(records, replace(self.config, max_batch_bytes=SEGMENT_BYTES_MAX), stored=True)
 
     def prepare_append(
         self,
@@ -357,6 +366,7 @@ class Log:
             self._reserved_size + size > cfg.segment_bytes
             or base + count - seg.base_offset > RELATIVE_OFFSET_MAX
             or cfg.segment_ms is not None
+            or cfg.max_compaction_lag_ms is not None
         ):
             try:
                 self._maybe_roll(size, count, now)
@@ -424,7 +434,9 @@ class Log:
         headers = self.validate_copy(records) if headers is None else list(headers)
         expected = self._next_offset
         for h in headers:
-            if h.base_offset != expected:
+            # A leader's compacted log skips offsets (its cleaner removed whole batches): a batch
+            # may start past where the one before it ends, never before.
+            if h.base_offset < expected:
                 raise OffsetOutOfRangeError(
                     f"replicated batch at offset {h.base_offset} where the log expects {expected}"
                 )
@@ -438,6 +450,7 @@ class Log:
             self._reserved_size + size > cfg.segment_bytes
             or expected - seg.base_offset > RELATIVE_OFFSET_MAX
             or cfg.segment_ms is not None
+            or cfg.max_compaction_lag_ms is not None
         ):
             try:
                 self._maybe_roll(size, count, now)
@@ -505,9 +518,9 @@ class Log:
             reason = "size"
         elif self._next_offset + record_count - seg.base_offset > RELATIVE_OFFSET_MAX:
             reason = "offsets"
-        elif self.config.segment_ms is not None:
+        elif (roll_ms := self.config.roll_ms) is not None:
             first = seg.first_append_ms()
-            if first is not None and now - first >= self.config.segment_ms:
+            if first is not None and now - first >= roll_ms:
                 reason = "age"
         if reason is None:
             return
@@ -807,11 +820,14 @@ class Log:
 
         Age is the broker's append time of a segment's last batch, read from its index on disk,
         so a restart does not make old data young. Oldest first; the active segment is never
-        deleted. Returns how many segments were deleted.
+        deleted. Returns how many segments were deleted. A log whose cleanup policy does not
+        delete (Kafka's cleanup.policy=compact) keeps every segment: its cleaner removes records.
         """
         self.check_usable()
         now = self.clock() if now is None else now
         cfg = self.config
+        if not cfg.deletes:
+            return 0
         total = self.size_bytes
         pinned = self._pending[0].segment if self._pending else self.segments[-1]
         deleted = 0
@@ -833,3 +849,39 @@ class Log:
             self.io.fsync_dir(self.directory)
             self.durable_offset = max(self.durable_offset, self.start_offset)
         return deleted
+
+    # ------------------------------------------------------------------------- cleaning
+
+    def closed_segments(self) -> list[Segment]:
+        """The segments the log cleaner may read (broker/storage/log_cleaning.py): every one
+        before the active segment, up to the first that appends in flight still write (one
+        rolled while they ran)."""
+        out = []
+        draining = self._draining
+        for seg in self.segments[:-1]:
+            if seg in draining:
+                break
+            out.append(seg)
+        return out
+
+    def replace_segments(self, old: list[Segment], new: Segment) -> None:
+        """`new`, a cleaned segment opened from the files that replaced `old` (consecutive
+        closed segments of this log, whose files are already removed or renamed over), takes
+        their place. They are retired: a read in flight keeps its descriptor of the old file
+        until it completes; none reopens. Their flushes are moot: `new` was synced when it was
+        written (a flush in flight that names their paths finds them gone or finds `new`)."""
+        i = next(k for k, seg in enumerate(self.segments) if seg is old[0])
+        assert all(a is b for a, b in zip(self.segments[i : i + len(old)], old, strict=True)), "consecutive"
+        assert i + len(old) < len(self.segments), "the active segment is never replaced"
+        self.segments[i : i + len(old)] = [new]
+        self._bases[i : i + len(old)] = [new.base_offset]
+        for seg in old:
+            self._unsynced.pop(seg, None)
+            seg.abandon()
+        self._dir_unsynced = True
+
+    def mark_broken(self, reason: str) -> None:
+        """Refuse all work until reopened, where recovery repairs what `reason` left (a swap of
+        cleaned segments that failed half way: recovery completes it)."""
+        self._broken = reason
+        log.error("%s: %s", self.directory, reason)

@@ -21,6 +21,7 @@ DECOMPRESSION_RATIO_MAX = 16
 # ... and never past this, whatever the topic's batch limit: a core keeps one buffer this large
 # for the check once it has met a compressed batch (ringlog_proto.batch.decompress_bounded).
 DECOMPRESSED_BYTES_MAX = 32 * 1024 * 1024
+CLEANUP_POLICIES = frozenset({"delete", "compact"})  # Kafka's cleanup.policy values, comma-joined
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +41,41 @@ class LogConfig:
     # compressed batch's after inflating it). Always on in the broker; off only to measure what it
     # costs (bench/storage.py, bench/compressed_validation.py) or to plant a poison batch in a test.
     check_records: bool = True
+    # What becomes of old data, Kafka's cleanup.policy: "delete" (retention deletes whole
+    # segments), "compact" (the log cleaner keeps the last record of each key,
+    # broker/storage/cleaner.py; retention deletes nothing) or both, "compact,delete".
+    cleanup_policy: str = "delete"
+    # The cleaner's settings, Kafka's topic configs of the same names and defaults: a tombstone
+    # (null value) stays this long after the clean that first met it (delete.retention.ms, 1 day);
+    # a record is never cleaned younger than min.compaction.lag.ms (0); a dirty record older than
+    # max.compaction.lag.ms (None: Kafka's Long.MAX_VALUE, never) is cleaned whatever the dirty
+    # ratio (and the active segment rolls at that age, KIP-354); a log is cleaned once its dirty
+    # bytes are at least this part of its cleanable bytes (min.cleanable.dirty.ratio, 0.5).
+    # Ages are the broker's append times, as retention's are (see `cleaner.py`).
+    delete_retention_ms: int = 24 * 3600 * 1000
+    min_compaction_lag_ms: int = 0
+    max_compaction_lag_ms: int | None = None
+    min_cleanable_dirty_ratio: float = 0.5
+
+    @property
+    def compacts(self) -> bool:
+        """Whether the log cleaner compacts this log (cleanup.policy has "compact")."""
+        return "compact" in self.cleanup_policy.split(",")
+
+    @property
+    def deletes(self) -> bool:
+        """Whether retention deletes this log's old segments (cleanup.policy has "delete")."""
+        return "delete" in self.cleanup_policy.split(",")
+
+    @property
+    def roll_ms(self) -> int | None:
+        """The active segment's age at which it rolls: `segment_ms`, or sooner on a compacted log
+        with a max compaction lag (Kafka's rule of KIP-354: a record in the active segment could
+        otherwise outwait its lag, since the active segment is never cleaned)."""
+        lag = self.max_compaction_lag_ms
+        if lag is None or not self.compacts:
+            return self.segment_ms
+        return lag if self.segment_ms is None else min(lag, self.segment_ms)
 
     @property
     def max_decompressed_bytes(self) -> int:
@@ -59,10 +95,23 @@ class LogConfig:
             return (
                 f"max_batch_bytes {self.max_batch_bytes} must be in 1..segment_bytes ({self.segment_bytes})"
             )
-        for name in ("retention_ms", "retention_bytes", "segment_ms"):
+        for name in ("retention_ms", "retention_bytes", "segment_ms", "max_compaction_lag_ms"):
             value = getattr(self, name)
             if value is not None and value < 0:
                 return f"{name} must be >= 0 or None, not {value}"
+        policies = self.cleanup_policy.split(",")
+        if not policies or len(set(policies)) != len(policies) or not set(policies) <= CLEANUP_POLICIES:
+            return f"cleanup_policy {self.cleanup_policy!r} must be delete, compact or compact,delete"
+        for name in ("delete_retention_ms", "min_compaction_lag_ms"):
+            if getattr(self, name) < 0:
+                return f"{name} must be >= 0, not {getattr(self, name)}"
+        if self.max_compaction_lag_ms is not None and self.max_compaction_lag_ms < self.min_compaction_lag_ms:
+            return (
+                f"max_compaction_lag_ms {self.max_compaction_lag_ms} is below "
+                f"min_compaction_lag_ms {self.min_compaction_lag_ms}"
+            )
+        if not 0.0 <= self.min_cleanable_dirty_ratio <= 1.0:
+            return f"min_cleanable_dirty_ratio must be in 0..1, not {self.min_cleanable_dirty_ratio}"
         return None
 
 

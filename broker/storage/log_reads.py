@@ -82,23 +82,30 @@ def timestamp_and_offset(segments: list[Segment], io: FileIO, timestamp: int) ->
     the record found: of the batch's first record where its records are not decoded (with
     LogAppendTime every record's is the batch's max timestamp)."""
     for seg in segments:
-        position = seg.find_timestamp(timestamp)
-        if position is None:
+        if seg.find_timestamp(timestamp) is None:
             continue
-        h = read_header(io.pread(seg.store_fd, HEADER_SIZE, position))
-        if h.compression not in DECODED_CODECS:
-            first = h.max_timestamp if h.attributes & TIMESTAMP_TYPE_BIT else h.base_timestamp
-            return TimestampAndOffset(h.base_offset, first)
-        data = io.pread(seg.store_fd, h.size, position)
-        try:
-            records = decode_records(data)
-        except BatchError as exc:
-            raise CorruptBatchError(seg.store_path, position, str(exc)) from None
-        for rec in records:
-            assert rec.timestamp is not None
-            if rec.timestamp >= timestamp:
-                return TimestampAndOffset(rec.offset, rec.timestamp)
-        raise CorruptBatchError(seg.store_path, position, "index timestamp not found in the batch")
+        index = seg.index
+        for i in range(index.find_timestamp(timestamp), len(index)):
+            position = index.position(i)
+            h = read_header(io.pread(seg.store_fd, HEADER_SIZE, position))
+            if h.max_timestamp < timestamp:
+                continue  # the running max came from a record the log cleaner removed
+            if h.compression not in DECODED_CODECS:
+                # (a cleaned batch's first timestamp may be its delete horizon: its max then)
+                late = h.attributes & TIMESTAMP_TYPE_BIT or h.delete_horizon_ms is not None
+                return TimestampAndOffset(h.base_offset, h.max_timestamp if late else h.base_timestamp)
+            data = io.pread(seg.store_fd, h.size, position)
+            try:
+                records = decode_records(data)
+            except BatchError as exc:
+                raise CorruptBatchError(seg.store_path, position, str(exc)) from None
+            for rec in records:
+                assert rec.timestamp is not None
+                if rec.timestamp >= timestamp:
+                    return TimestampAndOffset(rec.offset, rec.timestamp)
+            if h.dense:  # every record of a produced batch is there: its max timestamp must be too
+                raise CorruptBatchError(seg.store_path, position, "index timestamp not found in the batch")
+            # a cleaned batch keeps its max timestamp, not always the record that had it
     return None
 
 

@@ -8,17 +8,36 @@ Rules this module keeps:
   around.
 - The directories the log's open creates are remembered, so that its first flush syncs their
   parents too (`missing_dirs`).
+- What a log cleaner's swap left (`finish_swaps`, before anything else is read): a `.cleaned`
+  file is a clean that was not committed, removed; a `.log.swap` file is one that was (its store
+  and index were synced, then both renamed to `.swap`, the store last), completed: every segment
+  whose base offset lies in the swap's range is removed, then the `.swap` files take their final
+  names. An `.index.swap` without its `.log.swap` is a commit that did not finish, removed. So a
+  crash at any point of a clean leaves the old segments or the new one, never a mix
+  (broker/storage/log_cleaning.py does the steps in that order).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 
 from broker.storage.errors import StorageError
 from broker.storage.fileio import FileIO
-from broker.storage.layout import STORE_SUFFIX, index_file_name, parse_segment_name
-from broker.storage.segment import Segment
+from broker.storage.layout import (
+    CLEANED_SUFFIX,
+    INDEX_SUFFIX,
+    STORE_SUFFIX,
+    SWAP_SUFFIX,
+    cleaning_name,
+    index_file_name,
+    parse_cleaning_name,
+    parse_segment_name,
+    store_file_name,
+)
+from broker.storage.segment import SCAN_CHUNK_BYTES, Segment
+from ringlog_proto.batch import HEADER_SIZE, invalid_stored_header, read_header
 
 log = logging.getLogger("broker.storage.log")  # the log's lines, as before this module was apart
 
@@ -65,3 +84,83 @@ def check_follows(prev: Segment, seg: Segment) -> None:
             prev.next_offset,
             base - 1,
         )
+
+
+def finish_swaps(directory: str, io: FileIO) -> None:
+    """Remove an uncommitted clean's files and complete a committed one's swap (module rules)."""
+    swaps: dict[int, set[str]] = {}
+    for name in io.listdir(directory):
+        parsed = parse_cleaning_name(name)
+        if parsed is None:
+            continue
+        base, suffix, stage = parsed
+        if stage == CLEANED_SUFFIX:
+            log.info("%s: an unfinished clean's file; removing it", os.path.join(directory, name))
+            io.unlink(os.path.join(directory, name))
+        else:
+            swaps.setdefault(base, set()).add(suffix)
+    changed = False
+    for base, suffixes in sorted(swaps.items()):
+        index_swap = os.path.join(directory, cleaning_name(index_file_name(base), SWAP_SUFFIX))
+        if STORE_SUFFIX not in suffixes:
+            log.info("%s: a clean's commit that did not finish; removing it", index_swap)
+            io.unlink(index_swap)
+            changed = True
+            continue
+        store_swap = os.path.join(directory, cleaning_name(store_file_name(base), SWAP_SUFFIX))
+        end = _next_offset_of(store_swap, io)
+        for other in segment_bases_present(directory, io):
+            if base < other < end:
+                log.info("%s: replaced by the cleaned segment %d; removing it", store_file_name(other), base)
+                _unlink_missing_ok(io, os.path.join(directory, store_file_name(other)))
+                _unlink_missing_ok(io, os.path.join(directory, index_file_name(other)))
+        if INDEX_SUFFIX in suffixes:
+            io.rename(index_swap, os.path.join(directory, index_file_name(base)))
+        io.rename(store_swap, os.path.join(directory, store_file_name(base)))
+        log.info(
+            "%s: completed the swap of a cleaned segment", os.path.join(directory, store_file_name(base))
+        )
+        changed = True
+    if changed:
+        io.fsync_dir(directory)
+
+
+def segment_bases_present(directory: str, io: FileIO) -> list[int]:
+    """The base offsets of the store files in `directory` (nothing removed, unlike `segment_bases`)."""
+    out = []
+    for name in io.listdir(directory):
+        parsed = parse_segment_name(name)
+        if parsed is not None and parsed[1] == STORE_SUFFIX:
+            out.append(parsed[0])
+    return sorted(out)
+
+
+def _unlink_missing_ok(io: FileIO, path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        io.unlink(path)
+
+
+def _next_offset_of(path: str, io: FileIO) -> int:
+    """One past the last offset of the batches in the store file at `path` (a cleaned segment,
+    synced before its commit: whole, its last batch where the segments it replaces ended)."""
+    fd = io.open(path, create=False)
+    try:
+        size = io.size(fd)
+        pos = 0
+        end = -1
+        chunk = b""
+        chunk_at = 0
+        while size - pos >= HEADER_SIZE:
+            if pos + HEADER_SIZE > chunk_at + len(chunk):
+                chunk = io.pread(fd, SCAN_CHUNK_BYTES, pos)
+                chunk_at = pos
+            h = read_header(chunk, pos - chunk_at)
+            if invalid_stored_header(h, size - pos) is not None:
+                break
+            end = h.next_offset
+            pos += h.size
+    finally:
+        io.close(fd)
+    if end < 0:
+        raise StorageError(f"{path}: a committed cleaned segment holds no batch: refusing to guess its range")
+    return end

@@ -6,7 +6,11 @@ Rules this module keeps:
 - The store file holds whole, validated batches back to back and nothing else (Fileformat in
   `ringlog_proto.batch`). Every byte below `size` has been written and belongs to a batch that
   passed validation; bytes above it are a torn tail that `recover` cuts.
-- Offsets only grow inside a segment: each batch's base offset is the previous batch's next offset.
+- Offsets only grow inside a segment: each batch's base offset is at or past the previous batch's
+  next offset. Past it only where the log cleaner removed batches (broker/storage/cleaner.py) or a
+  follower copied a leader's cleaned log; a batch holds the offsets its header spans, some of
+  them (a cleaned batch) or none (an empty one) with a record. Batches are checked as stored
+  batches (`invalid_stored_header`).
 - A segment is owned by one core (the one owning its partition); nothing here is thread-safe.
 - Descriptors: the active segment keeps both files open (the log pins it). A closed segment opens
   a file when it is used and leaves it to the process's descriptor cache (broker/storage/fdcache.py),
@@ -46,9 +50,10 @@ from ringlog_proto.batch import (
     legacy_format,
     read_header,
     scan_stored,
+    span_shortfall,
 )
 from ringlog_proto.batch import (
-    invalid_header as invalid_batch_header,
+    invalid_stored_header as invalid_batch_header,
 )
 
 log = logging.getLogger(__name__)
@@ -91,6 +96,7 @@ class Extent:
     position: int
     length: int
     first_offset: int  # base offset of the first batch in the run
+    last_position: int = -1  # store position of the last batch in the run (-1: not given)
 
 
 class Segment:
@@ -524,8 +530,8 @@ class Segment:
                     return position, next_offset, f"{len(chunk)} trailing bytes, less than a header"
             h = read_header(chunk, rel)
             reason = invalid_batch_header(h, store_size - position)
-            if reason is None and h.base_offset != next_offset:
-                reason = f"base offset {h.base_offset}, expected {next_offset}"
+            if reason is None and h.base_offset < next_offset:
+                reason = f"base offset {h.base_offset}, expected {next_offset} or later"
             if reason is None and (
                 h.last_offset - self.base_offset > RELATIVE_OFFSET_MAX or position + h.size > POSITION_MAX + 1
             ):
@@ -547,7 +553,7 @@ class Segment:
     def add_batch(self, position: int, header: BatchHeader, append_ms: int) -> None:
         """Record a batch whose bytes are now written at `position` (end of the store)."""
         assert position == self.size, (position, self.size)
-        assert header.base_offset == self.next_offset
+        assert header.base_offset >= self.next_offset
         self.index.append(header.base_offset - self.base_offset, position, header.max_timestamp, append_ms)
         self.size = position + header.size
         self.next_offset = header.next_offset
@@ -632,6 +638,13 @@ class Segment:
             if n == 0:
                 return None
         i = max(index.find_offset(offset - self.base_offset), 0)
+        if self.base_offset + index.relative_offset(i) < offset and self._ends_before(i, offset):
+            # A cleaned batch whose last offset is below `offset` (the ones after it were
+            # removed): the read starts at the next batch, as Kafka's starts at the first batch
+            # ending at or after the offset asked.
+            i += 1
+            if i >= n:
+                return None
         start = index.position(i)
         count = len(index)
         # The furthest batch boundary within max_bytes (batch j starts at position(j), and the
@@ -642,7 +655,13 @@ class Segment:
             j = max(index.last_position_within(i + 1, n, start + max_bytes), i + 1)
         end = index.position(j) if j < count else self.size
         first = self.base_offset + index.relative_offset(i)
-        return Extent(self, start, end - start, first)
+        return Extent(self, start, end - start, first, index.position(j - 1))
+
+    def _ends_before(self, i: int, offset: int) -> bool:
+        """Whether batch `i` ends before `offset`: its header read (a read inside a batch only;
+        a produced batch always reaches the next one's base, a cleaned one may not)."""
+        data = self.io.pread(self.store_fd, HEADER_SIZE, self.index.position(i))
+        return len(data) == HEADER_SIZE and read_header(data).next_offset <= offset
 
     def mapped(self, extent: Extent, map_file: Callable[[int, int], memoryview]) -> memoryview:
         """`extent`'s bytes as a read-only view of the store file mapped into memory, not read
@@ -673,9 +692,29 @@ class Segment:
         # What was stored passed full validation at append time: `scan_stored` looks only for
         # damage (ringlog_proto/batch.py), in C when native._records is built.
         pos, expected, reason = scan_stored(data, 0, len(data), extent.first_offset)
+        while reason is not None and len(data) - pos >= HEADER_SIZE:
+            # The scan takes each batch to start where the one before ends, at base offset +
+            # record count: a batch the cleaner rewrote (fewer records than offsets) or removed
+            # breaks that. A later base offset that the index holds at that very position is
+            # no damage: the scan goes on from it.
+            found = read_header(data, pos).base_offset
+            if found <= expected or found != self._index_base_at(extent.position + pos):
+                break
+            pos, expected, reason = scan_stored(data, pos, len(data), found)
         if reason is not None:
             return pos, expected, CorruptBatchError(self.store_path, extent.position + pos, reason)
+        if extent.last_position >= 0 and pos == len(data) == extent.length:
+            # The scan counted the last batch's records; a cleaned one ends past them.
+            expected += span_shortfall(data, extent.last_position - extent.position)
         return pos, expected, None
+
+    def _index_base_at(self, position: int) -> int | None:
+        """The base offset of the batch the index places at store `position`, or None."""
+        index = self.index
+        i = index.last_position_within(0, len(index), position)
+        if i < 0 or index.position(i) != position:
+            return None
+        return self.base_offset + index.relative_offset(i)
 
     def find_timestamp(self, timestamp: int) -> int | None:
         """Store position of the first batch holding a record at or after `timestamp`, or None."""

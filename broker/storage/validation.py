@@ -33,6 +33,7 @@ from ringlog_proto.batch import (
     invalid_compressed_records,
     invalid_header,
     invalid_records,
+    invalid_stored_header,
     produced_checker,
     records_walker,
     unpack_header,
@@ -51,12 +52,17 @@ if _walk_bytes is None:
     )
 
 
-def validate(records: bytes | bytearray | memoryview, config: LogConfig) -> list[BatchHeader]:
+def validate(
+    records: bytes | bytearray | memoryview, config: LogConfig, stored: bool = False
+) -> list[BatchHeader]:
     """Headers of the whole batches in `records` (one or more), or an error; changes nothing.
 
     Every path that stores a batch passes here once (the produce handler of either backend,
     forwarded produces, idempotent retries, `append`): header, crc32c, then the record
-    framing walk, in C when native._records is built (~1-2 µs a batch).
+    framing walk, in C when native._records is built (~1-2 µs a batch). `stored`: a follower's
+    copy of its leader's batches, which may be batches the leader's cleaner rewrote (fewer
+    records than offsets, none, a delete horizon: `invalid_stored_header`); those are checked in
+    Python, record offsets rising within the batch's span.
     """
     size = len(records)
     max_batch = config.max_batch_bytes
@@ -89,7 +95,7 @@ def validate(records: bytes | bytearray | memoryview, config: LogConfig) -> list
         batch_size = h.size
         if batch_size > max_batch:
             raise BatchTooLargeError(f"batch of {batch_size} bytes exceeds max_batch_bytes {max_batch}")
-        reason = invalid_header(h, size - pos)
+        reason = invalid_stored_header(h, size - pos) if stored else invalid_header(h, size - pos)
         if reason is None and batch_crc(records, pos, batch_size) != h.crc:
             reason = "crc32c mismatch"
         if reason is not None:
@@ -99,6 +105,10 @@ def validate(records: bytes | bytearray | memoryview, config: LogConfig) -> list
             raise InvalidBatchError(where + reason)
         if check and h.attributes & COMPRESSION_MASK:
             check_compressed(records, pos, h, config)
+        elif check and not h.dense:  # a leader's cleaned batch (only `stored` lets one here)
+            reason = invalid_records(records, pos, h)
+            if reason is not None:
+                raise RecordFramingError(f"batch at byte {pos}: {reason}")
         elif check and (
             c_walk(raw, size, pos + HEADER_SIZE, pos + batch_size, h.record_count)
             if c_walk is not None
