@@ -484,6 +484,7 @@ class BackendCore(PartitionAppends):
         if ready is not None:
             ready()
         self._every(RETENTION_CHECK_S, self._retention)
+        self._every(self.config.cleaner.backoff_ms / 1000, self._clean_logs)
         self._every(HOUSEKEEPING_S, self._housekeeping)
         self._every(self.admission.sweep_s, self._sweep)
         if self.replicas is not None:
@@ -519,6 +520,12 @@ class BackendCore(PartitionAppends):
         deleted = self.core.apply_retention()
         if deleted:
             log.info("retention deleted %d segment(s)", deleted)
+
+    def _clean_logs(self) -> None:
+        try:
+            self.core.cleaning.tick()  # a clean runs on a blocking thread; this only starts one
+        except Exception:
+            log.exception("the log cleaner failed to start a clean")
 
     def _sweep(self) -> None:
         self.admission.sweep(self.connections)

@@ -30,6 +30,7 @@ from broker.security.sasl import (
     parse_mechanisms,
 )
 from broker.security.tls import TlsConfig, peer_context, server_context
+from broker.storage.cleaner import CleanerConfig
 from broker.storage.log import LogConfig
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -96,6 +97,14 @@ TOPIC_DEFAULT_FLAGS = {
     "max_batch_bytes": "max.message.bytes",
     "retention_ms": "retention.ms",
     "retention_bytes": "retention.bytes",
+    "log_cleaner_delete_retention_ms": "delete.retention.ms",
+    "log_cleaner_min_compaction_lag_ms": "min.compaction.lag.ms",
+    "log_cleaner_max_compaction_lag_ms": "max.compaction.lag.ms",
+}
+# string and float flags whose default is None: given, they are static broker configs
+TOPIC_DEFAULT_VALUE_FLAGS = {
+    "log_cleanup_policy": "cleanup.policy",
+    "log_cleaner_min_cleanable_ratio": "min.cleanable.dirty.ratio",
 }
 
 
@@ -106,6 +115,7 @@ def static_topic_configs(args: argparse.Namespace, clustered: bool) -> frozenset
         for attr, config in TOPIC_DEFAULT_FLAGS.items()
         if not isinstance(getattr(args, attr), FlagDefault)
     }
+    given |= {config for attr, config in TOPIC_DEFAULT_VALUE_FLAGS.items() if getattr(args, attr) is not None}
     if clustered and not isinstance(args.min_insync_replicas, FlagDefault):
         given.add("min.insync.replicas")
     if clustered and args.unclean_leader_election:
@@ -214,9 +224,33 @@ def cmd_serve(args: argparse.Namespace) -> int:
         retention_ms=None if args.retention_ms < 0 else int(args.retention_ms),
         retention_bytes=None if args.retention_bytes < 0 else int(args.retention_bytes),
         segment_ms=None if args.segment_ms < 0 else int(args.segment_ms),
+        cleanup_policy=args.log_cleanup_policy or LogConfig().cleanup_policy,
+        delete_retention_ms=int(args.log_cleaner_delete_retention_ms),
+        min_compaction_lag_ms=int(args.log_cleaner_min_compaction_lag_ms),
+        max_compaction_lag_ms=(
+            None if args.log_cleaner_max_compaction_lag_ms < 0 else int(args.log_cleaner_max_compaction_lag_ms)
+        ),
+        min_cleanable_dirty_ratio=(
+            LogConfig().min_cleanable_dirty_ratio
+            if args.log_cleaner_min_cleanable_ratio is None
+            else args.log_cleaner_min_cleanable_ratio
+        ),
     )
     if args.default_partitions < 1:
         print("broker: --default-partitions must be >= 1", file=sys.stderr)
+        return 2
+    cleaner = CleanerConfig(
+        enabled=args.log_cleaner_enable == "on",
+        dedupe_buffer_bytes=args.log_cleaner_dedupe_buffer_size,
+        io_max_bytes_per_s=(
+            None
+            if args.log_cleaner_io_max_bytes_per_second <= 0
+            else args.log_cleaner_io_max_bytes_per_second
+        ),
+        backoff_ms=args.log_cleaner_backoff_ms,
+    )
+    if (reason := cleaner.invalid()) is not None:
+        print(f"broker: log cleaner: {reason}", file=sys.stderr)
         return 2
     if args.group_initial_rebalance_delay_ms < 0:
         print("broker: --group-initial-rebalance-delay-ms must be >= 0", file=sys.stderr)
@@ -269,6 +303,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         log_defaults=defaults,
         static_configs=static_topic_configs(args, bool(etcd)),
+        cleaner=cleaner,
         busy_poll_us=args.busy_poll_us,
         append_writes=args.append_writes,
         flush_syncs=args.flush_syncs,
@@ -576,6 +611,68 @@ def add_serve_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     topic_defaults.add_argument(
         "--retention-bytes", type=int, default=FlagDefault(-1), help="retention.bytes (-1: no size limit)"
+    )
+    topic_defaults.add_argument(
+        "--log-cleanup-policy",
+        choices=("delete", "compact", "compact,delete", "delete,compact"),
+        default=None,
+        help="cleanup.policy (Kafka's log.cleanup.policy): delete whole segments by retention, "
+        "compact (keep each key's last record: docs/STORAGE.md), or both; default delete",
+    )
+    topic_defaults.add_argument(
+        "--log-cleaner-delete-retention-ms",
+        type=int,
+        default=FlagDefault(defaults.delete_retention_ms),
+        metavar="MS",
+        help="delete.retention.ms: how long a tombstone outlives the clean that first met it",
+    )
+    topic_defaults.add_argument(
+        "--log-cleaner-min-compaction-lag-ms",
+        type=int,
+        default=FlagDefault(defaults.min_compaction_lag_ms),
+        metavar="MS",
+        help="min.compaction.lag.ms: a record younger than this is never compacted away",
+    )
+    topic_defaults.add_argument(
+        "--log-cleaner-max-compaction-lag-ms",
+        type=int,
+        default=FlagDefault(-1),
+        metavar="MS",
+        help="max.compaction.lag.ms: a dirty record older than this is compacted whatever the dirty "
+        "ratio (-1: no bound)",
+    )
+    topic_defaults.add_argument(
+        "--log-cleaner-min-cleanable-ratio",
+        type=float,
+        default=None,
+        metavar="RATIO",
+        help="min.cleanable.dirty.ratio: clean a log once this part of it is dirty (default 0.5)",
+    )
+    cleaning = CleanerConfig()
+    serve.add_argument(
+        "--log-cleaner-enable", choices=("on", "off"), default="on", help="run the log cleaner (default on)"
+    )
+    serve.add_argument(
+        "--log-cleaner-dedupe-buffer-size",
+        type=int,
+        default=cleaning.dedupe_buffer_bytes,
+        metavar="BYTES",
+        help="memory of a clean's key -> offset map (24 bytes a key); a clean whose dirty keys do "
+        "not fit cleans what does (default 32 MiB)",
+    )
+    serve.add_argument(
+        "--log-cleaner-io-max-bytes-per-second",
+        type=float,
+        default=0,
+        metavar="BYTES",
+        help="cap on each core's cleaner reads and writes (log.cleaner.io.max.bytes.per.second); 0: no cap",
+    )
+    serve.add_argument(
+        "--log-cleaner-backoff-ms",
+        type=int,
+        default=cleaning.backoff_ms,
+        metavar="MS",
+        help="how often a core looks for a log to clean when none was dirty (default 15000)",
     )
     add_limit_arguments(serve)
     serve.set_defaults(func=cmd_serve)

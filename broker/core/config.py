@@ -16,6 +16,7 @@ from broker.core.cluster_view import ClusterSettings
 from broker.core.limits import Limits
 from broker.security.sasl import SaslConfig
 from broker.security.tls import TlsConfig
+from broker.storage.cleaner import CleanerConfig
 from broker.storage.log import LogConfig
 
 
@@ -32,6 +33,9 @@ class BrokerConfig:
     cores: int = 1
     core_id: int = 0
     log_defaults: LogConfig = field(default_factory=LogConfig)
+    cleaner: CleanerConfig = field(
+        default_factory=CleanerConfig
+    )  # the log cleaner's (broker/core/cleaning.py)
     core_ports: tuple[int, ...] = ()  # each core's direct port, for Metadata (empty: unknown)
     peer_addresses: tuple[str, ...] = ()  # each core's inter-core unix socket (abstract: "\0...")
     peer_liveness_fd: int = -1  # the supervisor's liveness table (broker/core/liveness.py); -1: none

@@ -42,6 +42,7 @@ from typing import Any, TypeVar
 
 from broker.core.acks import Waits
 from broker.core.blocking import RunBlocking, no_threads
+from broker.core.cleaning import LogCleaning
 from broker.core.cluster_view import ClusterView, ViewFile
 from broker.core.config import BrokerConfig
 from broker.core.coordinator import CallLater, GroupCoordinator
@@ -116,6 +117,8 @@ class Core:
         # Files of closed segments this core keeps open (broker/storage/fdcache.py).
         self.fd_cache = FdCache(config.limits.segment_fd_cache)
         self.partitions: dict[tuple[int, int], Partition] = {}
+        # The log cleaner of this core's compacted partitions (broker/core/cleaning.py).
+        self.cleaning = LogCleaning(config.cleaner, self.partitions.values, self.run_blocking)
         # The cluster as the node's supervisor last published it (one node: none, and no cost).
         # A clustered core starts from the view the agent published before the workers started
         # (or an empty one: every partition refused until a view names its replicas here).
@@ -151,6 +154,7 @@ class Core:
 
     def close(self) -> None:
         """Close every partition (flushing them). Call once, at shutdown."""
+        self.cleaning.close()
         for p in self.partitions.values():
             try:
                 p.close()
@@ -279,6 +283,7 @@ class Core:
         live = self.registry.by_id
         gone = [self.partitions.pop(k) for k in [k for k in self.partitions if k[0] not in live]]
         for p in gone:
+            self.cleaning.forget(p)
             log.info("topic id %d is gone: closing partition %d", p.topic_id, p.index)
             try:
                 p.close(discard=True)  # its files go with the topic: nothing to flush first

@@ -235,6 +235,17 @@ class ProducerState:
         for h in headers:
             self._remember(h)
 
+    def last_offsets(self) -> dict[int, int]:
+        """Producer id -> the last offset of its last stored batch, for every producer held: the
+        batches the log cleaner keeps (empty if need be), so that `rebuild` after a restart
+        finds each producer's last sequence and epoch (Kafka's rule; broker/storage/cleaner.py)."""
+        out = {}
+        for pid, p in self._producers.items():
+            if p.batches:
+                first, last, base = p.batches[-1]
+                out[pid] = base + last - first
+        return out
+
     def expire(self, start_offset: int) -> None:
         """Retention deleted the log below `start_offset`: forget the batches it took, and a
         producer with none left, so the state is what `rebuild` would make of the log now (state

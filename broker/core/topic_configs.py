@@ -75,6 +75,16 @@ class TopicDefaults:
                 return str(self.min_insync_replicas)
             case "unclean.leader.election.enable":
                 return "true" if self.unclean_leader_election else "false"
+            case "cleanup.policy":
+                return log.cleanup_policy
+            case "delete.retention.ms":
+                return str(log.delete_retention_ms)
+            case "min.compaction.lag.ms":
+                return str(log.min_compaction_lag_ms)
+            case "max.compaction.lag.ms":
+                return str(LONG_MAX) if log.max_compaction_lag_ms is None else str(log.max_compaction_lag_ms)
+            case "min.cleanable.dirty.ratio":
+                return str(log.min_cleanable_dirty_ratio)
         return KEYS[name].default
 
     def source(self, name: str) -> ConfigSource:
@@ -205,7 +215,7 @@ class TopicSettings:
         """The log's settings: `base` (the broker's, for what topics do not set) with these.
         A batch may not exceed its segment (`LogConfig.invalid`): max.message.bytes above
         segment.bytes is held to it. Without the delete policy nothing is deleted by age or size,
-        as in Kafka (compaction, once there is a cleaner, is what bounds such a log)."""
+        as in Kafka (compaction, broker/storage/cleaner.py, is what bounds such a log)."""
         return replace(
             base,
             segment_bytes=self.segment_bytes,
@@ -214,6 +224,11 @@ class TopicSettings:
             retention_bytes=self.retention_bytes if self.delete else None,
             segment_ms=self.segment_ms,
             log_append_time=self.log_append_time,
+            cleanup_policy=",".join(self.cleanup_policy),
+            delete_retention_ms=self.delete_retention_ms,
+            min_compaction_lag_ms=self.min_compaction_lag_ms,
+            max_compaction_lag_ms=None if self.max_compaction_lag_ms == LONG_MAX else self.max_compaction_lag_ms,
+            min_cleanable_dirty_ratio=self.min_cleanable_dirty_ratio,
         )
 
 

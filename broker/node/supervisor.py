@@ -95,6 +95,7 @@ from broker.security.credentials import SECURITY_DIR
 from broker.security.sasl import INTER_BROKER_PASSWORD_ENV, SaslConfig
 from broker.security.tls import TlsConfig
 from broker.storage import layout
+from broker.storage.cleaner import CleanerConfig
 from broker.storage.durable_file import replace_json
 from broker.storage.log import LogConfig
 from ringlog_proto.membership import Member
@@ -130,6 +131,7 @@ class SupervisorConfig:
     metrics_port: int | None = None
     log_defaults: LogConfig = field(default_factory=LogConfig)
     static_configs: frozenset[str] = frozenset()  # topic configs whose default a flag set
+    cleaner: CleanerConfig = field(default_factory=CleanerConfig)
     ebpf: str = "auto"  # bpf/plane.py: auto | on | off
     xdp_iface: str | None = None
     xdp_mode: str = "auto"
@@ -446,6 +448,7 @@ class Supervisor:
             "log_level": self.config.log_level,
             "log_defaults": asdict(self.config.log_defaults),
             "static_configs": sorted(self.config.static_configs),
+            "cleaner": asdict(self.config.cleaner),
             "limits": self.config.limits.to_spec(),
             "group_initial_rebalance_delay_ms": self.config.group_initial_rebalance_delay_ms,
             "auto_create_topics": self.config.auto_create_topics,

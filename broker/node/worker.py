@@ -42,6 +42,7 @@ from broker.node.logfmt import LogfmtFormatter
 from broker.security.acls import AclStore
 from broker.security.sasl import INTER_BROKER_PASSWORD_ENV, InterBrokerLogin, SaslConfig
 from broker.security.tls import TlsConfig
+from broker.storage.cleaner import CleanerConfig
 from broker.storage.errors import StorageError
 from broker.storage.log import LogConfig
 
@@ -163,6 +164,7 @@ def config_from_spec(spec: dict[str, Any]) -> BrokerConfig:
         core_id=int(spec["core"]),
         log_defaults=LogConfig(**d),
         static_configs=frozenset(spec.get("static_configs", ())),
+        cleaner=CleanerConfig(**spec.get("cleaner", {})),
         core_ports=tuple(spec["core_ports"]),
         peer_addresses=tuple(spec["peer_addresses"]),
         peer_liveness_fd=int(spec.get("liveness_fd", -1)),

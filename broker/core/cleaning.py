@@ -1,0 +1,193 @@
+"""A core's log cleaner: which of its compacted partitions to clean and when, the clean on a
+blocking thread, and the swap back on the loop (Kafka's LogCleanerManager and one cleaner thread,
+per core).
+
+Rules this module keeps:
+- Owned by the core's loop; the clean itself (broker/storage/cleaner.py) runs through the core's
+  `run_blocking`, one at a time per core (the thread touches files, never the core's objects),
+  and its result is swapped in on the loop (broker/storage/log_cleaning.py `install`), between
+  requests, so appends, reads, the producer state and the epoch history never see a half swap.
+- `tick()` (the backend's timer, every `backoff_ms`, and again as soon as a clean ends) picks the
+  partition that most needs it: one whose clean is due for its max compaction lag or its
+  tombstones' delete horizon first, then the highest dirty ratio above its topic's minimum (as
+  Kafka's `grabFilthiestCompactedLog`). Replicas decide for themselves: each cleans its own log.
+- A partition that closes (its topic deleted, the core stopping) cancels its clean in flight:
+  the thread stops at its next read or write and removes its files; a result that comes back for
+  a log that changed meanwhile is discarded, never installed (`install` checks).
+- The offset map (the dedupe buffer) is allocated on the first clean and kept: its memory is the
+  core's fixed cost of compaction (`--log-cleaner-dedupe-buffer-size`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from broker.core.blocking import BlockingCallAbandoned, RunBlocking
+from broker.core.partition import Partition
+from broker.storage import log_cleaning
+from broker.storage.cleaner import CleanerConfig, CleanResult, CleanStats, clean
+from broker.storage.log_cleaning import CleanerCheckpoint, Planned
+from broker.storage.offset_map import OffsetMap
+from broker.storage.throttle import CleanCancelled, Throttle
+from ringlog_proto.batch import now_ms
+
+log = logging.getLogger(__name__)
+
+_URGENT = ("max compaction lag", "tombstones past their delete horizon")
+
+
+@dataclass(slots=True)
+class _Running:
+    partition: Partition
+    planned: Planned
+    throttle: Throttle
+    reason: str
+
+
+class LogCleaning:
+    """One core's cleaner (module rules). `partitions()` lists the core's open partitions."""
+
+    def __init__(
+        self,
+        config: CleanerConfig,
+        partitions: Callable[[], Iterable[Partition]],
+        run_blocking: RunBlocking,
+        clock: Callable[[], int] = now_ms,
+    ) -> None:
+        self.config = config
+        self._partitions = partitions
+        self._run_blocking = run_blocking
+        self._clock = clock
+        self._map: OffsetMap | None = None
+        self._running: _Running | None = None
+        self._checkpoints: dict[str, CleanerCheckpoint] = {}
+        self._closed = False
+        self.cleans = 0  # cleans installed
+        self.discarded = 0  # cleans whose log changed under them, or that failed
+        self.last_stats: CleanStats | None = None
+
+    @property
+    def busy(self) -> bool:
+        return self._running is not None
+
+    @property
+    def map_bytes(self) -> int:
+        return 0 if self._map is None else self._map.memory_bytes
+
+    def checkpoint(self, p: Partition) -> CleanerCheckpoint:
+        cp = self._checkpoints.get(p.directory)
+        if cp is None:
+            cp = self._checkpoints[p.directory] = log_cleaning.load_checkpoint(p.directory)
+        return cp
+
+    def tick(self) -> bool:
+        """Start the clean of the partition that most needs one, if any and none is running.
+        Returns whether one started."""
+        if self._closed or self._running is not None or not self.config.enabled:
+            return False
+        now = self._clock()
+        best: tuple[tuple[bool, float], Partition, log_cleaning.Dirtiness] | None = None
+        for p in self._partitions():
+            log_ = p.log
+            if not log_.config.compacts or log_.closed:
+                continue
+            try:
+                d = log_cleaning.assess(log_, self.checkpoint(p), now, p.high_watermark)
+            except Exception as exc:
+                log.warning("%s: cannot tell how dirty it is: %s", log_.directory, exc)
+                continue
+            if d.reason is None:
+                continue
+            rank = (d.reason in _URGENT, d.ratio)
+            if best is None or rank > best[0]:
+                best = (rank, p, d)
+        if best is None:
+            return False
+        _, p, d = best
+        planned = log_cleaning.plan(p.log, d, now, p.producers.last_offsets())
+        if planned is None:
+            return False
+        assert d.reason is not None
+        if self._map is None:
+            self._map = OffsetMap(self.config.dedupe_buffer_bytes)
+        offset_map = self._map
+        throttle = Throttle(self.config.io_max_bytes_per_s)
+        running = self._running = _Running(p, planned, throttle, d.reason)
+        io = p.log.io
+        log.debug("%s: cleaning (%s, dirty ratio %.2f)", p.directory, d.reason, d.ratio)
+        self._run_blocking(
+            lambda: clean(planned.plan, offset_map, io, throttle),
+            lambda result: self._done(running, result),
+        )
+        return True
+
+    def _done(self, running: _Running, result: CleanResult | BaseException) -> None:
+        self._running = None
+        p = running.partition
+        if isinstance(result, BaseException):
+            if not isinstance(result, CleanCancelled | BlockingCallAbandoned):
+                self.discarded += 1
+                log.warning("%s: clean failed: %s", p.directory, result)
+            self._next()
+            return
+        if not log_cleaning.install(p.log, running.planned, result):
+            self.discarded += 1
+            log.info("%s: clean discarded: the log changed while it ran", p.directory)
+            self._next()
+            return
+        self.cleans += 1
+        self.last_stats = s = result.stats
+        cp = self.checkpoint(p)
+        cp.cleaned_to = result.cleaned_to
+        horizon = result.next_horizon_ms
+        if horizon is not None:  # one kept past what the map covered: due with that part's clean
+            horizon = max(horizon, self._clock() + self.config.backoff_ms)
+        cp.next_horizon_ms = horizon
+        saved = CleanerCheckpoint(cp.cleaned_to, cp.next_horizon_ms)
+        directory = p.directory
+        self._run_blocking(
+            lambda: log_cleaning.save_checkpoint(directory, saved), lambda r: self._saved(directory, r)
+        )
+        log.info(
+            "%s: cleaned (%s) to offset %d: %d of %d records and %d of %d bytes kept, %.1f MB/s, "
+            "%d keys in a map of %d bytes",
+            p.directory,
+            running.reason,
+            result.cleaned_to,
+            s.records_kept,
+            s.records_read,
+            s.bytes_written,
+            sum(seg.size for g in result.groups for seg in g.replaces),
+            (s.bytes_read + s.bytes_written) / max(s.elapsed_s, 1e-9) / 1e6,
+            s.map_keys,
+            s.map_bytes,
+        )
+        self._next()
+
+    @staticmethod
+    def _saved(directory: str, result: object) -> None:
+        if isinstance(result, BaseException) and not isinstance(result, BlockingCallAbandoned):
+            log.warning("%s: the cleaner's checkpoint was not saved: %s", directory, result)
+
+    def _next(self) -> None:
+        """A clean ended: go on at once with the next log that needs one (Kafka's cleaner thread
+        backs off only when there is none)."""
+        try:
+            self.tick()
+        except Exception:
+            log.exception("the log cleaner's next round failed to start")
+
+    def forget(self, p: Partition) -> None:
+        """`p` closes: its clean in flight stops, and its checkpoint is read again if it reopens."""
+        running = self._running
+        if running is not None and running.partition is p:
+            running.throttle.cancel()
+        self._checkpoints.pop(p.directory, None)
+
+    def close(self) -> None:
+        """The core stops: the clean in flight stops (its files are removed), none starts."""
+        self._closed = True
+        if self._running is not None:
+            self._running.throttle.cancel()
