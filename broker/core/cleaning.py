@@ -116,7 +116,7 @@ class LogCleaning:
         throttle = Throttle(self.config.io_max_bytes_per_s)
         running = self._running = _Running(p, planned, throttle, d.reason)
         io = p.log.io
-        log.debug("%s: cleaning (%s, dirty ratio %.2f)", p.directory, d.reason, d.ratio)
+        log.info("%s: cleaning (%s, dirty ratio %.2f)", p.directory, d.reason, d.ratio)
         self._run_blocking(
             lambda: clean(planned.plan, offset_map, io, throttle),
             lambda result: self._done(running, result),

@@ -17,11 +17,12 @@ Rules this module keeps:
 - `install` changes the log only if every segment the clean read is still there as it was (not
   deleted by retention, truncated by a follower, or replaced): otherwise the clean's files are
   removed and nothing happens. It then swaps in the order recovery relies on
-  (broker/storage/log_recovery.py `finish_swaps`): each group's `.cleaned` index then store
-  renamed to `.swap` (the commit), the directory synced; then the replaced segments after the
-  first removed, the `.swap` index then store renamed over the first's files, and the new segment
-  opened in their place. A failure half way leaves the log refusing work until it is reopened,
-  where recovery completes the swap.
+  (broker/storage/log_recovery.py `finish_swaps`): every group's `.cleaned` index, then every
+  `.cleaned` store, renamed to `.swap` (the commit: done when no `.cleaned` file is left), the
+  directory synced; then per group the replaced segments after the first removed, the `.swap`
+  index then store renamed over the first's files, and the new segment opened in their place. A
+  failure half way leaves the log refusing work until it is reopened, where recovery completes
+  the swap (or, before the commit, removes it).
 - The checkpoint (`cleaner-checkpoint.json` in the partition's directory) says where the dirty
   section starts and when the next delete horizon comes. It is a hint: lost or behind, the next
   clean rewrites more than it needed to, never less.
@@ -218,27 +219,38 @@ def install(log_: Log, planned: Planned, result: CleanResult, steps: Steps = no_
     def swap_name(name: str) -> str:
         return os.path.join(directory, layout.cleaning_name(name, layout.SWAP_SUFFIX))
 
+    renamed = 0
     try:
         for group in result.groups:
             io.rename(group.index_path, swap_name(layout.index_file_name(group.base_offset)))
+            renamed += 1
             steps("index-swap")
+        for group in result.groups:
             io.rename(group.store_path, swap_name(layout.store_file_name(group.base_offset)))
+            renamed += 1
             steps("store-swap")
         io.fsync_dir(directory)
         steps("committed")
     except OSError as exc:
-        # Not committed unless a store's `.swap` exists: undo what was renamed, as recovery would.
+        if renamed == 2 * len(result.groups):  # committed: only the directory sync failed
+            log_.mark_broken(f"syncing a clean's commit failed ({exc}); the next open completes it")
+            return False
+        # Not committed while a `.cleaned` file is left: undo what was renamed, as recovery would.
         log.warning("%s: the clean's commit failed (%s); the log stays as it was", directory, exc)
-        for group in result.groups:
-            for name in (
-                layout.index_file_name(group.base_offset),
-                layout.store_file_name(group.base_offset),
-            ):
-                with contextlib.suppress(OSError):
-                    io.unlink(swap_name(name))
+        swaps = [
+            swap_name(name)
+            for g in result.groups
+            for name in (layout.index_file_name(g.base_offset), layout.store_file_name(g.base_offset))
+        ]
+        for path in swaps:
+            with contextlib.suppress(OSError):
+                io.unlink(path)
+        if any(os.path.exists(path) for path in swaps):
+            # A `.swap` the next clean's commit would make look committed: the `.cleaned` files
+            # left say it is not, and the log waits for the reopen that removes them all.
+            log_.mark_broken(f"a clean's commit failed and could not be undone ({exc})")
+            return False
         discard(result, io)
-        if any(os.path.exists(swap_name(layout.store_file_name(g.base_offset))) for g in result.groups):
-            log_.mark_broken(f"a cleaned segment's commit failed half way ({exc})")
         return False
     try:
         for group, old in zip(result.groups, olds, strict=True):

@@ -8,13 +8,14 @@ Rules this module keeps:
   around.
 - The directories the log's open creates are remembered, so that its first flush syncs their
   parents too (`missing_dirs`).
-- What a log cleaner's swap left (`finish_swaps`, before anything else is read): a `.cleaned`
-  file is a clean that was not committed, removed; a `.log.swap` file is one that was (its store
-  and index were synced, then both renamed to `.swap`, the store last), completed: every segment
-  whose base offset lies in the swap's range is removed, then the `.swap` files take their final
-  names. An `.index.swap` without its `.log.swap` is a commit that did not finish, removed. So a
-  crash at any point of a clean leaves the old segments or the new one, never a mix
-  (broker/storage/log_cleaning.py does the steps in that order).
+- What a log cleaner's swap left (`finish_swaps`, before anything else is read). A clean writes
+  each of its segments as `.cleaned` files, synced; its commit renames every `.cleaned` file to
+  `.swap` (every index first, then every store), so it is committed once no `.cleaned` file is
+  left. A `.cleaned` file therefore means a clean that was not committed: it and every `.swap`
+  file go. Otherwise each `.log.swap` is completed: every segment whose base offset lies in its
+  range is removed, then its `.swap` files take their final names. So a crash at any point of a
+  clean leaves the old segments or all the new ones, never a mix (broker/storage/log_cleaning.py
+  does the steps in that order).
 """
 
 from __future__ import annotations
@@ -89,21 +90,29 @@ def check_follows(prev: Segment, seg: Segment) -> None:
 def finish_swaps(directory: str, io: FileIO) -> None:
     """Remove an uncommitted clean's files and complete a committed one's swap (module rules)."""
     swaps: dict[int, set[str]] = {}
+    cleaning: list[str] = []
+    committed = True
     for name in io.listdir(directory):
         parsed = parse_cleaning_name(name)
         if parsed is None:
             continue
+        cleaning.append(name)
         base, suffix, stage = parsed
         if stage == CLEANED_SUFFIX:
-            log.info("%s: an unfinished clean's file; removing it", os.path.join(directory, name))
-            io.unlink(os.path.join(directory, name))
+            committed = False
         else:
             swaps.setdefault(base, set()).add(suffix)
+    if not committed:
+        for name in sorted(cleaning):
+            log.info("%s: a clean that was not committed; removing it", os.path.join(directory, name))
+            io.unlink(os.path.join(directory, name))
+        io.fsync_dir(directory)
+        return
     changed = False
     for base, suffixes in sorted(swaps.items()):
         index_swap = os.path.join(directory, cleaning_name(index_file_name(base), SWAP_SUFFIX))
-        if STORE_SUFFIX not in suffixes:
-            log.info("%s: a clean's commit that did not finish; removing it", index_swap)
+        if STORE_SUFFIX not in suffixes:  # not a clean's: its commit renames stores last
+            log.warning("%s: a swap index without its store; removing it", index_swap)
             io.unlink(index_swap)
             changed = True
             continue
