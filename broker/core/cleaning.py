@@ -3,10 +3,12 @@ blocking thread, and the swap back on the loop (Kafka's LogCleanerManager and on
 per core).
 
 Rules this module keeps:
-- Owned by the core's loop; the clean itself (broker/storage/cleaner.py) runs through the core's
-  `run_blocking`, one at a time per core (the thread touches files, never the core's objects),
-  and its result is swapped in on the loop (broker/storage/log_cleaning.py `install`), between
-  requests, so appends, reads, the producer state and the epoch history never see a half swap.
+- Owned by the core's loop; the clean itself (broker/storage/cleaner.py) runs in a process of its
+  own (broker/storage/clean_process.py: the loop never waits for the interpreter's lock), which a
+  `run_blocking` thread waits for, one at a time per core (files only, never the core's
+  objects); its result is swapped in on the loop (broker/storage/log_cleaning.py `install`),
+  between requests, so appends, reads, the producer state and the epoch history never see a half
+  swap.
 - `tick()` (the backend's timer, every `backoff_ms`, and again as soon as a clean ends) picks the
   partition that most needs it: one whose clean is due for its max compaction lag or its
   tombstones' delete horizon first, then the highest dirty ratio above its topic's minimum (as
@@ -14,8 +16,8 @@ Rules this module keeps:
 - A partition that closes (its topic deleted, the core stopping) cancels its clean in flight:
   the thread stops at its next read or write and removes its files; a result that comes back for
   a log that changed meanwhile is discarded, never installed (`install` checks).
-- The offset map (the dedupe buffer) is allocated on the first clean and kept: its memory is the
-  core's fixed cost of compaction (`--log-cleaner-dedupe-buffer-size`).
+- The offset map (the dedupe buffer, `--log-cleaner-dedupe-buffer-size`) is the clean's process's
+  memory, a fixed amount while a clean runs, none between cleans.
 """
 
 from __future__ import annotations
@@ -27,10 +29,11 @@ from dataclasses import dataclass
 from broker.core.blocking import BlockingCallAbandoned, RunBlocking
 from broker.core.partition import Partition
 from broker.storage import log_cleaning
-from broker.storage.cleaner import CleanerConfig, CleanResult, CleanStats, clean
+from broker.storage.clean_process import CleanProcess
+from broker.storage.cleaner import CleanerConfig, CleanResult, CleanStats
 from broker.storage.log_cleaning import CleanerCheckpoint, Planned
-from broker.storage.offset_map import OffsetMap
-from broker.storage.throttle import CleanCancelled, Throttle
+from broker.storage.offset_map import ENTRY_BYTES
+from broker.storage.throttle import CleanCancelled
 from ringlog_proto.batch import now_ms
 
 log = logging.getLogger(__name__)
@@ -42,7 +45,7 @@ _URGENT = ("max compaction lag", "tombstones past their delete horizon")
 class _Running:
     partition: Partition
     planned: Planned
-    throttle: Throttle
+    process: CleanProcess
     reason: str
 
 
@@ -60,7 +63,6 @@ class LogCleaning:
         self._partitions = partitions
         self._run_blocking = run_blocking
         self._clock = clock
-        self._map: OffsetMap | None = None
         self._running: _Running | None = None
         self._checkpoints: dict[str, CleanerCheckpoint] = {}
         self._closed = False
@@ -74,7 +76,8 @@ class LogCleaning:
 
     @property
     def map_bytes(self) -> int:
-        return 0 if self._map is None else self._map.memory_bytes
+        """The offset map's memory in a clean's process."""
+        return self.config.dedupe_buffer_bytes // ENTRY_BYTES * ENTRY_BYTES
 
     def checkpoint(self, p: Partition) -> CleanerCheckpoint:
         cp = self._checkpoints.get(p.directory)
@@ -110,17 +113,10 @@ class LogCleaning:
         if planned is None:
             return False
         assert d.reason is not None
-        if self._map is None:
-            self._map = OffsetMap(self.config.dedupe_buffer_bytes)
-        offset_map = self._map
-        throttle = Throttle(self.config.io_max_bytes_per_s)
-        running = self._running = _Running(p, planned, throttle, d.reason)
-        io = p.log.io
+        process = CleanProcess(self.config.dedupe_buffer_bytes, self.config.io_max_bytes_per_s)
+        running = self._running = _Running(p, planned, process, d.reason)
         log.info("%s: cleaning (%s, dirty ratio %.2f)", p.directory, d.reason, d.ratio)
-        self._run_blocking(
-            lambda: clean(planned.plan, offset_map, io, throttle),
-            lambda result: self._done(running, result),
-        )
+        self._run_blocking(lambda: process.run(planned.plan), lambda result: self._done(running, result))
         return True
 
     def _done(self, running: _Running, result: CleanResult | BaseException) -> None:
@@ -183,11 +179,11 @@ class LogCleaning:
         """`p` closes: its clean in flight stops, and its checkpoint is read again if it reopens."""
         running = self._running
         if running is not None and running.partition is p:
-            running.throttle.cancel()
+            running.process.cancel()
         self._checkpoints.pop(p.directory, None)
 
     def close(self) -> None:
         """The core stops: the clean in flight stops (its files are removed), none starts."""
         self._closed = True
         if self._running is not None:
-            self._running.throttle.cancel()
+            self._running.process.cancel()

@@ -181,7 +181,9 @@ def wait_cleaned(broker: BrokerProcess, want: Served, timeout_s: float = 40) -> 
         raise AssertionError(f"no clean reached offset {sentinel} in {timeout_s} s\n{broker.log_tail(15)}")
     served = read_confluent(broker)
     extra, missing = sorted(set(served) - set(want)), sorted(set(want) - set(served))
-    assert served == want, f"{len(served)} served, {len(want)} wanted: extra {extra[:5]}, missing {missing[:5]}"
+    assert served == want, (
+        f"{len(served)} served, {len(want)} wanted: extra {extra[:5]} missing {missing[:5]}"
+    )
     return served
 
 
