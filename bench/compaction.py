@@ -17,9 +17,10 @@ compaction lag of 3 s (so a clean starts after a round's produce, not during it)
   record at a time and waits for it (acks=all: on one node, after the fsync), for as long as the
   clean that the round's records started runs, then for as long again with nothing to clean;
   p50/p99 of each window.
-Then a sentinel record (a second after the last round, so every update sits in a closed
-segment), a wait for the clean that reaches it, and a read of the whole topic from the start
-(confluent-kafka), which must be exactly each key's last record at its offset. With the kill: a
+Then a sentinel record (past the max lag after the last round: it rolls the active segment, so
+every update sits in a closed segment that is due), a wait for the clean that reaches it, and a
+read of the whole topic from the start (confluent-kafka), which must be exactly each key's last
+record at its offset. With the kill: a
 further round's produce, a SIGKILL of the broker while its clean runs (under an I/O cap that makes
 it last), a restart, every record still served, and the next clean's read exact again.
 
@@ -261,7 +262,7 @@ def main() -> int:
             print(
                 f"  round {r + 1}: {per_round} updates in {produce_s:.1f} s, cleaning window {window:.1f} s"
             )
-        time.sleep(3.2)  # past the min lag, then the sentinel rolls the active segment
+        time.sleep(8.2)  # past the max lag: the sentinel rolls the active segment, which is then due
         updates.producer.produce(TOPIC, key=b"sentinel", value=b"end", on_delivery=updates._delivered)
         updates.producer.flush(30)
         want = updates.want()
@@ -273,6 +274,7 @@ def main() -> int:
         )
         served = read_all(broker, sentinel + 1)
         exact = served == want
+        produced_records = updates.sent + 1
         after_bytes = log_bytes(broker)
         cleans = cleaned_lines(broker)
         killed = "skipped (--no-kill)"
@@ -293,9 +295,9 @@ def main() -> int:
             [
                 "records",
                 "",
-                f"{updates.sent + 1:,}",
+                f"{produced_records:,}",
                 f"{len(served):,}",
-                f"{len(served) / (updates.sent + 1):.4f}",
+                f"{len(served) / produced_records:.4f}",
             ],
             ["bytes", "", f"{produced_bytes:,}", f"{after_bytes:,}", f"{after_bytes / produced_bytes:.4f}"],
         ],
@@ -348,7 +350,7 @@ def kill_during_clean(broker: BrokerProcess, updates: Updates, n: int, base: tup
     )
     broker.extra = base
     broker.start()
-    time.sleep(3.2)
+    time.sleep(8.2)  # as before the first sentinel
     updates.producer = confluent_kafka.Producer(
         {"bootstrap.servers": broker.bootstrap, "enable.idempotence": True}
     )

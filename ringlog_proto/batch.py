@@ -59,7 +59,9 @@ Fileformat (Kafka RecordBatch v2, all fixed-width integers big-endian, 61-byte h
     17     4    crc                    u32  crc32c (Castagnoli) of bytes [21, 12 + batch_length)
     21     2    attributes             i16  bits 0-2 compression (0 none, 1 gzip, 2 snappy, 3 lz4,
                                             4 zstd), bit 3 timestamp type (0 create, 1 log append),
-                                            bit 4 transactional, bit 5 control; the rest zero
+                                            bit 4 transactional, bit 5 control, bit 6 delete horizon
+                                            (a stored batch the log cleaner wrote, KIP-534:
+                                            base_timestamp is the horizon); the rest zero
     23     4    last_offset_delta      i32  record_count - 1
     27     8    base_timestamp         i64  ms since the epoch, of the first record
     35     8    max_timestamp          i64  ms since the epoch, largest record timestamp in the batch
@@ -107,6 +109,13 @@ is CORRUPT_MESSAGE, a framing failure or a batch of a kind not taken yet is INVA
 The same rules make `decode_records` fail.
 
 Clients' base offsets are overwritten, never checked: Kafka clients send 0, our encoder 0 by default.
+
+A stored batch may also be one the log cleaner rewrote (batch_compact.py, Kafka's compaction):
+the same base offset and last_offset_delta with fewer records (offset deltas rising, skipping
+offsets) or none (an empty batch, the header alone), and bit 6 with a delete horizon. Next offsets
+and last sequences are therefore always computed from last_offset_delta (`BatchHeader.next_offset`,
+`last_sequence`), as Kafka's readers do. Such a batch passes `invalid_stored_header` (reads,
+recovery, a follower's copy, clients), never `invalid_header` (produce).
 """
 
 from __future__ import annotations

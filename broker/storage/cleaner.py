@@ -4,7 +4,8 @@ Kafka's LogCleaner is the model (its `Cleaner.doClean`, `buildOffsetMap`, `clean
 `MemoryRecords.filterTo`, with KIP-534's delete horizon and KIP-354's max compaction lag); the
 core decides when a log is cleaned (broker/core/cleaning.py), the loop takes a `CleanPlan` of it
 and installs the result (broker/storage/log_cleaning.py), and `clean` here reads and writes files
-on a thread of its own, touching no `Log` or `Segment` object.
+off the loop (in a process of its own in the broker, broker/storage/clean_process.py; on the
+caller's thread in tools and tests), touching no `Log` or `Segment` object.
 
 Rules this module keeps:
 - The dirty section is [`dirty_from`, `upto`): records since the last clean, in closed segments

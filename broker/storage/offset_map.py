@@ -59,7 +59,8 @@ class OffsetMap:
         return self.entries >= self._limit
 
     def clear(self) -> None:
-        self._data[:] = bytes(len(self._data))
+        if self.entries:  # a new map is zeros already: its first clear costs nothing
+            self._data[:] = bytes(len(self._data))
         self.entries = 0
         self.latest_offset = -1
 

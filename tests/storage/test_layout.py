@@ -65,3 +65,16 @@ def test_partition_dirs_parse_back() -> None:
     for other in ("x", "", "1a", "-1", "²"):
         assert layout.parse_number_name(other) is None
     assert os.path.dirname(layout.group_offsets_path(pdir)) == pdir
+
+
+@pytest.mark.parametrize("suffix", [layout.CLEANED_SUFFIX, layout.SWAP_SUFFIX])
+def test_a_cleaners_file_names_parse_back_and_are_not_segments(suffix: str) -> None:
+    for name, kind in (
+        (layout.store_file_name(42), layout.STORE_SUFFIX),
+        (layout.index_file_name(42), layout.INDEX_SUFFIX),
+    ):
+        cleaning = layout.cleaning_name(name, suffix)
+        assert layout.parse_cleaning_name(cleaning) == (42, kind, suffix)
+        assert layout.parse_segment_name(cleaning) is None
+    assert layout.parse_cleaning_name(layout.store_file_name(42)) is None
+    assert layout.parse_cleaning_name("x.log.swap") is None
