@@ -80,10 +80,22 @@ class LogCleaning:
         return self.config.dedupe_buffer_bytes // ENTRY_BYTES * ENTRY_BYTES
 
     def checkpoint(self, p: Partition) -> CleanerCheckpoint:
+        """The partition's checkpoint, brought down to where a truncation (a follower's) left the
+        log since it was last asked: what is appended there again is dirty (and saved at once)."""
         cp = self._checkpoints.get(p.directory)
         if cp is None:
             cp = self._checkpoints[p.directory] = log_cleaning.load_checkpoint(p.directory)
+        truncated = p.log.take_truncation()
+        if truncated is not None and truncated < cp.cleaned_to:
+            cp.cleaned_to = truncated
+            self._save(p.directory, cp)
         return cp
+
+    def _save(self, directory: str, cp: CleanerCheckpoint) -> None:
+        saved = CleanerCheckpoint(cp.cleaned_to, cp.next_horizon_ms)
+        self._run_blocking(
+            lambda: log_cleaning.save_checkpoint(directory, saved), lambda r: self._saved(directory, r)
+        )
 
     def tick(self) -> bool:
         """Start the clean of the partition that most needs one, if any and none is running.
@@ -141,11 +153,7 @@ class LogCleaning:
         if horizon is not None:  # one kept past what the map covered: due with that part's clean
             horizon = max(horizon, self._clock() + self.config.backoff_ms)
         cp.next_horizon_ms = horizon
-        saved = CleanerCheckpoint(cp.cleaned_to, cp.next_horizon_ms)
-        directory = p.directory
-        self._run_blocking(
-            lambda: log_cleaning.save_checkpoint(directory, saved), lambda r: self._saved(directory, r)
-        )
+        self._save(p.directory, cp)
         log.info(
             "%s: cleaned (%s) to offset %d: %d of %d records and %d of %d bytes kept, %.1f MB/s, "
             "%d keys in a map of %d bytes",

@@ -140,6 +140,10 @@ class Log:
         self._parents_unsynced: list[str] = []
         self._closed = False
         self._broken: str | None = None
+        # The lowest end a truncation (or restart) left since the log cleaner last asked
+        # (`take_truncation`): the records it had cleaned above it are gone, and what is appended
+        # there again is dirty.
+        self._truncated_to: int | None = None
 
     # ------------------------------------------------------------------------- open / close
 
@@ -791,6 +795,7 @@ class Log:
         seg.synced_size = seg.size
         self.durable_offset = min(self.durable_offset, new_end)
         self._assert_marks()
+        self._note_truncation(new_end)
         return new_end
 
     def restart_at(self, offset: int) -> None:
@@ -814,6 +819,7 @@ class Log:
         self.io.fsync_dir(self.directory)
         self.durable_offset = offset
         self._assert_marks()
+        self._note_truncation(offset)
 
     def apply_retention(self, now: int | None = None) -> int:
         """Delete whole closed segments past `retention_ms` or beyond `retention_bytes`.
@@ -863,6 +869,16 @@ class Log:
                 break
             out.append(seg)
         return out
+
+    def _note_truncation(self, end: int) -> None:
+        if self._truncated_to is None or end < self._truncated_to:
+            self._truncated_to = end
+
+    def take_truncation(self) -> int | None:
+        """The lowest end a truncation left since the last call, or None: where the log
+        cleaner's checkpoint must come down to (Kafka's cleaner does the same on truncation)."""
+        end, self._truncated_to = self._truncated_to, None
+        return end
 
     def replace_segments(self, old: list[Segment], new: Segment) -> None:
         """`new`, a cleaned segment opened from the files that replaced `old` (consecutive

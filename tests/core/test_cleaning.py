@@ -149,3 +149,22 @@ def test_producer_state_and_epochs_are_the_same_after_a_clean_and_a_reopen(tmp_p
     ) == before
     produce(again, space, b"k0", b"next", producer_id=11, producer_epoch=2, base_sequence=120)  # no gap
     again.close()
+
+
+def test_a_truncation_below_the_checkpoint_brings_it_down(tmp_path: Path) -> None:
+    space = DiskSpace(str(tmp_path), 0)
+    p = Partition(1, 0, str(tmp_path / "c"), COMPACT)
+    for i in range(200):
+        produce(p, space, b"k%d" % (i % 3), b"v" * 50)
+    blocking = Blocking()
+    cleaning = LogCleaning(CleanerConfig(), lambda: [p], blocking, lambda: T0)
+    assert cleaning.tick()
+    while blocking.run():
+        pass
+    cleaned_to = cleaning.checkpoint(p).cleaned_to
+    assert cleaned_to > 100
+    end = p.log.truncate(100)  # a follower dropping a divergent tail
+    assert cleaning.checkpoint(p).cleaned_to == end <= 100, "what comes there again is dirty"
+    blocking.run()  # the checkpoint saved
+    assert load_checkpoint(p.directory).cleaned_to == end
+    p.close()

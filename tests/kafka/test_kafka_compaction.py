@@ -2,9 +2,10 @@
 at CI size: bench/compaction.py runs the full 1M updates over 10k keys).
 
 An idempotent librdkafka producer writes many updates over fewer keys, the last update of some
-keys a tombstone; once the cleaner has run, confluent-kafka, aiokafka and kafka-python each read
-back from the start exactly the last record of each key at its offset (tombstones included,
-within delete.retention.ms), gaps in the offsets and empty batches notwithstanding. Then the
+keys a tombstone; once the cleaner has run, confluent-kafka, aiokafka, kafka-python and our own
+client each read back from the start exactly the last record of each key at its offset
+(tombstones included, within delete.retention.ms), gaps in the offsets and empty batches
+notwithstanding. Then the
 same with the broker killed (SIGKILL) while it cleans, under an I/O cap that makes the clean
 last: every record is still served after the restart, and the next clean ends the same."""
 
@@ -20,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from broker.client import Consumer
 from labkit.brokerproc import BrokerProcess, Wire
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
@@ -157,6 +159,19 @@ def read_kafka_python(broker: BrokerProcess, end: int) -> Served:
         consumer.close()
 
 
+def read_ours(broker: BrokerProcess, end: int) -> Served:
+    """What our own client (`broker.client.Consumer`, our protocol) reads of the topic."""
+    out: Served = {}
+    with Consumer(broker.bootstrap) as consumer:
+        consumer.assign([(TOPIC, 0)])
+        consumer.seek_to_beginning((TOPIC, 0))
+        deadline = time.monotonic() + 30
+        while (max(out, default=-1) < end - 1) and time.monotonic() < deadline:
+            for r in consumer.poll(timeout_ms=1000):
+                out[r.offset] = (r.key, r.value)
+    return out
+
+
 def fold(served: Served) -> dict[bytes | None, bytes | None]:
     """Each key's value as a consumer restoring a table from the log ends up with."""
     table: dict[bytes | None, bytes | None] = {}
@@ -204,6 +219,7 @@ def test_the_last_record_of_each_key_is_what_every_client_reads_back(tmp_path: P
         end = max(want) + 1
         assert read_aiokafka(broker, end) == want
         assert read_kafka_python(broker, end) == want
+        assert read_ours(broker, end) == want
         assert "cleaned (" in broker.log()
         closed = sorted((tmp_path / "data" / "topics" / "1" / "0").glob("*.log"))[:-1]  # not the active one
         size = sum(p.stat().st_size for p in closed)
