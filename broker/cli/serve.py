@@ -228,7 +228,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         delete_retention_ms=int(args.log_cleaner_delete_retention_ms),
         min_compaction_lag_ms=int(args.log_cleaner_min_compaction_lag_ms),
         max_compaction_lag_ms=(
-            None if args.log_cleaner_max_compaction_lag_ms < 0 else int(args.log_cleaner_max_compaction_lag_ms)
+            None
+            if args.log_cleaner_max_compaction_lag_ms < 0
+            else int(args.log_cleaner_max_compaction_lag_ms)
         ),
         min_cleanable_dirty_ratio=(
             LogConfig().min_cleanable_dirty_ratio

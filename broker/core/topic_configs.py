@@ -227,7 +227,9 @@ class TopicSettings:
             cleanup_policy=",".join(self.cleanup_policy),
             delete_retention_ms=self.delete_retention_ms,
             min_compaction_lag_ms=self.min_compaction_lag_ms,
-            max_compaction_lag_ms=None if self.max_compaction_lag_ms == LONG_MAX else self.max_compaction_lag_ms,
+            max_compaction_lag_ms=(
+                None if self.max_compaction_lag_ms == LONG_MAX else self.max_compaction_lag_ms
+            ),
             min_cleanable_dirty_ratio=self.min_cleanable_dirty_ratio,
         )
 

@@ -342,7 +342,8 @@ class Log:
         here, they would stop the follower for good). Kafka's followers do not check it either.
         They may be batches the leader's cleaner rewrote (`stored`: fewer records, none, a delete
         horizon)."""
-        return validation.validate(records, replace(self.config, max_batch_bytes=SEGMENT_BYTES_MAX), stored=True)
+        config = replace(self.config, max_batch_bytes=SEGMENT_BYTES_MAX)
+        return validation.validate(records, config, stored=True)
 
     def prepare_append(
         self,

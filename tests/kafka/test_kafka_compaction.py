@@ -5,9 +5,10 @@ An idempotent librdkafka producer writes many updates over fewer keys, the last 
 keys a tombstone; once the cleaner has run, confluent-kafka, aiokafka, kafka-python and our own
 client each read back from the start exactly the last record of each key at its offset
 (tombstones included, within delete.retention.ms), gaps in the offsets and empty batches
-notwithstanding. Then the
-same with the broker killed (SIGKILL) while it cleans, under an I/O cap that makes the clean
-last: every record is still served after the restart, and the next clean ends the same."""
+notwithstanding. A topic's own cleanup.policy (CreateTopics) compacts it on a broker whose
+default is delete. Then the same with the broker killed (SIGKILL) while it cleans, under an I/O
+cap that makes the clean last: every record is still served after the restart, and the next
+clean ends the same."""
 
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ from broker.client import Consumer
 from labkit.brokerproc import BrokerProcess, Wire
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
+confluent_admin = pytest.importorskip("confluent_kafka.admin")
+
 aiokafka = pytest.importorskip("aiokafka")
 kafka = pytest.importorskip("kafka")
 
@@ -56,12 +59,13 @@ def start(tmp_path: Path, backend: str, *extra: str) -> BrokerProcess:
     return broker
 
 
-def produce_updates(broker: BrokerProcess) -> Served:
+def produce_updates(broker: BrokerProcess, create: bool = True) -> Served:
     """The updates, then (a second later, so that everything before is in closed segments) the
     sentinel; what a full clean must leave: each key's last record at its offset."""
-    wire = Wire(broker.port)
-    wire.create_topic(TOPIC, 1)
-    wire.close()
+    if create:
+        wire = Wire(broker.port)
+        wire.create_topic(TOPIC, 1)
+        wire.close()
     producer = confluent_kafka.Producer(
         {
             "bootstrap.servers": broker.bootstrap,
@@ -224,6 +228,24 @@ def test_the_last_record_of_each_key_is_what_every_client_reads_back(tmp_path: P
         closed = sorted((tmp_path / "data" / "topics" / "1" / "0").glob("*.log"))[:-1]  # not the active one
         size = sum(p.stat().st_size for p in closed)
         assert 0 < size < 200_000, f"{size} bytes left of about 5 MB produced"
+    finally:
+        assert broker.stop() == 0
+
+
+def test_a_topics_own_cleanup_policy_compacts_it_on_a_broker_that_deletes(tmp_path: Path) -> None:
+    broker = BrokerProcess(
+        tmp_path / "data", tmp_path / "broker.log", extra=("--log-cleaner-backoff-ms", "200")
+    ).start()
+    try:
+        admin = confluent_admin.AdminClient({"bootstrap.servers": broker.bootstrap})
+        configs = {
+            "cleanup.policy": "compact",
+            "segment.bytes": str(1 << 20),
+            "max.compaction.lag.ms": "1000",
+        }
+        admin.create_topics([confluent_admin.NewTopic(TOPIC, 1, 1, config=configs)])[TOPIC].result(10)
+        want = produce_updates(broker, create=False)
+        wait_cleaned(broker, want)
     finally:
         assert broker.stop() == 0
 
