@@ -10,6 +10,7 @@ Rules this module keeps:
 
 from __future__ import annotations
 
+from broker.core.acks import InvalidAcksError
 from broker.core.groups import GroupError, OffsetsUnavailable
 from broker.core.producer_state import RetryInFlightError, SequenceError
 from broker.core.replication import NotEnoughReplicasError, NotLeaderError
@@ -36,6 +37,8 @@ def error_of(exc: BaseException) -> tuple[m.ErrorCode, str]:
     match exc:
         case m.MalformedBody():
             return E.INVALID_REQUEST, f"malformed request: {exc}"
+        case InvalidAcksError():
+            return E.INVALID_REQUEST, str(exc)
         case BatchTooLargeError():
             return E.MESSAGE_TOO_LARGE, str(exc)
         case RecordFramingError() | UnsupportedBatchError():

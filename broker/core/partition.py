@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterator
 from enum import Enum
 from typing import NamedTuple
 
-from broker.core.acks import Waits
+from broker.core.acks import Waits, check_acks
 from broker.core.producer_state import PredecessorPendingError, ProducerState, SequenceGapError
 from broker.core.replication import (
     DEFAULT_MIN_INSYNC,
@@ -325,11 +325,11 @@ class Partition:
         partition is kept in one copy, else once the high watermark passes the batches, which
         durable becomes too (a replicated partition's durability is its in-sync copies). Such a
         produce with fewer in-sync replicas than `min_insync` is refused before anything is
-        written (`NotEnoughReplicasError`), as Kafka refuses it."""
+        written (`NotEnoughReplicasError`), as Kafka refuses it. Any other value is
+        `InvalidAcksError` (`check_acks`, broker/core/acks.py)."""
         if acks in (Acks.NONE, Acks.WRITTEN):
             return Waits.WRITE
-        if acks not in (Acks.DURABLE, Acks.ALL):
-            raise ValueError(f"acks must be 0, 1, 2 or -1, not {acks}")
+        check_acks(acks)  # durable or all from here on
         if self.replica is None:
             return Waits.FLUSH
         self.check_replicas()

@@ -15,6 +15,7 @@ from typing import Final
 
 from kio.schema.errors import ErrorCode
 
+from broker.core.acks import InvalidAcksError
 from broker.core.errors import error_of
 from broker.core.groups import OffsetsUnavailable
 from broker.core.outcomes import Reply
@@ -72,6 +73,8 @@ def kafka_error(exc: BaseException) -> tuple[ErrorCode, str]:
         return ErrorCode.invalid_producer_epoch, str(exc)
     if isinstance(exc, UnknownProducerError):
         return ErrorCode.unknown_producer_id, str(exc)
+    if isinstance(exc, InvalidAcksError):  # ours: INVALID_REQUEST, which Kafka names apart
+        return ErrorCode.invalid_required_acks, str(exc)
     if isinstance(exc, OffsetsUnavailable | ProducerIdsUnavailable):  # retriable, as Kafka's
         return ErrorCode.coordinator_not_available, str(exc)
     code, message = error_of(exc)

@@ -34,6 +34,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from broker import __version__
+from broker.core.acks import check_acks
 from broker.core.coordinator import GroupCode, JoinResult, SyncResult
 from broker.core.core import Core
 from broker.core.errors import error_of
@@ -367,8 +368,7 @@ class RinglogAdapter:
 
     def _produce(self, req: m.Request, frame: Frame) -> Outcome:
         assert isinstance(req, m.ProduceRequest)
-        if req.acks not in (m.Acks.NONE, m.Acks.WRITTEN, m.Acks.DURABLE, m.Acks.ALL):
-            raise ValueError(f"acks must be 0, 1, 2 or -1, not {req.acks}")
+        check_acks(req.acks)  # before the lookup: a bad acks is INVALID_REQUEST whatever the partition
         p = self.core.partition(frame.topic_id, frame.partition)
         try:
             produced = p.produce(req.records, self.core.space, req.acks)

@@ -14,9 +14,11 @@ from kio.schema.errors import ErrorCode
 from kio.static.primitive import i16, i32, i64
 
 from broker.backends.connection import FirstBytes
+from broker.core.acks import InvalidAcksError, check_acks
 from broker.core.config import BrokerConfig
 from broker.core.core import Core
-from broker.core.outcomes import Later, Reply
+from broker.core.errors import error_of
+from broker.core.outcomes import Gather, Later, Reply
 from broker.core.producer_ids import EPOCH_LAST
 from broker.kafka.adapter import SUPPORTED_VERSIONS, KafkaAdapter, cluster_id_for
 from broker.kafka.codec import (
@@ -25,6 +27,7 @@ from broker.kafka.codec import (
     make,
     request_schema,
 )
+from broker.kafka.errors import kafka_error
 from broker.ringlog.adapter import RinglogAdapter
 from labkit.kafka_requests import frame as frame_of
 from labkit.kafka_requests import read_response, request_of
@@ -482,3 +485,37 @@ def test_offset_commit_then_fetch_every_version(adapter: KafkaAdapter, version: 
         adapter, frame_of(9, 5, 3, make(request_schema(9, 5), group_id=group, topics=None)), 9, 5
     )
     assert [(t.name, [p.partition_index for p in t.partitions]) for t in every.topics] == [("t", [0, 1])]
+
+
+# ----------------------------------------------------------------------------- Produce's acks
+
+
+def test_an_acks_kafka_does_not_have_is_invalid_required_acks(adapter: KafkaAdapter) -> None:
+    """Kafka's acks are -1, 0 and 1 (its 2 is not our durable); any other is refused per partition,
+    before the partition is looked up. The core's own refusal of an acks (broker/core/acks.py) is
+    the same code in Kafka's words, INVALID_REQUEST in ours."""
+    schema = request_schema(0, 8)
+    assert schema is not None
+    module = __import__(schema.__module__, fromlist=["x"])
+    data = make(
+        module.TopicProduceData,
+        name="nowhere",
+        partition_data=(make(module.PartitionProduceData, index=i32(0), records=b"x"),),
+    )
+    body = make(
+        schema,
+        transactional_id=None,
+        acks=i16(2),
+        timeout=datetime.timedelta(seconds=1),
+        topic_data=(data,),
+    )
+    outcome = adapter.handle(request_of(frame_of(0, 8, 5, body)))
+    assert isinstance(outcome, Gather) and not outcome.parts, "nothing to store"
+    reply = outcome.finish()
+    assert isinstance(reply, Reply)
+    _corr, resp = read_response(0, 8, b"".join(reply.buffers))
+    assert resp.responses[0].partition_responses[0].error_code == ErrorCode.invalid_required_acks
+    with pytest.raises(InvalidAcksError) as refused:
+        check_acks(3)
+    assert kafka_error(refused.value)[0] == ErrorCode.invalid_required_acks
+    assert error_of(refused.value)[0] == m.ErrorCode.INVALID_REQUEST

@@ -56,6 +56,20 @@ def test_produce_is_an_append_the_caller_runs(handlers: RinglogAdapter) -> None:
     assert isinstance(resp, m.ProduceResponse) and (resp.base_offset, resp.end_offset) == (0, 2)
 
 
+def test_an_acks_of_none_of_ours_is_invalid_whatever_the_partition(
+    handlers: RinglogAdapter,
+) -> None:
+    """Which acks are valid is the core's (broker/core/acks.py), asked before the partition is
+    looked up: a bad acks to a topic that does not exist is INVALID_REQUEST too, and the
+    partition is not even opened."""
+    tid = create(handlers)
+    for topic_id in (tid, tid + 99):
+        resp = response(produce(handlers, topic_id, encode_batch([b"a"]), acks=3))
+        assert isinstance(resp, m.ProduceResponse)
+        assert resp.error == m.ErrorCode.INVALID_REQUEST and "acks must be" in resp.message
+    assert (tid, 0) not in handlers.core.partitions, "refused before the lookup opened it"
+
+
 def test_a_new_producer_must_start_at_sequence_zero(handlers: RinglogAdapter) -> None:
     tid = create(handlers)
     late = encode_batch([b"x"], producer_id=9, producer_epoch=0, base_sequence=1)
