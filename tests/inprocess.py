@@ -2,7 +2,7 @@
 primitives (run_blocking) from its loop thread, which a `broker serve` subprocess cannot offer.
 
 `serve_in_process(backend, data_dir, on_ready)` builds the backend's server as its `run` does
-(one listener on an ephemeral port, this thread as the loop thread) and serves until
+(one listener on an ephemeral port, the worker's protocols, this thread as the loop thread) and serves until
 `server.request_stop()` or SIGTERM/SIGINT; `on_ready(server, port)` runs on the loop once it
 listens. Run as a script it is a worker whose one blocking call sleeps (the SIGTERM test's
 subprocess): `python tests/inprocess.py BACKEND DATA_DIR SLEEP_S`.
@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 from broker.backends.backend_core import BackendCore
 from broker.core.config import BrokerConfig
+from broker.node.worker import serving_adapters
 
 BACKENDS = ("uvloop", "io_uring")
 
@@ -41,7 +42,14 @@ def serve_in_process(
     listener.bind(("127.0.0.1", 0))
     listener.listen(64)
     port = listener.getsockname()[1]
-    cfg = BrokerConfig(data_dir=data_dir, port=port, core_ports=(port,), backend=backend, **config)  # type: ignore[arg-type]
+    cfg = BrokerConfig(
+        data_dir=data_dir,
+        port=port,
+        core_ports=(port,),
+        backend=backend,
+        make_adapters=serving_adapters,
+        **config,  # type: ignore[arg-type]
+    )
     server: BackendCore
     try:
         if backend == "io_uring":

@@ -4,8 +4,9 @@ which of them it closes.
 Rules this module keeps:
 - Memory in flight is bounded per client connection and per core (docs/LIMITS.md, "Memory"). A
   connection's bytes in flight are what it sent that is not yet taken as a frame, plus for each
-  request taken and unanswered its frame and what its reply may be (a fetch: its max_bytes, or
-  the extent it reads if larger), plus its replies not yet sent. A request is taken (executed)
+  request taken and unanswered its frame, `REQUEST_OVERHEAD_BYTES` and what its reply may be
+  (its adapter's `reply_reserve`, our fetch's max_bytes; or the extent it reads if larger), plus
+  its replies not yet sent. A request is taken (executed)
   only while its connection is below its budget and the core below its own; otherwise the
   connection is not read (TCP pushes back on the client) until memory is released. As in Kafka's
   memory pool, "below" is checked before a request is admitted, not with its size, so a budget
@@ -28,9 +29,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from broker.backends.connection import closed_by_peer
-from broker.core.limits import FETCH_MAX_BYTES_MAX, Limits
-from ringlog_proto.frames import HEADER_SIZE, Frame
-from ringlog_proto.messages import ApiKey, peek_fetch_max_bytes
+from broker.core.limits import Limits
 
 if TYPE_CHECKING:
     from broker.backends.connection import ServedConnection, Slot
@@ -55,17 +54,6 @@ SWEEP_S_MIN = 0.05
 # most once per TRIM_INTERVAL_S (a trim after a burst of 30k requests took 28 ms of the loop).
 TRIM_AFTER_RELEASE_BYTES = 4 * 1024 * 1024
 TRIM_INTERVAL_S = 5.0
-
-
-def request_charge(frame: Frame) -> int:
-    """Bytes a request is counted for until its reply is filled: its frame, its overhead and, for a
-    fetch, the most its reply may carry (min(max_bytes, the broker's cap))."""
-    charge = HEADER_SIZE + len(frame.body) + REQUEST_OVERHEAD_BYTES
-    if frame.api_key == ApiKey.FETCH:
-        max_bytes = peek_fetch_max_bytes(frame)
-        if max_bytes is not None and max_bytes > 0:
-            charge += min(max_bytes, FETCH_MAX_BYTES_MAX)
-    return charge
 
 
 class CoreMemory:

@@ -10,6 +10,10 @@ Rules this module keeps:
   link (both broker/backends/connection.py); a backend subclasses them and supplies only
   primitives. The limits and budgets (what a connection may hold in flight, back-pressure, and
   which connections the sweep closes) are the `Admission` the core holds (admission.py).
+- The protocols come in as adapters (broker/core/adapter.py), made over the core by the worker
+  (`BrokerConfig.make_adapters`): a client connection's first bytes pick one (connection.py's
+  `FirstBytes`), which decodes, counts and handles its requests; another core's requests are ours,
+  handled by `internal`. Nothing here names a protocol: the backends import neither.
 - The backend contract: what a backend provides is broker/backends/primitives.py's
   (`BackendPrimitives`, which `BackendCore` extends), with what it calls on the core and when.
 - Dispatch is an exhaustive `match` over `Outcome` (broker/core/outcomes.py): an outcome without a
@@ -43,13 +47,13 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar, assert_never
 
-from broker.backends.admission import REQUEST_OVERHEAD_BYTES, Admission, request_charge
+from broker.backends.admission import REQUEST_OVERHEAD_BYTES, Admission
 from broker.backends.appends import PartitionAppends
 from broker.backends.blocking import BlockingPool
 from broker.backends.connection import FirstBytes, GatherPart, ServedConnection, Slot, peer_uid
 from broker.backends.primitives import Cancellable
 from broker.backends.rate_limited_log import RateLimitedLog
-from broker.core.adapter import Adapter
+from broker.core.adapter import Adapters, InternalAdapter, MakeAdapters
 from broker.core.blocking import BlockingCallAbandoned
 from broker.core.config import BrokerConfig
 from broker.core.core import Core
@@ -70,13 +74,9 @@ from broker.core.outcomes import (
 )
 from broker.core.remote import RemoteLinks
 from broker.core.replica_manager import ReplicaManager
-from broker.kafka import sasl as kafka_sasl
-from broker.kafka.adapter import KafkaAdapter
-from broker.kafka.codec import KafkaFrameDecoder, KafkaRequest
-from broker.ringlog.adapter import RinglogAdapter
 from broker.security.tls import peer_context, server_context
 from ringlog_proto.batch import now_ms
-from ringlog_proto.frames import HEADER_SIZE, NEED_DATA, Buffer, Frame
+from ringlog_proto.frames import NEED_DATA, Buffer
 from ringlog_proto.sasl import SaslLogin
 
 log = logging.getLogger(__name__)
@@ -95,8 +95,8 @@ class BackendCore(PartitionAppends):
     once its loop primitives work, and provides the primitives (`BackendPrimitives`)."""
 
     core: Core
-    ringlog: RinglogAdapter  # our protocol, which is also the inter-core one (forwards, notices)
-    kafka: Adapter[KafkaRequest]
+    adapters: Adapters  # the protocols served, made by the worker (`BrokerConfig.make_adapters`)
+    internal: InternalAdapter  # ours, which is also the inter-core one (forwards, notices)
     forwarder: Forwarder
     peers: PeerPool
     remote_links: RemoteLinks
@@ -131,14 +131,17 @@ class BackendCore(PartitionAppends):
         return lambda: SaslLogin(mechanism, login.user, login.password)
 
     def open_core(self) -> None:
-        """Open this core (`Core`), its two protocols' adapters and its forwarding; publish
-        its gauges."""
+        """Open this core (`Core`), the adapters of the protocols it serves (the worker's
+        `make_adapters`) and its forwarding; publish its gauges."""
         config = self.config
+        make_adapters: MakeAdapters | None = config.make_adapters
+        if make_adapters is None:
+            raise ValueError("no protocols to serve: BrokerConfig.make_adapters is not set")
         self.core = Core(config, call_later=self.call_later, run_blocking=self.run_blocking)
-        self.ringlog = RinglogAdapter(self.core)
-        self.kafka = KafkaAdapter(self.core, config)
+        self.adapters = make_adapters(self.core)
+        self.internal = self.adapters.internal
         self.peers = PeerPool.for_config(config, self.open_peer, self.stopping, self.call_later)
-        self.forwarder = Forwarder(self.ringlog, self.peers.send_to_core, self.call_later)
+        self.forwarder = Forwarder(self.internal, self.peers.send_to_core, self.call_later)
         self.remote_links = RemoteLinks(
             self.open_remote, self.call_later, self.stopping, login=self._peer_login()
         )
@@ -166,57 +169,59 @@ class BackendCore(PartitionAppends):
     # ------------------------------------------------------------------------- requests and outcomes
 
     def take_requests(self, conn: ServedConnection) -> None:
-        """Handle the whole frames `conn`'s decoder holds, in order, each with its reply slot, as
-        long as the memory budgets allow (admission.py's rules); the rest wait in the decoder.
+        """Handle the whole requests `conn`'s decoder holds, in order, each with its reply slot, as
+        long as the memory budgets allow (admission.py's rules); the rest wait in the decoder. A
+        client's first bytes pick the adapter that serves it (`FirstBytes`); another core's
+        requests are ours (`internal`), trusted and counted as forwarded in.
 
-        Raises `ProtocolError` when the bytes cannot be framed: the backend closes `conn`.
+        Raises `ProtocolError` when the bytes cannot be framed, or the adapter refuses a request
+        it cannot answer: the backend closes `conn`.
         """
-        ringlog = self.ringlog
         admission = self.admission
-        handle = ringlog.handle
         metrics = self.core.metrics
         from_peer = conn.from_peer
+        adapter = conn.adapter
         decoder = conn.decoder
-        if isinstance(decoder, FirstBytes):
-            decoder = conn.decoder = decoder.decide()
+        if adapter is None and isinstance(decoder, FirstBytes):
+            adapter = decoder.decide()
+            if adapter is not None:
+                conn.adapter = adapter
+                decoder = conn.decoder = decoder.hand_over(adapter, conn.auth)
+        internal = self.internal
         slots = conn.slots
         budget = conn.budget
-        auth = None if from_peer else conn.auth  # a frame from another core is trusted
+        auth = conn.auth
         took = False
+        buffered = decoder.buffered
         if not from_peer:
-            admission.count(conn, 0, decoder.buffered - budget.buffered)
+            admission.count(conn, 0, buffered - budget.buffered)
         try:
             while not conn.closed and not conn.refusing:
                 if not from_peer and not admission.may_take(conn):
                     break
-                if conn.auth.raw_tokens and isinstance(decoder, KafkaFrameDecoder):
-                    token = decoder.next_raw(kafka_sasl.RAW_TOKEN_MAX_BYTES)
-                    if token is NEED_DATA:
-                        break
-                    assert isinstance(token, bytes)  # mypy does not narrow `is NEED_DATA`
-                    took = True
-                    slot = Slot(metrics.kafka_request(kafka_sasl.SASL_AUTHENTICATE, len(token) + 4))
-                    slots.append(slot)
-                    self.carry_out(kafka_sasl.raw_token(token, conn.auth), None, conn, slot)  # type: ignore[arg-type]
-                    continue
-                frame = decoder.next_frame()
-                if frame is NEED_DATA:
+                request: Any = decoder.next_frame()  # the adapter's to read; here only its api key
+                if request is NEED_DATA:
                     break
+                assert adapter is not None  # the first bytes' stand-in has no requests
                 took = True
-                if isinstance(frame, KafkaRequest):
-                    self._take_kafka(frame, conn)
-                    continue
-                assert isinstance(frame, Frame)
-                size = len(frame.body) + HEADER_SIZE
+                # its bytes on the wire: what the decoder let go of (nothing feeds it meanwhile)
+                size = buffered
+                buffered = decoder.buffered
+                size -= buffered
                 if from_peer:
-                    slot = Slot(metrics.request(frame.api_key, size))
+                    slot = Slot(adapter.count_request(request.api_key, size))
                     metrics.forwarded_in()
-                else:
-                    slot = Slot(metrics.request(frame.api_key, size), request_charge(frame))
-                    admission.count(conn, slot.charge, -size)
+                    slots.append(slot)
+                    self.carry_out(internal.handle(request, None, True), request, conn, slot)
+                    continue
+                # counted first (the latency runs from here), then handled: a request the adapter
+                # refuses by raising has no slot
+                started_ns = adapter.count_request(request.api_key, size)
+                outcome = adapter.handle(request, auth)
+                slot = Slot(started_ns, size + REQUEST_OVERHEAD_BYTES + adapter.reply_reserve(request))
+                admission.count(conn, slot.charge, -size)
                 slots.append(slot)
-                # the adapter gates a client's frame (SASL and ACLs: broker/ringlog/access.py)
-                self.carry_out(handle(frame, auth, from_peer), frame, conn, slot)
+                self.carry_out(outcome, request, conn, slot)
         finally:
             if not from_peer and not conn.closed:
                 admission.count(conn, 0, decoder.buffered - budget.buffered)
@@ -225,22 +230,9 @@ class BackendCore(PartitionAppends):
                 elif took or not budget.frame_started:
                     budget.frame_started = time.monotonic()
 
-    def _take_kafka(self, request: KafkaRequest, conn: ServedConnection) -> None:
-        """A Kafka request: the adapter's outcome, carried out in the connection's next slot.
-        (The adapter raises `ProtocolError` for a request it closes the connection on.)"""
-        size = request.size
-        started_ns = self.core.metrics.kafka_request(request.api_key, size)
-        outcome = self.kafka.handle(request, conn.auth)
-        slot = Slot(started_ns, size + REQUEST_OVERHEAD_BYTES)
-        self.admission.count(conn, slot.charge, -size)
-        conn.slots.append(slot)
-        self.carry_out(outcome, request, conn, slot)
-
-    def carry_out(
-        self, outcome: Outcome, frame: Frame | KafkaRequest, conn: ServedConnection, slot: Slot
-    ) -> None:
-        """Do what `outcome` says for the request in `slot`. Every member of `Outcome` has its case;
-        anything else is a bug and raises."""
+    def carry_out(self, outcome: Outcome, request: object, conn: ServedConnection, slot: Slot) -> None:
+        """Do what `outcome` says for `request`, whose place is `slot`. Every member of `Outcome`
+        has its case; anything else is a bug and raises."""
         match outcome:
             case Reply() | Silent():
                 conn.fill(slot, outcome)
@@ -253,7 +245,7 @@ class BackendCore(PartitionAppends):
                 if more > 0 and not conn.from_peer:
                     slot.charge += more
                     self.admission.count(conn, more, 0)
-                self._read(outcome, frame, conn, slot)
+                self._read(outcome, request, conn, slot)
             case Durable():
                 self.after_flush(
                     outcome.partition,
@@ -261,7 +253,7 @@ class BackendCore(PartitionAppends):
                     lambda exc: conn.fill(slot, outcome.fail(exc)),
                 )
             case Wait():
-                self._park(outcome, conn, slot, outcome.deadline_ms, frame)
+                self._park(outcome, conn, slot, outcome.deadline_ms, request)
             case Forward():
                 self.forwarder.forward(outcome, lambda reply: conn.fill(slot, reply))
                 if self.forwarder.blocked(outcome.core):
@@ -269,7 +261,7 @@ class BackendCore(PartitionAppends):
             case Notify():
                 self.forwarder.notify(outcome, lambda reply: conn.fill(slot, reply))
             case Gather():
-                self._gather(outcome, frame, conn, slot)
+                self._gather(outcome, request, conn, slot)
             case Later():
                 self._later(outcome, conn, slot)
             case _:
@@ -296,21 +288,21 @@ class BackendCore(PartitionAppends):
         conn: ServedConnection | GatherPart,
         slot: Slot,
         deadline_ms: int,
-        frame: Frame | KafkaRequest | None = None,
+        request: object = None,
     ) -> None:
         """Park a fetch on each of its partitions until one grows or its deadline passes; once
-        woken or timed out it is taken off all of them (it runs once). `frame` is the request
-        the answer is for (a Kafka Fetch's wait has no frame of ours: it re-handles through
-        `again`), kept across the spurious wakes that park it again.
+        woken or timed out it is taken off all of them (it runs once). `request` is the one the
+        answer is for, kept across the spurious wakes that park it again. A wake re-handles the
+        wait's frame (ours, with the internal adapter) or calls its `again` (another protocol's).
 
         A wake runs inside whatever grew the partition (an append's completion, a high watermark
         moved by a follower's fetch): nothing that goes wrong in it may escape into that request
-        (a stored produce answered UNKNOWN_SERVER_ERROR). It is logged, and the
-        parked request gets an error answer (ours) or its connection is dropped (Kafka's, as the
-        adapter does for a failure it has no answer shape for)."""
+        (a stored produce answered UNKNOWN_SERVER_ERROR). It is logged, and the parked request
+        gets its adapter's error answer, or its connection is dropped where the protocol has no
+        answer shape for the failure (Kafka's)."""
         partitions = outcome.partitions
-        if frame is None:
-            frame = outcome.frame
+        if request is None:
+            request = outcome.frame
         timer: Cancellable | None = None
         fired = False
 
@@ -337,24 +329,24 @@ class BackendCore(PartitionAppends):
                 if outcome.again is not None:
                     again = outcome.again()
                 elif outcome.frame is not None:
-                    again = self.ringlog.handle(outcome.frame, from_peer=conn.from_peer)
+                    again = self.internal.handle(outcome.frame, None, conn.from_peer)
                 else:
                     raise RuntimeError("a parked wait with neither a frame nor `again`")
                 if isinstance(again, Wait) and not self.stopping():
-                    self._park(again, conn, slot, deadline_ms, frame)  # spurious: the first deadline
+                    self._park(again, conn, slot, deadline_ms, request)  # spurious: the first deadline
                 elif isinstance(again, Wait):
-                    self.carry_out(again.on_timeout(), frame, conn, slot)  # type: ignore[arg-type]
+                    self.carry_out(again.on_timeout(), request, conn, slot)  # type: ignore[arg-type]
                 else:
-                    self.carry_out(again, frame, conn, slot)  # type: ignore[arg-type]
+                    self.carry_out(again, request, conn, slot)  # type: ignore[arg-type]
             except Exception as exc:
-                self._parked_failed(exc, frame, conn, slot)
+                self._parked_failed(exc, request, conn, slot)
 
         def timeout() -> None:
             if unpark() and not conn.closed:
                 try:
-                    self.carry_out(outcome.on_timeout(), frame, conn, slot)  # type: ignore[arg-type]
+                    self.carry_out(outcome.on_timeout(), request, conn, slot)  # type: ignore[arg-type]
                 except Exception as exc:
-                    self._parked_failed(exc, frame, conn, slot)
+                    self._parked_failed(exc, request, conn, slot)
 
         timer = self.call_later(max(0.0, (deadline_ms - now_ms()) / 1000), timeout)
         self.parked_long_polls += 1
@@ -362,23 +354,27 @@ class BackendCore(PartitionAppends):
             p.waiters.append(wake)
 
     def _parked_failed(
-        self,
-        exc: Exception,
-        frame: Frame | KafkaRequest | None,
-        conn: ServedConnection | GatherPart,
-        slot: Slot,
+        self, exc: Exception, request: object, conn: ServedConnection | GatherPart, slot: Slot
     ) -> None:
         """A parked request's re-handle failed (a bug): logged; see `_park`."""
         log.exception("a parked request failed when woken: %r", exc)
-        if isinstance(frame, Frame):
-            conn.fill(slot, self.ringlog.error_reply(frame, exc))
-        else:
-            served = conn.served if isinstance(conn, GatherPart) else conn
-            served.abort()
+        self._answer_failure(exc, request, conn, slot)
 
-    def _gather(
-        self, outcome: Gather, frame: Frame | KafkaRequest, conn: ServedConnection, slot: Slot
+    @staticmethod
+    def _answer_failure(
+        exc: Exception, request: object, conn: ServedConnection | GatherPart, slot: Slot
     ) -> None:
+        """Fill `slot` with the error answer of the adapter that took `request`, or drop the
+        connection where its protocol has none for the failure."""
+        served = conn.served if isinstance(conn, GatherPart) else conn
+        adapter = served.adapter
+        reply = None if adapter is None else adapter.error_reply(request, exc)
+        if reply is None:
+            served.abort()
+        else:
+            conn.fill(slot, reply)
+
+    def _gather(self, outcome: Gather, request: object, conn: ServedConnection, slot: Slot) -> None:
         """Carry out each part in a slot of its own; once every part is done, fill the request's
         slot with `finish()`. What the parts counted against the connection is released with it."""
         left = len(outcome.parts)
@@ -395,9 +391,9 @@ class BackendCore(PartitionAppends):
 
         for part in outcome.parts:
             part_slot = Slot(slot.started_ns)
-            self.carry_out(part, frame, GatherPart(conn, part_done), part_slot)  # type: ignore[arg-type]
+            self.carry_out(part, request, GatherPart(conn, part_done), part_slot)  # type: ignore[arg-type]
 
-    def _read(self, outcome: Read, frame: Frame | KafkaRequest, conn: ServedConnection, slot: Slot) -> None:
+    def _read(self, outcome: Read, request: object, conn: ServedConnection, slot: Slot) -> None:
         self.reads_in_flight += 1
 
         def finished(data: Buffer | BaseException) -> None:
@@ -406,12 +402,11 @@ class BackendCore(PartitionAppends):
                 if isinstance(data, BaseException):
                     raise data
                 reply = outcome.finish(data)
-            except Exception as exc:  # becomes an error reply
-                if outcome.fail is not None:
-                    reply = outcome.fail(exc)
-                else:
-                    assert isinstance(frame, Frame)
-                    reply = self.ringlog.error_reply(frame, exc)
+            except Exception as exc:  # becomes an error reply: the outcome's own, else the adapter's
+                if outcome.fail is None:
+                    self._answer_failure(exc, request, conn, slot)
+                    return
+                reply = outcome.fail(exc)
             conn.fill(slot, reply)
 
         self.read(outcome.extent, finished)

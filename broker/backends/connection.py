@@ -5,11 +5,12 @@ Rules this module keeps:
   core's), `PeerStream` this core's end of a link to another core; a backend subclasses them and
   moves the bytes (broker/backends/backend_core.py says which primitives it supplies). They know
   the core that serves them as a `ServingCore`: the core imports this module, never the reverse.
-- One port, two protocols: a client connection's first bytes choose its decoder (`FirstBytes`):
-  ours (0x52 at byte 4, `ringlog_proto.frames.starts_like_frame`) or Kafka's (its api key's zero
-  high byte there, `broker.kafka.codec.starts_like_kafka`); anything else is a protocol error and
-  closes the connection. Kafka requests go to the core's `KafkaAdapter`, ours to `RinglogAdapter`; both
-  give outcomes carried out here alike, in the same reply slots. Inter-core links speak ours only.
+- One port, every client protocol: a client connection's first bytes choose its adapter
+  (`FirstBytes`, over the core's `Adapters`: each recognises its own first frame; ours has 0x52 at
+  byte 4, Kafka's its api key's zero high byte there), which gives the connection its decoder;
+  bytes no adapter recognises are a protocol error and close the connection. Every adapter's
+  outcomes are carried out here alike, in the same reply slots. Inter-core links speak ours only
+  (the internal adapter).
 - A connection answers in request order: every request gets a `Slot` when it arrives, and a
   connection sends the replies at the head of its slots that are done (`ServedConnection.fill`).
 """
@@ -22,22 +23,13 @@ import struct
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
+from broker.core.adapter import Adapter, Adapters, RequestDecoder
 from broker.core.forwarding import NO_DEADLINE, Done, Forwarder, PeerLink, PeerPool
 from broker.core.outcomes import Reply, Silent
-from broker.kafka.codec import KafkaFrameDecoder, starts_like_kafka
 from broker.security.session import AUTH_FAILURE_CLOSE_DELAY_S, ConnectionAuth
-from ringlog_proto.frames import (
-    NEED_DATA,
-    Buffer,
-    Frame,
-    FrameDecoder,
-    ProtocolError,
-    _NeedData,
-    frame_decoder,
-    starts_like_frame,
-)
+from ringlog_proto.frames import NEED_DATA, Buffer, Frame, ProtocolError, _NeedData
 
 if TYPE_CHECKING:
     import ssl
@@ -58,17 +50,18 @@ TCP_CLOSE_WAIT = 8  # the peer sent its FIN
 
 class FirstBytes:
     """A client connection's bytes before they say which protocol it speaks: one port serves
-    ours and Kafka's, and the first frame tells them apart (our magic 0x52 after the length; a
-    Kafka request's api key, whose high byte is 0, there instead). `decide` returns the decoder
-    of that protocol, holding the bytes so far, or itself while too few have arrived."""
+    every protocol of `adapters`, and each recognises its own first frame (our magic 0x52 after
+    the length; a Kafka request's api key, whose high byte is 0, there instead). `decide` names
+    the adapter, `hand_over` gives its decoder the bytes so far."""
 
-    __slots__ = ("_buf", "max_frame_bytes")
+    __slots__ = ("_buf", "adapters", "max_frame_bytes")
 
-    def __init__(self, max_frame_bytes: int) -> None:
+    def __init__(self, adapters: tuple[Adapter[Any], ...], max_frame_bytes: int) -> None:
+        self.adapters = adapters
         self.max_frame_bytes = max_frame_bytes
         self._buf = bytearray()
 
-    def feed(self, data: bytes | bytearray | memoryview) -> None:
+    def feed(self, data: Buffer) -> None:
         self._buf += data
 
     @property
@@ -78,22 +71,27 @@ class FirstBytes:
     def next_frame(self) -> _NeedData:
         return NEED_DATA
 
-    def decide(self) -> FirstBytes | FrameDecoder | KafkaFrameDecoder:
-        """Raises `ProtocolError` for bytes that begin neither protocol's frame."""
+    def decide(self) -> Adapter[Any] | None:
+        """The first adapter whose protocol the bytes so far begin, or None while too few have
+        arrived to tell. Raises `ProtocolError` for bytes that begin no protocol's frame."""
         buf = self._buf
-        ours = starts_like_frame(buf)
-        if ours is None:
-            return self
-        decoder: FrameDecoder | KafkaFrameDecoder
-        if ours:
-            decoder = frame_decoder(self.max_frame_bytes)
-        elif starts_like_kafka(buf):
-            decoder = KafkaFrameDecoder(self.max_frame_bytes)
-        else:
-            raise ProtocolError(
-                f"first bytes {bytes(buf[:8]).hex()} begin neither a ringlog frame nor a Kafka request"
-            )
-        decoder.feed(buf)
+        undecided = False
+        for adapter in self.adapters:
+            starts = adapter.recognises(buf)
+            if starts:
+                return adapter
+            undecided = undecided or starts is None
+        if undecided:
+            return None
+        names = [a.frame_name for a in self.adapters]
+        begins = f"neither {' nor '.join(names)}" if len(names) > 1 else f"not {names[0]}"
+        raise ProtocolError(f"first bytes {bytes(buf[:8]).hex()} begin {begins}")
+
+    def hand_over(self, adapter: Adapter[Any], auth: ConnectionAuth) -> RequestDecoder[Any]:
+        """`adapter`'s decoder for the connection whose authentication state is `auth`, holding
+        the bytes received so far."""
+        decoder = adapter.decoder(self.max_frame_bytes, auth)
+        decoder.feed(self._buf)
         return decoder
 
 
@@ -107,7 +105,7 @@ class Slot:
         self.done = False
         self.then_close = False
         self.started_ns = started_ns  # for the latency histogram (metrics.reply)
-        self.charge = charge  # bytes counted in flight for this request (admission.py's `request_charge`)
+        self.charge = charge  # bytes counted in flight for this request (admission.py's rules)
 
 
 class GatherPart:
@@ -207,6 +205,7 @@ class ServingCore(Protocol):
     config: BrokerConfig
     tls_context: ssl.SSLContext | None
     core: Core
+    adapters: Adapters
     limit_log: RateLimitedLog
     connections: set[ServedConnection]
     peers: PeerPool
@@ -267,16 +266,21 @@ class ServedConnection:
         self.from_peer = from_peer
         self.peer = peer
         self.closed = False
-        # received, not yet taken; a client's first bytes choose the protocol (`FirstBytes`)
-        max_bytes = server.config.limits.max_request_bytes
-        self.decoder: FirstBytes | FrameDecoder | KafkaFrameDecoder = (
-            frame_decoder(max_bytes) if from_peer else FirstBytes(max_bytes)
-        )
-        self.slots: deque[Slot] = deque()  # the requests not yet answered, in arrival order
-        self.budget = ConnectionBudget(time.monotonic())
         self.auth = ConnectionAuth.for_connection(
             server.config.sasl, peer, from_peer, tls=not from_peer and server.tls_context is not None
         )
+        # The adapter serving it and the bytes received, not yet taken: another core's are ours; a
+        # client's first bytes choose its adapter (`FirstBytes`), None until they have.
+        max_bytes = server.config.limits.max_request_bytes
+        adapters = server.adapters
+        self.adapter: Adapter[Any] | None = adapters.internal if from_peer else None
+        self.decoder: FirstBytes | RequestDecoder[Any] = (
+            adapters.internal.decoder(max_bytes, self.auth)
+            if from_peer
+            else FirstBytes(adapters.clients, max_bytes)
+        )
+        self.slots: deque[Slot] = deque()  # the requests not yet answered, in arrival order
+        self.budget = ConnectionBudget(time.monotonic())
         self.refusing = False  # a reply that closes was queued: nothing more is taken
         self.forward_blocked = 0  # peer cores whose forward limit this connection waits on
 

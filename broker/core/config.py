@@ -3,7 +3,10 @@
 Apart from the handlers so that the node (which builds it), the forwarding logic and the backends
 (which read it) need not import request handling. `bpf_snapshot` is how the core learns what the
 eBPF plane is doing without importing `bpf/`: the worker hands it `bpf.state.read` bound to the data
-dir; the default says "no plane", as in unit tests.
+dir; the default says "no plane", as in unit tests. Likewise `make_adapters` is how the backends get
+the protocols they serve without importing them: the worker hands in the function that makes them
+over a core (broker/core/adapter.py `MakeAdapters`, typed there: that module imports this one, so
+this one names the type loosely); the default, None, serves nothing, as in unit tests of the core.
 """
 
 from __future__ import annotations
@@ -61,6 +64,8 @@ class BrokerConfig:
     # `default_partitions` partitions (Kafka's num.partitions) and the topic config defaults
     auto_create_topics: bool = True
     default_partitions: int = 1
+    # the protocols' adapters over a core, made by the worker: a `MakeAdapters` (see above)
+    make_adapters: Callable[[Any], Any] | None = None
 
     @property
     def public_host(self) -> str:

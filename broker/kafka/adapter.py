@@ -1,9 +1,11 @@
 """The Kafka adapter: Kafka requests in, calls on the protocol-neutral core, outcomes out.
 
 Rules this module keeps:
-- One `KafkaAdapter` per core, beside our protocol's adapter over the same `Core`;
-  `handle(request)` returns an `Outcome` (broker/core/outcomes.py) that the backend carries out as
-  it does ours, in the same reply slots, so replies keep request order. The core never learns
+- One `KafkaAdapter` per core, beside our protocol's adapter over the same `Core`, made by the
+  worker and handed to the backend (broker/core/adapter.py's interface: a connection's first bytes
+  pick it, `recognises`, and it gives the connection its decoder); `handle(request)` returns an
+  `Outcome` (broker/core/outcomes.py) that the backend carries out as it does ours, in the same
+  reply slots, so replies keep request order. The core never learns
   which protocol asked: the APIs call the core's protocol-neutral methods (`metadata_view`,
   `partition_named`, `create_topic`, `delete_topic`, `producer_ids`) and the partitions' doors
   (`produce`, `read`, `list_offset`), and encode the answers.
@@ -21,7 +23,8 @@ Rules this module keeps:
   no schema for, or whose bytes do not parse, closes the connection with one log line
   (`ProtocolError`).
 - With SASL on, a request before authentication is refused (broker/kafka/sasl.py `gate`); with
-  ACLs on, each request is checked (broker/kafka/authorize.py) before its API sees it.
+  ACLs on, each request is checked (broker/kafka/authorize.py) before its API sees it. After a
+  SaslHandshake v0 the connection's decoder gives bare tokens (`RawSaslToken`), answered in kind.
 """
 
 from __future__ import annotations
@@ -54,12 +57,15 @@ from broker.kafka import (
 )
 from broker.kafka.codec import (
     KafkaDecodeError,
+    KafkaFrameDecoder,
     KafkaRequest,
+    RawSaslToken,
     decode_request,
     encode_response,
     make,
     request_schema,
     response_schema,
+    starts_like_kafka,
 )
 from broker.kafka.context import Context
 from broker.kafka.groups import GROUP_VERSIONS, KafkaGroups
@@ -71,7 +77,7 @@ from broker.kafka.leader_epoch import (
 )
 from broker.kafka.unsupported import api_name, error_for, error_response
 from broker.security.session import ConnectionAuth
-from ringlog_proto.frames import ProtocolError
+from ringlog_proto.frames import Buffer, ProtocolError
 
 log = logging.getLogger(__name__)
 
@@ -107,9 +113,13 @@ def cluster_id_for(data_dir: str) -> str:
 class KafkaAdapter:
     """Kafka's APIs on one core, over that core's `Core`."""
 
+    frame_name = "a Kafka request"
+
     def __init__(self, core: Core, config: BrokerConfig) -> None:
         self.core = core
         self.config = config
+        # counted apart from ours: its api keys are not ours
+        self.count_request: Callable[[int, int], int] = core.metrics.kafka_request
         # one id for the whole cluster (librdkafka refuses brokers that disagree); alone: per data dir
         cluster_id = cluster_id_for(
             config.data_dir if config.cluster is None else f"cluster:{config.cluster.name}"
@@ -158,11 +168,38 @@ class KafkaAdapter:
         }
         assert set(self._apis) == set(SUPPORTED_VERSIONS), "an api advertised without a handler"
 
-    def handle(self, request: KafkaRequest, auth: ConnectionAuth | None = None) -> Outcome:
+    # ------------------------------------------------------------------------- what a backend asks
+
+    @staticmethod
+    def recognises(first: Buffer) -> bool | None:
+        """Whether a connection's first bytes may begin a Kafka request (its api key's high byte
+        is zero where ours have our magic)."""
+        return starts_like_kafka(first)
+
+    @staticmethod
+    def decoder(max_frame_bytes: int, auth: ConnectionAuth) -> KafkaFrameDecoder:
+        """A connection's decoder, which reads `auth` for the bare tokens of a SaslHandshake v0."""
+        return KafkaFrameDecoder(max_frame_bytes, auth)
+
+    @staticmethod
+    def reply_reserve(request: KafkaRequest | RawSaslToken) -> int:
+        """Nothing held ahead: a Fetch's reply is counted once it is read."""
+        return 0
+
+    @staticmethod
+    def error_reply(request: KafkaRequest | RawSaslToken, exc: BaseException) -> None:
+        """None: a failure while carrying out a request's outcome has no Kafka answer here (the
+        APIs give their outcomes their own `fail`); the backend closes the connection."""
+        return None
+
+    def handle(self, request: KafkaRequest | RawSaslToken, auth: ConnectionAuth | None = None) -> Outcome:
         """The outcome of one Kafka request on a connection whose authentication state is `auth`
         (None: an unauthenticated-listener default, for tests). Raises `ProtocolError` when the
-        connection must close (a request we cannot answer in a shape the client reads, or one
-        before a required authentication)."""
+        connection must close (a request we cannot answer in a shape the client reads, one
+        before a required authentication, or a bare token that fails the exchange)."""
+        if isinstance(request, RawSaslToken):
+            assert auth is not None, "bare tokens come only from a connection's decoder"
+            return sasl.raw_token(request.token, auth)
         if auth is not None:
             sasl.gate(request, auth)
         self.ctx.auth = auth or ConnectionAuth("")

@@ -1,9 +1,10 @@
 """Kafka's wire: size-prefixed frames, request and response headers, bodies through `kio`. Sans-I/O.
 
 Rules this module keeps:
-- No sockets, like ringlog_proto: `KafkaFrameDecoder.feed(bytes)` buffers, `next_request()` returns
-  a `KafkaRequest` or `NEED_DATA`, `encode_response(...)` returns buffers. The backends drive it
-  exactly as they drive our `FrameDecoder`.
+- No sockets, like ringlog_proto: `KafkaFrameDecoder.feed(bytes)` buffers, `next_frame()` returns
+  a `KafkaRequest` (after a SaslHandshake v0, a `RawSaslToken`) or `NEED_DATA`,
+  `encode_response(...)` returns buffers. The backends drive it exactly as they drive our
+  `FrameDecoder`, through the Kafka adapter (broker/kafka/adapter.py `decoder`).
 - Any byte string either yields requests or raises `ProtocolError` (a stream that cannot be
   resynchronised: the connection is closed). A request whose frame is sound but whose body is
   not is a `KafkaDecodeError`, for the adapter to answer or to close on.
@@ -25,7 +26,7 @@ import struct
 import typing
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass, fields
-from typing import Any, Final, ParamSpec, TypeVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Final, ParamSpec, TypeVar, cast
 
 from kio.index import KioIndexError, load_request_schema, load_response_schema
 from kio.serial import entity_reader, entity_writer
@@ -33,7 +34,12 @@ from kio.static.primitive import i32
 
 from ringlog_proto.frames import ProtocolError, StreamDecoder, _NeedData
 
+if TYPE_CHECKING:
+    from broker.security.session import ConnectionAuth
+
 SIZE_BYTES: Final = 4
+SASL_AUTHENTICATE: Final = 36  # the api key a bare token after a SaslHandshake v0 stands for
+RAW_TOKEN_MAX_BYTES: Final = 64 * 1024  # a SCRAM or PLAIN token is well under 1 KiB
 # size, api_key, api_version, correlation_id: the part every request header version shares
 _FIXED = struct.Struct(">ihhi")
 REQUEST_MIN_BYTES: Final = _FIXED.size - SIZE_BYTES  # after the size field
@@ -68,14 +74,32 @@ def starts_like_kafka(buf: bytes | bytearray | memoryview, pos: int = 0) -> bool
     return buf[pos + API_KEY_HIGH_OFFSET] == 0
 
 
+@dataclass(frozen=True, slots=True)
+class RawSaslToken:
+    """A bare SASL token, as a client sends them after a SaslHandshake v0 (KIP-43): a size and the
+    token, no request header. It stands for a SaslAuthenticate, and is counted as one."""
+
+    api_key: ClassVar[int] = SASL_AUTHENTICATE
+    token: bytes
+
+
 class KafkaFrameDecoder(StreamDecoder):
     """Incremental Kafka request decoder, with our `FrameDecoder`'s bounds and buffering
     (`StreamDecoder`): a declared size above `max_frame_bytes` is refused as soon as the size is
-    seen."""
+    seen. A client connection's decoder reads its `auth`: after a SaslHandshake v0 has set
+    `auth.raw_tokens`, what comes next is bare tokens (`RawSaslToken`), not requests."""
 
-    __slots__ = ()
+    __slots__ = ("auth",)
 
-    def next_frame(self) -> KafkaRequest | _NeedData:
+    def __init__(self, max_frame_bytes: int, auth: ConnectionAuth | None = None) -> None:
+        super().__init__(max_frame_bytes)
+        self.auth = auth
+
+    def next_frame(self) -> KafkaRequest | RawSaslToken | _NeedData:
+        auth = self.auth
+        if auth is not None and auth.raw_tokens:
+            token = self.next_raw(RAW_TOKEN_MAX_BYTES)
+            return RawSaslToken(token) if isinstance(token, bytes) else token
         buf = self._buf
         pos = self._pos
         if len(buf) - pos < SIZE_BYTES:

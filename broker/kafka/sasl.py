@@ -23,17 +23,15 @@ from typing import Any, Final
 from kio.schema.errors import ErrorCode
 
 from broker.core.outcomes import Outcome, Reply
-from broker.kafka.codec import KafkaRequest, encode_response, make, response_schema
+from broker.kafka.codec import SASL_AUTHENTICATE, KafkaRequest, encode_response, make, response_schema
 from broker.security.sasl import FAILED_MESSAGE, AuthenticationFailed, Authenticator
 from broker.security.session import ConnectionAuth
 from ringlog_proto.frames import ProtocolError
 
 SASL_HANDSHAKE: Final = 17
-SASL_AUTHENTICATE: Final = 36
 VERSIONS: Final = {SASL_HANDSHAKE: (0, 1), SASL_AUTHENTICATE: (0, 2)}
 API_VERSIONS: Final = 18
 ALLOWED_BEFORE_AUTH: Final = frozenset((API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE))
-RAW_TOKEN_MAX_BYTES: Final = 64 * 1024  # a SCRAM or PLAIN token is well under 1 KiB
 _SIZE = struct.Struct(">i")
 NO_LIFETIME: Final = datetime.timedelta(0)  # KIP-368: sessions are not re-authenticated
 

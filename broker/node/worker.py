@@ -13,6 +13,9 @@ Rules this module keeps:
   `run(config: BrokerConfig, listeners: Sequence[socket.socket], ready: Callable[..., None])`
   serves until SIGTERM/SIGINT and returns after a clean shutdown, calling `ready()` once every
   listener is served (an argument, such as a port, is accepted and ignored).
+- The protocols are made here too: `serving_adapters` builds each core's adapters (ours, which
+  is also the inter-core protocol, and Kafka's) over its `Core`, and the backend gets that function
+  in its config (`BrokerConfig.make_adapters`); the backends import neither protocol.
 - glibc's malloc thresholds are set (`tune_malloc`) before the backend serves, whichever it is.
 
 Invoked as `python -m broker.node.worker --spec JSON` (the supervisor writes the JSON; see `main`).
@@ -35,10 +38,14 @@ from typing import Any
 
 from bpf import state as bpf_state
 from broker.backends.uring_options import UringOptions
+from broker.core.adapter import Adapters
 from broker.core.cluster_view import ClusterSettings
 from broker.core.config import BrokerConfig
+from broker.core.core import Core
 from broker.core.limits import Limits
+from broker.kafka.adapter import KafkaAdapter
 from broker.node.logfmt import LogfmtFormatter
+from broker.ringlog.adapter import RinglogAdapter
 from broker.security.acls import AclStore
 from broker.security.sasl import INTER_BROKER_PASSWORD_ENV, InterBrokerLogin, SaslConfig
 from broker.security.tls import TlsConfig
@@ -153,6 +160,13 @@ def tune_malloc() -> bool:
     return ok
 
 
+def serving_adapters(core: Core) -> Adapters:
+    """The protocols `core` serves on its ports: ours, which is also the one between cores, and
+    Kafka's. A connection's first bytes are tried against ours first (broker/core/adapter.py)."""
+    ours = RinglogAdapter(core)
+    return Adapters(internal=ours, clients=(ours, KafkaAdapter(core, core.config)))
+
+
 def config_from_spec(spec: dict[str, Any]) -> BrokerConfig:
     """The BrokerConfig of one worker from the supervisor's JSON spec (parsed JSON: Any)."""
     d = dict(spec["log_defaults"])
@@ -180,6 +194,7 @@ def config_from_spec(spec: dict[str, Any]) -> BrokerConfig:
         bpf_snapshot=functools.partial(bpf_state.read, str(spec["data_dir"])),  # cached by mtime, no bcc
         node_id=int(spec.get("node_id", 0)),
         cluster=cluster_settings(spec.get("cluster"), str(spec["data_dir"])),
+        make_adapters=serving_adapters,
     )
 
 

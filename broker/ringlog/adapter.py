@@ -2,7 +2,9 @@
 
 Rules this module keeps:
 - One `RinglogAdapter` per core, beside the Kafka adapter over the same `Core`
-  (broker/core/core.py); the first bytes of a connection pick which one serves it. `handle(frame)`
+  (broker/core/core.py), made by the worker and handed to the backend (broker/core/adapter.py's
+  interface, whose `InternalAdapter` it is: our protocol is also the one between cores); the first
+  bytes of a connection pick which one serves it (`recognises`). `handle(frame)`
   returns an `Outcome` saying what to do, never doing the I/O itself: `Reply` (send these
   buffers), `Silent` (send nothing: acks=0), `Append` (run the log writes, then call `complete` or
   `fail`), `Read` (read this extent, then call `finish`), `Wait` (nothing to fetch yet: re-handle
@@ -51,7 +53,7 @@ from broker.storage.diskspace import is_out_of_space
 from broker.storage.errors import OffsetOutOfRangeError, OutOfSpaceError
 from ringlog_proto import messages as m
 from ringlog_proto.batch import now_ms
-from ringlog_proto.frames import Buffer, Frame
+from ringlog_proto.frames import Buffer, Frame, FrameDecoder, frame_decoder, starts_like_frame
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -104,10 +106,13 @@ _OPS: dict[m.ConfigOp, ConfigOp] = {
 class RinglogAdapter:
     """ringlog's protocol on one core, over that core's `Core` (module rules)."""
 
+    frame_name = "a ringlog frame"
+
     def __init__(self, core: Core) -> None:
         self.core = core
         self.config = core.config
         self.metrics = core.metrics
+        self.count_request: Callable[[int, int], int] = core.metrics.request
         self._dispatch: dict[int, Callable[[m.Request, Frame], Outcome]] = {
             m.ApiKey.API_VERSIONS: self._api_versions,
             m.ApiKey.METADATA: self._metadata,
@@ -133,6 +138,28 @@ class RinglogAdapter:
         }
         # Authentication and ACLs of our protocol, over the core's SASL server and ACLs.
         self.access = Access(self)
+
+    # ------------------------------------------------------------------------- what a backend asks
+
+    @staticmethod
+    def recognises(first: Buffer) -> bool | None:
+        """Whether a connection's first bytes begin one of our frames (the magic after the length)."""
+        return starts_like_frame(first)
+
+    @staticmethod
+    def decoder(max_frame_bytes: int, auth: ConnectionAuth) -> FrameDecoder:
+        """A connection's decoder: native/frames.c's when it is built (the io_uring backend
+        receives straight into its space)."""
+        return frame_decoder(max_frame_bytes)
+
+    @staticmethod
+    def reply_reserve(frame: Frame) -> int:
+        """A fetch's reply may carry its max_bytes (at most the broker's cap): held from the start."""
+        if frame.api_key == m.ApiKey.FETCH:
+            max_bytes = m.peek_fetch_max_bytes(frame)
+            if max_bytes is not None and max_bytes > 0:
+                return min(max_bytes, FETCH_MAX_BYTES_MAX)
+        return 0
 
     def handle(self, frame: Frame, auth: ConnectionAuth | None = None, from_peer: bool = False) -> Outcome:
         """The outcome of one request frame: the adapter interface both protocols give the

@@ -23,6 +23,7 @@ from broker.backends.backend_core import BackendCore
 from broker.core.config import BrokerConfig
 from broker.core.forwarding import PeerLinkError
 from broker.core.remote import REMOTE_RETRY_S_MIN
+from broker.node.worker import serving_adapters
 from labkit.brokerproc import BrokerProcess, Wire
 from ringlog_proto import messages as m
 from ringlog_proto.batch import decode_batches, encode_batch
@@ -39,7 +40,7 @@ class LocalCore:
     """One backend core in this process; the test runs its loop."""
 
     def __init__(self, backend: str, data_dir: Path) -> None:
-        config = BrokerConfig(data_dir=str(data_dir), backend=backend)
+        config = BrokerConfig(data_dir=str(data_dir), backend=backend, make_adapters=serving_adapters)
         self.backend = backend
         self.server: BackendCore
         if backend == "io_uring":

@@ -28,7 +28,9 @@ from broker.kafka.codec import (
     request_schema,
 )
 from broker.kafka.errors import kafka_error
+from broker.node.worker import serving_adapters
 from broker.ringlog.adapter import RinglogAdapter
+from broker.security.session import ConnectionAuth
 from labkit.kafka_requests import frame as frame_of
 from labkit.kafka_requests import read_response, request_of
 from ringlog_proto import messages as m
@@ -101,25 +103,32 @@ def test_decoder_refuses_oversized_and_short_sizes() -> None:
         decoder.next_frame()
 
 
-def test_first_bytes_choose_the_protocol() -> None:
+def test_first_bytes_choose_the_protocol(tmp_path: Path) -> None:
+    core = Core(BrokerConfig(data_dir=str(tmp_path)))
+    adapters = serving_adapters(core)
+    ringlog, kafka = adapters.clients
+    assert isinstance(ringlog, RinglogAdapter) and isinstance(kafka, KafkaAdapter)
+    assert adapters.internal is ringlog
     ours = b"".join(m.encode_request(m.ApiVersionsRequest(), 1))
     theirs = frame_of(
         18, 3, 1, make(request_schema(18, 3), client_software_name="x", client_software_version="1")
     )  # type: ignore[arg-type]
     # ours: the decoder the broker's connections use (native/frames.c's when it is built)
-    for raw, kind in ((ours, type(frame_decoder())), (theirs, KafkaFrameDecoder)):
-        first = FirstBytes(1 << 20)
+    for raw, adapter, kind in ((ours, ringlog, type(frame_decoder())), (theirs, kafka, KafkaFrameDecoder)):
+        first = FirstBytes(adapters.clients, 1 << 20)
         first.feed(raw[:4])
-        assert first.decide() is first  # four bytes say nothing yet
+        assert first.decide() is None  # four bytes say nothing yet
         first.feed(raw[4:])
-        decoder = first.decide()
+        assert first.decide() is adapter
+        decoder = first.hand_over(adapter, ConnectionAuth("client"))
         assert isinstance(decoder, kind)
         assert decoder.buffered == len(raw)
         assert decoder.next_frame() is not NEED_DATA
-    garbage = FirstBytes(1 << 20)
+    garbage = FirstBytes(adapters.clients, 1 << 20)
     garbage.feed(b"GET / HTTP/1.1\r\n")
     with pytest.raises(ProtocolError, match="neither a ringlog frame nor a Kafka request"):
         garbage.decide()
+    core.close()
 
 
 # ----------------------------------------------------------------------------- ApiVersions
