@@ -8,12 +8,13 @@ Rules this module keeps:
   (`recognises`), and the one that does gives the connection its decoder. From then on each
   request is counted (`count_request`), charged what its reply may hold (`reply_reserve`) and
   turned, with the connection's authentication state, into an `Outcome` over the same `Core`
-  (`handle`); the backend carries the outcome out and never looks inside the request.
+  (`handle`); the backend carries the outcome out, reading nothing of the request but its api
+  key, and asks the adapter what to answer when carrying it out fails (`error_reply`).
 - Our protocol is also the one between cores (forwards, notices): the backend keeps it as the
   `InternalAdapter`, which takes a request from another core (`handle(frame, from_peer=True)`)
   and re-handles a parked `Wait`'s frame.
-- Calls per request stay as they were: the adapter's own methods and its metrics counter, each
-  looked up once, no layer between.
+- The request path pays no layer for this: per request the backend calls the adapter's methods
+  directly (`count_request` is the core's metrics counter itself, bound).
 """
 
 from __future__ import annotations
