@@ -61,10 +61,6 @@ class KafkaRequest:
     correlation_id: int
     data: bytes
 
-    @property
-    def size(self) -> int:
-        return SIZE_BYTES + len(self.data)
-
 
 def starts_like_kafka(buf: bytes | bytearray | memoryview, pos: int = 0) -> bool | None:
     """Whether the bytes at `pos` may begin a Kafka request (its api key's high byte is zero),
