@@ -9,7 +9,7 @@ ifndef SEED
 SEED := $(shell od -An -N4 -tu4 /dev/urandom | tr -d ' ')
 endif
 
-.PHONY: setup run test lint bench clean spark-demo bench-spark bench-kafka cluster-demo bench-perf bench-security
+.PHONY: setup run test lint bench clean spark-demo bench-spark bench-kafka cluster-demo bench-perf bench-security compat
 
 setup:
 	@bash scripts/setup.sh
@@ -60,10 +60,18 @@ bench-security: setup
 bench-kafka: setup
 	$(PY) bench/kafka_clients.py $(if $(QUICK),--quick)
 
+# librdkafka's own test suite against a fresh broker, one test per process (docs/KAFKA.md,
+# "librdkafka's own test suite"): per-test results and the totals. The first run builds librdkafka
+# 2.0.2 from Debian's source package into .compat/ (a few minutes); ONLY=0001,0012 runs those
+# tests, QUICK=1 the suite's quick mode (fewer subtests). Not part of `make test`: it is long.
+compat: setup
+	bash scripts/compat_build.sh
+	$(PY) scripts/compat.py $(if $(ONLY),--tests $(ONLY)) $(if $(QUICK),--quick)
+
 # Three nodes in network namespaces (root), a producer and a consumer, the leader killed and
 # restarted: prints leaders before/after, failover time, records, the checker's verdict.
 cluster-demo: setup
 	$(PY) scripts/cluster_demo.py
 
 clean:
-	rm -rf .venv build *.egg-info .pytest_cache .ruff_cache .mypy_cache .hypothesis
+	rm -rf .venv build *.egg-info .pytest_cache .ruff_cache .mypy_cache .hypothesis .compat
