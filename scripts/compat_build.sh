@@ -4,8 +4,9 @@
 #
 # The source is Debian bookworm's source package of librdkafka 2.0.2, the version Debian's kcat
 # links: CI machines reach Debian's archive and PyPI but not GitHub. It comes through a private
-# apt configuration under the cache (one deb-src line, its own package lists), so the machine's
-# apt sources are left as they are; `apt-get source` unpacks it with Debian's patches applied.
+# apt configuration under the cache (one deb-src line, its own package lists and caches), so the
+# machine's apt sources and caches are left as they are; `apt-get source` unpacks it with Debian's
+# patches applied.
 #
 # Cached: the build lives in $COMPAT_DIR (default .compat/, gitignored) and a second run only checks
 # that it is there. `rm -rf .compat` starts over. Needs root (or sudo) for the build dependencies.
@@ -52,21 +53,23 @@ fi
 mkdir -p "$CACHE"
 if [ ! -f "$SRC/tests/test.c" ]; then
     APT=$CACHE/apt
-    mkdir -p "$APT/lists/partial" "$APT/archives/partial" "$APT/sources.list.d"
+    mkdir -p "$APT/lists/partial" "$APT/archives/partial" "$APT/sources.list.d" "$APT/cache"
     echo "deb-src [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian bookworm main" \
         > "$APT/sources.list"
     apt_opts=(
         -o "Dir::Etc::SourceList=$APT/sources.list"
         -o "Dir::Etc::SourceParts=$APT/sources.list.d"
         -o "Dir::State::Lists=$APT/lists"
+        -o "Dir::Cache=$APT/cache"
         -o "Dir::Cache::Archives=$APT/archives"
         # apt's sandbox user cannot write into a root-owned cache; the download is still verified
         -o "APT::Sandbox::User=root"
     )
     say "apt-get source librdkafka=$DEB_VERSION (Debian bookworm, into $CACHE)"
-    $SUDO apt-get "${apt_opts[@]}" update -qq
+    # Everything it writes is under $APT (its lists, its caches), so no root is needed here.
+    apt-get "${apt_opts[@]}" update -qq
     rm -rf "$SRC"
-    (cd "$CACHE" && $SUDO apt-get "${apt_opts[@]}" source -qq "librdkafka=$DEB_VERSION" >/dev/null)
+    (cd "$CACHE" && apt-get "${apt_opts[@]}" source -qq "librdkafka=$DEB_VERSION" >/dev/null)
 fi
 
 jobs=$(nproc)
