@@ -354,6 +354,9 @@ class Suite:
         broker = self.broker_for(inv.scenario)
         work = self.out / "work"
         work.mkdir(parents=True, exist_ok=True)
+        # The runner runs in tests/, as the suite's own scripts run it: tests open files beside it by
+        # relative paths (0053_stats checks its statistics against ../src/statistics_schema.json).
+        cwd = self.source / "tests"
         conf = work / "test.conf"
         conf.write_text(f"bootstrap.servers={broker.bootstrap}\n")
         report = work / f"report-{inv.number}-{inv.scenario}.json"
@@ -376,7 +379,7 @@ class Suite:
         ended = ""
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
-                argv, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                argv, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
             try:
                 proc.wait(self.timeout_s)
@@ -388,6 +391,8 @@ class Suite:
                 os.killpg(proc.pid, signal.SIGKILL)
                 raise
         seconds = time.monotonic() - started
+        for stats in cwd.glob("stats_*.json"):  # each client's statistics, which nothing here reads
+            stats.unlink()
         output = log_path.read_text(errors="replace")
         try:
             doc = json.loads(report.read_text())
