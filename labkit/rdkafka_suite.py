@@ -219,7 +219,7 @@ def failure_reasons(output: str) -> dict[str, str]:
         out[name] = f"{where}: {message}"
         if "timed out" in message:
             said = _last_said(lines[:i], name)
-            out[name] += f"; last said: {said}" if said else ""
+            out[name] += f"; last said: {said[:160]}" if said else ""
     return out
 
 
