@@ -27,8 +27,9 @@ fails its test with what happened and its last line.
 The broker. One fresh `broker serve` per scenario's broker arguments for the whole run (on a new
 data dir; restarted on a new one if a test kills it, which the test's result then says), with the
 defaults a user gets (all CPUs, `--backend auto`) unless told otherwise. The suite's "default"
-scenario is Apache Kafka's defaults with automatic topic creation; "noautocreate" is the same with
-it off. The errors the broker logs while a test runs are kept beside the test's result.
+scenario is Apache Kafka's defaults with automatic topic creation and 4 partitions per created
+topic; "noautocreate" is the same with creation off (`SCENARIO_BROKER_ARGS`): two brokers. The
+errors the broker logs while a test runs are kept beside the test's result.
 
 The client's configuration (test.conf) is `bootstrap.servers` and nothing else; the broker version
 the suite assumes (TEST_KAFKA_VERSION) gates some tests by version: 3.1.0 by default, the newest
@@ -77,10 +78,13 @@ QUICK_ONLY: dict[str, str] = {
     ),
 }
 
-# Scenario -> the broker arguments that make it (the suite's scenarios/*.json are trivup cluster
-# settings). ringlog creates no topic on its own today, so both scenarios are the same broker;
-# once it auto-creates by default, "noautocreate" gets the argument that turns that off.
-SCENARIO_BROKER_ARGS: dict[str, tuple[str, ...]] = {"default": (), "noautocreate": ()}
+# Scenario -> the broker arguments that make it: the suite's scenarios/*.json, trivup's settings
+# for the Kafka cluster it starts (auto_create_topics, num_partitions 4, replication_factor 3 on
+# three brokers; a single node keeps one copy, so the last has no counterpart here).
+SCENARIO_BROKER_ARGS: dict[str, tuple[str, ...]] = {
+    "default": ("--auto-create-topics", "--default-partitions", "4"),
+    "noautocreate": ("--no-auto-create-topics", "--default-partitions", "4"),
+}
 
 _TEST_START = re.compile(r"^\s*_TEST\(", re.M)
 _SCENARIO = re.compile(r'\.scenario\s*=\s*"([^"]*)"')
