@@ -272,7 +272,8 @@ def outcomes_of(
         reason = failures.get(t.name, "") if state == "failed" else skips.get(t.name, "")
         if state == "failed" and not reason:
             reason = f"failed; last line: {last_line(output)}"
-        out.append(Outcome(t.name, state, float(entry.get("duration", seconds)), reason))
+        # The process's own time: the report's duration is 0.0 for many a test that ran for seconds.
+        out.append(Outcome(t.name, state, seconds, reason))
     return out
 
 
