@@ -568,6 +568,10 @@ class AsyncClient:
         """(topic info, route key) of a partition (NO_ROUTE: no live leader now); raises
         `UnknownTopicError` for a bad index."""
         info = await self.topic(topic, refresh=refresh)
+        if partition >= info.partitions and not refresh:
+            # partitions are added to a topic (CreatePartitions), never taken away: a count
+            # cached before the topic grew is asked again before the index is refused
+            info = await self.topic(topic, refresh=True)
         if not 0 <= partition < info.partitions:
             raise UnknownTopicError(
                 ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,

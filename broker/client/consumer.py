@@ -80,6 +80,9 @@ class AsyncConsumer(Fetcher):
       session_timeout_ms, heartbeat_interval_ms, rebalance_timeout_ms: group membership (with a
         group and `subscribe`): a member silent for `session_timeout_ms` is removed; a rebalance
         waits up to `rebalance_timeout_ms` for every member to rejoin.
+      metadata_max_age_ms: how old cached metadata may grow; in a group, the leader compares the
+        subscribed topics' partition counts with the broker's this often and rebalances the group
+        when one grew (Kafka's metadata.max.age.ms, 5 minutes).
       storage_error_retries: STORAGE_ERROR answers in a row for one partition before `poll`
         raises `BrokerStorageError` (default 5: with the default backoff of 100 ms doubling to
         1 s, about 2.5 s after the first). See "Damaged data" in broker/client/fetcher.py.
@@ -108,6 +111,7 @@ class AsyncConsumer(Fetcher):
         session_timeout_ms: int = 45_000,
         heartbeat_interval_ms: int = 3_000,
         rebalance_timeout_ms: int = 300_000,
+        metadata_max_age_ms: int = 300_000,
         client: AsyncClient | None = None,
         client_name: str = "ringlog-python-consumer",
         security: Security | None = None,
@@ -150,7 +154,11 @@ class AsyncConsumer(Fetcher):
         self._commit_on_revoke = self.enable_auto_commit
         self._own_client = client is None
         self._client = client or AsyncClient(
-            bootstrap, client_name=client_name, request_timeout_ms=request_timeout_ms, security=security
+            bootstrap,
+            client_name=client_name,
+            request_timeout_ms=request_timeout_ms,
+            security=security,
+            metadata_max_age_ms=metadata_max_age_ms,
         )
         self._assigned: dict[TopicPartition, _Assigned] = {}
         # Held while buffered records change hands: the blocking Consumer takes them from its

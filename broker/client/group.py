@@ -24,6 +24,10 @@ Rules this module keeps:
   it to the consumer, whose next `poll` raises it (Kafka's GroupAuthorizationException).
 - Heartbeats run every `heartbeat_interval_ms` on the client's loop, independent of `poll`: a
   member is removed only when its process stops heartbeating for `session_timeout_ms`.
+- A topic's partitions can be added to (Kafka's CreatePartitions): the leader asks the partition
+  counts it assigned again every `metadata_max_age` of the client and, when one grew, rejoins,
+  which rebalances the group over the new partitions (Kafka's consumer leader does the same on
+  its metadata refresh).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 
 from broker.client.client import AsyncClient, TopicPartition
@@ -142,6 +147,7 @@ class GroupMembership:
         self._on_failure = on_failure
         self._task: asyncio.Task[None] | None = None
         self._closing = False
+        self._counts: dict[str, int] = {}  # partition counts of the leader's last assignment
 
     @property
     def identity(self) -> tuple[int, str]:
@@ -259,15 +265,20 @@ class GroupMembership:
                 counts[topic] = (await self.client.topic(topic, refresh=True)).partitions
             except ClientError as exc:
                 log.warning("group %s: topic %s is not assignable: %s", self.group, topic, exc)
+        self._counts = counts
         plan = range_assign(members, counts)
         return tuple(GroupAssignment(member, encode_assignment(parts)) for member, parts in plan.items())
 
     async def _heartbeat(self) -> None:
         """Heartbeat until the generation ends (a ClientError: rejoin) or the member closes."""
+        recount_at = time.monotonic() + self.client.metadata_max_age
         while not self._closing:
             await asyncio.sleep(self.heartbeat_interval)
             if self._closing:
                 return
+            if self.leader == self.member_id and time.monotonic() >= recount_at:
+                recount_at = time.monotonic() + self.client.metadata_max_age
+                await self._check_counts()
             resp = await self._request(HeartbeatRequest(self.group, self.generation, self.member_id))
             error = resp.error  # type: ignore[attr-defined]
             if error == ErrorCode.NONE:
@@ -279,6 +290,20 @@ class GroupMembership:
             if error in _REJOIN or error == ErrorCode.UNKNOWN_MEMBER_ID:
                 raise ClientError(f"group {self.group!r}: {error.name}")
             raise ClientError(f"Heartbeat of {self.group!r}: {error.name}: {resp.message}")  # type: ignore[attr-defined]
+
+    async def _check_counts(self) -> None:
+        """The leader's: raise `ClientError` (rejoin: a rebalance) when a topic it assigned has
+        more partitions now than it assigned."""
+        for topic, count in self._counts.items():
+            try:
+                now = (await self.client.topic(topic, refresh=True)).partitions
+            except ClientError as exc:
+                log.debug("group %s: topic %s not counted: %s", self.group, topic, exc)
+                continue
+            if now != count:
+                raise ClientError(
+                    f"group {self.group!r}: topic {topic!r} has {now} partitions, {count} were assigned"
+                )
 
     async def close(self) -> None:
         """Give up the partitions (the consumer commits in `revoked`) and leave the group, so the

@@ -404,6 +404,11 @@ class AsyncProducer(Sender):
         if self._closing:
             raise ClientClosedError("the producer is closed")
         info = self._client.cached_topic(topic)
+        if info is not None and partition is not None and partition >= info.partitions:
+            # a partition added since the count was cached (topics grow, never shrink): the
+            # record waits for fresh metadata, and is refused only if the topic lacks it then
+            self._client.invalidate(topic)
+            info = None
         self._buffered += size
         if info is None or self._parked.get(topic):
             # Records parked for this topic's metadata go first: the metadata can reach the cache

@@ -164,6 +164,46 @@ class ClusterAdmin:
                 return topic
         raise TopicError(TopicFault.LIMIT, f"topic {name!r}: its record kept changing under us, try again")
 
+    def create_partitions(
+        self, registry: TopicRegistry, name: str, partitions: int, validate_only: bool = False
+    ) -> Topic:
+        """Grow topic `name` to `partitions` partitions (`registry.grown` checks it as on one
+        node): its record, fenced by the mod revision it was read at (two growers, or a grower
+        and a delete, never both win), then the new partitions' first states, placed over the
+        live nodes as a new topic's are (`write_partitions`; the controller writes any a crash
+        left out). `validate_only`: checked, nothing written."""
+        k = self.keys
+        for _ in range(RACE_RETRIES):
+            kv = self.store.get(k.topic(name))
+            if kv is None:
+                raise TopicError(TopicFault.UNKNOWN, f"unknown topic {name!r}")
+            record = TopicRecord.decode(kv.value)
+            topic = registry.grown(record.topic, partitions)
+            nodes = self.live_candidates()
+            if record.replication > len(nodes):
+                raise TopicError(
+                    TopicFault.CONFIG,
+                    f"replication factor {record.replication} needs as many live nodes; "
+                    f"{len(nodes)} are live",
+                )
+            if validate_only:
+                return topic
+            grown = TopicRecord(topic, record.replication)
+            try:
+                result = self.store.txn(
+                    [mod_revision_is(k.topic(name), kv.mod_revision)], [Put(k.topic(name), grown.encode())]
+                )
+                written = result.succeeded
+            except StoreUncertain:
+                now = self.store.get(k.topic(name))
+                written = now is not None and TopicRecord.decode(now.value) == grown
+            if not written:
+                continue  # changed under us: read it again
+            self.write_partitions(topic, record.replication, nodes)
+            log.info("topic %s (id %d) now has %d partitions", name, topic.topic_id, partitions)
+            return topic
+        raise TopicError(TopicFault.LIMIT, f"topic {name!r}: it kept changing under this request, try again")
+
     def delete_topic(self, name: str) -> Topic:
         k = self.keys
         kv = self.store.get(k.topic(name))

@@ -54,6 +54,10 @@ class ClusterCalls(Protocol):
 
     def delete_topic(self, name: str) -> Topic: ...
 
+    def create_partitions(
+        self, registry: TopicRegistry, name: str, partitions: int, validate_only: bool = False
+    ) -> Topic: ...
+
     def alter_isr(
         self, topic_id: int, partition: int, leader: int, leader_epoch: int, isr: Sequence[int]
     ) -> PartitionState: ...

@@ -581,6 +581,23 @@ class Core:
         log.warning("auto-creating topic %r: %s", name, exc)
         return False
 
+    def create_partitions(self, name: str, partitions: int, validate_only: bool = False) -> Topic:
+        """Grow topic `name` to `partitions` partitions (Kafka's CreatePartitions; only an increase:
+        `TopicRegistry.grown`), one node: the registry only, as `create_topic`. The new partitions
+        open on first use on the cores that own them (`routing.shard_for` of the topic id and
+        index: the old partitions stay where they are); every core sees the new count at its next
+        refresh, at once on a miss (`partition_named`, `metadata_view`). `validate_only`: checked,
+        nothing changed. Raises `TopicError` or what refuses a write (a full disk)."""
+        if not validate_only:
+            self.space.check_writable()
+        with self.registry.locked():
+            self.registry.load()
+            if validate_only:
+                return self.registry.grown(self.registry.get(name), partitions)
+            topic = self.registry.grow(name, partitions)
+        log.info("topic %s (id %d) now has %d partitions", topic.name, topic.topic_id, topic.partitions)
+        return topic
+
     def delete_topic(self, name: str, answer: Callable[[], Reply], notice: Frame | None = None) -> Outcome:
         """Delete a topic (both protocols' DeleteTopic(s)): out of the registry now; every other
         core is told (a DeleteTopic frame of ours, `notice`, made here if not given) and closes

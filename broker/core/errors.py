@@ -65,7 +65,7 @@ def error_of(exc: BaseException) -> tuple[m.ErrorCode, str]:
             return E.TOPIC_ALREADY_EXISTS, str(exc)
         case TopicError(kind=TopicFault.UNKNOWN):
             return E.UNKNOWN_TOPIC_OR_PARTITION, str(exc)
-        case TopicError(kind=TopicFault.INVALID):
+        case TopicError(kind=TopicFault.INVALID | TopicFault.PARTITIONS):
             return E.INVALID_TOPIC, str(exc)
         case TopicError(kind=TopicFault.LIMIT):
             return E.LIMIT_EXCEEDED, str(exc)

@@ -74,6 +74,7 @@ class TopicFault(Enum):
     INVALID = "invalid"
     CONFIG = "config"
     LIMIT = "limit"
+    PARTITIONS = "partitions"  # a partition count that is not an increase (Kafka's INVALID_PARTITIONS)
 
 
 class TopicError(Exception):
@@ -370,6 +371,46 @@ class TopicRegistry:
         topic = self.by_name.get(name)
         if topic is None:
             raise TopicError(TopicFault.UNKNOWN, f"unknown topic {name!r}")
+        return topic
+
+    def grown(self, topic: Topic, partitions: int) -> Topic:
+        """`topic` with `partitions` partitions, checked as Kafka's controller checks a
+        CreatePartitions (only an increase: `TopicFault.PARTITIONS`, with its messages) and
+        against the limits, without changing the registry: a cluster writes it to its store.
+        Partitions are only ever added at the end, so those there keep their index, their
+        owning core (`routing.shard_for` of the topic id and index) and their data."""
+        have = topic.partitions
+        if partitions == have:
+            raise TopicError(TopicFault.PARTITIONS, f"Topic already has {have} partition(s).")
+        if partitions < have:
+            raise TopicError(
+                TopicFault.PARTITIONS,
+                f"The topic {topic.name} currently has {have} partition(s); {partitions} would not be "
+                "an increase.",
+            )
+        lim = self.limits
+        if partitions > lim.max_partitions_per_topic:
+            raise TopicError(
+                TopicFault.LIMIT,
+                f"{partitions} partitions exceed the limit of {lim.max_partitions_per_topic} per topic "
+                "(--max-partitions-per-topic)",
+            )
+        held = self.partition_count() - self.by_id.get(topic.topic_id, topic).partitions
+        if held + partitions > lim.max_partitions:
+            raise TopicError(
+                TopicFault.LIMIT,
+                f"{partitions - have} more partitions would make {held + partitions}: the broker's limit "
+                f"is {lim.max_partitions} (--max-partitions), at most what its open-file limit allows "
+                "(docs/LIMITS.md)",
+            )
+        return replace(topic, partitions=partitions)
+
+    def grow(self, name: str, partitions: int) -> Topic:
+        """Give topic `name` `partitions` partitions (`grown` checks it) and save the registry.
+        Call holding `locked()`, after a `load()`. No partition is made here: each is made by its
+        owning core on first use, as for a new topic."""
+        topic = self.grown(self.get(name), partitions)
+        self.replace_topic(topic)
         return topic
 
 

@@ -11,10 +11,10 @@ Rules this module keeps:
   (`produce`, `read`, `list_offset`), and encode the answers.
 - Each API group lives in a module of its own, as functions of `(ctx, request, body)`
   (broker/kafka/context.py), registered in `_apis`: produce.py, fetch.py, list_offsets.py,
-  metadata.py, topics.py (Create/DeleteTopics), groups.py (FindCoordinator, Join/Sync/Heartbeat/
-  LeaveGroup, OffsetCommit/OffsetFetch, Describe/ListGroups), init_producer_id.py,
-  leader_epoch.py, sasl.py, acl_admin.py, configs.py (Describe/Alter/IncrementalAlterConfigs).
-  A new API is a module and a line here.
+  metadata.py, topics.py (Create/DeleteTopics), partitions.py (CreatePartitions), groups.py
+  (FindCoordinator, Join/Sync/Heartbeat/LeaveGroup, OffsetCommit/OffsetFetch,
+  Describe/ListGroups), init_producer_id.py, leader_epoch.py, sasl.py, acl_admin.py, configs.py
+  (Describe/Alter/IncrementalAlterConfigs). A new API is a module and a line here.
 - Only what `SUPPORTED_VERSIONS` lists is advertised in ApiVersions, and only that is answered
   by a handler. An ApiVersions above our highest version gets UNSUPPORTED_VERSION in a v0
   response listing our versions (as Kafka brokers answer, so the client retries at a version we
@@ -51,6 +51,7 @@ from broker.kafka import (
     init_producer_id,
     list_offsets,
     metadata,
+    partitions,
     produce,
     sasl,
     topics,
@@ -92,6 +93,7 @@ SUPPORTED_VERSIONS: Final[dict[int, tuple[int, int]]] = {
     API_VERSIONS: (0, 3),  # v3 is flexible in its request header only; its response header is v0
     topics.CREATE_TOPICS: topics.CREATE_VERSIONS,
     topics.DELETE_TOPICS: topics.DELETE_VERSIONS,
+    partitions.CREATE_PARTITIONS: partitions.CREATE_PARTITIONS_VERSIONS,
     INIT_PRODUCER_ID: init_producer_id.VERSIONS,  # v2+ flexible (kio writes their headers)
     OFFSET_FOR_LEADER_EPOCH: (0, 3),  # v0-1 read here (kio has v2+); v4+ are flexible
     **GROUP_VERSIONS,  # FindCoordinator, Join/Sync/Heartbeat/LeaveGroup, offsets: broker/kafka/groups.py
@@ -150,6 +152,7 @@ class KafkaAdapter:
             metadata.METADATA: api(metadata.metadata),
             topics.CREATE_TOPICS: api(topics.create_topics),
             topics.DELETE_TOPICS: api(topics.delete_topics),
+            partitions.CREATE_PARTITIONS: api(partitions.create_partitions),
             INIT_PRODUCER_ID: lambda request, body: init_producer_id.init_producer_id(core, request, body),
             OFFSET_FOR_LEADER_EPOCH: lambda request, body: offset_for_leader_epoch(core, request, body),
             **self.groups.apis(),

@@ -21,6 +21,7 @@ from broker.core.groups import OffsetsUnavailable
 from broker.core.outcomes import Reply
 from broker.core.producer_ids import ProducerIdsUnavailable
 from broker.core.producer_state import FencedEpochError, UnknownProducerError
+from broker.core.topics import TopicError, TopicFault
 from ringlog_proto.messages import ErrorCode as Ours
 
 log = logging.getLogger("broker.kafka.adapter")
@@ -75,6 +76,8 @@ def kafka_error(exc: BaseException) -> tuple[ErrorCode, str]:
         return ErrorCode.unknown_producer_id, str(exc)
     if isinstance(exc, InvalidAcksError):  # ours: INVALID_REQUEST, which Kafka names apart
         return ErrorCode.invalid_required_acks, str(exc)
+    if isinstance(exc, TopicError) and exc.kind is TopicFault.PARTITIONS:
+        return ErrorCode.invalid_partitions, str(exc)
     if isinstance(exc, OffsetsUnavailable | ProducerIdsUnavailable):  # retriable, as Kafka's
         return ErrorCode.coordinator_not_available, str(exc)
     code, message = error_of(exc)

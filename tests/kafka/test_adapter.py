@@ -170,6 +170,7 @@ def test_api_versions_lists_only_what_is_answered(adapter: KafkaAdapter, version
         32: (1, 4),
         33: (0, 2),
         44: (0, 1),
+        37: (0, 3),
     }
 
 

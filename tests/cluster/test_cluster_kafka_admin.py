@@ -1,0 +1,73 @@
+"""Kafka's admin APIs on a real three-node cluster (three `broker serve --etcd`, a real etcd), with
+confluent-kafka's AdminClient: CreatePartitions grows a topic in the store, the new partitions
+placed over the live nodes as a new topic's are, led and served at once and seen alike by every
+node's Metadata."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from labkit.brokerproc import wait_for
+
+confluent_kafka = pytest.importorskip("confluent_kafka")
+from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic  # noqa: E402
+from test_cluster import Cluster  # noqa: E402  (tests/cluster)
+
+
+@pytest.fixture(scope="module")
+def cluster(etcd, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    c = Cluster(tmp_path_factory.mktemp("admin-cluster"), etcd.endpoints)
+    try:
+        c.start()
+        wait_for(lambda: all(sorted(c.view(i)["live"]) == [1, 2, 3] for i in (1, 2, 3)))
+        yield c
+    finally:
+        c.close()
+
+
+def led(admin: AdminClient, topic: str, partitions: int) -> object:
+    """The topic's metadata once it has `partitions` partitions, every one led."""
+
+    def ready() -> object:
+        t = admin.list_topics(topic, timeout=5).topics[topic]
+        return len(t.partitions) == partitions and all(p.leader >= 0 for p in t.partitions.values()) and t
+
+    return wait_for(ready, timeout=30)
+
+
+def test_create_partitions_in_a_cluster(cluster: Cluster) -> None:
+    admin = AdminClient({"bootstrap.servers": cluster.nodes[1].bootstrap})
+    admin.create_topics([NewTopic("grown", 2, 3)])["grown"].result(20)
+    led(admin, "grown", 2)
+    assert admin.create_partitions([NewPartitions("grown", 6)])["grown"].result(20) is None
+    for node in cluster.nodes.values():  # every node's view: 6 partitions, each led, 3 replicas
+        each = AdminClient({"bootstrap.servers": node.bootstrap})
+        t = led(each, "grown", 6)
+        assert all(len(p.replicas) == 3 for p in t.partitions.values())  # type: ignore[attr-defined]
+    with pytest.raises(confluent_kafka.KafkaException, match="INVALID_PARTITIONS"):
+        admin.create_partitions([NewPartitions("grown", 6)])["grown"].result(20)
+    assert (
+        admin.create_partitions([NewPartitions("grown", 9)], validate_only=True)["grown"].result(20) is None
+    )
+    assert len(admin.list_topics("grown", timeout=5).topics["grown"].partitions) == 6
+    producer = confluent_kafka.Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all"})
+    for i in range(6):
+        producer.produce("grown", value=b"v%d" % i, partition=i)
+    assert producer.flush(30) == 0
+    consumer = confluent_kafka.Consumer(
+        {"bootstrap.servers": cluster.bootstrap, "group.id": "grown-reader", "enable.auto.commit": False}
+    )
+    got: dict[int, bytes] = {}
+    try:
+        consumer.assign([confluent_kafka.TopicPartition("grown", i, 0) for i in range(6)])
+        deadline = time.monotonic() + 30
+        while len(got) < 6 and time.monotonic() < deadline:
+            msg = consumer.poll(0.2)
+            if msg is not None and msg.error() is None:
+                got[msg.partition()] = msg.value()
+    finally:
+        consumer.close()
+    assert got == {i: b"v%d" % i for i in range(6)}
