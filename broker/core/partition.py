@@ -32,6 +32,10 @@ Rules this module keeps:
   which first answers a diverging epoch and counts the follower's position, then reads through
   the same door). It returns the extent to pread and the finish that checks the bytes read; the
   caller only carries them out. `list_offset(spec)` answers both protocols' ListOffsets.
+- The log start moves up by retention, by `delete_records` on the leader (Kafka's DeleteRecords,
+  at most to the high watermark) and, on a follower, by `follow_log_start` (the leader's start, as
+  far as the follower's high watermark reaches); the producer state and epoch history forget
+  what went each time.
 """
 
 from __future__ import annotations
@@ -415,6 +419,37 @@ class Partition:
             self.producers.expire(self.log.start_offset)
             self.epochs.expire_before(self.log.start_offset)
         return deleted
+
+    def delete_records(self, offset: int) -> int:
+        """Kafka's DeleteRecords on the leader: the log start moves up to `offset` (-1: the high
+        watermark), which must not pass the high watermark (`OffsetOutOfRangeError`, as Kafka's
+        `maybeIncrementLogStartOffset`); never back. Returns the new log start (Kafka's low
+        watermark). The producer state and epoch history forget what went, as after retention;
+        followers take the new start from the leader's fetch answers (`follow_log_start`)."""
+        self.check_leader()
+        hw = self.high_watermark
+        if offset == LATEST:
+            offset = hw
+        if not 0 <= offset <= hw:
+            raise OffsetOutOfRangeError(
+                f"cannot delete records below {offset}: outside [0, {hw}], the high watermark"
+            )
+        return self._start_moved(self.log.delete_records(offset))
+
+    def follow_log_start(self, leader_start: int) -> None:
+        """A follower takes its leader's log start (a DeleteRecords, or retention there), as far
+        as its own high watermark reaches (Kafka's follower does the same after each fetch)."""
+        replica = self.replica
+        if not isinstance(replica, FollowerState):
+            return
+        target = min(leader_start, replica.high_watermark)
+        if target > self.log.start_offset:
+            self._start_moved(self.log.delete_records(target))
+
+    def _start_moved(self, start: int) -> int:
+        self.producers.expire(start)
+        self.epochs.expire_before(start)
+        return start
 
     # ------------------------------------------------------------------------- roles
 

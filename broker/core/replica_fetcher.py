@@ -12,20 +12,25 @@ Rules this module keeps:
   for that epoch and the follower's own (`Partition.truncate_diverged`, synchronous: a cold
   path); records become `FollowerAppend`s, one per segment they fill, carried out by the caller
   in order (`Partition.append_replica`: offsets and epochs as the leader wrote them); the
-  leader's high watermark is taken as far as the local log reaches. An error backs the
+  leader's high watermark is taken as far as the local log reaches, and so is its log start
+  (Kafka's DeleteRecords, or its retention: `Partition.follow_log_start`). An error backs the
   partition off, doubling from 100 ms to 5 s; a good answer resets it.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from broker.core.outcomes import FollowerAppend
 from broker.core.partition import Partition, PendingReplicaAppend
 from broker.core.replication import FollowerState
+from broker.storage.errors import StorageError
 from ringlog_proto import messages as m
 from ringlog_proto.frames import Buffer
+
+log = logging.getLogger(__name__)
 
 BACKOFF_MIN_MS = 100
 BACKOFF_MAX_MS = 5_000
@@ -154,6 +159,10 @@ class ReplicaFetcher:
             if r.diverging_epoch != m.NO_DIVERGENCE or r.diverging_end_offset != m.NO_DIVERGENCE:
                 out.truncated[key] = p.truncate_diverged(r.diverging_epoch, r.diverging_end_offset)
                 continue
+            try:
+                p.follow_log_start(r.log_start_offset)  # the leader's DeleteRecords or retention
+            except (StorageError, OSError) as exc:
+                log.error("partition %d/%d: taking the leader's log start: %s", *key, exc)
             if r.records:
                 try:
                     out.appends += append_outcomes(p, r.records, r.high_watermark)

@@ -11,7 +11,8 @@ Rules this module keeps:
   (`produce`, `read`, `list_offset`), and encode the answers.
 - Each API group lives in a module of its own, as functions of `(ctx, request, body)`
   (broker/kafka/context.py), registered in `_apis`: produce.py, fetch.py, list_offsets.py,
-  metadata.py, topics.py (Create/DeleteTopics), partitions.py (CreatePartitions), groups.py
+  metadata.py, topics.py (Create/DeleteTopics), partitions.py (CreatePartitions,
+  DeleteRecords), groups.py
   (FindCoordinator, Join/Sync/Heartbeat/LeaveGroup, OffsetCommit/OffsetFetch,
   Describe/ListGroups), init_producer_id.py, leader_epoch.py, sasl.py, acl_admin.py, configs.py
   (Describe/Alter/IncrementalAlterConfigs). A new API is a module and a line here.
@@ -94,6 +95,7 @@ SUPPORTED_VERSIONS: Final[dict[int, tuple[int, int]]] = {
     topics.CREATE_TOPICS: topics.CREATE_VERSIONS,
     topics.DELETE_TOPICS: topics.DELETE_VERSIONS,
     partitions.CREATE_PARTITIONS: partitions.CREATE_PARTITIONS_VERSIONS,
+    partitions.DELETE_RECORDS: partitions.DELETE_RECORDS_VERSIONS,
     INIT_PRODUCER_ID: init_producer_id.VERSIONS,  # v2+ flexible (kio writes their headers)
     OFFSET_FOR_LEADER_EPOCH: (0, 3),  # v0-1 read here (kio has v2+); v4+ are flexible
     **GROUP_VERSIONS,  # FindCoordinator, Join/Sync/Heartbeat/LeaveGroup, offsets: broker/kafka/groups.py
@@ -153,6 +155,7 @@ class KafkaAdapter:
             topics.CREATE_TOPICS: api(topics.create_topics),
             topics.DELETE_TOPICS: api(topics.delete_topics),
             partitions.CREATE_PARTITIONS: api(partitions.create_partitions),
+            partitions.DELETE_RECORDS: api(partitions.delete_records),
             INIT_PRODUCER_ID: lambda request, body: init_producer_id.init_producer_id(core, request, body),
             OFFSET_FOR_LEADER_EPOCH: lambda request, body: offset_for_leader_epoch(core, request, body),
             **self.groups.apis(),

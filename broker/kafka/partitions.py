@@ -1,4 +1,5 @@
-"""CreatePartitions (api 37, v0-3): a topic's partition count grown, as Kafka's controller grows it.
+"""CreatePartitions (api 37, v0-3), a topic's partition count grown as Kafka's controller grows
+it, and DeleteRecords (api 21, v0-2), a partition's log start moved up as Kafka's leader moves it.
 
 Rules this module keeps:
 - Kafka's rules (ReplicationControlManager.createPartitions, ControllerApis): only an increase
@@ -11,6 +12,15 @@ Rules this module keeps:
   on their owning cores on first use). A cluster: through the store, off the loop
   (`ClusterCalls.create_partitions`: the record, then the new partitions placed as a new topic's),
   answered once this node's registry shows the new counts.
+- DeleteRecords, Kafka's rules (KafkaApis.handleDeleteRecordsRequest, Partition.deleteRecordsOnLeader):
+  per partition, on the core that owns it (another core's: NOT_LEADER_OR_FOLLOWER, as a broker
+  that does not lead it answers; the clients send each partition to its leader); offset -1 is the
+  high watermark, an offset past it or another negative one is OFFSET_OUT_OF_RANGE, one at or
+  below the log start changes nothing; the answer's low watermark is the log start after. Delete
+  on the topic where ACLs are on (TOPIC_AUTHORIZATION_FAILED for its partitions alone). The start
+  is durable before the answer (broker/storage/log_start.py); followers take it from their
+  leader's next fetch answer (`Partition.follow_log_start`), where Kafka's leader waits for them
+  to report it before answering.
 """
 
 from __future__ import annotations
@@ -28,6 +38,9 @@ from broker.kafka.errors import kafka_error
 
 CREATE_PARTITIONS: Final = 37
 CREATE_PARTITIONS_VERSIONS: Final = (0, 3)  # v2+ flexible
+DELETE_RECORDS: Final = 21
+DELETE_RECORDS_VERSIONS: Final = (0, 2)  # v2 flexible
+NO_LOW_WATERMARK: Final = -1  # Kafka's DeleteRecordsResponse.INVALID_LOW_WATERMARK
 MANUAL_ASSIGNMENT: Final = "manual replica assignment is not supported"
 
 Result = tuple[str, ErrorCode, str | None]
@@ -110,10 +123,53 @@ def create_partitions(ctx: Context, request: KafkaRequest, body: Any) -> Outcome
     return core.in_cluster(grow_all, answered, until=grown)
 
 
+def delete_records(ctx: Context, request: KafkaRequest, body: Any) -> Outcome:
+    schema = response_schema(DELETE_RECORDS, request.api_version)
+    assert schema is not None
+    module = sys.modules[schema.__module__]
+    core = ctx.core
+    topics = []
+    for t in body.topics:
+        name = str(t.name)
+        allowed = _may(ctx, "delete", name)
+        results = []
+        for q in t.partitions:
+            index = int(q.partition_index)
+            low, code = NO_LOW_WATERMARK, ErrorCode.none
+            if not allowed:
+                code = ErrorCode.topic_authorization_failed
+            else:
+                try:
+                    p = core.partition_named(name, index)
+                    if isinstance(p, int):
+                        code = ErrorCode.not_leader_or_follower
+                    else:
+                        low = p.delete_records(int(q.offset))
+                except Exception as exc:
+                    code = kafka_error(exc)[0]
+            if code != ErrorCode.none:
+                core.metrics.error()
+            results.append(
+                make(
+                    module.DeleteRecordsPartitionResult,
+                    partition_index=index,
+                    low_watermark=low,
+                    error_code=code,
+                )
+            )
+        topics.append(make(module.DeleteRecordsTopicResult, name=name, partitions=tuple(results)))
+    resp = make(schema, throttle_time=datetime.timedelta(0), topics=tuple(topics))
+    return Reply(encode_response(request.correlation_id, resp))
+
+
 def _may_alter(ctx: Context, topic: str) -> bool:
-    """Whether the request's principal may alter `topic` (always, where ACLs are off)."""
+    return _may(ctx, "alter", topic)
+
+
+def _may(ctx: Context, operation: str, topic: str) -> bool:
+    """Whether the request's principal may do `operation` on `topic` (always, where ACLs are off)."""
     authorizer = ctx.authorizer
-    if not authorizer.enabled or authorizer.allowed(ctx.auth.principal, "alter", "topic", topic):
+    if not authorizer.enabled or authorizer.allowed(ctx.auth.principal, operation, "topic", topic):
         return True
     ctx.core.metrics.denied()
     return False

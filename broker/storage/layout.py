@@ -35,6 +35,8 @@ The layout:
                                         in its range (and .index.swap): the open completes the swap
             cleaner-checkpoint.json     where the log cleaner's last clean ended (its dirty section
                                         starts there) and its next delete horizon
+            log-start-offset.json       the log start when records were deleted below an offset
+                                        inside a segment (broker/storage/log_start.py)
             group-offsets.json          old per-partition group offsets: moved into groups/ at
                                         start, then removed (broker/core/offsets.py)
       groups/
@@ -62,6 +64,7 @@ METRICS_SNAPSHOT_PREFIX: Final = "metrics-core-"
 METRICS_SNAPSHOT_SUFFIX: Final = ".json"
 TOPICS_DIR: Final = "topics"
 GROUP_OFFSETS_FILE: Final = "group-offsets.json"
+LOG_START_FILE: Final = "log-start-offset.json"
 GROUPS_DIR: Final = "groups"
 GROUP_FILE_SUFFIX: Final = ".json"
 GROUP_NAME_HEX: Final = 32  # hex digits of the group id's sha256 in its file name
@@ -139,6 +142,11 @@ def parse_number_name(name: str) -> int | None:
     """The topic id or partition index a directory under topics/ is named by, or None for a name
     that is not one (anything else found there)."""
     return int(name) if name.isascii() and name.isdigit() else None
+
+
+def log_start_path(partition_directory: str) -> str:
+    """A log's recorded start offset (broker/storage/log_start.py)."""
+    return os.path.join(partition_directory, LOG_START_FILE)
 
 
 def group_offsets_path(partition_directory: str) -> str:

@@ -18,6 +18,9 @@ Rules this module keeps:
   all asserted where a flush, a truncation or a restart moves them. An append's completion moves
   only end_offset, up to where the oldest append still in flight begins (appends complete in the
   order prepared, asserted there): the full check is not repeated on that hot path.
+- The log starts at its first segment's base offset, or above it where `delete_records` (Kafka's
+  DeleteRecords) moved the start inside that segment, recorded beside it (log_start.py); segments
+  wholly below the start are deleted, and nothing below it is read.
 - Cold paths (open, recovery, roll, truncate, retention) use the `FileIO` directly; so does the
   preallocation of the active segment's file ahead of its appends (one posix_fallocate per
   `PREALLOCATE_BYTES` appended, per up to `PREALLOCATE_BYTES_MAX` while the appends come fast),
@@ -48,7 +51,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
-from broker.storage import log_reads, log_recovery, validation
+from broker.storage import log_reads, log_recovery, log_start, validation
 from broker.storage.errors import LogClosedError, OffsetOutOfRangeError, StorageError
 from broker.storage.fdcache import DEFAULT_CACHE, FdCache
 from broker.storage.fileio import (
@@ -144,6 +147,9 @@ class Log:
         # (`take_truncation`): the records it had cleaned above it are gone, and what is appended
         # there again is dirty.
         self._truncated_to: int | None = None
+        # Where records were deleted below an offset inside a segment (Kafka's DeleteRecords):
+        # the log starts at the larger of this and its first segment's base (log_start.py).
+        self._start_floor = 0
 
     # ------------------------------------------------------------------------- open / close
 
@@ -211,6 +217,8 @@ class Log:
         self._next_offset = active.next_offset
         self._reserved_size = active.size
         self.durable_offset = active.next_offset
+        if not created:
+            self._restore_start(log_start.read(directory))
 
     def close(self) -> None:
         """Flush (data and index reach the disk), then close every file. Idempotent.
@@ -303,8 +311,9 @@ class Log:
 
     @property
     def start_offset(self) -> int:
-        """The first offset still held (retention moves it forward)."""
-        return self.segments[0].base_offset
+        """The first offset still held (retention and `delete_records` move it forward)."""
+        base = self.segments[0].base_offset
+        return base if base >= self._start_floor else self._start_floor
 
     @property
     def end_offset(self) -> int:
@@ -750,9 +759,15 @@ class Log:
 
     def timestamp_and_offset(self, timestamp: int) -> log_reads.TimestampAndOffset | None:
         """`offset_for_timestamp`'s record: its offset and its own timestamp (Kafka's ListOffsets
-        answers both)."""
+        answers both). A record found below the log start (records deleted inside a segment)
+        answers the log start, with that record's timestamp: a consumer never gets an offset it
+        cannot read."""
         self.check_usable()
-        return log_reads.timestamp_and_offset(self.segments, self.io, timestamp)
+        found = log_reads.timestamp_and_offset(self.segments, self.io, timestamp)
+        start = self.start_offset
+        if found is not None and found.offset < start:
+            return found._replace(offset=start)
+        return found
 
     def batch_headers(self, from_offset: int = 0) -> Iterator[BatchHeader]:
         """Headers of the stored batches from the one holding `from_offset`, read via the index.
@@ -787,6 +802,7 @@ class Log:
             seg.delete()
         self._track_active()
         seg = self.segments[-1]
+        start = self.start_offset
         new_end = seg.truncate_before_offset(offset)
         self._next_offset = new_end
         self._reserved_size = seg.size
@@ -794,6 +810,9 @@ class Log:
         self.io.fdatasync(seg.index_fd)
         self.io.fsync_dir(self.directory)
         seg.synced_size = seg.size
+        if new_end < start:  # the batch holding the start was cut: nothing of the log is left
+            self.restart_at(start)
+            return start
         self.durable_offset = min(self.durable_offset, new_end)
         self._assert_marks()
         self._note_truncation(new_end)
@@ -821,6 +840,67 @@ class Log:
         self.durable_offset = offset
         self._assert_marks()
         self._note_truncation(offset)
+
+    def delete_records(self, offset: int) -> int:
+        """Move the log start up to `offset` (Kafka's DeleteRecords, or a follower taking its
+        leader's start), at most to the log end (`OffsetOutOfRangeError` past it); never back.
+        Segments wholly below it are deleted (Kafka's rule: a segment goes once the next one
+        starts at or below the log start; never the active one, nor one appends in flight still
+        write); an offset inside a segment is recorded durably first (broker/storage/log_start.py),
+        so no restart serves a deleted record again. Returns the log start after."""
+        self.check_usable()
+        end = self.end_offset
+        if offset > end:
+            raise OffsetOutOfRangeError(f"delete records below {offset}: past the log end {end}")
+        if offset <= self.start_offset:
+            return self.start_offset
+        gone = self._below(offset)
+        if self.segments[len(gone)].base_offset < offset:
+            log_start.write(self.directory, offset)
+        self._start_floor = offset
+        self._delete_first(len(gone))
+        self.durable_offset = max(self.durable_offset, offset)
+        self._assert_marks()
+        return offset
+
+    def _below(self, offset: int) -> list[Segment]:
+        """The first segments, each followed by one based at or below `offset`: nothing of them
+        is at or above it. Never the active segment nor one appends in flight still write."""
+        pinned = self._pending[0].segment if self._pending else self.segments[-1]
+        out = []
+        for seg, after in zip(self.segments, self.segments[1:], strict=False):
+            if seg is pinned or after.base_offset > offset:
+                break
+            out.append(seg)
+        return out
+
+    def _delete_first(self, count: int) -> None:
+        for _ in range(count):
+            seg = self.segments.pop(0)
+            self._bases.pop(0)
+            self._unsynced.pop(seg, None)
+            log.info("%s: deleting segment (below the log start)", seg.store_path)
+            seg.delete()
+        if count:
+            self.io.fsync_dir(self.directory)
+
+    def _restore_start(self, floor: int) -> None:
+        """At open: the recorded log start, its segments wholly below it deleted (a crash came
+        between recording it and deleting them); above the recovered end, the log starts over
+        there (log_start.py)."""
+        if floor <= self.segments[0].base_offset:
+            return
+        if floor > self.end_offset:
+            log.warning(
+                "%s: the recorded log start %d is past the recovered end %d: starting over, empty, there",
+                self.directory,
+                floor,
+                self.end_offset,
+            )
+            self.restart_at(floor)
+            return
+        self._start_floor = floor
+        self._delete_first(len(self._below(floor)))
 
     def apply_retention(self, now: int | None = None) -> int:
         """Delete whole closed segments past `retention_ms` or beyond `retention_bytes`.

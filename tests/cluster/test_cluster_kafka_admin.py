@@ -1,7 +1,8 @@
 """Kafka's admin APIs on a real three-node cluster (three `broker serve --etcd`, a real etcd), with
 confluent-kafka's AdminClient: CreatePartitions grows a topic in the store, the new partitions
 placed over the live nodes as a new topic's are, led and served at once and seen alike by every
-node's Metadata."""
+node's Metadata; DeleteRecords moves the leader's log start, every follower takes it, and a new
+leader elected after a kill -9 of the old one starts there too."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from broker.storage import layout, log_start
 from labkit.brokerproc import wait_for
+from labkit.clusterchecker import topic_ids
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic  # noqa: E402
@@ -71,3 +74,43 @@ def test_create_partitions_in_a_cluster(cluster: Cluster) -> None:
     finally:
         consumer.close()
     assert got == {i: b"v%d" % i for i in range(6)}
+
+
+def test_delete_records_reaches_the_followers_and_outlives_the_leader(cluster: Cluster) -> None:
+    admin = AdminClient({"bootstrap.servers": cluster.nodes[1].bootstrap})
+    admin.create_topics([NewTopic("trimmed", 1, 3)])["trimmed"].result(20)
+    t = led(admin, "trimmed", 1)
+    producer = confluent_kafka.Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all"})
+    for i in range(10):
+        producer.produce("trimmed", value=b"v%d" % i, partition=0)
+        producer.flush(10)  # a batch each: the start lands inside the segment, between batches
+    assert producer.flush(30) == 0
+    [done] = admin.delete_records([confluent_kafka.TopicPartition("trimmed", 0, 4)]).values()
+    assert done.result(20).low_watermark == 4
+    topic_id = topic_ids(cluster.nodes[1].data_dir)["trimmed"]
+
+    def start_of(node: int) -> int:
+        directory = layout.partition_dir(str(cluster.nodes[node].data_dir), topic_id, 0)
+        return log_start.read(directory)
+
+    wait_for(lambda: all(start_of(n) == 4 for n in cluster.nodes), timeout=20)  # every replica's
+    leader = t.partitions[0].leader // 1000  # type: ignore[attr-defined]
+    cluster.nodes[leader].kill()
+    try:
+        others = ",".join(n.bootstrap for i, n in cluster.nodes.items() if i != leader)
+        # the new leader's log starts where the old one's did
+        assert wait_for(lambda: _low(others, "trimmed"), timeout=60) == 4
+    finally:
+        cluster.nodes[leader].start()
+
+
+def _low(bootstrap: str, topic: str) -> int | None:
+    """The partition's low watermark once its leader answers with every record, else None."""
+    consumer = confluent_kafka.Consumer({"bootstrap.servers": bootstrap, "group.id": "trim"})
+    try:
+        low, high = consumer.get_watermark_offsets(confluent_kafka.TopicPartition(topic, 0), timeout=3)
+    except confluent_kafka.KafkaException:
+        return None
+    finally:
+        consumer.close()
+    return low if high == 10 else None

@@ -171,6 +171,7 @@ def test_api_versions_lists_only_what_is_answered(adapter: KafkaAdapter, version
         33: (0, 2),
         44: (0, 1),
         37: (0, 3),
+        21: (0, 2),
     }
 
 
