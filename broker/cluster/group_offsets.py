@@ -17,7 +17,7 @@ Rules this module keeps:
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from broker.cluster.records import Keys
 from broker.cluster.store import MetadataStore, StoreError
@@ -63,3 +63,24 @@ class StoreGroupOffsets(GroupOffsetStore):
 
     def forget(self, group: str) -> None:
         """Nothing to forget: nothing is cached (module rules)."""
+
+    def delete_group(self, group: str) -> bool:
+        try:
+            return self.store.delete(self.keys.group(group)) > 0
+        except StoreError as exc:
+            raise OffsetsUnavailable(f"the offsets of group {group!r} cannot be deleted now: {exc}") from exc
+
+    def delete_offsets(self, group: str, partitions: Iterable[PartitionId]) -> None:
+        gone = set(partitions)
+        offsets = self.offsets(group)
+        if not gone & set(offsets):
+            return
+        kept = {k: v for k, v in offsets.items() if k not in gone}
+        if not kept:
+            self.delete_group(group)
+            return
+        rows = [[t, p, c.offset, c.metadata] for (t, p), c in sorted(kept.items())]
+        try:
+            self.store.put(self.keys.group(group), json.dumps({"group": group, "offsets": rows}))
+        except StoreError as exc:
+            raise OffsetsUnavailable(f"the offsets of group {group!r} cannot be written now: {exc}") from exc

@@ -43,6 +43,8 @@ Rules this module keeps:
   to another member id is FENCED_INSTANCE_ID (JoinGroup, SyncGroup, Heartbeat, LeaveGroup,
   OffsetCommit); naming one the group does not map is UNKNOWN_MEMBER_ID. Static members leave as
   dynamic ones do: by LeaveGroup (which clients do not send for them on close) or session expiry.
+- A group without members may be deleted (Kafka's DeleteGroups: `check_delete`, then its offsets
+  go and `deleted` forgets it); one with members is NON_EMPTY_GROUP.
 """
 
 from __future__ import annotations
@@ -89,6 +91,7 @@ class GroupCode(Enum):
     NOT_COORDINATOR = "not_coordinator"
     INVALID_REQUEST = "invalid_request"
     FENCED_INSTANCE_ID = "fenced_instance_id"
+    NON_EMPTY_GROUP = "non_empty_group"
 
 
 class Cancellable(Protocol):
@@ -657,6 +660,28 @@ class GroupCoordinator:
             self.offsets.commit(group_id, offsets, live)
             self.offsets_exist(group_id)
         return code
+
+    # ------------------------------------------------------------------------- deletion
+
+    def check_delete(self, group_id: str) -> GroupCode:
+        """Whether the group may be deleted now (Kafka's validateDeleteGroup): not while it has
+        members (NON_EMPTY_GROUP). Whether it exists at all is the caller's to find out: a group
+        without members lives on in its committed offsets (the store)."""
+        g = self.groups.get(group_id)
+        return GroupCode.NON_EMPTY_GROUP if g is not None and g.members else GroupCode.NONE
+
+    def deleted(self, group_id: str) -> None:
+        """The group's offsets are deleted: it is forgotten, unless a member joined meanwhile (it
+        then goes on, as a group that never had offsets)."""
+        g = self.groups.get(group_id)
+        if g is None:
+            return
+        g.has_offsets = False
+        if not g.members:
+            if g.join_timer is not None:
+                g.join_timer.cancel()
+            del self.groups[group_id]
+            log.info("group %s: deleted", group_id)
 
     # ------------------------------------------------------------------------- views, shutdown
 

@@ -18,6 +18,9 @@ Rules this module keeps:
   into this store once, before any core serves (`migrate_partition_offsets`, run by the
   supervisor), then removed.
 - Owned by one core's event loop; no locks. Files are read on a group's first use.
+- Offsets are deleted on request (Kafka's DeleteGroups and OffsetDelete): a group's file is
+  rewritten without them, or removed with its last one (the directory synced: a deletion
+  acknowledged stays deleted).
 """
 
 from __future__ import annotations
@@ -113,6 +116,28 @@ class GroupOffsetStore:
         """Drop the cached copy (the file stays): the next use reads it again."""
         self._groups.pop(group, None)
 
+    def delete_group(self, group: str) -> bool:
+        """Forget every offset of `group`, durably (its file removed, the directory synced).
+        Returns whether it had any."""
+        had = bool(self.offsets(group))
+        remove_group_file(self.data_dir, group)
+        self._groups.pop(group, None)
+        return had
+
+    def delete_offsets(self, group: str, partitions: Iterable[PartitionId]) -> None:
+        """Forget `group`'s offsets of `partitions`, durably (one file replace; the file removed
+        when none is left)."""
+        gone = set(partitions)
+        offsets = self.offsets(group)
+        if not gone & set(offsets):
+            return
+        kept = {k: v for k, v in offsets.items() if k not in gone}
+        if kept:
+            write_group_file(self.data_dir, group, kept)
+        else:
+            remove_group_file(self.data_dir, group)
+        self._groups[group] = kept
+
 
 def read_group_file(data_dir: str, group: str) -> dict[PartitionId, Committed]:
     doc = load_json(layout.group_file_path(data_dir, group))
@@ -127,6 +152,19 @@ def write_group_file(data_dir: str, group: str, offsets: Mapping[PartitionId, Co
     os.makedirs(layout.groups_dir(data_dir), exist_ok=True)
     rows = [[t, p, c.offset, c.metadata] for (t, p), c in sorted(offsets.items())]
     replace_json(layout.group_file_path(data_dir, group), {"group": group, "offsets": rows})
+
+
+def remove_group_file(data_dir: str, group: str) -> None:
+    path = layout.group_file_path(data_dir, group)
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return
+    fd = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _old_offset_files(data_dir: str) -> Iterable[tuple[int, int, str]]:

@@ -49,6 +49,7 @@ from broker.kafka import (
     authorize,
     configs,
     fetch,
+    group_admin,
     init_producer_id,
     list_offsets,
     metadata,
@@ -98,6 +99,7 @@ SUPPORTED_VERSIONS: Final[dict[int, tuple[int, int]]] = {
     partitions.DELETE_RECORDS: partitions.DELETE_RECORDS_VERSIONS,
     INIT_PRODUCER_ID: init_producer_id.VERSIONS,  # v2+ flexible (kio writes their headers)
     OFFSET_FOR_LEADER_EPOCH: (0, 3),  # v0-1 read here (kio has v2+); v4+ are flexible
+    **group_admin.VERSIONS,  # DeleteGroups, OffsetDelete: broker/kafka/group_admin.py
     **GROUP_VERSIONS,  # FindCoordinator, Join/Sync/Heartbeat/LeaveGroup, offsets: broker/kafka/groups.py
     **sasl.VERSIONS,  # SaslHandshake, SaslAuthenticate: broker/kafka/sasl.py
     **acl_admin.VERSIONS,  # DescribeAcls, CreateAcls, DeleteAcls: broker/kafka/acl_admin.py
@@ -159,6 +161,8 @@ class KafkaAdapter:
             INIT_PRODUCER_ID: lambda request, body: init_producer_id.init_producer_id(core, request, body),
             OFFSET_FOR_LEADER_EPOCH: lambda request, body: offset_for_leader_epoch(core, request, body),
             **self.groups.apis(),
+            group_admin.DELETE_GROUPS: api(group_admin.delete_groups),
+            group_admin.OFFSET_DELETE: api(group_admin.offset_delete),
             sasl.SASL_HANDSHAKE: lambda request, body: sasl.handshake(
                 self.authenticator, request, body, ctx.auth
             ),

@@ -2,7 +2,8 @@
 confluent-kafka's AdminClient: CreatePartitions grows a topic in the store, the new partitions
 placed over the live nodes as a new topic's are, led and served at once and seen alike by every
 node's Metadata; DeleteRecords moves the leader's log start, every follower takes it, and a new
-leader elected after a kill -9 of the old one starts there too."""
+leader elected after a kill -9 of the old one starts there too; DeleteGroups and OffsetDelete
+delete the offsets in etcd, which no node answers any more."""
 
 from __future__ import annotations
 
@@ -114,3 +115,38 @@ def _low(bootstrap: str, topic: str) -> int | None:
     finally:
         consumer.close()
     return low if high == 10 else None
+
+
+def test_group_offsets_are_deleted_in_the_store(cluster: Cluster) -> None:
+    """The offsets live in etcd: deleted through the group's coordinator, no node answers them."""
+    from kafka.admin import KafkaAdminClient
+    from kafka.structs import TopicPartition as KpTopicPartition
+
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    admin.create_topics([NewTopic("gd", 2, 3)])["gd"].result(20)
+    led(admin, "gd", 2)
+    tps = [confluent_kafka.TopicPartition("gd", p, 10 + p) for p in range(2)]
+    consumer = confluent_kafka.Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": "gdel"})
+    consumer.commit(offsets=tps, asynchronous=False)
+    consumer.close()
+
+    def committed(node: int) -> list[int]:
+        c = confluent_kafka.Consumer({"bootstrap.servers": cluster.nodes[node].bootstrap, "group.id": "gdel"})
+        try:
+            return [
+                tp.offset for tp in c.committed([confluent_kafka.TopicPartition("gd", p) for p in range(2)])
+            ]
+        finally:
+            c.close()
+
+    assert all(committed(n) == [10, 11] for n in cluster.nodes)
+    kp = KafkaAdminClient(bootstrap_servers=cluster.bootstrap, request_timeout_ms=15_000)
+    try:
+        result = kp.delete_group_offsets("gdel", [KpTopicPartition("gd", 0)])
+        assert [err.__name__ for err in result.values()] == ["NoError"]
+        assert all(committed(n) == [-1001, 11] for n in cluster.nodes)
+        assert dict(kp.delete_groups(["gdel"])) == {"gdel": "OK"}
+        assert all(committed(n) == [-1001, -1001] for n in cluster.nodes)
+        assert dict(kp.delete_groups(["gdel"])) == {"gdel": "GroupIdNotFoundError"}
+    finally:
+        kp.close()
