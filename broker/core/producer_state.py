@@ -76,6 +76,7 @@ class _Producer:
     epoch: int
     # (first sequence, last sequence, base offset) of the most recent batches, oldest first
     batches: deque[tuple[int, int, int]] = field(default_factory=lambda: deque(maxlen=PRODUCER_BATCHES_KEPT))
+    last_timestamp: int = -1  # the max timestamp of its last batch stored (Kafka's DescribeProducers)
 
     @property
     def last_sequence(self) -> int:
@@ -202,6 +203,15 @@ class ProducerState:
         state = self._producers.get(producer_id)
         return None if state is None else (state.epoch, state.last_sequence)
 
+    def active(self) -> list[tuple[int, int, int, int]]:
+        """(producer id, epoch, last sequence, last batch's max timestamp) of every producer this
+        partition holds batches of (Kafka's DescribeProducers), by producer id."""
+        return [
+            (pid, p.epoch, p.last_sequence, p.last_timestamp)
+            for pid, p in sorted(self._producers.items())
+            if p.batches
+        ]
+
     @property
     def in_flight(self) -> int:
         """Batches reserved and neither stored nor released yet."""
@@ -266,3 +276,4 @@ class ProducerState:
         if state is None or h.producer_epoch > state.epoch:
             state = self._producers[h.producer_id] = _Producer(h.producer_epoch)
         state.batches.append((h.base_sequence, h.last_sequence, h.base_offset))
+        state.last_timestamp = h.max_timestamp

@@ -11,11 +11,12 @@ Rules this module keeps:
   (`produce`, `read`, `list_offset`), and encode the answers.
 - Each API group lives in a module of its own, as functions of `(ctx, request, body)`
   (broker/kafka/context.py), registered in `_apis`: produce.py, fetch.py, list_offsets.py,
-  metadata.py, topics.py (Create/DeleteTopics), partitions.py (CreatePartitions,
-  DeleteRecords), groups.py
-  (FindCoordinator, Join/Sync/Heartbeat/LeaveGroup, OffsetCommit/OffsetFetch,
-  Describe/ListGroups), init_producer_id.py, leader_epoch.py, sasl.py, acl_admin.py, configs.py
-  (Describe/Alter/IncrementalAlterConfigs). A new API is a module and a line here.
+  metadata.py, topics.py (Create/DeleteTopics), partitions.py (CreatePartitions, DeleteRecords),
+  groups.py (FindCoordinator, Join/Sync/Heartbeat/LeaveGroup, OffsetCommit/OffsetFetch,
+  Describe/ListGroups), group_admin.py (DeleteGroups, OffsetDelete), describe.py
+  (DescribeCluster, DescribeLogDirs, DescribeProducers), init_producer_id.py, leader_epoch.py,
+  sasl.py, acl_admin.py, configs.py (Describe/Alter/IncrementalAlterConfigs). A new API is a
+  module and a line here.
 - Only what `SUPPORTED_VERSIONS` lists is advertised in ApiVersions, and only that is answered
   by a handler. An ApiVersions above our highest version gets UNSUPPORTED_VERSION in a v0
   response listing our versions (as Kafka brokers answer, so the client retries at a version we
@@ -48,6 +49,7 @@ from broker.kafka import (
     acl_admin,
     authorize,
     configs,
+    describe,
     fetch,
     group_admin,
     init_producer_id,
@@ -100,6 +102,7 @@ SUPPORTED_VERSIONS: Final[dict[int, tuple[int, int]]] = {
     INIT_PRODUCER_ID: init_producer_id.VERSIONS,  # v2+ flexible (kio writes their headers)
     OFFSET_FOR_LEADER_EPOCH: (0, 3),  # v0-1 read here (kio has v2+); v4+ are flexible
     **group_admin.VERSIONS,  # DeleteGroups, OffsetDelete: broker/kafka/group_admin.py
+    **describe.VERSIONS,  # DescribeCluster, DescribeLogDirs, DescribeProducers: broker/kafka/describe.py
     **GROUP_VERSIONS,  # FindCoordinator, Join/Sync/Heartbeat/LeaveGroup, offsets: broker/kafka/groups.py
     **sasl.VERSIONS,  # SaslHandshake, SaslAuthenticate: broker/kafka/sasl.py
     **acl_admin.VERSIONS,  # DescribeAcls, CreateAcls, DeleteAcls: broker/kafka/acl_admin.py
@@ -163,6 +166,9 @@ class KafkaAdapter:
             **self.groups.apis(),
             group_admin.DELETE_GROUPS: api(group_admin.delete_groups),
             group_admin.OFFSET_DELETE: api(group_admin.offset_delete),
+            describe.DESCRIBE_CLUSTER: api(describe.describe_cluster),
+            describe.DESCRIBE_LOG_DIRS: api(describe.describe_log_dirs),
+            describe.DESCRIBE_PRODUCERS: api(describe.describe_producers),
             sasl.SASL_HANDSHAKE: lambda request, body: sasl.handshake(
                 self.authenticator, request, body, ctx.auth
             ),

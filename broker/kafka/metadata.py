@@ -75,6 +75,17 @@ def metadata(ctx: Context, request: KafkaRequest, body: Any) -> Outcome:
     return core.auto_create_topics(missing, answer)
 
 
+def live_brokers(view: MetadataView) -> list[tuple[int, str, int, str | None]]:
+    """(Kafka broker id, host, port, rack) of every core of every live node: the brokers Metadata
+    and DescribeCluster list."""
+    return [
+        (kafka_broker_id(node.node_id, core), node.host, node.core_port(core), node.rack or None)
+        for node in view.nodes
+        if node.live
+        for core in range(node.cores)
+    ]
+
+
 def metadata_response(
     ctx: Context,
     schema: type[Any],
@@ -89,16 +100,8 @@ def metadata_response(
     whether or not it exists (its existence is not told either)."""
     module = sys.modules[schema.__module__]
     brokers = tuple(
-        make(
-            module.MetadataResponseBroker,
-            node_id=kafka_broker_id(node.node_id, core),
-            host=node.host,
-            port=node.core_port(core),
-            rack=node.rack or None,
-        )
-        for node in view.nodes
-        if node.live
-        for core in range(node.cores)
+        make(module.MetadataResponseBroker, node_id=broker_id, host=host, port=port, rack=rack)
+        for broker_id, host, port, rack in live_brokers(view)
     )
     topics = []
     for t in view.topics:

@@ -150,3 +150,25 @@ def test_group_offsets_are_deleted_in_the_store(cluster: Cluster) -> None:
         assert dict(kp.delete_groups(["gdel"])) == {"gdel": "GroupIdNotFoundError"}
     finally:
         kp.close()
+
+
+def test_describe_cluster_and_log_dirs_in_a_cluster(cluster: Cluster) -> None:
+    """Every core of every live node is a broker; each partition's log dir is listed by the core
+    holding its replica on each of its three nodes, followers included."""
+    from kafka.admin import KafkaAdminClient
+
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    admin.create_topics([NewTopic("dirs", 2, 3)])["dirs"].result(20)
+    led(admin, "dirs", 2)
+    kp = KafkaAdminClient(bootstrap_servers=cluster.bootstrap, request_timeout_ms=15_000)
+    try:
+        described = kp.describe_cluster()
+        assert sorted(b["broker_id"] // 1000 for b in described["brokers"]) == [1, 2, 3]
+        holders: dict[int, set[int]] = {0: set(), 1: set()}
+        for broker in kp.describe_log_dirs(topic_partitions=["dirs"]):
+            for t in broker["log_dirs"][0]["topics"]:
+                for p in t["partitions"]:
+                    holders[p["partition_index"]].add(broker["broker"] // 1000)
+        assert holders == {0: {1, 2, 3}, 1: {1, 2, 3}}
+    finally:
+        kp.close()

@@ -174,6 +174,9 @@ def test_api_versions_lists_only_what_is_answered(adapter: KafkaAdapter, version
         21: (0, 2),
         42: (0, 2),
         47: (0, 0),
+        35: (1, 4),
+        60: (0, 2),
+        61: (0, 0),
     }
 
 
