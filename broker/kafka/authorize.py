@@ -10,7 +10,13 @@ Rules this module keeps:
   CreateTopics of any topic; DescribeAcls describe on the cluster, CreateAcls and DeleteAcls
   alter on it; DescribeConfigs, AlterConfigs and IncrementalAlterConfigs are checked resource by
   resource where they are answered (broker/kafka/configs.py: describe_configs or alter_configs
-  on each topic, on the cluster for a broker's). ApiVersions, the SASL apis and
+  on each topic, on the cluster for a broker's). The admin apis are checked item by item where
+  they are answered, as Kafka checks them: CreatePartitions alter on each topic, DeleteRecords
+  delete on each topic (broker/kafka/partitions.py); DeleteGroups delete on each group,
+  OffsetDelete delete on the group and read on each topic (broker/kafka/group_admin.py);
+  DescribeLogDirs describe on the cluster, DescribeProducers read on each topic,
+  DescribeCluster nothing (broker/kafka/describe.py); DeleteTopics v6 delete on a topic named
+  by id, once its name is known (broker/kafka/topics.py). ApiVersions, the SASL apis and
   InitProducerId (an id without a transactional id grants nothing: KIP-679) need nothing.
   Metadata is filtered instead (broker/kafka/adapter.py `_metadata`). OffsetForLeaderEpoch v0-1,
   which kio has no schema for, are checked where they are decoded (broker/kafka/leader_epoch.py).
@@ -33,7 +39,7 @@ from kio.schema.errors import ErrorCode
 from broker.core.outcomes import Outcome, Reply, Silent
 from broker.kafka.codec import KafkaRequest, encode_response, response_schema
 from broker.kafka.unsupported import error_response
-from broker.security.acls import CLUSTER_NAME, Authorizer
+from broker.security.acls import CLUSTER_NAME, OPERATIONS, Authorizer
 
 _TOPIC_OPS: Final = {0: "write", 1: "read", 2: "describe", 19: "create", 20: "delete", 23: "describe"}
 _GROUP_OPS: Final = {10: "describe", 11: "read", 12: "read", 13: "read", 14: "read", 8: "read", 9: "describe"}
@@ -59,8 +65,10 @@ def _topic_names(api_key: int, body: Any) -> Iterable[str]:
             return (t.name for t in body.topics)
         case 9:
             return (t.name for t in body.topics or ())
-        case 20:
-            return (str(n) for n in body.topic_names)
+        case 20:  # v6: topics by name or id; those by id are checked once named (broker/kafka/topics.py)
+            if getattr(body, "topic_names", None) is not None:
+                return (str(n) for n in body.topic_names)
+            return (str(t.name) for t in getattr(body, "topics", ()) if t.name is not None)
     return ()
 
 
@@ -71,6 +79,37 @@ def _refuse(request: KafkaRequest, body: Any, code: ErrorCode, what: str) -> Out
     assert schema is not None
     resp = error_response(request.api_key, schema, body, code, f"not authorized: {what}")
     return Reply(encode_response(request.correlation_id, resp))
+
+
+# Kafka's AclOperation codes of the operations a resource type has, as Metadata and
+# DescribeCluster report them (authorized operations: bit `code` set for each one allowed); those
+# the ACLs here do not know (cluster action, idempotent write, tokens, ...) are never reported
+KAFKA_OPERATION_CODES: Final = {
+    "topic": {
+        "read": 3,
+        "write": 4,
+        "create": 5,
+        "delete": 6,
+        "alter": 7,
+        "describe": 8,
+        "describe_configs": 10,
+        "alter_configs": 11,
+    },
+    "cluster": {"create": 5, "alter": 7, "describe": 8, "describe_configs": 10, "alter_configs": 11},
+}
+
+
+def authorized_operations(
+    authorizer: Authorizer, principal: str | None, resource_type: str, name: str
+) -> int:
+    """Kafka's bit field of the operations `principal` may do on the resource (every one the
+    ACLs know where they are off); 0 without describe on it, as Kafka answers."""
+    known = [(op, code) for op, code in KAFKA_OPERATION_CODES[resource_type].items() if op in OPERATIONS]
+    if not authorizer.enabled:
+        return sum(1 << code for _, code in known)
+    if not authorizer.allowed(principal, "describe", resource_type, name):
+        return 0
+    return sum(1 << code for op, code in known if authorizer.allowed(principal, op, resource_type, name))
 
 
 def may_describe_group(authorizer: Authorizer, principal: str | None, group: str) -> bool:

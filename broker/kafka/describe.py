@@ -4,10 +4,11 @@ v0): what admin tools ask about the brokers, their log directories and a partiti
 Rules this module keeps:
 - Every core of every node is a broker, as in Metadata (broker/kafka/metadata.py): DescribeCluster
   lists the live ones with the same ids, hosts and ports, the same controller and cluster id.
-  Nothing is needed to ask it; with ACLs on, the cluster's authorized operations (asked for) are
-  those of create, alter and describe the principal has on the cluster, none without describe
-  (Kafka's AuthHelper). Only the broker endpoint type exists here: asking for controllers is
-  MISMATCHED_ENDPOINT_TYPE (v0: INVALID_REQUEST), another type UNSUPPORTED_ENDPOINT_TYPE.
+  Nothing is needed to ask it; the cluster's authorized operations (when asked) are those the
+  principal has on the cluster, none without describe (Kafka's AuthHelper;
+  broker/kafka/authorize.py `authorized_operations`). Only the broker endpoint type exists
+  here: asking for controllers is MISMATCHED_ENDPOINT_TYPE (v0: INVALID_REQUEST), another type
+  UNSUPPORTED_ENDPOINT_TYPE.
 - DescribeLogDirs: one log dir per broker, the node's data dir (its real path), listing the
   partitions the core asked holds (it owns them, and in a cluster the view puts a replica on
   this node), each with the bytes of its segments (0 for one never written: its files are made
@@ -34,6 +35,7 @@ from kio.schema.errors import ErrorCode
 from broker.core.outcomes import Outcome, Reply
 from broker.core.partition import Partition
 from broker.core.views import kafka_broker_id
+from broker.kafka.authorize import authorized_operations
 from broker.kafka.codec import KafkaRequest, encode_response, make, response_schema
 from broker.kafka.context import Context
 from broker.kafka.errors import kafka_error
@@ -54,8 +56,6 @@ NO_THROTTLE: Final = datetime.timedelta(0)
 BROKER_ENDPOINT: Final = 1
 CONTROLLER_ENDPOINT: Final = 2
 AUTHORIZED_OPERATIONS_OMITTED: Final = -(2**31)  # Kafka's "not asked for"
-# Kafka's AclOperation codes of the cluster operations the ACLs here know
-_CLUSTER_OPERATIONS: Final = {"create": 5, "alter": 7, "describe": 8}
 
 
 def describe_cluster(ctx: Context, request: KafkaRequest, body: Any) -> Outcome:
@@ -89,7 +89,7 @@ def describe_cluster(ctx: Context, request: KafkaRequest, body: Any) -> Outcome:
     )
     operations = AUTHORIZED_OPERATIONS_OMITTED
     if body.include_cluster_authorized_operations:
-        operations = _cluster_operations(ctx)
+        operations = authorized_operations(ctx.authorizer, ctx.auth.principal, "cluster", CLUSTER_NAME)
     resp = make(
         schema,
         throttle_time=NO_THROTTLE,
@@ -102,20 +102,6 @@ def describe_cluster(ctx: Context, request: KafkaRequest, body: Any) -> Outcome:
         cluster_authorized_operations=operations,
     )
     return Reply(encode_response(request.correlation_id, resp))
-
-
-def _cluster_operations(ctx: Context) -> int:
-    """The bit field of Kafka's AclOperation codes the principal may do on the cluster."""
-    authorizer = ctx.authorizer
-    allowed = authorizer.allowed
-    principal = ctx.auth.principal
-    if authorizer.enabled and not allowed(principal, "describe", "cluster", CLUSTER_NAME):
-        return 0
-    bits = 0
-    for operation, code in _CLUSTER_OPERATIONS.items():
-        if not authorizer.enabled or allowed(principal, operation, "cluster", CLUSTER_NAME):
-            bits |= 1 << code
-    return bits
 
 
 def describe_log_dirs(ctx: Context, request: KafkaRequest, body: Any) -> Outcome:

@@ -1,4 +1,4 @@
-"""CreateTopics (api 19, v2-4) and DeleteTopics (api 20, v1-3) through the core's create and delete.
+"""CreateTopics (api 19, v2-4) and DeleteTopics (api 20, v1-6) through the core's create and delete.
 
 Rules this module keeps:
 - One node: each topic through `Core.create_topic` / `Core.delete_topic` (which tells the other
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime
 import sys
+import uuid
 from typing import Any, Final
 
 from kio.schema.errors import ErrorCode
@@ -23,11 +24,12 @@ from broker.core.outcomes import Gather, Outcome, Reply
 from broker.kafka.codec import KafkaRequest, encode_response, make, response_schema
 from broker.kafka.context import Context
 from broker.kafka.errors import DONE, kafka_error
+from broker.kafka.metadata import topic_names_by_uuid, topic_uuid
 
 CREATE_TOPICS: Final = 19
 DELETE_TOPICS: Final = 20
 CREATE_VERSIONS: Final = (2, 4)  # v0-1: kio has no schema for them; v5+ are flexible
-DELETE_VERSIONS: Final = (1, 3)  # v0: kio has no schema for it; v4+ are flexible
+DELETE_VERSIONS: Final = (1, 6)  # v0: kio has no schema for it; v4+ flexible; v6: topics by name or id
 
 
 class _Refused(Exception):
@@ -122,13 +124,35 @@ def _create_topics_in_cluster(
 
 def delete_topics(ctx: Context, request: KafkaRequest, body: Any) -> Outcome:
     """Each topic through the core's `delete_topic` (which tells the other cores first); one
-    answer once every deletion is done."""
+    answer once every deletion is done. v6 names topics by name or by id (Kafka's
+    ControllerApis.deleteTopics rules: not both, neither, or twice is INVALID_REQUEST with its
+    message; an unknown id UNKNOWN_TOPIC_ID; a topic named by id needs delete on it, checked
+    here once its name is known, names being checked before: broker/kafka/authorize.py)."""
     schema = response_schema(DELETE_TOPICS, request.api_version)
     assert schema is not None
     module = sys.modules[schema.__module__]
+    early: list[tuple[str | None, uuid.UUID | None, ErrorCode, str | None]] = []  # answered as is
+    names = _deletions(ctx, body, early)
     codes: dict[str, ErrorCode] = {}
     parts: list[Outcome] = []
-    names = list(body.topic_names or ())
+
+    def answer() -> Reply:
+        results = [
+            make(
+                module.DeletableTopicResult,
+                name=name,
+                topic_id=topic_id,
+                error_code=code,
+                error_message=message,
+            )
+            for name, topic_id, code, message in early
+        ]
+        results.extend(
+            make(module.DeletableTopicResult, name=n, topic_id=names[n], error_code=codes[n]) for n in names
+        )
+        resp = make(schema, throttle_time=datetime.timedelta(0), responses=tuple(results))
+        return Reply(encode_response(request.correlation_id, resp))
+
     cluster = ctx.core.config.cluster
     if cluster is not None:
         calls = cluster.calls
@@ -146,9 +170,7 @@ def delete_topics(ctx: Context, request: KafkaRequest, body: Any) -> Outcome:
             if isinstance(result, BaseException):
                 for name in names:
                     codes.setdefault(name, kafka_error(result)[0])
-            results = tuple(make(module.DeletableTopicResult, name=n, error_code=codes[n]) for n in names)
-            resp = make(schema, throttle_time=datetime.timedelta(0), responses=results)
-            return Reply(encode_response(request.correlation_id, resp))
+            return answer()
 
         registry = ctx.core.registry
 
@@ -162,13 +184,66 @@ def delete_topics(ctx: Context, request: KafkaRequest, body: Any) -> Outcome:
             parts.append(ctx.core.delete_topic(name, lambda: DONE))
         except Exception as exc:
             codes[name] = kafka_error(exc)[0]
+    return Gather(parts, answer)
 
-    def finish() -> Reply:
-        results = tuple(make(module.DeletableTopicResult, name=n, error_code=codes[n]) for n in names)
-        resp = make(schema, throttle_time=datetime.timedelta(0), responses=results)
-        return Reply(encode_response(request.correlation_id, resp))
 
-    return Gather(parts, finish)
+def _deletions(
+    ctx: Context, body: Any, early: list[tuple[str | None, uuid.UUID | None, ErrorCode, str | None]]
+) -> dict[str, uuid.UUID | None]:
+    """The topics a DeleteTopics deletes (name -> its Kafka id, v6 where given or known), the
+    ones refused before any deletion appended to `early` (`delete_topics` says which)."""
+    if getattr(body, "topic_names", None) is not None or not hasattr(body, "topics"):
+        return dict.fromkeys(dict.fromkeys(str(n) for n in body.topic_names or ()))
+    by_name: dict[str, uuid.UUID | None] = {}
+    twice_named: set[str] = set()
+    ids: list[uuid.UUID] = []
+    twice_ids: set[uuid.UUID] = set()
+    for t in body.topics:
+        if t.name is None and not t.topic_id:
+            early.append((None, None, ErrorCode.invalid_request, "Neither topic name nor id were specified."))
+        elif t.name is not None and t.topic_id:
+            message = "You may not specify both topic name and topic id."
+            early.append((t.name, t.topic_id, ErrorCode.invalid_request, message))
+        elif t.name is not None:
+            name = str(t.name)
+            if name in by_name or name in twice_named:
+                twice_named.add(name)
+            else:
+                by_name[name] = None
+        elif t.topic_id in ids:
+            twice_ids.add(t.topic_id)
+        else:
+            ids.append(t.topic_id)
+    for name in twice_named:
+        by_name.pop(name, None)
+        early.append((name, None, ErrorCode.invalid_request, "Duplicate topic name."))
+    for topic_id in twice_ids:
+        ids.remove(topic_id)
+        early.append((None, topic_id, ErrorCode.invalid_request, "Duplicate topic id."))
+    found = topic_names_by_uuid(ctx, ids)
+    authorizer = ctx.authorizer
+    for topic_id in ids:
+        named = found[topic_id]
+        if named is None:
+            early.append((None, topic_id, ErrorCode.unknown_topic_id, None))
+            continue
+        name = named
+        if authorizer.enabled and not authorizer.allowed(ctx.auth.principal, "delete", "topic", name):
+            ctx.core.metrics.denied()
+            shown = name if authorizer.allowed(ctx.auth.principal, "describe", "topic", name) else None
+            early.append((shown, topic_id, ErrorCode.topic_authorization_failed, None))
+        elif name in by_name:
+            del by_name[name]
+            message = "The provided topic name maps to an ID that was already supplied."
+            early.append((name, topic_id, ErrorCode.invalid_request, message))
+        else:
+            by_name[name] = topic_id
+    registry = ctx.core.registry
+    for name in [n for n, given in by_name.items() if given is None]:
+        topic = registry.by_name.get(name)
+        if topic is not None:
+            by_name[name] = topic_uuid(ctx.cluster_id, topic.topic_id)
+    return by_name
 
 
 def _configs(configs: Any) -> dict[str, str | None]:

@@ -59,7 +59,7 @@ def test_describe_cluster_lists_every_core_as_metadata_does(server: BrokerProces
         kp.close()
     assert {(b["broker_id"], b["host"], b["port"]) for b in described["brokers"]} == brokers
     assert described["controller_id"] == 0
-    assert sorted(described["authorized_operations"]) == ["ALTER", "CREATE", "DESCRIBE"]
+    assert {"ALTER", "CREATE", "DESCRIBE"} <= set(described["authorized_operations"])
 
     async def aio() -> dict:
         from aiokafka.admin import AIOKafkaAdminClient
