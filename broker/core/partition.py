@@ -93,6 +93,11 @@ EARLIEST = -2  # the log start
 NO_TIMESTAMP = -1  # Kafka's RecordBatch.NO_TIMESTAMP, beside an offset not found by time
 
 
+class RecordDeletionRefused(ValueError):
+    """A DeleteRecords of a partition whose cleanup policy does not delete (Kafka's
+    PolicyViolationException, POLICY_VIOLATION; INVALID_REQUEST in our protocol's mapping)."""
+
+
 class Isolation(Enum):
     """How far a read may go: what tells a follower's read from a consumer's (and, once
     transactions are stored, a read_committed consumer's: below the last stable offset)."""
@@ -425,8 +430,15 @@ class Partition:
         watermark), which must not pass the high watermark (`OffsetOutOfRangeError`, as Kafka's
         `maybeIncrementLogStartOffset`); never back. Returns the new log start (Kafka's low
         watermark). The producer state and epoch history forget what went, as after retention;
-        followers take the new start from the leader's fetch answers (`follow_log_start`)."""
+        followers take the new start from the leader's fetch answers (`follow_log_start`). A log
+        whose cleanup policy does not delete (compact only) refuses it, as Kafka's leader does
+        (`RecordDeletionRefused`: POLICY_VIOLATION)."""
         self.check_leader()
+        if not self.log.config.deletes:
+            raise RecordDeletionRefused(
+                f"records of partition {self.index} of topic id {self.topic_id} cannot be deleted: "
+                f"its cleanup.policy is {self.log.config.cleanup_policy}"
+            )
         hw = self.high_watermark
         if offset == LATEST:
             offset = hw

@@ -19,6 +19,7 @@ from broker.core.acks import InvalidAcksError
 from broker.core.errors import error_of
 from broker.core.groups import OffsetsUnavailable
 from broker.core.outcomes import Reply
+from broker.core.partition import RecordDeletionRefused
 from broker.core.producer_ids import ProducerIdsUnavailable
 from broker.core.producer_state import FencedEpochError, UnknownProducerError
 from broker.core.topics import TopicError, TopicFault
@@ -76,6 +77,8 @@ def kafka_error(exc: BaseException) -> tuple[ErrorCode, str]:
         return ErrorCode.unknown_producer_id, str(exc)
     if isinstance(exc, InvalidAcksError):  # ours: INVALID_REQUEST, which Kafka names apart
         return ErrorCode.invalid_required_acks, str(exc)
+    if isinstance(exc, RecordDeletionRefused):
+        return ErrorCode.policy_violation, str(exc)
     if isinstance(exc, TopicError) and exc.kind is TopicFault.PARTITIONS:
         return ErrorCode.invalid_partitions, str(exc)
     if isinstance(exc, OffsetsUnavailable | ProducerIdsUnavailable):  # retriable, as Kafka's

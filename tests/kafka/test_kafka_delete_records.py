@@ -2,7 +2,8 @@
 confluent-kafka, kafka-python 3 and aiokafka move a partition's log start (Kafka's low
 watermark) inside a segment and to the high watermark (-1); consumers and kcat read from the new
 start, ListOffsets earliest answers it, an offset past the high watermark is OFFSET_OUT_OF_RANGE,
-and a kill -9 and restart keeps it. With two cores each partition is answered by the core that
+and a kill -9 and restart keeps it; a topic whose cleanup.policy does not delete refuses it
+(POLICY_VIOLATION), as Kafka's does. With two cores each partition is answered by the core that
 owns it (the clients send it to its leader)."""
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from labkit.brokerproc import BrokerProcess, Wire
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
 from confluent_kafka import TopicPartition  # noqa: E402
-from confluent_kafka.admin import AdminClient  # noqa: E402
+from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
 kafka = pytest.importorskip("kafka")
 aiokafka = pytest.importorskip("aiokafka")
@@ -128,6 +129,28 @@ def test_confluent_admin_deletes_records(server: BrokerProcess) -> None:
     assert watermarks(server, "dr", 3) == [(4, RECORDS), (RECORDS, RECORDS), (0, RECORDS)]
     assert first_read(server, "dr", 0) == (4, b"0-4")
     assert "level=error" not in server.log()
+
+
+def test_a_compacted_topic_refuses_it(server: BrokerProcess) -> None:
+    """Kafka's leader refuses DeleteRecords where cleanup.policy does not delete."""
+    admin = AdminClient({"bootstrap.servers": server.bootstrap})
+    topics = [
+        NewTopic("kept", 1, config={"cleanup.policy": "compact"}),
+        NewTopic("both", 1, config={"cleanup.policy": "compact,delete"}),
+    ]
+    for future in admin.create_topics(topics).values():
+        future.result(15)
+    producer = confluent_kafka.Producer({"bootstrap.servers": server.bootstrap})
+    for topic in ("kept", "both"):
+        for i in range(3):
+            producer.produce(topic, key=b"k%d" % i, value=b"v")
+    assert producer.flush(20) == 0
+    [refused] = admin.delete_records([TopicPartition("kept", 0, 1)]).values()
+    with pytest.raises(confluent_kafka.KafkaException, match="POLICY_VIOLATION"):
+        refused.result(15)
+    [done] = admin.delete_records([TopicPartition("both", 0, 1)]).values()
+    assert done.result(15).low_watermark == 1
+    assert watermarks(server, "kept", 1) == [(0, 3)]
 
 
 def test_kafka_python_and_aiokafka_delete_records(server: BrokerProcess) -> None:
