@@ -28,8 +28,8 @@ from broker.kafka.codec import (
     request_schema,
 )
 from broker.kafka.errors import kafka_error
-from broker.node.worker import serving_adapters
 from broker.kafka.metadata import topic_uuid
+from broker.node.worker import serving_adapters
 from broker.ringlog.adapter import RinglogAdapter
 from broker.security.session import ConnectionAuth
 from labkit.kafka_requests import frame as frame_of
