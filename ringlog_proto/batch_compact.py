@@ -25,21 +25,15 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from crc32c import crc32c
-
 from ringlog_proto.batch_header import (
-    _CRC,
-    _HEAD,
-    _TAIL,
     COMPRESSION_MASK,
     CONTROL_BIT,
     DELETE_HORIZON_BIT,
     HEADER_SIZE,
-    LENGTH_PREFIX_SIZE,
-    MAGIC,
     TIMESTAMP_TYPE_BIT,
     TRANSACTIONAL_BIT,
     BatchHeader,
+    sealed,
 )
 from ringlog_proto.compression import compress_stored, decompress_stored
 from ringlog_proto.record import BatchError
@@ -123,27 +117,10 @@ def rebuilt(
     codec = attributes & COMPRESSION_MASK
     if codec:
         records = compress_stored(records, codec)
-    return _sealed(h, attributes, first_ts, h.max_timestamp, len(kept), records)
+    return sealed(h, attributes, first_ts, h.max_timestamp, len(kept), records)
 
 
 def emptied(h: BatchHeader) -> bytes:
     """The batch `h` with no record left: its header alone (Kafka's `writeEmptyHeader`)."""
     attributes = h.attributes & (TIMESTAMP_TYPE_BIT | TRANSACTIONAL_BIT | CONTROL_BIT)
-    return _sealed(h, attributes, NO_TIMESTAMP, h.max_timestamp, 0, b"")
-
-
-def _sealed(h: BatchHeader, attributes: int, first_ts: int, max_ts: int, count: int, records: bytes) -> bytes:
-    tail = _TAIL.pack(
-        attributes,
-        h.last_offset_delta,
-        first_ts,
-        max_ts,
-        h.producer_id,
-        h.producer_epoch,
-        h.base_sequence,
-        count,
-    )
-    head = _HEAD.pack(
-        h.base_offset, HEADER_SIZE - LENGTH_PREFIX_SIZE + len(records), h.partition_leader_epoch, MAGIC
-    )
-    return b"".join((head, _CRC.pack(crc32c(records, crc32c(tail))), tail, records))
+    return sealed(h, attributes, NO_TIMESTAMP, h.max_timestamp, 0, b"")

@@ -1,6 +1,7 @@
 """The batch header: its fields and constants, `BatchHeader`, the checks of a header and of the
 crc (`invalid_header`, `invalid_batch`), the recognition of ringlog's format 1 (`legacy_format`),
-and the two fields the broker writes (`set_base_offset`, `rebased`). The layout, field by field, is
+the two fields the broker writes (`set_base_offset`, `rebased`) and the header of a batch it
+writes anew (`sealed`). The layout, field by field, is
 in ringlog_proto/batch.py's docstring ("Fileformat"); the C twins in native/ check their copy of it
 against this module's when they load.
 """
@@ -316,6 +317,26 @@ def rebased(
         view[pos + _STAMP_SIZE : pos + LENGTH_PREFIX_SIZE + length],
         BatchHeader._make((base_offset, length, leader_epoch, *header[3:])),
     )
+
+
+def sealed(h: BatchHeader, attributes: int, first_ts: int, max_ts: int, count: int, records: bytes) -> bytes:
+    """A whole batch the broker writes anew: `h`'s base offset, leader epoch, `last_offset_delta`
+    and producer fields, with these attributes, first and max timestamps, record count and record
+    section (compressed already, when `attributes` say so), under a crc of its own."""
+    tail = _TAIL.pack(
+        attributes,
+        h.last_offset_delta,
+        first_ts,
+        max_ts,
+        h.producer_id,
+        h.producer_epoch,
+        h.base_sequence,
+        count,
+    )
+    head = _HEAD.pack(
+        h.base_offset, HEADER_SIZE - LENGTH_PREFIX_SIZE + len(records), h.partition_leader_epoch, MAGIC
+    )
+    return b"".join((head, _CRC.pack(crc32c(records, crc32c(tail))), tail, records))
 
 
 def _field_at(name: str) -> int:
