@@ -1,7 +1,8 @@
 """The compression of a batch's record section: gzip both ways for clients (the stdlib's zlib),
-and the broker's bounded inflation of every codec Kafka has (`decompress_bounded`, in cramjam),
-with which it checks compressed batches. The codec numbers are the header's attribute bits
-(batch_header.py).
+and, for the broker, every codec Kafka has in cramjam: the bounded inflation with which it checks
+compressed batches (`decompress_bounded`), and the inflation and compression of the batches it
+rewrites (`decompress_stored`, `compress_stored`: the log cleaner's, and a topic's
+compression.type). The codec numbers are the header's attribute bits (batch_header.py).
 """
 
 from __future__ import annotations
@@ -10,7 +11,13 @@ import struct
 import zlib
 from typing import Any
 
-from ringlog_proto.batch_header import CODEC_NAMES, COMPRESSION_GZIP, COMPRESSION_NONE, COMPRESSION_SNAPPY
+from ringlog_proto.batch_header import (
+    CODEC_NAMES,
+    COMPRESSION_GZIP,
+    COMPRESSION_LZ4,
+    COMPRESSION_NONE,
+    COMPRESSION_SNAPPY,
+)
 from ringlog_proto.record import BatchError
 
 
@@ -69,13 +76,24 @@ def decompress_stored(data: bytes | bytearray | memoryview, codec: int) -> bytes
 
 
 _XERIAL_BLOCK = 32 * 1024  # uncompressed bytes per block, as Java's SnappyOutputStream writes them
+# Kafka's compression.<codec>.level defaults (its GzipCompression, Lz4Compression, ZstdCompression):
+# gzip -1 is zlib's own default, 6.
+GZIP_LEVEL_DEFAULT = -1
+LZ4_LEVEL_DEFAULT = 9
+ZSTD_LEVEL_DEFAULT = 3
+_ZLIB_DEFAULT = 6
+_LZ4_FAST = 1  # liblz4's frame levels below 3 are its fast compressor
 
 
-def compress_stored(section: bytes, codec: int) -> bytes:
-    """A record section compressed with `codec`, any of Kafka's, for the broker's log cleaner,
-    which rewrites a compressed batch with the codec it came with (as Kafka's cleaner does):
-    gzip, lz4 and zstd as frames, snappy in Java's xerial framing (what Kafka's own producer and
-    cleaner write, and every client reads)."""
+def compress_stored(section: bytes | bytearray | memoryview, codec: int, level: int | None = None) -> bytes:
+    """A record section compressed with `codec`, any of Kafka's, by the broker: the log cleaner,
+    which rewrites a compressed batch with the codec it came with (as Kafka's cleaner does), and
+    an append to a topic whose compression.type names another codec than the producer's.
+    `level` is Kafka's compression.<codec>.level (None: Kafka's default; snappy has none).
+    Framed as Kafka's own writers frame them, which every client reads: gzip and zstd frames,
+    snappy in Java's xerial framing, lz4 frames of independent 64 KiB blocks (the Java client
+    refuses linked blocks, liblz4's default). lz4's level 9, Kafka's default, is the fast
+    compressor, as Kafka's Lz4BlockOutputStream makes it; other levels are liblz4's HC levels."""
     name = CODEC_NAMES.get(codec)
     if name is None or codec == COMPRESSION_NONE:
         raise BatchError(f"unknown compression codec {codec}")
@@ -86,7 +104,19 @@ def compress_stored(section: bytes, codec: int) -> bytes:
             block = bytes(lib.snappy.compress_raw(section[i : i + _XERIAL_BLOCK]))
             parts += (struct.pack(">i", len(block)), block)
         return b"".join(parts)
-    return bytes(getattr(lib, name).compress(section))
+    if codec == COMPRESSION_LZ4:
+        lz4_level = LZ4_LEVEL_DEFAULT if level is None else level
+        c = lib.lz4.Compressor(
+            level=_LZ4_FAST if lz4_level == LZ4_LEVEL_DEFAULT else lz4_level,
+            content_checksum=False,
+            block_linked=False,
+        )
+        c.compress(bytes(section))  # its streaming API takes bytes only
+        return bytes(c.finish())
+    if codec == COMPRESSION_GZIP:
+        gzip_level = _ZLIB_DEFAULT if level is None or level == GZIP_LEVEL_DEFAULT else level
+        return bytes(lib.gzip.compress(section, level=gzip_level))
+    return bytes(lib.zstd.compress(section, level=ZSTD_LEVEL_DEFAULT if level is None else level))
 
 
 class DecompressedTooLarge(BatchError):
