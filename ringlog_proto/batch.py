@@ -10,6 +10,8 @@ module re-exports (code imports them from ringlog_proto.batch):
   with their C twins in native._records;
 - compression.py: the record section's codecs, gzip for clients and every codec bounded for the
   broker;
+- batch_recompress.py: a produced batch rewritten in its topic's codec (compression.type), and
+  batch_compact.py: the batches the log cleaner writes (both imported from their modules);
 - varint.py and record.py: the varints, `Record`, `Header` and `BatchError`, which both record
   codecs name.
 
@@ -23,7 +25,8 @@ Rules these modules keep:
   after inflating it, bounded: `invalid_compressed_records()`)
   (varint lengths, offset deltas, counts, header keys; never the payload), writes the base offset
   and partition leader epoch with `set_base_offset()` (or beside it, `rebased()`), and stores the
-  bytes as they came; reading them back, it checks them with `scan_stored()` (`stored_damage()`
+  bytes as they came (unless the topic's compression.type names another codec than the batch's:
+  then the records are copied, not decoded, into a batch of that codec, batch_recompress.py); reading them back, it checks them with `scan_stored()` (`stored_damage()`
   batch after batch, in C when native._records is built). The crc does not
   cover those two fields, so assigning them costs 16 bytes, not a checksum over the batch. The walk
   is what keeps a batch no client can decode (a "poison" batch with a valid crc) out of the log.
@@ -105,7 +108,7 @@ is CORRUPT_MESSAGE, a framing failure or a batch of a kind not taken yet is INVA
   with a valid crc, truncated, trailing bytes) is CORRUPT_MESSAGE, records that do not frame or
   are fewer or more than record_count are INVALID_BATCH, and a section inflating past the bound
   (`decompress_bounded`: never more than it is produced, whatever the stream claims) is
-  MESSAGE_TOO_LARGE. The batch is then stored as it came, compressed.
+  MESSAGE_TOO_LARGE. The batch is then stored as it came, compressed (or in its topic's codec).
 The same rules make `decode_records` fail.
 
 Clients' base offsets are overwritten, never checked: Kafka clients send 0, our encoder 0 by default.
