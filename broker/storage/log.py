@@ -51,7 +51,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
-from broker.storage import log_reads, log_recovery, log_start, validation
+from broker.storage import log_reads, log_recovery, log_start, recompression, validation
 from broker.storage.errors import LogClosedError, OffsetOutOfRangeError, StorageError
 from broker.storage.fdcache import DEFAULT_CACHE, FdCache
 from broker.storage.fileio import (
@@ -367,15 +367,20 @@ class Log:
         all in one vectored write. `headers` are what `validate(records)` returned, when the
         caller needed them first (to check producer sequences): validation is not repeated.
         `leader_epoch`: stamped in every batch (the epoch of the leader that assigns the offsets).
+        A log whose topic names a codec (`LogConfig.compression`) first rewrites the batches in
+        another (broker/storage/recompression.py): those bytes are written, and `pending.headers`
+        are theirs.
         """
         self.check_usable()
         headers = self.validate(records) if headers is None else list(headers)
+        cfg = self.config
+        if cfg.compression is not None:  # the topic's compression.type names a codec
+            records, headers = recompression.in_log_codec(records, headers, cfg)
         size = len(records)
         now = self.clock()
         base = self._next_offset
         seg = self.segments[-1]
         count = headers[0].record_count if len(headers) == 1 else sum(h.record_count for h in headers)
-        cfg = self.config
         if (
             self._reserved_size + size > cfg.segment_bytes
             or base + count - seg.base_offset > RELATIVE_OFFSET_MAX

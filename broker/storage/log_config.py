@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from broker.storage.index import POSITION_MAX
 from broker.storage.segment import PREALLOCATE_BYTES, PREALLOCATE_BYTES_MAX
+from ringlog_proto.batch import CODEC_NAMES
 
 SEGMENT_BYTES_MAX = 1 << 31  # index positions are u32; 2 GiB keeps every position far from overflow
 # A compressed batch may inflate to this many times max_batch_bytes (`LogConfig.max_decompressed_bytes`):
@@ -56,6 +57,12 @@ class LogConfig:
     min_compaction_lag_ms: int = 0
     max_compaction_lag_ms: int | None = None
     min_cleanable_dirty_ratio: float = 0.5
+    # The codec every appended batch is stored with (Kafka's compression.type): None keeps the
+    # producer's ("producer"), else a codec number (ringlog_proto.batch.CODEC_NAMES, 0 for
+    # "uncompressed"); a batch in another codec is rewritten in this one (recompression.py) at
+    # `compression_level`, Kafka's compression.<codec>.level (None: the codec's default).
+    compression: int | None = None
+    compression_level: int | None = None
 
     @property
     def compacts(self) -> bool:
@@ -110,6 +117,8 @@ class LogConfig:
                 f"max_compaction_lag_ms {self.max_compaction_lag_ms} is below "
                 f"min_compaction_lag_ms {self.min_compaction_lag_ms}"
             )
+        if self.compression is not None and self.compression not in CODEC_NAMES:
+            return f"compression must be None or a codec in {sorted(CODEC_NAMES)}, not {self.compression}"
         if not 0.0 <= self.min_cleanable_dirty_ratio <= 1.0:
             return f"min_cleanable_dirty_ratio must be in 0..1, not {self.min_cleanable_dirty_ratio}"
         return None
