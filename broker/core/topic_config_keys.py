@@ -174,9 +174,13 @@ _KEYS: Final = (
         "compression.type",
         ConfigType.STRING,
         "producer",
-        "The codec batches are stored with. producer: as the producer sent them. Any other value "
-        "is accepted and kept; ringlog stores batches as sent (it does not recompress).",
-        Effect.STORED,
+        "The codec batches are stored with. producer: as the producer sent them. uncompressed, "
+        "gzip, snappy, lz4, zstd: a batch sent in another codec is rewritten in this one when it "
+        "is appended (its records, offsets, timestamps and producer sequence kept; the batch as "
+        "stored must fit max.message.bytes too), as Kafka does; a batch already in it is stored "
+        "as sent. The rewrite is CPU on the partition's core: producers that compress with the "
+        "topic's codec spare it.",
+        Effect.APPLIED,
         ("compression.type",),
         choices=("uncompressed", "zstd", "lz4", "snappy", "gzip", "producer"),
     ),
@@ -184,8 +188,9 @@ _KEYS: Final = (
         "compression.gzip.level",
         ConfigType.INT,
         "-1",
-        "The gzip level a recompression would use (ringlog does not recompress).",
-        Effect.STORED,
+        "The level a batch rewritten in gzip (compression.type=gzip) is compressed at (-1: "
+        "zlib's default, 6).",
+        Effect.APPLIED,
         ("compression.gzip.level",),
         check=_gzip_level,
     ),
@@ -193,8 +198,9 @@ _KEYS: Final = (
         "compression.lz4.level",
         ConfigType.INT,
         "9",
-        "The lz4 level a recompression would use (ringlog does not recompress).",
-        Effect.STORED,
+        "The level a batch rewritten in lz4 (compression.type=lz4) is compressed at (9, Kafka's "
+        "default: the fast compressor, as Kafka's; others: lz4's HC levels).",
+        Effect.APPLIED,
         ("compression.lz4.level",),
         low=1,
         high=17,
@@ -203,8 +209,8 @@ _KEYS: Final = (
         "compression.zstd.level",
         ConfigType.INT,
         "3",
-        "The zstd level a recompression would use (ringlog does not recompress).",
-        Effect.STORED,
+        "The level a batch rewritten in zstd (compression.type=zstd) is compressed at.",
+        Effect.APPLIED,
         ("compression.zstd.level",),
         low=-131072,
         high=22,

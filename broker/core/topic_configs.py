@@ -30,6 +30,22 @@ from enum import Enum
 from broker.core.limits import Limits
 from broker.core.topic_config_keys import KEYS, LONG_MAX, ConfigError, ConfigType
 from broker.storage.log_config import LogConfig
+from ringlog_proto.batch import (
+    COMPRESSION_GZIP,
+    COMPRESSION_LZ4,
+    COMPRESSION_NONE,
+    COMPRESSION_SNAPPY,
+    COMPRESSION_ZSTD,
+)
+
+# compression.type's codecs as the batch header numbers them (ringlog_proto/batch_header.py)
+_CODECS: Mapping[str, int] = {
+    "uncompressed": COMPRESSION_NONE,
+    "gzip": COMPRESSION_GZIP,
+    "snappy": COMPRESSION_SNAPPY,
+    "lz4": COMPRESSION_LZ4,
+    "zstd": COMPRESSION_ZSTD,
+}
 
 
 class ConfigSource(Enum):
@@ -196,6 +212,7 @@ class TopicSettings:
     min_insync_replicas: int
     unclean_leader_election: bool
     compression_type: str
+    compression_levels: Mapping[str, int]  # codec name -> its compression.<codec>.level
     cleanup_policy: tuple[str, ...]
     delete_retention_ms: int
     min_compaction_lag_ms: int
@@ -231,7 +248,17 @@ class TopicSettings:
                 None if self.max_compaction_lag_ms == LONG_MAX else self.max_compaction_lag_ms
             ),
             min_cleanable_dirty_ratio=self.min_cleanable_dirty_ratio,
+            compression=self.compression_codec,
+            compression_level=self.compression_levels.get(self.compression_type),
         )
+
+    @property
+    def compression_codec(self) -> int | None:
+        """The codec the log stores every batch with (None: the producer's, compression.type
+        producer; 0: uncompressed)."""
+        if self.compression_type == "producer":
+            return None
+        return _CODECS[self.compression_type]
 
 
 def effective(overrides: Mapping[str, str], defaults: TopicDefaults) -> dict[str, str]:
@@ -269,6 +296,7 @@ def settings(overrides: Mapping[str, str], defaults: TopicDefaults) -> TopicSett
         min_insync_replicas=number("min.insync.replicas"),
         unclean_leader_election=get("unclean.leader.election.enable") is True,
         compression_type=values["compression.type"],
+        compression_levels={codec: number(f"compression.{codec}.level") for codec in ("gzip", "lz4", "zstd")},
         cleanup_policy=policy,
         delete_retention_ms=number("delete.retention.ms"),
         min_compaction_lag_ms=number("min.compaction.lag.ms"),

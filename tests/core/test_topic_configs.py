@@ -156,6 +156,30 @@ def test_without_the_delete_policy_retention_deletes_nothing() -> None:
     assert both.compact and both.delete and both.log_config(broker.log).retention_ms == 1000
 
 
+@pytest.mark.parametrize(
+    ("overrides", "codec", "level"),
+    [
+        ({}, None, None),
+        ({"compression.type": "producer", "compression.zstd.level": "9"}, None, None),
+        ({"compression.type": "uncompressed"}, 0, None),
+        ({"compression.type": "gzip"}, 1, -1),
+        ({"compression.type": "gzip", "compression.gzip.level": "9"}, 1, 9),
+        ({"compression.type": "snappy"}, 2, None),
+        ({"compression.type": "lz4", "compression.lz4.level": "12"}, 3, 12),
+        ({"compression.type": "zstd"}, 4, 3),
+        ({"compression.type": "zstd", "compression.zstd.level": "-5", "compression.gzip.level": "1"}, 4, -5),
+    ],
+)
+def test_compression_type_names_the_logs_codec_and_its_level(overrides: dict, codec: int, level: int) -> None:
+    """compression.type producer leaves each batch's codec as sent (None); any other is the codec
+    every batch is stored in (ringlog_proto.batch's numbers), at that codec's level."""
+    broker = TopicDefaults()
+    config = settings(parse_overrides(overrides), broker).log_config(broker.log)
+    assert (config.compression, config.compression_level) == (codec, level)
+    assert config.invalid() is None
+    assert KEYS["compression.type"].effect is Effect.APPLIED
+
+
 def test_configs_that_do_not_hold_together_or_break_a_floor_are_refused() -> None:
     broker, limits = TopicDefaults(), Limits()
     with pytest.raises(
