@@ -143,6 +143,11 @@ class PendingRead:
             log.error("%s", result.error)
         return ReadAnswer(result.data, p.high_watermark, p.log.start_offset)
 
+    def without_records(self) -> PendingRead:
+        """The same read with nothing to pread: a multi-partition fetch whose response has no
+        room left for this partition's batches (broker/core/read_budget.py)."""
+        return PendingRead(self._partition, None)
+
     def nothing(self) -> ReadAnswer:
         """No records (nothing there yet, or a long poll's deadline): the bounds as they are now."""
         p = self._partition

@@ -5,9 +5,15 @@ Rules this module keeps:
   checked when the client names one): one `Read` part per partition that has batches, the
   stored bytes sent as they are, and the request one `Gather`; the response is written by
   broker/kafka/fast_encode.py (the hot path).
-- A Fetch answers at once when what it can read reaches min_bytes (at least one byte), when a
-  partition has an error, or at its deadline; otherwise it waits (`Wait`) on every partition of
-  ours it names, and looks again when any of them grows.
+- The response holds at most the request's max_bytes of records (KIP-74; Kafka's broker
+  `fetch.max.bytes` caps that in turn): partitions are filled in request order, each up to its
+  partition_max_bytes, and the first batch of the first partition with records goes whole
+  whatever its size; a partition left without room answers its bounds and no records
+  (broker/core/read_budget.py holds the rule, which our ReplicaFetch keeps too).
+- A Fetch answers at once when what it can read reaches min_bytes (at least one byte), when the
+  response is full, when a partition has an error, or at its deadline; otherwise it waits
+  (`Wait`) on every partition of ours it names, and looks again when any of them grows (each
+  look a fresh budget: a long poll answered later keeps the cap).
 - No fetch sessions: session id 0 (full fetches); an incremental one is
   FETCH_SESSION_ID_NOT_FOUND, as Kafka answers a session it does not know. No transactions: the
   last stable offset is the high watermark.
@@ -22,6 +28,7 @@ from kio.schema.errors import ErrorCode
 
 from broker.core.outcomes import Gather, Outcome, Read, Reply, Wait
 from broker.core.partition import Isolation, Partition, PendingRead
+from broker.core.read_budget import ReadBudget
 from broker.kafka.codec import KafkaRequest, encode_response, make, response_schema
 from broker.kafka.context import Context
 from broker.kafka.errors import DONE, NotLeaderError, kafka_error
@@ -32,6 +39,9 @@ from ringlog_proto.frames import Buffer
 FETCH: Final = 1
 VERSIONS: Final = (4, 11)  # v12+ are flexible
 FETCH_PARTITION_MAX: Final = 64 << 20  # a partition's share of one fetch, whatever it asks
+# The records of one response, whatever it asks: Kafka's broker config fetch.max.bytes (KIP-541),
+# at its default; clients ask less (librdkafka's and the Java client's fetch.max.bytes: 50 MiB).
+FETCH_RESPONSE_MAX: Final = 55 << 20
 FETCH_WAIT_MAX_MS: Final = 30_000
 # Fetch sessions (v7+): the epochs of a full fetch; any other asks for a session we never create
 FETCH_SESSION_INITIAL: Final = 0
@@ -53,14 +63,16 @@ def fetch(ctx: Context, request: KafkaRequest, body: Any) -> Outcome:
 
 def _fetch(ctx: Context, request: KafkaRequest, body: Any, deadline_ms: int, final: bool = False) -> Outcome:
     """Each partition's batches as a plain extent read (one `Read` part each, stored bytes
-    sent as they are). Answered at once when a partition has an error, when what can be read
-    reaches min_bytes (at least one byte: min_bytes 0 never waits) or at the deadline (`final`);
+    sent as they are), within the response's budget. Answered at once when a partition has an
+    error, when what can be read reaches min_bytes (at least one byte: min_bytes 0 never waits)
+    or the budget left a batch out, or at the deadline (`final`);
     otherwise it waits on every partition of ours it names, until one grows (then it looks
     again) or the deadline passes (then it answers with what there is)."""
     results: Results = {}
     order: list[tuple[str, list[int]]] = []
     parts: list[Outcome] = []
     ours: dict[Partition, None] = {}  # the partitions of this core it names, once each
+    budget = ReadBudget(min(int(body.max_bytes), FETCH_RESPONSE_MAX))
     readable = 0
     failed = False
     for topic in body.topics:
@@ -76,9 +88,10 @@ def _fetch(ctx: Context, request: KafkaRequest, body: Any, deadline_ms: int, fin
                 target = ctx.core.partition_named(*key)
                 if not isinstance(target, Partition):
                     raise NotLeaderError(f"led by core {target}")
-                limit = min(max(int(fp.partition_max_bytes), 1), FETCH_PARTITION_MAX)
+                limit = budget.limit(min(int(fp.partition_max_bytes), FETCH_PARTITION_MAX))
                 epoch = int(getattr(fp, "current_leader_epoch", -1))
                 read = target.read(int(fp.fetch_offset), limit, Isolation.HIGH_WATERMARK, epoch)
+                read = budget.take(read, limit)
             except Exception as exc:
                 code, _ = kafka_error(exc)
                 results[key] = (code, -1, -1, b"")
@@ -94,7 +107,7 @@ def _fetch(ctx: Context, request: KafkaRequest, body: Any, deadline_ms: int, fin
     def reply() -> Reply:
         return _fetch_reply(request, order, results, read_committed)
 
-    enough = readable >= max(1, int(body.min_bytes)) or int(body.min_bytes) <= 0
+    enough = budget.full or readable >= max(1, int(body.min_bytes)) or int(body.min_bytes) <= 0
     if not (final or failed or enough or not ours) and deadline_ms > now_ms():
 
         def again() -> Outcome:
