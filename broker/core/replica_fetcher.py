@@ -15,6 +15,10 @@ Rules this module keeps:
   leader's high watermark is taken as far as the local log reaches, and so is its log start
   (Kafka's DeleteRecords, or its retention: `Partition.follow_log_start`). An error backs the
   partition off, doubling from 100 ms to 5 s; a good answer resets it.
+- A request names the partitions in turn: one that got records goes to the back of the next
+  request, as Kafka's fetcher moves it (`PartitionStates.updateAndMoveToEnd`). The leader fills
+  an answer in request order up to its max_bytes (broker/core/read_budget.py), so a partition far
+  behind would otherwise fill every answer while the ones after it get nothing.
 """
 
 from __future__ import annotations
@@ -164,6 +168,7 @@ class ReplicaFetcher:
             except (StorageError, OSError) as exc:
                 log.error("partition %d/%d: taking the leader's log start: %s", *key, exc)
             if r.records:
+                self._partitions[key] = self._partitions.pop(key)  # its turn is over: to the back
                 try:
                     out.appends += append_outcomes(p, r.records, r.high_watermark)
                 except Exception as exc:  # refused before anything was written: back off

@@ -45,6 +45,7 @@ from broker.core.limits import FETCH_MAX_BYTES_MAX, FETCH_WAIT_MS_MAX
 from broker.core.metrics import read_snapshots
 from broker.core.outcomes import Append, Forward, Gather, Later, Outcome, Read, Reply, Silent, Wait
 from broker.core.partition import Diverging, Partition, PendingRead, ReadAnswer, Stored
+from broker.core.read_budget import ReadBudget
 from broker.core.topic_configs import ConfigChange, ConfigOp, ConfigSource, changing, replacing
 from broker.core.topics import Topic
 from broker.ringlog.access import Access
@@ -471,8 +472,10 @@ class RinglogAdapter:
         """A follower's fetch of every partition it follows on this core. Per partition: a
         diverging epoch (KIP-320) instead of records; else its log end (the fetch offset) is
         taken, which may advance the HW (answering acks=all produces), and the batches from it
-        are read (up to the log end: a follower reads past the HW). Waits like Fetch when
-        nothing is there, on all its partitions."""
+        are read (up to the log end: a follower reads past the HW), within the request's
+        max_bytes as Kafka's follower fetch is (broker/core/read_budget.py: the first batch of the
+        first partition with records whole, then what fits). Waits like Fetch when nothing is
+        there, on all its partitions."""
         assert isinstance(req, m.ReplicaFetchRequest)
         if req.max_bytes <= 0 or req.max_wait_ms < 0:
             raise ValueError(
@@ -482,18 +485,19 @@ class RinglogAdapter:
         results: list[m.ReplicaFetchPartitionData] = []
         parts: list[Outcome] = []
         ours: list[Partition] = []
-        budget = min(req.max_bytes, FETCH_MAX_BYTES_MAX)
+        budget = ReadBudget(min(req.max_bytes, FETCH_MAX_BYTES_MAX))
         readable = 0
         for i, fp in enumerate(req.partitions):
             tid, index = fp.topic_id, fp.partition
             try:
                 p = self.core.partition_by_id(tid, index)
+                limit = budget.limit(FETCH_MAX_BYTES_MAX)
                 read = p.read_for_follower(
                     req.replica_node,
                     fp.fetch_offset,
                     fp.last_fetched_epoch,
                     fp.current_leader_epoch,
-                    max(budget - readable, 1),
+                    limit,
                     now,
                 )
             except OffsetOutOfRangeError as exc:  # where the follower may start over, if below
@@ -517,6 +521,7 @@ class RinglogAdapter:
             # the high watermark is the one at the answer: this fetch may move it
             results.append(m.ReplicaFetchPartitionData(tid, index, m.ErrorCode.NONE, -1, p.log_start_offset))
             ours.append(p)
+            read = budget.take(read, limit)
             if read.extent is not None:
                 readable += read.extent.length
                 parts.append(self._replica_read(read, results, i))
@@ -539,7 +544,7 @@ class RinglogAdapter:
             )
             return self._reply(frame, m.ReplicaFetchResponse(partitions=final))
 
-        enough = readable >= max(1, req.min_bytes) or req.min_bytes <= 0
+        enough = budget.full or readable >= max(1, req.min_bytes) or req.min_bytes <= 0
         if not enough and ours and len(results) == len(ours) and req.max_wait_ms > 0:
             deadline = now + min(req.max_wait_ms, FETCH_WAIT_MS_MAX)
             if not parts:

@@ -333,3 +333,54 @@ def test_a_new_leader_answers_a_sequence_gap_retriably_while_its_predecessors_ma
     monkeypatch.setattr(partition_module, "SEQUENCE_GAP_GRACE_S", 0.0)
     assert send(b, s[4]).error == m.ErrorCode.OUT_OF_ORDER_SEQUENCE, "later, a gap is a gap (Kafka's answer)"
     assert send(b, s[3]).error == m.ErrorCode.NONE
+
+
+def test_a_replica_fetch_keeps_its_max_bytes_and_every_partition_gets_a_turn(tmp_path: Path) -> None:
+    """The leader fills a ReplicaFetch answer in request order up to its max_bytes (the first
+    batch whole, then what fits: Kafka's follower fetch), and the follower puts a partition that
+    got records at the back of its next request, so each partition is first in turn."""
+    a, b = Node(1, tmp_path / "a"), Node(2, tmp_path / "b")
+    try:
+        ask(a.handlers, m.CreateTopicRequest("wide", 3))
+        ask(b.handlers, m.CreateTopicRequest("wide", 3))
+        leaders, followers = [], []
+        for index in range(3):
+            lp, fp = (
+                a.handlers.core.partition_named("wide", index),
+                b.handlers.core.partition_named("wide", index),
+            )
+            assert isinstance(lp, Partition) and isinstance(fp, Partition)
+            lp.become_leader(1, (1, 2), (1, 2), 1, now=NOW)
+            fp.become_follower(1, 1)
+            leaders.append(lp)
+            followers.append(fp)
+        batch = encode_batch([b"v" * 1000])
+        for lp in leaders:
+            for _ in range(4):
+                carry_out(
+                    a.handlers.handle(frame_of(m.ProduceRequest(lp.topic_id, lp.index, 1, 1000, batch))), []
+                )
+        size = len(batch)
+        fetcher = ReplicaFetcher(2, max_wait_ms=0, max_bytes=int(size * 2.5))
+        for fp in followers:
+            fetcher.add(fp)
+        firsts = []
+        for _ in range(6):
+            req = fetcher.request(NOW)
+            assert req is not None
+            answers: list[Reply] = []
+            assert carry_out(a.handlers.handle(frame_of(req)), answers) is None
+            resp = decoded(answers[0])
+            assert isinstance(resp, m.ReplicaFetchResponse)
+            got = [len(p.records) // size for p in resp.partitions]
+            assert sorted(got) == [0, 0, 2], got
+            firsts.append(resp.partitions[got.index(2)].partition)
+            applied = fetcher.apply(resp, NOW)
+            for append in applied.appends:
+                run_ops(IO, append.pending.ops)
+                append.complete()
+        assert firsts == [0, 1, 2, 0, 1, 2], "each partition first in turn"
+        assert [fp.log.end_offset for fp in followers] == [4, 4, 4]
+    finally:
+        a.close()
+        b.close()
