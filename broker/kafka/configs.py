@@ -210,6 +210,23 @@ def _entry(module: Any, e: ConfigEntry, synonyms: bool, docs: bool) -> Any:
     )
 
 
+def created_topic_configs(module: Any, entries: list[ConfigEntry]) -> tuple[Any, ...]:
+    """A topic's configs as CreateTopics v5+ answers them (KIP-525, `module`: its response
+    schema's): each entry as DescribeConfigs describes it, without synonyms or documentation, a
+    sensitive value null (Kafka's rule; no topic config is sensitive)."""
+    return tuple(
+        make(
+            module.CreatableTopicConfigs,
+            name=e.name,
+            value=None if e.sensitive else e.value,
+            read_only=e.read_only,
+            config_source=SOURCES[e.source],
+            is_sensitive=e.sensitive,
+        )
+        for e in entries
+    )
+
+
 def broker_settings(config: BrokerConfig, broker_id: int) -> dict[str, BrokerSetting]:
     """The broker configs a Kafka client may look up that are not topic configs' synonyms, as
     this node has them (Kafka's names; each is a `broker serve` flag here)."""

@@ -1,4 +1,4 @@
-"""CreateTopics (api 19, v2-4) and DeleteTopics (api 20, v1-6) through the core's create and delete.
+"""CreateTopics (api 19, v2-7) and DeleteTopics (api 20, v1-6) through the core's create and delete.
 
 Rules this module keeps:
 - One node: each topic through `Core.create_topic` / `Core.delete_topic` (which tells the other
@@ -9,6 +9,14 @@ Rules this module keeps:
   (broker/core/topic_configs.py): an unknown name, a null or bad value is INVALID_CONFIG with the
   reason, and nothing is created. `validate_only` checks everything a creation would (name,
   limits, configs) and creates nothing.
+- v5+ (flexible; KIP-525) answer a topic created, or one `validate_only` would create, as Kafka's
+  controller does (`ReplicationControlManager.createTopic`): its partition count, replication
+  factor and every topic config with its effective value, source, read-only and sensitive flags
+  (sorted by name; the model DescribeConfigs answers from, broker/kafka/configs.py) when the
+  principal may describe the topic's configs, else none of them and topic_config_error_code
+  TOPIC_AUTHORIZATION_FAILED; a refused topic answers only its error (-1 counts, no configs).
+  v7 adds the topic's id, Metadata's (`topic_uuid`); validate_only and a refusal answer the
+  zero id (Kafka makes up an id for validate_only that no topic ever has).
 """
 
 from __future__ import annotations
@@ -16,19 +24,22 @@ from __future__ import annotations
 import datetime
 import sys
 import uuid
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from kio.schema.errors import ErrorCode
 
 from broker.core.outcomes import Gather, Outcome, Reply
+from broker.core.topic_configs import describe_topic
+from broker.core.topics import Topic
 from broker.kafka.codec import KafkaRequest, encode_response, make, response_schema
+from broker.kafka.configs import created_topic_configs
 from broker.kafka.context import Context
 from broker.kafka.errors import DONE, kafka_error
 from broker.kafka.metadata import topic_names_by_uuid, topic_uuid
 
 CREATE_TOPICS: Final = 19
 DELETE_TOPICS: Final = 20
-CREATE_VERSIONS: Final = (2, 4)  # v0-1: kio has no schema for them; v5+ are flexible
+CREATE_VERSIONS: Final = (2, 7)  # v0-1: kio has no schema for them; v5+ flexible, with configs; v7 ids
 DELETE_VERSIONS: Final = (1, 6)  # v0: kio has no schema for it; v4+ flexible; v6: topics by name or id
 
 
@@ -47,7 +58,7 @@ def create_topics(ctx: Context, request: KafkaRequest, body: Any) -> Outcome:
         return _create_topics_in_cluster(ctx, request, body, schema, module)
     results = []
     for t in body.topics:
-        code, message = ErrorCode.none, None
+        code, message, made = ErrorCode.none, None, None
         try:
             if int(t.replication_factor) not in (-1, 1):
                 code, message = (
@@ -61,14 +72,15 @@ def create_topics(ctx: Context, request: KafkaRequest, body: Any) -> Outcome:
                 partitions = 1 if int(t.num_partitions) == -1 else int(t.num_partitions)
                 if body.validate_only:
                     ctx.core.refresh_topics()
-                    ctx.core.registry.make(t.name, partitions, 0, configs)
+                    made = ctx.core.registry.make(t.name, partitions, 0, configs)
                 else:
-                    ctx.core.create_topic(t.name, partitions, configs)
+                    made = ctx.core.create_topic(t.name, partitions, configs)
         except _Refused as exc:
             code, message = exc.code, str(exc)
         except Exception as exc:
             code, message = kafka_error(exc)
-        results.append(make(module.CreatableTopicResult, name=t.name, error_code=code, error_message=message))
+        created = None if made is None else _Created(made, 1, bool(body.validate_only))
+        results.append(_result(ctx, module, t.name, code, message, created))
     resp = make(schema, throttle_time=datetime.timedelta(0), topics=tuple(results))
     return Reply(encode_response(request.correlation_id, resp))
 
@@ -81,19 +93,19 @@ def _create_topics_in_cluster(
     calls = ctx.core.config.cluster.calls  # type: ignore[union-attr]
     registry = ctx.core.registry
 
-    def create_all() -> list[tuple[str, ErrorCode, str | None]]:
+    def create_all() -> list[tuple[str, ErrorCode, str | None, Topic | None]]:
         out = []
         for t in body.topics:
-            code, message = ErrorCode.none, None
+            code, message, made = ErrorCode.none, None, None
             try:
                 if t.assignments:
                     raise _Refused(ErrorCode.invalid_request, "manual replica assignment is not supported")
                 configs = _configs(t.configs)
                 partitions = 1 if int(t.num_partitions) == -1 else int(t.num_partitions)
                 if body.validate_only:
-                    registry.make(t.name, partitions, 1, configs)
+                    made = registry.make(t.name, partitions, 1, configs)
                 else:
-                    calls.create_topic(
+                    made = calls.create_topic(
                         registry, t.name, partitions, configs, replication=int(t.replication_factor)
                     )
             except _Refused as exc:
@@ -102,24 +114,93 @@ def _create_topics_in_cluster(
                 code, message = kafka_error(exc)
                 if "replication factor" in str(exc):
                     code = ErrorCode.invalid_replication_factor
-            out.append((t.name, code, message))
+            out.append((t.name, code, message, made))
         return out
+
+    factors = {str(t.name): int(t.replication_factor) for t in body.topics}
+
+    def replication(topic: Topic) -> int:
+        """The factor asked, else (-1: the cluster's default) the replicas the view gives the
+        topic's first partition (-1 for validate_only, which makes none)."""
+        if factors.get(topic.name, -1) != -1:
+            return factors[topic.name]
+        state = ctx.core.cluster.state_of(topic.topic_id, 0)
+        return -1 if state is None else len(state.replicas)
 
     def answer(results: Any) -> Reply:
         if isinstance(results, BaseException):
             code, message = kafka_error(results)
-            results = [(t.name, code, message) for t in body.topics]
+            results = [(t.name, code, message, None) for t in body.topics]
         topics = tuple(
-            make(module.CreatableTopicResult, name=n, error_code=c, error_message=msg)
-            for n, c, msg in results
+            _result(
+                ctx,
+                module,
+                n,
+                c,
+                msg,
+                None if made is None else _Created(made, replication(made), bool(body.validate_only)),
+            )
+            for n, c, msg, made in results
         )
         resp = make(schema, throttle_time=datetime.timedelta(0), topics=topics)
         return Reply(encode_response(request.correlation_id, resp))
 
-    def created(results: list[tuple[str, ErrorCode, str | None]]) -> bool:
-        return all(n in registry.by_name for n, code, _ in results if code == ErrorCode.none)
+    def created(results: list[tuple[str, ErrorCode, str | None, Topic | None]]) -> bool:
+        """Every topic made is in this node's registry, and in its view (its replicas, which
+        the answer's replication factor of the default reads) when made with the default."""
+        if body.validate_only:
+            return True
+        view = ctx.core.cluster
+        return all(
+            n in registry.by_name
+            and (factors.get(n, -1) != -1 or view.state_of(made.topic_id, 0) is not None)
+            for n, code, _, made in results
+            if code == ErrorCode.none and made is not None
+        )
 
     return ctx.core.in_cluster(create_all, answer, until=created)
+
+
+class _Created(NamedTuple):
+    """A topic CreateTopics made (or, `validate_only`, would make), as its answer describes it."""
+
+    topic: Topic
+    replication: int
+    validate_only: bool
+
+
+def _result(
+    ctx: Context, module: Any, name: str, code: ErrorCode, message: str | None, created: _Created | None
+) -> Any:
+    """One topic's CreatableTopicResult, every version's fields (`make` keeps its version's):
+    v5+ the topic's counts and configs when the principal may describe its configs (module
+    rules), v7 its id."""
+    fields: dict[str, Any] = {"name": name, "error_code": code, "error_message": message, "topic_id": None}
+    if created is None or code != ErrorCode.none or not hasattr(module, "CreatableTopicConfigs"):
+        return make(
+            module.CreatableTopicResult, **fields, num_partitions=-1, replication_factor=-1, configs=()
+        )
+    topic = created.topic
+    if not created.validate_only:
+        fields["topic_id"] = topic_uuid(ctx.cluster_id, topic.topic_id)
+    authorizer = ctx.authorizer
+    if authorizer.enabled and not authorizer.allowed(ctx.auth.principal, "describe_configs", "topic", name):
+        return make(
+            module.CreatableTopicResult,
+            **fields,
+            topic_config_error_code=int(ErrorCode.topic_authorization_failed),
+            num_partitions=-1,
+            replication_factor=-1,
+            configs=(),
+        )
+    entries = describe_topic(topic.configs, ctx.core.registry.topic_defaults)
+    return make(
+        module.CreatableTopicResult,
+        **fields,
+        num_partitions=topic.partitions,
+        replication_factor=created.replication,
+        configs=created_topic_configs(module, entries),
+    )
 
 
 def delete_topics(ctx: Context, request: KafkaRequest, body: Any) -> Outcome:

@@ -7,7 +7,9 @@ delete the offsets in etcd, which no node answers any more."""
 
 from __future__ import annotations
 
+import base64
 import time
+import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -172,3 +174,35 @@ def test_describe_cluster_and_log_dirs_in_a_cluster(cluster: Cluster) -> None:
         assert holders == {0: {1, 2, 3}, 1: {1, 2, 3}}
     finally:
         kp.close()
+
+
+def test_create_topics_v7_in_a_cluster(cluster: Cluster) -> None:
+    """kafka-python 3 asks CreateTopics v7: the answer carries the partition count, the replication
+    factor (the one asked, or the cluster's default: the first partition's replicas as this node's
+    view has them), every config and the topic id every node's Metadata gives."""
+    kafka = pytest.importorskip("kafka")
+    client = kafka.KafkaAdminClient(bootstrap_servers=cluster.nodes[2].bootstrap)
+    try:
+        result = client.create_topics(
+            {
+                "made3": {"num_partitions": 2, "replication_factor": 3, "configs": {"retention.ms": "90000"}},
+                "made-default": {"num_partitions": 1},
+            }
+        )
+    finally:
+        client.close()
+    topics = {t["name"]: t for t in result["topics"]}
+    made = topics["made3"]
+    assert (made["error_code"], made["num_partitions"], made["replication_factor"]) == (0, 2, 3)
+    assert made["configs"]["retention.ms"]["value"] == "90000"
+    default = topics["made-default"]
+    assert (default["error_code"], default["replication_factor"]) == (0, 3), "the cluster's default"
+    admin = AdminClient({"bootstrap.servers": cluster.nodes[1].bootstrap})
+    led(admin, "made3", 2)
+    described = admin.describe_topics(confluent_kafka.TopicCollection(["made3"]))["made3"].result(20)
+    assert str(described.topic_id) == _base64_id(made["topic_id"])
+
+
+def _base64_id(topic_id: object) -> str:
+    """A topic id as librdkafka prints it (base64 without padding)."""
+    return base64.b64encode(uuid.UUID(str(topic_id)).bytes).decode().rstrip("=")

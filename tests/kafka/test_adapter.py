@@ -150,7 +150,7 @@ def test_api_versions_lists_only_what_is_answered(adapter: KafkaAdapter, version
         2: (1, 5),
         3: (0, 12),
         18: (0, 3),
-        19: (2, 4),
+        19: (2, 7),
         20: (1, 6),
         22: (0, 4),
         23: (0, 3),

@@ -311,3 +311,39 @@ def test_config_apis_are_authorized_resource_by_resource(broker: BrokerProcess) 
     broker_cli(broker.data_dir, "acls", "add", "User:alice", "alter_configs", "topic:orders")
     alice.incremental_alter_configs([change])[change].result(15)
     assert admin.describe_configs([orders])[orders].result(15)["retention.ms"].value == "1000"
+
+
+def test_create_topics_answers_configs_only_to_who_may_describe_them(broker: BrokerProcess) -> None:
+    """CreateTopics v5+ (kafka-python 3 asks v7) answers the created topic's counts and configs
+    when the principal may describe its configs; else topic_config_error_code
+    TOPIC_AUTHORIZATION_FAILED and none of them, the topic created all the same (Kafka's
+    controller answers so)."""
+    kafka = pytest.importorskip("kafka")
+    broker_cli(broker.data_dir, "acls", "add", "User:alice", "create", "topic:alice-", "--prefixed")
+
+    def create(name: str) -> dict[str, Any]:
+        client = kafka.KafkaAdminClient(
+            bootstrap_servers=broker.bootstrap,
+            security_protocol="SASL_PLAINTEXT",
+            sasl_mechanism="SCRAM-SHA-512",
+            sasl_plain_username="alice",
+            sasl_plain_password=PW["alice"],
+        )
+        try:
+            (topic,) = client.create_topics({name: {"num_partitions": 2}})["topics"]
+        finally:
+            client.close()
+        return topic
+
+    blind = create("alice-1")
+    assert (blind["error_code"], blind["topic_config_error_code"]) == (
+        0,
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+    )
+    assert (blind["num_partitions"], blind["replication_factor"], blind.get("configs") or {}) == (-1, -1, {})
+    broker_cli(broker.data_dir, "acls", "add", "User:alice", "describe_configs", "topic:alice-", "--prefixed")
+    seen = create("alice-2")
+    assert (seen["error_code"], seen["topic_config_error_code"], seen["num_partitions"]) == (0, 0, 2)
+    assert seen["configs"]["retention.ms"]["value"] is not None
+    names = set(AdminClient(conf(broker, "admin")).list_topics(timeout=10).topics)
+    assert {"alice-1", "alice-2"} <= names
