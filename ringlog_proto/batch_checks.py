@@ -3,7 +3,8 @@
 twin: the records walk (`walk_records_python`, `records_walker()`; the rules it checks are in
 ringlog_proto/batch.py's docstring), the walk of a compressed batch's inflated section, the check
 of produced batches in one call (`produced_checker`), and the scan of batches read back from
-storage (`stored_damage`, `scan_stored`). native._records' copy of the header layout is checked
+storage (`stored_damage`, `scan_stored`). Python only: the records without a key, which a
+compacted topic refuses (`keyless_records`). native._records' copy of the header layout is checked
 against batch_header.py's when it loads.
 """
 
@@ -274,13 +275,38 @@ def invalid_records(
     return None if result == 0 else describe_walk(result)
 
 
+def keyless_records(buf: bytes | bytearray | memoryview, start: int, end: int, count: int) -> list[int]:
+    """The indexes of the records without a key (key length -1, null) among the `count` records
+    of `buf[start:end]`, whose framing was walked already (`walk_records`): each record's lengths
+    are read up to its key's, nothing more. Kafka refuses such records on a compacted topic (its
+    LogValidator's key check); the broker asks only for a topic that is one."""
+    out = []
+    p = start
+    for i in range(count):
+        length, q = _walk_varint(buf, p, end, _VARINT_BITS)
+        record_end = q + length
+        _timestamp, q = _walk_varint(buf, q + 1, record_end, _VARLONG_BITS)  # past the attributes
+        _delta, q = _walk_varint(buf, q, record_end, _VARINT_BITS)
+        key_length, _ = _walk_varint(buf, q, record_end, _VARINT_BITS)
+        if key_length < 0:
+            out.append(i)
+        p = record_end
+    return out
+
+
 def invalid_compressed_records(
-    buf: bytes | bytearray | memoryview, pos: int, h: BatchHeader, limit: int
+    buf: bytes | bytearray | memoryview,
+    pos: int,
+    h: BatchHeader,
+    limit: int,
+    keyless: list[int] | None = None,
 ) -> str | None:
     """Why the compressed batch at `pos` (header `h`, already valid) holds no `h.record_count`
     records that frame, or None: its section is inflated (at most `limit` bytes,
     `decompress_bounded`, whose errors propagate) and walked as an uncompressed one is, as
-    Kafka's LogValidator decompresses and counts every compressed batch it is given."""
+    Kafka's LogValidator decompresses and counts every compressed batch it is given. `keyless`
+    (a compacted topic's produce): the records without a key are appended to it, found in the
+    same inflated bytes (`keyless_records`), when they frame."""
     with memoryview(buf) as view:
         section = view[pos + HEADER_SIZE : pos + h.size]
         try:
@@ -292,6 +318,8 @@ def invalid_compressed_records(
             result = walk_records(data, 0, len(data), h.record_count)
         else:  # a batch the log cleaner rewrote, copied from a leader
             result = walk_records_python(data, 0, len(data), h.record_count, h.last_offset_delta + 1)
+        if result == 0 and keyless is not None:
+            keyless += keyless_records(data, 0, len(data), h.record_count)
     finally:
         if isinstance(data, memoryview):
             data.release()

@@ -140,6 +140,11 @@ class InvalidBatchError(RingLogError):
     pass
 
 
+class InvalidRecordError(RingLogError):
+    """INVALID_RECORD: records the topic refuses, records without a key on a compacted topic
+    (cleanup.policy compact). Nothing of the batch was stored; resending it fails again."""
+
+
 class LimitExceededError(RingLogError):
     pass
 
@@ -222,6 +227,7 @@ ERROR_CLASSES: dict[ErrorCode, type[RingLogError]] = {
     ErrorCode.TOPIC_AUTHORIZATION_FAILED: TopicAuthorizationError,
     ErrorCode.GROUP_AUTHORIZATION_FAILED: GroupAuthorizationError,
     ErrorCode.CLUSTER_AUTHORIZATION_FAILED: ClusterAuthorizationError,
+    ErrorCode.INVALID_RECORD: InvalidRecordError,
 }
 
 

@@ -21,6 +21,7 @@ from broker.storage.errors import (
     BatchTooLargeError,
     CorruptBatchError,
     InvalidBatchError,
+    KeylessRecordError,
     LogClosedError,
     OffsetOutOfRangeError,
     OutOfSpaceError,
@@ -41,6 +42,8 @@ def error_of(exc: BaseException) -> tuple[m.ErrorCode, str]:
             return E.INVALID_REQUEST, str(exc)
         case BatchTooLargeError():
             return E.MESSAGE_TOO_LARGE, str(exc)
+        case KeylessRecordError():
+            return E.INVALID_RECORD, str(exc)
         case RecordFramingError() | UnsupportedBatchError():
             return E.INVALID_BATCH, str(exc)
         case InvalidBatchError():

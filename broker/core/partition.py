@@ -304,7 +304,8 @@ class Partition:
         Either carries what its answer waits for (`waits_for(acks)`), which the caller's backend
         carries out.
 
-        Raises what refuses the produce, with nothing changed: the log's validation errors,
+        Raises what refuses the produce, with nothing changed: the log's validation errors (a
+        compacted topic's records without a key among them: `KeylessRecordError`, Kafka's rule),
         `SequenceError` / `RetryInFlightError` (broker/core/producer_state.py; a gap in the first
         `SEQUENCE_GAP_GRACE_S` of this replica's lead is `PredecessorPendingError`), `LogClosedError`
         (a retry is confirmed only by a log that stands behind it, not one that failed an fsync),
@@ -315,7 +316,8 @@ class Partition:
         if self.replica is not None:
             self.check_leader()
         waits = self.waits_for(acks)
-        headers = log_.validate(records)
+        # A compacted topic's records need keys, as Kafka's LogValidator requires (KeylessRecordError)
+        headers = log_.validate(records, log_.config.compacts)
         try:
             duplicate_of = self.producers.check(headers)
         except SequenceGapError as exc:

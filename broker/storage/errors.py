@@ -25,6 +25,16 @@ class UnsupportedBatchError(InvalidBatchError):
     INVALID_BATCH on the wire, with the reason. Nothing was written."""
 
 
+class KeylessRecordError(InvalidBatchError):
+    """Records without a key offered to a log whose appends must have one (a compacted topic's:
+    Kafka's LogValidator refuses them, INVALID_RECORD). `indexes`: each such record's index in
+    its batch, the first batch that has any. Nothing was written."""
+
+    def __init__(self, message: str, indexes: list[int]) -> None:
+        super().__init__(message)
+        self.indexes = tuple(indexes)
+
+
 class BatchTooLargeError(StorageError):
     """The batch exceeds `max_batch_bytes`; nothing was written."""
 

@@ -8,6 +8,11 @@ Rules this module keeps:
   that pass them all); the Python checks below say why a batch fails, and are the fallback.
 - A compressed batch is checked as Kafka's LogValidator does (inflated within
   `LogConfig.max_decompressed_bytes`, walked, counted) and stored compressed.
+- `keys` (the caller's rule: a compacted topic's produce, `Partition.produce`): every record must
+  have a key, as Kafka's LogValidator requires of a compacted topic; the first batch with records
+  without one refuses them all (`KeylessRecordError`, their indexes in it). Read from the bytes
+  the checks above walked, a compressed batch's from the same inflation: without `keys`, nothing
+  more is done.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import logging
 from broker.storage.errors import (
     BatchTooLargeError,
     InvalidBatchError,
+    KeylessRecordError,
     RecordFramingError,
     UnsupportedBatchError,
 )
@@ -34,6 +40,7 @@ from ringlog_proto.batch import (
     invalid_header,
     invalid_records,
     invalid_stored_header,
+    keyless_records,
     produced_checker,
     records_walker,
     unpack_header,
@@ -53,7 +60,7 @@ if _walk_bytes is None:
 
 
 def validate(
-    records: bytes | bytearray | memoryview, config: LogConfig, stored: bool = False
+    records: bytes | bytearray | memoryview, config: LogConfig, stored: bool = False, keys: bool = False
 ) -> list[BatchHeader]:
     """Headers of the whole batches in `records` (one or more), or an error; changes nothing.
 
@@ -62,7 +69,8 @@ def validate(
     framing walk, in C when native._records is built (~1-2 µs a batch). `stored`: a follower's
     copy of its leader's batches, which may be batches the leader's cleaner rewrote (fewer
     records than offsets, none, a delete horizon: `invalid_stored_header`); those are checked in
-    Python, record offsets rising within the batch's span.
+    Python, record offsets rising within the batch's span. `keys`: every record must have one
+    (module rules).
     """
     size = len(records)
     max_batch = config.max_batch_bytes
@@ -75,8 +83,10 @@ def validate(
         passed = _check_produced(records, max_batch, check)
         while pos < passed:
             h = BatchHeader._make(unpack_header(records, pos))
-            if check and h.attributes & COMPRESSION_MASK:  # C checked all but its records
-                check_compressed(records, pos, h, config)
+            if h.attributes & COMPRESSION_MASK and (check or keys):  # C checked all but its records
+                check_compressed(records, pos, h, config, keys)
+            elif keys:
+                check_keys(records, pos, h)
             headers.append(h)
             pos += h.size
         if pos == size and headers:
@@ -103,8 +113,8 @@ def validate(
             if unsupported_batch(h) == reason:  # well formed, but transactional or control
                 raise UnsupportedBatchError(where + reason)
             raise InvalidBatchError(where + reason)
-        if check and h.attributes & COMPRESSION_MASK:
-            check_compressed(records, pos, h, config)
+        if h.attributes & COMPRESSION_MASK and (check or keys):
+            check_compressed(records, pos, h, config, keys)
         elif check and not h.dense:  # a leader's cleaned batch (only `stored` lets one here)
             reason = invalid_records(records, pos, h)
             if reason is not None:
@@ -116,6 +126,8 @@ def validate(
         ):
             where = f"batch at byte {pos}: " if pos else ""
             raise RecordFramingError(where + (invalid_records(records, pos, h) or "bad records"))
+        if keys and not h.attributes & COMPRESSION_MASK:
+            check_keys(records, pos, h)
         headers.append(h)
         pos += batch_size
     if not headers:
@@ -124,17 +136,39 @@ def validate(
 
 
 def check_compressed(
-    records: bytes | bytearray | memoryview, pos: int, h: BatchHeader, config: LogConfig
+    records: bytes | bytearray | memoryview, pos: int, h: BatchHeader, config: LogConfig, keys: bool = False
 ) -> None:
     """The records of a compressed batch, as Kafka's LogValidator checks them: inflated (at
-    most `max_decompressed_bytes`), walked, counted. The batch is stored compressed."""
+    most `max_decompressed_bytes`), walked, counted, and with `keys` each one's key there
+    (module rules). The batch is stored compressed."""
     where = f"batch at byte {pos}: " if pos else ""
     limit = config.max_decompressed_bytes
+    keyless: list[int] | None = [] if keys else None
     try:
-        reason = invalid_compressed_records(records, pos, h, limit)
+        reason = invalid_compressed_records(records, pos, h, limit, keyless)
     except DecompressedTooLarge as exc:
         raise BatchTooLargeError(where + str(exc)) from None
     except BatchError as exc:  # does not decompress: corrupt, as Kafka answers it
         raise InvalidBatchError(where + str(exc)) from None
     if reason is not None:
         raise RecordFramingError(where + reason)
+    if keyless:
+        raise _keyless(pos, keyless)
+
+
+def check_keys(records: bytes | bytearray | memoryview, pos: int, h: BatchHeader) -> None:
+    """`KeylessRecordError` when a record of the uncompressed batch at `pos` (its framing
+    walked) has no key (module rules)."""
+    keyless = keyless_records(records, pos + HEADER_SIZE, pos + h.size, h.record_count)
+    if keyless:
+        raise _keyless(pos, keyless)
+
+
+def _keyless(pos: int, indexes: list[int]) -> KeylessRecordError:
+    where = f"batch at byte {pos}: " if pos else ""
+    shown = ", ".join(map(str, indexes[:3])) + (", ..." if len(indexes) > 3 else "")
+    return KeylessRecordError(
+        f"{where}{len(indexes)} record(s) without a key (index {shown}): a compacted topic keeps each "
+        "key's last record and takes none without one",
+        indexes,
+    )

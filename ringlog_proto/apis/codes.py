@@ -100,6 +100,7 @@ class ErrorCode(IntEnum):
     TOPIC_AUTHORIZATION_FAILED = 28  # the ACLs refuse this principal the operation on the topic
     GROUP_AUTHORIZATION_FAILED = 29  # ... on the consumer group
     CLUSTER_AUTHORIZATION_FAILED = 30  # ... on the cluster
+    INVALID_RECORD = 31  # a record the topic refuses: one without a key, on a compacted topic
 
     @property
     def retriable(self) -> bool:

@@ -14,7 +14,7 @@ from broker.core.outcomes import Append, Durable, Reply
 from broker.ringlog.adapter import RinglogAdapter
 from broker.storage.fileio import SyncFileIO, run_ops
 from ringlog_proto import messages as m
-from ringlog_proto.batch import encode_batch
+from ringlog_proto.batch import Record, encode_batch
 from ringlog_proto.frames import Frame, FrameDecoder
 
 
@@ -171,3 +171,22 @@ def test_a_deleted_topic_is_closed_without_a_flush(
     assert not [p for p in synced if p.startswith(str(topic_dir))], synced
     assert not topic_dir.exists()
     assert (tid, 0) not in handlers.core.partitions
+
+
+def test_a_compacted_topic_answers_invalid_record_to_records_without_a_key(handlers: RinglogAdapter) -> None:
+    resp = response(
+        handlers.handle(frame_of(m.CreateTopicRequest("kept", 1, configs=(("cleanup.policy", "compact"),))))
+    )
+    assert isinstance(resp, m.CreateTopicResponse) and resp.error == m.ErrorCode.NONE
+    refused = response(produce(handlers, resp.topic_id, encode_batch([Record(b"v", key=b"k"), Record(b"v")])))
+    assert isinstance(refused, m.ProduceResponse) and refused.error == m.ErrorCode.INVALID_RECORD
+    assert "1 record(s) without a key (index 1)" in refused.message
+    assert not refused.error.retriable
+    keyed = produce(handlers, resp.topic_id, encode_batch([Record(b"v", key=b"k")]))
+    assert isinstance(keyed, Append)
+    run_ops(SyncFileIO(), keyed.pending.ops)
+    stored = response(keyed.complete())
+    assert isinstance(stored, m.ProduceResponse) and (stored.error, stored.base_offset) == (
+        m.ErrorCode.NONE,
+        0,
+    )
