@@ -62,6 +62,7 @@ _KAFKA_CODES: Final[dict[Ours, ErrorCode]] = {
     Ours.OUT_OF_SPACE: ErrorCode.kafka_storage_error,
     Ours.INVALID_GROUP: ErrorCode.invalid_group_id,
     Ours.NOT_ENOUGH_REPLICAS: ErrorCode.not_enough_replicas,
+    Ours.INVALID_RECORD: ErrorCode.invalid_record,
 }
 
 

@@ -11,9 +11,10 @@ Rules this module keeps:
 - Each function returns the framed response as buffers for the backend's vectored write: the size,
   the response header v0 (correlation id) and the body. A Fetch's record bytes are their own
   buffers, never copied (the stored batches as read, sent as they are).
-- Fields we never vary are written with kio's defaults for them: no record errors (Produce),
-  preferred_read_replica -1 (Fetch v11), throttle time 0. A Produce's log_append_time is -1 but
-  for a topic whose timestamps are the broker's (LogAppendTime): the time it stamped.
+- Fields we never vary are written with kio's defaults for them: preferred_read_replica -1
+  (Fetch v11), throttle time 0. A Produce's log_append_time is -1 but for a topic whose timestamps
+  are the broker's (LogAppendTime): the time it stamped; its record errors (v8) are none but for a
+  batch refused for some of its records (a compacted topic's records without a key).
 """
 
 from __future__ import annotations
@@ -47,8 +48,10 @@ _FETCH_HEAD_V4 = struct.Struct(">iii")  # size, correlation id, throttle
 _FETCH_HEAD_V7 = struct.Struct(">iiihi")  # size, correlation id, throttle, error code, session id
 _COPY_MAX: Final = 256  # records up to this many bytes are copied: cheaper than a buffer of their own
 
-# (index, error code, base offset, log start offset, error message, log append time (-1: none))
-ProducePartition = tuple[int, int, int, int, str | None, int]
+# (index, error code, base offset, log start offset, error message, log append time (-1: none),
+# record errors: (index in the batch, message) of each record that refused it)
+RecordErrors = Sequence[tuple[int, str | None]]
+ProducePartition = tuple[int, int, int, int, str | None, int, RecordErrors]
 # (index, error code, high watermark, last stable offset, log start offset, aborted, records):
 # aborted None (read_uncommitted) or (producer id, first offset) pairs; records None or the
 # stored batches as read (bytes, a read's bytearray or a view of a segment's pages)
@@ -73,13 +76,22 @@ def produce_response(
     for name, partitions in topics:
         _string(out, name)
         out += _I32.pack(len(partitions))
-        for index, code, base_offset, log_start, message, append_time in partitions:
+        for index, code, base_offset, log_start, message, append_time, record_errors in partitions:
             if v5:
                 out += _PRODUCE_PART_V5.pack(index, code, base_offset, append_time, log_start)
             else:
                 out += _PRODUCE_PART_V3.pack(index, code, base_offset, append_time)
             if v8:
-                out += _EMPTY_ARRAY  # record_errors
+                if not record_errors:
+                    out += _EMPTY_ARRAY
+                else:
+                    out += _I32.pack(len(record_errors))
+                    for batch_index, why in record_errors:
+                        out += _I32.pack(batch_index)
+                        if why is None:
+                            out += _NULL_STRING
+                        else:
+                            _string(out, why)
                 if message is None:
                     out += _NULL_STRING
                 else:

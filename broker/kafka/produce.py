@@ -13,6 +13,11 @@ Rules this module keeps:
   partition is replicated, else a flush).
 - v0-2 are listed in ApiVersions (librdkafka before 2.11 stops compressing unless v0 is) and
   answered UNSUPPORTED_VERSION for every partition (their bytes: broker/kafka/codec.py).
+- Records without a key to a compacted topic (the partition refuses them: `KeylessRecordError`)
+  are answered as Kafka's LogValidator refuses them: INVALID_RECORD, with a record error per
+  such record (its index in the batch and Kafka's message) and an error message (v8+, KIP-467);
+  below v8, which carry neither, CORRUPT_MESSAGE, the code clients of those versions know for
+  it (KIP-467 split INVALID_RECORD from it in the version that added record errors).
 """
 
 from __future__ import annotations
@@ -27,14 +32,16 @@ from broker.core.partition import Partition, Stored
 from broker.kafka.codec import KafkaRequest, produce_v0_refusal, produce_v0_topics
 from broker.kafka.context import Context
 from broker.kafka.errors import DONE, NotLeaderError, kafka_error
-from broker.kafka.fast_encode import produce_response
+from broker.kafka.fast_encode import RecordErrors, produce_response
 from broker.storage.diskspace import is_out_of_space
+from broker.storage.errors import KeylessRecordError
 from ringlog_proto.frames import ProtocolError
 from ringlog_proto.messages import Acks
 
 PRODUCE: Final = 0
 VERSIONS: Final = (0, 8)  # advertised from 0, but v0-2 are refused (`produce_refused`); v9+ flexible
 REFUSED_BELOW: Final = 3  # librdkafka < 2.11 stops compressing unless Produce v0 is listed
+RECORD_ERRORS_FROM: Final = 8  # KIP-467: record errors, an error message and INVALID_RECORD
 # Kafka acks -> ours: -1 (all in-sync replicas) is our acks=all: once the high watermark passes
 # the batches when the partition is replicated, else (the one copy) after the fsync, as acks=2.
 _ACKS: Final[dict[int, Acks]] = {0: Acks.NONE, 1: Acks.WRITTEN, -1: Acks.ALL}
@@ -47,19 +54,19 @@ def produce(ctx: Context, request: KafkaRequest, body: Any) -> Outcome:
     version = request.api_version
     acks = _ACKS.get(int(body.acks))
     core = ctx.core
-    # (topic, index) -> (error, base offset, log start offset, message, log append time), filled
-    # by the parts
-    results: dict[tuple[str, int], tuple[ErrorCode, int, int, str | None, int]] = {}
+    # (topic, index) -> (error, base offset, log start offset, message, log append time, record
+    # errors), filled by the parts
+    results: dict[tuple[str, int], tuple[ErrorCode, int, int, str | None, int, RecordErrors]] = {}
     order: list[tuple[str, list[int]]] = []
     parts: list[Outcome] = []
 
     def refused(key: tuple[str, int], exc: BaseException) -> Reply:
         code, message = kafka_error(exc)
-        results[key] = (code, -1, -1, message, -1)
+        results[key] = (code, -1, -1, message, -1, ())
         return DONE
 
     def stored(key: tuple[str, int], at: Stored) -> Reply:
-        results[key] = (ErrorCode.none, at.base_offset, at.log_start_offset, None, at.log_append_time)
+        results[key] = (ErrorCode.none, at.base_offset, at.log_start_offset, None, at.log_append_time, ())
         return DONE
 
     for topic in body.topic_data:
@@ -70,18 +77,21 @@ def produce(ctx: Context, request: KafkaRequest, body: Any) -> Outcome:
             key = (topic.name, int(data.index))
             indexes.append(key[1])
             if refusal is not None:
-                results[key] = (ErrorCode.topic_authorization_failed, -1, -1, str(refusal), -1)
+                results[key] = (ErrorCode.topic_authorization_failed, -1, -1, str(refusal), -1, ())
                 continue
             if acks is None:
-                results[key] = (ErrorCode.invalid_required_acks, -1, -1, f"acks {body.acks}", -1)
+                results[key] = (ErrorCode.invalid_required_acks, -1, -1, f"acks {body.acks}", -1, ())
                 continue
             try:
                 part = _produce_partition(ctx, key, data.records, acks, refused, stored)
+            except KeylessRecordError as exc:
+                results[key] = _keyless(key, exc, version)
+                continue
             except Exception as exc:  # refused before anything was written
                 code, message = kafka_error(exc)
                 if is_out_of_space(exc):
                     core.space.saw_full(exc)
-                results[key] = (code, -1, -1, message, -1)
+                results[key] = (code, -1, -1, message, -1, ())
                 continue
             if part is not None:
                 parts.append(part)
@@ -107,6 +117,16 @@ def produce(ctx: Context, request: KafkaRequest, body: Any) -> Outcome:
 
         return Append(one.partition, one.pending, one.waits, one.publish, answer, fail)
     return Gather(parts, finish)
+
+
+def _keyless(
+    key: tuple[str, int], exc: KeylessRecordError, version: int
+) -> tuple[ErrorCode, int, int, str | None, int, RecordErrors]:
+    """A partition's answer to records without a key on a compacted topic (module rules)."""
+    if version < RECORD_ERRORS_FROM:
+        return ErrorCode.corrupt_message, -1, -1, str(exc), -1, ()
+    why = f"Compacted topic cannot accept message without key in topic partition {key[0]}-{key[1]}."
+    return ErrorCode.invalid_record, -1, -1, str(exc), -1, tuple((i, why) for i in exc.indexes)
 
 
 def _produce_partition(

@@ -49,10 +49,17 @@ def kio_produce(version: int, correlation_id: int, topics: list[Any]) -> bytes:
                         if stamp == -1
                         else _EPOCH + datetime.timedelta(milliseconds=stamp),
                         log_start_offset=start,
-                        record_errors=(),
+                        record_errors=tuple(
+                            make(
+                                module.BatchIndexAndErrorMessage, batch_index=b, batch_index_error_message=why
+                            )
+                            for b, why in record_errors
+                        )
+                        if version >= 8  # v8 added record errors (KIP-467)
+                        else (),
                         error_message=message,
                     )
-                    for i, code, base, start, message, stamp in parts
+                    for i, code, base, start, message, stamp, record_errors in parts
                 ),
             )
             for name, parts in topics
@@ -100,15 +107,20 @@ def kio_fetch(version: int, correlation_id: int, code: int, session: int, topics
 
 PRODUCE_CASES = [
     [],
-    [("t", [(0, 0, 42, 0, None, -1)])],
-    [("t", [(0, 0, 42, 0, None, 1_700_000_000_123)])],  # a LogAppendTime topic's stamp
+    [("t", [(0, 0, 42, 0, None, -1, ())])],
+    [("t", [(0, 0, 42, 0, None, 1_700_000_000_123, ())])],  # a LogAppendTime topic's stamp
     [
         (
             "topic-a",
-            [(0, 0, 7, 3, None, -1), (5, int(ErrorCode.not_leader_or_follower), -1, -1, "led by core 1", -1)],
+            [
+                (0, 0, 7, 3, None, -1, ()),
+                (5, int(ErrorCode.not_leader_or_follower), -1, -1, "led by core 1", -1, ()),
+            ],
         )
     ],
-    [("ü", [(2, int(ErrorCode.invalid_required_acks), -1, -1, "acks 3", -1)]), ("b", [])],
+    [("ü", [(2, int(ErrorCode.invalid_required_acks), -1, -1, "acks 3", -1, ())]), ("b", [])],
+    # a compacted topic's records without a key: a record error each (v8)
+    [("c", [(1, int(ErrorCode.invalid_record), -1, -1, "2 records", -1, ((0, "no key"), (3, None)))])],
 ]
 
 
@@ -125,7 +137,19 @@ def test_produce_response_is_kio_s(version: int, topics: list[Any]) -> None:
     correlation_id=i32s,
     topics=st.lists(
         st.tuples(
-            names, st.lists(st.tuples(i32s, st.sampled_from(CODES), i64s, i64s, messages, stamps), max_size=4)
+            names,
+            st.lists(
+                st.tuples(
+                    i32s,
+                    st.sampled_from(CODES),
+                    i64s,
+                    i64s,
+                    messages,
+                    stamps,
+                    st.lists(st.tuples(i32s, messages), max_size=3),
+                ),
+                max_size=4,
+            ),
         ),
         max_size=3,
     ),
