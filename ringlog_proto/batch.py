@@ -26,8 +26,9 @@ Rules these modules keep:
   (varint lengths, offset deltas, counts, header keys; never the payload), writes the base offset
   and partition leader epoch with `set_base_offset()` (or beside it, `rebased()`), and stores the
   bytes as they came (unless the topic's compression.type names another codec than the batch's:
-  then the records are copied, not decoded, into a batch of that codec, batch_recompress.py); reading them back, it checks them with `scan_stored()` (`stored_damage()`
-  batch after batch, in C when native._records is built). The crc does not
+  then the records are copied, not decoded, into a batch of that codec, batch_recompress.py);
+  reading them back, it checks them with `scan_stored()` (`stored_damage()` batch after batch,
+  in C when native._records is built). The crc does not
   cover those two fields, so assigning them costs 16 bytes, not a checksum over the batch. The walk
   is what keeps a batch no client can decode (a "poison" batch with a valid crc) out of the log.
 - No module outside ringlog_proto reads or writes batch bytes at an offset: they use the named

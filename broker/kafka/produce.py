@@ -15,9 +15,9 @@ Rules this module keeps:
   answered UNSUPPORTED_VERSION for every partition (their bytes: broker/kafka/codec.py).
 - Records without a key to a compacted topic (the partition refuses them: `KeylessRecordError`)
   are answered as Kafka's LogValidator refuses them: INVALID_RECORD, with a record error per
-  such record (its index in the batch and Kafka's message) and an error message (v8+, KIP-467);
-  below v8, which carry neither, CORRUPT_MESSAGE, the code clients of those versions know for
-  it (KIP-467 split INVALID_RECORD from it in the version that added record errors).
+  such record (its index in the batch and Kafka's message) and an error message (v8+, KIP-467).
+  Below v8 the code is INVALID_RECORD too, with neither: Kafka's broker does not downgrade it
+  (KAFKA-9492 only drops the record errors an old version cannot carry).
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ def _keyless(
 ) -> tuple[ErrorCode, int, int, str | None, int, RecordErrors]:
     """A partition's answer to records without a key on a compacted topic (module rules)."""
     if version < RECORD_ERRORS_FROM:
-        return ErrorCode.corrupt_message, -1, -1, str(exc), -1, ()
+        return ErrorCode.invalid_record, -1, -1, None, -1, ()
     why = f"Compacted topic cannot accept message without key in topic partition {key[0]}-{key[1]}."
     return ErrorCode.invalid_record, -1, -1, str(exc), -1, tuple((i, why) for i in exc.indexes)
 
