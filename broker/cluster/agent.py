@@ -61,7 +61,7 @@ from dataclasses import dataclass
 from typing import Final, assert_never
 
 from broker.cluster.admin import ClusterAdmin
-from broker.cluster.controller import drain_target, handed_over, reconcile
+from broker.cluster.controller import drain_target, handed_over, reconcile, start_reassignment
 from broker.cluster.election import Election
 from broker.cluster.mirror import Mirror, Versioned
 from broker.cluster.placement import Candidate
@@ -504,7 +504,7 @@ class ClusterAgent:
                 target = drain_target(tid, p, state, node, candidates)
                 if target is None or state.target:
                     continue
-                new = dataclasses.replace(state, target=target)
+                new = start_reassignment(state, target)
                 written_at = self.admin.write_state(tid, p, versioned.mod_revision, new)
                 if written_at is not None:
                     log.warning(
@@ -554,11 +554,11 @@ class ClusterAgent:
             partitions = self._drain_absent(partitions, live, candidates)
         for record in topics:
             t = record.topic
-            if (
-                any((t.topic_id, p) not in partitions for p in range(t.partitions))
-                and len(candidates) >= record.replication
+            missing = [p for p in range(t.partitions) if (t.topic_id, p) not in partitions]
+            if missing and (
+                len(candidates) >= record.replication or all(p in record.manual for p in missing)
             ):
-                self.admin.write_partitions(t, record.replication, candidates)
+                self.admin.write_partitions(t, record.replication, candidates, record.manual)
         # a topic's unclean.leader.election.enable overrides the cluster's --unclean-leader-election
         default = "true" if self.config.unclean_election else "false"
         unclean = {r.topic.topic_id: r.topic.configs.get(UNCLEAN, default) == "true" for r in topics}

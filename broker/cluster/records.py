@@ -15,8 +15,9 @@ Rules this module keeps:
   writer read (fencing: of two controllers, or a controller and a leader, one loses).
 - `groups/<group id>` holds a consumer group's committed offsets (broker/cluster/group_offsets.py).
 - `topics/<name>` holds the topic's id, partition count, replication and config overrides (a
-  change of its configs is a transaction on that key's mod revision); `topic-id` is the last id
-  handed out (ids only grow, never reused, as on one node).
+  change of its configs is a transaction on that key's mod revision), and the replicas of the
+  partitions placed by hand; `topic-id` is the last id handed out (ids only grow, never reused,
+  as on one node).
 - `security/users.json` and `security/acls.json` hold the cluster's users (SCRAM credentials) and
   ACLs, the documents a single node keeps in its data dir (broker/cluster/security_docs.py).
 - Fixed-width numbers in keys, so that a range read returns partitions in order.
@@ -25,7 +26,8 @@ Rules this module keeps:
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from broker.core.cluster_view import NodeAddress
@@ -106,14 +108,20 @@ class NodeRecord:
 
 @dataclass(frozen=True, slots=True)
 class TopicRecord:
-    """A topic as the cluster knows it: the settings every node's registry copies, and how many
-    replicas each partition has."""
+    """A topic as the cluster knows it: the settings every node's registry copies, how many
+    replicas each partition has, and the replicas of those placed by hand (Kafka's manual
+    assignment), kept so that whoever writes a partition's first state (its creator, or the
+    controller completing a creation whose creator died) writes the placement asked for."""
 
     topic: Topic
     replication: int
+    manual: Mapping[int, tuple[int, ...]] = field(default_factory=dict)  # partition -> node ids
 
     def encode(self) -> str:
-        return json.dumps({**self.topic.to_json(), "replication": self.replication}, separators=(",", ":"))
+        d: dict[str, Any] = {**self.topic.to_json(), "replication": self.replication}
+        if self.manual:
+            d["manual"] = {str(p): list(r) for p, r in sorted(self.manual.items())}
+        return json.dumps(d, separators=(",", ":"))
 
     @classmethod
     def decode(cls, value: str | bytes) -> TopicRecord:
@@ -121,7 +129,8 @@ class TopicRecord:
         overrides they stand for: `Topic.from_json`)."""
         d: dict[str, Any] = json.loads(value)
         replication = int(d.pop("replication", 1))
-        return cls(Topic.from_json(d), replication)
+        manual = {int(p): tuple(int(n) for n in r) for p, r in d.pop("manual", {}).items()}
+        return cls(Topic.from_json(d), replication, manual)
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -28,6 +28,7 @@ from broker.storage.durable_file import replace_json
 if TYPE_CHECKING:
     from broker.core.groups import GroupOffsetStore
     from broker.core.producer_ids import BlockSource
+    from broker.core.replica_changes import Election, ReplicaRefused
     from broker.core.topic_configs import Alteration
     from broker.core.topics import Topic, TopicRegistry
     from broker.security.acls import AclStore
@@ -48,6 +49,7 @@ class ClusterCalls(Protocol):
         partitions: int,
         configs: Mapping[str, str | None] | None = None,
         replication: int = -1,
+        assignment: Sequence[Sequence[int]] | None = None,
     ) -> Topic: ...
 
     def alter_topic_configs(self, registry: TopicRegistry, name: str, alteration: Alteration) -> Topic: ...
@@ -55,12 +57,29 @@ class ClusterCalls(Protocol):
     def delete_topic(self, name: str) -> Topic: ...
 
     def create_partitions(
-        self, registry: TopicRegistry, name: str, partitions: int, validate_only: bool = False
+        self,
+        registry: TopicRegistry,
+        name: str,
+        partitions: int,
+        validate_only: bool = False,
+        assignment: Sequence[Sequence[int]] | None = None,
     ) -> Topic: ...
 
     def alter_isr(
         self, topic_id: int, partition: int, leader: int, leader_epoch: int, isr: Sequence[int]
     ) -> PartitionState: ...
+
+    def elect_leaders(
+        self, election: Election, partitions: Sequence[tuple[int, int]]
+    ) -> dict[tuple[int, int], PartitionState | ReplicaRefused]: ...
+
+    def alter_reassignment(
+        self, topic_id: int, partition: int, target: Sequence[int] | None, unclean: bool = False
+    ) -> PartitionState: ...
+
+    def reassignments(
+        self, topic_ids: Collection[int] | None = None
+    ) -> dict[tuple[int, int], PartitionState]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +124,14 @@ class PartitionState:
     leader_epoch: int
     isr: tuple[int, ...]
     target: tuple[int, ...] = ()  # a reassignment under way: the replicas it ends with (empty: none)
+    # of a reassignment under way, the replicas it added (what a cancellation takes away again);
+    # those it removes are the replicas outside `target`
+    adding: tuple[int, ...] = ()
+
+    @property
+    def removing(self) -> tuple[int, ...]:
+        """The replicas a reassignment under way drops once its target is in sync."""
+        return tuple(r for r in self.replicas if r not in self.target) if self.target else ()
 
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -115,12 +142,15 @@ class PartitionState:
         }
         if self.target:
             d["target"] = list(self.target)
+        if self.adding:
+            d["adding"] = list(self.adding)
         return d
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> PartitionState:
         target = tuple(d.get("target", ()))
-        return cls(tuple(d["replicas"]), int(d["leader"]), int(d["epoch"]), tuple(d["isr"]), target)
+        adding = tuple(d.get("adding", ()))
+        return cls(tuple(d["replicas"]), int(d["leader"]), int(d["epoch"]), tuple(d["isr"]), target, adding)
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from broker.core.acks import InvalidAcksError
 from broker.core.groups import GroupError, OffsetsUnavailable
 from broker.core.producer_state import RetryInFlightError, SequenceError
+from broker.core.replica_changes import ReplicaFault, ReplicaRefused
 from broker.core.replication import NotEnoughReplicasError, NotLeaderError
 from broker.core.topic_config_keys import ConfigError
 from broker.core.topics import TopicError, TopicFault
@@ -80,6 +81,10 @@ def error_of(exc: BaseException) -> tuple[m.ErrorCode, str]:
             return E.REQUEST_TIMED_OUT, str(exc)
         case ConfigError():
             return E.INVALID_CONFIG, str(exc)
+        case ReplicaRefused(kind=ReplicaFault.UNKNOWN):
+            return E.UNKNOWN_TOPIC_OR_PARTITION, str(exc)
+        case ReplicaRefused():
+            return E.INVALID_REQUEST, str(exc)
         case ValueError():  # ConfigChangeError too
             return E.INVALID_REQUEST, str(exc)
     return E.UNKNOWN_SERVER_ERROR, f"{type(exc).__name__}: {exc}"

@@ -8,9 +8,21 @@ import random
 
 import pytest
 
-from broker.cluster.controller import IsrRefused, assign, change_isr, handed_over, reconcile
+from broker.cluster.controller import (
+    IsrRefused,
+    assign,
+    assigned,
+    cancel_reassignment,
+    change_isr,
+    check_assignment,
+    elect,
+    handed_over,
+    reconcile,
+    start_reassignment,
+)
 from broker.cluster.placement import Candidate, place, rank
 from broker.core.cluster_view import NO_LEADER, PartitionState
+from broker.core.replica_changes import Election, ReplicaFault, ReplicaRefused
 
 NODES = [Candidate(i) for i in range(1, 6)]
 
@@ -157,15 +169,108 @@ def test_every_live_combination_reconciles_in_one_step() -> None:
 def test_reassignment_adds_then_waits_for_sync_then_drops() -> None:
     s = PartitionState((1, 2, 3), 1, 4, (1, 2, 3), target=(2, 3, 4))
     adding = reconcile(s, live={1, 2, 3, 4})
-    assert adding == PartitionState((1, 2, 3, 4), 1, 4, (1, 2, 3), target=(2, 3, 4))
+    # Kafka's order while it moves: the target's replicas, then those it removes
+    assert adding == PartitionState((2, 3, 4, 1), 1, 4, (1, 2, 3), target=(2, 3, 4), adding=(4,))
+    assert adding.removing == (1,)
     assert reconcile(adding, live={1, 2, 3, 4}) is None  # 4 is catching up: nothing to do
-    synced = PartitionState((1, 2, 3, 4), 1, 4, (1, 2, 3, 4), target=(2, 3, 4))
+    synced = PartitionState((2, 3, 4, 1), 1, 4, (1, 2, 3, 4), target=(2, 3, 4), adding=(4,))
     done = reconcile(synced, live={1, 2, 3, 4})
     # the old replica goes; the lead moves into the target at a new epoch
     assert done == PartitionState((2, 3, 4), 2, 5, (2, 3, 4))
     # a leader inside the target keeps the lead and the epoch
-    kept = reconcile(PartitionState((1, 2, 3, 4), 2, 4, (1, 2, 3, 4), target=(2, 3, 4)), live={1, 2, 3, 4})
+    kept = reconcile(
+        PartitionState((2, 3, 4, 1), 2, 4, (1, 2, 3, 4), target=(2, 3, 4), adding=(4,)), live={1, 2, 3, 4}
+    )
     assert kept == PartitionState((2, 3, 4), 2, 4, (2, 3, 4))
+
+
+def test_starting_a_reassignment_is_kafkas_first_step() -> None:
+    s = PartitionState((1, 2, 3), 1, 4, (1, 2, 3))
+    moving = start_reassignment(s, (4, 2))
+    assert moving == PartitionState((4, 2, 1, 3), 1, 4, (1, 2, 3), target=(4, 2), adding=(4,))
+    assert moving.removing == (1, 3)
+    # the same replicas in another order, nothing under way: done at once, the leader kept
+    assert start_reassignment(s, (3, 1, 2)) == PartitionState((3, 1, 2), 1, 4, (1, 2, 3))
+    # a new target replaces the one under way, from the replicas as they are (4 is kept as added
+    # by the first: Kafka's rule), and 5 is what it adds now
+    again = start_reassignment(moving, (5, 4))
+    assert again == PartitionState((5, 4, 2, 1, 3), 1, 4, (1, 2, 3), target=(5, 4), adding=(5,))
+    # pure removal: nothing to add; done as soon as the target is in sync
+    shrink = start_reassignment(s, (2, 3))
+    assert shrink.adding == () and shrink.removing == (1,)
+    assert reconcile(shrink, live={1, 2, 3}) == PartitionState((2, 3), 2, 5, (2, 3))
+
+
+def test_cancelling_takes_the_added_replicas_out() -> None:
+    moving = PartitionState((4, 2, 1, 3), 1, 4, (1, 2, 3), target=(4, 2), adding=(4,))
+    # Kafka's revert keeps the order the reassignment gave the replicas
+    assert cancel_reassignment(moving, live={1, 2, 3, 4}) == PartitionState((2, 1, 3), 1, 4, (1, 2, 3))
+    # an added replica that had caught up and leads: the lead goes to a kept in-sync one
+    led = PartitionState((4, 2, 1, 3), 4, 5, (4, 2, 3), target=(4, 2), adding=(4,))
+    assert cancel_reassignment(led, live={1, 2, 3, 4}) == PartitionState((2, 1, 3), 2, 6, (2, 3))
+    # only added replicas in sync: an unclean revert, refused unless the topic allows it
+    only_new = PartitionState((4, 1), 4, 5, (4,), target=(4,), adding=(4,))
+    with pytest.raises(ReplicaRefused, match="unclean") as refused:
+        cancel_reassignment(only_new, live={1, 4})
+    assert refused.value.kind is ReplicaFault.ASSIGNMENT
+    assert cancel_reassignment(only_new, live={1, 4}, unclean=True) == PartitionState((1,), 1, 6, (1,))
+    with pytest.raises(ReplicaRefused) as none:
+        cancel_reassignment(PartitionState((1, 2), 1, 0, (1, 2)), live={1, 2})
+    assert none.value.kind is ReplicaFault.NO_REASSIGNMENT
+
+
+def test_a_preferred_election_moves_the_lead_to_the_first_replica_only_when_it_may() -> None:
+    s = PartitionState((1, 2, 3), 2, 7, (1, 2, 3))
+    assert elect(s, Election.PREFERRED, live={1, 2, 3}) == PartitionState((1, 2, 3), 1, 8, (1, 2, 3))
+    refusals = [
+        (PartitionState((1, 2, 3), 1, 7, (1, 2, 3)), {1, 2, 3}, (), ReplicaFault.NOT_NEEDED, "leads"),
+        (s, {2, 3}, (), ReplicaFault.NOT_AVAILABLE, "not live"),
+        # it leads, but died a moment ago: the controller has not replaced it yet
+        (PartitionState((1, 2, 3), 1, 7, (1, 2, 3)), {2, 3}, (), ReplicaFault.NOT_AVAILABLE, "not live"),
+        (PartitionState((1, 2, 3), 2, 7, (2, 3)), {1, 2, 3}, (), ReplicaFault.NOT_AVAILABLE, "not in sync"),
+        (s, {1, 2, 3}, {1}, ReplicaFault.NOT_AVAILABLE, "stopping"),
+    ]
+    for state, live, draining, kind, why in refusals:
+        with pytest.raises(ReplicaRefused, match=why) as refused:
+            elect(state, Election.PREFERRED, live, draining)
+        assert refused.value.kind is kind
+
+
+def test_an_unclean_election_takes_an_out_of_sync_replica_only_when_no_in_sync_one_lives() -> None:
+    offline = PartitionState((1, 2, 3), NO_LEADER, 7, (1,))
+    assert elect(offline, Election.UNCLEAN, live={2, 3}) == PartitionState((1, 2, 3), 2, 8, (2,))
+    assert elect(offline, Election.UNCLEAN, live={2, 3}, draining={2}) == PartitionState(
+        (1, 2, 3), 3, 8, (3,)
+    )
+    # an in-sync replica alive: a clean election, the in-sync set kept
+    assert elect(offline, Election.UNCLEAN, live={1, 3}) == PartitionState((1, 2, 3), 1, 8, (1,))
+    with pytest.raises(ReplicaRefused) as led:
+        elect(PartitionState((1, 2, 3), 2, 7, (2,)), Election.UNCLEAN, live={1, 2, 3})
+    assert led.value.kind is ReplicaFault.NOT_NEEDED
+    with pytest.raises(ReplicaRefused) as nobody:
+        elect(offline, Election.UNCLEAN, live={4})
+    assert nobody.value.kind is ReplicaFault.NOT_AVAILABLE
+    # once elected, the controller leaves it alone
+    elected = elect(offline, Election.UNCLEAN, live={2, 3})
+    assert reconcile(elected, live={2, 3}) is None
+
+
+def test_manual_assignments_are_checked_as_kafka_checks_them() -> None:
+    check_assignment([(1, 2), (2, 3)], registered={1, 2, 3})
+    for assignment, registered, replication, why in [
+        ([(1, 2), ()], {1, 2}, None, "empty replica list"),
+        ([(1, 9)], {1, 2}, None, "node 9, but no such node is registered"),
+        ([(1, 1)], {1, 2}, None, "node 1 more than once"),
+        ([(1, 2), (1,)], {1, 2}, None, "1 replica\\(s\\), but this is not consistent"),
+        ([(1,)], {1, 2}, 2, "previous partitions, which have 2"),
+    ]:
+        with pytest.raises(ReplicaRefused, match=why) as refused:
+            check_assignment(assignment, registered, replication)
+        assert refused.value.kind is ReplicaFault.ASSIGNMENT
+    # the active replicas start in sync, the first of them leading; none active: refused
+    assert assigned([(3, 1, 2)], active={1, 2}) == [PartitionState((3, 1, 2), 1, 0, (1, 2))]
+    with pytest.raises(ReplicaRefused, match="partition 5"):
+        assigned([(3,)], active={1, 2}, first=5)
 
 
 def test_drain_picks_the_best_spare_node() -> None:
