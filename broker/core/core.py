@@ -223,11 +223,17 @@ class Core:
 
     def give_role(self, p: Partition) -> None:
         """The role the view names for this node's replica of `p` (a clustered core's partitions
-        always have one: a partition without a role would serve as if alone)."""
+        always have one: a partition without a role would serve as if alone). A replica the view
+        no longer places here (reassigned away) follows the new leader without fetching: it
+        answers nothing a leader would, and its files stay, unserved (`_open_stored`)."""
         state = self.cluster.state_of(p.topic_id, p.index)
         me = self.config.node_id
         settings = self.config.cluster
-        if state is None or me not in state.replicas or settings is None:
+        if state is None or settings is None:
+            return
+        if me not in state.replicas:
+            if p.replica is not None:  # it had a role here: it gives it up
+                p.become_follower(state.leader_epoch, state.leader)
             return
         if state.leader == me:
             topic = self.registry.by_id.get(p.topic_id)
@@ -353,6 +359,9 @@ class Core:
         current = self.registry.by_id.get(t.topic_id)
         if current is None:
             raise TopicError(TopicFault.UNKNOWN, f"no partition {index} of topic {topic!r}")
+        if self.cluster.clustered and not self.replicated_here(t.topic_id, index):
+            # opened here it would have no role, and serve as a single node's partition does
+            raise NotLeaderError(f"node {self.config.node_id} holds no replica of partition {index}")
         return self._open_partition(current, index)
 
     def metadata_view(self, names: Sequence[str] | None = None) -> MetadataView:

@@ -129,7 +129,12 @@ class ReplicaManager:
         addresses: dict[tuple[int, int], tuple[str, int]] = {}
         refreshed = False
         for (tid, index), state in view.partitions.items():
-            if me not in state.replicas or h.owner(tid, index) != self.core_id:
+            if h.owner(tid, index) != self.core_id:
+                continue
+            if me not in state.replicas:
+                moved = h.partitions.get((tid, index))
+                if moved is not None:
+                    h.give_role(moved)  # reassigned away: it stops leading
                 continue
             try:
                 partition = h.partition_by_id(tid, index)
