@@ -15,8 +15,8 @@ Rules this module keeps:
   groups.py (FindCoordinator, Join/Sync/Heartbeat/LeaveGroup, OffsetCommit/OffsetFetch,
   Describe/ListGroups), group_admin.py (DeleteGroups, OffsetDelete), describe.py
   (DescribeCluster, DescribeLogDirs, DescribeProducers), init_producer_id.py, leader_epoch.py,
-  sasl.py, acl_admin.py, configs.py (Describe/Alter/IncrementalAlterConfigs). A new API is a
-  module and a line here.
+  sasl.py, acl_admin.py, configs.py (Describe/Alter/IncrementalAlterConfigs), replicas.py
+  (ElectLeaders, Alter/ListPartitionReassignments). A new API is a module and a line here.
 - Only what `SUPPORTED_VERSIONS` lists is advertised in ApiVersions, and only that is answered
   by a handler. An ApiVersions above our highest version gets UNSUPPORTED_VERSION in a v0
   response listing our versions (as Kafka brokers answer, so the client retries at a version we
@@ -57,6 +57,7 @@ from broker.kafka import (
     metadata,
     partitions,
     produce,
+    replicas,
     sasl,
     topics,
 )
@@ -107,6 +108,7 @@ SUPPORTED_VERSIONS: Final[dict[int, tuple[int, int]]] = {
     **sasl.VERSIONS,  # SaslHandshake, SaslAuthenticate: broker/kafka/sasl.py
     **acl_admin.VERSIONS,  # DescribeAcls, CreateAcls, DeleteAcls: broker/kafka/acl_admin.py
     **configs.VERSIONS,  # DescribeConfigs, AlterConfigs, IncrementalAlterConfigs: broker/kafka/configs.py
+    **replicas.VERSIONS,  # ElectLeaders, Alter/ListPartitionReassignments: broker/kafka/replicas.py
 }
 
 
@@ -181,6 +183,9 @@ class KafkaAdapter:
             configs.DESCRIBE_CONFIGS: api(configs.describe_configs),
             configs.ALTER_CONFIGS: api(configs.alter_configs),
             configs.INCREMENTAL_ALTER_CONFIGS: api(configs.incremental_alter_configs),
+            replicas.ELECT_LEADERS: api(replicas.elect_leaders),
+            replicas.ALTER_PARTITION_REASSIGNMENTS: api(replicas.alter_partition_reassignments),
+            replicas.LIST_PARTITION_REASSIGNMENTS: api(replicas.list_partition_reassignments),
         }
         assert set(self._apis) == set(SUPPORTED_VERSIONS), "an api advertised without a handler"
 

@@ -16,7 +16,9 @@ Rules this module keeps:
   OffsetDelete delete on the group and read on each topic (broker/kafka/group_admin.py);
   DescribeLogDirs describe on the cluster, DescribeProducers read on each topic,
   DescribeCluster nothing (broker/kafka/describe.py); DeleteTopics v6 delete on a topic named
-  by id, once its name is known (broker/kafka/topics.py). ApiVersions, the SASL apis and
+  by id, once its name is known (broker/kafka/topics.py). ElectLeaders and
+  AlterPartitionReassignments need alter on the cluster, ListPartitionReassignments describe on
+  it (Kafka's ControllerApis), refused whole. ApiVersions, the SASL apis and
   InitProducerId (an id without a transactional id grants nothing: KIP-679) need nothing.
   Metadata is filtered instead (broker/kafka/adapter.py `_metadata`). OffsetForLeaderEpoch v0-1,
   which kio has no schema for, are checked where they are decoded (broker/kafka/leader_epoch.py).
@@ -51,6 +53,8 @@ OFFSET_COMMIT: Final = 8
 OFFSET_FETCH: Final = 9
 DESCRIBE_ACLS: Final = 29
 ACL_ADMIN: Final = frozenset((29, 30, 31))
+# ElectLeaders, AlterPartitionReassignments, ListPartitionReassignments: what each needs on the cluster
+CLUSTER_OPS: Final = {43: "alter", 45: "alter", 46: "describe"}
 # api -> what it needs on each topic it names, checked per topic by the adapter (module rules)
 PER_TOPIC: Final = {0: "write", 1: "read", 2: "describe"}
 
@@ -145,8 +149,9 @@ def check(authorizer: Authorizer, principal: str | None, request: KafkaRequest, 
             if not allowed(principal, "describe", "group", str(group)):
                 return _refuse(request, body, ErrorCode.group_authorization_failed, f"describe group {group}")
         return None
-    if key in ACL_ADMIN:  # DescribeAcls: describe on the cluster; CreateAcls, DeleteAcls: alter
-        op = "describe" if key == DESCRIBE_ACLS else "alter"
+    if key in ACL_ADMIN or key in CLUSTER_OPS:  # DescribeAcls: describe on the cluster; CreateAcls,
+        # DeleteAcls: alter; and the replica admin apis (CLUSTER_OPS)
+        op = CLUSTER_OPS.get(key) or ("describe" if key == DESCRIBE_ACLS else "alter")
         if not allowed(principal, op, "cluster", CLUSTER_NAME):
             return _refuse(request, body, ErrorCode.cluster_authorization_failed, f"{op} cluster")
         return None

@@ -22,6 +22,7 @@ from broker.core.outcomes import Reply
 from broker.core.partition import RecordDeletionRefused
 from broker.core.producer_ids import ProducerIdsUnavailable
 from broker.core.producer_state import FencedEpochError, UnknownProducerError
+from broker.core.replica_changes import ReplicaFault, ReplicaRefused
 from broker.core.topics import TopicError, TopicFault
 from ringlog_proto.messages import ErrorCode as Ours
 
@@ -39,6 +40,16 @@ class TopicNotAuthorized(Exception):
 
 
 DONE: Final = Reply([])  # what a Gather part's callbacks return: the gather sends the answer
+
+# why a replica change was refused -> Kafka's code (a preferred election's NOT_AVAILABLE is
+# PREFERRED_LEADER_NOT_AVAILABLE: broker/kafka/replicas.py tells it apart)
+_REPLICA_CODES: Final[dict[ReplicaFault, ErrorCode]] = {
+    ReplicaFault.NOT_NEEDED: ErrorCode.election_not_needed,
+    ReplicaFault.NOT_AVAILABLE: ErrorCode.eligible_leaders_not_available,
+    ReplicaFault.NO_REASSIGNMENT: ErrorCode.no_reassignment_in_progress,
+    ReplicaFault.ASSIGNMENT: ErrorCode.invalid_replica_assignment,
+    ReplicaFault.UNKNOWN: ErrorCode.unknown_topic_or_partition,
+}
 
 # our error codes -> Kafka's (anything not here is UNKNOWN_SERVER_ERROR)
 _KAFKA_CODES: Final[dict[Ours, ErrorCode]] = {
@@ -78,6 +89,8 @@ def kafka_error(exc: BaseException) -> tuple[ErrorCode, str]:
         return ErrorCode.unknown_producer_id, str(exc)
     if isinstance(exc, InvalidAcksError):  # ours: INVALID_REQUEST, which Kafka names apart
         return ErrorCode.invalid_required_acks, str(exc)
+    if isinstance(exc, ReplicaRefused):
+        return _REPLICA_CODES[exc.kind], str(exc)
     if isinstance(exc, RecordDeletionRefused):
         return ErrorCode.policy_violation, str(exc)
     if isinstance(exc, TopicError) and exc.kind is TopicFault.PARTITIONS:

@@ -6,8 +6,10 @@ Rules this module keeps:
   (the same count or fewer: INVALID_PARTITIONS, with Kafka's messages), an unknown topic
   UNKNOWN_TOPIC_OR_PARTITION, a topic named twice INVALID_REQUEST ("Duplicate topic name."),
   alter on the topic needed where ACLs are on (TOPIC_AUTHORIZATION_FAILED for that topic alone),
-  `validate_only` checks without changing anything. Manual assignments are refused as
-  CreateTopics refuses them (INVALID_REQUEST). Each topic is answered on its own.
+  `validate_only` checks without changing anything. Replicas placed by hand (`assignments`, one
+  list per new partition, as many replicas as the topic has) follow Kafka's rules as
+  CreateTopics' do (broker/kafka/replicas.py; a count that does not match the partitions added
+  is INVALID_REPLICA_ASSIGNMENT). Each topic is answered on its own.
 - One node: each topic through `Core.create_partitions` (the registry; the new partitions open
   on their owning cores on first use). A cluster: through the store, off the loop
   (`ClusterCalls.create_partitions`: the record, then the new partitions placed as a new topic's),
@@ -32,6 +34,7 @@ from typing import Any, Final
 from kio.schema.errors import ErrorCode
 
 from broker.core.outcomes import Outcome, Reply
+from broker.kafka import replicas
 from broker.kafka.codec import KafkaRequest, encode_response, make, response_schema
 from broker.kafka.context import Context
 from broker.kafka.errors import kafka_error
@@ -41,7 +44,6 @@ CREATE_PARTITIONS_VERSIONS: Final = (0, 3)  # v2+ flexible
 DELETE_RECORDS: Final = 21
 DELETE_RECORDS_VERSIONS: Final = (0, 2)  # v2 flexible
 NO_LOW_WATERMARK: Final = -1  # Kafka's DeleteRecordsResponse.INVALID_LOW_WATERMARK
-MANUAL_ASSIGNMENT: Final = "manual replica assignment is not supported"
 
 Result = tuple[str, ErrorCode, str | None]
 
@@ -53,6 +55,7 @@ def create_partitions(ctx: Context, request: KafkaRequest, body: Any) -> Outcome
     core = ctx.core
     validate_only = bool(body.validate_only)
     counts: dict[str, int] = {}
+    assignments: dict[str, list[tuple[int, ...]] | None] = {}  # node ids per new partition
     early: dict[str, tuple[ErrorCode, str | None]] = {}  # answered before any change
     for t in body.topics:
         name = str(t.name)
@@ -62,10 +65,13 @@ def create_partitions(ctx: Context, request: KafkaRequest, body: Any) -> Outcome
             continue
         if not _may_alter(ctx, name):
             early[name] = (ErrorCode.topic_authorization_failed, f"not authorized: alter topic {name}")
-        elif t.assignments is not None:
-            early[name] = (ErrorCode.invalid_request, MANUAL_ASSIGNMENT)
-        else:
-            counts[name] = int(t.count)
+            continue
+        try:
+            assignments[name] = replicas.partitions_assignment(core, t.assignments)
+        except Exception as exc:
+            early[name] = kafka_error(exc)
+            continue
+        counts[name] = int(t.count)
     order = list(dict.fromkeys(str(t.name) for t in body.topics))
 
     def answer(done: dict[str, tuple[ErrorCode, str | None]]) -> Reply:
@@ -85,6 +91,10 @@ def create_partitions(ctx: Context, request: KafkaRequest, body: Any) -> Outcome
         done: dict[str, tuple[ErrorCode, str | None]] = {}
         for name, count in counts.items():
             try:
+                assignment = assignments[name]
+                topic = core.registry.by_name.get(name)
+                if assignment is not None and topic is not None and count > topic.partitions:
+                    replicas.check_added(assignment, count - topic.partitions)
                 core.create_partitions(name, count, validate_only)
                 done[name] = (ErrorCode.none, None)
             except Exception as exc:
@@ -98,7 +108,7 @@ def create_partitions(ctx: Context, request: KafkaRequest, body: Any) -> Outcome
         out: dict[str, tuple[ErrorCode, str | None]] = {}
         for name, count in counts.items():
             try:
-                calls.create_partitions(registry, name, count, validate_only)
+                calls.create_partitions(registry, name, count, validate_only, assignments[name])
                 out[name] = (ErrorCode.none, None)
             except Exception as exc:
                 code, message = kafka_error(exc)

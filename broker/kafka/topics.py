@@ -4,8 +4,10 @@ Rules this module keeps:
 - One node: each topic through `Core.create_topic` / `Core.delete_topic` (which tells the other
   cores first), one answer once every one is done. A cluster: each through the cluster's store,
   off the loop, answered once this node's registry shows the change.
-- num_partitions -1 is one partition; one node keeps one copy (replication factor -1 or 1); manual
-  assignments are refused. The configs are the topic's overrides, checked as Kafka checks them
+- num_partitions -1 is one partition; one node keeps one copy (replication factor -1 or 1).
+  Replicas placed by hand (`assignments`) follow Kafka's rules (broker/kafka/replicas.py
+  `topic_assignment`): on one node each list can name only this node; in a cluster the store
+  places the partitions as given. The configs are the topic's overrides, checked as Kafka checks them
   (broker/core/topic_configs.py): an unknown name, a null or bad value is INVALID_CONFIG with the
   reason, and nothing is created. `validate_only` checks everything a creation would (name,
   limits, configs) and creates nothing.
@@ -31,6 +33,7 @@ from kio.schema.errors import ErrorCode
 from broker.core.outcomes import Gather, Outcome, Reply
 from broker.core.topic_configs import describe_topic
 from broker.core.topics import Topic
+from broker.kafka import replicas
 from broker.kafka.codec import KafkaRequest, encode_response, make, response_schema
 from broker.kafka.configs import created_topic_configs
 from broker.kafka.context import Context
@@ -60,16 +63,17 @@ def create_topics(ctx: Context, request: KafkaRequest, body: Any) -> Outcome:
     for t in body.topics:
         code, message, made = ErrorCode.none, None, None
         try:
-            if int(t.replication_factor) not in (-1, 1):
+            assignment = replicas.topic_assignment(ctx.core, t)
+            if assignment is None and int(t.replication_factor) not in (-1, 1):
                 code, message = (
                     ErrorCode.invalid_replication_factor,
                     "ringlog keeps one copy: replication factor -1 or 1",
                 )
-            elif t.assignments:
-                code, message = ErrorCode.invalid_request, "manual replica assignment is not supported"
             else:
                 configs = _configs(t.configs)
                 partitions = 1 if int(t.num_partitions) == -1 else int(t.num_partitions)
+                if assignment is not None:
+                    partitions = len(assignment)
                 if body.validate_only:
                     ctx.core.refresh_topics()
                     made = ctx.core.registry.make(t.name, partitions, 0, configs)
@@ -92,21 +96,38 @@ def _create_topics_in_cluster(
     cluster's default; placement over the live nodes), off the loop, in one answer."""
     calls = ctx.core.config.cluster.calls  # type: ignore[union-attr]
     registry = ctx.core.registry
+    # broker ids to nodes here, on the loop: the view they are read from is the loop's
+    assignments: dict[str, list[tuple[int, ...]] | None] = {}
+    early: dict[str, Exception] = {}
+    for t in body.topics:
+        try:
+            assignments[t.name] = replicas.topic_assignment(ctx.core, t)
+        except Exception as exc:
+            early[t.name] = exc
 
     def create_all() -> list[tuple[str, ErrorCode, str | None, Topic | None]]:
-        out = []
+        out: list[tuple[str, ErrorCode, str | None, Topic | None]] = []
         for t in body.topics:
             code, message, made = ErrorCode.none, None, None
+            if t.name in early:
+                out.append((t.name, *kafka_error(early[t.name]), None))
+                continue
             try:
-                if t.assignments:
-                    raise _Refused(ErrorCode.invalid_request, "manual replica assignment is not supported")
+                assignment = assignments[t.name]
                 configs = _configs(t.configs)
                 partitions = 1 if int(t.num_partitions) == -1 else int(t.num_partitions)
+                if assignment is not None:
+                    partitions = len(assignment)
                 if body.validate_only:
                     made = registry.make(t.name, partitions, 1, configs)
                 else:
                     made = calls.create_topic(
-                        registry, t.name, partitions, configs, replication=int(t.replication_factor)
+                        registry,
+                        t.name,
+                        partitions,
+                        configs,
+                        replication=int(t.replication_factor),
+                        assignment=assignment,
                     )
             except _Refused as exc:
                 code, message = exc.code, str(exc)

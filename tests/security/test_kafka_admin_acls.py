@@ -1,9 +1,10 @@
 """ACLs on Kafka's admin APIs, as Kafka checks them, against real clients over SASL: alter on a
 topic for CreatePartitions, delete on a topic for DeleteRecords, delete on a group for
 DeleteGroups and OffsetDelete (read on each topic too), describe on the cluster for
-DescribeLogDirs, read on a topic for DescribeProducers; DescribeCluster needs nothing, its
-authorized operations (and a topic's, in Metadata) being what the principal has. A refusal
-changes nothing; the grant, added while the broker runs, lets the same call through."""
+DescribeLogDirs and ListPartitionReassignments, alter on it for ElectLeaders and
+AlterPartitionReassignments, read on a topic for DescribeProducers; DescribeCluster needs
+nothing, its authorized operations (and a topic's, in Metadata) being what the principal has. A
+refusal changes nothing; the grant, added while the broker runs, lets the same call through."""
 
 from __future__ import annotations
 
@@ -126,10 +127,25 @@ def test_admin_apis_need_what_kafka_asks(broker: BrokerProcess) -> None:
         assert kp.describe_producers([KpTopicPartition("orders", 0)])
         assert kp.describe_cluster()["authorized_operations"] == []
         assert _log_dirs(kp) == []  # CLUSTER_AUTHORIZATION_FAILED, no results (kafka-python shows none)
+        # ListPartitionReassignments: describe on the cluster; ElectLeaders and
+        # AlterPartitionReassignments: alter on it
+        with pytest.raises(kafka.errors.ClusterAuthorizationFailedError):
+            kp.list_partition_reassignments()
         grant(broker, "describe", "cluster:kafka-cluster")
         assert kp.describe_cluster()["authorized_operations"] == ["DESCRIBE"]
         [log_dir] = _log_dirs(kp)
         assert any(t["name"] == "orders" for t in log_dir["topics"])
+        assert kp.list_partition_reassignments() == {}
+        orders_0 = KpTopicPartition("orders", 0)
+        with pytest.raises(kafka.errors.ClusterAuthorizationFailedError):
+            kp.alter_partition_reassignments({orders_0: [0]})
+        elect = alice.elect_leaders(confluent_kafka.ElectionType.PREFERRED, [TopicPartition("orders", 0)])
+        assert code_of(elect) == "CLUSTER_AUTHORIZATION_FAILED"
+        grant(broker, "alter", "cluster:kafka-cluster")
+        assert kp.alter_partition_reassignments({orders_0: [0]}) == {orders_0: None}  # stays here
+        elect = alice.elect_leaders(confluent_kafka.ElectionType.PREFERRED, [TopicPartition("orders", 0)])
+        [(_, not_needed)] = elect.result(15).items()
+        assert not_needed.name() == "ELECTION_NOT_NEEDED"
     finally:
         kp.close()
     assert code_of(alice.delete_consumer_groups(["team"])["team"]) is None
