@@ -3,24 +3,35 @@ confluent-kafka's AdminClient: CreatePartitions grows a topic in the store, the 
 placed over the live nodes as a new topic's are, led and served at once and seen alike by every
 node's Metadata; DeleteRecords moves the leader's log start, every follower takes it, and a new
 leader elected after a kill -9 of the old one starts there too; DeleteGroups and OffsetDelete
-delete the offsets in etcd, which no node answers any more."""
+delete the offsets in etcd, which no node answers any more; replicas placed by hand, elections
+(preferred and unclean) and reassignments (listed, cancelled, across a controller's failover)."""
 
 from __future__ import annotations
 
 import base64
+import datetime
+import json
+import sys
 import time
 import uuid
 from collections.abc import Iterator
 
 import pytest
+from kio.schema.errors import ErrorCode
 
+from broker.cluster.records import Keys
+from broker.cluster.store import EtcdStore
+from broker.kafka.codec import make, request_schema
 from broker.storage import layout, log_start
-from labkit.brokerproc import wait_for
+from labkit.brokerproc import BrokerProcess, wait_for
 from labkit.clusterchecker import topic_ids
+from labkit.kafka_requests import rpc
+from ringlog_proto.batch import encode_batch
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
+from confluent_kafka import ElectionType  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic  # noqa: E402
-from test_cluster import Cluster  # noqa: E402  (tests/cluster)
+from test_cluster import Cluster, healed  # noqa: E402, F401  (tests/cluster; healed: autouse)
 
 
 @pytest.fixture(scope="module")
@@ -206,3 +217,197 @@ def test_create_topics_v7_in_a_cluster(cluster: Cluster) -> None:
 def _base64_id(topic_id: object) -> str:
     """A topic id as librdkafka prints it (base64 without padding)."""
     return base64.b64encode(uuid.UUID(str(topic_id)).bytes).decode().rstrip("=")
+
+
+def _controller_lease(cluster: Cluster, endpoints: list[str]) -> tuple[int, int]:
+    """(node, lease) of the cluster's controller, read from etcd."""
+    store = EtcdStore(endpoints)
+    try:
+        kv = store.get(Keys(cluster.name).controller)
+        assert kv is not None
+        return int(json.loads(kv.value)["node_id"]), kv.lease
+    finally:
+        store.close()
+
+
+def _depose_controller(cluster: Cluster, endpoints: list[str]) -> int:
+    """Revoke the controller's election lease until a node other than the one holding it now
+    wins the next election (as SWIM's verdict on a dead controller does): the new one's."""
+    first, _ = _controller_lease(cluster, endpoints)
+
+    def moved() -> int | None:
+        node, lease = _controller_lease(cluster, endpoints)
+        if node != first:
+            return node
+        store = EtcdStore(endpoints)
+        try:
+            store.lease_revoke(lease)
+        finally:
+            store.close()
+        time.sleep(0.3)
+        return None
+
+    return int(wait_for(moved, timeout=30))  # type: ignore[arg-type]
+
+
+def _produce_to_node(node: BrokerProcess, topic: str, partition: int, value: bytes) -> ErrorCode:
+    """A Kafka Produce (acks=1) sent to `node` itself, as a client whose metadata is stale does."""
+    schema = request_schema(0, 8)
+    assert schema is not None
+    module = sys.modules[schema.__module__]
+    data = make(module.PartitionProduceData, index=partition, records=encode_batch([value]))
+    body = make(
+        schema,
+        transactional_id=None,
+        acks=1,
+        timeout=datetime.timedelta(seconds=5),
+        topic_data=(make(module.TopicProduceData, name=topic, partition_data=(data,)),),
+    )
+    resp = rpc(node.port, 0, 8, body)
+    return resp.responses[0].partition_responses[0].error_code
+
+
+def _read(bootstrap: str, topic: str, partitions: int, want: int) -> dict[int, list[bytes]]:
+    """Every record of the topic's partitions (until `want` of them), by partition, in offset order."""
+    consumer = confluent_kafka.Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": f"reader-{topic}", "enable.auto.commit": False}
+    )
+    got: dict[int, list[bytes]] = {p: [] for p in range(partitions)}
+    try:
+        consumer.assign([confluent_kafka.TopicPartition(topic, p, 0) for p in range(partitions)])
+        deadline = time.monotonic() + 30
+        while sum(map(len, got.values())) < want and time.monotonic() < deadline:
+            msg = consumer.poll(0.2)
+            if msg is not None and msg.error() is None:
+                got[msg.partition()].append(msg.value())
+    finally:
+        consumer.close()
+    return got
+
+
+def _elected(
+    admin: AdminClient, election: object, topic: str, partitions: list[int]
+) -> dict[int, str | None]:
+    tps = [confluent_kafka.TopicPartition(topic, p) for p in partitions]
+    done = admin.elect_leaders(election, tps).result(20)
+    return {tp.partition: (None if e is None else e.name()) for tp, e in done.items()}
+
+
+def test_placement_by_hand_elections_and_a_reassignment_across_a_controller_failover(
+    cluster: Cluster, etcd
+) -> None:
+    """Replicas placed by hand (CreateTopics, then CreatePartitions) are the store's placement;
+    a reassignment onto a dead node waits, is listed (replicas, adding, removing), cancelled and
+    started again, outlives the controller, and completes once the node is back: the removed
+    replica answers NOT_LEADER_OR_FOLLOWER, and every acknowledged record is still there."""
+    from kafka import TopicPartition as KpTopicPartition
+    from kafka.admin import KafkaAdminClient
+
+    admin = AdminClient({"bootstrap.servers": cluster.nodes[1].bootstrap})
+    admin.create_topics([NewTopic("placed", 2, replica_assignment=[[1000, 2000], [2000, 3000]])])[
+        "placed"
+    ].result(20)
+    led(admin, "placed", 2)
+    assert (
+        admin.create_partitions([NewPartitions("placed", 3, replica_assignment=[[3000, 1000]])])[
+            "placed"
+        ].result(20)
+        is None
+    )
+    t = led(admin, "placed", 3)
+    placed = {p.id: (p.replicas, p.leader) for p in t.partitions.values()}  # type: ignore[attr-defined]
+    assert placed == {0: ([1000, 2000], 1000), 1: ([2000, 3000], 2000), 2: ([3000, 1000], 3000)}
+    topic_id = topic_ids(cluster.nodes[1].data_dir)["placed"]
+    assert [s["replicas"] for _, s in sorted(cluster.states(1, topic_id).items())] == [[1, 2], [2, 3], [3, 1]]
+    with pytest.raises(confluent_kafka.KafkaException, match="INVALID_REPLICA_ASSIGNMENT"):
+        admin.create_topics([NewTopic("nowhere", 1, replica_assignment=[[9000]])])["nowhere"].result(20)
+
+    producer = confluent_kafka.Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all"})
+    acked: dict[int, list[bytes]] = {0: [], 1: [], 2: []}
+
+    def send(partition: int, values: list[bytes]) -> None:
+        def delivered(err: object, msg: object) -> None:
+            if err is None:
+                acked[msg.partition()].append(msg.value())  # type: ignore[attr-defined]
+
+        for v in values:
+            producer.produce("placed", value=v, partition=partition, on_delivery=delivered)
+        assert producer.flush(30) == 0
+
+    for p in range(3):
+        send(p, [b"before-%d-%d" % (p, i) for i in range(20)])
+    assert _elected(admin, ElectionType.PREFERRED, "placed", [0, 1, 2]) == dict.fromkeys(
+        range(3), "ELECTION_NOT_NEEDED"
+    )
+
+    cluster.nodes[3].kill()
+    wait_for(lambda: 3 not in cluster.view(1)["live"], timeout=20)
+    assert _elected(admin, ElectionType.PREFERRED, "placed", [2]) == {2: "PREFERRED_LEADER_NOT_AVAILABLE"}
+    kp = KafkaAdminClient(bootstrap_servers=cluster.nodes[1].bootstrap, request_timeout_ms=15_000)
+    try:
+        p0 = KpTopicPartition("placed", 0)
+        assert kp.alter_partition_reassignments({p0: [2000, 3000]}) == {p0: None}
+        # node 3 is down: the reassignment waits for it, Kafka's order (target, then removing)
+        moving = {"replicas": [2000, 3000, 1000], "adding_replicas": [3000], "removing_replicas": [1000]}
+        assert kp.list_partition_reassignments() == {p0: moving}
+        assert kp.alter_partition_reassignments({p0: None}) == {p0: None}  # cancelled
+        assert kp.list_partition_reassignments() == {}
+        # Kafka's revert keeps the reassignment's order: node 2 is now preferred, and leads
+        wait_for(lambda: cluster.states(1, topic_id)[0]["leader"] == 2, timeout=10)
+        assert cluster.states(1, topic_id)[0]["replicas"] == [2, 1]
+        # again, now moving the lead off node 2
+        assert kp.alter_partition_reassignments({p0: [3000, 1000]}) == {p0: None}
+        moving = {"replicas": [3000, 1000, 2000], "adding_replicas": [3000], "removing_replicas": [2000]}
+        send(0, [b"moving-0-%d" % i for i in range(20)])  # in sync: nodes 1 and 2
+        controller = _depose_controller(cluster, etcd.endpoints)
+        assert controller in (1, 2)
+        assert kp.list_partition_reassignments() == {p0: moving}  # in etcd, not in a controller
+    finally:
+        kp.close()
+
+    cluster.nodes[3].start()
+    done = wait_for(lambda: not (s := cluster.states(1, topic_id)[0]).get("target") and s, timeout=30)
+    assert done["replicas"] == [3, 1] and sorted(done["isr"]) == [1, 3]  # type: ignore[index]
+    assert done["leader"] == 3  # type: ignore[index]
+    # the old leader, removed, refuses a client whose metadata is stale
+    wait_for(lambda: cluster.states(2, topic_id)[0]["leader"] == 3, timeout=10)
+    assert _produce_to_node(cluster.nodes[2], "placed", 0, b"stale") == ErrorCode.not_leader_or_follower
+    wait_for(lambda: cluster.states(1, topic_id)[2]["leader"] == 3, timeout=30)  # preferred, back in sync
+    assert _elected(admin, ElectionType.PREFERRED, "placed", [2]) == {2: "ELECTION_NOT_NEEDED"}
+    for p in range(3):
+        send(p, [b"after-%d-%d" % (p, i) for i in range(20)])
+    got = _read(cluster.bootstrap, "placed", 3, sum(map(len, acked.values())))
+    assert got == acked  # nothing acknowledged lost, nothing else read, in order
+
+
+def test_an_unclean_election_brings_an_offline_partition_back(cluster: Cluster) -> None:
+    """Both replicas die, the in-sync one last; the other returns: offline (unclean election is
+    off) until ElectLeaders asks for an unclean one, which elects it with what it holds."""
+    admin = AdminClient({"bootstrap.servers": cluster.nodes[1].bootstrap})
+    admin.create_topics([NewTopic("unclean", 1, replica_assignment=[[2000, 3000]])])["unclean"].result(20)
+    led(admin, "unclean", 1)
+    topic_id = topic_ids(cluster.nodes[1].data_dir)["unclean"]
+    producer = confluent_kafka.Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all"})
+    for i in range(10):
+        producer.produce("unclean", value=b"v%d" % i, partition=0)
+    assert producer.flush(30) == 0
+    wait_for(lambda: sorted(cluster.states(1, topic_id)[0]["isr"]) == [2, 3], timeout=20)
+    cluster.nodes[3].kill()
+    wait_for(lambda: cluster.states(1, topic_id)[0]["isr"] == [2], timeout=20)
+    cluster.nodes[2].kill()
+    wait_for(lambda: cluster.states(1, topic_id)[0]["leader"] == -1, timeout=20)
+    cluster.nodes[3].start()
+    wait_for(lambda: 3 in cluster.view(1)["live"], timeout=20)
+    time.sleep(1.5)  # a controller pass or more: it stays offline on its own
+    assert cluster.states(1, topic_id)[0]["leader"] == -1
+    # a new client: librdkafka sends ElectLeaders to the controller it last heard of, and does not
+    # ask again while that broker is merely down (node 2 may have held the role)
+    admin = AdminClient({"bootstrap.servers": cluster.nodes[1].bootstrap})
+    assert _elected(admin, ElectionType.PREFERRED, "unclean", [0]) == {0: "PREFERRED_LEADER_NOT_AVAILABLE"}
+    assert _elected(admin, ElectionType.UNCLEAN, "unclean", [0]) == {0: None}
+    state = cluster.states(1, topic_id)[0]
+    assert (state["leader"], state["isr"]) == (3, [3])
+    assert _elected(admin, ElectionType.UNCLEAN, "unclean", [0]) == {0: "ELECTION_NOT_NEEDED"}
+    assert _read(cluster.nodes[1].bootstrap, "unclean", 1, 10) == {0: [b"v%d" % i for i in range(10)]}
+    cluster.nodes[2].start()
+    wait_for(lambda: cluster.states(1, topic_id)[0]["leader"] == 2, timeout=30)  # back in sync, preferred
