@@ -186,7 +186,8 @@ REQUEST_TYPES: dict[int, type[Request]] = {
 SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     key: (CURRENT_VERSIONS[key], CURRENT_VERSIONS[key]) for key in REQUEST_TYPES
 }
-# A CreateTopic of v2 (before configs) still reads: the configs' array is its body's last field.
+# A CreateTopic of v2 or v3 (before configs, before assignments) still reads: each is a prefix
+# of the current body.
 SUPPORTED_VERSIONS[ApiKey.CREATE_TOPIC] = (2, CURRENT_VERSIONS[ApiKey.CREATE_TOPIC])
 
 

@@ -116,6 +116,12 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         default=-1,
         help="copies of each partition, on as many nodes (-1: broker default; one node: 1)",
     )
+    create.add_argument(
+        "--replica-assignment",
+        metavar="N:N,N:N,...",
+        help="each partition's nodes placed by hand, the preferred leader first (1:2,2:3: two "
+        "partitions of two replicas; sets --partitions and the replication factor)",
+    )
     config_help = "a topic config, Kafka's name (cleanup.policy=compact; repeat it; docs/KAFKA.md)"
     create.add_argument("--config", action="append", default=[], metavar="K=V", help=config_help)
     alter = tsub_parser("alter", help="change a topic's configs (every core applies them within a second)")
@@ -199,16 +205,19 @@ def run_client_command(args: argparse.Namespace) -> int:
 def cmd_topics(args: argparse.Namespace) -> int:
     with Admin(args.bootstrap, security=_security(args)) as admin:
         if args.topics_command == "create":
+            assignment = _assignment(args.replica_assignment)
+            partitions = len(assignment) if assignment else args.partitions
             topic_id = admin.create_topic(
                 args.name,
-                args.partitions,
+                partitions,
                 retention_ms=None if args.retention_ms == -1 else args.retention_ms,
                 retention_bytes=None if args.retention_bytes == -1 else args.retention_bytes,
                 segment_bytes=None if args.segment_bytes == -1 else args.segment_bytes,
                 replication=args.replication_factor,
                 configs=_config_pairs(args.config),
+                assignment=assignment,
             )
-            print(f"created topic {args.name} (id {topic_id}, {args.partitions} partitions)")
+            print(f"created topic {args.name} (id {topic_id}, {partitions} partitions)")
         elif args.topics_command == "alter":
             if not args.config and not args.delete_config:
                 raise UsageError("topics alter needs --config K=V or --delete-config K")
@@ -261,6 +270,16 @@ def cmd_topics(args: argparse.Namespace) -> int:
 
 
 _SOURCE_NAMES = {ConfigSource.BROKER_FLAG: "broker flag", ConfigSource.DEFAULT: "default"}
+
+
+def _assignment(text: str | None) -> list[list[int]] | None:
+    """`--replica-assignment 1:2,2:3` (kafka-topics.sh's form) as each partition's node ids."""
+    if not text:
+        return None
+    try:
+        return [[int(n) for n in part.split(":")] for part in text.split(",")]
+    except ValueError:
+        raise UsageError(f"--replica-assignment {text!r}: write it N:N,N:N (nodes per partition)") from None
 
 
 def _config_pairs(values: list[str]) -> dict[str, str]:

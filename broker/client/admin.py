@@ -119,13 +119,17 @@ class AsyncAdmin:
         segment_bytes: int | None = None,
         replication: int = -1,
         configs: Mapping[str, str] | None = None,
+        assignment: Sequence[Sequence[int]] | None = None,
     ) -> int:
         """Create a topic; returns its id. None means the broker's default; -2 for retention
         means keep forever / unlimited; `replication` is the copies of each partition (-1: the
         broker's default; more than 1 needs a cluster of that many live nodes); `configs` are
         topic configs by Kafka's names (`{"cleanup.policy": "compact"}`: docs/KAFKA.md, "Topic
-        configs"), which win over the limits above. Raises `TopicExistsError`,
-        `InvalidTopicError`, `InvalidConfigError`."""
+        configs"), which win over the limits above; `assignment` places each partition's
+        replicas by hand, node ids with the preferred leader first (one list per partition: as
+        many as `partitions`; a single node: `[[0]]` alone). Raises `TopicExistsError`,
+        `InvalidTopicError`, `InvalidConfigError`, `InvalidRequestError` (an assignment naming
+        an unknown node, one twice, or one with no live node)."""
         resp = await self._client.request(
             CreateTopicRequest(
                 name,
@@ -135,6 +139,7 @@ class AsyncAdmin:
                 _limit(segment_bytes),
                 replication,
                 tuple((str(k), str(v)) for k, v in (configs or {}).items()),
+                tuple(tuple(int(n) for n in r) for r in assignment or ()),
             )
         )
         assert isinstance(resp, CreateTopicResponse)
@@ -286,10 +291,18 @@ class Admin:
         segment_bytes: int | None = None,
         replication: int = -1,
         configs: Mapping[str, str] | None = None,
+        assignment: Sequence[Sequence[int]] | None = None,
     ) -> int:
         return self._run(
             self._async.create_topic(
-                name, partitions, retention_ms, retention_bytes, segment_bytes, replication, configs
+                name,
+                partitions,
+                retention_ms,
+                retention_bytes,
+                segment_bytes,
+                replication,
+                configs,
+                assignment,
             )
         )
 

@@ -309,7 +309,11 @@ class RinglogAdapter:
 
     def _create_topic(self, req: m.Request, frame: Frame) -> Outcome:
         assert isinstance(req, m.CreateTopicRequest)
-        if req.replication not in (-1, 1) and not self.core.cluster.clustered:
+        if req.assignment:
+            refusal = self._assignment_refusal(req)
+            if refusal is not None:
+                return self._error(frame, m.ErrorCode.INVALID_REQUEST, refusal)
+        elif req.replication not in (-1, 1) and not self.core.cluster.clustered:
             return self._error(
                 frame,
                 m.ErrorCode.INVALID_CONFIG,
@@ -326,7 +330,12 @@ class RinglogAdapter:
 
             def create() -> Topic:
                 return calls.create_topic(
-                    registry, req.name, req.partitions, configs, replication=req.replication
+                    registry,
+                    req.name,
+                    req.partitions,
+                    configs,
+                    replication=req.replication,
+                    assignment=req.assignment or None,
                 )
 
             return self.core.in_cluster(
@@ -336,6 +345,20 @@ class RinglogAdapter:
             )
         topic = self.core.create_topic(req.name, req.partitions, configs)
         return self._reply(frame, m.CreateTopicResponse(topic_id=topic.topic_id))
+
+    def _assignment_refusal(self, req: m.CreateTopicRequest) -> str | None:
+        """Why replicas placed by hand cannot be taken as they come (None: they can; a cluster's
+        store checks the nodes): one list per partition, as many replicas in each as
+        `replication` says (-1: any), and on a single node this node alone in each."""
+        counts = {len(replicas) for replicas in req.assignment}
+        if len(req.assignment) != req.partitions:
+            return f"the assignment places {len(req.assignment)} partition(s), not {req.partitions}"
+        if req.replication != -1 and counts != {req.replication}:
+            return f"the assignment's replica counts {sorted(counts)} are not replication {req.replication}"
+        me = self.config.node_id
+        if not self.core.cluster.clustered and any(tuple(r) != (me,) for r in req.assignment):
+            return f"a single node (node {me}) keeps the one copy of each partition: assign [{me}] only"
+        return None
 
     def _describe_configs(self, req: m.Request, frame: Frame) -> Outcome:
         assert isinstance(req, m.DescribeConfigsRequest)

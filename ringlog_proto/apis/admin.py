@@ -55,7 +55,9 @@ class MetadataRequest(Request):
 class CreateTopicRequest(Request):
     # name str, partitions u32, retention_ms i64, retention_bytes i64, segment_bytes i64,
     # replication i16 (-1 = the broker's default; retention -2 = keep forever),
-    # (v3) configs array<name str, value str> (the topic's config overrides, Kafka's names)
+    # (v3) configs array<name str, value str> (the topic's config overrides, Kafka's names),
+    # (v4) assignment array<array<node id u32>> (each partition's replicas placed by hand,
+    # the preferred leader first; empty: placed by the broker)
     API_KEY: ClassVar[ApiKey] = ApiKey.CREATE_TOPIC
     name: str = ""
     partitions: int = 1
@@ -64,6 +66,7 @@ class CreateTopicRequest(Request):
     segment_bytes: int = -1
     replication: int = -1  # (v2) replicas per partition; -1 = the broker's default (one node: 1)
     configs: tuple[tuple[str, str], ...] = ()  # (v3)
+    assignment: tuple[tuple[int, ...], ...] = ()  # (v4)
 
     def write(self, w: Writer) -> None:
         w.str(self.name).pack(
@@ -75,13 +78,26 @@ class CreateTopicRequest(Request):
             self.replication,
         )
         _write_pairs(w, self.configs)
+        w.array(len(self.assignment))
+        for replicas in self.assignment:
+            w.array(len(replicas))
+            for node in replicas:
+                w.pack("I", node)
 
     @classmethod
     def read(cls, r: Reader, frame: Frame) -> CreateTopicRequest:
         name = r.str()
         partitions, retention_ms, retention_bytes, segment_bytes, replication = r.unpack("Iqqqh")
         configs = _read_pairs(r) if frame.api_version >= 3 else ()  # a v2 frame has none
-        return cls(name, partitions, retention_ms, retention_bytes, segment_bytes, replication, configs)
+        assignment: tuple[tuple[int, ...], ...] = ()
+        if frame.api_version >= 4:  # a v3 frame has none
+            assignment = tuple(
+                tuple(r.int("I") for _ in range(r.array(4, REQUEST_ARRAY_MAX)))
+                for _ in range(r.array(4, REQUEST_ARRAY_MAX))
+            )
+        return cls(
+            name, partitions, retention_ms, retention_bytes, segment_bytes, replication, configs, assignment
+        )
 
 
 def _write_pairs(w: Writer, pairs: tuple[tuple[str, str], ...]) -> None:

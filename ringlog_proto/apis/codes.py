@@ -43,7 +43,7 @@ CURRENT_VERSIONS[ApiKey.METADATA] = (
 )
 
 
-CURRENT_VERSIONS[ApiKey.CREATE_TOPIC] = 3  # v2: replication factor; v3: configs
+CURRENT_VERSIONS[ApiKey.CREATE_TOPIC] = 4  # v2: replication factor; v3: configs; v4: assignment
 
 
 CURRENT_VERSIONS[ApiKey.OFFSET_COMMIT] = 2  # v2: generation and member id (group membership)

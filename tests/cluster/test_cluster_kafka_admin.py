@@ -3,8 +3,9 @@ confluent-kafka's AdminClient: CreatePartitions grows a topic in the store, the 
 placed over the live nodes as a new topic's are, led and served at once and seen alike by every
 node's Metadata; DeleteRecords moves the leader's log start, every follower takes it, and a new
 leader elected after a kill -9 of the old one starts there too; DeleteGroups and OffsetDelete
-delete the offsets in etcd, which no node answers any more; replicas placed by hand, elections
-(preferred and unclean) and reassignments (listed, cancelled, across a controller's failover)."""
+delete the offsets in etcd, which no node answers any more; replicas placed by hand (by our own
+client too), elections (preferred and unclean) and reassignments (listed, cancelled, across a
+controller's failover)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from collections.abc import Iterator
 import pytest
 from kio.schema.errors import ErrorCode
 
+from broker.client.admin import Admin
+from broker.client.errors import InvalidRequestError
 from broker.cluster.records import Keys
 from broker.cluster.store import EtcdStore
 from broker.kafka.codec import make, request_schema
@@ -321,6 +324,12 @@ def test_placement_by_hand_elections_and_a_reassignment_across_a_controller_fail
     assert [s["replicas"] for _, s in sorted(cluster.states(1, topic_id).items())] == [[1, 2], [2, 3], [3, 1]]
     with pytest.raises(confluent_kafka.KafkaException, match="INVALID_REPLICA_ASSIGNMENT"):
         admin.create_topics([NewTopic("nowhere", 1, replica_assignment=[[9000]])])["nowhere"].result(20)
+    with Admin(cluster.bootstrap) as ours:  # our protocol: node ids
+        ours_id = ours.create_topic("ours-placed", 2, assignment=[[2, 3], [3, 1]])
+        with pytest.raises(InvalidRequestError, match="node 9, but no such node is registered"):
+            ours.create_topic("ours-nowhere", 1, assignment=[[9]])
+    states = wait_for(lambda: len(s := cluster.states(1, ours_id)) == 2 and s)
+    assert [s["replicas"] for _, s in sorted(states.items())] == [[2, 3], [3, 1]]  # type: ignore[attr-defined]
 
     producer = confluent_kafka.Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all"})
     acked: dict[int, list[bytes]] = {0: [], 1: [], 2: []}

@@ -7,6 +7,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from labkit.brokerproc import BrokerProcess
 
 
@@ -107,6 +109,18 @@ def test_topic_configs_from_the_command_line(broker: BrokerProcess) -> None:
     assert checked.returncode == 0 and "checked topic cfg" in checked.stdout
     every = broker_cmd("topics", "describe", "cfg", "--all-configs", *b).stdout
     assert re.search(r"retention\.ms +604800000  \(default\)", every), "unchanged"
+
+
+@pytest.mark.parametrize("broker", [{"cores": 1, "backend": "uvloop"}], indirect=True)  # the CLI's own
+def test_replicas_placed_by_hand_from_the_command_line(broker: BrokerProcess) -> None:
+    """`topics create --replica-assignment` (kafka-topics.sh's form): on one node each partition
+    can only be this node's (node 0); anything else is refused in one line."""
+    b = ("-b", f"127.0.0.1:{broker.port}")
+    out = broker_cmd("topics", "create", "placed", "--replica-assignment", "0,0,0", *b)
+    assert out.returncode == 0 and "3 partitions" in out.stdout, out.stderr
+    elsewhere = broker_cmd("topics", "create", "elsewhere", "--replica-assignment", "0:1", *b)
+    assert elsewhere.returncode == 1 and "node 0" in elsewhere.stderr and "Traceback" not in elsewhere.stderr
+    assert broker_cmd("topics", "list", *b).stdout.split() == ["placed"]
 
 
 def test_version() -> None:

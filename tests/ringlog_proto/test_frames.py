@@ -35,6 +35,7 @@ REQUESTS = [
     m.MetadataRequest(("orders", "ünïcode")),
     m.CreateTopicRequest("orders", 12, 3_600_000, -1, 1 << 20),
     m.CreateTopicRequest("logs", 1, configs=(("cleanup.policy", "compact"), ("retention.ms", "-1"))),
+    m.CreateTopicRequest("placed", 2, assignment=((1, 2), (3, 1))),
     m.DeleteTopicRequest("orders"),
     m.DescribeConfigsRequest("orders", ("retention.ms", "cleanup.policy")),
     m.DescribeConfigsRequest("orders"),
@@ -134,14 +135,17 @@ def test_responses_round_trip(new_decoder: Callable[..., FrameDecoder]) -> None:
     assert [m.decode_response(f) for f in frames] == RESPONSES
 
 
-def test_a_create_topic_of_version_2_still_reads() -> None:
-    """v3 added configs at the end of the body: a v2 frame (an older client's) has none."""
-    v3 = m.request_frame(m.CreateTopicRequest("orders", 4, -1, -1, -1, 1))
-    assert v3.api_version == 3 and v3.body.endswith(b"\0\0\0\0")  # the empty configs array
-    v2 = Frame(v3.api_key, 2, 0, 1, 0, 0, v3.body[:-4])
-    assert m.unsupported(v2) is None
-    assert m.decode_request(v2) == m.CreateTopicRequest("orders", 4, -1, -1, -1, 1)
-    assert m.unsupported(Frame(v3.api_key, 1, 0, 1, 0, 0, v3.body)) is not None
+def test_a_create_topic_of_version_2_or_3_still_reads() -> None:
+    """v3 added configs at the end of the body, v4 the assignment after them: a v2 frame (an
+    older client's) has neither, a v3 frame no assignment."""
+    v4 = m.request_frame(m.CreateTopicRequest("orders", 4, -1, -1, -1, 1))
+    assert v4.api_version == 4 and v4.body.endswith(b"\0" * 8)  # the empty configs and assignment
+    v3 = Frame(v4.api_key, 3, 0, 1, 0, 0, v4.body[:-4])
+    v2 = Frame(v4.api_key, 2, 0, 1, 0, 0, v4.body[:-8])
+    for older in (v2, v3):
+        assert m.unsupported(older) is None
+        assert m.decode_request(older) == m.CreateTopicRequest("orders", 4, -1, -1, -1, 1)
+    assert m.unsupported(Frame(v4.api_key, 1, 0, 1, 0, 0, v4.body)) is not None
 
 
 def test_partition_identity_sits_at_a_fixed_offset() -> None:
