@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import datetime
 import json
+import subprocess
 import sys
 import time
 import uuid
@@ -383,6 +384,12 @@ def test_placement_by_hand_elections_and_a_reassignment_across_a_controller_fail
     assert _produce_to_node(cluster.nodes[2], "placed", 0, b"stale") == ErrorCode.not_leader_or_follower
     wait_for(lambda: cluster.states(1, topic_id)[2]["leader"] == 3, timeout=30)  # preferred, back in sync
     assert _elected(admin, ElectionType.PREFERRED, "placed", [2]) == {2: "ELECTION_NOT_NEEDED"}
+    cancel = subprocess.run(
+        [sys.executable, "-m", "broker.cli", "reassign", "--etcd", ",".join(etcd.endpoints),
+         "--cluster-name", cluster.name, "placed", "0", "--cancel"],
+        check=False, capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert cancel.returncode == 1 and "No partition reassignment is in progress" in cancel.stderr
     for p in range(3):
         send(p, [b"after-%d-%d" % (p, i) for i in range(20)])
     got = _read(cluster.bootstrap, "placed", 3, sum(map(len, acked.values())))
