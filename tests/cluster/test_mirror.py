@@ -112,3 +112,25 @@ def test_a_draining_presence_is_live_but_not_serving(tmp_path) -> None:
     assert ViewFile(str(tmp_path)).poll() == view  # what the workers read
     mirror.apply(K.live_node(2), None, 7)  # it left
     assert mirror.view().draining == frozenset() and mirror.view().serving == {1, 3}
+
+
+def test_a_reassignment_and_a_placement_by_hand_survive_the_records(tmp_path) -> None:
+    """What a controller taking over reads back: the target and the replicas added (a state's
+    record), the replicas placed by hand (a topic's), through the mirror and the published view."""
+    moving = PartitionState((2, 3, 1), 1, 4, (1, 2), target=(2, 3), adding=(3,))
+    assert moving.removing == (1,)
+    record = TopicRecord(Topic("placed", 8, 2), 2, {0: (2, 3), 1: (3, 1)})
+    assert TopicRecord.decode(record.encode()) == record
+    assert "manual" not in TopicRecord(Topic("t", 9, 1), 3).encode()  # as before, when none
+    mirror = Mirror(K, node_id=1)
+    mirror.load(
+        [
+            (K.topic("placed"), record.encode().encode(), 3, 0),
+            (K.partition(8, 0), json.dumps(moving.to_json()).encode(), 4, 0),
+        ],
+        revision=5,
+    )
+    assert mirror.topics["placed"] == record
+    publish(str(tmp_path), mirror.view())
+    got = ViewFile(str(tmp_path)).poll()
+    assert got is not None and got.state_of(8, 0) == moving
