@@ -52,6 +52,7 @@ from broker.cluster.controller import (
 from broker.cluster.placement import Candidate
 from broker.cluster.records import Keys, NodeRecord, PresenceRecord, TopicRecord
 from broker.cluster.store import (
+    Compare,
     Delete,
     MetadataStore,
     Put,
@@ -301,12 +302,25 @@ class ClusterAdmin:
 
     # ------------------------------------------------------------------------------- partitions
 
-    def write_state(self, topic_id: int, partition: int, read_at: int, state: PartitionState) -> int | None:
+    def write_state(
+        self,
+        topic_id: int,
+        partition: int,
+        read_at: int,
+        state: PartitionState,
+        fence: Compare | None = None,
+    ) -> int | None:
         """Replace the partition's state with `state` if its record is still at the mod revision
         `read_at` the writer decided on (module rules): the revision written at, None if it was
-        not. Every change of a partition's state after its first goes through here."""
+        not. Every change of a partition's state after its first goes through here. The
+        controller passes its election's `fence` too: a controller deposed while it decided (a
+        pause, a slow thread) writes nothing, even where no newer controller has written the
+        partition yet, so its stale view of who is live never moves a leader."""
         key = self.keys.partition(topic_id, partition)
-        result = self.store.txn([mod_revision_is(key, read_at)], [Put(key, json.dumps(state.to_json()))])
+        compares = (
+            [mod_revision_is(key, read_at)] if fence is None else [mod_revision_is(key, read_at), fence]
+        )
+        result = self.store.txn(compares, [Put(key, json.dumps(state.to_json()))])
         return result.revision if result.succeeded else None
 
     def reassign(self, topic_id: int, partition: int, target: Sequence[int]) -> PartitionState:

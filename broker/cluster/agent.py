@@ -62,7 +62,7 @@ from typing import Final, assert_never
 
 from broker.cluster.admin import ClusterAdmin
 from broker.cluster.controller import drain_target, handed_over, reconcile, start_reassignment
-from broker.cluster.election import Election
+from broker.cluster.election import Election, NotLeader
 from broker.cluster.mirror import Mirror, Versioned
 from broker.cluster.placement import Candidate
 from broker.cluster.records import Keys, NodeRecord, PresenceRecord
@@ -505,7 +505,9 @@ class ClusterAgent:
                 if target is None or state.target:
                     continue
                 new = start_reassignment(state, target)
-                written_at = self.admin.write_state(tid, p, versioned.mod_revision, new)
+                written_at = self.admin.write_state(
+                    tid, p, versioned.mod_revision, new, fence=self.election.fence()
+                )
                 if written_at is not None:
                     log.warning(
                         "node %d absent %.0f s: partition %d/%d moves to %s",
@@ -528,6 +530,8 @@ class ClusterAgent:
                     self._reconcile_all()
                     with self._changed:
                         self._changed.wait(RECONCILE_EVERY_S)
+            except NotLeader:
+                log.warning("node %d is no longer the controller", self.config.node.node_id)
             except StoreError as exc:
                 log.warning("controller: %s", exc)
                 self._stop.wait(RETRY_S)
@@ -567,7 +571,10 @@ class ClusterAgent:
             new = reconcile(versioned.state, live, unclean=allowed, draining=draining)
             if new is None:
                 continue
-            if self.admin.write_state(tid, p, versioned.mod_revision, new) is not None:
+            if (
+                self.admin.write_state(tid, p, versioned.mod_revision, new, fence=self.election.fence())
+                is not None
+            ):
                 old = versioned.state
                 log.info(
                     "partition %d/%d: leader %d -> %d (epoch %d), in sync %s",

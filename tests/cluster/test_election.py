@@ -1,9 +1,10 @@
 """The controller election on a real etcd: one winner, resign hands over at once, a leader cut off
 from etcd steps down before the other wins, a killed leader is replaced within TTL + margin, and
-the fencing token refuses a deposed leader's writes."""
+the fencing token refuses a deposed leader's writes, its partition writes included."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -14,8 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from broker.cluster.admin import ClusterAdmin
 from broker.cluster.election import DEFAULT_TTL, Election, Leader, NotLeader
+from broker.cluster.records import Keys
 from broker.cluster.store import EtcdStore, Put
+from broker.core.cluster_view import PartitionState
 from labkit.etcdproc import EtcdCluster
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -179,3 +183,29 @@ def test_killed_leader_is_replaced_within_default_ttl(etcd: EtcdCluster) -> None
         proc.kill()
         proc.wait()
         store.close()
+
+
+def test_a_deposed_controller_moves_no_leader(stores: list[EtcdStore]) -> None:
+    """The controller's partition writes carry its election's fence beside the partition's
+    revision: a controller deposed while it decided writes nothing, even where no newer
+    controller has written that partition since it read it."""
+    keys = Keys("t3")
+    a = Election(stores[0], keys.controller, "node-a", ttl=1)
+    b = Election(stores[1], keys.controller, "node-b", ttl=1)
+    admin = ClusterAdmin(stores[0], keys)
+    key = keys.partition(7, 0)
+    first = PartitionState(replicas=(1, 2, 3), leader=1, leader_epoch=0, isr=(1, 2, 3))
+    stores[0].put(key, json.dumps(first.to_json()))
+    a.campaign(timeout=5)
+    fence_a = a.fence()
+    read = stores[0].get(key)
+    assert read is not None
+    moved = PartitionState(replicas=(1, 2, 3), leader=2, leader_epoch=1, isr=(2, 3))
+    stores[1].delete(keys.controller)  # a loses its key; b wins and has not touched the partition
+    b.campaign(timeout=3)
+    assert admin.write_state(7, 0, read.mod_revision, moved, fence=fence_a) is None
+    assert PartitionState.from_json(json.loads(stores[0].get(key).value)) == first
+    assert admin.write_state(7, 0, read.mod_revision, moved, fence=b.fence()) is not None
+    assert PartitionState.from_json(json.loads(stores[0].get(key).value)) == moved
+    a.close()
+    b.close()
