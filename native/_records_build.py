@@ -32,7 +32,8 @@ as constants and checked against batch.py's when the module is loaded.
 
 The third is the produce side's: `rr_check_produced` makes every check of
 `broker.storage.log.Log.validate` (the header, the size limit, `invalid_header`'s rules, the crc,
-the walk) on a produce's batches in one call, and returns how far they all pass. It says no more:
+the walk; a transactional batch refused unless the caller's flag allows it, a control batch
+always) on a produce's batches in one call, and returns how far they all pass. It says no more:
 from the first batch that fails, validate's Python finds why, so the messages have one source.
 With `invalid_header`'s limits it is a third copy of those facts, exported and checked like the
 offsets; the tests hold it to pass exactly what the Python checks accept.
@@ -60,7 +61,9 @@ int rr_scan_stored(const unsigned char *buf, size_t buf_len, size_t pos, size_t 
 #define RR_SCAN_FRAMING ...
 #define RR_SCAN_CRC ...
 #define RR_SCAN_BOUNDS ...
-int64_t rr_check_produced(const unsigned char *buf, size_t buf_len, int64_t max_batch, int walk);
+int64_t rr_check_produced(const unsigned char *buf, size_t buf_len, int64_t max_batch, int flags);
+#define RR_CHECK_WALK ...
+#define RR_CHECK_TRANSACTIONAL ...
 #define RR_BATCH_LENGTH_AT ...
 #define RR_BATCH_ATTRIBUTES_AT ...
 #define RR_BATCH_LAST_DELTA_AT ...
@@ -259,7 +262,7 @@ int64_t rr_crc32c_table(const unsigned char *buf, size_t buf_len, size_t start, 
 #define RR_BATCH_BASE_TS_AT 27
 #define RR_BATCH_MAX_TS_AT 35
 #define RR_BATCH_COUNT_AT 57
-/* and the rules of a produced batch's header (batch.py's `invalid_header`) */
+/* and the rules of a produced batch's header (batch.py's `invalid_header`, `refused_batch`) */
 #define RR_RECORD_COUNT_MAX (1 << 20)
 #define RR_RECORD_HEADER_SIZE 7
 #define RR_ATTR_COMPRESSION 0x07
@@ -267,6 +270,11 @@ int64_t rr_crc32c_table(const unsigned char *buf, size_t buf_len, size_t start, 
 #define RR_ATTR_CONTROL 0x20
 #define RR_ATTR_KNOWN 0x3F
 #define RR_CODEC_MAX 4
+/* rr_check_produced's flags: walk the records of an uncompressed batch; let a transactional
+   batch through (a control batch never is: markers are the broker's to write, not a
+   producer's). */
+#define RR_CHECK_WALK 1
+#define RR_CHECK_TRANSACTIONAL 2
 
 enum {
     RR_SCAN_TRUNCATED = 1,   /* fewer bytes than a header left */
@@ -326,11 +334,12 @@ int rr_scan_stored(const unsigned char *buf, size_t buf_len, size_t pos, size_t 
 
 /* The size of the batch at buf[pos:] when it passes every check a produce makes
    (broker/storage/log.py's `validate`: header, size limit, `invalid_header`, crc, and the walk
-   when `walk` and the batch is not compressed), else 0. Why it fails is not this function's to
+   when RR_CHECK_WALK and the batch is not compressed; a transactional batch only with
+   RR_CHECK_TRANSACTIONAL), else 0. Why it fails is not this function's to
    say: the caller's Python checks find the reason, and whatever they accept that this refused
    is accepted (only "passes" must never differ). */
 static int64_t rr_produced_size(const unsigned char *buf, size_t buf_len, size_t pos, int64_t max_batch,
-                                int walk)
+                                int flags)
 {
     const unsigned char *h = buf + pos;
     if (buf_len - pos < RR_BATCH_HEADER_SIZE || (int8_t)h[RR_BATCH_MAGIC_AT] != RR_BATCH_MAGIC) return 0;
@@ -342,14 +351,15 @@ static int64_t rr_produced_size(const unsigned char *buf, size_t buf_len, size_t
     if ((int32_t)rr_be32(h + RR_BATCH_LAST_DELTA_AT) != count - 1) return 0;
     int64_t attributes = (int16_t)((uint16_t)h[RR_BATCH_ATTRIBUTES_AT] << 8 | h[RR_BATCH_ATTRIBUTES_AT + 1]);
     if (attributes & ~(int64_t)RR_ATTR_KNOWN) return 0;
-    if (attributes & (RR_ATTR_TRANSACTIONAL | RR_ATTR_CONTROL)) return 0;
+    if (attributes & RR_ATTR_CONTROL) return 0;
+    if (attributes & RR_ATTR_TRANSACTIONAL && !(flags & RR_CHECK_TRANSACTIONAL)) return 0;
     int64_t codec = attributes & RR_ATTR_COMPRESSION;
     if (codec > RR_CODEC_MAX) return 0;
     if (!codec && size - RR_BATCH_HEADER_SIZE < count * RR_RECORD_HEADER_SIZE) return 0;
     if ((int64_t)rr_be64(h + RR_BATCH_MAX_TS_AT) < (int64_t)rr_be64(h + RR_BATCH_BASE_TS_AT)) return 0;
     uint32_t crc = rr_crc(h + RR_BATCH_CRC_START, (size_t)size - RR_BATCH_CRC_START);
     if (crc != rr_be32(h + RR_BATCH_CRC_AT)) return 0;
-    if (walk && !codec
+    if (flags & RR_CHECK_WALK && !codec
         && rr_walk_records(buf, buf_len, pos + RR_BATCH_HEADER_SIZE, pos + (size_t)size, (uint32_t)count))
         return 0;
     return size;
@@ -357,11 +367,11 @@ static int64_t rr_produced_size(const unsigned char *buf, size_t buf_len, size_t
 
 /* The end of the leading batches of buf[0:buf_len] that pass (rr_produced_size): buf_len when
    all do. A produce's batches checked in one call, where Python made ~10 per batch. */
-int64_t rr_check_produced(const unsigned char *buf, size_t buf_len, int64_t max_batch, int walk)
+int64_t rr_check_produced(const unsigned char *buf, size_t buf_len, int64_t max_batch, int flags)
 {
     size_t pos = 0;
     while (pos < buf_len) {
-        int64_t size = rr_produced_size(buf, buf_len, pos, max_batch, walk);
+        int64_t size = rr_produced_size(buf, buf_len, pos, max_batch, flags);
         if (!size) break;
         pos += (size_t)size;
     }

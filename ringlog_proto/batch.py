@@ -6,6 +6,7 @@ module re-exports (code imports them from ringlog_proto.batch):
   the format 1 check, the two fields the broker writes;
 - batch_encode.py: records into a batch (Python, native._batch, native._codec);
 - batch_decode.py: a batch into records, for clients;
+- batch_control.py: control batches, the commit and abort markers of transactions;
 - batch_checks.py: the records walk, the check of produced batches and the scan of stored ones,
   with their C twins in native._records;
 - compression.py: the record section's codecs, gzip for clients and every codec bounded for the
@@ -97,8 +98,9 @@ is CORRUPT_MESSAGE, a framing failure or a batch of a kind not taken yet is INVA
 - magic 2; batch_length covers the header and fits the bytes sent and `max_batch_bytes`; the crc;
 - 1 <= record_count <= RECORD_COUNT_MAX, last_offset_delta == record_count - 1, and
   max_timestamp >= base_timestamp;
-- a known codec and no unknown attribute bit; no transactional or control bit (transactions are not
-  supported yet: INVALID_BATCH, with that reason, see `unsupported_batch`);
+- a known codec and no unknown attribute bit; no control bit (markers are the broker's to write)
+  and no transactional bit unless the caller allows it (off until the broker runs a transaction
+  coordinator): INVALID_BATCH, with that reason, see `refused_batch`;
 - in an uncompressed batch, the walk, record by record: every varint ends inside its record and
   within its width, record lengths fit, each offset_delta equals the record's index, key and value
   lengths are >= -1 and inside the record, header counts >= 0, header key lengths >= 0 and keys
@@ -120,6 +122,10 @@ offsets) or none (an empty batch, the header alone), and bit 6 with a delete hor
 and last sequences are therefore always computed from last_offset_delta (`BatchHeader.next_offset`,
 `last_sequence`), as Kafka's readers do. Such a batch passes `invalid_stored_header` (reads,
 recovery, a follower's copy, clients), never `invalid_header` (produce).
+
+A stored batch may be transactional (bit 4) or a control batch (bit 5 with bit 4: a transaction's
+commit or abort marker, batch_control.py has its one record byte by byte): both pass
+`invalid_stored_header`, and clients skip control batches when they hand out records.
 """
 
 from __future__ import annotations
@@ -142,6 +148,16 @@ from ringlog_proto.batch_checks import (
     walk_implementation,
     walk_records,
     walk_records_python,
+)
+from ringlog_proto.batch_control import (
+    CONTROL_ABORT,
+    CONTROL_COMMIT,
+    CONTROL_TYPE_NAMES,
+    MARKER_ATTRIBUTES,
+    NO_COORDINATOR_EPOCH,
+    ControlRecord,
+    control_batch,
+    control_of,
 )
 from ringlog_proto.batch_decode import decode_batches, decode_records, decode_rows, iter_batches
 from ringlog_proto.batch_encode import (
@@ -187,11 +203,11 @@ from ringlog_proto.batch_header import (
     peek_size,
     read_header,
     rebased,
+    refused_batch,
     set_base_offset,
     span_shortfall,
     stamped,
     unpack_header,
-    unsupported_batch,
 )
 from ringlog_proto.compression import DecompressedTooLarge, compress, decompress, decompress_bounded
 from ringlog_proto.record import BatchError, Header, Record
@@ -206,13 +222,18 @@ __all__ = [
     "COMPRESSION_NONE",
     "COMPRESSION_SNAPPY",
     "COMPRESSION_ZSTD",
+    "CONTROL_ABORT",
     "CONTROL_BIT",
+    "CONTROL_COMMIT",
+    "CONTROL_TYPE_NAMES",
     "CRC_START",
     "DELETE_HORIZON_BIT",
     "HEADER_SIZE",
     "LEGACY_MAGIC",
     "LENGTH_PREFIX_SIZE",
     "MAGIC",
+    "MARKER_ATTRIBUTES",
+    "NO_COORDINATOR_EPOCH",
     "NO_PARTITION_LEADER_EPOCH",
     "NO_PRODUCER_ID",
     "NO_SEQUENCE",
@@ -225,6 +246,7 @@ __all__ = [
     "BatchError",
     "BatchHeader",
     "Checker",
+    "ControlRecord",
     "DecompressedTooLarge",
     "FramedEncoder",
     "Header",
@@ -234,6 +256,8 @@ __all__ = [
     "batch_crc",
     "bytes_walker",
     "compress",
+    "control_batch",
+    "control_of",
     "decode_batches",
     "decode_records",
     "decode_rows",
@@ -259,6 +283,7 @@ __all__ = [
     "rebased",
     "record_size",
     "records_walker",
+    "refused_batch",
     "scan_implementation",
     "scan_stored",
     "scan_stored_python",
@@ -268,7 +293,6 @@ __all__ = [
     "stamped",
     "stored_damage",
     "unpack_header",
-    "unsupported_batch",
     "varint_size",
     "walk_implementation",
     "walk_records",

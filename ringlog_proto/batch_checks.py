@@ -457,15 +457,16 @@ def scan_implementation() -> str:
     return "python" if _scan is scan_stored_python else "native"
 
 
-Checker = Callable[[bytes | bytearray | memoryview, int, bool], int]
+Checker = Callable[[bytes | bytearray | memoryview, int, bool, bool], int]
 
 
 def produced_checker() -> Checker | None:
     """The C check of produced batches, or None when native._records is not built.
 
-    `check(buf, max_batch, walk)` is the end of the leading whole batches of `buf` that pass
-    every check a produce makes (the header and its size limit, `invalid_header`, the crc, and
-    `walk_records` when `walk` and the batch is uncompressed): `len(buf)` when all do. It says
+    `check(buf, max_batch, walk, transactional)` is the end of the leading whole batches of
+    `buf` that pass every check a produce makes (the header and its size limit,
+    `invalid_header` with `transactional` as there, the crc, and `walk_records` when `walk` and
+    the batch is uncompressed): `len(buf)` when all do. It says
     nothing of why one fails; the caller's own checks, from there on, find the reason (and accept
     whatever they accept: only a pass must never differ). One call where the Python checks make
     ~10 per batch (broker/storage/validation.py's `validate` uses it)."""
@@ -476,8 +477,12 @@ def produced_checker() -> Checker | None:
     _check_native_layout(lib)
     from_buffer = ffi.from_buffer
     c_check = lib.rr_check_produced
+    walk_flag, transactional_flag = lib.RR_CHECK_WALK, lib.RR_CHECK_TRANSACTIONAL
 
-    def check_produced_native(buf: bytes | bytearray | memoryview, max_batch: int, walk: bool) -> int:
-        return c_check(buf if type(buf) is bytes else from_buffer(buf), len(buf), max_batch, walk)
+    def check_produced_native(
+        buf: bytes | bytearray | memoryview, max_batch: int, walk: bool, transactional: bool = False
+    ) -> int:
+        flags = (walk_flag if walk else 0) | (transactional_flag if transactional else 0)
+        return c_check(buf if type(buf) is bytes else from_buffer(buf), len(buf), max_batch, flags)
 
     return check_produced_native

@@ -1,5 +1,6 @@
 """A batch into records, for clients: the whole batches of a fetched record set (`iter_batches`)
-and their records (`decode_records`, `decode_rows`, `decode_batches`), crc checked and gzip
+and their records (`decode_records`, `decode_rows`, `decode_batches`, which skips control
+batches: batch_control.py reads those), crc checked and gzip
 inflated. In C through records_codec.py when native._codec is built (once the walk says the
 section frames), else the Python decode here, which fails on the same batches.
 """
@@ -323,8 +324,11 @@ def decode_rows(
 
 
 def decode_batches(buf: bytes | bytearray | memoryview, verify: bool = True) -> list[Record]:
-    """All records of all whole batches in `buf` (a fetch response's record set)."""
+    """All records of all whole batches in `buf` (a fetch response's record set), but those of
+    control batches: a transaction's markers are the broker's bookkeeping, never an
+    application's records (Kafka's consumers skip them too)."""
     out: list[Record] = []
-    for pos, _h in iter_batches(buf):
-        out.extend(decode_records(buf, pos, verify))
+    for pos, h in iter_batches(buf):
+        if not h.control:
+            out.extend(decode_records(buf, pos, verify))
     return out

@@ -1,9 +1,9 @@
 """The batch header: its fields and constants, `BatchHeader`, the checks of a header and of the
-crc (`invalid_header`, `invalid_batch`), the recognition of ringlog's format 1 (`legacy_format`),
-the two fields the broker writes (`set_base_offset`, `rebased`) and the header of a batch it
-writes anew (`sealed`). The layout, field by field, is
-in ringlog_proto/batch.py's docstring ("Fileformat"); the C twins in native/ check their copy of it
-against this module's when they load.
+crc (`invalid_header`, `invalid_batch`; the kinds of batch a produce refuses, `refused_batch`),
+the recognition of ringlog's format 1 (`legacy_format`), the two fields the broker writes
+(`set_base_offset`, `rebased`) and the header of a batch it writes anew (`sealed`). The layout,
+field by field, is in ringlog_proto/batch.py's docstring ("Fileformat"); the C twins in native/
+check their copy of it against this module's when they load.
 """
 
 from __future__ import annotations
@@ -123,6 +123,17 @@ class BatchHeader(NamedTuple):
         return self.record_count == self.last_offset_delta + 1
 
     @property
+    def control(self) -> bool:
+        """Whether this is a control batch (a transaction marker): brokers write them, clients
+        skip them when they read."""
+        return bool(self.attributes & CONTROL_BIT)
+
+    @property
+    def transactional(self) -> bool:
+        """Whether the batch belongs to a transaction (its records, or the marker that ends it)."""
+        return bool(self.attributes & TRANSACTIONAL_BIT)
+
+    @property
     def delete_horizon_ms(self) -> int | None:
         """When the log cleaner may drop this batch's tombstones (KIP-534), or None: not set."""
         return self.base_timestamp if self.attributes & DELETE_HORIZON_BIT else None
@@ -153,8 +164,10 @@ def peek_size(buf: bytes | bytearray | memoryview, pos: int = 0) -> int | None:
     return LENGTH_PREFIX_SIZE + _LENGTHS.unpack_from(buf, pos)[1]
 
 
-def invalid_header(h: BatchHeader, available: int | None = None) -> str | None:
-    """Why this header cannot start a valid batch, or None. Cheap: no checksum."""
+def invalid_header(h: BatchHeader, available: int | None = None, transactional: bool = False) -> str | None:
+    """Why this header cannot start a valid batch, or None. Cheap: no checksum. What a produce
+    passes: `refused_batch`'s refusals included (`transactional`: a transactional batch is let
+    through)."""
     if h.magic != MAGIC:
         return f"unknown batch magic {h.magic} (expected {MAGIC})"
     if h.batch_length < HEADER_SIZE - LENGTH_PREFIX_SIZE:
@@ -168,9 +181,10 @@ def invalid_header(h: BatchHeader, available: int | None = None) -> str | None:
     attributes = h.attributes
     if attributes & ~_KNOWN_ATTRIBUTES:
         return f"unknown attribute bits {attributes & 0xFFFF:#x}"
-    reason = unsupported_batch(h)
-    if reason is not None:
-        return reason
+    if attributes & (TRANSACTIONAL_BIT | CONTROL_BIT):
+        reason = refused_batch(h, transactional)
+        if reason is not None:
+            return reason
     codec = attributes & COMPRESSION_MASK
     if codec > COMPRESSION_ZSTD:
         return f"unknown compression codec {codec}"
@@ -186,8 +200,10 @@ def invalid_stored_header(h: BatchHeader, available: int | None = None) -> str |
     batch the log cleaner rewrote (Kafka's compaction, broker/storage/cleaner.py) keeps its base
     offset and `last_offset_delta` with fewer records, none at all (an empty batch: the header
     alone, kept for its producer's sequence or its leader epoch), and may carry a delete horizon
-    in place of its first timestamp. What a read, a recovery and a client accept; a produce
-    passes `invalid_header`."""
+    in place of its first timestamp; a transactional batch and a control batch (a transaction's
+    marker) are stored batches like any other (`refused_batch` is a produce's rule, not a
+    format's). What a read, a recovery, a follower's copy, the cleaner and a client accept; a
+    produce passes `invalid_header`."""
     if h.magic != MAGIC:
         return f"unknown batch magic {h.magic} (expected {MAGIC})"
     if h.batch_length < HEADER_SIZE - LENGTH_PREFIX_SIZE:
@@ -203,9 +219,6 @@ def invalid_stored_header(h: BatchHeader, available: int | None = None) -> str |
     attributes = h.attributes
     if attributes & ~_STORED_ATTRIBUTES:
         return f"unknown attribute bits {attributes & 0xFFFF:#x}"
-    reason = unsupported_batch(h)
-    if reason is not None:
-        return reason
     codec = attributes & COMPRESSION_MASK
     if codec > COMPRESSION_ZSTD:
         return f"unknown compression codec {codec}"
@@ -220,10 +233,15 @@ def invalid_stored_header(h: BatchHeader, available: int | None = None) -> str |
     return None
 
 
-def unsupported_batch(h: BatchHeader) -> str | None:
-    """Why a well-formed batch is refused anyway (INVALID_BATCH, not CORRUPT_MESSAGE): a
-    transactional or control batch, until transactions exist. None for any other batch."""
-    if h.attributes & TRANSACTIONAL_BIT:
+def refused_batch(h: BatchHeader, transactional: bool = False) -> str | None:
+    """Why a well-formed batch is refused from a producer anyway (INVALID_BATCH, not
+    CORRUPT_MESSAGE), or None. A control batch always: markers are the broker's to write, as
+    Kafka's LogValidator refuses them from a client ("Clients are not allowed to write control
+    records") and takes them from the transaction coordinator. A transactional batch unless
+    `transactional`: the caller's switch, off until the broker runs a transaction coordinator
+    (the batch's records would otherwise wait for a marker nobody writes). Only a produce asks:
+    stored batches of either kind pass `invalid_stored_header`."""
+    if h.attributes & TRANSACTIONAL_BIT and not transactional:
         return "transactional batches are not supported (no transactions yet)"
     if h.attributes & CONTROL_BIT:
         return "control batches are written by brokers, not accepted from clients"
@@ -235,8 +253,11 @@ def batch_crc(buf: bytes | bytearray | memoryview, pos: int, size: int) -> int:
     return crc32c(memoryview(buf)[pos + CRC_START : pos + size])
 
 
-def invalid_batch(buf: bytes | bytearray | memoryview, pos: int = 0) -> str | None:
-    """Why the batch at `pos` is not valid (header, lengths, counts, crc32c), or None.
+def invalid_batch(
+    buf: bytes | bytearray | memoryview, pos: int = 0, transactional: bool = False
+) -> str | None:
+    """Why the batch at `pos` is not valid as produced (header, lengths, counts, crc32c, and
+    `refused_batch`'s refusals, `transactional` as there), or None.
 
     Records are not parsed (`invalid_records` walks them). Returns a reason rather than raising so
     callers choose between an error response (produce) and a cut (recovery).
@@ -244,7 +265,7 @@ def invalid_batch(buf: bytes | bytearray | memoryview, pos: int = 0) -> str | No
     if len(buf) - pos < HEADER_SIZE:
         return f"truncated batch: {len(buf) - pos} bytes, header needs {HEADER_SIZE}"
     h = BatchHeader._make(_HEADER.unpack_from(buf, pos))
-    reason = invalid_header(h, len(buf) - pos)
+    reason = invalid_header(h, len(buf) - pos, transactional)
     if reason is not None:
         return reason
     actual = batch_crc(buf, pos, h.size)

@@ -339,10 +339,13 @@ class Log:
 
     # ------------------------------------------------------------------------- append
 
-    def validate(self, records: bytes | bytearray | memoryview, keys: bool = False) -> list[BatchHeader]:
+    def validate(
+        self, records: bytes | bytearray | memoryview, keys: bool = False, transactional: bool = False
+    ) -> list[BatchHeader]:
         """Headers of the whole batches in `records`, or an error; changes nothing (the checks:
-        broker/storage/validation.py; `keys`: every record must have a key)."""
-        return validation.validate(records, self.config, keys=keys)
+        broker/storage/validation.py; `keys`: every record must have a key; `transactional`: a
+        transactional batch is taken, refused otherwise)."""
+        return validation.validate(records, self.config, keys=keys, transactional=transactional)
 
     def validate_copy(self, records: bytes | bytearray | memoryview) -> list[BatchHeader]:
         """`validate` for a follower's copies of its leader's batches: every check but this log's

@@ -4,6 +4,10 @@ Rules this module keeps:
 - Every path that stores a batch passes `validate` once (the produce handler of either backend,
   forwarded produces, idempotent retries, a follower's copies, `Log.append`); it changes nothing
   and one bad batch refuses them all.
+- What a producer may send is narrower than what may be stored (Kafka's LogValidator checks a
+  client's append apart from a replica's): a control batch (a transaction's marker) is never a
+  producer's, a transactional batch only when the caller says so (`transactional`, off until the
+  broker runs a transaction coordinator); a follower's copies (`stored`) take both.
 - The checks run in C when native._records is built (`produced_checker`, one call for the batches
   that pass them all); the Python checks below say why a batch fails, and are the fallback.
 - A compressed batch is checked as Kafka's LogValidator does (inflated within
@@ -43,8 +47,8 @@ from ringlog_proto.batch import (
     keyless_records,
     produced_checker,
     records_walker,
+    refused_batch,
     unpack_header,
-    unsupported_batch,
 )
 
 log = logging.getLogger("broker.storage.log")  # the log's lines, as before this module was apart
@@ -60,7 +64,11 @@ if _walk_bytes is None:
 
 
 def validate(
-    records: bytes | bytearray | memoryview, config: LogConfig, stored: bool = False, keys: bool = False
+    records: bytes | bytearray | memoryview,
+    config: LogConfig,
+    stored: bool = False,
+    keys: bool = False,
+    transactional: bool = False,
 ) -> list[BatchHeader]:
     """Headers of the whole batches in `records` (one or more), or an error; changes nothing.
 
@@ -69,8 +77,11 @@ def validate(
     framing walk, in C when native._records is built (~1-2 µs a batch). `stored`: a follower's
     copy of its leader's batches, which may be batches the leader's cleaner rewrote (fewer
     records than offsets, none, a delete horizon: `invalid_stored_header`); those are checked in
-    Python, record offsets rising within the batch's span. `keys`: every record must have one
-    (module rules).
+    Python, record offsets rising within the batch's span, and may be transactional or control
+    batches (a transaction's records and markers, as Kafka's followers take them). `keys`: every
+    record must have one (module rules). `transactional`: a produced transactional batch is
+    taken (off: refused, UnsupportedBatchError, until the broker runs a transaction
+    coordinator); a produced control batch never is (`refused_batch`).
     """
     size = len(records)
     max_batch = config.max_batch_bytes
@@ -79,8 +90,9 @@ def validate(
     pos = 0
     if _check_produced is not None:
         # Every check below in one C call for the batches that pass them all: here only
-        # their headers are read. From the first that does not, the loop below says why.
-        passed = _check_produced(records, max_batch, check)
+        # their headers are read. From the first that does not, the loop below says why. (A
+        # follower's copy may hold transactional batches: `stored` takes them.)
+        passed = _check_produced(records, max_batch, check, transactional or stored)
         while pos < passed:
             h = BatchHeader._make(unpack_header(records, pos))
             if h.attributes & COMPRESSION_MASK and (check or keys):  # C checked all but its records
@@ -105,12 +117,14 @@ def validate(
         batch_size = h.size
         if batch_size > max_batch:
             raise BatchTooLargeError(f"batch of {batch_size} bytes exceeds max_batch_bytes {max_batch}")
-        reason = invalid_stored_header(h, size - pos) if stored else invalid_header(h, size - pos)
+        reason = (
+            invalid_stored_header(h, size - pos) if stored else invalid_header(h, size - pos, transactional)
+        )
         if reason is None and batch_crc(records, pos, batch_size) != h.crc:
             reason = "crc32c mismatch"
         if reason is not None:
             where = f"batch at byte {pos}: " if pos else ""
-            if unsupported_batch(h) == reason:  # well formed, but transactional or control
+            if not stored and refused_batch(h, transactional) == reason:  # well formed, but not a producer's
                 raise UnsupportedBatchError(where + reason)
             raise InvalidBatchError(where + reason)
         if h.attributes & COMPRESSION_MASK and (check or keys):

@@ -61,13 +61,13 @@ def logs(tmp_path: Path) -> Iterator[tuple[Log, Log]]:
         c.close()
 
 
-def outcome(log: Log, data: bytes | memoryview, c: bool) -> object:
+def outcome(log: Log, data: bytes | memoryview, c: bool, transactional: bool = False) -> object:
     """What `validate` makes of `data`, with the C check (`c`) or with the Python checks alone."""
     saved = validation_module._check_produced
     if not c:
         validation_module._check_produced = None
     try:
-        return log.validate(data)
+        return log.validate(data, transactional=transactional)
     except Exception as exc:  # the type and message are the outcome compared
         return type(exc).__name__, str(exc)
     finally:
@@ -77,16 +77,16 @@ def outcome(log: Log, data: bytes | memoryview, c: bool) -> object:
 CHECK = b.produced_checker()
 
 
-def agree(log: Log, data: bytes) -> object:
+def agree(log: Log, data: bytes, transactional: bool = False) -> object:
     """The outcome with and without the C check, which must be one; and the C check passes the
     whole of `data` exactly when the Python checks accept it (stricter would only be slower, but
     the twins are meant to be exact), but for a compressed batch's records: inflating them is
     zlib's or cramjam's work, which `validate` does after the C check passed the batch."""
-    py = outcome(log, data, False)
-    assert outcome(log, data, True) == py, data.hex()
-    assert outcome(log, memoryview(data), True) == py
+    py = outcome(log, data, False, transactional)
+    assert outcome(log, data, True, transactional) == py, data.hex()
+    assert outcome(log, memoryview(data), True, transactional) == py
     if CHECK is not None and data:
-        passed = CHECK(data, log.config.max_batch_bytes, log.config.check_records)
+        passed = CHECK(data, log.config.max_batch_bytes, log.config.check_records, transactional)
         compressed_records = not isinstance(py, list) and any(
             f"{codec} record section" in py[1] or f"{codec}-compressed" in py[1]
             for codec in ("gzip", "snappy", "lz4", "zstd")
@@ -115,15 +115,20 @@ def test_the_c_check_passes_the_leading_good_batches() -> None:
     assert check is not None
     good = encode_batch([b"a"] * 3) + encode_batch([b"b"])
     bad = poison_batch("trailing_bytes")
-    assert check(good, 4096, True) == len(good)
-    assert check(memoryview(good), 4096, True) == len(good)
-    assert check(good + bad, 4096, True) == len(good)
-    assert check(good + bad, 4096, False) == len(good + bad)  # the walk only finds a poison batch
-    assert check(bad + good, 4096, True) == 0
-    assert check(b"", 4096, True) == 0
+    assert check(good, 4096, True, False) == len(good)
+    assert check(memoryview(good), 4096, True, False) == len(good)
+    assert check(good + bad, 4096, True, False) == len(good)
+    assert check(good + bad, 4096, False, False) == len(good + bad)  # the walk only finds a poison batch
+    assert check(bad + good, 4096, True, False) == 0
+    assert check(b"", 4096, True, False) == 0
     one = encode_batch([b"a"] * 3)
-    assert check(one, len(one), True) == len(one)
-    assert check(one, len(one) - 1, True) == 0  # the size limit
+    assert check(one, len(one), True, False) == len(one)
+    assert check(one, len(one) - 1, True, False) == 0  # the size limit
+    txn = with_field(one, "attributes", b.TRANSACTIONAL_BIT)
+    marker = b.control_batch(7, 0, True, 0, 1000)
+    assert check(good + txn, 4096, True, False) == len(good)  # refused unless allowed
+    assert check(good + txn + good, 4096, True, True) == len(good + txn + good)
+    assert check(good + marker, 4096, True, True) == len(good)  # a marker never is
 
 
 def test_intact_batches(logs: tuple[Log, Log]) -> None:
@@ -153,6 +158,40 @@ def test_poison_batches(logs: tuple[Log, Log]) -> None:
         for log in logs:
             agree(log, poison_batch(name))
             agree(log, encode_batch([b"ok"]) + poison_batch(name))
+
+
+def test_transactional_and_control_batches(logs: tuple[Log, Log]) -> None:
+    """Both switches, both twins: a transactional batch passes only when allowed, a control batch
+    (a marker, or the control bit alone) never, and either refusal is UnsupportedBatchError with
+    the reason both twins give."""
+    marker = b.control_batch(7, 1, False, 3, 1000)
+    for log in logs:
+        for transactional in (False, True):
+            for batch in sample_batches():
+                attributes = b.read_header(batch).attributes
+                for bits in (b.TRANSACTIONAL_BIT, b.CONTROL_BIT, b.TRANSACTIONAL_BIT | b.CONTROL_BIT):
+                    changed = with_field(batch, "attributes", attributes | bits)
+                    got = agree(log, changed, transactional)
+                    if transactional and bits == b.TRANSACTIONAL_BIT:
+                        assert isinstance(got, list) and got[0].transactional
+                    else:
+                        assert isinstance(got, tuple) and got[0] == "UnsupportedBatchError", got
+                    agree(log, batch + changed + batch, transactional)
+            got = agree(log, marker, transactional)
+            assert got == ("UnsupportedBatchError", b.refused_batch(b.read_header(marker), transactional))
+
+
+def test_a_followers_copy_takes_transactional_and_control_batches(logs: tuple[Log, Log]) -> None:
+    """`stored` (a follower's copy of its leader's batches) is not a produce: both kinds pass."""
+    batches = [
+        encode_batch([b"v"] * 2),
+        with_field(encode_batch([b"t"], producer_id=7, producer_epoch=1), "attributes", b.TRANSACTIONAL_BIT),
+        b.control_batch(7, 1, True, 3, 1000),
+    ]
+    for log in logs:
+        headers = log.validate_copy(b"".join(batches))
+        kinds = [(h.transactional, h.control) for h in headers]
+        assert kinds == [(False, False), (True, False), (True, True)]
 
 
 EDGES = {
