@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from broker.storage import layout
-from ringlog_proto.batch import CONTROL_BIT, BatchError, decode_records, invalid_batch, iter_batches
+from ringlog_proto.batch import CONTROL_BIT, BatchError, decode_records, invalid_stored_batch, iter_batches
 
 Payload = bytes | None  # a record's value (None: a tombstone)
 Key = tuple[str | int, int]  # (topic, partition)
@@ -276,7 +276,7 @@ def read_partition(directory: str) -> list[tuple[int, Payload]]:
         end = 0
         try:
             for pos, h in iter_batches(data):
-                if invalid_batch(data, pos) is not None:
+                if invalid_stored_batch(data, pos) is not None:
                     return out
                 end = pos + h.size
                 if h.attributes & CONTROL_BIT:

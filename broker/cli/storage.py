@@ -1,7 +1,8 @@
 """`broker dump` and `broker demo`: the storage engine from the command line, no broker running.
 
-`dump` shows what is in a partition directory batch by batch, with anything damaged named by file
-and position, without opening (or repairing) it; `demo` exercises the storage engine alone.
+`dump` shows what is in a partition directory batch by batch (a transaction's commit and abort
+markers as such), with anything damaged named by file and position, without opening (or repairing)
+it; `demo` exercises the storage engine alone.
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ from broker.storage.log import Log, LogConfig
 from broker.storage.segment import preallocated
 from ringlog_proto.batch import (
     CODEC_NAMES,
+    CONTROL_TYPE_NAMES,
     BatchError,
     BatchHeader,
     Record,
+    control_of,
     decode_batches,
     encode_batch,
     invalid_records,
@@ -129,11 +132,20 @@ def _dump_store(data: bytes, base: int) -> tuple[list[tuple[int, BatchHeader]], 
             if reason is not None:
                 raise BatchError(reason)
             codec = f", {CODEC_NAMES[h.compression]}" if h.compression else ""
-            print(
-                f"  @{pos}: offsets {h.base_offset}..{h.last_offset} ({h.record_count} records, "
-                f"{h.size} B{codec}, max_timestamp {h.max_timestamp}, "
-                f"leader epoch {h.partition_leader_epoch})"
-            )
+            if h.control:
+                shown, damage = _marker(data, pos, h)
+                print(f"  @{pos}: offset {h.base_offset}: {shown}")
+                if damage is not None:
+                    problems.append(f"at byte {pos}: {damage}")
+            else:
+                txn = ""
+                if h.transactional:
+                    txn = f", transactional, producer {h.producer_id} epoch {h.producer_epoch}"
+                print(
+                    f"  @{pos}: offsets {h.base_offset}..{h.last_offset} ({h.record_count} records, "
+                    f"{h.size} B{codec}{txn}, max_timestamp {h.max_timestamp}, "
+                    f"leader epoch {h.partition_leader_epoch})"
+                )
             flagged = h.base_offset < expected or (pos == 0 and h.base_offset != expected)
             if flagged:
                 after = (
@@ -168,6 +180,29 @@ def _dump_store(data: bytes, base: int) -> tuple[list[tuple[int, BatchHeader]], 
         else:
             problems.append(f"at byte {end}: {len(data) - end} trailing bytes are not a whole batch")
     return batches, expected, problems
+
+
+def _marker(data: bytes, pos: int, h: BatchHeader) -> tuple[str, str | None]:
+    """How `dump` shows a control batch (a transaction's commit or abort marker: its producer and
+    coordinator epoch are what a reader of the log wants from it), and what is damaged in it."""
+    damage = None
+    try:
+        control = control_of(data, pos)
+    except BatchError as exc:
+        what = "control batch"
+        damage = f"a control batch that does not read as a marker ({exc})"
+    else:
+        name = CONTROL_TYPE_NAMES.get(control.type)
+        what = (
+            f"{name.upper()} marker, coordinator epoch {control.coordinator_epoch}"
+            if name is not None
+            else f"control batch of type {control.type}"
+        )
+    shown = (
+        f"{what} (producer {h.producer_id} epoch {h.producer_epoch}, {h.size} B, "
+        f"max_timestamp {h.max_timestamp}, leader epoch {h.partition_leader_epoch})"
+    )
+    return shown, damage
 
 
 def _dump_index(path: str, base: int, batches: list[tuple[int, BatchHeader]]) -> list[str]:

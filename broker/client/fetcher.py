@@ -16,7 +16,9 @@ How records arrive:
   answer: see "Damaged data".)
 - A response's records are decoded straight from the frame it arrived in (no copy of the record
   set) into `ConsumerRecord` tuples, built column by column by C iterators (`decode_rows`): no
-  Python code and no intermediate object per record.
+  Python code and no intermediate object per record. Control batches (transaction markers) are
+  skipped, as Kafka's consumer skips them: the fetch offset moves past them, no record is
+  handed out.
 - `poll` hands out buffered records, round-robin over partitions, and advances each partition's
   *position* (the offset of the next record `poll` returns) past them. When nothing is buffered it
   waits, up to its timeout, for the first fetch that brings something.
@@ -72,7 +74,7 @@ from broker.client.errors import (
     error_for,
 )
 from broker.client.records import ConsumerRecord
-from ringlog_proto.batch import BatchError, decode_rows, iter_batches
+from ringlog_proto.batch import CONTROL_BIT, BatchError, decode_rows, iter_batches
 from ringlog_proto.messages import ErrorCode, FetchRecords, FetchRequest, read_fetch_response
 
 log = logging.getLogger(__name__)
@@ -320,6 +322,9 @@ class Fetcher:
             pos, h = item
             after = h.next_offset
             if after <= offset:
+                continue
+            if h.attributes & CONTROL_BIT:  # a transaction's marker: no record of the application's
+                next_offset = after
                 continue
             try:
                 rows = decode_rows(data, pos, verify, prefix, ConsumerRecord)

@@ -277,7 +277,9 @@ def fetch_range(
                     if batch_end <= pos:
                         continue
                     nxt = batch_end
-                    for r in decode_records(data, bpos, True):
+                    # a control batch (a transaction's marker) holds no row
+                    records = [] if h.control else decode_records(data, bpos, True)
+                    for r in records:
                         off = r.offset
                         if pos <= off < end:
                             chunk.offsets.append(off)
@@ -338,7 +340,7 @@ def records_by_producer(
                         if h.next_offset <= pos:
                             continue
                         nxt = h.next_offset
-                        if h.producer_id == producer_id:
+                        if h.producer_id == producer_id and not h.control:  # a marker is no record
                             count += h.record_count
                     if nxt <= pos:
                         break

@@ -10,6 +10,8 @@ Rules this module keeps (Kafka's, UnifiedLog.append and LogValidator):
   batch limit (max.message.bytes) is checked twice, as Kafka checks it: on the batch as sent,
   there, and on each rewritten batch here (a batch stored uncompressed may grow past it:
   `BatchTooLargeError`, MESSAGE_TOO_LARGE, nothing appended).
+- A control batch (a transaction's marker) is stored as written, whatever the log's codec (Kafka's
+  LogValidator: control records are not compressed unless they were written compressed).
 - Only a leader's append (`Log.prepare_append`) recompresses; a follower copies its leader's
   batches as they are (`prepare_copy`), as Kafka's followers do. A producer's retry of batches
   already stored is answered before the append (Partition.produce) and costs nothing here.
@@ -43,7 +45,7 @@ def in_log_codec(
     codec: as they are when all are, else the rewritten bytes and their headers."""
     codec = config.compression
     assert codec is not None, "only a log with a codec of its own recompresses"
-    if all(h.attributes & COMPRESSION_MASK == codec for h in headers):
+    if all(h.attributes & COMPRESSION_MASK == codec or h.control for h in headers):
         return records, headers
     parts: list[bytes | memoryview] = []
     out: list[BatchHeader] = []
@@ -51,7 +53,7 @@ def in_log_codec(
     pos = 0
     with memoryview(records) as view:
         for h in headers:
-            if h.attributes & COMPRESSION_MASK == codec:
+            if h.attributes & COMPRESSION_MASK == codec or h.control:
                 parts.append(bytes(view[pos : pos + h.size]))
                 out.append(h)
             else:

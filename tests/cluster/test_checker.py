@@ -7,8 +7,11 @@ import os
 from pathlib import Path
 
 import pytest
+from crc32c import crc32c
 
 from broker.storage import layout
+from broker.storage.fileio import run_ops
+from broker.storage.log import Log
 from labkit.brokerproc import BrokerProcess, Wire
 from labkit.clusterchecker import (
     Ack,
@@ -23,7 +26,7 @@ from labkit.clusterchecker import (
     report,
 )
 from ringlog_proto import messages as m
-from ringlog_proto.batch import Record, encode_batch
+from ringlog_proto.batch import CRC_START, TRANSACTIONAL_BIT, Record, control_batch, encode_batch
 
 T = "orders"
 
@@ -173,3 +176,23 @@ def test_read_replica_reads_a_brokers_data_dir_offline(tmp_path: Path) -> None:
     size = os.path.getsize(path)
     assert [p for _, p in read_partition(part)] == [a.payload for a in acked]
     assert os.path.getsize(path) == size
+
+
+def test_read_partition_skips_markers_and_reads_past_them(tmp_path: Path) -> None:
+    """Transaction markers carry no payload: skipped, and the records after them read; a
+    transactional batch is read like any other (the stored checks, not a produce's)."""
+    txn = bytearray(
+        encode_batch([Record(b"t1")], producer_id=5, producer_epoch=0, base_sequence=0, base_offset=1)
+    )
+    txn[21:23] = TRANSACTIONAL_BIT.to_bytes(2, "big")
+    txn[17:21] = crc32c(bytes(txn[CRC_START:])).to_bytes(4, "big")
+    part = tmp_path / "p"
+    log_ = Log.open(str(part))
+    log_.append(encode_batch([Record(b"a0")]))
+    for copied in (bytes(txn), control_batch(5, 0, True, 0, 1000, base_offset=2)):
+        pending = log_.prepare_copy(copied)
+        run_ops(log_.io, pending.ops)
+        log_.complete_append(pending)
+    log_.append(encode_batch([Record(b"a3")]))
+    log_.close()
+    assert read_partition(str(part)) == [(0, b"a0"), (1, b"t1"), (3, b"a3")]
