@@ -21,6 +21,24 @@ Rules this module keeps:
 - `rebuild` makes it from the headers of the batches a log holds, in log order, so the state
   survives a restart, and lives only as long as the batches carrying it (docs/PROTOCOL.md §4.7).
 - Batches without a producer id (`NO_PRODUCER_ID`) pass through untouched.
+
+Transactions (KIP-98), as Kafka's ProducerStateManager and ProducerAppendInfo keep them:
+- A producer's first transactional batch (stored) opens its transaction at that batch's base
+  offset; its later batches belong to it until its marker (a control batch, COMMIT or ABORT) is
+  stored. While one is open, a batch of the same producer without the transactional bit is
+  refused (`InvalidTxnStateError`, Kafka's INVALID_TXN_STATE).
+- A marker is checked by `check_marker` before it is written: an epoch older than the
+  producer's is `FencedEpochError` (Kafka's INVALID_PRODUCER_EPOCH), a coordinator epoch older
+  than the last marker's is `CoordinatorFencedError` (TRANSACTION_COORDINATOR_FENCED). A marker
+  never touches sequences; one at a higher epoch fences the producer's older epoch (its next
+  batch starts at sequence 0), as a batch at a higher epoch does.
+- A completed transaction stays unstable until its marker is below the high watermark (Kafka's
+  unreplicated transactions): `first_unstable_offset(high_watermark)` is the smallest first
+  offset of the open transactions and of those completed ones, the partition's last stable
+  offset being that bounded by the high watermark and the log start.
+- Markers come in through `stored(headers, controls)`: `controls` maps a control batch's base
+  offset to what its record says (the header does not carry it); what completes is returned
+  (`CompletedTxn`), so the partition keeps the aborted ones for read_committed readers.
 """
 
 from __future__ import annotations
@@ -29,8 +47,11 @@ import contextlib
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from ringlog_proto.batch import NO_PRODUCER_ID, BatchHeader
+from ringlog_proto.batch_control import ControlRecord
+from ringlog_proto.batch_header import CONTROL_BIT, TRANSACTIONAL_BIT
 
 PRODUCER_BATCHES_KEPT = 5  # recent batches remembered per producer: what a client may retry
 
@@ -56,6 +77,33 @@ class UnknownProducerError(SequenceGapError):
     any gap); Kafka answers UNKNOWN_PRODUCER_ID, on which its clients start the partition over."""
 
 
+class InvalidTxnStateError(SequenceError):
+    """A producer with a transaction open here sent a batch outside it (Kafka's
+    INVALID_TXN_STATE: "expected a transactional write")."""
+
+
+class CoordinatorFencedError(Exception):
+    """A transaction marker from a coordinator older than the one that wrote this producer's
+    last marker (Kafka's TRANSACTION_COORDINATOR_FENCED): a zombie coordinator."""
+
+
+class CompletedTxn(NamedTuple):
+    """A transaction a stored marker ended: its producer, its first offset here (the marker's own
+    when no batch of it is here), the marker's offset, whether it committed, and the last stable
+    offset right after it (the first offset of another producer's open transaction, else one past
+    the marker: Kafka's AbortedTxn.lastStableOffset, which bounds the search of aborted ones)."""
+
+    producer_id: int
+    first_offset: int
+    last_offset: int
+    commit: bool
+    last_stable_offset: int
+
+
+_TXN_BITS = CONTROL_BIT | TRANSACTIONAL_BIT
+_NO_COMPLETED: list[CompletedTxn] = []  # what `stored` returns without a marker (never changed)
+
+
 class RetryInFlightError(Exception):
     """A retried batch whose original is still being written: its outcome is not known yet, so
     the retry can be neither stored again nor answered with the original's offsets. Retriable."""
@@ -77,6 +125,9 @@ class _Producer:
     # (first sequence, last sequence, base offset) of the most recent batches, oldest first
     batches: deque[tuple[int, int, int]] = field(default_factory=lambda: deque(maxlen=PRODUCER_BATCHES_KEPT))
     last_timestamp: int = -1  # the max timestamp of its last batch stored (Kafka's DescribeProducers)
+    txn_first_offset: int = -1  # the first offset of its open transaction, -1 if none is open
+    coordinator_epoch: int = -1  # the coordinator epoch of its last marker
+    marker_offset: int = -1  # the offset of its last marker (keeps a producer with no batch left)
 
     @property
     def last_sequence(self) -> int:
@@ -86,21 +137,34 @@ class _Producer:
 class ProducerState:
     """The sequence and epoch state of every idempotent producer of one partition."""
 
-    __slots__ = ("_in_flight", "_producers")
+    __slots__ = ("_completed", "_in_flight", "_ongoing", "_producers")
 
     def __init__(self) -> None:
         self._producers: dict[int, _Producer] = {}
+        # producer id -> first offset of its open transaction (the `txn_first_offset`s, for `min`)
+        self._ongoing: dict[int, int] = {}
+        # (first offset, marker offset) of completed transactions whose marker may still be at or
+        # above the high watermark, in marker order
+        self._completed: deque[tuple[int, int]] = deque()
         # Batches reserved but not yet stored or released, per producer, in reserve order:
         # (epoch, first sequence, last sequence).
         self._in_flight: dict[int, list[tuple[int, int, int]]] = {}
 
     @classmethod
-    def rebuild(cls, stored: Iterable[BatchHeader]) -> ProducerState:
-        """The state after `stored`, the headers (base offsets assigned) of a log's batches in order."""
+    def rebuild(
+        cls, stored: Iterable[BatchHeader], controls: dict[int, ControlRecord] | None = None
+    ) -> ProducerState:
+        """The state after `stored`, the headers (base offsets assigned) of a log's batches in
+        order, with what their control records say (`stored`'s `controls`)."""
         state = cls()
         for h in stored:
-            state._remember(h)
+            state._remember(h, controls)
         return state
+
+    def learn(self, header: BatchHeader, control: ControlRecord | None = None) -> CompletedTxn | None:
+        """One more stored batch, in log order, with what its record says if it is a control
+        batch (a partition's open walk, which keeps the transactions it completes)."""
+        return self._remember(header, None if control is None else {header.base_offset: control})
 
     # ------------------------------------------------------------------------- questions
 
@@ -123,6 +187,7 @@ class ProducerState:
                 and h.producer_epoch == state.epoch
                 and h.base_sequence == state.batches[-1][1] + 1
                 and not self._in_flight.get(h.producer_id)
+                and (state.txn_first_offset < 0 or h.attributes & TRANSACTIONAL_BIT)
             ):
                 return None
         dup_offsets: list[int] = []
@@ -193,6 +258,11 @@ class ProducerState:
                     f"producer {pid} epoch {h.producer_epoch}: sequence {h.base_sequence} where {want} "
                     "was expected (records lost, or producer state expired with the segments holding it)"
                 )
+            if state is not None and state.txn_first_offset >= 0 and not h.attributes & TRANSACTIONAL_BIT:
+                raise InvalidTxnStateError(
+                    f"producer {pid} has a transaction open at offset {state.txn_first_offset}: "
+                    "expected a transactional write"
+                )
             expected[pid] = (h.producer_epoch, last + 1)
         if dup_offsets and len(dup_offsets) != len(headers):
             raise SequenceError("a request mixing retried and new batches")
@@ -203,6 +273,26 @@ class ProducerState:
         state = self._producers.get(producer_id)
         return None if state is None else (state.epoch, state.last_sequence)
 
+    def check_marker(self, producer_id: int, producer_epoch: int, coordinator_epoch: int) -> None:
+        """Before a transaction marker is written (Kafka's ProducerAppendInfo.appendEndTxnMarker):
+        `FencedEpochError` when `producer_epoch` is older than the producer's,
+        `CoordinatorFencedError` when `coordinator_epoch` is older than its last marker's. A
+        producer this partition holds nothing of takes any marker (its transaction wrote
+        nothing here). Changes nothing."""
+        state = self._producers.get(producer_id)
+        if state is None:
+            return
+        if producer_epoch < state.epoch:
+            raise FencedEpochError(
+                f"producer {producer_id} is at epoch {state.epoch}: "
+                f"a marker of epoch {producer_epoch} is fenced"
+            )
+        if coordinator_epoch < state.coordinator_epoch:
+            raise CoordinatorFencedError(
+                f"producer {producer_id}'s last marker came from coordinator epoch "
+                f"{state.coordinator_epoch}: one of epoch {coordinator_epoch} is fenced"
+            )
+
     def active(self) -> list[tuple[int, int, int, int]]:
         """(producer id, epoch, last sequence, last batch's max timestamp) of every producer this
         partition holds batches of (Kafka's DescribeProducers), by producer id."""
@@ -211,6 +301,32 @@ class ProducerState:
             for pid, p in sorted(self._producers.items())
             if p.batches
         ]
+
+    def transaction_of(self, producer_id: int) -> tuple[int, int]:
+        """(first offset of its open transaction or -1, coordinator epoch of its last marker or
+        -1): what Kafka's DescribeProducers adds for a producer."""
+        state = self._producers.get(producer_id)
+        return (-1, -1) if state is None else (state.txn_first_offset, state.coordinator_epoch)
+
+    def ongoing(self) -> dict[int, int]:
+        """Producer id -> first offset of its open transaction."""
+        return dict(self._ongoing)
+
+    def first_unstable_offset(self, high_watermark: int) -> int | None:
+        """The first offset a read_committed reader may not pass yet (Kafka's
+        ProducerStateManager.firstUnstableOffset): the smallest first offset of the open
+        transactions and of the completed ones whose marker is not below `high_watermark`;
+        None when there is none. Completed ones below it are forgotten here (a high watermark
+        only grows; a truncation rebuilds the state)."""
+        completed = self._completed
+        while completed and completed[0][1] < high_watermark:
+            completed.popleft()
+        if not completed and not self._ongoing:
+            return None
+        firsts = [first for first, _ in completed]
+        if self._ongoing:
+            firsts.append(min(self._ongoing.values()))
+        return min(firsts)
 
     @property
     def in_flight(self) -> int:
@@ -222,7 +338,7 @@ class ProducerState:
     def reserve(self, headers: Sequence[BatchHeader]) -> None:
         """An append of these batches was prepared: later batches of their producers follow them."""
         for h in headers:
-            if h.producer_id != NO_PRODUCER_ID:
+            if h.producer_id != NO_PRODUCER_ID and not h.attributes & CONTROL_BIT:
                 entry = (h.producer_epoch, h.base_sequence, h.last_sequence)
                 self._in_flight.setdefault(h.producer_id, []).append(entry)
 
@@ -239,11 +355,22 @@ class ProducerState:
                 if not flying:
                     del self._in_flight[h.producer_id]
 
-    def stored(self, headers: Sequence[BatchHeader]) -> None:
-        """The append of these batches (headers with their assigned base offsets) completed."""
+    def stored(
+        self, headers: Sequence[BatchHeader], controls: dict[int, ControlRecord] | None = None
+    ) -> list[CompletedTxn]:
+        """The append of these batches (headers with their assigned base offsets) completed.
+        `controls`: base offset -> what the record of each control batch among them says (a
+        control batch not in it, or not a marker, changes nothing). Returns the transactions
+        their markers completed."""
         self.released(headers)
+        completed = _NO_COMPLETED
         for h in headers:
-            self._remember(h)
+            done = self._remember(h, controls)
+            if done is not None:
+                if completed is _NO_COMPLETED:
+                    completed = []
+                completed.append(done)
+        return completed
 
     def last_offsets(self) -> dict[int, int]:
         """Producer id -> the last offset of its last stored batch, for every producer held: the
@@ -258,22 +385,79 @@ class ProducerState:
 
     def expire(self, start_offset: int) -> None:
         """Retention deleted the log below `start_offset`: forget the batches it took, and a
-        producer with none left, so the state is what `rebuild` would make of the log now (state
-        lives as long as the batches carrying it, whether or not the broker restarted)."""
+        producer with nothing left (no batch, no marker, no open transaction), so the state is
+        what `rebuild` would make of the log now (state lives as long as the batches carrying
+        it, whether or not the broker restarted). Completed transactions whose marker went are
+        forgotten; an open one that began below the start begins at the start now (Kafka's
+        `onLogStartOffsetIncremented`: the last stable offset is never below the log start)."""
         for pid in [
-            pid for pid, p in self._producers.items() if p.batches and p.batches[0][2] < start_offset
+            pid
+            for pid, p in self._producers.items()
+            if (p.batches and p.batches[0][2] < start_offset) or p.marker_offset < start_offset
         ]:
-            batches = self._producers[pid].batches
+            state = self._producers[pid]
+            batches = state.batches
             while batches and batches[0][2] < start_offset:
                 batches.popleft()
-            if not batches:
+            if state.marker_offset < start_offset:
+                state.marker_offset = -1
+            if 0 <= state.txn_first_offset < start_offset:
+                state.txn_first_offset = self._ongoing[pid] = start_offset
+            if not batches and state.marker_offset < 0 and state.txn_first_offset < 0:
                 del self._producers[pid]
+        completed = self._completed
+        while completed and completed[0][1] < start_offset:
+            completed.popleft()
 
-    def _remember(self, h: BatchHeader) -> None:
+    def _remember(
+        self, h: BatchHeader, controls: dict[int, ControlRecord] | None = None
+    ) -> CompletedTxn | None:
         if h.producer_id == NO_PRODUCER_ID:
-            return
-        state = self._producers.get(h.producer_id)
-        if state is None or h.producer_epoch > state.epoch:
-            state = self._producers[h.producer_id] = _Producer(h.producer_epoch)
+            return None
+        if h.attributes & _TXN_BITS:
+            if h.attributes & CONTROL_BIT:
+                control = None if controls is None else controls.get(h.base_offset)
+                if control is None or control.type not in (0, 1):
+                    return None  # not a marker (Kafka writes no other control batch to a partition)
+                return self._marker(h, control)
+            state = self._producers.get(h.producer_id)
+            if state is None or h.producer_epoch > state.epoch:
+                state = self._fresh(h.producer_id, h.producer_epoch, state)
+            if state.txn_first_offset < 0:
+                state.txn_first_offset = self._ongoing[h.producer_id] = h.base_offset
+        else:
+            state = self._producers.get(h.producer_id)
+            if state is None or h.producer_epoch > state.epoch:
+                state = self._fresh(h.producer_id, h.producer_epoch, state)
         state.batches.append((h.base_sequence, h.last_sequence, h.base_offset))
         state.last_timestamp = h.max_timestamp
+        return None
+
+    def _fresh(self, pid: int, epoch: int, old: _Producer | None) -> _Producer:
+        """A producer's state at a new epoch: sequences start over; its open transaction, if
+        any, and its coordinator epoch carry on (only a marker ends a transaction)."""
+        state = self._producers[pid] = _Producer(epoch)
+        if old is not None:
+            state.txn_first_offset = old.txn_first_offset
+            state.coordinator_epoch = old.coordinator_epoch
+            state.marker_offset = old.marker_offset
+        return state
+
+    def _marker(self, h: BatchHeader, control: ControlRecord) -> CompletedTxn | None:
+        pid = h.producer_id
+        state = self._producers.get(pid)
+        if state is None or h.producer_epoch > state.epoch:
+            state = self._fresh(pid, h.producer_epoch, state)
+        state.coordinator_epoch = control.coordinator_epoch
+        state.marker_offset = h.base_offset
+        first = state.txn_first_offset
+        if first < 0:
+            # A marker of a transaction that wrote nothing here (or whose batches retention
+            # took): it moves no last stable offset and aborts nothing a reader could see, so
+            # Kafka emits no completed transaction for it either.
+            return None
+        state.txn_first_offset = -1
+        del self._ongoing[pid]
+        self._completed.append((first, h.base_offset))
+        others = min(self._ongoing.values()) if self._ongoing else h.base_offset + 1
+        return CompletedTxn(pid, first, h.base_offset, control.commit, others)
