@@ -32,6 +32,16 @@ Rules this module keeps:
   which first answers a diverging epoch and counts the follower's position, then reads through
   the same door). It returns the extent to pread and the finish that checks the bytes read; the
   caller only carries them out. `list_offset(spec)` answers both protocols' ListOffsets.
+- Transactions (KIP-98), as Kafka's UnifiedLog keeps them: the producer state knows each
+  producer's open transaction and the ones completed whose marker is not below the high
+  watermark yet; the last stable offset is the first offset of those, bounded by the high
+  watermark and the log start (`last_stable_offset`; the high watermark with none). A
+  read_committed read (`Isolation.LAST_STABLE`) stops there and is given the aborted
+  transactions it overlaps (broker/storage/txn_index.py); every read reports the last stable
+  offset. A marker is written by `write_marker` (the coordinator's door: acks=all, checked by
+  the producer state first); the open walk learns open transactions from transactional
+  headers and their ends from the markers' records, so a restart (kill -9 too) keeps the last
+  stable offset and the aborted list; a follower learns the same from the leader's batches.
 - The log start moves up by retention, by `delete_records` on the leader (Kafka's DeleteRecords,
   at most to the high watermark) and, on a follower, by `follow_log_start` (the leader's start, as
   far as the follower's high watermark reaches); the producer state and epoch history forget
@@ -42,12 +52,17 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from enum import Enum
 from typing import NamedTuple
 
 from broker.core.acks import Waits, check_acks
-from broker.core.producer_state import PredecessorPendingError, ProducerState, SequenceGapError
+from broker.core.producer_state import (
+    CompletedTxn,
+    PredecessorPendingError,
+    ProducerState,
+    SequenceGapError,
+)
 from broker.core.replication import (
     DEFAULT_MIN_INSYNC,
     FollowerState,
@@ -64,7 +79,9 @@ from broker.storage.fileio import Buffer, FileIO
 from broker.storage.log import Log, LogConfig, PendingAppend
 from broker.storage.log_reads import TimestampAndOffset
 from broker.storage.segment import Extent
-from ringlog_proto.batch import TIMESTAMP_TYPE_BIT, BatchHeader, now_ms
+from broker.storage.txn_index import AbortedTxn, TxnIndex
+from ringlog_proto.batch import TIMESTAMP_TYPE_BIT, BatchError, BatchHeader, now_ms, read_header
+from ringlog_proto.batch_control import ControlRecord, control_batch, control_of
 from ringlog_proto.messages import Acks
 
 log = logging.getLogger(__name__)
@@ -88,7 +105,9 @@ class Stored(NamedTuple):
 
 
 # `list_offset` specs, the same numbers in both protocols; a spec >= 0 is a timestamp (ms)
-LATEST = -1  # the high watermark: where a consumer starting now reads from
+LATEST = (
+    -1
+)  # the high watermark (read_committed: the last stable offset): where a consumer starting now reads from
 EARLIEST = -2  # the log start
 NO_TIMESTAMP = -1  # Kafka's RecordBatch.NO_TIMESTAMP, beside an offset not found by time
 
@@ -99,19 +118,23 @@ class RecordDeletionRefused(ValueError):
 
 
 class Isolation(Enum):
-    """How far a read may go: what tells a follower's read from a consumer's (and, once
-    transactions are stored, a read_committed consumer's: below the last stable offset)."""
+    """How far a read may go: what tells a follower's read from a consumer's, and a
+    read_uncommitted consumer's from a read_committed one's (Kafka's FetchIsolation)."""
 
     LOG_END = "log end"  # a follower copies everything its leader has
     HIGH_WATERMARK = "high watermark"  # a consumer reads what every in-sync replica holds
+    LAST_STABLE = "last stable offset"  # read_committed: no further than any open transaction
 
 
 class ReadAnswer(NamedTuple):
-    """What a read found: the batches as stored and the partition's bounds when it finished."""
+    """What a read found: the batches as stored and the partition's bounds when it finished;
+    a read_committed read's answer names the aborted transactions its batches overlap."""
 
     records: Buffer
     high_watermark: int
     log_start_offset: int
+    last_stable_offset: int
+    aborted: tuple[AbortedTxn, ...] = ()
 
 
 class Diverging(NamedTuple):
@@ -126,11 +149,15 @@ class PendingRead:
     """A read the door prepared: pread `extent` (None: nothing to read yet, the reader may wait
     for the partition to grow), then `finish(data)`; `nothing()` answers without records."""
 
-    __slots__ = ("_partition", "extent")
+    __slots__ = ("_committed", "_offset", "_partition", "extent")
 
-    def __init__(self, partition: Partition, extent: Extent | None) -> None:
+    def __init__(
+        self, partition: Partition, extent: Extent | None, offset: int = -1, committed: bool = False
+    ) -> None:
         self._partition = partition
         self.extent = extent
+        self._offset = offset  # where the reader asked to read from
+        self._committed = committed  # a read_committed read: its answer names aborted transactions
 
     def finish(self, data: Buffer) -> ReadAnswer:
         """The intact batches of `data` (the bytes read for `extent`). Damage after at least one
@@ -141,28 +168,38 @@ class PendingRead:
         result = p.log.complete_read(self.extent, data)
         if result.error is not None:
             log.error("%s", result.error)
-        return ReadAnswer(result.data, p.high_watermark, p.log.start_offset)
+        aborted: tuple[AbortedTxn, ...] = ()
+        if self._committed and p.aborted:
+            aborted = tuple(p.aborted.collect(self._offset, result.next_offset))
+        return ReadAnswer(result.data, p.high_watermark, p.log.start_offset, p.last_stable_offset, aborted)
 
     def without_records(self) -> PendingRead:
         """The same read with nothing to pread: a multi-partition fetch whose response has no
         room left for this partition's batches (broker/core/read_budget.py)."""
-        return PendingRead(self._partition, None)
+        return PendingRead(self._partition, None, self._offset, self._committed)
 
     def nothing(self) -> ReadAnswer:
         """No records (nothing there yet, or a long poll's deadline): the bounds as they are now."""
         p = self._partition
-        return ReadAnswer(b"", p.high_watermark, p.log.start_offset)
+        return ReadAnswer(b"", p.high_watermark, p.log.start_offset, p.last_stable_offset)
 
 
 class PendingProduce:
     """A produce whose append is prepared: run `pending.ops`, then `complete()` or `fail()`."""
 
-    __slots__ = ("_partition", "pending", "waits")
+    __slots__ = ("_controls", "_partition", "pending", "waits")
 
-    def __init__(self, partition: Partition, pending: PendingAppend, waits: Waits) -> None:
+    def __init__(
+        self,
+        partition: Partition,
+        pending: PendingAppend,
+        waits: Waits,
+        controls: dict[int, ControlRecord] | None = None,
+    ) -> None:
         self._partition = partition
         self.pending = pending
         self.waits = waits  # what the reply waits for once the writes are visible
+        self._controls = controls  # a marker's record, by its base offset (`write_marker`)
 
     def complete(self) -> None:
         """The writes all succeeded: make the batches visible, remember their sequences, wake
@@ -174,7 +211,9 @@ class PendingProduce:
         # Stored and visible from here: a failure of what follows (a bug) must not make the
         # produce an error answer, which its producer would resend.
         try:
-            p.producers.stored(pending.headers)
+            completed = p.producers.stored(pending.headers, self._controls)
+            if completed:
+                p.transactions_completed(completed)
             h = pending.headers[0]
             if h.partition_leader_epoch != p.epochs.latest_epoch:  # the first batch of a new epoch
                 p.epochs.assign(h.partition_leader_epoch, h.base_offset)
@@ -205,11 +244,14 @@ class PendingReplicaAppend:
     """A follower's append of the leader's batches: run `pending.ops`, then `complete()` or
     `fail()` (undoing the write is the log's `abort_append`, as for a produce)."""
 
-    __slots__ = ("_partition", "pending")
+    __slots__ = ("_controls", "_partition", "pending")
 
-    def __init__(self, partition: Partition, pending: PendingAppend) -> None:
+    def __init__(
+        self, partition: Partition, pending: PendingAppend, controls: dict[int, ControlRecord] | None = None
+    ) -> None:
         self._partition = partition
         self.pending = pending
+        self._controls = controls  # what the markers among the batches say, by base offset
 
     def complete(self) -> int:
         """Make the batches visible; the producer state and epoch history learn them (a
@@ -217,7 +259,9 @@ class PendingReplicaAppend:
         p = self._partition
         headers: list[BatchHeader] = self.pending.headers
         p.log.complete_append(self.pending)
-        p.producers.stored(headers)
+        completed = p.producers.stored(headers, self._controls)
+        if completed:
+            p.transactions_completed(completed)
         epochs = p.epochs
         for h in headers:
             epochs.assign(h.partition_leader_epoch, h.base_offset)
@@ -248,6 +292,7 @@ class Partition:
         self.log = Log.open(directory, config, io, cache=cache)
         self.producers = ProducerState()
         self.epochs = EpochHistory()
+        self.aborted = TxnIndex()
         self._rebuild()
         self.waiters: list[Callable[[], None]] = []
         # None: not replicated (module rules); else this replica's role in the current term
@@ -256,17 +301,31 @@ class Partition:
         self._led_since = -SEQUENCE_GAP_GRACE_S  # time.monotonic() when this replica began to lead
 
     def _rebuild(self) -> None:
-        """Producer state and epoch history from the batch headers, in one walk (a pread per
-        batch: what opening a partition already cost for the producer state alone)."""
+        """Producer state (transactions too), aborted transactions and epoch history from the
+        batch headers, in one walk (a pread per batch: what opening a partition already cost for
+        the producer state alone, and one more per marker, whose type is in its record)."""
         epochs = EpochHistory()
-
-        def headers() -> Iterator[BatchHeader]:
-            for h in self.log.batch_headers(self.log.start_offset):
-                epochs.assign(h.partition_leader_epoch, h.base_offset)
-                yield h
-
-        self.producers = ProducerState.rebuild(headers())
+        producers = ProducerState()
+        aborted = TxnIndex()
+        for h, control in self.log.batches_and_markers(self.log.start_offset):
+            epochs.assign(h.partition_leader_epoch, h.base_offset)
+            done = producers.learn(h, control)
+            if done is not None and not done.commit:
+                aborted.add(
+                    AbortedTxn(done.producer_id, done.first_offset, done.last_offset, done.last_stable_offset)
+                )
+        self.producers = producers
         self.epochs = epochs
+        self.aborted = aborted
+
+    def transactions_completed(self, completed: list[CompletedTxn]) -> None:
+        """Markers were stored: the aborted transactions among those they ended are kept for
+        read_committed readers (Kafka's `LogSegment.updateTxnIndex`)."""
+        for done in completed:
+            if not done.commit:
+                self.aborted.add(
+                    AbortedTxn(done.producer_id, done.first_offset, done.last_offset, done.last_stable_offset)
+                )
 
     def configure(self, config: LogConfig, min_insync: int | None = None) -> None:
         """The topic's configs changed (a config alter, seen on the registry's reload): the log
@@ -297,7 +356,11 @@ class Partition:
     # ------------------------------------------------------------------------- produce
 
     def produce(
-        self, records: bytes | memoryview, space: DiskSpace, acks: int = Acks.WRITTEN
+        self,
+        records: bytes | memoryview,
+        space: DiskSpace,
+        acks: int = Acks.WRITTEN,
+        transactional: bool = False,
     ) -> Stored | PendingProduce:
         """Store `records` (one or more whole batches), in two phases: `Stored` when they are a
         producer's retry of batches already stored (nothing to write), else the prepared append.
@@ -310,14 +373,15 @@ class Partition:
         `SEQUENCE_GAP_GRACE_S` of this replica's lead is `PredecessorPendingError`), `LogClosedError`
         (a retry is confirmed only by a log that stands behind it, not one that failed an fsync),
         `OutOfSpaceError` from `space` (asked after the retry check: a retry of stored batches
-        is answered even on a full disk), and storage errors of a segment roll.
+        is answered even on a full disk), and storage errors of a segment roll. `transactional`:
+        a transactional batch is taken (the log's validation switch; refused otherwise).
         """
         log_ = self.log
         if self.replica is not None:
             self.check_leader()
         waits = self.waits_for(acks)
         # A compacted topic's records need keys, as Kafka's LogValidator requires (KeylessRecordError)
-        headers = log_.validate(records, log_.config.compacts)
+        headers = log_.validate(records, log_.config.compacts, transactional)
         try:
             duplicate_of = self.producers.check(headers)
         except SequenceGapError as exc:
@@ -351,6 +415,37 @@ class Partition:
         self.check_replicas()
         return Waits.HIGH_WATERMARK
 
+    def write_marker(
+        self, producer_id: int, producer_epoch: int, coordinator_epoch: int, commit: bool
+    ) -> PendingProduce:
+        """The coordinator's door: end `producer_id`'s transaction here with a COMMIT (or ABORT)
+        marker, appended as a produce is, in two phases, waiting as an acks=all produce does
+        (Kafka's coordinator writes markers with acks=-1: `NotEnoughReplicasError` below
+        min_insync). Raises, with nothing written, `NotLeaderError` off the leader, and what the
+        producer state refuses (Kafka's ProducerAppendInfo.appendEndTxnMarker):
+        `FencedEpochError` for an epoch older than the producer's, `CoordinatorFencedError` for a
+        coordinator epoch older than its last marker's. A marker never touches sequences."""
+        log_ = self.log
+        if self.replica is not None:
+            self.check_leader()
+        waits = self.waits_for(Acks.ALL)
+        self.producers.check_marker(producer_id, producer_epoch, coordinator_epoch)
+        records = control_batch(producer_id, producer_epoch, commit, coordinator_epoch, now_ms())
+        pending = log_.prepare_append(records, [read_header(records)], self.leader_epoch)
+        marker = pending.headers[0].base_offset
+        return PendingProduce(self, pending, waits, {marker: control_of(records, verify=False)})
+
+    @property
+    def last_stable_offset(self) -> int:
+        """Where read_committed readers stop (Kafka's `UnifiedLog.lastStableOffset`): the first
+        offset of a transaction not known to have ended below the high watermark, else the high
+        watermark; never below the log start."""
+        hw = self.high_watermark
+        first = self.producers.first_unstable_offset(hw)
+        if first is None or first >= hw:
+            return hw
+        return max(first, self.log.start_offset)
+
     # ------------------------------------------------------------------------- reads
 
     def read(
@@ -363,13 +458,19 @@ class Partition:
         """The batches from `offset`, whole, at least one, about `max_bytes`, no further than
         `isolation` allows. A consumer's read of a replicated partition is the leader's
         (`NotLeaderError` on a follower, or when `leader_epoch`, if not -1, is not this
-        leader's). `OffsetOutOfRangeError` outside the log; a read at the bound is an empty
-        extent (the reader waits or answers `nothing()`)."""
+        leader's). `OffsetOutOfRangeError` outside the log (its start and end, whatever the
+        isolation: a read_committed read between the last stable offset and the high watermark
+        is empty, as Kafka's); a read at the bound is an empty extent (the reader waits or
+        answers `nothing()`)."""
         upto = None
-        if isolation is Isolation.HIGH_WATERMARK and self.replica is not None:
-            self.check_leader(leader_epoch)
-            upto = self.high_watermark
-        return PendingRead(self, self.log.prepare_read(offset, max_bytes, upto))
+        if isolation is not Isolation.LOG_END:
+            if self.replica is not None:
+                self.check_leader(leader_epoch)
+                upto = self.high_watermark
+            if isolation is Isolation.LAST_STABLE:
+                upto = self.last_stable_offset
+                return PendingRead(self, self.log.prepare_read(offset, max_bytes, upto), offset, True)
+        return PendingRead(self, self.log.prepare_read(offset, max_bytes, upto), offset)
 
     def read_for_follower(
         self,
@@ -398,25 +499,37 @@ class Partition:
         self.replica_fetched(node, fetch_offset, now)
         return self.read(fetch_offset, max_bytes, Isolation.LOG_END)
 
-    def list_offset(self, spec: int, leader_epoch: int = -1) -> int:
-        """ListOffsets, in both protocols: `LATEST` the high watermark, `EARLIEST` the log start,
-        a timestamp (>= 0) the first offset whose record is at or after it (-1 when none is).
-        Asked of the leader when replicated (as `read`)."""
-        return self.list_offset_and_time(spec, leader_epoch).offset
+    def list_offset(
+        self, spec: int, leader_epoch: int = -1, isolation: Isolation = Isolation.HIGH_WATERMARK
+    ) -> int:
+        """ListOffsets, in both protocols: `LATEST` the high watermark (the last stable offset
+        for `Isolation.LAST_STABLE`), `EARLIEST` the log start, a timestamp (>= 0) the first
+        offset whose record is at or after it (-1 when none is). Asked of the leader when
+        replicated (as `read`)."""
+        return self.list_offset_and_time(spec, leader_epoch, isolation).offset
 
-    def list_offset_and_time(self, spec: int, leader_epoch: int = -1) -> TimestampAndOffset:
+    def list_offset_and_time(
+        self, spec: int, leader_epoch: int = -1, isolation: Isolation = Isolation.HIGH_WATERMARK
+    ) -> TimestampAndOffset:
         """`list_offset` with the timestamp Kafka's ListOffsets answers beside it: for a timestamp
         the found record's own, else -1 (latest, earliest, or no record at or after the time), as
-        Kafka's log answers (its clients' offsetsForTimes refuse a found offset without one)."""
+        Kafka's log answers (its clients' offsetsForTimes refuse a found offset without one). A
+        read_committed one (`Isolation.LAST_STABLE`) finds no offset at or past the last stable
+        offset, as Kafka's `Partition.fetchOffsetForTimestamp`."""
         if self.replica is not None:
             self.check_leader(leader_epoch)
+        committed = isolation is Isolation.LAST_STABLE
         if spec == LATEST:
-            return TimestampAndOffset(self.high_watermark, NO_TIMESTAMP)
+            return TimestampAndOffset(
+                self.last_stable_offset if committed else self.high_watermark, NO_TIMESTAMP
+            )
         if spec == EARLIEST:
             return TimestampAndOffset(self.log.start_offset, NO_TIMESTAMP)
         if spec >= 0:
             found = self.log.timestamp_and_offset(spec)
-            return TimestampAndOffset(-1, NO_TIMESTAMP) if found is None else found
+            if found is None or (committed and found.offset >= self.last_stable_offset):
+                return TimestampAndOffset(-1, NO_TIMESTAMP)
+            return found
         raise ValueError(f"offset spec {spec}: use -1 (latest), -2 (earliest) or a timestamp")
 
     @property
@@ -428,8 +541,7 @@ class Partition:
         state forgets the batches they held. Returns the segments deleted."""
         deleted = self.log.apply_retention()
         if deleted:
-            self.producers.expire(self.log.start_offset)
-            self.epochs.expire_before(self.log.start_offset)
+            self._start_moved(self.log.start_offset)
         return deleted
 
     def delete_records(self, offset: int) -> int:
@@ -468,6 +580,7 @@ class Partition:
     def _start_moved(self, start: int) -> int:
         self.producers.expire(start)
         self.epochs.expire_before(start)
+        self.aborted.expire(start)
         return start
 
     # ------------------------------------------------------------------------- roles
@@ -640,7 +753,19 @@ class Partition:
         `pending.ops`, then `complete()` them in order (or `fail()`)."""
         if not isinstance(self.replica, FollowerState):
             raise NotLeaderError("only a follower appends a leader's batches")
-        return [PendingReplicaAppend(self, pending) for pending in self.log.prepare_copies(records)]
+        pendings = self.log.prepare_copies(records)
+        controls: dict[int, ControlRecord] | None = None
+        position = 0
+        for pending in pendings:
+            for h in pending.headers:
+                if h.control:
+                    controls = {} if controls is None else controls
+                    try:
+                        controls[h.base_offset] = control_of(records, position, verify=False)
+                    except BatchError as exc:
+                        log.error("a control batch at offset %d that is no marker: %s", h.base_offset, exc)
+                position += h.size
+        return [PendingReplicaAppend(self, pending, controls) for pending in pendings]
 
     def follower_high_watermark(self, leader_hw: int) -> None:
         """The leader's HW, as far as this follower's log reaches."""

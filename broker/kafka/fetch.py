@@ -97,7 +97,8 @@ def _fetch(ctx: Context, request: KafkaRequest, body: Any, deadline_ms: int, fin
                 results[key] = (code, -1, -1, b"")
                 failed = True
                 continue
-            results[key] = (ErrorCode.none, *read.nothing()[1:], b"")
+            now = read.nothing()
+            results[key] = (ErrorCode.none, now.high_watermark, now.log_start_offset, b"")
             ours[target] = None
             if read.extent is not None:
                 readable += read.extent.length
@@ -138,8 +139,8 @@ def _read_part(key: tuple[str, int], read: PendingRead, results: Results) -> Rea
     assert read.extent is not None
 
     def finish(data: Buffer) -> Reply:
-        records, high_watermark, log_start_offset = read.finish(data)
-        results[key] = (ErrorCode.none, high_watermark, log_start_offset, records)
+        found = read.finish(data)
+        results[key] = (ErrorCode.none, found.high_watermark, found.log_start_offset, found.records)
         return DONE
 
     def fail(exc: BaseException) -> Reply:

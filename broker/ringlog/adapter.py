@@ -473,9 +473,10 @@ class RinglogAdapter:
         read = p.read(req.offset, min(req.max_bytes, FETCH_MAX_BYTES_MAX))
 
         def answer(found: ReadAnswer) -> Reply:
-            records, high_watermark, log_start_offset = found
             resp = m.FetchResponse(
-                high_watermark=high_watermark, log_start_offset=log_start_offset, records=records
+                high_watermark=found.high_watermark,
+                log_start_offset=found.log_start_offset,
+                records=found.records,
             )
             return self._reply(frame, resp)
 

@@ -72,6 +72,7 @@ from broker.storage.log_reads import ReadResult
 from broker.storage.preallocation import Preallocation
 from broker.storage.segment import Extent, Segment
 from ringlog_proto.batch import STORED_LEADER_EPOCH, BatchHeader, now_ms, rebased, stamped
+from ringlog_proto.batch_control import ControlRecord
 
 log = logging.getLogger(__name__)
 
@@ -785,6 +786,13 @@ class Log:
         """
         self.check_usable()
         yield from log_reads.batch_headers(self.segments, self.io, from_offset)
+
+    def batches_and_markers(self, from_offset: int = 0) -> Iterator[tuple[BatchHeader, ControlRecord | None]]:
+        """`batch_headers`, each control batch with what its record says (a transaction's
+        marker: one more small pread per marker): the open walk that rebuilds which
+        transactions are open and which were aborted."""
+        self.check_usable()
+        yield from log_reads.batches_and_markers(self.segments, self.io, from_offset)
 
     # ------------------------------------------------------------------------- truncate / retention
 

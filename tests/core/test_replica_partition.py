@@ -344,7 +344,7 @@ def test_one_read_door_a_consumer_below_the_high_watermark_a_follower_to_the_log
     produced(leader, batch(2), space)
     produced(leader, batch(1), space)
     consumer = leader.read(0, 1 << 20)
-    assert consumer.extent is None and consumer.nothing() == ReadAnswer(b"", 0, 0)
+    assert consumer.extent is None and consumer.nothing() == ReadAnswer(b"", 0, 0, 0)
     follower = leader.read_for_follower(2, 0, -1, leader.leader_epoch, 1 << 20, now=1)
     assert isinstance(follower, PendingRead)
     copied_ = read_all(follower)
