@@ -18,7 +18,8 @@ Rules this module keeps:
 - DescribeProducers: per partition, answered by the core that leads it (another core's or a
   follower's: NOT_LEADER_OR_FOLLOWER, as Kafka's non-leader): the idempotent producers it holds
   batches of (broker/core/producer_state.py), their epoch, last sequence and last batch's max
-  timestamp; coordinator epoch and transaction start -1 (no transactions). Read on the topic
+  timestamp, the coordinator epoch of its last transaction marker and the first offset of its
+  open transaction (-1 when none: Kafka's current_txn_start_offset). Read on the topic
   needed where ACLs are on (TOPIC_AUTHORIZATION_FAILED for its partitions).
 """
 
@@ -191,6 +192,7 @@ def describe_producers(ctx: Context, request: KafkaRequest, body: Any) -> Outcom
                         code, message = ErrorCode.not_leader_or_follower, f"partition {index} is on core {p}"
                     else:
                         p.check_leader()
+                        held = p.producers
                         producers = tuple(
                             make(
                                 module.ProducerState,
@@ -198,10 +200,10 @@ def describe_producers(ctx: Context, request: KafkaRequest, body: Any) -> Outcom
                                 producer_epoch=epoch,
                                 last_sequence=sequence,
                                 last_timestamp=timestamp,
-                                coordinator_epoch=-1,
-                                current_txn_start_offset=-1,
+                                coordinator_epoch=held.transaction_of(pid)[1],
+                                current_txn_start_offset=held.transaction_of(pid)[0],
                             )
-                            for pid, epoch, sequence, timestamp in p.producers.active()
+                            for pid, epoch, sequence, timestamp in held.active()
                         )
                 except Exception as exc:
                     code, message = kafka_error(exc)

@@ -15,8 +15,12 @@ Rules this module keeps:
   (`Wait`) on every partition of ours it names, and looks again when any of them grows (each
   look a fresh budget: a long poll answered later keeps the cap).
 - No fetch sessions: session id 0 (full fetches); an incremental one is
-  FETCH_SESSION_ID_NOT_FOUND, as Kafka answers a session it does not know. No transactions: the
-  last stable offset is the high watermark.
+  FETCH_SESSION_ID_NOT_FOUND, as Kafka answers a session it does not know.
+- read_committed (isolation_level 1) reads below the last stable offset
+  (`Isolation.LAST_STABLE`) and is told the aborted transactions its records overlap (producer
+  id, first offset), as Kafka's `ReplicaManager.readFromLog` and `UnifiedLog.read` do;
+  read_uncommitted is told none (null). Every partition answers its last stable offset (the
+  high watermark when no transaction is open or unreplicated).
 """
 
 from __future__ import annotations
@@ -48,8 +52,10 @@ FETCH_SESSION_INITIAL: Final = 0
 FETCH_SESSION_FINAL: Final = -1
 READ_COMMITTED: Final = 1  # Fetch isolation_level
 
-# (topic, index) -> (error, high watermark, log start, records as read)
-Results = dict[tuple[str, int], tuple[ErrorCode, int, int, Buffer]]
+# (topic, index) -> (error, high watermark, last stable offset, log start, aborted (producer id,
+# first offset) pairs, records as read)
+Results = dict[tuple[str, int], tuple[ErrorCode, int, int, int, tuple[tuple[int, int], ...], Buffer]]
+_FAILED: Final = (-1, -1, -1, (), b"")  # a partition's answer beside an error
 
 
 def fetch(ctx: Context, request: KafkaRequest, body: Any) -> Outcome:
@@ -75,6 +81,8 @@ def _fetch(ctx: Context, request: KafkaRequest, body: Any, deadline_ms: int, fin
     budget = ReadBudget(min(int(body.max_bytes), FETCH_RESPONSE_MAX))
     readable = 0
     failed = False
+    read_committed = int(getattr(body, "isolation_level", 0)) == READ_COMMITTED
+    isolation = Isolation.LAST_STABLE if read_committed else Isolation.HIGH_WATERMARK
     for topic in body.topics:
         indexes: list[int] = []
         order.append((topic.topic, indexes))
@@ -90,20 +98,26 @@ def _fetch(ctx: Context, request: KafkaRequest, body: Any, deadline_ms: int, fin
                     raise NotLeaderError(f"led by core {target}")
                 limit = budget.limit(min(int(fp.partition_max_bytes), FETCH_PARTITION_MAX))
                 epoch = int(getattr(fp, "current_leader_epoch", -1))
-                read = target.read(int(fp.fetch_offset), limit, Isolation.HIGH_WATERMARK, epoch)
+                read = target.read(int(fp.fetch_offset), limit, isolation, epoch)
                 read = budget.take(read, limit)
             except Exception as exc:
                 code, _ = kafka_error(exc)
-                results[key] = (code, -1, -1, b"")
+                results[key] = (code, *_FAILED)
                 failed = True
                 continue
             now = read.nothing()
-            results[key] = (ErrorCode.none, now.high_watermark, now.log_start_offset, b"")
+            results[key] = (
+                ErrorCode.none,
+                now.high_watermark,
+                now.last_stable_offset,
+                now.log_start_offset,
+                (),
+                b"",
+            )
             ours[target] = None
             if read.extent is not None:
                 readable += read.extent.length
                 parts.append(_read_part(key, read, results))
-    read_committed = int(getattr(body, "isolation_level", 0)) == READ_COMMITTED
 
     def reply() -> Reply:
         return _fetch_reply(request, order, results, read_committed)
@@ -140,11 +154,13 @@ def _read_part(key: tuple[str, int], read: PendingRead, results: Results) -> Rea
 
     def finish(data: Buffer) -> Reply:
         found = read.finish(data)
-        results[key] = (ErrorCode.none, found.high_watermark, found.log_start_offset, found.records)
+        aborted = tuple((a.producer_id, a.first_offset) for a in found.aborted)
+        high, stable, start = found.high_watermark, found.last_stable_offset, found.log_start_offset
+        results[key] = (ErrorCode.none, high, stable, start, aborted, found.records)
         return DONE
 
     def fail(exc: BaseException) -> Reply:
-        results[key] = (kafka_error(exc)[0], -1, -1, b"")
+        results[key] = (kafka_error(exc)[0], *_FAILED)
         return DONE
 
     return Read(read.extent, finish, fail)
@@ -156,15 +172,15 @@ def _fetch_reply(
     results: Results,
     read_committed: bool,
 ) -> Reply:
-    """The Fetch response (written by fast_encode.py). No transactions: the last stable offset
-    is the high watermark, and read_committed gets an empty aborted-transactions list
-    (read_uncommitted: null)."""
-    aborted = () if read_committed else None
+    """The Fetch response (written by fast_encode.py): read_committed gets each partition's
+    aborted transactions, empty when none (read_uncommitted: null)."""
     topics = []
     for name, indexes in order:
         partitions = []
         for i in indexes:
-            code, high, start, records = results[(name, i)]
-            partitions.append((i, int(code), high, high, start, aborted, records))
+            code, high, stable, start, aborted, records = results[(name, i)]
+            partitions.append(
+                (i, int(code), high, stable, start, aborted if read_committed else None, records)
+            )
         topics.append((name, partitions))
     return Reply(fetch_response(request.api_version, request.correlation_id, 0, 0, topics))

@@ -1,7 +1,9 @@
 """ListOffsets (api 2, v1-5): each partition through `Partition.list_offset_and_time`.
 
--1 is the high watermark, -2 the log start, a timestamp the first offset at or after it (-1 when
-none is); each partition answered on its own, with the leader's epoch. The timestamp answered is
+-1 is the high watermark (for isolation_level 1, read_committed: the last stable offset, as
+Kafka's `Partition.fetchOffsetForTimestamp`, which also finds no time's offset at or past it), -2
+the log start, a timestamp the first offset at or after it (-1 when none is); each partition
+answered on its own, with the leader's epoch. The timestamp answered is
 Kafka's: the found record's for a timestamp (the Java client's `offsetsForTimes` throws on a
 found offset with timestamp -1), -1 for latest and earliest and when nothing was found.
 """
@@ -15,13 +17,14 @@ from typing import Any, Final
 from kio.schema.errors import ErrorCode
 
 from broker.core.outcomes import Outcome, Reply
-from broker.core.partition import Partition
+from broker.core.partition import Isolation, Partition
 from broker.kafka.codec import KafkaRequest, encode_response, make, response_schema
 from broker.kafka.context import Context
 from broker.kafka.errors import NotLeaderError, kafka_error
 
 LIST_OFFSETS: Final = 2
 VERSIONS: Final = (1, 5)  # v6+ are flexible
+READ_COMMITTED: Final = 1  # isolation_level (v2+)
 
 
 def list_offsets(ctx: Context, request: KafkaRequest, body: Any) -> Outcome:
@@ -30,6 +33,8 @@ def list_offsets(ctx: Context, request: KafkaRequest, body: Any) -> Outcome:
     schema = response_schema(LIST_OFFSETS, request.api_version)
     assert schema is not None
     module = sys.modules[schema.__module__]
+    committed = int(getattr(body, "isolation_level", 0)) == READ_COMMITTED
+    isolation = Isolation.LAST_STABLE if committed else Isolation.HIGH_WATERMARK
     topics = []
     for topic in body.topics:
         partitions = []
@@ -44,7 +49,7 @@ def list_offsets(ctx: Context, request: KafkaRequest, body: Any) -> Outcome:
                 if not isinstance(target, Partition):
                     raise NotLeaderError(f"led by core {target}")
                 offset, timestamp = target.list_offset_and_time(
-                    spec, int(getattr(lp, "current_leader_epoch", -1))
+                    spec, int(getattr(lp, "current_leader_epoch", -1)), isolation
                 )
                 epoch = target.leader_epoch
             except Exception as exc:
