@@ -62,7 +62,10 @@ ISOLATE_S = 5.0
 ETCD_WATCH_S = 5.0  # the produce gap is measured over this long after the etcd leader dies
 ETCD_DOWN_S = 5.0  # an etcd outage shorter than the session lease
 ETCD_AFTER_S = 3.0  # acks watched this long after etcd is back
-ETCD_GAP_MAX_S = 1.0  # leaders keep serving while etcd is away: a gap is a stall, not a failover
+# Leaders keep serving while etcd is away: the gap is a stall, not a failover. Quiet runs show
+# 0.14-0.16 s and a node that fences itself 4.1-6.2 s; a machine loaded seven deep once showed
+# 1.01 s, so the bound sits between the two, not at the quiet figure.
+ETCD_GAP_MAX_S = 2.0
 FAILOVER_MAX_S = 10.0  # a bound that catches a stuck failover, not the goal (3 s, see CLUSTER.md)
 # A graceful stop's produce gap on the partitions it led: a bound that catches a stop that does not
 # move leaderships first (8-10 s before), not the goal (~0.1 s, docs/CLUSTER.md); a loaded 2-CPU
