@@ -623,19 +623,32 @@ class GroupCoordinator:
     # ------------------------------------------------------------------------- offsets
 
     def commit_check(
-        self, group_id: str, generation: int, member_id: str, instance_id: str | None = None
+        self,
+        group_id: str,
+        generation: int,
+        member_id: str,
+        instance_id: str | None = None,
+        transactional: bool = False,
     ) -> GroupCode:
         """Whether a commit by (generation, member) may be stored: any commit with generation
         -1 while the group has no members (a "simple" consumer's, or our protocol's); else a
-        member's of the current generation, not an old incarnation of a static one."""
+        member's of the current generation, not an old incarnation of a static one.
+
+        `transactional` (a TxnOffsetCommit, Kafka's validateOffsetCommit with isTransactional):
+        one naming no member (generation -1, no member or instance id: every v0-2 request, and
+        a producer not fed by a group member) is stored whatever the group's members; one naming
+        a member is checked as above (KIP-447's zombie fencing), but a group completing a
+        rebalance does not refuse it."""
         g = self.groups.get(group_id)
+        if transactional and generation < 0 and not member_id and instance_id is None:
+            return GroupCode.NONE
         if self._fenced(g, member_id, instance_id):
             return GroupCode.FENCED_INSTANCE_ID
         if g is None or not g.members:
             if generation < 0:
                 return GroupCode.NONE
             return GroupCode.ILLEGAL_GENERATION if g is None else GroupCode.UNKNOWN_MEMBER_ID
-        if g.state == GroupState.COMPLETING_REBALANCE:
+        if g.state == GroupState.COMPLETING_REBALANCE and not transactional:
             return GroupCode.REBALANCE_IN_PROGRESS
         m = g.members.get(member_id)
         if m is None:

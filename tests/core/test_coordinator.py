@@ -228,6 +228,27 @@ def test_commits_are_checked_against_the_generation(
     assert fresh.committed("g", 2, 0) == Committed(-1, "")  # a recreated topic has a new id
 
 
+def test_transactional_commits_are_checked_as_kafka_checks_them(
+    coord: GroupCoordinator, loop: FakeLoop
+) -> None:
+    """KIP-447: a TxnOffsetCommit naming a member is fenced as a commit is; one naming none
+    (TxnOffsetCommit v0-2) is stored whatever the group's members; a rebalance being completed
+    does not refuse one (Kafka's validateOffsetCommit with isTransactional)."""
+    ra, rb = stable_pair(coord, loop)
+    assert coord.commit_check("g", -1, "", transactional=True) == GroupCode.NONE
+    assert coord.commit_check("g", -1, "") == GroupCode.UNKNOWN_MEMBER_ID  # not so for a plain one
+    assert coord.commit_check("g", 1, rb.member_id, transactional=True) == GroupCode.NONE
+    assert coord.commit_check("g", 0, rb.member_id, transactional=True) == GroupCode.ILLEGAL_GENERATION
+    assert coord.commit_check("g", 1, "gone", transactional=True) == GroupCode.UNKNOWN_MEMBER_ID
+    assert coord.commit_check("g", -1, "gone", transactional=True) == GroupCode.UNKNOWN_MEMBER_ID
+    assert coord.commit_check("nobody", 3, "m", transactional=True) == GroupCode.ILLEGAL_GENERATION
+    join(coord, ra.member_id)  # a rebalance: its join completes at once (b must rejoin too)
+    join(coord, rb.member_id)
+    assert coord.groups["g"].state == GroupState.COMPLETING_REBALANCE
+    assert coord.commit_check("g", 2, rb.member_id) == GroupCode.REBALANCE_IN_PROGRESS
+    assert coord.commit_check("g", 2, rb.member_id, transactional=True) == GroupCode.NONE
+
+
 def test_close_answers_waiting_joins(coord: GroupCoordinator) -> None:
     a = join(coord)
     coord.close()
