@@ -684,6 +684,23 @@ class Core:
             result = exc
         done(result)
 
+    def complete_txn_offsets(
+        self, group: str, producer_id: int, commit: bool, done: Callable[[bool | BaseException], None]
+    ) -> None:
+        """A transaction marker's group target (Kafka's GroupCoordinator completeTransaction):
+        the producer's pending offsets in `group` committed or dropped (`offsets_run`: off the
+        loop where the store is etcd); `done(whether any were pending)` or `done(failure)`, which
+        the marker's sender retries. The caller routes the marker to the group's coordinator."""
+
+        def completed(result: bool | BaseException) -> None:
+            if result is True and commit:
+                self.coordinator.offsets_exist(group)  # it stays, Empty, as after any commit
+            done(result)
+
+        self.offsets_run(
+            lambda: self.coordinator.offsets.complete_pending(group, producer_id, commit), completed
+        )
+
     def with_offsets(self, call: Callable[[], T], reply: Callable[[T | BaseException], Reply]) -> Outcome:
         """The outcome that answers `reply(call())` (`offsets_run`): the reply itself when the
         store answered at once, else a `Later`."""

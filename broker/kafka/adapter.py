@@ -74,7 +74,7 @@ from broker.kafka.codec import (
     starts_like_kafka,
 )
 from broker.kafka.context import Context
-from broker.kafka.groups import GROUP_VERSIONS, KafkaGroups
+from broker.kafka.groups import GROUP_VERSIONS, NOT_ADVERTISED, KafkaGroups
 from broker.kafka.leader_epoch import (
     KIO_FROM,
     OFFSET_FOR_LEADER_EPOCH,
@@ -187,7 +187,10 @@ class KafkaAdapter:
             replicas.ALTER_PARTITION_REASSIGNMENTS: api(replicas.alter_partition_reassignments),
             replicas.LIST_PARTITION_REASSIGNMENTS: api(replicas.list_partition_reassignments),
         }
-        assert set(self._apis) == set(SUPPORTED_VERSIONS), "an api advertised without a handler"
+        # NOT_ADVERTISED: built, unreachable until listed in SUPPORTED_VERSIONS (groups.py says why)
+        assert set(self._apis) == set(SUPPORTED_VERSIONS) | set(NOT_ADVERTISED), (
+            "an api advertised without a handler"
+        )
 
     # ------------------------------------------------------------------------- what a backend asks
 

@@ -17,7 +17,7 @@ from kio.schema.errors import ErrorCode
 
 from broker.core.acks import InvalidAcksError
 from broker.core.errors import error_of
-from broker.core.groups import OffsetsUnavailable
+from broker.core.groups import OffsetsUnavailable, StaleProducerEpoch
 from broker.core.outcomes import Reply
 from broker.core.partition import RecordDeletionRefused
 from broker.core.producer_ids import ProducerIdsUnavailable
@@ -83,7 +83,7 @@ def kafka_error(exc: BaseException) -> tuple[ErrorCode, str]:
         return ErrorCode.not_leader_or_follower, str(exc)
     if isinstance(exc, TopicNotAuthorized):
         return ErrorCode.topic_authorization_failed, str(exc)
-    if isinstance(exc, FencedEpochError):
+    if isinstance(exc, FencedEpochError | StaleProducerEpoch):
         return ErrorCode.invalid_producer_epoch, str(exc)
     if isinstance(exc, UnknownProducerError):
         return ErrorCode.unknown_producer_id, str(exc)

@@ -57,10 +57,11 @@ LEAVE_GROUP: Final = 13
 SYNC_GROUP: Final = 14
 DESCRIBE_GROUPS: Final = 15
 LIST_GROUPS: Final = 16
+TXN_OFFSET_COMMIT: Final = 28
 # api key -> (lowest, highest) version answered; every higher version is flexible
 GROUP_VERSIONS: Final[dict[int, tuple[int, int]]] = {
     OFFSET_COMMIT: (2, 7),  # v0-1 (ZooKeeper-era commits, per-partition timestamps): not answered
-    OFFSET_FETCH: (1, 5),  # v0: ZooKeeper-stored offsets
+    OFFSET_FETCH: (1, 7),  # v0: ZooKeeper-stored offsets; v6+ flexible, v7 require_stable
     FIND_COORDINATOR: (0, 2),
     JOIN_GROUP: (0, 5),
     HEARTBEAT: (0, 3),
@@ -68,6 +69,14 @@ GROUP_VERSIONS: Final[dict[int, tuple[int, int]]] = {
     SYNC_GROUP: (0, 3),
     DESCRIBE_GROUPS: (0, 4),
     LIST_GROUPS: (0, 2),
+}
+# Handlers built but not yet advertised (api key -> the versions they answer): the adapter has
+# them in its table, but only SUPPORTED_VERSIONS reaches a handler, so the wire still refuses
+# them. TxnOffsetCommit's pending offsets need the transaction coordinator's markers to ever
+# complete: the step that wires that coordinator moves this entry into GROUP_VERSIONS (with
+# its ACL rule in authorize.py: read on the group and its topics, write on the transactional id).
+NOT_ADVERTISED: Final[dict[int, tuple[int, int]]] = {
+    TXN_OFFSET_COMMIT: (0, 4),  # v3+ flexible, with KIP-447's member fields; v5 is TV2's
 }
 KEY_TYPE_GROUP: Final = 0
 AUTHORIZED_OPERATIONS_OMITTED: Final = -(2**31)  # Kafka's "not asked for"
@@ -97,6 +106,7 @@ class KafkaGroups:
             LEAVE_GROUP: self._leave_group,
             OFFSET_COMMIT: self._offset_commit,
             OFFSET_FETCH: self._offset_fetch,
+            TXN_OFFSET_COMMIT: self._txn_offset_commit,
             DESCRIBE_GROUPS: self._describe_groups,
             LIST_GROUPS: self._list_groups,
         }
@@ -301,7 +311,71 @@ class KafkaGroups:
         stored as it came, negative or past the partition's high watermark: Kafka's coordinator
         (OffsetMetadataManager) checks only the metadata's length (OFFSET_METADATA_TOO_LARGE for
         that partition), never the log."""
+        group = str(body.group_id)
+        store = self.coordinator.offsets
+
+        def check() -> GroupCode:
+            return self.coordinator.commit_check(
+                group,
+                int(body.generation_id_or_member_epoch),
+                body.member_id,
+                getattr(body, "group_instance_id", None),
+            )
+
+        return self._commit(
+            request,
+            body,
+            "OffsetCommitResponse",
+            check,
+            lambda offsets, live: store.commit(group, offsets, live),
+        )
+
+    def _txn_offset_commit(self, request: KafkaRequest, body: Any) -> Outcome:
+        """A transaction's offsets, kept pending for its producer id in the group's store (durably
+        before the answer) until its marker makes them committed or drops them
+        (broker/core/groups.py), as Kafka's GroupCoordinator handleTxnCommitOffsets. v3+ name
+        the member they were consumed as: checked as a commit is (KIP-447: a zombie of an old
+        generation is ILLEGAL_GENERATION, an old static incarnation FENCED_INSTANCE_ID), but one
+        naming no member (v0-2, or generation -1 and no ids) is stored whatever the group's
+        members. An epoch older than the producer's pending one is INVALID_PRODUCER_EPOCH.
+
+        Answered here but not advertised (not in GROUP_VERSIONS: see NOT_ADVERTISED) until the
+        transaction coordinator that sends the markers is wired."""
+        group = str(body.group_id)
+        store = self.coordinator.offsets
+        producer_id, producer_epoch = int(body.producer_id), int(body.producer_epoch)
+
+        def check() -> GroupCode:
+            return self.coordinator.commit_check(
+                group,
+                int(getattr(body, "generation_id", -1)),
+                getattr(body, "member_id", ""),
+                getattr(body, "group_instance_id", None),
+                transactional=True,
+            )
+
+        return self._commit(
+            request,
+            body,
+            "TxnOffsetCommitResponse",
+            check,
+            lambda offsets, live: store.commit_pending(group, producer_id, producer_epoch, offsets, live),
+        )
+
+    def _commit(
+        self,
+        request: KafkaRequest,
+        body: Any,
+        response_name: str,
+        check: Callable[[], GroupCode],
+        store: Callable[[dict[PartitionId, Committed], Callable[[int], bool]], None],
+    ) -> Outcome:
+        """OffsetCommit's and TxnOffsetCommit's common course: each partition checked (known
+        topic, metadata length), the group's coordinator and id, then `check` (the group's rule)
+        and `store` (one durable write, off the loop where the store is etcd)."""
         schema, module = self._schema(request)
+        topic_schema = getattr(module, f"{response_name}Topic")
+        partition_schema = getattr(module, f"{response_name}Partition")
         group = str(body.group_id)
         codes: dict[tuple[str, int], ErrorCode] = {}
         offsets: dict[tuple[int, int], Committed] = {}
@@ -340,11 +414,11 @@ class KafkaGroups:
                 self.core.metrics.error()
             topics = tuple(
                 make(
-                    module.OffsetCommitResponseTopic,
+                    topic_schema,
                     name=t.name,
                     partitions=tuple(
                         make(
-                            module.OffsetCommitResponsePartition,
+                            partition_schema,
                             partition_index=p.partition_index,
                             error_code=codes[(t.name, int(p.partition_index))],
                         )
@@ -362,12 +436,7 @@ class KafkaGroups:
             # Kafka's coordinator stores any offset: it never compares one with the log's end
             # (docs/KAFKA.md, "Committed offsets")
             try:
-                code = self.coordinator.commit_check(
-                    group,
-                    int(body.generation_id_or_member_epoch),
-                    body.member_id,
-                    getattr(body, "group_instance_id", None),
-                )
+                code = check()
             except Exception as exc:
                 answer(respond(kafka_error(exc)[0]))
                 return
@@ -384,7 +453,7 @@ class KafkaGroups:
                 self.coordinator.offsets_exist(group)  # it stays, Empty, once its members leave
                 answer(respond(None))
 
-            self.core.offsets_run(lambda: self.coordinator.offsets.commit(group, offsets, live), stored)
+            self.core.offsets_run(lambda: store(offsets, live), stored)
 
         return Later(start)
 
@@ -402,23 +471,35 @@ class KafkaGroups:
         if not (self._answers_offsets(group) and group):
             return self._offset_fetch_reply(request, body, None)
         store = self.coordinator.offsets
-        return self.core.with_offsets(
-            lambda: dict(store.offsets(group)), lambda found: self._offset_fetch_reply(request, body, found)
-        )
+        require_stable = bool(getattr(body, "require_stable", False))
+
+        def read() -> tuple[dict[PartitionId, Committed], set[PartitionId]]:
+            doc = store.load_doc(group)  # one read (one etcd call) for both
+            unstable = {k for txn in doc.pending.values() for k in txn.offsets} if require_stable else set()
+            return dict(doc.offsets), unstable
+
+        return self.core.with_offsets(read, lambda found: self._offset_fetch_reply(request, body, found))
 
     def _offset_fetch_reply(
-        self, request: KafkaRequest, body: Any, found: Mapping[PartitionId, Committed] | BaseException | None
+        self,
+        request: KafkaRequest,
+        body: Any,
+        found: tuple[Mapping[PartitionId, Committed], set[PartitionId]] | BaseException | None,
     ) -> Reply:
-        """`found`: the group's offsets, the store's failure, or None (not this group's
-        coordinator, or no group id)."""
+        """`found`: the group's offsets and the partitions whose offsets are unstable (pending in
+        a transaction, asked with v7's require_stable), the store's failure, or None (not this
+        group's coordinator, or no group id). An unstable partition is answered offset -1 and
+        UNSTABLE_OFFSET_COMMIT (retriable: the client asks again once the transaction's marker
+        came), as Kafka's GroupMetadataManager getOffsets."""
         schema, module = self._schema(request)
         group = str(body.group_id)
         mine = self._answers_offsets(group)
         wanted: list[tuple[str, list[int]]]
         committed: dict[tuple[str, int], Committed] = {}
         failed = kafka_error(found)[0] if isinstance(found, BaseException) else None
+        unstable: set[tuple[str, int]] = set()
         if mine and group and found is not None and not isinstance(found, BaseException):
-            offsets = found
+            offsets, pending = found
             if offsets and self._mine(group):
                 self.coordinator.offsets_exist(group)
             if body.topics is None:  # v2+: every offset of the group whose topic still exists
@@ -439,6 +520,8 @@ class KafkaGroups:
                         topic_id = self._topic_id(name, index)
                         if topic_id is not None:
                             committed[(name, index)] = offsets.get((topic_id, index), NOTHING_COMMITTED)
+            by_id = self.core.registry.by_id  # after the lookups above refreshed it
+            unstable = {(by_id[tid].name, index) for tid, index in pending if tid in by_id}
         else:
             wanted = [(t.name, [int(i) for i in t.partition_indexes]) for t in body.topics or ()]
         top = (failed or ErrorCode.none) if mine else ErrorCode.not_coordinator
@@ -454,10 +537,14 @@ class KafkaGroups:
                     make(
                         module.OffsetFetchResponsePartition,
                         partition_index=i,
-                        committed_offset=committed.get((name, i), Committed(-1, "")).offset,
+                        committed_offset=-1
+                        if (name, i) in unstable
+                        else committed.get((name, i), Committed(-1, "")).offset,
                         committed_leader_epoch=-1,
-                        metadata=committed.get((name, i), Committed(-1, "")).metadata,
-                        error_code=part_error,
+                        metadata=""
+                        if (name, i) in unstable
+                        else committed.get((name, i), Committed(-1, "")).metadata,
+                        error_code=ErrorCode.unstable_offset_commit if (name, i) in unstable else part_error,
                     )
                     for i in indexes
                 ),

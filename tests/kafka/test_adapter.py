@@ -155,7 +155,7 @@ def test_api_versions_lists_only_what_is_answered(adapter: KafkaAdapter, version
         22: (0, 4),
         23: (0, 3),
         8: (2, 7),
-        9: (1, 5),
+        9: (1, 7),
         10: (0, 2),
         11: (0, 5),
         12: (0, 3),

@@ -124,7 +124,7 @@ def test_kafka_commits_are_stored_as_kafkas_coordinator_stores_them(broker: Brok
     for version, group in ((2, "neg2"), (7, "neg7")):
         port = broker.core_ports[coordinator_for(group, broker.cores)]  # the group's coordinator core
         assert commit(port, version, group, "k", {0: -5, 1: 3}) == [ErrorCode.none, ErrorCode.none]
-        for fetch_version in (1, 5):
+        for fetch_version in (1, 5, 6, 7):  # v6+ flexible, v7 with require_stable (no txn: the same)
             assert fetch(port, fetch_version, group, "k", [0, 1, 2]) == {0: -5, 1: 3, 2: -1}
     # what Kafka's coordinator does check: metadata over offset.metadata.max.bytes (4096), per
     # partition; the others of the request are stored
