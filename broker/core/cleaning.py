@@ -16,6 +16,9 @@ Rules this module keeps:
 - A partition that closes (its topic deleted, the core stopping) cancels its clean in flight:
   the thread stops at its next read or write and removes its files; a result that comes back for
   a log that changed meanwhile is discarded, never installed (`install` checks).
+- A clean takes no more than the partition's last stable offset, and its plan the partition's
+  aborted transactions and producers' last markers; once swapped in, the partition's aborted
+  list keeps only the entries of the markers each cleaned segment kept (broker/storage/cleaner.py).
 - The offset map (the dedupe buffer, `--log-cleaner-dedupe-buffer-size`) is the clean's process's
   memory, a fixed amount while a clean runs, none between cleans.
 """
@@ -109,7 +112,7 @@ class LogCleaning:
             if not log_.config.compacts or log_.closed:
                 continue
             try:
-                d = log_cleaning.assess(log_, self.checkpoint(p), now, p.high_watermark)
+                d = log_cleaning.assess(log_, self.checkpoint(p), now, p.high_watermark, p.last_stable_offset)
             except Exception as exc:
                 log.warning("%s: cannot tell how dirty it is: %s", log_.directory, exc)
                 continue
@@ -121,7 +124,9 @@ class LogCleaning:
         if best is None:
             return False
         _, p, d = best
-        planned = log_cleaning.plan(p.log, d, now, p.producers.last_offsets())
+        planned = log_cleaning.plan(
+            p.log, d, now, p.producers.last_offsets(), p.producers.last_markers(), p.aborted.entries()
+        )
         if planned is None:
             return False
         assert d.reason is not None
@@ -145,6 +150,8 @@ class LogCleaning:
             log.info("%s: clean discarded: the log changed while it ran", p.directory)
             self._next()
             return
+        for group in result.groups:
+            p.aborted.replace_between(group.base_offset, group.replaces[-1].next_offset, group.aborted)
         self.cleans += 1
         self.last_stats = s = result.stats
         cp = self.checkpoint(p)

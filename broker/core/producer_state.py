@@ -383,6 +383,12 @@ class ProducerState:
                 out[pid] = base + last - first
         return out
 
+    def last_markers(self) -> dict[int, int]:
+        """Producer id -> the offset of its last marker, for every producer held that has one:
+        markers the log cleaner keeps, so that `rebuild` finds each producer's epoch and
+        coordinator epoch where the marker set them (broker/storage/cleaner.py)."""
+        return {pid: p.marker_offset for pid, p in self._producers.items() if p.marker_offset >= 0}
+
     def expire(self, start_offset: int) -> None:
         """Retention deleted the log below `start_offset`: forget the batches it took, and a
         producer with nothing left (no batch, no marker, no open transaction), so the state is

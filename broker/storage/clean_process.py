@@ -45,6 +45,7 @@ from broker.storage.fileio import SyncFileIO
 from broker.storage.layout import CLEANED_SUFFIX
 from broker.storage.offset_map import OffsetMap
 from broker.storage.throttle import CleanCancelled, Throttle
+from broker.storage.txn_index import AbortedTxn
 
 NICE = 10  # the child's niceness: about a tenth of the CPU the loop gets when both want it
 PR_SET_PDEATHSIG = 1
@@ -106,6 +107,8 @@ def _remove_cleaned(directory: str) -> None:
 def plan_to_json(plan: CleanPlan) -> dict[str, Any]:
     doc = asdict(plan)
     doc["producers_last"] = [[pid, offset] for pid, offset in plan.producers_last.items()]
+    doc["markers_last"] = [[pid, offset] for pid, offset in plan.markers_last.items()]
+    doc["aborted"] = [list(entry) for entry in plan.aborted]
     return doc
 
 
@@ -119,6 +122,8 @@ def plan_from_json(doc: dict[str, Any]) -> CleanPlan:
         delete_retention_ms=doc["delete_retention_ms"],
         segment_bytes=doc["segment_bytes"],
         producers_last={pid: offset for pid, offset in doc["producers_last"]},
+        markers_last={pid: offset for pid, offset in doc["markers_last"]},
+        aborted=tuple(AbortedTxn(*entry) for entry in doc["aborted"]),
     )
 
 
@@ -134,6 +139,7 @@ def result_from_json(doc: dict[str, Any]) -> CleanResult:
             g["size"],
             g["store_path"],
             g["index_path"],
+            tuple(AbortedTxn(*entry) for entry in g["aborted"]),
         )
         for g in doc["groups"]
     ]

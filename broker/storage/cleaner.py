@@ -30,12 +30,24 @@ Rules this module keeps:
   keeps a checkpoint file for it, ringlog rebuilds it from batches) and the first and last
   batches of each group (so a cleaned segment starts at its name, as every segment does, and
   ends where the segments it replaces ended: recovery finds the range a `.swap` file replaces
-  from its last offset). Control batches are kept as they are:
-  no transaction is ever stored here (produce refuses transactional batches), so none can be
-  known to be finished; Kafka drops a marker only once its transaction's records are gone.
+  from its last offset).
+- Transactions (Kafka's `CleanedTransactionMetadata`, `isBatchRetained` and `shouldDiscardBatch`):
+  the cleanable range ends at or below the last stable offset (log_cleaning.py), so every
+  transactional batch cleaned belongs to a transaction that ended; the plan lists the aborted
+  ones (`CleanPlan.aborted`, from the partition's aborted-transaction index), and the others
+  committed. Records of an aborted transaction go whatever their key, and never enter the offset
+  map (an aborted record must not hide the committed one of its key). A marker stays whole while
+  any batch of its transaction stays (even emptied: the open walk then still finds the
+  transaction, and its end); once none does, the first clean that finds it so gives it a delete
+  horizon (`now + delete_retention_ms`, KIP-534, as tombstones get) and a clean after the horizon
+  drops it. A marker that must stay where a data batch would be emptied (the producer's last
+  marker, `CleanPlan.markers_last`, so that its epoch and coordinator epoch survive the walk, or
+  a boundary batch) stays whole instead: the walk reads a marker's kind from its record.
 - Files: each group is written as `<base>.log.cleaned` and `<base>.index.cleaned` (an index of
   the batches written, each keeping the append time of the batch it came from: retention and
-  the compaction lags read those), both fdatasync'd. Nothing else is touched here: committing
+  the compaction lags read those), both fdatasync'd. Each group also names the aborted
+  transactions whose markers it keeps (`CleanedGroup.aborted`): the partition's index keeps
+  only those of its range once the group is swapped in. Nothing else is touched here: committing
   them (`.swap`) and swapping them in happens on the loop (log_cleaning.py), and recovery
   removes `.cleaned` files left by a crash. A failure or a cancel removes this clean's files.
 - Every byte read and written goes through the `Throttle` (the I/O cap, the loop's turns).
@@ -47,6 +59,7 @@ import contextlib
 import logging
 import os
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -62,7 +75,15 @@ from broker.storage.index import (
 from broker.storage.layout import CLEANED_SUFFIX, cleaning_name, index_file_name, store_file_name
 from broker.storage.offset_map import OffsetMap
 from broker.storage.throttle import Throttle
-from ringlog_proto.batch import CONTROL_BIT, HEADER_SIZE, NO_PRODUCER_ID, BatchHeader, read_header
+from broker.storage.txn_index import AbortedTxn
+from ringlog_proto.batch import (
+    CONTROL_BIT,
+    HEADER_SIZE,
+    NO_PRODUCER_ID,
+    TRANSACTIONAL_BIT,
+    BatchHeader,
+    read_header,
+)
 from ringlog_proto.batch_compact import emptied, rebuilt, records_of
 
 log = logging.getLogger(__name__)
@@ -118,6 +139,10 @@ class CleanPlan:
     segment_bytes: int
     # producer id -> last offset of its last batch, for every producer the partition holds
     producers_last: dict[int, int] = field(default_factory=dict)
+    # producer id -> offset of its last marker, for every producer the partition holds one of
+    markers_last: dict[int, int] = field(default_factory=dict)
+    # the aborted transactions whose markers are in the log and that began below `upto`
+    aborted: tuple[AbortedTxn, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +154,7 @@ class CleanedGroup:
     size: int
     store_path: str  # its `.cleaned` store file
     index_path: str  # its `.cleaned` index file
+    aborted: tuple[AbortedTxn, ...] = ()  # the aborted transactions whose markers it keeps
 
 
 @dataclass(slots=True)
@@ -220,13 +246,55 @@ class _Reader:
             self.io.close(fd)
 
 
+class _Transactions:
+    """The transactions of a clean's batches, met in log order (module rules; Kafka's
+    `CleanedTransactionMetadata`): whether a transactional batch is of an aborted one, and
+    where the first batch of each that stays is, for its marker."""
+
+    def __init__(self, aborted: tuple[AbortedTxn, ...]) -> None:
+        self._aborted: dict[int, deque[AbortedTxn]] = {}
+        for entry in sorted(aborted, key=lambda e: e.last_offset):
+            self._aborted.setdefault(entry.producer_id, deque()).append(entry)
+        self._first_kept: dict[int, int] = {}  # producer id -> first offset kept of its open txn (-1: none)
+
+    def _current(self, pid: int, offset: int) -> AbortedTxn | None:
+        """The producer's first aborted transaction whose marker is at or after `offset`."""
+        entries = self._aborted.get(pid)
+        while entries and entries[0].last_offset < offset:
+            entries.popleft()
+        return entries[0] if entries else None
+
+    def aborted(self, h: BatchHeader) -> bool:
+        """Whether the transactional data batch `h` is of an aborted transaction."""
+        entry = self._current(h.producer_id, h.base_offset)
+        return entry is not None and entry.first_offset <= h.base_offset
+
+    def batch(self, h: BatchHeader, kept: bool) -> None:
+        first = self._first_kept.setdefault(h.producer_id, -1)
+        if kept and first < 0:
+            self._first_kept[h.producer_id] = h.base_offset
+
+    def marker(self, h: BatchHeader) -> tuple[int, AbortedTxn | None]:
+        """The marker `h` ends its producer's transaction: the first offset of it that stays
+        (-1: none), and its entry if it was aborted."""
+        first = self._first_kept.pop(h.producer_id, -1)
+        entry = self._current(h.producer_id, h.base_offset)
+        return first, entry if entry is not None and entry.last_offset == h.base_offset else None
+
+
+def _txn_data(h: BatchHeader) -> bool:
+    return bool(h.attributes & TRANSACTIONAL_BIT) and h.producer_id != NO_PRODUCER_ID
+
+
 def build_map(
     plan: CleanPlan, offset_map: OffsetMap, io: FileIO, throttle: Throttle, stats: CleanStats
 ) -> int:
-    """Fill `offset_map` with the latest offset of each key of the dirty section; returns where
-    the section it covers ends (`plan.upto`, or the first record that did not fit)."""
+    """Fill `offset_map` with the latest offset of each key of the dirty section (aborted
+    transactions' records left out); returns where the section it covers ends (`plan.upto`, or
+    the first record that did not fit)."""
     offset_map.clear()
     start, upto = plan.dirty_from, plan.upto
+    txns = _Transactions(plan.aborted)
     for seg in plan.segments:
         if seg.next_offset <= start:
             continue
@@ -235,6 +303,8 @@ def build_map(
                 continue
             if h.base_offset >= upto:
                 return upto
+            if _txn_data(h) and txns.aborted(h):
+                continue
             _, records = records_of(data, h)
             for r in records:
                 if r.key is None or not start <= r.offset < upto:
@@ -353,35 +423,55 @@ def clean(
     writers: list[_GroupWriter] = []
     groups: list[CleanedGroup] = []
     prev_epoch: int | None = None
+    txns = _Transactions(plan.aborted)
     try:
         for group in groups_by_size(todo, plan.segment_bytes):
             writer = _GroupWriter(io, plan.directory, group[0].base_offset, throttle, stats)
             writers.append(writer)
             last = group[-1]
+            kept_aborted: list[AbortedTxn] = []
             for seg in group:
                 for data, h, append_ms in _Reader(io, seg, throttle, stats).batches():
                     epoch_start = h.partition_leader_epoch != prev_epoch
                     prev_epoch = h.partition_leader_epoch
-                    out, horizon = _filtered(data, h, plan, offset_map, cleaned_to, horizon_new, stats)
-                    if horizon is not None and (next_horizon is None or horizon < next_horizon):
-                        next_horizon = horizon
-                    if out is None and (
+                    must_stay = (
                         epoch_start
                         or (seg is group[0] and h.base_offset == seg.base_offset)
                         or (seg is last and h.next_offset == seg.next_offset)
-                        or (
-                            h.producer_id != NO_PRODUCER_ID
-                            and plan.producers_last.get(h.producer_id) == h.last_offset
+                    )
+                    pid = h.producer_id
+                    if h.attributes & CONTROL_BIT and pid != NO_PRODUCER_ID:
+                        first_kept, entry = txns.marker(h)
+                        must_stay = must_stay or plan.markers_last.get(pid) == h.base_offset
+                        out, horizon = _marker(data, h, first_kept >= 0, must_stay, now, horizon_new, stats)
+                        if out is not None and entry is not None and first_kept >= 0:
+                            kept_aborted.append(entry._replace(first_offset=first_kept))
+                    else:
+                        aborted = _txn_data(h) and txns.aborted(h)
+                        out, horizon = _filtered(
+                            data, h, plan, offset_map, cleaned_to, horizon_new, stats, aborted
                         )
-                    ):
-                        out = emptied(h)
+                        if out is None and (
+                            must_stay
+                            or (pid != NO_PRODUCER_ID and plan.producers_last.get(pid) == h.last_offset)
+                        ):
+                            out = emptied(h)
+                        if _txn_data(h):
+                            txns.batch(h, out is not None)
+                    if horizon is not None and (next_horizon is None or horizon < next_horizon):
+                        next_horizon = horizon
                     if out is not None:
                         writer.add(out, h, append_ms)
             writer.finish(steps)
             writer.close()
             groups.append(
                 CleanedGroup(
-                    writer.base_offset, tuple(group), writer.position, writer.store_path, writer.index_path
+                    writer.base_offset,
+                    tuple(group),
+                    writer.position,
+                    writer.store_path,
+                    writer.index_path,
+                    tuple(kept_aborted),
                 )
             )
     except BaseException:
@@ -402,13 +492,16 @@ def _filtered(
     cleaned_to: int,
     horizon_new: int,
     stats: CleanStats,
+    aborted: bool = False,
 ) -> tuple[bytes | None, int | None]:
     """The batch as it is written back (None: no record stays) and the delete horizon of the
-    tombstones it keeps (None: it keeps none)."""
+    tombstones it keeps (None: it keeps none). `aborted`: it is of an aborted transaction."""
     stats.records_read += h.record_count
+    if aborted:
+        return None, None  # whatever the keys (module rules)
     if h.attributes & CONTROL_BIT or h.base_offset >= cleaned_to:
         stats.records_kept += h.record_count
-        return data, None  # kept whole: a marker (module rules), or past what the map covers
+        return data, None  # kept whole: a control batch of no producer, or past what the map covers
     if not h.record_count:
         return None, None  # an empty batch: kept only where the caller says it must be
     section, records = records_of(data, h)
@@ -440,3 +533,35 @@ def _filtered(
     if len(kept) == len(records):
         return data, horizon if tombstones else None  # as it is, crc and all
     return rebuilt(h, section, kept, None), horizon if tombstones else None
+
+
+def _marker(
+    data: bytes,
+    h: BatchHeader,
+    txn_stays: bool,
+    must_stay: bool,
+    now: int,
+    horizon_new: int,
+    stats: CleanStats,
+) -> tuple[bytes | None, int | None]:
+    """A marker as it is written back (None: it goes) and its delete horizon if one is still
+    ahead (module rules; Kafka's `shouldDiscardBatch` for control batches, with KIP-534's
+    horizon). `txn_stays`: a batch of its transaction stays."""
+    stats.records_read += h.record_count
+    horizon = h.delete_horizon_ms
+    if txn_stays:
+        out: bytes | None = data
+        horizon = None
+    elif not h.record_count:
+        out = data if must_stay else None  # already emptied: nothing left for a reader
+        horizon = None
+    elif horizon is None:
+        section, records = records_of(data, h)
+        out, horizon = rebuilt(h, section, records, horizon_new), horizon_new
+    elif now >= horizon:
+        out, horizon = (data if must_stay else None), None
+    else:
+        out = data
+    if out is not None:
+        stats.records_kept += h.record_count
+    return out, horizon

@@ -7,13 +7,16 @@ Rules this module keeps:
   what `plan` saw and what `install` finds can be compared without a lock.
 - Cleanable are the closed segments (never the active one, nor one that appends in flight still
   write) from the log start up to the first that holds an offset at or past the high watermark
-  (Kafka cleans only what every in-sync replica has) or a batch younger than the min compaction
-  lag. The dirty section starts where the last clean ended (the checkpoint, `cleaned_to`), or at
-  the log start when the checkpoint is out of the log. Its share of the cleanable bytes is the
-  dirty ratio; a log is cleaned when the ratio is above `min_cleanable_dirty_ratio`, or when the
-  first dirty batch is older than `max_compaction_lag_ms` (KIP-354), or when a tombstone's delete
-  horizon has come (KIP-534), as Kafka's LogCleanerManager decides. Ages are the broker's append
-  times of the batches (in the index), as retention's are; Kafka reads the records' timestamps.
+  (Kafka cleans only what every in-sync replica has) or the last stable offset (Kafka's first
+  unstable offset: a transaction still open, or whose end is not replicated, is not cleaned, so
+  every transactional batch cleaned is of a transaction known to have committed or aborted), or a
+  batch younger than the min compaction lag. The dirty section starts where the last clean ended
+  (the checkpoint, `cleaned_to`), or at the log start when the checkpoint is out of the log. Its
+  share of the cleanable bytes is the dirty ratio; a log is cleaned when the ratio is above
+  `min_cleanable_dirty_ratio`, or when the first dirty batch is older than `max_compaction_lag_ms`
+  (KIP-354), or when a tombstone's delete horizon has come (KIP-534), as Kafka's LogCleanerManager
+  decides. Ages are the broker's append times of the batches (in the index), as retention's are;
+  Kafka reads the records' timestamps.
 - `install` changes the log only if every segment the clean read is still there as it was (not
   deleted by retention, truncated by a follower, or replaced): otherwise the clean's files are
   removed and nothing happens. It then swaps in the order recovery relies on
@@ -33,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from broker.storage import layout
@@ -41,6 +45,7 @@ from broker.storage.durable_file import load_json, replace_json
 from broker.storage.fileio import FileIO
 from broker.storage.log import Log
 from broker.storage.segment import Segment
+from broker.storage.txn_index import AbortedTxn
 
 log = logging.getLogger(__name__)
 
@@ -89,8 +94,17 @@ class Dirtiness:
         return self.dirty_bytes / total if total else 0.0
 
 
-def assess(log_: Log, checkpoint: CleanerCheckpoint, now_ms: int, high_watermark: int) -> Dirtiness:
-    """How dirty `log_` is (module rules); changes nothing."""
+def assess(
+    log_: Log,
+    checkpoint: CleanerCheckpoint,
+    now_ms: int,
+    high_watermark: int,
+    last_stable_offset: int | None = None,
+) -> Dirtiness:
+    """How dirty `log_` is (module rules); changes nothing. `last_stable_offset`: None when the
+    partition holds no transaction (the high watermark then)."""
+    if last_stable_offset is not None:
+        high_watermark = min(high_watermark, last_stable_offset)
     cfg = log_.config
     start = log_.start_offset
     dirty_from = checkpoint.cleaned_to
@@ -138,10 +152,19 @@ class Planned:
     segments: tuple[Segment, ...]
 
 
-def plan(log_: Log, dirtiness: Dirtiness, now_ms: int, producers_last: dict[int, int]) -> Planned | None:
+def plan(
+    log_: Log,
+    dirtiness: Dirtiness,
+    now_ms: int,
+    producers_last: dict[int, int],
+    markers_last: dict[int, int] | None = None,
+    aborted: Iterable[AbortedTxn] = (),
+) -> Planned | None:
     """The plan of a clean of `dirtiness` (from `assess`, this turn), or None when there is
     nothing to take. The index entries of its segments are written first (a closed segment's
-    index is written lazily), so that the cleaner finds them all in the files."""
+    index is written lazily), so that the cleaner finds them all in the files. `markers_last`:
+    each producer's last marker; `aborted`: the partition's aborted transactions (those begun
+    in the cleanable range go into the plan)."""
     if not dirtiness.segments:
         return None
     try:
@@ -163,6 +186,8 @@ def plan(log_: Log, dirtiness: Dirtiness, now_ms: int, producers_last: dict[int,
         delete_retention_ms=cfg.delete_retention_ms,
         segment_bytes=cfg.segment_bytes,
         producers_last=dict(producers_last),
+        markers_last=dict(markers_last or {}),
+        aborted=tuple(entry for entry in aborted if entry.first_offset < dirtiness.upto),
     )
     return Planned(clean_plan, dirtiness.segments)
 

@@ -68,6 +68,19 @@ class TxnIndex:
         """The entries whose marker is in [low, high): a segment's share."""
         return self._entries[bisect.bisect_left(self._lasts, low) : bisect.bisect_left(self._lasts, high)]
 
+    def entries(self) -> list[AbortedTxn]:
+        return list(self._entries)
+
+    def replace_between(
+        self, low: int, high: int, entries: tuple[AbortedTxn, ...] | list[AbortedTxn]
+    ) -> None:
+        """The log's batches in [low, high) were rewritten (a clean): their markers' entries
+        are now `entries` (in marker order, all in that range)."""
+        i, j = bisect.bisect_left(self._lasts, low), bisect.bisect_left(self._lasts, high)
+        assert all(low <= e.last_offset < high for e in entries), (low, high, entries)
+        self._entries[i:j] = entries
+        self._lasts[i:j] = [e.last_offset for e in entries]
+
     def expire(self, start_offset: int) -> None:
         """The log now starts at `start_offset`: entries whose marker went, go."""
         cut = bisect.bisect_left(self._lasts, start_offset)

@@ -10,6 +10,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from txn_kit import Writer, committed_view
+
 from broker.core.cleaning import LogCleaning
 from broker.core.partition import Partition
 from broker.storage.cleaner import CleanerConfig
@@ -17,6 +19,7 @@ from broker.storage.diskspace import DiskSpace
 from broker.storage.fileio import run_ops
 from broker.storage.log import LogConfig
 from broker.storage.log_cleaning import load_checkpoint
+from broker.storage.txn_index import AbortedTxn
 from ringlog_proto.batch import Record, decode_batches, encode_batch
 
 T0 = 1_700_000_000_000
@@ -168,3 +171,37 @@ def test_a_truncation_below_the_checkpoint_brings_it_down(tmp_path: Path) -> Non
     blocking.run()  # the checkpoint saved
     assert load_checkpoint(p.directory).cleaned_to == end
     p.close()
+
+
+def test_transactions_through_the_cores_cleaner(tmp_path: Path) -> None:
+    """The core's cleaner cleans only below the last stable offset, drops the aborted records
+    (the plan carries the partition's aborted list to the clean's process) and keeps the
+    partition's aborted list in step with the markers the clean kept."""
+    space = DiskSpace(str(tmp_path), 0)
+    config = replace(COMPACT, segment_bytes=700, max_batch_bytes=700, min_cleanable_dirty_ratio=0.0)
+    p = Partition(1, 0, str(tmp_path / "p"), config)
+    w = Writer(p, space)
+    w.plain(b"a", b"first")  # 0
+    w.txn(7, b"a", False)  # 1: aborted
+    w.txn(8, b"b", False)  # 2: committed, its batch stays (the producer's last)
+    w.end(7, False)  # 3
+    w.end(8, True)  # 4
+    w.txn(7, b"c", False)  # 5: aborted, its batch stays (the producer's last, emptied)
+    w.end(7, False)  # 6
+    w.plain(b"d", b"x" * 600)  # 7: rolls
+    w.txn(9, b"a", False)  # 8: open
+    w.plain(b"d", b"y" * 600)  # 9: rolls
+    assert [e.last_offset for e in p.aborted.entries()] == [3, 6] and p.last_stable_offset == 8
+    before = committed_view(p)
+    blocking = Blocking()
+    cleaning = LogCleaning(CleanerConfig(dedupe_buffer_bytes=1 << 16), lambda: [p], blocking)
+    assert cleaning.tick()
+    assert blocking.run() == 1 and cleaning.cleans == 1
+    assert [e.last_offset for e in p.aborted.entries()] == [6], "1's transaction is gone, 5's stays"
+    assert p.log.segments[1].base_offset == 7, "the open transaction's segment is not cleaned"
+    assert committed_view(p) == before
+    p.close()
+    again = Partition(1, 0, str(tmp_path / "p"), config)
+    assert again.aborted.entries() == [AbortedTxn(7, 5, 6, 7)], "the walk finds what the clean kept"
+    assert committed_view(again) == before and again.producers.ongoing() == {9: 8}
+    again.close()

@@ -1,8 +1,9 @@
 """Transactional batches and transaction markers (control batches) in a log, written through the
 storage layer as a follower's copy writes them (`prepare_copy`): stored checks take both, so
-reads serve them, recovery after a kill keeps them, the cleaner keeps markers whole, a topic's
-codec leaves them as written and `broker dump` shows them as markers. A produce (`validate`)
-never takes a marker and takes a transactional batch only when its caller allows it."""
+reads serve them, recovery after a kill keeps them, the cleaner keeps whole the markers whose
+transactions left a batch, a topic's codec leaves them as written and `broker dump` shows them
+as markers. A produce (`validate`) never takes a marker and takes a transactional batch only
+when its caller allows it."""
 
 from __future__ import annotations
 
