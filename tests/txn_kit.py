@@ -5,14 +5,17 @@ consumer ends with."""
 
 from __future__ import annotations
 
+import os
 import struct
+from pathlib import Path
 
 from crc32c import crc32c
 
 from broker.core.partition import Isolation, Partition, PendingProduce, PendingRead, ReadAnswer
 from broker.storage.diskspace import DiskSpace
 from broker.storage.fileio import SyncFileIO, run_ops
-from broker.storage.txn_index import AbortedTxn
+from broker.storage.layout import TXN_INDEX_SUFFIX
+from broker.storage.txn_index import AbortedTxn, MarkerEntry, decode_txn_file
 from ringlog_proto.batch import CRC_START, Record, decode_records, encode_batch, iter_batches
 from ringlog_proto.batch_control import control_of
 from ringlog_proto.batch_header import TRANSACTIONAL_BIT
@@ -114,3 +117,37 @@ def committed_view(p: Partition) -> tuple[dict[bytes, bytes], set[bytes]]:
             offset = h.next_offset
         offset = max(offset, h.next_offset)
     return view, seen
+
+
+def store_markers(p: Partition) -> dict[int, list[MarkerEntry]]:
+    """Each segment's markers, read from its store: the truth a `.txnindex` must match."""
+    out = {}
+    for seg in p.log.segments:
+        with open(seg.store_path, "rb") as f:
+            data = f.read(seg.size)
+        found = []
+        for pos, h in iter_batches(data):
+            if h.control:
+                c = control_of(data, pos)
+                found.append(MarkerEntry(h.base_offset, c.coordinator_epoch, c.type))
+        out[seg.base_offset] = found
+    return out
+
+
+def files(directory: Path) -> dict[int, bytes]:
+    return {
+        int(n.split(".")[0]): (directory / n).read_bytes()
+        for n in os.listdir(directory)
+        if n.endswith(TXN_INDEX_SUFFIX)
+    }
+
+
+def check_files(p: Partition, directory: Path) -> int:
+    """Every `.txnindex` present describes its segment and holds its markers; returns how many."""
+    truth = store_markers(p)
+    segs = {s.base_offset: s for s in p.log.segments}
+    found = files(directory)
+    for base, data in found.items():
+        seg = segs[base]
+        assert decode_txn_file(data, base, seg.next_offset, seg.size) == truth[base], base
+    return len(found)

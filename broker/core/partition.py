@@ -207,7 +207,7 @@ class PendingProduce:
         are is `stored()`, known before (the reply is made from it)."""
         p = self._partition
         pending = self.pending
-        p.log.complete_append(pending)
+        p.log.complete_append(pending, self._controls)
         # Stored and visible from here: a failure of what follows (a bug) must not make the
         # produce an error answer, which its producer would resend.
         try:
@@ -258,7 +258,7 @@ class PendingReplicaAppend:
         follower that becomes leader must know its producers). Returns the new log end."""
         p = self._partition
         headers: list[BatchHeader] = self.pending.headers
-        p.log.complete_append(self.pending)
+        p.log.complete_append(self.pending, self._controls)
         completed = p.producers.stored(headers, self._controls)
         if completed:
             p.transactions_completed(completed)

@@ -45,7 +45,7 @@ from broker.storage.fileio import SyncFileIO
 from broker.storage.layout import CLEANED_SUFFIX
 from broker.storage.offset_map import OffsetMap
 from broker.storage.throttle import CleanCancelled, Throttle
-from broker.storage.txn_index import AbortedTxn
+from broker.storage.txn_index import AbortedTxn, MarkerEntry
 
 NICE = 10  # the child's niceness: about a tenth of the CPU the loop gets when both want it
 PR_SET_PDEATHSIG = 1
@@ -140,6 +140,7 @@ def result_from_json(doc: dict[str, Any]) -> CleanResult:
             g["store_path"],
             g["index_path"],
             tuple(AbortedTxn(*entry) for entry in g["aborted"]),
+            None if g["markers"] is None else tuple(MarkerEntry(*m) for m in g["markers"]),
         )
         for g in doc["groups"]
     ]

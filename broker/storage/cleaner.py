@@ -43,13 +43,14 @@ Rules this module keeps:
   drops it. A marker that must stay where a data batch would be emptied (the producer's last
   marker, `CleanPlan.markers_last`, so that its epoch and coordinator epoch survive the walk, or
   a boundary batch) stays whole instead: the walk reads a marker's kind from its record.
-- Files: each group is written as `<base>.log.cleaned` and `<base>.index.cleaned` (an index of
-  the batches written, each keeping the append time of the batch it came from: retention and
-  the compaction lags read those), both fdatasync'd. Each group also names the aborted
-  transactions whose markers it keeps (`CleanedGroup.aborted`): the partition's index keeps
-  only those of its range once the group is swapped in. Nothing else is touched here: committing
-  them (`.swap`) and swapping them in happens on the loop (log_cleaning.py), and recovery
-  removes `.cleaned` files left by a crash. A failure or a cancel removes this clean's files.
+- Files: each group is written as `<base>.log.cleaned` and `<base>.index.cleaned` (an index of the
+  batches written, each keeping the append time of the batch it came from: retention and the
+  compaction lags read those), both fdatasync'd. Each group also names the aborted transactions
+  whose markers it keeps (`CleanedGroup.aborted`): the partition's index keeps only those of its
+  range once the group is swapped in; and every marker it keeps (`CleanedGroup.markers`), which
+  `install` writes as the new segment's `.txnindex`. Nothing else is touched here: committing them
+  (`.swap`) and swapping them in happens on the loop (log_cleaning.py), and recovery removes
+  `.cleaned` files left by a crash. A failure or a cancel removes this clean's files.
 - Every byte read and written goes through the `Throttle` (the I/O cap, the loop's turns).
 """
 
@@ -75,7 +76,7 @@ from broker.storage.index import (
 from broker.storage.layout import CLEANED_SUFFIX, cleaning_name, index_file_name, store_file_name
 from broker.storage.offset_map import OffsetMap
 from broker.storage.throttle import Throttle
-from broker.storage.txn_index import AbortedTxn
+from broker.storage.txn_index import AbortedTxn, MarkerEntry
 from ringlog_proto.batch import (
     CONTROL_BIT,
     HEADER_SIZE,
@@ -85,6 +86,8 @@ from ringlog_proto.batch import (
     read_header,
 )
 from ringlog_proto.batch_compact import emptied, rebuilt, records_of
+from ringlog_proto.batch_control import control_of
+from ringlog_proto.record import BatchError
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +158,7 @@ class CleanedGroup:
     store_path: str  # its `.cleaned` store file
     index_path: str  # its `.cleaned` index file
     aborted: tuple[AbortedTxn, ...] = ()  # the aborted transactions whose markers it keeps
+    markers: tuple[MarkerEntry, ...] | None = None  # every marker it keeps (None: one did not read)
 
 
 @dataclass(slots=True)
@@ -430,6 +434,7 @@ def clean(
             writers.append(writer)
             last = group[-1]
             kept_aborted: list[AbortedTxn] = []
+            markers: list[MarkerEntry] | None = []
             for seg in group:
                 for data, h, append_ms in _Reader(io, seg, throttle, stats).batches():
                     epoch_start = h.partition_leader_epoch != prev_epoch
@@ -462,6 +467,14 @@ def clean(
                         next_horizon = horizon
                     if out is not None:
                         writer.add(out, h, append_ms)
+                        if h.attributes & CONTROL_BIT and markers is not None:
+                            try:
+                                control = control_of(out, verify=False)
+                                markers.append(
+                                    MarkerEntry(h.base_offset, control.coordinator_epoch, control.type)
+                                )
+                            except BatchError:
+                                markers = None
             writer.finish(steps)
             writer.close()
             groups.append(
@@ -472,6 +485,7 @@ def clean(
                     writer.store_path,
                     writer.index_path,
                     tuple(kept_aborted),
+                    None if markers is None else tuple(markers),
                 )
             )
     except BaseException:

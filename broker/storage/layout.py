@@ -29,6 +29,8 @@ The layout:
           <partition>/            decimal, no padding: one partition's log
             00000000000000000042.log    a segment's store, named by its base offset (20 digits)
             00000000000000000042.index  its index
+            00000000000000000042.txnindex  a closed segment's transaction markers, a cache
+                                        (broker/storage/txn_index.py)
             00000000000000000042.log.cleaned   a segment the log cleaner is writing (and .index.cleaned):
                                         removed at open, never read (broker/storage/cleaner.py)
             00000000000000000042.log.swap      a cleaned segment committed to replace the segments
@@ -70,6 +72,7 @@ GROUP_FILE_SUFFIX: Final = ".json"
 GROUP_NAME_HEX: Final = 32  # hex digits of the group id's sha256 in its file name
 STORE_SUFFIX: Final = ".log"
 INDEX_SUFFIX: Final = ".index"
+TXN_INDEX_SUFFIX: Final = ".txnindex"
 CLEANED_SUFFIX: Final = ".cleaned"  # after a segment file's name: being written by the log cleaner
 SWAP_SUFFIX: Final = ".swap"  # after a segment file's name: a clean committed, its swap not done
 CLEANER_CHECKPOINT_FILE: Final = "cleaner-checkpoint.json"
@@ -182,6 +185,10 @@ def store_file_name(base_offset: int) -> str:
 
 def index_file_name(base_offset: int) -> str:
     return segment_name(base_offset) + INDEX_SUFFIX
+
+
+def txn_index_file_name(base_offset: int) -> str:
+    return segment_name(base_offset) + TXN_INDEX_SUFFIX
 
 
 def cleaner_checkpoint_path(partition_directory: str) -> str:

@@ -48,7 +48,7 @@ import contextlib
 import logging
 import os
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 
 from broker.storage import log_reads, log_recovery, log_start, recompression, validation
@@ -71,6 +71,7 @@ from broker.storage.log_config import SEGMENT_BYTES_MAX, LogConfig
 from broker.storage.log_reads import ReadResult
 from broker.storage.preallocation import Preallocation
 from broker.storage.segment import Extent, Segment
+from broker.storage.txn_index import MarkerEntry
 from ringlog_proto.batch import STORED_LEADER_EPOCH, BatchHeader, now_ms, rebased, stamped
 from ringlog_proto.batch_control import ControlRecord
 
@@ -563,8 +564,12 @@ class Log:
         self._reserved_size = 0
         self._dir_unsynced = True
 
-    def complete_append(self, pending: PendingAppend) -> None:
-        """The pending append's writes all succeeded: make its batches visible."""
+    def complete_append(
+        self, pending: PendingAppend, markers: Mapping[int, ControlRecord] | None = None
+    ) -> None:
+        """The pending append's writes all succeeded: make its batches visible. `markers`: what
+        its control batches say, by base offset, for the segment's `.txnindex` (a control batch
+        not in it leaves its segment's markers unknown, for the open walk to read)."""
         assert self._pending and self._pending[0] is pending, "appends complete in the order prepared"
         self._pending.popleft()
         seg = pending.segment
@@ -572,6 +577,14 @@ class Log:
         for h in pending.headers:
             seg.add_batch(position, h, pending.append_ms)
             position += h.size
+            if h.control:
+                record = None if markers is None else markers.get(h.base_offset)
+                seg.add_marker(
+                    h.base_offset,
+                    None
+                    if record is None
+                    else MarkerEntry(h.base_offset, record.coordinator_epoch, record.type),
+                )
         if pending.index_persisted >= 0:
             seg.index.persisted_count = max(seg.index.persisted_count, pending.index_persisted)
         self._unsynced[seg] = None
@@ -598,6 +611,9 @@ class Log:
                 seg.delete()
                 self._dir_unsynced = True
             self._track_active()
+            if pending.segment.txn_index_written:  # active again: its file would go stale
+                with contextlib.suppress(OSError):
+                    pending.segment.drop_txn_index()
             pending.segment.truncate_to_size(pending.position)
         except OSError as exc:
             self._broken = f"could not undo a failed write: {exc}"
@@ -651,6 +667,8 @@ class Log:
                 # yet written (appends that were in flight when it rolled) are written now: a
                 # small write to the page cache.
                 seg.write_index()
+                if seg not in self._draining and seg.write_txn_index():
+                    ops.append(SyncFile(seg.txn_index_path))  # written at its roll, synced with it
                 if seg.synced_size < seg.size:
                     ops.append(SyncFile(seg.store_path))
                 sync_index = seg.index_synced_count < len(index)
@@ -793,6 +811,16 @@ class Log:
         transactions are open and which were aborted."""
         self.check_usable()
         yield from log_reads.batches_and_markers(self.segments, self.io, from_offset)
+        # The closed segments whose markers the walk read: their `.txnindex` spares the next open
+        # those reads (a cache: not synced; a torn file is ignored).
+        for seg in self.segments[:-1]:
+            if seg not in self._draining:
+                try:
+                    seg.write_txn_index()
+                except OSError as exc:
+                    log.warning(
+                        "%s: not written (%s); the next open reads the markers", seg.txn_index_path, exc
+                    )
 
     # ------------------------------------------------------------------------- truncate / retention
 

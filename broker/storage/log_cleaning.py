@@ -25,7 +25,9 @@ Rules this module keeps:
   directory synced; then per group the replaced segments after the first removed, the `.swap`
   index then store renamed over the first's files, and the new segment opened in their place. A
   failure half way leaves the log refusing work until it is reopened, where recovery completes
-  the swap (or, before the commit, removes it).
+  the swap (or, before the commit, removes it). The replaced segments' `.txnindex` files go
+  before the commit and each new segment's is written once it is in place (a cache: missing, the
+  next open reads its markers).
 - The checkpoint (`cleaner-checkpoint.json` in the partition's directory) says where the dirty
   section starts and when the next delete horizon comes. It is a hint: lost or behind, the next
   clean rewrites more than it needed to, never less.
@@ -244,6 +246,16 @@ def install(log_: Log, planned: Planned, result: CleanResult, steps: Steps = no_
     def swap_name(name: str) -> str:
         return os.path.join(directory, layout.cleaning_name(name, layout.SWAP_SUFFIX))
 
+    # The `.txnindex` files of the segments replaced go before the commit: a cache, whose absence
+    # only makes the next open read those markers; none left can be taken for the new segment's.
+    for old in olds:
+        for seg in old:
+            try:
+                seg.drop_txn_index()
+            except OSError as exc:
+                log.warning("%s: not removed (%s); the clean is not installed", seg.txn_index_path, exc)
+                discard(result, io)
+                return False
     renamed = 0
     try:
         for group in result.groups:
@@ -293,6 +305,12 @@ def install(log_: Log, planned: Planned, result: CleanResult, steps: Steps = no_
             steps("store-renamed")
             new = Segment.open(directory, base, io, log_.cache, active=False, now_ms=planned.plan.now_ms)
             log_.replace_segments(old, new)
+            if group.markers is not None and new.markers is None:
+                new.markers = {m.offset: m for m in group.markers}
+                try:
+                    new.write_txn_index()  # a cache: a crash before it is an open walk's reads
+                except OSError as exc:
+                    log.warning("%s: not written (%s)", new.txn_index_path, exc)
     except Exception as exc:
         log_.mark_broken(f"swapping in a cleaned segment failed ({exc}); the next open completes it")
         return False

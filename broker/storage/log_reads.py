@@ -20,6 +20,7 @@ from typing import NamedTuple
 from broker.storage.errors import CorruptBatchError
 from broker.storage.fileio import Buffer, FileIO
 from broker.storage.segment import Extent, Segment
+from broker.storage.txn_index import MarkerEntry
 from ringlog_proto.batch import (
     COMPRESSION_GZIP,
     COMPRESSION_NONE,
@@ -137,15 +138,29 @@ def batches_and_markers(
             continue
         index = seg.index
         start = max(index.find_offset(from_offset - seg.base_offset), 0)
+        known = seg.markers  # from its `.txnindex`, or kept since its appends
+        # The markers read here become the segment's when the walk covers all of it.
+        found: dict[int, MarkerEntry] | None = {} if known is None and start == 0 else None
         for i in range(start, len(index)):
             position = index.position(i)
             h = read_header(io.pread(seg.store_fd, HEADER_SIZE, position))
             control = None
             if h.control:
-                try:
-                    control = control_of(io.pread(seg.store_fd, h.size, position))
-                except BatchError as exc:
-                    log.error(
-                        "%s at %d: a control batch that is no marker: %s", seg.store_path, position, exc
-                    )
+                entry = None if known is None else known.get(h.base_offset)
+                if entry is not None:
+                    control = ControlRecord(entry.type, entry.coordinator_epoch)
+                else:
+                    try:
+                        control = control_of(io.pread(seg.store_fd, h.size, position))
+                    except BatchError as exc:
+                        log.error(
+                            "%s at %d: a control batch that is no marker: %s", seg.store_path, position, exc
+                        )
+                        found = None
+                    if found is not None and control is not None:
+                        found[h.base_offset] = MarkerEntry(
+                            h.base_offset, control.coordinator_epoch, control.type
+                        )
             yield h, control
+        if found is not None and seg.markers is None:
+            seg.markers = found

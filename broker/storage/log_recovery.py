@@ -13,9 +13,9 @@ Rules this module keeps:
   `.swap` (every index first, then every store), so it is committed once no `.cleaned` file is
   left. A `.cleaned` file therefore means a clean that was not committed: it and every `.swap`
   file go. Otherwise each `.log.swap` is completed: every segment whose base offset lies in its
-  range is removed, then its `.swap` files take their final names. So a crash at any point of a
-  clean leaves the old segments or all the new ones, never a mix (broker/storage/log_cleaning.py
-  does the steps in that order).
+  range is removed (with its `.txnindex`), then its `.swap` files take their final names. So a
+  crash at any point of a clean leaves the old segments or all the new ones, never a mix
+  (broker/storage/log_cleaning.py does the steps in that order).
 """
 
 from __future__ import annotations
@@ -31,11 +31,13 @@ from broker.storage.layout import (
     INDEX_SUFFIX,
     STORE_SUFFIX,
     SWAP_SUFFIX,
+    TXN_INDEX_SUFFIX,
     cleaning_name,
     index_file_name,
     parse_cleaning_name,
     parse_segment_name,
     store_file_name,
+    txn_index_file_name,
 )
 from broker.storage.segment import SCAN_CHUNK_BYTES, Segment
 from ringlog_proto.batch import HEADER_SIZE, invalid_stored_header, read_header
@@ -66,6 +68,11 @@ def segment_bases(directory: str, io: FileIO) -> list[int]:
         orphan = os.path.join(directory, index_file_name(base))
         log.warning("%s: index without a store file; removing it", orphan)
         io.unlink(orphan)
+    for name in io.listdir(directory):
+        stem, _, suffix = name.partition(".")
+        if "." + suffix == TXN_INDEX_SUFFIX and stem.isdigit() and int(stem) not in stores:
+            log.warning("%s: a .txnindex without a store file; removing it", name)
+            _unlink_missing_ok(io, os.path.join(directory, name))
     return sorted(stores)
 
 
@@ -123,6 +130,8 @@ def finish_swaps(directory: str, io: FileIO) -> None:
                 log.info("%s: replaced by the cleaned segment %d; removing it", store_file_name(other), base)
                 _unlink_missing_ok(io, os.path.join(directory, store_file_name(other)))
                 _unlink_missing_ok(io, os.path.join(directory, index_file_name(other)))
+                _unlink_missing_ok(io, os.path.join(directory, txn_index_file_name(other)))
+        _unlink_missing_ok(io, os.path.join(directory, txn_index_file_name(base)))  # the replaced first's
         if INDEX_SUFFIX in suffixes:
             io.rename(index_swap, os.path.join(directory, index_file_name(base)))
         io.rename(store_swap, os.path.join(directory, store_file_name(base)))

@@ -42,7 +42,8 @@ from broker.storage.index import (
     invalid_header,
     parse_entries,
 )
-from broker.storage.layout import index_file_name, store_file_name
+from broker.storage.layout import index_file_name, store_file_name, txn_index_file_name
+from broker.storage.txn_index import MarkerEntry, decode_txn_file, encode_txn_file
 from ringlog_proto.batch import (
     HEADER_SIZE,
     BatchHeader,
@@ -123,6 +124,11 @@ class Segment:
         self.synced_size = 0  # store bytes known to be on disk (fdatasync done)
         self.index_synced_count = 0  # index entries known to be on disk
         self._mapping: memoryview | None = None  # the store mapped by `mapped`, until the files close
+        self.txn_index_path = os.path.join(directory, txn_index_file_name(base_offset))
+        # Its markers by offset, when every one is known (None: not known, the walk reads them);
+        # `txn_index_written`: the `.txnindex` file holds them as they are.
+        self.markers: dict[int, MarkerEntry] | None = None
+        self.txn_index_written = False
 
     # ----------------------------------------------------------------------------- descriptors
 
@@ -253,6 +259,7 @@ class Segment:
         seg._store_fd, seg._index_fd = fds
         seg._pins = 1
         seg._index = SegmentIndex()
+        seg.markers = {}
         return seg
 
     @classmethod
@@ -286,7 +293,59 @@ class Segment:
         if not active:
             seg._pins = 0
             seg.close_files()
+            seg._load_txn_index()
         return seg
+
+    def _load_txn_index(self) -> None:
+        """The markers from the `.txnindex` file, if it is there and describes this segment as it
+        is (txn_index.py's file form); else they stay unknown, for the walk."""
+        try:
+            fd = self.io.open(self.txn_index_path, create=False)
+        except FileNotFoundError:
+            return
+        try:
+            data = self.io.pread(fd, self.io.size(fd), 0)
+        finally:
+            self.io.close(fd)
+        found = decode_txn_file(data, self.base_offset, self.next_offset, self.size)
+        if isinstance(found, str):
+            log.warning("%s: %s; the open walk reads the markers", self.txn_index_path, found)
+            return
+        self.markers = {m.offset: m for m in found}
+        self.txn_index_written = True
+
+    def write_txn_index(self) -> bool:
+        """Write the `.txnindex` file of this closed segment if its markers are known and not in
+        it yet (whole: a few bytes a marker). Returns whether it wrote (the caller syncs it, or
+        leaves it a cache that a torn write only makes ignored)."""
+        if self.markers is None or self.txn_index_written or self._gone:
+            return False
+        data = encode_txn_file(
+            self.base_offset, self.next_offset, self.size, [self.markers[o] for o in sorted(self.markers)]
+        )
+        fd = self.io.open(self.txn_index_path, create=True)
+        try:
+            self.io.ftruncate(fd, 0)
+            run_write(self.io, Write(fd, (data,), 0, len(data)))
+        finally:
+            self.io.close(fd)
+        self.txn_index_written = True
+        return True
+
+    def drop_txn_index(self) -> None:
+        """The segment changes (truncation) or goes: its `.txnindex` file no longer describes it."""
+        self.txn_index_written = False
+        with contextlib.suppress(FileNotFoundError):
+            self.io.unlink(self.txn_index_path)
+
+    def add_marker(self, offset: int, marker: MarkerEntry | None) -> None:
+        """A control batch was appended at `offset`: what it says, or None when the appender
+        did not say (its markers are then unknown until a walk reads them)."""
+        if self.markers is not None:
+            if marker is None:
+                self.markers = None
+            else:
+                self.markers[offset] = marker
 
     def close(self) -> None:
         """Write unpersisted index entries and close both files (once no pin holds them). No
@@ -318,6 +377,7 @@ class Segment:
         self._retire()
         self.io.unlink(self.store_path)
         self.io.unlink(self.index_path)
+        self.drop_txn_index()
 
     # ----------------------------------------------------------------------------- index
 
@@ -607,6 +667,9 @@ class Segment:
             return self.next_offset
         position = index.position(keep)
         new_next = self.base_offset + index.relative_offset(keep)
+        self.drop_txn_index()  # before the store changes: a file left would describe the old one
+        if self.markers is not None:
+            self.markers = {o: m for o, m in self.markers.items() if o < new_next}
         index.truncate(keep)
         self.truncate_to_size(position)
         # Cut the file to the entries it really holds: never extend it over entries not written yet.

@@ -15,13 +15,18 @@ Rules this module keeps:
   offset reaches the bound (every transaction begun below the bound had ended by then); here
   the same stop applies to one list, searched from the first marker at or after the fetch.
 - Kafka keeps these entries per segment, in `<base>.txnindex`; `entries_between` gives a
-  segment's share of them (the markers in its offset range), for that file.
+  segment's share of them (the markers in its offset range). Ringlog's `.txnindex` (the file
+  form below) caches each closed segment's markers instead, from which the open walk rebuilds
+  these entries without reading the markers' records.
 """
 
 from __future__ import annotations
 
 import bisect
+import struct
 from typing import NamedTuple
+
+from crc32c import crc32c
 
 
 class AbortedTxn(NamedTuple):
@@ -91,3 +96,67 @@ class TxnIndex:
         """The log now ends at `end_offset`: entries whose marker went, go."""
         cut = bisect.bisect_left(self._lasts, end_offset)
         del self._entries[cut:], self._lasts[cut:]
+
+
+# ----------------------------------------------------------------------------- the file form
+#
+# `<base>.txnindex` beside a closed segment's `.log` and `.index`: every marker the segment holds
+# (offset, kind, coordinator epoch), so that the open walk learns them without reading each
+# marker's record (a second pread per marker). Kafka's `.txnindex` holds the aborted
+# transactions alone, because its producer-state snapshot carries the rest; ringlog has no
+# snapshot, and the walk needs every marker (a commit ends a transaction and sets its producer's
+# coordinator epoch too), the aborted list following from the walk. It is a cache under the
+# `.index`'s rules: a header naming the segment it describes (base offset, next offset, store
+# size) with its crc, then one entry per marker with its own crc; a file that does not match its
+# segment, or any entry that does not check, is ignored whole and the walk reads the markers.
+
+TXN_FILE_MAGIC = b"RLTX"
+TXN_FILE_VERSION = 1
+_TXN_HEADER = struct.Struct(">4sHxxqqq")  # magic, version, base offset, next offset, store size
+TXN_HEADER_SIZE = _TXN_HEADER.size + 4  # and its crc32c
+_TXN_ENTRY = struct.Struct(">qih")  # marker offset, coordinator epoch, control type
+TXN_ENTRY_SIZE = _TXN_ENTRY.size + 4  # and its crc32c
+
+
+class MarkerEntry(NamedTuple):
+    """A marker of a segment, as its `.txnindex` keeps it."""
+
+    offset: int
+    coordinator_epoch: int
+    type: int  # Kafka's control type: 0 ABORT, 1 COMMIT
+
+
+def encode_txn_file(base_offset: int, next_offset: int, store_size: int, markers: list[MarkerEntry]) -> bytes:
+    header = _TXN_HEADER.pack(TXN_FILE_MAGIC, TXN_FILE_VERSION, base_offset, next_offset, store_size)
+    parts = [header, struct.pack(">I", crc32c(header))]
+    for m in markers:
+        entry = _TXN_ENTRY.pack(m.offset, m.coordinator_epoch, m.type)
+        parts += (entry, struct.pack(">I", crc32c(entry)))
+    return b"".join(parts)
+
+
+def decode_txn_file(
+    data: bytes, base_offset: int, next_offset: int, store_size: int
+) -> list[MarkerEntry] | str:
+    """The markers of a `.txnindex` file describing the segment (`base_offset`, `next_offset`,
+    `store_size`), or why it cannot be trusted."""
+    if len(data) < TXN_HEADER_SIZE or (len(data) - TXN_HEADER_SIZE) % TXN_ENTRY_SIZE:
+        return f"{len(data)} bytes: not a whole header and entries"
+    header = data[: _TXN_HEADER.size]
+    if crc32c(header) != struct.unpack_from(">I", data, _TXN_HEADER.size)[0]:
+        return "header crc mismatch"
+    magic, version, base, end, size = _TXN_HEADER.unpack(header)
+    if magic != TXN_FILE_MAGIC or version != TXN_FILE_VERSION:
+        return f"magic {magic!r} version {version}"
+    if (base, end, size) != (base_offset, next_offset, store_size):
+        return f"describes offsets {base}..{end} in {size} bytes, not the segment's"
+    out: list[MarkerEntry] = []
+    for pos in range(TXN_HEADER_SIZE, len(data), TXN_ENTRY_SIZE):
+        entry = data[pos : pos + _TXN_ENTRY.size]
+        if crc32c(entry) != struct.unpack_from(">I", data, pos + _TXN_ENTRY.size)[0]:
+            return f"entry at byte {pos}: crc mismatch"
+        m = MarkerEntry(*_TXN_ENTRY.unpack(entry))
+        if not (base_offset <= m.offset < next_offset) or (out and m.offset <= out[-1].offset):
+            return f"entry at byte {pos}: offset {m.offset} out of order or range"
+        out.append(m)
+    return out

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from txn_kit import IO, KEYS, PIDS, Writer, committed_view
+from txn_kit import IO, KEYS, PIDS, Writer, check_files, committed_view
 
 from broker.core.partition import Partition
 from broker.storage import log_cleaning
@@ -228,6 +228,7 @@ def crash_at(directory: Path, step: str, occurrence: int, now: int) -> bool:
 def served(directory: Path) -> tuple[tuple, bytes]:
     p = Partition(1, 0, str(directory), CONFIG)
     try:
+        check_files(p, directory)  # every `.txnindex` left describes its segment as it is
         return state(p), everything(p)
     finally:
         p.close()
