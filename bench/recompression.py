@@ -32,7 +32,7 @@ from benchlib import code_version, table
 
 from broker.storage.log import Log, LogConfig
 from ringlog_proto.batch import CODEC_NAMES, HEADER_SIZE, encode_batch, read_header, seal_batch
-from ringlog_proto.compression import compress_stored
+from ringlog_proto.compression import compress
 
 PAIRS = [
     ("gzip", "zstd"),
@@ -69,7 +69,7 @@ def batch(codec: int, rng: random.Random, kib: int) -> bytes:
     if not codec:
         return plain
     h = read_header(plain)
-    section = compress_stored(plain[HEADER_SIZE:], codec)
+    section = compress(plain[HEADER_SIZE:], codec)
     return seal_batch(section, h.record_count, h.base_timestamp, h.max_timestamp, attributes=codec)
 
 

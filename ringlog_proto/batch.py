@@ -9,8 +9,8 @@ module re-exports (code imports them from ringlog_proto.batch):
 - batch_control.py: control batches, the commit and abort markers of transactions;
 - batch_checks.py: the records walk, the check of produced batches and the scan of stored ones,
   with their C twins in native._records;
-- compression.py: the record section's codecs, gzip for clients and every codec bounded for the
-  broker;
+- compression.py: the record section's codecs, every one Kafka has, for clients and broker alike
+  (and bounded, for the broker's check of produced batches);
 - batch_recompress.py: a produced batch rewritten in its topic's codec (compression.type), and
   batch_compact.py: the batches the log cleaner writes (both imported from their modules);
 - varint.py and record.py: the varints, `Record`, `Header` and `BatchError`, which both record

@@ -35,7 +35,7 @@ from ringlog_proto.batch_header import (
     BatchHeader,
     sealed,
 )
-from ringlog_proto.compression import compress_stored, decompress_stored
+from ringlog_proto.compression import compress, decompress
 from ringlog_proto.record import BatchError
 from ringlog_proto.varint import read_varint, zigzag_varint
 
@@ -61,7 +61,7 @@ def records_of(batch: bytes | memoryview, h: BatchHeader) -> tuple[bytes, list[C
     section = bytes(memoryview(batch)[HEADER_SIZE : h.size])
     codec = h.attributes & COMPRESSION_MASK
     if codec:
-        section = decompress_stored(section, codec)
+        section = decompress(section, codec)
     out: list[CleanedRecord] = []
     p = 0
     end = len(section)
@@ -116,7 +116,7 @@ def rebuilt(
     records = b"".join(parts)
     codec = attributes & COMPRESSION_MASK
     if codec:
-        records = compress_stored(records, codec)
+        records = compress(records, codec)
     return sealed(h, attributes, first_ts, h.max_timestamp, len(kept), records)
 
 

@@ -1,8 +1,8 @@
 """A batch into records, for clients: the whole batches of a fetched record set (`iter_batches`)
 and their records (`decode_records`, `decode_rows`, `decode_batches`, which skips control
-batches: batch_control.py reads those), crc checked and gzip
-inflated. In C through records_codec.py when native._codec is built (once the walk says the
-section frames), else the Python decode here, which fails on the same batches.
+batches: batch_control.py reads those), crc checked and inflated (every codec Kafka has:
+ringlog_proto/compression.py). In C through records_codec.py when native._codec is built (once
+the walk says the section frames), else the Python decode here, which fails on the same batches.
 """
 
 from __future__ import annotations
@@ -272,7 +272,8 @@ def decode_records(buf: bytes | bytearray | memoryview, pos: int = 0, verify: bo
     """Decode every record of the batch at `pos`, with absolute offsets and timestamps.
 
     `verify` checks the crc first: a client must never hand corrupted bytes to an application.
-    A compressed batch is decompressed first (gzip; other codecs raise a BatchError naming them).
+    A compressed batch is inflated first, whatever its codec (a section that does not inflate
+    raises a BatchError naming its codec).
     """
     h, data, p, end = _section(buf, pos, verify)
     if _native_section(h, data, p, end):

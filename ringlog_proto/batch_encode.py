@@ -174,7 +174,8 @@ def encode_batch(
     A plain `bytes` item is a value with no key, headers or timestamp: the common producer case,
     whose record framing is a few table lookups. Records without a timestamp take `timestamp`
     (default: now), so a batch built in one call shares one clock reading; the batch's
-    base_timestamp is its first record's. `compression`: COMPRESSION_NONE or COMPRESSION_GZIP.
+    base_timestamp is its first record's. `compression`: a codec of CODEC_NAMES (0: none), at
+    its default level, framed as Kafka's own producers frame it (ringlog_proto/compression.py).
     """
     default_ts = now_ms() if timestamp is None else timestamp
     codec = records_codec.current_codec()

@@ -24,7 +24,7 @@ Rules this module keeps (Kafka's, where it rebuilds a batch):
 from __future__ import annotations
 
 from ringlog_proto.batch_header import COMPRESSION_MASK, HEADER_SIZE, BatchHeader, sealed
-from ringlog_proto.compression import compress_stored, decompress_bounded
+from ringlog_proto.compression import compress, decompress_bounded
 from ringlog_proto.varint import read_varint, zigzag_varint
 
 
@@ -48,7 +48,7 @@ def recompressed(
             body = records
             if _first_timestamp_delta(records) != 0:
                 body, first_ts, max_ts = _rebased(records, h)
-            packed = compress_stored(body, codec, level) if codec else bytes(body)
+            packed = compress(body, codec, level) if codec else bytes(body)
         finally:
             if isinstance(records, memoryview):
                 records.release()

@@ -1,14 +1,16 @@
-"""The compression of a batch's record section: gzip both ways for clients (the stdlib's zlib),
-and, for the broker, every codec Kafka has in cramjam: the bounded inflation with which it checks
-compressed batches (`decompress_bounded`), and the inflation and compression of the batches it
-rewrites (`decompress_stored`, `compress_stored`: the log cleaner's, and a topic's
-compression.type). The codec numbers are the header's attribute bits (batch_header.py).
+"""The compression of a batch's record section, every codec Kafka has, in one place for the
+clients and the broker alike (cramjam's Rust, a dependency of the package): `compress`, the
+batches our producers send and those the broker rewrites (the log cleaner's, and a topic's
+compression.type); `decompress`, what consumers and the Spark source decode and what the
+cleaner inflates; `decompress_bounded`, the broker's check of produced batches, which never
+inflates past a bound. Consumers inflate with the library the broker checked the batch with, so
+what one accepts the other decodes. The codec numbers are the header's attribute bits
+(batch_header.py).
 """
 
 from __future__ import annotations
 
 import struct
-import zlib
 from typing import Any
 
 from ringlog_proto.batch_header import (
@@ -21,54 +23,21 @@ from ringlog_proto.batch_header import (
 from ringlog_proto.record import BatchError
 
 
-def compress(section: bytes, codec: int) -> bytes:
-    """The record section compressed with `codec` (gzip only here: the stdlib has it)."""
-    if codec == COMPRESSION_GZIP:
-        c = zlib.compressobj(6, zlib.DEFLATED, 31)  # wbits 31: a gzip stream, mtime 0
-        return c.compress(section) + c.flush()
-    raise BatchError(
-        f"cannot compress with {CODEC_NAMES.get(codec, f'codec {codec}')}: only gzip is built in"
-    )
-
-
 def decompress(data: bytes | bytearray | memoryview, codec: int) -> bytes:
-    """The record section of a compressed batch, uncompressed, for clients' decode: gzip always
-    (stdlib zlib); the others raise a BatchError naming the codec (clients need no codec
-    library; the broker checks every codec with `decompress_bounded`)."""
-    if codec == COMPRESSION_GZIP:
-        try:
-            d = zlib.decompressobj(47)  # 32 + 15: gzip or zlib header, as producers write
-            out = d.decompress(data)
-            while d.eof and d.unused_data:  # a multi-member gzip stream
-                rest = d.unused_data
-                d = zlib.decompressobj(47)
-                out += d.decompress(rest)
-            if not d.eof:
-                raise BatchError("gzip record section is truncated")
-            return out
-        except zlib.error as exc:
-            raise BatchError(f"gzip record section does not decompress: {exc}") from None
-    name = CODEC_NAMES.get(codec)
-    if name is None:
-        raise BatchError(f"unknown compression codec {codec}")
-    raise BatchError(
-        f"the batch is {name}-compressed, and this client decodes only uncompressed and gzip batches "
-        f"(no {name} library)"
-    )
-
-
-def decompress_stored(data: bytes | bytearray | memoryview, codec: int) -> bytes:
-    """The record section of a stored batch, inflated, for the broker's log cleaner: every codec
-    (cramjam), into a buffer of its own, so that a thread other than the core's loop may call it
-    while the loop checks produced batches with `decompress_bounded` (whose buffer is shared). A
-    stored batch was inflated within its bound when it was produced, so none is asked here."""
+    """The record section of a compressed batch, inflated into bytes of its own, for every codec
+    Kafka has (gzip streams of one or more members, snappy raw or in Java's xerial framing, lz4
+    frames, zstd frames): what a consumer decodes, and what the log cleaner rewrites (on a thread
+    other than the core's loop, which checks produced batches with `decompress_bounded`, whose
+    buffer is shared). No bound: a consumer holds what its broker checked, and a stored batch was
+    inflated within its bound when it was produced. A `BatchError` names the codec of a section
+    that does not inflate."""
     if codec == COMPRESSION_SNAPPY:
         return _unsnappy_bounded(data, 1 << 62)
     name = CODEC_NAMES.get(codec)
     if name is None or codec == COMPRESSION_NONE:
         raise BatchError(f"unknown compression codec {codec}")
     try:
-        return bytes(getattr(_cramjam(codec), name).decompress(bytes(data)))
+        return bytes(getattr(_cramjam(codec), name).decompress(data))
     except BatchError:
         raise
     except Exception as exc:  # cramjam.DecompressionError
@@ -85,15 +54,16 @@ _ZLIB_DEFAULT = 6
 _LZ4_FAST = 1  # liblz4's frame levels below 3 are its fast compressor
 
 
-def compress_stored(section: bytes | bytearray | memoryview, codec: int, level: int | None = None) -> bytes:
-    """A record section compressed with `codec`, any of Kafka's, by the broker: the log cleaner,
-    which rewrites a compressed batch with the codec it came with (as Kafka's cleaner does), and
-    an append to a topic whose compression.type names another codec than the producer's.
-    `level` is Kafka's compression.<codec>.level (None: Kafka's default; snappy has none).
-    Framed as Kafka's own writers frame them, which every client reads: gzip and zstd frames,
-    snappy in Java's xerial framing, lz4 frames of independent 64 KiB blocks (the Java client
-    refuses linked blocks, liblz4's default). lz4's level 9, Kafka's default, is the fast
-    compressor, as Kafka's Lz4BlockOutputStream makes it; other levels are liblz4's HC levels."""
+def compress(section: bytes | bytearray | memoryview, codec: int, level: int | None = None) -> bytes:
+    """A record section compressed with `codec`, any of Kafka's: by our producers, and by the
+    broker where it writes a batch anew (the log cleaner, which rewrites a compressed batch with
+    the codec it came with, as Kafka's cleaner does; an append to a topic whose compression.type
+    names another codec than the producer's). `level` is Kafka's compression.<codec>.level
+    (None: Kafka's default; snappy has none). Framed as Kafka's own writers frame them, which
+    every client reads: gzip and zstd frames, snappy in Java's xerial framing, lz4 frames of
+    independent 64 KiB blocks (the Java client refuses linked blocks, liblz4's default). lz4's
+    level 9, Kafka's default, is the fast compressor, as Kafka's Lz4BlockOutputStream makes it;
+    other levels are liblz4's HC levels."""
     name = CODEC_NAMES.get(codec)
     if name is None or codec == COMPRESSION_NONE:
         raise BatchError(f"unknown compression codec {codec}")
@@ -132,10 +102,13 @@ _scratch = bytearray()  # the output of a bounded decompression, reused: one per
 
 def _cramjam(codec: int) -> Any:
     try:
-        import cramjam  # noqa: PLC0415 - the broker's codec library, loaded on the first such batch
+        import cramjam  # noqa: PLC0415 - the codec library, loaded on the first compressed batch
     except ImportError:
         name = CODEC_NAMES[codec]
-        raise BatchError(f"{name} batches cannot be checked here: cramjam is not installed") from None
+        raise BatchError(
+            f"{name} batches cannot be compressed or inflated here: cramjam (a dependency of ringlog) "
+            "is not installed"
+        ) from None
     return cramjam
 
 

@@ -36,7 +36,7 @@ from ringlog_proto.batch import (
     read_header,
     seal_batch,
 )
-from ringlog_proto.compression import compress_stored
+from ringlog_proto.compression import compress
 from ringlog_proto.routing import shard_for
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
@@ -295,7 +295,7 @@ def idempotent(codec: int, pid: int, epoch: int, seq: int, *values: bytes) -> by
     plain = encode_batch(list(values), producer_id=pid, producer_epoch=epoch, base_sequence=seq)
     h = read_header(plain)
     return seal_batch(
-        compress_stored(plain[61:], codec),
+        compress(plain[61:], codec),
         h.record_count,
         h.base_timestamp,
         h.max_timestamp,

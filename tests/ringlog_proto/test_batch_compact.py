@@ -33,7 +33,7 @@ from ringlog_proto.batch import (
     walk_records_python,
 )
 from ringlog_proto.batch_compact import emptied, rebuilt, records_of
-from ringlog_proto.compression import compress_stored
+from ringlog_proto.compression import compress
 
 kafka_records = pytest.importorskip("kafka.record.default_records")
 
@@ -134,7 +134,7 @@ def test_a_compressed_batch_is_rewritten_with_its_codec(codec: int) -> None:
     plain = stored(records(6))
     h = read_header(plain)
     section, _ = records_of(plain, h)
-    batch = bytearray(plain[:HEADER_SIZE]) + compress_stored(section, codec)
+    batch = bytearray(plain[:HEADER_SIZE]) + compress(section, codec)
     struct.pack_into(">i", batch, 8, len(batch) - 12)
     struct.pack_into(">h", batch, 21, codec)
     struct.pack_into(">I", batch, 17, crc32c(bytes(batch[21:])))

@@ -31,7 +31,7 @@ from ringlog_proto.batch import (
     zigzag_varint,
 )
 from ringlog_proto.batch_recompress import recompressed
-from ringlog_proto.compression import compress_stored, decompress_stored
+from ringlog_proto.compression import compress, decompress
 
 kafka_records = pytest.importorskip("kafka.record.default_records")
 
@@ -58,7 +58,7 @@ def in_codec(plain: bytes, codec: int) -> bytes:
         return plain
     h = read_header(plain)
     return seal_batch(
-        compress_stored(plain[HEADER_SIZE:], codec),
+        compress(plain[HEADER_SIZE:], codec),
         h.record_count,
         h.base_timestamp,
         h.max_timestamp,
@@ -80,7 +80,7 @@ def section_of(batch: bytes) -> bytes:
     h = read_header(batch)
     codec = h.attributes & COMPRESSION_MASK
     data = batch[HEADER_SIZE : h.size]
-    return decompress_stored(data, codec) if codec else data
+    return decompress(data, codec) if codec else data
 
 
 @pytest.mark.parametrize("source", CODECS)
@@ -174,12 +174,12 @@ def test_lz4_frames_are_of_independent_blocks() -> None:
     refuses others): FLG's block-independence bit, version 01, 64 KiB blocks (BD 0x40)."""
     data = bytes(range(256)) * 2000
     for level in (None, 1, 9, 12):
-        frame = compress_stored(data, COMPRESSION_LZ4, level)
+        frame = compress(data, COMPRESSION_LZ4, level)
         assert frame[:4] == b"\x04\x22\x4d\x18"
         flg, bd = frame[4], frame[5]
         assert flg & 0x20 and flg >> 6 == 1 and not flg & 0x08, hex(flg)
         assert bd == 0x40
-        assert decompress_stored(frame, COMPRESSION_LZ4) == data
+        assert decompress(frame, COMPRESSION_LZ4) == data
 
 
 def test_levels_are_kafkas() -> None:
@@ -188,8 +188,8 @@ def test_levels_are_kafkas() -> None:
     text = b"".join(b"user-%d clicked /products/%d " % (i * 7919 % 10007, i % 313) for i in range(20000))
 
     def size(codec: int, level: int | None) -> int:
-        out = compress_stored(text, codec, level)
-        assert decompress_stored(out, codec) == text
+        out = compress(text, codec, level)
+        assert decompress(out, codec) == text
         return len(out)
 
     assert size(COMPRESSION_GZIP, 1) > size(COMPRESSION_GZIP, 9)

@@ -37,7 +37,7 @@ from ringlog_proto.batch import (
     seal_batch,
 )
 from ringlog_proto.batch_recompress import recompressed
-from ringlog_proto.compression import compress_stored
+from ringlog_proto.compression import compress
 
 from compaction_kit import COMPACT, Model, clean_round  # isort: skip  (tests/storage's own helpers)
 
@@ -55,7 +55,7 @@ def in_codec(plain: bytes, codec: int) -> bytes:
         return plain
     h = read_header(plain)
     return seal_batch(
-        compress_stored(plain[HEADER_SIZE:], codec),
+        compress(plain[HEADER_SIZE:], codec),
         h.record_count,
         h.base_timestamp,
         h.max_timestamp,
