@@ -160,6 +160,12 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     produce.add_argument(
         "--acks", type=int, choices=[0, 1, 2], default=1, help="0 none, 1 written, 2 durable"
     )
+    produce.add_argument(
+        "--compression",
+        choices=["none", "gzip", "snappy", "lz4", "zstd"],
+        default="none",
+        help="the codec of the batches sent (default none)",
+    )
     produce.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
     produce.set_defaults(func=cmd_produce)
 
@@ -334,7 +340,9 @@ def cmd_produce(args: argparse.Namespace) -> int:
     sent = 0
     started = last = time.monotonic()
     try:
-        with Producer(args.bootstrap, acks=args.acks, security=_security(args)) as producer:
+        with Producer(
+            args.bootstrap, acks=args.acks, compression=args.compression, security=_security(args)
+        ) as producer:
             futures = []
             for key, value in _records(stream, args.format, args.key_field):
                 futures.append(producer.send(args.topic, value, key=key, partition=args.partition))

@@ -9,6 +9,10 @@ Rules this module keeps:
 - A batch is encoded once, when first sent, with its producer id, epoch and base sequence; a retry
   resends the same bytes, so the broker recognises a duplicate. Only when the producer knows the
   broker never appended the batch may it drop the bytes and encode again (`reset_encoding`).
+- A batch is sized by its records as encoded uncompressed (`record_size`'s bound), and stays
+  within that bound in the producer's codec (`compression`): one the codec grows past it (values
+  that do not compress) is sent uncompressed, as librdkafka sends a batch its codec does not
+  shrink.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from typing import Any, Final
 
 from broker.client.errors import MessageTooLargeError
 from broker.client.records import Header, RecordMetadata
-from ringlog_proto.batch import HEADER_SIZE, Record, encode_batch, varint_size
+from ringlog_proto.batch import COMPRESSION_NONE, HEADER_SIZE, Record, encode_batch, varint_size
 from ringlog_proto.batch import record_size as exact_record_size
 from ringlog_proto.messages import ErrorCode
 
@@ -104,6 +108,7 @@ class ProducerBatch:
     __slots__ = (
         "attempts",
         "callbacks",
+        "codec",
         "created",
         "data",
         "deadline",
@@ -119,7 +124,10 @@ class ProducerBatch:
         "timestamp",
     )
 
-    def __init__(self, timestamp: int, created: float, deadline: float) -> None:
+    def __init__(
+        self, timestamp: int, created: float, deadline: float, codec: int = COMPRESSION_NONE
+    ) -> None:
+        self.codec = codec  # the records' compression (ringlog_proto.batch.CODEC_NAMES)
         self.records: list[bytes | Record] = []
         self.futures: list[Any] = []  # asyncio or concurrent futures: both have set_result
         self.callbacks: list[Callback | None] | None = None  # allocated by the first callback
@@ -166,14 +174,23 @@ class ProducerBatch:
             self.callbacks.append(None)
 
     def encode(self, producer_id: int, producer_epoch: int, base_sequence: int) -> bytes:
-        self.data = encode_batch(
-            self.records,
-            timestamp=self.timestamp,
-            producer_id=producer_id,
-            producer_epoch=producer_epoch,
-            base_sequence=base_sequence,
-        )
-        return self.data
+        codec = self.codec
+        while True:
+            data = encode_batch(
+                self.records,
+                timestamp=self.timestamp,
+                producer_id=producer_id,
+                producer_epoch=producer_epoch,
+                base_sequence=base_sequence,
+                compression=codec,
+            )
+            if not codec or len(data) <= self.size:
+                break
+            # The codec grew the records past their size uncompressed, the bound the batch was
+            # checked against (values that do not compress): they go uncompressed.
+            codec = COMPRESSION_NONE
+        self.data = data
+        return data
 
     def reset_encoding(self) -> None:
         """Forget the bytes and sequence: only for a batch the broker certainly did not append."""

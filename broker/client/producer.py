@@ -46,7 +46,7 @@ from broker.client.partitioner import Partitioner
 from broker.client.records import Header, RecordMetadata
 from broker.client.security import Security
 from broker.client.sender import WRITE_BUFFER_HIGH, ParkedRecord, ProduceReply, ProducerPartition, Sender
-from ringlog_proto.batch import BROKER_PRODUCER_ID_LIMIT, Record, now_ms
+from ringlog_proto.batch import BROKER_PRODUCER_ID_LIMIT, CODEC_NAMES, Record, now_ms
 from ringlog_proto.messages import (
     PRODUCE_HEAD_SIZE,
     Acks,
@@ -62,6 +62,7 @@ from ringlog_proto.messages import (
 # batch plus `max_in_flight` in flight, stays near 1.5 MiB. linger_ms bounds the latency a big
 # batch could otherwise add: a batch goes when full or when it has waited linger_ms.
 BATCH_BYTES_DEFAULT: Final = 256 * 1024
+CODECS: Final = {name: codec for codec, name in CODEC_NAMES.items()}  # `compression`'s values
 
 
 class AsyncProducer(Sender):
@@ -73,6 +74,11 @@ class AsyncProducer(Sender):
       batch_bytes: seal a partition's batch when the next record would take it past this
         (default 256 KiB, see BATCH_BYTES_DEFAULT); at most `max_batch_bytes`.
       linger_ms: how long an open batch waits for more records (default 5).
+      compression: the codec of the batches sent, Kafka's (confluent-kafka's compression.type):
+        "none" (the default), "gzip", "snappy", "lz4" or "zstd", at the codec's default level and
+        framed as Kafka's Java producer frames it. `batch_bytes` counts records uncompressed; a
+        batch its codec grows past that size goes uncompressed, as librdkafka sends it. A topic whose
+        compression.type names another codec stores the batches in that one.
       max_in_flight: unacknowledged batches per partition (default 5; at most 5 when idempotent).
       retries: retries per batch (default None: bounded only by delivery_timeout_ms, since how long
         a broker restart takes is unknown, and the delivery timeout is the bound that matters).
@@ -111,9 +117,12 @@ class AsyncProducer(Sender):
         client: AsyncClient | None = None,
         client_name: str = "ringlog-python-producer",
         security: Security | None = None,
+        compression: str = "none",
     ) -> None:
         if acks not in (Acks.NONE, Acks.WRITTEN, Acks.DURABLE):
             raise ValueError(f"acks must be 0, 1 or 2, not {acks}")
+        if compression not in CODECS:
+            raise ValueError(f"compression must be one of {', '.join(CODECS)}, not {compression!r}")
         if not 0 < max_batch_bytes <= (1 << 31) - 1:
             raise ValueError(f"max_batch_bytes {max_batch_bytes} out of range")
         if not BATCH_OVERHEAD < batch_bytes <= max_batch_bytes:
@@ -139,6 +148,8 @@ class AsyncProducer(Sender):
         if not 0 <= producer_epoch <= EPOCH_MAX:
             raise ValueError(f"producer_epoch must be in 0..{EPOCH_MAX}")
         self.acks = Acks(acks)
+        self.compression = compression
+        self._codec = CODECS[compression]
         self.batch_bytes = batch_bytes
         self.max_batch_bytes = max_batch_bytes
         self.linger = linger_ms / 1000
@@ -322,8 +333,9 @@ class AsyncProducer(Sender):
         keeping up: what `_enqueue`, `_append`, `_send_open` and `_pump` would do in that state,
         without their generality (a one-at-a-time caller waits for every microsecond of it).
         Returns the record's future (`fut`, or one made on the loop when None); None: take that
-        general path (it picks the same partition)."""
-        if self._closing or self._closed or topic in self._parked:
+        general path (it picks the same partition). A producer that compresses takes the general
+        path: the lane's frame is made in one call, uncompressed."""
+        if self._closing or self._closed or topic in self._parked or self._codec:
             return None
         info = self._client.cached_topic(topic)
         if info is None:
@@ -474,7 +486,7 @@ class AsyncProducer(Sender):
             b = None
         if b is None:
             mono = time.monotonic()
-            b = ps.open = ProducerBatch(now_ms(), mono, mono + self.delivery_timeout)
+            b = ps.open = ProducerBatch(now_ms(), mono, mono + self.delivery_timeout, self._codec)
             loop = self._loop
             assert loop is not None
             if not linger:

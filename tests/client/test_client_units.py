@@ -34,7 +34,7 @@ from broker.client.client import parse_bootstrap
 from broker.client.errors import ERROR_CLASSES, BrokerStorageError, DeliveryTimeoutError, NotOwnerError
 from broker.client.partitioner import Partitioner
 from broker.client.producer import AsyncProducer
-from ringlog_proto.batch import BROKER_PRODUCER_ID_LIMIT, Record, decode_records, encode_batch
+from ringlog_proto.batch import BROKER_PRODUCER_ID_LIMIT, Record, decode_records, encode_batch, read_header
 from ringlog_proto.messages import ErrorCode
 
 # ----------------------------------------------------------------------------------- partitioner
@@ -168,6 +168,33 @@ def test_batch_fits_up_to_batch_bytes_exactly() -> None:
     assert b.size == batch_bytes
     assert not b.fits(1 + 7 + RECORD_SLACK, batch_bytes)  # one more byte does not fit
     assert len(b.encode(-1, -1, -1)) == batch_bytes - 3 * RECORD_SLACK
+
+
+@pytest.mark.parametrize("codec", [1, 2, 3, 4], ids=["gzip", "snappy", "lz4", "zstd"])
+def test_a_compressed_batch_stays_within_its_uncompressed_bound(codec: int) -> None:
+    """Text is sent in the producer's codec, smaller; random bytes, which every codec grows a
+    little, go uncompressed: the batch never exceeds the size it was checked against."""
+    rng = random.Random(codec)
+    text = [b"compressible text %d " % i * 20 for i in range(5)]
+    noise = [rng.randbytes(100_000)]  # one record: a few bytes of slack, less than any codec adds
+    for values, compressed in ((text, True), (noise, False)):
+        b = ProducerBatch(0, 0.0, 1.0, codec)
+        for value in values:
+            item, size = prepare_record(value, key=b"k")
+            b.add(item, size, None, None)
+        data = b.encode(7, 0, 0)
+        h = read_header(data)
+        assert h.compression == (codec if compressed else 0)
+        assert len(data) <= b.size
+        assert [(r.key, r.value) for r in decode_records(data)] == [(b"k", v) for v in values]
+        assert (h.producer_id, h.producer_epoch, h.base_sequence) == (7, 0, 0)
+
+
+def test_a_producer_refuses_an_unknown_codec() -> None:
+    for name in ("none", "gzip", "snappy", "lz4", "zstd"):
+        assert AsyncProducer(compression=name).compression == name
+    with pytest.raises(ValueError, match="compression must be one of none, gzip, snappy, lz4, zstd"):
+        AsyncProducer(compression="brotli")
 
 
 def test_oversized_record_travels_alone() -> None:
