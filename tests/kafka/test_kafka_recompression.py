@@ -5,7 +5,7 @@ lz4 and snappy, and confluent-kafka, kafka-python and aiokafka read every record
 topic's codec; an idempotent producer's retries and sequences hold across the rewrite (raw
 Produce, and librdkafka's idempotent producer); AlterConfigs changes the codec live on every
 core; max.message.bytes applies to the batch as stored; and our own protocol's client writes and
-reads such topics (it sends uncompressed and decodes gzip)."""
+reads such topics (it sends uncompressed unless asked to compress, and decodes every codec)."""
 
 from __future__ import annotations
 
