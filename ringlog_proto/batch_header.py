@@ -164,6 +164,14 @@ def peek_size(buf: bytes | bytearray | memoryview, pos: int = 0) -> int | None:
     return LENGTH_PREFIX_SIZE + _LENGTHS.unpack_from(buf, pos)[1]
 
 
+def peek_codec(buf: bytes | bytearray | memoryview, pos: int = 0) -> int | None:
+    """The codec of the batch at `pos` from its attributes, or None when no format-2 header is
+    there (too short, another magic): a look at one batch's codec without reading its records."""
+    if len(buf) - pos < HEADER_SIZE or _HEAD.unpack_from(buf, pos)[3] != MAGIC:
+        return None
+    return int(_TAIL.unpack_from(buf, pos + CRC_START)[0]) & COMPRESSION_MASK
+
+
 def invalid_header(h: BatchHeader, available: int | None = None, transactional: bool = False) -> str | None:
     """Why this header cannot start a valid batch, or None. Cheap: no checksum. What a produce
     passes: `refused_batch`'s refusals included (`transactional`: a transactional batch is let

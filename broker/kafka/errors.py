@@ -39,6 +39,11 @@ class TopicNotAuthorized(Exception):
     answered TOPIC_AUTHORIZATION_FAILED, the request's other topics are served."""
 
 
+class UnsupportedCompressionError(Exception):
+    """zstd where the request's version predates it (KIP-110: Produce v7, Fetch v10): answered
+    UNSUPPORTED_COMPRESSION_TYPE for the partition, as Kafka answers it."""
+
+
 DONE: Final = Reply([])  # what a Gather part's callbacks return: the gather sends the answer
 
 # why a replica change was refused -> Kafka's code (a preferred election's NOT_AVAILABLE is
@@ -83,6 +88,8 @@ def kafka_error(exc: BaseException) -> tuple[ErrorCode, str]:
         return ErrorCode.not_leader_or_follower, str(exc)
     if isinstance(exc, TopicNotAuthorized):
         return ErrorCode.topic_authorization_failed, str(exc)
+    if isinstance(exc, UnsupportedCompressionError):
+        return ErrorCode.unsupported_compression_type, str(exc)
     if isinstance(exc, FencedEpochError | StaleProducerEpoch):
         return ErrorCode.invalid_producer_epoch, str(exc)
     if isinstance(exc, UnknownProducerError):

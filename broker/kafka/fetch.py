@@ -14,6 +14,12 @@ Rules this module keeps:
   response is full, when a partition has an error, or at its deadline; otherwise it waits
   (`Wait`) on every partition of ours it names, and looks again when any of them grows (each
   look a fresh budget: a long poll answered later keeps the cap).
+- A Fetch below v10 of a partition whose topic's compression.type is zstd is answered
+  UNSUPPORTED_COMPRESSION_TYPE for that partition, Kafka's rule (KafkaApis.handleFetchRequest,
+  KIP-110: zstd batches need Fetch v10): the topic's setting decides, not the batches read, so
+  nothing is read or decoded for it (zstd batches of a producer, on a topic that keeps the
+  producer's codec, go out as stored, as Kafka sends them). The error answers the request at
+  once, as our other partition errors do; Kafka reads the partition first, waiting for min_bytes.
 - No fetch sessions: session id 0 (full fetches); an incremental one is
   FETCH_SESSION_ID_NOT_FOUND, as Kafka answers a session it does not know.
 - read_committed (isolation_level 1) reads below the last stable offset
@@ -35,9 +41,9 @@ from broker.core.partition import Isolation, Partition, PendingRead
 from broker.core.read_budget import ReadBudget
 from broker.kafka.codec import KafkaRequest, encode_response, make, response_schema
 from broker.kafka.context import Context
-from broker.kafka.errors import DONE, NotLeaderError, kafka_error
+from broker.kafka.errors import DONE, NotLeaderError, UnsupportedCompressionError, kafka_error
 from broker.kafka.fast_encode import fetch_response
-from ringlog_proto.batch import now_ms
+from ringlog_proto.batch import COMPRESSION_ZSTD, now_ms
 from ringlog_proto.frames import Buffer
 
 FETCH: Final = 1
@@ -51,6 +57,7 @@ FETCH_WAIT_MAX_MS: Final = 30_000
 FETCH_SESSION_INITIAL: Final = 0
 FETCH_SESSION_FINAL: Final = -1
 READ_COMMITTED: Final = 1  # Fetch isolation_level
+ZSTD_MIN_VERSION: Final = 10  # KIP-110: the first Fetch that may carry zstd batches
 
 # (topic, index) -> (error, high watermark, last stable offset, log start, aborted (producer id,
 # first offset) pairs, records as read)
@@ -83,6 +90,7 @@ def _fetch(ctx: Context, request: KafkaRequest, body: Any, deadline_ms: int, fin
     failed = False
     read_committed = int(getattr(body, "isolation_level", 0)) == READ_COMMITTED
     isolation = Isolation.LAST_STABLE if read_committed else Isolation.HIGH_WATERMARK
+    before_zstd = request.api_version < ZSTD_MIN_VERSION
     for topic in body.topics:
         indexes: list[int] = []
         order.append((topic.topic, indexes))
@@ -96,6 +104,10 @@ def _fetch(ctx: Context, request: KafkaRequest, body: Any, deadline_ms: int, fin
                 target = ctx.core.partition_named(*key)
                 if not isinstance(target, Partition):
                     raise NotLeaderError(f"led by core {target}")
+                if before_zstd and target.log.config.compression == COMPRESSION_ZSTD:
+                    raise UnsupportedCompressionError(
+                        f"{key[0]!r} is stored in zstd: Fetch v{request.api_version} predates it (v10)"
+                    )
                 limit = budget.limit(min(int(fp.partition_max_bytes), FETCH_PARTITION_MAX))
                 epoch = int(getattr(fp, "current_leader_epoch", -1))
                 read = target.read(int(fp.fetch_offset), limit, isolation, epoch)

@@ -11,6 +11,10 @@ Rules this module keeps:
   goes there, and one request is never split between cores.
 - acks: 0 answers nothing, 1 after the write, -1 as our acks=all (the high watermark when the
   partition is replicated, else a flush).
+- A partition whose first batch is zstd in a Produce below v7 is answered
+  UNSUPPORTED_COMPRESSION_TYPE, before its leader is looked at (Kafka's ProduceRequest
+  .validateRecords, called per partition by KafkaApis.handleProduceRequest; KIP-110): one
+  look at the batch header's attributes, only for those versions.
 - v0-2 are listed in ApiVersions (librdkafka before 2.11 stops compressing unless v0 is) and
   answered UNSUPPORTED_VERSION for every partition (their bytes: broker/kafka/codec.py).
 - Records without a key to a compacted topic (the partition refuses them: `KeylessRecordError`)
@@ -31,10 +35,11 @@ from broker.core.outcomes import Append, Gather, Outcome, Reply, Silent
 from broker.core.partition import Partition, Stored
 from broker.kafka.codec import KafkaRequest, produce_v0_refusal, produce_v0_topics
 from broker.kafka.context import Context
-from broker.kafka.errors import DONE, NotLeaderError, kafka_error
+from broker.kafka.errors import DONE, NotLeaderError, UnsupportedCompressionError, kafka_error
 from broker.kafka.fast_encode import RecordErrors, produce_response
 from broker.storage.diskspace import is_out_of_space
 from broker.storage.errors import KeylessRecordError
+from ringlog_proto.batch import COMPRESSION_ZSTD, peek_codec
 from ringlog_proto.frames import ProtocolError
 from ringlog_proto.messages import Acks
 
@@ -42,6 +47,7 @@ PRODUCE: Final = 0
 VERSIONS: Final = (0, 8)  # advertised from 0, but v0-2 are refused (`produce_refused`); v9+ flexible
 REFUSED_BELOW: Final = 3  # librdkafka < 2.11 stops compressing unless Produce v0 is listed
 RECORD_ERRORS_FROM: Final = 8  # KIP-467: record errors, an error message and INVALID_RECORD
+ZSTD_MIN_VERSION: Final = 7  # KIP-110: the first Produce that may carry zstd batches
 # Kafka acks -> ours: -1 (all in-sync replicas) is our acks=all: once the high watermark passes
 # the batches when the partition is replicated, else (the one copy) after the fsync, as acks=2.
 _ACKS: Final[dict[int, Acks]] = {0: Acks.NONE, 1: Acks.WRITTEN, -1: Acks.ALL}
@@ -83,7 +89,7 @@ def produce(ctx: Context, request: KafkaRequest, body: Any) -> Outcome:
                 results[key] = (ErrorCode.invalid_required_acks, -1, -1, f"acks {body.acks}", -1, ())
                 continue
             try:
-                part = _produce_partition(ctx, key, data.records, acks, refused, stored)
+                part = _produce_partition(ctx, key, data.records, acks, refused, stored, version)
             except KeylessRecordError as exc:
                 results[key] = _keyless(key, exc, version)
                 continue
@@ -136,10 +142,13 @@ def _produce_partition(
     acks: Acks,
     refused: Any,
     stored: Any,
+    version: int,
 ) -> Outcome | None:
     """One partition's part of a Produce: None when it is answered already (`refused` or
     `stored` called), else the outcome that stores it. Raises what refuses it at once."""
     target = ctx.core.partition_named(*key)
+    if version < ZSTD_MIN_VERSION and records and peek_codec(records) == COMPRESSION_ZSTD:
+        raise UnsupportedCompressionError(f"Produce v{version} predates zstd (v7)")
     if not isinstance(target, Partition):
         refused(key, NotLeaderError(f"partition {key[1]} of {key[0]!r} is led by core {target}"))
         return None
