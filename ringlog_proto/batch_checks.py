@@ -300,13 +300,16 @@ def invalid_compressed_records(
     h: BatchHeader,
     limit: int,
     keyless: list[int] | None = None,
+    keep: dict[int, bytes] | None = None,
 ) -> str | None:
     """Why the compressed batch at `pos` (header `h`, already valid) holds no `h.record_count`
     records that frame, or None: its section is inflated (at most `limit` bytes,
     `decompress_bounded`, whose errors propagate) and walked as an uncompressed one is, as
     Kafka's LogValidator decompresses and counts every compressed batch it is given. `keyless`
     (a compacted topic's produce): the records without a key are appended to it, found in the
-    same inflated bytes (`keyless_records`), when they frame."""
+    same inflated bytes (`keyless_records`), when they frame. `keep`: where a batch that passes
+    leaves its inflated section (`keep[pos]`, a copy), for a caller about to rewrite it in
+    another codec, which then need not inflate it again."""
     with memoryview(buf) as view:
         section = view[pos + HEADER_SIZE : pos + h.size]
         try:
@@ -320,6 +323,8 @@ def invalid_compressed_records(
             result = walk_records_python(data, 0, len(data), h.record_count, h.last_offset_delta + 1)
         if result == 0 and keyless is not None:
             keyless += keyless_records(data, 0, len(data), h.record_count)
+        if result == 0 and keep is not None:
+            keep[pos] = bytes(data)  # `data` may be a view of the buffer the next batch reuses
     finally:
         if isinstance(data, memoryview):
             data.release()

@@ -35,14 +35,19 @@ def recompressed(
     codec: int,
     level: int | None,
     limit: int,
+    inflated: bytes | None = None,
 ) -> bytes:
     """The batch at `pos` of `buf` (header `h`, already checked) with its records in `codec`
     (0: uncompressed) at Kafka's compression level `level` (None: the codec's default). `limit`:
-    the bound its section was inflated within when it was checked (`decompress_bounded`)."""
+    the bound its section was inflated within when it was checked (`decompress_bounded`).
+    `inflated`: its section as that check inflated it, when kept (not inflated again)."""
     source = h.attributes & COMPRESSION_MASK
     with memoryview(buf) as view:
         section = view[pos + HEADER_SIZE : pos + h.size]
-        records = decompress_bounded(section, source, limit) if source else section
+        if inflated is not None:
+            records: bytes | memoryview = inflated
+        else:
+            records = decompress_bounded(section, source, limit) if source else section
         try:
             first_ts, max_ts = h.base_timestamp, h.max_timestamp
             body = records

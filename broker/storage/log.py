@@ -343,13 +343,13 @@ class Log:
 
     def validate(
         self, records: bytes | bytearray | memoryview, keys: bool = False, transactional: bool = False
-    ) -> list[BatchHeader]:
+    ) -> validation.Checked:
         """Headers of the whole batches in `records`, or an error; changes nothing (the checks:
         broker/storage/validation.py; `keys`: every record must have a key; `transactional`: a
         transactional batch is taken, refused otherwise)."""
         return validation.validate(records, self.config, keys=keys, transactional=transactional)
 
-    def validate_copy(self, records: bytes | bytearray | memoryview) -> list[BatchHeader]:
+    def validate_copy(self, records: bytes | bytearray | memoryview) -> validation.Checked:
         """`validate` for a follower's copies of its leader's batches: every check but this log's
         batch limit, which the leader applied under the settings of the moment it stored them (a
         topic's max.message.bytes, or its segment.bytes, may have been lowered since: refused
@@ -373,14 +373,17 @@ class Log:
         caller needed them first (to check producer sequences): validation is not repeated.
         `leader_epoch`: stamped in every batch (the epoch of the leader that assigns the offsets).
         A log whose topic names a codec (`LogConfig.compression`) first rewrites the batches in
-        another (broker/storage/recompression.py): those bytes are written, and `pending.headers`
-        are theirs.
+        another (broker/storage/recompression.py), from the sections validation inflated when
+        `headers` are its `Checked`: those bytes are written, and `pending.headers` are theirs.
         """
         self.check_usable()
-        headers = self.validate(records) if headers is None else list(headers)
+        checked = self.validate(records) if headers is None else headers
+        # the sections validation inflated, for the rewrite; not kept with the pending append
+        inflated = checked.inflated if isinstance(checked, validation.Checked) else None
+        headers = list(checked)
         cfg = self.config
         if cfg.compression is not None:  # the topic's compression.type names a codec
-            records, headers = recompression.in_log_codec(records, headers, cfg)
+            records, headers = recompression.in_log_codec(records, headers, cfg, inflated)
         size = len(records)
         now = self.clock()
         base = self._next_offset

@@ -11,7 +11,9 @@ Rules this module keeps:
 - The checks run in C when native._records is built (`produced_checker`, one call for the batches
   that pass them all); the Python checks below say why a batch fails, and are the fallback.
 - A compressed batch is checked as Kafka's LogValidator does (inflated within
-  `LogConfig.max_decompressed_bytes`, walked, counted) and stored compressed.
+  `LogConfig.max_decompressed_bytes`, walked, counted) and stored compressed. On a log with a
+  codec of its own, a batch in another codec keeps what was inflated (`Checked.inflated`), for
+  the rewrite in the log's codec (recompression.py) not to inflate it a second time.
 - `keys` (the caller's rule: a compacted topic's produce, `Partition.produce`): every record must
   have a key, as Kafka's LogValidator requires of a compacted topic; the first batch with records
   without one refuses them all (`KeylessRecordError`, their indexes in it). Read from the bytes
@@ -63,13 +65,25 @@ if _walk_bytes is None:
     )
 
 
+class Checked(list[BatchHeader]):
+    """The headers of the batches `validate` passed, in order, and the record sections it
+    inflated of those the log will rewrite in its own codec: position in the records -> the
+    section (empty unless the log has a codec of its own and a batch is in another)."""
+
+    __slots__ = ("inflated",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inflated: dict[int, bytes] = {}
+
+
 def validate(
     records: bytes | bytearray | memoryview,
     config: LogConfig,
     stored: bool = False,
     keys: bool = False,
     transactional: bool = False,
-) -> list[BatchHeader]:
+) -> Checked:
     """Headers of the whole batches in `records` (one or more), or an error; changes nothing.
 
     Every path that stores a batch passes here once (the produce handler of either backend,
@@ -86,7 +100,9 @@ def validate(
     size = len(records)
     max_batch = config.max_batch_bytes
     check = config.check_records
-    headers = []
+    headers = Checked()
+    # A follower copies its leader's batches as they are: only a leader's append rewrites.
+    keep = headers.inflated if config.compression is not None and not stored else None
     pos = 0
     if _check_produced is not None:
         # Every check below in one C call for the batches that pass them all: here only
@@ -96,7 +112,7 @@ def validate(
         while pos < passed:
             h = BatchHeader._make(unpack_header(records, pos))
             if h.attributes & COMPRESSION_MASK and (check or keys):  # C checked all but its records
-                check_compressed(records, pos, h, config, keys)
+                check_compressed(records, pos, h, config, keys, keep)
             elif keys:
                 check_keys(records, pos, h)
             headers.append(h)
@@ -128,7 +144,7 @@ def validate(
                 raise UnsupportedBatchError(where + reason)
             raise InvalidBatchError(where + reason)
         if h.attributes & COMPRESSION_MASK and (check or keys):
-            check_compressed(records, pos, h, config, keys)
+            check_compressed(records, pos, h, config, keys, keep)
         elif check and not h.dense:  # a leader's cleaned batch (only `stored` lets one here)
             reason = invalid_records(records, pos, h)
             if reason is not None:
@@ -150,16 +166,24 @@ def validate(
 
 
 def check_compressed(
-    records: bytes | bytearray | memoryview, pos: int, h: BatchHeader, config: LogConfig, keys: bool = False
+    records: bytes | bytearray | memoryview,
+    pos: int,
+    h: BatchHeader,
+    config: LogConfig,
+    keys: bool = False,
+    keep: dict[int, bytes] | None = None,
 ) -> None:
     """The records of a compressed batch, as Kafka's LogValidator checks them: inflated (at
     most `max_decompressed_bytes`), walked, counted, and with `keys` each one's key there
-    (module rules). The batch is stored compressed."""
+    (module rules). The batch is stored compressed, unless it is not in the log's codec: then
+    its inflated section is left in `keep` (see `Checked`)."""
     where = f"batch at byte {pos}: " if pos else ""
     limit = config.max_decompressed_bytes
     keyless: list[int] | None = [] if keys else None
+    if h.attributes & COMPRESSION_MASK == config.compression:
+        keep = None  # stored as it came
     try:
-        reason = invalid_compressed_records(records, pos, h, limit, keyless)
+        reason = invalid_compressed_records(records, pos, h, limit, keyless, keep)
     except DecompressedTooLarge as exc:
         raise BatchTooLargeError(where + str(exc)) from None
     except BatchError as exc:  # does not decompress: corrupt, as Kafka answers it

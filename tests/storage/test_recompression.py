@@ -287,3 +287,39 @@ def test_the_level_reaches_the_codec(tmp_path: Path) -> None:
 def test_an_unknown_codec_is_an_invalid_config() -> None:
     assert LogConfig(compression=7).invalid() is not None
     assert LogConfig(compression=COMPRESSION_NONE).invalid() is None
+
+
+def test_a_batch_is_inflated_once_on_its_way_to_the_logs_codec(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Validation keeps the sections it inflated of the batches the log will rewrite (none of a
+    batch already in the log's codec, none on a log that keeps the producer's, none for a
+    follower's copies); the rewrite starts from them, and the pending append does not hold them."""
+    log = Log.open(str(tmp_path / "p"), LogConfig(compression=COMPRESSION_ZSTD))
+    producer_log = Log.open(str(tmp_path / "q"), LogConfig())
+    try:
+        records = (
+            sent(2, COMPRESSION_GZIP) + sent(3, COMPRESSION_ZSTD, first=2) + sent(2, COMPRESSION_LZ4, first=5)
+        )
+        checked = log.validate(records)
+        gzip_at, lz4_at = 0, len(sent(2, COMPRESSION_GZIP)) + len(sent(3, COMPRESSION_ZSTD, first=2))
+        assert sorted(checked.inflated) == [gzip_at, lz4_at]
+        assert checked.inflated[gzip_at] == sent(2, COMPRESSION_NONE)[HEADER_SIZE:]
+        assert not producer_log.validate(records).inflated
+        assert not log.validate_copy(records).inflated
+
+        def inflated_again(*_args: object) -> None:
+            raise AssertionError("the rewrite inflated a batch validation had inflated")
+
+        monkeypatch.setattr("ringlog_proto.batch_recompress.decompress_bounded", inflated_again)
+        pending = log.prepare_append(records, checked)
+        assert type(pending.headers) is list, "the inflated sections are not kept with the append"
+        run_ops(IO, pending.ops)
+        log.complete_append(pending)
+        assert log.append(sent(1, COMPRESSION_GZIP, first=7)) == 7, "validated here: inflated once too"
+        got = stored(log)
+        assert {codec for _, codec, _ in got} == {COMPRESSION_ZSTD}
+        assert values(got) == [(i, b"r%d" % i) for i in range(8)]
+    finally:
+        log.close()
+        producer_log.close()
