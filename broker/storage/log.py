@@ -1,7 +1,7 @@
 """The segmented log of one partition: appends, reads, truncation, retention, recovery, flush.
 Beside it: its settings and bounds (log_config.py), the checks a batch passes (validation.py),
-the reads' work over the segments (log_reads.py), what a crash left (log_recovery.py) and the
-active segment's preallocation (preallocation.py).
+the work of flushes (log_flush.py) and reads (log_reads.py) over the segments, what a crash
+left (log_recovery.py) and the active segment's preallocation (preallocation.py).
 
 Rules this module keeps:
 - Offsets are assigned here and only grow. A new segment is based at the log's next offset, so a
@@ -49,25 +49,15 @@ import logging
 import os
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
-from broker.storage import log_reads, log_recovery, log_start, recompression, validation
+from broker.storage import log_flush, log_reads, log_recovery, log_start, recompression, validation
 from broker.storage.errors import LogClosedError, OffsetOutOfRangeError, StorageError
 from broker.storage.fdcache import DEFAULT_CACHE, FdCache
-from broker.storage.fileio import (
-    Buffer,
-    FileIO,
-    Op,
-    Sync,
-    SyncDir,
-    SyncFile,
-    SyncFileIO,
-    Write,
-    WriteError,
-    run_ops,
-)
+from broker.storage.fileio import Buffer, FileIO, Op, SyncFileIO, Write, WriteError, run_ops
 from broker.storage.index import RELATIVE_OFFSET_MAX
 from broker.storage.log_config import SEGMENT_BYTES_MAX, LogConfig
+from broker.storage.log_flush import FlushPlan
 from broker.storage.log_reads import ReadResult
 from broker.storage.preallocation import Preallocation
 from broker.storage.segment import Extent, Segment
@@ -99,15 +89,6 @@ class PendingAppend:
     @property
     def next_offset(self) -> int:
         return self.headers[-1].next_offset
-
-
-@dataclass(slots=True)
-class FlushPlan:
-    ops: list[Op]
-    # (segment, store size, index entries, whether the index is synced too) the ops make durable
-    marks: list[tuple[Segment, int, int, bool]]
-    durable_offset: int
-    pinned: list[Segment] = field(default_factory=list)  # unpinned by complete_ / fail_flush
 
 
 class Log:
@@ -643,73 +624,18 @@ class Log:
     # ------------------------------------------------------------------------- flush
 
     def prepare_flush(self) -> FlushPlan:
-        """The operations that make everything visible now durable (group commit: one per turn)."""
+        """The operations that make everything visible now durable (group commit: one per turn;
+        what they sync: broker/storage/log_flush.py)."""
         self.check_usable()
-        ops: list[Op] = []
-        marks = []
-        active = self.segments[-1]
-        pinned: list[Segment] = []
-        try:
-            for seg in self._unsynced:
-                index = seg.index
-                if seg is active:
-                    # Its descriptors stay open until the plan completes, even if it rolls meanwhile.
-                    seg.pin()
-                    pinned.append(seg)
-                    data, position = index.unpersisted()
-                    if seg.synced_size < seg.size:
-                        ops.append(Sync(seg.store_fd))
-                    if data:
-                        ops.append(Write(seg.index_fd, (data,), position, len(data)))
-                    # Its index is written but not synced: a cache that recovery rebuilds from the
-                    # (synced) store, and syncing it would double the cost of a flush.
-                    marks.append((seg, seg.size, len(index), False))
-                    continue
-                # A closed segment: ops name it by path, holding no descriptor of the cache's (a
-                # flush may cover many segments rolled since the last one). Its index entries not
-                # yet written (appends that were in flight when it rolled) are written now: a
-                # small write to the page cache.
-                seg.write_index()
-                if seg not in self._draining and seg.write_txn_index():
-                    ops.append(SyncFile(seg.txn_index_path))  # written at its roll, synced with it
-                if seg.synced_size < seg.size:
-                    ops.append(SyncFile(seg.store_path))
-                sync_index = seg.index_synced_count < len(index)
-                if sync_index:
-                    ops.append(SyncFile(seg.index_path))
-                marks.append((seg, seg.size, len(index), sync_index))
-        except BaseException:
-            for seg in pinned:
-                seg.unpin()
-            raise
-        if self._dir_unsynced:
-            ops.append(SyncDir(self.directory))
-            ops.extend(SyncDir(parent) for parent in self._parents_unsynced)
-        return FlushPlan(ops, marks, self.end_offset, pinned)
-
-    @staticmethod
-    def _unpin_plan(plan: FlushPlan) -> None:
-        pinned, plan.pinned = plan.pinned, []
-        for seg in pinned:
-            seg.unpin()
+        directories = [self.directory, *self._parents_unsynced] if self._dir_unsynced else []
+        return log_flush.plan(self._unsynced, self.segments[-1], self._draining, directories, self.end_offset)
 
     def complete_flush(self, plan: FlushPlan) -> None:
-        self._unpin_plan(plan)
-        for seg, size, entries, index_synced in plan.marks:
-            seg.synced_size = max(seg.synced_size, min(size, seg.size))
-            kept = min(entries, len(seg.index))  # a truncate may have run in between
-            seg.index.persisted_count = max(seg.index.persisted_count, kept)
-            if index_synced:
-                seg.index_synced_count = max(seg.index_synced_count, kept)
-        if any(isinstance(op, SyncDir) for op in plan.ops):
+        log_flush.complete(plan)
+        if plan.syncs_directories:
             self._dir_unsynced = False
             self._parents_unsynced = []
-        active = self.segments[-1]
-        self._unsynced = {
-            s: None
-            for s in self._unsynced
-            if s is active or s.synced_size < s.size or s.index_synced_count < len(s.index)
-        }
+        self._unsynced = log_flush.still_unsynced(self._unsynced, self.segments[-1])
         self.durable_offset = max(self.durable_offset, min(plan.durable_offset, self.end_offset))
         self._assert_marks()
 
@@ -736,7 +662,7 @@ class Log:
         already written is in doubt, so the log stays usable; durable_offset did not move, and
         the next flush writes and syncs the same again."""
         if plan is not None:
-            self._unpin_plan(plan)
+            log_flush.unpin(plan)
         if isinstance(exc, WriteError):
             log.warning(
                 "%s: flush could not write the index (%s); the next flush retries", self.directory, exc
