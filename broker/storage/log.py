@@ -1,7 +1,10 @@
-"""The segmented log of one partition: appends, reads, truncation, retention, recovery, flush.
-Beside it: its settings and bounds (log_config.py), the checks a batch passes (validation.py),
-the work of flushes (log_flush.py) and reads (log_reads.py) over the segments, what a crash
-left (log_recovery.py) and the active segment's preallocation (preallocation.py).
+"""The segmented log of one partition: open, close, appends, flushes and reads, and the doors to
+the rest. It is built in layers, each adding one noun's operations to the one below: its segments,
+marks and pins, and the log cleaner's swap (log_segments.py), the end cut back for replication
+(log_truncation.py), the start moved up by retention and DeleteRecords (log_start.py), then `Log`
+here. Beside it: its settings and bounds (log_config.py), the checks a batch passes
+(validation.py), the work of flushes (log_flush.py) and reads (log_reads.py) over the segments,
+what a crash left (log_recovery.py) and the active segment's preallocation (preallocation.py).
 
 Rules this module keeps:
 - Offsets are assigned here and only grow. A new segment is based at the log's next offset, so a
@@ -13,24 +16,10 @@ Rules this module keeps:
   (`Write`, `Sync`, `SyncDir`) or an extent to read; the caller executes them; the `complete_*`
   half makes the result visible. `append`, `flush` and `read` do both halves with the log's
   `FileIO`, for tools, tests and the uvloop backend.
-- Offsets move in one direction through three marks:
-  durable_offset (fsynced) <= end_offset (written, visible to readers) <= next offset assigned,
-  all asserted where a flush, a truncation or a restart moves them. An append's completion moves
-  only end_offset, up to where the oldest append still in flight begins (appends complete in the
-  order prepared, asserted there): the full check is not repeated on that hot path.
-- The log starts at its first segment's base offset, or above it where `delete_records` (Kafka's
-  DeleteRecords) moved the start inside that segment, recorded beside it (log_start.py); segments
-  wholly below the start are deleted, and nothing below it is read.
 - Cold paths (open, recovery, roll, truncate, retention) use the `FileIO` directly; so does the
   preallocation of the active segment's file ahead of its appends (one posix_fallocate per
   `PREALLOCATE_BYTES` appended, per up to `PREALLOCATE_BYTES_MAX` while the appends come fast),
   given back when the segment rolls or the log closes.
-- Descriptors: only the active segment keeps its files open for good; closed segments open theirs
-  through a descriptor cache (broker/storage/fdcache.py, one per process) when used, so a log
-  holds 2 descriptors however many segments it has. Whatever an operation returned to the caller
-  references stays open until it is completed: the log's pin on its active segment lasts, after
-  a roll, until the appends in flight to it complete; a flush plan pins the active segment (it
-  syncs closed ones by path, `SyncFile`); `Segment.borrow_store_fd` is how a reader pins one.
 - One core owns a log; nothing here is thread-safe.
 
 Durability (what each mark promises):
@@ -43,23 +32,22 @@ Durability (what each mark promises):
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import logging
 import os
-from collections import deque
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from broker.storage import log_flush, log_reads, log_recovery, log_start, recompression, validation
-from broker.storage.errors import LogClosedError, OffsetOutOfRangeError, StorageError
+from broker.storage.errors import OffsetOutOfRangeError, StorageError
 from broker.storage.fdcache import DEFAULT_CACHE, FdCache
 from broker.storage.fileio import Buffer, FileIO, Op, SyncFileIO, Write, WriteError, run_ops
 from broker.storage.index import RELATIVE_OFFSET_MAX
 from broker.storage.log_config import SEGMENT_BYTES_MAX, LogConfig
 from broker.storage.log_flush import FlushPlan
 from broker.storage.log_reads import ReadResult
-from broker.storage.preallocation import Preallocation
+from broker.storage.log_segments import PendingAppend
+from broker.storage.log_start import LogStart
 from broker.storage.segment import Extent, Segment
 from broker.storage.txn_index import MarkerEntry
 from ringlog_proto.batch import STORED_LEADER_EPOCH, BatchHeader, now_ms, rebased, stamped
@@ -70,69 +58,9 @@ log = logging.getLogger(__name__)
 INDEX_PENDING_ENTRIES_MAX = 256  # index entries held in memory before they are written (ENTRY_SIZE each)
 
 
-@dataclass(slots=True)
-class PendingAppend:
-    """An append whose offsets are assigned and whose write has not completed yet."""
-
-    segment: Segment
-    position: int
-    headers: list[BatchHeader]  # with the assigned base offsets
-    size: int
-    append_ms: int
-    ops: list[Op]
-    index_persisted: int = -1  # index entries the ops also write, or -1
-
-    @property
-    def base_offset(self) -> int:
-        return self.headers[0].base_offset
-
-    @property
-    def next_offset(self) -> int:
-        return self.headers[-1].next_offset
-
-
-class Log:
-    """A partition's log in one directory. Open with `Log.open`."""
-
-    def __init__(
-        self,
-        directory: str,
-        config: LogConfig,
-        io: FileIO,
-        clock: Callable[[], int],
-        cache: FdCache = DEFAULT_CACHE,
-    ) -> None:
-        self.directory = directory
-        self.config = config
-        self.io = io
-        self.clock = clock
-        self.cache = cache
-        self._active: Segment | None = None  # the segment the log pins (the last one)
-        self._draining: list[Segment] = []  # rolled with appends in flight: pinned until they end
-        self.segments: list[Segment] = []
-        self._bases: list[int] = []
-        self._pending: deque[PendingAppend] = deque()
-        self._next_offset = 0  # next offset to assign (includes pending appends)
-        self._reserved_size = 0  # store size of the active segment including pending appends
-        self._preallocation = Preallocation(directory, clock)
-        self.durable_offset = 0
-        # Segments with data or index entries not yet synced, in order (a dict: a set that keeps
-        # order, so that an append's membership check does not scan every segment rolled since).
-        self._unsynced: dict[Segment, None] = {}
-        self._dir_unsynced = False
-        # Directories whose new entries (the log's own directory, the topic directory above it)
-        # the first flush must sync too: a partition made on first use creates both, and without
-        # these syncs a power loss could drop the directory, and the durable data in it, whole.
-        self._parents_unsynced: list[str] = []
-        self._closed = False
-        self._broken: str | None = None
-        # The lowest end a truncation (or restart) left since the log cleaner last asked
-        # (`take_truncation`): the records it had cleaned above it are gone, and what is appended
-        # there again is dirty.
-        self._truncated_to: int | None = None
-        # Where records were deleted below an offset inside a segment (Kafka's DeleteRecords):
-        # the log starts at the larger of this and its first segment's base (log_start.py).
-        self._start_floor = 0
+class Log(LogStart):
+    """A partition's log in one directory. Open with `Log.open`; its state and the operations of
+    the layers below: broker/storage/log_segments.py, log_truncation.py, log_start.py."""
 
     # ------------------------------------------------------------------------- open / close
 
@@ -254,71 +182,6 @@ class Log:
             self._active.abandon()  # an open that failed may not have listed it yet
         self._release_active()
         self._closed = True
-
-    def _release_active(self) -> None:
-        active, self._active = self._active, None
-        if active is not None:
-            active.unpin()
-        self._undrain_all()
-
-    def _undrain_all(self) -> None:
-        draining, self._draining = self._draining, []
-        for seg in draining:
-            seg.unpin()
-
-    def _add_segment(self, seg: Segment) -> None:
-        self.segments.append(seg)
-        self._bases.append(seg.base_offset)
-
-    def _track_active(self) -> None:
-        """Move the log's pin to the last segment if that changed (truncation, an undone roll)."""
-        seg = self.segments[-1]
-        if seg is self._active:
-            return
-        seg.pin()
-        self._release_active()
-        self._active = seg
-
-    @property
-    def closed(self) -> bool:
-        """Closed, or refusing work until reopened."""
-        return self._closed or self._broken is not None
-
-    def check_usable(self) -> None:
-        if self._closed:
-            raise LogClosedError(f"log {self.directory} is closed")
-        if self._broken is not None:
-            raise LogClosedError(f"log {self.directory} is unusable until reopened: {self._broken}")
-
-    # ------------------------------------------------------------------------- offsets
-
-    @property
-    def start_offset(self) -> int:
-        """The first offset still held (retention and `delete_records` move it forward)."""
-        base = self.segments[0].base_offset
-        return base if base >= self._start_floor else self._start_floor
-
-    @property
-    def end_offset(self) -> int:
-        """One past the last visible offset: where a consumer that is caught up waits."""
-        return self._pending[0].base_offset if self._pending else self.segments[-1].next_offset
-
-    @property
-    def next_offset(self) -> int:
-        """The offset the next append gets (past the appends still in flight)."""
-        return self._next_offset
-
-    @property
-    def size_bytes(self) -> int:
-        return sum(seg.size for seg in self.segments)
-
-    def _assert_marks(self) -> None:
-        assert self.start_offset <= self.durable_offset <= self.end_offset <= self._next_offset, (
-            self.start_offset,
-            self.durable_offset,
-            self.end_offset,
-            self._next_offset,
-        )
 
     # ------------------------------------------------------------------------- append
 
@@ -750,208 +613,3 @@ class Log:
                     log.warning(
                         "%s: not written (%s); the next open reads the markers", seg.txn_index_path, exc
                     )
-
-    # ------------------------------------------------------------------------- truncate / retention
-
-    def truncate(self, offset: int) -> int:
-        """Remove every batch holding an offset >= `offset`; returns the new end offset.
-
-        Batches are atomic, so the end lands on the batch boundary at or below `offset`. Later
-        appends reuse the removed offsets: that is what truncation is for (a follower dropping a
-        divergent tail). Durable on return.
-        """
-        self.check_usable()
-        if self._pending:
-            raise StorageError("truncate with appends in flight")
-        if not self.start_offset <= offset <= self.end_offset:
-            raise OffsetOutOfRangeError(
-                f"truncate to {offset}: outside [{self.start_offset}, {self.end_offset}]"
-            )
-        keep = max(bisect.bisect_right(self._bases, offset) - 1, 0)
-        while len(self.segments) > keep + 1:
-            seg = self.segments.pop()
-            self._bases.pop()
-            self._unsynced.pop(seg, None)
-            seg.delete()
-        self._track_active()
-        seg = self.segments[-1]
-        start = self.start_offset
-        new_end = seg.truncate_before_offset(offset)
-        self._next_offset = new_end
-        self._reserved_size = seg.size
-        self.io.fdatasync(seg.store_fd)
-        self.io.fdatasync(seg.index_fd)
-        self.io.fsync_dir(self.directory)
-        seg.synced_size = seg.size
-        if new_end < start:  # the batch holding the start was cut: nothing of the log is left
-            self.restart_at(start)
-            return start
-        self.durable_offset = min(self.durable_offset, new_end)
-        self._assert_marks()
-        self._note_truncation(new_end)
-        return new_end
-
-    def restart_at(self, offset: int) -> None:
-        """Delete every segment and start over, empty, at `offset` above the end: a follower
-        whose leader no longer holds the follower's end (retention deleted it there). Durable on
-        return; no segment name is reused (every old one is below `offset`)."""
-        self.check_usable()
-        if self._pending:
-            raise StorageError("restart with appends in flight")
-        if offset <= self.end_offset:
-            raise OffsetOutOfRangeError(f"restart at {offset}: not above the log end {self.end_offset}")
-        old, self.segments, self._bases = self.segments, [], []
-        for seg in old:
-            self._unsynced.pop(seg, None)
-            seg.delete()
-        self._release_active()
-        self._active = Segment.create(self.directory, offset, self.io, self.cache)  # created pinned
-        self._add_segment(self._active)
-        self._next_offset = offset
-        self._reserved_size = 0
-        self.io.fsync_dir(self.directory)
-        self.durable_offset = offset
-        self._assert_marks()
-        self._note_truncation(offset)
-
-    def delete_records(self, offset: int) -> int:
-        """Move the log start up to `offset` (Kafka's DeleteRecords, or a follower taking its
-        leader's start), at most to the log end (`OffsetOutOfRangeError` past it); never back.
-        Segments wholly below it are deleted (Kafka's rule: a segment goes once the next one
-        starts at or below the log start; never the active one, nor one appends in flight still
-        write); an offset inside a segment is recorded durably first (broker/storage/log_start.py),
-        so no restart serves a deleted record again. Returns the log start after."""
-        self.check_usable()
-        end = self.end_offset
-        if offset > end:
-            raise OffsetOutOfRangeError(f"delete records below {offset}: past the log end {end}")
-        if offset <= self.start_offset:
-            return self.start_offset
-        gone = self._below(offset)
-        if self.segments[len(gone)].base_offset < offset:
-            log_start.write(self.directory, offset)
-        self._start_floor = offset
-        self._delete_first(len(gone))
-        self.durable_offset = max(self.durable_offset, offset)
-        self._assert_marks()
-        return offset
-
-    def _below(self, offset: int) -> list[Segment]:
-        """The first segments, each followed by one based at or below `offset`: nothing of them
-        is at or above it. Never the active segment nor one appends in flight still write."""
-        pinned = self._pending[0].segment if self._pending else self.segments[-1]
-        out = []
-        for seg, after in zip(self.segments, self.segments[1:], strict=False):
-            if seg is pinned or after.base_offset > offset:
-                break
-            out.append(seg)
-        return out
-
-    def _delete_first(self, count: int) -> None:
-        for _ in range(count):
-            seg = self.segments.pop(0)
-            self._bases.pop(0)
-            self._unsynced.pop(seg, None)
-            log.info("%s: deleting segment (below the log start)", seg.store_path)
-            seg.delete()
-        if count:
-            self.io.fsync_dir(self.directory)
-
-    def _restore_start(self, floor: int) -> None:
-        """At open: the recorded log start, its segments wholly below it deleted (a crash came
-        between recording it and deleting them); above the recovered end, the log starts over
-        there (log_start.py)."""
-        if floor <= self.segments[0].base_offset:
-            return
-        if floor > self.end_offset:
-            log.warning(
-                "%s: the recorded log start %d is past the recovered end %d: starting over, empty, there",
-                self.directory,
-                floor,
-                self.end_offset,
-            )
-            self.restart_at(floor)
-            return
-        self._start_floor = floor
-        self._delete_first(len(self._below(floor)))
-
-    def apply_retention(self, now: int | None = None) -> int:
-        """Delete whole closed segments past `retention_ms` or beyond `retention_bytes`.
-
-        Age is the broker's append time of a segment's last batch, read from its index on disk,
-        so a restart does not make old data young. Oldest first; the active segment is never
-        deleted. Returns how many segments were deleted. A log whose cleanup policy does not
-        delete (Kafka's cleanup.policy=compact) keeps every segment: its cleaner removes records.
-        """
-        self.check_usable()
-        now = self.clock() if now is None else now
-        cfg = self.config
-        if not cfg.deletes:
-            return 0
-        total = self.size_bytes
-        pinned = self._pending[0].segment if self._pending else self.segments[-1]
-        deleted = 0
-        while len(self.segments) > 1 and self.segments[0] is not pinned:
-            seg = self.segments[0]
-            last = seg.last_append_ms
-            too_old = cfg.retention_ms is not None and (last is None or now - last > cfg.retention_ms)
-            too_big = cfg.retention_bytes is not None and total > cfg.retention_bytes
-            if not (too_old or too_big):
-                break
-            log.info("%s: deleting segment (%s)", seg.store_path, "age" if too_old else "size")
-            self.segments.pop(0)
-            self._bases.pop(0)
-            self._unsynced.pop(seg, None)
-            total -= seg.size
-            seg.delete()
-            deleted += 1
-        if deleted:
-            self.io.fsync_dir(self.directory)
-            self.durable_offset = max(self.durable_offset, self.start_offset)
-        return deleted
-
-    # ------------------------------------------------------------------------- cleaning
-
-    def closed_segments(self) -> list[Segment]:
-        """The segments the log cleaner may read (broker/storage/log_cleaning.py): every one
-        before the active segment, up to the first that appends in flight still write (one
-        rolled while they ran)."""
-        out = []
-        draining = self._draining
-        for seg in self.segments[:-1]:
-            if seg in draining:
-                break
-            out.append(seg)
-        return out
-
-    def _note_truncation(self, end: int) -> None:
-        if self._truncated_to is None or end < self._truncated_to:
-            self._truncated_to = end
-
-    def take_truncation(self) -> int | None:
-        """The lowest end a truncation left since the last call, or None: where the log
-        cleaner's checkpoint must come down to (Kafka's cleaner does the same on truncation)."""
-        end, self._truncated_to = self._truncated_to, None
-        return end
-
-    def replace_segments(self, old: list[Segment], new: Segment) -> None:
-        """`new`, a cleaned segment opened from the files that replaced `old` (consecutive
-        closed segments of this log, whose files are already removed or renamed over), takes
-        their place. They are retired: a read in flight keeps its descriptor of the old file
-        until it completes; none reopens. Their flushes are moot: `new` was synced when it was
-        written (a flush in flight that names their paths finds them gone or finds `new`)."""
-        i = next(k for k, seg in enumerate(self.segments) if seg is old[0])
-        assert all(a is b for a, b in zip(self.segments[i : i + len(old)], old, strict=True)), "consecutive"
-        assert i + len(old) < len(self.segments), "the active segment is never replaced"
-        self.segments[i : i + len(old)] = [new]
-        self._bases[i : i + len(old)] = [new.base_offset]
-        for seg in old:
-            self._unsynced.pop(seg, None)
-            seg.abandon()
-        self._dir_unsynced = True
-
-    def mark_broken(self, reason: str) -> None:
-        """Refuse all work until reopened, where recovery repairs what `reason` left (a swap of
-        cleaned segments that failed half way: recovery completes it)."""
-        self._broken = reason
-        log.error("%s: %s", self.directory, reason)

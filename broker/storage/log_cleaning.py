@@ -23,11 +23,11 @@ Rules this module keeps:
   (broker/storage/log_recovery.py `finish_swaps`): every group's `.cleaned` index, then every
   `.cleaned` store, renamed to `.swap` (the commit: done when no `.cleaned` file is left), the
   directory synced; then per group the replaced segments after the first removed, the `.swap`
-  index then store renamed over the first's files, and the new segment opened in their place. A
-  failure half way leaves the log refusing work until it is reopened, where recovery completes
-  the swap (or, before the commit, removes it). The replaced segments' `.txnindex` files go
-  before the commit and each new segment's is written once it is in place (a cache: missing, the
-  next open reads its markers).
+  index then store renamed over the first's files, and the new segment opened in their place
+  (`Log.replace_segments`, broker/storage/log_segments.py). A failure half way leaves the log
+  refusing work until it is reopened, where recovery completes the swap (or, before the commit,
+  removes it). The replaced segments' `.txnindex` files go before the commit and each new
+  segment's is written once it is in place (a cache: missing, the next open reads its markers).
 - The checkpoint (`cleaner-checkpoint.json` in the partition's directory) says where the dirty
   section starts and when the next delete horizon comes. It is a hint: lost or behind, the next
   clean rewrites more than it needed to, never less.
