@@ -1,0 +1,45 @@
+"""What every API module of our protocol is handed: the core, and the answers it writes.
+
+Rules this module keeps:
+- One `Context` per core, made by our protocol's adapter (broker/ringlog/adapter.py): an API
+  module is plain functions of `(ctx, request, frame) -> Outcome`, registered in the adapter's
+  table, as the Kafka adapter's are (broker/kafka/context.py).
+- An answer names the topic and partition of the request's frame header, as its request did.
+- Every error answer is counted in the core's metrics, whichever API or step writes it; errors are
+  the core's (`broker.core.errors.error_of`), answered in our codes.
+"""
+
+from __future__ import annotations
+
+from broker.core.core import Core
+from broker.core.errors import error_of
+from broker.core.outcomes import Reply
+from ringlog_proto import messages as m
+from ringlog_proto.frames import Frame
+
+
+class Context:
+    """The core, its settings and metrics, and the answers to a frame (module rules)."""
+
+    __slots__ = ("config", "core", "metrics")
+
+    def __init__(self, core: Core) -> None:
+        self.core = core
+        self.config = core.config
+        self.metrics = core.metrics
+
+    def reply(self, frame: Frame, resp: m.Response) -> Reply:
+        return Reply(m.encode_response(resp, frame.correlation_id, None, frame.topic_id, frame.partition))
+
+    def error(self, frame: Frame, code: m.ErrorCode, message: str) -> Reply:
+        """The error response with `code` to `frame`."""
+        self.metrics.error()
+        resp = m.error_response(frame.api_key, code, message)
+        return Reply(
+            m.encode_response(resp, frame.correlation_id, frame.api_key, frame.topic_id, frame.partition)
+        )
+
+    def error_reply(self, frame: Frame, exc: BaseException) -> Reply:
+        """The error response for `exc`, raised while serving `frame`."""
+        code, message = error_of(exc)
+        return self.error(frame, code, message)

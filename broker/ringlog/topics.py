@@ -1,0 +1,230 @@
+"""Our protocol's topic APIs: Metadata, CreateTopic, DeleteTopic, DescribeConfigs, AlterConfigs.
+
+Rules this module keeps:
+- Alone, the core creates, deletes and alters a topic itself; in a cluster the metadata store
+  (etcd) does, written off the loop (the core's `in_cluster`), and this core's registry is
+  refreshed before the answer. An alteration's answer waits, a bounded time, until the registry
+  shows it, so that the client's next request here sees what it just changed.
+- An alteration is checked against the registry before the store is asked: a bad value is refused
+  without a round trip. AlterConfigs is both of Kafka's alterations, replacing (AlterConfigs) and
+  changing (IncrementalAlterConfigs), stored as the core stores them.
+- CreateTopic's limits stand for topic configs (`limit_configs`): -1 the broker's default (no
+  override), -2 keep forever (Kafka's -1); a replication other than 1 needs a cluster. Replicas
+  placed by hand are checked here for their shape only (`_assignment_refusal`): the cluster's
+  store checks the nodes.
+- A topic the principal may not describe (ACLs on) is left out of a Metadata listing and answered
+  TOPIC_AUTHORIZATION_FAILED when named, without its id or settings: whether it exists is not told
+  either (Kafka's rule). broker/ringlog/access.py decides; `metadata_reply` writes it.
+- DeleteTopic from another core is that core's notice that it deleted the topic: this core closes
+  its partitions of it before the deleting core answers its client (`deleted_elsewhere`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from broker.core.outcomes import Outcome, Reply
+from broker.core.topic_configs import ConfigChange, ConfigOp, ConfigSource, changing, replacing
+from broker.core.topics import Topic
+from broker.ringlog.context import Context
+from ringlog_proto import messages as m
+from ringlog_proto.frames import Frame
+
+_SOURCES: dict[ConfigSource, m.ConfigSource] = {
+    ConfigSource.TOPIC: m.ConfigSource.TOPIC,
+    ConfigSource.STATIC_BROKER: m.ConfigSource.BROKER_FLAG,
+    ConfigSource.DEFAULT: m.ConfigSource.DEFAULT,
+}
+_OPS: dict[m.ConfigOp, ConfigOp] = {
+    m.ConfigOp.SET: ConfigOp.SET,
+    m.ConfigOp.DELETE: ConfigOp.DELETE,
+    m.ConfigOp.APPEND: ConfigOp.APPEND,
+    m.ConfigOp.SUBTRACT: ConfigOp.SUBTRACT,
+}
+
+
+def metadata(ctx: Context, req: m.Request, frame: Frame) -> Outcome:
+    assert isinstance(req, m.MetadataRequest)
+    return metadata_reply(ctx, req, frame)
+
+
+def metadata_reply(
+    ctx: Context, req: m.MetadataRequest, frame: Frame, may_describe: Callable[[str], bool] | None = None
+) -> Reply:
+    """The Metadata answer. With `may_describe` (ACLs on: broker/ringlog/access.py) a topic the
+    principal may not describe is left out of a listing of every topic, and answered
+    TOPIC_AUTHORIZATION_FAILED, without its id or settings, when named: whether it exists is
+    not told either (Kafka's rule)."""
+    view = ctx.core.metadata_view(req.topics or None)
+    # one decision per topic (each reads the ACLs): refused ones are left out of a listing
+    refused = set() if may_describe is None else {t.name for t in view.topics if not may_describe(t.name)}
+    shown = [t for t in view.topics if req.topics or t.name not in refused]
+    topics = tuple(
+        m.TopicMetadata(m.ErrorCode.TOPIC_AUTHORIZATION_FAILED, t.name, 0)
+        if t.name in refused
+        else m.TopicMetadata(
+            m.ErrorCode.NONE if t.known else m.ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+            t.name,
+            t.topic_id,
+            t.retention_ms,
+            t.retention_bytes,
+            t.segment_bytes,
+            tuple(
+                m.PartitionMetadata(
+                    p.index,
+                    p.owner_core,
+                    p.start_offset,
+                    p.end_offset,
+                    p.leader_node,
+                    p.leader_epoch,
+                    p.replicas,
+                    p.isr,
+                )
+                for p in t.partitions
+            ),
+        )
+        for t in shown
+    )
+    resp = m.MetadataResponse(
+        host=view.host,
+        port=view.port,
+        cores=view.cores,
+        steering=view.steering,
+        topics=topics,
+        core_ports=view.core_ports,
+        node_id=view.node_id,
+        clustered=view.clustered,
+        nodes=tuple(
+            m.NodeMetadata(n.node_id, n.host, n.port, n.cores, n.core_ports, n.rack, n.live)
+            for n in view.nodes
+        ),
+    )
+    return ctx.reply(frame, resp)
+
+
+def create_topic(ctx: Context, req: m.Request, frame: Frame) -> Outcome:
+    assert isinstance(req, m.CreateTopicRequest)
+    if req.assignment:
+        refusal = _assignment_refusal(ctx, req)
+        if refusal is not None:
+            return ctx.error(frame, m.ErrorCode.INVALID_REQUEST, refusal)
+    elif req.replication not in (-1, 1) and not ctx.core.cluster.clustered:
+        return ctx.error(
+            frame,
+            m.ErrorCode.INVALID_CONFIG,
+            f"one node keeps one copy: replication {req.replication} needs a cluster",
+        )
+    configs = {
+        **limit_configs(req.retention_ms, req.retention_bytes, req.segment_bytes),
+        **dict(req.configs),
+    }
+    settings = ctx.config.cluster
+    if settings is not None:
+        calls = settings.calls
+        registry = ctx.core.registry
+
+        def create() -> Topic:
+            return calls.create_topic(
+                registry,
+                req.name,
+                req.partitions,
+                configs,
+                replication=req.replication,
+                assignment=req.assignment or None,
+            )
+
+        return ctx.core.in_cluster(
+            create,
+            lambda t: ctx.reply(frame, m.CreateTopicResponse(topic_id=t.topic_id)),
+            lambda exc: ctx.error_reply(frame, exc),
+        )
+    topic = ctx.core.create_topic(req.name, req.partitions, configs)
+    return ctx.reply(frame, m.CreateTopicResponse(topic_id=topic.topic_id))
+
+
+def _assignment_refusal(ctx: Context, req: m.CreateTopicRequest) -> str | None:
+    """Why replicas placed by hand cannot be taken as they come (None: they can; a cluster's
+    store checks the nodes): one list per partition, as many replicas in each as
+    `replication` says (-1: any), and on a single node this node alone in each."""
+    counts = {len(replicas) for replicas in req.assignment}
+    if len(req.assignment) != req.partitions:
+        return f"the assignment places {len(req.assignment)} partition(s), not {req.partitions}"
+    if req.replication != -1 and counts != {req.replication}:
+        return f"the assignment's replica counts {sorted(counts)} are not replication {req.replication}"
+    me = ctx.config.node_id
+    if not ctx.core.cluster.clustered and any(tuple(r) != (me,) for r in req.assignment):
+        return f"a single node (node {me}) keeps the one copy of each partition: assign [{me}] only"
+    return None
+
+
+def delete_topic(ctx: Context, req: m.Request, frame: Frame) -> Outcome:
+    assert isinstance(req, m.DeleteTopicRequest)
+    settings = ctx.config.cluster
+    if settings is not None:
+        calls = settings.calls
+        return ctx.core.in_cluster(
+            lambda: calls.delete_topic(req.name),
+            lambda _t: ctx.reply(frame, m.DeleteTopicResponse()),
+            lambda exc: ctx.error_reply(frame, exc),
+        )
+    return ctx.core.delete_topic(req.name, lambda: ctx.reply(frame, m.DeleteTopicResponse()), frame)
+
+
+def deleted_elsewhere(ctx: Context, frame: Frame) -> Outcome:
+    """Another core deleted a topic: close our partitions of it before it answers its client."""
+    ctx.core.refresh_topics(force=True)
+    return ctx.reply(frame, m.DeleteTopicResponse())
+
+
+def describe_configs(ctx: Context, req: m.Request, frame: Frame) -> Outcome:
+    assert isinstance(req, m.DescribeConfigsRequest)
+    entries = ctx.core.topic_config_entries(req.topic, req.keys or None)
+    configs = tuple(m.ConfigDescription(e.name, e.value or "", _SOURCES[e.source], e.doc) for e in entries)
+    return ctx.reply(frame, m.DescribeConfigsResponse(configs=configs))
+
+
+def alter_configs(ctx: Context, req: m.Request, frame: Frame) -> Outcome:
+    """A topic's configs altered: the same alterations as Kafka's AlterConfigs (replacing)
+    and IncrementalAlterConfigs (changing), stored as the core stores them."""
+    assert isinstance(req, m.AlterConfigsRequest)
+    if req.incremental:
+        alteration = changing(ConfigChange(c.name, _OPS[c.op], c.value) for c in req.changes)
+    else:
+        alteration = replacing({c.name: c.value for c in req.changes})
+    settings = ctx.config.cluster
+    if settings is None or req.validate_only:
+        ctx.core.alter_topic_configs(req.topic, alteration, req.validate_only)
+        return ctx.reply(frame, m.AlterConfigsResponse())
+    calls, registry = settings.calls, ctx.core.registry
+    ctx.core.refresh_topics()
+    registry.altered(req.topic, alteration)  # refused here, before the store is asked
+    stored: list[Topic] = []
+
+    def alter() -> Topic:
+        stored.append(calls.alter_topic_configs(registry, req.topic, alteration))
+        return stored[0]
+
+    def mirrored(topic: Topic) -> bool:
+        current = registry.by_name.get(topic.name)
+        return current is not None and current.configs == topic.configs
+
+    return ctx.core.in_cluster(
+        alter,
+        lambda _t: ctx.reply(frame, m.AlterConfigsResponse()),
+        lambda exc: ctx.error_reply(frame, exc),
+        until=mirrored,
+    )
+
+
+def limit_configs(retention_ms: int, retention_bytes: int, segment_bytes: int) -> dict[str, str]:
+    """The topic configs a CreateTopic's limits stand for: -1 the broker's default (no override),
+    -2 keep forever (Kafka's -1), else the value (checked with the other configs)."""
+    configs = {}
+    for name, value in (
+        ("retention.ms", retention_ms),
+        ("retention.bytes", retention_bytes),
+        ("segment.bytes", segment_bytes),
+    ):
+        if value != -1:
+            configs[name] = "-1" if value == -2 and name != "segment.bytes" else str(value)
+    return configs
