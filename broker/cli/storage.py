@@ -16,7 +16,7 @@ from broker.storage.index import ENTRY_SIZE, INDEX_HEADER_SIZE, decode_entry, pa
 from broker.storage.index import invalid_header as invalid_index_header
 from broker.storage.layout import STORE_SUFFIX, index_file_name, parse_segment_name, store_file_name
 from broker.storage.log import Log, LogConfig
-from broker.storage.segment import preallocated
+from broker.storage.segment_recovery import preallocated
 from ringlog_proto.batch import (
     CODEC_NAMES,
     CONTROL_TYPE_NAMES,

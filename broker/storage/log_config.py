@@ -12,10 +12,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from broker.storage.index import POSITION_MAX
-from broker.storage.segment import PREALLOCATE_BYTES, PREALLOCATE_BYTES_MAX
 from ringlog_proto.batch import CODEC_NAMES
 
 SEGMENT_BYTES_MAX = 1 << 31  # index positions are u32; 2 GiB keeps every position far from overflow
+# A segment's store is preallocated ahead of its appends (broker/storage/preallocation.py) in steps
+# of this many bytes, each twice the last while appends use them up quickly, up to the most; a
+# tail of zeros no longer than that after the last batch is that space, left by a process that was
+# killed (a clean close gives it back), not damage (broker/storage/segment_recovery.py).
+PREALLOCATE_BYTES = 1 << 20
+PREALLOCATE_BYTES_MAX = 8 << 20
 # A compressed batch may inflate to this many times max_batch_bytes (`LogConfig.max_decompressed_bytes`):
 # producers' batches of text compress 3-10x; a decompression bomb is stopped at the bound.
 DECOMPRESSION_RATIO_MAX = 16

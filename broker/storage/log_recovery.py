@@ -39,7 +39,8 @@ from broker.storage.layout import (
     store_file_name,
     txn_index_file_name,
 )
-from broker.storage.segment import SCAN_CHUNK_BYTES, Segment
+from broker.storage.segment import Segment
+from broker.storage.segment_recovery import SCAN_CHUNK_BYTES
 from ringlog_proto.batch import HEADER_SIZE, invalid_stored_header, read_header
 
 log = logging.getLogger("broker.storage.log")  # the log's lines, as before this module was apart

@@ -17,7 +17,8 @@ import errno
 import logging
 from collections.abc import Callable
 
-from broker.storage.segment import PREALLOCATE_BYTES, PREALLOCATE_BYTES_MAX, Segment
+from broker.storage.log_config import PREALLOCATE_BYTES, PREALLOCATE_BYTES_MAX
+from broker.storage.segment import Segment
 
 log = logging.getLogger("broker.storage.log")  # the log's lines, as before this module was apart
 

@@ -5,7 +5,8 @@ Rules this module keeps:
   `.index`), so `ls` sorts segments in offset order: broker/storage/layout.py spells the names.
 - The store file holds whole, validated batches back to back and nothing else (Fileformat in
   `ringlog_proto.batch`). Every byte below `size` has been written and belongs to a batch that
-  passed validation; bytes above it are a torn tail that `recover` cuts.
+  passed validation; bytes above it are a torn tail that `recover` cuts (what it checks and
+  keeps: broker/storage/segment_recovery.py).
 - Offsets only grow inside a segment: each batch's base offset is at or past the previous batch's
   next offset. Past it only where the log cleaner removed batches (broker/storage/cleaner.py) or a
   follower copied a leader's cleaned log; a batch holds the offsets its header spans, some of
@@ -28,65 +29,27 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from broker.storage.errors import CorruptBatchError, LegacyFormatError, LogClosedError
+from broker.storage import segment_recovery
+from broker.storage.errors import CorruptBatchError, LogClosedError
 from broker.storage.fdcache import FdCache
 from broker.storage.fileio import Buffer, FileIO, Write, run_write
 from broker.storage.index import (
     ENTRY_SIZE,
     INDEX_HEADER_SIZE,
-    POSITION_MAX,
-    RELATIVE_OFFSET_MAX,
     SegmentIndex,
-    decode_entry,
     encode_header,
-    invalid_header,
-    parse_entries,
 )
 from broker.storage.layout import index_file_name, store_file_name, txn_index_file_name
 from broker.storage.txn_index import MarkerEntry, decode_txn_file, encode_txn_file
 from ringlog_proto.batch import (
     HEADER_SIZE,
     BatchHeader,
-    batch_crc,
-    legacy_format,
     read_header,
     scan_stored,
     span_shortfall,
 )
-from ringlog_proto.batch import (
-    invalid_stored_header as invalid_batch_header,
-)
 
 log = logging.getLogger(__name__)
-
-SCAN_CHUNK_BYTES = 4 * 1024 * 1024  # recovery reads the store in chunks this big; bounds its memory
-
-
-# A segment's store is preallocated ahead of its appends (Log) in steps of this many bytes, each
-# twice the last while appends use them up quickly, up to the most; a tail of zeros no longer than
-# that after the last batch is that space, left by a process that was killed (a clean close gives
-# it back), not damage.
-PREALLOCATE_BYTES = 1 << 20
-PREALLOCATE_BYTES_MAX = 8 << 20
-PREALLOCATED_TAIL_MAX = PREALLOCATE_BYTES_MAX + (64 << 20)  # plus the largest batch a write could tear
-
-
-def preallocated(tail: bytes) -> bool:
-    """Whether `tail` (the bytes after a store's last whole batch) is unwritten preallocated space."""
-    return not tail.rstrip(b"\x00")
-
-
-def _common_prefix(a: bytes, b: bytes) -> int:
-    """Length of the longest common prefix of `a` and `b`."""
-    n = min(len(a), len(b))
-    lo, hi = 0, n  # binary search over slices: C-speed compares, not a Python loop per byte
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
 
 
 @dataclass(frozen=True, slots=True)
@@ -399,17 +362,8 @@ class Segment:
     def entry_count(self) -> int:
         return len(self.index)
 
-    def _read_index_file(self) -> tuple[SegmentIndex, str | None]:
-        """Entries from the index file, and why some or all of it was unusable (None if fine)."""
-        data = self.io.pread(self.index_fd, self.io.size(self.index_fd), 0)
-        reason = invalid_header(data, self.base_offset)
-        if reason is not None:
-            return SegmentIndex(), reason
-        entries, reason = parse_entries(data[INDEX_HEADER_SIZE:])
-        return SegmentIndex(entries, len(entries) // ENTRY_SIZE), reason
-
     def _load_index(self) -> SegmentIndex:
-        index, reason = self._read_index_file()
+        index, reason = segment_recovery.read_index_file(self)
         last = index.last()
         end = 0 if last is None else last.position + self._batch_size_at(last.position)
         if reason is not None or end != self.size:
@@ -426,42 +380,12 @@ class Segment:
         return read_header(data).size if len(data) == HEADER_SIZE else -1
 
     def _tail_consistent(self) -> bool:
-        """Cheap open-time check: does the last index entry end exactly where the store ends?
-
-        Sets size, next offset and timestamps from it when it does. Reads one entry and one
-        batch header, not the whole index, so opening a log with many segments stays fast.
-        """
-        index_size = self.io.size(self.index_fd)
-        store_size = self.io.size(self.store_fd)
-        if index_size < INDEX_HEADER_SIZE or (index_size - INDEX_HEADER_SIZE) % ENTRY_SIZE:
+        """The cheap open-time check (segment_recovery.py `tail_end`): does the last index entry
+        end exactly where the store ends? Sets size, next offset and timestamps when it does."""
+        tail = segment_recovery.tail_end(self)
+        if tail is None:
             return False
-        if index_size == INDEX_HEADER_SIZE:
-            return (
-                store_size == 0
-                and invalid_header(self.io.pread(self.index_fd, INDEX_HEADER_SIZE, 0), self.base_offset)
-                is None
-            )
-        header = self.io.pread(self.index_fd, INDEX_HEADER_SIZE, 0)
-        if invalid_header(header, self.base_offset) is not None:
-            return False
-        last = decode_entry(self.io.pread(self.index_fd, ENTRY_SIZE, index_size - ENTRY_SIZE))
-        if last is None:
-            return False
-        data = self.io.pread(self.store_fd, HEADER_SIZE, last.position)
-        if len(data) < HEADER_SIZE:
-            return False
-        h = read_header(data)
-        if (
-            invalid_batch_header(h) is not None
-            or h.base_offset != self.base_offset + last.relative_offset
-            or last.position + h.size != store_size
-        ):
-            return False
-        self.size = store_size
-        self.next_offset = h.next_offset
-        self.max_timestamp = last.max_timestamp
-        self.last_append_ms = last.append_time_ms
-        self._entries_on_disk = (index_size - INDEX_HEADER_SIZE) // ENTRY_SIZE
+        self.size, self.next_offset, self.max_timestamp, self.last_append_ms, self._entries_on_disk = tail
         return True
 
     def write_index(self) -> None:
@@ -476,137 +400,18 @@ class Segment:
     # ----------------------------------------------------------------------------- recovery
 
     def recover(self, now_ms: int) -> int:
-        """Validate the store from the last index entry that checks out; cut what does not.
-
-        Walks back over index entries until one points at a batch with the right base offset and
-        crc, then scans forward from there batch by batch (header, lengths, crc32c, offset
-        continuity), re-adding index entries. The first invalid batch and everything after it is
-        cut: it is a torn or garbage tail. Returns the number of store bytes cut. A store written
-        by the old format 1 raises LegacyFormatError before anything is read further or cut.
-        """
-        if legacy_format(self.io.pread(self.store_fd, HEADER_SIZE, 0)) is not None:
-            raise LegacyFormatError(self.store_path)  # an older version's data: not ours to cut
-        index = self._index
-        if index is None:
-            index, reason = self._read_index_file()
-            if reason:
-                log.warning("%s: %s; rebuilding from the store", self.index_path, reason)
-        store_size = self.io.size(self.store_fd)
-        # Walk back to the last trustworthy entry.
-        while len(index):
-            e = index.entry(len(index) - 1)
-            h = self._verified_header(e.position, self.base_offset + e.relative_offset, store_size)
-            if h is not None:
-                break
-            index.truncate(len(index) - 1)
-        if len(index):
-            last = index.last()
-            assert last is not None
-            h = self._verified_header(last.position, self.base_offset + last.relative_offset, store_size)
-            assert h is not None
-            position, next_offset = last.position + h.size, h.next_offset
-        else:
-            position, next_offset = 0, self.base_offset
-        rebuilt_time = min(now_ms, self.io.mtime_ms(self.store_fd))
-        position, next_offset, reason = self._scan(index, position, next_offset, store_size, rebuilt_time)
-        cut = store_size - position
-        if cut:
-            if cut <= PREALLOCATED_TAIL_MAX and preallocated(self.io.pread(self.store_fd, cut, position)):
-                log.info(
-                    "%s: released %d bytes preallocated after position %d", self.store_path, cut, position
-                )
-            else:
-                log.warning("%s: cut %d bytes at position %d: %s", self.store_path, cut, position, reason)
-            self.io.ftruncate(self.store_fd, position)
-        self._rewrite_index(index)
-        self._index = index
-        self.size = position
-        self.next_offset = next_offset
+        """Validate the store from the last index entry that checks out; cut what does not (how,
+        and what is kept: broker/storage/segment_recovery.py). Returns the number of store bytes
+        cut. A store written by the old format 1 raises LegacyFormatError before anything is read
+        further or cut."""
+        found = segment_recovery.recover(self, self._index, now_ms)
+        index = self._index = found.index
+        self.size = found.size
+        self.next_offset = found.next_offset
         last = index.last()
         self.max_timestamp = None if last is None else last.max_timestamp
         self.last_append_ms = None if last is None else last.append_time_ms
-        return cut
-
-    def _rewrite_index(self, index: SegmentIndex) -> None:
-        """Make the index file hold exactly `index` (it may have lost entries, or hold garbage or a
-        partial entry), writing only what differs: a clean restart writes nothing, so recovery
-        works on a full disk. Where the disk refuses the write (ENOSPC), the file is cut to what
-        is right in it, or emptied, and the entries stay unpersisted in memory: the index is a
-        cache of the store, rebuilt at the next open if need be. Other errors raise."""
-        whole = index.encode_file(self.base_offset)
-        on_disk = self.io.pread(self.index_fd, self.io.size(self.index_fd), 0)
-        if on_disk == whole:
-            index.persisted_count = len(index)
-            return
-        keep = 0  # bytes at the start of the file that are already right (whole entries)
-        if len(on_disk) >= INDEX_HEADER_SIZE and on_disk[:INDEX_HEADER_SIZE] == whole[:INDEX_HEADER_SIZE]:
-            common = len(whole) if on_disk.startswith(whole) else _common_prefix(on_disk, whole)
-            keep = INDEX_HEADER_SIZE + (common - INDEX_HEADER_SIZE) // ENTRY_SIZE * ENTRY_SIZE
-        try:
-            if keep < len(on_disk):
-                self.io.ftruncate(self.index_fd, keep)  # frees space; never needs any
-            if keep < len(whole):
-                run_write(self.io, Write(self.index_fd, (whole[keep:],), keep, len(whole) - keep))
-        except OSError as exc:
-            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
-                raise
-            with contextlib.suppress(OSError):
-                self.io.ftruncate(self.index_fd, keep)
-            log.warning(
-                "%s: no space to rewrite the index (%s); the rest stays in memory until there "
-                "is room (the store is the truth: the next open rebuilds it if need be)",
-                self.index_path,
-                exc.strerror or exc,
-            )
-            index.persisted_count = max(0, (keep - INDEX_HEADER_SIZE) // ENTRY_SIZE)
-            return
-        index.persisted_count = len(index)
-
-    def _verified_header(self, position: int, expected_offset: int, store_size: int) -> BatchHeader | None:
-        """The header of the batch at `position` if the whole batch is there and its crc matches."""
-        data = self.io.pread(self.store_fd, HEADER_SIZE, position)
-        if len(data) < HEADER_SIZE:
-            return None
-        h = read_header(data)
-        if invalid_batch_header(h, store_size - position) is not None or h.base_offset != expected_offset:
-            return None
-        body = self.io.pread(self.store_fd, h.size, position)
-        if len(body) != h.size or batch_crc(body, 0, h.size) != h.crc:
-            return None
-        return h
-
-    def _scan(
-        self, index: SegmentIndex, position: int, next_offset: int, store_size: int, append_ms: int
-    ) -> tuple[int, int, str]:
-        """Validate batches from `position`, adding index entries; stop at the first bad one."""
-        chunk = b""
-        chunk_pos = position
-        while position < store_size:
-            rel = position - chunk_pos
-            if len(chunk) - rel < HEADER_SIZE:
-                chunk = self.io.pread(self.store_fd, SCAN_CHUNK_BYTES, position)
-                chunk_pos, rel = position, 0
-                if len(chunk) < HEADER_SIZE:
-                    return position, next_offset, f"{len(chunk)} trailing bytes, less than a header"
-            h = read_header(chunk, rel)
-            reason = invalid_batch_header(h, store_size - position)
-            if reason is None and h.base_offset < next_offset:
-                reason = f"base offset {h.base_offset}, expected {next_offset} or later"
-            if reason is None and (
-                h.last_offset - self.base_offset > RELATIVE_OFFSET_MAX or position + h.size > POSITION_MAX + 1
-            ):
-                reason = "batch beyond the offsets or bytes a segment can index"
-            if reason is not None:
-                return position, next_offset, reason
-            if len(chunk) - rel < h.size:
-                chunk = self.io.pread(self.store_fd, max(SCAN_CHUNK_BYTES, h.size), position)
-                chunk_pos, rel = position, 0
-            if batch_crc(chunk, rel, h.size) != h.crc:
-                return position, next_offset, "crc32c mismatch"
-            index.append(h.base_offset - self.base_offset, position, h.max_timestamp, append_ms)
-            position += h.size
-            next_offset = h.next_offset
-        return position, next_offset, "end of store"
+        return found.cut
 
     # ----------------------------------------------------------------------------- appends
 

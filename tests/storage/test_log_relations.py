@@ -13,10 +13,10 @@ from broker.storage.index import POSITION_MAX
 from broker.storage.log_config import (
     DECOMPRESSED_BYTES_MAX,
     DECOMPRESSION_RATIO_MAX,
+    PREALLOCATE_BYTES_MAX,
     SEGMENT_BYTES_MAX,
     relation_errors,
 )
-from broker.storage.segment import PREALLOCATE_BYTES_MAX
 
 MiB = 1024 * 1024
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,8 +17,8 @@ from broker.cli import main
 from broker.storage.errors import StorageError
 from broker.storage.fileio import run_ops
 from broker.storage.log import Log, LogConfig
+from broker.storage.log_config import PREALLOCATE_BYTES, PREALLOCATE_BYTES_MAX
 from broker.storage.preallocation import PREALLOCATE_RAMP_MS
-from broker.storage.segment import PREALLOCATE_BYTES, PREALLOCATE_BYTES_MAX
 from ringlog_proto.batch import encode_batch
 
 CONFIG = LogConfig(segment_bytes=4 * PREALLOCATE_BYTES, max_batch_bytes=64 * 1024, retention_ms=None)
