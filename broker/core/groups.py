@@ -17,7 +17,9 @@ Rules this module keeps:
 - The offsets of the old layout (one file per partition, `layout.group_offsets_path`) are moved
   into this store once, before any core serves (`migrate_partition_offsets`, run by the
   supervisor), then removed.
-- Owned by one core's event loop; no locks. Files are read on a group's first use.
+- Owned by one core's event loop; no locks. Files are read on a group's first use, and only a
+  group with offsets (committed or pending) stays in memory: any name can be asked about (a lag
+  monitor polling names, a deleted group), and the names asked must not pile up.
 - Offsets are deleted on request (Kafka's DeleteGroups and OffsetDelete): a group's file is
   rewritten without them, or removed with its last one (the directory synced: a deletion
   acknowledged stays deleted). Pending transactional offsets of those partitions go with them.
@@ -186,19 +188,24 @@ class GroupOffsetStore:
     # ------------------------------------------------------------------------- where the document lives
 
     def load_doc(self, group: str) -> GroupDoc:
-        """The group's document (read from its file on first use, then kept)."""
+        """The group's document (read from its file on first use, then kept if it holds any
+        offset: module rules)."""
         found = self._groups.get(group)
         if found is None:
-            found = self._groups[group] = read_group_doc(self.data_dir, group)
+            found = read_group_doc(self.data_dir, group)
+            if found:
+                self._groups[group] = found
         return found
 
     def store_doc(self, group: str, doc: GroupDoc) -> None:
-        """Replace the group's document durably (its file removed when empty), then remember it."""
+        """Replace the group's document durably (its file removed when empty), then remember it
+        (an empty one is forgotten: module rules)."""
         if doc:
             write_group_doc(self.data_dir, group, doc)
+            self._groups[group] = doc
         else:
             remove_group_file(self.data_dir, group)
-        self._groups[group] = doc
+            self._groups.pop(group, None)
 
     # ------------------------------------------------------------------------- committed offsets
 
@@ -207,15 +214,8 @@ class GroupOffsetStore:
         return self.load_doc(group).offsets
 
     def has_offsets(self, group: str) -> bool:
-        """Whether `group` committed any offset or has pending ones (Kafka's hasOffsets). A
-        group without any is not cached: any name can be asked (DescribeGroups), and the names
-        asked must not pile up in memory."""
-        found = self._groups.get(group)
-        if found is None:
-            found = read_group_doc(self.data_dir, group)
-            if found:
-                self._groups[group] = found
-        return bool(found)
+        """Whether `group` committed any offset or has pending ones (Kafka's hasOffsets)."""
+        return bool(self.load_doc(group))
 
     def committed(self, group: str, topic_id: int, partition: int) -> Committed:
         return self.offsets(group).get((topic_id, partition), NOTHING_COMMITTED)

@@ -9,7 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from broker.core.groups import Committed, GroupOffsetStore, StaleProducerEpoch, migrate_partition_offsets
+from broker.core.groups import (
+    NOTHING_COMMITTED,
+    Committed,
+    GroupOffsetStore,
+    StaleProducerEpoch,
+    migrate_partition_offsets,
+)
 from broker.storage import layout
 
 
@@ -128,3 +134,28 @@ def test_deleting_offsets_or_the_group_drops_pending_ones_too(tmp_path: Path) ->
     assert store.delete_group("g")
     assert not os.path.exists(layout.group_file_path(str(tmp_path), "g"))
     assert not GroupOffsetStore(str(tmp_path)).complete_pending("g", 8, commit=True)
+
+
+def test_a_lookup_of_a_group_without_offsets_keeps_nothing_in_memory(tmp_path: Path) -> None:
+    """Any name can be asked about (a lag monitor polling names, a group deleted): asking must not
+    leave an entry behind for each name, and a group whose last offsets (committed or pending)
+    are deleted or completed goes too."""
+    store = GroupOffsetStore(str(tmp_path))
+    for i in range(1000):
+        name = f"nobody-{i}"
+        assert store.offsets(name) == {}
+        assert store.committed(name, 1, 0) == NOTHING_COMMITTED
+        assert not store.has_offsets(name)
+        assert store.pending_for(name, [(1, 0)]) == set()
+    assert store._groups == {}  # the cache itself: what grew with every name asked
+    store.commit("g", {(1, 0): Committed(5, "")})
+    assert store.offsets("g") == {(1, 0): (5, "")} and set(store._groups) == {"g"}
+    store.delete_offsets("g", [(1, 0)])
+    assert store.offsets("g") == {} and store._groups == {}
+    store.commit("h", {(1, 0): Committed(1, "")})
+    store.delete_group("h")
+    assert store.offsets("h") == {} and store._groups == {}
+    store.commit_pending("t", 7, 0, {(1, 0): Committed(3, "")})
+    assert set(store._groups) == {"t"}
+    assert store.complete_pending("t", 7, commit=False)  # aborted: nothing left
+    assert store.offsets("t") == {} and store._groups == {}
