@@ -189,6 +189,8 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
 # A CreateTopic of v2 or v3 (before configs, before assignments) still reads: each is a prefix
 # of the current body.
 SUPPORTED_VERSIONS[ApiKey.CREATE_TOPIC] = (2, CURRENT_VERSIONS[ApiKey.CREATE_TOPIC])
+# A Metadata of v3 (before allow_auto_create) still reads, and never creates a topic.
+SUPPORTED_VERSIONS[ApiKey.METADATA] = (3, CURRENT_VERSIONS[ApiKey.METADATA])
 
 
 RESPONSE_TYPES: dict[int, type[Response]] = {

@@ -578,9 +578,9 @@ def add_serve_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--auto-create-topics",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="create a topic a Kafka client's Metadata request names and allows creating, as Kafka's "
-        "auto.create.topics.enable does (default on, as in Kafka; off: such a topic is "
-        "UNKNOWN_TOPIC_OR_PARTITION)",
+        help="create a topic a Metadata request names and allows creating (a producer's, of Kafka's "
+        "protocol or ours), as Kafka's auto.create.topics.enable does (default on, as in Kafka; "
+        "off: such a topic is UNKNOWN_TOPIC_OR_PARTITION)",
     )
     serve.add_argument(
         "--default-partitions",

@@ -175,7 +175,8 @@ class AsyncClient:
         self._connecting: dict[ConnKey, asyncio.Future[AsyncConnection]] = {}
         self._closers: set[asyncio.Task[None]] = set()
         self._topics: dict[str, TopicInfo] = {}
-        self._topic_lookups: dict[str, asyncio.Future[TopicInfo]] = {}
+        # lookups under way, by (name, whether they may create the topic)
+        self._topic_lookups: dict[tuple[str, bool], asyncio.Future[TopicInfo]] = {}
         # In a cluster: nodes that left a request unanswered past its timeout lately (paused, cut
         # off), until when; requests about no partition (Metadata) go elsewhere meanwhile.
         self._unanswering: dict[int, float] = {}
@@ -455,9 +456,13 @@ class AsyncClient:
 
     # ----------------------------------------------------------------------------------- metadata
 
-    async def refresh_metadata(self, topics: Sequence[str] = ()) -> MetadataResponse:
-        """Ask for metadata of `topics` (all topics when empty) and update the cache with it."""
-        resp = await self.request(MetadataRequest(tuple(topics)))
+    async def refresh_metadata(
+        self, topics: Sequence[str] = (), *, auto_create: bool = False
+    ) -> MetadataResponse:
+        """Ask for metadata of `topics` (all topics when empty) and update the cache with it.
+        `auto_create`: a named topic that does not exist is created where the broker auto-creates
+        topics (a producer's lookup, as Kafka's producers ask; consumers and admins do not)."""
+        resp = await self.request(MetadataRequest(tuple(topics), auto_create))
         assert isinstance(resp, MetadataResponse)
         self.apply_metadata(resp, full=not topics)
         return resp
@@ -536,22 +541,24 @@ class AsyncClient:
         """Forget `name`: the next lookup asks the broker."""
         self._topics.pop(name, None)
 
-    async def topic(self, name: str, *, refresh: bool = False) -> TopicInfo:
+    async def topic(self, name: str, *, refresh: bool = False, auto_create: bool = False) -> TopicInfo:
         """Metadata of topic `name`, from the cache unless stale or `refresh`. Raises
-        `UnknownTopicError` when the broker does not know it."""
+        `UnknownTopicError` when the broker does not know it (`auto_create`: nor creates it,
+        see `refresh_metadata`)."""
         if not refresh:
             info = self.cached_topic(name)
             if info is not None:
                 return info
-        pending = self._topic_lookups.get(name)
+        key = (name, auto_create)
+        pending = self._topic_lookups.get(key)
         if pending is None:
-            pending = asyncio.get_running_loop().create_task(self._lookup(name))
-            self._topic_lookups[name] = pending
+            pending = asyncio.get_running_loop().create_task(self._lookup(name, auto_create))
+            self._topic_lookups[key] = pending
         return await asyncio.shield(pending)
 
-    async def _lookup(self, name: str) -> TopicInfo:
+    async def _lookup(self, name: str, auto_create: bool) -> TopicInfo:
         try:
-            resp = await self.refresh_metadata((name,))
+            resp = await self.refresh_metadata((name,), auto_create=auto_create)
             for t in resp.topics:
                 if t.name == name and t.error != ErrorCode.NONE:
                     raise error_for(t.error, f"topic {name!r}")
@@ -560,7 +567,7 @@ class AsyncClient:
                 raise UnknownTopicError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r}")
             return info
         finally:
-            self._topic_lookups.pop(name, None)
+            self._topic_lookups.pop((name, auto_create), None)
 
     # ----------------------------------------------------------------------------------- partitions
 

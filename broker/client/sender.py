@@ -36,6 +36,8 @@ gives its partition. NOT_OWNER and UNKNOWN_TOPIC_OR_PARTITION forget the topic's
 retry goes where a fresh Metadata says; in a cluster a lost connection does too (the leader's node
 may be down). A partition with no live leader (`NO_ROUTE`) keeps its batches queued and asks
 Metadata again with backoff until a leader appears or their delivery timeout passes.
+A topic's Metadata is asked allowing its creation, as Kafka's producers ask it: on a broker that
+auto-creates topics (`--auto-create-topics`, the default) a record for a new topic creates it.
 """
 
 from __future__ import annotations
@@ -361,7 +363,7 @@ class Sender:
         try:
             while True:
                 try:
-                    info = await self._client.topic(topic, refresh=refresh)
+                    info = await self._client.topic(topic, refresh=refresh, auto_create=True)
                     if not self._leaderless(topic, info.owners):
                         break
                     # Batches wait for a partition with no live leader: ask again after a backoff.

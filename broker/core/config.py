@@ -59,8 +59,8 @@ class BrokerConfig:
     # topic configs whose broker default a `broker serve` flag set (described STATIC_BROKER_CONFIG,
     # broker/core/topic_configs.py), the others built in
     static_configs: frozenset[str] = frozenset()
-    # auto topic creation (Kafka's auto.create.topics.enable, on there too): a Kafka Metadata
-    # request that allows it creates the topics it names that do not exist, with
+    # auto topic creation (Kafka's auto.create.topics.enable, on there too): a Metadata request
+    # of either protocol that allows it creates the topics it names that do not exist, with
     # `default_partitions` partitions (Kafka's num.partitions) and the topic config defaults
     auto_create_topics: bool = True
     default_partitions: int = 1

@@ -37,7 +37,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from broker.core.acks import Waits
@@ -54,7 +54,7 @@ from broker.core.producer_ids import FileBlockSource, ProducerIds
 from broker.core.remote import RemoteLinks
 from broker.core.replication import NotLeaderError
 from broker.core.topic_configs import Alteration, ConfigEntry, TopicDefaults, describe_topic
-from broker.core.topics import Topic, TopicError, TopicFault, TopicRegistry
+from broker.core.topics import Topic, TopicError, TopicFault, TopicRegistry, invalid_topic_name
 from broker.core.views import MetadataView, NodeView, PartitionView, TopicView
 from broker.security.acls import Authorizer
 from broker.security.sasl import Authenticator
@@ -547,6 +547,14 @@ class Core:
             self.refresh_topics(force=True)
             topic = self.registry.get(name)
         return describe_topic(topic.configs, self.registry.topic_defaults, keys)
+
+    def missing_topics(self, names: Iterable[str]) -> list[str]:
+        """The names of `names` (each once, in order) that auto topic creation would create: valid
+        topic names of no topic here, after a look at the registry (another core or node may have
+        made one). Both protocols' Metadata ask it before checking the principal's right to create."""
+        self.refresh_topics()
+        known = self.registry.by_name
+        return [n for n in dict.fromkeys(names) if n not in known and not invalid_topic_name(n)]
 
     def auto_create_topics(self, names: Sequence[str], answer: Callable[[], Reply]) -> Outcome:
         """Create the topics of `names` this broker does not have with the broker's defaults, then

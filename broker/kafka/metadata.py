@@ -118,9 +118,7 @@ def metadata(ctx: Context, request: KafkaRequest, body: Any) -> Outcome:
         return answer()  # named by id: nothing to create (Kafka's rule)
     if not getattr(body, "allow_auto_topic_creation", True):  # v0-3 have no such field: allowed
         return answer()
-    core.refresh_topics()
-    known = core.registry.by_name
-    missing = [n for n in dict.fromkeys(names) if n not in known and not invalid_topic_name(n)]
+    missing = core.missing_topics(names)
     if missing and ctx.authorizer.enabled:
         principal, allowed = ctx.auth.principal, ctx.authorizer.allowed
         if not allowed(principal, "create", "cluster", CLUSTER_NAME):

@@ -22,8 +22,10 @@ Rules this module keeps:
   read on the group and the topic, OffsetFetch describe on both; DescribeConfigs
   describe_configs on the topic, AlterConfigs alter_configs; Stats describe on the cluster;
   ReplicaFetch (a follower's) alter on the cluster. Metadata is filtered instead
-  (`RinglogAdapter.metadata_reply`). A refused request is answered TOPIC_, GROUP_ or
-  CLUSTER_AUTHORIZATION_FAILED and has no effect (an acks=0 produce: no answer, nothing stored).
+  (`RinglogAdapter.metadata_reply`), and creates a missing topic it names (a producer's lookup)
+  only for a principal with create on the cluster or the topic, as Kafka's does. A refused
+  request is answered TOPIC_, GROUP_ or CLUSTER_AUTHORIZATION_FAILED and has no effect (an
+  acks=0 produce: no answer, nothing stored).
   A topic id that names no topic is left to the handlers (UNKNOWN_TOPIC_OR_PARTITION): an id
   tells nothing about a name, and a refusal does not tell it either (its message names the
   operation and the id the client sent, never the topic's name: ids are sequential, and naming
@@ -84,8 +86,12 @@ class Served(Protocol):
     def error_answer(self, frame: Frame, code: m.ErrorCode, message: str) -> Reply: ...
 
     def metadata_reply(
-        self, req: m.MetadataRequest, frame: Frame, may_describe: Callable[[str], bool] | None = None
-    ) -> Reply: ...
+        self,
+        req: m.MetadataRequest,
+        frame: Frame,
+        may_describe: Callable[[str], bool] | None = None,
+        may_create: Callable[[str], bool] | None = None,
+    ) -> Outcome: ...
 
 
 class Access:
@@ -180,7 +186,13 @@ class Access:
         if key == m.ApiKey.METADATA:
             assert isinstance(req, m.MetadataRequest)
             return self.handlers.metadata_reply(
-                req, frame, lambda name: allowed(principal, "describe", "topic", name)
+                req,
+                frame,
+                lambda name: allowed(principal, "describe", "topic", name),
+                lambda name: (
+                    allowed(principal, "create", "cluster", CLUSTER_NAME)
+                    or allowed(principal, "create", "topic", name)
+                ),
             )
         group_op = _GROUP_OPS.get(key)
         if group_op is not None:

@@ -201,10 +201,14 @@ class RinglogAdapter:
         return self.ctx.error(frame, code, message)
 
     def metadata_reply(
-        self, req: m.MetadataRequest, frame: Frame, may_describe: Callable[[str], bool] | None = None
-    ) -> Reply:
-        """The Metadata answer, filtered by `may_describe` (broker/ringlog/topics.py)."""
-        return topics.metadata_reply(self.ctx, req, frame, may_describe)
+        self,
+        req: m.MetadataRequest,
+        frame: Frame,
+        may_describe: Callable[[str], bool] | None = None,
+        may_create: Callable[[str], bool] | None = None,
+    ) -> Outcome:
+        """The Metadata answer with ACLs on (broker/ringlog/access.py): broker/ringlog/topics.py."""
+        return topics.metadata_creating(self.ctx, req, frame, may_describe, may_create)
 
 
 def _api_versions(ctx: Context, req: m.Request, frame: Frame) -> Outcome:

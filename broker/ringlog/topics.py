@@ -45,7 +45,38 @@ _OPS: dict[m.ConfigOp, ConfigOp] = {
 
 def metadata(ctx: Context, req: m.Request, frame: Frame) -> Outcome:
     assert isinstance(req, m.MetadataRequest)
-    return metadata_reply(ctx, req, frame)
+    return metadata_creating(ctx, req, frame)
+
+
+def metadata_creating(
+    ctx: Context,
+    req: m.MetadataRequest,
+    frame: Frame,
+    may_describe: Callable[[str], bool] | None = None,
+    may_create: Callable[[str], bool] | None = None,
+) -> Outcome:
+    """The Metadata answer, once the topics it may create exist. A request that allows it
+    (v4 `allow_auto_create`: a producer's lookup) on a broker with `--auto-create-topics`
+    creates the named topics that do not exist, as Kafka's Metadata does
+    (`Core.auto_create_topics`: `--default-partitions`, the topic config defaults, the
+    cluster's default replication). With ACLs on (broker/ringlog/access.py) only those the
+    principal may describe and create (`may_create`: create on the cluster or the topic);
+    one it may not create is answered TOPIC_AUTHORIZATION_FAILED, as Kafka answers it."""
+    names = req.topics
+    if not (req.allow_auto_create and names and ctx.config.auto_create_topics):
+        return metadata_reply(ctx, req, frame, may_describe)
+    missing = ctx.core.missing_topics(names)
+    may = may_describe
+    if may_create is not None:
+        refused = {n for n in missing if not may_create(n)}
+        if refused:
+            may = lambda n: n not in refused and (may_describe is None or may_describe(n))  # noqa: E731
+        missing = [n for n in missing if n not in refused]
+    if may_describe is not None:
+        missing = [n for n in missing if may_describe(n)]
+    if not missing:
+        return metadata_reply(ctx, req, frame, may)
+    return ctx.core.auto_create_topics(missing, lambda: metadata_reply(ctx, req, frame, may))
 
 
 def metadata_reply(

@@ -37,18 +37,23 @@ class ApiVersionsRequest(Request):
 
 @dataclass(frozen=True, slots=True)
 class MetadataRequest(Request):
-    # topics array<str>: empty means all topics
+    # topics array<str>: empty means all topics; (v4) allow_auto_create u8: 1 = a named topic
+    # that does not exist is created, where the broker auto-creates topics (a producer's lookup)
     API_KEY: ClassVar[ApiKey] = ApiKey.METADATA
     topics: tuple[str, ...] = ()
+    allow_auto_create: bool = False  # (v4)
 
     def write(self, w: Writer) -> None:
         w.array(len(self.topics))
         for t in self.topics:
             w.str(t)
+        w.pack("B", int(self.allow_auto_create))
 
     @classmethod
     def read(cls, r: Reader, frame: Frame) -> MetadataRequest:
-        return cls(tuple(r.str() for _ in range(r.array(2, REQUEST_ARRAY_MAX))))
+        topics = tuple(r.str() for _ in range(r.array(2, REQUEST_ARRAY_MAX)))
+        allow = bool(r.int("B")) if frame.api_version >= 4 else False  # a v3 frame: never creates
+        return cls(topics, allow)
 
 
 @dataclass(frozen=True, slots=True)

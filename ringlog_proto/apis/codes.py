@@ -39,7 +39,7 @@ CURRENT_VERSIONS: dict[int, int] = {key: API_VERSION for key in ApiKey}
 
 
 CURRENT_VERSIONS[ApiKey.METADATA] = (
-    3  # v2: each core's direct port; v3: the cluster's nodes, leaders, replicas
+    4  # v2: each core's direct port; v3: the cluster's nodes, leaders, replicas; v4: auto-create
 )
 
 

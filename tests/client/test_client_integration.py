@@ -442,11 +442,66 @@ def test_admin_topic_configs(broker: BrokerProcess) -> None:
     assert all(refused(p) for p in range(4))
 
 
+@pytest.mark.parametrize(
+    "broker",
+    [
+        pytest.param({"backend": backend, "extra": ("--no-auto-create-topics",)}, id=backend)
+        for backend in ("uvloop", "io_uring")
+    ],
+    indirect=True,
+)
 def test_send_to_unknown_topic_fails_the_future(broker: BrokerProcess) -> None:
+    """A broker that does not auto-create topics: the producer is told the topic is unknown."""
     with Producer(broker.bootstrap) as p:
         fut = p.send("nope", b"x")
         with pytest.raises(UnknownTopicError):
             fut.result(10)
+
+    async def body() -> None:
+        async with AsyncProducer(broker.bootstrap) as p:
+            with pytest.raises(UnknownTopicError):
+                await p.send_and_wait("nope", b"x")
+
+    arun(body)
+    with Admin(broker.bootstrap) as admin:
+        assert "nope" not in admin.list_topics()
+
+
+AUTO_CREATING = [
+    pytest.param(
+        {"cores": cores, "backend": backend, "extra": ("--default-partitions", "3")},
+        id=f"{backend}-{cores}core",
+    )
+    for backend, cores in (("uvloop", 1), ("io_uring", 2))
+]
+
+
+@pytest.mark.parametrize("broker", AUTO_CREATING, indirect=True)
+def test_producers_create_a_missing_topic_with_the_default_partitions(broker: BrokerProcess) -> None:
+    """As a Kafka producer's Metadata does on a broker with auto.create.topics.enable
+    (`--auto-create-topics`, the default): the first record for a topic nobody created creates
+    it, with `--default-partitions` partitions, and is stored; an admin's or a consumer's lookup
+    of a missing topic creates nothing."""
+    with Admin(broker.bootstrap) as admin, pytest.raises(UnknownTopicError):
+        admin.describe_topic("made-by-blocking")
+    with Consumer(broker.bootstrap, group="g") as c, pytest.raises(UnknownTopicError):
+        c.subscribe("made-by-nobody")
+    with Producer(broker.bootstrap) as p:
+        futs = [p.send("made-by-blocking", b"%d" % i, partition=i % 3) for i in range(6)]
+        assert [f.result(20).offset for f in futs] == [0, 0, 0, 1, 1, 1]
+
+    async def body() -> int:
+        async with AsyncProducer(broker.bootstrap) as p:
+            return (await p.send_and_wait("made-by-async", b"a", partition=2)).offset
+
+    assert arun(body) == 0
+    with Admin(broker.bootstrap) as admin:
+        for name in ("made-by-blocking", "made-by-async"):
+            assert len(admin.describe_topic(name).partitions) == 3
+        assert "made-by-nobody" not in admin.list_topics()
+    assert sorted(r.value for r in consume_all(broker, "made-by-blocking", 6)) == [
+        b"%d" % i for i in range(6)
+    ]
 
 
 def test_prefetch_hands_out_every_record_once_in_order(broker: BrokerProcess) -> None:

@@ -5,6 +5,7 @@ acknowledged lost, a returning node caught up and back in sync, NOT_OWNER from a
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import socket
@@ -23,6 +24,7 @@ from broker.client.admin import Admin
 from broker.client.blocking_consumer import Consumer
 from broker.client.blocking_producer import Producer
 from broker.client.errors import DeliveryTimeoutError
+from broker.client.producer import AsyncProducer
 from labkit.brokerproc import BrokerProcess, Wire, free_udp_port, membership_key_file, wait_for
 from labkit.clusterchecker import Ack, check, read_replica
 from ringlog_proto import messages as m
@@ -288,6 +290,25 @@ def test_a_producer_creates_its_topic_on_the_cluster(cluster: Cluster) -> None:
             assert [t.error for t in resp.topics] == [m.ErrorCode.NONE], resp
         finally:
             wire.close()
+
+
+def test_our_producers_create_their_topics_on_the_cluster(cluster: Cluster) -> None:
+    """Auto topic creation through our protocol on any node: our producers' first records create
+    the topic, once in the store, with the cluster's default replication (3) and the default
+    partitions (1); durable records (acks 2: every in-sync replica) stored, and every node serves it."""
+    with Producer(cluster.nodes[2].bootstrap, acks=m.Acks.DURABLE) as producer:
+        assert [producer.send("ours-made", b"o%d" % i).result(30).offset for i in range(5)] == list(range(5))
+
+    async def send_async() -> int:
+        async with AsyncProducer(cluster.nodes[3].bootstrap, acks=m.Acks.DURABLE) as p:
+            return (await p.send_and_wait("ours-made-async", b"a")).offset
+
+    assert asyncio.run(asyncio.wait_for(send_async(), 60)) == 0
+    for name in ("ours-made", "ours-made-async"):
+        for node in cluster.nodes.values():
+            with Admin(node.bootstrap) as admin:
+                (partition,) = admin.describe_topic(name).partitions
+                assert len(partition.replicas) == 3, (name, partition)
 
 
 def test_five_nodes_spread_replicas_and_survive_two_deaths(etcd, tmp_path: Path) -> None:

@@ -190,3 +190,35 @@ def test_a_compacted_topic_answers_invalid_record_to_records_without_a_key(handl
         m.ErrorCode.NONE,
         0,
     )
+
+
+def metadata(h: RinglogAdapter, *names: str, allow: bool) -> dict[str, tuple[m.ErrorCode, int]]:
+    resp = response(h.handle(frame_of(m.MetadataRequest(names, allow_auto_create=allow))))
+    assert isinstance(resp, m.MetadataResponse)
+    return {t.name: (t.error, len(t.partitions)) for t in resp.topics}
+
+
+def test_a_metadata_allowing_it_creates_the_missing_topics_it_names(tmp_path: Path) -> None:
+    """Auto topic creation on our protocol (Kafka's Metadata with allow_auto_topic_creation):
+    the named topics that do not exist and have a valid name, with the broker's default
+    partitions; a request that does not allow it, and a broker that does not auto-create,
+    create nothing."""
+    h = RinglogAdapter(Core(BrokerConfig(data_dir=str(tmp_path), default_partitions=3)))
+    try:
+        create(h, "old")
+        unknown = (m.ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, 0)
+        assert metadata(h, "asked", allow=False) == {"asked": unknown}
+        assert metadata(h, "old", "new", "new", "bad name!", allow=True) == {
+            "old": (m.ErrorCode.NONE, 1),
+            "new": (m.ErrorCode.NONE, 3),
+            "bad name!": unknown,
+        }
+        assert sorted(t.name for t in h.core.registry.by_id.values()) == ["new", "old"]
+    finally:
+        h.core.close()
+    off = RinglogAdapter(Core(BrokerConfig(data_dir=str(tmp_path / "off"), auto_create_topics=False)))
+    try:
+        assert metadata(off, "new", allow=True) == {"new": unknown}
+        assert not off.core.registry.by_id
+    finally:
+        off.core.close()

@@ -33,6 +33,7 @@ from ringlog_proto.frames import (
 REQUESTS = [
     m.ApiVersionsRequest("test-client"),
     m.MetadataRequest(("orders", "ünïcode")),
+    m.MetadataRequest(("made-if-missing",), allow_auto_create=True),
     m.CreateTopicRequest("orders", 12, 3_600_000, -1, 1 << 20),
     m.CreateTopicRequest("logs", 1, configs=(("cleanup.policy", "compact"), ("retention.ms", "-1"))),
     m.CreateTopicRequest("placed", 2, assignment=((1, 2), (3, 1))),
@@ -146,6 +147,17 @@ def test_a_create_topic_of_version_2_or_3_still_reads() -> None:
         assert m.unsupported(older) is None
         assert m.decode_request(older) == m.CreateTopicRequest("orders", 4, -1, -1, -1, 1)
     assert m.unsupported(Frame(v4.api_key, 1, 0, 1, 0, 0, v4.body)) is not None
+
+
+def test_a_metadata_of_version_3_still_reads_and_never_creates() -> None:
+    """v4 added allow_auto_create at the end of the body: a v3 frame (an older client's) has none,
+    and asks for nothing to be created."""
+    v4 = m.request_frame(m.MetadataRequest(("t",), allow_auto_create=True))
+    assert v4.api_version == 4 and v4.body.endswith(b"\1")
+    v3 = Frame(v4.api_key, 3, 0, 1, 0, 0, v4.body[:-1])
+    assert m.unsupported(v3) is None
+    assert m.decode_request(v3) == m.MetadataRequest(("t",), allow_auto_create=False)
+    assert m.unsupported(Frame(v4.api_key, 2, 0, 1, 0, 0, v3.body)) is not None
 
 
 def test_partition_identity_sits_at_a_fixed_offset() -> None:

@@ -212,6 +212,35 @@ def test_sasl_without_tls_and_plain_not_offered(tmp_path: Path) -> None:
         b.stop()
 
 
+@pytest.mark.parametrize("backend", ["uvloop", "io_uring"])
+def test_a_producer_creates_a_topic_only_with_create_on_it(tmp_path: Path, backend: str) -> None:
+    """Auto topic creation with ACLs, as Kafka's: a producer's lookup creates a missing topic
+    only for a principal with create on the topic (or the cluster); one with write and describe
+    but no create is refused, TOPIC_AUTHORIZATION_FAILED, and nothing is created."""
+    data = tmp_path / "data"
+    add_user(data, "alice", ALICE_PASSWORD)
+    add_user(data, "admin", ADMIN_PASSWORD)
+    for op in ("write", "describe", "read"):
+        broker_cli(data, "acls", "add", "User:alice", op, "topic:alice-", "--prefixed")
+    broker_cli(data, "acls", "add", "User:alice", "create", "topic:alice-own")
+    extra = ("--sasl-mechanisms", "SCRAM-SHA-256", "--super-users", "User:admin", "--default-partitions", "2")
+    b = start_or_skip(tmp_path, backend, extra, cores=2)
+    try:
+        sec = Security(sasl_mechanism="SCRAM-SHA-256", username="alice", password=ALICE_PASSWORD)
+        with Producer(b.bootstrap, security=sec, retries=0) as p:
+            assert p.send("alice-own", b"mine", partition=1).result(30).offset == 0
+            for refused in ("alice-other", "bobs"):  # describe but no create; neither
+                with pytest.raises(TopicAuthorizationError):
+                    p.send(refused, b"intruder").result(30)
+        root = Security(sasl_mechanism="SCRAM-SHA-256", username="admin", password=ADMIN_PASSWORD)
+        with Admin(b.bootstrap, security=root) as a:
+            assert a.list_topics() == ["alice-own"]
+            assert len(a.describe_topic("alice-own").partitions) == 2
+        assert consume(b, sec, "alice-own", 1) == [b"mine"]
+    finally:
+        b.stop()
+
+
 @pytest.fixture(scope="module", params=["uvloop", "io_uring"])
 def mtls(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, pki: Pki
