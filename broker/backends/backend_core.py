@@ -83,11 +83,19 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-RETENTION_CHECK_S = 30.0  # how often segments past their topic's retention are looked for
+# how often segments past their topic's retention, and producers idle past their expiration, are
+# looked for (more often when the expiration is shorter: `retention_check_s`)
+RETENTION_CHECK_S = 30.0
 HOUSEKEEPING_S = 1.0  # metrics snapshot published, topics.json checked for other cores' changes
 SHUTDOWN_GRACE_S = 10.0  # longest wait for in-flight requests and operations at shutdown
 SHUTDOWN_POLL_S = 0.01  # the loop runs at most this long between looks at what is still in flight
 SHUTDOWN_SETTLE_POLLS = 100  # after closing: waits for the backend's last operations (cancels, closes)
+
+
+def retention_check_s(producer_id_expiration_ms: int) -> float:
+    """The retention pass's period: `RETENTION_CHECK_S`, or the producer id expiration where that
+    is shorter (a second at least), so an idle producer is forgotten within about twice it."""
+    return max(1.0, min(RETENTION_CHECK_S, producer_id_expiration_ms / 1000))
 
 
 class BackendCore(PartitionAppends):
@@ -478,7 +486,7 @@ class BackendCore(PartitionAppends):
         self.publish_metrics()
         if ready is not None:
             ready()
-        self._every(RETENTION_CHECK_S, self._retention)
+        self._every(retention_check_s(self.config.producer_id_expiration_ms), self._retention)
         self._every(self.config.cleaner.backoff_ms / 1000, self._clean_logs)
         self._every(HOUSEKEEPING_S, self._housekeeping)
         self._every(self.admission.sweep_s, self._sweep)

@@ -20,6 +20,7 @@ from broker.backends.uring_options import (
     FLUSH_SYNCS_DEFAULT,
 )
 from broker.core.limits import add_limit_arguments, limits_from_args
+from broker.core.producer_state import PRODUCER_ID_EXPIRATION_MS_DEFAULT
 from broker.security.credentials import CredentialError, check_user_name
 from broker.security.exposure import exposure_warnings, is_loopback_only, is_wildcard
 from broker.security.sasl import (
@@ -241,6 +242,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.default_partitions < 1:
         print("broker: --default-partitions must be >= 1", file=sys.stderr)
         return 2
+    if args.producer_id_expiration_ms < 1:
+        print("broker: --producer-id-expiration-ms must be >= 1", file=sys.stderr)
+        return 2
     cleaner = CleanerConfig(
         enabled=args.log_cleaner_enable == "on",
         dedupe_buffer_bytes=args.log_cleaner_dedupe_buffer_size,
@@ -319,6 +323,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         group_initial_rebalance_delay_ms=args.group_initial_rebalance_delay_ms,
         auto_create_topics=args.auto_create_topics,
         default_partitions=args.default_partitions,
+        producer_id_expiration_ms=args.producer_id_expiration_ms,
         sasl=sasl,
         tls=tls,
         super_users=super_users,
@@ -588,6 +593,15 @@ def add_serve_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         default=1,
         metavar="N",
         help="partitions of an auto-created topic (Kafka's num.partitions; default 1)",
+    )
+    serve.add_argument(
+        "--producer-id-expiration-ms",
+        type=int,
+        default=PRODUCER_ID_EXPIRATION_MS_DEFAULT,
+        metavar="MS",
+        help="how long an idempotent producer's state is kept after its last write to a partition "
+        "(Kafka's producer.id.expiration.ms; default 86400000, one day): checked on each core's "
+        "retention pass",
     )
     defaults = LogConfig()
     topic_defaults = serve.add_argument_group(

@@ -17,6 +17,7 @@ from typing import Any
 
 from broker.core.cluster_view import ClusterSettings
 from broker.core.limits import Limits
+from broker.core.producer_state import PRODUCER_ID_EXPIRATION_MS_DEFAULT
 from broker.security.sasl import SaslConfig
 from broker.security.tls import TlsConfig
 from broker.storage.cleaner import CleanerConfig
@@ -64,6 +65,9 @@ class BrokerConfig:
     # `default_partitions` partitions (Kafka's num.partitions) and the topic config defaults
     auto_create_topics: bool = True
     default_partitions: int = 1
+    # how long an idempotent producer's state is kept after its last write (Kafka's
+    # producer.id.expiration.ms, KIP-854: one day): broker/core/producer_state.py `expire_idle`
+    producer_id_expiration_ms: int = PRODUCER_ID_EXPIRATION_MS_DEFAULT
     # the protocols' adapters over a core, made by the worker: a `MakeAdapters` (see above)
     make_adapters: Callable[[Any], Any] | None = None
 

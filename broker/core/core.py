@@ -63,6 +63,7 @@ from broker.storage.diskspace import DiskSpace, is_out_of_space
 from broker.storage.errors import StorageError
 from broker.storage.fdcache import FdCache
 from ringlog_proto import messages as m
+from ringlog_proto.batch import now_ms
 from ringlog_proto.frames import Frame
 from ringlog_proto.routing import coordinator_for, coordinator_node, owner, shard_for
 
@@ -198,6 +199,9 @@ class Core:
         if p is None:
             path = self.registry.partition_dir(topic.topic_id, index)
             p = Partition(topic.topic_id, index, path, self.registry.log_config(topic), self.fd_cache)
+            # the producers its log names that were idle past the expiration already (Kafka's
+            # loading of a producer snapshot drops them too)
+            p.expire_producers(now_ms(), self.config.producer_id_expiration_ms)
             self.partitions[key] = p
             self._configured.setdefault(topic.topic_id, topic)
             if self.cluster.clustered:
@@ -719,12 +723,20 @@ class Core:
         return Later(lambda answer: self.offsets_run(call, lambda result: answer(reply(result))))
 
     def apply_retention(self) -> int:
+        """The retention pass over this core's partitions: their segments past retention deleted,
+        and their producers idle past `--producer-id-expiration-ms` forgotten
+        (`Partition.expire_producers`). Returns the segments deleted."""
         deleted = 0
+        now, expiration_ms = now_ms(), self.config.producer_id_expiration_ms
+        forgotten = 0
         for p in self.partitions.values():
             try:
                 deleted += p.apply_retention()
             except StorageError as exc:
                 log.error("retention on partition %d/%d: %s", p.topic_id, p.index, exc)
+            forgotten += p.expire_producers(now, expiration_ms)
+        if forgotten:
+            log.info("forgot %d idle producer(s) (--producer-id-expiration-ms %d)", forgotten, expiration_ms)
         return deleted
 
 

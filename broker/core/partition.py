@@ -14,7 +14,8 @@ Rules this module keeps:
 - Duplicate detection is by (producer id, epoch, sequence range): a producer retrying a batch it
   already sent gets the original offsets back and nothing is appended twice. The state is rebuilt
   from the batch headers in the log when the partition opens, so it survives a broker restart,
-  and loses what retention deletes (`apply_retention`), so it lives as long as its batches.
+  and loses what retention deletes (`apply_retention`), so it lives as long as its batches, or
+  until its producer has been idle for the broker's producer id expiration (`expire_producers`).
 - Consumer-group offsets are not the partition's: they live with the group's coordinator core
   (broker/core/groups.py).
 - Leader epochs: every batch a leader stores carries its epoch (stamped when offsets are
@@ -211,7 +212,7 @@ class PendingProduce:
         # Stored and visible from here: a failure of what follows (a bug) must not make the
         # produce an error answer, which its producer would resend.
         try:
-            completed = p.producers.stored(pending.headers, self._controls)
+            completed = p.producers.stored(pending.headers, self._controls, write_ms=pending.append_ms)
             if completed:
                 p.transactions_completed(completed)
             h = pending.headers[0]
@@ -259,7 +260,7 @@ class PendingReplicaAppend:
         p = self._partition
         headers: list[BatchHeader] = self.pending.headers
         p.log.complete_append(self.pending, self._controls)
-        completed = p.producers.stored(headers, self._controls)
+        completed = p.producers.stored(headers, self._controls, write_ms=self.pending.append_ms)
         if completed:
             p.transactions_completed(completed)
         epochs = p.epochs
@@ -309,7 +310,7 @@ class Partition:
         aborted = TxnIndex()
         for h, control in self.log.batches_and_markers(self.log.start_offset):
             epochs.assign(h.partition_leader_epoch, h.base_offset)
-            done = producers.learn(h, control)
+            done = producers.learn(h, control, self.log.written_by_ms(h.base_offset))
             if done is not None and not done.commit:
                 aborted.add(
                     AbortedTxn(done.producer_id, done.first_offset, done.last_offset, done.last_stable_offset)
@@ -543,6 +544,12 @@ class Partition:
         if deleted:
             self._start_moved(self.log.start_offset)
         return deleted
+
+    def expire_producers(self, now_ms: int, expiration_ms: int) -> int:
+        """Forget the idempotent producers idle for `expiration_ms` at `now_ms` (the broker's
+        `--producer-id-expiration-ms`: broker/core/producer_state.py `expire_idle`). Returns
+        how many were forgotten."""
+        return self.producers.expire_idle(now_ms, expiration_ms)
 
     def delete_records(self, offset: int) -> int:
         """Kafka's DeleteRecords on the leader: the log start moves up to `offset` (-1: the high

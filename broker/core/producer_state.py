@@ -20,6 +20,17 @@ Rules this module keeps:
   could land after its successor).
 - `rebuild` makes it from the headers of the batches a log holds, in log order, so the state
   survives a restart, and lives only as long as the batches carrying it (docs/PROTOCOL.md §4.7).
+- A producer idle for the broker's producer id expiration is forgotten (`expire_idle`), as Kafka's
+  `producer.id.expiration.ms` (KIP-854) has its ProducerStateManager forget it: without that,
+  every short-lived producer (each process of a Kafka client gets a new id) stays for as long as
+  its batches do. Idle is measured from its last write, in the broker's clock (the append's time,
+  as retention measures a segment's age; after a restart, the append time of the segment
+  holding its last batch, never earlier than the batch's own), where Kafka reads its last batch's
+  timestamp, the client's clock with CreateTime: a producer writing old timestamps (a replay)
+  is not forgotten while it writes. A producer with a batch in flight or a transaction open is
+  never forgotten, and a marker counts as a write (as Kafka keeps them). One forgotten is
+  unknown, as one never seen: its next batch starts at sequence 0 or is refused as
+  `UnknownProducerError` (Kafka's UNKNOWN_PRODUCER_ID, on which its clients start over).
 - Batches without a producer id (`NO_PRODUCER_ID`) pass through untouched.
 
 Transactions (KIP-98), as Kafka's ProducerStateManager and ProducerAppendInfo keep them:
@@ -45,7 +56,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -54,6 +65,9 @@ from ringlog_proto.batch_control import ControlRecord
 from ringlog_proto.batch_header import CONTROL_BIT, TRANSACTIONAL_BIT
 
 PRODUCER_BATCHES_KEPT = 5  # recent batches remembered per producer: what a client may retry
+# How long a producer's state outlives its last write: Kafka's producer.id.expiration.ms default
+# (one day, KIP-854), far above any client's delivery timeout, so no retry finds it forgotten.
+PRODUCER_ID_EXPIRATION_MS_DEFAULT = 86_400_000
 
 
 class SequenceError(Exception):
@@ -128,6 +142,7 @@ class _Producer:
     txn_first_offset: int = -1  # the first offset of its open transaction, -1 if none is open
     coordinator_epoch: int = -1  # the coordinator epoch of its last marker
     marker_offset: int = -1  # the offset of its last marker (keeps a producer with no batch left)
+    last_write_ms: int = -1  # when its last batch stored was written, in the broker's clock (module rules)
 
     @property
     def last_sequence(self) -> int:
@@ -152,19 +167,28 @@ class ProducerState:
 
     @classmethod
     def rebuild(
-        cls, stored: Iterable[BatchHeader], controls: dict[int, ControlRecord] | None = None
+        cls,
+        stored: Iterable[BatchHeader],
+        controls: dict[int, ControlRecord] | None = None,
+        written_by_ms: Callable[[int], int | None] | None = None,
     ) -> ProducerState:
         """The state after `stored`, the headers (base offsets assigned) of a log's batches in
-        order, with what their control records say (`stored`'s `controls`)."""
+        order, with what their control records say (`stored`'s `controls`). `written_by_ms(offset)`:
+        a time by which the batch at `offset` was written, in the broker's clock (None: not
+        known), each producer's last write (module rules); without it, or where it is not known,
+        the batch's own max timestamp."""
         state = cls()
         for h in stored:
-            state._remember(h, controls)
+            state._remember(h, controls, None if written_by_ms is None else written_by_ms(h.base_offset))
         return state
 
-    def learn(self, header: BatchHeader, control: ControlRecord | None = None) -> CompletedTxn | None:
+    def learn(
+        self, header: BatchHeader, control: ControlRecord | None = None, write_ms: int | None = None
+    ) -> CompletedTxn | None:
         """One more stored batch, in log order, with what its record says if it is a control
-        batch (a partition's open walk, which keeps the transactions it completes)."""
-        return self._remember(header, None if control is None else {header.base_offset: control})
+        batch (a partition's open walk, which keeps the transactions it completes), written by
+        `write_ms` in the broker's clock (None: not known, its own max timestamp then)."""
+        return self._remember(header, None if control is None else {header.base_offset: control}, write_ms)
 
     # ------------------------------------------------------------------------- questions
 
@@ -356,16 +380,21 @@ class ProducerState:
                     del self._in_flight[h.producer_id]
 
     def stored(
-        self, headers: Sequence[BatchHeader], controls: dict[int, ControlRecord] | None = None
+        self,
+        headers: Sequence[BatchHeader],
+        controls: dict[int, ControlRecord] | None = None,
+        *,
+        write_ms: int | None = None,
     ) -> list[CompletedTxn]:
-        """The append of these batches (headers with their assigned base offsets) completed.
+        """The append of these batches (headers with their assigned base offsets), written at
+        `write_ms` in the broker's clock (None: at each batch's own max timestamp), completed.
         `controls`: base offset -> what the record of each control batch among them says (a
         control batch not in it, or not a marker, changes nothing). Returns the transactions
         their markers completed."""
         self.released(headers)
         completed = _NO_COMPLETED
         for h in headers:
-            done = self._remember(h, controls)
+            done = self._remember(h, controls, write_ms)
             if done is not None:
                 if completed is _NO_COMPLETED:
                     completed = []
@@ -415,17 +444,34 @@ class ProducerState:
         while completed and completed[0][1] < start_offset:
             completed.popleft()
 
+    def expire_idle(self, now_ms: int, expiration_ms: int) -> int:
+        """Forget every producer whose last write is `expiration_ms` or more before `now_ms`, that
+        has no batch in flight and no transaction open (module rules; Kafka's
+        `removeExpiredProducers`, which keeps a producer while its transaction is open). Returns
+        how many were forgotten."""
+        idle = [
+            pid
+            for pid, p in self._producers.items()
+            if now_ms - p.last_write_ms >= expiration_ms
+            and p.txn_first_offset < 0
+            and pid not in self._in_flight
+        ]
+        for pid in idle:
+            del self._producers[pid]
+        return len(idle)
+
     def _remember(
-        self, h: BatchHeader, controls: dict[int, ControlRecord] | None = None
+        self, h: BatchHeader, controls: dict[int, ControlRecord] | None = None, write_ms: int | None = None
     ) -> CompletedTxn | None:
         if h.producer_id == NO_PRODUCER_ID:
             return None
+        written = h.max_timestamp if write_ms is None else write_ms
         if h.attributes & _TXN_BITS:
             if h.attributes & CONTROL_BIT:
                 control = None if controls is None else controls.get(h.base_offset)
                 if control is None or control.type not in (0, 1):
                     return None  # not a marker (Kafka writes no other control batch to a partition)
-                return self._marker(h, control)
+                return self._marker(h, control, written)
             state = self._producers.get(h.producer_id)
             if state is None or h.producer_epoch > state.epoch:
                 state = self._fresh(h.producer_id, h.producer_epoch, state)
@@ -437,6 +483,7 @@ class ProducerState:
                 state = self._fresh(h.producer_id, h.producer_epoch, state)
         state.batches.append((h.base_sequence, h.last_sequence, h.base_offset))
         state.last_timestamp = h.max_timestamp
+        state.last_write_ms = written
         return None
 
     def _fresh(self, pid: int, epoch: int, old: _Producer | None) -> _Producer:
@@ -449,11 +496,12 @@ class ProducerState:
             state.marker_offset = old.marker_offset
         return state
 
-    def _marker(self, h: BatchHeader, control: ControlRecord) -> CompletedTxn | None:
+    def _marker(self, h: BatchHeader, control: ControlRecord, write_ms: int) -> CompletedTxn | None:
         pid = h.producer_id
         state = self._producers.get(pid)
         if state is None or h.producer_epoch > state.epoch:
             state = self._fresh(pid, h.producer_epoch, state)
+        state.last_write_ms = write_ms  # a marker is a write too (Kafka's KAFKA-9144)
         state.coordinator_epoch = control.coordinator_epoch
         state.marker_offset = h.base_offset
         first = state.txn_first_offset

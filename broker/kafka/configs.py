@@ -273,6 +273,11 @@ def broker_settings(config: BrokerConfig, broker_id: int) -> dict[str, BrokerSet
             ConfigType.INT,
             "How long an empty group waits for more members (--group-initial-rebalance-delay-ms).",
         ),
+        "producer.id.expiration.ms": BrokerSetting(
+            str(config.producer_id_expiration_ms),
+            ConfigType.INT,
+            "How long a producer's state is kept after its last write (--producer-id-expiration-ms).",
+        ),
     }
     cluster = config.cluster
     if cluster is not None:

@@ -86,6 +86,7 @@ from broker.backends.uring_options import (
 from broker.cluster.swim import MemberEvent, Swim
 from broker.core.limits import Limits
 from broker.core.liveness import LivenessTable
+from broker.core.producer_state import PRODUCER_ID_EXPIRATION_MS_DEFAULT
 from broker.core.topics import TopicRegistry
 from broker.node.listeners import Sockets, make_sockets, remember_core_ports, remembered_core_ports
 from broker.node.membership import SwimEndpoint, read_keyring
@@ -143,6 +144,7 @@ class SupervisorConfig:
     group_initial_rebalance_delay_ms: int = 3000  # broker/core/coordinator.py
     auto_create_topics: bool = True  # broker/core/config.py
     default_partitions: int = 1
+    producer_id_expiration_ms: int = PRODUCER_ID_EXPIRATION_MS_DEFAULT  # broker/core/producer_state.py
     sasl: SaslConfig = field(default_factory=SaslConfig)  # broker/security/sasl.py
     tls: TlsConfig = field(default_factory=TlsConfig)  # broker/security/tls.py
     super_users: tuple[str, ...] = ()  # broker/security/acls.py
@@ -453,6 +455,7 @@ class Supervisor:
             "group_initial_rebalance_delay_ms": self.config.group_initial_rebalance_delay_ms,
             "auto_create_topics": self.config.auto_create_topics,
             "default_partitions": self.config.default_partitions,
+            "producer_id_expiration_ms": self.config.producer_id_expiration_ms,
             "sasl": {
                 "mechanisms": list(self.config.sasl.mechanisms),
                 "plain_without_tls": self.config.sasl.plain_without_tls,

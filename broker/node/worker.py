@@ -43,6 +43,7 @@ from broker.core.cluster_view import ClusterSettings
 from broker.core.config import BrokerConfig
 from broker.core.core import Core
 from broker.core.limits import Limits
+from broker.core.producer_state import PRODUCER_ID_EXPIRATION_MS_DEFAULT
 from broker.kafka.adapter import KafkaAdapter
 from broker.node.logfmt import LogfmtFormatter
 from broker.ringlog.adapter import RinglogAdapter
@@ -187,6 +188,9 @@ def config_from_spec(spec: dict[str, Any]) -> BrokerConfig:
         group_initial_rebalance_delay_ms=int(spec.get("group_initial_rebalance_delay_ms", 3000)),
         auto_create_topics=bool(spec.get("auto_create_topics", True)),
         default_partitions=int(spec.get("default_partitions", 1)),
+        producer_id_expiration_ms=int(
+            spec.get("producer_id_expiration_ms", PRODUCER_ID_EXPIRATION_MS_DEFAULT)
+        ),
         sasl=sasl_config(spec.get("sasl")),
         tls=TlsConfig(**spec.get("tls", {})),
         super_users=tuple(spec.get("super_users", ())),

@@ -32,6 +32,7 @@ Durability (what each mark promises):
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import logging
 import os
@@ -613,3 +614,11 @@ class Log(LogStart):
                     log.warning(
                         "%s: not written (%s); the next open reads the markers", seg.txn_index_path, exc
                     )
+
+    def written_by_ms(self, offset: int) -> int | None:
+        """A time by which the batch holding `offset` was written, in the broker's clock: the
+        append time of the last batch of its segment (the index keeps one per segment, the time
+        retention reads), so never earlier than the batch's own. None: the segment does not know
+        it (no batch in it), or no segment holds `offset`."""
+        i = bisect.bisect_right(self._bases, offset) - 1
+        return self.segments[i].last_append_ms if i >= 0 else None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import time
 from pathlib import Path
 
 import pytest
@@ -137,3 +138,39 @@ def test_a_bumped_epoch_starts_at_sequence_zero_and_fences_the_old(
         partition.produce(batch(2, epoch=0), space)
     with pytest.raises(UnknownProducerError):
         partition.produce(batch(3, pid=99), space)  # never seen here, not at sequence 0
+
+
+def test_an_idle_producer_expires_from_its_last_write_also_after_a_reopen(
+    tmp_path: Path, space: DiskSpace
+) -> None:
+    """--producer-id-expiration-ms: a producer idle that long since its last write (the append's
+    time, in the broker's clock) is forgotten; reopened, the partition dates each producer's last
+    write by the segment holding its last batch (its index keeps the append time)."""
+    p = Partition(1, 0, str(tmp_path / "p"), LogConfig())
+    written(p, batch(0, pid=4), space)
+    first_write = p.log.segments[-1].last_append_ms  # the append's time: producer 4's last write
+    assert first_write is not None
+    time.sleep(0.002)  # the next append a millisecond later at least
+    written(p, batch(0, pid=5), space)
+    last_write = p.log.segments[-1].last_append_ms
+    assert last_write is not None and last_write >= first_write
+    assert p.expire_producers(first_write + 999, 1000) == 0
+    assert p.producers.producer(4) == (0, 0)
+    if last_write > first_write:  # the two appends fell in different milliseconds
+        assert p.expire_producers(last_write + 999, 1000) == 1
+        assert p.producers.producer(4) is None and p.producers.producer(5) == (0, 0)
+        written(p, batch(0, pid=4), space)  # producer 4 again, from 0
+    written(p, batch(1, pid=5), space)  # producer 5 writes again: idle from now on
+    p.close()
+    p = Partition(1, 0, str(tmp_path / "p"), LogConfig())
+    try:
+        assert p.producers.producer(4) == (0, 0) and p.producers.producer(5) == (0, 1)
+        reopened_write = p.log.written_by_ms(0)
+        assert reopened_write is not None and reopened_write >= last_write
+        assert p.expire_producers(reopened_write + 1000, 1000) == 2
+        with pytest.raises(UnknownProducerError):
+            p.produce(batch(1, pid=4), space)
+        end = p.log.end_offset
+        assert written(p, batch(0, pid=4), space).base_offset == end, "started over at 0: stored"
+    finally:
+        p.close()

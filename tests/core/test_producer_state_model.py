@@ -7,7 +7,11 @@ current epoch is a retry; one equal to a batch in flight is a retry of it (refus
 older epoch is fenced; a new producer or a higher epoch starts at sequence 0; otherwise the batch
 must follow the producer's last batch, stored or in flight. A request is all retries or all new.
 The implementation keeps that state incrementally (a bounded deque per producer, the batches in
-flight); a restart rebuilds it from the stored headers that retention left.
+flight); a restart rebuilds it from the stored headers that retention left. A producer idle for
+the expiration (its last stored batch written that long ago, nothing in flight) is forgotten: the
+model then judges it by its batches written after that, as if the earlier ones were not there
+(until a restart rebuilds the state from the log, and the expiration is applied again at once,
+as a core does when it opens a partition).
 
 Appends complete in prepare order, and a failed write undoes it and every append prepared after
 it (Log.abort_append), so the machine completes the oldest request or fails them all, as a
@@ -29,10 +33,12 @@ from broker.core.producer_state import (
     ProducerState,
     RetryInFlightError,
     SequenceError,
+    UnknownProducerError,
 )
 from ringlog_proto.batch import MAGIC, NO_PRODUCER_ID, BatchHeader
 
 PIDS = (1, 2, 3)
+EXPIRATION = 10  # the producer id expiration, in the machine's clock ticks
 
 
 @dataclass(frozen=True)
@@ -124,6 +130,14 @@ class ProducerStateMachine(RuleBasedStateMachine):
         self.stored: list[Batch] = []  # what the log holds, in log order (after retention)
         self.flying: list[list[Batch]] = []  # requests prepared, not completed, in prepare order
         self.next_offset = 0
+        self.now = 0
+        self.written: dict[int, int] = {}  # base offset of a stored batch -> when it was written
+        self.forgotten: dict[int, int] = {}  # producer -> the offset below which it is forgotten
+
+    def visible(self) -> list[Batch]:
+        """The stored batches the producer state judges by: not those of a forgotten producer
+        stored before it was forgotten."""
+        return [b for b in self.stored if b.base_offset >= self.forgotten.get(b.pid, 0)]
 
     # ------------------------------------------------------------------------- what to send
 
@@ -164,7 +178,7 @@ class ProducerStateMachine(RuleBasedStateMachine):
             earlier = next((b for b in reversed(request) if b.pid == pid), None)
             b = self.draw_batch(data, pid, earlier or self.projected(pid))
             request.append(b)
-        expected = model_answer(self.stored, self.flying, request)
+        expected = model_answer(self.visible(), self.flying, request)
         got = implementation_answer(self.state, request)
         assert got == expected, (request, self.stored, self.flying)
         if got is None:  # new: the log assigns offsets, the partition reserves the sequences
@@ -179,8 +193,27 @@ class ProducerStateMachine(RuleBasedStateMachine):
     @rule()
     def complete_oldest(self) -> None:
         placed = self.flying.pop(0)
-        self.state.stored(headers(placed))
+        self.state.stored(headers(placed), write_ms=self.now)
         self.stored.extend(placed)
+        self.written.update((b.base_offset, self.now) for b in placed)
+
+    @rule(ticks=st.integers(1, 2 * EXPIRATION))
+    def tick(self, ticks: int) -> None:
+        self.now += ticks
+
+    @rule()
+    def expire_idle(self) -> None:
+        """The retention pass forgets the producers idle for the expiration with nothing in flight."""
+        flying = {b.pid for r in self.flying for b in r}
+        idle = []
+        for pid in PIDS:
+            hist = [b for b in self.visible() if b.pid == pid]
+            if hist and self.now - self.written[hist[-1].base_offset] >= EXPIRATION and pid not in flying:
+                idle.append(pid)
+                self.forgotten[pid] = hist[-1].base_offset + hist[-1].count
+        assert self.state.expire_idle(self.now, EXPIRATION) == len(idle)
+        for pid in idle:
+            assert self.state.producer(pid) is None
 
     @precondition(lambda self: self.flying)
     @rule()
@@ -214,14 +247,16 @@ class ProducerStateMachine(RuleBasedStateMachine):
         drop = data.draw(st.integers(0, len(self.stored)))
         if drop and data.draw(st.booleans()):
             self.stored = self.stored[drop:]
-        self.state = ProducerState.rebuild(headers(self.stored))
+        self.state = ProducerState.rebuild(headers(self.stored), written_by_ms=self.written.get)
+        self.forgotten = {}
+        self.expire_idle()
 
     # ------------------------------------------------------------------------- invariants
 
     @invariant()
     def producers_agree(self) -> None:
         for pid in PIDS:
-            hist = [x for x in self.stored if x.pid == pid]
+            hist = [x for x in self.visible() if x.pid == pid]
             assert self.state.producer(pid) == ((hist[-1].epoch, hist[-1].last) if hist else None)
 
     @invariant()
@@ -248,7 +283,7 @@ def test_a_new_producer_starts_at_zero_and_a_higher_epoch_starts_over() -> None:
     first = [Batch(1, 0, 0, 2, base_offset=0)]
     assert state.check(headers(first)) is None
     state.reserve(headers(first))
-    state.stored(headers(first))
+    state.stored(headers(first), write_ms=0)
     assert state.check(headers([Batch(1, 0, 0, 2)])) == 0, "a retry gets the original offset"
     assert state.check(headers([Batch(1, 1, 0, 1)])) is None, "a higher epoch starts over at 0"
     with pytest.raises(SequenceError):
@@ -284,16 +319,48 @@ def test_the_next_batch_is_new_and_the_one_in_flight_a_retry_of_it() -> None:
     flight that also follows the stored ones is a retry of the one in flight, never new."""
     state = ProducerState()
     state.reserve(headers([Batch(1, 0, 0, 2, base_offset=0)]))
-    state.stored(headers([Batch(1, 0, 0, 2, base_offset=0)]))
+    state.stored(headers([Batch(1, 0, 0, 2, base_offset=0)]), write_ms=0)
     assert state.check(headers([Batch(1, 0, 2, 1)])) is None
     state.reserve(headers([Batch(1, 0, 2, 1, base_offset=2)]))
     with pytest.raises(RetryInFlightError):
         state.check(headers([Batch(1, 0, 2, 1)]))
     assert state.check(headers([Batch(1, 0, 3, 1)])) is None
-    state.stored(headers([Batch(1, 0, 2, 1, base_offset=2)]))
+    state.stored(headers([Batch(1, 0, 2, 1, base_offset=2)]), write_ms=0)
     assert state.check(headers([Batch(1, 0, 2, 1)])) == 2  # stored now: a retry answered
     assert state.check(headers([Batch(1, 0, 3, 1)])) is None
     with pytest.raises(FencedEpochError):
         state.check(headers([Batch(1, -1, 3, 1)]))
     with pytest.raises(SequenceError):
         state.check(headers([Batch(1, 0, 4, 1)]))
+
+
+def test_a_producer_is_forgotten_once_idle_for_the_expiration_and_kept_while_it_writes() -> None:
+    """Kafka's producer.id.expiration.ms: measured from the producer's last write; a producer
+    forgotten is unknown, so its next batch starts at 0 or is refused as unknown (Kafka's
+    UNKNOWN_PRODUCER_ID); one with a batch in flight is kept."""
+    state = ProducerState()
+    for i, written in enumerate((0, 50, 100)):  # writing every 50 ms: kept
+        b = [Batch(1, 0, i, 1, base_offset=i)]
+        state.reserve(headers(b))
+        state.stored(headers(b), write_ms=written)
+        assert state.expire_idle(written + 99, 100) == 0
+    assert state.producer(1) == (0, 2)
+    assert state.expire_idle(199, 100) == 0  # 99 ms after its last write
+    state.reserve(headers([Batch(1, 0, 3, 1, base_offset=3)]))
+    assert state.expire_idle(10_000, 100) == 0, "a batch in flight: never forgotten"
+    state.released(headers([Batch(1, 0, 3, 1, base_offset=3)]))
+    assert state.expire_idle(200, 100) == 1 and state.producer(1) is None
+    with pytest.raises(UnknownProducerError):
+        state.check(headers([Batch(1, 0, 3, 1)]))
+    assert state.check(headers([Batch(1, 0, 0, 1)])) is None, "started over at 0: accepted"
+
+
+def test_a_rebuilt_producer_is_idle_from_when_its_last_batch_was_written() -> None:
+    """After a restart each producer's last write is the time the log gives for its last batch
+    (the broker's, from the segment's index), else the batch's own max timestamp."""
+    stored = [Batch(1, 0, 0, 1, base_offset=0), Batch(2, 0, 0, 1, base_offset=1)]
+    state = ProducerState.rebuild(headers(stored), written_by_ms={0: 1_000, 1: 5_000}.get)
+    assert state.expire_idle(5_999, 1_000) == 1
+    assert state.producer(1) is None and state.producer(2) == (0, 0)
+    from_timestamps = ProducerState.rebuild(headers(stored), written_by_ms=lambda _offset: None)
+    assert from_timestamps.expire_idle(1_000, 1_000) == 2  # the headers' max timestamp: 0

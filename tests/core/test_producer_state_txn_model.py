@@ -219,3 +219,15 @@ def test_retention_keeps_an_open_transaction_at_the_log_start() -> None:
     assert state.stored([marker.header()], controls([marker])) == [CompletedTxn(1, 2, 3, False, 4)]
     state.expire(4)
     assert state.producer(1) is None and state.first_unstable_offset(4) is None
+
+
+def test_an_open_transaction_keeps_its_producer_past_the_expiration_and_a_marker_is_a_write() -> None:
+    """Kafka's removeExpiredProducers keeps a producer while its transaction is open, and dates
+    its last write by its marker too (KAFKA-9144)."""
+    state = ProducerState()
+    state.stored([Stored(1, 0, 0, 2, 0, transactional=True).header()], write_ms=1_000)
+    assert state.expire_idle(1_000_000, 100) == 0, "a transaction open: kept"
+    marker = Stored(1, 0, 2, marker=ControlRecord(CONTROL_COMMIT, 0))
+    state.stored([marker.header()], controls([marker]), write_ms=5_000)
+    assert state.expire_idle(5_099, 100) == 0, "the marker's write is its last"
+    assert state.expire_idle(5_100, 100) == 1 and state.producer(1) is None
