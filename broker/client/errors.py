@@ -118,6 +118,12 @@ class OutOfOrderSequenceError(RingLogError):
     pass
 
 
+class UnknownProducerIdError(OutOfOrderSequenceError):
+    """UNKNOWN_PRODUCER_ID: the partition holds nothing of the producer (its batches deleted, or
+    idle past the broker's producer id expiration). The producer starts a new epoch and resends
+    (broker/client/idempotence.py); raised only where it could not."""
+
+
 class InvalidGroupError(RingLogError):
     pass
 
@@ -210,6 +216,7 @@ ERROR_CLASSES: dict[ErrorCode, type[RingLogError]] = {
     ErrorCode.STORAGE_ERROR: BrokerStorageError,
     ErrorCode.REQUEST_TIMED_OUT: RequestTimedOutError,
     ErrorCode.OUT_OF_ORDER_SEQUENCE: OutOfOrderSequenceError,
+    ErrorCode.UNKNOWN_PRODUCER_ID: UnknownProducerIdError,
     ErrorCode.INVALID_GROUP: InvalidGroupError,
     ErrorCode.NOT_OWNER: NotOwnerError,
     ErrorCode.BROKER_SHUTTING_DOWN: BrokerShuttingDownError,
@@ -296,6 +303,7 @@ __all__ = [
     "TopicAuthorizationError",
     "TopicExistsError",
     "UndecodableBatchError",
+    "UnknownProducerIdError",
     "UnknownServerError",
     "UnknownTopicError",
     "UnsupportedVersionError",

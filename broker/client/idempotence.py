@@ -23,6 +23,10 @@ Rules this module keeps:
   last such batch was not — only that one, as the broker appends in sequence order).
 - The epoch is per partition, as the broker's producer state is. Sequence numbers that would pass
   `SEQUENCE_MAX` start a new epoch, and an epoch past `EPOCH_MAX` a new producer id.
+- UNKNOWN_PRODUCER_ID (the partition forgot the producer: its batches deleted, or idle past the
+  broker's producer id expiration) for the oldest batch not acknowledged, with nothing before it
+  in doubt, is no disagreement: that batch is resent in a new epoch, not failed, as librdkafka
+  does ("no risk of duplication/reordering"). Elsewhere it is judged as OUT_OF_ORDER_SEQUENCE.
 
 Without idempotence there are no sequences (`seq` stays -1, batches are encoded without a
 producer id), but rounds still hold new batches back behind a failed one.
@@ -57,6 +61,7 @@ class Failure(enum.Enum):
     """What a failed attempt says about the batch, as the sender classifies its error."""
 
     OUT_OF_ORDER = enum.auto()  # OUT_OF_ORDER_SEQUENCE (idempotent only): certainly not appended
+    UNKNOWN_PRODUCER = enum.auto()  # UNKNOWN_PRODUCER_ID (idempotent only): not appended either
     RETRIABLE = enum.auto()  # a retriable error code or a lost connection: it may have been appended
     REFUSED = enum.auto()  # any other error response: certainly not appended, and never will be
 
@@ -210,7 +215,7 @@ class DeliveryState:
         retry: bool
         known_refused: bool  # the broker certainly did not append this batch
         new_epoch = False
-        if failure is Failure.OUT_OF_ORDER:
+        if failure is Failure.OUT_OF_ORDER or failure is Failure.UNKNOWN_PRODUCER:
             known_refused = True
             earlier_unknown = [x for x in self.unknown if x.order < b.order]
             if self.recovering:
@@ -231,6 +236,10 @@ class DeliveryState:
                 self.unknown.remove(last)
                 self.released.append(last)
                 retry = True
+            elif failure is Failure.UNKNOWN_PRODUCER:
+                # The oldest batch not acknowledged, nothing before it in doubt, and the broker
+                # holds nothing of the producer: resent in a new epoch, from sequence 0.
+                retry = self.reset_epoch = True
             else:
                 retry = False
                 new_epoch = self.reset_epoch = True

@@ -24,7 +24,9 @@ refused (there was a gap), are encoded again from that sequence. A batch given u
 fate (its retries ran out on lost connections) keeps its numbers; the next answer tells: a success
 means it was appended, OUT_OF_ORDER_SEQUENCE means it was not, and sequences are released then. An
 OUT_OF_ORDER_SEQUENCE with no such explanation (the broker's state and ours disagree) fails that
-batch and moves the partition to the next epoch, where the broker accepts a fresh sequence.
+batch and moves the partition to the next epoch, where the broker accepts a fresh sequence; an
+UNKNOWN_PRODUCER_ID there (the broker forgot the producer: retention, or its producer id
+expiration after an idle spell) moves it to the next epoch too, and resends the batch.
 The epoch is therefore per partition, as the broker's producer state is. Sequence numbers that
 would pass 2**31 - 1 also start a new epoch.
 
@@ -59,6 +61,7 @@ from broker.client.errors import (
     NotOwnerError,
     OutOfOrderSequenceError,
     RingLogError,
+    UnknownProducerIdError,
     UnknownTopicError,
     error_for,
 )
@@ -259,7 +262,9 @@ class Sender:
     def _on_failure(self, ps: ProducerPartition, b: ProducerBatch, err: BaseException) -> bool:
         """Judge `b`'s failed attempt; False if it was no longer in flight."""
         failure: Failure
-        if isinstance(err, OutOfOrderSequenceError) and self.idempotent:
+        if isinstance(err, UnknownProducerIdError) and self.idempotent:
+            failure = Failure.UNKNOWN_PRODUCER
+        elif isinstance(err, OutOfOrderSequenceError) and self.idempotent:
             failure = Failure.OUT_OF_ORDER
         elif (isinstance(err, RingLogError | BrokerUnavailable) and err.retriable) or isinstance(
             err, OSError

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from broker.core.acks import InvalidAcksError
 from broker.core.groups import GroupError, OffsetsUnavailable
-from broker.core.producer_state import RetryInFlightError, SequenceError
+from broker.core.producer_state import RetryInFlightError, SequenceError, UnknownProducerError
 from broker.core.replica_changes import ReplicaFault, ReplicaRefused
 from broker.core.replication import NotEnoughReplicasError, NotLeaderError
 from broker.core.topic_config_keys import ConfigError
@@ -51,6 +51,8 @@ def error_of(exc: BaseException) -> tuple[m.ErrorCode, str]:
             return E.CORRUPT_MESSAGE, str(exc)
         case OffsetOutOfRangeError():
             return E.OFFSET_OUT_OF_RANGE, str(exc)
+        case UnknownProducerError():
+            return E.UNKNOWN_PRODUCER_ID, str(exc)
         case SequenceError():
             return E.OUT_OF_ORDER_SEQUENCE, str(exc)
         case RetryInFlightError():

@@ -71,6 +71,7 @@ _KAFKA_CODES: Final[dict[Ours, ErrorCode]] = {
     Ours.STORAGE_ERROR: ErrorCode.kafka_storage_error,
     Ours.REQUEST_TIMED_OUT: ErrorCode.request_timed_out,
     Ours.OUT_OF_ORDER_SEQUENCE: ErrorCode.out_of_order_sequence_number,
+    Ours.UNKNOWN_PRODUCER_ID: ErrorCode.unknown_producer_id,
     Ours.NOT_OWNER: ErrorCode.not_leader_or_follower,
     Ours.BROKER_SHUTTING_DOWN: ErrorCode.broker_not_available,
     Ours.INVALID_BATCH: ErrorCode.corrupt_message,

@@ -101,6 +101,9 @@ class ErrorCode(IntEnum):
     GROUP_AUTHORIZATION_FAILED = 29  # ... on the consumer group
     CLUSTER_AUTHORIZATION_FAILED = 30  # ... on the cluster
     INVALID_RECORD = 31  # a record the topic refuses: one without a key, on a compacted topic
+    # idempotent producer: the partition holds nothing of it (new, or forgotten: its batches
+    # deleted, or idle past the producer id expiration) and its batch is not at sequence 0
+    UNKNOWN_PRODUCER_ID = 32
 
     @property
     def retriable(self) -> bool:

@@ -300,6 +300,28 @@ def test_same_batch_sent_twice_is_stored_once(broker: BrokerProcess) -> None:
     arun(body)
 
 
+@pytest.mark.parametrize(
+    "broker",
+    [
+        pytest.param({"backend": backend, "extra": ("--producer-id-expiration-ms", "1000")}, id=backend)
+        for backend in ("uvloop", "io_uring")
+    ],
+    indirect=True,
+)
+def test_a_producer_idle_past_the_expiration_delivers_every_record_once(broker: BrokerProcess) -> None:
+    """The partition forgets a producer idle past --producer-id-expiration-ms; its next batch is
+    UNKNOWN_PRODUCER_ID, on which the producer starts a new epoch and resends: no record fails,
+    none is written twice."""
+    create(broker, "idle")
+    with Producer(broker.bootstrap) as p:
+        first = [p.send("idle", b"a%d" % i).result(10).offset for i in range(3)]
+        assert broker.wait_for_log("forgot 1 idle producer", timeout=20)
+        then = [p.send("idle", b"b%d" % i).result(10).offset for i in range(3)]
+    assert first + then == list(range(6))
+    got = [r.value for r in consume_all(broker, "idle", 6)]
+    assert got == [b"a0", b"a1", b"a2", b"b0", b"b1", b"b2"]
+
+
 def test_producer_survives_a_broker_restart_without_duplicates(broker: BrokerProcess) -> None:
     """Kill -9 the broker under a producer that is sending (acks=1: what was acknowledged is in
     the page cache), restart it: the producer retries the batches that were in flight with the

@@ -5,8 +5,9 @@ lane, round ends after a backoff), with the clock passed in. Its batches go to a
 network and the broker:
 - The broker keeps the rule of docs/PROTOCOL.md §4.7 (as broker/core/producer_state.py does): per
   producer id, its epoch and last 5 batches; a new producer or a higher epoch starts at sequence
-  0, a lower epoch is refused, a batch equal to one of the last 5 is a duplicate answered with its
-  first offset, anything else must follow the last one or is OUT_OF_ORDER_SEQUENCE. A "poison"
+  0 (a producer it holds nothing of, elsewhere: UNKNOWN_PRODUCER_ID), a lower epoch is refused, a
+  batch equal to one of the last 5 is a duplicate answered with its first offset, anything else
+  must follow the last one or is OUT_OF_ORDER_SEQUENCE. A "poison"
   batch (what a broker refuses for its content: too large, corrupt) is always refused, and any
   request may be refused with a retriable code (NOT_OWNER, STORAGE_ERROR: nothing appended).
   Now and then retention deletes the whole log, and the producer's state with it.
@@ -23,8 +24,9 @@ What must hold (the rules of broker/client/idempotence.py and what idempotence p
   a new producer id or epoch has sequence 0;
 - at most `max_in_flight` batches in flight, one until the epoch is confirmed; the batches in
   flight are exactly those with a request out;
-- only a broker that forgot the producer disagrees with the machine (a new epoch forced by an
-  unexplained OUT_OF_ORDER_SEQUENCE);
+- the broker never disagrees with the machine (no new epoch forced by an unexplained
+  OUT_OF_ORDER_SEQUENCE): one that forgot the producer says so (UNKNOWN_PRODUCER_ID), and the
+  machine resends in a new epoch, failing no batch for it;
 - once faults stop, every batch is resolved and the machine is left holding nothing.
 """
 
@@ -53,6 +55,7 @@ from ringlog_proto.batch import BatchHeader, read_header
 PRODUCER_ID = 1 << 50
 KEPT = IDEMPOTENT_IN_FLIGHT_MAX  # batches per producer the broker remembers
 OUT_OF_ORDER = "out of order"
+UNKNOWN_PRODUCER = "unknown producer"
 
 
 @dataclass
@@ -99,7 +102,7 @@ class Broker:
             state = self.producers.get(h.producer_id)
             if state is None or h.producer_epoch > state[0]:
                 if h.base_sequence != 0:
-                    return OUT_OF_ORDER
+                    return UNKNOWN_PRODUCER if state is None else OUT_OF_ORDER
                 state = self.producers[h.producer_id] = (h.producer_epoch, deque(maxlen=KEPT))
             elif h.producer_epoch < state[0]:
                 return OUT_OF_ORDER  # fenced: the broker answers it as any sequence error
@@ -289,8 +292,9 @@ class DeliveryMachine(RuleBasedStateMachine):
             outcome = Failure.RETRIABLE
         else:
             got = self.broker.produce(r)
-            outcome = Failure.OUT_OF_ORDER if got == OUT_OF_ORDER else got  # type: ignore[assignment]
-            if outcome is Failure.OUT_OF_ORDER and not self.idempotent:
+            sequence_errors = {OUT_OF_ORDER: Failure.OUT_OF_ORDER, UNKNOWN_PRODUCER: Failure.UNKNOWN_PRODUCER}
+            outcome = sequence_errors.get(got, got)  # type: ignore[call-overload]
+            if isinstance(outcome, Failure) and not self.idempotent:
                 raise AssertionError("no sequences without idempotence")
         conn.answers.append((r, outcome))
 
@@ -352,8 +356,8 @@ class DeliveryMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.idempotent and self.broker.log)
     @rule(roll=st.integers(0, 4))
     def retention(self, roll: int) -> None:
-        """Now and then, retention takes the whole log and with it the producer's state: its
-        next batch is OUT_OF_ORDER_SEQUENCE (an unknown producer) and nothing explains it."""
+        """Now and then, retention takes the whole log and with it the producer's state (as an
+        idle spell past the producer id expiration would): its next batch is UNKNOWN_PRODUCER_ID."""
         if roll == 0:
             self.broker.retention()
 
@@ -401,7 +405,11 @@ class DeliveryMachine(RuleBasedStateMachine):
     def batches_known_not_appended_are_not(self) -> None:
         for order, outcomes in self.resolved.items():
             how, failure = outcomes[0]
-            if how in ("GIVE_UP", "NEW_EPOCH") and failure in (Failure.REFUSED, Failure.OUT_OF_ORDER):
+            if how in ("GIVE_UP", "NEW_EPOCH") and failure in (
+                Failure.REFUSED,
+                Failure.OUT_OF_ORDER,
+                Failure.UNKNOWN_PRODUCER,
+            ):
                 assert order not in self.broker.held(), (order, outcomes)
 
     @invariant()
@@ -414,9 +422,8 @@ class DeliveryMachine(RuleBasedStateMachine):
         assert all(a <= b for a, b in itertools.pairwise(orders)), orders
 
     @invariant()
-    def only_a_forgetful_broker_disagrees(self) -> None:
-        if not self.broker.start:
-            assert self.new_epochs == 0
+    def the_broker_never_disagrees(self) -> None:
+        assert self.new_epochs == 0
 
     def teardown(self) -> None:
         """Faults stop: every batch is resolved and the machine is left holding nothing."""
@@ -430,7 +437,7 @@ class DeliveryMachine(RuleBasedStateMachine):
         self.acknowledged_batches_are_where_their_answer_says()
         self.batches_known_not_appended_are_not()
         self.the_log_holds_each_record_once_in_seal_order()
-        self.only_a_forgetful_broker_disagrees()
+        self.the_broker_never_disagrees()
         for _, futures in self.batches:
             assert all(f.done() for f in futures)
 
@@ -509,3 +516,33 @@ def test_an_appended_batch_given_up_is_never_renumbered_over() -> None:
     assert isinstance(got, int), "refused: an honest failure, not a false acknowledgement"
     assert st_.acknowledged(b3)
     assert tuple(broker.log[got : got + 1]) == value, "acknowledged at another batch's offset"
+
+
+def test_a_forgotten_producer_resends_its_batch_in_a_new_epoch() -> None:
+    """The broker forgot the producer after its last acknowledged batch (an idle spell past the
+    producer id expiration): the next batch's UNKNOWN_PRODUCER_ID moves the partition to a new
+    epoch and the batch is resent from sequence 0, stored once, failed never."""
+    machine = DeliveryMachine()
+    machine.start(idempotent=True, max_in_flight=5, retries=0, late_sequence=False, late_epoch=False)
+    st_, broker = machine.st, machine.broker
+
+    def send(b: ProducerBatch) -> Request:
+        assert st_.number(b) and st_.dequeue() is b
+        st_.sent(b)
+        machine.send(b)
+        conn = machine.current
+        assert conn is not None
+        return conn.to_broker.popleft()
+
+    b0 = machine.new_batch(1, 1e9)
+    st_.seal(b0)
+    assert broker.produce(send(b0)) == 0 and st_.acknowledged(b0)
+    broker.producers.clear()  # forgotten: the log keeps its batch
+    b1 = machine.new_batch(2, 1e9)
+    st_.seal(b1)
+    assert broker.produce(send(b1)) == UNKNOWN_PRODUCER
+    assert st_.failed_attempt(b1, Failure.UNKNOWN_PRODUCER, 0) is Verdict.RETRY
+    assert st_.end_round() == [b1]
+    assert broker.produce(send(b1)) == 1 and st_.acknowledged(b1)
+    assert (st_.epoch, b1.seq) == (1, 0), "a new epoch, the batch at sequence 0"
+    assert broker.log == [b"0", b"1", b"2"]

@@ -73,7 +73,7 @@ def test_an_acks_of_none_of_ours_is_invalid_whatever_the_partition(
 def test_a_new_producer_must_start_at_sequence_zero(handlers: RinglogAdapter) -> None:
     tid = create(handlers)
     late = encode_batch([b"x"], producer_id=9, producer_epoch=0, base_sequence=1)
-    assert response(produce(handlers, tid, late)).error == m.ErrorCode.OUT_OF_ORDER_SEQUENCE
+    assert response(produce(handlers, tid, late)).error == m.ErrorCode.UNKNOWN_PRODUCER_ID
     first = produce(handlers, tid, encode_batch([b"x"], producer_id=9, producer_epoch=0, base_sequence=0))
     assert isinstance(first, Append)
 
