@@ -381,6 +381,12 @@ def test_placement_by_hand_elections_and_a_reassignment_across_a_controller_fail
     assert done["leader"] == 3  # type: ignore[index]
     # the old leader, removed, refuses a client whose metadata is stale
     wait_for(lambda: cluster.states(2, topic_id)[0]["leader"] == 3, timeout=10)
+    # the node's cores read its view up to one poll after the file changes: until then an acks=1
+    # write is still taken (acks=1's limit); after, it must be refused, and stay refused
+    wait_for(
+        lambda: _produce_to_node(cluster.nodes[2], "placed", 0, b"stale") == ErrorCode.not_leader_or_follower,
+        timeout=10,
+    )
     assert _produce_to_node(cluster.nodes[2], "placed", 0, b"stale") == ErrorCode.not_leader_or_follower
     wait_for(lambda: cluster.states(1, topic_id)[2]["leader"] == 3, timeout=30)  # preferred, back in sync
     assert _elected(admin, ElectionType.PREFERRED, "placed", [2]) == {2: "ELECTION_NOT_NEEDED"}
