@@ -318,6 +318,21 @@ class TransactionCoordinator:
             return TxnCode.COORDINATOR_LOAD_IN_PROGRESS
         return owned, owned.txns.get(txn_id)
 
+    def _producers_txn(self, txn_id: str, producer_id: int, epoch: int) -> TransactionMetadata | TxnCode:
+        """The id's metadata if this coordinator serves it and the producer is its current one:
+        the checks AddPartitionsToTxn, AddOffsetsToTxn and EndTxn share, in Kafka's order."""
+        if not txn_id:
+            return TxnCode.INVALID_REQUEST
+        found = self._lookup(txn_id)
+        if isinstance(found, TxnCode):
+            return found
+        _, md = found
+        if md is None or md.producer_id != producer_id:
+            return TxnCode.INVALID_PRODUCER_ID_MAPPING
+        if md.producer_epoch != epoch:
+            return TxnCode.PRODUCER_FENCED
+        return md
+
     def _current(self, md: TransactionMetadata) -> _Owned | None:
         """The partition holding `md`, if `md` is still the one it holds."""
         owned = self._owned.get(md.partition)
@@ -532,19 +547,9 @@ class TransactionCoordinator:
         def answer(code: TxnCode) -> None:
             done(_fenced(code, knows_fenced))
 
-        if not txn_id:
-            answer(TxnCode.INVALID_REQUEST)
-            return
-        found = self._lookup(txn_id)
-        if isinstance(found, TxnCode):
-            answer(found)
-            return
-        _, md = found
-        if md is None or md.producer_id != producer_id:
-            answer(TxnCode.INVALID_PRODUCER_ID_MAPPING)
-            return
-        if md.producer_epoch != epoch:
-            answer(TxnCode.PRODUCER_FENCED)
+        md = self._producers_txn(txn_id, producer_id, epoch)
+        if isinstance(md, TxnCode):
+            answer(md)
             return
         if md.pending is not None or md.state in PREPARED:
             answer(TxnCode.CONCURRENT_TRANSACTIONS)
@@ -588,19 +593,9 @@ class TransactionCoordinator:
         def answer(code: TxnCode) -> None:
             done(_fenced(code, knows_fenced))
 
-        if not txn_id:
-            answer(TxnCode.INVALID_REQUEST)
-            return
-        found = self._lookup(txn_id)
-        if isinstance(found, TxnCode):
-            answer(found)
-            return
-        _, md = found
-        if md is None or md.producer_id != producer_id:
-            answer(TxnCode.INVALID_PRODUCER_ID_MAPPING)
-            return
-        if md.producer_epoch != epoch:
-            answer(TxnCode.PRODUCER_FENCED)
+        md = self._producers_txn(txn_id, producer_id, epoch)
+        if isinstance(md, TxnCode):
+            answer(md)
             return
         if md.pending is not None:
             answer(TxnCode.CONCURRENT_TRANSACTIONS)
