@@ -107,6 +107,7 @@ from ringlog_proto.apis.sasl import (
     SaslHandshakeRequest,
     SaslHandshakeResponse,
 )
+from ringlog_proto.apis.transactions import WriteTxnMarkersRequest, WriteTxnMarkersResponse
 from ringlog_proto.batch import encode_batch_framed
 from ringlog_proto.frames import (
     FLAG_RESPONSE,
@@ -181,6 +182,7 @@ REQUEST_TYPES: dict[int, type[Request]] = {
         SaslAuthenticateRequest,
         DescribeConfigsRequest,
         AlterConfigsRequest,
+        WriteTxnMarkersRequest,
     )
 }
 SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
@@ -215,6 +217,7 @@ RESPONSE_TYPES: dict[int, type[Response]] = {
         SaslAuthenticateResponse,
         DescribeConfigsResponse,
         AlterConfigsResponse,
+        WriteTxnMarkersResponse,
     )
 }
 

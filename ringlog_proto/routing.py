@@ -91,6 +91,12 @@ def group_key(group: str) -> int:
     return h
 
 
+def txn_partition(txn_id: str, partitions: int) -> int:
+    """The transaction state partition of a transactional id: FNV-1a of its UTF-8 bytes modulo
+    the partition count (the id's coordinator is that partition's leader)."""
+    return group_key(txn_id) % partitions
+
+
 def coordinator_for(group: str, core_count: int) -> int:
     """The core among 0..core_count-1 that coordinates `group` (rendezvous on `group_key`)."""
     key = group_key(group)

@@ -11,7 +11,7 @@ Rules this module keeps:
 - `PartitionAppends` runs on the backend's primitives (broker/backends/primitives.py) and is
   what `BackendCore` (broker/backends/backend_core.py) extends; the core's dispatch hands it each
   `Append` (`_append`) and `Durable` (`after_flush`), the replica manager a follower's appends
-  (`run_replica_append`).
+  (`run_replica_append`), the core its own (`run_own_append`: the transaction coordinator's).
 """
 
 from __future__ import annotations
@@ -210,6 +210,13 @@ class PartitionAppends(BackendPrimitives):
         in order with the partition's other appends; `done()` once it completed or failed (its
         own callbacks said which). No client waits for it, so nothing is answered."""
         self._append(outcome, lambda _answer: done(), None)
+
+    def run_own_append(self, outcome: Append, done: Callable[[Reply | Silent], None]) -> None:
+        """Carry out an append the core itself makes (a transaction coordinator's state record,
+        a transaction marker), in order with the partition's other appends; `done(answer)` once
+        what `outcome.waits` names has happened (`outcome.answer()`'s reply) or it failed
+        (`outcome.fail(exc)`'s). No connection: nothing else is answered."""
+        self._append(outcome, done, None)
 
     def _advance_appends(self, partition: Partition, work: PartitionWork) -> None:
         """Make finished appends visible in prepare order; undo from the first failed one, once

@@ -74,6 +74,7 @@ from broker.core.outcomes import (
 )
 from broker.core.remote import RemoteLinks
 from broker.core.replica_manager import ReplicaManager
+from broker.core.txn_markers import PeerMarkerLinks
 from broker.security.tls import peer_context, server_context
 from ringlog_proto.batch import now_ms
 from ringlog_proto.frames import NEED_DATA, Buffer
@@ -154,6 +155,8 @@ class BackendCore(PartitionAppends):
             self.open_remote, self.call_later, self.stopping, login=self._peer_login()
         )
         self.core.remote_links = self.remote_links
+        self.core.transactions.own_append = self.run_own_append
+        self.core.transactions.markers.links = PeerMarkerLinks(self.peers.send_to_core)
         self.replicas: ReplicaManager | None = None
         if config.cluster is not None:  # a node of a cluster: roles, follower fetches, ISR changes
             c = config.cluster
@@ -492,6 +495,7 @@ class BackendCore(PartitionAppends):
         self._every(self.admission.sweep_s, self._sweep)
         if self.replicas is not None:
             self.replicas.start()
+        self.core.transactions.start()
 
     def _every(self, interval_s: float, work: Callable[[], None]) -> None:
         """Run `work` every `interval_s` until the core stops."""
@@ -551,6 +555,7 @@ class BackendCore(PartitionAppends):
         for p in self.core.partitions.values():
             p.wake_waiters()  # parked fetches answer now (their re-handle sees `stopping()`)
         self.core.coordinator.close()  # waiting JoinGroups and SyncGroups answer now
+        self.core.transactions.close()  # no more timeouts or markers; waiting answers: NOT_COORDINATOR
         self._abandon_blocking()  # requests waiting on a blocking call answer now
         deadline = time.monotonic() + SHUTDOWN_GRACE_S
         while self.busy() and time.monotonic() < deadline:

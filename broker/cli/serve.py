@@ -261,6 +261,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.group_initial_rebalance_delay_ms < 0:
         print("broker: --group-initial-rebalance-delay-ms must be >= 0", file=sys.stderr)
         return 2
+    if args.transaction_max_timeout_ms < 1 or args.transaction_abort_interval_ms < 1:
+        print(
+            "broker: --transaction-max-timeout-ms and --transaction-abort-interval-ms must be >= 1",
+            file=sys.stderr,
+        )
+        return 2
     try:
         limits = limits_from_args(args)
     except ValueError as exc:
@@ -321,6 +327,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         membership_port=args.membership_port,
         membership_key_file=args.membership_key_file,
         group_initial_rebalance_delay_ms=args.group_initial_rebalance_delay_ms,
+        transaction_max_timeout_ms=args.transaction_max_timeout_ms,
+        transaction_abort_interval_ms=args.transaction_abort_interval_ms,
         auto_create_topics=args.auto_create_topics,
         default_partitions=args.default_partitions,
         producer_id_expiration_ms=args.producer_id_expiration_ms,
@@ -578,6 +586,22 @@ def add_serve_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         metavar="MS",
         help="how long a consumer group that was empty waits for more members before its first "
         "generation (Kafka's group.initial.rebalance.delay.ms; default 3000)",
+    )
+    serve.add_argument(
+        "--transaction-max-timeout-ms",
+        type=int,
+        default=900_000,
+        metavar="MS",
+        help="the longest transaction timeout a transactional producer may ask; longer is "
+        "INVALID_TRANSACTION_TIMEOUT (Kafka's transaction.max.timeout.ms; default 900000)",
+    )
+    serve.add_argument(
+        "--transaction-abort-interval-ms",
+        type=int,
+        default=10_000,
+        metavar="MS",
+        help="how often transactions open past their timeout are aborted, fencing their producer "
+        "(Kafka's transaction.abort.timed.out.transaction.cleanup.interval.ms; default 10000)",
     )
     serve.add_argument(
         "--auto-create-topics",

@@ -48,6 +48,10 @@ class BrokerConfig:
     # how long a group that was empty waits for more members before its first generation (Kafka's
     # group.initial.rebalance.delay.ms): broker/core/coordinator.py
     group_initial_rebalance_delay_ms: int = 3000
+    # transactions (broker/core/txn_coordinator.py): the longest transaction timeout a producer may
+    # ask (Kafka's transaction.max.timeout.ms) and how often timed-out transactions are aborted
+    transaction_max_timeout_ms: int = 900_000
+    transaction_abort_interval_ms: int = 10_000
     # the supervisor's eBPF snapshot (bpf/state.py: `steering`, counters), or None without a plane
     bpf_snapshot: Callable[[], dict[str, Any] | None] = no_bpf_snapshot
     # a node of a cluster (docs/CLUSTER.md): its store calls and replication settings; None: alone

@@ -55,6 +55,7 @@ from broker.core.remote import RemoteLinks
 from broker.core.replication import NotLeaderError
 from broker.core.topic_configs import Alteration, ConfigEntry, TopicDefaults, describe_topic
 from broker.core.topics import Topic, TopicError, TopicFault, TopicRegistry, invalid_topic_name
+from broker.core.transactions import CoreTransactions
 from broker.core.views import MetadataView, NodeView, PartitionView, TopicView
 from broker.security.acls import Authorizer
 from broker.security.sasl import Authenticator
@@ -144,6 +145,9 @@ class Core:
             self.call_later,
             initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms,
         )
+        # the transactional ids this core coordinates (broker/core/transactions.py); its appends
+        # are the backend's (`transactions.own_append`, set when a backend opens the core)
+        self.transactions = CoreTransactions(self)
         # One SASL server and one set of ACL decisions per core, whatever protocol a client speaks:
         # users, ACLs, counters and the failure log are one (broker/ringlog/access.py, broker/kafka/).
         self.authenticator = Authenticator(config.data_dir, config.sasl) if config.sasl.enabled else None
@@ -155,6 +159,7 @@ class Core:
 
     def close(self) -> None:
         """Close every partition (flushing them). Call once, at shutdown."""
+        self.transactions.close()
         self.cleaning.close()
         for p in self.partitions.values():
             try:

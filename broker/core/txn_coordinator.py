@@ -295,6 +295,10 @@ class TransactionCoordinator:
         self.begin_load(partition, coordinator_epoch)
         self.complete_load(partition, coordinator_epoch, txns)
 
+    def owns(self, partition: int) -> bool:
+        """Whether `partition` is loaded here, or loading."""
+        return partition in self._owned
+
     def unload(self, partition: int) -> None:
         """Another coordinator leads `partition` now: its ids are forgotten here."""
         self._owned.pop(partition, None)

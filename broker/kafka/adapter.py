@@ -60,6 +60,7 @@ from broker.kafka import (
     replicas,
     sasl,
     topics,
+    transactions,
 )
 from broker.kafka.codec import (
     KafkaDecodeError,
@@ -108,6 +109,7 @@ SUPPORTED_VERSIONS: Final[dict[int, tuple[int, int]]] = {
     **sasl.VERSIONS,  # SaslHandshake, SaslAuthenticate: broker/kafka/sasl.py
     **acl_admin.VERSIONS,  # DescribeAcls, CreateAcls, DeleteAcls: broker/kafka/acl_admin.py
     **configs.VERSIONS,  # DescribeConfigs, AlterConfigs, IncrementalAlterConfigs: broker/kafka/configs.py
+    **transactions.VERSIONS,  # AddPartitionsToTxn, AddOffsetsToTxn, EndTxn: broker/kafka/transactions.py
     **replicas.VERSIONS,  # ElectLeaders, Alter/ListPartitionReassignments: broker/kafka/replicas.py
 }
 
@@ -163,7 +165,10 @@ class KafkaAdapter:
             topics.DELETE_TOPICS: api(topics.delete_topics),
             partitions.CREATE_PARTITIONS: api(partitions.create_partitions),
             partitions.DELETE_RECORDS: api(partitions.delete_records),
-            INIT_PRODUCER_ID: lambda request, body: init_producer_id.init_producer_id(core, request, body),
+            INIT_PRODUCER_ID: api(init_producer_id.init_producer_id),
+            transactions.ADD_PARTITIONS_TO_TXN: api(transactions.add_partitions_to_txn),
+            transactions.ADD_OFFSETS_TO_TXN: api(transactions.add_offsets_to_txn),
+            transactions.END_TXN: api(transactions.end_txn),
             OFFSET_FOR_LEADER_EPOCH: lambda request, body: offset_for_leader_epoch(core, request, body),
             **self.groups.apis(),
             group_admin.DELETE_GROUPS: api(group_admin.delete_groups),

@@ -9,9 +9,9 @@ Rules this module keeps:
   live ones). FindCoordinator names that core as Metadata names a partition's leader: its Kafka
   broker id (node * 1000 + core), the node's host, the core's direct port. A group request on any
   other core is answered NOT_COORDINATOR (the client finds
-  the coordinator again), never forwarded. Transaction coordinators (key type 1) do not exist
-  here: TRANSACTIONAL_ID_AUTHORIZATION_FAILED with a message saying so, which every client takes
-  as fatal at once (broker/kafka/init_producer_id.py says why this code).
+  the coordinator again), never forwarded. A transactional id's coordinator (key type 1) is the
+  core owning its `__transaction_state` partition (broker/core/transactions.py), named the same
+  way; the topic is made on the first such request.
 - JoinGroup and SyncGroup wait for the rest of the group: they are `Later` outcomes, answered by
   the coordinator's callback in the connection's request order like any other reply.
 - Static membership: the group instance id of JoinGroup v5, SyncGroup and Heartbeat v3,
@@ -44,7 +44,6 @@ from broker.core.outcomes import Later, Outcome, Reply, Silent
 from broker.core.views import kafka_broker_id
 from broker.kafka.codec import KafkaRequest, encode_response, make, response_schema
 from broker.kafka.errors import kafka_error
-from broker.kafka.init_producer_id import TRANSACTIONS_REFUSED, transactions_refused
 
 log = logging.getLogger(__name__)
 
@@ -69,16 +68,13 @@ GROUP_VERSIONS: Final[dict[int, tuple[int, int]]] = {
     SYNC_GROUP: (0, 3),
     DESCRIBE_GROUPS: (0, 4),
     LIST_GROUPS: (0, 2),
-}
-# Handlers built but not yet advertised (api key -> the versions they answer): the adapter has
-# them in its table, but only SUPPORTED_VERSIONS reaches a handler, so the wire still refuses
-# them. TxnOffsetCommit's pending offsets need the transaction coordinator's markers to ever
-# complete: the step that wires that coordinator moves this entry into GROUP_VERSIONS (with
-# its ACL rule in authorize.py: read on the group and its topics, write on the transactional id).
-NOT_ADVERTISED: Final[dict[int, tuple[int, int]]] = {
     TXN_OFFSET_COMMIT: (0, 4),  # v3+ flexible, with KIP-447's member fields; v5 is TV2's
 }
+# Handlers built but not yet advertised (api key -> the versions they answer): the adapter has
+# them in its table, but only SUPPORTED_VERSIONS reaches a handler. None at present.
+NOT_ADVERTISED: Final[dict[int, tuple[int, int]]] = {}
 KEY_TYPE_GROUP: Final = 0
+KEY_TYPE_TRANSACTION: Final = 1
 AUTHORIZED_OPERATIONS_OMITTED: Final = -(2**31)  # Kafka's "not asked for"
 NO_THROTTLE: Final = datetime.timedelta(0)
 
@@ -134,21 +130,36 @@ class KafkaGroups:
     def _find_coordinator(self, request: KafkaRequest, body: Any) -> Outcome:
         schema, _ = self._schema(request)
         key_type = int(getattr(body, "key_type", KEY_TYPE_GROUP))
-        if key_type != KEY_TYPE_GROUP:
+        if key_type not in (KEY_TYPE_GROUP, KEY_TYPE_TRANSACTION):
             self.core.metrics.error()
-            log.info("FindCoordinator for transactional id %r refused: no transactions", str(body.key)[:100])
             resp = make(
                 schema,
                 throttle_time=NO_THROTTLE,
-                error_code=TRANSACTIONS_REFUSED,
-                error_message=transactions_refused(str(body.key)),
+                error_code=ErrorCode.invalid_request,
+                error_message=f"key type {key_type} is not a group (0) or a transactional id (1)",
                 node_id=-1,
                 host="",
                 port=-1,
             )
             return self._reply(request, resp)
         view = self.core.metadata_view([])
-        node_id, core = self.core.group_coordinator(body.key)
+        if key_type == KEY_TYPE_TRANSACTION:
+            txn_core = self.core.transactions.coordinator_of(str(body.key))
+            if txn_core is None:
+                self.core.metrics.error()
+                resp = make(
+                    schema,
+                    throttle_time=NO_THROTTLE,
+                    error_code=ErrorCode.coordinator_not_available,
+                    error_message="the transaction state topic cannot be made now",
+                    node_id=-1,
+                    host="",
+                    port=-1,
+                )
+                return self._reply(request, resp)
+            node_id, core = self.core.config.node_id, txn_core
+        else:
+            node_id, core = self.core.group_coordinator(body.key)
         node = view.node(node_id)
         if node is None:  # the view changed between the two reads: the client asks again
             self.core.metrics.error()
@@ -337,10 +348,7 @@ class KafkaGroups:
         the member they were consumed as: checked as a commit is (KIP-447: a zombie of an old
         generation is ILLEGAL_GENERATION, an old static incarnation FENCED_INSTANCE_ID), but one
         naming no member (v0-2, or generation -1 and no ids) is stored whatever the group's
-        members. An epoch older than the producer's pending one is INVALID_PRODUCER_EPOCH.
-
-        Answered here but not advertised (not in GROUP_VERSIONS: see NOT_ADVERTISED) until the
-        transaction coordinator that sends the markers is wired."""
+        members. An epoch older than the producer's pending one is INVALID_PRODUCER_EPOCH."""
         group = str(body.group_id)
         store = self.coordinator.offsets
         producer_id, producer_epoch = int(body.producer_id), int(body.producer_epoch)

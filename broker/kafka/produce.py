@@ -33,6 +33,7 @@ from kio.schema.errors import ErrorCode
 
 from broker.core.outcomes import Append, Gather, Outcome, Reply, Silent
 from broker.core.partition import Partition, Stored
+from broker.core.transactions import is_internal
 from broker.kafka.codec import KafkaRequest, produce_v0_refusal, produce_v0_topics
 from broker.kafka.context import Context
 from broker.kafka.errors import DONE, NotLeaderError, UnsupportedCompressionError, kafka_error
@@ -64,6 +65,9 @@ def produce(ctx: Context, request: KafkaRequest, body: Any) -> Outcome:
     # errors), filled by the parts
     results: dict[tuple[str, int], tuple[ErrorCode, int, int, str | None, int, RecordErrors]] = {}
     order: list[tuple[str, list[int]]] = []
+    # a request naming a transactional id (v3+) may carry transactional batches (Kafka's
+    # LogValidator takes them; TV1: the coordinator is not asked, KIP-890 is not built)
+    transactional = getattr(body, "transactional_id", None) is not None
     parts: list[Outcome] = []
 
     def refused(key: tuple[str, int], exc: BaseException) -> Reply:
@@ -88,8 +92,13 @@ def produce(ctx: Context, request: KafkaRequest, body: Any) -> Outcome:
             if acks is None:
                 results[key] = (ErrorCode.invalid_required_acks, -1, -1, f"acks {body.acks}", -1, ())
                 continue
+            if is_internal(topic.name):  # only its coordinators write it (broker/core/transactions.py)
+                results[key] = (ErrorCode.invalid_topic_exception, -1, -1, "an internal topic", -1, ())
+                continue
             try:
-                part = _produce_partition(ctx, key, data.records, acks, refused, stored, version)
+                part = _produce_partition(
+                    ctx, key, data.records, acks, refused, stored, version, transactional
+                )
             except KeylessRecordError as exc:
                 results[key] = _keyless(key, exc, version)
                 continue
@@ -143,6 +152,7 @@ def _produce_partition(
     refused: Any,
     stored: Any,
     version: int,
+    transactional: bool = False,
 ) -> Outcome | None:
     """One partition's part of a Produce: None when it is answered already (`refused` or
     `stored` called), else the outcome that stores it. Raises what refuses it at once."""
@@ -154,7 +164,7 @@ def _produce_partition(
         return None
     if not records:
         raise ValueError("a produce without records")
-    produced = target.produce(bytes(records), ctx.core.space, acks)
+    produced = target.produce(bytes(records), ctx.core.space, acks, transactional)
     if isinstance(produced, Stored):  # a retry of batches already stored
         reply = stored(key, produced)
         waiting = ctx.core.stored_reply(target, produced, reply, lambda exc: refused(key, exc))

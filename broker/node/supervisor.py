@@ -142,6 +142,8 @@ class SupervisorConfig:
     membership_key_file: str | None = None  # membership.read_keyring: every endpoint needs the key
     limits: Limits = field(default_factory=Limits)  # broker/core/limits.py, docs/LIMITS.md
     group_initial_rebalance_delay_ms: int = 3000  # broker/core/coordinator.py
+    transaction_max_timeout_ms: int = 900_000  # broker/core/txn_coordinator.py
+    transaction_abort_interval_ms: int = 10_000
     auto_create_topics: bool = True  # broker/core/config.py
     default_partitions: int = 1
     producer_id_expiration_ms: int = PRODUCER_ID_EXPIRATION_MS_DEFAULT  # broker/core/producer_state.py
@@ -453,6 +455,8 @@ class Supervisor:
             "cleaner": asdict(self.config.cleaner),
             "limits": self.config.limits.to_spec(),
             "group_initial_rebalance_delay_ms": self.config.group_initial_rebalance_delay_ms,
+            "transaction_max_timeout_ms": self.config.transaction_max_timeout_ms,
+            "transaction_abort_interval_ms": self.config.transaction_abort_interval_ms,
             "auto_create_topics": self.config.auto_create_topics,
             "default_partitions": self.config.default_partitions,
             "producer_id_expiration_ms": self.config.producer_id_expiration_ms,

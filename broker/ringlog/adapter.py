@@ -15,7 +15,8 @@ Rules this module keeps:
 - Each API group lives in a module of its own, as functions of `(ctx, request, frame)`
   (broker/ringlog/context.py), registered in `_dispatch`: records.py (Produce, Fetch,
   ListOffsets), replica_fetch.py, topics.py (Metadata, Create/DeleteTopic, Describe/AlterConfigs)
-  and groups.py (OffsetCommit/OffsetFetch, Join/Sync/Heartbeat/LeaveGroup), as the Kafka
+  groups.py (OffsetCommit/OffsetFetch, Join/Sync/Heartbeat/LeaveGroup) and transactions.py
+  (WriteTxnMarkers, between cores only), as the Kafka
   adapter's are (broker/kafka/adapter.py); ApiVersions and Stats are here. A new API is a module
   and a line here.
 - Our protocol names one partition per request, in the frame header, so a request for another
@@ -46,7 +47,7 @@ from broker.core.errors import error_of
 from broker.core.limits import FETCH_MAX_BYTES_MAX
 from broker.core.metrics import read_snapshots
 from broker.core.outcomes import Forward, Outcome, Reply, Silent
-from broker.ringlog import groups, records, replica_fetch, topics
+from broker.ringlog import groups, records, replica_fetch, topics, transactions
 from broker.ringlog.access import Access
 from broker.ringlog.context import Context
 from broker.security.session import ConnectionAuth
@@ -103,6 +104,7 @@ class RinglogAdapter:
             m.ApiKey.REPLICA_FETCH: replica_fetch.replica_fetch,
             m.ApiKey.DESCRIBE_CONFIGS: topics.describe_configs,
             m.ApiKey.ALTER_CONFIGS: topics.alter_configs,
+            m.ApiKey.WRITE_TXN_MARKERS: transactions.write_txn_markers,
             # SASL belongs to a connection: the backend hands these to `access` (which knows the
             # connection's state) before they could get here; what does is from another core.
             m.ApiKey.SASL_HANDSHAKE: _sasl_elsewhere,
@@ -175,6 +177,10 @@ class RinglogAdapter:
                     return Forward(core, frame, frame.api_key in _WAITING_GROUP_APIS, True)
         if from_peer and frame.api_key == m.ApiKey.DELETE_TOPIC:
             return topics.deleted_elsewhere(self.ctx, frame)
+        if not from_peer and frame.api_key == m.ApiKey.WRITE_TXN_MARKERS:
+            return self.ctx.error(
+                frame, m.ErrorCode.INVALID_REQUEST, "markers are written between cores only"
+            )
         try:
             req = m.decode_request(frame)
             return self._dispatch[frame.api_key](self.ctx, req, frame)

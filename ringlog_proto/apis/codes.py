@@ -29,6 +29,7 @@ class ApiKey(IntEnum):
     SASL_AUTHENTICATE = 16
     DESCRIBE_CONFIGS = 17
     ALTER_CONFIGS = 18
+    WRITE_TXN_MARKERS = 19  # between cores only: a transaction coordinator's markers
 
 
 # The current layout version of each API (requests and responses of one API share it). A change of

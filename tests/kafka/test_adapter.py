@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from kio.schema.errors import ErrorCode
-from kio.static.primitive import i16, i32, i64
+from kio.static.primitive import i8, i16, i32, i64
 
 from broker.backends.connection import FirstBytes
 from broker.core.acks import InvalidAcksError, check_acks
@@ -181,6 +181,10 @@ def test_api_versions_lists_only_what_is_answered(adapter: KafkaAdapter, version
         43: (0, 2),
         45: (0, 0),
         46: (0, 0),
+        24: (0, 3),
+        25: (0, 4),
+        26: (0, 4),
+        28: (0, 4),
     }
 
 
@@ -345,16 +349,30 @@ def test_init_producer_id_bumps_the_epoch_of_a_known_producer(adapter: KafkaAdap
     assert foreign.producer_id < BROKER_PRODUCER_ID_LIMIT and foreign.producer_epoch == 0
 
 
-def test_init_producer_id_refuses_transactions(adapter: KafkaAdapter) -> None:
-    schema = request_schema(22, 1)
-    assert schema is not None
-    body = make(schema, transactional_id="txn", transaction_timeout=datetime.timedelta(seconds=60))
-    _, resp = answer(adapter, frame_of(22, 1, 1, body), 22, 1)
-    assert (resp.error_code, resp.producer_id, resp.producer_epoch) == (
-        ErrorCode.transactional_id_authorization_failed,
-        -1,
-        -1,
+def _txn_id_on(adapter: KafkaAdapter, core: int) -> str:
+    txns = adapter.core.transactions
+    topic = txns.ensure_topic()
+    assert topic is not None
+    return next(
+        t
+        for t in (f"tx{i}" for i in range(1000))
+        if adapter.core.owner(topic.topic_id, txns.partition_for(t)) == core
     )
+
+
+@pytest.mark.parametrize("version", [0, 1, 2, 3, 4])
+def test_init_producer_id_of_another_cores_transactional_id_is_not_coordinator(
+    adapter: KafkaAdapter, version: int
+) -> None:
+    """A transactional id is served by the core owning its __transaction_state partition; the
+    client asks FindCoordinator again elsewhere (the adapter is core 0's)."""
+    schema = request_schema(22, version)
+    assert schema is not None
+    body = make(
+        schema, transactional_id=_txn_id_on(adapter, 1), transaction_timeout=datetime.timedelta(seconds=60)
+    )
+    _, resp = answer(adapter, frame_of(22, version, 1, body), 22, version)
+    assert (resp.error_code, resp.producer_id, resp.producer_epoch) == (ErrorCode.not_coordinator, -1, -1)
 
 
 # ----------------------------------------------------------------------------- the rest
@@ -439,11 +457,12 @@ def test_find_coordinator_names_the_group_core_at_its_port(adapter: KafkaAdapter
             "127.0.0.1",
             9100 + core,
         )
-    if version >= 1:
-        body = make(schema, key="tx", key_type=1)
-        _, resp = answer(adapter, frame_of(10, version, 6, body), 10, version)
-        assert resp.error_code == ErrorCode.transactional_id_authorization_failed
-        assert "does not support transactions" in resp.error_message and "'tx'" in resp.error_message
+    if version >= 1:  # a transactional id: the core owning its __transaction_state partition
+        for core in (0, 1):
+            body = make(schema, key=_txn_id_on(adapter, core), key_type=i8(1))
+            _, resp = answer(adapter, frame_of(10, version, 6, body), 10, version)
+            assert (resp.error_code, resp.node_id, resp.port) == (ErrorCode.none, core, 9100 + core)
+        assert "__transaction_state" in adapter.core.registry.by_name  # made on first use
 
 
 def _group_on(core: int) -> str:

@@ -24,9 +24,8 @@ from kio.schema.errors import ErrorCode
 from kio.static.primitive import i16, i32, i64
 
 from broker.backends.backend_core import BackendCore
-from broker.kafka import adapter as kafka_adapter
 from broker.kafka.codec import make, request_schema
-from broker.kafka.groups import NOT_ADVERTISED, TXN_OFFSET_COMMIT
+from broker.kafka.groups import TXN_OFFSET_COMMIT
 from labkit.brokerproc import Wire
 from labkit.kafka_requests import frame, read_response
 
@@ -153,14 +152,6 @@ def marker(post: Post, server: BackendCore, group: str, producer_id: int, commit
     post(lambda: server.core.complete_txn_offsets(group, producer_id, commit, answered))
     assert done.wait(10)
     return out[0]
-
-
-@pytest.fixture(autouse=True)
-def txn_offset_commit_answered(monkeypatch: pytest.MonkeyPatch) -> None:
-    """What the wiring step does for every core: list the built handler's versions."""
-    monkeypatch.setitem(
-        kafka_adapter.SUPPORTED_VERSIONS, TXN_OFFSET_COMMIT, NOT_ADVERTISED[TXN_OFFSET_COMMIT]
-    )
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -99,7 +99,10 @@ def test_items_keep_their_keys(adapter: KafkaAdapter) -> None:
         (t.name, list(t.partitions)) for d in body.dirs for t in d.topics
     ]
     body = build(request_schema(24, 0), filled=True)  # type: ignore[arg-type]
-    resp = answered(adapter, 24, 0, body)
+    # AddPartitionsToTxn is answered now (broker/kafka/transactions.py): the builder, as for configs
+    resp = error_response(
+        24, response_schema(24, 0), body, ErrorCode.unsupported_version, "AddPartitionsToTxn"
+    )  # type: ignore[arg-type]
     assert [
         (t.name, [p.partition_index for p in t.results_by_partition])
         for t in resp.results_by_topic_v3_and_below

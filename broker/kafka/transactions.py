@@ -1,0 +1,215 @@
+"""Kafka's transaction APIs (KIP-98, transaction version 1): InitProducerId with a transactional
+id (api 22), AddPartitionsToTxn (24, v0-3), AddOffsetsToTxn (25, v0-4), EndTxn (26, v0-4), on the
+core's transaction coordinator (broker/core/transactions.py).
+
+Rules this module keeps:
+- A request for a transactional id this core does not coordinate is NOT_COORDINATOR (the client
+  asks FindCoordinator again, as against a Kafka broker that moved the id); its coordinator
+  answers once the change is durable (a `Later`).
+- The coordinator's `TxnCode`s are Kafka's error names; PRODUCER_FENCED goes as
+  INVALID_PRODUCER_EPOCH to versions that predate it (InitProducerId < 4, the others < 2), as
+  Kafka's KafkaApis does.
+- AddPartitionsToTxn names topics: an unknown topic or partition is UNKNOWN_TOPIC_OR_PARTITION
+  for it and OPERATION_NOT_ATTEMPTED for the rest, nothing added (Kafka). The internal topic
+  may not join a transaction (INVALID_TOPIC_EXCEPTION, nothing added).
+"""
+
+from __future__ import annotations
+
+import datetime
+import sys
+from collections.abc import Callable
+from typing import Any, Final
+
+from kio.schema.errors import ErrorCode
+
+from broker.core.outcomes import Later, Outcome, Reply, Silent
+from broker.core.transactions import is_internal
+from broker.core.txn_coordinator import InitResult, TxnCode
+from broker.kafka.codec import KafkaRequest, encode_response, make, response_schema
+from broker.kafka.context import Context
+
+ADD_PARTITIONS_TO_TXN: Final = 24
+ADD_OFFSETS_TO_TXN: Final = 25
+END_TXN: Final = 26
+VERSIONS: Final[dict[int, tuple[int, int]]] = {
+    ADD_PARTITIONS_TO_TXN: (0, 3),  # v4+: KIP-890's batched form for brokers (not built)
+    ADD_OFFSETS_TO_TXN: (0, 4),
+    END_TXN: (0, 4),
+}
+FENCED_FROM: Final = 2  # AddPartitions/AddOffsets/EndTxn versions that know PRODUCER_FENCED
+INIT_FENCED_FROM: Final = 4
+NO_THROTTLE: Final = datetime.timedelta(0)
+
+
+def error_of(code: TxnCode) -> ErrorCode:
+    if code is TxnCode.LIMIT_EXCEEDED:
+        return ErrorCode.policy_violation
+    return ErrorCode[code.value]
+
+
+def _reply(request: KafkaRequest, **fields: Any) -> Reply:
+    schema = response_schema(request.api_key, request.api_version)
+    assert schema is not None
+    return Reply(encode_response(request.correlation_id, make(schema, throttle_time=NO_THROTTLE, **fields)))
+
+
+def init_transactional(ctx: Context, request: KafkaRequest, body: Any) -> Outcome:
+    """InitProducerId with a transactional id: the coordinator's producer id and epoch."""
+    core = ctx.core
+    txn_id = str(body.transactional_id)
+    version = request.api_version
+
+    def answer(result: InitResult) -> Reply:
+        if result.code is not TxnCode.NONE:
+            core.metrics.error()
+        return _reply(
+            request,
+            error_code=error_of(result.code),
+            producer_id=result.producer_id,
+            producer_epoch=result.producer_epoch,
+        )
+
+    ready = core.transactions.ready(txn_id)
+    if ready is not TxnCode.NONE:
+        return answer(InitResult(ready))
+    pid, epoch = int(getattr(body, "producer_id", -1)), int(getattr(body, "producer_epoch", -1))
+    expected = (pid, epoch) if pid >= 0 else None
+    timeout_ms = int(body.transaction_timeout.total_seconds() * 1000)
+
+    def start(send: Callable[[Reply | Silent], None]) -> None:
+        core.transactions.coordinator.init_producer_id(
+            txn_id,
+            timeout_ms,
+            lambda result: send(answer(result)),
+            expected=expected,
+            knows_fenced=version >= INIT_FENCED_FROM,
+        )
+
+    return Later(start)
+
+
+def add_partitions_to_txn(ctx: Context, request: KafkaRequest, body: Any) -> Outcome:
+    core = ctx.core
+    txn_id = str(body.v3_and_below_transactional_id)
+    topics = [(str(t.name), [int(i) for i in t.partitions]) for t in body.v3_and_below_topics]
+
+    def answer(codes: dict[tuple[str, int], ErrorCode]) -> Reply:
+        return _reply(
+            request,
+            results_by_topic_v3_and_below=tuple(
+                make_topic_result(request, name, [(i, codes[(name, i)]) for i in indexes])
+                for name, indexes in topics
+            ),
+        )
+
+    def all_(code: ErrorCode) -> dict[tuple[str, int], ErrorCode]:
+        return {(name, i): code for name, indexes in topics for i in indexes}
+
+    ready = core.transactions.ready(txn_id)
+    if ready is not TxnCode.NONE:
+        core.metrics.error()
+        return answer(all_(error_of(ready)))
+    bad: dict[tuple[str, int], ErrorCode] = {}
+    wanted: set[tuple[int, int]] = set()
+    for name, indexes in topics:
+        for i in indexes:
+            if is_internal(name):
+                bad[(name, i)] = ErrorCode.invalid_topic_exception
+                continue
+            topic = core.registry.by_name.get(name)
+            if topic is None or not 0 <= i < topic.partitions:
+                core.refresh_topics(force=True)
+                topic = core.registry.by_name.get(name)
+            if topic is None or not 0 <= i < topic.partitions:
+                bad[(name, i)] = ErrorCode.unknown_topic_or_partition
+            else:
+                wanted.add((topic.topic_id, i))
+    if bad:
+        core.metrics.error()
+        codes = all_(ErrorCode.operation_not_attempted)
+        codes.update(bad)
+        return answer(codes)
+
+    def start(send: Callable[[Reply | Silent], None]) -> None:
+        def done(code: TxnCode) -> None:
+            if code is not TxnCode.NONE:
+                core.metrics.error()
+            send(answer(all_(error_of(code))))
+
+        core.transactions.coordinator.add_partitions(
+            txn_id,
+            int(body.v3_and_below_producer_id),
+            int(body.v3_and_below_producer_epoch),
+            wanted,
+            done,
+            knows_fenced=request.api_version >= FENCED_FROM,
+        )
+
+    return Later(start)
+
+
+def make_topic_result(request: KafkaRequest, name: str, results: list[tuple[int, ErrorCode]]) -> Any:
+    schema = response_schema(request.api_key, request.api_version)
+    assert schema is not None
+    module = sys.modules[schema.__module__]
+    return make(
+        module.AddPartitionsToTxnTopicResult,
+        name=name,
+        results_by_partition=tuple(
+            make(module.AddPartitionsToTxnPartitionResult, partition_index=i, partition_error_code=code)
+            for i, code in results
+        ),
+    )
+
+
+def add_offsets_to_txn(ctx: Context, request: KafkaRequest, body: Any) -> Outcome:
+    core = ctx.core
+    txn_id = str(body.transactional_id)
+    ready = core.transactions.ready(txn_id)
+    if ready is not TxnCode.NONE:
+        core.metrics.error()
+        return _reply(request, error_code=error_of(ready))
+
+    def start(send: Callable[[Reply | Silent], None]) -> None:
+        def done(code: TxnCode) -> None:
+            if code is not TxnCode.NONE:
+                core.metrics.error()
+            send(_reply(request, error_code=error_of(code)))
+
+        core.transactions.coordinator.add_offsets(
+            txn_id,
+            int(body.producer_id),
+            int(body.producer_epoch),
+            str(body.group_id),
+            done,
+            knows_fenced=request.api_version >= FENCED_FROM,
+        )
+
+    return Later(start)
+
+
+def end_txn(ctx: Context, request: KafkaRequest, body: Any) -> Outcome:
+    core = ctx.core
+    txn_id = str(body.transactional_id)
+    ready = core.transactions.ready(txn_id)
+    if ready is not TxnCode.NONE:
+        core.metrics.error()
+        return _reply(request, error_code=error_of(ready))
+
+    def start(send: Callable[[Reply | Silent], None]) -> None:
+        def done(code: TxnCode) -> None:
+            if code is not TxnCode.NONE:
+                core.metrics.error()
+            send(_reply(request, error_code=error_of(code)))
+
+        core.transactions.coordinator.end_txn(
+            txn_id,
+            int(body.producer_id),
+            int(body.producer_epoch),
+            bool(body.committed),
+            done,
+            knows_fenced=request.api_version >= FENCED_FROM,
+        )
+
+    return Later(start)
