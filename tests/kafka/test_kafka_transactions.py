@@ -110,3 +110,76 @@ def test_a_timeout_above_the_maximum_is_refused(broker: BrokerProcess) -> None:
     with pytest.raises(confluent_kafka.KafkaException) as info:
         p.init_transactions(TIMEOUT_S)
     assert info.value.args[0].code() == confluent_kafka.KafkaError.INVALID_TRANSACTION_TIMEOUT
+
+
+@pytest.mark.parametrize(
+    "broker",
+    [{"cores": 2, "backend": "uvloop", "extra": ("--transaction-abort-interval-ms", "200")}],
+    indirect=True,
+)
+def test_an_open_transaction_is_aborted_at_its_timeout(broker: BrokerProcess) -> None:
+    """A producer that never ends its transaction: the coordinator aborts it after its timeout
+    (fencing the producer with an epoch bump), so read_committed readers move past it."""
+    Wire(broker.port).create_topic("tx-hung", 1)
+    hung = txn_producer(broker, "tx-hung", **{"transaction.timeout.ms": 1000})
+    hung.init_transactions(TIMEOUT_S)
+    hung.begin_transaction()
+    hung.produce("tx-hung", b"never-committed")
+    assert hung.flush(TIMEOUT_S) == 0
+    time.sleep(2.0)
+    live = txn_producer(broker, "tx-other")
+    live.init_transactions(TIMEOUT_S)
+    live.begin_transaction()
+    live.produce("tx-hung", b"committed")
+    live.commit_transaction(TIMEOUT_S)
+    assert consume_all(broker, "tx-hung", "read_committed", 1) == [b"committed"]
+
+
+@pytest.mark.parametrize("broker", CONFIGS[2:], indirect=True)
+def test_consume_transform_produce_commits_offsets_with_the_transaction(broker: BrokerProcess) -> None:
+    """send_offsets_to_transaction (AddOffsetsToTxn, TxnOffsetCommit): the group's offsets are
+    committed by the commit's marker and dropped by an abort's (KIP-447's group metadata)."""
+    w = Wire(broker.port)
+    w.create_topic("tx-in", 1)
+    w.create_topic("tx-out", 1)
+    src = confluent_kafka.Producer({"bootstrap.servers": broker.bootstrap})
+    for i in range(4):
+        src.produce("tx-in", f"in-{i}".encode())
+    assert src.flush(TIMEOUT_S) == 0
+    group = "tx-ctp"
+    consumer = confluent_kafka.Consumer(
+        {
+            "bootstrap.servers": broker.bootstrap,
+            "group.id": group,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+        }
+    )
+    consumer.subscribe(["tx-in"])
+    p = txn_producer(broker, "tx-ctp")
+    p.init_transactions(TIMEOUT_S)
+    try:
+        got: list[confluent_kafka.Message] = []
+        deadline = time.monotonic() + TIMEOUT_S
+        while len(got) < 4 and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None and not msg.error():
+                got.append(msg)
+        assert len(got) == 4
+        for commit, batch in ((True, got[:2]), (False, got[2:])):
+            p.begin_transaction()
+            for msg in batch:
+                p.produce("tx-out", b"out-" + msg.value())
+            assert p.flush(TIMEOUT_S) == 0
+            offsets = [confluent_kafka.TopicPartition("tx-in", 0, batch[-1].offset() + 1)]
+            p.send_offsets_to_transaction(offsets, consumer.consumer_group_metadata(), TIMEOUT_S)
+            if commit:
+                p.commit_transaction(TIMEOUT_S)
+            else:
+                p.abort_transaction(TIMEOUT_S)
+        committed = consumer.committed([confluent_kafka.TopicPartition("tx-in", 0)], TIMEOUT_S)
+        assert committed[0].offset == 2  # the committed transaction's, not the aborted one's
+    finally:
+        consumer.close()
+    assert consume_all(broker, "tx-out", "read_committed", 2) == [b"out-in-0", b"out-in-1"]
