@@ -55,7 +55,7 @@ from broker.core.remote import RemoteLinks
 from broker.core.replication import NotLeaderError
 from broker.core.topic_configs import Alteration, ConfigEntry, TopicDefaults, describe_topic
 from broker.core.topics import Topic, TopicError, TopicFault, TopicRegistry, invalid_topic_name
-from broker.core.transactions import CoreTransactions
+from broker.core.transactions import CoreTransactions, is_internal
 from broker.core.views import MetadataView, NodeView, PartitionView, TopicView
 from broker.security.acls import Authorizer
 from broker.security.sasl import Authenticator
@@ -627,7 +627,10 @@ class Core:
     def delete_topic(self, name: str, answer: Callable[[], Reply], notice: Frame | None = None) -> Outcome:
         """Delete a topic (both protocols' DeleteTopic(s)): out of the registry now; every other
         core is told (a DeleteTopic frame of ours, `notice`, made here if not given) and closes
-        its partitions of it; then the files go and `answer()` is sent. Raises `TopicError`."""
+        its partitions of it; then the files go and `answer()` is sent. Raises `TopicError`
+        (INVALID for an internal topic: its coordinators' state, broker/core/transactions.py)."""
+        if is_internal(name):
+            raise TopicError(TopicFault.INVALID, f"topic {name!r} is internal: it cannot be deleted")
         with self.registry.locked():
             self.registry.load()
             topic = self.registry.delete(name)

@@ -39,6 +39,7 @@ from kio.schema.errors import ErrorCode
 
 from broker.core.outcomes import Outcome, Reply
 from broker.core.topics import invalid_topic_name
+from broker.core.transactions import is_internal
 from broker.core.views import MetadataView, NodeView, kafka_broker_id
 from broker.kafka.authorize import authorized_operations
 from broker.kafka.codec import KafkaRequest, encode_response, make, response_schema
@@ -206,7 +207,7 @@ def metadata_response(
                 error_code=ErrorCode.none,
                 name=t.name,
                 topic_id=topic_uuid(ctx.cluster_id, t.topic_id),
-                is_internal=False,
+                is_internal=is_internal(t.name),
                 partitions=partitions,
                 topic_authorized_operations=(
                     authorized_operations(authorizer, principal, "topic", t.name)

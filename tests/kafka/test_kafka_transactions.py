@@ -15,6 +15,8 @@ import pytest
 from labkit.brokerproc import BrokerProcess, Wire
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
+import confluent_kafka.admin  # noqa: E402, F811  (AdminClient)
+from test_kafka_idempotence import KafkaWire  # noqa: E402  (tests/kafka)
 
 CONFIGS = [
     pytest.param({"cores": 1, "backend": "uvloop"}, id="uvloop-1core"),
@@ -183,3 +185,32 @@ def test_consume_transform_produce_commits_offsets_with_the_transaction(broker: 
     finally:
         consumer.close()
     assert consume_all(broker, "tx-out", "read_committed", 2) == [b"out-in-0", b"out-in-1"]
+
+
+@pytest.mark.parametrize("broker", CONFIGS[:1], indirect=True)
+def test_the_state_topic_is_internal(broker: BrokerProcess) -> None:
+    """__transaction_state, made by the first FindCoordinator of a transactional id: Metadata
+    says internal, a client's produce is INVALID_TOPIC_EXCEPTION and its deletion is refused."""
+    txn_producer(broker, "tx-internal").init_transactions(TIMEOUT_S)
+    kw = KafkaWire(broker.port)
+    try:
+        resp = kw.call(
+            3,
+            9,
+            topics=None,
+            allow_auto_topic_creation=False,
+            include_cluster_authorized_operations=False,
+            include_topic_authorized_operations=False,
+        )
+    finally:
+        kw.close()
+    internal = {str(t.name): t.is_internal for t in resp.topics}
+    assert internal["__transaction_state"] is True
+    errors: list[object] = []
+    p = confluent_kafka.Producer({"bootstrap.servers": broker.bootstrap, "retries": 0})
+    p.produce("__transaction_state", b"x", key=b"k", on_delivery=lambda err, _msg: errors.append(err))
+    p.flush(TIMEOUT_S)
+    assert errors and errors[0].code() == confluent_kafka.KafkaError.TOPIC_EXCEPTION, errors
+    admin = confluent_kafka.admin.AdminClient({"bootstrap.servers": broker.bootstrap})
+    with pytest.raises(confluent_kafka.KafkaException):
+        admin.delete_topics(["__transaction_state"])["__transaction_state"].result(TIMEOUT_S)
