@@ -44,7 +44,7 @@ VERSIONS: Final = {DESCRIBE_ACLS: (1, 3), CREATE_ACLS: (1, 3), DELETE_ACLS: (1, 
 ANY: Final = 1  # in every filter: any value
 MATCH: Final = 2  # a pattern filter: every binding that applies to the named resource
 ANY_HOST: Final = "*"
-RESOURCE_TYPES: Final = {2: "topic", 3: "group", 4: "cluster"}
+RESOURCE_TYPES: Final = {2: "topic", 3: "group", 4: "cluster", 5: "transactional_id"}
 PATTERNS: Final = {3: "literal", 4: "prefixed"}
 OPERATIONS: Final = {
     2: "all",

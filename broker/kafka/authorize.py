@@ -20,6 +20,11 @@ Rules this module keeps:
   AlterPartitionReassignments need alter on the cluster, ListPartitionReassignments describe on
   it (Kafka's ControllerApis), refused whole. ApiVersions, the SASL apis and
   InitProducerId (an id without a transactional id grants nothing: KIP-679) need nothing.
+  Transactions (Kafka's rules): write on the transactional id for InitProducerId with one,
+  AddPartitionsToTxn (and write on each topic), AddOffsetsToTxn (and read on the group), EndTxn,
+  TxnOffsetCommit (and read on the group and each topic) and a Produce naming one; describe on it
+  for FindCoordinator key type 1 and DescribeTransactions; ListTransactions shows only the ids
+  the principal may describe (broker/kafka/transactions.py).
   Metadata is filtered instead (broker/kafka/adapter.py `_metadata`). OffsetForLeaderEpoch v0-1,
   which kio has no schema for, are checked where they are decoded (broker/kafka/leader_epoch.py).
 - A refused request has no effect: it is answered with TOPIC_AUTHORIZATION_FAILED,
@@ -44,7 +49,22 @@ from broker.kafka.unsupported import error_response
 from broker.security.acls import CLUSTER_NAME, OPERATIONS, Authorizer
 
 _TOPIC_OPS: Final = {0: "write", 1: "read", 2: "describe", 19: "create", 20: "delete", 23: "describe"}
-_GROUP_OPS: Final = {10: "describe", 11: "read", 12: "read", 13: "read", 14: "read", 8: "read", 9: "describe"}
+_GROUP_OPS: Final = {
+    10: "describe", 11: "read", 12: "read", 13: "read", 14: "read", 8: "read", 9: "describe",
+    25: "read", 28: "read",
+}  # fmt: skip
+# api -> what it needs on its transactional id (Kafka's KafkaApis): InitProducerId (with one),
+# AddPartitionsToTxn, AddOffsetsToTxn, EndTxn, TxnOffsetCommit and a transactional Produce
+# write; FindCoordinator (key type 1) and DescribeTransactions describe
+_TXN_OPS: Final = {
+    0: "write",
+    22: "write",
+    24: "write",
+    25: "write",
+    26: "write",
+    28: "write",
+    65: "describe",
+}
 PRODUCE: Final = 0
 DESCRIBE_GROUPS: Final = 15
 LIST_GROUPS: Final = 16
@@ -59,6 +79,18 @@ CLUSTER_OPS: Final = {43: "alter", 45: "alter", 46: "describe"}
 PER_TOPIC: Final = {0: "write", 1: "read", 2: "describe"}
 
 
+def _txn_ids(api_key: int, body: Any) -> Iterable[str]:
+    match api_key:
+        case 10:
+            return (str(body.key),)
+        case 24:
+            return (str(body.v3_and_below_transactional_id),)
+        case 65:
+            return (str(t) for t in body.transactional_ids)
+    txn_id = getattr(body, "transactional_id", None)
+    return () if txn_id is None else (str(txn_id),)
+
+
 def _topic_names(api_key: int, body: Any) -> Iterable[str]:
     match api_key:
         case 0:
@@ -69,6 +101,10 @@ def _topic_names(api_key: int, body: Any) -> Iterable[str]:
             return (t.name for t in body.topics)
         case 9:
             return (t.name for t in body.topics or ())
+        case 28:
+            return (t.name for t in body.topics)
+        case 24:
+            return (t.name for t in body.v3_and_below_topics)
         case 20:  # v6: topics by name or id; those by id are checked once named (broker/kafka/topics.py)
             if getattr(body, "topic_names", None) is not None:
                 return (str(n) for n in body.topic_names)
@@ -129,15 +165,26 @@ def check(authorizer: Authorizer, principal: str | None, request: KafkaRequest, 
     """None when `principal` may make this request; else the answer that refuses it."""
     key = request.api_key
     allowed = authorizer.allowed
+    txn_op = _TXN_OPS.get(key)
+    if txn_op is not None or (key == 10 and int(getattr(body, "key_type", 0)) == 1):
+        for txn_id in _txn_ids(key, body):
+            op = txn_op or "describe"
+            if not allowed(principal, op, "transactional_id", txn_id):
+                code = ErrorCode.transactional_id_authorization_failed
+                return _refuse(request, body, code, f"{op} transactional id {txn_id}")
+        if key == 24:
+            for name in _topic_names(key, body):
+                if not allowed(principal, "write", "topic", name):
+                    return _refuse(request, body, ErrorCode.topic_authorization_failed, f"write topic {name}")
     group_op = _GROUP_OPS.get(key)
     if group_op is not None:
         group = str(body.key if key == 10 else body.group_id)
         if key == 10 and int(getattr(body, "key_type", 0)) != 0:
-            group = ""  # a transaction coordinator: refused anyway (no transactions)
+            group = ""  # a transaction coordinator: its transactional id was checked above
         if group and not allowed(principal, group_op, "group", group):
             return _refuse(request, body, ErrorCode.group_authorization_failed, f"{group_op} group {group}")
-    if key in (OFFSET_COMMIT, OFFSET_FETCH):
-        offsets_op = "read" if key == OFFSET_COMMIT else "describe"
+    if key in (OFFSET_COMMIT, OFFSET_FETCH, 28):
+        offsets_op = "read" if key in (OFFSET_COMMIT, 28) else "describe"
         for name in _topic_names(key, body):
             if not allowed(principal, offsets_op, "topic", name):
                 return _refuse(

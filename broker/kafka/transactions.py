@@ -1,6 +1,7 @@
 """Kafka's transaction APIs (KIP-98, transaction version 1): InitProducerId with a transactional
-id (api 22), AddPartitionsToTxn (24, v0-3), AddOffsetsToTxn (25, v0-4), EndTxn (26, v0-4), on the
-core's transaction coordinator (broker/core/transactions.py).
+id (api 22), AddPartitionsToTxn (24, v0-3), AddOffsetsToTxn (25, v0-4), EndTxn (26, v0-4), and
+KIP-664's DescribeTransactions (65, v0) and ListTransactions (66, v0-1), on the core's
+transaction coordinator (broker/core/transactions.py).
 
 Rules this module keeps:
 - A request for a transactional id this core does not coordinate is NOT_COORDINATOR (the client
@@ -32,10 +33,14 @@ from broker.kafka.context import Context
 ADD_PARTITIONS_TO_TXN: Final = 24
 ADD_OFFSETS_TO_TXN: Final = 25
 END_TXN: Final = 26
+DESCRIBE_TRANSACTIONS: Final = 65
+LIST_TRANSACTIONS: Final = 66
 VERSIONS: Final[dict[int, tuple[int, int]]] = {
     ADD_PARTITIONS_TO_TXN: (0, 3),  # v4+: KIP-890's batched form for brokers (not built)
     ADD_OFFSETS_TO_TXN: (0, 4),
     END_TXN: (0, 4),
+    DESCRIBE_TRANSACTIONS: (0, 0),
+    LIST_TRANSACTIONS: (0, 1),
 }
 FENCED_FROM: Final = 2  # AddPartitions/AddOffsets/EndTxn versions that know PRODUCER_FENCED
 INIT_FENCED_FROM: Final = 4
@@ -213,3 +218,94 @@ def end_txn(ctx: Context, request: KafkaRequest, body: Any) -> Outcome:
         )
 
     return Later(start)
+
+
+def describe_transactions(ctx: Context, request: KafkaRequest, body: Any) -> Outcome:
+    """DescribeTransactions (65, v0; KIP-664): each id as its coordinator holds it; an id of
+    another core NOT_COORDINATOR, an unknown one TRANSACTIONAL_ID_NOT_FOUND (Kafka)."""
+    core = ctx.core
+    schema = response_schema(request.api_key, request.api_version)
+    assert schema is not None
+    module = sys.modules[schema.__module__]
+    states = []
+    for raw in body.transactional_ids:
+        txn_id = str(raw)
+        ready = core.transactions.ready(txn_id)
+        view = core.transactions.coordinator.describe(txn_id) if ready is TxnCode.NONE else ready
+        if isinstance(view, TxnCode):
+            core.metrics.error()
+            states.append(
+                make(
+                    module.TransactionState,
+                    error_code=error_of(view),
+                    transactional_id=txn_id,
+                    transaction_state="",
+                    transaction_timeout=datetime.timedelta(0),
+                    transaction_start_time=_ms(-1),
+                    producer_id=-1,
+                    producer_epoch=-1,
+                    topics=(),
+                )
+            )
+            continue
+        by_topic: dict[str, list[int]] = {}
+        for topic_id, index in view.partitions:
+            name = core.topic_name(topic_id)
+            if name is not None:
+                by_topic.setdefault(name, []).append(index)
+        states.append(
+            make(
+                module.TransactionState,
+                error_code=ErrorCode.none,
+                transactional_id=txn_id,
+                transaction_state=view.state.value,
+                transaction_timeout=datetime.timedelta(milliseconds=view.timeout_ms),
+                transaction_start_time=_ms(view.start_ms),
+                producer_id=view.producer_id,
+                producer_epoch=view.producer_epoch,
+                topics=tuple(
+                    make(module.TopicData, topic=name, partitions=tuple(sorted(parts)))
+                    for name, parts in sorted(by_topic.items())
+                ),
+            )
+        )
+    return _reply(request, transaction_states=tuple(states))
+
+
+def list_transactions(ctx: Context, request: KafkaRequest, body: Any) -> Outcome:
+    """ListTransactions (66, v0-1): the ids this core coordinates (an admin client asks every
+    broker: each core is one here), filtered by state, producer id and (v1) duration."""
+    core = ctx.core
+    schema = response_schema(request.api_key, request.api_version)
+    assert schema is not None
+    module = sys.modules[schema.__module__]
+    listed = core.transactions.coordinator.list_transactions(
+        [str(s) for s in body.state_filters],
+        [int(p) for p in body.producer_id_filters],
+        int(getattr(body, "duration_filter", -1)),
+    )
+    if isinstance(listed, TxnCode):
+        core.metrics.error()
+        return _reply(request, error_code=error_of(listed), unknown_state_filters=(), transaction_states=())
+    found, unknown = listed
+    authorizer, principal = ctx.authorizer, ctx.auth.principal
+    if authorizer.enabled:  # only the ids the principal may describe (Kafka)
+        found = [t for t in found if authorizer.allowed(principal, "describe", "transactional_id", t.txn_id)]
+    return _reply(
+        request,
+        error_code=ErrorCode.none,
+        unknown_state_filters=tuple(unknown),
+        transaction_states=tuple(
+            make(
+                module.TransactionState,
+                transactional_id=t.txn_id,
+                producer_id=t.producer_id,
+                transaction_state=t.state.value,
+            )
+            for t in found
+        ),
+    )
+
+
+def _ms(ms: int) -> datetime.datetime:
+    return datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC)

@@ -27,7 +27,7 @@ from broker.security.session import CORE_PRINCIPAL
 from broker.security.watched import Document, Documents, WatchedFile
 
 ACLS_FILE: Final = "acls.json"
-RESOURCE_TYPES: Final = ("topic", "group", "cluster")
+RESOURCE_TYPES: Final = ("topic", "group", "cluster", "transactional_id")
 OPERATIONS: Final = (
     "read",
     "write",

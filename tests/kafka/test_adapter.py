@@ -185,6 +185,8 @@ def test_api_versions_lists_only_what_is_answered(adapter: KafkaAdapter, version
         25: (0, 4),
         26: (0, 4),
         28: (0, 4),
+        65: (0, 0),
+        66: (0, 1),
     }
 
 

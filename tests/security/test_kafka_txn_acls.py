@@ -1,0 +1,55 @@
+"""ACLs on transactions, as Kafka checks them, with confluent-kafka's transactional producer over
+SASL: without write on its transactional id a producer's init_transactions fails (FindCoordinator
+needs describe on it, InitProducerId write: TRANSACTIONAL_ID_AUTHORIZATION_FAILED, fatal); with
+them (and write on the topic) it commits."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from labkit.brokerproc import BrokerProcess
+from labkit.securitylab import Unavailable, add_user, broker_cli, create_topic, sasl_conf, start_broker
+
+confluent_kafka = pytest.importorskip("confluent_kafka")
+
+PW = {"admin": "admin pw", "alice": "alice pw"}
+TIMEOUT_S = 15
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
+    data = tmp_path / "data"
+    for user, pw in PW.items():
+        add_user(data, user, pw)
+    broker_cli(data, "acls", "add", "User:alice", "write", "topic:orders")
+    broker_cli(data, "acls", "add", "User:alice", "describe", "topic:orders")
+    args = ("--sasl-mechanisms", "SCRAM-SHA-512", "--super-users", "User:admin")
+    try:
+        b = start_broker(tmp_path, "uvloop", args)
+    except Unavailable as exc:
+        pytest.skip(str(exc))
+    yield b
+    b.stop()
+
+
+def producer(b: BrokerProcess, txn_id: str) -> confluent_kafka.Producer:
+    return confluent_kafka.Producer({**sasl_conf(b, "alice", PW["alice"]), "transactional.id": txn_id})
+
+
+def test_a_transactional_id_needs_its_grants(broker: BrokerProcess) -> None:
+    create_topic(sasl_conf(broker, "admin", PW["admin"]), "orders", 1)
+    p = producer(broker, "tx-denied")
+    with pytest.raises(confluent_kafka.KafkaException) as info:
+        p.init_transactions(TIMEOUT_S)
+    error = info.value.args[0]
+    assert error.code() == confluent_kafka.KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, error
+    broker_cli(broker.data_dir, "acls", "add", "User:alice", "describe", "transactional_id:tx-ok")
+    broker_cli(broker.data_dir, "acls", "add", "User:alice", "write", "transactional_id:tx-ok")
+    p = producer(broker, "tx-ok")
+    p.init_transactions(TIMEOUT_S)
+    p.begin_transaction()
+    p.produce("orders", b"granted")
+    p.commit_transaction(TIMEOUT_S)
