@@ -214,3 +214,32 @@ def test_the_state_topic_is_internal(broker: BrokerProcess) -> None:
     admin = confluent_kafka.admin.AdminClient({"bootstrap.servers": broker.bootstrap})
     with pytest.raises(confluent_kafka.KafkaException):
         admin.delete_topics(["__transaction_state"])["__transaction_state"].result(TIMEOUT_S)
+
+
+@pytest.mark.parametrize("broker", [CONFIGS[0], CONFIGS[3]], indirect=True)
+def test_kill_9_mid_transaction(broker: BrokerProcess) -> None:
+    """kill -9 with a transaction open: after the restart its records stay invisible to
+    read_committed (the partition's walk finds it open, the LSO holds), the coordinator reloads
+    the id's state from __transaction_state, and the next producer of the id aborts it (fencing
+    the old epoch); what was committed before the kill is there once."""
+    Wire(broker.port).create_topic("tx-kill", 2)
+    old = txn_producer(broker, "tx-kill")
+    old.init_transactions(TIMEOUT_S)
+    old.begin_transaction()
+    old.produce("tx-kill", b"before", partition=0)
+    old.produce("tx-kill", b"before", partition=1)
+    old.commit_transaction(TIMEOUT_S)
+    old.begin_transaction()
+    old.produce("tx-kill", b"open", partition=0)
+    old.produce("tx-kill", b"open", partition=1)
+    assert old.flush(TIMEOUT_S) == 0
+    broker.kill()
+    broker.start()
+    new = txn_producer(broker, "tx-kill")
+    new.init_transactions(TIMEOUT_S)
+    new.begin_transaction()
+    new.produce("tx-kill", b"after", partition=0)
+    new.produce("tx-kill", b"after", partition=1)
+    new.commit_transaction(TIMEOUT_S)
+    got = consume_all(broker, "tx-kill", "read_committed", 4)
+    assert sorted(got) == [b"after", b"after", b"before", b"before"]
