@@ -7,6 +7,7 @@ broker's maximum is refused.
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 
@@ -243,3 +244,40 @@ def test_kill_9_mid_transaction(broker: BrokerProcess) -> None:
     new.commit_transaction(TIMEOUT_S)
     got = consume_all(broker, "tx-kill", "read_committed", 4)
     assert sorted(got) == [b"after", b"after", b"before", b"before"]
+
+
+@pytest.mark.parametrize("broker", CONFIGS[:1], indirect=True)
+def test_aiokafka_and_kafka_python_transactions(broker: BrokerProcess) -> None:
+    """The other Python clients' transactional producers (every txn API at v0, kafka-python 3 up
+    to v3): a commit and an abort each, read_committed sees the commits only."""
+    aiokafka = pytest.importorskip("aiokafka")
+    kafka = pytest.importorskip("kafka")
+    Wire(broker.port).create_topic("tx-py", 1)
+
+    async def aio() -> None:
+        p = aiokafka.AIOKafkaProducer(bootstrap_servers=broker.bootstrap, transactional_id="tx-aio")
+        await p.start()
+        try:
+            async with p.transaction():
+                await p.send_and_wait("tx-py", b"aio-committed")
+            await p.begin_transaction()
+            await p.send_and_wait("tx-py", b"aio-aborted")
+            await p.abort_transaction()
+        finally:
+            await p.stop()
+
+    asyncio.run(aio())
+    kp = kafka.KafkaProducer(bootstrap_servers=broker.bootstrap, transactional_id="tx-kp")
+    try:
+        kp.init_transactions()
+        kp.begin_transaction()
+        kp.send("tx-py", b"kp-committed").get(TIMEOUT_S)
+        kp.commit_transaction()
+        kp.begin_transaction()
+        kp.send("tx-py", b"kp-aborted").get(TIMEOUT_S)
+        kp.abort_transaction()
+    finally:
+        kp.close(0)
+    got = consume_all(broker, "tx-py", "read_committed", 2)
+    assert got == [b"aio-committed", b"kp-committed"]
+    assert len(consume_all(broker, "tx-py", "read_uncommitted", 4)) == 4
