@@ -169,6 +169,7 @@ class KafkaAdapter:
             transactions.ADD_PARTITIONS_TO_TXN: api(transactions.add_partitions_to_txn),
             transactions.ADD_OFFSETS_TO_TXN: api(transactions.add_offsets_to_txn),
             transactions.END_TXN: api(transactions.end_txn),
+            transactions.WRITE_TXN_MARKERS: api(transactions.write_txn_markers),
             transactions.DESCRIBE_TRANSACTIONS: api(transactions.describe_transactions),
             transactions.LIST_TRANSACTIONS: api(transactions.list_transactions),
             OFFSET_FOR_LEADER_EPOCH: lambda request, body: offset_for_leader_epoch(core, request, body),

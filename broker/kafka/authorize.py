@@ -74,7 +74,8 @@ OFFSET_FETCH: Final = 9
 DESCRIBE_ACLS: Final = 29
 ACL_ADMIN: Final = frozenset((29, 30, 31))
 # ElectLeaders, AlterPartitionReassignments, ListPartitionReassignments: what each needs on the cluster
-CLUSTER_OPS: Final = {43: "alter", 45: "alter", 46: "describe"}
+# WriteTxnMarkers: alter (KIP-1037; Kafka's brokers use cluster_action, which is not ours)
+CLUSTER_OPS: Final = {43: "alter", 45: "alter", 46: "describe", 27: "alter"}
 # api -> what it needs on each topic it names, checked per topic by the adapter (module rules)
 PER_TOPIC: Final = {0: "write", 1: "read", 2: "describe"}
 

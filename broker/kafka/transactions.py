@@ -18,27 +18,35 @@ Rules this module keeps:
 from __future__ import annotations
 
 import datetime
+import logging
 import sys
 from collections.abc import Callable
 from typing import Any, Final
 
 from kio.schema.errors import ErrorCode
 
-from broker.core.outcomes import Later, Outcome, Reply, Silent
+from broker.core.outcomes import Append, Gather, Later, Outcome, Reply, Silent
+from broker.core.partition import Partition, PendingProduce
+from broker.core.producer_state import CoordinatorFencedError
 from broker.core.transactions import is_internal
 from broker.core.txn_coordinator import InitResult, TxnCode
 from broker.kafka.codec import KafkaRequest, encode_response, make, response_schema
 from broker.kafka.context import Context
+from broker.kafka.errors import DONE, NotLeaderError, kafka_error
+
+log = logging.getLogger(__name__)
 
 ADD_PARTITIONS_TO_TXN: Final = 24
 ADD_OFFSETS_TO_TXN: Final = 25
 END_TXN: Final = 26
+WRITE_TXN_MARKERS: Final = 27
 DESCRIBE_TRANSACTIONS: Final = 65
 LIST_TRANSACTIONS: Final = 66
 VERSIONS: Final[dict[int, tuple[int, int]]] = {
     ADD_PARTITIONS_TO_TXN: (0, 3),  # v4+: KIP-890's batched form for brokers (not built)
     ADD_OFFSETS_TO_TXN: (0, 4),
     END_TXN: (0, 4),
+    WRITE_TXN_MARKERS: (1, 2),  # v0 is gone from Kafka 4; v1 flexible
     DESCRIBE_TRANSACTIONS: (0, 0),
     LIST_TRANSACTIONS: (0, 1),
 }
@@ -305,6 +313,89 @@ def list_transactions(ctx: Context, request: KafkaRequest, body: Any) -> Outcome
             for t in found
         ),
     )
+
+
+def write_txn_markers(ctx: Context, request: KafkaRequest, body: Any) -> Outcome:
+    """Kafka's WriteTxnMarkers (27, v1-2): a marker written to each named partition this core
+    leads, through `Partition.write_marker` (the door our coordinators' markers use), answered
+    once each is durable. Kafka's brokers send it to each other; clients send it to abort a
+    hanging transaction (KIP-664's `Admin.abortTransaction`, allowed with alter on the cluster by
+    KIP-1037: broker/kafka/authorize.py). A partition of another core is NOT_LEADER_OR_FOLLOWER,
+    a fenced marker INVALID_PRODUCER_EPOCH or TRANSACTION_COORDINATOR_FENCED; group markers
+    (Kafka's __consumer_offsets partitions) are not named by this request's clients."""
+    core = ctx.core
+    schema = response_schema(request.api_key, request.api_version)
+    assert schema is not None
+    module = sys.modules[schema.__module__]
+    results: dict[tuple[int, str, int], ErrorCode] = {}
+    parts: list[Outcome] = []
+    for n, marker in enumerate(body.markers):
+        for topic in marker.topics:
+            for raw in topic.partition_indexes:
+                key = (n, str(topic.name), int(raw))
+                try:
+                    target = core.partition_named(key[1], key[2])
+                    if not isinstance(target, Partition):
+                        raise NotLeaderError(f"partition {key[2]} of {key[1]!r} is led by core {target}")
+                    pending = target.write_marker(
+                        int(marker.producer_id),
+                        int(marker.producer_epoch),
+                        int(marker.coordinator_epoch),
+                        bool(marker.transaction_result),
+                    )
+                except CoordinatorFencedError as exc:
+                    results[key] = ErrorCode.transaction_coordinator_fenced
+                    log.info("WriteTxnMarkers to %s/%d: %s", key[1], key[2], exc)
+                    continue
+                except Exception as exc:
+                    results[key] = kafka_error(exc)[0]
+                    continue
+                parts.append(_marker_append(target, pending, key, results))
+
+    def finish() -> Reply:
+        markers = []
+        for n, marker in enumerate(body.markers):
+            topics = tuple(
+                make(
+                    module.WritableTxnMarkerTopicResult,
+                    name=str(topic.name),
+                    partitions=tuple(
+                        make(
+                            module.WritableTxnMarkerPartitionResult,
+                            partition_index=int(i),
+                            error_code=results[(n, str(topic.name), int(i))],
+                        )
+                        for i in topic.partition_indexes
+                    ),
+                )
+                for topic in marker.topics
+            )
+            markers.append(
+                make(module.WritableTxnMarkerResult, producer_id=marker.producer_id, topics=topics)
+            )
+        if any(code != ErrorCode.none for code in results.values()):
+            core.metrics.error()
+        return Reply(encode_response(request.correlation_id, make(schema, markers=tuple(markers))))
+
+    return Gather(parts, finish)
+
+
+def _marker_append(
+    p: Partition,
+    pending: PendingProduce,
+    key: tuple[int, str, int],
+    results: dict[tuple[int, str, int], ErrorCode],
+) -> Append:
+    def answer() -> Reply:
+        results[key] = ErrorCode.none
+        return DONE
+
+    def fail(exc: BaseException) -> Reply:
+        pending.fail()
+        results[key] = kafka_error(exc)[0]
+        return DONE
+
+    return Append(p, pending.pending, pending.waits, pending.complete, answer, fail)
 
 
 def _ms(ms: int) -> datetime.datetime:

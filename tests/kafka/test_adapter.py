@@ -184,6 +184,7 @@ def test_api_versions_lists_only_what_is_answered(adapter: KafkaAdapter, version
         24: (0, 3),
         25: (0, 4),
         26: (0, 4),
+        27: (1, 2),
         28: (0, 4),
         65: (0, 0),
         66: (0, 1),

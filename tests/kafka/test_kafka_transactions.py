@@ -12,7 +12,9 @@ import time
 import uuid
 
 import pytest
+from kio.schema.errors import ErrorCode
 
+from broker.kafka.codec import make, request_schema
 from labkit.brokerproc import BrokerProcess, Wire
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
@@ -281,3 +283,50 @@ def test_aiokafka_and_kafka_python_transactions(broker: BrokerProcess) -> None:
     got = consume_all(broker, "tx-py", "read_committed", 2)
     assert got == [b"aio-committed", b"kp-committed"]
     assert len(consume_all(broker, "tx-py", "read_uncommitted", 4)) == 4
+
+
+@pytest.mark.parametrize("broker", CONFIGS[:1], indirect=True)
+def test_a_hanging_transaction_found_and_aborted_by_hand(broker: BrokerProcess) -> None:
+    """KIP-664 by hand: ListTransactions and DescribeTransactions name an open transaction, its
+    producer id, epoch and partitions; a WriteTxnMarkers abort (what Admin.abortTransaction
+    sends) ends it on the partition, so read_committed readers move past it."""
+    import sys
+
+    from kio.static.primitive import i32, i64
+
+    Wire(broker.port).create_topic("tx-hang", 1)
+    hung = txn_producer(broker, "tx-hang")
+    hung.init_transactions(TIMEOUT_S)
+    hung.begin_transaction()
+    hung.produce("tx-hang", b"hung")
+    assert hung.flush(TIMEOUT_S) == 0
+    kw = KafkaWire(broker.port)
+    try:
+        listed = kw.call(66, 1, state_filters=("Ongoing",), producer_id_filters=(), duration_filter=i64(-1))
+        assert [(str(t.transactional_id), t.transaction_state) for t in listed.transaction_states] == [
+            ("tx-hang", "Ongoing")
+        ]
+        (state,) = kw.call(65, 0, transactional_ids=("tx-hang",)).transaction_states
+        assert (state.transaction_state, [(str(t.topic), t.partitions) for t in state.topics]) == (
+            "Ongoing",
+            [("tx-hang", (0,))],
+        )
+        module = sys.modules[request_schema(27, 1).__module__]
+        marker = make(
+            module.WritableTxnMarker,
+            producer_id=state.producer_id,
+            producer_epoch=state.producer_epoch,
+            transaction_result=False,
+            topics=(make(module.WritableTxnMarkerTopic, name="tx-hang", partition_indexes=(i32(0),)),),
+            coordinator_epoch=i32(0),
+        )
+        resp = kw.call(27, 1, markers=(marker,))
+        assert [p.error_code for t in resp.markers[0].topics for p in t.partitions] == [ErrorCode.none]
+    finally:
+        kw.close()
+    other = txn_producer(broker, "tx-after")
+    other.init_transactions(TIMEOUT_S)
+    other.begin_transaction()
+    other.produce("tx-hang", b"after")
+    other.commit_transaction(TIMEOUT_S)
+    assert consume_all(broker, "tx-hang", "read_committed", 1) == [b"after"]
