@@ -14,7 +14,7 @@ Rules this module keeps:
   testable with no server at all.
 - Each API group lives in a module of its own, as functions of `(ctx, request, frame)`
   (broker/ringlog/context.py), registered in `_dispatch`: records.py (Produce, Fetch,
-  ListOffsets), replica_fetch.py, topics.py (Metadata, Create/DeleteTopic, Describe/AlterConfigs)
+  ListOffsets), replica_fetch.py, topics.py (Metadata, Create/DeleteTopic, Describe/AlterConfigs),
   groups.py (OffsetCommit/OffsetFetch, Join/Sync/Heartbeat/LeaveGroup) and transactions.py
   (WriteTxnMarkers, between cores only), as the Kafka
   adapter's are (broker/kafka/adapter.py); ApiVersions and Stats are here. A new API is a module
