@@ -8,10 +8,11 @@ Rules this module keeps:
   A transactional id's partition is `routing.txn_partition`; its coordinator is the core that
   owns that partition (`Core.owner`, as any partition's), so state and coordinator move
   together and a changed `--cores` moves partitions, not ids.
-- A state partition is loaded on its owning core the first time one of its ids is asked for
-  (Kafka loads on leadership; one node has no leadership change, and a core that restarts
-  loads again from its log): its records are read start to end, then the coordinator serves
-  its ids and sends again the markers of transactions it finds prepared.
+- A state partition is loaded on its owning core when the core starts (those with files) or
+  the first time one of its ids is asked for (Kafka loads on leadership; one node has no
+  leadership change, and a core that restarts loads again from its log): its records are read
+  start to end, then the coordinator serves its ids and sends again the markers of
+  transactions it finds prepared.
 - A state record is one record (key = id, value = the coordinator's JSON) produced through the
   partition's door with acks=all, carried out by the backend as the core's own append
   (`own_append`, the backend's `run_own_append`): the coordinator hears `NONE` once it is
@@ -137,8 +138,23 @@ class CoreTransactions:
         return TxnCode.NONE
 
     def start(self) -> None:
-        """Arm the coordinator's timeout and expiry scans (the backend, once its loop runs)."""
+        """Arm the coordinator's timeout and expiry scans and load the state partitions this core
+        opened at start (those with files): transactions a crash left prepared send their
+        markers now, not when one of their partition's ids is next asked for. The backend calls
+        it once its loop runs."""
         self.coordinator.start()
+        topic = self.core.registry.by_name.get(TXN_STATE_TOPIC)
+        if topic is None:
+            return
+        for tid, index in sorted(self.core.partitions):
+            if tid == topic.topic_id and not self.coordinator.owns(index):
+                try:
+                    self._load(topic, index)
+                except Exception:
+                    log.exception(
+                        "loading %s partition %d failed (tried again on use)", TXN_STATE_TOPIC, index
+                    )
+                    self.coordinator.unload(index)
 
     def _load(self, topic: Topic, index: int) -> None:
         p = self.core.partition(topic.topic_id, index)
