@@ -560,10 +560,16 @@ class Core:
     def missing_topics(self, names: Iterable[str]) -> list[str]:
         """The names of `names` (each once, in order) that auto topic creation would create: valid
         topic names of no topic here, after a look at the registry (another core or node may have
-        made one). Both protocols' Metadata ask it before checking the principal's right to create."""
+        made one). Both protocols' Metadata ask it before checking the principal's right to create.
+        An internal topic is never among them (Kafka's rule): its coordinators make it, with its
+        own partition count and compaction (broker/core/transactions.py)."""
         self.refresh_topics()
         known = self.registry.by_name
-        return [n for n in dict.fromkeys(names) if n not in known and not invalid_topic_name(n)]
+        return [
+            n
+            for n in dict.fromkeys(names)
+            if n not in known and not invalid_topic_name(n) and not is_internal(n)
+        ]
 
     def auto_create_topics(self, names: Sequence[str], answer: Callable[[], Reply]) -> Outcome:
         """Create the topics of `names` this broker does not have with the broker's defaults, then

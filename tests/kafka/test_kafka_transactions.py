@@ -194,6 +194,23 @@ def test_consume_transform_produce_commits_offsets_with_the_transaction(broker: 
 def test_the_state_topic_is_internal(broker: BrokerProcess) -> None:
     """__transaction_state, made by the first FindCoordinator of a transactional id: Metadata
     says internal, a client's produce is INVALID_TOPIC_EXCEPTION and its deletion is refused."""
+    import sys
+
+    topic_schema = sys.modules[request_schema(3, 9).__module__].MetadataRequestTopic
+    kw = KafkaWire(broker.port)
+    try:  # a Metadata naming it first does not auto-create it (Kafka's rule)
+        resp = kw.call(
+            3,
+            9,
+            topics=(make(topic_schema, name="__transaction_state"),),
+            allow_auto_topic_creation=True,
+            include_cluster_authorized_operations=False,
+            include_topic_authorized_operations=False,
+        )
+        assert [str(t.name) for t in resp.topics] == ["__transaction_state"]
+        assert resp.topics[0].error_code != ErrorCode.none
+    finally:
+        kw.close()
     txn_producer(broker, "tx-internal").init_transactions(TIMEOUT_S)
     kw = KafkaWire(broker.port)
     try:
