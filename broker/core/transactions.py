@@ -19,6 +19,11 @@ Rules this module keeps:
   durable, NOT_COORDINATOR where this core no longer owns the partition, else
   COORDINATOR_NOT_AVAILABLE, with nothing applied.
 - Markers go through `MarkerSender` (broker/core/txn_markers.py).
+- A clustered node does not serve transactions yet (`refusal`): its coordinator would need the
+  state partition's leadership and epoch, which one node's wiring does not follow. Every
+  transactional request there answers TRANSACTIONAL_ID_AUTHORIZATION_FAILED with the reason
+  where the response has room for it (FindCoordinator), so a client fails at once instead of
+  retrying; idempotent producers are unaffected.
 - Clients never write the internal topic (their produce and delete are refused by the adapters,
   `is_internal`); it is read only by its coordinators.
 """
@@ -106,6 +111,15 @@ class CoreTransactions:
             return None
         return topic
 
+    def refusal(self) -> str | None:
+        """Why this node serves no transactions (module rules), or None when it does."""
+        if self.core.config.cluster is not None:
+            return (
+                "ringlog serves transactions on a single node only so far: this node is in a "
+                "cluster (an idempotent producer without transactional.id is supported)"
+            )
+        return None
+
     def coordinator_of(self, txn_id: str) -> int | None:
         """The core coordinating `txn_id` (the topic made if new); None while there is no topic."""
         topic = self.ensure_topic()
@@ -118,6 +132,8 @@ class CoreTransactions:
     def ready(self, txn_id: str) -> TxnCode:
         """NONE when this core coordinates `txn_id` and its partition is loaded (loading it if
         it is not yet), else why not."""
+        if self.refusal() is not None:
+            return TxnCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
         topic = self.ensure_topic()
         if topic is None:
             return TxnCode.COORDINATOR_NOT_AVAILABLE
@@ -143,6 +159,8 @@ class CoreTransactions:
         markers now, not when one of their partition's ids is next asked for. The backend calls
         it once its loop runs."""
         self.coordinator.start()
+        if self.refusal() is not None:
+            return
         topic = self.core.registry.by_name.get(TXN_STATE_TOPIC)
         if topic is None:
             return

@@ -91,6 +91,7 @@ class TxnCode(Enum):
     COORDINATOR_NOT_AVAILABLE = "coordinator_not_available"
     TRANSACTIONAL_ID_NOT_FOUND = "transactional_id_not_found"
     LIMIT_EXCEEDED = "limit_exceeded"  # ours: TXN_PARTITIONS_MAX
+    TRANSACTIONAL_ID_AUTHORIZATION_FAILED = "transactional_id_authorization_failed"  # not served here
 
 
 # Kafka's TransactionState.validPreviousStates (transaction version 1).
