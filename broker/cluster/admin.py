@@ -64,6 +64,7 @@ from broker.core.cluster_view import NO_LEADER, PartitionState
 from broker.core.replica_changes import Election, ReplicaFault, ReplicaRefused
 from broker.core.topic_configs import Alteration
 from broker.core.topics import Topic, TopicError, TopicFault, TopicRegistry
+from broker.core.transactions import is_internal
 
 log = logging.getLogger(__name__)
 
@@ -288,6 +289,8 @@ class ClusterAdmin:
         raise TopicError(TopicFault.LIMIT, f"topic {name!r}: it kept changing under this request, try again")
 
     def delete_topic(self, name: str) -> Topic:
+        if is_internal(name):  # its coordinators' state (broker/core/transactions.py), as on one node
+            raise TopicError(TopicFault.INVALID, f"topic {name!r} is internal: it cannot be deleted")
         k = self.keys
         kv = self.store.get(k.topic(name))
         if kv is None:
