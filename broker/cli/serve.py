@@ -261,9 +261,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.group_initial_rebalance_delay_ms < 0:
         print("broker: --group-initial-rebalance-delay-ms must be >= 0", file=sys.stderr)
         return 2
-    if args.transaction_max_timeout_ms < 1 or args.transaction_abort_interval_ms < 1:
+    if (
+        min(
+            args.transaction_max_timeout_ms,
+            args.transaction_abort_interval_ms,
+            args.transaction_state_partitions,
+        )
+        < 1
+    ):
         print(
-            "broker: --transaction-max-timeout-ms and --transaction-abort-interval-ms must be >= 1",
+            "broker: --transaction-max-timeout-ms, --transaction-abort-interval-ms and "
+            "--transaction-state-partitions must be >= 1",
             file=sys.stderr,
         )
         return 2
@@ -329,6 +337,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         group_initial_rebalance_delay_ms=args.group_initial_rebalance_delay_ms,
         transaction_max_timeout_ms=args.transaction_max_timeout_ms,
         transaction_abort_interval_ms=args.transaction_abort_interval_ms,
+        transaction_state_partitions=args.transaction_state_partitions,
         auto_create_topics=args.auto_create_topics,
         default_partitions=args.default_partitions,
         producer_id_expiration_ms=args.producer_id_expiration_ms,
@@ -602,6 +611,14 @@ def add_serve_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         metavar="MS",
         help="how often transactions open past their timeout are aborted, fencing their producer "
         "(Kafka's transaction.abort.timed.out.transaction.cleanup.interval.ms; default 10000)",
+    )
+    serve.add_argument(
+        "--transaction-state-partitions",
+        type=int,
+        default=50,
+        metavar="N",
+        help="partitions of __transaction_state, read when the first transactional id makes it "
+        "(Kafka's transaction.state.log.num.partitions; default 50)",
     )
     serve.add_argument(
         "--auto-create-topics",

@@ -52,6 +52,9 @@ class BrokerConfig:
     # ask (Kafka's transaction.max.timeout.ms) and how often timed-out transactions are aborted
     transaction_max_timeout_ms: int = 900_000
     transaction_abort_interval_ms: int = 10_000
+    # partitions of __transaction_state when a coordinator makes it (Kafka's
+    # transaction.state.log.num.partitions; only the first creation reads it)
+    transaction_state_partitions: int = 50
     # the supervisor's eBPF snapshot (bpf/state.py: `steering`, counters), or None without a plane
     bpf_snapshot: Callable[[], dict[str, Any] | None] = no_bpf_snapshot
     # a node of a cluster (docs/CLUSTER.md): its store calls and replication settings; None: alone

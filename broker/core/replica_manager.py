@@ -176,6 +176,7 @@ class ReplicaManager:
                 fetching.fetcher.add(h.partitions[(tid, index)])
             fetching.keys |= keys
             self._fetch(key)
+        h.transactions.follow()  # transaction coordinators move with their state partitions' leaders
 
     # --------------------------------------------------------------------------- following
 

@@ -300,6 +300,15 @@ class TransactionCoordinator:
         """Whether `partition` is loaded here, or loading."""
         return partition in self._owned
 
+    def epoch_of(self, partition: int) -> int | None:
+        """The coordinator epoch `partition` is loaded (or loading) at here; None: not here."""
+        owned = self._owned.get(partition)
+        return None if owned is None else owned.coordinator_epoch
+
+    def owned(self) -> list[int]:
+        """The state-log partitions loaded or loading here."""
+        return sorted(self._owned)
+
     def unload(self, partition: int) -> None:
         """Another coordinator leads `partition` now: its ids are forgotten here."""
         self._owned.pop(partition, None)

@@ -143,34 +143,21 @@ class KafkaGroups:
             )
             return self._reply(request, resp)
         view = self.core.metadata_view([])
-        refusal = self.core.transactions.refusal() if key_type == KEY_TYPE_TRANSACTION else None
-        if refusal is not None:
-            self.core.metrics.error()
-            resp = make(
-                schema,
-                throttle_time=NO_THROTTLE,
-                error_code=ErrorCode.transactional_id_authorization_failed,
-                error_message=refusal,
-                node_id=-1,
-                host="",
-                port=-1,
-            )
-            return self._reply(request, resp)
         if key_type == KEY_TYPE_TRANSACTION:
-            txn_core = self.core.transactions.coordinator_of(str(body.key))
-            if txn_core is None:
+            txn_coordinator = self.core.transactions.coordinator_of(str(body.key))
+            if txn_coordinator is None:
                 self.core.metrics.error()
                 resp = make(
                     schema,
                     throttle_time=NO_THROTTLE,
                     error_code=ErrorCode.coordinator_not_available,
-                    error_message="the transaction state topic cannot be made now",
+                    error_message="the transaction state partition has no leader now",
                     node_id=-1,
                     host="",
                     port=-1,
                 )
                 return self._reply(request, resp)
-            node_id, core = self.core.config.node_id, txn_core
+            node_id, core = txn_coordinator
         else:
             node_id, core = self.core.group_coordinator(body.key)
         node = view.node(node_id)

@@ -144,6 +144,7 @@ class SupervisorConfig:
     group_initial_rebalance_delay_ms: int = 3000  # broker/core/coordinator.py
     transaction_max_timeout_ms: int = 900_000  # broker/core/txn_coordinator.py
     transaction_abort_interval_ms: int = 10_000
+    transaction_state_partitions: int = 50
     auto_create_topics: bool = True  # broker/core/config.py
     default_partitions: int = 1
     producer_id_expiration_ms: int = PRODUCER_ID_EXPIRATION_MS_DEFAULT  # broker/core/producer_state.py
@@ -457,6 +458,7 @@ class Supervisor:
             "group_initial_rebalance_delay_ms": self.config.group_initial_rebalance_delay_ms,
             "transaction_max_timeout_ms": self.config.transaction_max_timeout_ms,
             "transaction_abort_interval_ms": self.config.transaction_abort_interval_ms,
+            "transaction_state_partitions": self.config.transaction_state_partitions,
             "auto_create_topics": self.config.auto_create_topics,
             "default_partitions": self.config.default_partitions,
             "producer_id_expiration_ms": self.config.producer_id_expiration_ms,

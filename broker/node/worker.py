@@ -188,6 +188,7 @@ def config_from_spec(spec: dict[str, Any]) -> BrokerConfig:
         group_initial_rebalance_delay_ms=int(spec.get("group_initial_rebalance_delay_ms", 3000)),
         transaction_max_timeout_ms=int(spec.get("transaction_max_timeout_ms", 900_000)),
         transaction_abort_interval_ms=int(spec.get("transaction_abort_interval_ms", 10_000)),
+        transaction_state_partitions=int(spec.get("transaction_state_partitions", 50)),
         auto_create_topics=bool(spec.get("auto_create_topics", True)),
         default_partitions=int(spec.get("default_partitions", 1)),
         producer_id_expiration_ms=int(

@@ -74,7 +74,11 @@ _GROUP_REQUESTS: Final = (
     m.OffsetCommitRequest,
     m.OffsetFetchRequest,
 )  # the bodies of _GROUP_OPS's apis
-_CLUSTER_OPS: Final[dict[int, str]] = {m.ApiKey.STATS: "describe", m.ApiKey.REPLICA_FETCH: "alter"}
+_CLUSTER_OPS: Final[dict[int, str]] = {
+    m.ApiKey.STATS: "describe",
+    m.ApiKey.REPLICA_FETCH: "alter",
+    m.ApiKey.WRITE_TXN_MARKERS: "alter",  # another node's coordinator, as the inter-broker user
+}
 
 
 class Served(Protocol):

@@ -177,9 +177,9 @@ class RinglogAdapter:
                     return Forward(core, frame, frame.api_key in _WAITING_GROUP_APIS, True)
         if from_peer and frame.api_key == m.ApiKey.DELETE_TOPIC:
             return topics.deleted_elsewhere(self.ctx, frame)
-        if not from_peer and frame.api_key == m.ApiKey.WRITE_TXN_MARKERS:
+        if frame.api_key == m.ApiKey.WRITE_TXN_MARKERS and not (from_peer or self.core.cluster.clustered):
             return self.ctx.error(
-                frame, m.ErrorCode.INVALID_REQUEST, "markers are written between cores only"
+                frame, m.ErrorCode.INVALID_REQUEST, "markers are written between brokers' cores only"
             )
         try:
             req = m.decode_request(frame)

@@ -5,8 +5,7 @@ node's Metadata; DeleteRecords moves the leader's log start, every follower take
 leader elected after a kill -9 of the old one starts there too; DeleteGroups and OffsetDelete
 delete the offsets in etcd, which no node answers any more; replicas placed by hand (by our own
 client too), elections (preferred and unclean) and reassignments (listed, cancelled, across a
-controller's failover); a transactional producer refused at once with the reason (transactions
-are served on one node only so far) while an idempotent one still produces."""
+controller's failover)."""
 
 from __future__ import annotations
 
@@ -217,33 +216,6 @@ def test_create_topics_v7_in_a_cluster(cluster: Cluster) -> None:
     led(admin, "made3", 2)
     described = admin.describe_topics(confluent_kafka.TopicCollection(["made3"]))["made3"].result(20)
     assert str(described.topic_id) == _base64_id(made["topic_id"])
-
-
-def test_a_cluster_refuses_transactions_at_once(cluster: Cluster) -> None:
-    """A transactional producer on a clustered node fails its init_transactions with the reason, at
-    once rather than after retrying to its timeout, and no `__transaction_state` is made; an
-    idempotent producer on the same node still produces."""
-    producer = confluent_kafka.Producer(
-        {"bootstrap.servers": cluster.nodes[1].bootstrap, "transactional.id": "refused-in-cluster"}
-    )
-    started = time.monotonic()
-    with pytest.raises(confluent_kafka.KafkaException) as raised:
-        producer.init_transactions(30)
-    assert time.monotonic() - started < 10, "refused at once, not retried to the timeout"
-    error = raised.value.args[0]
-    assert error.code() == confluent_kafka.KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
-    assert "single node" in error.str()
-    admin = AdminClient({"bootstrap.servers": cluster.nodes[1].bootstrap})
-    admin.create_topics([NewTopic("idem-in-cluster", 1)])["idem-in-cluster"].result(20)
-    led(admin, "idem-in-cluster", 1)
-    idempotent = confluent_kafka.Producer(
-        {"bootstrap.servers": cluster.nodes[1].bootstrap, "enable.idempotence": True}
-    )
-    delivered: list[object] = []
-    idempotent.produce("idem-in-cluster", b"v", on_delivery=lambda err, _msg: delivered.append(err))
-    assert idempotent.flush(30) == 0
-    assert delivered == [None]
-    assert "__transaction_state" not in admin.list_topics(timeout=10).topics
 
 
 def _base64_id(topic_id: object) -> str:
