@@ -22,6 +22,9 @@ Rules this module keeps:
   such record (its index in the batch and Kafka's message) and an error message (v8+, KIP-467).
   Below v8 the code is INVALID_RECORD too, with neither: Kafka's broker does not downgrade it
   (KAFKA-9492 only drops the record errors an old version cannot carry).
+- A partition's records are exactly one batch (Kafka's `ProduceRequest.validateRecords` for v3+,
+  the only versions answered with data): more is INVALID_RECORD with Kafka's message and
+  nothing of that partition is written. The first batch's length field tells, without a walk.
 """
 
 from __future__ import annotations
@@ -95,6 +98,14 @@ def produce(ctx: Context, request: KafkaRequest, body: Any) -> Outcome:
             if is_internal(topic.name):  # only its coordinators write it (broker/core/transactions.py)
                 results[key] = (ErrorCode.invalid_topic_exception, -1, -1, "an internal topic", -1, ())
                 continue
+            if _more_than_one_batch(data.records):
+                core.metrics.error()
+                why = (
+                    f"Produce requests with version {version} are only allowed to contain "
+                    "exactly one record batch per partition"
+                )
+                results[key] = (ErrorCode.invalid_record, -1, -1, why, -1, ())
+                continue
             try:
                 part = _produce_partition(
                     ctx, key, data.records, acks, refused, stored, version, transactional
@@ -132,6 +143,14 @@ def produce(ctx: Context, request: KafkaRequest, body: Any) -> Outcome:
 
         return Append(one.partition, one.pending, one.waits, one.publish, answer, fail)
     return Gather(parts, finish)
+
+
+def _more_than_one_batch(records: bytes | None) -> bool:
+    """Whether the first batch's length (bytes 8-11, after the base offset) ends before the
+    records do; a length past the end is the validation's to refuse."""
+    if records is None or len(records) < 12:
+        return False
+    return 12 + int.from_bytes(records[8:12], "big", signed=True) < len(records)
 
 
 def _keyless(

@@ -19,6 +19,9 @@ Rules this module keeps:
   TOPIC_AUTHORIZATION_FAILED; a refused topic answers only its error (-1 counts, no configs).
   v7 adds the topic's id, Metadata's (`topic_uuid`); validate_only and a refusal answer the
   zero id (Kafka makes up an id for validate_only that no topic ever has).
+- A name given twice in one request is INVALID_REQUEST ("Duplicate topic name."), answered
+  once, and that topic is neither created nor validated; the other topics go on (Kafka's
+  `ControllerApis.createTopics`).
 """
 
 from __future__ import annotations
@@ -57,10 +60,15 @@ def create_topics(ctx: Context, request: KafkaRequest, body: Any) -> Outcome:
     schema = response_schema(CREATE_TOPICS, request.api_version)
     assert schema is not None
     module = sys.modules[schema.__module__]
+    twice = _named_twice(body.topics)
+    wanted = [t for t in body.topics if t.name not in twice]
+    doubled = [
+        _result(ctx, module, n, ErrorCode.invalid_request, "Duplicate topic name.", None) for n in twice
+    ]
     if ctx.core.config.cluster is not None:
-        return _create_topics_in_cluster(ctx, request, body, schema, module)
+        return _create_topics_in_cluster(ctx, request, body, schema, module, wanted, doubled)
     results = []
-    for t in body.topics:
+    for t in wanted:
         code, message, made = ErrorCode.none, None, None
         try:
             assignment = replicas.topic_assignment(ctx.core, t)
@@ -85,12 +93,29 @@ def create_topics(ctx: Context, request: KafkaRequest, body: Any) -> Outcome:
             code, message = kafka_error(exc)
         created = None if made is None else _Created(made, 1, bool(body.validate_only))
         results.append(_result(ctx, module, t.name, code, message, created))
-    resp = make(schema, throttle_time=datetime.timedelta(0), topics=tuple(results))
+    resp = make(schema, throttle_time=datetime.timedelta(0), topics=(*results, *doubled))
     return Reply(encode_response(request.correlation_id, resp))
 
 
+def _named_twice(topics: Any) -> list[str]:
+    """The names a request gives more than once, in the order first given."""
+    seen: set[str] = set()
+    twice: dict[str, None] = {}
+    for t in topics:
+        if t.name in seen:
+            twice[t.name] = None
+        seen.add(t.name)
+    return list(twice)
+
+
 def _create_topics_in_cluster(
-    ctx: Context, request: KafkaRequest, body: Any, schema: Any, module: Any
+    ctx: Context,
+    request: KafkaRequest,
+    body: Any,
+    schema: Any,
+    module: Any,
+    wanted: list[Any],
+    doubled: list[Any],
 ) -> Outcome:
     """A cluster's CreateTopics: each topic created in the store (replication -1 is the
     cluster's default; placement over the live nodes), off the loop, in one answer."""
@@ -99,7 +124,7 @@ def _create_topics_in_cluster(
     # broker ids to nodes here, on the loop: the view they are read from is the loop's
     assignments: dict[str, list[tuple[int, ...]] | None] = {}
     early: dict[str, Exception] = {}
-    for t in body.topics:
+    for t in wanted:
         try:
             assignments[t.name] = replicas.topic_assignment(ctx.core, t)
         except Exception as exc:
@@ -107,7 +132,7 @@ def _create_topics_in_cluster(
 
     def create_all() -> list[tuple[str, ErrorCode, str | None, Topic | None]]:
         out: list[tuple[str, ErrorCode, str | None, Topic | None]] = []
-        for t in body.topics:
+        for t in wanted:
             code, message, made = ErrorCode.none, None, None
             if t.name in early:
                 out.append((t.name, *kafka_error(early[t.name]), None))
@@ -138,7 +163,7 @@ def _create_topics_in_cluster(
             out.append((t.name, code, message, made))
         return out
 
-    factors = {str(t.name): int(t.replication_factor) for t in body.topics}
+    factors = {str(t.name): int(t.replication_factor) for t in wanted}
 
     def replication(topic: Topic) -> int:
         """The factor asked, else (-1: the cluster's default) the replicas the view gives the
@@ -151,7 +176,7 @@ def _create_topics_in_cluster(
     def answer(results: Any) -> Reply:
         if isinstance(results, BaseException):
             code, message = kafka_error(results)
-            results = [(t.name, code, message, None) for t in body.topics]
+            results = [(t.name, code, message, None) for t in wanted]
         topics = tuple(
             _result(
                 ctx,
@@ -163,7 +188,7 @@ def _create_topics_in_cluster(
             )
             for n, c, msg, made in results
         )
-        resp = make(schema, throttle_time=datetime.timedelta(0), topics=topics)
+        resp = make(schema, throttle_time=datetime.timedelta(0), topics=(*topics, *doubled))
         return Reply(encode_response(request.correlation_id, resp))
 
     def created(results: list[tuple[str, ErrorCode, str | None, Topic | None]]) -> bool:

@@ -18,7 +18,7 @@ from broker.core.acks import InvalidAcksError, check_acks
 from broker.core.config import BrokerConfig
 from broker.core.core import Core
 from broker.core.errors import error_of
-from broker.core.outcomes import Gather, Later, Reply
+from broker.core.outcomes import Append, Gather, Later, Reply
 from broker.core.producer_ids import EPOCH_LAST
 from broker.kafka.adapter import SUPPORTED_VERSIONS, KafkaAdapter, cluster_id_for
 from broker.kafka.codec import (
@@ -35,7 +35,7 @@ from broker.security.session import ConnectionAuth
 from labkit.kafka_requests import frame as frame_of
 from labkit.kafka_requests import read_response, request_of
 from ringlog_proto import messages as m
-from ringlog_proto.batch import BROKER_PRODUCER_ID_LIMIT
+from ringlog_proto.batch import BROKER_PRODUCER_ID_LIMIT, Record, encode_batch
 from ringlog_proto.frames import NEED_DATA, FrameDecoder, ProtocolError, frame_decoder
 from ringlog_proto.routing import coordinator_for, shard_for
 
@@ -567,6 +567,43 @@ def test_an_acks_kafka_does_not_have_is_invalid_required_acks(adapter: KafkaAdap
         check_acks(3)
     assert kafka_error(refused.value)[0] == ErrorCode.invalid_required_acks
     assert error_of(refused.value)[0] == m.ErrorCode.INVALID_REQUEST
+
+
+def test_two_batches_for_one_partition_are_invalid_record(adapter: KafkaAdapter) -> None:
+    """Kafka takes exactly one batch per partition in a Produce v3+ (ProduceRequest.validateRecords):
+    two are INVALID_RECORD with its message and nothing goes to the partition; one is stored."""
+    topic_id = create_topic(adapter, "one-batch", 4)
+    config = adapter.core.config
+    mine = next(p for p in range(4) if shard_for(topic_id, p, config.cores) == config.core_id)
+    schema = request_schema(0, 8)
+    assert schema is not None
+    module = __import__(schema.__module__, fromlist=["x"])
+
+    def produce(records: bytes) -> Any:
+        data = make(
+            module.TopicProduceData,
+            name="one-batch",
+            partition_data=(make(module.PartitionProduceData, index=i32(mine), records=records),),
+        )
+        body = make(
+            schema,
+            transactional_id=None,
+            acks=i16(1),
+            timeout=datetime.timedelta(seconds=1),
+            topic_data=(data,),
+        )
+        return adapter.handle(request_of(frame_of(0, 8, 5, body)))
+
+    batch = encode_batch([Record(b"v")])
+    outcome = produce(batch + batch)
+    assert isinstance(outcome, Gather) and not outcome.parts, "nothing to store"
+    reply = outcome.finish()
+    assert isinstance(reply, Reply)
+    _corr, resp = read_response(0, 8, b"".join(reply.buffers))
+    answer_ = resp.responses[0].partition_responses[0]
+    assert answer_.error_code == ErrorCode.invalid_record
+    assert "exactly one record batch per partition" in (answer_.error_message or "")
+    assert isinstance(produce(batch), Append), "one batch goes to the partition"
 
 
 def test_metadata_as_librdkafka_asks_every_topic_at_v11_and_later(adapter: KafkaAdapter) -> None:

@@ -164,6 +164,41 @@ def test_a_refused_topic_answers_its_error_alone(cbroker: BrokerProcess) -> None
     assert not {"bad7", "copies7"} & topic_names(cbroker)
 
 
+@pytest.mark.parametrize("version", [2, 7])
+def test_a_name_given_twice_is_refused_once_and_the_others_made(cbroker: BrokerProcess, version: int) -> None:
+    """Kafka's controller answers a name given twice with one INVALID_REQUEST and creates neither
+    copy; the other topics of the request are made."""
+    schema = request_schema(CREATE_TOPICS, version)
+    assert schema is not None
+    module = sys.modules[schema.__module__]
+
+    def topic(name: str, partitions: int) -> Any:
+        return make(
+            module.CreatableTopic,
+            name=name,
+            num_partitions=partitions,
+            replication_factor=-1,
+            assignments=(),
+            configs=(),
+        )
+
+    doubled, alone = f"doubled{version}", f"alone{version}"
+    body = make(
+        schema,
+        topics=(topic(doubled, 1), topic(alone, 1), topic(doubled, 2)),
+        timeout=datetime.timedelta(seconds=10),
+        validate_only=False,
+    )
+    results = rpc(cbroker.core_ports[0], CREATE_TOPICS, version, body).topics
+    assert [(r.name, r.error_code) for r in results] == [
+        (alone, ErrorCode.none),
+        (doubled, ErrorCode.invalid_request),
+    ]
+    assert results[1].error_message == "Duplicate topic name."
+    names = topic_names(cbroker)
+    assert alone in names and doubled not in names
+
+
 # ------------------------------------------------------------------------------ the clients
 
 
