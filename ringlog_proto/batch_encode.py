@@ -28,6 +28,7 @@ from ringlog_proto.batch_header import (
     NO_PRODUCER_ID,
     NO_SEQUENCE,
     RECORD_COUNT_MAX,
+    TRANSACTIONAL_BIT,
     _field_at,
 )
 from ringlog_proto.compression import compress
@@ -376,3 +377,20 @@ def _seal_into(
     except struct.error as exc:
         raise BatchError(f"batch header field out of range: {exc}") from None
     _CRC.pack_into(out, CRC_START - _CRC.size, crc32c(memoryview(out)[CRC_START:]))
+
+
+_ATTRIBUTES_AT = _field_at("attributes")
+_CRC_AT = _field_at("crc")
+_ATTRIBUTES = struct.Struct(">h")
+_U32_CRC = struct.Struct(">I")
+
+
+def as_transactional(batch: bytes) -> bytes:
+    """`batch` (one whole batch as `encode_batch` made it) with its transactional attribute set
+    and its crc made again: what a transactional producer sends (KIP-98). A copy and a crc pass
+    more than a plain batch: only transactional producers pay it."""
+    out = bytearray(batch)
+    (attributes,) = _ATTRIBUTES.unpack_from(out, _ATTRIBUTES_AT)
+    _ATTRIBUTES.pack_into(out, _ATTRIBUTES_AT, attributes | TRANSACTIONAL_BIT)
+    _U32_CRC.pack_into(out, _CRC_AT, crc32c(memoryview(out)[CRC_START:]))
+    return bytes(out)

@@ -62,11 +62,13 @@ from ringlog_proto.apis.body import (
 from ringlog_proto.apis.codes import (
     API_VERSION,
     CURRENT_VERSIONS,
+    PRODUCE_TRANSACTIONAL_VERSION,
     Acks,
     ApiKey,
     ConfigOp,
     ConfigSource,
     ErrorCode,
+    Isolation,
     OffsetSpec,
 )
 from ringlog_proto.apis.groups import (
@@ -107,7 +109,20 @@ from ringlog_proto.apis.sasl import (
     SaslHandshakeRequest,
     SaslHandshakeResponse,
 )
-from ringlog_proto.apis.transactions import WriteTxnMarkersRequest, WriteTxnMarkersResponse
+from ringlog_proto.apis.transactions import (
+    AddOffsetsToTxnRequest,
+    AddOffsetsToTxnResponse,
+    AddPartitionsToTxnRequest,
+    AddPartitionsToTxnResponse,
+    EndTxnRequest,
+    EndTxnResponse,
+    InitProducerIdRequest,
+    InitProducerIdResponse,
+    TxnOffsetCommitRequest,
+    TxnOffsetCommitResponse,
+    WriteTxnMarkersRequest,
+    WriteTxnMarkersResponse,
+)
 from ringlog_proto.batch import encode_batch_framed
 from ringlog_proto.frames import (
     FLAG_RESPONSE,
@@ -183,6 +198,11 @@ REQUEST_TYPES: dict[int, type[Request]] = {
         DescribeConfigsRequest,
         AlterConfigsRequest,
         WriteTxnMarkersRequest,
+        InitProducerIdRequest,
+        AddPartitionsToTxnRequest,
+        AddOffsetsToTxnRequest,
+        EndTxnRequest,
+        TxnOffsetCommitRequest,
     )
 }
 SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
@@ -193,6 +213,11 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
 SUPPORTED_VERSIONS[ApiKey.CREATE_TOPIC] = (2, CURRENT_VERSIONS[ApiKey.CREATE_TOPIC])
 # A Metadata of v3 (before allow_auto_create) still reads, and never creates a topic.
 SUPPORTED_VERSIONS[ApiKey.METADATA] = (3, CURRENT_VERSIONS[ApiKey.METADATA])
+# Fetch and ListOffsets v1 (before isolation) still read, and are answered in v1's layout;
+# Produce v2 carries a transactional id (a plain produce is still sent as v1).
+SUPPORTED_VERSIONS[ApiKey.FETCH] = (1, CURRENT_VERSIONS[ApiKey.FETCH])
+SUPPORTED_VERSIONS[ApiKey.LIST_OFFSETS] = (1, CURRENT_VERSIONS[ApiKey.LIST_OFFSETS])
+SUPPORTED_VERSIONS[ApiKey.PRODUCE] = (1, PRODUCE_TRANSACTIONAL_VERSION)
 
 
 RESPONSE_TYPES: dict[int, type[Response]] = {
@@ -218,6 +243,11 @@ RESPONSE_TYPES: dict[int, type[Response]] = {
         DescribeConfigsResponse,
         AlterConfigsResponse,
         WriteTxnMarkersResponse,
+        InitProducerIdResponse,
+        AddPartitionsToTxnResponse,
+        AddOffsetsToTxnResponse,
+        EndTxnResponse,
+        TxnOffsetCommitResponse,
     )
 }
 
@@ -226,16 +256,23 @@ RESPONSE_TYPES: dict[int, type[Response]] = {
 
 
 def _frame(
-    w: Writer, api_key: int, correlation_id: int, topic_id: int, partition: int, flags: int
+    w: Writer,
+    api_key: int,
+    correlation_id: int,
+    topic_id: int,
+    partition: int,
+    flags: int,
+    version: int | None = None,
 ) -> list[Buffer]:
     length = sum(map(len, w.parts))
-    version = CURRENT_VERSIONS.get(api_key, API_VERSION)
+    if version is None:
+        version = CURRENT_VERSIONS.get(api_key, API_VERSION)
     return [encode_header(length, api_key, version, correlation_id, topic_id, partition, flags), *w.parts]
 
 
 def encode_request(req: Request, correlation_id: int) -> list[Buffer]:
     """The frame of `req` as buffers (header first); join them or hand them to writev."""
-    if type(req) is ProduceRequest:
+    if type(req) is ProduceRequest and req.transactional_id is None:
         # Every produce a client sends: the header and the fixed fields in one pack, then the
         # records as they are (what the generic path below makes, with ~10 calls less).
         records = req.records
@@ -250,7 +287,7 @@ def encode_request(req: Request, correlation_id: int) -> list[Buffer]:
     topic_id = partition = 0
     if isinstance(req, PartitionRequest):
         topic_id, partition = req.topic_id, req.partition
-    return _frame(w, req.API_KEY, correlation_id, topic_id, partition, 0)
+    return _frame(w, req.API_KEY, correlation_id, topic_id, partition, 0, req.version())
 
 
 def request_frame(req: Request, correlation_id: int = 0) -> Frame:
@@ -261,7 +298,9 @@ def request_frame(req: Request, correlation_id: int = 0) -> Frame:
     topic_id = partition = 0
     if isinstance(req, PartitionRequest):
         topic_id, partition = req.topic_id, req.partition
-    version = CURRENT_VERSIONS.get(req.API_KEY, API_VERSION)
+    version = req.version()
+    if version is None:
+        version = CURRENT_VERSIONS.get(req.API_KEY, API_VERSION)
     return Frame(req.API_KEY, version, 0, correlation_id, topic_id, partition, b"".join(w.parts))
 
 
@@ -338,9 +377,15 @@ _NO_ERROR = struct.pack(">hH", ErrorCode.NONE, 0)  # error NONE, empty message
 
 
 def encode_response(
-    resp: Response, correlation_id: int, api_key: int | None = None, topic_id: int = 0, partition: int = 0
+    resp: Response,
+    correlation_id: int,
+    api_key: int | None = None,
+    topic_id: int = 0,
+    partition: int = 0,
+    version: int | None = None,
 ) -> list[Buffer]:
-    """The frame of `resp`. `api_key` overrides the type's own (an error answer to an unknown api)."""
+    """The frame of `resp`. `api_key` overrides the type's own (an error answer to an unknown
+    api); `version` the api's current one (an answer in an older request's layout)."""
     w = Writer()
     if resp.error == ErrorCode.NONE and not resp.message:
         w.parts.append(_NO_ERROR)  # every reply that succeeds starts so: packed once, not per reply
@@ -349,7 +394,7 @@ def encode_response(
     if resp.error == ErrorCode.NONE:
         resp.write(w)
     key = resp.API_KEY if api_key is None else api_key
-    return _frame(w, key, correlation_id, topic_id, partition, FLAG_RESPONSE)
+    return _frame(w, key, correlation_id, topic_id, partition, FLAG_RESPONSE, version)
 
 
 _PRODUCED_FIELDS = "hHqqq"  # error NONE, an empty message, then ProduceResponse's own fields
@@ -445,6 +490,9 @@ class FetchRecords(NamedTuple):
     body: bytes | memoryview
     start: int
     end: int
+    last_stable_offset: int = -1
+    # read_committed: (producer_id, first_offset) of the aborted transactions the records overlap
+    aborted: tuple[tuple[int, int], ...] = ()
 
 
 def read_fetch_response(frame: Frame) -> FetchRecords:
@@ -456,11 +504,17 @@ def read_fetch_response(frame: Frame) -> FetchRecords:
     message = r.str()
     if error != ErrorCode.NONE:
         return FetchRecords(error, message, -1, -1, b"", 0, 0)
-    hw, log_start, n = r.unpack("qqI")
+    hw, log_start, lso, count = r.unpack("qqqI")
+    aborted: tuple[tuple[int, int], ...] = ()
+    if count:
+        if count * 16 > len(frame.body) - r.pos:
+            raise MalformedBody(f"aborted list of {count} items runs past the body")
+        aborted = tuple((r.int("q"), r.int("q")) for _ in range(count))
+    n = r.int("I")
     start = r.pos
     if len(frame.body) - start != n:
         raise MalformedBody(f"records of {n} bytes at byte {start}, the body has {len(frame.body) - start}")
-    return FetchRecords(error, message, hw, log_start, frame.body, start, start + n)
+    return FetchRecords(error, message, hw, log_start, frame.body, start, start + n, lso, aborted)
 
 
 __all__ = [
@@ -473,6 +527,10 @@ __all__ = [
     "RESPONSE_TYPES",
     "SUPPORTED_VERSIONS",
     "Acks",
+    "AddOffsetsToTxnRequest",
+    "AddOffsetsToTxnResponse",
+    "AddPartitionsToTxnRequest",
+    "AddPartitionsToTxnResponse",
     "AlterConfigsRequest",
     "AlterConfigsResponse",
     "ApiKey",
@@ -489,6 +547,8 @@ __all__ = [
     "DeleteTopicResponse",
     "DescribeConfigsRequest",
     "DescribeConfigsResponse",
+    "EndTxnRequest",
+    "EndTxnResponse",
     "ErrorCode",
     "FetchRecords",
     "FetchRequest",
@@ -498,6 +558,9 @@ __all__ = [
     "GroupProtocol",
     "HeartbeatRequest",
     "HeartbeatResponse",
+    "InitProducerIdRequest",
+    "InitProducerIdResponse",
+    "Isolation",
     "JoinGroupRequest",
     "JoinGroupResponse",
     "LeaveGroupRequest",
@@ -533,6 +596,10 @@ __all__ = [
     "SyncGroupRequest",
     "SyncGroupResponse",
     "TopicMetadata",
+    "TxnOffsetCommitRequest",
+    "TxnOffsetCommitResponse",
+    "WriteTxnMarkersRequest",
+    "WriteTxnMarkersResponse",
     "Writer",
     "decode_produce_reply",
     "decode_request",

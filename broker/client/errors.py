@@ -202,6 +202,44 @@ class ClusterAuthorizationError(AuthorizationError):
     pass
 
 
+class TransactionalIdAuthorizationError(AuthorizationError):
+    """TRANSACTIONAL_ID_AUTHORIZATION_FAILED: the ACLs refuse the transactional id, or the
+    broker serves no transactions (a cluster, so far: the message says)."""
+
+
+class ProducerFencedError(RingLogError):
+    """PRODUCER_FENCED or INVALID_PRODUCER_EPOCH: a newer producer with the same transactional
+    id has started; this one is a zombie and can do nothing more (fatal: close it)."""
+
+
+class InvalidTxnStateError(RingLogError):
+    """INVALID_TXN_STATE: the request does not fit the transaction's state at the coordinator."""
+
+
+class ConcurrentTransactionsError(RingLogError):
+    """CONCURRENT_TRANSACTIONS: the previous transaction is still completing (retriable)."""
+
+
+class CoordinatorNotAvailableError(RingLogError):
+    """COORDINATOR_NOT_AVAILABLE: the transaction coordinator cannot serve now (retriable)."""
+
+
+class InvalidTransactionTimeoutError(RingLogError):
+    """INVALID_TRANSACTION_TIMEOUT: above the broker's --transaction-max-timeout-ms."""
+
+
+class TransactionError(ClientError):
+    """A transactional producer's misuse or state: a call out of order (`begin_transaction`
+    twice), or a transaction that must be aborted (`abortable`: a batch of it failed; call
+    `abort_transaction()` and start again) or a producer that can do nothing more (fatal:
+    fenced, or refused its transactional id). `__cause__` is the error that caused it."""
+
+    def __init__(self, message: str, *, abortable: bool = False, fatal: bool = False) -> None:
+        super().__init__(message)
+        self.abortable = abortable
+        self.fatal = fatal
+
+
 ERROR_CLASSES: dict[ErrorCode, type[RingLogError]] = {
     ErrorCode.UNKNOWN_SERVER_ERROR: UnknownServerError,
     ErrorCode.INVALID_REQUEST: InvalidRequestError,
@@ -235,6 +273,14 @@ ERROR_CLASSES: dict[ErrorCode, type[RingLogError]] = {
     ErrorCode.GROUP_AUTHORIZATION_FAILED: GroupAuthorizationError,
     ErrorCode.CLUSTER_AUTHORIZATION_FAILED: ClusterAuthorizationError,
     ErrorCode.INVALID_RECORD: InvalidRecordError,
+    ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED: TransactionalIdAuthorizationError,
+    ErrorCode.PRODUCER_FENCED: ProducerFencedError,
+    ErrorCode.INVALID_PRODUCER_EPOCH: ProducerFencedError,
+    ErrorCode.INVALID_TXN_STATE: InvalidTxnStateError,
+    ErrorCode.CONCURRENT_TRANSACTIONS: ConcurrentTransactionsError,
+    ErrorCode.COORDINATOR_NOT_AVAILABLE: CoordinatorNotAvailableError,
+    ErrorCode.INVALID_TRANSACTION_TIMEOUT: InvalidTransactionTimeoutError,
+    ErrorCode.INVALID_PRODUCER_ID_MAPPING: InvalidTxnStateError,
 }
 
 
@@ -284,6 +330,8 @@ __all__ = [
     "ClientClosedError",
     "ClientError",
     "ClusterAuthorizationError",
+    "ConcurrentTransactionsError",
+    "CoordinatorNotAvailableError",
     "CorruptMessageError",
     "DeliveryTimeoutError",
     "GroupAuthorizationError",
@@ -291,17 +339,22 @@ __all__ = [
     "InvalidGroupError",
     "InvalidRequestError",
     "InvalidTopicError",
+    "InvalidTransactionTimeoutError",
+    "InvalidTxnStateError",
     "LeaderNotAvailableError",
     "MessageTooLargeError",
     "NotEnoughReplicasError",
     "NotOwnerError",
     "OffsetOutOfRangeError",
     "OutOfOrderSequenceError",
+    "ProducerFencedError",
     "ProtocolViolation",
     "RequestTimedOutError",
     "RingLogError",
     "TopicAuthorizationError",
     "TopicExistsError",
+    "TransactionError",
+    "TransactionalIdAuthorizationError",
     "UndecodableBatchError",
     "UnknownProducerIdError",
     "UnknownServerError",

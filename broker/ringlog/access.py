@@ -21,6 +21,9 @@ Rules this module keeps:
   DeleteTopic delete; JoinGroup, SyncGroup, Heartbeat, LeaveGroup read on the group; OffsetCommit
   read on the group and the topic, OffsetFetch describe on both; DescribeConfigs
   describe_configs on the topic, AlterConfigs alter_configs; Stats describe on the cluster;
+  InitProducerId, AddPartitionsToTxn (and write on its topics), AddOffsetsToTxn (and read on its
+  group), EndTxn, TxnOffsetCommit (and read on its group and topics) and a Produce naming a
+  transactional id write on that transactional id (TRANSACTIONAL_ID_AUTHORIZATION_FAILED);
   ReplicaFetch (a follower's) alter on the cluster. Metadata is filtered instead
   (`RinglogAdapter.metadata_reply`), and creates a missing topic it names (a producer's lookup)
   only for a principal with create on the cluster or the topic, as Kafka's does. A refused
@@ -65,7 +68,17 @@ _GROUP_OPS: Final[dict[int, str]] = {
     m.ApiKey.LEAVE_GROUP: "read",
     m.ApiKey.OFFSET_COMMIT: "read",
     m.ApiKey.OFFSET_FETCH: "describe",
+    m.ApiKey.TXN_OFFSET_COMMIT: "read",
 }
+# a transactional producer's apis: write on the transactional id their body names (Kafka's
+# KafkaApis), a Produce naming one too
+_TXN_REQUESTS: Final = (
+    m.InitProducerIdRequest,
+    m.AddPartitionsToTxnRequest,
+    m.AddOffsetsToTxnRequest,
+    m.EndTxnRequest,
+    m.TxnOffsetCommitRequest,
+)
 _GROUP_REQUESTS: Final = (
     m.JoinGroupRequest,
     m.SyncGroupRequest,
@@ -73,6 +86,7 @@ _GROUP_REQUESTS: Final = (
     m.LeaveGroupRequest,
     m.OffsetCommitRequest,
     m.OffsetFetchRequest,
+    m.TxnOffsetCommitRequest,
 )  # the bodies of _GROUP_OPS's apis
 _CLUSTER_OPS: Final[dict[int, str]] = {
     m.ApiKey.STATS: "describe",
@@ -198,6 +212,16 @@ class Access:
                     or allowed(principal, "create", "topic", name)
                 ),
             )
+        txn_id = req.txn_id if isinstance(req, _TXN_REQUESTS) else None
+        if isinstance(req, m.ProduceRequest):
+            txn_id = req.transactional_id
+        if txn_id is not None and not allowed(principal, "write", "transactional_id", txn_id):
+            return self._refused(
+                frame, m.ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, f"write transactional id {txn_id}"
+            )
+        refused = self._check_txn_extras(req, principal)
+        if refused is not None:
+            return self._refused(frame, *refused)
         group_op = _GROUP_OPS.get(key)
         if group_op is not None:
             assert isinstance(req, _GROUP_REQUESTS)
@@ -238,6 +262,28 @@ class Access:
         cluster_op = _CLUSTER_OPS.get(key)
         if cluster_op is not None and not allowed(principal, cluster_op, "cluster", CLUSTER_NAME):
             return self._refused(frame, m.ErrorCode.CLUSTER_AUTHORIZATION_FAILED, f"{cluster_op} cluster")
+        return None
+
+    def _check_txn_extras(self, req: m.Request, principal: str | None) -> tuple[m.ErrorCode, str] | None:
+        """What a transaction api needs beyond its transactional id, as Kafka's: write on the
+        topics added (AddPartitionsToTxn), read on the group (AddOffsetsToTxn), read on the
+        topics whose offsets are committed (TxnOffsetCommit; its group is `_GROUP_OPS`'s)."""
+        allowed = self.authorizer.allowed
+        core = self.handlers.core
+        if isinstance(req, m.AddOffsetsToTxnRequest):
+            if not allowed(principal, "read", "group", req.group_id):
+                return m.ErrorCode.GROUP_AUTHORIZATION_FAILED, f"read group {req.group_id}"
+            return None
+        if isinstance(req, m.AddPartitionsToTxnRequest):
+            op, topic_ids = "write", {t for t, _ in req.partitions}
+        elif isinstance(req, m.TxnOffsetCommitRequest):
+            op, topic_ids = "read", {o[0] for o in req.offsets}
+        else:
+            return None
+        for topic_id in sorted(topic_ids):
+            name = core.topic_name(topic_id)
+            if name is not None and not allowed(principal, op, "topic", name):
+                return m.ErrorCode.TOPIC_AUTHORIZATION_FAILED, f"{op} on topic id {topic_id}"
         return None
 
     def _refused(self, frame: Frame, code: m.ErrorCode, what: str) -> Outcome:

@@ -16,14 +16,16 @@ Rules this module keeps:
   (broker/ringlog/context.py), registered in `_dispatch`: records.py (Produce, Fetch,
   ListOffsets), replica_fetch.py, topics.py (Metadata, Create/DeleteTopic, Describe/AlterConfigs),
   groups.py (OffsetCommit/OffsetFetch, Join/Sync/Heartbeat/LeaveGroup) and transactions.py
-  (WriteTxnMarkers, between cores only), as the Kafka
+  (a transactional producer's APIs; WriteTxnMarkers, between cores only), as the Kafka
   adapter's are (broker/kafka/adapter.py); ApiVersions and Stats are here. A new API is a module
   and a line here.
 - Our protocol names one partition per request, in the frame header, so a request for another
   core's partition becomes `Forward` before its body is even decoded, except when it came from
   another core (`handle(frame, from_peer=True)`): then it is NOT_OWNER, so a forward can never
   loop. OffsetCommit, OffsetFetch and the group APIs go to the group's coordinator core instead
-  (the group read from the body), whose store both protocols share.
+  (the group read from the body), whose store both protocols share; TxnOffsetCommit too. The
+  other transaction APIs go to the core coordinating their transactional id
+  (`Core.transactions.coordinator_of`).
 - The SASL exchange and the ACL checks of our protocol are `access` (broker/ringlog/access.py),
   over the core's SASL server and ACLs, before a client frame reaches `handle`.
 - Errors are the core's (`broker.core.errors.error_of`), answered in our codes. A request that
@@ -68,6 +70,17 @@ GROUP_APIS = frozenset(
         m.ApiKey.SYNC_GROUP,
         m.ApiKey.HEARTBEAT,
         m.ApiKey.LEAVE_GROUP,
+        m.ApiKey.TXN_OFFSET_COMMIT,
+    }
+)
+# to the core coordinating the transactional id; answered once the coordinator's write is durable
+# (EndTxn after its markers too), so forwarded as long polls
+TXN_APIS = frozenset(
+    {
+        m.ApiKey.INIT_PRODUCER_ID,
+        m.ApiKey.ADD_PARTITIONS_TO_TXN,
+        m.ApiKey.ADD_OFFSETS_TO_TXN,
+        m.ApiKey.END_TXN,
     }
 )
 # answers that wait at the coordinator for the rest of the group: forwarded as long polls
@@ -105,6 +118,11 @@ class RinglogAdapter:
             m.ApiKey.DESCRIBE_CONFIGS: topics.describe_configs,
             m.ApiKey.ALTER_CONFIGS: topics.alter_configs,
             m.ApiKey.WRITE_TXN_MARKERS: transactions.write_txn_markers,
+            m.ApiKey.INIT_PRODUCER_ID: transactions.init_producer_id,
+            m.ApiKey.ADD_PARTITIONS_TO_TXN: transactions.add_partitions_to_txn,
+            m.ApiKey.ADD_OFFSETS_TO_TXN: transactions.add_offsets_to_txn,
+            m.ApiKey.END_TXN: transactions.end_txn,
+            m.ApiKey.TXN_OFFSET_COMMIT: transactions.txn_offset_commit,
             # SASL belongs to a connection: the backend hands these to `access` (which knows the
             # connection's state) before they could get here; what does is from another core.
             m.ApiKey.SASL_HANDSHAKE: _sasl_elsewhere,
@@ -175,6 +193,10 @@ class RinglogAdapter:
                             frame, m.ErrorCode.NOT_OWNER, f"core {self.config.core_id} does not coordinate it"
                         )
                     return Forward(core, frame, frame.api_key in _WAITING_GROUP_APIS, True)
+        if frame.api_key in TXN_APIS and self.config.cores > 1:
+            forward = self._to_txn_coordinator(frame, from_peer)
+            if forward is not None:
+                return forward
         if from_peer and frame.api_key == m.ApiKey.DELETE_TOPIC:
             return topics.deleted_elsewhere(self.ctx, frame)
         if frame.api_key == m.ApiKey.WRITE_TXN_MARKERS and not (from_peer or self.core.cluster.clustered):
@@ -197,6 +219,27 @@ class RinglogAdapter:
                 log.debug("acks=0 produce refused: %s: %s", code.name, message)
                 return Silent()
             return self.ctx.error(frame, code, message)
+
+    def _to_txn_coordinator(self, frame: Frame, from_peer: bool) -> Outcome | None:
+        """A transaction request for a transactional id another core coordinates: forwarded
+        there (NOT_OWNER when it came from a core already); None to serve it here (ours, a body
+        that does not parse, a node that serves no transactions: the handler answers)."""
+        if transactions.refusal(self.core) is not None:
+            return None
+        try:
+            txn_id = m.decode_request(frame).txn_id  # type: ignore[attr-defined]
+        except Exception as exc:  # answered by the dispatch
+            log.debug("transaction request that does not decode: %s", exc)
+            return None
+        placed = self.core.transactions.coordinator_of(txn_id)
+        if placed is None or placed[1] == self.config.core_id:
+            return None
+        core = placed[1]
+        if from_peer:
+            return self.ctx.error(
+                frame, m.ErrorCode.NOT_OWNER, f"core {self.config.core_id} does not coordinate it"
+            )
+        return Forward(core, frame, True, True)
 
     def error_reply(self, frame: Frame, exc: BaseException) -> Reply:
         """The error response for `exc` raised while carrying out an outcome for `frame`."""

@@ -70,7 +70,7 @@ def offset_commit(ctx: Context, req: m.Request, frame: Frame) -> Outcome:
         try:
             code = ctx.core.coordinator.commit_check(req.group, req.generation, req.member_id)
             if code != GroupCode.NONE:
-                answer(_group_error(ctx, frame, req.group, code))
+                answer(group_error(ctx, frame, req.group, code))
                 return
         except Exception as exc:  # an error answer, as in the adapter's `handle`
             answer(ctx.error_reply(frame, exc))
@@ -108,7 +108,7 @@ def offset_fetch(ctx: Context, req: m.Request, frame: Frame) -> Outcome:
     return ctx.core.with_offsets(read, reply)
 
 
-def _group_error(ctx: Context, frame: Frame, group: str, code: GroupCode) -> Reply:
+def group_error(ctx: Context, frame: Frame, group: str, code: GroupCode) -> Reply:
     return ctx.error(frame, _GROUP_CODES[code], f"group {group!r}: {code.value}")
 
 
@@ -121,7 +121,7 @@ def join_group(ctx: Context, req: m.Request, frame: Frame) -> Outcome:
     def start(answer: Callable[[Reply | Silent], None]) -> None:
         def done(result: JoinResult) -> None:
             if result.code != GroupCode.NONE:
-                answer(_group_error(ctx, frame, req.group, result.code))
+                answer(group_error(ctx, frame, req.group, result.code))
                 return
             members = tuple(m.GroupMember(member, meta) for member, _instance, meta in result.members)
             resp = m.JoinGroupResponse(
@@ -155,7 +155,7 @@ def sync_group(ctx: Context, req: m.Request, frame: Frame) -> Outcome:
     def start(answer: Callable[[Reply | Silent], None]) -> None:
         def done(result: SyncResult) -> None:
             if result.code != GroupCode.NONE:
-                answer(_group_error(ctx, frame, req.group, result.code))
+                answer(group_error(ctx, frame, req.group, result.code))
             else:
                 answer(ctx.reply(frame, m.SyncGroupResponse(assignment=result.assignment)))
 
@@ -170,7 +170,7 @@ def heartbeat(ctx: Context, req: m.Request, frame: Frame) -> Outcome:
     check_group(req.group)
     code = ctx.core.coordinator.heartbeat(req.group, req.generation, req.member_id)
     if code != GroupCode.NONE:
-        return _group_error(ctx, frame, req.group, code)
+        return group_error(ctx, frame, req.group, code)
     return ctx.reply(frame, m.HeartbeatResponse())
 
 
@@ -179,5 +179,5 @@ def leave_group(ctx: Context, req: m.Request, frame: Frame) -> Outcome:
     check_group(req.group)
     (code,) = ctx.core.coordinator.leave(req.group, [(req.member_id, None)])
     if code != GroupCode.NONE:
-        return _group_error(ctx, frame, req.group, code)
+        return group_error(ctx, frame, req.group, code)
     return ctx.reply(frame, m.LeaveGroupResponse())

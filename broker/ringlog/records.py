@@ -12,6 +12,12 @@ Rules this module keeps:
 - A fetch reads at most `FETCH_MAX_BYTES_MAX` and waits at most `FETCH_WAIT_MS_MAX`
   (broker/core/limits.py); with nothing to read it waits on the partition (`Wait`), re-handled
   when it grows or the deadline passes.
+- Transactions as Kafka's (KIP-98): a produce naming a transactional id (v2) may carry
+  transactional batches (the ACL on the id is checked before, broker/ringlog/access.py; a node
+  that serves no transactions refuses it, `broker/ringlog/transactions.py refusal`); a read_committed fetch
+  (v2) reads below the last stable offset and is told the aborted transactions its batches
+  overlap, and a read_committed ListOffsets' latest is the last stable offset. Every v2 fetch
+  answer carries the last stable offset; a v1 request is answered in v1's layout.
 """
 
 from __future__ import annotations
@@ -19,8 +25,9 @@ from __future__ import annotations
 from broker.core.acks import check_acks
 from broker.core.limits import FETCH_MAX_BYTES_MAX, FETCH_WAIT_MS_MAX
 from broker.core.outcomes import Append, Outcome, Read, Reply, Silent, Wait
-from broker.core.partition import ReadAnswer, Stored
+from broker.core.partition import Isolation, ReadAnswer, Stored
 from broker.ringlog.context import Context
+from broker.ringlog.transactions import refusal as txn_refusal
 from broker.storage.diskspace import is_out_of_space
 from broker.storage.errors import OutOfSpaceError
 from ringlog_proto import messages as m
@@ -31,9 +38,16 @@ from ringlog_proto.frames import Frame
 def produce(ctx: Context, req: m.Request, frame: Frame) -> Outcome:
     assert isinstance(req, m.ProduceRequest)
     check_acks(req.acks)  # before the lookup: a bad acks is INVALID_REQUEST whatever the partition
+    transactional = req.transactional_id is not None
+    if transactional:
+        refusal = txn_refusal(ctx.core)
+        if refusal is not None:
+            if req.acks == m.Acks.NONE:
+                return Silent()
+            return ctx.error(frame, m.ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, refusal)
     p = ctx.core.partition(frame.topic_id, frame.partition)
     try:
-        produced = p.produce(req.records, ctx.core.space, req.acks)
+        produced = p.produce(req.records, ctx.core.space, req.acks, transactional)
     except OutOfSpaceError:
         if req.acks == m.Acks.NONE:
             return Silent()  # acks=0 gets no answer, not even this one (docs/PROTOCOL.md)
@@ -81,15 +95,22 @@ def fetch(ctx: Context, req: m.Request, frame: Frame) -> Outcome:
     if req.max_bytes <= 0 or req.max_wait_ms < 0:
         raise ValueError(f"max_bytes must be > 0 and max_wait_ms >= 0 ({req.max_bytes}, {req.max_wait_ms})")
     p = ctx.core.partition(frame.topic_id, frame.partition)
-    read = p.read(req.offset, min(req.max_bytes, FETCH_MAX_BYTES_MAX))
+    isolation = _ISOLATIONS[req.isolation]
+    read = p.read(req.offset, min(req.max_bytes, FETCH_MAX_BYTES_MAX), isolation)
+    layout = frame.api_version
 
     def answer(found: ReadAnswer) -> Reply:
         resp = m.FetchResponse(
             high_watermark=found.high_watermark,
             log_start_offset=found.log_start_offset,
             records=found.records,
+            last_stable_offset=found.last_stable_offset,
+            aborted=tuple((a.producer_id, a.first_offset) for a in found.aborted),
+            layout=layout,
         )
-        return ctx.reply(frame, resp)
+        return Reply(
+            m.encode_response(resp, frame.correlation_id, None, frame.topic_id, frame.partition, layout)
+        )
 
     if read.extent is not None:
         return Read(read.extent, lambda data: answer(read.finish(data)))
@@ -101,5 +122,12 @@ def fetch(ctx: Context, req: m.Request, frame: Frame) -> Outcome:
 
 def list_offsets(ctx: Context, req: m.Request, frame: Frame) -> Outcome:
     assert isinstance(req, m.ListOffsetsRequest)
-    offset = ctx.core.partition(frame.topic_id, frame.partition).list_offset(req.spec)
+    p = ctx.core.partition(frame.topic_id, frame.partition)
+    offset = p.list_offset(req.spec, isolation=_ISOLATIONS[req.isolation])
     return ctx.reply(frame, m.ListOffsetsResponse(offset=offset))
+
+
+_ISOLATIONS: dict[int, Isolation] = {
+    m.Isolation.READ_UNCOMMITTED: Isolation.HIGH_WATERMARK,
+    m.Isolation.READ_COMMITTED: Isolation.LAST_STABLE,
+}

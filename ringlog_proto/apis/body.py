@@ -126,6 +126,11 @@ class Request:
     API_KEY: ClassVar[ApiKey]
     PARTITIONED: ClassVar[bool] = False
 
+    def version(self) -> int | None:
+        """The version this request is sent at when it is not its api's current one (None):
+        a request whose older layout still says all it has to say."""
+        return None
+
     def write(self, w: Writer) -> None:
         raise NotImplementedError
 

@@ -30,6 +30,11 @@ class ApiKey(IntEnum):
     DESCRIBE_CONFIGS = 17
     ALTER_CONFIGS = 18
     WRITE_TXN_MARKERS = 19  # between cores only: a transaction coordinator's markers
+    INIT_PRODUCER_ID = 20  # a transactional id's producer id and epoch (transactions)
+    ADD_PARTITIONS_TO_TXN = 21
+    ADD_OFFSETS_TO_TXN = 22
+    END_TXN = 23
+    TXN_OFFSET_COMMIT = 24  # to the group's coordinator, as OffsetCommit
 
 
 # The current layout version of each API (requests and responses of one API share it). A change of
@@ -48,6 +53,21 @@ CURRENT_VERSIONS[ApiKey.CREATE_TOPIC] = 4  # v2: replication factor; v3: configs
 
 
 CURRENT_VERSIONS[ApiKey.OFFSET_COMMIT] = 2  # v2: generation and member id (group membership)
+
+
+CURRENT_VERSIONS[ApiKey.FETCH] = 2  # v2: isolation level; last stable offset and aborted list
+CURRENT_VERSIONS[ApiKey.LIST_OFFSETS] = 2  # v2: isolation level
+# v2: a transactional id after the records, sent only by a transactional producer (a plain
+# produce stays v1: its hot path is unchanged)
+CURRENT_VERSIONS[ApiKey.PRODUCE] = 1
+PRODUCE_TRANSACTIONAL_VERSION = 2
+
+
+class Isolation(IntEnum):
+    """What a Fetch or ListOffsets may see (Kafka's isolation_level)."""
+
+    READ_UNCOMMITTED = 0  # up to the high watermark
+    READ_COMMITTED = 1  # up to the last stable offset, with the aborted transactions named
 
 
 class ConfigSource(IntEnum):
@@ -105,6 +125,15 @@ class ErrorCode(IntEnum):
     # idempotent producer: the partition holds nothing of it (new, or forgotten: its batches
     # deleted, or idle past the producer id expiration) and its batch is not at sequence 0
     UNKNOWN_PRODUCER_ID = 32
+    # transactions (Kafka's codes of the same names)
+    TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 33  # the ACLs refuse it, or this node serves none
+    PRODUCER_FENCED = 34  # a newer producer of the transactional id exists: this one is a zombie
+    INVALID_PRODUCER_EPOCH = 35  # an epoch older than the coordinator's (fenced too)
+    INVALID_TXN_STATE = 36  # the request does not fit the transaction's state
+    CONCURRENT_TRANSACTIONS = 37  # the previous transaction is still completing: ask again
+    COORDINATOR_NOT_AVAILABLE = 38  # the coordinator cannot serve now (loading, no state topic)
+    INVALID_TRANSACTION_TIMEOUT = 39  # above the broker's --transaction-max-timeout-ms
+    INVALID_PRODUCER_ID_MAPPING = 40  # the producer id is not the transactional id's
 
     @property
     def retriable(self) -> bool:
@@ -118,6 +147,8 @@ _RETRIABLE = frozenset(
         ErrorCode.BROKER_SHUTTING_DOWN,
         ErrorCode.STORAGE_ERROR,
         ErrorCode.NOT_ENOUGH_REPLICAS,
+        ErrorCode.CONCURRENT_TRANSACTIONS,
+        ErrorCode.COORDINATOR_NOT_AVAILABLE,
     }
 )
 
