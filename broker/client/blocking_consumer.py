@@ -10,6 +10,7 @@ from broker.client.consumer import AsyncConsumer, TPLike
 from broker.client.errors import ClientClosedError
 from broker.client.loop_thread import LoopThread
 from broker.client.records import ConsumerRecord
+from broker.client.transactions import ConsumerGroupMetadata
 
 
 class Consumer:
@@ -64,6 +65,10 @@ class Consumer:
 
     def subscribe(self, *topics: str) -> None:
         self._run(self._async.subscribe(*topics))
+
+    def group_metadata(self) -> ConsumerGroupMetadata:
+        """See `AsyncConsumer.group_metadata`."""
+        return self._async.group_metadata()
 
     def assignment(self) -> list[TopicPartition]:
         return self._async.assignment()

@@ -37,7 +37,9 @@ from broker.client.fetcher import Fetcher, _Assigned
 from broker.client.group import GroupMembership
 from broker.client.records import ConsumerRecord
 from broker.client.security import Security
+from broker.client.transactions import ConsumerGroupMetadata
 from ringlog_proto.messages import (
+    Isolation,
     ListOffsetsRequest,
     ListOffsetsResponse,
     OffsetCommitRequest,
@@ -57,6 +59,12 @@ def _tp(tp: TPLike) -> TopicPartition:
     if not isinstance(topic, str) or not isinstance(partition, int) or partition < 0:
         raise TypeError(f"{tp!r} is not a (topic, partition) pair")
     return TopicPartition(topic, partition)
+
+
+ISOLATION_LEVELS: Final = {
+    "read_uncommitted": Isolation.READ_UNCOMMITTED,
+    "read_committed": Isolation.READ_COMMITTED,
+}
 
 
 class AsyncConsumer(Fetcher):
@@ -86,6 +94,10 @@ class AsyncConsumer(Fetcher):
       storage_error_retries: STORAGE_ERROR answers in a row for one partition before `poll`
         raises `BrokerStorageError` (default 5: with the default backoff of 100 ms doubling to
         1 s, about 2.5 s after the first). See "Damaged data" in broker/client/fetcher.py.
+      isolation_level: "read_uncommitted" (the default, as Kafka's: every record up to the high
+        watermark, those of open and aborted transactions too) or "read_committed" (records up
+        to the last stable offset, none of an aborted transaction; "latest" is the last stable
+        offset).
     """
 
     def __init__(
@@ -115,7 +127,12 @@ class AsyncConsumer(Fetcher):
         client: AsyncClient | None = None,
         client_name: str = "ringlog-python-consumer",
         security: Security | None = None,
+        isolation_level: str = "read_uncommitted",
     ) -> None:
+        if isolation_level not in ISOLATION_LEVELS:
+            raise ValueError(
+                f"isolation_level must be 'read_uncommitted' or 'read_committed', not {isolation_level!r}"
+            )
         if auto_offset_reset not in RESETS:
             raise ValueError(f"auto_offset_reset must be 'earliest' or 'latest', not {auto_offset_reset!r}")
         if group is not None and not 1 <= len(group) <= 255:
@@ -138,6 +155,8 @@ class AsyncConsumer(Fetcher):
         self.fetch_max_bytes = fetch_max_bytes
         self.fetch_max_wait_ms = fetch_max_wait_ms
         self.fetch_min_bytes = fetch_min_bytes
+        self.isolation_level = isolation_level
+        self.isolation = ISOLATION_LEVELS[isolation_level]
         self.fetch_idle = fetch_idle_ms / 1000
         self.max_poll_records = max_poll_records
         self.max_fetch_connections = max_fetch_connections
@@ -286,6 +305,15 @@ class AsyncConsumer(Fetcher):
             tps.extend(TopicPartition(topic, p) for p in range(info.partitions))
         await self.assign(tps)
 
+    def group_metadata(self) -> ConsumerGroupMetadata:
+        """This consumer's group, generation and member id, for a transactional producer's
+        `send_offsets_to_transaction` (KIP-447: offsets of an old generation are refused)."""
+        if self.group is None:
+            raise ValueError("the consumer has no group")
+        membership = self._membership
+        generation, member_id = membership.identity if membership is not None else (-1, "")
+        return ConsumerGroupMetadata(self.group, generation, member_id)
+
     def assignment(self) -> list[TopicPartition]:
         return list(self._assigned)
 
@@ -336,7 +364,7 @@ class AsyncConsumer(Fetcher):
 
     async def _list_offset(self, tp: TopicPartition, spec: int) -> int:
         resp = await self._client.partition_request(
-            tp.topic, tp.partition, lambda tid: ListOffsetsRequest(tid, tp.partition, spec)
+            tp.topic, tp.partition, lambda tid: ListOffsetsRequest(tid, tp.partition, spec, self.isolation)
         )
         assert isinstance(resp, ListOffsetsResponse)
         return resp.offset

@@ -19,6 +19,11 @@ How records arrive:
   Python code and no intermediate object per record. Control batches (transaction markers) are
   skipped, as Kafka's consumer skips them: the fetch offset moves past them, no record is
   handed out.
+- `isolation_level="read_committed"`: fetches read below the last stable offset, and each
+  answer names the aborted transactions its batches overlap (producer id, first offset); a
+  transactional batch of such a producer from that first offset up to its ABORT marker is
+  dropped, as Kafka's consumer drops it (`_aborted_filter`). Each answer's list covers its own
+  range, so a fetch sent ahead needs nothing of the one before it.
 - `poll` hands out buffered records, round-robin over partitions, and advances each partition's
   *position* (the offset of the next record `poll` returns) past them. When nothing is buffered it
   waits, up to its timeout, for the first fetch that brings something.
@@ -54,7 +59,7 @@ import functools
 import logging
 import threading
 from collections import deque
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from broker.client.backoff import backoff_delay
@@ -74,8 +79,10 @@ from broker.client.errors import (
     error_for,
 )
 from broker.client.records import ConsumerRecord
-from ringlog_proto.batch import CONTROL_BIT, BatchError, decode_rows, iter_batches
-from ringlog_proto.messages import ErrorCode, FetchRecords, FetchRequest, read_fetch_response
+from ringlog_proto.batch import CONTROL_BIT, TRANSACTIONAL_BIT, BatchError, decode_rows, iter_batches
+from ringlog_proto.batch_control import control_of
+from ringlog_proto.batch_header import BatchHeader
+from ringlog_proto.messages import ErrorCode, FetchRecords, FetchRequest, Isolation, read_fetch_response
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +150,7 @@ class Fetcher:
     fetch_max_bytes: int
     fetch_max_wait_ms: int
     fetch_min_bytes: int
+    isolation: Isolation
     fetch_idle: float  # seconds
     request_timeout: float
     retry_backoff: float
@@ -200,7 +208,13 @@ class Fetcher:
             return
         wait = self.fetch_max_wait_ms if st.solo else 0
         req = FetchRequest(
-            info.topic_id, st.tp.partition, st.fetch_offset, self.fetch_max_bytes, wait, self.fetch_min_bytes
+            info.topic_id,
+            st.tp.partition,
+            st.fetch_offset,
+            self.fetch_max_bytes,
+            wait,
+            self.fetch_min_bytes,
+            self.isolation,
         )
         try:
             fut = conn.request_nowait(
@@ -271,7 +285,9 @@ class Fetcher:
             # Ask for what follows before decoding this: the broker reads it meanwhile.
             st.fetch_offset = ahead
             self._start_fetch(st, ahead=True)
-        records, next_offset, poison = self._decode(st.tp, resp.body, resp.start, resp.end, offset)
+        records, next_offset, poison = self._decode(
+            st.tp, resp.body, resp.start, resp.end, offset, resp.aborted
+        )
         if poison is not None:
             # Hand out what decoded; poll raises once those are gone (see the module docstring).
             st.busy = None  # the fetch sent ahead (if any) is past the bad batch: drop its answer
@@ -301,11 +317,19 @@ class Fetcher:
         self._start_fetch(st)
 
     def _decode(
-        self, tp: TopicPartition, data: bytes | memoryview, start: int, end: int, offset: int
+        self,
+        tp: TopicPartition,
+        data: bytes | memoryview,
+        start: int,
+        end: int,
+        offset: int,
+        aborted: tuple[tuple[int, int], ...] = (),
     ) -> tuple[list[ConsumerRecord], int, UndecodableBatchError | None]:
         """Records at or after `offset` in `data[start:end]` (the first batch may start before it), the
         offset after the last whole batch decoded, and the batch that did not decode, if any
-        (the records are then those before it, and the offset is where it starts)."""
+        (the records are then those before it, and the offset is where it starts). `aborted`:
+        the answer's aborted transactions, whose batches are dropped (read_committed)."""
+        dropped = _aborted_filter(aborted, data) if aborted else None
         out: list[ConsumerRecord] = []
         extend = out.extend
         next_offset = offset
@@ -322,6 +346,9 @@ class Fetcher:
             pos, h = item
             after = h.next_offset
             if after <= offset:
+                continue
+            if dropped is not None and dropped(pos, h):
+                next_offset = after
                 continue
             if h.attributes & CONTROL_BIT:  # a transaction's marker: no record of the application's
                 next_offset = after
@@ -387,6 +414,35 @@ class Fetcher:
     def _wake(self) -> None:
         if self._wakeup is not None:
             self._wakeup.set()
+
+
+def _aborted_filter(
+    aborted: tuple[tuple[int, int], ...], data: bytes | memoryview
+) -> Callable[[int, BatchHeader], bool]:
+    """Whether a batch of one fetch answer is to be dropped as aborted, asked of each batch in
+    log order (Kafka's consumer, `CompletedFetch`): a producer joins the aborted set when a
+    batch at or past its aborted transaction's first offset is reached, and leaves it at its
+    ABORT marker; its transactional batches in between are dropped. Markers are dropped too
+    (the caller skips them anyway)."""
+    pending = sorted(aborted, key=lambda a: a[1])  # by first offset
+    active: set[int] = set()
+
+    def dropped(pos: int, h: BatchHeader) -> bool:
+        last = h.next_offset - 1
+        while pending and pending[0][1] <= last:
+            active.add(pending.pop(0)[0])
+        if h.attributes & CONTROL_BIT:
+            if h.producer_id in active:
+                try:
+                    marker = control_of(data, pos, False)
+                except BatchError:
+                    return True
+                if not marker.commit:
+                    active.discard(h.producer_id)
+            return True
+        return bool(h.attributes & TRANSACTIONAL_BIT) and h.producer_id in active
+
+    return dropped
 
 
 def _after_whole_batches(data: bytes | memoryview, start: int, end: int) -> int:
