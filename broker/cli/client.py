@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import json
 import os
 import sys
@@ -167,6 +168,11 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         help="the codec of the batches sent (default none)",
     )
     produce.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
+    produce.add_argument(
+        "--transactional-id",
+        help="send the whole input as one transaction with this id: read_committed consumers see "
+        "all of it once it commits, none of it if anything fails (then it is aborted)",
+    )
     produce.set_defaults(func=cmd_produce)
 
     consume = client_parser("consume", help="print records of a topic")
@@ -178,6 +184,12 @@ def add_client_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     consume.add_argument("--max-records", type=int, help="exit after this many records")
     consume.add_argument("--idle-timeout-ms", type=int, help="exit after this long without a record")
     consume.add_argument("--format", choices=["text", "json"], default="text")
+    consume.add_argument(
+        "--isolation-level",
+        choices=["read_uncommitted", "read_committed"],
+        default="read_uncommitted",
+        help="read_committed: only records of committed transactions (and of no transaction)",
+    )
     consume.set_defaults(func=cmd_consume)
 
     stats = client_parser("stats", help="per-core requests, bytes, forwards, queues and latency")
@@ -338,32 +350,57 @@ def cmd_produce(args: argparse.Namespace) -> int:
     progress = sys.stdout.isatty() if args.progress is None else args.progress
     stream: IO[str] = open(args.file, encoding="utf-8") if args.file else sys.stdin  # noqa: SIM115
     sent = 0
-    started = last = time.monotonic()
+    started = time.monotonic()
     try:
         with Producer(
-            args.bootstrap, acks=args.acks, compression=args.compression, security=_security(args)
+            args.bootstrap,
+            acks=args.acks,
+            compression=args.compression,
+            security=_security(args),
+            transactional_id=args.transactional_id,
         ) as producer:
-            futures = []
-            for key, value in _records(stream, args.format, args.key_field):
-                futures.append(producer.send(args.topic, value, key=key, partition=args.partition))
-                sent += 1
-                if len(futures) >= 10_000:  # bound memory; surface errors early
-                    for f in futures:
-                        f.result()
-                    futures.clear()
-                now = time.monotonic()
-                if progress and now - last >= PROGRESS_EVERY_S:
-                    last = now
-                    print(f"\r{sent:,} records, {sent / (now - started):,.0f}/s", end="", file=sys.stderr)
-            producer.flush()
-            for f in futures:
-                f.result()
+            if args.transactional_id is not None:
+                producer.init_transactions()
+                producer.begin_transaction()
+            try:
+                sent = _send_all(producer, args, stream, progress, started)
+            except BaseException:
+                if args.transactional_id is not None:
+                    with contextlib.suppress(ClientError):
+                        producer.abort_transaction()
+                raise
+            if args.transactional_id is not None:
+                producer.commit_transaction()
     finally:
         if stream is not sys.stdin:
             stream.close()
     if progress:
         print(f"\r{sent:,} records sent in {time.monotonic() - started:.1f} s", file=sys.stderr)
     return 0
+
+
+def _send_all(
+    producer: Producer, args: argparse.Namespace, stream: IO[str], progress: bool, started: float
+) -> int:
+    """Every record of `stream` sent and acknowledged (errors raised): how many."""
+    sent = 0
+    last = started
+    futures = []
+    for key, value in _records(stream, args.format, args.key_field):
+        futures.append(producer.send(args.topic, value, key=key, partition=args.partition))
+        sent += 1
+        if len(futures) >= 10_000:  # bound memory; surface errors early
+            for f in futures:
+                f.result()
+            futures.clear()
+        now = time.monotonic()
+        if progress and now - last >= PROGRESS_EVERY_S:
+            last = now
+            print(f"\r{sent:,} records, {sent / (now - started):,.0f}/s", end="", file=sys.stderr)
+    producer.flush()
+    for f in futures:
+        f.result()
+    return sent
 
 
 # ----------------------------------------------------------------------------------------- consume
@@ -405,7 +442,11 @@ def _consume(args: argparse.Namespace) -> int:
     reset = "earliest" if args.from_beginning else "latest"
     count = 0
     with Consumer(
-        args.bootstrap, group=args.group, auto_offset_reset=reset, security=_security(args)
+        args.bootstrap,
+        group=args.group,
+        auto_offset_reset=reset,
+        security=_security(args),
+        isolation_level=args.isolation_level,
     ) as consumer:
         if args.partition:
             consumer.assign([(args.topic, p) for p in args.partition])

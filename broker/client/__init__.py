@@ -44,10 +44,13 @@ from broker.client.errors import (
     OffsetOutOfRangeError,
     OutOfOrderSequenceError,
     OutOfSpaceError,
+    ProducerFencedError,
     ProtocolViolation,
     RequestTimedOutError,
     RingLogError,
     TopicExistsError,
+    TransactionalIdAuthorizationError,
+    TransactionError,
     UndecodableBatchError,
     UnknownProducerIdError,
     UnknownServerError,
@@ -59,6 +62,7 @@ from broker.client.partitioner import key_partition
 from broker.client.producer import AsyncProducer
 from broker.client.records import ConsumerRecord, RecordMetadata
 from broker.client.security import Security
+from broker.client.transactions import ConsumerGroupMetadata
 from ringlog_proto.messages import Acks, ConfigDescription, ConfigSource
 
 __all__ = [
@@ -80,6 +84,7 @@ __all__ = [
     "ConfigDescription",
     "ConfigSource",
     "Consumer",
+    "ConsumerGroupMetadata",
     "ConsumerRecord",
     "CorruptMessageError",
     "DeliveryTimeoutError",
@@ -98,6 +103,7 @@ __all__ = [
     "OutOfSpaceError",
     "PartitionDescription",
     "Producer",
+    "ProducerFencedError",
     "ProtocolViolation",
     "RecordMetadata",
     "RequestTimedOutError",
@@ -107,6 +113,8 @@ __all__ = [
     "TopicExistsError",
     "TopicInfo",
     "TopicPartition",
+    "TransactionError",
+    "TransactionalIdAuthorizationError",
     "UndecodableBatchError",
     "UnknownProducerIdError",
     "UnknownServerError",

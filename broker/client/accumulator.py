@@ -27,6 +27,7 @@ from broker.client.errors import MessageTooLargeError
 from broker.client.records import Header, RecordMetadata
 from ringlog_proto.batch import COMPRESSION_NONE, HEADER_SIZE, Record, encode_batch, varint_size
 from ringlog_proto.batch import record_size as exact_record_size
+from ringlog_proto.batch_encode import as_transactional
 from ringlog_proto.messages import ErrorCode
 
 BATCH_OVERHEAD: Final = HEADER_SIZE  # 61 bytes of batch header
@@ -173,7 +174,11 @@ class ProducerBatch:
         elif self.callbacks is not None:
             self.callbacks.append(None)
 
-    def encode(self, producer_id: int, producer_epoch: int, base_sequence: int) -> bytes:
+    def encode(
+        self, producer_id: int, producer_epoch: int, base_sequence: int, transactional: bool = False
+    ) -> bytes:
+        """The batch's bytes, kept for every retry; `transactional`: a transaction's (the
+        attribute set, KIP-98)."""
         codec = self.codec
         while True:
             data = encode_batch(
@@ -189,6 +194,8 @@ class ProducerBatch:
             # The codec grew the records past their size uncompressed, the bound the batch was
             # checked against (values that do not compress): they go uncompressed.
             codec = COMPRESSION_NONE
+        if transactional:
+            data = as_transactional(data)
         self.data = data
         return data
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final
 
 from broker.client.accumulator import Callback, prepare_record
@@ -14,6 +14,7 @@ from broker.client.loop_thread import LoopThread
 from broker.client.producer import AsyncProducer
 from broker.client.records import Header, RecordMetadata
 from broker.client.sender import ProducerPartition
+from broker.client.transactions import ConsumerGroupMetadata
 from ringlog_proto.batch import Record
 
 _FINISHED: Final = "FINISHED"  # concurrent.futures._base's state names
@@ -192,6 +193,40 @@ class Producer:
     def producer_epoch(self) -> int:
         return self._async.producer_epoch
 
+    # ----------------------------------------------------------------------------------- transactions
+    # AsyncProducer's, on the loop thread; records handed over before a commit or abort belong
+    # to that transaction (the hand-off is taken first).
+
+    def init_transactions(self) -> None:
+        """See `AsyncProducer.init_transactions`."""
+        self._thread.run(self._async.init_transactions())
+
+    def begin_transaction(self) -> None:
+        """See `AsyncProducer.begin_transaction`."""
+        self._thread.run(self._in_loop(self._async.begin_transaction))
+
+    def send_offsets_to_transaction(
+        self, offsets: Mapping[tuple[str, int], int], group: str | ConsumerGroupMetadata
+    ) -> None:
+        """See `AsyncProducer.send_offsets_to_transaction`."""
+        self._thread.run(self._async.send_offsets_to_transaction(offsets, group))
+
+    def commit_transaction(self) -> None:
+        """See `AsyncProducer.commit_transaction`."""
+        self._thread.run(self._ending(self._async.commit_transaction))
+
+    def abort_transaction(self) -> None:
+        """See `AsyncProducer.abort_transaction`."""
+        self._thread.run(self._ending(self._async.abort_transaction))
+
+    async def _in_loop(self, call: Callable[[], None]) -> None:
+        self._take_handoff()
+        call()
+
+    async def _ending(self, end: Callable[[], Awaitable[None]]) -> None:
+        self._take_handoff()
+        await end()
+
     def send(
         self,
         topic: str,
@@ -207,6 +242,8 @@ class Producer:
             raise ClientClosedError("the producer is closed")
         item, size = prepare_record(value, key, headers, timestamp, self._max_batch_bytes)
         ap = self._async
+        if ap._txn is not None:
+            ap._txn.check_send()  # misuse raised here, in the caller's thread
         if ap._buffered + self._handoff_bytes >= ap.buffer_memory and not self._thread.in_loop_thread:
             self._thread.run(self._wait_for_space())
         fut: concurrent.futures.Future[RecordMetadata] = _SendFuture()

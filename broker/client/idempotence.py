@@ -22,7 +22,8 @@ Rules this module keeps:
   it was appended, a later batch's OUT_OF_ORDER_SEQUENCE with nothing else to explain it that the
   last such batch was not — only that one, as the broker appends in sequence order).
 - The epoch is per partition, as the broker's producer state is. Sequence numbers that would pass
-  `SEQUENCE_MAX` start a new epoch, and an epoch past `EPOCH_MAX` a new producer id.
+  `SEQUENCE_MAX` start a new epoch, and an epoch past `EPOCH_MAX` a new producer id. A
+  transactional producer's id and epoch are its coordinator's (`restart`), never made up here.
 - UNKNOWN_PRODUCER_ID (the partition forgot the producer: its batches deleted, or idle past the
   broker's producer id expiration) for the oldest batch not acknowledged, with nothing before it
   in doubt, is no disagreement: that batch is resent in a new epoch, not failed, as librdkafka
@@ -96,6 +97,7 @@ class DeliveryState:
         "released",
         "reset_epoch",
         "retries",
+        "transactional",
         "unknown",
     )
 
@@ -110,6 +112,7 @@ class DeliveryState:
         new_producer_id: Callable[[], int] = random_producer_id,
     ) -> None:
         self.idempotent = idempotent
+        self.transactional = False  # a transactional producer's batches carry the attribute
         self.max_in_flight = max_in_flight
         self.retries = retries  # retries per batch; None: bounded only by its deadline
         self.new_producer_id = new_producer_id
@@ -172,7 +175,7 @@ class DeliveryState:
             self._next_epoch()
         b.seq = self.next_seq
         self.next_seq += len(b)
-        b.encode(self.producer_id, self.epoch, b.seq)
+        b.encode(self.producer_id, self.epoch, b.seq, self.transactional)
         return True
 
     def dequeue(self) -> ProducerBatch:
@@ -314,7 +317,31 @@ class DeliveryState:
             else:
                 self.unknown.append(b)  # the next answer on this partition tells
 
+    def restart(self, producer_id: int, epoch: int) -> None:
+        """A new producer id or epoch given from outside (a transactional producer's, by its
+        coordinator), with nothing in flight: sequences start again at 0."""
+        self.producer_id = producer_id
+        self.epoch = epoch
+        self.next_seq = 0
+        self.confirmed = not self.idempotent
+        self.acked_order = -1
+        self.reset_epoch = False
+        self.released.clear()
+        self.unknown.clear()
+        for b in self.queue:
+            b.reset_encoding()
+
     def _next_epoch(self) -> None:
+        if self.transactional:
+            # Epochs are the coordinator's: a transactional producer never makes one up (a
+            # partition taking it would fence the coordinator's markers). Sequences start again
+            # in the epoch it has, which a partition that forgot the producer takes; any other
+            # failure has made the transaction abortable already, and the abort brings a new
+            # epoch (`restart`).
+            self.next_seq = 0
+            self.confirmed = False
+            self.acked_order = -1
+            return
         if self.epoch >= EPOCH_MAX:
             self.producer_id = self.new_producer_id()
             self.epoch = 0

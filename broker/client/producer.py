@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 from broker.client.accumulator import (
@@ -35,23 +35,41 @@ from broker.client.accumulator import (
     ProducerBatch,
     prepare_record,
 )
+from broker.client.backoff import backoff_delay
 from broker.client.client import DEFAULT_BOOTSTRAP, NO_ROUTE, AsyncClient
 from broker.client.errors import (
     BrokerUnavailable,
     ClientClosedError,
+    RingLogError,
+    TransactionError,
     UnknownTopicError,
 )
 from broker.client.idempotence import EPOCH_MAX, IDEMPOTENT_IN_FLIGHT_MAX, random_producer_id
 from broker.client.partitioner import Partitioner
 from broker.client.records import Header, RecordMetadata
 from broker.client.security import Security
-from broker.client.sender import WRITE_BUFFER_HIGH, ParkedRecord, ProduceReply, ProducerPartition, Sender
+from broker.client.sender import (
+    TXN_RETRY_BACKOFF,
+    WRITE_BUFFER_HIGH,
+    ParkedRecord,
+    ProduceReply,
+    ProducerPartition,
+    Sender,
+)
+from broker.client.transactions import ConsumerGroupMetadata, TransactionState, TxnState, is_fatal
 from ringlog_proto.batch import BROKER_PRODUCER_ID_LIMIT, CODEC_NAMES, Record, now_ms
 from ringlog_proto.messages import (
     PRODUCE_HEAD_SIZE,
     Acks,
+    AddOffsetsToTxnRequest,
+    EndTxnRequest,
     ErrorCode,
+    InitProducerIdRequest,
+    InitProducerIdResponse,
     ProduceRequest,
+    Request,
+    Response,
+    TxnOffsetCommitRequest,
     decode_produce_reply,
     encode_produce_values,
 )
@@ -94,6 +112,15 @@ class AsyncProducer(Sender):
         instance uses a higher epoch, fencing the old), at least 2**40 (ids below are the broker's
         to assign to Kafka clients); default a random id in 2**40..2**63-1, epoch 0.
       client: share an `AsyncClient` (connections and metadata) with other users; else own one.
+      transactional_id: makes a transactional producer (KIP-98): `await init_transactions()`
+        once, then per transaction `begin_transaction()`, `send`s,
+        `send_offsets_to_transaction(...)` for consume-transform-produce, and
+        `commit_transaction()` or `abort_transaction()`. Records of a transaction are seen by
+        read_committed consumers only once it commits, all of them, never if it aborts. A newer
+        producer with the same id fences this one (`ProducerFencedError`, fatal). Needs
+        idempotence; its producer id and epoch come from the broker's coordinator.
+      transaction_timeout_ms: the coordinator aborts a transaction open longer (default 60 s,
+        Kafka's; at most the broker's --transaction-max-timeout-ms).
     """
 
     def __init__(
@@ -118,7 +145,18 @@ class AsyncProducer(Sender):
         client_name: str = "ringlog-python-producer",
         security: Security | None = None,
         compression: str = "none",
+        transactional_id: str | None = None,
+        transaction_timeout_ms: int = 60_000,
     ) -> None:
+        if transactional_id is not None:
+            if not enable_idempotence:
+                raise ValueError("a transactional producer needs enable_idempotence=True")
+            if producer_id is not None:
+                raise ValueError("a transactional producer's id is its coordinator's: give no producer_id")
+            if not transactional_id:
+                raise ValueError("transactional_id must not be empty")
+            if transaction_timeout_ms <= 0:
+                raise ValueError("transaction_timeout_ms must be > 0")
         if acks not in (Acks.NONE, Acks.WRITTEN, Acks.DURABLE):
             raise ValueError(f"acks must be 0, 1 or 2, not {acks}")
         if compression not in CODECS:
@@ -184,6 +222,10 @@ class AsyncProducer(Sender):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closing = False
         self._closed = False
+        self._txn = None if transactional_id is None else TransactionState(transactional_id)
+        self._txn_to_add = set()
+        self._txn_adding = None
+        self.transaction_timeout_ms = transaction_timeout_ms
 
     # ----------------------------------------------------------------------------------- lifecycle
 
@@ -258,6 +300,121 @@ class AsyncProducer(Sender):
                 ps.open = None
             if self._own_client:
                 await self._client.close()
+
+    # ----------------------------------------------------------------------------------- transactions
+
+    def _transaction(self) -> TransactionState:
+        if self._txn is None:
+            raise TransactionError("not a transactional producer: give transactional_id=")
+        return self._txn
+
+    async def init_transactions(self) -> None:
+        """Register the transactional id with its coordinator: this producer's id and epoch
+        (once per producer, before its first transaction). A transaction an earlier producer of
+        the id left open is aborted by the coordinator first, and that producer is fenced."""
+        txn = self._transaction()
+        txn.check_init()
+        self._ensure_loop()
+        await self._new_epoch(-1, -1)
+
+    def begin_transaction(self) -> None:
+        """Open a transaction: every record sent until it commits or aborts belongs to it."""
+        self._transaction().begin()
+
+    async def send_offsets_to_transaction(
+        self,
+        offsets: Mapping[tuple[str, int], int],
+        group: str | ConsumerGroupMetadata,
+    ) -> None:
+        """Commit `offsets` ((topic, partition) -> the next offset to consume) for `group` as
+        part of the transaction: they count only if it commits (consume-transform-produce).
+        `group`: the consumer's `group_metadata()` (its member and generation are checked, so a
+        zombie member of an old generation is refused: KIP-447), or a group id alone."""
+        txn = self._transaction()
+        txn.check_offsets()
+        meta = ConsumerGroupMetadata(group) if isinstance(group, str) else group
+        await self._txn_request(
+            AddOffsetsToTxnRequest(txn.txn_id, txn.producer_id, txn.producer_epoch, meta.group_id)
+        )
+        txn.offsets_added = True
+        items = []
+        for (topic, partition), offset in offsets.items():
+            info = await self._client.topic(topic)
+            items.append((info.topic_id, partition, offset, ""))
+        await self._txn_request(
+            TxnOffsetCommitRequest(
+                txn.txn_id,
+                meta.group_id,
+                txn.producer_id,
+                txn.producer_epoch,
+                meta.generation,
+                meta.member_id,
+                tuple(items),
+            ),
+            core=self._client.coordinator(meta.group_id),
+        )
+
+    async def commit_transaction(self) -> None:
+        """Send every record of the transaction, then commit it: its records become visible to
+        read_committed consumers, its offsets committed. A record that failed makes it
+        abortable: `TransactionError(abortable=True)`, then call `abort_transaction()`."""
+        txn = self._transaction()
+        txn.begin_commit()
+        await self.flush()
+        if txn.state is not TxnState.COMMITTING:
+            txn.begin_commit()  # raises the error that interrupted the commit
+        if txn.started:
+            await self._txn_request(EndTxnRequest(txn.txn_id, txn.producer_id, txn.producer_epoch, True))
+        txn.completed()
+
+    async def abort_transaction(self) -> None:
+        """Abort the transaction: its records, sent or not, are never seen by read_committed
+        consumers, its offsets never committed. Records of partitions not yet in the transaction
+        fail unsent; the others are sent first (they carry sequences the next transaction
+        follows). After an error the producer takes a new epoch from its coordinator."""
+        txn = self._transaction()
+        txn.begin_abort()
+        await self.flush()
+        if txn.started:
+            await self._txn_request(EndTxnRequest(txn.txn_id, txn.producer_id, txn.producer_epoch, False))
+        if txn.needs_epoch_bump():
+            await self._new_epoch(txn.producer_id, txn.producer_epoch)
+        txn.completed()
+
+    async def _new_epoch(self, producer_id: int, producer_epoch: int) -> None:
+        """InitProducerId: a first id and epoch (-1, -1), or the next epoch of the current ones
+        (KIP-360); every partition's sequences start again."""
+        txn = self._transaction()
+        req = InitProducerIdRequest(txn.txn_id, self.transaction_timeout_ms, producer_id, producer_epoch)
+        resp = await self._txn_request(req)
+        assert isinstance(resp, InitProducerIdResponse)
+        txn.initialized(resp.producer_id, resp.producer_epoch)
+        self.producer_id, self.producer_epoch = resp.producer_id, resp.producer_epoch
+        for ps in self._parts.values():
+            ps.restart(resp.producer_id, resp.producer_epoch)
+
+    async def _txn_request(self, req: Request, core: int | None = None) -> Response:
+        """A transaction request, asked again after retriable errors (the previous transaction
+        completing, a coordinator loading or moving) until `delivery_timeout_ms`; any other
+        error fails the transaction (fatal ones the producer) and is raised as a
+        `TransactionError` whose cause it is."""
+        txn = self._transaction()
+        deadline = time.monotonic() + self.delivery_timeout
+        attempt = 0
+        while True:
+            try:
+                return await self._client.request(req, core=core, timeout=self.request_timeout_ms / 1000)
+            except (RingLogError, BrokerUnavailable) as exc:
+                if not exc.retriable or time.monotonic() >= deadline or self._closed:
+                    txn.failed(exc)
+                    fatal = is_fatal(exc)
+                    raise TransactionError(
+                        f"{txn.txn_id!r}: {type(req).__name__} failed: {exc}",
+                        abortable=not fatal,
+                        fatal=fatal,
+                    ) from exc
+            await asyncio.sleep(backoff_delay(attempt, TXN_RETRY_BACKOFF, self.retry_backoff_max))
+            attempt += 1
 
     # ----------------------------------------------------------------------------------- sending
 
@@ -335,7 +492,7 @@ class AsyncProducer(Sender):
         Returns the record's future (`fut`, or one made on the loop when None); None: take that
         general path (it picks the same partition). A producer that compresses takes the general
         path: the lane's frame is made in one call, uncompressed."""
-        if self._closing or self._closed or topic in self._parked or self._codec:
+        if self._closing or self._closed or topic in self._parked or self._codec or self._txn is not None:
             return None
         info = self._client.cached_topic(topic)
         if info is None:
@@ -415,6 +572,8 @@ class AsyncProducer(Sender):
         for metadata has its batch sent when it is placed."""
         if self._closing:
             raise ClientClosedError("the producer is closed")
+        if self._txn is not None:
+            self._txn.check_send()
         info = self._client.cached_topic(topic)
         if info is not None and partition is not None and partition >= info.partitions:
             # a partition added since the count was cached (topics grow, never shrink): the
@@ -459,7 +618,7 @@ class AsyncProducer(Sender):
                 ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
                 f"topic {topic!r} has {partitions} partitions; there is no partition {explicit}",
             )
-            ParkedRecord(item, key, size, explicit, fut, callback, 0).fail(exc)
+            self._fail_parked(ParkedRecord(item, key, size, explicit, fut, callback, 0), exc)
             return
         usable = self._usable(topic) if self._client.clustered and key is None else None
         p = self._partitioner.partition(topic, key, partitions, explicit, usable)
@@ -475,6 +634,7 @@ class AsyncProducer(Sender):
                 max_in_flight=self.max_in_flight,
                 retries=self.retries,
             )
+            ps.transactional = self._txn is not None
         b = ps.open
         if b is not None and not b.fits(size, self.batch_bytes):
             self._seal(ps)

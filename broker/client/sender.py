@@ -61,15 +61,18 @@ from broker.client.errors import (
     NotOwnerError,
     OutOfOrderSequenceError,
     RingLogError,
+    TransactionError,
     UnknownProducerIdError,
     UnknownTopicError,
     error_for,
 )
 from broker.client.idempotence import DeliveryState, Failure, Verdict
 from broker.client.partitioner import Partitioner
+from broker.client.transactions import TransactionState, TxnState
 from ringlog_proto.batch import Record
 from ringlog_proto.messages import (
     Acks,
+    AddPartitionsToTxnRequest,
     ErrorCode,
     ProduceRequest,
     Response,
@@ -149,6 +152,11 @@ class ParkedRecord:
             call_callback(self.callback, None, exc)
 
 
+# between retries of a transaction request the previous transaction holds up
+# (CONCURRENT_TRANSACTIONS): Kafka's client waits 20 ms, not its retry backoff
+TXN_RETRY_BACKOFF: Final = 0.02
+
+
 class Sender:
     """Delivers the sealed batches of `AsyncProducer`'s partitions: its base class (see the module)."""
 
@@ -175,6 +183,11 @@ class Sender:
     _space: asyncio.Event | None
     _loop: asyncio.AbstractEventLoop | None
     _closed: bool
+    # a transactional producer's (None: not one): its state, and partitions to add to the
+    # transaction at the next AddPartitionsToTxn (broker/client/transactions.py)
+    _txn: TransactionState | None
+    _txn_to_add: set[tuple[str, int]]
+    _txn_adding: asyncio.Task[None] | None
 
     def _ensure_loop(self) -> asyncio.AbstractEventLoop:
         if self._loop is None:
@@ -214,6 +227,8 @@ class Sender:
                 conn = self._connection_for(ps)
                 if conn is None:
                     return  # a lookup or connect is under way; it pumps again
+                if self._txn is not None and not self._in_transaction(ps):
+                    return  # being added to the transaction: it pumps again once added
             if conn.write_buffer_size() > WRITE_BUFFER_HIGH:
                 self._wait_drain(conn)  # the socket is behind: it pumps again once drained
                 return
@@ -226,7 +241,8 @@ class Sender:
 
     def _send(self, ps: ProducerPartition, b: ProducerBatch, conn: AsyncConnection) -> None:
         assert b.data is not None
-        req = ProduceRequest(ps.topic_id, ps.partition, self.acks, self.request_timeout_ms, b.data)
+        txn_id = None if self._txn is None else self._txn.txn_id
+        req = ProduceRequest(ps.topic_id, ps.partition, self.acks, self.request_timeout_ms, b.data, txn_id)
         if self.acks == Acks.NONE:
             try:
                 conn.send_no_response_nowait(req)
@@ -321,7 +337,85 @@ class Sender:
 
     def _finish_failed(self, b: ProducerBatch, err: BaseException) -> None:
         self._release(b)
+        if self._txn is not None and not isinstance(err, ClientClosedError):
+            self._txn.failed(err)  # a record of the transaction is lost: it must be aborted
         b.fail(err)
+
+    def _fail_parked(self, p: ParkedRecord, err: BaseException) -> None:
+        """A record that never reached a batch fails: in a transaction, the transaction too."""
+        if self._txn is not None and not isinstance(err, ClientClosedError):
+            self._txn.failed(err)
+        p.fail(err)
+
+    # ----------------------------------------------------------------------------------- transactions
+
+    def _in_transaction(self, ps: ProducerPartition) -> bool:
+        """Whether `ps` may send its batches of the open transaction: it has been added to it
+        (KIP-98: before its first batch). Else its AddPartitionsToTxn is started (one request
+        for the partitions of a loop turn), or, when the transaction failed or is being aborted,
+        its queued batches (none sent: never numbered) fail at once."""
+        txn = self._txn
+        assert txn is not None
+        key = (ps.topic, ps.partition)
+        if key in txn.added:
+            return True
+        if txn.state in (TxnState.ABORTABLE_ERROR, TxnState.FATAL_ERROR, TxnState.ABORTING):
+            err = TransactionError(
+                f"{ps.topic}/{ps.partition}: not sent: the transaction "
+                + ("is being aborted" if txn.error is None else f"failed: {txn.error}"),
+                abortable=txn.state is not TxnState.FATAL_ERROR,
+                fatal=txn.state is TxnState.FATAL_ERROR,
+            )
+            aborting = txn.state is TxnState.ABORTING and txn.error is None
+            for b in ps.take_queued():
+                if aborting:  # the abort's own doing, not a failure of the transaction
+                    self._release(b)
+                    b.fail(err)
+                else:
+                    self._finish_failed(b, err)
+            return False
+        if txn.ask_add(key):
+            self._txn_to_add.add(key)
+            if self._txn_adding is None:
+                self._txn_adding = self._ensure_loop().create_task(self._add_partitions())
+        return False
+
+    async def _add_partitions(self) -> None:
+        """AddPartitionsToTxn for what `_in_transaction` asked, until nothing is left: retriable
+        errors (the previous transaction completing, a coordinator moving) asked again after a
+        backoff; others fail the transaction (fatal ones the producer)."""
+        txn = self._txn
+        assert txn is not None
+        attempt = 0
+        try:
+            await asyncio.sleep(0)  # the partitions of this loop turn go in one request
+            while self._txn_to_add and not self._closed:
+                keys = set(self._txn_to_add)
+                self._txn_to_add.clear()
+                parts = tuple(sorted((self._parts[k].topic_id, k[1]) for k in keys))
+                req = AddPartitionsToTxnRequest(txn.txn_id, txn.producer_id, txn.producer_epoch, parts)
+                try:
+                    await self._client.request(req, timeout=self.request_timeout_ms / 1000)
+                except (RingLogError, BrokerUnavailable) as exc:
+                    if exc.retriable and not self._closed:
+                        txn.not_added(keys)
+                        for k in keys:
+                            txn.ask_add(k)
+                        self._txn_to_add |= keys
+                        await asyncio.sleep(backoff_delay(attempt, TXN_RETRY_BACKOFF, self.retry_backoff_max))
+                        attempt += 1
+                        continue
+                    txn.not_added(keys)
+                    txn.failed(exc)
+                else:
+                    attempt = 0
+                    txn.added_partitions(keys)
+                for k in keys:
+                    ps = self._parts.get(k)
+                    if ps is not None:
+                        self._pump(ps)
+        finally:
+            self._txn_adding = None
 
     def _release(self, b: ProducerBatch) -> None:
         self._buffered -= b.size - BATCH_OVERHEAD
@@ -395,7 +489,7 @@ class Sender:
                 except ClientError as exc:  # unknown topic, client closed: fail what waits for it
                     for p in self._parked.pop(topic, []):
                         self._buffered -= p.size
-                        p.fail(exc)
+                        self._fail_parked(p, exc)
                     for ps in [ps for ps in self._parts.values() if ps.topic == topic]:
                         self._fail_partition(ps, exc)
                     return
@@ -421,7 +515,7 @@ class Sender:
                 self._buffered -= p.size
                 err = DeliveryTimeoutError(f"no metadata for topic {topic!r} within the delivery timeout")
                 err.__cause__ = cause
-                p.fail(err)
+                self._fail_parked(p, err)
         if parked:
             self._parked[topic] = keep
 

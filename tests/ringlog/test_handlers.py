@@ -222,3 +222,48 @@ def test_a_metadata_allowing_it_creates_the_missing_topics_it_names(tmp_path: Pa
         assert not off.core.registry.by_id
     finally:
         off.core.close()
+
+
+def test_transactional_batches_need_a_produce_naming_a_transactional_id(handlers: RinglogAdapter) -> None:
+    """A transactional batch in a v1 Produce is refused (INVALID_BATCH, as ever); a v2 Produce
+    naming a transactional id takes it (docs/PROTOCOL.md §4.7)."""
+    from ringlog_proto.batch_encode import as_transactional
+
+    tid = create(handlers)
+    batch = as_transactional(encode_batch([b"t"], producer_id=5, producer_epoch=0, base_sequence=0))
+    assert response(produce(handlers, tid, batch)).error == m.ErrorCode.INVALID_BATCH
+    outcome = handlers.handle(frame_of(m.ProduceRequest(tid, 0, m.Acks.WRITTEN, 1000, batch, "tx")))
+    assert isinstance(outcome, Append)
+
+
+def test_a_v1_fetch_is_answered_in_v1_layout(handlers: RinglogAdapter) -> None:
+    """Fetch v2 answers carry the last stable offset and the aborted list; a v1 request (no
+    isolation byte) is still read, and answered without them, v1 in the header."""
+    tid = create(handlers)
+    outcome = produce(handlers, tid, encode_batch([b"a"]))
+    run_ops(SyncFileIO(), outcome.pending.ops)
+    outcome.complete()
+    v2 = frame_of(m.FetchRequest(tid, 0, 1, 1000, 0, 1))  # at the end: nothing to read
+    resp = response(handlers.handle(v2))
+    assert isinstance(resp, m.FetchResponse) and resp.last_stable_offset == resp.high_watermark == 1
+    v1 = Frame(m.ApiKey.FETCH, 1, 0, 2, tid, 0, v2.body[:-1])
+    reply = handlers.handle(v1)
+    assert isinstance(reply, Reply)
+    d = FrameDecoder()
+    d.feed(b"".join(reply.buffers))
+    answer = d.next_frame()
+    assert answer.api_version == 1
+    assert answer.body[:4] == b"\0\0\0\0" and len(answer.body) == 4 + 8 + 8 + 4  # hw, start, records
+
+
+def test_a_clustered_node_refuses_our_transaction_requests(tmp_path: Path) -> None:
+    """As Kafka's path (`CoreTransactions.refusal`): TRANSACTIONAL_ID_AUTHORIZATION_FAILED with
+    the reason, nothing made (no state topic)."""
+    h = RinglogAdapter(Core(BrokerConfig(data_dir=str(tmp_path))))
+    try:
+        h.core.transactions.refusal = lambda: "a cluster"  # type: ignore[method-assign]
+        resp = response(h.handle(frame_of(m.InitProducerIdRequest("tx"))))
+        assert resp.error == m.ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED and "cluster" in resp.message
+        assert "__transaction_state" not in h.core.registry.by_name
+    finally:
+        h.core.close()

@@ -53,3 +53,37 @@ def test_a_transactional_id_needs_its_grants(broker: BrokerProcess) -> None:
     p.begin_transaction()
     p.produce("orders", b"granted")
     p.commit_transaction(TIMEOUT_S)
+
+
+def test_our_client_needs_the_same_grants(broker: BrokerProcess) -> None:
+    """Our protocol checks what Kafka's does (broker/ringlog/access.py): write on the
+    transactional id for init_transactions (refused: a fatal TransactionError), write on the
+    topics the transaction adds (AddPartitionsToTxn refused: the transaction is abortable)."""
+    from broker.client import Admin, Producer, Security, TransactionError
+    from broker.client.errors import TopicAuthorizationError, TransactionalIdAuthorizationError
+
+    def ours(user: str) -> Security:
+        return Security(sasl_mechanism="SCRAM-SHA-512", username=user, password=PW[user])
+
+    with Admin(broker.bootstrap, security=ours("admin")) as a:
+        a.create_topic("orders", 1)
+        a.create_topic("payroll", 1)
+    with Producer(broker.bootstrap, security=ours("alice"), transactional_id="ours-denied") as p:
+        with pytest.raises(TransactionError) as info:
+            p.init_transactions()
+        assert info.value.fatal and isinstance(info.value.__cause__, TransactionalIdAuthorizationError)
+    broker_cli(broker.data_dir, "acls", "add", "User:alice", "write", "transactional_id:ours-ok")
+    broker_cli(broker.data_dir, "acls", "add", "User:alice", "describe", "topic:payroll")
+    with Producer(broker.bootstrap, security=ours("alice"), transactional_id="ours-ok") as p:
+        p.init_transactions()
+        p.begin_transaction()
+        p.send("orders", b"granted").result(TIMEOUT_S)
+        p.commit_transaction()
+        p.begin_transaction()
+        refused = p.send("payroll", b"not granted")  # described, not written: AddPartitionsToTxn
+        with pytest.raises(TransactionError):
+            refused.result(TIMEOUT_S)
+        with pytest.raises(TransactionError) as info:
+            p.commit_transaction()
+        assert info.value.abortable and isinstance(info.value.__cause__, TopicAuthorizationError)
+        p.abort_transaction()
