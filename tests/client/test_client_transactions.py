@@ -28,7 +28,7 @@ from broker.client import (
     Producer,
     TransactionError,
 )
-from broker.client.errors import ProducerFencedError
+from broker.client.errors import IllegalGenerationError, ProducerFencedError
 from broker.client.fetcher import _aborted_filter
 from broker.client.transactions import TransactionState, TxnState
 from labkit.brokerproc import BrokerProcess
@@ -226,7 +226,8 @@ def test_a_second_producer_fences_the_first(txn_broker: BrokerProcess) -> None:
 
 def test_consume_transform_produce(txn_broker: BrokerProcess) -> None:
     """Records read in a group, transformed and written in a transaction with the group's
-    offsets: an aborted transaction leaves neither output nor offsets; a committed one both."""
+    offsets: an aborted transaction leaves neither output nor offsets; a committed one both; a
+    stale generation's offsets are refused."""
     src, dst, group = "ctp-in", "ctp-out", "ctp-group"
     create(txn_broker, src, 2)
     create(txn_broker, dst, 2)
@@ -265,6 +266,14 @@ def test_consume_transform_produce(txn_broker: BrokerProcess) -> None:
                     assert await consumer.committed((src, 0)) is None
                 else:
                     await producer.commit_transaction()
+            # KIP-447: offsets of a generation the group is not at are refused, the transaction
+            # made abortable
+            producer.begin_transaction()
+            stale = ConsumerGroupMetadata(group, meta.generation + 1, meta.member_id)
+            with pytest.raises(TransactionError) as info:
+                await producer.send_offsets_to_transaction(positions, stale)
+            assert info.value.abortable and isinstance(info.value.__cause__, IllegalGenerationError)
+            await producer.abort_transaction()
             return await consumer.committed((src, 0)), await consumer.committed((src, 1))
         finally:
             await producer.close()

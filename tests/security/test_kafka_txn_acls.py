@@ -86,4 +86,9 @@ def test_our_client_needs_the_same_grants(broker: BrokerProcess) -> None:
         with pytest.raises(TransactionError) as info:
             p.commit_transaction()
         assert info.value.abortable and isinstance(info.value.__cause__, TopicAuthorizationError)
-        p.abort_transaction()
+        epoch = p.producer_epoch
+        p.abort_transaction()  # then a new epoch from the coordinator (KIP-360), and on
+        assert p.producer_epoch == epoch + 1
+        p.begin_transaction()
+        p.send("orders", b"after").result(TIMEOUT_S)
+        p.commit_transaction()
