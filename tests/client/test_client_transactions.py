@@ -176,6 +176,43 @@ def test_commits_and_aborts_interleaved_read_committed(txn_broker: BrokerProcess
     assert {p: v for p, v in theirs.items() if v} == {p: v for p, v in ours.items() if v}
 
 
+def test_an_open_transaction_holds_read_committed_back(txn_broker: BrokerProcess) -> None:
+    """While a transaction is open, read_committed's end is its first offset (the last stable
+    offset) and a read_committed consumer waiting there gets nothing of it; its commit
+    releases the records to that waiting consumer. read_uncommitted sees them at once."""
+    topic = "tx-open"
+    create(txn_broker, topic, 1)
+
+    async def scenario() -> None:
+        committed = AsyncConsumer(txn_broker.bootstrap, isolation_level="read_committed")
+        raw = AsyncConsumer(txn_broker.bootstrap)
+        async with (
+            AsyncProducer(txn_broker.bootstrap, transactional_id="tx-open", linger_ms=0) as p,
+            committed,
+            raw,
+        ):
+            await p.init_transactions()
+            p.begin_transaction()
+            await p.send_and_wait(topic, b"first")
+            await p.send_and_wait(topic, b"second")
+            for c in (committed, raw):
+                await c.assign([(topic, 0)])
+            assert await committed.seek_to_end() == {(topic, 0): 0}  # the last stable offset
+            assert await raw.seek_to_end() == {(topic, 0): 2}  # the high watermark
+            committed.seek((topic, 0), 0)
+            raw.seek((topic, 0), 0)
+            assert [r.value for r in await raw.poll(timeout_ms=2000)] == [b"first", b"second"]
+            assert await committed.poll(timeout_ms=300) == []
+            await p.commit_transaction()
+            got: list[bytes] = []
+            deadline = time.monotonic() + TIMEOUT_S
+            while len(got) < 2 and time.monotonic() < deadline:
+                got += [r.value for r in await committed.poll(timeout_ms=500)]
+            assert got == [b"first", b"second"]
+
+    arun(scenario)
+
+
 def test_a_confluent_transactional_producer_read_by_ours(txn_broker: BrokerProcess) -> None:
     ck = pytest.importorskip("confluent_kafka")
     topic = "tx-theirs"
