@@ -5,7 +5,8 @@ node's Metadata; DeleteRecords moves the leader's log start, every follower take
 leader elected after a kill -9 of the old one starts there too; DeleteGroups and OffsetDelete
 delete the offsets in etcd, which no node answers any more; replicas placed by hand (by our own
 client too), elections (preferred and unclean) and reassignments (listed, cancelled, across a
-controller's failover)."""
+controller's failover); our producer's transactions refused with the reason (our protocol has no
+find-coordinator; Kafka clients' are served, test_cluster_transactions.py)."""
 
 from __future__ import annotations
 
@@ -216,6 +217,26 @@ def test_create_topics_v7_in_a_cluster(cluster: Cluster) -> None:
     led(admin, "made3", 2)
     described = admin.describe_topics(confluent_kafka.TopicCollection(["made3"]))["made3"].result(20)
     assert str(described.topic_id) == _base64_id(made["topic_id"])
+
+
+def test_our_protocol_refuses_transactions_in_a_cluster(cluster: Cluster) -> None:
+    """Our protocol has no find-coordinator, so a clustered node refuses our producer's
+    transactions at once with the reason (Kafka clients' are served: test_cluster_transactions.py);
+    our idempotent producer on the same node still produces."""
+    from broker.client import Producer
+    from broker.client.errors import TransactionalIdAuthorizationError, TransactionError
+
+    with Admin(cluster.nodes[1].bootstrap) as admin:
+        admin.create_topic("ours-in-cluster", 1)
+    with (
+        Producer(cluster.nodes[1].bootstrap, transactional_id="ours-refused") as producer,
+        pytest.raises(TransactionError, match="single node") as refused,
+    ):
+        producer.init_transactions()
+    assert isinstance(refused.value.__cause__, TransactionalIdAuthorizationError)
+    assert refused.value.fatal
+    with Producer(cluster.nodes[1].bootstrap) as plain:
+        assert plain.send("ours-in-cluster", b"v", partition=0).result(30).offset == 0
 
 
 def _base64_id(topic_id: object) -> str:

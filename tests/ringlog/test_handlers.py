@@ -255,15 +255,3 @@ def test_a_v1_fetch_is_answered_in_v1_layout(handlers: RinglogAdapter) -> None:
     assert answer.api_version == 1
     assert answer.body[:4] == b"\0\0\0\0" and len(answer.body) == 4 + 8 + 8 + 4  # hw, start, records
 
-
-def test_a_clustered_node_refuses_our_transaction_requests(tmp_path: Path) -> None:
-    """As Kafka's path (`CoreTransactions.refusal`): TRANSACTIONAL_ID_AUTHORIZATION_FAILED with
-    the reason, nothing made (no state topic)."""
-    h = RinglogAdapter(Core(BrokerConfig(data_dir=str(tmp_path))))
-    try:
-        h.core.transactions.refusal = lambda: "a cluster"  # type: ignore[method-assign]
-        resp = response(h.handle(frame_of(m.InitProducerIdRequest("tx"))))
-        assert resp.error == m.ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED and "cluster" in resp.message
-        assert "__transaction_state" not in h.core.registry.by_name
-    finally:
-        h.core.close()
