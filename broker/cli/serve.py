@@ -261,17 +261,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.group_initial_rebalance_delay_ms < 0:
         print("broker: --group-initial-rebalance-delay-ms must be >= 0", file=sys.stderr)
         return 2
-    if (
-        min(
-            args.transaction_max_timeout_ms,
-            args.transaction_abort_interval_ms,
-            args.transaction_state_partitions,
-        )
-        < 1
-    ):
+    transaction_values = (
+        args.transaction_max_timeout_ms,
+        args.transaction_abort_interval_ms,
+        args.transactional_id_expiration_ms,
+        args.transaction_state_partitions,
+    )
+    if min(transaction_values) < 1:
         print(
-            "broker: --transaction-max-timeout-ms, --transaction-abort-interval-ms and "
-            "--transaction-state-partitions must be >= 1",
+            "broker: --transaction-max-timeout-ms, --transaction-abort-interval-ms, "
+            "--transactional-id-expiration-ms and --transaction-state-partitions must be >= 1",
             file=sys.stderr,
         )
         return 2
@@ -338,6 +337,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         transaction_max_timeout_ms=args.transaction_max_timeout_ms,
         transaction_abort_interval_ms=args.transaction_abort_interval_ms,
         transaction_state_partitions=args.transaction_state_partitions,
+        transactional_id_expiration_ms=args.transactional_id_expiration_ms,
         auto_create_topics=args.auto_create_topics,
         default_partitions=args.default_partitions,
         producer_id_expiration_ms=args.producer_id_expiration_ms,
@@ -619,6 +619,15 @@ def add_serve_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         metavar="N",
         help="partitions of __transaction_state, read when the first transactional id makes it "
         "(Kafka's transaction.state.log.num.partitions; default 50)",
+    )
+    serve.add_argument(
+        "--transactional-id-expiration-ms",
+        type=int,
+        default=7 * 24 * 3600 * 1000,
+        metavar="MS",
+        help="how long a transactional id with no transaction is kept; after it, the id is "
+        "forgotten and its next InitProducerId gets a new producer id (Kafka's "
+        "transactional.id.expiration.ms; default 604800000, 7 days)",
     )
     serve.add_argument(
         "--auto-create-topics",

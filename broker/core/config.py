@@ -55,6 +55,8 @@ class BrokerConfig:
     # partitions of __transaction_state when a coordinator makes it (Kafka's
     # transaction.state.log.num.partitions; only the first creation reads it)
     transaction_state_partitions: int = 50
+    # how long an idle transactional id is kept (Kafka's transactional.id.expiration.ms)
+    transactional_id_expiration_ms: int = 7 * 24 * 3600 * 1000
     # the supervisor's eBPF snapshot (bpf/state.py: `steering`, counters), or None without a plane
     bpf_snapshot: Callable[[], dict[str, Any] | None] = no_bpf_snapshot
     # a node of a cluster (docs/CLUSTER.md): its store calls and replication settings; None: alone

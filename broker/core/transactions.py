@@ -43,7 +43,13 @@ from typing import TYPE_CHECKING, Any, Final
 from broker.core.outcomes import Append, Reply, Silent
 from broker.core.replication import LeaderState, NotLeaderError
 from broker.core.topics import Topic, TopicError, TopicFault
-from broker.core.txn_coordinator import Done, MarkerRequest, TransactionCoordinator, TxnCode
+from broker.core.txn_coordinator import (
+    EXPIRY_INTERVAL_MS,
+    Done,
+    MarkerRequest,
+    TransactionCoordinator,
+    TxnCode,
+)
 from broker.core.txn_log import TxnLogLoader
 from broker.core.txn_markers import MarkerSender
 from ringlog_proto.batch_decode import decode_records, iter_batches
@@ -87,6 +93,9 @@ class CoreTransactions:
             core.call_later,
             max_timeout_ms=core.config.transaction_max_timeout_ms,
             abort_interval_ms=core.config.transaction_abort_interval_ms,
+            id_expiration_ms=core.config.transactional_id_expiration_ms,
+            # scanning less often than ids expire would keep them past their expiry
+            expiry_interval_ms=min(EXPIRY_INTERVAL_MS, core.config.transactional_id_expiration_ms),
         )
         self._creating = False  # a cluster's creation of the topic is under way (off the loop)
         self._closed = False

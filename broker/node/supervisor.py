@@ -145,6 +145,7 @@ class SupervisorConfig:
     transaction_max_timeout_ms: int = 900_000  # broker/core/txn_coordinator.py
     transaction_abort_interval_ms: int = 10_000
     transaction_state_partitions: int = 50
+    transactional_id_expiration_ms: int = 7 * 24 * 3600 * 1000
     auto_create_topics: bool = True  # broker/core/config.py
     default_partitions: int = 1
     producer_id_expiration_ms: int = PRODUCER_ID_EXPIRATION_MS_DEFAULT  # broker/core/producer_state.py
@@ -459,6 +460,7 @@ class Supervisor:
             "transaction_max_timeout_ms": self.config.transaction_max_timeout_ms,
             "transaction_abort_interval_ms": self.config.transaction_abort_interval_ms,
             "transaction_state_partitions": self.config.transaction_state_partitions,
+            "transactional_id_expiration_ms": self.config.transactional_id_expiration_ms,
             "auto_create_topics": self.config.auto_create_topics,
             "default_partitions": self.config.default_partitions,
             "producer_id_expiration_ms": self.config.producer_id_expiration_ms,

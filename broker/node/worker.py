@@ -189,6 +189,7 @@ def config_from_spec(spec: dict[str, Any]) -> BrokerConfig:
         transaction_max_timeout_ms=int(spec.get("transaction_max_timeout_ms", 900_000)),
         transaction_abort_interval_ms=int(spec.get("transaction_abort_interval_ms", 10_000)),
         transaction_state_partitions=int(spec.get("transaction_state_partitions", 50)),
+        transactional_id_expiration_ms=int(spec.get("transactional_id_expiration_ms", 7 * 24 * 3600 * 1000)),
         auto_create_topics=bool(spec.get("auto_create_topics", True)),
         default_partitions=int(spec.get("default_partitions", 1)),
         producer_id_expiration_ms=int(

@@ -347,3 +347,40 @@ def test_a_hanging_transaction_found_and_aborted_by_hand(broker: BrokerProcess) 
     other.produce("tx-hang", b"after")
     other.commit_transaction(TIMEOUT_S)
     assert consume_all(broker, "tx-hang", "read_committed", 1) == [b"after"]
+
+
+@pytest.mark.parametrize(
+    "broker",
+    [{"cores": 1, "backend": "uvloop", "extra": ("--transactional-id-expiration-ms", "400")}],
+    indirect=True,
+)
+def test_an_idle_transactional_id_expires(broker: BrokerProcess) -> None:
+    """--transactional-id-expiration-ms (Kafka's transactional.id.expiration.ms): an id idle that
+    long is forgotten, so its next InitProducerId gets a new producer id at epoch 0; before
+    that, the same producer id at the next epoch."""
+    import datetime
+
+    from kio.static.primitive import i16, i64
+
+    kw = KafkaWire(broker.port)
+
+    def init() -> tuple[int, int]:
+        resp = kw.call(
+            22,
+            4,
+            transactional_id="tx-expiring",
+            transaction_timeout=datetime.timedelta(seconds=60),
+            producer_id=i64(-1),
+            producer_epoch=i16(-1),
+        )
+        assert resp.error_code == ErrorCode.none
+        return int(resp.producer_id), int(resp.producer_epoch)
+
+    try:
+        pid, epoch = init()
+        assert init() == (pid, epoch + 1)  # idle for milliseconds: kept
+        time.sleep(1.2)  # the expiry scan runs every 400 ms here
+        new_pid, new_epoch = init()
+        assert new_pid != pid and new_epoch == 0
+    finally:
+        kw.close()
