@@ -120,6 +120,8 @@ from ringlog_proto.apis.transactions import (
     InitProducerIdResponse,
     TxnOffsetCommitRequest,
     TxnOffsetCommitResponse,
+    FindHeldTxnsRequest,
+    FindHeldTxnsResponse,
     WriteTxnMarkersRequest,
     WriteTxnMarkersResponse,
 )
@@ -203,6 +205,7 @@ REQUEST_TYPES: dict[int, type[Request]] = {
         AddOffsetsToTxnRequest,
         EndTxnRequest,
         TxnOffsetCommitRequest,
+        FindHeldTxnsRequest,
     )
 }
 SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
@@ -248,6 +251,7 @@ RESPONSE_TYPES: dict[int, type[Response]] = {
         AddOffsetsToTxnResponse,
         EndTxnResponse,
         TxnOffsetCommitResponse,
+        FindHeldTxnsResponse,
     )
 }
 

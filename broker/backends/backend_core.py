@@ -75,6 +75,7 @@ from broker.core.outcomes import (
 from broker.core.remote import RemoteLinks
 from broker.core.replica_manager import ReplicaManager
 from broker.core.txn_markers import PeerMarkerLinks
+from broker.core.txn_sweep import HangSweep, PeerHoldLinks
 from broker.security.tls import peer_context, server_context
 from ringlog_proto.batch import now_ms
 from ringlog_proto.frames import NEED_DATA, Buffer
@@ -157,6 +158,7 @@ class BackendCore(PartitionAppends):
         self.core.remote_links = self.remote_links
         self.core.transactions.own_append = self.run_own_append
         self.core.transactions.markers.links = PeerMarkerLinks(self.peers.send_to_core)
+        self.hang_sweep = HangSweep(self.core, self.run_own_append, PeerHoldLinks(self.peers.send_to_core))
         self.replicas: ReplicaManager | None = None
         if config.cluster is not None:  # a node of a cluster: roles, follower fetches, ISR changes
             c = config.cluster
@@ -496,6 +498,7 @@ class BackendCore(PartitionAppends):
         if self.replicas is not None:
             self.replicas.start()
         self.core.transactions.start()
+        self._every(self.config.transaction_hang_check_interval_ms / 1000, self.hang_sweep.run)
 
     def _every(self, interval_s: float, work: Callable[[], None]) -> None:
         """Run `work` every `interval_s` until the core stops."""

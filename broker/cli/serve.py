@@ -266,11 +266,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         args.transaction_abort_interval_ms,
         args.transactional_id_expiration_ms,
         args.transaction_state_partitions,
+        args.transaction_hang_check_interval_ms,
     )
     if min(transaction_values) < 1:
         print(
             "broker: --transaction-max-timeout-ms, --transaction-abort-interval-ms, "
-            "--transactional-id-expiration-ms and --transaction-state-partitions must be >= 1",
+            "--transactional-id-expiration-ms, --transaction-state-partitions and "
+            "--transaction-hang-check-interval-ms must be >= 1",
             file=sys.stderr,
         )
         return 2
@@ -338,6 +340,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         transaction_abort_interval_ms=args.transaction_abort_interval_ms,
         transaction_state_partitions=args.transaction_state_partitions,
         transactional_id_expiration_ms=args.transactional_id_expiration_ms,
+        transaction_hang_check_interval_ms=args.transaction_hang_check_interval_ms,
         auto_create_topics=args.auto_create_topics,
         default_partitions=args.default_partitions,
         producer_id_expiration_ms=args.producer_id_expiration_ms,
@@ -628,6 +631,15 @@ def add_serve_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="how long a transactional id with no transaction is kept; after it, the id is "
         "forgotten and its next InitProducerId gets a new producer id (Kafka's "
         "transactional.id.expiration.ms; default 604800000, 7 days)",
+    )
+    serve.add_argument(
+        "--transaction-hang-check-interval-ms",
+        type=int,
+        default=60_000,
+        metavar="MS",
+        help="how often each core aborts the hanging transactions of the partitions it leads: "
+        "idle longer than --transaction-max-timeout-ms plus two abort intervals and held open by "
+        "no coordinator (Kafka's kafka-transactions.sh find-hanging, automated; default 60000)",
     )
     serve.add_argument(
         "--auto-create-topics",

@@ -57,6 +57,9 @@ class BrokerConfig:
     transaction_state_partitions: int = 50
     # how long an idle transactional id is kept (Kafka's transactional.id.expiration.ms)
     transactional_id_expiration_ms: int = 7 * 24 * 3600 * 1000
+    # how often each core looks for hanging transactions in the partitions it leads
+    # (broker/core/txn_sweep.py)
+    transaction_hang_check_interval_ms: int = 60_000
     # the supervisor's eBPF snapshot (bpf/state.py: `steering`, counters), or None without a plane
     bpf_snapshot: Callable[[], dict[str, Any] | None] = no_bpf_snapshot
     # a node of a cluster (docs/CLUSTER.md): its store calls and replication settings; None: alone

@@ -332,6 +332,19 @@ class ProducerState:
         state = self._producers.get(producer_id)
         return (-1, -1) if state is None else (state.txn_first_offset, state.coordinator_epoch)
 
+    def open_transactions(self) -> list[tuple[int, int, int, int, int]]:
+        """(producer id, epoch, first offset of its open transaction, when it last wrote here in
+        the broker's clock (ms), coordinator epoch of its last marker or -1) of every producer
+        with a transaction open, by first offset (broker/core/txn_sweep.py)."""
+        return sorted(
+            (
+                (pid, p.epoch, p.txn_first_offset, p.last_write_ms, p.coordinator_epoch)
+                for pid, p in self._producers.items()
+                if p.txn_first_offset >= 0
+            ),
+            key=lambda t: t[2],
+        )
+
     def ongoing(self) -> dict[int, int]:
         """Producer id -> first offset of its open transaction."""
         return dict(self._ongoing)

@@ -757,6 +757,23 @@ class TransactionCoordinator:
 
     # ------------------------------------------------------------------------- Describe/List
 
+    def holds(self, producer_id: int, partition: PartitionId) -> bool | None:
+        """Whether an id of this coordinator has `producer_id`'s transaction open with
+        `partition` (Ongoing or prepared), or a change under way that may make it so; None while
+        a partition loads (it cannot tell). The hanging-transaction sweep asks
+        (broker/core/txn_sweep.py), as Kafka's find-hanging asks ListTransactions and
+        DescribeTransactions."""
+        if any(o.loading for o in self._owned.values()):
+            return None
+        for md in self._served():
+            if producer_id not in (md.producer_id, md.last_producer_id):
+                continue
+            if md.pending is not None:
+                return True
+            if (md.state == TxnState.ONGOING or md.state in PREPARED) and partition in md.partitions:
+                return True
+        return False
+
     def describe(self, txn_id: str) -> TxnView | TxnCode:
         if not txn_id:
             return TxnCode.INVALID_REQUEST

@@ -146,6 +146,7 @@ class SupervisorConfig:
     transaction_abort_interval_ms: int = 10_000
     transaction_state_partitions: int = 50
     transactional_id_expiration_ms: int = 7 * 24 * 3600 * 1000
+    transaction_hang_check_interval_ms: int = 60_000  # broker/core/txn_sweep.py
     auto_create_topics: bool = True  # broker/core/config.py
     default_partitions: int = 1
     producer_id_expiration_ms: int = PRODUCER_ID_EXPIRATION_MS_DEFAULT  # broker/core/producer_state.py
@@ -461,6 +462,7 @@ class Supervisor:
             "transaction_abort_interval_ms": self.config.transaction_abort_interval_ms,
             "transaction_state_partitions": self.config.transaction_state_partitions,
             "transactional_id_expiration_ms": self.config.transactional_id_expiration_ms,
+            "transaction_hang_check_interval_ms": self.config.transaction_hang_check_interval_ms,
             "auto_create_topics": self.config.auto_create_topics,
             "default_partitions": self.config.default_partitions,
             "producer_id_expiration_ms": self.config.producer_id_expiration_ms,

@@ -190,6 +190,7 @@ def config_from_spec(spec: dict[str, Any]) -> BrokerConfig:
         transaction_abort_interval_ms=int(spec.get("transaction_abort_interval_ms", 10_000)),
         transaction_state_partitions=int(spec.get("transaction_state_partitions", 50)),
         transactional_id_expiration_ms=int(spec.get("transactional_id_expiration_ms", 7 * 24 * 3600 * 1000)),
+        transaction_hang_check_interval_ms=int(spec.get("transaction_hang_check_interval_ms", 60_000)),
         auto_create_topics=bool(spec.get("auto_create_topics", True)),
         default_partitions=int(spec.get("default_partitions", 1)),
         producer_id_expiration_ms=int(

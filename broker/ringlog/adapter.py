@@ -85,6 +85,8 @@ TXN_APIS = frozenset(
 )
 # answers that wait at the coordinator for the rest of the group: forwarded as long polls
 _WAITING_GROUP_APIS = frozenset({m.ApiKey.JOIN_GROUP, m.ApiKey.SYNC_GROUP})
+# the transaction APIs cores send one another (broker/ringlog/transactions.py); a client's: refused
+_BETWEEN_CORES = frozenset({m.ApiKey.WRITE_TXN_MARKERS, m.ApiKey.FIND_HELD_TXNS})
 
 
 class RinglogAdapter:
@@ -123,6 +125,7 @@ class RinglogAdapter:
             m.ApiKey.ADD_OFFSETS_TO_TXN: transactions.add_offsets_to_txn,
             m.ApiKey.END_TXN: transactions.end_txn,
             m.ApiKey.TXN_OFFSET_COMMIT: transactions.txn_offset_commit,
+            m.ApiKey.FIND_HELD_TXNS: transactions.find_held_txns,
             # SASL belongs to a connection: the backend hands these to `access` (which knows the
             # connection's state) before they could get here; what does is from another core.
             m.ApiKey.SASL_HANDSHAKE: _sasl_elsewhere,
@@ -199,9 +202,11 @@ class RinglogAdapter:
                 return forward
         if from_peer and frame.api_key == m.ApiKey.DELETE_TOPIC:
             return topics.deleted_elsewhere(self.ctx, frame)
-        if frame.api_key == m.ApiKey.WRITE_TXN_MARKERS and not (from_peer or self.core.cluster.clustered):
+        if frame.api_key in _BETWEEN_CORES and not (
+            from_peer or (frame.api_key == m.ApiKey.WRITE_TXN_MARKERS and self.core.cluster.clustered)
+        ):
             return self.ctx.error(
-                frame, m.ErrorCode.INVALID_REQUEST, "markers are written between brokers' cores only"
+                frame, m.ErrorCode.INVALID_REQUEST, f"{m.ApiKey(frame.api_key).name} is between brokers' cores only"
             )
         try:
             req = m.decode_request(frame)

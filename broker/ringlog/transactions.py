@@ -26,6 +26,9 @@ Rules this module keeps:
   it gets here (broker/ringlog/adapter.py: on one node it comes from peer cores only; in a
   cluster from the nodes' links, which need the cluster's alter where ACLs are on, as
   REPLICA_FETCH).
+- FIND_HELD_TXNS: the hanging-transaction sweep of another core of this node asks whether this
+  core's coordinator holds transactions open (broker/core/txn_sweep.py `holds`); it answers at
+  once, or REQUEST_TIMED_OUT when it cannot tell yet. A client's is refused.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from broker.core.groups import OFFSET_METADATA_MAX, Committed, StaleProducerEpoc
 from broker.core.outcomes import Later, Outcome, Reply, Silent
 from broker.core.transactions import is_internal
 from broker.core.txn_coordinator import InitResult, MarkerRequest, TxnCode
+from broker.core.txn_sweep import holds
 from broker.ringlog.context import Context
 from broker.ringlog.groups import group_error
 from ringlog_proto import messages as m
@@ -250,3 +254,11 @@ def write_txn_markers(ctx: Context, req: m.Request, frame: Frame) -> Outcome:
         ctx.core.transactions.markers.write_local(request, list(req.partitions), list(req.groups), written)
 
     return Later(start)
+
+
+def find_held_txns(ctx: Context, req: m.Request, frame: Frame) -> Outcome:
+    assert isinstance(req, m.FindHeldTxnsRequest)
+    held = holds(ctx.core, req.questions)
+    if held is None:
+        return ctx.error(frame, m.ErrorCode.REQUEST_TIMED_OUT, "transaction state not loaded yet")
+    return ctx.reply(frame, m.FindHeldTxnsResponse(held=tuple(held)))

@@ -35,6 +35,7 @@ class ApiKey(IntEnum):
     ADD_OFFSETS_TO_TXN = 22
     END_TXN = 23
     TXN_OFFSET_COMMIT = 24  # to the group's coordinator, as OffsetCommit
+    FIND_HELD_TXNS = 25  # between cores only: does a coordinator hold these transactions open?
 
 
 # The current layout version of each API (requests and responses of one API share it). A change of

@@ -1,11 +1,13 @@
 """Our protocol's transaction messages: a transactional producer's (INIT_PRODUCER_ID,
-ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN, END_TXN, TXN_OFFSET_COMMIT, below), and
-WRITE_TXN_MARKERS, how a transaction coordinator asks another core to write the markers of one
-transaction to the partitions and groups it owns.
+ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN, END_TXN, TXN_OFFSET_COMMIT, below), and two sent
+only between brokers' cores (a client's is refused: broker/ringlog/adapter.py):
 
-Sent only between cores of a node (a client's is refused: broker/ringlog/adapter.py). The answer
-is NONE once every named marker is written or dropped (a deleted topic's, a fenced one's),
-an error when any must be sent again.
+- WRITE_TXN_MARKERS: a transaction coordinator asks another core to write the markers of one
+  transaction to the partitions and groups it owns. The answer is NONE once every named marker
+  is written or dropped (a deleted topic's, a fenced one's), an error when any must be sent again.
+- FIND_HELD_TXNS: the hanging-transaction sweep of one core asks another core's coordinator
+  whether it holds each (producer id, partition) open (broker/core/txn_sweep.py): one flag per
+  question, in order; an error when it cannot tell (its state still loading).
 """
 
 from __future__ import annotations
@@ -209,3 +211,35 @@ class TxnOffsetCommitRequest(Request):
 class TxnOffsetCommitResponse(Response):
     # (error and message only: the offsets are kept pending all or none)
     API_KEY: ClassVar[ApiKey] = ApiKey.TXN_OFFSET_COMMIT
+@dataclass(frozen=True, slots=True)
+class FindHeldTxnsRequest(Request):
+    # [producer_id i64, topic_id u32, partition u32]
+    API_KEY: ClassVar[ApiKey] = ApiKey.FIND_HELD_TXNS
+    questions: tuple[tuple[int, int, int], ...] = ()
+
+    def write(self, w: Writer) -> None:
+        w.array(len(self.questions))
+        for pid, topic_id, partition in self.questions:
+            w.pack("qII", pid, topic_id, partition)
+
+    @classmethod
+    def read(cls, r: Reader, frame: Frame) -> FindHeldTxnsRequest:
+        n = r.array(16, REQUEST_ARRAY_MAX)
+        return cls(tuple((r.int("q"), r.int("I"), r.int("I")) for _ in range(n)))
+
+
+@dataclass(frozen=True, slots=True)
+class FindHeldTxnsResponse(Response):
+    # [held u8], one per question, in order
+    API_KEY: ClassVar[ApiKey] = ApiKey.FIND_HELD_TXNS
+    held: tuple[bool, ...] = ()
+
+    def write(self, w: Writer) -> None:
+        w.array(len(self.held))
+        for h in self.held:
+            w.pack("B", int(h))
+
+    @classmethod
+    def read(cls, r: Reader) -> dict[str, object]:
+        n = r.array(1, REQUEST_ARRAY_MAX)
+        return {"held": tuple(bool(r.int("B")) for _ in range(n))}

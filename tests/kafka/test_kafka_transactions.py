@@ -384,3 +384,113 @@ def test_an_idle_transactional_id_expires(broker: BrokerProcess) -> None:
         assert new_pid != pid and new_epoch == 0
     finally:
         kw.close()
+
+
+HANG_FLAGS = (
+    "--transaction-max-timeout-ms",
+    "1000",  # librdkafka's least transaction.timeout.ms
+    "--transaction-abort-interval-ms",
+    "100",
+    "--transaction-hang-check-interval-ms",
+    "200",
+)
+
+
+def transactional_batch(pid: int, epoch: int, *values: bytes) -> bytes:
+    import struct
+
+    from crc32c import crc32c
+
+    from ringlog_proto.batch import CRC_START, encode_batch
+    from ringlog_proto.batch_header import TRANSACTIONAL_BIT
+
+    out = bytearray(encode_batch(list(values), producer_id=pid, producer_epoch=epoch, base_sequence=0))
+    struct.pack_into(">h", out, 21, TRANSACTIONAL_BIT)
+    struct.pack_into(">I", out, 17, crc32c(bytes(out[CRC_START:])))
+    return bytes(out)
+
+
+def last_stable_offset(kw: KafkaWire, topic: str, partition: int) -> int:
+    import sys
+
+    from kio.static.primitive import i8, i32, i64
+
+    module = sys.modules[request_schema(2, 5).__module__]
+    latest = make(
+        module.ListOffsetsPartition,
+        partition_index=i32(partition),
+        current_leader_epoch=i32(-1),
+        timestamp=i64(-1),
+    )
+    resp = kw.call(
+        2,
+        5,
+        replica_id=i32(-1),
+        isolation_level=i8(1),
+        topics=(make(module.ListOffsetsTopic, name=topic, partitions=(latest,)),),
+    )
+    (p,) = resp.topics[0].partitions
+    assert p.error_code == ErrorCode.none
+    return int(p.offset)
+
+
+@pytest.mark.parametrize(
+    "broker",
+    [{**c.values[0], "extra": HANG_FLAGS} for c in (CONFIGS[1], CONFIGS[2])],
+    indirect=True,
+    ids=["io_uring-1core", "uvloop-2cores"],
+)
+def test_a_hanging_transaction_is_aborted_by_the_sweep(broker: BrokerProcess) -> None:
+    """A transactional batch no coordinator knows of (a Produce naming a transactional id that
+    never asked its coordinator, with an idempotent producer id): read_committed is stuck
+    before it until the sweep (max timeout 1000 ms + 2 x 100 ms idle, a round every 200 ms)
+    finds no coordinator holding it and aborts it; then a committed transaction after it is read.
+    Each partition of the topic (both cores' on two cores) hangs and is freed."""
+    import datetime
+    import sys
+
+    from kio.static.primitive import i16, i32
+
+    from ringlog_proto.routing import shard_for
+
+    tid = Wire(broker.port).create_topic("tx-ghost", 2)
+    # a raw Kafka request goes to the core leading its partition (as Metadata says)
+    wires = [KafkaWire(broker.core_ports.get(shard_for(tid, i, broker.cores), broker.port)) for i in range(2)]
+    try:
+        pid, epoch = wires[0].init_producer_id()
+        module = sys.modules[request_schema(0, 8).__module__]
+        for i, kw in enumerate(wires):
+            records = transactional_batch(pid, epoch, b"ghost")
+            data = make(
+                module.TopicProduceData,
+                name="tx-ghost",
+                partition_data=(make(module.PartitionProduceData, index=i32(i), records=records),),
+            )
+            resp = kw.call(
+                0,
+                8,
+                transactional_id="tx-ghost",
+                acks=i16(-1),
+                timeout=datetime.timedelta(seconds=10),
+                topic_data=(data,),
+            )
+            assert resp.responses[0].partition_responses[0].error_code == ErrorCode.none
+
+        def stable() -> list[int]:
+            return [last_stable_offset(kw, "tx-ghost", i) for i, kw in enumerate(wires)]
+
+        assert stable() == [0, 0]
+        deadline = time.monotonic() + TIMEOUT_S
+        while stable() != [2, 2] and time.monotonic() < deadline:  # the batch, the marker
+            time.sleep(0.1)
+        assert stable() == [2, 2]
+    finally:
+        for kw in wires:
+            kw.close()
+    live = txn_producer(broker, "tx-live", **{"transaction.timeout.ms": 1000})
+    live.init_transactions(TIMEOUT_S)
+    live.begin_transaction()
+    live.produce("tx-ghost", b"live", partition=1)
+    live.commit_transaction(TIMEOUT_S)
+    assert consume_all(broker, "tx-ghost", "read_committed", 1) == [b"live"]
+    assert "hanging transaction aborted" in broker.log()

@@ -1,4 +1,4 @@
-"""WRITE_TXN_MARKERS, our between-cores message: its body read back as written, and its response."""
+"""Our between-cores transaction messages (WRITE_TXN_MARKERS, FIND_HELD_TXNS): bodies read back as written."""
 
 from __future__ import annotations
 
@@ -24,3 +24,12 @@ def test_write_txn_markers_is_one_of_ours() -> None:
     assert m.ApiKey.WRITE_TXN_MARKERS == 19
     assert m.SUPPORTED_VERSIONS[m.ApiKey.WRITE_TXN_MARKERS] == (1, 1)
     assert m.RESPONSE_TYPES[m.ApiKey.WRITE_TXN_MARKERS] is m.WriteTxnMarkersResponse
+
+
+def test_find_held_txns_round_trip() -> None:
+    req = m.FindHeldTxnsRequest(((2**40 + 7, 1, 0), (5, 2**31, 49)))
+    assert m.decode_request(m.request_frame(req, 3)) == req
+    assert m.decode_request(m.request_frame(m.FindHeldTxnsRequest())) == m.FindHeldTxnsRequest()
+    assert m.ApiKey.FIND_HELD_TXNS == 20
+    assert m.SUPPORTED_VERSIONS[m.ApiKey.FIND_HELD_TXNS] == (1, 1)
+    assert m.RESPONSE_TYPES[m.ApiKey.FIND_HELD_TXNS] is m.FindHeldTxnsResponse

@@ -1,0 +1,308 @@
+"""Hanging transactions: open in a partition, ended by no coordinator, holding its last stable
+offset (and every read_committed reader) back for ever.
+
+A transaction hangs when its data reached a partition but its marker never will: a produce that
+named a transactional id its coordinator no longer knows (state lost, or expired), a coordinator
+bug, or a late produce that reached the partition after its transaction's marker (the race
+KIP-890 closes, not built here). Kafka leaves this to an operator (KIP-664):
+`kafka-transactions.sh find-hanging` lists each partition's producers with a transaction open
+(DescribeProducers) whose last write is older than the maximum transaction timeout, asks the
+coordinators (ListTransactions by producer id, DescribeTransactions) and calls a transaction
+hanging when no coordinator holds it open with that partition; its `abort` command then writes
+the ABORT marker (WriteTxnMarkers). Here each core does the same by itself.
+
+Rules this module keeps:
+- Every `--transaction-hang-check-interval-ms` (60 s) each core takes the open transactions of
+  the partitions it leads whose producer last wrote there longer ago than the maximum transaction
+  timeout plus two abort intervals (by then a coordinator that holds the transaction has aborted
+  it on its own: it scans every abort interval) and asks every transaction coordinator of this
+  node (`holds`: this core's directly, the other cores' with a FIND_HELD_TXNS frame over the
+  inter-core links, as markers travel) whether it holds that producer id Ongoing or prepared with
+  that partition, or has a change of it under way.
+- Only when every coordinator answered and none holds it is the transaction aborted: an ABORT
+  marker through the partition's door (`Partition.write_marker`, the producer's own epoch, its
+  last coordinator epoch), as this core's own append, once; a failure is logged and the next
+  round tries again. A coordinator that cannot be asked (its core down, its state partitions
+  loading or not loadable) means nothing is aborted that round. The partition is looked at again
+  just before: if its producer wrote, or the transaction ended, meanwhile, it is left alone.
+- One round at a time; a round that is still waiting when the next is due skips that one.
+- No round runs on a node of a cluster: a transaction's coordinator may be on another node,
+  which this sweep does not ask, so "no coordinator of this node holds it" would not mean
+  hanging there. A cluster's hanging transactions are aborted by hand (ListTransactions,
+  DescribeTransactions, WriteTxnMarkers, as Kafka's tools do) or at their coordinator's
+  timeout.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from broker.core.outcomes import Append, Reply, Silent
+from broker.core.producer_state import CoordinatorFencedError, FencedEpochError
+from broker.core.replication import NotLeaderError
+from broker.core.transactions import TXN_STATE_TOPIC, is_internal
+from ringlog_proto import messages as m
+from ringlog_proto.apis.body import REQUEST_ARRAY_MAX
+from ringlog_proto.frames import Frame
+
+if TYPE_CHECKING:
+    from broker.core.partition import Partition
+
+log = logging.getLogger(__name__)
+
+OwnAppend = Callable[[Append, Callable[[Reply | Silent], None]], None]
+# (producer id, topic id, partition): "does any coordinator hold this one open here?"
+Question = tuple[int, int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A transaction open in a partition this core leads, idle past the threshold."""
+
+    topic_id: int
+    partition: int
+    producer_id: int
+    producer_epoch: int
+    first_offset: int
+    last_write_ms: int
+    coordinator_epoch: int
+    last_sequence: int  # with the rest, tells whether the producer wrote here since
+
+    @property
+    def question(self) -> Question:
+        return (self.producer_id, self.topic_id, self.partition)
+
+
+class HoldLinks(Protocol):
+    """How the question reaches the coordinator of another core of this node."""
+
+    def ask(
+        self, core: int, questions: Sequence[Question], done: Callable[[list[bool] | None], None]
+    ) -> None:
+        """`done(held)`, one bool per question, or `done(None)` when `core` could not tell."""
+        ...
+
+
+class PeerHoldLinks:
+    """`HoldLinks` over the backend's inter-core links (`send_to_core`): a FIND_HELD_TXNS frame."""
+
+    def __init__(
+        self, send_to_core: Callable[[int, Frame, bool, Callable[[Frame | BaseException], None]], None]
+    ) -> None:
+        self.send_to_core = send_to_core
+
+    def ask(
+        self, core: int, questions: Sequence[Question], done: Callable[[list[bool] | None], None]
+    ) -> None:
+        frame = m.request_frame(m.FindHeldTxnsRequest(tuple(questions)))
+
+        def answered(result: Frame | BaseException) -> None:
+            if isinstance(result, BaseException):
+                log.info("hanging transactions: core %d cannot be asked: %s", core, result)
+                done(None)
+                return
+            try:
+                resp = m.decode_response(result)
+            except Exception as exc:
+                log.error("hanging transactions: an answer of core %d that does not read: %s", core, exc)
+                done(None)
+                return
+            if resp.error != m.ErrorCode.NONE or len(resp.held) != len(questions):
+                log.info(
+                    "hanging transactions: core %d cannot tell: %s %s", core, resp.error.name, resp.message
+                )
+                done(None)
+                return
+            done(list(resp.held))
+
+        self.send_to_core(core, frame, False, answered)
+
+
+def holds(core: Any, questions: Sequence[Question]) -> list[bool] | None:
+    """This core's coordinator's answer to each question, or None when it cannot tell (a state
+    partition it has opened is not loaded, or still loading). `core`: the Core."""
+    txns = core.transactions
+    topic = core.registry.by_name.get(TXN_STATE_TOPIC)
+    if topic is not None:
+        for tid, index in list(core.partitions):
+            if tid == topic.topic_id and not txns.coordinator.owns(index):
+                return None  # its ids are unknown until it loads
+    held = [txns.coordinator.holds(pid, (tid, index)) for pid, tid, index in questions]
+    if any(h is None for h in held):
+        return None
+    return [bool(h) for h in held]
+
+
+def candidates(core: Any, now_ms: int, threshold_ms: int) -> list[Candidate]:
+    """The transactions open in the partitions this core leads whose producer has not written
+    there for `threshold_ms`."""
+    out: list[Candidate] = []
+    for (tid, index), p in list(core.partitions.items()):
+        if p.replica is not None:
+            try:
+                p.check_leader()
+            except NotLeaderError:
+                continue
+        name = core.topic_name(tid)
+        if name is None or is_internal(name):
+            continue
+        for pid, epoch, first, last_write_ms, coordinator_epoch in p.producers.open_transactions():
+            if last_write_ms + threshold_ms <= now_ms:
+                seq = _last_sequence(p, pid)
+                out.append(Candidate(tid, index, pid, epoch, first, last_write_ms, coordinator_epoch, seq))
+    return out
+
+
+class HangSweep:
+    """One core's rounds (module rules). Owned by the core's loop."""
+
+    # core: the Core (broker/core/core.py)
+    def __init__(
+        self,
+        core: Any,
+        own_append: OwnAppend,
+        links: HoldLinks | None,
+        clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+    ) -> None:
+        self.core = core
+        self.own_append = own_append
+        self.links = links
+        self.clock_ms = clock_ms
+        config = core.config
+        self.threshold_ms = config.transaction_max_timeout_ms + 2 * config.transaction_abort_interval_ms
+        self._running = False
+        self.aborted = 0  # markers written, for tests and logs
+
+    def run(self, done: Callable[[], None] | None = None) -> None:
+        """One round; `done()` when it is over (at once when it skips)."""
+        finish = done or (lambda: None)
+        if self._running or self.core.config.cluster is not None:
+            finish()
+            return
+        # the longest idle first; what one frame cannot ask waits for the next round
+        found = sorted(
+            candidates(self.core, self.clock_ms(), self.threshold_ms), key=lambda c: c.last_write_ms
+        )
+        found = found[:REQUEST_ARRAY_MAX]  # one open transaction per producer and partition
+        if not found:
+            finish()
+            return
+        self._running = True
+        questions = [c.question for c in found]
+        cores = range(self.core.config.cores)
+        me = self.core.config.core_id
+        answers: dict[int, list[bool] | None] = {}
+
+        def answered(core: int, held: list[bool] | None) -> None:
+            answers[core] = held
+            if len(answers) < len(cores):
+                return
+            self._running = False
+            if any(a is None for a in answers.values()):
+                log.info(
+                    "hanging transactions: %d open past %d ms, not aborted this round (a coordinator "
+                    "could not be asked)",
+                    len(found),
+                    self.threshold_ms,
+                )
+                finish()
+                return
+            held_by_any = {q for i, q in enumerate(questions) if any(a[i] for a in answers.values() if a)}
+            hanging = [c for c in found if c.question not in held_by_any]
+            self._abort_all(hanging, finish)
+
+        for core in cores:
+            if core == me:
+                answered(core, holds(self.core, questions))
+            elif self.links is None:
+                answered(core, None)
+            else:
+                self.links.ask(core, questions, lambda held, core=core: answered(core, held))
+
+    def _abort_all(self, hanging: list[Candidate], done: Callable[[], None]) -> None:
+        left = len(hanging)
+        if not left:
+            done()
+            return
+
+        def one_done() -> None:
+            nonlocal left
+            left -= 1
+            if not left:
+                done()
+
+        for c in hanging:
+            self._abort(c, one_done)
+
+    def _abort(self, c: Candidate, done: Callable[[], None]) -> None:
+        p: Partition | None = self.core.partitions.get((c.topic_id, c.partition))
+        now = None if p is None else _open_transaction(p, c.producer_id)
+        if now != (c.producer_epoch, c.first_offset, c.last_write_ms, c.coordinator_epoch, c.last_sequence):
+            done()  # it moved on meanwhile (a write, a marker, a new epoch, the partition gone)
+            return
+        assert p is not None
+        try:
+            pending = p.write_marker(c.producer_id, c.producer_epoch, max(c.coordinator_epoch, 0), False)
+        except (NotLeaderError, FencedEpochError, CoordinatorFencedError) as exc:
+            log.info(
+                "hanging transaction of producer %d in %d/%d: %s", c.producer_id, c.topic_id, c.partition, exc
+            )
+            done()
+            return
+        except Exception as exc:
+            log.warning(
+                "hanging transaction of producer %d in %d/%d not aborted: %s (the next round tries again)",
+                c.producer_id,
+                c.topic_id,
+                c.partition,
+                exc,
+            )
+            done()
+            return
+        failed: list[BaseException] = []
+
+        def fail(exc: BaseException) -> Silent:
+            pending.fail()
+            failed.append(exc)
+            return Silent()
+
+        def written(_answer: Reply | Silent) -> None:
+            if failed:
+                log.warning(
+                    "hanging transaction of producer %d in %d/%d not aborted: %s (tried again next round)",
+                    c.producer_id,
+                    c.topic_id,
+                    c.partition,
+                    failed[0],
+                )
+            else:
+                self.aborted += 1
+                log.warning(
+                    "hanging transaction aborted: producer %d epoch %d in topic id %d partition %d, open "
+                    "from offset %d, idle since %d ms ago, held by no coordinator",
+                    c.producer_id,
+                    c.producer_epoch,
+                    c.topic_id,
+                    c.partition,
+                    c.first_offset,
+                    self.clock_ms() - c.last_write_ms,
+                )
+            done()
+
+        self.own_append(Append(p, pending.pending, pending.waits, pending.complete, Silent, fail), written)
+
+
+def _last_sequence(p: Partition, producer_id: int) -> int:
+    known = p.producers.producer(producer_id)
+    return -1 if known is None else known[1]
+
+
+def _open_transaction(p: Partition, producer_id: int) -> tuple[int, int, int, int, int] | None:
+    for pid, epoch, first, last_write_ms, coordinator_epoch in p.producers.open_transactions():
+        if pid == producer_id:
+            return (epoch, first, last_write_ms, coordinator_epoch, _last_sequence(p, pid))
+    return None
