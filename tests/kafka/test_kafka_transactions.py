@@ -494,3 +494,48 @@ def test_a_hanging_transaction_is_aborted_by_the_sweep(broker: BrokerProcess) ->
     live.commit_transaction(TIMEOUT_S)
     assert consume_all(broker, "tx-ghost", "read_committed", 1) == [b"live"]
     assert "hanging transaction aborted" in broker.log()
+
+
+@pytest.mark.parametrize("broker", CONFIGS[2:], indirect=True)
+def test_kill_9_between_prepare_commit_and_its_markers(broker: BrokerProcess) -> None:
+    """The coordinator's core has written PrepareCommit and answered EndTxn, but the data
+    partition's core is stopped (SIGSTOP: its marker cannot be written), then the broker is
+    killed -9. At restart the coordinator loads the prepared transaction and sends its markers
+    at once: read_committed sees it committed, whole."""
+    import os
+    import signal
+
+    from kio.static.primitive import i8
+
+    from ringlog_proto.routing import shard_for
+
+    tid = Wire(broker.port).create_topic("tx-prep", 4)
+    kw = KafkaWire(broker.port)
+    try:
+        found = kw.call(10, 1, key="tx-prep", key_type=i8(1))
+        assert found.error_code == ErrorCode.none
+    finally:
+        kw.close()
+    coordinator = next(c for c, port in broker.core_ports.items() if port == int(found.port))
+    other = 1 - coordinator
+    data = [i for i in range(4) if shard_for(tid, i, 2) == other]
+    assert data, "no partition of the topic on the other core"
+    p = txn_producer(broker, "tx-prep")
+    p.init_transactions(TIMEOUT_S)
+    p.begin_transaction()
+    for i in data:
+        p.produce("tx-prep", f"prepared-{i}".encode(), partition=i)
+    assert p.flush(TIMEOUT_S) == 0
+    os.kill(broker.worker_pids[other], signal.SIGSTOP)
+    try:
+        p.commit_transaction(TIMEOUT_S)  # answered at PrepareCommit; the markers wait
+        time.sleep(0.3)
+        completed = "transactional id tx-prep: CompleteCommit"
+        assert completed not in broker.log()
+    finally:
+        broker.kill()  # the stopped worker dies with the supervisor (SIGKILL needs no CONT)
+    logged = len(broker.log())
+    broker.start()
+    got = consume_all(broker, "tx-prep", "read_committed", len(data))
+    assert sorted(got) == sorted(f"prepared-{i}".encode() for i in data)
+    assert completed in broker.log()[logged:]
