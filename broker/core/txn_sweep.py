@@ -25,7 +25,8 @@ Rules this module keeps:
   round tries again. A coordinator that cannot be asked (its core down, its state partitions
   loading or not loadable) means nothing is aborted that round. The partition is looked at again
   just before: if its producer wrote, or the transaction ended, meanwhile, it is left alone.
-- One round at a time; a round that is still waiting when the next is due skips that one.
+- One round at a time: a round still asking, or still writing its markers, when the next is due
+  makes that one skip.
 - No round runs on a node of a cluster: a transaction's coordinator may be on another node,
   which this sweep does not ask, so "no coordinator of this node holds it" would not mean
   hanging there. A cluster's hanging transactions are aborted by hand (ListTransactions,
@@ -192,6 +193,11 @@ class HangSweep:
             finish()
             return
         self._running = True
+
+        def over() -> None:
+            self._running = False  # its markers written (or failed): the next round may look
+            finish()
+
         questions = [c.question for c in found]
         cores = range(self.core.config.cores)
         me = self.core.config.core_id
@@ -201,7 +207,6 @@ class HangSweep:
             answers[core] = held
             if len(answers) < len(cores):
                 return
-            self._running = False
             if any(a is None for a in answers.values()):
                 log.info(
                     "hanging transactions: %d open past %d ms, not aborted this round (a coordinator "
@@ -209,11 +214,11 @@ class HangSweep:
                     len(found),
                     self.threshold_ms,
                 )
-                finish()
+                over()
                 return
             held_by_any = {q for i, q in enumerate(questions) if any(a[i] for a in answers.values() if a)}
             hanging = [c for c in found if c.question not in held_by_any]
-            self._abort_all(hanging, finish)
+            self._abort_all(hanging, over)
 
         for core in cores:
             if core == me:

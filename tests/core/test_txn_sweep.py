@@ -243,3 +243,20 @@ def test_find_held_txns_answers_for_this_cores_coordinator(two: tuple[Core, Part
     decoder = FrameDecoder()
     decoder.feed(b"".join(outcome.buffers))
     assert m.decode_response(decoder.next_frame()).error == m.ErrorCode.INVALID_REQUEST  # type: ignore[arg-type]
+
+
+def test_a_round_still_writing_its_markers_makes_the_next_skip(one: tuple[Core, Partition]) -> None:
+    core, p = one
+    waiting: list[Callable[[], None]] = []
+
+    def slow_append(outcome: Append, done: Callable[[Reply | Silent], None]) -> None:
+        waiting.append(lambda: own_append(outcome, done))
+
+    s = HangSweep(core, slow_append, None, clock_ms=lambda: LATER_MS)
+    s.run()
+    s.run()
+    assert len(waiting) == 1
+    waiting.pop()()
+    assert (s.aborted, p.last_stable_offset) == (1, 2)
+    s.run()
+    assert waiting == [] and s.aborted == 1
