@@ -757,22 +757,26 @@ class TransactionCoordinator:
 
     # ------------------------------------------------------------------------- Describe/List
 
-    def holds(self, producer_id: int, partition: PartitionId) -> bool | None:
-        """Whether an id of this coordinator has `producer_id`'s transaction open with
-        `partition` (Ongoing or prepared), or a change under way that may make it so; None while
-        a partition loads (it cannot tell). The hanging-transaction sweep asks
-        (broker/core/txn_sweep.py), as Kafka's find-hanging asks ListTransactions and
-        DescribeTransactions."""
+    def holding(self, producer_ids: Collection[int]) -> dict[int, frozenset[PartitionId] | None] | None:
+        """For each of `producer_ids` an id of this coordinator has a transaction of open
+        (Ongoing or prepared): its partitions; None for one with a change under way (it may
+        add any). None while a partition loads (it cannot tell). One pass over the ids: the
+        hanging-transaction sweep asks (broker/core/txn_sweep.py), as Kafka's find-hanging asks
+        ListTransactions by producer id and DescribeTransactions."""
         if any(o.loading for o in self._owned.values()):
             return None
+        wanted = set(producer_ids)
+        partitions: dict[int, set[PartitionId]] = {}
+        changing: set[int] = set()
         for md in self._served():
-            if producer_id not in (md.producer_id, md.last_producer_id):
-                continue
-            if md.pending is not None:
-                return True
-            if (md.state == TxnState.ONGOING or md.state in PREPARED) and partition in md.partitions:
-                return True
-        return False
+            for pid in {md.producer_id, md.last_producer_id} & wanted:
+                if md.pending is not None:
+                    changing.add(pid)
+                elif md.state == TxnState.ONGOING or md.state in PREPARED:
+                    partitions.setdefault(pid, set()).update(md.partitions)
+        out: dict[int, frozenset[PartitionId] | None] = {p: frozenset(s) for p, s in partitions.items()}
+        out.update(dict.fromkeys(changing))
+        return out
 
     def describe(self, txn_id: str) -> TxnView | TxnCode:
         if not txn_id:

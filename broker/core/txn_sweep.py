@@ -132,10 +132,14 @@ def holds(core: Any, questions: Sequence[Question]) -> list[bool] | None:
         for tid, index in list(core.partitions):
             if tid == topic.topic_id and not txns.coordinator.owns(index):
                 return None  # its ids are unknown until it loads
-    held = [txns.coordinator.holds(pid, (tid, index)) for pid, tid, index in questions]
-    if any(h is None for h in held):
+    holding = txns.coordinator.holding({pid for pid, _, _ in questions})
+    if holding is None:
         return None
-    return [bool(h) for h in held]
+    held: list[bool] = []
+    for pid, tid, index in questions:
+        parts = holding.get(pid, frozenset())
+        held.append(parts is None or (tid, index) in parts)
+    return held
 
 
 def candidates(core: Any, now_ms: int, threshold_ms: int) -> list[Candidate]:

@@ -949,3 +949,30 @@ TxnCoordinatorMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestTxnCoordinatorModel = TxnCoordinatorMachine.TestCase
+
+
+def test_holding_names_the_open_transactions_partitions_of_producer_ids(
+    coord: TransactionCoordinator, io: FakeIO
+) -> None:
+    """What the hanging-transaction sweep asks (broker/core/txn_sweep.py)."""
+    a, b = init(coord, "a"), init(coord, "b")
+    assert coord.holding([a.producer_id, b.producer_id, 999]) == {}  # Empty: nothing open
+    add(coord, a, [(1, 0), (2, 3)], txn_id="a")
+    assert coord.holding([a.producer_id, 999]) == {a.producer_id: frozenset({(1, 0), (2, 3)})}
+    io.auto = False
+    coord.end_txn("a", a.producer_id, a.producer_epoch, True, Got())
+    coord.add_partitions("b", b.producer_id, b.producer_epoch, [(5, 5)], Got())
+    # a's PrepareCommit and b's first partition are being written: a change under way
+    assert coord.holding([a.producer_id, b.producer_id]) == {a.producer_id: None, b.producer_id: None}
+    io.complete()
+    assert coord.holding([a.producer_id])[a.producer_id] == frozenset({(1, 0), (2, 3)})  # type: ignore[index]
+    io.write_markers()
+    io.complete(0)
+    io.complete(0)
+    assert coord.holding([a.producer_id, b.producer_id]) == {b.producer_id: frozenset({(5, 5)})}
+
+
+def test_holding_cannot_tell_while_a_partition_loads(loop: FakeLoop, io: FakeIO) -> None:
+    c = make(loop, io)
+    c.begin_load(7, 0)
+    assert c.holding([1]) is None
