@@ -40,6 +40,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
 from broker.core.outcomes import Append, Reply, Silent
@@ -112,10 +113,12 @@ class PeerHoldLinks:
                 log.error("hanging transactions: an answer of core %d that does not read: %s", core, exc)
                 done(None)
                 return
-            if resp.error != m.ErrorCode.NONE or len(resp.held) != len(questions):
-                log.info(
-                    "hanging transactions: core %d cannot tell: %s %s", core, resp.error.name, resp.message
-                )
+            if (
+                not isinstance(resp, m.FindHeldTxnsResponse)
+                or resp.error != m.ErrorCode.NONE
+                or len(resp.held) != len(questions)
+            ):
+                log.info("hanging transactions: core %d cannot tell: %s", core, getattr(resp, "message", ""))
                 done(None)
                 return
             done(list(resp.held))
@@ -230,7 +233,7 @@ class HangSweep:
             elif self.links is None:
                 answered(core, None)
             else:
-                self.links.ask(core, questions, lambda held, core=core: answered(core, held))
+                self.links.ask(core, questions, partial(answered, core))
 
     def _abort_all(self, hanging: list[Candidate], done: Callable[[], None]) -> None:
         left = len(hanging)

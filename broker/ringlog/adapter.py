@@ -206,7 +206,9 @@ class RinglogAdapter:
             from_peer or (frame.api_key == m.ApiKey.WRITE_TXN_MARKERS and self.core.cluster.clustered)
         ):
             return self.ctx.error(
-                frame, m.ErrorCode.INVALID_REQUEST, f"{m.ApiKey(frame.api_key).name} is between brokers' cores only"
+                frame,
+                m.ErrorCode.INVALID_REQUEST,
+                f"{m.ApiKey(frame.api_key).name} is between brokers' cores only",
             )
         try:
             req = m.decode_request(frame)

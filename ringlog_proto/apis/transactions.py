@@ -211,6 +211,8 @@ class TxnOffsetCommitRequest(Request):
 class TxnOffsetCommitResponse(Response):
     # (error and message only: the offsets are kept pending all or none)
     API_KEY: ClassVar[ApiKey] = ApiKey.TXN_OFFSET_COMMIT
+
+
 @dataclass(frozen=True, slots=True)
 class FindHeldTxnsRequest(Request):
     # [producer_id i64, topic_id u32, partition u32]

@@ -254,4 +254,3 @@ def test_a_v1_fetch_is_answered_in_v1_layout(handlers: RinglogAdapter) -> None:
     answer = d.next_frame()
     assert answer.api_version == 1
     assert answer.body[:4] == b"\0\0\0\0" and len(answer.body) == 4 + 8 + 8 + 4  # hw, start, records
-
