@@ -9,7 +9,7 @@ ifndef SEED
 SEED := $(shell od -An -N4 -tu4 /dev/urandom | tr -d ' ')
 endif
 
-.PHONY: setup run test lint bench clean spark-demo bench-spark bench-kafka cluster-demo bench-perf bench-security compat
+.PHONY: setup run test lint bench clean spark-demo bench-spark bench-kafka cluster-demo bench-perf bench-security bench-txn compat
 
 setup:
 	@bash scripts/setup.sh
@@ -59,6 +59,12 @@ bench-security: setup
 # librdkafka against ringlog and Tansu (docs/KAFKA.md, "Side by side"); QUICK=1 for small sizes.
 bench-kafka: setup
 	$(PY) bench/kafka_clients.py $(if $(QUICK),--quick)
+
+# Kafka transactions on one node (docs/PERFORMANCE.md, "Transactions"): librdkafka's transactional
+# throughput against idempotent produce, read_committed latency, recovery after kill -9 of the
+# coordinator; both backends. QUICK=1 for ~3 minutes.
+bench-txn: setup
+	$(PY) bench/transactions.py $(if $(QUICK),--quick)
 
 # librdkafka's own test suite against a fresh broker, one test per process (docs/KAFKA.md,
 # "librdkafka's own test suite"): per-test results and the totals. The first run builds librdkafka
