@@ -27,7 +27,12 @@ Rows (`--only throughput,latency,recovery`):
    clocks: benchlib.proc_cpu), the client's and broker's CPU as shares of one CPU, the client's
    Python thread and its busiest librdkafka thread (one near 100%, or the client process near
    the CPU the broker leaves it, means the client is the limit), and for the transactional modes
-   the mean wall time of one commit_transaction() call and the share of the run spent in it.
+   the mean wall time of one commit_transaction() call, the share of the run spent in it, and
+   from the broker's own counters (labkit/brokerproc.py `own_snapshot`, per core) the
+   AddPartitionsToTxn requests and the error answers per transaction: librdkafka sends one
+   AddPartitionsToTxn per transaction, and again about 20 ms later for each CONCURRENT_TRANSACTIONS
+   answer (the previous transaction's markers and CompleteCommit still being written), so
+   adds/txn - 1 is the share of transactions that waited so.
 2. latency: a read_committed and a read_uncommitted consumer (two threads of the client process,
    each assigned every partition from the beginning, librdkafka's default fetch settings) while
    one producer writes `single` (a transaction of 1 record begun every 10 ms), `steady` (records
@@ -74,7 +79,7 @@ from typing import Any
 from benchlib import KIB, REPO, code_version, fs_of, table
 from kafka_clients import RINGLOG, Clock, Ringlog, job_create, pct, pin_client, values
 
-from labkit.brokerproc import BrokerProcess
+from labkit.brokerproc import BrokerProcess, own_snapshot
 
 MB = 1_000_000
 RECORD_BYTES = KIB
@@ -83,6 +88,7 @@ LINGER_MS = 5
 SINGLE_INTERVAL_S = 0.010
 STEADY_RATE = 2000  # records/s in the steady latency row
 STEADY_EVERY = 100
+ADD_PARTITIONS_TO_TXN = 24  # Kafka's api key: the broker counts requests by it
 MODES = {"idempotent": 0, "txn/1000": 1000, "txn/100": 100}  # name -> records per transaction
 VALUE_POOL_MASK = 1023  # kafka_clients.values() makes 1024
 DEFAULT_BROKERS = ["ringlog-uvloop-1", "ringlog-io_uring-1"]
@@ -418,6 +424,16 @@ def recovery_round(workdir: Path, name: str, pool: ProcessPoolExecutor, kills: i
 # --------------------------------------------------------------------------------------- one round
 
 
+def broker_counts(broker: Ringlog) -> tuple[int, int]:
+    """(AddPartitionsToTxn requests, error answers) summed over the broker's cores."""
+    adds = errors = 0
+    for port in broker.proc.core_ports.values():
+        snap = own_snapshot(port)
+        adds += int(snap["requests"].get(f"kafka_{ADD_PARTITIONS_TO_TXN}", 0))
+        errors += int(snap["errors"])
+    return adds, errors
+
+
 def throughput_round(broker: Ringlog, pool: ProcessPoolExecutor, sizes: Sizes, round_: int) -> dict:
     names = list(MODES)
     order = names[round_ % len(names) :] + names[: round_ % len(names)]
@@ -425,9 +441,14 @@ def throughput_round(broker: Ringlog, pool: ProcessPoolExecutor, sizes: Sizes, r
     for mode in order:
         topic = "tp-" + mode.replace("/", "")
         pool.submit(job_create, broker.bootstrap, topic, PARTITIONS).result()
+        adds0, errors0 = broker_counts(broker)
         out[mode] = pool.submit(
             job_throughput, broker.bootstrap, topic, sizes.records, MODES[mode], broker.pids()
         ).result()
+        adds1, errors1 = broker_counts(broker)
+        txns = -(-sizes.records // MODES[mode]) if MODES[mode] else 1
+        out[mode]["adds_per_txn"] = (adds1 - adds0) / txns
+        out[mode]["errors_per_txn"] = (errors1 - errors0) / txns
     return out
 
 
@@ -476,10 +497,13 @@ def report_throughput(results: dict[str, list[dict]]) -> None:
                     *(f"{med(k) * 100:.0f}" for k in ("client", "python", "busiest", "broker")),
                     f"{med('commit_ms'):.1f}" if MODES[mode] else "",
                     f"{med('in_commit') * 100:.0f}" if MODES[mode] else "",
+                    f"{med('adds_per_txn'):.2f}" if MODES[mode] else "",
+                    f"{med('errors_per_txn'):.2f}" if MODES[mode] else "",
                 ]
             )
     header = ["broker", "mode", "records/s (min..max)", "MB/s", "x idempotent", "broker CPU-s/GB"]
-    header += ["client CPU%", "py%", "rdk%", "broker CPU%", "commit ms", "% in commit"]
+    header += ["client CPU%", "py%", "rdk%", "broker CPU%", "commit ms", "% in commit", "adds/txn"]
+    header += ["errors/txn"]
     table(header, rows)
 
 
