@@ -62,7 +62,7 @@ bench-kafka: setup
 
 # Kafka transactions on one node (docs/PERFORMANCE.md, "Transactions"): librdkafka's transactional
 # throughput against idempotent produce, read_committed latency, recovery after kill -9 of the
-# coordinator; both backends. QUICK=1 for ~3 minutes.
+# coordinator; both backends, ~16 minutes on a loaded VM. QUICK=1 for ~5.
 bench-txn: setup
 	$(PY) bench/transactions.py $(if $(QUICK),--quick)
 
