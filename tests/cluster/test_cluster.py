@@ -674,6 +674,10 @@ def test_a_new_leader_answers_a_sequence_gap_retriably(cluster: Cluster) -> None
     state = wait_for(lambda: cluster.states(1, topic_id).get(0))
     wait_for(lambda: len(cluster.states(1, topic_id)[0]["isr"]) == 3)
     leader = state["leader"]
+    # Node 1's view can name the placement before the other nodes' cores act on it: until then a
+    # replica refuses (NOT_OWNER, "holds no replica"; nothing stored), so s0 is sent until taken.
+    for node in state["replicas"]:
+        wait_for(lambda node=node: (cluster.states(node, topic_id).get(0) or {}).get("leader") == leader)
     pid = 2**41 + 37
     s = [encode_batch([b"s%d" % i], producer_id=pid, producer_epoch=0, base_sequence=i) for i in range(3)]
 
@@ -686,7 +690,8 @@ def test_a_new_leader_answers_a_sequence_gap_retriably(cluster: Cluster) -> None
         assert isinstance(resp, m.ProduceResponse), resp
         return resp
 
-    assert send(leader, s[0]).error == m.ErrorCode.NONE
+    first = wait_for(lambda: (r := send(leader, s[0])).error != m.ErrorCode.NOT_OWNER and r)
+    assert isinstance(first, m.ProduceResponse) and first.error == m.ErrorCode.NONE, first
     follower = next(i for i in state["replicas"] if i != leader)
     assert send(follower, s[1]).error == m.ErrorCode.NOT_OWNER
     cluster.nodes[leader].kill()

@@ -238,14 +238,22 @@ def test_a_group_whose_store_fails_is_retried(node: Node, monkeypatch: pytest.Mo
 
 
 def test_write_local_writes_what_another_core_asked(node: Node) -> None:
+    """The receiving side writes the markers of the targets it leads and says all were written;
+    a target it does not lead is answered not written, for the sender to route again."""
     p = node.mine()
     open_txn(p, node.core)
+    written: list[bool] = []
     node.sender.write_local(
-        request(frozenset({(node.tid, p.index)})), [(node.tid, p.index)], [], node.finished
+        request(frozenset({(node.tid, p.index)})), [(node.tid, p.index)], [], written.append
     )
-    assert node.done == 1 and p.last_stable_offset == 2
-    node.sender.write_local(request(), [], [], node.finished)
-    assert node.done == 2
+    assert written == [True] and p.last_stable_offset == 2
+    node.sender.write_local(request(), [], [], written.append)
+    assert written == [True, True]
+    elsewhere = node.index_on(1)
+    node.sender.write_local(
+        request(frozenset({(node.tid, elsewhere)})), [(node.tid, elsewhere)], [], written.append
+    )
+    assert written == [True, True, False]
 
 
 def test_a_closed_sender_stops_retrying(node: Node) -> None:
