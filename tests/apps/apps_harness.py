@@ -148,15 +148,23 @@ def topic_names(bootstrap: str) -> list[str]:
     return sorted(admin.list_topics(timeout=10).topics)
 
 
-def read_topic(bootstrap: str, topic: str) -> list[tuple[str | None, bytes | None]]:
-    """Every record of `topic` up to its high watermarks, every partition (key, value); [] while it
-    does not exist. Reads with assign(), so nothing is committed and no topic is created."""
+def read_topic(
+    bootstrap: str, topic: str, isolation: str = "read_uncommitted"
+) -> list[tuple[str | None, bytes | None]]:
+    """Every record of `topic` up to the end of each partition a consumer of `isolation` sees (the
+    high watermark; the last stable offset for read_committed, which also leaves aborted records
+    out), every partition (key, value); [] while it does not exist. Reads with assign(), so nothing
+    is committed and no topic is created. A partition is done at the watermark it had when its read
+    began, or at its end-of-partition event before that: commit and abort markers take offsets no
+    record is delivered at."""
     consumer = confluent_kafka.Consumer(
         {
             "bootstrap.servers": bootstrap,
             "group.id": "tests-apps-reader",
             "enable.auto.commit": False,
             "allow.auto.create.topics": False,
+            "enable.partition.eof": True,
+            "isolation.level": isolation,
         }
     )
     try:
@@ -170,22 +178,27 @@ def read_topic(bootstrap: str, topic: str) -> list[tuple[str | None, bytes | Non
             if high <= low:
                 continue
             consumer.assign([confluent_kafka.TopicPartition(topic, partition, low)])
-            pos = low
+            at_end = False
             deadline = time.monotonic() + 30
-            while pos < high and time.monotonic() < deadline:
-                for msg in consumer.consume(1000, timeout=1):
-                    if msg.error() is not None:
+            while not at_end and time.monotonic() < deadline:
+                for msg in consumer.consume(1000, timeout=0.25):
+                    error = msg.error()
+                    if error is not None:
+                        at_end = at_end or error.code() == confluent_kafka.KafkaError._PARTITION_EOF
+                        continue
+                    if msg.offset() >= high:
+                        at_end = True  # written since the read began: not chased
                         continue
                     key = msg.key()
                     out.append((key.decode() if key is not None else None, msg.value()))
-                    pos = msg.offset() + 1
+                    at_end = at_end or msg.offset() + 1 >= high
         return out
     finally:
         consumer.close()
 
 
-def json_records(bootstrap: str, topic: str) -> list[dict]:
-    return [json.loads(value) for _, value in read_topic(bootstrap, topic) if value is not None]
+def json_records(bootstrap: str, topic: str, isolation: str = "read_uncommitted") -> list[dict]:
+    return [json.loads(value) for _, value in read_topic(bootstrap, topic, isolation) if value is not None]
 
 
 def wait_until(what: Callable[[], object], timeout: float, explain: Callable[[], str]) -> object:

@@ -16,3 +16,18 @@ def app_broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Broke
     yield proc
     if proc.running():
         assert proc.stop() == 0, f"broker did not exit cleanly on SIGTERM:\n{proc.log()}"
+
+
+@pytest.fixture(params=["uvloop", "io_uring"])
+def eos_broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BrokerProcess]:
+    """`app_broker` whose coordinator looks for timed-out transactions every 0.5 s, not Kafka's
+    10 s: a killed exactly-once app's open transaction is aborted soon after its timeout."""
+    proc = BrokerProcess(
+        tmp_path / "data",
+        tmp_path / "broker.log",
+        ("--transaction-abort-interval-ms", "500"),
+        backend=request.param,
+    ).start()
+    yield proc
+    if proc.running():
+        assert proc.stop() == 0, f"broker did not exit cleanly on SIGTERM:\n{proc.log()}"

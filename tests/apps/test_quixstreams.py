@@ -38,11 +38,31 @@ def test_quix_counter_killed_and_restored_from_changelog(app_broker: BrokerProce
     check_quix_counter(app_broker.bootstrap, tmp_path, lambda: app_broker.log_tail(40))
 
 
-def check_quix_counter(bootstrap: str, tmp_path: Path, broker_log: Callable[[], str]) -> None:
+def test_quix_exactly_once_killed_mid_stream(eos_broker: BrokerProcess, tmp_path: Path) -> None:
+    """The same app with Quix's processing_guarantee="exactly-once": its producer is transactional
+    (one transactional id per app, InitProducerId fencing the killed one's), each checkpoint one
+    transaction carrying the output, the changelog and the input offsets
+    (send_offsets_to_transaction). A read_committed reader then finds every input record in the
+    output exactly once: what the killed app's open transaction wrote is aborted, so the restarted
+    app's reprocessing of it is not a duplicate. Quix names a new transactional id each run (it
+    fences the killed app through its consumer group's generation, KIP-447), so the killed app's
+    transaction ends at its timeout, as on Kafka: that wait is most of this test's time."""
+    check_quix_counter(eos_broker.bootstrap, tmp_path, lambda: eos_broker.log_tail(40), exactly_once=True)
+
+
+def check_quix_counter(
+    bootstrap: str, tmp_path: Path, broker_log: Callable[[], str], exactly_once: bool = False
+) -> None:
     """The test on any broker or cluster at `bootstrap` (test_apps_cluster.py: three nodes);
-    `broker_log()` explains a failure."""
+    `broker_log()` explains a failure. `exactly_once`: the app runs with that guarantee and its
+    output, read read_committed, must hold each input record once, neither more nor less."""
     python = app_python("quixstreams")
-    args = lambda state: [str(HERE / "quix_counter.py"), bootstrap, str(state), "events", "counts", "counter"]  # noqa: E731
+    guarantee = "exactly-once" if exactly_once else "at-least-once"
+    isolation = "read_committed" if exactly_once else "read_uncommitted"
+    args = lambda state: [  # noqa: E731
+        *(str(HERE / "quix_counter.py"), bootstrap, str(state)),
+        *("events", "counts", "counter", guarantee),
+    ]
     log = tmp_path / "app.log"
     expected = {(f"k{k}", seq) for k in range(KEYS) for seq in range(1, PER_KEY + 1)}
 
@@ -68,13 +88,17 @@ def check_quix_counter(bootstrap: str, tmp_path: Path, broker_log: Callable[[], 
         assert producer.error is None, producer.error
 
         def complete() -> bool:
-            return expected <= {(r["key"], r["seq"]) for r in json_records(bootstrap, "counts")}
+            return expected <= {(r["key"], r["seq"]) for r in json_records(bootstrap, "counts", isolation)}
 
         wait_until(complete, 90, explain)
     finally:
         app.stop()
 
-    out = json_records(bootstrap, "counts")
+    out = json_records(bootstrap, "counts", isolation)
+    if exactly_once:
+        twice = [k for k, n in collections.Counter((r["key"], r["seq"]) for r in out).items() if n > 1]
+        assert not twice, f"duplicates read_committed: {twice[:10]}\n{explain()}"
+        assert len(out) == len(expected)
     wrong = [r for r in out if r["count"] != r["seq"]]
     assert not wrong, f"counts not restored from the changelog: {wrong[:10]}\n{explain()}"
     assert before < len(expected), "the kill came after the app had done everything"
