@@ -34,7 +34,7 @@ KAFKA_CLIENTS = sorted((Path(sys.prefix) / "spark-jars").glob("kafka-clients-*.j
 JAVAC = shutil.which("javac")
 _pyspark = importlib.util.find_spec("pyspark")
 PYSPARK_JARS = Path(_pyspark.origin).parent / "jars" if _pyspark and _pyspark.origin else None
-SOURCE = Path(__file__).parent / "java" / "SparkKafkaCalls.java"
+SOURCES = sorted((Path(__file__).parent / "java").glob("*.java"))
 
 pytestmark = pytest.mark.skipif(
     not KAFKA_CLIENTS or JAVAC is None or PYSPARK_JARS is None,
@@ -52,23 +52,24 @@ Java = Callable[..., list[dict]]
 
 @pytest.fixture(scope="module")
 def java(tmp_path_factory: pytest.TempPathFactory) -> Java:
-    """`java(mode, *args)`: run SparkKafkaCalls, return its JSON lines (compiled once per module)."""
+    """`java(mode, *args)`: run SparkKafkaCalls, return its JSON lines (compiled once per module,
+    with the other programs of java/; `main=` runs another)."""
     out = tmp_path_factory.mktemp("java-classes")
     jar = str(KAFKA_CLIENTS[-1])
-    subprocess.run([JAVAC, "-d", str(out), "-cp", jar, str(SOURCE)], check=True, timeout=120)
+    subprocess.run([JAVAC, "-d", str(out), "-cp", jar, *map(str, SOURCES)], check=True, timeout=120)
     classpath = f"{out}:{jar}:{PYSPARK_JARS}/*"
     java_bin = str(Path(JAVAC).resolve().parent / "java")  # the JDK javac belongs to
 
-    def run(*args: object) -> list[dict]:
+    def run(*args: object, main: str = "SparkKafkaCalls") -> list[dict]:
         proc = subprocess.run(
-            [java_bin, "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-cp", classpath, "SparkKafkaCalls"]
+            [java_bin, "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-cp", classpath, main]
             + [str(a) for a in args],
             capture_output=True,
             text=True,
             timeout=90,
             check=False,  # a failure is reported with the client's stderr below
         )
-        assert proc.returncode == 0, f"SparkKafkaCalls {args} failed:\n{proc.stderr[-4000:]}"
+        assert proc.returncode == 0, f"{main} {args} failed:\n{proc.stderr[-4000:]}"
         return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
 
     return run
@@ -191,3 +192,34 @@ def test_topics_stored_in_each_codec_are_read_by_the_java_client(broker: BrokerP
         assert [r for r in out if "topic" in r] == sorted(
             (expected(i, topic) for i in range(COUNT)), key=lambda r: (r["partition"], r["offset"])
         ), codec
+
+
+@pytest.mark.parametrize(
+    "broker",
+    [{"cores": 1, "backend": "uvloop"}, {"cores": 2, "backend": "io_uring"}],
+    indirect=True,
+    ids=["uvloop-1core", "io_uring-2core"],
+)
+def test_java_transactions(broker: BrokerProcess, java: Java) -> None:
+    """The Java client's transactional API (java/JavaTransactions.java): consume-transform-produce
+    with sendOffsetsToTransaction and the consumer's group metadata, a commit, an abort, a zombie
+    whose open transaction the next producer of its id aborts and whose commit then throws
+    ProducerFencedException; a read_committed KafkaConsumer sees each committed record once and
+    nothing else, the group's offset is the committed transaction's. On two cores the markers and
+    the group's offsets may be another core's to write."""
+    with Admin(broker.bootstrap) as admin:
+        admin.create_topic("jin", 1)
+        admin.create_topic("jout", 1)
+    out = java(broker.bootstrap, "jin", "jout", main="JavaTransactions")
+    committed = [f"t{i}" for i in range(10)]
+    aborted = [f"aborted{i}" for i in range(5, 10)]
+    assert out == [
+        {"consumed": 10},
+        {"committed": 5},
+        {"aborted": 5},
+        {"fenced": "ProducerFencedException"},
+        {"committed": 10},
+        {"group_offset": 10},
+        {"read_committed": committed},
+        {"read_uncommitted": committed[:5] + aborted + ["zombie5"] + committed[5:]},
+    ]
