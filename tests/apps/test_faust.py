@@ -105,7 +105,10 @@ def check_faust_table(
     def worker(n: int) -> App:
         return App(
             python,
-            [str(HERE / "faust_counter.py"), "worker", "-l", "info"],
+            # Faust's worker command starts its web server whatever `web_enabled` says (its
+            # --with-web default overrides it), on port 6066: two apps at once (the other
+            # pytest worker's test, another run on the machine) then fail to bind.
+            [str(HERE / "faust_counter.py"), "worker", "--without-web", "-l", "info"],
             log,
             tmp_path / f"worker-{n}",
             env={**env, "DATADIR": str(tmp_path / f"worker-{n}" / "data")},
