@@ -25,6 +25,16 @@ Rules this module keeps:
   cleared). The sender retries until they are written; a completion whose append fails is tried
   again after `retry_backoff_s`. A loaded partition's prepared transactions send their markers
   again at once.
+- Holding: an AddPartitionsToTxn, AddOffsetsToTxn or InitProducerId that passes its producer
+  checks while the id is completing (a change pending, or PrepareCommit/PrepareAbort with its
+  markers in flight) is held, not answered, and run again against the new state once the change
+  or the completion is durable; after `hold_ms` (`HOLD_MS`) still waiting it is answered
+  CONCURRENT_TRANSACTIONS. Kafka answers CONCURRENT_TRANSACTIONS at once, and clients back off
+  (librdkafka and the Java client 20 ms for AddPartitionsToTxn, KAFKA-5477): a client's next
+  transaction starts within a millisecond of EndTxn's answer, while the markers and the
+  completion record still wait for their fsyncs here (one node: acks=all is a flush), so nearly
+  every transaction would pay the back-off. Held requests are answered in arrival order; a
+  partition unloaded runs them again at once (NOT_COORDINATOR then).
 - Timeouts: `abort_timed_out` (every `abort_interval_ms`, armed by `start`) fences an Ongoing
   transaction past its timeout with an epoch bump (PrepareEpochFence) and aborts it with the
   bumped epoch, so the markers fence the old producer's late batches. `expire_ids` (every
@@ -69,6 +79,10 @@ ABORT_INTERVAL_MS: Final = 10_000  # Kafka's transaction.abort.timed.out.transac
 ID_EXPIRATION_MS: Final = 7 * 24 * 3600 * 1000  # Kafka's transactional.id.expiration.ms
 EXPIRY_INTERVAL_MS: Final = 3_600_000  # Kafka's transaction.remove.expired.transaction.cleanup.interval.ms
 RETRY_BACKOFF_S: Final = 0.1  # a completion record whose append failed is tried again after this
+# How long a request is held while its id completes (module rules): well under any client's
+# request timeout (30 s and more), long enough for the markers' and the completion's fsyncs on a
+# loaded disk; a longer completion answers CONCURRENT_TRANSACTIONS and the client asks again.
+HOLD_MS: Final = 1_000
 # Partitions plus groups one transaction may hold: every state record carries them all (a
 # partition is ~12 bytes of JSON, so the largest record stays ~120 KiB, under a batch's limit)
 # and the markers go to each. Kafka has no bound; no client comes near it.
@@ -116,6 +130,16 @@ class Cancellable(Protocol):
 
 CallLater = Callable[[float, Callable[[], None]], Any]
 Done = Callable[[TxnCode], None]
+
+
+@dataclass(slots=True, eq=False)
+class _Held:
+    """A request waiting for its id's completion (module rules)."""
+
+    again: Callable[[_Held], None]  # the request run again against the state then
+    give_up: Callable[[], None]  # answers CONCURRENT_TRANSACTIONS
+    deadline_ms: int
+    timer: Cancellable | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +218,7 @@ class TransactionMetadata:
     update_ms: int = -1
     pending: TxnState | None = None
     durable: bool = True  # False for a new id until its first record is
+    held: list[_Held] = dataclasses.field(default_factory=list)  # requests waiting (module rules)
 
     def record(self) -> TxnRecord:
         return TxnRecord(
@@ -236,6 +261,12 @@ class _Owned:
     txns: dict[str, TransactionMetadata] = dataclasses.field(default_factory=dict)
 
 
+def completing(md: TransactionMetadata) -> bool:
+    """Whether a request for `md` would have to wait: a change pending, or a transaction ending
+    (Kafka answers CONCURRENT_TRANSACTIONS to these)."""
+    return md.pending is not None or md.state in PREPARED
+
+
 def epoch_exhausted(epoch: int) -> bool:
     """No epoch after this one may be given (Kafka's isEpochExhausted: the last one is kept for
     fencing)."""
@@ -258,6 +289,7 @@ class TransactionCoordinator:
         id_expiration_ms: int = ID_EXPIRATION_MS,
         expiry_interval_ms: int = EXPIRY_INTERVAL_MS,
         retry_backoff_s: float = RETRY_BACKOFF_S,
+        hold_ms: int = HOLD_MS,
     ) -> None:
         self.io = io
         self.producer_ids = producer_ids
@@ -269,6 +301,7 @@ class TransactionCoordinator:
         self.id_expiration_ms = id_expiration_ms
         self.expiry_interval_ms = expiry_interval_ms
         self.retry_backoff_s = retry_backoff_s
+        self.hold_ms = hold_ms
         self._owned: dict[int, _Owned] = {}
         self._timers: list[Cancellable] = []
         self._running = False
@@ -278,7 +311,10 @@ class TransactionCoordinator:
     def begin_load(self, partition: int, coordinator_epoch: int) -> None:
         """This coordinator leads `partition` now (at `coordinator_epoch`, its leader epoch);
         its ids answer COORDINATOR_LOAD_IN_PROGRESS until `complete_load`."""
+        was = self._owned.get(partition)
         self._owned[partition] = _Owned(coordinator_epoch)
+        if was is not None:
+            self._release_all(was)
 
     def complete_load(self, partition: int, coordinator_epoch: int, txns: Mapping[str, TxnRecord]) -> None:
         """The partition's records are read (txn_log.TxnLogLoader.state()): its ids are served,
@@ -311,7 +347,9 @@ class TransactionCoordinator:
 
     def unload(self, partition: int) -> None:
         """Another coordinator leads `partition` now: its ids are forgotten here."""
-        self._owned.pop(partition, None)
+        was = self._owned.pop(partition, None)
+        if was is not None:
+            self._release_all(was)
 
     def state_of(self, partition: int) -> dict[str, TxnRecord]:
         """The durable state of a partition's ids: what loading its records gives."""
@@ -380,11 +418,51 @@ class TransactionCoordinator:
                 if not md.durable:  # a new id whose first record failed: as if never asked
                     del now.txns[md.txn_id]
                 done(code)
-                return
-            self._apply(md, target, was)
-            done(TxnCode.NONE)
+            else:
+                self._apply(md, target, was)
+                done(TxnCode.NONE)
+            self._release(md)
 
         self.io.append(md.partition, encode_key(md.txn_id), encode_value(target), durable)
+
+    def _hold(
+        self,
+        md: TransactionMetadata,
+        again: Callable[[_Held], None],
+        give_up: Callable[[], None],
+        held: _Held | None,
+    ) -> None:
+        """Hold a request until `md` is no longer completing (module rules); `held`: the same
+        request held before, whose deadline stays."""
+        deadline_ms = held.deadline_ms if held is not None else self.clock_ms() + self.hold_ms
+        left_ms = deadline_ms - self.clock_ms()
+        if left_ms <= 0:
+            give_up()
+            return
+        entry = _Held(again, give_up, deadline_ms)
+
+        def expired() -> None:
+            if entry in md.held:
+                md.held.remove(entry)
+                give_up()
+
+        entry.timer = self.call_later(left_ms / 1000, expired)
+        md.held.append(entry)
+
+    def _release(self, md: TransactionMetadata) -> None:
+        """Run again, in arrival order, the requests held on `md` once it is no longer
+        completing or no longer served here; one that must wait again is held again."""
+        while md.held and (self._current(md) is None or not completing(md)):
+            entry = md.held.pop(0)
+            if entry.timer is not None:
+                entry.timer.cancel()
+            entry.again(entry)
+
+    def _release_all(self, owned: _Owned) -> None:
+        """`owned` is no longer served (unloaded, or loading again): its held requests are run
+        again now, and are answered as the coordinator is now."""
+        for md in list(owned.txns.values()):
+            self._release(md)
 
     @staticmethod
     def _apply(md: TransactionMetadata, r: TxnRecord, pending: TxnState | None) -> None:
@@ -427,10 +505,30 @@ class TransactionCoordinator:
         """A transactional producer starting, or recovering (KIP-360: `expected` = the producer
         id and epoch it has): `done` gets its producer id and epoch once they are durable.
         An id with a transaction under way has it aborted first, with an epoch bump that fences
-        the old producer; the caller is told CONCURRENT_TRANSACTIONS and asks again (Kafka)."""
+        the old producer (Kafka); Kafka then answers CONCURRENT_TRANSACTIONS and the caller asks
+        again, here the request is held until the abort completes (module rules) and answered
+        as that second ask would be."""
+        self._init(txn_id, timeout_ms, done, expected, knows_fenced, None)
 
+    def _init(
+        self,
+        txn_id: str,
+        timeout_ms: int,
+        done: Callable[[InitResult], None],
+        expected: tuple[int, int] | None,
+        knows_fenced: bool,
+        held: _Held | None,
+    ) -> None:
         def fail(code: TxnCode) -> None:
             done(InitResult(_fenced(code, knows_fenced)))
+
+        def hold(md: TransactionMetadata) -> None:
+            self._hold(
+                md,
+                lambda entry: self._init(txn_id, timeout_ms, done, expected, knows_fenced, entry),
+                lambda: fail(TxnCode.CONCURRENT_TRANSACTIONS),
+                held,
+            )
 
         if not txn_id or len(txn_id) > TXN_ID_MAX:
             fail(TxnCode.INVALID_REQUEST)
@@ -456,18 +554,17 @@ class TransactionCoordinator:
             )  # fmt: skip
             owned.txns[txn_id] = md
         if md.pending is not None:
-            fail(TxnCode.CONCURRENT_TRANSACTIONS)
+            hold(md)
             return
         if expected is not None and not self._may_recover(md, *expected):
             fail(TxnCode.PRODUCER_FENCED)
             return
         if md.state in PREPARED:
-            fail(TxnCode.CONCURRENT_TRANSACTIONS)
+            hold(md)
             return
         if md.state == TxnState.ONGOING:
-            self._fence(
-                md, lambda code: fail(TxnCode.CONCURRENT_TRANSACTIONS if code == TxnCode.NONE else code)
-            )
+            fenced_md = md
+            self._fence(md, lambda code: hold(fenced_md) if code == TxnCode.NONE else fail(code))
             return
         assert md.state in EXPIRABLE, md
         target = self._init_target(md, timeout_ms, expected, now)
@@ -535,7 +632,8 @@ class TransactionCoordinator:
         *,
         knows_fenced: bool = True,
     ) -> None:
-        """Data partitions join the id's transaction (starting one if none is under way)."""
+        """Data partitions join the id's transaction (starting one if none is under way); while
+        the id's last transaction completes, once it has (module rules: held)."""
         self._add(txn_id, producer_id, epoch, frozenset(partitions), frozenset(), done, knows_fenced)
 
     def add_offsets(
@@ -557,6 +655,7 @@ class TransactionCoordinator:
         groups: frozenset[str],
         done: Done,
         knows_fenced: bool,
+        held: _Held | None = None,
     ) -> None:
         def answer(code: TxnCode) -> None:
             done(_fenced(code, knows_fenced))
@@ -565,8 +664,15 @@ class TransactionCoordinator:
         if isinstance(md, TxnCode):
             answer(md)
             return
-        if md.pending is not None or md.state in PREPARED:
-            answer(TxnCode.CONCURRENT_TRANSACTIONS)
+        if completing(md):  # Kafka: CONCURRENT_TRANSACTIONS at once (module rules)
+            self._hold(
+                md,
+                lambda entry: self._add(
+                    txn_id, producer_id, epoch, partitions, groups, done, knows_fenced, entry
+                ),
+                lambda: answer(TxnCode.CONCURRENT_TRANSACTIONS),
+                held,
+            )
             return
         if md.state == TxnState.ONGOING and partitions <= md.partitions and groups <= md.groups:
             answer(TxnCode.NONE)  # already in it: nothing to write (Kafka)
@@ -713,7 +819,9 @@ class TransactionCoordinator:
         for timer in self._timers:
             timer.cancel()
         self._timers.clear()
-        self._owned.clear()
+        owned, self._owned = list(self._owned.values()), {}
+        for was in owned:
+            self._release_all(was)
 
     def abort_timed_out(self) -> None:
         """Abort, with an epoch bump, every Ongoing transaction past its timeout."""
@@ -749,6 +857,7 @@ class TransactionCoordinator:
                 log.info("transactional id %s expired", md.txn_id)
             else:
                 _log_failed(md.txn_id, "expiry", code)
+            self._release(md)
 
         self.io.append(md.partition, encode_key(md.txn_id), None, durable)
 

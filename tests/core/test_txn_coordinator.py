@@ -301,10 +301,11 @@ def test_nothing_changes_before_the_record_is_durable(loop: FakeLoop) -> None:
     got = Got()
     c.init_producer_id("t", TIMEOUT_MS, got)
     assert got.got == [] and c.describe("t") == C.TRANSACTIONAL_ID_NOT_FOUND
-    assert init(c).code == C.CONCURRENT_TRANSACTIONS, "a pending transition blocks others"
+    c.init_producer_id("t", TIMEOUT_MS, got2 := Got())
+    assert got2.got == [] and len(io.pending) == 1, "a pending transition holds others"
     io.complete()
     assert isinstance(got.one, InitResult) and got.one.producer_epoch == 0
-    c.init_producer_id("t", TIMEOUT_MS, got2 := Got())
+    assert got2.got == [] and len(io.pending) == 1, "the held one runs again: its own record"
     assert state(c) == S.EMPTY and c.describe("t") == TxnView(
         "t", got.one.producer_id, 0, S.EMPTY, TIMEOUT_MS, -1, (), ()
     )
@@ -374,27 +375,31 @@ def test_init_while_a_transaction_is_ongoing_aborts_it_with_a_bumped_epoch(
 ) -> None:
     r = init(coord)
     assert add(coord, r, [(1, 0), (2, 3)]) == C.NONE
-    assert init(coord).code == C.CONCURRENT_TRANSACTIONS
-    assert state(coord) == S.PREPARE_ABORT
+    coord.init_producer_id("t", TIMEOUT_MS, first := Got())
+    assert first.got == [] and state(coord) == S.PREPARE_ABORT, "held while the abort completes"
     request = io.markers[0][0]
     assert request == MarkerRequest("t", r.producer_id, 1, 5, False, frozenset({(1, 0), (2, 3)}), frozenset())
-    assert init(coord).code == C.CONCURRENT_TRANSACTIONS, "until the markers are written"
+    coord.init_producer_id("t", TIMEOUT_MS, second := Got())
+    assert second.got == [], "until the markers are written"
     assert end(coord, r, True) == C.PRODUCER_FENCED, "the zombie is fenced"
     io.write_markers()
-    assert state(coord) == S.COMPLETE_ABORT
-    again = init(coord)
-    assert (again.producer_id, again.producer_epoch) == (r.producer_id, 2)
+    assert [first.one, second.one] == [
+        InitResult(C.NONE, r.producer_id, 2),
+        InitResult(C.NONE, r.producer_id, 3),
+    ], "in arrival order, each as an ask after the abort"
     states = [rec.state for _, rec in io.records(partition_for("t")) if rec]
-    assert states == [S.EMPTY, S.ONGOING, S.PREPARE_ABORT, S.COMPLETE_ABORT, S.EMPTY]
+    assert states == [S.EMPTY, S.ONGOING, S.PREPARE_ABORT, S.COMPLETE_ABORT, S.EMPTY, S.EMPTY]
 
 
-def test_init_during_a_commit_is_concurrent(coord: TransactionCoordinator, io: FakeIO) -> None:
+def test_init_during_a_commit_is_held_until_it_completes(coord: TransactionCoordinator, io: FakeIO) -> None:
     r = init(coord)
     add(coord, r, [(1, 0)])
     assert end(coord, r, True) == C.NONE
-    assert init(coord).code == C.CONCURRENT_TRANSACTIONS
+    coord.init_producer_id("t", TIMEOUT_MS, got := Got())
+    assert got.got == []
     io.write_markers()
-    assert init(coord).producer_epoch == 1
+    assert isinstance(got.one, InitResult) and (got.one.code, got.one.producer_epoch) == (C.NONE, 1)
+    assert state(coord) == S.EMPTY
 
 
 # ----------------------------------------------------------------------------- AddPartitions / AddOffsets
@@ -440,22 +445,92 @@ def test_add_partitions_errors_in_kafkas_order(loop: FakeLoop) -> None:
     assert add(c, r, [], txn_id="") == C.INVALID_REQUEST
     io.auto = False
     c.add_partitions("t", r.producer_id, 0, [(1, 0)], got := Got())
-    assert add(c, r, [(1, 1)]) == C.CONCURRENT_TRANSACTIONS, "pending"
+    c.add_partitions("t", r.producer_id, 0, [(1, 1)], held := Got())
+    assert held.got == [] and len(io.pending) == 1, "pending: held (Kafka: CONCURRENT_TRANSACTIONS)"
+    assert add(c, stale, [(1, 1)]) == C.PRODUCER_FENCED, "the producer's checks come first"
     io.complete()
-    assert got.one == C.NONE
+    assert got.one == C.NONE and held.got == [] and len(io.pending) == 1, "run again: its own record"
+    io.complete()
+    assert held.one == C.NONE
     io.auto = True
     assert end(c, r, True) == C.NONE
-    assert add(c, r, [(1, 1)]) == C.CONCURRENT_TRANSACTIONS, "PrepareCommit"
+    c.add_partitions("t", r.producer_id, 0, [(1, 1)], held := Got())
+    assert held.got == [], "PrepareCommit: held"
+    assert add(c, stale, [(1, 1)]) == C.PRODUCER_FENCED, "the producer's checks come first"
+    assert add(c, InitResult(C.NONE, r.producer_id + 1, 0), [(1, 1)]) == C.INVALID_PRODUCER_ID_MAPPING
     io.write_markers()
-    assert add(c, r, [(1, 1)]) == C.NONE, "CompleteCommit: a new transaction"
+    assert held.one == C.NONE, "CompleteCommit: a new transaction"
     view = c.describe("t")
-    assert isinstance(view, TxnView) and view.partitions == ((1, 1),)
+    assert isinstance(view, TxnView) and (view.state, view.partitions) == (S.ONGOING, ((1, 1),))
 
 
 def test_a_transaction_holds_at_most_txn_partitions_max(coord: TransactionCoordinator) -> None:
     r = init(coord)
     assert add(coord, r, [(1, p) for p in range(TXN_PARTITIONS_MAX)]) == C.NONE
     assert add(coord, r, [(2, 0)]) == C.LIMIT_EXCEEDED
+
+
+def test_an_add_while_the_last_transaction_completes_is_held_until_it_is_durable(loop: FakeLoop) -> None:
+    """Kafka answers CONCURRENT_TRANSACTIONS here and the client asks again 20 ms later; the
+    request is held instead and answered as that later ask would be, once CompleteCommit is
+    durable, its own record after it."""
+    io = FakeIO()
+    c = make(loop, io)
+    r = init(c)
+    add(c, r, [(1, 0)])
+    assert end(c, r, True) == C.NONE
+    io.auto = False
+    c.add_partitions("t", r.producer_id, 0, [(1, 1)], held := Got())
+    c.add_offsets("t", r.producer_id, 0, "g", held_group := Got())
+    io.write_markers()
+    assert held.got == [] and state(c) == S.PREPARE_COMMIT, "CompleteCommit is not durable yet"
+    io.complete()
+    assert state(c) == S.COMPLETE_COMMIT and held.got == [], "its own record now"
+    io.complete()
+    assert held.one == C.NONE and held_group.got == []
+    io.complete()
+    assert held_group.one == C.NONE
+    states = [(rec.state, rec.partitions, rec.groups) for _, rec in io.records(partition_for("t")) if rec]
+    assert states[-3:] == [
+        (S.COMPLETE_COMMIT, frozenset(), frozenset()),
+        (S.ONGOING, frozenset({(1, 1)}), frozenset()),
+        (S.ONGOING, frozenset({(1, 1)}), frozenset({"g"})),
+    ]
+
+
+def test_a_request_held_past_the_limit_is_concurrent(loop: FakeLoop, io: FakeIO) -> None:
+    c = make(loop, io, hold_ms=1000)
+    r = init(c)
+    add(c, r, [(1, 0)])
+    end(c, r, True)
+    c.add_partitions("t", r.producer_id, 0, [(1, 1)], held := Got())
+    c.init_producer_id("t", TIMEOUT_MS, held_init := Got())
+    loop.advance(0.9)
+    assert held.got == [] and held_init.got == []
+    loop.advance(0.2)
+    assert held.one == C.CONCURRENT_TRANSACTIONS
+    assert held_init.one == InitResult(C.CONCURRENT_TRANSACTIONS)
+    md = c.metadata("t")
+    assert md is not None and md.held == []
+    io.write_markers()
+    assert len(held.got) == 1 and len(held_init.got) == 1, "answered once"
+    assert state(c) == S.COMPLETE_COMMIT
+
+
+def test_held_requests_of_an_unloaded_partition_are_not_coordinator(loop: FakeLoop, io: FakeIO) -> None:
+    c = make(loop, io)
+    r = init(c)
+    add(c, r, [(1, 0)])
+    end(c, r, True)
+    c.add_partitions("t", r.producer_id, 0, [(1, 1)], held := Got())
+    c.unload(partition_for("t"))
+    assert held.one == C.NOT_COORDINATOR
+    c.load(partition_for("t"), 6, load(io.log[partition_for("t")]))
+    c.add_partitions("t", r.producer_id, 0, [(1, 1)], held := Got())
+    c.close()
+    assert held.one == C.NOT_COORDINATOR
+    loop.advance(5)
+    assert len(held.got) == 1
 
 
 # ----------------------------------------------------------------------------- EndTxn
@@ -546,10 +621,12 @@ def test_a_transaction_past_its_timeout_is_aborted_with_an_epoch_bump(loop: Fake
     assert (request.commit, request.producer_epoch, request.partitions) == (False, 1, frozenset({(1, 0)}))
     assert end(c, r, True) == C.PRODUCER_FENCED
     assert add(c, r, [(1, 1)]) == C.PRODUCER_FENCED
-    assert init(c, expected=(r.producer_id, 0)).code == C.CONCURRENT_TRANSACTIONS
+    c.init_producer_id("t", TIMEOUT_MS, got := Got(), expected=(r.producer_id, 0))
+    assert got.got == [], "held while the abort completes"
     io.write_markers()
     assert state(c) == S.COMPLETE_ABORT
-    assert init(c, expected=(r.producer_id, 0)).code == C.PRODUCER_FENCED, "fenced, not bumped (TV1)"
+    assert got.one == InitResult(C.PRODUCER_FENCED), "then fenced, not bumped (TV1)"
+    assert init(c, expected=(r.producer_id, 0)).code == C.PRODUCER_FENCED
     assert init(c).producer_epoch == 2
     c.close()
 
@@ -585,15 +662,25 @@ def test_idle_ids_expire_with_a_tombstone(loop: FakeLoop, io: FakeIO) -> None:
     c.close()
 
 
-def test_an_expiry_pending_blocks_init(loop: FakeLoop) -> None:
+def test_an_expiry_pending_holds_init(loop: FakeLoop) -> None:
     io = FakeIO()
     c = make(loop, io, id_expiration_ms=0)
-    init(c)
+    r = init(c)
     io.auto = False
     c.expire_ids()
-    assert init(c).code == C.CONCURRENT_TRANSACTIONS
+    c.init_producer_id("t", TIMEOUT_MS, got := Got())
+    assert got.got == [] and len(io.pending) == 1
     io.fail()
     assert state(c) == S.EMPTY, "a tombstone not written forgets nothing"
+    io.complete()  # the held init, run again: a bump of the id still there
+    assert got.one == InitResult(C.NONE, r.producer_id, 1)
+    c.expire_ids()
+    c.init_producer_id("t", TIMEOUT_MS, got := Got())
+    io.complete()  # the tombstone: the held init finds no id and makes one
+    assert got.got == [] and c.describe("t") == C.TRANSACTIONAL_ID_NOT_FOUND
+    io.complete()
+    assert isinstance(got.one, InitResult) and got.one.producer_epoch == 0
+    assert got.one.producer_id != r.producer_id
 
 
 # ----------------------------------------------------------------------------- Describe / List
@@ -693,7 +780,8 @@ class TxnCoordinatorMachine(RuleBasedStateMachine):
     a new one loads what was written (records acknowledged, and some not yet). Checked: the
     coordinator's state is what its records say; one transaction at a time per id; an id's
     (producer id, epoch) only grows; a fenced producer never succeeds; the markers of a
-    transaction go to exactly its partitions and groups."""
+    transaction go to exactly its partitions and groups; a request is held only while its id
+    completes, and once everything under way has landed every request is answered."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -709,6 +797,8 @@ class TxnCoordinatorMachine(RuleBasedStateMachine):
         self.open_markers: dict[str, MarkerRequest] = {}
         self.resend: dict[str, tuple[frozenset[object], bool]] = {}  # ending when a crash came
         self.decided: dict[tuple[str, int, int], bool] = {}  # EndTxn answered NONE: commit?
+        # requests not answered yet (held, or waiting for their record): what each would add
+        self.unanswered: dict[object, tuple[str, frozenset[object]]] = {}
 
     def fresh(self) -> TransactionCoordinator:
         c = TransactionCoordinator(
@@ -738,10 +828,20 @@ class TxnCoordinatorMachine(RuleBasedStateMachine):
             assert not request.commit or key in self.decided or key in self.commits_unanswered, (
                 "a commit not asked"
             )
-            self.acked[txn_id], self.tried[txn_id] = set(), set()
+            self.acked[txn_id], self.tried[txn_id] = set(), self.still_asked(txn_id)
             self.commits_unanswered.discard(key)
             if key in self.decided:
                 assert self.decided.pop(key) == request.commit
+
+    def still_asked(self, txn_id: str) -> set[object]:
+        """What requests not answered yet may still add to the id's next transaction (a held
+        request runs against the state after the one ending now)."""
+        return {x for i, asked in self.unanswered.values() if i == txn_id for x in asked}
+
+    def asking(self, txn_id: str, asked: frozenset[object]) -> object:
+        token = object()
+        self.unanswered[token] = (txn_id, asked)
+        return token
 
     def pair(self, data: st.DataObject, txn_id: str) -> tuple[int, int]:
         handed = self.handed[txn_id]
@@ -763,8 +863,10 @@ class TxnCoordinatorMachine(RuleBasedStateMachine):
     @rule(txn_id=st.sampled_from(IDS), data=st.data())
     def init(self, txn_id: str, data: st.DataObject) -> None:
         expected = self.pair(data, txn_id) if data.draw(st.booleans()) else None
+        token = self.asking(txn_id, frozenset())
 
         def answered(r: InitResult) -> None:
+            del self.unanswered[token]
             if r.code != C.NONE:
                 return
             if expected is not None and r.producer_id == expected[0]:
@@ -772,7 +874,7 @@ class TxnCoordinatorMachine(RuleBasedStateMachine):
             else:
                 self.fenced.update((txn_id, *p) for p in self.handed[txn_id])
             self.handed[txn_id].append((r.producer_id, r.producer_epoch))
-            self.acked[txn_id], self.tried[txn_id] = set(), set()
+            self.acked[txn_id], self.tried[txn_id] = set(), self.still_asked(txn_id)
 
         self.coord.init_producer_id(txn_id, 20_000, answered, expected=expected)
         self.maybe_land(data)
@@ -785,8 +887,10 @@ class TxnCoordinatorMachine(RuleBasedStateMachine):
     def add_partitions(self, txn_id: str, data: st.DataObject, parts: set[tuple[int, int]]) -> None:
         pair = self.pair(data, txn_id)
         self.tried[txn_id] |= parts
+        token = self.asking(txn_id, frozenset(parts))
 
         def answered(code: TxnCode) -> None:
+            del self.unanswered[token]
             if code == C.NONE:
                 self.check_success(txn_id, pair)
                 assert txn_id not in self.open_markers, "a new transaction while the last one ends"
@@ -799,8 +903,10 @@ class TxnCoordinatorMachine(RuleBasedStateMachine):
     def add_offsets(self, txn_id: str, data: st.DataObject, group: str) -> None:
         pair = self.pair(data, txn_id)
         self.tried[txn_id].add(group)
+        token = self.asking(txn_id, frozenset({group}))
 
         def answered(code: TxnCode) -> None:
+            del self.unanswered[token]
             if code == C.NONE:
                 self.check_success(txn_id, pair)
                 self.acked[txn_id].add(group)
@@ -845,6 +951,7 @@ class TxnCoordinatorMachine(RuleBasedStateMachine):
                 self.durable(self.io.pending.pop(data.draw(st.integers(0, len(self.io.pending) - 1))))
             else:
                 self.markers_written(data)
+        assert not self.unanswered, "a request still held with nothing under way"
 
     def durable(self, a: Append) -> None:
         txn_id = decode_key(a.key)
@@ -906,7 +1013,8 @@ class TxnCoordinatorMachine(RuleBasedStateMachine):
         self.io.pending.clear()
         self.io.markers.clear()
         self.open_markers.clear()
-        self.coord.close()
+        self.coord.close()  # answers the held requests (NOT_COORDINATOR)
+        self.unanswered.clear()  # the rest waited for appends lost in the crash: never answered
         self.coord = self.fresh()
         self.note_markers()
 
@@ -928,6 +1036,13 @@ class TxnCoordinatorMachine(RuleBasedStateMachine):
                 now = (r.producer_id, r.producer_epoch)
                 assert now >= last.get(txn_id, (-1, -1)), (txn_id, last, now)
                 last[txn_id] = now
+
+    @invariant()
+    def held_only_while_completing(self) -> None:
+        for txn_id in IDS:
+            md = self.coord.metadata(txn_id)
+            if md is not None and md.held:
+                assert md.pending is not None or md.state in (S.PREPARE_COMMIT, S.PREPARE_ABORT), md
 
     @invariant()
     def one_transaction_per_id(self) -> None:
