@@ -28,11 +28,27 @@ Violations (`Violation.kind`):
 - no-in-sync-replica: acknowledged records of a partition that ends with no in-sync replica.
 - reordered: two records one producer sent to a partition (`Ack.seq` given) were acknowledged at
   offsets in the other order (an idempotent producer keeps its order per partition).
+
+Transactions (`check_transactions`, one transactional producer's history read `read_committed`;
+Kafka's guarantees of KIP-98 as its clients see them) add:
+- aborted-visible: a record of a transaction the client aborted, or never asked to commit, was read.
+- lost: a committed transaction of which no record was read.
+- partial: a transaction of which some records but not all were read (committed, or one whose
+  commit raised, so the client does not know: that one must be all or nothing).
+- duplicated: a record read at more than one offset.
+- foreign: a record read that no transaction of the history wrote.
+- reordered: in a partition, a record of a later transaction (or later in its own) read at a
+  smaller offset than one of an earlier (one producer's transactions follow each other).
+- unstable: once quiet, a partition's last stable offset is not its high watermark (a
+  transaction left open, or a marker never written, holds read_committed readers back).
+- markers-divergent: below the high watermark a replica's transaction markers differ from the
+  in-sync replicas' (read with `read_replica(..., markers=True)`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import json
 import os
@@ -44,7 +60,14 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from broker.storage import layout
-from ringlog_proto.batch import CONTROL_BIT, BatchError, decode_records, invalid_stored_batch, iter_batches
+from ringlog_proto.batch import (
+    CONTROL_BIT,
+    BatchError,
+    control_of,
+    decode_records,
+    invalid_stored_batch,
+    iter_batches,
+)
 
 Payload = bytes | None  # a record's value (None: a tombstone)
 Key = tuple[str | int, int]  # (topic, partition)
@@ -243,6 +266,98 @@ def _check_partition(key: Key, part: _Partition, hw: int | None) -> list[Violati
     return out
 
 
+COMMITTED: Final = "committed"
+ABORTED: Final = "aborted"  # aborted by the client, or never asked to commit
+UNKNOWN: Final = "unknown"  # the commit was asked and raised: the client cannot tell
+
+
+@dataclass(frozen=True)
+class Txn:
+    """One transaction a transactional producer began: its records (partition, payload) in the
+    order sent, and its outcome as the client knows it (COMMITTED, ABORTED or UNKNOWN)."""
+
+    number: int
+    records: tuple[tuple[int, Payload], ...]
+    outcome: str
+
+
+def check_transactions(
+    topic: str | int,
+    txns: Iterable[Txn],
+    reads: Iterable[Read],
+    replicas: Iterable[Replica] = (),
+    markers: Iterable[Replica] = (),
+    high_watermarks: Mapping[int, int] | None = None,
+    stable_offsets: Mapping[int, int] | None = None,
+) -> list[Violation]:
+    """Every violation (module rules) of one transactional producer's history on `topic`: `reads`
+    are what read_committed consumers were handed; `replicas` and `markers` the final logs
+    (records, and markers as `read_replica(..., markers=True)` gives them), judged as `check`
+    judges them; `high_watermarks` and `stable_offsets` per partition once quiet."""
+    txns = list(txns)
+    reads = [r for r in reads if r.topic == topic]
+    out: list[Violation] = []
+
+    def add(kind: str, partition: int, offset: int, detail: str) -> None:
+        out.append(Violation(kind, topic, partition, offset, detail))
+
+    written: dict[Payload, tuple[Txn, int]] = {}
+    for t in txns:
+        for i, (_, payload) in enumerate(t.records):
+            written[payload] = (t, i)
+    offsets: dict[tuple[int, Payload], set[int]] = defaultdict(set)
+    for r in reads:
+        offsets[(r.partition, r.payload)].add(r.offset)
+    for (partition, payload), where in sorted(offsets.items(), key=lambda kv: (kv[0][0], min(kv[1]))):
+        if len(where) > 1:
+            add("duplicated", partition, min(where), f"{_short(payload)} read at offsets {sorted(where)}")
+        if payload not in written:
+            add("foreign", partition, min(where), f"{_short(payload)} written by no transaction")
+    for t in txns:
+        seen = [(p, v) for p, v in t.records if (p, v) in offsets]
+        if not seen:
+            if t.outcome == COMMITTED and t.records:
+                p, v = t.records[0]
+                add("lost", p, -1, f"committed transaction {t.number}: none of {len(t.records)} read")
+            continue
+        p, v = seen[0]
+        at = min(offsets[(p, v)])
+        if t.outcome == ABORTED:
+            add("aborted-visible", p, at, f"transaction {t.number}: {len(seen)} read, e.g. {_short(v)}")
+        elif len(seen) < len(t.records):
+            missing = next(r for r in t.records if r not in offsets)
+            add(
+                "partial",
+                p,
+                at,
+                f"{t.outcome} transaction {t.number}: {len(seen)} of {len(t.records)} read "
+                f"({_short(missing[1])} never)",
+            )
+    by_partition: dict[int, dict[int, Payload]] = defaultdict(dict)
+    for r in reads:
+        by_partition[r.partition][r.offset] = r.payload
+    for partition, log in sorted(by_partition.items()):
+        order = [(o, written[v][0].number, written[v][1], v) for o, v in sorted(log.items()) if v in written]
+        for before, after in itertools.pairwise(order):
+            if after[1:3] < before[1:3]:
+                add(
+                    "reordered",
+                    partition,
+                    after[0],
+                    f"{_short(after[3])} (transaction {after[1]}) after {_short(before[3])} "
+                    f"(transaction {before[1]}) at {before[0]}",
+                )
+    for partition, hw in sorted((high_watermarks or {}).items()):
+        lso = (stable_offsets or {}).get(partition)
+        if stable_offsets is not None and lso != hw:
+            at = -1 if lso is None else lso
+            add("unstable", partition, at, f"last stable offset {lso}, high watermark {hw}")
+    hws = None if high_watermarks is None else {(topic, p): hw for p, hw in high_watermarks.items()}
+    out += check([], reads, replicas, hws)
+    out += [dataclasses.replace(v, kind=f"markers-{v.kind}") for v in check([], [], markers, hws)]
+    return sorted(out, key=lambda v: (str(v.topic), v.partition, v.offset, v.kind, str(v.node)))
+
+
 def report(violations: Sequence[Violation], limit: int = 20) -> str:
     """A readable summary: counts by kind, then the first `limit` violations."""
     if not violations:
@@ -258,11 +373,12 @@ def report(violations: Sequence[Violation], limit: int = 20) -> str:
 # ----------------------------------------------------------------------------- replicas on disk
 
 
-def read_partition(directory: str) -> list[tuple[int, Payload]]:
+def read_partition(directory: str, markers: bool = False) -> list[tuple[int, Payload]]:
     """(offset, payload) of every record in a partition directory, segment by segment, read
     without opening the log: nothing is repaired or truncated. Reading stops where the broker's
     recovery would cut (the first batch that is partial, fails its crc or does not frame); control
-    batches (transaction markers) carry no payload and are skipped."""
+    batches (transaction markers) carry no payload and are skipped. `markers`: the control batches
+    alone instead, each as (offset, b"commit <producer id>" or b"abort <producer id>")."""
     out: list[tuple[int, Payload]] = []
     bases = []
     with contextlib.suppress(FileNotFoundError):
@@ -279,7 +395,11 @@ def read_partition(directory: str) -> list[tuple[int, Payload]]:
                 if invalid_stored_batch(data, pos) is not None:
                     return out
                 end = pos + h.size
-                if h.attributes & CONTROL_BIT:
+                if bool(h.attributes & CONTROL_BIT) != markers:
+                    continue
+                if markers:
+                    kind = "commit" if control_of(data, pos).commit else "abort"
+                    out.append((h.base_offset, f"{kind} {h.producer_id}".encode()))
                     continue
                 out.extend((r.offset, r.value) for r in decode_records(data, pos))
         except BatchError:
@@ -305,13 +425,15 @@ def read_replica(
     partition: int,
     node: str | int,
     in_sync: bool = True,
+    markers: bool = False,
 ) -> Replica:
     """Node `node`'s replica of topic/partition (a topic name, resolved through the data dir's
     registry, or a topic id), read offline from its data dir. A partition the node never had
-    reads as empty."""
+    reads as empty. `markers`: its transaction markers instead of its records (`read_partition`)."""
     data_dir = os.fspath(data_dir)
     topic_id = topic if isinstance(topic, int) else topic_ids(data_dir).get(topic)
-    records = [] if topic_id is None else read_partition(layout.partition_dir(data_dir, topic_id, partition))
+    where = None if topic_id is None else layout.partition_dir(data_dir, topic_id, partition)
+    records = [] if where is None else read_partition(where, markers)
     return Replica(node, topic, partition, tuple(records), in_sync)
 
 

@@ -55,6 +55,9 @@ KAFKA_SEND_EVERY_S: Final = 0.004
 MAX_OUTSTANDING: Final = 3000
 SETTLE_S: Final = 60.0  # every ISR whole and every replica caught up after the last fault
 CLUSTER_NAME: Final = "nemesis"
+# few transaction coordinator partitions: made at once by the first transactional client, and
+# each node leads about one, so a fault on a node takes a coordinator with it
+TXN_STATE_PARTITIONS: Final = 3
 # a paused or cut-off node accepts connections (the kernel does) and answers nothing: the clients
 # give up on a request after this and ask another node (their default, 30 s, outlasts any fault)
 REQUEST_TIMEOUT_MS: Final = 3000
@@ -72,6 +75,7 @@ def cluster_args(lab: ClusterLab, index: int) -> list[str]:
         "--node-id", str(node_id(index)), "--etcd", lab.etcd_endpoints, "--join", peers,
         "--cluster-name", CLUSTER_NAME, "--min-insync-replicas", "2",
         "--default-replication-factor", "3", "--replica-lag-time-max-ms", "10000",
+        "--transaction-state-partitions", str(TXN_STATE_PARTITIONS),
     ]  # fmt: skip
 
 

@@ -14,12 +14,17 @@ from broker.storage.fileio import run_ops
 from broker.storage.log import Log
 from labkit.brokerproc import BrokerProcess, Wire
 from labkit.clusterchecker import (
+    ABORTED,
+    COMMITTED,
+    UNKNOWN,
     Ack,
     Attempt,
     Read,
     Replica,
     Timeline,
+    Txn,
     check,
+    check_transactions,
     failover_time,
     read_partition,
     read_replica,
@@ -196,3 +201,82 @@ def test_read_partition_skips_markers_and_reads_past_them(tmp_path: Path) -> Non
     log_.append(encode_batch([Record(b"a3")]))
     log_.close()
     assert read_partition(str(part)) == [(0, b"a0"), (1, b"t1"), (3, b"a3")]
+    assert read_partition(str(part), markers=True) == [(2, b"commit 5")]
+
+
+# ----------------------------------------------------------------------------- transactions
+
+
+def txn(number: int, outcome: str, *records: tuple[int, bytes]) -> Txn:
+    return Txn(number, tuple(records), outcome)
+
+
+# two transactions over two partitions, the second aborted, and a third whose commit raised
+HISTORY = [
+    txn(0, COMMITTED, (0, b"t0-0"), (1, b"t0-1")),
+    txn(1, ABORTED, (0, b"t1-0"), (1, b"t1-1")),
+    txn(2, UNKNOWN, (0, b"t2-0"), (1, b"t2-1")),
+    txn(3, COMMITTED, (0, b"t3-0"), (1, b"t3-1")),
+]
+# as written: data t0 at 0, t1 at 1, marker 2, t2 at 3, marker 4, t3 at 5, marker 6 (per partition)
+CLEAN = [Read(T, p, o, f"t{n}-{p}".encode(), "rc") for p in (0, 1) for n, o in ((0, 0), (2, 3), (3, 5))]
+
+
+def tkinds(violations) -> list[tuple[str, int, int]]:
+    return sorted((v.kind, v.partition, v.offset) for v in violations)
+
+
+def test_a_whole_transactional_history_passes() -> None:
+    # each read twice (a consumer restarted from the start reads its offsets again): no duplicate
+    assert check_transactions(T, HISTORY, CLEAN + CLEAN, stable_offsets={0: 7}, high_watermarks={0: 7}) == []
+    # a transaction whose outcome the client does not know may also be wholly invisible
+    without_t2 = [r for r in CLEAN if not r.payload.startswith(b"t2")]
+    assert check_transactions(T, HISTORY, without_t2) == []
+
+
+def test_an_aborted_transaction_visible_is_rejected() -> None:
+    found = check_transactions(T, HISTORY, [*CLEAN, Read(T, 1, 1, b"t1-1")])
+    assert tkinds(found) == [("aborted-visible", 1, 1)]
+
+
+def test_a_committed_transaction_partly_visible_is_rejected() -> None:
+    found = check_transactions(T, HISTORY, [r for r in CLEAN if r.payload != b"t3-1"])
+    assert tkinds(found) == [("partial", 0, 5)]
+    assert tkinds(check_transactions(T, HISTORY, [r for r in CLEAN if not r.payload.startswith(b"t0")])) == [
+        ("lost", 0, -1)
+    ]
+
+
+def test_an_unknown_outcome_must_be_all_or_nothing() -> None:
+    found = check_transactions(T, HISTORY, [r for r in CLEAN if r.payload != b"t2-0"])
+    assert tkinds(found) == [("partial", 1, 3)]
+
+
+def test_a_duplicate_and_a_foreign_record_are_rejected() -> None:
+    found = check_transactions(T, HISTORY, [*CLEAN, Read(T, 0, 7, b"t3-0"), Read(T, 0, 8, b"zz")])
+    assert tkinds(found) == [("duplicated", 0, 5), ("foreign", 0, 8)]
+
+
+def test_transactions_out_of_order_in_a_partition_are_rejected() -> None:
+    swapped = [
+        Read(T, 0, 0, b"t3-0"),
+        Read(T, 0, 3, b"t2-0"),
+        Read(T, 0, 5, b"t0-0"),
+        *(r for r in CLEAN if r.partition == 1),
+    ]
+    found = check_transactions(T, HISTORY, swapped)
+    assert tkinds(found) == [("reordered", 0, 3), ("reordered", 0, 5)]
+
+
+def test_a_stable_offset_behind_and_replicas_disagreeing_on_markers_are_rejected() -> None:
+    records = tuple((r.offset, r.payload) for r in CLEAN if r.partition == 0)
+    reps = [Replica(n, T, 0, records) for n in (1, 2)]
+    marks = [
+        Replica(1, T, 0, ((2, b"abort 7"), (4, b"commit 7"), (6, b"commit 7"))),
+        Replica(2, T, 0, ((2, b"commit 7"), (4, b"commit 7"), (6, b"commit 7"))),
+    ]
+    found = check_transactions(T, HISTORY, CLEAN, reps, marks, {0: 7}, {0: 4})
+    assert tkinds(found) == [("markers-divergent", 0, 2), ("unstable", 0, 4)]
+    # a read the final log contradicts (the record judge of `check`, over the same replicas)
+    found = check_transactions(T, HISTORY, [*CLEAN, Read(T, 0, 2, b"t1-0")], reps)
+    assert ("read-changed", 0, 2) in tkinds(found) and ("aborted-visible", 0, 2) in tkinds(found)

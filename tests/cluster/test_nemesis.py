@@ -24,18 +24,21 @@ from __future__ import annotations
 
 import itertools
 import os
+import signal
 import socket
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 
+import confluent_kafka
 import pytest
 
 from broker.client.admin import Admin
 from labkit.clusterchecker import report, spread
 from labkit.clusterlab import BROKER_PORT, ClusterLab, lab_unavailable, wait_until
 from labkit.nemesisload import (
+    TXN_STATE_PARTITIONS,
     Workload,
     create_topic,
     describe,
@@ -45,8 +48,10 @@ from labkit.nemesisload import (
     wait_new_leader,
     wait_whole,
 )
+from labkit.txnload import TxnWorkload
 from ringlog_proto import messages as m
 from ringlog_proto.frames import NEED_DATA, FrameDecoder
+from ringlog_proto.routing import txn_partition
 
 REASON = lab_unavailable()
 # One scenario on one lab: its faults run in the order written here, whatever order pytest-randomly
@@ -329,6 +334,82 @@ def test_rolling_restart(lab: ClusterLab) -> None:
         [gap],
         f"; longest ack gap {gap:.2f} s; started to whole ISR {spread(rejoins)}",
     )
+
+
+def coordinator_of(lab: ClusterLab, txn_id: str) -> int:
+    """The lab index of the node leading `txn_id`'s __transaction_state partition."""
+    p = txn_partition(txn_id, TXN_STATE_PARTITIONS)
+    return describe(lab, "__transaction_state").partitions[p].leader_node - 1
+
+
+def kill_worker(lab: ClusterLab, i: int) -> None:
+    """kill -9 of node i's worker alone (one core in the lab): its supervisor stays in the
+    cluster and starts the worker again at once (docs/LIMITS.md, worker restart back-off)."""
+    proc = lab.nodes[i].proc
+    assert proc is not None
+    workers = [pid for pid in proc.group_pids() if pid != proc.pid]
+    assert workers, f"node {i} has no worker"
+    lab._event(f"kill worker of node {i}")
+    for pid in workers:
+        os.kill(pid, signal.SIGKILL)
+
+
+def test_transactions_under_faults(lab: ClusterLab) -> None:
+    """A transactional producer (confluent-kafka: transactions of 6 records over the 3 partitions,
+    every 4th aborted on purpose) and a read_committed consumer (labkit/txnload.py) while, each
+    mid-transaction: the worker of the coordinator's core is killed -9 (its supervisor restarts
+    it), the coordinator's whole node is killed -9 then restarted, a data partition's leader
+    (another node) is killed -9 then restarted, and the coordinator's node is cut off from the
+    network then healed. `check_transactions` then finds every committed transaction read whole
+    and once, nothing aborted or unfinished visible, a commit of unknown outcome all or nothing,
+    each partition in transaction order, the last stable offsets at the high watermarks and the
+    replicas agreeing on records and markers."""
+    name = topic(lab)
+    txn_id = f"nemesis-txn-{name}"
+    faults: list[str] = []
+    with TxnWorkload(lab, name, txn_id, tag=name) as w:
+        w.wait_committed(5)
+
+        def strike(what: str, fault: Callable[[int], None], victim: int) -> None:
+            w.wait_mid()
+            fault(victim)
+            faults.append(f"{what} {victim}")
+
+        def recover() -> None:
+            wait_whole(lab, name)
+            wait_whole(lab, "__transaction_state")
+            w.wait_committed(3)
+
+        strike("kill worker", lambda i: kill_worker(lab, i), coordinator_of(lab, txn_id))
+        recover()
+        victim = coordinator_of(lab, txn_id)
+        strike("kill node", lab.kill, victim)
+        w.wait_committed(2)  # the next coordinator took the id over
+        lab.restart(victim)
+        recover()
+        coordinator = coordinator_of(lab, txn_id)
+        victim = next(i for i in range(3) if i != coordinator and led_by(lab, name, i))
+        strike("kill data leader", lab.kill, victim)
+        w.wait_committed(2)
+        lab.restart(victim)
+        recover()
+        victim = coordinator_of(lab, txn_id)
+        strike("isolate", lab.isolate, victim)
+        try:
+            w.wait_committed(2)
+        finally:
+            lab.heal(victim)
+        recover()
+        verdict = w.verdict()
+    kinds = Counter(v.kind for v in verdict.violations)
+    print(
+        f"\nNEMESIS transactions ({', '.join(faults)}): {verdict.outcomes}, {verdict.reads} read, "
+        f"{len(verdict.violations)} violations {dict(kinds)}; producers made again {verdict.restarts}; "
+        f"errors handled {len(w.errors)} (first: {w.errors[:3]})"
+    )
+    assert verdict.violations == [], report(verdict.violations)
+    assert verdict.outcomes["committed"] >= 10, verdict.outcomes
+    assert not [e for e in w.failures if not isinstance(e, confluent_kafka.KafkaException)], w.failures[:3]
 
 
 def test_kill_the_etcd_leader(cluster_lab) -> None:
