@@ -310,6 +310,8 @@ class TxnWorkload:
 
         with contextlib.suppress(TimeoutError):  # judged anyway: the checker names what is wrong
             wait_until(quiet, SETTLE_S, f"{topic}: quiet, stable offsets at the high watermarks", step=0.5)
+        if not hws or not replicas:
+            raise TimeoutError(f"{topic}: never described and listed whole, nothing to judge")
         final = self._read_to(lsos or hws)
         self._stop_reading.set()
         self._threads[1].join(TXN_TIMEOUT_S)

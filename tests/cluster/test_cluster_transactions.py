@@ -17,6 +17,7 @@ import pytest
 
 from labkit.brokerproc import wait_for
 from labkit.clusterchecker import topic_ids
+from ringlog_proto.routing import coordinator_node as group_node
 from ringlog_proto.routing import txn_partition
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
@@ -64,6 +65,11 @@ def coordinator_node(cluster: Cluster, txn_id: str) -> int:
     tid = wait_for(lambda: topic_ids(str(cluster.nodes[node].data_dir)).get("__transaction_state"))
     state = cluster.states(node, tid)[txn_partition(txn_id, STATE_PARTITIONS)]
     return int(state["leader"])
+
+
+def coordinator_for_group(group: str) -> int:
+    """The node coordinating `group` while all three are live."""
+    return group_node(group, (1, 2, 3))
 
 
 def producer(cluster: Cluster, txn_id: str) -> confluent_kafka.Producer:
@@ -177,3 +183,97 @@ def test_data_leader_killed_mid_transaction(cluster: Cluster) -> None:
     took = time.monotonic() - killed
     assert read_committed(cluster, "txd", 9) == by_partition(before + records + after)
     print(f"\ndata leader node {victim} killed mid-transaction: commit and the next txn in {took:.2f} s")
+
+
+def test_consume_transform_produce_with_the_group_on_another_node(cluster: Cluster) -> None:
+    """KIP-447's loop (read_committed input, transactional output, the group's offsets sent to the
+    transaction) with the group coordinated on another node than the transaction: the commit's
+    group marker crosses nodes and makes the pending offsets (kept in etcd) the group's; an aborted
+    round leaves neither output nor offsets, and the loop takes it again from the committed ones."""
+    data_topic(cluster, "ctp-in")
+    data_topic(cluster, "ctp-out")
+    txn(producer(cluster, "ctp-feed"), "ctp-in", "in0")
+    txn(producer(cluster, "ctp-feed"), "ctp-in", "in1")
+    txn_id = "ctp-id"
+    p = producer(cluster, txn_id)
+    here = coordinator_node(cluster, txn_id)
+    group = next(g for g in (f"ctp-g{k}" for k in range(100)) if coordinator_for_group(g) != here)
+    c = confluent_kafka.Consumer(
+        {
+            "bootstrap.servers": cluster.bootstrap,
+            "group.id": group,
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "isolation.level": "read_committed",
+        }
+    )
+    c.subscribe(["ctp-in"])
+    out: list[tuple[int, bytes]] = []
+    sent: dict[int, int] = {}
+    rounds = 0
+    try:
+        while len(out) < 6:
+            assert rounds < 10, out
+            batch = [msg for msg in c.consume(3, 5) if not msg.error()]
+            if not batch:
+                continue
+            rounds += 1
+            p.begin_transaction()
+            for msg in batch:
+                p.produce("ctp-out", msg.value().upper(), partition=msg.partition())
+            positions = c.position(c.assignment())
+            p.send_offsets_to_transaction(positions, c.consumer_group_metadata(), TIMEOUT_S)
+            if rounds == 1:  # the first round aborted: its input is taken again
+                assert p.flush(TIMEOUT_S) == 0
+                p.abort_transaction(TIMEOUT_S)
+                committed = c.committed(c.assignment(), TIMEOUT_S)
+                for tp in committed:
+                    c.seek(
+                        confluent_kafka.TopicPartition(
+                            tp.topic,
+                            tp.partition,
+                            tp.offset if tp.offset >= 0 else confluent_kafka.OFFSET_BEGINNING,
+                        )
+                    )
+                continue
+            p.commit_transaction(TIMEOUT_S)
+            sent.update({tp.partition: tp.offset for tp in positions if tp.offset >= 0})
+            out += [(msg.partition(), msg.value().upper()) for msg in batch]
+        committed = {tp.partition: tp.offset for tp in c.committed(c.assignment(), TIMEOUT_S)}
+        admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+        described = admin.describe_consumer_groups([group])[group].result(TIMEOUT_S)
+        assert described.coordinator.id != here, (described.coordinator, here)
+    finally:
+        c.close()
+    # the positions the last committed round sent: past in1 (at 2; librdkafka's position may also
+    # be past the marker after it, at 3, when the fetch brought the marker)
+    assert committed == sent and all(o in (3, 4) for o in committed.values()), (committed, sent)
+    got = read_committed(cluster, "ctp-out", 6)
+    assert sorted(v for vs in got.values() for v in vs) == sorted(v for _, v in out)
+    assert sorted(v for _, v in out) == sorted(f"IN{t}-{i}".encode() for t in (0, 1) for i in range(3))
+
+
+def test_no_coordinator_while_too_few_nodes_live(cluster: Cluster) -> None:
+    """With one node of three live, a transaction coordinator cannot keep its state (min.insync.replicas
+    2 on __transaction_state, or the topic not made at all): a producer's init waits (librdkafka
+    retries COORDINATOR_NOT_AVAILABLE and NOT_ENOUGH_REPLICAS) and times out retriably, and
+    succeeds once the nodes are back."""
+    data_topic(cluster, "txq")
+    for i in (2, 3):
+        cluster.nodes[i].kill()
+    wait_for(lambda: sorted(cluster.view(1)["live"]) == [1], timeout=TIMEOUT_S)
+    p = confluent_kafka.Producer(
+        {"bootstrap.servers": cluster.nodes[1].bootstrap, "transactional.id": "txq-id", "linger.ms": 1}
+    )
+    with pytest.raises(confluent_kafka.KafkaException) as raised:
+        p.init_transactions(3)
+    err = raised.value.args[0]
+    assert err.retriable() and not err.fatal(), err
+    for i in (2, 3):
+        cluster.nodes[i].start()
+    p.init_transactions(TIMEOUT_S)  # librdkafka lets a timed-out init be called again
+    p.begin_transaction()
+    for i in range(3):
+        p.produce("txq", b"back", partition=i)
+    p.commit_transaction(TIMEOUT_S)
+    assert read_committed(cluster, "txq", 3) == {i: [b"back"] for i in range(3)}

@@ -352,6 +352,8 @@ def kill_worker(lab: ClusterLab, i: int) -> None:
     lab._event(f"kill worker of node {i}")
     for pid in workers:
         os.kill(pid, signal.SIGKILL)
+    restarted = lambda: [p for p in proc.group_pids() if p not in (proc.pid, *workers)]  # noqa: E731
+    wait_until(lambda: bool(restarted()), 10, f"node {i}'s supervisor to start its worker again")
 
 
 def test_transactions_under_faults(lab: ClusterLab) -> None:
@@ -388,7 +390,8 @@ def test_transactions_under_faults(lab: ClusterLab) -> None:
         lab.restart(victim)
         recover()
         coordinator = coordinator_of(lab, txn_id)
-        victim = next(i for i in range(3) if i != coordinator and led_by(lab, name, i))
+        leaders = [i for i in range(3) if led_by(lab, name, i)]
+        victim = next((i for i in leaders if i != coordinator), leaders[0])  # another, if any leads
         strike("kill data leader", lab.kill, victim)
         w.wait_committed(2)
         lab.restart(victim)
