@@ -79,7 +79,8 @@ class TxnWorkload:
         self.errors: list[str] = []  # every error the producer handled, for the summary
         self.restarts = 0  # producers made again after a fatal error or an unknown commit
         self.failures: list[BaseException] = []  # what stopped a thread
-        self.mid = threading.Event()  # set while a transaction has records sent, not yet ended
+        self.mid = threading.Event()  # set while a transaction is open, not yet ended
+        self.committing = threading.Event()  # set while a commit is asked, not yet answered
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._stop_reading = threading.Event()
@@ -153,6 +154,7 @@ class TxnWorkload:
                 p.abort_transaction(TXN_TIMEOUT_S)
             else:
                 state = UNKNOWN
+                self.committing.set()
                 while True:
                     try:
                         p.commit_transaction(TXN_TIMEOUT_S)
@@ -179,6 +181,7 @@ class TxnWorkload:
             return None
         finally:
             self.mid.clear()
+            self.committing.clear()
 
     def _record(self, n: int, records: tuple[tuple[int, bytes], ...], outcome: str) -> None:
         with self._lock:
@@ -192,9 +195,11 @@ class TxnWorkload:
         target = self.committed() + more
         wait_until(lambda: self.committed() >= target, timeout, f"{more} more committed transactions")
 
-    def wait_mid(self, timeout: float = 30.0) -> None:
-        """Wait until a transaction is open with records sent (the moment to strike)."""
-        wait_until(self.mid.is_set, timeout, "a transaction in flight", step=0.001)
+    def wait_mid(self, commit: bool = False, timeout: float = 30.0) -> None:
+        """Wait until a transaction is open (`commit`: its commit asked and not yet answered, so
+        the end itself is struck: markers to write, or the coordinator's answer lost)."""
+        event = self.committing if commit else self.mid
+        wait_until(event.is_set, timeout, "a transaction in flight", step=0.0005)
 
     # ----------------------------------------------------------------------------- consumer
 

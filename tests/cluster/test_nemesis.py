@@ -360,22 +360,22 @@ def test_transactions_under_faults(lab: ClusterLab) -> None:
     """A transactional producer (confluent-kafka: transactions of 6 records over the 3 partitions,
     every 4th aborted on purpose) and a read_committed consumer (labkit/txnload.py) while, each
     mid-transaction: the worker of the coordinator's core is killed -9 (its supervisor restarts
-    it), the coordinator's whole node is killed -9 then restarted, a data partition's leader
-    (another node) is killed -9 then restarted, and the coordinator's node is cut off from the
-    network then healed. `check_transactions` then finds every committed transaction read whole
-    and once, nothing aborted or unfinished visible, a commit of unknown outcome all or nothing,
-    each partition in transaction order, the last stable offsets at the high watermarks and the
-    replicas agreeing on records and markers."""
+    it), the coordinator's whole node is killed -9 then restarted (while a commit is asked), a data
+    partition's leader (another node) is killed -9 then restarted, and the coordinator's node is
+    cut off from the network (while a commit is asked) then healed. `check_transactions` then
+    finds every committed transaction read whole and once, nothing aborted or unfinished visible,
+    a commit of unknown outcome all or nothing, each partition in transaction order, the last
+    stable offsets at the high watermarks and the replicas agreeing on records and markers."""
     name = topic(lab)
     txn_id = f"nemesis-txn-{name}"
     faults: list[str] = []
     with TxnWorkload(lab, name, txn_id, tag=name) as w:
         w.wait_committed(5)
 
-        def strike(what: str, fault: Callable[[int], None], victim: int) -> None:
-            w.wait_mid()
+        def strike(what: str, fault: Callable[[int], None], victim: int, commit: bool = False) -> None:
+            w.wait_mid(commit)
             fault(victim)
-            faults.append(f"{what} {victim}")
+            faults.append(f"{what} {victim}" + (" at a commit" if commit else ""))
 
         def recover() -> None:
             wait_whole(lab, name)
@@ -385,7 +385,7 @@ def test_transactions_under_faults(lab: ClusterLab) -> None:
         strike("kill worker", lambda i: kill_worker(lab, i), coordinator_of(lab, txn_id))
         recover()
         victim = coordinator_of(lab, txn_id)
-        strike("kill node", lab.kill, victim)
+        strike("kill node", lab.kill, victim, commit=True)
         w.wait_committed(2)  # the next coordinator took the id over
         lab.restart(victim)
         recover()
@@ -397,7 +397,7 @@ def test_transactions_under_faults(lab: ClusterLab) -> None:
         lab.restart(victim)
         recover()
         victim = coordinator_of(lab, txn_id)
-        strike("isolate", lab.isolate, victim)
+        strike("isolate", lab.isolate, victim, commit=True)
         try:
             w.wait_committed(2)
         finally:
