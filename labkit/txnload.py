@@ -259,26 +259,21 @@ class TxnWorkload:
         return out[0], out[1]
 
     def _read_to(self, ends: dict[int, int]) -> list[Read]:
-        """A last read_committed pass from the earliest offset to `ends` (the stable offsets)."""
+        """A last read_committed pass from the earliest offset to `ends` (the stable offsets): done
+        when nothing more comes and every partition's position is at least its end less one (its
+        last offset is a marker, which librdkafka's position passes or not as its fetch fell)."""
         got: list[Read] = []
         c = self._consumer()
+        asked = [TopicPartition(self.topic, p) for p in ends]
         try:
             deadline = time.monotonic() + TXN_TIMEOUT_S
-            position = dict.fromkeys(range(self.partitions), 0)
-            while any(position[p] < ends[p] - 1 for p in ends) and time.monotonic() < deadline:
-                # the last offset of a partition is its last marker: the data before it is read
+            while time.monotonic() < deadline:
                 msg = c.poll(0.2)
                 if msg is None:
-                    if all(
-                        (tp.offset if tp.offset >= 0 else 0) >= ends[tp.partition]
-                        for tp in c.position([confluent_kafka.TopicPartition(self.topic, p) for p in ends])
-                    ):
+                    if all(max(tp.offset, 0) >= ends[tp.partition] - 1 for tp in c.position(asked)):
                         break
-                    continue
-                if msg.error():
-                    continue
-                position[msg.partition()] = msg.offset()
-                got.append(Read(self.topic, msg.partition(), msg.offset(), msg.value(), "final"))
+                elif not msg.error():
+                    got.append(Read(self.topic, msg.partition(), msg.offset(), msg.value(), "final"))
         finally:
             c.close()
         return got

@@ -76,7 +76,11 @@ FAILOVER_MAX_S = 10.0  # a bound that catches a stuck failover, not the goal (3 
 # move leaderships first (8-10 s before), not the goal (~0.1 s, docs/CLUSTER.md); a loaded 2-CPU
 # machine running the suite's other worker beside it gave 1.3 s once.
 STOP_GAP_MAX_S = 2.0
-STOP_WATCH_S = 2.0  # the gap is measured from the SIGTERM to this long after the node exited
+STOP_WATCH_S = 2.0
+# rounds of the four transaction faults: 1 in the suite (~30 s), more to hunt (NEMESIS_TXN_ROUNDS)
+TXN_ROUNDS = int(
+    os.environ.get("NEMESIS_TXN_ROUNDS", "1")
+)  # the gap is measured from the SIGTERM to this long after the node exited
 _topics = itertools.count()
 
 
@@ -382,33 +386,36 @@ def test_transactions_under_faults(lab: ClusterLab) -> None:
             wait_whole(lab, "__transaction_state")
             w.wait_committed(3)
 
-        strike("kill worker", lambda i: kill_worker(lab, i), coordinator_of(lab, txn_id))
-        recover()
-        victim = coordinator_of(lab, txn_id)
-        strike("kill node", lab.kill, victim, commit=True)
-        w.wait_committed(2)  # the next coordinator took the id over
-        lab.restart(victim)
-        recover()
-        coordinator = coordinator_of(lab, txn_id)
-        leaders = [i for i in range(3) if led_by(lab, name, i)]
-        victim = next((i for i in leaders if i != coordinator), leaders[0])  # another, if any leads
-        strike("kill data leader", lab.kill, victim)
-        w.wait_committed(2)
-        lab.restart(victim)
-        recover()
-        victim = coordinator_of(lab, txn_id)
-        strike("isolate", lab.isolate, victim, commit=True)
-        try:
+        for rnd in range(TXN_ROUNDS):
+            strike("kill worker", lambda i: kill_worker(lab, i), coordinator_of(lab, txn_id), rnd % 2 == 1)
+            recover()
+            victim = coordinator_of(lab, txn_id)
+            strike("kill node", lab.kill, victim, commit=True)
+            w.wait_committed(2)  # the next coordinator took the id over
+            lab.restart(victim)
+            recover()
+            coordinator = coordinator_of(lab, txn_id)
+            leaders = [i for i in range(3) if led_by(lab, name, i)]
+            victim = next((i for i in leaders if i != coordinator), leaders[0])  # another, if any leads
+            strike("kill data leader", lab.kill, victim, commit=rnd % 2 == 1)
             w.wait_committed(2)
-        finally:
-            lab.heal(victim)
-        recover()
+            lab.restart(victim)
+            recover()
+            victim = coordinator_of(lab, txn_id)
+            strike("isolate", lab.isolate, victim, commit=True)
+            try:
+                w.wait_committed(2)
+            finally:
+                lab.heal(victim)
+            recover()
+        judged = time.monotonic()
         verdict = w.verdict()
+        judged = time.monotonic() - judged
     kinds = Counter(v.kind for v in verdict.violations)
     print(
         f"\nNEMESIS transactions ({', '.join(faults)}): {verdict.outcomes}, {verdict.reads} read, "
         f"{len(verdict.violations)} violations {dict(kinds)}; producers made again {verdict.restarts}; "
-        f"errors handled {len(w.errors)} (first: {w.errors[:3]})"
+        f"errors handled {len(w.errors)} (first: {w.errors[:3]}); quiet, read and judged in {judged:.1f} s"
     )
     assert verdict.violations == [], report(verdict.violations)
     assert verdict.outcomes["committed"] >= 10, verdict.outcomes
