@@ -192,8 +192,9 @@ def test_consume_transform_produce_with_the_group_on_another_node(cluster: Clust
     round leaves neither output nor offsets, and the loop takes it again from the committed ones."""
     data_topic(cluster, "ctp-in")
     data_topic(cluster, "ctp-out")
-    txn(producer(cluster, "ctp-feed"), "ctp-in", "in0")
-    txn(producer(cluster, "ctp-feed"), "ctp-in", "in1")
+    feed = producer(cluster, "ctp-feed")
+    txn(feed, "ctp-in", "in0")
+    txn(feed, "ctp-in", "in1")
     txn_id = "ctp-id"
     p = producer(cluster, txn_id)
     here = coordinator_node(cluster, txn_id)
