@@ -13,9 +13,11 @@ summary gives the produce gap on the partitions it led), SIGSTOP of a leader pas
 (then SIGCONT: it returns as a follower, truncates, rejoins), isolation of a leader from the
 network (then heal), etcd's only member killed for 5 s then started (leaders keep serving), a
 rolling restart (each node stopped gracefully and started again in turn), and kill -9 of etcd's
-raft leader (3 members) while producing. Each prints one summary line with its failover times
-(fault to the first acknowledged produce sent after it, on the partitions whose leader the fault
-took): run with `pytest -s` to see them.
+raft leader (3 members) while producing. And transactions (labkit/txnload.py, judged by
+`check_transactions`): the coordinator core's worker, the coordinator's node and a data leader
+killed -9 and the coordinator's node isolated, each mid-transaction. Each prints one summary
+line with its failover times (fault to the first acknowledged produce sent after it, on the
+partitions whose leader the fault took): run with `pytest -s` to see them.
 
 Root-required (CI is root); skipped, with the reason, otherwise.
 """
@@ -127,6 +129,93 @@ def finish(w: Workload, what: str, failovers: list[float], extra: str = "") -> N
         f"consumer failures {w.consumer_failures[:3]}"
     )
     assert not [e for e in w.errors if not isinstance(e, TimeoutError)], w.errors[:5]
+
+
+def coordinator_of(lab: ClusterLab, txn_id: str) -> int:
+    """The lab index of the node leading `txn_id`'s __transaction_state partition."""
+    p = txn_partition(txn_id, TXN_STATE_PARTITIONS)
+    return describe(lab, "__transaction_state").partitions[p].leader_node - 1
+
+
+def kill_worker(lab: ClusterLab, i: int) -> None:
+    """kill -9 of node i's worker alone (one core in the lab): its supervisor stays in the
+    cluster and starts the worker again at once (docs/LIMITS.md, worker restart back-off)."""
+    proc = lab.nodes[i].proc
+    assert proc is not None
+    workers = [pid for pid in proc.group_pids() if pid != proc.pid]
+    assert workers, f"node {i} has no worker"
+    lab._event(f"kill worker of node {i}")
+    for pid in workers:
+        os.kill(pid, signal.SIGKILL)
+    restarted = lambda: [p for p in proc.group_pids() if p not in (proc.pid, *workers)]  # noqa: E731
+    wait_until(lambda: bool(restarted()), 10, f"node {i}'s supervisor to start its worker again")
+
+
+# First on the lab: its faults restart a worker and nodes, which reopen every topic the earlier
+# tests filled (last in the file it took 62-67 s, against 25-31 s first)
+def test_transactions_under_faults(lab: ClusterLab) -> None:
+    """A transactional producer (confluent-kafka: transactions of 6 records over the 3 partitions,
+    every 4th aborted on purpose) and a read_committed consumer (labkit/txnload.py) while, each
+    mid-transaction: the worker of the coordinator's core is killed -9 (its supervisor restarts
+    it), the coordinator's whole node is killed -9 then restarted (while a commit is asked), a data
+    partition's leader (another node) is killed -9 then restarted, and the coordinator's node is
+    cut off from the network (while a commit is asked) then healed. `check_transactions` then
+    finds every committed transaction read whole and once, nothing aborted or unfinished visible,
+    a commit of unknown outcome all or nothing, each partition in transaction order, the last
+    stable offsets at the high watermarks and the replicas agreeing on records and markers."""
+    name = topic(lab)
+    txn_id = f"nemesis-txn-{name}"
+    faults: list[str] = []  # each with the seconds from the fault to whole and committing again
+    took: list[float] = []
+    with TxnWorkload(lab, name, txn_id, tag=name) as w:
+        w.wait_committed(5)
+
+        def strike(what: str, fault: Callable[[int], None], victim: int, commit: bool = False) -> None:
+            w.wait_mid(commit)
+            fault(victim)
+            faults.append(f"{what} {victim}" + (" at a commit" if commit else ""))
+            took.append(time.monotonic())
+
+        def recover() -> None:
+            wait_whole(lab, name)
+            wait_whole(lab, "__transaction_state")
+            w.wait_committed(3)
+            faults[-1] += f" {time.monotonic() - took[-1]:.1f} s"
+
+        for rnd in range(TXN_ROUNDS):
+            strike("kill worker", lambda i: kill_worker(lab, i), coordinator_of(lab, txn_id), rnd % 2 == 1)
+            recover()
+            victim = coordinator_of(lab, txn_id)
+            strike("kill node", lab.kill, victim, commit=True)
+            w.wait_committed(2)  # the next coordinator took the id over
+            lab.restart(victim)
+            recover()
+            coordinator = coordinator_of(lab, txn_id)
+            leaders = [i for i in range(3) if led_by(lab, name, i)]
+            victim = next((i for i in leaders if i != coordinator), leaders[0])  # another, if any leads
+            strike("kill data leader", lab.kill, victim, commit=rnd % 2 == 1)
+            w.wait_committed(2)
+            lab.restart(victim)
+            recover()
+            victim = coordinator_of(lab, txn_id)
+            strike("isolate", lab.isolate, victim, commit=True)
+            try:
+                w.wait_committed(2)
+            finally:
+                lab.heal(victim)
+            recover()
+        judged = time.monotonic()
+        verdict = w.verdict()
+        judged = time.monotonic() - judged
+    kinds = Counter(v.kind for v in verdict.violations)
+    print(
+        f"\nNEMESIS transactions ({', '.join(faults)}): {verdict.outcomes}, {verdict.reads} read, "
+        f"{len(verdict.violations)} violations {dict(kinds)}; producers made again {verdict.restarts}; "
+        f"errors handled {len(w.errors)} (first: {w.errors[:3]}); quiet, read and judged in {judged:.1f} s"
+    )
+    assert verdict.violations == [], report(verdict.violations)
+    assert verdict.outcomes["committed"] >= 10, verdict.outcomes
+    assert not [e for e in w.failures if not isinstance(e, confluent_kafka.KafkaException)], w.failures[:3]
 
 
 def test_kill_the_leader_and_restart_it(lab: ClusterLab) -> None:
@@ -338,88 +427,6 @@ def test_rolling_restart(lab: ClusterLab) -> None:
         [gap],
         f"; longest ack gap {gap:.2f} s; started to whole ISR {spread(rejoins)}",
     )
-
-
-def coordinator_of(lab: ClusterLab, txn_id: str) -> int:
-    """The lab index of the node leading `txn_id`'s __transaction_state partition."""
-    p = txn_partition(txn_id, TXN_STATE_PARTITIONS)
-    return describe(lab, "__transaction_state").partitions[p].leader_node - 1
-
-
-def kill_worker(lab: ClusterLab, i: int) -> None:
-    """kill -9 of node i's worker alone (one core in the lab): its supervisor stays in the
-    cluster and starts the worker again at once (docs/LIMITS.md, worker restart back-off)."""
-    proc = lab.nodes[i].proc
-    assert proc is not None
-    workers = [pid for pid in proc.group_pids() if pid != proc.pid]
-    assert workers, f"node {i} has no worker"
-    lab._event(f"kill worker of node {i}")
-    for pid in workers:
-        os.kill(pid, signal.SIGKILL)
-    restarted = lambda: [p for p in proc.group_pids() if p not in (proc.pid, *workers)]  # noqa: E731
-    wait_until(lambda: bool(restarted()), 10, f"node {i}'s supervisor to start its worker again")
-
-
-def test_transactions_under_faults(lab: ClusterLab) -> None:
-    """A transactional producer (confluent-kafka: transactions of 6 records over the 3 partitions,
-    every 4th aborted on purpose) and a read_committed consumer (labkit/txnload.py) while, each
-    mid-transaction: the worker of the coordinator's core is killed -9 (its supervisor restarts
-    it), the coordinator's whole node is killed -9 then restarted (while a commit is asked), a data
-    partition's leader (another node) is killed -9 then restarted, and the coordinator's node is
-    cut off from the network (while a commit is asked) then healed. `check_transactions` then
-    finds every committed transaction read whole and once, nothing aborted or unfinished visible,
-    a commit of unknown outcome all or nothing, each partition in transaction order, the last
-    stable offsets at the high watermarks and the replicas agreeing on records and markers."""
-    name = topic(lab)
-    txn_id = f"nemesis-txn-{name}"
-    faults: list[str] = []
-    with TxnWorkload(lab, name, txn_id, tag=name) as w:
-        w.wait_committed(5)
-
-        def strike(what: str, fault: Callable[[int], None], victim: int, commit: bool = False) -> None:
-            w.wait_mid(commit)
-            fault(victim)
-            faults.append(f"{what} {victim}" + (" at a commit" if commit else ""))
-
-        def recover() -> None:
-            wait_whole(lab, name)
-            wait_whole(lab, "__transaction_state")
-            w.wait_committed(3)
-
-        for rnd in range(TXN_ROUNDS):
-            strike("kill worker", lambda i: kill_worker(lab, i), coordinator_of(lab, txn_id), rnd % 2 == 1)
-            recover()
-            victim = coordinator_of(lab, txn_id)
-            strike("kill node", lab.kill, victim, commit=True)
-            w.wait_committed(2)  # the next coordinator took the id over
-            lab.restart(victim)
-            recover()
-            coordinator = coordinator_of(lab, txn_id)
-            leaders = [i for i in range(3) if led_by(lab, name, i)]
-            victim = next((i for i in leaders if i != coordinator), leaders[0])  # another, if any leads
-            strike("kill data leader", lab.kill, victim, commit=rnd % 2 == 1)
-            w.wait_committed(2)
-            lab.restart(victim)
-            recover()
-            victim = coordinator_of(lab, txn_id)
-            strike("isolate", lab.isolate, victim, commit=True)
-            try:
-                w.wait_committed(2)
-            finally:
-                lab.heal(victim)
-            recover()
-        judged = time.monotonic()
-        verdict = w.verdict()
-        judged = time.monotonic() - judged
-    kinds = Counter(v.kind for v in verdict.violations)
-    print(
-        f"\nNEMESIS transactions ({', '.join(faults)}): {verdict.outcomes}, {verdict.reads} read, "
-        f"{len(verdict.violations)} violations {dict(kinds)}; producers made again {verdict.restarts}; "
-        f"errors handled {len(w.errors)} (first: {w.errors[:3]}); quiet, read and judged in {judged:.1f} s"
-    )
-    assert verdict.violations == [], report(verdict.violations)
-    assert verdict.outcomes["committed"] >= 10, verdict.outcomes
-    assert not [e for e in w.failures if not isinstance(e, confluent_kafka.KafkaException)], w.failures[:3]
 
 
 def test_kill_the_etcd_leader(cluster_lab) -> None:
