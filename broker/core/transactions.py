@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Final
 
 from broker.core.outcomes import Append, Reply, Silent
+from broker.core.own_appends import OwnAppend, append_own
 from broker.core.replication import LeaderState, NotLeaderError
 from broker.core.topics import Topic, TopicError, TopicFault
 from broker.core.txn_coordinator import (
@@ -68,8 +69,6 @@ TXN_STATE_PARTITIONS: Final = 50  # Kafka's transaction.state.log.num.partitions
 TXN_STATE_MIN_INSYNC: Final = 2  # Kafka's transaction.state.log.min.isr
 INTERNAL_TOPICS: Final = frozenset({TXN_STATE_TOPIC})
 LOAD_CHUNK: Final = 1 << 20  # bytes of a state partition read per loop turn while loading
-
-OwnAppend = Callable[[Append, Callable[[Reply | Silent], None]], None]
 
 
 def is_internal(topic: str) -> bool:
@@ -312,24 +311,16 @@ class CoreTransactions:
         if not hasattr(produced, "pending"):  # a Stored retry: none without a producer id
             done(TxnCode.NONE)
             return
-        failed: list[BaseException] = []
 
-        def fail(exc: BaseException) -> Silent:
-            produced.fail()
-            failed.append(exc)
-            return Silent()
-
-        def delivered(_answer: Reply | Silent) -> None:
-            if failed:
-                log.error("%s partition %d: state not written: %s", TXN_STATE_TOPIC, partition, failed[0])
-                not_leader = isinstance(failed[0], NotLeaderError)
+        def delivered(error: BaseException | None) -> None:
+            if error is not None:
+                log.error("%s partition %d: state not written: %s", TXN_STATE_TOPIC, partition, error)
+                not_leader = isinstance(error, NotLeaderError)
                 done(TxnCode.NOT_COORDINATOR if not_leader else TxnCode.COORDINATOR_NOT_AVAILABLE)
                 return
             done(TxnCode.NONE)
 
-        self._own_append(
-            Append(p, produced.pending, produced.waits, produced.complete, Silent, fail), delivered
-        )
+        append_own(self._own_append, p, produced, delivered)
 
     def send_markers(self, markers: MarkerRequest, done: Callable[[], None]) -> None:
         self.markers.send(markers, done)

@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Final, Protocol
 
-from broker.core.outcomes import Append, Reply, Silent
+from broker.core.own_appends import OwnAppend, append_own
 from broker.core.producer_state import CoordinatorFencedError, FencedEpochError
 from broker.core.replication import NotLeaderError
 from broker.core.topics import TopicError, TopicFault
@@ -45,8 +45,6 @@ from ringlog_proto.routing import owner
 log = logging.getLogger(__name__)
 
 RETRY_S: Final = 0.1
-
-OwnAppend = Callable[[Append, Callable[[Reply | Silent], None]], None]
 
 
 class MarkerLinks(Protocol):
@@ -350,24 +348,18 @@ class MarkerSender:
             log.warning("marker of %s to %d/%d: %s (tried again)", request.txn_id, tid, index, exc)
             again()
             return
-        failed: list[BaseException] = []
 
-        def fail(exc: BaseException) -> Silent:
-            pending.fail()
-            failed.append(exc)
-            return Silent()
-
-        def written(_answer: Reply | Silent) -> None:
-            if not failed:
+        def written(error: BaseException | None) -> None:
+            if error is None:
                 done()
-            elif isinstance(failed[0], NotLeaderError):
-                log.info("marker of %s to %d/%d: %s (routed again)", request.txn_id, tid, index, failed[0])
+            elif isinstance(error, NotLeaderError):
+                log.info("marker of %s to %d/%d: %s (routed again)", request.txn_id, tid, index, error)
                 elsewhere()
             else:
-                log.warning("marker of %s to %d/%d: %s (tried again)", request.txn_id, tid, index, failed[0])
+                log.warning("marker of %s to %d/%d: %s (tried again)", request.txn_id, tid, index, error)
                 again()
 
-        self.own_append(Append(p, pending.pending, pending.waits, pending.complete, Silent, fail), written)
+        append_own(self.own_append, p, pending, written)
 
     def write_group(self, request: MarkerRequest, group: str, done: Callable[[], None]) -> None:
         """One group's marker (its producer's pending offsets committed or dropped), here."""

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
-from broker.core.outcomes import Append, Reply, Silent
+from broker.core.own_appends import OwnAppend, append_own
 from broker.core.producer_state import CoordinatorFencedError, FencedEpochError
 from broker.core.replication import NotLeaderError
 from broker.core.transactions import TXN_STATE_TOPIC, is_internal
@@ -56,7 +56,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-OwnAppend = Callable[[Append, Callable[[Reply | Silent], None]], None]
 # (producer id, topic id, partition): "does any coordinator hold this one open here?"
 Question = tuple[int, int, int]
 
@@ -275,21 +274,15 @@ class HangSweep:
             )
             done()
             return
-        failed: list[BaseException] = []
 
-        def fail(exc: BaseException) -> Silent:
-            pending.fail()
-            failed.append(exc)
-            return Silent()
-
-        def written(_answer: Reply | Silent) -> None:
-            if failed:
+        def written(error: BaseException | None) -> None:
+            if error is not None:
                 log.warning(
                     "hanging transaction of producer %d in %d/%d not aborted: %s (tried again next round)",
                     c.producer_id,
                     c.topic_id,
                     c.partition,
-                    failed[0],
+                    error,
                 )
             else:
                 self.aborted += 1
@@ -305,7 +298,7 @@ class HangSweep:
                 )
             done()
 
-        self.own_append(Append(p, pending.pending, pending.waits, pending.complete, Silent, fail), written)
+        append_own(self.own_append, p, pending, written)
 
 
 def _last_sequence(p: Partition, producer_id: int) -> int:
