@@ -29,7 +29,7 @@ from broker.core.outcomes import Append, Gather, Later, Outcome, Reply, Silent
 from broker.core.partition import Partition, PendingProduce
 from broker.core.producer_state import CoordinatorFencedError
 from broker.core.transactions import is_internal
-from broker.core.txn_coordinator import InitResult, TxnCode
+from broker.core.txn_coordinator import Done, InitResult, TxnCode
 from broker.kafka.codec import KafkaRequest, encode_response, make, response_schema
 from broker.kafka.context import Context
 from broker.kafka.errors import DONE, NotLeaderError, kafka_error
@@ -143,23 +143,18 @@ def add_partitions_to_txn(ctx: Context, request: KafkaRequest, body: Any) -> Out
         codes = all_(ErrorCode.operation_not_attempted)
         codes.update(bad)
         return answer(codes)
-
-    def start(send: Callable[[Reply | Silent], None]) -> None:
-        def done(code: TxnCode) -> None:
-            if code is not TxnCode.NONE:
-                core.metrics.error()
-            send(answer(all_(error_of(code))))
-
-        core.transactions.coordinator.add_partitions(
+    return _coordinator_later(
+        core,
+        lambda code: answer(all_(error_of(code))),
+        lambda done: core.transactions.coordinator.add_partitions(
             txn_id,
             int(body.v3_and_below_producer_id),
             int(body.v3_and_below_producer_epoch),
             wanted,
             done,
             knows_fenced=request.api_version >= FENCED_FROM,
-        )
-
-    return Later(start)
+        ),
+    )
 
 
 def make_topic_result(request: KafkaRequest, name: str, results: list[tuple[int, ErrorCode]]) -> Any:
@@ -176,56 +171,70 @@ def make_topic_result(request: KafkaRequest, name: str, results: list[tuple[int,
     )
 
 
-def add_offsets_to_txn(ctx: Context, request: KafkaRequest, body: Any) -> Outcome:
-    core = ctx.core
-    txn_id = str(body.transactional_id)
-    ready = core.transactions.ready(txn_id)
-    if ready is not TxnCode.NONE:
-        core.metrics.error()
-        return _reply(request, error_code=error_of(ready))
+def _coordinator_later(core: Any, answer: Callable[[TxnCode], Reply], call: Callable[[Done], None]) -> Later:
+    """`call(done)` on the coordinator, its code answered by `answer` once the change is durable;
+    a code other than NONE counts as an error."""
 
     def start(send: Callable[[Reply | Silent], None]) -> None:
         def done(code: TxnCode) -> None:
             if code is not TxnCode.NONE:
                 core.metrics.error()
-            send(_reply(request, error_code=error_of(code)))
+            send(answer(code))
 
-        core.transactions.coordinator.add_offsets(
+        call(done)
+
+    return Later(start)
+
+
+def _coordinator_call(
+    ctx: Context, request: KafkaRequest, txn_id: str, call: Callable[[Done], None]
+) -> Outcome:
+    """A request answered by its error code alone: `txn_id`'s coordinator ready (else its code
+    now), then `call(done)` on it (`_coordinator_later`)."""
+    core = ctx.core
+
+    def answer(code: TxnCode) -> Reply:
+        return _reply(request, error_code=error_of(code))
+
+    ready = core.transactions.ready(txn_id)
+    if ready is not TxnCode.NONE:
+        core.metrics.error()
+        return answer(ready)
+    return _coordinator_later(core, answer, call)
+
+
+def add_offsets_to_txn(ctx: Context, request: KafkaRequest, body: Any) -> Outcome:
+    txn_id = str(body.transactional_id)
+    return _coordinator_call(
+        ctx,
+        request,
+        txn_id,
+        lambda done: ctx.core.transactions.coordinator.add_offsets(
             txn_id,
             int(body.producer_id),
             int(body.producer_epoch),
             str(body.group_id),
             done,
             knows_fenced=request.api_version >= FENCED_FROM,
-        )
-
-    return Later(start)
+        ),
+    )
 
 
 def end_txn(ctx: Context, request: KafkaRequest, body: Any) -> Outcome:
-    core = ctx.core
     txn_id = str(body.transactional_id)
-    ready = core.transactions.ready(txn_id)
-    if ready is not TxnCode.NONE:
-        core.metrics.error()
-        return _reply(request, error_code=error_of(ready))
-
-    def start(send: Callable[[Reply | Silent], None]) -> None:
-        def done(code: TxnCode) -> None:
-            if code is not TxnCode.NONE:
-                core.metrics.error()
-            send(_reply(request, error_code=error_of(code)))
-
-        core.transactions.coordinator.end_txn(
+    return _coordinator_call(
+        ctx,
+        request,
+        txn_id,
+        lambda done: ctx.core.transactions.coordinator.end_txn(
             txn_id,
             int(body.producer_id),
             int(body.producer_epoch),
             bool(body.committed),
             done,
             knows_fenced=request.api_version >= FENCED_FROM,
-        )
-
-    return Later(start)
+        ),
+    )
 
 
 def describe_transactions(ctx: Context, request: KafkaRequest, body: Any) -> Outcome:
