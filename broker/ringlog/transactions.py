@@ -40,7 +40,7 @@ from broker.core.coordinator import GroupCode
 from broker.core.groups import OFFSET_METADATA_MAX, Committed, StaleProducerEpoch, check_group
 from broker.core.outcomes import Later, Outcome, Reply, Silent
 from broker.core.transactions import is_internal
-from broker.core.txn_coordinator import InitResult, MarkerRequest, TxnCode
+from broker.core.txn_coordinator import Done, InitResult, MarkerRequest, TxnCode
 from broker.core.txn_sweep import holds
 from broker.ringlog.context import Context
 from broker.ringlog.groups import group_error
@@ -83,21 +83,33 @@ def _refused(ctx: Context, frame: Frame, txn_id: str, code: TxnCode) -> Reply:
     return ctx.error(frame, _TXN_CODES[code], f"transactional id {txn_id!r}: {code.value}")
 
 
-def _answer(ctx: Context, frame: Frame, txn_id: str, ok: m.Response) -> Callable[[TxnCode], Reply]:
+def _not_ready(ctx: Context, frame: Frame, txn_id: str) -> Reply | None:
+    """The refusal of a producer's request for `txn_id` while this node serves none (`refusal`)
+    or its coordinator cannot take it now (`ready`), or None."""
+    if (why := refusal(ctx.core)) is not None:
+        return ctx.error(frame, E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, why)
+    ready = ctx.core.transactions.ready(txn_id)
+    if ready is not TxnCode.NONE:
+        return _refused(ctx, frame, txn_id, ready)
+    return None
+
+
+def _coordinator_later(
+    ctx: Context, frame: Frame, txn_id: str, ok: m.Response, call: Callable[[Done], None]
+) -> Later:
+    """`call(done)` on the coordinator, answered `ok` (or its refusal) once the change is durable."""
+
     def answer(code: TxnCode) -> Reply:
         return ctx.reply(frame, ok) if code is TxnCode.NONE else _refused(ctx, frame, txn_id, code)
 
-    return answer
+    return Later(lambda send: call(lambda code: send(answer(code))))
 
 
 def init_producer_id(ctx: Context, req: m.Request, frame: Frame) -> Outcome:
     assert isinstance(req, m.InitProducerIdRequest)
     transactions = ctx.core.transactions
-    if (why := refusal(ctx.core)) is not None:
-        return ctx.error(frame, E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, why)
-    ready = transactions.ready(req.txn_id)
-    if ready is not TxnCode.NONE:
-        return _refused(ctx, frame, req.txn_id, ready)
+    if (refused := _not_ready(ctx, frame, req.txn_id)) is not None:
+        return refused
     expected = (req.producer_id, req.producer_epoch) if req.producer_id >= 0 else None
 
     def answer(result: InitResult) -> Reply:
@@ -117,64 +129,52 @@ def init_producer_id(ctx: Context, req: m.Request, frame: Frame) -> Outcome:
 def add_partitions_to_txn(ctx: Context, req: m.Request, frame: Frame) -> Outcome:
     assert isinstance(req, m.AddPartitionsToTxnRequest)
     core = ctx.core
-    if (why := refusal(ctx.core)) is not None:
-        return ctx.error(frame, E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, why)
-    ready = core.transactions.ready(req.txn_id)
-    if ready is not TxnCode.NONE:
-        return _refused(ctx, frame, req.txn_id, ready)
+    if (refused := _not_ready(ctx, frame, req.txn_id)) is not None:
+        return refused
     for topic_id, partition in req.partitions:
         name = core.topic_of(topic_id, partition).name  # UNKNOWN_TOPIC_OR_PARTITION when it is not
         if is_internal(name):
             return ctx.error(frame, E.INVALID_TOPIC, f"{name} cannot join a transaction")
-    answer = _answer(ctx, frame, req.txn_id, m.AddPartitionsToTxnResponse())
-
-    def start(send: Callable[[Reply | Silent], None]) -> None:
-        core.transactions.coordinator.add_partitions(
-            req.txn_id,
-            req.producer_id,
-            req.producer_epoch,
-            set(req.partitions),
-            lambda code: send(answer(code)),
-        )
-
-    return Later(start)
+    return _coordinator_later(
+        ctx,
+        frame,
+        req.txn_id,
+        m.AddPartitionsToTxnResponse(),
+        lambda done: core.transactions.coordinator.add_partitions(
+            req.txn_id, req.producer_id, req.producer_epoch, set(req.partitions), done
+        ),
+    )
 
 
 def add_offsets_to_txn(ctx: Context, req: m.Request, frame: Frame) -> Outcome:
     assert isinstance(req, m.AddOffsetsToTxnRequest)
     check_group(req.group_id)
-    transactions = ctx.core.transactions
-    if (why := refusal(ctx.core)) is not None:
-        return ctx.error(frame, E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, why)
-    ready = transactions.ready(req.txn_id)
-    if ready is not TxnCode.NONE:
-        return _refused(ctx, frame, req.txn_id, ready)
-    answer = _answer(ctx, frame, req.txn_id, m.AddOffsetsToTxnResponse())
-
-    def start(send: Callable[[Reply | Silent], None]) -> None:
-        transactions.coordinator.add_offsets(
-            req.txn_id, req.producer_id, req.producer_epoch, req.group_id, lambda code: send(answer(code))
-        )
-
-    return Later(start)
+    if (refused := _not_ready(ctx, frame, req.txn_id)) is not None:
+        return refused
+    return _coordinator_later(
+        ctx,
+        frame,
+        req.txn_id,
+        m.AddOffsetsToTxnResponse(),
+        lambda done: ctx.core.transactions.coordinator.add_offsets(
+            req.txn_id, req.producer_id, req.producer_epoch, req.group_id, done
+        ),
+    )
 
 
 def end_txn(ctx: Context, req: m.Request, frame: Frame) -> Outcome:
     assert isinstance(req, m.EndTxnRequest)
-    transactions = ctx.core.transactions
-    if (why := refusal(ctx.core)) is not None:
-        return ctx.error(frame, E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, why)
-    ready = transactions.ready(req.txn_id)
-    if ready is not TxnCode.NONE:
-        return _refused(ctx, frame, req.txn_id, ready)
-    answer = _answer(ctx, frame, req.txn_id, m.EndTxnResponse())
-
-    def start(send: Callable[[Reply | Silent], None]) -> None:
-        transactions.coordinator.end_txn(
-            req.txn_id, req.producer_id, req.producer_epoch, req.commit, lambda code: send(answer(code))
-        )
-
-    return Later(start)
+    if (refused := _not_ready(ctx, frame, req.txn_id)) is not None:
+        return refused
+    return _coordinator_later(
+        ctx,
+        frame,
+        req.txn_id,
+        m.EndTxnResponse(),
+        lambda done: ctx.core.transactions.coordinator.end_txn(
+            req.txn_id, req.producer_id, req.producer_epoch, req.commit, done
+        ),
+    )
 
 
 def txn_offset_commit(ctx: Context, req: m.Request, frame: Frame) -> Outcome:
