@@ -92,6 +92,21 @@ def start_or_skip(workdir: Path, backend: str, extra: tuple[str, ...], cores: in
         pytest.skip(str(exc))
 
 
+def scram_broker(
+    workdir: Path, backend: str, users: dict[str, str], grants: list[tuple[str, ...]]
+) -> BrokerProcess:
+    """`start_or_skip` of a broker with SCRAM-SHA-512 logins for `users` (name: password), User:admin
+    its super user, and these `broker acls add` grants made before it starts."""
+    data = workdir / "data"
+    for user, pw in users.items():
+        add_user(data, user, pw)
+    for grant in grants:
+        broker_cli(data, "acls", "add", *grant)
+    return start_or_skip(
+        workdir, backend, ("--sasl-mechanisms", "SCRAM-SHA-512", "--super-users", "User:admin")
+    )
+
+
 @dataclass
 class Pki:
     """A CA, a server certificate for 127.0.0.1 and localhost, and a client certificate whose

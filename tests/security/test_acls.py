@@ -14,14 +14,12 @@ import pytest
 from broker.security.acls import AclBinding, AclError, AclStore, Authorizer
 from labkit.brokerproc import BrokerProcess
 from labkit.securitylab import (
-    Unavailable,
-    add_user,
     broker_cli,
     consume,
     create_topic,
     produce,
     sasl_conf,
-    start_broker,
+    scram_broker,
 )
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
@@ -83,17 +81,12 @@ def test_decisions(tmp_path: Path) -> None:
 
 @pytest.fixture(params=["uvloop", "io_uring"])
 def broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BrokerProcess]:
-    data = tmp_path / "data"
-    for user, pw in PW.items():
-        add_user(data, user, pw)
-    broker_cli(data, "acls", "add", "User:alice", "write", "topic:orders")
-    broker_cli(data, "acls", "add", "User:alice", "read", "topic:orders")
-    broker_cli(data, "acls", "add", "User:alice", "read", "group:alice-", "--prefixed")
-    args = ("--sasl-mechanisms", "SCRAM-SHA-512", "--super-users", "User:admin")
-    try:
-        b = start_broker(tmp_path, request.param, args)
-    except Unavailable as exc:
-        pytest.skip(str(exc))
+    grants = [
+        ("User:alice", "write", "topic:orders"),
+        ("User:alice", "read", "topic:orders"),
+        ("User:alice", "read", "group:alice-", "--prefixed"),
+    ]
+    b = scram_broker(tmp_path, request.param, PW, grants)
     yield b
     b.stop()
 

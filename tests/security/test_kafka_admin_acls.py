@@ -16,13 +16,11 @@ import pytest
 
 from labkit.brokerproc import BrokerProcess
 from labkit.securitylab import (
-    Unavailable,
-    add_user,
     broker_cli,
     create_topic,
     produce,
     sasl_conf,
-    start_broker,
+    scram_broker,
 )
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
@@ -36,16 +34,8 @@ PW = {"admin": "admin pw", "alice": "alice pw"}
 
 @pytest.fixture
 def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
-    data = tmp_path / "data"
-    for user, pw in PW.items():
-        add_user(data, user, pw)
-    broker_cli(data, "acls", "add", "User:alice", "describe", "topic:orders")
-    broker_cli(data, "acls", "add", "User:alice", "describe", "group:team")
-    args = ("--sasl-mechanisms", "SCRAM-SHA-512", "--super-users", "User:admin")
-    try:
-        b = start_broker(tmp_path, "uvloop", args)
-    except Unavailable as exc:
-        pytest.skip(str(exc))
+    grants = [("User:alice", "describe", "topic:orders"), ("User:alice", "describe", "group:team")]
+    b = scram_broker(tmp_path, "uvloop", PW, grants)
     yield b
     b.stop()
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from labkit.brokerproc import BrokerProcess
-from labkit.securitylab import Unavailable, add_user, broker_cli, create_topic, sasl_conf, start_broker
+from labkit.securitylab import broker_cli, create_topic, sasl_conf, scram_broker
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
 
@@ -21,16 +21,8 @@ TIMEOUT_S = 15
 
 @pytest.fixture
 def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
-    data = tmp_path / "data"
-    for user, pw in PW.items():
-        add_user(data, user, pw)
-    broker_cli(data, "acls", "add", "User:alice", "write", "topic:orders")
-    broker_cli(data, "acls", "add", "User:alice", "describe", "topic:orders")
-    args = ("--sasl-mechanisms", "SCRAM-SHA-512", "--super-users", "User:admin")
-    try:
-        b = start_broker(tmp_path, "uvloop", args)
-    except Unavailable as exc:
-        pytest.skip(str(exc))
+    grants = [("User:alice", "write", "topic:orders"), ("User:alice", "describe", "topic:orders")]
+    b = scram_broker(tmp_path, "uvloop", PW, grants)
     yield b
     b.stop()
 
