@@ -30,6 +30,6 @@ def test_find_held_txns_round_trip() -> None:
     req = m.FindHeldTxnsRequest(((2**40 + 7, 1, 0), (5, 2**31, 49)))
     assert m.decode_request(m.request_frame(req, 3)) == req
     assert m.decode_request(m.request_frame(m.FindHeldTxnsRequest())) == m.FindHeldTxnsRequest()
-    assert m.ApiKey.FIND_HELD_TXNS == 20
+    assert m.ApiKey.FIND_HELD_TXNS == 25
     assert m.SUPPORTED_VERSIONS[m.ApiKey.FIND_HELD_TXNS] == (1, 1)
     assert m.RESPONSE_TYPES[m.ApiKey.FIND_HELD_TXNS] is m.FindHeldTxnsResponse
