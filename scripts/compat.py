@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import time
@@ -35,8 +36,10 @@ def main() -> int:
     ap.add_argument("--backend", default="auto", choices=["auto", "io_uring", "uvloop"])
     ap.add_argument("--broker-arg", action="append", default=[], help="one more `broker serve` argument")
     ap.add_argument("--kafka-version", default=KAFKA_VERSION, help="TEST_KAFKA_VERSION for the suite")
-    ap.add_argument("--source", type=Path, default=ROOT / ".compat" / f"librdkafka-{RDKAFKA_VERSION}")
-    ap.add_argument("--out", type=Path, default=ROOT / ".compat" / "run")
+    # the build's folder, as scripts/compat_build.sh takes it (COMPAT_DIR, default .compat/)
+    cache = Path(os.environ.get("COMPAT_DIR") or ROOT / ".compat")
+    ap.add_argument("--source", type=Path, default=cache / f"librdkafka-{RDKAFKA_VERSION}")
+    ap.add_argument("--out", type=Path, default=cache / "run")
     args = ap.parse_args()
 
     suite = Suite(
