@@ -345,6 +345,10 @@ class TransactionCoordinator:
         """The state-log partitions loaded or loading here."""
         return sorted(self._owned)
 
+    def loaded(self) -> list[int]:
+        """The state-log partitions loaded here (served, not loading)."""
+        return sorted(i for i, o in self._owned.items() if not o.loading)
+
     def unload(self, partition: int) -> None:
         """Another coordinator leads `partition` now: its ids are forgotten here."""
         was = self._owned.pop(partition, None)

@@ -92,6 +92,7 @@ _CLUSTER_OPS: Final[dict[int, str]] = {
     m.ApiKey.STATS: "describe",
     m.ApiKey.REPLICA_FETCH: "alter",
     m.ApiKey.WRITE_TXN_MARKERS: "alter",  # another node's coordinator, as the inter-broker user
+    m.ApiKey.FIND_HELD_TXNS: "alter",  # another node's hanging-transaction sweep, the same user
 }
 
 

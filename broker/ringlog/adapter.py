@@ -202,9 +202,7 @@ class RinglogAdapter:
                 return forward
         if from_peer and frame.api_key == m.ApiKey.DELETE_TOPIC:
             return topics.deleted_elsewhere(self.ctx, frame)
-        if frame.api_key in _BETWEEN_CORES and not (
-            from_peer or (frame.api_key == m.ApiKey.WRITE_TXN_MARKERS and self.core.cluster.clustered)
-        ):
+        if frame.api_key in _BETWEEN_CORES and not (from_peer or self.core.cluster.clustered):
             return self.ctx.error(
                 frame,
                 m.ErrorCode.INVALID_REQUEST,

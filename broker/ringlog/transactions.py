@@ -26,9 +26,12 @@ Rules this module keeps:
   it gets here (broker/ringlog/adapter.py: on one node it comes from peer cores only; in a
   cluster from the nodes' links, which need the cluster's alter where ACLs are on, as
   REPLICA_FETCH).
-- FIND_HELD_TXNS: the hanging-transaction sweep of another core of this node asks whether this
-  core's coordinator holds transactions open (broker/core/txn_sweep.py `holds`); it answers at
-  once, or REQUEST_TIMED_OUT when it cannot tell yet. A client's is refused.
+- FIND_HELD_TXNS: the hanging-transaction sweep of another core, of this node or (in a cluster)
+  of another, asks whether this core's coordinator holds transactions open
+  (broker/core/txn_sweep.py `holds`), and which state partitions it has loaded; it answers at
+  once, or REQUEST_TIMED_OUT when it cannot tell yet. A client's is refused as WRITE_TXN_MARKERS
+  is (on one node it comes from peer cores only; in a cluster from the nodes' links, which need
+  the cluster's alter where ACLs are on).
 """
 
 from __future__ import annotations
@@ -261,4 +264,5 @@ def find_held_txns(ctx: Context, req: m.Request, frame: Frame) -> Outcome:
     held = holds(ctx.core, req.questions)
     if held is None:
         return ctx.error(frame, m.ErrorCode.REQUEST_TIMED_OUT, "transaction state not loaded yet")
-    return ctx.reply(frame, m.FindHeldTxnsResponse(held=tuple(held)))
+    loaded = tuple(ctx.core.transactions.coordinator.loaded())
+    return ctx.reply(frame, m.FindHeldTxnsResponse(held=tuple(held), loaded=loaded))

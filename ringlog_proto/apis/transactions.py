@@ -5,9 +5,10 @@ only between brokers' cores (a client's is refused: broker/ringlog/adapter.py):
 - WRITE_TXN_MARKERS: a transaction coordinator asks another core to write the markers of one
   transaction to the partitions and groups it owns. The answer is NONE once every named marker
   is written or dropped (a deleted topic's, a fenced one's), an error when any must be sent again.
-- FIND_HELD_TXNS: the hanging-transaction sweep of one core asks another core's coordinator
-  whether it holds each (producer id, partition) open (broker/core/txn_sweep.py): one flag per
-  question, in order; an error when it cannot tell (its state still loading).
+- FIND_HELD_TXNS: the hanging-transaction sweep of one core asks another core's coordinator (of
+  its node, or in a cluster of any node) whether it holds each (producer id, partition) open
+  (broker/core/txn_sweep.py): one flag per question, in order, then the state partitions it has
+  loaded; an error when it cannot tell (its state still loading).
 """
 
 from __future__ import annotations
@@ -232,16 +233,23 @@ class FindHeldTxnsRequest(Request):
 
 @dataclass(frozen=True, slots=True)
 class FindHeldTxnsResponse(Response):
-    # [held u8], one per question, in order
+    # [held u8], one per question, in order; [loaded u32]: the state partitions the answering
+    # coordinator has loaded (a cluster's sweep aborts only when every one is loaded somewhere)
     API_KEY: ClassVar[ApiKey] = ApiKey.FIND_HELD_TXNS
     held: tuple[bool, ...] = ()
+    loaded: tuple[int, ...] = ()
 
     def write(self, w: Writer) -> None:
         w.array(len(self.held))
         for h in self.held:
             w.pack("B", int(h))
+        w.array(len(self.loaded))
+        for i in self.loaded:
+            w.pack("I", i)
 
     @classmethod
     def read(cls, r: Reader) -> dict[str, object]:
         n = r.array(1, REQUEST_ARRAY_MAX)
-        return {"held": tuple(bool(r.int("B")) for _ in range(n))}
+        held = tuple(bool(r.int("B")) for _ in range(n))
+        k = r.array(4, REQUEST_ARRAY_MAX)
+        return {"held": held, "loaded": tuple(r.int("I") for _ in range(k))}
