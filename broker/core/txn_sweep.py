@@ -15,23 +15,26 @@ Rules this module keeps:
 - Every `--transaction-hang-check-interval-ms` (60 s) each core takes the open transactions of
   the partitions it leads whose producer last wrote there longer ago than the maximum transaction
   timeout plus two abort intervals (by then a coordinator that holds the transaction has aborted
-  it on its own: it scans every abort interval) and asks every transaction coordinator of this
-  node (`holds`: this core's directly, the other cores' with a FIND_HELD_TXNS frame over the
-  inter-core links, as markers travel) whether it holds that producer id Ongoing or prepared with
-  that partition, or has a change of it under way.
+  it on its own: it scans every abort interval) and asks every transaction coordinator whether
+  it holds that producer id Ongoing or prepared with that partition, or has a change of it under
+  way: on one node this node's (`holds`: this core's directly, the other cores' with a
+  FIND_HELD_TXNS frame over the inter-core links, as markers travel); in a cluster every core of
+  every node the view says is live (another node's over the core's remote links to that core's
+  direct port, as markers travel there). Each answer also names the state partitions its
+  coordinator has loaded.
 - Only when every coordinator answered and none holds it is the transaction aborted: an ABORT
   marker through the partition's door (`Partition.write_marker`, the producer's own epoch, its
   last coordinator epoch), as this core's own append, once; a failure is logged and the next
-  round tries again. A coordinator that cannot be asked (its core down, its state partitions
-  loading or not loadable) means nothing is aborted that round. The partition is looked at again
-  just before: if its producer wrote, or the transaction ended, meanwhile, it is left alone.
+  round tries again. A coordinator that cannot be asked (its core or node down, a link that
+  fails or times out, its state partitions loading or not loadable) means nothing is aborted
+  that round; in a cluster so does any node of the view that is not live, a state partition
+  with no live leader in the view, the state topic not known here, or a state partition that no
+  answer names loaded (its transactions would be unknown to all). A false abort of a held
+  transaction must never happen; a hanging one left for a later round only waits. The
+  partition is looked at again just before: if its producer wrote, or the transaction ended,
+  meanwhile, it is left alone.
 - One round at a time: a round still asking, or still writing its markers, when the next is due
-  makes that one skip.
-- No round runs on a node of a cluster: a transaction's coordinator may be on another node,
-  which this sweep does not ask, so "no coordinator of this node holds it" would not mean
-  hanging there. A cluster's hanging transactions are aborted by hand (ListTransactions,
-  DescribeTransactions, WriteTxnMarkers, as Kafka's tools do) or at their coordinator's
-  timeout.
+  makes that one skip. A clustered node before its first view skips too.
 """
 
 from __future__ import annotations
@@ -78,14 +81,46 @@ class Candidate:
         return (self.producer_id, self.topic_id, self.partition)
 
 
+# a coordinator's answer: one bool per question (held?), and the state partitions it has loaded
+Answer = tuple[list[bool], frozenset[int]]
+
+
 class HoldLinks(Protocol):
     """How the question reaches the coordinator of another core of this node."""
 
-    def ask(
-        self, core: int, questions: Sequence[Question], done: Callable[[list[bool] | None], None]
-    ) -> None:
-        """`done(held)`, one bool per question, or `done(None)` when `core` could not tell."""
+    def ask(self, core: int, questions: Sequence[Question], done: Callable[[Answer | None], None]) -> None:
+        """`done(answer)`, or `done(None)` when `core` could not tell."""
         ...
+
+
+def answer_reader(
+    where: str, questions: Sequence[Question], done: Callable[[Answer | None], None]
+) -> Callable[[Frame | BaseException], None]:
+    """The callback reading a FIND_HELD_TXNS answer from `where`: `done(None)` for anything but
+    a whole answer."""
+
+    def answered(result: Frame | BaseException) -> None:
+        if isinstance(result, BaseException):
+            log.info("hanging transactions: %s cannot be asked: %s", where, result)
+            done(None)
+            return
+        try:
+            resp = m.decode_response(result)
+        except Exception as exc:
+            log.error("hanging transactions: an answer of %s that does not read: %s", where, exc)
+            done(None)
+            return
+        if (
+            not isinstance(resp, m.FindHeldTxnsResponse)
+            or resp.error != m.ErrorCode.NONE
+            or len(resp.held) != len(questions)
+        ):
+            log.info("hanging transactions: %s cannot tell: %s", where, getattr(resp, "message", ""))
+            done(None)
+            return
+        done((list(resp.held), frozenset(resp.loaded)))
+
+    return answered
 
 
 class PeerHoldLinks:
@@ -96,41 +131,20 @@ class PeerHoldLinks:
     ) -> None:
         self.send_to_core = send_to_core
 
-    def ask(
-        self, core: int, questions: Sequence[Question], done: Callable[[list[bool] | None], None]
-    ) -> None:
+    def ask(self, core: int, questions: Sequence[Question], done: Callable[[Answer | None], None]) -> None:
         frame = m.request_frame(m.FindHeldTxnsRequest(tuple(questions)))
-
-        def answered(result: Frame | BaseException) -> None:
-            if isinstance(result, BaseException):
-                log.info("hanging transactions: core %d cannot be asked: %s", core, result)
-                done(None)
-                return
-            try:
-                resp = m.decode_response(result)
-            except Exception as exc:
-                log.error("hanging transactions: an answer of core %d that does not read: %s", core, exc)
-                done(None)
-                return
-            if (
-                not isinstance(resp, m.FindHeldTxnsResponse)
-                or resp.error != m.ErrorCode.NONE
-                or len(resp.held) != len(questions)
-            ):
-                log.info("hanging transactions: core %d cannot tell: %s", core, getattr(resp, "message", ""))
-                done(None)
-                return
-            done(list(resp.held))
-
-        self.send_to_core(core, frame, False, answered)
+        self.send_to_core(core, frame, False, answer_reader(f"core {core}", questions, done))
 
 
 def holds(core: Any, questions: Sequence[Question]) -> list[bool] | None:
     """This core's coordinator's answer to each question, or None when it cannot tell (a state
-    partition it has opened is not loaded, or still loading). `core`: the Core."""
+    partition it has opened is not loaded, on one node, or one is still loading). `core`: the
+    Core."""
     txns = core.transactions
     topic = core.registry.by_name.get(TXN_STATE_TOPIC)
-    if topic is not None:
+    # in a cluster this core may follow state partitions it does not lead: the asking sweep
+    # checks instead that every one is loaded by some answering coordinator
+    if topic is not None and not core.cluster.clustered:
         for tid, index in list(core.partitions):
             if tid == topic.topic_id and not txns.coordinator.owns(index):
                 return None  # its ids are unknown until it loads
@@ -187,7 +201,8 @@ class HangSweep:
     def run(self, done: Callable[[], None] | None = None) -> None:
         """One round; `done()` when it is over (at once when it skips)."""
         finish = done or (lambda: None)
-        if self._running or self.core.config.cluster is not None:
+        clustered = self.core.config.cluster is not None
+        if self._running or (clustered and not self.core.cluster.clustered):
             finish()
             return
         # the longest idle first; what one frame cannot ask waits for the next round
@@ -198,6 +213,18 @@ class HangSweep:
         if not found:
             finish()
             return
+        state_partitions: int | None = None
+        if clustered:
+            state_partitions, why = self._cluster_ready()
+            if state_partitions is None:
+                log.info(
+                    "hanging transactions: %d open past %d ms, not aborted this round (%s)",
+                    len(found),
+                    self.threshold_ms,
+                    why,
+                )
+                finish()
+                return
         self._running = True
 
         def over() -> None:
@@ -205,34 +232,97 @@ class HangSweep:
             finish()
 
         questions = [c.question for c in found]
-        cores = range(self.core.config.cores)
-        me = self.core.config.core_id
-        answers: dict[int, list[bool] | None] = {}
+        targets = self._coordinators()
+        answers: dict[tuple[int, int], Answer | None] = {}
 
-        def answered(core: int, held: list[bool] | None) -> None:
-            answers[core] = held
-            if len(answers) < len(cores):
+        def answered(target: tuple[int, int], answer: Answer | None) -> None:
+            answers[target] = answer
+            if len(answers) < len(targets):
                 return
-            if any(a is None for a in answers.values()):
+            given = [a for a in answers.values() if a is not None]
+            why = ""
+            if len(given) < len(answers):
+                why = "a coordinator could not be asked"
+            elif state_partitions is not None:
+                loaded = frozenset().union(*(a[1] for a in given))
+                if not loaded.issuperset(range(state_partitions)):
+                    why = f"state partitions {sorted(set(range(state_partitions)) - loaded)} loaded nowhere"
+            if why:
                 log.info(
-                    "hanging transactions: %d open past %d ms, not aborted this round (a coordinator "
-                    "could not be asked)",
+                    "hanging transactions: %d open past %d ms, not aborted this round (%s)",
                     len(found),
                     self.threshold_ms,
+                    why,
                 )
                 over()
                 return
-            held_by_any = {q for i, q in enumerate(questions) if any(a[i] for a in answers.values() if a)}
+            held_by_any = {q for i, q in enumerate(questions) if any(a[0][i] for a in given)}
             hanging = [c for c in found if c.question not in held_by_any]
             self._abort_all(hanging, over)
 
-        for core in cores:
-            if core == me:
-                answered(core, holds(self.core, questions))
+        node = self.core.config.node_id
+        me = self.core.config.core_id
+        for target in targets:
+            there, core = target
+            if target == (node, me):
+                held = holds(self.core, questions)
+                loaded = frozenset(self.core.transactions.coordinator.loaded())
+                answered(target, None if held is None else (held, loaded))
+            elif there != node:
+                self._ask_remote(there, core, questions, partial(answered, target))
             elif self.links is None:
-                answered(core, None)
+                answered(target, None)
             else:
-                self.links.ask(core, questions, partial(answered, core))
+                self.links.ask(core, questions, partial(answered, target))
+
+    def _coordinators(self) -> list[tuple[int, int]]:
+        """(node, core) of every coordinator to ask: this node's cores; in a cluster those of
+        every live node too (`_cluster_ready` checked each has an address)."""
+        config = self.core.config
+        out = [(config.node_id, c) for c in range(config.cores)]
+        view = self.core.cluster
+        if config.cluster is not None:
+            for node in sorted(view.live - {config.node_id}):
+                out += [(node, c) for c in range(view.nodes[node].cores)]
+        return out
+
+    def _cluster_ready(self) -> tuple[int | None, str]:
+        """(the number of state partitions, "") when a cluster's round may ask, else (None, why
+        not): every node of the view live with an address, and each state partition led by a
+        live node in the view."""
+        view = self.core.cluster
+        down = sorted(set(view.nodes) - view.live)
+        if down:
+            return None, f"nodes {down} not live"
+        missing = sorted(n for n in view.live if n not in view.nodes or not view.nodes[n].cores)
+        if missing:
+            return None, f"nodes {missing} have no address in the view"
+        topic = self.core.registry.by_name.get(TXN_STATE_TOPIC)
+        if topic is None:
+            return None, f"{TXN_STATE_TOPIC} not known here"
+        for index in range(topic.partitions):
+            state = view.state_of(topic.topic_id, index)
+            if state is None or state.leader not in view.live:
+                return None, f"{TXN_STATE_TOPIC} partition {index} has no live leader"
+        return topic.partitions, ""
+
+    def _ask_remote(
+        self, node: int, core: int, questions: Sequence[Question], done: Callable[[Answer | None], None]
+    ) -> None:
+        """Ask a core of another node over the core's remote links, to its direct port."""
+        address = self.core.cluster.nodes.get(node)
+        remote = self.core.remote_links
+        if address is None or remote is None:
+            done(None)
+            return
+        where = (address.host, address.core_port(core))
+        deadline = time.monotonic() + self.core.config.limits.forward_timeout_ms / 1000
+        frame = m.request_frame(m.FindHeldTxnsRequest(tuple(questions)))
+        try:
+            remote.request(where, frame, deadline, answer_reader(f"node {node} core {core}", questions, done))
+        except ValueError as exc:  # an address that is not an IP literal: the view is wrong
+            log.error("hanging transactions: node %d: %s", node, exc)
+            done(None)
 
     def _abort_all(self, hanging: list[Candidate], done: Callable[[], None]) -> None:
         left = len(hanging)

@@ -7,25 +7,28 @@ coordinators' answers are `holds` (this core) and FIND_HELD_TXNS (another core),
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 from crc32c import crc32c
 
+from broker.core.cluster_view import ClusterView, NodeAddress, PartitionState
 from broker.core.config import BrokerConfig
 from broker.core.core import Core
 from broker.core.outcomes import Append, Reply, Silent
 from broker.core.partition import Partition, PendingProduce
 from broker.core.txn_log import TxnRecord, TxnState
-from broker.core.txn_sweep import HangSweep, Question, holds
+from broker.core.txn_sweep import Answer, HangSweep, Question, holds
 from broker.ringlog.adapter import RinglogAdapter
 from broker.storage.fileio import SyncFileIO, run_ops
 from ringlog_proto import messages as m
 from ringlog_proto.batch import CRC_START, Record, encode_batch
 from ringlog_proto.batch_header import TRANSACTIONAL_BIT
-from ringlog_proto.frames import FrameDecoder
+from ringlog_proto.frames import Frame, FrameDecoder
 from ringlog_proto.routing import shard_for
 
 IO = SyncFileIO()
@@ -63,14 +66,12 @@ class Links:
     def __init__(self, held: list[bool] | None = None, defer: bool = False) -> None:
         self.held = held
         self.defer = defer
-        self.asked: list[tuple[int, list[Question], Callable[[list[bool] | None], None]]] = []
+        self.asked: list[tuple[int, list[Question], Callable[[Answer | None], None]]] = []
 
-    def ask(
-        self, core: int, questions: Sequence[Question], done: Callable[[list[bool] | None], None]
-    ) -> None:
+    def ask(self, core: int, questions: Sequence[Question], done: Callable[[Answer | None], None]) -> None:
         self.asked.append((core, list(questions), done))
         if not self.defer:
-            done(None if self.held is None else list(self.held))
+            done(None if self.held is None else (list(self.held), frozenset()))
 
 
 def make_core(tmp_path: Path, cores: int = 1) -> Core:
@@ -210,7 +211,7 @@ def test_a_producer_that_wrote_while_coordinators_were_asked_is_left_alone(
     s.run()  # a round is still waiting: this one skips
     assert len(links.asked) == 1
     produce(core, p, txn_batch(PID, 1))  # the producer came back
-    links.asked[0][2]([False])
+    links.asked[0][2](([False], frozenset()))
     assert (s.aborted, p.last_stable_offset) == (0, 0)
 
 
@@ -260,3 +261,99 @@ def test_a_round_still_writing_its_markers_makes_the_next_skip(one: tuple[Core, 
     assert (s.aborted, p.last_stable_offset) == (1, 2)
     s.run()
     assert waiting == [] and s.aborted == 1
+
+
+class RemoteLinks:
+    """Another node's core, reached over the core's remote links: answers as told."""
+
+    def __init__(self, answer: m.FindHeldTxnsResponse | None) -> None:
+        self.answer = answer
+        self.asked: list[tuple[tuple[str, int], m.Request]] = []
+
+    def request(
+        self,
+        address: tuple[str, int],
+        frame: Frame,
+        deadline: float,
+        done: Callable[[Frame | BaseException], None],
+    ) -> None:
+        self.asked.append((address, m.decode_request(frame)))
+        if self.answer is None:
+            done(ConnectionError("refused"))
+            return
+        decoder = FrameDecoder()
+        decoder.feed(b"".join(m.encode_response(self.answer, frame.correlation_id, frame.api_key)))
+        reply = decoder.next_frame()
+        assert reply is not None
+        done(reply)
+
+
+def clustered(core: Core, *, down: bool = False, leaderless: bool = False) -> int:
+    """Make `core` node 1 of a cluster (one core a node) whose node 2 is live and leads every
+    state partition (`leaderless`: the last has no live leader); `down`: node 3 is in the view,
+    not live. The number of state partitions."""
+    state = core.transactions.ensure_topic()  # made as on one node, before the switch
+    assert state is not None
+    core.config = dataclasses.replace(core.config, node_id=1, cluster=cast(Any, object()))
+    nodes = {n: NodeAddress(n, "127.0.0.1", 9000 + n, (9100 + n,)) for n in (1, 2, 3)}
+    if not down:
+        del nodes[3]
+    leaders = {i: 2 for i in range(state.partitions)}
+    if leaderless:
+        leaders[state.partitions - 1] = 3
+    core.cluster = ClusterView(
+        node_id=1,
+        generation=1,
+        clustered=True,
+        nodes=nodes,
+        partitions={(state.topic_id, i): PartitionState((2, 1), n, 1, (2, 1)) for i, n in leaders.items()},
+        live=frozenset({1, 2}),
+    )
+    return state.partitions
+
+
+def answer(held: bool, loaded: range | tuple[int, ...]) -> m.FindHeldTxnsResponse:
+    return m.FindHeldTxnsResponse(held=(held,), loaded=tuple(loaded))
+
+
+@pytest.mark.parametrize(
+    ("case", "aborted"),
+    [("hanging", 1), ("held", 0), ("not loaded", 0), ("cannot be asked", 0), ("down", 0), ("leaderless", 0)],
+)
+def test_in_a_cluster_every_live_nodes_cores_are_asked(
+    one: tuple[Core, Partition], case: str, aborted: int
+) -> None:
+    """A cluster's round asks every core of every live node over the remote links, and aborts
+    only when every one answered, none holds it, and every state partition is loaded by one of
+    them; a node of the view not live, or a state partition with no live leader, means no
+    round at all."""
+    core, p = one
+    partitions = clustered(core, down=case == "down", leaderless=case == "leaderless")
+    given = {
+        "hanging": answer(False, range(partitions)),
+        "held": answer(True, range(partitions)),
+        "not loaded": answer(False, range(partitions - 1)),
+        "cannot be asked": None,
+    }.get(case, answer(False, range(partitions)))
+    remote = RemoteLinks(given)
+    core.remote_links = cast(Any, remote)
+    s = sweep(core)
+    s.run()
+    asked = [] if case in ("down", "leaderless") else [(("127.0.0.1", 9102), (PID, p.topic_id, p.index))]
+    assert [(a, q.questions[0]) for a, q in remote.asked if isinstance(q, m.FindHeldTxnsRequest)] == asked
+    assert (s.aborted, p.last_stable_offset) == (aborted, 2 if aborted else 0)
+
+
+def test_in_a_cluster_a_client_may_ask_find_held_txns(one: tuple[Core, Partition]) -> None:
+    """Another node's sweep comes over the nodes' links, as a client's frame would (ACLs, where on,
+    need alter on the cluster): answered, with the state partitions loaded here."""
+    core, p = one
+    clustered(core)
+    req = m.FindHeldTxnsRequest(((PID, p.topic_id, p.index),))
+    outcome = RinglogAdapter(core).handle(m.request_frame(req, 5))
+    assert isinstance(outcome, Reply)
+    decoder = FrameDecoder()
+    decoder.feed(b"".join(outcome.buffers))
+    resp = m.decode_response(decoder.next_frame())  # type: ignore[arg-type]
+    assert isinstance(resp, m.FindHeldTxnsResponse) and resp.held == (False,), resp
+    assert resp.loaded == tuple(core.transactions.coordinator.loaded())
