@@ -4,8 +4,9 @@ transactional producer and read_committed consumers: commits and aborts over par
 different nodes; kill -9 of the node coordinating the transactional id mid-transaction (the
 state partition's new leader takes the id over, the open transaction is aborted by the next
 producer's init and what was committed stays whole); kill -9 of a data partition's leader
-mid-transaction (the commit's marker reaches the new leader). The internal topic cannot be
-deleted through the cluster's delete either."""
+mid-transaction (the commit's marker reaches the new leader); a hanging transaction (no
+coordinator of any node holds it) aborted by the sweep while one held by a coordinator on another
+node stays open. The internal topic cannot be deleted through the cluster's delete either."""
 
 from __future__ import annotations
 
@@ -26,6 +27,11 @@ from test_cluster import Cluster, healed  # noqa: E402, F401  (tests/cluster; he
 
 STATE_PARTITIONS = 3
 TIMEOUT_S = 30
+# short enough for the hanging-transaction sweep's test (a transaction idle past max timeout + 2
+# abort intervals is looked at every check interval), long enough for the failovers elsewhere
+MAX_TIMEOUT_MS = 10_000
+ABORT_INTERVAL_MS = 500
+HANG_THRESHOLD_S = (MAX_TIMEOUT_MS + 2 * ABORT_INTERVAL_MS) / 1000
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +39,16 @@ def cluster(etcd, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]
     c = Cluster(
         tmp_path_factory.mktemp("txn-cluster"),
         etcd.endpoints,
-        extra=("--transaction-state-partitions", str(STATE_PARTITIONS)),
+        extra=(
+            "--transaction-state-partitions",
+            str(STATE_PARTITIONS),
+            "--transaction-max-timeout-ms",
+            str(MAX_TIMEOUT_MS),
+            "--transaction-abort-interval-ms",
+            str(ABORT_INTERVAL_MS),
+            "--transaction-hang-check-interval-ms",
+            "300",
+        ),
     )
     c.nodes[2].backend = "io_uring"
     try:
@@ -74,7 +89,12 @@ def coordinator_for_group(group: str) -> int:
 
 def producer(cluster: Cluster, txn_id: str) -> confluent_kafka.Producer:
     p = confluent_kafka.Producer(
-        {"bootstrap.servers": cluster.bootstrap, "transactional.id": txn_id, "linger.ms": 1}
+        {
+            "bootstrap.servers": cluster.bootstrap,
+            "transactional.id": txn_id,
+            "linger.ms": 1,
+            "transaction.timeout.ms": MAX_TIMEOUT_MS,
+        }
     )
     p.init_transactions(TIMEOUT_S)
     return p
@@ -264,7 +284,12 @@ def test_no_coordinator_while_too_few_nodes_live(cluster: Cluster) -> None:
         cluster.nodes[i].kill()
     wait_for(lambda: sorted(cluster.view(1)["live"]) == [1], timeout=TIMEOUT_S)
     p = confluent_kafka.Producer(
-        {"bootstrap.servers": cluster.nodes[1].bootstrap, "transactional.id": "txq-id", "linger.ms": 1}
+        {
+            "bootstrap.servers": cluster.nodes[1].bootstrap,
+            "transactional.id": "txq-id",
+            "linger.ms": 1,
+            "transaction.timeout.ms": MAX_TIMEOUT_MS,
+        }
     )
     with pytest.raises(confluent_kafka.KafkaException) as raised:
         p.init_transactions(3)
@@ -278,3 +303,125 @@ def test_no_coordinator_while_too_few_nodes_live(cluster: Cluster) -> None:
         p.produce("txq", b"back", partition=i)
     p.commit_transaction(TIMEOUT_S)
     assert read_committed(cluster, "txq", 3) == {i: [b"back"] for i in range(3)}
+
+
+def test_a_hanging_transaction_is_aborted_by_the_sweep(cluster: Cluster) -> None:
+    """A transactional batch no coordinator of any node knows of (a raw Produce naming a
+    transactional id that never asked its coordinator, with an idempotent producer id) holds
+    read_committed back on its partition until the sweep of the partition's leader, having asked
+    every core of every live node (FIND_HELD_TXNS over the nodes' links), aborts it. A
+    transaction open meanwhile in another partition, held by its coordinator on another node
+    than that partition's leader, is answered held by that node and stays open: it commits whole."""
+    import datetime
+    import struct
+    import sys
+    from typing import Any
+
+    from crc32c import crc32c
+    from kio.schema.errors import ErrorCode
+    from kio.static.primitive import i8, i16, i32, i64
+
+    from broker.kafka.codec import make, request_schema
+    from labkit.brokerproc import Wire
+    from labkit.kafka_requests import build, rpc
+    from ringlog_proto import messages as m
+    from ringlog_proto.batch import CRC_START, encode_batch
+    from ringlog_proto.batch_header import TRANSACTIONAL_BIT
+
+    def kafka(node: int, api_key: int, version: int, **values: object) -> Any:
+        body = build(request_schema(api_key, version), **values)
+        return rpc(cluster.nodes[node].port, api_key, version, body)
+
+    def last_stable_offset(node: int, partition: int) -> int:
+        module = sys.modules[request_schema(2, 5).__module__]
+        latest = make(
+            module.ListOffsetsPartition,
+            partition_index=i32(partition),
+            current_leader_epoch=i32(-1),
+            timestamp=i64(-1),
+        )
+        topic = make(module.ListOffsetsTopic, name="txh", partitions=(latest,))
+        resp = kafka(node, 2, 5, replica_id=i32(-1), isolation_level=i8(1), topics=(topic,))
+        (p,) = resp.topics[0].partitions
+        assert p.error_code == ErrorCode.none
+        return int(p.offset)
+
+    leaders = data_topic(cluster, "txh")
+    node = next(i for i, n in cluster.nodes.items() if n.running())
+    tid = topic_ids(str(cluster.nodes[node].data_dir))["txh"]
+    live = producer(cluster, "txh-live")  # the state topic exists from here on
+    held_by = coordinator_node(cluster, "txh-live")
+    mine = next((i for i in range(3) if leaders[i] != held_by), None)
+    assert mine is not None, (leaders, held_by)  # the live transaction's partition: led elsewhere
+    ghost = next(i for i in range(3) if i != mine)
+    at = leaders[ghost]
+    init = kafka(
+        at,
+        22,
+        4,
+        transactional_id=None,
+        transaction_timeout=datetime.timedelta(seconds=60),
+        producer_id=i64(-1),
+        producer_epoch=i16(-1),
+    )
+    assert init.error_code == ErrorCode.none
+    pid, epoch = int(init.producer_id), int(init.producer_epoch)
+    encoded = time.monotonic()  # the batch's timestamp: its producer's last write, at the latest
+    batch = bytearray(encode_batch([b"ghost"], producer_id=pid, producer_epoch=epoch, base_sequence=0))
+    struct.pack_into(">h", batch, 21, TRANSACTIONAL_BIT)
+    struct.pack_into(">I", batch, 17, crc32c(bytes(batch[CRC_START:])))
+    module = sys.modules[request_schema(0, 8).__module__]
+    data = make(
+        module.TopicProduceData,
+        name="txh",
+        partition_data=(make(module.PartitionProduceData, index=i32(ghost), records=bytes(batch)),),
+    )
+
+    def produced() -> bool:
+        resp = kafka(
+            at,
+            0,
+            8,
+            transactional_id="txh-ghost",
+            acks=i16(-1),
+            timeout=datetime.timedelta(seconds=10),
+            topic_data=(data,),
+        )
+        code = resp.responses[0].partition_responses[0].error_code
+        assert code in (ErrorCode.none, ErrorCode.not_leader_or_follower), code
+        return code == ErrorCode.none
+
+    def asked(node: int, live_pid: int) -> m.FindHeldTxnsResponse:
+        """The question a sweep asks another node's core, here from outside."""
+        wire = Wire(cluster.nodes[node].port)
+        try:
+            resp = wire.rpc(m.FindHeldTxnsRequest(((live_pid, tid, mine), (pid, tid, ghost))))
+        finally:
+            wire.close()
+        assert isinstance(resp, m.FindHeldTxnsResponse) and resp.error == m.ErrorCode.NONE, resp
+        return resp
+
+    wait_for(produced, timeout=TIMEOUT_S)  # the view can name the leader before it acts on it
+    assert last_stable_offset(at, ghost) == 0
+    # the live transaction opens late enough to end before its own timeout
+    time.sleep(HANG_THRESHOLD_S / 2)
+    live.begin_transaction()
+    live.produce("txh", b"live", partition=mine)
+    assert live.flush(TIMEOUT_S) == 0
+    (state,) = kafka(held_by, 65, 0, transactional_ids=("txh-live",)).transaction_states
+    assert state.transaction_state == "Ongoing", state
+    live_pid = int(state.producer_id)
+    answers = {i: asked(i, live_pid) for i in cluster.nodes}
+    assert {i: a.held for i, a in answers.items()} == {i: (i == held_by, False) for i in cluster.nodes}
+    assert set().union(*(a.loaded for a in answers.values())) == set(range(STATE_PARTITIONS))
+    deadline = time.monotonic() + HANG_THRESHOLD_S + TIMEOUT_S
+    while last_stable_offset(at, ghost) != 2 and time.monotonic() < deadline:
+        time.sleep(0.1)  # the batch, then the sweep's marker
+    assert last_stable_offset(at, ghost) == 2
+    took = time.monotonic() - encoded
+    assert took >= HANG_THRESHOLD_S, took  # not before it was idle past the threshold
+    assert asked(held_by, live_pid).held == (True, False)  # the live one is still open, untouched
+    live.commit_transaction(TIMEOUT_S)
+    assert read_committed(cluster, "txh", 1) == {i: [b"live"] if i == mine else [] for i in range(3)}
+    assert "hanging transaction aborted" in cluster.nodes[leaders[ghost]].log()
+    print(f"\nhanging transaction aborted by the sweep {took:.2f} s after its write")
