@@ -188,13 +188,7 @@ class MarkerSender:
         if not left:
             done()
             return
-
-        def one_done() -> None:
-            nonlocal left
-            left -= 1
-            if not left:
-                done()
-
+        one_done = one_target(left, done)
         if unplaced:
             log.info("markers of %s to %s: no leader yet (tried again)", request.txn_id, unplaced)
             self._later(lambda: self._route(request, unplaced, [], one_done))
@@ -288,12 +282,7 @@ class MarkerSender:
         if not left:
             done(True)
             return
-
-        def one_done() -> None:
-            nonlocal left
-            left -= 1
-            if not left:
-                done(not moved)
+        one_done = one_target(left, lambda: done(not moved))
 
         for tid, index in partitions:
 

@@ -50,6 +50,7 @@ from broker.core.own_appends import OwnAppend, append_own
 from broker.core.producer_state import CoordinatorFencedError, FencedEpochError
 from broker.core.replication import NotLeaderError
 from broker.core.transactions import TXN_STATE_TOPIC, is_internal
+from broker.core.txn_markers import one_target
 from ringlog_proto import messages as m
 from ringlog_proto.apis.body import REQUEST_ARRAY_MAX
 from ringlog_proto.frames import Frame
@@ -325,17 +326,10 @@ class HangSweep:
             done(None)
 
     def _abort_all(self, hanging: list[Candidate], done: Callable[[], None]) -> None:
-        left = len(hanging)
-        if not left:
+        if not hanging:
             done()
             return
-
-        def one_done() -> None:
-            nonlocal left
-            left -= 1
-            if not left:
-                done()
-
+        one_done = one_target(len(hanging), done)
         for c in hanging:
             self._abort(c, one_done)
 
