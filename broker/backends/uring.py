@@ -151,13 +151,14 @@ class UringServer(BackendCore):
         ops = list(ops)
         placement = self.sync_placement
         inline_sync = placement.inline(alone and self.loop.quiet())
+        synced_inline = False
         started = time.monotonic_ns()
 
         def on_loop(op: Op) -> bool:
             return self._inline_write(op) or (inline_sync and isinstance(op, Sync))
 
         def finished(exc: OSError | None) -> None:
-            placement.took(time.monotonic_ns() - started)
+            placement.took(time.monotonic_ns() - started, synced_inline)
             done(exc)
 
         def resume(j: int) -> None:
@@ -167,6 +168,7 @@ class UringServer(BackendCore):
             step(j)
 
         def step(i: int) -> None:
+            nonlocal synced_inline
             j = i
             while j < len(ops) and not on_loop(ops[j]):
                 j += 1
@@ -177,6 +179,7 @@ class UringServer(BackendCore):
                 op = ops[i]
                 try:
                     if isinstance(op, Sync):
+                        synced_inline = True
                         self._sync_inline(op.fd)
                         self.core.metrics.synced_inline()
                     else:

@@ -7,6 +7,8 @@ name them without importing the backend (which needs the native bindings).
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 # After a pass that completed something, the loop keeps polling the ring without sleeping for
@@ -60,6 +62,16 @@ FLUSH_SYNCS = ("auto", "ring", "inline")
 # 800): holding the loop for the next would stall the core's other clients, so it goes to the
 # ring until a flush is fast again.
 SYNC_INLINE_NS_MAX = 1_000_000
+# A slow flush whose sync ran on the loop keeps "auto" on the ring this long, however fast the
+# ring's flushes are meanwhile: a fast flush on the ring says nothing of the next one on the loop.
+# A transaction's chain of coordinator appends (a state record, markers, another state record:
+# one flush each, back to back) met syncs on the loop of 4-5 ms (the loop's thread runnable, not
+# running, for that long after the disk's flush, on the shared 2-vCPU VM) against 0.3 ms on the
+# ring; taking the ring's fast flush as leave to return, every other flush paid it. A one-record
+# transaction every 10 ms (bench/transactions.py, 2 runs alternated): commit_transaction() p50
+# 13.4-13.7 -> 4.2-4.7 ms (uvloop 3.8), read_committed receipt 13.4-13.7 -> 4.3-4.8; plain
+# produce unchanged (0.8-0.9).
+SYNC_INLINE_RETRY_NS = 1_000_000_000
 
 # How a fetch reply's records from the page cache (a mapped segment) reach the socket. "copy":
 # sendmsg copies them from the mapping, as any buffer (on the loop without waiting, the rest
@@ -105,21 +117,33 @@ def busy_poll_for(requested: int | None, cores: int, cpus: int) -> int:
 
 class SyncPlacement:
     """Where the next flush's fdatasync runs (`--flush-syncs`, above): `inline(quiet)` decides,
-    `took(ns)` hears how long each flush took, so that a slow disk sends "auto" back to the ring
-    and a fast flush on the ring lets it come back."""
+    `took(ns, inline)` hears how long each flush took and where its sync ran, so that a slow disk
+    sends "auto" back to the ring and a fast flush on the ring lets it come back, unless the slow
+    one synced on the loop: then the ring keeps it for `SYNC_INLINE_RETRY_NS`."""
 
-    __slots__ = ("last_ns", "mode")
+    __slots__ = ("clock_ns", "last_ns", "mode", "ring_until_ns")
 
-    def __init__(self, mode: str = FLUSH_SYNCS_DEFAULT) -> None:
+    def __init__(
+        self, mode: str = FLUSH_SYNCS_DEFAULT, clock_ns: Callable[[], int] = time.monotonic_ns
+    ) -> None:
         _check_choice("flush_syncs", mode, FLUSH_SYNCS)
         self.mode = mode
+        self.clock_ns = clock_ns
         self.last_ns = 0  # the last flush's duration, from its start to its completion
+        self.ring_until_ns = 0  # no sync on the loop before this (`clock_ns`), after a slow one
 
     def inline(self, quiet: bool) -> bool:
         """Whether this flush's sync runs on the loop; `quiet`: nothing else waits for the loop."""
         if self.mode == "auto":
-            return quiet and self.last_ns <= SYNC_INLINE_NS_MAX
+            return (
+                quiet
+                and self.last_ns <= SYNC_INLINE_NS_MAX
+                and (not self.ring_until_ns or self.clock_ns() >= self.ring_until_ns)
+            )
         return self.mode == "inline"
 
-    def took(self, ns: int) -> None:
+    def took(self, ns: int, inline: bool = False) -> None:
+        """A flush took `ns`; `inline`: its sync ran on the loop."""
         self.last_ns = ns
+        if inline and ns > SYNC_INLINE_NS_MAX:
+            self.ring_until_ns = self.clock_ns() + SYNC_INLINE_RETRY_NS

@@ -19,7 +19,13 @@ from pathlib import Path
 import pytest
 
 from broker.backends.uring_loop import Loop
-from broker.backends.uring_options import FLUSH_SYNCS, SYNC_INLINE_NS_MAX, SyncPlacement, UringOptions
+from broker.backends.uring_options import (
+    FLUSH_SYNCS,
+    SYNC_INLINE_NS_MAX,
+    SYNC_INLINE_RETRY_NS,
+    SyncPlacement,
+    UringOptions,
+)
 from native import Ring, fdatasync_polled, probe
 
 pytestmark = pytest.mark.skipif(probe() is not None, reason=f"io_uring unavailable: {probe()}")
@@ -103,6 +109,23 @@ def test_placement_auto_is_inline_when_quiet_and_the_last_flush_was_fast() -> No
     p.took(SYNC_INLINE_NS_MAX + 1)  # a slow disk: the next flushes go to the ring
     assert not p.inline(quiet=True)
     p.took(SYNC_INLINE_NS_MAX // 10)  # a fast one on the ring: back inline when quiet
+    assert p.inline(quiet=True)
+
+
+def test_placement_auto_keeps_the_ring_for_a_while_after_a_slow_sync_on_the_loop() -> None:
+    """A fast flush on the ring is no leave to sync on the loop again: alternating, a chain of
+    flushes (a transaction's coordinator appends) paid the slow loop sync every other flush."""
+    now = [0]
+    p = SyncPlacement("auto", clock_ns=lambda: now[0])
+    assert p.inline(quiet=True)
+    p.took(SYNC_INLINE_NS_MAX + 1, inline=True)
+    p.took(SYNC_INLINE_NS_MAX // 10)  # fast on the ring
+    assert not p.inline(quiet=True)
+    now[0] = SYNC_INLINE_RETRY_NS - 1
+    assert not p.inline(quiet=True)
+    now[0] = SYNC_INLINE_RETRY_NS
+    assert p.inline(quiet=True)  # tried on the loop again
+    p.took(SYNC_INLINE_NS_MAX // 10, inline=True)
     assert p.inline(quiet=True)
 
 
