@@ -3,7 +3,7 @@ idempotent acks=all producers (ours, and confluent-kafka's) and two consumers (o
 a confluent-kafka consumer group, long-polling and committing) on a replicated topic while faults
 are applied, and the final verdict of the checker over every replica.
 
-Test and bench harness, not broker code, used by tests/cluster/test_nemesis.py,
+Test and bench harness, not broker code, used by tests/cluster/test_nemesis*.py,
 scripts/cluster_demo.py and bench/failover.py.
 
 Rules this module keeps:

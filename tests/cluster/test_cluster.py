@@ -1,7 +1,8 @@
 """A real three-node cluster on loopback: three `broker serve --etcd` processes, a real etcd, our
 client and a stock Kafka client. Replicas byte for byte, failover after kill -9 with nothing
 acknowledged lost, a returning node caught up and back in sync, NOT_OWNER from a follower.
-(The nemesis suite, with namespaces, partitions and etcd failures, is test_nemesis.py.)"""
+(The nemesis suite, with namespaces, partitions and etcd failures, is test_nemesis.py and
+test_nemesis_restarts.py.)"""
 
 from __future__ import annotations
 

@@ -19,12 +19,14 @@ killed -9 and the coordinator's node isolated, each mid-transaction. Each prints
 line with its failover times (fault to the first acknowledged produce sent after it, on the
 partitions whose leader the fault took): run with `pytest -s` to see them.
 
+The faults are shared with test_nemesis_restarts.py (isolation, etcd's restarts, the rolling
+restart), on a lab of its own: one file each for pytest-xdist's two workers (nemesis_kit.py).
+
 Root-required (CI is root); skipped, with the reason, otherwise.
 """
 
 from __future__ import annotations
 
-import itertools
 import os
 import signal
 import socket
@@ -35,6 +37,19 @@ from collections.abc import Callable, Iterator
 
 import confluent_kafka
 import pytest
+from nemesis_kit import (
+    FAILOVER_MAX_S,
+    KILL_ROUNDS,
+    PAUSE_S,
+    STOP_GAP_MAX_S,
+    STOP_WATCH_S,
+    TXN_ROUNDS,
+    finish,
+    interrupt_leaders,
+    led_by,
+    open_lab,
+    topic,
+)
 
 from broker.client.admin import Admin
 from labkit.clusterchecker import report, spread
@@ -42,11 +57,9 @@ from labkit.clusterlab import BROKER_PORT, ClusterLab, lab_unavailable, wait_unt
 from labkit.nemesisload import (
     TXN_STATE_PARTITIONS,
     Workload,
-    create_topic,
     describe,
     leader_of,
     node_id,
-    start_cluster,
     wait_new_leader,
     wait_whole,
 )
@@ -60,75 +73,13 @@ REASON = lab_unavailable()
 # gives the rest of the suite (tests/conftest.py). Each fault still starts from a whole cluster.
 pytestmark = [pytest.mark.skipif(REASON is not None, reason=f"{REASON}"), pytest.mark.written_order]
 
-# 20 for the figures; each round is a kill, a failover, a restart and a rejoin (~7 s here)
-# 6 rounds in the suite (each partition's leader killed twice: ~45 s); the figures of
-# docs/CLUSTER.md are NEMESIS_KILL_ROUNDS=20 runs
-KILL_ROUNDS = int(os.environ.get("NEMESIS_KILL_ROUNDS", "6"))
-PAUSE_S = 5.0  # past the 2 s session TTL
-ISOLATE_S = 5.0
-ETCD_WATCH_S = 5.0  # the produce gap is measured over this long after the etcd leader dies
-ETCD_DOWN_S = 5.0  # an etcd outage shorter than the session lease
-ETCD_AFTER_S = 3.0  # acks watched this long after etcd is back
-# Leaders keep serving while etcd is away: the gap is a stall, not a failover. Quiet runs show
-# 0.14-0.16 s and a node that fences itself 4.1-6.2 s; a machine loaded seven deep once showed
-# 1.01 s, so the bound sits between the two, not at the quiet figure.
-ETCD_GAP_MAX_S = 2.0
-FAILOVER_MAX_S = 10.0  # a bound that catches a stuck failover, not the goal (3 s, see CLUSTER.md)
-# A graceful stop's produce gap on the partitions it led: a bound that catches a stop that does not
-# move leaderships first (8-10 s before), not the goal (~0.1 s, docs/CLUSTER.md); a loaded 2-CPU
-# machine running the suite's other worker beside it gave 1.3 s once.
-STOP_GAP_MAX_S = 2.0
-STOP_WATCH_S = 2.0
-# rounds of the four transaction faults: 1 in the suite (~30 s), more to hunt (NEMESIS_TXN_ROUNDS)
-TXN_ROUNDS = int(
-    os.environ.get("NEMESIS_TXN_ROUNDS", "1")
-)  # the gap is measured from the SIGTERM to this long after the node exited
-_topics = itertools.count()
-
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterLab]:
-    """Three clustered nodes and one etcd member, shared by the tests of one-node faults (each
-    leaves every node running, resumed and healed)."""
-    lab = ClusterLab(nodes=3, etcd_members=1, base_dir=tmp_path_factory.mktemp("nemesis"))
-    try:
-        start_cluster(lab)
+    """Three clustered nodes and one etcd member, shared by this module's tests of one-node faults
+    (each leaves every node running, resumed and healed)."""
+    with open_lab(tmp_path_factory.mktemp("nemesis")) as lab:
         yield lab
-    finally:
-        lab.close()
-
-
-def topic(lab: ClusterLab) -> str:
-    name = f"nemesis{next(_topics)}"
-    create_topic(lab, name)
-    return name
-
-
-def led_by(lab: ClusterLab, name: str, index: int) -> list[int]:
-    """The partitions node `index` leads."""
-    return [p.partition for p in describe(lab, name).partitions if p.leader_node == node_id(index)]
-
-
-def finish(w: Workload, what: str, failovers: list[float], extra: str = "") -> None:
-    """Stop the workload, judge the run, print its summary line."""
-    w.stop()
-    verdict = w.verdict()
-    unread = w.unread()
-    kinds = Counter(v.kind for v in verdict.violations)
-    kafka_acks = sum(a.producer == "kafka" for a in w.acks) + len(w.offsetless)
-    print(
-        f"\nNEMESIS {what}: failover {spread(failovers)}; {verdict.acks} acked ({kafka_acks} by the "
-        f"Kafka producer, {len(w.offsetless)} of them without an offset), {verdict.reads} read, "
-        f"{len(verdict.violations)} violations "
-        f"({kinds['lost']} lost, {kinds['duplicated']} duplicated, {kinds['reordered']} reordered)"
-        f"{extra}; consumer restarts {len(w.consumer_failures)}"
-    )
-    assert verdict.violations == [], report(verdict.violations)
-    assert not any(unread.values()), (
-        f"acknowledged records never read, per consumer: {unread}; "
-        f"consumer failures {w.consumer_failures[:3]}"
-    )
-    assert not [e for e in w.errors if not isinstance(e, TimeoutError)], w.errors[:5]
 
 
 def coordinator_of(lab: ClusterLab, txn_id: str) -> int:
@@ -268,49 +219,9 @@ def leaders_seen_by(ip: str, name: str) -> dict[int, int]:
     return {p.index: p.leader_node for t in resp.topics if t.name == name for p in t.partitions}
 
 
-def interrupt_leaders(
-    lab: ClusterLab,
-    tag: str,
-    partitions: tuple[int, ...],
-    fault: Callable[[int], None],
-    undo: Callable[[int], None],
-    seconds: float,
-) -> tuple[Workload, list[float], list[float]]:
-    """Take the leader of each partition away with `fault` for `seconds`, then `undo` it: a new
-    leader is elected meanwhile, and the node comes back as a follower (truncating what diverged,
-    catching up, rejoining every ISR). Returns the workload, the failovers and the elections."""
-    name = topic(lab)
-    failovers: list[float] = []
-    elections: list[float] = []
-    with Workload(lab, name, tag=tag) as w:
-        w.wait_acked(200)
-        for partition in partitions:
-            victim, epoch = leader_of(lab, name, partition)
-            hit = led_by(lab, name, victim)
-            fault(victim)
-            fault_at = lab.last_fault()
-            try:
-                elections.append(wait_new_leader(lab, name, partition, victim, fault_at))
-                failovers.append(w.wait_failover(fault_at, hit))
-                new, new_epoch = leader_of(lab, name, partition)
-                assert new != victim and new_epoch > epoch
-                time.sleep(max(0.0, fault_at + seconds - time.monotonic()))
-            finally:
-                undo(victim)
-            wait_whole(lab, name)
-            w.wait_acked(50)
-    assert max(failovers) < FAILOVER_MAX_S, failovers
-    return w, failovers, elections
-
-
 def test_pause_the_leader_past_its_session(lab: ClusterLab) -> None:
     w, failovers, elections = interrupt_leaders(lab, "pause", (0, 1), lab.pause, lab.resume, PAUSE_S)
     finish(w, f"SIGSTOP leader {PAUSE_S:.0f} s x2", failovers, f"; new leader {spread(elections)}")
-
-
-def test_isolate_the_leader_then_heal(lab: ClusterLab) -> None:
-    w, failovers, elections = interrupt_leaders(lab, "isolate", (2, 0), lab.isolate, lab.heal, ISOLATE_S)
-    finish(w, f"isolate leader {ISOLATE_S:.0f} s x2", failovers, f"; new leader {spread(elections)}")
 
 
 def test_sigterm_to_a_leader_moves_its_leaderships_before_it_exits(lab: ClusterLab) -> None:
@@ -378,96 +289,3 @@ def test_sigterm_to_a_leader_moves_its_leaderships_before_it_exits(lab: ClusterL
         f"SIGTERM, exit {exited - fault_at:.2f} s after it",
     )
     assert max(gaps) < STOP_GAP_MAX_S, gaps
-
-
-def test_restart_etcd(lab: ClusterLab) -> None:
-    """The only etcd member killed and started again `ETCD_DOWN_S` later: no leader, no ISR change
-    and no group commit can happen meanwhile, and nothing needs one: every partition keeps
-    acknowledging (CLUSTER.md, "While etcd is away"), and the group consumers' commits are
-    answered retriably until etcd is back."""
-    name = topic(lab)
-    with Workload(lab, name, tag="etcdrestart") as w:
-        w.wait_acked(200)
-        lab.kill_etcd(0)
-        fault_at = lab.last_fault()
-        time.sleep(ETCD_DOWN_S)
-        lab.restart_etcd(0)
-        back_s = time.monotonic() - fault_at
-        time.sleep(ETCD_AFTER_S)
-        gap = w.longest_gap(fault_at, time.monotonic())
-        wait_whole(lab, name)
-        w.wait_acked(50)
-    finish(
-        w,
-        f"etcd down {ETCD_DOWN_S:.0f} s (its only member killed, then started)",
-        [gap],
-        f"; longest ack gap {gap:.3f} s from the kill to {ETCD_AFTER_S:.0f} s after etcd was back "
-        f"(back after {back_s:.2f} s)",
-    )
-    assert gap < ETCD_GAP_MAX_S, f"nothing acknowledged for {gap:.2f} s while etcd was away"
-
-
-def test_rolling_restart(lab: ClusterLab) -> None:
-    """Every node stopped gracefully (SIGTERM) and started again, one after the other, each back
-    in every in-sync set before the next: an upgrade."""
-    name = topic(lab)
-    rejoins: list[float] = []
-    with Workload(lab, name, tag="rolling") as w:
-        w.wait_acked(200)
-        started = time.monotonic()
-        for i in range(len(lab.nodes)):
-            lab.restart(i, graceful=True)
-            rejoins.append(wait_whole(lab, name))
-            w.wait_acked(50)
-        gap = w.longest_gap(started, time.monotonic())
-    assert gap < FAILOVER_MAX_S, f"nothing acknowledged for {gap:.2f} s during the rolling restart"
-    finish(
-        w,
-        f"rolling restart of {len(lab.nodes)} nodes",
-        [gap],
-        f"; longest ack gap {gap:.2f} s; started to whole ISR {spread(rejoins)}",
-    )
-
-
-def test_kill_the_etcd_leader(cluster_lab) -> None:
-    lab = cluster_lab(nodes=3, etcd_members=3)
-    start_cluster(lab)
-    name = topic(lab)
-    with Workload(lab, name, tag="etcd") as w:
-        w.wait_acked(200)
-        etcd_leader = lab.wait_etcd_leader()
-        lab.kill_etcd(etcd_leader)
-        fault_at = lab.last_fault()
-        # the data path does not need etcd: every partition keeps acknowledging
-        resumed = w.wait_failover(fault_at, range(3))
-        new = lab.wait_etcd_leader(10)
-        elected_s = time.monotonic() - fault_at
-        assert new != etcd_leader
-        time.sleep(max(0.0, fault_at + ETCD_WATCH_S - time.monotonic()))
-        gap = w.longest_gap(fault_at, fault_at + ETCD_WATCH_S)
-        assert gap < FAILOVER_MAX_S, f"nothing acknowledged for {gap:.2f} s after the etcd leader died"
-        # the control plane works on the new etcd leader: a topic is created, placed and served
-        started = time.monotonic()
-        later = topic(lab)
-        created_s = time.monotonic() - started
-        with Workload(lab, later, tag="after") as w2:
-            w2.wait_acked(100)
-        v2 = w2.verdict()
-        assert v2.violations == [], report(v2.violations)
-        # and a broker failover still happens through it
-        victim, _ = leader_of(lab, name, 0)
-        hit = [p.partition for p in describe(lab, name).partitions if p.leader_node == node_id(victim)]
-        lab.kill(victim)
-        broker_failover = w.wait_failover(lab.last_fault(), hit)
-        lab.restart(victim)
-        wait_until(lambda: lab.etcd_leader() is not None, 10, "etcd leader")
-        wait_whole(lab, name)
-        w.wait_acked(50)
-    finish(
-        w,
-        "kill -9 etcd leader (3 members)",
-        [resumed],
-        f"; longest ack gap {gap:.3f} s in the {ETCD_WATCH_S:.0f} s after; "
-        f"etcd leader again in {elected_s:.2f} s; "
-        f"topic created after in {created_s:.2f} s; broker failover after {broker_failover:.2f} s",
-    )
