@@ -9,10 +9,16 @@ import pytest
 
 from labkit.brokerproc import BrokerProcess
 
+# A group's first join waits this long for more members (Kafka's default is 3 s), as in
+# tests/conftest.py's brokers: each app's group is one member, which would wait the 3 s for nobody.
+GROUP_DELAY = ("--group-initial-rebalance-delay-ms", "100")
+
 
 @pytest.fixture(params=["uvloop", "io_uring"])
 def app_broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BrokerProcess]:
-    proc = BrokerProcess(tmp_path / "data", tmp_path / "broker.log", backend=request.param).start()
+    proc = BrokerProcess(
+        tmp_path / "data", tmp_path / "broker.log", GROUP_DELAY, backend=request.param
+    ).start()
     yield proc
     if proc.running():
         assert proc.stop() == 0, f"broker did not exit cleanly on SIGTERM:\n{proc.log()}"
@@ -25,7 +31,7 @@ def eos_broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Broke
     proc = BrokerProcess(
         tmp_path / "data",
         tmp_path / "broker.log",
-        ("--transaction-abort-interval-ms", "500"),
+        ("--transaction-abort-interval-ms", "500", *GROUP_DELAY),
         backend=request.param,
     ).start()
     yield proc
