@@ -50,6 +50,10 @@ class ThreeNodes:
                     # timeout (every 0.5 s, not Kafka's 10 s); the other apps never notice.
                     "--transaction-abort-interval-ms",
                     "500",
+                    # Each app's group is one member: its first join need not wait Kafka's 3 s
+                    # for more (tests/conftest.py's brokers wait 0.1 s too).
+                    "--group-initial-rebalance-delay-ms",
+                    "100",
                 ),
                 backend="io_uring" if i == 2 else "uvloop",
             )
