@@ -41,7 +41,9 @@ def broker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[BrokerPro
         tmp_path / "broker.log",
         cores=options["cores"],
         backend=options["backend"],
-        extra=("--default-partitions", str(DEFAULT_PARTITIONS)),
+        # a group's first join waits this long for more members (Kafka's default is 3 s), as in
+        # tests/conftest.py's brokers
+        extra=("--default-partitions", str(DEFAULT_PARTITIONS), "--group-initial-rebalance-delay-ms", "100"),
     ).start()
     yield proc
     assert proc.stop() == 0, proc.log()

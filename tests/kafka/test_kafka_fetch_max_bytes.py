@@ -44,7 +44,13 @@ def kbroker(
 ) -> Iterator[BrokerProcess]:
     tmp = tmp_path_factory.mktemp(request.param["backend"])
     proc = BrokerProcess(
-        tmp / "data", tmp / "broker.log", cores=request.param["cores"], backend=request.param["backend"]
+        tmp / "data",
+        tmp / "broker.log",
+        # a group's first join waits this long for more members (Kafka's default is 3 s), as in
+        # tests/conftest.py's brokers
+        ("--group-initial-rebalance-delay-ms", "100"),
+        cores=request.param["cores"],
+        backend=request.param["backend"],
     ).start()
     yield proc
     if proc.running():
