@@ -46,7 +46,9 @@ def _claim(data_dir: str, n: int, out: multiprocessing.Queue) -> None:
 
 
 def test_cores_in_separate_processes_never_share_an_id(tmp_path: Path) -> None:
-    ctx = multiprocessing.get_context("fork")
+    # Spawned, not forked: a child forked from a test worker inherits what earlier tests left
+    # (a librdkafka handle, its threads gone in the child), whose collection crashed the child.
+    ctx = multiprocessing.get_context("spawn")
     out: multiprocessing.Queue = ctx.Queue()
     procs = [ctx.Process(target=_claim, args=(str(tmp_path), 200, out)) for _ in range(4)]
     for p in procs:
