@@ -514,7 +514,7 @@ class ProducerState:
         state = self._producers.get(pid)
         if state is None or h.producer_epoch > state.epoch:
             state = self._fresh(pid, h.producer_epoch, state)
-        state.last_write_ms = write_ms  # a marker is a write too (Kafka's KAFKA-9144)
+        state.last_write_ms = write_ms  # a marker keeps its producer from expiring (Kafka)
         state.coordinator_epoch = control.coordinator_epoch
         state.marker_offset = h.base_offset
         first = state.txn_first_offset

@@ -109,7 +109,7 @@ def test_faust_exactly_once_on_three_nodes(three_nodes: ThreeNodes, tmp_path: Pa
     restart's InitProducerId fences the killed worker at a higher epoch (logged by whichever node
     coordinates `counter-0-0`), the changelog's aborted or unfinished writes are left out
     read_committed, and every input record reaches the output. Its duplicates and inexact counts
-    are Faust's (faust-streaming#177: test_faust.py) and xfail as on one node."""
+    are Faust's own (test_faust.py says why) and xfail as on one node."""
     bootstrap = three_nodes.bootstrap
     out = check_faust_table(bootstrap, tmp_path / "app", three_nodes.logs, exactly_once=True)
     check_faust_exactly_once(bootstrap, out, three_nodes.all_logs(), three_nodes.logs)

@@ -81,7 +81,7 @@ def check_faust_exactly_once(
     """What the broker owes Faust's exactly_once, asserted on `out` (check_faust_table's output,
     read read_committed) and `coordinator_log` (the log of the broker or of every node, where the
     coordinator of `counter-0-0` logged its InitProducerIds); then the records twice or counted
-    wrong, Faust's own (faust-streaming#177, test_faust_exactly_once_killed_mid_stream), xfail."""
+    wrong, Faust's own (output sent outside its transactions: the module docstring), xfail."""
     # The restart's InitProducerId took the id at a higher epoch, fencing the killed worker (and
     # aborting its open transaction: nearly always one, as input flows between commits).
     inits = re.findall(r"transactional id counter-0-0: producer id \d+ epoch (\d+)", coordinator_log)
@@ -97,7 +97,7 @@ def check_faust_exactly_once(
     )
     aborted = re.search(r"transactional id counter-0-0: .*(?:PrepareAbort|CompleteAbort)", coordinator_log)
     assert committed < written if aborted else committed <= written, explain()
-    # Nothing of the output was aborted: it was never in a transaction (faust-streaming#177).
+    # Nothing of the output was aborted: it was never in a transaction.
     assert len(read_topic(bootstrap, "counts")) == len(out)
     twice = sorted(k for k, n in collections.Counter((r["key"], r["seq"]) for r in out).items() if n > 1)
     wrong = [r for r in out if r["count"] != r["seq"]]
