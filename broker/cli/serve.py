@@ -127,8 +127,8 @@ def static_topic_configs(args: argparse.Namespace, clustered: bool) -> frozenset
 def cmd_serve(args: argparse.Namespace) -> int:
     """Run the supervisor, which runs one worker process per core (broker/node/supervisor.py)."""
     from broker.core.topics import segment_floor_violation  # noqa: PLC0415
+    from broker.node.backend_choice import BackendUnavailable, choose_backend  # noqa: PLC0415
     from broker.node.supervisor import SupervisorConfig, run_supervisor  # noqa: PLC0415 - keep client commands light
-    from broker.node.worker import BackendUnavailable, choose_backend  # noqa: PLC0415
 
     available = len(os.sched_getaffinity(0))
     cores = available if args.cores is None else args.cores

@@ -90,7 +90,6 @@ from broker.core.producer_state import PRODUCER_ID_EXPIRATION_MS_DEFAULT
 from broker.core.topics import TopicRegistry
 from broker.node.listeners import Sockets, make_sockets, remember_core_ports, remembered_core_ports
 from broker.node.membership import SwimEndpoint, read_keyring
-from broker.node.metrics_http import serve_metrics
 from broker.node.startup import StartError, prepare_data_dir, raise_nofile_limit
 from broker.security.credentials import SECURITY_DIR
 from broker.security.sasl import INTER_BROKER_PASSWORD_ENV, SaslConfig
@@ -276,6 +275,10 @@ class Supervisor:
                 self._start_agent()
                 self._load_ebpf()  # right after the listeners: steered from their first connection
                 if self.config.metrics_port is not None:
+                    # here: it reads the workers' snapshots with the core's metrics code, which a
+                    # broker without --metrics-port need not import at every start
+                    from broker.node.metrics_http import serve_metrics  # noqa: PLC0415
+
                     metrics_server = serve_metrics(
                         self.config.host, self.config.metrics_port, self.config.data_dir, self.config.cores
                     )

@@ -9,7 +9,8 @@ Rules this module keeps:
   holding ports or files for the next broker on the same data dir.
 - It reports readiness once, by writing to the pipe the supervisor gave it, only after every
   listener is served; a worker that exits before that failed to start.
-- The backend is chosen here (`choose_backend`) and both backends keep one contract:
+- The backend is chosen here (`choose_backend`, broker/node/backend_choice.py) and both backends
+  keep one contract:
   `run(config: BrokerConfig, listeners: Sequence[socket.socket], ready: Callable[..., None])`
   serves until SIGTERM/SIGINT and returns after a clean shutdown, calling `ready()` once every
   listener is served (an argument, such as a port, is accepted and ignored).
@@ -26,7 +27,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import functools
-import importlib.util
 import json
 import logging
 import os
@@ -45,6 +45,7 @@ from broker.core.core import Core
 from broker.core.limits import Limits
 from broker.core.producer_state import PRODUCER_ID_EXPIRATION_MS_DEFAULT
 from broker.kafka.adapter import KafkaAdapter
+from broker.node.backend_choice import BackendUnavailable, choose_backend
 from broker.node.logfmt import LogfmtFormatter
 from broker.ringlog.adapter import RinglogAdapter
 from broker.security.acls import AclStore
@@ -58,52 +59,6 @@ log = logging.getLogger("broker.node.worker")
 
 PR_SET_PDEATHSIG = 1
 EXIT_START_FAILED = 3  # the worker could not start (data dir, backend, ...): restarting will not help soon
-BACKENDS = ("auto", "io_uring", "uvloop")
-
-
-class BackendUnavailable(Exception):
-    """`--backend io_uring` was asked for and cannot be had."""
-
-
-def io_uring_unavailable() -> str | None:
-    """Why the io_uring backend cannot run here, or None if it can.
-
-    `native.probe()` (the liburing bindings, native/) returns None or True when io_uring works, a
-    string saying why not (or False) when it does not, and may raise; either module may not be
-    built yet.
-    """
-    try:
-        import native  # noqa: PLC0415 - optional, built separately
-
-        probe = native.probe()
-    except ImportError as exc:
-        return f"the native bindings are not built ({exc})"
-    except Exception as exc:  # a probe that fails says io_uring cannot be used
-        return f"native.probe() failed: {exc}"
-    if isinstance(probe, str):
-        return probe
-    if probe is False:
-        return "native.probe() says io_uring is not usable"
-    if importlib.util.find_spec("broker.backends.uring") is None:
-        return "broker/backends/uring.py is not built yet"
-    return None
-
-
-def choose_backend(requested: str) -> str:
-    """The backend to serve with: "io_uring" or "uvloop". `requested` is auto, io_uring or uvloop;
-    auto takes io_uring when it works and says why not otherwise. Raises `BackendUnavailable` when
-    io_uring is requested explicitly and cannot run."""
-    if requested not in BACKENDS:
-        raise ValueError(f"backend {requested!r}: choose one of {', '.join(BACKENDS)}")
-    if requested == "uvloop":
-        return "uvloop"
-    reason = io_uring_unavailable()
-    if reason is None:
-        return "io_uring"
-    if requested == "io_uring":
-        raise BackendUnavailable(f"io_uring unavailable: {reason}")
-    log.info("io_uring unavailable: %s; serving with uvloop", reason)
-    return "uvloop"
 
 
 def backend_runner(

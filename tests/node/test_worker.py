@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from broker.node import worker
+from broker.node import backend_choice
 from broker.node.supervisor import describe_exit
 
 
@@ -16,12 +16,12 @@ def test_auto_falls_back_to_uvloop_and_says_why_when_native_is_missing(
 ) -> None:
     monkeypatch.setitem(sys.modules, "native", None)  # import native -> ImportError
     caplog.set_level("INFO", logger="broker.node.worker")
-    assert worker.choose_backend("auto") == "uvloop"
+    assert backend_choice.choose_backend("auto") == "uvloop"
     assert "io_uring unavailable: the native bindings are not built" in caplog.text
     assert "serving with uvloop" in caplog.text
-    assert worker.choose_backend("uvloop") == "uvloop"
-    with pytest.raises(worker.BackendUnavailable, match="io_uring unavailable"):
-        worker.choose_backend("io_uring")
+    assert backend_choice.choose_backend("uvloop") == "uvloop"
+    with pytest.raises(backend_choice.BackendUnavailable, match="io_uring unavailable"):
+        backend_choice.choose_backend("io_uring")
 
 
 def test_a_probe_that_names_a_reason_or_fails_makes_io_uring_unavailable(
@@ -33,7 +33,7 @@ def test_a_probe_that_names_a_reason_or_fails_makes_io_uring_unavailable(
             return "io_uring_setup: EPERM (io_uring_disabled=2)"
 
     monkeypatch.setitem(sys.modules, "native", FakeNative)
-    assert worker.io_uring_unavailable() == "io_uring_setup: EPERM (io_uring_disabled=2)"
+    assert backend_choice.io_uring_unavailable() == "io_uring_setup: EPERM (io_uring_disabled=2)"
 
     class Broken:
         @staticmethod
@@ -41,9 +41,9 @@ def test_a_probe_that_names_a_reason_or_fails_makes_io_uring_unavailable(
             raise RuntimeError("boom")
 
     monkeypatch.setitem(sys.modules, "native", Broken)
-    assert "native.probe() failed: boom" in str(worker.io_uring_unavailable())
+    assert "native.probe() failed: boom" in str(backend_choice.io_uring_unavailable())
     with pytest.raises(ValueError, match="choose one of"):
-        worker.choose_backend("epoll")
+        backend_choice.choose_backend("epoll")
 
 
 def test_exits_are_named_by_code_or_signal() -> None:
