@@ -21,6 +21,7 @@ from broker.backends.uring_options import (
 )
 from broker.core.limits import add_limit_arguments, limits_from_args
 from broker.core.producer_state import PRODUCER_ID_EXPIRATION_MS_DEFAULT
+from broker.node.logfmt import LOG_LEVELS
 from broker.security.credentials import CredentialError, check_user_name
 from broker.security.exposure import exposure_warnings, is_loopback_only, is_wildcard
 from broker.security.sasl import (
@@ -33,8 +34,6 @@ from broker.security.sasl import (
 from broker.security.tls import TlsConfig, peer_context, server_context
 from broker.storage.cleaner import CleanerConfig
 from broker.storage.log import LogConfig
-
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 def _inter_broker(args: argparse.Namespace) -> InterBrokerLogin | None:

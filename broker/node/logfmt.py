@@ -10,6 +10,8 @@ import json
 import logging
 import time
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")  # --log-level's choices, for every process
+
 
 class LogfmtFormatter(logging.Formatter):
     """One `key=value` line per event (logfmt), so that logs can be filtered and parsed.

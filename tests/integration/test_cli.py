@@ -127,3 +127,56 @@ def test_replicas_placed_by_hand_from_the_command_line(broker: BrokerProcess) ->
 def test_version() -> None:
     out = broker_cmd("--version")
     assert out.returncode == 0 and out.stdout.startswith("ringlog broker ")
+
+
+# Imported by `broker serve`'s own process only if something else than the supervisor needed them:
+# the client library, a worker's protocols and core, and what they import (kio imports hypothesis).
+WORKER_OR_CLIENT_MODULES = ("broker.client", "broker.cli.client", "broker.node.worker", "broker.kafka", "kio")
+
+
+def test_serve_parses_and_checks_without_the_client_library_or_a_worker(tmp_path) -> None:
+    probe = (
+        "import sys\n"
+        "from broker.cli import main\n"
+        f"rc = main(['serve', '--cores', '0', '--data-dir', {str(tmp_path)!r}])\n"
+        f"print(rc, sorted(m for m in {WORKER_OR_CLIENT_MODULES!r} if m in sys.modules))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert out.stdout.split(maxsplit=1) == ["2", "[]\n"], out
+    assert "--cores must be at least 1" in out.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("serve", "--cores", "2", "--ebpf", "off"),
+        ("--log-level", "debug", "serve", "--port", "0"),
+        ("topics", "list", "-b", "h:1"),
+        ("dump", "somewhere"),
+        ("serve", "--bogus"),
+        ("serve", "-p"),
+        ("serve", "--cores", "x"),
+        ("serve", "--help"),
+        ("--log-level", "nope", "serve"),
+        ("-h", "serve"),
+        ("topics", "nope"),
+        ("topics", "create", "--help"),
+        ("users", "--help"),
+        ("nope",),
+        (),
+    ],
+)
+def test_a_commands_own_parser_answers_as_the_whole_one(args: tuple[str, ...], capsys) -> None:
+    from broker.cli import build_parser, parse_args
+
+    def answer(parse) -> tuple[object, str, str]:
+        try:
+            result: object = vars(parse(list(args)))
+        except SystemExit as exc:
+            result = exc.code
+        out = capsys.readouterr()
+        return result, out.out, out.err
+
+    assert answer(parse_args) == answer(build_parser().parse_args)
