@@ -6,6 +6,12 @@ Rules this module keeps:
   `steering: false`); a program that fails to load in auto mode is reported the same way. `on`:
   any reason it cannot load is a start error (`kernel.BpfError`). An XDP interface that was asked
   for (`--xdp-iface`) and cannot be attached is a start error in both modes: it was named explicitly.
+- `auto` with one core loads nothing either, unless `--xdp-iface` or `--tcp-fastopen-sysctl` asks
+  for what rides on the steering program's load: the reuseport group has one listener, which every
+  rule would choose, so the program (and TFO on that listener, which only its payload rule reads)
+  would only count connections, while compiling it (bcc runs clang at every start) was a third of
+  a one-core broker's start. The log line and the snapshot's reason say so; `--ebpf on` loads it
+  at one core too (its counters then in `broker stats`).
 - The TFO sysctl (bpf/tfo.py) is changed only with `set_tfo_sysctl`, and restored by `close()`.
 - `close()` detaches XDP and steering, releases maps, restores the sysctl and publishes a final
   snapshot with `steering: false`; idempotent, never raises.
@@ -35,6 +41,7 @@ from bpf import kernel, state, tfo
 log = logging.getLogger("broker.ebpf")
 
 EBPF_MODES: Final = ("auto", "on", "off")
+ONE_CORE_REASON: Final = "one core: there is no other core to steer connections to"
 
 
 class EbpfPlane:
@@ -54,15 +61,20 @@ class EbpfPlane:
 
     # ------------------------------------------------------------------------- loading
 
-    def prepare(self, cores: int) -> None:
+    def prepare(self, cores: int, *, xdp_or_tfo: bool = False) -> None:
         """Decide per the mode and compile and load the steering program, before the listeners
         exist: attaching right after they are made leaves no window in which the kernel's hash
-        alone places connections. First undoes what a killed broker left (module rules). Raises
-        kernel.BpfError when the broker must not start."""
+        alone places connections. First undoes what a killed broker left (module rules).
+        `xdp_or_tfo`: `--xdp-iface` or `--tcp-fastopen-sysctl` was given, which need the program
+        loaded whatever the core count. Raises kernel.BpfError when the broker must not start."""
         self.recover()
         if self.mode == "off":
             self.reason = "--ebpf off"
             log.info("eBPF off (--ebpf off): connections to the public port are forwarded in user space")
+            return
+        if self.mode == "auto" and cores == 1 and not xdp_or_tfo:
+            self.reason = ONE_CORE_REASON
+            log.info("eBPF steering not loaded: %s (--ebpf on loads it anyway)", ONE_CORE_REASON)
             return
         why = kernel.ebpf_unavailable()
         if why is not None:

@@ -242,7 +242,8 @@ class Supervisor:
             c = self.config
             self._lock_fd = prepare_data_dir(c.data_dir, c.log_defaults, c.limits)
             try:
-                self.ebpf.prepare(self.config.cores)  # compiled before the listeners exist
+                # compiled before the listeners exist
+                self.ebpf.prepare(self.config.cores, xdp_or_tfo=bool(c.xdp_iface) or c.tcp_fastopen_sysctl)
             except BpfError as exc:
                 raise StartError(str(exc)) from exc
             remembered = remembered_core_ports(self.config.data_dir, self.config.host)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bpf import kernel, state, tfo
+from bpf import kernel, plane, state, tfo
 from broker.client.client import AsyncClient
 from labkit.brokerproc import BrokerProcess
 
@@ -94,6 +94,38 @@ def test_auto_as_root_steers_leaves_the_sysctl_and_releases_at_exit(tmp_path: Pa
     assert tfo.read() == before
     final = state.read(str(b.data_dir))
     assert final is not None and final["steering"] is False
+
+
+def broker_stats(b: BrokerProcess) -> str:
+    return subprocess.run(
+        [sys.executable, "-m", "broker.cli", "stats", "-b", b.bootstrap],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+
+
+def test_auto_with_one_core_loads_nothing_and_says_why(tmp_path: Path) -> None:
+    b = BrokerProcess(tmp_path / "data", tmp_path / "log", cores=1).start()
+    try:
+        doc = state.read(str(b.data_dir))
+        assert doc is not None and not doc["steering"] and doc["reason"] == plane.ONE_CORE_REASON
+        assert kernel.bpf_fd_ids(b.pid)["prog_id"] == set()  # nothing compiled, nothing held
+        assert f"eBPF steering not loaded: {plane.ONE_CORE_REASON} (--ebpf on loads it anyway)" in b.log()
+        assert f"ebpf steering: off ({plane.ONE_CORE_REASON})" in broker_stats(b)
+    finally:
+        assert b.stop() == 0
+
+
+def test_ebpf_on_with_one_core_loads_the_program_and_counts(tmp_path: Path) -> None:
+    b = BrokerProcess(tmp_path / "data", tmp_path / "log", ("--ebpf", "on"), cores=1).start()
+    try:
+        doc = state.read(str(b.data_dir))
+        assert doc is not None and doc["steering"] and doc["live_cores"] == [0]
+        assert kernel.bpf_fd_ids(b.pid)["prog_id"]
+        assert "ebpf steering: on" in broker_stats(b)
+    finally:
+        assert b.stop() == 0
 
 
 def test_tfo_sysctl_flag_sets_and_restores_in_a_namespace(lab, ns_broker) -> None:
