@@ -314,6 +314,7 @@ class BackendCore(PartitionAppends):
         gets its adapter's error answer, or its connection is dropped where the protocol has no
         answer shape for the failure (Kafka's)."""
         partitions = outcome.partitions
+        log_end = outcome.log_end
         if request is None:
             request = outcome.frame
         timer: Cancellable | None = None
@@ -328,7 +329,7 @@ class BackendCore(PartitionAppends):
             self.parked_long_polls -= 1
             for p in partitions:
                 with contextlib.suppress(ValueError):
-                    p.waiters.remove(wake)
+                    (p.replica_waiters if log_end else p.waiters).remove(wake)
             return True
 
         def wake() -> None:
@@ -345,6 +346,7 @@ class BackendCore(PartitionAppends):
                     again = self.internal.handle(outcome.frame, None, conn.from_peer)
                 else:
                     raise RuntimeError("a parked wait with neither a frame nor `again`")
+                self.core.metrics.woken(log_end, isinstance(again, Wait))
                 if isinstance(again, Wait) and not self.stopping():
                     self._park(again, conn, slot, deadline_ms, request)  # spurious: the first deadline
                 elif isinstance(again, Wait):
@@ -364,7 +366,7 @@ class BackendCore(PartitionAppends):
         timer = self.call_later(max(0.0, (deadline_ms - now_ms()) / 1000), timeout)
         self.parked_long_polls += 1
         for p in partitions:
-            p.waiters.append(wake)
+            (p.replica_waiters if log_end else p.waiters).append(wake)
 
     def _parked_failed(
         self, exc: Exception, request: object, conn: ServedConnection | GatherPart, slot: Slot

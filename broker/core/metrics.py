@@ -70,6 +70,10 @@ class Snapshot(TypedDict, total=False):
     flush_syncs_inline: int
     reads_mapped: int
     reads_file: int
+    long_poll_wakes: int
+    long_poll_rewaits: int
+    replica_fetch_wakes: int
+    replica_fetch_rewaits: int
     gauges: dict[str, int]  # by name (GAUGES)
     latency_us_log2: list[int]  # LATENCY_BUCKETS counts
 
@@ -92,8 +96,12 @@ class CoreMetrics:
         "forwarded_out",
         "kafka_requests_by_api",
         "latency_us",
+        "long_poll_rewaits",
+        "long_poll_wakes",
         "reads_file",
         "reads_mapped",
+        "replica_fetch_rewaits",
+        "replica_fetch_wakes",
         "replies",
         "requests_by_api",
         "started_at",
@@ -118,6 +126,10 @@ class CoreMetrics:
         self.flush_syncs_inline = 0  # io_uring: flushes whose fdatasync ran on the loop itself
         self.reads_mapped = 0  # fetch reads served from the page cache's pages (io_uring)
         self.reads_file = 0  # fetch reads that read the file (a ring read, or a pread)
+        self.long_poll_wakes = 0  # parked consumer fetches woken (re-handled)
+        self.long_poll_rewaits = 0  # of those, the ones that found too little and waited again
+        self.replica_fetch_wakes = 0  # the same for followers' fetches (`Wait.log_end`)
+        self.replica_fetch_rewaits = 0
         self.started_at = time.time()
 
     # ------------------------------------------------------------------------- hot path
@@ -178,6 +190,16 @@ class CoreMetrics:
         else:
             self.reads_file += 1
 
+    def woken(self, replica: bool, rewait: bool) -> None:
+        """A parked fetch (a follower's: `replica`) was woken and re-handled; `rewait`: it found
+        too little and waits again (a wake for nothing: the whole request handled in vain)."""
+        if replica:
+            self.replica_fetch_wakes += 1
+            self.replica_fetch_rewaits += rewait
+        else:
+            self.long_poll_wakes += 1
+            self.long_poll_rewaits += rewait
+
     # ------------------------------------------------------------------------- snapshots
 
     def snapshot(self, gauges: Mapping[str, Callable[[], int]] | None = None) -> Snapshot:
@@ -205,6 +227,10 @@ class CoreMetrics:
             "flush_syncs_inline": self.flush_syncs_inline,
             "reads_mapped": self.reads_mapped,
             "reads_file": self.reads_file,
+            "long_poll_wakes": self.long_poll_wakes,
+            "long_poll_rewaits": self.long_poll_rewaits,
+            "replica_fetch_wakes": self.replica_fetch_wakes,
+            "replica_fetch_rewaits": self.replica_fetch_rewaits,
             "gauges": {name: int(read()) for name, read in (gauges or {}).items()},
             "latency_us_log2": list(self.latency_us),
         }
@@ -370,6 +396,13 @@ def prometheus_text(snapshots: Iterable[Snapshot]) -> str:
         "Fetch reads that read the segment file (pages not all in memory, or the uvloop backend).",
         per_core("reads_file"),
     )
+    for key, help_ in (
+        ("long_poll_wakes", "Parked consumer fetches woken and handled again."),
+        ("long_poll_rewaits", "Of those, the ones that found too little and waited again."),
+        ("replica_fetch_wakes", "Parked follower fetches woken and handled again."),
+        ("replica_fetch_rewaits", "Of those, the ones that found nothing new and waited again."),
+    ):
+        family(f"ringlog_{key}_total", "counter", help_, per_core(key))
     for gauge in GAUGES:
         family(
             f"ringlog_{gauge}",

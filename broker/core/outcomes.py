@@ -118,13 +118,18 @@ class Wait:
     when any of `partitions` grows, or carry out `on_timeout()` at the deadline.
 
     Several partitions: a Kafka Fetch names many, and a record in any of them must wake it. The
-    backend parks it on each and, once woken or timed out, takes it off all of them."""
+    backend parks it on each and, once woken or timed out, takes it off all of them.
+
+    `log_end`: a follower's fetch, which reads to the log end: a high watermark move adds nothing
+    it could read, so only a growing log end (or a change of role) wakes it (`Partition`'s
+    `replica_waiters`); a consumer's fetch reads below the HW and is woken by either."""
 
     partitions: tuple[Partition, ...]
     frame: Frame | None
     deadline_ms: int
     on_timeout: Callable[[], Outcome]
     again: Callable[[], Outcome] | None = None  # re-handles instead of `frame` (the Kafka adapter)
+    log_end: bool = False
 
 
 @dataclass(slots=True)

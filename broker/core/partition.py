@@ -295,7 +295,8 @@ class Partition:
         self.epochs = EpochHistory()
         self.aborted = TxnIndex()
         self._rebuild()
-        self.waiters: list[Callable[[], None]] = []
+        self.waiters: list[Callable[[], None]] = []  # consumers' long polls: log end or HW
+        self.replica_waiters: list[Callable[[], None]] = []  # followers' fetches: log end only
         # None: not replicated (module rules); else this replica's role in the current term
         self.replica: LeaderState | FollowerState | None = None
         self.leader_epoch = max(self.epochs.latest_epoch, 0)  # stamped into produced batches
@@ -623,6 +624,7 @@ class Partition:
         self.replica = LeaderState(node_id, epoch, replicas, isr, min(hw, end), now, min_insync)
         self.leader_epoch = epoch
         self._led_since = time.monotonic()
+        self.wake_waiters()  # long polls answer with what the new term allows
         self._run_ready(self.replica.advance(end))
 
     def become_follower(self, epoch: int, leader: int, high_watermark: int | None = None) -> None:
@@ -638,11 +640,13 @@ class Partition:
         self._step_down(epoch)
         self.replica = FollowerState(epoch, leader, min(hw, self.log.end_offset))
         self.leader_epoch = epoch
+        self.wake_waiters()  # long polls answer with what the new role allows (NOT_OWNER)
 
     def _step_down(self, epoch: int) -> None:
         if isinstance(self.replica, LeaderState):
             self.replica.fail_waiters(NotLeaderError(f"no longer the leader (epoch {epoch} began)"))
-        self.wake_waiters()  # long polls answer with what the new role allows
+        # the long polls are woken by the caller once the new role is set: woken before it, a
+        # follower's fetch found the old term still there and parked again until its deadline
 
     def update_isr(self, isr: tuple[int, ...]) -> None:
         """The controller accepted a new ISR for this leader's term."""
@@ -739,7 +743,7 @@ class Partition:
             return
         for done in replica.take_ready():
             _isolated(done, "an acks=all answer")
-        self.wake_waiters()
+        self.wake_waiters(log_end=False)  # the log end did not move: a follower's fetch reads to it
 
     def diverging(self, last_fetched_epoch: int, fetch_offset: int) -> tuple[int, int] | None:
         """KIP-320 on the leader: (epoch, end offset) the follower must truncate to when its
@@ -818,12 +822,19 @@ class Partition:
 
     # ------------------------------------------------------------------------- long polls
 
-    def wake_waiters(self) -> None:
-        """Wake every parked long poll. Called from inside what grew the partition (an append's
-        completion, a moved high watermark): a waiter that fails is logged and the others still
-        run; nothing escapes into that request (it was a stored produce
-        answered UNKNOWN_SERVER_ERROR, then resent by its producer as a duplicate)."""
+    def wake_waiters(self, log_end: bool = True) -> None:
+        """Wake every parked long poll; with `log_end` False (only the high watermark moved)
+        the consumers' alone: a follower's fetch reads to the log end, and woken by an HW move
+        it found nothing and parked again (with RF 3, each follower's fetch woke the other's).
+        A change of role or the partition's closing wakes both (their default). Called from
+        inside what grew the partition (an append's completion, a moved high watermark): a
+        waiter that fails is logged and the others still run; nothing escapes into that request
+        (it was a stored produce answered UNKNOWN_SERVER_ERROR, then resent by its producer as a
+        duplicate)."""
         waiters, self.waiters = self.waiters, []
+        if log_end and self.replica_waiters:
+            waiters += self.replica_waiters
+            self.replica_waiters = []
         for wake in waiters:
             _isolated(wake, "a long poll's wake")
 

@@ -12,7 +12,8 @@ Rules this module keeps:
 - The fetch reads within the request's max_bytes (at most `FETCH_MAX_BYTES_MAX`), as Kafka's
   follower fetch does (broker/core/read_budget.py: the first batch of the first partition with
   records whole, then what fits). When nothing is there it waits like Fetch, on all its
-  partitions, at most `FETCH_WAIT_MS_MAX`.
+  partitions, at most `FETCH_WAIT_MS_MAX`, but for their log ends only (`Wait.log_end`): a high
+  watermark moved by another follower's fetch does not wake it (it would find nothing new).
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ def replica_fetch(ctx: Context, req: m.Request, frame: Frame) -> Outcome:
     if not enough and ours and len(results) == len(ours) and req.max_wait_ms > 0:
         deadline = now + min(req.max_wait_ms, FETCH_WAIT_MS_MAX)
         if not parts:
-            return Wait(tuple(ours), frame, deadline, answer)
+            return Wait(tuple(ours), frame, deadline, answer, log_end=True)
     if not parts:
         return answer()
     return Gather(parts, answer)

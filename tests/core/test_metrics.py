@@ -42,6 +42,17 @@ def test_counters_and_the_latency_bucket_of_each_reply() -> None:
     assert len(hist) == LATENCY_BUCKETS and hist[13] == 1 and sum(hist) == 1
 
 
+def test_woken_fetches_and_the_wakes_for_nothing_are_counted_apart_for_followers() -> None:
+    mt = CoreMetrics(core=0)
+    mt.woken(replica=True, rewait=True)
+    mt.woken(replica=True, rewait=False)
+    mt.woken(replica=False, rewait=True)
+    snap = mt.snapshot()
+    assert (snap["replica_fetch_wakes"], snap["replica_fetch_rewaits"]) == (2, 1)
+    assert (snap["long_poll_wakes"], snap["long_poll_rewaits"]) == (1, 1)
+    assert 'ringlog_replica_fetch_rewaits_total{core="0"} 1' in prometheus_text([snap])
+
+
 def test_percentiles_are_bucket_upper_bounds() -> None:
     assert percentile_us([0] * 8, 0.5) == 0
     hist = [0] * 8

@@ -428,3 +428,35 @@ def test_the_partition_decides_what_a_produce_waits_for(tmp_path: Path, space: D
     assert produced_(leader, space, Acks.WRITTEN).waits is Waits.WRITE
     alone.close()
     leader.close()
+
+
+def test_a_followers_fetch_waits_on_the_log_end_not_the_high_watermark(
+    tmp_path: Path, space: DiskSpace
+) -> None:
+    """A consumer's long poll reads below the HW, so an HW move wakes it; a follower's reads to
+    the log end, so an HW move (another follower's fetch) must not: only an append does, or a
+    change of role, or the partition closing."""
+    leader = Partition(1, 0, str(tmp_path / "leader"), LogConfig())
+    leader.become_leader(1, (1, 2, 3), (1, 2, 3), node_id=1, now=0)
+    produced(leader, batch(2), space)
+    consumers: list[str] = []
+    followers: list[str] = []
+
+    def park() -> None:
+        leader.waiters.append(lambda: consumers.append("woken"))
+        leader.replica_waiters.append(lambda: followers.append("woken"))
+
+    park()
+    leader.replica_fetched(2, 2, now=10)
+    leader.replica_fetched(3, 2, now=10)  # the HW moves: 0 -> 2
+    assert leader.high_watermark == 2
+    assert consumers == ["woken"] and followers == [], "an HW move wakes consumers only"
+    assert len(leader.replica_waiters) == 1
+    produced(leader, batch(1), space)  # the log end grows
+    assert followers == ["woken"] and leader.replica_waiters == []
+    park()
+    leader.become_follower(2, leader=2)  # leadership lost: the parked follower fetch answers
+    assert followers == ["woken", "woken"] and leader.replica_waiters == []
+    park()
+    leader.close()
+    assert followers == ["woken"] * 3 and consumers == ["woken"] * 3

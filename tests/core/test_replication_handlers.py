@@ -384,3 +384,51 @@ def test_a_replica_fetch_keeps_its_max_bytes_and_every_partition_gets_a_turn(tmp
     finally:
         a.close()
         b.close()
+
+
+def test_one_followers_fetch_does_not_wake_the_others_parked_one(tmp_path: Path) -> None:
+    """RF 3: follower C's fetch is parked at the leader's log end; follower B's fetch moves the HW,
+    which wakes consumers but not C's fetch (it would be handled again for nothing); an append
+    does wake it, and so does the leader's stepping down."""
+    a, b, c = Node(1, tmp_path / "a"), Node(2, tmp_path / "b"), Node(3, tmp_path / "c")
+    try:
+        a.lead(1, (1, 2, 3), (1, 2, 3))
+        b.follow(1, leader=1)
+        c.follow(1, leader=1)
+        a.produce(b"x")
+        b.fetch_from(a)
+        c.fetch_from(a)
+        c.fetcher.max_wait_ms = 500
+        woken: list[Outcome] = []
+
+        def park_c() -> Wait:
+            req = c.fetcher.request(NOW)
+            assert req is not None
+            outcome = a.handlers.handle(frame_of(req))
+            assert isinstance(outcome, Wait) and outcome.log_end
+            # as backend_core._park: a follower's fetch waits on the log end only
+            a.partition.replica_waiters.append(lambda: woken.append(a.handlers.handle(outcome.frame)))
+            return outcome
+
+        park_c()
+        consumer: list[int] = []
+        a.partition.waiters.append(lambda: consumer.append(1))
+        b.fetch_from(a)  # B at 1: the HW moves to 1 (C said 1 in its parked fetch)
+        assert a.partition.high_watermark == 1
+        assert consumer == [1] and woken == [], "an HW move: consumers woken, C's fetch not"
+        a.produce(b"y")
+        (again,) = woken
+        assert isinstance(again, Read | Gather), "an append wakes it, and it reads"
+        woken.clear()
+        c.fetch_from(a)  # C takes `y` and parks again at the leader's new end
+        park_c()
+        a.partition.become_follower(2, leader=2)
+        (answered,) = woken
+        answers: list[Reply] = []
+        assert carry_out(answered, answers) is None
+        resp = decoded(answers[0])
+        assert isinstance(resp, m.ReplicaFetchResponse)
+        assert resp.partitions[0].error == m.ErrorCode.NOT_OWNER, "leadership lost: answered at once"
+    finally:
+        for n in (a, b, c):
+            n.close()
