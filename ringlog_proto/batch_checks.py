@@ -23,11 +23,13 @@ from ringlog_proto.batch_header import (
     _KNOWN_ATTRIBUTES,
     _MAGIC,
     _RECORD_COUNT,
+    _STORED_ATTRIBUTES,
     CODEC_NAMES,
     COMPRESSION_MASK,
     COMPRESSION_ZSTD,
     CONTROL_BIT,
     CRC_START,
+    DELETE_HORIZON_BIT,
     HEADER_SIZE,
     LENGTH_PREFIX_SIZE,
     MAGIC,
@@ -382,7 +384,7 @@ def _check_native_layout(lib: Any) -> None:
         lib.RR_BATCH_MAGIC_AT, lib.RR_BATCH_CRC_AT, lib.RR_BATCH_ATTRIBUTES_AT, lib.RR_BATCH_LAST_DELTA_AT,
         lib.RR_BATCH_BASE_TS_AT, lib.RR_BATCH_MAX_TS_AT, lib.RR_BATCH_COUNT_AT, lib.RR_RECORD_COUNT_MAX,
         lib.RR_RECORD_HEADER_SIZE, lib.RR_ATTR_KNOWN, lib.RR_ATTR_COMPRESSION, lib.RR_ATTR_TRANSACTIONAL,
-        lib.RR_ATTR_CONTROL, lib.RR_CODEC_MAX,
+        lib.RR_ATTR_CONTROL, lib.RR_CODEC_MAX, lib.RR_ATTR_STORED_KNOWN, lib.RR_ATTR_DELETE_HORIZON,
     )  # fmt: skip
     ours = (
         HEADER_SIZE, CRC_START, MAGIC, *map(_field_at, (
@@ -390,7 +392,7 @@ def _check_native_layout(lib: Any) -> None:
             "max_timestamp", "record_count",
         )),
         RECORD_COUNT_MAX, RECORD_HEADER_SIZE, _KNOWN_ATTRIBUTES, COMPRESSION_MASK, TRANSACTIONAL_BIT,
-        CONTROL_BIT, COMPRESSION_ZSTD,
+        CONTROL_BIT, COMPRESSION_ZSTD, _STORED_ATTRIBUTES, DELETE_HORIZON_BIT,
     )  # fmt: skip
     if theirs != ours:
         raise RuntimeError("native._records reads another batch header layout than ringlog_proto/batch.py")
@@ -491,3 +493,28 @@ def produced_checker() -> Checker | None:
         return c_check(buf if type(buf) is bytes else from_buffer(buf), len(buf), max_batch, flags)
 
     return check_produced_native
+
+
+StoredChecker = Callable[[bytes | bytearray | memoryview, int], int]
+
+
+def stored_checker() -> StoredChecker | None:
+    """The C check of a follower's copies of its leader's batches, or None when native._records
+    is not built.
+
+    `check(buf, max_batch)` is the end of the leading whole batches of `buf` that pass a
+    follower's checks (the size limit, `invalid_stored_header`, the crc; no record walk, no
+    inflating: `broker.storage.validation.validate_stored`): `len(buf)` when all do. As
+    `produced_checker`, it says nothing of why one fails."""
+    try:
+        from native._records import ffi, lib  # noqa: PLC0415 - optional, and loaded on first use
+    except ImportError:
+        return None
+    _check_native_layout(lib)
+    from_buffer = ffi.from_buffer
+    c_check = lib.rr_check_stored
+
+    def check_stored_native(buf: bytes | bytearray | memoryview, max_batch: int) -> int:
+        return c_check(buf if type(buf) is bytes else from_buffer(buf), len(buf), max_batch)
+
+    return check_stored_native

@@ -1,13 +1,22 @@
-"""What every batch passes before it is stored: header, size limit, crc32c, then its records.
+"""What every batch passes before it is stored: header, size limit, crc32c, then (but on a
+follower) its records.
 
 Rules this module keeps:
 - Every path that stores a batch passes `validate` once (the produce handler of either backend,
-  forwarded produces, idempotent retries, a follower's copies, `Log.append`); it changes nothing
-  and one bad batch refuses them all.
+  forwarded produces, idempotent retries, `Log.append`), or a follower's copies `validate_stored`;
+  either changes nothing and one bad batch refuses them all.
 - What a producer may send is narrower than what may be stored (Kafka's LogValidator checks a
   client's append apart from a replica's): a control batch (a transaction's marker) is never a
   producer's, a transactional batch only when the caller says so (`transactional`, off until the
-  broker runs a transaction coordinator); a follower's copies (`stored`) take both.
+  broker runs a transaction coordinator); a follower's copies (`validate_stored`) take both.
+- A follower's copies of its leader's batches pass `validate_stored`, as Kafka's follower checks
+  them: each header (`invalid_stored_header`, a cleaned batch's included) and its crc32c, in one
+  C call when native._records is built; the records are neither walked nor inflated. The leader
+  walked them when they were produced and the crc has covered them since, on its disk and on
+  the wire: what the follower's walk added was CPU per replicated byte (a compressed batch
+  inflated again: ~1 ms a MiB of lz4 or zstd here, gzip more). A leader bug that stored bad
+  framing now replicates as it is; the consumer side's walk and `broker storage check` still
+  see it.
 - The checks run in C when native._records is built (`produced_checker`, one call for the batches
   that pass them all); the Python checks below say why a batch fails, and are the fallback.
 - A compressed batch is checked as Kafka's LogValidator does (inflated within
@@ -50,6 +59,7 @@ from ringlog_proto.batch import (
     produced_checker,
     records_walker,
     refused_batch,
+    stored_checker,
     unpack_header,
 )
 
@@ -58,6 +68,7 @@ log = logging.getLogger("broker.storage.log")  # the log's lines, as before this
 _walk_records = records_walker()  # C when native._records is built (see ringlog_proto/batch.py)
 _walk_bytes = bytes_walker()  # the same C function without the wrapper: requests are bytes
 _check_produced = produced_checker()  # all of a produce's checks in C, for the batches that pass
+_check_stored = stored_checker()  # a follower's checks in C, for the batches that pass
 if _walk_bytes is None:
     log.warning(
         "native._records is not built: the record-framing walk of every produced batch runs in "
@@ -80,7 +91,6 @@ class Checked(list[BatchHeader]):
 def validate(
     records: bytes | bytearray | memoryview,
     config: LogConfig,
-    stored: bool = False,
     keys: bool = False,
     transactional: bool = False,
 ) -> Checked:
@@ -88,11 +98,8 @@ def validate(
 
     Every path that stores a batch passes here once (the produce handler of either backend,
     forwarded produces, idempotent retries, `append`): header, crc32c, then the record
-    framing walk, in C when native._records is built (~1-2 µs a batch). `stored`: a follower's
-    copy of its leader's batches, which may be batches the leader's cleaner rewrote (fewer
-    records than offsets, none, a delete horizon: `invalid_stored_header`); those are checked in
-    Python, record offsets rising within the batch's span, and may be transactional or control
-    batches (a transaction's records and markers, as Kafka's followers take them). `keys`: every
+    framing walk, in C when native._records is built (~1-2 µs a batch). A follower's copies of
+    its leader's batches pass `validate_stored` instead (module rules). `keys`: every
     record must have one (module rules). `transactional`: a produced transactional batch is
     taken (off: refused, UnsupportedBatchError, until the broker runs a transaction
     coordinator); a produced control batch never is (`refused_batch`).
@@ -101,14 +108,12 @@ def validate(
     max_batch = config.max_batch_bytes
     check = config.check_records
     headers = Checked()
-    # A follower copies its leader's batches as they are: only a leader's append rewrites.
-    keep = headers.inflated if config.compression is not None and not stored else None
+    keep = headers.inflated if config.compression is not None else None
     pos = 0
     if _check_produced is not None:
         # Every check below in one C call for the batches that pass them all: here only
-        # their headers are read. From the first that does not, the loop below says why. (A
-        # follower's copy may hold transactional batches: `stored` takes them.)
-        passed = _check_produced(records, max_batch, check, transactional or stored)
+        # their headers are read. From the first that does not, the loop below says why.
+        passed = _check_produced(records, max_batch, check, transactional)
         while pos < passed:
             h = BatchHeader._make(unpack_header(records, pos))
             if h.attributes & COMPRESSION_MASK and (check or keys):  # C checked all but its records
@@ -133,22 +138,16 @@ def validate(
         batch_size = h.size
         if batch_size > max_batch:
             raise BatchTooLargeError(f"batch of {batch_size} bytes exceeds max_batch_bytes {max_batch}")
-        reason = (
-            invalid_stored_header(h, size - pos) if stored else invalid_header(h, size - pos, transactional)
-        )
+        reason = invalid_header(h, size - pos, transactional)
         if reason is None and batch_crc(records, pos, batch_size) != h.crc:
             reason = "crc32c mismatch"
         if reason is not None:
             where = f"batch at byte {pos}: " if pos else ""
-            if not stored and refused_batch(h, transactional) == reason:  # well formed, but not a producer's
+            if refused_batch(h, transactional) == reason:  # well formed, but not a producer's
                 raise UnsupportedBatchError(where + reason)
             raise InvalidBatchError(where + reason)
         if h.attributes & COMPRESSION_MASK and (check or keys):
             check_compressed(records, pos, h, config, keys, keep)
-        elif check and not h.dense:  # a leader's cleaned batch (only `stored` lets one here)
-            reason = invalid_records(records, pos, h)
-            if reason is not None:
-                raise RecordFramingError(f"batch at byte {pos}: {reason}")
         elif check and (
             c_walk(raw, size, pos + HEADER_SIZE, pos + batch_size, h.record_count)
             if c_walk is not None
@@ -160,6 +159,41 @@ def validate(
             check_keys(records, pos, h)
         headers.append(h)
         pos += batch_size
+    if not headers:
+        raise InvalidBatchError("no batch to append")
+    return headers
+
+
+def validate_stored(records: bytes | bytearray | memoryview, max_batch: int) -> Checked:
+    """Headers of the whole batches in `records` (one or more), a follower's copy of its
+    leader's, or an error; changes nothing. Each header passes `invalid_stored_header` and the
+    size limit, and its crc32c matches (module rules: no record walk, no inflating). The
+    batches that pass are found in one C call when native._records is built; the Python below,
+    from the first that does not, says why (the C check's twin: the same batches pass both)."""
+    size = len(records)
+    headers = Checked()
+    passed = _check_stored(records, max_batch) if _check_stored is not None else 0
+    pos = 0
+    while pos < passed:
+        h = BatchHeader._make(unpack_header(records, pos))
+        headers.append(h)
+        pos += h.size
+    while pos < size:
+        where = f"batch at byte {pos}: " if pos else ""
+        if size - pos < HEADER_SIZE:
+            raise InvalidBatchError(f"{size - pos} bytes at {pos}: less than a batch header")
+        h = BatchHeader._make(unpack_header(records, pos))
+        if h.magic != MAGIC:  # before the size check: garbage is corrupt, not "too large"
+            raise InvalidBatchError(f"batch at byte {pos}: unknown batch magic {h.magic}")
+        if h.size > max_batch:
+            raise BatchTooLargeError(f"batch of {h.size} bytes exceeds max_batch_bytes {max_batch}")
+        reason = invalid_stored_header(h, size - pos)
+        if reason is None and batch_crc(records, pos, h.size) != h.crc:
+            reason = "crc32c mismatch"
+        if reason is not None:
+            raise InvalidBatchError(where + reason)
+        headers.append(h)
+        pos += h.size
     if not headers:
         raise InvalidBatchError("no batch to append")
     return headers

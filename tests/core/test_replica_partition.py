@@ -3,6 +3,7 @@ watermark: a partition's replication without a server, I/O run by the test."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -19,12 +20,22 @@ from broker.core.partition import (
     Stored,
 )
 from broker.core.replication import IsrProposal, LeaderState, NotEnoughReplicasError, NotLeaderError
+from broker.storage import validation
 from broker.storage.diskspace import DiskSpace
 from broker.storage.epochs import EpochHistory
-from broker.storage.errors import OffsetOutOfRangeError
+from broker.storage.errors import InvalidBatchError, OffsetOutOfRangeError
 from broker.storage.fileio import SyncFileIO, run_ops
 from broker.storage.log import LogConfig
-from ringlog_proto.batch import BatchHeader, encode_batch, iter_batches, read_header
+from ringlog_proto import batch_checks, compression
+from ringlog_proto.batch import (
+    COMPRESSION_GZIP,
+    COMPRESSION_LZ4,
+    COMPRESSION_ZSTD,
+    BatchHeader,
+    encode_batch,
+    iter_batches,
+    read_header,
+)
 from ringlog_proto.messages import Acks
 
 IO = SyncFileIO()
@@ -460,3 +471,49 @@ def test_a_followers_fetch_waits_on_the_log_end_not_the_high_watermark(
     park()
     leader.close()
     assert followers == ["woken"] * 3 and consumers == ["woken"] * 3
+
+
+def test_a_corrupt_batch_from_the_leader_is_refused_and_nothing_is_written(
+    tmp_path: Path, space: DiskSpace
+) -> None:
+    """One batch whose crc does not match refuses the whole fetch, good batches before it too,
+    with the batch and the reason named."""
+    leader, follower = leader_and_follower(tmp_path, LogConfig())
+    for i in range(3):
+        produced(leader, batch(2, value=b"r%d" % i), space)
+    data = everything(leader)
+    second = read_header(data).size
+    corrupt = bytearray(data)
+    corrupt[second + read_header(data, second).size - 1] ^= 0x10  # the second batch's last byte
+    seg = follower.log.segments[-1]
+    size_before = os.fstat(seg.store_fd).st_size
+    with pytest.raises(InvalidBatchError, match=f"batch at byte {second}: crc32c mismatch"):
+        follower.append_replica(bytes(corrupt))
+    assert follower.log.end_offset == 0 and everything(follower) == b""
+    assert os.fstat(seg.store_fd).st_size == size_before, "not a byte written"
+    assert copied(follower, data) == 6, "the intact fetch, retried, is taken"
+    leader.close()
+    follower.close()
+
+
+@pytest.mark.parametrize("codec", [COMPRESSION_LZ4, COMPRESSION_ZSTD, COMPRESSION_GZIP])
+def test_a_follower_copies_a_compressed_batch_without_inflating_it(
+    tmp_path: Path, space: DiskSpace, monkeypatch: pytest.MonkeyPatch, codec: int
+) -> None:
+    """The leader inflated it to check it when it was produced; the follower checks its header
+    and crc only (as Kafka's follower does)."""
+    leader, follower = leader_and_follower(tmp_path, LogConfig())
+    produced(leader, encode_batch([b"z" * 100] * 50, compression=codec), space)
+    data = everything(leader)
+
+    def inflate(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a follower's copy was inflated")
+
+    monkeypatch.setattr(batch_checks, "decompress_bounded", inflate)
+    monkeypatch.setattr(compression, "decompress_bounded", inflate)
+    monkeypatch.setattr(compression, "decompress", inflate)
+    monkeypatch.setattr(validation, "check_compressed", inflate)
+    assert copied(follower, data) == 50
+    assert everything(follower) == data
+    leader.close()
+    follower.close()

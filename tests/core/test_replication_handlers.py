@@ -4,6 +4,7 @@ carried out here synchronously as a backend would (broker/backends/backend_core.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -432,3 +433,27 @@ def test_one_followers_fetch_does_not_wake_the_others_parked_one(tmp_path: Path)
     finally:
         for n in (a, b, c):
             n.close()
+
+
+def test_a_leaders_answer_with_a_corrupt_batch_is_refused_by_the_follower(pair: tuple[Node, Node]) -> None:
+    """Bytes damaged between the leader's disk and the follower's (its crc no longer matches):
+    the follower names the batch and why, writes nothing, and backs off before fetching again."""
+    a, b = pair
+    a.produce(b"one")
+    a.produce(b"two")
+    req = b.fetcher.request(NOW)
+    assert req is not None
+    answers: list[Reply] = []
+    carry_out(a.handlers.handle(frame_of(req)), answers)
+    resp = decoded(answers[0])
+    assert isinstance(resp, m.ReplicaFetchResponse)
+    (part,) = resp.partitions
+    damaged = bytearray(part.records)
+    damaged[-1] ^= 0x01
+    bad = m.ReplicaFetchResponse(partitions=(dataclasses.replace(part, records=bytes(damaged)),))
+    applied = b.fetcher.apply(bad, NOW)
+    assert not applied.appends
+    (exc,) = applied.errors.values()
+    assert isinstance(exc, Exception) and "crc32c mismatch" in str(exc)
+    assert b.partition.log.end_offset == 0 and b.stored() == b""
+    assert b.fetcher.request(NOW) is None, "it backs off"

@@ -110,6 +110,11 @@ def test_the_broker_uses_the_c_check_when_it_is_built() -> None:
 
 
 @needs_c
+def test_the_broker_uses_the_c_check_of_a_followers_copy_when_it_is_built() -> None:
+    assert validation_module._check_stored is not None
+
+
+@needs_c
 def test_the_c_check_passes_the_leading_good_batches() -> None:
     check = b.produced_checker()
     assert check is not None
@@ -250,3 +255,113 @@ def test_random_bytes(logs: tuple[Log, Log]) -> None:
         for log in logs:
             agree(log, body)
             agree(log, resealed(head + body) if len(head + body) >= HEADER_SIZE else head + body)
+
+
+# ----------------------------------------------------------------------------- a follower's copies
+
+STORED = b.stored_checker()
+
+
+def stored_outcome(data: bytes | memoryview, c: bool, max_batch: int = 4096) -> object:
+    """What `validate_stored` makes of `data`, with the C check (`c`) or the Python checks alone."""
+    saved = validation_module._check_stored
+    if not c:
+        validation_module._check_stored = None
+    try:
+        return validation_module.validate_stored(data, max_batch)
+    except Exception as exc:
+        return type(exc).__name__, str(exc)
+    finally:
+        validation_module._check_stored = saved
+
+
+def agree_stored(data: bytes, max_batch: int = 4096) -> object:
+    """`validate_stored` with and without the C check is one outcome, and the C check passes the
+    whole of `data` exactly when the Python checks accept it (no exception for compressed
+    records here: neither twin inflates them)."""
+    py = stored_outcome(data, False, max_batch)
+    assert stored_outcome(data, True, max_batch) == py, data.hex()
+    assert stored_outcome(memoryview(data), True, max_batch) == py
+    if STORED is not None and data:
+        assert (STORED(data, max_batch) == len(data)) == isinstance(py, list), (py, data.hex())
+    return py
+
+
+def cleaned_shapes() -> list[bytes]:
+    """Batches a leader's cleaner leaves (broker/storage/cleaner.py): fewer records than offsets,
+    none at all (the header alone), a delete horizon in place of the first timestamp."""
+    five = encode_batch([b"a"] * 5)
+    fewer = with_field(with_field(encode_batch([b"a"] * 2), "last_offset_delta", 4), "record_count", 2)
+    empty = bytearray(five[:HEADER_SIZE])
+    struct.pack_into(">i", empty, batch_header._field_at("batch_length"), HEADER_SIZE - 12)
+    empty_batch = with_field(with_field(bytes(empty), "record_count", 0), "last_offset_delta", 4)
+    horizon = with_field(five, "attributes", b.DELETE_HORIZON_BIT)
+    horizon = with_field(horizon, "base_timestamp", 2**40)
+    return [fewer, empty_batch, horizon]
+
+
+def test_a_followers_copy_passes_the_same_batches_in_c_and_python(logs: tuple[Log, Log]) -> None:
+    marker = b.control_batch(7, 1, True, 3, 1000)
+    txn = with_field(encode_batch([b"t"], producer_id=7, producer_epoch=1), "attributes", b.TRANSACTIONAL_BIT)
+    shapes = [*sample_batches(), *cleaned_shapes(), txn, marker]
+    for one in shapes:
+        assert isinstance(agree_stored(one), list), one.hex()
+    got = agree_stored(b"".join(shapes))
+    assert isinstance(got, list) and len(got) == len(shapes)
+    assert [h.record_count for h in got[4:7]] == [2, 0, 5]
+    assert isinstance(agree_stored(shapes[0], max_batch=len(shapes[0]) - 1), tuple), "the size limit"
+
+
+def test_a_followers_copy_is_not_walked_nor_inflated() -> None:
+    """The leader walked the records when they were produced; the crc covers them since."""
+    for name in sorted(POISON):
+        assert isinstance(agree_stored(poison_batch(name)), list), name
+
+
+def test_a_followers_copy_every_flipped_byte_and_every_cut() -> None:
+    """Both twins agree on each; a flip the crc covers (from the crc field on) is always refused."""
+    parts = [encode_batch([b"a", b"bc"]), *cleaned_shapes()]
+    data = b"".join(parts)
+    covered: set[int] = set()
+    pos = 0
+    for part in parts:
+        covered.update(range(pos + CRC_START - 4, pos + len(part)))
+        pos += len(part)
+    for i in range(len(data)):
+        for flip in (0x01, 0x80, 0xFF):
+            damaged = bytearray(data)
+            damaged[i] ^= flip
+            got = agree_stored(bytes(damaged))
+            assert i not in covered or isinstance(got, tuple), f"byte {i} ^ {flip:#x} passed"
+    for n in range(len(data) + 1):
+        agree_stored(data[:n])
+
+
+@pytest.mark.parametrize("name", sorted(EDGES))
+def test_a_followers_copy_each_header_field_at_its_edges(name: str) -> None:
+    batches = sample_batches() + cleaned_shapes()
+    for value in EDGES[name]:
+        for batch in batches:
+            agree_stored(with_field(batch, name, value))
+            agree_stored(batches[0] + with_field(batch, name, value))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data(), st.sampled_from(sorted(set(FIELDS) - {"crc"})), st.integers(-(2**63), 2**63 - 1))
+def test_a_followers_copy_random_header_values(data: st.DataObject, name: str, value: int) -> None:
+    fmt = ">" + FIELDS[name]
+    bits = struct.calcsize(fmt) * 8
+    lo, hi = (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) if FIELDS[name].islower() else (0, 2**bits - 1)
+    value = lo + (value - lo) % (hi - lo + 1)
+    batch = data.draw(st.sampled_from(sample_batches() + cleaned_shapes()))
+    out = bytearray(batch)
+    struct.pack_into(fmt, out, batch_header._field_at(name), value)
+    agree_stored(resealed(out))
+
+
+def test_a_followers_copy_random_bytes() -> None:
+    head = encode_batch([b"v"])[:HEADER_SIZE]
+    for _ in range(200):
+        body = os.urandom(int.from_bytes(os.urandom(1), "big"))
+        agree_stored(body)
+        agree_stored(resealed(head + body) if len(head + body) >= HEADER_SIZE else head + body)
