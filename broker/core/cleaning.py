@@ -12,7 +12,8 @@ Rules this module keeps:
 - `tick()` (the backend's timer, every `backoff_ms`, and again as soon as a clean ends) picks the
   partition that most needs it: one whose clean is due for its max compaction lag or its
   tombstones' delete horizon first, then the highest dirty ratio above its topic's minimum (as
-  Kafka's `grabFilthiestCompactedLog`). Replicas decide for themselves: each cleans its own log.
+  Kafka's `grabFilthiestCompactedLog`), assessed in turns of the loop (broker/core/sweeps.py).
+  Replicas decide for themselves: each cleans its own log.
 - A partition that closes (its topic deleted, the core stopping) cancels its clean in flight:
   the thread stops at its next read or write and removes its files; a result that comes back for
   a log that changed meanwhile is discarded, never installed (`install` checks).
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 
 from broker.core.blocking import BlockingCallAbandoned, RunBlocking
 from broker.core.partition import Partition
+from broker.core.sweeps import Sweep
 from broker.storage import log_cleaning
 from broker.storage.clean_process import CleanProcess
 from broker.storage.cleaner import CleanerConfig, CleanResult, CleanStats
@@ -61,9 +63,13 @@ class LogCleaning:
         partitions: Callable[[], Iterable[Partition]],
         run_blocking: RunBlocking,
         clock: Callable[[], int] = now_ms,
+        sweep: Sweep[Partition] | None = None,
     ) -> None:
         self.config = config
         self._partitions = partitions
+        # the assessment pass, in turns of the core's loop (the core's `partition_sweep`); without
+        # one (tests), whole in `tick`
+        self._sweep: Sweep[Partition] = sweep if sweep is not None else Sweep("cleaner", None)
         self._run_blocking = run_blocking
         self._clock = clock
         self._running: _Running | None = None
@@ -102,34 +108,52 @@ class LogCleaning:
 
     def tick(self) -> bool:
         """Start the clean of the partition that most needs one, if any and none is running.
-        Returns whether one started."""
-        if self._closed or self._running is not None or not self.config.enabled:
+        Returns whether one started by the time it returns: with a core's loop the partitions are
+        assessed in turns of it (broker/core/sweeps.py) and the clean starts when the pass ends.
+
+        The choice need not be atomic across partitions: it only ranks them, and the one chosen is
+        assessed again when the pass ends, so what its clean plans is its state then (a partition
+        closed meanwhile is not cleaned: the next tick picks again)."""
+        if self._closed or self._running is not None or not self.config.enabled or self._sweep.running:
             return False
         now = self._clock()
-        best: tuple[tuple[bool, float], Partition, log_cleaning.Dirtiness] | None = None
-        for p in self._partitions():
-            log_ = p.log
-            if not log_.config.compacts or log_.closed:
-                continue
-            try:
-                d = log_cleaning.assess(log_, self.checkpoint(p), now, p.high_watermark, p.last_stable_offset)
-            except Exception as exc:
-                log.warning("%s: cannot tell how dirty it is: %s", log_.directory, exc)
-                continue
-            if d.reason is None:
-                continue
+        best: list[tuple[tuple[bool, float], Partition]] = []
+
+        def visit(p: Partition) -> None:
+            d = self._assess(p, now)
+            if d is None or d.reason is None:
+                return
             rank = (d.reason in _URGENT, d.ratio)
-            if best is None or rank > best[0]:
-                best = (rank, p, d)
-        if best is None:
+            if not best or rank > best[0][0]:
+                best[:] = [(rank, p)]
+
+        started: list[bool] = []
+        self._sweep.start(self._partitions(), visit, lambda: started.append(self._start(best, now)))
+        return bool(started and started[0])
+
+    def _assess(self, p: Partition, now: int) -> log_cleaning.Dirtiness | None:
+        log_ = p.log
+        if not log_.config.compacts or log_.closed:
+            return None
+        try:
+            return log_cleaning.assess(log_, self.checkpoint(p), now, p.high_watermark, p.last_stable_offset)
+        except Exception as exc:
+            log.warning("%s: cannot tell how dirty it is: %s", log_.directory, exc)
+            return None
+
+    def _start(self, best: list[tuple[tuple[bool, float], Partition]], now: int) -> bool:
+        """Start the clean of the partition the pass found dirtiest, as it is now."""
+        if not best or self._closed or self._running is not None:
             return False
-        _, p, d = best
+        p = best[0][1]
+        d = self._assess(p, now)
+        if d is None or d.reason is None:
+            return False
         planned = log_cleaning.plan(
             p.log, d, now, p.producers.last_offsets(), p.producers.last_markers(), p.aborted.entries()
         )
         if planned is None:
             return False
-        assert d.reason is not None
         process = CleanProcess(self.config.dedupe_buffer_bytes, self.config.io_max_bytes_per_s)
         running = self._running = _Running(p, planned, process, d.reason)
         log.info("%s: cleaning (%s, dirty ratio %.2f)", p.directory, d.reason, d.ratio)
@@ -200,5 +224,6 @@ class LogCleaning:
     def close(self) -> None:
         """The core stops: the clean in flight stops (its files are removed), none starts."""
         self._closed = True
+        self._sweep.cancel()
         if self._running is not None:
             self._running.process.cancel()

@@ -53,6 +53,7 @@ from broker.core.partition import Partition, Stored
 from broker.core.producer_ids import FileBlockSource, ProducerIds
 from broker.core.remote import RemoteLinks
 from broker.core.replication import NotLeaderError
+from broker.core.sweeps import Schedule, Sweep
 from broker.core.topic_configs import Alteration, ConfigEntry, TopicDefaults, describe_topic
 from broker.core.topics import Topic, TopicError, TopicFault, TopicRegistry, invalid_topic_name
 from broker.core.transactions import CoreTransactions, is_internal
@@ -95,8 +96,13 @@ class Core:
         metrics: CoreMetrics | None = None,
         call_later: CallLater | None = None,
         run_blocking: RunBlocking | None = None,
+        call_soon: Schedule | None = None,
     ) -> None:
         self.config = config
+        # how a pass over every partition hands the loop back between turns (broker/core/sweeps.py);
+        # None (no loop: tests, tools): a pass runs whole when it starts
+        self.call_soon = call_soon
+        self._sweeps: list[Sweep[Partition]] = []
         # slow control-plane calls off the loop: `self.run_blocking(fn, done)` (broker/core/blocking.py)
         self.run_blocking: RunBlocking = run_blocking or no_threads
         self.metrics = metrics if metrics is not None else CoreMetrics(config.core_id, config.backend)
@@ -120,7 +126,10 @@ class Core:
         self.fd_cache = FdCache(config.limits.segment_fd_cache)
         self.partitions: dict[tuple[int, int], Partition] = {}
         # The log cleaner of this core's compacted partitions (broker/core/cleaning.py).
-        self.cleaning = LogCleaning(config.cleaner, self.partitions.values, self.run_blocking)
+        self.cleaning = LogCleaning(
+            config.cleaner, self.partitions.values, self.run_blocking, sweep=self.partition_sweep("cleaner")
+        )
+        self._retention = self.partition_sweep("retention")
         # The cluster as the node's supervisor last published it (one node: none, and no cost).
         # A clustered core starts from the view the agent published before the workers started
         # (or an empty one: every partition refused until a view names its replicas here).
@@ -159,6 +168,8 @@ class Core:
 
     def close(self) -> None:
         """Close every partition (flushing them). Call once, at shutdown."""
+        for sweep in self._sweeps:
+            sweep.cancel()
         self.transactions.close()
         self.cleaning.close()
         for p in self.partitions.values():
@@ -167,6 +178,26 @@ class Core:
             except StorageError as exc:
                 log.error("closing partition %d/%d: %s", p.topic_id, p.index, exc)
         self.partitions.clear()
+
+    def partition_sweep(self, name: str) -> Sweep[Partition]:
+        """A `Sweep` over this core's partitions for one kind of pass (broker/core/sweeps.py),
+        cancelled when the core closes; start it with `sweep_partitions`."""
+        sweep: Sweep[Partition] = Sweep(name, self.call_soon)
+        self._sweeps.append(sweep)
+        return sweep
+
+    def sweep_partitions(
+        self,
+        sweep: Sweep[Partition],
+        visit: Callable[[Partition], None],
+        done: Callable[[], None] | None = None,
+    ) -> bool:
+        """Start `sweep`'s pass over the partitions open now: each visited while this core still
+        has it open. False when that sweep's last pass is still running."""
+        partitions = self.partitions
+        return sweep.start(
+            partitions.values(), visit, done, lambda p: partitions.get((p.topic_id, p.index)) is p
+        )
 
     def owner(self, topic_id: int, partition: int) -> int:
         key = (topic_id, partition)
@@ -294,9 +325,20 @@ class Core:
         polls, whose fetches are handled again at once and look topics up, which comes back
         here; they must find the topic gone (UNKNOWN_TOPIC_OR_PARTITION), not a partition
         half-way through this loop (a `KeyError` answered UNKNOWN_SERVER_ERROR to the DeleteTopics
-        of a topic a consumer was reading)."""
+        of a topic a consumer was reading).
+
+        So this stays one pass, not turns of the loop (broker/core/sweeps.py): a deletion is
+        answered once every core closed its partitions, and the files go then. It walks the
+        partitions only when a topic it has partitions of is gone, and once for all the topics
+        whose configs changed; a registry change that only adds topics (the common one) costs a
+        walk of the topics, not of 100 000 partitions."""
         live = self.registry.by_id
-        gone = [self.partitions.pop(k) for k in [k for k in self.partitions if k[0] not in live]]
+        gone_topics = {tid for tid in self._configured if tid not in live}
+        gone = []
+        if gone_topics:
+            gone = [self.partitions.pop(k) for k in [k for k in self.partitions if k[0] in gone_topics]]
+            for tid in gone_topics:  # before the closes below, which may come back here
+                del self._configured[tid]
         for p in gone:
             self.cleaning.forget(p)
             log.info("topic id %d is gone: closing partition %d", p.topic_id, p.index)
@@ -304,23 +346,33 @@ class Core:
                 p.close(discard=True)  # its files go with the topic: nothing to flush first
             except StorageError as exc:
                 log.error("closing partition %d/%d: %s", p.topic_id, p.index, exc)
-        for tid in [t for t in self._configured if t not in live]:
-            del self._configured[tid]
-        changed = [t for tid, old in self._configured.items() if (t := live[tid]).configs != old.configs]
-        for topic in changed:
-            self._configured[topic.topic_id] = topic
-            self._configure(topic)
+        live = self.registry.by_id  # the closes above may have reloaded it
+        changed = {
+            tid: t
+            for tid, old in self._configured.items()
+            if (t := live.get(tid, old)).configs != old.configs
+        }
+        if changed:
+            self._configured.update(changed)
+            self._configure(changed)
 
-    def _configure(self, topic: Topic) -> None:
-        """Apply `topic`'s configs to this core's open partitions of it (live: no reopen)."""
-        config = self.registry.log_config(topic)
-        min_insync = self.registry.settings_of(topic).min_insync_replicas if self.cluster.clustered else None
-        log.info("topic %s: configs now %s", topic.name, dict(topic.configs) or "the broker's defaults")
+    def _configure(self, topics: Mapping[int, Topic]) -> None:
+        """Apply the configs of `topics` (by id) to this core's open partitions of them (live: no
+        reopen), in one walk of the partitions however many topics changed."""
+        settings = {}
+        for tid, topic in topics.items():
+            config = self.registry.log_config(topic)
+            min_insync = (
+                self.registry.settings_of(topic).min_insync_replicas if self.cluster.clustered else None
+            )
+            settings[tid] = (config, min_insync)
+            log.info("topic %s: configs now %s", topic.name, dict(topic.configs) or "the broker's defaults")
         for (tid, _), p in list(self.partitions.items()):
-            if tid != topic.topic_id:
+            setting = settings.get(tid)
+            if setting is None:
                 continue
             try:
-                p.configure(config, min_insync)
+                p.configure(*setting)
             except (StorageError, ValueError) as exc:
                 log.error("configuring partition %d/%d: %s", p.topic_id, p.index, exc)
 
@@ -736,22 +788,35 @@ class Core:
             return answered[0]
         return Later(lambda answer: self.offsets_run(call, lambda result: answer(reply(result))))
 
-    def apply_retention(self) -> int:
+    def apply_retention(self, done: Callable[[int], None] | None = None) -> bool:
         """The retention pass over this core's partitions: their segments past retention deleted,
         and their producers idle past `--producer-id-expiration-ms` forgotten
-        (`Partition.expire_producers`). Returns the segments deleted."""
-        deleted = 0
-        now, expiration_ms = now_ms(), self.config.producer_id_expiration_ms
-        forgotten = 0
-        for p in self.partitions.values():
+        (`Partition.expire_producers`); then `done(segments deleted)`. False (nothing done) while
+        the last pass still runs.
+
+        In turns of about a millisecond (broker/core/sweeps.py): each partition's retention and
+        expiry is its own, nothing has to hold across partitions, so requests are served between
+        turns. A partition opened during the pass waits for the next one (its opening expired its
+        producers already); one closed during it is skipped."""
+        expiration_ms = self.config.producer_id_expiration_ms
+        counts = [0, 0]  # segments deleted, producers forgotten
+
+        def visit(p: Partition) -> None:
             try:
-                deleted += p.apply_retention()
+                counts[0] += p.apply_retention()
             except StorageError as exc:
                 log.error("retention on partition %d/%d: %s", p.topic_id, p.index, exc)
-            forgotten += p.expire_producers(now, expiration_ms)
-        if forgotten:
-            log.info("forgot %d idle producer(s) (--producer-id-expiration-ms %d)", forgotten, expiration_ms)
-        return deleted
+            counts[1] += p.expire_producers(now_ms(), expiration_ms)
+
+        def finished() -> None:
+            if counts[1]:
+                log.info(
+                    "forgot %d idle producer(s) (--producer-id-expiration-ms %d)", counts[1], expiration_ms
+                )
+            if done is not None:
+                done(counts[0])
+
+        return self.sweep_partitions(self._retention, visit, finished)
 
 
 def topic_defaults(config: BrokerConfig) -> TopicDefaults:

@@ -45,6 +45,7 @@ from ringlog_proto.routing import owner
 
 if TYPE_CHECKING:
     from broker.core.core import Core
+    from broker.core.partition import Partition
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +104,7 @@ class ReplicaManager:
         self.views = ViewFile(layout.run_dir(core.config.data_dir))
         self.fetching: dict[tuple[int, int], _Fetching] = {}
         self._isr_in_flight: set[tuple[int, int]] = set()
+        self._isr_sweep = core.partition_sweep("in-sync check")
 
     def start(self) -> None:
         self._poll()
@@ -243,26 +245,35 @@ class ReplicaManager:
     # --------------------------------------------------------------------------- leading
 
     def _check_isr(self) -> None:
+        """Every `ISR_CHECK_S`: a pass over this core's partitions (in turns of its loop,
+        broker/core/sweeps.py) proposing the in-sync-set changes of those it leads. Each
+        partition's proposal is its own (fenced by its epoch, one in flight each), so nothing holds
+        across partitions; a pass still running when the next is due makes that one skip.
+
+        Every partition is looked at, not only those with a follower behind: a follower that
+        stops fetching from an idle partition it had caught up with leaves no event behind, only
+        the time since its last fetch, which only a look tells."""
         if self.loop.stopping():
             return
         self.loop.call_later(ISR_CHECK_S, self._check_isr)
         if self.alter_isr is None:
             return
-        now = now_ms()
-        serving = self.core.cluster.serving
-        for key, partition in self.core.partitions.items():
-            replica = partition.replica
-            if not isinstance(replica, LeaderState) or key in self._isr_in_flight:
-                continue
-            proposal = partition.isr_proposal(now, self.lag_max_ms)
-            if not proposal:
-                continue
-            join = set(proposal.join) & serving
-            keep = (replica.isr - set(proposal.leave)) | (join - set(proposal.leave))
-            if keep == replica.isr:
-                continue
-            isr = tuple(r for r in replica.replicas if r in keep)
-            self._propose(key, replica.epoch, isr)
+        self.core.sweep_partitions(self._isr_sweep, self._check_isr_of)
+
+    def _check_isr_of(self, partition: Partition) -> None:
+        replica = partition.replica
+        key = (partition.topic_id, partition.index)
+        if not isinstance(replica, LeaderState) or key in self._isr_in_flight:
+            return
+        proposal = partition.isr_proposal(now_ms(), self.lag_max_ms)
+        if not proposal:
+            return
+        join = set(proposal.join) & self.core.cluster.serving
+        keep = (replica.isr - set(proposal.leave)) | (join - set(proposal.leave))
+        if keep == replica.isr:
+            return
+        isr = tuple(r for r in replica.replicas if r in keep)
+        self._propose(key, replica.epoch, isr)
 
     def _propose(self, key: tuple[int, int], epoch: int, isr: tuple[int, ...]) -> None:
         alter = self.alter_isr

@@ -146,8 +146,8 @@ def holds(core: Any, questions: Sequence[Question]) -> list[bool] | None:
     # in a cluster this core may follow state partitions it does not lead: the asking sweep
     # checks instead that every one is loaded by some answering coordinator
     if topic is not None and not core.cluster.clustered:
-        for tid, index in list(core.partitions):
-            if tid == topic.topic_id and not txns.coordinator.owns(index):
+        for index in range(topic.partitions):
+            if (topic.topic_id, index) in core.partitions and not txns.coordinator.owns(index):
                 return None  # its ids are unknown until it loads
     holding = txns.coordinator.holding({pid for pid, _, _ in questions})
     if holding is None:
@@ -159,24 +159,22 @@ def holds(core: Any, questions: Sequence[Question]) -> list[bool] | None:
     return held
 
 
-def candidates(core: Any, now_ms: int, threshold_ms: int) -> list[Candidate]:
-    """The transactions open in the partitions this core leads whose producer has not written
-    there for `threshold_ms`."""
-    out: list[Candidate] = []
-    for (tid, index), p in list(core.partitions.items()):
-        if p.replica is not None:
-            try:
-                p.check_leader()
-            except NotLeaderError:
-                continue
-        name = core.topic_name(tid)
-        if name is None or is_internal(name):
-            continue
-        for pid, epoch, first, last_write_ms, coordinator_epoch in p.producers.open_transactions():
-            if last_write_ms + threshold_ms <= now_ms:
-                seq = _last_sequence(p, pid)
-                out.append(Candidate(tid, index, pid, epoch, first, last_write_ms, coordinator_epoch, seq))
-    return out
+def add_candidates(core: Any, p: Partition, now_ms: int, threshold_ms: int, out: list[Candidate]) -> None:
+    """The transactions open in `p`, if this core leads it, whose producer has not written there
+    for `threshold_ms`: appended to `out`."""
+    if p.replica is not None:
+        try:
+            p.check_leader()
+        except NotLeaderError:
+            return
+    tid, index = p.topic_id, p.index
+    name = core.topic_name(tid)
+    if name is None or is_internal(name):
+        return
+    for pid, epoch, first, last_write_ms, coordinator_epoch in p.producers.open_transactions():
+        if last_write_ms + threshold_ms <= now_ms:
+            seq = _last_sequence(p, pid)
+            out.append(Candidate(tid, index, pid, epoch, first, last_write_ms, coordinator_epoch, seq))
 
 
 class HangSweep:
@@ -198,18 +196,37 @@ class HangSweep:
         self.threshold_ms = config.transaction_max_timeout_ms + 2 * config.transaction_abort_interval_ms
         self._running = False
         self.aborted = 0  # markers written, for tests and logs
+        # the look for candidates, in turns of the core's loop (broker/core/sweeps.py)
+        self._sweep = core.partition_sweep("hanging transactions")
 
     def run(self, done: Callable[[], None] | None = None) -> None:
-        """One round; `done()` when it is over (at once when it skips)."""
+        """One round; `done()` when it is over (at once when it skips).
+
+        The candidates are gathered in turns of the core's loop: a candidate found early in the
+        pass may have moved on by its end, which needs no atomic look across partitions since
+        each is looked at again just before its abort (module rules)."""
         finish = done or (lambda: None)
         clustered = self.core.config.cluster is not None
         if self._running or (clustered and not self.core.cluster.clustered):
             finish()
             return
-        # the longest idle first; what one frame cannot ask waits for the next round
-        found = sorted(
-            candidates(self.core, self.clock_ms(), self.threshold_ms), key=lambda c: c.last_write_ms
+        self._running = True
+        now = self.clock_ms()
+        found: list[Candidate] = []
+
+        def gathered() -> None:
+            self._running = False
+            self._round(found, finish)
+
+        self.core.sweep_partitions(
+            self._sweep, lambda p: add_candidates(self.core, p, now, self.threshold_ms, found), gathered
         )
+
+    def _round(self, found: list[Candidate], finish: Callable[[], None]) -> None:
+        """The rest of a round, once its candidates are gathered: ask, then abort."""
+        clustered = self.core.config.cluster is not None
+        # the longest idle first; what one frame cannot ask waits for the next round
+        found = sorted(found, key=lambda c: c.last_write_ms)
         found = found[:REQUEST_ARRAY_MAX]  # one open transaction per producer and partition
         if not found:
             finish()
