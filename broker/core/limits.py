@@ -37,6 +37,19 @@ REMOTE_CONNECT_TIMEOUT_S = 3.0
 
 MiB = 1024 * 1024
 
+# `--max-partitions auto` (the field's 0): derived at start from the host (`derive_partition_limit`).
+MAX_PARTITIONS_AUTO = 0
+# What auto allows a partition of the memory: headroom over the ~10 KB an idle partition is meant
+# to cost, within a quarter of MemTotal (the rest is for the page cache, buffers in flight and
+# the client connections). 24 GB -> ~390 000.
+PARTITION_MEMORY_BYTES = 16 * 1024
+PARTITION_MEMORY_SHARE = 4
+# Auto's ceiling whatever the memory: past it per-partition passes and the registry (one JSON
+# file) have not been measured here.
+PARTITIONS_AUTO_MAX = 1_000_000
+# Auto where the memory cannot be read (no /proc/meminfo): the fixed default it replaced.
+PARTITIONS_MEMORY_UNKNOWN = 4000
+
 
 def limit(default: int, flag: str, help: str) -> Any:
     """A `Limits` field: its default, its `broker serve` flag and the one line `--help` shows."""
@@ -74,10 +87,11 @@ class Limits:
         10 * 60 * 1000, "--min-segment-ms", "shortest segment_ms (time-based roll) of a topic, in ms"
     )
     max_partitions: int = limit(
-        4000,
+        MAX_PARTITIONS_AUTO,
         "--max-partitions",
-        "partitions of all topics of the broker (more: LIMIT_EXCEEDED); lowered at start to what "
-        "the open-file limit allows",
+        "partitions of all topics of the broker (more: LIMIT_EXCEEDED); auto: a quarter of the "
+        "memory at 16 KiB a partition, at most 1 000 000; either lowered at start to what the "
+        "open-file limit allows",
     )
     max_partitions_per_topic: int = limit(
         1000, "--max-partitions-per-topic", "partitions of one topic (more: LIMIT_EXCEEDED)"
@@ -166,12 +180,13 @@ FD_RESERVE_MIN = 64
 def fit_to_descriptors(limits: Limits, nofile: int) -> tuple[Limits, list[str]]:
     """`limits` with every descriptor-consuming one lowered to what one worker can hold under an
     open-file limit of `nofile` (RLIMIT_NOFILE, after the supervisor raised it to the hard
-    limit), and one line per limit lowered, for the log.
+    limit), and one line per limit lowered, for the log (`--max-partitions auto` is derived
+    first: `derive_partition_limit`).
 
-    A worker needs 2 descriptors per partition it opens (active segment's store and index; all
-    partitions may hash to one core), at most `segment_fd_cache` for closed segments and one per
-    client connection, besides FIXED_FDS_PER_WORKER, and keeps a reserve (a thirty-second of the
-    limit, at least FD_RESERVE_MIN) for accepts, reads in flight and restarts. Of what is left,
+    A worker needs 2 descriptors per partition it opens (`partitions_for_descriptors`), at most
+    `segment_fd_cache` for closed segments and one per client connection, besides
+    FIXED_FDS_PER_WORKER, and keeps a reserve (a thirty-second of the limit, at least
+    FD_RESERVE_MIN) for accepts, reads in flight and restarts. Of what is left,
     partitions get at most a half, the cache at most an eighth, connections the rest: a client
     that creates and uses every partition it may still leaves room for others' connections and
     for a restart at the same limit (at 1024, 3000 partitions bricked the broker)."""
@@ -183,7 +198,7 @@ def fit_to_descriptors(limits: Limits, nofile: int) -> tuple[Limits, list[str]]:
             f"{FIXED_FDS_PER_WORKER + reserve + 64} descriptors; raise it (ulimit -n, LimitNOFILE=)"
         )
     cache = min(limits.segment_fd_cache, max(8, room // 8))
-    partitions = min(limits.max_partitions, room // 4)
+    partitions = min(partition_limit(limits), partitions_for_descriptors(room))
     connections = room - 2 * partitions - cache
     if limits.max_connections_per_core:
         connections = min(limits.max_connections_per_core, connections)
@@ -201,18 +216,81 @@ def fit_to_descriptors(limits: Limits, nofile: int) -> tuple[Limits, list[str]]:
     return fitted, lowered
 
 
+def partitions_for_descriptors(room: int) -> int:
+    """The partitions one worker can open in `room` descriptors: 2 each (the active segment's
+    store and index stay open for the partition's life), in half the room, all partitions on one
+    core at worst. Goes once open partitions stop costing descriptors (active segments evictable
+    from the fd cache): then `fit_to_descriptors` bounds only the cache and connections."""
+    return room // 4
+
+
+def memory_total_bytes(meminfo: str = "/proc/meminfo") -> int | None:
+    """MemTotal of `meminfo` in bytes, or None when it cannot be read."""
+    try:
+        with open(meminfo) as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    value, unit = line.split()[1:3]
+                    return int(value) * (1024 if unit.lower() == "kb" else 1)
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def derive_partition_limit(limits: Limits, meminfo: str = "/proc/meminfo") -> tuple[Limits, str]:
+    """`limits` with `--max-partitions auto` made a number, and what bound it, for the log: a
+    quarter of MemTotal at `PARTITION_MEMORY_BYTES` a partition, at most `PARTITIONS_AUTO_MAX`.
+    An explicit number is kept. The open-file limit may lower either afterwards
+    (`fit_to_descriptors`)."""
+    if limits.max_partitions != MAX_PARTITIONS_AUTO:
+        return limits, f"--max-partitions {limits.max_partitions}"
+    total = memory_total_bytes(meminfo)
+    if total is None:
+        return replace(limits, max_partitions=PARTITIONS_MEMORY_UNKNOWN), (
+            f"--max-partitions auto: {meminfo} unreadable, the fixed {PARTITIONS_MEMORY_UNKNOWN}"
+        )
+    by_memory = max(1, total // PARTITION_MEMORY_SHARE // PARTITION_MEMORY_BYTES)
+    if by_memory >= PARTITIONS_AUTO_MAX:
+        return replace(limits, max_partitions=PARTITIONS_AUTO_MAX), (
+            f"--max-partitions auto: the {PARTITIONS_AUTO_MAX} ceiling (memory would allow {by_memory})"
+        )
+    return replace(limits, max_partitions=by_memory), (
+        f"--max-partitions auto: memory, a quarter of MemTotal {total // MiB} MiB at "
+        f"{PARTITION_MEMORY_BYTES // 1024} KiB a partition"
+    )
+
+
+def partition_limit(limits: Limits) -> int:
+    """The partition limit `limits` set: `--max-partitions auto` not yet derived (a core made
+    without the supervisor: tests, tools) is derived here, from this host's memory."""
+    if limits.max_partitions != MAX_PARTITIONS_AUTO:
+        return limits.max_partitions
+    return derive_partition_limit(limits)[0].max_partitions
+
+
+def _partitions_arg(text: str) -> int:
+    if text == "auto":
+        return MAX_PARTITIONS_AUTO
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("a positive number of partitions, or auto")
+    return value
+
+
 def add_limit_arguments(parser: argparse.ArgumentParser) -> None:
-    """One `--flag N` per limit, defaulting to the field's default."""
+    """One `--flag N` per limit, defaulting to the field's default (`--max-partitions` takes
+    auto too, its default)."""
     group = parser.add_argument_group("limits (docs/LIMITS.md)")
     for f in fields(Limits):
         assert f.default is not MISSING
+        auto = f.name == "max_partitions"
         group.add_argument(
             f.metadata["flag"],
             dest=f"limit_{f.name}",
-            type=int,
+            type=_partitions_arg if auto else int,
             default=f.default,
-            metavar="N",
-            help=f"{f.metadata['help']} (default {f.default})",
+            metavar="N|auto" if auto else "N",
+            help=f"{f.metadata['help']} (default {'auto' if auto else f.default})",
         )
 
 

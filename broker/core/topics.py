@@ -40,7 +40,7 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
-from broker.core.limits import Limits
+from broker.core.limits import Limits, partition_limit
 from broker.core.topic_config_keys import ConfigError
 from broker.core.topic_configs import (
     Alteration,
@@ -275,12 +275,12 @@ class TopicRegistry:
                 f"{partitions} partitions exceed the limit of {lim.max_partitions_per_topic} per topic "
                 "(--max-partitions-per-topic)",
             )
-        held = self.partition_count()
-        if held + partitions > lim.max_partitions:
+        held, most = self.partition_count(), partition_limit(lim)
+        if held + partitions > most:
             raise TopicError(
                 TopicFault.LIMIT,
                 f"{partitions} more partitions would make {held + partitions}: the broker's limit is "
-                f"{lim.max_partitions} (--max-partitions), at most what its open-file limit allows "
+                f"{most} (--max-partitions), at most what its open-file limit allows "
                 "(docs/LIMITS.md)",
             )
         return Topic(name, topic_id, partitions, self.checked(configs or {}))
@@ -396,11 +396,12 @@ class TopicRegistry:
                 "(--max-partitions-per-topic)",
             )
         held = self.partition_count() - self.by_id.get(topic.topic_id, topic).partitions
-        if held + partitions > lim.max_partitions:
+        most = partition_limit(lim)
+        if held + partitions > most:
             raise TopicError(
                 TopicFault.LIMIT,
                 f"{partitions - have} more partitions would make {held + partitions}: the broker's limit "
-                f"is {lim.max_partitions} (--max-partitions), at most what its open-file limit allows "
+                f"is {most} (--max-partitions), at most what its open-file limit allows "
                 "(docs/LIMITS.md)",
             )
         return replace(topic, partitions=partitions)

@@ -166,8 +166,9 @@ def response_schema(api_key: int, api_version: int) -> type[Any] | None:
 
 # Array entries one request may hold, all arrays and levels together (topics, partitions,
 # groups, members, protocols, configs...). Kafka clients name what exists: at most every partition
-# of the broker (--max-partitions, 4000 by default) and its topics. A request filling 8 MiB with
-# entries (2M partition indexes) held its core 20-65 s in the handlers: past this it is
+# of the broker (--max-partitions: ~4800 at a 20 000 open-file limit, more where it allows) and
+# its topics. A request filling 8 MiB with entries (2M partition indexes) held its core 20-65 s
+# in the handlers: past this it is
 # refused like a request that does not parse, before any handler runs, and a large one before
 # kio builds its entries (`too_many_entries`; docs/LIMITS.md, "Request costs").
 ENTRIES_MAX: Final = 16_384

@@ -22,7 +22,13 @@ import resource
 import time
 
 from broker.core.groups import migrate_partition_offsets
-from broker.core.limits import FIXED_FDS_PER_WORKER, Limits, fit_to_descriptors
+from broker.core.limits import (
+    FIXED_FDS_PER_WORKER,
+    MAX_PARTITIONS_AUTO,
+    Limits,
+    derive_partition_limit,
+    fit_to_descriptors,
+)
 from broker.core.topics import TopicRegistry
 from broker.storage import layout
 from broker.storage.dataformat import check_data_format
@@ -155,8 +161,12 @@ def raise_nofile_limit(limits: Limits) -> Limits:
     (the default soft limit, often 1024, is far below what a broker holds); workers inherit it.
     Then size every limit that costs descriptors to what one worker can hold under it
     (`fit_to_descriptors`: its partitions, all on one core at worst, the descriptor cache and its
-    client connections, with a reserve), so that no client can exhaust them. Logs both, warns
-    for each limit lowered; returns the limits to serve with. ValueError: a limit too low to run."""
+    client connections, with a reserve), so that no client can exhaust them; `--max-partitions
+    auto` is derived before (`derive_partition_limit`: the host's memory). Logs both and what
+    bound the partition limit, warns for each explicit limit lowered; returns the limits to serve
+    with. ValueError: a limit too low to run."""
+    auto = limits.max_partitions == MAX_PARTITIONS_AUTO
+    limits, bound = derive_partition_limit(limits)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     was = soft
     if soft != hard:
@@ -175,7 +185,15 @@ def raise_nofile_limit(limits: Limits) -> Limits:
         + fitted.max_connections_per_core
         + FIXED_FDS_PER_WORKER,
     )
+    if fitted.max_partitions < limits.max_partitions:
+        bound = (
+            f"the open-file limit {soft} at 2 descriptors a partition ({bound} would allow "
+            f"{limits.max_partitions})"
+        )
+    log.info("partition limit %d (%s)", fitted.max_partitions, bound)
     for line in lowered:
+        if auto and line.startswith("--max-partitions "):
+            continue  # auto is bounded by the open-file limit by design: said on the line above
         log.warning(
             "%s to fit the open-file limit %d (raise the hard limit: ulimit -Hn, LimitNOFILE=)", line, soft
         )

@@ -271,7 +271,7 @@ def test_creating_thousands_of_partitions_does_not_stall_other_clients(tmp_path:
 def test_partitions_are_capped_by_the_open_file_limit_and_the_broker_restarts_at_it(
     tmp_path: Path, backend: str
 ) -> None:
-    """At a hard open-file limit of 1024 the default --max-partitions (4000)
+    """At a hard open-file limit of 1024 the default --max-partitions (then a fixed 4000)
     let a client create 3000 partitions; using them exhausted the worker's descriptors (produces
     to other topics failed, new connections were reset) and the broker could not restart. Now
     the limits are sized from the open-file limit at start: creating partitions beyond what fits
@@ -344,16 +344,19 @@ def test_partitions_are_capped_by_the_open_file_limit_and_the_broker_restarts_at
 
 
 def test_limits_fit_the_open_file_limit_with_room_for_connections_and_a_reserve() -> None:
-    """`fit_to_descriptors`: at this machine's 20 000 the partition and cache defaults stand; at
+    """`fit_to_descriptors`: at this machine's 20 000 an explicit 4000 partitions (the fixed
+    default before `auto`) and the cache default stand, and auto is held to half the room; at
     1024 every descriptor-consuming limit is lowered and their sum leaves the reserve free; at a
     limit a broker cannot run under, a clear error (the supervisor prints it and exits 1)."""
-    fitted, lowered = fit_to_descriptors(Limits(), 20_000)
+    fitted, lowered = fit_to_descriptors(Limits(max_partitions=4000), 20_000)
     assert (fitted.max_partitions, fitted.segment_fd_cache) == (4000, 1000)
+    fitted, lowered = fit_to_descriptors(Limits(), 20_000)
+    assert 4000 < fitted.max_partitions < 5000 and fitted.segment_fd_cache == 1000
     for nofile in (1024, 4096, 20_000, 1 << 20):
         fitted, lowered = fit_to_descriptors(Limits(max_connections_per_core=0), nofile)
         used = 2 * fitted.max_partitions + fitted.segment_fd_cache + fitted.max_connections_per_core
         assert fitted.max_connections_per_core > 0 and used + FIXED_FDS_PER_WORKER + 64 <= nofile
-    fitted, lowered = fit_to_descriptors(Limits(), 1024)
+    fitted, lowered = fit_to_descriptors(Limits(max_partitions=4000), 1024)
     assert fitted.max_partitions < 300 and fitted.max_connections_per_core >= 300
     assert any(line.startswith("--max-partitions 4000 lowered to") for line in lowered), lowered
     with pytest.raises(ValueError, match="open-file limit"):
