@@ -47,6 +47,7 @@ from broker.core.cluster_view import ClusterView, ViewFile
 from broker.core.config import BrokerConfig
 from broker.core.coordinator import CallLater, GroupCoordinator
 from broker.core.groups import GroupOffsetStore
+from broker.core.limits import partition_limit
 from broker.core.metrics import CoreMetrics
 from broker.core.outcomes import Durable, Later, Notify, Outcome, Reply, Silent
 from broker.core.partition import Partition, Stored
@@ -75,7 +76,9 @@ log = logging.getLogger(__name__)
 FORCED_REFRESH_GAP_S = 0.001  # see `refresh_topics`
 MIRROR_WAIT_S = 3.0  # a store change not in this node's registry by then is answered anyway
 MIRROR_POLL_S = 0.005
-OWNER_CACHE_MAX = 100_000  # (topic id, partition) -> core entries kept; cleared when full
+# (topic id, partition) -> core entries kept at least; cleared when full. Sized up to the partition
+# limit (`Core.owner`): a cache smaller than the partitions in use was cleared again and again.
+OWNER_CACHE_MAX = 100_000
 
 
 def _no_timers(delay_s: float, callback: Callable[[], None]) -> object:
@@ -144,6 +147,7 @@ class Core:
         ids = config.cluster.producer_ids if config.cluster is not None else None
         self.producer_ids = ProducerIds(ids or FileBlockSource(config.data_dir))
         self._owners: dict[tuple[int, int], int] = {}
+        self._owners_max = max(OWNER_CACHE_MAX, partition_limit(config.limits))
         for topic in self.registry.by_id.values():
             self._open_stored(topic)
         self.call_later: CallLater = call_later or _no_timers
@@ -203,7 +207,7 @@ class Core:
         key = (topic_id, partition)
         core = self._owners.get(key)
         if core is None:
-            if len(self._owners) >= OWNER_CACHE_MAX:
+            if len(self._owners) >= self._owners_max:
                 self._owners.clear()
             core = self._owners[key] = shard_for(topic_id, partition, self.config.cores)
         return core
