@@ -2,7 +2,7 @@
 
 Rules this module keeps:
 - One posix_fallocate per `PREALLOCATE_BYTES` appended, per up to `PREALLOCATE_BYTES_MAX` while
-  the appends come fast (broker/storage/segment.py has both and why); never past the segment size
+  the appends come fast (broker/storage/log_config.py has both and why); never past the segment size
   unless one append alone is larger. The log gives the space back when the segment rolls or the
   log closes (`Segment.release_preallocated`).
 - A file system that cannot preallocate turns it off for the log; a full disk does not (the space
@@ -22,14 +22,18 @@ from broker.storage.segment import Segment
 
 log = logging.getLogger("broker.storage.log")  # the log's lines, as before this module was apart
 
-PREALLOCATE_RAMP_MS = 1000  # preallocation steps used up at a MiB per this long or faster double
+# Preallocation steps used up at PREALLOCATE_RAMP_BYTES per PREALLOCATE_RAMP_MS or faster double.
+# The rate is not tied to the first step: a partition under a MiB a second stays at the first
+# step (64 KiB: a few fallocates a second at most), one above ramps to the largest.
+PREALLOCATE_RAMP_MS = 1000
+PREALLOCATE_RAMP_BYTES = 1 << 20
 
 
 class Preallocation:
     """How far ahead of its appends a log's active segment is allocated: the step, and whether the
     file system preallocates at all."""
 
-    __slots__ = ("_clock", "_directory", "_enabled", "_last_ms", "_step")
+    __slots__ = ("_clock", "_directory", "_enabled", "_last_end", "_last_ms", "_step")
 
     def __init__(self, directory: str, clock: Callable[[], int]) -> None:
         self._directory = directory  # the log's, for its log line
@@ -37,6 +41,7 @@ class Preallocation:
         self._enabled = True  # until the file system refuses (see `extend`)
         self._step = PREALLOCATE_BYTES
         self._last_ms = -PREALLOCATE_RAMP_MS  # when the last step was taken (the clock's)
+        self._last_end = 0  # the store position it was taken at
 
     def extend(self, seg: Segment, end: int, reserved_size: int, segment_bytes: int) -> None:
         """Extend the active segment's file by a step past `end` (never past the segment size,
@@ -46,17 +51,22 @@ class Preallocation:
         `segment_bytes`: the log's config's (read at each append: a test may change it).
 
         The step is `PREALLOCATE_BYTES`, doubled (up to `PREALLOCATE_BYTES_MAX`) each time the
-        appends used the last up at a MiB per `PREALLOCATE_RAMP_MS` or faster: a partition taking
-        a stream of large batches makes one fallocate per 8 MiB, not per MiB (~20 us each: 3% of
-        an ingesting core), while the disk held ahead of a slow partition's data stays a MiB."""
+        appends since the last step came at `PREALLOCATE_RAMP_BYTES` per `PREALLOCATE_RAMP_MS` or faster:
+        a partition taking a stream of large batches makes one fallocate per 8 MiB, not per
+        64 KiB or MiB (~20 us each: 3% of an ingesting core at a MiB), while the disk held ahead
+        of a slow or idle partition's data stays 64 KiB."""
         if not self._enabled:
             return
         now = self._clock()
-        if (now - self._last_ms) * PREALLOCATE_BYTES < PREALLOCATE_RAMP_MS * self._step:
+        # What was appended since the last step (at least that step, more when one append
+        # crossed it: a stream of batches larger than the step is still a stream).
+        appended = end - self._last_end if end > self._last_end else end  # a new segment: from 0
+        if (now - self._last_ms) * PREALLOCATE_RAMP_BYTES < PREALLOCATE_RAMP_MS * appended:
             self._step = min(2 * self._step, PREALLOCATE_BYTES_MAX)
         else:
             self._step = PREALLOCATE_BYTES
         self._last_ms = now
+        self._last_end = end
         target = max(end, min(end + self._step, segment_bytes))
         try:
             seg.preallocate(target)

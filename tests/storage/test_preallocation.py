@@ -18,7 +18,7 @@ from broker.storage.errors import StorageError
 from broker.storage.fileio import run_ops
 from broker.storage.log import Log, LogConfig
 from broker.storage.log_config import PREALLOCATE_BYTES, PREALLOCATE_BYTES_MAX
-from broker.storage.preallocation import PREALLOCATE_RAMP_MS
+from broker.storage.preallocation import PREALLOCATE_RAMP_BYTES, PREALLOCATE_RAMP_MS
 from ringlog_proto.batch import encode_batch
 
 CONFIG = LogConfig(segment_bytes=4 * PREALLOCATE_BYTES, max_batch_bytes=64 * 1024, retention_ms=None)
@@ -119,7 +119,7 @@ def test_the_step_doubles_while_appends_use_it_up_quickly_and_starts_over_after_
     after a pause it is back to PREALLOCATE_BYTES (the disk held ahead of a slow partition stays
     small)."""
     clock = FakeClock()
-    config = LogConfig(segment_bytes=64 * PREALLOCATE_BYTES, max_batch_bytes=1 << 20, retention_ms=None)
+    config = LogConfig(segment_bytes=8 * PREALLOCATE_BYTES_MAX, max_batch_bytes=1 << 20, retention_ms=None)
     log = Log.open(str(tmp_path / "log"), config, clock=clock)
     value = os.urandom(512 * 1024)
     steps = []
@@ -130,16 +130,19 @@ def test_the_step_doubles_while_appends_use_it_up_quickly_and_starts_over_after_
         if after != before:
             steps.append(after - log.segments[-1].size)  # what is held ahead of the data
         clock.advance(PREALLOCATE_RAMP_MS // 10)
-    ramp = [PREALLOCATE_BYTES * 2**i for i in range(4)]  # 5 MiB/s: every step used up fast
+    doublings = (PREALLOCATE_BYTES_MAX // PREALLOCATE_BYTES).bit_length()  # 64 KiB .. 8 MiB: 8 steps
+    ramp = [PREALLOCATE_BYTES * 2**i for i in range(doublings)]  # 5 MiB/s: every step used up fast
     assert ramp[-1] == PREALLOCATE_BYTES_MAX
-    assert steps == ramp + [PREALLOCATE_BYTES_MAX] * (len(steps) - 4) and len(steps) > 4
+    assert steps[: len(ramp)] == ramp
+    assert steps[len(ramp) :] == [PREALLOCATE_BYTES_MAX] * (len(steps) - len(ramp)) and len(steps) > len(ramp)
     clock.advance(PREALLOCATE_RAMP_MS)
     while log.segments[-1].allocated - log.segments[-1].size > len(value) + 100:
         log.append(encode_batch([value]))  # use up what the last step holds, quickly
     clock.advance(PREALLOCATE_RAMP_MS * PREALLOCATE_BYTES_MAX // PREALLOCATE_BYTES)  # then a pause
     log.append(encode_batch([value]))
-    log.append(encode_batch([value]))
-    assert log.segments[-1].allocated - log.segments[-1].size <= PREALLOCATE_BYTES
+    assert log.segments[-1].allocated - log.segments[-1].size == PREALLOCATE_BYTES
+    log.append(encode_batch([value]))  # at once: 512 KiB past the step in no time is a stream again
+    assert log.segments[-1].allocated - log.segments[-1].size == 2 * PREALLOCATE_BYTES
     log.close()
     assert os.stat(log.segments[-1].store_path).st_size == log.segments[-1].size
 
@@ -161,3 +164,50 @@ def test_a_discarded_log_syncs_nothing_and_refuses_with_appends_in_flight(tmp_pa
     log.discard()  # idempotent
     with pytest.raises(StorageError):
         log.prepare_append(kit.batch(log.next_offset, 1))
+
+
+def test_a_first_write_holds_64_kib_ahead_and_a_slow_partition_stays_there(tmp_path):
+    """Every partition touched once holds its first step: 64 KiB, so 100 000 touched partitions
+    hold ~6 GiB of fallocate, not the ~98 GiB a MiB each held. A partition appending under
+    PREALLOCATE_RAMP_BYTES per PREALLOCATE_RAMP_MS never ramps: its steps stay the first."""
+    assert PREALLOCATE_BYTES == 64 << 10
+    assert 100_000 * PREALLOCATE_BYTES <= 6.2 * (1 << 30)
+    clock = FakeClock()
+    config = LogConfig(segment_bytes=64 * PREALLOCATE_BYTES, max_batch_bytes=1 << 20, retention_ms=None)
+    log = Log.open(str(tmp_path / "log"), config, clock=clock)
+    log.append(encode_batch([b"x" * 100]))
+    seg = log.segments[-1]
+    assert seg.allocated == seg.size + PREALLOCATE_BYTES
+    assert os.stat(seg.store_path).st_size == seg.allocated
+    value = os.urandom(16 * 1024)
+    held = set()
+    for _ in range(64):  # 16 KiB every 100 ms: 160 KiB/s, under the ramp's rate
+        clock.advance(PREALLOCATE_RAMP_MS // 10)
+        before = seg.allocated
+        log.append(encode_batch([value]))
+        if seg.allocated != before:
+            held.add(seg.allocated - seg.size)
+    assert PREALLOCATE_RAMP_BYTES > 16 * 1024 * 10
+    assert held == {PREALLOCATE_BYTES}
+    log.close()
+
+
+def test_the_ramp_rate_is_a_mib_a_second_whatever_the_first_step(tmp_path):
+    """Just over the rate the step doubles, just under it starts over: the threshold is
+    PREALLOCATE_RAMP_BYTES per PREALLOCATE_RAMP_MS, not the first step per that long (which
+    would ramp a partition taking 64 KiB a second to 8 MiB held ahead)."""
+    clock = FakeClock()
+    config = LogConfig(segment_bytes=64 * PREALLOCATE_BYTES_MAX, max_batch_bytes=1 << 20, retention_ms=None)
+    log = Log.open(str(tmp_path / "log"), config, clock=clock)
+    seg = log.segments[-1]
+    log.append(encode_batch([b"x"]))
+    assert seg.allocated - seg.size == PREALLOCATE_BYTES
+    # The first step used up in a bit less than its time at the ramp's rate: the next is twice.
+    clock.advance(PREALLOCATE_RAMP_MS * PREALLOCATE_BYTES // PREALLOCATE_RAMP_BYTES - 1)
+    log.append(encode_batch([os.urandom(PREALLOCATE_BYTES)]))
+    assert seg.allocated - seg.size == 2 * PREALLOCATE_BYTES
+    # Twice the step used up in a bit more than its time: back to the first step.
+    clock.advance(PREALLOCATE_RAMP_MS * 2 * PREALLOCATE_BYTES // PREALLOCATE_RAMP_BYTES + 1)
+    log.append(encode_batch([os.urandom(2 * PREALLOCATE_BYTES)]))
+    assert seg.allocated - seg.size == PREALLOCATE_BYTES
+    log.close()
