@@ -47,7 +47,7 @@ from broker.core.cluster_view import ClusterView, ViewFile
 from broker.core.config import BrokerConfig
 from broker.core.coordinator import CallLater, GroupCoordinator
 from broker.core.groups import GroupOffsetStore
-from broker.core.limits import partition_limit
+from broker.core.limits import SEGMENT_FD_CACHE_UNLIMITED, partition_limit
 from broker.core.metrics import CoreMetrics
 from broker.core.outcomes import Durable, Later, Notify, Outcome, Reply, Silent
 from broker.core.partition import Partition, Stored
@@ -125,8 +125,10 @@ class Core:
         with self.registry.locked():  # orphans are removed only here: at start, under the lock
             self.registry.load()
             self.registry.remove_orphans()
-        # Files of closed segments this core keeps open (broker/storage/fdcache.py).
-        self.fd_cache = FdCache(config.limits.segment_fd_cache)
+        # Segment files this core keeps open, every partition's (broker/storage/fdcache.py): the
+        # limit the supervisor fitted to the open-file limit; 0 where nothing was fitted (an
+        # unlimited open-file limit, a core made by a test) is a large one.
+        self.fd_cache = FdCache(config.limits.segment_fd_cache or SEGMENT_FD_CACHE_UNLIMITED)
         self.partitions: dict[tuple[int, int], Partition] = {}
         # The log cleaner of this core's compacted partitions (broker/core/cleaning.py).
         self.cleaning = LogCleaning(

@@ -90,14 +90,17 @@ class Limits:
         MAX_PARTITIONS_AUTO,
         "--max-partitions",
         "partitions of all topics of the broker (more: LIMIT_EXCEEDED); auto: a quarter of the "
-        "memory at 16 KiB a partition, at most 1 000 000; either lowered at start to what the "
-        "open-file limit allows",
+        "memory at 16 KiB a partition, at most 1 000 000; they hold no descriptor of their own "
+        "(--segment-fd-cache bounds them)",
     )
     max_partitions_per_topic: int = limit(
         1000, "--max-partitions-per-topic", "partitions of one topic (more: LIMIT_EXCEEDED)"
     )
     segment_fd_cache: int = limit(
-        1000, "--segment-fd-cache", "descriptors of closed segments each core keeps open (LRU)"
+        0,
+        "--segment-fd-cache",
+        "descriptors of segment files each core keeps open (LRU; every partition's, the active "
+        "segment's too while idle); 0: half of what the open-file limit leaves",
     )
 
     # Requests, connections and memory (broker/backends/admission.py enforces them).
@@ -172,9 +175,11 @@ if _errors := relation_errors():  # a plain `if`, not an assert: it holds under 
 # lock, directory syncs, peer links, the splice pipes of io_uring fetches.
 FIXED_FDS_PER_WORKER = 64
 # Descriptors left free beyond every limit: a connection is accepted before the cap can refuse it
-# (and closed at once), a read in flight keeps a closed segment's descriptor past its eviction, a
-# flush or the recovery at restart opens a closed segment at a time.
+# (and closed at once), appends, flushes and reads in flight pin their segments' descriptors
+# past the cache's bound, the recovery at restart opens a segment at a time.
 FD_RESERVE_MIN = 64
+# The descriptor cache when the open-file limit is unlimited (nothing to fit it to).
+SEGMENT_FD_CACHE_UNLIMITED = 1 << 16
 
 
 def fit_to_descriptors(limits: Limits, nofile: int) -> tuple[Limits, list[str]]:
@@ -183,13 +188,15 @@ def fit_to_descriptors(limits: Limits, nofile: int) -> tuple[Limits, list[str]]:
     limit), and one line per limit lowered, for the log (`--max-partitions auto` is derived
     first: `derive_partition_limit`).
 
-    A worker needs 2 descriptors per partition it opens (`partitions_for_descriptors`), at most
-    `segment_fd_cache` for closed segments and one per client connection, besides
-    FIXED_FDS_PER_WORKER, and keeps a reserve (a thirty-second of the limit, at least
-    FD_RESERVE_MIN) for accepts, reads in flight and restarts. Of what is left,
-    partitions get at most a half, the cache at most an eighth, connections the rest: a client
+    Partitions cost no descriptor of their own: every segment's files, the active segment's
+    too, are the descriptor cache's while no operation is in flight on them
+    (broker/storage/fdcache.py), so the cache bounds them however many partitions a core has.
+    A worker needs at most `segment_fd_cache` for segments and one per client connection,
+    besides FIXED_FDS_PER_WORKER, and keeps a reserve (a thirty-second of the limit, at least
+    FD_RESERVE_MIN) for accepts, operations in flight and restarts. Of what is left, the cache
+    gets at most a half (all of it, 0, asks for that half), connections the rest: a client
     that creates and uses every partition it may still leaves room for others' connections and
-    for a restart at the same limit (at 1024, 3000 partitions bricked the broker)."""
+    for a restart at the same limit (at 1024, 3000 partitions once bricked the broker)."""
     reserve = max(FD_RESERVE_MIN, nofile // 32)
     room = nofile - FIXED_FDS_PER_WORKER - reserve
     if room < 64:
@@ -197,31 +204,23 @@ def fit_to_descriptors(limits: Limits, nofile: int) -> tuple[Limits, list[str]]:
             f"the open-file limit (RLIMIT_NOFILE) is {nofile}: a broker needs at least "
             f"{FIXED_FDS_PER_WORKER + reserve + 64} descriptors; raise it (ulimit -n, LimitNOFILE=)"
         )
-    cache = min(limits.segment_fd_cache, max(8, room // 8))
-    partitions = min(partition_limit(limits), partitions_for_descriptors(room))
-    connections = room - 2 * partitions - cache
+    half = max(8, room // 2)
+    cache = min(limits.segment_fd_cache, half) if limits.segment_fd_cache else half
+    connections = room - cache
     if limits.max_connections_per_core:
         connections = min(limits.max_connections_per_core, connections)
     fitted = replace(
         limits,
         segment_fd_cache=cache,
-        max_partitions=partitions,
         max_connections_per_core=connections,
     )
     lowered = [
         f"{f.metadata['flag']} {getattr(limits, f.name) or 'unlimited'} lowered to {getattr(fitted, f.name)}"
         for f in fields(Limits)
         if getattr(fitted, f.name) != getattr(limits, f.name)
+        and not (f.name == "segment_fd_cache" and not limits.segment_fd_cache)  # 0 asked for it
     ]
     return fitted, lowered
-
-
-def partitions_for_descriptors(room: int) -> int:
-    """The partitions one worker can open in `room` descriptors: 2 each (the active segment's
-    store and index stay open for the partition's life), in half the room, all partitions on one
-    core at worst. Goes once open partitions stop costing descriptors (active segments evictable
-    from the fd cache): then `fit_to_descriptors` bounds only the cache and connections."""
-    return room // 4
 
 
 def memory_total_bytes(meminfo: str = "/proc/meminfo") -> int | None:

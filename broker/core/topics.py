@@ -280,8 +280,7 @@ class TopicRegistry:
             raise TopicError(
                 TopicFault.LIMIT,
                 f"{partitions} more partitions would make {held + partitions}: the broker's limit is "
-                f"{most} (--max-partitions), at most what its open-file limit allows "
-                "(docs/LIMITS.md)",
+                f"{most} (--max-partitions): docs/LIMITS.md",
             )
         return Topic(name, topic_id, partitions, self.checked(configs or {}))
 
@@ -401,8 +400,7 @@ class TopicRegistry:
             raise TopicError(
                 TopicFault.LIMIT,
                 f"{partitions - have} more partitions would make {held + partitions}: the broker's limit "
-                f"is {most} (--max-partitions), at most what its open-file limit allows "
-                "(docs/LIMITS.md)",
+                f"is {most} (--max-partitions): docs/LIMITS.md",
             )
         return replace(topic, partitions=partitions)
 

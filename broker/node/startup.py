@@ -24,7 +24,6 @@ import time
 from broker.core.groups import migrate_partition_offsets
 from broker.core.limits import (
     FIXED_FDS_PER_WORKER,
-    MAX_PARTITIONS_AUTO,
     Limits,
     derive_partition_limit,
     fit_to_descriptors,
@@ -100,9 +99,8 @@ def lock_data_dir(d: str) -> int:
 
 
 def check_partitions_fit(data_dir: str, log_defaults: LogConfig, limits: Limits) -> None:
-    """Say so when the data dir holds more partitions than the open-file limit now allows
-    (made under a higher one): a worker opens every partition with files at start, and one
-    that runs out of descriptors doing it dies and is restarted, again and again."""
+    """Say so when the data dir holds more partitions than `--max-partitions` now allows (made
+    under a higher one): they are all served, but no new one can be made until some are deleted."""
     try:
         registry = TopicRegistry(data_dir, log_defaults, remove_orphans=False, limits=limits)
     except (OSError, ValueError):
@@ -110,9 +108,8 @@ def check_partitions_fit(data_dir: str, log_defaults: LogConfig, limits: Limits)
     held = registry.partition_count()
     if held > limits.max_partitions:
         log.error(
-            "the data dir holds %d partitions, more than the %d the open-file limit allows "
-            "(--max-partitions; docs/LIMITS.md): a worker that opens them all may run out of "
-            "descriptors; raise the hard limit (ulimit -Hn, LimitNOFILE=)",
+            "the data dir holds %d partitions, more than --max-partitions %d (docs/LIMITS.md): "
+            "they are served, but CreateTopic is refused until some are deleted or the limit raised",
             held,
             limits.max_partitions,
         )
@@ -160,12 +157,11 @@ def raise_nofile_limit(limits: Limits) -> Limits:
     """Raise RLIMIT_NOFILE's soft limit to its hard limit, as Kafka's and Redpanda's packaging do
     (the default soft limit, often 1024, is far below what a broker holds); workers inherit it.
     Then size every limit that costs descriptors to what one worker can hold under it
-    (`fit_to_descriptors`: its partitions, all on one core at worst, the descriptor cache and its
-    client connections, with a reserve), so that no client can exhaust them; `--max-partitions
-    auto` is derived before (`derive_partition_limit`: the host's memory). Logs both and what
-    bound the partition limit, warns for each explicit limit lowered; returns the limits to serve
-    with. ValueError: a limit too low to run."""
-    auto = limits.max_partitions == MAX_PARTITIONS_AUTO
+    (`fit_to_descriptors`: the descriptor cache, which holds every partition's segment files, and
+    its client connections, with a reserve), so that no client can exhaust them; `--max-partitions
+    auto` is derived before (`derive_partition_limit`: the host's memory; partitions cost no
+    descriptor of their own). Logs both and what bound the partition limit, warns for each limit
+    lowered; returns the limits to serve with. ValueError: a limit too low to run."""
     limits, bound = derive_partition_limit(limits)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     was = soft
@@ -177,23 +173,14 @@ def raise_nofile_limit(limits: Limits) -> Limits:
             log.warning("cannot raise the open-file limit from %d to %d: %s", soft, hard, exc)
     fitted, lowered = (limits, []) if soft == resource.RLIM_INFINITY else fit_to_descriptors(limits, soft)
     log.info(
-        "open-file limit (RLIMIT_NOFILE) %s%s; partitions, the fd cache and connections need up to %d",
+        "open-file limit (RLIMIT_NOFILE) %s%s; the segment fd cache (%d) and connections need up to %d",
         "unlimited" if soft == resource.RLIM_INFINITY else str(soft),
         f" (raised from {was})" if was != soft else "",
-        2 * fitted.max_partitions
-        + fitted.segment_fd_cache
-        + fitted.max_connections_per_core
-        + FIXED_FDS_PER_WORKER,
+        fitted.segment_fd_cache,
+        fitted.segment_fd_cache + fitted.max_connections_per_core + FIXED_FDS_PER_WORKER,
     )
-    if fitted.max_partitions < limits.max_partitions:
-        bound = (
-            f"the open-file limit {soft} at 2 descriptors a partition ({bound} would allow "
-            f"{limits.max_partitions})"
-        )
     log.info("partition limit %d (%s)", fitted.max_partitions, bound)
     for line in lowered:
-        if auto and line.startswith("--max-partitions "):
-            continue  # auto is bounded by the open-file limit by design: said on the line above
         log.warning(
             "%s to fit the open-file limit %d (raise the hard limit: ulimit -Hn, LimitNOFILE=)", line, soft
         )

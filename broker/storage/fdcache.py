@@ -1,17 +1,25 @@
-"""The descriptor cache: how many files of closed segments one process keeps open.
+"""The descriptor cache: how many segment files one process keeps open.
 
-A partition's log may hold any number of segments (retention decides, not the broker), but a
-process has a fixed budget of file descriptors (RLIMIT_NOFILE). So only the active segment of each
-log keeps its files open for good; a closed segment opens its files when it is used (a read, an
-index load, a flush of a segment just rolled) and leaves them in this cache, which closes the
-least recently used ones beyond `capacity`.
+A broker may hold any number of partitions, and a partition's log any number of segments
+(retention decides, not the broker), but a process has a fixed budget of file descriptors
+(RLIMIT_NOFILE). So no segment keeps its files open for good, not even a log's active one: a
+segment opens its files when it is used (an append, a flush, a read, an index load) and leaves
+them in this cache, which closes the least recently used ones beyond `capacity`. Descriptors are
+bounded by the cache whatever the partition count; so are mappings (`Segment.mapped`), which go
+with their segment's files.
 
 Rules this module keeps:
 - A segment in use across an asynchronous operation is *pinned* (`Segment.pin`): an io_uring SQE
-  referencing its fd is in flight, or the log holds it (the active segment, a pending append, a
-  flush plan). A pinned segment is not in the cache and its files are never closed under it; it
-  comes back (most recently used) when its last pin goes. Closing a descriptor with an SQE in
-  flight would be worse than an error: the number may already name another file.
+  or a flusher thread's call referencing its fd is in flight (a pending append pins its segment
+  until it completes or is aborted, a flush plan until it completes or fails, a ring read until
+  its CQE), or it is being opened and recovered. Pins are the one rule: a pinned segment's files
+  are never closed under it. It may stay listed while pinned (a pin is a count, not a cache
+  operation: the hot path pins and unpins its active segment on every append); an eviction that
+  meets it takes it out without closing anything, and it comes back (most recently used) when
+  its last pin goes. Closing a descriptor with an SQE in flight would be worse than an error: the
+  number may already name another file.
+- Evicting a segment does not sync it: the log's next flush syncs its bytes on a reopened file
+  (`Segment.evict` says why).
 - The cache holds at most `capacity` descriptors, except that the segment used last is never
   evicted (a capacity of 0 still lets one segment be read).
 - One cache per worker process (each worker has its own descriptor table), owned by its one thread.
@@ -31,7 +39,10 @@ class CachedFiles(Protocol):
     @property
     def open_files(self) -> int: ...
 
-    def close_files(self) -> None: ...
+    @property
+    def pinned(self) -> bool: ...
+
+    def evict(self) -> None: ...
 
 
 class FdCache:
@@ -55,23 +66,32 @@ class FdCache:
         self._lru.move_to_end(seg)
 
     def hold(self, seg: CachedFiles) -> None:
-        """Take `seg` out of the cache (pinned, closing, or about to open a file): its files are no
+        """Take `seg` out of the cache (closing, or about to open a file): its files are no
         longer the cache's to close. A no-op for a segment not in it."""
         if seg in self._lru:
             del self._lru[seg]
             self.open_fds -= seg.open_files
 
+    def unpinned(self, seg: CachedFiles) -> None:
+        """`seg`'s last pin went: it is the most recently used, back in the cache if an eviction
+        took it out while it was pinned."""
+        if seg in self._lru:
+            self._lru.move_to_end(seg)
+        else:
+            self.release(seg)
+
     def evict_all(self) -> None:
-        """Close every cached file (the process ran out of descriptors)."""
+        """Close every cached file not pinned (the process ran out of descriptors)."""
         lru, self._lru = self._lru, OrderedDict()
         self.open_fds = 0
-        self.evictions += len(lru)
         for victim in lru:
-            victim.close_files()
+            if not victim.pinned:  # a pinned one comes back when unpinned
+                self.evictions += 1
+                victim.evict()
 
     def release(self, seg: CachedFiles) -> None:
         """Put `seg` (unpinned, with files open) in the cache as the most recently used, then
-        close the least recently used others beyond the capacity."""
+        close the least recently used others beyond the capacity (a pinned one is only taken out)."""
         if seg in self._lru:
             self.hold(seg)
         if not seg.open_files:
@@ -83,8 +103,10 @@ class FdCache:
             victim = next(iter(lru))  # not seg: it is last, and there are others
             del lru[victim]
             self.open_fds -= victim.open_files
+            if victim.pinned:  # in flight: out until its last pin goes (`unpinned`), not closed
+                continue
             self.evictions += 1
-            victim.close_files()
+            victim.evict()
 
 
 DEFAULT_CACHE = FdCache()

@@ -102,28 +102,39 @@ class Log(LogStart):
             log_recovery.finish_swaps(directory, io)  # a clean a crash interrupted
         bases = log_recovery.segment_bases(directory, io)
         now = clock()
-        for i, base in enumerate(bases):
-            is_last = i == len(bases) - 1
-            seg = Segment.open(directory, base, io, cache, active=is_last, now_ms=now)
-            if is_last:
-                self._active = seg  # opened pinned
-            if self.segments:
-                log_recovery.check_follows(self.segments[-1], seg)
-            self._add_segment(seg)
-        if not self.segments:
-            self._active = Segment.create(directory, 0, io, cache)  # created pinned
-            self._add_segment(self._active)
-            # Nothing to make durable yet (durable_offset 0 is true of an empty log): the first
-            # flush syncs the directory with the data. A partition is made on its first use, in
-            # the request that needs it: three syncs fewer keep that request short.
-            self._dir_unsynced = True
-        else:
-            # What recovery kept may still be only in the page cache (the process died, not the
-            # machine): sync it, so that durable_offset starts out true.
-            active = self.segments[-1]
-            io.fdatasync(active.store_fd)
-            io.fdatasync(active.index_fd)
-            io.fsync_dir(directory)
+        # The active segment is pinned while it is recovered and synced (opened and created
+        # pinned), then left to the descriptor cache like every other.
+        pinned: Segment | None = None
+        try:
+            for i, base in enumerate(bases):
+                is_last = i == len(bases) - 1
+                seg = Segment.open(directory, base, io, cache, active=is_last, now_ms=now)
+                if is_last:
+                    pinned = seg
+                if self.segments:
+                    log_recovery.check_follows(self.segments[-1], seg)
+                self._add_segment(seg)
+            if not self.segments:
+                pinned = Segment.create(directory, 0, io, cache)
+                self._add_segment(pinned)
+                # Nothing to make durable yet (durable_offset 0 is true of an empty log): the first
+                # flush syncs the directory with the data. A partition is made on its first use, in
+                # the request that needs it: three syncs fewer keep that request short.
+                self._dir_unsynced = True
+            else:
+                # What recovery kept may still be only in the page cache (the process died, not the
+                # machine): sync it, so that durable_offset starts out true.
+                active = self.segments[-1]
+                io.fdatasync(active.store_fd)
+                io.fdatasync(active.index_fd)
+                io.fsync_dir(directory)
+        except BaseException:
+            if pinned is not None and pinned not in self.segments:
+                pinned.abandon()  # not listed, so not abandoned with the log's
+            raise
+        finally:
+            if pinned is not None:
+                pinned.unpin()
         active = self.segments[-1]
         self._next_offset = active.next_offset
         self._reserved_size = active.size
@@ -158,7 +169,7 @@ class Log(LogStart):
                     else:
                         seg.abandon()
             finally:
-                self._release_active()
+                self._undrain_all()
                 self._closed = True
 
     def discard(self) -> None:
@@ -178,9 +189,7 @@ class Log(LogStart):
         when it completes): what a killed process leaves behind, for tests and a failed open."""
         for seg in self.segments:
             seg.abandon()
-        if self._active is not None:
-            self._active.abandon()  # an open that failed may not have listed it yet
-        self._release_active()
+        self._undrain_all()
         self._closed = True
 
     # ------------------------------------------------------------------------- append
@@ -263,17 +272,22 @@ class Log(LogStart):
                 base += h.record_count
                 pos += h.size
             buffers = tuple(parts)
-        if self._reserved_size + size > seg.allocated:
-            self._preallocation.extend(
-                seg, self._reserved_size + size, self._reserved_size, self.config.segment_bytes
-            )
-        ops: list[Op] = [Write(seg.store_fd, buffers, self._reserved_size, size)]
-        pending = PendingAppend(seg, self._reserved_size, headers, size, now, ops)
-        index = seg.index
-        if len(index) - index.persisted_count >= INDEX_PENDING_ENTRIES_MAX:
-            data, position = index.unpersisted()
-            ops.append(Write(seg.index_fd, (data,), position, len(data)))
-            pending.index_persisted = len(index)
+        seg.pin()  # until the append completes or is aborted: its writes name the descriptors
+        try:
+            if self._reserved_size + size > seg.allocated:
+                self._preallocation.extend(
+                    seg, self._reserved_size + size, self._reserved_size, self.config.segment_bytes
+                )
+            ops: list[Op] = [Write(seg.store_fd, buffers, self._reserved_size, size)]
+            pending = PendingAppend(seg, self._reserved_size, headers, size, now, ops)
+            index = seg.index
+            if len(index) - index.persisted_count >= INDEX_PENDING_ENTRIES_MAX:
+                data, position = index.unpersisted()
+                ops.append(Write(seg.index_fd, (data,), position, len(data)))
+                pending.index_persisted = len(index)
+        except BaseException:
+            seg.unpin()  # a reopen that failed (out of descriptors): nothing was changed
+            raise
         self._pending.append(pending)
         self._next_offset = base
         self._reserved_size += size
@@ -364,17 +378,22 @@ class Log(LogStart):
         next_offset: int,
     ) -> PendingAppend:
         """The tail of `prepare_copy` (`prepare_append` has its own copy inline: its hot path)."""
-        if self._reserved_size + size > seg.allocated:
-            self._preallocation.extend(
-                seg, self._reserved_size + size, self._reserved_size, self.config.segment_bytes
-            )
-        ops: list[Op] = [Write(seg.store_fd, buffers, self._reserved_size, size)]
-        pending = PendingAppend(seg, self._reserved_size, headers, size, now, ops)
-        index = seg.index
-        if len(index) - index.persisted_count >= INDEX_PENDING_ENTRIES_MAX:
-            data, position = index.unpersisted()
-            ops.append(Write(seg.index_fd, (data,), position, len(data)))
-            pending.index_persisted = len(index)
+        seg.pin()  # until the append completes or is aborted: its writes name the descriptors
+        try:
+            if self._reserved_size + size > seg.allocated:
+                self._preallocation.extend(
+                    seg, self._reserved_size + size, self._reserved_size, self.config.segment_bytes
+                )
+            ops: list[Op] = [Write(seg.store_fd, buffers, self._reserved_size, size)]
+            pending = PendingAppend(seg, self._reserved_size, headers, size, now, ops)
+            index = seg.index
+            if len(index) - index.persisted_count >= INDEX_PENDING_ENTRIES_MAX:
+                data, position = index.unpersisted()
+                ops.append(Write(seg.index_fd, (data,), position, len(data)))
+                pending.index_persisted = len(index)
+        except BaseException:
+            seg.unpin()
+            raise
         self._pending.append(pending)
         self._next_offset = next_offset
         self._reserved_size += size
@@ -397,16 +416,19 @@ class Log(LogStart):
             return
         if not self._pending:
             seg.write_index()  # complete now; with appends in flight, the next flush writes it
-        new = Segment.create(self.directory, self._next_offset, self.io, self.cache)
+        new = Segment.create(self.directory, self._next_offset, self.io, self.cache)  # created pinned
         log.debug("%s: rolled (%s)", new.store_path, reason)
-        seg.release_preallocated(self._reserved_size)  # its final size: writes in flight are below it
+        try:
+            seg.release_preallocated(self._reserved_size)  # its final size: writes in flight are below it
+        except BaseException:
+            new.abandon()  # not listed: its descriptors close with its pin
+            new.unpin()
+            raise
         self._add_segment(new)
-        old, self._active = self._active, new  # created pinned
-        assert old is seg
-        if self._pending:  # writes to it are in flight: it keeps the pin until they complete
+        new.unpin()  # the cache's, as every idle segment: the next append pins it
+        if self._pending:  # writes to it are in flight: pinned until they complete
+            seg.pin()
             self._draining.append(seg)
-        else:  # its files now close when the cache needs the room
-            seg.unpin()
         self._unsynced[seg] = None
         self._reserved_size = 0
         self._dir_unsynced = True
@@ -439,6 +461,7 @@ class Log(LogStart):
         if draining and draining[0] is seg and (not self._pending or self._pending[0].segment is not seg):
             del draining[0]  # a rolled segment's last append in flight completed
             seg.unpin()
+        seg.unpin()  # the append's own pin (`prepare_append`)
 
     def abort_append(self, pending: PendingAppend) -> list[PendingAppend]:
         """A write of `pending` failed: undo it and every append prepared after it.
@@ -457,7 +480,6 @@ class Log(LogStart):
                 self._unsynced.pop(seg, None)
                 seg.delete()
                 self._dir_unsynced = True
-            self._track_active()
             if pending.segment.txn_index_written:  # active again: its file would go stale
                 with contextlib.suppress(OSError):
                     pending.segment.drop_txn_index()
@@ -467,6 +489,8 @@ class Log(LogStart):
             log.error("%s: %s", self.directory, self._broken)
         finally:
             self._undrain_all()
+            for entry in aborted:  # their writes have stopped or failed (the caller's word)
+                entry.segment.unpin()
         self._next_offset = pending.base_offset
         self._reserved_size = pending.position
         return aborted
@@ -491,7 +515,12 @@ class Log(LogStart):
         what they sync: broker/storage/log_flush.py)."""
         self.check_usable()
         directories = [self.directory, *self._parents_unsynced] if self._dir_unsynced else []
-        return log_flush.plan(self._unsynced, self.segments[-1], self._draining, directories, self.end_offset)
+        try:
+            return log_flush.plan(
+                self._unsynced, self.segments[-1], self._draining, directories, self.end_offset
+            )
+        except OSError as exc:  # a reopen failed
+            raise StorageError(f"flush of {self.directory} failed: {exc}") from exc
 
     def complete_flush(self, plan: FlushPlan) -> None:
         log_flush.complete(plan)

@@ -12,12 +12,16 @@ Rules this module keeps:
   moves them. An append's completion moves only end_offset, up to where the oldest append still
   in flight begins (appends complete in the order prepared, asserted there): the full check is
   not repeated on that hot path.
-- Descriptors: only the active segment keeps its files open for good; closed segments open theirs
-  through a descriptor cache (broker/storage/fdcache.py, one per process) when used, so a log
-  holds 2 descriptors however many segments it has. Whatever an operation returned to the caller
-  references stays open until it is completed: the log's pin on its active segment lasts, after
-  a roll, until the appends in flight to it complete; a flush plan pins the active segment (it
-  syncs closed ones by path, `SyncFile`); `Segment.borrow_store_fd` is how a reader pins one.
+- Descriptors: no segment keeps its files open for good, the active one neither: every segment
+  opens its files through a descriptor cache (broker/storage/fdcache.py, one per process) when
+  used, so an idle log holds no descriptor once the cache needs the room, and a process holds at
+  most the cache's however many partitions it has. Whatever an operation returned to the caller
+  references stays open until it is completed: a pending append pins its segment until it
+  completes or is aborted (and a segment rolled with appends in flight stays `_draining` until
+  they complete); a flush plan pins the active segment (it syncs closed ones by path,
+  `SyncFile`); `Segment.borrow_store_fd` is how a reader pins one. The append position, the
+  preallocation and the durability marks are the log's and its segments' memory, not the files':
+  a reopen continues where the last descriptor left.
 - The log cleaner (broker/storage/log_cleaning.py) reads only closed segments that no append in
   flight still writes (`closed_segments`). A cleaned segment takes the place of those it replaces
   in one step (`replace_segments`); they are retired, not closed under a read in flight, which
@@ -81,7 +85,6 @@ class LogSegments:
         self.io = io
         self.clock = clock
         self.cache = cache
-        self._active: Segment | None = None  # the segment the log pins (the last one)
         self._draining: list[Segment] = []  # rolled with appends in flight: pinned until they end
         self.segments: list[Segment] = []
         self._bases: list[int] = []
@@ -114,25 +117,10 @@ class LogSegments:
         self.segments.append(seg)
         self._bases.append(seg.base_offset)
 
-    def _release_active(self) -> None:
-        active, self._active = self._active, None
-        if active is not None:
-            active.unpin()
-        self._undrain_all()
-
     def _undrain_all(self) -> None:
         draining, self._draining = self._draining, []
         for seg in draining:
             seg.unpin()
-
-    def _track_active(self) -> None:
-        """Move the log's pin to the last segment if that changed (truncation, an undone roll)."""
-        seg = self.segments[-1]
-        if seg is self._active:
-            return
-        seg.pin()
-        self._release_active()
-        self._active = seg
 
     # ------------------------------------------------------------------------- usable
 

@@ -49,7 +49,6 @@ class LogTruncation(LogSegments):
             self._bases.pop()
             self._unsynced.pop(seg, None)
             seg.delete()
-        self._track_active()
         seg = self.segments[-1]
         start = self.start_offset
         new_end = seg.truncate_before_offset(offset)
@@ -80,9 +79,10 @@ class LogTruncation(LogSegments):
         for seg in old:
             self._unsynced.pop(seg, None)
             seg.delete()
-        self._release_active()
-        self._active = Segment.create(self.directory, offset, self.io, self.cache)  # created pinned
-        self._add_segment(self._active)
+        self._undrain_all()
+        seg = Segment.create(self.directory, offset, self.io, self.cache)  # created pinned
+        self._add_segment(seg)
+        seg.unpin()  # the cache's now, as every idle segment
         self._next_offset = offset
         self._reserved_size = 0
         self.io.fsync_dir(self.directory)

@@ -33,7 +33,7 @@ BACKENDS = [
 ]
 
 ROLLS = 1000  # tiny segments rolled; on main this leaves ~2000 descriptors open in the worker
-PARTITIONS = 150  # partitions of a second topic, each used once (2 descriptors each, by design)
+PARTITIONS = 150  # partitions of a second topic, each used once (the cache's descriptors)
 FD_CACHE = 16
 FIXED_FDS_MARGIN = 40  # listeners, ring, pipes, sockets of the test's connections, a read in flight
 
@@ -107,7 +107,7 @@ def test_the_segment_attack_leaves_descriptors_bounded_and_the_broker_restarts(
         for offset in (0, ROLLS // 3, ROLLS // 2, ROLLS - 1, 7, ROLLS - 100):
             assert first_record(wire, tiny, 0, offset) == values[offset]
         after = open_fds(pid)
-        bound = baseline + 2 * (1 + PARTITIONS) + FD_CACHE + FIXED_FDS_MARGIN
+        bound = baseline + FD_CACHE + FIXED_FDS_MARGIN  # partitions hold none of their own
         print(
             f"\n{backend}: worker fds {baseline} at start, {after} after {ROLLS} rolls"
             f" and {PARTITIONS} partitions"
@@ -268,53 +268,53 @@ def test_creating_thousands_of_partitions_does_not_stall_other_clients(tmp_path:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_partitions_are_capped_by_the_open_file_limit_and_the_broker_restarts_at_it(
+def test_partitions_beyond_the_open_file_limit_are_served_and_the_broker_restarts_at_it(
     tmp_path: Path, backend: str
 ) -> None:
-    """At a hard open-file limit of 1024 the default --max-partitions (then a fixed 4000)
-    let a client create 3000 partitions; using them exhausted the worker's descriptors (produces
-    to other topics failed, new connections were reset) and the broker could not restart. Now
-    the limits are sized from the open-file limit at start: creating partitions beyond what fits
-    gets LIMIT_EXCEEDED naming the limit, and with every admitted partition in use new
-    connections are served, and the broker restarts at the same limit and serves them all."""
+    """At a hard open-file limit of 1024 the default --max-partitions (4000) once let a client
+    create 3000 partitions whose use exhausted the worker's descriptors (produces to other topics
+    failed, new connections were reset) and the broker could not restart; then partitions were
+    capped to what fit (224). Now a partition holds no descriptor of its own (the active segment
+    is the descriptor cache's while idle): 1000 partitions (2000 descriptors had each kept its
+    active segment open) are created and all used, the
+    worker's descriptors stay within the cache's bound, new connections are served, the broker
+    restarts at the same limit and serves them all, and --max-partitions still refuses beyond
+    itself (LIMIT_EXCEEDED; Kafka's CreateTopics: POLICY_VIOLATION)."""
     broker = BrokerProcess(tmp_path / "data", tmp_path / "broker.log", backend=backend)
     broker.wrapper = ("prlimit", "--nofile=1024:1024", "--")  # soft and hard: no raising it
     broker.start()
+    fitted, _ = fit_to_descriptors(Limits(), 1024)
     try:
         pid = broker.worker_pids[0]
         assert nofile_limit(pid) == 1024
+        baseline = open_fds(pid)
+        bound = baseline + fitted.segment_fd_cache + FIXED_FDS_MARGIN
         wire = Wire(broker.port)
         other = wire.create_topic("other", 1)
         topics: list[tuple[int, int]] = []  # (topic id, partitions)
-        refused = None
-        for i in range(30):  # 3000 partitions asked for, 100 at a time
+        for i in range(10):  # 1000 partitions, 100 at a time
             resp = wire.rpc(m.CreateTopicRequest(f"t{i}", 100))
-            if resp.error != m.ErrorCode.NONE:
-                refused = resp
-                break
-            assert isinstance(resp, m.CreateTopicResponse)
+            assert isinstance(resp, m.CreateTopicResponse) and resp.error == m.ErrorCode.NONE, resp
             topics.append((resp.topic_id, 100))
-        assert refused is not None, "3000 partitions admitted at an open-file limit of 1024"
-        assert refused.error == m.ErrorCode.LIMIT_EXCEEDED, refused
-        assert "--max-partitions" in refused.message and "open-file limit" in refused.message, refused
-        # Kafka's CreateTopics: POLICY_VIOLATION with the same message.
+        for tid, n in topics:  # every partition opened and written
+            produce_pipelined(wire, tid, [(p, encode_batch([b"p%d" % p])) for p in range(n)])
+        after = open_fds(pid)
+        print(
+            f"\n{backend}: worker fds {baseline} at start, {after} with 1001 partitions used"
+            f" (cache {fitted.segment_fd_cache})"
+        )
+        assert after <= bound, f"{after} descriptors open (bound {bound})"
+        # --max-partitions still refuses beyond itself, naming it (two unused topics of 1000 first).
+        for name in ("fill-a", "fill-b"):
+            assert wire.rpc(m.CreateTopicRequest(name, 1000)).error == m.ErrorCode.NONE
+        resp = wire.rpc(m.CreateTopicRequest("over", 1000))  # 3001 + 1000 > 4000
+        assert resp.error == m.ErrorCode.LIMIT_EXCEEDED and "(--max-partitions)" in resp.message, resp
         admin = AdminClient({"bootstrap.servers": broker.bootstrap})
         with pytest.raises(KafkaException) as ei:
-            admin.create_topics([NewTopic("kafka-wide", 100)])["kafka-wide"].result(15)
+            admin.create_topics([NewTopic("kafka-wide", 1000)])["kafka-wide"].result(15)
         error = ei.value.args[0]
-        assert error.code() == KafkaError.POLICY_VIOLATION and "open-file limit" in error.str(), error
+        assert error.code() == KafkaError.POLICY_VIOLATION and "--max-partitions" in error.str(), error
         del admin  # before the restart below: it would reconnect meanwhile
-        # What is left below the cap is admitted: the cap is what fits, not a round guess.
-        for partitions in (10, 1):
-            while True:
-                resp = wire.rpc(m.CreateTopicRequest(f"t{len(topics)}", partitions))
-                if resp.error != m.ErrorCode.NONE:
-                    break
-                topics.append((resp.topic_id, partitions))
-        admitted = 1 + sum(n for _t, n in topics)
-        print(f"\n{backend}: {admitted} partitions admitted at an open-file limit of 1024")
-        for tid, n in topics:  # every partition opened: 2 descriptors each
-            produce_pipelined(wire, tid, [(p, encode_batch([b"p%d" % p])) for p in range(n)])
         # Others still work: produce elsewhere, 20 new connections.
         resp = wire.rpc(m.ProduceRequest(other, 0, m.Acks.WRITTEN, 1000, encode_batch([b"other"])))
         assert resp.error == m.ErrorCode.NONE, resp
@@ -326,17 +326,17 @@ def test_partitions_are_capped_by_the_open_file_limit_and_the_broker_restarts_at
         # A restart (after a crash: recovery) at the same limit opens them all and serves them.
         broker.kill()
         broker.start()
+        pid = broker.worker_pids[0]
         wire = Wire(broker.port)
-        tid, n = topics[-1]
-        assert first_record(wire, tid, n - 1, 0) == b"p%d" % (n - 1)
-        tid, n = topics[0]
-        assert first_record(wire, tid, n - 1, 0) == b"p%d" % (n - 1)
+        for tid, n in (topics[-1], topics[0]):
+            assert first_record(wire, tid, n - 1, 0) == b"p%d" % (n - 1)
         resp = wire.rpc(m.ProduceRequest(other, 0, m.Acks.DURABLE, 1000, encode_batch([b"after"])))
         assert isinstance(resp, m.ProduceResponse) and resp.base_offset == 1, resp
         clients = [Wire(broker.port) for _ in range(20)]
         for c in clients:
             assert c.rpc(m.MetadataRequest(("other",))).error == m.ErrorCode.NONE
             c.close()
+        assert open_fds(pid) <= bound
         wire.close()
     finally:
         if broker.running():
@@ -344,20 +344,30 @@ def test_partitions_are_capped_by_the_open_file_limit_and_the_broker_restarts_at
 
 
 def test_limits_fit_the_open_file_limit_with_room_for_connections_and_a_reserve() -> None:
-    """`fit_to_descriptors`: at this machine's 20 000 an explicit 4000 partitions (the fixed
-    default before `auto`) and the cache default stand, and auto is held to half the room; at
-    1024 every descriptor-consuming limit is lowered and their sum leaves the reserve free; at a
-    limit a broker cannot run under, a clear error (the supervisor prints it and exits 1)."""
+    """`fit_to_descriptors`: partitions cost no descriptor (the cache holds every partition's
+    segment files), so --max-partitions stands at any open-file limit, auto or a number; the
+    cache gets half of the room (0, the default, asks for it; a number is lowered to it),
+    connections what is left, and their sum leaves the reserve free; at a limit a broker cannot
+    run under, a clear error (the supervisor prints it and exits 1)."""
     fitted, lowered = fit_to_descriptors(Limits(max_partitions=4000), 20_000)
-    assert (fitted.max_partitions, fitted.segment_fd_cache) == (4000, 1000)
+    room = 20_000 - FIXED_FDS_PER_WORKER - 20_000 // 32
+    assert (fitted.max_partitions, fitted.segment_fd_cache) == (4000, room // 2)
+    assert fitted.max_connections_per_core == room - room // 2  # the other half
+    assert lowered == [f"--max-connections-per-core 10000 lowered to {room - room // 2}"], lowered
     fitted, lowered = fit_to_descriptors(Limits(), 20_000)
-    assert 4000 < fitted.max_partitions < 5000 and fitted.segment_fd_cache == 1000
+    assert fitted.max_partitions == Limits().max_partitions and fitted.segment_fd_cache == room // 2
+    assert not any(line.startswith("--max-partitions") for line in lowered), lowered
     for nofile in (1024, 4096, 20_000, 1 << 20):
-        fitted, lowered = fit_to_descriptors(Limits(max_connections_per_core=0), nofile)
-        used = 2 * fitted.max_partitions + fitted.segment_fd_cache + fitted.max_connections_per_core
+        fitted, lowered = fit_to_descriptors(Limits(max_partitions=4000, max_connections_per_core=0), nofile)
+        used = fitted.segment_fd_cache + fitted.max_connections_per_core
         assert fitted.max_connections_per_core > 0 and used + FIXED_FDS_PER_WORKER + 64 <= nofile
+        assert fitted.max_partitions == 4000 and fitted.segment_fd_cache >= (used - 1) // 2
     fitted, lowered = fit_to_descriptors(Limits(max_partitions=4000), 1024)
-    assert fitted.max_partitions < 300 and fitted.max_connections_per_core >= 300
-    assert any(line.startswith("--max-partitions 4000 lowered to") for line in lowered), lowered
+    assert fitted.max_partitions == 4000 and fitted.segment_fd_cache == 448
+    assert fitted.max_connections_per_core == 448
+    assert lowered == ["--max-connections-per-core 10000 lowered to 448"], lowered
+    fitted, lowered = fit_to_descriptors(Limits(segment_fd_cache=1000), 1024)
+    assert fitted.segment_fd_cache == 448 and "--segment-fd-cache 1000 lowered to 448" in lowered
+    assert fit_to_descriptors(Limits(segment_fd_cache=100), 1024)[0].segment_fd_cache == 100
     with pytest.raises(ValueError, match="open-file limit"):
         fit_to_descriptors(Limits(), 150)
