@@ -280,10 +280,13 @@ def test_partitions_beyond_the_open_file_limit_are_served_and_the_broker_restart
     worker's descriptors stay within the cache's bound, new connections are served, the broker
     restarts at the same limit and serves them all, and --max-partitions still refuses beyond
     itself (LIMIT_EXCEEDED; Kafka's CreateTopics: POLICY_VIOLATION)."""
-    broker = BrokerProcess(tmp_path / "data", tmp_path / "broker.log", backend=backend)
+    # An explicit 4000 (the fixed default before auto): the refusal below needs a limit in reach.
+    broker = BrokerProcess(
+        tmp_path / "data", tmp_path / "broker.log", extra=("--max-partitions", "4000"), backend=backend
+    )
     broker.wrapper = ("prlimit", "--nofile=1024:1024", "--")  # soft and hard: no raising it
     broker.start()
-    fitted, _ = fit_to_descriptors(Limits(), 1024)
+    fitted, _ = fit_to_descriptors(Limits(max_partitions=4000), 1024)
     try:
         pid = broker.worker_pids[0]
         assert nofile_limit(pid) == 1024
