@@ -20,6 +20,7 @@ import logging
 import os
 import resource
 import time
+from dataclasses import fields
 
 from broker.core.groups import migrate_partition_offsets
 from broker.core.limits import (
@@ -180,8 +181,17 @@ def raise_nofile_limit(limits: Limits) -> Limits:
         fitted.segment_fd_cache + fitted.max_connections_per_core + FIXED_FDS_PER_WORKER,
     )
     log.info("partition limit %d (%s)", fitted.max_partitions, bound)
+    defaults = {f.metadata["flag"]: getattr(Limits(), f.name) for f in fields(Limits)}
+    asked = {f.metadata["flag"]: getattr(limits, f.name) for f in fields(Limits)}
     for line in lowered:
-        log.warning(
-            "%s to fit the open-file limit %d (raise the hard limit: ulimit -Hn, LimitNOFILE=)", line, soft
+        flag = line.split(" ", 1)[0]
+        # A default lowered is the sizing working as meant (this machine's 20 000 gives 9656
+        # connections a core, not 10 000): said, not warned; a flag the operator set is warned.
+        level = logging.INFO if asked.get(flag) == defaults.get(flag) else logging.WARNING
+        log.log(
+            level,
+            "%s to fit the open-file limit %d (raise the hard limit: ulimit -Hn, LimitNOFILE=)",
+            line,
+            soft,
         )
     return fitted
