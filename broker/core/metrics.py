@@ -76,6 +76,7 @@ class Snapshot(TypedDict, total=False):
     replica_fetch_rewaits: int
     gauges: dict[str, int]  # by name (GAUGES)
     latency_us_log2: list[int]  # LATENCY_BUCKETS counts
+    replica_fetch_us_log2: list[int]  # LATENCY_BUCKETS counts: a follower's ReplicaFetch, sent -> answered
 
 
 class CoreMetrics:
@@ -101,6 +102,7 @@ class CoreMetrics:
         "reads_file",
         "reads_mapped",
         "replica_fetch_rewaits",
+        "replica_fetch_us",
         "replica_fetch_wakes",
         "replies",
         "requests_by_api",
@@ -130,6 +132,9 @@ class CoreMetrics:
         self.long_poll_rewaits = 0  # of those, the ones that found too little and waited again
         self.replica_fetch_wakes = 0  # the same for followers' fetches (`Wait.log_end`)
         self.replica_fetch_rewaits = 0
+        # a follower's ReplicaFetch from sent to answered (its long poll included): the round
+        # trip every acks=all produce waits for at least once
+        self.replica_fetch_us = [0] * LATENCY_BUCKETS
         self.started_at = time.time()
 
     # ------------------------------------------------------------------------- hot path
@@ -200,6 +205,11 @@ class CoreMetrics:
             self.long_poll_wakes += 1
             self.long_poll_rewaits += rewait
 
+    def replica_fetched(self, sent_ns: int) -> None:
+        """This core's ReplicaFetch sent at `sent_ns` (monotonic) was answered now."""
+        us = (time.monotonic_ns() - sent_ns) // 1000
+        self.replica_fetch_us[min(us.bit_length(), LATENCY_BUCKETS - 1)] += 1
+
     # ------------------------------------------------------------------------- snapshots
 
     def snapshot(self, gauges: Mapping[str, Callable[[], int]] | None = None) -> Snapshot:
@@ -233,6 +243,7 @@ class CoreMetrics:
             "replica_fetch_rewaits": self.replica_fetch_rewaits,
             "gauges": {name: int(read()) for name, read in (gauges or {}).items()},
             "latency_us_log2": list(self.latency_us),
+            "replica_fetch_us_log2": list(self.replica_fetch_us),
         }
 
 

@@ -199,8 +199,11 @@ class ReplicaManager:
         links = self.core.remote_links
         assert links is not None, "a clustered core has remote links"
         frame = m.request_frame(req)
+        sent_ns = time.monotonic_ns()
 
         def answered(result: Frame | BaseException) -> None:
+            if not isinstance(result, BaseException):
+                self.core.metrics.replica_fetched(sent_ns)
             self._fetched(key, fetching, result)
 
         links.request(fetching.address, frame, deadline, answered, long_poll=True)

@@ -53,6 +53,15 @@ def test_woken_fetches_and_the_wakes_for_nothing_are_counted_apart_for_followers
     assert 'ringlog_replica_fetch_rewaits_total{core="0"} 1' in prometheus_text([snap])
 
 
+def test_a_follower_fetch_round_trip_lands_in_its_own_histogram() -> None:
+    mt = CoreMetrics(core=0)
+    mt.replica_fetched(time.monotonic_ns() - 3_000_000)  # 3 ms: bit length 12, not a request's latency
+    snap = mt.snapshot()
+    hist = snap["replica_fetch_us_log2"]
+    assert len(hist) == LATENCY_BUCKETS and sum(hist) == 1 and hist[12] == 1
+    assert percentile_us(hist, 0.5) == 4095 and sum(snap["latency_us_log2"]) == 0
+
+
 def test_percentiles_are_bucket_upper_bounds() -> None:
     assert percentile_us([0] * 8, 0.5) == 0
     hist = [0] * 8
