@@ -9,7 +9,7 @@ ifndef SEED
 SEED := $(shell od -An -N4 -tu4 /dev/urandom | tr -d ' ')
 endif
 
-.PHONY: setup run test lint bench clean spark-demo bench-spark bench-kafka cluster-demo bench-perf bench-security bench-txn compat
+.PHONY: setup run test lint bench clean spark-demo bench-spark bench-kafka cluster-demo bench-perf bench-security bench-txn bench-scale compat
 
 setup:
 	@bash scripts/setup.sh
@@ -65,6 +65,13 @@ bench-kafka: setup
 # coordinator; both backends, ~16 minutes on a loaded VM. QUICK=1 for ~5.
 bench-txn: setup
 	$(PY) bench/transactions.py $(if $(QUICK),--quick)
+
+# The cost of scale (docs/PERFORMANCE.md): replication against one node (CPU per replicated GB, the
+# follower fetch), 100k partitions on a node (create, restart, RSS, descriptors, Metadata, passes),
+# produce spread over 1000 partitions, a 50-member group, and how each grows; one table of goals.
+# Long in full; QUICK=1 for ~5 minutes (20k partitions, or what the free disk allows).
+bench-scale: setup
+	$(PY) bench/scale.py $(if $(QUICK),--quick)
 
 # librdkafka's own test suite against a fresh broker, one test per process (docs/KAFKA.md,
 # "librdkafka's own test suite"): per-test results and the totals. The first run builds librdkafka

@@ -52,7 +52,11 @@ def free_udp() -> int:
         return s.getsockname()[1]
 
 
-def start_cluster(root: Path, etcd: EtcdCluster, backend: str) -> dict[int, BrokerProcess]:
+def start_cluster(
+    root: Path, etcd: EtcdCluster, backend: str, started: list[BrokerProcess] | None = None
+) -> dict[int, BrokerProcess]:
+    """Three nodes; each is appended to `started` before it starts, so a caller interrupted
+    meanwhile can stop those already running."""
     ports = [free_udp() for _ in range(3)]
     seeds = ",".join(f"127.0.0.1:{p}" for p in ports)
     nodes = {}
@@ -61,7 +65,10 @@ def start_cluster(root: Path, etcd: EtcdCluster, backend: str) -> dict[int, Brok
             "--node-id", str(i), "--etcd", ",".join(etcd.endpoints), "--membership-port", str(ports[i - 1]),
             "--join", seeds, "--ebpf", "off", "--membership-key-file", str(membership_key_file(root)),
         )  # fmt: skip
-        nodes[i] = BrokerProcess(root / f"n{i}", root / f"n{i}.log", extra, backend=backend).start()
+        nodes[i] = BrokerProcess(root / f"n{i}", root / f"n{i}.log", extra, backend=backend)
+        if started is not None:
+            started.append(nodes[i])
+        nodes[i].start()
     return nodes
 
 

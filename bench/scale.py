@@ -1,0 +1,1123 @@
+"""The cost of scale: replication against one copy, a node holding many partitions, produce spread
+over partitions, a large consumer group, and how each figure grows with its size. One table.
+
+Run: `.venv/bin/python bench/scale.py [--quick | --smoke] [--only R1,R5,...] [--backends B,...]
+     [--max-scale N] [--cores N] [--no-tansu] [--dir DIR]` (`make bench-scale`, `make bench-scale QUICK=1`).
+`--max-scale N` sets the partition count of R5-R10 (and the largest size of R15's partition
+column) so a bigger machine runs 100k and more; `--cores N` the workers of every single-node
+broker; `--only` runs some rows (a developer's one row); `--smoke` is the test suite's tiny run
+(every row, uvloop, no Tansu, seconds: tests/integration/test_bench_scale_smoke.py).
+
+What runs (everything on loopback, on this machine's CPUs, shared with the client):
+- Brokers: `broker serve` through labkit/brokerproc.py on fresh data dirs under `--dir` (default
+  `.bench-tmp/scale/`), removed at the end; the three-node cluster of bench/cluster.py
+  (`start_cluster`: etcd, one core per node, eBPF off); Tansu (bench/kafka_clients.py `Tansu`,
+  memory storage, every CPU) where it can run the same work. Every process started is stopped
+  (SIGTERM, then SIGKILL) in a `finally`, and its data dir removed.
+- Clients: librdkafka (confluent-kafka) and our client (`broker.client`), in this process.
+
+Rows (values per backend; "ratio" is the one the goal names, measured in this run, or ringlog over
+Tansu where Tansu ran the same work; verdict PASS/FAIL against the goal, or "reported"):
+- R1 replication, librdkafka: 1 KiB values, 3 partitions; the cluster with replication 3, acks=all,
+  idempotent, against one node (no etcd) with acks=1; produce for `repl_s` each, alternated, MB/s
+  from the first produce to flush() returning. Goal: cluster / one node >= 0.5.
+- R2 replication, our client: the same with `Producer` (acks=DURABLE, idempotent / acks=WRITTEN;
+  64 KiB batches, linger 5 ms). Goal >= 0.5.
+- R3 CPU per replicated GB: broker CPU-seconds (supervisor and workers, benchlib.tree_cpu) per GB
+  of values acknowledged: all three nodes during R1, and a one-partition run of R1's shape (leader
+  on one node, followers on two) split into the leader's and the followers' share; beside it the
+  one node's CPU-s/GB at acks=1 from R1. Reported.
+- R4 follower fetch p50: the followers' ReplicaFetch round trip (sent -> answered, the
+  `replica_fetch_us_log2` histogram of broker/core/metrics.py, summed over the nodes, over R1's
+  cluster run): the upper bound of its log2 bucket, so it overstates by up to 2x. Goal on io_uring
+  < 0.5 ms (uvloop shown beside).
+- R5 create / first touch: CreateTopics (librdkafka AdminClient) of P partitions in topics of 1000,
+  until Metadata names a leader for each; then one record to each partition (acks=1, linger 5 ms)
+  until flush() returns. Tansu beside. Reported, seconds.
+- R6 restart: SIGTERM, then start until the broker accepts; then kill -9 and the same. Reported.
+- R7 RSS per idle partition: (Pss of the workers after the touch - before the create) / P, from
+  /proc/<pid>/smaps_rollup (Tansu: its one process). Goal <= 10 KB.
+- R8 descriptors: the most any worker holds (`/proc/<w>/fd`) after the touch, against the segment
+  descriptor cache (`--segment-fd-cache`) plus the fixed ones (64) and 64 connections. Goal: within.
+- R9 Metadata: librdkafka `list_topics()` of every topic, wall time, median of 3. Tansu beside.
+- R10 passes don't stall: a probe (our client, acks=WRITTEN, one record every 10 ms to a partition
+  of its own) for `probe_s` while retention passes run every second (`--producer-id-expiration-ms
+  1000`); its p99 acknowledged latency. Goal < 10 ms.
+- R11 the partition limit a broker with default flags logs at start on this machine (nofile,
+  memory). Printed.
+The brokers of R5-R10 run under `prlimit --nofile` sized for P partitions, with `--max-partitions`
+raised to P + 1000. Before, the free disk is checked: the first append to a partition
+preallocates 1 MiB (broker/storage/log_config.py PREALLOCATE_BYTES); P is lowered to what fits
+with a margin (at least 20 GiB or 30% of the free space left free), and the header says so.
+- R12 spread, librdkafka: produce for `spread_s` to 1 partition and to 1000 (round robin by explicit
+  partition; linger 5 ms), acks=all and acks=1; rate over 1000 / rate over 1. Tansu beside. Goal
+  >= 0.7 (both acks).
+- R13 spread, our client: the same with `Producer`. Goal >= 0.7.
+- R14 group: 50 librdkafka consumers (threads of this process, roundrobin assignment) subscribe to a
+  topic of 10 000 partitions (2 000 quick): time until every member holds partitions and together
+  all of them; then one closes (LeaveGroup): time until the 49 left hold all again. ringlog runs
+  with `--group-initial-rebalance-delay-ms 0` (the time is the protocol's, not a wait). Tansu beside.
+- R15 growth (first backend only): R5-R10 and R12 (acks=1, N / 1 partition) at each partition size
+  up to `--max-scale`; idle connections 1 -> 1k (10k full): worker Pss per connection and the
+  probe's p99 beside them; replicas 1 -> 3 from R1/R3. Printed as its own table below.
+
+The VM is shared: the header prints the load average before and after; docs/PERFORMANCE.md,
+"Measuring on this machine", says how to read a figure from it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import math
+import os
+import re
+import resource
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from benchlib import REPO, code_version, fs_of, table, tree_cpu
+from cluster import start_cluster, states
+from kafka_clients import Tansu, tansu_binary
+
+from broker.client.admin import Admin
+from broker.client.blocking_producer import Producer
+from broker.core.limits import FIXED_FDS_PER_WORKER, Limits, fit_to_descriptors
+from broker.core.metrics import percentile_us
+from labkit.brokerproc import BrokerProcess, wait_for
+from labkit.etcdproc import EtcdCluster
+from ringlog_proto import messages as m
+
+GiB = 1 << 30
+MiB = 1 << 20
+VALUE = os.urandom(1024)
+PREALLOCATED_PER_PARTITION = MiB + 64 * 1024  # first append's preallocation, index and directory
+DISK_MARGIN_MIN = 20 * GiB
+ROWS = [f"R{i}" for i in range(1, 16)]
+BACKENDS = ("uvloop", "io_uring")
+TOPIC_PARTITIONS = 1000  # partitions per topic of R5 (--max-partitions-per-topic's default)
+NOFILE_CEILING = [0]  # nofile_ceiling(), found once by main()
+
+
+@dataclass
+class Sizes:
+    repl_s: float  # R1/R2: seconds per variant
+    cpu_s: float  # R3's one-partition run
+    partitions: int  # R5-R10
+    probe_s: float  # R10
+    spread_s: float  # R12/R13 per variant
+    spread_partitions: int
+    group_partitions: int  # R14
+    group_members: int
+    growth: tuple[int, ...]  # R15 partition sizes (those <= partitions)
+    connections: tuple[int, ...]  # R15 idle connections
+    step_timeout_s: float  # the longest any wait (a start, a rebalance) may take
+    growth_restarts: bool = True  # R15 restarts each size (quick and smoke leave them to R6)
+    stop_cap_s: float = 600  # R6: a SIGTERM'd broker not gone by then is killed, and the row says so
+
+
+FULL = Sizes(
+    10, 5, 100_000, 20, 10, 1000, 10_000, 50, (1, 100, 1000, 10_000, 100_000), (1, 100, 1000, 10_000), 900
+)
+QUICK = Sizes(2, 1.5, 20_000, 4, 1.5, 1000, 2_000, 50, (100, 1000), (10, 1000), 300, False, 30)
+SMOKE = Sizes(0.3, 0.2, 40, 0.3, 0.2, 10, 20, 3, (10,), (10,), 60, False, 20)
+
+
+# ------------------------------------------------------------------------------------------ results
+
+
+@dataclass
+class Row:
+    name: str
+    what: str
+    goal: str
+    check: Callable[[float], bool] | None  # on the figure each backend cell carries; None: reported
+    cells: dict[str, str] = field(default_factory=dict)  # column -> text
+    figures: dict[str, float] = field(default_factory=dict)  # backend -> the figure the goal reads
+    ratio: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def verdict(self, backends: list[str]) -> str:
+        if any(c.startswith("error") for c in self.cells.values()):
+            return "error"
+        if self.check is None:
+            return "reported" if self.cells else "not run"
+        judged = [b for b in backends if b in self.figures]
+        if not judged:
+            return "not run"
+        return "PASS" if all(self.check(self.figures[b]) for b in judged) else "FAIL"
+
+
+def make_rows() -> dict[str, Row]:
+    rows = [
+        Row(
+            "R1", "replication, librdkafka: 3 replicas acks=all / 1 node acks=1", ">= 0.5", lambda x: x >= 0.5
+        ),
+        Row("R2", "replication, our client: the same", ">= 0.5", lambda x: x >= 0.5),
+        Row("R3", "broker CPU-s per replicated GB (leader / followers; 1 node)", "reported", None),
+        Row(
+            "R4", "follower fetch p50 (ReplicaFetch sent -> answered)", "< 0.5 ms io_uring", lambda x: x < 0.5
+        ),
+        Row("R5", "create / first touch of P partitions", "reported, s", None),
+        Row("R6", "restart: SIGTERM (stop + start) / kill -9 + start, to ready", "reported, s", None),
+        Row("R7", "RSS (Pss) per idle partition", "<= 10 KB", lambda x: x <= 10_000),
+        Row("R8", "descriptors, busiest worker", "<= cache+fixed", lambda x: x <= 0),
+        Row("R9", "Metadata of every partition (librdkafka list_topics)", "reported, ms", None),
+        Row("R10", "probe p99 (acks=1 every 10 ms) under retention passes", "< 10 ms", lambda x: x < 10),
+        Row("R11", "partition limit logged at start (default flags)", "printed", None),
+        Row(
+            "R12", "spread, librdkafka: 1000 partitions / 1 (acks=all, acks=1)", ">= 0.7", lambda x: x >= 0.7
+        ),
+        Row("R13", "spread, our client: the same", ">= 0.7", lambda x: x >= 0.7),
+        Row("R14", "group: N members over P partitions: join / one leaves", "reported, s", None),
+        Row("R15", "growth: each figure against its size", "table below", None),
+    ]
+    return {r.name: r for r in rows}
+
+
+def fmt_s(x: float) -> str:
+    return f"{x:.2f}" if x < 10 else f"{x:.1f}"
+
+
+# ------------------------------------------------------------------------------------------ processes
+
+
+class Started:
+    """Every process this run starts, stopped and its data removed whatever happens."""
+
+    def __init__(self) -> None:
+        self.items: list[Any] = []
+        self.dirs: list[Path] = []
+
+    def add(self, proc: Any, data: Path | None = None) -> Any:
+        self.items.append(proc)
+        if data is not None:
+            self.dirs.append(data)
+        return proc
+
+    def stop(self, proc: Any) -> None:
+        with contextlib.suppress(Exception):
+            if isinstance(proc, BrokerProcess):
+                if proc.running():
+                    proc.stop(30)
+            elif isinstance(proc, EtcdCluster):
+                proc.close()
+            else:
+                proc.stop()
+        if proc in self.items:
+            self.items.remove(proc)
+        if isinstance(proc, BrokerProcess):
+            shutil.rmtree(proc.data_dir, ignore_errors=True)
+
+    def close(self) -> None:
+        for proc in reversed(list(self.items)):
+            self.stop(proc)
+        for d in self.dirs:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def nofile_for(partitions: int, connections: int = 0) -> int:
+    """An open-file limit under which broker/core/limits.py `fit_to_descriptors` leaves
+    `partitions` (2 descriptors each today) and `connections`."""
+    need = 4 * partitions + 8 * Limits().segment_fd_cache + connections + FIXED_FDS_PER_WORKER + 2048
+    return min(math.ceil(need * 32 / 31) + 1024, NOFILE_MAX)
+
+
+NOFILE_MAX = 1 << 20
+
+
+def nofile_ceiling() -> int:
+    """The highest open-file limit a broker can be started under here: `prlimit` raises the
+    hard limit when this process may (CAP_SYS_RESOURCE), else the hard limit it has."""
+    if shutil.which("prlimit"):
+        tried = subprocess.run(
+            ["prlimit", f"--nofile={NOFILE_MAX}:{NOFILE_MAX}", "true"], capture_output=True, check=False
+        )
+        if tried.returncode == 0:
+            return NOFILE_MAX
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+
+
+def partitions_allowed(nofile: int) -> int:
+    """The partitions today's broker allows under `nofile` (its own `fit_to_descriptors`, so a
+    change there moves this with it)."""
+    if nofile == resource.RLIM_INFINITY:
+        return 10**9
+    return fit_to_descriptors(dataclasses.replace(Limits(), max_partitions=10**9), nofile)[0].max_partitions
+
+
+def broker(
+    started: Started,
+    root: Path,
+    name: str,
+    backend: str,
+    cores: int,
+    extra: tuple[str, ...] = (),
+    nofile: int | None = None,
+    timeout_s: float = 120,
+) -> BrokerProcess:
+    data = root / name
+    shutil.rmtree(data, ignore_errors=True)
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    raise_to = nofile and hard < nofile <= NOFILE_CEILING[0]  # else the broker raises its soft limit to hard
+    wrapper = ("prlimit", f"--nofile={nofile}:{nofile}") if raise_to else ()
+    proc = BrokerProcess(
+        data, root / f"{name}.log", ("--ebpf", "off", *extra), cores=cores, backend=backend, wrapper=wrapper
+    )
+    started.add(proc)
+    proc.start(timeout_s)
+    return proc
+
+
+def workers(b: BrokerProcess) -> list[int]:
+    return list(b.worker_pids.values())
+
+
+def pss_bytes(pids: list[int]) -> int:
+    total = 0
+    for pid in pids:
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    total += int(line.split()[1]) * 1024
+    return total
+
+
+def max_fds(pids: list[int]) -> int:
+    n = 0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            n = max(n, len(os.listdir(f"/proc/{pid}/fd")))
+    return n
+
+
+def loadavg() -> str:
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+# ------------------------------------------------------------------------------------------ librdkafka
+
+
+def kconf(bootstrap: str, **kw: Any) -> dict[str, Any]:
+    return {"bootstrap.servers": bootstrap, "log_level": 2, **kw}
+
+
+def k_create(bootstrap: str, topics: dict[str, int], timeout_s: float) -> float:
+    """CreateTopics of `topics` (name -> partitions) until Metadata names a leader for each: s."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient(kconf(bootstrap, **{"socket.timeout.ms": int(timeout_s * 1000)}))
+    t0 = time.perf_counter()
+    names = list(topics)
+    for i in range(0, len(names), 10):  # ten topics a request: each answer within the socket timeout
+        futures = admin.create_topics(
+            [NewTopic(t, topics[t], 1) for t in names[i : i + 10]], operation_timeout=timeout_s
+        )
+        for f in futures.values():
+            f.result(timeout_s)
+
+    def all_led() -> bool:
+        md = admin.list_topics(timeout=timeout_s).topics
+        return all(
+            t in md and md[t].error is None and len(md[t].partitions) == n
+            and all(p.leader >= 0 for p in md[t].partitions.values())
+            for t, n in topics.items()
+        )  # fmt: skip
+
+    wait_for(all_led, timeout_s, 0.1)
+    return time.perf_counter() - t0
+
+
+def k_touch(bootstrap: str, topics: dict[str, int], timeout_s: float) -> float:
+    """One record to each partition, until every one is acknowledged: s."""
+    from confluent_kafka import Producer as KProducer
+
+    errors: list[Any] = []
+    p = KProducer(kconf(bootstrap, acks="1", **{"linger.ms": 5, "on_delivery": _errors_to(errors)}))
+    p.list_topics(timeout=timeout_s)  # connections and metadata: untimed
+    t0 = time.perf_counter()
+    for t, n in topics.items():
+        for k in range(n):
+            _produce(p, t, VALUE[:100], k)
+    left = p.flush(timeout_s)
+    took = time.perf_counter() - t0
+    if left or errors:
+        raise RuntimeError(f"touch: {left} unacknowledged, errors {errors[:3]}")
+    return took
+
+
+def k_metadata(bootstrap: str, timeout_s: float, times: int = 3) -> float:
+    """librdkafka's Metadata of every topic (list_topics()), median wall seconds of `times`."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient(kconf(bootstrap))
+    admin.list_topics("__nothing__", timeout=timeout_s)  # the connection: untimed
+    walls = []
+    for _ in range(times):
+        t0 = time.perf_counter()
+        admin.list_topics(timeout=timeout_s)
+        walls.append(time.perf_counter() - t0)
+    return statistics.median(walls)
+
+
+def _errors_to(errors: list[Any]) -> Callable[[Any, Any], None]:
+    def delivered(err: Any, _msg: Any) -> None:
+        if err is not None:
+            errors.append(err)
+
+    return delivered
+
+
+def _produce(p: Any, topic: str, value: bytes, partition: int) -> None:
+    while True:
+        try:
+            p.produce(topic, value, partition=partition)
+            return
+        except BufferError:  # librdkafka's queue is full: let it drain
+            p.poll(0.005)
+
+
+def k_produce_for(
+    bootstrap: str, topic: str, partitions: int, seconds: float, acks: str, idempotent: bool = False
+) -> tuple[int, float]:
+    """Produce 1 KiB records round robin over `partitions` for `seconds`, then flush: (records, wall s)."""
+    from confluent_kafka import Producer as KProducer
+
+    errors: list[Any] = []
+    p = KProducer(
+        kconf(
+            bootstrap,
+            acks=acks,
+            **{"enable.idempotence": idempotent, "linger.ms": 5, "on_delivery": _errors_to(errors)},
+        )
+    )
+    for k in range(partitions):  # metadata and each leader's connection: untimed
+        _produce(p, topic, VALUE, k)
+    if p.flush(60) or errors:
+        raise RuntimeError(f"warm-up produce to {topic}: {errors[:3]}")
+    n = 0
+    t0 = time.perf_counter()
+    end = t0 + seconds
+    while True:
+        _produce(p, topic, VALUE, n % partitions)
+        n += 1
+        if n & 255 == 0:
+            p.poll(0)
+            if time.perf_counter() >= end:
+                break
+    left = p.flush(120)
+    wall = time.perf_counter() - t0
+    if left or errors:
+        raise RuntimeError(f"produce acks={acks} to {topic}: {left} unacknowledged, errors {errors[:3]}")
+    return n, wall
+
+
+def r_produce_for(
+    bootstrap: str, topic: str, partitions: int, seconds: float, durable: bool
+) -> tuple[int, float]:
+    """Our client's `Producer` (64 KiB batches, linger 5 ms), as `k_produce_for`."""
+    acks = m.Acks.DURABLE if durable else m.Acks.WRITTEN
+    with Producer(bootstrap, acks=acks, batch_bytes=64 * 1024, linger_ms=5, enable_idempotence=durable) as p:
+        for k in range(partitions):
+            p.send(topic, VALUE, partition=k)
+        p.flush(60)
+        n = 0
+        t0 = time.perf_counter()
+        end = t0 + seconds
+        while True:
+            p.send(topic, VALUE, partition=n % partitions)
+            n += 1
+            if n & 255 == 0 and time.perf_counter() >= end:
+                break
+        p.flush(120)
+        return n, time.perf_counter() - t0
+
+
+def probe_p99(bootstrap: str, seconds: float) -> tuple[float, float]:
+    """Our client, acks=WRITTEN, one record every 10 ms to topic `probe` partition 0 for
+    `seconds`: (p50, p99) acknowledged latency in ms."""
+    with Producer(bootstrap, acks=m.Acks.WRITTEN, linger_ms=0) as p:
+        for _ in range(10):
+            p.send("probe", VALUE[:100], partition=0).result(30)
+        samples = []
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            t0 = time.perf_counter()
+            p.send("probe", VALUE[:100], partition=0).result(30)
+            took = time.perf_counter() - t0
+            samples.append(took * 1000)
+            time.sleep(max(0.0, 0.01 - took))
+    samples.sort()
+    return samples[len(samples) // 2], samples[min(len(samples) - 1, int(len(samples) * 0.99))]
+
+
+# ------------------------------------------------------------------------------------------ R1-R4
+
+
+def metrics_hist(nodes: list[BrokerProcess], key: str) -> list[int]:
+    import json
+
+    total: list[int] = []
+    for n in nodes:
+        for core in range(n.cores):
+            try:
+                snap = json.loads((n.data_dir / "run" / f"metrics-core-{core}.json").read_text())
+            except (OSError, ValueError):
+                continue
+            hist = snap.get(key) or []
+            total = [a + b for a, b in zip(total, hist, strict=True)] if total else list(hist)
+    return total
+
+
+def phase_replication(
+    rows: dict[str, Row], only: set[str], root: Path, backend: str, sizes: Sizes, started: Started
+) -> dict[str, float]:
+    """R1-R4 on `backend`; returns the figures R15's replicas column reads."""
+    out: dict[str, float] = {}
+    etcd = started.add(EtcdCluster(root / f"etcd-{backend}", 1).start())
+    single = broker(started, root, f"single-{backend}", backend, 1)
+    nodes = start_cluster(root / f"cluster-{backend}", etcd, backend, started.items)
+    cluster = ",".join(n.bootstrap for n in nodes.values())
+    with Admin(single.bootstrap) as a:
+        a.create_topic("r", 3)
+    with Admin(cluster) as a:
+        tid = a.create_topic("r", 3, replication=3)
+        tid1 = a.create_topic("r1", 1, replication=3)
+
+    def in_sync(topic_id: int, count: int) -> bool:
+        got = states(nodes[1], topic_id)
+        return len(got) == count and all(len(s["isr"]) == 3 for s in got.values())
+
+    for t, n in ((tid, 3), (tid1, 1)):
+        wait_for(lambda t=t, n=n: in_sync(t, n), sizes.step_timeout_s)
+    node_list = list(nodes.values())
+
+    def run(
+        fn: Callable[[], tuple[int, float]], procs: list[BrokerProcess]
+    ) -> tuple[float, float, list[float]]:
+        cpu0 = [tree_cpu(p.pid) for p in procs]
+        records, wall = fn()
+        cpu = [tree_cpu(p.pid) - c for p, c in zip(procs, cpu0, strict=True)]
+        gb = records * len(VALUE) / 1e9
+        return records * len(VALUE) / 1e6 / wall, gb, cpu
+
+    if only & {"R1", "R3", "R4"}:
+        one_mbs, one_gb, one_cpu = run(
+            lambda: k_produce_for(single.bootstrap, "r", 3, sizes.repl_s, "1"), [single]
+        )
+        time.sleep(1.2)  # the followers' histograms as they were before the run, published
+        before = metrics_hist(node_list, "replica_fetch_us_log2")
+        three_mbs, three_gb, three_cpu = run(
+            lambda: k_produce_for(cluster, "r", 3, sizes.repl_s, "all", idempotent=True), node_list
+        )
+        time.sleep(1.2)
+        after = metrics_hist(node_list, "replica_fetch_us_log2")
+        ratio = three_mbs / one_mbs
+        rows["R1"].cells[backend] = f"{ratio:.2f} ({three_mbs:.0f}/{one_mbs:.0f} MB/s)"
+        rows["R1"].figures[backend] = ratio
+        out.update(one_mbs=one_mbs, three_mbs=three_mbs)
+        fetches = [a - b for a, b in zip(after, before, strict=True)] if before and after else []
+        if sum(fetches):
+            p50 = percentile_us(fetches, 0.5) / 1000
+            rows["R4"].cells[backend] = f"<= {p50:.3f} ms (n={sum(fetches)})"
+            rows["R4"].figures[backend] = p50
+        else:
+            rows["R4"].cells[backend] = "no histogram (replica_fetch_us_log2 missing)"
+        one_cpu_gb = sum(one_cpu) / one_gb
+        all_cpu_gb = sum(three_cpu) / three_gb
+        out.update(one_cpu_gb=one_cpu_gb, three_cpu_gb=all_cpu_gb)
+        if "R3" in only:
+            leader = states(nodes[1], tid1)[0]["leader"]
+            _, gb1, cpu1 = run(
+                lambda: k_produce_for(cluster, "r1", 1, sizes.cpu_s, "all", idempotent=True), node_list
+            )
+            lead = cpu1[leader - 1] / gb1
+            follow = (sum(cpu1) - cpu1[leader - 1]) / gb1
+            rows["R3"].cells[backend] = (
+                f"{all_cpu_gb:.1f} all (1 partition: {lead:.1f} leader + {follow:.1f} followers); "
+                f"1 node {one_cpu_gb:.1f}"
+            )
+    if "R2" in only:
+        one_mbs, _, _ = run(lambda: r_produce_for(single.bootstrap, "r", 3, sizes.repl_s, False), [single])
+        three_mbs, _, _ = run(lambda: r_produce_for(cluster, "r", 3, sizes.repl_s, True), node_list)
+        ratio = three_mbs / one_mbs
+        rows["R2"].cells[backend] = f"{ratio:.2f} ({three_mbs:.0f}/{one_mbs:.0f} MB/s)"
+        rows["R2"].figures[backend] = ratio
+    for n in [*node_list, single]:
+        started.stop(n)
+    started.stop(etcd)
+    return out
+
+
+# ------------------------------------------------------------------------------------------ R5-R11
+
+
+def fit_to_disk(partitions: int, where: Path) -> tuple[int, str]:
+    """The partition count whose first touch fits the free disk with a margin, and why if lowered."""
+    free = shutil.disk_usage(where).free
+    margin = max(DISK_MARGIN_MIN, int(free * 0.3))
+    fits = max(0, (free - margin) // PREALLOCATED_PER_PARTITION)
+    if partitions <= fits:
+        return partitions, ""
+    lowered = max(1, fits // 1000 * 1000 if fits >= 1000 else fits)
+    return lowered, (
+        f"{partitions:,} partitions lowered to {lowered:,}: touching one preallocates ~1 MiB and "
+        f"{free / GiB:.0f} GiB are free (kept free: {margin / GiB:.0f} GiB)"
+    )
+
+
+def topics_for(partitions: int, prefix: str = "t") -> dict[str, int]:
+    out = {}
+    for i in range(0, partitions, TOPIC_PARTITIONS):
+        out[f"{prefix}{i // TOPIC_PARTITIONS}"] = min(TOPIC_PARTITIONS, partitions - i)
+    return out
+
+
+def partitions_round(
+    root: Path, backend: str, cores: int, partitions: int, sizes: Sizes, started: Started,
+    restart: bool = True, spread: bool = False,
+) -> dict[str, float]:  # fmt: skip
+    """R5-R10 at `partitions` on one fresh broker: a dict of figures."""
+    nofile = nofile_for(partitions)
+    extra = ("--max-partitions", str(partitions + 1000), "--producer-id-expiration-ms", "1000")
+    b = broker(
+        started, root, f"parts-{backend}-{partitions}", backend, cores, extra, nofile, sizes.step_timeout_s
+    )
+    res: dict[str, float] = {}
+    try:
+        pss0 = pss_bytes(workers(b))
+        topics = topics_for(partitions)
+        res["create_s"] = k_create(b.bootstrap, topics, sizes.step_timeout_s)
+        res["touch_s"] = k_touch(b.bootstrap, topics, sizes.step_timeout_s)
+        time.sleep(0.5)
+        res["pss_per_partition"] = (pss_bytes(workers(b)) - pss0) / partitions
+        res["fds"] = max_fds(workers(b))
+        res["metadata_s"] = k_metadata(b.bootstrap, sizes.step_timeout_s)
+        with Admin(b.bootstrap) as a:
+            a.create_topic("probe", 1)
+        res["probe_p50_ms"], res["probe_p99_ms"] = probe_p99(b.bootstrap, sizes.probe_s)
+        if spread:  # acks=1: over the first topic's partitions (up to 1000) against one partition
+            with Admin(b.bootstrap) as a:
+                a.create_topic("one", 1)
+            first, n = next(iter(topics.items()))
+            n1, w1 = k_produce_for(b.bootstrap, "one", 1, sizes.spread_s, "1")
+            nm, wm = k_produce_for(b.bootstrap, first, n, sizes.spread_s, "1")
+            res["spread"] = (nm / wm) / (n1 / w1)
+        if restart:
+            t0 = time.perf_counter()
+            res["stop_killed"] = b.stop(sizes.stop_cap_s) != 0
+            res["stop_s"] = time.perf_counter() - t0
+            b.start(sizes.step_timeout_s)
+            res["restart_term_s"] = time.perf_counter() - t0
+            res["start_s"] = res["restart_term_s"] - res["stop_s"]
+            t0 = time.perf_counter()
+            b.kill()
+            b.start(sizes.step_timeout_s)
+            res["restart_kill_s"] = time.perf_counter() - t0
+    finally:
+        started.stop(b)
+    return res
+
+
+def tansu_partitions(root: Path, partitions: int, sizes: Sizes, started: Started) -> dict[str, float]:
+    t = started.add(Tansu(root, "tansu"))
+    t.start()
+    try:
+        pss0 = pss_bytes(t.pids())
+        topics = topics_for(partitions)
+        res = {"create_s": k_create(t.bootstrap, topics, sizes.step_timeout_s)}
+        res["touch_s"] = k_touch(t.bootstrap, topics, sizes.step_timeout_s)
+        time.sleep(0.5)
+        res["pss_per_partition"] = (pss_bytes(t.pids()) - pss0) / partitions
+        res["metadata_s"] = k_metadata(t.bootstrap, sizes.step_timeout_s)
+        return res
+    finally:
+        started.stop(t)
+
+
+def limit_at_start(root: Path, backend: str, started: Started) -> str:
+    b = broker(started, root, f"limit-{backend}", backend, 1)
+    try:
+        text = b.log()
+    finally:
+        started.stop(b)
+    lowered = re.search(r"--max-partitions (\S+) lowered to (\d+)", text)
+    nofile = re.search(r"open-file limit \(RLIMIT_NOFILE\) (\d+|unlimited)", text)
+    where = f"nofile {nofile.group(1)}" if nofile else "nofile ?"
+    if lowered:
+        return f"{int(lowered.group(2)):,} ({where}; {lowered.group(1)} asked)"
+    return f"{Limits().max_partitions:,} ({where}: the default, not lowered)"
+
+
+def restart_cell(res: dict[str, float]) -> str:
+    stop = f"> {fmt_s(res['stop_s'])} (killed)" if res["stop_killed"] else fmt_s(res["stop_s"])
+    return f"stop {stop} + start {fmt_s(res['start_s'])} / {fmt_s(res['restart_kill_s'])}"
+
+
+def phase_partitions(
+    rows: dict[str, Row], only: set[str], root: Path, backend: str, cores: int, partitions: int,
+    sizes: Sizes, started: Started,
+) -> dict[str, float]:  # fmt: skip
+    res = partitions_round(root, backend, cores, partitions, sizes, started, restart="R6" in only)
+    cache = Limits().segment_fd_cache
+    rows["R5"].cells[backend] = f"{fmt_s(res['create_s'])} / {fmt_s(res['touch_s'])}"
+    rows["R5"].figures[backend] = res["create_s"] + res["touch_s"]
+    if "restart_term_s" in res:
+        rows["R6"].cells[backend] = restart_cell(res)
+    rows["R7"].cells[backend] = f"{res['pss_per_partition'] / 1000:.1f} KB"
+    rows["R7"].figures[backend] = res["pss_per_partition"]
+    rows["R8"].cells[backend] = f"{res['fds']:.0f} (cache {cache})"
+    rows["R8"].figures[backend] = res["fds"] - (cache + FIXED_FDS_PER_WORKER + 64)
+    rows["R9"].cells[backend] = f"{res['metadata_s'] * 1000:.0f}"
+    rows["R9"].figures[backend] = res["metadata_s"]
+    rows["R10"].cells[backend] = f"{res['probe_p99_ms']:.1f} ms (p50 {res['probe_p50_ms']:.1f})"
+    rows["R10"].figures[backend] = res["probe_p99_ms"]
+    return res
+
+
+# ------------------------------------------------------------------------------------------ R12-R14
+
+
+def spread_pairs(bootstrap: str, many: int, seconds: float, ours: bool) -> dict[str, float]:
+    """Rate over `many` partitions / rate over 1, per acks, alternated."""
+    out = {}
+    for acks in ("all", "1"):
+        if ours:
+            n1, w1 = r_produce_for(bootstrap, "one", 1, seconds, acks == "all")
+            nm, wm = r_produce_for(bootstrap, "many", many, seconds, acks == "all")
+        else:
+            n1, w1 = k_produce_for(bootstrap, "one", 1, seconds, acks)
+            nm, wm = k_produce_for(bootstrap, "many", many, seconds, acks)
+        out[acks] = (nm / wm) / (n1 / w1)
+        out[f"rate1_{acks}"] = n1 / w1
+        out[f"rate_many_{acks}"] = nm / wm
+    return out
+
+
+def phase_spread(
+    rows: dict[str, Row], only: set[str], root: Path, backend: str, cores: int, sizes: Sizes, started: Started
+) -> dict[str, float]:
+    many = sizes.spread_partitions
+    extra = ("--max-partitions-per-topic", str(max(1000, many)))
+    b = broker(started, root, f"spread-{backend}", backend, cores, extra, nofile_for(many + 10))
+    out: dict[str, float] = {}
+    try:
+        k_create(b.bootstrap, {"one": 1, "many": many}, sizes.step_timeout_s)
+        for row, ours in (("R12", False), ("R13", True)):
+            if row not in only:
+                continue
+            s = spread_pairs(b.bootstrap, many, sizes.spread_s, ours)
+            rows[row].cells[backend] = f"{s['all']:.2f} / {s['1']:.2f}"
+            rows[row].figures[backend] = min(s["all"], s["1"])
+            out.update({f"{row}_{k}": v for k, v in s.items()})
+    finally:
+        started.stop(b)
+    return out
+
+
+def group_times(
+    bootstrap: str, topic: str, partitions: int, members: int, timeout_s: float
+) -> tuple[float, float]:
+    """(seconds until `members` consumers hold all `partitions`, seconds until the rest do after
+    one leaves)."""
+    from confluent_kafka import Consumer
+
+    held: dict[int, int] = {}
+    lock = threading.Lock()
+    stop = threading.Event()
+    leave = threading.Event()
+    errors: list[BaseException] = []
+
+    def member(i: int) -> None:
+        try:
+            c = Consumer(
+                kconf(
+                    bootstrap,
+                    **{
+                        "group.id": "scale",
+                        "session.timeout.ms": 30_000,
+                        "heartbeat.interval.ms": 1000,
+                        "partition.assignment.strategy": "roundrobin",
+                        "enable.auto.commit": False,
+                        "auto.offset.reset": "latest",
+                    },
+                )
+            )
+
+            def assigned(_c: Any, parts: list[Any]) -> None:
+                with lock:
+                    held[i] = len(parts)
+
+            def revoked(_c: Any, _parts: list[Any]) -> None:
+                with lock:
+                    held[i] = 0
+
+            c.subscribe([topic], on_assign=assigned, on_revoke=revoked)
+            while not stop.is_set():
+                if i == 0 and leave.is_set():
+                    c.close()
+                    with lock:
+                        held.pop(i, None)
+                    return
+                c.poll(0.05)
+            c.close()
+        except BaseException as exc:  # reported by the caller
+            errors.append(exc)
+
+    threads = [threading.Thread(target=member, args=(i,), daemon=True) for i in range(members)]
+    try:
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+
+        def all_held(n: int) -> bool:
+            if errors:
+                raise errors[0]
+            with lock:
+                return len(held) == n and all(held.values()) and sum(held.values()) == partitions
+
+        wait_for(lambda: all_held(members), timeout_s, 0.02)
+        joined = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        leave.set()
+        wait_for(lambda: 0 not in held and all_held(members - 1), timeout_s, 0.02)
+        left = time.perf_counter() - t0
+        return joined, left
+    finally:
+        stop.set()
+        deadline = time.monotonic() + 60
+        for t in threads:  # daemon threads: one still closing at the deadline does not hold the run
+            t.join(max(0.0, deadline - time.monotonic()))
+
+
+def phase_group(
+    rows: dict[str, Row], root: Path, backend: str, cores: int, sizes: Sizes, started: Started
+) -> None:
+    p = sizes.group_partitions
+    extra = ("--max-partitions-per-topic", str(max(1000, p)), "--group-initial-rebalance-delay-ms", "0")
+    b = broker(started, root, f"group-{backend}", backend, cores, extra, nofile_for(p + 10, 1000))
+    try:
+        k_create(b.bootstrap, {"g": p}, sizes.step_timeout_s)
+        joined, left = group_times(b.bootstrap, "g", p, sizes.group_members, sizes.step_timeout_s)
+        rows["R14"].cells[backend] = f"{fmt_s(joined)} / {fmt_s(left)}"
+        rows["R14"].figures[backend] = joined
+    finally:
+        started.stop(b)
+
+
+# ------------------------------------------------------------------------------------------ R15
+
+
+def connections_round(
+    root: Path, backend: str, cores: int, count: int, sizes: Sizes, started: Started
+) -> dict[str, float]:
+    b = broker(started, root, f"conns-{backend}-{count}", backend, cores, (), nofile_for(10, count + 100))
+    socks: list[socket.socket] = []
+    try:
+        with Admin(b.bootstrap) as a:
+            a.create_topic("probe", 1)
+        time.sleep(0.3)
+        pss0 = pss_bytes(workers(b))
+        for _ in range(count):
+            socks.append(socket.create_connection(("127.0.0.1", b.port), timeout=10))
+        time.sleep(0.5)
+        per = (pss_bytes(workers(b)) - pss0) / count
+        _, p99 = probe_p99(b.bootstrap, sizes.probe_s)
+        return {"pss_per_connection": per, "probe_p99_ms": p99, "fds": max_fds(workers(b))}
+    finally:
+        for s in socks:
+            s.close()
+        started.stop(b)
+
+
+# ------------------------------------------------------------------------------------------ main
+
+
+@contextlib.contextmanager
+def terminated_as_exit() -> Iterator[None]:
+    """SIGTERM to the bench runs its `finally` blocks (every broker stopped) as Ctrl-C does."""
+
+    def handler(_sig: int, _frame: Any) -> None:
+        raise SystemExit(143)
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def guarded(rows: dict[str, Row], names: list[str], column: str, fn: Callable[[], Any]) -> Any:
+    """Run one phase; an exception marks its rows' `column` as an error instead of ending the run."""
+    t0 = time.perf_counter()
+    try:
+        got = fn()
+        print(f"  {'/'.join(names)} {column}: {time.perf_counter() - t0:.0f} s", flush=True)
+        return got
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:  # the table says what failed
+        text = f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:80] if str(exc) else ''}"
+        print(f"  {'/'.join(names)} {column}: {text}", flush=True)
+        tail = str(exc).splitlines()[1:][-12:]  # a broker's exit: the end of its log
+        print("".join(f"    | {line}\n" for line in tail), end="", flush=True)
+        for n in names:
+            rows[n].cells.setdefault(column, text)
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="a few minutes: 20k partitions, short runs")
+    mode.add_argument("--smoke", action="store_true", help="the test suite's seconds-long run of every row")
+    ap.add_argument("--only", default=",".join(ROWS), help="rows to run, e.g. R1,R5 (default all)")
+    ap.add_argument("--backends", default=",".join(BACKENDS))
+    ap.add_argument("--max-scale", type=int, help="partitions of R5-R10 and R15's largest (100k; 20k quick)")
+    ap.add_argument("--cores", type=int, default=1, help="workers of each single-node broker (default 1)")
+    ap.add_argument("--no-tansu", action="store_true", help="leave Tansu out")
+    ap.add_argument("--dir", default=str(REPO / ".bench-tmp"))
+    args = ap.parse_args(argv)
+    sizes = dataclasses.replace(SMOKE if args.smoke else QUICK if args.quick else FULL)
+    only = {r.strip().upper() for r in args.only.split(",") if r.strip()}
+    if unknown := sorted(only - set(ROWS)):
+        ap.error(f"unknown rows {unknown}")
+    backends = [b for b in args.backends.split(",") if b]
+    if args.smoke:
+        backends = backends[:1]
+    if bad := [b for b in backends if b not in BACKENDS]:
+        ap.error(f"unknown backends {bad}")
+    tansu = not (args.no_tansu or args.smoke)
+    if tansu:
+        try:
+            tansu_binary()
+        except RuntimeError as exc:
+            print(f"  Tansu left out: {exc}")
+            tansu = False
+    asked = args.max_scale or sizes.partitions
+    root = Path(args.dir) / "scale" / f"run-{os.getpid()}"
+    root.mkdir(parents=True, exist_ok=True)
+    NOFILE_CEILING[0] = nofile_ceiling()
+    partitions, why = fit_to_disk(asked, root)
+    allowed = partitions_allowed(NOFILE_CEILING[0])
+    if partitions > allowed - 50:
+        lowered = (allowed - 50) // 1000 * 1000 if allowed >= 1050 else allowed - 50
+        why = (why + "; " if why else "") + (
+            f"{partitions:,} partitions lowered to {lowered:,}: today's broker allows {allowed:,} on a core "
+            f"at the highest open-file limit it can get here ({NOFILE_CEILING[0]}: prlimit cannot raise "
+            "the hard limit), 2 descriptors a partition"
+        )
+        partitions = lowered
+    sizes.growth = tuple(sorted({s for s in sizes.growth if s < partitions}))
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    with contextlib.suppress(ValueError, OSError):  # R15's idle connections are this process's sockets
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    import confluent_kafka
+
+    rows = make_rows()
+    load0 = loadavg()
+    print(f"ringlog bench/scale.py: {code_version()}")
+    print(
+        f"  {len(os.sched_getaffinity(0))} CPUs, load average {load0}; data on {fs_of(str(root))}; "
+        f"confluent-kafka {confluent_kafka.__version__}, librdkafka {confluent_kafka.libversion()[0]}; "
+        f"nofile {soft}/{hard}, vm.max_map_count {Path('/proc/sys/vm/max_map_count').read_text().strip()}"
+    )
+    print(
+        f"  mode {'smoke' if args.smoke else 'quick' if args.quick else 'full'}; "
+        f"backends {','.join(backends)}; single-node brokers --cores {args.cores}; "
+        f"partitions {partitions:,} (R5-R10), {sizes.group_partitions:,} (R14, {sizes.group_members} "
+        f"members), {sizes.spread_partitions} (R12/R13); Tansu {'beside' if tansu else 'left out'}; "
+        f"rows {','.join(r for r in ROWS if r in only)}"
+    )
+    if why:
+        print(f"  {why}")
+    started = Started()
+    t_start = time.perf_counter()
+    repl: dict[str, dict[str, float]] = {}
+    growth: list[list[str]] = []
+    cores = args.cores
+    phases: list[tuple[list[str], str, Callable[[str], Any]]] = [
+        (["R1", "R2", "R3", "R4"], "repl", lambda b: phase_replication(rows, only, root, b, sizes, started)),
+        (["R5", "R6", "R7", "R8", "R9", "R10"], "parts",
+         lambda b: phase_partitions(rows, only, root, b, cores, partitions, sizes, started)),
+        (["R12", "R13"], "spread", lambda b: phase_spread(rows, only, root, b, cores, sizes, started)),
+        (["R14"], "group", lambda b: phase_group(rows, root, b, cores, sizes, started)),
+    ]  # fmt: skip
+    first = backends[0]
+    try:
+        with terminated_as_exit():
+            for backend in backends:
+                for names, kind, phase in phases:
+                    if only & set(names):
+                        got = guarded(rows, names, backend, lambda p=phase, b=backend: p(b))
+                        if kind in ("repl", "parts"):
+                            repl[f"{kind}-{backend}"] = got or {}
+                print(f"  {backend} done at {time.perf_counter() - t_start:.0f} s", flush=True)
+            if "R11" in only:
+                limit = guarded(rows, ["R11"], first, lambda: limit_at_start(root, first, started))
+                if limit:
+                    rows["R11"].cells[first] = limit
+            if tansu:
+                tansu_rows(rows, only, root, partitions, sizes, started)
+            if "R15" in only:
+                growth = (
+                    guarded(
+                        rows,
+                        ["R15"],
+                        first,
+                        lambda: growth_table(root, first, cores, partitions, sizes, started, repl),
+                    )
+                    or []
+                )
+                if growth:
+                    rows["R15"].cells[first] = f"{len(growth)} rows below"
+    finally:
+        started.close()
+        shutil.rmtree(root, ignore_errors=True)
+    ratios(rows, backends)
+    print()
+    print(f"  took {time.perf_counter() - t_start:.0f} s; load average {load0} before, {loadavg()} after")
+    header = ["row", "what", "goal", *backends, "tansu", "ratio", "verdict"]
+    lines = []
+    for r in rows.values():
+        judged = [b for b in backends if b == "io_uring"] if r.name == "R4" else backends
+        cells = [r.cells.get(b, "-") for b in backends]
+        lines.append(
+            [
+                r.name,
+                r.what,
+                r.goal,
+                *cells,
+                r.cells.get("tansu", "-"),
+                "; ".join(r.ratio) or "-",
+                r.verdict(judged),
+            ]
+        )
+    table(header, lines, labels=3)
+    print(
+        "  R1/R2: ratio (cluster/single MB/s); R3: CPU-s/GB; R4: log2 bucket bound; R5: create / touch s; "
+        "R6: s; R12/R13: acks=all / acks=1; R14: join / leave s"
+    )
+    if growth:
+        print()
+        print(f"  R15 growth ({backends[0]}, --cores {args.cores}):")
+        table(["size", "create s", "touch s", "restart s", "Pss/part.", "fds", "metadata ms", "probe p99 ms",
+               "spread N/1"], growth, labels=1)  # fmt: skip
+    return 0
+
+
+def ratios(rows: dict[str, Row], backends: list[str]) -> None:
+    """Tansu's figure over ringlog's for the rows both ran (times and bytes: above 1 = ringlog
+    better), and the goal's ratio itself for the ratio rows."""
+    for name in ("R5", "R7", "R9", "R14"):
+        row = rows[name]
+        t = row.figures.get("tansu")
+        if t is None:
+            continue
+        for b in backends:
+            mine = row.figures.get(b)
+            if mine:
+                row.ratio.append(f"{b} {t / mine:.2f}x Tansu")
+    for name in ("R1", "R2", "R12", "R13"):
+        for b in backends:
+            if b in rows[name].figures and not any(r.startswith(b) for r in rows[name].ratio):
+                rows[name].ratio.append(f"{b} {rows[name].figures[b]:.2f}")
+
+
+def tansu_rows(
+    rows: dict[str, Row], only: set[str], root: Path, partitions: int, sizes: Sizes, started: Started
+) -> None:
+    if only & {"R5", "R7", "R9"}:
+        res = guarded(
+            rows, ["R5", "R7", "R9"], "tansu", lambda: tansu_partitions(root, partitions, sizes, started)
+        )
+        if res:
+            rows["R5"].cells["tansu"] = f"{fmt_s(res['create_s'])} / {fmt_s(res['touch_s'])}"
+            rows["R5"].figures["tansu"] = res["create_s"] + res["touch_s"]
+            rows["R7"].cells["tansu"] = f"{res['pss_per_partition'] / 1000:.1f} KB"
+            rows["R7"].figures["tansu"] = res["pss_per_partition"]
+            rows["R9"].cells["tansu"] = f"{res['metadata_s'] * 1000:.0f}"
+            rows["R9"].figures["tansu"] = res["metadata_s"]
+    for name in ("R1", "R2", "R3", "R4", "R6", "R8", "R10", "R11", "R13", "R15"):
+        rows[name].cells.setdefault("tansu", "n/a")
+    if only & {"R12"}:
+
+        def spread() -> None:
+            t = started.add(Tansu(root, "tansu"))
+            t.start()
+            try:
+                k_create(t.bootstrap, {"one": 1, "many": sizes.spread_partitions}, sizes.step_timeout_s)
+                s = spread_pairs(t.bootstrap, sizes.spread_partitions, sizes.spread_s, ours=False)
+                rows["R12"].cells["tansu"] = f"{s['all']:.2f} / {s['1']:.2f}"
+            finally:
+                started.stop(t)
+
+        guarded(rows, ["R12"], "tansu", spread)
+    if "R14" in only:
+
+        def group() -> None:
+            t = started.add(Tansu(root, "tansu"))
+            t.start()
+            try:
+                k_create(t.bootstrap, {"g": sizes.group_partitions}, sizes.step_timeout_s)
+                joined, left = group_times(
+                    t.bootstrap, "g", sizes.group_partitions, sizes.group_members, sizes.step_timeout_s
+                )
+                rows["R14"].cells["tansu"] = f"{fmt_s(joined)} / {fmt_s(left)}"
+                rows["R14"].figures["tansu"] = joined
+            finally:
+                started.stop(t)
+
+        guarded(rows, ["R14"], "tansu", group)
+
+
+def growth_table(
+    root: Path, backend: str, cores: int, partitions: int, sizes: Sizes, started: Started,
+    repl: dict[str, dict[str, float]],
+) -> list[list[str]]:  # fmt: skip
+    out = []
+    for size in sizes.growth:
+        r = partitions_round(root, backend, cores, size, sizes, started, sizes.growth_restarts, spread=True)
+        out.append([
+            f"partitions {size:,}", fmt_s(r["create_s"]), fmt_s(r["touch_s"]),
+            restart_cell(r) if "restart_term_s" in r else "-",
+            f"{r['pss_per_partition'] / 1000:.1f} KB", f"{r['fds']:.0f}", f"{r['metadata_s'] * 1000:.0f}",
+            f"{r['probe_p99_ms']:.1f}", f"{r['spread']:.2f} ({min(size, TOPIC_PARTITIONS)})",
+        ])  # fmt: skip
+        print(f"  R15 {size} partitions done", flush=True)
+    for count in sizes.connections:
+        r = connections_round(root, backend, cores, count, sizes, started)
+        out.append([
+            f"idle connections {count:,}", "-", "-", "-", f"{r['pss_per_connection'] / 1000:.1f} KB/conn",
+            f"{r['fds']:.0f}", "-", f"{r['probe_p99_ms']:.1f}", "-",
+        ])  # fmt: skip
+    main = repl.get(f"parts-{backend}") or {}
+    if main:  # R5-R10's own size, from their run
+        out.append([
+            f"partitions {partitions:,} (R5-R10)", fmt_s(main["create_s"]), fmt_s(main["touch_s"]),
+            restart_cell(main) if "restart_term_s" in main else "-",
+            f"{main['pss_per_partition'] / 1000:.1f} KB", f"{main['fds']:.0f}",
+            f"{main['metadata_s'] * 1000:.0f}", f"{main['probe_p99_ms']:.1f}", "-",
+        ])  # fmt: skip
+    got = repl.get(f"repl-{backend}") or {}
+    if got:
+        out.append(["replicas 1 (acks=1)", "-", "-", "-", "-", "-", "-", "-",
+                    f"{got['one_mbs']:.0f} MB/s, {got['one_cpu_gb']:.1f} CPU-s/GB"])  # fmt: skip
+        out.append(["replicas 3 (acks=all)", "-", "-", "-", "-", "-", "-", "-",
+                    f"{got['three_mbs']:.0f} MB/s, {got['three_cpu_gb']:.1f} CPU-s/GB"])  # fmt: skip
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())

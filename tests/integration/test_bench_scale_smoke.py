@@ -1,0 +1,61 @@
+"""bench/scale.py at its smallest (`--smoke`: every row, uvloop only, no Tansu, tiny sizes) runs to
+the end and prints every row of its table with a figure: a bench that `make bench-scale` runs
+for minutes must not find out there that a row broke.
+
+Marked slow: every phase starts its own brokers (a three-node cluster with etcd among them),
+about 40 s on the 2-CPU VM."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+ROWS = [f"R{i}" for i in range(1, 16)]
+ROW_RE = re.compile(r"^  (R\d+)\s{2}.*\s(PASS|FAIL|reported|not run|error)$")
+
+
+def table_rows(output: str) -> dict[str, str]:
+    """Row name -> verdict, of each line of the bench's table."""
+    return {m.group(1): m.group(2) for m in map(ROW_RE.match, output.splitlines()) if m}
+
+
+def missing_or_unmeasured(output: str) -> list[str]:
+    """What is wrong with the table: rows missing, rows not run or in error."""
+    got = table_rows(output)
+    wrong = [f"{r} missing" for r in ROWS if r not in got]
+    wrong += [f"{r} {v}" for r, v in got.items() if v in ("not run", "error")]
+    return wrong
+
+
+def test_the_check_fails_when_a_row_is_missing_or_in_error() -> None:
+    lines = [f"  {r}   what  goal  1.0  -  -  reported" for r in ROWS]
+    assert missing_or_unmeasured("\n".join(lines)) == []
+    assert missing_or_unmeasured("\n".join(lines[:6] + lines[7:])) == ["R7 missing"]
+    errored = [*lines[:-1], "  R15  growth  table below  error: RuntimeError: x  -  -  error"]
+    assert missing_or_unmeasured("\n".join(errored)) == ["R15 error"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("etcd") is None, reason="the replication rows need etcd")
+def test_every_row_of_the_smoke_run_is_measured(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    run = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "scale.py"), "--smoke", "--dir", str(tmp_path)],
+        capture_output=True,
+        check=False,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=240,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert missing_or_unmeasured(run.stdout) == [], run.stdout
+    assert "R15 growth" in run.stdout and "idle connections 10" in run.stdout
+    assert not list(tmp_path.glob("scale/run-*")), "the bench left its data dirs behind"
