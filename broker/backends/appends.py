@@ -17,6 +17,7 @@ Rules this module keeps:
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import assert_never
@@ -190,10 +191,15 @@ class PartitionAppends(BackendPrimitives):
             case Waits.WRITE:
                 deliver(reply)
             case Waits.HIGH_WATERMARK:
+                metrics = self.core.metrics
+                written_ns = time.monotonic_ns()
+
+                def replicated() -> None:
+                    metrics.replica_acked(written_ns)
+                    deliver(reply)
+
                 outcome.partition.after_replicated(
-                    outcome.pending.next_offset,
-                    lambda: deliver(reply),
-                    lambda e: deliver(outcome.fail(e)),
+                    outcome.pending.next_offset, replicated, lambda e: deliver(outcome.fail(e))
                 )
             case Waits.FLUSH:
                 self.after_flush(

@@ -77,6 +77,10 @@ class Snapshot(TypedDict, total=False):
     gauges: dict[str, int]  # by name (GAUGES)
     latency_us_log2: list[int]  # LATENCY_BUCKETS counts
     replica_fetch_us_log2: list[int]  # LATENCY_BUCKETS counts: a follower's ReplicaFetch, sent -> answered
+    replica_append_us_log2: list[int]  # a follower's answer received -> its next fetch sent
+    replica_append_us_total: int
+    replica_ack_us_log2: list[int]  # a leader's acks=all produce, written -> the HW passes it
+    replica_ack_us_total: int
 
 
 class CoreMetrics:
@@ -101,6 +105,10 @@ class CoreMetrics:
         "long_poll_wakes",
         "reads_file",
         "reads_mapped",
+        "replica_ack_us",
+        "replica_ack_us_total",
+        "replica_append_us",
+        "replica_append_us_total",
         "replica_fetch_rewaits",
         "replica_fetch_us",
         "replica_fetch_wakes",
@@ -135,6 +143,15 @@ class CoreMetrics:
         # a follower's ReplicaFetch from sent to answered (its long poll included): the round
         # trip every acks=all produce waits for at least once
         self.replica_fetch_us = [0] * LATENCY_BUCKETS
+        # The two halves of the round trip an acks=all produce waits for: on the follower, from
+        # an answer received to the next fetch sent (its append between them: that fetch carries
+        # the new log end); on the leader, from a produce written to the HW passing it (the
+        # follower's half, both trips across the link and the leader's wake and answer). Their
+        # totals give means, which the log2 buckets are too coarse to.
+        self.replica_append_us = [0] * LATENCY_BUCKETS
+        self.replica_append_us_total = 0
+        self.replica_ack_us = [0] * LATENCY_BUCKETS
+        self.replica_ack_us_total = 0
         self.started_at = time.time()
 
     # ------------------------------------------------------------------------- hot path
@@ -210,6 +227,19 @@ class CoreMetrics:
         us = (time.monotonic_ns() - sent_ns) // 1000
         self.replica_fetch_us[min(us.bit_length(), LATENCY_BUCKETS - 1)] += 1
 
+    def replica_appended(self, received_ns: int) -> None:
+        """This core's ReplicaFetch answered at `received_ns` (monotonic) was applied and the
+        next fetch is being sent now."""
+        us = (time.monotonic_ns() - received_ns) // 1000
+        self.replica_append_us[min(us.bit_length(), LATENCY_BUCKETS - 1)] += 1
+        self.replica_append_us_total += us
+
+    def replica_acked(self, written_ns: int) -> None:
+        """An acks=all produce written at `written_ns` (monotonic) is replicated now."""
+        us = (time.monotonic_ns() - written_ns) // 1000
+        self.replica_ack_us[min(us.bit_length(), LATENCY_BUCKETS - 1)] += 1
+        self.replica_ack_us_total += us
+
     # ------------------------------------------------------------------------- snapshots
 
     def snapshot(self, gauges: Mapping[str, Callable[[], int]] | None = None) -> Snapshot:
@@ -244,6 +274,10 @@ class CoreMetrics:
             "gauges": {name: int(read()) for name, read in (gauges or {}).items()},
             "latency_us_log2": list(self.latency_us),
             "replica_fetch_us_log2": list(self.replica_fetch_us),
+            "replica_append_us_log2": list(self.replica_append_us),
+            "replica_append_us_total": self.replica_append_us_total,
+            "replica_ack_us_log2": list(self.replica_ack_us),
+            "replica_ack_us_total": self.replica_ack_us_total,
         }
 
 

@@ -81,6 +81,7 @@ class _Fetching:
     appending: int = 0
     timer: object | None = None
     keys: set[tuple[int, int]] = field(default_factory=set)
+    received_ns: int = 0  # an answer with records to append arrived then (monotonic); 0: none
 
 
 class ReplicaManager:
@@ -195,6 +196,9 @@ class ReplicaManager:
                 self._later(key, fetching, max(0.0, (retry - now_ms()) / 1000))
             return
         fetching.in_flight = True
+        if fetching.received_ns:  # the answer before this fetch was applied: what it took
+            self.core.metrics.replica_appended(fetching.received_ns)
+            fetching.received_ns = 0
         deadline = time.monotonic() + self.max_wait_ms / 1000 + ANSWER_MARGIN_S
         links = self.core.remote_links
         assert links is not None, "a clustered core has remote links"
@@ -204,6 +208,7 @@ class ReplicaManager:
         def answered(result: Frame | BaseException) -> None:
             if not isinstance(result, BaseException):
                 self.core.metrics.replica_fetched(sent_ns)
+                fetching.received_ns = time.monotonic_ns()
             self._fetched(key, fetching, result)
 
         links.request(fetching.address, frame, deadline, answered, long_poll=True)
@@ -230,9 +235,11 @@ class ReplicaManager:
             applied = fetching.fetcher.apply(resp, now_ms())
         except Exception as exc:
             log.warning("replica fetch from node %d core %d: %s", key[0], key[1], exc)
+            fetching.received_ns = 0
             self._later(key, fetching, LINK_RETRY_S)
             return
         if not applied.appends:
+            fetching.received_ns = 0  # nothing appended: not a replication round trip
             self._fetch(key)
             return
         fetching.appending = len(applied.appends)

@@ -57,7 +57,10 @@ class FakeCore(BackendCore):
         self.running: list[tuple[Sequence[Any], Callable[[OSError | None], None]]] = []
         self.turn_end: list[Callable[[], None]] = []
         self.flushed_counts: list[int] = []
-        self.core = SimpleNamespace(metrics=SimpleNamespace(flushed=self.flushed_counts.append))  # type: ignore[assignment]
+        self.acked_at: list[int] = []
+        self.core = SimpleNamespace(  # type: ignore[assignment]
+            metrics=SimpleNamespace(flushed=self.flushed_counts.append, replica_acked=self.acked_at.append)
+        )
 
     def end_of_turn(self, callback: Callable[[], None]) -> None:
         self.turn_end.append(callback)
@@ -129,8 +132,10 @@ def test_a_replicated_acks_all_append_is_answered_when_the_high_watermark_passes
         run_ops(SyncFileIO(), ops)
         done(None)
     assert [r.buffers for r in conn.filled] == [[b"1"]], "acks=1 at once, acks=all waits for the follower"  # type: ignore[attr-defined]
+    assert not core.acked_at
     p.replica_fetched(2, 1, now=0)
     assert [r.buffers for r in conn.filled] == [[b"1"], [b"-1"]]  # type: ignore[attr-defined]
+    assert len(core.acked_at) == 1, "the wait for the high watermark is measured"
     p.become_follower(2, leader=2)  # no flush was asked for either
     assert not core.turn_end
     p.close()

@@ -127,3 +127,16 @@ def test_the_http_endpoint_serves_every_core_and_the_ebpf_counters(tmp_path: Pat
 def test_no_ebpf_snapshot_adds_no_series() -> None:
     assert bpf_prometheus_text(None) == ""
     assert bpf_prometheus_text({"steering": False}).splitlines()[-1] == "ringlog_bpf_steering 0"
+
+
+def test_the_halves_of_a_replication_round_trip_have_histograms_and_totals() -> None:
+    mt = CoreMetrics(core=0)
+    mt.replica_acked(time.monotonic_ns() - 1_500_000)  # 1.5 ms: bit length 11
+    mt.replica_appended(time.monotonic_ns() - 100_000)  # 100 us: bit length 7
+    mt.replica_appended(time.monotonic_ns() - 100_000)
+    snap = mt.snapshot()
+    assert snap["replica_ack_us_log2"][11] == 1 and sum(snap["replica_ack_us_log2"]) == 1
+    assert 1500 <= snap["replica_ack_us_total"] < 1600
+    assert snap["replica_append_us_log2"][7] == 2 and sum(snap["replica_append_us_log2"]) == 2
+    assert 200 <= snap["replica_append_us_total"] < 300
+    assert sum(snap["latency_us_log2"]) == 0 and sum(snap["replica_fetch_us_log2"]) == 0
