@@ -25,7 +25,9 @@ from dataclasses import dataclass
 # only when there is something to reap); before, each made an io_uring_enter with a zero timeout,
 # whose kernel timer cost a VM exit: in lockstep with that, p50 0.92x at 0.91x the CPU per request.
 # The default applies when every core has a CPU of its own; oversubscribed workers (more cores
-# than CPUs) would spin on each other's CPU, so there it is 0 (`busy_poll_for`).
+# than CPUs) would spin on each other's CPU, so there it is 0 (`busy_poll_for`). What a worker
+# cannot see, other processes on its CPUs (the other nodes of a cluster on one machine), it meets
+# by yielding the CPU in each polling pass that found nothing (`Loop.run_once`).
 BUSY_POLL_US_DEFAULT = 200
 
 # "ring": appends are writev SQEs, like every other disk operation. "inline": appends are a

@@ -81,3 +81,22 @@ def test_default_poll_only_when_every_core_has_a_cpu() -> None:
     assert busy_poll_for(None, cores=3, cpus=2) == 0  # oversubscribed: workers would spin on each other
     assert busy_poll_for(50, cores=3, cpus=2) == 50  # what the operator asked for wins
     assert busy_poll_for(0, cores=1, cpus=2) == 0
+
+
+def test_an_empty_polling_pass_yields_the_cpu(pipe: tuple[int, int], monkeypatch: pytest.MonkeyPatch) -> None:
+    import broker.backends.uring_loop as uring_loop
+
+    yields: list[None] = []
+    monkeypatch.setattr(uring_loop.os, "sched_yield", lambda: yields.append(None))
+    r, _ = pipe
+    with Ring(16) as ring:
+        loop = Loop(ring, busy_poll_us=POLL_US)
+        _activity(loop, ring)
+        assert not yields, "a pass after none (it waits) does not yield"
+        ring.prep_nop(loop.op(lambda res, flags: None))
+        loop.run_once()  # polls and finds the nop: busy, no yield
+        assert not yields
+        ring.prep_read(r, bytearray(8), 0, loop.op(lambda res, flags: None))  # never completes
+        loop.run_once()  # the last pass ran a completion: this one polls without yielding
+        loop.run_once()  # the last found nothing: this one yields before it polls
+        assert len(yields) == 1
