@@ -150,6 +150,7 @@ class Core:
         self.producer_ids = ProducerIds(ids or FileBlockSource(config.data_dir))
         self._owners: dict[tuple[int, int], int] = {}
         self._owners_max = max(OWNER_CACHE_MAX, partition_limit(config.limits))
+        self._names_sorted: tuple[TopicRegistry | None, int, list[str]] = (None, -1, [])  # `_sorted_names`
         for topic in self.registry.by_id.values():
             self._open_stored(topic)
         self.call_later: CallLater = call_later or _no_timers
@@ -431,15 +432,77 @@ class Core:
             raise NotLeaderError(f"node {self.config.node_id} holds no replica of partition {index}")
         return self._open_partition(current, index)
 
-    def metadata_view(self, names: Sequence[str] | None = None) -> MetadataView:
+    def metadata_view(self, names: Sequence[str] | None = None, *, partitions: bool = True) -> MetadataView:
         """Topics (`names`, or every one when None), their partitions with owning cores, and
-        where each core is reached: the one answer both protocols encode (broker/core/views.py)."""
+        where each core is reached: the one answer both protocols encode (broker/core/views.py).
+        `partitions` False: each topic without its partitions and settings (an answer that needs
+        neither offsets nor settings asks `topic_placement` per topic, and may keep what it made
+        of them while `placement_stamp` and the topic's partition count stay the same)."""
         self.refresh_topics()
         if names and any(name not in self.registry.by_name for name in names):
             self.refresh_topics(force=True)
         if names is None:
-            names = sorted(self.registry.by_name)
+            names = self._sorted_names()
         cluster = self.cluster
+        nodes = self._node_views(cluster)
+        topics = []
+        for name in names:
+            topic = self.registry.by_name.get(name)
+            if topic is None:
+                topics.append(TopicView(name, 0, known=False))
+                continue
+            if not partitions:
+                topics.append(TopicView(topic.name, topic.topic_id, known=True))
+                continue
+            topic_settings = self.registry.settings_of(topic)
+            topics.append(
+                TopicView(
+                    topic.name,
+                    topic.topic_id,
+                    known=True,
+                    retention_ms=_wire_limit(topic_settings.retention_ms),
+                    retention_bytes=_wire_limit(topic_settings.retention_bytes),
+                    segment_bytes=topic_settings.segment_bytes,
+                    partitions=self._partition_views(topic, cluster, nodes, True),
+                )
+            )
+        return MetadataView(
+            host=self.config.public_host,
+            port=self.config.port,
+            cores=self.config.cores,
+            core_ports=self.config.core_ports,
+            steering=bool((self.config.bpf_snapshot() or {}).get("steering")),  # the supervisor's bpf.json
+            topics=tuple(topics),
+            node_id=self.config.node_id,
+            nodes=tuple(sorted(nodes.values(), key=lambda n: n.node_id)),
+            clustered=cluster.clustered,
+            controller=cluster.controller if cluster.controller in cluster.live else self.config.node_id,
+        )
+
+    @property
+    def placement_stamp(self) -> object:
+        """What every partition's placement (owning core, leader, epoch, replicas, ISR, the
+        nodes' liveness) is computed from besides its topic's id and partition count: the
+        cluster view, which is replaced, never changed in place, on every change (one node: the
+        same for the core's life, placement being a function of the topic id and core count)."""
+        return self.cluster
+
+    def topic_placement(self, topic: Topic) -> tuple[PartitionView, ...]:
+        """The partitions of `topic` as `metadata_view` shows them, without their offsets
+        (-1, -1): what Kafka's Metadata answers, which may be kept while `placement_stamp` and
+        the topic's partition count stay the same."""
+        cluster = self.cluster
+        return self._partition_views(topic, cluster, self._node_views(cluster), False)
+
+    def _sorted_names(self) -> list[str]:
+        """Every topic's name, sorted: made again only when the registry changed."""
+        registry, (held, generation, names) = self.registry, self._names_sorted
+        if held is not registry or generation != registry.generation:
+            names = sorted(registry.by_name)
+            self._names_sorted = (registry, registry.generation, names)
+        return names
+
+    def _node_views(self, cluster: ClusterView) -> dict[int, NodeView]:
         node_id = self.config.node_id
         nodes = {
             n.node_id: NodeView(
@@ -452,65 +515,42 @@ class Core:
             nodes[node_id] = NodeView(
                 node_id, config.public_host, config.port, config.cores, config.core_ports
             )
-        topics = []
-        for name in names:
-            topic = self.registry.by_name.get(name)
-            if topic is None:
-                topics.append(TopicView(name, 0, known=False))
+        return nodes
+
+    def _partition_views(
+        self, topic: Topic, cluster: ClusterView, nodes: Mapping[int, NodeView], offsets: bool
+    ) -> tuple[PartitionView, ...]:
+        node_id = self.config.node_id
+        parts = []
+        for i in range(topic.partitions):
+            p = self.partitions.get((topic.topic_id, i)) if offsets else None
+            start, end = (p.log.start_offset, p.high_watermark) if p is not None else (-1, -1)
+            state = cluster.state_of(topic.topic_id, i) if cluster.clustered else None
+            if state is None and cluster.clustered:  # its first state is not written yet
+                parts.append(PartitionView(i, -1, -1, -1, -1, 0, (), ()))
                 continue
-            parts = []
-            for i in range(topic.partitions):
-                p = self.partitions.get((topic.topic_id, i))
-                start, end = (p.log.start_offset, p.high_watermark) if p is not None else (-1, -1)
-                state = cluster.state_of(topic.topic_id, i) if cluster.clustered else None
-                if state is None and cluster.clustered:  # its first state is not written yet
-                    parts.append(PartitionView(i, -1, -1, -1, -1, 0, (), ()))
-                    continue
-                if state is None:
-                    core = self.owner(topic.topic_id, i)
-                    me = ((node_id, core),)
-                    parts.append(PartitionView(i, core, start, end, node_id, 0, me, me))
-                    continue
-                placed = {r: (r, _core_on(nodes.get(r), topic.topic_id, i)) for r in state.replicas}
-                leader = nodes.get(state.leader)
-                if leader is not None and not leader.live:
-                    leader = None
-                parts.append(
-                    PartitionView(
-                        i,
-                        _core_on(leader, topic.topic_id, i) if leader is not None else -1,
-                        start,
-                        end,
-                        state.leader if leader is not None else -1,
-                        state.leader_epoch,
-                        tuple(placed[r] for r in state.replicas),
-                        tuple(placed[r] for r in state.isr if r in placed),
-                    )
-                )
-            topic_settings = self.registry.settings_of(topic)
-            topics.append(
-                TopicView(
-                    topic.name,
-                    topic.topic_id,
-                    known=True,
-                    retention_ms=_wire_limit(topic_settings.retention_ms),
-                    retention_bytes=_wire_limit(topic_settings.retention_bytes),
-                    segment_bytes=topic_settings.segment_bytes,
-                    partitions=tuple(parts),
+            if state is None:
+                core = self.owner(topic.topic_id, i)
+                me = ((node_id, core),)
+                parts.append(PartitionView(i, core, start, end, node_id, 0, me, me))
+                continue
+            placed = {r: (r, _core_on(nodes.get(r), topic.topic_id, i)) for r in state.replicas}
+            leader = nodes.get(state.leader)
+            if leader is not None and not leader.live:
+                leader = None
+            parts.append(
+                PartitionView(
+                    i,
+                    _core_on(leader, topic.topic_id, i) if leader is not None else -1,
+                    start,
+                    end,
+                    state.leader if leader is not None else -1,
+                    state.leader_epoch,
+                    tuple(placed[r] for r in state.replicas),
+                    tuple(placed[r] for r in state.isr if r in placed),
                 )
             )
-        return MetadataView(
-            host=self.config.public_host,
-            port=self.config.port,
-            cores=self.config.cores,
-            core_ports=self.config.core_ports,
-            steering=bool((self.config.bpf_snapshot() or {}).get("steering")),  # the supervisor's bpf.json
-            topics=tuple(topics),
-            node_id=node_id,
-            nodes=tuple(sorted(nodes.values(), key=lambda n: n.node_id)),
-            clustered=cluster.clustered,
-            controller=cluster.controller if cluster.controller in cluster.live else node_id,
-        )
+        return tuple(parts)
 
     def topic_name(self, topic_id: int) -> str | None:
         """The name of topic `topic_id` (None if there is none): the resource an ACL names."""

@@ -169,6 +169,9 @@ class TopicRegistry:
         self.by_name: dict[str, Topic] = {}
         self.by_id: dict[int, Topic] = {}
         self.next_topic_id = 1  # 0 means "no topic" in frame headers
+        # Grows on every change of the topics held (a load, or one of this process's own writes):
+        # what is made from them may be kept while it stays the same.
+        self.generation = 0
         self._file_identity: tuple[int, int, int] | None = None
         os.makedirs(layout.topics_dir(data_dir), exist_ok=True)
         self.load()
@@ -203,6 +206,7 @@ class TopicRegistry:
                 by_id[topic.topic_id] = topic
         self.by_name, self.by_id, self.next_topic_id = by_name, by_id, next_topic_id
         self._file_identity = identity
+        self.generation += 1
 
     def refresh(self) -> bool:
         """Reload if another process replaced the file since the last load; True if it did.
@@ -228,6 +232,7 @@ class TopicRegistry:
                 shutil.rmtree(os.path.join(topics_dir, name), ignore_errors=True)
 
     def _save(self) -> None:
+        self.generation += 1  # first: the topics held changed already, whether the write succeeds
         doc = {
             "version": REGISTRY_VERSION,
             "next_topic_id": self.next_topic_id,

@@ -12,13 +12,14 @@ from __future__ import annotations
 from broker.core.core import Core
 from broker.kafka import authorize
 from broker.kafka.errors import TopicNotAuthorized
+from broker.kafka.metadata_entries import TopicEntries
 from broker.security.session import ConnectionAuth
 
 
 class Context:
     """The core and the request's connection, as the Kafka APIs see them (module rules)."""
 
-    __slots__ = ("auth", "authenticator", "authorizer", "cluster_id", "core")
+    __slots__ = ("auth", "authenticator", "authorizer", "cluster_id", "core", "metadata_entries")
 
     def __init__(self, core: Core, cluster_id: str) -> None:
         self.core = core
@@ -27,6 +28,7 @@ class Context:
         self.authenticator = core.authenticator
         self.authorizer = core.authorizer
         self.auth = ConnectionAuth("")  # the connection of the request being handled
+        self.metadata_entries = TopicEntries()  # Metadata's encoded topics, kept per core
 
     def topic_refusal(self, api_key: int, topic: str) -> TopicNotAuthorized | None:
         """Why the request's principal may not use `topic` in this api (broker/kafka/authorize.py

@@ -157,3 +157,150 @@ def fetch_response(
         _FETCH_HEAD_V4.pack_into(head, 0, len(head) + total - 4, correlation_id, 0)
     out[0] = bytes(head)
     return out
+
+
+# ------------------------------------------------------------------------------------ Metadata
+
+METADATA_VERSIONS: Final = (0, 12)
+# (error code, index, leader id, leader epoch, replica ids, in-sync ids, offline ids)
+MetadataPartition = tuple[int, int, int, int, Sequence[int], Sequence[int], Sequence[int]]
+MetadataBroker = tuple[int, str, int, str | None]  # broker id, host, port, rack
+OPERATIONS_OMITTED: Final = -(2**31)  # Kafka's "authorized operations not asked for"
+_UUID_NONE: Final = bytes(16)
+_PARTITION_HEAD = struct.Struct(">hii")  # error code, index, leader id
+_PARTITION_HEAD_V7 = struct.Struct(">hiii")  # ... and leader epoch
+
+
+def metadata_layout(version: int) -> int:
+    """The first version of those whose topic entries are the same bytes as `version`'s: an
+    entry encoded for one serves them all (v1-4: is_internal; v5-6: offline replicas; v7: leader
+    epochs; v8: the topic's authorized operations; v9: flexible; v10-12: topic ids)."""
+    for first in (10, 9, 8, 7, 5, 1):
+        if version >= first:
+            return first
+    return 0
+
+
+def _uvarint(out: bytearray, value: int) -> None:
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+
+
+def _meta_string(out: bytearray, value: str | None, flexible: bool) -> None:
+    if value is None:
+        out += b"\0" if flexible else _NULL_STRING
+        return
+    raw = value.encode()
+    if flexible:
+        _uvarint(out, len(raw) + 1)
+    else:
+        out += _I16.pack(len(raw))
+    out += raw
+
+
+def _ids(out: bytearray, ids: Sequence[int], flexible: bool) -> None:
+    n = len(ids)
+    if flexible:
+        _uvarint(out, n + 1)
+    else:
+        out += _I32.pack(n)
+    if n == 1:
+        out += _I32.pack(ids[0])
+    elif n:
+        out += struct.pack(f">{n}i", *ids)
+
+
+def metadata_topic(
+    version: int,
+    error_code: int,
+    name: str | None,
+    topic_id: bytes | None,
+    is_internal: bool,
+    partitions: Sequence[MetadataPartition],
+    operations: int = OPERATIONS_OMITTED,
+) -> bytes:
+    """One topic entry of a Metadata response of `version` (the same bytes for every version of
+    its `metadata_layout`): `topic_id` the 16 bytes of its UUID (None: the zero UUID)."""
+    flexible = version >= 9
+    out = bytearray(_I16.pack(error_code))
+    _meta_string(out, name, flexible)
+    if version >= 10:
+        out += topic_id or _UUID_NONE
+    if version >= 1:
+        out.append(1 if is_internal else 0)
+    if flexible:
+        _uvarint(out, len(partitions) + 1)
+    else:
+        out += _I32.pack(len(partitions))
+    epochs, offline = version >= 7, version >= 5
+    for code, index, leader, epoch, replicas, isr, gone in partitions:
+        if epochs:
+            out += _PARTITION_HEAD_V7.pack(code, index, leader, epoch)
+        else:
+            out += _PARTITION_HEAD.pack(code, index, leader)
+        _ids(out, replicas, flexible)
+        _ids(out, isr, flexible)
+        if offline:
+            _ids(out, gone, flexible)
+        if flexible:
+            out.append(0)  # no tagged fields
+    if version >= 8:
+        out += _I32.pack(operations)
+    if flexible:
+        out.append(0)
+    return bytes(out)
+
+
+def with_operations(version: int, entry: bytes, operations: int) -> bytes:
+    """`entry` (a `metadata_topic` of `version`, 8+) with its authorized operations replaced."""
+    tail = 5 if version >= 9 else 4
+    return entry[:-tail] + _I32.pack(operations) + entry[len(entry) - tail + 4 :]
+
+
+def metadata_response(
+    version: int,
+    correlation_id: int,
+    brokers: Sequence[MetadataBroker],
+    cluster_id: str | None,
+    controller_id: int,
+    topics: Sequence[bytes],
+    cluster_operations: int = OPERATIONS_OMITTED,
+) -> list[bytes]:
+    """The framed Metadata response of `version` (0-12), its topics the entries given (each a
+    `metadata_topic` of this version's layout): one buffer."""
+    assert METADATA_VERSIONS[0] <= version <= METADATA_VERSIONS[1], f"Metadata v{version}"
+    flexible = version >= 9
+    out = bytearray(8)
+    if flexible:
+        out.append(0)  # response header v1: no tagged fields
+    if version >= 3:
+        out += _THROTTLE_NONE
+    if flexible:
+        _uvarint(out, len(brokers) + 1)
+    else:
+        out += _I32.pack(len(brokers))
+    for broker_id, host, port, rack in brokers:
+        out += _I32.pack(broker_id)
+        _meta_string(out, host, flexible)
+        out += _I32.pack(port)
+        if version >= 1:
+            _meta_string(out, rack, flexible)
+        if flexible:
+            out.append(0)
+    if version >= 2:
+        _meta_string(out, cluster_id, flexible)
+    if version >= 1:
+        out += _I32.pack(controller_id)
+    if flexible:
+        _uvarint(out, len(topics) + 1)
+    else:
+        out += _I32.pack(len(topics))
+    tail = bytearray()
+    if 8 <= version <= 10:
+        tail += _I32.pack(cluster_operations)
+    if flexible:
+        tail.append(0)
+    _HEAD.pack_into(out, 0, len(out) + sum(map(len, topics)) + len(tail) - 4, correlation_id)
+    return [b"".join([out, *topics, tail])]

@@ -15,22 +15,19 @@ Rules this module keeps:
   is TOPIC_AUTHORIZATION_FAILED. Otherwise an unknown topic is UNKNOWN_TOPIC_OR_PARTITION, and an
   invalid name INVALID_TOPIC_EXCEPTION. With ACLs on, a topic the principal may not describe is
   left out of a listing of every topic and answered TOPIC_AUTHORIZATION_FAILED when named.
-- Topic ids (v10+): Kafka's are UUIDs; ours are numbers never reused within a cluster (or a data
-  dir), so a topic's UUID is derived from the cluster id and its number (`topic_uuid`): stable
-  across restarts and alike on every node and core, never the zero UUID Kafka reserves for "none"
-  (an unknown topic named by name answers it), and never starting with "-" in base64 (Kafka's
-  own rule for the ids it makes). A request naming topics by id (v10+, as Kafka: the names are
-  then not read, and nothing is auto-created) answers an id it does not know UNKNOWN_TOPIC_ID,
-  with a null name.
+- Topic ids (v10+): derived from the cluster id and our topic number
+  (broker/kafka/metadata_entries.py `topic_uuid`). A request naming topics by id (v10+, as Kafka:
+  the names are then not read, and nothing is auto-created) answers an id it does not know
+  UNKNOWN_TOPIC_ID, with a null name.
+- Each known topic's entry is encoded once and kept while its placement holds
+  (broker/kafka/metadata_entries.py): a listing joins kept bytes. What depends on the request
+  (which topics the principal may see, the errors, authorized operations) is made per request.
 - Authorized operations (v8+), when asked: each topic's and (v8-10) the cluster's, as Kafka's
   bit field (broker/kafka/authorize.py `authorized_operations`), else Kafka's "omitted".
 """
 
 from __future__ import annotations
 
-import datetime
-import hashlib
-import sys
 import uuid
 from collections.abc import Callable, Iterable
 from typing import Any, Final
@@ -39,26 +36,23 @@ from kio.schema.errors import ErrorCode
 
 from broker.core.outcomes import Outcome, Reply
 from broker.core.topics import invalid_topic_name
-from broker.core.transactions import is_internal
-from broker.core.views import MetadataView, NodeView, kafka_broker_id
+from broker.core.views import MetadataView, kafka_broker_id
 from broker.kafka.authorize import authorized_operations
-from broker.kafka.codec import KafkaRequest, encode_response, make, response_schema
+from broker.kafka.codec import KafkaRequest
 from broker.kafka.context import Context
+from broker.kafka.fast_encode import (
+    OPERATIONS_OMITTED,
+    metadata_layout,
+    metadata_response,
+    metadata_topic,
+    with_operations,
+)
+from broker.kafka.metadata_entries import topic_uuid
 from broker.security.acls import CLUSTER_NAME
+from ringlog_proto.frames import ProtocolError
 
 METADATA: Final = 3
 VERSIONS: Final = (0, 12)  # v9+ flexible, v10+ topic ids; v13 (a top-level error) is Kafka 3.9's
-_GONE = NodeView(-1, "", 0, 0, (), live=False)  # a replica's node the view does not know
-OPERATIONS_OMITTED: Final = -(2**31)  # Kafka's "not asked for"
-
-
-def topic_uuid(cluster_id: str, topic_id: int) -> uuid.UUID:
-    """The Kafka topic id (a UUID) of our topic `topic_id` in the cluster `cluster_id` (module
-    rules)."""
-    digest = bytearray(hashlib.sha256(f"{cluster_id}/topic/{topic_id}".encode()).digest()[:16])
-    digest[0] &= 0x7F  # base64 never starts with "-" (index 62); the UUID is never zero
-    digest[15] |= 0x01
-    return uuid.UUID(bytes=bytes(digest))
 
 
 def topic_names_by_uuid(ctx: Context, ids: Iterable[uuid.UUID]) -> dict[uuid.UUID, str | None]:
@@ -88,10 +82,10 @@ def metadata(ctx: Context, request: KafkaRequest, body: Any) -> Outcome:
             found = topic_names_by_uuid(ctx, ids)
             names = [n for n in dict.fromkeys(found[i] for i in ids) if n is not None]
             unknown_ids = [i for i in dict.fromkeys(ids) if found[i] is None]
+            if unknown_ids and version < 12:  # its answer's null name: v12+ (Kafka refuses ids before)
+                raise ProtocolError(f"Metadata v{version} cannot answer an unknown topic id: v12+ can")
         else:
             names = [str(t.name) for t in body.topics if t.name is not None]
-    schema = response_schema(METADATA, version)
-    assert schema is not None
     may: Callable[[str], bool] | None = None
     refused: set[str] = set()  # named, unknown, and the principal may not create them
     if ctx.authorizer.enabled:
@@ -99,18 +93,19 @@ def metadata(ctx: Context, request: KafkaRequest, body: Any) -> Outcome:
         may = lambda name: name not in refused and allowed(principal, "describe", "topic", name)  # noqa: E731
 
     def answer() -> Reply:
-        view = ctx.core.metadata_view(names)
-        resp = metadata_response(
-            ctx,
-            schema,
-            view,
-            may,
-            listed_all=names is None,
-            unknown_ids=unknown_ids,
-            topic_operations=bool(getattr(body, "include_topic_authorized_operations", False)),
-            cluster_operations=bool(getattr(body, "include_cluster_authorized_operations", False)),
+        return Reply(
+            metadata_answer(
+                ctx,
+                version,
+                request.correlation_id,
+                ctx.core.metadata_view(names, partitions=False),
+                may,
+                listed_all=names is None,
+                unknown_ids=unknown_ids,
+                topic_operations=bool(getattr(body, "include_topic_authorized_operations", False)),
+                cluster_operations=bool(getattr(body, "include_cluster_authorized_operations", False)),
+            )
         )
-        return Reply(encode_response(request.correlation_id, resp))
 
     core = ctx.core
     if names is None or not core.config.auto_create_topics:
@@ -141,30 +136,30 @@ def live_brokers(view: MetadataView) -> list[tuple[int, str, int, str | None]]:
     ]
 
 
-def metadata_response(
+def metadata_answer(
     ctx: Context,
-    schema: type[Any],
+    version: int,
+    correlation_id: int,
     view: MetadataView,
     may_describe: Callable[[str], bool] | None = None,
     listed_all: bool = False,
     unknown_ids: Iterable[uuid.UUID] = (),
     topic_operations: bool = False,
     cluster_operations: bool = False,
-) -> Any:
-    """`view` as the Metadata response of `schema`'s version: every core of every node a
-    broker (`kafka_broker_id`), each partition led by the core serving it on its leader node.
-    With `may_describe` (ACLs on), a topic the principal may not describe is left out of a
-    listing of every topic and answered TOPIC_AUTHORIZATION_FAILED when asked for by name,
-    whether or not it exists (its existence is not told either). `unknown_ids`: topic ids asked
-    for that no topic has (UNKNOWN_TOPIC_ID); `topic_operations`, `cluster_operations`: the
-    authorized operations were asked for (module rules)."""
-    module = sys.modules[schema.__module__]
+) -> list[bytes]:
+    """`view` (its topics without partitions: `Core.metadata_view(partitions=False)`) as the
+    framed Metadata response of `version`: every core of every node a broker
+    (`kafka_broker_id`), each partition led by the core serving it on its leader node, each
+    known topic's entry kept by `ctx.metadata_entries`. With `may_describe` (ACLs on), a topic
+    the principal may not describe is left out of a listing of every topic and answered
+    TOPIC_AUTHORIZATION_FAILED when asked for by name, whether or not it exists (its existence is
+    not told either). `unknown_ids`: topic ids asked for that no topic has (UNKNOWN_TOPIC_ID);
+    `topic_operations`, `cluster_operations`: the authorized operations were asked for (module
+    rules)."""
     authorizer, principal = ctx.authorizer, ctx.auth.principal
-    brokers = tuple(
-        make(module.MetadataResponseBroker, node_id=broker_id, host=host, port=port, rack=rack)
-        for broker_id, host, port, rack in live_brokers(view)
-    )
-    topics = []
+    layout = metadata_layout(version)
+    entries = ctx.metadata_entries
+    topics: list[bytes] = []
     for t in view.topics:
         refused: ErrorCode | None = None
         if may_describe is not None and not may_describe(t.name):
@@ -175,68 +170,25 @@ def metadata_response(
             invalid = invalid_topic_name(t.name) is not None
             refused = ErrorCode.invalid_topic_exception if invalid else ErrorCode.unknown_topic_or_partition
         if refused is not None:
-            topics.append(
-                make(
-                    module.MetadataResponseTopic,
-                    error_code=refused,
-                    name=t.name,
-                    topic_id=None,
-                    is_internal=False,
-                    partitions=(),
-                )
-            )
+            topics.append(metadata_topic(version, refused, t.name, None, False, ()))
             continue
-        partitions = tuple(
-            make(
-                module.MetadataResponsePartition,
-                error_code=ErrorCode.none if p.leader_node >= 0 else ErrorCode.leader_not_available,
-                partition_index=p.index,
-                leader_id=kafka_broker_id(p.leader_node, p.owner_core) if p.leader_node >= 0 else -1,
-                leader_epoch=p.leader_epoch,
-                replica_nodes=tuple(kafka_broker_id(n, c) for n, c in p.replicas),
-                isr_nodes=tuple(kafka_broker_id(n, c) for n, c in p.isr),
-                offline_replicas=tuple(
-                    kafka_broker_id(n, c) for n, c in p.replicas if not (view.node(n) or _GONE).live
-                ),
+        entry = entries.entry(ctx.core, ctx.cluster_id, view, t, layout)
+        if topic_operations and version >= 8:
+            entry = with_operations(
+                version, entry, authorized_operations(authorizer, principal, "topic", t.name)
             )
-            for p in t.partitions
-        )
-        topics.append(
-            make(
-                module.MetadataResponseTopic,
-                error_code=ErrorCode.none,
-                name=t.name,
-                topic_id=topic_uuid(ctx.cluster_id, t.topic_id),
-                is_internal=is_internal(t.name),
-                partitions=partitions,
-                topic_authorized_operations=(
-                    authorized_operations(authorizer, principal, "topic", t.name)
-                    if topic_operations
-                    else OPERATIONS_OMITTED
-                ),
-            )
-        )
+        topics.append(entry)
     topics.extend(
-        make(
-            module.MetadataResponseTopic,
-            error_code=ErrorCode.unknown_topic_id,
-            name=None,
-            topic_id=u,
-            is_internal=False,
-            partitions=(),
-        )
-        for u in unknown_ids
+        metadata_topic(version, ErrorCode.unknown_topic_id, None, u.bytes, False, ()) for u in unknown_ids
     )
-    return make(
-        schema,
-        throttle_time=datetime.timedelta(0),
-        brokers=brokers,
-        cluster_id=ctx.cluster_id,
-        controller_id=kafka_broker_id(view.controller, 0),
-        topics=tuple(topics),
-        cluster_authorized_operations=(
-            authorized_operations(authorizer, principal, "cluster", CLUSTER_NAME)
-            if cluster_operations
-            else OPERATIONS_OMITTED
-        ),
+    return metadata_response(
+        version,
+        correlation_id,
+        live_brokers(view),
+        ctx.cluster_id,
+        kafka_broker_id(view.controller, 0),
+        topics,
+        authorized_operations(authorizer, principal, "cluster", CLUSTER_NAME)
+        if cluster_operations
+        else OPERATIONS_OMITTED,
     )

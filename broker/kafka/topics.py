@@ -41,7 +41,8 @@ from broker.kafka.codec import KafkaRequest, encode_response, make, response_sch
 from broker.kafka.configs import created_topic_configs
 from broker.kafka.context import Context
 from broker.kafka.errors import DONE, kafka_error
-from broker.kafka.metadata import topic_names_by_uuid, topic_uuid
+from broker.kafka.metadata import topic_names_by_uuid
+from broker.kafka.metadata_entries import topic_uuid
 
 CREATE_TOPICS: Final = 19
 DELETE_TOPICS: Final = 20

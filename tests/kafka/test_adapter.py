@@ -28,7 +28,7 @@ from broker.kafka.codec import (
     request_schema,
 )
 from broker.kafka.errors import kafka_error
-from broker.kafka.metadata import topic_uuid
+from broker.kafka.metadata_entries import topic_uuid
 from broker.node.worker import serving_adapters
 from broker.ringlog.adapter import RinglogAdapter
 from broker.security.session import ConnectionAuth

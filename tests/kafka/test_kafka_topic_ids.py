@@ -24,7 +24,7 @@ from kio.schema.errors import ErrorCode
 
 from broker.kafka.adapter import cluster_id_for
 from broker.kafka.codec import make, request_schema
-from broker.kafka.metadata import topic_uuid
+from broker.kafka.metadata_entries import topic_uuid
 from labkit.brokerproc import BrokerProcess, Wire
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
