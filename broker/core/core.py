@@ -207,6 +207,8 @@ class Core:
         )
 
     def owner(self, topic_id: int, partition: int) -> int:
+        if self.config.cores == 1:
+            return 0
         key = (topic_id, partition)
         core = self._owners.get(key)
         if core is None:

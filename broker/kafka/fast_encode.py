@@ -200,16 +200,15 @@ def _meta_string(out: bytearray, value: str | None, flexible: bool) -> None:
     out += raw
 
 
-def _ids(out: bytearray, ids: Sequence[int], flexible: bool) -> None:
+def _ids(ids: Sequence[int], flexible: bool) -> bytes:
+    out = bytearray()
     n = len(ids)
     if flexible:
         _uvarint(out, n + 1)
     else:
         out += _I32.pack(n)
-    if n == 1:
-        out += _I32.pack(ids[0])
-    elif n:
-        out += struct.pack(f">{n}i", *ids)
+    out += struct.pack(f">{n}i", *ids)
+    return bytes(out)
 
 
 def metadata_topic(
@@ -235,15 +234,18 @@ def metadata_topic(
     else:
         out += _I32.pack(len(partitions))
     epochs, offline = version >= 7, version >= 5
+    arrays: dict[tuple[int, ...], bytes] = {}  # a topic's partitions share a few replica sets
     for code, index, leader, epoch, replicas, isr, gone in partitions:
         if epochs:
             out += _PARTITION_HEAD_V7.pack(code, index, leader, epoch)
         else:
             out += _PARTITION_HEAD.pack(code, index, leader)
-        _ids(out, replicas, flexible)
-        _ids(out, isr, flexible)
-        if offline:
-            _ids(out, gone, flexible)
+        for ids in (replicas, isr, gone) if offline else (replicas, isr):
+            key = tuple(ids)
+            packed = arrays.get(key)
+            if packed is None:
+                packed = arrays[key] = _ids(key, flexible)
+            out += packed
         if flexible:
             out.append(0)  # no tagged fields
     if version >= 8:

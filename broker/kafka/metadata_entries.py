@@ -72,18 +72,23 @@ def _topic_entry(
     cluster_id: str, view: MetadataView, topic: TopicView, placement: Iterable[PartitionView], layout: int
 ) -> bytes:
     live = {n.node_id for n in view.nodes if n.live}
-    partitions = [
-        (
-            ErrorCode.none if p.leader_node >= 0 else ErrorCode.leader_not_available,
-            p.index,
-            kafka_broker_id(p.leader_node, p.owner_core) if p.leader_node >= 0 else -1,
-            p.leader_epoch,
-            [kafka_broker_id(n, c) for n, c in p.replicas],
-            [kafka_broker_id(n, c) for n, c in p.isr],
-            [kafka_broker_id(n, c) for n, c in p.replicas if n not in live],
-        )
-        for p in placement
-    ]
+    # (replicas, ISR) as (node, core) pairs -> (replica ids, ISR ids, offline ids): a topic's
+    # partitions share a few of them
+    known: dict[tuple[object, object], tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]] = {}
+    partitions = []
+    for p in placement:
+        ids = known.get((p.replicas, p.isr))
+        if ids is None:
+            ids = known[(p.replicas, p.isr)] = (
+                tuple(kafka_broker_id(n, c) for n, c in p.replicas),
+                tuple(kafka_broker_id(n, c) for n, c in p.isr),
+                tuple(kafka_broker_id(n, c) for n, c in p.replicas if n not in live),
+            )
+        if p.leader_node >= 0:
+            head = (ErrorCode.none, p.index, kafka_broker_id(p.leader_node, p.owner_core), p.leader_epoch)
+        else:
+            head = (ErrorCode.leader_not_available, p.index, -1, p.leader_epoch)
+        partitions.append((*head, *ids))
     return metadata_topic(
         layout,
         ErrorCode.none,
