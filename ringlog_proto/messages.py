@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import ClassVar, NamedTuple
 
 from ringlog_proto.apis.admin import (
+    PARTITION_OFFSETS_AT,
     AlterConfigsRequest,
     AlterConfigsResponse,
     ApiVersion,
@@ -525,6 +526,7 @@ __all__ = [
     "API_VERSION",
     "CURRENT_VERSIONS",
     "NO_DIVERGENCE",
+    "PARTITION_OFFSETS_AT",
     "PRODUCE_HEAD_SIZE",
     "REQUEST_ARRAY_MAX",
     "REQUEST_TYPES",

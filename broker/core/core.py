@@ -437,9 +437,9 @@ class Core:
     def metadata_view(self, names: Sequence[str] | None = None, *, partitions: bool = True) -> MetadataView:
         """Topics (`names`, or every one when None), their partitions with owning cores, and
         where each core is reached: the one answer both protocols encode (broker/core/views.py).
-        `partitions` False: each topic without its partitions and settings (an answer that needs
-        neither offsets nor settings asks `topic_placement` per topic, and may keep what it made
-        of them while `placement_stamp` and the topic's partition count stay the same)."""
+        `partitions` False: each topic without its partitions (an answer asks `topic_placement`
+        and `topic_offsets` per topic, and may keep what it made of the placement while
+        `placement_stamp` and the topic stay the same)."""
         self.refresh_topics()
         if names and any(name not in self.registry.by_name for name in names):
             self.refresh_topics(force=True)
@@ -453,9 +453,6 @@ class Core:
             if topic is None:
                 topics.append(TopicView(name, 0, known=False))
                 continue
-            if not partitions:
-                topics.append(TopicView(topic.name, topic.topic_id, known=True))
-                continue
             topic_settings = self.registry.settings_of(topic)
             topics.append(
                 TopicView(
@@ -465,7 +462,7 @@ class Core:
                     retention_ms=_wire_limit(topic_settings.retention_ms),
                     retention_bytes=_wire_limit(topic_settings.retention_bytes),
                     segment_bytes=topic_settings.segment_bytes,
-                    partitions=self._partition_views(topic, cluster, nodes, True),
+                    partitions=self._partition_views(topic, cluster, nodes, True) if partitions else (),
                 )
             )
         return MetadataView(
@@ -495,6 +492,17 @@ class Core:
         the topic's partition count stay the same."""
         cluster = self.cluster
         return self._partition_views(topic, cluster, self._node_views(cluster), False)
+
+    def topic_offsets(self, topic: Topic) -> list[tuple[int, int, int]]:
+        """(index, log start offset, high watermark) of each partition of `topic` open on this
+        core whose offsets `metadata_view` shows (the rest show -1, -1, as `topic_placement`)."""
+        cluster, opened = self.cluster, self.partitions
+        shown = []
+        for i in range(topic.partitions):
+            p = opened.get((topic.topic_id, i))
+            if p is not None and not (cluster.clustered and cluster.state_of(topic.topic_id, i) is None):
+                shown.append((i, p.log.start_offset, p.high_watermark))
+        return shown
 
     def _sorted_names(self) -> list[str]:
         """Every topic's name, sorted: made again only when the registry changed."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 from broker.core.core import Core
 from broker.core.errors import error_of
 from broker.core.outcomes import Reply
+from broker.ringlog.metadata_entries import TopicEntries
 from ringlog_proto import messages as m
 from ringlog_proto.frames import Frame
 
@@ -21,12 +22,13 @@ from ringlog_proto.frames import Frame
 class Context:
     """The core, its settings and metrics, and the answers to a frame (module rules)."""
 
-    __slots__ = ("config", "core", "metrics")
+    __slots__ = ("config", "core", "metadata_entries", "metrics")
 
     def __init__(self, core: Core) -> None:
         self.core = core
         self.config = core.config
         self.metrics = core.metrics
+        self.metadata_entries = TopicEntries()  # Metadata's encoded topics, kept per core
 
     def reply(self, frame: Frame, resp: m.Response) -> Reply:
         return Reply(m.encode_response(resp, frame.correlation_id, None, frame.topic_id, frame.partition))

@@ -15,6 +15,8 @@ Rules this module keeps:
 - A topic the principal may not describe (ACLs on) is left out of a Metadata listing and answered
   TOPIC_AUTHORIZATION_FAILED when named, without its id or settings: whether it exists is not told
   either (Kafka's rule). broker/ringlog/access.py decides; `metadata_reply` writes it.
+- Each known topic's entry in a Metadata answer is kept between requests, and only this core's
+  offsets written into it per request (broker/ringlog/metadata_entries.py).
 - DeleteTopic from another core is that core's notice that it deleted the topic: this core closes
   its partitions of it before the deleting core answers its client (`deleted_elsewhere`).
 """
@@ -22,13 +24,14 @@ Rules this module keeps:
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from broker.core.outcomes import Outcome, Reply
 from broker.core.topic_configs import ConfigChange, ConfigOp, ConfigSource, changing, replacing
 from broker.core.topics import Topic
 from broker.ringlog.context import Context
 from ringlog_proto import messages as m
-from ringlog_proto.frames import Frame
+from ringlog_proto.frames import Buffer, Frame
 
 _SOURCES: dict[ConfigSource, m.ConfigSource] = {
     ConfigSource.TOPIC: m.ConfigSource.TOPIC,
@@ -41,6 +44,25 @@ _OPS: dict[m.ConfigOp, ConfigOp] = {
     m.ConfigOp.APPEND: ConfigOp.APPEND,
     m.ConfigOp.SUBTRACT: ConfigOp.SUBTRACT,
 }
+
+
+@dataclass(frozen=True, slots=True)
+class _Listed(m.MetadataResponse):
+    """A MetadataResponse whose topics are written already (broker/ringlog/metadata_entries.py)."""
+
+    entries: tuple[Buffer, ...] = ()
+
+    def write(self, w: m.Writer) -> None:
+        self.write_head(w)
+        w.array(len(self.entries))
+        w.parts.extend(self.entries)
+        self.write_nodes(w)
+
+
+def _topic_bytes(t: m.TopicMetadata) -> bytes:
+    w = m.Writer()
+    m.MetadataResponse.write_topic(w, t)
+    return b"".join(w.parts)
 
 
 def metadata(ctx: Context, req: m.Request, frame: Frame) -> Outcome:
@@ -86,42 +108,23 @@ def metadata_reply(
     principal may not describe is left out of a listing of every topic, and answered
     TOPIC_AUTHORIZATION_FAILED, without its id or settings, when named: whether it exists is
     not told either (Kafka's rule)."""
-    view = ctx.core.metadata_view(req.topics or None)
-    # one decision per topic (each reads the ACLs): refused ones are left out of a listing
-    refused = set() if may_describe is None else {t.name for t in view.topics if not may_describe(t.name)}
-    shown = [t for t in view.topics if req.topics or t.name not in refused]
-    topics = tuple(
-        m.TopicMetadata(m.ErrorCode.TOPIC_AUTHORIZATION_FAILED, t.name, 0)
-        if t.name in refused
-        else m.TopicMetadata(
-            m.ErrorCode.NONE if t.known else m.ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
-            t.name,
-            t.topic_id,
-            t.retention_ms,
-            t.retention_bytes,
-            t.segment_bytes,
-            tuple(
-                m.PartitionMetadata(
-                    p.index,
-                    p.owner_core,
-                    p.start_offset,
-                    p.end_offset,
-                    p.leader_node,
-                    p.leader_epoch,
-                    p.replicas,
-                    p.isr,
-                )
-                for p in t.partitions
-            ),
-        )
-        for t in shown
-    )
-    resp = m.MetadataResponse(
+    view = ctx.core.metadata_view(req.topics or None, partitions=False)
+    entries: list[Buffer] = []
+    for t in view.topics:
+        if may_describe is not None and not may_describe(t.name):  # one decision per topic
+            if not req.topics:
+                continue  # left out of a listing
+            refused = m.TopicMetadata(m.ErrorCode.TOPIC_AUTHORIZATION_FAILED, t.name, 0)
+            entries.append(_topic_bytes(refused))
+        elif not t.known:
+            entries.append(_topic_bytes(m.TopicMetadata(m.ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, t.name, 0)))
+        else:
+            entries.append(ctx.metadata_entries.entry(ctx.core, t))
+    resp = _Listed(
         host=view.host,
         port=view.port,
         cores=view.cores,
         steering=view.steering,
-        topics=topics,
         core_ports=view.core_ports,
         node_id=view.node_id,
         clustered=view.clustered,
@@ -129,6 +132,7 @@ def metadata_reply(
             m.NodeMetadata(n.node_id, n.host, n.port, n.cores, n.core_ports, n.rack, n.live)
             for n in view.nodes
         ),
+        entries=tuple(entries),
     )
     return ctx.reply(frame, resp)
 

@@ -271,6 +271,9 @@ class TopicMetadata:
     partitions: tuple[PartitionMetadata, ...] = ()
 
 
+PARTITION_OFFSETS_AT = 6  # a partition's start and end offsets (">qq") after its index and core
+
+
 def _node_core(r: Reader) -> tuple[int, int]:
     """A replica or ISR entry: (node id, core)."""
     node, core = r.unpack("ih")
@@ -301,29 +304,39 @@ class MetadataResponse(Response):
         return None
 
     def write(self, w: Writer) -> None:
+        self.write_head(w)
+        w.array(len(self.topics))
+        for t in self.topics:
+            self.write_topic(w, t)
+        self.write_nodes(w)
+
+    def write_head(self, w: Writer) -> None:
+        """The fields before the topics (`write` is head, topics, nodes: a broker may write the
+        topics its own way between them)."""
         w.str(self.host).pack("HHB", self.port, self.cores, int(self.steering)).array(len(self.core_ports))
         for port in self.core_ports:
             w.pack("H", port)
-        w.array(len(self.topics))
-        for t in self.topics:
-            w.pack("h", t.error).str(t.name).pack(
-                "Iqqq", t.topic_id, t.retention_ms, t.retention_bytes, t.segment_bytes
-            )
-            w.array(len(t.partitions))
-            for p in t.partitions:
-                w.pack(
-                    "Ihqqii",
-                    p.index,
-                    p.owner_core,
-                    p.start_offset,
-                    p.end_offset,
-                    p.leader_node,
-                    p.leader_epoch,
-                )
-                for replicas in (p.replicas, p.isr):
-                    w.array(len(replicas))
-                    for node, core in replicas:
-                        w.pack("ih", node, core)
+
+    @staticmethod
+    def write_topic(w: Writer, t: TopicMetadata) -> None:
+        w.pack("h", t.error).str(t.name).pack(
+            "Iqqq", t.topic_id, t.retention_ms, t.retention_bytes, t.segment_bytes
+        )
+        w.array(len(t.partitions))
+        for p in t.partitions:
+            MetadataResponse.write_partition(w, p)
+
+    @staticmethod
+    def write_partition(w: Writer, p: PartitionMetadata) -> None:
+        """One partition: its offsets at bytes 6-21 (`PARTITION_OFFSETS_AT`)."""
+        w.pack("Ihqqii", p.index, p.owner_core, p.start_offset, p.end_offset, p.leader_node, p.leader_epoch)
+        for replicas in (p.replicas, p.isr):
+            w.array(len(replicas))
+            for node, core in replicas:
+                w.pack("ih", node, core)
+
+    def write_nodes(self, w: Writer) -> None:
+        """The fields after the topics."""
         w.pack("iB", self.node_id, int(self.clustered)).array(len(self.nodes))
         for n in self.nodes:
             w.pack("i", n.node_id).str(n.host).pack("HH", n.port, n.cores).array(len(n.core_ports))
