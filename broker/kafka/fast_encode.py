@@ -1,10 +1,12 @@
-"""Produce and Fetch responses written by hand: the two answers on the hot path.
+"""Produce and Fetch responses written by hand, the two answers on the hot path, and Metadata's,
+whose topic entries are kept between requests (broker/kafka/metadata_entries.py).
 
 Rules this module keeps:
-- Only the non-flexible versions we serve: Produce v3-8, Fetch v4-11 (`PRODUCE_VERSIONS`,
-  `FETCH_VERSIONS`). Every other response, and every request, goes through kio (codec.py), which
-  stays the reference: tests/kafka/test_fast_encode.py compares these bytes with kio's for every
-  version, over random inputs too. Why by hand: kio decodes in native code (about 1 us for a
+- Only the versions we serve: Produce v3-8, Fetch v4-11 (non-flexible), Metadata v0-12
+  (`PRODUCE_VERSIONS`, `FETCH_VERSIONS`, `METADATA_VERSIONS`). Every other response, and every
+  request, goes through kio (codec.py), which stays the reference: tests/kafka/test_fast_encode.py
+  and test_metadata_entries.py compare these bytes with kio's for every version, over random
+  inputs too. Why by hand: kio decodes in native code (about 1 us for a
   one-partition Produce request) but encodes in Python, 14 us for a one-partition Produce
   response and most of the time of a Fetch response, which it also copies twice (the records into
   its buffer, the buffer into bytes).
