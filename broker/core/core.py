@@ -440,16 +440,11 @@ class Core:
         `partitions` False: each topic without its partitions (an answer asks `topic_placement`
         and `topic_offsets` per topic, and may keep what it made of the placement while
         `placement_stamp` and the topic stay the same)."""
-        self.refresh_topics()
-        if names and any(name not in self.registry.by_name for name in names):
-            self.refresh_topics(force=True)
-        if names is None:
-            names = self._sorted_names()
+        named = self.topics_named(names)
         cluster = self.cluster
         nodes = self._node_views(cluster)
         topics = []
-        for name in names:
-            topic = self.registry.by_name.get(name)
+        for name, topic in named:
             if topic is None:
                 topics.append(TopicView(name, 0, known=False))
                 continue
@@ -477,6 +472,19 @@ class Core:
             clustered=cluster.clustered,
             controller=cluster.controller if cluster.controller in cluster.live else self.config.node_id,
         )
+
+    def topics_named(self, names: Sequence[str] | None) -> list[tuple[str, Topic | None]]:
+        """Each of `names` (every topic's, sorted, when None) with its topic (None: no such
+        topic), the registry looked at as `metadata_view` does: the topics of a view that
+        `metadata_view([])` gives the rest of."""
+        self.refresh_topics()
+        by_name = self.registry.by_name
+        if names and any(name not in by_name for name in names):
+            self.refresh_topics(force=True)
+            by_name = self.registry.by_name
+        if names is None:
+            names = self._sorted_names()
+        return [(name, by_name.get(name)) for name in names]
 
     @property
     def placement_stamp(self) -> object:

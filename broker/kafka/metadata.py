@@ -35,7 +35,7 @@ from typing import Any, Final
 from kio.schema.errors import ErrorCode
 
 from broker.core.outcomes import Outcome, Reply
-from broker.core.topics import invalid_topic_name
+from broker.core.topics import Topic, invalid_topic_name
 from broker.core.views import MetadataView, kafka_broker_id
 from broker.kafka.authorize import authorized_operations
 from broker.kafka.codec import KafkaRequest
@@ -98,7 +98,8 @@ def metadata(ctx: Context, request: KafkaRequest, body: Any) -> Outcome:
                 ctx,
                 version,
                 request.correlation_id,
-                ctx.core.metadata_view(names, partitions=False),
+                ctx.core.metadata_view([]),
+                ctx.core.topics_named(names),
                 may,
                 listed_all=names is None,
                 unknown_ids=unknown_ids,
@@ -141,14 +142,15 @@ def metadata_answer(
     version: int,
     correlation_id: int,
     view: MetadataView,
+    named: Iterable[tuple[str, Topic | None]],
     may_describe: Callable[[str], bool] | None = None,
     listed_all: bool = False,
     unknown_ids: Iterable[uuid.UUID] = (),
     topic_operations: bool = False,
     cluster_operations: bool = False,
 ) -> list[bytes]:
-    """`view` (its topics without partitions: `Core.metadata_view(partitions=False)`) as the
-    framed Metadata response of `version`: every core of every node a broker
+    """`view` (its nodes: `Core.metadata_view([])`) and the topics `named` (`Core.topics_named`)
+    as the framed Metadata response of `version`: every core of every node a broker
     (`kafka_broker_id`), each partition led by the core serving it on its leader node, each
     known topic's entry kept by `ctx.metadata_entries`. With `may_describe` (ACLs on), a topic
     the principal may not describe is left out of a listing of every topic and answered
@@ -160,24 +162,22 @@ def metadata_answer(
     layout = metadata_layout(version)
     entries = ctx.metadata_entries
     topics: list[bytes] = []
-    for t in view.topics:
-        refused: ErrorCode | None = None
-        if may_describe is not None and not may_describe(t.name):
+    for name, topic in named:
+        if may_describe is not None and not may_describe(name):
             if listed_all:
                 continue  # left out of a listing of every topic
             refused = ErrorCode.topic_authorization_failed  # whether or not it exists
-        elif not t.known:
-            invalid = invalid_topic_name(t.name) is not None
+        elif topic is None:
+            invalid = invalid_topic_name(name) is not None
             refused = ErrorCode.invalid_topic_exception if invalid else ErrorCode.unknown_topic_or_partition
-        if refused is not None:
-            topics.append(metadata_topic(version, refused, t.name, None, False, ()))
+        else:
+            entry = entries.entry(ctx.core, ctx.cluster_id, view, topic, layout)
+            if topic_operations and version >= 8:
+                operations = authorized_operations(authorizer, principal, "topic", name)
+                entry = with_operations(version, entry, operations)
+            topics.append(entry)
             continue
-        entry = entries.entry(ctx.core, ctx.cluster_id, view, t, layout)
-        if topic_operations and version >= 8:
-            entry = with_operations(
-                version, entry, authorized_operations(authorizer, principal, "topic", t.name)
-            )
-        topics.append(entry)
+        topics.append(metadata_topic(version, refused, name, None, False, ()))
     topics.extend(
         metadata_topic(version, ErrorCode.unknown_topic_id, None, u.bytes, False, ()) for u in unknown_ids
     )

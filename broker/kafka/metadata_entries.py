@@ -21,8 +21,9 @@ from collections.abc import Iterable
 from kio.schema.errors import ErrorCode
 
 from broker.core.core import Core
+from broker.core.topics import Topic
 from broker.core.transactions import is_internal
-from broker.core.views import MetadataView, PartitionView, TopicView, kafka_broker_id
+from broker.core.views import MetadataView, PartitionView, kafka_broker_id
 from broker.kafka.fast_encode import metadata_topic
 
 
@@ -49,27 +50,26 @@ class TopicEntries:
         # topic id -> (name, partition count, placement stamp, layout -> entry)
         self._held: dict[int, tuple[str, int, object, dict[int, bytes]]] = {}
 
-    def entry(self, core: Core, cluster_id: str, view: MetadataView, topic: TopicView, layout: int) -> bytes:
-        """The entry of `topic` (known, in `view`) for `layout`, made once."""
+    def entry(self, core: Core, cluster_id: str, view: MetadataView, topic: Topic, layout: int) -> bytes:
+        """The entry of `topic` (the registry's) for `layout`, made once; `view` gives the nodes."""
         stamp = core.placement_stamp
-        registered = core.registry.by_id[topic.topic_id]
         held = self._held.get(topic.topic_id)
-        if held is None or held[0] != topic.name or held[1] != registered.partitions or held[2] is not stamp:
+        if held is None or held[0] != topic.name or held[1] != topic.partitions or held[2] is not stamp:
             if len(self._held) > 2 * len(core.registry.by_id) + 64:  # topics deleted since
                 live = core.registry.by_id
                 self._held = {k: v for k, v in self._held.items() if k in live}
-            held = (topic.name, registered.partitions, stamp, {})
+            held = (topic.name, topic.partitions, stamp, {})
             self._held[topic.topic_id] = held
         made = held[3].get(layout)
         if made is None:
             made = held[3][layout] = _topic_entry(
-                cluster_id, view, topic, core.topic_placement(registered), layout
+                cluster_id, view, topic, core.topic_placement(topic), layout
             )
         return made
 
 
 def _topic_entry(
-    cluster_id: str, view: MetadataView, topic: TopicView, placement: Iterable[PartitionView], layout: int
+    cluster_id: str, view: MetadataView, topic: Topic, placement: Iterable[PartitionView], layout: int
 ) -> bytes:
     live = {n.node_id for n in view.nodes if n.live}
     # (replicas, ISR) as (node, core) pairs -> (replica ids, ISR ids, offline ids): a topic's
