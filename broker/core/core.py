@@ -150,7 +150,7 @@ class Core:
         self.producer_ids = ProducerIds(ids or FileBlockSource(config.data_dir))
         self._owners: dict[tuple[int, int], int] = {}
         self._owners_max = max(OWNER_CACHE_MAX, partition_limit(config.limits))
-        self._names_sorted: tuple[TopicRegistry | None, int, list[str]] = (None, -1, [])  # `_sorted_names`
+        self._listing_held: tuple[TopicRegistry | None, int, list[tuple[str, Topic | None]]] = (None, -1, [])
         for topic in self.registry.by_id.values():
             self._open_stored(topic)
         self.call_later: CallLater = call_later or _no_timers
@@ -476,14 +476,15 @@ class Core:
     def topics_named(self, names: Sequence[str] | None) -> list[tuple[str, Topic | None]]:
         """Each of `names` (every topic's, sorted, when None) with its topic (None: no such
         topic), the registry looked at as `metadata_view` does: the topics of a view that
-        `metadata_view([])` gives the rest of."""
+        `metadata_view([])` gives the rest of. Read only: a listing is shared while the registry
+        stays the same."""
         self.refresh_topics()
         by_name = self.registry.by_name
         if names and any(name not in by_name for name in names):
             self.refresh_topics(force=True)
             by_name = self.registry.by_name
         if names is None:
-            names = self._sorted_names()
+            return self._listing()
         return [(name, by_name.get(name)) for name in names]
 
     @property
@@ -512,13 +513,14 @@ class Core:
                 shown.append((i, p.log.start_offset, p.high_watermark))
         return shown
 
-    def _sorted_names(self) -> list[str]:
-        """Every topic's name, sorted: made again only when the registry changed."""
-        registry, (held, generation, names) = self.registry, self._names_sorted
+    def _listing(self) -> list[tuple[str, Topic | None]]:
+        """Every topic by name, sorted: made again only when the registry changed (shared by
+        every listing until then: read only)."""
+        registry, (held, generation, listing) = self.registry, self._listing_held
         if held is not registry or generation != registry.generation:
-            names = sorted(registry.by_name)
-            self._names_sorted = (registry, registry.generation, names)
-        return names
+            listing = [(name, registry.by_name[name]) for name in sorted(registry.by_name)]
+            self._listing_held = (registry, registry.generation, listing)
+        return listing
 
     def _node_views(self, cluster: ClusterView) -> dict[int, NodeView]:
         node_id = self.config.node_id
