@@ -18,7 +18,6 @@ from broker.core.limits import (
     Limits,
     add_limit_arguments,
     derive_partition_limit,
-    fit_to_descriptors,
     limits_from_args,
     memory_total_bytes,
     partition_limit,
@@ -74,25 +73,32 @@ def test_the_command_line_takes_auto_or_a_positive_number() -> None:
     assert "(default auto)" in " ".join(parser.format_help().split())
 
 
-def test_the_open_file_limit_lowers_auto_and_the_log_says_what_bound_it(
+def test_the_open_file_limit_leaves_auto_alone_and_the_log_says_what_bound_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """Partitions hold no descriptor of their own (the segment cache bounds them), so the
+    open-file limit sizes the cache and connections, never the partition limit: auto stays
+    what the memory gives, an explicit number stays itself, and the log says which."""
     path = meminfo(tmp_path, 24 * GIB // 1024)
     monkeypatch.setattr(startup, "derive_partition_limit", lambda lim: derive_partition_limit(lim, path))
     monkeypatch.setattr(resource, "getrlimit", lambda _which: (20_000, 20_000))
     with caplog.at_level(logging.INFO, logger="broker.node.supervisor"):
         fitted = startup.raise_nofile_limit(Limits())
-    by_descriptors = fit_to_descriptors(Limits(max_partitions=393_216), 20_000)[0].max_partitions
-    assert fitted.max_partitions == by_descriptors < 5000
+    assert fitted.max_partitions == 393_216
     line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("partition limit"))
-    assert "open-file limit 20000" in line and "393216" in line, line
+    assert line.startswith("partition limit 393216 (--max-partitions auto: memory"), line
     warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-    assert not [w for w in warned if "max-partitions" in w], "auto's bound is said, not warned"
+    assert not warned, "defaults fitted to the open-file limit are said, not warned"
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="broker.node.supervisor"):
         fitted = startup.raise_nofile_limit(Limits(max_partitions=4000))
     line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("partition limit"))
     assert fitted.max_partitions == 4000 and line == "partition limit 4000 (--max-partitions 4000)"
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="broker.node.supervisor"):
+        startup.raise_nofile_limit(Limits(max_connections_per_core=15_000))
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [w for w in warned if w.startswith("--max-connections-per-core 15000 lowered to")], warned
     monkeypatch.setattr(resource, "getrlimit", lambda _which: (2_000_000, 2_000_000))
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="broker.node.supervisor"):
