@@ -61,7 +61,7 @@ from broker.core.transactions import CoreTransactions, is_internal
 from broker.core.views import MetadataView, NodeView, PartitionView, TopicView
 from broker.security.acls import Authorizer
 from broker.security.sasl import Authenticator
-from broker.storage import layout
+from broker.storage import clean_marker, layout
 from broker.storage.diskspace import DiskSpace, is_out_of_space
 from broker.storage.errors import StorageError
 from broker.storage.fdcache import FdCache
@@ -151,8 +151,23 @@ class Core:
         self._owners: dict[tuple[int, int], int] = {}
         self._owners_max = max(OWNER_CACHE_MAX, partition_limit(config.limits))
         self._listing_held: tuple[TopicRegistry | None, int, list[tuple[str, Topic | None]]] = (None, -1, [])
+        # The last run closed every partition this core had open cleanly: their snapshots may
+        # stand for the scan, syncs and walk at open (broker/storage/clean_marker.py). Taken,
+        # gone durably, before anything opens: a crash from here on leaves no marker.
+        self._clean_start = clean_marker.take(config.data_dir, config.core_id, config.cores)
+        # this run's, in its snapshots and its marker; None once a close vouches for nothing
+        self._token: int | None = clean_marker.new_token()
+        started = time.monotonic()
         for topic in self.registry.by_id.values():
             self._open_stored(topic)
+        if self.partitions:
+            log.info(
+                "opened %d stored partitions in %.3f s (%s)",
+                len(self.partitions),
+                time.monotonic() - started,
+                "after a clean shutdown" if self._clean_start is not None else "full recovery",
+            )
+        self._clean_start = None  # partitions opened later are new or were never closed here
         self.call_later: CallLater = call_later or _no_timers
         # the groups this core coordinates: membership (timers on the backend's loop) and offsets
         self.coordinator = GroupCoordinator(
@@ -174,17 +189,26 @@ class Core:
         )
 
     def close(self) -> None:
-        """Close every partition (flushing them). Call once, at shutdown."""
+        """Close every partition (flushing them). Call once, at shutdown. When every one closed
+        clean, the core's clean-shutdown marker is written (broker/storage/clean_marker.py)."""
         for sweep in self._sweeps:
             sweep.cancel()
         self.transactions.close()
         self.cleaning.close()
+        token, self._token = self._token, None  # a second close (nothing left open) vouches for nothing
+        clean = token is not None
         for p in self.partitions.values():
             try:
-                p.close()
-            except StorageError as exc:
+                clean = p.close(token=token) and clean
+            except (StorageError, OSError) as exc:
+                clean = False
                 log.error("closing partition %d/%d: %s", p.topic_id, p.index, exc)
         self.partitions.clear()
+        if clean and token is not None:
+            try:
+                clean_marker.write(self.config.data_dir, self.config.core_id, self.config.cores, token)
+            except OSError as exc:
+                log.warning("no clean-shutdown marker written (%s): the next start recovers", exc)
 
     def partition_sweep(self, name: str) -> Sweep[Partition]:
         """A `Sweep` over this core's partitions for one kind of pass (broker/core/sweeps.py),
@@ -243,7 +267,14 @@ class Core:
         p = self.partitions.get(key)
         if p is None:
             path = self.registry.partition_dir(topic.topic_id, index)
-            p = Partition(topic.topic_id, index, path, self.registry.log_config(topic), self.fd_cache)
+            p = Partition(
+                topic.topic_id,
+                index,
+                path,
+                self.registry.log_config(topic),
+                self.fd_cache,
+                clean=self._clean_start,
+            )
             # the producers its log names that were idle past the expiration already (Kafka's
             # loading of a producer snapshot drops them too)
             p.expire_producers(now_ms(), self.config.producer_id_expiration_ms)

@@ -72,12 +72,13 @@ from broker.core.replication import (
     NotEnoughReplicasError,
     NotLeaderError,
 )
+from broker.storage import producer_snapshot
 from broker.storage.diskspace import DiskSpace
 from broker.storage.epochs import EpochHistory
 from broker.storage.errors import OffsetOutOfRangeError
 from broker.storage.fdcache import FdCache
 from broker.storage.fileio import Buffer, FileIO
-from broker.storage.log import Log, LogConfig, PendingAppend
+from broker.storage.log import CleanEnd, Log, LogConfig, PendingAppend
 from broker.storage.log_reads import TimestampAndOffset
 from broker.storage.segment import Extent
 from broker.storage.txn_index import AbortedTxn, TxnIndex
@@ -284,17 +285,33 @@ class Partition:
         config: LogConfig,
         cache: FdCache | None = None,
         io: FileIO | None = None,
+        clean: int | None = None,
     ) -> None:
         """`io`: the file calls the log makes itself (recovery, rolls, reads of its own), the
-        process's synchronous ones unless given (a faulty disk in tests)."""
+        process's synchronous ones unless given (a faulty disk in tests). `clean`: the token of
+        the last run, when its core's marker says that run closed every partition it had open
+        cleanly (broker/storage/clean_marker.py): the snapshot that close left, if it is that
+        run's and describes the log as it opens, stands for the recovery scan, the syncs and the
+        header walk."""
         self.topic_id = topic_id
         self.index = index
         self.directory = directory
-        self.log = Log.open(directory, config, io, cache=cache)
+        snap: producer_snapshot.Snapshot | str = "no clean marker"
+        if clean is not None:
+            snap = producer_snapshot.read(directory)
+            if not isinstance(snap, str) and snap.token != clean:
+                snap = "written by an earlier run"
+        end = None if isinstance(snap, str) else CleanEnd(snap.active_base, snap.active_size, snap.log_end)
+        self.log = Log.open(directory, config, io, cache=cache, clean=end)
         self.producers = ProducerState()
         self.epochs = EpochHistory()
         self.aborted = TxnIndex()
-        self._rebuild()
+        if isinstance(snap, str) or not self.log.opened_clean or snap.log_start != self.log.start_offset:
+            if clean is not None:
+                log.info("%s: the header walk (snapshot: %s)", directory, _why_not(snap, self.log))
+            self._rebuild()
+        else:
+            self._restore(snap)
         self.waiters: list[Callable[[], None]] = []  # consumers' long polls: log end or HW
         self.replica_waiters: list[Callable[[], None]] = []  # followers' fetches: log end only
         # None: not replicated (module rules); else this replica's role in the current term
@@ -320,6 +337,34 @@ class Partition:
         self.epochs = epochs
         self.aborted = aborted
 
+    def _restore(self, snap: producer_snapshot.Snapshot) -> None:
+        """What `_rebuild` would find, from the snapshot a clean close left at this log's end."""
+        self.producers = ProducerState.restore(snap.producers, snap.completed)
+        epochs = EpochHistory()
+        for epoch, start in snap.epochs:
+            epochs.assign(epoch, start)
+        self.epochs = epochs
+        aborted = TxnIndex()
+        for entry in snap.aborted:
+            aborted.add(AbortedTxn(*entry))
+        self.aborted = aborted
+
+    def snapshot(self, token: int) -> producer_snapshot.Snapshot:
+        """The state `_rebuild` derives from the headers, at the log's end (written at a clean
+        close: broker/storage/producer_snapshot.py)."""
+        active = self.log.segments[-1]
+        return producer_snapshot.Snapshot(
+            token,
+            self.log.start_offset,
+            self.log.end_offset,
+            active.base_offset,
+            active.size,
+            self.producers.snapshot(),
+            self.producers.completed(),
+            tuple(self.epochs.entries()),
+            tuple(self.aborted.entries()),
+        )
+
     def transactions_completed(self, completed: list[CompletedTxn]) -> None:
         """Markers were stored: the aborted transactions among those they ended are kept for
         read_committed readers (Kafka's `LogSegment.updateTxnIndex`)."""
@@ -344,16 +389,28 @@ class Partition:
         if (config.retention_ms, config.retention_bytes) != (old.retention_ms, old.retention_bytes):
             self.apply_retention()
 
-    def close(self, discard: bool = False) -> None:
+    def close(self, discard: bool = False, token: int | None = None) -> bool:
         """`discard`: the partition's topic was deleted, its files go next: nothing is flushed
-        (`Log.discard`)."""
+        (`Log.discard`). `token`: the run's (broker/storage/clean_marker.py), for the snapshot
+        written after a clean close (none without it). Returns whether it closed clean: flushed
+        and closed with no error, and its snapshot written (what its core's clean-shutdown marker
+        vouches for); a failure to flush raises, as the log's close does."""
         if isinstance(self.replica, LeaderState):
             self.replica.fail_waiters(NotLeaderError("the partition closed"))
         self.wake_waiters()
         if discard:
             self.log.discard()
-        else:
-            self.log.close()
+            return False
+        snap = self.snapshot(token) if token is not None and not self.log.closed else None
+        self.log.close()
+        if snap is None:
+            return False
+        try:
+            producer_snapshot.write(self.directory, snap)
+        except OSError as exc:
+            log.warning("%s: no snapshot written (%s): the next start walks the log", self.directory, exc)
+            return False
+        return True
 
     # ------------------------------------------------------------------------- produce
 
@@ -837,6 +894,14 @@ class Partition:
             self.replica_waiters = []
         for wake in waiters:
             _isolated(wake, "a long poll's wake")
+
+
+def _why_not(snap: producer_snapshot.Snapshot | str, opened: Log) -> str:
+    if isinstance(snap, str):
+        return snap
+    if not opened.opened_clean:
+        return "its log is not as the clean close left it"
+    return f"it starts at {snap.log_start}, the log at {opened.start_offset}"
 
 
 def _isolated(call: Callable[[], None], what: str) -> None:

@@ -60,6 +60,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from broker.storage.producer_snapshot import SnapshotProducer
 from ringlog_proto.batch import NO_PRODUCER_ID, BatchHeader
 from ringlog_proto.batch_control import ControlRecord
 from ringlog_proto.batch_header import CONTROL_BIT, TRANSACTIONAL_BIT
@@ -181,6 +182,49 @@ class ProducerState:
         for h in stored:
             state._remember(h, controls, None if written_by_ms is None else written_by_ms(h.base_offset))
         return state
+
+    @classmethod
+    def restore(
+        cls, producers: Iterable[SnapshotProducer], completed: Iterable[tuple[int, int]]
+    ) -> ProducerState:
+        """The state `snapshot` and `completed` gave (at a clean close:
+        broker/storage/producer_snapshot.py)."""
+        state = cls()
+        for p in producers:
+            kept = _Producer(
+                p.epoch,
+                deque(p.batches, maxlen=PRODUCER_BATCHES_KEPT),
+                p.last_timestamp,
+                p.txn_first_offset,
+                p.coordinator_epoch,
+                p.marker_offset,
+                p.last_write_ms,
+            )
+            state._producers[p.producer_id] = kept
+            if kept.txn_first_offset >= 0:
+                state._ongoing[p.producer_id] = kept.txn_first_offset
+        state._completed.extend(completed)
+        return state
+
+    def snapshot(self) -> tuple[SnapshotProducer, ...]:
+        """Every producer held, as a snapshot keeps it (nothing in flight: at a clean close)."""
+        return tuple(
+            SnapshotProducer(
+                pid,
+                p.epoch,
+                tuple(p.batches),
+                p.last_timestamp,
+                p.txn_first_offset,
+                p.coordinator_epoch,
+                p.marker_offset,
+                p.last_write_ms,
+            )
+            for pid, p in self._producers.items()
+        )
+
+    def completed(self) -> tuple[tuple[int, int], ...]:
+        """(first offset, marker offset) of the completed transactions still counted unstable."""
+        return tuple(self._completed)
 
     def learn(
         self, header: BatchHeader, control: ControlRecord | None = None, write_ms: int | None = None

@@ -30,7 +30,7 @@ from broker.core.limits import (
     fit_to_descriptors,
 )
 from broker.core.topics import TopicRegistry
-from broker.storage import layout
+from broker.storage import clean_marker, layout
 from broker.storage.dataformat import check_data_format
 from broker.storage.diskspace import NO_SPACE_ERRNOS, RESERVE_BYTES, ensure_reserve
 from broker.storage.errors import LegacyFormatError
@@ -129,6 +129,8 @@ def prepare_data_dir(data_dir: str, log_defaults: LogConfig, limits: Limits) -> 
         run = layout.run_dir(d)
         os.makedirs(run, exist_ok=True)
         for name in os.listdir(run):  # snapshots of an earlier run (or core count)
+            if clean_marker.is_marker(name):
+                continue  # for the cores to take (broker/storage/clean_marker.py)
             with contextlib.suppress(OSError):
                 os.unlink(os.path.join(run, name))
         if not os.access(d, os.R_OK | os.W_OK | os.X_OK):

@@ -37,6 +37,7 @@ import contextlib
 import logging
 import os
 from collections.abc import Callable, Iterator, Mapping
+from typing import NamedTuple
 
 from broker.storage import log_flush, log_reads, log_recovery, log_start, recompression, validation
 from broker.storage.errors import OffsetOutOfRangeError, StorageError
@@ -58,6 +59,19 @@ log = logging.getLogger(__name__)
 INDEX_PENDING_ENTRIES_MAX = 256  # index entries held in memory before they are written (ENTRY_SIZE each)
 
 
+class CleanEnd(NamedTuple):
+    """Where a clean close left a log's active segment (`Log.open`'s `clean`)."""
+
+    base_offset: int
+    size: int
+    next_offset: int
+
+
+def _left_clean(active: Segment, clean: CleanEnd) -> bool:
+    """Whether `active` opened on the cheap check alone and is as the clean close left it."""
+    return not active.index_loaded and (active.base_offset, active.size, active.next_offset) == clean
+
+
 class Log(LogStart):
     """A partition's log in one directory. Open with `Log.open`; its state and the operations of
     the layers below: broker/storage/log_segments.py, log_truncation.py, log_start.py."""
@@ -72,11 +86,16 @@ class Log(LogStart):
         io: FileIO | None = None,
         clock: Callable[[], int] = now_ms,
         cache: FdCache | None = None,
+        clean: CleanEnd | None = None,
     ) -> Log:
         """Open or create the log in `directory`, recovering from whatever a crash left there.
 
         `cache`: the process's descriptor cache for closed segments (a worker passes its own,
-        sized by `--segment-fd-cache`); tools and tests share a default one.
+        sized by `--segment-fd-cache`); tools and tests share a default one. `clean`: where a
+        clean close left the active segment (its snapshot says: broker/core/partition.py): when
+        the files agree (the index's last entry ends where the store does, at that size and next
+        offset) the active segment is not scanned and nothing is synced (`opened_clean`); any
+        difference and the open is the full one.
         """
         config = config or LogConfig()
         reason = config.invalid()
@@ -85,14 +104,15 @@ class Log(LogStart):
         io = io or SyncFileIO()
         self = cls(directory, config, io, clock, DEFAULT_CACHE if cache is None else cache)
         try:
-            self._open(io)
+            self._open(io, clean)
         except BaseException:
             self.abandon()
             raise
         return self
 
-    def _open(self, io: FileIO) -> None:
+    def _open(self, io: FileIO, clean: CleanEnd | None = None) -> None:
         directory = self.directory
+        self.opened_clean = False
         clock = self.clock
         cache = self.cache
         created = log_recovery.missing_dirs(directory)
@@ -108,7 +128,8 @@ class Log(LogStart):
         try:
             for i, base in enumerate(bases):
                 is_last = i == len(bases) - 1
-                seg = Segment.open(directory, base, io, cache, active=is_last, now_ms=now)
+                end = clean[1:] if is_last and clean is not None and clean.base_offset == base else None
+                seg = Segment.open(directory, base, io, cache, active=is_last, now_ms=now, clean_end=end)
                 if is_last:
                     pinned = seg
                 if self.segments:
@@ -121,6 +142,8 @@ class Log(LogStart):
                 # flush syncs the directory with the data. A partition is made on its first use, in
                 # the request that needs it: three syncs fewer keep that request short.
                 self._dir_unsynced = True
+            elif clean is not None and _left_clean(self.segments[-1], clean):
+                self.opened_clean = True  # closed with everything synced, unchanged since
             else:
                 # What recovery kept may still be only in the page cache (the process died, not the
                 # machine): sync it, so that durable_offset starts out true.

@@ -247,7 +247,15 @@ class Segment:
 
     @classmethod
     def open(
-        cls, directory: str, base_offset: int, io: FileIO, cache: FdCache, *, active: bool, now_ms: int
+        cls,
+        directory: str,
+        base_offset: int,
+        io: FileIO,
+        cache: FdCache,
+        *,
+        active: bool,
+        now_ms: int,
+        clean_end: tuple[int, int] | None = None,
     ) -> Segment:
         """Open an existing segment and make store and index agree.
 
@@ -257,14 +265,23 @@ class Segment:
         segment gets a cheap check of the index's last entry against the store (a mismatch falls
         back to the same recovery, so a torn closed segment is repaired too), and its files are
         closed again: a log may hold any number of closed segments, which open through the
-        descriptor cache when they are used.
+        descriptor cache when they are used. `clean_end`: the (size, next offset) a clean close
+        left the active segment at (broker/storage/clean_marker.py): it gets the closed segments'
+        cheap check instead of the scan, and the scan when that fails or finds it otherwise
+        (`index_loaded` tells which it got).
         """
         seg = cls(directory, base_offset, io, cache)
         seg._pins = 1  # the files opened here are ours until the end
         try:
             seg._store_fd = io.open(seg.store_path, create=False)
             seg._index_fd = io.open(seg.index_path, create=True)
-            if active or not seg._tail_consistent():
+            trusted = (
+                active
+                and clean_end is not None
+                and seg._tail_consistent()
+                and (seg.size, seg.next_offset) == clean_end
+            )
+            if not trusted and (active or not seg._tail_consistent()):
                 seg.recover(now_ms)
         except BaseException:
             seg._pins = 0
@@ -378,6 +395,12 @@ class Segment:
                     self.io.close(fd)
                 self.cache.release(self)
         return self._index
+
+    @property
+    def index_loaded(self) -> bool:
+        """Whether the index is in memory: recovery loaded it (or a use did); false after an open
+        whose cheap check passed."""
+        return self._index is not None
 
     @property
     def entry_count(self) -> int:
