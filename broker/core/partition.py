@@ -13,7 +13,8 @@ Rules this module keeps:
   producer state of a produce itself.
 - Duplicate detection is by (producer id, epoch, sequence range): a producer retrying a batch it
   already sent gets the original offsets back and nothing is appended twice. The state is rebuilt
-  from the batch headers in the log when the partition opens, so it survives a broker restart,
+  from the batch headers in the log when the partition opens (after a clean shutdown, loaded
+  from the snapshot its close wrote instead: `_restore`), so it survives a broker restart,
   and loses what retention deletes (`apply_retention`), so it lives as long as its batches, or
   until its producer has been idle for the broker's producer id expiration (`expire_producers`).
 - Consumer-group offsets are not the partition's: they live with the group's coordinator core
@@ -408,7 +409,7 @@ class Partition:
         try:
             producer_snapshot.write(self.directory, snap)
         except OSError as exc:
-            log.warning("%s: no snapshot written (%s): the next start walks the log", self.directory, exc)
+            log.debug("%s: no snapshot written (%s)", self.directory, exc)  # the core counts them
             return False
         return True
 

@@ -19,7 +19,9 @@ Rules this module keeps:
   sequence 0, as does a producer not seen before (as in Kafka: otherwise a retried first batch
   could land after its successor).
 - `rebuild` makes it from the headers of the batches a log holds, in log order, so the state
-  survives a restart, and lives only as long as the batches carrying it (docs/PROTOCOL.md §4.7).
+  survives a restart, and lives only as long as the batches carrying it (docs/PROTOCOL.md §4.7);
+  after a clean shutdown `restore` takes it from the snapshot the close wrote (`snapshot`,
+  broker/storage/producer_snapshot.py), each producer's last write time exact there.
 - A producer idle for the broker's producer id expiration is forgotten (`expire_idle`), as Kafka's
   `producer.id.expiration.ms` (KIP-854) has its ProducerStateManager forget it: without that,
   every short-lived producer (each process of a Kafka client gets a new id) stays for as long as

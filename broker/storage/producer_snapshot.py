@@ -170,8 +170,11 @@ def write(directory: str, s: Snapshot) -> None:
 def read(directory: str) -> Snapshot | str:
     """The snapshot of the log in `directory`, or why there is none to use."""
     try:
-        with open(path(directory), "rb") as f:
-            data = f.read()
+        fd = os.open(path(directory), os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            data = os.read(fd, os.fstat(fd).st_size)  # a short read fails the crc: the walk
+        finally:
+            os.close(fd)
     except FileNotFoundError:
         return "none"
     except OSError as exc:
