@@ -198,15 +198,23 @@ class Core:
         self.cleaning.close()
         token, self._token = self._token, None  # a second close (nothing left open) vouches for nothing
         unclean = 0
+        closed = []
         for p in self.partitions.values():
             try:
-                unclean += not p.close(token=token)
+                snap = p.close(token=token)
             except (StorageError, OSError) as exc:
                 unclean += 1
                 log.error("closing partition %d/%d: %s", p.topic_id, p.index, exc)
+                continue
+            if snap is not None:
+                closed.append((p, snap))
+            else:
+                unclean += 1
         self.partitions.clear()
         if token is None:
             return
+        # after every sync above (Partition.close says why), the marker's fsync last
+        unclean += sum(not p.write_snapshot(snap) for p, snap in closed)
         if unclean:
             log.warning(
                 "no clean-shutdown marker: %d partition(s) did not close clean (no snapshot written, "

@@ -390,22 +390,25 @@ class Partition:
         if (config.retention_ms, config.retention_bytes) != (old.retention_ms, old.retention_bytes):
             self.apply_retention()
 
-    def close(self, discard: bool = False, token: int | None = None) -> bool:
+    def close(self, discard: bool = False, token: int | None = None) -> producer_snapshot.Snapshot | None:
         """`discard`: the partition's topic was deleted, its files go next: nothing is flushed
-        (`Log.discard`). `token`: the run's (broker/storage/clean_marker.py), for the snapshot
-        written after a clean close (none without it). Returns whether it closed clean: flushed
-        and closed with no error, and its snapshot written (what its core's clean-shutdown marker
-        vouches for); a failure to flush raises, as the log's close does."""
+        (`Log.discard`). `token`: the run's (broker/storage/clean_marker.py). Returns, with a
+        token, the snapshot to write when it closed clean (flushed and closed with no error: what
+        its core's clean-shutdown marker vouches for), else None; a failure to flush raises, as
+        the log's close does. The caller writes it (`write_snapshot`), after every partition's
+        syncs: written before them, each sync's journal commit would carry it too."""
         if isinstance(self.replica, LeaderState):
             self.replica.fail_waiters(NotLeaderError("the partition closed"))
         self.wake_waiters()
         if discard:
             self.log.discard()
-            return False
+            return None
         snap = self.snapshot(token) if token is not None and not self.log.closed else None
         self.log.close()
-        if snap is None:
-            return False
+        return snap
+
+    def write_snapshot(self, snap: producer_snapshot.Snapshot) -> bool:
+        """Write what `close` returned (broker/storage/producer_snapshot.py); whether it was."""
         try:
             producer_snapshot.write(self.directory, snap)
         except OSError as exc:

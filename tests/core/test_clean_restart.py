@@ -56,6 +56,12 @@ def run(out: PendingProduce) -> None:
     out.complete()
 
 
+def close_clean(p: Partition) -> None:
+    """What `Core.close` does for each partition: close, then write the snapshot."""
+    snap = p.close(token=TOKEN)
+    assert snap is not None and p.write_snapshot(snap)
+
+
 def state(p: Partition) -> dict[str, object]:
     """Everything a restart derives from the headers, but each producer's last write time: the
     walk knows only its segment's last append time (a bound), the snapshot the time itself."""
@@ -131,7 +137,7 @@ def restarted(tmp_path: Path, ops: list[tuple]) -> tuple[Partition, Partition]:
     before = state(p)
     before["durable"] = p.log.end_offset  # the close flushes
     before["leader_epoch"] = max(p.epochs.latest_epoch, 0)  # a single node's: from its batches
-    assert p.close(token=TOKEN)
+    close_clean(p)
     shutil.copytree(d, tmp_path / "crash")
     clean = Partition(1, 0, str(d), SMALL, clean=TOKEN)
     crash = Partition(1, 0, str(tmp_path / "crash"), SMALL)
@@ -199,7 +205,7 @@ def closed_with_snapshot(tmp_path: Path) -> Path:
     p = Partition(1, 0, str(d), SMALL)
     history = [("produce", 1, 2, True), ("produce", 2, 1, False), ("marker", 1, False, 0)]
     play(p, history, DiskSpace(str(tmp_path), 0))
-    assert p.close(token=TOKEN)
+    close_clean(p)
     return d
 
 
