@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import os
 import struct
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from crc32c import crc32c
 
@@ -131,8 +131,7 @@ def decode(data: bytes) -> Snapshot | str:
         for _ in range(n_producers):
             pid, epoch, ts, txn_first, coord, marker, write_ms, n = _PRODUCER.unpack_from(body, pos)
             pos += _PRODUCER.size
-            batches = tuple(_BATCH.unpack_from(body, pos + i * _BATCH.size) for i in range(n))
-            pos += n * _BATCH.size
+            batches, pos = _many(_BATCH, body, pos, n)
             producers.append(SnapshotProducer(pid, epoch, batches, ts, txn_first, coord, marker, write_ms))
         completed, pos = _many(_PAIR, body, pos, n_completed)
         epochs, pos = _many(_EPOCH, body, pos, n_epochs)
@@ -141,14 +140,16 @@ def decode(data: bytes) -> Snapshot | str:
         return f"truncated: {exc}"
     if pos != len(body):
         return f"{len(body) - pos} bytes after the last entry"
-    return Snapshot(token, start, end, base, size, tuple(producers), completed, epochs, aborted)  # type: ignore[arg-type]  # unpacked by the counts
+    return Snapshot(token, start, end, base, size, tuple(producers), completed, epochs, aborted)
 
 
-def _many(
-    shape: struct.Struct, body: memoryview, pos: int, count: int
-) -> tuple[tuple[tuple[int, ...], ...], int]:
-    out = tuple(shape.unpack_from(body, pos + i * shape.size) for i in range(count))
-    return out, pos + count * shape.size
+def _many(shape: struct.Struct, body: memoryview, pos: int, count: int) -> tuple[Any, int]:
+    """`count` entries of `shape` from `pos` (the types the counts and shapes of the file make
+    them), and where they end."""
+    end = pos + count * shape.size
+    if end > len(body):
+        raise struct.error(f"{count} entries of {shape.size} bytes at {pos} pass the end")
+    return tuple(shape.iter_unpack(body[pos:end])), end
 
 
 def path(directory: str) -> str:
