@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 
 import pytest
 
 from broker.node import backend_choice
-from broker.node.supervisor import describe_exit
+from broker.node.supervisor import (
+    START_TIMEOUT_PER_PARTITION_S,
+    START_TIMEOUT_S,
+    describe_exit,
+    start_timeout_s,
+)
+from broker.storage import layout
 
 
 def test_auto_falls_back_to_uvloop_and_says_why_when_native_is_missing(
@@ -50,3 +57,13 @@ def test_exits_are_named_by_code_or_signal() -> None:
     assert describe_exit(3) == "exit code 3"
     assert describe_exit(-signal.SIGKILL) == "killed by SIGKILL"
     assert describe_exit(-signal.SIGSEGV) == "killed by SIGSEGV"
+
+
+def test_the_start_timeout_grows_with_the_partitions_stored(tmp_path) -> None:
+    """Workers open (after a crash: recover) every stored partition before they serve: a node
+    holding many must get the time for it, not be stopped at a fixed 60 s."""
+    assert start_timeout_s(str(tmp_path)) == START_TIMEOUT_S  # a new data dir: no topics dir
+    for topic, partitions in ((1, 600), (2, 400)):
+        for p in range(partitions):
+            os.makedirs(layout.partition_dir(str(tmp_path), topic, p))
+    assert start_timeout_s(str(tmp_path)) == START_TIMEOUT_S + 1000 * START_TIMEOUT_PER_PARTITION_S
