@@ -38,11 +38,13 @@ Tansu where Tansu ran the same work; verdict PASS/FAIL against the goal, or "rep
   until flush() returns. Tansu beside. Reported, seconds.
 - R6 restart: SIGTERM until exited (capped: quick 30 s, then SIGKILL, and the cell says so), then
   start until the broker accepts; then kill -9 and the same. A start that fails (the supervisor
-  gives its workers 60 s to open every partition) is shown with the last line of its log. Reported.
+  gives its workers 60 s and 2 ms a stored partition to open them) is shown with the last line
+  of its log. Reported.
 - R7 RSS per idle partition: (Pss of the workers after the touch - before the create) / P, from
   /proc/<pid>/smaps_rollup (Tansu: its one process). Goal <= 10 KB.
 - R8 descriptors: the most any worker holds (`/proc/<w>/fd`) after the touch, against the segment
-  descriptor cache (`--segment-fd-cache`) plus the fixed ones (64) and 64 connections. Goal: within.
+  descriptor cache as the broker sized it (its log: half the open-file room by default) plus the
+  fixed ones (64) and 64 connections. Goal: within.
 - R9 Metadata: librdkafka `list_topics()` of every topic, wall time, median of 3. Tansu beside.
 - R10 passes don't stall: a probe (our client, acks=WRITTEN, one record every 10 ms to a partition
   of its own) for `probe_s` while retention passes run every second (`--producer-id-expiration-ms
@@ -97,7 +99,8 @@ from kafka_clients import Tansu, tansu_binary
 
 from broker.client.admin import Admin
 from broker.client.blocking_producer import Producer
-from broker.core.limits import FIXED_FDS_PER_WORKER, Limits, fit_to_descriptors
+from broker.core.limits import FIXED_FDS_PER_WORKER, Limits, partition_limit
+from broker.storage.log_config import PREALLOCATE_BYTES
 from labkit.brokerproc import BrokerProcess, wait_for
 from labkit.etcdproc import EtcdCluster
 from ringlog_proto import messages as m
@@ -105,7 +108,7 @@ from ringlog_proto import messages as m
 GiB = 1 << 30
 MiB = 1 << 20
 VALUE = os.urandom(1024)
-PREALLOCATED_PER_PARTITION = MiB + 64 * 1024  # first append's preallocation, index and directory
+PREALLOCATED_PER_PARTITION = PREALLOCATE_BYTES + 64 * 1024  # first append's preallocation, index, directory
 DISK_MARGIN_MIN = 20 * GiB
 ROWS = [f"R{i}" for i in range(1, 16)]
 BACKENDS = ("uvloop", "io_uring")
@@ -235,8 +238,9 @@ class Started:
 
 def nofile_for(partitions: int, connections: int = 0) -> int:
     """An open-file limit under which broker/core/limits.py `fit_to_descriptors` leaves
-    `partitions` (2 descriptors each today) and `connections`."""
-    need = 4 * partitions + 8 * Limits().segment_fd_cache + connections + FIXED_FDS_PER_WORKER + 2048
+    `connections` (and a segment cache as large): partitions cost no descriptor of their own
+    (the cache bounds them), so `partitions` does not count."""
+    need = 2 * (connections + 1024) + FIXED_FDS_PER_WORKER + 2048
     return min(math.ceil(need * 32 / 31) + 1024, NOFILE_MAX)
 
 
@@ -255,12 +259,9 @@ def nofile_ceiling() -> int:
     return resource.getrlimit(resource.RLIMIT_NOFILE)[1]
 
 
-def partitions_allowed(nofile: int) -> int:
-    """The partitions today's broker allows under `nofile` (its own `fit_to_descriptors`, so a
-    change there moves this with it)."""
-    if nofile == resource.RLIM_INFINITY:
-        return 10**9
-    return fit_to_descriptors(dataclasses.replace(Limits(), max_partitions=10**9), nofile)[0].max_partitions
+def partitions_allowed() -> int:
+    """The partitions the broker allows here by default (`--max-partitions auto`: the memory)."""
+    return partition_limit(Limits())
 
 
 def broker(
@@ -639,7 +640,8 @@ def fit_to_disk(partitions: int, where: Path) -> tuple[int, str]:
         return partitions, ""
     lowered = max(1, fits // 1000 * 1000 if fits >= 1000 else fits)
     return lowered, (
-        f"{partitions:,} partitions lowered to {lowered:,}: touching one preallocates ~1 MiB and "
+        f"{partitions:,} partitions lowered to {lowered:,}: touching one preallocates "
+        f"~{PREALLOCATED_PER_PARTITION // 1024} KiB and "
         f"{free / GiB:.0f} GiB are free (kept free: {margin / GiB:.0f} GiB)"
     )
 
@@ -670,6 +672,8 @@ def partitions_round(
         time.sleep(0.5)
         res["pss_per_partition"] = (pss_bytes(workers(b)) - pss0) / partitions
         res["fds"] = max_fds(workers(b))
+        cache = re.search(r"the segment fd cache \((\d+)\)", b.log())
+        res["cache"] = int(cache.group(1)) if cache else Limits().segment_fd_cache
         res["metadata_s"] = k_metadata(b.bootstrap, sizes.step_timeout_s)
         with Admin(b.bootstrap) as a:
             a.create_topic("probe", 1)
@@ -717,12 +721,12 @@ def limit_at_start(root: Path, backend: str, started: Started) -> str:
         text = b.log()
     finally:
         started.stop(b)
-    lowered = re.search(r"--max-partitions (\S+) lowered to (\d+)", text)
+    limit = re.search(r"partition limit (\d+) \((.*)\)\"?$", text, re.M)
     nofile = re.search(r"open-file limit \(RLIMIT_NOFILE\) (\d+|unlimited)", text)
     where = f"nofile {nofile.group(1)}" if nofile else "nofile ?"
-    if lowered:
-        return f"{int(lowered.group(2)):,} ({where}; {lowered.group(1)} asked)"
-    return f"{Limits().max_partitions:,} ({where}: the default, not lowered)"
+    if limit:
+        return f"{int(limit.group(1)):,} ({where}; {limit.group(2)})"
+    return f"? ({where}: no partition limit line in the log)"
 
 
 def started_in(b: BrokerProcess, timeout_s: float) -> float | str:
@@ -751,7 +755,7 @@ def phase_partitions(
     sizes: Sizes, started: Started,
 ) -> dict[str, float]:  # fmt: skip
     res = partitions_round(root, backend, cores, partitions, sizes, started, restart="R6" in only)
-    cache = Limits().segment_fd_cache
+    cache = res["cache"]  # as the broker sized it (0, the default: half the open-file room)
     rows["R5"].cells[backend] = f"{fmt_s(res['create_s'])} / {fmt_s(res['touch_s'])}"
     rows["R5"].figures[backend] = res["create_s"] + res["touch_s"]
     if "start_s" in res:
@@ -991,13 +995,12 @@ def main(argv: list[str] | None = None) -> int:
     root.mkdir(parents=True, exist_ok=True)
     NOFILE_CEILING[0] = nofile_ceiling()
     partitions, why = fit_to_disk(asked, root)
-    allowed = partitions_allowed(NOFILE_CEILING[0])
+    allowed = partitions_allowed()
     if partitions > allowed - 50:
         lowered = (allowed - 50) // 1000 * 1000 if allowed >= 1050 else allowed - 50
         why = (why + "; " if why else "") + (
-            f"{partitions:,} partitions lowered to {lowered:,}: today's broker allows {allowed:,} on a core "
-            f"at the highest open-file limit it can get here ({NOFILE_CEILING[0]}: prlimit cannot raise "
-            "the hard limit), 2 descriptors a partition"
+            f"{partitions:,} partitions lowered to {lowered:,}: the broker's --max-partitions auto allows "
+            f"{allowed:,} with this machine's memory"
         )
         partitions = lowered
     sizes.growth = tuple(sorted({s for s in sizes.growth if s < partitions}))
