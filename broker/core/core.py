@@ -38,6 +38,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from broker.core.acks import Waits
@@ -66,6 +67,8 @@ from broker.storage.diskspace import DiskSpace, is_out_of_space
 from broker.storage.errors import StorageError
 from broker.storage.fdcache import FdCache
 from broker.storage.log_config import LogConfig
+from broker.storage.log_flush import ClosePlan, run_close
+from broker.storage.producer_snapshot import Snapshot
 from ringlog_proto import messages as m
 from ringlog_proto.batch import now_ms
 from ringlog_proto.frames import Frame
@@ -79,6 +82,12 @@ MIRROR_WAIT_S = 3.0  # a store change not in this node's registry by then is ans
 MIRROR_POLL_S = 0.005
 # (topic id, partition) -> core entries kept at least; cleared when full. Sized up to the partition
 # limit (`Core.owner`): a cache smaller than the partitions in use was cleared again and again.
+# Core.close's disk work: concurrent fdatasyncs share the journal's commits (this disk: ~1 100
+# syncs/s on one thread, ~8 500/s on four), and the partitions in flight are pinned (2 descriptors each)
+CLOSE_THREADS = 8
+CLOSE_CHUNK = 256
+# a partition being closed: its snapshot, the plan of its log's close and that plan's run on a thread
+_Closing = tuple[Partition, Snapshot | None, ClosePlan | None, Future[None] | None]
 OWNER_CACHE_MAX = 100_000
 
 
@@ -197,24 +206,14 @@ class Core:
         self.transactions.close()
         self.cleaning.close()
         token, self._token = self._token, None  # a second close (nothing left open) vouches for nothing
-        unclean = 0
-        closed = []
-        for p in self.partitions.values():
-            try:
-                snap = p.close(token=token)
-            except (StorageError, OSError) as exc:
-                unclean += 1
-                log.error("closing partition %d/%d: %s", p.topic_id, p.index, exc)
-                continue
-            if snap is not None:
-                closed.append((p, snap))
-            else:
-                unclean += 1
-        self.partitions.clear()
-        if token is None:
-            return
-        # after every sync above (Partition.close says why), the marker's fsync last
-        unclean += sum(not p.write_snapshot(snap) for p, snap in closed)
+        threads = min(CLOSE_THREADS, len(self.partitions)) or 1
+        with ThreadPoolExecutor(threads, thread_name_prefix="close") as pool:
+            unclean, closed = self._close_partitions(token, pool)
+            self.partitions.clear()
+            if token is None:
+                return
+            # after every sync above (Partition.close says why), the marker's fsync last
+            unclean += sum(not ok for ok in pool.map(lambda c: c[0].write_snapshot(c[1]), closed))
         if unclean:
             log.warning(
                 "no clean-shutdown marker: %d partition(s) did not close clean (no snapshot written, "
@@ -226,6 +225,53 @@ class Core:
             clean_marker.write(self.config.data_dir, self.config.core_id, self.config.cores, token)
         except OSError as exc:
             log.warning("no clean-shutdown marker written (%s): the next start recovers", exc)
+
+    def _close_partitions(
+        self, token: int | None, pool: ThreadPoolExecutor
+    ) -> tuple[int, list[tuple[Partition, Snapshot]]]:
+        """Close every partition: how many did not close clean, and the snapshots of those that
+        did. Each partition's disk work (its flush, the release of its preallocated tail) runs on
+        `pool`, `CLOSE_CHUNK` partitions at a time (pinned: their descriptors stay open, bounded);
+        the rest stays on this thread. The loop serves nothing any more."""
+        unclean = 0
+        closed: list[tuple[Partition, Snapshot]] = []
+        begun: list[_Closing] = []
+
+        def complete(chunk: list[_Closing]) -> int:
+            bad = 0
+            for p, snap, plan, run in chunk:
+                if plan is not None and run is not None:
+                    failed = run.exception()
+                    if failed is not None and not isinstance(failed, OSError):
+                        raise failed
+                    try:
+                        p.log.complete_close(plan, failed)
+                    except (StorageError, OSError) as exc:
+                        bad += 1
+                        log.error("closing partition %d/%d: %s", p.topic_id, p.index, exc)
+                        continue
+                if snap is not None:
+                    closed.append((p, snap))
+                else:
+                    bad += 1
+            return bad
+
+        parts = list(self.partitions.values())
+        for at in range(0, len(parts), CLOSE_CHUNK):
+            # this chunk is planned while the previous one's syncs run
+            chunk, begun = begun, []
+            for p in parts[at : at + CLOSE_CHUNK]:
+                try:
+                    snap, plan = p.prepare_close(token)
+                except (StorageError, OSError) as exc:
+                    unclean += 1
+                    log.error("closing partition %d/%d: %s", p.topic_id, p.index, exc)
+                    continue
+                run = None if plan is None else pool.submit(run_close, p.log.io, plan)
+                begun.append((p, snap, plan, run))
+            unclean += complete(chunk)
+        unclean += complete(begun)
+        return unclean, closed
 
     def partition_sweep(self, name: str) -> Sweep[Partition]:
         """A `Sweep` over this core's partitions for one kind of pass (broker/core/sweeps.py),

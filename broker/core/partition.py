@@ -73,7 +73,7 @@ from broker.core.replication import (
     NotEnoughReplicasError,
     NotLeaderError,
 )
-from broker.storage import producer_snapshot
+from broker.storage import log_flush, producer_snapshot
 from broker.storage.diskspace import DiskSpace
 from broker.storage.epochs import EpochHistory
 from broker.storage.errors import OffsetOutOfRangeError
@@ -397,15 +397,35 @@ class Partition:
         its core's clean-shutdown marker vouches for), else None; a failure to flush raises, as
         the log's close does. The caller writes it (`write_snapshot`), after every partition's
         syncs: written before them, each sync's journal commit would carry it too."""
+        if discard:
+            self._release_waiters()
+            self.log.discard()
+            return None
+        snap, plan = self.prepare_close(token)
+        if plan is not None:
+            failed = None
+            try:
+                log_flush.run_close(self.log.io, plan)
+            except OSError as exc:
+                failed = exc
+            self.log.complete_close(plan, failed)
+        return snap
+
+    def prepare_close(
+        self, token: int | None = None
+    ) -> tuple[producer_snapshot.Snapshot | None, log_flush.ClosePlan | None]:
+        """`close` (not discarding) in three steps, for `Core.close`, which runs the disk work of
+        many partitions at once: this (waiters failed and woken, the snapshot taken, the log's
+        `prepare_close`), `log_flush.run_close` of the plan (any thread), then the log's
+        `complete_close`; the snapshot is what `close` would return once that raised nothing."""
+        self._release_waiters()
+        snap = self.snapshot(token) if token is not None and not self.log.closed else None
+        return snap, self.log.prepare_close()
+
+    def _release_waiters(self) -> None:
         if isinstance(self.replica, LeaderState):
             self.replica.fail_waiters(NotLeaderError("the partition closed"))
         self.wake_waiters()
-        if discard:
-            self.log.discard()
-            return None
-        snap = self.snapshot(token) if token is not None and not self.log.closed else None
-        self.log.close()
-        return snap
 
     def write_snapshot(self, snap: producer_snapshot.Snapshot) -> bool:
         """Write what `close` returned (broker/storage/producer_snapshot.py); whether it was."""

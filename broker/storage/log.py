@@ -170,30 +170,73 @@ class Log(LogStart):
 
         Files are closed even when the final sync fails; the failure is raised after.
         """
-        if self._closed:
+        plan = self.prepare_close()
+        if plan is None:
             return
+        failed = None
+        try:
+            log_flush.run_close(self.io, plan)
+        except OSError as exc:
+            failed = exc
+        self.complete_close(plan, failed)
+
+    def prepare_close(self) -> log_flush.ClosePlan | None:
+        """`close` in three steps, for a caller closing many logs that runs the disk work of many
+        at once (`Core.close`): this plan, `log_flush.run_close` (system calls only, any thread),
+        then `complete_close` on this log's thread. None when nothing is left to do: closed
+        already, or a log refusing work (its files are closed here, writing nothing). Raises
+        StorageError with appends in flight, or when the flush cannot be planned (files closed)."""
+        if self._closed:
+            return None
         if self._pending:
             raise StorageError(f"close with {len(self._pending)} appends in flight")
+        if self._broken is not None:
+            self._close_files()
+            return None
         try:
-            if self._broken is None:
-                with contextlib.suppress(OSError):  # a tail left is released at the next open
-                    self.segments[-1].release_preallocated(self._reserved_size)
-                self.flush()
-                try:
-                    self.io.fdatasync(self.segments[-1].index_fd)  # flush leaves it unsynced
-                except OSError as exc:
-                    self.fail_flush(exc)
-                    raise StorageError(f"close of {self.directory}: index sync failed: {exc}") from exc
+            flush = self.prepare_flush()
+        except BaseException:
+            self._close_files()
+            raise
+        active = self.segments[-1]
+        active.pin()
+        try:
+            store_fd, index_fd = active.store_fd, active.index_fd
+        except OSError as exc:  # a reopen failed
+            active.unpin()
+            self.fail_flush(exc, flush)
+            self._close_files()
+            raise StorageError(f"close of {self.directory} failed: {exc}") from exc
+        reserved = self._reserved_size
+        truncate_to = reserved if active.allocated > reserved else None
+        return log_flush.ClosePlan(flush, active, store_fd, index_fd, truncate_to)
+
+    def complete_close(self, plan: log_flush.ClosePlan, failed: OSError | None) -> None:
+        """The end of `prepare_close`'s plan (`failed`: what `run_close` raised): the marks move
+        when it succeeded, the log refuses work when a sync failed (`fail_flush`), and every file
+        is closed either way; a failure is raised after, as StorageError."""
+        try:
+            if failed is None:
+                if plan.truncated and plan.truncate_to is not None:
+                    plan.active.allocated = plan.truncate_to
+                self.complete_flush(plan.flush)
+            else:
+                self.fail_flush(failed, plan.flush)
+                raise StorageError(f"close of {self.directory} failed: {failed}") from failed
         finally:
-            try:
-                for seg in self.segments:
-                    if self._broken is None:
-                        seg.close()
-                    else:
-                        seg.abandon()
-            finally:
-                self._undrain_all()
-                self._closed = True
+            plan.active.unpin()
+            self._close_files()
+
+    def _close_files(self) -> None:
+        try:
+            for seg in self.segments:
+                if self._broken is None:
+                    seg.close()
+                else:
+                    seg.abandon()
+        finally:
+            self._undrain_all()
+            self._closed = True
 
     def discard(self) -> None:
         """Close every file writing and syncing nothing, for a log whose files are about to be

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from broker.storage.fileio import Op, Sync, SyncDir, SyncFile, Write
+from broker.storage.fileio import FileIO, Op, Sync, SyncDir, SyncFile, Write, run_ops
 from broker.storage.segment import Segment
 
 
@@ -110,3 +110,32 @@ def still_unsynced(unsynced: Iterable[Segment], active: Segment) -> dict[Segment
         for s in unsynced
         if s is active or s.synced_size < s.size or s.index_synced_count < len(s.index)
     }
+
+
+@dataclass(slots=True)
+class ClosePlan:
+    """What a clean `Log.close` asks of the disk: give back the active segment's preallocated
+    tail (`truncate_to`, None when nothing is preallocated past its end), then the flush, then
+    the active index's sync (a flush writes it, leaving it unsynced). The active segment is
+    pinned until the close completes, so its descriptors stay valid on another thread."""
+
+    flush: FlushPlan
+    active: Segment
+    store_fd: int
+    index_fd: int
+    truncate_to: int | None
+    truncated: bool = False
+
+
+def run_close(io: FileIO, plan: ClosePlan) -> None:
+    """Carry out `plan`'s disk work: system calls only, so that a core closing many logs may run
+    many of them at once on threads (concurrent syncs share journal commits). A failed truncate
+    is left for the next open (it releases a tail left); a failed sync raises."""
+    if plan.truncate_to is not None:
+        try:
+            io.ftruncate(plan.store_fd, plan.truncate_to)
+            plan.truncated = True
+        except OSError:
+            pass
+    run_ops(io, plan.flush.ops)
+    io.fdatasync(plan.index_fd)

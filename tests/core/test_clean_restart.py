@@ -6,6 +6,7 @@ snapshot; no marker; a kill -9 after a clean start) is the full path."""
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -18,6 +19,7 @@ from crc32c import crc32c
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from broker.core import core as core_module
 from broker.core.config import BrokerConfig
 from broker.core.core import Core
 from broker.core.partition import Partition, PendingProduce
@@ -331,6 +333,50 @@ def test_a_failed_close_writes_no_marker(tmp_path: Path) -> None:
     core.close()
     assert not os.path.exists(clean_marker.marker_path(str(tmp_path), 0))
     assert opened_clean(core_at(tmp_path)) == [False, False]
+
+
+class FailingSync(SyncFileIO):
+    """A disk whose fdatasync fails (what `Core.close` runs on its threads)."""
+
+    def fdatasync(self, fd: int) -> None:
+        raise OSError(errno.EIO, "injected")
+
+
+def test_a_close_of_many_partitions_in_chunks_closes_each_clean(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(core_module, "CLOSE_CHUNK", 4)  # several chunks, planned while the last syncs
+    core = core_at(tmp_path)
+    produce_to_every(core, "t", 11)
+    logs = [p.log for p in core.partitions.values()]
+    stores = [log.segments[-1].store_path for log in logs]
+    sizes = [(os.path.getsize(s), log.segments[-1].size) for s, log in zip(stores, logs, strict=True)]
+    assert all(on_disk > size for on_disk, size in sizes), "preallocated"
+    core.close()
+    assert all(log.closed and log.durable_offset == log.end_offset for log in logs)
+    sizes = [(os.path.getsize(s), log.segments[-1].size) for s, log in zip(stores, logs, strict=True)]
+    assert all(on_disk == size for on_disk, size in sizes), "tails given back"
+    assert all(not s.pinned for log in logs for s in log.segments)
+    assert os.path.exists(clean_marker.marker_path(str(tmp_path), 0))
+    again = core_at(tmp_path)
+    assert opened_clean(again) == [True] * 11
+    again.close()
+
+
+def test_a_sync_failing_on_a_close_thread_writes_no_marker_and_closes_the_rest(
+    tmp_path: Path, monkeypatch, caplog
+) -> None:
+    monkeypatch.setattr(core_module, "CLOSE_CHUNK", 3)
+    core = core_at(tmp_path)
+    produce_to_every(core, "t", 7)
+    parts = list(core.partitions.values())
+    parts[4].log.io = FailingSync()
+    with caplog.at_level(logging.ERROR):
+        core.close()
+    assert not os.path.exists(clean_marker.marker_path(str(tmp_path), 0))
+    assert any("closing partition" in r.getMessage() and "injected" in r.getMessage() for r in caplog.records)
+    assert all(p.log.closed for p in parts)
+    assert [p.log._broken is not None for p in parts] == [False] * 4 + [True] + [False] * 2
+    assert all(not s.pinned for p in parts for s in p.log.segments)
+    assert opened_clean(core_at(tmp_path)) == [False] * 7
 
 
 def test_a_marker_of_another_core_count_is_not_used_and_stale_ones_go(tmp_path: Path) -> None:
