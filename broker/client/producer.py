@@ -80,6 +80,16 @@ from ringlog_proto.messages import (
 # batch plus `max_in_flight` in flight, stays near 1.5 MiB. linger_ms bounds the latency a big
 # batch could otherwise add: a batch goes when full or when it has waited linger_ms.
 BATCH_BYTES_DEFAULT: Final = 256 * 1024
+# Unanswered requests on one connection before a partition's next batch waits for an answer.
+# One request carries one partition's batch, and its fixed cost (a frame, a dispatch on the
+# broker, a future, a reply) is most of the work when a batch holds a record or two: a producer
+# spread over 1000 partitions with a 5 ms linger sends about one record a batch, and both ends
+# spend their CPU on requests. With a bound, a busy connection's partitions keep filling their
+# lingered batches while earlier requests are answered (Kafka's producers bound requests per
+# connection the same way, max.in.flight.requests.per.connection). 16 keeps the broker fed (it
+# takes a connection's requests of a loop turn together) and is above `max_in_flight`, so one
+# partition alone never waits on it.
+IN_FLIGHT_PER_CONNECTION_DEFAULT: Final = 16
 CODECS: Final = {name: codec for codec, name in CODEC_NAMES.items()}  # `compression`'s values
 
 
@@ -98,6 +108,10 @@ class AsyncProducer(Sender):
         batch its codec grows past that size goes uncompressed, as librdkafka sends it. A topic whose
         compression.type names another codec stores the batches in that one.
       max_in_flight: unacknowledged batches per partition (default 5; at most 5 when idempotent).
+      max_in_flight_per_connection: unanswered requests on one connection (default 16, see
+        IN_FLIGHT_PER_CONNECTION_DEFAULT). While a connection has that many, its partitions'
+        lingered batches keep filling instead of going out one request each: a producer spread
+        over many partitions sends fuller batches the busier the broker is.
       retries: retries per batch (default None: bounded only by delivery_timeout_ms, since how long
         a broker restart takes is unknown, and the delivery timeout is the bound that matters).
       retry_backoff_ms, retry_backoff_max_ms: exponential backoff between retries, capped.
@@ -131,6 +145,7 @@ class AsyncProducer(Sender):
         batch_bytes: int = BATCH_BYTES_DEFAULT,
         linger_ms: float = 5,
         max_in_flight: int = 5,
+        max_in_flight_per_connection: int = IN_FLIGHT_PER_CONNECTION_DEFAULT,
         retries: int | None = None,
         retry_backoff_ms: int = 100,
         retry_backoff_max_ms: int = 1000,
@@ -167,8 +182,8 @@ class AsyncProducer(Sender):
             raise ValueError(
                 f"batch_bytes must be in {BATCH_OVERHEAD + 1}..{max_batch_bytes}, not {batch_bytes}"
             )
-        if max_in_flight < 1:
-            raise ValueError("max_in_flight must be at least 1")
+        if max_in_flight < 1 or max_in_flight_per_connection < 1:
+            raise ValueError("max_in_flight and max_in_flight_per_connection must be at least 1")
         if enable_idempotence and max_in_flight > IDEMPOTENT_IN_FLIGHT_MAX:
             raise ValueError(
                 f"max_in_flight {max_in_flight} > {IDEMPOTENT_IN_FLIGHT_MAX}: the broker remembers only the "
@@ -192,6 +207,7 @@ class AsyncProducer(Sender):
         self.max_batch_bytes = max_batch_bytes
         self.linger = linger_ms / 1000
         self.max_in_flight = max_in_flight
+        self.max_in_flight_per_connection = max_in_flight_per_connection
         self.retries = retries
         self.retry_backoff = retry_backoff_ms / 1000
         self.retry_backoff_max = max(retry_backoff_ms, retry_backoff_max_ms) / 1000
@@ -217,6 +233,8 @@ class AsyncProducer(Sender):
         self._lookups: dict[str, asyncio.Task[None]] = {}
         self._connecting: dict[int, asyncio.Task[None]] = {}
         self._draining: dict[int, asyncio.Task[None]] = {}
+        self._slot_waiters = {}
+        self._unanswered = {}
         self._buffered = 0
         self._space: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -507,7 +525,11 @@ class AsyncProducer(Sender):
         if not 0 <= p < partitions or owners[p] == NO_ROUTE:
             return None
         conn = self._client.connection_nowait(owners[p])
-        if conn is None or conn.write_buffer_size() > WRITE_BUFFER_HIGH:
+        if (
+            conn is None
+            or conn.write_buffer_size() > WRITE_BUFFER_HIGH
+            or self._unanswered.get(conn, 0) >= self.max_in_flight_per_connection
+        ):
             return None
         # The request's whole frame is made in one call and written first, the producer's
         # bookkeeping done while it travels: nothing of the partition changes until the write
@@ -541,7 +563,8 @@ class AsyncProducer(Sender):
             self._finish_ok(ps, b, -1)
             return fut
         ps.sent(b)
-        reply = ProduceReply(self, ps, b)
+        reply = ProduceReply(self, ps, b, conn)
+        self._unanswered[conn] = self._unanswered.get(conn, 0) + 1
         conn.expect(corr, reply, ProduceRequest.API_KEY, self._reply_timeout, decode_produce_reply)
         return fut
 

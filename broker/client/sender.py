@@ -47,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from typing import Any, Final
 
 from broker.client.accumulator import BATCH_OVERHEAD, Callback, ProducerBatch, call_callback
@@ -88,7 +89,7 @@ class ProducerPartition(DeliveryState):
     """Send state of one partition: its open batch and timers beside the pure delivery state
     (batches queued, in flight, failed; producer id, epoch, sequences)."""
 
-    __slots__ = ("backoff", "linger", "open", "partition", "partitions", "topic", "topic_id")
+    __slots__ = ("backoff", "linger", "open", "partition", "partitions", "topic", "topic_id", "waiting")
 
     def __init__(
         self,
@@ -112,6 +113,7 @@ class ProducerPartition(DeliveryState):
         self.open: ProducerBatch | None = None
         self.linger: asyncio.TimerHandle | None = None
         self.backoff: asyncio.TimerHandle | None = None
+        self.waiting = False  # for its connection's requests in flight to go below the bound
 
     def batches(self) -> list[ProducerBatch]:
         out = [*self.queue, *self.inflight, *self.failed]
@@ -163,6 +165,7 @@ class Sender:
     # Set by `AsyncProducer.__init__`: its configuration, validated there ...
     acks: Acks
     max_in_flight: int
+    max_in_flight_per_connection: int
     retries: int | None
     retry_backoff: float  # seconds
     retry_backoff_max: float
@@ -179,6 +182,10 @@ class Sender:
     _lookups: dict[str, asyncio.Task[None]]
     _connecting: dict[int, asyncio.Task[None]]
     _draining: dict[int, asyncio.Task[None]]
+    # partitions with a batch ready whose connection has `max_in_flight_per_connection` requests
+    # unanswered, in the order they became ready: each answer on it lets the first go
+    _slot_waiters: dict[AsyncConnection, deque[ProducerPartition]]
+    _unanswered: dict[AsyncConnection, int]  # produce requests unanswered, by connection
     _buffered: int
     _space: asyncio.Event | None
     _loop: asyncio.AbstractEventLoop | None
@@ -206,38 +213,56 @@ class Sender:
             self._end_round(ps)
         if ps.backoff is not None:
             return
+        if ps.waiting:
+            return  # its connection's next answer pumps it
         now = time.monotonic()
         conn: AsyncConnection | None = None
         while ps.may_send():
-            if not ps.queue:
-                b = ps.open
-                if b is None or not b.ready:
-                    return
-                ps.open = None  # seal without recursing into _pump
-                if ps.linger is not None:
-                    ps.linger.cancel()
-                    ps.linger = None
-                ps.seal(b)
-                self._partitioner.batch_sealed(ps.topic, ps.partition, ps.partitions)
+            if ps.queue:
+                if now >= ps.queue[0].deadline:
+                    self._expire(ps)
+                    continue
+            elif ps.open is None or not ps.open.ready:
+                return
+            if conn is None:
+                conn = self._connection_for(ps)
+                if conn is None:
+                    self._seal_ready(ps)  # queued: what waits for a route expires in the queue
+                    return  # a lookup or connect is under way; it pumps again
+                if self._txn is not None:
+                    self._seal_ready(ps)
+                    if not self._in_transaction(ps):
+                        return  # being added to the transaction: it pumps again once added
+            if conn.write_buffer_size() > WRITE_BUFFER_HIGH:
+                self._seal_ready(ps)
+                self._wait_drain(conn)  # the socket is behind: it pumps again once drained
+                return
+            if self._unanswered.get(conn, 0) >= self.max_in_flight_per_connection:
+                self._wait_slot(conn, ps)  # an open batch keeps filling meanwhile
+                return
+            self._seal_ready(ps)
             b = ps.queue[0]
             if now >= b.deadline:
                 self._expire(ps)
                 continue
-            if conn is None:
-                conn = self._connection_for(ps)
-                if conn is None:
-                    return  # a lookup or connect is under way; it pumps again
-                if self._txn is not None and not self._in_transaction(ps):
-                    return  # being added to the transaction: it pumps again once added
-            if conn.write_buffer_size() > WRITE_BUFFER_HIGH:
-                self._wait_drain(conn)  # the socket is behind: it pumps again once drained
-                return
             if not ps.number(b):
                 return  # a new epoch is due: it waits for the old one's batches in flight
             ps.dequeue()
             self._send(ps, b, conn)
             if conn.closed:
                 conn = None
+
+    def _seal_ready(self, ps: ProducerPartition) -> None:
+        """Queue `ps`'s open batch if it is ready to go and nothing is queued before it."""
+        b = ps.open
+        if ps.queue or b is None or not b.ready:
+            return
+        ps.open = None  # sealed here, not by `_seal`, which would pump again
+        if ps.linger is not None:
+            ps.linger.cancel()
+            ps.linger = None
+        ps.seal(b)
+        self._partitioner.batch_sealed(ps.topic, ps.partition, ps.partitions)
 
     def _send(self, ps: ProducerPartition, b: ProducerBatch, conn: AsyncConnection) -> None:
         assert b.data is not None
@@ -253,12 +278,15 @@ class Sender:
             self._finish_ok(ps, b, -1)
             return
         ps.sent(b)
-        reply = ProduceReply(self, ps, b)
+        reply = ProduceReply(self, ps, b, conn)
+        unanswered = self._unanswered
+        unanswered[conn] = unanswered.get(conn, 0) + 1
         try:
             conn.request_to(req, reply, timeout=self._reply_timeout, decode=decode_produce_reply)
         except BrokerUnavailable as exc:
             if not reply.settled:  # else the connection's failure reached the reply first
                 reply.settled = True
+                self._answered(conn)
                 self._on_result(ps, b, -1, exc)
 
     def _on_result(
@@ -586,6 +614,36 @@ class Sender:
             self._draining.pop(key, None)
         self._pump_all()
 
+    def _wait_slot(self, conn: AsyncConnection, ps: ProducerPartition) -> None:
+        ps.waiting = True
+        waiters = self._slot_waiters.get(conn)
+        if waiters is None:
+            waiters = self._slot_waiters[conn] = deque()
+        waiters.append(ps)
+
+    def _answered(self, conn: AsyncConnection) -> None:
+        """One of `conn`'s produce requests is settled (answered, or failed with it)."""
+        left = self._unanswered[conn] - 1
+        if left:
+            self._unanswered[conn] = left
+        else:
+            del self._unanswered[conn]
+
+    def _slot_freed(self, conn: AsyncConnection) -> None:
+        """After an answer (or the connection's failure) settled one of `conn`'s requests: the
+        partitions waiting for room go, first come first, while there is room (a failed
+        connection's go to wherever their pump routes them now)."""
+        waiters = self._slot_waiters.get(conn)
+        if waiters is None:
+            return
+        bound = self.max_in_flight_per_connection
+        while waiters and (conn.closed or self._unanswered.get(conn, 0) < bound):
+            ps = waiters.popleft()
+            ps.waiting = False
+            self._pump(ps)
+        if not waiters and self._slot_waiters.get(conn) is waiters:
+            del self._slot_waiters[conn]
+
     def _pump_all(self) -> None:
         for ps in list(self._parts.values()):
             self._pump(ps)
@@ -605,12 +663,15 @@ class ProduceReply:
     retry logic never runs inside the connection's own failure or write.
     """
 
-    __slots__ = ("_b", "_producer", "_ps", "settled")
+    __slots__ = ("_b", "_conn", "_producer", "_ps", "settled")
 
-    def __init__(self, producer: Sender, ps: ProducerPartition, b: ProducerBatch) -> None:
+    def __init__(
+        self, producer: Sender, ps: ProducerPartition, b: ProducerBatch, conn: AsyncConnection
+    ) -> None:
         self._producer = producer
         self._ps = ps
         self._b = b
+        self._conn = conn
         self.settled = False
 
     def done(self) -> bool:
@@ -619,18 +680,30 @@ class ProduceReply:
     def set_result(self, resp: int | Response) -> None:
         """`decode_produce_reply`'s result: a success's base offset, or the decoded response."""
         self.settled = True
+        producer = self._producer
+        producer._answered(self._conn)
         if type(resp) is int:
-            self._producer._on_result(self._ps, self._b, resp, None)
+            producer._on_result(self._ps, self._b, resp, None)
         elif resp.error == ErrorCode.NONE:  # type: ignore[union-attr]
-            self._producer._on_result(self._ps, self._b, resp.base_offset, None)  # type: ignore[union-attr]
+            producer._on_result(self._ps, self._b, resp.base_offset, None)  # type: ignore[union-attr]
         else:
             self._later(error_for(resp.error, resp.message))  # type: ignore[union-attr]
+            return
+        if producer._slot_waiters:
+            producer._slot_freed(self._conn)
 
     def set_exception(self, exc: BaseException) -> None:
         self.settled = True
+        self._producer._answered(self._conn)
         self._later(exc)
 
     def _later(self, exc: BaseException) -> None:
         producer = self._producer
         assert producer._loop is not None
-        producer._loop.call_soon(producer._on_result, self._ps, self._b, -1, exc)
+        producer._loop.call_soon(self._failed, exc)
+
+    def _failed(self, exc: BaseException) -> None:
+        producer = self._producer
+        producer._on_result(self._ps, self._b, -1, exc)
+        if producer._slot_waiters:
+            producer._slot_freed(self._conn)

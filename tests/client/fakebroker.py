@@ -23,6 +23,7 @@ class Action(enum.Enum):
     DROP = "drop"  # close the connection without answering, before appending
     APPEND_THEN_DROP = "append_then_drop"  # append, then close without answering
     HANG = "hang"  # never answer (the request stays unanswered)
+    HOLD = "hold"  # append, answer when the test calls `release`
 
 
 @dataclass
@@ -53,6 +54,7 @@ class FakeBroker:
         self.on_produce: Callable[[Received, int], Action | m.ErrorCode] = lambda r, i: Action.OK
         self.connections = 0
         self.requests: list[m.Request] = []
+        self.held: list[tuple[asyncio.StreamWriter, Frame, m.Response]] = []  # answers of HOLD
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self.port = 0
@@ -76,6 +78,14 @@ class FakeBroker:
     def log(self, topic: str, partition: int) -> PartitionLog:
         tid, _ = self.topics[topic]
         return self.logs.setdefault((tid, partition), PartitionLog())
+
+    def release(self) -> int:
+        """Send the answers HOLD kept, in the order they were held; how many."""
+        held, self.held = self.held, []
+        for writer, frame, resp in held:
+            if not writer.is_closing():
+                self._reply(writer, frame, resp)
+        return len(held)
 
     def drop_all(self) -> None:
         for w in list(self._writers):
@@ -186,15 +196,15 @@ class FakeBroker:
             return False
         if req.acks:
             if isinstance(result, m.ErrorCode):
-                self._reply(writer, frame, m.error_response(frame.api_key, result, "sequence"))
+                resp: m.Response = m.error_response(frame.api_key, result, "sequence")
             else:
-                self._reply(
-                    writer,
-                    frame,
-                    m.ProduceResponse(
-                        base_offset=result, end_offset=result + rec.record_count, log_start_offset=0
-                    ),
+                resp = m.ProduceResponse(
+                    base_offset=result, end_offset=result + rec.record_count, log_start_offset=0
                 )
+            if action is Action.HOLD:
+                self.held.append((writer, frame, resp))
+            else:
+                self._reply(writer, frame, resp)
         return True
 
     def _append(self, log: PartitionLog, rec: Received) -> int | m.ErrorCode:

@@ -249,6 +249,76 @@ def test_linger_sends_a_partial_batch() -> None:
     run(body)
 
 
+def test_a_connection_at_its_bound_lets_lingered_batches_fill() -> None:
+    """With `max_in_flight_per_connection` requests unanswered, the other partitions' lingered
+    batches wait and keep taking records: one request each carries them all once answers come,
+    and the connection never holds more than the bound unanswered."""
+
+    async def body(broker: FakeBroker) -> None:
+        most = 0
+
+        def hold(rec: Received, i: int) -> Action:
+            nonlocal most
+            if i == 0:
+                return Action.OK  # the warm-up: metadata and the connection made
+            most = max(most, len(broker.held) + 1)
+            return Action.HOLD
+
+        broker.on_produce = hold
+        async with AsyncProducer(broker.bootstrap, linger_ms=1, max_in_flight_per_connection=3) as p:
+            await (await p.send("w", b"warm-up"))
+            futs = [await p.send("t", b"first", partition=k) for k in range(20)]
+            await _until(lambda: len(broker.received) == 4)
+            await asyncio.sleep(0.05)  # every linger has passed: 17 partitions wait for room
+            assert len(broker.received) == 4
+            futs += [await p.send("t", b"more", partition=k) for k in range(20) for _ in range(5)]
+            while not all(f.done() for f in futs):
+                broker.release()
+                await asyncio.sleep(0.005)
+            mds = [f.result() for f in futs]
+        assert most == 3
+        waited = broker.received[4:21]
+        assert sorted(r.partition for r in waited) == list(range(3, 20))
+        assert all(r.record_count == 6 for r in waited)  # its first record and the 5 after
+        for k in range(20):
+            values = [r.value for r in decode_batches(b"".join(broker.log("t", k).batches))]
+            assert values == [b"first"] + [b"more"] * 5
+        assert sorted((md.partition, md.offset) for md in mds) == [
+            (k, o) for k in range(20) for o in range(6)
+        ]
+
+    run(body, topics={"t": 20, "w": 1})
+
+
+def test_partitions_waiting_for_room_go_once_the_connection_is_lost() -> None:
+    """A connection lost with partitions waiting for room: its failures free the room, and the
+    waiting batches go (with the failed ones, retried) on the next connection."""
+
+    async def body(broker: FakeBroker) -> None:
+        broker.on_produce = lambda rec, i: Action.HANG if 1 <= i <= 2 else Action.OK
+        async with AsyncProducer(
+            broker.bootstrap, linger_ms=1, max_in_flight_per_connection=2, retry_backoff_ms=10
+        ) as p:
+            await (await p.send("w", b"warm-up"))
+            futs = [await p.send("t", b"x", partition=k) for k in range(8)]
+            await _until(lambda: len(broker.received) == 3)
+            await asyncio.sleep(0.03)
+            assert len(broker.received) == 3
+            broker.drop_all()
+            mds = await asyncio.gather(*futs)
+        assert sorted((md.partition, md.offset) for md in mds) == [(k, 0) for k in range(8)]
+        assert broker.connections >= 2  # the lost one and the one they went on
+
+    run(body, topics={"t": 8, "w": 1})
+
+
+async def _until(what: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not what():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.002)
+
+
 def test_keyed_records_keep_order_per_partition() -> None:
     async def body(broker: FakeBroker) -> None:
         async with AsyncProducer(broker.bootstrap, batch_bytes=4096) as p:
