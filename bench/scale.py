@@ -346,21 +346,43 @@ def k_create(bootstrap: str, topics: dict[str, int], timeout_s: float) -> float:
     return time.perf_counter() - t0
 
 
+TOUCH_SLICE = 10_000  # partitions per librdkafka producer of `k_touch`
+
+
 def k_touch(bootstrap: str, topics: dict[str, int], timeout_s: float) -> float:
-    """One record to each partition, until every one is acknowledged: s."""
+    """One record to each partition, until every one is acknowledged: s. librdkafka's cost per
+    partition grows with the partitions one producer holds (its broker thread walks them all),
+    so each slice of ~TOUCH_SLICE partitions has its own producer, all at once on threads."""
     from confluent_kafka import Producer as KProducer
 
-    errors: list[Any] = []
-    p = KProducer(kconf(bootstrap, acks="1", **{"linger.ms": 5, **_only_errors(errors)}))
-    p.list_topics(timeout=timeout_s)  # connections and metadata: untimed
-    t0 = time.perf_counter()
+    slices: list[dict[str, int]] = [{}]
     for t, n in topics.items():
-        for k in range(n):
-            _produce(p, t, VALUE[:100], k)
-    left = p.flush(timeout_s)
+        if sum(slices[-1].values()) + n > TOUCH_SLICE and slices[-1]:
+            slices.append({})
+        slices[-1][t] = n
+    errors: list[Any] = []
+    conf = {"linger.ms": 5, "message.timeout.ms": int(timeout_s * 1000), **_only_errors(errors)}
+    producers = [KProducer(kconf(bootstrap, acks="1", **conf)) for _ in slices]
+    for p in producers:
+        p.list_topics(timeout=timeout_s)  # connections and metadata: untimed
+    left = [0] * len(slices)
+
+    def touch(i: int) -> None:
+        p = producers[i]
+        for t, n in slices[i].items():
+            for k in range(n):
+                _produce(p, t, VALUE[:100], k)
+        left[i] = p.flush(timeout_s)
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=touch, args=(i,)) for i in range(len(slices))]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
     took = time.perf_counter() - t0
-    if left or errors:
-        raise RuntimeError(f"touch: {left} unacknowledged, errors {errors[:3]}")
+    if sum(left) or errors:
+        raise RuntimeError(f"touch: {sum(left)} unacknowledged, errors {errors[:3]}")
     return took
 
 
