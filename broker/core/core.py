@@ -49,6 +49,7 @@ from broker.core.config import BrokerConfig
 from broker.core.coordinator import CallLater, GroupCoordinator
 from broker.core.groups import GroupOffsetStore
 from broker.core.limits import SEGMENT_FD_CACHE_UNLIMITED, partition_limit
+from broker.core.metadata_views import MetadataViews
 from broker.core.metrics import CoreMetrics
 from broker.core.outcomes import Durable, Later, Notify, Outcome, Reply, Silent
 from broker.core.partition import Partition, Stored
@@ -59,7 +60,7 @@ from broker.core.sweeps import Schedule, Sweep
 from broker.core.topic_configs import Alteration, ConfigEntry, TopicDefaults, describe_topic
 from broker.core.topics import Topic, TopicError, TopicFault, TopicRegistry, invalid_topic_name
 from broker.core.transactions import CoreTransactions, is_internal
-from broker.core.views import MetadataView, NodeView, PartitionView, TopicView
+from broker.core.views import MetadataView
 from broker.security.acls import Authorizer
 from broker.security.sasl import Authenticator
 from broker.storage import clean_marker, layout
@@ -72,7 +73,7 @@ from broker.storage.producer_snapshot import Snapshot
 from ringlog_proto import messages as m
 from ringlog_proto.batch import now_ms
 from ringlog_proto.frames import Frame
-from ringlog_proto.routing import coordinator_for, coordinator_node, owner, shard_for
+from ringlog_proto.routing import coordinator_for, coordinator_node, shard_for
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -160,7 +161,8 @@ class Core:
         self.producer_ids = ProducerIds(ids or FileBlockSource(config.data_dir))
         self._owners: dict[tuple[int, int], int] = {}
         self._owners_max = max(OWNER_CACHE_MAX, partition_limit(config.limits))
-        self._listing_held: tuple[TopicRegistry | None, int, list[tuple[str, Topic | None]]] = (None, -1, [])
+        # what both protocols' Metadata show of the topics (broker/core/metadata_views.py)
+        self.metadata_views = MetadataViews(self)
         # The last run closed every partition this core had open cleanly: their snapshots may
         # stand for the scan, syncs and walk at open (broker/storage/clean_marker.py). Taken,
         # gone durably, before anything opens: a crash from here on leaves no marker.
@@ -531,142 +533,9 @@ class Core:
         return self._open_partition(current, index)
 
     def metadata_view(self, names: Sequence[str] | None = None, *, partitions: bool = True) -> MetadataView:
-        """Topics (`names`, or every one when None), their partitions with owning cores, and
-        where each core is reached: the one answer both protocols encode (broker/core/views.py).
-        `partitions` False: each topic without its partitions (an answer asks `topic_placement`
-        and `topic_offsets` per topic, and may keep what it made of the placement while
-        `placement_stamp` and the topic stay the same)."""
-        named = self.topics_named(names)
-        cluster = self.cluster
-        nodes = self._node_views(cluster)
-        topics = []
-        for name, topic in named:
-            if topic is None:
-                topics.append(TopicView(name, 0, known=False))
-                continue
-            topic_settings = self.registry.settings_of(topic)
-            topics.append(
-                TopicView(
-                    topic.name,
-                    topic.topic_id,
-                    known=True,
-                    retention_ms=_wire_limit(topic_settings.retention_ms),
-                    retention_bytes=_wire_limit(topic_settings.retention_bytes),
-                    segment_bytes=topic_settings.segment_bytes,
-                    partitions=self._partition_views(topic, cluster, nodes, True) if partitions else (),
-                )
-            )
-        return MetadataView(
-            host=self.config.public_host,
-            port=self.config.port,
-            cores=self.config.cores,
-            core_ports=self.config.core_ports,
-            steering=bool((self.config.bpf_snapshot() or {}).get("steering")),  # the supervisor's bpf.json
-            topics=tuple(topics),
-            node_id=self.config.node_id,
-            nodes=tuple(sorted(nodes.values(), key=lambda n: n.node_id)),
-            clustered=cluster.clustered,
-            controller=cluster.controller if cluster.controller in cluster.live else self.config.node_id,
-        )
-
-    def topics_named(self, names: Sequence[str] | None) -> list[tuple[str, Topic | None]]:
-        """Each of `names` (every topic's, sorted, when None) with its topic (None: no such
-        topic), the registry looked at as `metadata_view` does: the topics of a view that
-        `metadata_view([])` gives the rest of. Read only: a listing is shared while the registry
-        stays the same."""
-        self.refresh_topics()
-        by_name = self.registry.by_name
-        if names and any(name not in by_name for name in names):
-            self.refresh_topics(force=True)
-            by_name = self.registry.by_name
-        if names is None:
-            return self._listing()
-        return [(name, by_name.get(name)) for name in names]
-
-    @property
-    def placement_stamp(self) -> object:
-        """What every partition's placement (owning core, leader, epoch, replicas, ISR, the
-        nodes' liveness) is computed from besides its topic's id and partition count: the
-        cluster view, which is replaced, never changed in place, on every change (one node: the
-        same for the core's life, placement being a function of the topic id and core count)."""
-        return self.cluster
-
-    def topic_placement(self, topic: Topic) -> tuple[PartitionView, ...]:
-        """The partitions of `topic` as `metadata_view` shows them, without their offsets
-        (-1, -1): what Kafka's Metadata answers, which may be kept while `placement_stamp` and
-        the topic's partition count stay the same."""
-        cluster = self.cluster
-        return self._partition_views(topic, cluster, self._node_views(cluster), False)
-
-    def topic_offsets(self, topic: Topic) -> list[tuple[int, int, int]]:
-        """(index, log start offset, high watermark) of each partition of `topic` open on this
-        core whose offsets `metadata_view` shows (the rest show -1, -1, as `topic_placement`)."""
-        cluster, opened = self.cluster, self.partitions
-        shown = []
-        for i in range(topic.partitions):
-            p = opened.get((topic.topic_id, i))
-            if p is not None and not (cluster.clustered and cluster.state_of(topic.topic_id, i) is None):
-                shown.append((i, p.log.start_offset, p.high_watermark))
-        return shown
-
-    def _listing(self) -> list[tuple[str, Topic | None]]:
-        """Every topic by name, sorted: made again only when the registry changed (shared by
-        every listing until then: read only)."""
-        registry, (held, generation, listing) = self.registry, self._listing_held
-        if held is not registry or generation != registry.generation:
-            listing = [(name, registry.by_name[name]) for name in sorted(registry.by_name)]
-            self._listing_held = (registry, registry.generation, listing)
-        return listing
-
-    def _node_views(self, cluster: ClusterView) -> dict[int, NodeView]:
-        node_id = self.config.node_id
-        nodes = {
-            n.node_id: NodeView(
-                n.node_id, n.host, n.port, n.cores, n.core_ports, n.rack, n.node_id in cluster.serving
-            )
-            for n in cluster.nodes.values()
-        }
-        if node_id not in nodes:
-            config = self.config
-            nodes[node_id] = NodeView(
-                node_id, config.public_host, config.port, config.cores, config.core_ports
-            )
-        return nodes
-
-    def _partition_views(
-        self, topic: Topic, cluster: ClusterView, nodes: Mapping[int, NodeView], offsets: bool
-    ) -> tuple[PartitionView, ...]:
-        node_id = self.config.node_id
-        parts = []
-        for i in range(topic.partitions):
-            p = self.partitions.get((topic.topic_id, i)) if offsets else None
-            start, end = (p.log.start_offset, p.high_watermark) if p is not None else (-1, -1)
-            state = cluster.state_of(topic.topic_id, i) if cluster.clustered else None
-            if state is None and cluster.clustered:  # its first state is not written yet
-                parts.append(PartitionView(i, -1, -1, -1, -1, 0, (), ()))
-                continue
-            if state is None:
-                core = self.owner(topic.topic_id, i)
-                me = ((node_id, core),)
-                parts.append(PartitionView(i, core, start, end, node_id, 0, me, me))
-                continue
-            placed = {r: (r, _core_on(nodes.get(r), topic.topic_id, i)) for r in state.replicas}
-            leader = nodes.get(state.leader)
-            if leader is not None and not leader.live:
-                leader = None
-            parts.append(
-                PartitionView(
-                    i,
-                    _core_on(leader, topic.topic_id, i) if leader is not None else -1,
-                    start,
-                    end,
-                    state.leader if leader is not None else -1,
-                    state.leader_epoch,
-                    tuple(placed[r] for r in state.replicas),
-                    tuple(placed[r] for r in state.isr if r in placed),
-                )
-            )
-        return tuple(parts)
+        """Topics (`names`, or every one when None) as both protocols' Metadata show them
+        (broker/core/metadata_views.py `MetadataViews.view`)."""
+        return self.metadata_views.view(names, partitions=partitions)
 
     def topic_name(self, topic_id: int) -> str | None:
         """The name of topic `topic_id` (None if there is none): the resource an ACL names."""
@@ -991,14 +860,3 @@ def topic_defaults(config: BrokerConfig) -> TopicDefaults:
         unclean_leader_election=cluster.unclean_election if cluster is not None else False,
         static=config.static_configs,
     )
-
-
-def _core_on(node: NodeView | None, topic_id: int, partition: int) -> int:
-    """The core of `node` that holds the partition's replica there (-1: the node is not live)."""
-    if node is None or not node.cores:
-        return -1
-    return owner(topic_id, partition, range(node.cores))
-
-
-def _wire_limit(value: int | None) -> int:
-    return -2 if value is None else value

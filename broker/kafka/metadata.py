@@ -99,7 +99,7 @@ def metadata(ctx: Context, request: KafkaRequest, body: Any) -> Outcome:
                 version,
                 request.correlation_id,
                 ctx.core.metadata_view([]),
-                ctx.core.topics_named(names),
+                ctx.core.metadata_views.topics_named(names),
                 may,
                 listed_all=names is None,
                 unknown_ids=unknown_ids,
@@ -149,15 +149,15 @@ def metadata_answer(
     topic_operations: bool = False,
     cluster_operations: bool = False,
 ) -> list[bytes]:
-    """`view` (its nodes: `Core.metadata_view([])`) and the topics `named` (`Core.topics_named`)
-    as the framed Metadata response of `version`: every core of every node a broker
-    (`kafka_broker_id`), each partition led by the core serving it on its leader node, each
-    known topic's entry kept by `ctx.metadata_entries`. With `may_describe` (ACLs on), a topic
-    the principal may not describe is left out of a listing of every topic and answered
-    TOPIC_AUTHORIZATION_FAILED when asked for by name, whether or not it exists (its existence is
-    not told either). `unknown_ids`: topic ids asked for that no topic has (UNKNOWN_TOPIC_ID);
-    `topic_operations`, `cluster_operations`: the authorized operations were asked for (module
-    rules)."""
+    """`view` (its nodes: `Core.metadata_view([])`) and the topics `named`
+    (`Core.metadata_views.topics_named`) as the framed Metadata response of `version`: every
+    core of every node a broker (`kafka_broker_id`), each partition led by the core serving it
+    on its leader node, each known topic's entry kept by `ctx.metadata_entries`. With
+    `may_describe` (ACLs on), a topic the principal may not describe is left out of a listing of
+    every topic and answered TOPIC_AUTHORIZATION_FAILED when asked for by name, whether or not
+    it exists (its existence is not told either). `unknown_ids`: topic ids asked for that no
+    topic has (UNKNOWN_TOPIC_ID); `topic_operations`, `cluster_operations`: the authorized
+    operations were asked for (module rules)."""
     authorizer, principal = ctx.authorizer, ctx.auth.principal
     layout = metadata_layout(version)
     entries = ctx.metadata_entries

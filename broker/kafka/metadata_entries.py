@@ -52,7 +52,7 @@ class TopicEntries:
 
     def entry(self, core: Core, cluster_id: str, view: MetadataView, topic: Topic, layout: int) -> bytes:
         """The entry of `topic` (the registry's) for `layout`, made once; `view` gives the nodes."""
-        stamp = core.placement_stamp
+        stamp = core.metadata_views.placement_stamp
         held = self._held.get(topic.topic_id)
         if held is None or held[0] != topic.name or held[1] != topic.partitions or held[2] is not stamp:
             if len(self._held) > 2 * len(core.registry.by_id) + 64:  # topics deleted since
@@ -63,7 +63,7 @@ class TopicEntries:
         made = held[3].get(layout)
         if made is None:
             made = held[3][layout] = _topic_entry(
-                cluster_id, view, topic, core.topic_placement(topic), layout
+                cluster_id, view, topic, core.metadata_views.topic_placement(topic), layout
             )
         return made
 

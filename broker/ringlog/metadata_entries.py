@@ -4,10 +4,11 @@ on each request.
 
 Rules this module keeps:
 - An entry is the topic as `MetadataResponse.write_topic` writes it with every partition's
-  offsets -1, -1 (`Core.topic_placement`), kept while the topic (name, partition count, configs)
-  and the core's `placement_stamp` stay the same, with where each partition's offsets sit; a
-  request writes the offsets `Core.topic_offsets` gives into a copy. Errors and refusals are
-  written per request (broker/ringlog/topics.py).
+  offsets -1, -1 (`topic_placement` of the core's `MetadataViews`, broker/core/metadata_views.py),
+  kept while the topic (name, partition count, configs) and the core's `placement_stamp` stay
+  the same, with where each partition's offsets sit; a request writes the offsets
+  `topic_offsets` gives into a copy. Errors and refusals are written per request
+  (broker/ringlog/topics.py).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ class TopicEntries:
         """The entry of `view` (a known topic, without partitions: `metadata_view(partitions=False)`)
         with this core's offsets written in."""
         registered = core.registry.by_id[view.topic_id]
-        stamp = core.placement_stamp
+        stamp = core.metadata_views.placement_stamp
         held = self._held.get(view.topic_id)
         if held is None or held[1] is not stamp or held[0] != registered:
             if len(self._held) > 2 * len(core.registry.by_id) + 64:  # topics deleted since
@@ -44,7 +45,7 @@ class TopicEntries:
                 self._held = {k: v for k, v in self._held.items() if k in live}
             held = self._held[view.topic_id] = (registered, stamp, *_encoded(core, registered, view))
         _, _, entry, offsets_at = held
-        shown = core.topic_offsets(registered)
+        shown = core.metadata_views.topic_offsets(registered)
         if not shown:
             return entry
         out = bytearray(entry)
@@ -57,7 +58,7 @@ def _encoded(core: Core, topic: Topic, view: TopicView) -> tuple[bytes, list[int
     w = m.Writer()
     w.pack("h", m.ErrorCode.NONE).str(view.name)
     w.pack("Iqqq", view.topic_id, view.retention_ms, view.retention_bytes, view.segment_bytes)
-    placement = core.topic_placement(topic)
+    placement = core.metadata_views.topic_placement(topic)
     w.array(len(placement))
     offsets_at = []
     at = sum(len(b) for b in w.parts)
