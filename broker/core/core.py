@@ -38,7 +38,6 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from broker.core.acks import Waits
@@ -48,6 +47,7 @@ from broker.core.cluster_view import ClusterView, ViewFile
 from broker.core.config import BrokerConfig
 from broker.core.coordinator import CallLater, GroupCoordinator
 from broker.core.groups import GroupOffsetStore
+from broker.core.lifecycle import Lifecycle
 from broker.core.limits import SEGMENT_FD_CACHE_UNLIMITED, partition_limit
 from broker.core.metadata_views import MetadataViews
 from broker.core.metrics import CoreMetrics
@@ -63,13 +63,11 @@ from broker.core.transactions import CoreTransactions, is_internal
 from broker.core.views import MetadataView
 from broker.security.acls import Authorizer
 from broker.security.sasl import Authenticator
-from broker.storage import clean_marker, layout
-from broker.storage.diskspace import DiskSpace, is_out_of_space
+from broker.storage import layout
+from broker.storage.diskspace import DiskSpace
 from broker.storage.errors import StorageError
 from broker.storage.fdcache import FdCache
 from broker.storage.log_config import LogConfig
-from broker.storage.log_flush import ClosePlan, run_close
-from broker.storage.producer_snapshot import Snapshot
 from ringlog_proto import messages as m
 from ringlog_proto.batch import now_ms
 from ringlog_proto.frames import Frame
@@ -83,12 +81,6 @@ MIRROR_WAIT_S = 3.0  # a store change not in this node's registry by then is ans
 MIRROR_POLL_S = 0.005
 # (topic id, partition) -> core entries kept at least; cleared when full. Sized up to the partition
 # limit (`Core.owner`): a cache smaller than the partitions in use was cleared again and again.
-# Core.close's disk work: concurrent fdatasyncs share the journal's commits (this disk: ~1 100
-# syncs/s on one thread, ~8 500/s on four), and the partitions in flight are pinned (2 descriptors each)
-CLOSE_THREADS = 8
-CLOSE_CHUNK = 256
-# a partition being closed: its snapshot, the plan of its log's close and that plan's run on a thread
-_Closing = tuple[Partition, Snapshot | None, ClosePlan | None, Future[None] | None]
 OWNER_CACHE_MAX = 100_000
 
 
@@ -163,23 +155,9 @@ class Core:
         self._owners_max = max(OWNER_CACHE_MAX, partition_limit(config.limits))
         # what both protocols' Metadata show of the topics (broker/core/metadata_views.py)
         self.metadata_views = MetadataViews(self)
-        # The last run closed every partition this core had open cleanly: their snapshots may
-        # stand for the scan, syncs and walk at open (broker/storage/clean_marker.py). Taken,
-        # gone durably, before anything opens: a crash from here on leaves no marker.
-        self._clean_start = clean_marker.take(config.data_dir, config.core_id, config.cores)
-        # this run's, in its snapshots and its marker; None once a close vouches for nothing
-        self._token: int | None = clean_marker.new_token()
-        started = time.monotonic()
-        for topic in self.registry.by_id.values():
-            self._open_stored(topic)
-        if self.partitions:
-            log.info(
-                "opened %d stored partitions in %.3f s (%s)",
-                len(self.partitions),
-                time.monotonic() - started,
-                "after a clean shutdown" if self._clean_start is not None else "full recovery",
-            )
-        self._clean_start = None  # partitions opened later are new or were never closed here
+        # opening the stored partitions now, closing them all at shutdown (broker/core/lifecycle.py)
+        self.lifecycle = Lifecycle(self)
+        self.lifecycle.open_stored()
         self.call_later: CallLater = call_later or _no_timers
         # the groups this core coordinates: membership (timers on the backend's loop) and offsets
         self.coordinator = GroupCoordinator(
@@ -202,78 +180,13 @@ class Core:
 
     def close(self) -> None:
         """Close every partition (flushing them). Call once, at shutdown. When every one closed
-        clean, the core's clean-shutdown marker is written (broker/storage/clean_marker.py)."""
+        clean, the core's clean-shutdown marker is written (broker/storage/clean_marker.py,
+        broker/core/lifecycle.py)."""
         for sweep in self._sweeps:
             sweep.cancel()
         self.transactions.close()
         self.cleaning.close()
-        token, self._token = self._token, None  # a second close (nothing left open) vouches for nothing
-        threads = min(CLOSE_THREADS, len(self.partitions)) or 1
-        with ThreadPoolExecutor(threads, thread_name_prefix="close") as pool:
-            unclean, closed = self._close_partitions(token, pool)
-            self.partitions.clear()
-            if token is None:
-                return
-            # after every sync above (Partition.close says why), the marker's fsync last
-            unclean += sum(not ok for ok in pool.map(lambda c: c[0].write_snapshot(c[1]), closed))
-        if unclean:
-            log.warning(
-                "no clean-shutdown marker: %d partition(s) did not close clean (no snapshot written, "
-                "or an error): the next start recovers every partition",
-                unclean,
-            )
-            return
-        try:
-            clean_marker.write(self.config.data_dir, self.config.core_id, self.config.cores, token)
-        except OSError as exc:
-            log.warning("no clean-shutdown marker written (%s): the next start recovers", exc)
-
-    def _close_partitions(
-        self, token: int | None, pool: ThreadPoolExecutor
-    ) -> tuple[int, list[tuple[Partition, Snapshot]]]:
-        """Close every partition: how many did not close clean, and the snapshots of those that
-        did. Each partition's disk work (its flush, the release of its preallocated tail) runs on
-        `pool`, `CLOSE_CHUNK` partitions at a time (pinned: their descriptors stay open, bounded);
-        the rest stays on this thread. The loop serves nothing any more."""
-        unclean = 0
-        closed: list[tuple[Partition, Snapshot]] = []
-        begun: list[_Closing] = []
-
-        def complete(chunk: list[_Closing]) -> int:
-            bad = 0
-            for p, snap, plan, run in chunk:
-                if plan is not None and run is not None:
-                    failed = run.exception()
-                    if failed is not None and not isinstance(failed, OSError):
-                        raise failed
-                    try:
-                        p.log.complete_close(plan, failed)
-                    except (StorageError, OSError) as exc:
-                        bad += 1
-                        log.error("closing partition %d/%d: %s", p.topic_id, p.index, exc)
-                        continue
-                if snap is not None:
-                    closed.append((p, snap))
-                else:
-                    bad += 1
-            return bad
-
-        parts = list(self.partitions.values())
-        for at in range(0, len(parts), CLOSE_CHUNK):
-            # this chunk is planned while the previous one's syncs run
-            chunk, begun = begun, []
-            for p in parts[at : at + CLOSE_CHUNK]:
-                try:
-                    snap, plan = p.prepare_close(token)
-                except (StorageError, OSError) as exc:
-                    unclean += 1
-                    log.error("closing partition %d/%d: %s", p.topic_id, p.index, exc)
-                    continue
-                run = None if plan is None else pool.submit(run_close, p.log.io, plan)
-                begun.append((p, snap, plan, run))
-            unclean += complete(chunk)
-        unclean += complete(begun)
-        return unclean, closed
+        self.lifecycle.close()
 
     def partition_sweep(self, name: str) -> Sweep[Partition]:
         """A `Sweep` over this core's partitions for one kind of pass (broker/core/sweeps.py),
@@ -306,28 +219,7 @@ class Core:
             core = self._owners[key] = shard_for(topic_id, partition, self.config.cores)
         return core
 
-    def _open_stored(self, topic: Topic) -> None:
-        """At start: open the partitions of `topic` this core owns that have files (the others
-        open on first use). Retention and recovery thus reach every partition holding data."""
-        try:
-            names = os.listdir(layout.topic_dir(self.config.data_dir, topic.topic_id))
-        except FileNotFoundError:
-            return
-        config = self.registry.log_config(topic)  # once a topic, not once a partition (~30 us)
-        for i in sorted(n for n in map(layout.parse_number_name, names) if n is not None):
-            if i < topic.partitions and self.owner(topic.topic_id, i) == self.config.core_id:
-                if self.cluster.clustered and not self.replicated_here(topic.topic_id, i):
-                    continue  # files of a replica moved away: kept, not served
-                try:
-                    self._open_partition(topic, i, config)
-                except (StorageError, OSError) as exc:
-                    # It needs a new segment file (none survived) on a full disk: serve the
-                    # rest; it opens on its first request once there is room (_partition).
-                    if not is_out_of_space(exc):
-                        raise
-                    log.error("opening partition %d of topic %s: %s (retried on use)", i, topic.name, exc)
-
-    def _open_partition(self, topic: Topic, index: int, config: LogConfig | None = None) -> Partition:
+    def open_partition(self, topic: Topic, index: int, config: LogConfig | None = None) -> Partition:
         """Open (creating it if new) partition `index` of `topic`, which this core owns (`config`:
         its topic's log settings, when the caller has them)."""
         key = (topic.topic_id, index)
@@ -340,7 +232,7 @@ class Core:
                 path,
                 self.registry.log_config(topic) if config is None else config,
                 self.fd_cache,
-                clean=self._clean_start,
+                clean=self.lifecycle.clean_start,
             )
             # the producers its log names that were idle past the expiration already (Kafka's
             # loading of a producer snapshot drops them too)
@@ -372,7 +264,7 @@ class Core:
         """The role the view names for this node's replica of `p` (a clustered core's partitions
         always have one: a partition without a role would serve as if alone). A replica the view
         no longer places here (reassigned away) follows the new leader without fetching: it
-        answers nothing a leader would, and its files stay, unserved (`_open_stored`)."""
+        answers nothing a leader would, and its files stay, unserved (broker/core/lifecycle.py)."""
         state = self.cluster.state_of(p.topic_id, p.index)
         me = self.config.node_id
         settings = self.config.cluster
@@ -504,7 +396,7 @@ class Core:
         if self.cluster.clustered and not self.replicated_here(topic.topic_id, index):
             node = self.config.node_id
             raise NotLeaderError(f"node {node} holds no replica of partition {index}")
-        return self._open_partition(topic, index)
+        return self.open_partition(topic, index)
 
     def partition_named(self, topic: str, index: int) -> Partition | int:
         """Partition `index` of the topic named `topic` when this core owns it (opened, made if
@@ -530,7 +422,7 @@ class Core:
         if self.cluster.clustered and not self.replicated_here(t.topic_id, index):
             # opened here it would have no role, and serve as a single node's partition does
             raise NotLeaderError(f"node {self.config.node_id} holds no replica of partition {index}")
-        return self._open_partition(current, index)
+        return self.open_partition(current, index)
 
     def metadata_view(self, names: Sequence[str] | None = None, *, partitions: bool = True) -> MetadataView:
         """Topics (`names`, or every one when None) as both protocols' Metadata show them

@@ -19,7 +19,7 @@ from crc32c import crc32c
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.core import core as core_module
+from broker.core import lifecycle
 from broker.core.config import BrokerConfig
 from broker.core.core import Core
 from broker.core.partition import Partition, PendingProduce
@@ -343,7 +343,7 @@ class FailingSync(SyncFileIO):
 
 
 def test_a_close_of_many_partitions_in_chunks_closes_each_clean(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(core_module, "CLOSE_CHUNK", 4)  # several chunks, planned while the last syncs
+    monkeypatch.setattr(lifecycle, "CLOSE_CHUNK", 4)  # several chunks, planned while the last syncs
     core = core_at(tmp_path)
     produce_to_every(core, "t", 11)
     logs = [p.log for p in core.partitions.values()]
@@ -364,7 +364,7 @@ def test_a_close_of_many_partitions_in_chunks_closes_each_clean(tmp_path: Path, 
 def test_a_sync_failing_on_a_close_thread_writes_no_marker_and_closes_the_rest(
     tmp_path: Path, monkeypatch, caplog
 ) -> None:
-    monkeypatch.setattr(core_module, "CLOSE_CHUNK", 3)
+    monkeypatch.setattr(lifecycle, "CLOSE_CHUNK", 3)
     core = core_at(tmp_path)
     produce_to_every(core, "t", 7)
     parts = list(core.partitions.values())
