@@ -28,7 +28,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from broker.core.outcomes import FollowerAppend
-from broker.core.partition import Partition, PendingReplicaAppend
+from broker.core.partition import Partition
+from broker.core.partition_roles import PendingReplicaAppend
 from broker.core.replication import FollowerState
 from broker.storage.errors import StorageError
 from ringlog_proto import messages as m
