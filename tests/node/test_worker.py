@@ -12,8 +12,11 @@ from broker.node import backend_choice
 from broker.node.supervisor import (
     START_TIMEOUT_PER_PARTITION_S,
     START_TIMEOUT_S,
+    STOP_TIMEOUT_PER_PARTITION_S,
+    STOP_TIMEOUT_S,
     describe_exit,
     start_timeout_s,
+    stop_timeout_s,
 )
 from broker.storage import layout
 
@@ -59,7 +62,7 @@ def test_exits_are_named_by_code_or_signal() -> None:
     assert describe_exit(-signal.SIGSEGV) == "killed by SIGSEGV"
 
 
-def test_the_start_timeout_grows_with_the_partitions_stored(tmp_path) -> None:
+def test_the_start_and_stop_timeouts_grow_with_the_partitions_stored(tmp_path) -> None:
     """Workers open (after a crash: recover) every stored partition before they serve: a node
     holding many must get the time for it, not be stopped at a fixed 60 s."""
     assert start_timeout_s(str(tmp_path)) == START_TIMEOUT_S  # a new data dir: no topics dir
@@ -67,3 +70,5 @@ def test_the_start_timeout_grows_with_the_partitions_stored(tmp_path) -> None:
         for p in range(partitions):
             os.makedirs(layout.partition_dir(str(tmp_path), topic, p))
     assert start_timeout_s(str(tmp_path)) == START_TIMEOUT_S + 1000 * START_TIMEOUT_PER_PARTITION_S
+    # and the stop: a clean close syncs and snapshots each one (killed, the next start recovers all)
+    assert stop_timeout_s(str(tmp_path)) == STOP_TIMEOUT_S + 1000 * STOP_TIMEOUT_PER_PARTITION_S
