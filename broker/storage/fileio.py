@@ -16,9 +16,11 @@ Rules this module keeps:
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import stat
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -86,6 +88,9 @@ class FileIO(Protocol):
     def makedirs(self, path: str) -> None: ...
     def fsync_dir(self, path: str) -> None: ...
     def rename(self, src: str, dst: str) -> None: ...
+    def device(self, target: int | str) -> int: ...
+    def open_dir(self, path: str) -> int: ...
+    def syncfs(self, fd: int) -> None: ...
 
 
 class SyncFileIO:
@@ -141,6 +146,28 @@ class SyncFileIO:
                 os.fsync(fd)
         finally:
             os.close(fd)
+
+    def device(self, target: int | str) -> int:
+        """The file system (`st_dev`) a descriptor's file, or a path's (symlinks followed), is on."""
+        return os.stat(target).st_dev
+
+    def open_dir(self, path: str) -> int:
+        """A read-only descriptor of the directory `path`: what `syncfs` is called on."""
+        return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+
+    def syncfs(self, fd: int) -> None:
+        """syncfs(2): every dirty page and inode of the file system `fd` is on reaches the disk,
+        and its journal commits. Since Linux 5.8 it fails with a writeback error (EIO, ENOSPC)
+        of any file of that file system not yet reported to `fd` (`errseq` per superblock)."""
+        if _libc_syncfs(fd) != 0:
+            code = ctypes.get_errno()
+            raise OSError(code, os.strerror(code))
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc_syncfs = _libc.syncfs  # not in `os`
+_libc_syncfs.argtypes = [ctypes.c_int]
+_libc_syncfs.restype = ctypes.c_int
 
 
 def remaining_buffers(buffers: tuple[Buffer, ...], written: int) -> tuple[Buffer, ...]:
@@ -198,3 +225,108 @@ def run_ops(io: FileIO, ops: Sequence[Op]) -> None:
             sync_file(io, op.path)
         else:
             io.fsync_dir(op.path)
+
+
+class FileSystems:
+    """One descriptor per file system (`st_dev`) to call `syncfs` on, opened on the first
+    directory of it that a group of flushes names, and kept: `syncfs` reports the writeback errors
+    not yet reported to its descriptor, so a long-lived one reports each error once (a fresh one
+    would also report one that happened before it was opened but that no `syncfs` saw yet)."""
+
+    __slots__ = ("fds", "lock")
+
+    def __init__(self) -> None:
+        self.fds: dict[int, int] = {}
+        self.lock = threading.Lock()  # groups may run on several threads at once (uvloop's pool)
+
+    def fd_of(self, io: FileIO, device: int, directory: str) -> int:
+        """The descriptor for `device`, opened on `directory` (which must be on it) if none is yet."""
+        with self.lock:
+            fd = self.fds.get(device)
+            if fd is not None:
+                return fd
+            fd = io.open_dir(directory)
+            try:
+                on = io.device(fd)
+            except OSError:
+                io.close(fd)
+                raise
+            if on != device:  # renamed or remounted meanwhile: not the file system asked for
+                io.close(fd)
+                raise OSError(errno.EXDEV, f"{directory} is not on device {device:#x}")
+            self.fds[device] = fd
+            return fd
+
+    def close(self, io: FileIO) -> None:
+        fds, self.fds = self.fds, {}
+        for fd in fds.values():
+            io.close(fd)
+
+
+def _sync_targets(io: FileIO, ops: Sequence[Op], directory: str) -> dict[int, str] | None:
+    """The file systems the syncs of `ops` are on, each with a directory on it; None if one
+    cannot be told (the flush's own syncs then meet the cause and report it)."""
+    targets: dict[int, str] = {}
+    try:
+        for op in ops:
+            if isinstance(op, Sync):  # the log's active segment, in the log's directory
+                targets.setdefault(io.device(op.fd), directory)
+            elif isinstance(op, SyncFile):
+                try:
+                    targets.setdefault(io.device(op.path), os.path.dirname(op.path))
+                except FileNotFoundError:  # gone (retention): nothing to sync, as `sync_file`
+                    continue
+            elif isinstance(op, SyncDir):
+                targets.setdefault(io.device(op.path), op.path)
+    except OSError:
+        return None
+    return targets
+
+
+def run_together(
+    io: FileIO, flushes: Sequence[tuple[Sequence[Op], str]], filesystems: FileSystems
+) -> tuple[list[OSError | None], int]:
+    """Execute many flushes' operations with one `syncfs` per file system instead of each
+    flush's syncs: first every flush's writes, then the syncfs calls, then, for a flush on a file
+    system whose syncfs failed (or whose file system could not be told), its own syncs. Each of
+    `flushes` is (its operations, the directory of its files); the result is each one's error
+    (None: durable) and how many syncfs calls succeeded.
+
+    A syncfs that succeeded made durable everything written to its file system before it, data
+    and metadata (the journal commits: new files' directory entries too), which is what each
+    flush's fdatasyncs and directory fsyncs promise. A failed syncfs says some file of that file
+    system failed writeback, not which: the flushes' own fdatasyncs say, each reporting its file's
+    error (`errseq` per file), so the failure lands on the flush it belongs to."""
+    errors: list[OSError | None] = [None] * len(flushes)
+    targets: list[dict[int, str] | None] = []
+    for i, (ops, directory) in enumerate(flushes):
+        try:
+            for op in ops:
+                if isinstance(op, Write):
+                    run_write(io, op)
+        except OSError as exc:
+            errors[i] = exc
+            targets.append({})
+            continue
+        targets.append(_sync_targets(io, ops, directory))
+    wanted: dict[int, str] = {}
+    for found in targets:
+        for device, directory in (found or {}).items():
+            wanted.setdefault(device, directory)
+    failed: set[int] = set()
+    synced = 0
+    for device, directory in wanted.items():
+        try:
+            io.syncfs(filesystems.fd_of(io, device, directory))
+            synced += 1
+        except OSError:
+            failed.add(device)
+    for i, (ops, _) in enumerate(flushes):
+        found = targets[i]
+        if errors[i] is not None or (found is not None and not failed.intersection(found)):
+            continue
+        try:
+            run_ops(io, [op for op in ops if not isinstance(op, Write)])
+        except OSError as exc:
+            errors[i] = exc
+    return errors, synced
