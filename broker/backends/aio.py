@@ -9,6 +9,8 @@ Rules this module keeps:
   operations run on a small thread pool (`FLUSH_THREADS`), as the io_uring backend runs them on
   the ring: an fsync takes milliseconds, during which the loop keeps taking and writing requests
   (the log's flush plans are made for that: they name what they cover and pin what they use).
+  A group commit over many partitions is one job there, one syncfs per file system instead of
+  each partition's fdatasyncs (broker/backends/appends.py's `SYNCFS_FLUSHES_MIN`).
   Their completions come back to the loop; while stopping they run on the loop itself.
 - Blocking calls (`run_blocking`, broker/core/blocking.py) run on broker/backends/blocking.py's
   daemon threads, not on an executor's (the interpreter joins those at exit, and a call hanging on
@@ -46,7 +48,7 @@ from broker.core.config import BrokerConfig
 from broker.core.limits import REMOTE_CONNECT_TIMEOUT_S
 from broker.core.remote import address_label
 from broker.security.tls import TLS_HANDSHAKE_TIMEOUT_S, principal_of
-from broker.storage.fileio import Buffer, Op, SyncFileIO, run_ops
+from broker.storage.fileio import Buffer, Op, SyncFileIO, run_ops, run_together
 from broker.storage.segment import Extent
 
 log = logging.getLogger(__name__)
@@ -215,6 +217,30 @@ class Server(BackendCore):
         future = asyncio.get_running_loop().run_in_executor(self._flusher, run_ops, self.loop_io, ops)
         future.add_done_callback(finished)
 
+    def run_flush_together(
+        self,
+        flushes: Sequence[tuple[Sequence[Op], str]],
+        done: Callable[[Sequence[OSError | None]], None],
+    ) -> None:
+        """A group commit over many partitions: one job on the flusher pool, whose syncfs calls
+        (one per file system) replace the flushes' own syncs (fileio.py's `run_together`)."""
+        self._flushes += 1
+        io, filesystems = self.loop_io, self.filesystems
+
+        def finished(future: asyncio.Future[tuple[list[OSError | None], int]]) -> None:
+            self._flushes -= 1
+            exc = future.exception()
+            if exc is not None:  # a bug: every flush of the group failed
+                log.error("flush failed: %r", exc)
+                done([OSError(f"flush failed: {exc!r}")] * len(flushes))
+                return
+            done(future.result()[0])
+
+        future = asyncio.get_running_loop().run_in_executor(
+            self._flusher, run_together, io, flushes, filesystems
+        )
+        future.add_done_callback(finished)
+
     def io_pending(self) -> int:
         return self._flushes
 
@@ -226,6 +252,7 @@ class Server(BackendCore):
         drop the results of blocking calls still running (their threads do not hold the exit)."""
         self.close_blocking()
         self._flusher.shutdown(wait=True)
+        self.filesystems.close(self.loop_io)
 
     def read(self, extent: Extent, done: Callable[[Buffer | BaseException], None]) -> None:
         self.core.metrics.read(mapped=False)

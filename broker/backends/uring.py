@@ -21,7 +21,9 @@ Rules this module keeps:
   one go (`appends_now`, the shared core's `_append`).
   The other blocking call: with `--flush-syncs auto` (the default) a flush's fdatasync runs on
   the loop when nothing else waits for it (`Loop.quiet`) and the last flush was fast; the ring's
-  io-wq hand-off costs a durable produce ~40-60 us (uring_options.py).
+  io-wq hand-off costs a durable produce ~40-60 us (uring_options.py). A group commit over many
+  partitions syncs each file system once with syncfs instead (`run_flush_together`), which the
+  ring has no operation for: on a thread, never on the loop.
 - The connections are broker/backends/uring_connections.py's (a client's, with or without TLS;
   links to other cores and to other brokers' cores), each on broker/backends/uring_stream.py's
   `RingStream`: one recv and one sendmsg in flight at most, sends on the loop first, fds closed
@@ -49,7 +51,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from broker.backends.backend_core import BackendCore
-from broker.backends.blocking import Post
+from broker.backends.blocking import BlockingPool, Post
 from broker.backends.connection import GatherPart, ServedConnection
 from broker.backends.uring_connections import Connection, PeerConnection, RemoteConnection, TlsConnection
 from broker.backends.uring_loop import Loop, Timer, ignore
@@ -57,7 +59,7 @@ from broker.backends.uring_options import SyncPlacement, UringOptions
 from broker.backends.uring_stream import SplicePipes
 from broker.core.config import BrokerConfig
 from broker.core.partition import Partition
-from broker.storage.fileio import Buffer, Op, Sync, SyncFileIO, Write, run_ops
+from broker.storage.fileio import Buffer, Op, Sync, SyncFileIO, Write, run_ops, run_together
 from broker.storage.ring_ops import RingOps
 from broker.storage.segment import Extent
 from native.constants import (
@@ -75,6 +77,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Written = Callable[[OSError | None], None]
+
+SYNCFS_THREADS = 2  # group commits with syncfs at once (each one system call, mostly waiting)
 
 
 def _nothing() -> None:
@@ -123,6 +127,8 @@ class UringServer(BackendCore):
         self._wake_fd = -1  # the eventfd threads write to wake the loop (made on first use)
         self._wake_buf = bytearray(8)
         self._from_threads: deque[Callable[[], None]] = deque()
+        self._syncfs_pool: BlockingPool | None = None  # `run_flush_together`'s threads
+        self._syncfs_jobs = 0  # group commits running there
         self.open_core()
 
     # ------------------------------------------------------------------------- the core's primitives
@@ -201,6 +207,33 @@ class UringServer(BackendCore):
             with contextlib.suppress(OSError):
                 self.ring.submit()
 
+    def run_flush_together(
+        self,
+        flushes: Sequence[tuple[Sequence[Op], str]],
+        done: Callable[[Sequence[OSError | None]], None],
+    ) -> None:
+        """A group commit over many partitions, with one syncfs per file system instead of the
+        flushes' own syncs (fileio.py's `run_together`): the ring has no syncfs, so it runs on a
+        thread of the core's (`SYNCFS_THREADS`), one job per group, and its result comes back
+        through `threadsafe_post`. The loop never waits for it; the shutdown sequence does
+        (`io_pending`), draining what threads post (`_drain_posted`)."""
+        pool = self._syncfs_pool
+        if pool is None:
+            name = f"syncfs-core{self.config.core_id}"
+            pool = self._syncfs_pool = BlockingPool(self.threadsafe_post(), SYNCFS_THREADS, name)
+        self._syncfs_jobs += 1
+        io, filesystems = self.loop_io, self.filesystems
+
+        def finished(result: tuple[list[OSError | None], int] | BaseException) -> None:
+            self._syncfs_jobs -= 1
+            if isinstance(result, BaseException):  # a bug: every flush of the group failed
+                log.error("flush failed: %r", result)
+                done([OSError(f"flush failed: {result!r}")] * len(flushes))
+                return
+            done(result[0])
+
+        pool.submit(lambda: run_together(io, flushes, filesystems), finished)
+
     def _inline_write(self, op: Op) -> bool:
         return isinstance(op, Write) and op.length <= self.inline_write_max
 
@@ -220,7 +253,7 @@ class UringServer(BackendCore):
         self.ring_ops.read(extent, done)
 
     def io_pending(self) -> int:
-        return self.loop.pending_ops
+        return self.loop.pending_ops + self._syncfs_jobs
 
     def appends_now(self, ops: Sequence[Op], conn: ServedConnection | GatherPart | None) -> bool:
         """`--append-writes inline`, or "auto" and a lone store write it would copy on the loop
@@ -296,8 +329,9 @@ class UringServer(BackendCore):
         self.run_ops([op], written)
 
     def threadsafe_post(self) -> Post:
-        self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        self._arm_wake()
+        if self._wake_fd < 0:  # the first caller: blocking calls' pool or the syncfs threads
+            self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+            self._arm_wake()
         return self._post
 
     def _post(self, callback: Callable[[], None]) -> None:
@@ -315,6 +349,9 @@ class UringServer(BackendCore):
         self._standing = {k: v for k, v in self._standing.items() if v != "wake"}
         if self._accepting:  # else stop_accepting cancelled it: the shutdown sequence polls
             self._arm_wake()
+        self._drain_posted()
+
+    def _drain_posted(self) -> None:
         posted = self._from_threads
         for _ in range(len(posted)):  # what comes meanwhile has written the eventfd again
             posted.popleft()()
@@ -452,8 +489,12 @@ class UringServer(BackendCore):
                 # One pass that waits at most `wait_s` (shutdown must not block on a quiet ring).
                 loop.call_later(wait_s, _nothing)
                 loop.run_once()
+                self._drain_posted()  # the wake-up read is cancelled: a group's syncfs ends here
         finally:
             self.close_blocking()
+            if self._syncfs_pool is not None:
+                self._syncfs_pool.close()
+            self.filesystems.close(self.loop_io)
             if self._wake_fd >= 0:
                 os.close(self._wake_fd)
                 self._wake_fd = -1

@@ -68,6 +68,7 @@ class Snapshot(TypedDict, total=False):
     flushes: int
     flush_waiters: int
     flush_syncs_inline: int
+    flush_syncfs: int
     reads_mapped: int
     reads_file: int
     long_poll_wakes: int
@@ -94,6 +95,7 @@ class CoreMetrics:
         "bytes_out",
         "core",
         "errors",
+        "flush_syncfs",
         "flush_syncs_inline",
         "flush_waiters",
         "flushes",
@@ -134,6 +136,7 @@ class CoreMetrics:
         self.flushes = 0
         self.flush_waiters = 0
         self.flush_syncs_inline = 0  # io_uring: flushes whose fdatasync ran on the loop itself
+        self.flush_syncfs = 0  # of `flushes`, those made durable by a syncfs of a group commit
         self.reads_mapped = 0  # fetch reads served from the page cache's pages (io_uring)
         self.reads_file = 0  # fetch reads that read the file (a ring read, or a pread)
         self.long_poll_wakes = 0  # parked consumer fetches woken (re-handled)
@@ -198,6 +201,11 @@ class CoreMetrics:
         says how well group commit batches."""
         self.flushes += 1
         self.flush_waiters += waiters
+
+    def flushed_together(self, flushes: int) -> None:
+        """A group commit started `flushes` partitions' flushes with one syncfs per file system
+        instead of their own syncs (broker/backends/appends.py's `SYNCFS_FLUSHES_MIN`)."""
+        self.flush_syncfs += flushes
 
     def synced_inline(self) -> None:
         """A flush's fdatasync ran on the io_uring loop itself (`--flush-syncs`), not on the ring:
@@ -265,6 +273,7 @@ class CoreMetrics:
             "flushes": self.flushes,
             "flush_waiters": self.flush_waiters,
             "flush_syncs_inline": self.flush_syncs_inline,
+            "flush_syncfs": self.flush_syncfs,
             "reads_mapped": self.reads_mapped,
             "reads_file": self.reads_file,
             "long_poll_wakes": self.long_poll_wakes,
@@ -428,6 +437,12 @@ def prometheus_text(snapshots: Iterable[Snapshot]) -> str:
         "counter",
         "Flushes whose fdatasync the io_uring loop ran itself (--flush-syncs).",
         per_core("flush_syncs_inline"),
+    )
+    family(
+        "ringlog_flush_syncfs_total",
+        "counter",
+        "Flushes started together, made durable by one syncfs per file system.",
+        per_core("flush_syncfs"),
     )
     family(
         "ringlog_reads_mapped_total",

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from broker.backends.appends import SYNCFS_FLUSHES_MIN
 from broker.backends.backend_core import BackendCore
 from broker.backends.connection import Slot
 from broker.core.acks import Waits
@@ -34,7 +35,8 @@ class FakeLog:
 
     def prepare_flush(self) -> object:
         self.prepared += 1
-        return SimpleNamespace(ops=[f"sync {self.prepared}"])
+        self.plan = SimpleNamespace(ops=[f"sync {self.prepared}"])
+        return self.plan
 
     def complete_flush(self, plan: object) -> None:
         self.completed += 1
@@ -55,11 +57,17 @@ class FakeCore(BackendCore):
     def __init__(self) -> None:
         super().__init__(BrokerConfig())
         self.running: list[tuple[Sequence[Any], Callable[[OSError | None], None]]] = []
+        self.together: list[tuple[Sequence[Any], Callable[[Sequence[OSError | None]], None]]] = []
+        self.together_counts: list[int] = []
         self.turn_end: list[Callable[[], None]] = []
         self.flushed_counts: list[int] = []
         self.acked_at: list[int] = []
         self.core = SimpleNamespace(  # type: ignore[assignment]
-            metrics=SimpleNamespace(flushed=self.flushed_counts.append, replica_acked=self.acked_at.append)
+            metrics=SimpleNamespace(
+                flushed=self.flushed_counts.append,
+                replica_acked=self.acked_at.append,
+                flushed_together=self.together_counts.append,
+            )
         )
 
     def end_of_turn(self, callback: Callable[[], None]) -> None:
@@ -67,6 +75,11 @@ class FakeCore(BackendCore):
 
     def run_ops(self, ops: Sequence[Any], done: Callable[[OSError | None], None]) -> None:
         self.running.append((ops, done))
+
+    def run_flush_together(
+        self, flushes: Sequence[Any], done: Callable[[Sequence[OSError | None]], None]
+    ) -> None:
+        self.together.append((flushes, done))
 
     def end_turn(self) -> None:
         callbacks, self.turn_end = self.turn_end, []
@@ -181,6 +194,49 @@ def test_a_flush_asked_for_now_starts_at_once_and_waiters_after_it_share_the_nex
     assert answered == ["a"] and partition.log.prepared == 2 and len(core.running) == 1
     core.running.pop()[1](None)
     assert answered == ["a", "b", "c"] and core.flushed_counts == [1, 2]
+
+
+def test_a_turn_over_many_partitions_flushes_them_together_and_answers_each_by_its_result() -> None:
+    """`SYNCFS_FLUSHES_MIN` partitions or more in one turn: one job for all their flushes; each
+    completes or fails on its own result; waiters that came meanwhile wait for the next group
+    commit (together again if there are enough), not for a flush of their own each."""
+    core = FakeCore()
+    parts = [FakePartition() for _ in range(SYNCFS_FLUSHES_MIN)]
+    answered: list[tuple[int, str]] = []
+
+    def wait(i: int) -> None:
+        core.after_flush(
+            parts[i], lambda: answered.append((i, "ok")), lambda exc: answered.append((i, "fail"))
+        )  # type: ignore[arg-type]
+
+    for i in range(len(parts)):
+        wait(i)
+    core.end_turn()
+    assert not core.running and len(core.together) == 1 and core.together_counts == [len(parts)]
+    flushes, done = core.together.pop()
+    assert [d for _, d in flushes] == ["fake"] * len(parts)
+    for i in range(len(parts)):  # the next turn: every partition waits again, its flush in flight
+        wait(i)
+    core.end_turn()
+    assert not core.together and not core.running
+    failing = parts[3].log.plan.ops  # the group's order is the turn's, not the partitions'
+    done([OSError(5, "EIO") if ops is failing else None for ops, _ in flushes])
+    assert sorted(answered) == sorted([(i, "fail" if i == 3 else "ok") for i in range(len(parts))])
+    assert len(parts[3].log.failed) == 1 and parts[0].log.completed == 1
+    assert not core.running and len(core.turn_end) == 1  # the waiters that came meanwhile: next turn
+    core.end_turn()
+    assert len(core.together) == 1 and core.together_counts == [len(parts), len(parts)]
+    core.together.pop()[1]([None] * len(parts))
+    assert core.flushed_counts == [1] * (2 * len(parts) - 1) and core.busy() is False
+
+
+def test_a_turn_over_few_partitions_flushes_each_on_its_own() -> None:
+    core = FakeCore()
+    parts = [FakePartition() for _ in range(SYNCFS_FLUSHES_MIN - 1)]
+    for p in parts:
+        core.after_flush(p, lambda: None, lambda exc: None)  # type: ignore[arg-type]
+    core.end_turn()
+    assert not core.together and len(core.running) == len(parts)
 
 
 def test_an_append_answered_before_it_is_published_is_published_whatever_its_answer() -> None:
