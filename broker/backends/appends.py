@@ -11,7 +11,8 @@ Rules this module keeps:
 - A turn that starts `SYNCFS_FLUSHES_MIN` flushes or more runs them together: their writes, then
   one syncfs per file system their files are on, instead of each one's fdatasyncs and directory
   fsyncs (broker/storage/fileio.py's `run_together`: what it promises, how a failed syncfs still
-  fails only the partition whose file failed). The next flush of a partition among them starts
+  fails only the partition whose file failed; after a failed syncfs the core never uses it again).
+  The next flush of a partition among them starts
   with the group commit of the turn it ended in, so that a steady load keeps flushing together.
 - `PartitionAppends` runs on the backend's primitives (broker/backends/primitives.py) and is
   what `BackendCore` (broker/backends/backend_core.py) extends; the core's dispatch hands it each
@@ -300,7 +301,8 @@ class PartitionAppends(BackendPrimitives):
         """One flush per partition for every waiter of this turn; a partition whose flush is in
         flight gets exactly one more after it, which covers everything that arrived meanwhile.
         `SYNCFS_FLUSHES_MIN` or more of them start together, with one syncfs per file system
-        (`_flush_together`), unless the core is stopping (its last flushes keep their own syncs)."""
+        (`_flush_together`), unless the core is stopping (its last flushes keep their own syncs)
+        or a syncfs of this core ever failed (fileio.py's `FileSystems` says why)."""
         self._commit_scheduled = False
         due, self._flush_due = self._flush_due, set()
         starting = []
@@ -308,7 +310,7 @@ class PartitionAppends(BackendPrimitives):
             work = self._work.get(partition)
             if work is not None and not work.flushing and work.flush_waiters:
                 starting.append((partition, work))
-        if len(starting) >= SYNCFS_FLUSHES_MIN and not self.stopping():
+        if len(starting) >= SYNCFS_FLUSHES_MIN and self.filesystems.failed is None and not self.stopping():
             self._flush_together(starting)
             return
         for partition, work in starting:

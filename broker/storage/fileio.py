@@ -18,12 +18,15 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import logging
 import os
 import stat
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
+
+log = logging.getLogger(__name__)
 
 Buffer = bytes | bytearray | memoryview
 
@@ -229,36 +232,66 @@ def run_ops(io: FileIO, ops: Sequence[Op]) -> None:
 
 class FileSystems:
     """One descriptor per file system (`st_dev`) to call `syncfs` on, opened on the first
-    directory of it that a group of flushes names, and kept: `syncfs` reports the writeback errors
-    not yet reported to its descriptor, so a long-lived one reports each error once (a fresh one
-    would also report one that happened before it was opened but that no `syncfs` saw yet)."""
+    directory of it that a group of flushes names, and kept; and whether a syncfs ever failed.
 
-    __slots__ = ("fds", "lock")
+    A failed syncfs reports a writeback error once (it advances its descriptor's `errseq`, and
+    marks the error seen for the superblock), without saying which file failed. The flushes of
+    its group learn which from their own syncs, but a log outside the group whose file failed
+    would not: a later syncfs succeeds, and its flush would call durable what writeback lost.
+    So after one failure no syncfs is trusted again (`failed`): every flush keeps its own syncs,
+    whose per-file error reporting each log's next sync still receives. For the same reason the
+    syncfs calls are serialized: two at once on one descriptor would hand the error to only one
+    of them."""
+
+    __slots__ = ("failed", "fds", "lock")
 
     def __init__(self) -> None:
         self.fds: dict[int, int] = {}
+        self.failed: OSError | None = None  # the first syncfs failure, if any
         self.lock = threading.Lock()  # groups may run on several threads at once (uvloop's pool)
 
-    def fd_of(self, io: FileIO, device: int, directory: str) -> int:
-        """The descriptor for `device`, opened on `directory` (which must be on it) if none is yet."""
+    def sync(self, io: FileIO, device: int, directory: str) -> bool:
+        """syncfs the file system `device`, through a descriptor opened on `directory` (which
+        must be on it) if none is yet; False if it failed, now or before."""
         with self.lock:
-            fd = self.fds.get(device)
-            if fd is not None:
-                return fd
-            fd = io.open_dir(directory)
+            if self.failed is not None:
+                return False
             try:
-                on = io.device(fd)
-            except OSError:
-                io.close(fd)
-                raise
-            if on != device:  # renamed or remounted meanwhile: not the file system asked for
-                io.close(fd)
-                raise OSError(errno.EXDEV, f"{directory} is not on device {device:#x}")
-            self.fds[device] = fd
+                fd = self._fd(io, device, directory)
+            except OSError:  # no descriptor: nothing was synced, and no error was reported
+                return False
+            try:
+                io.syncfs(fd)
+            except OSError as exc:
+                self.failed = exc
+                log.warning(
+                    "syncfs of the file system holding %s failed (%s): flushes sync their own "
+                    "files from now on",
+                    directory,
+                    exc,
+                )
+                return False
+            return True
+
+    def _fd(self, io: FileIO, device: int, directory: str) -> int:
+        fd = self.fds.get(device)
+        if fd is not None:
             return fd
+        fd = io.open_dir(directory)
+        try:
+            on = io.device(fd)
+        except OSError:
+            io.close(fd)
+            raise
+        if on != device:  # renamed or remounted meanwhile: not the file system asked for
+            io.close(fd)
+            raise OSError(errno.EXDEV, f"{directory} is not on device {device:#x}")
+        self.fds[device] = fd
+        return fd
 
     def close(self, io: FileIO) -> None:
-        fds, self.fds = self.fds, {}
+        with self.lock:
+            fds, self.fds = self.fds, {}
         for fd in fds.values():
             io.close(fd)
 
@@ -288,7 +321,7 @@ def run_together(
 ) -> tuple[list[OSError | None], int]:
     """Execute many flushes' operations with one `syncfs` per file system instead of each
     flush's syncs: first every flush's writes, then the syncfs calls, then, for a flush on a file
-    system whose syncfs failed (or whose file system could not be told), its own syncs. Each of
+    system whose syncfs failed, now or ever (`FileSystems`), or could not be told, its own syncs. Each of
     `flushes` is (its operations, the directory of its files); the result is each one's error
     (None: durable) and how many syncfs calls succeeded.
 
@@ -296,7 +329,8 @@ def run_together(
     and metadata (the journal commits: new files' directory entries too), which is what each
     flush's fdatasyncs and directory fsyncs promise. A failed syncfs says some file of that file
     system failed writeback, not which: the flushes' own fdatasyncs say, each reporting its file's
-    error (`errseq` per file), so the failure lands on the flush it belongs to."""
+    error (`errseq` per file), so the failure lands on the flush it belongs to, and from then on
+    every flush keeps its own syncs (`FileSystems` says why)."""
     errors: list[OSError | None] = [None] * len(flushes)
     targets: list[dict[int, str] | None] = []
     for i, (ops, directory) in enumerate(flushes):
@@ -316,10 +350,9 @@ def run_together(
     failed: set[int] = set()
     synced = 0
     for device, directory in wanted.items():
-        try:
-            io.syncfs(filesystems.fd_of(io, device, directory))
+        if filesystems.sync(io, device, directory):
             synced += 1
-        except OSError:
+        else:
             failed.add(device)
     for i, (ops, _) in enumerate(flushes):
         found = targets[i]

@@ -2,7 +2,8 @@
 partition's files, on both backends (broker/backends/appends.py's `SYNCFS_FLUSHES_MIN`): every
 durable produce is answered and survives a restart; a syncfs that fails falls back to each
 partition's own fdatasyncs, so a partition whose file fails gets the error and the others
-succeed; a turn over a few partitions keeps their own syncs. A core served in this process, so
+succeed, and the core keeps their own syncs from then on; a turn over a few partitions keeps
+their own syncs. A core served in this process, so
 that its FileIO can fail and its counters be read; real files and real syncs."""
 
 from __future__ import annotations
@@ -129,6 +130,9 @@ def test_a_failed_syncfs_answers_each_partition_by_its_own_syncs(tmp_path: Path,
         tid = w.create_topic("many", MANY)
         io.failing_dir = layout.partition_dir(str(tmp_path / "data"), tid, 7) + "/"
         seen["replies"] = _produce_together(w, tid, MANY, b"a")
+        seen["syncfs"] = io.syncfs_calls
+        io.failing_dir = None
+        seen["again"] = _produce_together(w, tid, MANY, b"b")
 
     server = _serve(backend, tmp_path / "data", client, io)
     replies = seen["replies"]
@@ -136,6 +140,11 @@ def test_a_failed_syncfs_answers_each_partition_by_its_own_syncs(tmp_path: Path,
     errors = [r.error for r in replies]  # type: ignore[attr-defined]
     assert errors[7] != m.ErrorCode.NONE
     assert errors[:7] + errors[8:] == [m.ErrorCode.NONE] * (MANY - 1)
+    # After a failed syncfs the core keeps each partition's own syncs (fileio.py's `FileSystems`):
+    # every partition but the failed one is durable again, and no syncfs ran.
+    again = [r.error for r in seen["again"]]  # type: ignore[attr-defined]
+    assert again[:7] + again[8:] == [m.ErrorCode.NONE] * (MANY - 1) and again[7] != m.ErrorCode.NONE
+    assert io.syncfs_calls == seen["syncfs"]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

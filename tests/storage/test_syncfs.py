@@ -117,7 +117,8 @@ def test_many_flushes_take_one_syncfs_and_no_sync_of_their_own(tmp_path: Path) -
 
 def test_a_failed_syncfs_falls_back_to_each_flushs_own_syncs(tmp_path: Path) -> None:
     """The syncfs fails: every flush runs its own syncs; the log whose fdatasync fails then gets
-    the error (and refuses work until reopened, as after any failed sync), the others are durable."""
+    the error (and refuses work until reopened, as after any failed sync), the others are durable;
+    later groups keep their own syncs."""
     logs = _logs(tmp_path, 33)
     _append(logs)
     io, fs = CountingIO(), FileSystems()
@@ -131,10 +132,13 @@ def test_a_failed_syncfs_falls_back_to_each_flushs_own_syncs(tmp_path: Path) -> 
         assert [log.durable_offset for log in logs[8:]] == [log.end_offset for log in logs[8:]]
         with pytest.raises(Exception, match="fdatasync failed"):
             logs[7].prepare_flush()
-        # the descriptor is kept; the next group's syncfs succeeds on it
+        # No syncfs after one failed: the error it reported is seen, and a log outside the group
+        # whose file failed would hear of it only from its own sync.
         io.failing_dir = None
+        fdatasyncs = io.calls["fdatasync"]
         _append(logs[:3])
-        assert _flush_together(io, logs[:3], fs) == ([None] * 3, 1) and len(fs.fds) == 1
+        assert _flush_together(io, logs[:3], fs) == ([None] * 3, 0) and io.calls["syncfs"] == 1
+        assert io.calls["fdatasync"] >= fdatasyncs + 3 and fs.failed is not None
     finally:
         fs.close(io)
         for log in logs:
