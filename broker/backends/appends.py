@@ -8,7 +8,7 @@ Rules this module keeps:
 - Group commit: every acks=durable reply of one loop turn waits for one flush per partition,
   started at the end of the turn (`end_of_turn`); a flush already in flight for that partition is
   followed by exactly one more, which covers everything that arrived meanwhile.
-- A turn that starts `SYNCFS_FLUSHES_MIN` flushes or more runs them together: their writes, then
+- A turn that starts `SYNCFS_MIN` flushes or more runs them together: their writes, then
   one syncfs per file system their files are on, instead of each one's fdatasyncs and directory
   fsyncs (broker/storage/fileio.py's `run_together`: what it promises, how a failed syncfs still
   fails only the partition whose file failed; after a failed syncfs the core never uses it again).
@@ -34,20 +34,11 @@ from broker.core.acks import Waits
 from broker.core.core import Core
 from broker.core.outcomes import Append, FollowerAppend, Reply, Silent
 from broker.core.partition import Partition
-from broker.storage.fileio import FileSystems, Op, run_together
+from broker.storage.fileio import SYNCFS_MIN, FileSystems, Op, run_together
 from broker.storage.log_flush import FlushPlan
 
 log = logging.getLogger(__name__)
 
-# A turn's group commit over this many partitions or more syncs each file system once (syncfs)
-# instead of each partition's files (fdatasync). On this VM's ext4, N files with 1 KiB newly
-# written each (median of 9, two runs, machine shared): 4 threads of fdatasync took 0.4-0.7 ms for
-# 4-8 files, 1.1-1.4 for 16, 1.9-3.2 for 32, 4-5 for 64, 8 for 128; one syncfs 0.1-1.9 ms
-# whatever N, and 6-10 ms for 1000 files against 49-58 ms on 16 threads. Below it each
-# partition keeps its own syncs: a syncfs also writes back every other dirty page of the file
-# system (other cores', other programs'), a cost that grows with them, not with this turn; for
-# a few partitions the fdatasyncs on threads are about as fast and touch only what they cover.
-SYNCFS_FLUSHES_MIN = 32
 
 Flushed = tuple[Callable[[], None], Callable[[BaseException], None]]  # (done, failed) of a waiter
 
@@ -300,7 +291,7 @@ class PartitionAppends(BackendPrimitives):
     def group_commit(self) -> None:
         """One flush per partition for every waiter of this turn; a partition whose flush is in
         flight gets exactly one more after it, which covers everything that arrived meanwhile.
-        `SYNCFS_FLUSHES_MIN` or more of them start together, with one syncfs per file system
+        `SYNCFS_MIN` or more of them start together, with one syncfs per file system
         (`_flush_together`), unless the core is stopping (its last flushes keep their own syncs)
         or a syncfs of this core ever failed (fileio.py's `FileSystems` says why)."""
         self._commit_scheduled = False
@@ -310,7 +301,7 @@ class PartitionAppends(BackendPrimitives):
             work = self._work.get(partition)
             if work is not None and not work.flushing and work.flush_waiters:
                 starting.append((partition, work))
-        if len(starting) >= SYNCFS_FLUSHES_MIN and self.filesystems.failed is None and not self.stopping():
+        if len(starting) >= SYNCFS_MIN and self.filesystems.failed is None and not self.stopping():
             self._flush_together(starting)
             return
         for partition, work in starting:

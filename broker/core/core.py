@@ -233,6 +233,7 @@ class Core:
                 self.registry.log_config(topic) if config is None else config,
                 self.fd_cache,
                 clean=self.lifecycle.clean_start,
+                recovered=self.lifecycle.recovered,
             )
             # the producers its log names that were idle past the expiration already (Kafka's
             # loading of a producer snapshot drops them too)

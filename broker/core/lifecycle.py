@@ -36,8 +36,10 @@ from broker.core.topics import Topic, TopicRegistry
 from broker.storage import clean_marker, layout
 from broker.storage.diskspace import is_out_of_space
 from broker.storage.errors import StorageError
+from broker.storage.fileio import SYNC_IO, SYNCFS_MIN, FileSystems
+from broker.storage.log import Log, sync_recovered
 from broker.storage.log_config import LogConfig
-from broker.storage.log_flush import ClosePlan, run_close
+from broker.storage.log_flush import ClosePlan, run_close, run_closes_together
 from broker.storage.producer_snapshot import Snapshot
 
 log = logging.getLogger("broker.core.core")  # the core's lines, as before this module was apart
@@ -78,6 +80,12 @@ class Lifecycle:
         self.clean_start: int | None = None
         # this run's, in its snapshots and its marker; None once a close vouches for nothing
         self._token: int | None = None
+        # While the stored partitions open: the logs recovered after a crash, whose syncs are
+        # made together once all are open (`Log.open`'s `recovered`); None otherwise.
+        self.recovered: list[Log] | None = None
+        # What the start's and the close's syncfs calls go through (one descriptor per file
+        # system, and whether one ever failed: then each log syncs its own files)
+        self._filesystems = FileSystems()
 
     def open_stored(self) -> None:
         """At start, once: take the marker, then open every stored partition this core owns."""
@@ -86,8 +94,14 @@ class Lifecycle:
         self.clean_start = clean_marker.take(config.data_dir, config.core_id, config.cores)
         self._token = clean_marker.new_token()
         started = time.monotonic()
-        for topic in core.registry.by_id.values():
-            self._open_topic(topic)
+        self.recovered = []
+        try:
+            for topic in core.registry.by_id.values():
+                self._open_topic(topic)
+            recovered, self.recovered = self.recovered, None
+            sync_recovered(recovered, self._filesystems)  # before anything is served from them
+        finally:
+            self.recovered = None
         if core.partitions:
             log.info(
                 "opened %d stored partitions in %.3f s (%s)",
@@ -122,6 +136,12 @@ class Lifecycle:
     def close(self) -> None:
         """Close every partition (flushing them) and, when every one closed clean, write the
         core's clean-shutdown marker. The core has stopped its own work on them first."""
+        try:
+            self._close()
+        finally:
+            self._filesystems.close(SYNC_IO)  # its descriptors are the process's own
+
+    def _close(self) -> None:
         core = self._core
         token, self._token = self._token, None  # a second close (nothing left open) vouches for nothing
         threads = min(CLOSE_THREADS, len(core.partitions)) or 1
@@ -151,16 +171,26 @@ class Lifecycle:
         """Close every partition: how many did not close clean, and the snapshots of those that
         did. Each partition's disk work (its flush, the release of its preallocated tail) runs on
         `pool`, `CLOSE_CHUNK` partitions at a time (pinned: their descriptors stay open, bounded);
-        the rest stays on this thread. The loop serves nothing any more."""
+        a chunk of `SYNCFS_MIN` or more with one syncfs per file system for all of them
+        (log_flush.py's `run_closes_together`), else each partition's own syncs on a thread of
+        its own. The rest stays on this thread. The loop serves nothing any more."""
         unclean = 0
         closed: list[tuple[Partition, Snapshot]] = []
         begun: list[_Closing] = []
+        together: Future[list[OSError | None]] | None = None
 
-        def complete(chunk: list[_Closing]) -> int:
+        def complete(chunk: list[_Closing], together: Future[list[OSError | None]] | None) -> int:
             bad = 0
+            errors = together.result() if together is not None else None  # raises a bug's exception
+            at = 0
             for p, snap, plan, run in chunk:
-                if plan is not None and run is not None:
-                    failed = run.exception()
+                if plan is not None:
+                    if errors is not None:
+                        failed: BaseException | None = errors[at]
+                        at += 1
+                    else:
+                        assert run is not None
+                        failed = run.exception()
                     if failed is not None and not isinstance(failed, OSError):
                         raise failed
                     try:
@@ -179,6 +209,7 @@ class Lifecycle:
         for at in range(0, len(parts), CLOSE_CHUNK):
             # this chunk is planned while the previous one's syncs run
             chunk, begun = begun, []
+            chunk_together, together = together, None
             for p in parts[at : at + CLOSE_CHUNK]:
                 try:
                     snap, plan = p.prepare_close(token)
@@ -186,8 +217,15 @@ class Lifecycle:
                     unclean += 1
                     log.error("closing partition %d/%d: %s", p.topic_id, p.index, exc)
                     continue
-                run = None if plan is None else pool.submit(run_close, p.log.io, plan)
-                begun.append((p, snap, plan, run))
-            unclean += complete(chunk)
-        unclean += complete(begun)
+                begun.append((p, snap, plan, None))
+            closes = [(p.log.io, plan, p.directory) for p, _, plan, _ in begun if plan is not None]
+            if len(closes) >= SYNCFS_MIN and self._filesystems.failed is None:
+                together = pool.submit(run_closes_together, closes, self._filesystems)
+            else:
+                begun = [
+                    (p, snap, plan, None if plan is None else pool.submit(run_close, p.log.io, plan))
+                    for p, snap, plan, _ in begun
+                ]
+            unclean += complete(chunk, chunk_together)
+        unclean += complete(begun, together)
         return unclean, closed

@@ -204,7 +204,7 @@ class CoreMetrics:
 
     def flushed_together(self, flushes: int) -> None:
         """A group commit started `flushes` partitions' flushes with one syncfs per file system
-        instead of their own syncs (broker/backends/appends.py's `SYNCFS_FLUSHES_MIN`)."""
+        instead of their own syncs (broker/storage/fileio.py's `SYNCFS_MIN`)."""
         self.flush_syncfs += flushes
 
     def synced_inline(self) -> None:

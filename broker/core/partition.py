@@ -254,13 +254,15 @@ class Partition(PartitionRoles):
         cache: FdCache | None = None,
         io: FileIO | None = None,
         clean: int | None = None,
+        recovered: list[Log] | None = None,
     ) -> None:
         """`io`: the file calls the log makes itself (recovery, rolls, reads of its own), the
         process's synchronous ones unless given (a faulty disk in tests). `clean`: the token of
         the last run, when its core's marker says that run closed every partition it had open
         cleanly (broker/storage/clean_marker.py): the snapshot that close left, if it is that
         run's and describes the log as it opens, stands for the recovery scan, the syncs and the
-        header walk."""
+        header walk. `recovered`: where a start gathers the logs whose recovery syncs it makes
+        at once (`Log.open`)."""
         self.topic_id = topic_id
         self.index = index
         self.directory = directory
@@ -270,7 +272,7 @@ class Partition(PartitionRoles):
             if not isinstance(snap, str) and snap.token != clean:
                 snap = "written by an earlier run"
         end = None if isinstance(snap, str) else CleanEnd(snap.active_base, snap.active_size, snap.log_end)
-        self.log = Log.open(directory, config, io, cache=cache, clean=end)
+        self.log = Log.open(directory, config, io, cache=cache, clean=end, recovered=recovered)
         self.producers = ProducerState()
         self.epochs = EpochHistory()
         self.aborted = TxnIndex()

@@ -36,13 +36,23 @@ import bisect
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import NamedTuple
 
 from broker.storage import log_flush, log_reads, log_recovery, log_start, recompression, validation
 from broker.storage.errors import OffsetOutOfRangeError, StorageError
 from broker.storage.fdcache import DEFAULT_CACHE, FdCache
-from broker.storage.fileio import Buffer, FileIO, Op, SyncFileIO, Write, WriteError, run_ops
+from broker.storage.fileio import (
+    SYNC_IO,
+    SYNCFS_MIN,
+    Buffer,
+    FileIO,
+    FileSystems,
+    Op,
+    Write,
+    WriteError,
+    run_ops,
+)
 from broker.storage.index import RELATIVE_OFFSET_MAX
 from broker.storage.log_config import SEGMENT_BYTES_MAX, LogConfig
 from broker.storage.log_flush import FlushPlan
@@ -72,6 +82,31 @@ def _left_clean(active: Segment, clean: CleanEnd) -> bool:
     return not active.index_loaded and (active.base_offset, active.size, active.next_offset) == clean
 
 
+def sync_recovered(logs: Sequence[Log], filesystems: FileSystems) -> None:
+    """Make durable what `Log.open` recovered into `logs` (its `recovered`): with `SYNCFS_MIN`
+    logs or more, one syncfs per file system they are on (it writes back their data, indexes
+    and directories, as their own three syncs would, in one journal commit instead of three per
+    log); with fewer, after a failed syncfs (its error is seen: each file's own sync still
+    reports it, `FileSystems` says why) and for logs whose file system cannot be told, each
+    log's own syncs, which raise as the open's would have."""
+    left = list(logs)
+    if len(left) >= SYNCFS_MIN and filesystems.failed is None:
+        groups: dict[tuple[int, int], list[Log]] = {}
+        left = []
+        for lg in logs:
+            try:
+                device = lg.io.device(lg.directory)
+            except OSError:
+                left.append(lg)
+                continue
+            groups.setdefault((id(lg.io), device), []).append(lg)
+        for (_, device), group in groups.items():
+            if not filesystems.sync(group[0].io, device, group[0].directory):
+                left += group
+    for lg in left:
+        lg.sync_recovered()
+
+
 class Log(LogStart):
     """A partition's log in one directory. Open with `Log.open`; its state and the operations of
     the layers below: broker/storage/log_segments.py, log_truncation.py, log_start.py."""
@@ -87,8 +122,14 @@ class Log(LogStart):
         clock: Callable[[], int] = now_ms,
         cache: FdCache | None = None,
         clean: CleanEnd | None = None,
+        recovered: list[Log] | None = None,
     ) -> Log:
         """Open or create the log in `directory`, recovering from whatever a crash left there.
+
+        `recovered`: a start opening many logs passes a list, and a log whose recovery would sync
+        its active segment and directory (three syncs, most of a recovery's time) joins it
+        instead, unsynced: the caller makes them all durable at once (one syncfs per file system)
+        or calls each one's `sync_recovered`, before anything is served from them.
 
         `cache`: the process's descriptor cache for closed segments (a worker passes its own,
         sized by `--segment-fd-cache`); tools and tests share a default one. `clean`: where a
@@ -101,16 +142,16 @@ class Log(LogStart):
         reason = config.invalid()
         if reason is not None:
             raise ValueError(f"invalid log config: {reason}")
-        io = io or SyncFileIO()
+        io = io or SYNC_IO
         self = cls(directory, config, io, clock, DEFAULT_CACHE if cache is None else cache)
         try:
-            self._open(io, clean)
+            self._open(io, clean, recovered)
         except BaseException:
             self.abandon()
             raise
         return self
 
-    def _open(self, io: FileIO, clean: CleanEnd | None = None) -> None:
+    def _open(self, io: FileIO, clean: CleanEnd | None = None, recovered: list[Log] | None = None) -> None:
         directory = self.directory
         self.opened_clean = False
         clock = self.clock
@@ -144,13 +185,12 @@ class Log(LogStart):
                 self._dir_unsynced = True
             elif clean is not None and _left_clean(self.segments[-1], clean):
                 self.opened_clean = True  # closed with everything synced, unchanged since
+            elif recovered is not None:
+                recovered.append(self)  # synced by the caller (`open`), before it serves
             else:
                 # What recovery kept may still be only in the page cache (the process died, not the
                 # machine): sync it, so that durable_offset starts out true.
-                active = self.segments[-1]
-                io.fdatasync(active.store_fd)
-                io.fdatasync(active.index_fd)
-                io.fsync_dir(directory)
+                self._sync_active(self.segments[-1])
         except BaseException:
             if pinned is not None and pinned not in self.segments:
                 pinned.abandon()  # not listed, so not abandoned with the log's
@@ -164,6 +204,20 @@ class Log(LogStart):
         self.durable_offset = active.next_offset
         if not created:
             self._restore_start(log_start.read(directory))
+
+    def _sync_active(self, active: Segment) -> None:
+        self.io.fdatasync(active.store_fd)
+        self.io.fdatasync(active.index_fd)
+        self.io.fsync_dir(self.directory)
+
+    def sync_recovered(self) -> None:
+        """The syncs `open` left to its caller (`recovered`): what recovery kept reaches the disk."""
+        active = self.segments[-1]
+        active.pin()
+        try:
+            self._sync_active(active)
+        finally:
+            active.unpin()
 
     def close(self) -> None:
         """Flush (data and index reach the disk), then close every file. Idempotent.

@@ -25,7 +25,17 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from broker.storage.fileio import FileIO, Op, Sync, SyncDir, SyncFile, Write, run_ops
+from broker.storage.fileio import (
+    FileIO,
+    FileSystems,
+    Op,
+    Sync,
+    SyncDir,
+    SyncFile,
+    Write,
+    run_ops,
+    run_together,
+)
 from broker.storage.segment import Segment
 
 
@@ -131,11 +141,40 @@ def run_close(io: FileIO, plan: ClosePlan) -> None:
     """Carry out `plan`'s disk work: system calls only, so that a core closing many logs may run
     many of them at once on threads (concurrent syncs share journal commits). A failed truncate
     is left for the next open (it releases a tail left); a failed sync raises."""
+    _truncate(io, plan)
+    run_ops(io, plan.flush.ops)
+    io.fdatasync(plan.index_fd)
+
+
+def _truncate(io: FileIO, plan: ClosePlan) -> None:
     if plan.truncate_to is not None:
         try:
             io.ftruncate(plan.store_fd, plan.truncate_to)
             plan.truncated = True
         except OSError:
             pass
-    run_ops(io, plan.flush.ops)
-    io.fdatasync(plan.index_fd)
+
+
+def run_closes_together(
+    closes: Sequence[tuple[FileIO, ClosePlan, str]], filesystems: FileSystems
+) -> list[OSError | None]:
+    """Many logs' closes (each: its file calls, its plan, its directory) with one syncfs per
+    file system instead of each one's syncs (`run_together` says what that promises and how a
+    failure still lands on its log): each one's error, None when it closed durable. The
+    truncates go first, as in `run_close`, so that the syncfs covers the new sizes too."""
+    errors: list[OSError | None] = [None] * len(closes)
+    groups: dict[int, list[int]] = {}  # by FileIO: a test's faulty one beside the process's
+    for i, (io, plan, _) in enumerate(closes):
+        _truncate(io, plan)
+        groups.setdefault(id(io), []).append(i)
+    for indices in groups.values():
+        io = closes[indices[0]][0]
+        flushes = [(_close_ops(closes[i][1]), closes[i][2]) for i in indices]
+        found, _ = run_together(io, flushes, filesystems)
+        for i, error in zip(indices, found, strict=True):
+            errors[i] = error
+    return errors
+
+
+def _close_ops(plan: ClosePlan) -> list[Op]:
+    return [*plan.flush.ops, Sync(plan.index_fd)]

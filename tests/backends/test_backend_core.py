@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from broker.backends.appends import SYNCFS_FLUSHES_MIN
 from broker.backends.backend_core import BackendCore
 from broker.backends.connection import Slot
 from broker.core.acks import Waits
@@ -18,7 +17,7 @@ from broker.core.outcomes import Append, Reply
 from broker.core.partition import Partition
 from broker.core.replica_fetcher import append_outcomes
 from broker.storage.diskspace import DiskSpace
-from broker.storage.fileio import SyncFileIO, run_ops
+from broker.storage.fileio import SYNCFS_MIN, SyncFileIO, run_ops
 from broker.storage.log import LogConfig
 from ringlog_proto.batch import encode_batch
 from ringlog_proto.frames import Frame
@@ -197,11 +196,11 @@ def test_a_flush_asked_for_now_starts_at_once_and_waiters_after_it_share_the_nex
 
 
 def test_a_turn_over_many_partitions_flushes_them_together_and_answers_each_by_its_result() -> None:
-    """`SYNCFS_FLUSHES_MIN` partitions or more in one turn: one job for all their flushes; each
+    """`SYNCFS_MIN` partitions or more in one turn: one job for all their flushes; each
     completes or fails on its own result; waiters that came meanwhile wait for the next group
     commit (together again if there are enough), not for a flush of their own each."""
     core = FakeCore()
-    parts = [FakePartition() for _ in range(SYNCFS_FLUSHES_MIN)]
+    parts = [FakePartition() for _ in range(SYNCFS_MIN)]
     answered: list[tuple[int, str]] = []
 
     def wait(i: int) -> None:
@@ -232,7 +231,7 @@ def test_a_turn_over_many_partitions_flushes_them_together_and_answers_each_by_i
 
 def test_a_turn_over_few_partitions_flushes_each_on_its_own() -> None:
     core = FakeCore()
-    parts = [FakePartition() for _ in range(SYNCFS_FLUSHES_MIN - 1)]
+    parts = [FakePartition() for _ in range(SYNCFS_MIN - 1)]
     for p in parts:
         core.after_flush(p, lambda: None, lambda exc: None)  # type: ignore[arg-type]
     core.end_turn()

@@ -27,7 +27,7 @@ from broker.core.producer_state import CoordinatorFencedError, FencedEpochError,
 from broker.storage import clean_marker, producer_snapshot
 from broker.storage.diskspace import DiskSpace
 from broker.storage.errors import OffsetOutOfRangeError
-from broker.storage.fileio import SyncFileIO, run_ops
+from broker.storage.fileio import SYNCFS_MIN, SyncFileIO, run_ops
 from broker.storage.log import LogConfig
 from ringlog_proto.batch import CRC_START, Record, encode_batch
 from ringlog_proto.batch_header import TRANSACTIONAL_BIT
@@ -404,3 +404,104 @@ def test_the_supervisor_keeps_markers_when_it_clears_the_run_directory(tmp_path:
     os.close(fd)
     assert not stale.exists()
     assert os.path.exists(clean_marker.marker_path(str(tmp_path), 0))
+
+
+# ------------------------------------------------------------------ many partitions: one syncfs
+
+
+@pytest.fixture
+def syncs(monkeypatch) -> dict[str, int]:
+    """Counts of the process's FileIO syncs (every log here uses `SyncFileIO`)."""
+    counts = {"syncfs": 0, "fdatasync": 0}
+    real_syncfs, real_fdatasync = SyncFileIO.syncfs, SyncFileIO.fdatasync
+
+    def syncfs(self: SyncFileIO, fd: int) -> None:
+        counts["syncfs"] += 1
+        real_syncfs(self, fd)
+
+    def fdatasync(self: SyncFileIO, fd: int) -> None:
+        counts["fdatasync"] += 1
+        real_fdatasync(self, fd)
+
+    monkeypatch.setattr(SyncFileIO, "syncfs", syncfs)
+    monkeypatch.setattr(SyncFileIO, "fdatasync", fdatasync)
+    return counts
+
+
+def failing_syncfs(self: SyncFileIO, fd: int) -> None:
+    raise OSError(errno.EIO, "injected syncfs")
+
+
+MANY = SYNCFS_MIN + 8
+
+
+def test_a_close_of_many_partitions_syncs_the_file_system_once_a_chunk(tmp_path: Path, syncs) -> None:
+    core = core_at(tmp_path)
+    produce_to_every(core, "t", MANY)
+    logs = [p.log for p in core.partitions.values()]
+    syncs.update(syncfs=0, fdatasync=0)
+    core.close()
+    assert syncs == {"syncfs": 1, "fdatasync": 0}
+    assert all(log.closed and log.durable_offset == log.end_offset for log in logs)
+    assert all(os.path.getsize(log.segments[-1].store_path) == log.segments[-1].size for log in logs)
+    assert os.path.exists(clean_marker.marker_path(str(tmp_path), 0))
+    again = core_at(tmp_path)
+    assert opened_clean(again) == [True] * MANY
+    assert all(p.log.end_offset == 2 for p in again.partitions.values())
+    again.close()
+
+
+def test_a_failed_syncfs_at_close_falls_back_to_each_partitions_syncs(
+    tmp_path: Path, syncs, monkeypatch
+) -> None:
+    """Each log's own syncs then say which failed: here one, which alone closes unclean."""
+    core = core_at(tmp_path)
+    produce_to_every(core, "t", MANY)
+    parts = list(core.partitions.values())
+    parts[3].log.io = FailingSync()
+    monkeypatch.setattr(SyncFileIO, "syncfs", failing_syncfs)
+    syncs.update(fdatasync=0)
+    core.close()
+    assert syncs["fdatasync"] == 2 * (MANY - 1)  # the store and the index of each but the failing one
+    assert [p.log._broken is not None for p in parts] == [False] * 3 + [True] + [False] * (MANY - 4)
+    assert all(p.log.closed for p in parts)
+    assert not os.path.exists(clean_marker.marker_path(str(tmp_path), 0))
+
+
+def crashed_with_many(tmp_path: Path) -> None:
+    core = core_at(tmp_path)
+    produce_to_every(core, "t", MANY)
+    for p in core.partitions.values():
+        p.log.abandon()  # kill -9: nothing closed, no marker
+
+
+def test_a_recovery_of_many_partitions_syncs_the_file_system_once(tmp_path: Path, syncs) -> None:
+    crashed_with_many(tmp_path)
+    syncs.update(syncfs=0, fdatasync=0)
+    after = core_at(tmp_path)
+    assert syncs == {"syncfs": 1, "fdatasync": 0}
+    assert opened_clean(after) == [False] * MANY
+    assert all(p.log.end_offset == 2 and p.log.durable_offset == 2 for p in after.partitions.values())
+    assert after.lifecycle.recovered is None
+    after.close()
+
+
+def test_a_failed_syncfs_at_start_syncs_each_recovered_log(tmp_path: Path, syncs, monkeypatch) -> None:
+    crashed_with_many(tmp_path)
+    monkeypatch.setattr(SyncFileIO, "syncfs", failing_syncfs)
+    syncs.update(fdatasync=0)
+    after = core_at(tmp_path)
+    assert syncs["fdatasync"] == 2 * MANY  # the store and the index of each, as before syncfs
+    assert all(p.log.end_offset == 2 for p in after.partitions.values())
+    after.close()
+
+
+def test_a_few_recovered_partitions_keep_their_own_syncs(tmp_path: Path, syncs) -> None:
+    core = core_at(tmp_path)
+    produce_to_every(core, "t", 3)
+    for p in core.partitions.values():
+        p.log.abandon()
+    syncs.update(syncfs=0, fdatasync=0)
+    after = core_at(tmp_path)
+    assert syncs == {"syncfs": 0, "fdatasync": 6}
+    after.close()

@@ -1,5 +1,5 @@
 """A group commit over many partitions syncs each file system once (syncfs) instead of each
-partition's files, on both backends (broker/backends/appends.py's `SYNCFS_FLUSHES_MIN`): every
+partition's files, on both backends (broker/storage/fileio.py's `SYNCFS_MIN`): every
 durable produce is answered and survives a restart; a syncfs that fails falls back to each
 partition's own fdatasyncs, so a partition whose file fails gets the error and the others
 succeed, and the core keeps their own syncs from then on; a turn over a few partitions keeps
@@ -17,15 +17,14 @@ from pathlib import Path
 import pytest
 from inprocess import BACKENDS, io_uring_missing, serve_in_process
 
-from broker.backends.appends import SYNCFS_FLUSHES_MIN
 from broker.backends.backend_core import BackendCore
 from broker.storage import layout
-from broker.storage.fileio import SyncFileIO
+from broker.storage.fileio import SYNCFS_MIN, SyncFileIO
 from labkit.brokerproc import Wire
 from ringlog_proto import messages as m
 from ringlog_proto.batch import encode_batch
 
-MANY = 80  # split over two turns, one of them still holds SYNCFS_FLUSHES_MIN or more
+MANY = 80  # split over two turns, one of them still holds SYNCFS_MIN or more
 
 
 class FailingSyncfs(SyncFileIO):
@@ -111,7 +110,7 @@ def test_a_turn_over_many_partitions_syncs_the_file_system_once(tmp_path: Path, 
             (m.ErrorCode.NONE, 0 if key == "first" else 1)
         ] * MANY  # type: ignore[attr-defined]
     metrics = server.core.metrics
-    assert metrics.flush_syncfs >= 2 * SYNCFS_FLUSHES_MIN, (metrics.flush_syncfs, metrics.flushes)
+    assert metrics.flush_syncfs >= 2 * SYNCFS_MIN, (metrics.flush_syncfs, metrics.flushes)
     assert metrics.flush_waiters == 2 * MANY
 
     def read_back(w: Wire) -> None:
@@ -136,7 +135,7 @@ def test_a_failed_syncfs_answers_each_partition_by_its_own_syncs(tmp_path: Path,
 
     server = _serve(backend, tmp_path / "data", client, io)
     replies = seen["replies"]
-    assert io.syncfs_calls >= 1 and server.core.metrics.flush_syncfs >= SYNCFS_FLUSHES_MIN
+    assert io.syncfs_calls >= 1 and server.core.metrics.flush_syncfs >= SYNCFS_MIN
     errors = [r.error for r in replies]  # type: ignore[attr-defined]
     assert errors[7] != m.ErrorCode.NONE
     assert errors[:7] + errors[8:] == [m.ErrorCode.NONE] * (MANY - 1)

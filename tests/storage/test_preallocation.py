@@ -15,7 +15,7 @@ from test_faults import FaultyIO
 
 from broker.cli import main
 from broker.storage.errors import StorageError
-from broker.storage.fileio import run_ops
+from broker.storage.fileio import SyncFileIO, run_ops
 from broker.storage.log import Log, LogConfig
 from broker.storage.log_config import PREALLOCATE_BYTES, PREALLOCATE_BYTES_MAX
 from broker.storage.preallocation import PREALLOCATE_RAMP_BYTES, PREALLOCATE_RAMP_MS
@@ -150,7 +150,7 @@ def test_the_step_doubles_while_appends_use_it_up_quickly_and_starts_over_after_
 def test_a_discarded_log_syncs_nothing_and_refuses_with_appends_in_flight(tmp_path, kit):
     """`Log.discard` (a deleted topic's partition): the files close without a write-back or a
     sync; with an append prepared and not completed it raises, as `close` does."""
-    log = Log.open(str(tmp_path / "log"), CONFIG)
+    log = Log.open(str(tmp_path / "log"), CONFIG, SyncFileIO())  # its own: its fdatasync is replaced
     kit.append_batches(log, 5)
     pending = log.prepare_append(kit.batch(log.next_offset, 2))
     with pytest.raises(StorageError, match="in flight"):
