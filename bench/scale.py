@@ -935,8 +935,11 @@ def connections_round(
     root: Path, backend: str, cores: int, count: int, sizes: Sizes, started: Started
 ) -> dict[str, float]:
     # A small segment cache leaves the open-file room to connections (the default takes half:
-    # 10k connections would not fit this machine's 20 000).
-    extra = ("--segment-fd-cache", str(CONNECTIONS_FD_CACHE))
+    # 10k connections would not fit this machine's 20 000), and the per-core limit (10 000 by
+    # default) leaves room for the probe and the admin client beside `count` idle ones.
+    extra = (
+        "--segment-fd-cache", str(CONNECTIONS_FD_CACHE), "--max-connections-per-core", str(count + 100),
+    )  # fmt: skip
     b = broker(started, root, f"conns-{backend}-{count}", backend, cores, extra, nofile_for(10, count + 100))
     socks: list[socket.socket] = []
     try:
