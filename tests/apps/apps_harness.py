@@ -174,7 +174,14 @@ def read_topic(
         out: list[tuple[str | None, bytes | None]] = []
         for partition in sorted(meta.partitions):
             tp = confluent_kafka.TopicPartition(topic, partition)
-            low, high = consumer.get_watermark_offsets(tp, timeout=10)
+            try:
+                low, high = consumer.get_watermark_offsets(tp, timeout=10)
+            except confluent_kafka.KafkaException as exc:
+                # a topic the app just made: librdkafka's own metadata may not list the partition
+                # yet although the listing above did; the caller's next poll reads it
+                if exc.args[0].code() != confluent_kafka.KafkaError._UNKNOWN_PARTITION:
+                    raise
+                return []
             if high <= low:
                 continue
             consumer.assign([confluent_kafka.TopicPartition(topic, partition, low)])
