@@ -19,6 +19,10 @@ Rules this module keeps:
 - The close's disk work (each log's flush, the release of its preallocated tail) runs on
   `CLOSE_THREADS` threads, `CLOSE_CHUNK` partitions at a time; the rest stays on the loop's
   thread, which serves nothing any more.
+- Many partitions' syncs are one syncfs per file system (broker/storage/fileio.py says what that
+  promises and why after a failed one each log syncs its own files): a close's chunk of
+  `SYNCFS_MIN` or more, and a start's recovered partitions, gathered while they open
+  (`recovered`) and made durable before the core serves any of them.
 """
 
 from __future__ import annotations
