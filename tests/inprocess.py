@@ -13,12 +13,15 @@ from __future__ import annotations
 import asyncio
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable
 
 from broker.backends.backend_core import BackendCore
 from broker.core.config import BrokerConfig
 from broker.node.worker import serving_adapters
+from broker.storage.fileio import SyncFileIO
+from labkit.brokerproc import Wire
 
 BACKENDS = ("uvloop", "io_uring")
 
@@ -76,6 +79,41 @@ def serve_in_process(
                     aio.close_threads()
     finally:
         listener.close()
+    return server
+
+
+def serve_with_wire(
+    backend: str, data_dir: str, client: Callable[[Wire], None], io: SyncFileIO | None = None
+) -> BackendCore:
+    """A core on `backend` served in this thread (its loop's file calls through `io` when given:
+    a test's counting or failing disk), `client` run against it on another thread over a `Wire`;
+    raises what the client raised once the server has stopped; the server (its counters).
+    Skips when the machine cannot run io_uring."""
+    if backend == "io_uring" and (missing := io_uring_missing()):
+        import pytest
+
+        pytest.skip(f"io_uring unavailable: {missing}")
+    raised: list[BaseException] = []
+
+    def run(port: int, post: Callable[[Callable[[], None]], None], stop: Callable[[], None]) -> None:
+        try:
+            w = Wire(port)
+            client(w)
+            w.close()
+        except BaseException as exc:  # reported by the test, after the server stops
+            raised.append(exc)
+        finally:
+            post(stop)
+
+    def on_ready(server: BackendCore, port: int) -> None:
+        if io is not None:
+            server.loop_io = io
+        post = server.threadsafe_post()
+        threading.Thread(target=run, args=(port, post, server.request_stop), daemon=True).start()
+
+    server = serve_in_process(backend, data_dir, on_ready)
+    if raised:
+        raise raised[0]
     return server
 
 

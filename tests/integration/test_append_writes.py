@@ -6,16 +6,13 @@ together into one write (a server in this process, its writes counted)."""
 from __future__ import annotations
 
 import errno
-import threading
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from inprocess import io_uring_missing, serve_in_process
+from inprocess import serve_with_wire
 
 import broker.backends.primitives as primitives_mod
 import broker.backends.uring as uring_mod
-from broker.backends.backend_core import BackendCore
 from broker.storage.fileio import Write, WriteError
 from labkit.brokerproc import BrokerProcess, Wire, values_after_restart
 from native.constants import APPEND_INLINE_BYTES_MAX
@@ -53,34 +50,6 @@ def test_append_writes_store_what_they_acknowledge(tmp_path: Path, mode: str) ->
         assert values_after_restart(broker, tid) == values
     finally:
         broker.stop()
-
-
-def _with_client(tmp_path: Path, client: Callable[[Wire], None]) -> None:
-    """An io_uring core served in this thread, `client` run against it on another; raises what
-    the client raised, once the server has stopped (a server in this process: its writes can be
-    counted or failed)."""
-    missing = io_uring_missing()
-    if missing:
-        pytest.skip(f"io_uring unavailable: {missing}")
-    raised: list[BaseException] = []
-
-    def run(port: int, post, stop) -> None:  # type: ignore[no-untyped-def]
-        try:
-            w = Wire(port)
-            client(w)
-            w.close()
-        except BaseException as exc:  # reported by the test, after the server stops
-            raised.append(exc)
-        finally:
-            post(stop)
-
-    def on_ready(server: BackendCore, port: int) -> None:
-        post = server.threadsafe_post()
-        threading.Thread(target=run, args=(port, post, server.request_stop), daemon=True).start()
-
-    serve_in_process("io_uring", str(tmp_path / "data"), on_ready)
-    if raised:
-        raise raised[0]
 
 
 def _send_together(w: Wire, tid: int, batches: list[bytes]) -> list[m.Response]:
@@ -125,7 +94,7 @@ def test_pipelined_appends_go_out_in_one_write_and_a_lone_one_at_once(
         seen["alone writes"] = writes[before:]
         seen["log"] = [r.value for r in w.fetch_all(tid, 0)]
 
-    _with_client(tmp_path, client)
+    serve_with_wire("io_uring", str(tmp_path / "data"), client)
     burst_replies = seen["burst"]
     assert [(r.error, r.base_offset) for r in burst_replies] == [(m.ErrorCode.NONE, i) for i in range(8)]  # type: ignore[attr-defined]
     assert seen["burst writes"] == [[sum(len(b) for b in batches)]]  # one write of the eight
@@ -161,7 +130,7 @@ def test_a_gathered_write_that_fails_fails_every_append_in_it(
         seen["after"] = w.rpc(m.ProduceRequest(tid, 0, m.Acks.WRITTEN, 5000, encode_batch([b"after"])))
         seen["log"] = [r.value for r in w.fetch_all(tid, 0)]
 
-    _with_client(tmp_path, client)
+    serve_with_wire("io_uring", str(tmp_path / "data"), client)
     assert failed == [sum(len(b) for b in batches)]  # the six went out in the one write that failed
     replies: list[m.ProduceResponse] = seen["burst"]  # type: ignore[assignment]
     assert len(replies) == 6

@@ -10,14 +10,11 @@ from __future__ import annotations
 
 import errno
 import os
-import threading
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from inprocess import BACKENDS, io_uring_missing, serve_in_process
+from inprocess import BACKENDS, serve_with_wire
 
-from broker.backends.backend_core import BackendCore
 from broker.storage import layout
 from broker.storage.fileio import SYNCFS_MIN, SyncFileIO
 from labkit.brokerproc import Wire
@@ -42,37 +39,6 @@ class FailingSyncfs(SyncFileIO):
         if self.failing_dir is not None and os.readlink(f"/proc/self/fd/{fd}").startswith(self.failing_dir):
             raise OSError(errno.EIO, os.strerror(errno.EIO))
         super().fdatasync(fd)
-
-
-def _serve(
-    backend: str, data_dir: Path, client: Callable[[Wire], None], io: SyncFileIO | None = None
-) -> BackendCore:
-    """A core on `backend` served in this thread, `client` run against it on another; raises
-    what the client raised once the server has stopped; the server (its counters)."""
-    if backend == "io_uring" and (missing := io_uring_missing()):
-        pytest.skip(f"io_uring unavailable: {missing}")
-    raised: list[BaseException] = []
-
-    def run(port: int, post, stop) -> None:  # type: ignore[no-untyped-def]
-        try:
-            w = Wire(port)
-            client(w)
-            w.close()
-        except BaseException as exc:  # reported by the test, after the server stops
-            raised.append(exc)
-        finally:
-            post(stop)
-
-    def on_ready(server: BackendCore, port: int) -> None:
-        if io is not None:
-            server.loop_io = io
-        post = server.threadsafe_post()
-        threading.Thread(target=run, args=(port, post, server.request_stop), daemon=True).start()
-
-    server = serve_in_process(backend, str(data_dir), on_ready)
-    if raised:
-        raise raised[0]
-    return server
 
 
 def _produce_together(w: Wire, tid: int, partitions: int, tag: bytes) -> list[m.ProduceResponse]:
@@ -103,7 +69,7 @@ def test_a_turn_over_many_partitions_syncs_the_file_system_once(tmp_path: Path, 
         seen["first"] = _produce_together(w, tid, MANY, b"a")
         seen["second"] = _produce_together(w, tid, MANY, b"b")
 
-    server = _serve(backend, tmp_path / "data", client)
+    server = serve_with_wire(backend, str(tmp_path / "data"), client)
     for key in ("first", "second"):
         replies = seen[key]
         assert [(r.error, r.base_offset) for r in replies] == [
@@ -116,7 +82,7 @@ def test_a_turn_over_many_partitions_syncs_the_file_system_once(tmp_path: Path, 
     def read_back(w: Wire) -> None:
         seen["log"] = [[r.value for r in w.fetch_all(seen["tid"], p)] for p in range(MANY)]  # type: ignore[arg-type]
 
-    _serve(backend, tmp_path / "data", read_back)  # a restart: what was acknowledged is there
+    serve_with_wire(backend, str(tmp_path / "data"), read_back)  # a restart: what was acknowledged is there
     assert seen["log"] == [[b"a%d" % p, b"b%d" % p] for p in range(MANY)]
 
 
@@ -133,7 +99,7 @@ def test_a_failed_syncfs_answers_each_partition_by_its_own_syncs(tmp_path: Path,
         io.failing_dir = None
         seen["again"] = _produce_together(w, tid, MANY, b"b")
 
-    server = _serve(backend, tmp_path / "data", client, io)
+    server = serve_with_wire(backend, str(tmp_path / "data"), client, io)
     replies = seen["replies"]
     assert io.syncfs_calls >= 1 and server.core.metrics.flush_syncfs >= SYNCFS_MIN
     errors = [r.error for r in replies]  # type: ignore[attr-defined]
@@ -155,7 +121,7 @@ def test_a_turn_over_a_few_partitions_keeps_their_own_syncs(tmp_path: Path, back
         tid = w.create_topic("few", 4)
         seen["replies"] = _produce_together(w, tid, 4, b"a")
 
-    server = _serve(backend, tmp_path / "data", client, io)
+    server = serve_with_wire(backend, str(tmp_path / "data"), client, io)
     assert [r.error for r in seen["replies"]] == [m.ErrorCode.NONE] * 4  # type: ignore[attr-defined]
     assert io.syncfs_calls == 0 and server.core.metrics.flush_syncfs == 0
     assert server.core.metrics.flush_waiters == 4
