@@ -283,6 +283,10 @@ class PartitionAppends(BackendPrimitives):
         if now and not work.flushing:
             self._flush(partition, work)
             return
+        self._commit_due(partition)
+
+    def _commit_due(self, partition: Partition) -> None:
+        """`partition` flushes with this turn's group commit (scheduled once a turn)."""
         self._flush_due.add(partition)
         if not self._commit_scheduled:
             self._commit_scheduled = True
@@ -387,10 +391,7 @@ class PartitionAppends(BackendPrimitives):
         elif not together:  # arrived while this flush ran: the next one covers them
             self._flush(partition, work)
         else:
-            self._flush_due.add(partition)
-            if not self._commit_scheduled:
-                self._commit_scheduled = True
-                self.end_of_turn(self.group_commit)
+            self._commit_due(partition)
 
     def run_flush_together(
         self,

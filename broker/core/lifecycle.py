@@ -52,7 +52,8 @@ log = logging.getLogger("broker.core.core")  # the core's lines, as before this 
 # syncs/s on one thread, ~8 500/s on four), and the partitions in flight are pinned (2 descriptors each)
 CLOSE_THREADS = 8
 CLOSE_CHUNK = 256
-# a partition being closed: its snapshot, the plan of its log's close and that plan's run on a thread
+# a partition being closed: its snapshot, the plan of its log's close and that plan's run on a
+# thread of its own (None when its chunk runs together: `run_closes_together`)
 _Closing = tuple[Partition, Snapshot | None, ClosePlan | None, Future[None] | None]
 
 
