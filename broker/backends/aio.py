@@ -10,7 +10,7 @@ Rules this module keeps:
   the ring: an fsync takes milliseconds, during which the loop keeps taking and writing requests
   (the log's flush plans are made for that: they name what they cover and pin what they use).
   A group commit over many partitions is one job there, one syncfs per file system instead of
-  each partition's fdatasyncs (broker/storage/fileio.py's `SYNCFS_MIN`).
+  each partition's fdatasyncs (broker/backends/appends.py says when).
   Their completions come back to the loop; while stopping they run on the loop itself.
 - Blocking calls (`run_blocking`, broker/core/blocking.py) run on broker/backends/blocking.py's
   daemon threads, not on an executor's (the interpreter joins those at exit, and a call hanging on

@@ -8,12 +8,13 @@ Rules this module keeps:
 - Group commit: every acks=durable reply of one loop turn waits for one flush per partition,
   started at the end of the turn (`end_of_turn`); a flush already in flight for that partition is
   followed by exactly one more, which covers everything that arrived meanwhile.
-- A turn that starts `SYNCFS_MIN` flushes or more runs them together: their writes, then
-  one syncfs per file system their files are on, instead of each one's fdatasyncs and directory
-  fsyncs (broker/storage/fileio.py's `run_together`: what it promises, how a failed syncfs still
-  fails only the partition whose file failed; after a failed syncfs the core never uses it again).
-  The next flush of a partition among them starts
-  with the group commit of the turn it ended in, so that a steady load keeps flushing together.
+- A group commit with `SYNCFS_MIN` partitions or more flushing or due at once (the flushes in
+  flight count) runs its due ones together: their writes, then one syncfs per file system their
+  files are on, instead of each one's fdatasyncs and directory fsyncs (broker/storage/fileio.py's
+  `run_together`: what it promises, how a failed syncfs still fails only the partition whose file
+  failed; after a failed syncfs the core never uses it again). While such a group runs, no flush
+  starts beside it: what falls due waits for it, and the group commit after it runs together
+  again if two or more partitions are due, so that a steady load keeps flushing together.
 - `PartitionAppends` runs on the backend's primitives (broker/backends/primitives.py) and is
   what `BackendCore` (broker/backends/backend_core.py) extends; the core's dispatch hands it each
   `Append` (`_append`) and `Durable` (`after_flush`), the replica manager a follower's appends
@@ -85,6 +86,10 @@ class PartitionAppends(BackendPrimitives):
         self._work: dict[Partition, PartitionWork] = {}
         self._flush_due: set[Partition] = set()  # partitions with waiters for a flush this turn
         self._commit_scheduled = False
+        self._flushes_alone = 0  # partitions' own flushes in flight (fdatasyncs, not a group's)
+        self._group_running = False  # a flush together (`_flush_together`) is in flight
+        self._held: set[Partition] = set()  # due while it runs: they start after it
+        self._after_group = False  # a group ended since the last group commit
         self.filesystems = FileSystems()  # what `run_flush_together` calls syncfs on
 
     # ------------------------------------------------------------------------- appends
@@ -280,7 +285,7 @@ class PartitionAppends(BackendPrimitives):
         it in the turn waits for the next flush, as one does while any flush is running."""
         work = self._work_of(partition)
         work.flush_waiters.append((done, failed))
-        if now and not work.flushing:
+        if now and not work.flushing and not self._group_running:
             self._flush(partition, work)
             return
         self._commit_due(partition)
@@ -295,9 +300,16 @@ class PartitionAppends(BackendPrimitives):
     def group_commit(self) -> None:
         """One flush per partition for every waiter of this turn; a partition whose flush is in
         flight gets exactly one more after it, which covers everything that arrived meanwhile.
-        `SYNCFS_MIN` or more of them start together, with one syncfs per file system
-        (`_flush_together`), unless the core is stopping (its last flushes keep their own syncs)
-        or a syncfs of this core ever failed (fileio.py's `FileSystems` says why)."""
+
+        They start together, with one syncfs per file system (`_flush_together`), when the disk
+        is busy with many partitions: `SYNCFS_MIN` or more flushing or due at once (the flushes
+        in flight count, so a steady spread of a few partitions a turn gets there too). Once a
+        group runs, the partitions due meanwhile wait for it (`_held`), and the group commit
+        after it runs together again if it has two or more: a syncfs over a few partitions
+        costs less than their fdatasyncs (fileio.py's `SYNCFS_MIN` has the figures), and many
+        fdatasyncs in flight at once queue on the journal, each as long as the lot. Never while
+        the core is stopping (its last flushes keep their own syncs) or once a syncfs of this
+        core failed (fileio.py's `FileSystems` says why)."""
         self._commit_scheduled = False
         due, self._flush_due = self._flush_due, set()
         starting = []
@@ -305,9 +317,17 @@ class PartitionAppends(BackendPrimitives):
             work = self._work.get(partition)
             if work is not None and not work.flushing and work.flush_waiters:
                 starting.append((partition, work))
-        if len(starting) >= SYNCFS_MIN and self.filesystems.failed is None and not self.stopping():
-            self._flush_together(starting)
+        if not starting:
             return
+        if self.filesystems.failed is None and not self.stopping():
+            if self._group_running:
+                self._held.update(partition for partition, _ in starting)
+                return
+            after_group, self._after_group = self._after_group, False
+            busy = len(starting) + self._flushes_alone >= SYNCFS_MIN
+            if busy or (after_group and len(starting) >= 2):
+                self._flush_together(starting)
+                return
         for partition, work in starting:
             self._flush(partition, work, alone=len(starting) == 1)
 
@@ -316,6 +336,7 @@ class PartitionAppends(BackendPrimitives):
         if started is None:
             return
         plan, waiters = started
+        self._flushes_alone += 1
         self.run_flush(plan.ops, lambda exc: self._flushed(partition, work, plan, waiters, exc, False), alone)
 
     def _start_flush(
@@ -350,9 +371,15 @@ class PartitionAppends(BackendPrimitives):
             return
 
         def flushed(errors: Sequence[OSError | None]) -> None:
+            self._group_running = False
+            self._after_group = True
             for (partition, work, plan, waiters), exc in zip(flushes, errors, strict=True):
                 self._flushed(partition, work, plan, waiters, exc, True)
+            held, self._held = self._held, set()
+            for partition in held:
+                self._commit_due(partition)
 
+        self._group_running = True
         self.core.metrics.flushed_together(len(flushes))
         self.run_flush_together([(plan.ops, p.log.directory) for p, _, plan, _ in flushes], flushed)
 
@@ -370,6 +397,8 @@ class PartitionAppends(BackendPrimitives):
         with the turn's group commit after one together with others (which may again be many)."""
         log_ = partition.log
         work.flushing = False
+        if not together:
+            self._flushes_alone -= 1
         error: BaseException | None = exc
         if exc is not None:
             log_.fail_flush(exc, plan)
@@ -388,9 +417,9 @@ class PartitionAppends(BackendPrimitives):
                 done()
         if not work.flush_waiters:
             self._settle(partition, work)
-        elif not together:  # arrived while this flush ran: the next one covers them
+        elif not together and not self._group_running:  # arrived while it ran: the next covers them
             self._flush(partition, work)
-        else:
+        else:  # with the group commit, which a running group holds until it ends
             self._commit_due(partition)
 
     def run_flush_together(

@@ -238,6 +238,66 @@ def test_a_turn_over_few_partitions_flushes_each_on_its_own() -> None:
     assert not core.together and len(core.running) == len(parts)
 
 
+def test_flushes_in_flight_count_towards_running_together() -> None:
+    """A steady spread of a few partitions a turn: each turn's own flushes pile up in flight
+    (they queue on the journal), and once they and the turn's due ones reach `SYNCFS_MIN`, the
+    due ones go together; those flushing alone finish on their own syncs."""
+    core = FakeCore()
+    parts = [FakePartition() for _ in range(SYNCFS_MIN + 1)]
+    for p in parts[: SYNCFS_MIN - 2]:  # one turn each, so none of these turns is busy alone
+        core.after_flush(p, lambda: None, lambda exc: None)  # type: ignore[arg-type]
+        core.end_turn()
+    assert len(core.running) == SYNCFS_MIN - 2 and not core.together
+    for p in parts[SYNCFS_MIN - 2 :]:
+        core.after_flush(p, lambda: None, lambda exc: None)  # type: ignore[arg-type]
+    core.end_turn()
+    assert core.together_counts == [3] and len(core.running) == SYNCFS_MIN - 2
+    for _, done in core.running:
+        done(None)
+    core.together.pop()[1]([None] * 3)
+    assert core.flushed_counts == [1] * (SYNCFS_MIN + 1) and core.busy() is False
+
+
+def test_while_a_group_runs_the_partitions_due_wait_for_it_then_run_together_again() -> None:
+    """The partitions due while a group's syncfs runs start no fdatasync of their own, not even
+    one whose own flush ends meanwhile; after the group they start together if two or more are
+    due, each on its own if one is."""
+    core = FakeCore()
+    group = [FakePartition() for _ in range(SYNCFS_MIN)]
+    alone, later, last = FakePartition(), [FakePartition(), FakePartition()], FakePartition()
+    answered: list[str] = []
+    core.after_flush(alone, lambda: answered.append("alone 1"), lambda exc: None)  # type: ignore[arg-type]
+    core.end_turn()
+    assert len(core.running) == 1
+    for p in group:
+        core.after_flush(p, lambda: answered.append("group"), lambda exc: None)  # type: ignore[arg-type]
+    core.end_turn()
+    assert core.together_counts == [SYNCFS_MIN] and len(core.running) == 1
+    # Meanwhile: two other partitions are due, and `alone` is again, asking to flush now.
+    for p in later:
+        core.after_flush(p, lambda: answered.append("later"), lambda exc: None)  # type: ignore[arg-type]
+    core.after_flush(alone, lambda: answered.append("alone 2"), lambda exc: None, now=True)  # type: ignore[arg-type]
+    core.end_turn()
+    assert len(core.running) == 1 and len(core.together) == 1, "nothing starts beside the group"
+    core.running.pop()[1](None)  # `alone`'s first flush ends: its next waits for the group too
+    assert answered == ["alone 1"] and not core.running
+    core.end_turn()
+    assert not core.running and len(core.together) == 1
+    core.together.pop()[1]([None] * SYNCFS_MIN)
+    assert answered.count("group") == SYNCFS_MIN
+    core.end_turn()  # the group commit after the group: `alone` and the two later ones
+    assert core.together_counts == [SYNCFS_MIN, 3] and not core.running
+    flushes, done = core.together.pop()
+    done([None] * len(flushes))
+    assert sorted(answered[-3:]) == ["alone 2", "later", "later"]
+    # A group commit of one partition after a group: its own fdatasync.
+    core.after_flush(last, lambda: answered.append("last"), lambda exc: None)  # type: ignore[arg-type]
+    core.end_turn()
+    assert core.together_counts == [SYNCFS_MIN, 3] and len(core.running) == 1
+    core.running.pop()[1](None)
+    assert answered[-1] == "last" and core.busy() is False
+
+
 def test_an_append_answered_before_it_is_published_is_published_whatever_its_answer() -> None:
     core = FakeCore()
     published: list[int] = []
