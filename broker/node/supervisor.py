@@ -521,7 +521,7 @@ class Supervisor:
             if self.config.sasl.inter_broker is not None:
                 env = {**os.environ, INTER_BROKER_PASSWORD_ENV: self.config.sasl.inter_broker.password}
             w.proc = subprocess.Popen(
-                [sys.executable, "-m", "broker.node.worker", "--spec", json.dumps(spec)],
+                [sys.executable, "-m", "broker.node.worker_process", "--spec", json.dumps(spec)],
                 env=env,
                 # the lock: see the module rules; the liveness table: broker/core/liveness.py
                 pass_fds=(*w.fds, ready_w, self._lock_fd, *self._liveness_fds()),

@@ -19,7 +19,8 @@ Rules this module keeps:
   in its config (`BrokerConfig.make_adapters`); the backends import neither protocol.
 - glibc's malloc thresholds are set (`tune_malloc`) before the backend serves, whichever it is.
 
-Invoked as `python -m broker.node.worker --spec JSON` (the supervisor writes the JSON; see `main`).
+Invoked as `python -m broker.node.worker_process --spec JSON` (the supervisor writes the JSON; see
+`main`; broker/node/worker_process.py says why that module).
 """
 
 from __future__ import annotations

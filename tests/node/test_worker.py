@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 
 import pytest
@@ -72,3 +73,27 @@ def test_the_start_and_stop_timeouts_grow_with_the_partitions_stored(tmp_path) -
     assert start_timeout_s(str(tmp_path)) == START_TIMEOUT_S + 1000 * START_TIMEOUT_PER_PARTITION_S
     # and the stop: a clean close syncs and snapshots each one (killed, the next start recovers all)
     assert stop_timeout_s(str(tmp_path)) == STOP_TIMEOUT_S + 1000 * STOP_TIMEOUT_PER_PARTITION_S
+
+
+def test_a_worker_process_imports_the_kafka_schemas_without_hypothesis() -> None:
+    """kio imports hypothesis when it is installed (it is, here: the tests use it); the worker's
+    entry point keeps it out, a seventh of every worker start (broker/node/worker_process.py)."""
+    probe = (
+        "import runpy, sys\n"
+        "sys.argv = ['worker', '--help']\n"
+        "try:\n"
+        "    runpy.run_module('broker.node.worker_process', run_name='__main__')\n"
+        "except SystemExit as exc:\n"
+        "    print('exit', exc.code)\n"
+        "print('kio' in sys.modules, sys.modules.get('hypothesis', 'absent'))\n"
+    )
+    out = python(probe)
+    assert out.splitlines()[-2:] == ["exit 0", "True None"], out
+    assert "--spec" in out
+    plain = "import hypothesis, kio.static._phantom as p; print(p.hypothesis is not None)"
+    assert python(plain).strip() == "True", "without the entry point kio does import it"
+
+
+def python(code: str) -> str:
+    run = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=60)
+    return run.stdout
