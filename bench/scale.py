@@ -20,7 +20,11 @@ Rows (values per backend; "ratio" is the one the goal names, measured in this ru
 Tansu where Tansu ran the same work; verdict PASS/FAIL against the goal, or "reported"):
 - R1 replication, librdkafka: 1 KiB values, 3 partitions; the cluster with replication 3, acks=all,
   idempotent, against one node (no etcd) with acks=1; produce for `repl_s` each, alternated, MB/s
-  from the first produce to flush() returning. Goal: cluster / one node >= 0.5.
+  from the first produce to flush() returning. Goal: cluster / one node >= 0.5. Beside it the
+  client's CPU per second (this process) in each, on the same 2 CPUs as the nodes. librdkafka's
+  idempotent producer keeps one produce request in flight per partition (it counts the messages
+  in flight against its limit of 5 requests: librdkafka pull request 4989), and its broker
+  threads spin while one is out, so the cluster's figure is a ~1 MB batch's acks=all round trip.
 - R2 replication, our client: the same with `Producer` (acks=DURABLE, idempotent / acks=WRITTEN;
   64 KiB batches, linger 5 ms). Goal >= 0.5.
 - R3 CPU per replicated GB: broker CPU-seconds (supervisor and workers, benchlib.tree_cpu) per GB
@@ -57,7 +61,7 @@ preallocates 1 MiB (broker/storage/log_config.py PREALLOCATE_BYTES); P is lowere
 with a margin (at least 20 GiB or 30% of the free space left free), and the header says so.
 - R12 spread, librdkafka: produce for `spread_s` to 1 partition and to 1000 (round robin by explicit
   partition; linger 5 ms), acks=all and acks=1; rate over 1000 / rate over 1. Tansu beside. Goal
-  >= 0.7 (both acks).
+  >= 0.7 (both acks). Beside them the rates over 1000 and the client's CPU per second then.
 - R13 spread, our client: the same with `Producer`. Goal >= 0.7.
 - R14 group: 50 librdkafka consumers (threads of this process, roundrobin assignment) subscribe to a
   topic of 10 000 partitions (2 000 quick): time until every member holds partitions and together
@@ -603,12 +607,20 @@ def phase_replication(
         wait_for(lambda t=t, n=n: in_sync(t, n), sizes.step_timeout_s)
     node_list = list(nodes.values())
 
+    client_cpu: list[float] = []  # this process's CPU per second of each `run`: the client's
+
+    def clients() -> str:
+        """The client's CPU in the last two runs (the cluster's, then the one node's)."""
+        return f"client {client_cpu[-1]:.1f}/{client_cpu[-2]:.1f} CPU"
+
     def run(
         fn: Callable[[], tuple[int, float]], procs: list[BrokerProcess]
     ) -> tuple[float, float, list[float]]:
         cpu0 = [tree_cpu(p.pid) for p in procs]
+        client0 = time.process_time()
         records, wall = fn()
         cpu = [tree_cpu(p.pid) - c for p, c in zip(procs, cpu0, strict=True)]
+        client_cpu.append((time.process_time() - client0) / wall)
         gb = records * len(VALUE) / 1e9
         return records * len(VALUE) / 1e6 / wall, gb, cpu
 
@@ -620,7 +632,7 @@ def phase_replication(
             lambda: k_produce_for(cluster, "r", 3, sizes.repl_s, "all", idempotent=True), node_list
         )
         ratio = three_mbs / one_mbs
-        rows["R1"].cells[backend] = f"{ratio:.2f} ({three_mbs:.0f}/{one_mbs:.0f} MB/s)"
+        rows["R1"].cells[backend] = f"{ratio:.2f} ({three_mbs:.0f}/{one_mbs:.0f} MB/s; {clients()})"
         rows["R1"].figures[backend] = ratio
         out.update(one_mbs=one_mbs, three_mbs=three_mbs)
         one_cpu_gb = sum(one_cpu) / one_gb
@@ -643,7 +655,7 @@ def phase_replication(
         one_mbs, _, _ = run(lambda: r_produce_for(single.bootstrap, "r", 3, sizes.repl_s, False), [single])
         three_mbs, _, _ = run(lambda: r_produce_for(cluster, "r", 3, sizes.repl_s, True), node_list)
         ratio = three_mbs / one_mbs
-        rows["R2"].cells[backend] = f"{ratio:.2f} ({three_mbs:.0f}/{one_mbs:.0f} MB/s)"
+        rows["R2"].cells[backend] = f"{ratio:.2f} ({three_mbs:.0f}/{one_mbs:.0f} MB/s; {clients()})"
         rows["R2"].figures[backend] = ratio
     for n in [*node_list, single]:
         started.stop(n)
@@ -799,19 +811,33 @@ def phase_partitions(
 
 
 def spread_pairs(bootstrap: str, many: int, seconds: float, ours: bool) -> dict[str, float]:
-    """Rate over `many` partitions / rate over 1, per acks, alternated."""
+    """Rate over `many` partitions / rate over 1, per acks, alternated; beside them the rates
+    and the client's CPU (this process: the producer and, for librdkafka, its threads) per
+    second over `many`, which says when the client, on the broker's CPUs, is the limit."""
     out = {}
     for acks in ("all", "1"):
-        if ours:
-            n1, w1 = r_produce_for(bootstrap, "one", 1, seconds, acks == "all")
-            nm, wm = r_produce_for(bootstrap, "many", many, seconds, acks == "all")
-        else:
-            n1, w1 = k_produce_for(bootstrap, "one", 1, seconds, acks)
-            nm, wm = k_produce_for(bootstrap, "many", many, seconds, acks)
+
+        def produce(topic: str, n: int, acks: str = acks) -> tuple[int, float]:
+            if ours:
+                return r_produce_for(bootstrap, topic, n, seconds, acks == "all")
+            return k_produce_for(bootstrap, topic, n, seconds, acks)
+
+        n1, w1 = produce("one", 1)
+        cpu0 = time.process_time()
+        nm, wm = produce("many", many)
+        out[f"client_cpu_{acks}"] = (time.process_time() - cpu0) / wm
         out[acks] = (nm / wm) / (n1 / w1)
         out[f"rate1_{acks}"] = n1 / w1
         out[f"rate_many_{acks}"] = nm / wm
     return out
+
+
+def spread_cell(s: dict[str, float]) -> str:
+    """R12/R13's cell: the ratios, then the rates over many (thousands of records a second) and
+    the client's CPU meanwhile."""
+    rates = " / ".join(f"{s[f'rate_many_{a}'] / 1000:.0f}k" for a in ("all", "1"))
+    cpu = " / ".join(f"{s[f'client_cpu_{a}']:.1f}" for a in ("all", "1"))
+    return f"{s['all']:.2f} / {s['1']:.2f} ({rates} rec/s; client {cpu} CPU)"
 
 
 def phase_spread(
@@ -827,7 +853,7 @@ def phase_spread(
             if row not in only:
                 continue
             s = spread_pairs(b.bootstrap, many, sizes.spread_s, ours)
-            rows[row].cells[backend] = f"{s['all']:.2f} / {s['1']:.2f}"
+            rows[row].cells[backend] = spread_cell(s)
             rows[row].figures[backend] = min(s["all"], s["1"])
             out.update({f"{row}_{k}": v for k, v in s.items()})
     finally:
@@ -1176,7 +1202,7 @@ def tansu_rows(
             try:
                 k_create(t.bootstrap, {"one": 1, "many": sizes.spread_partitions}, sizes.step_timeout_s)
                 s = spread_pairs(t.bootstrap, sizes.spread_partitions, sizes.spread_s, ours=False)
-                rows["R12"].cells["tansu"] = f"{s['all']:.2f} / {s['1']:.2f}"
+                rows["R12"].cells["tansu"] = spread_cell(s)
             finally:
                 started.stop(t)
 
