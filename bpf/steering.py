@@ -50,7 +50,8 @@ class Steering:
             bcc = kernel.load_bcc()
             self._bpf: Any = bcc.BPF(
                 text=kernel.source("rendezvous.h", "steer_rules.h", "reuseport.c"),
-                cflags=[f"-DRL_SOCKMAP_FD={self.sockmap_fd}"],
+                # the loop over cores as long as this broker's (rendezvous.h says why)
+                cflags=[f"-DRL_SOCKMAP_FD={self.sockmap_fd}", f"-DRL_MAX_CORES={cores}"],
             )
             self._fn = self._bpf.load_func(b"rl_reuseport_select", kernel.BPF_PROG_TYPE_SK_REUSEPORT)
         except BaseException:
