@@ -81,7 +81,7 @@ class ReplicaFetchPartitionData:
     log_start_offset: int = -1
     diverging_epoch: int = NO_DIVERGENCE
     diverging_end_offset: int = NO_DIVERGENCE
-    records: Buffer = b""  # as the leader read it (a segment's pages, a read's buffer); bytes decoded
+    records: Buffer = b""  # as the leader read it (a segment's pages, a read's buffer); decoded: a view
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,8 +108,9 @@ class ReplicaFetchResponse(Response):
     def read(cls, r: Reader) -> dict[str, object]:
         parts = []
         for _ in range(r.array(42)):
-            tid, index, error, hw, start, epoch, end = r.unpack("IIhqqiq")
+            tid, index, error, hw, start, epoch, end, size = r.unpack("IIhqqiqI")
+            # the records as a view of the answer's body, not a copy: the follower writes them
             parts.append(
-                ReplicaFetchPartitionData(tid, index, _error(error), hw, start, epoch, end, r.bytes())
+                ReplicaFetchPartitionData(tid, index, _error(error), hw, start, epoch, end, r.view(size))
             )
         return {"partitions": tuple(parts)}
