@@ -372,12 +372,13 @@ class PartitionAppends(BackendPrimitives):
 
         def flushed(errors: Sequence[OSError | None]) -> None:
             self._group_running = False
-            self._after_group = True
             for (partition, work, plan, waiters), exc in zip(flushes, errors, strict=True):
                 self._flushed(partition, work, plan, waiters, exc, True)
             held, self._held = self._held, set()
             for partition in held:
                 self._commit_due(partition)
+            # "after a group" is the group commit now due, if any: not one of a later, quiet turn
+            self._after_group = self._commit_scheduled
 
         self._group_running = True
         self.core.metrics.flushed_together(len(flushes))

@@ -298,6 +298,23 @@ def test_while_a_group_runs_the_partitions_due_wait_for_it_then_run_together_aga
     assert answered[-1] == "last" and core.busy() is False
 
 
+def test_a_group_that_leaves_nothing_due_leaves_later_turns_to_their_own_syncs() -> None:
+    """Grouping two or more goes on only from the group commit a group's end makes due: a quiet
+    turn later, two partitions flush on their own, as they would have before any group."""
+    core = FakeCore()
+    group = [FakePartition() for _ in range(SYNCFS_MIN)]
+    for p in group:
+        core.after_flush(p, lambda: None, lambda exc: None)  # type: ignore[arg-type]
+    core.end_turn()
+    core.together.pop()[1]([None] * SYNCFS_MIN)
+    assert not core.turn_end, "nothing was due after the group"
+    pair = [FakePartition(), FakePartition()]
+    for p in pair:
+        core.after_flush(p, lambda: None, lambda exc: None)  # type: ignore[arg-type]
+    core.end_turn()
+    assert core.together_counts == [SYNCFS_MIN] and len(core.running) == 2
+
+
 def test_an_append_answered_before_it_is_published_is_published_whatever_its_answer() -> None:
     core = FakeCore()
     published: list[int] = []
