@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from broker.backends import appends
 from broker.backends.backend_core import BackendCore
 from broker.backends.connection import Slot
 from broker.core.acks import Waits
@@ -298,21 +299,39 @@ def test_while_a_group_runs_the_partitions_due_wait_for_it_then_run_together_aga
     assert answered[-1] == "last" and core.busy() is False
 
 
-def test_a_group_that_leaves_nothing_due_leaves_later_turns_to_their_own_syncs() -> None:
-    """Grouping two or more goes on only from the group commit a group's end makes due: a quiet
-    turn later, two partitions flush on their own, as they would have before any group."""
+def test_soon_after_a_group_two_due_run_together_and_a_quiet_turn_later_each_on_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A steady load's next requests come a few turns after the answers a group sends, and the
+    turn of its end may have none due: for `GROUPING_AFTER` times the group's duration after its
+    end, two partitions due run together; later, each keeps its own syncs."""
+    clock = [100.0]
+    monkeypatch.setattr(appends.time, "monotonic", lambda: clock[0])
     core = FakeCore()
     group = [FakePartition() for _ in range(SYNCFS_MIN)]
     for p in group:
         core.after_flush(p, lambda: None, lambda exc: None)  # type: ignore[arg-type]
     core.end_turn()
+    clock[0] += 0.002  # the group's syncfs took 2 ms
     core.together.pop()[1]([None] * SYNCFS_MIN)
-    assert not core.turn_end, "nothing was due after the group"
-    pair = [FakePartition(), FakePartition()]
-    for p in pair:
-        core.after_flush(p, lambda: None, lambda exc: None)  # type: ignore[arg-type]
-    core.end_turn()
-    assert core.together_counts == [SYNCFS_MIN] and len(core.running) == 2
+    assert not core.turn_end, "nothing was due at the group's end"
+
+    def pair_due() -> None:
+        for p in (FakePartition(), FakePartition()):
+            core.after_flush(p, lambda: None, lambda exc: None)  # type: ignore[arg-type]
+        core.end_turn()
+
+    clock[0] += 0.002 * appends.GROUPING_AFTER - 0.001
+    pair_due()
+    assert core.together_counts == [SYNCFS_MIN, 2] and not core.running
+    clock[0] += 0.001  # this small group took 1 ms
+    core.together.pop()[1]([None, None])
+    clock[0] += 0.001 * appends.GROUPING_AFTER + 0.001  # a quiet turn later
+    pair_due()
+    assert core.together_counts == [SYNCFS_MIN, 2] and len(core.running) == 2
+    for _, done in core.running:
+        done(None)
+    assert core.busy() is False
 
 
 def test_an_append_answered_before_it_is_published_is_published_whatever_its_answer() -> None:
