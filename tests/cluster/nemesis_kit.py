@@ -40,7 +40,11 @@ ETCD_AFTER_S = 3.0  # acks watched this long after etcd is back
 # 0.14-0.16 s and a node that fences itself 4.1-6.2 s; a machine loaded seven deep once showed
 # 1.01 s, so the bound sits between the two, not at the quiet figure.
 ETCD_GAP_MAX_S = 2.0
-FAILOVER_MAX_S = 10.0  # a bound that catches a stuck failover, not the goal (3 s, see CLUSTER.md)
+# A bound that catches a stuck failover, not the goal (3 s, see CLUSTER.md). An isolation of 5 s
+# takes 8.1 s (docs/CLUSTER.md says why); a loaded CI run once gave 12.1 s for one of its two
+# partitions (the other 8.1), about one more client request timeout (3 s), not reproduced alone,
+# with two CPUs kept busy beside it, or in the file's order of that run (8.1 s each time).
+FAILOVER_MAX_S = 14.0
 # A graceful stop's produce gap on the partitions it led: a bound that catches a stop that does not
 # move leaderships first (8-10 s before), not the goal (~0.1 s, docs/CLUSTER.md); a loaded 2-CPU
 # machine running the suite's other worker beside it gave 1.3 s once.
