@@ -90,8 +90,8 @@ BATCH_BYTES_DEFAULT: Final = 256 * 1024
 # max.in.flight.requests.per.connection). Measured (one core, 1 KiB records, acks=2, 1000
 # partitions / 1, two rounds of two, alternated): 8: 0.72-0.77 uvloop, 0.66-0.74 io_uring; 16:
 # 0.75-0.79, 0.65-0.69; 32: 0.76-0.88, 0.67-0.78 (acks=1: 0.9-1.0 for all three). 32 keeps the
-# broker fed (it takes a connection's requests of a loop turn together, and a turn of 32
-# partitions' flushes or more is one syncfs: broker/storage/fileio.py) and is above
+# broker fed (it takes a connection's requests of a loop turn together, and 32 partitions
+# flushing or due at once are one syncfs: broker/backends/appends.py) and is above
 # `max_in_flight`, so one partition alone never waits on it.
 IN_FLIGHT_PER_CONNECTION_DEFAULT: Final = 32
 CODECS: Final = {name: codec for codec, name in CODEC_NAMES.items()}  # `compression`'s values
