@@ -234,18 +234,18 @@ def run_ops(io: FileIO, ops: Sequence[Op]) -> None:
             io.fsync_dir(op.path)
 
 
-# A group commit over this many partitions or more (a turn's, a start's recovery, a chunk of a
-# close) syncs each file system once (syncfs) instead of each partition's files (fdatasync). On
-# this VM's ext4, N files with 1 KiB newly written each (median of 9, two runs, machine shared): 4
-# threads of fdatasync took 0.4-0.7 ms for 4-8 files, 1.1-1.4 for 16, 1.9-3.2 for 32, 4-5 for 64,
-# 8 for 128; one syncfs 0.1-1.9 ms whatever N, and 6-10 ms for 1000 files against 49-58 ms on 16
-# threads. Below it each partition keeps its own syncs: a syncfs also writes back every other
-# dirty page of the file system (other cores', other programs'), a cost that grows with them, not
-# with this group; for a few partitions the fdatasyncs on threads are about as fast and touch
-# only what they cover. Once the disk is busy with many partitions, though, a few at a time
-# already sync faster together: 52 KiB newly written to each of 2 / 4 / 8 / 16 files, median of
-# 15: 0.19 / 0.26 / 0.32 / 0.65 ms for a syncfs against 0.28 / 0.47 / 0.69 / 1.5 ms of fdatasyncs
-# on threads; which is why a core's group commit keeps grouping two or more while a group runs
+# A group commit over this many partitions or more (a core's, counting its flushes in flight; a
+# start's recovery; a chunk of a close) syncs each file system once (syncfs) instead of each
+# partition's files (fdatasync). On this VM's ext4, N files with 1 KiB newly written each (median of
+# 9, two runs, machine shared): 4 threads of fdatasync took 0.4-0.7 ms for 4-8 files, 1.1-1.4 for
+# 16, 1.9-3.2 for 32, 4-5 for 64, 8 for 128; one syncfs 0.1-1.9 ms whatever N, and 6-10 ms for 1000
+# files against 49-58 ms on 16 threads. Below it each partition keeps its own syncs: a syncfs also
+# writes back every other dirty page of the file system (other cores', other programs'), a cost that
+# grows with them, not with this group; for a few partitions the fdatasyncs on threads are about as
+# fast and touch only what they cover. Once the disk is busy with many partitions, though, a few at
+# a time already sync faster together: 52 KiB newly written to each of 2 / 4 / 8 / 16 files, median
+# of 15: 0.19 / 0.26 / 0.32 / 0.65 ms for a syncfs against 0.28 / 0.47 / 0.69 / 1.5 ms of fdatasyncs
+# on threads; which is why a core's group commit keeps grouping two or more soon after a group
 # (broker/backends/appends.py).
 SYNCFS_MIN = 32
 
