@@ -91,7 +91,6 @@ class PartitionAppends(BackendPrimitives):
         self._commit_scheduled = False
         self._flushes_alone = 0  # partitions' own flushes in flight (fdatasyncs, not a group's)
         self._group_running = False  # a flush together (`_flush_together`) is in flight
-        self._held: set[Partition] = set()  # due while it runs: they start after it
         self._grouping_until = 0.0  # monotonic: a group commit before this still groups (below)
         self.filesystems = FileSystems()  # what `run_flush_together` calls syncfs on
 
@@ -296,6 +295,9 @@ class PartitionAppends(BackendPrimitives):
     def _commit_due(self, partition: Partition) -> None:
         """`partition` flushes with this turn's group commit (scheduled once a turn)."""
         self._flush_due.add(partition)
+        self._schedule_commit()
+
+    def _schedule_commit(self) -> None:
         if not self._commit_scheduled:
             self._commit_scheduled = True
             self.end_of_turn(self.group_commit)
@@ -307,7 +309,7 @@ class PartitionAppends(BackendPrimitives):
         They start together, with one syncfs per file system (`_flush_together`), when the disk
         is busy with many partitions: `SYNCFS_MIN` or more flushing or due at once (the flushes
         in flight count, so a steady spread of a few partitions a turn gets there too). Once a
-        group runs, the partitions due meanwhile wait for it (`_held`), and a group commit soon
+        group runs, the partitions due meanwhile stay due until it ends, and a group commit soon
         after it (`GROUPING_AFTER` times its duration) runs together again if it has two or
         more: a syncfs over a few partitions costs less than their fdatasyncs (fileio.py's
         `SYNCFS_MIN` has the figures), and many fdatasyncs in flight at once queue on the
@@ -324,8 +326,8 @@ class PartitionAppends(BackendPrimitives):
         if not starting:
             return
         if self.filesystems.failed is None and not self.stopping():
-            if self._group_running:
-                self._held.update(partition for partition, _ in starting)
+            if self._group_running:  # they stay due: the group's end commits them
+                self._flush_due.update(partition for partition, _ in starting)
                 return
             busy = len(starting) + self._flushes_alone >= SYNCFS_MIN
             after_group = len(starting) >= 2 and time.monotonic() < self._grouping_until
@@ -385,9 +387,8 @@ class PartitionAppends(BackendPrimitives):
             # 167k rec/s and 30-45% of the flushes together; four times, 180-183k and 76-81%.
             ended = time.monotonic()
             self._grouping_until = ended + GROUPING_AFTER * (ended - began)
-            held, self._held = self._held, set()
-            for partition in held:
-                self._commit_due(partition)
+            if self._flush_due:  # what fell due meanwhile
+                self._schedule_commit()
 
         self._group_running = True
         began = time.monotonic()
