@@ -353,7 +353,16 @@ def test_placement_by_hand_elections_and_a_reassignment_across_a_controller_fail
     states = wait_for(lambda: len(s := cluster.states(1, ours_id)) == 2 and s)
     assert [s["replicas"] for _, s in sorted(states.items())] == [[2, 3], [3, 1]]  # type: ignore[attr-defined]
 
-    producer = confluent_kafka.Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all"})
+    # Idempotent, as "nothing else read" below needs: leaders move under this producer, and a plain
+    # producer's retry may write a batch twice, in Kafka as here. Its metadata is stale, so a first
+    # try reaches the old leader; if that node's cores have not yet read the new view (up to one
+    # poll), the batch is written there and may be copied by the new leader, still following,
+    # before the old one answers NOT_LEADER_OR_FOLLOWER; the retry then writes it again (CI once
+    # read the 20 "moving" records twice). Idempotent, the retry's sequence is already in the new
+    # leader's producer state (a follower learns it from what it copies) and is not written again.
+    producer = confluent_kafka.Producer(
+        {"bootstrap.servers": cluster.bootstrap, "acks": "all", "enable.idempotence": True}
+    )
     acked: dict[int, list[bytes]] = {0: [], 1: [], 2: []}
 
     def send(partition: int, values: list[bytes]) -> None:
