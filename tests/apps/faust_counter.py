@@ -2,9 +2,9 @@
 against `broker serve` by test_faust.py in Faust's own venv (scripts/setup_apps.sh).
 
 An agent counts the records of each key in a Table (in memory, so a restarted worker has only its
-changelog topic to restore it from) and sends each record's count beside its sequence number to
-the output topic: `{"key", "seq", "count"}`. Faust creates its changelog topic; the output topic
-is auto-created when it is first sent to.
+changelog topic to restore it from) and sends each record's count beside its sequence number and
+its input offset to the output topic: `{"key", "seq", "count", "offset"}`. Faust creates its
+changelog topic; the output topic is auto-created when it is first sent to.
 
 Run as Faust's worker: `faust_counter.py worker`, the broker and names from the environment
 (Faust's command line owns argv): BOOTSTRAP, APP_ID, INPUT, OUTPUT, DATADIR, and GUARANTEE, Faust's
@@ -37,10 +37,12 @@ counts = app.Table("counts", default=int, partitions=1)
 
 @app.agent(events)
 async def count(stream):
-    async for key, value in stream.items():
-        name = key.decode()
+    async for event in stream.events():
+        name = event.key.decode()
         counts[name] += 1
-        await counted.send(key=key, value={"key": name, "seq": value["seq"], "count": counts[name]})
+        offset = event.message.offset
+        value = {"key": name, "seq": event.value["seq"], "count": counts[name], "offset": offset}
+        await counted.send(key=event.key, value=value)
 
 
 if __name__ == "__main__":

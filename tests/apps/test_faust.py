@@ -7,7 +7,9 @@ by Faust's first send; the test creates none.
 Faust's at-least-once commits the input offsets after the records they cover were sent, but its
 changelog may run ahead of them at a kill: a record processed again after the restore counts once
 more. So every output record's count is at least its sequence number (a count below it would be
-the table lost) and every input record reaches the output.
+the table lost) and every input record reaches the output. A restarted worker may pass over a few
+input records for good, Faust's own recovery race (faust_passed_over): the test then restarts it
+again, as a user would, and it reads them from the committed offset.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
+import confluent_kafka
 import pytest
 from apps_harness import (
     HERE,
@@ -155,10 +158,29 @@ def check_faust_table(
         producer.join(60)
         assert producer.error is None, producer.error
 
-        def complete() -> bool:
-            return expected <= {(r["key"], r["seq"]) for r in json_records(bootstrap, "counts", isolation)}
+        last = end_offset(bootstrap, env["INPUT"]) - 1  # every input is written
+        ends = 0  # outputs of the last input when the worker last restarted
 
-        wait_until(complete, 90, explain)
+        def progress() -> str | tuple[range, int] | None:
+            out = json_records(bootstrap, "counts", isolation)
+            reached = sum(1 for r in out if r["offset"] == last)
+            if reached <= ends:
+                return None  # this worker is not at the end yet
+            if expected <= {(r["key"], r["seq"]) for r in out}:
+                return "complete"
+            hole = faust_passed_over(bootstrap, out, env["APP_ID"], env["INPUT"], last)
+            return (hole, reached) if hole else None
+
+        restarts = 0
+        while (done := wait_until(progress, 90, explain)) != "complete":
+            # Faust's own race, not the broker's (faust_passed_over): what a user does about it
+            # is restart the worker, which reads on from the committed offset before the hole
+            # (and is done once it has reached the end again, its counts past the hole redone).
+            hole, ends = done  # type: ignore[misc]
+            assert restarts < 2, f"input offsets {hole} passed over after {restarts} restarts"
+            app.stop()
+            restarts += 1
+            app = worker(2 + restarts).start()
     finally:
         app.stop()
 
@@ -167,6 +189,47 @@ def check_faust_table(
     changelogs = [t for t in topic_names(bootstrap) if t.endswith("-changelog")]
     assert changelogs == ["counter-counts-changelog"], topic_names(bootstrap)
     if not exactly_once:
-        lost = [r for r in out if r["count"] < r["seq"]]
+        # Each record's count, or after a restart over a hole the best of its counts: the first
+        # pass counted the records after the hole one short, the pass after the restart (its
+        # table restored with those counts) counts them again, past their sequence numbers.
+        best: dict[tuple[str, int], int] = {}
+        for r in out:
+            best[r["key"], r["seq"]] = max(r["count"], best.get((r["key"], r["seq"]), 0))
+        lost = [r for r in out if (best[r["key"], r["seq"]] if restarts else r["count"]) < r["seq"]]
         assert not lost, f"table not restored from the changelog: {lost[:10]}\n{explain()}"
     return out
+
+
+def end_offset(bootstrap: str, topic: str) -> int:
+    """The high watermark of `topic`'s partition 0."""
+    consumer = confluent_kafka.Consumer({"bootstrap.servers": bootstrap, "group.id": "tests-apps-reader"})
+    try:
+        return consumer.get_watermark_offsets(confluent_kafka.TopicPartition(topic, 0), timeout=10)[1]
+    finally:
+        consumer.close()
+
+
+def faust_passed_over(bootstrap: str, out: list[dict], group: str, topic: str, last: int) -> range | None:
+    """The input offsets up to `last` that a worker which has reached `last` passed over for
+    good: a contiguous run that starts at the group's committed offset, where Faust's commits then
+    stay (they cover only a contiguous run of acknowledged offsets). None when the output shows
+    no such run.
+
+    Faust's recovery race (faust-streaming#596, open): its fetcher hands the stream what aiokafka
+    fetched before Faust's seek to the committed offset; with the flow suspended by the recovery
+    those records are dropped unprocessed, but Faust's read offset moves past them, so after the
+    seek the same records, fetched again, are dropped as already read
+    (`Consumer._drain_messages`). Seen under load: input offsets 497-500 never processed, the
+    committed offset at 497 while the worker went on to the end. The broker's part is checked:
+    the run is at the committed offset, and a restarted worker must read it from there."""
+    missing = sorted(set(range(last + 1)) - {r["offset"] for r in out})
+    if not missing or missing[-1] - missing[0] + 1 != len(missing):
+        return None
+    consumer = confluent_kafka.Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False}
+    )
+    try:
+        [committed] = consumer.committed([confluent_kafka.TopicPartition(topic, 0)], timeout=10)
+    finally:
+        consumer.close()
+    return range(missing[0], missing[-1] + 1) if committed.offset == missing[0] else None
