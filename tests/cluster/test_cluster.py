@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import os
+import re
 import socket
 import struct
 import subprocess
@@ -222,6 +224,20 @@ def test_a_follower_answers_not_owner(cluster: Cluster) -> None:
     finally:
         wire.close()
     assert resp.error == m.ErrorCode.NOT_OWNER, resp
+
+
+def test_the_nodes_of_one_machine_spread_over_its_cpus(cluster: Cluster) -> None:
+    """A node pins its first worker at its node id's place among the CPUs it may use
+    (supervisor.worker_cpus): three nodes on this machine do not all sit on its first CPU."""
+    cpus = sorted(os.sched_getaffinity(0))
+    pinned = {}
+    for i, node in cluster.nodes.items():
+        assert node.proc is not None
+        *_, (pid, cpu) = re.findall(r"core 0: pid (\d+), cpu (\d+)", node.log())
+        assert int(cpu) == cpus[(i - 1) % len(cpus)], node.log_tail()
+        assert os.sched_getaffinity(int(pid)) == {int(cpu)}
+        pinned[i] = int(cpu)
+    assert len(set(pinned.values())) == min(len(cpus), len(pinned)), pinned
 
 
 def test_kafka_client_on_the_cluster(cluster: Cluster) -> None:

@@ -18,6 +18,7 @@ from broker.node.supervisor import (
     describe_exit,
     start_timeout_s,
     stop_timeout_s,
+    worker_cpus,
 )
 from broker.storage import layout
 
@@ -97,3 +98,12 @@ def test_a_worker_process_imports_the_kafka_schemas_without_hypothesis() -> None
 def python(code: str) -> str:
     run = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=60)
     return run.stdout
+
+
+def test_a_node_of_a_cluster_starts_its_workers_at_its_node_ids_cpu() -> None:
+    """Nodes of one machine spread over its CPUs; a single node (id 0) starts at the first."""
+    assert worker_cpus([0, 1], 1, 0) == [0]
+    assert [worker_cpus([0, 1], 1, node)[0] for node in (1, 2, 3)] == [0, 1, 0]
+    assert worker_cpus([2, 5, 7], 3, 2) == [5, 7, 2]  # the affinity set's CPUs, in its order
+    assert worker_cpus([0, 1], 3, 0) == [0, 1, 0]  # oversubscribed: round the set
+    assert worker_cpus([3], 2, 4_000_000_000) == [3, 3]  # node ids are u32
