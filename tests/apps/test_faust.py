@@ -92,14 +92,18 @@ def check_faust_exactly_once(
     assert len(epochs) >= 2 and epochs == sorted(set(epochs)), explain()
     # The killed worker's open transaction, when the kill landed inside one (nearly always, not
     # always: a kill between two commits leaves none), was aborted: its changelog writes are not
-    # read read_committed. Whether one was open is what the broker's log says.
+    # read read_committed. An aborted one need not have written to the changelog yet (seen in CI
+    # on three nodes: the changelog's abort marker at offset 579 right after the commit marker at
+    # 578, the kill after the transaction added the partition, before its first record), nor need
+    # every write left out be aborted (one still open when read), so the counts only bound each
+    # other here; aborted records left out read_committed, exactly, are
+    # tests/kafka/test_kafka_transactions.py's.
     changelog = "counter-counts-changelog"
     committed, written = (
         len(read_topic(bootstrap, changelog, "read_committed")),
         len(read_topic(bootstrap, changelog)),
     )
-    aborted = re.search(r"transactional id counter-0-0: .*(?:PrepareAbort|CompleteAbort)", coordinator_log)
-    assert committed < written if aborted else committed <= written, explain()
+    assert committed <= written, explain()
     # Nothing of the output was aborted: it was never in a transaction.
     assert len(read_topic(bootstrap, "counts")) == len(out)
     twice = sorted(k for k, n in collections.Counter((r["key"], r["seq"]) for r in out).items() if n > 1)
