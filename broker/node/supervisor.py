@@ -10,8 +10,8 @@ Rules this module keeps:
   Metadata named), (c) its inter-core unix listener in the
   abstract namespace, `\\0ringlog-<supervisor pid>-<port>-core-<k>`.
 - Worker k is pinned to one CPU of the supervisor's affinity set (`worker_cpus`: k modulo that
-  set when oversubscribed; a node of a cluster starts at its node id's place in the set, so the
-  nodes of one machine spread over its CPUs). Workers die with the supervisor
+  set when oversubscribed; a node of a cluster starts at its node id's place in the set, its
+  id - 1 times its cores, so the nodes of one machine spread over its CPUs). Workers die with the supervisor
   (PR_SET_PDEATHSIG, broker/node/worker.py).
 - "serving on HOST:PORT" is logged once, when every worker has reported ready; a worker that
   exits before it is first ready fails the whole start (exit 1, with the reason).
@@ -204,13 +204,15 @@ class SupervisorConfig:
 def worker_cpus(cpus: Sequence[int], cores: int, node_id: int) -> list[int]:
     """The CPU each worker is pinned to, from the supervisor's affinity set `cpus` (sorted).
 
-    Why a node of a cluster starts at its node id's place: every node sees the same set, and
-    nodes of one machine (a test cluster, a bench, a small deployment) would all pin their first
-    worker to the same CPU while the others idle. Measured with three one-core nodes on a 2-CPU
-    VM, acks=all one at a time (bench/scale.py R4): p50 1.15-1.18 -> 0.94-1.01 ms on uvloop,
-    1.30-1.33 -> 1.07 ms on io_uring. On a machine of its own a node only starts elsewhere in
-    the set, which costs nothing; a single node (id 0) starts at the first CPU as before."""
-    first = (node_id - 1) % len(cpus) if node_id > 0 else 0
+    Why a node of a cluster starts at its node id's place (node id - 1 times its cores, around
+    the set): every node sees the same set, and nodes of one machine (a test cluster, a bench, a
+    small deployment) would all pin their first worker to the same CPU while the others idle;
+    nodes of equal cores numbered from 1 then take CPUs of their own while there are enough.
+    Measured with three one-core nodes on a 2-CPU VM, acks=all one at a time (bench/scale.py
+    R4): p50 1.15-1.18 -> 0.94-1.01 ms on uvloop, 1.30-1.33 -> 1.07 ms on io_uring. On a machine
+    of its own a node only starts elsewhere in the set, which costs nothing; a single node (id 0)
+    starts at the first CPU as before."""
+    first = (node_id - 1) * cores % len(cpus) if node_id > 0 else 0
     return [cpus[(first + k) % len(cpus)] for k in range(cores)]
 
 

@@ -104,6 +104,8 @@ def test_a_node_of_a_cluster_starts_its_workers_at_its_node_ids_cpu() -> None:
     """Nodes of one machine spread over its CPUs; a single node (id 0) starts at the first."""
     assert worker_cpus([0, 1], 1, 0) == [0]
     assert [worker_cpus([0, 1], 1, node)[0] for node in (1, 2, 3)] == [0, 1, 0]
-    assert worker_cpus([2, 5, 7], 3, 2) == [5, 7, 2]  # the affinity set's CPUs, in its order
+    assert worker_cpus([2, 5, 7], 1, 2) == [5]  # the affinity set's CPUs, in its order
+    assert [worker_cpus([0, 1, 2, 3], 2, node) for node in (1, 2)] == [[0, 1], [2, 3]]
+    assert worker_cpus([0, 1, 2], 2, 2) == [2, 0]  # around the set
     assert worker_cpus([0, 1], 3, 0) == [0, 1, 0]  # oversubscribed: round the set
     assert worker_cpus([3], 2, 4_000_000_000) == [3, 3]  # node ids are u32
