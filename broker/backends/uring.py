@@ -56,7 +56,7 @@ from broker.backends.connection import GatherPart, ServedConnection
 from broker.backends.uring_connections import Connection, PeerConnection, RemoteConnection, TlsConnection
 from broker.backends.uring_loop import Loop, Timer, ignore
 from broker.backends.uring_options import SyncPlacement, UringOptions
-from broker.backends.uring_stream import SplicePipes
+from broker.backends.uring_stream import PassSends, SplicePipes
 from broker.core.config import BrokerConfig
 from broker.core.partition import Partition
 from broker.storage.fileio import Buffer, Op, Sync, SyncFileIO, Write, run_ops, run_together
@@ -121,6 +121,7 @@ class UringServer(BackendCore):
         self._map_file = map_file
         self._resident = resident
         self.pipes = SplicePipes(is_mapped, vmsplice, splice_to_socket, on=options.fetch_sends == "splice")
+        self.pass_sends = PassSends(self.loop)
         self._store_writes: dict[Partition, list[tuple[Write, Written]]] = {}
         self._accepting = True
         self._standing: dict[int, str] = {}  # user_data of multishot accepts, the signal and wake reads

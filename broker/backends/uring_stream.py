@@ -3,7 +3,10 @@
 Rules this module keeps:
 - Each stream has one recv and one sendmsg in flight at most. What a pass writes to a stream with
   no sendmsg in flight is sent at the end of the pass, in one non-blocking `sendmsg` on the loop
-  (as uvloop's transports send at once); only what that leaves goes to the ring. A stream that
+  (as uvloop's transports send at once); only what that leaves goes to the ring. When the pass
+  wrote to several streams, their sends go to the ring together instead, in one submission
+  (`PassSends`): a send that wakes a process on the worker's CPU does not hand it the CPU before
+  the other streams' bytes have left. A stream that
   may not be read is simply not re-armed (single-shot recvs make the pause exact). Its recv size
   grows when a recv fills it; the sweep gives a quiet stream's grown size back
   (`shrink_recv_buffer`).
@@ -109,6 +112,41 @@ def _mapped_at(queue: list[Buffer], is_mapped: Callable[[object], bool]) -> int:
     return -1
 
 
+class PassSends:
+    """The streams a pass wrote to outside their receive (a woken long poll's answer, a disk
+    read's, a peer link's request), sent at the end of the pass: one stream with a `sendmsg` on
+    the loop (no SQE, no completion, no second pass), several with a `sendmsg` SQE each, which the
+    next pass's `io_uring_enter` submits together.
+
+    Why together: each `sendmsg` on the loop is a system call, and its return to user space is
+    where the kernel hands the CPU to a process the send woke on this CPU. A leader waking its
+    two followers' parked fetches sent to the follower on its own CPU, then waited for that
+    follower's whole append (~200 us) before the other follower, on the other CPU, got its bytes
+    (3 nodes on 2 CPUs, one acks=all record at a time, timestamps in each process: the second
+    follower's records arrived 547-697 us after the wake; submitted together, 354-511 us, both
+    sent before the CPU changes hands; docs/PERFORMANCE.md)."""
+
+    __slots__ = ("_due", "_loop")
+
+    def __init__(self, loop: Loop) -> None:
+        self._loop = loop
+        self._due: list[RingStream] = []
+
+    def due(self, stream: RingStream) -> None:
+        """`stream` has bytes to send at the end of this pass (once per pass: its `_flushing`)."""
+        if not self._due:
+            self._loop.at_end_of_pass(self._send)
+        self._due.append(stream)
+
+    def _send(self) -> None:
+        due, self._due = self._due, []
+        if len(due) == 1:
+            due[0]._flush()
+            return
+        for stream in due:
+            stream._flush_on_ring()
+
+
 class RingHost(Protocol):
     """What a stream uses of the worker that runs it (broker/backends/uring.py's `UringServer`),
     declared here since that module imports this one."""
@@ -116,6 +154,7 @@ class RingHost(Protocol):
     ring: Ring
     loop: Loop
     pipes: SplicePipes
+    pass_sends: PassSends
 
 
 class RingStream:
@@ -139,6 +178,7 @@ class RingStream:
         self._sock: socket.socket | None = None  # made by the first `_flush`
         self._flushing = False  # a `_flush` is due at the end of this pass
         self.pipes = server.pipes
+        self.pass_sends = server.pass_sends
         self._shrinking = False  # the recv in flight is being cancelled to re-arm with a small buffer
 
     def paused(self) -> bool:
@@ -260,7 +300,7 @@ class RingStream:
             self._flush()
         elif not self._flushing:
             self._flushing = True
-            self.loop.at_end_of_pass(self._flush)
+            self.pass_sends.due(self)
 
     def _flush(self) -> None:
         """End of the pass that queued bytes with no sendmsg in flight: send them at once, as an
@@ -293,6 +333,14 @@ class RingStream:
                     return
                 self.send_queue = list(remaining_buffers(tuple(queue), sent))
                 self.sent_some()
+        self._send()
+
+    def _flush_on_ring(self) -> None:
+        """End of a pass that wrote to other streams too: what is queued goes to the ring, to be
+        submitted with theirs (`PassSends`)."""
+        self._flushing = False
+        if self.closed or self.sending or not self.send_queue:
+            return
         self._send()
 
     def _socket(self) -> socket.socket:
