@@ -110,7 +110,16 @@ def leader_of(lab: ClusterLab, topic: str, partition: int) -> tuple[int, int]:
 def wait_new_leader(lab: ClusterLab, topic: str, partition: int, old: int, fault_at: float) -> float:
     """Wait until a node other than lab index `old` leads the partition; seconds since the fault
     (the cluster's part of a failover: the rest is the clients noticing)."""
-    wait_until(lambda: leader_of(lab, topic, partition)[0] not in (old, -2), 30, "a new leader", step=0.05)
+
+    def moved() -> bool:
+        # Right after a kill no node may answer within the describe's 3 s (the killed one not yet
+        # reaped, the others electing): that is "not yet", and the wait's 30 s bound it.
+        try:
+            return leader_of(lab, topic, partition)[0] not in (old, -2)
+        except RuntimeError:
+            return False
+
+    wait_until(moved, 30, "a new leader", step=0.05)
     return time.monotonic() - fault_at
 
 

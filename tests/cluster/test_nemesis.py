@@ -48,6 +48,7 @@ from nemesis_kit import (
     interrupt_leaders,
     led_by,
     open_lab,
+    restore,
     topic,
 )
 
@@ -75,11 +76,18 @@ pytestmark = [pytest.mark.skipif(REASON is not None, reason=f"{REASON}"), pytest
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterLab]:
+def shared_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterLab]:
     """Three clustered nodes and one etcd member, shared by this module's tests of one-node faults
     (each leaves every node running, resumed and healed)."""
     with open_lab(tmp_path_factory.mktemp("nemesis")) as lab:
         yield lab
+
+
+@pytest.fixture
+def lab(shared_lab: ClusterLab) -> Iterator[ClusterLab]:
+    """The shared lab, made whole again after a test that failed midway (`restore`)."""
+    yield shared_lab
+    restore(shared_lab)
 
 
 def coordinator_of(lab: ClusterLab, txn_id: str) -> int:
