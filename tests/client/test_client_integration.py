@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
+import os
+import signal
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -346,14 +349,21 @@ def test_producer_survives_a_broker_restart_without_duplicates(broker: BrokerPro
         while len(futs) < 2000:
             time.sleep(0.001)
         futs[1500].result(10)
-        # Kill while something is unacknowledged (the sender may have found everything
-        # acknowledged at that moment: wait for a record that is not).
+        # Kill while something is unacknowledged: the workers are frozen first, so that what is
+        # unanswered then stays so (a worker outlived its killed supervisor by long enough to
+        # answer everything sent before the kill, and the test had nothing in flight to judge).
+        workers = list(broker.worker_pids.values())
+        for pid in workers:
+            os.kill(pid, signal.SIGSTOP)
         deadline = time.monotonic() + 10
         while all(f.done() for f in list(futs)) and time.monotonic() < deadline:
             time.sleep(0.0005)
-        broker.kill()
         at_kill = list(futs)
         in_flight_at_kill = sum(not f.done() for f in at_kill)
+        broker.kill()
+        for pid in workers:  # kill -9 of the whole node: a stopped process dies of SIGKILL too
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         time.sleep(0.2)
         broker.start()
         while len(futs) < len(at_kill) + 2000:  # records sent after the restart too
