@@ -11,12 +11,19 @@ Rules this module keeps:
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
+
 from broker.core.core import Core
 from broker.core.errors import error_of
-from broker.core.outcomes import Reply
+from broker.core.outcomes import Outcome, Reply
 from broker.ringlog.metadata_entries import TopicEntries
 from ringlog_proto import messages as m
 from ringlog_proto.frames import Frame
+
+log = logging.getLogger("broker.ringlog.adapter")
+
+Handler = Callable[["Context", m.Request, Frame], Outcome]
 
 
 class Context:
@@ -45,3 +52,20 @@ class Context:
         """The error response for `exc`, raised while serving `frame`."""
         code, message = error_of(exc)
         return self.error(frame, code, message)
+
+    def again(self, handler: Handler, req: m.Request, frame: Frame) -> Callable[[], Outcome]:
+        """A parked fetch's `Wait.again`: woken, `handler` runs on the request as decoded, not
+        on the frame dispatched anew (a follower's fetch wakes on every produce), and what it
+        raises is answered as the adapter's dispatch answers it (a partition that moved or went
+        away while it waited is NOT_LEADER or UNKNOWN_TOPIC, not a failed wake)."""
+
+        def run() -> Outcome:
+            try:
+                return handler(self, req, frame)
+            except Exception as exc:
+                code, message = error_of(exc)
+                if code == m.ErrorCode.UNKNOWN_SERVER_ERROR:
+                    log.exception("unexpected error handling api %d", frame.api_key)
+                return self.error(frame, code, message)
+
+        return run

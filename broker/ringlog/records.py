@@ -117,7 +117,7 @@ def fetch(ctx: Context, req: m.Request, frame: Frame) -> Outcome:
     if req.max_wait_ms == 0:
         return answer(read.nothing())
     deadline = now_ms() + min(req.max_wait_ms, FETCH_WAIT_MS_MAX)
-    return Wait((p,), frame, deadline, lambda: answer(read.nothing()))
+    return Wait((p,), frame, deadline, lambda: answer(read.nothing()), ctx.again(fetch, req, frame))
 
 
 def list_offsets(ctx: Context, req: m.Request, frame: Frame) -> Outcome:

@@ -106,7 +106,8 @@ def replica_fetch(ctx: Context, req: m.Request, frame: Frame) -> Outcome:
     if not enough and ours and len(results) == len(ours) and req.max_wait_ms > 0:
         deadline = now + min(req.max_wait_ms, FETCH_WAIT_MS_MAX)
         if not parts:
-            return Wait(tuple(ours), frame, deadline, answer, log_end=True)
+            again = ctx.again(replica_fetch, req, frame)
+            return Wait(tuple(ours), frame, deadline, answer, again, log_end=True)
     if not parts:
         return answer()
     return Gather(parts, answer)

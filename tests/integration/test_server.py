@@ -59,6 +59,36 @@ def test_long_poll_wakes_on_new_data_not_the_deadline(broker: BrokerProcess, wir
     assert 0.25 < result["elapsed"] < 2.0  # type: ignore[operator]
 
 
+def test_a_long_poll_on_a_topic_deleted_meanwhile_is_answered_its_error_at_once(
+    broker: BrokerProcess, wire: Wire
+) -> None:
+    """A parked fetch is woken when its partition closes, runs again on the request it decoded,
+    and answers what the dispatch would answer a new one: the topic is unknown, not a failure
+    of the wake (no traceback in the log, the connection kept)."""
+    tid = wire.create_topic("doomed")
+    w = Wire(broker.port)
+    result: dict[str, object] = {}
+
+    def poll() -> None:
+        t0 = time.monotonic()
+        result["resp"] = w.rpc(m.FetchRequest(tid, 0, 0, 1 << 20, max_wait_ms=10_000))
+        result["elapsed"] = time.monotonic() - t0
+
+    t = threading.Thread(target=poll)
+    t.start()
+    time.sleep(0.3)
+    assert wire.rpc(m.DeleteTopicRequest("doomed")).error == m.ErrorCode.NONE
+    t.join(15)
+    resp = result["resp"]
+    assert isinstance(resp, m.FetchResponse), resp
+    assert resp.error == m.ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, resp
+    assert result["elapsed"] < 5.0  # type: ignore[operator]
+    assert isinstance(w.rpc(m.MetadataRequest()), m.MetadataResponse)  # the same connection serves on
+    w.close()
+    log_text = broker.log_path.read_text()
+    assert "parked request failed" not in log_text and "Traceback" not in log_text
+
+
 def test_long_poll_answers_empty_at_its_deadline(wire: Wire) -> None:
     tid = wire.create_topic("quiet")
     t0 = time.monotonic()
