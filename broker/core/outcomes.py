@@ -128,7 +128,7 @@ class Wait:
     frame: Frame | None
     deadline_ms: int
     on_timeout: Callable[[], Outcome]
-    again: Callable[[], Outcome] | None = None  # re-handles instead of `frame` (the Kafka adapter)
+    again: Callable[[], Outcome] | None = None  # runs instead of `frame` re-handled (Kafka, our fetches)
     log_end: bool = False
 
 
