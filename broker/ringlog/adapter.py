@@ -45,7 +45,6 @@ from collections.abc import Callable
 
 from broker import __version__
 from broker.core.core import Core
-from broker.core.errors import error_of
 from broker.core.limits import FETCH_MAX_BYTES_MAX
 from broker.core.metrics import read_snapshots
 from broker.core.outcomes import Forward, Outcome, Reply, Silent
@@ -53,7 +52,6 @@ from broker.ringlog import groups, records, replica_fetch, topics, transactions
 from broker.ringlog.access import Access
 from broker.ringlog.context import Context
 from broker.security.session import ConnectionAuth
-from broker.storage.errors import OutOfSpaceError
 from ringlog_proto import messages as m
 from ringlog_proto.frames import Buffer, Frame, FrameDecoder, frame_decoder, starts_like_frame
 
@@ -212,11 +210,7 @@ class RinglogAdapter:
             req = m.decode_request(frame)
             return self._dispatch[frame.api_key](self.ctx, req, frame)
         except Exception as exc:  # every failure becomes an error response
-            code, message = error_of(exc)
-            if code == m.ErrorCode.OUT_OF_SPACE and not isinstance(exc, OutOfSpaceError):
-                self.core.space.saw_full(exc)  # a write failed with ENOSPC (a roll, a commit, a create)
-            if code == m.ErrorCode.UNKNOWN_SERVER_ERROR:
-                log.exception("unexpected error handling api %d", frame.api_key)
+            code, message = self.ctx.failure(frame, exc)
             if _is_silent_produce(frame):
                 # acks=0 promises no response at all (docs/PROTOCOL.md §1): an error answer would
                 # be taken for the reply to the client's next request. Counted, not sent.

@@ -18,6 +18,7 @@ from broker.core.core import Core
 from broker.core.errors import error_of
 from broker.core.outcomes import Outcome, Reply
 from broker.ringlog.metadata_entries import TopicEntries
+from broker.storage.errors import OutOfSpaceError
 from ringlog_proto import messages as m
 from ringlog_proto.frames import Frame
 
@@ -63,9 +64,17 @@ class Context:
             try:
                 return handler(self, req, frame)
             except Exception as exc:
-                code, message = error_of(exc)
-                if code == m.ErrorCode.UNKNOWN_SERVER_ERROR:
-                    log.exception("unexpected error handling api %d", frame.api_key)
-                return self.error(frame, code, message)
+                return self.error(frame, *self.failure(frame, exc))
 
         return run
+
+    def failure(self, frame: Frame, exc: Exception) -> tuple[m.ErrorCode, str]:
+        """The code and message that answer `exc`, raised while serving `frame`, after what it
+        tells the core: a write that met ENOSPC marks the disk full, an error nobody expected is
+        logged with its traceback (called inside the `except`)."""
+        code, message = error_of(exc)
+        if code == m.ErrorCode.OUT_OF_SPACE and not isinstance(exc, OutOfSpaceError):
+            self.core.space.saw_full(exc)  # a write failed with ENOSPC (a roll, a commit, a create)
+        if code == m.ErrorCode.UNKNOWN_SERVER_ERROR:
+            log.exception("unexpected error handling api %d", frame.api_key)
+        return code, message
