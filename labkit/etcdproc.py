@@ -82,10 +82,14 @@ class EtcdCluster:
     def __init__(self, root: Path, size: int = 1) -> None:
         root.mkdir(parents=True, exist_ok=True)
         self.root = root
-        self.members = [
-            Member(f"m{i}", root / f"m{i}.etcd", root / f"m{i}.log", free_port(), free_port())
-            for i in range(size)
-        ]
+        self.members = [Member(f"m{i}", root / f"m{i}.etcd", root / f"m{i}.log", 0, 0) for i in range(size)]
+        self._choose_ports()
+
+    def _choose_ports(self) -> None:
+        """Fresh free ports for every member, and the command lines that name them: the ports are
+        in each member's flags and in the initial cluster, so a new port means new flags for all."""
+        for m in self.members:
+            m.client_port, m.peer_port = free_port(), free_port()
         initial = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
         for m in self.members:
             m.args = [
@@ -97,7 +101,7 @@ class EtcdCluster:
                 "--listen-peer-urls", m.peer_url,
                 "--initial-advertise-peer-urls", m.peer_url,
                 "--initial-cluster", initial,
-                "--initial-cluster-token", f"ringlog-test-{root.name}",
+                "--initial-cluster-token", f"ringlog-test-{self.root.name}",
                 "--initial-cluster-state", "new",
                 "--heartbeat-interval", str(HEARTBEAT_MS),
                 "--election-timeout", str(ELECTION_MS),
@@ -111,11 +115,32 @@ class EtcdCluster:
     def endpoints(self) -> list[str]:
         return [m.endpoint for m in self.members]
 
-    def start(self) -> EtcdCluster:
-        for m in self.members:
-            self._spawn(m)
-        self.wait_healthy()
-        return self
+    def start(self, attempts: int = 5) -> EtcdCluster:
+        """Start every member on its ports. A free port is only free when it is picked: another
+        process (a parallel test worker) can bind it before etcd does, and etcd then exits with
+        "address already in use". The cluster is new, so it is started again from nothing on
+        fresh ports; any other failure is raised at once."""
+        for attempt in range(attempts):
+            for m in self.members:
+                self._spawn(m)
+            try:
+                self.wait_healthy()
+                return self
+            except RuntimeError:
+                if attempt == attempts - 1 or not self._lost_a_port():
+                    raise
+            self.close()
+            for m in self.members:
+                shutil.rmtree(m.data_dir, ignore_errors=True)
+                m.log_path.unlink(missing_ok=True)
+            self._choose_ports()
+        raise AssertionError("unreachable")
+
+    def _lost_a_port(self) -> bool:
+        return any(
+            m.log_path.exists() and "address already in use" in m.log_path.read_text(errors="replace")
+            for m in self.members
+        )
 
     def _spawn(self, m: Member) -> None:
         with open(m.log_path, "ab") as log:
