@@ -21,13 +21,15 @@ test: setup
 	$(PY) -m ruff check .
 	$(LINT_IMPORTS)
 	$(PY) -m mypy
-	# Two workers, each running whole files (module fixtures such as a cluster or a SparkSession
+	# Three workers, each running whole files (module fixtures such as a cluster or a SparkSession
 	# start once; tests that change the kernel, namespaces and XDP, already clean up after
-	# themselves and name what they make per process): the suite's 20-minute budget. The 40
-	# slowest tests are listed to keep it. pytest-randomly shuffles the files and the tests in
+	# themselves and name what they make per process): the suite's 20-minute budget. Three on 2
+	# CPUs, because a test spends much of its time waiting on a broker's start, a timer or a
+	# session: with two the CPUs were 63% busy and the suite took 25 min on the 2-CPU VM, with
+	# three 84% and 20. The 40 slowest tests are listed to keep it. pytest-randomly shuffles the files and the tests in
 	# each, so a test that passes only beside its neighbours fails here; SEED=n replays an order.
 	@echo "test order: pytest-randomly seed $(SEED) (make test SEED=$(SEED) replays it)"
-	$(PY) -m pytest -q -n 2 --dist loadfile --durations=40 -p randomly --randomly-seed=$(SEED)
+	$(PY) -m pytest -q -n 3 --dist loadfile --durations=40 -p randomly --randomly-seed=$(SEED)
 
 lint: setup
 	$(PY) -m ruff check .
