@@ -6,11 +6,13 @@ Imported by the scripts of bench/, which run as scripts from the repository root
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import os
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 KIB = 1024
@@ -127,3 +129,45 @@ def children_of(pid: int) -> list[int]:
             if int(data[data.rindex(b")") + 2 :].split()[1]) == pid:  # field 4: ppid
                 kids.append(int(name))
     return kids
+
+
+# This VM's balloon reports free guest memory to the host ("Free page reporting enabled" at boot,
+# the virtio-balloon REPORTING feature), which discards it: the next touch of such a page is a
+# host fault, paid by whoever touches it. A page-cache write into it is ~20x dearer: a bare loop
+# of pwritev into new files ran at 7-11 GB/s while recently freed pages lasted and at ~440 MB/s,
+# 2.3 CPU-s per GB, once it needed more, whatever the write size; a broker whose ingest meets
+# such pages shows it as a run of rounds at a fraction of its MB/s (the page-cache copy,
+# `copy_folio_from_iter_atomic`, near the top of its profile). Which broker meets them in a run is
+# the timing of frees and reports. `--page-reporting-min-free-ms MS` (where the guest kernel has
+# the parameter) keeps a freed page from being reported for MS, so that the rounds reuse what the
+# rounds before them freed; restored at exit. bench/perf.py and bench/scale.py print the setting
+# first and, at the end, how much was reported during the run.
+PAGE_REPORTING = Path("/sys/module/page_reporting/parameters")
+
+
+def page_reporting() -> tuple[str, int | None]:
+    """(a description of free page reporting here, KiB reported so far or None)."""
+    try:
+        reported = int((PAGE_REPORTING / "reported_kib").read_text())
+    except (OSError, ValueError):
+        reported = None
+    try:
+        order = (PAGE_REPORTING / "page_reporting_order").read_text().strip()
+    except OSError:
+        return "off (no page_reporting)", reported
+    try:
+        delay = f", min_free_ms {(PAGE_REPORTING / 'min_free_ms').read_text().strip()}"
+    except OSError:
+        delay = ""
+    return f"order {order}{delay}", reported
+
+
+@contextlib.contextmanager
+def knob_for_the_run(knob: Path, value: int) -> Iterator[None]:
+    """`value` in the kernel parameter file `knob` for the run, the old value put back at exit."""
+    old = knob.read_text().strip()
+    knob.write_text(str(value))
+    try:
+        yield
+    finally:
+        knob.write_text(old)

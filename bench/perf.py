@@ -71,14 +71,24 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import handler_floor
 import uvloop
-from benchlib import REPO, code_version, fs_of, proc_cpu, table, tree_cpu
+from benchlib import (
+    PAGE_REPORTING,
+    REPO,
+    code_version,
+    fs_of,
+    knob_for_the_run,
+    page_reporting,
+    proc_cpu,
+    table,
+    tree_cpu,
+)
 
 from broker.client import Acks, Admin, AsyncProducer, Producer
 from labkit.brokerproc import BrokerProcess
@@ -949,53 +959,11 @@ HALT_POLL_NS = Path("/sys/module/haltpoll/parameters/guest_halt_poll_ns")
 CONGESTION = Path("/proc/sys/net/ipv4/tcp_congestion_control")
 
 
-# This VM's balloon reports free guest memory to the host ("Free page reporting enabled" at boot,
-# the virtio-balloon REPORTING feature), which discards it: the next touch of such a page is a
-# host fault, paid by whoever touches it. A page-cache write into it is ~20x dearer: a bare loop
-# of pwritev into new files ran at 7-11 GB/s while recently freed pages lasted and at ~440 MB/s,
-# 2.3 CPU-s per GB, once it needed more, whatever the write size; a broker whose ingest meets
-# such pages shows it as a run of rounds at a fraction of its MB/s (the page-cache copy,
-# `copy_folio_from_iter_atomic`, near the top of its profile). Which broker meets them in a run is
-# the timing of frees and reports. `--page-reporting-min-free-ms MS` (where the guest kernel has
-# the parameter) keeps a freed page from being reported for MS, so that the rounds reuse what the
-# rounds before them freed; restored at exit. The header prints the setting and how much was
-# reported during the run.
-PAGE_REPORTING = Path("/sys/module/page_reporting/parameters")
-
-
-def page_reporting() -> tuple[str, int | None]:
-    """(a description of free page reporting here, KiB reported so far or None)."""
-    try:
-        reported = int((PAGE_REPORTING / "reported_kib").read_text())
-    except (OSError, ValueError):
-        reported = None
-    try:
-        order = (PAGE_REPORTING / "page_reporting_order").read_text().strip()
-    except OSError:
-        return "off (no page_reporting)", reported
-    try:
-        delay = f", min_free_ms {(PAGE_REPORTING / 'min_free_ms').read_text().strip()}"
-    except OSError:
-        delay = ""
-    return f"order {order}{delay}", reported
-
-
 def halt_poll_ns() -> str:
     try:
         return HALT_POLL_NS.read_text().strip()
     except OSError:
         return "n/a (no cpuidle-haltpoll)"
-
-
-@contextlib.contextmanager
-def knob_for_the_run(knob: Path, value: int) -> Iterator[None]:
-    """`value` in the kernel parameter file `knob` for the run, the old value put back at exit."""
-    old = knob.read_text().strip()
-    knob.write_text(str(value))
-    try:
-        yield
-    finally:
-        knob.write_text(old)
 
 
 def main(argv: list[str] | None = None) -> int:

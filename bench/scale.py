@@ -2,7 +2,8 @@
 over partitions, a large consumer group, and how each figure grows with its size. One table.
 
 Run: `.venv/bin/python bench/scale.py [--quick | --smoke] [--only R1,R5,...] [--backends B,...]
-     [--max-scale N] [--cores N] [--no-tansu] [--dir DIR]` (`make bench-scale`, `make bench-scale QUICK=1`).
+     [--max-scale N] [--cores N] [--no-tansu] [--dir DIR] [--page-reporting-min-free-ms MS]`
+     (`make bench-scale`, `make bench-scale QUICK=1`).
 `--max-scale N` sets the partition count of R5-R10 (and the largest size of R15's partition
 column) so a bigger machine runs 100k and more; `--cores N` the workers of every single-node
 broker; `--only` runs some rows (a developer's one row); `--smoke` is the test suite's tiny run
@@ -71,8 +72,12 @@ with a margin (at least 20 GiB or 30% of the free space left free), and the head
   up to `--max-scale`; idle connections 1 -> 10k (10 -> 10k quick): worker Pss per connection and the
   probe's p99 beside them; replicas 1 -> 3 from R1/R3. Printed as its own table below.
 
-The VM is shared: the header prints the load average before and after; docs/PERFORMANCE.md,
-"Measuring on this machine", says how to read a figure from it.
+The VM is shared: the header prints the load average before and after, and the free page
+reporting that makes a page-cache write into a page the guest gave back a host fault (how much was
+given back during the run is printed at the end; `--page-reporting-min-free-ms` holds freed pages
+in the guest for the run). Replication writes each byte three times, so R1-R3 meet it three times
+as often as one node. docs/PERFORMANCE.md, "Measuring on this machine", says how to read a figure
+from it.
 """
 
 from __future__ import annotations
@@ -97,7 +102,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchlib import REPO, code_version, fs_of, table, tree_cpu
+from benchlib import (
+    PAGE_REPORTING,
+    REPO,
+    code_version,
+    fs_of,
+    knob_for_the_run,
+    page_reporting,
+    table,
+    tree_cpu,
+)
 from cluster import start_cluster, states
 from kafka_clients import Tansu, tansu_binary
 
@@ -1032,7 +1046,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cores", type=int, default=1, help="workers of each single-node broker (default 1)")
     ap.add_argument("--no-tansu", action="store_true", help="leave Tansu out")
     ap.add_argument("--dir", default=str(REPO / ".bench-tmp"))
+    ap.add_argument(
+        "--page-reporting-min-free-ms",
+        type=int,
+        help="keep freed guest pages from the host this long (free page reporting's min_free_ms) for "
+        "the run, restored at exit (root; where the guest kernel has it: bench/benchlib.py)",
+    )
     args = ap.parse_args(argv)
+    with contextlib.ExitStack() as stack:
+        if args.page_reporting_min_free_ms is not None:
+            knob = PAGE_REPORTING / "min_free_ms"
+            stack.enter_context(knob_for_the_run(knob, args.page_reporting_min_free_ms))
+        return run(args, ap)
+
+
+def run(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
     sizes = dataclasses.replace(SMOKE if args.smoke else QUICK if args.quick else FULL)
     only = {r.strip().upper() for r in args.only.split(",") if r.strip()}
     if unknown := sorted(only - set(ROWS)):
@@ -1083,6 +1111,10 @@ def main(argv: list[str] | None = None) -> int:
         f"members), {sizes.spread_partitions} (R12/R13); Tansu {'beside' if tansu else 'left out'}; "
         f"rows {','.join(r for r in ROWS if r in only)}"
     )
+    reporting, reported_before = page_reporting()
+    print(
+        f"  free page reporting: {reporting} (a page-cache write into a page given back costs a host fault)"
+    )
     if why:
         print(f"  {why}")
     started = Started()
@@ -1131,6 +1163,10 @@ def main(argv: list[str] | None = None) -> int:
     ratios(rows, backends)
     print()
     print(f"  took {time.perf_counter() - t_start:.0f} s; load average {load0} before, {loadavg()} after")
+    reported_after = page_reporting()[1]
+    if reported_before is not None and reported_after is not None:
+        mib = (reported_after - reported_before) / 1024
+        print(f"  guest memory reported free to the host during the run: {mib:,.0f} MiB")
     header = ["row", "what", "goal", *backends, "tansu", "ratio", "verdict"]
     lines = []
     for r in rows.values():
