@@ -419,8 +419,19 @@ class PeerStream:
         try:
             self.link.receive(data)
         except ProtocolError as exc:
-            log.error("%s sent bytes that are not frames (%s): dropping the connection", self.link.peer, exc)
-            self.close()
+            self._not_frames(exc)
+
+    def received_lent(self, n: int) -> None:
+        """`n` bytes arrived in the space the link's decoder lent (`PeerLink.lend`), its view
+        already released: `received` without the copy."""
+        try:
+            self.link.received_lent(n)
+        except ProtocolError as exc:
+            self._not_frames(exc)
+
+    def _not_frames(self, exc: ProtocolError) -> None:
+        log.error("%s sent bytes that are not frames (%s): dropping the connection", self.link.peer, exc)
+        self.close()
 
     def gone(self, exc: BaseException | None = None) -> None:
         """Once: the owner forgets this link, then everything pending on it fails."""

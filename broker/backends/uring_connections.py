@@ -137,7 +137,34 @@ class TlsConnection(Connection):
             self.close()
 
 
-class RemoteConnection(PeerStream, RingStream):
+class LendingPeerStream(PeerStream, RingStream):
+    """A link's stream that receives straight into its decoder's space where the decoder lends
+    it (`PeerLink.lend`), as a client's `Connection` does: a follower's fetch answers, most of
+    the bytes its links carry, then cost no copy into the decoder and none out of it. Measured
+    in the follower's profile before (a 3-node cluster on the 2 CPUs, librdkafka at acks=all):
+    the user-space memmove of those two copies was 31% of its samples."""
+
+    def _lends(self) -> bool:
+        return True
+
+    def _recv_into(self, size: int) -> bytearray | memoryview:
+        if self._lends() and (space := self.link.lend(size)) is not None:
+            return space
+        return RingStream._recv_into(self, size)
+
+    def _arrived(self, buf: bytearray | memoryview, res: int) -> None:
+        if type(buf) is memoryview:  # lent by the decoder: the view goes before the frames are taken
+            buf.release()
+            self.received_lent(res)
+        else:
+            self.received(memoryview(buf)[:res])
+
+    def _recv_ended(self, buf: bytearray | memoryview) -> None:
+        if type(buf) is memoryview:
+            buf.release()
+
+
+class RemoteConnection(LendingPeerStream):
     """This core's end of a TCP link to another broker's core (broker/core/remote.py), on the
     ring: a connect SQE with a linked timeout (`REMOTE_CONNECT_TIMEOUT_S`), then the same recv and
     sendmsg as any stream; where the node serves TLS, a client `TlsSession` between the two (the
@@ -159,6 +186,9 @@ class RemoteConnection(PeerStream, RingStream):
 
     def __str__(self) -> str:
         return self.link.peer
+
+    def _lends(self) -> bool:
+        return self.tls is None  # with TLS the stream's own buffer takes the ciphertext
 
     def connect(self, address: tuple[str, int]) -> None:
         """Raises ValueError (not an IP literal) or OSError (the ring refused the SQE)."""
@@ -238,7 +268,7 @@ class RemoteConnection(PeerStream, RingStream):
             RingStream._maybe_release(self)
 
 
-class PeerConnection(PeerStream, RingStream):
+class PeerConnection(LendingPeerStream):
     """This core's end of one inter-core connection, on the ring."""
 
     def __init__(self, server: UringCore, fd: int, core: int, long_poll: bool) -> None:

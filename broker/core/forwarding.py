@@ -46,14 +46,23 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Final, Protocol
+from typing import Final, Protocol, cast
 
 from broker.core.config import BrokerConfig
 from broker.core.limits import FETCH_WAIT_MS_MAX, Limits
 from broker.core.liveness import always_alive, peer_liveness
 from broker.core.metrics import CoreMetrics
 from broker.core.outcomes import Forward, Notify, Reply, Silent
-from ringlog_proto.frames import NEED_DATA, Buffer, Frame, FrameDecoder, frame_decoder, reframe
+from ringlog_proto.frames import (
+    LENDING_DECODER,
+    NEED_DATA,
+    Buffer,
+    Frame,
+    FrameDecoder,
+    FrameReader,
+    frame_decoder,
+    reframe,
+)
 from ringlog_proto.messages import ErrorCode, peek_fetch_max_wait_ms
 
 log = logging.getLogger(__name__)
@@ -146,6 +155,25 @@ class PeerLink:
         Raises `ProtocolError` when the bytes are not frames: close the connection and call `lost`.
         """
         self._decoder.feed(data)
+        self._take()
+
+    def lend(self, size: int) -> memoryview | None:
+        """`size` bytes of the decoder's own space for the next receive to write into, or None
+        where the decoder does not lend (FrameDecoder, without native/frames.c). A follower's
+        fetch answers are most of what its links carry: received here, they are neither copied
+        into the decoder nor out of it (a large body is a view of where it arrived, which the
+        follower's append writes from), as a client's produce is on its connection."""
+        decoder = self._decoder
+        if type(decoder) is not LENDING_DECODER:
+            return None
+        return decoder.buffer(size)
+
+    def received_lent(self, n: int) -> None:
+        """`receive` of `n` bytes that arrived in the space `lend` gave (its view released)."""
+        cast(FrameReader, self._decoder).received(n)
+        self._take()
+
+    def _take(self) -> None:
         while True:
             frame = self._decoder.next_frame()
             if frame is NEED_DATA:

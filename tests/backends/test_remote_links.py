@@ -27,7 +27,7 @@ from broker.node.worker import serving_adapters
 from labkit.brokerproc import BrokerProcess, Wire
 from ringlog_proto import messages as m
 from ringlog_proto.batch import decode_batches, encode_batch
-from ringlog_proto.frames import Frame
+from ringlog_proto.frames import LENDING_DECODER, Frame
 
 BACKENDS = ("io_uring", "uvloop")
 
@@ -182,6 +182,29 @@ def test_metadata_answers_while_a_long_poll_waits_then_the_long_poll_gets_the_re
     assert isinstance(answer, m.FetchResponse) and answer.error == m.ErrorCode.NONE
     assert [r.value for r in decode_batches(answer.records)] == [b"over tcp"]
     assert links.pending == 0
+    wire.close()
+
+
+def test_a_large_answer_arrives_whole_and_on_io_uring_stays_where_it_was_received(
+    core: LocalCore, remote: BrokerProcess
+) -> None:
+    """A follower's fetch answers are most of what a link carries: on io_uring the link receives
+    them straight into its decoder's space, and the answer's body is a view of it, not a copy."""
+    wire = Wire(remote.port)
+    tid = wire.create_topic(f"large-{core.backend}")
+    values = [bytes([i % 251]) * 1000 for i in range(1500)]  # ~1.5 MB: many receives
+    for start in range(0, len(values), 250):
+        wire.rpc(m.ProduceRequest(tid, 0, m.Acks.WRITTEN, 1000, encode_batch(values[start : start + 250])))
+    answers = Answers()
+    fetch = frame_of(m.FetchRequest(tid, 0, offset=0, max_bytes=4 << 20))
+    core.request(("127.0.0.1", remote.core_ports[0]), fetch, time.monotonic() + 10, answers.done("fetch"))
+    core.run_until(answers.has("fetch"), 5)
+    frame = answers.frame("fetch")
+    answer = m.decode_response(frame)
+    assert isinstance(answer, m.FetchResponse) and answer.error == m.ErrorCode.NONE
+    assert [r.value for r in decode_batches(answer.records)] == values
+    if core.backend == "io_uring" and LENDING_DECODER is not None:
+        assert isinstance(frame.body, memoryview), type(frame.body)
     wire.close()
 
 

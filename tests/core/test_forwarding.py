@@ -14,7 +14,7 @@ from broker.core.outcomes import Forward, Notify, Reply, Silent
 from broker.ringlog.adapter import RinglogAdapter
 from ringlog_proto import messages as m
 from ringlog_proto.batch import encode_batch
-from ringlog_proto.frames import Frame, FrameDecoder
+from ringlog_proto.frames import LENDING_DECODER, Frame, FrameDecoder
 from ringlog_proto.routing import shard_for
 
 
@@ -61,6 +61,46 @@ def test_peer_link_assigns_its_own_ids_and_matches_answers_in_any_order_and_any_
         assert isinstance(frame, Frame)
         resp = m.decode_response(frame)
         assert isinstance(resp, m.ListOffsetsResponse) and resp.offset == 10 + p
+
+
+@pytest.mark.skipif(LENDING_DECODER is None, reason="native/frames.c is not built: no decoder lends")
+def test_peer_link_received_into_lent_space_gives_the_same_answers_and_large_records_uncopied() -> None:
+    """What the io_uring backend's peer streams do: receive into the space the link's decoder
+    lends. A follower's fetch answer keeps its records where they arrived (a view, not bytes)."""
+    link = PeerLink(core=-1, peer="leader")
+    got: list[Frame] = []
+    records = encode_batch([bytes([i % 251]) * 1000 for i in range(40)])
+    sent = [b"".join(link.request(frame_of(m.ListOffsetsRequest(7, p)), got.append)) for p in range(3)]
+    answers = [
+        answer_bytes(sent[0], m.ListOffsetsResponse(offset=10)),
+        answer_bytes(
+            sent[1],
+            m.ReplicaFetchResponse(
+                partitions=(m.ReplicaFetchPartitionData(7, 1, m.ErrorCode.NONE, 40, 0, records=records),)
+            ),
+        ),
+        answer_bytes(sent[2], m.ListOffsetsResponse(offset=12)),
+    ]
+    stream = b"".join(answers)
+    at = 0
+    for size in (5, 100, 4096, 65536, len(stream)):  # a receive's pieces, as the ring hands them over
+        space = link.lend(size)
+        assert isinstance(space, memoryview) and len(space) == size
+        n = min(size, len(stream) - at)
+        space[:n] = stream[at : at + n]
+        space.release()
+        link.received_lent(n)
+        at += n
+        if at == len(stream):
+            break
+    assert link.pending == 0 and len(got) == 3
+    first, fetched, last = (m.decode_response(f) for f in got)
+    assert isinstance(first, m.ListOffsetsResponse) and first.offset == 10
+    assert isinstance(last, m.ListOffsetsResponse) and last.offset == 12
+    assert isinstance(fetched, m.ReplicaFetchResponse)
+    (part,) = fetched.partitions
+    assert bytes(part.records) == records
+    assert isinstance(got[1].body, memoryview)  # the body where it was received: no copy out
 
 
 def test_peer_link_ignores_answers_nobody_waits_for_and_fails_everything_when_lost() -> None:
