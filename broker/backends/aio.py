@@ -33,6 +33,7 @@ The backend contract (broker/backends/uring.py keeps it too; its primitives: bac
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import logging
 import signal
@@ -54,6 +55,9 @@ from broker.storage.segment import Extent
 log = logging.getLogger(__name__)
 
 FLUSH_THREADS = 4  # group commits of as many partitions at once (one fsync each, mostly waiting)
+# The least a link's read asks for (the transport's hint is 64 KiB): a follower's fetch answer
+# of ~1 MB then takes a few reads, not sixteen.
+PEER_READ_BYTES = 256 * 1024
 
 
 class Connection(ServedConnection, asyncio.Protocol):
@@ -129,14 +133,42 @@ class Connection(ServedConnection, asyncio.Protocol):
         return sock.fileno() if sock is not None else None
 
 
-class PeerConnection(PeerStream, asyncio.Protocol):
+class PeerConnection(PeerStream, asyncio.BufferedProtocol):
     """This core's end of one inter-core connection, or (`open_remote`, core -1) of a TCP link to
-    another broker's core, on an asyncio transport."""
+    another broker's core, on an asyncio transport.
+
+    It reads straight into the space its link's decoder lends (`PeerLink.lend`), as the io_uring
+    backend's links do: a follower's fetch answers, most of what a link carries, are then not
+    copied into a bytes object, into the decoder and out of it. The transport (uvloop's) lets go
+    of the space only after `buffer_updated` returns, so the view is released at the next
+    `get_buffer` (or at close), not in `buffer_updated`: the decoder takes frames meanwhile and
+    moves nothing while the view is held (native/frames.c, "Lending")."""
 
     def __init__(self, server: Server, core: int, long_poll: bool, peer: str | None = None) -> None:
         super().__init__(server, core, long_poll, peer)
         self.transport: asyncio.Transport | None = None
         self._unsent: list[Buffer] = []  # written before the connection is made
+        self._space: memoryview | None = None  # lent by the decoder to the read in progress
+        self._own = bytearray()  # where a read goes when the decoder does not lend
+
+    def get_buffer(self, sizehint: int) -> memoryview | bytearray:
+        if self._space is not None:
+            self._space.release()
+            self._space = None
+        size = max(sizehint, PEER_READ_BYTES)
+        space = self.link.lend(size)
+        if space is None:
+            if len(self._own) != size:
+                self._own = bytearray(size)
+            return self._own
+        self._space = space
+        return space
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self._space is not None:
+            self.received_lent(nbytes)
+        else:
+            self.received(memoryview(self._own)[:nbytes])
 
     def write(self, buffers: Sequence[Buffer]) -> None:
         if self.transport is None:
@@ -153,9 +185,6 @@ class PeerConnection(PeerStream, asyncio.Protocol):
             self.transport.writelines(self._unsent)
             self._unsent = []
 
-    def data_received(self, data: bytes) -> None:
-        self.received(data)
-
     def connection_lost(self, exc: Exception | None) -> None:
         self.close(exc)
 
@@ -163,6 +192,10 @@ class PeerConnection(PeerStream, asyncio.Protocol):
         self.gone(exc)
         if self.transport is not None:
             self.transport.abort()
+        if self._space is not None:
+            with contextlib.suppress(BufferError):  # closed inside `buffer_updated`: the read holds it
+                self._space.release()
+            self._space = None
 
 
 class Server(BackendCore):
