@@ -1,10 +1,10 @@
 """TCP links from a core to another broker's core (broker/core/remote.py over each backend's
 `open_remote`), against a real `broker serve` subprocess.
 
-Nothing in the broker uses the links yet (replication will), so each backend's core runs here, in
-the test process: a `UringServer` on a ring of its own or an asyncio `Server` on a uvloop loop,
-without listeners, its loop driven by the test (`LocalCore.run_until`). The remote end is an
-ordinary broker's direct core port.
+Replication's follower fetches are what the links carry in a cluster; here each backend's core
+runs alone, in the test process, so that a test sees the link itself: a `UringServer` on a ring
+of its own or an asyncio `Server` on a uvloop loop, without listeners, its loop driven by the
+test (`LocalCore.run_until`). The remote end is an ordinary broker's direct core port.
 """
 
 from __future__ import annotations
