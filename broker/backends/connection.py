@@ -422,8 +422,9 @@ class PeerStream:
             self._not_frames(exc)
 
     def received_lent(self, n: int) -> None:
-        """`n` bytes arrived in the space the link's decoder lent (`PeerLink.lend`), its view
-        already released: `received` without the copy."""
+        """`n` bytes arrived in the space the link's decoder lent (`PeerLink.lend`): `received`
+        without the copy. The view may still be held (uvloop's transport lets go of it after
+        this returns): the decoder takes frames and moves nothing meanwhile."""
         try:
             self.link.received_lent(n)
         except ProtocolError as exc:

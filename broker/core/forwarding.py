@@ -169,7 +169,8 @@ class PeerLink:
         return decoder.buffer(size)
 
     def received_lent(self, n: int) -> None:
-        """`receive` of `n` bytes that arrived in the space `lend` gave (its view released)."""
+        """`receive` of `n` bytes that arrived in the space `lend` gave (its view released, or
+        still held by the read: native/frames.c, "Lending", takes frames either way)."""
         cast(FrameReader, self._decoder).received(n)
         self._take()
 
