@@ -41,7 +41,36 @@ class UringCore(ServingCore, RingHost, Protocol):
     peer_tls_context: ssl.SSLContext | None  # a remote link's TLS, where the node serves TLS
 
 
-class Connection(ServedConnection, RingStream):
+class LendingStream(RingStream):
+    """A stream that receives straight into its decoder's space where the decoder lends it
+    (`_lend`: native/frames.c, "Lending"), else into the stream's own buffer: the bytes are not
+    copied from a recv buffer into the decoder's, and a large body stays a view of where it
+    arrived. Client connections and links (a follower's fetch answers) alike."""
+
+    def _lend(self, size: int) -> memoryview | None:
+        """`size` bytes of the decoder's space for the next recv, or None where it does not lend."""
+        raise NotImplementedError
+
+    def received_lent(self, n: int) -> None:
+        raise NotImplementedError
+
+    def _recv_into(self, size: int) -> bytearray | memoryview:
+        space = self._lend(size)
+        return space if space is not None else RingStream._recv_into(self, size)
+
+    def _arrived(self, buf: bytearray | memoryview, res: int) -> None:
+        if type(buf) is memoryview:  # lent by the decoder: the view goes before the frames are taken
+            buf.release()
+            self.received_lent(res)
+        else:
+            self.received(memoryview(buf)[:res])
+
+    def _recv_ended(self, buf: bytearray | memoryview) -> None:
+        if type(buf) is memoryview:
+            buf.release()
+
+
+class Connection(ServedConnection, LendingStream):
     """A client connection (or, `from_peer`, one from another core) on the ring. Without TLS its
     bytes go straight to the decoder (`ServedConnection.received`) and its replies straight to
     the send queue (`RingStream.write`): no wrapper in between on every request; `TlsConnection`
@@ -68,27 +97,15 @@ class Connection(ServedConnection, RingStream):
         if not (self.receiving or self.recv_ud):
             self.arm_recv()
 
-    def _recv_into(self, size: int) -> bytearray | memoryview:
-        """Straight into the decoder when it lends its space (ours, once the first bytes chose
-        it; native/frames.c): the bytes are not copied from a recv buffer into the decoder's,
-        a pass over every byte received (64 KiB batch ingest, two runs of 8 rounds alternated:
+    def _lend(self, size: int) -> memoryview | None:
+        """Our decoder lends its space (once the first bytes chose it; native/frames.c): a pass
+        over every byte received saved (64 KiB batch ingest, two runs of 8 rounds alternated:
         1345 -> 1382 and 1412 -> 1440 MB/s, 0.736 -> 0.724 and 0.706 -> 0.690 CPU-s per GB).
         Kafka's decoder (Python) and TLS connections keep the stream's own buffer."""
         decoder = self.decoder
         if type(decoder) is LENDING_DECODER:
             return decoder.buffer(size)
-        return RingStream._recv_into(self, size)
-
-    def _arrived(self, buf: bytearray | memoryview, res: int) -> None:
-        if type(buf) is memoryview:  # lent by the decoder: the view goes before the frames are taken
-            buf.release()
-            self.received_lent(res)
-        else:
-            self.received(memoryview(buf)[:res])
-
-    def _recv_ended(self, buf: bytearray | memoryview) -> None:
-        if type(buf) is memoryview:
-            buf.release()
+        return None
 
     def abort(self) -> None:
         self.close()
@@ -137,34 +154,7 @@ class TlsConnection(Connection):
             self.close()
 
 
-class LendingPeerStream(PeerStream, RingStream):
-    """A link's stream that receives straight into its decoder's space where the decoder lends
-    it (`PeerLink.lend`), as a client's `Connection` does: a follower's fetch answers, most of
-    the bytes its links carry, then cost no copy into the decoder and none out of it. Measured
-    in the follower's profile before (a 3-node cluster on the 2 CPUs, librdkafka at acks=all):
-    the user-space memmove of those two copies was 31% of its samples."""
-
-    def _lends(self) -> bool:
-        return True
-
-    def _recv_into(self, size: int) -> bytearray | memoryview:
-        if self._lends() and (space := self.link.lend(size)) is not None:
-            return space
-        return RingStream._recv_into(self, size)
-
-    def _arrived(self, buf: bytearray | memoryview, res: int) -> None:
-        if type(buf) is memoryview:  # lent by the decoder: the view goes before the frames are taken
-            buf.release()
-            self.received_lent(res)
-        else:
-            self.received(memoryview(buf)[:res])
-
-    def _recv_ended(self, buf: bytearray | memoryview) -> None:
-        if type(buf) is memoryview:
-            buf.release()
-
-
-class RemoteConnection(LendingPeerStream):
+class RemoteConnection(PeerStream, LendingStream):
     """This core's end of a TCP link to another broker's core (broker/core/remote.py), on the
     ring: a connect SQE with a linked timeout (`REMOTE_CONNECT_TIMEOUT_S`), then the same recv and
     sendmsg as any stream; where the node serves TLS, a client `TlsSession` between the two (the
@@ -187,8 +177,11 @@ class RemoteConnection(LendingPeerStream):
     def __str__(self) -> str:
         return self.link.peer
 
-    def _lends(self) -> bool:
-        return self.tls is None  # with TLS the stream's own buffer takes the ciphertext
+    def _lend(self, size: int) -> memoryview | None:
+        """A follower's fetch answers, most of what a link carries, cost no copy into the decoder
+        and none out of it (in a follower's profile before: 31% of its samples, that memmove).
+        With TLS the stream's own buffer takes the ciphertext."""
+        return self.link.lend(size) if self.tls is None else None
 
     def connect(self, address: tuple[str, int]) -> None:
         """Raises ValueError (not an IP literal) or OSError (the ring refused the SQE)."""
@@ -268,7 +261,7 @@ class RemoteConnection(LendingPeerStream):
             RingStream._maybe_release(self)
 
 
-class PeerConnection(LendingPeerStream):
+class PeerConnection(PeerStream, LendingStream):
     """This core's end of one inter-core connection, on the ring."""
 
     def __init__(self, server: UringCore, fd: int, core: int, long_poll: bool) -> None:
@@ -277,6 +270,9 @@ class PeerConnection(LendingPeerStream):
 
     def __str__(self) -> str:
         return f"core {self.core}"
+
+    def _lend(self, size: int) -> memoryview | None:
+        return self.link.lend(size)
 
     def closing(self) -> None:
         self.gone()
