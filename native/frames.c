@@ -81,6 +81,46 @@ static inline uint32_t be32(const unsigned char *p)
 }
 static inline uint16_t be16(const unsigned char *p) { return (uint16_t)(p[0] << 8 | p[1]); }
 
+/* The offsets of `names`' slots in `type` (a slots class without a __dict__, whose fields are
+   object slots), into `offsets`; -1 with TypeError raised otherwise. */
+static int slot_offsets(PyObject *type, const char *const *names, int n, Py_ssize_t *offsets)
+{
+    PyTypeObject *t = (PyTypeObject *)type;
+    if (t->tp_dictoffset != 0 || t->tp_itemsize != 0) {
+        PyErr_Format(PyExc_TypeError, "%s must be a slots class without a __dict__", t->tp_name);
+        return -1;
+    }
+    for (int i = 0; i < n; i++) {
+        PyObject *descr = PyObject_GetAttrString(type, names[i]);
+        if (!descr) return -1;
+        int ok = Py_IS_TYPE(descr, &PyMemberDescr_Type)
+                 && ((PyMemberDescrObject *)descr)->d_member->type == T_OBJECT_EX;
+        if (ok) offsets[i] = ((PyMemberDescrObject *)descr)->d_member->offset;
+        Py_DECREF(descr);
+        if (!ok) {
+            PyErr_Format(PyExc_TypeError, "%s.%s is not an object slot", t->tp_name, names[i]);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* An instance of `type` with its slots at `offsets` set to `values` (new references, taken
+   over whatever happens; NULL among them means an error is set), without its __init__. */
+static PyObject *make_slots(PyTypeObject *type, const Py_ssize_t *offsets, PyObject **values, int n)
+{
+    PyObject *made = NULL;
+    for (int i = 0; i < n; i++)
+        if (!values[i]) goto fail;
+    made = type->tp_alloc(type, 0);
+    if (!made) goto fail;
+    for (int i = 0; i < n; i++) *(PyObject **)((char *)made + offsets[i]) = values[i];
+    return made;
+fail:
+    for (int i = 0; i < n; i++) Py_XDECREF(values[i]);
+    return NULL;
+}
+
 static PyObject *configure(PyObject *module, PyObject *args)
 {
     (void)module;
@@ -90,26 +130,10 @@ static PyObject *configure(PyObject *module, PyObject *args)
         PyErr_SetString(PyExc_TypeError, "ProtocolError must be an Exception class");
         return NULL;
     }
-    PyTypeObject *t = (PyTypeObject *)type;
-    if (t->tp_dictoffset != 0 || t->tp_itemsize != 0) {
-        PyErr_SetString(PyExc_TypeError, "Frame must be a slots class without a __dict__");
-        return NULL;
-    }
     Py_ssize_t offsets[N_FIELDS];
-    for (int i = 0; i < N_FIELDS; i++) {
-        PyObject *descr = PyObject_GetAttrString(type, FIELDS[i]);
-        if (!descr) return NULL;
-        int ok = Py_IS_TYPE(descr, &PyMemberDescr_Type)
-                 && ((PyMemberDescrObject *)descr)->d_member->type == T_OBJECT_EX;
-        if (ok) offsets[i] = ((PyMemberDescrObject *)descr)->d_member->offset;
-        Py_DECREF(descr);
-        if (!ok) {
-            PyErr_Format(PyExc_TypeError, "Frame.%s is not an object slot", FIELDS[i]);
-            return NULL;
-        }
-    }
+    if (slot_offsets(type, FIELDS, N_FIELDS, offsets) < 0) return NULL;
     Py_INCREF(type);
-    Py_XSETREF(frame_type, t);
+    Py_XSETREF(frame_type, (PyTypeObject *)type);
     memcpy(frame_offsets, offsets, sizeof(offsets));
     Py_INCREF(nd);
     Py_XSETREF(need_data, nd);
@@ -137,16 +161,7 @@ static PyObject *make_frame(const unsigned char *h, PyObject *body)
         PyLong_FromUnsignedLong(be32(h + 20)),
         body,
     };
-    PyObject *frame = NULL;
-    for (int i = 0; i < N_FIELDS; i++)
-        if (!values[i]) goto fail;
-    frame = frame_type->tp_alloc(frame_type, 0);
-    if (!frame) goto fail;
-    for (int i = 0; i < N_FIELDS; i++) *(PyObject **)((char *)frame + frame_offsets[i]) = values[i];
-    return frame;
-fail:
-    for (int i = 0; i < N_FIELDS; i++) Py_XDECREF(values[i]);
-    return NULL;
+    return make_slots(frame_type, frame_offsets, values, N_FIELDS);
 }
 
 /* FrameDecoder._check_prefix: the magic and the version, as soon as those bytes are here. */
@@ -748,9 +763,217 @@ static PyTypeObject ReaderType = {
     .tp_as_buffer = &Reader_as_buffer,
 };
 
+/* ---- KafkaDecoder: broker/kafka/codec.py's KafkaFrameDecoder in C ----
+
+A Decoder (its buffering, lending and bodies in place, inherited) that takes Kafka requests
+instead of our frames: a signed 32-bit size, then the request (api key, api version and
+correlation id, signed, first), returned as a KafkaRequest whose `data` is everything after the
+size. A connection's Kafka decoder reads its `auth`: once a SaslHandshake v0 has set
+`auth.raw_tokens`, what follows is bare size-prefixed SASL tokens, returned as RawSaslToken
+(always bytes: at most `raw_max` of them). `configure_kafka(KafkaRequest, RawSaslToken, raw_max)`
+is called once, by broker/kafka/codec.py, before any KafkaDecoder is made. */
+
+#define KAFKA_N_FIELDS 4
+static const char *const KAFKA_FIELDS[KAFKA_N_FIELDS] = {
+    "api_key", "api_version", "correlation_id", "data",
+};
+static const char *const TOKEN_FIELDS[1] = {"token"};
+#define KAFKA_FIXED 12 /* size, api key, api version, correlation id */
+static PyTypeObject *kafka_request_type = NULL, *raw_token_type = NULL;
+static Py_ssize_t kafka_offsets[KAFKA_N_FIELDS], token_offset[1];
+static Py_ssize_t raw_token_max = 0;
+static PyObject *raw_tokens_name = NULL;
+
+typedef struct {
+    Decoder d;
+    PyObject *auth; /* a ConnectionAuth, or None */
+} KafkaDecoder;
+
+static PyObject *configure_kafka(PyObject *module, PyObject *args)
+{
+    (void)module;
+    PyObject *request, *token;
+    Py_ssize_t raw_max;
+    if (!PyArg_ParseTuple(args, "O!O!n", &PyType_Type, &request, &PyType_Type, &token, &raw_max))
+        return NULL;
+    Py_ssize_t offsets[KAFKA_N_FIELDS], toffset[1];
+    if (slot_offsets(request, KAFKA_FIELDS, KAFKA_N_FIELDS, offsets) < 0
+        || slot_offsets(token, TOKEN_FIELDS, 1, toffset) < 0)
+        return NULL;
+    if (!raw_tokens_name && !(raw_tokens_name = PyUnicode_InternFromString("raw_tokens"))) return NULL;
+    Py_INCREF(request);
+    Py_XSETREF(kafka_request_type, (PyTypeObject *)request);
+    Py_INCREF(token);
+    Py_XSETREF(raw_token_type, (PyTypeObject *)token);
+    memcpy(kafka_offsets, offsets, sizeof(offsets));
+    token_offset[0] = toffset[0];
+    raw_token_max = raw_max;
+    Py_RETURN_NONE;
+}
+
+static int KafkaDecoder_init(KafkaDecoder *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"max_frame_bytes", "auth", NULL};
+    Py_ssize_t max_frame_bytes;
+    PyObject *auth = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "n|O", kwlist, &max_frame_bytes, &auth)) return -1;
+    if (!kafka_request_type || !need_data) {
+        PyErr_SetString(PyExc_RuntimeError, "native._frames.configure_kafka() was not called");
+        return -1;
+    }
+    self->d.max_frame_bytes = max_frame_bytes;
+    Py_INCREF(auth);
+    Py_XSETREF(self->auth, auth);
+    return 0;
+}
+
+static void KafkaDecoder_dealloc(KafkaDecoder *self)
+{
+    Py_CLEAR(self->auth);
+    Decoder_dealloc(&self->d);
+}
+
+static inline int32_t sbe32(const unsigned char *p) { return (int32_t)be32(p); }
+static inline int16_t sbe16(const unsigned char *p) { return (int16_t)be16(p); }
+
+/* KafkaFrameDecoder.next_frame's request: as take_frame (the request and `pos` moved past it,
+   or NULL with `*need` set, or NULL with ProtocolError raised). */
+static PyObject *take_request(Decoder *self, int *need)
+{
+    *need = 0;
+    Py_ssize_t held = self->end - self->pos;
+    const unsigned char *h = (const unsigned char *)self->buf + self->pos;
+    if (held < LENGTH_SIZE) {
+        *need = 1;
+        return NULL;
+    }
+    int32_t size = sbe32(h);
+    char message[160];
+    if (size < KAFKA_FIXED - LENGTH_SIZE) {
+        snprintf(message, sizeof(message), "kafka request size %d is shorter than a request header", size);
+        return protocol_error_raise(message);
+    }
+    if ((long long)size + LENGTH_SIZE > (long long)self->max_frame_bytes) {
+        snprintf(message, sizeof(message), "kafka request of %lld bytes exceeds the maximum %lld",
+                 (long long)size + LENGTH_SIZE, (long long)self->max_frame_bytes);
+        return protocol_error_raise(message);
+    }
+    Py_ssize_t whole = (Py_ssize_t)size + LENGTH_SIZE;
+    if (held < whole) {
+        *need = 1;
+        return NULL;
+    }
+    int16_t api_key = sbe16(h + 4), api_version = sbe16(h + 6);
+    if (api_key < 0 || api_version < 0) {
+        snprintf(message, sizeof(message), "kafka request with api key %d version %d", api_key, api_version);
+        return protocol_error_raise(message);
+    }
+    PyObject *data;
+    if (self->lending && size >= VIEW_MIN_BYTES && (Py_ssize_t)size * VIEW_CAP_RATIO >= self->cap)
+        data = body_view(self, h + LENGTH_SIZE, size);
+    else
+        data = PyBytes_FromStringAndSize((const char *)h + LENGTH_SIZE, size);
+    PyObject *values[KAFKA_N_FIELDS] = {
+        PyLong_FromLong(api_key),
+        PyLong_FromLong(api_version),
+        PyLong_FromLong(sbe32(h + 8)),
+        data,
+    };
+    PyObject *request = make_slots(kafka_request_type, kafka_offsets, values, KAFKA_N_FIELDS);
+    if (request) self->pos += whole;
+    return request;
+}
+
+/* KafkaFrameDecoder.next_raw: a bare size-prefixed token's bytes, as take_frame. */
+static PyObject *take_raw(Decoder *self, Py_ssize_t max_bytes, int *need)
+{
+    *need = 0;
+    Py_ssize_t held = self->end - self->pos;
+    const unsigned char *h = (const unsigned char *)self->buf + self->pos;
+    if (held < LENGTH_SIZE) {
+        *need = 1;
+        return NULL;
+    }
+    int32_t size = sbe32(h);
+    if (size < 0 || size > max_bytes) {
+        char message[160];
+        snprintf(message, sizeof(message), "SASL token of %d bytes (at most %zd)", size, max_bytes);
+        return protocol_error_raise(message);
+    }
+    if (held < (Py_ssize_t)size + LENGTH_SIZE) {
+        *need = 1;
+        return NULL;
+    }
+    PyObject *token = PyBytes_FromStringAndSize((const char *)h + LENGTH_SIZE, size);
+    if (token) self->pos += (Py_ssize_t)size + LENGTH_SIZE;
+    return token;
+}
+
+static PyObject *KafkaDecoder_next_raw(KafkaDecoder *self, PyObject *arg)
+{
+    Py_ssize_t max_bytes = PyLong_AsSsize_t(arg);
+    if (max_bytes == -1 && PyErr_Occurred()) return NULL;
+    int need;
+    PyObject *token = take_raw(&self->d, max_bytes, &need);
+    return token || !need ? token : need_more(&self->d);
+}
+
+static PyObject *KafkaDecoder_next_frame(KafkaDecoder *self, PyObject *unused)
+{
+    (void)unused;
+    int need;
+    PyObject *taken;
+    int raw = 0;
+    if (self->auth != Py_None) {
+        PyObject *flag = PyObject_GetAttr(self->auth, raw_tokens_name);
+        if (!flag) return NULL;
+        raw = PyObject_IsTrue(flag);
+        Py_DECREF(flag);
+        if (raw < 0) return NULL;
+    }
+    if (raw) {
+        PyObject *values[1] = {take_raw(&self->d, raw_token_max, &need)};
+        if (!values[0]) return need ? need_more(&self->d) : NULL;
+        return make_slots(raw_token_type, token_offset, values, 1);
+    }
+    taken = take_request(&self->d, &need);
+    return taken || !need ? taken : need_more(&self->d);
+}
+
+static PyMethodDef KafkaDecoder_methods[] = {
+    {"next_frame", (PyCFunction)KafkaDecoder_next_frame, METH_NOARGS,
+     "The next whole KafkaRequest (a RawSaslToken while auth.raw_tokens), or NEED_DATA; raises "
+     "ProtocolError for bytes that cannot be framed."},
+    {"next_raw", (PyCFunction)KafkaDecoder_next_raw, METH_O,
+     "next_raw(max_bytes): a bare size-prefixed token's bytes, or NEED_DATA."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef KafkaDecoder_members[] = {
+    {"auth", T_OBJECT, offsetof(KafkaDecoder, auth), 0,
+     "the connection's ConnectionAuth (its raw_tokens is read before each request), or None"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject KafkaDecoderType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "native._frames.KafkaDecoder",
+    .tp_doc = "broker/kafka/codec.py's KafkaFrameDecoder in C, a Decoder that lends (see native/frames.c).",
+    .tp_basicsize = sizeof(KafkaDecoder),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_base = &DecoderType,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)KafkaDecoder_init,
+    .tp_dealloc = (destructor)KafkaDecoder_dealloc,
+    .tp_methods = KafkaDecoder_methods,
+    .tp_members = KafkaDecoder_members,
+};
+
 static PyMethodDef module_methods[] = {
     {"configure", configure, METH_VARARGS,
      "configure(Frame, NEED_DATA, ProtocolError): what decoders return and raise."},
+    {"configure_kafka", configure_kafka, METH_VARARGS,
+     "configure_kafka(KafkaRequest, RawSaslToken, raw_max): what a KafkaDecoder returns."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -764,7 +987,8 @@ static struct PyModuleDef frames_module = {
 
 PyMODINIT_FUNC PyInit__frames(void)
 {
-    if (PyType_Ready(&ChunkType) < 0 || PyType_Ready(&DecoderType) < 0 || PyType_Ready(&ReaderType) < 0)
+    if (PyType_Ready(&ChunkType) < 0 || PyType_Ready(&DecoderType) < 0 || PyType_Ready(&ReaderType) < 0
+        || PyType_Ready(&KafkaDecoderType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&frames_module);
     if (!m) return NULL;
@@ -787,6 +1011,12 @@ PyMODINIT_FUNC PyInit__frames(void)
     Py_INCREF(&ReaderType);
     if (PyModule_AddObject(m, "Reader", (PyObject *)&ReaderType) < 0) {
         Py_DECREF(&ReaderType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&KafkaDecoderType);
+    if (PyModule_AddObject(m, "KafkaDecoder", (PyObject *)&KafkaDecoderType) < 0) {
+        Py_DECREF(&KafkaDecoderType);
         Py_DECREF(m);
         return NULL;
     }

@@ -69,6 +69,7 @@ from broker.kafka.codec import (
     RawSaslToken,
     decode_request,
     encode_response,
+    kafka_decoder,
     make,
     request_schema,
     response_schema,
@@ -211,7 +212,7 @@ class KafkaAdapter:
     @staticmethod
     def decoder(max_frame_bytes: int, auth: ConnectionAuth) -> KafkaFrameDecoder:
         """A connection's decoder, which reads `auth` for the bare tokens of a SaslHandshake v0."""
-        return KafkaFrameDecoder(max_frame_bytes, auth)
+        return kafka_decoder(max_frame_bytes, auth)
 
     @staticmethod
     def reply_reserve(request: KafkaRequest | RawSaslToken) -> int:

@@ -4,7 +4,11 @@ Rules this module keeps:
 - No sockets, like ringlog_proto: `KafkaFrameDecoder.feed(bytes)` buffers, `next_frame()` returns
   a `KafkaRequest` (after a SaslHandshake v0, a `RawSaslToken`) or `NEED_DATA`,
   `encode_response(...)` returns buffers. The backends drive it exactly as they drive our
-  `FrameDecoder`, through the Kafka adapter (broker/kafka/adapter.py `decoder`).
+  `FrameDecoder`, through the Kafka adapter (broker/kafka/adapter.py `decoder`). Its twin in C
+  (native/frames.c's `KafkaDecoder`, `kafka_decoder` below) is what connections use when it is
+  built: the same requests and errors, and it lends its space to a receive as our frames'
+  decoder does, so a large request's `data` is a read-only view of where it arrived (a
+  librdkafka produce of ~280 KB was copied twice in Python before kio read its records).
 - Any byte string either yields requests or raises `ProtocolError` (a stream that cannot be
   resynchronised: the connection is closed). A request whose frame is sound but whose body is
   not is a `KafkaDecodeError`, for the adapter to answer or to close on.
@@ -59,7 +63,9 @@ class KafkaRequest:
     api_key: int
     api_version: int
     correlation_id: int
-    data: bytes
+    # bytes, or a read-only view of where a lending decoder received a large request (kio copies
+    # what it reads out of it, so nothing of a request holds the view past its decoding)
+    data: bytes | memoryview
 
 
 def starts_like_kafka(buf: bytes | bytearray | memoryview, pos: int = 0) -> bool | None:
@@ -133,6 +139,32 @@ class KafkaFrameDecoder(StreamDecoder):
         data = bytes(buf[pos + SIZE_BYTES : end])
         self._pos = end
         return data
+
+
+def _native_kafka() -> type[KafkaFrameDecoder] | None:
+    """native/frames.c's `KafkaDecoder`, configured with this module's types, or None when it is
+    not built (ringlog_proto.frames configured its NEED_DATA and ProtocolError on import)."""
+    try:
+        from native._frames import KafkaDecoder, configure_kafka  # noqa: PLC0415 - optional, compiled
+    except ImportError:
+        return None
+    configure_kafka(KafkaRequest, RawSaslToken, RAW_TOKEN_MAX_BYTES)
+    native: type[KafkaFrameDecoder] = KafkaDecoder
+    return native
+
+
+# What `kafka_decoder` makes when native/frames.c is built (a `LENDING_DECODER` subtype: it lends
+# its space to a receive, `buffer(n)` / `received(k)`), else None.
+NATIVE_KAFKA_DECODER: Final = _native_kafka()
+
+
+def kafka_decoder(max_frame_bytes: int, auth: ConnectionAuth | None = None) -> KafkaFrameDecoder:
+    """A connection's Kafka decoder: native/frames.c's twin of `KafkaFrameDecoder` when it is
+    built (the same requests, tokens and errors, at a fraction of the cost per request, and
+    lending its space to a receive), else `KafkaFrameDecoder`."""
+    if NATIVE_KAFKA_DECODER is not None:
+        return NATIVE_KAFKA_DECODER(max_frame_bytes, auth)
+    return KafkaFrameDecoder(max_frame_bytes, auth)
 
 
 _P = ParamSpec("_P")
@@ -253,7 +285,7 @@ def _scan_plan(cls: type[Any], flexible: bool) -> tuple[tuple[str, Any], ...]:
     return tuple(steps)
 
 
-def _uvarint(data: bytes, p: int) -> tuple[int, int]:
+def _uvarint(data: bytes | memoryview, p: int) -> tuple[int, int]:
     value = shift = 0
     while True:
         if p >= len(data) or shift > 28:
@@ -266,7 +298,7 @@ def _uvarint(data: bytes, p: int) -> tuple[int, int]:
         shift += 7
 
 
-def _skip_sized(data: bytes, p: int, flexible: bool, legacy_width: str) -> int:
+def _skip_sized(data: bytes | memoryview, p: int, flexible: bool, legacy_width: str) -> int:
     """Past a string or bytes field (null included) at `p`."""
     if flexible:
         n, p = _uvarint(data, p)
@@ -281,7 +313,7 @@ def _skip_sized(data: bytes, p: int, flexible: bool, legacy_width: str) -> int:
     return p
 
 
-def _count(data: bytes, p: int, flexible: bool) -> tuple[int, int]:
+def _count(data: bytes | memoryview, p: int, flexible: bool) -> tuple[int, int]:
     """(array count, position after it); a null array counts 0."""
     if flexible:
         n, p = _uvarint(data, p)
@@ -292,7 +324,7 @@ def _count(data: bytes, p: int, flexible: bool) -> tuple[int, int]:
     return max(n, 0), p + 4
 
 
-def _scan(data: bytes, p: int, cls: type[Any], flexible: bool, budget: list[int]) -> int:
+def _scan(data: bytes | memoryview, p: int, cls: type[Any], flexible: bool, budget: list[int]) -> int:
     """Past the entity of `cls` at `p`, taking its array entries off `budget[0]`; stops (the
     budget negative) as soon as it runs out."""
     for what, detail in _scan_plan(cls, flexible):
@@ -332,7 +364,7 @@ def _scan(data: bytes, p: int, cls: type[Any], flexible: bool, budget: list[int]
     return p
 
 
-def too_many_entries(data: bytes, start: int, schema: type[Any], max_entries: int) -> bool:
+def too_many_entries(data: bytes | memoryview, start: int, schema: type[Any], max_entries: int) -> bool:
     """Whether the body at `data[start:]` holds more than `max_entries` array entries, found
     without decoding it: its arrays' counts are read and their entries skipped, and the walk
     stops at the bound, so it costs at most `max_entries` entries whatever the request holds
@@ -437,7 +469,7 @@ def entity_type(hint: Any) -> type[Any] | None:
     return None
 
 
-def produce_v0_topics(data: bytes) -> list[tuple[str, list[int]]] | None:
+def produce_v0_topics(data: bytes | memoryview) -> list[tuple[str, list[int]]] | None:
     """The topics and partitions of a Produce v0-2 request (header v1), None when acks=0."""
     pos = 8  # api key, version, correlation id
     (n,) = struct.unpack_from(">h", data, pos)
@@ -447,7 +479,7 @@ def produce_v0_topics(data: bytes) -> list[tuple[str, list[int]]] | None:
     topics = []
     for _ in range(count):
         (n,) = struct.unpack_from(">h", data, pos)
-        name = data[pos + 2 : pos + 2 + n].decode()
+        name = str(data[pos + 2 : pos + 2 + n], "utf-8")  # a large request's data is a view
         pos += 2 + n
         (parts,) = struct.unpack_from(">i", data, pos)
         pos += 4

@@ -118,7 +118,7 @@ def offset_for_leader_epoch_v0(
     return Reply([struct.pack(">i", len(body)) + body])
 
 
-def _read_v0(data: bytes) -> list[tuple[str, list[tuple[int, int]]]]:
+def _read_v0(data: bytes | memoryview) -> list[tuple[str, list[tuple[int, int]]]]:
     pos = 8  # api key, version, correlation id
     (n,) = struct.unpack_from(">h", data, pos)
     pos += 2 + max(n, 0)
@@ -129,7 +129,7 @@ def _read_v0(data: bytes) -> list[tuple[str, list[tuple[int, int]]]]:
         (n,) = struct.unpack_from(">h", data, pos)
         if n < 0 or pos + 2 + n > len(data):
             raise ValueError(f"topic name of length {n}")
-        name = data[pos + 2 : pos + 2 + n].decode()
+        name = str(data[pos + 2 : pos + 2 + n], "utf-8")  # a large request's data is a view
         pos += 2 + n
         (parts,) = struct.unpack_from(">i", data, pos)
         pos += 4

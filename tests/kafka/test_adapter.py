@@ -24,6 +24,7 @@ from broker.kafka.adapter import SUPPORTED_VERSIONS, KafkaAdapter, cluster_id_fo
 from broker.kafka.codec import (
     KafkaFrameDecoder,
     KafkaRequest,
+    kafka_decoder,
     make,
     request_schema,
 )
@@ -114,8 +115,9 @@ def test_first_bytes_choose_the_protocol(tmp_path: Path) -> None:
     theirs = frame_of(
         18, 3, 1, make(request_schema(18, 3), client_software_name="x", client_software_version="1")
     )  # type: ignore[arg-type]
-    # ours: the decoder the broker's connections use (native/frames.c's when it is built)
-    for raw, adapter, kind in ((ours, ringlog, type(frame_decoder())), (theirs, kafka, KafkaFrameDecoder)):
+    # the decoders the broker's connections use (native/frames.c's when it is built)
+    kinds = ((ours, ringlog, type(frame_decoder())), (theirs, kafka, type(kafka_decoder(1 << 20))))
+    for raw, adapter, kind in kinds:
         first = FirstBytes(adapters.clients, 1 << 20)
         first.feed(raw[:4])
         assert first.decide() is None  # four bytes say nothing yet
