@@ -38,6 +38,7 @@ import errno
 import logging
 import signal
 import socket
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import cast
@@ -51,6 +52,7 @@ from broker.core.remote import address_label
 from broker.security.tls import TLS_HANDSHAKE_TIMEOUT_S, principal_of
 from broker.storage.fileio import Buffer, Op, SyncFileIO, run_ops, run_together
 from broker.storage.segment import Extent
+from ringlog_proto.frames import LENDING_DECODER
 
 log = logging.getLogger(__name__)
 
@@ -58,15 +60,35 @@ FLUSH_THREADS = 4  # group commits of as many partitions at once (one fsync each
 # The least a link's read asks for (the transport's hint is 64 KiB): a follower's fetch answer
 # of ~1 MB then takes a few reads, not sixteen.
 PEER_READ_BYTES = 256 * 1024
+# What a client connection's read asks its decoder to lend: small at first and again once the
+# connection is quiet for a sweep (its decoder holds the space lent between reads: thousands of
+# idle connections cost little), grown by READ_GROWTH whenever a read fills it, up to where a
+# stream of 1 MiB produces needs a few reads a request. The io_uring backend's recv buffers follow
+# the same rule (native/constants.py RECV_BUFFER_BYTES_*).
+READ_BYTES_MIN = 4 * 1024
+READ_BYTES_MAX = 256 * 1024
+READ_GROWTH = 4
 
 
-class Connection(ServedConnection, asyncio.Protocol):
-    """One client connection (or, `from_peer`, one from another core) on an asyncio transport."""
+class Connection(ServedConnection, asyncio.BufferedProtocol):
+    """One client connection (or, `from_peer`, one from another core) on an asyncio transport.
+
+    Once its first bytes chose a decoder that lends (native/frames.c's, ours and Kafka's), the
+    transport reads straight into the decoder's space, as the io_uring backend's recvs do: a
+    request's bytes are not copied into a bytes object, then into the decoder, then out of it,
+    and a large body stays a view of where it arrived. The transport (uvloop's) lets go of the
+    space only after `buffer_updated` returns, so the view is released at the next `get_buffer`
+    (or at the sweep, or at close); the decoder takes frames meanwhile and moves nothing while it
+    is held (native/frames.c, "Lending"). Until then, or with a decoder that does not lend, a read
+    goes to the server's one read buffer and is fed from there before `buffer_updated` returns."""
 
     def __init__(self, server: Server, from_peer: bool = False) -> None:
         super().__init__(server, from_peer, "?")
+        self.server: Server = server
         self.transport: asyncio.Transport | None = None
         self._reading_paused = False
+        self._space: memoryview | None = None  # lent by the decoder to the read in progress
+        self.read_size = READ_BYTES_MIN  # what the next lent read asks for (grows, shrinks)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it.
@@ -87,9 +109,46 @@ class Connection(ServedConnection, asyncio.Protocol):
             self.lost()
         self.closed = True
         self.closing()
+        self._let_go()
 
-    def data_received(self, data: bytes) -> None:
-        self.received(data)
+    def get_buffer(self, sizehint: int) -> memoryview | bytearray:
+        if self._space is not None:
+            self._space.release()
+            self._space = None
+        decoder = self.decoder
+        if LENDING_DECODER is not None and isinstance(decoder, LENDING_DECODER):
+            self._space = space = decoder.buffer(self.read_size)
+            return space
+        return self.server.read_buffer
+
+    def buffer_updated(self, nbytes: int) -> None:
+        space = self._space
+        if space is None:
+            with memoryview(self.server.read_buffer) as view:
+                self.received(view[:nbytes])
+            return
+        if nbytes == len(space) and self.read_size < READ_BYTES_MAX:
+            self.read_size = min(READ_GROWTH * nbytes, READ_BYTES_MAX)
+        self.received_lent(nbytes)
+
+    def quiet(self) -> None:
+        """Quiet since the last sweep: its next read asks for `READ_BYTES_MIN` again, and the
+        decoder lets go of the space the last one was lent (a large allocation is shrunk to what
+        it holds plus that: native/frames.c `buffer`)."""
+        self.read_size = READ_BYTES_MIN
+        decoder = self.decoder
+        if self._let_go() and LENDING_DECODER is not None and isinstance(decoder, LENDING_DECODER):
+            with contextlib.suppress(BufferError):
+                decoder.buffer(READ_BYTES_MIN).release()
+
+    def _let_go(self) -> bool:
+        """Release the view of the decoder's space the last read was lent; whether there was one."""
+        space, self._space = self._space, None
+        if space is None:
+            return False
+        with contextlib.suppress(BufferError):  # inside `buffer_updated`: the read holds it yet
+            space.release()
+        return True
 
     def pause_writing(self) -> None:
         pass  # the memory budget counts the replies waiting (`unsent`)
@@ -205,6 +264,10 @@ class Server(BackendCore):
         super().__init__(config)
         self.listeners = list(listeners)
         self.loop_io = SyncFileIO()
+        # where a connection reads while its decoder does not lend (its first bytes, TLS's
+        # Python decoders): fed to the decoder before the read's `buffer_updated` returns, so one
+        # serves every connection of the loop
+        self.read_buffer = bytearray(READ_BYTES_MAX)
         self._flusher = ThreadPoolExecutor(FLUSH_THREADS, thread_name_prefix="flush")
         self._flushes = 0  # group commits running on `_flusher`
         self.open_core()
@@ -219,6 +282,19 @@ class Server(BackendCore):
         asyncio.get_running_loop().call_soon(callback)
 
     end_of_turn = call_soon  # call_soon runs after the I/O callbacks already due: the turn's end
+
+    def after_sweep(self) -> None:
+        """A small read again for each connection whose reads grew and that was quiet since the
+        last sweep (the io_uring backend's rule for its recv buffers)."""
+        quiet = time.monotonic() - self.admission.sweep_s
+        for conn in self.connections:
+            if (
+                isinstance(conn, Connection)
+                and conn.read_size > READ_BYTES_MIN
+                and conn.budget.last_active < quiet
+            ):
+                self.admission.memory.freed += conn.read_size  # malloc_trim when enough is given back
+                conn.quiet()
 
     def run_ops(self, ops: Sequence[Op], done: Callable[[OSError | None], None]) -> None:
         try:
