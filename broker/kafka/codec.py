@@ -63,8 +63,9 @@ class KafkaRequest:
     api_key: int
     api_version: int
     correlation_id: int
-    # bytes, or a read-only view of where a lending decoder received a large request (kio copies
-    # what it reads out of it, so nothing of a request holds the view past its decoding)
+    # bytes, or a read-only view of where a lending decoder received a large request: kio copies
+    # what it reads out of it, but the view pins that memory while the request is held (a produce
+    # waiting on acks=all keeps it until its answer), as our frames' bodies do (docs/LIMITS.md)
     data: bytes | memoryview
 
 

@@ -292,19 +292,26 @@ def _produce_to_node(node: BrokerProcess, topic: str, partition: int, value: byt
     return resp.responses[0].partition_responses[0].error_code
 
 
-def _read(bootstrap: str, topic: str, partitions: int, want: int) -> dict[int, list[bytes]]:
-    """Every record of the topic's partitions (until `want` of them), by partition, in offset order."""
+def _read(bootstrap: str, topic: str, partitions: int) -> dict[int, list[bytes]]:
+    """Every record of the topic's partitions up to their high watermarks, by partition, in
+    offset order."""
     consumer = confluent_kafka.Consumer(
         {"bootstrap.servers": bootstrap, "group.id": f"reader-{topic}", "enable.auto.commit": False}
     )
     got: dict[int, list[bytes]] = {p: [] for p in range(partitions)}
     try:
+        ends = {
+            p: consumer.get_watermark_offsets(confluent_kafka.TopicPartition(topic, p), timeout=10)[1]
+            for p in range(partitions)
+        }
+        reached = dict.fromkeys(ends, 0)
         consumer.assign([confluent_kafka.TopicPartition(topic, p, 0) for p in range(partitions)])
         deadline = time.monotonic() + 30
-        while sum(map(len, got.values())) < want and time.monotonic() < deadline:
+        while any(reached[p] < ends[p] for p in ends) and time.monotonic() < deadline:
             msg = consumer.poll(0.2)
             if msg is not None and msg.error() is None:
                 got[msg.partition()].append(msg.value())
+                reached[msg.partition()] = msg.offset() + 1
     finally:
         consumer.close()
     return got
@@ -413,10 +420,15 @@ def test_placement_by_hand_elections_and_a_reassignment_across_a_controller_fail
     wait_for(lambda: cluster.states(2, topic_id)[0]["leader"] == 3, timeout=10)
     # the node's cores read its view up to one poll after the file changes: until then an acks=1
     # write is still taken (acks=1's limit); after, it must be refused, and stay refused
-    wait_for(
-        lambda: _produce_to_node(cluster.nodes[2], "placed", 0, b"stale") == ErrorCode.not_leader_or_follower,
-        timeout=10,
-    )
+    stale_taken = 0
+
+    def stale_refused() -> bool:
+        nonlocal stale_taken
+        code = _produce_to_node(cluster.nodes[2], "placed", 0, b"stale")
+        stale_taken += code == ErrorCode.none
+        return code == ErrorCode.not_leader_or_follower
+
+    wait_for(stale_refused, timeout=10)
     assert _produce_to_node(cluster.nodes[2], "placed", 0, b"stale") == ErrorCode.not_leader_or_follower
     wait_for(lambda: cluster.states(1, topic_id)[2]["leader"] == 3, timeout=30)  # preferred, back in sync
     assert _elected(admin, ElectionType.PREFERRED, "placed", [2]) == {2: "ELECTION_NOT_NEEDED"}
@@ -428,7 +440,13 @@ def test_placement_by_hand_elections_and_a_reassignment_across_a_controller_fail
     assert cancel.returncode == 1 and "No partition reassignment is in progress" in cancel.stderr
     for p in range(3):
         send(p, [b"after-%d-%d" % (p, i) for i in range(20)])
-    got = _read(cluster.bootstrap, "placed", 3, sum(map(len, acked.values())))
+    got = _read(cluster.bootstrap, "placed", 3)
+    # A stale write node 2's cores took may be kept: node 3's cores, until they too read the view
+    # (up to one poll), still followed node 2 and may have copied it. Kept or lost, it was taken
+    # at acks=1 by a leader on its way out, as Kafka's may be; never more of them than were taken.
+    kept_stale = got[0].count(b"stale")
+    got[0] = [v for v in got[0] if v != b"stale"]
+    assert kept_stale <= stale_taken
     assert got == acked  # nothing acknowledged lost, nothing else read, in order
 
 
@@ -460,6 +478,6 @@ def test_an_unclean_election_brings_an_offline_partition_back(cluster: Cluster) 
     state = cluster.states(1, topic_id)[0]
     assert (state["leader"], state["isr"]) == (3, [3])
     assert _elected(admin, ElectionType.UNCLEAN, "unclean", [0]) == {0: "ELECTION_NOT_NEEDED"}
-    assert _read(cluster.nodes[1].bootstrap, "unclean", 1, 10) == {0: [b"v%d" % i for i in range(10)]}
+    assert _read(cluster.nodes[1].bootstrap, "unclean", 1) == {0: [b"v%d" % i for i in range(10)]}
     cluster.nodes[2].start()
     wait_for(lambda: cluster.states(1, topic_id)[0]["leader"] == 2, timeout=30)  # back in sync, preferred
