@@ -70,7 +70,24 @@ READ_BYTES_MAX = 256 * 1024
 READ_GROWTH = 4
 
 
-class Connection(ServedConnection, asyncio.BufferedProtocol):
+class LentReads:
+    """What a protocol that reads into space its decoder lends keeps: the view of the space lent
+    to the read in progress. uvloop holds that view until `buffer_updated` returns, so it is let
+    go of at the next `get_buffer`, or at the sweep or at close (`_let_go`)."""
+
+    _space: memoryview | None = None
+
+    def _let_go(self) -> bool:
+        """Release the view of the decoder's space the last read was lent; whether there was one."""
+        space, self._space = self._space, None
+        if space is None:
+            return False
+        with contextlib.suppress(BufferError):  # inside `buffer_updated`: the read holds it yet
+            space.release()
+        return True
+
+
+class Connection(ServedConnection, LentReads, asyncio.BufferedProtocol):
     """One client connection (or, `from_peer`, one from another core) on an asyncio transport.
 
     Once its first bytes chose a decoder that lends (native/frames.c's, ours and Kafka's), the
@@ -87,7 +104,6 @@ class Connection(ServedConnection, asyncio.BufferedProtocol):
         self.server: Server = server
         self.transport: asyncio.Transport | None = None
         self._reading_paused = False
-        self._space: memoryview | None = None  # lent by the decoder to the read in progress
         self.read_size = READ_BYTES_MIN  # what the next lent read asks for (grows, shrinks)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -112,9 +128,7 @@ class Connection(ServedConnection, asyncio.BufferedProtocol):
         self._let_go()
 
     def get_buffer(self, sizehint: int) -> memoryview | bytearray:
-        if self._space is not None:
-            self._space.release()
-            self._space = None
+        self._let_go()
         decoder = self.decoder
         if LENDING_DECODER is not None and isinstance(decoder, LENDING_DECODER):
             self._space = space = decoder.buffer(self.read_size)
@@ -140,15 +154,6 @@ class Connection(ServedConnection, asyncio.BufferedProtocol):
         if self._let_go() and LENDING_DECODER is not None and isinstance(decoder, LENDING_DECODER):
             with contextlib.suppress(BufferError):
                 decoder.buffer(READ_BYTES_MIN).release()
-
-    def _let_go(self) -> bool:
-        """Release the view of the decoder's space the last read was lent; whether there was one."""
-        space, self._space = self._space, None
-        if space is None:
-            return False
-        with contextlib.suppress(BufferError):  # inside `buffer_updated`: the read holds it yet
-            space.release()
-        return True
 
     def pause_writing(self) -> None:
         pass  # the memory budget counts the replies waiting (`unsent`)
@@ -192,7 +197,7 @@ class Connection(ServedConnection, asyncio.BufferedProtocol):
         return sock.fileno() if sock is not None else None
 
 
-class PeerConnection(PeerStream, asyncio.BufferedProtocol):
+class PeerConnection(PeerStream, LentReads, asyncio.BufferedProtocol):
     """This core's end of one inter-core connection, or (`open_remote`, core -1) of a TCP link to
     another broker's core, on an asyncio transport.
 
@@ -207,13 +212,10 @@ class PeerConnection(PeerStream, asyncio.BufferedProtocol):
         super().__init__(server, core, long_poll, peer)
         self.transport: asyncio.Transport | None = None
         self._unsent: list[Buffer] = []  # written before the connection is made
-        self._space: memoryview | None = None  # lent by the decoder to the read in progress
         self._own = bytearray()  # where a read goes when the decoder does not lend
 
     def get_buffer(self, sizehint: int) -> memoryview | bytearray:
-        if self._space is not None:
-            self._space.release()
-            self._space = None
+        self._let_go()
         size = max(sizehint, PEER_READ_BYTES)
         space = self.link.lend(size)
         if space is None:
@@ -251,10 +253,7 @@ class PeerConnection(PeerStream, asyncio.BufferedProtocol):
         self.gone(exc)
         if self.transport is not None:
             self.transport.abort()
-        if self._space is not None:
-            with contextlib.suppress(BufferError):  # closed inside `buffer_updated`: the read holds it
-                self._space.release()
-            self._space = None
+        self._let_go()
 
 
 class Server(BackendCore):
