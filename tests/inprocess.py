@@ -16,6 +16,8 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 from broker.backends.backend_core import BackendCore
 from broker.core.config import BrokerConfig
@@ -80,6 +82,46 @@ def serve_in_process(
     finally:
         listener.close()
     return server
+
+
+Post = Callable[[Callable[[], None]], object]  # a served core's threadsafe post
+
+
+def served(backend: str, tmp_path: Path, client: Callable[[int, BackendCore, Post], None]) -> None:
+    """One core of `backend` served in this thread, `client(port, server, post)` run against it
+    on another (`post` runs a callable on the core's loop); raises what the client raised once
+    the server stopped. Skips when the machine cannot run io_uring."""
+    if backend == "io_uring" and (missing := io_uring_missing()):
+        import pytest
+
+        pytest.skip(f"io_uring unavailable: {missing}")
+    raised: list[BaseException] = []
+
+    def on_ready(server: BackendCore, port: int) -> None:
+        post = server.threadsafe_post()  # (asked on the loop's thread)
+
+        def run() -> None:
+            try:
+                client(port, server, post)
+            except BaseException as exc:  # reported by the test, after the server stops
+                raised.append(exc)
+            finally:
+                post(server.request_stop)
+
+        threading.Thread(target=run, daemon=True).start()
+
+    serve_in_process(backend, str(tmp_path / "data"), on_ready)
+    if raised:
+        raise raised[0]
+
+
+def on_loop(post: Post, call: Callable[[], object]) -> Any:
+    """`call()` run on a served core's loop (what the loop owns is read there); its result."""
+    done = threading.Event()
+    out: list[object] = []
+    post(lambda: (out.append(call()), done.set()))
+    assert done.wait(10), "the loop did not run it"
+    return out[0]
 
 
 def serve_with_wire(

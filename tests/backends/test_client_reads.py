@@ -14,15 +14,13 @@ from __future__ import annotations
 import datetime
 import socket
 import struct
-import threading
 import time
 import tracemalloc
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from inprocess import BACKENDS, io_uring_missing, serve_in_process
+from inprocess import BACKENDS, Post, on_loop, served
 from kio.schema.produce.v8 import request as produce_v8
 from kio.static.primitive import i16, i32
 
@@ -40,49 +38,6 @@ pytestmark = pytest.mark.skipif(
 )
 
 MIB = 1 << 20
-
-
-POSTS: dict[int, Callable[[Callable[[], None]], None]] = {}  # a served server's threadsafe post
-
-
-def on_loop(server: BackendCore, fn: Callable[[], Any]) -> Any:
-    """`fn()` run on the server's loop thread; its result."""
-    done = threading.Event()
-    out: list[Any] = []
-
-    def run() -> None:
-        try:
-            out.append(fn())
-        finally:
-            done.set()
-
-    POSTS[id(server)](run)
-    assert done.wait(10), "the loop did not run it"
-    return out[0]
-
-
-def serve(backend: str, tmp_path: Path, client: Callable[[BackendCore, int], None]) -> None:
-    """One core on `backend` in this thread, `client(server, port)` on another; what it raised."""
-    if backend == "io_uring" and (missing := io_uring_missing()):
-        pytest.skip(f"io_uring unavailable: {missing}")
-    raised: list[BaseException] = []
-
-    def on_ready(server: BackendCore, port: int) -> None:
-        post = POSTS[id(server)] = server.threadsafe_post()  # (asked on the loop's thread)
-
-        def run() -> None:
-            try:
-                client(server, port)
-            except BaseException as exc:  # reported after the server stops
-                raised.append(exc)
-            finally:
-                post(server.request_stop)
-
-        threading.Thread(target=run, daemon=True).start()
-
-    serve_in_process(backend, str(tmp_path / "data"), on_ready)
-    if raised:
-        raise raised[0]
 
 
 def the_connection(server: BackendCore) -> Any:
@@ -114,15 +69,15 @@ def kafka_produce(corr: int, records: bytes) -> bytes:
 def test_both_protocols_are_read_into_their_decoders_space(backend: str, tmp_path: Path) -> None:
     big = [bytes([i]) * (MIB - 200) for i in range(3)]
 
-    def client(server: BackendCore, port: int) -> None:
+    def client(port: int, server: BackendCore, post: Post) -> None:
         wire = Wire(port)
         tid = wire.create_topic("t", 1)
         for value in big[:2]:
             resp = wire.rpc(m.ProduceRequest(tid, 0, m.Acks.WRITTEN, 1000, encode_batch([value])))
             assert resp.error == m.ErrorCode.NONE, resp
         conn = the_connection(server)
-        assert on_loop(server, lambda: type(conn.decoder)) is LENDING_DECODER
-        assert on_loop(server, lambda: read_size(conn)) == 256 * 1024  # grown by full reads
+        assert on_loop(post, lambda: type(conn.decoder)) is LENDING_DECODER
+        assert on_loop(post, lambda: read_size(conn)) == 256 * 1024  # grown by full reads
         wire.close()
         with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
             time.sleep(0.2)  # the Wire's connection gone from the server's list
@@ -131,7 +86,7 @@ def test_both_protocols_are_read_into_their_decoders_space(backend: str, tmp_pat
             corr, answer = read_response(0, 8, struct.pack(">i", len(raw)) + raw)
             assert corr == 7
             assert answer.responses[0].partition_responses[0].error_code == 0
-            assert on_loop(server, lambda: type(the_connection(server).decoder)) is NATIVE_KAFKA_DECODER
+            assert on_loop(post, lambda: type(the_connection(server).decoder)) is NATIVE_KAFKA_DECODER
         wire = Wire(port)
         try:
             got = [r.value for r in wire.fetch_all(tid, 0)]
@@ -139,7 +94,7 @@ def test_both_protocols_are_read_into_their_decoders_space(backend: str, tmp_pat
             wire.close()
         assert got == big
 
-    serve(backend, tmp_path, client)
+    served(backend, tmp_path, client)
 
 
 def test_a_quiet_uvloop_connection_reads_small_again_and_its_decoder_lets_go(tmp_path: Path) -> None:
@@ -149,13 +104,13 @@ def test_a_quiet_uvloop_connection_reads_small_again_and_its_decoder_lets_go(tmp
     decoder's memory is PyMem's, which tracemalloc counts."""
     from broker.backends.aio import READ_BYTES_MAX, READ_BYTES_MIN
 
-    def client(server: BackendCore, port: int) -> None:
+    def client(port: int, server: BackendCore, post: Post) -> None:
         wire = Wire(port)
         tid = wire.create_topic("t", 1)
         resp = wire.rpc(m.ProduceRequest(tid, 0, m.Acks.WRITTEN, 1000, encode_batch([b"x" * (MIB - 200)])))
         assert resp.error == m.ErrorCode.NONE
         conn = the_connection(server)
-        assert on_loop(server, lambda: conn.read_size) == READ_BYTES_MAX
+        assert on_loop(post, lambda: conn.read_size) == READ_BYTES_MAX
 
         def sweep_after_quiet() -> tuple[int, int]:
             before = tracemalloc.get_traced_memory()[0]
@@ -163,9 +118,9 @@ def test_a_quiet_uvloop_connection_reads_small_again_and_its_decoder_lets_go(tmp
             server.after_sweep()
             return before, tracemalloc.get_traced_memory()[0]
 
-        before, after = on_loop(server, sweep_after_quiet)
+        before, after = on_loop(post, sweep_after_quiet)
         assert before - after >= READ_BYTES_MAX - 2 * READ_BYTES_MIN, (before, after)
-        assert on_loop(server, lambda: conn.read_size) == READ_BYTES_MIN
+        assert on_loop(post, lambda: conn.read_size) == READ_BYTES_MIN
         resp = wire.rpc(m.ProduceRequest(tid, 0, m.Acks.WRITTEN, 1000, encode_batch([b"small"])))
         assert resp.error == m.ErrorCode.NONE  # read into the small space: the next request still reads
         assert [r.value for r in wire.fetch_all(tid, 0)] == [b"x" * (MIB - 200), b"small"]
@@ -173,6 +128,6 @@ def test_a_quiet_uvloop_connection_reads_small_again_and_its_decoder_lets_go(tmp
 
     tracemalloc.start()
     try:
-        serve("uvloop", tmp_path, client)
+        served("uvloop", tmp_path, client)
     finally:
         tracemalloc.stop()

@@ -13,7 +13,6 @@ and lends its space to a receive.
 
 from __future__ import annotations
 
-import itertools
 import socket
 import struct
 from collections.abc import Iterator
@@ -22,6 +21,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from stream_pieces import cut_stream, receive_lent
 
 from broker.kafka.codec import (
     NATIVE_KAFKA_DECODER,
@@ -90,18 +90,7 @@ def _run_lent(
     seen: list[object] = []
     try:
         for piece in pieces:
-            pos = 0
-            while True:
-                view = decoder.buffer(lend)  # type: ignore[attr-defined]
-                assert len(view) == lend
-                n = min(lend, len(piece) - pos)
-                view[:n] = piece[pos : pos + n]
-                view.release()
-                decoder.received(n)  # type: ignore[attr-defined]
-                pos += n
-                _take(decoder, seen, switch_after)
-                if pos == len(piece):
-                    break
+            receive_lent(decoder, piece, lend, lambda: _take(decoder, seen, switch_after))
             seen.append(decoder.buffered)
     except ProtocolError as exc:
         seen.append(("ProtocolError", str(exc)))
@@ -134,12 +123,6 @@ _PARTS = st.one_of(
 )
 
 
-def _pieces(parts: list[bytes], cuts: list[int]) -> list[bytes]:
-    data = b"".join(parts)
-    bounds = [0, *sorted(c for c in cuts if c < len(data)), len(data)]
-    return [data[a:b] for a, b in itertools.pairwise(bounds)]
-
-
 @NATIVE
 @settings(max_examples=300, deadline=None)
 @given(
@@ -151,7 +134,7 @@ def _pieces(parts: list[bytes], cuts: list[int]) -> list[bytes]:
 def test_the_native_decoder_is_the_python_one(
     parts: list[bytes], cuts: list[int], max_frame: int, switch_after: int | None
 ) -> None:
-    pieces = _pieces(parts, cuts)
+    pieces = cut_stream(parts, cuts)
     ours = _run(native(max_frame, ConnectionAuth("c")), pieces, switch_after)
     assert ours == _run(KafkaFrameDecoder(max_frame, ConnectionAuth("c")), pieces, switch_after)
 
@@ -168,7 +151,7 @@ def test_the_native_decoder_is_the_python_one(
 def test_received_into_it_yields_what_feeding_the_python_one_does(
     parts: list[bytes], cuts: list[int], max_frame: int, lend: int, switch_after: int | None
 ) -> None:
-    pieces = _pieces(parts, cuts)
+    pieces = cut_stream(parts, cuts)
     lent = _run_lent(native(max_frame, ConnectionAuth("c")), pieces, lend, switch_after)
     assert lent == _run(KafkaFrameDecoder(max_frame, ConnectionAuth("c")), pieces, switch_after)
 

@@ -14,12 +14,11 @@ from __future__ import annotations
 import socket
 import struct
 import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from inprocess import BACKENDS, io_uring_missing, serve_in_process
+from inprocess import BACKENDS, Post, on_loop, served
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import i16, i32, i64
 
@@ -28,8 +27,6 @@ from broker.kafka.codec import make, request_schema
 from broker.kafka.groups import TXN_OFFSET_COMMIT
 from labkit.brokerproc import Wire
 from labkit.kafka_requests import frame, read_response
-
-Post = Callable[[Callable[[], None]], None]
 
 
 def kafka_rpc(port: int, key: int, version: int, body: Any) -> Any:
@@ -104,40 +101,6 @@ def offset_fetch(
     return {
         int(p.partition_index): (int(p.committed_offset), p.error_code) for p in resp.topics[0].partitions
     }
-
-
-def served(backend: str, tmp_path: Path, client: Callable[[int, BackendCore, Post], None]) -> None:
-    """One core of `backend` served in this thread, `client(port, server, post)` run against it
-    on another; raises what the client raised once the server stopped."""
-    if backend == "io_uring" and (missing := io_uring_missing()):
-        pytest.skip(f"io_uring unavailable: {missing}")
-    raised: list[BaseException] = []
-
-    def on_ready(server: BackendCore, port: int) -> None:
-        post = server.threadsafe_post()
-
-        def run() -> None:
-            try:
-                client(port, server, post)
-            except BaseException as exc:  # reported by the test, after the server stops
-                raised.append(exc)
-            finally:
-                post(server.request_stop)
-
-        threading.Thread(target=run, daemon=True).start()
-
-    serve_in_process(backend, str(tmp_path / "data"), on_ready)
-    if raised:
-        raise raised[0]
-
-
-def on_loop(post: Post, call: Callable[[], object]) -> object:
-    """`call()` run on the core's loop (the store belongs to it); its result."""
-    done = threading.Event()
-    out: list[object] = []
-    post(lambda: (out.append(call()), done.set()))
-    assert done.wait(10)
-    return out[0]
 
 
 def marker(post: Post, server: BackendCore, group: str, producer_id: int, commit: bool) -> object:

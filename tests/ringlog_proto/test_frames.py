@@ -12,6 +12,7 @@ from collections.abc import Callable
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from stream_pieces import cut_stream, receive_lent
 
 from ringlog_proto import messages as m
 from ringlog_proto.frames import _NATIVE as NATIVE
@@ -536,9 +537,7 @@ def test_the_native_twins_are_the_python_ones(
     """The same frames, the same bytes held after every piece, and the same ProtocolError (at the
     same point, with the same message), for any stream cut anywhere: fed to the decoder, or
     received into the reader (see `_run_reader`)."""
-    data = b"".join(parts)
-    bounds = [0, *sorted(c for c in cuts if c < len(data)), len(data)]
-    pieces = [data[a:b] for a, b in itertools.pairwise(bounds)]
+    pieces = cut_stream(parts, cuts)
     if twin == "decoder":
         assert _run(native_decoder(max_frame), pieces) == _run(FrameDecoder(max_frame), pieces)
     else:
@@ -549,22 +548,15 @@ def _run_lent(decoder: FrameDecoder, pieces: list[bytes], lend: int) -> list[obj
     """`_run` for the native decoder received into through its lent space (`buffer(n)`, as
     the io_uring backend's recv): each piece written `lend` bytes at a time at most."""
     seen: list[object] = []
+
+    def take() -> None:
+        while (f := decoder.next_frame()) is not NEED_DATA:
+            assert type(f) is Frame
+            seen.append(f)
+
     try:
         for piece in pieces:
-            pos = 0
-            while True:
-                view = decoder.buffer(lend)  # type: ignore[attr-defined]
-                assert len(view) == lend
-                n = min(lend, len(piece) - pos)
-                view[:n] = piece[pos : pos + n]
-                view.release()
-                decoder.received(n)  # type: ignore[attr-defined]
-                pos += n
-                while (f := decoder.next_frame()) is not NEED_DATA:
-                    assert type(f) is Frame
-                    seen.append(f)
-                if pos == len(piece):
-                    break
+            receive_lent(decoder, piece, lend, take)
             seen.append(decoder.buffered)
     except ProtocolError as exc:
         seen.append(("ProtocolError", str(exc)))
@@ -583,9 +575,7 @@ def test_the_native_decoder_received_into_yields_what_feeding_it_does(
 ) -> None:
     """The space the native decoder lends to a receive: the same frames, bytes held and errors
     as the Python decoder fed the same pieces, whatever the receive's size."""
-    data = b"".join(parts)
-    bounds = [0, *sorted(c for c in cuts if c < len(data)), len(data)]
-    pieces = [data[a:b] for a, b in itertools.pairwise(bounds)]
+    pieces = cut_stream(parts, cuts)
     assert _run_lent(native_decoder(max_frame), pieces, lend) == _run(FrameDecoder(max_frame), pieces)
 
 
