@@ -310,70 +310,17 @@ class BackendCore(PartitionAppends):
         deadline_ms: int,
         request: object = None,
     ) -> None:
-        """Park a fetch on each of its partitions until one grows or its deadline passes; once
-        woken or timed out it is taken off all of them (it runs once). `request` is the one the
-        answer is for, kept across the spurious wakes that park it again. A wake re-handles the
-        wait's frame (ours, with the internal adapter) or calls its `again` (another protocol's).
-
-        A wake runs inside whatever grew the partition (an append's completion, a high watermark
-        moved by a follower's fetch): nothing that goes wrong in it may escape into that request
-        (a stored produce answered UNKNOWN_SERVER_ERROR). It is logged, and the parked request
-        gets its adapter's error answer, or its connection is dropped where the protocol has no
-        answer shape for the failure (Kafka's)."""
-        partitions = outcome.partitions
-        log_end = outcome.log_end
-        if request is None:
-            request = outcome.frame
-        timer: Cancellable | None = None
-        fired = False
-
-        def unpark() -> bool:
-            """Off every partition; False if it was already (a partition named twice)."""
-            nonlocal fired
-            if fired:
-                return False
-            fired = True
-            self.parked_long_polls -= 1
-            for p in partitions:
-                with contextlib.suppress(ValueError):
-                    (p.replica_waiters if log_end else p.waiters).remove(wake)
-            return True
-
-        def wake() -> None:
-            if not unpark():
-                return
-            if timer is not None:
-                timer.cancel()
-            if conn.closed:
-                return
-            try:
-                if outcome.again is not None:
-                    again = outcome.again()
-                elif outcome.frame is not None:
-                    again = self.internal.handle(outcome.frame, None, conn.from_peer)
-                else:
-                    raise RuntimeError("a parked wait with neither a frame nor `again`")
-                self.core.metrics.woken(log_end, isinstance(again, Wait))
-                if isinstance(again, Wait) and not self.stopping():
-                    self._park(again, conn, slot, deadline_ms, request)  # spurious: the first deadline
-                elif isinstance(again, Wait):
-                    self.carry_out(again.on_timeout(), request, conn, slot)  # type: ignore[arg-type]
-                else:
-                    self.carry_out(again, request, conn, slot)  # type: ignore[arg-type]
-            except Exception as exc:
-                self._parked_failed(exc, request, conn, slot)
-
-        def timeout() -> None:
-            if unpark() and not conn.closed:
-                try:
-                    self.carry_out(outcome.on_timeout(), request, conn, slot)  # type: ignore[arg-type]
-                except Exception as exc:
-                    self._parked_failed(exc, request, conn, slot)
-
-        timer = self.call_later(max(0.0, (deadline_ms - now_ms()) / 1000), timeout)
+        """Park a fetch on each of its partitions until one grows or its deadline passes (see
+        `_Parked`). `request` is the one the answer is for, kept across the spurious wakes that
+        park it again."""
+        parked = _Parked(
+            self, outcome, conn, slot, deadline_ms, outcome.frame if request is None else request
+        )
+        parked.timer = self.call_later(max(0.0, (deadline_ms - now_ms()) / 1000), parked.timeout)
         self.parked_long_polls += 1
-        for p in partitions:
-            (p.replica_waiters if log_end else p.waiters).append(wake)
+        wake = parked.wake
+        for p in outcome.partitions:
+            (p.replica_waiters if outcome.log_end else p.waiters).append(wake)
 
     def _parked_failed(
         self, exc: Exception, request: object, conn: ServedConnection | GatherPart, slot: Slot
@@ -606,3 +553,88 @@ class BackendCore(PartitionAppends):
             return False
         self.connections.add(conn)
         return True
+
+
+class _Parked:
+    """A fetch parked on its partitions: taken off all of them once woken or timed out (it runs
+    once). A wake re-handles the wait's frame (ours, with the internal adapter) or calls its
+    `again` (another protocol's).
+
+    A wake runs inside whatever grew the partition (an append's completion, a high watermark
+    moved by a follower's fetch): nothing that goes wrong in it may escape into that request (a
+    stored produce answered UNKNOWN_SERVER_ERROR). It is logged, and the parked request gets its
+    adapter's error answer, or its connection is dropped where the protocol has no answer shape
+    for the failure (Kafka's).
+
+    An object, not closures that name each other: those made a reference cycle for every parked
+    fetch (the wake, its unpark and its timer, holding the request and the view of its body), which
+    only the cyclic garbage collector freed; with RF 3 that was two a replicated produce on the
+    leader, ~40 objects each, promoted to the oldest generation before they died. Unparked, it
+    lets go of its timer, and nothing it holds refers back to it."""
+
+    __slots__ = ("conn", "core", "deadline_ms", "fired", "outcome", "request", "slot", "timer")
+
+    def __init__(
+        self,
+        core: BackendCore,
+        outcome: Wait,
+        conn: ServedConnection | GatherPart,
+        slot: Slot,
+        deadline_ms: int,
+        request: object,
+    ) -> None:
+        self.core = core
+        self.outcome = outcome
+        self.conn = conn
+        self.slot = slot
+        self.deadline_ms = deadline_ms
+        self.request = request
+        self.timer: Cancellable | None = None
+        self.fired = False
+
+    def _unpark(self) -> bool:
+        """Off every partition, the timer cancelled; False if it was already (a partition named
+        twice)."""
+        if self.fired:
+            return False
+        self.fired = True
+        self.core.parked_long_polls -= 1
+        outcome = self.outcome
+        wake = self.wake
+        for p in outcome.partitions:
+            with contextlib.suppress(ValueError):
+                (p.replica_waiters if outcome.log_end else p.waiters).remove(wake)
+        timer, self.timer = self.timer, None
+        if timer is not None:
+            timer.cancel()
+        return True
+
+    def wake(self) -> None:
+        if not self._unpark():
+            return
+        core, outcome, conn, slot, request = self.core, self.outcome, self.conn, self.slot, self.request
+        if conn.closed:
+            return
+        try:
+            if outcome.again is not None:
+                again = outcome.again()
+            elif outcome.frame is not None:
+                again = core.internal.handle(outcome.frame, None, conn.from_peer)
+            else:
+                raise RuntimeError("a parked wait with neither a frame nor `again`")
+            core.core.metrics.woken(outcome.log_end, isinstance(again, Wait))
+            if isinstance(again, Wait) and not core.stopping():
+                core._park(again, conn, slot, self.deadline_ms, request)  # spurious: the first deadline
+            elif isinstance(again, Wait):
+                core.carry_out(again.on_timeout(), request, conn, slot)  # type: ignore[arg-type]
+            else:
+                core.carry_out(again, request, conn, slot)  # type: ignore[arg-type]
+        except Exception as exc:
+            core._parked_failed(exc, request, conn, slot)
+
+    def timeout(self) -> None:
+        if self._unpark() and not self.conn.closed:
+            try:
+                self.core.carry_out(self.outcome.on_timeout(), self.request, self.conn, self.slot)  # type: ignore[arg-type]
+            except Exception as exc:
+                self.core._parked_failed(exc, self.request, self.conn, self.slot)

@@ -40,8 +40,14 @@ if TYPE_CHECKING:
 Callback = Callable[[int, int], None]  # (res, flags) of a completion
 
 
+def _cancelled() -> None:
+    pass
+
+
 class Timer:
-    """A callback due at `deadline` (time.monotonic()); `cancel()` makes it a no-op."""
+    """A callback due at `deadline` (time.monotonic()); `cancel()` makes it a no-op and lets go
+    of the callback, and of what it holds, at once rather than when the deadline pops it (a
+    parked fetch's timer held its request, and the view of its body, until its deadline)."""
 
     __slots__ = ("callback", "cancelled", "deadline")
 
@@ -52,6 +58,7 @@ class Timer:
 
     def cancel(self) -> None:
         self.cancelled = True
+        self.callback = _cancelled
 
 
 class Loop:
