@@ -155,52 +155,7 @@ class UringServer(BackendCore):
         on the loop once what precedes it completed, as appends are: on the ring, it went to an
         io-wq thread after the fdatasync, a second hand-off in every durable produce's wait
         (strace: ~65 us of the ~450)."""
-        ops = list(ops)
-        placement = self.sync_placement
-        inline_sync = placement.inline(alone and self.loop.quiet())
-        synced_inline = False
-        started = time.monotonic_ns()
-
-        def on_loop(op: Op) -> bool:
-            return self._inline_write(op) or (inline_sync and isinstance(op, Sync))
-
-        def finished(exc: OSError | None) -> None:
-            placement.took(time.monotonic_ns() - started, synced_inline)
-            done(exc)
-
-        def resume(j: int) -> None:
-            # after a ring operation, in a later pass: whether the loop is idle there is unknown
-            nonlocal inline_sync
-            inline_sync = False
-            step(j)
-
-        def step(i: int) -> None:
-            nonlocal synced_inline
-            j = i
-            while j < len(ops) and not on_loop(ops[j]):
-                j += 1
-            if j > i:
-                self.ring_ops.run(ops[i:j], lambda exc: finished(exc) if exc is not None else resume(j))
-                return
-            while i < len(ops) and on_loop(ops[i]):
-                op = ops[i]
-                try:
-                    if isinstance(op, Sync):
-                        synced_inline = True
-                        self._sync_inline(op.fd)
-                        self.core.metrics.synced_inline()
-                    else:
-                        run_ops(self.loop_io, [op])
-                except OSError as exc:
-                    finished(exc)
-                    return
-                i += 1
-            if i == len(ops):
-                finished(None)
-            else:
-                step(i)
-
-        step(0)
+        _FlushRun(self, list(ops), done, self.sync_placement.inline(alone and self.loop.quiet())).step(0)
         # Started before the end of the pass (`after_flush(now=True)`): the device works while
         # the pass finishes, not after its submit. At the end of a pass this costs one syscall
         # more, per flush. Only sooner: what this submit cannot take, the pass's own submit does.
@@ -522,3 +477,63 @@ def run(
         UringServer(config, ring, listeners, options).serve(ready)
     finally:
         ring.close()
+
+
+class _FlushRun:
+    """One group commit's operations, in order (`UringServer.run_flush`): those on the loop run
+    there, a run of the others goes to the ring and the rest resumes when it completes.
+
+    An object, not closures naming each other: `step` and its `resume` had made a reference cycle
+    in every flush, so each durable produce's wait (its append, its answer, its partition's
+    pending produce) lived on until the cyclic collector freed it."""
+
+    __slots__ = ("done", "inline_sync", "ops", "server", "started", "synced_inline")
+
+    def __init__(self, server: UringServer, ops: list[Op], done: Written, inline_sync: bool) -> None:
+        self.server = server
+        self.ops = ops
+        self.done = done
+        self.inline_sync = inline_sync
+        self.synced_inline = False
+        self.started = time.monotonic_ns()
+
+    def _on_loop(self, op: Op) -> bool:
+        return self.server._inline_write(op) or (self.inline_sync and isinstance(op, Sync))
+
+    def _finished(self, exc: OSError | None) -> None:
+        self.server.sync_placement.took(time.monotonic_ns() - self.started, self.synced_inline)
+        self.done(exc)
+
+    def _resume(self, j: int, exc: OSError | None) -> None:
+        """After a ring operation, in a later pass: whether the loop is idle there is unknown."""
+        if exc is not None:
+            self._finished(exc)
+            return
+        self.inline_sync = False
+        self.step(j)
+
+    def step(self, i: int) -> None:
+        ops, server = self.ops, self.server
+        j = i
+        while j < len(ops) and not self._on_loop(ops[j]):
+            j += 1
+        if j > i:
+            server.ring_ops.run(ops[i:j], lambda exc: self._resume(j, exc))
+            return
+        while i < len(ops) and self._on_loop(ops[i]):
+            op = ops[i]
+            try:
+                if isinstance(op, Sync):
+                    self.synced_inline = True
+                    server._sync_inline(op.fd)
+                    server.core.metrics.synced_inline()
+                else:
+                    run_ops(server.loop_io, [op])
+            except OSError as exc:
+                self._finished(exc)
+                return
+            i += 1
+        if i == len(ops):
+            self._finished(None)
+        else:
+            self.step(i)

@@ -10,6 +10,8 @@ Rules this module keeps:
   view places a replica here: files of a replica moved away are kept, not served); the others
   open on first use (`Core.partition`). One that needs a new segment file on a full disk is left
   for its first request.
+- The stored partitions open with Python's cyclic collector off, and are then frozen out of its
+  walk (broker/core/heap.py): they live as long as the core.
 - The clean-shutdown marker (broker/storage/clean_marker.py) is taken, gone durably, before
   anything opens: a crash from then on leaves none. Only the partitions opened at start may stand
   on their snapshots (`clean_start`); any opened later are new or were never closed here.
@@ -35,6 +37,7 @@ from typing import Protocol
 
 from broker.core.cluster_view import ClusterView
 from broker.core.config import BrokerConfig
+from broker.core.heap import collector_off, freeze_long_lived
 from broker.core.partition import Partition
 from broker.core.topics import Topic, TopicRegistry
 from broker.storage import clean_marker, layout
@@ -101,8 +104,11 @@ class Lifecycle:
         started = time.monotonic()
         self.recovered = []
         try:
-            for topic in core.registry.by_id.values():
-                self._open_topic(topic)
+            with collector_off():  # then out of its walk (broker/core/heap.py)
+                for topic in core.registry.by_id.values():
+                    self._open_topic(topic)
+            if core.partitions:
+                freeze_long_lived()
             recovered, self.recovered = self.recovered, None
             sync_recovered(recovered, self._filesystems)  # before anything is served from them
         finally:
