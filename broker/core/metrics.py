@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Required, TypedDict
 
+from broker.core.heap import collector_pauses
 from broker.storage import layout
 from ringlog_proto.messages import ApiKey
 
@@ -82,6 +83,11 @@ class Snapshot(TypedDict, total=False):
     replica_append_us_total: int
     replica_ack_us_log2: list[int]  # a leader's acks=all produce, written -> the HW passes it
     replica_ack_us_total: int
+    # the worker process's cyclic collector (broker/core/heap.py): collections by generation,
+    # their time in all and the longest one
+    gc_collections: list[int]
+    gc_pause_us_total: int
+    gc_pause_us_max: int
 
 
 class CoreMetrics:
@@ -254,6 +260,7 @@ class CoreMetrics:
         """Everything as a JSON-able dict; `gauges` are read now."""
         requests = {_api_name(k): n for k, n in enumerate(self.requests_by_api) if n}
         requests.update((f"kafka_{k}", n) for k, n in enumerate(self.kafka_requests_by_api) if n)
+        gc = collector_pauses()
         return {
             "core": self.core,
             "pid": os.getpid(),
@@ -287,6 +294,9 @@ class CoreMetrics:
             "replica_append_us_total": self.replica_append_us_total,
             "replica_ack_us_log2": list(self.replica_ack_us),
             "replica_ack_us_total": self.replica_ack_us_total,
+            "gc_collections": list(gc.collections),
+            "gc_pause_us_total": gc.total_us,
+            "gc_pause_us_max": gc.longest_us,
         }
 
 
@@ -463,6 +473,28 @@ def prometheus_text(snapshots: Iterable[Snapshot]) -> str:
         ("replica_fetch_rewaits", "Of those, the ones that found nothing new and waited again."),
     ):
         family(f"ringlog_{key}_total", "counter", help_, per_core(key))
+    family(
+        "ringlog_gc_collections_total",
+        "counter",
+        "Collections of the worker's cyclic garbage collector, by generation (2: full).",
+        [
+            (f'core="{s["core"]}",generation="{g}"', n)
+            for s in snaps
+            for g, n in enumerate(s.get("gc_collections", []))
+        ],
+    )
+    family(
+        "ringlog_gc_pause_us_total",
+        "counter",
+        "Microseconds the worker's cyclic garbage collector held its loop.",
+        per_core("gc_pause_us_total"),
+    )
+    family(
+        "ringlog_gc_pause_us_max",
+        "gauge",
+        "The longest collection of the worker's cyclic garbage collector since it started, us.",
+        per_core("gc_pause_us_max"),
+    )
     for gauge in GAUGES:
         family(
             f"ringlog_{gauge}",

@@ -3,6 +3,7 @@ supervisor's HTTP endpoint that serves them (broker/node/metrics_http.py)."""
 
 from __future__ import annotations
 
+import gc
 import json
 import time
 import urllib.error
@@ -60,6 +61,25 @@ def test_a_follower_fetch_round_trip_lands_in_its_own_histogram() -> None:
     hist = snap["replica_fetch_us_log2"]
     assert len(hist) == LATENCY_BUCKETS and sum(hist) == 1 and hist[12] == 1
     assert percentile_us(hist, 0.5) == 4095 and sum(snap["latency_us_log2"]) == 0
+
+
+def test_the_cyclic_collectors_collections_and_pauses_are_counted() -> None:
+    mt = CoreMetrics(core=0)
+    before = mt.snapshot()
+    garbage: list[object] = []
+    garbage.append(garbage)  # a cycle for it to free
+    del garbage
+    gc.collect()
+    gc.collect(0)
+    snap = mt.snapshot()
+    full = snap["gc_collections"][2] - before["gc_collections"][2]
+    young = snap["gc_collections"][0] - before["gc_collections"][0]
+    assert full >= 1 and young >= 1
+    assert snap["gc_pause_us_total"] > before["gc_pause_us_total"]
+    assert 0 < snap["gc_pause_us_max"] <= snap["gc_pause_us_total"]
+    text = prometheus_text([snap])
+    assert f'ringlog_gc_collections_total{{core="0",generation="2"}} {snap["gc_collections"][2]}' in text
+    assert f'ringlog_gc_pause_us_max{{core="0"}} {snap["gc_pause_us_max"]}' in text
 
 
 def test_percentiles_are_bucket_upper_bounds() -> None:
