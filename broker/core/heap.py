@@ -2,18 +2,19 @@
 
 CPython's full collection (its oldest generation) walks every tracked object while holding the
 loop, and a partition is ~30 of them (its log, segment, index, producer state, epochs, lists and
-deques): ~19 µs a partition here, 306-430 ms at 20 000 (docs/LIMITS.md). It runs when what was
+deques): ~13-22 µs a partition here, 306-446 ms at 20 000 (docs/LIMITS.md). It runs when what was
 promoted since the last one reaches a quarter of what survived it, so opening a node's stored
 partitions ran it again at each quarter of growth, and later, however rarely, it walked them all
 again. So the collector is off while they open (`collector_off`); then one collection, and what
 is left is frozen (`freeze_long_lived`, `gc.freeze`: the permanent generation, never walked; an
 object there is still freed by its reference count when dropped).
 
-Why freezing them loses nothing: the request paths leave no reference cycle (a parked fetch was
-the last one, tests/backends/test_cyclic_garbage.py), and a deleted topic's partitions, logs and
-segments are freed by their reference counts (the same test), so nothing frozen waits on the
-collector to be freed. An object that did end in a cycle after the freeze would stay until the
-process exits. Partitions opened later (created, first used) are walked as before.
+Why freezing them loses nothing: the request paths leave no reference cycle (a parked fetch and
+io_uring's flush steps were the last ones, tests/backends/test_cyclic_garbage.py), and a deleted
+topic's partitions, logs and segments are freed by their reference counts (the same test), so
+nothing frozen waits on the collector to be freed. An object that did end in a cycle after the
+freeze would stay until the process exits. Partitions opened later (created, first used) are
+walked as before.
 
 What the collector costs is measured here too (`collector_pauses`), and published with each
 core's metrics.
