@@ -120,6 +120,7 @@ from kafka_clients import Tansu, tansu_binary
 from broker.client.admin import Admin
 from broker.client.blocking_producer import Producer
 from broker.core.limits import FIXED_FDS_PER_WORKER, Limits, partition_limit
+from broker.core.metrics import read_snapshots
 from broker.node.supervisor import STOP_TIMEOUT_PER_PARTITION_S
 from broker.storage.log_config import PREALLOCATE_BYTES
 from labkit.brokerproc import BrokerProcess, wait_for
@@ -517,18 +518,16 @@ def probe_p99(bootstrap: str, seconds: float) -> tuple[float, float]:
 # ------------------------------------------------------------------------------------------ R1-R4
 
 
-def metrics_hist(nodes: list[BrokerProcess], key: str) -> list[int]:
-    import json
+def snapshots(nodes: list[BrokerProcess]) -> list[dict[str, Any]]:
+    """The published metrics of every core of `nodes` (broker/core/metrics.py), those readable."""
+    return [dict(snap) for n in nodes for snap in read_snapshots(str(n.data_dir), n.cores)]
 
+
+def metrics_hist(nodes: list[BrokerProcess], key: str) -> list[int]:
     total: list[int] = []
-    for n in nodes:
-        for core in range(n.cores):
-            try:
-                snap = json.loads((n.data_dir / "run" / f"metrics-core-{core}.json").read_text())
-            except (OSError, ValueError):
-                continue
-            hist = snap.get(key) or []
-            total = [a + b for a, b in zip(total, hist, strict=True)] if total else list(hist)
+    for snap in snapshots(nodes):
+        hist: list[int] = snap.get(key) or []
+        total = [a + b for a, b in zip(total, hist, strict=True)] if total else list(hist)
     return total
 
 
@@ -545,27 +544,8 @@ def one_at_a_time(bootstrap: str, acks: int, n: int) -> list[float]:
     return sorted(samples)
 
 
-def metrics_each(b: BrokerProcess, key: str) -> list[Any]:
-    """`key` of each core's published metrics (those that could be read)."""
-    import json
-
-    out = []
-    for core in range(b.cores):
-        with contextlib.suppress(OSError, ValueError, KeyError):
-            out.append(json.loads((b.data_dir / "run" / f"metrics-core-{core}.json").read_text())[key])
-    return out
-
-
 def metrics_total(nodes: list[BrokerProcess], key: str) -> int:
-    import json
-
-    total = 0
-    for n in nodes:
-        for core in range(n.cores):
-            with contextlib.suppress(OSError, ValueError):
-                path = n.data_dir / "run" / f"metrics-core-{core}.json"
-                total += json.loads(path.read_text()).get(key, 0)
-    return total
+    return sum(snap.get(key, 0) for snap in snapshots(nodes))
 
 
 def r4_latency(
@@ -741,8 +721,9 @@ def partitions_round(
             a.create_topic("probe", 1)
         res["probe_p50_ms"], res["probe_p99_ms"] = probe_p99(b.bootstrap, sizes.probe_s)
         time.sleep(1.2)  # the workers' metrics as they are now, published
-        res["gc_pause_max_ms"] = max(metrics_each(b, "gc_pause_us_max"), default=0) / 1000
-        res["gc_full"] = max((c[2] for c in metrics_each(b, "gc_collections") if len(c) > 2), default=0)
+        snaps = snapshots([b])
+        res["gc_pause_max_ms"] = max((s.get("gc_pause_us_max", 0) for s in snaps), default=0) / 1000
+        res["gc_full"] = max((s.get("gc_collections", [0, 0, 0])[2] for s in snaps), default=0)
         if spread:  # acks=1: over the first topic's partitions (up to 1000) against one partition
             with Admin(b.bootstrap) as a:
                 a.create_topic("one", 1)
