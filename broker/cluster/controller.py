@@ -45,7 +45,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import replace
 
-from broker.cluster.placement import Candidate, place, rank
+from broker.cluster.placement import Candidate, lead_evenly, place, rank
 from broker.core.cluster_view import NO_LEADER, PartitionState
 from broker.core.replica_changes import Election, ReplicaFault, ReplicaRefused
 
@@ -58,12 +58,17 @@ def assign(
     indexes: Sequence[int] | None = None,
 ) -> list[PartitionState]:
     """The first state of each partition of a new topic (of those of `indexes`, when given):
-    placed replicas, the preferred one leading."""
-    states = []
-    for p in range(partitions) if indexes is None else indexes:
-        replicas = place(topic_id, p, nodes, replication)
-        states.append(PartitionState(replicas=replicas, leader=replicas[0], leader_epoch=0, isr=replicas))
-    return states
+    placed replicas, the preferred one leading, leaders spread over the topic's partitions
+    (`placement.lead_evenly` over partitions 0 to the last wanted, so a topic completed in parts,
+    or grown on the same nodes, leads as one placed whole would)."""
+    wanted = list(range(partitions) if indexes is None else indexes)
+    if not wanted:
+        return []
+    ordered = lead_evenly([place(topic_id, p, nodes, replication) for p in range(max(wanted) + 1)], nodes)
+    return [
+        PartitionState(replicas=ordered[p], leader=ordered[p][0], leader_epoch=0, isr=ordered[p])
+        for p in wanted
+    ]
 
 
 def reconcile(

@@ -14,13 +14,19 @@ Rules this module keeps:
   of any rack (Kafka's rack-aware placement), so k replicas span min(k, racks) racks.
 - Within a node, a replica's core is today's rendezvous over the node's cores
   (`routing.owner`): placement over nodes and over cores is the same idea twice.
-- The preferred leader is the first replica of the list: leaders spread as evenly as the hash does.
+- The preferred leader is the first replica of the list. Rendezvous picks each partition's
+  replicas alone, so its first-ranked node would lead as evenly as the hash spreads, which is
+  unevenly for a topic of few partitions: 3 partitions on 3 nodes lead from one node alone 1 time
+  in 9 and all from different nodes only 2 in 9. `lead_evenly` picks, across a topic's
+  partitions in order, each one's leader among its replicas as Kafka's placement spreads them
+  (round robin over the brokers): the replica that leads least so far for its weight, ties in
+  rank order. The replicas stay the ones rendezvous chose; only their order changes.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ringlog_proto.routing import node_hash, partition_key
@@ -76,3 +82,67 @@ def place(topic_id: int, partition: int, nodes: Sequence[Candidate], replicas: i
         chosen = chosen[:replicas]
         chosen.sort(key=ranked.index)
     return tuple(c.node_id for c in chosen)
+
+
+def lead_evenly(replica_lists: Sequence[Sequence[int]], nodes: Sequence[Candidate]) -> list[tuple[int, ...]]:
+    """Each replica list (a topic's partitions, in order) with its preferred leader first, the
+    others after it in their order.
+
+    In turn, each partition is led by the replica with the fewest leads so far per unit of weight
+    (ties to the earlier one, the better-ranked). A greedy turn can leave a node two leads above
+    another when a later partition's replicas are all busy, so leads are then shifted along chains
+    (u leads a partition that v also holds, v one that w holds, ...) from a node to one that would
+    still lead fewer for its weight, until no chain does: with equal weights that is the spread
+    with the fewest leads on the busiest node that the replica lists allow. A pure function of
+    its inputs, so a controller completing a topic's placement computes what its creator did."""
+    weight = {c.node_id: max(c.weight, 1) for c in nodes}
+    leads: dict[int, int] = {}
+
+    def load(node: int, extra: int = 0) -> float:
+        return (leads.get(node, 0) + extra) / weight.get(node, 100)
+
+    leaders = []
+    for replicas in replica_lists:
+        leader = min(replicas, key=lambda r: load(r, 1))
+        leads[leader] = leads.get(leader, 0) + 1
+        leaders.append(leader)
+    while _shift_one(replica_lists, leaders, leads, lambda n: weight.get(n, 100)):
+        pass
+    return [
+        (lead, *(r for r in replicas if r != lead))
+        for lead, replicas in zip(leaders, replica_lists, strict=True)
+    ]
+
+
+def _shift_one(
+    replica_lists: Sequence[Sequence[int]],
+    leaders: list[int],
+    leads: dict[int, int],
+    weight: Callable[[int], int],
+) -> bool:
+    """Move one lead along a chain from the busiest node that has one to a node where it lowers
+    the sum over nodes of leads² / weight (breadth first, so the chain is short); False when no
+    node has one. That sum falls with each move, so the moves end."""
+    led_by: dict[int, list[int]] = {}
+    for i, lead in enumerate(leaders):
+        led_by.setdefault(lead, []).append(i)
+    for start in sorted(led_by, key=lambda n: (-leads[n] / weight(n), n)):
+        came: dict[int, tuple[int, int]] = {start: (start, -1)}  # node -> (previous node, partition)
+        queue = [start]
+        for u in queue:
+            for i in led_by.get(u, ()):
+                for v in replica_lists[i]:
+                    if v in came:
+                        continue
+                    came[v] = (u, i)
+                    if (2 * leads.get(v, 0) + 1) / weight(v) < (2 * leads[start] - 1) / weight(start):
+                        node = v
+                        while node != start:
+                            prev, part = came[node]
+                            leaders[part] = node
+                            leads[node] = leads.get(node, 0) + 1
+                            leads[prev] -= 1
+                            node = prev
+                        return True
+                    queue.append(v)
+    return False

@@ -75,8 +75,36 @@ def test_too_few_nodes_is_refused() -> None:
 def test_assign_leads_with_the_preferred_replica() -> None:
     states = assign(9, 4, 3, NODES)
     for p, s in enumerate(states):
-        assert s.replicas == place(9, p, NODES, 3)
+        assert set(s.replicas) == set(place(9, p, NODES, 3))  # rendezvous's replicas, reordered
         assert s.leader == s.replicas[0] and s.leader_epoch == 0 and s.isr == s.replicas
+
+
+@pytest.mark.parametrize("topic_id", range(1, 40))
+def test_a_topic_s_leaders_spread_as_evenly_as_its_replicas_allow(topic_id: int) -> None:
+    """Rendezvous alone leads 3 partitions of 3 replicas on 3 nodes from one node 1 time in 9;
+    Kafka's placement spreads them one each, and so does ours, whatever the topic's id."""
+    three = NODES[:3]
+    assert sorted(s.leader for s in assign(topic_id, 3, 3, three)) == [1, 2, 3]
+    assert sorted(collections.Counter(s.leader for s in assign(topic_id, 9, 3, three)).values()) == [3, 3, 3]
+    placed = [place(topic_id, p, NODES, 3) for p in range(8)]
+    fewest = min(  # every choice of leaders: the fewest leads the busiest node can have
+        max(collections.Counter(choice).values()) for choice in itertools.product(*placed)
+    )
+    leads = collections.Counter(s.leader for s in assign(topic_id, 8, 3, NODES))
+    assert max(leads.values()) == fewest
+    for s, p in zip(assign(topic_id, 8, 3, NODES), range(8), strict=True):
+        assert set(s.replicas) == set(place(topic_id, p, NODES, 3))
+        assert s.replicas[1:] == tuple(r for r in place(topic_id, p, NODES, 3) if r != s.leader)
+
+
+def test_leaders_follow_weights_and_a_completed_topic_leads_as_one_placed_whole() -> None:
+    nodes = [Candidate(1, 100), Candidate(2, 200), Candidate(3, 100)]
+    leads = collections.Counter(s.leader for s in assign(5, 400, 3, nodes))
+    assert leads == {1: 100, 2: 200, 3: 100}
+    whole = assign(5, 12, 2, NODES)
+    parts = assign(5, 12, 2, NODES, [0, 1, 2, 3, 4]) + assign(5, 12, 2, NODES, [5, 6, 7, 8, 9, 10, 11])
+    assert parts == whole
+    assert assign(5, 12, 2, NODES, []) == []
 
 
 S = PartitionState(replicas=(1, 2, 3), leader=1, leader_epoch=4, isr=(1, 2, 3))
