@@ -14,7 +14,9 @@ What runs (everything on loopback, on this machine's CPUs, shared with the clien
   `.bench-tmp/scale/`), removed at the end; the three-node cluster of bench/cluster.py
   (`start_cluster`: etcd, one core per node, eBPF off); Tansu (bench/kafka_clients.py `Tansu`,
   memory storage, every CPU) where it can run the same work. Every process started is stopped
-  (SIGTERM, then SIGKILL) in a `finally`, and its data dir removed.
+  (SIGTERM, then SIGKILL) in a `finally`, and its data dir removed, that of a broker of many
+  partitions (R5-R10, R12-R15) at the run's end: for minutes after many files were deleted, ext4
+  makes new ones several times slower, and a row would pay for the one before (`Started`).
 - Clients: librdkafka (confluent-kafka) and our client (`broker.client`), in this process.
 
 Rows (values per backend; "ratio" is the one the goal names, measured in this run, or ringlog over
@@ -69,7 +71,10 @@ with a margin (at least 20 GiB or 30% of the free space left free), and the head
 - R14 group: 50 librdkafka consumers (threads of this process, roundrobin assignment) subscribe to a
   topic of 10 000 partitions (2 000 quick): time until every member holds partitions and together
   all of them; then one closes (LeaveGroup): time until the 49 left hold all again. ringlog runs
-  with `--group-initial-rebalance-delay-ms 0` (the time is the protocol's, not a wait). Tansu beside.
+  with `--group-initial-rebalance-delay-ms 0` (the time is the protocol's, not a wait), and the
+  partitions are touched first (one record each, as R5): a partition's files are made on its first
+  use, which would otherwise be the members' ListOffsets, holding the coordinator's core while the
+  group settles (R5 times that). Tansu beside, the same way.
 - R15 growth (first backend only): R5-R10 and R12 (acks=1, N / 1 partition) at each partition size
   up to `--max-scale`; idle connections 1 -> 10k (10 -> 10k quick): worker Pss per connection and the
   probe's p99 beside them; replicas 1 -> 3 from R1/R3. Printed as its own table below.
@@ -225,7 +230,14 @@ def fmt_s(x: float) -> str:
 
 
 class Started:
-    """Every process this run starts, stopped and its data removed whatever happens."""
+    """Every process this run starts, stopped and its data removed whatever happens.
+
+    The data of a broker that made many partitions stays until the run ends (`keep_data`): for
+    minutes after many files were deleted, ext4 makes new ones several times slower (it passes
+    over recently freed inodes when it picks one: a partition's directory and two files took
+    0.07-0.15 ms here, 0.73-0.90 ms right after 10 000 such partitions were deleted), so a row would
+    pay for the one before it. R5's first touch on the second backend did (io_uring 31 s against
+    uvloop's 10 s in one run)."""
 
     def __init__(self) -> None:
         self.items: list[Any] = []
@@ -237,7 +249,9 @@ class Started:
             self.dirs.append(data)
         return proc
 
-    def stop(self, proc: Any) -> None:
+    def stop(self, proc: Any, keep_data: bool = False) -> None:
+        """Stop `proc`; a broker's data is removed now, or at `close` when `keep_data` (a broker
+        that made many partitions: the class's docstring says why)."""
         with contextlib.suppress(Exception):
             if isinstance(proc, BrokerProcess):
                 if proc.running():
@@ -249,7 +263,10 @@ class Started:
         if proc in self.items:
             self.items.remove(proc)
         if isinstance(proc, BrokerProcess):
-            shutil.rmtree(proc.data_dir, ignore_errors=True)
+            if keep_data:
+                self.dirs.append(proc.data_dir)
+            else:
+                shutil.rmtree(proc.data_dir, ignore_errors=True)
 
     def close(self) -> None:
         for proc in reversed(list(self.items)):
@@ -673,11 +690,13 @@ def phase_replication(
 # ------------------------------------------------------------------------------------------ R5-R11
 
 
-def fit_to_disk(partitions: int, where: Path) -> tuple[int, str]:
-    """The partition count whose first touch fits the free disk with a margin, and why if lowered."""
+def fit_to_disk(partitions: int, where: Path, copies: int = 1, others: int = 0) -> tuple[int, str]:
+    """The partition count whose first touch fits the free disk with a margin, and why if lowered:
+    `copies` brokers of that many (one a backend) and `others` partitions more, all kept until the
+    run ends (`Started`)."""
     free = shutil.disk_usage(where).free
     margin = max(DISK_MARGIN_MIN, int(free * 0.3))
-    fits = max(0, (free - margin) // PREALLOCATED_PER_PARTITION)
+    fits = max(0, ((free - margin) // PREALLOCATED_PER_PARTITION - others) // copies)
     if partitions <= fits:
         return partitions, ""
     lowered = max(1, fits // 1000 * 1000 if fits >= 1000 else fits)
@@ -742,7 +761,7 @@ def partitions_round(
                 b.kill()
                 res["restart_kill_s"] = started_in(b, sizes.step_timeout_s)
     finally:
-        started.stop(b)
+        started.stop(b, keep_data=True)
     return res
 
 
@@ -871,7 +890,7 @@ def phase_spread(
             rows[row].figures[backend] = min(s["all"], s["1"])
             out.update({f"{row}_{k}": v for k, v in s.items()})
     finally:
-        started.stop(b)
+        started.stop(b, keep_data=True)
     return out
 
 
@@ -958,11 +977,12 @@ def phase_group(
     b = broker(started, root, f"group-{backend}", backend, cores, extra, nofile_for(p + 10, 1000))
     try:
         k_create(b.bootstrap, {"g": p}, sizes.step_timeout_s)
+        k_touch(b.bootstrap, {"g": p}, sizes.step_timeout_s)  # the files made: the times are the group's
         joined, left = group_times(b.bootstrap, "g", p, sizes.group_members, sizes.step_timeout_s)
         rows["R14"].cells[backend] = f"{fmt_s(joined)} / {fmt_s(left)}"
         rows["R14"].figures[backend] = joined
     finally:
-        started.stop(b)
+        started.stop(b, keep_data=True)
 
 
 # ------------------------------------------------------------------------------------------ R15
@@ -1081,7 +1101,9 @@ def run(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
     root = Path(args.dir) / "scale" / f"run-{os.getpid()}"
     root.mkdir(parents=True, exist_ok=True)
     NOFILE_CEILING[0] = nofile_ceiling()
-    partitions, why = fit_to_disk(asked, root)
+    others = sum(g for g in sizes.growth if g < asked)  # R15's rounds, and each backend's R12-R14:
+    others += len(backends) * (sizes.spread_partitions + sizes.group_partitions)
+    partitions, why = fit_to_disk(asked, root, len(backends), others)
     allowed = partitions_allowed()
     if partitions > allowed - 50:
         lowered = (allowed - 50) // 1000 * 1000 if allowed >= 1050 else allowed - 50
@@ -1250,6 +1272,7 @@ def tansu_rows(
             t.start()
             try:
                 k_create(t.bootstrap, {"g": sizes.group_partitions}, sizes.step_timeout_s)
+                k_touch(t.bootstrap, {"g": sizes.group_partitions}, sizes.step_timeout_s)
                 joined, left = group_times(
                     t.bootstrap, "g", sizes.group_partitions, sizes.group_members, sizes.step_timeout_s
                 )
