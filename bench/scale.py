@@ -15,8 +15,9 @@ What runs (everything on loopback, on this machine's CPUs, shared with the clien
   (`start_cluster`: etcd, one core per node, eBPF off); Tansu (bench/kafka_clients.py `Tansu`,
   memory storage, every CPU) where it can run the same work. Every process started is stopped
   (SIGTERM, then SIGKILL) in a `finally`, and its data dir removed, that of a broker of many
-  partitions (R5-R10, R12-R15) at the run's end: for minutes after many files were deleted, ext4
-  makes new ones several times slower, and a row would pay for the one before (`Started`).
+  partitions and little data (R5-R10, R14, R15's rounds) at the run's end: for minutes after
+  many files were deleted, ext4 makes new ones several times slower, and a row would pay for the
+  one before (`Started`).
 - Clients: librdkafka (confluent-kafka) and our client (`broker.client`), in this process.
 
 Rows (values per backend; "ratio" is the one the goal names, measured in this run, or ringlog over
@@ -237,7 +238,10 @@ class Started:
     over recently freed inodes when it picks one: a partition's directory and two files took
     0.07-0.15 ms here, 0.73-0.90 ms right after 10 000 such partitions were deleted), so a row would
     pay for the one before it. R5's first touch on the second backend did (io_uring 31 s against
-    uvloop's 10 s in one run)."""
+    uvloop's 10 s in one run). Only brokers of many partitions and little data keep theirs (R5-R10,
+    R14, R15's rounds): what R12/R13 wrote (GBs) held in the page cache sent the next rows' writes
+    to memory the guest had given back to the host, a host fault a page (io_uring's one node at
+    acks=1 173-184 MB/s and 4.6 CPU-s per GB after, against 556-562 and 0.8 alone)."""
 
     def __init__(self) -> None:
         self.items: list[Any] = []
@@ -890,7 +894,7 @@ def phase_spread(
             rows[row].figures[backend] = min(s["all"], s["1"])
             out.update({f"{row}_{k}": v for k, v in s.items()})
     finally:
-        started.stop(b, keep_data=True)
+        started.stop(b)
     return out
 
 
@@ -1101,8 +1105,7 @@ def run(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
     root = Path(args.dir) / "scale" / f"run-{os.getpid()}"
     root.mkdir(parents=True, exist_ok=True)
     NOFILE_CEILING[0] = nofile_ceiling()
-    others = sum(g for g in sizes.growth if g < asked)  # R15's rounds, and each backend's R12-R14:
-    others += len(backends) * (sizes.spread_partitions + sizes.group_partitions)
+    others = sum(g for g in sizes.growth if g < asked) + len(backends) * sizes.group_partitions  # R15, R14
     partitions, why = fit_to_disk(asked, root, len(backends), others)
     allowed = partitions_allowed()
     if partitions > allowed - 50:
