@@ -161,7 +161,8 @@ class Log(LogStart):
         self._parents_unsynced = [os.path.dirname(d) for d in created]
         if not created:
             log_recovery.finish_swaps(directory, io)  # a clean a crash interrupted
-        bases = log_recovery.segment_bases(directory, io)
+        # a directory made just now holds nothing: a first use lists nothing (docs/LIMITS.md)
+        bases = log_recovery.segment_bases(directory, io) if not created else []
         now = clock()
         # The active segment is pinned while it is recovered and synced (opened and created
         # pinned), then left to the descriptor cache like every other.

@@ -61,7 +61,8 @@ def segment_bases(directory: str, io: FileIO) -> list[int]:
     without its store is removed."""
     stores: set[int] = set()
     indexes: set[int] = set()
-    for name in io.listdir(directory):
+    names = io.listdir(directory)  # once: a start lists every stored partition's directory
+    for name in names:
         parsed = parse_segment_name(name)
         if parsed is not None:
             (stores if parsed[1] == STORE_SUFFIX else indexes).add(parsed[0])
@@ -69,7 +70,7 @@ def segment_bases(directory: str, io: FileIO) -> list[int]:
         orphan = os.path.join(directory, index_file_name(base))
         log.warning("%s: index without a store file; removing it", orphan)
         io.unlink(orphan)
-    for name in io.listdir(directory):
+    for name in names:
         stem, _, suffix = name.partition(".")
         if "." + suffix == TXN_INDEX_SUFFIX and stem.isdigit() and int(stem) not in stores:
             log.warning("%s: a .txnindex without a store file; removing it", name)

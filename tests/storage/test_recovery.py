@@ -296,9 +296,11 @@ def test_orphan_index_files_are_removed(tmp_path, kit, small_config):
         kit.index_path(d, orphan).write_bytes(b"RLIX\x01\x00\x00\x00" + struct.pack(">q", orphan))
     (d / "notes.txt").write_text("not a segment")
     (d / f"{bases[1]:020d}.log.bak").write_bytes(b"x")
+    (d / f"{end + 2000:020d}.txnindex").write_bytes(b"")  # a transaction index of no store
 
     log = Log.open(str(d), small_config)
     names = set(os.listdir(d))
+    assert f"{end + 2000:020d}.txnindex" not in names, "removed in the same opening as the indexes"
     assert f"{bases[0]:020d}.index" not in names
     for orphan in (bases[1] + 1, end, end + 1000):
         assert f"{orphan:020d}.index" not in names
