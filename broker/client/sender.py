@@ -36,8 +36,13 @@ Without idempotence (`enable_idempotence=False`) retries may write a batch twice
 Routing follows the client's (broker/client/client.py): a batch goes to the route key Metadata
 gives its partition. NOT_OWNER and UNKNOWN_TOPIC_OR_PARTITION forget the topic's Metadata, so the
 retry goes where a fresh Metadata says; in a cluster a lost connection does too (the leader's node
-may be down). A partition with no live leader (`NO_ROUTE`) keeps its batches queued and asks
-Metadata again with backoff until a leader appears or their delivery timeout passes.
+may be down). In a cluster UNKNOWN_TOPIC_OR_PARTITION is retried as Kafka's producers retry it: a
+node learns a new topic from the metadata store a moment after its creator answered, and Metadata
+may already name it the leader (one node in three, since placement spreads leaders). A topic that
+is gone for good is not in the fresh Metadata, and fails there (on a broker that auto-creates
+topics it is made again, as for any record to a new topic). A partition with no live leader
+(`NO_ROUTE`) keeps its batches queued and asks Metadata again with backoff until a leader appears
+or their delivery timeout passes.
 A topic's Metadata is asked allowing its creation, as Kafka's producers ask it: on a broker that
 auto-creates topics (`--auto-create-topics`, the default) a record for a new topic creates it.
 """
@@ -310,8 +315,10 @@ class Sender:
             failure = Failure.UNKNOWN_PRODUCER
         elif isinstance(err, OutOfOrderSequenceError) and self.idempotent:
             failure = Failure.OUT_OF_ORDER
-        elif (isinstance(err, RingLogError | BrokerUnavailable) and err.retriable) or isinstance(
-            err, OSError
+        elif (
+            (isinstance(err, RingLogError | BrokerUnavailable) and err.retriable)
+            or isinstance(err, OSError)
+            or (self._client.clustered and isinstance(err, UnknownTopicError))
         ):
             failure = Failure.RETRIABLE
         else:
