@@ -159,10 +159,10 @@ class Log(LogStart):
         created = log_recovery.missing_dirs(directory)
         io.makedirs(directory)
         self._parents_unsynced = [os.path.dirname(d) for d in created]
+        bases: list[int] = []  # a directory made just now holds nothing: nothing to list
         if not created:
             log_recovery.finish_swaps(directory, io)  # a clean a crash interrupted
-        # a directory made just now holds nothing: a first use lists nothing (docs/LIMITS.md)
-        bases = log_recovery.segment_bases(directory, io) if not created else []
+            bases = log_recovery.segment_bases(directory, io)
         now = clock()
         # The active segment is pinned while it is recovered and synced (opened and created
         # pinned), then left to the descriptor cache like every other.
