@@ -553,6 +553,8 @@ class Log(LogStart):
         self._unsynced[seg] = None
         self._reserved_size = 0
         self._dir_unsynced = True
+        if seg.next_offset <= self.start_offset:
+            self.drop_below_start()  # DeleteRecords passed it while it was active
 
     def complete_append(
         self, pending: PendingAppend, markers: Mapping[int, ControlRecord] | None = None

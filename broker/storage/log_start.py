@@ -11,7 +11,9 @@ Rules this module keeps:
   below the start is read; the segment holding it keeps its bytes below it, never served again.
 - Whole segments only are deleted, oldest first, and never the active one nor one that appends in
   flight still write: for DeleteRecords, those wholly below the start (Kafka's rule: a segment goes
-  once the next one starts at or below the log start); for retention, those past `retention_ms`
+  once the next one starts at or below the log start), and the active one the start passed at the
+  roll that closes it (Kafka waits for its next retention pass; a restart would delete it at
+  open); for retention, those past `retention_ms`
   (by the broker's append time of their last batch, read from the index on disk, so a restart
   does not make old data young) or beyond `retention_bytes`. A log whose cleanup policy does not
   delete (Kafka's cleanup.policy=compact) keeps every segment: its cleaner removes records.
@@ -97,14 +99,20 @@ class LogStart(LogTruncation):
             out.append(seg)
         return out
 
-    def _delete_first(self, count: int) -> None:
+    def drop_below_start(self) -> None:
+        """At a roll: delete the segment just closed if the start passed it while it was active
+        (`delete_records` keeps the active segment). Its directory is synced with the new
+        segment's at the next flush; a crash before then finds the recorded start at open."""
+        self._delete_first(len(self._below(self.start_offset)), sync=False)
+
+    def _delete_first(self, count: int, sync: bool = True) -> None:
         for _ in range(count):
             seg = self.segments.pop(0)
             self._bases.pop(0)
             self._unsynced.pop(seg, None)
             log.info("%s: deleting segment (below the log start)", seg.store_path)
             seg.delete()
-        if count:
+        if count and sync:
             self.io.fsync_dir(self.directory)
 
     def _restore_start(self, floor: int) -> None:

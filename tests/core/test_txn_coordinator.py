@@ -17,6 +17,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from broker.core.producer_ids import EPOCH_LAST, ProducerIds, ProducerIdsUnavailable
 from broker.core.txn_coordinator import (
     PREVIOUS,
+    RETRY_BACKOFF_S,
     TRANSACTION_MAX_TIMEOUT_MS,
     TXN_PARTITIONS_MAX,
     InitResult,
@@ -58,6 +59,10 @@ class FakeLoop:
         self._seq += 1
         heapq.heappush(self._timers, (self.now + delay_s, self._seq, timer))
         return timer
+
+    def due_within(self, seconds: float) -> bool:
+        """Whether a timer not cancelled runs within `seconds` from now."""
+        return any(at <= self.now + seconds and not t.cancelled for at, _, t in self._timers)
 
     def advance(self, seconds: float) -> None:
         end = self.now + seconds
@@ -600,9 +605,16 @@ def test_a_failed_completion_is_tried_again(loop: FakeLoop) -> None:
     io.fail_with = C.COORDINATOR_NOT_AVAILABLE
     io.write_markers()
     assert state(c) == S.PREPARE_ABORT
+    held = Got()
+    c.init_producer_id("t", TIMEOUT_MS, held)  # waits for the completion, however it is tried
+    assert held.got == []
     io.fail_with = None
     loop.advance(0.5)
-    assert state(c) == S.COMPLETE_ABORT
+    states = [rec.state for _, rec in io.records(partition_for("t")) if rec is not None]
+    assert states[-2:] == [S.COMPLETE_ABORT, S.EMPTY]  # completed, then the held init ran
+    again = held.one
+    assert isinstance(again, InitResult) and again.code == C.NONE
+    assert (again.producer_id, again.producer_epoch) == (r.producer_id, r.producer_epoch + 1)
 
 
 # ----------------------------------------------------------------------------- timeouts and expiry
@@ -945,12 +957,18 @@ class TxnCoordinatorMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.io.pending or self.io.markers)
     @rule(data=st.data())
     def settle(self, data: st.DataObject) -> None:
-        """Everything under way lands, in a random order, and what that starts too."""
-        while self.io.pending or self.io.markers:
-            if self.io.pending and (not self.io.markers or data.draw(st.booleans())):
-                self.durable(self.io.pending.pop(data.draw(st.integers(0, len(self.io.pending) - 1))))
-            else:
-                self.markers_written(data)
+        """Everything under way lands, in a random order, and what that starts too: a completion
+        record whose append failed is under way too, tried again after RETRY_BACKOFF_S."""
+        while True:
+            while self.io.pending or self.io.markers:
+                if self.io.pending and (not self.io.markers or data.draw(st.booleans())):
+                    self.durable(self.io.pending.pop(data.draw(st.integers(0, len(self.io.pending) - 1))))
+                else:
+                    self.markers_written(data)
+            if not (self.unanswered and self.loop.due_within(RETRY_BACKOFF_S)):
+                break
+            self.loop.advance(RETRY_BACKOFF_S)
+            self.note_markers()
         assert not self.unanswered, "a request still held with nothing under way"
 
     def durable(self, a: Append) -> None:

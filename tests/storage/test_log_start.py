@@ -78,6 +78,26 @@ def test_up_to_the_end_keeps_the_active_segment(tmp_path, kit, small_config) -> 
     again.close()
 
 
+def test_the_active_segment_passed_by_the_start_goes_at_its_roll(tmp_path, kit, small_config) -> None:
+    log = built(kit, tmp_path, small_config)
+    end = log.end_offset
+    active = log.segments[-1].base_offset
+    assert log.delete_records(end) == end
+    assert [s.base_offset for s in log.segments] == [active]  # active: kept
+    assert log.append(kit.batch(end, 1, width=4000)) == end  # fits no segment but an empty one: a roll
+    # the roll closed it, wholly below the start: deleted then, not at the next restart
+    assert [s.base_offset for s in log.segments] == [end]
+    assert kit.segment_bases(tmp_path) == [end]
+    assert log.start_offset == end and kit.read_all(log)[0] == end
+    log.close()
+    again = Log.open(str(tmp_path), small_config)
+    try:
+        assert [s.base_offset for s in again.segments] == [end]
+        assert again.start_offset == end
+    finally:
+        again.close()
+
+
 def test_a_crash_between_recording_and_deleting_deletes_at_open(tmp_path, kit, small_config) -> None:
     log = built(kit, tmp_path, small_config)
     target = inside(log, 3)
