@@ -66,6 +66,7 @@ from broker.core.outcomes import (
     Gather,
     Later,
     Notify,
+    Opening,
     Outcome,
     Read,
     Reply,
@@ -78,7 +79,7 @@ from broker.core.txn_markers import PeerMarkerLinks
 from broker.core.txn_sweep import HangSweep, PeerHoldLinks
 from broker.security.tls import peer_context, server_context
 from ringlog_proto.batch import now_ms
-from ringlog_proto.frames import NEED_DATA, Buffer
+from ringlog_proto.frames import NEED_DATA, Buffer, ProtocolError
 from ringlog_proto.sasl import SaslLogin
 
 log = logging.getLogger(__name__)
@@ -216,7 +217,7 @@ class BackendCore(PartitionAppends):
         if not from_peer:
             admission.count(conn, 0, buffered - budget.buffered)
         try:
-            while not conn.closed and not conn.refusing:
+            while not conn.closed and not conn.refusing and not conn.opening:
                 if not from_peer and not admission.may_take(conn):
                     break
                 request: Any = decoder.next_frame()  # the adapter's to read; here only its api key
@@ -284,6 +285,8 @@ class BackendCore(PartitionAppends):
                 self._gather(outcome, request, conn, slot)
             case Later():
                 self._later(outcome, conn, slot)
+            case Opening():
+                self._opening(outcome, request, conn, slot)
             case _:
                 assert_never(outcome)
 
@@ -301,6 +304,33 @@ class BackendCore(PartitionAppends):
             conn.fill(slot, reply)
 
         outcome.start(answer)
+
+    def _opening(self, outcome: Opening, request: object, conn: ServedConnection, slot: Slot) -> None:
+        """Open the request's partitions in turns (`Core.open_in_turns`), then carry out what
+        it says; meanwhile `conn` takes no request, and after, takes those it holds."""
+        conn.opening = True
+        turns = False  # whether the opening took more than this call: `conn` must be resumed
+
+        def opened() -> None:
+            conn.opening = False
+            if conn.closed:
+                conn.fill(slot, Silent())  # frees the slot
+                return
+            try:
+                then = outcome.then()
+            except ProtocolError as exc:
+                self.limit_log.warning("protocol error", "closing %s: %s", conn.peer, exc)
+                conn.abort()
+                return
+            except Exception as exc:  # the adapter's bug: answered as any request's
+                self._answer_failure(exc, request, conn, slot)
+            else:
+                self.carry_out(then, request, conn, slot)
+            if turns:
+                conn.resume()
+
+        self.core.open_in_turns(outcome.keys, opened)
+        turns = conn.opening
 
     def _park(
         self,

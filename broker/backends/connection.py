@@ -282,6 +282,9 @@ class ServedConnection:
         self.slots: deque[Slot] = deque()  # the requests not yet answered, in arrival order
         self.budget = ConnectionBudget(time.monotonic())
         self.refusing = False  # a reply that closes was queued: nothing more is taken
+        # a request's partitions are being opened (an `Opening`): nothing more is taken or read
+        # until it is carried out, so its connection's requests keep their order
+        self.opening = False
         self.forward_blocked = 0  # peer cores whose forward limit this connection waits on
 
     def received(self, data: bytes | memoryview) -> None:
@@ -307,7 +310,12 @@ class ServedConnection:
         self.reading_changed()
 
     def paused(self) -> bool:
-        return self.refusing or self.forward_blocked > 0 or not self.server.admission.may_read(self)
+        return (
+            self.refusing
+            or self.opening
+            or self.forward_blocked > 0
+            or not self.server.admission.may_read(self)
+        )
 
     def taken_all(self) -> bool:
         """Whether the bytes received hold no request still to take: what a request being

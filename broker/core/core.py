@@ -34,6 +34,7 @@ Rules this module keeps:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -109,6 +110,7 @@ class Core:
         # None (no loop: tests, tools): a pass runs whole when it starts
         self.call_soon = call_soon
         self._sweeps: list[Sweep[Partition]] = []
+        self._openings: set[Sweep[tuple[int, int]]] = set()  # `open_in_turns`' passes under way
         # slow control-plane calls off the loop: `self.run_blocking(fn, done)` (broker/core/blocking.py)
         self.run_blocking: RunBlocking = run_blocking or no_threads
         self.metrics = metrics if metrics is not None else CoreMetrics(config.core_id, config.backend)
@@ -184,6 +186,9 @@ class Core:
         broker/core/lifecycle.py)."""
         for sweep in self._sweeps:
             sweep.cancel()
+        for opening in self._openings:
+            opening.cancel()
+        self._openings.clear()
         self.transactions.close()
         self.cleaning.close()
         self.lifecycle.close()
@@ -398,6 +403,44 @@ class Core:
             node = self.config.node_id
             raise NotLeaderError(f"node {node} holds no replica of partition {index}")
         return self.open_partition(topic, index)
+
+    def unopened(self, named: Iterable[tuple[str, int]]) -> list[tuple[int, int]]:
+        """The (topic id, index) of the partitions in `named` (topic name, index) that this core
+        owns, would serve, and has not opened yet: what `partition_named` would open (and, for a
+        new one, make) on the way. Unknown names and indexes are left to it: they open nothing."""
+        by_name, partitions, mine = self.registry.by_name, self.partitions, self.config.core_id
+        clustered = self.cluster.clustered
+        out: dict[tuple[int, int], None] = {}
+        for name, index in named:
+            t = by_name.get(name)
+            if t is None or not 0 <= index < t.partitions:
+                continue
+            key = (t.topic_id, index)
+            if key in partitions or self.owner(*key) != mine:
+                continue
+            if clustered and not self.replicated_here(*key):
+                continue
+            out[key] = None
+        return list(out)
+
+    def open_in_turns(self, keys: Sequence[tuple[int, int]], done: Callable[[], None]) -> None:
+        """Open the partitions `keys` (`unopened`'s) in turns of about a millisecond of the loop
+        (broker/core/sweeps.py), then `done()`. A partition's first use makes its directory and
+        files (0.1-0.9 ms on ext4): a request naming thousands of new ones, made in one go, held
+        every other client of the core 0.5 s and more. One that fails to open here is left to the
+        request, which meets the same error and answers it. Never `done` if the core closes."""
+
+        def visit(key: tuple[int, int]) -> None:
+            with contextlib.suppress(TopicError, NotLeaderError, StorageError, OSError):
+                self.partition(*key)
+
+        def finished() -> None:
+            self._openings.discard(opening)
+            done()
+
+        opening: Sweep[tuple[int, int]] = Sweep("first use", self.call_soon)
+        self._openings.add(opening)
+        opening.start(keys, visit, finished)
 
     def partition_named(self, topic: str, index: int) -> Partition | int:
         """Partition `index` of the topic named `topic` when this core owns it (opened, made if

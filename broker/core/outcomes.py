@@ -11,7 +11,8 @@ Rules this module keeps:
   re-handle the frame when one of its partitions grows or the deadline passes), `Forward`
   (another core's partition: send the frame there and relay its answer), `Notify` (tell other
   cores, then answer), `Gather` (several of these for one request, one answer), `Later` (the answer depends
-  on other requests yet to come: a JoinGroup waits for its group).
+  on other requests yet to come: a JoinGroup waits for its group), `Opening` (first open the
+  partitions named, in turns, then carry out what the request says).
 - `Outcome` is the closed union: a backend's dispatch matches every member and treats anything
   else as a bug (`broker/backends/backend_core.py`), so adding an outcome means adding its case there.
 """
@@ -168,6 +169,18 @@ class Gather:
 
 
 @dataclass(slots=True)
+class Opening:
+    """The request names partitions of this core used for the first time (`keys`: topic id,
+    index), too many to make in one go: the core opens them in turns of about a millisecond
+    (`Core.open_in_turns`), serving other connections between, then the backend carries out
+    `then()` as the request's outcome. The connection takes no request after this one until then:
+    its requests are carried out in the order they came, as Kafka's are."""
+
+    keys: Sequence[tuple[int, int]]
+    then: Callable[[], Outcome]
+
+
+@dataclass(slots=True)
 class Later:
     """The answer is decided by requests still to come (a JoinGroup waits for the rest of its
     group): the backend calls `start(answer)` once, and whoever decides calls `answer(reply)`
@@ -177,4 +190,4 @@ class Later:
     start: Callable[[Callable[[Reply | Silent], None]], None]
 
 
-Outcome = Reply | Silent | Append | Read | Durable | Wait | Forward | Notify | Gather | Later
+Outcome = Reply | Silent | Append | Read | Durable | Wait | Forward | Notify | Gather | Later | Opening

@@ -30,6 +30,13 @@ class Context:
         self.auth = ConnectionAuth("")  # the connection of the request being handled
         self.metadata_entries = TopicEntries()  # Metadata's encoded topics, kept per core
 
+    def may_use(self, api_key: int, topic: str) -> bool:
+        """`topic_refusal` without counting a denial: a look ahead, not the request's answer."""
+        authorizer = self.authorizer
+        return not authorizer.enabled or authorizer.allowed(
+            self.auth.principal, authorize.PER_TOPIC[api_key], "topic", topic
+        )
+
     def topic_refusal(self, api_key: int, topic: str) -> TopicNotAuthorized | None:
         """Why the request's principal may not use `topic` in this api (broker/kafka/authorize.py
         `PER_TOPIC`), or None when it may."""
