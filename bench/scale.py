@@ -74,8 +74,8 @@ with a margin (at least 20 GiB or 30% of the free space left free), and the head
   all of them; then one closes (LeaveGroup): time until the 49 left hold all again. ringlog runs
   with `--group-initial-rebalance-delay-ms 0` (the time is the protocol's, not a wait), and the
   partitions are touched first (one record each, as R5): a partition's files are made on its first
-  use, which would otherwise be the members' ListOffsets, holding the coordinator's core while the
-  group settles (R5 times that). Tansu beside, the same way.
+  use, which would otherwise be the members' ListOffsets, made while the group settles (R5 times
+  that; docs/LIMITS.md "Many partitions at once"). Tansu beside, the same way.
 - R15 growth (first backend only): R5-R10 and R12 (acks=1, N / 1 partition) at each partition size
   up to `--max-scale`; idle connections 1 -> 10k (10 -> 10k quick): worker Pss per connection and the
   probe's p99 beside them; replicas 1 -> 3 from R1/R3. Printed as its own table below.
