@@ -94,6 +94,23 @@ API_VERSIONS: Final = 18
 # turns first (`Opening`): each is ~0.1-0.9 ms of the loop on ext4, and a consumer group's
 # ListOffsets over thousands of new partitions held every other client of the core for seconds.
 OPEN_AT_ONCE: Final = 4
+
+# What names a partition in each request that opens them: (its topics' array, a topic's name,
+# a topic's partitions' array, a partition's index), as kio names the fields
+_PARTITIONS_OF: Final = {
+    produce.PRODUCE: ("topic_data", "name", "partition_data", "index"),
+    fetch.FETCH: ("topics", "topic", "partitions", "partition"),
+    list_offsets.LIST_OFFSETS: ("topics", "name", "partitions", "partition_index"),
+}
+
+
+def _named_count(key: int, body: Any) -> int:
+    """How many partitions the request names (a look ahead that costs a topic, not a partition:
+    librdkafka's Produce names one)."""
+    topics, _, partitions, _ = _PARTITIONS_OF[key]
+    return sum(len(getattr(t, partitions)) for t in getattr(body, topics))
+
+
 INIT_PRODUCER_ID: Final = init_producer_id.INIT_PRODUCER_ID
 # api key -> (lowest, highest) version answered: what ApiVersions advertises, nothing more.
 SUPPORTED_VERSIONS: Final[dict[int, tuple[int, int]]] = {
@@ -271,7 +288,7 @@ class KafkaAdapter:
                 self.core.metrics.error()
                 self.core.metrics.denied()
                 return refused
-        if key in (produce.PRODUCE, fetch.FETCH, list_offsets.LIST_OFFSETS):
+        if key in _PARTITIONS_OF and _named_count(key, body) > OPEN_AT_ONCE:
             first = self.core.unopened(self._named(key, body))
             if len(first) > OPEN_AT_ONCE:
                 auth = self.ctx.auth
@@ -297,18 +314,11 @@ class KafkaAdapter:
         """The (topic, partition) a Produce, Fetch or ListOffsets names, of the topics its
         principal may use there: those it would open."""
         may_use = self.ctx.may_use
-        if key == produce.PRODUCE:
-            for t in body.topic_data:
-                if may_use(key, t.name):
-                    yield from ((t.name, int(d.index)) for d in t.partition_data)
-        elif key == fetch.FETCH:
-            for t in body.topics:
-                if may_use(key, t.topic):
-                    yield from ((t.topic, int(fp.partition)) for fp in t.partitions)
-        else:
-            for t in body.topics:
-                if may_use(key, t.name):
-                    yield from ((t.name, int(lp.partition_index)) for lp in t.partitions)
+        topics, name, partitions, index = _PARTITIONS_OF[key]
+        for t in getattr(body, topics):
+            topic = getattr(t, name)
+            if may_use(key, topic):
+                yield from ((topic, int(getattr(p, index))) for p in getattr(t, partitions))
 
     def _acl_api(self, api: Callable[[KafkaRequest, Any], Outcome]) -> Callable[[KafkaRequest, Any], Outcome]:
         """An ACL admin api, answered SECURITY_DISABLED where ACLs are off (no authentication), as
