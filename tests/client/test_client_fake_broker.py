@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 from fakebroker import Action, FakeBroker, Received
@@ -247,6 +247,34 @@ def test_linger_sends_a_partial_batch() -> None:
         assert 0.04 < elapsed < 1.0
 
     run(body)
+
+
+def test_each_batch_goes_at_the_end_of_its_own_linger() -> None:
+    """One timer serves every lingering batch, in the order they opened (`_lingers_due`): each
+    still goes when its own linger ends, not with an earlier one's; and a batch that went early
+    (full) does not send the one opened after it on its partition at the first one's time."""
+
+    async def body(broker: FakeBroker) -> None:
+        async with AsyncProducer(broker.bootstrap, linger_ms=300, batch_bytes=1000) as p:
+            t0 = time.monotonic()
+            acked: dict[str, float] = {}
+
+            async def sent(name: str, fut: asyncio.Future[Any]) -> None:
+                await fut
+                acked[name] = time.monotonic() - t0
+
+            waits = [asyncio.ensure_future(sent("a", await p.send("t", b"a", partition=0)))]
+            waits.append(asyncio.ensure_future(sent("full", await p.send("t", b"f" * 1000, partition=1))))
+            await asyncio.sleep(0.15)
+            waits.append(asyncio.ensure_future(sent("b", await p.send("t", b"b", partition=2))))
+            waits.append(asyncio.ensure_future(sent("after", await p.send("t", b"x", partition=1))))
+            await asyncio.gather(*waits)
+        assert acked["full"] < 0.15, acked  # full at once: sealed and sent
+        assert 0.28 < acked["a"] < 0.42, acked  # its own linger
+        # opened 0.15 s later: their own linger, not a's (nor the full batch's, on partition 1)
+        assert acked["b"] > 0.43 and acked["after"] > 0.43, acked
+
+    run(body, topics={"t": 3})
 
 
 def test_a_connection_at_its_bound_lets_lingered_batches_fill() -> None:
