@@ -31,20 +31,17 @@ class Context:
         self.metadata_entries = TopicEntries()  # Metadata's encoded topics, kept per core
 
     def may_use(self, api_key: int, topic: str) -> bool:
-        """`topic_refusal` without counting a denial: a look ahead, not the request's answer."""
+        """Whether the request's principal may use `topic` in this api (broker/kafka/authorize.py
+        `PER_TOPIC`); counts nothing: the adapter's look ahead asks it too."""
         authorizer = self.authorizer
         return not authorizer.enabled or authorizer.allowed(
             self.auth.principal, authorize.PER_TOPIC[api_key], "topic", topic
         )
 
     def topic_refusal(self, api_key: int, topic: str) -> TopicNotAuthorized | None:
-        """Why the request's principal may not use `topic` in this api (broker/kafka/authorize.py
-        `PER_TOPIC`), or None when it may."""
-        authorizer = self.authorizer
-        if not authorizer.enabled:
-            return None
-        op = authorize.PER_TOPIC[api_key]
-        if authorizer.allowed(self.auth.principal, op, "topic", topic):
+        """Why the request's principal may not use `topic` in this api (`may_use`), counted as a
+        denial, or None when it may."""
+        if self.may_use(api_key, topic):
             return None
         self.core.metrics.denied()
-        return TopicNotAuthorized(f"not authorized: {op} topic {topic}")
+        return TopicNotAuthorized(f"not authorized: {authorize.PER_TOPIC[api_key]} topic {topic}")
