@@ -13,6 +13,7 @@ import socket
 import sys
 import threading
 import time
+from typing import Any
 
 import pytest
 from kio.schema.errors import ErrorCode
@@ -66,6 +67,11 @@ def produce_one(correlation_id: int, topic: str, partition: int) -> bytes:
     )
 
 
+def answer(api_key: int, version: int, data: bytes) -> Any:
+    """The body of a response `read_sized` took off the socket (its size prefix put back)."""
+    return read_response(api_key, version, len(data).to_bytes(4, "big") + data)[1]
+
+
 def api_versions(correlation_id: int) -> bytes:
     schema = request_schema(18, 0)
     assert schema is not None
@@ -106,7 +112,7 @@ def test_thousands_of_new_partitions_in_one_request_hold_no_other_client(broker:
         f"another client's ApiVersions waited {answered['other'] - asked:.3f} s, until the ListOffsets "
         f"of {TOPICS * PARTITIONS} new partitions was answered ({took:.3f} s after it was asked)"
     )
-    _, offsets = read_response(2, 1, len(got[1]).to_bytes(4, "big") + got[1])
+    offsets = answer(2, 1, got[1])
     seen = {
         (topic.name, p.partition_index): (p.error_code, p.offset)
         for topic in offsets.topics
@@ -114,12 +120,12 @@ def test_thousands_of_new_partitions_in_one_request_hold_no_other_client(broker:
     }
     # every partition answered, empty: the produce after it on the same connection came after it
     assert seen == {(f"t{t}", i): (ErrorCode.none, 0) for t in range(TOPICS) for i in range(PARTITIONS)}
-    _, produced = read_response(0, 3, len(got[2]).to_bytes(4, "big") + got[2])
+    produced = answer(0, 3, got[2])
     part = produced.responses[0].partition_responses[0]
     assert (part.error_code, part.base_offset) == (ErrorCode.none, 0), part
     # and the partitions are open: asked again, at once
     with socket.create_connection(("127.0.0.1", broker.port), timeout=60) as s:
         s.sendall(list_offsets_of_all(4))
-        _, again = read_response(2, 1, (data := read_sized(s)) and len(data).to_bytes(4, "big") + data)
+        again = answer(2, 1, read_sized(s))
     ends = {(topic.name, p.partition_index): p.offset for topic in again.topics for p in topic.partitions}
     assert ends[("t0", 0)] == 1 and sum(ends.values()) == 1
