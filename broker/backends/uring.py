@@ -98,7 +98,7 @@ class UringServer(BackendCore):
         super().__init__(config)
         self.options = options = options or UringOptions()
         self.ring = ring
-        self.loop = Loop(ring, options.busy_poll_us)
+        self.loop = Loop(ring, options.busy_poll_us, self._poll_paused)
         self.ring_ops = RingOps(ring, self.loop.worker_op)
         self.listeners = list(listeners)
         self.inline_appends = options.append_writes == "inline"
@@ -189,6 +189,10 @@ class UringServer(BackendCore):
             done(result[0])
 
         pool.submit(lambda: run_together(io, flushes, filesystems), finished)
+
+    def _poll_paused(self) -> None:
+        """The loop's busy poll paused beside a CPU-bound task (`uring_loop.YIELD_LOST_S`)."""
+        self.core.metrics.poll_paused()  # the core is made after the loop (`open_core`)
 
     def _inline_write(self, op: Op) -> bool:
         return isinstance(op, Write) and op.length <= self.inline_write_max

@@ -3,7 +3,8 @@
 Rules this module keeps:
 - One pass: submit everything prepared and wait for at least one completion (or the next timer,
   or not at all when callbacks are due or the busy poll is on: then a pass that found nothing
-  yields the CPU to whatever else is runnable on it), reap up to
+  yields the CPU to whatever else is runnable on it, and a poll that keeps losing the CPU to a
+  task that runs whole slices pauses), reap up to
   `COMPLETIONS_PER_PASS_MAX` completions in one batch, *then* run their continuations (never while
   reaping; both in one C call, `Ring.run_completions`), then the timers that are due, then the
   `call_soon` callbacks queued before this phase, then the end-of-pass callbacks (the group
@@ -39,6 +40,22 @@ if TYPE_CHECKING:
 
 Callback = Callable[[int, int], None]  # (res, flags) of a completion
 
+# The busy poll shares its CPU: a polling pass that found nothing yields it (`Loop.run_once`). A
+# yield that comes back after YIELD_LOST_S gave the CPU to a task that took it for a while: a
+# peer's turn now and then (another node's request, a client's), but again and again a task that
+# runs whole slices (a CPU-bound process: a spinning client, a build, a benchmark). A yielded
+# task runs again only when that slice ends, whatever completes meanwhile, where a sleeping one
+# is woken by its completion; so after YIELD_LOSSES_TO_PAUSE such yields within
+# YIELD_LOSS_WINDOW_S the poll pauses for POLL_PAUSE_S, the loop sleeping between passes as with
+# `--busy-poll-us 0`, then tries again. 3 one-core nodes, our client one acks=all record at a
+# time, two CPU-bound processes on the 2-vCPU VM: p50 3.9-5.0 -> 1.2-1.3 ms (the poll off:
+# 1.0-2.6); without them no pause (a node's peers lost it at most 6 times in 100 ms) and the p50
+# unchanged (docs/PERFORMANCE.md).
+YIELD_LOST_S = 0.0005
+YIELD_LOSSES_TO_PAUSE = 8
+YIELD_LOSS_WINDOW_S = 0.1
+POLL_PAUSE_S = 1.0
+
 
 def _cancelled() -> None:
     pass
@@ -64,7 +81,9 @@ class Timer:
 class Loop:
     """A completion-driven loop over one `native.Ring`. Owned by its worker's only thread."""
 
-    def __init__(self, ring: Ring, busy_poll_us: int = 0) -> None:
+    def __init__(
+        self, ring: Ring, busy_poll_us: int = 0, on_poll_pause: Callable[[], None] | None = None
+    ) -> None:
         self.ring = ring
         self._ops: dict[int, Callback] = {}
         self._ids = itertools.count(1)
@@ -73,6 +92,10 @@ class Loop:
         self._end_of_pass: list[Callable[[], None]] = []
         self.busy_poll_s = busy_poll_us / 1e6
         self._busy_until = 0.0
+        self._poll_again_at = 0.0  # the poll's pause (YIELD_LOST_S) ends then
+        self._losses = 0  # yields that lost the CPU (YIELD_LOST_S) since _losses_since
+        self._losses_since = -math.inf
+        self._on_poll_pause = on_poll_pause
         self._reaped = 0  # completions the last pass ran
         self._offloaded = 0  # ops in flight that a kernel worker thread may run (see worker_op)
         self._alarm_at = math.inf  # when the alarm armed last rings (inf: none armed)
@@ -144,7 +167,18 @@ class Loop:
                 # wake-ups until the scheduler preempted them (acks=all one at a time, 3 replicas:
                 # p50 1556-1696 -> 780-819 us; one node acks=1 unchanged, 114-116 / 115-119 us,
                 # the yield returning at once when nothing else is runnable).
+                before = time.monotonic()
                 os.sched_yield()
+                if time.monotonic() - before > YIELD_LOST_S:
+                    if before - self._losses_since > YIELD_LOSS_WINDOW_S:
+                        self._losses, self._losses_since = 0, before
+                    self._losses += 1
+                    if self._losses >= YIELD_LOSSES_TO_PAUSE:
+                        self._losses = 0
+                        self._busy_until = 0.0
+                        self._poll_again_at = before + POLL_PAUSE_S
+                        if self._on_poll_pause is not None:
+                            self._on_poll_pause()
         else:
             if self._timers and self._timers[0][0] < self._alarm_at:
                 self._arm_alarm(self._timers[0][0])
@@ -152,7 +186,9 @@ class Loop:
         # The completions' continuations, in C (native/loop.c): one call for the whole batch.
         self._reaped = ring.run_completions(self._ops, COMPLETIONS_PER_PASS_MAX)
         if self._reaped and self.busy_poll_s:
-            self._busy_until = time.monotonic() + self.busy_poll_s
+            now = time.monotonic()
+            if now >= self._poll_again_at:
+                self._busy_until = now + self.busy_poll_s
         if self._timers:
             now = time.monotonic()
             timers = self._timers

@@ -27,7 +27,9 @@ from dataclasses import dataclass
 # The default applies when every core has a CPU of its own; oversubscribed workers (more cores
 # than CPUs) would spin on each other's CPU, so there it is 0 (`busy_poll_for`). What a worker
 # cannot see, other processes on its CPUs (the other nodes of a cluster on one machine), it meets
-# by yielding the CPU in each polling pass that found nothing (`Loop.run_once`).
+# by yielding the CPU in each polling pass that found nothing (`Loop.run_once`), and a process
+# that keeps the CPU for whole slices at those yields (a CPU-bound client or job) by pausing the
+# poll (`uring_loop.YIELD_LOST_S`).
 BUSY_POLL_US_DEFAULT = 200
 
 # "ring": appends are writev SQEs, like every other disk operation. "inline": appends are a

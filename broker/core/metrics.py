@@ -69,6 +69,7 @@ class Snapshot(TypedDict, total=False):
     flushes: int
     flush_waiters: int
     flush_syncs_inline: int
+    busy_poll_pauses: int
     flush_syncfs: int
     reads_mapped: int
     reads_file: int
@@ -97,6 +98,7 @@ class CoreMetrics:
         "auth_denied",
         "auth_failures",
         "backend",
+        "busy_poll_pauses",
         "bytes_in",
         "bytes_out",
         "core",
@@ -142,6 +144,7 @@ class CoreMetrics:
         self.flushes = 0
         self.flush_waiters = 0
         self.flush_syncs_inline = 0  # io_uring: flushes whose fdatasync ran on the loop itself
+        self.busy_poll_pauses = 0  # io_uring: the busy poll paused, its CPU shared with a CPU-bound task
         self.flush_syncfs = 0  # of `flushes`, those made durable by a syncfs of a group commit
         self.reads_mapped = 0  # fetch reads served from the page cache's pages (io_uring)
         self.reads_file = 0  # fetch reads that read the file (a ring read, or a pread)
@@ -218,6 +221,11 @@ class CoreMetrics:
         against `flushes`, how often the core was idle enough to hold it."""
         self.flush_syncs_inline += 1
 
+    def poll_paused(self) -> None:
+        """The io_uring loop's busy poll paused (broker/backends/uring_loop.py `YIELD_LOST_S`): a
+        CPU-bound task shares the worker's CPU, and the poll would only hand it slices."""
+        self.busy_poll_pauses += 1
+
     def read(self, mapped: bool) -> None:
         """A fetch's read of a segment: from the page cache's pages as they are (`mapped`), or
         by reading the file (its pages were not all in memory, or the backend always reads)."""
@@ -280,6 +288,7 @@ class CoreMetrics:
             "flushes": self.flushes,
             "flush_waiters": self.flush_waiters,
             "flush_syncs_inline": self.flush_syncs_inline,
+            "busy_poll_pauses": self.busy_poll_pauses,
             "flush_syncfs": self.flush_syncfs,
             "reads_mapped": self.reads_mapped,
             "reads_file": self.reads_file,
@@ -447,6 +456,12 @@ def prometheus_text(snapshots: Iterable[Snapshot]) -> str:
         "counter",
         "Flushes whose fdatasync the io_uring loop ran itself (--flush-syncs).",
         per_core("flush_syncs_inline"),
+    )
+    family(
+        "ringlog_busy_poll_pauses_total",
+        "counter",
+        "Times the io_uring busy poll paused for a second: a CPU-bound task shares the worker's CPU.",
+        per_core("busy_poll_pauses"),
     )
     family(
         "ringlog_flush_syncfs_total",

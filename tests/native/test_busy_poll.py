@@ -1,10 +1,13 @@
 """The io_uring loop's busy poll (`broker/backends/uring_loop.py`) on a real ring: it keeps a
 pass from sleeping after activity, except while a disk operation (`worker_op`) is in flight, whose
-io-wq thread needs the CPU the poll would hold; and the broker's default (`busy_poll_for`)."""
+io-wq thread needs the CPU the poll would hold, and for a while after its yields keep losing the
+CPU to a task that runs whole slices; and the broker's default (`busy_poll_for`)."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -100,3 +103,107 @@ def test_an_empty_polling_pass_yields_the_cpu(pipe: tuple[int, int], monkeypatch
         loop.run_once()  # the last pass ran a completion: this one polls without yielding
         loop.run_once()  # the last found nothing: this one yields before it polls
         assert len(yields) == 1
+
+
+def _lost_slice() -> None:
+    """A yield that gave the CPU away for a slice, as a CPU-bound task on it takes it."""
+    time.sleep(0.002)
+
+
+def _bounded_pass(loop: Loop) -> None:
+    """One pass that cannot wait forever: a paused poll sleeps until a completion or a timer."""
+    timer = loop.call_later(1.0, lambda: None)
+    loop.run_once()
+    timer.cancel()
+
+
+def _passes_within(loop: Loop, seconds: float = 0.1) -> int:
+    """The passes the loop makes until a timer `seconds` away fires: a polling loop makes one
+    after another, a sleeping one wakes for the timer (and the odd stray completion) only."""
+    fired: list[bool] = []
+    loop.call_later(seconds, lambda: fired.append(True))
+    passes = 0
+    while not fired:
+        loop.run_once()
+        passes += 1
+    return passes
+
+
+def test_a_poll_that_keeps_losing_the_cpu_pauses(
+    pipe: tuple[int, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import broker.backends.uring_loop as uring_loop
+
+    monkeypatch.setattr(uring_loop.os, "sched_yield", _lost_slice)
+    monkeypatch.setattr(uring_loop, "POLL_PAUSE_S", 0.5)
+    r, _ = pipe
+    pauses: list[None] = []
+    with Ring(16) as ring:
+        loop = Loop(ring, busy_poll_us=POLL_US, on_poll_pause=lambda: pauses.append(None))
+        _activity(loop, ring)
+        ring.prep_read(r, bytearray(8), 0, loop.op(lambda res, flags: None))  # never completes
+        _bounded_pass(loop)  # polls without yielding: the last pass ran a completion
+        for _ in range(uring_loop.YIELD_LOSSES_TO_PAUSE - 1):
+            _bounded_pass(loop)  # yields, and loses the CPU: a peer's turn, now and then
+        assert not pauses
+        _bounded_pass(loop)  # again and again within YIELD_LOSS_WINDOW_S: a CPU-bound task
+        assert len(pauses) == 1
+        paused_at = time.monotonic()
+        monkeypatch.setattr(uring_loop.os, "sched_yield", lambda: None)  # the CPU is free again
+        assert _passes_within(loop) <= 5, "the poll paused: the loop sleeps between passes"
+        _activity(loop, ring)
+        assert _passes_within(loop) <= 5, "activity does not end the pause"
+        time.sleep(max(0.0, paused_at + 0.5 - time.monotonic()))
+        _activity(loop, ring)  # the pause is over: activity opens a window again
+        assert _passes_within(loop) >= 50
+        assert len(pauses) == 1
+
+
+def test_lost_yields_now_and_then_keep_the_poll(
+    pipe: tuple[int, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import broker.backends.uring_loop as uring_loop
+
+    monkeypatch.setattr(uring_loop.os, "sched_yield", _lost_slice)
+    r, _ = pipe
+    pauses: list[None] = []
+    with Ring(16) as ring:
+        loop = Loop(ring, busy_poll_us=POLL_US, on_poll_pause=lambda: pauses.append(None))
+        _activity(loop, ring)
+        ring.prep_read(r, bytearray(8), 0, loop.op(lambda res, flags: None))  # never completes
+        _bounded_pass(loop)  # polls without yielding: the last pass ran a completion
+        for _ in range(2):
+            for _ in range(uring_loop.YIELD_LOSSES_TO_PAUSE - 1):
+                _bounded_pass(loop)  # yields, and loses the CPU for a slice
+            time.sleep(uring_loop.YIELD_LOSS_WINDOW_S * 1.5)  # the next losses come well after
+        monkeypatch.setattr(uring_loop.os, "sched_yield", lambda: None)
+        assert _passes_within(loop) >= 50, "still polling"
+        assert not pauses
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs sched_setaffinity (Linux)")
+def test_a_cpu_bound_process_on_the_cpu_pauses_the_poll(pipe: tuple[int, int]) -> None:
+    """The real scheduler: a process spinning on the loop's CPU takes whole slices at its yields."""
+    cpu = min(os.sched_getaffinity(0))
+    before = os.sched_getaffinity(0)
+    hog = subprocess.Popen(
+        [sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"]
+    )
+    r, _ = pipe
+    pauses: list[None] = []
+    try:
+        os.sched_setaffinity(0, {cpu})
+        time.sleep(0.2)  # the hog is running on it
+        with Ring(16) as ring:
+            loop = Loop(ring, busy_poll_us=POLL_US, on_poll_pause=lambda: pauses.append(None))
+            _activity(loop, ring)
+            ring.prep_read(r, bytearray(8), 0, loop.op(lambda res, flags: None))  # never completes
+            deadline = time.monotonic() + 5.0
+            while not pauses and time.monotonic() < deadline:
+                _bounded_pass(loop)
+            assert pauses, "5 s of empty polling passes beside a spinning process never paused"
+            assert _passes_within(loop) <= 5
+    finally:
+        os.sched_setaffinity(0, before)
+        hog.kill()
+        hog.wait()
