@@ -46,15 +46,18 @@ Callback = Callable[[int, int], None]  # (res, flags) of a completion
 # runs whole slices (a CPU-bound process: a spinning client, a build, a benchmark). A yielded
 # task runs again only when that slice ends, whatever completes meanwhile, where a sleeping one
 # is woken by its completion; so after YIELD_LOSSES_TO_PAUSE such yields within
-# YIELD_LOSS_WINDOW_S the poll pauses for POLL_PAUSE_S, the loop sleeping between passes as with
-# `--busy-poll-us 0`, then tries again. 3 one-core nodes, our client one acks=all record at a
-# time, two CPU-bound processes on the 2-vCPU VM: p50 3.9-5.0 -> 1.2-1.3 ms (the poll off:
-# 1.0-2.6); without them no pause (a node's peers lost it at most 6 times in 100 ms) and the p50
-# unchanged (docs/PERFORMANCE.md).
+# YIELD_LOSS_WINDOW_S the poll pauses, the loop sleeping between passes as with `--busy-poll-us
+# 0`, then tries again (`Loop._pause_poll`: 0.1 s, doubling while the losses come back, up to 5 s).
+# 3 one-core nodes, our client one acks=all record at a time, two CPU-bound processes on the
+# 2-vCPU VM: p50 4.2-4.5 -> 1.7-1.8 ms in runs of a few seconds (a fixed 1 s pause read 1.2-1.3,
+# the poll off 1.0-2.6); without them the p50 unchanged and no pause in most runs (a node's peers
+# lost its yields at most 6 times in 100 ms; docs/PERFORMANCE.md).
 YIELD_LOST_S = 0.0005
 YIELD_LOSSES_TO_PAUSE = 8
 YIELD_LOSS_WINDOW_S = 0.1
-POLL_PAUSE_S = 1.0
+POLL_PAUSE_MIN_S = 0.1
+POLL_PAUSE_MAX_S = 5.0
+POLL_PAUSE_RESET_S = 1.0
 
 
 def _cancelled() -> None:
@@ -95,6 +98,7 @@ class Loop:
         self._poll_again_at = 0.0  # the poll's pause (YIELD_LOST_S) ends then
         self._losses = 0  # yields that lost the CPU (YIELD_LOST_S) since _losses_since
         self._losses_since = -math.inf
+        self._pause_s = 0.0  # the last pause's length
         self._on_poll_pause = on_poll_pause
         self._reaped = 0  # completions the last pass ran
         self._offloaded = 0  # ops in flight that a kernel worker thread may run (see worker_op)
@@ -174,11 +178,7 @@ class Loop:
                         self._losses, self._losses_since = 0, before
                     self._losses += 1
                     if self._losses >= YIELD_LOSSES_TO_PAUSE:
-                        self._losses = 0
-                        self._busy_until = 0.0
-                        self._poll_again_at = before + POLL_PAUSE_S
-                        if self._on_poll_pause is not None:
-                            self._on_poll_pause()
+                        self._pause_poll(before)
         else:
             if self._timers and self._timers[0][0] < self._alarm_at:
                 self._arm_alarm(self._timers[0][0])
@@ -208,6 +208,19 @@ class Loop:
             end, self._end_of_pass = self._end_of_pass, []
             for callback in end:
                 callback()
+
+    def _pause_poll(self, now: float) -> None:
+        """Pause the busy poll: for POLL_PAUSE_MIN_S, or twice the last pause when this one comes
+        within POLL_PAUSE_RESET_S of its end (the CPU-bound task is still there), up to
+        POLL_PAUSE_MAX_S. A peer's burst of long turns pauses it briefly, a CPU-bound task for
+        long."""
+        recent = now - self._poll_again_at < POLL_PAUSE_RESET_S
+        self._pause_s = min(self._pause_s * 2, POLL_PAUSE_MAX_S) if recent else POLL_PAUSE_MIN_S
+        self._losses = 0
+        self._busy_until = 0.0
+        self._poll_again_at = now + self._pause_s
+        if self._on_poll_pause is not None:
+            self._on_poll_pause()
 
     def _arm_alarm(self, deadline: float) -> None:
         """Arm the alarm for `deadline`, cancelling the one armed for later (its CQE still comes)."""

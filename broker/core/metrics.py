@@ -460,7 +460,7 @@ def prometheus_text(snapshots: Iterable[Snapshot]) -> str:
     family(
         "ringlog_busy_poll_pauses_total",
         "counter",
-        "Times the io_uring busy poll paused for a second: a CPU-bound task shares the worker's CPU.",
+        "Times the io_uring busy poll paused (0.1-5 s): a CPU-bound task shares the worker's CPU.",
         per_core("busy_poll_pauses"),
     )
     family(

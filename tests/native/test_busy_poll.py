@@ -129,34 +129,62 @@ def _passes_within(loop: Loop, seconds: float = 0.1) -> int:
     return passes
 
 
+def _lose_until_paused(loop: Loop, ring: Ring, pauses: list[None], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Polling passes whose yields all lose the CPU (`_lost_slice`), one short of a pause and then
+    the one that pauses; the CPU is free again after."""
+    import broker.backends.uring_loop as uring_loop
+
+    before = len(pauses)
+    _activity(loop, ring)
+    monkeypatch.setattr(uring_loop.os, "sched_yield", _lost_slice)
+    _bounded_pass(loop)  # polls without yielding: the last pass ran a completion
+    for _ in range(uring_loop.YIELD_LOSSES_TO_PAUSE - 1):
+        _bounded_pass(loop)  # yields, and loses the CPU: a peer's turn, now and then
+    assert len(pauses) == before
+    _bounded_pass(loop)  # again and again within YIELD_LOSS_WINDOW_S: a CPU-bound task
+    assert len(pauses) == before + 1
+    monkeypatch.setattr(uring_loop.os, "sched_yield", lambda: None)
+
+
 def test_a_poll_that_keeps_losing_the_cpu_pauses(
     pipe: tuple[int, int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import broker.backends.uring_loop as uring_loop
 
-    monkeypatch.setattr(uring_loop.os, "sched_yield", _lost_slice)
-    monkeypatch.setattr(uring_loop, "POLL_PAUSE_S", 0.5)
+    monkeypatch.setattr(uring_loop, "POLL_PAUSE_MIN_S", 0.3)
     r, _ = pipe
     pauses: list[None] = []
     with Ring(16) as ring:
         loop = Loop(ring, busy_poll_us=POLL_US, on_poll_pause=lambda: pauses.append(None))
         _activity(loop, ring)
         ring.prep_read(r, bytearray(8), 0, loop.op(lambda res, flags: None))  # never completes
-        _bounded_pass(loop)  # polls without yielding: the last pass ran a completion
-        for _ in range(uring_loop.YIELD_LOSSES_TO_PAUSE - 1):
-            _bounded_pass(loop)  # yields, and loses the CPU: a peer's turn, now and then
-        assert not pauses
-        _bounded_pass(loop)  # again and again within YIELD_LOSS_WINDOW_S: a CPU-bound task
-        assert len(pauses) == 1
+        _lose_until_paused(loop, ring, pauses, monkeypatch)
         paused_at = time.monotonic()
-        monkeypatch.setattr(uring_loop.os, "sched_yield", lambda: None)  # the CPU is free again
         assert _passes_within(loop) <= 5, "the poll paused: the loop sleeps between passes"
         _activity(loop, ring)
         assert _passes_within(loop) <= 5, "activity does not end the pause"
-        time.sleep(max(0.0, paused_at + 0.5 - time.monotonic()))
+        time.sleep(max(0.0, paused_at + 0.3 - time.monotonic()))
         _activity(loop, ring)  # the pause is over: activity opens a window again
         assert _passes_within(loop) >= 50
-        assert len(pauses) == 1
+
+        # The task is still there: the next pause, soon after, is twice as long.
+        _lose_until_paused(loop, ring, pauses, monkeypatch)
+        paused_at = time.monotonic()
+        time.sleep(0.4)
+        _activity(loop, ring)
+        assert _passes_within(loop) <= 5, "paused for 0.6 s, not 0.3"
+        time.sleep(max(0.0, paused_at + 0.6 - time.monotonic()))
+        _activity(loop, ring)
+        assert _passes_within(loop) >= 50
+
+        # Long after: a burst of losses (a peer's) pauses it for the shortest time again.
+        time.sleep(uring_loop.POLL_PAUSE_RESET_S)
+        _lose_until_paused(loop, ring, pauses, monkeypatch)
+        paused_at = time.monotonic()
+        time.sleep(max(0.0, paused_at + 0.3 - time.monotonic()))
+        _activity(loop, ring)
+        assert _passes_within(loop) >= 50
+        assert len(pauses) == 3
 
 
 def test_lost_yields_now_and_then_keep_the_poll(
