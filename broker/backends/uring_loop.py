@@ -216,7 +216,7 @@ class Loop:
         long."""
         recent = now - self._poll_again_at < POLL_PAUSE_RESET_S
         self._pause_s = min(self._pause_s * 2, POLL_PAUSE_MAX_S) if recent else POLL_PAUSE_MIN_S
-        self._losses = 0
+        self._losses, self._losses_since = 0, -math.inf  # the next loss starts a new window
         self._busy_until = 0.0
         self._poll_again_at = now + self._pause_s
         if self._on_poll_pause is not None:

@@ -105,9 +105,21 @@ def test_an_empty_polling_pass_yields_the_cpu(pipe: tuple[int, int], monkeypatch
         assert len(yields) == 1
 
 
+# The rule's times scaled up for the tests below, so that the machine's own preemptions (a few ms
+# under load) neither count as a lost yield nor stretch a burst of them past its window.
+LOST_S = 0.03
+
+
 def _lost_slice() -> None:
     """A yield that gave the CPU away for a slice, as a CPU-bound task on it takes it."""
-    time.sleep(0.002)
+    time.sleep(LOST_S + 0.01)
+
+
+def _scale_the_rule(monkeypatch: pytest.MonkeyPatch, window_s: float) -> None:
+    import broker.backends.uring_loop as uring_loop
+
+    monkeypatch.setattr(uring_loop, "YIELD_LOST_S", LOST_S)
+    monkeypatch.setattr(uring_loop, "YIELD_LOSS_WINDOW_S", window_s)
 
 
 def _bounded_pass(loop: Loop) -> None:
@@ -130,20 +142,27 @@ def _passes_within(loop: Loop, seconds: float = 0.1) -> int:
 
 
 def _lose_until_paused(loop: Loop, ring: Ring, pauses: list[None], monkeypatch: pytest.MonkeyPatch) -> None:
-    """Polling passes whose yields all lose the CPU (`_lost_slice`), one short of a pause and then
-    the one that pauses; the CPU is free again after."""
+    """Polling passes whose yields all lose the CPU (`_lost_slice`) until the poll pauses, which
+    must come at the YIELD_LOSSES_TO_PAUSE-th loss (a pass that reaps a stray completion, such as
+    an old alarm's, does not yield); the CPU is free again after."""
     import broker.backends.uring_loop as uring_loop
 
     before = len(pauses)
+    seen: list[int] = []  # the pauses so far, at each lost yield
+
+    def lose() -> None:
+        seen.append(len(pauses))
+        _lost_slice()
+
     _activity(loop, ring)
-    monkeypatch.setattr(uring_loop.os, "sched_yield", _lost_slice)
-    _bounded_pass(loop)  # polls without yielding: the last pass ran a completion
-    for _ in range(uring_loop.YIELD_LOSSES_TO_PAUSE - 1):
-        _bounded_pass(loop)  # yields, and loses the CPU: a peer's turn, now and then
-    assert len(pauses) == before
-    _bounded_pass(loop)  # again and again within YIELD_LOSS_WINDOW_S: a CPU-bound task
-    assert len(pauses) == before + 1
+    monkeypatch.setattr(uring_loop.os, "sched_yield", lose)
+    for _ in range(3 * uring_loop.YIELD_LOSSES_TO_PAUSE):
+        _bounded_pass(loop)
+        if len(pauses) > before:
+            break
     monkeypatch.setattr(uring_loop.os, "sched_yield", lambda: None)
+    assert len(pauses) == before + 1
+    assert seen == [before] * uring_loop.YIELD_LOSSES_TO_PAUSE  # none sooner, and no more
 
 
 def test_a_poll_that_keeps_losing_the_cpu_pauses(
@@ -151,7 +170,9 @@ def test_a_poll_that_keeps_losing_the_cpu_pauses(
 ) -> None:
     import broker.backends.uring_loop as uring_loop
 
-    monkeypatch.setattr(uring_loop, "POLL_PAUSE_MIN_S", 0.3)
+    _scale_the_rule(monkeypatch, window_s=1.0)
+    monkeypatch.setattr(uring_loop, "POLL_PAUSE_MIN_S", 0.5)
+    monkeypatch.setattr(uring_loop, "POLL_PAUSE_RESET_S", 2.0)
     r, _ = pipe
     pauses: list[None] = []
     with Ring(16) as ring:
@@ -163,17 +184,17 @@ def test_a_poll_that_keeps_losing_the_cpu_pauses(
         assert _passes_within(loop) <= 5, "the poll paused: the loop sleeps between passes"
         _activity(loop, ring)
         assert _passes_within(loop) <= 5, "activity does not end the pause"
-        time.sleep(max(0.0, paused_at + 0.3 - time.monotonic()))
+        time.sleep(max(0.0, paused_at + 0.5 - time.monotonic()))
         _activity(loop, ring)  # the pause is over: activity opens a window again
         assert _passes_within(loop) >= 50
 
         # The task is still there: the next pause, soon after, is twice as long.
         _lose_until_paused(loop, ring, pauses, monkeypatch)
         paused_at = time.monotonic()
-        time.sleep(0.4)
+        time.sleep(0.6)
         _activity(loop, ring)
-        assert _passes_within(loop) <= 5, "paused for 0.6 s, not 0.3"
-        time.sleep(max(0.0, paused_at + 0.6 - time.monotonic()))
+        assert _passes_within(loop) <= 5, "paused for 1 s, not 0.5"
+        time.sleep(max(0.0, paused_at + 1.0 - time.monotonic()))
         _activity(loop, ring)
         assert _passes_within(loop) >= 50
 
@@ -181,7 +202,7 @@ def test_a_poll_that_keeps_losing_the_cpu_pauses(
         time.sleep(uring_loop.POLL_PAUSE_RESET_S)
         _lose_until_paused(loop, ring, pauses, monkeypatch)
         paused_at = time.monotonic()
-        time.sleep(max(0.0, paused_at + 0.3 - time.monotonic()))
+        time.sleep(max(0.0, paused_at + 0.5 - time.monotonic()))
         _activity(loop, ring)
         assert _passes_within(loop) >= 50
         assert len(pauses) == 3
@@ -192,6 +213,7 @@ def test_lost_yields_now_and_then_keep_the_poll(
 ) -> None:
     import broker.backends.uring_loop as uring_loop
 
+    _scale_the_rule(monkeypatch, window_s=0.5)
     monkeypatch.setattr(uring_loop.os, "sched_yield", _lost_slice)
     r, _ = pipe
     pauses: list[None] = []
