@@ -122,6 +122,15 @@ def _scale_the_rule(monkeypatch: pytest.MonkeyPatch, window_s: float) -> None:
     monkeypatch.setattr(uring_loop, "YIELD_LOSS_WINDOW_S", window_s)
 
 
+def _idle_polling_loop(ring: Ring, r: int, pauses: list[None]) -> Loop:
+    """A polling loop that records its pauses in `pauses`, its window just opened by a
+    completion, with a read of `r` in flight that never completes: its passes find nothing."""
+    loop = Loop(ring, busy_poll_us=POLL_US, on_poll_pause=lambda: pauses.append(None))
+    _activity(loop, ring)
+    ring.prep_read(r, bytearray(8), 0, loop.op(lambda res, flags: None))
+    return loop
+
+
 def _bounded_pass(loop: Loop) -> None:
     """One pass that cannot wait forever: a paused poll sleeps until a completion or a timer."""
     timer = loop.call_later(1.0, lambda: None)
@@ -176,9 +185,7 @@ def test_a_poll_that_keeps_losing_the_cpu_pauses(
     r, _ = pipe
     pauses: list[None] = []
     with Ring(16) as ring:
-        loop = Loop(ring, busy_poll_us=POLL_US, on_poll_pause=lambda: pauses.append(None))
-        _activity(loop, ring)
-        ring.prep_read(r, bytearray(8), 0, loop.op(lambda res, flags: None))  # never completes
+        loop = _idle_polling_loop(ring, r, pauses)
         _lose_until_paused(loop, ring, pauses, monkeypatch)
         paused_at = time.monotonic()
         assert _passes_within(loop) <= 5, "the poll paused: the loop sleeps between passes"
@@ -218,9 +225,7 @@ def test_lost_yields_now_and_then_keep_the_poll(
     r, _ = pipe
     pauses: list[None] = []
     with Ring(16) as ring:
-        loop = Loop(ring, busy_poll_us=POLL_US, on_poll_pause=lambda: pauses.append(None))
-        _activity(loop, ring)
-        ring.prep_read(r, bytearray(8), 0, loop.op(lambda res, flags: None))  # never completes
+        loop = _idle_polling_loop(ring, r, pauses)
         _bounded_pass(loop)  # polls without yielding: the last pass ran a completion
         for _ in range(2):
             for _ in range(uring_loop.YIELD_LOSSES_TO_PAUSE - 1):
@@ -245,9 +250,7 @@ def test_a_cpu_bound_process_on_the_cpu_pauses_the_poll(pipe: tuple[int, int]) -
         os.sched_setaffinity(0, {cpu})
         time.sleep(0.2)  # the hog is running on it
         with Ring(16) as ring:
-            loop = Loop(ring, busy_poll_us=POLL_US, on_poll_pause=lambda: pauses.append(None))
-            _activity(loop, ring)
-            ring.prep_read(r, bytearray(8), 0, loop.op(lambda res, flags: None))  # never completes
+            loop = _idle_polling_loop(ring, r, pauses)
             deadline = time.monotonic() + 5.0
             while not pauses and time.monotonic() < deadline:
                 _bounded_pass(loop)
