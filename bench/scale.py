@@ -63,11 +63,12 @@ Tansu where Tansu ran the same work; verdict PASS/FAIL against the goal, or "rep
   memory). Printed.
 The brokers of R5-R10 run under `prlimit --nofile` sized for P partitions, with `--max-partitions`
 raised to P + 1000. Before, the free disk is checked: the first append to a partition
-preallocates 1 MiB (broker/storage/log_config.py PREALLOCATE_BYTES); P is lowered to what fits
+preallocates 64 KiB (broker/storage/log_config.py PREALLOCATE_BYTES); P is lowered to what fits
 with a margin (at least 20 GiB or 30% of the free space left free), and the header says so.
 - R12 spread, librdkafka: produce for `spread_s` to 1 partition and to 1000 (round robin by explicit
-  partition; linger 5 ms), acks=all and acks=1; rate over 1000 / rate over 1. Tansu beside. Goal
-  >= 0.7 (both acks). Beside them the rates over 1000 and the client's CPU per second then.
+  partition; linger 5 ms), acks=all and acks=1, each in the order 1, 1000, 1000, 1, each run on
+  a topic of its own deleted after it (`spread_pairs` says why); rate over 1000 / rate over 1.
+  Tansu beside. Goal >= 0.7 (both acks). Beside them the rates over 1000 and the client's CPU per second then.
 - R13 spread, our client: the same with `Producer`. Goal >= 0.7.
 - R14 group: 50 librdkafka consumers (threads of this process, roundrobin assignment) subscribe to a
   topic of 10 000 partitions (2 000 quick): time until every member holds partitions and together
@@ -751,9 +752,11 @@ def partitions_round(
             with Admin(b.bootstrap) as a:
                 a.create_topic("one", 1)
             first, n = next(iter(topics.items()))
-            n1, w1 = k_produce_for(b.bootstrap, "one", 1, sizes.spread_s, "1")
-            nm, wm = k_produce_for(b.bootstrap, first, n, sizes.spread_s, "1")
-            res["spread"] = (nm / wm) / (n1 / w1)
+            rate1, rate_many, _ = one_many_one(
+                lambda: k_produce_for(b.bootstrap, "one", 1, sizes.spread_s, "1"),
+                lambda: k_produce_for(b.bootstrap, first, n, sizes.spread_s, "1"),
+            )
+            res["spread"] = rate_many / rate1
         if restart:
             t0 = time.perf_counter()
             # the supervisor's own wait grows with the partitions: the cap grows as it does
@@ -847,25 +850,62 @@ def phase_partitions(
 # ------------------------------------------------------------------------------------------ R12-R14
 
 
-def spread_pairs(bootstrap: str, many: int, seconds: float, ours: bool) -> dict[str, float]:
-    """Rate over `many` partitions / rate over 1, per acks, alternated; beside them the rates
-    and the client's CPU (this process: the producer and, for librdkafka, its threads) per
-    second over `many`, which says when the client, on the broker's CPUs, is the limit."""
+def one_many_one(
+    one: Callable[[], tuple[int, float]], many: Callable[[], tuple[int, float]]
+) -> tuple[float, float, float]:
+    """(rate over one partition, rate over many, this process's CPU per second of the many runs),
+    run in the order one, many, many, one: each variant as late in the run as the other on
+    average, for what grows over a run (the page cache: `spread_pairs`)."""
+    n1, w1 = one()
+    cpu0 = time.process_time()
+    nm, wm = many()
+    nm2, wm2 = many()
+    cpu = (time.process_time() - cpu0) / (wm + wm2)
+    n12, w12 = one()
+    return (n1 + n12) / (w1 + w12), (nm + nm2) / (wm + wm2), cpu
+
+
+def k_delete(bootstrap: str, topic: str, timeout_s: float) -> None:
+    """DeleteTopics of `topic`: ringlog answers once its files are gone, their page cache with them
+    (broker/core/core.py `delete_topic`)."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient(kconf(bootstrap, **{"socket.timeout.ms": int(timeout_s * 1000)}))
+    for f in admin.delete_topics([topic], operation_timeout=timeout_s).values():
+        f.result(timeout_s)
+
+
+def spread_pairs(bootstrap: str, many: int, seconds: float, ours: bool, timeout_s: float) -> dict[str, float]:
+    """Rate over `many` partitions / rate over 1, per acks (`one_many_one`); beside them the
+    rates and the client's CPU (this process: the producer and, for librdkafka, its threads) per
+    second over `many`, which says when the client, on the broker's CPUs, is the limit.
+
+    Each run writes a topic of its own, deleted after it. Records kept in the page cache send
+    the runs after them to guest memory the host has taken back, a host fault a page (a broker
+    there spent 34-54% of its samples in the page-cache copy, `copy_folio_from_iter_atomic`, ~3
+    us a KiB against ~0.3): with two topics kept for the whole row, R12 read 0.31-0.82 in runs
+    of one tree, with a topic a run 0.40-0.58 (docs/PERFORMANCE.md, "The guest's free memory
+    goes back to the host")."""
     out = {}
+    runs = [0]
     for acks in ("all", "1"):
 
-        def produce(topic: str, n: int, acks: str = acks) -> tuple[int, float]:
-            if ours:
-                return r_produce_for(bootstrap, topic, n, seconds, acks == "all")
-            return k_produce_for(bootstrap, topic, n, seconds, acks)
+        def produce(n: int, acks: str = acks) -> tuple[int, float]:
+            runs[0] += 1
+            topic = f"spread-{runs[0]}"
+            k_create(bootstrap, {topic: n}, timeout_s)
+            try:
+                if ours:
+                    return r_produce_for(bootstrap, topic, n, seconds, acks == "all")
+                return k_produce_for(bootstrap, topic, n, seconds, acks)
+            finally:
+                k_delete(bootstrap, topic, timeout_s)
 
-        n1, w1 = produce("one", 1)
-        cpu0 = time.process_time()
-        nm, wm = produce("many", many)
-        out[f"client_cpu_{acks}"] = (time.process_time() - cpu0) / wm
-        out[acks] = (nm / wm) / (n1 / w1)
-        out[f"rate1_{acks}"] = n1 / w1
-        out[f"rate_many_{acks}"] = nm / wm
+        rate1, rate_many, client_cpu = one_many_one(lambda: produce(1), lambda: produce(many))
+        out[f"client_cpu_{acks}"] = client_cpu
+        out[acks] = rate_many / rate1
+        out[f"rate1_{acks}"] = rate1
+        out[f"rate_many_{acks}"] = rate_many
     return out
 
 
@@ -885,11 +925,10 @@ def phase_spread(
     b = broker(started, root, f"spread-{backend}", backend, cores, extra, nofile_for(many + 10))
     out: dict[str, float] = {}
     try:
-        k_create(b.bootstrap, {"one": 1, "many": many}, sizes.step_timeout_s)
         for row, ours in (("R12", False), ("R13", True)):
             if row not in only:
                 continue
-            s = spread_pairs(b.bootstrap, many, sizes.spread_s, ours)
+            s = spread_pairs(b.bootstrap, many, sizes.spread_s, ours, sizes.step_timeout_s)
             rows[row].cells[backend] = spread_cell(s)
             rows[row].figures[backend] = min(s["all"], s["1"])
             out.update({f"{row}_{k}": v for k, v in s.items()})
@@ -1261,8 +1300,9 @@ def tansu_rows(
             t = started.add(Tansu(root, "tansu"))
             t.start()
             try:
-                k_create(t.bootstrap, {"one": 1, "many": sizes.spread_partitions}, sizes.step_timeout_s)
-                s = spread_pairs(t.bootstrap, sizes.spread_partitions, sizes.spread_s, ours=False)
+                s = spread_pairs(
+                    t.bootstrap, sizes.spread_partitions, sizes.spread_s, False, sizes.step_timeout_s
+                )
                 rows["R12"].cells["tansu"] = spread_cell(s)
             finally:
                 started.stop(t)
