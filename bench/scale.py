@@ -23,8 +23,10 @@ What runs (everything on loopback, on this machine's CPUs, shared with the clien
 Rows (values per backend; "ratio" is the one the goal names, measured in this run, or ringlog over
 Tansu where Tansu ran the same work; verdict PASS/FAIL against the goal, or "reported"):
 - R1 replication, librdkafka: 1 KiB values, 3 partitions; the cluster with replication 3, acks=all,
-  idempotent, against one node (no etcd) with acks=1; produce for `repl_s` each, alternated, MB/s
-  from the first produce to flush() returning. Goal: cluster / one node >= 0.5. Beside it the
+  idempotent, against one node (no etcd) with acks=1; produce for `repl_s` a run, in the order
+  one node, cluster, cluster, one node (`one_many_one` says why), each run on a topic of its own
+  deleted after it (`spread_pairs` says why), MB/s from the first produce to flush() returning,
+  over both runs of each. Goal: cluster / one node >= 0.5. Beside it the
   client's CPU per second (this process) in each, on the same 2 CPUs as the nodes. librdkafka's
   idempotent producer keeps one produce request in flight per partition (it counts the messages
   in flight against its limit of 5 requests: librdkafka pull request 4989), and its broker
@@ -613,6 +615,27 @@ def r4_latency(
     row.figures[backend] = p3 / 1000
 
 
+@dataclass(frozen=True)
+class Ran:
+    """What a run of R1-R3 wrote and cost; two runs of a variant add up."""
+
+    gb: float
+    wall_s: float
+    cpu_s: list[float]  # per broker process (its tree), in the order given
+    client_s: float  # this process's CPU meanwhile: the client's
+    leader: int = 1  # the node leading its topic's first partition (R3's one-partition run)
+
+    @property
+    def mbs(self) -> float:
+        return self.gb * 1000 / self.wall_s
+
+    def __add__(self, other: Ran) -> Ran:
+        cpu = [a + b for a, b in zip(self.cpu_s, other.cpu_s, strict=True)]
+        return Ran(
+            self.gb + other.gb, self.wall_s + other.wall_s, cpu, self.client_s + other.client_s, self.leader
+        )
+
+
 def phase_replication(
     rows: dict[str, Row], only: set[str], root: Path, backend: str, sizes: Sizes, started: Started
 ) -> dict[str, float]:
@@ -626,54 +649,64 @@ def phase_replication(
         a.create_topic("r", 3)
     with Admin(cluster) as a:
         tid = a.create_topic("r", 3, replication=3)
-        tid1 = a.create_topic("r1", 1, replication=3)
 
     def in_sync(topic_id: int, count: int) -> bool:
         got = states(nodes[1], topic_id)
         return len(got) == count and all(len(s["isr"]) == 3 for s in got.values())
 
-    for t, n in ((tid, 3), (tid1, 1)):
-        wait_for(lambda t=t, n=n: in_sync(t, n), sizes.step_timeout_s)
+    wait_for(lambda: in_sync(tid, 3), sizes.step_timeout_s)
     node_list = list(nodes.values())
+    made = [0]
 
-    client_cpu: list[float] = []  # this process's CPU per second of each `run`: the client's
-
-    def clients() -> str:
-        """The client's CPU in the last two runs (the cluster's, then the one node's)."""
-        return f"client {client_cpu[-1]:.1f}/{client_cpu[-2]:.1f} CPU"
-
-    def run(
-        fn: Callable[[], tuple[int, float]], procs: list[BrokerProcess]
-    ) -> tuple[float, float, list[float]]:
+    def run(replicated: bool, partitions: int, produce: Callable[[str, int], tuple[int, float]]) -> Ran:
+        """`produce(topic, partitions)` on a topic of its own (R4's "r" aside), deleted after it:
+        what a run writes leaves the page cache with it (`spread_pairs` says why)."""
+        made[0] += 1
+        topic = f"r-{made[0]}"
+        procs = node_list if replicated else [single]
+        bootstrap = cluster if replicated else single.bootstrap
+        with Admin(bootstrap) as a:
+            topic_id = a.create_topic(topic, partitions, replication=3 if replicated else 1)
+        if replicated:
+            wait_for(lambda: in_sync(topic_id, partitions), sizes.step_timeout_s)
         cpu0 = [tree_cpu(p.pid) for p in procs]
         client0 = time.process_time()
-        records, wall = fn()
+        records, wall = produce(topic, partitions)
         cpu = [tree_cpu(p.pid) - c for p, c in zip(procs, cpu0, strict=True)]
-        client_cpu.append((time.process_time() - client0) / wall)
-        gb = records * len(VALUE) / 1e9
-        return records * len(VALUE) / 1e6 / wall, gb, cpu
+        client = time.process_time() - client0
+        leader = states(nodes[1], topic_id)[0]["leader"] if replicated else 1
+        with Admin(bootstrap) as a:
+            a.delete_topic(topic)
+        return Ran(records * len(VALUE) / 1e9, wall, cpu, client, leader)
+
+    def alternated(
+        one: Callable[[str, int], tuple[int, float]], three: Callable[[str, int], tuple[int, float]]
+    ) -> tuple[Ran, Ran]:
+        """The one node's runs and the cluster's, each summed, in the order one, three, three,
+        one (`one_many_one` says why)."""
+        a = run(False, 3, one)
+        b = run(True, 3, three) + run(True, 3, three)
+        return a + run(False, 3, one), b
+
+    def clients(one: Ran, three: Ran) -> str:
+        return f"client {three.client_s / three.wall_s:.1f}/{one.client_s / one.wall_s:.1f} CPU"
 
     if only & {"R1", "R3"}:
-        one_mbs, one_gb, one_cpu = run(
-            lambda: k_produce_for(single.bootstrap, "r", 3, sizes.repl_s, "1"), [single]
+        one, three = alternated(
+            lambda t, n: k_produce_for(single.bootstrap, t, n, sizes.repl_s, "1"),
+            lambda t, n: k_produce_for(cluster, t, n, sizes.repl_s, "all", idempotent=True),
         )
-        three_mbs, three_gb, three_cpu = run(
-            lambda: k_produce_for(cluster, "r", 3, sizes.repl_s, "all", idempotent=True), node_list
-        )
-        ratio = three_mbs / one_mbs
-        rows["R1"].cells[backend] = f"{ratio:.2f} ({three_mbs:.0f}/{one_mbs:.0f} MB/s; {clients()})"
+        ratio = three.mbs / one.mbs
+        rows["R1"].cells[backend] = f"{ratio:.2f} ({three.mbs:.0f}/{one.mbs:.0f} MB/s; {clients(one, three)})"
         rows["R1"].figures[backend] = ratio
-        out.update(one_mbs=one_mbs, three_mbs=three_mbs)
-        one_cpu_gb = sum(one_cpu) / one_gb
-        all_cpu_gb = sum(three_cpu) / three_gb
+        out.update(one_mbs=one.mbs, three_mbs=three.mbs)
+        one_cpu_gb = sum(one.cpu_s) / one.gb
+        all_cpu_gb = sum(three.cpu_s) / three.gb
         out.update(one_cpu_gb=one_cpu_gb, three_cpu_gb=all_cpu_gb)
         if "R3" in only:
-            leader = states(nodes[1], tid1)[0]["leader"]
-            _, gb1, cpu1 = run(
-                lambda: k_produce_for(cluster, "r1", 1, sizes.cpu_s, "all", idempotent=True), node_list
-            )
-            lead = cpu1[leader - 1] / gb1
-            follow = (sum(cpu1) - cpu1[leader - 1]) / gb1
+            r3 = run(True, 1, lambda t, n: k_produce_for(cluster, t, n, sizes.cpu_s, "all", idempotent=True))
+            lead = r3.cpu_s[r3.leader - 1] / r3.gb
+            follow = (sum(r3.cpu_s) - r3.cpu_s[r3.leader - 1]) / r3.gb
             rows["R3"].cells[backend] = (
                 f"{all_cpu_gb:.1f} all (1 partition: {lead:.1f} leader + {follow:.1f} followers); "
                 f"1 node {one_cpu_gb:.1f}"
@@ -681,10 +714,12 @@ def phase_replication(
     if "R4" in only:
         r4_latency(rows["R4"], backend, single, cluster, node_list, max(50, int(sizes.repl_s * 500)))
     if "R2" in only:
-        one_mbs, _, _ = run(lambda: r_produce_for(single.bootstrap, "r", 3, sizes.repl_s, False), [single])
-        three_mbs, _, _ = run(lambda: r_produce_for(cluster, "r", 3, sizes.repl_s, True), node_list)
-        ratio = three_mbs / one_mbs
-        rows["R2"].cells[backend] = f"{ratio:.2f} ({three_mbs:.0f}/{one_mbs:.0f} MB/s; {clients()})"
+        one, three = alternated(
+            lambda t, n: r_produce_for(single.bootstrap, t, n, sizes.repl_s, False),
+            lambda t, n: r_produce_for(cluster, t, n, sizes.repl_s, True),
+        )
+        ratio = three.mbs / one.mbs
+        rows["R2"].cells[backend] = f"{ratio:.2f} ({three.mbs:.0f}/{one.mbs:.0f} MB/s; {clients(one, three)})"
         rows["R2"].figures[backend] = ratio
     for n in [*node_list, single]:
         started.stop(n)
