@@ -111,7 +111,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from benchlib import (
     PAGE_REPORTING,
@@ -682,11 +682,9 @@ def phase_replication(
     def alternated(
         one: Callable[[str, int], tuple[int, float]], three: Callable[[str, int], tuple[int, float]]
     ) -> tuple[Ran, Ran]:
-        """The one node's runs and the cluster's, each summed, in the order one, three, three,
-        one (`one_many_one` says why)."""
-        a = run(False, 3, one)
-        b = run(True, 3, three) + run(True, 3, three)
-        return a + run(False, 3, one), b
+        """The one node's runs and the cluster's, each summed (`one_many_one`'s order)."""
+        ones, threes = one_many_one(lambda: run(False, 3, one), lambda: run(True, 3, three))
+        return ones[0] + ones[1], threes[0] + threes[1]
 
     def clients(one: Ran, three: Ran) -> str:
         return f"client {three.client_s / three.wall_s:.1f}/{one.client_s / one.wall_s:.1f} CPU"
@@ -787,11 +785,12 @@ def partitions_round(
             with Admin(b.bootstrap) as a:
                 a.create_topic("one", 1)
             first, n = next(iter(topics.items()))
-            rate1, rate_many, _ = one_many_one(
+            ones, manys = one_many_one(
                 lambda: k_produce_for(b.bootstrap, "one", 1, sizes.spread_s, "1"),
                 lambda: k_produce_for(b.bootstrap, first, n, sizes.spread_s, "1"),
             )
-            res["spread"] = rate_many / rate1
+            rate1 = sum(r[0] for r in ones) / sum(r[1] for r in ones)
+            res["spread"] = sum(r[0] for r in manys) / sum(r[1] for r in manys) / rate1
         if restart:
             t0 = time.perf_counter()
             # the supervisor's own wait grows with the partitions: the cap grows as it does
@@ -885,19 +884,16 @@ def phase_partitions(
 # ------------------------------------------------------------------------------------------ R12-R14
 
 
-def one_many_one(
-    one: Callable[[], tuple[int, float]], many: Callable[[], tuple[int, float]]
-) -> tuple[float, float, float]:
-    """(rate over one partition, rate over many, this process's CPU per second of the many runs),
-    run in the order one, many, many, one: each variant as late in the run as the other on
-    average, for what grows over a run (the page cache: `spread_pairs`)."""
-    n1, w1 = one()
-    cpu0 = time.process_time()
-    nm, wm = many()
-    nm2, wm2 = many()
-    cpu = (time.process_time() - cpu0) / (wm + wm2)
-    n12, w12 = one()
-    return (n1 + n12) / (w1 + w12), (nm + nm2) / (wm + wm2), cpu
+T = TypeVar("T")
+
+
+def one_many_one(one: Callable[[], T], many: Callable[[], T]) -> tuple[tuple[T, T], tuple[T, T]]:
+    """The two runs of `one` and the two of `many`, made in the order one, many, many, one: each
+    variant as late in the row as the other on average, for what grows over a row (the page
+    cache: `spread_pairs`)."""
+    first = one()
+    many_runs = (many(), many())
+    return (first, one()), many_runs
 
 
 def k_delete(bootstrap: str, topic: str, timeout_s: float) -> None:
@@ -925,19 +921,25 @@ def spread_pairs(bootstrap: str, many: int, seconds: float, ours: bool, timeout_
     runs = [0]
     for acks in ("all", "1"):
 
-        def produce(n: int, acks: str = acks) -> tuple[int, float]:
+        def produce(n: int, acks: str = acks) -> tuple[int, float, float]:
+            """(records, wall s, this process's CPU s meanwhile) of one run."""
             runs[0] += 1
             topic = f"spread-{runs[0]}"
             k_create(bootstrap, {topic: n}, timeout_s)
             try:
+                cpu0 = time.process_time()
                 if ours:
-                    return r_produce_for(bootstrap, topic, n, seconds, acks == "all")
-                return k_produce_for(bootstrap, topic, n, seconds, acks)
+                    records, wall = r_produce_for(bootstrap, topic, n, seconds, acks == "all")
+                else:
+                    records, wall = k_produce_for(bootstrap, topic, n, seconds, acks)
+                return records, wall, time.process_time() - cpu0
             finally:
                 k_delete(bootstrap, topic, timeout_s)
 
-        rate1, rate_many, client_cpu = one_many_one(lambda: produce(1), lambda: produce(many))
-        out[f"client_cpu_{acks}"] = client_cpu
+        ones, manys = one_many_one(lambda: produce(1), lambda: produce(many))
+        rate1 = sum(r[0] for r in ones) / sum(r[1] for r in ones)
+        rate_many = sum(r[0] for r in manys) / sum(r[1] for r in manys)
+        out[f"client_cpu_{acks}"] = sum(r[2] for r in manys) / sum(r[1] for r in manys)
         out[acks] = rate_many / rate1
         out[f"rate1_{acks}"] = rate1
         out[f"rate_many_{acks}"] = rate_many
