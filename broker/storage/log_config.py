@@ -16,12 +16,13 @@ from ringlog_proto.batch import CODEC_NAMES
 
 SEGMENT_BYTES_MAX = 1 << 31  # index positions are u32; 2 GiB keeps every position far from overflow
 # A segment's store is preallocated ahead of its appends (broker/storage/preallocation.py) in steps
-# of this many bytes, each twice the last while appends use them up quickly, up to the most; a
-# tail of zeros no longer than that after the last batch is that space, left by a process that was
-# killed (a clean close gives it back), not damage (broker/storage/segment_recovery.py).
+# of this many bytes, each twice the last while appends use one up in under a second, up to the
+# most (a partition holds about one to two seconds of its appends ahead); a tail of zeros no longer
+# than that after the last batch is that space, left by a process that was killed (a clean close
+# gives it back), not damage (broker/storage/segment_recovery.py).
 # The first step is small because every partition touched once holds it: 100k partitions hold
-# ~6 GiB at 64 KiB (at 1 MiB they held ~98 GiB, more than many disks have); a stream ramps to the
-# most within a few steps, so only slow partitions pay the extra fallocates (~20 us each).
+# ~6 GiB at 64 KiB (at 1 MiB they held ~98 GiB, more than many disks have); a busier partition
+# ramps within a few steps, so none pays much more than a fallocate (~20 us) a second.
 PREALLOCATE_BYTES = 64 << 10
 PREALLOCATE_BYTES_MAX = 8 << 20
 # A compressed batch may inflate to this many times max_batch_bytes (`LogConfig.max_decompressed_bytes`):

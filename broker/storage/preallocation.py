@@ -1,10 +1,10 @@
 """The active segment's store file, allocated ahead of its appends (one `Preallocation` per log).
 
 Rules this module keeps:
-- One posix_fallocate per `PREALLOCATE_BYTES` appended, per up to `PREALLOCATE_BYTES_MAX` while
-  the appends come fast (broker/storage/log_config.py has both and why); never past the segment size
-  unless one append alone is larger. The log gives the space back when the segment rolls or the
-  log closes (`Segment.release_preallocated`).
+- One posix_fallocate per `PREALLOCATE_BYTES` appended, per up to `PREALLOCATE_BYTES_MAX` as the
+  appends come faster: about a second of them (broker/storage/log_config.py has both and why);
+  never past the segment size unless one append alone is larger. The log gives the space back
+  when the segment rolls or the log closes (`Segment.release_preallocated`).
 - A file system that cannot preallocate turns it off for the log; a full disk does not (the space
   may come back), and neither leaves blocks allocated that no append counts on.
 - Owned by its log, so by one core; nothing here is thread-safe.
@@ -22,11 +22,12 @@ from broker.storage.segment import Segment
 
 log = logging.getLogger("broker.storage.log")  # the log's lines, as before this module was apart
 
-# Preallocation steps used up at PREALLOCATE_RAMP_BYTES per PREALLOCATE_RAMP_MS or faster double.
-# The rate is not tied to the first step: a partition under a MiB a second stays at the first
-# step (64 KiB: a few fallocates a second at most), one above ramps to the largest.
+# A step lasting under PREALLOCATE_RAMP_MS of appends is doubled (up to PREALLOCATE_BYTES_MAX); one
+# lasting over twice that long is cut to what that long of appends takes (at least the first).
+# So a partition holds between one and two such spans of its own appends ahead, at most one
+# fallocate a span: the disk held ahead of all partitions together follows what they take, not
+# how many they are (100k idle ones hold the first step each).
 PREALLOCATE_RAMP_MS = 1000
-PREALLOCATE_RAMP_BYTES = 1 << 20
 
 
 class Preallocation:
@@ -50,21 +51,26 @@ class Preallocation:
         `reserved_size`: the store size the log's appends prepared so far count on;
         `segment_bytes`: the log's config's (read at each append: a test may change it).
 
-        The step is `PREALLOCATE_BYTES`, doubled (up to `PREALLOCATE_BYTES_MAX`) each time the
-        appends since the last step came at `PREALLOCATE_RAMP_BYTES` per `PREALLOCATE_RAMP_MS` or faster:
-        a partition taking a stream of large batches makes one fallocate per 8 MiB, not per
-        64 KiB or MiB (~20 us each: 3% of an ingesting core at a MiB), while the disk held ahead
-        of a slow or idle partition's data stays 64 KiB."""
+        The step follows the appends' rate (see PREALLOCATE_RAMP_MS): a partition taking a stream
+        of large batches makes one fallocate per 8 MiB, not per 64 KiB or MiB (~20 us each: 3% of
+        an ingesting core at a MiB), one among 1000 taking 300 KiB/s each one a second, not five
+        (5000 fallocates a second were 6% of that core's samples), while the disk held ahead of a
+        slow or idle partition's data stays 64 KiB."""
         if not self._enabled:
             return
         now = self._clock()
         # What was appended since the last step (at least that step, more when one append
         # crossed it: a stream of batches larger than the step is still a stream).
         appended = end - self._last_end if end > self._last_end else end  # a new segment: from 0
-        if (now - self._last_ms) * PREALLOCATE_RAMP_BYTES < PREALLOCATE_RAMP_MS * appended:
+        took_ms = now - self._last_ms
+        if took_ms * self._step < PREALLOCATE_RAMP_MS * appended:  # the step lasted under that long
             self._step = min(2 * self._step, PREALLOCATE_BYTES_MAX)
-        else:
-            self._step = PREALLOCATE_BYTES
+        elif 2 * PREALLOCATE_RAMP_MS * appended <= took_ms * self._step:  # over twice that long
+            wanted = PREALLOCATE_RAMP_MS * appended // took_ms
+            step = PREALLOCATE_BYTES
+            while step < wanted:
+                step *= 2
+            self._step = step
         self._last_ms = now
         self._last_end = end
         target = max(end, min(end + self._step, segment_bytes))

@@ -18,7 +18,7 @@ from broker.storage.errors import StorageError
 from broker.storage.fileio import SyncFileIO, run_ops
 from broker.storage.log import Log, LogConfig
 from broker.storage.log_config import PREALLOCATE_BYTES, PREALLOCATE_BYTES_MAX
-from broker.storage.preallocation import PREALLOCATE_RAMP_BYTES, PREALLOCATE_RAMP_MS
+from broker.storage.preallocation import PREALLOCATE_RAMP_MS
 from ringlog_proto.batch import encode_batch
 
 CONFIG = LogConfig(segment_bytes=4 * PREALLOCATE_BYTES, max_batch_bytes=64 * 1024, retention_ms=None)
@@ -114,10 +114,9 @@ def test_appends_go_on_where_the_file_system_cannot_preallocate(tmp_path, kit):
 
 
 def test_the_step_doubles_while_appends_use_it_up_quickly_and_starts_over_after_a_pause(tmp_path):
-    """One fallocate per MiB costs an ingesting core ~3%: a log whose appends use each step up at
-    a MiB per PREALLOCATE_RAMP_MS or faster takes twice the last, up to PREALLOCATE_BYTES_MAX;
-    after a pause it is back to PREALLOCATE_BYTES (the disk held ahead of a slow partition stays
-    small)."""
+    """One fallocate per MiB costs an ingesting core ~3%: a log whose appends use each step up in
+    under PREALLOCATE_RAMP_MS takes twice the last, up to PREALLOCATE_BYTES_MAX; after a pause it
+    is back to PREALLOCATE_BYTES (the disk held ahead of a slow partition stays small)."""
     clock = FakeClock()
     config = LogConfig(segment_bytes=8 * PREALLOCATE_BYTES_MAX, max_batch_bytes=1 << 20, retention_ms=None)
     log = Log.open(str(tmp_path / "log"), config, clock=clock)
@@ -169,7 +168,7 @@ def test_a_discarded_log_syncs_nothing_and_refuses_with_appends_in_flight(tmp_pa
 def test_a_first_write_holds_64_kib_ahead_and_a_slow_partition_stays_there(tmp_path):
     """Every partition touched once holds its first step: 64 KiB, so 100 000 touched partitions
     hold ~6 GiB of fallocate, not the ~98 GiB a MiB each held. A partition appending under
-    PREALLOCATE_RAMP_BYTES per PREALLOCATE_RAMP_MS never ramps: its steps stay the first."""
+    PREALLOCATE_BYTES per PREALLOCATE_RAMP_MS never ramps: its steps stay the first."""
     assert PREALLOCATE_BYTES == 64 << 10
     assert 100_000 * PREALLOCATE_BYTES <= 6.2 * (1 << 30)
     clock = FakeClock()
@@ -181,33 +180,52 @@ def test_a_first_write_holds_64_kib_ahead_and_a_slow_partition_stays_there(tmp_p
     assert os.stat(seg.store_path).st_size == seg.allocated
     value = os.urandom(16 * 1024)
     held = set()
-    for _ in range(64):  # 16 KiB every 100 ms: 160 KiB/s, under the ramp's rate
-        clock.advance(PREALLOCATE_RAMP_MS // 10)
+    for _ in range(40):  # 16 KiB every 300 ms: ~53 KiB/s, a step lasting over PREALLOCATE_RAMP_MS
+        clock.advance(PREALLOCATE_RAMP_MS * 3 // 10)
         before = seg.allocated
         log.append(encode_batch([value]))
         if seg.allocated != before:
             held.add(seg.allocated - seg.size)
-    assert PREALLOCATE_RAMP_BYTES > 16 * 1024 * 10
     assert held == {PREALLOCATE_BYTES}
     log.close()
 
 
-def test_the_ramp_rate_is_a_mib_a_second_whatever_the_first_step(tmp_path):
-    """Just over the rate the step doubles, just under it starts over: the threshold is
-    PREALLOCATE_RAMP_BYTES per PREALLOCATE_RAMP_MS, not the first step per that long (which
-    would ramp a partition taking 64 KiB a second to 8 MiB held ahead)."""
+def ahead(log: Log) -> int:
+    return log.segments[-1].allocated - log.segments[-1].size
+
+
+def test_a_partition_holds_one_to_two_seconds_of_its_appends_ahead(tmp_path):
+    """The step follows the rate: doubled while one lasts under PREALLOCATE_RAMP_MS, kept while it
+    lasts up to twice that (no step taken and dropped at every small change of rate), cut to that
+    long of appends past twice it. A partition among 1000 taking 300 KiB/s made five fallocates a
+    second with a 64 KiB step; now it makes under one, holding under twice its second ahead."""
     clock = FakeClock()
     config = LogConfig(segment_bytes=64 * PREALLOCATE_BYTES_MAX, max_batch_bytes=1 << 20, retention_ms=None)
     log = Log.open(str(tmp_path / "log"), config, clock=clock)
-    seg = log.segments[-1]
     log.append(encode_batch([b"x"]))
-    assert seg.allocated - seg.size == PREALLOCATE_BYTES
-    # The first step used up in a bit less than its time at the ramp's rate: the next is twice.
-    clock.advance(PREALLOCATE_RAMP_MS * PREALLOCATE_BYTES // PREALLOCATE_RAMP_BYTES - 1)
+    assert ahead(log) == PREALLOCATE_BYTES
+    # The first step used up in a bit less than PREALLOCATE_RAMP_MS: the next is twice.
+    clock.advance(PREALLOCATE_RAMP_MS - 1)
     log.append(encode_batch([os.urandom(PREALLOCATE_BYTES)]))
-    assert seg.allocated - seg.size == 2 * PREALLOCATE_BYTES
-    # Twice the step used up in a bit more than its time: back to the first step.
-    clock.advance(PREALLOCATE_RAMP_MS * 2 * PREALLOCATE_BYTES // PREALLOCATE_RAMP_BYTES + 1)
+    assert ahead(log) == 2 * PREALLOCATE_BYTES
+    # Twice that used up in a bit more than PREALLOCATE_RAMP_MS: kept.
+    clock.advance(PREALLOCATE_RAMP_MS + 1)
     log.append(encode_batch([os.urandom(2 * PREALLOCATE_BYTES)]))
-    assert seg.allocated - seg.size == PREALLOCATE_BYTES
+    assert ahead(log) == 2 * PREALLOCATE_BYTES
+    # ... and in three times as long: cut to what that rate takes in PREALLOCATE_RAMP_MS.
+    clock.advance(3 * PREALLOCATE_RAMP_MS)
+    log.append(encode_batch([os.urandom(2 * PREALLOCATE_BYTES)]))
+    assert ahead(log) == PREALLOCATE_BYTES
+    # A steady 300 KiB/s in 30 KiB appends: the step settles between one and two seconds of them.
+    value = os.urandom(30 * 1024)
+    steps = []
+    for _ in range(300):  # 30 s
+        clock.advance(PREALLOCATE_RAMP_MS // 10)
+        before = log.segments[-1].allocated
+        log.append(encode_batch([value]))
+        if log.segments[-1].allocated != before:
+            steps.append(ahead(log))
+    rate = 300 * 1024 * PREALLOCATE_RAMP_MS // 1000
+    assert steps[-1] == 512 * 1024 and rate <= steps[-1] < 2 * rate, steps
+    assert len(steps) <= 30 // 1.5 + 4, f"{len(steps)} fallocates in 30 s: {steps}"
     log.close()
