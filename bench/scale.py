@@ -366,11 +366,19 @@ def kconf(bootstrap: str, **kw: Any) -> dict[str, Any]:
     return {"bootstrap.servers": bootstrap, "log_level": 2, **kw}
 
 
+SOCKET_TIMEOUT_MS_MAX = 300_000  # librdkafka refuses more (a full run waits up to 900 s a step)
+
+
+def admin_conf(bootstrap: str, timeout_s: float) -> dict[str, Any]:
+    """An admin client's config whose requests may take up to `timeout_s` (or librdkafka's most)."""
+    return kconf(bootstrap, **{"socket.timeout.ms": min(int(timeout_s * 1000), SOCKET_TIMEOUT_MS_MAX)})
+
+
 def k_create(bootstrap: str, topics: dict[str, int], timeout_s: float) -> float:
     """CreateTopics of `topics` (name -> partitions) until Metadata names a leader for each: s."""
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    admin = AdminClient(kconf(bootstrap, **{"socket.timeout.ms": int(timeout_s * 1000)}))
+    admin = AdminClient(admin_conf(bootstrap, timeout_s))
     t0 = time.perf_counter()
     names = list(topics)
     for i in range(0, len(names), 10):  # ten topics a request: each answer within the socket timeout
@@ -901,7 +909,7 @@ def k_delete(bootstrap: str, topic: str, timeout_s: float) -> None:
     (broker/core/core.py `delete_topic`)."""
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient(kconf(bootstrap, **{"socket.timeout.ms": int(timeout_s * 1000)}))
+    admin = AdminClient(admin_conf(bootstrap, timeout_s))
     for f in admin.delete_topics([topic], operation_timeout=timeout_s).values():
         f.result(timeout_s)
 
