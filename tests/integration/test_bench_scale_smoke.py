@@ -42,6 +42,30 @@ def test_the_check_fails_when_a_row_is_missing_or_in_error() -> None:
     assert missing_or_unmeasured("\n".join(errored)) == ["R15 error"]
 
 
+def test_librdkafka_takes_the_admin_configs_of_every_size() -> None:
+    """The smoke run's sizes cannot tell a librdkafka config that only the full run's make
+    invalid: its 900 s step timeout as `socket.timeout.ms` (librdkafka's most is 300 s) failed R12
+    and R13 at their first topic, in the full run alone. Each preset's admin config is built here."""
+    probe = (
+        "import scale\n"
+        "from confluent_kafka.admin import AdminClient\n"
+        "for sizes in (scale.FULL, scale.QUICK, scale.SMOKE):\n"
+        "    AdminClient(scale.admin_conf('127.0.0.1:1', sizes.step_timeout_s))\n"
+        "print('ok')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'bench'}"}
+    run = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        check=False,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=60,
+    )
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stdout[-2000:] + run.stderr[-2000:]
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("etcd") is None, reason="the replication rows need etcd")
 def test_every_row_of_the_smoke_run_is_measured(tmp_path: Path) -> None:
