@@ -108,7 +108,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -797,8 +797,7 @@ def partitions_round(
                 lambda: k_produce_for(b.bootstrap, "one", 1, sizes.spread_s, "1"),
                 lambda: k_produce_for(b.bootstrap, first, n, sizes.spread_s, "1"),
             )
-            rate1 = sum(r[0] for r in ones) / sum(r[1] for r in ones)
-            res["spread"] = sum(r[0] for r in manys) / sum(r[1] for r in manys) / rate1
+            res["spread"] = per_second(manys) / per_second(ones)
         if restart:
             t0 = time.perf_counter()
             # the supervisor's own wait grows with the partitions: the cap grows as it does
@@ -904,6 +903,11 @@ def one_many_one(one: Callable[[], T], many: Callable[[], T]) -> tuple[tuple[T, 
     return (first, one()), many_runs
 
 
+def per_second(runs: Sequence[tuple[float, ...]], what: int = 0) -> float:
+    """Field `what` of `runs` (each (records, wall s, ...)) summed, per second of their walls."""
+    return sum(r[what] for r in runs) / sum(r[1] for r in runs)
+
+
 def k_delete(bootstrap: str, topic: str, timeout_s: float) -> None:
     """DeleteTopics of `topic`: ringlog answers once its files are gone, their page cache with them
     (broker/core/core.py `delete_topic`)."""
@@ -945,9 +949,8 @@ def spread_pairs(bootstrap: str, many: int, seconds: float, ours: bool, timeout_
                 k_delete(bootstrap, topic, timeout_s)
 
         ones, manys = one_many_one(lambda: produce(1), lambda: produce(many))
-        rate1 = sum(r[0] for r in ones) / sum(r[1] for r in ones)
-        rate_many = sum(r[0] for r in manys) / sum(r[1] for r in manys)
-        out[f"client_cpu_{acks}"] = sum(r[2] for r in manys) / sum(r[1] for r in manys)
+        rate1, rate_many = per_second(ones), per_second(manys)
+        out[f"client_cpu_{acks}"] = per_second(manys, 2)
         out[acks] = rate_many / rate1
         out[f"rate1_{acks}"] = rate1
         out[f"rate_many_{acks}"] = rate_many

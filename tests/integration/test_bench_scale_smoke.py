@@ -34,6 +34,20 @@ def missing_or_unmeasured(output: str) -> list[str]:
     return wrong
 
 
+def python_in_repo(args: list[str], timeout_s: float, *paths: Path) -> subprocess.CompletedProcess[str]:
+    """This interpreter on `args` from the repository, with it (and `paths`) on PYTHONPATH."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in (REPO, *paths))}
+    return subprocess.run(
+        [sys.executable, *args],
+        capture_output=True,
+        check=False,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=timeout_s,
+    )
+
+
 def test_the_check_fails_when_a_row_is_missing_or_in_error() -> None:
     lines = [f"  {r}   what  goal  1.0  -  -  reported" for r in ROWS]
     assert missing_or_unmeasured("\n".join(lines)) == []
@@ -53,32 +67,14 @@ def test_librdkafka_takes_the_admin_configs_of_every_size() -> None:
         "    AdminClient(scale.admin_conf('127.0.0.1:1', sizes.step_timeout_s))\n"
         "print('ok')\n"
     )
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'bench'}"}
-    run = subprocess.run(
-        [sys.executable, "-c", probe],
-        capture_output=True,
-        check=False,
-        text=True,
-        env=env,
-        cwd=REPO,
-        timeout=60,
-    )
+    run = python_in_repo(["-c", probe], 60, REPO / "bench")
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stdout[-2000:] + run.stderr[-2000:]
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("etcd") is None, reason="the replication rows need etcd")
 def test_every_row_of_the_smoke_run_is_measured(tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    run = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "scale.py"), "--smoke", "--dir", str(tmp_path)],
-        capture_output=True,
-        check=False,
-        text=True,
-        env=env,
-        cwd=REPO,
-        timeout=240,
-    )
+    run = python_in_repo([str(REPO / "bench" / "scale.py"), "--smoke", "--dir", str(tmp_path)], 240)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert missing_or_unmeasured(run.stdout) == [], run.stdout
     assert "R15 growth" in run.stdout and "idle connections 10" in run.stdout
