@@ -42,7 +42,9 @@ Tansu where Tansu ran the same work; verdict PASS/FAIL against the goal, or "rep
   replication adds; beside it that wait's stages from the nodes' metrics (broker/core/metrics.py,
   means): the leader's produce written -> HW passes it (`replica_ack_us`), of which the follower's
   answer received -> next fetch sent (`replica_append_us`); the rest is the link both ways and the
-  leader's wake, answer and HW move. Goal on io_uring < 0.5 ms (uvloop shown beside).
+  leader's wake, answer and HW move. Goal on io_uring < 0.5 ms (uvloop shown beside). Last, the
+  machine's share: the same trips between bare processes placed as the nodes are, which do
+  nothing but pass the bytes (bench/hops_floor.py: five hops with 3 replicas, two for one node).
 - R5 create / first touch: CreateTopics (librdkafka AdminClient) of P partitions in topics of 1000,
   until Metadata names a leader for each; then one record to each partition (acks=1, linger 5 ms)
   until flush() returns. Tansu beside. Reported, seconds.
@@ -96,6 +98,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import json
 import math
 import os
 import re
@@ -619,8 +622,33 @@ def r4_latency(
         )
     else:
         cell += "; no stage metrics (replica_ack_us / replica_append_us missing)"
+    floor = hops_floor(n)
+    if floor is not None:
+        cell += (
+            f"; the same hops between bare processes (bench/hops_floor.py): {floor['replicated']:.0f}"
+            f" µs with 3 replicas, {floor['one']:.0f} µs one node"
+        )
     row.cells[backend] = cell
     row.figures[backend] = p3 / 1000
+
+
+def hops_floor(records: int) -> dict[str, float] | None:
+    """bench/hops_floor.py's p50s (µs) of R4's two trips between processes that do nothing else,
+    run in a process of its own (it forks, and this one holds librdkafka's threads); None, and
+    why on stderr, if it fails: R4's own figures stand without it."""
+    try:
+        run = subprocess.run(
+            [sys.executable, str(Path(__file__).with_name("hops_floor.py")), "--records", str(records)],
+            capture_output=True,
+            text=True,
+            timeout=60 + records * 0.01,
+            check=True,
+        )
+        got = json.loads(run.stdout)
+        return {shape: float(got[shape]["p50_us"]) for shape in ("replicated", "one")}
+    except (subprocess.SubprocessError, OSError, ValueError, KeyError) as exc:
+        print(f"R4: bench/hops_floor.py failed: {exc}", file=sys.stderr)
+        return None
 
 
 @dataclass(frozen=True)

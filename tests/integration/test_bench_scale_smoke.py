@@ -80,4 +80,8 @@ def test_every_row_of_the_smoke_run_is_measured(tmp_path: Path) -> None:
     assert "R15 growth" in run.stdout and "idle connections 10" in run.stdout
     r4 = next(line for line in run.stdout.splitlines() if line.startswith("  R4 "))
     assert re.search(r"stages: HW wait \d+ = follower append \d+", r4), r4  # the stage metrics were fed
+    # the machine's share beside it: bench/hops_floor.py ran its trips (a failure leaves it out)
+    assert re.search(
+        r"bare processes \(bench/hops_floor.py\): \d+ µs with 3 replicas, \d+ µs one node", r4
+    ), r4
     assert not list(tmp_path.glob("scale/run-*")), "the bench left its data dirs behind"
