@@ -76,6 +76,7 @@ from broker.kafka.codec import (
     starts_like_kafka,
 )
 from broker.kafka.context import Context
+from broker.kafka.fast_decode import HAND_DECODED_FROM, decode_produce
 from broker.kafka.groups import GROUP_VERSIONS, NOT_ADVERTISED, KafkaGroups
 from broker.kafka.leader_epoch import (
     KIO_FROM,
@@ -273,10 +274,13 @@ class KafkaAdapter:
         supported = SUPPORTED_VERSIONS.get(key)
         if supported is None or not supported[0] <= version <= supported[1]:
             return self._unsupported(request)
-        schema = request_schema(key, version)
-        assert schema is not None, f"kio lacks api {key} v{version}"
         try:
-            body, client_id = decode_request(request, schema)
+            if key == produce.PRODUCE and len(request.data) >= HAND_DECODED_FROM:
+                body, client_id = decode_produce(request)  # its records left where they arrived
+            else:
+                schema = request_schema(key, version)
+                assert schema is not None, f"kio lacks api {key} v{version}"
+                body, client_id = decode_request(request, schema)
         except KafkaDecodeError as exc:
             # Kafka closes on a request it cannot parse: the client's bytes are not what it
             # declared, and no response shape would be read right.

@@ -12,6 +12,8 @@ Rules this module keeps:
 - Any byte string either yields requests or raises `ProtocolError` (a stream that cannot be
   resynchronised: the connection is closed). A request whose frame is sound but whose body is
   not is a `KafkaDecodeError`, for the adapter to answer or to close on.
+- A Produce v3-8 body is read by hand instead (broker/kafka/fast_decode.py, checked against kio),
+  its records left as views of the request; `decode_request` still reads any Produce kio knows.
 - Kafka's byte facts live here and in `kio` (Aiven's schemas generated from Kafka's JSON message
   definitions, every version): every request starts with i32 size, i16 api_key, i16 api_version,
   i32 correlation_id; then the header's client_id and, for flexible versions, tagged fields. The
@@ -64,8 +66,9 @@ class KafkaRequest:
     api_version: int
     correlation_id: int
     # bytes, or a read-only view of where a lending decoder received a large request: kio copies
-    # what it reads out of it, but the view pins that memory while the request is held (a produce
-    # waiting on acks=all keeps it until its answer), as our frames' bodies do (docs/LIMITS.md)
+    # what it reads out of it, a Produce's records stay views of it (broker/kafka/fast_decode.py),
+    # and either way the view pins that memory while the request is held (a produce waiting on
+    # acks=all keeps it until its answer), as our frames' bodies do (docs/LIMITS.md)
     data: bytes | memoryview
 
 

@@ -145,7 +145,7 @@ def produce(ctx: Context, request: KafkaRequest, body: Any) -> Outcome:
     return Gather(parts, finish)
 
 
-def _more_than_one_batch(records: bytes | None) -> bool:
+def _more_than_one_batch(records: bytes | memoryview | None) -> bool:
     """Whether the first batch's length (bytes 8-11, after the base offset) ends before the
     records do; a length past the end is the validation's to refuse."""
     if records is None or len(records) < 12:
@@ -166,7 +166,7 @@ def _keyless(
 def _produce_partition(
     ctx: Context,
     key: tuple[str, int],
-    records: bytes | None,
+    records: bytes | memoryview | None,
     acks: Acks,
     refused: Any,
     stored: Any,
@@ -183,7 +183,8 @@ def _produce_partition(
         return None
     if not records:
         raise ValueError("a produce without records")
-    produced = target.produce(bytes(records), ctx.core.space, acks, transactional)
+    # kio's bytes, or a view of the request (broker/kafka/fast_decode.py): stored as they are
+    produced = target.produce(records, ctx.core.space, acks, transactional)
     if isinstance(produced, Stored):  # a retry of batches already stored
         reply = stored(key, produced)
         waiting = ctx.core.stored_reply(target, produced, reply, lambda exc: refused(key, exc))
