@@ -34,20 +34,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from broker.node.supervisor import worker_cpus
+from labkit.kafka_requests import read_exactly
 
 MESSAGE = b"v" * 1024
 ANSWER = b"answered"
 IDLE_EXIT_S = 60.0  # a node whose peer vanished (the bench killed) leaves on its own
-
-
-def _recv_exact(s: socket.socket, n: int) -> bytes:
-    got = bytearray()
-    while len(got) < n:
-        chunk = s.recv(n - len(got))
-        if not chunk:
-            raise EOFError
-        got += chunk
-    return bytes(got)
 
 
 def _nodelay(s: socket.socket) -> socket.socket:
@@ -66,7 +57,7 @@ def _listener() -> socket.socket:
 def _follower(listener: socket.socket) -> None:
     conn = _nodelay(listener.accept()[0])
     while True:
-        _recv_exact(conn, len(MESSAGE))
+        read_exactly(conn, len(MESSAGE))
         conn.sendall(ANSWER)
 
 
@@ -74,11 +65,11 @@ def _leader(listener: socket.socket, addresses: list[tuple[str, int]]) -> None:
     conn = _nodelay(listener.accept()[0])
     followers = [_nodelay(socket.create_connection(a)) for a in addresses]
     while True:
-        message = _recv_exact(conn, len(MESSAGE))
+        message = read_exactly(conn, len(MESSAGE))
         for f in followers:
             f.sendall(message)
         for f in followers:
-            _recv_exact(f, len(ANSWER))
+            read_exactly(f, len(ANSWER))
         conn.sendall(ANSWER)
 
 
@@ -89,7 +80,7 @@ def _spawn(cpu: int, run: Callable[[], None]) -> int:
         try:
             os.sched_setaffinity(0, {cpu})
             run()
-        except (EOFError, OSError):
+        except OSError:  # its peer closed (read_exactly's ConnectionError) or vanished
             pass
         except BaseException:
             code = 1
@@ -119,7 +110,7 @@ def trips(shape: str, records: int, warmup: int = 100) -> list[float]:
             for i in range(warmup + records):
                 t0 = time.perf_counter_ns()
                 client.sendall(MESSAGE)
-                _recv_exact(client, len(ANSWER))
+                read_exactly(client, len(ANSWER))
                 if i >= warmup:
                     samples.append((time.perf_counter_ns() - t0) / 1e3)
         return sorted(samples)

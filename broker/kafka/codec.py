@@ -12,8 +12,9 @@ Rules this module keeps:
 - Any byte string either yields requests or raises `ProtocolError` (a stream that cannot be
   resynchronised: the connection is closed). A request whose frame is sound but whose body is
   not is a `KafkaDecodeError`, for the adapter to answer or to close on.
-- A Produce v3-8 body is read by hand instead (broker/kafka/fast_decode.py, checked against kio),
-  its records left as views of the request; `decode_request` still reads any Produce kio knows.
+- A Produce v3-8 of 16 KiB or more is read by hand instead (broker/kafka/fast_decode.py, checked
+  against kio), its records left as views of the request; `decode_request` still reads any
+  Produce kio knows, and the adapter gives it the smaller ones.
 - Kafka's byte facts live here and in `kio` (Aiven's schemas generated from Kafka's JSON message
   definitions, every version): every request starts with i32 size, i16 api_key, i16 api_version,
   i32 correlation_id; then the header's client_id and, for flexible versions, tagged fields. The
