@@ -993,6 +993,27 @@ def spread_cell(s: dict[str, float]) -> str:
     return f"{s['all']:.2f} / {s['1']:.2f} ({rates} rec/s; client {cpu} CPU)"
 
 
+def sync_floor(where: Path, files: int, seconds: float) -> dict[str, float] | None:
+    """bench/sync_floor.py's rates (records a second over one file and over `files`) of R12's
+    acks=all writes and syncs with no broker, run in a process of its own on the broker's disk;
+    None, and why on stderr, if it fails: R12's own figures stand without it."""
+    script = Path(__file__).with_name("sync_floor.py")
+    args = ["--dir", str(where), "--files", str(files), "--seconds", str(seconds)]
+    try:
+        run = subprocess.run(
+            [sys.executable, str(script), *args],
+            capture_output=True,
+            text=True,
+            timeout=120 + 8 * seconds,
+            check=True,
+        )
+        got = json.loads(run.stdout)
+        return {shape: float(got[shape]) for shape in ("one", "many")}
+    except (subprocess.SubprocessError, OSError, ValueError, KeyError) as exc:
+        print(f"R12: bench/sync_floor.py failed: {exc}", file=sys.stderr)
+        return None
+
+
 def phase_spread(
     rows: dict[str, Row], only: set[str], root: Path, backend: str, cores: int, sizes: Sizes, started: Started
 ) -> dict[str, float]:
@@ -1006,6 +1027,12 @@ def phase_spread(
                 continue
             s = spread_pairs(b.bootstrap, many, sizes.spread_s, ours, sizes.step_timeout_s)
             rows[row].cells[backend] = spread_cell(s)
+            if not ours and (disk := sync_floor(root, many, sizes.spread_s)) is not None:
+                rows[row].cells[backend] += (
+                    f"; acks=all's writes and syncs alone (bench/sync_floor.py): {disk['many'] / 1000:.0f}k"
+                    f" / {disk['one'] / 1000:.0f}k rec/s over {many} files / one"
+                )
+                s.update({f"disk_{k}": v for k, v in disk.items()})
             rows[row].figures[backend] = min(s["all"], s["1"])
             out.update({f"{row}_{k}": v for k, v in s.items()})
     finally:

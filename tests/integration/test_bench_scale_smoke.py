@@ -84,4 +84,7 @@ def test_every_row_of_the_smoke_run_is_measured(tmp_path: Path) -> None:
     assert re.search(
         r"bare processes \(bench/hops_floor.py\): \d+ µs with 3 replicas, \d+ µs one node", r4
     ), r4
+    # the disk's share beside R12: bench/sync_floor.py ran its writes and syncs (a failure leaves it out)
+    r12 = next(line for line in run.stdout.splitlines() if line.startswith("  R12 "))
+    assert re.search(r"\(bench/sync_floor.py\): \d+k / \d+k rec/s over \d+ files / one", r12), r12
     assert not list(tmp_path.glob("scale/run-*")), "the bench left its data dirs behind"
