@@ -52,7 +52,7 @@ from broker.core.config import BrokerConfig
 from broker.core.limits import FETCH_WAIT_MS_MAX, Limits
 from broker.core.liveness import always_alive, peer_liveness
 from broker.core.metrics import CoreMetrics
-from broker.core.outcomes import Forward, Notify, Reply, Silent
+from broker.core.outcomes import Forward, Later, Notify, Reply, Silent
 from ringlog_proto.frames import (
     LENDING_DECODER,
     NEED_DATA,
@@ -371,7 +371,11 @@ class Forwarder:
                     sorted(waiting),
                     TOPIC_NOTICE_TIMEOUT_S,
                 )
-            reply(outcome.finish())
+            answer = outcome.finish()
+            if isinstance(answer, Later):
+                answer.start(reply)
+            else:
+                reply(answer)
 
         def done_for(core: int) -> Done:
             def done(result: Frame | BaseException) -> None:

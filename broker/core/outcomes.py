@@ -151,17 +151,19 @@ class Forward:
 @dataclass(slots=True)
 class Notify:
     """Send `frame` to each of `cores` over the inter-core channel, wait for every answer (or the
-    notice timeout), then send `finish()`. Used by DeleteTopic (see the module rules)."""
+    notice timeout), then send `finish()`, or what it decides later (a `Later`: DeleteTopic's
+    files are removed off the loop first). Used by DeleteTopic (see the module rules)."""
 
     frame: Frame
     cores: tuple[int, ...]
-    finish: Callable[[], Reply]
+    finish: Callable[[], Reply | Later]
 
 
 @dataclass(slots=True)
 class Gather:
-    """One request made of several partitions' work (a Kafka Produce or Fetch): carry out each
-    of `parts` (Reply, Silent, Append, Read, Durable, Wait), then send `finish()` in the request's
+    """One request made of several partitions' work (a Kafka Produce or Fetch, or a DeleteTopics
+    of several topics): carry out each of `parts` (Reply, Silent, Append, Read, Durable, Wait,
+    Later, Notify), then send `finish()` in the request's
     one reply slot. The parts' own replies are ignored: their callbacks record what `finish` needs."""
 
     parts: list[Outcome]

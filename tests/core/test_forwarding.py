@@ -4,13 +4,14 @@ RinglogAdapter of two cores sharing one data dir (ownership, misses, delete noti
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from broker.core.config import BrokerConfig
 from broker.core.core import Core
 from broker.core.forwarding import NO_DEADLINE, PEER_WATCH_S, Forwarder, PeerLink, PeerLinkError, PeerPool
-from broker.core.outcomes import Forward, Notify, Reply, Silent
+from broker.core.outcomes import Forward, Later, Notify, Reply, Silent
 from broker.ringlog.adapter import RinglogAdapter
 from ringlog_proto import messages as m
 from ringlog_proto.batch import encode_batch
@@ -268,6 +269,58 @@ def test_two_cores_share_topics_a_miss_reloads_and_a_delete_waits_for_the_peer(
     assert decoded(h1.handle(produce))[1].error == m.ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
     assert decoded(notice.finish())[1].error == m.ErrorCode.NONE
     assert not (tmp_path / "topics" / str(tid)).exists()
+
+
+class HeldCalls:
+    """A `run_blocking` that holds each call until the test runs it: what the loop does while a
+    blocking call is on the pool."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, Any]] = []
+
+    def __call__(self, fn: Any, done: Any) -> None:
+        self.calls.append((fn, done))
+
+    def run_all(self) -> None:
+        calls, self.calls = self.calls, []
+        for fn, done in calls:
+            try:
+                result = fn()
+            except Exception as exc:
+                result = exc
+            done(result)
+
+
+@pytest.mark.parametrize("cores", [1, 2])
+def test_a_deleted_topics_files_go_off_the_loop_and_the_answer_after_them(tmp_path: Path, cores: int) -> None:
+    held = HeldCalls()
+    h0 = RinglogAdapter(Core(BrokerConfig(data_dir=str(tmp_path), cores=cores, core_id=0), run_blocking=held))
+    _, created = decoded(h0.handle(frame_of(m.CreateTopicRequest("t", 4))))
+    assert isinstance(created, m.CreateTopicResponse)
+    tid = created.topic_id
+    mine = [p for p in range(4) if shard_for(tid, p, cores) == 0]
+    assert mine
+    offsets = frame_of(m.ListOffsetsRequest(tid, mine[0]))  # opens (makes) the partition's files
+    assert decoded(h0.handle(offsets))[1].error == m.ErrorCode.NONE
+    outcome = h0.handle(frame_of(m.DeleteTopicRequest("t"), cid=9))
+    if cores > 1:  # the peers are told first; what follows their answers is the same
+        assert isinstance(outcome, Notify) and outcome.cores == (1,)
+        outcome = outcome.finish()
+    assert isinstance(outcome, Later)
+    replies: list[object] = []
+    outcome.start(replies.append)
+    # The removal is on the pool, not done: the files are still there and nothing is answered,
+    # while the core already answers as if the topic were gone.
+    assert len(held.calls) == 1 and not replies
+    assert (tmp_path / "topics" / str(tid)).exists()
+    assert decoded(h0.handle(offsets))[1].error == m.ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    held.run_all()
+    assert not (tmp_path / "topics" / str(tid)).exists()
+    cid, resp = decoded(replies[0])
+    assert cid == 9 and isinstance(resp, m.DeleteTopicResponse) and resp.error == m.ErrorCode.NONE
+    # The name is free again: a new topic of it has a new id, its own directory.
+    _, again = decoded(h0.handle(frame_of(m.CreateTopicRequest("t", 1))))
+    assert isinstance(again, m.CreateTopicResponse) and again.topic_id != tid
 
 
 def test_a_notice_answers_when_every_peer_answered_or_at_the_timeout(h0: RinglogAdapter) -> None:
