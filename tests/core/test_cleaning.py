@@ -5,11 +5,10 @@ a partition that closes mid-clean, and the producer state and epochs across a cl
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
+from blocking_kit import Blocking
 from txn_kit import Writer, committed_view
 
 from broker.core.cleaning import LogCleaning
@@ -30,26 +29,6 @@ COMPACT = LogConfig(
     cleanup_policy="compact",
     min_cleanable_dirty_ratio=0.3,
 )
-
-
-class Blocking:
-    """A `run_blocking` whose calls wait until `run()` (a loop turn) carries them out."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[Callable[[], Any], Callable[[Any], None]]] = []
-
-    def __call__(self, fn: Callable[[], Any], done: Callable[[Any], None]) -> None:
-        self.calls.append((fn, done))
-
-    def run(self) -> int:
-        calls, self.calls = self.calls, []
-        for fn, done in calls:
-            try:
-                result = fn()
-            except Exception as exc:
-                result = exc
-            done(result)
-        return len(calls)
 
 
 def produce(p: Partition, space: DiskSpace, key: bytes, value: bytes | None, **kw: int) -> None:

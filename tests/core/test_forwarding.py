@@ -4,9 +4,9 @@ RinglogAdapter of two cores sharing one data dir (ownership, misses, delete noti
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
+from blocking_kit import Blocking
 
 from broker.core.config import BrokerConfig
 from broker.core.core import Core
@@ -271,29 +271,9 @@ def test_two_cores_share_topics_a_miss_reloads_and_a_delete_waits_for_the_peer(
     assert not (tmp_path / "topics" / str(tid)).exists()
 
 
-class HeldCalls:
-    """A `run_blocking` that holds each call until the test runs it: what the loop does while a
-    blocking call is on the pool."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[Any, Any]] = []
-
-    def __call__(self, fn: Any, done: Any) -> None:
-        self.calls.append((fn, done))
-
-    def run_all(self) -> None:
-        calls, self.calls = self.calls, []
-        for fn, done in calls:
-            try:
-                result = fn()
-            except Exception as exc:
-                result = exc
-            done(result)
-
-
 @pytest.mark.parametrize("cores", [1, 2])
 def test_a_deleted_topics_files_go_off_the_loop_and_the_answer_after_them(tmp_path: Path, cores: int) -> None:
-    held = HeldCalls()
+    held = Blocking()
     h0 = RinglogAdapter(Core(BrokerConfig(data_dir=str(tmp_path), cores=cores, core_id=0), run_blocking=held))
     _, created = decoded(h0.handle(frame_of(m.CreateTopicRequest("t", 4))))
     assert isinstance(created, m.CreateTopicResponse)
@@ -314,7 +294,7 @@ def test_a_deleted_topics_files_go_off_the_loop_and_the_answer_after_them(tmp_pa
     assert len(held.calls) == 1 and not replies
     assert (tmp_path / "topics" / str(tid)).exists()
     assert decoded(h0.handle(offsets))[1].error == m.ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-    held.run_all()
+    assert held.run() == 1
     assert not (tmp_path / "topics" / str(tid)).exists()
     cid, resp = decoded(replies[0])
     assert cid == 9 and isinstance(resp, m.DeleteTopicResponse) and resp.error == m.ErrorCode.NONE
