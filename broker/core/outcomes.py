@@ -163,8 +163,8 @@ class Notify:
 class Gather:
     """One request made of several partitions' work (a Kafka Produce or Fetch, or a DeleteTopics
     of several topics): carry out each of `parts` (Reply, Silent, Append, Read, Durable, Wait,
-    Later, Notify), then send `finish()` in the request's
-    one reply slot. The parts' own replies are ignored: their callbacks record what `finish` needs."""
+    Later, Notify), then send `finish()` in the request's one reply slot. The parts' own replies
+    are ignored: their callbacks record what `finish` needs."""
 
     parts: list[Outcome]
     finish: Callable[[], Reply | Silent]
