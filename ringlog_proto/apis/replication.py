@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 from ringlog_proto.apis.body import (
     REQUEST_ARRAY_MAX,
+    MalformedBody,
     Reader,
     Request,
     Response,
@@ -22,8 +23,11 @@ from ringlog_proto.frames import Buffer, Frame
 NO_DIVERGENCE = -1  # a ReplicaFetch answer's diverging epoch and end offset when there is none
 
 
-@dataclass(frozen=True, slots=True)
-class ReplicaFetchPartition:
+class ReplicaFetchPartition(NamedTuple):
+    """A tuple, not a frozen dataclass: a follower makes one per partition it follows for every
+    fetch, and a leader reads as many (a frozen dataclass's `__init__` sets each field through
+    `object.__setattr__`)."""
+
     # topic_id u32, partition u32, fetch_offset i64 (the follower's log end), last_fetched_epoch
     # i32 (the epoch of its last batch, -1 if none), current_leader_epoch i32
     topic_id: int
@@ -33,7 +37,7 @@ class ReplicaFetchPartition:
     current_leader_epoch: int
 
 
-_REPLICA_PARTITION = "IIqii"
+_REPLICA_PARTITION = struct.Struct(">IIqii")
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,27 +55,22 @@ class ReplicaFetchRequest(Request):
     def write(self, w: Writer) -> None:
         w.pack("iiii", self.replica_node, self.max_wait_ms, self.min_bytes, self.max_bytes)
         w.array(len(self.partitions))
-        for p in self.partitions:
-            w.pack(
-                _REPLICA_PARTITION,
-                p.topic_id,
-                p.partition,
-                p.fetch_offset,
-                p.last_fetched_epoch,
-                p.current_leader_epoch,
-            )
+        pack = _REPLICA_PARTITION.pack
+        w.parts += [pack(*p) for p in self.partitions]
 
     @classmethod
     def read(cls, r: Reader, frame: Frame) -> ReplicaFetchRequest:
         node, wait, min_bytes, max_bytes = r.unpack("iiii")
-        size = struct.calcsize(">" + _REPLICA_PARTITION)
+        size = _REPLICA_PARTITION.size
         count = r.array(size, REQUEST_ARRAY_MAX)
-        parts = tuple(ReplicaFetchPartition(*r.unpack(_REPLICA_PARTITION)) for _ in range(count))
+        fixed = r.view(count * size)  # `array` checked that the body holds them
+        parts = tuple(map(ReplicaFetchPartition._make, _REPLICA_PARTITION.iter_unpack(fixed)))
         return cls(node, wait, min_bytes, max_bytes, parts)
 
 
-@dataclass(frozen=True, slots=True)
-class ReplicaFetchPartitionData:
+class ReplicaFetchPartitionData(NamedTuple):
+    """A tuple, as `ReplicaFetchPartition`: a leader makes up to three of each for an answer."""
+
     # topic_id u32, partition u32, error i16, high_watermark i64, log_start i64,
     # diverging_epoch i32, diverging_end_offset i64 (both -1: no divergence), records bytes
     topic_id: int
@@ -92,25 +91,37 @@ class ReplicaFetchResponse(Response):
 
     def write(self, w: Writer) -> None:
         w.array(len(self.partitions))
-        for p in self.partitions:
-            w.pack(
-                "IIhqqiq",
-                p.topic_id,
-                p.partition,
-                p.error,
-                p.high_watermark,
-                p.log_start_offset,
-                p.diverging_epoch,
-                p.diverging_end_offset,
-            ).bytes(p.records)
+        parts, pack = w.parts, _PARTITION_DATA_HEAD.pack
+        for p in self.partitions:  # as Writer.pack and Writer.bytes would, without their calls
+            records = p.records
+            parts.append(pack(*p[:7], len(records)))
+            parts.append(records)  # kept as is: no copy of record data
 
     @classmethod
     def read(cls, r: Reader) -> dict[str, object]:
+        """The partitions, their records views of the answer's body, not copies: the follower
+        writes them. Read by hand, not through `Reader`'s calls: an answer names every partition
+        the follower fetched, a thousand or more when it follows that many on the core."""
+        count = r.array(_PARTITION_DATA_HEAD.size)
+        body, pos, size = r.buf, r.pos, len(r.buf)
+        view = memoryview(body)
+        unpack, head = _PARTITION_DATA_HEAD.unpack_from, _PARTITION_DATA_HEAD.size
         parts = []
-        for _ in range(r.array(42)):
-            tid, index, error, hw, start, epoch, end, size = r.unpack("IIhqqiqI")
-            # the records as a view of the answer's body, not a copy: the follower writes them
+        for _ in range(count):
+            if size - pos < head:
+                raise MalformedBody(f"body ends at byte {size}, a partition needs {head} from {pos}")
+            tid, index, error, hw, start, epoch, end, length = unpack(body, pos)
+            pos += head
+            if size - pos < length:
+                raise MalformedBody(f"records of {length} bytes at byte {pos} run past the body")
+            code = ErrorCode.NONE if error == 0 else _error(error)
             parts.append(
-                ReplicaFetchPartitionData(tid, index, _error(error), hw, start, epoch, end, r.view(size))
+                ReplicaFetchPartitionData(tid, index, code, hw, start, epoch, end, view[pos : pos + length])
             )
+            pos += length
+        r.pos = pos
         return {"partitions": tuple(parts)}
+
+
+# A partition's fields in a ReplicaFetch answer, up to the length of its records.
+_PARTITION_DATA_HEAD = struct.Struct(">IIhqqiqI")

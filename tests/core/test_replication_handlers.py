@@ -4,7 +4,6 @@ carried out here synchronously as a backend would (broker/backends/backend_core.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from pathlib import Path
 
@@ -450,7 +449,7 @@ def test_a_leaders_answer_with_a_corrupt_batch_is_refused_by_the_follower(pair: 
     (part,) = resp.partitions
     damaged = bytearray(part.records)
     damaged[-1] ^= 0x01
-    bad = m.ReplicaFetchResponse(partitions=(dataclasses.replace(part, records=bytes(damaged)),))
+    bad = m.ReplicaFetchResponse(partitions=(part._replace(records=bytes(damaged)),))
     applied = b.fetcher.apply(bad, NOW)
     assert not applied.appends
     (exc,) = applied.errors.values()

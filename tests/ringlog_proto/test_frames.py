@@ -56,6 +56,14 @@ REQUESTS = [
     m.ListOffsetsRequest(7, 3, m.OffsetSpec.EARLIEST),
     m.OffsetCommitRequest(7, 3, "group-a", 99, "meta"),
     m.OffsetFetchRequest(7, 3, "group-a"),
+    m.ReplicaFetchRequest(2, 500, 1, 8 << 20),
+    m.ReplicaFetchRequest(
+        3,
+        0,
+        1,
+        1 << 20,
+        (m.ReplicaFetchPartition(7, 0, 42, 3, 4), m.ReplicaFetchPartition(0xFFFFFFFF, 9, 0, -1, 0)),
+    ),
 ]
 
 RESPONSES = [
@@ -82,6 +90,15 @@ RESPONSES = [
     m.OffsetCommitResponse(),
     m.OffsetFetchResponse(offset=4, metadata="x"),
     m.FetchResponse(m.ErrorCode.OFFSET_OUT_OF_RANGE, "offset 99 is past the end"),
+    m.ReplicaFetchResponse(),
+    m.ReplicaFetchResponse(
+        partitions=(
+            m.ReplicaFetchPartitionData(7, 0, m.ErrorCode.NONE, 40, 2, records=b"batches"),
+            m.ReplicaFetchPartitionData(7, 1, m.ErrorCode.NOT_OWNER, -1, -1),
+            m.ReplicaFetchPartitionData(8, 0, m.ErrorCode.NONE, 9, 0, 3, 17),
+            m.ReplicaFetchPartitionData(8, 1, m.ErrorCode.OFFSET_OUT_OF_RANGE, 5, 5, records=b""),
+        )
+    ),
 ]
 
 
@@ -215,6 +232,33 @@ def test_unknown_api_and_version_are_reported_not_raised() -> None:
     got = m.decode_response(reply[0])
     assert got.error == m.ErrorCode.UNSUPPORTED_VERSION
     assert reply[0].api_key == 99
+
+
+def test_a_replica_fetch_answer_cut_anywhere_is_malformed_and_its_records_are_views() -> None:
+    """The follower's answer is read by hand (every partition the follower fetched, a thousand
+    or more on a busy core), not through `Reader`: every cut of its body is still a
+    `MalformedBody`, an unknown error code reads as UNKNOWN_SERVER_ERROR, and the records are
+    views of the body, not copies."""
+    answer = m.ReplicaFetchResponse(
+        partitions=(
+            m.ReplicaFetchPartitionData(7, 0, m.ErrorCode.NONE, 40, 2, records=b"first"),
+            m.ReplicaFetchPartitionData(7, 1, m.ErrorCode.NONE, 41, 0, records=b"second"),
+        )
+    )
+    (frame,) = frames_of(b"".join(m.encode_response(answer, 7)))
+    got = m.decode_response(frame)
+    assert got == answer
+    assert isinstance(got, m.ReplicaFetchResponse)
+    assert all(isinstance(p.records, memoryview) for p in got.partitions)
+    for cut in range(len(frame.body)):
+        short = Frame(frame.api_key, frame.api_version, frame.flags, 7, 0, 0, frame.body[:cut])
+        with pytest.raises(m.MalformedBody):
+            m.decode_response(short)
+    body = bytearray(frame.body)
+    struct.pack_into(">h", body, 2 + 2 + 4 + 8, 999)  # error, message, count, ids: the first error
+    strange = m.decode_response(Frame(frame.api_key, frame.api_version, frame.flags, 7, 0, 0, bytes(body)))
+    assert isinstance(strange, m.ReplicaFetchResponse)
+    assert strange.partitions[0].error == m.ErrorCode.UNKNOWN_SERVER_ERROR
 
 
 @pytest.mark.parametrize("req", REQUESTS, ids=lambda r: type(r).__name__)
