@@ -103,6 +103,7 @@ from ringlog_proto.apis.replication import (
     ReplicaFetchPartitionData,
     ReplicaFetchRequest,
     ReplicaFetchResponse,
+    read_answer,
 )
 from ringlog_proto.apis.sasl import (
     SaslAuthenticateRequest,
@@ -455,6 +456,10 @@ def decode_response(frame: Frame) -> Response:
     produced = _produced(frame)  # every acknowledged produce a client reads
     if produced is not None:
         return ProduceResponse(ErrorCode.NONE, "", *produced)
+    if frame.api_key == ApiKey.REPLICA_FETCH:  # every answer a follower reads
+        answer = read_answer(frame.body)
+        if answer is not None:
+            return answer
     return decode_response_fields(frame)
 
 

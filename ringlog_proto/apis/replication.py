@@ -99,29 +99,55 @@ class ReplicaFetchResponse(Response):
 
     @classmethod
     def read(cls, r: Reader) -> dict[str, object]:
-        """The partitions, their records views of the answer's body, not copies: the follower
-        writes them. Read by hand, not through `Reader`'s calls: an answer names every partition
-        the follower fetched, a thousand or more when it follows that many on the core."""
         count = r.array(_PARTITION_DATA_HEAD.size)
-        body, pos, size = r.buf, r.pos, len(r.buf)
-        view = memoryview(body)
-        unpack, head = _PARTITION_DATA_HEAD.unpack_from, _PARTITION_DATA_HEAD.size
-        parts = []
-        for _ in range(count):
-            if size - pos < head:
-                raise MalformedBody(f"body ends at byte {size}, a partition needs {head} from {pos}")
-            tid, index, error, hw, start, epoch, end, length = unpack(body, pos)
-            pos += head
-            if size - pos < length:
-                raise MalformedBody(f"records of {length} bytes at byte {pos} run past the body")
-            code = ErrorCode.NONE if error == 0 else _error(error)
-            parts.append(
-                ReplicaFetchPartitionData(tid, index, code, hw, start, epoch, end, view[pos : pos + length])
-            )
-            pos += length
-        r.pos = pos
-        return {"partitions": tuple(parts)}
+        parts, r.pos = _read_partitions(r.buf, r.pos, count)
+        return {"partitions": parts}
 
 
-# A partition's fields in a ReplicaFetch answer, up to the length of its records.
+def read_answer(body: Buffer) -> ReplicaFetchResponse | None:
+    """A successful ReplicaFetch answer (no error, no message) read at once, without the generic
+    decode's reader and keyword arguments: a follower reads one for every round trip, acks=all
+    waits on it. None for any other body (an error answer: the generic decode reads it)."""
+    if len(body) < _OK_HEAD.size:
+        return None
+    error, message_length, count = _OK_HEAD.unpack_from(body)
+    if error or message_length:
+        return None
+    if count * _PARTITION_DATA_HEAD.size > len(body) - _OK_HEAD.size:
+        raise MalformedBody(
+            f"array of {count} items cannot fit in the {len(body) - _OK_HEAD.size} bytes left"
+        )
+    parts, end = _read_partitions(body, _OK_HEAD.size, count)
+    if end != len(body):
+        raise MalformedBody(f"{len(body) - end} unexpected bytes after the body")
+    return ReplicaFetchResponse(ErrorCode.NONE, "", parts)
+
+
+def _read_partitions(body: Buffer, pos: int, count: int) -> tuple[tuple[ReplicaFetchPartitionData, ...], int]:
+    """`count` partitions of an answer from `pos`, their records views of `body`, not copies (the
+    follower writes them); and where they end. Read by hand, not through `Reader`'s calls: an
+    answer names every partition the follower fetched, a thousand or more when it follows that
+    many on the core."""
+    size = len(body)
+    view = memoryview(body)
+    unpack, head = _PARTITION_DATA_HEAD.unpack_from, _PARTITION_DATA_HEAD.size
+    parts = []
+    for _ in range(count):
+        if size - pos < head:
+            raise MalformedBody(f"body ends at byte {size}, a partition needs {head} from {pos}")
+        tid, index, error, hw, start, epoch, end, length = unpack(body, pos)
+        pos += head
+        if size - pos < length:
+            raise MalformedBody(f"records of {length} bytes at byte {pos} run past the body")
+        code = ErrorCode.NONE if error == 0 else _error(error)
+        parts.append(
+            ReplicaFetchPartitionData(tid, index, code, hw, start, epoch, end, view[pos : pos + length])
+        )
+        pos += length
+    return tuple(parts), pos
+
+
+# A partition's fields in a ReplicaFetch answer, up to the length of its records; and the answer's
+# head when it succeeded: its error (0), its message's length (0), its partitions' count.
 _PARTITION_DATA_HEAD = struct.Struct(">IIhqqiqI")
+_OK_HEAD = struct.Struct(">hHI")

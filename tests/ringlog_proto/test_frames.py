@@ -259,6 +259,12 @@ def test_a_replica_fetch_answer_cut_anywhere_is_malformed_and_its_records_are_vi
     strange = m.decode_response(Frame(frame.api_key, frame.api_version, frame.flags, 7, 0, 0, bytes(body)))
     assert isinstance(strange, m.ReplicaFetchResponse)
     assert strange.partitions[0].error == m.ErrorCode.UNKNOWN_SERVER_ERROR
+    longer = Frame(frame.api_key, frame.api_version, frame.flags, 7, 0, 0, frame.body + b"!")
+    with pytest.raises(m.MalformedBody, match="unexpected bytes"):
+        m.decode_response(longer)
+    refused = m.ReplicaFetchResponse(m.ErrorCode.NOT_OWNER, "not here")  # read the generic way
+    (frame,) = frames_of(b"".join(m.encode_response(refused, 7)))
+    assert m.decode_response(frame) == refused
 
 
 @pytest.mark.parametrize("req", REQUESTS, ids=lambda r: type(r).__name__)
