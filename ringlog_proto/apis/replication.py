@@ -99,28 +99,31 @@ class ReplicaFetchResponse(Response):
 
     @classmethod
     def read(cls, r: Reader) -> dict[str, object]:
-        count = r.array(_PARTITION_DATA_HEAD.size)
-        parts, r.pos = _read_partitions(r.buf, r.pos, count)
-        return {"partitions": parts}
+        return {"partitions": _partitions_of(r)}
 
 
-def read_answer(body: Buffer) -> ReplicaFetchResponse | None:
+def read_answer(body: bytes | memoryview) -> ReplicaFetchResponse | None:
     """A successful ReplicaFetch answer (no error, no message) read at once, without the generic
-    decode's reader and keyword arguments: a follower reads one for every round trip, acks=all
-    waits on it. None for any other body (an error answer: the generic decode reads it)."""
+    decode's error enum, message and keyword arguments: a follower reads one for every round
+    trip, acks=all waits on it. None for any other body (an error answer: the generic decode
+    reads it)."""
     if len(body) < _OK_HEAD.size:
         return None
-    error, message_length, count = _OK_HEAD.unpack_from(body)
+    error, message_length = _OK_HEAD.unpack_from(body)
     if error or message_length:
         return None
-    if count * _PARTITION_DATA_HEAD.size > len(body) - _OK_HEAD.size:
-        raise MalformedBody(
-            f"array of {count} items cannot fit in the {len(body) - _OK_HEAD.size} bytes left"
-        )
-    parts, end = _read_partitions(body, _OK_HEAD.size, count)
-    if end != len(body):
-        raise MalformedBody(f"{len(body) - end} unexpected bytes after the body")
+    r = Reader(body)
+    r.pos = _OK_HEAD.size
+    parts = _partitions_of(r)
+    r.done()
     return ReplicaFetchResponse(ErrorCode.NONE, "", parts)
+
+
+def _partitions_of(r: Reader) -> tuple[ReplicaFetchPartitionData, ...]:
+    """An answer's array of partitions, from where `r` stands."""
+    count = r.array(_PARTITION_DATA_HEAD.size)
+    parts, r.pos = _read_partitions(r.buf, r.pos, count)
+    return parts
 
 
 def _read_partitions(body: Buffer, pos: int, count: int) -> tuple[tuple[ReplicaFetchPartitionData, ...], int]:
@@ -148,6 +151,6 @@ def _read_partitions(body: Buffer, pos: int, count: int) -> tuple[tuple[ReplicaF
 
 
 # A partition's fields in a ReplicaFetch answer, up to the length of its records; and the answer's
-# head when it succeeded: its error (0), its message's length (0), its partitions' count.
+# head when it succeeded: its error (0) and its message's length (0).
 _PARTITION_DATA_HEAD = struct.Struct(">IIhqqiqI")
-_OK_HEAD = struct.Struct(">hHI")
+_OK_HEAD = struct.Struct(">hH")
