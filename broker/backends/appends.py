@@ -245,14 +245,22 @@ class PartitionAppends(BackendPrimitives):
         """Make finished appends visible in prepare order; undo from the first failed one, once
         none of the appends after it is still writing (`Log.abort_append`)."""
         appends = work.appends
-        while appends and not appends[0].running and appends[0].error is None:
-            entry = appends.popleft()
-            try:
-                reply = entry.outcome.complete()
-            except Exception as exc:  # the log refused to complete: an error reply
-                entry.done(None, exc)
-                continue
-            entry.done(reply, None)
+        # several finished together (one write): their long polls are woken once, after the last
+        many = len(appends) > 1 and not appends[1].running and appends[1].error is None
+        if many:
+            partition.hold_wakes()
+        try:
+            while appends and not appends[0].running and appends[0].error is None:
+                entry = appends.popleft()
+                try:
+                    reply = entry.outcome.complete()
+                except Exception as exc:  # the log refused to complete: an error reply
+                    entry.done(None, exc)
+                    continue
+                entry.done(reply, None)
+        finally:
+            if many:
+                partition.release_wakes()
         if appends and appends[0].error is not None and not work.writes_in_flight:
             failed = appends[0]
             error = failed.error

@@ -284,6 +284,8 @@ class Partition(PartitionRoles):
             self._restore(snap)
         self.waiters: list[Callable[[], None]] = []  # consumers' long polls: log end or HW
         self.replica_waiters: list[Callable[[], None]] = []  # followers' fetches: log end only
+        self._wake_held: bool | None = None  # None, or held wakes are due: their log_end (`hold_wakes`)
+        self._holding_wakes = False
         # None: not replicated (module rules); else this replica's role in the current term
         self.replica: LeaderState | FollowerState | None = None
         self.leader_epoch = max(self.epochs.latest_epoch, 0)  # stamped into produced batches
@@ -652,12 +654,32 @@ class Partition(PartitionRoles):
         waiter that fails is logged and the others still run; nothing escapes into that request
         (it was a stored produce answered UNKNOWN_SERVER_ERROR, then resent by its producer as a
         duplicate)."""
+        if self._holding_wakes:
+            held = self._wake_held
+            self._wake_held = log_end if held is None else held or log_end
+            return
         waiters, self.waiters = self.waiters, []
         if log_end and self.replica_waiters:
             waiters += self.replica_waiters
             self.replica_waiters = []
         for wake in waiters:
             run_isolated(wake, "a long poll's wake")
+
+    def hold_wakes(self) -> None:
+        """Until `release_wakes`, what would wake the long polls is remembered, not done: the
+        backend completes the appends one write made (a producer's pipelined batches) between
+        the two, and the woken fetches then answer with all of them. Woken at the first one's
+        completion, a follower's fetch took that batch alone and fetched the rest in a round of
+        its own (docs/CLUSTER.md has the figures). A lone append is not held: its wake is not
+        delayed."""
+        self._holding_wakes = True
+
+    def release_wakes(self) -> None:
+        """The wake `hold_wakes` held, if any was asked for (a log-end one if any of them was)."""
+        self._holding_wakes = False
+        held, self._wake_held = self._wake_held, None
+        if held is not None:
+            self.wake_waiters(held)
 
 
 def _why_not(snap: producer_snapshot.Snapshot | str, opened: Log) -> str:

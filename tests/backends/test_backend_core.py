@@ -124,6 +124,47 @@ class FakeConn:
         self.filled.append(reply)
 
 
+def test_the_appends_one_write_finished_wake_the_long_polls_once_after_the_last(tmp_path: Any) -> None:
+    """Appends finished together (a producer's pipelined batches in one write) are all visible
+    before a parked fetch is woken, once: its answer carries them all, not the first batch alone
+    and a fetch round more for the rest. A lone append wakes at its completion, not later."""
+    core = FakeCore()
+    p = Partition(1, 0, str(tmp_path / "p"), LogConfig())
+    p.become_leader(1, (1, 2), (1, 2), node_id=1, now=0)
+    conn = FakeConn()
+    woken: list[tuple[str, int]] = []
+    p.replica_waiters.append(lambda: woken.append(("follower", p.log.end_offset)))
+    p.waiters.append(lambda: woken.append(("consumer", p.log.end_offset)))
+
+    def append(value: bytes) -> Callable[[OSError | None], None]:
+        produced = p.produce(encode_batch([value]), DiskSpace(str(tmp_path), 0), Acks.WRITTEN)
+        outcome = Append(
+            p,
+            produced.pending,
+            produced.waits,
+            produced.complete,  # type: ignore[union-attr]
+            lambda: Reply([value]),
+            lambda exc: Reply([b"fail"]),
+        )  # type: ignore[union-attr,misc]
+        core.carry_out(outcome, Frame(4, 1, 0, 1, 1, 0, b""), conn, Slot(0))  # type: ignore[arg-type]
+        ops, written = core.running.pop()
+        run_ops(SyncFileIO(), ops)
+        return written
+
+    writes = [append(v) for v in (b"x", b"y", b"z")]
+    writes[2](None)
+    writes[1](None)
+    assert woken == [] and p.log.end_offset == 0, "the first is still writing: nothing visible"
+    writes[0](None)  # all three finish in this one step, as one write's appends do
+    assert sorted(woken) == [("consumer", 3), ("follower", 3)], "woken once, all three visible"
+    assert [r.buffers for r in conn.filled] == [[b"x"], [b"y"], [b"z"]]  # type: ignore[attr-defined]
+    woken.clear()
+    p.replica_waiters.append(lambda: woken.append(("follower", p.log.end_offset)))
+    append(b"alone")(None)
+    assert woken == [("follower", 4)], "a lone append's wake is not held"
+    p.close()
+
+
 def test_a_replicated_acks_all_append_is_answered_when_the_high_watermark_passes_it(tmp_path: Any) -> None:
     core = FakeCore()
     p = Partition(1, 0, str(tmp_path / "p"), LogConfig())
