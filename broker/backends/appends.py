@@ -55,7 +55,7 @@ class AppendInFlight:
     def __init__(
         self,
         outcome: Append | FollowerAppend,
-        done: Callable[[Reply | Silent | None, BaseException | None], None],
+        done: Callable[[Reply | Silent | None, BaseException | None, int], None],
     ) -> None:
         self.outcome = outcome
         self.done = done
@@ -137,6 +137,7 @@ class PartitionAppends(BackendPrimitives):
                 # (conn None) keeps the order: what it does next reads the log end publishing moves.
                 self._answer_then_publish(outcome, deliver)
                 return
+            written_ns = time.monotonic_ns()
             try:
                 reply = outcome.complete()
             except Exception as exc:  # the log refused to complete: an error reply
@@ -144,11 +145,11 @@ class PartitionAppends(BackendPrimitives):
                 return
             # the last request of what was received: its flush (acks=durable) starts now
             last = isinstance(conn, ServedConnection) and conn.taken_all()
-            self._answer_append(outcome, deliver, reply, None, flush_now=last)
+            self._answer_append(outcome, deliver, reply, None, written_ns, flush_now=last)
             return
 
-        def done(reply: Reply | Silent | None, exc: BaseException | None) -> None:
-            self._answer_append(outcome, deliver, reply, exc)
+        def done(reply: Reply | Silent | None, exc: BaseException | None, written_ns: int) -> None:
+            self._answer_append(outcome, deliver, reply, exc, written_ns)
 
         work = self._work_of(partition)
         entry = AppendInFlight(outcome, done)
@@ -195,11 +196,15 @@ class PartitionAppends(BackendPrimitives):
         deliver: Callable[[Reply | Silent], None],
         reply: Reply | Silent | None,
         exc: BaseException | None,
+        written_ns: int = 0,
         flush_now: bool = False,
     ) -> None:
         """An append is visible (`reply`) or failed (`exc`): deliver the answer once what it
         waits for has happened (`flush_now`: see `after_flush`). Nothing here decides what that
-        is: the partition did (`Partition.waits_for`)."""
+        is: the partition did (`Partition.waits_for`). `written_ns`: when its writes had finished,
+        before it was made visible (0: now), where the wait for the high watermark is measured
+        from: making it visible wakes the followers' parked fetches, whose answers are part of
+        that wait (taken after them, the metric left out the leader's ~100 us of answers)."""
         if exc is not None:
             deliver(outcome.fail(exc))
             return
@@ -209,7 +214,7 @@ class PartitionAppends(BackendPrimitives):
                 deliver(reply)
             case Waits.HIGH_WATERMARK:
                 metrics = self.core.metrics
-                written_ns = time.monotonic_ns()
+                written_ns = written_ns or time.monotonic_ns()
 
                 def replicated() -> None:
                     metrics.replica_acked(written_ns)
@@ -252,12 +257,13 @@ class PartitionAppends(BackendPrimitives):
         try:
             while appends and not appends[0].running and appends[0].error is None:
                 entry = appends.popleft()
+                written_ns = time.monotonic_ns()
                 try:
                     reply = entry.outcome.complete()
                 except Exception as exc:  # the log refused to complete: an error reply
-                    entry.done(None, exc)
+                    entry.done(None, exc, written_ns)
                     continue
-                entry.done(reply, None)
+                entry.done(reply, None, written_ns)
         finally:
             if many:
                 partition.release_wakes()
@@ -269,7 +275,7 @@ class PartitionAppends(BackendPrimitives):
             partition.log.abort_append(failed.outcome.pending)
             aborted, work.appends = list(appends), deque()
             for entry in aborted:
-                entry.done(None, entry.error or error)
+                entry.done(None, entry.error or error, 0)
         self._settle(partition, work)
 
     # ------------------------------------------------------------------------- group commit

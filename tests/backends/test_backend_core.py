@@ -3,6 +3,7 @@ commit's bookkeeping (one flush per partition per turn, exactly one more after a
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from types import SimpleNamespace
 from typing import Any
@@ -170,6 +171,8 @@ def test_a_replicated_acks_all_append_is_answered_when_the_high_watermark_passes
     p = Partition(1, 0, str(tmp_path / "p"), LogConfig())
     p.become_leader(1, (1, 2), (1, 2), node_id=1, now=0)
     conn = FakeConn()
+    woken_ns: list[int] = []  # a follower's parked fetch, woken when the append becomes visible
+    p.replica_waiters.append(lambda: woken_ns.append(time.monotonic_ns()))
     for acks in (Acks.ALL, Acks.WRITTEN):
         produced = p.produce(encode_batch([b"x"]), DiskSpace(str(tmp_path), 0), acks)
         reply = Reply([b"%d" % acks])
@@ -190,6 +193,7 @@ def test_a_replicated_acks_all_append_is_answered_when_the_high_watermark_passes
     p.replica_fetched(2, 1, now=0)
     assert [r.buffers for r in conn.filled] == [[b"1"], [b"-1"]]  # type: ignore[attr-defined]
     assert len(core.acked_at) == 1, "the wait for the high watermark is measured"
+    assert core.acked_at[0] <= woken_ns[0], "from before the followers' fetches were woken"
     p.become_follower(2, leader=2)  # no flush was asked for either
     assert not core.turn_end
     p.close()
