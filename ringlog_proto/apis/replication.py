@@ -120,17 +120,12 @@ def read_answer(body: bytes | memoryview) -> ReplicaFetchResponse | None:
 
 
 def _partitions_of(r: Reader) -> tuple[ReplicaFetchPartitionData, ...]:
-    """An answer's array of partitions, from where `r` stands."""
+    """An answer's array of partitions, from where `r` stands, their records views of its body,
+    not copies (the follower writes them). Read by hand, not through `Reader`'s calls: an answer
+    names every partition the follower fetched, a thousand or more when it follows that many on
+    the core."""
     count = r.array(_PARTITION_DATA_HEAD.size)
-    parts, r.pos = _read_partitions(r.buf, r.pos, count)
-    return parts
-
-
-def _read_partitions(body: Buffer, pos: int, count: int) -> tuple[tuple[ReplicaFetchPartitionData, ...], int]:
-    """`count` partitions of an answer from `pos`, their records views of `body`, not copies (the
-    follower writes them); and where they end. Read by hand, not through `Reader`'s calls: an
-    answer names every partition the follower fetched, a thousand or more when it follows that
-    many on the core."""
+    body, pos = r.buf, r.pos
     size = len(body)
     view = memoryview(body)
     unpack, head = _PARTITION_DATA_HEAD.unpack_from, _PARTITION_DATA_HEAD.size
@@ -147,7 +142,8 @@ def _read_partitions(body: Buffer, pos: int, count: int) -> tuple[tuple[ReplicaF
             ReplicaFetchPartitionData(tid, index, code, hw, start, epoch, end, view[pos : pos + length])
         )
         pos += length
-    return tuple(parts), pos
+    r.pos = pos
+    return tuple(parts)
 
 
 # A partition's fields in a ReplicaFetch answer, up to the length of its records; and the answer's
