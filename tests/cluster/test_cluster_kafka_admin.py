@@ -300,10 +300,7 @@ def _read(bootstrap: str, topic: str, partitions: int) -> dict[int, list[bytes]]
     )
     got: dict[int, list[bytes]] = {p: [] for p in range(partitions)}
     try:
-        ends = {
-            p: consumer.get_watermark_offsets(confluent_kafka.TopicPartition(topic, p), timeout=10)[1]
-            for p in range(partitions)
-        }
+        ends = {p: _high_watermark(consumer, topic, p) for p in range(partitions)}
         reached = dict.fromkeys(ends, 0)
         consumer.assign([confluent_kafka.TopicPartition(topic, p, 0) for p in range(partitions)])
         deadline = time.monotonic() + 30
@@ -315,6 +312,21 @@ def _read(bootstrap: str, topic: str, partitions: int) -> dict[int, list[bytes]]
     finally:
         consumer.close()
     return got
+
+
+def _high_watermark(consumer: confluent_kafka.Consumer, topic: str, partition: int) -> int:
+    """The partition's high watermark, asked again on a retriable error, as a client does: right
+    after an election the new leader may not have taken its role yet when asked (NOT_LEADER,
+    seen once in CI)."""
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            tp = confluent_kafka.TopicPartition(topic, partition)
+            return consumer.get_watermark_offsets(tp, timeout=10)[1]
+        except confluent_kafka.KafkaException as exc:
+            if not exc.args[0].retriable() or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.1)
 
 
 def _elected(
