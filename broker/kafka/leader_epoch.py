@@ -3,9 +3,10 @@
 Rules this module keeps:
 - The answer is the partition's epoch history (broker/storage/epochs.py, from the
   `partition_leader_epoch` of its batches, plus the epoch it leads in): the largest epoch <= the
-  one asked and where the next one starts, or the log end for the latest; an epoch above ours,
-  below the first, or -1 is UNDEFINED (-1 epoch, -1 offset, no error), as Kafka answers. A
-  partition that is not replicated leads at epoch 0, so epoch 0 ends at its log end.
+  one asked and where the next one starts, or the log end for the latest; an epoch below the
+  first ends where the first starts (the epoch asked, that offset); an epoch above ours or -1 is
+  UNDEFINED (-1 epoch, -1 offset, no error), as Kafka answers. A partition that is not
+  replicated leads at epoch 0, so epoch 0 ends at its log end.
 - current_leader_epoch (v2+) is checked as Kafka checks it: above ours is UNKNOWN_LEADER_EPOCH,
   below is FENCED_LEADER_EPOCH, -1 is not checked. replica_id (v3) is read and ignored (our
   followers use ReplicaFetch, whose answer carries the diverging epoch itself).

@@ -10,8 +10,12 @@ Rules this module keeps:
   the latest, or at a start at or below the latest entry's, drops the entries it supersedes
   (a follower taking a leader's batches over its own truncated tail).
 - `end_offset_for_epoch` is Kafka's rule: the largest epoch <= the one asked and the start of
-  the next higher epoch, or the log end for the latest; (-1, -1) for an epoch above every epoch
-  known or below the first one, or for -1.
+  the next higher epoch, or the log end for the latest; an epoch below the first one known ends
+  where that one starts (the epoch asked, that start: nothing before it is known here); (-1, -1)
+  for an epoch above every epoch known, or for -1. A ReplicaFetch answer of (-1, -1) says "no
+  divergence", so a follower whose last epoch is older than everything its new leader holds (a
+  leader that wrote alone, then stepped down to one whose log starts in a later epoch) must get
+  the former, or it never truncates and fetches past the leader's end forever.
 """
 
 from __future__ import annotations
@@ -75,8 +79,10 @@ class EpochHistory:
         if leader_epoch is not None and (not epochs or leader_epoch > epochs[-1]):
             epochs = [*epochs, leader_epoch]
             starts = [*starts, log_end]
-        if epoch < 0 or not epochs or epoch > epochs[-1] or epoch < epochs[0]:
+        if epoch < 0 or not epochs or epoch > epochs[-1]:
             return UNDEFINED, UNDEFINED
+        if epoch < epochs[0]:
+            return epoch, starts[0]
         i = bisect.bisect_right(epochs, epoch) - 1
         end = starts[i + 1] if i + 1 < len(epochs) else log_end
         return epochs[i], end

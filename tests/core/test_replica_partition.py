@@ -85,7 +85,7 @@ def test_end_offset_for_epoch_follows_kip_101() -> None:
     for epoch, start in ((1, 0), (1, 5), (3, 10), (4, 20)):
         h.assign(epoch, start)
     assert h.entries() == [(1, 0), (3, 10), (4, 20)]
-    assert h.end_offset_for_epoch(0, 30) == (-1, -1), "below the first epoch"
+    assert h.end_offset_for_epoch(0, 30) == (0, 0), "below the first epoch: where the first starts"
     assert h.end_offset_for_epoch(1, 30) == (1, 10)
     assert h.end_offset_for_epoch(2, 30) == (1, 10), "an epoch without batches: the one before it"
     assert h.end_offset_for_epoch(3, 30) == (3, 20)
@@ -101,6 +101,7 @@ def test_end_offset_for_epoch_follows_kip_101() -> None:
     h.assign(3, 12)
     h.expire_before(13)
     assert h.entries() == [(3, 13)]
+    assert h.end_offset_for_epoch(1, 30) == (1, 13), "an expired epoch ends where the log starts"
 
 
 def test_produced_batches_carry_the_leader_epoch_and_reopen_keeps_the_history(

@@ -264,6 +264,38 @@ def test_a_divergent_follower_truncates_after_a_leader_change(pair: tuple[Node, 
     assert a.partition.end_offset_for_epoch(1) == (1, 1)
 
 
+def test_a_follower_whose_last_epoch_is_older_than_the_new_leaders_log_truncates(
+    pair: tuple[Node, Node],
+) -> None:
+    """A leads epoch 1 and writes m1 before B (empty) took any of it; B leads epoch 2, where its
+    log starts, and takes m1 again from the producer's retry with acks=all. A's epoch 1 is older
+    than every epoch B knows: B answers it ends at B's first epoch's start (Kafka's rule), A drops
+    its m1 and takes B's. It was answered (-1, -1), which says no divergence: A fetched at 1 past
+    B's m1 forever, never counted, and the acks=all produce waited until A left the ISR (seen in
+    CI: a transactional produce timed out after its leader moved back to a restarted node)."""
+    a, b = pair
+    a.produce(b"m1")  # A alone has it, at epoch 1
+    b.lead(2, (1, 2), (1, 2))
+    a.follow(2, leader=2)
+    answers: list[Reply] = []
+    b.produce(b"m1", m.Acks.ALL, answers)
+    assert a.partition.log.end_offset == b.partition.log.end_offset == 1
+    assert b.partition.epochs.entries() == [(2, 0)]
+    resp = a.fetch_from(b)
+    (part,) = resp.partitions
+    assert (part.diverging_epoch, part.diverging_end_offset, part.records) == (1, 0, b"")
+    assert a.partition.log.end_offset == 0, "A's m1 of epoch 1 is gone"
+    a.fetch_from(b)
+    assert a.stored() == b.stored()
+    assert a.partition.epochs.entries() == [(2, 0)]
+    assert answers == []
+    a.fetch_from(b)  # at 1: B's m1 is on both
+    (reply,) = answers
+    resp = decoded(reply)
+    assert isinstance(resp, m.ProduceResponse) and resp.error == m.ErrorCode.NONE
+    assert b.partition.high_watermark == 1
+
+
 def test_offset_for_leader_epoch_answers_from_the_epoch_history(pair: tuple[Node, Node]) -> None:
     a, b = pair
     a.produce(b"m1")
@@ -275,7 +307,8 @@ def test_offset_for_leader_epoch_answers_from_the_epoch_history(pair: tuple[Node
     b.produce(b"m3")
     assert epoch_end(b.handlers.core, "t", 0, -1, 1) == (ErrorCode.none, 1, 1)
     assert epoch_end(b.handlers.core, "t", 0, 2, 2) == (ErrorCode.none, 2, 3)
-    assert epoch_end(b.handlers.core, "t", 0, -1, 0) == (ErrorCode.none, -1, -1), "below the first epoch"
+    assert epoch_end(b.handlers.core, "t", 0, -1, 0) == (ErrorCode.none, 0, 0), "below the first epoch"
+    assert epoch_end(b.handlers.core, "t", 0, -1, 3) == (ErrorCode.none, -1, -1), "above ours"
     assert epoch_end(b.handlers.core, "t", 0, 3, 2)[0] == ErrorCode.unknown_leader_epoch
     assert epoch_end(b.handlers.core, "t", 0, 1, 1)[0] == ErrorCode.fenced_leader_epoch
     assert epoch_end(a.handlers.core, "t", 0, -1, 1)[0] == ErrorCode.not_leader_or_follower
