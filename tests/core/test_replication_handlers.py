@@ -242,6 +242,17 @@ def test_a_replica_fetch_with_nothing_new_waits_on_its_partitions(pair: tuple[No
     assert isinstance(again, Read | Gather)
 
 
+def truncates_then_catches_up(a: Node, b: Node, epoch: int, end: int) -> None:
+    """A fetches from its leader B and is told (KIP-320) that its `epoch` ends at `end`, without
+    records; A truncates there, and its next fetch makes its log B's."""
+    resp = a.fetch_from(b)
+    (part,) = resp.partitions
+    assert (part.diverging_epoch, part.diverging_end_offset, part.records) == (epoch, end, b"")
+    assert a.partition.log.end_offset == end, "truncated to the end the leader named"
+    a.fetch_from(b)
+    assert a.stored() == b.stored()
+
+
 def test_a_divergent_follower_truncates_after_a_leader_change(pair: tuple[Node, Node]) -> None:
     """KIP-101's scenario: A leads epoch 1, writes m1 (replicated) and m2 (not); A fails, B leads
     epoch 2 and writes m3 at m2's offset; A returns as a follower, is told its epoch 1 ends at 1,
@@ -254,12 +265,7 @@ def test_a_divergent_follower_truncates_after_a_leader_change(pair: tuple[Node, 
     a.follow(2, leader=2)
     b.produce(b"m3")
     assert a.partition.log.end_offset == b.partition.log.end_offset == 2
-    resp = a.fetch_from(b)
-    (part,) = resp.partitions
-    assert (part.diverging_epoch, part.diverging_end_offset, part.records) == (1, 1, b"")
-    assert a.partition.log.end_offset == 1, "m2 is gone"
-    a.fetch_from(b)
-    assert a.stored() == b.stored()
+    truncates_then_catches_up(a, b, 1, 1)  # m2 is gone, m3 taken
     assert a.partition.epochs.entries() == [(1, 0), (2, 1)]
     assert a.partition.end_offset_for_epoch(1) == (1, 1)
 
@@ -281,12 +287,7 @@ def test_a_follower_whose_last_epoch_is_older_than_the_new_leaders_log_truncates
     b.produce(b"m1", m.Acks.ALL, answers)
     assert a.partition.log.end_offset == b.partition.log.end_offset == 1
     assert b.partition.epochs.entries() == [(2, 0)]
-    resp = a.fetch_from(b)
-    (part,) = resp.partitions
-    assert (part.diverging_epoch, part.diverging_end_offset, part.records) == (1, 0, b"")
-    assert a.partition.log.end_offset == 0, "A's m1 of epoch 1 is gone"
-    a.fetch_from(b)
-    assert a.stored() == b.stored()
+    truncates_then_catches_up(a, b, 1, 0)  # A's m1 of epoch 1 is gone, B's taken
     assert a.partition.epochs.entries() == [(2, 0)]
     assert answers == []
     a.fetch_from(b)  # at 1: B's m1 is on both
