@@ -9,6 +9,7 @@ profiler, a slower stop) it asks for with `wrapper`, `python_args` and the timeo
 from __future__ import annotations
 
 import json
+import random
 import re
 import signal
 import socket
@@ -32,6 +33,36 @@ def free_udp_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+PORT_ATTEMPTS = 5
+ADDRESS_IN_USE = "Address already in use"
+
+
+class PortTaken(RuntimeError):
+    """The broker exited because another process holds its port."""
+
+
+def unclaimed_port() -> int:
+    """A TCP port free on loopback now, below the kernel's ephemeral range
+    (net.ipv4.ip_local_port_range) when there is room below it: no client connection is ever given
+    it as its local port, so a broker restarted on it finds it free; 0 (any port) otherwise."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+    first = max(1024, low - 16384)
+    if low - first < 1024:
+        return 0
+    for _ in range(100):
+        port = random.randrange(first, low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    return 0
 
 
 TEST_MEMBERSHIP_KEY = "5a" * 32  # the tests' cluster key (hex, as in a --membership-key-file)
@@ -136,10 +167,29 @@ class BrokerProcess:
         return [*args, *self.extra]
 
     def start(self, timeout_s: float = 45.0) -> BrokerProcess:
-        """Start (or restart) the broker. The first start takes a free port (--port 0); a restart
-        keeps it, so clients holding the bootstrap address find the broker again. A quiet start
-        takes about a second; the timeout is for a loaded machine (loading the eBPF programs alone
-        has taken 8 s there), and a broker that misses it is killed, not left running."""
+        """Start (or restart) the broker. The first start takes a port free now and outside the
+        kernel's ephemeral range (`unclaimed_port`); a restart keeps it, so clients holding the
+        bootstrap address find the broker again. A port from the ephemeral range (--port 0) was
+        taken in the second between a stop and a restart by another test's client connection,
+        and the restart failed with "address already in use"; outside it only another first start
+        can take it, and one that loses that race picks again (a restart tries again for a few
+        seconds). A quiet start takes about a second; the timeout is for a loaded machine (loading
+        the eBPF programs alone has taken 8 s there), and a broker that misses it is killed, not
+        left running."""
+        first = self.port == 0
+        for attempt in range(PORT_ATTEMPTS):
+            if first:
+                self.port = unclaimed_port()
+            try:
+                return self._start_once(timeout_s)
+            except PortTaken:
+                if attempt == PORT_ATTEMPTS - 1:
+                    raise
+                if not first:  # whoever holds it may let go (a lingering process of this broker's)
+                    time.sleep(1)
+        raise AssertionError("unreachable")
+
+    def _start_once(self, timeout_s: float) -> BrokerProcess:
         offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(self.argv, stdout=log, stderr=log, cwd=self.cwd)
@@ -156,7 +206,8 @@ class BrokerProcess:
                 if self._accepts():
                     return self
             if self.proc.poll() is not None:
-                raise RuntimeError(f"broker exited with {self.proc.returncode}:\n{text}")
+                error = PortTaken if ADDRESS_IN_USE in text else RuntimeError
+                raise error(f"broker exited with {self.proc.returncode}:\n{text}")
             time.sleep(0.05)
         self.proc.kill()
         self.proc.wait(10)
