@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import signal
 import socket
@@ -34,6 +35,15 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _all_threads_stopped(pid: int) -> bool:
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+        states = [Path(f"/proc/{pid}/task/{t}/stat").read_text().rsplit(")", 1)[1].split()[0] for t in tasks]
+    except OSError:
+        return True  # gone: nothing of it runs
+    return all(state in ("T", "t", "Z") for state in states)
 
 
 def _post(url: str, body: dict, timeout: float = 1.0) -> dict:
@@ -192,6 +202,11 @@ class EtcdCluster:
         assert m.proc is not None
         m.proc.send_signal(signal.SIGSTOP)
         m.frozen = True
+        # SIGSTOP returns before every thread has stopped: wait until each one has, so nothing a
+        # test sends after this is read by a thread still running
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not _all_threads_stopped(m.proc.pid):
+            time.sleep(0.001)
 
     def thaw(self, i: int) -> None:
         m = self.members[i]
