@@ -130,8 +130,25 @@ def check_faust_table(
     log = tmp_path / "app.log"
     expected = {(f"k{k}", seq) for k in range(KEYS) for seq in range(1, PER_KEY + 1)}
 
+    seen: dict[str, object] = {}  # what the last look at the output found, for a failure's message
+
+    def committed_offset() -> object:
+        consumer = confluent_kafka.Consumer(
+            {"bootstrap.servers": bootstrap, "group.id": env["APP_ID"], "enable.auto.commit": False}
+        )
+        try:
+            [tp] = consumer.committed([confluent_kafka.TopicPartition(env["INPUT"], 0)], timeout=10)
+            return tp.offset
+        except Exception as exc:
+            return exc
+        finally:
+            consumer.close()
+
     def explain() -> str:
-        return f"app log:\n{log.read_text(errors='replace')[-6000:]}\nbroker log:\n{broker_log()}"
+        return (
+            f"output: {seen or 'not read yet'}; the group's committed input offset: {committed_offset()}\n"
+            f"app log:\n{log.read_text(errors='replace')[-6000:]}\nbroker log:\n{broker_log()}"
+        )
 
     def worker(n: int) -> App:
         return App(
@@ -168,6 +185,15 @@ def check_faust_table(
         def progress() -> str | tuple[range, int] | None:
             out = json_records(bootstrap, "counts", isolation)
             reached = sum(1 for r in out if r["offset"] == last)
+            missing = sorted(set(range(last + 1)) - {r["offset"] for r in out})
+            seen.update(
+                records=len(out),
+                last_input=last,
+                highest_input_done=max((r["offset"] for r in out), default=-1),
+                outputs_of_last=reached,
+                at_restart=ends,
+                inputs_not_done=f"{len(missing)}, first {missing[:8]}",
+            )
             if reached <= ends:
                 return None  # this worker is not at the end yet
             if expected <= {(r["key"], r["seq"]) for r in out}:
