@@ -247,6 +247,7 @@ class Core:
             self._configured.setdefault(topic.topic_id, topic)
             if self.cluster.clustered:
                 self.give_role(p)
+            self.lifecycle.opened()
         return p
 
     def group_coordinator(self, group: str) -> tuple[int, int]:

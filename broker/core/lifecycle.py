@@ -11,7 +11,8 @@ Rules this module keeps:
   open on first use (`Core.partition`). One that needs a new segment file on a full disk is left
   for its first request.
 - The stored partitions open with Python's cyclic collector off, and are then frozen out of its
-  walk (broker/core/heap.py): they live as long as the core.
+  walk (broker/core/heap.py): they live as long as the core. Those opened later are frozen too,
+  a few hundred at a time (`opened`).
 - The clean-shutdown marker (broker/storage/clean_marker.py) is taken, gone durably, before
   anything opens: a crash from then on leaves none. Only the partitions opened at start may stand
   on their snapshots (`clean_start`); any opened later are new or were never closed here.
@@ -37,7 +38,7 @@ from typing import Protocol
 
 from broker.core.cluster_view import ClusterView
 from broker.core.config import BrokerConfig
-from broker.core.heap import collector_off, freeze_long_lived
+from broker.core.heap import OpenedWhileServing, collector_off, freeze_long_lived
 from broker.core.partition import Partition
 from broker.core.topics import Topic, TopicRegistry
 from broker.storage import clean_marker, layout
@@ -94,6 +95,13 @@ class Lifecycle:
         # What the start's and the close's syncfs calls go through (one descriptor per file
         # system, and whether one ever failed: then each log syncs its own files)
         self._filesystems = FileSystems()
+        self._while_serving = OpenedWhileServing()
+
+    def opened(self) -> None:
+        """The core opened a partition (`Core.open_partition`). One opened after the start counts
+        towards the next freeze (broker/core/heap.py); the start's own are frozen at its end."""
+        if self.recovered is None:
+            self._while_serving.opened()
 
     def open_stored(self) -> None:
         """At start, once: take the marker, then open every stored partition this core owns."""

@@ -1,11 +1,12 @@
-"""What a core drops is freed by reference counting, on either backend, and what it opens at start
-is out of the cyclic collector's walk (broker/core/heap.py, whose freeze relies on the first):
+"""What a core drops is freed by reference counting, on either backend, and what it opens is out
+of the cyclic collector's walk (broker/core/heap.py, whose freeze relies on the first):
 - a parked fetch, woken by a produce, timed out, or on a connection closed while it waits. Its
   wake, unpark and timer were closures naming each other: every parked fetch (two a replicated
   produce on the leader with RF 3) became ~40 objects of cyclic garbage, holding the request and
   the view of its body until the collector ran, usually once promoted to the oldest generation;
 - a durable produce's wait for its flush, and a deleted topic's partitions, logs and segments;
-- the partitions a core opens from its data dir at start are frozen (`gc.freeze`).
+- the partitions a core opens from its data dir at start are frozen (`gc.freeze`), and those it
+  opens while serving are, `FREEZE_EVERY` at a time.
 
 The server runs in this process (tests/inprocess.py), the client on a thread; the cyclic
 collector is off while they run, and what it then finds unreachable is inspected."""
@@ -23,6 +24,7 @@ from inprocess import BACKENDS, Post, on_loop, served
 
 from broker.backends.backend_core import BackendCore
 from broker.client.admin import Admin
+from broker.core.heap import FREEZE_EVERY
 from broker.core.partition import Partition
 from labkit.brokerproc import Wire
 from ringlog_proto import messages as m
@@ -165,3 +167,35 @@ def test_the_partitions_a_core_opens_at_start_are_frozen(tmp_path: Path, backend
     finally:
         gc.unfreeze()  # this test process's objects back in the collector's walk
     assert seen == {"opened": 3, "walked": 0, "records": [b"v"]}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_partitions_opened_while_serving_are_frozen_a_few_hundred_at_a_time(
+    tmp_path: Path, backend: str
+) -> None:
+    """The first `FREEZE_EVERY` partitions a serving core opens are frozen together when the last
+    of them opens; the next ones are walked until their own count comes round."""
+    opened = FREEZE_EVERY + 3
+    seen: dict[str, Any] = {}
+
+    def client(port: int, server: BackendCore, post: Post) -> None:
+        w = Wire(port)
+        tid = w.create_topic("t", opened)
+        for i in range(opened):
+            _ok(w.rpc(m.ProduceRequest(tid, i, m.Acks.WRITTEN, 5000, encode_batch([b"v%d" % i]))))
+        parts = on_loop(post, lambda: {p.index: id(p) for p in _partitions(server)})
+        tracked = {id(o) for o in gc.get_objects()}  # the permanent generation's are not
+        seen["opened"] = len(parts)
+        seen["walked"] = sorted(i for i, ident in parts.items() if ident in tracked)
+        seen["records"] = [w.fetch_all(tid, i)[0].value for i in (0, opened - 1)]  # they serve as before
+        w.close()
+
+    try:
+        served(backend, tmp_path, client)
+    finally:
+        gc.unfreeze()  # this test process's objects back in the collector's walk
+    assert seen == {
+        "opened": opened,
+        "walked": list(range(FREEZE_EVERY, opened)),
+        "records": [b"v0", b"v%d" % (opened - 1)],
+    }
