@@ -352,6 +352,8 @@ class Core:
                 p.close(discard=True)  # its files go with the topic: nothing to flush first
             except StorageError as exc:
                 log.error("closing partition %d/%d: %s", p.topic_id, p.index, exc)
+        if gone and self.cluster.clustered:
+            self._remove_gone_files([(p.topic_id, p.index) for p in gone])
         live = self.registry.by_id  # the closes above may have reloaded it
         changed = {
             tid: t
@@ -361,6 +363,26 @@ class Core:
         if changed:
             self._configured.update(changed)
             self._configure(changed)
+
+    def _remove_gone_files(self, gone: list[tuple[int, int]]) -> None:
+        """A cluster node's files of the partitions of deleted topics this core just closed.
+        Deleting is the controller's (broker/cluster/admin.py): each node learns it from its
+        mirrored registry, and no request of its own waits for the files to go, so each core
+        removes its partitions' on the blocking pool (seconds of the kernel's time for a large
+        topic, as `delete_topic` says). Left in place, they held the node's disk and page cache
+        until a restart's `remove_orphans`: four 4-second runs of R2's shape on topics deleted
+        after each left ~0.5 GB a run on every node, and each run's produce took more of the
+        kernel's time than the one before (2.6 -> 12.3 s a GB; 96 -> 64 MB/s), 2.3-2.7 s with
+        them removed. A removal cut short (the core stopping) is finished by the next start."""
+
+        def done(result: object) -> None:
+            if isinstance(result, BaseException):
+                log.warning("removing the files of deleted partitions: %r (a restart removes them)", result)
+
+        if self.run_blocking is no_threads:
+            self.registry.remove_partition_files(gone)
+        else:
+            self.run_blocking(lambda: self.registry.remove_partition_files(gone), done)
 
     def _configure(self, topics: Mapping[int, Topic]) -> None:
         """Apply the configs of `topics` (by id) to this core's open partitions of them (live: no

@@ -35,7 +35,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
@@ -370,6 +370,18 @@ class TopicRegistry:
 
     def remove_files(self, topic: Topic) -> None:
         shutil.rmtree(layout.topic_dir(self.data_dir, topic.topic_id), ignore_errors=True)
+
+    def remove_partition_files(self, partitions: Iterable[tuple[int, int]]) -> None:
+        """Remove the directories of `partitions` ((topic id, index), of deleted topics), then
+        each of their topics' directories once nothing is left in it: the other cores of the
+        node remove their partitions' alongside, and the last one empties it."""
+        topic_ids = set()
+        for topic_id, index in partitions:
+            shutil.rmtree(layout.partition_dir(self.data_dir, topic_id, index), ignore_errors=True)
+            topic_ids.add(topic_id)
+        for topic_id in topic_ids:
+            with contextlib.suppress(OSError):  # not empty: another core's are still there
+                os.rmdir(layout.topic_dir(self.data_dir, topic_id))
 
     def get(self, name: str) -> Topic:
         topic = self.by_name.get(name)

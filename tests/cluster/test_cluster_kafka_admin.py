@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import datetime
 import json
+import os
 import subprocess
 import sys
 import time
@@ -93,6 +94,36 @@ def test_create_partitions_in_a_cluster(cluster: Cluster) -> None:
     finally:
         consumer.close()
     assert got == {i: b"v%d" % i for i in range(6)}
+
+
+def test_delete_topics_removes_the_files_on_every_node(cluster: Cluster) -> None:
+    """Every replica's files go with the topic, not at the node's next start: they held its disk
+    and page cache meanwhile. A topic made again under the name is a new one, empty."""
+    admin = AdminClient({"bootstrap.servers": cluster.nodes[1].bootstrap})
+    admin.create_topics([NewTopic("doomed", 3, 3)])["doomed"].result(20)
+    led(admin, "doomed", 3)
+    producer = confluent_kafka.Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all"})
+    for i in range(3):
+        producer.produce("doomed", value=b"old", partition=i)
+    assert producer.flush(30) == 0
+    topic_id = topic_ids(cluster.nodes[1].data_dir)["doomed"]
+    dirs = [layout.topic_dir(str(n.data_dir), topic_id) for n in cluster.nodes.values()]
+    assert all(sorted(os.listdir(d)) == ["0", "1", "2"] for d in dirs)  # a replica of each on each
+    admin.delete_topics(["doomed"])["doomed"].result(20)
+    wait_for(lambda: not any(os.path.exists(d) for d in dirs), timeout=20)
+    admin.create_topics([NewTopic("doomed", 1, 3)])["doomed"].result(20)
+    led(admin, "doomed", 1)
+    assert wait_for(lambda: topic_ids(cluster.nodes[1].data_dir).get("doomed"), timeout=20) != topic_id
+    low, high = _watermarks(cluster.bootstrap, "doomed")
+    assert (low, high) == (0, 0)
+
+
+def _watermarks(bootstrap: str, topic: str) -> tuple[int, int]:
+    consumer = confluent_kafka.Consumer({"bootstrap.servers": bootstrap, "group.id": "wm"})
+    try:
+        return consumer.get_watermark_offsets(confluent_kafka.TopicPartition(topic, 0), timeout=10)
+    finally:
+        consumer.close()
 
 
 def test_delete_records_reaches_the_followers_and_outlives_the_leader(cluster: Cluster) -> None:
