@@ -118,10 +118,11 @@ def test_delete_topics_removes_the_files_on_every_node(cluster: Cluster) -> None
     assert (low, high) == (0, 0)
 
 
-def _watermarks(bootstrap: str, topic: str) -> tuple[int, int]:
+def _watermarks(bootstrap: str, topic: str, timeout: float = 10) -> tuple[int, int]:
+    """Partition 0's (low, high) watermarks, as its leader answers them."""
     consumer = confluent_kafka.Consumer({"bootstrap.servers": bootstrap, "group.id": "wm"})
     try:
-        return consumer.get_watermark_offsets(confluent_kafka.TopicPartition(topic, 0), timeout=10)
+        return consumer.get_watermark_offsets(confluent_kafka.TopicPartition(topic, 0), timeout=timeout)
     finally:
         consumer.close()
 
@@ -156,13 +157,10 @@ def test_delete_records_reaches_the_followers_and_outlives_the_leader(cluster: C
 
 def _low(bootstrap: str, topic: str) -> int | None:
     """The partition's low watermark once its leader answers with every record, else None."""
-    consumer = confluent_kafka.Consumer({"bootstrap.servers": bootstrap, "group.id": "trim"})
     try:
-        low, high = consumer.get_watermark_offsets(confluent_kafka.TopicPartition(topic, 0), timeout=3)
+        low, high = _watermarks(bootstrap, topic, timeout=3)
     except confluent_kafka.KafkaException:
         return None
-    finally:
-        consumer.close()
     return low if high == 10 else None
 
 
