@@ -271,7 +271,8 @@ class Core:
         """The role the view names for this node's replica of `p` (a clustered core's partitions
         always have one: a partition without a role would serve as if alone). A replica the view
         no longer places here (reassigned away) follows the new leader without fetching: it
-        answers nothing a leader would, and its files stay, unserved (broker/core/lifecycle.py)."""
+        answers nothing a leader would, until `remove_moved_away` closes it and removes its
+        files (broker/core/replica_manager.py)."""
         state = self.cluster.state_of(p.topic_id, p.index)
         me = self.config.node_id
         settings = self.config.cluster
@@ -346,12 +347,8 @@ class Core:
             for tid in gone_topics:  # before the closes below, which may come back here
                 del self._configured[tid]
         for p in gone:
-            self.cleaning.forget(p)
             log.info("topic id %d is gone: closing partition %d", p.topic_id, p.index)
-            try:
-                p.close(discard=True)  # its files go with the topic: nothing to flush first
-            except StorageError as exc:
-                log.error("closing partition %d/%d: %s", p.topic_id, p.index, exc)
+            self._discard(p)
         if gone and self.cluster.clustered:
             self._remove_gone_files([(p.topic_id, p.index) for p in gone])
         live = self.registry.by_id  # the closes above may have reloaded it
@@ -363,6 +360,57 @@ class Core:
         if changed:
             self._configured.update(changed)
             self._configure(changed)
+
+    def _discard(self, p: Partition) -> None:
+        """Close `p`, out of `partitions` already, writing nothing: its files go next."""
+        self.cleaning.forget(p)
+        try:
+            p.close(discard=True)
+        except StorageError as exc:
+            log.error("closing partition %d/%d: %s", p.topic_id, p.index, exc)
+
+    def remove_moved_away(self, keys: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+        """Close the replicas `keys` (topic id, index) that the view no longer places on this node
+        and remove their files, as Kafka's StopReplica with deletion does once a reassignment
+        (or a drain, or a cancelled addition) completes: the view drops a replica only then,
+        and the data is on the replicas it names. Kept, they held the node's disk, page cache
+        and descriptors, unserved, until the topic was deleted and the node restarted. Returns
+        those left for later: a replica with appends in flight (the last copy from its old
+        leader, its own last produce) cannot close until they complete.
+
+        Like a deleted topic's (`_sync_partitions`), each leaves `partitions` before it closes:
+        the long polls its close wakes look it up again and are answered NOT_LEADER, as
+        `partition` answers for a replica not placed here (and never opens it again)."""
+        later = []
+        aside = []
+        for key in keys:
+            p = self.partitions.get(key)
+            if p is None:
+                continue
+            if p.log.appending:
+                later.append(key)
+                continue
+            del self.partitions[key]
+            log.info("partition %d/%d: moved off this node, removing its files", *key)
+            self._discard(p)
+            try:
+                path = self.registry.set_aside_partition_files(*key)
+            except OSError as exc:
+                log.error("partition %d/%d: cannot set its files aside: %s (kept)", key[0], key[1], exc)
+                continue
+            if path is not None:
+                aside.append(path)
+        if aside:
+
+            def done(result: object) -> None:
+                if isinstance(result, BaseException):
+                    log.warning("removing the files of moved replicas: %r (the next start does)", result)
+
+            if self.run_blocking is no_threads:
+                self.registry.remove_set_aside(aside)
+            else:
+                self.run_blocking(lambda: self.registry.remove_set_aside(aside), done)
+        return later
 
     def _remove_gone_files(self, gone: list[tuple[int, int]]) -> None:
         """A cluster node's files of the partitions of deleted topics this core just closed.

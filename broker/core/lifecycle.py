@@ -7,7 +7,7 @@ request's business.
 
 Rules this module keeps:
 - At start, the partitions this core owns that have files open (a clustered core's only where the
-  view places a replica here: files of a replica moved away are kept, not served); the others
+  view places a replica here: the files of one it places elsewhere are removed); the others
   open on first use (`Core.partition`). One that needs a new segment file on a full disk is left
   for its first request.
 - The stored partitions open with Python's cyclic collector off, and are then frozen out of its
@@ -139,10 +139,17 @@ class Lifecycle:
         except FileNotFoundError:
             return
         config = core.registry.log_config(topic)  # once a topic, not once a partition (~30 us)
+        mine = core.config.core_id
+        where = layout.topic_dir(core.config.data_dir, topic.topic_id)
+        for name in names:  # removals a stop or a crash cut short (`Core.remove_moved_away`)
+            index = layout.set_aside_index(name)
+            if index is not None and core.owner(topic.topic_id, index) == mine:
+                core.registry.remove_set_aside([os.path.join(where, name)])
         for i in sorted(n for n in map(layout.parse_number_name, names) if n is not None):
-            if i < topic.partitions and core.owner(topic.topic_id, i) == core.config.core_id:
+            if i < topic.partitions and core.owner(topic.topic_id, i) == mine:
                 if core.cluster.clustered and not core.replicated_here(topic.topic_id, i):
-                    continue  # files of a replica moved away: kept, not served
+                    self._moved_away(topic, i)
+                    continue
                 try:
                     core.open_partition(topic, i, config)
                 except (StorageError, OSError) as exc:
@@ -151,6 +158,20 @@ class Lifecycle:
                     if not is_out_of_space(exc):
                         raise
                     log.error("opening partition %d of topic %s: %s (retried on use)", i, topic.name, exc)
+
+    def _moved_away(self, topic: Topic, index: int) -> None:
+        """Files of a replica the view does not place here: those of one moved off the node while
+        it was down (or before this start's removal) go, as they would have while it ran. The
+        view is the one the node's agent published from the store before the workers started;
+        a partition it has no state for yet is left alone (not served, not removed)."""
+        core = self._core
+        state = core.cluster.state_of(topic.topic_id, index)
+        if state is None or core.config.node_id in state.replicas:
+            return
+        log.info("partition %d of topic %s: moved off this node, removing its files", index, topic.name)
+        path = core.registry.set_aside_partition_files(topic.topic_id, index)
+        if path is not None:
+            core.registry.remove_set_aside([path])
 
     def close(self) -> None:
         """Close every partition (flushing them) and, when every one closed clean, write the

@@ -22,6 +22,9 @@ Rules this module keeps:
   to a node about to leave.
   Replicas a proposal adds hold the high watermark from the moment it is sent until its answer
   is known (broker/core/replication.py): the store may apply it, and elect one of them, first.
+- A replica the view no longer places on this node (a reassignment or a drain completed, an
+  addition cancelled) stops fetching and gives up its role at once; its files go as soon as no
+  append of its is in flight (`Core.remove_moved_away`), tried again at each poll until then.
 """
 
 from __future__ import annotations
@@ -106,6 +109,7 @@ class ReplicaManager:
         self.fetching: dict[tuple[int, int], _Fetching] = {}
         self._isr_in_flight: set[tuple[int, int]] = set()
         self._isr_sweep = core.partition_sweep("in-sync check")
+        self._moved: set[tuple[int, int]] = set()  # replicas moved off this node, still open
 
     def start(self) -> None:
         self._poll()
@@ -122,7 +126,16 @@ class ReplicaManager:
                 self.apply(view)
             except Exception:
                 log.exception("applying cluster view %d", view.generation)
+        if self._moved:
+            self._remove_moved()
         self.loop.call_later(POLL_S, self._poll)
+
+    def _remove_moved(self) -> None:
+        """Close and remove the replicas moved off this node that the view still places elsewhere
+        (one placed here again meanwhile stays: it has its role back)."""
+        view, me = self.core.cluster, self.node_id
+        moved = [k for k in self._moved if (s := view.partitions.get(k)) is not None and me not in s.replicas]
+        self._moved = set(self.core.remove_moved_away(moved))
 
     def apply(self, view: ClusterView) -> None:
         h = self.core
@@ -137,7 +150,8 @@ class ReplicaManager:
             if me not in state.replicas:
                 moved = h.partitions.get((tid, index))
                 if moved is not None:
-                    h.give_role(moved)  # reassigned away: it stops leading
+                    h.give_role(moved)  # reassigned away: it stops leading, then closes
+                    self._moved.add((tid, index))
                 continue
             try:
                 partition = h.partition_by_id(tid, index)

@@ -383,6 +383,26 @@ class TopicRegistry:
             with contextlib.suppress(OSError):  # not empty: another core's are still there
                 os.rmdir(layout.topic_dir(self.data_dir, topic_id))
 
+    def set_aside_partition_files(self, topic_id: int, index: int) -> str | None:
+        """Rename the directory of partition `index` of `topic_id` (closed) out of the partitions'
+        names, to be removed by `remove_set_aside` off the loop: the rename is one quick system
+        call where the removal of its files may take the kernel seconds, and a partition of the
+        name opened meanwhile (its replica placed here again) starts in a directory of its own.
+        The new path, or None when there was no directory."""
+        path = layout.partition_dir(self.data_dir, topic_id, index)
+        aside = f"{path}{layout.SET_ASIDE}{time.time_ns()}"
+        try:
+            os.rename(path, aside)
+        except FileNotFoundError:
+            return None
+        return aside
+
+    @staticmethod
+    def remove_set_aside(paths: Iterable[str]) -> None:
+        """Remove what `set_aside_partition_files` renamed (any thread)."""
+        for path in paths:
+            shutil.rmtree(path, ignore_errors=True)
+
     def get(self, name: str) -> Topic:
         topic = self.by_name.get(name)
         if topic is None:

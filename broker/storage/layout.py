@@ -141,6 +141,18 @@ def partition_dir(data_dir: str, topic_id: int, partition: int) -> str:
     return os.path.join(data_dir, TOPICS_DIR, str(topic_id), str(partition))
 
 
+# A partition directory renamed `<index>` + SET_ASIDE + a number is being removed (its replica was
+# moved off the node): never a partition's name, and removed at the next start when a removal was
+# cut short (`set_aside_index`).
+SET_ASIDE = ".removing-"
+
+
+def set_aside_index(name: str) -> int | None:
+    """The partition index a set-aside directory under a topic's was named by, else None."""
+    index, sep, _ = name.partition(SET_ASIDE)
+    return parse_number_name(index) if sep else None
+
+
 def parse_number_name(name: str) -> int | None:
     """The topic id or partition index a directory under topics/ is named by, or None for a name
     that is not one (anything else found there)."""

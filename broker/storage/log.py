@@ -235,6 +235,12 @@ class Log(LogStart):
             failed = exc
         self.complete_close(plan, failed)
 
+    @property
+    def appending(self) -> bool:
+        """Whether appends are in flight (prepared, not completed): `close` and `discard` refuse
+        then, since their writes name this log's descriptors."""
+        return bool(self._pending)
+
     def prepare_close(self) -> log_flush.ClosePlan | None:
         """`close` in three steps, for a caller closing many logs that runs the disk work of many
         at once (`Core.close`): this plan, `log_flush.run_close` (system calls only, any thread),

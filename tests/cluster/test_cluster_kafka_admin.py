@@ -491,6 +491,54 @@ def test_placement_by_hand_elections_and_a_reassignment_across_a_controller_fail
     assert got == acked  # nothing acknowledged lost, nothing else read, in order
 
 
+def test_a_replica_moved_off_a_node_takes_its_files_with_it(cluster: Cluster) -> None:
+    """A reassignment that completes without a node removes its replica's files there, as Kafka's
+    StopReplica does: at once on a live node, at its next start on one that was down meanwhile.
+    The replicas kept and the one added hold every acknowledged record."""
+    from kafka import TopicPartition as KpTopicPartition
+    from kafka.admin import KafkaAdminClient
+
+    # the node that loses its replicas is not the controller, which the admin client talks to
+    controller = cluster.view(1)["controller"]
+    gone = next(n for n in (1, 2, 3) if n != controller)
+    kept, added = controller, next(n for n in (1, 2, 3) if n not in (controller, gone))
+    admin = AdminClient({"bootstrap.servers": cluster.nodes[kept].bootstrap})
+    assignment = [[kept * 1000, gone * 1000]] * 2
+    admin.create_topics([NewTopic("moving", 2, replica_assignment=assignment)])["moving"].result(20)
+    led(admin, "moving", 2)
+    topic_id = topic_ids(cluster.nodes[kept].data_dir)["moving"]
+    producer = confluent_kafka.Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all"})
+    sent = {p: [b"v-%d-%d" % (p, i) for i in range(10)] for p in range(2)}
+    for p, values in sent.items():
+        for v in values:
+            producer.produce("moving", value=v, partition=p)
+    assert producer.flush(30) == 0
+    on_gone = layout.topic_dir(str(cluster.nodes[gone].data_dir), topic_id)
+    assert sorted(os.listdir(on_gone)) == ["0", "1"]
+
+    def moved(p: int) -> bool:
+        state = cluster.states(kept, topic_id)[p]
+        return not state.get("target") and state["replicas"] == [kept, added]
+
+    kp = KafkaAdminClient(bootstrap_servers=cluster.nodes[kept].bootstrap, request_timeout_ms=15_000)
+    try:
+        p0, p1 = KpTopicPartition("moving", 0), KpTopicPartition("moving", 1)
+        assert kp.alter_partition_reassignments({p0: [kept * 1000, added * 1000]}) == {p0: None}
+        wait_for(lambda: moved(0), timeout=30)
+        wait_for(lambda: os.listdir(on_gone) == ["1"], timeout=10)  # nothing set aside left either
+        cluster.nodes[gone].kill()  # SIGKILL: partition 1 moves while the node is down
+        assert kp.alter_partition_reassignments({p1: [kept * 1000, added * 1000]}) == {p1: None}
+        wait_for(lambda: moved(1), timeout=30)
+    finally:
+        kp.close()
+    assert os.listdir(on_gone) == ["1"]
+    cluster.nodes[gone].start()
+    wait_for(lambda: os.listdir(on_gone) == [], timeout=10)
+    on_added = layout.topic_dir(str(cluster.nodes[added].data_dir), topic_id)
+    assert sorted(os.listdir(on_added)) == ["0", "1"]
+    assert _read(cluster.bootstrap, "moving", 2) == sent
+
+
 def test_an_unclean_election_brings_an_offline_partition_back(cluster: Cluster) -> None:
     """Both replicas die, the in-sync one last; the other returns: offline (unclean election is
     off) until ElectLeaders asks for an unclean one, which elects it with what it holds."""

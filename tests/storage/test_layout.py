@@ -67,6 +67,14 @@ def test_partition_dirs_parse_back() -> None:
     assert os.path.dirname(layout.group_offsets_path(pdir)) == pdir
 
 
+def test_a_partition_dir_set_aside_is_no_partitions_and_names_its_index() -> None:
+    aside = os.path.basename(layout.partition_dir("/d", 7, 12)) + layout.SET_ASIDE + "1764770000000000000"
+    assert layout.parse_number_name(aside) is None  # never opened as partition 12 again
+    assert layout.set_aside_index(aside) == 12
+    for other in ("12", "x" + layout.SET_ASIDE + "1", "12.removing", ""):
+        assert layout.set_aside_index(other) is None
+
+
 @pytest.mark.parametrize("suffix", [layout.CLEANED_SUFFIX, layout.SWAP_SUFFIX])
 def test_a_cleaners_file_names_parse_back_and_are_not_segments(suffix: str) -> None:
     for name, kind in (
