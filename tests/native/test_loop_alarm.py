@@ -64,6 +64,25 @@ def test_an_earlier_timer_rearms_the_alarm() -> None:
         assert ring.inflight == 1 and loop.pending_ops == 0
 
 
+def test_cancelled_timers_ring_no_alarm() -> None:
+    """Timers cancelled long before their deadline (a parked fetch's, woken by data) leave the
+    alarm for the first one still wanted: the loop does not wake for each of them."""
+    with Ring(16) as ring:
+        loop = Loop(ring)
+        fired: list[bool] = []
+        loop.call_later(30.0, lambda: fired.append(True))
+        cancelled = [loop.call_later(0.01 * (i + 1), lambda: fired.append(False)) for i in range(5)]
+        for timer in cancelled:
+            timer.cancel()
+        _nop_pass(loop, ring)
+        assert ring.inflight == 1  # one alarm, for the 30 s timer
+        time.sleep(0.1)  # every cancelled deadline has passed
+        t = time.monotonic()
+        _nop_pass(loop, ring)  # woken by its nop, at once: no alarm rang meanwhile
+        assert time.monotonic() - t < 1.0 and not fired
+        assert ring.inflight == 1 and loop.pending_ops == 0
+
+
 def test_a_busy_pass_does_not_wait_for_the_alarm() -> None:
     """A pass with callbacks due only reaps what is ready: it neither waits nor arms a timer."""
     with Ring(16) as ring:
