@@ -490,3 +490,28 @@ def test_a_leaders_answer_with_a_corrupt_batch_is_refused_by_the_follower(pair: 
     assert isinstance(exc, Exception) and "crc32c mismatch" in str(exc)
     assert b.partition.log.end_offset == 0 and b.stored() == b""
     assert b.fetcher.request(NOW) is None, "it backs off"
+
+
+def test_a_replica_moved_away_closes_and_goes_once_no_append_of_it_is_in_flight(tmp_path: Path) -> None:
+    """`Core.remove_moved_away` (a reassignment took the replica off this node): an append in
+    flight keeps it open, files and all, and it is answered as left for later; once that append
+    completed it closes, leaves the core's partitions and its directory goes."""
+    node = Node(2, tmp_path / "b")
+    try:
+        core = node.handlers.core
+        p = node.partition
+        key = (node.topic_id, 0)
+        directory = p.directory
+        pending = p.produce(encode_batch([b"in flight"]), core.space)
+        assert isinstance(pending, partition_module.PendingProduce)
+        assert core.remove_moved_away([key]) == [key]
+        assert core.partitions.get(key) is p and os.path.isdir(directory)
+        run_ops(IO, pending.pending.ops)
+        pending.complete()
+        assert core.remove_moved_away([key]) == []
+        assert key not in core.partitions and p.log.closed
+        assert not os.path.exists(directory)
+        assert os.listdir(os.path.dirname(directory)) == []  # nothing set aside left behind
+        assert core.remove_moved_away([key]) == []  # gone already: nothing to do
+    finally:
+        node.handlers.core.close()
