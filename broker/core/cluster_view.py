@@ -180,6 +180,12 @@ class ClusterView:
     def state_of(self, topic_id: int, partition: int) -> PartitionState | None:
         return self.partitions.get((topic_id, partition))
 
+    def placed_elsewhere(self, topic_id: int, partition: int) -> bool:
+        """Whether this view names the partition's replicas and this node is not among them: its
+        replica here was moved off (a partition the view has no state for yet is not)."""
+        state = self.partitions.get((topic_id, partition))
+        return state is not None and self.node_id not in state.replicas
+
     def to_json(self) -> dict[str, Any]:
         return {
             "node_id": self.node_id,

@@ -401,16 +401,21 @@ class Core:
             if path is not None:
                 aside.append(path)
         if aside:
-
-            def done(result: object) -> None:
-                if isinstance(result, BaseException):
-                    log.warning("removing the files of moved replicas: %r (the next start does)", result)
-
-            if self.run_blocking is no_threads:
-                self.registry.remove_set_aside(aside)
-            else:
-                self.run_blocking(lambda: self.registry.remove_set_aside(aside), done)
+            self._remove_off_loop(lambda: self.registry.remove_set_aside(aside), "moved replicas")
         return later
+
+    def _remove_off_loop(self, remove: Callable[[], None], what: str) -> None:
+        """`remove()` (files of closed partitions) on the blocking pool, or at once on a core
+        without one; a failure is logged: the next start removes what is left."""
+
+        def done(result: object) -> None:
+            if isinstance(result, BaseException):
+                log.warning("removing the files of %s: %r (the next start removes them)", what, result)
+
+        if self.run_blocking is no_threads:
+            remove()
+        else:
+            self.run_blocking(remove, done)
 
     def _remove_gone_files(self, gone: list[tuple[int, int]]) -> None:
         """A cluster node's files of the partitions of deleted topics this core just closed.
@@ -422,15 +427,7 @@ class Core:
         after each left ~0.5 GB a run on every node, and each run's produce took more of the
         kernel's time than the one before (2.6 -> 12.3 s a GB; 96 -> 64 MB/s), 2.3-2.7 s with
         them removed. A removal cut short (the core stopping) is finished by the next start."""
-
-        def done(result: object) -> None:
-            if isinstance(result, BaseException):
-                log.warning("removing the files of deleted partitions: %r (a restart removes them)", result)
-
-        if self.run_blocking is no_threads:
-            self.registry.remove_partition_files(gone)
-        else:
-            self.run_blocking(lambda: self.registry.remove_partition_files(gone), done)
+        self._remove_off_loop(lambda: self.registry.remove_partition_files(gone), "deleted partitions")
 
     def _configure(self, topics: Mapping[int, Topic]) -> None:
         """Apply the configs of `topics` (by id) to this core's open partitions of them (live: no

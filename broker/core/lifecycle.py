@@ -165,8 +165,7 @@ class Lifecycle:
         view is the one the node's agent published from the store before the workers started;
         a partition it has no state for yet is left alone (not served, not removed)."""
         core = self._core
-        state = core.cluster.state_of(topic.topic_id, index)
-        if state is None or core.config.node_id in state.replicas:
+        if not core.cluster.placed_elsewhere(topic.topic_id, index):
             return
         log.info("partition %d of topic %s: moved off this node, removing its files", index, topic.name)
         path = core.registry.set_aside_partition_files(topic.topic_id, index)

@@ -133,9 +133,8 @@ class ReplicaManager:
     def _remove_moved(self) -> None:
         """Close and remove the replicas moved off this node that the view still places elsewhere
         (one placed here again meanwhile stays: it has its role back)."""
-        view, me = self.core.cluster, self.node_id
-        moved = [k for k in self._moved if (s := view.partitions.get(k)) is not None and me not in s.replicas]
-        self._moved = set(self.core.remove_moved_away(moved))
+        view = self.core.cluster
+        self._moved = set(self.core.remove_moved_away([k for k in self._moved if view.placed_elsewhere(*k)]))
 
     def apply(self, view: ClusterView) -> None:
         h = self.core
