@@ -107,6 +107,26 @@ def tree_cpu(pid: int) -> float:
     return sum(proc_cpu(p) for p in (pid, *children_of(pid)))
 
 
+def tree_waited(pid: int) -> float:
+    """Seconds the threads of `pid` and its live children have spent runnable but waiting for a
+    CPU (schedstat's run-queue wait; 0 on a kernel without it). On the 2-CPU VM the nodes of a
+    cluster share the CPUs with the client: what a node waits there is CPU a neighbour took,
+    which its own CPU time does not show."""
+    waited = 0
+    for p in (pid, *children_of(pid)):
+        try:
+            tids = os.listdir(f"/proc/{p}/task")
+        except OSError:  # gone meanwhile
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{p}/task/{tid}/schedstat") as f:
+                    waited += int(f.read().split()[1])
+            except (OSError, IndexError, ValueError):  # a thread that exited, or no schedstat
+                pass
+    return waited / 1e9
+
+
 def children_of(pid: int) -> list[int]:
     """The live child processes of `pid`: /proc/<pid>/task/<tid>/children of each of its threads,
     or, on a kernel without that file, every /proc/<n>/stat whose parent is `pid`."""

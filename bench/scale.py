@@ -27,10 +27,13 @@ Tansu where Tansu ran the same work; verdict PASS/FAIL against the goal, or "rep
   one node, cluster, cluster, one node (`one_many_one` says why), each run on a topic of its own
   deleted after it (`spread_pairs` says why), MB/s from the first produce to flush() returning,
   over both runs of each. Goal: cluster / one node >= 0.5. Beside it the
-  client's CPU per second (this process) in each, on the same 2 CPUs as the nodes. librdkafka's
-  idempotent producer keeps one produce request in flight per partition (it counts the messages
-  in flight against its limit of 5 requests: librdkafka pull request 4989), and its broker
-  threads spin while one is out, so the cluster's figure is a ~1 MB batch's acks=all round trip.
+  client's CPU per second (this process) in each, on the same 2 CPUs as the nodes, and the
+  seconds a second the nodes spent runnable but waiting for a CPU (`benchlib.tree_waited`, all
+  nodes summed). librdkafka's idempotent producer keeps one produce request in flight per
+  partition (it counts the messages in flight against its limit of 5 requests: librdkafka pull
+  request 4989), and its broker threads spin while one is out (the partition's next batch is
+  ready, so its wake-up is "now"), so the cluster's figure is a ~1 MB batch's acks=all round
+  trip, made while the nodes wait for the CPUs those threads hold.
 - R2 replication, our client: the same with `Producer` (acks=DURABLE, idempotent / acks=WRITTEN;
   64 KiB batches, linger 5 ms). Goal >= 0.5.
 - R3 CPU per replicated GB: broker CPU-seconds (supervisor and workers, benchlib.tree_cpu) per GB
@@ -72,7 +75,9 @@ with a margin (at least 20 GiB or 30% of the free space left free), and the head
 - R12 spread, librdkafka: produce for `spread_s` to 1 partition and to 1000 (round robin by explicit
   partition; linger 5 ms), acks=all and acks=1, each in the order 1, 1000, 1000, 1, each run on
   a topic of its own deleted after it (`spread_pairs` says why); rate over 1000 / rate over 1.
-  Tansu beside. Goal >= 0.7 (both acks). Beside them the rates over 1000 and the client's CPU per second then.
+  Tansu beside. Goal >= 0.7 (both acks). Beside them the rates over 1000 and the client's CPU per
+  second then, and librdkafka's own p50s over 1000 (`queue_waits`): how long a record waited in
+  its queue before a request took it, and a request's round trip.
 - R13 spread, our client: the same with `Producer`. Goal >= 0.7.
 - R14 group: 50 librdkafka consumers (threads of this process, roundrobin assignment) subscribe to a
   topic of 10 000 partitions (2 000 quick): time until every member holds partitions and together
@@ -125,6 +130,7 @@ from benchlib import (
     page_reporting,
     table,
     tree_cpu,
+    tree_waited,
 )
 from cluster import start_cluster, states
 from kafka_clients import Tansu, tansu_binary
@@ -477,17 +483,29 @@ def _produce(p: Any, topic: str, value: bytes, partition: int) -> None:
 
 
 def k_produce_for(
-    bootstrap: str, topic: str, partitions: int, seconds: float, acks: str, idempotent: bool = False
+    bootstrap: str,
+    topic: str,
+    partitions: int,
+    seconds: float,
+    acks: str,
+    idempotent: bool = False,
+    stats: list[dict[str, Any]] | None = None,
 ) -> tuple[int, float]:
-    """Produce 1 KiB records round robin over `partitions` for `seconds`, then flush: (records, wall s)."""
+    """Produce 1 KiB records round robin over `partitions` for `seconds`, then flush: (records, wall s).
+    With `stats`, librdkafka's statistics of each second spent producing (not the flush's) are
+    added to it (`queue_waits` reads them)."""
     from confluent_kafka import Producer as KProducer
 
     errors: list[Any] = []
+    extra: dict[str, Any] = {}
+    got: list[str] = []  # librdkafka's statistics, as it delivers them (in poll and flush)
+    if stats is not None:
+        extra = {"statistics.interval.ms": 1000, "stats_cb": got.append}
     p = KProducer(
         kconf(
             bootstrap,
             acks=acks,
-            **{"enable.idempotence": idempotent, "linger.ms": 5, **_only_errors(errors)},
+            **{"enable.idempotence": idempotent, "linger.ms": 5, **_only_errors(errors), **extra},
         )
     )
     for k in range(partitions):  # metadata and each leader's connection: untimed
@@ -504,11 +522,30 @@ def k_produce_for(
             p.poll(0)
             if time.perf_counter() >= end:
                 break
+    producing = len(got)
     left = p.flush(120)
     wall = time.perf_counter() - t0
+    if stats is not None:
+        stats.extend(json.loads(doc) for doc in got[:producing])
     if left or errors:
         raise RuntimeError(f"produce acks={acks} to {topic}: {left} unacknowledged, errors {errors[:3]}")
     return n, wall
+
+
+def queue_waits(stats: list[dict[str, Any]]) -> tuple[float, float] | None:
+    """(ms a record waited in librdkafka's queue before its request was made, ms from a request
+    sent to its answer read): the p50s of the last second of a run's producing (`k_produce_for`'s
+    `stats`), over the brokers it produced to; None for a run shorter than a second. Little's
+    law over librdkafka's 100 000-message window: when the first is many times the second, the
+    records wait in the client, not in the broker."""
+    if not stats:
+        return None
+    brokers = [b for b in stats[-1]["brokers"].values() if b.get("req", {}).get("Produce")]
+    if not brokers:
+        return None
+    queued = statistics.median(b["int_latency"]["p50"] for b in brokers) / 1000
+    rtt = statistics.median(b["rtt"]["p50"] for b in brokers) / 1000
+    return queued, rtt
 
 
 def r_produce_for(
@@ -659,6 +696,7 @@ class Ran:
     wall_s: float
     cpu_s: list[float]  # per broker process (its tree), in the order given
     client_s: float  # this process's CPU meanwhile: the client's
+    waited_s: float  # the brokers' time runnable but waiting for a CPU (`tree_waited`), summed
     leader: int = 1  # the node leading its topic's first partition (R3's one-partition run)
 
     @property
@@ -668,7 +706,12 @@ class Ran:
     def __add__(self, other: Ran) -> Ran:
         cpu = [a + b for a, b in zip(self.cpu_s, other.cpu_s, strict=True)]
         return Ran(
-            self.gb + other.gb, self.wall_s + other.wall_s, cpu, self.client_s + other.client_s, self.leader
+            self.gb + other.gb,
+            self.wall_s + other.wall_s,
+            cpu,
+            self.client_s + other.client_s,
+            self.waited_s + other.waited_s,
+            self.leader,
         )
 
 
@@ -706,14 +749,16 @@ def phase_replication(
         if replicated:
             wait_for(lambda: in_sync(topic_id, partitions), sizes.step_timeout_s)
         cpu0 = [tree_cpu(p.pid) for p in procs]
+        waited0 = sum(tree_waited(p.pid) for p in procs)
         client0 = time.process_time()
         records, wall = produce(topic, partitions)
         cpu = [tree_cpu(p.pid) - c for p, c in zip(procs, cpu0, strict=True)]
         client = time.process_time() - client0
+        waited = sum(tree_waited(p.pid) for p in procs) - waited0
         leader = states(nodes[1], topic_id)[0]["leader"] if replicated else 1
         with Admin(bootstrap) as a:
             a.delete_topic(topic)
-        return Ran(records * len(VALUE) / 1e9, wall, cpu, client, leader)
+        return Ran(records * len(VALUE) / 1e9, wall, cpu, client, waited, leader)
 
     def alternated(
         one: Callable[[str, int], tuple[int, float]], three: Callable[[str, int], tuple[int, float]]
@@ -723,7 +768,11 @@ def phase_replication(
         return ones[0] + ones[1], threes[0] + threes[1]
 
     def clients(one: Ran, three: Ran) -> str:
-        return f"client {three.client_s / three.wall_s:.1f}/{one.client_s / one.wall_s:.1f} CPU"
+        """The client's CPU, and the nodes' wait for one, per second of each side's runs."""
+        return (
+            f"client {three.client_s / three.wall_s:.1f}/{one.client_s / one.wall_s:.1f} CPU, "
+            f"nodes waiting for a CPU {three.waited_s / three.wall_s:.1f}/{one.waited_s / one.wall_s:.1f}"
+        )
 
     if only & {"R1", "R3"}:
         one, three = alternated(
@@ -960,8 +1009,11 @@ def spread_pairs(bootstrap: str, many: int, seconds: float, ours: bool, timeout_
     out = {}
     runs = [0]
     for acks in ("all", "1"):
+        waits_many: list[tuple[float, float]] = []  # `queue_waits` of the runs over `many`
 
-        def produce(n: int, acks: str = acks) -> tuple[int, float, float]:
+        def produce(
+            n: int, acks: str = acks, waits_many: list[tuple[float, float]] = waits_many
+        ) -> tuple[int, float, float]:
             """(records, wall s, this process's CPU s meanwhile) of one run."""
             runs[0] += 1
             topic = f"spread-{runs[0]}"
@@ -971,7 +1023,10 @@ def spread_pairs(bootstrap: str, many: int, seconds: float, ours: bool, timeout_
                 if ours:
                     records, wall = r_produce_for(bootstrap, topic, n, seconds, acks == "all")
                 else:
-                    records, wall = k_produce_for(bootstrap, topic, n, seconds, acks)
+                    stats: list[dict[str, Any]] | None = [] if n == many else None
+                    records, wall = k_produce_for(bootstrap, topic, n, seconds, acks, stats=stats)
+                    if stats is not None and (waits := queue_waits(stats)) is not None:
+                        waits_many.append(waits)
                 return records, wall, time.process_time() - cpu0
             finally:
                 k_delete(bootstrap, topic, timeout_s)
@@ -979,6 +1034,9 @@ def spread_pairs(bootstrap: str, many: int, seconds: float, ours: bool, timeout_
         ones, manys = one_many_one(lambda: produce(1), lambda: produce(many))
         rate1, rate_many = per_second(ones), per_second(manys)
         out[f"client_cpu_{acks}"] = per_second(manys, 2)
+        if waits_many:
+            out[f"queued_ms_{acks}"] = statistics.median(w[0] for w in waits_many)
+            out[f"rtt_ms_{acks}"] = statistics.median(w[1] for w in waits_many)
         out[acks] = rate_many / rate1
         out[f"rate1_{acks}"] = rate1
         out[f"rate_many_{acks}"] = rate_many
@@ -990,7 +1048,12 @@ def spread_cell(s: dict[str, float]) -> str:
     the client's CPU meanwhile."""
     rates = " / ".join(f"{s[f'rate_many_{a}'] / 1000:.0f}k" for a in ("all", "1"))
     cpu = " / ".join(f"{s[f'client_cpu_{a}']:.1f}" for a in ("all", "1"))
-    return f"{s['all']:.2f} / {s['1']:.2f} ({rates} rec/s; client {cpu} CPU)"
+    cell = f"{s['all']:.2f} / {s['1']:.2f} ({rates} rec/s; client {cpu} CPU"
+    if all(f"queued_ms_{a}" in s for a in ("all", "1")):
+        queued = " / ".join(f"{s[f'queued_ms_{a}']:.0f}" for a in ("all", "1"))
+        rtt = " / ".join(f"{s[f'rtt_ms_{a}']:.0f}" for a in ("all", "1"))
+        cell += f"; queued in librdkafka {queued} ms p50, round trip {rtt} ms"
+    return cell + ")"
 
 
 def sync_floor(where: Path, files: int, seconds: float) -> dict[str, float] | None:

@@ -7,6 +7,7 @@ about 40 s on the 2-CPU VM."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -15,6 +16,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from labkit.brokerproc import BrokerProcess
 
 REPO = Path(__file__).resolve().parents[2]
 ROWS = [f"R{i}" for i in range(1, 16)]
@@ -71,6 +74,48 @@ def test_librdkafka_takes_the_admin_configs_of_every_size() -> None:
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stdout[-2000:] + run.stderr[-2000:]
 
 
+@pytest.mark.parametrize("broker", [{"backend": "uvloop"}], indirect=True)
+def test_librdkafka_statistics_say_where_a_record_waited(broker: BrokerProcess) -> None:
+    """R12's cell puts librdkafka's own p50s beside the rates (a record queued in the client, a
+    request's round trip): read from a real producer's statistics of the seconds it produced."""
+    probe = (
+        "import json, scale\n"
+        "stats = []\n"
+        f"scale.k_produce_for({broker.bootstrap!r}, 'waits', 1, 1.3, '1', stats=stats)\n"
+        "print(json.dumps([len(stats), scale.queue_waits(stats), scale.queue_waits([])]))\n"
+    )
+    run = python_in_repo(["-c", probe], 60, REPO / "bench")
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    count, waits, none = json.loads(run.stdout.strip().splitlines()[-1])
+    assert count >= 1 and none is None
+    queued_ms, rtt_ms = waits
+    assert 0 <= queued_ms < 1300 and 0 < rtt_ms < 1300
+
+
+def test_tree_waited_counts_a_tree_kept_from_its_cpu() -> None:
+    """R1/R2's "nodes waiting for a CPU": a process and its child spinning on one CPU each wait
+    while the other runs, and `tree_waited` of the parent counts both."""
+    probe = (
+        "import os, time, benchlib\n"
+        "os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})\n"
+        "before = benchlib.tree_waited(os.getpid())\n"
+        "kid = os.fork()\n"
+        "end = time.monotonic() + 0.6\n"
+        "while time.monotonic() < end:\n"
+        "    pass\n"
+        "if kid == 0:\n"
+        "    time.sleep(1)\n"
+        "    os._exit(0)\n"
+        "waited = benchlib.tree_waited(os.getpid()) - before\n"
+        "os.kill(kid, 9)\n"
+        "os.waitpid(kid, 0)\n"
+        "print(waited)\n"
+    )
+    run = python_in_repo(["-c", probe], 60, REPO / "bench")
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert float(run.stdout.strip()) >= 0.3  # 1.2 s of spinning on one CPU: ~0.6 s of waiting
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("etcd") is None, reason="the replication rows need etcd")
 def test_every_row_of_the_smoke_run_is_measured(tmp_path: Path) -> None:
@@ -78,6 +123,8 @@ def test_every_row_of_the_smoke_run_is_measured(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert missing_or_unmeasured(run.stdout) == [], run.stdout
     assert "R15 growth" in run.stdout and "idle connections 10" in run.stdout
+    r1 = next(line for line in run.stdout.splitlines() if line.startswith("  R1 "))
+    assert re.search(r"client \d+\.\d/\d+\.\d CPU, nodes waiting for a CPU \d+\.\d/\d+\.\d", r1), r1
     r4 = next(line for line in run.stdout.splitlines() if line.startswith("  R4 "))
     assert re.search(r"stages: HW wait \d+ = follower append \d+", r4), r4  # the stage metrics were fed
     # the machine's share beside it: bench/hops_floor.py ran its trips (a failure leaves it out)
