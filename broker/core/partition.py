@@ -534,23 +534,32 @@ class Partition(PartitionRoles):
         leader_epoch: int,
         max_bytes: int,
         now: int,
+        woken: bool = False,
     ) -> PendingRead | Diverging:
         """A follower's fetch at `fetch_offset` (its log end), on the leader: a diverging epoch
         when its log went another way (it truncates first), else its position is counted (which
         may advance the high watermark: acks=all answers, consumers woken) and it reads to the
         log end through `read`. `NotLeaderError` unless this replica leads at `leader_epoch`;
         `OffsetOutOfRangeError` past the log end, or below its start (the follower starts over
-        at `log_start_offset`)."""
+        at `log_start_offset`).
+
+        `woken`: the same fetch again, parked at the log end and woken by an append. Its position
+        was counted when it came, and counting it again changes nothing (a follower the ISR
+        dropped meanwhile joins again by fetching again); nor does its divergence, which can only
+        change with the leader epoch that `check_leader` holds it to. So a woken fetch only reads:
+        the leader's part of an acks=all record runs each follower's fetch twice."""
         if not isinstance(self.replica, LeaderState):
             raise NotLeaderError("this replica does not lead it")
         self.check_leader(leader_epoch)
-        diverging = self.diverging(last_fetched_epoch, fetch_offset)
-        if diverging is not None:
-            return Diverging(*diverging)
+        if not woken or leader_epoch < 0:
+            diverging = self.diverging(last_fetched_epoch, fetch_offset)
+            if diverging is not None:
+                return Diverging(*diverging)
         end = self.log.end_offset
         if fetch_offset > end:
             raise OffsetOutOfRangeError(f"follower at {fetch_offset}, past this leader's end {end}")
-        self.replica_fetched(node, fetch_offset, now)
+        if not woken:
+            self.replica_fetched(node, fetch_offset, now)
         return self.read(fetch_offset, max_bytes, Isolation.LOG_END)
 
     def list_offset(

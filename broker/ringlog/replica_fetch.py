@@ -14,11 +14,14 @@ Rules this module keeps:
   records whole, then what fits). When nothing is there it waits like Fetch, on all its
   partitions, at most `FETCH_WAIT_MS_MAX`, but for their log ends only (`Wait.log_end`): a high
   watermark moved by another follower's fetch does not wake it (it would find nothing new).
+  Woken by an append, it is handled again as `woken`: it reads, its position already counted.
+- An answer with one partition's records is that read's own outcome (no `Gather`).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from broker.core.errors import error_of
 from broker.core.limits import FETCH_MAX_BYTES_MAX, FETCH_WAIT_MS_MAX
@@ -34,8 +37,10 @@ from ringlog_proto.frames import Buffer, Frame
 log = logging.getLogger("broker.ringlog.adapter")  # the adapter's lines, as before this module was apart
 
 
-def replica_fetch(ctx: Context, req: m.Request, frame: Frame) -> Outcome:
-    """A follower's fetch of every partition it follows on this core (module rules)."""
+def replica_fetch(ctx: Context, req: m.Request, frame: Frame, woken: bool = False) -> Outcome:
+    """A follower's fetch of every partition it follows on this core (module rules); `woken`,
+    the same fetch again, parked and woken by an append (`Partition.read_for_follower` says
+    what it skips)."""
     assert isinstance(req, m.ReplicaFetchRequest)
     if req.max_bytes <= 0 or req.max_wait_ms < 0:
         raise ValueError(f"max_bytes must be > 0 and max_wait_ms >= 0 ({req.max_bytes}, {req.max_wait_ms})")
@@ -57,6 +62,7 @@ def replica_fetch(ctx: Context, req: m.Request, frame: Frame) -> Outcome:
                 fp.current_leader_epoch,
                 limit,
                 now,
+                woken,
             )
         except OffsetOutOfRangeError as exc:  # where the follower may start over, if below
             log.info("replica fetch of %d/%d by node %d: %s", tid, index, req.replica_node, exc)
@@ -106,11 +112,37 @@ def replica_fetch(ctx: Context, req: m.Request, frame: Frame) -> Outcome:
     if not enough and ours and len(results) == len(ours) and req.max_wait_ms > 0:
         deadline = now + min(req.max_wait_ms, FETCH_WAIT_MS_MAX)
         if not parts:
-            again = ctx.again(replica_fetch, req, frame)
+            again = ctx.again(_woken, req, frame)
             return Wait(tuple(ours), frame, deadline, answer, again, log_end=True)
     if not parts:
         return answer()
+    if len(parts) == 1:  # the usual answer, one partition's records: the read answers it all
+        return _answering(parts[0], answer)
     return Gather(parts, answer)
+
+
+def _woken(ctx: Context, req: m.Request, frame: Frame) -> Outcome:
+    """`replica_fetch` of a parked fetch that an append woke (its `Wait.again`)."""
+    return replica_fetch(ctx, req, frame, woken=True)
+
+
+def _answering(part: Outcome, answer: Callable[[], Reply]) -> Read:
+    """The one read of an answer as the request's own outcome: the read's finish (or failure)
+    records its partition's result, then makes the whole answer, with no `Gather` around one part
+    (its part slot, its placeholder reply, its second fill), which every acks=all record costs
+    the leader once per follower."""
+    assert isinstance(part, Read) and part.fail is not None
+
+    def finish(data: Buffer) -> Reply:
+        part.finish(data)
+        return answer()
+
+    def fail(exc: BaseException) -> Reply:
+        assert part.fail is not None
+        part.fail(exc)
+        return answer()
+
+    return Read(part.extent, finish, fail)
 
 
 def _hw_of(ctx: Context, topic_id: int, index: int) -> int:

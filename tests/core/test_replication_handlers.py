@@ -242,6 +242,53 @@ def test_a_replica_fetch_with_nothing_new_waits_on_its_partitions(pair: tuple[No
     assert isinstance(again, Read | Gather)
 
 
+def test_a_woken_replica_fetch_only_reads(pair: tuple[Node, Node]) -> None:
+    """What the backend calls when an append wakes a parked follower's fetch (`Wait.again`): the
+    one read is the request's own outcome, and it answers the new record with the high watermark
+    at the answer. The follower's position is not counted again (it was when the fetch came): one
+    the ISR dropped meanwhile is counted by its next fetch. A leader that stepped down answers
+    NOT_OWNER, woken or not."""
+    a, b = pair
+    a.produce(b"x")
+    b.fetch_from(a)
+    b.fetch_from(a)  # at 1, the HW at 1
+    b.fetcher.max_wait_ms = 500
+    req = b.fetcher.request(NOW)
+    assert req is not None
+    parked = a.handlers.handle(frame_of(req))
+    assert isinstance(parked, Wait) and parked.log_end and parked.again is not None
+    replica = a.partition.replica
+    assert replica is not None and replica.followers[b.node_id].log_end == 1
+    replica.followers[b.node_id].log_end = -1  # as the ISR's dropping it does (`set_isr`)
+    a.produce(b"y")
+    woken = parked.again()
+    assert isinstance(woken, Read), "one partition's records: no Gather around the read"
+    answers: list[Reply] = []
+    assert carry_out(woken, answers) is None
+    resp = decoded(answers[0])
+    assert isinstance(resp, m.ReplicaFetchResponse)
+    (part,) = resp.partitions
+    assert part.error == m.ErrorCode.NONE and read_header(part.records).base_offset == 1
+    assert part.high_watermark == 1
+    assert replica.followers[b.node_id].log_end == -1, "the woken fetch did not count b again"
+    for append in b.fetcher.apply(resp, NOW).appends:
+        run_ops(IO, append.pending.ops)
+        append.complete()
+    b.fetcher.max_wait_ms = 0
+    b.fetch_from(a)  # its next fetch does
+    assert replica.followers[b.node_id].log_end == 2
+    b.fetcher.max_wait_ms = 500
+    req = b.fetcher.request(NOW)
+    assert req is not None
+    parked = a.handlers.handle(frame_of(req))
+    assert isinstance(parked, Wait) and parked.again is not None
+    a.partition.become_follower(2, leader=2)
+    answers.clear()
+    assert carry_out(parked.again(), answers) is None
+    resp = decoded(answers[0])
+    assert isinstance(resp, m.ReplicaFetchResponse) and resp.partitions[0].error == m.ErrorCode.NOT_OWNER
+
+
 def truncates_then_catches_up(a: Node, b: Node, epoch: int, end: int) -> None:
     """A fetches from its leader B and is told (KIP-320) that its `epoch` ends at `end`, without
     records; A truncates there, and its next fetch makes its log B's."""
