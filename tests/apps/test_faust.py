@@ -8,8 +8,8 @@ Faust's at-least-once commits the input offsets after the records they cover wer
 changelog may run ahead of them at a kill: a record processed again after the restore counts once
 more. So every output record's count is at least its sequence number (a count below it would be
 the table lost) and every input record reaches the output. A restarted worker may pass over a few
-input records for good, Faust's own recovery race (faust_passed_over): the test then restarts it
-again, as a user would, and it reads them from the committed offset.
+input records for good, Faust's own recovery race (faust_passed_over): the test then kills and
+restarts it again, and it reads them from the committed offset.
 """
 
 from __future__ import annotations
@@ -206,9 +206,12 @@ def check_faust_table(
             # Faust's own race, not the broker's (faust_passed_over): what a user does about it
             # is restart the worker, which reads on from the committed offset before the hole
             # (and is done once it has reached the end again, its counts past the hole redone).
+            # Killed, not stopped: a stop lets Faust commit on its way out, and once (a CI run
+            # of 2026-12-03) the group's offset was past the hole when the next worker started,
+            # which then had nothing to read again; a kill leaves it where the check found it.
             hole, ends = done  # type: ignore[misc]
             assert restarts < 2, f"input offsets {hole} passed over after {restarts} restarts"
-            app.stop()
+            app.kill()
             restarts += 1
             app = worker(2 + restarts).start()
     finally:
@@ -241,9 +244,11 @@ def end_offset(bootstrap: str, topic: str) -> int:
 
 def faust_passed_over(bootstrap: str, out: list[dict], group: str, topic: str, last: int) -> range | None:
     """The input offsets up to `last` that a worker which has reached `last` passed over for
-    good: a contiguous run that starts at the group's committed offset, where Faust's commits then
-    stay (they cover only a contiguous run of acknowledged offsets). None when the output shows
-    no such run.
+    good: a contiguous run at or after the group's committed offset, where Faust's commits then
+    stay (they cover only a contiguous run of acknowledged offsets). Between the two may be
+    outputs that the worker killed before this one wrote (a CI run of 2026-12-03 saw the group's
+    offset at 645, the outputs up to 782 written, and 57 inputs from 783 missing, for 90 s). None
+    when the output shows no such run, or the committed offset is past it.
 
     Faust's recovery race (faust-streaming#596, open): its fetcher hands the stream what aiokafka
     fetched before Faust's seek to the committed offset; with the flow suspended by the recovery
@@ -251,7 +256,7 @@ def faust_passed_over(bootstrap: str, out: list[dict], group: str, topic: str, l
     seek the same records, fetched again, are dropped as already read
     (`Consumer._drain_messages`). Seen under load: input offsets 497-500 never processed, the
     committed offset at 497 while the worker went on to the end. The broker's part is checked:
-    the run is at the committed offset, and a restarted worker must read it from there."""
+    the run is at or after the committed offset, and a restarted worker must read it from there."""
     missing = sorted(set(range(last + 1)) - {r["offset"] for r in out})
     if not missing or missing[-1] - missing[0] + 1 != len(missing):
         return None
@@ -262,4 +267,4 @@ def faust_passed_over(bootstrap: str, out: list[dict], group: str, topic: str, l
         [committed] = consumer.committed([confluent_kafka.TopicPartition(topic, 0)], timeout=10)
     finally:
         consumer.close()
-    return range(missing[0], missing[-1] + 1) if committed.offset == missing[0] else None
+    return range(missing[0], missing[-1] + 1) if 0 <= committed.offset <= missing[0] else None
