@@ -132,14 +132,14 @@ def _answering(part: Outcome, answer: Callable[[], Reply]) -> Read:
     (its part slot, its placeholder reply, its second fill), which every acks=all record costs
     the leader once per follower."""
     assert isinstance(part, Read) and part.fail is not None
+    read_finish, read_fail = part.finish, part.fail
 
     def finish(data: Buffer) -> Reply:
-        part.finish(data)
+        read_finish(data)
         return answer()
 
     def fail(exc: BaseException) -> Reply:
-        assert part.fail is not None
-        part.fail(exc)
+        read_fail(exc)
         return answer()
 
     return Read(part.extent, finish, fail)
